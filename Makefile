@@ -1,0 +1,29 @@
+# Set-up, demo and test entry points. Override the PyTorch pin with `make TORCH_VERSION=...`.
+PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(TORCH_VERSION)
+
+.PHONY: demo test generate bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[torch,test]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/splitformer derive post-ln --backend all --out generated
+	$(BIN)/python -m codegen.demo post-ln --out generated
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+generate: $(STAMP)
+	$(BIN)/splitformer derive all --backend all --out generated
+
+clean:
+	rm -rf $(VENV) .pytest_cache

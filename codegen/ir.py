@@ -1,0 +1,117 @@
+"""A small tensor IR: the operations the emitted code is made of.
+
+Every tensor has named axes (``b`` is the batch axis, the other labels are the grid index
+letters of the derivation). Operations: an einsum ``Contraction`` (with an optional scale
+and bias), a row ``Softmax`` restricted to an optional support, a ``Reduction`` (sum or
+mean of an elementwise body over one axis) and an ``Elementwise`` map. Elementwise
+expressions are SymPy expressions whose arrays appear as ``Indexed`` objects; a printer
+broadcasts each one to the output axes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import sympy as sp
+
+from symbolic.domains import Domain
+
+__all__ = ["Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "TensorInfo", "Module", "BATCH"]
+
+BATCH = "b"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor read with the given axis labels."""
+
+    name: str
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Op:
+    out: str
+    labels: tuple[str, ...]
+    comment: str = ""
+    section: str = ""
+
+    def reads(self) -> list[str]:
+        raise NotImplementedError
+
+    def with_comment(self, comment: str, section: str) -> "Op":
+        return replace(self, comment=comment, section=section)
+
+
+def _indexed_names(expr: sp.Expr) -> list[str]:
+    return sorted({str(item.base.label) for item in expr.atoms(sp.Indexed)})
+
+
+@dataclass(frozen=True)
+class Contraction(Op):
+    operands: tuple[Operand, ...] = ()
+    scale: sp.Expr = sp.Integer(1)
+    bias: Operand | None = None
+
+    def reads(self) -> list[str]:
+        return [operand.name for operand in self.operands] + ([self.bias.name] if self.bias else [])
+
+    @property
+    def spec(self) -> str:
+        return ",".join("".join(operand.labels) for operand in self.operands) + "->" + "".join(self.labels)
+
+
+@dataclass(frozen=True)
+class Softmax(Op):
+    scores: Operand | None = None
+    support: Operand | None = None
+
+    def reads(self) -> list[str]:
+        return [self.scores.name] + ([self.support.name] if self.support else [])
+
+
+@dataclass(frozen=True)
+class Reduction(Op):
+    body: sp.Expr = sp.Integer(0)
+    body_labels: tuple[str, ...] = ()
+    axis: str = ""
+    mean: bool = True
+
+    def reads(self) -> list[str]:
+        return _indexed_names(self.body)
+
+
+@dataclass(frozen=True)
+class Elementwise(Op):
+    expr: sp.Expr = sp.Integer(0)
+
+    def reads(self) -> list[str]:
+        return _indexed_names(self.expr)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the emitter needs to know of a tensor that is not computed by an op."""
+
+    name: str
+    role: str
+    labels: tuple[str, ...]
+    parameter: str | None = None
+    shape: tuple[Domain, ...] | None = None
+    view: tuple[Domain, ...] | None = None
+    kind: str = ""
+
+
+@dataclass
+class Module:
+    """A lowered program: inputs, parameters, ops in order, the output tensor."""
+
+    name: str
+    tensors: dict[str, TensorInfo]
+    ops: list[Op]
+    output: str
+    comments: dict[str, str] = field(default_factory=dict)
+
+    def batched(self, name: str) -> bool:
+        info = self.tensors.get(name)
+        return info is None or info.role != "param"

@@ -1,0 +1,101 @@
+"""Own printers for NumPy and PyTorch: SymPy expressions over named axes → code.
+
+An array ``alpha[i]`` read in a statement whose output has axes ``(b, i, l)`` is printed
+``alpha[:, :, None]``: every operand is broadcast to the output axes explicitly.
+Expressions without arrays are scalars and use ``math``, so that float32 stays float32.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy.printing.str import StrPrinter
+
+from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+
+from .ir import BATCH, Module, Operand
+
+__all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES"]
+
+#: Size symbols of the derivation and their names in emitted code.
+SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)}
+
+
+def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...]) -> str:
+    """``name`` indexed so that its axes ``labels`` line up with the axes ``out``."""
+    if labels == out[len(out) - len(labels):]:
+        return name
+    positions = [out.index(label) for label in labels]
+    if positions != sorted(positions):
+        raise AssertionError(f"{name}{labels} is not ordered like {out}")
+    index = [":" if label in labels else "None" for label in out]
+    while index[-1] == ":":
+        index.pop()
+    return f"{name}[{', '.join(index)}]"
+
+
+class ArrayPrinter(StrPrinter):
+    """Prints an elementwise expression for the statement whose output axes are ``out``."""
+
+    library = ""
+    functions: dict[str, str] = {}
+    printmethod = "_splitformer_code"  # not "_sympystr": Indexed would print itself
+
+    def __init__(self, module: Module, out: tuple[str, ...] = ()):
+        super().__init__({"order": "none"})
+        self.module = module
+        self.out = out
+
+    def _print_Indexed(self, expr: sp.Indexed) -> str:
+        name = str(expr.base.label)
+        labels = tuple(str(index) for index in expr.indices)
+        if self.module.batched(name):
+            labels = (BATCH,) + labels
+        return broadcast(name, labels, self.out)
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return SIZE_NAMES.get(expr, expr.name)
+
+    def call(self, function: str, *args: sp.Expr) -> str:
+        if function not in self.functions:
+            raise AssertionError(f"no {self.library} spelling for {function}")
+        library = "math" if not any(arg.has(sp.Indexed) for arg in args) else self.library
+        return f"{library}.{self.functions[function]}({', '.join(self._print(arg) for arg in args)})"
+
+    def _print_Function(self, expr: sp.Function) -> str:
+        return self.call(type(expr).__name__, *expr.args)
+
+    def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
+        base, exponent = expr.args
+        if exponent == sp.Rational(1, 2):
+            return self.call("sqrt", base)
+        if exponent == -sp.Rational(1, 2):
+            return f"1 / {self.call('sqrt', base)}"
+        return super()._print_Pow(expr, rational)
+
+    def _print_Rational(self, expr: sp.Rational) -> str:
+        return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
+
+    def operand(self, operand: Operand) -> str:
+        return broadcast(operand.name, operand.labels, self.out)
+
+
+class NumpyPrinter(ArrayPrinter):
+    library = "np"
+    functions = {"exp": "exp", "sqrt": "sqrt", "erf": "erf", "tanh": "tanh"}
+
+    def _print_Max(self, expr: sp.Max) -> str:
+        numbers = [arg for arg in expr.args if arg.is_number]
+        arrays = [arg for arg in expr.args if not arg.is_number]
+        return f"np.maximum({', '.join(self._print(arg) for arg in arrays + numbers)})"
+
+
+class TorchPrinter(ArrayPrinter):
+    library = "torch"
+    functions = {"exp": "exp", "sqrt": "sqrt", "erf": "erf", "tanh": "tanh"}
+
+    def _print_Max(self, expr: sp.Max) -> str:
+        numbers = [arg for arg in expr.args if arg.is_number]
+        tensors = [arg for arg in expr.args if not arg.is_number]
+        if len(numbers) == 1 and len(tensors) == 1:
+            return f"torch.clamp_min({self._print(tensors[0])}, {self._print(numbers[0])})"
+        return f"torch.maximum({', '.join(self._print(arg) for arg in expr.args)})"

@@ -1,0 +1,80 @@
+"""Emission: a lowered module through a backend's Jinja template → Python source."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import jinja2
+
+from symbolic import __version__
+from symbolic.domains import HIDDEN
+from symbolic.scheme import Scheme
+
+from .backends import BACKENDS
+from .ir import Module
+
+__all__ = ["environment", "render_module", "module_context"]
+
+
+def environment() -> jinja2.Environment:
+    """The Jinja environment of all templates (strict, deterministic whitespace)."""
+    folder = resources.files("templates")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["pytuple"] = lambda names: "(" + "".join(f'"{name}", ' for name in names).rstrip(" ") + ")"
+    env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
+    return env
+
+
+def _code_shape(domains) -> tuple[str, ...]:
+    return tuple(domain.code_name for domain in domains)
+
+
+def module_context(scheme: Scheme, module: Module, backend: str) -> dict:
+    """Everything a module template needs, computed once."""
+    spelling = BACKENDS[backend]
+    parameters = []
+    hidden = None
+    for info in module.tensors.values():
+        if info.role != "param":
+            continue
+        group, attribute = info.parameter.split(".")
+        shape = _code_shape(info.shape)
+        view = _code_shape(info.view)
+        if hidden is None and HIDDEN in info.shape:
+            hidden = (info.parameter, info.shape.index(HIDDEN))
+        parameters.append({
+            "name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
+            "shape": shape, "view": view if view != shape else None, "kind": info.kind,
+        })
+    sections: list[dict] = []
+    for op in module.ops:
+        if not sections or sections[-1]["title"] != op.section:
+            sections.append({"title": op.section, "statements": []})
+        sections[-1]["statements"].append({
+            "comment": op.comment.splitlines(),
+            "code": spelling.statement(module, op),
+        })
+    return {
+        "scheme": scheme,
+        "module": module,
+        "version": __version__,
+        "parameters": parameters,
+        "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
+        "hidden": hidden,
+        "sections": sections,
+        "uses_support": "chi" in module.tensors,
+        "output": module.output,
+    }
+
+
+def render_module(scheme: Scheme, module: Module, backend: str) -> str:
+    """The source of the generated ``backend`` module."""
+    template = environment().get_template(f"{backend}/module.py.j2")
+    return template.render(**module_context(scheme, module, backend))

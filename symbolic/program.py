@@ -1,0 +1,101 @@
+"""The discrete program: ordered assignments in index notation, with their provenance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from .domains import Domain
+
+__all__ = ["Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
+
+#: The step size Δt of the time discretization.
+TIME_STEP = sp.Symbol(r"\Delta t", positive=True)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A discrete array: its axes (grid indices), role and LaTeX name.
+
+    ``role`` is ``input`` (the state entering the block), ``state``, ``temp``, ``param``
+    (a learned control; ``parameter`` is its canonical name and ``shape`` its canonical
+    layout) or ``support`` (the mask indicator χ). Every role but ``param`` has a leading
+    batch axis in emitted code.
+    """
+
+    name: str
+    latex: str
+    indices: tuple[sp.Idx, ...]
+    role: str
+    parameter: str | None = None
+    shape: tuple[Domain, ...] | None = None
+    kind: str = ""
+
+    @property
+    def batched(self) -> bool:
+        return self.role != "param"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """``lhs = rhs`` in index notation; ``continuous`` and ``quadrature`` are LaTeX stages."""
+
+    lhs: sp.Indexed
+    rhs: sp.Expr
+    meaning: str
+    continuous: str = ""
+    quadrature: str = ""
+
+    @property
+    def target(self) -> str:
+        return str(self.lhs.base.label)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of an operator on a discrete field."""
+
+    operator: str
+    kind: str
+    argument: str
+    assignments: tuple[Assignment, ...]
+
+
+@dataclass(frozen=True)
+class SubstepRecord:
+    """One substep of the scheme: its time rule and the assignments it produced."""
+
+    title: str
+    rule: str
+    evaluations: tuple[Evaluation, ...]
+    update: Assignment | None
+
+
+@dataclass
+class Program:
+    """Everything the lowering and the report need from a derivation."""
+
+    name: str
+    tensors: dict[str, Tensor]
+    records: list[SubstepRecord]
+    output: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def assignments(self) -> list[Assignment]:
+        ordered: list[Assignment] = []
+        for record in self.records:
+            for evaluation in record.evaluations:
+                ordered.extend(evaluation.assignments)
+            if record.update is not None:
+                ordered.append(record.update)
+        return ordered
+
+    def latex_names(self) -> dict[str, str]:
+        names = {name: tensor.latex for name, tensor in self.tensors.items()}
+        names["eps"] = r"\varepsilon"
+        return names
+
+    def parameters(self) -> list[Tensor]:
+        return [tensor for tensor in self.tensors.values() if tensor.role == "param"]

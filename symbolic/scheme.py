@@ -1,0 +1,115 @@
+"""Splitting schemes as data: sequences and parallel compositions of substeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import sympy as sp
+
+from .activations import activation as lookup_activation
+from .errors import SplitformerError
+from .operators import OPERATOR_KINDS, FeedForward, Operator
+
+__all__ = ["Substep", "Parallel", "Sequence", "Scheme", "SOLVERS"]
+
+#: How a substep is solved over its share of the step.
+SOLVERS = {
+    "explicit": "explicit Euler",
+    "projection": "projection (implicit Euler of a normal cone)",
+}
+
+
+@dataclass(frozen=True)
+class Substep:
+    """Solve ``u_t = fraction · A(u)`` (or ``A(Proj(u))`` with ``on``) over one step."""
+
+    operator: str
+    solver: str
+    fraction: sp.Rational = sp.Integer(1)
+    on: str | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Branches that start from the same state; the result is their weighted sum."""
+
+    branches: tuple["Sequence", ...]
+    weights: tuple[sp.Rational, ...]
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
+
+    steps: tuple[Union[Substep, Parallel], ...] = ()
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A named splitting scheme over named operators."""
+
+    name: str
+    summary: str
+    operators: dict[str, str]
+    body: Sequence
+    activation: str = "relu"
+    final_norm: bool = False
+    description: str = ""
+    source: str = field(default="", compare=False)
+
+    @property
+    def module_name(self) -> str:
+        """``post-ln`` → ``post_ln``; a non-default activation is appended (``pre_ln_gelu``)."""
+        base = self.name.replace("-", "_")
+        return base if self.activation == "relu" else f"{base}_{self.activation}"
+
+    def with_activation(self, name: str) -> "Scheme":
+        lookup_activation(name)
+        return Scheme(self.name, self.summary, self.operators, self.body, name,
+                      self.final_norm, self.description, self.source)
+
+    def instantiate(self) -> dict[str, Operator]:
+        """The operator objects, keyed by their names in the scheme."""
+        result: dict[str, Operator] = {}
+        for key, kind in self.operators.items():
+            cls = OPERATOR_KINDS[kind]
+            if cls is FeedForward:
+                result[key] = FeedForward(key, lookup_activation(self.activation))
+            else:
+                result[key] = cls(key)
+        return result
+
+    def substeps(self) -> list[Substep]:
+        """All substeps, depth first."""
+        found: list[Substep] = []
+
+        def visit(sequence: Sequence) -> None:
+            for step in sequence.steps:
+                if isinstance(step, Parallel):
+                    for branch in step.branches:
+                        visit(branch)
+                else:
+                    found.append(step)
+
+        visit(self.body)
+        return found
+
+    def check(self) -> None:
+        """Raise ``SplitformerError`` where operators and solvers do not fit."""
+        operators = self.instantiate()
+        for step in self.substeps():
+            for key in (step.operator, step.on):
+                if key is not None and key not in operators:
+                    raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")
+            operator = operators[step.operator]
+            if step.solver == "projection" and not operator.is_projection:
+                raise SplitformerError(
+                    f"scheme {self.name!r}: {step.operator!r} is a vector field, not a projection; "
+                    "solve it with 'explicit'")
+            if step.solver == "explicit" and operator.is_projection:
+                raise SplitformerError(
+                    f"scheme {self.name!r}: {step.operator!r} is a projection and cannot be used as a "
+                    "vector field; solve it with 'projection'")
+            if step.on is not None and not operators[step.on].is_projection:
+                raise SplitformerError(f"scheme {self.name!r}: 'on' must name a projection, not {step.on!r}")

@@ -1,0 +1,194 @@
+"""Scheme files: TOML in, ``Scheme`` out, with one-line errors naming the file and key.
+
+A scheme file is data. Nothing in it is evaluated; names that become identifiers in
+generated code must be valid identifiers, and every field is checked for its type.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from fractions import Fraction
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import sympy as sp
+
+from .activations import ACTIVATIONS
+from .errors import SplitformerError
+from .operators import OPERATOR_KINDS
+from .scheme import SOLVERS, Parallel, Scheme, Sequence, Substep
+
+__all__ = ["load_scheme", "parse_scheme", "builtin_names", "scheme_to_toml"]
+
+_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
+_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+_TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
+_PARALLEL_KEYS = {"parallel", "weights"}
+
+
+class _Reader:
+    """Validates one parsed TOML document; ``where`` names the file in every message."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, key: str, message: str) -> SplitformerError:
+        return SplitformerError(f"{self.where}: {key}: {message}")
+
+    def typed(self, table: dict, key: str, kind: type, path: str, default: Any = ...) -> Any:
+        if key not in table:
+            if default is ...:
+                raise self.fail(path or key, f"missing field {key!r}")
+            return default
+        value = table[key]
+        if kind is float:
+            ok = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise self.fail(f"{path}.{key}" if path else key, f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    def unknown(self, table: dict, allowed: set[str], path: str) -> None:
+        extra = sorted(set(table) - allowed)
+        if extra:
+            raise self.fail(path or extra[0], f"unknown field {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
+
+    def number(self, value: Any, path: str) -> sp.Rational:
+        try:
+            fraction = Fraction(str(value)) if not isinstance(value, str) else Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            raise self.fail(path, f"not a number: {value!r}") from None
+        return sp.Rational(fraction.numerator, fraction.denominator)
+
+    def scheme(self, document: dict, source: str) -> Scheme:
+        self.unknown(document, _TOP_KEYS, "")
+        name = self.typed(document, "name", str, "")
+        if not _NAME.match(name):
+            raise self.fail("name", f"{name!r} is not a scheme name (lower-case words joined by '-')")
+        summary = self.typed(document, "summary", str, "")
+        if "\n" in summary:
+            raise self.fail("summary", "must be one line")
+        activation = self.typed(document, "activation", str, "", "relu")
+        if activation not in ACTIVATIONS:
+            raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+        operators = self.operators(self.typed(document, "operators", dict, ""))
+        steps = self.typed(document, "steps", list, "")
+        body = self.sequence(steps, "steps", operators)
+        if not body.steps:
+            raise self.fail("steps", "empty composition: a scheme needs at least one substep")
+        scheme = Scheme(
+            name=name,
+            summary=summary,
+            operators=operators,
+            body=body,
+            activation=activation,
+            final_norm=self.typed(document, "final_norm", bool, "", False),
+            description=self.typed(document, "description", str, "", "").strip(),
+            source=source,
+        )
+        try:
+            scheme.check()
+        except SplitformerError as error:
+            raise SplitformerError(f"{self.where}: {error}") from None
+        return scheme
+
+    def operators(self, table: dict) -> dict[str, str]:
+        if not table:
+            raise self.fail("operators", "empty table: name at least one operator")
+        result = {}
+        for key, kind in table.items():
+            if not _KEY.match(key):
+                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers")
+            if not isinstance(kind, str):
+                raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
+            if kind not in OPERATOR_KINDS:
+                raise self.fail(f"operators.{key}", f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            result[key] = kind
+        return result
+
+    def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
+        parsed = []
+        for position, step in enumerate(steps):
+            where = f"{path}[{position}]"
+            if not isinstance(step, dict):
+                raise self.fail(where, f"expected a table, got {type(step).__name__}")
+            parsed.append(self.parallel(step, where, operators) if "parallel" in step
+                          else self.substep(step, where, operators))
+        return Sequence(tuple(parsed))
+
+    def substep(self, step: dict, where: str, operators: dict[str, str]) -> Substep:
+        self.unknown(step, _SUBSTEP_KEYS, where)
+        operator = self.typed(step, "operator", str, where)
+        if operator not in operators:
+            raise self.fail(f"{where}.operator", f"unknown operator {operator!r} (declared: {', '.join(operators)})")
+        solver = self.typed(step, "solver", str, where)
+        if solver not in SOLVERS:
+            raise self.fail(f"{where}.solver", f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
+        fraction = self.number(self.typed(step, "fraction", float, where, 1), f"{where}.fraction")
+        if fraction <= 0:
+            raise self.fail(f"{where}.fraction", f"must be > 0, got {fraction}")
+        on = self.typed(step, "on", str, where, None)
+        if on is not None and on not in operators:
+            raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
+        return Substep(operator, solver, fraction, on)
+
+    def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
+        self.unknown(step, _PARALLEL_KEYS, where)
+        branches = self.typed(step, "parallel", list, where)
+        if not branches:
+            raise self.fail(f"{where}.parallel", "empty composition: a parallel step needs branches")
+        parsed = []
+        for position, branch in enumerate(branches):
+            if not isinstance(branch, list):
+                raise self.fail(f"{where}.parallel[{position}]", f"expected a list of substeps, got {type(branch).__name__}")
+            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators))
+        default = [1] * len(branches)
+        raw = self.typed(step, "weights", list, where, [f"1/{len(branches)}" for _ in default])
+        if len(raw) != len(branches):
+            raise self.fail(f"{where}.weights", f"{len(raw)} weights for {len(branches)} branches")
+        weights = tuple(self.number(value, f"{where}.weights[{n}]") for n, value in enumerate(raw))
+        if sum(weights) != 1:
+            raise self.fail(f"{where}.weights", f"weights must sum to 1, they sum to {sum(weights)}")
+        return Parallel(tuple(parsed), weights)
+
+
+def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
+    """Parse the text of a scheme file; errors name ``where``."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    return _Reader(where).scheme(document, text)
+
+
+def builtin_names() -> list[str]:
+    """Names of the built-in schemes, in the order ``splitformer list`` prints them."""
+    folder = resources.files("symbolic") / "schemes"
+    names = [entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".toml")]
+    order = ["post-ln", "pre-ln"]
+    return sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
+
+
+def load_scheme(name_or_path: str) -> Scheme:
+    """A built-in scheme by name, or a scheme file by path."""
+    if name_or_path in builtin_names():
+        text = (resources.files("symbolic") / "schemes" / f"{name_or_path}.toml").read_text(encoding="utf-8")
+        return parse_scheme(text, f"built-in scheme {name_or_path!r}")
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and not path.exists():
+        known = ", ".join(builtin_names())
+        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
+    return parse_scheme(text, str(path))
+
+
+def scheme_to_toml(scheme: Scheme) -> str:
+    """The scheme's file: built-ins and user schemes print the text they were read from."""
+    return scheme.source

@@ -129,7 +129,6 @@ class _Deriver:
     def sequence(self, sequence: Sequence, state: str, title: str) -> tuple[str, sp.Expr]:
         for step in sequence.steps:
             evaluations: list[Evaluation] = []
-            start = sp.Symbol(self.tensors[state].latex)
             if isinstance(step, Parallel):
                 discrete, continuous, label = self.parallel(step, state, evaluations)
             else:
@@ -137,9 +136,9 @@ class _Deriver:
                 label = f"{step.operator}, {_solver_label(step)}"
             self.substeps += 1
             target = self.new_state()
-            update = Assignment(self.state(target), discrete, f"state after substep {self.substeps}")
+            update = Assignment(self.state(target), discrete, f"state after substep {self.substeps}",
+                                quadrature=to_latex(sp.Eq(self.state(target), discrete), self.latex_names()))
             rule = to_latex(sp.Eq(sp.Symbol(self.tensors[target].latex), continuous), {})
-            del start
             self.records.append(SubstepRecord(f"{title}substep {self.substeps}: {label}", rule,
                                               tuple(evaluations), update))
             state = target
@@ -159,7 +158,7 @@ class _Deriver:
                 discrete = self.state(final)
                 labels.append("sequence")
             discrete_terms.append(weight * discrete)
-            continuous_terms.append(sp.UnevaluatedExpr(weight) * continuous)
+            continuous_terms.append(sp.Mul(weight, continuous, evaluate=False))
         combined = sp.expand(sum(discrete_terms))
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))

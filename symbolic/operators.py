@@ -82,6 +82,8 @@ class Operator:
     kind: ClassVar[str]
     symbol: ClassVar[str]
     is_projection: ClassVar[bool] = False
+    #: For a projection: the LaTeX of the constraint set.
+    constraint: ClassVar[str] = ""
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError
@@ -89,9 +91,23 @@ class Operator:
     def definitions(self) -> tuple[Definition, ...]:
         raise NotImplementedError
 
+    def key_latex(self) -> str:
+        escaped = self.key.replace("_", r"\_")
+        return rf"\mathrm{{{escaped}}}"
+
+    def labelled(self) -> str:
+        """The operator's symbol, marked with its key: ``\mathcal{A}_{attn}``."""
+        label = self.key_latex()
+        if self.is_projection:
+            return rf"\mathrm{{Proj}}_{{{self.constraint}^{{{label}}}}}"
+        return rf"{self.symbol}_{{{label}}}"
+
     def term_latex(self, argument: str = "u") -> str:
-        """The operator's term in the master equation."""
-        return rf"{self.symbol}({argument})"
+        """The operator's term on the right-hand side of the master equation."""
+        if self.is_projection:
+            label = self.key_latex()
+            return rf"- \partial I_{{{self.constraint}^{{{label}}}}}({argument})"
+        return rf"+ {self.labelled()}({argument})"
 
     def uses_support(self) -> bool:
         return False
@@ -186,15 +202,13 @@ class LayerNorm(Operator):
     kind: ClassVar[str] = "layer-norm"
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_1}"
     is_projection: ClassVar[bool] = True
+    constraint: ClassVar[str] = "S_1"
 
     def parameters(self) -> tuple[Parameter, ...]:
         return (
             _kernel("gain", "g", (Y,), (FEATURES,)),
             _kernel("bias", "c", (Y,), (FEATURES,)),
         )
-
-    def term_latex(self, argument: str = "u") -> str:
-        return rf"\partial I_{{S_1}}({argument})"
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}

@@ -71,6 +71,11 @@ class SubstepRecord:
     evaluations: tuple[Evaluation, ...]
     update: Assignment | None
 
+    @property
+    def assignments(self) -> list[Assignment]:
+        ordered = [assignment for evaluation in self.evaluations for assignment in evaluation.assignments]
+        return ordered + ([self.update] if self.update is not None else [])
+
 
 @dataclass
 class Program:
@@ -84,13 +89,7 @@ class Program:
 
     @property
     def assignments(self) -> list[Assignment]:
-        ordered: list[Assignment] = []
-        for record in self.records:
-            for evaluation in record.evaluations:
-                ordered.extend(evaluation.assignments)
-            if record.update is not None:
-                ordered.append(record.update)
-        return ordered
+        return [assignment for record in self.records for assignment in record.assignments]
 
     def latex_names(self) -> dict[str, str]:
         names = {name: tensor.latex for name, tensor in self.tensors.items()}

@@ -1,0 +1,116 @@
+"""The ``splitformer`` command line: list, show, derive (and check, see ``--help``).
+
+Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from symbolic.errors import SplitformerError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise SplitformerError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("list", help="built-in schemes, one a line: name, summary")
+    show = commands.add_parser("show", help="print a scheme and its derivation")
+    show.add_argument("scheme", help="built-in name or path to a scheme file (TOML)")
+    show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text")
+    show.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    derive = commands.add_parser("derive", help="derive schemes and emit code and reports")
+    derive.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files")
+    derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
+    derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
+    derive.add_argument("--out", default="generated", help="output folder (default: generated)")
+    derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    return parser
+
+
+def _load(name: str, activation: str | None):
+    from symbolic.scheme_file import load_scheme
+
+    scheme = load_scheme(name)
+    return scheme if activation is None else scheme.with_activation(activation)
+
+
+def _list() -> str:
+    from symbolic.scheme_file import builtin_names, load_scheme
+
+    names = builtin_names()
+    width = max(len(name) for name in names)
+    return "\n".join(f"{name:<{width}}  {load_scheme(name).summary}" for name in names)
+
+
+def _show(arguments: argparse.Namespace) -> str:
+    from symbolic.derivation import derive
+    from symbolic.equation import equation_latex
+
+    scheme = _load(arguments.scheme, arguments.activation)
+    if arguments.format == "toml":
+        return scheme.source.rstrip("\n")
+    program = derive(scheme)
+    if arguments.format == "markdown":
+        from .report import render_report
+
+        return render_report(scheme, program).rstrip("\n")
+    if arguments.format == "latex":
+        lines = [equation_latex(scheme)]
+        for record in program.records:
+            lines.append(f"% {record.title}")
+            lines.extend(assignment.quadrature for assignment in record.assignments)
+        return "\n".join(lines)
+    lines = [f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", ""]
+    for record in program.records:
+        lines.append(f"{record.title}")
+        lines.extend(f"    {assignment.lhs} = {assignment.rhs}" for assignment in record.assignments)
+    return "\n".join(lines)
+
+
+def _derive(arguments: argparse.Namespace) -> str:
+    from symbolic.scheme_file import builtin_names
+
+    from .output import write_files
+    from .pipeline import BACKEND_CHOICES, generate
+
+    names = list(arguments.schemes) + (builtin_names() if arguments.all_builtins else [])
+    if not names:
+        raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
+    out = Path(arguments.out)
+    if out.exists() and not out.is_dir():
+        raise SplitformerError(f"--out {out} exists and is not a folder")
+    files: dict[Path, str] = {}
+    for name in names:
+        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out))
+    write_files(files)
+    return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    try:
+        arguments = _parser().parse_args(argv)
+        if arguments.command == "list":
+            text = _list()
+        elif arguments.command == "show":
+            text = _show(arguments)
+        else:
+            text = _derive(arguments)
+    except SplitformerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

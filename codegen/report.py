@@ -1,0 +1,57 @@
+"""The derivation report of a scheme: Markdown whose math renders on code-hosting sites."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from symbolic import __version__
+from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from symbolic.equation import MASTER_EQUATION, equation_latex
+from symbolic.program import Program
+from symbolic.projections import derive_layer_norm_projection, derive_relu_projection
+from symbolic.scheme import Parallel, Scheme
+
+from .render import environment
+
+__all__ = ["render_report"]
+
+
+def _has_parallel(scheme: Scheme) -> bool:
+    return any(isinstance(step, Parallel) for step in scheme.body.steps)
+
+
+def render_report(scheme: Scheme, program: Program) -> str:
+    """The Markdown report of ``program``, derived from ``scheme``."""
+    kinds = set(scheme.operators.values())
+    projections = []
+    if "layer-norm" in kinds:
+        projection = derive_layer_norm_projection()
+        projections.append({
+            "title": r"Projection onto $S_1(\sigma_1, \sigma_2)$ (Theorem 3.1) with LayerNorm's $\varepsilon$",
+            "steps": projection.steps,
+            "extra": rf"Squared distance of the minimizer ($\gamma = 0$): $\|u - v\|^2 = {sp.latex(projection.distance)}$, "
+                     r"i.e. $|\Omega_y|\,[(\sigma_2 - \sqrt\beta)^2 + (\sigma_1 - \alpha)^2]$ with $|\Omega_y| = N$ "
+                     r"at unit spacing. The hypothesis $\beta > 0$ is needed: for $\beta = 0$ every point of the "
+                     r"sphere is at the same distance and the projection is not unique.",
+        })
+    if "feed-forward" in kinds and scheme.activation == "relu":
+        projections.append({
+            "title": r"ReLU as the projection onto $S_2 = \{u \ge 0\}$",
+            "steps": derive_relu_projection().steps,
+            "extra": "The problem separates pointwise, so this scalar derivation is the whole projection.",
+        })
+    domains = [
+        (domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
+        for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
+    ]
+    template = environment().get_template("report/report.md.j2")
+    return template.render(
+        scheme=scheme,
+        program=program,
+        version=__version__,
+        master=MASTER_EQUATION,
+        equation=equation_latex(scheme),
+        domains=domains,
+        projections=projections,
+        parallel=_has_parallel(scheme),
+    )

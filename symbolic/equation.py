@@ -1,0 +1,63 @@
+"""The master equation a scheme discretizes, and its printing.
+
+Every explicit substep contributes its vector field with coefficient ``fraction ×``
+(the weights of the parallel steps around it); over one step these must add up to the
+field's coefficient in the equation. Projection substeps contribute ``−∂I_S``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .scheme import Parallel, Scheme, Sequence
+
+__all__ = ["Term", "equation_terms", "equation_latex", "MASTER_EQUATION"]
+
+#: The paper's equation (MODEL.md §2), with the subdifferential sign corrected.
+MASTER_EQUATION = (
+    r"u_t = \left\langle \gamma(x,\cdot,t;u),\, V(\cdot,y,t;u) \right\rangle_{\Omega_x}"
+    r" - \partial I_{S_1(\sigma_1(t),\sigma_2(t))}(u)"
+    r" + \sum_j \left( \left\langle W_j(\cdot,y,t),\, u(x,\cdot,t) \right\rangle_{\Omega_y} + b_j(y,t) \right)"
+    r" - \partial I_{S_2}(u)"
+)
+
+
+@dataclass(frozen=True)
+class Term:
+    operator: str
+    on: str | None
+    coefficient: sp.Rational
+    projection: bool
+
+
+def equation_terms(scheme: Scheme) -> list[Term]:
+    """The terms of the equation, with the total coefficient each substep gives them."""
+    totals: dict[tuple[str, str | None, bool], sp.Rational] = {}
+
+    def visit(sequence: Sequence, weight: sp.Rational) -> None:
+        for step in sequence.steps:
+            if isinstance(step, Parallel):
+                for branch_weight, branch in zip(step.weights, step.branches):
+                    visit(branch, weight * branch_weight)
+                continue
+            key = (step.operator, step.on, step.solver == "projection")
+            totals[key] = totals.get(key, sp.Integer(0)) + weight * step.fraction
+
+    visit(scheme.body, sp.Integer(1))
+    return [Term(operator, on, coefficient, projection) for (operator, on, projection), coefficient in totals.items()]
+
+
+def equation_latex(scheme: Scheme) -> str:
+    """``u_t = …`` for the scheme's operators, in LaTeX."""
+    operators = scheme.instantiate()
+    parts = []
+    for term in equation_terms(scheme):
+        argument = "u" if term.on is None else rf"{operators[term.on].labelled()}(u)"
+        text = operators[term.operator].term_latex(argument)
+        if term.coefficient != 1 and not term.projection:
+            text = text.replace("+ ", "+ " + sp.latex(term.coefficient) + r"\,", 1)
+        parts.append(text)
+    text = " ".join(parts)
+    return "u_t = " + text.removeprefix("+ ")

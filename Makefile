@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 generate: $(STAMP)
-	$(BIN)/splitformer derive all --backend all --out generated
+	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -22,7 +22,7 @@ import sympy as sp
 from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, X, X_KEY, XI, Y
 from .errors import SplitformerError
 from .latex import to_latex
-from .operators import EPSILON, STATE, SUPPORT, Operator
+from .operators import STATE, SUPPORT, Operator
 from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Parallel, Scheme, Sequence, Substep
@@ -104,9 +104,7 @@ class _Deriver:
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
     def latex_names(self) -> dict[str, str]:
-        names = {name: tensor.latex for name, tensor in self.tensors.items()}
-        names[str(EPSILON)] = r"\varepsilon"
-        return names
+        return {name: tensor.latex for name, tensor in self.tensors.items()}
 
     # -- time --------------------------------------------------------------------------
     def substep(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:

@@ -52,9 +52,17 @@ class _MathPrinter(LatexPrinter):
         return text + inner
 
 
+#: Names every formula uses: LayerNorm's ε is ``eps`` in code.
+_DEFAULT_NAMES = {"eps": r"\varepsilon"}
+
+
 def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
     """LaTeX of ``expr``; ``names`` renames symbols and array bases (``attn_q`` → ``Q``)."""
-    names = names or {}
+    names = {**_DEFAULT_NAMES, **(names or {})}
     symbol_names = {symbol: names[symbol.name] for symbol in expr.atoms(sp.Symbol) if symbol.name in names}
+    for applied in expr.atoms(AppliedUndef):
+        name = applied.func.__name__
+        if name in names:
+            symbol_names[sp.Symbol(name)] = names[name]
     printer = _MathPrinter({"symbol_names": symbol_names, "mul_symbol": None})
     return printer.doprint(expr)

@@ -96,7 +96,7 @@ class Operator:
         return rf"\mathrm{{{escaped}}}"
 
     def labelled(self) -> str:
-        """The operator's symbol, marked with its key: ``\mathcal{A}_{attn}``."""
+        r"""The operator's symbol, marked with its key: ``\mathcal{A}_{attn}``."""
         label = self.key_latex()
         if self.is_projection:
             return rf"\mathrm{{Proj}}_{{{self.constraint}^{{{label}}}}}"
@@ -111,6 +111,19 @@ class Operator:
 
     def uses_support(self) -> bool:
         return False
+
+    def latex(self) -> str:
+        """The operator's continuous definitions, one aligned line each."""
+        from .latex import to_latex
+
+        names = {parameter.function: parameter.latex for parameter in self.parameters()}
+        names.update({definition.function: definition.latex for definition in self.definitions()})
+        names[SUPPORT] = r"\chi"
+        lines = [to_latex(sp.Eq(definition.applied(), definition.rhs), names) for definition in self.definitions()]
+        return r"\begin{aligned}" + r" \\ ".join(line.replace(" = ", " &= ", 1) for line in lines) + r"\end{aligned}"
+
+    def _repr_latex_(self) -> str:
+        return f"$\\displaystyle {self.latex()}$"
 
 
 def _kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[Domain, ...],

@@ -92,9 +92,7 @@ class Program:
         return [assignment for record in self.records for assignment in record.assignments]
 
     def latex_names(self) -> dict[str, str]:
-        names = {name: tensor.latex for name, tensor in self.tensors.items()}
-        names["eps"] = r"\varepsilon"
-        return names
+        return {name: tensor.latex for name, tensor in self.tensors.items()}
 
     def parameters(self) -> list[Tensor]:
         return [tensor for tensor in self.tensors.values() if tensor.role == "param"]

@@ -69,6 +69,11 @@ class Scheme:
         return Scheme(self.name, self.summary, self.operators, self.body, name,
                       self.final_norm, self.description, self.source)
 
+    def _repr_latex_(self) -> str:
+        from .equation import equation_latex
+
+        return f"$\\displaystyle {equation_latex(self)}$"
+
     def instantiate(self) -> dict[str, Operator]:
         """The operator objects, keyed by their names in the scheme."""
         result: dict[str, Operator] = {}

@@ -1,0 +1,75 @@
+"""Evaluate a discrete program at concrete sizes, entry by entry, in SymPy.
+
+Used to compare a derived program with a reference formula symbolically (symbolic
+weights, a few tokens and features) or numerically in high precision (mpmath values).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+
+import sympy as sp
+
+from .operators import EPSILON
+from .program import TIME_STEP, Program
+
+__all__ = ["evaluate"]
+
+
+def _substitute(expr: sp.Expr, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Expr:
+    """Write every ``Sum`` out term by term and replace every array entry by its value.
+
+    Indices are replaced exactly (``xreplace``); ``Max`` is rebuilt unevaluated, since
+    SymPy's simplification of ``Max`` over large arguments is very slow.
+    """
+    if isinstance(expr, sp.Sum):
+        terms = [expr.function]
+        for index, lower, upper in expr.limits:
+            terms = [term.xreplace({index: sp.Integer(value)}) for term in terms
+                     for value in range(int(lower), int(upper) + 1)]
+        return sp.Add(*(_substitute(term, entry) for term in terms))
+    if isinstance(expr, sp.Indexed):
+        return entry(expr)
+    if not expr.args:
+        return expr
+    arguments = [_substitute(argument, entry) for argument in expr.args]
+    if isinstance(expr, sp.Max):
+        return sp.Max(*arguments, evaluate=False)
+    return expr.func(*arguments)
+
+
+def evaluate(
+    program: Program,
+    sizes: Mapping[sp.Symbol, int],
+    inputs: Mapping[str, Callable[..., sp.Expr]],
+    *,
+    eps: sp.Expr = EPSILON,
+    time_step: sp.Expr = sp.Integer(1),
+) -> dict[str, dict[tuple[int, ...], sp.Expr]]:
+    """Every tensor's entries: ``{name: {(i, k, …): value}}``.
+
+    ``inputs`` gives the entries of the input state ``u0``, of the parameters (named as in
+    the program, e.g. ``attn_W_q``) and of the support ``chi``, as functions of integer
+    indices. ``sizes`` fixes ``N_x``, ``N_y``, … .
+    """
+    values: dict[str, dict[tuple[int, ...], sp.Expr]] = {}
+
+    def entry(indexed: sp.Indexed) -> sp.Expr:
+        name, index = str(indexed.base.label), tuple(int(i) for i in indexed.indices)
+        if name in values:
+            return values[name][index]
+        return sp.sympify(inputs[name](*index))
+
+    constants = {symbol: size for symbol, size in sizes.items()}
+    constants.update({EPSILON: eps, TIME_STEP: time_step})
+    for assignment in program.assignments:
+        # xreplace rebuilds every Idx with its concrete range, in the body and the limits alike
+        indices = assignment.lhs.xreplace(constants).indices
+        rhs = assignment.rhs.xreplace(constants)
+        ranges = [range(int(index.upper) + 1) for index in indices]
+        table = {}
+        for point in itertools.product(*ranges):
+            table[point] = _substitute(rhs.xreplace(dict(zip(indices, map(sp.Integer, point)))), entry)
+        values[assignment.target] = table
+    return values

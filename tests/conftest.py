@@ -1,0 +1,50 @@
+"""Shared fixtures: the repository root, the committed ``generated/`` modules, references."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ROOT / "generated"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite generated/ from the generator instead of comparing")
+
+
+@pytest.fixture(scope="session")
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")
+
+
+def import_path(path: Path, name: str | None = None):
+    """Import a Python file by path."""
+    spec = importlib.util.spec_from_file_location(name or f"_test_{path.stem}_{path.parent.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):
+    """A float64 ``TransformerEncoderLayer`` whose every parameter (biases, gains) is random."""
+    import torch
+
+    torch.manual_seed(seed)
+    layer = torch.nn.TransformerEncoderLayer(
+        d, n_heads, d_ff, dropout=0.0, activation=activation, layer_norm_eps=eps,
+        batch_first=True, norm_first=norm_first, dtype=torch.float64,
+    ).eval()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.5)
+    return layer
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

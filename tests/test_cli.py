@@ -1,0 +1,79 @@
+"""The command line: output, files written, and bad input (exit 2, one line, nothing written)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from codegen.cli import main
+
+from conftest import ROOT
+
+
+def run(*arguments, cwd=ROOT):
+    result = subprocess.run([sys.executable, "-m", "codegen.cli", *arguments], capture_output=True, text=True, cwd=cwd)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_list_prints_each_builtin_with_a_summary(capsys):
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names[:2] == ["post-ln", "pre-ln"]
+    assert all(len(line.split(None, 1)) == 2 for line in lines)
+
+
+@pytest.mark.parametrize("fmt, marker", [("text", "attn_q[i, m, e] ="), ("latex", r"\sum_{k}"),
+                                         ("markdown", "## 1. The continuous equation"), ("toml", 'name = "post-ln"')])
+def test_show_formats(fmt, marker, capsys):
+    assert main(["show", "post-ln", "--format", fmt]) == 0
+    assert marker in capsys.readouterr().out
+
+
+def test_derive_writes_modules_reports_and_package_files(tmp_path, capsys):
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    assert (tmp_path / "numpy" / "post_ln.py").is_file()
+    assert (tmp_path / "reports" / "post_ln.md").is_file()
+    assert (tmp_path / "__init__.py").is_file() and (tmp_path / "numpy" / "__init__.py").is_file()
+    assert not (tmp_path / "torch").exists()
+
+
+def test_derive_a_scheme_file(tmp_path):
+    scheme = tmp_path / "mine.toml"
+    scheme.write_text((ROOT / "symbolic" / "schemes" / "post-ln.toml").read_text().replace('"post-ln"', '"mine"'))
+    assert main(["derive", str(scheme), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "torch" / "mine.py").is_file()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["show", "no-such-scheme"], "unknown scheme 'no-such-scheme'"),
+    (["derive", "post-ln", "--backend", "cuda"], "invalid choice: 'cuda'"),
+    (["show", "post-ln", "--format", "pdf"], "invalid choice: 'pdf'"),
+    (["derive", "post-ln", "--activation", "swish"], "unknown activation 'swish'"),
+    (["derive", "missing.toml"], "cannot read scheme file missing.toml"),
+    (["derive"], "name at least one SCHEME"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(arguments, message, tmp_path):
+    code, out, err = run(*arguments, "--out", str(tmp_path / "out")) if arguments[0] == "derive" else run(*arguments)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_invalid_scheme_file_writes_nothing_even_after_a_valid_one(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nsummary = "x"\n[operators]\nattn = "attention"\n[[steps]]\noperator = "attn"\nsolver = "projection"\n')
+    code, _, err = run("derive", "post-ln", str(bad), "--out", str(tmp_path / "out"))
+    assert code == 2 and "is a vector field, not a projection" in err and str(bad) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_console_script_is_installed():
+    import shutil
+
+    script = shutil.which("splitformer", path=str(ROOT / ".venv" / "bin")) or shutil.which("splitformer")
+    assert script, "the splitformer console script is not on PATH"
+    assert subprocess.run([script, "list"], capture_output=True, text=True).stdout.startswith("post-ln")

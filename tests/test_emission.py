@@ -1,0 +1,120 @@
+"""Emission: golden files, determinism, imports, input validation of generated modules."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from codegen.output import write_files
+from codegen.pipeline import generate
+from symbolic import builtin_names, load_scheme
+
+from conftest import GENERATED, ROOT, import_path
+
+
+def _expected_files():
+    files = {}
+    for name in builtin_names():
+        files.update(generate(load_scheme(name), ("numpy", "torch"), GENERATED))
+    return files
+
+
+def test_generated_folder_matches_the_generator(update_golden):
+    """Refresh with ``python -m pytest tests/test_emission.py --update-golden`` (or ``make generate``)."""
+    expected = _expected_files()
+    if update_golden:
+        write_files(expected)
+    stale = [str(path.relative_to(ROOT)) for path, text in expected.items()
+             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    assert not stale, f"generated/ is out of date: {stale}; run make generate"
+
+
+def test_output_is_byte_identical_across_hash_seeds(tmp_path):
+    outputs = []
+    for seed in ("1", "987"):
+        folder = tmp_path / seed
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        subprocess.run([sys.executable, "-m", "codegen.cli", "derive", "post-ln", "--out", str(folder)],
+                       check=True, env=env, capture_output=True, cwd=ROOT)
+        outputs.append({path.relative_to(folder): path.read_bytes() for path in folder.rglob("*") if path.is_file()})
+    assert outputs[0] == outputs[1] and len(outputs[0]) >= 3
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED.glob("*/*.py")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_generated_code_imports_only_stdlib_and_its_backend(path):
+    allowed = {"math", "numpy", "torch"}
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert {alias.name.split(".")[0] for alias in node.names} <= allowed
+        elif isinstance(node, ast.ImportFrom):
+            assert node.module.split(".")[0] in allowed
+
+
+def test_generated_code_carries_the_formulas_and_a_header():
+    text = (GENERATED / "numpy" / "post_ln.py").read_text()
+    assert text.startswith('"""post-ln:') and "splitformer derive post-ln" in text
+    assert "# {Q^{\\mathrm{attn}}}_{i,m,e} =" in text
+    assert "--- substep 1: attn, explicit ---" in text
+
+
+@pytest.fixture
+def post_ln():
+    return import_path(GENERATED / "numpy" / "post_ln.py"), import_path(GENERATED / "torch" / "post_ln.py")
+
+
+def _params(d=8, d_ff=12, seed=0):
+    rng = np.random.default_rng(seed)
+    module = import_path(GENERATED / "numpy" / "post_ln.py")
+    sizes = {"d": d, "d_ff": d_ff}
+    return {name: rng.standard_normal(tuple(sizes[a] for a in axes)) for name, axes in module.PARAMETERS.items()}
+
+
+def test_missing_parameter_is_named(post_ln):
+    params = _params()
+    del params["ffn.b_1"]
+    with pytest.raises(ValueError, match=r"missing parameter 'ffn.b_1' of shape \(12,\)"):
+        post_ln[0].forward(np.zeros((2, 3, 8)), params)
+
+
+def test_misshaped_parameter_names_both_shapes(post_ln):
+    params = _params()
+    params["attn.W_o"] = np.zeros((8, 7))
+    with pytest.raises(ValueError, match=r"'attn.W_o' has shape \(8, 7\), expected \(8, 8\)"):
+        post_ln[0].forward(np.zeros((2, 3, 8)), params)
+    block = post_ln[1].Block(8, 2, 12)
+    with pytest.raises(ValueError, match=r"'attn.W_o' has shape \(8, 7\), expected \(8, 8\)"):
+        block.load_params(params)
+
+
+def test_wrong_dtypes_are_rejected(post_ln):
+    params = _params()
+    with pytest.raises(ValueError, match="u must be float32 or float64"):
+        post_ln[0].forward(np.zeros((2, 3, 8), dtype=int), params)
+    params["norm1.gain"] = np.array(["a"] * 8)
+    with pytest.raises(ValueError, match="'norm1.gain' has dtype"):
+        post_ln[0].forward(np.zeros((2, 3, 8)), params)
+
+
+def test_heads_must_divide_the_width(post_ln):
+    with pytest.raises(ValueError, match="d = 8 is not divisible by n_heads = 3"):
+        post_ln[0].forward(np.zeros((2, 3, 8)), _params(), n_heads=3)
+    with pytest.raises(ValueError, match="d_model = 8 is not divisible by n_heads = 3"):
+        post_ln[1].Block(8, 3, 12)
+
+
+def test_torch_block_has_canonical_state_dict_names_and_bias_switch(post_ln):
+    block = post_ln[1].Block(8, 2, 12)
+    assert set(block.state_dict()) == set(post_ln[1].PARAMETERS)
+    no_bias = post_ln[1].Block(8, 2, 12, bias=False)
+    trainable = {name for name, _ in no_bias.named_parameters()}
+    assert "attn.b_q" not in trainable and "attn.W_q" in trainable and "norm1.gain" in trainable
+    without = {k: v for k, v in _params().items() if post_ln[1]._KINDS[k] != "bias"}
+    no_bias.load_params(without)
+    assert no_bias(torch.zeros(1, 3, 8)).shape == (1, 3, 8)
+    with pytest.raises(ValueError, match="unexpected parameter 'attn.W_x'"):
+        block.load_params({"attn.W_x": np.zeros(3)})

@@ -24,6 +24,7 @@ test: $(STAMP)
 
 generate: $(STAMP)
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
+	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 
 clean:
 	rm -rf $(VENV) .pytest_cache

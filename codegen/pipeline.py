@@ -10,6 +10,7 @@ from pathlib import Path
 
 from symbolic.derivation import derive
 from symbolic.scheme import Scheme
+from symbolic.stack import final_norm_scheme
 
 from .lowering import lower
 from .render import render_module
@@ -25,9 +26,10 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None) 
     """The files ``splitformer derive`` writes for ``scheme`` under ``out``."""
     program = derive(scheme)
     module = lower(program, passes)
+    final_norm = lower(derive(final_norm_scheme()), passes)
     files = {out / "__init__.py": PACKAGE_INIT}
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
-        files[out / backend / f"{program.name}.py"] = render_module(scheme, module, backend)
+        files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend)
     files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program)
     return files

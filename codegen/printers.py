@@ -58,8 +58,8 @@ class ArrayPrinter(StrPrinter):
     def call(self, function: str, *args: sp.Expr) -> str:
         if function not in self.functions:
             raise AssertionError(f"no {self.library} spelling for {function}")
-        library = "math" if not any(arg.has(sp.Indexed) for arg in args) else self.library
-        return f"{library}.{self.functions[function]}({', '.join(self._print(arg) for arg in args)})"
+        name = self.functions[function] if any(arg.has(sp.Indexed) for arg in args) else f"math.{function}"
+        return f"{name}({', '.join(self._print(arg) for arg in args)})"
 
     def _print_Function(self, expr: sp.Function) -> str:
         return self.call(type(expr).__name__, *expr.args)
@@ -81,7 +81,7 @@ class ArrayPrinter(StrPrinter):
 
 class NumpyPrinter(ArrayPrinter):
     library = "np"
-    functions = {"exp": "exp", "sqrt": "sqrt", "erf": "erf", "tanh": "tanh"}
+    functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]
@@ -91,7 +91,7 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     library = "torch"
-    functions = {"exp": "exp", "sqrt": "sqrt", "erf": "erf", "tanh": "tanh"}
+    functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

@@ -1,4 +1,4 @@
-"""Emission: a lowered module through a backend's Jinja template → Python source."""
+"""Emission: lowered modules through a backend's Jinja templates → Python source."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from symbolic.scheme import Scheme
 from .backends import BACKENDS
 from .ir import Module
 
-__all__ = ["environment", "render_module", "module_context"]
+__all__ = ["environment", "render_module", "unit_context"]
 
 
 def environment() -> jinja2.Environment:
@@ -36,8 +36,8 @@ def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
 
-def module_context(scheme: Scheme, module: Module, backend: str) -> dict:
-    """Everything a module template needs, computed once."""
+def unit_context(module: Module, backend: str) -> dict:
+    """One emitted function: its parameters, its statements grouped by substep, its output."""
     spelling = BACKENDS[backend]
     parameters = []
     hidden = None
@@ -57,24 +57,26 @@ def module_context(scheme: Scheme, module: Module, backend: str) -> dict:
     for op in module.ops:
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({
-            "comment": op.comment.splitlines(),
-            "code": spelling.statement(module, op),
-        })
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statement(module, op)})
+    code = "\n".join(statement["code"] for section in sections for statement in section["statements"])
     return {
-        "scheme": scheme,
-        "module": module,
-        "version": __version__,
         "parameters": parameters,
         "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
         "hidden": hidden,
         "sections": sections,
         "uses_support": "chi" in module.tensors,
+        "uses_erf": "_erf(" in code,
         "output": module.output,
     }
 
 
-def render_module(scheme: Scheme, module: Module, backend: str) -> str:
-    """The source of the generated ``backend`` module."""
+def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: str) -> str:
+    """The source of the generated ``backend`` module: the block and a stack's final norm."""
     template = environment().get_template(f"{backend}/module.py.j2")
-    return template.render(**module_context(scheme, module, backend))
+    return template.render(
+        scheme=scheme,
+        module=block,
+        version=__version__,
+        block=unit_context(block, backend),
+        final=unit_context(final_norm, backend),
+    )

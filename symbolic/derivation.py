@@ -25,7 +25,7 @@ from .latex import to_latex
 from .operators import STATE, SUPPORT, Operator
 from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
-from .scheme import Parallel, Scheme, Sequence, Substep
+from .scheme import Heun, Parallel, Scheme, Sequence, Substep
 
 __all__ = ["derive", "UNIT_SPACINGS"]
 
@@ -40,6 +40,7 @@ class _Deriver:
         self.tensors: dict[str, Tensor] = {}
         self.records: list[SubstepRecord] = []
         self.evaluations: Counter[str] = Counter()
+        self.memo: dict[tuple[str, str], str] = {}
         self.states = 0
         self.substeps = 0
         for operator in self.operators.values():
@@ -64,8 +65,19 @@ class _Deriver:
         return sp.IndexedBase(name)[X.index, Y.index]
 
     # -- space -------------------------------------------------------------------------
-    def evaluate(self, key: str, argument: str) -> tuple[Evaluation, str]:
-        """Discretize operator ``key`` applied to the field ``argument``."""
+    def evaluate(self, key: str, argument: str, evaluations: list[Evaluation]) -> str:
+        """Discretize operator ``key`` applied to the field ``argument``; returns its output.
+
+        An operator is a function of its argument: a second evaluation on the same field
+        reuses the first (the parallel block normalizes once for both branches).
+        """
+        if (key, argument) not in self.memo:
+            evaluation, output = self.discretize(key, argument)
+            evaluations.append(evaluation)
+            self.memo[(key, argument)] = output
+        return self.memo[(key, argument)]
+
+    def discretize(self, key: str, argument: str) -> tuple[Evaluation, str]:
         operator: Operator = self.operators[key]
         self.evaluations[key] += 1
         count = self.evaluations[key]
@@ -107,28 +119,34 @@ class _Deriver:
         return {name: tensor.latex for name, tensor in self.tensors.items()}
 
     # -- time --------------------------------------------------------------------------
+    def symbol(self, state: str) -> sp.Symbol:
+        return sp.Symbol(self.tensors[state].latex)
+
+    def field(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
+        """``A(u)`` or ``A(Proj(u))`` at ``state``: (discrete value, continuous expression)."""
+        argument, continuous = state, self.symbol(state)
+        if step.on is not None:
+            argument = self.evaluate(step.on, state, evaluations)
+            continuous = sp.Function(self.operators[step.on].labelled())(continuous)
+        output = self.evaluate(step.operator, argument, evaluations)
+        applied = sp.Function(self.operators[step.operator].labelled())(continuous)
+        return sp.IndexedBase(output)[X.index, Y.index], applied
+
     def substep(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
         """The update of one substep as (discrete expression, continuous expression)."""
-        operator = self.operators[step.operator]
-        argument, symbolic_argument = state, sp.Symbol(self.tensors[state].latex)
-        if step.on is not None:
-            evaluation, argument = self.evaluate(step.on, state)
-            evaluations.append(evaluation)
-            symbolic_argument = sp.Function(self.operators[step.on].symbol)(symbolic_argument)
-        evaluation, output = self.evaluate(step.operator, argument)
-        evaluations.append(evaluation)
-        value = sp.IndexedBase(output)[X.index, Y.index]
-        applied = sp.Function(operator.symbol)(symbolic_argument)
+        value, applied = self.field(step, state, evaluations)
         if step.solver == "projection":
             return value, applied
         fraction = step.fraction * TIME_STEP
-        return self.state(state) + fraction * value, sp.Symbol(self.tensors[state].latex) + fraction * applied
+        return self.state(state) + fraction * value, self.symbol(state) + fraction * applied
 
     def sequence(self, sequence: Sequence, state: str, title: str) -> tuple[str, sp.Expr]:
         for step in sequence.steps:
             evaluations: list[Evaluation] = []
             if isinstance(step, Parallel):
                 discrete, continuous, label = self.parallel(step, state, evaluations)
+            elif isinstance(step, Heun):
+                discrete, continuous, label = self.heun(step, state, evaluations)
             else:
                 discrete, continuous = self.substep(step, state, evaluations)
                 label = f"{step.operator}, {_solver_label(step)}"
@@ -136,11 +154,12 @@ class _Deriver:
             target = self.new_state()
             update = Assignment(self.state(target), discrete, f"state after substep {self.substeps}",
                                 quadrature=to_latex(sp.Eq(self.state(target), discrete), self.latex_names()))
-            rule = to_latex(sp.Eq(sp.Symbol(self.tensors[target].latex), continuous), {})
+            rhs = continuous if isinstance(continuous, str) else to_latex(continuous)
+            rule = f"{self.tensors[target].latex} = {rhs}"
             self.records.append(SubstepRecord(f"{title}substep {self.substeps}: {label}", rule,
                                               tuple(evaluations), update))
             state = target
-        return state, sp.Symbol(self.tensors[state].latex)
+        return state, self.symbol(state)
 
     def parallel(self, step: Parallel, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr, str]:
         discrete_terms, continuous_terms, labels = [], [], []
@@ -149,7 +168,7 @@ class _Deriver:
                 discrete, continuous = self.substep(branch.steps[0], state, evaluations)
                 labels.append(f"{branch.steps[0].operator} ×{branch.steps[0].fraction}")
             elif not branch.steps:
-                discrete, continuous = self.state(state), sp.Symbol(self.tensors[state].latex)
+                discrete, continuous = self.state(state), self.symbol(state)
                 labels.append("identity")
             else:
                 final, continuous = self.sequence(branch, state, "branch ")
@@ -161,6 +180,28 @@ class _Deriver:
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))
         return combined, sp.Eq(unevaluated, simplified, evaluate=False), "parallel (" + ", ".join(labels) + ")"
+
+    def heun(self, step: Heun, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr, str]:
+        """Heun's method for the summed field ``G = Σ f_i A_i``: two stages, shared controls."""
+        def stage(at: str) -> tuple[sp.Expr, sp.Expr]:
+            pairs = [self.field(field, at, evaluations) for field in step.fields]
+            return (sum(f.fraction * value for f, (value, _) in zip(step.fields, pairs)),
+                    sum(f.fraction * applied for f, (_, applied) in zip(step.fields, pairs)))
+
+        first, first_continuous = stage(state)
+        predictor = self.new_state()
+        assignment = Assignment(self.state(predictor), self.state(state) + TIME_STEP * first, "predictor stage",
+                                quadrature=to_latex(sp.Eq(self.state(predictor), self.state(state) + TIME_STEP * first),
+                                                    self.latex_names()))
+        evaluations.append(Evaluation("rk2", "predictor", state, (assignment,)))
+        second, second_continuous = stage(predictor)
+        discrete = sp.expand(self.state(state) + TIME_STEP * (first + second) / 2)
+        k_1, k_2 = sp.symbols("k_1 k_2")
+        rule = (f"{to_latex(self.symbol(state) + TIME_STEP / 2 * (k_1 + k_2))},\\quad "
+                f"k_1 = {to_latex(first_continuous)},\\quad "
+                f"{self.tensors[predictor].latex} = {to_latex(self.symbol(state) + TIME_STEP * k_1)},\\quad "
+                f"k_2 = {to_latex(second_continuous)}")
+        return discrete, rule, "rk2 (Heun) of " + " + ".join(field.operator for field in step.fields)
 
 
 def _solver_label(step: Substep) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .scheme import Parallel, Scheme, Sequence
+from .scheme import Heun, Parallel, Scheme, Sequence
 
 __all__ = ["Term", "equation_terms", "equation_latex", "MASTER_EQUATION"]
 
@@ -41,6 +41,9 @@ def equation_terms(scheme: Scheme) -> list[Term]:
             if isinstance(step, Parallel):
                 for branch_weight, branch in zip(step.weights, step.branches):
                     visit(branch, weight * branch_weight)
+                continue
+            if isinstance(step, Heun):  # two stages of weight 1/2 each
+                visit(Sequence(step.fields), weight)
                 continue
             key = (step.operator, step.on, step.solver == "projection")
             totals[key] = totals.get(key, sp.Integer(0)) + weight * step.fraction

@@ -11,7 +11,7 @@ from .activations import activation as lookup_activation
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS, FeedForward, Operator
 
-__all__ = ["Substep", "Parallel", "Sequence", "Scheme", "SOLVERS"]
+__all__ = ["Substep", "Parallel", "Heun", "Sequence", "Scheme", "SOLVERS"]
 
 #: How a substep is solved over its share of the step.
 SOLVERS = {
@@ -39,13 +39,24 @@ class Parallel:
 
 
 @dataclass(frozen=True)
-class Sequence:
-    """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
+class Heun:
+    """One Heun (RK2) step of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
 
-    steps: tuple[Union[Substep, Parallel], ...] = ()
+    ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``; both stages
+    share the operators' parameters.
+    """
+
+    fields: tuple[Substep, ...]
 
 
 @dataclass(frozen=True)
+class Sequence:
+    """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
+
+    steps: tuple[Union[Substep, Parallel, Heun], ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
 class Scheme:
     """A named splitting scheme over named operators."""
 
@@ -94,6 +105,8 @@ class Scheme:
                 if isinstance(step, Parallel):
                     for branch in step.branches:
                         visit(branch)
+                elif isinstance(step, Heun):
+                    found.extend(step.fields)
                 else:
                     found.append(step)
 

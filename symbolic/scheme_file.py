@@ -18,7 +18,7 @@ import sympy as sp
 from .activations import ACTIVATIONS
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
-from .scheme import SOLVERS, Parallel, Scheme, Sequence, Substep
+from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names", "scheme_to_toml"]
 
@@ -27,6 +27,7 @@ _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
+_HEUN_KEYS = {"rk2"}
 
 
 class _Reader:
@@ -70,8 +71,8 @@ class _Reader:
         if not _NAME.match(name):
             raise self.fail("name", f"{name!r} is not a scheme name (lower-case words joined by '-')")
         summary = self.typed(document, "summary", str, "")
-        if "\n" in summary:
-            raise self.fail("summary", "must be one line")
+        if "\n" in summary or '"""' in summary or "\\" in summary or not summary.isprintable():
+            raise self.fail("summary", "must be one printable line without backslashes or triple quotes")
         activation = self.typed(document, "activation", str, "", "relu")
         if activation not in ACTIVATIONS:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
@@ -116,8 +117,12 @@ class _Reader:
             where = f"{path}[{position}]"
             if not isinstance(step, dict):
                 raise self.fail(where, f"expected a table, got {type(step).__name__}")
-            parsed.append(self.parallel(step, where, operators) if "parallel" in step
-                          else self.substep(step, where, operators))
+            if "parallel" in step:
+                parsed.append(self.parallel(step, where, operators))
+            elif "rk2" in step:
+                parsed.append(self.heun(step, where, operators))
+            else:
+                parsed.append(self.substep(step, where, operators))
         return Sequence(tuple(parsed))
 
     def substep(self, step: dict, where: str, operators: dict[str, str]) -> Substep:
@@ -131,10 +136,28 @@ class _Reader:
         fraction = self.number(self.typed(step, "fraction", float, where, 1), f"{where}.fraction")
         if fraction <= 0:
             raise self.fail(f"{where}.fraction", f"must be > 0, got {fraction}")
+        if solver == "projection" and fraction != 1:
+            raise self.fail(f"{where}.fraction", "a projection has no fraction (the normal cone absorbs Δt)")
         on = self.typed(step, "on", str, where, None)
         if on is not None and on not in operators:
             raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
         return Substep(operator, solver, fraction, on)
+
+    def heun(self, step: dict, where: str, operators: dict[str, str]) -> Heun:
+        self.unknown(step, _HEUN_KEYS, where)
+        fields = self.typed(step, "rk2", list, where)
+        if not fields:
+            raise self.fail(f"{where}.rk2", "empty composition: an rk2 step needs at least one field")
+        parsed = []
+        for position, field in enumerate(fields):
+            path = f"{where}.rk2[{position}]"
+            if not isinstance(field, dict):
+                raise self.fail(path, f"expected a table, got {type(field).__name__}")
+            substep = self.substep({"solver": "explicit", **field}, path, operators)
+            if substep.solver != "explicit":
+                raise self.fail(f"{path}.solver", "the stages of an rk2 step evaluate vector fields: use 'explicit'")
+            parsed.append(substep)
+        return Heun(tuple(parsed))
 
     def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
         self.unknown(step, _PARALLEL_KEYS, where)
@@ -169,7 +192,7 @@ def builtin_names() -> list[str]:
     """Names of the built-in schemes, in the order ``splitformer list`` prints them."""
     folder = resources.files("symbolic") / "schemes"
     names = [entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".toml")]
-    order = ["post-ln", "pre-ln"]
+    order = ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2"]
     return sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
 
 

@@ -9,28 +9,28 @@ assignment in index notation (LaTeX), so the code maps line by line to the repor
 generated/reports/post_ln.md.
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
-    attn.W_q     (d, d)
-    attn.b_q     (d)
-    attn.W_k     (d, d)
-    attn.b_k     (d)
-    attn.W_v     (d, d)
-    attn.b_v     (d)
-    attn.W_o     (d, d)
-    attn.b_o     (d)
-    norm1.gain   (d)
-    norm1.bias   (d)
-    ffn.W_1      (d, d_ff)
-    ffn.b_1      (d_ff)
-    ffn.W_2      (d_ff, d)
-    ffn.b_2      (d)
-    norm2.gain   (d)
-    norm2.bias   (d)
+    attn.W_q         (d, d)
+    attn.b_q         (d)
+    attn.W_k         (d, d)
+    attn.b_k         (d)
+    attn.W_v         (d, d)
+    attn.b_v         (d)
+    attn.W_o         (d, d)
+    attn.b_o         (d)
+    norm1.gain       (d)
+    norm1.bias       (d)
+    ffn.W_1          (d, d_ff)
+    ffn.b_1          (d_ff)
+    ffn.W_2          (d_ff, d)
+    ffn.b_2          (d)
+    norm2.gain       (d)
+    norm2.bias       (d)
 """
 import math
 
 import numpy as np
 
-__all__ = ["forward", "PARAMETERS"]
+__all__ = ["forward", "forward_stack", "PARAMETERS"]
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -50,6 +50,11 @@ PARAMETERS = {
     "ffn.b_2": ("d",),
     "norm2.gain": ("d",),
     "norm2.bias": ("d",),
+}
+#: The parameters of a stack's final projection (``final_norm`` of ``forward_stack``).
+FINAL_NORM_PARAMETERS = {
+    "final_norm.gain": ("d",),
+    "final_norm.bias": ("d",),
 }
 
 
@@ -97,10 +102,10 @@ def _state(u):
     return u[None] if u.ndim == 2 else u
 
 
-def _parameters(params, sizes, dtype):
-    """Check every canonical parameter's presence, shape and dtype; cast to ``dtype``."""
+def _parameters(params, table, sizes, dtype):
+    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
     arrays = {}
-    for name, axes in PARAMETERS.items():
+    for name, axes in table.items():
         expected = tuple(sizes[axis] for axis in axes)
         if name not in params:
             raise ValueError(f"missing parameter {name!r} of shape {expected}")
@@ -126,7 +131,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     d_head = _head_width(d, n_heads)
     d_ff = np.shape(params["ffn.W_1"])[1] if "ffn.W_1" in params else 0
     sizes = {"d": d, "d_ff": d_ff}
-    p = _parameters(params, sizes, u0.dtype)
+    p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
     attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
     attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
@@ -194,3 +199,30 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     u4 = (-norm2_alpha[:, :, None] + u3)*norm2_gain/np.sqrt(eps + norm2_beta[:, :, None]) + norm2_bias
     return u4[0] if u.ndim == 2 else u4
 
+
+def _final_norm(u0, params, eps):
+    """The final projection of a stack (a LayerNorm), derived like the block's."""
+    p = _parameters(params, FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- substep 1: final_norm, projection ---
+    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    final_norm_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    u1 = (-final_norm_alpha[:, :, None] + u0)*final_norm_gain/np.sqrt(eps + final_norm_beta[:, :, None]) + final_norm_bias
+    return u1
+
+
+def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=False):
+    """``len(layers)`` steps of post-ln, then ``final_norm`` (mapping with ``gain``, ``bias``)."""
+    state = _state(u)
+    for params in layers:
+        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
+    if final_norm is not None:
+        state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
+    return state[0] if np.ndim(u) == 2 else state

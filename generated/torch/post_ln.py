@@ -9,28 +9,28 @@ assignment in index notation (LaTeX), so the code maps line by line to the repor
 generated/reports/post_ln.md.
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
-    attn.W_q     (d, d)
-    attn.b_q     (d)
-    attn.W_k     (d, d)
-    attn.b_k     (d)
-    attn.W_v     (d, d)
-    attn.b_v     (d)
-    attn.W_o     (d, d)
-    attn.b_o     (d)
-    norm1.gain   (d)
-    norm1.bias   (d)
-    ffn.W_1      (d, d_ff)
-    ffn.b_1      (d_ff)
-    ffn.W_2      (d_ff, d)
-    ffn.b_2      (d)
-    norm2.gain   (d)
-    norm2.bias   (d)
+    attn.W_q         (d, d)
+    attn.b_q         (d)
+    attn.W_k         (d, d)
+    attn.b_k         (d)
+    attn.W_v         (d, d)
+    attn.b_v         (d)
+    attn.W_o         (d, d)
+    attn.b_o         (d)
+    norm1.gain       (d)
+    norm1.bias       (d)
+    ffn.W_1          (d, d_ff)
+    ffn.b_1          (d_ff)
+    ffn.W_2          (d_ff, d)
+    ffn.b_2          (d)
+    norm2.gain       (d)
+    norm2.bias       (d)
 """
 import math
 
 import torch
 
-__all__ = ["Block", "PARAMETERS"]
+__all__ = ["Block", "Stack", "PARAMETERS"]
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -51,6 +51,11 @@ PARAMETERS = {
     "norm2.gain": ("d",),
     "norm2.bias": ("d",),
 }
+#: The parameters of a stack's final projection.
+FINAL_NORM_PARAMETERS = {
+    "final_norm.gain": ("d",),
+    "final_norm.bias": ("d",),
+}
 _KINDS = {
     "attn.W_q": "weight",
     "attn.b_q": "bias",
@@ -68,6 +73,8 @@ _KINDS = {
     "ffn.b_2": "bias",
     "norm2.gain": "gain",
     "norm2.bias": "bias",
+    "final_norm.gain": "gain",
+    "final_norm.bias": "bias",
 }
 
 
@@ -101,66 +108,77 @@ def _support(key_padding_mask, causal, batch, n_tokens, device):
     return support
 
 
+def _register(module, table, sizes, bias, factory):
+    """Create the parameters of ``table`` under their canonical names (``attn.W_q``)."""
+    for name, axes in table.items():
+        group, attribute = name.split(".")
+        if not hasattr(module, group):
+            module.add_module(group, torch.nn.Module())
+        value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
+        if _KINDS[name] == "bias" and not bias:
+            getattr(module, group).register_buffer(attribute, torch.zeros_like(value), persistent=False)
+        else:
+            getattr(module, group).register_parameter(attribute, torch.nn.Parameter(value))
+
+
+def _tensor(module, name):
+    group, attribute = name.split(".")
+    return getattr(getattr(module, group), attribute)
+
+
+def _reset(module, table, bias):
+    """Xavier-uniform weights, zero biases, unit gains (torch's defaults for a fresh layer)."""
+    with torch.no_grad():
+        for name in table:
+            tensor = _tensor(module, name)
+            if _KINDS[name] == "weight":
+                torch.nn.init.xavier_uniform_(tensor)
+            elif _KINDS[name] == "gain":
+                torch.nn.init.ones_(tensor)
+            else:
+                torch.nn.init.zeros_(tensor)
+
+
+def _load(module, table, params, bias):
+    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked."""
+    unknown = sorted(set(params) - set(table))
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
+    with torch.no_grad():
+        for name in table:
+            target = _tensor(module, name)
+            if name not in params:
+                if _KINDS[name] == "bias" and not bias:
+                    continue
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            target.copy_(value)
+
+
 class Block(torch.nn.Module):
-    """One step of post-ln as a module; parameters carry their canonical names."""
+    """One step of post-ln; parameters carry their canonical names."""
 
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, device=None, dtype=None):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        sizes = {"d": d_model, "d_ff": d_ff}
-        factory = {"device": device, "dtype": dtype}
-        self.attn = torch.nn.Module()
-        self.norm1 = torch.nn.Module()
-        self.ffn = torch.nn.Module()
-        self.norm2 = torch.nn.Module()
-        for name, axes in PARAMETERS.items():
-            group, attribute = name.split(".")
-            value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
-            if _KINDS[name] == "bias" and not bias:
-                getattr(self, group).register_buffer(attribute, value, persistent=False)
-            else:
-                getattr(self, group).register_parameter(attribute, torch.nn.Parameter(value))
+        _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self):
-        """Xavier-uniform weights, zero biases, unit gains (torch's defaults for a fresh layer)."""
-        with torch.no_grad():
-            for name in PARAMETERS:
-                tensor = self._tensor(name)
-                if _KINDS[name] == "weight":
-                    torch.nn.init.xavier_uniform_(tensor)
-                elif _KINDS[name] == "gain":
-                    torch.nn.init.ones_(tensor)
-                else:
-                    torch.nn.init.zeros_(tensor)
-
-    def _tensor(self, name):
-        group, attribute = name.split(".")
-        return getattr(getattr(self, group), attribute)
+        _reset(self, PARAMETERS, self.bias)
 
     def load_params(self, params):
-        """Copy canonical parameters (arrays or tensors) into the module; shapes are checked."""
-        unknown = sorted(set(params) - set(PARAMETERS))
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(PARAMETERS)})")
-        with torch.no_grad():
-            for name in PARAMETERS:
-                target = self._tensor(name)
-                if name not in params:
-                    if _KINDS[name] == "bias" and not self.bias:
-                        continue
-                    raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-                try:
-                    value = torch.as_tensor(params[name])
-                except (TypeError, ValueError, RuntimeError):
-                    raise ValueError(f"parameter {name!r} is not a numeric array") from None
-                if value.dtype == torch.bool or value.is_complex():
-                    raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-                target.copy_(value)
+        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
+        _load(self, PARAMETERS, params, self.bias)
         return self
 
     def forward(self, u, key_padding_mask=None, causal=False):
@@ -187,7 +205,7 @@ class Block(torch.nn.Module):
         norm2_gain = self.norm2.gain
         norm2_bias = self.norm2.bias
         chi = _support(key_padding_mask, causal, batch, n_tokens, u0.device)
-    
+
         # --- substep 1: attn, explicit ---
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
         attn_q = torch.einsum("bik,kme->bime", u0, attn_W_q) + attn_b_q
@@ -236,3 +254,55 @@ class Block(torch.nn.Module):
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = (-norm2_alpha[:, :, None] + u3)*norm2_gain/torch.sqrt(eps + norm2_beta[:, :, None]) + norm2_bias
         return u4[0] if u.dim() == 2 else u4
+
+
+class Stack(torch.nn.Module):
+    """``n_layers`` steps of post-ln (own parameters each), then the final projection.
+
+    ``final_norm`` defaults to the scheme's choice (False); its parameters are
+    ``final_norm.gain`` and ``final_norm.bias``.
+    """
+
+    def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=False,
+                 device=None, dtype=None):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype) for _ in range(n_layers)
+        )
+        self.eps, self.bias, self.has_final_norm = eps, bias, final_norm
+        if final_norm:
+            _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
+            _reset(self, FINAL_NORM_PARAMETERS, bias)
+
+    def load_params(self, layers, final_norm=None):
+        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        if len(layers) != len(self.layers):
+            raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
+        for block, params in zip(self.layers, layers):
+            block.load_params(params)
+        if (final_norm is not None) != self.has_final_norm:
+            raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
+        if final_norm is not None:
+            _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
+        return self
+
+    def _final_norm(self, u0):
+        eps = self.eps
+        final_norm_gain = self.final_norm.gain
+        final_norm_bias = self.final_norm.bias
+
+        # --- substep 1: final_norm, projection ---
+        # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+        final_norm_alpha = torch.mean(u0, dim=2)
+        # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+        final_norm_beta = torch.mean((-final_norm_alpha[:, :, None] + u0)**2, dim=2)
+        # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+        # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+        # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+        u1 = (-final_norm_alpha[:, :, None] + u0)*final_norm_gain/torch.sqrt(eps + final_norm_beta[:, :, None]) + final_norm_bias
+        return u1
+
+    def forward(self, u, key_padding_mask=None, causal=False):
+        for block in self.layers:
+            u = block(u, key_padding_mask=key_padding_mask, causal=causal)
+        return self._final_norm(u) if self.has_final_norm else u

@@ -100,7 +100,7 @@ def _softmax(scores, support):
     """Row softmax over the last axis, restricted to ``support`` (True = kept).
 
     A row with empty support gets a zero kernel: the token integral over an empty set
-    vanishes, so the attention term of that row is 0 (never NaN).
+    vanishes (never NaN), so that query's attention term is the output bias alone.
     """
     if support is None:
         return torch.softmax(scores, dim=-1)

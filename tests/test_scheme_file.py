@@ -1,0 +1,141 @@
+"""Scheme files: the built-ins round-trip, every malformed file ends in one clear error."""
+
+import tomllib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from symbolic import SplitformerError, builtin_names, load_scheme, parse_scheme
+from symbolic.scheme import Heun, Parallel
+
+VALID = load_scheme("post-ln").source
+
+
+def test_builtins_are_scheme_files_that_show_themselves():
+    for name in builtin_names():
+        scheme = load_scheme(name)
+        assert parse_scheme(scheme.source).name == name
+        assert tomllib.loads(scheme.source)["name"] == name
+
+
+def test_structure_of_parallel_and_rk2_builtins():
+    assert isinstance(load_scheme("parallel").body.steps[0], Parallel)
+    assert isinstance(load_scheme("rk2").body.steps[0], Heun)
+
+
+def _replace(old, new):
+    assert old in VALID
+    return VALID.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("text, message", [
+    (_replace('attn = "attention"', 'attn = "convolution"'), "operators.attn: unknown operator 'convolution'"),
+    (_replace('operator = "attn"', 'operator = "atn"'), "steps[0].operator: unknown operator 'atn'"),
+    (_replace('name = "post-ln"\n', ""), "missing field 'name'"),
+    (_replace('solver = "explicit"', "solver = 3"), "steps[0].solver: expected str, got int"),
+    (_replace('solver = "explicit"', 'solver = "implicit"'), "unknown solver 'implicit'"),
+    (_replace("fraction = 2", "fraction = 0"), "steps[2].parallel[0][0].fraction: must be > 0"),
+    (_replace("fraction = 2", "fraction = -1"), "must be > 0"),
+    (_replace('weights = ["1/2", "1/2"]', 'weights = ["1/2", "1/3"]'), "weights must sum to 1, they sum to 5/6"),
+    (_replace('weights = ["1/2", "1/2"]', 'weights = [1]'), "1 weights for 2 branches"),
+    (_replace('weights = ["1/2", "1/2"]', 'weights = ["half", "1/2"]'), "steps[2].weights[0]: not a number"),
+    (_replace('operator = "norm1"\nsolver = "projection"', 'operator = "norm1"\nsolver = "explicit"'),
+     "'norm1' is a projection and cannot be used as a vector field"),
+    (_replace('operator = "attn"\nsolver = "explicit"', 'operator = "attn"\nsolver = "projection"'),
+     "'attn' is a vector field, not a projection"),
+    ('name = "x"\nsummary = "s"\nsteps = []\n[operators]\nattn = "attention"\n', "steps: empty composition"),
+    ('name = "x"\nsummary = "s"\nsteps = [{parallel = []}]\n[operators]\nattn = "attention"\n',
+     "steps[0].parallel: empty composition"),
+    ('name = "x"\nsummary = "s"\nsteps = [{operator = "attn", solver = "explicit"}]\n', "missing field 'operators'"),
+    ('name = "Bad Name"\nsummary = "s"\n', "is not a scheme name"),
+    (_replace('summary = "', 'summary = "\\"\\"\\" '), "without backslashes or triple quotes"),
+    (_replace('activation = "relu"', 'activation = "swish"'), "unknown activation 'swish'"),
+    (_replace('activation = "relu"', 'colour = "red"'), "unknown field 'colour'"),
+    ("name = ", "invalid TOML"),
+    (_replace('operator = "norm2"\nsolver = "projection"', 'operator = "norm2"\nsolver = "projection"\nfraction = 2'),
+     "a projection has no fraction"),
+    (_replace('operator = "attn"\nsolver = "explicit"', 'operator = "attn"\nsolver = "explicit"\non = "ffn"'),
+     "'on' must name a projection"),
+])
+def test_malformed_scheme_is_one_line_naming_file_and_key(text, message):
+    with pytest.raises(SplitformerError) as error:
+        parse_scheme(text, "my.toml")
+    text = str(error.value)
+    assert "\n" not in text and text.startswith("my.toml")
+    assert message in text
+
+
+def test_rk2_stages_must_be_vector_fields():
+    text = load_scheme("rk2").source.replace('{ operator = "attn", on = "norm1" }', '{ operator = "norm1", solver = "projection" }')
+    with pytest.raises(SplitformerError, match=r"rk2\[0\].solver: the stages of an rk2 step evaluate vector fields"):
+        parse_scheme(text, "rk2.toml")
+
+
+toml_scalars = st.one_of(st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=8), st.booleans())
+toml_values = st.recursive(
+    toml_scalars,
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=6), children, max_size=3)),
+    max_leaves=8,
+)
+KEYS = ["name", "summary", "activation", "final_norm", "operators", "steps", "description", "parallel",
+        "weights", "operator", "solver", "fraction", "on", "rk2"]
+
+
+def _document_to_toml(document):
+    import json
+
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v) if v == v and abs(v) != float("inf") else "nan"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+
+    return "\n".join(f"{json.dumps(k)} = {value(v)}" for k, v in document.items())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(KEYS), toml_values, max_size=6))
+def test_random_documents_never_escape_as_other_exceptions(document):
+    try:
+        parse_scheme(_document_to_toml(document), "fuzz.toml")
+    except SplitformerError as error:
+        assert "\n" not in str(error)
+
+
+step_values = st.fixed_dictionaries({}, optional={
+    "operator": st.sampled_from(["attn", "ffn", "norm1", "zzz", 3]),
+    "solver": st.sampled_from(["explicit", "projection", "exact"]),
+    "fraction": st.one_of(st.integers(-2, 3), st.sampled_from(["1/2", "x", "0", "1/0"])),
+    "on": st.sampled_from(["norm1", "attn", "nope"]),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(step_values, st.fixed_dictionaries({"parallel": st.lists(st.lists(step_values, max_size=2), max_size=3),
+                                                               "weights": st.lists(st.sampled_from(["1/2", "1", "0", 1]), max_size=3)}),
+                          st.fixed_dictionaries({"rk2": st.lists(step_values, max_size=2)})), max_size=4))
+def test_random_step_lists_are_schemes_or_one_line_errors(steps):
+    document = {"name": "fuzz", "summary": "s", "operators": {"attn": "attention", "ffn": "feed-forward", "norm1": "layer-norm"},
+                "steps": steps}
+    text = _document_to_toml(document)
+    try:
+        scheme = parse_scheme(text, "fuzz.toml")
+    except SplitformerError as error:
+        assert "\n" not in str(error)
+    else:
+        assert scheme.body.steps
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_is_a_scheme_or_one_line_error(text):
+    try:
+        parse_scheme(text, "any.toml")
+    except SplitformerError as error:
+        assert "\n" not in str(error)

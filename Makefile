@@ -23,6 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 generate: $(STAMP)
+	$(BIN)/splitformer check --plots generated/plots > /dev/null
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 

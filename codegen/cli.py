@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
     derive.add_argument("--out", default="generated", help="output folder (default: generated)")
     derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
+    check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
+    check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    check.add_argument("--plots", default=None, metavar="DIR", help="write a convergence plot (PNG) per scheme")
     return parser
 
 
@@ -95,21 +99,44 @@ def _derive(arguments: argparse.Namespace) -> str:
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
 
+def _check(arguments: argparse.Namespace) -> tuple[str, int]:
+    from symbolic.scheme_file import builtin_names
+
+    from .checking import run_checks
+
+    schemes = [_load(name, None) for name in (arguments.schemes or builtin_names())]
+    plots = None
+    if arguments.plots is not None:
+        plots = Path(arguments.plots)
+        if plots.exists() and not plots.is_dir():
+            raise SplitformerError(f"--plots {plots} exists and is not a folder")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
+    report = run_checks(schemes, plots)
+    text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
+    return text, 0 if report.holds else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    status = 0
     try:
         arguments = _parser().parse_args(argv)
         if arguments.command == "list":
             text = _list()
         elif arguments.command == "show":
             text = _show(arguments)
+        elif arguments.command == "check":
+            text, status = _check(arguments)
         else:
             text = _derive(arguments)
     except SplitformerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(text)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -31,5 +31,5 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None) 
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
         files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend)
-    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program)
+    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots")
     return files

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import sympy as sp
 
 from symbolic import __version__
@@ -9,19 +11,37 @@ from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from symbolic.equation import MASTER_EQUATION, equation_latex
 from symbolic.program import Program
 from symbolic.projections import derive_layer_norm_projection, derive_relu_projection
+from symbolic.checks.order import splitting_order
+from symbolic.references import REFERENCES
 from symbolic.scheme import Parallel, Scheme
 
 from .render import environment
 
-__all__ = ["render_report"]
+__all__ = ["render_report", "check_ids"]
 
 
 def _has_parallel(scheme: Scheme) -> bool:
     return any(isinstance(step, Parallel) for step in scheme.body.steps)
 
 
-def render_report(scheme: Scheme, program: Program) -> str:
-    """The Markdown report of ``program``, derived from ``scheme``."""
+def check_ids(scheme: Scheme) -> list[str]:
+    """The ids of the ``splitformer check`` checks that back the claims of this report."""
+    kinds = set(scheme.operators.values())
+    ids = []
+    if "layer-norm" in kinds:
+        ids += [f"theorem-3.1/{part}" for part in ("closed-form", "constraints", "kkt", "minimizer", "beta-zero")]
+        ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
+    if "feed-forward" in kinds:
+        ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
+    if scheme.name in REFERENCES:
+        ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
+    if scheme.claims:
+        ids.append(f"order/{scheme.name}")
+    return ids + [f"convergence/{scheme.name}"]
+
+
+def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -> str:
+    """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot."""
     kinds = set(scheme.operators.values())
     projections = []
     if "layer-norm" in kinds:
@@ -44,8 +64,13 @@ def render_report(scheme: Scheme, program: Program) -> str:
         (domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
         for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
     ]
+    order = splitting_order(scheme)
+    plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
     return template.render(
+        order=order,
+        checks=check_ids(scheme),
+        plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,
         scheme=scheme,
         program=program,
         version=__version__,

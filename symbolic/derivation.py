@@ -48,13 +48,19 @@ class _Deriver:
                 name = f"{operator.key}_{parameter.name}"
                 latex = _keyed(parameter.latex, operator.key)
                 indices = tuple(variable.index for variable in parameter.arguments)
-                self.tensors[name] = Tensor(name, latex, indices, "param",
-                                            f"{operator.key}.{parameter.name}", parameter.shape, parameter.kind)
+                self.declare(Tensor(name, latex, indices, "param",
+                                    f"{operator.key}.{parameter.name}", parameter.shape, parameter.kind))
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
 
     # -- names -------------------------------------------------------------------------
+    def declare(self, tensor: Tensor) -> None:
+        if tensor.name in self.tensors:
+            raise SplitformerError(
+                f"scheme {self.scheme.name!r}: two arrays would be named {tensor.name!r}; rename an operator")
+        self.tensors[tensor.name] = tensor
+
     def new_state(self) -> str:
         self.states += 1
         name = f"u{self.states}"
@@ -82,6 +88,8 @@ class _Deriver:
         self.evaluations[key] += 1
         count = self.evaluations[key]
         prefix = key if count == 1 else f"{key}{count}"
+        while count > 1 and any(name.startswith(f"{prefix}_") for name in self.tensors):
+            prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT)}
         absorbed = {}
         for parameter in operator.parameters():
@@ -106,7 +114,7 @@ class _Deriver:
             if discrete.has(TOKENS.spacing):
                 raise SplitformerError(f"{key}: the token spacing Δx did not cancel in {definition.function}")
             name = str(lhs.base.label)
-            self.tensors[name] = Tensor(name, names[name], lhs.indices, "temp")
+            self.declare(Tensor(name, names[name], lhs.indices, "temp"))
             assignments.append(Assignment(
                 lhs, discrete, definition.meaning,
                 continuous=to_latex(sp.Eq(definition.applied(), definition.rhs), _continuous_names(operator, argument, names)),

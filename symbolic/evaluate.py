@@ -35,7 +35,7 @@ def _substitute(expr: sp.Expr, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Exp
         return expr
     arguments = [_substitute(argument, entry) for argument in expr.args]
     if isinstance(expr, sp.Max):
-        return sp.Max(*arguments, evaluate=False)
+        return sp.Max(*arguments, evaluate=all(argument.is_number for argument in arguments))
     return expr.func(*arguments)
 
 

@@ -46,6 +46,7 @@ class Projection:
     steps: tuple[tuple[str, str], ...]
     distance: sp.Expr | None = None
     theorem: sp.Expr | None = None
+    gap: sp.Expr | None = None
 
 
 def _mean(affine: sp.Expr) -> sp.Expr:
@@ -134,6 +135,7 @@ def derive_layer_norm_projection() -> Projection:
         steps=tuple(steps),
         distance=sp.factor(sp.simplify(distance(best).subs(s.ghost, 0))),
         theorem=theorem,
+        gap=abs(gap),
     )
 
 

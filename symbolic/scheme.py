@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 import sympy as sp
@@ -67,6 +67,8 @@ class Scheme:
     activation: str = "relu"
     final_norm: bool = False
     description: str = ""
+    #: Claimed orders (``order``, ``splitting_order``), checked by ``splitformer check``.
+    claims: dict[str, int] = field(default_factory=dict)
     source: str = field(default="", compare=False)
 
     @property
@@ -77,8 +79,7 @@ class Scheme:
 
     def with_activation(self, name: str) -> "Scheme":
         lookup_activation(name)
-        return Scheme(self.name, self.summary, self.operators, self.body, name,
-                      self.final_norm, self.description, self.source)
+        return replace(self, activation=name)
 
     def _repr_latex_(self) -> str:
         from .equation import equation_latex

@@ -6,6 +6,7 @@ generated code must be valid identifiers, and every field is checked for its typ
 
 from __future__ import annotations
 
+import keyword
 import re
 import tomllib
 from fractions import Fraction
@@ -24,7 +25,10 @@ __all__ = ["load_scheme", "parse_scheme", "builtin_names", "scheme_to_toml"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-_TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps"}
+#: Names the emitted modules use for their own attributes.
+_RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
+_TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
+             "order", "splitting_order"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -90,6 +94,7 @@ class _Reader:
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,
+            claims=self.claims(document),
         )
         try:
             scheme.check()
@@ -97,13 +102,24 @@ class _Reader:
             raise SplitformerError(f"{self.where}: {error}") from None
         return scheme
 
+    def claims(self, document: dict) -> dict[str, int]:
+        claims = {}
+        for key in ("order", "splitting_order"):
+            value = self.typed(document, key, int, "", None)
+            if value is not None:
+                if value < 1:
+                    raise self.fail(key, f"an order is a positive integer, got {value}")
+                claims[key] = value
+        return claims
+
     def operators(self, table: dict) -> dict[str, str]:
         if not table:
             raise self.fail("operators", "empty table: name at least one operator")
         result = {}
         for key, kind in table.items():
-            if not _KEY.match(key):
-                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers")
+            if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
+                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers, "
+                                f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
             if not isinstance(kind, str):
                 raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
             if kind not in OPERATOR_KINDS:

@@ -139,3 +139,19 @@ def test_arbitrary_text_is_a_scheme_or_one_line_error(text):
         parse_scheme(text, "any.toml")
     except SplitformerError as error:
         assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize("key", ["class", "final_norm", "Attn", "2nd"])
+def test_operator_names_must_be_safe_identifiers(key):
+    text = VALID.replace('attn = "attention"', f'{key} = "attention"')
+    with pytest.raises(SplitformerError, match="operator names must be lower-case identifiers"):
+        parse_scheme(text, "keys.toml")
+
+
+def test_colliding_array_names_are_reported():
+    from symbolic import derive
+
+    text = VALID.replace('ffn = "feed-forward"', 'ffn = "feed-forward"\nattn_b = "attention"').replace(
+        '[[steps]]\noperator = "norm2"', '[[steps]]\noperator = "attn_b"\nsolver = "explicit"\n\n[[steps]]\noperator = "norm2"')
+    with pytest.raises(SplitformerError, match="two arrays would be named 'attn_b_q'"):
+        derive(parse_scheme(text, "clash.toml"))

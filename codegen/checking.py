@@ -1,0 +1,136 @@
+"""``splitformer check``: run every check that applies and format the results.
+
+General checks (projections, the subdifferential sign, activations) run once; per scheme:
+exact recovery (when a published reference exists), the splitting order by non-commutative
+series against the orders the scheme file claims, and the numeric convergence study.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from symbolic.checks import Check
+from symbolic.checks.activations import activation_checks
+from symbolic.checks.order import OrderResult, splitting_order
+from symbolic.checks.projections import projection_checks
+from symbolic.checks.recovery import recovery_checks
+from symbolic.checks.sign import sign_check
+from symbolic.derivation import derive
+from symbolic.program import Program
+from symbolic.scheme import Scheme
+
+from .convergence import Study, convergence_study, plot_study
+
+__all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
+
+#: How far the empirical order may be from the series order.
+TOLERANCE = 0.3
+
+
+@dataclass
+class CheckReport:
+    checks: list[Check] = field(default_factory=list)
+    orders: dict[str, dict] = field(default_factory=dict)
+    plots: dict[str, Path] = field(default_factory=dict)
+    leading_text: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        return all(check.holds for check in self.checks)
+
+    def as_json(self) -> str:
+        document = {"checks": [check.as_dict() for check in self.checks], "orders": self.orders}
+        return json.dumps(document, indent=2, ensure_ascii=False)
+
+    def as_text(self) -> str:
+        lines = []
+        for check in self.checks:
+            status = "ok  " if check.holds else "FAIL"
+            lines.append(f"{status}  {check.id}  [{check.method}]")
+            lines.extend(textwrap.wrap(check.statement, 96, initial_indent="      ", subsequent_indent="      "))
+            lines.extend(textwrap.wrap("→ " + check.detail, 96, initial_indent="      ", subsequent_indent="        "))
+        if self.orders:
+            lines.append("")
+            lines.append(f"{'scheme':20} {'order':>5} {'splitting':>9}  leading local error (own solvers)")
+            for name, order in self.orders.items():
+                split = "—" if order["splitting_order"] is None else order["splitting_order"]
+                lines.append(f"{name:20} {order['order']:>5} {split:>9}  {self.leading_text[name]}")
+        failed = sum(not check.holds for check in self.checks)
+        lines.append("")
+        lines.append(f"{len(self.checks) - failed} passed, {failed} failed")
+        return "\n".join(lines)
+
+    def as_markdown(self) -> str:
+        lines = ["| | check | method | statement | detail |", "| --- | --- | --- | --- | --- |"]
+        for check in self.checks:
+            cells = [("✅" if check.holds else "❌"), f"`{check.id}`", check.method, check.statement, check.detail]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        if self.orders:
+            lines += ["", "| scheme | order | splitting order | leading local error |", "| --- | --- | --- | --- |"]
+            for name, order in self.orders.items():
+                split = "—" if order["splitting_order"] is None else str(order["splitting_order"])
+                lines.append(f"| `{name}` | {order['order']} | {split} | ${order['leading_error']}$ |")
+        return "\n".join(lines)
+
+
+def order_check(scheme: Scheme, result: OrderResult) -> Check | None:
+    """The orders the scheme file claims against the series; ``None`` when it claims none."""
+    if not scheme.claims:
+        return None
+    computed = {"order": result.order, "splitting_order": result.splitting_order}
+    wrong = {key: (claimed, computed[key]) for key, claimed in scheme.claims.items() if computed[key] != claimed}
+    claimed = ", ".join(f"{key} {value}" for key, value in scheme.claims.items())
+    return Check(
+        f"order/{scheme.name}", scheme.name,
+        f"One step of {scheme.name} has {claimed} (local error O(h^(p+1)) against e^(h(A+B))), with attention "
+        "and feed-forward as non-commuting linear generators A, B and the projections held out.",
+        "symbolic", not wrong,
+        (f"series: order {result.order}, splitting order "
+         f"{'— (not a splitting)' if result.splitting_order is None else result.splitting_order}; "
+         f"leading error {result.leading_error_text}"
+         if not wrong else "; ".join(f"{key}: claimed {c}, series gives {s}" for key, (c, s) in wrong.items())),
+    )
+
+
+def convergence_check(scheme: Scheme, study: Study, order: int) -> Check:
+    errors = ", ".join(f"{error:.2e}" for error in study.errors)
+    return Check(
+        f"convergence/{scheme.name}", scheme.name,
+        f"On the continuous model with frozen smooth fields (tanh activation, projections held out), the "
+        f"error at T = 1 of {scheme.name} with N_t = {', '.join(map(str, study.steps))} steps decays with "
+        f"slope within {TOLERANCE} of the series order {order}.",
+        "numeric", abs(study.slope - order) <= TOLERANCE,
+        f"empirical order {study.slope:.3f} (fit over the three finest steps); errors {errors}",
+    )
+
+
+def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | None = None,
+                  report: CheckReport | None = None) -> CheckReport:
+    """The checks of one scheme, added to ``report``."""
+    report = report or CheckReport()
+    program = program or derive(scheme)
+    report.checks += recovery_checks(scheme, program)
+    result = splitting_order(scheme)
+    report.orders[scheme.name] = {
+        "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
+    }
+    report.leading_text[scheme.name] = result.leading_error_text
+    claim = order_check(scheme, result)
+    if claim is not None:
+        report.checks.append(claim)
+    study = convergence_study(scheme)
+    report.checks.append(convergence_check(scheme, study, result.order))
+    if plots is not None:
+        report.plots[scheme.name] = plot_study(study, result.order, plots / f"{scheme.module_name}_convergence.png")
+    return report
+
+
+def run_checks(schemes: list[Scheme], plots: Path | None = None) -> CheckReport:
+    """General checks, then every scheme's."""
+    report = CheckReport(projection_checks() + [sign_check()] + activation_checks())
+    for scheme in schemes:
+        scheme_checks(scheme, plots=plots, report=report)
+    return report

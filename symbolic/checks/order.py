@@ -1,0 +1,117 @@
+"""Local splitting error by non-commutative series (MODEL.md §9).
+
+The vector fields are replaced by linear generators — every attention operator by ``A``,
+every feed-forward operator by ``B`` (Macaron's two feed-forward operators are one field
+split in halves) — and one step of the scheme becomes a polynomial in the step ``h`` with
+non-commuting coefficients. Projection substeps (and the projections inside ``on``) are
+held out: they act as the identity here. Comparing with the exact flow ``e^{h(A+B)}``
+gives the local error ``O(h^{p+1})`` and so the order ``p``: ``order`` with the scheme's
+own substep solvers (explicit Euler, Heun), ``splitting_order`` with exact sub-flows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from ..scheme import Heun, Parallel, Scheme, Sequence, Substep
+
+__all__ = ["OrderResult", "splitting_order", "GENERATORS", "STEP"]
+
+STEP = sp.Symbol("h", positive=True)
+#: Non-commuting generators of the attention and feed-forward fields.
+GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False)}
+_DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apart
+
+
+@dataclass(frozen=True)
+class OrderResult:
+    order: int
+    splitting_order: int | None
+    leading_error: str
+    exact_subflows_error: str
+    leading_error_text: str
+    leading: sp.Expr
+    exact_subflows_leading: sp.Expr
+
+
+def _truncate(expr: sp.Expr) -> sp.Expr:
+    expr = sp.expand(expr)
+    return sum((expr.coeff(STEP, power) * STEP**power for power in range(_DEGREE + 1)), sp.Integer(0))
+
+
+def _exponential(generator: sp.Expr) -> sp.Expr:
+    term, total = sp.Integer(1), sp.Integer(1)
+    for power in range(1, _DEGREE + 1):
+        term = _truncate(term * generator / power)
+        total += term
+    return total
+
+
+class _Series:
+    """One step of a scheme as a truncated series; ``exact`` swaps Euler for exact sub-flows."""
+
+    def __init__(self, scheme: Scheme, exact: bool):
+        self.kinds = dict(scheme.operators)
+        self.exact = exact
+        self.splitting = True
+
+    def field(self, step: Substep) -> sp.Expr:
+        return GENERATORS.get(self.kinds[step.operator], sp.Integer(0))
+
+    def substep(self, step: Substep) -> sp.Expr:
+        if step.solver == "projection":
+            return sp.Integer(1)
+        generator = step.fraction * STEP * self.field(step)
+        return _exponential(generator) if self.exact else 1 + generator
+
+    def sequence(self, sequence: Sequence) -> sp.Expr:
+        total = sp.Integer(1)
+        for step in sequence.steps:  # later substeps act after earlier ones: multiply on the left
+            total = _truncate(self.step(step) * total)
+        return total
+
+    def step(self, step) -> sp.Expr:
+        if isinstance(step, Parallel):
+            return _truncate(sum(weight * self.sequence(branch) for weight, branch in zip(step.weights, step.branches)))
+        if isinstance(step, Heun):
+            self.splitting = False
+            field = sum(f.fraction * self.field(f) for f in step.fields)
+            return _truncate(1 + STEP * field + STEP**2 * field**2 / 2)
+        return self.substep(step)
+
+
+def _flow(scheme: Scheme) -> sp.Expr:
+    from ..equation import equation_terms
+
+    kinds = dict(scheme.operators)
+    field = sum((term.coefficient * GENERATORS.get(kinds[term.operator], 0)
+                 for term in equation_terms(scheme) if not term.projection), sp.Integer(0))
+    return _exponential(STEP * field)
+
+
+def _order(difference: sp.Expr) -> tuple[int, sp.Expr]:
+    for power in range(_DEGREE + 1):
+        coefficient = sp.expand(difference.coeff(STEP, power))
+        if coefficient != 0:
+            return power - 1, coefficient * STEP**power
+    return _DEGREE, sp.Integer(0)
+
+
+def splitting_order(scheme: Scheme) -> OrderResult:
+    """Orders and leading local-error terms of one step of ``scheme``."""
+    exact = _flow(scheme)
+    own = _Series(scheme, exact=False)
+    order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
+    split = _Series(scheme, exact=True)
+    split_order, split_leading = _order(_truncate(split.sequence(scheme.body) - exact))
+    return OrderResult(
+        order=order,
+        splitting_order=split_order if own.splitting else None,
+        leading_error=sp.latex(sp.factor_terms(leading)),
+        exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
+        leading_error_text=sp.sstr(sp.factor_terms(leading)),
+        leading=leading,
+        exact_subflows_leading=split_leading,
+    )

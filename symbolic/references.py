@@ -1,0 +1,110 @@
+"""The published formulas of the built-in blocks, written with SymPy matrices.
+
+These are the references the exact-recovery check compares derived programs with; they
+are written from the papers' formulas, not from the derivation. Entries may be symbols
+(exact comparison) or high-precision floats (numeric comparison).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import sympy as sp
+
+__all__ = ["REFERENCES", "reference_block"]
+
+Params = Mapping[str, sp.Matrix]
+
+
+def _rows(vector: sp.Matrix, count: int) -> sp.Matrix:
+    return sp.ones(count, 1) * vector.reshape(1, len(vector))
+
+
+def layer_norm(x: sp.Matrix, p: Params, name: str, eps: sp.Expr) -> sp.Matrix:
+    n, d = x.shape
+    out = sp.zeros(n, d)
+    for i in range(n):
+        mean = sum(x[i, :]) / d
+        variance = sum((x[i, k] - mean) ** 2 for k in range(d)) / d
+        for k in range(d):
+            out[i, k] = (x[i, k] - mean) / sp.sqrt(variance + eps) * p[f"{name}.gain"][k] + p[f"{name}.bias"][k]
+    return out
+
+
+def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn") -> sp.Matrix:
+    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017)."""
+    n, d = x.shape
+    width = d // n_heads
+    q, k, v = (x * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], n) for c in "qkv")
+    heads = []
+    for m in range(n_heads):
+        columns = slice(m * width, (m + 1) * width)
+        scores = q[:, columns] * k[:, columns].T / sp.sqrt(width)
+        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in range(n)))
+        heads.append(weights * v[:, columns])
+    return sp.Matrix.hstack(*heads) * p[f"{key}.W_o"] + _rows(p[f"{key}.b_o"], n)
+
+
+def feed_forward(x: sp.Matrix, p: Params, activation: Callable, key: str = "ffn") -> sp.Matrix:
+    hidden = (x * p[f"{key}.W_1"] + _rows(p[f"{key}.b_1"], x.shape[0])).applyfunc(activation)
+    return hidden * p[f"{key}.W_2"] + _rows(p[f"{key}.b_2"], x.shape[0])
+
+
+def _post_ln(x, p, heads, eps, act):
+    x = layer_norm(x + attention(x, p, heads), p, "norm1", eps)
+    return layer_norm(x + feed_forward(x, p, act), p, "norm2", eps)
+
+
+def _pre_ln(x, p, heads, eps, act):
+    x = x + attention(layer_norm(x, p, "norm1", eps), p, heads)
+    return x + feed_forward(layer_norm(x, p, "norm2", eps), p, act)
+
+
+def _macaron(x, p, heads, eps, act):
+    half = sp.Rational(1, 2)
+    x = layer_norm(x + half * feed_forward(x, p, act, "ffn_pre"), p, "norm1", eps)
+    x = layer_norm(x + attention(x, p, heads), p, "norm2", eps)
+    return layer_norm(x + half * feed_forward(x, p, act, "ffn_post"), p, "norm3", eps)
+
+
+def _parallel(x, p, heads, eps, act):
+    y = layer_norm(x, p, "norm1", eps)
+    return x + attention(y, p, heads) + feed_forward(y, p, act)
+
+
+def _fields(p, heads, eps, act):
+    def a(y):
+        return attention(layer_norm(y, p, "norm1", eps), p, heads)
+
+    def f(y):
+        return feed_forward(layer_norm(y, p, "norm2", eps), p, act)
+
+    return a, f
+
+
+def _symmetric_parallel(x, p, heads, eps, act):
+    a, f = _fields(p, heads, eps, act)
+    first = x + a(x)
+    first = first + f(first)
+    second = x + f(x)
+    second = second + a(second)
+    return (first + second) / 2
+
+
+def _rk2(x, p, heads, eps, act):
+    a, f = _fields(p, heads, eps, act)
+    k1 = a(x) + f(x)
+    y = x + k1
+    return x + (k1 + a(y) + f(y)) / 2
+
+
+REFERENCES = {
+    "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "parallel": _parallel,
+    "symmetric-parallel": _symmetric_parallel, "rk2": _rk2,
+}
+
+
+def reference_block(name: str, x: sp.Matrix, params: Params, n_heads: int, eps: sp.Expr,
+                    activation: Callable) -> sp.Matrix:
+    """One step of the published block ``name``."""
+    return REFERENCES[name](x, params, n_heads, eps, activation)

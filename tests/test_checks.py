@@ -1,0 +1,123 @@
+"""The proof checker: every check holds, and deliberately wrong claims are caught."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import sympy as sp
+
+from codegen.checking import run_checks
+from codegen.cli import main
+from codegen.report import check_ids
+from symbolic import derive, load_scheme, parse_scheme
+from symbolic.checks.order import splitting_order
+from symbolic.checks.projections import projection_checks
+from symbolic.checks.recovery import recovery_checks
+from symbolic.checks.sign import sign_check
+from symbolic.program import Assignment, SubstepRecord
+from symbolic.projections import SYMBOLS as S
+
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def report():
+    from symbolic import builtin_names
+
+    return run_checks([load_scheme(name) for name in builtin_names()])
+
+
+def test_every_check_holds_for_the_builtins(report):
+    failing = [(check.id, check.detail) for check in report.checks if not check.holds]
+    assert not failing
+    ids = {check.id for check in report.checks}
+    assert {"theorem-3.1/closed-form", "relu/kkt", "layer-norm/eps-ghost", "layer-norm/scale-invariance",
+            "subdifferential/sign", "activation/gelu", "recovery/rk2/numeric", "order/macaron",
+            "convergence/symmetric-parallel"} <= ids
+
+
+def test_reports_name_only_checks_that_exist(report):
+    ids = {check.id for check in report.checks}
+    for name in report.orders:
+        assert set(check_ids(load_scheme(name))) <= ids
+
+
+def test_orders_are_the_true_ones(report):
+    """MODEL.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
+    expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 2), "parallel": (1, 1),
+                "symmetric-parallel": (1, 2), "rk2": (2, None)}
+    assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
+
+
+def test_lie_splitting_leading_terms():
+    scheme = parse_scheme('name = "lie"\nsummary = "s"\n[operators]\na = "attention"\nf = "feed-forward"\n'
+                          '[[steps]]\noperator = "a"\nsolver = "explicit"\n[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    result = splitting_order(scheme)
+    A, B, h = sp.Symbol("A", commutative=False), sp.Symbol("B", commutative=False), sp.Symbol("h", positive=True)
+    # exact sub-flows: e^{hB} e^{hA} − e^{h(A+B)} = h²/2 (BA − AB) + O(h³)
+    assert sp.expand(result.exact_subflows_leading - h**2 / 2 * (B * A - A * B)) == 0
+    # Euler sub-steps: (1 + hB)(1 + hA) − e^{h(A+B)} = h² (BA − (A + B)²/2) + O(h³)
+    assert sp.expand(result.leading - h**2 * (B * A - (A + B) ** 2 / 2)) == 0
+    assert (result.order, result.splitting_order) == (1, 1)
+
+
+def test_json_has_the_fixed_shape(capsys):
+    code = main(["check", "pre-ln", "--format", "json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and set(document) == {"checks", "orders"}
+    for check in document["checks"]:
+        assert set(check) == {"id", "scheme", "statement", "method", "holds", "detail"}
+        assert check["method"] in ("symbolic", "numeric") and isinstance(check["holds"], bool)
+    assert document["orders"] == {"pre-ln": {"order": 1, "splitting_order": 1, "leading_error": document["orders"]["pre-ln"]["leading_error"]}}
+    assert "h^{2}" in document["orders"]["pre-ln"]["leading_error"]
+
+
+def test_plots_are_written(tmp_path, capsys):
+    assert main(["check", "post-ln", "--plots", str(tmp_path), "--format", "markdown"]) == 0
+    assert "| ✅ | `recovery/post-ln/symbolic`" in capsys.readouterr().out
+    assert (tmp_path / "post_ln_convergence.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- negative controls --------------------------------------------------------------------
+
+def test_wrong_projection_formula_is_caught():
+    wrong = S.sigma_1 + S.sigma_2 * (S.v - S.alpha) / S.beta  # β instead of √β
+    checks = {check.id: check for check in projection_checks(wrong)}
+    assert not checks["theorem-3.1/closed-form"].holds
+    assert "derived − closed form =" in checks["theorem-3.1/closed-form"].detail
+    assert not checks["theorem-3.1/constraints"].holds and "variance" in checks["theorem-3.1/constraints"].detail
+
+
+def test_wrong_sign_is_caught_with_a_counterexample():
+    check = sign_check("u - v")
+    assert not check.holds
+    assert "fails at v = -3" in check.detail and "u = Proj(v) = 0" in check.detail
+
+
+def test_perturbed_program_is_caught():
+    scheme = load_scheme("post-ln")
+    program = derive(scheme)
+    record = program.records[0]
+    scores = next(a for a in record.evaluations[0].assignments if a.target == "attn_a")
+    perturbed = Assignment(scores.lhs, scores.rhs * 2, scores.meaning)  # drop the 1/√d_h scale once
+    evaluation = replace(record.evaluations[0], assignments=tuple(
+        perturbed if a is scores else a for a in record.evaluations[0].assignments))
+    program.records[0] = SubstepRecord(record.title, record.rule, (evaluation,), record.update)
+    checks = {check.id: check for check in recovery_checks(scheme, program)}
+    assert not checks["recovery/post-ln/symbolic"].holds and "do not vanish" in checks["recovery/post-ln/symbolic"].detail
+    assert not checks["recovery/post-ln/numeric"].holds
+
+
+def test_mislabelled_order_fails_the_check_and_exits_1(tmp_path):
+    text = load_scheme("pre-ln").source.replace('name = "pre-ln"', 'name = "mislabelled"').replace("order = 1", "order = 2", 1)
+    path = tmp_path / "mislabelled.toml"
+    path.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "codegen.cli", "check", str(path), "--format", "json"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1
+    checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}
+    assert not checks["order/mislabelled"]["holds"]
+    assert "order: claimed 2, series gives 1" in checks["order/mislabelled"]["detail"]
+    assert checks["convergence/mislabelled"]["holds"]  # the numbers agree with the true order

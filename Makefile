@@ -27,5 +27,8 @@ generate: $(STAMP)
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 
+bench: $(STAMP)
+	$(BIN)/python bench/benchmark.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache

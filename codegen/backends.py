@@ -1,62 +1,149 @@
 """Backends: how each IR operation is spelled in NumPy and in PyTorch.
 
-A backend is a name, an expression printer and a template folder; the statements it
-produces are the body of the emitted ``forward``.
+A backend is an expression printer plus one method per IR operation; the statements it
+returns are the body of the emitted functions, in order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy as sp
 
-from .ir import Contraction, Elementwise, Module, Op, Reduction, Softmax
+from symbolic.domains import VARIABLES
+
+from .ir import BATCH, Attention, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS"]
 
+#: Axis label → the name of its size in emitted code.
+SIZES = {str(variable.index): variable.domain.code_name for variable in VARIABLES.values()} | {BATCH: "batch"}
 
-@dataclass(frozen=True)
+
+def _shape(labels: tuple[str, ...]) -> str:
+    return ", ".join(SIZES[label] for label in labels)
+
+
+def _width(labels: tuple[str, ...]) -> str:
+    return " * ".join(SIZES[label] for label in labels)
+
+
 class Backend:
-    name: str
-    printer: type[ArrayPrinter]
-    einsum: str
-    reduce_mean: str
-    reduce_sum: str
-    axis_keyword: str
+    name = ""
+    printer: type[ArrayPrinter] = ArrayPrinter
+    einsum = ""
 
-    def statement(self, module: Module, op: Op) -> str:
-        """One assignment statement for ``op``."""
+    def statements(self, module: Module, op: Op) -> list[str]:
+        """The statements computing ``op``."""
         printer = self.printer(module, op.labels)
-        if isinstance(op, Contraction):
-            operands = ", ".join(operand.name for operand in op.operands)
-            value = f'{self.einsum}("{op.spec}", {operands})'
-            numerator, denominator = sp.fraction(op.scale)
-            if numerator != 1:
-                value = f"{printer.doprint(numerator)} * {value}"
-            if denominator != 1:
-                value = f"{value} / {printer.doprint(denominator)}"
-            if op.bias is not None:
-                value = f"{value} + {printer.operand(op.bias)}"
-        elif isinstance(op, Softmax):
-            support = "None"
-            if op.support is not None:
-                reference = printer.operand(op.support)
-                support = op.support.name if reference == op.support.name else \
-                    f"None if {op.support.name} is None else {reference}"
-            value = f"_softmax({printer.operand(op.scores)}, {support})"
-        elif isinstance(op, Reduction):
-            body = self.printer(module, op.body_labels).doprint(op.body)
-            reduce = self.reduce_mean if op.mean else self.reduce_sum
-            value = f"{reduce}({body}, {self.axis_keyword}={op.body_labels.index(op.axis)})"
-        elif isinstance(op, Elementwise):
-            value = printer.doprint(op.expr)
+        method = getattr(self, type(op).__name__.lower())
+        return method(op, printer)
+
+    def scaled(self, value: str, scale: sp.Expr, printer: ArrayPrinter) -> str:
+        numerator, denominator = sp.fraction(scale)
+        if numerator != 1:
+            value = f"{printer.doprint(numerator)} * {value}"
+        if denominator != 1:
+            value = f"{value} / {printer.doprint(denominator)}"
+        return value
+
+    def support(self, operand: Operand | None, printer: ArrayPrinter) -> str:
+        if operand is None:
+            return "None"
+        reference = printer.operand(operand)
+        return operand.name if reference == operand.name else f"None if {operand.name} is None else {reference}"
+
+    def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
+        operands = ", ".join(operand.name for operand in op.operands)
+        value = self.scaled(f'{self.einsum}("{op.spec}", {operands})', op.scale, printer)
+        if op.bias is not None:
+            value = f"{value} + {printer.operand(op.bias)}"
+        return [f"{op.out} = {value}"]
+
+    def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = _softmax({printer.operand(op.scores)}, {self.support(op.support, printer)})"]
+
+    def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
+        scale = printer.doprint(op.scale)
+        _, row, head, _ = op.q.labels
+        scores = (BATCH, head, row, op.k.labels[1])
+        support = self.support(op.support, self.printer(printer.module, scores))
+        return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support})"]
+
+    def in_place(self, op: Elementwise, printer: ArrayPrinter, maximum: str, add: str) -> list[str]:
+        """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass)."""
+        if op.reuse is None:
+            return [f"{op.out} = {printer.doprint(op.expr)}"]
+        target = next(a for a in op.expr.atoms(sp.Indexed) if str(a.base.label) == op.reuse)
+        if isinstance(op.expr, sp.Max):
+            others = ", ".join(printer.doprint(a) for a in op.expr.args if a != target)
+            return [f"{op.out} = {maximum.format(buffer=op.reuse, other=others)}"]
+        return [f"{op.out} = {add.format(buffer=op.reuse, other=printer.doprint(op.expr - target))}"]
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    printer = NumpyPrinter
+    einsum = "_einsum"
+
+    def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
+        body = self.printer(printer.module, op.body_labels).doprint(op.body)
+        reduce = "np.mean" if op.mean else "np.sum"
+        return [f"{op.out} = {reduce}({body}, axis={op.body_labels.index(op.axis)})"]
+
+    def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+
+    def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
+        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
+        if len(op.outputs) == 1:
+            lines = [f"{op.out} = {rows} @ {op.weights[0]}"]
+            if op.biases[0]:
+                lines.append(f"{op.out} += {op.biases[0]}")
+            return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels)})"]
+        lines = [f"{op.out} = {rows} @ np.concatenate(({', '.join(op.weights)}), axis=1)"]
+        if op.biases[0]:
+            lines.append(f"{op.out} += np.concatenate(({', '.join(op.biases)}))")
+        names = ", ".join(name for name, _ in op.outputs)
+        shape = _shape(op.outputs[0][1])
+        return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
+
+
+    def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
+        return self.in_place(op, printer, "np.maximum({buffer}, {other}, out={buffer})",
+                             "np.add({buffer}, {other}, out={buffer})")
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    printer = TorchPrinter
+    einsum = "torch.einsum"
+
+    def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
+        body = self.printer(printer.module, op.body_labels).doprint(op.body)
+        reduce = "torch.mean" if op.mean else "torch.sum"
+        return [f"{op.out} = {reduce}({body}, dim={op.body_labels.index(op.axis)})"]
+
+    def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, ({SIZES[op.labels[-1]]},), "
+                f"{op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+
+    def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
+        return self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")
+
+    def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
+        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
+        if len(op.outputs) == 1:
+            weight, bias = op.weights[0], op.biases[0]
         else:
-            raise AssertionError(f"no spelling for {type(op).__name__}")
-        return f"{op.out} = {value}"
+            weight = f"torch.cat(({', '.join(op.weights)}), dim=1)"
+            bias = f"torch.cat(({', '.join(op.biases)}))" if op.biases[0] else None
+        product = f"torch.addmm({bias}, {rows}, {weight})" if bias else f"torch.mm({rows}, {weight})"
+        if len(op.outputs) == 1:
+            return [f"{op.out} = {product}.view({_shape(op.labels)})"]
+        names = ", ".join(name for name, _ in op.outputs)
+        shape = _shape(op.outputs[0][1])
+        return [f"{op.out} = {product}",
+                f"{names} = (part.view({shape}) for part in {op.out}.chunk({len(op.outputs)}, dim=1))"]
 
 
-BACKENDS = {
-    "numpy": Backend("numpy", NumpyPrinter, "_einsum", "np.mean", "np.sum", "axis"),
-    "torch": Backend("torch", TorchPrinter, "torch.einsum", "torch.mean", "torch.sum", "dim"),
-}
+BACKENDS = {"numpy": NumpyBackend(), "torch": TorchBackend()}

@@ -16,7 +16,10 @@ import sympy as sp
 
 from symbolic.domains import Domain
 
-__all__ = ["Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "TensorInfo", "Module", "BATCH"]
+__all__ = [
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize",
+    "TensorInfo", "Module", "BATCH",
+]
 
 BATCH = "b"
 
@@ -38,6 +41,9 @@ class Op:
 
     def reads(self) -> list[str]:
         raise NotImplementedError
+
+    def writes(self) -> list[str]:
+        return [self.out]
 
     def with_comment(self, comment: str, section: str) -> "Op":
         return replace(self, comment=comment, section=section)
@@ -84,6 +90,8 @@ class Reduction(Op):
 @dataclass(frozen=True)
 class Elementwise(Op):
     expr: sp.Expr = sp.Integer(0)
+    #: A dead temporary that may hold the result (set by the ``reuse-buffers`` pass).
+    reuse: str | None = None
 
     def reads(self) -> list[str]:
         return _indexed_names(self.expr)
@@ -115,3 +123,51 @@ class Module:
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
         return info is None or info.role != "param"
+
+
+@dataclass(frozen=True)
+class MatMul(Op):
+    """``out = x @ W (+ bias)`` on contiguous 2-D blocks: rows are ``(b, i)``, ``W`` canonical.
+
+    ``x`` is read with the labels of the contraction; ``contracted`` are the axes of ``x``
+    that ``W`` sums over (flattened), the output axes after the row axes are ``W``'s.
+    """
+
+    x: Operand | None = None
+    weights: tuple[str, ...] = ()
+    biases: tuple[str | None, ...] = ()
+    contracted: tuple[str, ...] = ()
+    outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.x.name, *self.weights, *(bias for bias in self.biases if bias)]
+
+    def writes(self) -> list[str]:
+        return [name for name, _ in self.outputs]
+
+
+@dataclass(frozen=True)
+class Attention(Op):
+    """``out = Σ_j softmax_j(scale · Σ_e q k, χ) v``: scores, kernel and mixing in one operation."""
+
+    q: Operand | None = None
+    k: Operand | None = None
+    v: Operand | None = None
+    scale: sp.Expr = sp.Integer(1)
+    support: Operand | None = None
+
+    def reads(self) -> list[str]:
+        return [self.q.name, self.k.name, self.v.name] + ([self.support.name] if self.support else [])
+
+
+@dataclass(frozen=True)
+class Normalize(Op):
+    """``out = gain (x − mean x)/√(var x + ε) + bias`` over the last axis (a derived LayerNorm)."""
+
+    x: Operand | None = None
+    gain: str = ""
+    bias: str = ""
+    eps: sp.Expr = sp.Integer(0)
+
+    def reads(self) -> list[str]:
+        return [self.x.name, self.gain, self.bias]

@@ -29,6 +29,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["pytuple"] = lambda names: "(" + "".join(f'"{name}", ' for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
+    env.filters["union"] = lambda first, second: set(first) | set(second)
     return env
 
 
@@ -46,7 +47,7 @@ def unit_context(module: Module, backend: str) -> dict:
             continue
         group, attribute = info.parameter.split(".")
         shape = _code_shape(info.shape)
-        view = _code_shape(info.view)
+        view = _code_shape(info.view) if info.view is not None else shape
         if hidden is None and HIDDEN in info.shape:
             hidden = (info.parameter, info.shape.index(HIDDEN))
         parameters.append({
@@ -57,8 +58,8 @@ def unit_context(module: Module, backend: str) -> dict:
     for op in module.ops:
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statement(module, op)})
-    code = "\n".join(statement["code"] for section in sections for statement in section["statements"])
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statements(module, op)})
+    code = "\n".join(line for section in sections for statement in section["statements"] for line in statement["code"])
     return {
         "parameters": parameters,
         "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
@@ -66,6 +67,7 @@ def unit_context(module: Module, backend: str) -> dict:
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm") if f"{helper}(" in code},
         "output": module.output,
     }
 

@@ -1,12 +1,40 @@
 """Rewrites of the tensor IR, one per module; each takes a ``Module`` and returns one.
 
-``DEFAULT`` lists the passes run by ``codegen.lowering.lower``; pass ``passes=[]`` to
-switch them all off (the emitted code stays correct, only less compact).
+``DEFAULT`` lists the passes ``codegen.lowering.lower`` runs, in order; any subset may be
+switched off (``passes=()`` for none, ``splitformer derive --passes``): the emitted code
+stays correct, only slower or less compact.
 """
 
+from .fuse_projections import fuse_projections
+from .fused_attention import fused_attention
 from .inline_elementwise import inline_elementwise
+from .layer_norm import layer_norm
+from .matmul import matmul
+from .reuse_buffers import reuse_buffers
 
-__all__ = ["DEFAULT", "PASSES", "inline_elementwise"]
+__all__ = ["DEFAULT", "PASSES", "select"]
 
-PASSES = {"inline-elementwise": inline_elementwise}
+PASSES = {
+    "inline-elementwise": inline_elementwise,
+    "layer-norm": layer_norm,
+    "fused-attention": fused_attention,
+    "matmul": matmul,
+    "fuse-projections": fuse_projections,
+    "reuse-buffers": reuse_buffers,
+}
 DEFAULT = tuple(PASSES.values())
+
+
+def select(names: str) -> tuple:
+    """``"all"``, ``"none"`` or a comma-separated list of pass names, in canonical order."""
+    from symbolic.errors import SplitformerError
+
+    if names == "all":
+        return DEFAULT
+    if names == "none":
+        return ()
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in PASSES]
+    if unknown:
+        raise SplitformerError(f"unknown pass {unknown[0]!r} (known: {', '.join(PASSES)}, all, none)")
+    return tuple(rewrite for name, rewrite in PASSES.items() if name in chosen)

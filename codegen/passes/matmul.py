@@ -1,0 +1,55 @@
+"""Contractions of the state with a learned kernel → 2-D matrix products with a bias epilogue.
+
+``Σ_k x[b, i, k] W[k, …] + c[…]`` becomes ``x.reshape(rows, K) @ W + c`` with ``W`` and
+``c`` in their canonical (2-D and 1-D) layout: one GEMM (``addmm`` in PyTorch) instead of
+an einsum, and the bias folded into it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from ..ir import BATCH, Contraction, MatMul, Module
+
+__all__ = ["matmul"]
+
+
+def _candidate(op, module: Module) -> MatMul | None:
+    if not isinstance(op, Contraction) or op.scale != 1 or len(op.operands) != 2:
+        return None
+    x, weight = op.operands
+    if not module.batched(x.name) or module.batched(weight.name):
+        return None
+    rows = op.labels[:2]
+    if x.labels[:2] != rows or rows[0] != BATCH:
+        return None
+    contracted, free = x.labels[2:], op.labels[2:]
+    if weight.labels != contracted + free or (op.bias is not None and op.bias.labels != free):
+        return None
+    if op.bias is not None and module.batched(op.bias.name):
+        return None
+    return MatMul(op.out, op.labels, op.comment, op.section, x=x, weights=(weight.name,),
+                  biases=(op.bias.name if op.bias else None,), contracted=contracted, outputs=((op.out, op.labels),))
+
+
+def matmul(module: Module) -> Module:
+    candidates = {id(op): _candidate(op, module) for op in module.ops}
+    # a kernel is bound in its canonical layout, so every reader of it must become a MatMul
+    readers = defaultdict(list)
+    for op in module.ops:
+        for name in op.reads():
+            readers[name].append(op)
+    blocked = {name for name, ops in readers.items()
+               if module.tensors.get(name) and module.tensors[name].role == "param"
+               and any(candidates[id(op)] is None for op in ops)}
+    ops = []
+    for op in module.ops:
+        candidate = candidates[id(op)]
+        if candidate is not None and not blocked & set(candidate.reads()):
+            ops.append(candidate)
+        else:
+            ops.append(op)
+    canonical = {name for op in ops if isinstance(op, MatMul) for name in op.reads()}
+    tensors = {name: replace(info, view=None) if name in canonical else info for name, info in module.tensors.items()}
+    return replace(module, ops=ops, tensors=tensors)

@@ -1,0 +1,50 @@
+"""Reuse a dead temporary as the output of an elementwise map.
+
+``u1 = attn_out + u0`` becomes ``np.add(attn_out, u0, out=attn_out)`` (``attn_out.add_(u0)``
+in PyTorch) when ``attn_out`` is read nowhere later, and ``s = max(w, 0)`` becomes
+``np.maximum(w, 0, out=w)`` (``w.clamp_min_(0)``): no fresh allocation, no page faults.
+Only products of matrix multiplications are reused: their backward needs their inputs,
+never their output, so autograd stays correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import sympy as sp
+
+from ..ir import Contraction, Elementwise, MatMul, Module
+
+__all__ = ["reuse_buffers"]
+
+
+def _candidate(op: Elementwise, module: Module, produced: set[str]) -> str | None:
+    """A product read by ``op`` that could hold its result (same axes)."""
+    if isinstance(op.expr, sp.Add):
+        arguments = op.expr.args
+    elif isinstance(op.expr, sp.Max) and any(argument.is_number for argument in op.expr.args):
+        arguments = [argument for argument in op.expr.args if not argument.is_number]
+    else:
+        return None
+    for argument in arguments:
+        if not isinstance(argument, sp.Indexed):
+            continue
+        name = str(argument.base.label)
+        labels = tuple(str(index) for index in argument.indices)
+        if name in produced and module.batched(name) and ("b",) + labels == op.labels:
+            return name
+    return None
+
+
+def reuse_buffers(module: Module) -> Module:
+    ops = list(module.ops)
+    produced: set[str] = set()  # outputs of matrix products seen so far
+    for position, op in enumerate(ops):
+        if isinstance(op, Elementwise):
+            name = _candidate(op, module, produced)
+            later = {read for other in ops[position + 1:] for read in other.reads()}
+            if name is not None and name not in later and name != module.output:
+                ops[position] = replace(op, reuse=name)
+        if isinstance(op, (MatMul, Contraction)):
+            produced.update(op.writes())
+    return replace(module, ops=ops)

@@ -15,6 +15,8 @@ from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS"]
 
+#: The flag the PyTorch template sets when autograd is off (``torch.is_grad_enabled()``).
+INFERENCE = "inference"
 #: Axis label → the name of its size in emitted code.
 SIZES = {str(variable.index): variable.domain.code_name for variable in VARIABLES.values()} | {BATCH: "batch"}
 
@@ -69,10 +71,13 @@ class Backend:
         support = self.support(op.support, self.printer(printer.module, scores))
         return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support})"]
 
+    def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.doprint(op.expr)}"]
+
     def in_place(self, op: Elementwise, printer: ArrayPrinter, maximum: str, add: str) -> list[str]:
         """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass)."""
         if op.reuse is None:
-            return [f"{op.out} = {printer.doprint(op.expr)}"]
+            return Backend.elementwise(self, op, printer)
         target = next(a for a in op.expr.atoms(sp.Indexed) if str(a.base.label) == op.reuse)
         if isinstance(op.expr, sp.Max):
             others = ", ".join(printer.doprint(a) for a in op.expr.args if a != target)
@@ -128,7 +133,11 @@ class TorchBackend(Backend):
                 f"{op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
-        return self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")
+        """In place only without autograd: an in-place update of a view costs more in backward."""
+        if op.reuse is None:
+            return super().elementwise(op, printer)
+        (line,) = self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")
+        return [f"{line} if {INFERENCE} else {printer.doprint(op.expr)}"]
 
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"

@@ -96,6 +96,8 @@ class TorchPrinter(ArrayPrinter):
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]
         tensors = [arg for arg in expr.args if not arg.is_number]
+        if numbers == [0] and len(tensors) == 1:
+            return f"torch.relu({self._print(tensors[0])})"
         if len(numbers) == 1 and len(tensors) == 1:
             return f"torch.clamp_min({self._print(tensors[0])}, {self._print(numbers[0])})"
         return f"torch.maximum({', '.join(self._print(arg) for arg in expr.args)})"

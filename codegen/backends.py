@@ -129,7 +129,7 @@ class TorchBackend(Backend):
         return [f"{op.out} = {reduce}({body}, dim={op.body_labels.index(op.axis)})"]
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, ({SIZES[op.labels[-1]]},), "
+        return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, {op.x.name}.shape[-1:], "
                 f"{op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:

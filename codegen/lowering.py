@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy as sp
 
 from symbolic.domains import VARIABLES
-from symbolic.latex import to_latex
+from symbolic.latex import equation
 from symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import BATCH, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
@@ -53,10 +53,10 @@ class _Lowering:
         return Operand(str(indexed.base.label), self.labels(indexed))
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
-        rhs = assignment.rhs.subs(TIME_STEP, 1)
+        rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         out = assignment.target
         labels = self.labels(assignment.lhs)
-        comment = to_latex(sp.Eq(assignment.lhs, rhs), self.program.latex_names())
+        comment = equation(assignment.lhs, rhs, self.program.latex_names())
         op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or self.reduction(out, labels, rhs)
         if op is None:
             op = Elementwise(out, labels, expr=self.hoist_sums(rhs, labels))

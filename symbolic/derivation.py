@@ -15,13 +15,12 @@ Input: a ``Scheme``. Output: a ``Program`` whose assignments are in index notati
 from __future__ import annotations
 
 from collections import Counter
-from functools import cache
 
 import sympy as sp
 
-from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, X, X_KEY, XI, Y
+from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, X, X_KEY, Y
 from .errors import SplitformerError
-from .latex import to_latex
+from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
 from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
@@ -30,7 +29,7 @@ from .scheme import Heun, Parallel, Scheme, Sequence, Substep
 __all__ = ["derive", "UNIT_SPACINGS"]
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
-UNIT_SPACINGS = {domain.spacing: 1 for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN)}
+UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN)}
 
 
 class _Deriver:
@@ -110,15 +109,15 @@ class _Deriver:
             if not isinstance(lhs, sp.Indexed):
                 raise AssertionError(f"{definition.function}: stored array is {lhs}")
             quadrature = grid(definition.rhs) * grid.absorption(definition.function, definition.applied().args)
-            discrete = quadrature.subs(UNIT_SPACINGS)
+            discrete = quadrature.xreplace(UNIT_SPACINGS)
             if discrete.has(TOKENS.spacing):
                 raise SplitformerError(f"{key}: the token spacing Δx did not cancel in {definition.function}")
             name = str(lhs.base.label)
             self.declare(Tensor(name, names[name], lhs.indices, "temp"))
             assignments.append(Assignment(
                 lhs, discrete, definition.meaning,
-                continuous=to_latex(sp.Eq(definition.applied(), definition.rhs), _continuous_names(operator, argument, names)),
-                quadrature=to_latex(sp.Eq(lhs, quadrature), names),
+                continuous=equation(definition.applied(), definition.rhs, _continuous_names(operator, argument, names)),
+                quadrature=equation(lhs, quadrature, names),
             ))
         output = str(assignments[-1].lhs.base.label)
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
@@ -161,7 +160,7 @@ class _Deriver:
             self.substeps += 1
             target = self.new_state()
             update = Assignment(self.state(target), discrete, f"state after substep {self.substeps}",
-                                quadrature=to_latex(sp.Eq(self.state(target), discrete), self.latex_names()))
+                                quadrature=equation(self.state(target), discrete, self.latex_names()))
             rhs = continuous if isinstance(continuous, str) else to_latex(continuous)
             rule = f"{self.tensors[target].latex} = {rhs}"
             self.records.append(SubstepRecord(f"{title}substep {self.substeps}: {label}", rule,
@@ -199,7 +198,7 @@ class _Deriver:
         first, first_continuous = stage(state)
         predictor = self.new_state()
         assignment = Assignment(self.state(predictor), self.state(state) + TIME_STEP * first, "predictor stage",
-                                quadrature=to_latex(sp.Eq(self.state(predictor), self.state(state) + TIME_STEP * first),
+                                quadrature=equation(self.state(predictor), self.state(state) + TIME_STEP * first,
                                                     self.latex_names()))
         evaluations.append(Evaluation("rk2", "predictor", state, (assignment,)))
         second, second_continuous = stage(predictor)

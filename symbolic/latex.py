@@ -8,7 +8,7 @@ import sympy as sp
 from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 
-__all__ = ["to_latex"]
+__all__ = ["to_latex", "equation"]
 
 
 class _MathPrinter(LatexPrinter):
@@ -66,3 +66,8 @@ def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
             symbol_names[sp.Symbol(name)] = names[name]
     printer = _MathPrinter({"symbol_names": symbol_names, "mul_symbol": None})
     return printer.doprint(expr)
+
+
+def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:
+    """``lhs = rhs`` in LaTeX, without SymPy deciding whether the two are equal (slow)."""
+    return f"{to_latex(lhs, names)} = {to_latex(rhs, names)}"

@@ -15,7 +15,7 @@ import sympy as sp
 
 from .activations import Activation
 from .domains import (
-    ETA, FEATURES, H, HEAD_FEATURES, HEADS, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
+    ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
 )
 from .projections import SYMBOLS, derive_layer_norm_projection
 from .quadrature import integral
@@ -114,12 +114,12 @@ class Operator:
 
     def latex(self) -> str:
         """The operator's continuous definitions, one aligned line each."""
-        from .latex import to_latex
+        from .latex import equation
 
         names = {parameter.function: parameter.latex for parameter in self.parameters()}
         names.update({definition.function: definition.latex for definition in self.definitions()})
         names[SUPPORT] = r"\chi"
-        lines = [to_latex(sp.Eq(definition.applied(), definition.rhs), names) for definition in self.definitions()]
+        lines = [equation(definition.applied(), definition.rhs, names) for definition in self.definitions()]
         return r"\begin{aligned}" + r" \\ ".join(line.replace(" = ", " &= ", 1) for line in lines) + r"\end{aligned}"
 
     def _repr_latex_(self) -> str:

@@ -14,9 +14,10 @@ derivation works on one generic component ``v`` and the aggregates ``α = mean(v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import sympy as sp
+
+from .cache import disk_cached
 
 __all__ = ["Projection", "ProjectionSymbols", "derive_layer_norm_projection", "derive_relu_projection"]
 
@@ -59,7 +60,7 @@ def _variance(affine: sp.Expr) -> sp.Expr:
     return sp.diff(affine, SYMBOLS.v) ** 2 * SYMBOLS.beta
 
 
-@cache
+@disk_cached
 def derive_layer_norm_projection() -> Projection:
     """Projection onto ``S_1(σ_1, σ_2)`` with a ghost coordinate, by Lagrange multipliers."""
     s = SYMBOLS
@@ -139,7 +140,7 @@ def derive_layer_norm_projection() -> Projection:
     )
 
 
-@cache
+@disk_cached
 def derive_relu_projection() -> Projection:
     """Projection onto ``S_2 = {u ≥ 0}`` from the KKT conditions (it separates pointwise)."""
     s = SYMBOLS

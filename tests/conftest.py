@@ -48,3 +48,11 @@ def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation=
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def pytest_configure(config):
+    """A fresh derivation cache per session: tests exercise the derivations themselves."""
+    import os
+    import tempfile
+
+    os.environ["SPLITFORMER_CACHE"] = tempfile.mkdtemp(prefix="splitformer-cache-")

@@ -1,16 +1,17 @@
-"""Lowering: which IR operations the index-notation assignments become."""
+"""Lowering and the IR passes: what the index-notation assignments become."""
 
+import pytest
 import sympy as sp
 
-from codegen.ir import Contraction, Elementwise, Reduction, Softmax
+from codegen.ir import Attention, Contraction, Elementwise, MatMul, Normalize, Reduction, Softmax
 from codegen.lowering import lower
-from codegen.passes import inline_elementwise
+from codegen.passes import DEFAULT, PASSES, inline_elementwise, select
 from codegen.printers import broadcast
-from symbolic import derive, load_scheme
+from symbolic import SplitformerError, derive, load_scheme
 
 
-def _ops(passes=None):
-    return {op.out: op for op in lower(derive(load_scheme("post-ln")), passes).ops}
+def _ops(passes=(), scheme="post-ln"):
+    return {op.out: op for op in lower(derive(load_scheme(scheme)), passes).ops}
 
 
 def test_projections_and_scores_become_einsum_contractions_with_bias_and_scale():
@@ -28,19 +29,49 @@ def test_softmax_kernel_is_recognized_with_its_support():
     assert op.scores.name == "attn_a" and op.support.name == "chi" and op.support.labels == ("b", "i", "j")
 
 
-def test_layer_norm_becomes_two_means_and_one_elementwise_map():
+def test_layer_norm_lowers_to_two_means_and_elementwise_maps():
     ops = _ops()
     assert isinstance(ops["norm1_alpha"], Reduction) and ops["norm1_alpha"].mean
     assert isinstance(ops["norm1_beta"], Reduction) and ops["norm1_beta"].axis == "k"
-    assert isinstance(ops["u2"], Elementwise)
-    assert "norm1_p" not in ops and "norm1_out" not in ops  # inlined
-
-
-def test_inline_pass_can_be_switched_off():
-    ops = _ops(passes=())
     assert {"norm1_p", "norm1_out", "u2"} <= set(ops)
+
+
+def test_inline_pass_merges_single_use_elementwise_maps():
     module = lower(derive(load_scheme("post-ln")), passes=())
-    assert len(inline_elementwise(module).ops) == len(module.ops) - 4
+    inlined = {op.out: op for op in inline_elementwise(module).ops}
+    assert len(inlined) == len(module.ops) - 4
+    assert isinstance(inlined["u2"], Elementwise) and "norm1_p" not in inlined
+
+
+def test_default_passes_produce_fused_operations():
+    ops = _ops(DEFAULT)
+    assert isinstance(ops["attn_qkv"], MatMul) and [name for name, _ in ops["attn_qkv"].outputs] == ["attn_q", "attn_k", "attn_v"]
+    assert isinstance(ops["attn_o"], Attention) and ops["attn_o"].support.name == "chi"
+    assert isinstance(ops["attn_out"], MatMul) and ops["attn_out"].contracted == ("m", "e")
+    assert isinstance(ops["u2"], Normalize) and (ops["u2"].gain, ops["u2"].bias) == ("norm1_gain", "norm1_bias")
+    assert ops["ffn_s"].reuse == "ffn_w" and ops["u1"].reuse == "attn_out"
+
+
+@pytest.mark.parametrize("name", PASSES)
+def test_each_pass_can_be_switched_off(name):
+    without = tuple(p for n, p in PASSES.items() if n != name)
+    kinds = {type(op) for op in lower(derive(load_scheme("post-ln")), without).ops}
+    expected_missing = {"layer-norm": Normalize, "fused-attention": Attention, "matmul": MatMul}
+    if name in expected_missing:
+        assert expected_missing[name] not in kinds
+
+
+def test_pass_selection():
+    assert select("all") == DEFAULT and select("none") == ()
+    assert select("matmul, layer-norm") == (PASSES["layer-norm"], PASSES["matmul"])
+    with pytest.raises(SplitformerError, match="unknown pass 'fast'"):
+        select("fast")
+
+
+def test_symmetric_parallel_shares_kernels_between_its_two_attention_evaluations():
+    ops = lower(derive(load_scheme("symmetric-parallel"))).ops
+    products = [op for op in ops if isinstance(op, MatMul) and "attn_W_o" in op.weights]
+    assert len(products) == 2
 
 
 def test_broadcast_inserts_new_axes_only_where_needed():

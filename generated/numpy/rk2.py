@@ -58,22 +58,46 @@ FINAL_NORM_PARAMETERS = {
 }
 
 
-def _einsum(spec, *operands):
-    return np.einsum(spec, *operands, optimize=True)
-
-
-def _softmax(scores, support):
-    """Row softmax over the last axis, restricted to ``support`` (True = kept).
+def _softmax(scores, support, out=None):
+    """Row softmax over the last axis, restricted to ``support`` (True = kept), into ``out``.
 
     A row with empty support gets a zero kernel: the token integral over an empty set
     vanishes (never NaN), so that query's attention term is the output bias alone.
     """
+    out = np.array(scores, copy=True) if out is None else out
     if support is not None:
-        scores = np.where(support, scores, -np.inf)
-    peak = np.max(scores, axis=-1, keepdims=True)
-    weights = np.exp(scores - np.where(np.isfinite(peak), peak, 0))
-    total = np.sum(weights, axis=-1, keepdims=True)
-    return weights / np.where(total > 0, total, 1)
+        np.copyto(out, -np.inf, where=~support)
+    peak = np.max(out, axis=-1, keepdims=True)
+    if support is not None:
+        peak[~np.isfinite(peak)] = 0
+    out -= peak
+    np.exp(out, out=out)
+    total = np.sum(out, axis=-1, keepdims=True)
+    if support is not None:
+        total[total == 0] = 1
+    out /= total
+    return out
+
+
+def _attention(q, k, v, scale, support):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands."""
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+    scores = q @ k.transpose(0, 1, 3, 2)
+    scores *= scale
+    return (_softmax(scores, support, out=scores) @ v).transpose(0, 2, 1, 3)
+
+
+def _layer_norm(x, gain, bias, eps):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary."""
+    out = x - np.mean(x, axis=-1, keepdims=True)
+    scale = np.einsum("...k,...k->...", out, out)[..., None]
+    scale /= x.shape[-1]
+    scale += eps
+    np.sqrt(scale, out=scale)
+    out /= scale
+    out *= gain
+    out += bias
+    return out
 
 
 def _support(key_padding_mask, causal, batch, n_tokens):
@@ -134,13 +158,13 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -152,75 +176,75 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
 
     # --- substep 1: rk2 (Heun) of attn + ffn ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    norm1_alpha = np.mean(u0, axis=2)
     # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = (-norm1_alpha[:, :, None] + u0)*norm1_gain/np.sqrt(eps + norm1_beta[:, :, None]) + norm1_bias
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_q = _einsum("bik,kme->bime", norm1_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_k = _einsum("bik,kme->bime", norm1_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_v = _einsum("bik,kme->bime", norm1_out, attn_W_v) + attn_b_v
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
-    attn_o = _einsum("bmij,bjme->bime", attn_gamma, attn_v)
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    norm2_alpha = np.mean(u0, axis=2)
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = (-norm2_alpha[:, :, None] + u0)*norm2_gain/np.sqrt(eps + norm2_beta[:, :, None]) + norm2_bias
+    norm2_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = np.maximum(ffn_w, 0)
+    ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out + ffn_out + u0
     # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-    norm12_alpha = np.mean(u1, axis=2)
     # {\beta^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-    norm12_beta = np.mean((-norm12_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm1},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}}
     # {\mathrm{LN}^{\mathrm{norm1},2}}_{i,l} = {P^{\mathrm{norm1},2}}_{i,l} {g_{\mathrm{norm1}}}_{l} + {c_{\mathrm{norm1}}}_{l}
-    norm12_out = (-norm12_alpha[:, :, None] + u1)*norm1_gain/np.sqrt(eps + norm12_beta[:, :, None]) + norm1_bias
+    norm12_out = _layer_norm(u1, norm1_gain, norm1_bias, eps)
     # {Q^{\mathrm{attn},2}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_q = _einsum("bik,kme->bime", norm12_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn},2}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_k = _einsum("bik,kme->bime", norm12_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn},2}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_v = _einsum("bik,kme->bime", norm12_out, attn_W_v) + attn_b_v
+    attn2_qkv = norm12_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn2_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn2_q, attn2_k, attn2_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn2_qkv, 3, axis=1))
     # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
     # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
-    attn2_o = _einsum("bmij,bjme->bime", attn2_gamma, attn2_v)
+    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
-    attn2_out = _einsum("bime,mel->bil", attn2_o, attn_W_o) + attn_b_o
+    attn2_out = attn2_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn2_out += attn_b_o
+    attn2_out = attn2_out.reshape(batch, n_tokens, d)
     # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-    norm22_alpha = np.mean(u1, axis=2)
     # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-    norm22_beta = np.mean((-norm22_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
     # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
-    norm22_out = (-norm22_alpha[:, :, None] + u1)*norm2_gain/np.sqrt(eps + norm22_beta[:, :, None]) + norm2_bias
+    norm22_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
-    ffn2_w = _einsum("bik,kz->biz", norm22_out, ffn_W_1) + ffn_b_1
+    ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
+    ffn2_w += ffn_b_1
+    ffn2_w = ffn2_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
-    ffn2_s = np.maximum(ffn2_w, 0)
+    ffn2_s = np.maximum(ffn2_w, 0, out=ffn2_w)
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
-    ffn2_out = _einsum("biz,zl->bil", ffn2_s, ffn_W_2) + ffn_b_2
+    ffn2_out = ffn2_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn2_out += ffn_b_2
+    ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
     # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
     return u2[0] if u.ndim == 2 else u2
@@ -234,13 +258,11 @@ def _final_norm(u0, params, eps):
 
     # --- substep 1: final_norm, projection ---
     # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    final_norm_alpha = np.mean(u0, axis=2)
     # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
-    u1 = (-final_norm_alpha[:, :, None] + u0)*final_norm_gain/np.sqrt(eps + final_norm_beta[:, :, None]) + final_norm_bias
+    u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     return u1
 
 

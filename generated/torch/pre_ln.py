@@ -91,6 +91,21 @@ def _softmax(scores, support):
     return torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
 
 
+def _attention(q, k, v, scale, support):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    Rows with empty support get a zero kernel, as in ``_softmax``.
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if support is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    else:
+        empty = ~support.any(dim=-1, keepdim=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=support | empty, scale=scale)
+        out = out.masked_fill(empty, 0.0)
+    return out.transpose(1, 2)
+
+
 def _support(key_padding_mask, causal, batch, n_tokens, device):
     """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
     if key_padding_mask is None and not causal:
@@ -188,15 +203,16 @@ class Block(torch.nn.Module):
         u0 = u[None] if u.dim() == 2 else u
         batch, n_tokens, d = u0.shape
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
+        inference = not torch.is_grad_enabled()  # dead temporaries may then be updated in place
         norm1_gain = self.norm1.gain
         norm1_bias = self.norm1.bias
-        attn_W_q = self.attn.W_q.view(d, n_heads, d_head)
-        attn_b_q = self.attn.b_q.view(n_heads, d_head)
-        attn_W_k = self.attn.W_k.view(d, n_heads, d_head)
-        attn_b_k = self.attn.b_k.view(n_heads, d_head)
-        attn_W_v = self.attn.W_v.view(d, n_heads, d_head)
-        attn_b_v = self.attn.b_v.view(n_heads, d_head)
-        attn_W_o = self.attn.W_o.view(n_heads, d_head, d)
+        attn_W_q = self.attn.W_q
+        attn_b_q = self.attn.b_q
+        attn_W_k = self.attn.W_k
+        attn_b_k = self.attn.b_k
+        attn_W_v = self.attn.W_v
+        attn_b_v = self.attn.b_v
+        attn_W_o = self.attn.W_o
         attn_b_o = self.attn.b_o
         norm2_gain = self.norm2.gain
         norm2_bias = self.norm2.bias
@@ -208,45 +224,38 @@ class Block(torch.nn.Module):
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-        norm1_alpha = torch.mean(u0, dim=2)
         # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-        norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
         # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-        norm1_out = (-norm1_alpha[:, :, None] + u0)*norm1_gain/torch.sqrt(eps + norm1_beta[:, :, None]) + norm1_bias
+        norm1_out = torch.nn.functional.layer_norm(u0, u0.shape[-1:], norm1_gain, norm1_bias, eps)
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        attn_q = torch.einsum("bik,kme->bime", norm1_out, attn_W_q) + attn_b_q
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        attn_k = torch.einsum("bik,kme->bime", norm1_out, attn_W_k) + attn_b_k
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        attn_v = torch.einsum("bik,kme->bime", norm1_out, attn_W_v) + attn_b_v
+        attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+        attn_q, attn_k, attn_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn_qkv.chunk(3, dim=1))
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-        attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-        attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
-        attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
+        attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-        attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+        attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
-        u1 = attn_out + u0
+        u1 = attn_out.add_(u0) if inference else attn_out + u0
 
         # --- substep 2: ffn, explicit on Proj(norm2) ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-        norm2_alpha = torch.mean(u1, dim=2)
         # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-        norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-        norm2_out = (-norm2_alpha[:, :, None] + u1)*norm2_gain/torch.sqrt(eps + norm2_beta[:, :, None]) + norm2_bias
+        norm2_out = torch.nn.functional.layer_norm(u1, u1.shape[-1:], norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-        ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+        ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-        ffn_s = torch.clamp_min(ffn_w, 0)
+        ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-        ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+        ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
-        u2 = ffn_out + u1
+        u2 = ffn_out.add_(u1) if inference else ffn_out + u1
         return u2[0] if u.dim() == 2 else u2
 
 
@@ -287,13 +296,11 @@ class Stack(torch.nn.Module):
 
         # --- substep 1: final_norm, projection ---
         # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-        final_norm_alpha = torch.mean(u0, dim=2)
         # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-        final_norm_beta = torch.mean((-final_norm_alpha[:, :, None] + u0)**2, dim=2)
         # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
-        u1 = (-final_norm_alpha[:, :, None] + u0)*final_norm_gain/torch.sqrt(eps + final_norm_beta[:, :, None]) + final_norm_bias
+        u1 = torch.nn.functional.layer_norm(u0, u0.shape[-1:], final_norm_gain, final_norm_bias, eps)
         return u1
 
     def forward(self, u, key_padding_mask=None, causal=False):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import statistics
 import subprocess
@@ -33,6 +34,8 @@ from symbolic import load_scheme  # noqa: E402
 #: Idle time before each measured call: BLAS threads of the previous call spin for a while
 #: and would otherwise slow the next call down (a 20 ms pause still doubled torch's times).
 PAUSE = 0.1
+#: Each measurement repeats the call back to back for at least this long (small shapes).
+MEASURE = 0.05
 SHAPES = {  # name: (batch, tokens, d, heads, d_ff)
     "main": (8, 128, 512, 8, 2048),
     "small": (4, 32, 128, 4, 512),
@@ -47,17 +50,26 @@ def _module(folder: Path, backend: str, name: str):
     return module
 
 
+def _repeats(function) -> int:
+    """How many back-to-back calls make one measurement of at least ``MEASURE`` seconds."""
+    start = time.perf_counter()
+    function()
+    return max(1, math.ceil(MEASURE / max(time.perf_counter() - start, 1e-6)))
+
+
 def _interleaved(reference, candidate, rounds: int) -> tuple[float, float, float]:
-    """Median ratio candidate/reference and the median times (seconds)."""
+    """Median ratio candidate/reference and the median times per call (seconds)."""
     reference(), candidate()  # warm up
+    repeats = max(_repeats(reference), _repeats(candidate))
     ratios, times_ref, times_cand = [], [], []
     for _ in range(rounds):
         times = []
         for function in (reference, candidate):
             time.sleep(PAUSE)
             start = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - start)
+            for _ in range(repeats):
+                function()
+            times.append((time.perf_counter() - start) / repeats)
         times_ref.append(times[0])
         times_cand.append(times[1])
         ratios.append(times[1] / times[0])

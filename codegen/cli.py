@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
     derive.add_argument("--out", default="generated", help="output folder (default: generated)")
     derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    derive.add_argument("--passes", default="all", metavar="LIST",
+                        help="IR passes to run: all (default), none, or a comma-separated list of pass names")
     check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
     check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
     check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
@@ -84,17 +86,19 @@ def _derive(arguments: argparse.Namespace) -> str:
     from symbolic.scheme_file import builtin_names
 
     from .output import write_files
+    from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
 
     names = list(arguments.schemes) + (builtin_names() if arguments.all_builtins else [])
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
+    passes = select(arguments.passes)
     out = Path(arguments.out)
     if out.exists() and not out.is_dir():
         raise SplitformerError(f"--out {out} exists and is not a folder")
     files: dict[Path, str] = {}
     for name in names:
-        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out))
+        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out, passes))
     write_files(files)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
@@ -111,7 +115,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         if plots.exists() and not plots.is_dir():
             raise SplitformerError(f"--plots {plots} exists and is not a folder")
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401 - only whether it is installed
         except ImportError:
             raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
     report = run_checks(schemes, plots)

@@ -101,3 +101,25 @@ def test_torch_block_trains_like_the_reference(rng):
     block(x).square().sum().backward()
     expected = layer.linear1.weight.grad.T.numpy()
     np.testing.assert_allclose(block.ffn.W_1.grad.numpy(), expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2"])
+def test_passes_change_nothing_but_speed(name, tmp_path, rng):
+    """Every built-in, with masks: all passes (committed code) against no passes at all."""
+    module_name = name.replace("-", "_")
+    write_files(generate(load_scheme(name), ("numpy", "torch"), tmp_path, passes=()))
+    plain_numpy, plain_torch = _modules(tmp_path, module_name)
+    fast_numpy, fast_torch = _modules(GENERATED, module_name)
+    import reference
+
+    params = reference.random_params(fast_numpy.PARAMETERS, 8, 12, rng)
+    u = rng.standard_normal((2, 5, 8))
+    padding = np.array([[False] * 5, [False, False, True, True, True]])
+    for options in ({}, {"key_padding_mask": padding}, {"causal": True}):
+        expected = plain_numpy.forward(u, params, n_heads=2, **options)
+        assert np.abs(fast_numpy.forward(u, params, n_heads=2, **options) - expected).max() <= 1e-12
+        torch_options = {key: torch.tensor(value) if key == "key_padding_mask" else value for key, value in options.items()}
+        for module in (plain_torch, fast_torch):
+            block = module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+            with torch.no_grad():
+                assert np.abs(block(torch.tensor(u), **torch_options).numpy() - expected).max() <= 1e-12

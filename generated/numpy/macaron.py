@@ -70,33 +70,50 @@ FINAL_NORM_PARAMETERS = {
 }
 
 
-def _softmax(scores, support, out=None):
-    """Row softmax over the last axis, restricted to ``support`` (True = kept), into ``out``.
+def _exponentials(scores, support):
+    """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
-    A row with empty support gets a zero kernel: the token integral over an empty set
-    vanishes (never NaN), so that query's attention term is the output bias alone.
+    A row with empty support sums to 0 and gets total 1: its kernel is zero, since the token
+    integral over an empty set vanishes (never NaN), so that query's attention term is the
+    output bias alone.
     """
-    out = np.array(scores, copy=True) if out is None else out
     if support is not None:
-        np.copyto(out, -np.inf, where=~support)
-    peak = np.max(out, axis=-1, keepdims=True)
+        np.copyto(scores, -np.inf, where=~support)
+    peak = np.max(scores, axis=-1, keepdims=True)
     if support is not None:
         peak[~np.isfinite(peak)] = 0
-    out -= peak
-    np.exp(out, out=out)
-    total = np.sum(out, axis=-1, keepdims=True)
+    scores -= peak
+    np.exp(scores, out=scores)
+    total = np.sum(scores, axis=-1, keepdims=True)
     if support is not None:
         total[total == 0] = 1
-    out /= total
-    return out
+    return scores, total
+
+
+def _softmax(scores, support):
+    """Row softmax over the last axis, restricted to ``support`` (True = kept)."""
+    weights, total = _exponentials(np.array(scores, copy=True), support)
+    weights /= total
+    return weights
 
 
 def _attention(q, k, v, scale, support):
-    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands."""
-    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-    scores = q @ k.transpose(0, 1, 3, 2)
-    scores *= scale
-    return (_softmax(scores, support, out=scores) @ v).transpose(0, 2, 1, 3)
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    Heads are made contiguous once; query rows go in blocks whose scores (about 2 MB) stay
+    in cache; the scale is applied to the queries and the normalization to the output rows.
+    """
+    q, k, v = (np.ascontiguousarray(t.transpose(0, 2, 1, 3)) for t in (q, k, v))
+    keys = k.transpose(0, 1, 3, 2)
+    out = np.empty(q.shape, dtype=q.dtype)
+    rows = max(1, (1 << 19) // (q.shape[0] * q.shape[1] * k.shape[2]))
+    for start in range(0, q.shape[2], rows):
+        block = slice(start, start + rows)
+        scores = (q[:, :, block] * scale) @ keys
+        weights, total = _exponentials(scores, None if support is None else support[..., block, :])
+        np.matmul(weights, v, out=out[:, :, block])
+        out[:, :, block] /= total
+    return out.transpose(0, 2, 1, 3)
 
 
 def _layer_norm(x, gain, bias, eps):

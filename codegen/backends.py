@@ -33,6 +33,8 @@ class Backend:
     name = ""
     printer: type[ArrayPrinter] = ArrayPrinter
     einsum = ""
+    library = ""  # module prefix of reductions
+    axis = ""  # keyword naming the reduced axis
 
     def statements(self, module: Module, op: Op) -> list[str]:
         """The statements computing ``op``."""
@@ -60,6 +62,11 @@ class Backend:
         if op.bias is not None:
             value = f"{value} + {printer.operand(op.bias)}"
         return [f"{op.out} = {value}"]
+
+    def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
+        body = self.printer(printer.module, op.body_labels).doprint(op.body)
+        reduce = f"{self.library}.{'mean' if op.mean else 'sum'}"
+        return [f"{op.out} = {reduce}({body}, {self.axis}={op.body_labels.index(op.axis)})"]
 
     def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = _softmax({printer.operand(op.scores)}, {self.support(op.support, printer)})"]
@@ -89,11 +96,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     printer = NumpyPrinter
     einsum = "_einsum"
-
-    def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
-        body = self.printer(printer.module, op.body_labels).doprint(op.body)
-        reduce = "np.mean" if op.mean else "np.sum"
-        return [f"{op.out} = {reduce}({body}, axis={op.body_labels.index(op.axis)})"]
+    library, axis = "np", "axis"
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
@@ -122,11 +125,7 @@ class TorchBackend(Backend):
     name = "torch"
     printer = TorchPrinter
     einsum = "torch.einsum"
-
-    def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
-        body = self.printer(printer.module, op.body_labels).doprint(op.body)
-        reduce = "torch.mean" if op.mean else "torch.sum"
-        return [f"{op.out} = {reduce}({body}, dim={op.body_labels.index(op.axis)})"]
+    library, axis = "torch", "dim"
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, {op.x.name}.shape[-1:], "

@@ -5,7 +5,8 @@ Input: a ``Scheme``. Output: a ``Program`` whose assignments are in index notati
 1. Time: each substep is solved by its rule over its share ``f Δt`` of the step —
    explicit Euler ``u⁺ = u + f Δt A(u)`` for a vector field, the projection ``u⁺ = Proj_S(u)``
    for a normal cone (the cone absorbs ``Δt``). A parallel step runs its branches from one
-   state and takes the weighted sum, simplified symbolically.
+   state and takes the weighted sum, simplified symbolically; a Heun step evaluates the
+   summed field at the state and at the Euler predictor.
 2. Space: every operator's continuous definitions are discretized by the rectangle rule
    (``quadrature.Grid``); kernels absorb the spacing of the variables they are integrated
    against, the token spacing ``Δx`` cancels in the softmax kernel, and the feature grids
@@ -45,7 +46,7 @@ class _Deriver:
         for operator in self.operators.values():
             for parameter in operator.parameters():
                 name = f"{operator.key}_{parameter.name}"
-                latex = _keyed(parameter.latex, operator.key)
+                latex = _keyed(parameter.latex, operator.key_latex())
                 indices = tuple(variable.index for variable in parameter.arguments)
                 self.declare(Tensor(name, latex, indices, "param",
                                     f"{operator.key}.{parameter.name}", parameter.shape, parameter.kind))
@@ -102,7 +103,8 @@ class _Deriver:
         names = self.latex_names()
         for definition in definitions:
             suffix = "" if count == 1 else f",{count}"
-            names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{\mathrm{{{_escape(key)}}}{suffix}}}"
+            names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{{operator.key_latex()}{suffix}}}"
+        continuous_names = operator.latex_names()
         assignments = []
         for definition in definitions:
             lhs = grid(definition.applied()) * grid.absorption(definition.function, definition.applied().args)
@@ -116,7 +118,7 @@ class _Deriver:
             self.declare(Tensor(name, names[name], lhs.indices, "temp"))
             assignments.append(Assignment(
                 lhs, discrete, definition.meaning,
-                continuous=equation(definition.applied(), definition.rhs, _continuous_names(operator, argument, names)),
+                continuous=equation(definition.applied(), definition.rhs, continuous_names),
                 quadrature=equation(lhs, quadrature, names),
             ))
         output = str(assignments[-1].lhs.base.label)
@@ -217,22 +219,9 @@ def _solver_label(step: Substep) -> str:
     return f"{step.solver}{on}{fraction}"
 
 
-def _keyed(latex: str, key: str) -> str:
+def _keyed(latex: str, label: str) -> str:
     """``W^{Q}`` → ``W^{Q}_{attn}``; ``W_{1}`` → ``W_{ffn,1}`` (never a double subscript)."""
-    label = rf"\mathrm{{{_escape(key)}}}"
     return latex.replace("_{", f"_{{{label},", 1) if "_{" in latex else f"{latex}_{{{label}}}"
-
-
-def _escape(text: str) -> str:
-    return text.replace("_", r"\_")
-
-
-def _continuous_names(operator: Operator, argument: str, names: dict[str, str]) -> dict[str, str]:
-    result = {parameter.function: parameter.latex for parameter in operator.parameters()}
-    result.update({definition.function: definition.latex for definition in operator.definitions()})
-    result[STATE] = "u"
-    result[SUPPORT] = r"\chi"
-    return result
 
 
 def derive(scheme: Scheme) -> Program:

@@ -112,13 +112,18 @@ class Operator:
     def uses_support(self) -> bool:
         return False
 
+    def latex_names(self) -> dict[str, str]:
+        """LaTeX names of the functions in the continuous definitions."""
+        names = {parameter.function: parameter.latex for parameter in self.parameters()}
+        names.update({definition.function: definition.latex for definition in self.definitions()})
+        names[SUPPORT] = r"\chi"
+        return names
+
     def latex(self) -> str:
         """The operator's continuous definitions, one aligned line each."""
         from .latex import equation
 
-        names = {parameter.function: parameter.latex for parameter in self.parameters()}
-        names.update({definition.function: definition.latex for definition in self.definitions()})
-        names[SUPPORT] = r"\chi"
+        names = self.latex_names()
         lines = [equation(definition.applied(), definition.rhs, names) for definition in self.definitions()]
         return r"\begin{aligned}" + r" \\ ".join(line.replace(" = ", " &= ", 1) for line in lines) + r"\end{aligned}"
 

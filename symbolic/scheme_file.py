@@ -21,7 +21,7 @@ from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
 from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
 
-__all__ = ["load_scheme", "parse_scheme", "builtin_names", "scheme_to_toml"]
+__all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -227,7 +227,3 @@ def load_scheme(name_or_path: str) -> Scheme:
         raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
     return parse_scheme(text, str(path))
 
-
-def scheme_to_toml(scheme: Scheme) -> str:
-    """The scheme's file: built-ins and user schemes print the text they were read from."""
-    return scheme.source

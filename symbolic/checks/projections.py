@@ -21,10 +21,6 @@ def _variance(affine: sp.Expr) -> sp.Expr:
     return sp.diff(affine, S.v) ** 2 * S.beta
 
 
-def _zero(expr: sp.Expr) -> bool:
-    return sp.simplify(expr) == 0
-
-
 def closed_form_check(formula: sp.Expr) -> Check:
     """The projection formula ``formula`` (ε = 0) against the closed form of Theorem 3.1."""
     difference = sp.simplify(formula - CLOSED_FORM)

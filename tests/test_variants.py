@@ -86,3 +86,15 @@ def test_user_scheme_file_derives_emits_and_runs(tmp_path, rng):
     expected = x + reference.attention(reference.norm(x, params, "norm3", 1e-5), renamed, 2)
     assert np.abs(numpy_module.forward(u, params, n_heads=2) - expected).max() <= 1e-10
     assert np.abs(_torch_forward(torch_module, params, u, 2, 12, 1e-5) - expected).max() <= 1e-10
+
+
+def test_numpy_erf_matches_the_standard_library():
+    import math
+
+    module = import_path(GENERATED / "numpy" / "pre_ln_gelu.py")
+    x = np.concatenate([np.linspace(-30, 30, 60001), [0.0, -0.0, 1.0, -1.0, 8.0, -8.0, 1e-300, 27.0, -40.0]])
+    expected = np.array([math.erf(value) for value in x])
+    assert np.abs(module._erf(x) - expected).max() <= 4e-16
+    single = module._erf(x.astype(np.float32))
+    assert single.dtype == np.float32 and np.abs(single - expected).max() <= 3e-7
+    assert module._erf(np.zeros((2, 3))).shape == (2, 3)

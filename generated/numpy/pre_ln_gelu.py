@@ -58,9 +58,53 @@ FINAL_NORM_PARAMETERS = {
 }
 
 
+# Cephes' rational approximations (S. L. Moshier, public domain): erf on |x| <= 1, erfc beyond.
+_ERF_T = (9.60497373987051638749e0, 9.00260197203842689217e1, 2.23200534594684319226e3,
+          7.00332514112805075473e3, 5.55923013010394962768e4)
+_ERF_U = (1.0, 3.35617141647503099647e1, 5.21357949780152679795e2, 4.59432382970980127987e3,
+          2.26290000613890934246e4, 4.92673942608635921086e4)
+_ERFC_P = (2.46196981473530512524e-10, 5.64189564831068821977e-1, 7.46321056442269912687e0,
+           4.86371970985681366614e1, 1.96520832956077098242e2, 5.26445194995477358631e2,
+           9.34528527171957607540e2, 1.02755188689515710272e3, 5.57535335369399327526e2)
+_ERFC_Q = (1.0, 1.32281951154744992508e1, 8.67072140885989742329e1, 3.54937778887819891062e2,
+           9.75708501743205489753e2, 1.82390916687909736289e3, 2.24633760818710981792e3,
+           1.65666309194161350182e3, 5.57535340817727675546e2)
+_ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180477414e0,
+           6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
+_ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
+           1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
+
+
+def _polynomial(x, coefficients):
+    """Horner's rule, highest degree first."""
+    result = np.full_like(x, coefficients[0])
+    for coefficient in coefficients[1:]:
+        result *= x
+        result += coefficient
+    return result
+
+
 def _erf(x):
-    """The error function, elementwise, to double precision (NumPy has none)."""
-    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+    """The error function, elementwise, to the precision of ``x``'s dtype (NumPy has none).
+
+    Works through blocks small enough for the polynomial passes to stay in cache.
+    """
+    flat = np.ravel(x)
+    out = np.empty_like(flat)
+    for start in range(0, flat.size, 1 << 14):
+        block = slice(start, start + (1 << 14))
+        out[block] = _erf_block(flat[block])
+    return out.reshape(np.shape(x))
+
+
+def _erf_block(x):
+    z = x * x
+    inner = x * _polynomial(z, _ERF_T) / _polynomial(z, _ERF_U)
+    a = np.clip(np.abs(x), 1, 27)  # erfc(27) underflows to 0 in double precision
+    ratio = np.where(a < 8, _polynomial(a, _ERFC_P) / _polynomial(a, _ERFC_Q),
+                     _polynomial(a, _ERFC_R) / _polynomial(a, _ERFC_S))
+    outer = np.copysign(1 - np.exp(-a * a) * ratio, x)
+    return np.where(np.abs(x) <= 1, inner, outer)
 
 
 def _exponentials(scores, support):

@@ -121,3 +121,10 @@ def test_mislabelled_order_fails_the_check_and_exits_1(tmp_path):
     assert not checks["order/mislabelled"]["holds"]
     assert "order: claimed 2, series gives 1" in checks["order/mislabelled"]["detail"]
     assert checks["convergence/mislabelled"]["holds"]  # the numbers agree with the true order
+
+
+def test_a_single_field_is_exact_with_exact_subflows():
+    scheme = parse_scheme('name = "ff"\nsummary = "s"\n[operators]\nf = "feed-forward"\n'
+                          '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    result = splitting_order(scheme)
+    assert result.order == 1 and result.splitting_order is None and result.exact_subflows_leading == 0

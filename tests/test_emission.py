@@ -104,6 +104,12 @@ def test_wrong_dtypes_are_rejected(post_ln):
         post_ln[0].forward(np.zeros((2, 3, 8)), params)
 
 
+def test_torch_block_rejects_a_dtype_other_than_its_parameters(post_ln):
+    block = post_ln[1].Block(8, 2, 12)
+    with pytest.raises(ValueError, match="u has dtype torch.float64, the block's parameters torch.float32"):
+        block(torch.zeros(1, 3, 8, dtype=torch.float64))
+
+
 def test_heads_must_divide_the_width(post_ln):
     with pytest.raises(ValueError, match="d = 8 is not divisible by n_heads = 3"):
         post_ln[0].forward(np.zeros((2, 3, 8)), _params(), n_heads=3)

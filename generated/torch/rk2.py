@@ -200,6 +200,9 @@ class Block(torch.nn.Module):
         """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
+        dtype = self.norm1.gain.dtype
+        if u.dtype != dtype:
+            raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
         u0 = u[None] if u.dim() == 2 else u
         batch, n_tokens, d = u0.shape
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps

@@ -27,7 +27,10 @@ _DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apar
 
 @dataclass(frozen=True)
 class OrderResult:
-    order: int
+    """``order``/``splitting_order`` are ``None`` for an exact step; ``splitting_order`` also
+    when the step is not a splitting (a Runge–Kutta stage couples the fields)."""
+
+    order: int | None
     splitting_order: int | None
     leading_error: str
     exact_subflows_error: str
@@ -91,12 +94,13 @@ def _flow(scheme: Scheme) -> sp.Expr:
     return _exponential(STEP * field)
 
 
-def _order(difference: sp.Expr) -> tuple[int, sp.Expr]:
+def _order(difference: sp.Expr) -> tuple[int | None, sp.Expr]:
+    """Order and leading term of a local error; ``None`` when the step is exact (no error term)."""
     for power in range(_DEGREE + 1):
         coefficient = sp.expand(difference.coeff(STEP, power))
         if coefficient != 0:
             return power - 1, coefficient * STEP**power
-    return _DEGREE, sp.Integer(0)
+    return None, sp.Integer(0)
 
 
 def splitting_order(scheme: Scheme) -> OrderResult:

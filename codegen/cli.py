@@ -63,7 +63,7 @@ def _show(arguments: argparse.Namespace) -> str:
 
     scheme = _load(arguments.scheme, arguments.activation)
     if arguments.format == "toml":
-        return scheme.source.rstrip("\n")
+        return _source_with_activation(scheme).rstrip("\n")
     program = derive(scheme)
     if arguments.format == "markdown":
         from .report import render_report
@@ -80,6 +80,21 @@ def _show(arguments: argparse.Namespace) -> str:
         lines.append(f"{record.title}")
         lines.extend(f"    {assignment.lhs} = {assignment.rhs}" for assignment in record.assignments)
     return "\n".join(lines)
+
+
+def _source_with_activation(scheme) -> str:
+    """The scheme file, its ``activation`` line set to the scheme's (``--activation``)."""
+    import re
+
+    from symbolic.scheme_file import parse_scheme
+
+    line = f'activation = "{scheme.activation}"'
+    source, count = re.subn(r'(?m)^activation = "[a-z]+"$', line, scheme.source, count=1)
+    if not count:
+        source = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", source, count=1)
+    if parse_scheme(source).activation != scheme.activation:
+        raise SplitformerError(f"cannot write the activation of {scheme.name!r} into its file")
+    return source
 
 
 def _derive(arguments: argparse.Namespace) -> str:

@@ -30,6 +30,13 @@ def test_show_formats(fmt, marker, capsys):
     assert marker in capsys.readouterr().out
 
 
+def test_show_toml_carries_the_chosen_activation(capsys):
+    assert main(["show", "pre-ln", "--format", "toml", "--activation", "gelu"]) == 0
+    from symbolic import parse_scheme
+
+    assert parse_scheme(capsys.readouterr().out).activation == "gelu"
+
+
 def test_derive_writes_modules_reports_and_package_files(tmp_path, capsys):
     assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
     assert (tmp_path / "numpy" / "post_ln.py").is_file()

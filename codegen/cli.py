@@ -50,11 +50,11 @@ def _load(name: str, activation: str | None):
 
 
 def _list() -> str:
-    from symbolic.scheme_file import builtin_names, load_scheme
+    from symbolic.builtins import builtin_names, builtin_summary
 
     names = builtin_names()
     width = max(len(name) for name in names)
-    return "\n".join(f"{name:<{width}}  {load_scheme(name).summary}" for name in names)
+    return "\n".join(f"{name:<{width}}  {builtin_summary(name)}" for name in names)
 
 
 def _show(arguments: argparse.Namespace) -> str:
@@ -98,7 +98,7 @@ def _source_with_activation(scheme) -> str:
 
 
 def _derive(arguments: argparse.Namespace) -> str:
-    from symbolic.scheme_file import builtin_names
+    from symbolic.builtins import builtin_names
 
     from .output import write_files
     from .passes import select
@@ -119,7 +119,7 @@ def _derive(arguments: argparse.Namespace) -> str:
 
 
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
-    from symbolic.scheme_file import builtin_names
+    from symbolic.builtins import builtin_names
 
     from .checking import run_checks
 

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "derive": "derivation",
     "SplitformerError": "errors",
-    "builtin_names": "scheme_file",
+    "builtin_names": "builtins",
     "load_scheme": "scheme_file",
     "parse_scheme": "scheme_file",
 }

@@ -10,13 +10,13 @@ import keyword
 import re
 import tomllib
 from fractions import Fraction
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import sympy as sp
 
 from .activations import ACTIVATIONS
+from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
 from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
@@ -204,19 +204,10 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     return _Reader(where).scheme(document, text)
 
 
-def builtin_names() -> list[str]:
-    """Names of the built-in schemes, in the order ``splitformer list`` prints them."""
-    folder = resources.files("symbolic") / "schemes"
-    names = [entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".toml")]
-    order = ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2"]
-    return sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
-
-
 def load_scheme(name_or_path: str) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
     if name_or_path in builtin_names():
-        text = (resources.files("symbolic") / "schemes" / f"{name_or_path}.toml").read_text(encoding="utf-8")
-        return parse_scheme(text, f"built-in scheme {name_or_path!r}")
+        return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
         known = ", ".join(builtin_names())

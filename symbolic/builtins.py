@@ -1,0 +1,27 @@
+"""The built-in scheme files shipped with the package (light: no SymPy import)."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+
+__all__ = ["builtin_names", "builtin_text", "builtin_summary"]
+
+#: The order ``splitformer list`` prints them in; any other built-in file follows, by name.
+_ORDER = ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2"]
+
+
+def builtin_names() -> list[str]:
+    """Names of the built-in schemes, in the order ``splitformer list`` prints them."""
+    folder = resources.files("symbolic") / "schemes"
+    names = [entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".toml")]
+    return sorted(names, key=lambda name: (_ORDER.index(name) if name in _ORDER else len(_ORDER), name))
+
+
+def builtin_text(name: str) -> str:
+    return (resources.files("symbolic") / "schemes" / f"{name}.toml").read_text(encoding="utf-8")
+
+
+def builtin_summary(name: str) -> str:
+    """The ``summary`` field of a built-in (validated when the scheme is loaded, not here)."""
+    return tomllib.loads(builtin_text(name))["summary"]

@@ -127,8 +127,9 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
-        if plots.exists() and not plots.is_dir():
-            raise SplitformerError(f"--plots {plots} exists and is not a folder")
+        existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        if not existing.is_dir():
+            raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
         try:
             import matplotlib  # noqa: F401 - only whether it is installed
         except ImportError:

@@ -17,6 +17,7 @@ import numpy as np
 
 from symbolic.derivation import derive
 from symbolic.equation import equation_terms
+from symbolic.errors import SplitformerError
 from symbolic.scheme import Heun, Parallel, Scheme, Sequence, Substep
 from symbolic.stack import final_norm_scheme
 
@@ -145,7 +146,11 @@ def plot_study(study: Study, order: int, path: Path) -> Path:
     axes.set_title(f"convergence of {study.scheme}")
     axes.legend()
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, metadata={"Software": None})
-    plt.close(figure)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, metadata={"Software": None})
+    except OSError as error:
+        raise SplitformerError(f"cannot write {path}: {error.strerror}") from None
+    finally:
+        plt.close(figure)
     return path

@@ -68,7 +68,6 @@ class _Lowering:
         if not isinstance(denominator, sp.Sum) or len(denominator.limits) != 1:
             return None
         dummy = denominator.limits[0][0]
-        axis = sp.Idx(labels[-1], dummy.upper + 1) if dummy.upper is not None else None
         exponentials = [factor for factor in sp.Mul.make_args(numerator) if isinstance(factor, sp.exp)]
         if len(exponentials) != 1 or not isinstance(exponentials[0].args[0], sp.Indexed):
             return None
@@ -76,7 +75,7 @@ class _Lowering:
         key = scores.indices[-1]
         if sp.expand(denominator.function.xreplace({dummy: key}) - numerator) != 0:
             return None
-        if axis is None or str(key) != labels[-1]:
+        if str(key) != labels[-1]:  # the kernel is normalized over the last axis
             return None
         others = [factor for factor in sp.Mul.make_args(numerator) if factor is not exponentials[0]]
         if len(others) > 1 or (others and not isinstance(others[0], sp.Indexed)):
@@ -127,9 +126,11 @@ class _Lowering:
         for total in sorted(expr.atoms(sp.Sum), key=sp.default_sort_key):
             free = [index for index in total.free_symbols if isinstance(index, sp.Idx)]
             ordered = tuple(sorted(free, key=lambda index: labels.index(str(index))))
+            if not ordered:
+                raise AssertionError(f"a sum over every axis has no per-token meaning: {total}")
             self.temporaries += 1
             name = f"t{self.temporaries}"
-            target = sp.IndexedBase(name)[ordered] if ordered else sp.IndexedBase(name)[sp.Idx("b")]
+            target = sp.IndexedBase(name)[ordered]
             self.assignment(Assignment(target, total, "temporary"), self.ops[-1].section if self.ops else "")
             replacements[total] = target
         return expr.xreplace(replacements)

@@ -32,16 +32,11 @@ def import_path(path: Path, name: str | None = None):
 
 def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):
     """A float64 ``TransformerEncoderLayer`` whose every parameter (biases, gains) is random."""
-    import torch
+    from codegen.demo import random_layer
 
-    torch.manual_seed(seed)
-    layer = torch.nn.TransformerEncoderLayer(
-        d, n_heads, d_ff, dropout=0.0, activation=activation, layer_norm_eps=eps,
-        batch_first=True, norm_first=norm_first, dtype=torch.float64,
-    ).eval()
-    with torch.no_grad():
-        for parameter in layer.parameters():
-            parameter.copy_(torch.randn_like(parameter) * 0.5)
+    layer = random_layer(d, n_heads, d_ff, eps, norm_first, seed, activation)
+    for name, parameter in layer.named_parameters():  # the default init zeroes biases: would hide bugs
+        assert (parameter != 0).all() and (parameter != 1).any(), name
     return layer
 
 

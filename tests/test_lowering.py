@@ -78,3 +78,27 @@ def test_broadcast_inserts_new_axes_only_where_needed():
     assert broadcast("g", ("l",), ("b", "i", "l")) == "g"
     assert broadcast("alpha", ("b", "i"), ("b", "i", "l")) == "alpha[:, :, None]"
     assert broadcast("chi", ("b", "i", "j"), ("b", "m", "i", "j")) == "chi[:, None]"
+
+
+def test_sums_inside_an_elementwise_map_become_temporaries():
+    """The general fallback: v[i, l] = u[i, l] · Σ_k u[i, k]² lowers to a reduction and a map."""
+    import numpy as np
+
+    from codegen.backends import BACKENDS
+    from symbolic.domains import XI, X, Y
+    from symbolic.program import Assignment, Program, SubstepRecord, Tensor
+
+    u, v = sp.IndexedBase("u0"), sp.IndexedBase("v")
+    i, k, l = X.index, XI.index, Y.index
+    rhs = u[i, l] * sp.Sum(u[i, k] ** 2, (k, 0, k.upper))
+    tensors = {"u0": Tensor("u0", "u", (i, l), "input"), "v": Tensor("v", "v", (i, l), "state")}
+    record = SubstepRecord("test", "", (), Assignment(v[i, l], rhs, "test"))
+    module = lower(Program("test", tensors, [record], "v"), passes=DEFAULT)
+    kinds = [type(op) for op in module.ops]
+    assert kinds == [Reduction, Elementwise]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4))
+    namespace = {"np": np, "u0": x}
+    for op in module.ops:
+        for line in BACKENDS["numpy"].statements(module, op):
+            exec(line, namespace)
+    np.testing.assert_allclose(namespace["v"], x * (x**2).sum(-1, keepdims=True), rtol=1e-14)

@@ -33,6 +33,8 @@ def inline_elementwise(module: Module) -> Module:
             if not isinstance(consumer, Elementwise):
                 continue
             uses = [item for item in consumer.expr.atoms(sp.Indexed) if str(item.base.label) == producer.out]
+            if len(uses) != 1:  # read with two index patterns: keep the temporary
+                continue
             use = uses[0]
             mapping = {sp.Idx(label): index for label, index in zip(producer.labels[1:], use.indices)}
             expr = _relabel(producer.expr, mapping)

@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated
-	$(BIN)/python -m codegen.demo post-ln --out generated
+	$(BIN)/python -m splitformer.codegen.demo post-ln --out generated
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from codegen.adapters import from_torch  # noqa: E402
-from codegen.output import write_files  # noqa: E402
-from codegen.passes import PASSES  # noqa: E402
-from codegen.pipeline import generate  # noqa: E402
-from symbolic import load_scheme  # noqa: E402
+from splitformer.codegen.adapters import from_torch  # noqa: E402
+from splitformer.codegen.output import write_files  # noqa: E402
+from splitformer.codegen.passes import PASSES  # noqa: E402
+from splitformer.codegen.pipeline import generate  # noqa: E402
+from splitformer.symbolic import load_scheme  # noqa: E402
 
 #: Idle time before each measured call: BLAS threads of the previous call spin for a while
 #: and would otherwise slow the next call down (a 20 ms pause still doubled torch's times).
@@ -180,7 +180,7 @@ def derive_times(rounds: int = 3) -> list[str]:
         for _ in range(rounds):
             with tempfile.TemporaryDirectory() as out:
                 start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "codegen.cli", "derive", *arguments, "--backend", "all",
+                subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", "derive", *arguments, "--backend", "all",
                                 "--out", out], check=True, capture_output=True, cwd=ROOT)
                 times.append(time.perf_counter() - start)
         best = statistics.median(times)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from symbolic.domains import VARIABLES
+from splitformer.symbolic.domains import VARIABLES
 
 from .ir import BATCH, Attention, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter

@@ -12,15 +12,15 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from symbolic.checks import Check
-from symbolic.checks.activations import activation_checks
-from symbolic.checks.order import OrderResult, splitting_order
-from symbolic.checks.projections import projection_checks
-from symbolic.checks.recovery import recovery_checks
-from symbolic.checks.sign import sign_check
-from symbolic.derivation import derive
-from symbolic.program import Program
-from symbolic.scheme import Scheme
+from splitformer.symbolic.checks import Check
+from splitformer.symbolic.checks.activations import activation_checks
+from splitformer.symbolic.checks.order import OrderResult, splitting_order
+from splitformer.symbolic.checks.projections import projection_checks
+from splitformer.symbolic.checks.recovery import recovery_checks
+from splitformer.symbolic.checks.sign import sign_check
+from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.program import Program
+from splitformer.symbolic.scheme import Scheme
 
 from .convergence import Study, convergence_study, plot_study
 

@@ -9,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from symbolic.errors import SplitformerError
+from splitformer.symbolic import __version__
+from splitformer.symbolic.errors import SplitformerError
 
 __all__ = ["main"]
 
@@ -21,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
+    parser.add_argument("--version", action="version", version=f"splitformer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser("list", help="built-in schemes, one a line: name, summary")
     show = commands.add_parser("show", help="print a scheme and its derivation")
@@ -43,14 +45,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(name: str, activation: str | None):
-    from symbolic.scheme_file import load_scheme
+    from splitformer.symbolic.scheme_file import load_scheme
 
     scheme = load_scheme(name)
     return scheme if activation is None else scheme.with_activation(activation)
 
 
 def _list() -> str:
-    from symbolic.builtins import builtin_names, builtin_summary
+    from splitformer.symbolic.builtins import builtin_names, builtin_summary
 
     names = builtin_names()
     width = max(len(name) for name in names)
@@ -58,8 +60,8 @@ def _list() -> str:
 
 
 def _show(arguments: argparse.Namespace) -> str:
-    from symbolic.derivation import derive
-    from symbolic.equation import equation_latex
+    from splitformer.symbolic.derivation import derive
+    from splitformer.symbolic.equation import equation_latex
 
     scheme = _load(arguments.scheme, arguments.activation)
     if arguments.format == "toml":
@@ -86,7 +88,7 @@ def _source_with_activation(scheme) -> str:
     """The scheme file, its ``activation`` line set to the scheme's (``--activation``)."""
     import re
 
-    from symbolic.scheme_file import parse_scheme
+    from splitformer.symbolic.scheme_file import parse_scheme
 
     line = f'activation = "{scheme.activation}"'
     source, count = re.subn(r'(?m)^activation = "[a-z]+"$', line, scheme.source, count=1)
@@ -98,7 +100,7 @@ def _source_with_activation(scheme) -> str:
 
 
 def _derive(arguments: argparse.Namespace) -> str:
-    from symbolic.builtins import builtin_names
+    from splitformer.symbolic.builtins import builtin_names
 
     from .output import write_files
     from .passes import select
@@ -119,7 +121,7 @@ def _derive(arguments: argparse.Namespace) -> str:
 
 
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
-    from symbolic.builtins import builtin_names
+    from splitformer.symbolic.builtins import builtin_names
 
     from .checking import run_checks
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from symbolic.derivation import derive
-from symbolic.equation import equation_terms
-from symbolic.errors import SplitformerError
-from symbolic.scheme import Heun, Parallel, Scheme, Sequence, Substep
-from symbolic.stack import final_norm_scheme
+from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.equation import equation_terms
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.scheme import Heun, Parallel, Scheme, Sequence, Substep
+from splitformer.symbolic.stack import final_norm_scheme
 
 from .lowering import lower
 from .render import render_module

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .adapters import from_torch
 
-    parser = argparse.ArgumentParser(prog="python -m codegen.demo")
+    parser = argparse.ArgumentParser(prog="python -m splitformer.codegen.demo")
     parser.add_argument("scheme", choices=sorted(REFERENCES))
     parser.add_argument("--out", default="generated")
     arguments = parser.parse_args(argv)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy as sp
 
-from symbolic.domains import Domain
+from splitformer.symbolic.domains import Domain
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize",

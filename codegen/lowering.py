@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sympy as sp
 
-from symbolic.domains import VARIABLES
-from symbolic.latex import equation
-from symbolic.program import TIME_STEP, Assignment, Program
+from splitformer.symbolic.domains import VARIABLES
+from splitformer.symbolic.latex import equation
+from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import BATCH, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
 

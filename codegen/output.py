@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from symbolic.errors import SplitformerError
+from splitformer.symbolic.errors import SplitformerError
 
 __all__ = ["write_files"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symbolic.derivation import derive
-from symbolic.scheme import Scheme
-from symbolic.stack import final_norm_scheme
+from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.stack import final_norm_scheme
 
 from .lowering import lower
 from .render import render_module

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
-from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 
 from .ir import BATCH, Module, Operand
 

@@ -6,9 +6,9 @@ from importlib import resources
 
 import jinja2
 
-from symbolic import __version__
-from symbolic.domains import HIDDEN
-from symbolic.scheme import Scheme
+from splitformer.symbolic import __version__
+from splitformer.symbolic.domains import HIDDEN
+from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
 from .ir import Module
@@ -18,7 +18,7 @@ __all__ = ["environment", "render_module", "unit_context"]
 
 def environment() -> jinja2.Environment:
     """The Jinja environment of all templates (strict, deterministic whitespace)."""
-    folder = resources.files("templates")
+    folder = resources.files("splitformer.templates")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(folder)),
         undefined=jinja2.StrictUndefined,

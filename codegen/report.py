@@ -6,14 +6,14 @@ from pathlib import Path
 
 import sympy as sp
 
-from symbolic import __version__
-from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from symbolic.equation import MASTER_EQUATION, equation_latex
-from symbolic.program import Program
-from symbolic.projections import derive_layer_norm_projection, derive_relu_projection
-from symbolic.checks.order import splitting_order
-from symbolic.references import REFERENCES
-from symbolic.scheme import Parallel, Scheme
+from splitformer.symbolic import __version__
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
+from splitformer.symbolic.program import Program
+from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
+from splitformer.symbolic.checks.order import splitting_order
+from splitformer.symbolic.references import REFERENCES
+from splitformer.symbolic.scheme import Parallel, Scheme
 
 from .render import environment
 

@@ -10,7 +10,7 @@ do not pay for SymPy's import.
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "derive": "derivation",

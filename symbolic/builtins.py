@@ -13,13 +13,13 @@ _ORDER = ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2
 
 def builtin_names() -> list[str]:
     """Names of the built-in schemes, in the order ``splitformer list`` prints them."""
-    folder = resources.files("symbolic") / "schemes"
+    folder = resources.files("splitformer.symbolic") / "schemes"
     names = [entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".toml")]
     return sorted(names, key=lambda name: (_ORDER.index(name) if name in _ORDER else len(_ORDER), name))
 
 
 def builtin_text(name: str) -> str:
-    return (resources.files("symbolic") / "schemes" / f"{name}.toml").read_text(encoding="utf-8")
+    return (resources.files("splitformer.symbolic") / "schemes" / f"{name}.toml").read_text(encoding="utf-8")
 
 
 def builtin_summary(name: str) -> str:

@@ -32,7 +32,7 @@ def import_path(path: Path, name: str | None = None):
 
 def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):
     """A float64 ``TransformerEncoderLayer`` whose every parameter (biases, gains) is random."""
-    from codegen.demo import random_layer
+    from splitformer.codegen.demo import random_layer
 
     layer = random_layer(d, n_heads, d_ff, eps, norm_first, seed, activation)
     for name, parameter in layer.named_parameters():  # the default init zeroes biases: would hide bugs

@@ -8,23 +8,23 @@ from dataclasses import replace
 import pytest
 import sympy as sp
 
-from codegen.checking import run_checks
-from codegen.cli import main
-from codegen.report import check_ids
-from symbolic import derive, load_scheme, parse_scheme
-from symbolic.checks.order import splitting_order
-from symbolic.checks.projections import projection_checks
-from symbolic.checks.recovery import recovery_checks
-from symbolic.checks.sign import sign_check
-from symbolic.program import Assignment, SubstepRecord
-from symbolic.projections import SYMBOLS as S
+from splitformer.codegen.checking import run_checks
+from splitformer.codegen.cli import main
+from splitformer.codegen.report import check_ids
+from splitformer.symbolic import derive, load_scheme, parse_scheme
+from splitformer.symbolic.checks.order import splitting_order
+from splitformer.symbolic.checks.projections import projection_checks
+from splitformer.symbolic.checks.recovery import recovery_checks
+from splitformer.symbolic.checks.sign import sign_check
+from splitformer.symbolic.program import Assignment, SubstepRecord
+from splitformer.symbolic.projections import SYMBOLS as S
 
 from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
 def report():
-    from symbolic import builtin_names
+    from splitformer.symbolic import builtin_names
 
     return run_checks([load_scheme(name) for name in builtin_names()])
 
@@ -114,7 +114,7 @@ def test_mislabelled_order_fails_the_check_and_exits_1(tmp_path):
     text = load_scheme("pre-ln").source.replace('name = "pre-ln"', 'name = "mislabelled"').replace("order = 1", "order = 2", 1)
     path = tmp_path / "mislabelled.toml"
     path.write_text(text)
-    result = subprocess.run([sys.executable, "-m", "codegen.cli", "check", str(path), "--format", "json"],
+    result = subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", "check", str(path), "--format", "json"],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 1
     checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}

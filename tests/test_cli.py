@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from codegen.cli import main
+from splitformer.codegen.cli import main
 
 from conftest import ROOT
 
 
 def run(*arguments, cwd=ROOT):
-    result = subprocess.run([sys.executable, "-m", "codegen.cli", *arguments], capture_output=True, text=True, cwd=cwd)
+    result = subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", *arguments], capture_output=True, text=True, cwd=cwd)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -32,7 +32,7 @@ def test_show_formats(fmt, marker, capsys):
 
 def test_show_toml_carries_the_chosen_activation(capsys):
     assert main(["show", "pre-ln", "--format", "toml", "--activation", "gelu"]) == 0
-    from symbolic import parse_scheme
+    from splitformer.symbolic import parse_scheme
 
     assert parse_scheme(capsys.readouterr().out).activation == "gelu"
 

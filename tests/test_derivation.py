@@ -3,10 +3,10 @@
 import pytest
 import sympy as sp
 
-from symbolic import derive, load_scheme
-from symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from symbolic.evaluate import evaluate
-from symbolic.program import TIME_STEP
+from splitformer.symbolic import derive, load_scheme
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.program import TIME_STEP
 
 N, D, FF = 2, 2, 3
 EPS = sp.Symbol("eps", positive=True)
@@ -100,10 +100,10 @@ def test_every_assignment_carries_provenance_and_latex():
 
 
 def test_layer_norm_substep_uses_the_derived_projection():
-    from symbolic.projections import derive_layer_norm_projection
+    from splitformer.symbolic.projections import derive_layer_norm_projection
     program = derive(load_scheme("post-ln"))
     projected = next(a for a in program.assignments if a.target == "norm1_p")
-    from symbolic.projections import SYMBOLS as S
+    from splitformer.symbolic.projections import SYMBOLS as S
 
     beta = sp.IndexedBase("norm1_beta")[projected.lhs.indices[0]]
     assert projected.rhs.has((EPS + beta) ** sp.Rational(-1, 2))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from codegen.output import write_files
-from codegen.pipeline import generate
-from symbolic import builtin_names, load_scheme
+from splitformer.codegen.output import write_files
+from splitformer.codegen.pipeline import generate
+from splitformer.symbolic import builtin_names, load_scheme
 
 from conftest import GENERATED, ROOT, import_path
 
@@ -42,7 +42,7 @@ def test_output_is_byte_identical_across_hash_seeds(tmp_path):
     for seed in ("1", "987"):
         folder = tmp_path / seed
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        subprocess.run([sys.executable, "-m", "codegen.cli", "derive", "post-ln", "--out", str(folder)],
+        subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", "derive", "post-ln", "--out", str(folder)],
                        check=True, env=env, capture_output=True, cwd=ROOT)
         outputs.append({path.relative_to(folder): path.read_bytes() for path in folder.rglob("*") if path.is_file()})
     assert outputs[0] == outputs[1] and len(outputs[0]) >= 3

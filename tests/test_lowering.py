@@ -3,11 +3,11 @@
 import pytest
 import sympy as sp
 
-from codegen.ir import Attention, Contraction, Elementwise, MatMul, Normalize, Reduction, Softmax
-from codegen.lowering import lower
-from codegen.passes import DEFAULT, PASSES, inline_elementwise, select
-from codegen.printers import broadcast
-from symbolic import SplitformerError, derive, load_scheme
+from splitformer.codegen.ir import Attention, Contraction, Elementwise, MatMul, Normalize, Reduction, Softmax
+from splitformer.codegen.lowering import lower
+from splitformer.codegen.passes import DEFAULT, PASSES, inline_elementwise, select
+from splitformer.codegen.printers import broadcast
+from splitformer.symbolic import SplitformerError, derive, load_scheme
 
 
 def _ops(passes=(), scheme="post-ln"):
@@ -84,9 +84,9 @@ def test_sums_inside_an_elementwise_map_become_temporaries():
     """The general fallback: v[i, l] = u[i, l] · Σ_k u[i, k]² lowers to a reduction and a map."""
     import numpy as np
 
-    from codegen.backends import BACKENDS
-    from symbolic.domains import XI, X, Y
-    from symbolic.program import Assignment, Program, SubstepRecord, Tensor
+    from splitformer.codegen.backends import BACKENDS
+    from splitformer.symbolic.domains import XI, X, Y
+    from splitformer.symbolic.program import Assignment, Program, SubstepRecord, Tensor
 
     u, v = sp.IndexedBase("u0"), sp.IndexedBase("v")
     i, k, l = X.index, XI.index, Y.index

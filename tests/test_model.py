@@ -2,13 +2,13 @@
 
 import sympy as sp
 
-from symbolic import load_scheme
-from symbolic.domains import E, FEATURES, HEAD_FEATURES, TOKENS, X, XI, Y
-from symbolic.equation import equation_latex, equation_terms
-from symbolic.operators import Attention, FeedForward, LayerNorm, apply
-from symbolic.activations import activation
-from symbolic.quadrature import Grid, integral
-from symbolic.domains import VARIABLES
+from splitformer.symbolic import load_scheme
+from splitformer.symbolic.domains import E, FEATURES, HEAD_FEATURES, TOKENS, X, XI, Y
+from splitformer.symbolic.equation import equation_latex, equation_terms
+from splitformer.symbolic.operators import Attention, FeedForward, LayerNorm, apply
+from splitformer.symbolic.activations import activation
+from splitformer.symbolic.quadrature import Grid, integral
+from splitformer.symbolic.domains import VARIABLES
 
 
 def test_rectangle_rule_turns_an_integral_into_spacing_times_sum():

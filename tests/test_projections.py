@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from symbolic.projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection
+from splitformer.symbolic.projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection
 
 
 def _project(formula, v, sigma_1, sigma_2, eps=0.0):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from symbolic import SplitformerError, builtin_names, load_scheme, parse_scheme
-from symbolic.scheme import Heun, Parallel
+from splitformer.symbolic import SplitformerError, builtin_names, load_scheme, parse_scheme
+from splitformer.symbolic.scheme import Heun, Parallel
 
 VALID = load_scheme("post-ln").source
 
@@ -149,7 +149,7 @@ def test_operator_names_must_be_safe_identifiers(key):
 
 
 def test_colliding_array_names_are_reported():
-    from symbolic import derive
+    from splitformer.symbolic import derive
 
     text = VALID.replace('ffn = "feed-forward"', 'ffn = "feed-forward"\nattn_b = "attention"').replace(
         '[[steps]]\noperator = "norm2"', '[[steps]]\noperator = "attn_b"\nsolver = "explicit"\n\n[[steps]]\noperator = "norm2"')

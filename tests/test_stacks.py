@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from codegen.adapters import from_torch
+from splitformer.codegen.adapters import from_torch
 
 import reference
 from conftest import GENERATED, import_path

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from codegen.adapters import from_torch
-from codegen.output import write_files
-from codegen.pipeline import generate
-from symbolic import load_scheme
+from splitformer.codegen.adapters import from_torch
+from splitformer.codegen.output import write_files
+from splitformer.codegen.pipeline import generate
+from splitformer.symbolic import load_scheme
 
 import reference
 from conftest import GENERATED, ROOT, import_path, random_encoder_layer

@@ -27,7 +27,7 @@ DEFAULT = tuple(PASSES.values())
 
 def select(names: str) -> tuple:
     """``"all"``, ``"none"`` or a comma-separated list of pass names, in canonical order."""
-    from symbolic.errors import SplitformerError
+    from splitformer.symbolic.errors import SplitformerError
 
     if names == "all":
         return DEFAULT

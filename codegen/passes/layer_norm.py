@@ -13,7 +13,7 @@ from itertools import permutations
 
 import sympy as sp
 
-from symbolic.operators import EPSILON
+from splitformer.symbolic.operators import EPSILON
 
 from ..ir import Elementwise, Module, Normalize, Operand, Reduction
 

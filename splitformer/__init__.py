@@ -1,0 +1,27 @@
+"""splitformer: Transformers as operator splitting of a continuous integro-differential equation.
+
+One installed name holds the whole tool: ``splitformer.symbolic`` (the continuous model,
+schemes, derivation and proofs), ``splitformer.codegen`` (lowering, passes, emission, the
+CLI) and ``splitformer.templates`` (the Jinja templates). The names below are the supported
+Python API; they are imported on first use, so ``import splitformer`` stays light.
+"""
+
+from importlib import import_module
+
+from .symbolic import __version__
+
+_EXPORTS = {
+    "SplitformerError": "splitformer.symbolic.errors",
+    "builtin_names": "splitformer.symbolic.builtins",
+    "load_scheme": "splitformer.symbolic.scheme_file",
+    "parse_scheme": "splitformer.symbolic.scheme_file",
+}
+__all__ = ["__version__", "adapters", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    if name == "adapters":
+        return import_module("splitformer.adapters")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ _EXPORTS = {
     "builtin_names": "splitformer.symbolic.builtins",
     "load_scheme": "splitformer.symbolic.scheme_file",
     "parse_scheme": "splitformer.symbolic.scheme_file",
+    "register_operator": "splitformer.symbolic.operators",
 }
 __all__ = ["__version__", "adapters", *_EXPORTS]
 

@@ -22,7 +22,7 @@ from .quadrature import integral
 
 __all__ = [
     "Parameter", "Definition", "Operator", "Attention", "FeedForward", "LayerNorm",
-    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS",
+    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator",
 ]
 
 #: LayerNorm's ε; emitted as the ``eps`` argument.
@@ -248,6 +248,28 @@ class LayerNorm(Operator):
         )
 
 
-OPERATOR_KINDS: dict[str, type[Operator]] = {
-    cls.kind: cls for cls in (Attention, FeedForward, LayerNorm)
-}
+#: Operator kinds by the name scheme files use (``attn = "attention"``).
+OPERATOR_KINDS: dict[str, type[Operator]] = {}
+
+
+def register_operator(cls: type[Operator]) -> type[Operator]:
+    """Make an ``Operator`` subclass usable by name in schemes; built-ins register the same way.
+
+    Usable as a class decorator. A kind name is registered once: registering another class
+    under a taken name raises ``SplitformerError``.
+    """
+    from .errors import SplitformerError
+
+    if not (isinstance(cls, type) and issubclass(cls, Operator)):
+        raise SplitformerError(f"register_operator: {cls!r} is not an Operator subclass")
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise SplitformerError(f"register_operator: {cls.__name__} has no 'kind' name")
+    if OPERATOR_KINDS.get(kind, cls) is not cls:
+        raise SplitformerError(f"register_operator: operator kind {kind!r} is already registered")
+    OPERATOR_KINDS[kind] = cls
+    return cls
+
+
+for _builtin in (Attention, FeedForward, LayerNorm):
+    register_operator(_builtin)

@@ -1,4 +1,4 @@
-"""Weight adapters: torch modules → canonical parameter mappings (NumPy arrays)."""
+"""``torch.nn.TransformerEncoderLayer`` → canonical parameters (NumPy arrays)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .cache import disk_cached
+from .projection_verifiers import verify_layer_norm_projection, verify_relu_projection
 
 __all__ = ["Projection", "ProjectionSymbols", "derive_layer_norm_projection", "derive_relu_projection"]
 
@@ -60,7 +61,7 @@ def _variance(affine: sp.Expr) -> sp.Expr:
     return sp.diff(affine, SYMBOLS.v) ** 2 * SYMBOLS.beta
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_layer_norm_projection)
 def derive_layer_norm_projection() -> Projection:
     """Projection onto ``S_1(σ_1, σ_2)`` with a ghost coordinate, by Lagrange multipliers."""
     s = SYMBOLS
@@ -140,7 +141,7 @@ def derive_layer_norm_projection() -> Projection:
     )
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_relu_projection)
 def derive_relu_projection() -> Projection:
     """Projection onto ``S_2 = {u ≥ 0}`` from the KKT conditions (it separates pointwise)."""
     s = SYMBOLS

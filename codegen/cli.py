@@ -1,11 +1,14 @@
 """The ``splitformer`` command line: list, show, derive (and check, see ``--help``).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
+An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
+(``splitformer check | head -1``) ends the command quietly with status 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
     derive.add_argument("--out", default="generated", help="output folder (default: generated)")
+    derive.add_argument("--force", action="store_true",
+                        help="overwrite files in --out that splitformer did not write")
     derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of pass names")
@@ -110,13 +115,20 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     passes = select(arguments.passes)
+    if not arguments.out:
+        raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
     out = Path(arguments.out)
-    if out.exists() and not out.is_dir():
-        raise SplitformerError(f"--out {out} exists and is not a folder")
+    schemes = [_load(name, arguments.activation) for name in names]
+    emitted: dict[str, str] = {}
+    for name, scheme in zip(names, schemes):
+        if scheme.module_name in emitted:
+            raise SplitformerError(f"schemes {emitted[scheme.module_name]!r} and {name!r} would both be written "
+                                   f"as {scheme.module_name}.py; derive them into different --out folders")
+        emitted[scheme.module_name] = name
     files: dict[Path, str] = {}
-    for name in names:
-        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out, passes))
-    write_files(files)
+    for scheme in schemes:
+        files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
 
@@ -141,23 +153,52 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     return text, 0 if report.holds else 1
 
 
+def _run(argv: list[str] | None) -> tuple[str, int]:
+    arguments = _parser().parse_args(argv)
+    if arguments.command == "list":
+        return _list(), 0
+    if arguments.command == "show":
+        return _show(arguments), 0
+    if arguments.command == "check":
+        return _check(arguments)
+    return _derive(arguments), 0
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    try:
+        print(f"error: {message}".replace("\n", "\\n").replace("\r", "\\r"), file=sys.stderr)
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    status = 0
     try:
-        arguments = _parser().parse_args(argv)
-        if arguments.command == "list":
-            text = _list()
-        elif arguments.command == "show":
-            text = _show(arguments)
-        elif arguments.command == "check":
-            text, status = _check(arguments)
-        else:
-            text = _derive(arguments)
+        text, status = _run(argv)
+        try:
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (| head -1): stop quietly
+            _silence_stdout()
+            return 141
+        except OSError as error:
+            _silence_stdout()
+            raise SplitformerError(f"cannot write to standard output: {error.strerror or error}") from None
     except SplitformerError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _error(str(error))
         return 2
-    print(text)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
     return status
 
 

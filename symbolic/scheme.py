@@ -117,6 +117,8 @@ class Scheme:
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
         operators = self.instantiate()
+        if not self.substeps():
+            raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
             for key in (step.operator, step.on):
                 if key is not None and key not in operators:

@@ -1,12 +1,12 @@
 """Scheme files: TOML in, ``Scheme`` out, with one-line errors naming the file and key.
 
 A scheme file is data. Nothing in it is evaluated; names that become identifiers in
-generated code must be valid identifiers, and every field is checked for its type.
+generated code must be valid identifiers (``names``), every field is checked for its type,
+numbers are small exact fractions, and files, nesting and compositions are bounded.
 """
 
 from __future__ import annotations
 
-import keyword
 import re
 import tomllib
 from fractions import Fraction
@@ -18,15 +18,19 @@ import sympy as sp
 from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
+from .names import check_operator_name, check_scheme_name
 from .operators import OPERATOR_KINDS
 from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
-_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
-_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-#: Names the emitted modules use for their own attributes.
-_RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
+#: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
+MAX_FILE_BYTES = 1 << 20
+#: Parallel branches nest at most this deep.
+MAX_DEPTH = 32
+#: Fractions and weights: decimals or ``p/q`` with numerator and denominator at most this.
+MAX_TERM = 10**9
+_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,2})?|[+-]?\d{1,30}/\d{1,30}")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
@@ -63,17 +67,24 @@ class _Reader:
             raise self.fail(path or extra[0], f"unknown field {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
 
     def number(self, value: Any, path: str) -> sp.Rational:
+        text = value.strip() if isinstance(value, str) else str(value)
         try:
-            fraction = Fraction(str(value)) if not isinstance(value, str) else Fraction(value.strip())
+            if not _NUMBER.fullmatch(text):
+                raise ValueError
+            fraction = Fraction(text)
         except (ValueError, ZeroDivisionError):
-            raise self.fail(path, f"not a number: {value!r}") from None
+            raise self.fail(path, f"not a number: {text[:40]!r} (a decimal or p/q)") from None
+        if abs(fraction.numerator) > MAX_TERM or fraction.denominator > MAX_TERM:
+            raise self.fail(path, f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}")
         return sp.Rational(fraction.numerator, fraction.denominator)
 
     def scheme(self, document: dict, source: str) -> Scheme:
         self.unknown(document, _TOP_KEYS, "")
         name = self.typed(document, "name", str, "")
-        if not _NAME.match(name):
-            raise self.fail("name", f"{name!r} is not a scheme name (lower-case words joined by '-')")
+        try:
+            check_scheme_name(name)
+        except SplitformerError as error:
+            raise self.fail("name", str(error)) from None
         summary = self.typed(document, "summary", str, "")
         if "\n" in summary or '"""' in summary or "\\" in summary or not summary.isprintable():
             raise self.fail("summary", "must be one printable line without backslashes or triple quotes")
@@ -82,7 +93,7 @@ class _Reader:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
         operators = self.operators(self.typed(document, "operators", dict, ""))
         steps = self.typed(document, "steps", list, "")
-        body = self.sequence(steps, "steps", operators)
+        body = self.sequence(steps, "steps", operators, 0)
         if not body.steps:
             raise self.fail("steps", "empty composition: a scheme needs at least one substep")
         scheme = Scheme(
@@ -117,9 +128,10 @@ class _Reader:
             raise self.fail("operators", "empty table: name at least one operator")
         result = {}
         for key, kind in table.items():
-            if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
-                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers, "
-                                f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
+            try:
+                check_operator_name(key)
+            except SplitformerError as error:
+                raise self.fail("operators", str(error)) from None
             if not isinstance(kind, str):
                 raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
             if kind not in OPERATOR_KINDS:
@@ -127,14 +139,16 @@ class _Reader:
             result[key] = kind
         return result
 
-    def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
+    def sequence(self, steps: list, path: str, operators: dict[str, str], depth: int) -> Sequence:
+        if depth > MAX_DEPTH:
+            raise self.fail(path, f"parallel steps nest deeper than {MAX_DEPTH} levels")
         parsed = []
         for position, step in enumerate(steps):
             where = f"{path}[{position}]"
             if not isinstance(step, dict):
                 raise self.fail(where, f"expected a table, got {type(step).__name__}")
             if "parallel" in step:
-                parsed.append(self.parallel(step, where, operators))
+                parsed.append(self.parallel(step, where, operators, depth))
             elif "rk2" in step:
                 parsed.append(self.heun(step, where, operators))
             else:
@@ -175,7 +189,7 @@ class _Reader:
             parsed.append(substep)
         return Heun(tuple(parsed))
 
-    def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
+    def parallel(self, step: dict, where: str, operators: dict[str, str], depth: int) -> Parallel:
         self.unknown(step, _PARALLEL_KEYS, where)
         branches = self.typed(step, "parallel", list, where)
         if not branches:
@@ -184,7 +198,7 @@ class _Reader:
         for position, branch in enumerate(branches):
             if not isinstance(branch, list):
                 raise self.fail(f"{where}.parallel[{position}]", f"expected a list of substeps, got {type(branch).__name__}")
-            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators))
+            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators, depth + 1))
         default = [1] * len(branches)
         raw = self.typed(step, "weights", list, where, [f"1/{len(branches)}" for _ in default])
         if len(raw) != len(branches):
@@ -201,6 +215,8 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    except RecursionError:
+        raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
     return _Reader(where).scheme(document, text)
 
 
@@ -208,13 +224,25 @@ def load_scheme(name_or_path: str) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
+    known = ", ".join(builtin_names())
+    if not name_or_path:
+        raise SplitformerError(f"empty scheme name (built-in: {known}; or a path to a .toml file)")
     path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        known = ", ".join(builtin_names())
-        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
+        if path.suffix != ".toml" and not path.exists():
+            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
+        if path.is_dir():
+            raise SplitformerError(f"scheme file {name_or_path!r} is a folder")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: {reason}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SplitformerError(f"scheme file {name_or_path!r} is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
     return parse_scheme(text, str(path))
 

@@ -30,7 +30,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32
 #: Fractions and weights: decimals or ``p/q`` with numerator and denominator at most this.
 MAX_TERM = 10**9
-_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,2})?|[+-]?\d{1,30}/\d{1,30}")
+_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
@@ -71,6 +71,9 @@ class _Reader:
         try:
             if not _NUMBER.fullmatch(text):
                 raise ValueError
+            exponent = int(re.split("[eE]", text + "e0")[1])
+            if abs(exponent) > 40:
+                raise self.fail(path, f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}")
             fraction = Fraction(text)
         except (ValueError, ZeroDivisionError):
             raise self.fail(path, f"not a number: {text[:40]!r} (a decimal or p/q)") from None
@@ -213,7 +216,7 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     """Parse the text of a scheme file; errors name ``where``."""
     try:
         document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
     except RecursionError:
         raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None

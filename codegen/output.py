@@ -4,7 +4,8 @@
    short enough, and an existing file is one splitformer wrote (its header says so)
    unless ``force``.
 2. Write each file to a temporary next to its target, with the mode the umask gives.
-3. Rename all temporaries onto their targets, with interrupts held back meanwhile.
+3. Rename all temporaries onto their targets, with SIGINT and SIGTERM held back meanwhile
+   (a SIGKILL there can still leave a mix of old and new files, never a partial file).
 
 On any failure (or an interrupt) before the renames, temporaries and the folders created
 for them are removed and nothing is changed.
@@ -73,17 +74,29 @@ def _needs_writing(path: Path, text: str, force: bool) -> bool:
 
 @contextmanager
 def _interrupts_held():
-    """Hold SIGINT/SIGTERM/SIGHUP back (main thread, POSIX); they are delivered on exit."""
-    held = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)}
-    try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):
-        previous = None
+    """Hold SIGINT and SIGTERM back (main thread only) and deliver them once the block is done.
+
+    A handler, not a signal mask: in a process with other threads a masked signal would be
+    delivered to another thread and still interrupt this one.
+    """
+    received: list[int] = []
+    previous = {}
+    for number in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(number)
+        if handler is None:
+            continue
+        try:
+            signal.signal(number, lambda received_number, frame: received.append(received_number))
+        except ValueError:  # not the main thread: nothing to hold back
+            break
+        previous[number] = handler
     try:
         yield
     finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 def _mode() -> int:
@@ -113,7 +126,7 @@ def write_files(files: dict[Path, str], *, force: bool = False) -> None:
         with _interrupts_held():
             for temporary, target in staged:
                 os.replace(temporary, target)
-            staged = []
+            staged, created = [], []
     except BaseException as error:
         for temporary, _ in staged:
             try:

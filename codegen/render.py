@@ -31,7 +31,7 @@ def environment() -> jinja2.Environment:
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
     # user text in Markdown: raw HTML is shown, never interpreted
-    env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
     return env
 
 

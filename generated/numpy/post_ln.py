@@ -110,13 +110,16 @@ def _layer_norm(x, gain, bias, eps):
     """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
 
     The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
-    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged, so
-    every row whose LayerNorm is representable gets it, up to float32's largest values.
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
+    row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Every row whose LayerNorm is representable gets it, up to the
+    dtype's largest values.
     """
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
     exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
     scale = np.ldexp(np.ones_like(peak), exponent)
     out = x / scale
+    out -= out[..., :1].copy()
     out -= np.mean(out, axis=-1, keepdims=True)
     variance = np.einsum("...k,...k->...", out, out)[..., None]
     variance /= x.shape[-1]

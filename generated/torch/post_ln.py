@@ -112,14 +112,17 @@ def _layer_norm(x, gain, bias, eps):
     """gain (x − mean)/√(var + eps) + bias over the last axis.
 
     The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
-    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged, so
-    every row whose LayerNorm is representable gets it, up to the dtype's largest values.
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
+    row's first value is subtracted before the mean (shifted data; it cancels, so it carries
+    no gradient), so rows far from zero keep their deviations. Every row whose LayerNorm is
+    representable gets it, up to the dtype's largest values.
     """
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
         exponent = torch.frexp(peak).exponent.clamp(0, int(math.log2(torch.finfo(x.dtype).max)))
         scale = torch.ldexp(torch.ones_like(peak), exponent)
     y = x / scale
+    y = y - y[..., :1].detach()
     centred = y - y.mean(dim=-1, keepdim=True)
     root = torch.sqrt((centred * centred).mean(dim=-1, keepdim=True) + eps / scale / scale)
     root = torch.where(root == 0, torch.ones_like(root), root)  # a constant row: its centred values are 0

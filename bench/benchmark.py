@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as modules:
         write_files(generate(load_scheme("post-ln"), ("numpy", "torch"), Path(modules)))
+        from figure import write_inputs
+
+        for shape in arguments.shapes.split(","):
+            write_inputs(shape, Path(modules))
         for shape in arguments.shapes.split(","):
             for figure in arguments.figures.split(","):
                 if arguments.interleaved:

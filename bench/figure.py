@@ -4,7 +4,9 @@
 
 ``FIGURE`` is ``torch-inference``, ``torch-training`` or ``numpy-forward``; ``ROLE`` is
 ``reference`` (``torch.nn.TransformerEncoderLayer``: its fused fast path for inference, autograd
-for training) or ``candidate`` (the generated module in ``DIR``). The process measures sustained
+for training) or ``candidate`` (the generated module in ``DIR``). Weights and input come from
+``DIR/SHAPE.npz`` (written by ``benchmark.py``), so the NumPy candidate's process never imports
+torch, as a NumPy user's would not. The process measures sustained
 throughput as a user's loop sees it: nothing pauses between calls, so BLAS threads that spin
 after a call are part of what the next call pays. The output is one JSON object with the
 median time per call, the number of calls and the achieved GFLOP/s; ``--profile`` adds the
@@ -22,7 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -41,26 +42,50 @@ def _module(folder: Path, backend: str):
     return module
 
 
-def _canonical(layer: torch.nn.TransformerEncoderLayer) -> dict[str, np.ndarray]:
+def write_inputs(shape: str, folder: Path) -> None:
+    """``folder/SHAPE.npz``: a default-initialized layer's canonical weights (seed 0) and an input."""
+    import torch
+
     from splitformer.adapters import from_torch
 
-    return dict(from_torch(layer))
-
-
-def build(figure: str, role: str, shape: str, modules: Path):
-    """The function to time, with its inputs and weights built once (seed 0)."""
     batch, tokens, d, heads, d_ff = SHAPES[shape]
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True)
-    x = torch.randn(batch, tokens, d)
+    np.savez(folder / f"{shape}.npz", u=torch.randn(batch, tokens, d).numpy(), **dict(from_torch(layer)))
+
+
+def _reference_layer(params: dict[str, np.ndarray], d: int, heads: int, d_ff: int):
+    import torch
+
+    layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True)
+    weights = {"self_attn.in_proj_weight": np.concatenate([params[f"attn.W_{n}"].T for n in "qkv"]),
+               "self_attn.in_proj_bias": np.concatenate([params[f"attn.b_{n}"] for n in "qkv"]),
+               "self_attn.out_proj.weight": params["attn.W_o"].T, "self_attn.out_proj.bias": params["attn.b_o"],
+               "linear1.weight": params["ffn.W_1"].T, "linear1.bias": params["ffn.b_1"],
+               "linear2.weight": params["ffn.W_2"].T, "linear2.bias": params["ffn.b_2"],
+               **{f"{norm}.{torch_name}": params[f"{norm}.{name}"] for norm in ("norm1", "norm2")
+                  for torch_name, name in (("weight", "gain"), ("bias", "bias"))}}
+    layer.load_state_dict({name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in weights.items()})
+    return layer
+
+
+def build(figure: str, role: str, shape: str, modules: Path):
+    """The function to time, with its inputs and weights loaded once."""
+    _, _, d, heads, d_ff = SHAPES[shape]
+    with np.load(modules / f"{shape}.npz") as stored:
+        params = {name: stored[name] for name in stored.files if name != "u"}
+        u = stored["u"]
+    if figure == "numpy-forward" and role == "candidate":
+        forward = _module(modules, "numpy").forward
+        return lambda: forward(u, params, n_heads=heads)
+    import torch
+
+    x = torch.from_numpy(u)
     training = figure == "torch-training"
     if role == "reference":
-        module = layer.train(training)
-    elif figure == "numpy-forward":
-        forward, params, u = _module(modules, "numpy").forward, _canonical(layer), x.numpy()
-        return lambda: forward(u, params, n_heads=heads)
+        module = _reference_layer(params, d, heads, d_ff).train(training)
     else:
-        module = _module(modules, "torch").Block(d, heads, d_ff).load_params(_canonical(layer)).train(training)
+        module = _module(modules, "torch").Block(d, heads, d_ff).load_params(params).train(training)
     if training:
         def step():
             module.zero_grad(set_to_none=True)
@@ -112,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="add a torch.profiler operator table")
     arguments = parser.parse_args(argv)
-    torch.set_num_threads(arguments.threads)
+    if arguments.figure != "numpy-forward" or arguments.role == "reference":
+        import torch
+
+        torch.set_num_threads(arguments.threads)
     function = build(arguments.figure, arguments.role, arguments.shape, arguments.modules)
     times = sustained(function, arguments.seconds)
     median = statistics.median(times)

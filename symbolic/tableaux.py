@@ -49,6 +49,18 @@ class Tableau:
         """The classical order from Butcher's conditions (at most ``MAX_ORDER``)."""
         return _order(self)
 
+    def latex(self) -> str:
+        """The Butcher array ``c | A`` over ``b``."""
+        rows = [" & ".join([sp.latex(c)] + [sp.latex(a) if j < i else "" for j, a in enumerate(row)])
+                for i, (c, row) in enumerate(zip(self.c, self.a))]
+        weights = " & ".join([""] + [sp.latex(b) for b in self.b])
+        columns = "c|" + "c" * self.stages
+        return (rf"\begin{{array}}{{{columns}}} " + r" \\ ".join(rows) + r" \\ \hline " + weights
+                + r" \end{array}")
+
+    def _repr_latex_(self) -> str:
+        return f"$\\displaystyle {self.latex()}$"
+
     def stability(self, power: int) -> sp.Expr:
         """``b · A^{power−1} · 1``: the coefficient of ``(h λ)^power`` on a linear problem."""
         vector = [sp.Integer(1)] * self.stages

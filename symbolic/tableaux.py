@@ -11,6 +11,7 @@ module too), and a scheme file may define its own under ``[tableaux.NAME]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cache
 
 import sympy as sp
@@ -70,14 +71,17 @@ class Tableau:
         return sum((weight * value for weight, value in zip(self.b, vector)), sp.Integer(0))
 
 
-def _number(value, where: str) -> sp.Expr:
+def _number(value, where: str) -> sp.Rational:
+    """An exact rational from an int, a decimal float or a fraction string (``"1/6"``)."""
+    if isinstance(value, sp.Rational):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SplitformerError(f"{where}: expected a number or a fraction string, got {type(value).__name__}")
     try:
-        number = sp.Rational(value) if isinstance(value, (str, int)) else sp.nsimplify(value, rational=True)
-    except (TypeError, ValueError, SyntaxError, sp.SympifyError):
-        raise SplitformerError(f"{where}: not a number: {value!r}") from None
-    if not number.is_Rational:
-        raise SplitformerError(f"{where}: not a rational number: {value!r}")
-    return number
+        fraction = Fraction(value.strip() if isinstance(value, str) else str(value))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        raise SplitformerError(f"{where}: not a rational number: {value!r}") from None
+    return sp.Rational(fraction.numerator, fraction.denominator)
 
 
 def make_tableau(name: str, a, b, label: str = "") -> Tableau:

@@ -20,17 +20,13 @@ import random
 
 import sympy as sp
 
+from .constraints import SYMBOLS
+
 __all__ = ["verify_layer_norm_projection", "verify_relu_projection"]
 
 DIGITS = 50
 TOLERANCE = sp.Float("1e-30", DIGITS)
 POINTS = 4
-
-
-def _symbols():
-    from .projections import SYMBOLS
-
-    return SYMBOLS
 
 
 def _number(text: str, expression: sp.Expr, point: dict) -> sp.Float:
@@ -62,7 +58,7 @@ def _steps(steps) -> None:
 
 
 def _random_points() -> list[dict]:
-    s, draw = _symbols(), random.SystemRandom()
+    s, draw = SYMBOLS, random.SystemRandom()
 
     def rational(low: int, high: int) -> sp.Rational:
         return sp.Rational(draw.randint(low, high), 1000)
@@ -74,7 +70,7 @@ def _random_points() -> list[dict]:
 
 def _slope(name: str, formula: sp.Expr) -> sp.Expr:
     """The slope of an affine map of ``v``: stationarity makes every component the same affine map."""
-    v = _symbols().v
+    v = SYMBOLS.v
     slope = sp.diff(formula, v)
     if v in slope.free_symbols:
         raise ValueError(f"{name} is not an affine map of v: the stationarity condition fails")
@@ -83,7 +79,7 @@ def _slope(name: str, formula: sp.Expr) -> sp.Expr:
 
 def _on_sphere(name: str, formula: sp.Expr, ghost_variance: sp.Expr, points: list[dict]) -> None:
     """Mean σ₁, variance (ghost included) σ₂², positive slope: the minimizing stationary point."""
-    s = _symbols()
+    s = SYMBOLS
     slope = _slope(name, formula)
     for point in points:
         _close(f"{name}: the mean constraint", formula.subs(s.v, s.alpha), s.sigma_1, point)
@@ -94,14 +90,14 @@ def _on_sphere(name: str, formula: sp.Expr, ghost_variance: sp.Expr, points: lis
 
 def _mean_square(affine: sp.Expr) -> sp.Expr:
     """Mean over the features of ``(a v + b)²``: ``a² (β + α²) + 2 a b α + b²``."""
-    s = _symbols()
+    s = SYMBOLS
     a, b = sp.diff(affine, s.v), affine.subs(s.v, 0)
     return a**2 * (s.beta + s.alpha**2) + 2 * a * b * s.alpha + b**2
 
 
 def verify_layer_norm_projection(projection) -> None:
     """Raise ``ValueError`` unless ``projection`` is the projection onto S₁ with the ghost coordinate."""
-    s = _symbols()
+    s = SYMBOLS
     _steps(projection.steps)
     parameters = {s.alpha, s.beta, s.sigma_1, s.sigma_2, s.size}
     _only("formula", projection.formula, parameters | {s.v, s.epsilon})
@@ -127,7 +123,7 @@ def verify_layer_norm_projection(projection) -> None:
 
 def verify_relu_projection(projection) -> None:
     """Raise ``ValueError`` unless ``projection.formula`` satisfies the KKT conditions of ``u ≥ 0``."""
-    s = _symbols()
+    s = SYMBOLS
     _steps(projection.steps)
     _only("formula", projection.formula, {s.v})
     if (projection.distance, projection.theorem, projection.gap) != (None, None, None):

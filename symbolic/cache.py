@@ -3,7 +3,7 @@
 Entries live in ``$SPLITFORMER_CACHE`` (default ``~/.cache/splitformer``; ``off`` disables
 the cache). Each entry is a JSON document (``expression_json`` trees for SymPy values),
 keyed by the entry format, the generator version, the SymPy version and a hash of the
-deriving module's source. Loading an entry runs nothing: JSON is parsed, expressions
+sources of the deriving package. Loading an entry runs nothing: JSON is parsed, expressions
 are rebuilt from a fixed table of operations, and the value is handed to the function's
 *verifier*, which re-checks it against the conditions that define it. Whatever cannot be
 read, decoded or verified (or written) falls back to deriving, with one warning line on
@@ -64,14 +64,19 @@ def cache_folder() -> Path | None:
         raise CacheUnusable("no home folder to hold the derivation cache; set SPLITFORMER_CACHE") from None
 
 
+def _sources(function: Callable) -> str:
+    """The source of every module in the package that defines ``function`` (what it may call)."""
+    try:
+        folder = Path(inspect.getfile(inspect.getmodule(function))).parent
+        return "\0".join(path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.py")))
+    except (OSError, TypeError, UnicodeDecodeError):
+        raise CacheUnusable(f"the source of {function.__qualname__} is not available") from None
+
+
 def _key(function: Callable) -> str:
     from . import __version__
 
-    try:
-        source = inspect.getsource(inspect.getmodule(function))
-    except (OSError, TypeError):
-        raise CacheUnusable(f"the source of {function.__qualname__} is not available") from None
-    parts = (str(FORMAT), __version__, sp.__version__, function.__qualname__, source)
+    parts = (str(FORMAT), __version__, sp.__version__, function.__qualname__, _sources(function))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

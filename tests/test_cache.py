@@ -148,7 +148,7 @@ def test_the_key_covers_generator_sympy_and_source(monkeypatch):
     monkeypatch.setattr(symbolic, "__version__", "9.9.9")
     assert cache._key(derive_layer_norm_projection.__wrapped__) != key
     monkeypatch.undo()
-    monkeypatch.setattr(cache.inspect, "getsource", lambda module: "changed source")
+    monkeypatch.setattr(cache, "_sources", lambda function: "changed source")
     assert cache._key(derive_layer_norm_projection.__wrapped__) != key
 
 

@@ -194,3 +194,25 @@ def test_layer_norm_statistics_keep_float64_parity(numpy_module, torch_module):
     np.testing.assert_allclose(numpy_module._layer_norm(x, gain, bias, 1e-5), expected, rtol=0, atol=1e-13)
     out = torch_module._layer_norm(torch.from_numpy(x), torch.from_numpy(gain), torch.from_numpy(bias), 1e-5)
     np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-13)
+
+
+def test_rms_norm_is_right_up_to_the_float32_limits_in_both_backends(tmp_path):
+    from splitformer.codegen.output import write_files
+    from splitformer.codegen.pipeline import generate
+    from splitformer.symbolic import parse_scheme
+
+    scheme = parse_scheme('name = "rms-only"\nsummary = "s"\n[operators]\nnorm = "rms-norm"\n'
+                          '[[steps]]\noperator = "norm"\nsolver = "projection"\n')
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    numpy_rms = import_path(tmp_path / "numpy" / "rms_only.py")
+    torch_rms = import_path(tmp_path / "torch" / "rms_only.py")
+    x = _extreme_rows()
+    gain = np.random.default_rng(8).standard_normal(16).astype(np.float32)
+    wide = x.astype(np.float64)
+    expected = wide / np.sqrt((wide**2).mean(axis=-1, keepdims=True) + 1e-5) * gain
+    block = torch_rms.Block(16, 1, 4).load_params({"norm.gain": gain})
+    with torch.no_grad():
+        outputs = [numpy_rms.forward(x, {"norm.gain": gain}), block(torch.from_numpy(x)).numpy()]
+    for out in outputs:
+        assert out.dtype == np.float32 and np.isfinite(out).all()
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

@@ -102,6 +102,13 @@ def _attention(q, k, v, scale, support):
     return out.transpose(0, 2, 1, 3)
 
 
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
 def _layer_norm(x, gain, bias, eps):
     """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
 
@@ -111,9 +118,7 @@ def _layer_norm(x, gain, bias, eps):
     keep their deviations. Every row whose LayerNorm is representable gets it, up to the
     dtype's largest values.
     """
-    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
-    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
-    scale = np.ldexp(np.ones_like(peak), exponent)
+    scale = _row_scale(x)
     out = x / scale
     out -= out[..., :1].copy()
     out -= np.mean(out, axis=-1, keepdims=True)

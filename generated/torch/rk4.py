@@ -108,25 +108,33 @@ def _attention(q, k, v, scale, support):
     return out.transpose(1, 2)
 
 
-def _layer_norm(x, gain, bias, eps):
-    """gain (x − mean)/√(var + eps) + bias over the last axis.
-
-    The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
-    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
-    row's first value is subtracted before the mean (shifted data; it cancels, so it carries
-    no gradient), so rows far from zero keep their deviations. Every row whose LayerNorm is
-    representable gets it, up to the dtype's largest values.
-    """
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
         exponent = torch.frexp(peak).exponent.clamp(0, int(math.log2(torch.finfo(x.dtype).max)))
-        scale = torch.ldexp(torch.ones_like(peak), exponent)
+        return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+def _root(mean_square, eps, scale):
+    """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
+    root = torch.sqrt(mean_square + eps / scale / scale)
+    return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _layer_norm(x, gain, bias, eps):
+    """gain (x − mean)/√(var + eps) + bias over the last axis.
+
+    The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values; the
+    row's first value is subtracted before the mean (shifted data; it cancels, so it
+    carries no gradient), so rows far from zero keep their deviations.
+    """
+    scale = _row_scale(x)
     y = x / scale
     y = y - y[..., :1].detach()
     centred = y - y.mean(dim=-1, keepdim=True)
-    root = torch.sqrt((centred * centred).mean(dim=-1, keepdim=True) + eps / scale / scale)
-    root = torch.where(root == 0, torch.ones_like(root), root)  # a constant row: its centred values are 0
-    return centred / root * gain + bias
+    return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---

@@ -121,8 +121,8 @@ def _read(path: Path, function: Callable, result_type: type[T], verify: Callable
             data = stream.read(MAX_ENTRY_BYTES + 1)
     except FileNotFoundError:
         raise
-    except OSError as error:
-        raise CacheUnusable(f"cannot read the cache entry {path}: {error.strerror or error}") from None
+    except (OSError, ValueError) as error:
+        raise CacheUnusable(f"cannot read the cache entry {path}: {getattr(error, 'strerror', None) or error}") from None
     try:
         if len(data) > MAX_ENTRY_BYTES:
             raise ValueError(f"larger than {MAX_ENTRY_BYTES} bytes")

@@ -18,6 +18,7 @@ import sympy as sp
 from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
+from .exact_numbers import exact_number
 from .names import MAX_NAME, check_operator_name, check_scheme_name
 from .operators import OPERATOR_KINDS
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
@@ -29,10 +30,7 @@ __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 MAX_FILE_BYTES = 1 << 20
 #: Parallel branches nest at most this deep.
 MAX_DEPTH = 32
-#: Fractions and weights: decimals or ``p/q`` with numerator and denominator at most this.
-MAX_TERM = 10**9
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
-_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
@@ -72,19 +70,10 @@ class _Reader:
             raise self.fail(path or extra[0], f"unknown field {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
 
     def number(self, value: Any, path: str) -> sp.Rational:
-        text = value.strip() if isinstance(value, str) else str(value)
         try:
-            if not _NUMBER.fullmatch(text):
-                raise ValueError
-            exponent = int(re.split("[eE]", text + "e0")[1])
-            if abs(exponent) > 40:
-                raise self.fail(path, f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}")
-            fraction = Fraction(text)
-        except (ValueError, ZeroDivisionError):
-            raise self.fail(path, f"not a number: {text[:40]!r} (a decimal or p/q)") from None
-        if abs(fraction.numerator) > MAX_TERM or fraction.denominator > MAX_TERM:
-            raise self.fail(path, f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}")
-        return sp.Rational(fraction.numerator, fraction.denominator)
+            return exact_number(value)
+        except ValueError as error:
+            raise self.fail(path, str(error)) from None
 
     def scheme(self, document: dict, source: str) -> Scheme:
         self.unknown(document, _TOP_KEYS, "")

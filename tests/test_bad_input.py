@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from splitformer.codegen import cli
 from splitformer.codegen.cli import main
 from splitformer.symbolic import SplitformerError, load_scheme, parse_scheme
+from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.names import MODULE_ATTRIBUTES
 
 from conftest import ROOT
@@ -196,12 +198,16 @@ _NUMBERS = st.one_of(st.sampled_from(["1e5000", "1e309", "1/0", "1/2", "2", "-1"
 _SUBSTEP = st.fixed_dictionaries({}, optional={
     "operator": _NAMES, "solver": st.sampled_from(["explicit", "projection", "exact", ""]), "fraction": _NUMBERS,
     "on": _NAMES, "extra": st.integers(0, 1)})
+_TABLEAU = st.fixed_dictionaries({}, optional={"a": st.lists(st.lists(_NUMBERS, max_size=3), max_size=3),
+                                               "b": st.lists(_NUMBERS, max_size=3), "label": st.text(max_size=3)})
 _STEPS = st.recursive(
     st.lists(_SUBSTEP, max_size=3),
     lambda steps: st.lists(st.one_of(
         _SUBSTEP,
         st.fixed_dictionaries({"parallel": st.lists(steps, max_size=3)}, optional={"weights": st.lists(_NUMBERS, max_size=3)}),
         st.fixed_dictionaries({"rk2": st.lists(_SUBSTEP, max_size=2)}),
+        st.fixed_dictionaries({"rk": st.one_of(st.sampled_from(["rk4", "heun", "mine", "nope"]), _TABLEAU),
+                               "fields": st.lists(_SUBSTEP, max_size=2)}),
     ), max_size=3),
     max_leaves=12,
 )
@@ -210,7 +216,8 @@ _DOCUMENTS = st.fixed_dictionaries(
      "operators": st.dictionaries(_NAMES, _KINDS, max_size=4), "steps": _STEPS},
     optional={"summary": st.text(max_size=20), "activation": st.sampled_from(["relu", "gelu", "swish", 1]),
               "description": st.text(max_size=20), "final_norm": st.one_of(st.booleans(), st.integers()),
-              "order": st.one_of(st.integers(-1, 3), st.text(max_size=2)), "splitting_order": st.integers(-1, 3)},
+              "order": st.one_of(st.integers(-1, 3), st.text(max_size=2)), "splitting_order": st.integers(-1, 3),
+              "tableaux": st.dictionaries(st.sampled_from(["mine", "Bad", "x" * 70]), _TABLEAU, max_size=2)},
 )
 
 
@@ -242,6 +249,65 @@ def test_fuzz_structured_scheme_files(document):
         assert "\n" not in str(error) and str(error).startswith("fuzz.toml")
     else:
         assert scheme.substeps()
+
+
+def _mutated(document, draw_path, value):
+    """``document`` with the value at ``draw_path`` (a list of keys and indices) replaced or removed."""
+    import copy
+
+    result = copy.deepcopy(document)
+    node = result
+    for key in draw_path[:-1]:
+        node = node[key]
+    if value is _DELETE:
+        del node[draw_path[-1]]
+    else:
+        node[draw_path[-1]] = value
+    return result
+
+
+_DELETE = object()
+_DUPLICATE = object()
+
+
+def _value_at(document, path):
+    for key in path:
+        document = document[key]
+    return document
+
+
+def _paths(node, prefix=()):
+    """Every path to a value in a parsed TOML document."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield prefix + (key,)
+        yield from _paths(child, prefix + (key,))
+
+
+_BUILTIN_DOCUMENTS = [tomllib.loads(load_scheme(name).source) for name in ("post-ln", "pre-ln", "parallel", "rk2", "rk4")]
+_STRINGS = st.one_of(_NAMES, st.sampled_from(["projection", "explicit", "norm1", "norm2", "ffn", "attn", "1/3", "gelu"]))
+_VALUES = st.one_of(st.just(_DELETE), _NUMBERS, _NAMES, _KINDS, st.lists(_SUBSTEP, max_size=2), _TABLEAU,
+                    st.sampled_from([[], {}, [[]], {"parallel": [[]]}, "projection", "explicit", "norm1", "attn"]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_mutated_builtin_schemes(data):
+    """A built-in scheme with up to three values replaced or removed: it derives, or one error line."""
+    document = data.draw(st.sampled_from(_BUILTIN_DOCUMENTS))
+    for _ in range(data.draw(st.sampled_from([1, 1, 1, 2, 3]))):
+        path = data.draw(st.sampled_from(list(_paths(document))))
+        current = _value_at(document, path)
+        alike = {str: _STRINGS, int: _NUMBERS, float: _NUMBERS, list: st.just(_DUPLICATE)}.get(type(current), _VALUES)
+        value = data.draw(st.one_of(*[alike] * 6, _VALUES))  # mostly a value of the same type
+        if value is _DUPLICATE:
+            value = current + current[:1]
+        document = _mutated(document, path, value)
+    try:
+        scheme = parse_scheme(_document(document), "fuzz.toml")
+        derive(scheme)
+    except SplitformerError as error:
+        assert "\n" not in str(error)
 
 
 _ARGUMENT = st.one_of(

@@ -150,9 +150,16 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
-        existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        try:
+            existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        except (OSError, ValueError) as error:
+            raise SplitformerError(f"--plots {plots}: {getattr(error, 'strerror', None) or error}") from None
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
+        from .output import check_target
+
+        for scheme in schemes:
+            check_target(plots / f"{scheme.module_name}_convergence.png")
         try:
             import matplotlib  # noqa: F401 - only whether it is installed
         except ImportError:

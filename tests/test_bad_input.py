@@ -343,3 +343,13 @@ def fast_stages(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "_show", lambda arguments: cli._load(arguments.scheme, arguments.activation).name)
     monkeypatch.setattr(cli, "_check", lambda arguments: ("", 0 * len([cli._load(n, None) for n in arguments.schemes])))
     monkeypatch.setattr(pipeline, "generate", lambda scheme, backends, out, passes=None: {})
+
+
+def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, capsys, monkeypatch):
+    import splitformer.codegen.checking as checking
+
+    monkeypatch.setattr(checking, "run_checks", lambda *arguments: pytest.fail("the checks ran"))
+    long = "x" * 300
+    _fails(capsys, "check", "post-ln", "--plots", str(tmp_path / long / "p"), message="--plots")
+    _fails(capsys, "check", "post-ln", "--plots", str(tmp_path / "new" / long), message="is longer than")
+    assert list(tmp_path.iterdir()) == []

@@ -235,7 +235,7 @@ class Block(torch.nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, device=None, dtype=None):
         super().__init__()
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps = _epsilon(eps)

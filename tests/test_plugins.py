@@ -108,3 +108,14 @@ def test_python_built_scheme_with_the_users_kinds_and_tableau():
                     Sequence((RungeKutta((Substep("lin", "explicit", on="centre"),), module.RALSTON),)))
     scheme.check()
     assert splitting_order(scheme).order == 2 and module.RALSTON.order() == 2
+
+
+def test_options_of_a_users_kind_are_checked():
+    splitformer.load_plugin(PLUGIN)
+    base = 'name = "s"\nsummary = "s"\n[operators]\nf = {}\n[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+    scheme = splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = 0.5 }'))
+    assert scheme.instantiate()["f"].scale == 0.5
+    with pytest.raises(splitformer.SplitformerError, match="needs the option 'scale'"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = "scaled-field"'))
+    with pytest.raises(splitformer.SplitformerError, match="expected a number, string or boolean"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = [1] }'))

@@ -56,3 +56,20 @@ class Centre(ProjectionOperator):
 
 #: Ralston's second-order method.
 RALSTON = register_tableau(make_tableau("ralston", [[], ["2/3"]], ["1/4", "3/4"], "Ralston (RK2)"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class ScaledField(Operator):
+    """``u ↦ scale · ∫ W u dξ``: a kind with a required option (``{ kind = "scaled-field", scale = 2 }``)."""
+
+    scale: float
+    kind: ClassVar[str] = "scaled-field"
+    symbol: ClassVar[str] = r"\mathcal{S}"
+
+    def parameters(self):
+        return (kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)),)
+
+    def definitions(self):
+        rhs = self.scale * integral(self.parameters()[0].applied() * apply(STATE, X, XI), XI)
+        return (Definition("out", r"\mathcal{S}", (X, Y), rhs, "a scaled linear integral transform"),)

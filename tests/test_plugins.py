@@ -119,3 +119,17 @@ def test_options_of_a_users_kind_are_checked():
         splitformer.parse_scheme(base.replace("f = {}", 'f = "scaled-field"'))
     with pytest.raises(splitformer.SplitformerError, match="expected a number, string or boolean"):
         splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = [1] }'))
+
+
+def test_a_users_box_projection_emits_a_clip(tmp_path):
+    import torch
+
+    splitformer.load_plugin(PLUGIN)
+    scheme = splitformer.parse_scheme('name = "clipped"\nsummary = "s"\n[operators]\nbox = "clip"\n'
+                                      '[[steps]]\noperator = "box"\nsolver = "projection"\n')
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    u = np.random.default_rng(7).standard_normal((2, 3, 5)) * 2
+    numpy_module = import_path(tmp_path / "numpy" / "clipped.py")
+    torch_module = import_path(tmp_path / "torch" / "clipped.py")
+    assert np.array_equal(numpy_module.forward(u, {}), np.clip(u, 0, 1))
+    assert np.array_equal(torch_module.Block(5, 1, 1, dtype=torch.float64)(torch.tensor(u)).numpy(), np.clip(u, 0, 1))

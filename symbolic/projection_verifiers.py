@@ -11,7 +11,9 @@ random points in 50-digit arithmetic, the conditions the derivation solved:
 - ReLU: ``u ≥ 0``, ``λ = u − v ≥ 0``, ``λ u = 0`` (KKT of ``min ½(u − v)², u ≥ 0``).
 
 Points are drawn from the operating system's random source, so an entry crafted to pass
-at known points fails. A verifier raises ``ValueError`` naming the condition that fails.
+at known points fails. The narrative steps are text that only the report shows: they are
+checked to hold no markup (no ``$``, backquote, ``<``, link or new line), not re-derived.
+A verifier raises ``ValueError`` naming the condition that fails.
 """
 
 from __future__ import annotations
@@ -50,11 +52,19 @@ def _only(name: str, expression, allowed: set) -> None:
         raise ValueError(f"{name} has unexpected symbols {sorted(map(str, extra))}")
 
 
+#: What report text must not hold: leaving math mode, Markdown code or links, HTML, a new line.
+_ACTIVE = ("$", "`", "<", "](", "\n", "\r")
+
+
 def _steps(steps) -> None:
+    """The narrative (description, LaTeX) pairs: text only, nothing a report would render as markup."""
     if not isinstance(steps, tuple) or not all(
             isinstance(step, tuple) and len(step) == 2 and all(isinstance(text, str) and len(text) < 20_000 for text in step)
             for step in steps):
         raise ValueError("steps are not pairs of text")
+    for description, latex in steps:
+        if any(mark in description + latex for mark in _ACTIVE):
+            raise ValueError(f"step {description[:40]!r} holds markup ({', '.join(repr(m) for m in _ACTIVE)} are refused)")
 
 
 def _random_points() -> list[dict]:

@@ -180,6 +180,10 @@ def test_verifiers_accept_the_derivations_and_reject_each_poison():
             verify_relu_projection(Projection(formula, relu.steps))
     with pytest.raises(ValueError):
         verify_relu_projection(layer_norm)
+    for markup in ("$x$", "<img src=x>", "[a](http://x)", "`code`", "two\nlines"):
+        steps = relu.steps[:-1] + ((relu.steps[-1][0], relu.steps[-1][1] + markup),)
+        with pytest.raises(ValueError, match="holds markup"):
+            verify_relu_projection(Projection(relu.formula, steps))
 
 
 def test_expression_trees_round_trip_and_reject_what_they_do_not_know():

@@ -127,15 +127,15 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not arguments.out:
         raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
     out = Path(arguments.out)
-    schemes = [_load(name, arguments.activation) for name in names]
-    emitted: dict[str, str] = {}
-    for name, scheme in zip(names, schemes):
-        if scheme.module_name in emitted:
-            raise SplitformerError(f"schemes {emitted[scheme.module_name]!r} and {name!r} would both be written "
-                                   f"as {scheme.module_name}.py; derive them into different --out folders")
-        emitted[scheme.module_name] = name
+    emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
+    for name in names:
+        scheme = _load(name, arguments.activation)
+        first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
+        if previous is not scheme and previous.source != scheme.source:
+            raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
+                                   f"{scheme.module_name}.py; derive them into different --out folders")
     files: dict[Path, str] = {}
-    for scheme in schemes:
+    for _, scheme in emitted.values():
         files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
     write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")

@@ -107,8 +107,9 @@ def test_two_schemes_with_one_name_in_one_derive(tmp_path, capsys):
     first.write_text(VALID)
     second.write_text(VALID.replace("fraction = 2", 'fraction = "3/2"'))
     _fails(capsys, "derive", str(first), str(second), "--out", str(tmp_path / "out"), message="would both be written")
-    _fails(capsys, "derive", "post-ln", "post-ln", "--out", str(tmp_path / "out"), message="would both be written")
+    _fails(capsys, "derive", "post-ln", str(second), "--out", str(tmp_path / "out"), message="would both be written")
     assert not (tmp_path / "out").exists()
+    assert main(["derive", "post-ln", "post-ln", "--out", str(tmp_path / "same"), "--backend", "numpy"]) == 0
 
 
 def test_empty_names_and_folders(tmp_path, capsys, monkeypatch):

@@ -152,9 +152,11 @@ def _write(path: Path, function: Callable, value: Any) -> None:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.replace(temporary, path)
-    except (OSError, ValueError) as error:
+    except BaseException as error:  # an interrupt too: never leave a temporary behind
         if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
+        if not isinstance(error, (OSError, ValueError)):
+            raise
         raise CacheUnusable(f"cannot write the derivation cache at {path.parent}: "
                             f"{getattr(error, 'strerror', None) or error}") from None
 

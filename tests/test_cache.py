@@ -209,3 +209,19 @@ def test_cache_warnings_are_one_line(monkeypatch, capsys):
     cache._warn_once("first\nsecond line")
     cache._warn_once("never printed")
     assert capsys.readouterr().err == "splitformer: warning: first second line\n"
+
+
+def test_an_interrupt_while_writing_the_cache_leaves_no_temporary(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path))
+    real = os.replace
+
+    def interrupted(source, target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache.os, "replace", interrupted)
+    derive_relu_projection.cache_clear()
+    with pytest.raises(KeyboardInterrupt):
+        derive_relu_projection()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(cache.os, "replace", real)
+    derive_relu_projection.cache_clear()

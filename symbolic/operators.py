@@ -21,6 +21,7 @@ activation, others come from the scheme file (``ffn = { kind = "…", bias = fal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -319,6 +320,9 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
     kind = getattr(cls, "kind", None)
     if not isinstance(kind, str) or not kind:
         raise SplitformerError(f"register_operator: {cls.__name__} has no 'kind' name")
+    if len(kind) > 64 or not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", kind):
+        raise SplitformerError(f"register_operator: {cls.__name__}.kind {kind[:64]!r} is not a kind name "
+                               "(lower-case words joined by '-', at most 64 characters)")
     if OPERATOR_KINDS.get(kind, cls) is not cls:
         raise SplitformerError(f"register_operator: operator kind {kind!r} is already registered")
     OPERATOR_KINDS[kind] = cls

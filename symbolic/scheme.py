@@ -9,7 +9,7 @@ import sympy as sp
 
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS, Operator
+from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
@@ -24,6 +24,26 @@ SOLVERS = {
 def operator_options(cls: type[Operator]) -> dict[str, object]:
     """The options an operator kind takes (its dataclass fields after ``key``) and their defaults."""
     return {f.name: f.default for f in fields(cls) if f.name != "key"}
+
+
+def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operator:
+    """Build an operator and call its protocol methods once, so a faulty kind (a user's,
+    loaded with ``--load``) fails here in one ``SplitformerError`` line, not deep in a derivation."""
+    try:
+        operator = cls(key, **options)
+        parameters, definitions = operator.parameters(), operator.definitions()
+    except SplitformerError:
+        raise
+    except Exception as error:  # a user's code: any failure is reported in one line  # noqa: BLE001
+        raise SplitformerError(f"{where}: {type(error).__name__}: {error}") from None
+    for method, result, item in (("parameters", parameters, Parameter), ("definitions", definitions, Definition)):
+        wrong = [entry for entry in result if not isinstance(entry, item)] if isinstance(result, (tuple, list)) else [result]
+        if wrong:
+            raise SplitformerError(f"{where}: {method}() must return a tuple of {item.__name__}, "
+                                   f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
+    if not definitions:
+        raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
+    return operator
 
 
 @dataclass(frozen=True)
@@ -119,7 +139,7 @@ class Scheme:
             required = [name for name, default in allowed.items() if default is MISSING and name not in options]
             if required:
                 raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) needs the option {required[0]!r}")
-            result[key] = cls(key, **options)
+            result[key] = _checked(cls, key, options, f"scheme {self.name!r}: operator {key!r} ({kind})")
         return result
 
     def substeps(self) -> list[Substep]:

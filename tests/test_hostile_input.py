@@ -1,0 +1,98 @@
+"""What a hostile or careless user does beyond test_bad_input.py: faulty ``--load`` files and kinds,
+a demo without its inputs. Each ends in one ``error: …`` line and status 2, nothing written."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from splitformer.codegen.cli import main
+from splitformer.symbolic.operators import OPERATOR_KINDS
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """The faulty kinds these tests load must not stay registered for other tests."""
+    before = dict(OPERATOR_KINDS)
+    yield
+    OPERATOR_KINDS.clear()
+    OPERATOR_KINDS.update(before)
+
+_KIND = """
+from dataclasses import dataclass
+from typing import ClassVar
+from splitformer.symbolic.domains import FEATURES, XI, X, Y
+from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, kernel, register_operator
+
+@register_operator
+@dataclass(frozen=True)
+class Faulty(Operator):
+    kind: ClassVar[str] = {kind!r}
+    symbol: ClassVar[str] = "L"
+{body}
+"""
+
+
+def _plugin_and_scheme(tmp_path, kind, body):
+    plugin = tmp_path / f"{kind.replace('-', '_')[:20] or 'empty'}.py"
+    plugin.write_text(_KIND.format(kind=kind, body=textwrap.indent(textwrap.dedent(body), "    ")))
+    scheme = tmp_path / "faulty.toml"
+    scheme.write_text(f'name = "faulty"\nsummary = "s"\n[operators]\nf = "{kind}"\n'
+                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    return plugin, scheme
+
+
+@pytest.mark.parametrize("kind, body, message", [
+    ("qa-raises", "def parameters(self): raise RuntimeError('nope')\ndef definitions(self): return ()",
+     "operator 'f' (qa-raises): RuntimeError: nope"),
+    ("qa-garbage", "def parameters(self): return 42\ndef definitions(self): return ()",
+     "parameters() must return a tuple of Parameter, got int"),
+    ("qa-strings", "def parameters(self): return ()\ndef definitions(self): return ('out',)",
+     "definitions() must return a tuple of Definition, got str"),
+    ("qa-empty", "def parameters(self): return ()\ndef definitions(self): return ()",
+     "definitions() is empty"),
+    ("qa-init", "def __post_init__(self): raise KeyError('x')\n"
+                "def parameters(self): return ()\ndef definitions(self): return ()",
+     "operator 'f' (qa-init): KeyError"),
+])
+def test_a_faulty_users_kind_is_one_line(kind, body, message, tmp_path, capsys):
+    plugin, scheme = _plugin_and_scheme(tmp_path, kind, body)
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and message in error, error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["Bad", "x y\nz", "with_underscore", "-lead", "a" * 65])
+def test_a_kind_name_must_be_lower_case_words(kind, tmp_path, capsys):
+    plugin, _ = _plugin_and_scheme(tmp_path, kind, "def parameters(self): return ()\ndef definitions(self): return ()")
+    assert main(["show", "--load", str(plugin), "post-ln"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is not a kind name" in error, error
+
+
+@pytest.mark.parametrize("code, shown", [("raise SystemExit(7)", "SystemExit: 7"),
+                                         ("import sys; sys.exit('boom')", "SystemExit: boom")])
+def test_a_load_file_that_exits_is_one_line(code, shown, tmp_path, capsys):
+    plugin = tmp_path / "exits.py"
+    plugin.write_text(code)
+    assert main(["show", "--load", str(plugin), "post-ln"]) == 2
+    assert capsys.readouterr().err == f"error: --load {plugin}: {shown}\n"
+
+
+def test_the_demo_without_generated_files_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "splitformer.codegen.demo", "post-ln", "--out", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: no ") and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_deriving_into_a_users_package_keeps_its_init(force, tmp_path, capsys):
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text('VERSION = "1.0"\n')
+    assert main(["derive", "post-ln", "--backend", "numpy", "--out", str(package), *force]) == 0
+    assert (package / "__init__.py").read_text() == 'VERSION = "1.0"\n'
+    assert (package / "numpy" / "__init__.py").is_file() and (package / "numpy" / "post_ln.py").is_file()

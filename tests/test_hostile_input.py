@@ -96,3 +96,40 @@ def test_deriving_into_a_users_package_keeps_its_init(force, tmp_path, capsys):
     assert main(["derive", "post-ln", "--backend", "numpy", "--out", str(package), *force]) == 0
     assert (package / "__init__.py").read_text() == 'VERSION = "1.0"\n'
     assert (package / "numpy" / "__init__.py").is_file() and (package / "numpy" / "post_ln.py").is_file()
+
+
+_RK_SCHEME = """name = "labelled"
+summary = "s"
+[operators]
+attn = "attention"
+norm1 = "layer-norm"
+[tableaux.mine]
+label = {label}
+a = [[], [1]]
+b = ["1/2", "1/2"]
+[[steps]]
+rk = "mine"
+fields = [{{ operator = "attn", on = "norm1" }}]
+"""
+
+
+@pytest.mark.parametrize("label", [
+    r'"Heun\n    __import__(\"os\").system(\"echo pwned\")\n    #"',  # would run when forward() is called
+    r'"x \"\"\" y"', r'"a\\b"', r'"tab\there"',
+])
+def test_a_tableau_label_cannot_reach_the_generated_code_as_code(label, tmp_path, capsys):
+    scheme = tmp_path / "labelled.toml"
+    scheme.write_text(_RK_SCHEME.format(label=label))
+    assert main(["derive", str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "label must be one printable line" in error, error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["Bad", "two words", "x\nimport os", ""])
+def test_a_registered_tableau_needs_a_tableau_name(name):
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.tableaux import make_tableau
+
+    with pytest.raises(SplitformerError, match="is not a tableau name"):
+        make_tableau(name, [[], [1]], ["1/2", "1/2"])

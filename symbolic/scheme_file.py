@@ -7,6 +7,7 @@ numbers are small exact fractions, and files, nesting and compositions are bound
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import MISSING
@@ -153,6 +154,8 @@ class _Reader:
         for name, value in options.items():
             if name not in allowed:
                 raise self.fail(f"{path}.{name}", f"unknown option of {cls.kind!r} (options: {', '.join(allowed) or 'none'})")
+            if isinstance(value, float) and not math.isfinite(value):  # it would reach the code as `oo`, `nan`
+                raise self.fail(f"{path}.{name}", f"{value} is not a finite number")
             if name == "activation":
                 if not isinstance(value, str) or value not in ACTIVATIONS:
                     raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")

@@ -9,15 +9,21 @@ import pytest
 
 from splitformer.codegen.cli import main
 from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.tableaux import TABLEAUX
 
 
 @pytest.fixture(autouse=True)
 def _registry_restored():
-    """The faulty kinds these tests load must not stay registered for other tests."""
-    before = dict(OPERATOR_KINDS)
+    """The faulty kinds these tests load must not stay registered (nor their files loaded) for other tests."""
+    kinds, tableaux, modules = dict(OPERATOR_KINDS), dict(TABLEAUX), set(sys.modules)
     yield
     OPERATOR_KINDS.clear()
-    OPERATOR_KINDS.update(before)
+    OPERATOR_KINDS.update(kinds)
+    TABLEAUX.clear()
+    TABLEAUX.update(tableaux)
+    for name in set(sys.modules) - modules:
+        if name.startswith("splitformer_plugin_"):
+            del sys.modules[name]
 
 _KIND = """
 from dataclasses import dataclass
@@ -133,3 +139,16 @@ def test_a_registered_tableau_needs_a_tableau_name(name):
 
     with pytest.raises(SplitformerError, match="is not a tableau name"):
         make_tableau(name, [[], [1]], ["1/2", "1/2"])
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_an_option_that_is_not_finite_is_refused(value, tmp_path, capsys):
+    from conftest import ROOT
+
+    scheme = tmp_path / "scaled.toml"
+    scheme.write_text(f'name = "scaled"\nsummary = "s"\n[operators]\nf = {{ kind = "scaled-field", scale = {value} }}\n'
+                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    plugin = ROOT / "tests" / "plugins" / "my_kinds.py"
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "operators.f.scale" in error and "is not a finite number" in error, error

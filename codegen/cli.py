@@ -1,4 +1,4 @@
-"""The ``splitformer`` command line: list, show, derive (and check, see ``--help``).
+"""The ``splitformer`` command line: list, show, derive, check (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
 """
@@ -20,27 +20,90 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
+_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), gelu, silu or tanh"
+_SCHEME = "a built-in name (see 'splitformer list') or the path of a scheme file (TOML)"
+_ENVIRONMENT = """\
+environment:
+  SPLITFORMER_CACHE   folder of the disk cache of derived projection formulas
+                      (default ~/.cache/splitformer; 'off' disables the cache)"""
+_EXAMPLES = {
+    None: """\
+examples:
+  splitformer list
+  splitformer show pre-ln --format latex
+  splitformer derive post-ln --backend all --out generated
+  splitformer check rk2 --plots plots""",
+    "list": "example:\n  splitformer list",
+    "show": """\
+examples:
+  splitformer show post-ln                       the discrete program in index notation
+  splitformer show pre-ln --format latex         an align* environment for a paper
+  splitformer show post-ln --format toml > my-scheme.toml   a scheme file to edit""",
+    "derive": """\
+examples:
+  splitformer derive post-ln                     NumPy and PyTorch code and a report in generated/
+  splitformer derive pre-ln --activation gelu --backend torch --out build
+  splitformer derive my-scheme.toml --passes none""",
+    "check": """\
+examples:
+  splitformer check                              every built-in scheme
+  splitformer check rk2 my-scheme.toml --format json > checks.json
+  splitformer check post-ln pre-ln --plots plots  one plot per scheme and plots/convergence.png""",
+}
+
+
+def _command(commands, name: str, summary: str, description: str):
+    return commands.add_parser(
+        name, help=summary, description=description, epilog=f"{_EXAMPLES[name]}\n\n{_ENVIRONMENT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
+    parser = _Parser(
+        prog="splitformer", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Derive Transformer blocks as operator-splitting schemes of a continuous "
+                    "integro-differential equation,\nemit NumPy and PyTorch code from the derived "
+                    "formulas, and check the proofs in between.",
+        epilog=f"{_EXAMPLES[None]}\n\n{_ENVIRONMENT}\n\n'splitformer COMMAND --help' explains each command.")
     parser.add_argument("--version", action="version", version=f"splitformer {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands.add_parser("list", help="built-in schemes, one a line: name, summary")
-    show = commands.add_parser("show", help="print a scheme and its derivation")
-    show.add_argument("scheme", help="built-in name or path to a scheme file (TOML)")
-    show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text")
-    show.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
-    derive = commands.add_parser("derive", help="derive schemes and emit code and reports")
-    derive.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files")
-    derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
-    derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
-    derive.add_argument("--out", default="generated", help="output folder (default: generated)")
-    derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _command(commands, "list", "built-in schemes, one a line: name, summary",
+             "Print the built-in schemes, one a line: the name, then the one-line summary.")
+    show = _command(commands, "show", "print a scheme and its derivation",
+                    "Derive one step of SCHEME and print it.")
+    show.add_argument("scheme", metavar="SCHEME", help=_SCHEME)
+    show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text",
+                      help="text (default): the discrete program in index notation, plain text; "
+                           "latex: the equation and every assignment as one align* environment; "
+                           "markdown: the derivation report; toml: the scheme file, to copy and change")
+    show.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
+    derive = _command(commands, "derive", "derive schemes and emit code and reports",
+                      "Derive each SCHEME and write OUT/numpy/<name>.py, OUT/torch/<name>.py and the\n"
+                      "derivation report OUT/reports/<name>.md (<name>: the scheme name with '-' as '_',\n"
+                      "plus '_<activation>' for a non-default activation). Nothing is written unless\n"
+                      "every scheme derives.")
+    derive.add_argument("schemes", nargs="*", metavar="SCHEME", help=_SCHEME)
+    derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme as well")
+    derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all",
+                        help="numpy, torch, or all (default): which modules to write")
+    derive.add_argument("--out", default="generated", metavar="DIR", help="output folder (default: generated)")
+    derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     derive.add_argument("--passes", default="all", metavar="LIST",
-                        help="IR passes to run: all (default), none, or a comma-separated list of pass names")
-    check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
-    check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
-    check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    check.add_argument("--plots", default=None, metavar="DIR", help="write a convergence plot (PNG) per scheme")
+                        help="IR passes to run: all (default), none, or a comma-separated list of "
+                             "inline-elementwise, layer-norm, fused-attention, matmul, fuse-projections, reuse-buffers")
+    check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
+                     "Run every proof check that applies: the derived projections, the subdifferential\n"
+                     "sign, activations as proximal maps, exact recovery of published blocks, the\n"
+                     "splitting order by non-commutative series and a numeric convergence study.\n"
+                     "Exit status 0 when all hold, 1 when one fails. On a terminal, one progress line\n"
+                     "per check goes to stderr as it completes.")
+    check.add_argument("schemes", nargs="*", metavar="SCHEME", help=f"{_SCHEME} (default: every built-in scheme)")
+    check.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                       help="text (default): one entry per check and a table of orders; json: one object "
+                            '{"checks": [...], "orders": {...}}; markdown: the same as tables')
+    check.add_argument("--plots", default=None, metavar="DIR",
+                       help="write DIR/<name>_convergence.png per scheme and DIR/convergence.png with every "
+                            "scheme overlaid (needs matplotlib)")
     return parser
 
 
@@ -72,16 +135,8 @@ def _show(arguments: argparse.Namespace) -> str:
 
         return render_report(scheme, program).rstrip("\n")
     if arguments.format == "latex":
-        lines = [equation_latex(scheme)]
-        for record in program.records:
-            lines.append(f"% {record.title}")
-            lines.extend(assignment.quadrature for assignment in record.assignments)
-        return "\n".join(lines)
-    lines = [f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", ""]
-    for record in program.records:
-        lines.append(f"{record.title}")
-        lines.extend(f"    {assignment.lhs} = {assignment.rhs}" for assignment in record.assignments)
-    return "\n".join(lines)
+        return program.latex(equation_latex(scheme))
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", "", program.text()])
 
 
 def _source_with_activation(scheme) -> str:
@@ -145,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     status = 0
     try:
-        arguments = _parser().parse_args(argv)
-        if arguments.command == "list":
+        parser = _parser()
+        arguments = parser.parse_args(argv)
+        if arguments.command is None:  # bare `splitformer`: the usage, not an error
+            text = parser.format_help().rstrip("\n")
+        elif arguments.command == "list":
             text = _list()
         elif arguments.command == "show":
             text = _show(arguments)

@@ -191,9 +191,22 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
             import matplotlib  # noqa: F401 - only whether it is installed
         except ImportError:
             raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
-    report = run_checks(schemes, plots)
+    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
+
+
+def _progress_printer():
+    """One line per check on stderr as it completes, with the time since the start."""
+    import time
+
+    start = time.monotonic()
+
+    def show(check) -> None:
+        status = "ok  " if check.holds else "FAIL"
+        print(f"[{time.monotonic() - start:6.1f} s] {status}  {check.id}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,14 @@ _EXPORTS = {
     "load_scheme": "splitformer.symbolic.scheme_file",
     "parse_scheme": "splitformer.symbolic.scheme_file",
     "register_operator": "splitformer.symbolic.operators",
+    "scheme": "splitformer.symbolic.builder",
+    "substep": "splitformer.symbolic.builder",
+    "projection": "splitformer.symbolic.builder",
+    "parallel": "splitformer.symbolic.builder",
+    "rk2": "splitformer.symbolic.builder",
+    "derive": "splitformer.codegen.api",
+    "Derivation": "splitformer.codegen.api",
+    "compare": "splitformer.codegen.compare",
 }
 __all__ = ["__version__", "adapters", *_EXPORTS]
 

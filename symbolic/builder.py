@@ -61,7 +61,7 @@ def rk2(*fields: str | Mapping) -> dict:
 
 def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequence[Mapping], **fields: Any) -> Scheme:
     """A ``Scheme`` from the fields of a scheme file (``activation``, ``final_norm``, ``order``, …)."""
-    document = {"name": name, "summary": summary, **fields, "operators": dict(operators), "steps": list(steps)}
+    document = {"name": name, "summary": summary, **fields, "operators": operators, "steps": steps}
     where = f"Python scheme {name!r}" if isinstance(name, str) else "Python scheme"
     return parse_scheme(to_toml(_plain(document)), where)
 

@@ -16,7 +16,7 @@ from .scheme import Heun, Parallel, Scheme, Sequence
 
 __all__ = ["Term", "Equation", "equation_terms", "equation_latex", "equation_text", "scheme_equation", "MASTER_EQUATION"]
 
-#: The paper's equation (its §2; docs/model.md §2), with the subdifferential sign corrected.
+#: The paper's master equation (docs/model.md §2), with the subdifferential sign corrected.
 MASTER_EQUATION = (
     r"u_t = \left\langle \gamma(x,\cdot,t;u),\, V(\cdot,y,t;u) \right\rangle_{\Omega_x}"
     r" - \partial I_{S_1(\sigma_1(t),\sigma_2(t))}(u)"

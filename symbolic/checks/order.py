@@ -1,4 +1,4 @@
-"""Local splitting error by non-commutative series (MODEL.md §9).
+"""Local splitting error by non-commutative series (docs/model.md §9).
 
 The vector fields are replaced by linear generators — every attention operator by ``A``,
 every feed-forward operator by ``B`` (Macaron's two feed-forward operators are one field
@@ -37,6 +37,14 @@ class OrderResult:
     leading_error_text: str
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
+
+    def _repr_markdown_(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term up to $h^4$"
+        text = f"**order {self.order}** (own substep solvers), leading local error $${self.leading_error}$$"
+        if self.splitting_order is not None:
+            text += f"\n\n**splitting order {self.splitting_order}** (exact sub-flows), leading term $${self.exact_subflows_error}$$"
+        return text
 
 
 def _truncate(expr: sp.Expr) -> sp.Expr:

@@ -1,0 +1,138 @@
+"""The Python API: schemes built in Python, derive(), modules in memory, write(), notebook reprs."""
+
+import numpy as np
+import pytest
+import torch
+
+import splitformer
+from splitformer import SplitformerError, parallel, projection, rk2, scheme, substep
+from splitformer.adapters import from_torch
+from splitformer.symbolic.scheme import Scheme, Sequence, Substep
+from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
+
+from conftest import random_encoder_layer
+
+OPERATORS = {"attn": "attention", "norm1": "layer-norm", "ffn": "feed-forward", "norm2": "layer-norm"}
+
+
+@pytest.fixture(scope="module")
+def post_ln():
+    return splitformer.derive("post-ln")
+
+
+def test_a_python_scheme_equals_the_same_scheme_file():
+    built = scheme("my-post-ln", "post-LN written in Python", OPERATORS, [
+        substep("attn"), projection("norm1"),
+        parallel([substep("ffn", fraction=2)], [], weights=["1/2", "1/2"]), projection("norm2"),
+    ], order=1, splitting_order=1)
+    from_file = load_scheme("post-ln")
+    assert (built.operators, built.body, built.claims) == (from_file.operators, from_file.body, from_file.claims)
+    assert parse_scheme(built.source).body == built.body  # its TOML text is the same scheme
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([projection("attn")], "'attn' is a vector field, not a projection"),
+    ([substep("attn", "rk7")], "steps[0].solver: unknown solver 'rk7'"),
+    ([substep("attn", on="nowhere")], "steps[0].on: unknown operator 'nowhere'"),
+    ([substep("attn", on="ffn")], "'on' must name a projection, not 'ffn'"),
+    ([substep("attn", fraction=0)], "steps[0].fraction: must be > 0"),
+    ([parallel([substep("ffn")], [], weights=[1, 1])], "weights must sum to 1"),
+    ([rk2("attn", "nothing")], "steps[0].rk2[1].operator: unknown operator 'nothing'"),
+    ([], "empty composition"),
+    ("attn", "steps: expected list, got str"),
+])
+def test_a_python_scheme_is_checked_like_a_scheme_file(steps, message):
+    with pytest.raises(SplitformerError) as error:
+        scheme("bad", "x", OPERATORS, steps)
+    assert message in str(error.value) and str(error.value).startswith("Python scheme 'bad': ")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"activation": "swish"}, "unknown activation 'swish'"),
+    ({"colour": "red"}, "unknown field 'colour'"),
+    ({"order": 0}, "an order is a positive integer"),
+])
+def test_python_scheme_fields_are_checked(fields, message):
+    with pytest.raises(SplitformerError, match=message):
+        scheme("bad", "x", OPERATORS, [substep("attn")], **fields)
+
+
+def test_unknown_operator_kind_in_python_is_one_clear_error():
+    with pytest.raises(SplitformerError, match="operators.attn: unknown operator 'spline'"):
+        scheme("bad", "x", {"attn": "spline"}, [substep("attn")])
+
+
+@pytest.mark.parametrize("body, operators, message", [
+    (Sequence((Substep("attn", "projection"),)), {"attn": "attention"}, "is a vector field, not a projection"),
+    (Sequence((Substep("attn", "leapfrog"),)), {"attn": "attention"}, "unknown solver 'leapfrog'"),
+    (Sequence((Substep("attn", "explicit", on="nowhere"),)), {"attn": "attention"}, "unknown operator 'nowhere'"),
+    (Sequence((Substep("attn", "explicit"),)), {"attn": "spline"}, "unknown kind 'spline'"),
+])
+def test_a_hand_made_scheme_object_is_rejected_by_derive_not_with_a_key_error(body, operators, message):
+    with pytest.raises(SplitformerError, match=message):
+        splitformer.derive(Scheme("hand-made", "x", operators, body))
+
+
+def test_derive_accepts_names_and_rejects_other_objects():
+    with pytest.raises(SplitformerError, match="unknown scheme 'no-such'"):
+        splitformer.derive("no-such")
+    with pytest.raises(SplitformerError, match="expected a Scheme"):
+        splitformer.derive(42)
+
+
+def test_derivation_holds_program_records_order_and_report(post_ln):
+    assert post_ln.name == "post_ln" and post_ln.program.output == "u4"
+    assert [record.title for record in post_ln.records][1] == "substep 2: norm1, projection"
+    assert (post_ln.order.order, post_ln.order.splitting_order) == (1, 1)
+    assert post_ln.report.startswith("# `post-ln`: derivation report")
+    assert str(post_ln.equation) == "u_t = attn(u) − ∂I_S1[norm1](u) + ffn(u) − ∂I_S1[norm2](u)"
+
+
+def test_modules_in_memory_match_torch_in_float64(post_ln, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    layer = random_encoder_layer(8, 2, 12, 1e-5)
+    params = from_torch(layer)
+    u = np.random.default_rng(3).standard_normal((2, 5, 8))
+    expected = layer(torch.tensor(u)).detach().numpy()
+    numpy_out = post_ln.numpy_module().forward(u, params, n_heads=2, eps=1e-5)
+    block = post_ln.torch_module().Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    torch_out = block(torch.tensor(u)).detach().numpy()
+    assert np.abs(numpy_out - expected).max() < 1e-12
+    assert np.abs(torch_out - expected).max() < 1e-12
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_in_memory_module_is_the_written_file(post_ln, tmp_path):
+    written = post_ln.write(tmp_path / "out", backend="numpy")
+    module = tmp_path / "out" / "numpy" / "post_ln.py"
+    assert module in written and (tmp_path / "out" / "reports" / "post_ln.md").is_file()
+    assert module.read_text() == post_ln.source("numpy")
+    assert post_ln.numpy_module().__doc__.startswith("post-ln: ")
+    assert not (tmp_path / "out" / "torch").exists()
+
+
+def test_write_rejects_a_bad_backend_and_writes_nothing(post_ln, tmp_path):
+    with pytest.raises(SplitformerError, match="unknown backend 'cuda'"):
+        post_ln.write(tmp_path / "out", backend="cuda")
+    assert not (tmp_path / "out").exists()
+
+
+def test_activation_is_part_of_the_name():
+    assert splitformer.derive("pre-ln", activation="gelu").name == "pre_ln_gelu"
+
+
+def test_every_displayed_object_has_a_notebook_repr(post_ln):
+    shown = {
+        "scheme": post_ln.scheme._repr_markdown_(),
+        "equation": post_ln.equation._repr_latex_(),
+        "program": post_ln.program._repr_latex_(),
+        "record": post_ln.records[0]._repr_latex_(),
+        "order": post_ln.order._repr_markdown_(),
+        "derivation": post_ln._repr_markdown_(),
+    }
+    assert r"\mathcal{A}_{\mathrm{attn}}" in shown["scheme"] and "```toml" in shown["scheme"]
+    assert shown["equation"].startswith("$$") and r"\partial I" in shown["equation"]
+    assert shown["program"].startswith(r"\begin{align*}") and shown["program"].endswith(r"\end{align*}")
+    assert r"\text{substep 1: attn, explicit}" in shown["record"]
+    assert "order 1" in shown["order"] and r"\frac{h^{2}" in shown["order"]
+    assert "splitting order 1" in shown["derivation"] and "4 substeps" in shown["derivation"]

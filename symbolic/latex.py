@@ -82,7 +82,7 @@ def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = Non
 #: LaTeX macros of symbol names and their plain-text letters.
 _UNICODE = {
     r"\Delta": "Δ", r"\alpha": "α", r"\beta": "β", r"\gamma": "γ", r"\sigma": "σ", r"\varepsilon": "ε",
-    r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
+    r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
 }
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 #: Characters of plain titles and their LaTeX in math mode.

@@ -19,7 +19,7 @@ from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
-from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
+from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep, operator_options
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
@@ -80,7 +80,7 @@ class _Reader:
         activation = self.typed(document, "activation", str, "", "relu")
         if activation not in ACTIVATIONS:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
-        operators = self.operators(self.typed(document, "operators", dict, ""))
+        operators, options = self.operators(self.typed(document, "operators", dict, ""))
         steps = self.typed(document, "steps", list, "")
         body = self.sequence(steps, "steps", operators)
         if not body.steps:
@@ -95,6 +95,7 @@ class _Reader:
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,
             claims=self.claims(document),
+            options=options,
         )
         try:
             scheme.check()
@@ -112,20 +113,39 @@ class _Reader:
                 claims[key] = value
         return claims
 
-    def operators(self, table: dict) -> dict[str, str]:
+    def operators(self, table: dict) -> tuple[dict[str, str], dict[str, dict]]:
+        """Kinds by key, and the options of the keys written as ``{ kind = "…", option = … }``."""
         if not table:
             raise self.fail("operators", "empty table: name at least one operator")
-        result = {}
+        result, options = {}, {}
         for key, kind in table.items():
+            path = f"operators.{key}"
             if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
-                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers, "
+                raise self.fail(path, "operator names must be lower-case identifiers, "
                                 f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
+            if isinstance(kind, dict):
+                options[key] = {name: value for name, value in kind.items() if name != "kind"}
+                kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
-                raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
+                raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
             if kind not in OPERATOR_KINDS:
-                raise self.fail(f"operators.{key}", f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            if key in options:
+                self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind
-        return result
+        return result, options
+
+    def options(self, cls: type, options: dict, path: str) -> None:
+        """Each option is one the kind takes, of its default's type; an activation must be known."""
+        allowed = operator_options(cls)
+        for name, value in options.items():
+            if name not in allowed:
+                raise self.fail(f"{path}.{name}", f"unknown option of {cls.kind!r} (options: {', '.join(allowed) or 'none'})")
+            if name == "activation":
+                if not isinstance(value, str) or value not in ACTIVATIONS:
+                    raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+            elif type(value) is not type(allowed[name]):
+                raise self.fail(f"{path}.{name}", f"expected {type(allowed[name]).__name__}, got {type(value).__name__}")
 
     def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
         parsed = []

@@ -142,10 +142,6 @@ class Scheme:
 
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
-        for key, kind in self.operators.items():
-            if kind not in OPERATOR_KINDS:
-                raise SplitformerError(f"scheme {self.name!r}: operator {key!r} has unknown kind {kind!r} "
-                                       f"(known: {', '.join(sorted(OPERATOR_KINDS))})")
         operators = self.instantiate()
         for step in self.substeps():
             if step.solver not in SOLVERS:

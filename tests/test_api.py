@@ -66,7 +66,7 @@ def test_unknown_operator_kind_in_python_is_one_clear_error():
     (Sequence((Substep("attn", "projection"),)), {"attn": "attention"}, "is a vector field, not a projection"),
     (Sequence((Substep("attn", "leapfrog"),)), {"attn": "attention"}, "unknown solver 'leapfrog'"),
     (Sequence((Substep("attn", "explicit", on="nowhere"),)), {"attn": "attention"}, "unknown operator 'nowhere'"),
-    (Sequence((Substep("attn", "explicit"),)), {"attn": "spline"}, "unknown kind 'spline'"),
+    (Sequence((Substep("attn", "explicit"),)), {"attn": "spline"}, "unknown operator kind 'spline'"),
 ])
 def test_a_hand_made_scheme_object_is_rejected_by_derive_not_with_a_key_error(body, operators, message):
     with pytest.raises(SplitformerError, match=message):

@@ -28,12 +28,10 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
-from splitformer.symbolic.stack import final_norm_scheme
 
 from .ir import Module
-from .lowering import lower
 from .output import write_files
-from .pipeline import BACKEND_CHOICES, generate
+from .pipeline import BACKEND_CHOICES, generate, lower_scheme
 from .render import render_module
 from .report import render_report
 
@@ -86,7 +84,7 @@ class Derivation:
     @cached_property
     def lowered(self) -> tuple[Module, Module]:
         """The tensor IR of the block and of a stack's final norm."""
-        return lower(self.program, self.passes), lower(derive_program(final_norm_scheme()), self.passes)
+        return lower_scheme(self.scheme, self.program, self.passes)
 
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
@@ -121,7 +119,7 @@ class Derivation:
         out = Path(out)
         if out.exists() and not out.is_dir():
             raise SplitformerError(f"{out} exists and is not a folder")
-        files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program)
+        files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
         write_files(files)
         return list(files)
 

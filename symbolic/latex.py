@@ -94,8 +94,9 @@ _TEXT_ESCAPES = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", 
 
 def unicode_text(text: str) -> str:
     r"""LaTeX macros of symbol names as letters: ``\Delta t`` → ``Δt``, ``\sigma_1`` → ``σ₁``."""
+    text = re.sub(r"\\math(?:cal|rm|bf|it)\{([^{}]*)\}", r"\1", text)
     for macro, letter in sorted(_UNICODE.items(), key=lambda item: -len(item[0])):
-        text = re.sub(re.escape(macro) + r"(?![A-Za-z])\s*", letter, text)
+        text = re.sub(re.escape(macro) + r"(?![A-Za-z])(?: (?=\w))?", letter, text)
     text = re.sub(r"([\u0391-\u03c9])_\{?([0-9]+)\}?",
                   lambda match: match.group(1) + match.group(2).translate(_SUBSCRIPTS), text)
     return text

@@ -50,6 +50,9 @@ class Projection:
     theorem: sp.Expr | None = None
     gap: sp.Expr | None = None
 
+    def _repr_markdown_(self) -> str:
+        return "\n\n".join(f"{n}. {description}: $${latex}$$" for n, (description, latex) in enumerate(self.steps, 1))
+
 
 def _fail(constraint_set: ConstraintSet, message: str) -> SplitformerError:
     return SplitformerError(f"projection onto {constraint_set.name}: {message}")

@@ -15,13 +15,24 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ..latex import plain_text
+from ..operators import OPERATOR_KINDS
 from ..scheme import Heun, Parallel, Scheme, Sequence, Substep
 
-__all__ = ["OrderResult", "splitting_order", "GENERATORS", "STEP"]
+__all__ = ["OrderResult", "splitting_order", "generator", "GENERATORS", "STEP"]
 
 STEP = sp.Symbol("h", positive=True)
-#: Non-commuting generators of the attention and feed-forward fields.
+#: Non-commuting generators of the attention and feed-forward fields; any other vector-field
+#: kind is the generator named by its symbol (the gated feed-forward's ``\mathcal{G}``).
 GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False)}
+
+
+def generator(kind: str) -> sp.Expr:
+    """The generator of a vector-field kind; projections are held out (``0``)."""
+    if kind in GENERATORS:
+        return GENERATORS[kind]
+    cls = OPERATOR_KINDS[kind]
+    return sp.Integer(0) if cls.is_projection else sp.Symbol(cls.symbol, commutative=False)
 _DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apart
 
 
@@ -69,7 +80,7 @@ class _Series:
         self.splitting = True
 
     def field(self, step: Substep) -> sp.Expr:
-        return GENERATORS.get(self.kinds[step.operator], sp.Integer(0))
+        return generator(self.kinds[step.operator])
 
     def substep(self, step: Substep) -> sp.Expr:
         if step.solver == "projection":
@@ -97,7 +108,7 @@ def _flow(scheme: Scheme) -> sp.Expr:
     from ..equation import equation_terms
 
     kinds = dict(scheme.operators)
-    field = sum((term.coefficient * GENERATORS.get(kinds[term.operator], 0)
+    field = sum((term.coefficient * generator(kinds[term.operator])
                  for term in equation_terms(scheme) if not term.projection), sp.Integer(0))
     return _exponential(STEP * field)
 
@@ -123,7 +134,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         splitting_order=split_order if own.splitting else None,
         leading_error=sp.latex(sp.factor_terms(leading)),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=sp.sstr(sp.factor_terms(leading)),
+        leading_error_text=plain_text(sp.factor_terms(leading)),
         leading=leading,
         exact_subflows_leading=split_leading,
     )

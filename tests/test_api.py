@@ -136,3 +136,32 @@ def test_every_displayed_object_has_a_notebook_repr(post_ln):
     assert r"\text{substep 1: attn, explicit}" in shown["record"]
     assert "order 1" in shown["order"] and r"\frac{h^{2}" in shown["order"]
     assert "splitting order 1" in shown["derivation"] and "4 substeps" in shown["derivation"]
+
+
+def test_public_names_resolve():
+    for name in splitformer.__all__:
+        assert getattr(splitformer, name) is not None, name
+
+
+def test_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
+    import re
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API and notebooks"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
+    assert "mine " in capsys.readouterr().out
+    assert (tmp_path / "convergence.png").is_file() and (tmp_path / "generated" / "torch" / "mine.py").is_file()
+
+
+def test_nothing_cites_the_design_notes():
+    from conftest import ROOT
+
+    folders = ("symbolic", "codegen", "templates", "generated", "docs", "splitformer")
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".j2", ".toml"):
+                assert "MODEL.md" not in path.read_text(encoding="utf-8"), path

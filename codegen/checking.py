@@ -140,7 +140,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
         report.add(claim)
     if result.order is None:  # an exact step: there is no error to converge
         return report
-    study = report.studies[scheme.name] = convergence_study(scheme)
+    study = report.studies[scheme.name] = convergence_study(scheme, order=result.order)
     report.add(convergence_check(scheme, study, result.order))
     if plots is not None:
         report.plots[scheme.name] = plot_study(study, result.order, plots / f"{scheme.module_name}_convergence.png")

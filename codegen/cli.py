@@ -43,7 +43,7 @@ examples:
 examples:
   splitformer derive post-ln                     NumPy and PyTorch code and a report in generated/
   splitformer derive pre-ln --activation gelu --backend torch --out build
-  splitformer derive my-scheme.toml --passes none""",
+  splitformer derive my-scheme.toml --load my_operators.py --passes none""",
     "check": """\
 examples:
   splitformer check                              every built-in scheme
@@ -56,6 +56,12 @@ def _command(commands, name: str, summary: str, description: str):
     return commands.add_parser(
         name, help=summary, description=description, epilog=f"{_EXAMPLES[name]}\n\n{_ENVIRONMENT}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _load_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--load", action="append", default=[], metavar="FILE.py",
+                         help="import a Python file first: the operator kinds, projections and Runge–Kutta "
+                              "tableaux it registers become usable by name in scheme files (repeatable)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                            "latex: the equation and every assignment as one align* environment; "
                            "markdown: the derivation report; toml: the scheme file, to copy and change")
     show.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
+    _load_option(show)
     derive = _command(commands, "derive", "derive schemes and emit code and reports",
                       "Derive each SCHEME and write OUT/numpy/<name>.py, OUT/torch/<name>.py and the\n"
                       "derivation report OUT/reports/<name>.md (<name>: the scheme name with '-' as '_',\n"
@@ -91,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
                              "inline-elementwise, layer-norm, fused-attention, matmul, fuse-projections, reuse-buffers")
+    _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
                      "Run every proof check that applies: the derived projections, the subdifferential\n"
                      "sign, activations as proximal maps, exact recovery of published blocks, the\n"
@@ -104,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--plots", default=None, metavar="DIR",
                        help="write DIR/<name>_convergence.png per scheme and DIR/convergence.png with every "
                             "scheme overlaid (needs matplotlib)")
+    _load_option(check)
     return parser
 
 
@@ -215,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = _parser()
         arguments = parser.parse_args(argv)
+        if getattr(arguments, "load", None):
+            from splitformer.symbolic.plugins import load_plugins
+
+            load_plugins(arguments.load)
         if arguments.command is None:  # bare `splitformer`: the usage, not an error
             text = parser.format_help().rstrip("\n")
         elif arguments.command == "list":

@@ -17,6 +17,7 @@ import sympy as sp
 
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.latex import plain_text
+from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
@@ -36,7 +37,8 @@ def parameter_count(program: Program) -> sp.Expr:
 
 def evaluation_count(program: Program) -> int:
     """Operator evaluations in one step (an evaluation reused on the same field counts once)."""
-    return sum(1 for record in program.records for evaluation in record.evaluations if evaluation.kind != "predictor")
+    return sum(1 for record in program.records for evaluation in record.evaluations
+               if evaluation.kind in OPERATOR_KINDS)  # not the stage states of a Runge–Kutta step
 
 
 @dataclass(frozen=True)

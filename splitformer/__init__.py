@@ -21,9 +21,16 @@ _EXPORTS = {
     "projection": "splitformer.symbolic.builder",
     "parallel": "splitformer.symbolic.builder",
     "rk2": "splitformer.symbolic.builder",
+    "runge_kutta": "splitformer.symbolic.builder",
     "derive": "splitformer.codegen.api",
     "Derivation": "splitformer.codegen.api",
     "compare": "splitformer.codegen.compare",
+    "Operator": "splitformer.symbolic.operators",
+    "ProjectionOperator": "splitformer.symbolic.operators",
+    "ConstraintSet": "splitformer.symbolic.constraints",
+    "register_tableau": "splitformer.symbolic.tableaux",
+    "make_tableau": "splitformer.symbolic.tableaux",
+    "load_plugin": "splitformer.symbolic.plugins",
 }
 __all__ = ["__version__", "adapters", *_EXPORTS]
 

@@ -1,7 +1,7 @@
 """Schemes built in Python: the document a scheme file holds, checked by the same reader.
 
 ``scheme(...)`` takes the fields of a scheme file as arguments and the steps as the tables
-``substep``, ``projection``, ``parallel`` and ``rk2`` return; the document goes through the
+``substep``, ``projection``, ``parallel``, ``rk2`` and ``runge_kutta`` return; the document goes through the
 reader of scheme files, so a Python-built scheme is rejected with the same one-line
 ``SplitformerError`` a TOML file gets, and its ``source`` is the equivalent TOML text::
 
@@ -26,7 +26,7 @@ import sympy as sp
 from .scheme import Scheme
 from .scheme_file import parse_scheme
 
-__all__ = ["scheme", "substep", "projection", "parallel", "rk2", "to_toml"]
+__all__ = ["scheme", "substep", "projection", "parallel", "rk2", "runge_kutta", "to_toml"]
 
 Number = int | str | Fraction | sp.Rational
 
@@ -57,6 +57,13 @@ def parallel(*branches: Sequence[Mapping], weights: Sequence[Number] | None = No
 def rk2(*fields: str | Mapping) -> dict:
     """A Heun (RK2) step of the summed field; a field is an operator name or ``substep(…)``."""
     return {"rk2": [{"operator": field} if isinstance(field, str) else dict(field) for field in fields]}
+
+
+def runge_kutta(method: str | Mapping, *fields: str | Mapping) -> dict:
+    """One explicit Runge–Kutta step of the summed field: ``method`` is a tableau name
+    (``"rk4"``, ``"heun"``, one under ``tableaux=``) or ``{"a": [[...], ...], "b": [...]}``."""
+    return {"rk": method if isinstance(method, str) else dict(method),
+            "fields": rk2(*fields)["rk2"]}
 
 
 def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequence[Mapping], **fields: Any) -> Scheme:

@@ -125,7 +125,8 @@ def _lagrange(constraint_set: ConstraintSet) -> Projection:
     inverse = sp.solve([sp.Eq(symbol, value) for symbol, value in free], multipliers, dict=True)
     if len(inverse) != 1 or len(free) != len(multipliers):
         raise _fail(constraint_set, "the multipliers are not determined by the affine map they produce")
-    general = scale * s.v + (shift if shift in dict(free) else offset)
+    free_symbols = dict(free)
+    general = (scale if scale in free_symbols else slope) * s.v + (shift if shift in free_symbols else offset)
     ghost_value = sp.Integer(0)
     if constraint_set.ghost:
         solved = sp.solve(sp.diff(ghost, G), G)
@@ -195,10 +196,14 @@ def _lagrange(constraint_set: ConstraintSet) -> Projection:
     else:
         steps.append(("the minimizer", sp.latex(sp.Eq(U, formula))))
     no_ghost = {symbol: _tidy(value.subs(s.ghost, 0)) for symbol, value in best.items()}
+    try:
+        nearest = sp.factor(sp.simplify(distance(no_ghost).subs(s.ghost, 0)))
+    except SplitformerError:  # the set's statistics need not express ‖u − v‖² when there is one root
+        nearest = None
     return Projection(
         formula=epsilon_form,
         steps=tuple(steps),
-        distance=sp.factor(sp.simplify(distance(no_ghost).subs(s.ghost, 0))),
+        distance=nearest,
         theorem=theorem,
         gap=gap,
     )

@@ -10,10 +10,11 @@ import sympy as sp
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS, Operator
+from .tableaux import HEUN, Tableau
 
-__all__ = ["Substep", "Parallel", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
 
-#: How a substep is solved over its share of the step.
+#: How a substep is solved over its share of the step (``explicit`` is the Euler tableau).
 SOLVERS = {
     "explicit": "explicit Euler",
     "projection": "projection (implicit Euler of a normal cone)",
@@ -44,21 +45,27 @@ class Parallel:
 
 
 @dataclass(frozen=True)
-class Heun:
-    """One Heun (RK2) step of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
+class RungeKutta:
+    """One explicit Runge–Kutta step (``tableau``) of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
 
-    ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``; both stages
-    share the operators' parameters.
+    ``k_i = G(u + Δt Σ_j a_ij k_j)``, ``u⁺ = u + Δt Σ_i b_i k_i``; every stage shares the
+    operators' parameters.
     """
 
     fields: tuple[Substep, ...]
+    tableau: Tableau = HEUN
+
+
+@dataclass(frozen=True)
+class Heun(RungeKutta):
+    """One Heun (RK2) step: ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``."""
 
 
 @dataclass(frozen=True)
 class Sequence:
     """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
 
-    steps: tuple[Union[Substep, Parallel, Heun], ...] = ()
+    steps: tuple[Union[Substep, Parallel, RungeKutta], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,7 +139,7 @@ class Scheme:
                 if isinstance(step, Parallel):
                     for branch in step.branches:
                         visit(branch)
-                elif isinstance(step, Heun):
+                elif isinstance(step, RungeKutta):
                     found.extend(step.fields)
                 else:
                     found.append(step)

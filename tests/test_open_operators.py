@@ -154,3 +154,23 @@ def test_bad_operator_options_are_one_clear_error(table, message):
     text = GLU.read_text().replace('ffn = "gated-feed-forward"', table)
     with pytest.raises(SplitformerError, match=message):
         parse_scheme(text)
+
+
+def test_rms_norm_checks_hold_and_fail_on_a_wrong_formula():
+    import sympy as sp
+
+    from splitformer.symbolic.checks.projections import rms_norm_check, set_checks
+    from splitformer.symbolic.projections import Projection
+
+    assert rms_norm_check().holds
+    without_eps = rms_norm_check(lambda x, g, eps: [v / sp.sqrt(sum(w**2 for w in x) / len(x)) * c for v, c in zip(x, g)])
+    assert not without_eps.holds  # negative control: the published formula has ε
+    assert all(check.holds for check in set_checks(OPERATOR_KINDS["rms-norm"]))
+
+    class Halved(OPERATOR_KINDS["rms-norm"]):
+        @classmethod
+        def projection(cls):
+            derived = super().projection()
+            return Projection(derived.formula / 2, derived.steps, derived.distance, derived.theorem / 2, derived.gap)
+
+    assert not set_checks(Halved)[0].holds  # negative control: off the sphere

@@ -6,7 +6,10 @@ split in halves) — and one step of the scheme becomes a polynomial in the step
 non-commuting coefficients. Projection substeps (and the projections inside ``on``) are
 held out: they act as the identity here. Comparing with the exact flow ``e^{h(A+B)}``
 gives the local error ``O(h^{p+1})`` and so the order ``p``: ``order`` with the scheme's
-own substep solvers (explicit Euler, Heun), ``splitting_order`` with exact sub-flows.
+own substep solvers (explicit Euler, Runge–Kutta tableaux), ``splitting_order`` with exact
+sub-flows. A Runge–Kutta step acts on linear fields through its stability polynomial, which
+sees only part of the order conditions: its order is capped by the tableau's classical
+order (Butcher's conditions on rooted trees, ``tableaux.Tableau.order``).
 """
 
 from __future__ import annotations
@@ -16,24 +19,27 @@ from dataclasses import dataclass
 import sympy as sp
 
 from ..latex import plain_text
-from ..operators import OPERATOR_KINDS
-from ..scheme import Heun, Parallel, Scheme, Sequence, Substep
+from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 __all__ = ["OrderResult", "splitting_order", "generator", "GENERATORS", "STEP"]
 
 STEP = sp.Symbol("h", positive=True)
-#: Non-commuting generators of the attention and feed-forward fields; any other vector-field
-#: kind is the generator named by its symbol (the gated feed-forward's ``\mathcal{G}``).
-GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False)}
+#: Non-commuting generators of the attention and feed-forward fields (gated or not); any other
+#: vector-field kind is a generator of its own, named after the kind.
+GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False),
+              "gated-feed-forward": sp.Symbol("B", commutative=False)}
+_DEGREE = 5  # expansions are kept to h^5: enough to tell orders 1 to 4 apart
 
 
 def generator(kind: str) -> sp.Expr:
-    """The generator of a vector-field kind; projections are held out (``0``)."""
+    """The linear generator standing for the vector fields of ``kind`` (0 for a projection)."""
+    from ..operators import OPERATOR_KINDS
+
     if kind in GENERATORS:
         return GENERATORS[kind]
-    cls = OPERATOR_KINDS[kind]
-    return sp.Integer(0) if cls.is_projection else sp.Symbol(cls.symbol, commutative=False)
-_DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apart
+    if kind in OPERATOR_KINDS and OPERATOR_KINDS[kind].is_projection:
+        return sp.Integer(0)
+    return sp.Symbol(kind.replace("-", "_").upper(), commutative=False)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class _Series:
         self.kinds = dict(scheme.operators)
         self.exact = exact
         self.splitting = True
+        self.tableau_orders: list[int] = []
 
     def field(self, step: Substep) -> sp.Expr:
         return generator(self.kinds[step.operator])
@@ -97,10 +104,12 @@ class _Series:
     def step(self, step) -> sp.Expr:
         if isinstance(step, Parallel):
             return _truncate(sum(weight * self.sequence(branch) for weight, branch in zip(step.weights, step.branches)))
-        if isinstance(step, Heun):
+        if isinstance(step, RungeKutta):  # on linear fields a tableau acts through its stability polynomial
             self.splitting = False
+            self.tableau_orders.append(step.tableau.order())
             field = sum(f.fraction * self.field(f) for f in step.fields)
-            return _truncate(1 + STEP * field + STEP**2 * field**2 / 2)
+            return _truncate(1 + sum(step.tableau.stability(power) * (STEP * field) ** power
+                                     for power in range(1, _DEGREE + 1)))
         return self.substep(step)
 
 
@@ -127,6 +136,8 @@ def splitting_order(scheme: Scheme) -> OrderResult:
     exact = _flow(scheme)
     own = _Series(scheme, exact=False)
     order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
+    if own.tableau_orders and order is not None:  # linear fields see only part of the nonlinear order conditions
+        order = min([order, *own.tableau_orders])
     split = _Series(scheme, exact=True)
     split_order, split_leading = _order(_truncate(split.sequence(scheme.body) - exact))
     return OrderResult(

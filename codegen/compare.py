@@ -121,7 +121,7 @@ class Comparison:
         """Error against Δt of every scheme with an order, overlaid; saved to ``path`` or returned."""
         for derivation in self.derivations:
             if derivation.order.order is not None and derivation.scheme.name not in self.studies:
-                self.studies[derivation.scheme.name] = convergence_study(derivation.scheme)
+                self.studies[derivation.scheme.name] = convergence_study(derivation.scheme, order=derivation.order.order)
         return plot_studies(list(self.studies.values()), None if path is None else Path(path))
 
 

@@ -55,7 +55,7 @@ class Derivation:
     scheme: Scheme
     program: Program
     passes: tuple | None = None
-    _modules: dict[str, types.ModuleType] = field(default_factory=dict, repr=False)
+    _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def name(self) -> str:

@@ -49,6 +49,16 @@ class Tableau:
         """The classical order from Butcher's conditions (at most ``MAX_ORDER``)."""
         return _order(self)
 
+    def _repr_latex_(self) -> str:
+        """The Butcher array ``c | A`` over ``b``."""
+        rows = []
+        for i, c in enumerate(self.c):
+            cells = [sp.latex(self.a[i][j]) if j < min(i, len(self.a[i])) else "" for j in range(self.stages)]
+            rows.append(" & ".join([sp.latex(c), *cells]))
+        rows.append(r"\hline " + " & ".join(["", *(sp.latex(weight) for weight in self.b)]))
+        columns = "c|" + "c" * self.stages
+        return f"$$\\begin{{array}}{{{columns}}} " + r" \\ ".join(rows) + r" \end{array}$$"
+
     def stability(self, power: int) -> sp.Expr:
         """``b · A^{power−1} · 1``: the coefficient of ``(h λ)^power`` on a linear problem."""
         vector = [sp.Integer(1)] * self.stages

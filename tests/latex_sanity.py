@@ -18,9 +18,10 @@ import subprocess
 KNOWN_MACROS = {
     "mathrm", "mathcal", "text", "frac", "tfrac", "sqrt", "sum", "int", "left", "right", "langle", "rangle",
     "partial", "cdot", "times", "quad", "qquad", "max", "in", "to", "ge", "geq", "leq", "le", "iff", "Rightarrow",
-    "xrightarrow", "tilde", "operatorname", "begin", "end", "displaystyle",
-    "alpha", "beta", "gamma", "delta", "Delta", "varepsilon", "epsilon", "zeta", "eta", "lambda", "mu", "xi",
-    "sigma", "chi", "Omega", "textbackslash",
+    "xrightarrow", "tilde", "operatorname", "begin", "end", "displaystyle", "hline", "mathcal", "qquad",
+    "textbackslash", "mathbf", "circ", "odot", "pm", "ldots", "cdots", "infty", "ne", "neq", "exp", "log",
+    *"alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi rho "
+     "varrho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split(),
 }
 
 

@@ -1,5 +1,7 @@
 """The Python API: schemes built in Python, derive(), modules in memory, write(), notebook reprs."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
 
 from conftest import random_encoder_layer
+from latex_sanity import assert_renderable_math
 
 OPERATORS = {"attn": "attention", "norm1": "layer-norm", "ffn": "feed-forward", "norm2": "layer-norm"}
 
@@ -136,6 +139,26 @@ def test_every_displayed_object_has_a_notebook_repr(post_ln):
     assert r"\text{substep 1: attn, explicit}" in shown["record"]
     assert "order 1" in shown["order"] and r"\frac{h^{2}" in shown["order"]
     assert "splitting order 1" in shown["derivation"] and "4 substeps" in shown["derivation"]
+    assert_renderable_math([math for text in shown.values() for math in math_of(text)])
+
+
+def math_of(text):
+    """The math of a notebook view: an environment, ``$$…$$`` and ``$…$`` pieces."""
+    if text.startswith(r"\begin{"):
+        return [text]
+    display = re.findall(r"\$\$(.+?)\$\$", text, re.S)
+    inline = re.findall(r"\$([^$]+)\$", re.sub(r"\$\$(.+?)\$\$", "", text, flags=re.S))
+    return display + inline
+
+
+def test_other_displayed_objects_render():
+    from splitformer.symbolic.operators import OPERATOR_KINDS
+    from splitformer.symbolic.tableaux import TABLEAUX
+
+    shown = [TABLEAUX["rk4"]._repr_latex_(), OPERATOR_KINDS["rms-norm"].projection()._repr_markdown_(),
+             OPERATOR_KINDS["attention"]("attn")._repr_latex_()]
+    assert r"\hline" in shown[0] and "Lagrangian" in shown[1]
+    assert_renderable_math([math for text in shown for math in math_of(text)])
 
 
 def test_public_names_resolve():

@@ -31,6 +31,7 @@ from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
 from .output import write_files
+from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_scheme
 from .render import render_module
 from .report import render_report
@@ -141,7 +142,11 @@ class Derivation:
         return "\n".join(lines)
 
 
-def derive(scheme: Scheme | str, activation: str | None = None, passes: tuple | None = None) -> Derivation:
-    """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``."""
+def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None) -> Derivation:
+    """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``.
+
+    ``passes``: the IR passes of the emitted code, ``"all"`` (default), ``"none"`` or
+    comma-separated names as for ``splitformer derive --passes``.
+    """
     scheme = as_scheme(scheme, activation)
-    return Derivation(scheme, derive_program(scheme), passes)
+    return Derivation(scheme, derive_program(scheme), select(passes) if isinstance(passes, str) else passes)

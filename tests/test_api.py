@@ -188,3 +188,10 @@ def test_nothing_cites_the_design_notes():
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md", ".j2", ".toml"):
                 assert "MODEL.md" not in path.read_text(encoding="utf-8"), path
+
+
+def test_passes_by_name():
+    plain = splitformer.derive("post-ln", passes="none").source("numpy")
+    assert "np.einsum" in plain or "_einsum(" in plain
+    with pytest.raises(SplitformerError, match="unknown pass 'turbo'"):
+        splitformer.derive("post-ln", passes="turbo")

@@ -89,7 +89,7 @@ _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 _MATH_CHARACTERS = {"×": r"\times", "Δ": r"\Delta", "ε": r"\varepsilon", "σ": r"\sigma", "α": r"\alpha",
                     "β": r"\beta", "γ": r"\gamma", "→": r"\to", "≥": r"\ge", "≤": r"\le", "−": "-", "·": r"\cdot"}
 _TEXT_ESCAPES = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
-                 "{": r"\{", "}": r"\}", "^": r"\^{}", "~": r"\~{}"}
+                 "{": r"\{", "}": r"\}", "^": r"\^{}", "~": r"\~{}", "–": "--", "—": "---"}
 
 
 def unicode_text(text: str) -> str:

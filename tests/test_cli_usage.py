@@ -64,9 +64,11 @@ def test_show_text_has_no_latex(name, capsys):
     assert "Δt*" in out
 
 
-def test_show_latex_is_one_renderable_align_environment(capsys):
-    assert main(["show", "rk2", "--format", "latex"]) == 0
+@pytest.mark.parametrize("name", builtin_names())
+def test_show_latex_is_one_renderable_align_environment(name, capsys):
+    assert main(["show", name, "--format", "latex"]) == 0
     out = capsys.readouterr().out.strip()
+    assert out.isascii()
     assert out.startswith(r"\begin{align*}") and out.endswith(r"\end{align*}")
     assert out.count(r"\begin{") == out.count(r"\end{") == 1
     assert_renderable_align(out)

@@ -51,7 +51,7 @@ class Projection:
     gap: sp.Expr | None = None
 
     def _repr_markdown_(self) -> str:
-        return "\n\n".join(f"{n}. {description}: $${latex}$$" for n, (description, latex) in enumerate(self.steps, 1))
+        return "\n\n".join(f"{title}: $${latex}$$" for title, latex in self.steps)
 
 
 def _fail(constraint_set: ConstraintSet, message: str) -> SplitformerError:

@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
-                             "inline-elementwise, layer-norm, fused-attention, matmul, fuse-projections, reuse-buffers")
+                             "inline-elementwise, layer-norm, rms-norm, fused-attention, matmul, fuse-projections, "
+                             "reuse-buffers")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
                      "Run every proof check that applies: the derived projections, the subdifferential\n"

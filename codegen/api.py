@@ -130,6 +130,9 @@ class Derivation:
 
         return scheme_checks(self.scheme, self.program, None if plots is None else Path(plots))
 
+    def __repr__(self) -> str:
+        return f"<Derivation of {self.scheme.name!r} → {self.name}: {len(self.records)} substeps>"
+
     def _repr_markdown_(self) -> str:
         order = self.order
         orders = ("exact (no error term up to h⁴)" if order.order is None else

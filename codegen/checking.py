@@ -85,6 +85,9 @@ class CheckReport:
                              f"${order['leading_error']}$ |")
         return "\n".join(lines)
 
+    def __str__(self) -> str:
+        return self.as_text()
+
     def _repr_markdown_(self) -> str:
         return self.as_markdown()
 

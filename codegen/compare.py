@@ -114,6 +114,9 @@ class Comparison:
     def __str__(self) -> str:
         return self.as_text()
 
+    def __repr__(self) -> str:
+        return f"<Comparison of {', '.join(derivation.scheme.name for derivation in self.derivations)}>"
+
     def _repr_markdown_(self) -> str:
         return self.as_markdown()
 

@@ -89,6 +89,9 @@ class SubstepRecord:
         """The title and every assignment in index notation, plain text."""
         return "\n".join([self.title, *(f"    {a.lhs} = {plain_text(a.rhs)}" for a in self.assignments)])
 
+    def __str__(self) -> str:
+        return self.text()
+
     def _repr_latex_(self) -> str:
         return self.latex()
 
@@ -120,6 +123,12 @@ class Program:
 
     def text(self) -> str:
         return "\n".join(record.text() for record in self.records)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"<Program {self.name}: {len(self.records)} substeps, {len(self.assignments)} assignments>"
 
     def _repr_latex_(self) -> str:
         return self.latex()

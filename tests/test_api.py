@@ -195,3 +195,12 @@ def test_passes_by_name():
     assert "np.einsum" in plain or "_einsum(" in plain
     with pytest.raises(SplitformerError, match="unknown pass 'turbo'"):
         splitformer.derive("post-ln", passes="turbo")
+
+
+def test_plain_text_forms_for_a_terminal(post_ln):
+    assert repr(post_ln) == "<Derivation of 'post-ln' → post_ln: 4 substeps>"
+    assert repr(post_ln.program).startswith("<Program post_ln: 4 substeps, ")
+    assert str(post_ln.records[1]).splitlines()[0] == "substep 2: norm1, projection"
+    assert str(post_ln.order) == "order 1, splitting order 1; leading local error " + post_ln.order.leading_error_text
+    for text in (str(post_ln.program), str(post_ln.order), str(post_ln.equation)):
+        assert "\\" not in text

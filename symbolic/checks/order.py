@@ -55,6 +55,12 @@ class OrderResult:
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
 
+    def __str__(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term"
+        splitting = "—" if self.splitting_order is None else self.splitting_order
+        return f"order {self.order}, splitting order {splitting}; leading local error {self.leading_error_text}"
+
     def _repr_markdown_(self) -> str:
         if self.order is None:
             return "exact step: no local error term up to $h^4$"

@@ -1,4 +1,4 @@
-"""The ``splitformer`` command line: list, show, derive, check (``--help`` explains each).
+"""The ``splitformer`` command line: list, show, derive, check, compare (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
 """
@@ -49,6 +49,10 @@ examples:
   splitformer check                              every built-in scheme
   splitformer check rk2 my-scheme.toml --format json > checks.json
   splitformer check post-ln pre-ln --plots plots  one plot per scheme and plots/convergence.png""",
+    "compare": """examples:
+  splitformer compare post-ln macaron rk2 rk4
+  splitformer compare pre-ln parallel --format latex --sizes d=512,d_ff=2048
+  splitformer compare post-ln rk2 --plot convergence.png""",
 }
 
 
@@ -114,6 +118,20 @@ def _parser() -> argparse.ArgumentParser:
                        help="write DIR/<name>_convergence.png per scheme and DIR/convergence.png with every "
                             "scheme overlaid (needs matplotlib)")
     _load_option(check)
+    compare = _command(commands, "compare", "schemes side by side: orders, leading error, cost, parameters",
+                       "Derive each SCHEME and print one table: the order with its own substep solvers,\n"
+                       "the splitting order with exact sub-flows, the leading local-error term, the operator\n"
+                       "evaluations one step makes and the learned parameters of one block.")
+    compare.add_argument("schemes", nargs="+", metavar="SCHEME", help=_SCHEME)
+    compare.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
+                         help="text (default): aligned columns; markdown: a table with LaTeX math; "
+                              "latex: a tabular environment")
+    compare.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
+    compare.add_argument("--sizes", default=None, metavar="d=N,d_ff=M",
+                         help="count the parameters at these sizes instead of as a polynomial in d and d_ff")
+    compare.add_argument("--plot", default=None, metavar="FILE.png",
+                         help="also write one convergence plot with every scheme overlaid (needs matplotlib)")
+    _load_option(compare)
     return parser
 
 
@@ -197,13 +215,17 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
-        try:
-            import matplotlib  # noqa: F401 - only whether it is installed
-        except ImportError:
-            raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
+        _require_matplotlib("--plots")
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
+
+
+def _require_matplotlib(option: str) -> None:
+    try:
+        import matplotlib  # noqa: F401 - only whether it is installed
+    except ImportError:
+        raise SplitformerError(f"{option} needs matplotlib: pip install 'splitformer[plots]'") from None
 
 
 def _progress_printer():
@@ -217,6 +239,30 @@ def _progress_printer():
         print(f"[{time.monotonic() - start:6.1f} s] {status}  {check.id}", file=sys.stderr, flush=True)
 
     return show
+
+
+def _sizes(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    sizes = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in ("d", "d_ff") or not value.strip().isdigit():
+            raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers, got {item!r}")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+def _compare(arguments: argparse.Namespace) -> str:
+    from .compare import compare
+
+    sizes = _sizes(arguments.sizes)
+    if arguments.plot is not None:
+        _require_matplotlib("--plot")
+    table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
+    if arguments.plot is not None:
+        table.plot(Path(arguments.plot))
+    return {"text": table.as_text, "markdown": table.as_markdown, "latex": table.as_latex}[arguments.format]()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             text = _show(arguments)
         elif arguments.command == "check":
             text, status = _check(arguments)
+        elif arguments.command == "compare":
+            text = _compare(arguments)
         else:
             text = _derive(arguments)
     except SplitformerError as error:

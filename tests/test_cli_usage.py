@@ -29,7 +29,7 @@ def flat(text):
     return re.sub(r"-\s+", "-", " ".join(text.split()))
 
 
-@pytest.mark.parametrize("command", ["list", "show", "derive", "check"])
+@pytest.mark.parametrize("command", ["list", "show", "derive", "check", "compare"])
 def test_each_command_explains_its_options_and_shows_an_example(command, capsys):
     text = help_text(capsys, command)
     assert re.search(rf"^  splitformer {command}\b", text, re.M), "an example of the command"
@@ -131,3 +131,23 @@ def test_report_math_is_renderable():
     assert len(display) > 20 and len(inline) > 10
     assert_renderable_math(display + inline)
     assert "MODEL.md" not in report and "docs/model.md §" in report
+
+
+def test_compare_prints_the_table_and_writes_the_plot(tmp_path, capsys):
+    plot = tmp_path / "all.png"
+    assert main(["compare", "post-ln", "rk2", "--sizes", "d=24,d_ff=40", "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["scheme", "order", "splitting", "evaluations", "parameters"]
+    assert lines[2].split()[:5] == ["rk2", "2", "—", "8", "4480"]  # TransformerEncoderLayer(24, 4, 40)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["compare", "post-ln", "--sizes", "d=x"], "--sizes: expected d=N,d_ff=M"),
+    (["compare", "post-ln", "--format", "pdf"], "invalid choice: 'pdf'"),
+    (["compare"], "required: SCHEME"),
+])
+def test_compare_bad_input_is_one_error_line(arguments, message, capsys):
+    assert main(arguments) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ") and message in captured.err

@@ -204,3 +204,14 @@ def test_plain_text_forms_for_a_terminal(post_ln):
     assert str(post_ln.order) == "order 1, splitting order 1; leading local error " + post_ln.order.leading_error_text
     for text in (str(post_ln.program), str(post_ln.order), str(post_ln.equation)):
         assert "\\" not in text
+
+
+def test_a_python_scheme_with_its_own_tableau():
+    ssprk3 = {"a": [[], [1], ["1/4", "1/4"]], "b": ["1/6", "1/6", "2/3"]}
+    built = scheme("ssp", "SSPRK3 of the pre-LN field", OPERATORS,
+                   [splitformer.runge_kutta("ssprk3", substep("attn", on="norm1"), substep("ffn", on="norm2"))],
+                   tableaux={"ssprk3": ssprk3}, order=3)
+    assert "[tableaux]" in built.source and parse_scheme(built.source).body == built.body
+    assert splitformer.derive(built).order.order == 3
+    with pytest.raises(SplitformerError, match="unknown Runge–Kutta tableau 'ssprk9'"):
+        scheme("ssp", "x", OPERATORS, [splitformer.runge_kutta("ssprk9", "attn")])

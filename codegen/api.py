@@ -42,7 +42,7 @@ __all__ = ["Derivation", "derive", "as_scheme"]
 def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
     """A ``Scheme`` from itself, a built-in name or a scheme-file path, checked."""
     if isinstance(scheme, (str, Path)):
-        scheme = load_scheme(str(scheme))
+        scheme = load_scheme(scheme)
     elif not isinstance(scheme, Scheme):
         raise SplitformerError(f"expected a Scheme, a built-in name or a scheme file, got {type(scheme).__name__}")
     scheme.check()

@@ -215,3 +215,11 @@ def test_a_python_scheme_with_its_own_tableau():
     assert splitformer.derive(built).order.order == 3
     with pytest.raises(SplitformerError, match="unknown Runge–Kutta tableau 'ssprk9'"):
         scheme("ssp", "x", OPERATORS, [splitformer.runge_kutta("ssprk9", "attn")])
+
+
+def test_load_scheme_takes_names_and_paths_only(tmp_path):
+    from conftest import ROOT
+
+    assert splitformer.load_scheme(ROOT / "symbolic" / "schemes" / "rk2.toml").name == "rk2"
+    with pytest.raises(SplitformerError, match="expected a scheme name or a path, got int"):
+        splitformer.load_scheme(42)

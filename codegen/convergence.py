@@ -140,34 +140,28 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None) -
     return Study(scheme.name, steps, tuple(errors), slope)
 
 
-def _pyplot(interactive: bool = False):
-    import matplotlib
+def _figure(width: float, height: float):
+    """A figure outside pyplot: no global backend switch, nothing to close (notebooks keep theirs)."""
+    from matplotlib.figure import Figure
 
-    if not interactive:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=(width, height), dpi=100)
+    return figure, figure.subplots()
 
 
 def _save(figure, path: Path) -> Path:
-    plt = _pyplot()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, metadata={"Software": None})
     except OSError as error:
         raise SplitformerError(f"cannot write {path}: {error.strerror}") from None
-    finally:
-        plt.close(figure)
     return path
 
 
 def plot_study(study: Study, order: int, path: Path) -> Path:
     """Error against Δt on log–log axes, with a reference line of the expected slope."""
-    plt = _pyplot()
     steps = np.array([HORIZON / count for count in study.steps])
     errors = np.array(study.errors)
-    figure, axes = plt.subplots(figsize=(4.8, 3.6), dpi=100)
+    figure, axes = _figure(4.8, 3.6)
     axes.loglog(steps, errors, "o-", label=f"{study.scheme} (slope {study.slope:.2f})")
     axes.loglog(steps, errors[-1] * (steps / steps[-1]) ** order, "--", color="gray", label=f"order {order}")
     axes.set_xlabel("Δt")
@@ -180,8 +174,7 @@ def plot_study(study: Study, order: int, path: Path) -> Path:
 
 def plot_studies(studies: list[Study], path: Path | None = None):
     """Every study on one set of log–log axes; saved to ``path``, or the figure when ``None``."""
-    plt = _pyplot(interactive=path is None)
-    figure, axes = plt.subplots(figsize=(5.6, 4.2), dpi=100)
+    figure, axes = _figure(5.6, 4.2)
     for study in studies:
         steps = [HORIZON / count for count in study.steps]
         axes.loglog(steps, study.errors, "o-", markersize=3, label=f"{study.scheme} (slope {study.slope:.2f})")
@@ -190,7 +183,4 @@ def plot_studies(studies: list[Study], path: Path | None = None):
     axes.set_title("convergence of the schemes")
     axes.legend(fontsize="small")
     figure.tight_layout()
-    if path is None:
-        plt.close(figure)
-        return figure
-    return _save(figure, path)
+    return figure if path is None else _save(figure, path)

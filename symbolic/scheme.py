@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Union
 
 import sympy as sp
@@ -127,6 +127,9 @@ class Scheme:
                                        f"(options: {', '.join(allowed) or 'none'})")
             if "activation" in allowed:
                 options["activation"] = lookup_activation(options.get("activation", self.activation))
+            required = [name for name, default in allowed.items() if default is MISSING and name not in options]
+            if required:
+                raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) needs the option {required[0]!r}")
             result[key] = cls(key, **options)
         return result
 

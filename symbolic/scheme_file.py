@@ -10,6 +10,7 @@ import keyword
 import os
 import re
 import tomllib
+from dataclasses import MISSING
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,9 @@ class _Reader:
             if name == "activation":
                 if not isinstance(value, str) or value not in ACTIVATIONS:
                     raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+            elif allowed[name] is None or allowed[name] is MISSING:  # no default to take the type from
+                if not isinstance(value, (bool, int, float, str)):
+                    raise self.fail(f"{path}.{name}", f"expected a number, string or boolean, got {type(value).__name__}")
             elif type(value) is not type(allowed[name]):
                 raise self.fail(f"{path}.{name}", f"expected {type(allowed[name]).__name__}, got {type(value).__name__}")
 

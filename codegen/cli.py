@@ -1,11 +1,14 @@
 """The ``splitformer`` command line: list, show, derive, check, compare (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
+An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
+(``splitformer check | head -1``) ends the command quietly with status 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -98,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all",
                         help="numpy, torch, or all (default): which modules to write")
     derive.add_argument("--out", default="generated", metavar="DIR", help="output folder (default: generated)")
+    derive.add_argument("--force", action="store_true",
+                        help="overwrite files in --out that splitformer did not write")
     derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
@@ -193,13 +198,20 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     passes = select(arguments.passes)
+    if not arguments.out:
+        raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
     out = Path(arguments.out)
-    if out.exists() and not out.is_dir():
-        raise SplitformerError(f"--out {out} exists and is not a folder")
-    files: dict[Path, str] = {}
+    emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
-        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out, passes))
-    write_files(files)
+        scheme = _load(name, arguments.activation)
+        first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
+        if previous is not scheme and previous.source != scheme.source:
+            raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
+                                   f"{scheme.module_name}.py; derive them into different --out folders")
+    files: dict[Path, str] = {}
+    for _, scheme in emitted.values():
+        files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
 
@@ -212,9 +224,17 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
-        existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        try:
+            existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        except (OSError, ValueError) as error:
+            raise SplitformerError(f"--plots {plots}: {getattr(error, 'strerror', None) or error}") from None
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
+        from .output import check_target
+
+        for scheme in schemes:
+            check_target(plots / f"{scheme.module_name}_convergence.png")
+        check_target(plots / "convergence.png")
         _require_matplotlib("--plots")
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
@@ -258,6 +278,9 @@ def _compare(arguments: argparse.Namespace) -> str:
 
     sizes = _sizes(arguments.sizes)
     if arguments.plot is not None:
+        from .output import check_target
+
+        check_target(Path(arguments.plot))
         _require_matplotlib("--plot")
     table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
     if arguments.plot is not None:
@@ -265,32 +288,64 @@ def _compare(arguments: argparse.Namespace) -> str:
     return {"text": table.as_text, "markdown": table.as_markdown, "latex": table.as_latex}[arguments.format]()
 
 
+def _run(argv: list[str] | None) -> tuple[str, int]:
+    parser = _parser()
+    arguments = parser.parse_args(argv)
+    if getattr(arguments, "load", None):
+        from splitformer.symbolic.plugins import load_plugins
+
+        load_plugins(arguments.load)
+    if arguments.command is None:  # bare `splitformer`: the usage, not an error
+        return parser.format_help().rstrip("\n"), 0
+    if arguments.command == "list":
+        return _list(), 0
+    if arguments.command == "show":
+        return _show(arguments), 0
+    if arguments.command == "check":
+        return _check(arguments)
+    if arguments.command == "compare":
+        return _compare(arguments), 0
+    return _derive(arguments), 0
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    try:
+        print(f"error: {message}".replace("\n", "\\n").replace("\r", "\\r"), file=sys.stderr)
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    try:
+        target = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, target)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # not a real file (tests, IDEs): nothing to flush later
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    status = 0
     try:
-        parser = _parser()
-        arguments = parser.parse_args(argv)
-        if getattr(arguments, "load", None):
-            from splitformer.symbolic.plugins import load_plugins
-
-            load_plugins(arguments.load)
-        if arguments.command is None:  # bare `splitformer`: the usage, not an error
-            text = parser.format_help().rstrip("\n")
-        elif arguments.command == "list":
-            text = _list()
-        elif arguments.command == "show":
-            text = _show(arguments)
-        elif arguments.command == "check":
-            text, status = _check(arguments)
-        elif arguments.command == "compare":
-            text = _compare(arguments)
-        else:
-            text = _derive(arguments)
+        text, status = _run(argv)
+        try:
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (| head -1): stop quietly
+            _silence_stdout()
+            return 141
+        except OSError as error:
+            _silence_stdout()
+            raise SplitformerError(f"cannot write to standard output: {error.strerror or error}") from None
     except SplitformerError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _error(str(error))
         return 2
-    print(text)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
     return status
 
 

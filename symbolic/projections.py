@@ -28,6 +28,7 @@ import sympy as sp
 from .cache import disk_cached
 from .constraints import G, S_1, S_2, SYMBOLS, U, ConstraintSet, ProjectionSymbols
 from .errors import SplitformerError
+from .projection_verifiers import verify_layer_norm_projection, verify_relu_projection
 
 __all__ = [
     "Projection", "ProjectionSymbols", "SYMBOLS", "derive_projection", "feature_mean",
@@ -301,13 +302,13 @@ def derive_projection(constraint_set: ConstraintSet) -> Projection:
     return _Lagrange(constraint_set).derive() if constraint_set.moments else _kkt(constraint_set)
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_layer_norm_projection)
 def derive_layer_norm_projection() -> Projection:
     """Projection onto ``S_1(σ_1, σ_2)`` with a ghost coordinate (Theorem 3.1, LayerNorm's ε)."""
     return derive_projection(S_1)
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_relu_projection)
 def derive_relu_projection() -> Projection:
     """Projection onto ``S_2 = {u ≥ 0}`` from the KKT conditions (it separates pointwise)."""
     return derive_projection(S_2)

@@ -153,6 +153,8 @@ class Scheme:
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
         operators = self.instantiate()
+        if not self.substeps():
+            raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
             if step.solver not in SOLVERS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "

@@ -113,15 +113,18 @@ class Derivation:
             self._modules[backend] = module
         return self._modules[backend]
 
-    def write(self, out: str | Path = "generated", backend: str = "all") -> list[Path]:
-        """Write the modules and the report under ``out`` (all or nothing); returns the paths."""
+    def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
+        """Write the modules and the report under ``out`` (all or nothing); returns the paths.
+
+        ``force`` overwrites files that splitformer did not write (``splitformer derive --force``).
+        """
         if backend not in BACKEND_CHOICES:
             raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")
         out = Path(out)
         if out.exists() and not out.is_dir():
             raise SplitformerError(f"{out} exists and is not a folder")
         files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
-        write_files(files)
+        write_files(files, force=force)
         return list(files)
 
     def check(self, plots: str | Path | None = None):

@@ -223,3 +223,14 @@ def test_load_scheme_takes_names_and_paths_only(tmp_path):
     assert splitformer.load_scheme(ROOT / "symbolic" / "schemes" / "rk2.toml").name == "rk2"
     with pytest.raises(SplitformerError, match="expected a scheme name or a path, got int"):
         splitformer.load_scheme(42)
+
+
+def test_write_leaves_foreign_files_unless_forced(post_ln, tmp_path):
+    foreign = tmp_path / "numpy" / "post_ln.py"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("# mine\n")
+    with pytest.raises(SplitformerError):
+        post_ln.write(tmp_path, backend="numpy")
+    assert foreign.read_text() == "# mine\n"
+    post_ln.write(tmp_path, backend="numpy", force=True)
+    assert foreign.read_text() == post_ln.source("numpy")

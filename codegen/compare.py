@@ -36,13 +36,16 @@ def parameter_count(program: Program) -> sp.Expr:
 
 
 def evaluation_count(program: Program) -> int:
-    """Operator evaluations in one step (an evaluation reused on the same field counts once)."""
+    """Operator evaluations in one step, projections included (an evaluation reused on the
+    same field counts once)."""
     return sum(1 for record in program.records for evaluation in record.evaluations
                if evaluation.kind in OPERATOR_KINDS)  # not the stage states of a Runge–Kutta step
 
 
 @dataclass(frozen=True)
 class Row:
+    """One scheme of the table; ``leading_error`` is LaTeX, ``leading_error_text`` plain text."""
+
     scheme: str
     order: int | None
     splitting_order: int | None

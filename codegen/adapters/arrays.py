@@ -35,7 +35,7 @@ def tensor(value: np.ndarray, dtype: Any = None) -> Any:
     """A NumPy array as a torch tensor (``dtype``: cast, e.g. back to the source's bfloat16)."""
     import torch
 
-    result = torch.from_numpy(np.array(value, copy=True))
+    result = torch.from_numpy(np.array(value, copy=True, order="C"))
     return result if dtype is None else result.to(dtype)
 
 

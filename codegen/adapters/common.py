@@ -12,8 +12,31 @@ from splitformer.symbolic.errors import SplitformerError
 from .adapted import Adapted
 from .arrays import array, tensor
 
-__all__ = ["zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
+__all__ = ["activation_name", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
            "final_norm_params", "state_dict"]
+
+
+#: Class names of activation modules (torch, transformers) → the scheme activation they compute.
+ACTIVATION_CLASSES = {"ReLU": "relu", "GELUActivation": "gelu", "SiLU": "silu", "SiLUActivation": "silu", "Tanh": "tanh"}
+#: ``torch.nn.functional``/``torch`` function names → the scheme activation.
+ACTIVATION_FUNCTIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": "tanh"}
+
+
+def activation_name(owner: str, function: Any) -> str:
+    """The scheme activation ``function`` computes (exact GELU only); anything else is refused."""
+    import torch
+
+    name = type(function).__name__
+    if name == "GELU" and getattr(function, "approximate", "none") == "none":
+        return "gelu"
+    if name in ACTIVATION_CLASSES and not getattr(function, "use_gelu_tanh_python", False):
+        return ACTIVATION_CLASSES[name]
+    plain = getattr(function, "__name__", "")
+    if plain in ACTIVATION_FUNCTIONS and function in (getattr(torch.nn.functional, plain, None), getattr(torch, plain, None)):
+        return ACTIVATION_FUNCTIONS[plain]
+    shown = plain or repr(function)
+    raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
+                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}; gelu is the exact erf form)")
 
 
 def zero_bias(size: int, dtype: np.dtype) -> np.ndarray:

@@ -1,7 +1,7 @@
 """``torch.nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder`` ↔ canonical parameters.
 
 ``norm_first=False`` is the ``post-ln`` scheme, ``norm_first=True`` ``pre-ln``; the activation
-is ReLU or exact GELU. Refused, each with its own message: another activation (tanh-GELU
+is ReLU, exact GELU, SiLU or tanh. Refused, each with its own message: another activation (tanh-GELU
 included), LayerNorms without affine parameters or with different ε, a mix of biased and
 bias-less parts, ``add_bias_kv``/``add_zero_attn`` attention, and stacks whose layers differ.
 """
@@ -17,23 +17,10 @@ from splitformer.symbolic.errors import SplitformerError
 from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .common import (check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration, state_dict,
+from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration, state_dict,
                      zero_bias)
 
 __all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
-
-
-def _activation(layer: Any) -> str:
-    import torch.nn.functional as F
-    from torch import nn
-
-    function = layer.activation
-    if function is F.relu or isinstance(function, nn.ReLU):
-        return "relu"
-    if function is F.gelu or (isinstance(function, nn.GELU) and function.approximate == "none"):
-        return "gelu"
-    shown = getattr(function, "__name__", None) or repr(function)
-    raise SplitformerError(f"TransformerEncoderLayer activation {shown} has no scheme activation (supported: relu, exact gelu)")
 
 
 def _attention(attention: Any) -> tuple[dict[str, np.ndarray], list[Any]]:
@@ -74,7 +61,7 @@ def read_encoder_layer(layer: Any) -> Adapted:
         "the source takes (tokens, batch, d) (batch_first=False); generated forwards take (batch, tokens, d)",)
     return Adapted(
         scheme="pre-ln" if layer.norm_first else "post-ln",
-        activation=_activation(layer),
+        activation=activation_name("TransformerEncoderLayer", layer.activation),
         layers=(params,),
         n_heads=layer.self_attn.num_heads,
         eps=eps,

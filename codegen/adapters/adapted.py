@@ -106,9 +106,9 @@ class Adapted(Mapping[str, np.ndarray]):
         """The same source and configuration holding other (e.g. trained) parameters."""
         if isinstance(layers, Mapping):
             layers = [layers]
-        # a bias-less source's Block holds no biases: its canonical zeros stand in for them
-        layers = tuple({k: np.asarray(params[k]) if k in params or self.bias else old[k] for k in old}
-                       | {k: np.asarray(v) for k, v in params.items()} for params, old in zip(layers, self.layers))
+        # a bias-less source's Block holds no biases: the canonical zeros stand in for them
+        layers = tuple({k: old[k] for k in old if not self.bias and _is_bias(k)} | {k: np.asarray(v) for k, v in params.items()}
+                       for params, old in zip(layers, self.layers))
         if len(layers) != len(self.layers):
             raise SplitformerError(f"{len(layers)} parameter mappings for a source of {len(self.layers)} layers")
         for index, (new, old) in enumerate(zip(layers, self.layers)):
@@ -170,6 +170,11 @@ class Adapted(Mapping[str, np.ndarray]):
         extra = "".join(f", {k}={v!r}" for k, v in self.options.items())
         return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
                 f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype})")
+
+
+def _is_bias(name: str) -> bool:
+    attribute = name.rsplit(".", 1)[-1]
+    return attribute == "bias" or attribute.startswith("b_")
 
 
 def _torch_dtype(dtype: np.dtype) -> Any:

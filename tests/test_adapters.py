@@ -310,6 +310,13 @@ def test_refuses_partial_and_inconsistent_parameters(modules):
             {k: v for k, v in from_torch(encoder_layer()).items() if k != "ffn.W_2"})
 
 
+def test_notes_state_the_layout_and_unknown_classes_are_named():
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, batch_first=False, dtype=torch.float64)
+    assert any("batch_first=False" in note for note in from_torch(layer).notes)
+    with pytest.raises(SplitformerError, match=r"no hf adapter for TransformerEncoderLayer \(supported: .*BertLayer"):
+        from_hf(layer)
+
+
 def test_a_stack_is_not_one_mapping():
     adapted = from_torch(torch.nn.TransformerEncoder(encoder_layer(), 2, enable_nested_tensor=False))
     with pytest.raises(SplitformerError, match="stack of 2 layers: use .layers"):

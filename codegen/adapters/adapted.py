@@ -89,8 +89,8 @@ class Adapted(Mapping[str, np.ndarray]):
     @property
     def sizes(self) -> dict[str, int]:
         """``d_model`` and ``d_ff`` as the generated ``Block``'s constructor names them."""
-        first = self.layers[0]
-        return {"d_model": first["ffn.W_1"].shape[0], "d_ff": first["ffn.W_1"].shape[1]}
+        lifting = next(value for name, value in self.layers[0].items() if name.startswith("ffn.W") and value.ndim == 2)
+        return {"d_model": lifting.shape[0], "d_ff": lifting.shape[1]}
 
     @property
     def dtype(self) -> np.dtype:
@@ -98,19 +98,20 @@ class Adapted(Mapping[str, np.ndarray]):
 
     def astype(self, dtype: Any) -> Adapted:
         """The same parameters as ``dtype`` (``np.float32``/``np.float64``)."""
-        convert = {name: value.astype(dtype) for name, value in self._all().items()}
-        return self._with(convert)
+        layers = tuple({name: value.astype(dtype) for name, value in params.items()} for params in self.layers)
+        final = None if self.final_norm is None else {k: v.astype(dtype) for k, v in self.final_norm.items()}
+        return replace(self, layers=layers, final_norm=final)
 
     def with_params(self, layers: Params | list[Params] | tuple[Params, ...],
                     final_norm: Params | None = None) -> Adapted:
         """The same source and configuration holding other (e.g. trained) parameters."""
         if isinstance(layers, Mapping):
             layers = [layers]
-        # a bias-less source's Block holds no biases: the canonical zeros stand in for them
-        layers = tuple({k: old[k] for k in old if not self.bias and _is_bias(k)} | {k: np.asarray(v) for k, v in params.items()}
-                       for params, old in zip(layers, self.layers))
         if len(layers) != len(self.layers):
             raise SplitformerError(f"{len(layers)} parameter mappings for a source of {len(self.layers)} layers")
+        # a bias-less source's Block holds no biases: the canonical zeros stand in for them
+        layers = tuple({k: old[k] for k in old if not self.bias and _is_bias(k)}
+                       | {k: np.asarray(v) for k, v in params.items()} for params, old in zip(layers, self.layers))
         for index, (new, old) in enumerate(zip(layers, self.layers)):
             mismatched = sorted(set(new) ^ set(old))
             if mismatched:
@@ -138,7 +139,7 @@ class Adapted(Mapping[str, np.ndarray]):
         return self.load_into(module)
 
     def load_into(self, module: Any) -> Any:
-        """Copy these parameters into a generated ``Block``/``Stack`` after checking it computes the source's forward."""
+        """Copy these parameters into a generated ``Block``/``Stack``, checked to compute the source's forward."""
         blocks = list(module.layers) if hasattr(module, "layers") else [module]
         if self.stack != hasattr(module, "layers") or len(blocks) != len(self.layers):
             what = f"a stack of {len(self.layers)} layers" if self.stack else "one block"
@@ -146,23 +147,14 @@ class Adapted(Mapping[str, np.ndarray]):
         block = blocks[0]
         for name, wanted in (("n_heads", self.n_heads), ("eps", self.eps), ("bias", self.bias)):
             if getattr(block, name) != wanted:
-                raise SplitformerError(f"the source has {name}={wanted!r}, the {type(module).__name__} {name}={getattr(block, name)!r}")
+                raise SplitformerError(f"the source has {name}={wanted!r}, "
+                                       f"the {type(module).__name__} {name}={getattr(block, name)!r}")
         if self.stack:
             if getattr(module, "has_final_norm", False) != (self.final_norm is not None):
                 raise SplitformerError(f"the source {'has' if self.final_norm is not None else 'has no'} final norm, "
                                        f"the Stack final_norm={module.has_final_norm}")
             return module.load_params(list(self.layers), self.final_norm)
         return module.load_params(self.params)
-
-    # --- helpers ---------------------------------------------------------------------------
-    def _all(self) -> dict[str, np.ndarray]:
-        flat = {f"{index}/{name}": value for index, params in enumerate(self.layers) for name, value in params.items()}
-        return flat | {f"final/{name}": value for name, value in (self.final_norm or {}).items()}
-
-    def _with(self, flat: dict[str, np.ndarray]) -> Adapted:
-        layers = tuple({name: flat[f"{index}/{name}"] for name in params} for index, params in enumerate(self.layers))
-        final = None if self.final_norm is None else {name: flat[f"final/{name}"] for name in self.final_norm}
-        return replace(self, layers=layers, final_norm=final)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())

@@ -118,6 +118,21 @@ def test_torch_keywords_and_masks(rng):
     assert (block(u, src_mask=per_batch) - expected).abs().max() <= 1e-10
 
 
+def test_batch_first_false_takes_tokens_first(rng):
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dropout=0.0, batch_first=False, dtype=torch.float64)
+    layer = layer.eval()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.tensor(rng.standard_normal(tuple(parameter.shape))) * 0.5)
+    block = torch_module("post_ln").Block(D, HEADS, D_FF, batch_first=False, dtype=torch.float64)
+    from_torch(layer).load_into(block)
+    u = torch.tensor(rng.standard_normal((5, 2, D)))  # (tokens, batch, d)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        difference = block(u, src_key_padding_mask=padding) - layer(u, src_key_padding_mask=padding)
+    assert difference[~padding.T].abs().max() <= 1e-10  # torch's fast path zeroes padded positions
+
+
 def test_mask_mistakes_are_named():
     block = torch_module("post_ln").Block(D, HEADS, D_FF)
     u = torch.zeros(2, 5, D)
@@ -160,7 +175,7 @@ def test_reset_parameters_matches_torch_statistics():
 def test_repr_shows_scheme_sizes_and_shapes():
     text = repr(torch_module("pre_ln_gelu").Stack(2, D, HEADS, D_FF, dropout=0.1))
     assert "pre-ln, final_norm=True" in text
-    assert "pre-ln, activation=gelu, d_model=8, n_heads=2, d_ff=12, eps=1e-05, bias=True, dropout=0.1" in text
+    assert "pre-ln, activation=gelu, d_model=8, n_heads=2, d_ff=12, eps=1e-05, bias=True, dropout=0.1, batch_first=True" in text
     assert "(attn): _Group(W_q: (8, 8), b_q: (8,)" in text and "(final_norm): _Group(gain: (8,), bias: (8,))" in text
 
 

@@ -249,19 +249,21 @@ def _load(module, table, params, bias):
 class Block(torch.nn.Module):
     """One step of rk2; parameters carry their canonical names.
 
-    A drop-in for the matching ``torch.nn.TransformerEncoderLayer`` (batch first):
-    ``dropout`` where torch puts it (attention kernel, feed-forward activation, each residual
-    branch; training mode only), torch's mask keywords, torch's initialization.
+    A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
+    puts it (attention kernel, feed-forward activation, each residual branch; training mode
+    only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
+    initialization.
     """
 
-    def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, device=None, dtype=None):
+    def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
+                 device=None, dtype=None):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        self.dropout = float(dropout)
+        self.dropout, self.batch_first = float(dropout), batch_first
         _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
@@ -271,7 +273,8 @@ class Block(torch.nn.Module):
 
     def extra_repr(self):
         return (f"{SCHEME}, activation={ACTIVATION}, d_model={self.d_model}, n_heads={self.n_heads}, "
-                f"d_ff={self.d_ff}, eps={self.eps}, bias={self.bias}, dropout={self.dropout}")
+                f"d_ff={self.d_ff}, eps={self.eps}, bias={self.bias}, dropout={self.dropout}, "
+                f"batch_first={self.batch_first}")
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
@@ -281,7 +284,8 @@ class Block(torch.nn.Module):
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
-        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape.
+        """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
+        ``batch_first``); the result has the same shape.
 
         Masks follow torch (bool: True excludes a key; float: added to the scores):
         ``key_padding_mask`` (or torch's ``src_key_padding_mask``) of shape (batch, tokens),
@@ -297,7 +301,7 @@ class Block(torch.nn.Module):
             if key_padding_mask is not None:
                 raise ValueError("give key_padding_mask or src_key_padding_mask, not both")
             key_padding_mask = src_key_padding_mask
-        u0 = u[None] if u.dim() == 2 else u
+        u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         dropout_p = self.dropout if self.training else 0.0
@@ -388,7 +392,9 @@ class Block(torch.nn.Module):
         ffn2_out = _dropout(ffn2_out, dropout_p)
         # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
-        return u2[0] if u.dim() == 2 else u2
+        if u.dim() == 2:
+            return u2[0]
+        return u2 if self.batch_first else u2.transpose(0, 1)
 
 
 class Stack(torch.nn.Module):
@@ -400,11 +406,12 @@ class Stack(torch.nn.Module):
 
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
-    def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0,
+    def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  final_norm=True, device=None, dtype=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, device=device, dtype=dtype)
+            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
+                  device=device, dtype=dtype)
             for _ in range(n_layers)
         )
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm

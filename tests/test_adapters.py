@@ -130,7 +130,7 @@ def test_half_precision_is_widened_exactly_and_stated(dtype, bits, modules, rng)
     assert adapted.dtype == np.float32
     assert len(adapted.notes) == 1 and str(dtype).removeprefix("torch.") in adapted.notes[0]
     assert f"2^-{bits}" in adapted.notes[0]
-    assert_same_state(to_torch(adapted, dtype=dtype), layer.state_dict())  # widening lost nothing
+    assert_same_state(to_torch(adapted), layer.state_dict())  # widening lost nothing; written back as the source's dtype
     u = rng.standard_normal((2, 5, D)).astype(np.float32)
     assert parity(modules, adapted, layer.float(), u) <= 1e-4  # the float32 forward of the same weights
     assert from_torch(layer, dtype=np.float64).dtype == np.float64
@@ -226,6 +226,8 @@ REFUSED_LAYERS = {
                    "biases in some parts"),
     "bias_kv": (lambda: _replace(encoder_layer(), "self_attn", torch.nn.MultiheadAttention(
         D, HEADS, add_bias_kv=True, batch_first=True, dtype=torch.float64)), "add_bias_kv"),
+    "mixed dtypes": (lambda: _replace(encoder_layer(), "norm1", torch.nn.LayerNorm(D, dtype=torch.float32)),
+                     "dtypes float32, float64"),
     "unknown class": (lambda: torch.nn.Linear(D, D), "no torch adapter for Linear"),
 }
 

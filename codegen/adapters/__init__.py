@@ -21,7 +21,7 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
-from .arrays import dtype_notes
+from .arrays import dtype_notes, source_dtype
 
 __all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "to_torch", "canonical",
            "ADAPTERS", "WRITERS"]
@@ -70,7 +70,7 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
     for key, wanted in expected.items():
         if wanted is not None and getattr(adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={getattr(adapted, key)!r}, asked for {key}={wanted!r}")
-    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module))
+    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module), source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
 
 
@@ -98,7 +98,8 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
 
     ``params``: an ``Adapted``; or canonical parameters of the same source, ``like`` being
     its ``Adapted``: one mapping, a list of mappings, or a generated ``Block``/``Stack``
-    (trained here). ``dtype``: the tensors' torch dtype (default: that of ``params``).
+    (trained here). ``dtype``: the tensors' torch dtype (default: the source module's, so a
+    bfloat16 source gets bfloat16 tensors back).
     """
     if not isinstance(params, Adapted):
         if like is None:
@@ -109,7 +110,11 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
     if function is None:
         raise SplitformerError(f"no writer for {params.source[0]} {params.source[1]}")
     state = function(params)
-    return state if dtype is None else {key: value.to(dtype) for key, value in state.items()}
+    if dtype is None:
+        import torch
+
+        dtype = getattr(torch, params.source_dtype)
+    return {key: value.to(dtype) for key, value in state.items()}
 
 
 def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:

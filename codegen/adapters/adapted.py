@@ -38,6 +38,7 @@ class Adapted(Mapping[str, np.ndarray]):
       that ``to_torch`` uses.
     - ``stack``: read from a stack (use ``forward_stack``/``Stack``) rather than one block.
     - ``notes``: what reading changed, e.g. a dtype conversion and the precision it keeps.
+    - ``source_dtype``: the source's parameter dtype (``"bfloat16"``), which ``to_torch`` writes.
     """
 
     scheme: str
@@ -51,6 +52,7 @@ class Adapted(Mapping[str, np.ndarray]):
     stack: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    source_dtype: str = "float32"
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property

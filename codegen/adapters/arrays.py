@@ -8,7 +8,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["array", "linear_weight", "tensor", "dtype_notes"]
+__all__ = ["array", "linear_weight", "tensor", "dtype_notes", "source_dtype"]
 
 #: Floating dtypes NumPy's generated code does not take → the float type they are read as.
 _WIDENED = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -37,6 +37,15 @@ def tensor(value: np.ndarray, dtype: Any = None) -> Any:
 
     result = torch.from_numpy(np.array(value, copy=True, order="C"))
     return result if dtype is None else result.to(dtype)
+
+
+def source_dtype(module: Any) -> str:
+    """The one floating dtype of ``module``'s parameters (``"bfloat16"``); mixed dtypes are refused."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()})
+    if len(dtypes) != 1:
+        raise SplitformerError(f"{type(module).__name__} has parameters of dtypes {', '.join(dtypes) or 'none'}; "
+                               "adapters read modules of one floating dtype")
+    return dtypes[0]
 
 
 def dtype_notes(module: Any) -> tuple[str, ...]:

@@ -133,6 +133,15 @@ def test_batch_first_false_takes_tokens_first(rng):
     assert difference[~padding.T].abs().max() <= 1e-10  # torch's fast path zeroes padded positions
 
 
+def test_a_source_state_dict_never_loads_partially():
+    layer, block = pair()
+    with pytest.raises(ValueError, match="unexpected key 'linear1.bias'.*splitformer.adapters"):
+        block.load_state_dict(layer.state_dict(), strict=False)  # norm1.bias would match by name
+    other = torch_module("post_ln").Block(D, HEADS, D_FF, dtype=torch.float64)
+    other.load_state_dict(block.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), block.state_dict().values()))
+
+
 def test_mask_mistakes_are_named():
     block = torch_module("post_ln").Block(D, HEADS, D_FF)
     u = torch.zeros(2, 5, D)

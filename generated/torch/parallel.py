@@ -238,7 +238,22 @@ def _load(module, table, params, bias):
             target.copy_(value)
 
 
-class Block(torch.nn.Module):
+class _CanonicalModule(torch.nn.Module):
+    """A module whose state dict holds canonical names only."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """torch's ``load_state_dict``, except that a key this module lacks is an error even with
+        ``strict=False``: a source module's state dict (``self_attn.in_proj_weight``, …) must not
+        load partially by matching names; it loads through ``splitformer.adapters``."""
+        foreign = sorted(set(state_dict) - set(self.state_dict()))
+        if foreign:
+            raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
+                             f"{next(iter(self.state_dict()))!r}); load another module's weights with "
+                             "splitformer.adapters: from_torch(layer).load_into(block)")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class Block(_CanonicalModule):
     """One step of parallel; parameters carry their canonical names.
 
     A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
@@ -349,7 +364,7 @@ class Block(torch.nn.Module):
         return u1 if self.batch_first else u1.transpose(0, 1)
 
 
-class Stack(torch.nn.Module):
+class Stack(_CanonicalModule):
     """``n_layers`` steps of parallel (own parameters each), then the final projection.
 
     ``final_norm`` defaults to the scheme's choice (True); its parameters are

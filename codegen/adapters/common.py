@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,7 @@ from .adapted import Adapted
 from .arrays import array, tensor
 
 __all__ = ["activation_name", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
-           "final_norm_params", "state_dict"]
+           "final_norm_params", "stack_state", "state_dict"]
 
 
 #: Class names of activation modules (torch, transformers) → the scheme activation they compute.
@@ -101,6 +101,16 @@ def final_norm_params(owner: str, norm: Any, first: Adapted) -> dict[str, np.nda
                                f"its layers bias={first.bias}")
     params = layer_norm_params("final", norm)
     return {"gain": params["final.gain"], "bias": params["final.bias"]}
+
+
+def stack_state(adapted: Adapted, layer_state: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+                layers: str, norm: str = "norm") -> dict[str, Any]:
+    """A stack's state dict: ``{layers}.{i}.*`` from ``layer_state``, then ``{norm}.weight``/``bias``."""
+    arrays = {f"{layers}.{index}.{key}": value
+              for index, params in enumerate(adapted.layers) for key, value in layer_state(params).items()}
+    if adapted.final_norm is not None:
+        arrays |= {f"{norm}.weight": adapted.final_norm["gain"], f"{norm}.bias": adapted.final_norm["bias"]}
+    return state_dict(arrays, adapted.bias)
 
 
 def state_dict(arrays: Mapping[str, np.ndarray], bias: bool) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from splitformer.symbolic.errors import SplitformerError
 from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .common import activation_name, check_norms, same_configuration, state_dict
+from .common import activation_name, check_norms, same_configuration, stack_state, state_dict
 
 __all__ = ["read_bert_layer", "read_bert_encoder", "write_bert_layer", "write_bert_encoder"]
 
@@ -104,5 +104,4 @@ def write_bert_layer(adapted: Adapted) -> dict[str, Any]:
 @writer("hf", "BertEncoder")
 def write_bert_encoder(adapted: Adapted) -> dict[str, Any]:
     """The state dict of a ``BertEncoder`` (``model.encoder`` of a ``BertModel``)."""
-    return state_dict({f"layer.{index}.{key}": value for index, params in enumerate(adapted.layers)
-                       for key, value in _layer_state(params).items()}, bias=True)
+    return stack_state(adapted, _layer_state, "layer")

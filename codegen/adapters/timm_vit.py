@@ -22,7 +22,7 @@ from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,
-                     same_configuration, state_dict, zero_bias)
+                     same_configuration, stack_state, state_dict, zero_bias)
 
 __all__ = ["read_vit_block", "read_vision_transformer", "write_vit_block", "write_vision_transformer"]
 
@@ -113,8 +113,4 @@ def write_vit_block(adapted: Adapted) -> dict[str, Any]:
 @writer("timm", "VisionTransformer")
 def write_vision_transformer(adapted: Adapted) -> dict[str, Any]:
     """The ``blocks.*`` and ``norm.*`` entries of a ``VisionTransformer``'s state dict."""
-    arrays = {f"blocks.{index}.{key}": value
-              for index, params in enumerate(adapted.layers) for key, value in _block_state(params).items()}
-    if adapted.final_norm is not None:
-        arrays |= {"norm.weight": adapted.final_norm["gain"], "norm.bias": adapted.final_norm["bias"]}
-    return state_dict(arrays, adapted.bias)
+    return stack_state(adapted, _block_state, "blocks")

@@ -17,8 +17,8 @@ from splitformer.symbolic.errors import SplitformerError
 from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration, state_dict,
-                     zero_bias)
+from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
+                     stack_state, state_dict, zero_bias)
 
 __all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
 
@@ -110,8 +110,4 @@ def _layer_state(params: Any) -> dict[str, np.ndarray]:
 @writer("torch", "TransformerEncoder")
 def write_encoder(adapted: Adapted) -> dict[str, Any]:
     """The state dict of an ``nn.TransformerEncoder`` (layers, then ``norm``)."""
-    arrays = {f"layers.{index}.{key}": value
-              for index, params in enumerate(adapted.layers) for key, value in _layer_state(params).items()}
-    if adapted.final_norm is not None:
-        arrays |= {"norm.weight": adapted.final_norm["gain"], "norm.bias": adapted.final_norm["bias"]}
-    return state_dict(arrays, adapted.bias)
+    return stack_state(adapted, _layer_state, "layers")

@@ -90,7 +90,9 @@ def _allowed(support):
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
-    ``support`` and empty rows as in ``_softmax``; ``dropout_p`` drops kernel entries in training.
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel (the output bias alone, never NaN);
+    ``dropout_p`` drops kernel entries in training.
     """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if support is None:
@@ -118,6 +120,7 @@ def _restrict(support, mask):
 
 
 def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
     known = False
     for shape in shapes:
         known = known or list(mask.shape) == shape
@@ -139,9 +142,11 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         return None
     floating = False
     if key_padding_mask is not None:
+        key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
         _check_mask("key_padding_mask", key_padding_mask, [[batch, n_tokens]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
+        attn_mask = torch.as_tensor(attn_mask, device=device)
         _check_mask("src_mask", attn_mask, [[n_tokens, n_tokens], [batch, n_tokens, n_tokens]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
@@ -149,9 +154,9 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     else:
         support = torch.ones(batch, n_tokens, n_tokens, dtype=torch.bool, device=device)
     if key_padding_mask is not None:
-        support = _restrict(support, key_padding_mask.to(device)[:, None, :])
+        support = _restrict(support, key_padding_mask[:, None, :])
     if attn_mask is not None:
-        support = _restrict(support, attn_mask.to(device))
+        support = _restrict(support, attn_mask)
     if causal:
         support = _restrict(support, torch.ones(n_tokens, n_tokens, dtype=torch.bool, device=device).triu(1))
     return support

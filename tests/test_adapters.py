@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from splitformer import SplitformerError
 from splitformer.adapters import from_hf, from_torch, to_torch
@@ -14,7 +15,7 @@ from splitformer.codegen.output import write_files
 from splitformer.codegen.pipeline import generate
 from splitformer.symbolic import load_scheme
 
-from conftest import import_path
+from conftest import GENERATED, import_path
 
 D, HEADS, D_FF = 8, 2, 12
 
@@ -323,3 +324,24 @@ def test_a_stack_is_not_one_mapping():
     adapted = from_torch(torch.nn.TransformerEncoder(encoder_layer(), 2, enable_nested_tensor=False))
     with pytest.raises(SplitformerError, match="stack of 2 layers: use .layers"):
         adapted["attn.W_q"]
+
+
+# --- fuzzing: any configuration a TransformerEncoderLayer can have that a scheme implements ---------------------
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(heads=st.sampled_from([1, 2, 4]), head_size=st.integers(1, 4), d_ff=st.integers(1, 20),
+       eps=st.sampled_from([1e-12, 1e-6, 1e-5, 0.1]), norm_first=st.booleans(), activation=st.sampled_from(["relu", "gelu"]),
+       bias=st.booleans(), tokens=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_any_encoder_layer_round_trips(heads, head_size, d_ff, eps, norm_first, activation, bias, tokens, seed):
+    d = heads * head_size
+    torch.manual_seed(seed)
+    layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, activation=activation, layer_norm_eps=eps,
+                                             batch_first=True, norm_first=norm_first, bias=bias, dtype=torch.float64)
+    layer = randomize(layer, seed)
+    adapted = from_torch(layer)
+    numpy_module = import_path(GENERATED / "numpy" / f"{adapted.module_name}.py", f"_fuzz_{adapted.module_name}")
+    u = np.random.default_rng(seed).standard_normal((2, tokens, d))
+    with torch.no_grad():
+        reference = layer(torch.tensor(u)).numpy()
+    assert np.abs(numpy_module.forward(u, adapted, **adapted.forward_kwargs) - reference).max() <= 1e-10
+    assert_same_state(to_torch(adapted), layer.state_dict())

@@ -225,3 +225,12 @@ def test_torchscript_trace(name, rng):
         assert (traced(other) - eager(other)).abs().max() <= 1e-12
         with torch.no_grad():
             assert (traced(u) - eager(u)).abs().max() <= 1e-12
+
+
+def test_torch_export_with_torch_keywords(rng):
+    _, block = pair()
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    exported = torch.export.export(block, (u,), {"src_key_padding_mask": padding}).module()
+    with torch.no_grad():
+        assert (exported(u, src_key_padding_mask=padding) - block(u, key_padding_mask=padding)).abs().max() <= 1e-12

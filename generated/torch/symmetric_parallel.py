@@ -447,9 +447,9 @@ class Stack(_CanonicalModule):
             for _ in range(n_layers)
         )
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
-        if final_norm:
+        if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+            _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(d_model, d_ff))
 
     def reset_parameters(self):
         """Each block's ``reset_parameters``; the final norm's gain ones, bias zeros."""

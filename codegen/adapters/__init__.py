@@ -56,3 +56,5 @@ def from_timm(module: Any) -> Any:
 
 
 adapter("torch", "TransformerEncoderLayer")(_from_torch_encoder)
+
+from . import hf_vision  # noqa: E402,F401 - registers the transformers vision models

@@ -1,0 +1,121 @@
+"""From a model to its discrete stages: embedding, block step, final projection, readout.
+
+The block step and the final projection are the block scheme's own derivation. The
+embedding and the readout are discretized here on the image grids (``image.ShiftedGrid``):
+kernels absorb the spacings they are integrated against, the pixel spacing ``Δ`` cancels
+(a stride and a kernel size are counts of pixels), and feature and channel grids have unit
+spacing. The token domain of the steps is ``Ω_x = {x_cls} ∪ Ω_grid``, enumerated class
+node first, then the grid row by row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .derivation import UNIT_SPACINGS, derive
+from .domains import FEATURES, TOKENS, X, Y
+from .errors import SplitformerError
+from .image import CHANNELS, CLASSES, COLS, IMAGE_VARIABLES, PIXEL, ROWS, ShiftedGrid
+from .latex import equation
+from .model import ModelSpec
+from .operators import STATE, Operator
+from .program import Assignment, Program, Tensor
+from .stack import final_norm_scheme
+from .vision_operators import IMAGE
+
+__all__ = ["ModelProgram", "Stage", "derive_model", "discretize_stage", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
+
+#: The batched input of a model (``pixel_values``, channels first).
+INPUT = "image"
+#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (see ``ModelProgram.tokens``).
+TOKENS_LATEX = (
+    r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
+    r"f(x, y) + E(x, y) & x \in \Omega_{\mathrm{grid}} \end{cases}"
+)
+#: Its discrete form: the class node is node 0, grid node ``(p, q)`` is node ``1 + N_2 p + q``.
+TOKENS_DISCRETE = (
+    r"{u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad "
+    r"{u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}"
+)
+_UNIT = {**UNIT_SPACINGS, CHANNELS.spacing: sp.Integer(1), CLASSES.spacing: sp.Integer(1)}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The discretized definitions of one operator outside the block steps."""
+
+    operator: Operator
+    tensors: dict[str, Tensor]
+    assignments: tuple[Assignment, ...]
+
+    @property
+    def output(self) -> str:
+        return self.assignments[-1].target
+
+
+@dataclass(frozen=True)
+class ModelProgram:
+    """Everything the model's lowering and report need."""
+
+    spec: ModelSpec
+    embedding: Stage
+    step: Program
+    final: Program | None
+    readout: Stage
+
+    @property
+    def name(self) -> str:
+        return self.spec.module_name
+
+
+def _tensor(name: str, latex: str, indices, role: str, parameter=None, shape=None, kind="") -> Tensor:
+    return Tensor(name, latex, tuple(indices), role, parameter, shape, kind)
+
+
+def discretize_stage(operator: Operator, inputs: dict[str, Tensor]) -> Stage:
+    """The operator's definitions on the grids; ``inputs`` maps its fields to batched arrays."""
+    key = operator.key
+    tensors = dict(inputs)
+    arrays = {function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()}
+    absorbed = {}
+    for parameter in operator.parameters():
+        name = f"{key}_{parameter.name}"
+        arrays[parameter.function] = sp.IndexedBase(name)
+        absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
+        latex = parameter.latex if "_" in parameter.latex else f"{parameter.latex}_{{{operator.key_latex()}}}"
+        tensors[name] = _tensor(name, latex, (v.index for v in parameter.arguments), "param",
+                                f"{key}.{parameter.name}", parameter.shape, parameter.kind)
+    for definition in operator.definitions():
+        arrays[definition.function] = sp.IndexedBase(f"{key}_{definition.function}")
+    grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
+                       getattr(operator, "sampled", dict)())
+    sizes = getattr(operator, "sizes", dict)()
+    names = {tensor.name: tensor.latex for tensor in tensors.values()}
+    continuous = operator.latex_names()
+    assignments = []
+    for definition in operator.definitions():
+        name = f"{key}_{definition.function}"
+        names[name] = rf"{definition.latex}^{{{operator.key_latex()}}}"
+        lhs = grid(definition.applied())
+        quadrature = grid(definition.rhs).xreplace(sizes)
+        discrete = quadrature.xreplace(_UNIT)
+        if discrete.has(PIXEL):
+            raise SplitformerError(f"{key}: the pixel spacing Δ did not cancel in {definition.function}")
+        tensors[name] = _tensor(name, names[name], lhs.indices, "temp")
+        assignments.append(Assignment(lhs, discrete, definition.meaning,
+                                      continuous=equation(definition.applied(), definition.rhs, continuous),
+                                      quadrature=equation(lhs, quadrature, names)))
+    return Stage(operator, tensors, tuple(assignments))
+
+
+def derive_model(spec: ModelSpec) -> ModelProgram:
+    """The discrete stages of ``spec``."""
+    image = _tensor(INPUT, "I", (), "input")
+    embedding = discretize_stage(spec.embedding, {IMAGE: image})
+    step = derive(spec.scheme)
+    final = derive(final_norm_scheme()) if spec.final_norm else None
+    state = _tensor("u", "u", (X.index, Y.index), "input")
+    readout = discretize_stage(spec.readout, {STATE: state})
+    return ModelProgram(spec, embedding, step, final, readout)

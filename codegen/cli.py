@@ -54,9 +54,12 @@ def _load(name: str, activation: str | None):
 def _list() -> str:
     from splitformer.symbolic.builtins import builtin_names, builtin_summary
 
-    names = builtin_names()
-    width = max(len(name) for name in names)
-    return "\n".join(f"{name:<{width}}  {builtin_summary(name)}" for name in names)
+    from splitformer.symbolic.model import model_names, model_summary
+
+    rows = [(name, builtin_summary(name)) for name in builtin_names()]
+    rows += [(name, f"(model) {model_summary(name)}") for name in model_names()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {summary}" for name, summary in rows)
 
 
 def _show(arguments: argparse.Namespace) -> str:
@@ -102,6 +105,9 @@ def _source_with_activation(scheme) -> str:
 def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.builtins import builtin_names
 
+    from splitformer.symbolic.model import is_model, load_model
+
+    from .model_pipeline import generate_model
     from .output import write_files
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
@@ -115,6 +121,11 @@ def _derive(arguments: argparse.Namespace) -> str:
         raise SplitformerError(f"--out {out} exists and is not a folder")
     files: dict[Path, str] = {}
     for name in names:
+        if is_model(name):
+            if arguments.activation is not None:
+                raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
+            files.update(generate_model(load_model(name), BACKEND_CHOICES[arguments.backend], out, passes))
+            continue
         files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out, passes))
     write_files(files)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")

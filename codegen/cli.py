@@ -136,7 +136,11 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .checking import run_checks
 
-    schemes = [_load(name, None) for name in (arguments.schemes or builtin_names())]
+    from splitformer.symbolic.checks.model_recovery import model_checks
+    from splitformer.symbolic.model import is_model, load_model, model_names
+
+    names = arguments.schemes or builtin_names() + model_names()
+    schemes = [_load(name, None) for name in names if not is_model(name)]
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
@@ -148,6 +152,9 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         except ImportError:
             raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
     report = run_checks(schemes, plots)
+    for name in names:
+        if is_model(name):
+            report.checks += model_checks(load_model(name))
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

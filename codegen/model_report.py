@@ -18,7 +18,8 @@ __all__ = ["render_model_report", "model_check_ids"]
 
 def model_check_ids(name: str) -> list[str]:
     """The ``splitformer check`` ids that back a model's report."""
-    return [f"recovery/{name}/symbolic", f"recovery/{name}/numeric", f"{name}/negative-controls"]
+    return [f"{name}/translation-equivariance", f"recovery/{name}/symbolic", f"recovery/{name}/numeric",
+            f"{name}/negative-controls"]
 
 
 def _positions(operator) -> list[str]:

@@ -77,7 +77,7 @@ def _tensor(name: str, latex: str, indices, role: str, parameter=None, shape=Non
 def discretize_stage(operator: Operator, inputs: dict[str, Tensor]) -> Stage:
     """The operator's definitions on the grids; ``inputs`` maps its fields to batched arrays."""
     key = operator.key
-    tensors = dict(inputs)
+    tensors = {tensor.name: tensor for tensor in inputs.values()}
     arrays = {function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()}
     absorbed = {}
     for parameter in operator.parameters():

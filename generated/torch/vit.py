@@ -263,7 +263,7 @@ class Model(torch.nn.Module):
         embed_pos = self.embed.pos
 
         # --- embed: patch-embedding ---
-        # {image}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
+        # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
         embed_f_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
         # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
         embed_f = torch.einsum("bcpqrs,crsl->bpql", embed_f_windows, embed_W) + embed_b

@@ -1,0 +1,43 @@
+"""The checks of the vision models hold, and fail on wrongly derived models (negative controls)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sympy as sp
+
+from splitformer.codegen.cli import main
+from splitformer.symbolic.checks.equivariance import shift_commutes
+from splitformer.symbolic.checks.model_recovery import _numeric_error, _symbolic_holds, wrong_scale, wrong_stride
+from splitformer.symbolic.image import X1
+from splitformer.symbolic.model import load_model
+from splitformer.symbolic.model_derivation import derive_model
+from splitformer.symbolic.vision_operators import PATCH
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return derive_model(load_model("vit"))
+
+
+def test_check_vit_passes_from_the_command_line(capsys):
+    assert main(["check", "vit", "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    for name in ("recovery/vit/symbolic", "recovery/vit/numeric", "vit/negative-controls",
+                 "vit/translation-equivariance"):
+        assert checks[name]["holds"], checks[name]
+
+
+def test_recovery_fails_for_a_wrong_stride_and_a_wrong_scale(vit):
+    assert _numeric_error(wrong_stride(vit)) > 1e-3
+    assert _numeric_error(wrong_scale(vit)) > 1e-3
+    holds, detail = _symbolic_holds(wrong_stride(vit))
+    assert not holds and "do not vanish" in detail
+
+
+def test_translation_equivariance_needs_the_right_shift(vit):
+    embedding = vit.embedding.assignments[0]
+    assert shift_commutes(embedding, X1.index, 1, PATCH)
+    assert not shift_commutes(embedding, X1.index, 1, PATCH + 1)
+    assert not shift_commutes(embedding, X1.index, 1, sp.Integer(1))

@@ -19,9 +19,9 @@ from splitformer.symbolic.program import Assignment, Program
 
 from .ir import BATCH, Module, TensorInfo
 from .lowering import _Lowering
-from .model_ir import Point, Window
+from .model_ir import Interleave, Point, Window
 
-__all__ = ["lower_stage", "shifted_read"]
+__all__ = ["lower_stage", "lower_assignments", "shifted_read"]
 
 _OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values() if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
 
@@ -42,12 +42,12 @@ def shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
 
 
 class _StageLowering(_Lowering):
-    def __init__(self, stage: Stage):
-        self.program = Program(stage.operator.key, stage.tensors, [], stage.output)
+    def __init__(self, name: str, tensors: dict, output: str):
+        self.program = Program(name, tensors, [], output)
         self.tensors: dict[str, TensorInfo] = {}
         self.ops = []
         self.temporaries = 0
-        for name, tensor in stage.tensors.items():
+        for name, tensor in tensors.items():
             if tensor.role == "temp":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
@@ -55,6 +55,14 @@ class _StageLowering(_Lowering):
                                             tensor.parameter, tensor.shape, None, tensor.kind)
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
+        reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
+        if reads and all(name in self.tensors and self.tensors[name].role == "param" for name in reads):
+            # computed from parameters alone (BatchNorm's a, c): no batch axis, like a parameter
+            labels = tuple(str(index) for index in assignment.lhs.indices)
+            self.tensors[assignment.target] = TensorInfo(assignment.target, "param", labels)
+        if not all(isinstance(index, sp.Idx) for index in assignment.lhs.indices):
+            self.interleave(assignment, section)
+            return
         rhs = assignment.rhs
         if isinstance(rhs, sp.Indexed) and any(index.is_Integer for index in rhs.indices):
             index = tuple(int(i) if i.is_Integer else ":" for i in rhs.indices)
@@ -68,6 +76,25 @@ class _StageLowering(_Lowering):
             replacements[read] = self.window(read, assignment, section)
         super().assignment(replace(assignment, rhs=rhs.xreplace(replacements)), section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
+
+    def interleave(self, assignment: Assignment, section: str) -> None:
+        """``out[…, S p + r, …] = value`` → the value per coarse node and offset, then ``Interleave``."""
+        kept, offsets, axes = [], [], []
+        for position, index in enumerate(assignment.lhs.indices):
+            if isinstance(index, sp.Idx):
+                kept.append(index)
+                continue
+            point, offset, stride, padding = shifted_read(index)
+            if padding != 0 or stride != offset.upper + 1:
+                raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
+            kept.append(point)
+            offsets.append(offset)
+            axes.append(position + 1)
+        blocks = f"{assignment.target}_blocks"
+        self.assignment(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
+        self.ops.append(Interleave(assignment.target, (BATCH,) + tuple(str(index) for index in kept),
+                                   source=blocks, axes=tuple(axes)).with_comment(assignment.quadrature, section))
+        self.ops[-2] = self.ops[-2].with_comment("the value at each coarse node and offset", section)
 
     def window(self, read: sp.Indexed, assignment: Assignment, section: str) -> sp.Indexed:
         axes, kept, points, offsets, shapes = [], [], [], [], set()
@@ -93,9 +120,15 @@ class _StageLowering(_Lowering):
         return target
 
 
+def lower_assignments(name: str, tensors: dict, assignments, output: str, section: str) -> Module:
+    """The IR of assignments over ``tensors`` (no passes: contractions are einsums over windows)."""
+    lowering = _StageLowering(name, tensors, output)
+    for assignment in assignments:
+        lowering.assignment(assignment, section)
+    return Module(name, lowering.tensors, lowering.ops, output)
+
+
 def lower_stage(stage: Stage) -> Module:
-    """The IR of one stage (no passes: its contractions are einsums over windows)."""
-    lowering = _StageLowering(stage)
-    for assignment in stage.assignments:
-        lowering.assignment(assignment, f"{stage.operator.key}: {stage.operator.kind}")
-    return Module(stage.operator.key, lowering.tensors, lowering.ops, stage.output)
+    """The IR of one stage."""
+    return lower_assignments(stage.operator.key, stage.tensors, stage.assignments, stage.output,
+                             f"{stage.operator.key}: {stage.operator.kind}")

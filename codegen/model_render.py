@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, ModelProgram
+from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
 
 from .ir import BATCH, Module
 from .lowering import lower
 from .model_backends import CODE_NAMES, statements
 from .model_ir import Tokens
-from .model_lowering import lower_stage
+from .model_lowering import lower_assignments, lower_stage
 from .render import environment, unit_context
 
-__all__ = ["render_model", "stage_context", "model_units"]
+__all__ = ["render_model", "render_grid_model", "stage_context", "model_units"]
+
+
+def _size(domain, sizes: dict) -> str | int:
+    """A parameter axis in code: a number where the model fixes it (a kernel size), else a name."""
+    size = domain.size.xreplace(sizes)
+    return int(size) if size.is_Integer else CODE_NAMES.get(size, domain.code_name)
 
 
 def stage_context(module: Module, backend: str, sizes: dict) -> dict:
     """One emitted stage (embedding or readout): parameters and statements by section."""
     parameters = []
     for info in module.tensors.values():
-        if info.role != "param":
+        if info.role != "param" or info.parameter is None:
             continue
         group, attribute = info.parameter.split(".")
-        shape = tuple(CODE_NAMES.get(domain.size.xreplace(sizes), domain.code_name) for domain in info.shape)
+        shape = tuple(_size(domain, sizes) for domain in info.shape)
         parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
                            "shape": shape, "view": None, "kind": info.kind})
     sections: list[dict] = []
@@ -59,4 +65,45 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
         embedding=stage_context(units["embedding"], backend, sizes), block=step, final=final,
         readout=stage_context(units["readout"], backend, {}), uses=helpers,
+    )
+
+
+def _grid_line(operator) -> str | None:
+    """How an operator changes the number of grid points along an axis (``n``)."""
+    if operator.kind == "convolution":
+        stride = "stride" if operator.stride == "stride" else operator.stride
+        return f"n = (n + {2 * operator.padding - operator.kernel}) // {stride} + 1"
+    if operator.kind == "transposed-convolution":
+        return f"n = n * {operator.kernel}"
+    return None
+
+
+def _channels(stages, default: str) -> str:
+    """The code name of the channel domain the last channel-changing stage writes."""
+    for stage in reversed(stages):
+        if stage.operator.kind in ("convolution", "transposed-convolution"):
+            return "d" if stage.operator.outputs == "y" else "n_channels"
+    return default
+
+
+def render_grid_model(model: GridModelProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``)."""
+    def unit(stages):
+        modules = [lower_stage(stage) for stage in stages]
+        contexts = [stage_context(module, backend, getattr(stage.operator, "sizes", dict)())
+                    for module, stage in zip(modules, stages)]
+        return {"parameters": [p for c in contexts for p in c["parameters"]],
+                "sections": [section for c in contexts for section in c["sections"]],
+                "output": stages[-1].output if stages else None,
+                "grid": [line for stage in stages if (line := _grid_line(stage.operator))]}
+
+    field, transfer = unit(model.field), unit(model.transfer)
+    update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
+    steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
+    final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
+    template = environment().get_template(f"{backend}/grid_model.py.j2")
+    return template.render(
+        model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
+        field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
+        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False},
     )

@@ -17,11 +17,13 @@ from .errors import SplitformerError
 from .operators import OPERATOR_KINDS, Operator
 from .scheme import Scheme
 from .scheme_file import load_scheme
-from . import vision_operators  # noqa: F401 - registers the vision operator kinds
+from . import cnn_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["ModelSpec", "load_model", "model_names", "model_summary", "is_model"]
+__all__ = ["ModelSpec", "GridModelSpec", "load_model", "model_names", "model_summary", "is_model"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
+_GRID_KEYS = {"name", "summary", "operators", "step"}
+_OPTIONS = {"kernel", "stride", "padding", "inputs", "outputs"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,60 @@ class ModelSpec:
     @property
     def module_name(self) -> str:
         return self.name.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class GridModelSpec:
+    """One step on the 2-D grid, ``u⁺ = Proj(R u + Δt F(u))``, of a convolutional network.
+
+    ``field`` lists the operators of ``F`` in the order they apply; ``transfer`` those of the
+    restriction ``R`` to the new grid (empty: the identity); ``projection`` the operator of
+    the final projection (``None``: none).
+    """
+
+    name: str
+    summary: str
+    operators: dict[str, Operator]
+    field: tuple[str, ...]
+    transfer: tuple[str, ...]
+    projection: str | None
+
+    @property
+    def module_name(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def _grid_operator(key: str, table: object, where: str) -> Operator:
+    if not isinstance(table, dict) or "kind" not in table:
+        raise SplitformerError(f"{where}: operators.{key}: expected a table with 'kind'")
+    options = {name: value for name, value in table.items() if name != "kind"}
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise SplitformerError(f"{where}: operators.{key}: unknown option {unknown[0]!r}")
+    kind = table["kind"]
+    if kind not in OPERATOR_KINDS:
+        raise SplitformerError(f"{where}: operators.{key}.kind: unknown operator kind {kind!r}")
+    try:
+        return OPERATOR_KINDS[kind](key, **options)
+    except TypeError:
+        raise SplitformerError(f"{where}: operators.{key}: options {sorted(options)} do not fit kind {kind!r}") from None
+
+
+def _grid_model(document: dict, where: str) -> GridModelSpec:
+    unknown = sorted(set(document) - _GRID_KEYS)
+    if unknown:
+        raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
+    operators = {key: _grid_operator(key, table, where) for key, table in document["operators"].items()}
+    step = document.get("step", {})
+    field_keys = tuple(step.get("field", ()))
+    transfer = tuple(step.get("transfer", ()))
+    projection = step.get("projection")
+    for key in (*field_keys, *transfer, *([projection] if projection else [])):
+        if key not in operators:
+            raise SplitformerError(f"{where}: step names unknown operator {key!r}")
+    if not field_keys:
+        raise SplitformerError(f"{where}: step.field: name at least one operator")
+    return GridModelSpec(str(document["name"]), str(document["summary"]), operators, field_keys, transfer, projection)
 
 
 def _folder():
@@ -66,12 +122,14 @@ def _operator(table: object, where: str) -> Operator:
     return OPERATOR_KINDS[kind](str(table["operator"]))
 
 
-def parse_model(text: str, where: str) -> ModelSpec:
+def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec:
     """A model file's text → ``ModelSpec``; errors name ``where`` and the key."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    if "operators" in document:
+        return _grid_model(document, where)
     unknown = sorted(set(document) - _TOP_KEYS)
     missing = sorted(_TOP_KEYS - set(document))
     if unknown or missing:
@@ -90,7 +148,7 @@ def parse_model(text: str, where: str) -> ModelSpec:
                      _operator(document["readout"], f"{where}: readout"))
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str) -> ModelSpec | GridModelSpec:
     """A built-in model by name, or a model file by path."""
     if is_model(name_or_path):
         return parse_model((_folder() / f"{name_or_path}.toml").read_text(encoding="utf-8"),

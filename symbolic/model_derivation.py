@@ -17,18 +17,22 @@ import sympy as sp
 from .derivation import UNIT_SPACINGS, derive
 from .domains import FEATURES, TOKENS, X, Y
 from .errors import SplitformerError
-from .image import CHANNELS, CLASSES, COLS, IMAGE_VARIABLES, PIXEL, ROWS, ShiftedGrid
+from .image import C, CHANNELS, CLASSES, COLS, IMAGE_VARIABLES, PIXEL, ROWS, X1, X2, ShiftedGrid
 from .latex import equation
-from .model import ModelSpec
+from .model import GridModelSpec, ModelSpec
 from .operators import STATE, Operator
-from .program import Assignment, Program, Tensor
+from .program import TIME_STEP, Assignment, Program, Tensor
 from .stack import final_norm_scheme
+from .cnn_operators import SPACING
 from .vision_operators import IMAGE
 
-__all__ = ["ModelProgram", "Stage", "derive_model", "discretize_stage", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
+__all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_grid_model", "discretize_stage",
+           "INPUT_STATE", "TRANSFER", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
 
 #: The batched input of a model (``pixel_values``, channels first).
 INPUT = "image"
+#: The batched input of a grid step (a feature map, channels first), and ``R u`` (the transfer's value).
+INPUT_STATE, TRANSFER = "u0", "transfer"
 #: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (see ``ModelProgram.tokens``).
 TOKENS_LATEX = (
     r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
@@ -74,9 +78,14 @@ def _tensor(name: str, latex: str, indices, role: str, parameter=None, shape=Non
     return Tensor(name, latex, tuple(indices), role, parameter, shape, kind)
 
 
-def discretize_stage(operator: Operator, inputs: dict[str, Tensor]) -> Stage:
-    """The operator's definitions on the grids; ``inputs`` maps its fields to batched arrays."""
+def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str | None = None) -> Stage:
+    """The operator's definitions on the grids; ``inputs`` maps its fields to batched arrays.
+
+    ``prefix`` names the stage's arrays (default: the operator's key; a second application
+    of one operator needs another).
+    """
     key = operator.key
+    prefix = prefix or key
     tensors = {tensor.name: tensor for tensor in inputs.values()}
     arrays = {function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()}
     absorbed = {}
@@ -88,24 +97,26 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor]) -> Stage:
         tensors[name] = _tensor(name, latex, (v.index for v in parameter.arguments), "param",
                                 f"{key}.{parameter.name}", parameter.shape, parameter.kind)
     for definition in operator.definitions():
-        arrays[definition.function] = sp.IndexedBase(f"{key}_{definition.function}")
+        arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
     grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
                        getattr(operator, "sampled", dict)())
     sizes = getattr(operator, "sizes", dict)()
+    targets = getattr(operator, "targets", dict)()
     names = {tensor.name: tensor.latex for tensor in tensors.values()}
     continuous = operator.latex_names()
     assignments = []
     for definition in operator.definitions():
-        name = f"{key}_{definition.function}"
+        name = f"{prefix}_{definition.function}"
         names[name] = rf"{definition.latex}^{{{operator.key_latex()}}}"
-        lhs = grid(definition.applied())
+        target = targets.get(definition.function, definition.applied())
+        lhs = grid(target).xreplace(sizes)
         quadrature = grid(definition.rhs).xreplace(sizes)
         discrete = quadrature.xreplace(_UNIT)
-        if discrete.has(PIXEL):
-            raise SplitformerError(f"{key}: the pixel spacing Δ did not cancel in {definition.function}")
+        if discrete.has(PIXEL) or discrete.has(SPACING) or lhs.has(SPACING):
+            raise SplitformerError(f"{key}: the grid spacing did not cancel in {definition.function}")
         tensors[name] = _tensor(name, names[name], lhs.indices, "temp")
         assignments.append(Assignment(lhs, discrete, definition.meaning,
-                                      continuous=equation(definition.applied(), definition.rhs, continuous),
+                                      continuous=equation(target, definition.rhs, continuous),
                                       quadrature=equation(lhs, quadrature, names)))
     return Stage(operator, tensors, tuple(assignments))
 
@@ -119,3 +130,57 @@ def derive_model(spec: ModelSpec) -> ModelProgram:
     state = _tensor("u", "u", (X.index, Y.index), "input")
     readout = discretize_stage(spec.readout, {STATE: state})
     return ModelProgram(spec, embedding, step, final, readout)
+
+
+@dataclass(frozen=True)
+class GridModelProgram:
+    """The stages of one grid step: the field ``F``, the transfer ``R``, the update, the projection."""
+
+    spec: GridModelSpec
+    field: tuple[Stage, ...]
+    transfer: tuple[Stage, ...]
+    update: Assignment
+    projection: Stage | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.module_name
+
+    @property
+    def output(self) -> str:
+        return self.projection.output if self.projection else self.update.target
+
+    def stages(self) -> tuple[Stage, ...]:
+        return self.field + self.transfer + ((self.projection,) if self.projection else ())
+
+
+def _chain(spec: GridModelSpec, keys: tuple[str, ...], start: Tensor, used: set[str]) -> tuple[Stage, ...]:
+    stages, state = [], start
+    for key in keys:
+        prefix = key if key not in used else f"{key}2"
+        used.add(key)
+        stage = discretize_stage(spec.operators[key], {STATE: state}, prefix)
+        stages.append(stage)
+        state = stage.tensors[stage.output]
+    return tuple(stages)
+
+
+def derive_grid_model(spec: GridModelSpec) -> GridModelProgram:
+    """The discrete stages of a grid step: ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``."""
+    start = _tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
+    used: set[str] = set()
+    field = _chain(spec, spec.field, start, used)
+    transfer = _chain(spec, spec.transfer, start, used)
+    indices = (Y.index, X1.index, X2.index)
+    moved = sp.IndexedBase(TRANSFER)[indices]
+    total = _tensor("u1", "u^{+}", indices, "temp")
+    update = Assignment(sp.IndexedBase(total.name)[indices], moved + TIME_STEP * sp.IndexedBase(field[-1].output)[indices],
+                        r"explicit Euler step on the new grid: $u^{+} = R u + \Delta t\, F(u)$",
+                        continuous=r"u^{+}(y, x) = (R u)(y, x) + \Delta t\, F(u)(y, x)",
+                        quadrature=equation(sp.IndexedBase("u^{+}")[indices],
+                                            sp.IndexedBase("R u")[indices] + TIME_STEP * sp.IndexedBase("F")[indices]))
+    projection = None
+    if spec.projection:
+        projection = discretize_stage(spec.operators[spec.projection], {STATE: total},
+                                      spec.projection if spec.projection not in used else f"{spec.projection}2")
+    return GridModelProgram(spec, field, transfer, update, projection)

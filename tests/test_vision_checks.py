@@ -41,3 +41,10 @@ def test_translation_equivariance_needs_the_right_shift(vit):
     assert shift_commutes(embedding, X1.index, 1, PATCH)
     assert not shift_commutes(embedding, X1.index, 1, PATCH + 1)
     assert not shift_commutes(embedding, X1.index, 1, sp.Integer(1))
+
+
+@pytest.mark.parametrize("name", ["resnet-block", "unet-level"])
+def test_grid_model_checks_hold(name, capsys):
+    assert main(["check", name, "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[f"{name}/translation-equivariance"]["holds"] and checks[f"{name}/batch-norm-affine"]["holds"]

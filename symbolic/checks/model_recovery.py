@@ -18,8 +18,8 @@ from ..activations import activation as lookup_activation
 from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from ..evaluate import evaluate
 from ..image import CHANNELS, CLASSES, COLS, ROWS, X1
-from ..model import ModelSpec
-from ..model_derivation import INPUT, ModelProgram, Stage, derive_model, discretize_stage
+from ..model import GridModelSpec, ModelSpec
+from ..model_derivation import INPUT, ModelProgram, Stage, derive_grid_model, derive_model, discretize_stage
 from ..operators import EPSILON
 from ..program import Evaluation, Program, SubstepRecord
 from ..vision_operators import IMAGE, PATCH, PatchEmbedding
@@ -178,8 +178,12 @@ def vit_checks(model: ModelProgram) -> list[Check]:
     ]
 
 
-def model_checks(spec: ModelSpec) -> list[Check]:
+def model_checks(spec: ModelSpec | GridModelSpec) -> list[Check]:
     """The checks of a built-in model (by its embedding and readout kinds)."""
+    if isinstance(spec, GridModelSpec):
+        from .grid_checks import grid_checks
+
+        return grid_checks(derive_grid_model(spec))
     model = derive_model(spec)
     if (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
         return vit_checks(model)

@@ -75,6 +75,14 @@ def _show(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.equation import equation_latex
 
+    from splitformer.symbolic.model import is_model
+
+    if is_model(arguments.scheme):
+        from .model_pipeline import show_model
+
+        if arguments.activation is not None:
+            raise SplitformerError(f"--activation applies to schemes; the model {arguments.scheme!r} names its own")
+        return show_model(arguments.scheme, arguments.format)
     scheme = _load(arguments.scheme, arguments.activation)
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")

@@ -23,6 +23,7 @@ from .model_ir import Interleave, Point, Window
 
 __all__ = ["lower_stage", "lower_assignments", "shifted_read"]
 
+_DOMAINS = {str(variable.index): variable.domain for variable in IMAGE_VARIABLES.values()}
 _OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values() if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
 
 
@@ -51,8 +52,11 @@ class _StageLowering(_Lowering):
             if tensor.role == "temp":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
+            view = None
+            if tensor.role == "param" and len(labels) != len(tensor.shape):  # heads split a feature axis
+                view = tuple(_DOMAINS[label] for label in labels)
             self.tensors[name] = TensorInfo(name, tensor.role, (BATCH,) + labels if tensor.batched else labels,
-                                            tensor.parameter, tensor.shape, None, tensor.kind)
+                                            tensor.parameter, tensor.shape, view, tensor.kind)
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}

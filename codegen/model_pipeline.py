@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from splitformer.symbolic.model import GridModelSpec, ModelSpec, load_model
+from splitformer.symbolic.cvt import derive_cvt
+from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_model
 from splitformer.symbolic.model_derivation import derive_grid_model, derive_model
 
-from .model_render import render_grid_model, render_model
-from .model_report import render_grid_report, render_model_report
+from .model_render import render_cvt, render_grid_model, render_model
+from .model_report import render_cvt_report, render_grid_report, render_model_report
 from .pipeline import PACKAGE_INIT
 
 __all__ = ["generate_model", "show_model"]
@@ -20,9 +21,16 @@ __all__ = ["generate_model", "show_model"]
 
 def generate_model(spec: ModelSpec | GridModelSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:
     """The files ``splitformer derive`` writes for the model ``spec`` under ``out``."""
+    files = {out / "__init__.py": PACKAGE_INIT}
+    if isinstance(spec, MultiscaleSpec):
+        program = derive_cvt(spec.name, spec.summary)
+        for backend in backends:
+            files[out / backend / "__init__.py"] = PACKAGE_INIT
+            files[out / backend / f"{spec.module_name}.py"] = render_cvt(program, backend)
+        files[out / "reports" / f"{spec.module_name}.md"] = render_cvt_report(program)
+        return files
     grid = isinstance(spec, GridModelSpec)
     model = derive_grid_model(spec) if grid else derive_model(spec)
-    files = {out / "__init__.py": PACKAGE_INIT}
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
         files[out / backend / f"{model.name}.py"] = (render_grid_model(model, backend) if grid
@@ -38,6 +46,15 @@ def show_model(name: str, form: str) -> str:
     spec = load_model(name)
     if form == "toml":
         return (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8").rstrip("\n")
+    if isinstance(spec, MultiscaleSpec):
+        program = derive_cvt(spec.name, spec.summary)
+        if form == "markdown":
+            return render_cvt_report(program).rstrip("\n")
+        lines = [f"{spec.name}: {spec.summary}", ""]
+        for stage in program.stages():
+            lines.append(f"{stage.operator.key} ({stage.operator.kind})")
+            lines.extend(f"    {a.quadrature}" if form == "latex" else f"    {a.lhs} = {a.rhs}" for a in stage.assignments)
+        return "\n".join(lines)
     grid = isinstance(spec, GridModelSpec)
     model = derive_grid_model(spec) if grid else derive_model(spec)
     if form == "markdown":

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from splitformer.symbolic import __version__
+from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
 
 from .ir import BATCH, Module
 from .lowering import lower
-from .model_backends import CODE_NAMES, statements
+from .model_backends import CODE_NAMES, code, statements
 from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
 from .render import environment, unit_context
 
-__all__ = ["render_model", "render_grid_model", "stage_context", "model_units"]
+__all__ = ["render_model", "render_grid_model", "render_cvt", "stage_context", "model_units"]
 
 
 def _size(domain, sizes: dict) -> str | int:
     """A parameter axis in code: a number where the model fixes it (a kernel size), else a name."""
     size = domain.size.xreplace(sizes)
-    return int(size) if size.is_Integer else CODE_NAMES.get(size, domain.code_name)
+    if size.is_Integer:
+        return int(size)
+    return CODE_NAMES.get(size, domain.code_name if size == domain.size else code(size))
 
 
 def stage_context(module: Module, backend: str, sizes: dict) -> dict:
@@ -29,8 +32,9 @@ def stage_context(module: Module, backend: str, sizes: dict) -> dict:
             continue
         group, attribute = info.parameter.split(".")
         shape = tuple(_size(domain, sizes) for domain in info.shape)
+        view = tuple(_size(domain, sizes) for domain in info.view) if info.view else None
         parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
-                           "shape": shape, "view": None, "kind": info.kind})
+                           "shape": shape, "view": view, "kind": info.kind})
     sections: list[dict] = []
     for op in module.ops:
         if not sections or sections[-1]["title"] != op.section:
@@ -106,4 +110,30 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
         model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
         transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False},
+    )
+
+
+def render_cvt(model: CvtProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of CvT."""
+    def unit(stage):
+        return stage_context(lower_stage(stage), backend, getattr(stage.operator, "sizes", dict)())
+
+    def update(assignment):
+        module = lower_assignments("update", {}, [assignment], assignment.target, "residual sum")
+        return stage_context(module, backend, {})
+
+    embedding = [unit(stage) for stage in model.embedding]
+    projections = [unit(stage) for pair in model.projections for stage in pair]
+    norm1, attention, norm2, ffn = (unit(stage) for stage in (model.norm1, model.attention, model.norm2, model.ffn))
+    readout = [unit(stage) for stage in model.readout]
+    layer = [norm1, *projections, attention, norm2, ffn]
+    template = environment().get_template(f"{backend}/cvt.py.j2")
+    return template.render(
+        name=model.name, summary=model.summary, version=__version__, embedding=embedding, norm1=norm1,
+        projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
+        update1=update(model.updates[0]), update2=update(model.updates[1]),
+        stage_parameters=[p for u in embedding for p in u["parameters"]],
+        layer_parameters=[p for u in layer for p in u["parameters"]],
+        head_parameters=[p for u in readout for p in u["parameters"]],
+        uses={"_einsum", "_softmax"}, block={"uses_erf": True},
     )

@@ -6,6 +6,7 @@ import sympy as sp
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, PIXEL, ROWS
@@ -14,7 +15,7 @@ from splitformer.symbolic.projections import derive_relu_projection
 
 from .render import environment
 
-__all__ = ["render_model_report", "render_grid_report", "model_check_ids"]
+__all__ = ["render_model_report", "render_grid_report", "render_cvt_report", "model_check_ids"]
 
 
 def model_check_ids(name: str, grid: bool = False) -> list[str]:
@@ -54,3 +55,11 @@ def render_grid_report(model: GridModelProgram) -> str:
     template = environment().get_template("report/grid_model.md.j2")
     return template.render(model=model, spec=model.spec, version=__version__, domains=domains, operators=operators,
                            relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True))
+
+
+def render_cvt_report(model: CvtProgram) -> str:
+    """The Markdown report of the multiscale model ``cvt``."""
+    template = environment().get_template("report/cvt.md.j2")
+    return template.render(model=model, version=__version__,
+                           checks=[f"{model.name}/translation-equivariance", f"{model.name}/batch-norm-affine",
+                                   f"{model.name}/key-spacing", f"{model.name}/score-scale"])

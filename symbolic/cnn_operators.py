@@ -23,6 +23,7 @@ import sympy as sp
 from .domains import FEATURES, XI, Y
 from .image import C, CHANNELS, KERNEL_COLS, KERNEL_ROWS, SIGMA1, SIGMA2, X1, X2
 from .operators import EPSILON, STATE, Definition, Operator, Parameter, apply, register_operator
+from .cvt_operators import config_symbol
 from .projections import derive_relu_projection
 from .quadrature import integral
 
@@ -43,7 +44,8 @@ def channel_variable(domain: str, role: str):
 
 
 def _stride(value) -> sp.Expr:
-    return STRIDE if value == "stride" else sp.Integer(value)
+    """``"stride"`` is the block's stride ``S``; another name is a configuration value; else an int."""
+    return STRIDE if value == "stride" else config_symbol(value)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Convolution(_GridOperator):
     stride: object = 1
     padding: int = 0
     kind: ClassVar[str] = "convolution"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{K}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -78,14 +81,14 @@ class Convolution(_GridOperator):
         stride = _stride(self.stride)
         c = channel_variable(self.inputs, "in")
         return {X1.symbol: stride * SPACING * X1.index, X2.symbol: stride * SPACING * X2.index,
-                SIGMA1.symbol: SPACING * (SIGMA1.index - self.padding),
-                SIGMA2.symbol: SPACING * (SIGMA2.index - self.padding), c.symbol: c.domain.spacing * c.index}
+                SIGMA1.symbol: SPACING * (SIGMA1.index - config_symbol(self.padding)),
+                SIGMA2.symbol: SPACING * (SIGMA2.index - config_symbol(self.padding)), c.symbol: c.domain.spacing * c.index}
 
     def sampled(self) -> dict[str, tuple[sp.Expr, ...]]:
         return {STATE: (channel_variable(self.inputs, "in").domain.spacing, SPACING, SPACING)}
 
     def sizes(self) -> dict[sp.Symbol, sp.Expr]:
-        return {KERNEL_ROWS.size: sp.Integer(self.kernel)}
+        return {KERNEL_ROWS.size: config_symbol(self.kernel)}
 
     def definitions(self) -> tuple[Definition, ...]:
         c, y = channel_variable(self.inputs, "in"), channel_variable(self.outputs, "out")
@@ -104,6 +107,7 @@ class TransposedConvolution(_GridOperator):
 
     kernel: int = 2
     kind: ClassVar[str] = "transposed-convolution"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{P}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -145,6 +149,7 @@ class BatchNorm(_GridOperator):
     """BatchNorm in inference mode: derived to be the per-channel affine map ``a u + c``."""
 
     kind: ClassVar[str] = "batch-norm"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{B}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -174,6 +179,7 @@ class ReluProjection(_GridOperator):
     """The projection onto ``S_2 = {u ≥ 0}`` (ReLU), from the KKT conditions."""
 
     kind: ClassVar[str] = "relu-projection"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_2}"
     is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_2"

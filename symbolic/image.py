@@ -20,7 +20,7 @@ from .quadrature import Grid
 
 __all__ = [
     "PIXEL", "CHANNELS", "ROWS", "COLS", "KERNEL_ROWS", "KERNEL_COLS", "CLASSES",
-    "X1", "X2", "SIGMA1", "SIGMA2", "C", "O", "IMAGE_VARIABLES", "ShiftedGrid", "image_domain",
+    "X1", "X2", "SIGMA1", "SIGMA2", "C", "O", "IMAGE_VARIABLES", "ShiftedGrid", "image_domain", "register_variable",
 ]
 
 #: The pixel spacing ``Δ`` of the image plane.
@@ -54,6 +54,12 @@ O = Variable(sp.Symbol("o", real=True), CLASSES, sp.Idx("o", CLASSES.size))
 IMAGE_VARIABLES: dict[sp.Symbol, Variable] = {
     **VARIABLES, **{variable.symbol: variable for variable in (X1, X2, SIGMA1, SIGMA2, C, O)},
 }
+
+
+def register_variable(variable: Variable) -> Variable:
+    """Make a model's own variable (``cvt``'s key nodes) known to the image grids."""
+    IMAGE_VARIABLES[variable.symbol] = variable
+    return variable
 
 
 @dataclass

@@ -17,9 +17,9 @@ from .errors import SplitformerError
 from .operators import OPERATOR_KINDS, Operator
 from .scheme import Scheme
 from .scheme_file import load_scheme
-from . import cnn_operators, vision_operators  # noqa: F401 - register the vision operator kinds
+from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["ModelSpec", "GridModelSpec", "load_model", "model_names", "model_summary", "is_model"]
+__all__ = ["ModelSpec", "GridModelSpec", "MultiscaleSpec", "load_model", "model_names", "model_summary", "is_model"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
 _GRID_KEYS = {"name", "summary", "operators", "step"}
@@ -61,6 +61,37 @@ class GridModelSpec:
     @property
     def module_name(self) -> str:
         return self.name.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class MultiscaleSpec:
+    """A multiscale model (``cvt``): the stage composition of ``symbolic/cvt.py``."""
+
+    name: str
+    summary: str
+
+    @property
+    def module_name(self) -> str:
+        return self.name.replace("-", "_")
+
+
+#: What a multiscale model file must name: the operator kinds ``symbolic/cvt.py`` composes.
+MULTISCALE = {
+    "stage": {"embedding": "convolution", "embedding_norm": "layer-norm", "projections": "depthwise-convolution",
+              "projection_norm": "batch-norm", "attention": "convolutional-attention", "ffn": "feed-forward",
+              "activation": "gelu"},
+    "readout": {"norm": "layer-norm", "head": "class-token-head"},
+}
+
+
+def _multiscale(document: dict, where: str) -> MultiscaleSpec:
+    unknown = sorted(set(document) - {"name", "summary", "composition", *MULTISCALE})
+    if unknown:
+        raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
+    for table, expected in MULTISCALE.items():
+        if document.get(table) != expected:
+            raise SplitformerError(f"{where}: {table}: a multiscale model composes exactly {expected}")
+    return MultiscaleSpec(str(document["name"]), str(document["summary"]))
 
 
 def _grid_operator(key: str, table: object, where: str) -> Operator:
@@ -122,12 +153,14 @@ def _operator(table: object, where: str) -> Operator:
     return OPERATOR_KINDS[kind](str(table["operator"]))
 
 
-def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec:
+def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec | MultiscaleSpec:
     """A model file's text → ``ModelSpec``; errors name ``where`` and the key."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    if document.get("composition") == "multiscale":
+        return _multiscale(document, where)
     if "operators" in document:
         return _grid_model(document, where)
     unknown = sorted(set(document) - _TOP_KEYS)
@@ -148,7 +181,7 @@ def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec:
                      _operator(document["readout"], f"{where}: readout"))
 
 
-def load_model(name_or_path: str) -> ModelSpec | GridModelSpec:
+def load_model(name_or_path: str) -> ModelSpec | GridModelSpec | MultiscaleSpec:
     """A built-in model by name, or a model file by path."""
     if is_model(name_or_path):
         return parse_model((_folder() / f"{name_or_path}.toml").read_text(encoding="utf-8"),

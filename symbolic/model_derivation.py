@@ -24,6 +24,7 @@ from .operators import STATE, Operator
 from .program import TIME_STEP, Assignment, Program, Tensor
 from .stack import final_norm_scheme
 from .cnn_operators import SPACING
+from .cvt_operators import KEYS
 from .vision_operators import IMAGE
 
 __all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_grid_model", "discretize_stage",
@@ -98,6 +99,7 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
                                 f"{key}.{parameter.name}", parameter.shape, parameter.kind)
     for definition in operator.definitions():
         arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
+        absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
     grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
                        getattr(operator, "sampled", dict)())
     sizes = getattr(operator, "sizes", dict)()
@@ -109,10 +111,11 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
         name = f"{prefix}_{definition.function}"
         names[name] = rf"{definition.latex}^{{{operator.key_latex()}}}"
         target = targets.get(definition.function, definition.applied())
-        lhs = grid(target).xreplace(sizes)
-        quadrature = grid(definition.rhs).xreplace(sizes)
+        weight = grid.absorption(definition.function, target.args)
+        lhs = (grid(target) * weight).xreplace(sizes)
+        quadrature = (grid(definition.rhs) * weight).xreplace(sizes)
         discrete = quadrature.xreplace(_UNIT)
-        if discrete.has(PIXEL) or discrete.has(SPACING) or lhs.has(SPACING):
+        if any(discrete.has(spacing) or lhs.has(spacing) for spacing in (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing)):
             raise SplitformerError(f"{key}: the grid spacing did not cancel in {definition.function}")
         tensors[name] = _tensor(name, names[name], lhs.indices, "temp")
         assignments.append(Assignment(lhs, discrete, definition.meaning,

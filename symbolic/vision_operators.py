@@ -38,6 +38,7 @@ class PatchEmbedding(Operator):
     """
 
     kind: ClassVar[str] = "patch-embedding"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{E}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -79,6 +80,7 @@ class ClassTokenHead(Operator):
     """
 
     kind: ClassVar[str] = "class-token-head"
+    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{R}"
 
     def parameters(self) -> tuple[Parameter, ...]:

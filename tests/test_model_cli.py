@@ -6,7 +6,7 @@ import pytest
 
 from splitformer.codegen.cli import main
 
-MODELS = ("vit", "resnet-block", "unet-level")
+MODELS = ("vit", "cvt", "resnet-block", "unet-level")
 
 
 def test_list_marks_the_models(capsys):

@@ -48,3 +48,10 @@ def test_grid_model_checks_hold(name, capsys):
     assert main(["check", name, "--format", "json"]) == 0
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
     assert checks[f"{name}/translation-equivariance"]["holds"] and checks[f"{name}/batch-norm-affine"]["holds"]
+
+
+def test_cvt_checks_hold(capsys):
+    assert main(["check", "cvt", "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    for name in ("translation-equivariance", "batch-norm-affine", "key-spacing", "score-scale"):
+        assert checks[f"cvt/{name}"]["holds"], checks[f"cvt/{name}"]

@@ -18,7 +18,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from . import adapter
 
-__all__ = ["AdaptedModel", "from_hf_vit"]
+__all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,79 @@ def from_hf_vit(module: Any) -> AdaptedModel:
                                    "the readout is a linear head")
         _dense(params, "head.W", "head.b", module.classifier)
     return AdaptedModel("vit", params, config, ("hf", owner))
+
+
+def _depthwise(params: dict, prefix: str, projection: Any, eps: set) -> None:
+    """A ``dw_bn`` projection: the depth-wise kernel ``(k, k, d)`` and its BatchNorm's four vectors."""
+    convolution = projection.convolution_projection
+    params[f"{prefix}conv.W"] = _array(convolution.convolution.weight)[:, 0].transpose(1, 2, 0).copy()
+    norm = convolution.normalization
+    params[f"{prefix}bn.gain"], params[f"{prefix}bn.bias"] = _array(norm.weight), _array(norm.bias)
+    params[f"{prefix}bn.mean"], params[f"{prefix}bn.var"] = _array(norm.running_mean), _array(norm.running_var)
+    eps.add(float(norm.eps))
+
+
+def _cvt_stage(params: dict, index: int, stage: Any, eps: set, owner: str) -> None:
+    prefix = f"stages.{index}."
+    embedding = stage.embedding.convolution_embeddings
+    params[prefix + "embed.W"] = _array(embedding.projection.weight).transpose(1, 2, 3, 0).copy()
+    params[prefix + "embed.b"] = _array(embedding.projection.bias)
+    _norm(params, prefix + "embed_norm", embedding.normalization)
+    eps.add(float(embedding.normalization.eps))
+    if getattr(stage, "cls_token", None) is not None:
+        params[prefix + "cls"] = _array(stage.cls_token).reshape(-1)
+    for number, layer in enumerate(stage.layers):
+        at = f"{prefix}layers.{number}."
+        attention = layer.attention.attention
+        activation = layer.intermediate.activation
+        if type(activation).__name__ != "GELU" or getattr(activation, "approximate", "none") != "none":
+            raise SplitformerError(f"{owner}: stage {index} uses {activation!r}; the cvt step uses the exact erf GELU")
+        _norm(params, at + "norm1", layer.layernorm_before)
+        for letter, name in (("q", "query"), ("k", "key"), ("v", "value")):
+            _depthwise(params, at + letter, getattr(attention, f"convolution_projection_{name}"), eps)
+            _dense(params, f"{at}attn.W_{letter}", f"{at}attn.b_{letter}", getattr(attention, f"projection_{name}"))
+        _dense(params, at + "attn.W_o", at + "attn.b_o", layer.attention.output.dense)
+        _norm(params, at + "norm2", layer.layernorm_after)
+        _dense(params, at + "ffn.W_1", at + "ffn.b_1", layer.intermediate.dense)
+        _dense(params, at + "ffn.W_2", at + "ffn.b_2", layer.output.dense)
+        eps.update(float(norm.eps) for norm in (layer.layernorm_before, layer.layernorm_after))
+
+
+def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
+    stages = []
+    for index in range(len(config.depth)):
+        if config.qkv_projection_method[index] != "dw_bn":
+            raise SplitformerError(f"{owner}: stage {index} has qkv_projection_method="
+                                   f"{config.qkv_projection_method[index]!r}; the cvt step derives 'dw_bn'")
+        if config.cls_token[index] and index != len(config.depth) - 1:
+            raise SplitformerError(f"{owner}: a class token in stage {index}; the class node joins in the last stage only")
+        stages.append({"patch_size": config.patch_sizes[index], "patch_stride": config.patch_stride[index],
+                       "patch_padding": config.patch_padding[index], "n_heads": config.num_heads[index],
+                       "kernel_qkv": config.kernel_qkv[index], "stride_q": config.stride_q[index],
+                       "padding_q": config.padding_q[index], "stride_kv": config.stride_kv[index],
+                       "padding_kv": config.padding_kv[index], "cls": bool(config.cls_token[index])})
+    return stages
+
+
+@adapter("hf", "CvtModel", "CvtForImageClassification")
+def from_hf_cvt(module: Any) -> AdaptedModel:
+    """The ``cvt`` model's parameters and configuration of a transformers CvT (eval mode)."""
+    owner = type(module).__name__
+    cvt = module.cvt if owner == "CvtForImageClassification" else module
+    stages = _cvt_config(module.config, owner)
+    params: dict[str, np.ndarray] = {}
+    eps: set[float] = set()
+    for index, stage in enumerate(cvt.encoder.stages):
+        _cvt_stage(params, index, stage, eps, owner)
+    if owner == "CvtForImageClassification":
+        if not stages[-1]["cls"]:
+            raise SplitformerError(f"{owner}: the last stage has no class token; the readout averaging the grid "
+                                   "is not generated")
+        if type(module.classifier).__name__ != "Linear":
+            raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__}; the readout is a linear head")
+        _norm(params, "final_norm", module.layernorm)
+        eps.add(float(module.layernorm.eps))
+        _dense(params, "head.W", "head.b", module.classifier)
+    if len(eps) != 1:
+        raise SplitformerError(f"{owner}: LayerNorm and BatchNorm eps differ ({sorted(eps)}); the generated forward takes one")
+    return AdaptedModel("cvt", params, {"stages": stages, "eps": eps.pop()}, ("hf", owner))

@@ -11,7 +11,7 @@ from ..operators import EPSILON
 from . import Check
 from .equivariance import shift_commutes
 
-__all__ = ["grid_checks"]
+__all__ = ["grid_checks", "batch_norm_check"]
 
 
 def _equivariance(model: GridModelProgram) -> Check:
@@ -33,12 +33,13 @@ def _equivariance(model: GridModelProgram) -> Check:
                  "(negative control).", "symbolic", holds, detail)
 
 
-def _batch_norm(model: GridModelProgram) -> Check:
+def batch_norm_check(name: str, stages) -> Check:
+    """BatchNorm (inference) equals the derived per-channel affine map in every BatchNorm stage."""
     u, gain, bias, mean, var = sp.symbols("u gamma beta mu v", real=True)
     reference = gain * (u - mean) / sp.sqrt(var + EPSILON) + bias  # BatchNorm2d.eval(), Ioffe & Szegedy 2015
     wrong = gain * (u - mean) / (sp.sqrt(var) + EPSILON) + bias
     failures, controls = [], []
-    for stage in model.stages():
+    for stage in stages:
         if stage.operator.kind != "batch-norm":
             continue
         key = stage.operator.key
@@ -50,7 +51,7 @@ def _batch_norm(model: GridModelProgram) -> Check:
             failures.append(key)
         if sp.simplify(affine - wrong) == 0:
             controls.append(key)
-    return Check(f"{model.spec.name}/batch-norm-affine", model.spec.name,
+    return Check(f"{name}/batch-norm-affine", name,
                  "BatchNorm in inference mode, γ (u − μ)/√(v + ε) + β, equals the derived per-channel affine map "
                  "a u + c; the same map differs from γ (u − μ)/(√v + ε) + β (negative control).", "symbolic",
                  not failures and not controls,
@@ -60,4 +61,4 @@ def _batch_norm(model: GridModelProgram) -> Check:
 
 def grid_checks(model: GridModelProgram) -> list[Check]:
     """The checks of a convolutional step."""
-    return [_equivariance(model), _batch_norm(model)]
+    return [_equivariance(model), batch_norm_check(model.spec.name, model.stages())]

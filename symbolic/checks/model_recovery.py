@@ -18,7 +18,7 @@ from ..activations import activation as lookup_activation
 from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from ..evaluate import evaluate
 from ..image import CHANNELS, CLASSES, COLS, ROWS, X1
-from ..model import GridModelSpec, ModelSpec
+from ..model import GridModelSpec, ModelSpec, MultiscaleSpec
 from ..model_derivation import INPUT, ModelProgram, Stage, derive_grid_model, derive_model, discretize_stage
 from ..operators import EPSILON
 from ..program import Evaluation, Program, SubstepRecord
@@ -178,8 +178,13 @@ def vit_checks(model: ModelProgram) -> list[Check]:
     ]
 
 
-def model_checks(spec: ModelSpec | GridModelSpec) -> list[Check]:
+def model_checks(spec: ModelSpec | GridModelSpec | MultiscaleSpec) -> list[Check]:
     """The checks of a built-in model (by its embedding and readout kinds)."""
+    if isinstance(spec, MultiscaleSpec):
+        from ..cvt import derive_cvt
+        from .cvt_checks import cvt_checks
+
+        return cvt_checks(derive_cvt(spec.name, spec.summary))
     if isinstance(spec, GridModelSpec):
         from .grid_checks import grid_checks
 

@@ -62,4 +62,5 @@ def render_cvt_report(model: CvtProgram) -> str:
     template = environment().get_template("report/cvt.md.j2")
     return template.render(model=model, version=__version__,
                            checks=[f"{model.name}/translation-equivariance", f"{model.name}/batch-norm-affine",
-                                   f"{model.name}/key-spacing", f"{model.name}/score-scale"])
+                                   f"{model.name}/key-spacing", f"{model.name}/score-scale",
+                                   f"recovery/{model.name}/symbolic", f"recovery/{model.name}/numeric"])

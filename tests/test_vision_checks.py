@@ -53,5 +53,14 @@ def test_grid_model_checks_hold(name, capsys):
 def test_cvt_checks_hold(capsys):
     assert main(["check", "cvt", "--format", "json"]) == 0
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
-    for name in ("translation-equivariance", "batch-norm-affine", "key-spacing", "score-scale"):
-        assert checks[f"cvt/{name}"]["holds"], checks[f"cvt/{name}"]
+    for name in ("cvt/translation-equivariance", "cvt/batch-norm-affine", "cvt/key-spacing", "cvt/score-scale",
+                 "recovery/cvt/symbolic", "recovery/cvt/numeric"):
+        assert checks[name]["holds"], checks[name]
+
+
+def test_cvt_recovery_fails_with_the_head_scale():
+    from splitformer.symbolic.checks.cvt_recovery import _head_scale, _numeric_error
+    from splitformer.symbolic.cvt import derive_cvt
+
+    model = derive_cvt()
+    assert _numeric_error(model) < 1e-40 and _numeric_error(_head_scale(model)) > 1e-3

@@ -63,4 +63,7 @@ def _score_scale(model: CvtProgram) -> Check:
 
 def cvt_checks(model: CvtProgram) -> list[Check]:
     """The checks of the cvt model."""
-    return [_equivariance(model), batch_norm_check(model.name, model.stages()), _key_spacing(model), _score_scale(model)]
+    from .cvt_recovery import cvt_recovery_checks
+
+    return [_equivariance(model), batch_norm_check(model.name, model.stages()), _key_spacing(model), _score_scale(model),
+            *cvt_recovery_checks(model)]

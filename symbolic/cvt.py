@@ -21,9 +21,9 @@ import sympy as sp
 from .activations import activation
 from .cnn_operators import BatchNorm, Convolution
 from .cvt_operators import KEY, ConvolutionalAttention, DepthwiseConvolution
-from .domains import X, XI, Y
+from .domains import X, Y
 from .image import C, X1, X2
-from .model_derivation import Stage, _tensor, discretize_stage
+from .model_derivation import Stage, discretize_stage, field_tensor
 from .operators import STATE, FeedForward, LayerNorm
 from .program import TIME_STEP, Assignment
 from .vision_operators import ClassTokenHead
@@ -61,7 +61,7 @@ class CvtProgram:
 
 
 def _tokens(name: str, node=X) -> object:
-    return _tensor(name, name.replace("_", r"\_"), (node.index, Y.index), "input")
+    return field_tensor(name, name.replace("_", r"\_"), (node.index, Y.index), "input")
 
 
 def _update(target: str, state: str, field: str) -> Assignment:
@@ -72,12 +72,12 @@ def _update(target: str, state: str, field: str) -> Assignment:
 
 def derive_cvt(name: str = "cvt", summary: str = "") -> CvtProgram:
     """The discrete stages of CvT."""
-    image = _tensor("u0", "u", (C.index, X1.index, X2.index), "input")
+    image = field_tensor("u0", "u", (C.index, X1.index, X2.index), "input")
     embed = discretize_stage(Convolution("embed", inputs="c", kernel="patch_size", stride="patch_stride",
                                          padding="patch_padding"), {STATE: image})
     embed_norm = discretize_stage(LayerNorm("embed_norm"), {STATE: _tokens("tokens")})
     norm1 = discretize_stage(LayerNorm("norm1"), {STATE: _tokens("u0")})
-    grid = _tensor("grid", "u", (Y.index, X1.index, X2.index), "input")
+    grid = field_tensor("grid", "u", (Y.index, X1.index, X2.index), "input")
     projections = []
     for letter, stride, padding in PROJECTIONS:
         conv = discretize_stage(DepthwiseConvolution(f"{letter}conv", "kernel_qkv", stride, padding), {STATE: grid})

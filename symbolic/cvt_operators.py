@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import sympy as sp
 
-from .domains import E, FEATURES, H, HEAD_FEATURES, HEADS, X, XI, Y, Domain, Variable
+from .domains import E, FEATURES, H, X, XI, Y, Domain, Variable
 from .image import KERNEL_COLS, KERNEL_ROWS, SIGMA1, SIGMA2, X1, X2, register_variable
 from .operators import STATE, Definition, Operator, Parameter, apply, register_operator
 from .quadrature import integral

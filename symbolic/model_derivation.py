@@ -1,4 +1,5 @@
-"""From a model to its discrete stages: embedding, block step, final projection, readout.
+"""From a model to its discrete stages: embedding, block step, final projection, readout;
+and a convolutional grid step ``u⁺ = Proj(R u + Δt F(u))`` operator by operator.
 
 The block step and the final projection are the block scheme's own derivation. The
 embedding and the readout are discretized here on the image grids (``image.ShiftedGrid``):
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .derivation import UNIT_SPACINGS, derive
-from .domains import FEATURES, TOKENS, X, Y
+from .domains import TOKENS, X, Y
 from .errors import SplitformerError
-from .image import C, CHANNELS, CLASSES, COLS, IMAGE_VARIABLES, PIXEL, ROWS, X1, X2, ShiftedGrid
+from .image import C, CHANNELS, CLASSES, IMAGE_VARIABLES, PIXEL, X1, X2, ShiftedGrid
 from .latex import equation
 from .model import GridModelSpec, ModelSpec
 from .operators import STATE, Operator
@@ -28,13 +29,14 @@ from .cvt_operators import KEYS
 from .vision_operators import IMAGE
 
 __all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_grid_model", "discretize_stage",
+           "field_tensor",
            "INPUT_STATE", "TRANSFER", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
 
 #: The batched input of a model (``pixel_values``, channels first).
 INPUT = "image"
 #: The batched input of a grid step (a feature map, channels first), and ``R u`` (the transfer's value).
 INPUT_STATE, TRANSFER = "u0", "transfer"
-#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (see ``ModelProgram.tokens``).
+#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (the ``Tokens`` operation of the lowering).
 TOKENS_LATEX = (
     r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
     r"f(x, y) + E(x, y) & x \in \Omega_{\mathrm{grid}} \end{cases}"
@@ -75,7 +77,8 @@ class ModelProgram:
         return self.spec.module_name
 
 
-def _tensor(name: str, latex: str, indices, role: str, parameter=None, shape=None, kind="") -> Tensor:
+def field_tensor(name: str, latex: str, indices, role: str, parameter=None, shape=None, kind="") -> Tensor:
+    """A discrete array of a stage: a batched field (``input``, ``temp``) or a parameter."""
     return Tensor(name, latex, tuple(indices), role, parameter, shape, kind)
 
 
@@ -95,7 +98,7 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
         arrays[parameter.function] = sp.IndexedBase(name)
         absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
         latex = parameter.latex if "_" in parameter.latex else f"{parameter.latex}_{{{operator.key_latex()}}}"
-        tensors[name] = _tensor(name, latex, (v.index for v in parameter.arguments), "param",
+        tensors[name] = field_tensor(name, latex, (v.index for v in parameter.arguments), "param",
                                 f"{key}.{parameter.name}", parameter.shape, parameter.kind)
     for definition in operator.definitions():
         arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
@@ -117,7 +120,7 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
         discrete = quadrature.xreplace(_UNIT)
         if any(discrete.has(spacing) or lhs.has(spacing) for spacing in (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing)):
             raise SplitformerError(f"{key}: the grid spacing did not cancel in {definition.function}")
-        tensors[name] = _tensor(name, names[name], lhs.indices, "temp")
+        tensors[name] = field_tensor(name, names[name], lhs.indices, "temp")
         assignments.append(Assignment(lhs, discrete, definition.meaning,
                                       continuous=equation(target, definition.rhs, continuous),
                                       quadrature=equation(lhs, quadrature, names)))
@@ -126,11 +129,11 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
 
 def derive_model(spec: ModelSpec) -> ModelProgram:
     """The discrete stages of ``spec``."""
-    image = _tensor(INPUT, "I", (), "input")
+    image = field_tensor(INPUT, "I", (), "input")
     embedding = discretize_stage(spec.embedding, {IMAGE: image})
     step = derive(spec.scheme)
     final = derive(final_norm_scheme()) if spec.final_norm else None
-    state = _tensor("u", "u", (X.index, Y.index), "input")
+    state = field_tensor("u", "u", (X.index, Y.index), "input")
     readout = discretize_stage(spec.readout, {STATE: state})
     return ModelProgram(spec, embedding, step, final, readout)
 
@@ -170,13 +173,13 @@ def _chain(spec: GridModelSpec, keys: tuple[str, ...], start: Tensor, used: set[
 
 def derive_grid_model(spec: GridModelSpec) -> GridModelProgram:
     """The discrete stages of a grid step: ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``."""
-    start = _tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
+    start = field_tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
     used: set[str] = set()
     field = _chain(spec, spec.field, start, used)
     transfer = _chain(spec, spec.transfer, start, used)
     indices = (Y.index, X1.index, X2.index)
     moved = sp.IndexedBase(TRANSFER)[indices]
-    total = _tensor("u1", "u^{+}", indices, "temp")
+    total = field_tensor("u1", "u^{+}", indices, "temp")
     update = Assignment(sp.IndexedBase(total.name)[indices], moved + TIME_STEP * sp.IndexedBase(field[-1].output)[indices],
                         r"explicit Euler step on the new grid: $u^{+} = R u + \Delta t\, F(u)$",
                         continuous=r"u^{+}(y, x) = (R u)(y, x) + \Delta t\, F(u)(y, x)",

@@ -172,7 +172,7 @@ def _attention(q, k, v, scale, support):
     q, k, v = (np.ascontiguousarray(t.transpose(0, 2, 1, 3)) for t in (q, k, v))
     keys = k.transpose(0, 1, 3, 2)
     out = np.empty(q.shape, dtype=q.dtype)
-    rows = max(1, (1 << 19) // (q.shape[0] * q.shape[1] * k.shape[2]))
+    rows = max(1, (1 << 19) // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
     for start in range(0, q.shape[2], rows):
         block = slice(start, start + rows)
         scores = (q[:, :, block] * scale) @ keys
@@ -182,14 +182,32 @@ def _attention(q, k, v, scale, support):
     return out.transpose(0, 2, 1, 3)
 
 
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
 def _layer_norm(x, gain, bias, eps):
-    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary."""
-    out = x - np.mean(x, axis=-1, keepdims=True)
-    scale = np.einsum("...k,...k->...", out, out)[..., None]
-    scale /= x.shape[-1]
-    scale += eps
-    np.sqrt(scale, out=scale)
-    out /= scale
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
+
+    The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
+    row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Every row whose LayerNorm is representable gets it, up to the
+    dtype's largest values.
+    """
+    scale = _row_scale(x)
+    out = x / scale
+    out -= out[..., :1].copy()
+    out -= np.mean(out, axis=-1, keepdims=True)
+    variance = np.einsum("...k,...k->...", out, out)[..., None]
+    variance /= x.shape[-1]
+    variance += eps / scale / scale
+    np.sqrt(variance, out=variance)
+    variance[variance == 0] = 1  # a constant row (eps/s² underflowed): its centred values are 0
+    out /= variance
     out *= gain
     out += bias
     return out

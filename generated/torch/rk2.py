@@ -89,7 +89,7 @@ def _allowed(support):
     return support if support.dtype == torch.bool else support > float("-inf")
 
 
-def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float):
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
     ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).

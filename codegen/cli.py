@@ -233,8 +233,6 @@ def _derive(arguments: argparse.Namespace) -> str:
             files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
         else:
             files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
-    # Any existing __init__.py already makes its folder a package: a user's own is kept, even with --force.
-    files = {path: text for path, text in files.items() if not (path.name == "__init__.py" and path.is_file())}
     write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 

@@ -94,16 +94,6 @@ def test_the_demo_without_generated_files_is_one_line(tmp_path):
     assert result.stderr.startswith("error: no ") and result.stderr.count("\n") == 1, result.stderr
 
 
-@pytest.mark.parametrize("force", [[], ["--force"]])
-def test_deriving_into_a_users_package_keeps_its_init(force, tmp_path, capsys):
-    package = tmp_path / "mypkg"
-    package.mkdir()
-    (package / "__init__.py").write_text('VERSION = "1.0"\n')
-    assert main(["derive", "post-ln", "--backend", "numpy", "--out", str(package), *force]) == 0
-    assert (package / "__init__.py").read_text() == 'VERSION = "1.0"\n'
-    assert (package / "numpy" / "__init__.py").is_file() and (package / "numpy" / "post_ln.py").is_file()
-
-
 _RK_SCHEME = """name = "labelled"
 summary = "s"
 [operators]

@@ -91,7 +91,7 @@ def _source_with_activation(scheme) -> str:
     from splitformer.symbolic.scheme_file import parse_scheme
 
     line = f'activation = "{scheme.activation}"'
-    source, count = re.subn(r'(?m)^activation = "[a-z]+"$', line, scheme.source, count=1)
+    source, count = re.subn(r'(?m)^activation = "[a-z-]+"$', line, scheme.source, count=1)
     if not count:
         source = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", source, count=1)
     if parse_scheme(source).activation != scheme.activation:

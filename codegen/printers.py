@@ -72,6 +72,9 @@ class ArrayPrinter(StrPrinter):
             return f"1 / {self.call('sqrt', base)}"
         return super()._print_Pow(expr, rational)
 
+    def _print_Pi(self, expr: sp.Expr) -> str:
+        return "math.pi"
+
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
 

@@ -31,8 +31,8 @@ def layer_norm(x: sp.Matrix, p: Params, name: str, eps: sp.Expr) -> sp.Matrix:
     return out
 
 
-def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn") -> sp.Matrix:
-    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017)."""
+def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn", causal: bool = False) -> sp.Matrix:
+    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017); ``causal``: keys j ≤ i only."""
     n, d = x.shape
     width = d // n_heads
     q, k, v = (x * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], n) for c in "qkv")
@@ -40,7 +40,9 @@ def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn") -> sp.Ma
     for m in range(n_heads):
         columns = slice(m * width, (m + 1) * width)
         scores = q[:, columns] * k[:, columns].T / sp.sqrt(width)
-        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in range(n)))
+        keys = [range(i + 1) if causal else range(n) for i in range(n)]
+        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in keys[i])
+                            if j in keys[i] else 0)
         heads.append(weights * v[:, columns])
     return sp.Matrix.hstack(*heads) * p[f"{key}.W_o"] + _rows(p[f"{key}.b_o"], n)
 
@@ -65,6 +67,12 @@ def _macaron(x, p, heads, eps, act):
     x = layer_norm(x + half * feed_forward(x, p, act, "ffn_pre"), p, "norm1", eps)
     x = layer_norm(x + attention(x, p, heads), p, "norm2", eps)
     return layer_norm(x + half * feed_forward(x, p, act, "ffn_post"), p, "norm3", eps)
+
+
+def _gpt2(x, p, heads, eps, act):
+    """Radford et al. 2019: pre-LN with causal self-attention."""
+    x = x + attention(layer_norm(x, p, "norm1", eps), p, heads, causal=True)
+    return x + feed_forward(layer_norm(x, p, "norm2", eps), p, act)
 
 
 def _parallel(x, p, heads, eps, act):
@@ -100,7 +108,7 @@ def _rk2(x, p, heads, eps, act):
 
 REFERENCES = {
     "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "parallel": _parallel,
-    "symmetric-parallel": _symmetric_parallel, "rk2": _rk2,
+    "symmetric-parallel": _symmetric_parallel, "rk2": _rk2, "gpt2": _gpt2,
 }
 
 

@@ -28,7 +28,7 @@ _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 #: Names the emitted modules use for their own attributes.
 _RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order"}
+             "order", "splitting_order", "causal"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -91,6 +91,8 @@ class _Reader:
             operators=operators,
             body=body,
             activation=activation,
+            declared_activation=activation,
+            causal=self.typed(document, "causal", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,

@@ -38,11 +38,11 @@ def _canonical_entry(domains, index, head_width):
     return tuple(canonical)
 
 
-def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, head_width: int) -> dict:
+def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, head_width: int, causal: bool) -> dict:
     from ..domains import VARIABLES
 
     index_domains = {variable.index: variable.domain for variable in VARIABLES.values()}
-    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: 1}
+    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: int(j <= i or not causal)}
     for tensor in program.parameters():
         domains = [index_domains[index] for index in tensor.indices]
         array = params[tensor.parameter]
@@ -69,7 +69,7 @@ def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps) -> sp
     n, d, heads = sizes[TOKENS.size], sizes[FEATURES.size], sizes[HEADS.size]
     params = _parameters(program, sizes, value)
     u = sp.Matrix(n, d, lambda i, k: value("u", i, k))
-    values = evaluate(program, sizes, _inputs(program, params, u, d // heads), eps=eps)[program.output]
+    values = evaluate(program, sizes, _inputs(program, params, u, d // heads, scheme.causal), eps=eps)[program.output]
     activation = lookup_activation(scheme.activation)
     if scheme.activation == "relu":  # SymPy's Max simplifies large arguments very slowly
         activation = lambda x: sp.Max(x, 0, evaluate=x.is_number)  # noqa: E731

@@ -19,10 +19,14 @@ from collections import Counter
 
 import sympy as sp
 
-from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, X, X_KEY, Y
+from .domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, PAIR, TOKENS, VARIABLES, X,
+    X_KEY, Y,
+)
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
+from .rotary_attention import POSITIONS
 from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Heun, Parallel, Scheme, Sequence, Substep
@@ -30,7 +34,8 @@ from .scheme import Heun, Parallel, Scheme, Sequence, Substep
 __all__ = ["derive", "UNIT_SPACINGS"]
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
-UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN)}
+UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
+                                                                 GROUP, PAIR, FREQUENCIES, KV_FEATURES)}
 
 
 class _Deriver:
@@ -43,6 +48,7 @@ class _Deriver:
         self.memo: dict[tuple[str, str], str] = {}
         self.states = 0
         self.substeps = 0
+        self.cached: dict[str, str] = {}
         for operator in self.operators.values():
             for parameter in operator.parameters():
                 name = f"{operator.key}_{parameter.name}"
@@ -53,6 +59,8 @@ class _Deriver:
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
+        if any(_reads(operator, POSITIONS) for operator in self.operators.values()):
+            self.tensors[POSITIONS] = Tensor(POSITIONS, "p", (X.index,), "positions")
 
     # -- names -------------------------------------------------------------------------
     def declare(self, tensor: Tensor) -> None:
@@ -90,7 +98,8 @@ class _Deriver:
         prefix = key if count == 1 else f"{key}{count}"
         while count > 1 and any(name.startswith(f"{prefix}_") for name in self.tensors):
             prefix += "x"  # a later evaluation must not reuse another operator's names
-        arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT)}
+        arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
+                  POSITIONS: sp.IndexedBase(POSITIONS)}
         absorbed = {}
         for parameter in operator.parameters():
             arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")
@@ -122,6 +131,9 @@ class _Deriver:
                 quadrature=equation(lhs, quadrature, names),
             ))
         output = str(assignments[-1].lhs.base.label)
+        if self.scheme.causal and operator.uses_support():
+            for function in _key_side(operator):
+                self.cached[f"{prefix}_{function}"] = f"{key}.{function}" if count == 1 else f"{key}{count}.{function}"
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
     def latex_names(self) -> dict[str, str]:
@@ -213,6 +225,26 @@ class _Deriver:
         return discrete, rule, "rk2 (Heun) of " + " + ".join(field.operator for field in step.fields)
 
 
+def _key_side(operator: Operator) -> list[str]:
+    """The operator's own fields of a token ``x`` read at the key position ``x̃`` (keys and
+    values): what a causal token integral at a new token needs of every earlier token."""
+    own = {definition.function: definition.arguments for definition in operator.definitions()}
+    found = []
+    for definition in operator.definitions():
+        for applied in sorted(definition.rhs.atoms(sp.core.function.AppliedUndef), key=sp.default_sort_key):
+            name = applied.func.__name__
+            if name in own and X in own[name] and applied.args[own[name].index(X)] == X_KEY.symbol \
+                    and name not in found:
+                found.append(name)
+    return found
+
+
+def _reads(operator: Operator, function: str) -> bool:
+    """Whether the continuous definitions of ``operator`` read the input field ``function``."""
+    return any(applied.func.__name__ == function for definition in operator.definitions()
+               for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
+
+
 def _solver_label(step: Substep) -> str:
     on = f" on Proj({step.on})" if step.on else ""
     fraction = "" if step.fraction == 1 else f", fraction {step.fraction}"
@@ -235,4 +267,4 @@ def derive(scheme: Scheme) -> Program:
         r"the discrete kernel is the row-wise softmax.",
         r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (MODEL.md §3).",
     ]
-    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes)
+    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached)

@@ -117,21 +117,47 @@ def _layer_norm(x, gain, bias, eps):
     return out
 
 
-def _support(key_padding_mask, causal, batch, n_tokens):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
+def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
+    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
+    """
+    n_keys = offset + n_tokens
     if key_padding_mask is None and not causal:
         return None
-    support = np.ones((batch, n_tokens, n_tokens), dtype=bool)
+    support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
         mask = np.asarray(key_padding_mask)
-        if mask.dtype != np.bool_ or mask.shape != (batch, n_tokens):
+        if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_tokens)}, got {mask.dtype} {mask.shape}"
+                f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"
             )
         support &= ~mask[:, None, :]
     if causal:
-        support &= np.tril(np.ones((n_tokens, n_tokens), dtype=bool))
+        support &= np.tril(np.ones((n_tokens, n_keys), dtype=bool), k=offset)
     return support
+
+
+def _cached_tokens(cache):
+    """How many tokens ``cache`` holds (0 for None or an empty cache)."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, dict):
+        raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
+    return next(iter(cache.values())).shape[1] if cache else 0
+
+
+def _cache(cache, key, new):
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
+    if cache is None:
+        return new
+    if key in cache:
+        old = cache[key]
+        if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
+            raise ValueError(f"cache[{key!r}] holds {old.dtype} {old.shape}, incompatible with {new.dtype} {new.shape}")
+        new = np.concatenate((old, new), axis=1)
+    cache[key] = new
+    return new
 
 
 def _state(u):
@@ -165,11 +191,16 @@ def _head_width(d, n_heads):
     return d // n_heads
 
 
-def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=True):
-    """One step of gpt2: ``u`` of shape (batch, tokens, d) or (tokens, d)."""
+def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=True, cache=None):
+    """One step of gpt2: ``u`` of shape (batch, tokens, d) or (tokens, d).
+
+    ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
+    seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+    """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
     d_head = _head_width(d, n_heads)
+    offset = _cached_tokens(cache)
     d_ff = np.shape(params["ffn.W_1"])[1] if "ffn.W_1" in params else 0
     sizes = {"d": d, "d_ff": d_ff}
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
@@ -189,7 +220,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
-    chi = _support(key_padding_mask, causal, batch, n_tokens)
+    chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -203,6 +234,10 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    # the cache: attn_k of the earlier tokens, then the new ones
+    attn_k = _cache(cache, "attn.k", attn_k)
+    # the cache: attn_v of the earlier tokens, then the new ones
+    attn_v = _cache(cache, "attn.v", attn_v)
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
@@ -251,11 +286,18 @@ def _final_norm(u0, params, eps):
     return u1
 
 
-def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=True):
-    """``len(layers)`` steps of gpt2, then ``final_norm`` (mapping with ``gain``, ``bias``)."""
+def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=True, cache=None):
+    """``len(layers)`` steps of gpt2, then ``final_norm`` (mapping with ``gain``, ``bias``).
+
+    ``cache``: one dict per layer (``[{} for _ in layers]`` at the first call), see ``forward``.
+    """
     state = _state(u)
-    for params in layers:
-        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
+    if cache is not None and len(cache) != len(layers):
+        raise ValueError(f"cache holds {len(cache)} layers, the stack {len(layers)}")
+    for index, params in enumerate(layers):
+        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,
+                        causal=causal,
+                        cache=None if cache is None else cache[index])
     if final_norm is not None:
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state

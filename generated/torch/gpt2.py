@@ -106,21 +106,48 @@ def _attention(q, k, v, scale, support):
     return out.transpose(1, 2)
 
 
-def _support(key_padding_mask, causal, batch, n_tokens, device):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
+def _support(key_padding_mask, causal, batch, n_tokens, device, offset=0):
+    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
+    """
+    n_keys = offset + n_tokens
     if key_padding_mask is None and not causal:
         return None
-    support = torch.ones(batch, n_tokens, n_tokens, dtype=torch.bool, device=device)
+    support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
     if key_padding_mask is not None:
         mask = torch.as_tensor(key_padding_mask, device=device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_tokens):
+        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_keys):
             raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_tokens)}, got {mask.dtype} {tuple(mask.shape)}"
+                f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {tuple(mask.shape)}"
             )
         support = support & ~mask[:, None, :]
     if causal:
-        support = support & torch.ones(n_tokens, n_tokens, dtype=torch.bool, device=device).tril()
+        support = support & torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset)
     return support
+
+
+def _cached_tokens(cache):
+    """How many tokens ``cache`` holds (0 for None or an empty cache)."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, dict):
+        raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
+    return next(iter(cache.values())).shape[1] if cache else 0
+
+
+def _cache(cache, key, new):
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
+    if cache is None:
+        return new
+    if key in cache:
+        old = cache[key]
+        if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
+            raise ValueError(f"cache[{key!r}] holds {old.dtype} {tuple(old.shape)}, incompatible with "
+                             f"{new.dtype} {tuple(new.shape)}")
+        new = torch.cat((old, new), dim=1)
+    cache[key] = new
+    return new
 
 
 def _register(module, table, sizes, bias, factory):
@@ -185,7 +212,8 @@ class Block(torch.nn.Module):
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
+        sizes = {"d": d_model, "d_ff": d_ff}
+        _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -196,8 +224,12 @@ class Block(torch.nn.Module):
         _load(self, PARAMETERS, params, self.bias)
         return self
 
-    def forward(self, u, key_padding_mask=None, causal=True):
-        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
+    def forward(self, u, key_padding_mask=None, causal=True, cache=None):
+        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape.
+
+        ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
+        seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+        """
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
         dtype = self.norm1.gain.dtype
@@ -206,6 +238,7 @@ class Block(torch.nn.Module):
         u0 = u[None] if u.dim() == 2 else u
         batch, n_tokens, d = u0.shape
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
+        offset = _cached_tokens(cache)
         inference = not torch.is_grad_enabled()  # dead temporaries may then be updated in place
         norm1_gain = self.norm1.gain
         norm1_bias = self.norm1.bias
@@ -223,7 +256,7 @@ class Block(torch.nn.Module):
         ffn_b_1 = self.ffn.b_1
         ffn_W_2 = self.ffn.W_2
         ffn_b_2 = self.ffn.b_2
-        chi = _support(key_padding_mask, causal, batch, n_tokens, u0.device)
+        chi = _support(key_padding_mask, causal, batch, n_tokens, u0.device, offset)
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -236,6 +269,10 @@ class Block(torch.nn.Module):
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
         attn_q, attn_k, attn_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn_qkv.chunk(3, dim=1))
+        # the cache: attn_k of the earlier tokens, then the new ones
+        attn_k = _cache(cache, "attn.k", attn_k)
+        # the cache: attn_v of the earlier tokens, then the new ones
+        attn_v = _cache(cache, "attn.v", attn_v)
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
@@ -270,10 +307,11 @@ class Stack(torch.nn.Module):
     """
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=True,
-                 device=None, dtype=None):
+device=None, dtype=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype) for _ in range(n_layers)
+            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype)
+            for _ in range(n_layers)
         )
         self.eps, self.bias, self.has_final_norm = eps, bias, final_norm
         if final_norm:
@@ -306,7 +344,11 @@ class Stack(torch.nn.Module):
         u1 = torch.nn.functional.layer_norm(u0, u0.shape[-1:], final_norm_gain, final_norm_bias, eps)
         return u1
 
-    def forward(self, u, key_padding_mask=None, causal=True):
-        for block in self.layers:
-            u = block(u, key_padding_mask=key_padding_mask, causal=causal)
+    def forward(self, u, key_padding_mask=None, causal=True, cache=None):
+        """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")
+        for index, block in enumerate(self.layers):
+            u = block(u, key_padding_mask=key_padding_mask, causal=causal,
+                      cache=None if cache is None else cache[index])
         return self._final_norm(u) if self.has_final_norm else u

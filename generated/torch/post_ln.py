@@ -106,20 +106,24 @@ def _attention(q, k, v, scale, support):
     return out.transpose(1, 2)
 
 
-def _support(key_padding_mask, causal, batch, n_tokens, device):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
+def _support(key_padding_mask, causal, batch, n_tokens, device, offset=0):
+    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
+    """
+    n_keys = offset + n_tokens
     if key_padding_mask is None and not causal:
         return None
-    support = torch.ones(batch, n_tokens, n_tokens, dtype=torch.bool, device=device)
+    support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
     if key_padding_mask is not None:
         mask = torch.as_tensor(key_padding_mask, device=device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_tokens):
+        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_keys):
             raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_tokens)}, got {mask.dtype} {tuple(mask.shape)}"
+                f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {tuple(mask.shape)}"
             )
         support = support & ~mask[:, None, :]
     if causal:
-        support = support & torch.ones(n_tokens, n_tokens, dtype=torch.bool, device=device).tril()
+        support = support & torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset)
     return support
 
 
@@ -185,7 +189,8 @@ class Block(torch.nn.Module):
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
+        sizes = {"d": d_model, "d_ff": d_ff}
+        _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -197,7 +202,8 @@ class Block(torch.nn.Module):
         return self
 
     def forward(self, u, key_padding_mask=None, causal=False):
-        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
+        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape.
+        """
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
         dtype = self.attn.W_q.dtype
@@ -276,10 +282,11 @@ class Stack(torch.nn.Module):
     """
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=False,
-                 device=None, dtype=None):
+device=None, dtype=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype) for _ in range(n_layers)
+            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype)
+            for _ in range(n_layers)
         )
         self.eps, self.bias, self.has_final_norm = eps, bias, final_norm
         if final_norm:
@@ -313,6 +320,6 @@ class Stack(torch.nn.Module):
         return u1
 
     def forward(self, u, key_padding_mask=None, causal=False):
-        for block in self.layers:
+        for index, block in enumerate(self.layers):
             u = block(u, key_padding_mask=key_padding_mask, causal=causal)
         return self._final_norm(u) if self.has_final_norm else u

@@ -1,9 +1,22 @@
-"""The operators of the master equation, written in continuous form.
+"""The operators of the master equation, written in continuous form; the public operator API.
 
 Each operator lists its learned controls (``Parameter``) and the chain of continuous
 definitions that evaluates it on an input field ``u(x, ξ)``; the last definition is the
 operator's value. Kernels integrated against a variable are marked, so that the
 quadrature weight of that variable is absorbed into the stored array (see ``quadrature``).
+
+A new kind is a subclass registered by name (``@register_operator``), from the package or
+from a user's own module alike:
+
+- a vector field subclasses ``Operator``: ``kind``, ``symbol``, ``parameters()`` (built
+  with ``kernel``: names, continuous arguments, shapes in domains) and ``definitions()``
+  (SymPy expressions over the domains, ``integral`` for the integral transforms);
+- a projection subclasses ``ProjectionOperator`` and gives only its ``ConstraintSet``
+  (``constraints``): the closed form comes from ``projections.derive_projection``, followed
+  by the diagonal affine substep of its ``affine`` parameters (``gain``, ``bias``).
+
+Dataclass fields after ``key`` are the kind's options: ``activation`` receives the scheme's
+activation, others come from the scheme file (``ffn = { kind = "…", bias = false }``).
 """
 
 from __future__ import annotations
@@ -17,12 +30,13 @@ from .activations import Activation
 from .domains import (
     ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
 )
-from .projections import SYMBOLS, derive_layer_norm_projection
+from .constraints import S_1, ConstraintSet
+from .projections import SYMBOLS, Projection, derive_layer_norm_projection, derive_projection
 from .quadrature import integral
 
 __all__ = [
-    "Parameter", "Definition", "Operator", "Attention", "FeedForward", "LayerNorm",
-    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator",
+    "Parameter", "Definition", "Operator", "ProjectionOperator", "Attention", "FeedForward", "LayerNorm",
+    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
 ]
 
 #: LayerNorm's ε; emitted as the ``eps`` argument.
@@ -131,9 +145,14 @@ class Operator:
         return f"$\\displaystyle {self.latex()}$"
 
 
-def _kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[Domain, ...],
-            absorbs: tuple[Variable, ...] = ()) -> Parameter:
+def kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[Domain, ...],
+           absorbs: tuple[Variable, ...] = ()) -> Parameter:
+    """A learned control ``name(arguments)`` stored with ``shape``; ``absorbs`` are the variables
+    it is integrated against (their quadrature weights live in the stored array)."""
     return Parameter(name, name, latex, arguments, shape, absorbs)
+
+
+_kernel = kernel
 
 
 @dataclass(frozen=True)
@@ -214,38 +233,67 @@ class FeedForward(Operator):
 
 
 @dataclass(frozen=True)
-class LayerNorm(Operator):
+class ProjectionOperator(Operator):
+    """A projection given only by its constraint set, then a diagonal affine substep.
+
+    Subclasses set ``constraints`` (a ``ConstraintSet``), ``values`` (the set's parameters,
+    e.g. ``σ_1 = 0, σ_2 = 1``) and ``affine`` (``("gain", "bias")``, ``("gain",)`` or ``()``);
+    the statistics, the derived projection and the affine map become the definitions.
+    """
+
+    is_projection: ClassVar[bool] = True
+    constraints: ClassVar[ConstraintSet]
+    values: ClassVar[dict] = {}
+    affine: ClassVar[tuple[str, ...]] = ("gain", "bias")
+    #: LaTeX name of the operator's value and what the projection and affine stages mean.
+    output_latex: ClassVar[str] = r"\mathrm{Proj}"
+    projection_meaning: ClassVar[str] = "the derived projection"
+    affine_meaning: ClassVar[str] = "per-feature gain and bias: an explicit step of a diagonal affine map"
+
+    @classmethod
+    def projection(cls) -> Projection:
+        """The closed form derived from ``constraints`` (cached)."""
+        return derive_projection(cls.constraints)
+
+    def parameters(self) -> tuple[Parameter, ...]:
+        latex = {"gain": "g", "bias": "c"}
+        return tuple(kernel(name, latex[name], (Y,), (FEATURES,)) for name in self.affine)
+
+    def definitions(self) -> tuple[Definition, ...]:
+        s = SYMBOLS
+        statistics = self.constraints.statistics
+        at_token = {statistic.symbol: apply(statistic.name, X) for statistic in statistics}
+        definitions = []
+        for statistic in statistics:
+            body = statistic.mean_of.subs({s.v: apply(STATE, X, XI), **at_token})
+            definitions.append(Definition(statistic.name, statistic.latex, (X,),
+                                          integral(body, XI) / FEATURES.measure, statistic.meaning))
+        projected = self.projection().formula.subs(
+            {s.v: apply(STATE, X, Y), **at_token, **self.values, s.epsilon: EPSILON})
+        definitions.append(Definition("p", "P", (X, Y), projected, self.projection_meaning))
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        out = p.get("gain", 1) * apply("p", X, Y) + p.get("bias", 0)
+        if self.affine:
+            definitions.append(Definition("out", self.output_latex, (X, Y), out, self.affine_meaning))
+        return tuple(definitions)
+
+
+@dataclass(frozen=True)
+class LayerNorm(ProjectionOperator):
     """Projection onto ``S_1(0, 1)`` (ε through the ghost coordinate), then gain and bias."""
 
     kind: ClassVar[str] = "layer-norm"
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_1}"
-    is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_1"
+    constraints: ClassVar[ConstraintSet] = S_1
+    values: ClassVar[dict] = {SYMBOLS.sigma_1: 0, SYMBOLS.sigma_2: 1}
+    output_latex: ClassVar[str] = r"\mathrm{LN}"
+    projection_meaning: ClassVar[str] = (
+        r"projection onto $S_1(0, 1)$ with the ghost coordinate $\sqrt{N_y\varepsilon}$ (Theorem 3.1, derived)")
 
-    def parameters(self) -> tuple[Parameter, ...]:
-        return (
-            _kernel("gain", "g", (Y,), (FEATURES,)),
-            _kernel("bias", "c", (Y,), (FEATURES,)),
-        )
-
-    def definitions(self) -> tuple[Definition, ...]:
-        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        v = apply(STATE, X, XI)
-        mean = integral(v, XI) / FEATURES.measure
-        variance = integral((v - apply("alpha", X)) ** 2, XI) / FEATURES.measure
-        s = SYMBOLS
-        projected = derive_layer_norm_projection().formula.subs({
-            s.v: apply(STATE, X, Y), s.alpha: apply("alpha", X), s.beta: apply("beta", X),
-            s.sigma_1: 0, s.sigma_2: 1, s.epsilon: EPSILON,
-        })
-        return (
-            Definition("alpha", r"\alpha", (X,), mean, "mean over features"),
-            Definition("beta", r"\beta", (X,), variance, "population variance over features"),
-            Definition("p", "P", (X, Y), projected,
-                       r"projection onto $S_1(0, 1)$ with the ghost coordinate $\sqrt{N_y\varepsilon}$ (Theorem 3.1, derived)"),
-            Definition("out", r"\mathrm{LN}", (X, Y), p["gain"] * apply("p", X, Y) + p["bias"],
-                       "per-feature gain and bias: an explicit step of a diagonal affine map"),
-        )
+    @classmethod
+    def projection(cls) -> Projection:
+        return derive_layer_norm_projection()  # cached on disk
 
 
 #: Operator kinds by the name scheme files use (``attn = "attention"``).
@@ -274,4 +322,6 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
 for _builtin in (Attention, FeedForward, LayerNorm):
     register_operator(_builtin)
 
-from . import rotary_attention  # noqa: E402,F401  (registers the built-in kinds of its own module)
+# Built-in kinds defined through the public API, each in its own module, registered on import.
+from . import gated_feed_forward, rms_norm  # noqa: E402,F401
+from . import rotary_attention  # noqa: E402,F401

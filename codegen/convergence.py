@@ -48,7 +48,8 @@ def _field_function(scheme: Scheme, step: Substep):
     if step.on is not None:
         operators[step.on] = scheme.operators[step.on]
     single = Scheme(f"field-{step.operator}", "one field", operators,
-                    Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation)
+                    Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation,
+                    options={key: scheme.options[key] for key in operators if key in scheme.options})
     program = derive(single)
     source = render_module(single, lower(program), lower(derive(final_norm_scheme())), "numpy")
     namespace: dict = {"__name__": f"splitformer_field_{step.operator}"}
@@ -107,7 +108,7 @@ def _reference(fields: _Fields, scheme: Scheme, u: np.ndarray, steps: int = REFE
 
 def _controls(scheme: Scheme, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    sizes = {"d": WIDTH, "d_ff": HIDDEN}
+    sizes = {"d": WIDTH, "d_ff": HIDDEN, "d_kv": WIDTH}  # n_kv_heads = n_heads
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():

@@ -70,6 +70,7 @@ def unit_context(module: Module, backend: str) -> dict:
         "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_grid") if f"{helper}(" in code},
         "output": module.output,
         "rotary": "pos" in module.tensors,
+        "memory": "mem" in module.tensors,
         "grouped": any({KV_HEADS, KV_FEATURES} & set((info.view or ()) + (info.shape or ())) for info in module.tensors.values()),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }

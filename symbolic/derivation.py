@@ -22,17 +22,26 @@ import sympy as sp
 
 from .domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, PAIR, TOKENS, VARIABLES, X,
-    X_KEY, Y,
+    X_KEY, X_MEMORY, Y,
 )
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
+from .cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from .rotary_attention import POSITIONS
 from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["derive", "UNIT_SPACINGS"]
+__all__ = ["derive", "UNIT_SPACINGS", "INPUT_FIELDS"]
+
+#: Fields an operator may read besides the state and the support χ: name → (LaTeX, grid
+#: indices, role). Each becomes an input of the emitted code when some operator reads it.
+INPUT_FIELDS = {
+    POSITIONS: ("p", (X.index,), "positions"),
+    MEMORY_FIELD: ("m", (X_MEMORY.index, Y.index), "memory"),
+    MEMORY_SUPPORT: (r"\chi_m", (X.index, X_MEMORY.index), "support"),
+}
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
 UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
@@ -60,8 +69,9 @@ class _Deriver:
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
-        if any(_reads(operator, POSITIONS) for operator in self.operators.values()):
-            self.tensors[POSITIONS] = Tensor(POSITIONS, "p", (X.index,), "positions")
+        for name, (latex, indices, role) in INPUT_FIELDS.items():
+            if any(_reads(operator, name) for operator in self.operators.values()):
+                self.tensors[name] = Tensor(name, latex, indices, role)
 
     # -- names -------------------------------------------------------------------------
     def declare(self, tensor: Tensor) -> None:
@@ -100,7 +110,7 @@ class _Deriver:
         while count > 1 and any(name.startswith(f"{prefix}_") for name in self.tensors):
             prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
-                  POSITIONS: sp.IndexedBase(POSITIONS)}
+                  **{name: sp.IndexedBase(name) for name in INPUT_FIELDS}}
         absorbed = {}
         for parameter in operator.parameters():
             arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")

@@ -31,17 +31,21 @@ def layer_norm(x: sp.Matrix, p: Params, name: str, eps: sp.Expr) -> sp.Matrix:
     return out
 
 
-def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn", causal: bool = False) -> sp.Matrix:
-    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017); ``causal``: keys j ≤ i only."""
+def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn", causal: bool = False,
+              memory: sp.Matrix | None = None) -> sp.Matrix:
+    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017); ``causal``: keys j ≤ i only;
+    ``memory``: keys and values from it (cross-attention)."""
     n, d = x.shape
     width = d // n_heads
-    q, k, v = (x * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], n) for c in "qkv")
+    source = x if memory is None else memory
+    q = x * p[f"{key}.W_q"] + _rows(p[f"{key}.b_q"], n)
+    k, v = (source * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], source.shape[0]) for c in "kv")
     heads = []
     for m in range(n_heads):
         columns = slice(m * width, (m + 1) * width)
         scores = q[:, columns] * k[:, columns].T / sp.sqrt(width)
-        keys = [range(i + 1) if causal else range(n) for i in range(n)]
-        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in keys[i])
+        keys = [range(i + 1) if causal else range(source.shape[0]) for i in range(n)]
+        weights = sp.Matrix(n, source.shape[0], lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in keys[i])
                             if j in keys[i] else 0)
         heads.append(weights * v[:, columns])
     return sp.Matrix.hstack(*heads) * p[f"{key}.W_o"] + _rows(p[f"{key}.b_o"], n)
@@ -129,6 +133,19 @@ def _llama(x, p, heads, eps, act, theta=10000):
     return x + swiglu(rms_norm(x, p, "norm2", eps), p, act)
 
 
+def _decoder(x, p, heads, eps, act):
+    """Vaswani et al. 2017, post-LN: causal self-attention, cross-attention to ``p["memory"]``, feed-forward."""
+    x = layer_norm(x + attention(x, p, heads, causal=True), p, "norm1", eps)
+    x = layer_norm(x + attention(x, p, heads, "cross", memory=p["memory"]), p, "norm2", eps)
+    return layer_norm(x + feed_forward(x, p, act), p, "norm3", eps)
+
+
+def _decoder_pre_ln(x, p, heads, eps, act):
+    x = x + attention(layer_norm(x, p, "norm1", eps), p, heads, causal=True)
+    x = x + attention(layer_norm(x, p, "norm2", eps), p, heads, "cross", memory=p["memory"])
+    return x + feed_forward(layer_norm(x, p, "norm3", eps), p, act)
+
+
 def _parallel(x, p, heads, eps, act):
     y = layer_norm(x, p, "norm1", eps)
     return x + attention(y, p, heads) + feed_forward(y, p, act)
@@ -163,6 +180,7 @@ def _rk2(x, p, heads, eps, act):
 REFERENCES = {
     "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "parallel": _parallel,
     "symmetric-parallel": _symmetric_parallel, "rk2": _rk2, "gpt2": _gpt2, "llama": _llama,
+    "decoder": _decoder, "decoder-pre-ln": _decoder_pre_ln,
 }
 
 

@@ -37,3 +37,38 @@ def test_gqa_check_catches_tiled_heads():
         return sp.Matrix.hstack(*[matrix[:, g * width:(g + 1) * width] for _ in range(n_rep) for g in range(n_kv)])
 
     assert not llm.gqa_repeat_check(tiled).holds
+
+
+def test_recovery_of_each_block_fails_without_its_causal_support():
+    """Negative control of ``recovery/<block>``: the derived program read without the causal support."""
+    from dataclasses import replace
+
+    from splitformer.symbolic import derive, load_scheme
+    from splitformer.symbolic.checks.recovery import recovery_checks
+
+    for name in ("llama", "decoder"):
+        scheme = load_scheme(name)
+        program = derive(scheme)
+        assert all(check.holds for check in recovery_checks(scheme, program)), name
+        assert not any(check.holds for check in recovery_checks(replace(scheme, causal=False), program)), name
+
+
+def test_llama_recovery_fails_with_interleaved_pairs(monkeypatch):
+    """Negative control: a reference rotating interleaved pairs (2r, 2r + 1) is not the derived layout."""
+    from splitformer.symbolic import derive, load_scheme, references
+    from splitformer.symbolic.checks.recovery import recovery_checks
+
+    def interleaved(x, head_width, theta, positions):
+        def entry(i, column):
+            e, base = column % head_width, column - column % head_width
+            r, partner = e // 2, base + (e ^ 1)
+            angle = positions[i] * theta ** (-sp.Rational(2 * r, head_width))
+            sign = -1 if e % 2 == 0 else 1
+            return x[i, column] * sp.cos(angle) + sign * x[i, partner] * sp.sin(angle)
+
+        return sp.Matrix(x.shape[0], x.shape[1], entry)
+
+    monkeypatch.setattr(references, "rotary", interleaved)
+    scheme = load_scheme("llama")
+    checks = recovery_checks(scheme, derive(scheme))
+    assert not next(check for check in checks if check.id == "recovery/llama/numeric").holds

@@ -286,8 +286,7 @@ def forward_stack(u, layers, *, n_heads=1, n_kv_heads=None, eps=1e-5, final_norm
     if cache is not None and len(cache) != len(layers):
         raise ValueError(f"cache holds {len(cache)} layers, the stack {len(layers)}")
     for index, params in enumerate(layers):
-        state = forward(state, params, n_heads=n_heads, n_kv_heads=n_kv_heads, eps=eps, key_padding_mask=key_padding_mask,
-                        causal=causal, positions=positions, rope_theta=rope_theta,
+        state = forward(state, params, n_heads=n_heads, n_kv_heads=n_kv_heads, eps=eps, key_padding_mask=key_padding_mask,                        causal=causal, positions=positions, rope_theta=rope_theta,
                         cache=None if cache is None else cache[index])
     if final_norm is not None:
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)

@@ -307,8 +307,7 @@ def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_paddin
     """
     state = _state(u)
     for index, params in enumerate(layers):
-        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,
-                        causal=causal)
+        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,                        causal=causal)
     if final_norm is not None:
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state

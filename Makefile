@@ -26,6 +26,7 @@ generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
+	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py

@@ -119,6 +119,9 @@ class Module:
     ops: list[Op]
     output: str
     comments: dict[str, str] = field(default_factory=dict)
+    #: Tensors a training-mode torch forward drops out (torch's places: residual branches,
+    #: the feed-forward activation); attention kernels always are. Set by ``lower``.
+    dropout: tuple[str, ...] = ()
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
@@ -162,15 +165,17 @@ class Attention(Op):
 
 @dataclass(frozen=True)
 class Normalize(Op):
-    """``out = gain (x − mean x)/√(var x + ε) + bias`` over the last axis (a derived LayerNorm)."""
+    """``out = gain (x − mean x)/√(var x + ε) + bias`` over the last axis (a derived LayerNorm);
+    with ``centred=False``, ``out = gain x/√(mean x² + ε)`` (a derived RMSNorm, no bias)."""
 
     x: Operand | None = None
     gain: str = ""
     bias: str = ""
     eps: sp.Expr = sp.Integer(0)
+    centred: bool = True
 
     def reads(self) -> list[str]:
-        return [self.x.name, self.gain, self.bias]
+        return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from splitformer.symbolic.domains import HIDDEN, KV_FEATURES, KV_HEADS
 from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
+from .initialization import init_bounds
 from .ir import Cache, Module
 
 __all__ = ["environment", "render_module", "unit_context"]
@@ -67,7 +68,8 @@ def unit_context(module: Module, backend: str) -> dict:
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_grid") if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
+                 if f"{helper}(" in code},
         "output": module.output,
         "rotary": "pos" in module.tensors,
         "memory": "mem" in module.tensors,
@@ -79,10 +81,13 @@ def unit_context(module: Module, backend: str) -> dict:
 def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: str) -> str:
     """The source of the generated ``backend`` module: the block and a stack's final norm."""
     template = environment().get_template(f"{backend}/module.py.j2")
+    block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
+    parameters = block_unit["parameters"] + final_unit["parameters"]
     return template.render(
         scheme=scheme,
         module=block,
         version=__version__,
-        block=unit_context(block, backend),
-        final=unit_context(final_norm, backend),
+        block=block_unit,
+        final=final_unit,
+        init_bounds=init_bounds(parameters, scheme.operators),
     )

@@ -80,6 +80,9 @@ class ConstraintSet:
     statistics: tuple[Statistic, ...] = ()
     ghost: bool = False
 
+    def _repr_latex_(self) -> str:
+        return f"${self.latex}$"
+
 
 def _paper_sets() -> tuple[ConstraintSet, ConstraintSet]:
     s = SYMBOLS

@@ -98,6 +98,8 @@ class Operator:
     is_projection: ClassVar[bool] = False
     #: For a projection: the LaTeX of the constraint set.
     constraint: ClassVar[str] = ""
+    #: Definitions (besides the output) a training-mode torch forward applies dropout to.
+    dropout_sites: ClassVar[tuple[str, ...]] = ()
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError
@@ -157,14 +159,16 @@ _kernel = kernel
 
 @dataclass(frozen=True)
 class Attention(Operator):
-    """Multi-head attention: a non-local integral operator over token positions."""
+    """Multi-head attention: a non-local integral operator over token positions; ``bias=False``
+    drops the biases of the query, key, value and output transforms."""
 
+    bias: bool = True
     kind: ClassVar[str] = "attention"
     symbol: ClassVar[str] = r"\mathcal{A}"
 
     def parameters(self) -> tuple[Parameter, ...]:
         square = (FEATURES, FEATURES)
-        return (
+        parameters = (
             _kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
             _kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
             _kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
@@ -174,6 +178,7 @@ class Attention(Operator):
             _kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
             _kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
         )
+        return tuple(p for p in parameters if self.bias or p.kind != "bias")
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
@@ -181,14 +186,14 @@ class Attention(Operator):
 
         def projection(name: str, meaning: str) -> Definition:
             lower = name.lower()
-            rhs = integral(p[f"W_{lower}"] * u, XI) + p[f"b_{lower}"]
+            rhs = integral(p[f"W_{lower}"] * u, XI) + p.get(f"b_{lower}", 0)
             return Definition(lower, name, (X, H, E), rhs, meaning)
 
         score = integral(apply("q", X, H, E) * apply("k", X_KEY, H, E), E) / sp.sqrt(HEAD_FEATURES.measure)
         weight = apply(SUPPORT, X, X_KEY) * sp.exp(apply("a", H, X, X_KEY))
         normalizer = integral(apply(SUPPORT, X, ETA) * sp.exp(apply("a", H, X, ETA)), ETA)
         mixed = integral(apply("gamma", H, X, X_KEY) * apply("v", X_KEY, H, E), X_KEY)
-        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p["b_o"]
+        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p.get("b_o", 0)
         return (
             projection("Q", "queries: an affine integral transform over features, per head"),
             projection("K", "keys"),
@@ -207,24 +212,28 @@ class Attention(Operator):
 
 @dataclass(frozen=True)
 class FeedForward(Operator):
-    """Lifting to the hidden domain ``Ω_z``, the activation, restriction back to ``Ω_y``."""
+    """Lifting to the hidden domain ``Ω_z``, the activation, restriction back to ``Ω_y``;
+    ``bias=False`` drops ``b_1`` and ``b_2``."""
 
     activation: Activation | None = None
+    bias: bool = True
     kind: ClassVar[str] = "feed-forward"
     symbol: ClassVar[str] = r"\mathcal{F}"
+    dropout_sites: ClassVar[tuple[str, ...]] = ("s",)  # torch's dropout after the activation
 
     def parameters(self) -> tuple[Parameter, ...]:
-        return (
+        parameters = (
             _kernel("W_1", "W_{1}", (XI, ZETA), (FEATURES, HIDDEN), (XI,)),
             _kernel("b_1", "b_{1}", (ZETA,), (HIDDEN,)),
             _kernel("W_2", "W_{2}", (ZETA, Y), (HIDDEN, FEATURES), (ZETA,)),
             _kernel("b_2", "b_{2}", (Y,), (FEATURES,)),
         )
+        return tuple(p for p in parameters if self.bias or p.kind != "bias")
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        lifted = integral(p["W_1"] * apply(STATE, X, XI), XI) + p["b_1"]
-        restricted = integral(p["W_2"] * apply("s", X, ZETA), ZETA) + p["b_2"]
+        lifted = integral(p["W_1"] * apply(STATE, X, XI), XI) + p.get("b_1", 0)
+        restricted = integral(p["W_2"] * apply("s", X, ZETA), ZETA) + p.get("b_2", 0)
         return (
             Definition("w", "w", (X, ZETA), lifted, r"lifting $\Omega_y \to \Omega_z$, an affine integral transform"),
             Definition("s", "s", (X, ZETA), self.activation(apply("w", X, ZETA)), self.activation.meaning),

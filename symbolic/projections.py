@@ -50,6 +50,9 @@ class Projection:
     theorem: sp.Expr | None = None
     gap: sp.Expr | None = None
 
+    def _repr_markdown_(self) -> str:
+        return "\n\n".join(f"{title}: $${latex}$$" for title, latex in self.steps)
+
 
 def _fail(constraint_set: ConstraintSet, message: str) -> SplitformerError:
     return SplitformerError(f"projection onto {constraint_set.name}: {message}")

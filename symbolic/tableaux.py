@@ -11,6 +11,7 @@ module too), and a scheme file may define its own under ``[tableaux.NAME]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cache
 
 import sympy as sp
@@ -49,6 +50,18 @@ class Tableau:
         """The classical order from Butcher's conditions (at most ``MAX_ORDER``)."""
         return _order(self)
 
+    def latex(self) -> str:
+        """The Butcher array ``c | A`` over ``b``."""
+        rows = [" & ".join([sp.latex(c)] + [sp.latex(a) if j < i else "" for j, a in enumerate(row)])
+                for i, (c, row) in enumerate(zip(self.c, self.a))]
+        weights = " & ".join([""] + [sp.latex(b) for b in self.b])
+        columns = "c|" + "c" * self.stages
+        return (rf"\begin{{array}}{{{columns}}} " + r" \\ ".join(rows) + r" \\ \hline " + weights
+                + r" \end{array}")
+
+    def _repr_latex_(self) -> str:
+        return f"$\\displaystyle {self.latex()}$"
+
     def stability(self, power: int) -> sp.Expr:
         """``b · A^{power−1} · 1``: the coefficient of ``(h λ)^power`` on a linear problem."""
         vector = [sp.Integer(1)] * self.stages
@@ -58,14 +71,17 @@ class Tableau:
         return sum((weight * value for weight, value in zip(self.b, vector)), sp.Integer(0))
 
 
-def _number(value, where: str) -> sp.Expr:
+def _number(value, where: str) -> sp.Rational:
+    """An exact rational from an int, a decimal float or a fraction string (``"1/6"``)."""
+    if isinstance(value, sp.Rational):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SplitformerError(f"{where}: expected a number or a fraction string, got {type(value).__name__}")
     try:
-        number = sp.Rational(value) if isinstance(value, (str, int)) else sp.nsimplify(value, rational=True)
-    except (TypeError, ValueError, SyntaxError, sp.SympifyError):
-        raise SplitformerError(f"{where}: not a number: {value!r}") from None
-    if not number.is_Rational:
-        raise SplitformerError(f"{where}: not a rational number: {value!r}")
-    return number
+        fraction = Fraction(value.strip() if isinstance(value, str) else str(value))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        raise SplitformerError(f"{where}: not a rational number: {value!r}") from None
+    return sp.Rational(fraction.numerator, fraction.denominator)
 
 
 def make_tableau(name: str, a, b, label: str = "") -> Tableau:

@@ -154,3 +154,54 @@ def test_bad_operator_options_are_one_clear_error(table, message):
     text = GLU.read_text().replace('ffn = "gated-feed-forward"', table)
     with pytest.raises(SplitformerError, match=message):
         parse_scheme(text)
+
+
+def test_rms_norm_checks_hold_and_fail_on_a_wrong_formula():
+    import sympy as sp
+
+    from splitformer.symbolic.checks.projections import rms_norm_check, set_checks
+    from splitformer.symbolic.projections import Projection
+
+    assert rms_norm_check().holds
+    without_eps = rms_norm_check(lambda x, g, eps: [v / sp.sqrt(sum(w**2 for w in x) / len(x)) * c for v, c in zip(x, g)])
+    assert not without_eps.holds  # negative control: the published formula has ε
+    assert all(check.holds for check in set_checks(OPERATOR_KINDS["rms-norm"]))
+
+    class Halved(OPERATOR_KINDS["rms-norm"]):
+        @classmethod
+        def projection(cls):
+            derived = super().projection()
+            return Projection(derived.formula / 2, derived.steps, derived.distance, derived.theorem / 2, derived.gap)
+
+    assert not set_checks(Halved)[0].holds  # negative control: off the sphere
+
+
+def test_bias_free_llama_block(tmp_path, rng):
+    """``bias = false`` on attention and the gated feed-forward: no bias parameters at all."""
+    text = GLU.read_text().replace('attn = "attention"', 'attn = { kind = "attention", bias = false }').replace(
+        'ffn = "gated-feed-forward"', 'ffn = { kind = "gated-feed-forward", bias = false }')
+    numpy_module, torch_module = _emit(parse_scheme(text), tmp_path)
+    assert not any(name.split(".")[1].startswith("b") for name in numpy_module.PARAMETERS)
+    params = reference.random_params(numpy_module.PARAMETERS, 8, 12, rng)
+    zero = {f"attn.b_{c}": np.zeros(8) for c in "qkvo"}
+    u = rng.standard_normal((2, 5, 8))
+    expected = _llama_block(u, {**params, **zero}, 2, 1e-5)
+    assert np.abs(numpy_module.forward(u, params, n_heads=2) - expected).max() <= 1e-10
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    assert np.abs(block(torch.tensor(u)).detach().numpy() - expected).max() <= 1e-10
+
+
+def test_rms_norm_pass_fuses_and_can_be_switched_off(tmp_path):
+    from splitformer.codegen.lowering import lower
+    from splitformer.codegen.ir import Normalize
+    from splitformer.codegen.passes import PASSES
+    from splitformer.symbolic.derivation import derive
+
+    program = derive(load_scheme(str(GLU)))
+    fused = [op for op in lower(program).ops if isinstance(op, Normalize)]
+    assert [(op.gain, op.centred) for op in fused] == [("norm1_gain", False), ("norm2_gain", False)]
+    without = tuple(p for name, p in PASSES.items() if name != "rms-norm")
+    assert not any(isinstance(op, Normalize) for op in lower(program, without).ops)
+    write_files(generate(load_scheme(str(GLU)), ("numpy", "torch"), tmp_path))
+    assert "_rms_norm(u0, norm1_gain, eps)" in (tmp_path / "numpy" / "pre_rms_glu_silu.py").read_text()
+    assert "torch.nn.functional.rms_norm(u0" in (tmp_path / "torch" / "pre_rms_glu_silu.py").read_text()

@@ -97,3 +97,14 @@ def test_the_deriver_handles_a_box_by_its_kkt_cases():
     formula = derive_projection(box).formula
     for value, expected in ((-2, 0), (sp.Rational(1, 3), sp.Rational(1, 3)), (5, 1)):
         assert formula.subs(SYMBOLS.v, value) == expected
+
+
+def test_python_built_scheme_with_the_users_kinds_and_tableau():
+    from splitformer.symbolic.checks.order import splitting_order
+    from splitformer.symbolic.scheme import RungeKutta, Scheme, Sequence, Substep
+
+    module = splitformer.load_plugin(PLUGIN)
+    scheme = Scheme("ralston-python", "built in Python", {"centre": "centre", "lin": "affine-field"},
+                    Sequence((RungeKutta((Substep("lin", "explicit", on="centre"),), module.RALSTON),)))
+    scheme.check()
+    assert splitting_order(scheme).order == 2 and module.RALSTON.order() == 2

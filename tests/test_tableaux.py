@@ -31,7 +31,8 @@ def test_rooted_tree_counts_and_classical_orders():
     ([[], [1]], [1, 1], "sum to 2"),
     ([[1], [1]], ["1/2", "1/2"], "on or above the diagonal"),
     ([[]], [1, 0], "1 rows for 2 weights"),
-    ([[], ["x"]], ["1/2", "1/2"], "not a number"),
+    ([[], ["x"]], ["1/2", "1/2"], "not a rational number"),
+    ([[], [None]], ["1/2", "1/2"], "expected a number"),
 ])
 def test_bad_tableaux_are_one_clear_error(a, b, message):
     with pytest.raises(SplitformerError, match=message):
@@ -73,3 +74,43 @@ def test_inline_tableau_and_unknown_names():
         parse_scheme(SSPRK3.read_text().replace('rk = "ssprk3"', 'rk = "rk9"'))
     with pytest.raises(SplitformerError, match=r"tableaux.ssprk3: tableau 'ssprk3': the weights b sum to"):
         parse_scheme(SSPRK3.read_text().replace('b = ["1/6", "1/6", "2/3"]', 'b = ["1/6", "1/6", "1/3"]'))
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_entries = st.one_of(st.integers(-2, 2), st.booleans(), st.floats(allow_nan=True), st.sampled_from(["1/2", "x", "1/0", ""]),
+                     st.lists(st.integers(0, 1), max_size=2), st.none())
+_tables = st.one_of(
+    st.sampled_from(["rk4", "heun", "nope", 3]),
+    st.fixed_dictionaries({}, optional={"a": st.one_of(st.lists(st.lists(_entries, max_size=3), max_size=3), _entries),
+                                        "b": st.one_of(st.lists(_entries, max_size=3), _entries),
+                                        "c": _entries}),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(method=_tables, fields=st.lists(st.fixed_dictionaries({}, optional={
+    "operator": st.sampled_from(["attn", "norm1", 3]), "on": st.sampled_from(["norm1", "attn"]),
+    "solver": st.sampled_from(["explicit", "projection"])}), max_size=2))
+def test_random_runge_kutta_steps_are_schemes_or_one_line_errors(method, fields):
+    import json
+
+    def value(v):
+        if v is None:
+            return '""'
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
+        if isinstance(v, (int, str)):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+
+    text = ('name = "fuzz"\nsummary = "s"\n[operators]\nattn = "attention"\nnorm1 = "layer-norm"\n'
+            f"[[steps]]\nrk = {value(method)}\nfields = {value(fields)}\n")
+    try:
+        parse_scheme(text, "fuzz.toml")
+    except SplitformerError as error:
+        assert "\n" not in str(error)

@@ -23,7 +23,7 @@ def inline_elementwise(module: Module) -> Module:
         changed = False
         reads = Counter(name for op in ops for name in op.reads())
         for position, producer in enumerate(ops):
-            if not isinstance(producer, Elementwise) or producer.out == module.output:
+            if not isinstance(producer, Elementwise) or producer.out in (module.output, *module.dropout):
                 continue
             if reads[producer.out] != 1:
                 continue

@@ -74,6 +74,17 @@ def _softmax(scores, support):
     return weights
 
 
+def _rms_norm(x, gain, eps):
+    """gain x/√(mean x² + eps) over the last axis."""
+    scale = np.einsum("...k,...k->...", x, x)[..., None]
+    scale /= x.shape[-1]
+    scale += eps
+    np.sqrt(scale, out=scale)
+    out = x / scale
+    out *= gain
+    return out
+
+
 def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
@@ -207,10 +218,9 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
     # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-    norm1_rho = np.mean(u0**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
     # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = norm1_gain*u0/np.sqrt(eps + norm1_rho[:, :, None])
+    norm1_out = _rms_norm(u0, norm1_gain, eps)
     # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_q = norm1_out.reshape(-1, d) @ attn_W_q
     attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
@@ -244,10 +254,9 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
     # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
-    norm2_rho = np.mean(u1**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
     # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = norm2_gain*u1/np.sqrt(eps + norm2_rho[:, :, None])
+    norm2_out = _rms_norm(u1, norm2_gain, eps)
     # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
@@ -269,11 +278,10 @@ def _final_norm(u0, params, eps):
 
     # --- substep 1: final_norm, projection ---
     # {\rho^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-    final_norm_rho = np.mean(u0**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
     # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
-    u1 = final_norm_gain*u0/np.sqrt(eps + final_norm_rho[:, :, None])
+    u1 = _rms_norm(u0, final_norm_gain, eps)
     return u1
 
 

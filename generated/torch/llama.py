@@ -23,7 +23,11 @@ import math
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION"]
+
+#: The scheme and the feed-forward activation this module computes.
+SCHEME = "llama"
+ACTIVATION = "silu"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -55,77 +59,135 @@ _KINDS = {
 }
 
 
-def _softmax(scores, support):
-    """Row softmax over the last axis, restricted to ``support`` (True = kept).
+def _allowed(support):
+    """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
+    return support if support.dtype == torch.bool else support > float("-inf")
 
+
+def _softmax(scores, support: torch.Tensor | None, dropout_p: float):
+    """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
     A row with empty support gets a zero kernel: the token integral over an empty set
     vanishes (never NaN), so that query's attention term is the output bias alone.
     """
     if support is None:
-        return torch.softmax(scores, dim=-1)
-    empty = ~support.any(dim=-1, keepdim=True)
-    scores = scores.masked_fill(~support, float("-inf")).masked_fill(empty, 0.0)
-    return torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+        return _dropout(torch.softmax(scores, dim=-1), dropout_p)
+    allowed = _allowed(support)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
+    return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
-def _support(key_padding_mask, causal, batch, n_tokens, device, offset=0):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
 
-    Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
+def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
+             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+    """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
+    that the scores are added to (−inf = outside; a float mask m is a kernel weight e^m).
+    Masks follow torch: ``key_padding_mask`` (batch, keys), ``attn_mask`` (tokens, keys)
+    or (batch, tokens, keys); True excludes a key. Queries are the ``n_tokens`` new tokens,
+    keys the ``offset`` cached ones and the new ones.
     """
     n_keys = offset + n_tokens
-    if key_padding_mask is None and not causal:
+    if key_padding_mask is None and attn_mask is None and not causal:
         return None
-    support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
+    floating = False
     if key_padding_mask is not None:
-        mask = torch.as_tensor(key_padding_mask, device=device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_keys):
-            raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {tuple(mask.shape)}"
-            )
-        support = support & ~mask[:, None, :]
+        key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
+        _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
+        floating = key_padding_mask.is_floating_point()
+    if attn_mask is not None:
+        attn_mask = torch.as_tensor(attn_mask, device=device)
+        _check_mask("src_mask", attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
+        floating = floating or attn_mask.is_floating_point()
+    if floating:
+        support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
+    else:
+        support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
+    if key_padding_mask is not None:
+        support = _restrict(support, key_padding_mask[:, None, :])
+    if attn_mask is not None:
+        support = _restrict(support, attn_mask)
     if causal:
-        support = support & torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset)
+        support = _restrict(support, torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).triu(offset + 1))
     return support
 
 
-def _positions(positions, batch, n_tokens, offset, like):
+def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
+               like: torch.Tensor) -> torch.Tensor:
     """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
     if positions is None:
         return torch.arange(offset, offset + n_tokens, dtype=like.dtype, device=like.device).expand(batch, n_tokens)
     positions = torch.as_tensor(positions, device=like.device)
-    if positions.dtype == torch.bool or positions.is_complex() or tuple(positions.shape) not in ((n_tokens,), (batch, n_tokens)):
-        raise ValueError(f"positions must be real numbers of shape {(n_tokens,)} or {(batch, n_tokens)}, got "
-                         f"{positions.dtype} {tuple(positions.shape)}")
+    shape = list(positions.shape)
+    if positions.dtype == torch.bool or positions.is_complex() or (shape != [n_tokens] and shape != [batch, n_tokens]):
+        raise ValueError(f"positions must be real numbers of shape {[n_tokens]} or {[batch, n_tokens]}, got "
+                         f"{positions.dtype} {shape}")
     return positions.to(like.dtype).expand(batch, n_tokens)
 
 
-def _grid(size, like):
+def _grid(size: int, like: torch.Tensor) -> torch.Tensor:
     """The grid coordinates 0, 1, …, size − 1 in the dtype and device of ``like``."""
     return torch.arange(size, dtype=like.dtype, device=like.device)
 
 
-def _cached_tokens(cache):
+def _cached_tokens(cache: dict[str, torch.Tensor] | None) -> int:
     """How many tokens ``cache`` holds (0 for None or an empty cache)."""
     if cache is None:
         return 0
-    if not isinstance(cache, dict):
-        raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    return next(iter(cache.values())).shape[1] if cache else 0
+    if not torch.jit.is_scripting():
+        if not isinstance(cache, dict):
+            raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
+    for value in cache.values():
+        return value.shape[1]
+    return 0
 
 
-def _cache(cache, key, new):
+def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
     """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
     if cache is None:
         return new
     if key in cache:
         old = cache[key]
         if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
-            raise ValueError(f"cache[{key!r}] holds {old.dtype} {tuple(old.shape)}, incompatible with "
-                             f"{new.dtype} {tuple(new.shape)}")
+            raise ValueError(f"cache['{key}'] holds {old.dtype} {list(old.shape)}, incompatible with "
+                             f"{new.dtype} {list(new.shape)}")
         new = torch.cat((old, new), dim=1)
     cache[key] = new
     return new
+
+
+class _Group(torch.nn.Module):
+    """The parameters of one operator, under their canonical names (``attn.W_q``)."""
+
+    def extra_repr(self):
+        tensors = [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]
+        return ", ".join(f"{name}: {tuple(tensor.shape)}" for name, tensor in tensors)
 
 
 def _register(module, table, sizes, bias, factory):
@@ -133,7 +195,7 @@ def _register(module, table, sizes, bias, factory):
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):
-            module.add_module(group, torch.nn.Module())
+            module.add_module(group, _Group())
         value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
         if _KINDS[name] == "bias" and not bias:
             getattr(module, group).register_buffer(attribute, torch.zeros_like(value), persistent=False)
@@ -146,17 +208,36 @@ def _tensor(module, name):
     return getattr(getattr(module, group), attribute)
 
 
-def _reset(module, table, bias):
-    """Xavier-uniform weights, zero biases, unit gains (torch's defaults for a fresh layer)."""
+def _init_bounds(d, d_ff):
+    """Half-widths of the uniform draws torch's own layer starts from (None: ones; 0: zeros).
+
+    ``MultiheadAttention``: ``xavier_uniform`` over its fused (3d × d) in-projection, zero
+    biases; every other ``Linear``: ``kaiming_uniform(a=√5)``, i.e. U(±1/√fan_in) for weight
+    and bias; LayerNorm: unit gains, zero biases.
+    """
+    return {
+        "norm1.gain": None,
+        "attn.W_q": 1 / math.sqrt(d),
+        "attn.W_k": 1 / math.sqrt(d),
+        "attn.W_v": 1 / math.sqrt(d),
+        "attn.W_o": 1 / math.sqrt(d),
+        "norm2.gain": None,
+        "ffn.W_1": 1 / math.sqrt(d),
+        "ffn.W_3": 1 / math.sqrt(d),
+        "ffn.W_2": 1 / math.sqrt(d_ff),
+        "final_norm.gain": None,
+    }
+
+
+def _reset(module, table, bounds):
+    """Draw the parameters of ``table`` as torch initializes the layer this module replaces."""
     with torch.no_grad():
         for name in table:
-            tensor = _tensor(module, name)
-            if _KINDS[name] == "weight":
-                torch.nn.init.xavier_uniform_(tensor)
-            elif _KINDS[name] == "gain":
-                torch.nn.init.ones_(tensor)
-            else:
-                torch.nn.init.zeros_(tensor)
+            tensor, bound = _tensor(module, name), bounds[name]
+            if bound is None:
+                tensor.fill_(1.0)
+            elif isinstance(tensor, torch.nn.Parameter):  # a bias-less module's zero buffers stay zero
+                tensor.uniform_(-bound, bound)
 
 
 def _load(module, table, params, bias):
@@ -182,14 +263,39 @@ def _load(module, table, params, bias):
             target.copy_(value)
 
 
-class Block(torch.nn.Module):
-    """One step of llama; parameters carry their canonical names."""
+class _CanonicalModule(torch.nn.Module):
+    """A module whose state dict holds canonical names only."""
 
-    def __init__(self, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, rope_theta=10000.0, device=None, dtype=None):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """torch's ``load_state_dict``, except that a key this module lacks is an error even with
+        ``strict=False``: a source module's state dict (``self_attn.in_proj_weight``, …) must not
+        load partially by matching names; it loads through ``splitformer.adapters``."""
+        foreign = sorted(set(state_dict) - set(self.state_dict()))
+        if foreign:
+            raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
+                             f"{next(iter(self.state_dict()))!r}); load another module's weights with "
+                             "splitformer.adapters: from_torch(layer).load_into(block)")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class Block(_CanonicalModule):
+    """One step of llama; parameters carry their canonical names.
+
+    A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
+    puts it (attention kernel, feed-forward activation, each residual branch; training mode
+    only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
+    initialization.
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
+                 device=None, dtype=None, rope_theta=10000.0):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
+        self.dropout, self.batch_first = float(dropout), batch_first
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1 or n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {n_heads} is not divisible by n_kv_heads = {self.n_kv_heads}")
@@ -201,31 +307,55 @@ class Block(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        _reset(self, PARAMETERS, self.bias)
+        """torch's initialization of the layer this block replaces (see ``_init_bounds``)."""
+        _reset(self, PARAMETERS, _init_bounds(self.d_model, self.d_ff))
+
+    def extra_repr(self):
+        return (f"{SCHEME}, activation={ACTIVATION}, d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"d_ff={self.d_ff}, eps={self.eps}, bias={self.bias}, dropout={self.dropout}, "
+                f"batch_first={self.batch_first}")
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
         _load(self, PARAMETERS, params, self.bias)
         return self
 
-    def forward(self, u, key_padding_mask=None, causal=True, positions=None, cache=None):
-        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape.
+    def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
+                src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
+                is_causal: bool = False,
+                positions: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
+        ``batch_first``); the result has the same shape.
+
+        Masks follow torch (bool: True excludes a key; float: added to the scores):
+        ``key_padding_mask`` (or torch's ``src_key_padding_mask``) of shape (batch, tokens),
+        ``src_mask`` of shape (tokens, tokens) or (batch, tokens, tokens); ``causal`` (or
+        ``is_causal``) keeps each token's own and earlier keys.
+
+        ``positions``: the tokens' positions, (tokens,) or (batch, tokens); default ``0 … N−1``
+        (after the cached tokens).
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
         """
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
-            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
+            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
-        u0 = u[None] if u.dim() == 2 else u
-        batch, n_tokens, d = u0.shape
+        if src_key_padding_mask is not None:
+            if key_padding_mask is not None:
+                raise ValueError("give key_padding_mask or src_key_padding_mask, not both")
+            key_padding_mask = src_key_padding_mask
+        u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
+        batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
         d_half, rope_theta = d_head // 2, self.rope_theta
         offset = _cached_tokens(cache)
-        inference = not torch.is_grad_enabled()  # dead temporaries may then be updated in place
+        dropout_p = self.dropout if self.training else 0.0
+        # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
+        inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
         norm1_gain = self.norm1.gain
         attn_W_q = self.attn.W_q
         attn_W_k = self.attn.W_k
@@ -235,15 +365,15 @@ class Block(torch.nn.Module):
         ffn_W_1 = self.ffn.W_1
         ffn_W_3 = self.ffn.W_3
         ffn_W_2 = self.ffn.W_2
-        chi = _support(key_padding_mask, causal, batch, n_tokens, u0.device, offset)
+        chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
+                       offset)
         pos = _positions(positions, batch, n_tokens, offset, u0)
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
         # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-        norm1_rho = torch.mean(u0**2, dim=2)
         # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-        norm1_out = norm1_gain*u0/torch.sqrt(eps + norm1_rho[:, :, None])
+        norm1_out = torch.nn.functional.rms_norm(u0, u0.shape[-1:], norm1_gain, eps)
         # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
         attn_q = torch.mm(norm1_out.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
         # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
@@ -261,53 +391,70 @@ class Block(torch.nn.Module):
         # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
         attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
         # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-        attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
+        attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
         # the cache: attn_v of the earlier tokens, then the new ones
         attn_v = _cache(cache, "attn.v", attn_v)
         # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
         attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
         attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
+        attn_out = _dropout(attn_out, dropout_p)
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
 
         # --- substep 2: ffn, explicit on Proj(norm2) ---
         # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
-        norm2_rho = torch.mean(u1**2, dim=2)
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-        norm2_out = norm2_gain*u1/torch.sqrt(eps + norm2_rho[:, :, None])
+        norm2_out = torch.nn.functional.rms_norm(u1, u1.shape[-1:], norm2_gain, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat((ffn_W_1, ffn_W_3), dim=1))
-        ffn_w, ffn_gate = (part.view(batch, n_tokens, d_ff) for part in ffn_wgate.chunk(2, dim=1))
+        ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
+        ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
         # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
         ffn_s = ffn_gate*ffn_w/(1 + torch.exp(-ffn_w))
         # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+        ffn_out = _dropout(ffn_out, dropout_p)
         # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
         u2 = ffn_out.add_(u1) if inference else ffn_out + u1
-        return u2[0] if u.dim() == 2 else u2
+        if u.dim() == 2:
+            return u2[0]
+        return u2 if self.batch_first else u2.transpose(0, 1)
 
 
-class Stack(torch.nn.Module):
+class Stack(_CanonicalModule):
     """``n_layers`` steps of llama (own parameters each), then the final projection.
 
     ``final_norm`` defaults to the scheme's choice (True); its parameters are
-    ``final_norm.gain`` and ``final_norm.bias``.
+    ``final_norm.gain`` and ``final_norm.bias``. ``forward`` takes the masks of ``Block.forward``.
     """
 
-    def __init__(self, n_layers, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, final_norm=True,
-rope_theta=10000.0, device=None, dtype=None):
+    __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
+
+    def __init__(self, n_layers, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
+                 final_norm=True, rope_theta=10000.0, device=None, dtype=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            Block(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads, eps=eps, bias=bias, rope_theta=rope_theta, device=device, dtype=dtype)
+            Block(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
+                  device=device, dtype=dtype, rope_theta=rope_theta)
             for _ in range(n_layers)
         )
-        self.eps, self.bias, self.has_final_norm = eps, bias, final_norm
+        self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
         if final_norm:
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
-            _reset(self, FINAL_NORM_PARAMETERS, bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Each block's ``reset_parameters``; the final norm's gain ones, bias zeros."""
+        for block in self.layers:
+            block.reset_parameters()
+        if self.has_final_norm:
+            _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(self.d_model, self.d_ff))
+
+    def extra_repr(self):
+        return f"{SCHEME}, final_norm={self.has_final_norm}"
 
     def load_params(self, layers, final_norm=None):
         """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
@@ -321,24 +468,29 @@ rope_theta=10000.0, device=None, dtype=None):
             _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
         return self
 
-    def _final_norm(self, u0):
+    def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:
         eps = self.eps
         final_norm_gain = self.final_norm.gain
 
         # --- substep 1: final_norm, projection ---
         # {\rho^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-        final_norm_rho = torch.mean(u0**2, dim=2)
         # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
-        u1 = final_norm_gain*u0/torch.sqrt(eps + final_norm_rho[:, :, None])
+        u1 = torch.nn.functional.rms_norm(u0, u0.shape[-1:], final_norm_gain, eps)
         return u1
 
-    def forward(self, u, key_padding_mask=None, causal=True, positions=None, cache=None):
+    def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
+                src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
+                is_causal: bool = False,
+                positions: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")
         for index, block in enumerate(self.layers):
-            u = block(u, key_padding_mask=key_padding_mask, causal=causal, positions=positions,
+            u = block(u, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
+                      src_key_padding_mask=src_key_padding_mask, is_causal=is_causal, positions=positions,
                       cache=None if cache is None else cache[index])
-        return self._final_norm(u) if self.has_final_norm else u
+        if self.has_final_norm:
+            u = self._final_norm(u)
+        return u

@@ -123,6 +123,22 @@ def _order(difference: sp.Expr) -> tuple[int | None, sp.Expr]:
     return None, sp.Integer(0)
 
 
+def _as_power(leading: sp.Expr, flow: sp.Expr) -> sp.Expr:
+    """``c (h G)^p`` when the leading term is a power of the summed field ``G`` (Runge–Kutta
+    steps of the whole field), else the term with its common factors pulled out."""
+    field = sp.expand(flow).coeff(STEP, 1)
+    generators = sorted(field.atoms(sp.Symbol) - {STEP}, key=sp.default_sort_key)
+    power = next((p for p in range(_DEGREE + 1) if sp.expand(leading).coeff(STEP, p) != 0), None)
+    if power is None or not generators or field == 0:
+        return sp.factor_terms(leading)
+    candidate = sp.expand((STEP * field) ** power)
+    ones = {generator: 1 for generator in generators}
+    scale = sp.expand(leading).xreplace(ones) / candidate.xreplace(ones)
+    if scale == 0 or sp.expand(leading - scale * candidate) != 0:
+        return sp.factor_terms(leading)
+    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field, evaluate=False), power, evaluate=False), evaluate=False)
+
+
 def splitting_order(scheme: Scheme) -> OrderResult:
     """Orders and leading local-error terms of one step of ``scheme``."""
     exact = _flow(scheme)
@@ -132,12 +148,13 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         order = min([order, *own.tableau_orders])
     split = _Series(scheme, exact=True)
     split_order, split_leading = _order(_truncate(split.sequence(scheme.body) - exact))
+    shown = _as_power(leading, exact)
     return OrderResult(
         order=order,
         splitting_order=split_order if own.splitting else None,
-        leading_error=sp.latex(sp.factor_terms(leading)),
+        leading_error=sp.latex(shown),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=sp.sstr(sp.factor_terms(leading)),
+        leading_error_text=sp.sstr(shown),
         leading=leading,
         exact_subflows_leading=split_leading,
     )

@@ -18,8 +18,9 @@ TORCH = import_path(GENERATED / "torch" / "gpt2.py")
 
 
 def gpt2_config(d=8, n_heads=2, d_ff=12, eps=1e-5, **overrides):
-    return GPT2Config(n_embd=d, n_head=n_heads, n_inner=d_ff, layer_norm_epsilon=eps, activation_function="gelu_new",
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", **overrides)
+    settings = dict(activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                    attn_implementation="eager") | overrides
+    return GPT2Config(n_embd=d, n_head=n_heads, n_inner=d_ff, layer_norm_epsilon=eps, **settings)
 
 
 def random_block(config, seed=0, layer_idx=0):

@@ -12,7 +12,11 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["gpt2_block_params", "gpt2_block_config"]
+from . import adapter, writer
+from .adapted import Adapted
+from .common import state_dict
+
+__all__ = ["gpt2_block_params", "gpt2_block_config", "read_gpt2_block", "write_gpt2_block"]
 
 #: The activation names of ``transformers`` that equal the scheme's ``gelu-tanh``.
 _GELU_TANH = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
@@ -52,3 +56,26 @@ def gpt2_block_params(block: Any) -> dict[str, np.ndarray]:
         "ffn.W_1": _array(block.mlp.c_fc.weight), "ffn.b_1": _array(block.mlp.c_fc.bias),
         "ffn.W_2": _array(block.mlp.c_proj.weight), "ffn.b_2": _array(block.mlp.c_proj.bias),
     }
+
+
+@adapter("hf", "GPT2Block")
+def read_gpt2_block(block: Any) -> Adapted:
+    """One ``GPT2Block``: the causal ``gpt2`` scheme with tanh-GELU."""
+    config = gpt2_block_config(block)
+    return Adapted(scheme="gpt2", activation="gelu-tanh", layers=(gpt2_block_params(block),), n_heads=config["n_heads"],
+                   eps=config["eps"], source=("hf", "GPT2Block"), options={"causal": True})
+
+
+@writer("hf", "GPT2Block")
+def write_gpt2_block(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``GPT2Block`` (``Conv1D`` weights ``(in, out)``: canonical as they are)."""
+    p = adapted.params
+    return state_dict({
+        "ln_1.weight": p["norm1.gain"], "ln_1.bias": p["norm1.bias"],
+        "attn.c_attn.weight": np.concatenate([p["attn.W_q"], p["attn.W_k"], p["attn.W_v"]], axis=1),
+        "attn.c_attn.bias": np.concatenate([p["attn.b_q"], p["attn.b_k"], p["attn.b_v"]]),
+        "attn.c_proj.weight": p["attn.W_o"], "attn.c_proj.bias": p["attn.b_o"],
+        "ln_2.weight": p["norm2.gain"], "ln_2.bias": p["norm2.bias"],
+        "mlp.c_fc.weight": p["ffn.W_1"], "mlp.c_fc.bias": p["ffn.b_1"],
+        "mlp.c_proj.weight": p["ffn.W_2"], "mlp.c_proj.bias": p["ffn.b_2"],
+    }, bias=True)

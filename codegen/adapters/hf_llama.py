@@ -15,7 +15,19 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["llama_layer_params", "llama_layer_config"]
+from . import adapter, writer
+from .adapted import Adapted
+from .common import state_dict
+
+__all__ = ["llama_layer_params", "llama_layer_config", "read_llama_layer", "write_llama_layer"]
+
+#: Canonical name → the ``LlamaDecoderLayer`` state-dict key (a Linear weight transposed).
+KEYS = {
+    "norm1.gain": "input_layernorm.weight", "attn.W_q": "self_attn.q_proj.weight",
+    "attn.W_k": "self_attn.k_proj.weight", "attn.W_v": "self_attn.v_proj.weight",
+    "attn.W_o": "self_attn.o_proj.weight", "norm2.gain": "post_attention_layernorm.weight",
+    "ffn.W_1": "mlp.gate_proj.weight", "ffn.W_3": "mlp.up_proj.weight", "ffn.W_2": "mlp.down_proj.weight",
+}
 
 
 def _array(tensor: Any) -> np.ndarray:
@@ -63,3 +75,25 @@ def llama_layer_params(layer: Any) -> dict[str, np.ndarray]:
         "ffn.W_1": _array(mlp.gate_proj.weight), "ffn.W_3": _array(mlp.up_proj.weight),
         "ffn.W_2": _array(mlp.down_proj.weight),
     }
+
+
+@adapter("hf", "LlamaDecoderLayer")
+def read_llama_layer(layer: Any) -> Adapted:
+    """One ``LlamaDecoderLayer``: the causal ``llama`` scheme; heads, key/value heads, ε, RoPE θ.
+
+    Note: transformers' ``LlamaRMSNorm`` computes in float32 whatever the input dtype; the
+    generated code computes in the input's dtype (the same formula, exact in float64).
+    """
+    config = llama_layer_config(layer)
+    return Adapted(scheme="llama", activation="silu", layers=(llama_layer_params(layer),), n_heads=config["n_heads"],
+                   eps=config["eps"], source=("hf", "LlamaDecoderLayer"), bias=False,
+                   options={"n_kv_heads": config["n_kv_heads"], "rope_theta": config["rope_theta"], "causal": True},
+                   notes=("LlamaRMSNorm rounds to float32 inside; the generated RMSNorm keeps the input dtype",))
+
+
+@writer("hf", "LlamaDecoderLayer")
+def write_llama_layer(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``LlamaDecoderLayer``."""
+    p = adapted.params
+    return state_dict({key: p[name].T if name.split(".")[1].startswith("W") else p[name]
+                       for name, key in KEYS.items()}, bias=False)

@@ -14,7 +14,11 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["decoder_layer_params", "decoder_layer_config"]
+from . import adapter, writer
+from .adapted import Adapted
+from .common import state_dict
+
+__all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "write_decoder_layer"]
 
 
 def _array(tensor: Any) -> np.ndarray:
@@ -79,3 +83,29 @@ def decoder_layer_params(layer: Any) -> dict[str, np.ndarray]:
         params[name] = (np.zeros(linear.out_features, dtype=params["attn.W_q"].dtype) if linear.bias is None
                         else _array(linear.bias))
     return params
+
+
+@adapter("torch", "TransformerDecoderLayer")
+def read_decoder_layer(layer: Any) -> Adapted:
+    """One ``TransformerDecoderLayer``: ``decoder`` (post-LN) or ``decoder-pre-ln`` (``norm_first``), causal."""
+    config = decoder_layer_config(layer)
+    biased = layer.linear1.bias is not None
+    return Adapted(scheme=config["scheme"], activation=config["activation"], layers=(decoder_layer_params(layer),),
+                   n_heads=config["n_heads"], eps=config["eps"], source=("torch", "TransformerDecoderLayer"),
+                   bias=biased, options={"causal": True})
+
+
+@writer("torch", "TransformerDecoderLayer")
+def write_decoder_layer(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``TransformerDecoderLayer`` (``batch_first=True``)."""
+    p = adapted.params
+    arrays = {}
+    for prefix, key in (("attn", "self_attn"), ("cross", "multihead_attn")):
+        arrays[f"{key}.in_proj_weight"] = np.concatenate([p[f"{prefix}.W_{c}"].T for c in "qkv"], axis=0)
+        arrays[f"{key}.in_proj_bias"] = np.concatenate([p[f"{prefix}.b_{c}"] for c in "qkv"])
+        arrays[f"{key}.out_proj.weight"], arrays[f"{key}.out_proj.bias"] = p[f"{prefix}.W_o"].T, p[f"{prefix}.b_o"]
+    for index in (1, 2, 3):
+        arrays[f"norm{index}.weight"], arrays[f"norm{index}.bias"] = p[f"norm{index}.gain"], p[f"norm{index}.bias"]
+    arrays["linear1.weight"], arrays["linear1.bias"] = p["ffn.W_1"].T, p["ffn.b_1"]
+    arrays["linear2.weight"], arrays["linear2.bias"] = p["ffn.W_2"].T, p["ffn.b_2"]
+    return state_dict(arrays, adapted.bias)

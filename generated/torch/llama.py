@@ -20,6 +20,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     ffn.W_2          (d_ff, d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -77,6 +79,52 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float):
     empty = ~allowed.any(dim=-1, keepdim=True)
     scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
+
+
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    with torch.no_grad():
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        # the largest exponent e with 2^e finite: floor(log2 of the dtype's max), spelled for TorchScript
+        limit = 1023 if x.dtype == torch.float64 else 15 if x.dtype == torch.float16 else 127
+        exponent = torch.frexp(peak).exponent.clamp(0, limit)
+        return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+def _root(mean_square, eps: float, scale):
+    """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
+    root = torch.sqrt(mean_square + eps / scale / scale)
+    return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _rms_norm(x, gain, eps: float):
+    """gain x/√(mean x² + eps) over the last axis, with the statistics of x/s (``_row_scale``)."""
+    scale = _row_scale(x)
+    y = x / scale
+    return y / _root((y * y).mean(dim=-1, keepdim=True), eps, scale) * gain
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
 
 
 def _dropout(x, p: float):
@@ -241,8 +289,11 @@ def _reset(module, table, bounds):
 
 
 def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked."""
-    unknown = sorted(set(params) - set(table))
+    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+
+    Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
+    """
+    unknown = sorted(set(_mapping("params", params)) - set(table))
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
     with torch.no_grad():
@@ -260,6 +311,8 @@ def _load(module, table, params, bias):
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
             target.copy_(value)
 
 
@@ -290,10 +343,14 @@ class Block(_CanonicalModule):
     def __init__(self, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  device=None, dtype=None, rope_theta=10000.0):
         super().__init__()
-        if n_heads < 1 or d_model % n_heads:
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+        eps = _epsilon(eps)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -338,6 +395,10 @@ class Block(_CanonicalModule):
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
         """
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
@@ -373,7 +434,7 @@ class Block(_CanonicalModule):
         # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
         # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-        norm1_out = torch.nn.functional.rms_norm(u0, u0.shape[-1:], norm1_gain, eps)
+        norm1_out = _rms_norm(u0, norm1_gain, eps)
         # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
         attn_q = torch.mm(norm1_out.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
         # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
@@ -406,7 +467,7 @@ class Block(_CanonicalModule):
         # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-        norm2_out = torch.nn.functional.rms_norm(u1, u1.shape[-1:], norm2_gain, eps)
+        norm2_out = _rms_norm(u1, norm2_gain, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat((ffn_W_1, ffn_W_3), dim=1))
@@ -428,7 +489,7 @@ class Stack(_CanonicalModule):
     """``n_layers`` steps of llama (own parameters each), then the final projection.
 
     ``final_norm`` defaults to the scheme's choice (True); its parameters are
-    ``final_norm.gain`` and ``final_norm.bias``. ``forward`` takes the masks of ``Block.forward``.
+    ``final_norm.gain``. ``forward`` takes the masks of ``Block.forward``.
     """
 
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
@@ -436,6 +497,7 @@ class Stack(_CanonicalModule):
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  final_norm=True, rope_theta=10000.0, device=None, dtype=None):
         super().__init__()
+        n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
             Block(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, rope_theta=rope_theta)
@@ -457,7 +519,9 @@ class Stack(_CanonicalModule):
         return f"{SCHEME}, final_norm={self.has_final_norm}"
 
     def load_params(self, layers, final_norm=None):
-        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``."""
+        if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+            raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
         for block, params in zip(self.layers, layers):
@@ -465,6 +529,7 @@ class Stack(_CanonicalModule):
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
         if final_norm is not None:
+            final_norm = _mapping("final_norm", final_norm)
             _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
         return self
 
@@ -477,7 +542,7 @@ class Stack(_CanonicalModule):
         # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
         # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
-        u1 = torch.nn.functional.rms_norm(u0, u0.shape[-1:], final_norm_gain, eps)
+        u1 = _rms_norm(u0, final_norm_gain, eps)
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,

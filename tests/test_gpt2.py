@@ -130,16 +130,3 @@ def test_unsupported_gpt2_configurations_are_refused(overrides, message):
     with pytest.raises(SplitformerError, match=message):
         gpt2_block_config(GPT2Block(config, layer_idx=0))
 
-
-def test_recovery_check_fails_without_the_causal_support():
-    """Negative control of ``recovery/gpt2``: the same program read without the causal support."""
-    from dataclasses import replace
-
-    from splitformer.symbolic import derive, load_scheme
-    from splitformer.symbolic.checks.recovery import recovery_checks
-
-    scheme = load_scheme("gpt2")
-    program = derive(scheme)
-    assert all(check.holds for check in recovery_checks(scheme, program))
-    checks = recovery_checks(replace(scheme, causal=False), program)
-    assert checks and not any(check.holds for check in checks)

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench clean
+.PHONY: demo test generate bench latex-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,9 +27,17 @@ generate: $(STAMP)
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
+	$(BIN)/splitformer derive vit cvt resnet-block unet-level --backend all --out generated
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py
+
+# Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
+# LaTeX checks run without them).
+latex-check: $(STAMP)
+	mkdir -p .cache/katex && cd .cache/katex && npm install --silent --no-save katex@0.16
+	SPLITFORMER_KATEX=$(CURDIR)/.cache/katex $(BIN)/python -m pytest tests/test_cli_usage.py tests/test_api.py \
+		-k "latex or render or repr"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -7,6 +7,7 @@ numbers are small exact fractions, and files, nesting and compositions are bound
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import MISSING
@@ -142,8 +143,10 @@ class _Reader:
                 kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
                 raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
-            if kind not in OPERATOR_KINDS:
-                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            block_kinds = sorted(name for name, cls in OPERATOR_KINDS.items() if not getattr(cls, "model_only", False))
+            if kind not in block_kinds:
+                vision = " (a vision model operator: use it in a model file)" if kind in OPERATOR_KINDS else ""
+                raise self.fail(path, f"unknown operator {kind!r}{vision} (known: {', '.join(block_kinds)})")
             if key in options:
                 self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind
@@ -283,8 +286,11 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     return _Reader(where).scheme(document, text)
 
 
-def load_scheme(name_or_path: str) -> Scheme:
+def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise SplitformerError(f"expected a scheme name or a path, got {type(name_or_path).__name__}")
+    name_or_path = os.fspath(name_or_path)
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
     known = ", ".join(builtin_names())

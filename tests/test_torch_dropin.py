@@ -17,7 +17,8 @@ from splitformer.symbolic.derivation import derive
 from conftest import GENERATED, import_path, random_encoder_layer
 
 D, HEADS, D_FF = 8, 2, 12
-TORCH_MODULES = sorted((GENERATED / "torch").glob("[!_]*.py"))
+#: The generated block modules (the vision models are whole models with their own API).
+TORCH_MODULES = sorted(path for path in (GENERATED / "torch").glob("[!_]*.py") if "class Block(" in path.read_text())
 
 
 def torch_module(name: str):
@@ -238,3 +239,13 @@ def test_torch_export_with_torch_keywords(rng):
     exported = torch.export.export(block, (u,), {"src_key_padding_mask": padding}).module()
     with torch.no_grad():
         assert (exported(u, src_key_padding_mask=padding) - block(u, key_padding_mask=padding)).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_row_scale_is_finite_up_to_the_largest_value(dtype):
+    """The LayerNorm helper's scale table (TorchScript has no torch.finfo) keeps 2^e finite."""
+    module = torch_module("post_ln")
+    largest = torch.tensor([[torch.finfo(dtype).max, 1.0]], dtype=dtype)
+    scale = module._row_scale(largest)
+    assert torch.isfinite(scale).all() and (largest / scale).abs().max() <= 2
+    assert module._max_exponent(dtype) == np.frexp(float(torch.finfo(dtype).max))[1] - 1  # log2 rounds up to 1024

@@ -89,7 +89,7 @@ def _allowed(support):
     return support if support.dtype == torch.bool else support > float("-inf")
 
 
-def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float):
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
     ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
@@ -107,13 +107,20 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _max_exponent(dtype: torch.dtype) -> int:
+    """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
+    if dtype == torch.float64:
+        return 1023
+    if dtype == torch.float16:
+        return 15
+    return 127  # float32, bfloat16
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
-        # the largest exponent e with 2^e finite: floor(log2 of the dtype's max), spelled for TorchScript
-        limit = 1023 if x.dtype == torch.float64 else 15 if x.dtype == torch.float16 else 127
-        exponent = torch.frexp(peak).exponent.clamp(0, limit)
+        exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)
 
 
@@ -344,11 +351,14 @@ class Block(_CanonicalModule):
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
+        eps = _epsilon(eps)
+        for name, flag in (("bias", bias), ("batch_first", batch_first)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
-        eps = _epsilon(eps)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
         sizes = {"d": d_model, "d_ff": d_ff}
@@ -384,6 +394,8 @@ class Block(_CanonicalModule):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.attn.W_q.dtype
@@ -485,9 +497,9 @@ class Stack(_CanonicalModule):
             for _ in range(n_layers)
         )
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
-        if final_norm:
+        if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
-        self.reset_parameters()
+            _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(d_model, d_ff))
 
     def reset_parameters(self):
         """Each block's ``reset_parameters``; the final norm's gain ones, bias zeros."""

@@ -103,7 +103,9 @@ class _Reader:
             operators=operators,
             body=body,
             activation=activation,
-            declared_activation=activation,
+            # built-in files name their module without the activation (gpt2, llama); a user's file
+            # keeps CONTRACT's rule: any activation but relu is appended
+            declared_activation=activation if self.where.startswith("built-in scheme") else "relu",
             causal=self.typed(document, "causal", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),

@@ -145,7 +145,7 @@ def gqa_repeat_check(repeat: Callable | None = None) -> Check:
     from ..evaluate import evaluate
     from ..rotary_attention import POSITIONS, ROPE_THETA
     from ..scheme import Scheme, Sequence, Substep
-    from .recovery import _canonical_entry, _domain_sizes, _sizes, _vanishes
+    from .recovery import _domain_sizes, _sizes, _vanishes, _view_entry
 
     repeat = repeat or (lambda matrix, n_kv, n_rep, width: sp.Matrix.hstack(
         *[matrix[:, g * width:(g + 1) * width] for g in range(n_kv) for _ in range(n_rep)]))
@@ -171,7 +171,7 @@ def gqa_repeat_check(repeat: Callable | None = None) -> Check:
             domains = [index_domains[index] for index in tensor.indices]
             matrix = params[tensor.parameter.split(".")[1]]
             inputs[tensor.name] = (lambda *index, matrix=matrix, domains=domains, shape=tensor.shape:
-                                   matrix[_canonical_entry(domains, shape, index, by_domain)])
+                                   matrix[_view_entry(domains, shape, index, by_domain)])
         return evaluate(program, {**sizes, ROPE_THETA: 10000}, inputs)[program.output]
 
     first, second = run(grouped, kv_heads), run(repeated, heads)

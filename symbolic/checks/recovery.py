@@ -29,11 +29,23 @@ __all__ = ["recovery_checks"]
 _DIGITS = 50
 
 
-def _canonical_entry(view, shape, index, sizes):
-    """Map an index of a parameter's view (``W_q[k, m, e]``) to its canonical layout (``W_q[k, m·d_h + e]``).
+def _canonical_entry(domains, index, head_width):
+    """Map an index of a parameter's view (``W_q[k, m, e]``) to its canonical layout (``W_q[k, m·d_h + e]``)."""
+    canonical, position = [], 0
+    while position < len(domains):
+        if domains[position] is HEADS:
+            canonical.append(index[position] * head_width + index[position + 1])
+            position += 2
+        else:
+            canonical.append(index[position])
+            position += 1
+    return tuple(canonical)
 
-    A view splits the canonical axes row-major (a reshape), so the flat position is the same.
-    """
+
+def _view_entry(view, shape, index, sizes):
+    """Map an index of any parameter view (``W_q[k, g, s, c, r]``) to its canonical layout, given the
+    grid sizes by domain: a view splits the canonical axes row-major (a reshape), so the flat
+    position is the same."""
     flat = 0
     for domain, position in zip(view, index):
         flat = flat * sizes[domain] + position
@@ -44,7 +56,8 @@ def _canonical_entry(view, shape, index, sizes):
     return tuple(reversed(canonical))
 
 
-def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes: dict, causal: bool) -> dict:
+def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes, causal: bool = False) -> dict:
+    """Inputs of ``evaluate``; ``sizes``: grid sizes by domain, or (the older form) the head width."""
     from ..domains import VARIABLES
 
     index_domains = {variable.index: variable.domain for variable in VARIABLES.values()}
@@ -59,7 +72,8 @@ def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes:
         array = params[tensor.parameter]
 
         def entry(*index, array=array, domains=domains, shape=tensor.shape):
-            canonical = _canonical_entry(domains, shape, index, sizes)
+            canonical = (_canonical_entry(domains, index, sizes) if isinstance(sizes, int)
+                         else _view_entry(domains, shape, index, sizes))
             return array[canonical] if len(canonical) == 2 else array[canonical[0]]
 
         inputs[tensor.name] = entry

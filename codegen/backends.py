@@ -10,7 +10,7 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import BATCH, Attention, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
+from .ir import BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS"]
@@ -89,6 +89,9 @@ class Backend:
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
+
+    def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
+        return [f'{op.out} = _cache(cache, "{op.key}", {op.source.name})']
 
     def in_place(self, op: Elementwise, printer: ArrayPrinter, maximum: str, add: str) -> list[str]:
         """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass)."""

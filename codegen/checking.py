@@ -15,6 +15,7 @@ from pathlib import Path
 
 from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
+from splitformer.symbolic.checks.llm import llm_checks
 from splitformer.symbolic.checks.order import OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
 from splitformer.symbolic.checks.recovery import recovery_checks
@@ -157,6 +158,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     report.add(*projection_checks())
     report.add(sign_check())
     report.add(*activation_checks())
+    report.add(*llm_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
     if plots is not None and report.studies:

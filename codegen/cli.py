@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
-_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), gelu, silu or tanh"
+_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), gelu, silu, tanh or gelu-tanh"
 _SCHEME = "a built-in name (see 'splitformer list') or the path of a scheme file (TOML)"
 _ENVIRONMENT = """\
 environment:
@@ -190,7 +190,7 @@ def _source_with_activation(scheme) -> str:
     from splitformer.symbolic.scheme_file import parse_scheme
 
     line = f'activation = "{scheme.activation}"'
-    source, count = re.subn(r'(?m)^activation = "[a-z]+"$', line, scheme.source, count=1)
+    source, count = re.subn(r'(?m)^activation = "[a-z-]+"$', line, scheme.source, count=1)
     if not count:
         source = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", source, count=1)
     if parse_scheme(source).activation != scheme.activation:

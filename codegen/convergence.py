@@ -11,6 +11,7 @@ empirical order.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from .render import render_module
 
 __all__ = ["Study", "convergence_study", "plot_study", "plot_studies"]
 
-TOKENS, WIDTH, HEADS, HIDDEN, HORIZON = 4, 4, 2, 8, 1.0
+TOKENS, WIDTH, HEADS, HIDDEN, HORIZON, MEMORY_TOKENS = 4, 4, 2, 8, 1.0, 3
 STEPS = (1, 2, 4, 8, 16, 32)
 #: Schemes of order 3 and more reach their asymptotic slope only at finer steps, and need a
 #: finer reference to stay far below their error.
@@ -48,12 +49,16 @@ def _field_function(scheme: Scheme, step: Substep):
     if step.on is not None:
         operators[step.on] = scheme.operators[step.on]
     single = Scheme(f"field-{step.operator}", "one field", operators,
-                    Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation)
+                    Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation,
+                    options={key: scheme.options[key] for key in operators if key in scheme.options})
     program = derive(single)
     source = render_module(single, lower(program), lower(derive(final_norm_scheme())), "numpy")
     namespace: dict = {"__name__": f"splitformer_field_{step.operator}"}
     exec(compile(source, f"<field {step.operator}>", "exec"), namespace)  # noqa: S102 - our own generated code
     forward = namespace["forward"]
+    if "memory" in inspect.signature(forward).parameters:  # cross-attention: a memory held fixed
+        memory = np.random.default_rng(7).standard_normal((1, MEMORY_TOKENS, WIDTH))
+        return lambda u, params: forward(u, memory, params, n_heads=HEADS) - u
     return lambda u, params: forward(u, params, n_heads=HEADS) - u
 
 
@@ -107,7 +112,7 @@ def _reference(fields: _Fields, scheme: Scheme, u: np.ndarray, steps: int = REFE
 
 def _controls(scheme: Scheme, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    sizes = {"d": WIDTH, "d_ff": HIDDEN}
+    sizes = {"d": WIDTH, "d_ff": HIDDEN, "d_kv": WIDTH}  # n_kv_heads = n_heads
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():

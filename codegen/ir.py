@@ -17,7 +17,7 @@ import sympy as sp
 from splitformer.symbolic.domains import Domain
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize", "Cache",
     "TensorInfo", "Module", "BATCH",
 ]
 
@@ -176,3 +176,18 @@ class Normalize(Op):
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+
+@dataclass(frozen=True)
+class Cache(Op):
+    """``out`` = the cached values of a key-side field for earlier tokens, then ``source`` (stored back).
+
+    Incremental decoding: the token integral of causal attention at the new tokens needs the
+    keys and values of every earlier token; ``key`` names the field in the cache (``attn.k``).
+    """
+
+    source: Operand | None = None
+    key: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.source.name]

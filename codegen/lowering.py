@@ -22,7 +22,7 @@ from splitformer.symbolic.latex import equation
 from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import BATCH, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
+from .ir import BATCH, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
 
 __all__ = ["lower"]
 
@@ -117,7 +117,7 @@ class _Lowering:
         mean = scale == 1 / _INDEX_DOMAINS[index].size
         if not mean and scale != 1:
             return None
-        body_labels = labels + (str(index),)
+        body_labels = _with_axis(labels, str(index), total.function)
         body = self.hoist_sums(total.function, body_labels)
         return Reduction(out, labels, body=body, body_labels=body_labels, axis=str(index), mean=mean)
 
@@ -135,6 +135,36 @@ class _Lowering:
             self.assignment(Assignment(target, total, "temporary"), self.ops[-1].section if self.ops else "")
             replacements[total] = target
         return expr.xreplace(replacements)
+
+
+def _with_cache(ops: list[Op], cached: dict[str, str]) -> list[Op]:
+    """A ``Cache`` op before the first reader of each cached key-side field (after its producer)."""
+    result: list[Op] = []
+    pending = dict(cached)
+    for op in ops:
+        for name in [name for name in op.reads() if name in pending]:
+            producer = next(item for item in reversed(result) if item.out == name)
+            result.append(Cache(name, producer.labels, f"the cache: {name} of the earlier tokens, then the new ones",
+                                op.section, source=Operand(name, producer.labels), key=pending.pop(name)))
+        result.append(op)
+    return result
+
+
+def _with_axis(labels: tuple[str, ...], axis: str, body: sp.Expr) -> tuple[str, ...]:
+    """The axes of a reduction's body: ``labels`` with the summed ``axis`` inserted where every
+    array of ``body`` reads its axes in order (so that each broadcasts without a transpose);
+    last when no position does."""
+    reads = [tuple(str(index) for index in item.indices) for item in body.atoms(sp.Indexed)]
+    for position in range(len(labels), 0, -1):
+        candidate = labels[:position] + (axis,) + labels[position:]
+        if all(_in_order(read, candidate) for read in reads):
+            return candidate
+    return labels + (axis,)
+
+
+def _in_order(read: tuple[str, ...], labels: tuple[str, ...]) -> bool:
+    positions = [labels.index(label) for label in read if label in labels]
+    return positions == sorted(positions)
 
 
 def _reading_order(operand: Operand, out: tuple[str, ...]) -> tuple:
@@ -167,7 +197,8 @@ def lower(program: Program, passes=None) -> Module:
             for assignment in evaluation.assignments:
                 lowering.assignment(assignment, record.title)
         lowering.assignment(record.update, record.title)
-    module = Module(program.name, lowering.tensors, lowering.ops, program.output, dropout=_dropout_sites(program))
+    module = Module(program.name, lowering.tensors, _with_cache(lowering.ops, program.cached), program.output,
+                    dropout=_dropout_sites(program))
     for rewrite in DEFAULT if passes is None else passes:
         module = rewrite(module)
     return module

@@ -7,12 +7,12 @@ from importlib import resources
 import jinja2
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.domains import HIDDEN
+from splitformer.symbolic.domains import HIDDEN, KV_FEATURES, KV_HEADS
 from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
 from .initialization import init_bounds
-from .ir import Module
+from .ir import Cache, Module
 
 __all__ = ["environment", "render_module", "unit_context"]
 
@@ -70,8 +70,13 @@ def unit_context(module: Module, backend: str) -> dict:
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm") if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
+                 if f"{helper}(" in code},
         "output": module.output,
+        "rotary": "pos" in module.tensors,
+        "memory": "mem" in module.tensors,
+        "grouped": any({KV_HEADS, KV_FEATURES} & set((info.view or ()) + (info.shape or ())) for info in module.tensors.values()),
+        "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }
 
 

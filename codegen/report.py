@@ -73,7 +73,9 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += [f"theorem-3.1/{part}" for part in ("closed-form", "constraints", "kkt", "minimizer", "beta-zero")]
         ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
     if "rms-norm" in kinds:
-        ids += ["rms-norm/closed-form"]
+        ids += ["rms-norm/closed-form", "rms-norm/kkt", "rms-norm/distance"]
+    if "rotary-attention" in kinds:
+        ids += ["rope/relative-kernel", "gqa/repeated-heads"]
     ids += [f"projection/{kind}/{part}" for kind in sorted(_projection_kinds(scheme) - {"layer-norm"})
             for part in ("constraints", "minimizer")]
     if kinds & _ACTIVATED:

@@ -35,7 +35,9 @@ MODULE_ATTRIBUTES = frozenset({
     "smart_apply",
     # the emitted Block and Stack
     "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
-    "reset_parameters", "n_layers", "dropout", "batch_first",
+    "reset_parameters", "n_layers", "dropout", "batch_first", "n_kv_heads", "rope_theta",
+    # set on modules by torch itself in some versions (seen with torch 2.13)
+    "smart_apply",
 })
 
 

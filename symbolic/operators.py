@@ -337,3 +337,4 @@ for _builtin in (Attention, FeedForward, LayerNorm):
 
 # Built-in kinds defined through the public API, each in its own module, registered on import.
 from . import gated_feed_forward, rms_norm  # noqa: E402,F401
+from . import cross_attention, rotary_attention  # noqa: E402,F401

@@ -122,6 +122,8 @@ class Program:
     records: list[SubstepRecord]
     output: str
     notes: list[str] = field(default_factory=list)
+    #: Key-side fields kept for incremental decoding: array name → cache key (``attn_k`` → ``attn.k``).
+    cached: dict[str, str] = field(default_factory=dict)
 
     @property
     def assignments(self) -> list[Assignment]:

@@ -102,14 +102,21 @@ class Scheme:
     #: Claimed orders (``order``, ``splitting_order``), checked by ``splitformer check``.
     claims: dict[str, int] = field(default_factory=dict)
     source: str = field(default="", compare=False)
+    #: The activation the scheme file declares (``gelu-tanh`` for gpt2); another one is
+    #: appended to the module name.
+    declared_activation: str = "relu"
+    #: The self-attention's token integral is restricted to ``x̃ ≤ x`` unless the caller
+    #: says otherwise (the default of the emitted ``causal`` argument).
+    causal: bool = False
     #: Options of the operators by key (``{"ffn": {"bias": False}}``); see ``operator_options``.
     options: dict[str, dict] = field(default_factory=dict)
 
     @property
     def module_name(self) -> str:
-        """``post-ln`` → ``post_ln``; a non-default activation is appended (``pre_ln_gelu``)."""
+        """``post-ln`` → ``post_ln``; an activation other than the declared one is appended (``pre_ln_gelu``)."""
         base = self.name.replace("-", "_")
-        return base if self.activation == "relu" else f"{base}_{self.activation}"
+        suffix = self.activation.replace("-", "_")
+        return base if self.activation == self.declared_activation else f"{base}_{suffix}"
 
     def with_activation(self, name: str) -> "Scheme":
         lookup_activation(name)

@@ -35,7 +35,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order", "tableaux"}
+             "order", "splitting_order", "tableaux", "causal"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -104,6 +104,10 @@ class _Reader:
             operators=operators,
             body=body,
             activation=activation,
+            # built-in files name their module without the activation (gpt2, llama); a user's file
+            # keeps CONTRACT's rule: any activation but relu is appended
+            declared_activation=activation if self.where.startswith("built-in scheme") else "relu",
+            causal=self.typed(document, "causal", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,

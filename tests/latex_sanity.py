@@ -20,6 +20,7 @@ KNOWN_MACROS = {
     "partial", "cdot", "times", "quad", "qquad", "max", "in", "to", "ge", "geq", "leq", "le", "iff", "Rightarrow",
     "xrightarrow", "tilde", "operatorname", "begin", "end", "displaystyle", "hline", "mathcal", "qquad",
     "textbackslash", "mathbf", "circ", "odot", "pm", "ldots", "cdots", "infty", "ne", "neq", "exp", "log",
+    "tanh", "cos", "sin", "hat",  # gelu-tanh, the rotary kernel, the memory coordinate x̂
     *"alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi rho "
      "varrho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split(),
 }

@@ -207,12 +207,16 @@ IGNORE_TRACER = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_torchscript_script(path, rng):
     u = torch.tensor(rng.standard_normal((2, 5, D)))
     padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
-    for eager in _stack_and_block(torch_module(path.stem)):
+    module = torch_module(path.stem)
+    # a decoder's second input: the memory its cross-attention reads
+    extra = (torch.tensor(rng.standard_normal((2, 3, D))),) if "memory" in module.Block.forward.__code__.co_varnames else ()
+    for eager in _stack_and_block(module):
         scripted = torch.jit.script(eager)
         with torch.no_grad():
-            assert (scripted(u) - eager(u)).abs().max() <= 1e-12
-            assert (scripted(u, src_key_padding_mask=padding) - eager(u, key_padding_mask=padding)).abs().max() <= 1e-12
-        assert (scripted(u, causal=True) - eager(u, causal=True)).abs().max() <= 1e-12
+            assert (scripted(u, *extra) - eager(u, *extra)).abs().max() <= 1e-12
+            assert (scripted(u, *extra, src_key_padding_mask=padding)
+                    - eager(u, *extra, key_padding_mask=padding)).abs().max() <= 1e-12
+        assert (scripted(u, *extra, causal=True) - eager(u, *extra, causal=True)).abs().max() <= 1e-12
 
 
 @pytest.mark.parametrize("name", ["post_ln"])

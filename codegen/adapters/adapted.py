@@ -10,6 +10,7 @@ per block and ``final_norm`` the stack's last LayerNorm.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -77,8 +78,13 @@ class Adapted(Mapping[str, np.ndarray]):
     @property
     def module_name(self) -> str:
         """The generated module's name: ``post_ln``, ``pre_ln_gelu`` (CONTRACT's naming)."""
+        from splitformer.symbolic.builtins import builtin_names, builtin_text
+
         name = self.scheme.replace("-", "_")
-        return name if self.activation == "relu" else f"{name}_{self.activation}"
+        declared = "relu"
+        if self.scheme in builtin_names():  # gpt2 declares gelu-tanh, llama silu
+            declared = tomllib.loads(builtin_text(self.scheme)).get("activation", "relu")
+        return name if self.activation == declared else f"{name}_{self.activation.replace('-', '_')}"
 
     @property
     def forward_kwargs(self) -> dict[str, Any]:
@@ -133,6 +139,8 @@ class Adapted(Mapping[str, np.ndarray]):
         """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
         _check_scheme(self, torch_module)
         factory = {"eps": self.eps, "bias": self.bias, "device": device, "dtype": dtype or _torch_dtype(self.dtype)}
+        # constructor options of grouped and rotary blocks (llama)
+        factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.stack:
             module = torch_module.Stack(len(self.layers), self.sizes["d_model"], self.n_heads, self.sizes["d_ff"],
                                         final_norm=self.final_norm is not None, **factory)

@@ -133,20 +133,24 @@ def _layer_norm(x, gain, bias, eps):
     return out
 
 
-def _support(key_padding_mask, causal, batch, n_tokens):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
+def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
+    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
+    """
+    n_keys = offset + n_tokens
     if key_padding_mask is None and not causal:
         return None
-    support = np.ones((batch, n_tokens, n_tokens), dtype=bool)
+    support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
         mask = np.asarray(key_padding_mask)
-        if mask.dtype != np.bool_ or mask.shape != (batch, n_tokens):
+        if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_tokens)}, got {mask.dtype} {mask.shape}"
+                f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"
             )
         support &= ~mask[:, None, :]
     if causal:
-        support &= np.tril(np.ones((n_tokens, n_tokens), dtype=bool))
+        support &= np.tril(np.ones((n_tokens, n_keys), dtype=bool), k=offset)
     return support
 
 
@@ -218,7 +222,8 @@ def _options(d, n_heads, eps, causal):
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
-    """One step of parallel: ``u`` of shape (batch, tokens, d) or (tokens, d)."""
+    """One step of parallel: ``u`` of shape (batch, tokens, d) or (tokens, d).
+    """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
     d_head, eps = _options(d, n_heads, eps, causal)
@@ -294,14 +299,15 @@ def _final_norm(u0, params, eps):
 
 
 def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=False):
-    """``len(layers)`` steps of parallel, then ``final_norm`` (mapping with ``gain``, ``bias``)."""
+    """``len(layers)`` steps of parallel, then ``final_norm`` (mapping with ``gain``, ``bias``).
+    """
     state = _state(u)
     if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
         raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
     if not len(layers):
         raise ValueError("layers is empty: a stack needs at least one layer")
-    for params in layers:
-        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
+    for index, params in enumerate(layers):
+        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,                        causal=causal)
     if final_norm is not None:
         final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)

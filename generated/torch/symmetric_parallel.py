@@ -193,35 +193,37 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
-             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
     Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
     that the scores are added to (−inf = outside; a float mask m is a kernel weight e^m).
-    Masks follow torch: ``key_padding_mask`` (batch, tokens), ``attn_mask`` (tokens, tokens)
-    or (batch, tokens, tokens); True excludes a key.
+    Masks follow torch: ``key_padding_mask`` (batch, keys), ``attn_mask`` (tokens, keys)
+    or (batch, tokens, keys); True excludes a key. Queries are the ``n_tokens`` new tokens,
+    keys the ``offset`` cached ones and the new ones.
     """
+    n_keys = offset + n_tokens
     if key_padding_mask is None and attn_mask is None and not causal:
         return None
     floating = False
     if key_padding_mask is not None:
         key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
-        _check_mask("key_padding_mask", key_padding_mask, [[batch, n_tokens]])
+        _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
         attn_mask = torch.as_tensor(attn_mask, device=device)
-        _check_mask("src_mask", attn_mask, [[n_tokens, n_tokens], [batch, n_tokens, n_tokens]])
+        _check_mask("src_mask", attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
         floating = floating or attn_mask.is_floating_point()
     if floating:
-        support = torch.zeros(batch, n_tokens, n_tokens, dtype=dtype, device=device)
+        support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
     else:
-        support = torch.ones(batch, n_tokens, n_tokens, dtype=torch.bool, device=device)
+        support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
     if key_padding_mask is not None:
         support = _restrict(support, key_padding_mask[:, None, :])
     if attn_mask is not None:
         support = _restrict(support, attn_mask)
     if causal:
-        support = _restrict(support, torch.ones(n_tokens, n_tokens, dtype=torch.bool, device=device).triu(1))
+        support = _restrict(support, torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).triu(offset + 1))
     return support
 
 
@@ -359,7 +361,8 @@ class Block(_CanonicalModule):
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
-        _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
+        sizes = {"d": d_model, "d_ff": d_ff}
+        _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -27,7 +27,8 @@ STEP = sp.Symbol("h", positive=True)
 #: Non-commuting generators of the attention and feed-forward fields (gated or not); any other
 #: vector-field kind is a generator of its own, named after the kind.
 GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False),
-              "gated-feed-forward": sp.Symbol("B", commutative=False)}
+              "gated-feed-forward": sp.Symbol("B", commutative=False),
+              "rotary-attention": sp.Symbol("A", commutative=False), "cross-attention": sp.Symbol("C", commutative=False)}
 _DEGREE = 5  # expansions are kept to h^5: enough to tell orders 1 to 4 apart
 
 

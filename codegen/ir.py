@@ -18,10 +18,12 @@ from splitformer.symbolic.domains import Domain
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize",
-    "TensorInfo", "Module", "BATCH",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
 BATCH = "b"
+#: Roles of tensors without a batch axis: learned controls and their gradients.
+UNBATCHED_ROLES = ("param", "gradient")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class Module:
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
-        return info is None or info.role != "param"
+        return info is None or info.role not in UNBATCHED_ROLES
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.stack import final_norm_scheme
 
+from splitformer.symbolic.adjoint import derive_adjoint
+
+from .adjoint import lower_adjoint
 from .lowering import lower
 from .render import render_module
 from .report import render_report
@@ -26,10 +29,15 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None) 
     """The files ``splitformer derive`` writes for ``scheme`` under ``out``."""
     program = derive(scheme)
     module = lower(program, passes)
-    final_norm = lower(derive(final_norm_scheme()), passes)
+    final_program = derive(final_norm_scheme())
+    final_norm = lower(final_program, passes)
+    adjoint = derive_adjoint(program)
+    backward = lower_adjoint(adjoint, passes)
+    final_backward = lower_adjoint(derive_adjoint(final_program), passes)
     files = {out / "__init__.py": PACKAGE_INIT}
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
-        files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend)
-    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots")
+        files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend,
+                                                                     backward, final_backward)
+    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots", adjoint)
     return files

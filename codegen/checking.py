@@ -14,6 +14,7 @@ from pathlib import Path
 
 from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
+from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.symbolic.checks.order import OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
 from splitformer.symbolic.checks.recovery import recovery_checks
@@ -117,6 +118,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.checks += recovery_checks(scheme, program)
+    report.checks += adjoint_checks(scheme, program)
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -136,7 +138,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
 
 def run_checks(schemes: list[Scheme], plots: Path | None = None) -> CheckReport:
     """General checks, then every scheme's."""
-    report = CheckReport(projection_checks() + [sign_check()] + activation_checks())
+    report = CheckReport(projection_checks() + [sign_check()] + activation_checks() + general_adjoint_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
     return report

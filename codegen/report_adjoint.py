@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from splitformer.symbolic.adjoint import Adjoint
+import sympy as sp
+
+from splitformer.symbolic.adjoint import RELU_SUBGRADIENT_AT_ZERO, Adjoint
 
 __all__ = ["adjoint_context"]
 
 
 def adjoint_context(adjoint: Adjoint) -> dict:
-    return {"records": adjoint.records, "seed": adjoint.tensors[adjoint.seed].latex}
+    """Template variables of ``report/adjoint.md.j2``."""
+    forward = adjoint.forward.tensors
+    kept = sorted({str(item.base.label) for assignment in adjoint.assignments for item in assignment.rhs.atoms(sp.Indexed)
+                   if str(item.base.label) in forward and forward[str(item.base.label)].role in ("input", "state", "temp")},
+                  key=list(forward).index)
+    kinds = {evaluation.kind for record in adjoint.forward.records for evaluation in record.evaluations}
+    return {
+        "records": adjoint.records,
+        "seed": adjoint.tensors[adjoint.seed].latex,
+        "kept": [forward[name].latex for name in kept],
+        "layer_norm": "layer-norm" in kinds,
+        "attention": "attention" in kinds,
+        "relu": any(assignment.rhs.has(sp.Heaviside) for assignment in adjoint.assignments),
+        "relu_at_zero": sp.latex(RELU_SUBGRADIENT_AT_ZERO),
+    }

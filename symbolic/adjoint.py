@@ -256,7 +256,7 @@ class _Reverse:
         # the earliest reader of an input or control completes its gradient
         self.first_reader: dict[str, int] = {}
         for position, assignment in enumerate(program.assignments):
-            for item in assignment.rhs.atoms(sp.Indexed):
+            for item in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key):
                 name = str(item.base.label)
                 tensor = program.tensors[name]
                 if tensor.role in ("input", "param"):
@@ -265,6 +265,9 @@ class _Reverse:
     def declare(self, name: str, role: str) -> str:
         tensor = self.program.tensors[name]
         bar = adjoint_name(name)
+        if bar in self.program.tensors:
+            raise SplitformerError(f"scheme {self.program.name!r}: the adjoint of {name!r} would be named like the "
+                                   f"array {bar!r}; rename an operator")
         if role == "gradient" or tensor.role == "param":
             self.tensors[bar] = Tensor(bar, _overline(tensor.latex, tensor.role), tensor.indices, "gradient",
                                        tensor.parameter, tensor.shape, tensor.kind)

@@ -1,0 +1,186 @@
+"""The derived adjoint: vjp / vjp_stack / Block(backward="derived") against torch.autograd."""
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+from splitformer.codegen.adapters import from_torch
+from splitformer.codegen.adjoint import lower_adjoint
+from splitformer.codegen.output import write_files
+from splitformer.codegen.pipeline import generate
+from splitformer.symbolic import derive, load_scheme
+from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.checks.adjoint import finite_difference_gap, flip_sign
+from splitformer.symbolic.domains import VARIABLES
+
+from conftest import GENERATED, ROOT, import_path, random_encoder_layer
+
+import reference
+
+SHAPES = [(8, 2, 20, 1e-5), (12, 3, 7, 1e-3), (16, 4, 24, 0.1)]  # (d, n_heads, d_ff ≠ d, eps)
+N = 6
+
+
+def _gradients_of(layer) -> dict:
+    """The parameter gradients of a torch layer under their canonical names."""
+    holder = copy.deepcopy(layer)
+    with torch.no_grad():
+        for mine, theirs in zip(holder.parameters(), layer.parameters()):
+            mine.copy_(theirs.grad)
+    return from_torch(holder)
+
+
+def _masks(option: str, batch: int):
+    padding = np.zeros((batch, N), dtype=bool)
+    padding[-1, N - 2:] = True
+    causal = option in ("causal", "both")
+    return (padding if option in ("padding", "both") else None), causal
+
+
+def _relative(got, expected, scale=None):
+    return np.abs(got - expected).max() / (scale if scale is not None else np.abs(expected).max())
+
+
+def _assert_close(grad_u, grads, expected_u, expected, tolerance):
+    assert _relative(grad_u, expected_u) <= tolerance
+    for name, value in expected.items():
+        # ∂J/∂b_k vanishes in exact arithmetic (softmax ignores a per-row shift): compare it on W_k's scale
+        key_weight = name[:-len("b_k")] + "W_k"
+        scale = np.abs(expected[key_weight]).max() if name.endswith(".b_k") else None
+        assert grads[name].shape == value.shape, name
+        assert _relative(grads[name], value, scale) <= tolerance, name
+
+
+@pytest.mark.parametrize("name, norm_first", [("post_ln", False), ("pre_ln", True)])
+@pytest.mark.parametrize("d, n_heads, d_ff, eps", SHAPES)
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "both"])
+def test_vjp_equals_autograd_on_the_torch_layer(name, norm_first, d, n_heads, d_ff, eps, masks, rng):
+    module = import_path(GENERATED / "numpy" / f"{name}.py")
+    layer = random_encoder_layer(d, n_heads, d_ff, eps, norm_first=norm_first, seed=d + n_heads)
+    params = from_torch(layer)
+    u, grad_out = rng.standard_normal((3, N, d)), rng.standard_normal((3, N, d))
+    padding, causal = _masks(masks, 3)
+    x = torch.tensor(u, requires_grad=True)
+    options = {}
+    if padding is not None:
+        options["src_key_padding_mask"] = torch.tensor(padding)
+    if causal:
+        options["src_mask"] = torch.ones(N, N, dtype=torch.bool).triu(1)
+    layer(x, **options).backward(torch.tensor(grad_out))
+    grad_u, grads = module.vjp(u, params, grad_out, n_heads=n_heads, eps=eps, key_padding_mask=padding, causal=causal)
+    assert set(grads) == set(module.PARAMETERS)
+    _assert_close(grad_u, grads, x.grad.numpy(), _gradients_of(layer), 1e-10)
+
+
+def _generated(name, tmp_path_factory, activation="relu"):
+    scheme = load_scheme(name) if activation == "relu" else replace(load_scheme(name), activation=activation)
+    if name in ("post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2") and activation == "relu":
+        folder = GENERATED
+    else:
+        folder = tmp_path_factory.mktemp(scheme.module_name)
+        write_files(generate(scheme, ("numpy", "torch"), folder))
+    return (import_path(folder / "numpy" / f"{scheme.module_name}.py"),
+            import_path(folder / "torch" / f"{scheme.module_name}.py"))
+
+
+@pytest.mark.parametrize("name, activation", [
+    ("post-ln", "relu"), ("pre-ln", "relu"), ("macaron", "relu"), ("parallel", "relu"),
+    ("symmetric-parallel", "relu"), ("rk2", "relu"), ("pre-ln", "gelu"), ("post-ln", "silu"), ("rk2", "tanh"),
+    (str(ROOT / "tests" / "schemes" / "sandwich.toml"), "relu"),
+])
+def test_every_scheme_and_activation_against_autograd_through_its_torch_module(name, activation, tmp_path_factory,
+                                                                                rng):
+    numpy_module, torch_module = _generated(name, tmp_path_factory, activation)
+    d, n_heads, d_ff = 8, 2, 12
+    params = reference.random_params(numpy_module.PARAMETERS, d, d_ff, rng)
+    u, grad_out = rng.standard_normal((2, N, d)), rng.standard_normal((2, N, d))
+    padding, _ = _masks("padding", 2)
+    for options in ({}, {"key_padding_mask": padding}, {"causal": True}):
+        torch_options = {k: torch.tensor(v) if k == "key_padding_mask" else v for k, v in options.items()}
+        results = {}
+        for backward in ("autograd", "derived"):
+            block = torch_module.Block(d, n_heads, d_ff, dtype=torch.float64, backward=backward).load_params(params)
+            x = torch.tensor(u, requires_grad=True)
+            block(x, **torch_options).backward(torch.tensor(grad_out))
+            grads = {name: torch_module._tensor(block, name).grad.numpy() for name in torch_module.PARAMETERS}
+            results[backward] = (x.grad.numpy(), grads)
+        expected_u, expected = results["autograd"]
+        _assert_close(*results["derived"], expected_u, expected, 1e-10)
+        grad_u, grads = numpy_module.vjp(u, params, grad_out, n_heads=n_heads, **options)
+        _assert_close(grad_u, grads, expected_u, expected, 1e-10)
+
+
+def test_vjp_stack_equals_autograd_through_an_encoder_with_final_norm(rng):
+    module = import_path(GENERATED / "numpy" / "pre_ln.py")
+    d, n_heads, d_ff, eps = 8, 2, 12, 1e-5
+    layers = [random_encoder_layer(d, n_heads, d_ff, eps, norm_first=True, seed=seed) for seed in (1, 2)]
+    norm = torch.nn.LayerNorm(d, eps=eps, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d)), norm.bias.copy_(torch.randn(d))
+    u, grad_out = rng.standard_normal((2, N, d)), rng.standard_normal((2, N, d))
+    x = torch.tensor(u, requires_grad=True)
+    y = x
+    for layer in layers:
+        y = layer(y)
+    norm(y).backward(torch.tensor(grad_out))
+    grad_u, grad_layers, grad_norm = module.vjp_stack(
+        u, [from_torch(layer) for layer in layers], grad_out, n_heads=n_heads, eps=eps,
+        final_norm={"gain": norm.weight.detach().numpy(), "bias": norm.bias.detach().numpy()})
+    assert _relative(grad_u, x.grad.numpy()) <= 1e-10
+    for grads, layer in zip(grad_layers, layers):
+        _assert_close(grad_u, grads, x.grad.numpy(), _gradients_of(layer), 1e-10)
+    assert _relative(grad_norm["gain"], norm.weight.grad.numpy()) <= 1e-10
+    assert _relative(grad_norm["bias"], norm.bias.grad.numpy()) <= 1e-10
+
+
+def test_float32_and_unbatched_inputs(rng):
+    module = import_path(GENERATED / "numpy" / "post_ln.py")
+    layer = random_encoder_layer(8, 2, 12, 1e-5)
+    params = from_torch(layer)
+    u, grad_out = rng.standard_normal((N, 8)), rng.standard_normal((N, 8))
+    grad64, grads64 = module.vjp(u, params, grad_out, n_heads=2)
+    assert grad64.shape == (N, 8)
+    grad32, grads32 = module.vjp(u.astype(np.float32), {k: v.astype(np.float32) for k, v in params.items()},
+                                 grad_out.astype(np.float32), n_heads=2)
+    assert grad32.dtype == np.float32 and all(value.dtype == np.float32 for value in grads32.values())
+    assert _relative(grad32, grad64) <= 1e-4
+    assert all(_relative(grads32[k], grads64[k], np.abs(grads64["attn.W_k"]).max()) <= 1e-4 for k in grads64)
+
+
+def test_a_grad_out_of_the_wrong_shape_is_refused_before_any_work(rng):
+    module = import_path(GENERATED / "numpy" / "post_ln.py")
+    params = reference.random_params(module.PARAMETERS, 8, 12, rng)
+    with pytest.raises(ValueError, match="grad_out"):
+        module.vjp(rng.standard_normal((2, 5, 8)), params, rng.standard_normal((2, 5, 7)), n_heads=2)
+
+
+def test_the_softmax_adjoint_is_derived_in_terms_of_the_kernel():
+    adjoint = derive_adjoint(derive(load_scheme("post-ln")))
+    scores = next(a for a in adjoint.assignments if a.target == "attn_a_bar")
+    gamma, bar = sp.IndexedBase("attn_gamma"), sp.IndexedBase("attn_gamma_bar")
+    m, i, j = scores.lhs.indices
+    n = next(index for index in scores.rhs.atoms(sp.Idx) if index not in (m, i, j))
+    expected = gamma[m, i, j] * bar[m, i, j] - gamma[m, i, j] * sp.Sum(gamma[m, i, n] * bar[m, i, n], (n, 0, n.upper))
+    assert sp.simplify(scores.rhs - expected) == 0
+    assert not any(a.rhs.has(sp.exp) for a in adjoint.assignments)  # the kernel is reused, never recomputed
+
+
+def test_no_intermediate_has_two_feature_axes_and_a_token_axis():
+    """GEMMs, no d×d×N intermediates: every adjoint contraction has at most two operands."""
+    domains = {str(v.index): v.domain for v in VARIABLES.values()}
+    for name in ("post-ln", "rk2"):
+        backward = lower_adjoint(derive_adjoint(derive(load_scheme(name))))
+        for op in backward.forward.ops + backward.adjoint.ops:
+            axes = [domains[label].name for label in op.labels if label != "b"]
+            assert not (axes.count("y") + axes.count("z") >= 2 and "x" in axes), (op.out, op.labels)
+            assert len(getattr(op, "operands", ())) <= 2
+
+
+def test_finite_differences_in_50_digits_and_the_negative_control():
+    adjoint = derive_adjoint(derive(load_scheme("rk2")))
+    assert finite_difference_gap(adjoint) < 1e-20
+    assert finite_difference_gap(flip_sign(adjoint)) > 1e-3

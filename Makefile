@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench clean
+.PHONY: demo test generate bench train-demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
+
+# NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
+# the arrays are small, and idle BLAS threads only slow a shared machine down).
+train-demo: $(STAMP)
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m splitformer.codegen.train_demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py

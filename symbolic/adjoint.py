@@ -21,7 +21,8 @@ Two rewrites keep the adjoint as cheap as the forward: a derivative that contain
 right-hand side of a forward assignment is written with that assignment's array
 (``χ e^{a}/Σ χ e^{a}`` → ``γ``), and factors that do not depend on a summation index
 are taken out of its sum. The derivative of ``max(0, v)`` is SymPy's ``Heaviside(v)``,
-used with the subgradient ``0`` at ``v = 0`` (torch's convention), i.e. ``[v > 0]``.
+used with the subgradient ``0`` at ``v = 0`` (torch's convention), i.e. ``[v > 0]``; with
+that value ``H(v) = H(max(0, v))``, so the step is read off the kept output ``s = max(0, w)``.
 """
 
 from __future__ import annotations
@@ -308,6 +309,18 @@ class _Reverse:
                                        quadrature=equation(lhs, total, self.latex_names())))
         self.gradients[name] = bar
 
+    def step_of_output(self, expr: sp.Expr) -> sp.Expr:
+        """``H(w) = H(max(0, w))`` when ``H(0) = 0``: read the step off a kept ReLU output.
+
+        Then the adjoint needs the activation's output only (as torch's ``relu`` backward),
+        and the forward may overwrite its input.
+        """
+        def rewrite(step: sp.Heaviside) -> sp.Expr:
+            candidate = self.recognize(sp.Heaviside(sp.Max(0, step.args[0]), RELU_SUBGRADIENT_AT_ZERO))
+            return step if candidate.has(sp.Max) else candidate
+
+        return expr.replace(lambda e: isinstance(e, sp.Heaviside), rewrite)
+
     def contribute(self, assignment: Assignment, costate: sp.Indexed) -> None:
         own = assignment.lhs.indices
         for entry, partial, bound in _partials(assignment.rhs):
@@ -319,7 +332,7 @@ class _Reverse:
             if len(set(read)) != len(read) or not all(isinstance(index, sp.Idx) for index in read):
                 raise SplitformerError(
                     f"cannot differentiate {assignment.lhs} = {assignment.rhs}: {entry} is not read with distinct indices")
-            partial = self.recognize(_with_relu_convention(partial))
+            partial = self.step_of_output(self.recognize(_with_relu_convention(partial)))
             if partial == 0:
                 continue
             summed = [index for index in dict.fromkeys((*own, *bound)) if index not in read]

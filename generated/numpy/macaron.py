@@ -343,7 +343,8 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn\_pre}}}_{i,z} = {b_{\mathrm{ffn\_pre},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_pre},1}}_{k,z} {u^{(0)}}_{i,k}
     ffn_pre_w = _einsum("bik,kz->biz", u0, ffn_pre_W_1) + ffn_pre_b_1
     # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
-    ffn_pre_s = np.maximum(ffn_pre_w, 0)
+    ffn_pre_s = np.maximum(ffn_pre_w, 0, out=ffn_pre_w)
+    del ffn_pre_w
     # {\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l} = {b_{\mathrm{ffn\_pre},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_pre},2}}_{z,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
     ffn_pre_out = _einsum("biz,zl->bil", ffn_pre_s, ffn_pre_W_2) + ffn_pre_b_2
     # {u^{(1)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
@@ -396,7 +397,8 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
     ffn_post_w = _einsum("bik,kz->biz", u4, ffn_post_W_1) + ffn_post_b_1
     # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
-    ffn_post_s = np.maximum(ffn_post_w, 0)
+    ffn_post_s = np.maximum(ffn_post_w, 0, out=ffn_post_w)
+    del ffn_post_w
     # {\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l} = {b_{\mathrm{ffn\_post},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_post},2}}_{z,l} {s^{\mathrm{ffn\_post}}}_{i,z}
     ffn_post_out = _einsum("biz,zl->bil", ffn_post_s, ffn_post_W_2) + ffn_post_b_2
     # {u^{(5)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l}}{2} + {u^{(4)}}_{i,l}
@@ -413,12 +415,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
     # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
     u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, ffn_pre_w, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_w, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p,)
+    return u6, (u0, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, ffn_pre_w, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_w, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p, = saved
+    u0, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn_pre.W_1"].shape[1]
@@ -471,15 +473,14 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_post_out_bar = u5_bar/2
     # {\overline{W_{\mathrm{ffn\_post},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l} {s^{\mathrm{ffn\_post}}}_{i,z}
     ffn_post_W_2_bar = _einsum("bil,biz->zl", ffn_post_out_bar, ffn_post_s)
-    del ffn_post_s
     # {\overline{b_{\mathrm{ffn\_post},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l}
     ffn_post_b_2_bar = _einsum("bil->l", ffn_post_out_bar)
     # {\overline{s^{\mathrm{ffn\_post}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn\_post},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l}
     ffn_post_s_bar = _einsum("bil,zl->biz", ffn_post_out_bar, ffn_post_W_2)
     del ffn_post_out_bar
-    # {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} = \theta\left({w^{\mathrm{ffn\_post}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_post}}}}_{i,z}
-    ffn_post_w_bar = (ffn_post_w > 0)*ffn_post_s_bar
-    del ffn_post_s_bar, ffn_post_w
+    # {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_post}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_post}}}}_{i,z}
+    ffn_post_w_bar = (ffn_post_s > 0)*ffn_post_s_bar
+    del ffn_post_s, ffn_post_s_bar
     # {\overline{W_{\mathrm{ffn\_post},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} {u^{(4)}}_{i,k}
     ffn_post_W_1_bar = _einsum("biz,bik->kz", ffn_post_w_bar, u4)
     del u4
@@ -590,15 +591,14 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_pre_out_bar = u1_bar/2
     # {\overline{W_{\mathrm{ffn\_pre},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
     ffn_pre_W_2_bar = _einsum("bil,biz->zl", ffn_pre_out_bar, ffn_pre_s)
-    del ffn_pre_s
     # {\overline{b_{\mathrm{ffn\_pre},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l}
     ffn_pre_b_2_bar = _einsum("bil->l", ffn_pre_out_bar)
     # {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn\_pre},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l}
     ffn_pre_s_bar = _einsum("bil,zl->biz", ffn_pre_out_bar, ffn_pre_W_2)
     del ffn_pre_out_bar
-    # {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} = \theta\left({w^{\mathrm{ffn\_pre}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z}
-    ffn_pre_w_bar = (ffn_pre_w > 0)*ffn_pre_s_bar
-    del ffn_pre_s_bar, ffn_pre_w
+    # {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_pre}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z}
+    ffn_pre_w_bar = (ffn_pre_s > 0)*ffn_pre_s_bar
+    del ffn_pre_s, ffn_pre_s_bar
     # {\overline{W_{\mathrm{ffn\_pre},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} {u^{(0)}}_{i,k}
     ffn_pre_W_1_bar = _einsum("biz,bik->kz", ffn_pre_w_bar, u0)
     del u0

@@ -297,18 +297,19 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     ffn_w = _einsum("bik,kz->biz", norm1_out, ffn_W_1) + ffn_b_1
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = np.maximum(ffn_w, 0)
+    ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = np.add(attn_out, ffn_out + u0, out=attn_out)
     del attn_out, ffn_out
-    return u1, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_w, ffn_s,)
+    return u1, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_w, ffn_s, = saved
+    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -332,15 +333,14 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     ffn_out_bar = u1_bar
     # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    del ffn_s
     # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({w^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_w > 0)*ffn_s_bar
-    del ffn_s_bar, ffn_w
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
     # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm1_out)
     # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}

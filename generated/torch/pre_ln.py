@@ -169,19 +169,20 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = torch.relu(ffn_w)
+    ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out
-    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
+    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, = saved
+    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -207,15 +208,14 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_out_bar = u2_bar
     # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    del ffn_s
     # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_s_bar = torch.einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({w^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_w > 0)*ffn_s_bar
-    del ffn_s_bar, ffn_w
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
     # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     del norm2_out

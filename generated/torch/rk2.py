@@ -164,7 +164,8 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = torch.relu(ffn_w)
+    ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
@@ -203,19 +204,20 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
     ffn2_w = torch.einsum("bik,kz->biz", norm22_out, ffn_W_1) + ffn_b_1
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
-    ffn2_s = torch.relu(ffn2_w)
+    ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
+    del ffn2_w
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_out = torch.einsum("biz,zl->bil", ffn2_s, ffn_W_2) + ffn_b_2
     # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
     del attn2_out, attn_out, ffn2_out, ffn_out
-    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_w, ffn2_s,)
+    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_w, ffn2_s, = saved
+    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -241,9 +243,9 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn2_out_bar = u2_bar/2
     # {\overline{s^{\mathrm{ffn},2}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_s_bar = torch.einsum("bil,zl->biz", ffn2_out_bar, ffn_W_2)
-    # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({w^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
-    ffn2_w_bar = (ffn2_w > 0)*ffn2_s_bar
-    del ffn2_s_bar, ffn2_w
+    # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({s^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
+    ffn2_w_bar = (ffn2_s > 0)*ffn2_s_bar
+    del ffn2_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},2}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
     norm22_out_bar = torch.einsum("biz,lz->bil", ffn2_w_bar, ffn_W_1)
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
@@ -304,7 +306,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
     del ffn2_s
     ffn_W_2_bar_1 = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    del ffn_s
     # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {s^{\mathrm{ffn},2}}_{i,z} + \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_W_2_bar = ffn_W_2_bar_0 + ffn_W_2_bar_1
     del ffn_W_2_bar_0, ffn_W_2_bar_1
@@ -317,9 +318,9 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_s_bar = torch.einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({w^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_w > 0)*ffn_s_bar
-    del ffn_s_bar, ffn_w
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
     ffn_W_1_bar_0 = torch.einsum("biz,bik->kz", ffn2_w_bar, norm22_out)
     del norm22_out
     ffn_W_1_bar_1 = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)

@@ -130,13 +130,22 @@ def _with_relu_convention(expr: sp.Expr) -> sp.Expr:
 # -- recognizing forward arrays ---------------------------------------------------------
 
 def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
-    """A product as (numeric coefficient, {base: exponent})."""
+    """A product as (numeric coefficient, {base: exponent}); sums of terms in a canonical form.
+
+    A sum ``2α − 2u`` is written ``-2 (u − α)`` (its content taken out, one sign of the two)
+    so that SymPy's distribution of numbers over sums does not hide a factor.
+    """
     coefficient, powers = sp.Integer(1), {}
     for factor in sp.Mul.make_args(expr):
         if factor.is_number:
             coefficient *= factor
             continue
         base, exponent = (factor.base, factor.exp) if isinstance(factor, sp.Pow) else (factor, sp.Integer(1))
+        if isinstance(base, sp.Add) and exponent.is_integer:
+            content, base = base.as_content_primitive()
+            if base.could_extract_minus_sign():
+                content, base = -content, -base
+            coefficient *= content**exponent
         powers[base] = powers.get(base, 0) + exponent
     return coefficient, powers
 
@@ -147,7 +156,13 @@ def _divides(part: sp.Expr, whole: sp.Expr) -> bool:
 
 
 class _Recognizer:
-    """Rewrite products that contain a forward right-hand side with that forward array."""
+    """Rewrite products that contain a forward right-hand side with that forward array.
+
+    A rule ``y = c Π b^e`` matches a product that contains its numerator (the factors with
+    ``e > 0``). Denominator factors the product lacks are compensated (``u − α =
+    P √(β + ε)``) only when the numerator holds a compound factor and the missing factors
+    hold no sum: a sum is never recomputed to reuse an array.
+    """
 
     def __init__(self, assignments: list[Assignment]):
         self.rules = []
@@ -156,16 +171,14 @@ class _Recognizer:
             if isinstance(rhs, (sp.Add, sp.Indexed)) or not rhs.has(sp.Indexed):
                 continue
             coefficient, powers = _powers(rhs)
-            if coefficient != 1:
-                continue
-            self.rules.append((assignment.lhs, powers))
-        self.rules.sort(key=lambda rule: -len(rule[1]))
+            self.rules.append((assignment.lhs, coefficient, powers))
+        self.rules.sort(key=lambda rule: -len(rule[2]))
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         if expr.is_Atom or isinstance(expr, sp.Indexed):
             return expr
         if isinstance(expr, sp.Add):
-            return sp.Add(*(self(term) for term in expr.args))
+            return self.match(sp.Add(*(self(term) for term in expr.args)))
         if isinstance(expr, sp.Sum):
             return sp.Sum(self(expr.function), *expr.limits)
         if isinstance(expr, sp.Mul):
@@ -182,19 +195,32 @@ class _Recognizer:
             changed = False
             coefficient, powers = _powers(expr)
             indices = sorted(expr.atoms(sp.Idx), key=str)
-            for lhs, rule in self.rules:
+            for lhs, rule_coefficient, rule in self.rules:
                 for mapping in self.mappings(lhs, indices):
                     renamed = {base.xreplace(mapping): exponent for base, exponent in rule.items()}
-                    if all(base in powers and _divides(exponent, powers[base]) for base, exponent in renamed.items()):
-                        for base, exponent in renamed.items():
-                            powers[base] -= exponent
-                        powers[lhs.xreplace(mapping)] = powers.get(lhs.xreplace(mapping), 0) + 1
-                        expr = coefficient * sp.Mul(*(base**exponent for base, exponent in powers.items()))
-                        changed = True
-                        break
+                    if not self.applies(renamed, powers):
+                        continue
+                    for base, exponent in renamed.items():
+                        powers[base] = powers.get(base, 0) - exponent
+                    target = lhs.xreplace(mapping)
+                    powers[target] = powers.get(target, 0) + 1
+                    expr = coefficient / rule_coefficient * sp.Mul(*(base**exponent for base, exponent in powers.items()))
+                    changed = True
+                    break
                 if changed:
                     break
         return expr
+
+    @staticmethod
+    def applies(rule: dict, powers: dict) -> bool:
+        numerator = {base: exponent for base, exponent in rule.items() if exponent > 0}
+        if not numerator or not all(base in powers and _divides(e, powers[base]) for base, e in numerator.items()):
+            return False
+        missing = [base for base, e in rule.items() if e < 0 and not (base in powers and _divides(e, powers[base]))]
+        if not missing:
+            return True
+        compound = any(isinstance(base, sp.Add) for base in numerator)
+        return compound and not any(base.has(sp.Sum) for base in missing)
 
     @staticmethod
     def mappings(lhs: sp.Indexed, indices: list[sp.Idx]):

@@ -358,6 +358,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u1)/np.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha, u1
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
     u2 = norm1_gain*norm1_p + norm1_bias
@@ -389,6 +390,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u3)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     norm2_p = (-norm2_alpha[:, :, None] + u3)/np.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha, u3
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
     u4 = norm2_gain*norm2_p + norm2_bias
@@ -412,15 +414,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm3_beta = np.mean((-norm3_alpha[:, :, None] + u5)**2, axis=2)
     # {P^{\mathrm{norm3}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}}
     norm3_p = (-norm3_alpha[:, :, None] + u5)/np.sqrt(eps + norm3_beta[:, :, None])
+    del norm3_alpha, u5
     # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
     # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
     u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p,)
+    return u6, (u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, ffn_pre_s, u1, norm1_alpha, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, u3, norm2_alpha, norm2_beta, norm2_p, u4, ffn_post_s, u5, norm3_alpha, norm3_beta, norm3_p, = saved
+    u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn_pre.W_1"].shape[1]
@@ -457,18 +460,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", norm3_p, norm3_p_bar)
-    del norm3_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm3}}}_{i} - 2 {u^{(5)}}_{i,k}\right)
-    t2 = np.sum(-2*u5 + 2*norm3_alpha[:, :, None], axis=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm3}}}_{i,k}
+    t2 = np.sum(norm3_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
     t3 = np.sum(norm3_p_bar, axis=2)
 
     # --- adjoint of substep 5: ffn_post, explicit, fraction 1/2 ---
     # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm3}}}_{i} - 2 {u^{(5)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(5)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm3}}}_{i} + 2 {u^{(5)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm3}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
-    u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + norm3_beta[:, :, None])))/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) - (-2*norm3_alpha[:, :, None] + 2*u5)*t1[:, :, None]/(2*d*(eps + norm3_beta[:, :, None]))
-    del norm3_alpha, norm3_beta, norm3_p_bar, t1, t2, t3, u5
+    # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} {P^{\mathrm{norm3}}}_{i,k}}{N_{y}}
+    # {\lambda^{(5)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} {P^{\mathrm{norm3}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
+    u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + norm3_beta[:, :, None])))/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) - t1[:, :, None]*norm3_p/(d*np.sqrt(eps + norm3_beta[:, :, None]))
+    del norm3_beta, norm3_p, norm3_p_bar, t1, t2, t3
     # {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l} = \frac{{\lambda^{(5)}}_{i,l}}{2}
     ffn_post_out_bar = u5_bar/2
     # {\overline{W_{\mathrm{ffn\_post},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l} {s^{\mathrm{ffn\_post}}}_{i,z}
@@ -500,18 +502,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t4 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    del norm2_p
-    # {t_{5}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(3)}}_{i,k}\right)
-    t5 = np.sum(-2*u3 + 2*norm2_alpha[:, :, None], axis=2)
+    # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t5 = np.sum(norm2_p, axis=2)
     # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t6 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 3: attn, explicit ---
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(3)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm2}}}_{i} + 2 {u^{(3)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm2}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - t4[:, :, None]*t5[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) - (-2*norm2_alpha[:, :, None] + 2*u3)*t4[:, :, None]/(2*d*(eps + norm2_beta[:, :, None]))
-    del norm2_alpha, norm2_beta, norm2_p_bar, t4, t5, t6, u3
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) + t4[:, :, None]*t5[:, :, None]/(d*np.sqrt(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) - t4[:, :, None]*norm2_p/(d*np.sqrt(eps + norm2_beta[:, :, None]))
+    del norm2_beta, norm2_p, norm2_p_bar, t4, t5, t6
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     attn_out_bar = u3_bar
     # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
@@ -575,18 +576,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u2_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t11 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{12}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(1)}}_{i,k}\right)
-    t12 = np.sum(-2*u1 + 2*norm1_alpha[:, :, None], axis=2)
+    # {t_{12}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t12 = np.sum(norm1_p, axis=2)
     # {t_{13}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t13 = np.sum(norm1_p_bar, axis=2)
 
     # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(1)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(1)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u1_bar = (-t13[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - t11[:, :, None]*t12[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u1)*t11[:, :, None]/(2*d*(eps + norm1_beta[:, :, None]))
-    del norm1_alpha, norm1_beta, norm1_p_bar, t11, t12, t13, u1
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u1_bar = (-t13[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) + t11[:, :, None]*t12[:, :, None]/(d*np.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) - t11[:, :, None]*norm1_p/(d*np.sqrt(eps + norm1_beta[:, :, None]))
+    del norm1_beta, norm1_p, norm1_p_bar, t11, t12, t13
     # {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l} = \frac{{\lambda^{(1)}}_{i,l}}{2}
     ffn_pre_out_bar = u1_bar/2
     # {\overline{W_{\mathrm{ffn\_pre},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
@@ -649,16 +649,17 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
     u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (u0, final_norm_alpha, final_norm_beta, final_norm_p,)
+    return u1, (final_norm_beta, final_norm_p,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    u0, final_norm_alpha, final_norm_beta, final_norm_p, = saved
+    final_norm_beta, final_norm_p, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
@@ -674,16 +675,15 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del u1_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    del final_norm_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t2 = np.sum(-2*u0 + 2*final_norm_alpha[:, :, None], axis=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = np.sum(final_norm_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t3 = np.sum(final_norm_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{final\_norm}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{final\_norm}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - (-2*final_norm_alpha[:, :, None] + 2*u0)*t1[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None]))
-    del final_norm_alpha, final_norm_beta, final_norm_p_bar, t1, t2, t3, u0
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*final_norm_p/(d*np.sqrt(eps + final_norm_beta[:, :, None]))
+    del final_norm_beta, final_norm_p, final_norm_p_bar, t1, t2, t3
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

@@ -277,6 +277,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -303,13 +304,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = np.add(attn_out, ffn_out + u0, out=attn_out)
-    del attn_out, ffn_out
-    return u1, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
+    del attn_out, ffn_out, u0
+    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -409,16 +410,15 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del norm1_out_bar
     # {t_{6}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t6 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{7}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t7 = np.sum(-2*u0 + 2*norm1_alpha[:, :, None], axis=2)
+    # {t_{7}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t7 = np.sum(norm1_p, axis=2)
     # {t_{8}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t8 = np.sum(norm1_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u0_bar = (-t8[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - t6[:, :, None]*t7[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u0)*t6[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])) + u1_bar
-    del norm1_alpha, norm1_beta, norm1_p_bar, t6, t7, t8, u0, u1_bar
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t8[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) + t6[:, :, None]*t7[:, :, None]/(d*np.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) - t6[:, :, None]*norm1_p/(d*np.sqrt(eps + norm1_beta[:, :, None])) + u1_bar
+    del norm1_beta, norm1_p, norm1_p_bar, t6, t7, t8, u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
@@ -453,16 +453,17 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
     u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (u0, final_norm_alpha, final_norm_beta, final_norm_p,)
+    return u1, (final_norm_beta, final_norm_p,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    u0, final_norm_alpha, final_norm_beta, final_norm_p, = saved
+    final_norm_beta, final_norm_p, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
@@ -478,16 +479,15 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del u1_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    del final_norm_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t2 = np.sum(-2*u0 + 2*final_norm_alpha[:, :, None], axis=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = np.sum(final_norm_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t3 = np.sum(final_norm_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{final\_norm}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{final\_norm}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - (-2*final_norm_alpha[:, :, None] + 2*u0)*t1[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None]))
-    del final_norm_alpha, final_norm_beta, final_norm_p_bar, t1, t2, t3, u0
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*final_norm_p/(d*np.sqrt(eps + final_norm_beta[:, :, None]))
+    del final_norm_beta, final_norm_p, final_norm_p_bar, t1, t2, t3
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

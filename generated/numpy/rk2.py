@@ -326,6 +326,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -349,6 +350,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     norm2_p = (-norm2_alpha[:, :, None] + u0)/np.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_out = norm2_gain*norm2_p + norm2_bias
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
@@ -366,6 +368,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm12_beta = np.mean((-norm12_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm1},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}}
     norm12_p = (-norm12_alpha[:, :, None] + u1)/np.sqrt(eps + norm12_beta[:, :, None])
+    del norm12_alpha
     # {\mathrm{LN}^{\mathrm{norm1},2}}_{i,l} = {P^{\mathrm{norm1},2}}_{i,l} {g_{\mathrm{norm1}}}_{l} + {c_{\mathrm{norm1}}}_{l}
     norm12_out = norm1_gain*norm12_p + norm1_bias
     # {Q^{\mathrm{attn},2}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
@@ -389,6 +392,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm22_beta = np.mean((-norm22_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
     norm22_p = (-norm22_alpha[:, :, None] + u1)/np.sqrt(eps + norm22_beta[:, :, None])
+    del norm22_alpha, u1
     # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
     norm22_out = norm2_gain*norm22_p + norm2_bias
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
@@ -400,13 +404,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn2_out = _einsum("biz,zl->bil", ffn2_s, ffn_W_2) + ffn_b_2
     # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
-    del attn2_out, attn_out, ffn2_out, ffn_out
-    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_s,)
+    del attn2_out, attn_out, ffn2_out, ffn_out, u0
+    return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_s, u1, norm12_alpha, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_alpha, norm22_beta, norm22_p, norm22_out, ffn2_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -441,8 +445,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
     t1 = _einsum("bil,bil->bi", norm22_p, norm22_p_bar)
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm2},2}}_{i} - 2 {u^{(1)}}_{i,k}\right)
-    t2 = np.sum(-2*u1 + 2*norm22_alpha[:, :, None], axis=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}
+    t2 = np.sum(norm22_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
     t3 = np.sum(norm22_p_bar, axis=2)
     # {\overline{\mathcal{A}^{\mathrm{attn},2}}}_{i,l} = \frac{{\lambda^{(2)}}_{i,l}}{2}
@@ -479,17 +483,17 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     norm12_p_bar = norm1_gain*norm12_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
     t8 = _einsum("bil,bil->bi", norm12_p, norm12_p_bar)
-    # {t_{9}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1},2}}_{i} - 2 {u^{(1)}}_{i,k}\right)
-    t9 = np.sum(-2*u1 + 2*norm12_alpha[:, :, None], axis=2)
+    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1},2}}_{i,k}
+    t9 = np.sum(norm12_p, axis=2)
     # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
     t10 = np.sum(norm12_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1},2}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1},2}}_{i} - 2 {u^{(1)}}_{i,k}\right)}{N_{y}}
+    # {\overline{\alpha^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}} {\overline{\beta^{\mathrm{norm1},2}}}_{i} \sum_{k} {P^{\mathrm{norm1},2}}_{i,k}}{N_{y}}
     # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm2},2}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm2},2}}_{i} - 2 {u^{(1)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1},2}}_{i} + 2 {u^{(1)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1},2}}}_{i}}{N_{y}} + \frac{\left(- 2 {\alpha^{\mathrm{norm2},2}}_{i} + 2 {u^{(1)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm2},2}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1},2}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2},2}}}_{i}}{N_{y}}
-    u1_bar = (-t10[:, :, None]/np.sqrt(eps + norm12_beta[:, :, None]) - t8[:, :, None]*t9[:, :, None]/(2*d*(eps + norm12_beta[:, :, None])))/d + (-t3[:, :, None]/np.sqrt(eps + norm22_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + norm22_beta[:, :, None])))/d + norm12_p_bar/np.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/np.sqrt(eps + norm22_beta[:, :, None]) - (-2*norm12_alpha[:, :, None] + 2*u1)*t8[:, :, None]/(2*d*(eps + norm12_beta[:, :, None])) - (-2*norm22_alpha[:, :, None] + 2*u1)*t1[:, :, None]/(2*d*(eps + norm22_beta[:, :, None]))
-    del norm12_alpha, norm12_beta, norm12_p_bar, norm22_alpha, norm22_beta, norm22_p_bar, t1, t10, t2, t3, t8, t9, u1
+    # {\overline{\alpha^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}} {\overline{\beta^{\mathrm{norm1},2}}}_{i} {P^{\mathrm{norm1},2}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} {P^{\mathrm{norm2},2}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1},2}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2},2}}}_{i}}{N_{y}}
+    u1_bar = (-t10[:, :, None]/np.sqrt(eps + norm12_beta[:, :, None]) + t8[:, :, None]*t9[:, :, None]/(d*np.sqrt(eps + norm12_beta[:, :, None])))/d + (-t3[:, :, None]/np.sqrt(eps + norm22_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + norm22_beta[:, :, None])))/d + norm12_p_bar/np.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/np.sqrt(eps + norm22_beta[:, :, None]) - t8[:, :, None]*norm12_p/(d*np.sqrt(eps + norm12_beta[:, :, None])) - t1[:, :, None]*norm22_p/(d*np.sqrt(eps + norm22_beta[:, :, None]))
+    del norm12_beta, norm12_p_bar, norm22_beta, norm22_p_bar, t1, t10, t2, t3, t8, t9
     # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\lambda^{(2)}}_{i,l}}{2}
     ffn_out_bar = u2_bar/2 + u1_bar
     ffn_W_2_bar_0 = _einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
@@ -542,9 +546,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     del norm2_out_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t11 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    del norm2_p
-    # {t_{12}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t12 = np.sum(-2*u0 + 2*norm2_alpha[:, :, None], axis=2)
+    # {t_{12}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t12 = np.sum(norm2_p, axis=2)
     # {t_{13}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t13 = np.sum(norm2_p_bar, axis=2)
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\lambda^{(2)}}_{i,l}}{2}
@@ -645,18 +648,17 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     del norm1_out_bar
     # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t18 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{19}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t19 = np.sum(-2*u0 + 2*norm1_alpha[:, :, None], axis=2)
+    # {t_{19}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t19 = np.sum(norm1_p, axis=2)
     # {t_{20}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t20 = np.sum(norm1_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{\left(- 2 {\alpha^{\mathrm{norm2}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm2}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u0_bar = (-t20[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - t18[:, :, None]*t19[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + (-t13[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - t11[:, :, None]*t12[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u0)*t18[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])) - (-2*norm2_alpha[:, :, None] + 2*u0)*t11[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])) + u1_bar + u2_bar
-    del norm1_alpha, norm1_beta, norm1_p_bar, norm2_alpha, norm2_beta, norm2_p_bar, t11, t12, t13, t18, t19, t20, u0, u1_bar, u2_bar
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u0_bar = (-t20[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) + t18[:, :, None]*t19[:, :, None]/(d*np.sqrt(eps + norm1_beta[:, :, None])))/d + (-t13[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) + t11[:, :, None]*t12[:, :, None]/(d*np.sqrt(eps + norm2_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) - t18[:, :, None]*norm1_p/(d*np.sqrt(eps + norm1_beta[:, :, None])) - t11[:, :, None]*norm2_p/(d*np.sqrt(eps + norm2_beta[:, :, None])) + u1_bar + u2_bar
+    del norm1_beta, norm1_p, norm1_p_bar, norm2_beta, norm2_p, norm2_p_bar, t11, t12, t13, t18, t19, t20, u1_bar, u2_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
@@ -693,16 +695,17 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
     u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (u0, final_norm_alpha, final_norm_beta, final_norm_p,)
+    return u1, (final_norm_beta, final_norm_p,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    u0, final_norm_alpha, final_norm_beta, final_norm_p, = saved
+    final_norm_beta, final_norm_p, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
@@ -718,16 +721,15 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del u1_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    del final_norm_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t2 = np.sum(-2*u0 + 2*final_norm_alpha[:, :, None], axis=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = np.sum(final_norm_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t3 = np.sum(final_norm_p_bar, axis=2)
     # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{final\_norm}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{final\_norm}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{final\_norm}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - (-2*final_norm_alpha[:, :, None] + 2*u0)*t1[:, :, None]/(2*d*(eps + final_norm_beta[:, :, None]))
-    del final_norm_alpha, final_norm_beta, final_norm_p_bar, t1, t2, t3, u0
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*final_norm_p/(d*np.sqrt(eps + final_norm_beta[:, :, None]))
+    del final_norm_beta, final_norm_p, final_norm_p_bar, t1, t2, t3
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

@@ -128,6 +128,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -154,14 +155,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
-    del attn_out, ffn_out
-    return u1, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
+    del attn_out, ffn_out, u0
+    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -261,16 +262,15 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del norm1_out_bar
     # {t_{6}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t6 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{7}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t7 = torch.sum(-2*u0 + 2*norm1_alpha[:, :, None], dim=2)
+    # {t_{7}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t7 = torch.sum(norm1_p, dim=2)
     # {t_{8}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t8 = torch.sum(norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u0_bar = (-t8[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - t6[:, :, None]*t7[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u0)*t6[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])) + u1_bar
-    del norm1_alpha, norm1_beta, norm1_p_bar, t6, t7, t8, u0, u1_bar
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t8[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) + t6[:, :, None]*t7[:, :, None]/(d*torch.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - t6[:, :, None]*norm1_p/(d*torch.sqrt(eps + norm1_beta[:, :, None])) + u1_bar
+    del norm1_beta, norm1_p, norm1_p_bar, t6, t7, t8, u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

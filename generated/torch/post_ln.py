@@ -156,6 +156,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u1)**2, dim=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u1)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha, u1
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
     u2 = norm1_gain*norm1_p + norm1_bias
@@ -179,16 +180,17 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u3)**2, dim=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     norm2_p = (-norm2_alpha[:, :, None] + u3)/torch.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha, u3
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
     u4 = norm2_gain*norm2_p + norm2_bias
-    return u4, (u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm1_alpha, norm1_beta, norm1_p, u2, ffn_s, u3, norm2_alpha, norm2_beta, norm2_p,)
+    return u4, (u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm1_alpha, norm1_beta, norm1_p, u2, ffn_s, u3, norm2_alpha, norm2_beta, norm2_p, = saved
+    u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -219,18 +221,17 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     del u4_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    del norm2_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(3)}}_{i,k}\right)
-    t2 = torch.sum(-2*u3 + 2*norm2_alpha[:, :, None], dim=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t2 = torch.sum(norm2_p, dim=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t3 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 3: parallel (ffn ×2, identity) ---
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(3)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm2}}}_{i} + 2 {u^{(3)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm2}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u3_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) - (-2*norm2_alpha[:, :, None] + 2*u3)*t1[:, :, None]/(2*d*(eps + norm2_beta[:, :, None]))
-    del norm2_alpha, norm2_beta, norm2_p_bar, t1, t2, t3, u3
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u3_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*torch.sqrt(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) - t1[:, :, None]*norm2_p/(d*torch.sqrt(eps + norm2_beta[:, :, None]))
+    del norm2_beta, norm2_p, norm2_p_bar, t1, t2, t3
     # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     ffn_out_bar = u3_bar
     # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
@@ -262,18 +263,17 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     del u2_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t4 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{5}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(1)}}_{i,k}\right)
-    t5 = torch.sum(-2*u1 + 2*norm1_alpha[:, :, None], dim=2)
+    # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t5 = torch.sum(norm1_p, dim=2)
     # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t6 = torch.sum(norm1_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit ---
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(1)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(1)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u1_bar = (-t6[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - t4[:, :, None]*t5[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u1)*t4[:, :, None]/(2*d*(eps + norm1_beta[:, :, None]))
-    del norm1_alpha, norm1_beta, norm1_p_bar, t4, t5, t6, u1
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u1_bar = (-t6[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) + t4[:, :, None]*t5[:, :, None]/(d*torch.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - t4[:, :, None]*norm1_p/(d*torch.sqrt(eps + norm1_beta[:, :, None]))
+    del norm1_beta, norm1_p, norm1_p_bar, t4, t5, t6
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
     attn_out_bar = u1_bar
     # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}

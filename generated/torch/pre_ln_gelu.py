@@ -136,6 +136,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
     norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -155,7 +156,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out.add_(u0) if inference else attn_out + u0
-    del attn_out
+    del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -164,6 +165,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_out = norm2_gain*norm2_p + norm2_bias
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
@@ -174,14 +176,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
     # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
-    del ffn_out
-    return u2, (u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
+    del ffn_out, u1
+    return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, norm1_alpha, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, u1, norm2_alpha, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -233,18 +235,17 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     del norm2_out_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    del norm2_p
-    # {t_{2}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(1)}}_{i,k}\right)
-    t2 = torch.sum(-2*u1 + 2*norm2_alpha[:, :, None], dim=2)
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t2 = torch.sum(norm2_p, dim=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t3 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm2}}}_{i} - 2 {u^{(1)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm2}}}_{i} + 2 {u^{(1)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm2}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u1_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - t1[:, :, None]*t2[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) - (-2*norm2_alpha[:, :, None] + 2*u1)*t1[:, :, None]/(2*d*(eps + norm2_beta[:, :, None])) + u2_bar
-    del norm2_alpha, norm2_beta, norm2_p_bar, t1, t2, t3, u1, u2_bar
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*torch.sqrt(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) - t1[:, :, None]*norm2_p/(d*torch.sqrt(eps + norm2_beta[:, :, None])) + u2_bar
+    del norm2_beta, norm2_p, norm2_p_bar, t1, t2, t3, u2_bar
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
     attn_out_bar = u1_bar
     # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
@@ -306,16 +307,15 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     del norm1_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t8 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {t_{9}}_{i} = \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)
-    t9 = torch.sum(-2*u0 + 2*norm1_alpha[:, :, None], dim=2)
+    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t9 = torch.sum(norm1_p, dim=2)
     # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t10 = torch.sum(norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{{\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} \left(2 {\alpha^{\mathrm{norm1}}}_{i} - 2 {u^{(0)}}_{i,k}\right)}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{\left(- 2 {\alpha^{\mathrm{norm1}}}_{i} + 2 {u^{(0)}}_{i,l}\right) {\overline{\beta^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u0_bar = (-t10[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - t8[:, :, None]*t9[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - (-2*norm1_alpha[:, :, None] + 2*u0)*t8[:, :, None]/(2*d*(eps + norm1_beta[:, :, None])) + u1_bar
-    del norm1_alpha, norm1_beta, norm1_p_bar, t10, t8, t9, u0, u1_bar
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t10[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) + t8[:, :, None]*t9[:, :, None]/(d*torch.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - t8[:, :, None]*norm1_p/(d*torch.sqrt(eps + norm1_beta[:, :, None])) + u1_bar
+    del norm1_beta, norm1_p, norm1_p_bar, t10, t8, t9, u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

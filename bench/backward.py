@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def _block(mode: str, size: tuple[int, ...]):
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from generated.torch import post_ln
 
     batch, tokens, d, heads, d_ff = size
@@ -77,6 +77,34 @@ def worker(mode: str, figure: str, size: tuple[int, ...], calls: int) -> dict:
     return {"peak_kib": peak, "saved_bytes": activations}
 
 
+def kept_elsewhere(size: tuple[int, ...]) -> dict:
+    """Bytes kept for the backward by torch's own layer (autograd) and by the NumPy ``vjp``."""
+    import numpy as np
+    import torch
+
+    from generated.numpy import post_ln
+
+    batch, tokens, d, heads, d_ff = size
+    layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True).eval()
+    u = torch.randn(batch, tokens, d, requires_grad=True)
+    kept = {}
+
+    def pack(tensor):
+        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(u).sum().backward()
+    parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {u.untyped_storage().data_ptr()}
+    from splitformer.codegen.adapters import from_torch
+
+    params = from_torch(layer)
+    _, saved = post_ln._vjp_forward(u.detach().numpy(), params, None, 1e-5, heads)
+    buffers = {id(array.base if array.base is not None else array): array.nbytes for array in saved}
+    return {"torch_layer": sum(n for pointer, n in kept.items() if pointer not in parameters),
+            "numpy_vjp": sum(buffers.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -86,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     size = tuple(int(part) for part in arguments.size.split(","))
     if arguments.worker:
-        print(json.dumps(worker(*arguments.worker, size, arguments.calls)))
+        result = kept_elsewhere(size) if arguments.worker[0] == "elsewhere" else worker(*arguments.worker, size,
+                                                                                          arguments.calls)
+        print(json.dumps(result))
         return 0
     results = {(mode, figure): [] for mode in ("autograd", "derived") for figure in ("time", "memory")}
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -98,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "--calls", str(arguments.calls)], check=True, capture_output=True,
                                         text=True, env=env).stdout
                 results[(mode, figure)].append(json.loads(output))
+    elsewhere = json.loads(subprocess.run([sys.executable, __file__, "--worker", "elsewhere", "kept", "--size",
+                                           arguments.size], check=True, capture_output=True, text=True,
+                                          env=env).stdout)
     print(f"post-ln Block training step, float32, (B, N, d, H, d_ff) = {size}, 1 thread, "
           f"{arguments.rounds} rounds × {arguments.calls} calls")
     for mode in ("autograd", "derived"):
@@ -107,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {mode:9} step {statistics.median(times):7.1f} ms (range {times[0]:.1f}–{times[-1]:.1f})  "
               f"peak RSS growth {statistics.median(peaks):6.1f} MiB (range {peaks[0]:.1f}–{peaks[-1]:.1f})  "
               f"kept for backward {saved:6.1f} MiB")
+    print(f"  kept for backward by torch.nn.TransformerEncoderLayer (autograd): {elsewhere['torch_layer'] / 2**20:.1f} MiB;"
+          f" by the NumPy vjp: {elsewhere['numpy_vjp'] / 2**20:.1f} MiB")
     return 0
 
 

@@ -5,7 +5,8 @@ what the adjoint reads (``saved``), and the adjoint module that turns the seed `
 output into the gradients. Both are lowered as one program and rewritten by the same passes
 (so a pass sees every reader: the fused attention and LayerNorm stay unfused when the
 adjoint reads their kernel or moments, and no buffer the adjoint needs is updated in place),
-then split where the adjoint begins.
+then split where the adjoint begins. Arrays over two token axes (the attention scores and
+kernel) are recomputed in the adjoint from the kept ``Q``, ``K`` instead of being kept.
 
 The gradient of a control sums over the batch as well as over the index sums of its
 assignment: it is lowered to an einsum whose output has no batch axis.
@@ -18,16 +19,18 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.adjoint import Adjoint
+from splitformer.symbolic.domains import TOKENS
 from splitformer.symbolic.latex import equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
 from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
-from .lowering import _Lowering
+from .lowering import _INDEX_DOMAINS, _Lowering
 
 __all__ = ["Backward", "lower_adjoint", "backward_context", "ADJOINT_SECTION"]
 
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
+_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain is TOKENS}
 
 
 @dataclass
@@ -85,6 +88,40 @@ class _AdjointLowering(_Lowering):
         return out
 
 
+def _token_pair(op) -> bool:
+    """Whether ``op`` writes an array over two token axes (``B·H·N²`` entries: a kernel)."""
+    return sum(label in _TOKEN_LABELS for label in op.labels) >= 2
+
+
+def _recompute_token_kernels(forward_ops: list, adjoint_ops: list) -> list:
+    """Recompute in the adjoint, from their inputs, the forward arrays over two token axes.
+
+    The attention kernel and its scores are ``N²`` per head and row; keeping ``Q``, ``K`` and
+    recomputing them costs one product and one softmax, and keeps the activations at the
+    size of the states (as a flash-attention backward does).
+    """
+    producers = {name: op for op in forward_ops for name in op.writes()}
+    needed = [name for name in dict.fromkeys(n for op in adjoint_ops for n in op.reads())
+              if name in producers and _token_pair(producers[name])]
+    chosen: list = []
+
+    def visit(name: str) -> None:
+        op = producers[name]
+        if op in chosen:
+            return
+        for read in op.reads():
+            if read in producers and _token_pair(producers[read]):
+                visit(read)
+        chosen.append(op)
+
+    for name in needed:
+        visit(name)
+    order = {id(op): position for position, op in enumerate(forward_ops)}
+    recomputed = [replace(op, section=ADJOINT_SECTION + "the kept states: recomputed " + op.section)
+                  for op in sorted(chosen, key=lambda op: order[id(op)])]
+    return recomputed + adjoint_ops
+
+
 def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     """Lower forward and adjoint together, run the passes, split them."""
     from .passes import DEFAULT
@@ -106,7 +143,11 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     # a saved forward array is never updated in place by the adjoint (it may be needed again)
     adjoint_ops = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in written else op
                    for op in adjoint_ops]
-    read = {name for op in adjoint_ops for name in op.reads()}
+    adjoint_ops = _recompute_token_kernels(forward_ops, adjoint_ops)
+    read, produced = set(), set()  # what the adjoint reads before producing it itself
+    for op in adjoint_ops:
+        read |= set(op.reads()) - produced
+        produced |= set(op.writes())
     saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
              if name in read]
     saved = [name for name in ("u0",) if name in read] + saved

@@ -191,6 +191,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
+    del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
     # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(2)}}_{i,l}
@@ -232,13 +233,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
     # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
     u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p,)
+    return u6, (u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p, = saved
+    u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn_pre.W_1"].shape[1]
@@ -264,6 +265,13 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_post_b_2 = p["ffn_post.b_2"]
     norm3_gain = p["norm3.gain"]
     norm3_bias = p["norm3.bias"]
+
+    # --- adjoint of the kept states: recomputed substep 3: attn, explicit ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
 
     # --- adjoint of substep 6: norm3, projection ---
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}

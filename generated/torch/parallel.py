@@ -144,6 +144,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
+    del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -156,13 +157,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
     del attn_out, ffn_out, u0
-    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s,)
+    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, ffn_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -180,6 +181,13 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of the kept states: recomputed substep 1: parallel (attn ×2, ffn ×2) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
 
     # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
     # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}

@@ -143,6 +143,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
+    del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
@@ -184,13 +185,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
     u4 = norm2_gain*norm2_p + norm2_bias
-    return u4, (u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
+    return u4, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    u0, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
+    u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -210,6 +211,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     ffn_b_2 = p["ffn.b_2"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
+
+    # --- adjoint of the kept states: recomputed substep 1: attn, explicit ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}

@@ -152,6 +152,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     del attn_a
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
+    del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
@@ -220,6 +221,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     del attn2_a, chi
     # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_o = torch.einsum("bmij,bjme->bime", attn2_gamma, attn2_v)
+    del attn2_gamma
     # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
     attn2_out = torch.einsum("bime,mel->bil", attn2_o, attn_W_o) + attn_b_o
 
@@ -229,13 +231,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {u^{(5)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(4)}}_{i,l}}{2}
     u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
     del attn2_out, ffn_out, u1, u3
-    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o,)
+    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o,)
 
 
 def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     inference = True  # no autograd inside: dead temporaries may be updated in place
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_gamma, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_gamma, attn2_o, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, = saved
     batch, n_tokens, d = u5_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -255,6 +257,20 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of the kept states: recomputed branch substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a
+
+    # --- adjoint of the kept states: recomputed branch substep 4: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
+    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
+    del attn2_a, chi
 
     # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # {\lambda^{(4)}}_{i,l} = \frac{{\lambda^{(5)}}_{i,l}}{2}

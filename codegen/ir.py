@@ -133,6 +133,7 @@ class MatMul(Op):
 
     ``x`` is read with the labels of the contraction; ``contracted`` are the axes of ``x``
     that ``W`` sums over (flattened), the output axes after the row axes are ``W``'s.
+    ``transposed``: ``out = x @ Wᵀ`` (the kernel's output axes are contracted: an adjoint).
     """
 
     x: Operand | None = None
@@ -140,6 +141,7 @@ class MatMul(Op):
     biases: tuple[str | None, ...] = ()
     contracted: tuple[str, ...] = ()
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    transposed: bool = False
 
     def reads(self) -> list[str]:
         return [self.x.name, *self.weights, *(bias for bias in self.biases if bias)]

@@ -272,13 +272,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -298,11 +298,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_q = _einsum("bik,kme->bime", norm1_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_k = _einsum("bik,kme->bime", norm1_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_v = _einsum("bik,kme->bime", norm1_out, attn_W_v) + attn_b_v
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
@@ -312,7 +312,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_o = _einsum("bmij,bjme->bime", attn_gamma, attn_v)
     del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
@@ -328,12 +330,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_out = norm2_gain*norm2_p + norm2_bias
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
     del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
     # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
@@ -348,13 +354,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -378,7 +384,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
-    ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
+    ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
     ffn_w_bar = (ffn_s > 0)*ffn_s_bar
@@ -389,7 +396,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
     # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
+    norm2_out_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    norm2_out_bar = norm2_out_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
@@ -419,7 +427,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
     # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
@@ -452,13 +461,16 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
     # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t5 = _einsum("bime,lme->bil", attn_k_bar, attn_W_k)
+    t5 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
+    t5 = t5.reshape(batch, n_tokens, d)
     del attn_k_bar
     # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t6 = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+    t6 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
+    t6 = t6.reshape(batch, n_tokens, d)
     del attn_q_bar
     # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t7 = _einsum("bime,lme->bil", attn_v_bar, attn_W_v)
+    t7 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
+    t7 = t7.reshape(batch, n_tokens, d)
     del attn_v_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
     norm1_out_bar = np.add(t5, t6 + t7, out=t5)

@@ -316,13 +316,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -342,11 +342,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_q = _einsum("bik,kme->bime", norm1_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_k = _einsum("bik,kme->bime", norm1_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_v = _einsum("bik,kme->bime", norm1_out, attn_W_v) + attn_b_v
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
@@ -356,7 +356,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_o = _einsum("bmij,bjme->bime", attn_gamma, attn_v)
     del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
@@ -372,12 +374,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_out = norm2_gain*norm2_p + norm2_bias
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
     del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
 
     # --- branch substep 3: ffn, explicit on Proj(norm2) ---
     # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -390,12 +396,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
     norm22_out = norm2_gain*norm22_p + norm2_bias
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
-    ffn2_w = _einsum("bik,kz->biz", norm22_out, ffn_W_1) + ffn_b_1
+    ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
+    ffn2_w += ffn_b_1
+    ffn2_w = ffn2_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
     ffn2_s = np.maximum(ffn2_w, 0, out=ffn2_w)
     del ffn2_w
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
-    ffn2_out = _einsum("biz,zl->bil", ffn2_s, ffn_W_2) + ffn_b_2
+    ffn2_out = ffn2_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn2_out += ffn_b_2
+    ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
     # {u^{(3)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} + {u^{(0)}}_{i,l}
     u3 = np.add(ffn2_out, u0, out=ffn2_out)
     del ffn2_out, u0
@@ -411,11 +421,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm1},2}}_{i,l} = {P^{\mathrm{norm1},2}}_{i,l} {g_{\mathrm{norm1}}}_{l} + {c_{\mathrm{norm1}}}_{l}
     norm12_out = norm1_gain*norm12_p + norm1_bias
     # {Q^{\mathrm{attn},2}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_q = _einsum("bik,kme->bime", norm12_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn},2}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_k = _einsum("bik,kme->bime", norm12_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn},2}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_v = _einsum("bik,kme->bime", norm12_out, attn_W_v) + attn_b_v
+    attn2_qkv = norm12_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn2_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn2_q, attn2_k, attn2_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn2_qkv, 3, axis=1))
     # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
     attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
@@ -425,7 +435,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn2_o = _einsum("bmij,bjme->bime", attn2_gamma, attn2_v)
     del attn2_gamma
     # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
-    attn2_out = _einsum("bime,mel->bil", attn2_o, attn_W_o) + attn_b_o
+    attn2_out = attn2_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn2_out += attn_b_o
+    attn2_out = attn2_out.reshape(batch, n_tokens, d)
 
     # --- substep 5: parallel (sequence, sequence) ---
     # {u^{(4)}}_{i,l} = {\mathcal{A}^{\mathrm{attn},2}}_{i,l} + {u^{(3)}}_{i,l}
@@ -444,13 +456,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -479,7 +491,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{\mathcal{A}^{\mathrm{attn},2}}}_{i,l} = {\lambda^{(4)}}_{i,l}
     attn2_out_bar = u4_bar
     # {\overline{O^{\mathrm{attn},2}}}_{i,m,e} = \sum_{l} {\overline{\mathcal{A}^{\mathrm{attn},2}}}_{i,l} {W^{O}_{\mathrm{attn}}}_{m,e,l}
-    attn2_o_bar = _einsum("bil,mel->bime", attn2_out_bar, attn_W_o)
+    attn2_o_bar = attn2_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn2_o_bar = attn2_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn},2}}}_{i,m,e} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_gamma_bar = _einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
@@ -498,11 +511,14 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn2_q_bar = _einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
     del attn2_a_bar, attn2_k
     # {t_{2}}_{i,l} = \sum_{m} \sum_{e} {\overline{K^{\mathrm{attn},2}}}_{i,m,e} {W^{K}_{\mathrm{attn}}}_{l,m,e}
-    t2 = _einsum("bime,lme->bil", attn2_k_bar, attn_W_k)
+    t2 = attn2_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
+    t2 = t2.reshape(batch, n_tokens, d)
     # {t_{3}}_{i,l} = \sum_{m} \sum_{e} {\overline{Q^{\mathrm{attn},2}}}_{i,m,e} {W^{Q}_{\mathrm{attn}}}_{l,m,e}
-    t3 = _einsum("bime,lme->bil", attn2_q_bar, attn_W_q)
+    t3 = attn2_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
+    t3 = t3.reshape(batch, n_tokens, d)
     # {t_{4}}_{i,l} = \sum_{m} \sum_{e} {\overline{V^{\mathrm{attn},2}}}_{i,m,e} {W^{V}_{\mathrm{attn}}}_{l,m,e}
-    t4 = _einsum("bime,lme->bil", attn2_v_bar, attn_W_v)
+    t4 = attn2_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
+    t4 = t4.reshape(batch, n_tokens, d)
     # {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} = \sum_{m} \sum_{e} {\overline{K^{\mathrm{attn},2}}}_{i,m,e} {W^{K}_{\mathrm{attn}}}_{l,m,e} + \sum_{m} \sum_{e} {\overline{Q^{\mathrm{attn},2}}}_{i,m,e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} + \sum_{m} \sum_{e} {\overline{V^{\mathrm{attn},2}}}_{i,m,e} {W^{V}_{\mathrm{attn}}}_{l,m,e}
     norm12_out_bar = np.add(t2, t3 + t4, out=t2)
     del t2, t3, t4
@@ -524,12 +540,14 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     ffn2_out_bar = u3_bar
     # {\overline{s^{\mathrm{ffn},2}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
-    ffn2_s_bar = _einsum("bil,zl->biz", ffn2_out_bar, ffn_W_2)
+    ffn2_s_bar = ffn2_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn2_s_bar = ffn2_s_bar.reshape(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({s^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
     ffn2_w_bar = (ffn2_s > 0)*ffn2_s_bar
     del ffn2_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},2}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
-    norm22_out_bar = _einsum("biz,lz->bil", ffn2_w_bar, ffn_W_1)
+    norm22_out_bar = ffn2_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    norm22_out_bar = norm22_out_bar.reshape(batch, n_tokens, d)
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
@@ -558,7 +576,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     ffn_b_2_bar = ffn_b_2_bar_0 + ffn_b_2_bar_1
     del ffn_b_2_bar_0, ffn_b_2_bar_1
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
-    ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
+    ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
     ffn_w_bar = (ffn_s > 0)*ffn_s_bar
@@ -577,7 +596,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     ffn_b_1_bar = ffn_b_1_bar_0 + ffn_b_1_bar_1
     del ffn_b_1_bar_0, ffn_b_1_bar_1
     # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
+    norm2_out_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    norm2_out_bar = norm2_out_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar
     norm2_bias_bar_0 = _einsum("bil->l", norm22_out_bar)
     norm2_bias_bar_1 = _einsum("bil->l", norm2_out_bar)
@@ -622,7 +642,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_b_o_bar = attn_b_o_bar_0 + attn_b_o_bar_1
     del attn_b_o_bar_0, attn_b_o_bar_1
     # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
@@ -677,13 +698,16 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_b_q_bar = attn_b_q_bar_0 + attn_b_q_bar_1
     del attn_b_q_bar_0, attn_b_q_bar_1
     # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t15 = _einsum("bime,lme->bil", attn_k_bar, attn_W_k)
+    t15 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
+    t15 = t15.reshape(batch, n_tokens, d)
     del attn_k_bar
     # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t16 = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+    t16 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
+    t16 = t16.reshape(batch, n_tokens, d)
     del attn_q_bar
     # {t_{17}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t17 = _einsum("bime,lme->bil", attn_v_bar, attn_W_v)
+    t17 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
+    t17 = t17.reshape(batch, n_tokens, d)
     del attn_v_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
     norm1_out_bar = np.add(t15, t16 + t17, out=t15)

@@ -136,13 +136,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_pre_b_2 = p["ffn_pre.b_2"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -160,7 +160,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_pre_s = ffn_pre_w.clamp_min_(0) if inference else torch.relu(ffn_pre_w)
     del ffn_pre_w
     # {\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l} = {b_{\mathrm{ffn\_pre},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_pre},2}}_{z,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
-    ffn_pre_out = torch.einsum("biz,zl->bil", ffn_pre_s, ffn_pre_W_2) + ffn_pre_b_2
+    ffn_pre_out = torch.addmm(ffn_pre_b_2, ffn_pre_s.reshape(-1, d_ff), ffn_pre_W_2).view(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u1 = ffn_pre_out/2 + u0
     del ffn_pre_out
@@ -179,11 +179,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 3: attn, explicit ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(2)}}_{i,k}
-    attn_q = torch.einsum("bik,kme->bime", u2, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(2)}}_{i,k}
-    attn_k = torch.einsum("bik,kme->bime", u2, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(2)}}_{i,k}
-    attn_v = torch.einsum("bik,kme->bime", u2, attn_W_v) + attn_b_v
+    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), u2.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_q, attn_k, attn_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn_qkv.chunk(3, dim=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
@@ -193,7 +192,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
     del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(2)}}_{i,l}
     u3 = attn_out.add_(u2) if inference else attn_out + u2
     del attn_out
@@ -217,7 +216,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_post_s = ffn_post_w.clamp_min_(0) if inference else torch.relu(ffn_post_w)
     del ffn_post_w
     # {\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l} = {b_{\mathrm{ffn\_post},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_post},2}}_{z,l} {s^{\mathrm{ffn\_post}}}_{i,z}
-    ffn_post_out = torch.einsum("biz,zl->bil", ffn_post_s, ffn_post_W_2) + ffn_post_b_2
+    ffn_post_out = torch.addmm(ffn_post_b_2, ffn_post_s.reshape(-1, d_ff), ffn_post_W_2).view(batch, n_tokens, d)
     # {u^{(5)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l}}{2} + {u^{(4)}}_{i,l}
     u5 = ffn_post_out/2 + u4
     del ffn_post_out
@@ -249,13 +248,13 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_pre_b_2 = p["ffn_pre.b_2"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -301,7 +300,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{b_{\mathrm{ffn\_post},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l}
     ffn_post_b_2_bar = torch.einsum("bil->l", ffn_post_out_bar)
     # {\overline{s^{\mathrm{ffn\_post}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn\_post},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l}
-    ffn_post_s_bar = torch.einsum("bil,zl->biz", ffn_post_out_bar, ffn_post_W_2)
+    ffn_post_s_bar = torch.mm(ffn_post_out_bar.reshape(-1, d), ffn_post_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_post_out_bar
     # {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_post}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_post}}}}_{i,z}
     ffn_post_w_bar = (ffn_post_s > 0)*ffn_post_s_bar
@@ -344,7 +343,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_o_bar = torch.einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
@@ -379,13 +378,13 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {t_{8}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t8 = torch.einsum("bime,lme->bil", attn_k_bar, attn_W_k)
+    t8 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     del attn_k_bar
     # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t9 = torch.einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+    t9 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
     del attn_q_bar
     # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t10 = torch.einsum("bime,lme->bil", attn_v_bar, attn_W_v)
+    t10 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
     del attn_v_bar
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
     u2_bar = t10.add_(t8 + t9 + u3_bar) if inference else t10 + t8 + t9 + u3_bar
@@ -417,7 +416,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{b_{\mathrm{ffn\_pre},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l}
     ffn_pre_b_2_bar = torch.einsum("bil->l", ffn_pre_out_bar)
     # {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn\_pre},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l}
-    ffn_pre_s_bar = torch.einsum("bil,zl->biz", ffn_pre_out_bar, ffn_pre_W_2)
+    ffn_pre_s_bar = torch.mm(ffn_pre_out_bar.reshape(-1, d), ffn_pre_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_pre_out_bar
     # {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_pre}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z}
     ffn_pre_w_bar = (ffn_pre_s > 0)*ffn_pre_s_bar

@@ -114,13 +114,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -140,11 +140,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = norm1_gain*norm1_p + norm1_bias
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_q = torch.einsum("bik,kme->bime", norm1_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_k = torch.einsum("bik,kme->bime", norm1_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_v = torch.einsum("bik,kme->bime", norm1_out, attn_W_v) + attn_b_v
+    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_q, attn_k, attn_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn_qkv.chunk(3, dim=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
@@ -154,7 +153,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_o = torch.einsum("bmij,bjme->bime", attn_gamma, attn_v)
     del attn_gamma
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
     norm2_alpha = torch.mean(u0, dim=2)
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
@@ -165,12 +164,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_out = norm2_gain*norm2_p + norm2_bias
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-    ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
     del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out + ffn_out + u0
     # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -183,11 +182,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm1},2}}_{i,l} = {P^{\mathrm{norm1},2}}_{i,l} {g_{\mathrm{norm1}}}_{l} + {c_{\mathrm{norm1}}}_{l}
     norm12_out = norm1_gain*norm12_p + norm1_bias
     # {Q^{\mathrm{attn},2}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_q = torch.einsum("bik,kme->bime", norm12_out, attn_W_q) + attn_b_q
     # {K^{\mathrm{attn},2}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_k = torch.einsum("bik,kme->bime", norm12_out, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn},2}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
-    attn2_v = torch.einsum("bik,kme->bime", norm12_out, attn_W_v) + attn_b_v
+    attn2_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm12_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn2_q, attn2_k, attn2_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn2_qkv.chunk(3, dim=1))
     # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
     attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
@@ -197,7 +195,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn2_o = torch.einsum("bmij,bjme->bime", attn2_gamma, attn2_v)
     del attn2_gamma
     # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
-    attn2_out = torch.einsum("bime,mel->bil", attn2_o, attn_W_o) + attn_b_o
+    attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
     norm22_alpha = torch.mean(u1, dim=2)
     # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
@@ -208,12 +206,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
     norm22_out = norm2_gain*norm22_p + norm2_bias
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
-    ffn2_w = torch.einsum("bik,kz->biz", norm22_out, ffn_W_1) + ffn_b_1
+    ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
     ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
     del ffn2_w
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
-    ffn2_out = torch.einsum("biz,zl->bil", ffn2_s, ffn_W_2) + ffn_b_2
+    ffn2_out = torch.addmm(ffn_b_2, ffn2_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
     # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
     del attn2_out, attn_out, ffn2_out, ffn_out, u0
@@ -229,13 +227,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -260,12 +258,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} = \frac{{\lambda^{(2)}}_{i,l}}{2}
     ffn2_out_bar = u2_bar/2
     # {\overline{s^{\mathrm{ffn},2}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
-    ffn2_s_bar = torch.einsum("bil,zl->biz", ffn2_out_bar, ffn_W_2)
+    ffn2_s_bar = torch.mm(ffn2_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({s^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
     ffn2_w_bar = (ffn2_s > 0)*ffn2_s_bar
     del ffn2_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},2}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
-    norm22_out_bar = torch.einsum("biz,lz->bil", ffn2_w_bar, ffn_W_1)
+    norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
@@ -277,7 +275,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{\mathcal{A}^{\mathrm{attn},2}}}_{i,l} = \frac{{\lambda^{(2)}}_{i,l}}{2}
     attn2_out_bar = u2_bar/2
     # {\overline{O^{\mathrm{attn},2}}}_{i,m,e} = \sum_{l} {\overline{\mathcal{A}^{\mathrm{attn},2}}}_{i,l} {W^{O}_{\mathrm{attn}}}_{m,e,l}
-    attn2_o_bar = torch.einsum("bil,mel->bime", attn2_out_bar, attn_W_o)
+    attn2_o_bar = torch.mm(attn2_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn},2}}}_{i,m,e} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
@@ -296,11 +294,11 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     attn2_q_bar = torch.einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
     del attn2_a_bar, attn2_k
     # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {\overline{K^{\mathrm{attn},2}}}_{i,m,e} {W^{K}_{\mathrm{attn}}}_{l,m,e}
-    t5 = torch.einsum("bime,lme->bil", attn2_k_bar, attn_W_k)
+    t5 = torch.mm(attn2_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {\overline{Q^{\mathrm{attn},2}}}_{i,m,e} {W^{Q}_{\mathrm{attn}}}_{l,m,e}
-    t6 = torch.einsum("bime,lme->bil", attn2_q_bar, attn_W_q)
+    t6 = torch.mm(attn2_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
     # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {\overline{V^{\mathrm{attn},2}}}_{i,m,e} {W^{V}_{\mathrm{attn}}}_{l,m,e}
-    t7 = torch.einsum("bime,lme->bil", attn2_v_bar, attn_W_v)
+    t7 = torch.mm(attn2_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
     # {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} = \sum_{m} \sum_{e} {\overline{K^{\mathrm{attn},2}}}_{i,m,e} {W^{K}_{\mathrm{attn}}}_{l,m,e} + \sum_{m} \sum_{e} {\overline{Q^{\mathrm{attn},2}}}_{i,m,e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} + \sum_{m} \sum_{e} {\overline{V^{\mathrm{attn},2}}}_{i,m,e} {W^{V}_{\mathrm{attn}}}_{l,m,e}
     norm12_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
@@ -334,7 +332,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_b_2_bar = ffn_b_2_bar_0 + ffn_b_2_bar_1
     del ffn_b_2_bar_0, ffn_b_2_bar_1
     # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
-    ffn_s_bar = torch.einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
+    ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
     ffn_w_bar = (ffn_s > 0)*ffn_s_bar
@@ -353,7 +351,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_b_1_bar = ffn_b_1_bar_0 + ffn_b_1_bar_1
     del ffn_b_1_bar_0, ffn_b_1_bar_1
     # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    norm2_out_bar = torch.einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
+    norm2_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar
     norm2_bias_bar_0 = torch.einsum("bil->l", norm22_out_bar)
     norm2_bias_bar_1 = torch.einsum("bil->l", norm2_out_bar)
@@ -391,7 +389,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     attn_b_o_bar = attn_b_o_bar_0 + attn_b_o_bar_1
     del attn_b_o_bar_0, attn_b_o_bar_1
     # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_o_bar = torch.einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
@@ -446,13 +444,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     attn_b_q_bar = attn_b_q_bar_0 + attn_b_q_bar_1
     del attn_b_q_bar_0, attn_b_q_bar_1
     # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t15 = torch.einsum("bime,lme->bil", attn_k_bar, attn_W_k)
+    t15 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     del attn_k_bar
     # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t16 = torch.einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+    t16 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
     del attn_q_bar
     # {t_{17}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t17 = torch.einsum("bime,lme->bil", attn_v_bar, attn_W_v)
+    t17 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
     del attn_v_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
     norm1_out_bar = t15.add_(t16 + t17) if inference else t15 + t16 + t17

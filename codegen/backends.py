@@ -99,6 +99,8 @@ class NumpyBackend(Backend):
     library, axis = "np", "axis"
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
+        if not op.centred:
+            return [f"{op.out} = _rms_norm({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
         return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
@@ -128,6 +130,9 @@ class TorchBackend(Backend):
     library, axis = "torch", "dim"
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
+        if not op.centred:
+            return [f"{op.out} = torch.nn.functional.rms_norm({op.x.name}, {op.x.name}.shape[-1:], "
+                    f"{op.gain}, {printer.doprint(op.eps)})"]
         return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, {op.x.name}.shape[-1:], "
                 f"{op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 

@@ -20,6 +20,12 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
+def _load_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--load", action="append", default=[], metavar="FILE.py",
+                         help="import a Python file first: the operator kinds, projections and Runge–Kutta "
+                              "tableaux it registers become usable by name in scheme files (repeatable)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
     parser.add_argument("--version", action="version", version=f"splitformer {__version__}")
@@ -29,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("scheme", help="built-in name or path to a scheme file (TOML)")
     show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text")
     show.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    _load_option(show)
     derive = commands.add_parser("derive", help="derive schemes and emit code and reports")
     derive.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files")
     derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
@@ -37,10 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of pass names")
+    _load_option(derive)
     check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
     check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
     check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     check.add_argument("--plots", default=None, metavar="DIR", help="write a convergence plot (PNG) per scheme")
+    _load_option(check)
     return parser
 
 
@@ -146,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         arguments = _parser().parse_args(argv)
+        if getattr(arguments, "load", None):
+            from splitformer.symbolic.plugins import load_plugins
+
+            load_plugins(arguments.load)
         if arguments.command == "list":
             text = _list()
         elif arguments.command == "show":

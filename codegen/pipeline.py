@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme
-from splitformer.symbolic.stack import final_norm_scheme
-
-from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .adjoint import lower_adjoint
 from .lowering import lower
@@ -29,7 +28,7 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None) 
     """The files ``splitformer derive`` writes for ``scheme`` under ``out``."""
     program = derive(scheme)
     module = lower(program, passes)
-    final_program = derive(final_norm_scheme())
+    final_program = derive(final_norm_scheme(final_norm_kind(scheme)))
     final_norm = lower(final_program, passes)
     adjoint = derive_adjoint(program)
     backward = lower_adjoint(adjoint, passes)

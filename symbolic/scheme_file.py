@@ -19,7 +19,8 @@ from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
-from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
+from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
+from .tableaux import TABLEAUX, Tableau, make_tableau
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
@@ -28,10 +29,12 @@ _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 #: Names the emitted modules use for their own attributes.
 _RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order"}
+             "order", "splitting_order", "tableaux"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
+_RK_KEYS = {"rk", "fields"}
+_TABLEAU_KEYS = {"a", "b", "label"}
 
 
 class _Reader:
@@ -39,6 +42,7 @@ class _Reader:
 
     def __init__(self, where: str):
         self.where = where
+        self.tableaux: dict[str, Tableau] = {}
 
     def fail(self, key: str, message: str) -> SplitformerError:
         return SplitformerError(f"{self.where}: {key}: {message}")
@@ -80,7 +84,9 @@ class _Reader:
         activation = self.typed(document, "activation", str, "", "relu")
         if activation not in ACTIVATIONS:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
-        operators = self.operators(self.typed(document, "operators", dict, ""))
+        operators, options = self.operators(self.typed(document, "operators", dict, ""))
+        for method, table in self.typed(document, "tableaux", dict, "", {}).items():
+            self.tableaux[method] = self.tableau(method, table, f"tableaux.{method}")
         steps = self.typed(document, "steps", list, "")
         body = self.sequence(steps, "steps", operators)
         if not body.steps:
@@ -95,6 +101,7 @@ class _Reader:
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,
             claims=self.claims(document),
+            options=options,
         )
         try:
             scheme.check()
@@ -112,20 +119,39 @@ class _Reader:
                 claims[key] = value
         return claims
 
-    def operators(self, table: dict) -> dict[str, str]:
+    def operators(self, table: dict) -> tuple[dict[str, str], dict[str, dict]]:
+        """Kinds by key, and the options of the keys written as ``{ kind = "…", option = … }``."""
         if not table:
             raise self.fail("operators", "empty table: name at least one operator")
-        result = {}
+        result, options = {}, {}
         for key, kind in table.items():
+            path = f"operators.{key}"
             if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
-                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers, "
+                raise self.fail(path, "operator names must be lower-case identifiers, "
                                 f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
+            if isinstance(kind, dict):
+                options[key] = {name: value for name, value in kind.items() if name != "kind"}
+                kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
-                raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
+                raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
             if kind not in OPERATOR_KINDS:
-                raise self.fail(f"operators.{key}", f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            if key in options:
+                self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind
-        return result
+        return result, options
+
+    def options(self, cls: type, options: dict, path: str) -> None:
+        """Each option is one the kind takes, of its default's type; an activation must be known."""
+        allowed = operator_options(cls)
+        for name, value in options.items():
+            if name not in allowed:
+                raise self.fail(f"{path}.{name}", f"unknown option of {cls.kind!r} (options: {', '.join(allowed) or 'none'})")
+            if name == "activation":
+                if not isinstance(value, str) or value not in ACTIVATIONS:
+                    raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+            elif type(value) is not type(allowed[name]):
+                raise self.fail(f"{path}.{name}", f"expected {type(allowed[name]).__name__}, got {type(value).__name__}")
 
     def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
         parsed = []
@@ -137,6 +163,8 @@ class _Reader:
                 parsed.append(self.parallel(step, where, operators))
             elif "rk2" in step:
                 parsed.append(self.heun(step, where, operators))
+            elif "rk" in step:
+                parsed.append(self.runge_kutta(step, where, operators))
             else:
                 parsed.append(self.substep(step, where, operators))
         return Sequence(tuple(parsed))
@@ -159,21 +187,56 @@ class _Reader:
             raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
         return Substep(operator, solver, fraction, on)
 
+    def tableau(self, name: str, table: Any, path: str) -> Tableau:
+        if not _NAME.match(name):
+            raise self.fail(path, f"{name!r} is not a tableau name (lower-case words joined by '-')")
+        if not isinstance(table, dict):
+            raise self.fail(path, f"expected a table with a and b, got {type(table).__name__}")
+        self.unknown(table, _TABLEAU_KEYS, path)
+        try:
+            return make_tableau(name, self.typed(table, "a", list, path), self.typed(table, "b", list, path),
+                                self.typed(table, "label", str, path, ""))
+        except SplitformerError as error:
+            raise self.fail(path, str(error)) from None
+
+    def runge_kutta(self, step: dict, where: str, operators: dict[str, str]) -> RungeKutta:
+        """``rk = "rk4"`` (a registered or ``[tableaux]`` name, or an inline ``{ a, b }``), ``fields = [...]``."""
+        self.unknown(step, _RK_KEYS, where)
+        method = step["rk"]
+        if isinstance(method, dict):
+            method = self.tableau("inline", method, f"{where}.rk")
+        elif isinstance(method, str):
+            if method in self.tableaux:
+                method = self.tableaux[method]
+            elif method in TABLEAUX:
+                method = TABLEAUX[method]
+            else:
+                known = ", ".join(sorted({*TABLEAUX, *self.tableaux}))
+                raise self.fail(f"{where}.rk", f"unknown Runge–Kutta tableau {method!r} (known: {known}; "
+                                "or define it under [tableaux.NAME])")
+        else:
+            raise self.fail(f"{where}.rk", f"expected a tableau name or a table, got {type(method).__name__}")
+        fields = self.fields(self.typed(step, "fields", list, where), f"{where}.fields", operators, "a Runge–Kutta step")
+        return RungeKutta(fields, method)
+
     def heun(self, step: dict, where: str, operators: dict[str, str]) -> Heun:
         self.unknown(step, _HEUN_KEYS, where)
-        fields = self.typed(step, "rk2", list, where)
+        return Heun(self.fields(self.typed(step, "rk2", list, where), f"{where}.rk2", operators, "an rk2 step"))
+
+    def fields(self, fields: list, where: str, operators: dict[str, str], node: str) -> tuple[Substep, ...]:
+        """The vector fields a Runge–Kutta step (``node`` in messages) sums."""
         if not fields:
-            raise self.fail(f"{where}.rk2", "empty composition: an rk2 step needs at least one field")
+            raise self.fail(where, f"empty composition: {node} needs at least one field")
         parsed = []
         for position, field in enumerate(fields):
-            path = f"{where}.rk2[{position}]"
+            path = f"{where}[{position}]"
             if not isinstance(field, dict):
                 raise self.fail(path, f"expected a table, got {type(field).__name__}")
             substep = self.substep({"solver": "explicit", **field}, path, operators)
             if substep.solver != "explicit":
-                raise self.fail(f"{path}.solver", "the stages of an rk2 step evaluate vector fields: use 'explicit'")
+                raise self.fail(f"{path}.solver", f"the stages of {node} evaluate vector fields: use 'explicit'")
             parsed.append(substep)
-        return Heun(tuple(parsed))
+        return tuple(parsed)
 
     def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
         self.unknown(step, _PARALLEL_KEYS, where)

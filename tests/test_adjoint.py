@@ -77,8 +77,9 @@ def test_vjp_equals_autograd_on_the_torch_layer(name, norm_first, d, n_heads, d_
 
 
 def _generated(name, tmp_path_factory, activation="relu"):
-    scheme = load_scheme(name) if activation == "relu" else replace(load_scheme(name), activation=activation)
-    if name in ("post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2") and activation == "relu":
+    scheme = load_scheme(name)
+    scheme = scheme if activation == scheme.activation else replace(scheme, activation=activation)
+    if name in ("post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2", "rk4") and activation == "relu":
         folder = GENERATED
     else:
         folder = tmp_path_factory.mktemp(scheme.module_name)
@@ -89,8 +90,10 @@ def _generated(name, tmp_path_factory, activation="relu"):
 
 @pytest.mark.parametrize("name, activation", [
     ("post-ln", "relu"), ("pre-ln", "relu"), ("macaron", "relu"), ("parallel", "relu"),
-    ("symmetric-parallel", "relu"), ("rk2", "relu"), ("pre-ln", "gelu"), ("post-ln", "silu"), ("rk2", "tanh"),
-    (str(ROOT / "tests" / "schemes" / "sandwich.toml"), "relu"),
+    ("symmetric-parallel", "relu"), ("rk2", "relu"), ("rk4", "relu"), ("pre-ln", "gelu"), ("post-ln", "silu"),
+    ("rk2", "tanh"), (str(ROOT / "tests" / "schemes" / "sandwich.toml"), "relu"),
+    (str(ROOT / "tests" / "schemes" / "ssprk3.toml"), "relu"),
+    (str(ROOT / "tests" / "schemes" / "pre-rms-glu.toml"), "silu"),  # RMSNorm and a gated feed-forward
 ])
 def test_every_scheme_and_activation_against_autograd_through_its_torch_module(name, activation, tmp_path_factory,
                                                                                 rng):

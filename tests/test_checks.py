@@ -47,7 +47,7 @@ def test_reports_name_only_checks_that_exist(report):
 def test_orders_are_the_true_ones(report):
     """MODEL.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
     expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 2), "parallel": (1, 1),
-                "symmetric-parallel": (1, 2), "rk2": (2, None)}
+                "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None)}
     assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
 
 

@@ -122,6 +122,18 @@ def _recompute_token_kernels(forward_ops: list, adjoint_ops: list) -> list:
     return recomputed + adjoint_ops
 
 
+def _refuse_attention(module: Module, forward_ops: list, read: set[str], passes) -> list:
+    """The forward's attention fused again once the adjoint recomputes its kernel (if the pass is on)."""
+    from .passes import fused_attention
+
+    if fused_attention not in passes:
+        return forward_ops
+    fused = fused_attention(replace(module, ops=forward_ops)).ops
+    written = {name for op in fused for name in op.writes()}
+    kept = {name for op in forward_ops for name in op.writes()} & read
+    return fused if kept <= written else forward_ops
+
+
 def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     """Lower forward and adjoint together, run the passes, split them."""
     from .passes import DEFAULT
@@ -148,6 +160,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     for op in adjoint_ops:
         read |= set(op.reads()) - produced
         produced |= set(op.writes())
+    forward_ops = _refuse_attention(module, forward_ops, read, DEFAULT if passes is None else passes)
     saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
              if name in read]
     saved = [name for name in ("u0",) if name in read] + saved

@@ -187,3 +187,24 @@ def test_finite_differences_in_50_digits_and_the_negative_control():
     adjoint = derive_adjoint(derive(load_scheme("rk2")))
     assert finite_difference_gap(adjoint) < 1e-20
     assert finite_difference_gap(flip_sign(adjoint)) > 1e-3
+
+
+def test_a_query_with_empty_support_gets_zero_kernel_and_a_consistent_gradient(rng):
+    """Padding the first key under a causal mask leaves query 0 no key: float64 central differences agree."""
+    module = import_path(GENERATED / "numpy" / "post_ln.py")
+    params = reference.random_params(module.PARAMETERS, 4, 6, rng)
+    u, grad_out = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 3, 4))
+    options = {"n_heads": 2, "key_padding_mask": np.array([[True, False, False]]), "causal": True}
+    grad_u, grads = module.vjp(u, params, grad_out, **options)
+    assert np.isfinite(grad_u).all()
+    direction = {name: rng.standard_normal(value.shape) for name, value in params.items()}
+    du = rng.standard_normal(u.shape)
+    step = 1e-6
+
+    def objective(shift):
+        shifted = {name: value + shift * direction[name] for name, value in params.items()}
+        return float(np.sum(grad_out * module.forward(u + shift * du, shifted, **options)))
+
+    numeric = (objective(step) - objective(-step)) / (2 * step)
+    derived = np.sum(grad_u * du) + sum(np.sum(grads[name] * direction[name]) for name in params)
+    assert abs(numeric - derived) <= 1e-7 * abs(derived)

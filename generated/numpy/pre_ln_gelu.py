@@ -353,13 +353,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
-    attn_o = _einsum("bmij,bjme->bime", attn_gamma, attn_v)
-    del attn_gamma
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del chi
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o

@@ -117,9 +117,14 @@ def _recompute_token_kernels(forward_ops: list, adjoint_ops: list) -> list:
     for name in needed:
         visit(name)
     order = {id(op): position for position, op in enumerate(forward_ops)}
-    recomputed = [replace(op, section=ADJOINT_SECTION + "the kept states: recomputed " + op.section)
+    recomputed = [replace(op, section=f"recomputed from the kept arrays: {op.section}")
                   for op in sorted(chosen, key=lambda op: order[id(op)])]
-    return recomputed + adjoint_ops
+    if not recomputed:
+        return adjoint_ops
+    # just before the first adjoint statement that reads them, so they live no longer than needed
+    names = {name for op in recomputed for name in op.writes()}
+    first = next(position for position, op in enumerate(adjoint_ops) if names & set(op.reads()))
+    return adjoint_ops[:first] + recomputed + adjoint_ops[first:]
 
 
 def _refuse_attention(module: Module, forward_ops: list, read: set[str], passes) -> list:

@@ -600,28 +600,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of the kept states: recomputed substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a
-    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
-    del attn2_a
-    # {a^{\mathrm{attn},3}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},3}}_{j,m,e} {Q^{\mathrm{attn},3}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn3_a = _einsum("bime,bjme->bmij", attn3_q, attn3_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn},3}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},3}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},3}}_{m,i,n}} {\chi}_{i,n}}
-    attn3_gamma = _softmax(attn3_a, None if chi is None else chi[:, None])
-    del attn3_a
-    # {a^{\mathrm{attn},4}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},4}}_{j,m,e} {Q^{\mathrm{attn},4}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn4_a = _einsum("bime,bjme->bmij", attn4_q, attn4_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn},4}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},4}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},4}}_{m,i,n}} {\chi}_{i,n}}
-    attn4_gamma = _softmax(attn4_a, None if chi is None else chi[:, None])
-    del attn4_a, chi
-
     # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # {\overline{\mathcal{F}^{\mathrm{ffn},4}}}_{i,l} = \frac{{\lambda^{(4)}}_{i,l}}{6}
     ffn4_out_bar = u4_bar/6
@@ -650,6 +628,30 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn},4}}}_{i,m,e} {V^{\mathrm{attn},4}}_{j,m,e}
     attn4_gamma_bar = _einsum("bime,bjme->bmij", attn4_o_bar, attn4_v)
     del attn4_v
+
+    # --- recomputed from the kept arrays: substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a
+    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
+    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
+    del attn2_a
+    # {a^{\mathrm{attn},3}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},3}}_{j,m,e} {Q^{\mathrm{attn},3}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn3_a = _einsum("bime,bjme->bmij", attn3_q, attn3_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},3}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},3}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},3}}_{m,i,n}} {\chi}_{i,n}}
+    attn3_gamma = _softmax(attn3_a, None if chi is None else chi[:, None])
+    del attn3_a
+    # {a^{\mathrm{attn},4}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},4}}_{j,m,e} {Q^{\mathrm{attn},4}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn4_a = _einsum("bime,bjme->bmij", attn4_q, attn4_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},4}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},4}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},4}}_{m,i,n}} {\chi}_{i,n}}
+    attn4_gamma = _softmax(attn4_a, None if chi is None else chi[:, None])
+    del attn4_a, chi
+
+    # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}
     t4 = _einsum("bmin,bmin->bmi", attn4_gamma, attn4_gamma_bar)
     # {\overline{a^{\mathrm{attn},4}}}_{m,i,j} = {\gamma^{\mathrm{attn},4}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,j} - {\gamma^{\mathrm{attn},4}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}

@@ -464,20 +464,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of the kept states: recomputed branch substep 1: attn, explicit on Proj(norm1) ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a
-
-    # --- adjoint of the kept states: recomputed branch substep 4: attn, explicit on Proj(norm1) ---
-    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
-    del attn2_a, chi
-
     # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # {\lambda^{(4)}}_{i,l} = \frac{{\lambda^{(5)}}_{i,l}}{2}
     u4_bar = u5_bar/2
@@ -489,6 +475,22 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn},2}}}_{i,m,e} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_gamma_bar = _einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
+
+    # --- recomputed from the kept arrays: branch substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a
+
+    # --- recomputed from the kept arrays: branch substep 4: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
+    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
+    del attn2_a, chi
+
+    # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     t1 = _einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}

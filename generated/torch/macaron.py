@@ -262,13 +262,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     norm3_gain = p["norm3.gain"]
     norm3_bias = p["norm3.bias"]
 
-    # --- adjoint of the kept states: recomputed substep 3: attn, explicit ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
-
     # --- adjoint of substep 6: norm3, projection ---
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
@@ -345,6 +338,15 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
+
+    # --- recomputed from the kept arrays: substep 3: attn, explicit ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
+
+    # --- adjoint of substep 3: attn, explicit ---
     # {t_{7}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     t7 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}

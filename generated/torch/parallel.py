@@ -178,13 +178,6 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of the kept states: recomputed substep 1: parallel (attn ×2, ffn ×2) ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
-
     # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
     # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
     ffn_out_bar = u1_bar
@@ -215,6 +208,15 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: parallel (attn ×2, ffn ×2) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
+
+    # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
     # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     t1 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}

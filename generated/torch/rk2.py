@@ -235,18 +235,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of the kept states: recomputed substep 1: rk2 (Heun) of attn + ffn ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a
-    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
-    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
-    del attn2_a, chi
-
     # --- adjoint of substep 1: rk2 (Heun) of attn + ffn ---
     # {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} = \frac{{\lambda^{(2)}}_{i,l}}{2}
     ffn2_out_bar = u2_bar/2
@@ -272,6 +260,20 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     # {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn},2}}}_{i,m,e} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
+
+    # --- recomputed from the kept arrays: substep 1: rk2 (Heun) of attn + ffn ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a
+    # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
+    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
+    del attn2_a, chi
+
+    # --- adjoint of substep 1: rk2 (Heun) of attn + ffn ---
     # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     t4 = torch.einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}

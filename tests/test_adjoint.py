@@ -208,3 +208,22 @@ def test_a_query_with_empty_support_gets_zero_kernel_and_a_consistent_gradient(r
     numeric = (objective(step) - objective(-step)) / (2 * step)
     derived = np.sum(grad_u * du) + sum(np.sum(grads[name] * direction[name]) for name in params)
     assert abs(numeric - derived) <= 1e-7 * abs(derived)
+
+
+def test_derived_torch_backward_in_float32_without_biases_and_unbatched():
+    torch_module = import_path(GENERATED / "torch" / "pre_ln.py")
+    results = {}
+    for backward in ("autograd", "derived"):
+        torch.manual_seed(1)
+        block = torch_module.Block(8, 2, 12, bias=False, backward=backward)
+        with torch.no_grad():
+            for parameter in block.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        block(x, causal=True).square().sum().backward()
+        results[backward] = [x.grad] + [p.grad for name, p in block.named_parameters() if not name.endswith("b_k")]
+    assert results["derived"][0].shape == (5, 8) and results["derived"][0].dtype == torch.float32
+    for derived, expected in zip(results["derived"], results["autograd"]):
+        assert float((derived - expected).abs().max() / expected.abs().max()) <= 1e-4
+    with pytest.raises(ValueError, match="backward"):
+        torch_module.Block(8, 2, 12, backward="tape")

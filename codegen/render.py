@@ -30,6 +30,8 @@ def environment() -> jinja2.Environment:
     env.filters["pytuple"] = lambda names: "(" + "".join(f'"{name}", ' for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
+    # user text in Markdown: raw HTML is shown, never interpreted
+    env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
     return env
 
 

@@ -14,12 +14,27 @@ from splitformer.symbolic.projections import derive_layer_norm_projection, deriv
 from splitformer.symbolic.checks.order import splitting_order
 from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.references import REFERENCES
-from splitformer.symbolic.scheme import Parallel, Scheme
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
 from .report_adjoint import adjoint_context
 
 __all__ = ["render_report", "check_ids"]
+
+
+def _tableaux(sequence: Sequence) -> list[dict]:
+    """The Runge–Kutta tableaux a scheme uses, once each, in order."""
+    found: dict[str, dict] = {}
+    for step in sequence.steps:
+        if isinstance(step, RungeKutta):
+            method = step.tableau
+            found.setdefault(method.name, {"name": method.name, "title": method.title, "order": method.order(),
+                                           "latex": method.latex()})
+        elif isinstance(step, Parallel):
+            for branch in step.branches:
+                for method in _tableaux(branch):
+                    found.setdefault(method["name"], method)
+    return list(found.values())
 
 
 def _has_parallel(scheme: Scheme) -> bool:
@@ -115,4 +130,5 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
         domains=domains,
         projections=projections,
         parallel=_has_parallel(scheme),
+        tableaux=_tableaux(scheme.body),
     )

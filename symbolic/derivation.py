@@ -16,7 +16,8 @@ Input: a ``Scheme``. Output: a ``Program`` whose assignments are in index notati
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
+from collections.abc import Mapping
 
 import sympy as sp
 
@@ -24,7 +25,7 @@ from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, 
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
-from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
+from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
@@ -44,6 +45,8 @@ class _Deriver:
         self.memo: dict[tuple[str, str], str] = {}
         self.states = 0
         self.substeps = 0
+        #: Every ``p`` such that some array is named ``p_…`` (a later evaluation must not reuse it).
+        self.prefixes: set[str] = set()
         for operator in self.operators.values():
             for parameter in operator.parameters():
                 name = f"{operator.key}_{parameter.name}"
@@ -61,6 +64,7 @@ class _Deriver:
             raise SplitformerError(
                 f"scheme {self.scheme.name!r}: two arrays would be named {tensor.name!r}; rename an operator")
         self.tensors[tensor.name] = tensor
+        self.prefixes.update(tensor.name[:end] for end, letter in enumerate(tensor.name) if letter == "_")
 
     def new_state(self) -> str:
         self.states += 1
@@ -89,7 +93,7 @@ class _Deriver:
         self.evaluations[key] += 1
         count = self.evaluations[key]
         prefix = key if count == 1 else f"{key}{count}"
-        while count > 1 and any(name.startswith(f"{prefix}_") for name in self.tensors):
+        while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT)}
         absorbed = {}
@@ -101,7 +105,7 @@ class _Deriver:
             arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
             absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
         grid = Grid(VARIABLES, arrays, absorbed)
-        names = self.latex_names()
+        names = ChainMap({}, self.latex_names())
         for definition in definitions:
             suffix = "" if count == 1 else f",{count}"
             names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{{operator.key_latex()}{suffix}}}"
@@ -125,8 +129,9 @@ class _Deriver:
         output = str(assignments[-1].lhs.base.label)
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
-    def latex_names(self) -> dict[str, str]:
-        return {name: tensor.latex for name, tensor in self.tensors.items()}
+    def latex_names(self) -> Mapping[str, str]:
+        """The LaTeX name of every array so far, as a live view (no copy per formula)."""
+        return LatexNames(self.tensors)
 
     # -- time --------------------------------------------------------------------------
     def symbol(self, state: str) -> sp.Symbol:

@@ -152,7 +152,7 @@ def kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[
     return Parameter(name, name, latex, arguments, shape, absorbs)
 
 
-_kernel = kernel
+_kernel = kernel  # the former private name, for modules written against it
 
 
 @dataclass(frozen=True)
@@ -167,14 +167,14 @@ class Attention(Operator):
     def parameters(self) -> tuple[Parameter, ...]:
         square = (FEATURES, FEATURES)
         parameters = (
-            _kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
-            _kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
-            _kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
-            _kernel("b_k", "b^{K}", (H, E), (FEATURES,)),
-            _kernel("W_v", "W^{V}", (XI, H, E), square, (XI,)),
-            _kernel("b_v", "b^{V}", (H, E), (FEATURES,)),
-            _kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
-            _kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
+            kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
+            kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
+            kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
+            kernel("b_k", "b^{K}", (H, E), (FEATURES,)),
+            kernel("W_v", "W^{V}", (XI, H, E), square, (XI,)),
+            kernel("b_v", "b^{V}", (H, E), (FEATURES,)),
+            kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
+            kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
         )
         return tuple(p for p in parameters if self.bias or p.kind != "bias")
 
@@ -220,10 +220,10 @@ class FeedForward(Operator):
 
     def parameters(self) -> tuple[Parameter, ...]:
         parameters = (
-            _kernel("W_1", "W_{1}", (XI, ZETA), (FEATURES, HIDDEN), (XI,)),
-            _kernel("b_1", "b_{1}", (ZETA,), (HIDDEN,)),
-            _kernel("W_2", "W_{2}", (ZETA, Y), (HIDDEN, FEATURES), (ZETA,)),
-            _kernel("b_2", "b_{2}", (Y,), (FEATURES,)),
+            kernel("W_1", "W_{1}", (XI, ZETA), (FEATURES, HIDDEN), (XI,)),
+            kernel("b_1", "b_{1}", (ZETA,), (HIDDEN,)),
+            kernel("W_2", "W_{2}", (ZETA, Y), (HIDDEN, FEATURES), (ZETA,)),
+            kernel("b_2", "b_{2}", (Y,), (FEATURES,)),
         )
         return tuple(p for p in parameters if self.bias or p.kind != "bias")
 

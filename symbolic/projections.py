@@ -28,6 +28,7 @@ import sympy as sp
 from .cache import disk_cached
 from .constraints import G, S_1, S_2, SYMBOLS, U, ConstraintSet, ProjectionSymbols
 from .errors import SplitformerError
+from .projection_verifiers import verify_layer_norm_projection, verify_relu_projection
 
 __all__ = [
     "Projection", "ProjectionSymbols", "SYMBOLS", "derive_projection", "feature_mean",
@@ -101,112 +102,133 @@ def feature_mean(constraint_set: ConstraintSet, expr: sp.Expr) -> sp.Expr:
     return _Means(constraint_set)(expr)
 
 
-def _lagrange(constraint_set: ConstraintSet) -> Projection:
-    s = SYMBOLS
-    moments = constraint_set.moments
-    multipliers = [sp.Symbol(rf"\lambda_{{{n + 1}}}", real=True) for n in range(len(moments))]
-    steps: list[tuple[str, str]] = []
-    component = (U - s.v) ** 2 / 2 + sum(lam * m.component for lam, m in zip(multipliers, moments)) / s.size
-    ghost = (G - s.ghost) ** 2 / 2 + sum(lam * m.ghost for lam, m in zip(multipliers, moments)) / s.size
-    lagrangians = sp.latex(sp.Eq(sp.Symbol(r"\mathcal{L}_k"), component))
-    if constraint_set.ghost:
-        lagrangians += r",\quad " + sp.latex(sp.Eq(sp.Symbol(r"\mathcal{L}_g"), ghost))
-    steps.append(("Lagrangian, one feature component" + (" and the ghost coordinate" if constraint_set.ghost else ""),
-                  lagrangians))
+class _Lagrange:
+    """Moment constraints by Lagrange multipliers, one stage per method; ``steps`` records them."""
 
-    stationary = sp.solve(sp.diff(component, U), U)
-    if len(stationary) != 1 or sp.diff(stationary[0], s.v, 2) != 0:
-        raise _fail(constraint_set, "stationarity does not make u one affine map of v (constraints must be "
-                    "at most quadratic in u)")
-    stationary = sp.simplify(stationary[0])
-    slope, offset = sp.simplify(sp.diff(stationary, s.v)), sp.simplify(stationary.subs(s.v, 0))
-    scale, shift = sp.Symbol("c", real=True), sp.Symbol("d", real=True)
-    free = [(symbol, value) for symbol, value in ((scale, slope), (shift, offset)) if value.has(*multipliers)]
-    inverse = sp.solve([sp.Eq(symbol, value) for symbol, value in free], multipliers, dict=True)
-    if len(inverse) != 1 or len(free) != len(multipliers):
-        raise _fail(constraint_set, "the multipliers are not determined by the affine map they produce")
-    free_symbols = dict(free)
-    general = (scale if scale in free_symbols else slope) * s.v + (shift if shift in free_symbols else offset)
-    ghost_value = sp.Integer(0)
-    if constraint_set.ghost:
-        solved = sp.solve(sp.diff(ghost, G), G)
-        if len(solved) != 1:
-            raise _fail(constraint_set, "the ghost coordinate has no unique stationary point")
-        ghost_value = sp.simplify(solved[0].subs(inverse[0]))
-    stationarity = sp.latex(sp.Eq(U, stationary))
-    if constraint_set.ghost:
-        stationarity += r",\quad " + sp.latex(sp.Eq(G, ghost_value))
-    steps.append(("stationarity: every component is the same affine map of v", stationarity))
+    def __init__(self, constraint_set: ConstraintSet):
+        self.set = constraint_set
+        self.means = _Means(constraint_set)
+        self.multipliers = [sp.Symbol(rf"\lambda_{{{n + 1}}}", real=True) for n in range(len(constraint_set.moments))]
+        self.scale, self.shift = sp.Symbol("c", real=True), sp.Symbol("d", real=True)
+        self.steps: list[tuple[str, str]] = []
 
-    means = _Means(constraint_set)
-    equations = [sp.Eq(means(m.component.subs(U, general)) + m.ghost.subs(G, ghost_value) / s.size, m.value)
-                 for m in moments]
-    unknowns = [symbol for symbol, _ in free]
-    if shift in unknowns:  # eliminate the offset with the first constraint that fixes it
+    def fail(self, message: str) -> SplitformerError:
+        return _fail(self.set, message)
+
+    def lagrangians(self) -> tuple[sp.Expr, sp.Expr]:
+        """One feature component's Lagrangian and the ghost coordinate's."""
+        s, moments = SYMBOLS, self.set.moments
+        component = (U - s.v) ** 2 / 2 + sum(lam * m.component for lam, m in zip(self.multipliers, moments)) / s.size
+        ghost = (G - s.ghost) ** 2 / 2 + sum(lam * m.ghost for lam, m in zip(self.multipliers, moments)) / s.size
+        shown = sp.latex(sp.Eq(sp.Symbol(r"\mathcal{L}_k"), component))
+        if self.set.ghost:
+            shown += r",\quad " + sp.latex(sp.Eq(sp.Symbol(r"\mathcal{L}_g"), ghost))
+        self.steps.append(("Lagrangian, one feature component" + (" and the ghost coordinate" if self.set.ghost else ""),
+                           shown))
+        return component, ghost
+
+    def stationary_map(self, component: sp.Expr, ghost: sp.Expr) -> tuple[sp.Expr, sp.Expr, list[sp.Symbol]]:
+        """``u = c v + d`` (``c``, ``d`` standing for the multipliers), the ghost's value, the free coefficients."""
+        s = SYMBOLS
+        stationary = sp.solve(sp.diff(component, U), U)
+        if len(stationary) != 1 or sp.diff(stationary[0], s.v, 2) != 0:
+            raise self.fail("stationarity does not make u one affine map of v (constraints must be at most "
+                            "quadratic in u)")
+        stationary = sp.simplify(stationary[0])
+        slope, offset = sp.simplify(sp.diff(stationary, s.v)), sp.simplify(stationary.subs(s.v, 0))
+        free = {symbol: value for symbol, value in ((self.scale, slope), (self.shift, offset))
+                if value.has(*self.multipliers)}
+        inverse = sp.solve([sp.Eq(symbol, value) for symbol, value in free.items()], self.multipliers, dict=True)
+        if len(inverse) != 1 or len(free) != len(self.multipliers):
+            raise self.fail("the multipliers are not determined by the affine map they produce")
+        general = (self.scale if self.scale in free else slope) * s.v + (self.shift if self.shift in free else offset)
+        ghost_value = sp.Integer(0)
+        shown = sp.latex(sp.Eq(U, stationary))
+        if self.set.ghost:
+            solved = sp.solve(sp.diff(ghost, G), G)
+            if len(solved) != 1:
+                raise self.fail("the ghost coordinate has no unique stationary point")
+            ghost_value = sp.simplify(solved[0].subs(inverse[0]))
+            shown += r",\quad " + sp.latex(sp.Eq(G, ghost_value))
+        self.steps.append(("stationarity: every component is the same affine map of v", shown))
+        return general, ghost_value, list(free)
+
+    def constraints(self, general: sp.Expr, ghost_value: sp.Expr) -> list[sp.Eq]:
+        """Each moment constraint at the affine map, averaged over the features."""
+        return [sp.Eq(self.means(m.component.subs(U, general)) + m.ghost.subs(G, ghost_value) / SYMBOLS.size, m.value)
+                for m in self.set.moments]
+
+    def eliminate_offset(self, general: sp.Expr, equations: list, unknowns: list) -> tuple[sp.Expr, list]:
+        """Solve the first constraint that fixes the offset ``d`` uniquely; the map is centred."""
+        if self.shift not in unknowns:
+            return general, equations
         for equation in equations:
-            solved = sp.solve(equation, shift)
-            if len(solved) == 1 and not solved[0].has(*multipliers):
-                general = sp.collect(sp.expand(general.subs(shift, solved[0])), scale)
-                equations = [sp.simplify(e.subs(shift, solved[0])) for e in equations if e is not equation]
-                steps.append(("the constraint linear in the offset fixes it and centres the map",
-                              sp.latex(sp.Eq(shift, solved[0])) + r",\quad " + sp.latex(sp.Eq(U, general))))
-                unknowns.remove(shift)
-                break
-    equations = [e for e in equations if e is not sp.true]
-    roots = sp.solve(equations, unknowns, dict=True) if unknowns else [{}]
-    roots = sorted(({symbol: _tidy(value) for symbol, value in root.items()} for root in roots),
-                   key=lambda root: sp.default_sort_key(tuple(root.values())))
-    if not roots:
-        raise _fail(constraint_set, "the constraints have no stationary point")
-    steps.append((
-        "the remaining constraints" + (" (ghost included)" if constraint_set.ghost else "") + " leave "
-        + ("one root" if len(roots) == 1 else f"{len(roots)} roots"),
-        r",\quad ".join(sp.latex(e) for e in equations) + r"\;\Rightarrow\; "
-        + r",\; ".join(r"\left(" + ", ".join(sp.latex(sp.Eq(k, v)) for k, v in root.items()) + r"\right)"
-                       for root in roots),
-    ))
+            solved = sp.solve(equation, self.shift)
+            if len(solved) == 1 and not solved[0].has(*self.multipliers):
+                general = sp.collect(sp.expand(general.subs(self.shift, solved[0])), self.scale)
+                self.steps.append(("the constraint linear in the offset fixes it and centres the map",
+                                   sp.latex(sp.Eq(self.shift, solved[0])) + r",\quad " + sp.latex(sp.Eq(U, general))))
+                unknowns.remove(self.shift)
+                return general, [sp.simplify(e.subs(self.shift, solved[0])) for e in equations if e is not equation]
+        return general, equations
 
-    def distance(root: dict) -> sp.Expr:
-        point = general.subs(root)
-        return s.size * means((point - s.v) ** 2) + (ghost_value.subs(root) - s.ghost) ** 2
+    def roots(self, equations: list, unknowns: list) -> list[dict]:
+        equations = [e for e in equations if e is not sp.true]
+        roots = sp.solve(equations, unknowns, dict=True) if unknowns else [{}]
+        roots = sorted(({symbol: _tidy(value) for symbol, value in root.items()} for root in roots),
+                       key=lambda root: sp.default_sort_key(tuple(root.values())))
+        if not roots:
+            raise self.fail("the constraints have no stationary point")
+        self.steps.append((
+            "the remaining constraints" + (" (ghost included)" if self.set.ghost else "") + " leave "
+            + ("one root" if len(roots) == 1 else f"{len(roots)} roots"),
+            r",\quad ".join(sp.latex(e) for e in equations) + r"\;\Rightarrow\; "
+            + r",\; ".join(r"\left(" + ", ".join(sp.latex(sp.Eq(k, v)) for k, v in root.items()) + r"\right)"
+                           for root in roots),
+        ))
+        return roots
 
-    best, gap = roots[0], None
-    if len(roots) > 1:
-        distances = [distance(root) for root in roots]
+    def distance(self, general: sp.Expr, ghost_value: sp.Expr, root: dict) -> sp.Expr:
+        """``‖u − v‖²`` over the features and the ghost coordinate, in the set's statistics."""
+        s = SYMBOLS
+        return s.size * self.means((general.subs(root) - s.v) ** 2) + (ghost_value.subs(root) - s.ghost) ** 2
+
+    def select(self, general: sp.Expr, ghost_value: sp.Expr, roots: list[dict]) -> tuple[dict, sp.Expr | None]:
+        """The root every other one is farther from ``v`` than, by a margin the assumptions decide."""
+        if len(roots) == 1:
+            return roots[0], None
+        distances = [self.distance(general, ghost_value, root) for root in roots]
         for candidate, own in zip(roots, distances):
             gaps = [sp.factor(sp.expand(other - own)) for other in distances if other is not own]
-            if all(g.is_positive for g in gaps):
-                best, gap = candidate, min(gaps, key=sp.count_ops)
-                break
+            if all(gap.is_positive for gap in gaps):
+                gap = min(gaps, key=sp.count_ops)
+                self.steps.append(("compare the roots: every other root is farther, by at least", sp.latex(gap) + r" > 0"))
+                return candidate, gap
+        raise self.fail("cannot decide which stationary point is nearest: " + "; ".join(sp.sstr(d) for d in distances))
+
+    def derive(self) -> Projection:
+        s = SYMBOLS
+        general, ghost_value, unknowns = self.stationary_map(*self.lagrangians())
+        general, equations = self.eliminate_offset(general, self.constraints(general, ghost_value), unknowns)
+        best, gap = self.select(general, ghost_value, self.roots(equations, unknowns))
+        formula = general.subs(best)
+        epsilon_form = general.subs({k: _tidy(v.subs(s.ghost, sp.sqrt(s.size * s.epsilon))) for k, v in best.items()})
+        no_ghost = {symbol: _tidy(value.subs(s.ghost, 0)) for symbol, value in best.items()}
+        theorem = general.subs(no_ghost)
+        if self.set.ghost:
+            self.steps.append((
+                "the minimizer; with the ghost value γ = √(N ε) the ε of the normalization layer appears "
+                "(γ = 0 gives the projection onto the set itself)",
+                sp.latex(sp.Eq(U, formula)) + r"\;\xrightarrow{\gamma=\sqrt{N\varepsilon}}\; "
+                + sp.latex(epsilon_form) + r",\qquad \gamma = 0:\; " + sp.latex(theorem),
+            ))
         else:
-            raise _fail(constraint_set, "cannot decide which stationary point is nearest: "
-                        + "; ".join(sp.sstr(d) for d in distances))
-        steps.append(("compare the roots: every other root is farther, by at least", sp.latex(gap) + r" > 0"))
-    formula = general.subs(best)
-    tidy = {symbol: _tidy(value.subs(s.ghost, sp.sqrt(s.size * s.epsilon))) for symbol, value in best.items()}
-    epsilon_form = general.subs(tidy)
-    theorem = general.subs({symbol: _tidy(value.subs(s.ghost, 0)) for symbol, value in best.items()})
-    if constraint_set.ghost:
-        steps.append((
-            "the minimizer; with the ghost value γ = √(N ε) the ε of the normalization layer appears "
-            "(γ = 0 gives the projection onto the set itself)",
-            sp.latex(sp.Eq(U, formula)) + r"\;\xrightarrow{\gamma=\sqrt{N\varepsilon}}\; "
-            + sp.latex(epsilon_form) + r",\qquad \gamma = 0:\; " + sp.latex(theorem),
-        ))
-    else:
-        steps.append(("the minimizer", sp.latex(sp.Eq(U, formula))))
-    no_ghost = {symbol: _tidy(value.subs(s.ghost, 0)) for symbol, value in best.items()}
-    try:
-        nearest = sp.factor(sp.simplify(distance(no_ghost).subs(s.ghost, 0)))
-    except SplitformerError:  # the set's statistics need not express ‖u − v‖² when there is one root
-        nearest = None
-    return Projection(
-        formula=epsilon_form,
-        steps=tuple(steps),
-        distance=nearest,
-        theorem=theorem,
-        gap=gap,
-    )
+            self.steps.append(("the minimizer", sp.latex(sp.Eq(U, formula))))
+        try:
+            nearest = sp.factor(sp.simplify(self.distance(general, ghost_value, no_ghost).subs(s.ghost, 0)))
+        except SplitformerError:  # the set's statistics need not express ‖u − v‖² when there is one root
+            nearest = None
+        return Projection(formula=epsilon_form, steps=tuple(self.steps), distance=nearest, theorem=theorem, gap=gap)
 
 
 def _closed_form(values: list[sp.Expr]) -> list[sp.Expr]:
@@ -277,16 +299,16 @@ def derive_projection(constraint_set: ConstraintSet) -> Projection:
         raise _fail(constraint_set, "sets with both moment constraints and pointwise bounds have no closed form here")
     if not constraint_set.moments and not constraint_set.bounds:
         raise _fail(constraint_set, "no constraints")
-    return _lagrange(constraint_set) if constraint_set.moments else _kkt(constraint_set)
+    return _Lagrange(constraint_set).derive() if constraint_set.moments else _kkt(constraint_set)
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_layer_norm_projection)
 def derive_layer_norm_projection() -> Projection:
     """Projection onto ``S_1(σ_1, σ_2)`` with a ghost coordinate (Theorem 3.1, LayerNorm's ε)."""
     return derive_projection(S_1)
 
 
-@disk_cached
+@disk_cached(Projection, verify=verify_relu_projection)
 def derive_relu_projection() -> Projection:
     """Projection onto ``S_2 = {u ≥ 0}`` from the KKT conditions (it separates pointwise)."""
     return derive_projection(S_2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Union
 
 import sympy as sp
@@ -116,6 +116,9 @@ class Scheme:
                                        f"(options: {', '.join(allowed) or 'none'})")
             if "activation" in allowed:
                 options["activation"] = lookup_activation(options.get("activation", self.activation))
+            required = [name for name, default in allowed.items() if default is MISSING and name not in options]
+            if required:
+                raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) needs the option {required[0]!r}")
             result[key] = cls(key, **options)
         return result
 
@@ -139,6 +142,8 @@ class Scheme:
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
         operators = self.instantiate()
+        if not self.substeps():
+            raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
             for key in (step.operator, step.on):
                 if key is not None and key not in operators:

@@ -1,14 +1,15 @@
 """Scheme files: TOML in, ``Scheme`` out, with one-line errors naming the file and key.
 
 A scheme file is data. Nothing in it is evaluated; names that become identifiers in
-generated code must be valid identifiers, and every field is checked for its type.
+generated code must be valid identifiers (``names``), every field is checked for its type,
+numbers are small exact fractions, and files, nesting and compositions are bounded.
 """
 
 from __future__ import annotations
 
-import keyword
 import re
 import tomllib
+from dataclasses import MISSING
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,19 @@ import sympy as sp
 from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
+from .exact_numbers import exact_number
+from .names import MAX_NAME, check_operator_name, check_scheme_name
 from .operators import OPERATOR_KINDS
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
-_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
-_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-#: Names the emitted modules use for their own attributes.
-_RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
+#: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
+MAX_FILE_BYTES = 1 << 20
+#: Parallel branches nest at most this deep.
+MAX_DEPTH = 32
+_TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
@@ -68,16 +72,17 @@ class _Reader:
 
     def number(self, value: Any, path: str) -> sp.Rational:
         try:
-            fraction = Fraction(str(value)) if not isinstance(value, str) else Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            raise self.fail(path, f"not a number: {value!r}") from None
-        return sp.Rational(fraction.numerator, fraction.denominator)
+            return exact_number(value)
+        except ValueError as error:
+            raise self.fail(path, str(error)) from None
 
     def scheme(self, document: dict, source: str) -> Scheme:
         self.unknown(document, _TOP_KEYS, "")
         name = self.typed(document, "name", str, "")
-        if not _NAME.match(name):
-            raise self.fail("name", f"{name!r} is not a scheme name (lower-case words joined by '-')")
+        try:
+            check_scheme_name(name)
+        except SplitformerError as error:
+            raise self.fail("name", str(error)) from None
         summary = self.typed(document, "summary", str, "")
         if "\n" in summary or '"""' in summary or "\\" in summary or not summary.isprintable():
             raise self.fail("summary", "must be one printable line without backslashes or triple quotes")
@@ -88,7 +93,7 @@ class _Reader:
         for method, table in self.typed(document, "tableaux", dict, "", {}).items():
             self.tableaux[method] = self.tableau(method, table, f"tableaux.{method}")
         steps = self.typed(document, "steps", list, "")
-        body = self.sequence(steps, "steps", operators)
+        body = self.sequence(steps, "steps", operators, 0)
         if not body.steps:
             raise self.fail("steps", "empty composition: a scheme needs at least one substep")
         scheme = Scheme(
@@ -126,9 +131,10 @@ class _Reader:
         result, options = {}, {}
         for key, kind in table.items():
             path = f"operators.{key}"
-            if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
-                raise self.fail(path, "operator names must be lower-case identifiers, "
-                                f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
+            try:
+                check_operator_name(key)
+            except SplitformerError as error:
+                raise self.fail("operators", str(error)) from None
             if isinstance(kind, dict):
                 options[key] = {name: value for name, value in kind.items() if name != "kind"}
                 kind = self.typed(kind, "kind", str, path)
@@ -150,17 +156,22 @@ class _Reader:
             if name == "activation":
                 if not isinstance(value, str) or value not in ACTIVATIONS:
                     raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+            elif allowed[name] is None or allowed[name] is MISSING:  # no default to take the type from
+                if not isinstance(value, (bool, int, float, str)):
+                    raise self.fail(f"{path}.{name}", f"expected a number, string or boolean, got {type(value).__name__}")
             elif type(value) is not type(allowed[name]):
                 raise self.fail(f"{path}.{name}", f"expected {type(allowed[name]).__name__}, got {type(value).__name__}")
 
-    def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
+    def sequence(self, steps: list, path: str, operators: dict[str, str], depth: int) -> Sequence:
+        if depth > MAX_DEPTH:
+            raise self.fail(path, f"parallel steps nest deeper than {MAX_DEPTH} levels")
         parsed = []
         for position, step in enumerate(steps):
             where = f"{path}[{position}]"
             if not isinstance(step, dict):
                 raise self.fail(where, f"expected a table, got {type(step).__name__}")
             if "parallel" in step:
-                parsed.append(self.parallel(step, where, operators))
+                parsed.append(self.parallel(step, where, operators, depth))
             elif "rk2" in step:
                 parsed.append(self.heun(step, where, operators))
             elif "rk" in step:
@@ -188,8 +199,9 @@ class _Reader:
         return Substep(operator, solver, fraction, on)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
-        if not _NAME.match(name):
-            raise self.fail(path, f"{name!r} is not a tableau name (lower-case words joined by '-')")
+        if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:
+            raise self.fail(path, f"{name[:MAX_NAME]!r} is not a tableau name (lower-case words joined by '-', "
+                            f"at most {MAX_NAME} characters)")
         if not isinstance(table, dict):
             raise self.fail(path, f"expected a table with a and b, got {type(table).__name__}")
         self.unknown(table, _TABLEAU_KEYS, path)
@@ -238,7 +250,7 @@ class _Reader:
             parsed.append(substep)
         return tuple(parsed)
 
-    def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
+    def parallel(self, step: dict, where: str, operators: dict[str, str], depth: int) -> Parallel:
         self.unknown(step, _PARALLEL_KEYS, where)
         branches = self.typed(step, "parallel", list, where)
         if not branches:
@@ -247,7 +259,7 @@ class _Reader:
         for position, branch in enumerate(branches):
             if not isinstance(branch, list):
                 raise self.fail(f"{where}.parallel[{position}]", f"expected a list of substeps, got {type(branch).__name__}")
-            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators))
+            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators, depth + 1))
         default = [1] * len(branches)
         raw = self.typed(step, "weights", list, where, [f"1/{len(branches)}" for _ in default])
         if len(raw) != len(branches):
@@ -262,8 +274,10 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     """Parse the text of a scheme file; errors name ``where``."""
     try:
         document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    except RecursionError:
+        raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
     return _Reader(where).scheme(document, text)
 
 
@@ -271,13 +285,25 @@ def load_scheme(name_or_path: str) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
+    known = ", ".join(builtin_names())
+    if not name_or_path:
+        raise SplitformerError(f"empty scheme name (built-in: {known}; or a path to a .toml file)")
     path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        known = ", ".join(builtin_names())
-        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
+        if path.suffix != ".toml" and not path.exists():
+            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
+        if path.is_dir():
+            raise SplitformerError(f"scheme file {name_or_path!r} is a folder")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: {reason}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SplitformerError(f"scheme file {name_or_path!r} is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
     return parse_scheme(text, str(path))
 

@@ -11,12 +11,12 @@ module too), and a scheme file may define its own under ``[tableaux.NAME]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import cache
 
 import sympy as sp
 
 from .errors import SplitformerError
+from .exact_numbers import exact_number
 
 __all__ = ["Tableau", "make_tableau", "register_tableau", "tableau", "TABLEAUX", "EULER", "HEUN", "RK4",
            "rooted_trees"]
@@ -72,16 +72,11 @@ class Tableau:
 
 
 def _number(value, where: str) -> sp.Rational:
-    """An exact rational from an int, a decimal float or a fraction string (``"1/6"``)."""
-    if isinstance(value, sp.Rational):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SplitformerError(f"{where}: expected a number or a fraction string, got {type(value).__name__}")
+    """An exact rational from an int, a decimal float or a fraction string (``"1/6"``), bounded."""
     try:
-        fraction = Fraction(value.strip() if isinstance(value, str) else str(value))
-    except (ValueError, ZeroDivisionError, OverflowError):
-        raise SplitformerError(f"{where}: not a rational number: {value!r}") from None
-    return sp.Rational(fraction.numerator, fraction.denominator)
+        return exact_number(value)
+    except ValueError as error:
+        raise SplitformerError(f"{where}: {error}") from None
 
 
 def make_tableau(name: str, a, b, label: str = "") -> Tableau:

@@ -108,3 +108,46 @@ def test_python_built_scheme_with_the_users_kinds_and_tableau():
                     Sequence((RungeKutta((Substep("lin", "explicit", on="centre"),), module.RALSTON),)))
     scheme.check()
     assert splitting_order(scheme).order == 2 and module.RALSTON.order() == 2
+
+
+def test_options_of_a_users_kind_are_checked():
+    splitformer.load_plugin(PLUGIN)
+    base = 'name = "s"\nsummary = "s"\n[operators]\nf = {}\n[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+    scheme = splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = 0.5 }'))
+    assert scheme.instantiate()["f"].scale == 0.5
+    with pytest.raises(splitformer.SplitformerError, match="needs the option 'scale'"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = "scaled-field"'))
+    with pytest.raises(splitformer.SplitformerError, match="expected a number, string or boolean"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = [1] }'))
+
+
+def test_a_users_box_projection_emits_a_clip(tmp_path):
+    import torch
+
+    splitformer.load_plugin(PLUGIN)
+    scheme = splitformer.parse_scheme('name = "clipped"\nsummary = "s"\n[operators]\nbox = "clip"\n'
+                                      '[[steps]]\noperator = "box"\nsolver = "projection"\n')
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    u = np.random.default_rng(7).standard_normal((2, 3, 5)) * 2
+    numpy_module = import_path(tmp_path / "numpy" / "clipped.py")
+    torch_module = import_path(tmp_path / "torch" / "clipped.py")
+    assert np.array_equal(numpy_module.forward(u, {}), np.clip(u, 0, 1))
+    assert np.array_equal(torch_module.Block(5, 1, 1, dtype=torch.float64)(torch.tensor(u)).numpy(), np.clip(u, 0, 1))
+
+
+def test_the_deriver_refuses_what_it_cannot_decide():
+    """Negative controls of the deriver's own checks: case split and root selection."""
+    from splitformer.symbolic.constraints import G, Moment, Statistic
+    from splitformer.symbolic.errors import SplitformerError
+
+    empty = ConstraintSet("empty", "", bounds=(Bound(U - 1), Bound(-U)))  # u ≥ 1 and u ≤ 0
+    with pytest.raises(SplitformerError, match="do not cover the real line"):
+        derive_projection(empty)
+    radius = sp.Symbol("r", real=True)  # its sign unknown: which root is nearer cannot be decided
+    sphere = ConstraintSet("sphere", "", moments=(Moment(U**2, radius**2, G**2),), ghost=True,
+                           statistics=(Statistic("rho", sp.Symbol("rho", positive=True), r"\rho", SYMBOLS.v**2, ""),))
+    with pytest.raises(SplitformerError, match="cannot decide which stationary point is nearest"):
+        derive_projection(sphere)
+    cubic = ConstraintSet("cubic", "", moments=(Moment(U**3, 1),))
+    with pytest.raises(SplitformerError, match="at most quadratic"):
+        derive_projection(cubic)

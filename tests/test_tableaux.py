@@ -31,7 +31,7 @@ def test_rooted_tree_counts_and_classical_orders():
     ([[], [1]], [1, 1], "sum to 2"),
     ([[1], [1]], ["1/2", "1/2"], "on or above the diagonal"),
     ([[]], [1, 0], "1 rows for 2 weights"),
-    ([[], ["x"]], ["1/2", "1/2"], "not a rational number"),
+    ([[], ["x"]], ["1/2", "1/2"], "not a number"),
     ([[], [None]], ["1/2", "1/2"], "expected a number"),
 ])
 def test_bad_tableaux_are_one_clear_error(a, b, message):
@@ -116,3 +116,10 @@ def test_random_runge_kutta_steps_are_schemes_or_one_line_errors(method, fields)
         parse_scheme(text, "fuzz.toml")
     except SplitformerError as error:
         assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize("entry, message", [("1e5000", "out of range"), ("1e309", "out of range"),
+                                            ("9999999999999/3", "out of range"), (float("inf"), "not a number")])
+def test_tableau_entries_are_bounded(entry, message):
+    with pytest.raises(SplitformerError, match=message):
+        make_tableau("big", [[], [entry]], ["1/2", "1/2"])

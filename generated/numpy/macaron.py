@@ -33,6 +33,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     norm3.bias       (d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -110,7 +112,7 @@ def _attention(q, k, v, scale, support):
     q, k, v = (np.ascontiguousarray(t.transpose(0, 2, 1, 3)) for t in (q, k, v))
     keys = k.transpose(0, 1, 3, 2)
     out = np.empty(q.shape, dtype=q.dtype)
-    rows = max(1, (1 << 19) // (q.shape[0] * q.shape[1] * k.shape[2]))
+    rows = max(1, (1 << 19) // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
     for start in range(0, q.shape[2], rows):
         block = slice(start, start + rows)
         scores = (q[:, :, block] * scale) @ keys
@@ -120,14 +122,32 @@ def _attention(q, k, v, scale, support):
     return out.transpose(0, 2, 1, 3)
 
 
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
 def _layer_norm(x, gain, bias, eps):
-    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary."""
-    out = x - np.mean(x, axis=-1, keepdims=True)
-    scale = np.einsum("...k,...k->...", out, out)[..., None]
-    scale /= x.shape[-1]
-    scale += eps
-    np.sqrt(scale, out=scale)
-    out /= scale
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
+
+    The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
+    row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Every row whose LayerNorm is representable gets it, up to the
+    dtype's largest values.
+    """
+    scale = _row_scale(x)
+    out = x / scale
+    out -= out[..., :1].copy()
+    out -= np.mean(out, axis=-1, keepdims=True)
+    variance = np.einsum("...k,...k->...", out, out)[..., None]
+    variance /= x.shape[-1]
+    variance += eps / scale / scale
+    np.sqrt(variance, out=variance)
+    variance[variance == 0] = 1  # a constant row (eps/s² underflowed): its centred values are 0
+    out /= variance
     out *= gain
     out += bias
     return out
@@ -150,13 +170,38 @@ def _support(key_padding_mask, causal, batch, n_tokens):
     return support
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _array(name, value):
+    """``value`` as a NumPy array; a TypeError for what NumPy cannot read (a tensor that requires grad)."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
+                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+
+
 def _state(u):
-    u = np.asarray(u)
+    u = _array("u", u)
     if u.dtype not in (np.float32, np.float64):
         raise ValueError(f"u must be float32 or float64, got {u.dtype}")
-    if u.ndim not in (2, 3):
-        raise ValueError(f"u must have shape (batch, tokens, d) or (tokens, d), got {u.shape}")
+    if u.ndim not in (2, 3) or u.shape[-1] == 0:
+        raise ValueError(f"u must have shape (batch, tokens, d) or (tokens, d) with d > 0, got {u.shape}")
     return u[None] if u.ndim == 2 else u
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _hidden_width(params, name, axis):
+    """The hidden width, read from ``params[name]``; None when it cannot be (the shape check names it)."""
+    try:
+        shape = np.shape(params[name]) if name in params else ()
+    except (TypeError, ValueError, RuntimeError):
+        shape = ()
+    return shape[axis] if len(shape) > axis else None
 
 
 def _parameters(params, table, sizes, dtype):
@@ -164,29 +209,41 @@ def _parameters(params, table, sizes, dtype):
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] for axis in axes)
+        shown = "(" + ", ".join(str(axis if size is None else size) for axis, size in zip(axes, expected)) + \
+            ("," if len(axes) == 1 else "") + ")"
         if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
-        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
+            raise ValueError(f"missing parameter {name!r} of shape {shown}")
+        value = _array(f"parameter {name!r}", params[name])
+        if value.dtype.kind not in "fiu":
             raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {shown}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 
 
-def _head_width(d, n_heads):
-    if not isinstance(n_heads, int) or n_heads < 1 or d % n_heads:
+def _options(d, n_heads, eps, causal):
+    """Check the keyword arguments of ``forward``; returns the head width and ``eps`` as a float."""
+    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, numbers.Integral):
+        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
+    if n_heads < 1 or d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
-    return d // n_heads
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return d // int(n_heads), float(eps)
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
     """One step of macaron: ``u`` of shape (batch, tokens, d) or (tokens, d)."""
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
-    d_head = _head_width(d, n_heads)
-    d_ff = np.shape(params["ffn_pre.W_1"])[1] if "ffn_pre.W_1" in params else 0
+    d_head, eps = _options(d, n_heads, eps, causal)
+    params = _mapping("params", params)
+    d_ff = _hidden_width(params, "ffn_pre.W_1", 1)
     sizes = {"d": d, "d_ff": d_ff}
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     ffn_pre_W_1 = p["ffn_pre.W_1"]
@@ -282,12 +339,12 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
     # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
     u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
-    return u6[0] if u.ndim == 2 else u6
+    return u6[0] if np.ndim(u) == 2 else u6
 
 
 def _final_norm(u0, params, eps):
     """The final projection of a stack (a LayerNorm), derived like the block's."""
-    p = _parameters(params, FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
+    p = _parameters(_mapping("final_norm", params), FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -304,9 +361,14 @@ def _final_norm(u0, params, eps):
 def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=False):
     """``len(layers)`` steps of macaron, then ``final_norm`` (mapping with ``gain``, ``bias``)."""
     state = _state(u)
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
     for params in layers:
         state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
     if final_norm is not None:
+        final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state
 
@@ -464,17 +526,19 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
+    norm3_beta_bar = -t1/(2*(eps + norm3_beta))
+    del t1
     # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm3}}}_{i,k}
     t2 = np.sum(norm3_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
     t3 = np.sum(norm3_p_bar, axis=2)
 
     # --- adjoint of substep 5: ffn_post, explicit, fraction 1/2 ---
-    # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} {P^{\mathrm{norm3}}}_{i,k}}{N_{y}}
     # {\lambda^{(5)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} {P^{\mathrm{norm3}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
-    u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + norm3_beta[:, :, None])))/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) - t1[:, :, None]*norm3_p/(d*np.sqrt(eps + norm3_beta[:, :, None]))
-    del norm3_beta, norm3_p, norm3_p_bar, t1, t2, t3
+    u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) - 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) + 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d
+    del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3
     # {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l} = \frac{{\lambda^{(5)}}_{i,l}}{2}
     ffn_post_out_bar = u5_bar/2
     # {\overline{W_{\mathrm{ffn\_post},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_post}}}}_{i,l} {s^{\mathrm{ffn\_post}}}_{i,z}
@@ -507,17 +571,19 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t4 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t4/(2*(eps + norm2_beta))
+    del t4
     # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
     t5 = np.sum(norm2_p, axis=2)
     # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t6 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 3: attn, explicit ---
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
     # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) + t4[:, :, None]*t5[:, :, None]/(d*np.sqrt(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) - t4[:, :, None]*norm2_p/(d*np.sqrt(eps + norm2_beta[:, :, None]))
-    del norm2_beta, norm2_p, norm2_p_bar, t4, t5, t6
+    u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t5, t6
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     attn_out_bar = u3_bar
     # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
@@ -594,17 +660,19 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     del u2_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t11 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t11/(2*(eps + norm1_beta))
+    del t11
     # {t_{12}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
     t12 = np.sum(norm1_p, axis=2)
     # {t_{13}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t13 = np.sum(norm1_p_bar, axis=2)
 
     # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
     # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u1_bar = (-t13[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) + t11[:, :, None]*t12[:, :, None]/(d*np.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) - t11[:, :, None]*norm1_p/(d*np.sqrt(eps + norm1_beta[:, :, None]))
-    del norm1_beta, norm1_p, norm1_p_bar, t11, t12, t13
+    u1_bar = (-t13[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t12, t13
     # {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l} = \frac{{\lambda^{(1)}}_{i,l}}{2}
     ffn_pre_out_bar = u1_bar/2
     # {\overline{W_{\mathrm{ffn\_pre},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn\_pre}}}}_{i,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
@@ -694,15 +762,17 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     del u1_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
+    del t1
     # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
     t2 = np.sum(final_norm_p, axis=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
     t3 = np.sum(final_norm_p_bar, axis=2)
-    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
     # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*np.sqrt(eps + final_norm_beta[:, :, None])))/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) - t1[:, :, None]*final_norm_p/(d*np.sqrt(eps + final_norm_beta[:, :, None]))
-    del final_norm_beta, final_norm_p, final_norm_p_bar, t1, t2, t3
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
+    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,
@@ -712,31 +782,32 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
 
 def _seed(grad_out, u, state):
     """``grad_out`` as the costate of the output: the shape of ``u``, the dtype of the state."""
-    seed = np.asarray(grad_out)
+    seed = _array("grad_out", grad_out)
     if seed.shape != np.shape(u):
         raise ValueError(f"grad_out must have the shape of u, {np.shape(u)}, got {seed.shape}")
-    if not (np.issubdtype(seed.dtype, np.floating) or np.issubdtype(seed.dtype, np.integer)):
+    if seed.dtype.kind not in "fiu":
         raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
     seed = seed.astype(state.dtype, copy=False)
     return seed[None] if seed.ndim == 2 else seed
 
 
 def vjp(u, params, grad_out, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
-    """The derived adjoint of one step of macaron: ``(λ of u, gradients of the controls)``.
+    """The derived adjoint of one step of macaron: ``(∂J/∂u, {canonical name: ∂J/∂θ})``.
 
-    ``grad_out`` is the costate λ of the output (∂J/∂output, the shape of ``u``); the result is
-    ``(∂J/∂u, {canonical name: ∂J/∂θ})``. The step is run again, keeping only what the
-    adjoint reads; its adjoint is reverse mode over the derived assignments.
+    ``grad_out`` is the costate λ of the output (∂J/∂output, the shape of ``u``). The step is
+    run again, keeping only the arrays its adjoint reads; the adjoint is reverse mode over the
+    derived assignments (report §6).
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
-    _head_width(d, n_heads)
-    d_ff = np.shape(params["ffn_pre.W_1"])[1] if "ffn_pre.W_1" in params else 0
+    _, eps = _options(d, n_heads, eps, causal)
+    params = _mapping("params", params)
+    d_ff = _hidden_width(params, "ffn_pre.W_1", 1)
     p = _parameters(params, PARAMETERS, {"d": d, "d_ff": d_ff}, u0.dtype)
     seed = _seed(grad_out, u, u0)
     chi = _support(key_padding_mask, causal, batch, n_tokens)
-    _, saved = _vjp_forward(u0, p, chi, eps, n_heads)
-    grad_u, grads = _vjp_backward(saved, seed, p, chi, eps, n_heads)
+    _, saved = _vjp_forward(u0, p, chi, eps, int(n_heads))
+    grad_u, grads = _vjp_backward(saved, seed, p, chi, eps, int(n_heads))
     return (grad_u[0] if np.ndim(u) == 2 else grad_u), grads
 
 
@@ -747,21 +818,27 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_
     each step's input is kept, each step's activations are recomputed when its adjoint runs.
     """
     state = _state(u)
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
+    _, eps = _options(state.shape[-1], n_heads, eps, causal)
     seed = _seed(grad_out, u, state)
+    if final_norm is not None:
+        named = {f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()}
+        final_params = _parameters(named, FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
     inputs = []
     for params in layers:
         inputs.append(state)
         state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
     grad_final_norm = None
     if final_norm is not None:
-        named = {f"final_norm.{name}": value for name, value in final_norm.items()}
-        p = _parameters(named, FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
-        _, saved = _final_norm_vjp_forward(state, p, None, eps, 1)
-        seed, grads = _final_norm_vjp_backward(saved, seed, p, None, eps, 1)
+        _, saved = _final_norm_vjp_forward(state, final_params, None, eps, 1)
+        seed, grads = _final_norm_vjp_backward(saved, seed, final_params, None, eps, 1)
         grad_final_norm = {name.split(".", 1)[1]: value for name, value in grads.items()}
     grad_layers = []
-    for params, inputs_n in zip(reversed(layers), reversed(inputs)):
-        seed, grads = vjp(inputs_n, params, seed, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,
+    for params, step_input in zip(reversed(layers), reversed(inputs)):
+        seed, grads = vjp(step_input, params, seed, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,
                           causal=causal)
         grad_layers.append(grads)
     return (seed[0] if np.ndim(u) == 2 else seed), grad_layers[::-1], grad_final_norm

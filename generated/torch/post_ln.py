@@ -27,6 +27,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     norm2.bias       (d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -104,6 +106,58 @@ def _attention(q, k, v, scale, support):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=support | empty, scale=scale)
         out = out.masked_fill(empty, 0.0)
     return out.transpose(1, 2)
+
+
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    with torch.no_grad():
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        exponent = torch.frexp(peak).exponent.clamp(0, int(math.log2(torch.finfo(x.dtype).max)))
+        return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+def _root(mean_square, eps, scale):
+    """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
+    root = torch.sqrt(mean_square + eps / scale / scale)
+    return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _layer_norm(x, gain, bias, eps):
+    """gain (x − mean)/√(var + eps) + bias over the last axis.
+
+    The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values; the
+    row's first value is subtracted before the mean (shifted data; it cancels, so it
+    carries no gradient), so rows far from zero keep their deviations.
+    """
+    scale = _row_scale(x)
+    y = x / scale
+    y = y - y[..., :1].detach()
+    centred = y - y.mean(dim=-1, keepdim=True)
+    return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
 
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
@@ -218,17 +272,19 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     del u4_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
+    del t1
     # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
     t2 = torch.sum(norm2_p, dim=2)
     # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
     t3 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 3: parallel (ffn ×2, identity) ---
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
     # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u3_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) + t1[:, :, None]*t2[:, :, None]/(d*torch.sqrt(eps + norm2_beta[:, :, None])))/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) - t1[:, :, None]*norm2_p/(d*torch.sqrt(eps + norm2_beta[:, :, None]))
-    del norm2_beta, norm2_p, norm2_p_bar, t1, t2, t3
+    u3_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3
     # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     ffn_out_bar = u3_bar
     # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
@@ -260,17 +316,19 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     del u2_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t4 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t4/(2*(eps + norm1_beta))
+    del t4
     # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
     t5 = torch.sum(norm1_p, dim=2)
     # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
     t6 = torch.sum(norm1_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit ---
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
     # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u1_bar = (-t6[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) + t4[:, :, None]*t5[:, :, None]/(d*torch.sqrt(eps + norm1_beta[:, :, None])))/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) - t4[:, :, None]*norm1_p/(d*torch.sqrt(eps + norm1_beta[:, :, None]))
-    del norm1_beta, norm1_p, norm1_p_bar, t4, t5, t6
+    u1_bar = (-t6[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t5, t6
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
     attn_out_bar = u1_bar
     # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
@@ -421,8 +479,11 @@ def _reset(module, table, bias):
 
 
 def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked."""
-    unknown = sorted(set(params) - set(table))
+    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+
+    Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
+    """
+    unknown = sorted(set(_mapping("params", params)) - set(table))
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
     with torch.no_grad():
@@ -440,6 +501,8 @@ def _load(module, table, params, bias):
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
             target.copy_(value)
 
 
@@ -452,8 +515,12 @@ class Block(torch.nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, device=None, dtype=None, backward="autograd"):
         super().__init__()
-        if n_heads < 1 or d_model % n_heads:
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
+        eps = _epsilon(eps)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
@@ -471,6 +538,10 @@ class Block(torch.nn.Module):
 
     def forward(self, u, key_padding_mask=None, causal=False):
         """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
         dtype = self.attn.W_q.dtype
@@ -523,7 +594,7 @@ class Block(torch.nn.Module):
         # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
-        u2 = torch.nn.functional.layer_norm(u1, u1.shape[-1:], norm1_gain, norm1_bias, eps)
+        u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
 
         # --- substep 3: parallel (ffn ×2, identity) ---
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(2)}}_{i,k}
@@ -541,7 +612,7 @@ class Block(torch.nn.Module):
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
-        u4 = torch.nn.functional.layer_norm(u3, u3.shape[-1:], norm2_gain, norm2_bias, eps)
+        u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
         return u4[0] if u.dim() == 2 else u4
 
 
@@ -555,6 +626,7 @@ class Stack(torch.nn.Module):
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=False,
                  device=None, dtype=None, backward="autograd"):
         super().__init__()
+        n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype, backward=backward)
             for _ in range(n_layers)
@@ -566,6 +638,8 @@ class Stack(torch.nn.Module):
 
     def load_params(self, layers, final_norm=None):
         """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+            raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
         for block, params in zip(self.layers, layers):
@@ -573,6 +647,7 @@ class Stack(torch.nn.Module):
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
         if final_norm is not None:
+            final_norm = _mapping("final_norm", final_norm)
             _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
         return self
 
@@ -587,7 +662,7 @@ class Stack(torch.nn.Module):
         # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
-        u1 = torch.nn.functional.layer_norm(u0, u0.shape[-1:], final_norm_gain, final_norm_bias, eps)
+        u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
         return u1
 
     def forward(self, u, key_padding_mask=None, causal=False):

@@ -7,7 +7,7 @@ Loaded explicitly (``splitformer derive --load tests/plugins/my_kinds.py …`` o
 from dataclasses import dataclass
 from typing import ClassVar
 
-from splitformer.symbolic.constraints import SYMBOLS, U, ConstraintSet, Moment, Statistic
+from splitformer.symbolic.constraints import SYMBOLS, U, Bound, ConstraintSet, Moment, Statistic
 from splitformer.symbolic.domains import FEATURES, XI, X, Y
 from splitformer.symbolic.operators import (
     STATE, Definition, Operator, ProjectionOperator, apply, integral, kernel, register_operator,
@@ -54,5 +54,39 @@ class Centre(ProjectionOperator):
     projection_meaning: ClassVar[str] = r"projection onto the hyperplane $S_0$ (derived)"
 
 
+#: The box [0, 1]: two pointwise bounds, so the deriver splits KKT cases (it yields a clip).
+BOX = ConstraintSet(name="S_box", latex=r"S_{\mathrm{box}} = \{u : 0 \le u \le 1\}", bounds=(Bound(U), Bound(1 - U)))
+
+
+@register_operator
+@dataclass(frozen=True)
+class Clip(ProjectionOperator):
+    """Projection onto the box ``[0, 1]``, given only by its two bounds."""
+
+    kind: ClassVar[str] = "clip"
+    symbol: ClassVar[str] = r"\mathrm{Proj}_{S_{\mathrm{box}}}"
+    constraint: ClassVar[str] = r"S_{\mathrm{box}}"
+    constraints: ClassVar[ConstraintSet] = BOX
+    affine: ClassVar[tuple[str, ...]] = ()
+    projection_meaning: ClassVar[str] = "projection onto the box [0, 1] (derived from its KKT cases)"
+
+
 #: Ralston's second-order method.
 RALSTON = register_tableau(make_tableau("ralston", [[], ["2/3"]], ["1/4", "3/4"], "Ralston (RK2)"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class ScaledField(Operator):
+    """``u ↦ scale · ∫ W u dξ``: a kind with a required option (``{ kind = "scaled-field", scale = 2 }``)."""
+
+    scale: float
+    kind: ClassVar[str] = "scaled-field"
+    symbol: ClassVar[str] = r"\mathcal{S}"
+
+    def parameters(self):
+        return (kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)),)
+
+    def definitions(self):
+        rhs = self.scale * integral(self.parameters()[0].applied() * apply(STATE, X, XI), XI)
+        return (Definition("out", r"\mathcal{S}", (X, Y), rhs, "a scaled linear integral transform"),)

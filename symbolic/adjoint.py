@@ -84,9 +84,6 @@ class Adjoint:
         return Program(self.forward.name, {**self.forward.tensors, **self.tensors}, records, self.forward.output,
                        list(self.forward.notes))
 
-    def latex_names(self) -> dict[str, str]:
-        return {name: tensor.latex for name, tensor in {**self.forward.tensors, **self.tensors}.items()}
-
 
 # -- differentiation --------------------------------------------------------------------
 
@@ -260,7 +257,7 @@ def _spare(index: sp.Idx, avoid: set[sp.Idx], pool: list[sp.Idx]) -> sp.Idx:
     raise SplitformerError(f"no free index letter over the range of {index} to write an adjoint sum")
 
 
-def _overline(latex: str, role: str) -> str:
+def _overline(latex: str) -> str:
     if latex.startswith("u^{"):  # a state u^{(n)}: its costate λ^{(n)}
         return r"\lambda" + latex[1:]
     return rf"\overline{{{latex}}}"
@@ -296,10 +293,10 @@ class _Reverse:
             raise SplitformerError(f"scheme {self.program.name!r}: the adjoint of {name!r} would be named like the "
                                    f"array {bar!r}; rename an operator")
         if role == "gradient" or tensor.role == "param":
-            self.tensors[bar] = Tensor(bar, _overline(tensor.latex, tensor.role), tensor.indices, "gradient",
+            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices, "gradient",
                                        tensor.parameter, tensor.shape, tensor.kind)
         else:
-            self.tensors[bar] = Tensor(bar, _overline(tensor.latex, tensor.role), tensor.indices,
+            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices,
                                        "input" if role == "seed" else "temp")
         return bar
 

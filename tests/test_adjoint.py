@@ -227,3 +227,25 @@ def test_derived_torch_backward_in_float32_without_biases_and_unbatched():
         assert float((derived - expected).abs().max() / expected.abs().max()) <= 1e-4
     with pytest.raises(ValueError, match="backward"):
         torch_module.Block(8, 2, 12, backward="tape")
+
+
+def test_a_users_kinds_and_solver_get_their_adjoint(tmp_path, rng):
+    """tests/plugins/my_kinds.py: a user's projection, affine field and Runge–Kutta tableau."""
+    from splitformer.symbolic.checks.adjoint import adjoint_checks
+    from splitformer.symbolic.plugins import load_plugin
+
+    load_plugin(ROOT / "tests" / "plugins" / "my_kinds.py")
+    scheme = load_scheme(str(ROOT / "tests" / "plugins" / "plugin-scheme.toml"))
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    numpy_module = import_path(tmp_path / "numpy" / "plugin_scheme.py")
+    torch_module = import_path(tmp_path / "torch" / "plugin_scheme.py")
+    params = reference.random_params(numpy_module.PARAMETERS, 8, 12, rng)
+    u, grad_out = rng.standard_normal((2, N, 8)), rng.standard_normal((2, N, 8))
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    x = torch.tensor(u, requires_grad=True)
+    block(x).backward(torch.tensor(grad_out))
+    expected = {name: torch_module._tensor(block, name).grad.numpy() for name in torch_module.PARAMETERS}
+    grad_u, grads = numpy_module.vjp(u, params, grad_out, n_heads=2)
+    assert _relative(grad_u, x.grad.numpy()) <= 1e-10
+    assert all(_relative(grads[name], value) <= 1e-10 for name, value in expected.items())
+    assert all(check.holds for check in adjoint_checks(scheme, derive(scheme)))

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench bench-backward train-demo clean
+.PHONY: demo test generate bench bench-backward train-demo latex-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,7 @@ generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
+	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
 
 # NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
 # the arrays are small, and idle BLAS threads only slow a shared machine down).
@@ -38,6 +39,13 @@ bench-backward: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py
+
+# Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
+# LaTeX checks run without them).
+latex-check: $(STAMP)
+	mkdir -p .cache/katex && cd .cache/katex && npm install --silent --no-save katex@0.16
+	SPLITFORMER_KATEX=$(CURDIR)/.cache/katex $(BIN)/python -m pytest tests/test_cli_usage.py tests/test_api.py \
+		-k "latex or render or repr"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .convergence import Study, convergence_study, plot_study
+from .convergence import Study, convergence_study, plot_studies, plot_study
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 
@@ -37,6 +38,15 @@ class CheckReport:
     orders: dict[str, dict] = field(default_factory=dict)
     plots: dict[str, Path] = field(default_factory=dict)
     leading_text: dict[str, str] = field(default_factory=dict)
+    studies: dict[str, Study] = field(default_factory=dict)
+    #: Called with each check as it is added (``splitformer check`` prints progress on a terminal).
+    progress: Callable[[Check], None] | None = field(default=None, repr=False, compare=False)
+
+    def add(self, *checks: Check) -> None:
+        for check in checks:
+            self.checks.append(check)
+            if self.progress is not None:
+                self.progress(check)
 
     @property
     def holds(self) -> bool:
@@ -75,6 +85,12 @@ class CheckReport:
                 lines.append(f"| `{name}` | {_shown(order['order'])} | {_shown(order['splitting_order'])} | "
                              f"${order['leading_error']}$ |")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+    def _repr_markdown_(self) -> str:
+        return self.as_markdown()
 
 
 def _shown(order: int | None) -> str:
@@ -117,8 +133,8 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     """The checks of one scheme, added to ``report``."""
     report = report or CheckReport()
     program = program or derive(scheme)
-    report.checks += recovery_checks(scheme, program)
-    report.checks += adjoint_checks(scheme, program)
+    report.add(*recovery_checks(scheme, program))
+    report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -126,19 +142,26 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report.leading_text[scheme.name] = result.leading_error_text
     claim = order_check(scheme, result)
     if claim is not None:
-        report.checks.append(claim)
+        report.add(claim)
     if result.order is None:  # an exact step: there is no error to converge
         return report
-    study = convergence_study(scheme, order=result.order)
-    report.checks.append(convergence_check(scheme, study, result.order))
+    study = report.studies[scheme.name] = convergence_study(scheme, order=result.order)
+    report.add(convergence_check(scheme, study, result.order))
     if plots is not None:
         report.plots[scheme.name] = plot_study(study, result.order, plots / f"{scheme.module_name}_convergence.png")
     return report
 
 
-def run_checks(schemes: list[Scheme], plots: Path | None = None) -> CheckReport:
-    """General checks, then every scheme's."""
-    report = CheckReport(projection_checks() + [sign_check()] + activation_checks() + general_adjoint_checks())
+def run_checks(schemes: list[Scheme], plots: Path | None = None,
+               progress: Callable[[Check], None] | None = None) -> CheckReport:
+    """General checks, then every scheme's; ``plots`` also gets ``convergence.png`` with all schemes."""
+    report = CheckReport(progress=progress)
+    report.add(*projection_checks())
+    report.add(sign_check())
+    report.add(*activation_checks())
+    report.add(*general_adjoint_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
+    if plots is not None and report.studies:
+        plot_studies(list(report.studies.values()), plots / "convergence.png")
     return report

@@ -25,7 +25,7 @@ from splitformer.symbolic.stack import final_norm_scheme
 from .lowering import lower
 from .render import render_module
 
-__all__ = ["Study", "convergence_study", "plot_study"]
+__all__ = ["Study", "convergence_study", "plot_study", "plot_studies"]
 
 TOKENS, WIDTH, HEADS, HIDDEN, HORIZON = 4, 4, 2, 8, 1.0
 STEPS = (1, 2, 4, 8, 16, 32)
@@ -140,16 +140,28 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None) -
     return Study(scheme.name, steps, tuple(errors), slope)
 
 
+def _figure(width: float, height: float):
+    """A figure outside pyplot: no global backend switch, nothing to close (notebooks keep theirs)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    return figure, figure.subplots()
+
+
+def _save(figure, path: Path) -> Path:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, metadata={"Software": None})
+    except OSError as error:
+        raise SplitformerError(f"cannot write {path}: {error.strerror}") from None
+    return path
+
+
 def plot_study(study: Study, order: int, path: Path) -> Path:
     """Error against Δt on log–log axes, with a reference line of the expected slope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = np.array([HORIZON / count for count in study.steps])
     errors = np.array(study.errors)
-    figure, axes = plt.subplots(figsize=(4.8, 3.6), dpi=100)
+    figure, axes = _figure(4.8, 3.6)
     axes.loglog(steps, errors, "o-", label=f"{study.scheme} (slope {study.slope:.2f})")
     axes.loglog(steps, errors[-1] * (steps / steps[-1]) ** order, "--", color="gray", label=f"order {order}")
     axes.set_xlabel("Δt")
@@ -157,11 +169,18 @@ def plot_study(study: Study, order: int, path: Path) -> Path:
     axes.set_title(f"convergence of {study.scheme}")
     axes.legend()
     figure.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, metadata={"Software": None})
-    except OSError as error:
-        raise SplitformerError(f"cannot write {path}: {error.strerror}") from None
-    finally:
-        plt.close(figure)
-    return path
+    return _save(figure, path)
+
+
+def plot_studies(studies: list[Study], path: Path | None = None):
+    """Every study on one set of log–log axes; saved to ``path``, or the figure when ``None``."""
+    figure, axes = _figure(5.6, 4.2)
+    for study in studies:
+        steps = [HORIZON / count for count in study.steps]
+        axes.loglog(steps, study.errors, "o-", markersize=3, label=f"{study.scheme} (slope {study.slope:.2f})")
+    axes.set_xlabel("Δt")
+    axes.set_ylabel("max error at T = 1")
+    axes.set_title("convergence of the schemes")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    return figure if path is None else _save(figure, path)

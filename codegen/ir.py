@@ -121,6 +121,9 @@ class Module:
     ops: list[Op]
     output: str
     comments: dict[str, str] = field(default_factory=dict)
+    #: Tensors a training-mode torch forward drops out (torch's places: residual branches,
+    #: the feed-forward activation); attention kernels always are. Set by ``lower``.
+    dropout: tuple[str, ...] = ()
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)

@@ -19,6 +19,7 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 from splitformer.symbolic.latex import equation
+from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import BATCH, UNBATCHED_ROLES, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
@@ -144,6 +145,20 @@ def _reading_order(operand: Operand, out: tuple[str, ...]) -> tuple:
     return (BATCH not in operand.labels, positions)
 
 
+def _dropout_sites(program: Program) -> tuple[str, ...]:
+    """Where torch puts dropout: each non-projection operator's output (a residual branch)
+    and the definitions it names in ``dropout_sites`` (the feed-forward activation)."""
+    sites = []
+    for record in program.records:
+        for evaluation in record.evaluations:
+            operator = OPERATOR_KINDS.get(evaluation.kind)
+            if operator is None or operator.is_projection:
+                continue
+            *inner, output = (assignment.target for assignment in evaluation.assignments)
+            sites += [name for name in inner if name.rsplit("_", 1)[-1] in operator.dropout_sites] + [output]
+    return tuple(sites)
+
+
 def lower(program: Program, passes=None) -> Module:
     """The IR of ``program``; ``passes`` (default: ``codegen.passes.DEFAULT``) rewrite it."""
     from .passes import DEFAULT
@@ -154,7 +169,7 @@ def lower(program: Program, passes=None) -> Module:
             for assignment in evaluation.assignments:
                 lowering.assignment(assignment, record.title)
         lowering.assignment(record.update, record.title)
-    module = Module(program.name, lowering.tensors, lowering.ops, program.output)
+    module = Module(program.name, lowering.tensors, lowering.ops, program.output, dropout=_dropout_sites(program))
     for rewrite in DEFAULT if passes is None else passes:
         module = rewrite(module)
     return module

@@ -11,6 +11,7 @@ from splitformer.symbolic.domains import HIDDEN
 from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
+from .initialization import init_bounds
 from .ir import Module
 
 __all__ = ["environment", "render_module", "unit_context"]
@@ -108,6 +109,8 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     if backward is not None:
         units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
     functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
+    block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
+    parameters = block_unit["parameters"] + final_unit["parameters"]
     return template.render(
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
@@ -116,6 +119,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         scheme=scheme,
         module=block,
         version=__version__,
-        block=unit_context(block, backend),
-        final=unit_context(final_norm, backend),
+        block=block_unit,
+        final=final_unit,
+        init_bounds=init_bounds(parameters, scheme.operators),
     )

@@ -163,7 +163,7 @@ def train_torch(model: dict, tokens: np.ndarray, labels: np.ndarray, steps: int)
 
     from .adapters import from_torch
 
-    return {"embed": array(embed), "position": array(position), "layers": [from_torch(layer) for layer in layers],
+    return {"embed": array(embed), "position": array(position), "layers": [dict(from_torch(layer)) for layer in layers],
             "final_norm": {"gain": array(norm.weight), "bias": array(norm.bias)},
             "head": array(head), "head_bias": array(head_bias)}
 

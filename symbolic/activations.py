@@ -1,7 +1,7 @@
 """Pointwise activations of the feed-forward operator.
 
 ReLU is not typed in: it is the projection onto ``S_2 = {u ≥ 0}`` derived from its KKT
-conditions. The others are pointwise maps, not projections (MODEL.md §6).
+conditions. The others are pointwise maps, not projections (docs/model.md §6).
 """
 
 from __future__ import annotations

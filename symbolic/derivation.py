@@ -247,6 +247,6 @@ def derive(scheme: Scheme) -> Program:
         r"kernels absorb the quadrature weights, so the score scale $|\Omega_e|^{-1/2}\Delta e$ becomes $1/\sqrt{N_e}$.",
         r"The token spacing $\Delta x$ cancels between the kernel $\gamma$ and its normalizing integral: "
         r"the discrete kernel is the row-wise softmax.",
-        r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (MODEL.md §3).",
+        r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (docs/model.md §3).",
     ]
     return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes)

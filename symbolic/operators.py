@@ -98,6 +98,8 @@ class Operator:
     is_projection: ClassVar[bool] = False
     #: For a projection: the LaTeX of the constraint set.
     constraint: ClassVar[str] = ""
+    #: Definitions (besides the output) a training-mode torch forward applies dropout to.
+    dropout_sites: ClassVar[tuple[str, ...]] = ()
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError
@@ -217,6 +219,7 @@ class FeedForward(Operator):
     bias: bool = True
     kind: ClassVar[str] = "feed-forward"
     symbol: ClassVar[str] = r"\mathcal{F}"
+    dropout_sites: ClassVar[tuple[str, ...]] = ("s",)  # torch's dropout after the activation
 
     def parameters(self) -> tuple[Parameter, ...]:
         parameters = (

@@ -100,6 +100,17 @@ class Scheme:
 
         return f"$\\displaystyle {equation_latex(self)}$"
 
+    def _repr_markdown_(self) -> str:
+        from .equation import equation_latex
+
+        claims = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in self.claims.items())
+        lines = [f"**`{self.name}`**: {self.summary}", "", f"$$ {equation_latex(self)} $$", "",
+                 f"activation `{self.activation}`" + (", final LayerNorm" if self.final_norm else "")
+                 + (f"; claims {claims}" if claims else ""), ""]
+        if self.source:
+            lines += ["```toml", self.source.rstrip("\n"), "```"]
+        return "\n".join(lines)
+
     def instantiate(self) -> dict[str, Operator]:
         """The operator objects, keyed by their names in the scheme."""
         result: dict[str, Operator] = {}
@@ -145,6 +156,9 @@ class Scheme:
         if not self.substeps():
             raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
+            if step.solver not in SOLVERS:
+                raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "
+                                       f"(known: {', '.join(SOLVERS)})")
             for key in (step.operator, step.on):
                 if key is not None and key not in operators:
                     raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")

@@ -7,6 +7,7 @@ numbers are small exact fractions, and files, nesting and compositions are bound
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import MISSING
@@ -281,8 +282,11 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     return _Reader(where).scheme(document, text)
 
 
-def load_scheme(name_or_path: str) -> Scheme:
+def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise SplitformerError(f"expected a scheme name or a path, got {type(name_or_path).__name__}")
+    name_or_path = os.fspath(name_or_path)
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
     known = ", ".join(builtin_names())

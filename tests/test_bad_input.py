@@ -149,10 +149,25 @@ def test_an_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "error: interrupted\n"
 
 
+def _wait_for_cpu(pid: int, seconds: float) -> None:
+    """Wait until process ``pid`` has used ``seconds`` of CPU (a loaded machine starts slowly)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            time.sleep(seconds)
+            return
+        if (int(fields[11]) + int(fields[12])) / ticks >= seconds:
+            return
+        time.sleep(0.05)
+
+
 def test_sigint_during_check_in_a_real_process():
     process = subprocess.Popen([sys.executable, "-m", "splitformer", "check"], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    _wait_for_cpu(process.pid, seconds=1.0)  # well past start-up: inside main()
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err == "error: interrupted\n", err

@@ -8,20 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import sympy as sp
+from ..latex import plain_text as plain
 
 __all__ = ["Check", "plain"]
-
-_GREEK = {r"\alpha": "α", r"\beta": "β", r"\sigma_1": "σ₁", r"\sigma_2": "σ₂", r"\gamma": "γ",
-          r"\varepsilon": "ε", r"\lambda": "λ", r"\mu": "μ", r"\sigma": "σ", r"\rho": "ρ"}
-
-
-def plain(expr: sp.Expr) -> str:
-    """An expression as one line of plain text, Greek letters for the projection symbols."""
-    text = sp.sstr(expr)
-    for name, letter in _GREEK.items():
-        text = text.replace(name, letter)
-    return text
 
 
 @dataclass(frozen=True)
@@ -35,3 +24,6 @@ class Check:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def _repr_markdown_(self) -> str:
+        return f"{'✅' if self.holds else '❌'} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}"

@@ -1,4 +1,4 @@
-"""Local splitting error by non-commutative series (MODEL.md §9).
+"""Local splitting error by non-commutative series (docs/model.md §9).
 
 The vector fields are replaced by linear generators — every attention operator by ``A``,
 every feed-forward operator by ``B`` (Macaron's two feed-forward operators are one field
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ..latex import plain_text
 from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["OrderResult", "splitting_order", "GENERATORS", "STEP"]
+__all__ = ["OrderResult", "splitting_order", "generator", "GENERATORS", "STEP"]
 
 STEP = sp.Symbol("h", positive=True)
 #: Non-commuting generators of the attention and feed-forward fields (gated or not); any other
@@ -53,6 +54,20 @@ class OrderResult:
     leading_error_text: str
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
+
+    def __str__(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term"
+        splitting = "—" if self.splitting_order is None else self.splitting_order
+        return f"order {self.order}, splitting order {splitting}; leading local error {self.leading_error_text}"
+
+    def _repr_markdown_(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term up to $h^4$"
+        text = f"**order {self.order}** (own substep solvers), leading local error $${self.leading_error}$$"
+        if self.splitting_order is not None:
+            text += f"\n\n**splitting order {self.splitting_order}** (exact sub-flows), leading term $${self.exact_subflows_error}$$"
+        return text
 
 
 def _truncate(expr: sp.Expr) -> sp.Expr:
@@ -153,7 +168,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         splitting_order=split_order if own.splitting else None,
         leading_error=sp.latex(shown),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=sp.sstr(shown),
+        leading_error_text=plain_text(shown),
         leading=leading,
         exact_subflows_leading=split_leading,
     )

@@ -43,6 +43,8 @@ class Backward:
     seed: str
     #: canonical parameter name (or ``u``) → gradient array in the adjoint module
     gradients: dict[str, str]
+    #: the derived (index-notation) adjoint it was lowered from
+    symbolic: Adjoint | None = None
 
 
 class _AdjointLowering(_Lowering):
@@ -176,7 +178,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     return Backward(
         forward=replace(module, ops=forward_ops, output=program.output),
         adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
-        saved=saved, seed=adjoint.seed, gradients=gradients,
+        saved=saved, seed=adjoint.seed, gradients=gradients, symbolic=adjoint,
     )
 
 

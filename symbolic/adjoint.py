@@ -3,7 +3,7 @@ r"""Reverse mode over a discrete program: the adjoint (costate) program, derived
 Input: a forward ``Program``. Output: an ``Adjoint``, whose records hold the adjoint
 assignments in index notation, one record per forward substep, in reverse order.
 
-Training as optimal control (MODEL.md §8): one step is ``u^{n+1} = Φ(u^n, θ^n)``; with the
+Training as optimal control: one step is ``u^{n+1} = Φ(u^n, θ^n)``; with the
 discrete Hamiltonian ``H^n = ⟨λ^{n+1}, Φ(u^n, θ^n)⟩`` the stationarity conditions of the
 Lagrangian are the costate recursion ``λ^n = ∂H^n/∂u^n = (∂Φ/∂u^n)ᵀ λ^{n+1}`` and the
 gradients ``∂J/∂θ^n = ∂H^n/∂θ^n``. Inside a step ``Φ`` is the program's chain of

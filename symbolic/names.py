@@ -34,6 +34,7 @@ MODULE_ATTRIBUTES = frozenset({
     # the emitted Block and Stack
     "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
     "reset_parameters", "n_layers", "dropout", "batch_first", "backward_mode",
+    "smart_apply",  # added to torch.nn.Module once transformers is imported
 })
 
 

@@ -249,3 +249,26 @@ def test_a_users_kinds_and_solver_get_their_adjoint(tmp_path, rng):
     assert _relative(grad_u, x.grad.numpy()) <= 1e-10
     assert all(_relative(grads[name], value) <= 1e-10 for name, value in expected.items())
     assert all(check.holds for check in adjoint_checks(scheme, derive(scheme)))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
+def test_derived_backward_with_torch_options_float_mask_and_sequence_first():
+    torch_module = import_path(GENERATED / "torch" / "post_ln.py")
+    results = {}
+    for backward in ("autograd", "derived"):
+        torch.manual_seed(1)
+        block = torch_module.Block(8, 2, 12, batch_first=False, backward=backward, dtype=torch.float64)
+        with torch.no_grad():
+            for parameter in block.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+        x = torch.randn(N, 2, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64, requires_grad=True)
+        mask = torch.randn(N, N, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        block(x, src_mask=mask).square().sum().backward()
+        results[backward] = [x.grad] + [p.grad for name, p in block.named_parameters() if not name.endswith("b_k")]
+    for derived, expected in zip(results["derived"], results["autograd"]):
+        assert float((derived - expected).abs().max() / expected.abs().max()) <= 1e-10
+    block = torch_module.Block(8, 2, 12, dropout=0.1, backward="derived")
+    with pytest.raises(ValueError, match="dropout"):
+        block(torch.randn(2, N, 8))
+    assert block.eval()(torch.randn(2, N, 8)).shape == (2, N, 8)
+    torch.jit.script(torch_module.Block(8, 2, 12, backward="derived"))  # the derived path is TorchScript-unused

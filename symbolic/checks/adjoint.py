@@ -129,16 +129,22 @@ def _layer_norm_jacobian_check() -> Check:
     beta = sum((x - alpha) ** 2 for x in v) / size
     scale = sp.sqrt(beta + EPSILON)
     p = [(x - alpha) / scale for x in v]
-    jacobian = sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
-                                                          - p[l] * p[k] / size) / scale)
-    closed = jacobian.T * sp.Matrix(lam)
+    def closed_form(sign):
+        jacobian = sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
+                                                              - sign * p[l] * p[k] / size) / scale)
+        return jacobian.T * sp.Matrix(lam)
+
+    closed, wrong = closed_form(1), closed_form(-1)
     differences = [sp.simplify(sp.together(derived[k] - closed[k])) for k in range(size)]
-    holds = all(difference == 0 for difference in differences)
+    # negative control: the same comparison with + P Pᵀ/N must not simplify to 0
+    control = sp.simplify(sp.together(derived[0] - wrong[0])) != 0
+    holds = all(difference == 0 for difference in differences) and control
     return Check(
         "adjoint/layer-norm-jacobian", None,
         "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
         "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
-        "P = (v − α)/√(β + ε) (ε included): exactly, for N = 3 with symbolic v, g, λ and ε.",
+        "P = (v − α)/√(β + ε) (ε included): exactly, for N = 3 with symbolic v, g, λ and ε; the same "
+        "comparison with +P Pᵀ/N fails (negative control).",
         "symbolic", holds,
         "derived − closed form simplifies to 0 in every component" if holds
         else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",

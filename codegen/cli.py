@@ -150,15 +150,26 @@ def _load(name: str, activation: str | None):
 def _list() -> str:
     from splitformer.symbolic.builtins import builtin_names, builtin_summary
 
-    names = builtin_names()
-    width = max(len(name) for name in names)
-    return "\n".join(f"{name:<{width}}  {builtin_summary(name)}" for name in names)
+    from splitformer.symbolic.model import model_names, model_summary
+
+    rows = [(name, builtin_summary(name)) for name in builtin_names()]
+    rows += [(name, f"(model) {model_summary(name)}") for name in model_names()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {summary}" for name, summary in rows)
 
 
 def _show(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.equation import equation_latex
 
+    from splitformer.symbolic.model import is_model
+
+    if is_model(arguments.scheme):
+        from .model_pipeline import show_model
+
+        if arguments.activation is not None:
+            raise SplitformerError(f"--activation applies to schemes; the model {arguments.scheme!r} names its own")
+        return show_model(arguments.scheme, arguments.format)
     scheme = _load(arguments.scheme, arguments.activation)
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")
@@ -190,6 +201,9 @@ def _source_with_activation(scheme) -> str:
 def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.builtins import builtin_names
 
+    from splitformer.symbolic.model import is_model, load_model
+
+    from .model_pipeline import generate_model
     from .output import write_files
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
@@ -203,14 +217,22 @@ def _derive(arguments: argparse.Namespace) -> str:
     out = Path(arguments.out)
     emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
+        if is_model(name):
+            if arguments.activation is not None:
+                raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
+            emitted.setdefault(name.replace("-", "_"), (name, load_model(name)))
+            continue
         scheme = _load(name, arguments.activation)
         first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
-        if previous is not scheme and previous.source != scheme.source:
+        if previous is not scheme and getattr(previous, "source", None) != scheme.source:
             raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
                                    f"{scheme.module_name}.py; derive them into different --out folders")
     files: dict[Path, str] = {}
-    for _, scheme in emitted.values():
-        files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    for name, scheme in emitted.values():
+        if is_model(name):
+            files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+        else:
+            files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
     write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
@@ -220,7 +242,11 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .checking import run_checks
 
-    schemes = [_load(name, None) for name in (arguments.schemes or builtin_names())]
+    from splitformer.symbolic.checks.model_recovery import model_checks
+    from splitformer.symbolic.model import is_model, load_model, model_names
+
+    names = arguments.schemes or builtin_names() + model_names()
+    schemes = [_load(name, None) for name in names if not is_model(name)]
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
@@ -237,6 +263,9 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         check_target(plots / "convergence.png")
         _require_matplotlib("--plots")
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
+    for name in names:
+        if is_model(name):
+            report.checks += model_checks(load_model(name))
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

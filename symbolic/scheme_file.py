@@ -141,8 +141,10 @@ class _Reader:
                 kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
                 raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
-            if kind not in OPERATOR_KINDS:
-                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            block_kinds = sorted(name for name, cls in OPERATOR_KINDS.items() if not getattr(cls, "model_only", False))
+            if kind not in block_kinds:
+                vision = " (a vision model operator: use it in a model file)" if kind in OPERATOR_KINDS else ""
+                raise self.fail(path, f"unknown operator {kind!r}{vision} (known: {', '.join(block_kinds)})")
             if key in options:
                 self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind

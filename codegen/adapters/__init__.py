@@ -134,4 +134,4 @@ def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] |
     raise SplitformerError(f"cannot read canonical parameters from {type(params).__name__}")
 
 
-from . import hf_bert, timm_vit, torch_encoder  # noqa: E402,F401  (each registers its readers and writers)
+from . import hf_bert, hf_vision, timm_vit, torch_encoder  # noqa: E402,F401  (each registers its readers and writers)

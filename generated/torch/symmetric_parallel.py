@@ -89,7 +89,7 @@ def _allowed(support):
     return support if support.dtype == torch.bool else support > float("-inf")
 
 
-def _softmax(scores, support: torch.Tensor | None, dropout_p: float):
+def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
 
     ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
@@ -104,7 +104,7 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float):
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
-def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float):
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
     ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
@@ -181,6 +181,30 @@ def _mapping(name, value):
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
     return value
+
+
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
@@ -632,30 +656,6 @@ class _DerivedStep(torch.autograd.Function):
         p = dict(zip(PARAMETERS, params))
         grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads)
         return (grad_u, None, None, None, *(grads[name] for name in PARAMETERS))
-
-
-def _dropout(x, p: float):
-    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
-    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
-
-
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,

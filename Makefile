@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench latex-check clean
+.PHONY: demo test generate bench bench-backward train-demo latex-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ generate: $(STAMP)
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
 	$(BIN)/splitformer derive vit cvt resnet-block unet-level --backend all --out generated
+
+# NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
+# the arrays are small, and idle BLAS threads only slow a shared machine down).
+train-demo: $(STAMP)
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m splitformer.codegen.train_demo
+
+# Training step of the generated Block: derived backward against autograd (one process per figure).
+bench-backward: $(STAMP)
+	$(BIN)/python bench/backward.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py

@@ -32,7 +32,7 @@ from splitformer.symbolic.scheme_file import load_scheme
 from .ir import Module
 from .output import write_files
 from .passes import select
-from .pipeline import BACKEND_CHOICES, generate, lower_scheme
+from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
 from .render import render_module
 from .report import render_report
 
@@ -80,19 +80,25 @@ class Derivation:
     @cached_property
     def report(self) -> str:
         """The derivation report (Markdown), as ``splitformer derive`` writes it."""
-        return render_report(self.scheme, self.program)
+        adjoint = self.backward[0]
+        return render_report(self.scheme, self.program, adjoint=adjoint.symbolic if adjoint else None)
 
     @cached_property
     def lowered(self) -> tuple[Module, Module]:
         """The tensor IR of the block and of a stack's final norm."""
         return lower_scheme(self.scheme, self.program, self.passes)
 
+    @cached_property
+    def backward(self):
+        """The lowered derived adjoints of the block and of a stack's final norm (``vjp``, ``backward="derived"``)."""
+        return lower_backward(self.scheme, self.program, self.passes)
+
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
         if backend not in BACKEND_CHOICES or backend == "all":
             raise SplitformerError(f"unknown backend {backend!r} (known: numpy, torch)")
         block, final_norm = self.lowered
-        return render_module(self.scheme, block, final_norm, backend)
+        return render_module(self.scheme, block, final_norm, backend, *self.backward)
 
     def numpy_module(self) -> types.ModuleType:
         """The generated NumPy module, in memory: ``forward``, ``forward_stack``, ``PARAMETERS``."""

@@ -113,7 +113,7 @@ class NumpyBackend(Backend):
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
         if len(op.outputs) == 1:
-            lines = [f"{op.out} = {rows} @ {op.weights[0]}"]
+            lines = [f"{op.out} = {rows} @ {op.weights[0]}{'.T' if op.transposed else ''}"]
             if op.biases[0]:
                 lines.append(f"{op.out} += {op.biases[0]}")
             return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels)})"]
@@ -152,7 +152,7 @@ class TorchBackend(Backend):
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
         if len(op.outputs) == 1:
-            weight, bias = op.weights[0], op.biases[0]
+            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), op.biases[0]
         else:
             weight = f"torch.cat(({', '.join(op.weights)}), dim=1)"
             bias = f"torch.cat(({', '.join(op.biases)}))" if op.biases[0] else None

@@ -16,6 +16,7 @@ from pathlib import Path
 from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
 from splitformer.symbolic.checks.llm import llm_checks
+from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.symbolic.checks.order import OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
 from splitformer.symbolic.checks.recovery import recovery_checks
@@ -134,6 +135,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.add(*recovery_checks(scheme, program))
+    report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -159,6 +161,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     report.add(sign_check())
     report.add(*activation_checks())
     report.add(*llm_checks())
+    report.add(*general_adjoint_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
     if plots is not None and report.studies:

@@ -18,10 +18,12 @@ from splitformer.symbolic.domains import Domain
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize", "Cache",
-    "TensorInfo", "Module", "BATCH",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
 BATCH = "b"
+#: Roles of tensors without a batch axis: learned controls and their gradients.
+UNBATCHED_ROLES = ("param", "gradient")
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class Module:
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
-        return info is None or info.role != "param"
+        return info is None or info.role not in UNBATCHED_ROLES
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class MatMul(Op):
 
     ``x`` is read with the labels of the contraction; ``contracted`` are the axes of ``x``
     that ``W`` sums over (flattened), the output axes after the row axes are ``W``'s.
+    ``transposed``: ``out = x @ Wᵀ`` (the kernel's output axes are contracted: an adjoint).
     """
 
     x: Operand | None = None
@@ -141,6 +144,7 @@ class MatMul(Op):
     biases: tuple[str | None, ...] = ()
     contracted: tuple[str, ...] = ()
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    transposed: bool = False
 
     def reads(self) -> list[str]:
         return [self.x.name, *self.weights, *(bias for bias in self.biases if bias)]

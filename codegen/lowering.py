@@ -22,7 +22,7 @@ from splitformer.symbolic.latex import equation
 from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import BATCH, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
+from .ir import BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
 
 __all__ = ["lower"]
 
@@ -35,25 +35,27 @@ class _Lowering:
         self.tensors: dict[str, TensorInfo] = {}
         self.ops: list[Op] = []
         self.temporaries = 0
+        self.section = ""
         for name, tensor in program.tensors.items():
             if tensor.role == "temp" or tensor.role == "state":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
             view = tuple(_INDEX_DOMAINS[index] for index in tensor.indices)
-            if tensor.batched:
+            if tensor.role not in UNBATCHED_ROLES:
                 labels = (BATCH,) + labels
             self.tensors[name] = TensorInfo(name, tensor.role, labels, tensor.parameter, tensor.shape,
-                                            view if tensor.role == "param" else None, tensor.kind)
+                                            view if tensor.role in UNBATCHED_ROLES else None, tensor.kind)
 
     def labels(self, indexed: sp.Indexed) -> tuple[str, ...]:
         labels = tuple(str(index) for index in indexed.indices)
         info = self.tensors.get(str(indexed.base.label))
-        return labels if info is not None and info.role == "param" else (BATCH,) + labels
+        return labels if info is not None and info.role in UNBATCHED_ROLES else (BATCH,) + labels
 
     def operand(self, indexed: sp.Indexed) -> Operand:
         return Operand(str(indexed.base.label), self.labels(indexed))
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
+        self.section = section
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         out = assignment.target
         labels = self.labels(assignment.lhs)
@@ -132,7 +134,7 @@ class _Lowering:
             self.temporaries += 1
             name = f"t{self.temporaries}"
             target = sp.IndexedBase(name)[ordered]
-            self.assignment(Assignment(target, total, "temporary"), self.ops[-1].section if self.ops else "")
+            self.assignment(Assignment(target, total, "temporary"), self.section)
             replacements[total] = target
         return expr.xreplace(replacements)
 

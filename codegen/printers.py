@@ -86,6 +86,16 @@ class ArrayPrinter(StrPrinter):
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
 
+    def _print_Pi(self, expr: sp.Expr) -> str:
+        return "math.pi"
+
+    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
+        """The step function with value 0 at 0 (the subgradient of ``max(0, v)`` torch uses)."""
+        argument, *at_zero = expr.args
+        if at_zero != [0]:
+            raise AssertionError(f"no spelling for {expr}: the step function's value at 0 must be 0")
+        return f"({self._print(argument)} > 0)"
+
     def operand(self, operand: Operand) -> str:
         return broadcast(operand.name, operand.labels, self.out)
 

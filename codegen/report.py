@@ -17,6 +17,7 @@ from splitformer.symbolic.references import REFERENCES
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
+from .report_adjoint import adjoint_context
 
 __all__ = ["render_report", "check_ids"]
 
@@ -82,12 +83,15 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
     if scheme.name in REFERENCES:
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
+    ids += ["adjoint/layer-norm-jacobian"] if "layer-norm" in kinds else []
+    ids += ["adjoint/relu-subgradient"] if "feed-forward" in kinds and scheme.activation == "relu" else []
+    ids += [f"adjoint/{scheme.name}/finite-difference", f"adjoint/{scheme.name}/negative-control"]
     if scheme.claims:
         ids.append(f"order/{scheme.name}")
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
-def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -> str:
+def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None) -> str:
     """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot."""
     kinds = set(scheme.operators.values())
     projections = []
@@ -116,6 +120,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -
     plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
     return template.render(
+        adjoint=adjoint_context(adjoint) if adjoint is not None else None,
         order=order,
         checks=check_ids(scheme, exact=order.order is None),
         plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,

@@ -31,13 +31,10 @@ MODULE_ATTRIBUTES = frozenset({
     "register_module", "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook",
     "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty",
     "train", "training", "type", "xpu", "zero_grad",
-    # added to nn.Module by transformers when it is imported
-    "smart_apply",
     # the emitted Block and Stack
     "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
-    "reset_parameters", "n_layers", "dropout", "batch_first", "n_kv_heads", "rope_theta",
-    # set on modules by torch itself in some versions (seen with torch 2.13)
-    "smart_apply",
+    "reset_parameters", "n_layers", "dropout", "batch_first", "n_kv_heads", "rope_theta", "backward_mode",
+    "smart_apply",  # added to torch.nn.Module once transformers is imported
 })
 
 

@@ -38,8 +38,9 @@ class Tensor:
 
     ``role`` is ``input`` (the state entering the block), ``state``, ``temp``, ``param``
     (a learned control; ``parameter`` is its canonical name and ``shape`` its canonical
-    layout) or ``support`` (the mask indicator χ). Every role but ``param`` has a leading
-    batch axis in emitted code.
+    layout), ``gradient`` (the adjoint of a control, laid out like it) or ``support`` (the
+    mask indicator χ). Every role but ``param`` and ``gradient`` has a leading batch axis
+    in emitted code.
     """
 
     name: str
@@ -52,7 +53,7 @@ class Tensor:
 
     @property
     def batched(self) -> bool:
-        return self.role != "param"
+        return self.role not in ("param", "gradient")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "forward_stack", "PARAMETERS"]
+__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS"]
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

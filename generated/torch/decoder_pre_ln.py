@@ -429,11 +429,13 @@ class Block(_CanonicalModule):
     A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
     puts it (attention kernel, feed-forward activation, each residual branch; training mode
     only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
-    initialization.
+    initialization. ``backward="derived"`` runs the derived adjoint as the backward pass (an
+    ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
+    the forward.
     """
 
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 device=None, dtype=None):
+                 device=None, dtype=None, backward="autograd"):
         super().__init__()
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
@@ -446,6 +448,9 @@ class Block(_CanonicalModule):
             raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+        if backward != "autograd":
+            raise ValueError(f"backward must be 'autograd' (decoder-pre-ln has no derived adjoint yet), got {backward!r}")
+        self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
         sizes = {"d": d_model, "d_ff": d_ff}
@@ -617,12 +622,12 @@ class Stack(_CanonicalModule):
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 final_norm=True, device=None, dtype=None):
+                 final_norm=True, device=None, dtype=None, backward="autograd"):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
-                  device=device, dtype=dtype)
+                  device=device, dtype=dtype, backward=backward)
             for _ in range(n_layers)
         )
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm

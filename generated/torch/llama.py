@@ -344,11 +344,13 @@ class Block(_CanonicalModule):
     A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
     puts it (attention kernel, feed-forward activation, each residual branch; training mode
     only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
-    initialization.
+    initialization. ``backward="derived"`` runs the derived adjoint as the backward pass (an
+    ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
+    the forward.
     """
 
     def __init__(self, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 device=None, dtype=None, rope_theta=10000.0):
+                 device=None, dtype=None, rope_theta=10000.0, backward="autograd"):
         super().__init__()
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
@@ -361,6 +363,9 @@ class Block(_CanonicalModule):
             raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+        if backward != "autograd":
+            raise ValueError(f"backward must be 'autograd' (llama has no derived adjoint yet), got {backward!r}")
+        self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -507,12 +512,12 @@ class Stack(_CanonicalModule):
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 final_norm=True, rope_theta=10000.0, device=None, dtype=None):
+                 final_norm=True, rope_theta=10000.0, device=None, dtype=None, backward="autograd"):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
             Block(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
-                  device=device, dtype=dtype, rope_theta=rope_theta)
+                  device=device, dtype=dtype, rope_theta=rope_theta, backward=backward)
             for _ in range(n_layers)
         )
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm

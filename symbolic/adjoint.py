@@ -36,7 +36,17 @@ from .errors import SplitformerError
 from .latex import equation
 from .program import Assignment, Program, Tensor
 
-__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "RELU_SUBGRADIENT_AT_ZERO"]
+__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "RELU_SUBGRADIENT_AT_ZERO", "has_adjoint", "NO_ADJOINT_KINDS"]
+
+#: Operator kinds whose adjoint is not derived yet (rotary angles and a memory input need
+#: index patterns this derivation does not handle); their modules have no ``vjp``.
+NO_ADJOINT_KINDS = frozenset({"rotary-attention", "cross-attention"})
+
+
+def has_adjoint(scheme) -> bool:
+    """Whether the derived adjoint (``vjp``, ``backward="derived"``) is emitted for ``scheme``."""
+    return not NO_ADJOINT_KINDS & {operator.kind for operator in scheme.instantiate().values()}
+
 
 #: The value taken for ∂max(0, v)/∂v at v = 0 (torch's ``relu`` backward uses 0).
 RELU_SUBGRADIENT_AT_ZERO = sp.Integer(0)

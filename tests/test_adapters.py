@@ -166,7 +166,7 @@ def test_bias_less_block_goes_back_to_torch(modules):
 
 
 def bert(layers=2, seed=0, **config):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     settings = dict(hidden_size=D, num_attention_heads=HEADS, intermediate_size=D_FF, num_hidden_layers=layers,
                     vocab_size=30, max_position_embeddings=16, hidden_dropout_prob=0.0,
                     attention_probs_dropout_prob=0.0) | config

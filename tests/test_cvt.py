@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from splitformer.adapters import from_hf  # noqa: E402
 from splitformer.codegen.model_pipeline import generate_model  # noqa: E402

@@ -15,7 +15,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from conftest import GENERATED, import_path
 
-pytest.importorskip("transformers")
+import transformers  # noqa: F401 - a test dependency: a broken install fails, never skips
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding  # noqa: E402
 
 from llama_reference import causal_mask, llama_config, randomized, rope  # noqa: E402

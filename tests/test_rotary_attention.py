@@ -10,7 +10,7 @@ from splitformer.symbolic import load_scheme
 
 from conftest import ROOT, import_path
 
-pytest.importorskip("transformers")
+import transformers  # noqa: F401 - a test dependency: a broken install fails, never skips
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
 
 from llama_reference import causal_mask, llama_config, randomized, rope  # noqa: E402

@@ -11,6 +11,7 @@ from .lowering import lower
 from .model_backends import CODE_NAMES, code, statements
 from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
+from .model_vjp import model_vjp_context
 from .render import environment, unit_context
 
 __all__ = ["render_model", "render_grid_model", "render_cvt", "stage_context", "model_units"]
@@ -63,12 +64,14 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     sizes = getattr(model.spec.embedding, "sizes", dict)()
     step = unit_context(units["step"], backend)
     final = unit_context(units["final"], backend) if "final" in units else None
-    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"}
+    embedding, readout = stage_context(units["embedding"], backend, sizes), stage_context(units["readout"], backend, {})
+    vjp = model_vjp_context(model, units, backend, {"embedding": embedding, "readout": readout}, passes)
+    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"} | (vjp["uses"] if vjp else set())
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
-        embedding=stage_context(units["embedding"], backend, sizes), block=step, final=final,
-        readout=stage_context(units["readout"], backend, {}), uses=helpers,
+        embedding=embedding, block=step, final=final, readout=readout, uses=helpers,
+        vjp=vjp, backward_erf=bool(vjp and vjp["erf"]),
     )
 
 

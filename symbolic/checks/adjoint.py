@@ -49,8 +49,12 @@ def _random(seed: str):
     return value
 
 
-def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
-    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
+def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None) -> sp.Float:
+    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate.
+
+    ``sizes`` adds to (or overrides) the tiny default sizes.
+    """
+    sizes = {**_SIZES, **(sizes or {})}
     program = adjoint.forward
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
     controls = [name for name, tensor in program.tensors.items() if tensor.role in ("input", "param")]
@@ -64,12 +68,12 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
     eps = sp.Float("1e-3", _DIGITS)
 
     def objective(shift):
-        values = evaluate(program, _SIZES, inputs(shift), eps=eps)[program.output]
+        values = evaluate(program, sizes, inputs(shift), eps=eps)[program.output]
         return sum(costate(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
     seed_name = adjoint.seed
-    values = evaluate(adjoint.program(), _SIZES, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
+    values = evaluate(adjoint.program(), sizes, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
     derived = sum(direction(name, *index) * value
                   for name, gradient in adjoint.gradients.items()
                   for index, value in values[gradient].items())

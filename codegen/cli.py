@@ -233,10 +233,9 @@ def _derive(arguments: argparse.Namespace) -> str:
             files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
         else:
             files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
-    packages = frozenset(path for path in files if path.name == "__init__.py")
-    outcome = write_files(files, force=arguments.force, keep_foreign=packages)
+    outcome = write_files(files, force=arguments.force)
     return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
-                     if path not in packages or action == "kept")
+                     if path.name != "__init__.py" or action == "kept")
 
 
 #: What ``derive`` prints per file, by what ``write_files`` did with it.

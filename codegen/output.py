@@ -2,8 +2,8 @@
 
 1. Check every target before touching the disk: not a folder, folders creatable, names
    short enough, and an existing file is one splitformer wrote (its header says so)
-   unless ``force``. A file in ``keep_foreign`` (a package ``__init__.py``) that someone
-   else wrote is left as it is, even with ``force``: the package imports either way.
+   unless ``force``. A package ``__init__.py`` that someone else wrote is left as it is,
+   even with ``force``: the package imports either way.
 2. Write each file to a temporary next to its target, with the mode the umask gives.
 3. Rename all temporaries onto their targets, with SIGINT and SIGTERM held back meanwhile
    (a SIGKILL there can still leave a mix of old and new files, never a partial file).
@@ -131,14 +131,13 @@ def _foreign(path: Path) -> bool:
         return True
 
 
-def write_files(files: dict[Path, str], *, force: bool = False,
-                keep_foreign: frozenset[Path] = frozenset()) -> dict[Path, str]:
+def write_files(files: dict[Path, str], *, force: bool = False) -> dict[Path, str]:
     """Write every file of ``files`` or none; return what happened to each path.
 
     Each path maps to ``"wrote"``, ``"unchanged"`` (it already held its text) or ``"kept"``
-    (a path of ``keep_foreign`` that someone else wrote; left as it is even with ``force``).
+    (a package ``__init__.py`` that someone else wrote; left as it is even with ``force``).
     """
-    outcome = {path: "kept" for path in files if path in keep_foreign and _foreign(path)}
+    outcome = {path: "kept" for path in files if path.name == "__init__.py" and _foreign(path)}
     targets = {path: text for path, text in files.items()
                if path not in outcome and _needs_writing(path, text, force)}
     outcome.update({path: "wrote" if path in targets else "unchanged" for path in files if path not in outcome})

@@ -19,6 +19,7 @@ def test_every_subpackage_is_declared_under_splitformer():
     packages, folders = _declared()
     found = {"splitformer"}
     for name, folder in folders.items():  # code packages and data folders (schemes, templates) alike
+        found.add(name)
         for path in (ROOT / folder).rglob("*"):
             if path.is_dir() and "__pycache__" not in path.parts and any(path.iterdir()):
                 found.add(".".join((name, *path.relative_to(ROOT / folder).parts)))

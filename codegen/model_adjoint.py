@@ -20,12 +20,12 @@ import sympy as sp
 from splitformer.symbolic.adjoint import Adjoint, is_plain
 from splitformer.symbolic.errors import SplitformerError
 
-from .adjoint import _AdjointLowering
-from .ir import BATCH, Module
+from .adjoint import ADJOINT_SECTION, _AdjointLowering
+from .ir import BATCH, Contraction, Module
 from .model_ir import Fold, Place, Point, Rows
 from .model_lowering import _OFFSETS, _StageLowering, shifted_read
 
-__all__ = ["StageBackward", "lower_stage_adjoint"]
+__all__ = ["StageBackward", "lower_stage_adjoint", "lower_adjoint_assignments"]
 
 
 @dataclass
@@ -93,15 +93,35 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
                  if not all(isinstance(index, sp.Idx) for index in read.indices)}
         rhs = assignment.rhs.xreplace(views)
         if is_plain(assignment.lhs.indices):
-            _AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
+            if not self.summed_array(replace(assignment, rhs=rhs), section):
+                _AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
         else:
             self.scatter(replace(assignment, rhs=rhs), section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
 
+    def summed_array(self, assignment, section: str) -> bool:
+        """``y = c Σ_K x`` (one array summed over several axes, a costate of BatchNorm's shift) as
+        an einsum; whether it was one."""
+        info = self.tensors.get(assignment.target)
+        factors = sp.Mul.make_args(assignment.rhs)
+        sums = [factor for factor in factors if isinstance(factor, sp.Sum)]
+        if (info is not None and info.role == "gradient") or len(sums) != 1 or \
+                not isinstance(sums[0].function, sp.Indexed):
+            return False
+        scale = sp.Mul(*(factor for factor in factors if factor is not sums[0]))
+        if scale.has(sp.Indexed):
+            return False
+        self.ops.append(Contraction(assignment.target, self.labels(assignment.lhs), section=section,
+                                    operands=(self.operand(sums[0].function),), scale=scale))
+        return True
+
     def scatter(self, assignment, section: str) -> None:
         """``x̄[pattern] = value``: the value per coarse node (and offset), then folded into ``x̄``."""
         target = assignment.target
-        like = target.removesuffix("_bar")
+        if target not in self.shapes:  # an adjoint defined at a pattern, like its forward array
+            self.interleave(assignment, section)
+            return
+        like = self.shapes[target]
         kept, offsets, axes, points, shapes = [], [], [], [":"], set()
         for position, index in enumerate(assignment.lhs.indices):
             if isinstance(index, sp.Idx):
@@ -131,16 +151,29 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         self.ops.append(op.with_comment("", section))
 
 
+def lower_adjoint_assignments(adjoint: Adjoint, known: dict, sizes: dict[str, dict]) -> Module:
+    """The adjoint assignments of ``adjoint`` lowered; ``known`` holds the forward's tensors
+    (which are unbatched), ``sizes`` per forward record title the sizes its operator fixes
+    (a kernel's support)."""
+    program = adjoint.program()
+    lowering = _StageAdjointLowering(program.name, program.tensors, adjoint.gradients.get("", ""))
+    lowering.shapes = adjoint.shapes
+    lowering.tensors = {**known, **lowering.tensors}
+    for record in adjoint.records:
+        fixed = sizes.get(record.title.removeprefix(ADJOINT_SECTION), {})
+        for assignment in record.assignments:
+            lowering.assignment(replace(assignment, lhs=assignment.lhs.xreplace(fixed),
+                                        rhs=assignment.rhs.xreplace(fixed)), record.title)
+    return Module(program.name, lowering.tensors, lowering.ops, "")
+
+
 def lower_stage_adjoint(adjoint: Adjoint, forward_stage: Module, input_name: str, sizes: dict) -> StageBackward:
     """The adjoint of a stage program lowered; ``forward_stage`` is the stage's own lowering,
     ``sizes`` the sizes the operator fixes (a kernel's support is one patch)."""
     program = adjoint.program()
-    lowering = _StageAdjointLowering(program.name, program.tensors, adjoint.gradients.get(input_name, ""))
-    for record in adjoint.records:
-        for assignment in record.assignments:
-            lowering.assignment(replace(assignment, lhs=assignment.lhs.xreplace(sizes),
-                                        rhs=assignment.rhs.xreplace(sizes)), record.title)
-    adjoint_module = Module(program.name, lowering.tensors, lowering.ops, adjoint.gradients.get(input_name, ""))
+    titles = {record.title: sizes for record in adjoint.forward.records}
+    adjoint_module = replace(lower_adjoint_assignments(adjoint, forward_stage.tensors, titles),
+                             output=adjoint.gradients.get(input_name, ""))
     read = {name for op in adjoint_module.ops for name in op.reads()}
     producers = {name: op for op in forward_stage.ops for name in op.writes()}
     needed, stack = [], [name for name in read if name in producers]

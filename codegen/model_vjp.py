@@ -8,15 +8,15 @@ block's, ``codegen.adjoint``), and the embedding's and readout's adjoints
 
 from __future__ import annotations
 
-from splitformer.symbolic.adjoint import has_adjoint
-from splitformer.symbolic.model_adjoint import derive_model_adjoint
-from splitformer.symbolic.model_derivation import INPUT, ModelProgram
+from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
+from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
+from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelProgram, ModelProgram
 
 from .adjoint import backward_context, lower_adjoint
 from .ir import Module
-from .model_adjoint import lower_stage_adjoint
+from .model_adjoint import lower_adjoint_assignments, lower_stage_adjoint
 
-__all__ = ["model_vjp_context"]
+__all__ = ["model_vjp_context", "grid_vjp_context"]
 
 
 def _stage(backward, backend: str, sizes: dict, parameters: list[dict]) -> dict:
@@ -52,3 +52,27 @@ def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: st
         "uses": set().union(*(function["uses"] for function in functions)),
         "erf": any(function["uses_erf"] for function in functions),
     }
+
+
+def grid_vjp_context(model: GridModelProgram, modules: list[Module], backend: str) -> dict:
+    """The adjoint's template variables of a grid step: one adjoint per transfer (``with``:
+    the transfer stages, ``identity``: R = 1), from the costate of the output.
+
+    ``modules`` are the step's lowered stages (their tensors tell which arrays are unbatched).
+    """
+    from .model_render import stage_context
+
+    known = {name: info for module in modules for name, info in module.tensors.items()}
+    sizes = {f"{stage.operator.key}: {stage.operator.kind}": getattr(stage.operator, "sizes", dict)()
+             for stage in model.stages()}
+    variants = {}
+    for transfer in ((True, False) if model.transfer else (False,)):
+        adjoint = derive_adjoint(grid_program(model, transfer))
+        module = lower_adjoint_assignments(adjoint, known, sizes)
+        parameters = {tensor.parameter: name for name, tensor in adjoint.forward.tensors.items() if tensor.role == "param"}
+        variants["with" if transfer else "identity"] = {
+            "adjoint": stage_context(module, backend, {}), "seed": adjoint.seed,
+            "gradient_input": adjoint.gradients[INPUT_STATE],
+            "gradients": [{"name": name, "variable": adjoint.gradients[variable]} for name, variable in parameters.items()],
+        }
+    return variants

@@ -84,6 +84,8 @@ class Adjoint:
     seed: str
     #: forward input or parameter name → the name of its gradient array
     gradients: dict[str, str] = field(default_factory=dict)
+    #: adjoint array written at a pattern → the forward array whose shape it has
+    shapes: dict[str, str] = field(default_factory=dict)
 
     @property
     def assignments(self) -> list[Assignment]:
@@ -306,6 +308,7 @@ class _Reverse:
         self.pending: dict[str, list[sp.Expr]] = {}
         #: array → {read pattern: adjoint terms written at that pattern}
         self.scattered: dict[str, dict[tuple, list[sp.Expr]]] = {}
+        self.shapes: dict[str, str] = {}
         self.alias: dict[str, sp.Indexed] = {}
         self.gradients: dict[str, str] = {}
         seed_tensor = program.tensors[program.output]
@@ -363,12 +366,31 @@ class _Reverse:
         return {name: tensor.latex for name, tensor in {**self.program.tensors, **self.tensors}.items()}
 
     def emit_scattered(self, name: str, bar: str, meaning: str) -> None:
-        """``x̄[pattern] += …``: the adjoint of an array read at one pattern (a window, a point)."""
-        (pattern, terms), *others = self.scattered.pop(name).items()
-        if others or name in self.pending:
-            raise SplitformerError(f"cannot derive the adjoint of {name!r}: it is read at more than one pattern")
-        lhs = sp.IndexedBase(bar)[pattern]
+        """``x̄[pattern] += …``: the adjoint of an array read at a pattern (a window, a point).
+
+        Reads at several patterns, or at a pattern and plainly, give one part each, summed.
+        """
+        tensor = self.program.tensors[name]
+        patterns, plain = self.scattered.pop(name), self.pending.pop(name, [])
+        if len(patterns) == 1 and not plain:
+            (pattern, terms), = patterns.items()
+            self.emit(bar, pattern, terms, meaning, name)
+            return
+        parts = []
+        for number, (pattern, terms) in enumerate(patterns.items(), 1):
+            part = f"{bar}{number}"
+            self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", tensor.indices, "temp")
+            self.emit(part, pattern, terms, f"{meaning}: the part read at {', '.join(map(str, pattern))}", name)
+            parts.append(sp.IndexedBase(part)[tensor.indices])
+        lhs = sp.IndexedBase(bar)[tensor.indices]
+        total = sp.Add(*parts, *plain)
+        self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
+
+    def emit(self, target: str, pattern: tuple, terms: list[sp.Expr], meaning: str, like: str) -> None:
+        """``target[pattern] = Σ terms``, an array shaped like the forward array ``like``."""
+        lhs = sp.IndexedBase(target)[pattern]
         total = sp.Add(*terms)
+        self.shapes[target] = like
         self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
 
     def gradient(self, name: str) -> None:
@@ -454,4 +476,4 @@ def derive_adjoint(program: Program) -> Adjoint:
     """The adjoint program of ``program`` (reverse mode over its assignments)."""
     reverse = _Reverse(program)
     records = reverse.run()
-    return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients)
+    return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients, reverse.shapes)

@@ -23,11 +23,12 @@ import sympy as sp
 from .adjoint import Adjoint, derive_adjoint
 from .domains import X, Y
 from .image import COLS, X1, X2
+from .model_derivation import INPUT_STATE, TRANSFER, GridModelProgram
 from .latex import equation
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
 __all__ = ["ModelAdjoint", "derive_model_adjoint", "initial_condition", "embedding_program", "readout_program",
-           "STATE"]
+           "grid_program", "STATE"]
 
 #: The state entering the first step (the embedding program's output).
 STATE = "u0"
@@ -90,3 +91,26 @@ def derive_model_adjoint(model) -> ModelAdjoint:
         final=derive_adjoint(model.final) if model.final is not None else None,
         readout=derive_adjoint(readout_program(model)),
     )
+
+
+def grid_program(model: GridModelProgram, transfer: bool) -> Program:
+    """One grid step ``u⁺ = Proj(R u + Δt F(u))`` as one program (``transfer``: R the transfer
+    stages' map, else the identity), ``R u`` written as an assignment of its own."""
+    stages = model.field + (model.transfer if transfer else ())
+    tensors = {name: tensor for stage in stages for name, tensor in stage.tensors.items()}
+    records = [_record(stage) for stage in stages]
+    indices = model.update.lhs.indices
+    source = model.transfer[-1].output if transfer and model.transfer else INPUT_STATE
+    moved = Assignment(sp.IndexedBase(TRANSFER)[indices], sp.IndexedBase(source)[indices],
+                       "the transfer R u" if transfer else "the transfer R = 1",
+                       quadrature=rf"(R u)_{{{','.join(map(str, indices))}}} = "
+                                  + (tensors[source].latex if transfer else "u") + f"_{{{','.join(map(str, indices))}}}")
+    tensors[TRANSFER] = Tensor(TRANSFER, "R u", indices, "temp")
+    tensors[model.update.target] = Tensor(model.update.target, "u^{+}", indices, "temp")
+    records.append(SubstepRecord("transfer", "", (Evaluation("transfer", "transfer", "", (moved,)),), None))
+    records.append(SubstepRecord("update: explicit Euler step", "",
+                                 (Evaluation("update", "update", "", (model.update,)),), None))
+    if model.projection is not None:
+        tensors.update(model.projection.tensors)
+        records.append(_record(model.projection))
+    return Program(f"{model.name}_step", tensors, records, model.output)

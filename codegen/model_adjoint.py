@@ -20,7 +20,7 @@ import sympy as sp
 from splitformer.symbolic.adjoint import Adjoint, is_plain
 from splitformer.symbolic.errors import SplitformerError
 
-from .adjoint import ADJOINT_SECTION, _AdjointLowering
+from .adjoint import _AdjointLowering
 from .ir import BATCH, Contraction, Module
 from .model_ir import Fold, Place, Point, Rows
 from .model_lowering import _OFFSETS, _StageLowering, shifted_read
@@ -151,28 +151,23 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         self.ops.append(op.with_comment("", section))
 
 
-def lower_adjoint_assignments(adjoint: Adjoint, known: dict, sizes: dict[str, dict]) -> Module:
+def lower_adjoint_assignments(adjoint: Adjoint, known: dict) -> Module:
     """The adjoint assignments of ``adjoint`` lowered; ``known`` holds the forward's tensors
-    (which are unbatched), ``sizes`` per forward record title the sizes its operator fixes
-    (a kernel's support)."""
+    (which tell the unbatched ones)."""
     program = adjoint.program()
     lowering = _StageAdjointLowering(program.name, program.tensors, adjoint.gradients.get("", ""))
     lowering.shapes = adjoint.shapes
     lowering.tensors = {**known, **lowering.tensors}
     for record in adjoint.records:
-        fixed = sizes.get(record.title.removeprefix(ADJOINT_SECTION), {})
         for assignment in record.assignments:
-            lowering.assignment(replace(assignment, lhs=assignment.lhs.xreplace(fixed),
-                                        rhs=assignment.rhs.xreplace(fixed)), record.title)
+            lowering.assignment(assignment, record.title)
     return Module(program.name, lowering.tensors, lowering.ops, "")
 
 
-def lower_stage_adjoint(adjoint: Adjoint, forward_stage: Module, input_name: str, sizes: dict) -> StageBackward:
-    """The adjoint of a stage program lowered; ``forward_stage`` is the stage's own lowering,
-    ``sizes`` the sizes the operator fixes (a kernel's support is one patch)."""
+def lower_stage_adjoint(adjoint: Adjoint, forward_stage: Module, input_name: str) -> StageBackward:
+    """The adjoint of a stage program lowered; ``forward_stage`` is the stage's own lowering."""
     program = adjoint.program()
-    titles = {record.title: sizes for record in adjoint.forward.records}
-    adjoint_module = replace(lower_adjoint_assignments(adjoint, forward_stage.tensors, titles),
+    adjoint_module = replace(lower_adjoint_assignments(adjoint, forward_stage.tensors),
                              output=adjoint.gradients.get(input_name, ""))
     read = {name for op in adjoint_module.ops for name in op.reads()}
     producers = {name: op for op in forward_stage.ops for name in op.writes()}

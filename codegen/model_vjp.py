@@ -40,8 +40,8 @@ def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: st
         return None
     adjoint = derive_model_adjoint(model)
     sizes = getattr(model.spec.embedding, "sizes", dict)()
-    embedding = lower_stage_adjoint(adjoint.embedding, units["embedding"], INPUT, sizes)
-    readout = lower_stage_adjoint(adjoint.readout, units["readout"], "u", {})
+    embedding = lower_stage_adjoint(adjoint.embedding, units["embedding"], INPUT)
+    readout = lower_stage_adjoint(adjoint.readout, units["readout"], "u")
     step = backward_context(lower_adjoint(adjoint.step, passes), backend)
     final = backward_context(lower_adjoint(adjoint.final, passes), backend) if adjoint.final is not None else None
     functions = [step["forward"], step["adjoint"], *([final["forward"], final["adjoint"]] if final else [])]
@@ -63,12 +63,10 @@ def grid_vjp_context(model: GridModelProgram, modules: list[Module], backend: st
     from .model_render import stage_context
 
     known = {name: info for module in modules for name, info in module.tensors.items()}
-    sizes = {f"{stage.operator.key}: {stage.operator.kind}": getattr(stage.operator, "sizes", dict)()
-             for stage in model.stages()}
     variants = {}
     for transfer in ((True, False) if model.transfer else (False,)):
         adjoint = derive_adjoint(grid_program(model, transfer))
-        module = lower_adjoint_assignments(adjoint, known, sizes)
+        module = lower_adjoint_assignments(adjoint, known)
         parameters = {tensor.parameter: name for name, tensor in adjoint.forward.tensors.items() if tensor.role == "param"}
         variants["with" if transfer else "identity"] = {
             "adjoint": stage_context(module, backend, {}), "seed": adjoint.seed,

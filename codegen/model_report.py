@@ -6,9 +6,9 @@ import sympy as sp
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from splitformer.symbolic.adjoint import has_adjoint
+from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
 from splitformer.symbolic.cvt import CvtProgram
-from splitformer.symbolic.model_adjoint import derive_model_adjoint
+from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, PIXEL, ROWS
@@ -23,7 +23,8 @@ __all__ = ["render_model_report", "render_grid_report", "render_cvt_report", "mo
 def model_check_ids(name: str, grid: bool = False, adjoint: bool = False) -> list[str]:
     """The ``splitformer check`` ids that back a model's report (``adjoint``: with its derived adjoint's)."""
     if grid:
-        return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine"]
+        return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine", f"adjoint/{name}/finite-difference",
+                f"adjoint/{name}/negative-control"]
     return [f"{name}/translation-equivariance", f"recovery/{name}/symbolic", f"recovery/{name}/numeric",
             f"{name}/negative-controls", *(f"adjoint/{name}/{kind}" for kind in ("finite-difference", "negative-control")
                                             if adjoint)]
@@ -68,8 +69,12 @@ def render_grid_report(model: GridModelProgram) -> str:
                               if hasattr(operator, name)}}
                  for key, operator in model.spec.operators.items()]
     template = environment().get_template("report/grid_model.md.j2")
+    pieces = [(f"R = {' ∘ '.join(reversed(model.spec.transfer))}" if transfer else "R = 1",
+               derive_adjoint(grid_program(model, transfer)))
+              for transfer in ((True, False) if model.transfer else (False,))]
     return template.render(model=model, spec=model.spec, version=__version__, domains=domains, operators=operators,
-                           relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True))
+                           relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True),
+                           pieces=pieces)
 
 
 def render_cvt_report(model: CvtProgram) -> str:

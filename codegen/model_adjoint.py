@@ -1,9 +1,10 @@
-"""Lowering of the derived adjoint of a model's embedding or readout (``symbolic.model_adjoint``).
+"""Lowering of the derived adjoint of a model's pieces (``symbolic.model_adjoint``).
 
-Input: an ``Adjoint`` whose forward is a stage program. Output: a ``StageBackward``: the IR
-of the forward statements the adjoint reads (none for a linear embedding) and of the
-adjoint, as one function from the costate of the stage's output to the costate of its
-input and the gradients of its controls.
+Input: an ``Adjoint`` whose forward is a stage program (an embedding, a readout) or a grid
+step. Output: the IR of its adjoint assignments (``lower_adjoint_assignments``); for a
+stage, a ``StageBackward``: the forward statements the adjoint reads (none for a linear
+embedding) and the adjoint, as one function from the costate of the stage's output to the
+costate of its input and the gradients of its controls.
 
 Reads at a pattern become views (``Window``, ``Point``, ``Rows``); an adjoint written at a
 pattern is computed per coarse node and offset, then folded into an array shaped like the
@@ -58,6 +59,12 @@ def _flattened(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
 
 
 class _StageAdjointLowering(_StageLowering, _AdjointLowering):
+    def __init__(self, adjoint: Adjoint, known: dict):
+        program = adjoint.program()
+        super().__init__(program.name, program.tensors, "")
+        self.shapes = adjoint.shapes
+        self.tensors = {**known, **self.tensors}
+
     def view(self, read: sp.Indexed, assignment, section: str) -> sp.Indexed:
         """A read at a pattern as a view over plain indices."""
         source = str(read.base.label)
@@ -148,20 +155,17 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
                       padding=padding)
         else:
             op = Place(target, labels, source=blocks, like=like, index=tuple(points))
-        self.ops.append(op.with_comment("", section))
+        self.ops.append(op.with_comment(assignment.quadrature, section))
 
 
 def lower_adjoint_assignments(adjoint: Adjoint, known: dict) -> Module:
     """The adjoint assignments of ``adjoint`` lowered; ``known`` holds the forward's tensors
     (which tell the unbatched ones)."""
-    program = adjoint.program()
-    lowering = _StageAdjointLowering(program.name, program.tensors, adjoint.gradients.get("", ""))
-    lowering.shapes = adjoint.shapes
-    lowering.tensors = {**known, **lowering.tensors}
+    lowering = _StageAdjointLowering(adjoint, known)
     for record in adjoint.records:
         for assignment in record.assignments:
             lowering.assignment(assignment, record.title)
-    return Module(program.name, lowering.tensors, lowering.ops, "")
+    return Module(adjoint.forward.name, lowering.tensors, lowering.ops, "")
 
 
 def lower_stage_adjoint(adjoint: Adjoint, forward_stage: Module, input_name: str) -> StageBackward:

@@ -29,63 +29,55 @@ _SIZES = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 1, PATCH: 2, KERNEL_ROWS.si
 _DESCRIPTION = "2 channels, 2 × 1 patches of 2 × 2 pixels (3 tokens), 4 features, 1 head, d_ff = 3, 2 classes"
 
 
-def model_adjoint_checks(model) -> list[Check]:
-    """The finite-difference checks of ``model``'s derived adjoint and their negative control."""
-    name = model.spec.name
-    adjoint = derive_model_adjoint(model)
-    pieces = {"embedding": adjoint.embedding, "step": adjoint.step, "final projection": adjoint.final,
-              "readout": adjoint.readout}
-    gaps = {piece: finite_difference_gap(value, f"{name}/{piece}", _SIZES)
-            for piece, value in pieces.items() if value is not None}
-    flipped = flip_sign(adjoint.embedding)
-    control = finite_difference_gap(flipped, f"{name}/embedding", _SIZES)
-    where = next(record.title for record, original in zip(flipped.records, adjoint.embedding.records)
-                 if record != original)
-    worst = max(gaps.values())
+def _checks(name: str, statement: str, adjoints: dict, sizes: tuple[dict, str], flipped: str,
+            positive: frozenset[str] = frozenset()) -> list[Check]:
+    """The finite-difference check of every adjoint in ``adjoints`` and the negative control:
+    the same comparison for ``adjoints[flipped]`` with the sign of one adjoint assignment flipped.
+    ``sizes``: the sizes and their description."""
+    sizes, description = sizes
+    gaps = {piece: finite_difference_gap(adjoint, f"{name}/{piece}", sizes, positive)
+            for piece, adjoint in adjoints.items()}
+    original = adjoints[flipped]
+    changed = flip_sign(original)
+    control = finite_difference_gap(changed, f"{name}/{flipped}", sizes, positive)
+    where = next(record.title for record, kept in zip(changed.records, original.records) if record != kept)
     return [
         Check(f"adjoint/{name}/finite-difference", name,
-              f"The derived adjoint of each piece of {name} ({', '.join(gaps)}) gives the directional "
-              "derivative of ⟨λ, output⟩ along a random direction through the input and every control: "
-              f"central difference (step 1e-20) in 50-digit arithmetic at {_DESCRIPTION}, ε = 1e-3.",
-              "numeric", bool(worst < _TOLERANCE),
+              f"The derived adjoint of {statement} ({', '.join(gaps)}) gives the directional derivative of "
+              "⟨λ, output⟩ along a random direction through the input and every control: central difference "
+              f"(step 1e-20) in 50-digit arithmetic at {description}, ε = 1e-3.",
+              "numeric", bool(max(gaps.values()) < _TOLERANCE),
               "relative gaps " + ", ".join(f"{piece} {sp.N(gap, 3)}" for piece, gap in gaps.items())
               + f" (tolerance {sp.N(_TOLERANCE, 2)})"),
         Check(f"adjoint/{name}/negative-control", name,
-              f"With the sign of one adjoint assignment of the embedding flipped ({where}), the "
-              "finite-difference comparison fails: the check can fail.",
+              f"With the sign of one adjoint assignment flipped ({flipped}: {where}), the finite-difference "
+              "comparison fails: the check can fail.",
               "numeric", bool(control > _TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
     ]
 
 
+def model_adjoint_checks(model) -> list[Check]:
+    """The finite-difference checks of ``model``'s derived adjoint (each piece) and their negative control."""
+    adjoint = derive_model_adjoint(model)
+    pieces = {"embedding": adjoint.embedding, "step": adjoint.step, "final projection": adjoint.final,
+              "readout": adjoint.readout}
+    return _checks(model.spec.name, f"each piece of {model.spec.name}",
+                   {piece: value for piece, value in pieces.items() if value is not None}, (_SIZES, _DESCRIPTION),
+                   "embedding")
+
+
 #: A 2 × 2 grid, 2 channels in and out, stride 1: every convolution reads the zero padding.
 _GRID_SIZES = {CHANNELS.size: 2, FEATURES.size: 2, ROWS.size: 2, COLS.size: 2, STRIDE: 1}
+_GRID_DESCRIPTION = ("a 2 × 2 grid, 2 channels, stride 1, zero padding (BatchNorm's statistics are controls too; "
+                     "variances and shifts in (1, 3))")
 
 
 def grid_adjoint_checks(model) -> list[Check]:
     """The finite-difference checks of a grid step's derived adjoint (each transfer) and their negative control."""
-    name = model.spec.name
     variants = {"R = transfer": True, "R = 1": False} if model.transfer else {"R = 1": False}
     adjoints = {variant: derive_adjoint(grid_program(model, transfer)) for variant, transfer in variants.items()}
     # variances positive; BatchNorm shifts positive too, so that the ReLUs pass most of the field
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith((".var", ".bias")))
-    gaps = {variant: finite_difference_gap(adjoint, f"{name}/{variant}", _GRID_SIZES, positive)
-            for variant, adjoint in adjoints.items()}
-    original = adjoints["R = 1"]
-    flipped = flip_sign(original)
-    control = finite_difference_gap(flipped, f"{name}/R = 1", _GRID_SIZES, positive)
-    where = next(record.title for record, kept in zip(flipped.records, original.records) if record != kept)
-    return [
-        Check(f"adjoint/{name}/finite-difference", name,
-              f"The derived adjoint of one step of {name} ({', '.join(gaps)}) gives the directional derivative of "
-              "⟨λ, u⁺⟩ along a random direction through the input and every control (BatchNorm's statistics "
-              "included; variances and shifts in (1, 3)): central difference (step 1e-20) in 50-digit "
-              "arithmetic on a 2 × 2 grid, 2 channels, stride 1, ε = 1e-3, zero padding.",
-              "numeric", bool(max(gaps.values()) < _TOLERANCE),
-              "relative gaps " + ", ".join(f"{variant} {sp.N(gap, 3)}" for variant, gap in gaps.items())
-              + f" (tolerance {sp.N(_TOLERANCE, 2)})"),
-        Check(f"adjoint/{name}/negative-control", name,
-              f"With the sign of one adjoint assignment flipped ({where}), the finite-difference comparison "
-              "fails: the check can fail.",
-              "numeric", bool(control > _TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
-    ]
+    return _checks(model.spec.name, f"one step of {model.spec.name}", adjoints, (_GRID_SIZES, _GRID_DESCRIPTION),
+                   "R = 1", positive)

@@ -1,7 +1,8 @@
 """``splitformer check``: run every check that applies and format the results.
 
 General checks (projections, the subdifferential sign, activations) run once; per scheme:
-exact recovery (when a published reference exists), the splitting order by non-commutative
+the derived and emitted program against the independent evaluator (``verification``),
+exact recovery (when the scheme is a built-in with a published reference), the splitting order by non-commutative
 series against the orders the scheme file claims, and the numeric convergence study.
 """
 
@@ -23,6 +24,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
 from .convergence import Study, convergence_study, plot_study
+from .verification.scheme_checks import scheme_checks as semantics_checks
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 
@@ -116,6 +118,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     """The checks of one scheme, added to ``report``."""
     report = report or CheckReport()
     program = program or derive(scheme)
+    report.checks += semantics_checks(scheme, program)
     report.checks += recovery_checks(scheme, program)
     result = splitting_order(scheme)
     report.orders[scheme.name] = {

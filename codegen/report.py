@@ -12,7 +12,7 @@ from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
 from splitformer.symbolic.checks.order import splitting_order
-from splitformer.symbolic.references import REFERENCES
+from splitformer.symbolic.checks.recovery import has_published_reference
 from splitformer.symbolic.scheme import Parallel, Scheme
 
 from .render import environment
@@ -33,7 +33,8 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
     if "feed-forward" in kinds:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
-    if scheme.name in REFERENCES:
+    ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted"]
+    if has_published_reference(scheme):
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
     if scheme.claims:
         ids.append(f"order/{scheme.name}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
-from splitformer.symbolic.checks.order import OrderResult, splitting_order
+from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
 from splitformer.symbolic.checks.recovery import recovery_checks
 from splitformer.symbolic.checks.sign import sign_check
@@ -56,10 +56,13 @@ class CheckReport:
             lines.extend(textwrap.wrap("→ " + check.detail, 96, initial_indent="      ", subsequent_indent="        "))
         if self.orders:
             lines.append("")
-            lines.append(f"{'scheme':20} {'order':>5} {'splitting':>9}  leading local error (own solvers)")
+            lines.append(f"{'scheme':20} {'order':>5} {'splitting':>9} {'tied':>4}  leading local error (own solvers)")
             for name, order in self.orders.items():
-                lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9}  "
-                             f"{self.leading_text[name]}")
+                lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9} "
+                             f"{_shown(order['tied_splitting_order']):>4}  {self.leading_text[name]}")
+            lines.append("generators: one per operator instance; tied: the instances of one kind merged "
+                         "(shared parameters).")
+            lines.extend(textwrap.wrap("Orders: " + PROJECTIONS + ".", 96))
         failed = sum(not check.holds for check in self.checks)
         lines.append("")
         lines.append(f"{len(self.checks) - failed} passed, {failed} failed")
@@ -91,8 +94,9 @@ def order_check(scheme: Scheme, result: OrderResult) -> Check | None:
     claimed = ", ".join(f"{key} {value}" for key, value in scheme.claims.items())
     return Check(
         f"order/{scheme.name}", scheme.name,
-        f"One step of {scheme.name} has {claimed} (local error O(h^(p+1)) against e^(h(A+B))), with attention "
-        "and feed-forward as non-commuting linear generators A, B and the projections held out.",
+        f"One step of {scheme.name} has {claimed} (local error O(h^(p+1)) against the exact flow), with each "
+        f"operator instance its own non-commuting linear generator ({', '.join(result.generators)}); "
+        + PROJECTIONS + ".",
         "symbolic", not wrong,
         (f"series: order {result.order}, splitting order "
          f"{'— (not a splitting)' if result.splitting_order is None else result.splitting_order}; "
@@ -123,6 +127,9 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
+        "exact_subflows_error": result.exact_subflows_error,
+        "tied_splitting_order": result.tied_splitting_order,
+        "generators": result.generators, "projections": PROJECTIONS,
     }
     report.leading_text[scheme.name] = result.leading_error_text
     claim = order_check(scheme, result)

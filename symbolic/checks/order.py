@@ -1,12 +1,15 @@
 """Local splitting error by non-commutative series (MODEL.md §9).
 
-The vector fields are replaced by linear generators — every attention operator by ``A``,
-every feed-forward operator by ``B`` (Macaron's two feed-forward operators are one field
-split in halves) — and one step of the scheme becomes a polynomial in the step ``h`` with
-non-commuting coefficients. Projection substeps (and the projections inside ``on``) are
-held out: they act as the identity here. Comparing with the exact flow ``e^{h(A+B)}``
-gives the local error ``O(h^{p+1})`` and so the order ``p``: ``order`` with the scheme's
-own substep solvers (explicit Euler, Heun), ``splitting_order`` with exact sub-flows.
+Every operator *instance* is its own non-commuting linear generator, named by its key in
+the scheme (``ffn_pre`` and ``ffn_post`` of Macaron are two generators, MODEL.md §9); an
+operator used twice is one instance (tied parameters: the same key). A field applied to a
+projected state (``on``) is the generator of ``u ↦ A(Proj(u))``, projection included.
+Projection *substeps* are excluded, for a stated reason (``PROJECTIONS``): they act as the
+identity here. One step becomes a polynomial in ``h``; comparing with the exact flow
+``e^{h Σ c_k A_k}`` gives the local error ``O(h^{p+1})`` and the order ``p``: ``order``
+with the scheme's own substep solvers (explicit Euler, Heun), ``splitting_order`` with exact
+sub-flows, and ``tied_splitting_order`` with the instances of one kind merged (what the
+order would be if they shared their parameters).
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ import sympy as sp
 
 from ..scheme import Heun, Parallel, Scheme, Sequence, Substep
 
-__all__ = ["OrderResult", "splitting_order", "GENERATORS", "STEP"]
+__all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
 
 STEP = sp.Symbol("h", positive=True)
-#: Non-commuting generators of the attention and feed-forward fields.
-GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False)}
+#: Why projection substeps are not in the series, and so which flow the orders refer to.
+PROJECTIONS = ("projection substeps are excluded: Proj_S is the implicit step of the normal cone ∂I_S for "
+               "every Δt > 0 (the cone absorbs Δt), so it is not O(h)-close to the identity and has no series "
+               "in h; the orders are those of the flow of the vector fields (fields on a projected state, "
+               "'on', included as their own generators) with the projection substeps replaced by the identity")
+
+
+def generator(key: str) -> sp.Symbol:
+    """The non-commuting generator of the operator instance ``key``."""
+    return sp.Symbol(key, commutative=False)
 _DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apart
 
 
@@ -37,6 +48,8 @@ class OrderResult:
     leading_error_text: str
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
+    generators: dict[str, str] = None
+    tied_splitting_order: int | None = None
 
 
 def _truncate(expr: sp.Expr) -> sp.Expr:
@@ -55,13 +68,13 @@ def _exponential(generator: sp.Expr) -> sp.Expr:
 class _Series:
     """One step of a scheme as a truncated series; ``exact`` swaps Euler for exact sub-flows."""
 
-    def __init__(self, scheme: Scheme, exact: bool):
-        self.kinds = dict(scheme.operators)
+    def __init__(self, scheme: Scheme, exact: bool, names: dict[str, str]):
+        self.names = names
         self.exact = exact
         self.splitting = True
 
     def field(self, step: Substep) -> sp.Expr:
-        return GENERATORS.get(self.kinds[step.operator], sp.Integer(0))
+        return generator(self.names[step.operator])
 
     def substep(self, step: Substep) -> sp.Expr:
         if step.solver == "projection":
@@ -85,11 +98,10 @@ class _Series:
         return self.substep(step)
 
 
-def _flow(scheme: Scheme) -> sp.Expr:
+def _flow(scheme: Scheme, names: dict[str, str]) -> sp.Expr:
     from ..equation import equation_terms
 
-    kinds = dict(scheme.operators)
-    field = sum((term.coefficient * GENERATORS.get(kinds[term.operator], 0)
+    field = sum((term.coefficient * generator(names[term.operator])
                  for term in equation_terms(scheme) if not term.projection), sp.Integer(0))
     return _exponential(STEP * field)
 
@@ -103,19 +115,30 @@ def _order(difference: sp.Expr) -> tuple[int | None, sp.Expr]:
     return None, sp.Integer(0)
 
 
+def _orders(scheme: Scheme, names: dict[str, str]):
+    exact = _flow(scheme, names)
+    own = _Series(scheme, False, names)
+    order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
+    split_order, split_leading = _order(_truncate(_Series(scheme, True, names).sequence(scheme.body) - exact))
+    return order, leading, (split_order if own.splitting else None), split_leading
+
+
 def splitting_order(scheme: Scheme) -> OrderResult:
     """Orders and leading local-error terms of one step of ``scheme``."""
-    exact = _flow(scheme)
-    own = _Series(scheme, exact=False)
-    order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
-    split = _Series(scheme, exact=True)
-    split_order, split_leading = _order(_truncate(split.sequence(scheme.body) - exact))
+    instances = {key: key for key in scheme.operators}
+    order, leading, split_order, split_leading = _orders(scheme, instances)
+    by_kind = {key: kind for key, kind in scheme.operators.items()}
+    tied = _orders(scheme, by_kind)[2] if len(set(by_kind.values())) < len(by_kind) else split_order
+    fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
     return OrderResult(
         order=order,
-        splitting_order=split_order if own.splitting else None,
+        splitting_order=split_order,
         leading_error=sp.latex(sp.factor_terms(leading)),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
         leading_error_text=sp.sstr(sp.factor_terms(leading)),
         leading=leading,
         exact_subflows_leading=split_leading,
+        generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")
+                    for key, on in fields.items()},
+        tied_splitting_order=tied,
     )

@@ -17,13 +17,14 @@ from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
 from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
-from splitformer.symbolic.checks.recovery import recovery_checks
+from splitformer.symbolic.checks.recovery import is_builtin, recovery_checks
 from splitformer.symbolic.checks.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
 from .convergence import Study, convergence_study, plot_study
+from .verification.paper import paper_checks
 from .verification.scheme_checks import scheme_checks as semantics_checks
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
@@ -124,6 +125,8 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     program = program or derive(scheme)
     report.checks += semantics_checks(scheme, program)
     report.checks += recovery_checks(scheme, program)
+    if scheme.name == "paper-lie" and is_builtin(scheme):
+        report.checks += paper_checks(scheme)
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,

@@ -273,3 +273,5 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
 
 for _builtin in (Attention, FeedForward, LayerNorm):
     register_operator(_builtin)
+
+from . import paper_operators  # noqa: E402,F401 - registers the kinds of the paper's own scheme

@@ -20,7 +20,7 @@ from ..references import REFERENCES, reference_block
 from ..scheme import Scheme
 from . import Check
 
-__all__ = ["recovery_checks", "has_published_reference"]
+__all__ = ["recovery_checks", "has_published_reference", "is_builtin"]
 
 _DIGITS = 50
 
@@ -92,19 +92,24 @@ def _sizes(n, d, heads, hidden):
     return {TOKENS.size: n, FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: d // heads, HIDDEN.size: hidden}
 
 
-def has_published_reference(scheme: Scheme) -> bool:
-    """Whether ``scheme`` is the built-in whose published formula ``references`` holds.
+def is_builtin(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
 
     A user file may carry a built-in's name (``name = "macaron"``) with other operators or
-    steps; only the built-in itself is compared with the published block.
+    steps; checks that hold only for the built-in are not run on it.
     """
     from ..builtins import builtin_names, builtin_text
     from ..scheme_file import parse_scheme
 
-    if scheme.name not in REFERENCES or scheme.name not in builtin_names():
+    if scheme.name not in builtin_names():
         return False
     builtin = parse_scheme(builtin_text(scheme.name))
     return builtin.operators == scheme.operators and builtin.body == scheme.body
+
+
+def has_published_reference(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is a built-in whose published formula ``references`` holds."""
+    return scheme.name in REFERENCES and is_builtin(scheme)
 
 
 def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:

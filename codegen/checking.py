@@ -26,6 +26,7 @@ from splitformer.symbolic.scheme import Scheme
 from .convergence import Study, convergence_study, plot_study
 from .verification.paper import paper_checks
 from .verification.scheme_checks import scheme_checks as semantics_checks
+from .verification.structure import attention_checks
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 
@@ -149,7 +150,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
 
 def run_checks(schemes: list[Scheme], plots: Path | None = None) -> CheckReport:
     """General checks, then every scheme's."""
-    report = CheckReport(projection_checks() + [sign_check()] + activation_checks())
+    report = CheckReport(projection_checks() + [sign_check()] + activation_checks() + attention_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
     return report

@@ -33,7 +33,7 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
     if "feed-forward" in kinds:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
-    ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted"]
+    ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted", f"structure/{scheme.name}/stack"]
     if has_published_reference(scheme):
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
     if scheme.claims:

@@ -66,7 +66,7 @@ def _unchecked(kinds: set[str]) -> str:
     return f"; kinds {', '.join(sorted(kinds))} evaluated from their continuous definitions" if kinds else ""
 
 
-def emitted_check(scheme: Scheme, program: Program) -> Check:
+def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None) -> Check:
     sizes, batch = _EMITTED, 2
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
     params = random_parameters(scheme, sizes, seed)
@@ -74,7 +74,7 @@ def emitted_check(scheme: Scheme, program: Program) -> Check:
     eps = 1e-5
     padding = np.zeros((batch, sizes.tokens), dtype=bool)
     padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
-    modules = emitted_modules(scheme, program)
+    modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules["torch"]
     import torch
 
@@ -208,5 +208,10 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
 
 
 def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
-    """The derived program (symbolically) and the emitted modules (numerically) against the evaluator."""
-    return [derived_check(scheme, program), emitted_check(scheme, program)]
+    """The derived program (symbolically) and the emitted modules (numerically) against the evaluator,
+    and the emitted stack against N steps."""
+    from .structure import stack_check
+
+    modules = emitted_modules(scheme, program)
+    return [derived_check(scheme, program), emitted_check(scheme, program, modules),
+            stack_check(scheme, modules["numpy"])]

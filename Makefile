@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench clean
+.PHONY: demo test generate bench mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ generate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py
+
+# A sample of mutants of symbolic/ and codegen/ against `check` plus the fast tests (not part of `make test`).
+MUTANTS ?= 40
+mutation: $(STAMP)
+	$(BIN)/python -m splitformer.codegen.verification.mutation --sample $(MUTANTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

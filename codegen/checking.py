@@ -23,7 +23,7 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .convergence import Study, convergence_study, plot_study
+from .verification.convergence import Study, convergence_study, plot_study
 from .verification.paper import paper_checks
 from .verification.scheme_checks import scheme_checks as semantics_checks
 from .verification.structure import attention_checks

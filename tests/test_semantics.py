@@ -142,3 +142,16 @@ def test_a_user_kind_is_evaluated_from_its_continuous_definitions():
     check = emitted_check(scheme, derive(scheme))
     assert check.holds, check.detail
     assert "test-tanh-mixer evaluated from their continuous definitions" in check.detail
+
+
+def test_a_user_file_named_like_a_builtin_is_checked_as_itself(tmp_path):
+    from splitformer.codegen.checking import scheme_checks
+
+    path = tmp_path / "macaron.toml"
+    path.write_text('name = "macaron"\nsummary = "not the built-in"\n[operators]\nattn = "attention"\n'
+                    'ffn = "feed-forward"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n'
+                    '[[steps]]\noperator = "ffn"\nsolver = "explicit"\n')
+    report = scheme_checks(load_scheme(str(path)))
+    ids = {check.id for check in report.checks}
+    assert "semantics/macaron/emitted" in ids and "recovery/macaron/numeric" not in ids
+    assert report.holds

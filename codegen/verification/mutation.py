@@ -2,9 +2,10 @@
 
 A small driver (mutmut and cosmic-ray expect one source folder per import name, and this
 repository maps three folders under ``splitformer``). It copies the repository to a
-temporary folder, lays out ``splitformer`` there with links to the copied folders (put
-first on ``PYTHONPATH``), and for each sampled mutant rewrites one file, runs the kill
-command and restores the file. The repository itself is never modified.
+temporary folder, links the copied ``symbolic/``, ``codegen/``, ``templates/`` into the
+copied ``splitformer/`` (which the kill command, run from the copy, imports first), and
+for each sampled mutant rewrites one file, runs the kill command and restores the file.
+The repository itself is never modified.
 
 Mutation operators (AST): ``+ ↔ −``, ``* ↔ /``, ``** → *``, comparison flips
 (``< ↔ <=``, ``> ↔ >=``, ``== ↔ !=``), ``and ↔ or``, integer constants ``n → n + 1``,
@@ -109,15 +110,11 @@ def apply(source: str, mutant: Mutant) -> str:
 
 
 def _workspace(folder: Path) -> Path:
-    """A copy of the repository and a ``splitformer`` package over it; returns the copy."""
+    """A copy of the repository whose ``splitformer`` package holds the copied folders; returns it."""
     repo = folder / "repo"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache",
-                                                                "generated"))
-    shutil.copytree(ROOT / "generated", repo / "generated")
-    site = folder / "site" / "splitformer"
-    shutil.copytree(repo / "splitformer", site)
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache"))
     for name in ("symbolic", "codegen", "templates"):
-        (site / name).symlink_to(repo / name, target_is_directory=True)
+        (repo / "splitformer" / name).symlink_to(repo / name, target_is_directory=True)
     return repo
 
 
@@ -144,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     key=lambda m: (m.path, m.line))
     with tempfile.TemporaryDirectory(prefix="splitformer-mutation-") as folder:
         repo = _workspace(Path(folder))
-        env = {**os.environ, "PYTHONPATH": str(Path(folder) / "site"), "SPLITFORMER_CACHE": "off"}
+        env = {**os.environ, "PYTHONPATH": str(repo), "SPLITFORMER_CACHE": "off"}
         baseline, seconds = _run(repo, env, arguments.timeout * 2)
         if baseline:
             print("the unmutated repository fails the kill command; nothing to measure", file=sys.stderr)

@@ -32,7 +32,7 @@ def _attention_scheme() -> Scheme:
 
 
 def _verdict(holds: float, control: float) -> tuple[bool, str]:
-    return (holds < _TIGHT and control > _SEPARATED,
+    return (bool(holds < _TIGHT and control > _SEPARATED),
             f"max deviation {holds:.1e}; negative control {control:.2e}")
 
 

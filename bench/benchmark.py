@@ -1,226 +1,172 @@
-"""``make bench``: generated code against ``torch.nn.TransformerEncoderLayer``, as ratios.
+"""``make bench``: sustained throughput of the generated post-ln block against torch, as ratios.
 
-Every figure is measured interleaved (reference, candidate, reference, …) in one process;
-the ratio is the median of the per-round ratios (candidate / reference, < 1 is faster).
-Absolute times are printed for orientation only: the machines are shared and noisy.
+Each figure runs in its own process (``bench/figure.py``): a warm-up, then back-to-back calls
+for at least ``--seconds``, the median per call. Reference and candidate processes alternate
+for ``--pairs`` pairs; the ratio of each pair (candidate / reference, < 1 is faster) is printed
+with their median and spread. The header records the CPU, the BLAS libraries and the measured
+GEMM rate, the physical limit each figure's GFLOP/s is compared with. ``--interleaved`` is the
+older in-process mode (reference and candidate alternating in one process), labelled as such.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import math
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from shapes import SHAPES  # noqa: E402
 
-from splitformer.codegen.adapters import from_torch  # noqa: E402
-from splitformer.codegen.output import write_files  # noqa: E402
-from splitformer.codegen.passes import PASSES  # noqa: E402
-from splitformer.codegen.pipeline import generate  # noqa: E402
-from splitformer.symbolic import load_scheme  # noqa: E402
-
-#: Idle time before each measured call: BLAS threads of the previous call spin for a while
-#: and would otherwise slow the next call down (a 20 ms pause still doubled torch's times).
-PAUSE = 0.1
-#: Each measurement repeats the call back to back for at least this long (small shapes).
-MEASURE = 0.05
-SHAPES = {  # name: (batch, tokens, d, heads, d_ff)
-    "main": (8, 128, 512, 8, 2048),
-    "small": (4, 32, 128, 4, 512),
-    "long": (1, 1024, 256, 4, 1024),
+#: figure: (label, target ratio).
+TARGETS = {
+    "torch-inference": ("torch inference", 1.00),
+    "torch-training": ("torch training step", 0.90),
+    "numpy-forward": ("numpy forward", 1.20),
 }
+#: The reference of the NumPy figure is torch's fused inference path.
+REFERENCE_FIGURE = {"numpy-forward": "torch-inference"}
+DERIVE_TARGETS = (("derive post-ln --backend all", ["post-ln"], 1.5),
+                  ("derive all built-ins", ["--all-builtins"], 4.0))
 
 
-def _module(folder: Path, backend: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{backend}_{folder.name}", folder / backend / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _environment(threads: int) -> dict[str, str]:
+    variables = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    return {**os.environ, **{name: str(threads) for name in variables}}
 
 
-def _repeats(function) -> int:
-    """How many back-to-back calls make one measurement of at least ``MEASURE`` seconds."""
-    start = time.perf_counter()
-    function()
-    return max(1, math.ceil(MEASURE / max(time.perf_counter() - start, 1e-6)))
+def _run(script: str, *arguments: str, threads: int) -> dict:
+    result = subprocess.run([sys.executable, str(BENCH / script), *arguments], capture_output=True,
+                            text=True, env=_environment(threads), check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"error: bench/{script} {' '.join(arguments)} failed:\n{result.stderr.strip()}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _interleaved(reference, candidate, rounds: int) -> tuple[float, float, float]:
-    """Median ratio candidate/reference and the median times per call (seconds)."""
-    reference(), candidate()  # warm up
-    repeats = max(_repeats(reference), _repeats(candidate))
-    ratios, times_ref, times_cand = [], [], []
-    for _ in range(rounds):
-        times = []
-        for function in (reference, candidate):
-            time.sleep(PAUSE)
-            start = time.perf_counter()
-            for _ in range(repeats):
-                function()
-            times.append((time.perf_counter() - start) / repeats)
-        times_ref.append(times[0])
-        times_cand.append(times[1])
-        ratios.append(times[1] / times[0])
-    return statistics.median(ratios), statistics.median(times_ref), statistics.median(times_cand)
+def header(threads: int) -> tuple[list[str], dict[str, float]]:
+    machine = _run("machine.py", "--threads", str(threads), threads=threads)
+    gemm = machine["gemm_gflops"]
+    lines = [f"splitformer sustained benchmark: torch {machine['torch']}, numpy {machine['numpy']}, "
+             f"{threads} threads, float32",
+             f"cpu: {machine['cpu']}",
+             *(f"blas: {entry}" for entry in machine["blas"]),
+             f"GEMM limit (1024x512 @ 512x2048, float32): numpy {gemm['numpy']:.1f} GFLOP/s, "
+             f"torch {gemm['torch']:.1f} GFLOP/s"]
+    return lines, gemm
 
 
-def _flops(batch, tokens, d, heads, d_ff) -> float:
-    rows = batch * tokens
-    projections = 2 * rows * d * (4 * d + 2 * d_ff)
-    attention = 2 * 2 * batch * tokens * tokens * d
-    return float(projections + attention)
+def measure(figure: str, shape: str, modules: Path, arguments) -> tuple[list[float], dict, dict]:
+    """Per-pair ratios and the last reference and candidate results."""
+    common = [shape, "--modules", str(modules), "--seconds", str(arguments.seconds), "--threads", str(arguments.threads)]
+    ratios, reference, candidate = [], {}, {}
+    for _ in range(arguments.pairs):
+        reference = _run("figure.py", REFERENCE_FIGURE.get(figure, figure), "reference", *common, threads=arguments.threads)
+        candidate = _run("figure.py", figure, "candidate", *common, threads=arguments.threads)
+        ratios.append(candidate["median_s"] / reference["median_s"])
+    return ratios, reference, candidate
 
 
-def _row(label, shape, ratio, t_ref, t_cand, target) -> str:
-    gflops = _flops(*shape) / t_cand / 1e9
+def figure_line(figure: str, shape: str, ratios: list[float], reference: dict, candidate: dict,
+                gemm: dict[str, float]) -> str:
+    label, target = TARGETS[figure]
+    ratio = statistics.median(ratios)
+    limit = gemm["numpy" if figure == "numpy-forward" else "torch"]
     verdict = "ok" if ratio <= target else "MISSED"
-    return (f"{label:34} {ratio:6.2f}x  (target <= {target:.2f}, {verdict})  "
-            f"ref {t_ref * 1e3:8.2f} ms  gen {t_cand * 1e3:8.2f} ms  {gflops:6.1f} GFLOP/s")
+    return (f"[{shape}] {label:20} {ratio:5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f} over "
+            f"{len(ratios)} pairs  (target <= {target:.2f}, {verdict})  ref {reference['median_s'] * 1e3:7.2f} ms  "
+            f"gen {candidate['median_s'] * 1e3:7.2f} ms  {candidate['gflops']:5.1f} GFLOP/s "
+            f"= {candidate['gflops'] / limit:4.0%} of the GEMM limit")
 
 
-def bench_shape(folder: Path, shape_name: str, rounds: int, passes_label: str) -> list[str]:
-    batch, tokens, d, heads, d_ff = shape = SHAPES[shape_name]
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True).eval()
-    params = from_torch(layer)
-    numpy_module = _module(folder, "numpy", "post_ln")
-    torch_module = _module(folder, "torch", "post_ln")
-    block = torch_module.Block(d, heads, d_ff).load_params(params).eval()
-    x = torch.randn(batch, tokens, d)
-    u = x.numpy()
-    lines = []
-
-    def reference_inference():
-        with torch.inference_mode():
-            layer(x)
-
-    def candidate_inference():
-        with torch.inference_mode():
-            block(x)
-
-    ratio, t_ref, t_cand = _interleaved(reference_inference, candidate_inference, rounds)
-    lines.append(_row(f"[{shape_name}/{passes_label}] torch inference", shape, ratio, t_ref, t_cand, 1.00))
-
-    train_layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True)
-    train_layer.load_state_dict(layer.state_dict())
-    train_block = torch_module.Block(d, heads, d_ff).load_params(params)
-
-    def reference_training():
-        train_layer.zero_grad(set_to_none=True)
-        train_layer(x).square().mean().backward()
-
-    def candidate_training():
-        train_block.zero_grad(set_to_none=True)
-        train_block(x).square().mean().backward()
-
-    ratio, t_ref, t_cand = _interleaved(reference_training, candidate_training, rounds)
-    lines.append(_row(f"[{shape_name}/{passes_label}] torch training step", shape, ratio, t_ref, t_cand, 0.90))
-
-    def numpy_forward():
-        numpy_module.forward(u, params, n_heads=heads)
-
-    ratio, t_ref, t_cand = _interleaved(reference_inference, numpy_forward, rounds)
-    lines.append(_row(f"[{shape_name}/{passes_label}] numpy forward", shape, ratio, t_ref, t_cand, 1.20))
+def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str]:
+    """The top torch operators of reference and candidate, side by side (ms per call)."""
+    common = [shape, "--modules", str(modules), "--seconds", "0.2", "--threads", str(arguments.threads), "--profile"]
+    sides = [_run("figure.py", figure, role, *common, threads=arguments.threads)["profile"]
+             for role in ("reference", "candidate")]
+    lines = [f"    {'reference op':34} {'ms':>7} {'share':>6}   {'generated op':34} {'ms':>7} {'share':>6}"]
+    for left, right in zip(*sides):
+        lines.append(f"    {left['op'][:34]:34} {left['ms_per_call']:7.2f} {left['share']:6.0%}   "
+                     f"{right['op'][:34]:34} {right['ms_per_call']:7.2f} {right['share']:6.0%}")
     return lines
 
 
-def peak_memory(folder: Path) -> str:
-    """Peak traced allocation of the NumPy forward against torch's fused path (main shape)."""
-    batch, tokens, d, heads, d_ff = SHAPES["main"]
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True).eval()
-    params = from_torch(layer)
-    numpy_module = _module(folder, "numpy", "post_ln")
-    x = torch.randn(batch, tokens, d)
-    u = x.numpy()
-    numpy_module.forward(u, params, n_heads=heads)
-    tracemalloc.start()
-    numpy_module.forward(u, params, n_heads=heads)
-    _, numpy_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        layer(x)
-    torch_peak = _torch_peak(prof)
-    ratio = numpy_peak / torch_peak
-    verdict = "ok" if ratio <= 1.5 else "MISSED"
-    return (f"{'[main] numpy peak memory':34} {ratio:6.2f}x  (target <= 1.50, {verdict})  "
-            f"ref {torch_peak / 2**20:8.1f} MiB  gen {numpy_peak / 2**20:8.1f} MiB")
-
-
-def _torch_peak(prof) -> int:
-    """Peak of live CPU memory from the profiler's allocation events."""
-    live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.cpu_memory_usage
-        peak = max(peak, live)
-    return peak
-
-
-def derive_times(rounds: int = 3) -> list[str]:
+def derive_lines(rounds: int = 3) -> list[str]:
+    """Cold (empty cache) and warm ``derive`` times, each in a fresh process."""
     lines = []
-    for label, arguments, target in (
-        ("derive post-ln --backend all", ["post-ln"], 1.5),
-        ("derive all built-ins", ["--all-builtins"], 4.0),
-    ):
-        times = []
+    for label, arguments, target in DERIVE_TARGETS:
+        cold, warm = [], []
         for _ in range(rounds):
-            with tempfile.TemporaryDirectory() as out:
-                start = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", "derive", *arguments, "--backend", "all",
-                                "--out", out], check=True, capture_output=True, cwd=ROOT)
-                times.append(time.perf_counter() - start)
-        best = statistics.median(times)
-        verdict = "ok" if best <= target else "MISSED"
-        lines.append(f"{label:34} {best:6.2f} s  (target <= {target:.1f} s, {verdict}, fresh process, median of {rounds})")
+            with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
+                for times in (cold, warm):
+                    start = time.perf_counter()
+                    subprocess.run([sys.executable, "-m", "splitformer", "derive", *arguments, "--backend", "all",
+                                    "--out", out], check=True, capture_output=True,
+                                   env={**os.environ, "SPLITFORMER_CACHE": cache})
+                    times.append(time.perf_counter() - start)
+        verdict = "ok" if statistics.median(cold) <= target else "MISSED"
+        lines.append(f"{label:30} cold {statistics.median(cold):5.2f} s (target <= {target:.1f} s, {verdict})  "
+                     f"warm {statistics.median(warm):5.2f} s  (fresh processes, median of {rounds})")
     return lines
+
+
+def interleaved(figure: str, shape: str, modules: Path, arguments) -> str:
+    """The in-process mode: reference and candidate alternating in this process."""
+    import torch
+
+    from figure import build, sustained
+
+    torch.set_num_threads(arguments.threads)
+    reference = build(REFERENCE_FIGURE.get(figure, figure), "reference", shape, modules)
+    candidate = build(figure, "candidate", shape, modules)
+    ratios = [statistics.median(sustained(candidate, arguments.seconds)) /
+              statistics.median(sustained(reference, arguments.seconds)) for _ in range(arguments.pairs)]
+    label, target = TARGETS[figure]
+    return (f"[{shape}] {label:20} {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f} "
+            f"(IN-PROCESS interleaved, not the sustained figure; target <= {target:.2f})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/benchmark.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--shapes", default="main,small,long")
-    parser.add_argument("--ablation", action="store_true", help="also measure with each pass switched off")
+    parser.add_argument("--pairs", type=int, default=5, help="reference/candidate process pairs per figure")
+    parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back time per process")
+    parser.add_argument("--shapes", default="N128,N1024", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--figures", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-profile", action="store_true", help="skip the operator tables")
+    parser.add_argument("--no-derive", action="store_true", help="skip the derive timings")
+    parser.add_argument("--interleaved", action="store_true", help="the older in-process mode (labelled)")
     arguments = parser.parse_args(argv)
-    torch.set_num_threads(2)
-    os.environ.setdefault("OMP_NUM_THREADS", "2")
-    print(f"splitformer benchmark: torch {torch.__version__}, numpy {np.__version__}, "
-          f"{torch.get_num_threads()} threads, float32; ratio = generated / reference (median of "
-          f"{arguments.rounds} interleaved rounds)")
-    variants = {"all passes": None}
-    if arguments.ablation:
-        variants["no passes"] = ()
-        for name in PASSES:
-            variants[f"without {name}"] = tuple(p for n, p in PASSES.items() if n != name)
-    scheme = load_scheme("post-ln")
-    with tempfile.TemporaryDirectory() as scratch:
-        folders = {}
-        for label, passes in variants.items():
-            folder = Path(scratch) / label.replace(" ", "_")
-            write_files(generate(scheme, ("numpy", "torch"), folder, passes=passes))
-            folders[label] = folder
+    os.environ.update(_environment(arguments.threads))
+    from splitformer.codegen.output import write_files
+    from splitformer.codegen.pipeline import generate
+    from splitformer.symbolic import load_scheme
+
+    lines, gemm = header(arguments.threads)
+    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory() as modules:
+        write_files(generate(load_scheme("post-ln"), ("numpy", "torch"), Path(modules)))
+        from figure import write_inputs
+
         for shape in arguments.shapes.split(","):
-            for label, folder in folders.items():
-                if label != "all passes" and shape != "main":
+            write_inputs(shape, Path(modules))
+        for shape in arguments.shapes.split(","):
+            for figure in arguments.figures.split(","):
+                if arguments.interleaved:
+                    print(interleaved(figure, shape, Path(modules), arguments), flush=True)
                     continue
-                for line in bench_shape(folder, shape, arguments.rounds, label):
-                    print(line, flush=True)
-        print(peak_memory(folders["all passes"]))
-    for line in derive_times():
-        print(line)
+                print(figure_line(figure, shape, *measure(figure, shape, Path(modules), arguments), gemm), flush=True)
+                if not arguments.no_profile and figure != "numpy-forward":
+                    print("\n".join(profile_table(figure, shape, Path(modules), arguments)), flush=True)
+    if not arguments.no_derive:
+        print("\n".join(derive_lines()), flush=True)
     return 0
 
 

@@ -78,6 +78,12 @@ class Backend:
         support = self.support(op.support, self.printer(printer.module, scores))
         return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support})"]
 
+    def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
+        """Each template defines ``_layer_norm`` and ``_rms_norm`` (statistics that cannot overflow)."""
+        if not op.centred:
+            return [f"{op.out} = _rms_norm({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
+        return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
 
@@ -97,9 +103,6 @@ class NumpyBackend(Backend):
     printer = NumpyPrinter
     einsum = "_einsum"
     library, axis = "np", "axis"
-
-    def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
@@ -126,10 +129,6 @@ class TorchBackend(Backend):
     printer = TorchPrinter
     einsum = "torch.einsum"
     library, axis = "torch", "dim"
-
-    def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = torch.nn.functional.layer_norm({op.x.name}, {op.x.name}.shape[-1:], "
-                f"{op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         """In place only without autograd: an in-place update of a view costs more in backward."""

@@ -141,7 +141,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
         report.checks.append(claim)
     if result.order is None:  # an exact step: there is no error to converge
         return report
-    study = convergence_study(scheme)
+    study = convergence_study(scheme, order=result.order)
     report.checks.append(convergence_check(scheme, study, result.order))
     if plots is not None:
         report.plots[scheme.name] = plot_study(study, result.order, plots / f"{scheme.module_name}_convergence.png")

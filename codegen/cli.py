@@ -1,11 +1,14 @@
 """The ``splitformer`` command line: list, show, derive (and check, see ``--help``).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
+An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
+(``splitformer check | head -1``) ends the command quietly with status 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +23,12 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
+def _load_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--load", action="append", default=[], metavar="FILE.py",
+                         help="import a Python file first: the operator kinds, projections and Runge–Kutta "
+                              "tableaux it registers become usable by name in scheme files (repeatable)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
     parser.add_argument("--version", action="version", version=f"splitformer {__version__}")
@@ -29,18 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("scheme", help="built-in name or path to a scheme file (TOML)")
     show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text")
     show.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    _load_option(show)
     derive = commands.add_parser("derive", help="derive schemes and emit code and reports")
     derive.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files")
     derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
     derive.add_argument("--out", default="generated", help="output folder (default: generated)")
+    derive.add_argument("--force", action="store_true",
+                        help="overwrite files in --out that splitformer did not write")
     derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of pass names")
+    _load_option(derive)
     check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
     check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
     check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     check.add_argument("--plots", default=None, metavar="DIR", help="write a convergence plot (PNG) per scheme")
+    _load_option(check)
     return parser
 
 
@@ -110,13 +124,20 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     passes = select(arguments.passes)
+    if not arguments.out:
+        raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
     out = Path(arguments.out)
-    if out.exists() and not out.is_dir():
-        raise SplitformerError(f"--out {out} exists and is not a folder")
-    files: dict[Path, str] = {}
+    emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
-        files.update(generate(_load(name, arguments.activation), BACKEND_CHOICES[arguments.backend], out, passes))
-    write_files(files)
+        scheme = _load(name, arguments.activation)
+        first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
+        if previous is not scheme and previous.source != scheme.source:
+            raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
+                                   f"{scheme.module_name}.py; derive them into different --out folders")
+    files: dict[Path, str] = {}
+    for _, scheme in emitted.values():
+        files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
 
@@ -129,9 +150,16 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
-        existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        try:
+            existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
+        except (OSError, ValueError) as error:
+            raise SplitformerError(f"--plots {plots}: {getattr(error, 'strerror', None) or error}") from None
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
+        from .output import check_target
+
+        for scheme in schemes:
+            check_target(plots / f"{scheme.module_name}_convergence.png")
         try:
             import matplotlib  # noqa: F401 - only whether it is installed
         except ImportError:
@@ -141,23 +169,59 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     return text, 0 if report.holds else 1
 
 
+def _run(argv: list[str] | None) -> tuple[str, int]:
+    arguments = _parser().parse_args(argv)
+    if getattr(arguments, "load", None):
+        from splitformer.symbolic.plugins import load_plugins
+
+        load_plugins(arguments.load)
+    if arguments.command == "list":
+        return _list(), 0
+    if arguments.command == "show":
+        return _show(arguments), 0
+    if arguments.command == "check":
+        return _check(arguments)
+    return _derive(arguments), 0
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    try:
+        print(f"error: {message}".replace("\n", "\\n").replace("\r", "\\r"), file=sys.stderr)
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    try:
+        target = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, target)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # not a real file (tests, IDEs): nothing to flush later
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    status = 0
     try:
-        arguments = _parser().parse_args(argv)
-        if arguments.command == "list":
-            text = _list()
-        elif arguments.command == "show":
-            text = _show(arguments)
-        elif arguments.command == "check":
-            text, status = _check(arguments)
-        else:
-            text = _derive(arguments)
+        text, status = _run(argv)
+        try:
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (| head -1): stop quietly
+            _silence_stdout()
+            return 141
+        except OSError as error:
+            _silence_stdout()
+            raise SplitformerError(f"cannot write to standard output: {error.strerror or error}") from None
     except SplitformerError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _error(str(error))
         return 2
-    print(text)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
     return status
 
 

@@ -162,12 +162,14 @@ class Attention(Op):
 
 @dataclass(frozen=True)
 class Normalize(Op):
-    """``out = gain (x − mean x)/√(var x + ε) + bias`` over the last axis (a derived LayerNorm)."""
+    """``out = gain (x − mean x)/√(var x + ε) + bias`` over the last axis (a derived LayerNorm);
+    with ``centred=False``, ``out = gain x/√(mean x² + ε)`` (a derived RMSNorm, no bias)."""
 
     x: Operand | None = None
     gain: str = ""
     bias: str = ""
     eps: sp.Expr = sp.Integer(0)
+    centred: bool = True
 
     def reads(self) -> list[str]:
-        return [self.x.name, self.gain, self.bias]
+        return [self.x.name, self.gain] + ([self.bias] if self.bias else [])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme
-from splitformer.symbolic.stack import final_norm_scheme
+from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .lowering import lower
 from .render import render_module
@@ -26,7 +26,7 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None) 
     """The files ``splitformer derive`` writes for ``scheme`` under ``out``."""
     program = derive(scheme)
     module = lower(program, passes)
-    final_norm = lower(derive(final_norm_scheme()), passes)
+    final_norm = lower(derive(final_norm_scheme(final_norm_kind(scheme))), passes)
     files = {out / "__init__.py": PACKAGE_INIT}
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT

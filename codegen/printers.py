@@ -84,9 +84,20 @@ class NumpyPrinter(ArrayPrinter):
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh"}
 
     def _print_Max(self, expr: sp.Max) -> str:
+        return self._pairwise("np.maximum", expr)
+
+    def _print_Min(self, expr: sp.Min) -> str:
+        return self._pairwise("np.minimum", expr)
+
+    def _pairwise(self, function: str, expr: sp.Expr) -> str:
+        """``function`` takes two operands (a third would be its ``out``): nest for more."""
         numbers = [arg for arg in expr.args if arg.is_number]
         arrays = [arg for arg in expr.args if not arg.is_number]
-        return f"np.maximum({', '.join(self._print(arg) for arg in arrays + numbers)})"
+        operands = [self._print(arg) for arg in arrays + numbers]
+        text = operands[0]
+        for operand in operands[1:]:
+            text = f"{function}({text}, {operand})"
+        return text
 
 
 class TorchPrinter(ArrayPrinter):
@@ -98,6 +109,18 @@ class TorchPrinter(ArrayPrinter):
         tensors = [arg for arg in expr.args if not arg.is_number]
         if numbers == [0] and len(tensors) == 1:
             return f"torch.relu({self._print(tensors[0])})"
-        if len(numbers) == 1 and len(tensors) == 1:
-            return f"torch.clamp_min({self._print(tensors[0])}, {self._print(numbers[0])})"
-        return f"torch.maximum({', '.join(self._print(arg) for arg in expr.args)})"
+        return self._bound(expr, "clamp_min", "torch.maximum")
+
+    def _print_Min(self, expr: sp.Min) -> str:
+        return self._bound(expr, "clamp_max", "torch.minimum")
+
+    def _bound(self, expr: sp.Expr, clamp: str, function: str) -> str:
+        """Tensors folded pairwise with ``function``, then each number through ``torch.clamp_*``."""
+        numbers = [arg for arg in expr.args if arg.is_number]
+        tensors = [arg for arg in expr.args if not arg.is_number]
+        text = self._print(tensors[0])
+        for tensor in tensors[1:]:
+            text = f"{function}({text}, {self._print(tensor)})"
+        for number in numbers:
+            text = f"torch.{clamp}({text}, {self._print(number)})"
+        return text

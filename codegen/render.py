@@ -30,6 +30,8 @@ def environment() -> jinja2.Environment:
     env.filters["pytuple"] = lambda names: "(" + "".join(f'"{name}", ' for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
+    # user text in Markdown: raw HTML is shown, never interpreted
+    env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
     return env
 
 
@@ -67,7 +69,7 @@ def unit_context(module: Module, backend: str) -> dict:
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm") if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm") if f"{helper}(" in code},
         "output": module.output,
     }
 

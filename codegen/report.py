@@ -13,15 +13,56 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
 from splitformer.symbolic.checks.order import splitting_order
 from splitformer.symbolic.checks.recovery import has_published_reference
-from splitformer.symbolic.scheme import Parallel, Scheme
+from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
 
 __all__ = ["render_report", "check_ids"]
 
 
+def _tableaux(sequence: Sequence) -> list[dict]:
+    """The Runge–Kutta tableaux a scheme uses, once each, in order."""
+    found: dict[str, dict] = {}
+    for step in sequence.steps:
+        if isinstance(step, RungeKutta):
+            method = step.tableau
+            found.setdefault(method.name, {"name": method.name, "title": method.title, "order": method.order(),
+                                           "latex": method.latex()})
+        elif isinstance(step, Parallel):
+            for branch in step.branches:
+                for method in _tableaux(branch):
+                    found.setdefault(method["name"], method)
+    return list(found.values())
+
+
 def _has_parallel(scheme: Scheme) -> bool:
     return any(isinstance(step, Parallel) for step in scheme.body.steps)
+
+
+#: Kinds that apply the scheme's activation.
+_ACTIVATED = {"feed-forward", "gated-feed-forward"}
+
+
+def _projection_kinds(scheme: Scheme) -> set[str]:
+    return {kind for kind in scheme.operators.values() if OPERATOR_KINDS[kind].is_projection}
+
+
+def _other_projections(scheme: Scheme) -> list[dict]:
+    """Sections for the projections other than LayerNorm: each set's derivation steps."""
+    sections = []
+    for kind in sorted(_projection_kinds(scheme) - {"layer-norm"}):
+        cls = OPERATOR_KINDS[kind]
+        constraints = getattr(cls, "constraints", None)
+        if constraints is None:
+            continue
+        projection = cls.projection()
+        extra = ""
+        if projection.distance is not None:
+            extra = rf"Squared distance of the minimizer ($\gamma = 0$): $\|u - v\|^2 = {sp.latex(projection.distance)}$."
+        sections.append({"title": f"Projection onto ${constraints.latex}$ ({kind})", "steps": projection.steps,
+                         "extra": extra})
+    return sections
 
 
 def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
@@ -31,7 +72,11 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     if "layer-norm" in kinds:
         ids += [f"theorem-3.1/{part}" for part in ("closed-form", "constraints", "kkt", "minimizer", "beta-zero")]
         ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
-    if "feed-forward" in kinds:
+    if "rms-norm" in kinds:
+        ids += ["rms-norm/closed-form"]
+    ids += [f"projection/{kind}/{part}" for kind in sorted(_projection_kinds(scheme) - {"layer-norm"})
+            for part in ("constraints", "minimizer")]
+    if kinds & _ACTIVATED:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
     ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted", f"structure/{scheme.name}/stack"]
     if has_published_reference(scheme):
@@ -55,7 +100,8 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -
                      r"at unit spacing. The hypothesis $\beta > 0$ is needed: for $\beta = 0$ every point of the "
                      r"sphere is at the same distance and the projection is not unique.",
         })
-    if "feed-forward" in kinds and scheme.activation == "relu":
+    projections += _other_projections(scheme)
+    if kinds & _ACTIVATED and scheme.activation == "relu":
         projections.append({
             "title": r"ReLU as the projection onto $S_2 = \{u \ge 0\}$",
             "steps": derive_relu_projection().steps,
@@ -80,4 +126,5 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -
         domains=domains,
         projections=projections,
         parallel=_has_parallel(scheme),
+        tableaux=_tableaux(scheme.body),
     )

@@ -16,6 +16,12 @@ _EXPORTS = {
     "load_scheme": "splitformer.symbolic.scheme_file",
     "parse_scheme": "splitformer.symbolic.scheme_file",
     "register_operator": "splitformer.symbolic.operators",
+    "Operator": "splitformer.symbolic.operators",
+    "ProjectionOperator": "splitformer.symbolic.operators",
+    "ConstraintSet": "splitformer.symbolic.constraints",
+    "register_tableau": "splitformer.symbolic.tableaux",
+    "make_tableau": "splitformer.symbolic.tableaux",
+    "load_plugin": "splitformer.symbolic.plugins",
 }
 __all__ = ["__version__", "adapters", *_EXPORTS]
 

@@ -18,6 +18,7 @@ _EXPORTS = {
     "builtin_names": "builtins",
     "load_scheme": "scheme_file",
     "parse_scheme": "scheme_file",
+    "load_plugin": "plugins",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -5,8 +5,9 @@ Input: a ``Scheme``. Output: a ``Program`` whose assignments are in index notati
 1. Time: each substep is solved by its rule over its share ``f Δt`` of the step —
    explicit Euler ``u⁺ = u + f Δt A(u)`` for a vector field, the projection ``u⁺ = Proj_S(u)``
    for a normal cone (the cone absorbs ``Δt``). A parallel step runs its branches from one
-   state and takes the weighted sum, simplified symbolically; a Heun step evaluates the
-   summed field at the state and at the Euler predictor.
+   state and takes the weighted sum, simplified symbolically; a Runge–Kutta step (a Butcher
+   tableau: Heun, rk4, a user's) evaluates the summed field at each stage state
+   ``u + Δt Σ_j a_ij k_j`` and takes ``u + Δt Σ_i b_i k_i``.
 2. Space: every operator's continuous definitions are discretized by the rectangle rule
    (``quadrature.Grid``); kernels absorb the spacing of the variables they are integrated
    against, the token spacing ``Δx`` cancels in the softmax kernel, and the feature grids
@@ -15,7 +16,8 @@ Input: a ``Scheme``. Output: a ``Program`` whose assignments are in index notati
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
+from collections.abc import Mapping
 
 import sympy as sp
 
@@ -23,9 +25,9 @@ from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, 
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
-from .program import TIME_STEP, Assignment, Evaluation, Program, SubstepRecord, Tensor
+from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
-from .scheme import Heun, Parallel, Scheme, Sequence, Substep
+from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 __all__ = ["derive", "UNIT_SPACINGS"]
 
@@ -43,6 +45,8 @@ class _Deriver:
         self.memo: dict[tuple[str, str], str] = {}
         self.states = 0
         self.substeps = 0
+        #: Every ``p`` such that some array is named ``p_…`` (a later evaluation must not reuse it).
+        self.prefixes: set[str] = set()
         for operator in self.operators.values():
             for parameter in operator.parameters():
                 name = f"{operator.key}_{parameter.name}"
@@ -60,6 +64,7 @@ class _Deriver:
             raise SplitformerError(
                 f"scheme {self.scheme.name!r}: two arrays would be named {tensor.name!r}; rename an operator")
         self.tensors[tensor.name] = tensor
+        self.prefixes.update(tensor.name[:end] for end, letter in enumerate(tensor.name) if letter == "_")
 
     def new_state(self) -> str:
         self.states += 1
@@ -88,7 +93,7 @@ class _Deriver:
         self.evaluations[key] += 1
         count = self.evaluations[key]
         prefix = key if count == 1 else f"{key}{count}"
-        while count > 1 and any(name.startswith(f"{prefix}_") for name in self.tensors):
+        while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT)}
         absorbed = {}
@@ -100,7 +105,7 @@ class _Deriver:
             arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
             absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
         grid = Grid(VARIABLES, arrays, absorbed)
-        names = self.latex_names()
+        names = ChainMap({}, self.latex_names())
         for definition in definitions:
             suffix = "" if count == 1 else f",{count}"
             names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{{operator.key_latex()}{suffix}}}"
@@ -124,8 +129,9 @@ class _Deriver:
         output = str(assignments[-1].lhs.base.label)
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
-    def latex_names(self) -> dict[str, str]:
-        return {name: tensor.latex for name, tensor in self.tensors.items()}
+    def latex_names(self) -> Mapping[str, str]:
+        """The LaTeX name of every array so far, as a live view (no copy per formula)."""
+        return LatexNames(self.tensors)
 
     # -- time --------------------------------------------------------------------------
     def symbol(self, state: str) -> sp.Symbol:
@@ -154,8 +160,8 @@ class _Deriver:
             evaluations: list[Evaluation] = []
             if isinstance(step, Parallel):
                 discrete, continuous, label = self.parallel(step, state, evaluations)
-            elif isinstance(step, Heun):
-                discrete, continuous, label = self.heun(step, state, evaluations)
+            elif isinstance(step, RungeKutta):
+                discrete, continuous, label = self.runge_kutta(step, state, evaluations)
             else:
                 discrete, continuous = self.substep(step, state, evaluations)
                 label = f"{step.operator}, {_solver_label(step)}"
@@ -190,27 +196,35 @@ class _Deriver:
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))
         return combined, sp.Eq(unevaluated, simplified, evaluate=False), "parallel (" + ", ".join(labels) + ")"
 
-    def heun(self, step: Heun, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr, str]:
-        """Heun's method for the summed field ``G = Σ f_i A_i``: two stages, shared controls."""
+    def runge_kutta(self, step: RungeKutta, state: str,
+                    evaluations: list[Evaluation]) -> tuple[sp.Expr, str, str]:
+        """The tableau's stages for the summed field ``G = Σ f_i A_i``, sharing the controls."""
+        method = step.tableau
+        k = sp.symbols(f"k_1:{method.stages + 1}")
+
         def stage(at: str) -> tuple[sp.Expr, sp.Expr]:
             pairs = [self.field(field, at, evaluations) for field in step.fields]
             return (sum(f.fraction * value for f, (value, _) in zip(step.fields, pairs)),
                     sum(f.fraction * applied for f, (_, applied) in zip(step.fields, pairs)))
 
-        first, first_continuous = stage(state)
-        predictor = self.new_state()
-        assignment = Assignment(self.state(predictor), self.state(state) + TIME_STEP * first, "predictor stage",
-                                quadrature=equation(self.state(predictor), self.state(state) + TIME_STEP * first,
-                                                    self.latex_names()))
-        evaluations.append(Evaluation("rk2", "predictor", state, (assignment,)))
-        second, second_continuous = stage(predictor)
-        discrete = sp.expand(self.state(state) + TIME_STEP * (first + second) / 2)
-        k_1, k_2 = sp.symbols("k_1 k_2")
-        rule = (f"{to_latex(self.symbol(state) + TIME_STEP / 2 * (k_1 + k_2))},\\quad "
-                f"k_1 = {to_latex(first_continuous)},\\quad "
-                f"{self.tensors[predictor].latex} = {to_latex(self.symbol(state) + TIME_STEP * k_1)},\\quad "
-                f"k_2 = {to_latex(second_continuous)}")
-        return discrete, rule, "rk2 (Heun) of " + " + ".join(field.operator for field in step.fields)
+        values, parts = [], []
+        for i, row in enumerate(method.a):
+            at = state
+            if any(row):
+                at = self.new_state()
+                discrete = self.state(state) + TIME_STEP * sum(a * value for a, value in zip(row, values))
+                assignment = Assignment(self.state(at), discrete, f"stage {i + 1} state",
+                                        quadrature=equation(self.state(at), discrete, self.latex_names()))
+                evaluations.append(Evaluation(method.name, f"stage {i + 1}", state, (assignment,)))
+                increment = self.symbol(state) + TIME_STEP * sp.factor_terms(sum(a * k[j] for j, a in enumerate(row)))
+                parts.append(f"{self.tensors[at].latex} = {to_latex(increment)}")
+            value, continuous = stage(at)
+            values.append(value)
+            parts.append(f"k_{i + 1} = {to_latex(continuous)}")
+        discrete = sp.expand(self.state(state) + TIME_STEP * sum(b * value for b, value in zip(method.b, values)))
+        update = self.symbol(state) + TIME_STEP * sp.factor_terms(sum(b * k[i] for i, b in enumerate(method.b)))
+        rule = r",\quad ".join([to_latex(update)] + parts)
+        return discrete, rule, f"{method.title} of " + " + ".join(field.operator for field in step.fields)
 
 
 def _solver_label(step: Substep) -> str:

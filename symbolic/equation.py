@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .scheme import Heun, Parallel, Scheme, Sequence
+from .scheme import Parallel, RungeKutta, Scheme, Sequence
 
 __all__ = ["Term", "equation_terms", "equation_latex", "MASTER_EQUATION"]
 
@@ -42,7 +42,7 @@ def equation_terms(scheme: Scheme) -> list[Term]:
                 for branch_weight, branch in zip(step.weights, step.branches):
                     visit(branch, weight * branch_weight)
                 continue
-            if isinstance(step, Heun):  # two stages of weight 1/2 each
+            if isinstance(step, RungeKutta):  # consistent: the stage weights sum to 1
                 visit(Sequence(step.fields), weight)
                 continue
             key = (step.operator, step.on, step.solver == "projection")

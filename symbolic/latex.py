@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import ChainMap
+
 from collections.abc import Mapping
 
 import sympy as sp
@@ -58,7 +60,7 @@ _DEFAULT_NAMES = {"eps": r"\varepsilon"}
 
 def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
     """LaTeX of ``expr``; ``names`` renames symbols and array bases (``attn_q`` → ``Q``)."""
-    names = {**_DEFAULT_NAMES, **(names or {})}
+    names = ChainMap(names or {}, _DEFAULT_NAMES)  # no copy: derivations pass every array's name
     symbol_names = {symbol: names[symbol.name] for symbol in expr.atoms(sp.Symbol) if symbol.name in names}
     for applied in expr.atoms(AppliedUndef):
         name = applied.func.__name__

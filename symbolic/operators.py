@@ -1,9 +1,22 @@
-"""The operators of the master equation, written in continuous form.
+"""The operators of the master equation, written in continuous form; the public operator API.
 
 Each operator lists its learned controls (``Parameter``) and the chain of continuous
 definitions that evaluates it on an input field ``u(x, ξ)``; the last definition is the
 operator's value. Kernels integrated against a variable are marked, so that the
 quadrature weight of that variable is absorbed into the stored array (see ``quadrature``).
+
+A new kind is a subclass registered by name (``@register_operator``), from the package or
+from a user's own module alike:
+
+- a vector field subclasses ``Operator``: ``kind``, ``symbol``, ``parameters()`` (built
+  with ``kernel``: names, continuous arguments, shapes in domains) and ``definitions()``
+  (SymPy expressions over the domains, ``integral`` for the integral transforms);
+- a projection subclasses ``ProjectionOperator`` and gives only its ``ConstraintSet``
+  (``constraints``): the closed form comes from ``projections.derive_projection``, followed
+  by the diagonal affine substep of its ``affine`` parameters (``gain``, ``bias``).
+
+Dataclass fields after ``key`` are the kind's options: ``activation`` receives the scheme's
+activation, others come from the scheme file (``ffn = { kind = "…", bias = false }``).
 """
 
 from __future__ import annotations
@@ -17,12 +30,13 @@ from .activations import Activation
 from .domains import (
     ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
 )
-from .projections import SYMBOLS, derive_layer_norm_projection
+from .constraints import S_1, ConstraintSet
+from .projections import SYMBOLS, Projection, derive_layer_norm_projection, derive_projection
 from .quadrature import integral
 
 __all__ = [
-    "Parameter", "Definition", "Operator", "Attention", "FeedForward", "LayerNorm",
-    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator",
+    "Parameter", "Definition", "Operator", "ProjectionOperator", "Attention", "FeedForward", "LayerNorm",
+    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
 ]
 
 #: LayerNorm's ε; emitted as the ``eps`` argument.
@@ -131,30 +145,38 @@ class Operator:
         return f"$\\displaystyle {self.latex()}$"
 
 
-def _kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[Domain, ...],
-            absorbs: tuple[Variable, ...] = ()) -> Parameter:
+def kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[Domain, ...],
+           absorbs: tuple[Variable, ...] = ()) -> Parameter:
+    """A learned control ``name(arguments)`` stored with ``shape``; ``absorbs`` are the variables
+    it is integrated against (their quadrature weights live in the stored array)."""
     return Parameter(name, name, latex, arguments, shape, absorbs)
+
+
+_kernel = kernel  # the former private name, for modules written against it
 
 
 @dataclass(frozen=True)
 class Attention(Operator):
-    """Multi-head attention: a non-local integral operator over token positions."""
+    """Multi-head attention: a non-local integral operator over token positions; ``bias=False``
+    drops the biases of the query, key, value and output transforms."""
 
+    bias: bool = True
     kind: ClassVar[str] = "attention"
     symbol: ClassVar[str] = r"\mathcal{A}"
 
     def parameters(self) -> tuple[Parameter, ...]:
         square = (FEATURES, FEATURES)
-        return (
-            _kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
-            _kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
-            _kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
-            _kernel("b_k", "b^{K}", (H, E), (FEATURES,)),
-            _kernel("W_v", "W^{V}", (XI, H, E), square, (XI,)),
-            _kernel("b_v", "b^{V}", (H, E), (FEATURES,)),
-            _kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
-            _kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
+        parameters = (
+            kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
+            kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
+            kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
+            kernel("b_k", "b^{K}", (H, E), (FEATURES,)),
+            kernel("W_v", "W^{V}", (XI, H, E), square, (XI,)),
+            kernel("b_v", "b^{V}", (H, E), (FEATURES,)),
+            kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
+            kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
         )
+        return tuple(p for p in parameters if self.bias or p.kind != "bias")
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
@@ -162,14 +184,14 @@ class Attention(Operator):
 
         def projection(name: str, meaning: str) -> Definition:
             lower = name.lower()
-            rhs = integral(p[f"W_{lower}"] * u, XI) + p[f"b_{lower}"]
+            rhs = integral(p[f"W_{lower}"] * u, XI) + p.get(f"b_{lower}", 0)
             return Definition(lower, name, (X, H, E), rhs, meaning)
 
         score = integral(apply("q", X, H, E) * apply("k", X_KEY, H, E), E) / sp.sqrt(HEAD_FEATURES.measure)
         weight = apply(SUPPORT, X, X_KEY) * sp.exp(apply("a", H, X, X_KEY))
         normalizer = integral(apply(SUPPORT, X, ETA) * sp.exp(apply("a", H, X, ETA)), ETA)
         mixed = integral(apply("gamma", H, X, X_KEY) * apply("v", X_KEY, H, E), X_KEY)
-        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p["b_o"]
+        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p.get("b_o", 0)
         return (
             projection("Q", "queries: an affine integral transform over features, per head"),
             projection("K", "keys"),
@@ -188,24 +210,27 @@ class Attention(Operator):
 
 @dataclass(frozen=True)
 class FeedForward(Operator):
-    """Lifting to the hidden domain ``Ω_z``, the activation, restriction back to ``Ω_y``."""
+    """Lifting to the hidden domain ``Ω_z``, the activation, restriction back to ``Ω_y``;
+    ``bias=False`` drops ``b_1`` and ``b_2``."""
 
     activation: Activation | None = None
+    bias: bool = True
     kind: ClassVar[str] = "feed-forward"
     symbol: ClassVar[str] = r"\mathcal{F}"
 
     def parameters(self) -> tuple[Parameter, ...]:
-        return (
-            _kernel("W_1", "W_{1}", (XI, ZETA), (FEATURES, HIDDEN), (XI,)),
-            _kernel("b_1", "b_{1}", (ZETA,), (HIDDEN,)),
-            _kernel("W_2", "W_{2}", (ZETA, Y), (HIDDEN, FEATURES), (ZETA,)),
-            _kernel("b_2", "b_{2}", (Y,), (FEATURES,)),
+        parameters = (
+            kernel("W_1", "W_{1}", (XI, ZETA), (FEATURES, HIDDEN), (XI,)),
+            kernel("b_1", "b_{1}", (ZETA,), (HIDDEN,)),
+            kernel("W_2", "W_{2}", (ZETA, Y), (HIDDEN, FEATURES), (ZETA,)),
+            kernel("b_2", "b_{2}", (Y,), (FEATURES,)),
         )
+        return tuple(p for p in parameters if self.bias or p.kind != "bias")
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        lifted = integral(p["W_1"] * apply(STATE, X, XI), XI) + p["b_1"]
-        restricted = integral(p["W_2"] * apply("s", X, ZETA), ZETA) + p["b_2"]
+        lifted = integral(p["W_1"] * apply(STATE, X, XI), XI) + p.get("b_1", 0)
+        restricted = integral(p["W_2"] * apply("s", X, ZETA), ZETA) + p.get("b_2", 0)
         return (
             Definition("w", "w", (X, ZETA), lifted, r"lifting $\Omega_y \to \Omega_z$, an affine integral transform"),
             Definition("s", "s", (X, ZETA), self.activation(apply("w", X, ZETA)), self.activation.meaning),
@@ -214,38 +239,67 @@ class FeedForward(Operator):
 
 
 @dataclass(frozen=True)
-class LayerNorm(Operator):
+class ProjectionOperator(Operator):
+    """A projection given only by its constraint set, then a diagonal affine substep.
+
+    Subclasses set ``constraints`` (a ``ConstraintSet``), ``values`` (the set's parameters,
+    e.g. ``σ_1 = 0, σ_2 = 1``) and ``affine`` (``("gain", "bias")``, ``("gain",)`` or ``()``);
+    the statistics, the derived projection and the affine map become the definitions.
+    """
+
+    is_projection: ClassVar[bool] = True
+    constraints: ClassVar[ConstraintSet]
+    values: ClassVar[dict] = {}
+    affine: ClassVar[tuple[str, ...]] = ("gain", "bias")
+    #: LaTeX name of the operator's value and what the projection and affine stages mean.
+    output_latex: ClassVar[str] = r"\mathrm{Proj}"
+    projection_meaning: ClassVar[str] = "the derived projection"
+    affine_meaning: ClassVar[str] = "per-feature gain and bias: an explicit step of a diagonal affine map"
+
+    @classmethod
+    def projection(cls) -> Projection:
+        """The closed form derived from ``constraints`` (cached)."""
+        return derive_projection(cls.constraints)
+
+    def parameters(self) -> tuple[Parameter, ...]:
+        latex = {"gain": "g", "bias": "c"}
+        return tuple(kernel(name, latex[name], (Y,), (FEATURES,)) for name in self.affine)
+
+    def definitions(self) -> tuple[Definition, ...]:
+        s = SYMBOLS
+        statistics = self.constraints.statistics
+        at_token = {statistic.symbol: apply(statistic.name, X) for statistic in statistics}
+        definitions = []
+        for statistic in statistics:
+            body = statistic.mean_of.subs({s.v: apply(STATE, X, XI), **at_token})
+            definitions.append(Definition(statistic.name, statistic.latex, (X,),
+                                          integral(body, XI) / FEATURES.measure, statistic.meaning))
+        projected = self.projection().formula.subs(
+            {s.v: apply(STATE, X, Y), **at_token, **self.values, s.epsilon: EPSILON})
+        definitions.append(Definition("p", "P", (X, Y), projected, self.projection_meaning))
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        out = p.get("gain", 1) * apply("p", X, Y) + p.get("bias", 0)
+        if self.affine:
+            definitions.append(Definition("out", self.output_latex, (X, Y), out, self.affine_meaning))
+        return tuple(definitions)
+
+
+@dataclass(frozen=True)
+class LayerNorm(ProjectionOperator):
     """Projection onto ``S_1(0, 1)`` (ε through the ghost coordinate), then gain and bias."""
 
     kind: ClassVar[str] = "layer-norm"
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_1}"
-    is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_1"
+    constraints: ClassVar[ConstraintSet] = S_1
+    values: ClassVar[dict] = {SYMBOLS.sigma_1: 0, SYMBOLS.sigma_2: 1}
+    output_latex: ClassVar[str] = r"\mathrm{LN}"
+    projection_meaning: ClassVar[str] = (
+        r"projection onto $S_1(0, 1)$ with the ghost coordinate $\sqrt{N_y\varepsilon}$ (Theorem 3.1, derived)")
 
-    def parameters(self) -> tuple[Parameter, ...]:
-        return (
-            _kernel("gain", "g", (Y,), (FEATURES,)),
-            _kernel("bias", "c", (Y,), (FEATURES,)),
-        )
-
-    def definitions(self) -> tuple[Definition, ...]:
-        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        v = apply(STATE, X, XI)
-        mean = integral(v, XI) / FEATURES.measure
-        variance = integral((v - apply("alpha", X)) ** 2, XI) / FEATURES.measure
-        s = SYMBOLS
-        projected = derive_layer_norm_projection().formula.subs({
-            s.v: apply(STATE, X, Y), s.alpha: apply("alpha", X), s.beta: apply("beta", X),
-            s.sigma_1: 0, s.sigma_2: 1, s.epsilon: EPSILON,
-        })
-        return (
-            Definition("alpha", r"\alpha", (X,), mean, "mean over features"),
-            Definition("beta", r"\beta", (X,), variance, "population variance over features"),
-            Definition("p", "P", (X, Y), projected,
-                       r"projection onto $S_1(0, 1)$ with the ghost coordinate $\sqrt{N_y\varepsilon}$ (Theorem 3.1, derived)"),
-            Definition("out", r"\mathrm{LN}", (X, Y), p["gain"] * apply("p", X, Y) + p["bias"],
-                       "per-feature gain and bias: an explicit step of a diagonal affine map"),
-        )
+    @classmethod
+    def projection(cls) -> Projection:
+        return derive_layer_norm_projection()  # cached on disk
 
 
 #: Operator kinds by the name scheme files use (``attn = "attention"``).
@@ -274,4 +328,5 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
 for _builtin in (Attention, FeedForward, LayerNorm):
     register_operator(_builtin)
 
-from . import paper_operators  # noqa: E402,F401 - registers the kinds of the paper's own scheme
+# Built-in kinds defined through the public API, each in its own module, registered on import.
+from . import gated_feed_forward, paper_operators, rms_norm  # noqa: E402,F401

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy as sp
 
 from .domains import Domain
 
-__all__ = ["Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
+__all__ = ["LatexNames", "Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
 
 #: The step size Δt of the time discretization.
 TIME_STEP = sp.Symbol(r"\Delta t", positive=True)
+
+
+class LatexNames(Mapping):
+    """Array name → LaTeX name, read from a table of ``Tensor`` without copying it."""
+
+    def __init__(self, tensors: dict[str, "Tensor"]):
+        self.tensors = tensors
+
+    def __getitem__(self, name: str) -> str:
+        return self.tensors[name].latex
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
 
 
 @dataclass(frozen=True)
@@ -91,8 +108,9 @@ class Program:
     def assignments(self) -> list[Assignment]:
         return [assignment for record in self.records for assignment in record.assignments]
 
-    def latex_names(self) -> dict[str, str]:
-        return {name: tensor.latex for name, tensor in self.tensors.items()}
+    def latex_names(self) -> Mapping[str, str]:
+        """The LaTeX name of every array, as a live view (no copy per formula)."""
+        return LatexNames(self.tensors)
 
     def parameters(self) -> list[Tensor]:
         return [tensor for tensor in self.tensors.values() if tensor.role == "param"]

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Union
 
 import sympy as sp
 
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS, FeedForward, Operator
+from .operators import OPERATOR_KINDS, Operator
+from .tableaux import HEUN, Tableau
 
-__all__ = ["Substep", "Parallel", "Heun", "Sequence", "Scheme", "SOLVERS"]
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
 
-#: How a substep is solved over its share of the step.
+#: How a substep is solved over its share of the step (``explicit`` is the Euler tableau).
 SOLVERS = {
     "explicit": "explicit Euler",
     "projection": "projection (implicit Euler of a normal cone)",
 }
+
+
+def operator_options(cls: type[Operator]) -> dict[str, object]:
+    """The options an operator kind takes (its dataclass fields after ``key``) and their defaults."""
+    return {f.name: f.default for f in fields(cls) if f.name != "key"}
 
 
 @dataclass(frozen=True)
@@ -39,21 +45,27 @@ class Parallel:
 
 
 @dataclass(frozen=True)
-class Heun:
-    """One Heun (RK2) step of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
+class RungeKutta:
+    """One explicit Runge–Kutta step (``tableau``) of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
 
-    ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``; both stages
-    share the operators' parameters.
+    ``k_i = G(u + Δt Σ_j a_ij k_j)``, ``u⁺ = u + Δt Σ_i b_i k_i``; every stage shares the
+    operators' parameters.
     """
 
     fields: tuple[Substep, ...]
+    tableau: Tableau = HEUN
+
+
+@dataclass(frozen=True)
+class Heun(RungeKutta):
+    """One Heun (RK2) step: ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``."""
 
 
 @dataclass(frozen=True)
 class Sequence:
     """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
 
-    steps: tuple[Union[Substep, Parallel, Heun], ...] = ()
+    steps: tuple[Union[Substep, Parallel, RungeKutta], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +82,8 @@ class Scheme:
     #: Claimed orders (``order``, ``splitting_order``), checked by ``splitformer check``.
     claims: dict[str, int] = field(default_factory=dict)
     source: str = field(default="", compare=False)
+    #: Options of the operators by key (``{"ffn": {"bias": False}}``); see ``operator_options``.
+    options: dict[str, dict] = field(default_factory=dict)
 
     @property
     def module_name(self) -> str:
@@ -90,11 +104,22 @@ class Scheme:
         """The operator objects, keyed by their names in the scheme."""
         result: dict[str, Operator] = {}
         for key, kind in self.operators.items():
+            if kind not in OPERATOR_KINDS:
+                known = ", ".join(sorted(OPERATOR_KINDS))
+                raise SplitformerError(f"scheme {self.name!r}: unknown operator kind {kind!r} for {key!r} (known: {known})")
             cls = OPERATOR_KINDS[kind]
-            if cls is FeedForward:
-                result[key] = FeedForward(key, lookup_activation(self.activation))
-            else:
-                result[key] = cls(key)
+            options = dict(self.options.get(key, {}))
+            allowed = operator_options(cls)
+            unknown = sorted(set(options) - set(allowed))
+            if unknown:
+                raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) has no option {unknown[0]!r} "
+                                       f"(options: {', '.join(allowed) or 'none'})")
+            if "activation" in allowed:
+                options["activation"] = lookup_activation(options.get("activation", self.activation))
+            required = [name for name, default in allowed.items() if default is MISSING and name not in options]
+            if required:
+                raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) needs the option {required[0]!r}")
+            result[key] = cls(key, **options)
         return result
 
     def substeps(self) -> list[Substep]:
@@ -106,7 +131,7 @@ class Scheme:
                 if isinstance(step, Parallel):
                     for branch in step.branches:
                         visit(branch)
-                elif isinstance(step, Heun):
+                elif isinstance(step, RungeKutta):
                     found.extend(step.fields)
                 else:
                     found.append(step)
@@ -117,6 +142,8 @@ class Scheme:
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
         operators = self.instantiate()
+        if not self.substeps():
+            raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
             for key in (step.operator, step.on):
                 if key is not None and key not in operators:

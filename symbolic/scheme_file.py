@@ -1,14 +1,15 @@
 """Scheme files: TOML in, ``Scheme`` out, with one-line errors naming the file and key.
 
 A scheme file is data. Nothing in it is evaluated; names that become identifiers in
-generated code must be valid identifiers, and every field is checked for its type.
+generated code must be valid identifiers (``names``), every field is checked for its type,
+numbers are small exact fractions, and files, nesting and compositions are bounded.
 """
 
 from __future__ import annotations
 
-import keyword
 import re
 import tomllib
+from dataclasses import MISSING
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,20 +19,26 @@ import sympy as sp
 from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
+from .exact_numbers import exact_number
+from .names import MAX_NAME, check_operator_name, check_scheme_name
 from .operators import OPERATOR_KINDS
-from .scheme import SOLVERS, Heun, Parallel, Scheme, Sequence, Substep
+from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
+from .tableaux import TABLEAUX, Tableau, make_tableau
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
-_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
-_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-#: Names the emitted modules use for their own attributes.
-_RESERVED = {"final_norm", "layers", "training", "bias", "eps"}
+#: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
+MAX_FILE_BYTES = 1 << 20
+#: Parallel branches nest at most this deep.
+MAX_DEPTH = 32
+_TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order"}
+             "order", "splitting_order", "tableaux"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
+_RK_KEYS = {"rk", "fields"}
+_TABLEAU_KEYS = {"a", "b", "label"}
 
 
 class _Reader:
@@ -39,6 +46,7 @@ class _Reader:
 
     def __init__(self, where: str):
         self.where = where
+        self.tableaux: dict[str, Tableau] = {}
 
     def fail(self, key: str, message: str) -> SplitformerError:
         return SplitformerError(f"{self.where}: {key}: {message}")
@@ -64,25 +72,28 @@ class _Reader:
 
     def number(self, value: Any, path: str) -> sp.Rational:
         try:
-            fraction = Fraction(str(value)) if not isinstance(value, str) else Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            raise self.fail(path, f"not a number: {value!r}") from None
-        return sp.Rational(fraction.numerator, fraction.denominator)
+            return exact_number(value)
+        except ValueError as error:
+            raise self.fail(path, str(error)) from None
 
     def scheme(self, document: dict, source: str) -> Scheme:
         self.unknown(document, _TOP_KEYS, "")
         name = self.typed(document, "name", str, "")
-        if not _NAME.match(name):
-            raise self.fail("name", f"{name!r} is not a scheme name (lower-case words joined by '-')")
+        try:
+            check_scheme_name(name)
+        except SplitformerError as error:
+            raise self.fail("name", str(error)) from None
         summary = self.typed(document, "summary", str, "")
         if "\n" in summary or '"""' in summary or "\\" in summary or not summary.isprintable():
             raise self.fail("summary", "must be one printable line without backslashes or triple quotes")
         activation = self.typed(document, "activation", str, "", "relu")
         if activation not in ACTIVATIONS:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
-        operators = self.operators(self.typed(document, "operators", dict, ""))
+        operators, options = self.operators(self.typed(document, "operators", dict, ""))
+        for method, table in self.typed(document, "tableaux", dict, "", {}).items():
+            self.tableaux[method] = self.tableau(method, table, f"tableaux.{method}")
         steps = self.typed(document, "steps", list, "")
-        body = self.sequence(steps, "steps", operators)
+        body = self.sequence(steps, "steps", operators, 0)
         if not body.steps:
             raise self.fail("steps", "empty composition: a scheme needs at least one substep")
         scheme = Scheme(
@@ -95,6 +106,7 @@ class _Reader:
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,
             claims=self.claims(document),
+            options=options,
         )
         try:
             scheme.check()
@@ -112,31 +124,58 @@ class _Reader:
                 claims[key] = value
         return claims
 
-    def operators(self, table: dict) -> dict[str, str]:
+    def operators(self, table: dict) -> tuple[dict[str, str], dict[str, dict]]:
+        """Kinds by key, and the options of the keys written as ``{ kind = "…", option = … }``."""
         if not table:
             raise self.fail("operators", "empty table: name at least one operator")
-        result = {}
+        result, options = {}, {}
         for key, kind in table.items():
-            if not _KEY.match(key) or keyword.iskeyword(key) or key in _RESERVED:
-                raise self.fail(f"operators.{key}", "operator names must be lower-case identifiers, "
-                                f"not Python keywords nor {', '.join(sorted(_RESERVED))}")
+            path = f"operators.{key}"
+            try:
+                check_operator_name(key)
+            except SplitformerError as error:
+                raise self.fail("operators", str(error)) from None
+            if isinstance(kind, dict):
+                options[key] = {name: value for name, value in kind.items() if name != "kind"}
+                kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
-                raise self.fail(f"operators.{key}", f"expected str, got {type(kind).__name__}")
+                raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
             if kind not in OPERATOR_KINDS:
-                raise self.fail(f"operators.{key}", f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            if key in options:
+                self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind
-        return result
+        return result, options
 
-    def sequence(self, steps: list, path: str, operators: dict[str, str]) -> Sequence:
+    def options(self, cls: type, options: dict, path: str) -> None:
+        """Each option is one the kind takes, of its default's type; an activation must be known."""
+        allowed = operator_options(cls)
+        for name, value in options.items():
+            if name not in allowed:
+                raise self.fail(f"{path}.{name}", f"unknown option of {cls.kind!r} (options: {', '.join(allowed) or 'none'})")
+            if name == "activation":
+                if not isinstance(value, str) or value not in ACTIVATIONS:
+                    raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
+            elif allowed[name] is None or allowed[name] is MISSING:  # no default to take the type from
+                if not isinstance(value, (bool, int, float, str)):
+                    raise self.fail(f"{path}.{name}", f"expected a number, string or boolean, got {type(value).__name__}")
+            elif type(value) is not type(allowed[name]):
+                raise self.fail(f"{path}.{name}", f"expected {type(allowed[name]).__name__}, got {type(value).__name__}")
+
+    def sequence(self, steps: list, path: str, operators: dict[str, str], depth: int) -> Sequence:
+        if depth > MAX_DEPTH:
+            raise self.fail(path, f"parallel steps nest deeper than {MAX_DEPTH} levels")
         parsed = []
         for position, step in enumerate(steps):
             where = f"{path}[{position}]"
             if not isinstance(step, dict):
                 raise self.fail(where, f"expected a table, got {type(step).__name__}")
             if "parallel" in step:
-                parsed.append(self.parallel(step, where, operators))
+                parsed.append(self.parallel(step, where, operators, depth))
             elif "rk2" in step:
                 parsed.append(self.heun(step, where, operators))
+            elif "rk" in step:
+                parsed.append(self.runge_kutta(step, where, operators))
             else:
                 parsed.append(self.substep(step, where, operators))
         return Sequence(tuple(parsed))
@@ -159,23 +198,59 @@ class _Reader:
             raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
         return Substep(operator, solver, fraction, on)
 
+    def tableau(self, name: str, table: Any, path: str) -> Tableau:
+        if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:
+            raise self.fail(path, f"{name[:MAX_NAME]!r} is not a tableau name (lower-case words joined by '-', "
+                            f"at most {MAX_NAME} characters)")
+        if not isinstance(table, dict):
+            raise self.fail(path, f"expected a table with a and b, got {type(table).__name__}")
+        self.unknown(table, _TABLEAU_KEYS, path)
+        try:
+            return make_tableau(name, self.typed(table, "a", list, path), self.typed(table, "b", list, path),
+                                self.typed(table, "label", str, path, ""))
+        except SplitformerError as error:
+            raise self.fail(path, str(error)) from None
+
+    def runge_kutta(self, step: dict, where: str, operators: dict[str, str]) -> RungeKutta:
+        """``rk = "rk4"`` (a registered or ``[tableaux]`` name, or an inline ``{ a, b }``), ``fields = [...]``."""
+        self.unknown(step, _RK_KEYS, where)
+        method = step["rk"]
+        if isinstance(method, dict):
+            method = self.tableau("inline", method, f"{where}.rk")
+        elif isinstance(method, str):
+            if method in self.tableaux:
+                method = self.tableaux[method]
+            elif method in TABLEAUX:
+                method = TABLEAUX[method]
+            else:
+                known = ", ".join(sorted({*TABLEAUX, *self.tableaux}))
+                raise self.fail(f"{where}.rk", f"unknown Runge–Kutta tableau {method!r} (known: {known}; "
+                                "or define it under [tableaux.NAME])")
+        else:
+            raise self.fail(f"{where}.rk", f"expected a tableau name or a table, got {type(method).__name__}")
+        fields = self.fields(self.typed(step, "fields", list, where), f"{where}.fields", operators, "a Runge–Kutta step")
+        return RungeKutta(fields, method)
+
     def heun(self, step: dict, where: str, operators: dict[str, str]) -> Heun:
         self.unknown(step, _HEUN_KEYS, where)
-        fields = self.typed(step, "rk2", list, where)
+        return Heun(self.fields(self.typed(step, "rk2", list, where), f"{where}.rk2", operators, "an rk2 step"))
+
+    def fields(self, fields: list, where: str, operators: dict[str, str], node: str) -> tuple[Substep, ...]:
+        """The vector fields a Runge–Kutta step (``node`` in messages) sums."""
         if not fields:
-            raise self.fail(f"{where}.rk2", "empty composition: an rk2 step needs at least one field")
+            raise self.fail(where, f"empty composition: {node} needs at least one field")
         parsed = []
         for position, field in enumerate(fields):
-            path = f"{where}.rk2[{position}]"
+            path = f"{where}[{position}]"
             if not isinstance(field, dict):
                 raise self.fail(path, f"expected a table, got {type(field).__name__}")
             substep = self.substep({"solver": "explicit", **field}, path, operators)
             if substep.solver != "explicit":
-                raise self.fail(f"{path}.solver", "the stages of an rk2 step evaluate vector fields: use 'explicit'")
+                raise self.fail(f"{path}.solver", f"the stages of {node} evaluate vector fields: use 'explicit'")
             parsed.append(substep)
-        return Heun(tuple(parsed))
+        return tuple(parsed)
 
-    def parallel(self, step: dict, where: str, operators: dict[str, str]) -> Parallel:
+    def parallel(self, step: dict, where: str, operators: dict[str, str], depth: int) -> Parallel:
         self.unknown(step, _PARALLEL_KEYS, where)
         branches = self.typed(step, "parallel", list, where)
         if not branches:
@@ -184,7 +259,7 @@ class _Reader:
         for position, branch in enumerate(branches):
             if not isinstance(branch, list):
                 raise self.fail(f"{where}.parallel[{position}]", f"expected a list of substeps, got {type(branch).__name__}")
-            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators))
+            parsed.append(self.sequence(branch, f"{where}.parallel[{position}]", operators, depth + 1))
         default = [1] * len(branches)
         raw = self.typed(step, "weights", list, where, [f"1/{len(branches)}" for _ in default])
         if len(raw) != len(branches):
@@ -199,8 +274,10 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     """Parse the text of a scheme file; errors name ``where``."""
     try:
         document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    except RecursionError:
+        raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
     return _Reader(where).scheme(document, text)
 
 
@@ -208,13 +285,25 @@ def load_scheme(name_or_path: str) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
+    known = ", ".join(builtin_names())
+    if not name_or_path:
+        raise SplitformerError(f"empty scheme name (built-in: {known}; or a path to a .toml file)")
     path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        known = ", ".join(builtin_names())
-        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
+        if path.suffix != ".toml" and not path.exists():
+            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
+        if path.is_dir():
+            raise SplitformerError(f"scheme file {name_or_path!r} is a folder")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: {reason}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SplitformerError(f"scheme file {name_or_path!r} is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
     return parse_scheme(text, str(path))
 

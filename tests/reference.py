@@ -90,3 +90,15 @@ def rk2(x, p, n_heads, eps):
 def random_params(table, d, d_ff, rng, scale=0.5):
     sizes = {"d": d, "d_ff": d_ff}
     return {name: rng.standard_normal(tuple(sizes[a] for a in axes)) * scale for name, axes in table.items()}
+
+
+def rk4(x, p, n_heads, eps):
+    """The classic fourth-order Runge–Kutta step of the same field, shared parameters."""
+    def field(y):
+        return _attention_field(y, p, n_heads, eps) + _ffn_field(y, p, eps)
+
+    k1 = field(x)
+    k2 = field(x + 0.5 * k1)
+    k3 = field(x + 0.5 * k2)
+    k4 = field(x + k3)
+    return x + (k1 + 2 * k2 + 2 * k3 + k4) / 6

@@ -49,7 +49,7 @@ def test_reports_name_only_checks_that_exist(report):
 def test_orders_are_the_true_ones(report):
     """MODEL.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
     expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "parallel": (1, 1),
-                "symmetric-parallel": (1, 2), "rk2": (2, None), "paper-lie": (1, 1)}
+                "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "paper-lie": (1, 1)}
     assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
     # Macaron's F_pre ≠ F_post: ½h²[F_post − F_pre, A] survives; tied, the splitting order is 2 (MODEL.md §9)
     assert report.orders["macaron"]["tied_splitting_order"] == 2

@@ -103,7 +103,7 @@ def test_torch_block_trains_like_the_reference(rng):
     np.testing.assert_allclose(block.ffn.W_1.grad.numpy(), expected, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2"])
+@pytest.mark.parametrize("name", ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2", "rk4"])
 def test_passes_change_nothing_but_speed(name, tmp_path, rng):
     """Every built-in, with masks: all passes (committed code) against no passes at all."""
     module_name = name.replace("-", "_")

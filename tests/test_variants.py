@@ -12,7 +12,7 @@ from splitformer.symbolic import load_scheme
 import reference
 from conftest import GENERATED, ROOT, import_path, random_encoder_layer
 
-VARIANTS = ["macaron", "parallel", "symmetric_parallel", "rk2"]
+VARIANTS = ["macaron", "parallel", "symmetric_parallel", "rk2", "rk4"]
 
 
 def _both(name, folder=GENERATED):

@@ -11,12 +11,14 @@ from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
 from .matmul import matmul
 from .reuse_buffers import reuse_buffers
+from .rms_norm import rms_norm
 
 __all__ = ["DEFAULT", "PASSES", "select"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
     "layer-norm": layer_norm,
+    "rms-norm": rms_norm,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,

@@ -17,34 +17,47 @@ __all__ = ["inline_elementwise"]
 
 
 def inline_elementwise(module: Module) -> Module:
+    """Merge producers into their single consumer, earliest producer first, until none is left.
+
+    Each op's read set is computed once and the read counts are updated per merge; after a
+    merge the scan resumes at the first op whose eligibility the merge can change (one read
+    by the merged producer), so the pass stays close to linear in the number of ops.
+    """
     ops = list(module.ops)
-    changed = True
-    while changed:
-        changed = False
-        reads = Counter(name for op in ops for name in op.reads())
-        for position, producer in enumerate(ops):
-            if not isinstance(producer, Elementwise) or producer.out == module.output:
-                continue
-            if reads[producer.out] != 1:
-                continue
-            consumer_position = next(
-                (n for n in range(position + 1, len(ops)) if producer.out in ops[n].reads()), None)
-            consumer = ops[consumer_position]
-            if not isinstance(consumer, Elementwise):
-                continue
-            uses = [item for item in consumer.expr.atoms(sp.Indexed) if str(item.base.label) == producer.out]
-            if len(uses) != 1:  # read with two index patterns: keep the temporary
-                continue
-            use = uses[0]
-            mapping = {sp.Idx(label): index for label, index in zip(producer.labels[1:], use.indices)}
-            expr = _relabel(producer.expr, mapping)
-            merged = replace(consumer, expr=consumer.expr.xreplace({use: expr}),
-                             comment=producer.comment + "\n" + consumer.comment)
-            ops[consumer_position] = merged
-            del ops[position]
-            changed = True
-            break
+    reads = [set(op.reads()) for op in ops]
+    counts = Counter(name for names in reads for name in names)
+    position = 0
+    while position < len(ops):
+        producer = ops[position]
+        consumer_position = _consumer(ops, reads, counts, position, module.output)
+        if consumer_position is None:
+            position += 1
+            continue
+        consumer = ops[consumer_position]
+        use = next(item for item in consumer.expr.atoms(sp.Indexed) if str(item.base.label) == producer.out)
+        mapping = {sp.Idx(label): index for label, index in zip(producer.labels[1:], use.indices)}
+        merged = replace(consumer, expr=consumer.expr.xreplace({use: _relabel(producer.expr, mapping)}),
+                         comment=producer.comment + "\n" + consumer.comment)
+        merged_reads = set(merged.reads())
+        counts.subtract(reads[position] | reads[consumer_position])
+        counts.update(merged_reads)
+        ops[consumer_position], reads[consumer_position] = merged, merged_reads
+        produced = reads[position]
+        del ops[position], reads[position]
+        position = next((n for n in range(position) if ops[n].out in produced), position)
     return replace(module, ops=ops)
+
+
+def _consumer(ops: list, reads: list[set[str]], counts: Counter, position: int, output: str) -> int | None:
+    """Where the elementwise op at ``position`` can be inlined, or ``None``."""
+    producer = ops[position]
+    if not isinstance(producer, Elementwise) or producer.out == output or counts[producer.out] != 1:
+        return None
+    consumer_position = next((n for n in range(position + 1, len(ops)) if producer.out in reads[n]), None)
+    if consumer_position is None or not isinstance(ops[consumer_position], Elementwise):
+        return None
+    uses = [item for item in ops[consumer_position].expr.atoms(sp.Indexed) if str(item.base.label) == producer.out]
+    return consumer_position if len(uses) == 1 else None  # two index patterns: keep the temporary
 
 
 def _relabel(expr: sp.Expr, mapping: dict) -> sp.Expr:

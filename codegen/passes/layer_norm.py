@@ -34,12 +34,15 @@ def _match(op: Elementwise, mean: Reduction, variance: Reduction, module: Module
     if source is None or len(params) != 2 or len(arrays) != 5:
         return None
     beta = sp.IndexedBase(variance.out)[row]
-    for gain, bias in permutations(params):
-        expected = gain * (source - alpha) / sp.sqrt(EPSILON + beta) + bias
-        if sp.simplify(op.expr - expected) == 0:
-            labels = op.labels
-            return Normalize(op.out, labels, op.comment, op.section, x=Operand(str(source.base.label), labels),
-                             gain=str(gain.base.label), bias=str(bias.base.label), eps=EPSILON)
+    candidates = [(gain, bias, gain * (source - alpha) / sp.sqrt(EPSILON + beta) + bias)
+                  for gain, bias in permutations(params)]
+    # the derived map is usually the expected expression itself; simplify only otherwise (slow)
+    for equal in (lambda expr, expected: expr == expected, lambda expr, expected: sp.simplify(expr - expected) == 0):
+        for gain, bias, expected in candidates:
+            if equal(op.expr, expected):
+                labels = op.labels
+                return Normalize(op.out, labels, op.comment, op.section, x=Operand(str(source.base.label), labels),
+                                 gain=str(gain.base.label), bias=str(bias.base.label), eps=EPSILON)
     return None
 
 

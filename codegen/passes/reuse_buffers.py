@@ -39,11 +39,11 @@ def _candidate(op: Elementwise, module: Module, produced: set[str]) -> str | Non
 def reuse_buffers(module: Module) -> Module:
     ops = list(module.ops)
     produced: set[str] = set()  # outputs of matrix products seen so far
+    last_read = {name: position for position, op in enumerate(ops) for name in op.reads()}
     for position, op in enumerate(ops):
         if isinstance(op, Elementwise):
             name = _candidate(op, module, produced)
-            later = {read for other in ops[position + 1:] for read in other.reads()}
-            if name is not None and name not in later and name != module.output:
+            if name is not None and last_read.get(name, -1) <= position and name != module.output:
                 ops[position] = replace(op, reuse=name)
         if isinstance(op, (MatMul, Contraction)):
             produced.update(op.writes())

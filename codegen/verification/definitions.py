@@ -127,7 +127,7 @@ def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width:
 
 def evaluate_definitions(sem, key: str, u: np.ndarray) -> np.ndarray:
     """The operator ``key`` applied to ``u``, from its continuous definitions."""
-    operator = sem.scheme.instantiate()[key]
+    operator = sem.operator(key)
     tables: dict[str, np.ndarray] = {}
     point = _Point(sem, operator, u, tables)
     for definition in operator.definitions():

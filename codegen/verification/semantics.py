@@ -126,6 +126,12 @@ class Semantics:
         """One step of the whole scheme."""
         return self.sequence(self.scheme.body, u)
 
+    def operator(self, key: str):
+        """The scheme's operator object ``key`` (its options, such as the activation)."""
+        if not hasattr(self, "_operators"):
+            self._operators = self.scheme.instantiate()
+        return self._operators[key]
+
     def sequence(self, sequence, u):
         for node in sequence.steps:
             u = self.node(node, u)
@@ -139,10 +145,19 @@ class Semantics:
                 term = self.number(weight) * self.sequence(branch, u)
                 total = term if total is None else total + term
             return total
-        if kind == "Heun":  # k₁ = G(u), k₂ = G(u + Δt k₁), u + Δt (k₁ + k₂)/2
-            first = self.summed_field(node.fields, u)
-            second = self.summed_field(node.fields, u + self.time_step * first)
-            return u + self.time_step * (first + second) * self.number(Fraction(1, 2))
+        if hasattr(node, "tableau"):  # Runge–Kutta: k_i = G(u + Δt Σ_j a_ij k_j), u + Δt Σ_i b_i k_i
+            stages = []
+            for row in node.tableau.a:
+                state = u
+                for a, k in zip(row, stages):
+                    if a != 0:
+                        state = state + self.time_step * self.number(a) * k
+                stages.append(self.summed_field(node.fields, state))
+            total = u
+            for b, k in zip(node.tableau.b, stages):
+                if b != 0:
+                    total = total + self.time_step * self.number(b) * k
+            return total
         if node.solver == "projection":  # u ← Proj_S(u): the normal cone absorbs Δt
             return self.apply(node.operator, u) if self.projections else u
         # explicit Euler over the substep's share of the step: u + f Δt A(on(u))
@@ -231,8 +246,8 @@ def _layer_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     return np.array(rows) * sem.parameter(key, "gain") + sem.parameter(key, "bias")
 
 
-def _activation(sem: Semantics, values: np.ndarray) -> np.ndarray:
-    name = sem.scheme.activation
+def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
+    name = sem.operator(key).activation.name
     ar = sem.arithmetic
     if name == "relu":  # projection onto S₂ = {u ≥ 0}
         return ar.relu(values)
@@ -247,7 +262,7 @@ def _activation(sem: Semantics, values: np.ndarray) -> np.ndarray:
 
 def _feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Lifting to ``Ω_z`` (affine), the activation, restriction to ``Ω_y`` (affine)."""
-    hidden = _activation(sem, u @ sem.parameter(key, "W_1") + sem.parameter(key, "b_1"))
+    hidden = _activation(sem, key, u @ sem.parameter(key, "W_1") + sem.parameter(key, "b_1"))
     return hidden @ sem.parameter(key, "W_2") + sem.parameter(key, "b_2")
 
 

@@ -27,6 +27,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     ffn.b_2          (d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -94,7 +96,7 @@ def _attention(q, k, v, scale, support):
     q, k, v = (np.ascontiguousarray(t.transpose(0, 2, 1, 3)) for t in (q, k, v))
     keys = k.transpose(0, 1, 3, 2)
     out = np.empty(q.shape, dtype=q.dtype)
-    rows = max(1, (1 << 19) // (q.shape[0] * q.shape[1] * k.shape[2]))
+    rows = max(1, (1 << 19) // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
     for start in range(0, q.shape[2], rows):
         block = slice(start, start + rows)
         scores = (q[:, :, block] * scale) @ keys
@@ -104,14 +106,32 @@ def _attention(q, k, v, scale, support):
     return out.transpose(0, 2, 1, 3)
 
 
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
 def _layer_norm(x, gain, bias, eps):
-    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary."""
-    out = x - np.mean(x, axis=-1, keepdims=True)
-    scale = np.einsum("...k,...k->...", out, out)[..., None]
-    scale /= x.shape[-1]
-    scale += eps
-    np.sqrt(scale, out=scale)
-    out /= scale
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
+
+    The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
+    row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Every row whose LayerNorm is representable gets it, up to the
+    dtype's largest values.
+    """
+    scale = _row_scale(x)
+    out = x / scale
+    out -= out[..., :1].copy()
+    out -= np.mean(out, axis=-1, keepdims=True)
+    variance = np.einsum("...k,...k->...", out, out)[..., None]
+    variance /= x.shape[-1]
+    variance += eps / scale / scale
+    np.sqrt(variance, out=variance)
+    variance[variance == 0] = 1  # a constant row (eps/s² underflowed): its centred values are 0
+    out /= variance
     out *= gain
     out += bias
     return out
@@ -134,13 +154,38 @@ def _support(key_padding_mask, causal, batch, n_tokens):
     return support
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _array(name, value):
+    """``value`` as a NumPy array; a TypeError for what NumPy cannot read (a tensor that requires grad)."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
+                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+
+
 def _state(u):
-    u = np.asarray(u)
+    u = _array("u", u)
     if u.dtype not in (np.float32, np.float64):
         raise ValueError(f"u must be float32 or float64, got {u.dtype}")
-    if u.ndim not in (2, 3):
-        raise ValueError(f"u must have shape (batch, tokens, d) or (tokens, d), got {u.shape}")
+    if u.ndim not in (2, 3) or u.shape[-1] == 0:
+        raise ValueError(f"u must have shape (batch, tokens, d) or (tokens, d) with d > 0, got {u.shape}")
     return u[None] if u.ndim == 2 else u
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _hidden_width(params, name, axis):
+    """The hidden width, read from ``params[name]``; None when it cannot be (the shape check names it)."""
+    try:
+        shape = np.shape(params[name]) if name in params else ()
+    except (TypeError, ValueError, RuntimeError):
+        shape = ()
+    return shape[axis] if len(shape) > axis else None
 
 
 def _parameters(params, table, sizes, dtype):
@@ -148,29 +193,41 @@ def _parameters(params, table, sizes, dtype):
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] for axis in axes)
+        shown = "(" + ", ".join(str(axis if size is None else size) for axis, size in zip(axes, expected)) + \
+            ("," if len(axes) == 1 else "") + ")"
         if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
-        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
+            raise ValueError(f"missing parameter {name!r} of shape {shown}")
+        value = _array(f"parameter {name!r}", params[name])
+        if value.dtype.kind not in "fiu":
             raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {shown}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 
 
-def _head_width(d, n_heads):
-    if not isinstance(n_heads, int) or n_heads < 1 or d % n_heads:
+def _options(d, n_heads, eps, causal):
+    """Check the keyword arguments of ``forward``; returns the head width and ``eps`` as a float."""
+    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, numbers.Integral):
+        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
+    if n_heads < 1 or d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
-    return d // n_heads
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return d // int(n_heads), float(eps)
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
     """One step of pre-ln: ``u`` of shape (batch, tokens, d) or (tokens, d)."""
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
-    d_head = _head_width(d, n_heads)
-    d_ff = np.shape(params["ffn.W_1"])[1] if "ffn.W_1" in params else 0
+    d_head, eps = _options(d, n_heads, eps, causal)
+    params = _mapping("params", params)
+    d_ff = _hidden_width(params, "ffn.W_1", 1)
     sizes = {"d": d, "d_ff": d_ff}
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     norm1_gain = p["norm1.gain"]
@@ -232,12 +289,12 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
     u2 = np.add(ffn_out, u1, out=ffn_out)
-    return u2[0] if u.ndim == 2 else u2
+    return u2[0] if np.ndim(u) == 2 else u2
 
 
 def _final_norm(u0, params, eps):
     """The final projection of a stack (a LayerNorm), derived like the block's."""
-    p = _parameters(params, FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
+    p = _parameters(_mapping("final_norm", params), FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -254,8 +311,13 @@ def _final_norm(u0, params, eps):
 def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=False):
     """``len(layers)`` steps of pre-ln, then ``final_norm`` (mapping with ``gain``, ``bias``)."""
     state = _state(u)
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
     for params in layers:
         state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
     if final_norm is not None:
+        final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state

@@ -27,6 +27,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     ffn.b_2          (d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -106,6 +108,58 @@ def _attention(q, k, v, scale, support):
     return out.transpose(1, 2)
 
 
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    with torch.no_grad():
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        exponent = torch.frexp(peak).exponent.clamp(0, int(math.log2(torch.finfo(x.dtype).max)))
+        return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+def _root(mean_square, eps, scale):
+    """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
+    root = torch.sqrt(mean_square + eps / scale / scale)
+    return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _layer_norm(x, gain, bias, eps):
+    """gain (x − mean)/√(var + eps) + bias over the last axis.
+
+    The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values; the
+    row's first value is subtracted before the mean (shifted data; it cancels, so it
+    carries no gradient), so rows far from zero keep their deviations.
+    """
+    scale = _row_scale(x)
+    y = x / scale
+    y = y - y[..., :1].detach()
+    centred = y - y.mean(dim=-1, keepdim=True)
+    return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
 def _support(key_padding_mask, causal, batch, n_tokens, device):
     """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
     if key_padding_mask is None and not causal:
@@ -155,8 +209,11 @@ def _reset(module, table, bias):
 
 
 def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked."""
-    unknown = sorted(set(params) - set(table))
+    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+
+    Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
+    """
+    unknown = sorted(set(_mapping("params", params)) - set(table))
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
     with torch.no_grad():
@@ -174,6 +231,8 @@ def _load(module, table, params, bias):
                 raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
             target.copy_(value)
 
 
@@ -182,8 +241,12 @@ class Block(torch.nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, device=None, dtype=None):
         super().__init__()
-        if n_heads < 1 or d_model % n_heads:
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
+        eps = _epsilon(eps)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -198,6 +261,10 @@ class Block(torch.nn.Module):
 
     def forward(self, u, key_padding_mask=None, causal=False):
         """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
         dtype = self.norm1.gain.dtype
@@ -230,7 +297,7 @@ class Block(torch.nn.Module):
         # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-        norm1_out = torch.nn.functional.layer_norm(u0, u0.shape[-1:], norm1_gain, norm1_bias, eps)
+        norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
@@ -246,7 +313,7 @@ class Block(torch.nn.Module):
         # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-        norm2_out = torch.nn.functional.layer_norm(u0, u0.shape[-1:], norm2_gain, norm2_bias, eps)
+        norm2_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
@@ -259,7 +326,7 @@ class Block(torch.nn.Module):
         # {\beta^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm1},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm1},2}}_{i,l} = {P^{\mathrm{norm1},2}}_{i,l} {g_{\mathrm{norm1}}}_{l} + {c_{\mathrm{norm1}}}_{l}
-        norm12_out = torch.nn.functional.layer_norm(u1, u1.shape[-1:], norm1_gain, norm1_bias, eps)
+        norm12_out = _layer_norm(u1, norm1_gain, norm1_bias, eps)
         # {Q^{\mathrm{attn},2}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
         # {K^{\mathrm{attn},2}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
         # {V^{\mathrm{attn},2}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1},2}}_{i,k}
@@ -275,7 +342,7 @@ class Block(torch.nn.Module):
         # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
-        norm22_out = torch.nn.functional.layer_norm(u1, u1.shape[-1:], norm2_gain, norm2_bias, eps)
+        norm22_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
         ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
@@ -297,6 +364,7 @@ class Stack(torch.nn.Module):
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=True,
                  device=None, dtype=None):
         super().__init__()
+        n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype) for _ in range(n_layers)
         )
@@ -307,6 +375,8 @@ class Stack(torch.nn.Module):
 
     def load_params(self, layers, final_norm=None):
         """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+            raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
         for block, params in zip(self.layers, layers):
@@ -314,6 +384,7 @@ class Stack(torch.nn.Module):
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
         if final_norm is not None:
+            final_norm = _mapping("final_norm", final_norm)
             _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
         return self
 
@@ -328,7 +399,7 @@ class Stack(torch.nn.Module):
         # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
-        u1 = torch.nn.functional.layer_norm(u0, u0.shape[-1:], final_norm_gain, final_norm_bias, eps)
+        u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
         return u1
 
     def forward(self, u, key_padding_mask=None, causal=False):

@@ -13,7 +13,7 @@ import sympy as sp
 __all__ = ["Check", "plain"]
 
 _GREEK = {r"\alpha": "α", r"\beta": "β", r"\sigma_1": "σ₁", r"\sigma_2": "σ₂", r"\gamma": "γ",
-          r"\varepsilon": "ε", r"\lambda": "λ", r"\mu": "μ"}
+          r"\varepsilon": "ε", r"\lambda": "λ", r"\mu": "μ", r"\sigma": "σ", r"\rho": "ρ"}
 
 
 def plain(expr: sp.Expr) -> str:

@@ -7,9 +7,12 @@ projected state (``on``) is the generator of ``u ↦ A(Proj(u))``, projection in
 Projection *substeps* are excluded, for a stated reason (``PROJECTIONS``): they act as the
 identity here. One step becomes a polynomial in ``h``; comparing with the exact flow
 ``e^{h Σ c_k A_k}`` gives the local error ``O(h^{p+1})`` and the order ``p``: ``order``
-with the scheme's own substep solvers (explicit Euler, Heun), ``splitting_order`` with exact
-sub-flows, and ``tied_splitting_order`` with the instances of one kind merged (what the
-order would be if they shared their parameters).
+with the scheme's own substep solvers (explicit Euler, Runge–Kutta tableaux),
+``splitting_order`` with exact sub-flows, and ``tied_splitting_order`` with the instances
+of one kind merged (what the order would be if they shared their parameters). A
+Runge–Kutta step acts on linear fields through its stability polynomial, which sees only
+part of the order conditions: its order is capped by the tableau's classical order
+(Butcher's conditions on rooted trees, ``tableaux.Tableau.order``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from ..scheme import Heun, Parallel, Scheme, Sequence, Substep
+from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 __all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
 
@@ -30,10 +33,12 @@ PROJECTIONS = ("projection substeps are excluded: Proj_S is the implicit step of
                "'on', included as their own generators) with the projection substeps replaced by the identity")
 
 
-def generator(key: str) -> sp.Symbol:
-    """The non-commuting generator of the operator instance ``key``."""
-    return sp.Symbol(key, commutative=False)
-_DEGREE = 4  # expansions are kept to h^4: enough to tell orders 1, 2 and 3 apart
+def generator(name: str) -> sp.Symbol:
+    """The non-commuting generator of the operator instance (or, tied, the kind) ``name``."""
+    return sp.Symbol(name.replace("-", "_"), commutative=False)
+
+
+_DEGREE = 5  # expansions are kept to h^5: enough to tell orders 1 to 4 apart
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class OrderResult:
     leading_error_text: str
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
-    generators: dict[str, str] = None
+    generators: dict[str, str] | None = None
     tied_splitting_order: int | None = None
 
 
@@ -72,6 +77,7 @@ class _Series:
         self.names = names
         self.exact = exact
         self.splitting = True
+        self.tableau_orders: list[int] = []
 
     def field(self, step: Substep) -> sp.Expr:
         return generator(self.names[step.operator])
@@ -91,10 +97,12 @@ class _Series:
     def step(self, step) -> sp.Expr:
         if isinstance(step, Parallel):
             return _truncate(sum(weight * self.sequence(branch) for weight, branch in zip(step.weights, step.branches)))
-        if isinstance(step, Heun):
+        if isinstance(step, RungeKutta):  # on linear fields a tableau acts through its stability polynomial
             self.splitting = False
+            self.tableau_orders.append(step.tableau.order())
             field = sum(f.fraction * self.field(f) for f in step.fields)
-            return _truncate(1 + STEP * field + STEP**2 * field**2 / 2)
+            return _truncate(1 + sum(step.tableau.stability(power) * (STEP * field) ** power
+                                     for power in range(1, _DEGREE + 1)))
         return self.substep(step)
 
 
@@ -115,27 +123,45 @@ def _order(difference: sp.Expr) -> tuple[int | None, sp.Expr]:
     return None, sp.Integer(0)
 
 
+def _as_power(leading: sp.Expr, flow: sp.Expr) -> sp.Expr:
+    """``c (h G)^p`` when the leading term is a power of the summed field ``G`` (Runge–Kutta
+    steps of the whole field), else the term with its common factors pulled out."""
+    field = sp.expand(flow).coeff(STEP, 1)
+    generators = sorted(field.atoms(sp.Symbol) - {STEP}, key=sp.default_sort_key)
+    power = next((p for p in range(_DEGREE + 1) if sp.expand(leading).coeff(STEP, p) != 0), None)
+    if power is None or not generators or field == 0:
+        return sp.factor_terms(leading)
+    candidate = sp.expand((STEP * field) ** power)
+    ones = {generator: 1 for generator in generators}
+    scale = sp.expand(leading).xreplace(ones) / candidate.xreplace(ones)
+    if scale == 0 or sp.expand(leading - scale * candidate) != 0:
+        return sp.factor_terms(leading)
+    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field, evaluate=False), power, evaluate=False), evaluate=False)
+
+
 def _orders(scheme: Scheme, names: dict[str, str]):
     exact = _flow(scheme, names)
     own = _Series(scheme, False, names)
     order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
+    if own.tableau_orders and order is not None:  # linear fields see only part of the nonlinear order conditions
+        order = min([order, *own.tableau_orders])
     split_order, split_leading = _order(_truncate(_Series(scheme, True, names).sequence(scheme.body) - exact))
-    return order, leading, (split_order if own.splitting else None), split_leading
+    return order, leading, (split_order if own.splitting else None), split_leading, exact
 
 
 def splitting_order(scheme: Scheme) -> OrderResult:
     """Orders and leading local-error terms of one step of ``scheme``."""
-    instances = {key: key for key in scheme.operators}
-    order, leading, split_order, split_leading = _orders(scheme, instances)
-    by_kind = {key: kind for key, kind in scheme.operators.items()}
+    order, leading, split_order, split_leading, exact = _orders(scheme, {key: key for key in scheme.operators})
+    by_kind = dict(scheme.operators)
     tied = _orders(scheme, by_kind)[2] if len(set(by_kind.values())) < len(by_kind) else split_order
     fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
+    shown = _as_power(leading, exact)
     return OrderResult(
         order=order,
         splitting_order=split_order,
-        leading_error=sp.latex(sp.factor_terms(leading)),
+        leading_error=sp.latex(shown),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=sp.sstr(sp.factor_terms(leading)),
+        leading_error_text=sp.sstr(shown),
         leading=leading,
         exact_subflows_leading=split_leading,
         generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")

@@ -1,13 +1,14 @@
-"""Checks of the projections: Theorem 3.1, ReLU, LayerNorm's ε, scale invariance."""
+"""Checks of the projections: Theorem 3.1, ReLU, LayerNorm's ε, scale invariance, RMSNorm, and
+every registered projection kind given by a constraint set (feasibility, root selection)."""
 
 from __future__ import annotations
 
 import sympy as sp
 
-from ..projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection
+from ..projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection, feature_mean
 from . import Check, plain
 
-__all__ = ["projection_checks", "closed_form_check"]
+__all__ = ["projection_checks", "closed_form_check", "set_checks", "rms_norm_check"]
 
 CLOSED_FORM = S.sigma_1 + S.sigma_2 * (S.v - S.alpha) / sp.sqrt(S.beta)
 _HYPOTHESES = "For each token, with α = mean_y v, β = var_y v > 0 and σ₂ > 0"
@@ -145,5 +146,74 @@ def projection_checks(formula: sp.Expr | None = None) -> list[Check]:
     derived = derive_layer_norm_projection().theorem if formula is None else formula
     return [
         closed_form_check(derived), _constraints(derived), _stationarity(derived), _minimizer(), _non_unique(),
-        _relu(), _ghost(), _scale_invariance(),
-    ]
+        _relu(), _ghost(), _scale_invariance(), rms_norm_check(),
+    ] + [check for cls in _projection_kinds() for check in set_checks(cls)]
+
+
+def _projection_kinds() -> list[type]:
+    from ..operators import OPERATOR_KINDS
+
+    return [cls for kind, cls in sorted(OPERATOR_KINDS.items())
+            if cls.is_projection and getattr(cls, "constraints", None) is not None and kind != "layer-norm"]
+
+
+def set_checks(cls: type) -> list[Check]:
+    """A projection kind given by its constraint set: its derived point lies in the set, and the root
+    selection is decided (every other stationary point is farther)."""
+    from ..constraints import U
+
+    constraints, projection = cls.constraints, cls.projection()
+    residuals = [sp.simplify(feature_mean(constraints, moment.component.subs(U, projection.theorem)) - moment.value)
+                 for moment in constraints.moments]
+    feasible = all(residual == 0 for residual in residuals)
+    checks = [Check(
+        f"projection/{cls.kind}/constraints", None,
+        f"The projection onto {constraints.name} derived from its constraint set alone (no ghost) satisfies "
+        "every moment constraint of the set, averaged over the features.",
+        "symbolic", feasible,
+        "every constraint residual simplifies to 0" if feasible
+        else "residuals " + ", ".join(plain(residual) for residual in residuals),
+    )]
+    decided = projection.gap is None or bool(projection.gap.is_positive)
+    checks.append(Check(
+        f"projection/{cls.kind}/minimizer", None,
+        f"Of the stationary points of the Lagrangian of {constraints.name}, the derived one is the nearest: "
+        "every other root is farther by a positive amount.",
+        "symbolic", decided,
+        "a single stationary point" if projection.gap is None else f"the nearest rejected root is farther by {plain(projection.gap)}",
+    ))
+    return checks
+
+
+def rms_norm_check(reference=None, features: int = 3) -> Check:
+    """The derived RMSNorm operator, evaluated entry by entry, against ``x/√(mean x² + ε) · g``.
+
+    ``reference(x, g, eps)`` replaces the published formula (negative controls).
+    """
+    from ..derivation import derive
+    from ..domains import FEATURES, TOKENS
+    from ..evaluate import evaluate
+    from ..operators import EPSILON
+    from ..scheme import Scheme, Sequence, Substep
+
+    def published(x, g, eps):
+        mean_square = sum(value**2 for value in x) / len(x)
+        return [value / sp.sqrt(mean_square + eps) * gain for value, gain in zip(x, g)]
+
+    scheme = Scheme("rms-norm", "one RMSNorm", {"norm": "rms-norm"}, Sequence((Substep("norm", "projection"),)))
+    program = derive(scheme)
+    x = [sp.Symbol(f"x{k}", real=True) for k in range(features)]
+    g = [sp.Symbol(f"g{k}", real=True) for k in range(features)]
+    inputs = {"u0": lambda i, k: x[k], "norm_gain": lambda k: g[k]}
+    values = evaluate(program, {TOKENS.size: 1, FEATURES.size: features}, inputs)[program.output]
+    expected = (reference or published)(x, g, EPSILON)
+    residuals = [sp.simplify(values[(0, k)] - expected[k]) for k in range(features)]
+    holds = all(residual == 0 for residual in residuals)
+    return Check(
+        "rms-norm/closed-form", None,
+        "RMSNorm, derived as the projection onto the sphere {mean_y u² = 1} with the ghost coordinate √(N ε) and "
+        f"followed by its gain, equals x / sqrt(mean(x²) + ε) · g: symbolically, every entry for {features} features.",
+        "symbolic", holds,
+        "derived − published simplifies to 0 in every entry" if holds
+        else "derived − published = " + ", ".join(plain(residual) for residual in residuals),
+    )

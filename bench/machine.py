@@ -1,0 +1,78 @@
+"""The benchmark header: CPU model, BLAS libraries and the measured GEMM rate.
+
+    python bench/machine.py [--threads 2]   # prints one JSON object
+
+Ratios between numpy's OpenBLAS and torch's BLAS differ by CPU vendor, so every run records
+them; the GEMM rate (float32, 1024×512 @ 512×2048, the FFN's shape) is the physical limit that
+the per-figure GFLOP/s are compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+GEMM = (1024, 512, 2048)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def blas() -> list[str]:
+    """The BLAS/OpenMP libraries loaded by numpy and torch (threadpoolctl), or why not known."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return ["threadpoolctl not installed (pip install 'splitformer[bench]')"]
+    return sorted({f"{pool['internal_api']} {pool.get('version') or ''} ({pool['prefix']}, "
+                   f"{pool['num_threads']} threads)".replace("  ", " ") for pool in threadpool_info()})
+
+
+def gemm_rate(multiply, a, b, seconds: float = 0.5) -> float:
+    """GFLOP/s of back-to-back GEMMs (median call)."""
+    for _ in range(3):
+        multiply(a, b)
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        before = time.perf_counter()
+        multiply(a, b)
+        times.append(time.perf_counter() - before)
+    m, k, n = GEMM
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/machine.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    arguments = parser.parse_args(argv)
+    torch.set_num_threads(arguments.threads)
+    m, k, n = GEMM
+    a = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((k, n), dtype=np.float32)
+    torch.matmul(torch.from_numpy(a), torch.from_numpy(b))  # load torch's BLAS before listing it
+    print(json.dumps({
+        "cpu": cpu_model(), "blas": blas(), "numpy": np.__version__, "torch": torch.__version__,
+        "gemm_gflops": {"numpy": gemm_rate(np.matmul, a, b),
+                        "torch": gemm_rate(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

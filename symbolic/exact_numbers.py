@@ -1,0 +1,41 @@
+"""Exact small rationals from the numbers a scheme file may hold (fractions, weights, tableaux).
+
+An int, a decimal (``0.5``, ``1e-3``) or a fraction string (``"1/6"``); numerator and
+denominator at most ``MAX_TERM``. The text is checked before Python converts it, so
+``"1e99999999"`` is refused at once instead of computing ``10**99999999``, and no value
+reaches the generated code that a float could not hold.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import sympy as sp
+
+__all__ = ["exact_number", "MAX_TERM"]
+
+MAX_TERM = 10**9
+_MAX_EXPONENT = 40
+_NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
+
+
+def exact_number(value: object) -> sp.Rational:
+    """The rational written as ``value``; ``ValueError`` with the reason (one line) otherwise."""
+    if isinstance(value, sp.Rational):
+        value = str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a number or a fraction string, got {type(value).__name__}")
+    text = value.strip() if isinstance(value, str) else str(value)
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"not a number: {text[:40]!r} (a rational number: a decimal or p/q)")
+    out_of_range = f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}"
+    if abs(int(re.split("[eE]", text + "e0")[1])) > _MAX_EXPONENT:
+        raise ValueError(out_of_range)
+    try:
+        fraction = Fraction(text)
+    except ZeroDivisionError:
+        raise ValueError(f"not a number: {text[:40]!r} (zero denominator)") from None
+    if abs(fraction.numerator) > MAX_TERM or fraction.denominator > MAX_TERM:
+        raise ValueError(out_of_range)
+    return sp.Rational(fraction.numerator, fraction.denominator)

@@ -1,0 +1,110 @@
+"""SymPy expressions as plain JSON trees, read back without running anything.
+
+An expression is a list ``[head, *arguments]``: ``["Symbol", name, assumptions]``,
+``["Rational", p, q]`` (integers included), ``["S", name]`` for a named constant, or an
+operation from a fixed table (``Add``, ``Mul``, ``Pow``, ``Max``, …) over encoded
+arguments. Decoding looks heads up in that table and never evaluates text (unlike
+``sympify`` or ``srepr``); sizes, depth, digits and numeric powers are bounded so that a
+crafted tree cannot exhaust time or memory. Anything else raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy as sp
+from sympy.core.assumptions import _assume_defined
+from sympy.functions.elementary.piecewise import ExprCondPair
+
+__all__ = ["to_json", "from_json"]
+
+#: Operations a tree may name, mapped to the classes that build them.
+OPERATIONS: dict[str, type] = {cls.__name__: cls for cls in (
+    sp.Add, sp.Mul, sp.Pow, sp.Max, sp.Min, sp.Abs, sp.sign, sp.exp, sp.log, sp.erf, sp.tanh,
+    sp.Piecewise, ExprCondPair, sp.And, sp.Or, sp.Not,
+    sp.Equality, sp.Unequality, sp.StrictLessThan, sp.LessThan, sp.StrictGreaterThan, sp.GreaterThan,
+)}
+#: Named constants (``sympy.S.<name>``).
+CONSTANTS = frozenset({"Pi", "Exp1", "ImaginaryUnit", "Infinity", "NegativeInfinity", "ComplexInfinity",
+                       "NaN", "BooleanTrue", "BooleanFalse"})
+MAX_NODES = 20_000
+MAX_DEPTH = 200
+MAX_DIGITS = 100
+MAX_EXPONENT = 64
+
+
+def to_json(expression: sp.Basic) -> list:
+    """The tree of ``expression``; ``TypeError`` for a node outside the table."""
+    if isinstance(expression, sp.Symbol) and type(expression) is sp.Symbol:
+        return ["Symbol", expression.name, dict(sorted(expression.assumptions0.items()))]
+    if isinstance(expression, sp.Rational):
+        return ["Rational", str(expression.p), str(expression.q)]
+    name = type(expression).__name__
+    if name in CONSTANTS and getattr(sp.S, name) is expression:
+        return ["S", name]
+    if OPERATIONS.get(name) is type(expression):
+        return [name, *(to_json(argument) for argument in expression.args)]
+    raise TypeError(f"cannot store a {name} ({expression}) as JSON")
+
+
+def from_json(tree: Any) -> sp.Basic:
+    """The expression of ``tree``; ``ValueError`` for anything not written by ``to_json``."""
+    return _Decoder().decode(tree, 0)
+
+
+class _Decoder:
+    def __init__(self) -> None:
+        self.nodes = 0
+
+    def decode(self, tree: Any, depth: int) -> sp.Basic:
+        self.nodes += 1
+        if self.nodes > MAX_NODES or depth > MAX_DEPTH:
+            raise ValueError("expression tree too large or too deep")
+        if not isinstance(tree, list) or not tree or not isinstance(tree[0], str):
+            raise ValueError(f"not an expression node: {str(tree)[:60]}")
+        head, arguments = tree[0], tree[1:]
+        if head == "Symbol":
+            return _symbol(arguments)
+        if head == "Rational":
+            if len(arguments) != 2:
+                raise ValueError("Rational takes two integers")
+            numerator, denominator = (_integer(argument) for argument in arguments)
+            if denominator == 0:
+                raise ValueError("zero denominator")
+            return sp.Rational(numerator, denominator)
+        if head == "S":
+            if len(arguments) != 1 or arguments[0] not in CONSTANTS:
+                raise ValueError(f"unknown constant {str(arguments)[:60]}")
+            return getattr(sp.S, arguments[0])
+        if head not in OPERATIONS:
+            raise ValueError(f"unknown operation {head[:60]!r}")
+        decoded = [self.decode(argument, depth + 1) for argument in arguments]
+        if head == "Pow":
+            _check_power(decoded)
+        return OPERATIONS[head](*decoded)
+
+
+def _integer(text: Any) -> int:
+    if not isinstance(text, str) or not 0 < len(text.lstrip("-")) <= MAX_DIGITS or not text.lstrip("-").isdigit():
+        raise ValueError(f"not a bounded decimal integer: {str(text)[:60]}")
+    return int(text)
+
+
+def _symbol(arguments: list) -> sp.Symbol:
+    if len(arguments) != 2 or not isinstance(arguments[0], str) or not isinstance(arguments[1], dict):
+        raise ValueError("Symbol takes a name and a table of assumptions")
+    name, assumptions = arguments
+    if not 0 < len(name) <= 100 or not name.isprintable():
+        raise ValueError(f"bad symbol name {name[:60]!r}")
+    if not all(key in _assume_defined and isinstance(value, bool) for key, value in assumptions.items()):
+        raise ValueError(f"bad assumptions for symbol {name!r}")
+    return sp.Symbol(name, **assumptions)
+
+
+def _check_power(arguments: list[sp.Basic]) -> None:
+    """Numeric powers are evaluated on construction and at verification: keep exponents small."""
+    if len(arguments) != 2:
+        raise ValueError("Pow takes two arguments")
+    exponent = arguments[1]
+    if exponent.is_Number and (not exponent.is_Rational or max(abs(exponent.p), exponent.q) > MAX_EXPONENT):
+        raise ValueError(f"power with exponent {exponent} out of range")

@@ -1,0 +1,66 @@
+"""Which names a scheme may use: they become file names, module names and attributes.
+
+A scheme name becomes ``<name>.py`` and an importable module (``-`` → ``_``); an operator
+name becomes an attribute of the emitted ``torch.nn.Module`` and a prefix of the NumPy
+locals. Names are matched whole (``re.fullmatch``: ``$`` would accept a trailing newline),
+bounded in length, and must not be Python keywords or attributes the module already has.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+from .errors import SplitformerError
+
+__all__ = ["check_scheme_name", "check_operator_name", "MODULE_ATTRIBUTES", "MAX_NAME"]
+
+MAX_NAME = 64
+_SCHEME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_OPERATOR = re.compile(r"[a-z][a-z0-9_]*")
+
+#: Attributes of ``torch.nn.Module`` and of the emitted ``Block``/``Stack`` (an operator named
+#: like one would replace it); tests/test_names.py checks this against torch's own list.
+MODULE_ATTRIBUTES = frozenset({
+    "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile", "cpu", "cuda",
+    "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state",
+    "get_parameter", "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers",
+    "named_children", "named_modules", "named_parameters", "parameters", "register_backward_hook",
+    "register_buffer", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+    "register_full_backward_pre_hook", "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
+    "register_module", "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook",
+    "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty",
+    "train", "training", "type", "xpu", "zero_grad",
+    # the emitted Block and Stack
+    "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
+    "reset_parameters", "n_layers",
+})
+
+
+def check_scheme_name(name: str) -> str:
+    """``name`` if it can name a scheme, its files and its module; ``SplitformerError`` otherwise."""
+    if not _SCHEME.fullmatch(name) or len(name) > MAX_NAME:
+        raise SplitformerError(f"{_shown(name)} is not a scheme name (lower-case words joined by '-', "
+                               f"at most {MAX_NAME} characters)")
+    module = name.replace("-", "_")
+    if keyword.iskeyword(module):
+        raise SplitformerError(f"{name!r} is a Python keyword: its module could not be imported")
+    return name
+
+
+def check_operator_name(name: str) -> str:
+    """``name`` if it can name an operator; ``SplitformerError`` naming the clash otherwise."""
+    if not _OPERATOR.fullmatch(name) or len(name) > MAX_NAME:
+        raise SplitformerError(f"{_shown(name)} is not an operator name (a lower-case identifier, "
+                               f"at most {MAX_NAME} characters)")
+    if keyword.iskeyword(name):
+        raise SplitformerError(f"operator name {name!r} is a Python keyword")
+    if name in MODULE_ATTRIBUTES:
+        raise SplitformerError(f"operator name {name!r} clashes with the attribute {name!r} of the emitted "
+                               "torch.nn.Module")
+    return name
+
+
+def _shown(name: str) -> str:
+    """A name for a one-line message: escaped, and cut when long."""
+    return repr(name if len(name) <= MAX_NAME else name[:MAX_NAME] + "…")

@@ -1,0 +1,56 @@
+"""Loading a user's own Python file: the explicit step that adds operators, projections, solvers.
+
+Scheme files never execute anything; a kind or a tableau defined in Python becomes usable
+by name once its file is loaded (``splitformer derive --load my_kinds.py scheme.toml`` or
+``load_plugin("my_kinds.py")``), because importing it runs its ``register_operator`` and
+``register_tableau`` calls. Loading the same file again is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+
+from .errors import SplitformerError
+
+__all__ = ["load_plugin", "load_plugins"]
+
+
+def _module_name(path: Path) -> str:
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return f"splitformer_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{digest}"
+
+
+def load_plugin(path: str | Path) -> ModuleType:
+    """Import the Python file ``path`` once; errors become one ``SplitformerError`` line."""
+    path = Path(path)
+    if path.suffix != ".py":
+        raise SplitformerError(f"--load {path}: expected a Python file (.py)")
+    if not path.is_file():
+        raise SplitformerError(f"--load {path}: no such file")
+    resolved = path.resolve()
+    name = _module_name(resolved)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SplitformerError as error:
+        del sys.modules[name]
+        raise SplitformerError(f"--load {path}: {error}") from None
+    except Exception as error:  # a user's file: any failure is reported in one line  # noqa: BLE001
+        del sys.modules[name]
+        raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
+    return module
+
+
+def load_plugins(paths: Iterable[str | Path]) -> list[ModuleType]:
+    """``load_plugin`` for each path, in order."""
+    return [load_plugin(path) for path in paths]

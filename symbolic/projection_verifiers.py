@@ -1,0 +1,148 @@
+"""Re-checking a derived projection against the conditions that define it (used on cache loads).
+
+A cached ``Projection`` reaches the derivation only if its formulas satisfy, at fresh
+random points in 50-digit arithmetic, the conditions the derivation solved:
+
+- LayerNorm with the ghost coordinate: ``u`` is an affine map of the component ``v``
+  (stationarity of the Lagrangian), its mean is ``σ₁`` and its variance, ghost included,
+  ``σ₂²`` (the constraints), and its slope is positive (the minimizing root). These fix
+  the formula uniquely. ``theorem`` is the same with ``γ = 0``; ``distance`` must be
+  ``‖u − v‖²`` of that map and ``gap`` the distance difference of the two roots.
+- ReLU: ``u ≥ 0``, ``λ = u − v ≥ 0``, ``λ u = 0`` (KKT of ``min ½(u − v)², u ≥ 0``).
+
+Points are drawn from the operating system's random source, so an entry crafted to pass
+at known points fails. The narrative steps are text that only the report shows: they are
+checked to hold no markup (no ``$``, backquote, ``<``, link or new line), not re-derived.
+A verifier raises ``ValueError`` naming the condition that fails.
+"""
+
+from __future__ import annotations
+
+import random
+
+import sympy as sp
+
+from .constraints import SYMBOLS
+
+__all__ = ["verify_layer_norm_projection", "verify_relu_projection"]
+
+DIGITS = 50
+TOLERANCE = sp.Float("1e-30", DIGITS)
+POINTS = 4
+
+
+def _number(text: str, expression: sp.Expr, point: dict) -> sp.Float:
+    value = sp.N(expression.xreplace(point), DIGITS)
+    if not (value.is_Number and value.is_finite and value.is_real):
+        raise ValueError(f"{text} is not a real number at {point}: {value}")
+    return sp.Float(value, DIGITS)
+
+
+def _close(text: str, left: sp.Expr, right: sp.Expr, point: dict) -> None:
+    first, second = _number(text, left, point), _number(text, right, point)
+    if abs(first - second) > TOLERANCE * (1 + abs(second)):
+        raise ValueError(f"{text} fails at {point}: {first} ≠ {second}")
+
+
+def _only(name: str, expression, allowed: set) -> None:
+    if not isinstance(expression, sp.Expr):
+        raise ValueError(f"{name} is not an expression")
+    extra = expression.free_symbols - allowed
+    if extra:
+        raise ValueError(f"{name} has unexpected symbols {sorted(map(str, extra))}")
+
+
+#: What report text must not hold: leaving math mode, Markdown code or links, HTML, a new line.
+_ACTIVE = ("$", "`", "<", "](", "\n", "\r")
+
+
+def _steps(steps) -> None:
+    """The narrative (description, LaTeX) pairs: text only, nothing a report would render as markup."""
+    if not isinstance(steps, tuple) or not all(
+            isinstance(step, tuple) and len(step) == 2 and all(isinstance(text, str) and len(text) < 20_000 for text in step)
+            for step in steps):
+        raise ValueError("steps are not pairs of text")
+    for description, latex in steps:
+        if any(mark in description + latex for mark in _ACTIVE):
+            raise ValueError(f"step {description[:40]!r} holds markup ({', '.join(repr(m) for m in _ACTIVE)} are refused)")
+
+
+def _random_points() -> list[dict]:
+    s, draw = SYMBOLS, random.SystemRandom()
+
+    def rational(low: int, high: int) -> sp.Rational:
+        return sp.Rational(draw.randint(low, high), 1000)
+
+    return [{s.v: rational(-3000, 3000), s.alpha: rational(-3000, 3000), s.sigma_1: rational(-3000, 3000),
+             s.beta: rational(1, 3000), s.sigma_2: rational(1, 3000), s.epsilon: rational(1, 1000),
+             s.ghost: rational(0, 3000), s.size: sp.Integer(draw.randint(1, 64))} for _ in range(POINTS)]
+
+
+def _slope(name: str, formula: sp.Expr) -> sp.Expr:
+    """The slope of an affine map of ``v``: stationarity makes every component the same affine map."""
+    v = SYMBOLS.v
+    slope = sp.diff(formula, v)
+    if v in slope.free_symbols:
+        raise ValueError(f"{name} is not an affine map of v: the stationarity condition fails")
+    return slope
+
+
+def _on_sphere(name: str, formula: sp.Expr, ghost_variance: sp.Expr, points: list[dict]) -> None:
+    """Mean σ₁, variance (ghost included) σ₂², positive slope: the minimizing stationary point."""
+    s = SYMBOLS
+    slope = _slope(name, formula)
+    for point in points:
+        _close(f"{name}: the mean constraint", formula.subs(s.v, s.alpha), s.sigma_1, point)
+        _close(f"{name}: the variance constraint", slope**2 * (s.beta + ghost_variance), s.sigma_2**2, point)
+        if _number(f"{name}: the slope", slope, point) <= 0:
+            raise ValueError(f"{name}: the slope is not positive at {point}: not the minimizing root")
+
+
+def _mean_square(affine: sp.Expr) -> sp.Expr:
+    """Mean over the features of ``(a v + b)²``: ``a² (β + α²) + 2 a b α + b²``."""
+    s = SYMBOLS
+    a, b = sp.diff(affine, s.v), affine.subs(s.v, 0)
+    return a**2 * (s.beta + s.alpha**2) + 2 * a * b * s.alpha + b**2
+
+
+def verify_layer_norm_projection(projection) -> None:
+    """Raise ``ValueError`` unless ``projection`` is the projection onto S₁ with the ghost coordinate."""
+    s = SYMBOLS
+    _steps(projection.steps)
+    parameters = {s.alpha, s.beta, s.sigma_1, s.sigma_2, s.size}
+    _only("formula", projection.formula, parameters | {s.v, s.epsilon})
+    _only("theorem", projection.theorem, parameters | {s.v})
+    _only("distance", projection.distance, parameters)
+    _only("gap", projection.gap, parameters | {s.ghost})
+    points = _random_points()
+    _on_sphere("formula", projection.formula, s.epsilon, points)
+    _on_sphere("theorem", projection.theorem, sp.Integer(0), points)
+    squared = s.size * _mean_square(projection.theorem - s.v)
+    ghost_slope = _slope("formula", projection.formula).subs(s.epsilon, s.ghost**2 / s.size)
+
+    def distance(root: sp.Expr) -> sp.Expr:
+        return s.size * _mean_square(s.sigma_1 + root * (s.v - s.alpha) - s.v) + (root - 1) ** 2 * s.ghost**2
+
+    for point in points:
+        _close("distance: ‖u − v‖² of the minimizer", projection.distance, squared, point)
+        _close("gap: distance of the negative root minus that of the positive one", projection.gap,
+               distance(-ghost_slope) - distance(ghost_slope), point)
+        if _number("gap", projection.gap, point) <= 0:
+            raise ValueError(f"gap is not positive at {point}")
+
+
+def verify_relu_projection(projection) -> None:
+    """Raise ``ValueError`` unless ``projection.formula`` satisfies the KKT conditions of ``u ≥ 0``."""
+    s = SYMBOLS
+    _steps(projection.steps)
+    _only("formula", projection.formula, {s.v})
+    if (projection.distance, projection.theorem, projection.gap) != (None, None, None):
+        raise ValueError("a ReLU projection carries only its formula and steps")
+    draw = random.SystemRandom()
+    values = [sp.Integer(0)] + [sp.Rational(sign * draw.randint(1, 3000), 1000) for sign in (1, -1) for _ in range(POINTS)]
+    for value in values:
+        point = {s.v: value}
+        u = _number("formula", projection.formula, point)
+        multiplier = u - value
+        if u < -TOLERANCE or multiplier < -TOLERANCE or abs(u * multiplier) > TOLERANCE:
+            raise ValueError(f"formula fails the KKT conditions at v = {value}: u = {u}, λ = {multiplier}")

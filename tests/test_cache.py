@@ -1,0 +1,227 @@
+"""The derivation cache: nothing read from it runs code or changes what is emitted."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import sympy as sp
+
+from splitformer.codegen.cli import main
+from splitformer.symbolic import cache
+from splitformer.symbolic.expression_json import from_json, to_json
+from splitformer.symbolic.projection_verifiers import verify_layer_norm_projection, verify_relu_projection
+from splitformer.symbolic.projections import SYMBOLS as S, Projection, derive_layer_norm_projection, derive_relu_projection
+
+CACHED = (derive_layer_norm_projection, derive_relu_projection)
+
+
+def _derive(out, capsys) -> tuple[dict[str, bytes], list[str]]:
+    """``splitformer derive post-ln`` in a fresh process state: its files and its stderr lines."""
+    for function in CACHED:
+        function.cache_clear()
+    cache._warned = False
+    capsys.readouterr()
+    assert main(["derive", "post-ln", "--out", str(out)]) == 0
+    files = {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()}
+    return files, capsys.readouterr().err.splitlines()
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The files of a derivation without any cache."""
+    folder = tmp_path_factory.mktemp("clean")
+    previous = os.environ.get("SPLITFORMER_CACHE")
+    os.environ["SPLITFORMER_CACHE"] = "off"
+    try:
+        for function in CACHED:
+            function.cache_clear()
+        assert main(["derive", "post-ln", "--out", str(folder)]) == 0
+        return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    finally:
+        os.environ["SPLITFORMER_CACHE"] = previous
+
+
+def _entry(function, projection: Projection) -> str:
+    return cache._document(function, projection)
+
+
+def _poison(name: str) -> dict:
+    """Entries (file text by function) that parse but are wrong."""
+    layer_norm = derive_layer_norm_projection.__wrapped__()
+    relu = derive_relu_projection.__wrapped__()
+    ln, rl = derive_layer_norm_projection, derive_relu_projection
+    if name == "drops-eps":
+        wrong = Projection(layer_norm.theorem, layer_norm.steps, layer_norm.distance, layer_norm.theorem, layer_norm.gap)
+        return {ln: _entry(ln, wrong)}
+    if name == "swapped":
+        return {ln: _entry(ln, relu), rl: _entry(rl, layer_norm)}
+    if name == "leaky-relu":
+        return {rl: _entry(rl, Projection(sp.Max(0, S.v) + S.v / 1000, relu.steps))}
+    if name == "forty-two":
+        return {ln: "42", rl: "null"}
+    if name == "wrong-type":
+        return {ln: json.dumps({"format": cache.FORMAT, "function": ln.__qualname__, "key": cache._key(ln),
+                                "fields": {"formula": 42}})}
+    if name == "corrupt":
+        return {ln: '{"format": 1, "fie', rl: "\x00\xff"}
+    if name == "deep":
+        return {ln: "[" * 100_000 + "]" * 100_000}
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", ["drops-eps", "swapped", "leaky-relu", "forty-two", "wrong-type", "corrupt", "deep"])
+def test_poisoned_entries_never_change_the_emitted_files(name, clean, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
+    _derive(tmp_path / "warm", capsys)  # writes the genuine entries
+    for function, text in _poison(name).items():
+        function.entry_path().write_text(text, encoding="utf-8", errors="surrogateescape")
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert files == clean
+    assert len(errors) == 1 and errors[0].startswith("splitformer: warning: ignored the cache entry"), errors
+    # the bad entry was replaced by a verified one: the next run is silent
+    files, errors = _derive(tmp_path / "again", capsys)
+    assert files == clean and errors == []
+
+
+def test_a_pickle_in_the_cache_is_never_executed(clean, tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "executed"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
+    path = derive_layer_norm_projection.entry_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pickle.dumps(Payload()))
+    path.with_suffix(".pickle").write_bytes(pickle.dumps(Payload()))  # the former format, under its old suffix
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert not marker.exists()
+    assert files == clean and len(errors) == 1
+
+
+def test_a_warm_cache_gives_the_same_files_silently(clean, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
+    assert _derive(tmp_path / "cold", capsys) == (clean, [])
+    assert _derive(tmp_path / "warm", capsys) == (clean, [])
+    assert sorted(path.suffix for path in (tmp_path / "cache").iterdir()) == [".json", ".json"]
+
+
+@pytest.mark.parametrize("where", ["long-component", "under-a-file", "unwritable"])
+def test_an_unusable_cache_folder_falls_back_with_one_warning(where, clean, tmp_path, monkeypatch, capsys):
+    folder = {"long-component": tmp_path / ("x" * 300), "under-a-file": tmp_path / "file" / "cache",
+              "unwritable": tmp_path / "locked"}[where]
+    (tmp_path / "file").write_text("")
+    if where == "unwritable":
+        if os.geteuid() == 0:
+            pytest.skip("root ignores folder permissions")
+        folder.mkdir(mode=0o000)
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(folder))
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert files == clean
+    assert len(errors) == 1 and errors[0].startswith("splitformer: warning: "), errors
+
+
+def test_no_home_folder_falls_back_with_one_warning(clean, tmp_path, monkeypatch, capsys):
+    import pwd
+
+    monkeypatch.delenv("SPLITFORMER_CACHE")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert files == clean
+    assert errors == ["splitformer: warning: no home folder to hold the derivation cache; set SPLITFORMER_CACHE; "
+                      "deriving instead"]
+
+
+def test_the_key_covers_generator_sympy_and_source(monkeypatch):
+    import splitformer.symbolic as symbolic
+
+    key = cache._key(derive_layer_norm_projection.__wrapped__)
+    assert key != cache._key(derive_relu_projection.__wrapped__)
+    monkeypatch.setattr(sp, "__version__", "0.0.1")
+    assert cache._key(derive_layer_norm_projection.__wrapped__) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(symbolic, "__version__", "9.9.9")
+    assert cache._key(derive_layer_norm_projection.__wrapped__) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "_sources", lambda function: "changed source")
+    assert cache._key(derive_layer_norm_projection.__wrapped__) != key
+
+
+def test_verifiers_accept_the_derivations_and_reject_each_poison():
+    layer_norm, relu = derive_layer_norm_projection.__wrapped__(), derive_relu_projection.__wrapped__()
+    for _ in range(3):  # fresh random points each time
+        verify_layer_norm_projection(layer_norm)
+        verify_relu_projection(relu)
+    s = S
+    wrong_layer_norm = [
+        layer_norm.theorem,  # drops ε
+        s.sigma_1 - s.sigma_2 * (s.v - s.alpha) / sp.sqrt(s.beta + s.epsilon),  # the maximizing root
+        s.sigma_1 + s.sigma_2 * (s.v - s.alpha) / sp.sqrt(s.beta + 2 * s.epsilon),
+        layer_norm.formula + (s.alpha - s.sigma_1) * s.epsilon / 1000,
+        s.sigma_1 + s.sigma_2 * (s.v - s.alpha) ** 3 / sp.sqrt(s.beta + s.epsilon),
+    ]
+    for formula in wrong_layer_norm:
+        with pytest.raises(ValueError):
+            verify_layer_norm_projection(Projection(formula, layer_norm.steps, layer_norm.distance,
+                                                    layer_norm.theorem, layer_norm.gap))
+    with pytest.raises(ValueError, match="distance"):
+        verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, 2 * layer_norm.distance,
+                                                layer_norm.theorem, layer_norm.gap))
+    with pytest.raises(ValueError, match="gap"):
+        verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, layer_norm.distance,
+                                                layer_norm.theorem, -layer_norm.gap))
+    for formula in (sp.Max(0, s.v) + s.v / 1000, s.v, sp.Abs(s.v), sp.Max(0, s.v - sp.Rational(1, 10**6))):
+        with pytest.raises(ValueError):
+            verify_relu_projection(Projection(formula, relu.steps))
+    with pytest.raises(ValueError):
+        verify_relu_projection(layer_norm)
+    for markup in ("$x$", "<img src=x>", "[a](http://x)", "`code`", "two\nlines"):
+        steps = relu.steps[:-1] + ((relu.steps[-1][0], relu.steps[-1][1] + markup),)
+        with pytest.raises(ValueError, match="holds markup"):
+            verify_relu_projection(Projection(relu.formula, steps))
+
+
+def test_expression_trees_round_trip_and_reject_what_they_do_not_know():
+    v, beta = sp.Symbol("v", real=True), sp.Symbol("beta", positive=True)
+    for expression in (v / sp.sqrt(beta + sp.Rational(1, 3)), sp.Max(0, v) * sp.pi, sp.Piecewise((v, v > 0), (0, True)),
+                       sp.erf(v) ** 2 - sp.exp(-v) + sp.tanh(v), sp.Integer(-10) ** 30 * v):
+        assert from_json(json.loads(json.dumps(to_json(expression)))) == expression
+    with pytest.raises(TypeError):
+        to_json(sp.Function("f")(v))
+    bad = [["Function", "os.system"], ["Symbol", "x", {"__class__": True}], ["Rational", "1" * 200, "1"],
+           ["Rational", "1", "0"], ["Pow", ["Rational", "10", "1"], ["Rational", "1000000", "1"]],
+           ["S", "__import__"], ["Symbol", "x"], 42, [], "Add", ["Add"] + [["Rational", "1", "1"]] * 30_000]
+    deep = ["Rational", "1", "1"]
+    for _ in range(500):
+        deep = ["Abs", deep]
+    for tree in bad + [deep]:
+        with pytest.raises(ValueError):
+            from_json(tree)
+
+
+def test_cache_warnings_are_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cache, "_warned", False)
+    cache._warn_once("first\nsecond line")
+    cache._warn_once("never printed")
+    assert capsys.readouterr().err == "splitformer: warning: first second line\n"
+
+
+def test_an_interrupt_while_writing_the_cache_leaves_no_temporary(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path))
+    real = os.replace
+
+    def interrupted(source, target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache.os, "replace", interrupted)
+    derive_relu_projection.cache_clear()
+    with pytest.raises(KeyboardInterrupt):
+        derive_relu_projection()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(cache.os, "replace", real)
+    derive_relu_projection.cache_clear()

@@ -1,0 +1,153 @@
+"""A user's own file adds an operator, a projection and a solver; TOML and Python use them.
+
+The CLI runs in subprocesses (``--load``); the Python API test loads the file in-process.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import splitformer
+from splitformer.codegen.output import write_files
+from splitformer.codegen.pipeline import generate
+from splitformer.symbolic.constraints import Bound, ConstraintSet, U
+from splitformer.symbolic.projections import SYMBOLS, derive_projection
+
+from conftest import ROOT, import_path
+
+PLUGIN = ROOT / "tests" / "plugins" / "my_kinds.py"
+SCHEME = ROOT / "tests" / "plugins" / "plugin-scheme.toml"
+
+
+def _cli(*arguments, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "splitformer", *arguments], capture_output=True, text=True, cwd=cwd)
+
+
+def _reference(u, params):
+    """Ralston's method for G(u) = (u − mean u) W + b, written from the formulas."""
+    def field(v):
+        return (v - v.mean(-1, keepdims=True)) @ params["lin.W"] + params["lin.b"]
+
+    k1 = field(u)
+    k2 = field(u + 2 / 3 * k1)
+    return u + k1 / 4 + 3 * k2 / 4
+
+
+def test_scheme_files_do_not_load_code_by_themselves(tmp_path):
+    result = _cli("derive", str(SCHEME), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "unknown operator 'centre'" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_cli_load_derives_emits_and_checks(tmp_path):
+    result = _cli("derive", "--load", str(PLUGIN), str(SCHEME), "--out", str(tmp_path), "--backend", "numpy")
+    assert result.returncode == 0, result.stderr
+    module = import_path(tmp_path / "numpy" / "plugin_scheme.py")
+    rng = np.random.default_rng(5)
+    params = {"lin.W": rng.standard_normal((6, 6)) * 0.5, "lin.b": rng.standard_normal(6)}
+    u = rng.standard_normal((2, 3, 6))
+    assert np.abs(module.forward(u, params) - _reference(u, params)).max() <= 1e-12
+    check = _cli("check", "--load", str(PLUGIN), str(SCHEME), "--format", "json")
+    assert check.returncode == 0, check.stdout
+    assert '"order": 2' in check.stdout and '"order/plugin-scheme"' in check.stdout
+    assert _cli("show", "--load", str(PLUGIN), str(SCHEME)).returncode == 0
+
+
+@pytest.mark.parametrize("path, message", [
+    ("tests/plugins/missing.py", "no such file"),
+    ("tests/plugins/plugin-scheme.toml", "expected a Python file"),
+])
+def test_bad_load_is_one_clear_error(path, message):
+    result = _cli("derive", "--load", path, str(SCHEME))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_failing_user_file_is_one_clear_error(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    result = _cli("derive", "--load", str(broken), "post-ln", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "RuntimeError: boom" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_python_api_loads_the_same_file_and_derives(tmp_path):
+    module = splitformer.load_plugin(PLUGIN)
+    assert splitformer.load_plugin(PLUGIN) is module  # loading twice registers nothing twice
+    scheme = splitformer.load_scheme(str(SCHEME))
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    numpy_module = import_path(tmp_path / "numpy" / "plugin_scheme.py")
+    torch_module = import_path(tmp_path / "torch" / "plugin_scheme.py")
+    rng = np.random.default_rng(6)
+    params = {"lin.W": rng.standard_normal((4, 4)), "lin.b": rng.standard_normal(4)}
+    u = rng.standard_normal((1, 5, 4))
+    expected = _reference(u, params)
+    assert np.abs(numpy_module.forward(u, params) - expected).max() <= 1e-12
+    import torch
+
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64).load_params(params)
+    assert np.abs(block(torch.tensor(u)).detach().numpy() - expected).max() <= 1e-12
+    assert module.Centre.projection().formula == SYMBOLS.v - SYMBOLS.alpha
+
+
+def test_the_deriver_handles_a_box_by_its_kkt_cases():
+    """Negative space of the deriver: a two-sided bound splits into three KKT cases → clip."""
+    box = ConstraintSet("box", r"[0, 1]", bounds=(Bound(U), Bound(1 - U)))
+    formula = derive_projection(box).formula
+    for value, expected in ((-2, 0), (sp.Rational(1, 3), sp.Rational(1, 3)), (5, 1)):
+        assert formula.subs(SYMBOLS.v, value) == expected
+
+
+def test_python_built_scheme_with_the_users_kinds_and_tableau():
+    from splitformer.symbolic.checks.order import splitting_order
+    from splitformer.symbolic.scheme import RungeKutta, Scheme, Sequence, Substep
+
+    module = splitformer.load_plugin(PLUGIN)
+    scheme = Scheme("ralston-python", "built in Python", {"centre": "centre", "lin": "affine-field"},
+                    Sequence((RungeKutta((Substep("lin", "explicit", on="centre"),), module.RALSTON),)))
+    scheme.check()
+    assert splitting_order(scheme).order == 2 and module.RALSTON.order() == 2
+
+
+def test_options_of_a_users_kind_are_checked():
+    splitformer.load_plugin(PLUGIN)
+    base = 'name = "s"\nsummary = "s"\n[operators]\nf = {}\n[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+    scheme = splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = 0.5 }'))
+    assert scheme.instantiate()["f"].scale == 0.5
+    with pytest.raises(splitformer.SplitformerError, match="needs the option 'scale'"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = "scaled-field"'))
+    with pytest.raises(splitformer.SplitformerError, match="expected a number, string or boolean"):
+        splitformer.parse_scheme(base.replace("f = {}", 'f = { kind = "scaled-field", scale = [1] }'))
+
+
+def test_a_users_box_projection_emits_a_clip(tmp_path):
+    import torch
+
+    splitformer.load_plugin(PLUGIN)
+    scheme = splitformer.parse_scheme('name = "clipped"\nsummary = "s"\n[operators]\nbox = "clip"\n'
+                                      '[[steps]]\noperator = "box"\nsolver = "projection"\n')
+    write_files(generate(scheme, ("numpy", "torch"), tmp_path))
+    u = np.random.default_rng(7).standard_normal((2, 3, 5)) * 2
+    numpy_module = import_path(tmp_path / "numpy" / "clipped.py")
+    torch_module = import_path(tmp_path / "torch" / "clipped.py")
+    assert np.array_equal(numpy_module.forward(u, {}), np.clip(u, 0, 1))
+    assert np.array_equal(torch_module.Block(5, 1, 1, dtype=torch.float64)(torch.tensor(u)).numpy(), np.clip(u, 0, 1))
+
+
+def test_the_deriver_refuses_what_it_cannot_decide():
+    """Negative controls of the deriver's own checks: case split and root selection."""
+    from splitformer.symbolic.constraints import G, Moment, Statistic
+    from splitformer.symbolic.errors import SplitformerError
+
+    empty = ConstraintSet("empty", "", bounds=(Bound(U - 1), Bound(-U)))  # u ≥ 1 and u ≤ 0
+    with pytest.raises(SplitformerError, match="do not cover the real line"):
+        derive_projection(empty)
+    radius = sp.Symbol("r", real=True)  # its sign unknown: which root is nearer cannot be decided
+    sphere = ConstraintSet("sphere", "", moments=(Moment(U**2, radius**2, G**2),), ghost=True,
+                           statistics=(Statistic("rho", sp.Symbol("rho", positive=True), r"\rho", SYMBOLS.v**2, ""),))
+    with pytest.raises(SplitformerError, match="cannot decide which stationary point is nearest"):
+        derive_projection(sphere)
+    cubic = ConstraintSet("cubic", "", moments=(Moment(U**3, 1),))
+    with pytest.raises(SplitformerError, match="at most quadratic"):
+        derive_projection(cubic)

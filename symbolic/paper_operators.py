@@ -6,7 +6,8 @@ explicit Euler step of an affine integral operator, with the projection onto
 
 - ``affine``: ``A(u)(x, y) = ∫ W(ξ, y) u(x, ξ) dξ + b(y)``; one explicit step with ``Δt = 1``
   is ``u (I + W) + b``, the learned matrix is ``W̃ = I + W``;
-- ``nonnegative``: ``Proj_{S₂}``, whose closed form (ReLU) comes from its KKT conditions.
+- ``nonnegative``: ``Proj_{S₂}``, given by its constraint set; the generic deriver yields
+  the closed form (ReLU) from the KKT conditions.
 
 Registered the way a user's module would register its own kinds.
 """
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .domains import FEATURES, X, XI, Y
-from .operators import STATE, Definition, Operator, Parameter, apply, register_operator
-from .projections import SYMBOLS, derive_relu_projection
+from .constraints import S_2, ConstraintSet
+from .operators import STATE, Definition, Operator, Parameter, ProjectionOperator, apply, register_operator
 from .quadrature import integral
 
 __all__ = ["Affine", "Nonnegative"]
@@ -46,18 +47,13 @@ class Affine(Operator):
 
 @register_operator
 @dataclass(frozen=True)
-class Nonnegative(Operator):
-    """The projection onto ``S₂ = {u ≥ 0}``, pointwise."""
+class Nonnegative(ProjectionOperator):
+    """The projection onto ``S₂ = {u ≥ 0}``, derived from the constraint set, without gain or bias."""
 
     kind: ClassVar[str] = "nonnegative"
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_2}"
-    is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_2"
-
-    def parameters(self) -> tuple[Parameter, ...]:
-        return ()
-
-    def definitions(self) -> tuple[Definition, ...]:
-        value = derive_relu_projection().formula.subs(SYMBOLS.v, apply(STATE, X, Y))
-        return (Definition("out", r"\mathrm{Proj}_{S_2}", (X, Y), value,
-                           r"projection onto $S_2 = \{u \ge 0\}$, derived from KKT"),)
+    constraints: ClassVar[ConstraintSet] = S_2
+    affine: ClassVar[tuple[str, ...]] = ()
+    output_latex: ClassVar[str] = r"\mathrm{Proj}_{S_2}"
+    projection_meaning: ClassVar[str] = r"projection onto $S_2 = \{u \ge 0\}$, derived from KKT"

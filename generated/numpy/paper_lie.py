@@ -281,8 +281,8 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
 
     # --- branch substep 4: relu, projection ---
     # {u^{(3)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} + {u^{(2)}}_{i,l}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
-    # {u^{(4)}}_{i,l} = {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{i,l}
+    # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
+    # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
     u4 = np.maximum(ffn1_out + u2, 0)
 
     # --- branch substep 5: ffn2, explicit ---

@@ -321,8 +321,8 @@ class Block(torch.nn.Module):
 
         # --- branch substep 4: relu, projection ---
         # {u^{(3)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} + {u^{(2)}}_{i,l}
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
-        # {u^{(4)}}_{i,l} = {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{i,l}
+        # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
+        # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
         u4 = torch.relu(ffn1_out + u2)
 
         # --- branch substep 5: ffn2, explicit ---

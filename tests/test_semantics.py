@@ -113,8 +113,6 @@ def test_mutated_derivations_fail_the_user_schemes_checks(monkeypatch, mutation,
     program = derive(scheme)
     emitted = emitted_check(scheme, program)
     assert not emitted.holds and "max |emitted − evaluator|" in emitted.detail
-    derived = derived_check(scheme, program)
-    assert not derived.holds and "do not vanish" in derived.detail
 
 
 # -- operator kinds the evaluator does not know ---------------------------------------------

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench mutation clean
+.PHONY: demo test generate bench bench-backward train-demo latex-check mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,9 +26,27 @@ generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
+	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
+	$(BIN)/splitformer derive vit cvt resnet-block unet-level --backend all --out generated
+
+# NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
+# the arrays are small, and idle BLAS threads only slow a shared machine down).
+train-demo: $(STAMP)
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m splitformer.codegen.train_demo
+
+# Training step of the generated Block: derived backward against autograd (one process per figure).
+bench-backward: $(STAMP)
+	$(BIN)/python bench/backward.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py
+
+# Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
+# LaTeX checks run without them).
+latex-check: $(STAMP)
+	mkdir -p .cache/katex && cd .cache/katex && npm install --silent --no-save katex@0.16
+	SPLITFORMER_KATEX=$(CURDIR)/.cache/katex $(BIN)/python -m pytest tests/test_cli_usage.py tests/test_api.py \
+		-k "latex or render or repr"
 
 # A sample of mutants of symbolic/ and codegen/ against `check` plus the fast tests (not part of `make test`).
 MUTANTS ?= 40

@@ -10,13 +10,15 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import BATCH, Attention, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
+from .ir import BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS"]
 
 #: The flag the PyTorch template sets when autograd is off (``torch.is_grad_enabled()``).
 INFERENCE = "inference"
+#: The dropout probability the PyTorch template sets (the module's ``dropout`` in training, else 0).
+DROPOUT = "dropout_p"
 #: Axis label → the name of its size in emitted code.
 SIZES = {str(variable.index): variable.domain.code_name for variable in VARIABLES.values()} | {BATCH: "batch"}
 
@@ -35,6 +37,7 @@ class Backend:
     einsum = ""
     library = ""  # module prefix of reductions
     axis = ""  # keyword naming the reduced axis
+    kernel_extra = ""  # further arguments of the attention-kernel helpers (_softmax, _attention)
 
     def statements(self, module: Module, op: Op) -> list[str]:
         """The statements computing ``op``."""
@@ -69,14 +72,14 @@ class Backend:
         return [f"{op.out} = {reduce}({body}, {self.axis}={op.body_labels.index(op.axis)})"]
 
     def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = _softmax({printer.operand(op.scores)}, {self.support(op.support, printer)})"]
+        return [f"{op.out} = _softmax({printer.operand(op.scores)}, {self.support(op.support, printer)}{self.kernel_extra})"]
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
         scale = printer.doprint(op.scale)
         _, row, head, _ = op.q.labels
         scores = (BATCH, head, row, op.k.labels[1])
         support = self.support(op.support, self.printer(printer.module, scores))
-        return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support})"]
+        return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}{self.kernel_extra})"]
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
         """Each template defines ``_layer_norm`` and ``_rms_norm`` (statistics that cannot overflow)."""
@@ -86,6 +89,9 @@ class Backend:
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
+
+    def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
+        return [f'{op.out} = _cache(cache, "{op.key}", {op.source.name})']
 
     def in_place(self, op: Elementwise, printer: ArrayPrinter, maximum: str, add: str) -> list[str]:
         """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass)."""
@@ -107,7 +113,7 @@ class NumpyBackend(Backend):
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
         if len(op.outputs) == 1:
-            lines = [f"{op.out} = {rows} @ {op.weights[0]}"]
+            lines = [f"{op.out} = {rows} @ {op.weights[0]}{'.T' if op.transposed else ''}"]
             if op.biases[0]:
                 lines.append(f"{op.out} += {op.biases[0]}")
             return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels)})"]
@@ -129,6 +135,12 @@ class TorchBackend(Backend):
     printer = TorchPrinter
     einsum = "torch.einsum"
     library, axis = "torch", "dim"
+    kernel_extra = f", {DROPOUT}"
+
+    def statements(self, module: Module, op: Op) -> list[str]:
+        """``op``, then dropout of what it writes where torch has dropout (``Module.dropout``)."""
+        dropped = [name for name in op.writes() if name in module.dropout]
+        return super().statements(module, op) + [f"{name} = _dropout({name}, {DROPOUT})" for name in dropped]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         """In place only without autograd: an in-place update of a view costs more in backward."""
@@ -140,7 +152,7 @@ class TorchBackend(Backend):
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
         if len(op.outputs) == 1:
-            weight, bias = op.weights[0], op.biases[0]
+            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), op.biases[0]
         else:
             weight = f"torch.cat(({', '.join(op.weights)}), dim=1)"
             bias = f"torch.cat(({', '.join(op.biases)}))" if op.biases[0] else None
@@ -149,8 +161,10 @@ class TorchBackend(Backend):
             return [f"{op.out} = {product}.view({_shape(op.labels)})"]
         names = ", ".join(name for name, _ in op.outputs)
         shape = _shape(op.outputs[0][1])
+        views = ", ".join(f"{name}.view({shape})" for name, _ in op.outputs)
         return [f"{op.out} = {product}",
-                f"{names} = (part.view({shape}) for part in {op.out}.chunk({len(op.outputs)}, dim=1))"]
+                f"{names} = {op.out}.chunk({len(op.outputs)}, dim=1)",
+                f"{names} = {views}"]
 
 
 BACKENDS = {"numpy": NumpyBackend(), "torch": TorchBackend()}

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitformer.symbolic.checks import Check
+from splitformer.symbolic.checks import SKIPPED, Check
 from splitformer.symbolic.checks.activations import activation_checks
+from splitformer.symbolic.checks.llm import llm_checks
+from splitformer.symbolic.adjoint import has_adjoint
+from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
 from splitformer.symbolic.checks.recovery import is_builtin, recovery_checks
@@ -23,7 +27,7 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .verification.convergence import Study, convergence_study, plot_study
+from .verification.convergence import Study, convergence_study, plot_studies, plot_study
 from .verification.paper import paper_checks
 from .verification.scheme_checks import scheme_checks as semantics_checks
 from .verification.structure import attention_checks
@@ -40,6 +44,15 @@ class CheckReport:
     orders: dict[str, dict] = field(default_factory=dict)
     plots: dict[str, Path] = field(default_factory=dict)
     leading_text: dict[str, str] = field(default_factory=dict)
+    studies: dict[str, Study] = field(default_factory=dict)
+    #: Called with each check as it is added (``splitformer check`` prints progress on a terminal).
+    progress: Callable[[Check], None] | None = field(default=None, repr=False, compare=False)
+
+    def add(self, *checks: Check) -> None:
+        for check in checks:
+            self.checks.append(check)
+            if self.progress is not None:
+                self.progress(check)
 
     @property
     def holds(self) -> bool:
@@ -52,7 +65,7 @@ class CheckReport:
     def as_text(self) -> str:
         lines = []
         for check in self.checks:
-            status = "ok  " if check.holds else "FAIL"
+            status = "skip" if check.method == SKIPPED else "ok  " if check.holds else "FAIL"
             lines.append(f"{status}  {check.id}  [{check.method}]")
             lines.extend(textwrap.wrap(check.statement, 96, initial_indent="      ", subsequent_indent="      "))
             lines.extend(textwrap.wrap("→ " + check.detail, 96, initial_indent="      ", subsequent_indent="        "))
@@ -66,14 +79,17 @@ class CheckReport:
                          "(shared parameters).")
             lines.extend(textwrap.wrap("Orders: " + PROJECTIONS + ".", 96))
         failed = sum(not check.holds for check in self.checks)
+        skipped = sum(check.method == SKIPPED for check in self.checks)
         lines.append("")
-        lines.append(f"{len(self.checks) - failed} passed, {failed} failed")
+        lines.append(f"{len(self.checks) - failed - skipped} passed, {failed} failed"
+                     + (f", {skipped} skipped" if skipped else ""))
         return "\n".join(lines)
 
     def as_markdown(self) -> str:
         lines = ["| | check | method | statement | detail |", "| --- | --- | --- | --- | --- |"]
         for check in self.checks:
-            cells = [("✅" if check.holds else "❌"), f"`{check.id}`", check.method, check.statement, check.detail]
+            mark = "⏭" if check.method == SKIPPED else "✅" if check.holds else "❌"
+            cells = [mark, f"`{check.id}`", check.method, check.statement, check.detail]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         if self.orders:
             lines += ["", "| scheme | order | splitting order | leading local error |", "| --- | --- | --- | --- |"]
@@ -81,6 +97,12 @@ class CheckReport:
                 lines.append(f"| `{name}` | {_shown(order['order'])} | {_shown(order['splitting_order'])} | "
                              f"${order['leading_error']}$ |")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+    def _repr_markdown_(self) -> str:
+        return self.as_markdown()
 
 
 def _shown(order: int | None) -> str:
@@ -124,10 +146,12 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     """The checks of one scheme, added to ``report``."""
     report = report or CheckReport()
     program = program or derive(scheme)
-    report.checks += semantics_checks(scheme, program)
-    report.checks += recovery_checks(scheme, program)
+    report.add(*semantics_checks(scheme, program))
+    report.add(*recovery_checks(scheme, program))
     if scheme.name == "paper-lie" and is_builtin(scheme):
-        report.checks += paper_checks(scheme)
+        report.add(*paper_checks(scheme))
+    if has_adjoint(scheme):  # rotary and cross-attention have no derived adjoint yet
+        report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -138,19 +162,28 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report.leading_text[scheme.name] = result.leading_error_text
     claim = order_check(scheme, result)
     if claim is not None:
-        report.checks.append(claim)
+        report.add(claim)
     if result.order is None:  # an exact step: there is no error to converge
         return report
-    study = convergence_study(scheme, order=result.order)
-    report.checks.append(convergence_check(scheme, study, result.order))
+    study = report.studies[scheme.name] = convergence_study(scheme, order=result.order)
+    report.add(convergence_check(scheme, study, result.order))
     if plots is not None:
         report.plots[scheme.name] = plot_study(study, result.order, plots / f"{scheme.module_name}_convergence.png")
     return report
 
 
-def run_checks(schemes: list[Scheme], plots: Path | None = None) -> CheckReport:
-    """General checks, then every scheme's."""
-    report = CheckReport(projection_checks() + [sign_check()] + activation_checks() + attention_checks())
+def run_checks(schemes: list[Scheme], plots: Path | None = None,
+               progress: Callable[[Check], None] | None = None) -> CheckReport:
+    """General checks, then every scheme's; ``plots`` also gets ``convergence.png`` with all schemes."""
+    report = CheckReport(progress=progress)
+    report.add(*projection_checks())
+    report.add(sign_check())
+    report.add(*activation_checks())
+    report.add(*attention_checks())
+    report.add(*llm_checks())
+    report.add(*general_adjoint_checks())
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
+    if plots is not None and report.studies:
+        plot_studies(list(report.studies.values()), plots / "convergence.png")
     return report

@@ -1,4 +1,4 @@
-"""The ``splitformer`` command line: list, show, derive (and check, see ``--help``).
+"""The ``splitformer`` command line: list, show, derive, check, compare (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
 An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
@@ -23,6 +23,48 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
+_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), gelu, silu, tanh or gelu-tanh"
+_SCHEME = "a built-in name (see 'splitformer list') or the path of a scheme file (TOML)"
+_ENVIRONMENT = """\
+environment:
+  SPLITFORMER_CACHE   folder of the disk cache of derived projection formulas
+                      (default ~/.cache/splitformer; 'off' disables the cache)"""
+_EXAMPLES = {
+    None: """\
+examples:
+  splitformer list
+  splitformer show pre-ln --format latex
+  splitformer derive post-ln --backend all --out generated
+  splitformer check rk2 --plots plots""",
+    "list": "example:\n  splitformer list",
+    "show": """\
+examples:
+  splitformer show post-ln                       the discrete program in index notation
+  splitformer show pre-ln --format latex         an align* environment for a paper
+  splitformer show post-ln --format toml > my-scheme.toml   a scheme file to edit""",
+    "derive": """\
+examples:
+  splitformer derive post-ln                     NumPy and PyTorch code and a report in generated/
+  splitformer derive pre-ln --activation gelu --backend torch --out build
+  splitformer derive my-scheme.toml --load my_operators.py --passes none""",
+    "check": """\
+examples:
+  splitformer check                              every built-in scheme
+  splitformer check rk2 my-scheme.toml --format json > checks.json
+  splitformer check post-ln pre-ln --plots plots  one plot per scheme and plots/convergence.png""",
+    "compare": """examples:
+  splitformer compare post-ln macaron rk2 rk4
+  splitformer compare pre-ln parallel --format latex --sizes d=512,d_ff=2048
+  splitformer compare post-ln rk2 --plot convergence.png""",
+}
+
+
+def _command(commands, name: str, summary: str, description: str):
+    return commands.add_parser(
+        name, help=summary, description=description, epilog=f"{_EXAMPLES[name]}\n\n{_ENVIRONMENT}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _load_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--load", action="append", default=[], metavar="FILE.py",
                          help="import a Python file first: the operator kinds, projections and Runge–Kutta "
@@ -30,31 +72,71 @@ def _load_option(command: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="splitformer", description="Derive Transformer blocks as operator-splitting schemes.")
+    parser = _Parser(
+        prog="splitformer", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Derive Transformer blocks as operator-splitting schemes of a continuous "
+                    "integro-differential equation,\nemit NumPy and PyTorch code from the derived "
+                    "formulas, and check the proofs in between.",
+        epilog=f"{_EXAMPLES[None]}\n\n{_ENVIRONMENT}\n\n'splitformer COMMAND --help' explains each command.")
     parser.add_argument("--version", action="version", version=f"splitformer {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands.add_parser("list", help="built-in schemes, one a line: name, summary")
-    show = commands.add_parser("show", help="print a scheme and its derivation")
-    show.add_argument("scheme", help="built-in name or path to a scheme file (TOML)")
-    show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text")
-    show.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _command(commands, "list", "built-in schemes, one a line: name, summary",
+             "Print the built-in schemes, one a line: the name, then the one-line summary.")
+    show = _command(commands, "show", "print a scheme and its derivation",
+                    "Derive one step of SCHEME and print it.")
+    show.add_argument("scheme", metavar="SCHEME", help=_SCHEME)
+    show.add_argument("--format", choices=("text", "latex", "markdown", "toml"), default="text",
+                      help="text (default): the discrete program in index notation, plain text; "
+                           "latex: the equation and every assignment as one align* environment; "
+                           "markdown: the derivation report; toml: the scheme file, to copy and change")
+    show.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     _load_option(show)
-    derive = commands.add_parser("derive", help="derive schemes and emit code and reports")
-    derive.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files")
-    derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme")
-    derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all")
-    derive.add_argument("--out", default="generated", help="output folder (default: generated)")
+    derive = _command(commands, "derive", "derive schemes and emit code and reports",
+                      "Derive each SCHEME and write OUT/numpy/<name>.py, OUT/torch/<name>.py and the\n"
+                      "derivation report OUT/reports/<name>.md (<name>: the scheme name with '-' as '_',\n"
+                      "plus '_<activation>' for a non-default activation). Nothing is written unless\n"
+                      "every scheme derives.")
+    derive.add_argument("schemes", nargs="*", metavar="SCHEME", help=_SCHEME)
+    derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme as well")
+    derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all",
+                        help="numpy, torch, or all (default): which modules to write")
+    derive.add_argument("--out", default="generated", metavar="DIR", help="output folder (default: generated)")
     derive.add_argument("--force", action="store_true",
                         help="overwrite files in --out that splitformer did not write")
-    derive.add_argument("--activation", default=None, help="relu (default), gelu, silu or tanh")
+    derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     derive.add_argument("--passes", default="all", metavar="LIST",
-                        help="IR passes to run: all (default), none, or a comma-separated list of pass names")
+                        help="IR passes to run: all (default), none, or a comma-separated list of "
+                             "inline-elementwise, layer-norm, rms-norm, fused-attention, matmul, fuse-projections, "
+                             "reuse-buffers")
     _load_option(derive)
-    check = commands.add_parser("check", help="proof checks; exit 0 when all hold, 1 when one fails")
-    check.add_argument("schemes", nargs="*", metavar="SCHEME", help="built-in names or scheme files (default: all built-ins)")
-    check.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    check.add_argument("--plots", default=None, metavar="DIR", help="write a convergence plot (PNG) per scheme")
+    check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
+                     "Run every proof check that applies: the derived projections, the subdifferential\n"
+                     "sign, activations as proximal maps, exact recovery of published blocks, the\n"
+                     "splitting order by non-commutative series and a numeric convergence study.\n"
+                     "Exit status 0 when all hold, 1 when one fails. On a terminal, one progress line\n"
+                     "per check goes to stderr as it completes.")
+    check.add_argument("schemes", nargs="*", metavar="SCHEME", help=f"{_SCHEME} (default: every built-in scheme)")
+    check.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                       help="text (default): one entry per check and a table of orders; json: one object "
+                            '{"checks": [...], "orders": {...}}; markdown: the same as tables')
+    check.add_argument("--plots", default=None, metavar="DIR",
+                       help="write DIR/<name>_convergence.png per scheme and DIR/convergence.png with every "
+                            "scheme overlaid (needs matplotlib)")
     _load_option(check)
+    compare = _command(commands, "compare", "schemes side by side: orders, leading error, cost, parameters",
+                       "Derive each SCHEME and print one table: the order with its own substep solvers,\n"
+                       "the splitting order with exact sub-flows, the leading local-error term, the operator\n"
+                       "evaluations one step makes and the learned parameters of one block.")
+    compare.add_argument("schemes", nargs="+", metavar="SCHEME", help=_SCHEME)
+    compare.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
+                         help="text (default): aligned columns; markdown: a table with LaTeX math; "
+                              "latex: a tabular environment")
+    compare.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
+    compare.add_argument("--sizes", default=None, metavar="d=N,d_ff=M",
+                         help="count the parameters at these sizes instead of as a polynomial in d and d_ff")
+    compare.add_argument("--plot", default=None, metavar="FILE.png",
+                         help="also write one convergence plot with every scheme overlaid (needs matplotlib)")
+    _load_option(compare)
     return parser
 
 
@@ -68,15 +150,26 @@ def _load(name: str, activation: str | None):
 def _list() -> str:
     from splitformer.symbolic.builtins import builtin_names, builtin_summary
 
-    names = builtin_names()
-    width = max(len(name) for name in names)
-    return "\n".join(f"{name:<{width}}  {builtin_summary(name)}" for name in names)
+    from splitformer.symbolic.model import model_names, model_summary
+
+    rows = [(name, builtin_summary(name)) for name in builtin_names()]
+    rows += [(name, f"(model) {model_summary(name)}") for name in model_names()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {summary}" for name, summary in rows)
 
 
 def _show(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.equation import equation_latex
 
+    from splitformer.symbolic.model import is_model
+
+    if is_model(arguments.scheme):
+        from .model_pipeline import show_model
+
+        if arguments.activation is not None:
+            raise SplitformerError(f"--activation applies to schemes; the model {arguments.scheme!r} names its own")
+        return show_model(arguments.scheme, arguments.format)
     scheme = _load(arguments.scheme, arguments.activation)
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")
@@ -86,16 +179,8 @@ def _show(arguments: argparse.Namespace) -> str:
 
         return render_report(scheme, program).rstrip("\n")
     if arguments.format == "latex":
-        lines = [equation_latex(scheme)]
-        for record in program.records:
-            lines.append(f"% {record.title}")
-            lines.extend(assignment.quadrature for assignment in record.assignments)
-        return "\n".join(lines)
-    lines = [f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", ""]
-    for record in program.records:
-        lines.append(f"{record.title}")
-        lines.extend(f"    {assignment.lhs} = {assignment.rhs}" for assignment in record.assignments)
-    return "\n".join(lines)
+        return program.latex(equation_latex(scheme))
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", "", program.text()])
 
 
 def _source_with_activation(scheme) -> str:
@@ -105,7 +190,7 @@ def _source_with_activation(scheme) -> str:
     from splitformer.symbolic.scheme_file import parse_scheme
 
     line = f'activation = "{scheme.activation}"'
-    source, count = re.subn(r'(?m)^activation = "[a-z]+"$', line, scheme.source, count=1)
+    source, count = re.subn(r'(?m)^activation = "[a-z-]+"$', line, scheme.source, count=1)
     if not count:
         source = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", source, count=1)
     if parse_scheme(source).activation != scheme.activation:
@@ -116,6 +201,9 @@ def _source_with_activation(scheme) -> str:
 def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.builtins import builtin_names
 
+    from splitformer.symbolic.model import is_model, load_model
+
+    from .model_pipeline import generate_model
     from .output import write_files
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
@@ -129,14 +217,22 @@ def _derive(arguments: argparse.Namespace) -> str:
     out = Path(arguments.out)
     emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
+        if is_model(name):
+            if arguments.activation is not None:
+                raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
+            emitted.setdefault(name.replace("-", "_"), (name, load_model(name)))
+            continue
         scheme = _load(name, arguments.activation)
         first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
-        if previous is not scheme and previous.source != scheme.source:
+        if previous is not scheme and getattr(previous, "source", None) != scheme.source:
             raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
                                    f"{scheme.module_name}.py; derive them into different --out folders")
     files: dict[Path, str] = {}
-    for _, scheme in emitted.values():
-        files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    for name, scheme in emitted.values():
+        if is_model(name):
+            files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+        else:
+            files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
     write_files(files, force=arguments.force)
     return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
 
@@ -146,7 +242,11 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .checking import run_checks
 
-    schemes = [_load(name, None) for name in (arguments.schemes or builtin_names())]
+    from splitformer.symbolic.checks.model_recovery import model_checks
+    from splitformer.symbolic.model import is_model, load_model, model_names
+
+    names = arguments.schemes or builtin_names() + model_names()
+    schemes = [_load(name, None) for name in names if not is_model(name)]
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
@@ -160,27 +260,82 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
         for scheme in schemes:
             check_target(plots / f"{scheme.module_name}_convergence.png")
-        try:
-            import matplotlib  # noqa: F401 - only whether it is installed
-        except ImportError:
-            raise SplitformerError("--plots needs matplotlib: pip install 'splitformer[plots]'") from None
-    report = run_checks(schemes, plots)
+        check_target(plots / "convergence.png")
+        _require_matplotlib("--plots")
+    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
+    for name in names:
+        if is_model(name):
+            report.checks += model_checks(load_model(name))
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 
 
+def _require_matplotlib(option: str) -> None:
+    try:
+        import matplotlib  # noqa: F401 - only whether it is installed
+    except ImportError:
+        raise SplitformerError(f"{option} needs matplotlib: pip install 'splitformer[plots]'") from None
+
+
+def _progress_printer():
+    """One line per check on stderr as it completes, with the time since the start."""
+    import time
+
+    from splitformer.symbolic.checks import SKIPPED
+
+    start = time.monotonic()
+
+    def show(check) -> None:
+        status = "skip" if check.method == SKIPPED else "ok  " if check.holds else "FAIL"
+        print(f"[{time.monotonic() - start:6.1f} s] {status}  {check.id}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _sizes(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    sizes = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in ("d", "d_ff") or not value.strip().isdigit():
+            raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers, got {item!r}")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+def _compare(arguments: argparse.Namespace) -> str:
+    from .compare import compare
+
+    sizes = _sizes(arguments.sizes)
+    if arguments.plot is not None:
+        from .output import check_target
+
+        check_target(Path(arguments.plot))
+        _require_matplotlib("--plot")
+    table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
+    if arguments.plot is not None:
+        table.plot(Path(arguments.plot))
+    return {"text": table.as_text, "markdown": table.as_markdown, "latex": table.as_latex}[arguments.format]()
+
+
 def _run(argv: list[str] | None) -> tuple[str, int]:
-    arguments = _parser().parse_args(argv)
+    parser = _parser()
+    arguments = parser.parse_args(argv)
     if getattr(arguments, "load", None):
         from splitformer.symbolic.plugins import load_plugins
 
         load_plugins(arguments.load)
+    if arguments.command is None:  # bare `splitformer`: the usage, not an error
+        return parser.format_help().rstrip("\n"), 0
     if arguments.command == "list":
         return _list(), 0
     if arguments.command == "show":
         return _show(arguments), 0
     if arguments.command == "check":
         return _check(arguments)
+    if arguments.command == "compare":
+        return _compare(arguments), 0
     return _derive(arguments), 0
 
 

@@ -46,15 +46,24 @@ def random_layer(d: int, n_heads: int, d_ff: int, eps: float, norm_first: bool, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from .adapters import from_torch
-
     parser = argparse.ArgumentParser(prog="python -m splitformer.codegen.demo")
     parser.add_argument("scheme", choices=sorted(REFERENCES))
     parser.add_argument("--out", default="generated")
     arguments = parser.parse_args(argv)
     name = arguments.scheme.replace("-", "_")
+    try:
+        import torch
+    except ImportError:
+        print("error: the demo compares against PyTorch: pip install 'splitformer[torch]'", file=sys.stderr)
+        return 2
+    for backend in ("numpy", "torch"):
+        if not (Path(arguments.out) / backend / f"{name}.py").is_file():
+            print(f"error: no {Path(arguments.out) / backend / f'{name}.py'}: run "
+                  f"splitformer derive {arguments.scheme} --backend all --out {arguments.out}", file=sys.stderr)
+            return 2
+
+    from .adapters import from_torch
+
     numpy_module = load_generated(Path(arguments.out), "numpy", name)
     torch_module = load_generated(Path(arguments.out), "torch", name)
     d, n_heads, d_ff, eps = 16, 4, 40, 1e-5
@@ -83,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures += not ok
                 print(f"{backend:8} {np.dtype(dtype).name:8} {path:16} {error:11.2e}  {tolerance:.0e} {'ok' if ok else 'FAIL'}")
     print("all checks hold" if not failures else f"{failures} check(s) failed")
+    print("Vision models (README, Vision): splitformer derive vit cvt resnet-block unet-level; splitformer check vit cvt")
     return 1 if failures else 0
 
 

@@ -17,11 +17,13 @@ import sympy as sp
 from splitformer.symbolic.domains import Domain
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize",
-    "TensorInfo", "Module", "BATCH",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize", "Cache",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
 BATCH = "b"
+#: Roles of tensors without a batch axis: learned controls and their gradients.
+UNBATCHED_ROLES = ("param", "gradient")
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,13 @@ class Module:
     ops: list[Op]
     output: str
     comments: dict[str, str] = field(default_factory=dict)
+    #: Tensors a training-mode torch forward drops out (torch's places: residual branches,
+    #: the feed-forward activation); attention kernels always are. Set by ``lower``.
+    dropout: tuple[str, ...] = ()
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
-        return info is None or info.role != "param"
+        return info is None or info.role not in UNBATCHED_ROLES
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class MatMul(Op):
 
     ``x`` is read with the labels of the contraction; ``contracted`` are the axes of ``x``
     that ``W`` sums over (flattened), the output axes after the row axes are ``W``'s.
+    ``transposed``: ``out = x @ Wᵀ`` (the kernel's output axes are contracted: an adjoint).
     """
 
     x: Operand | None = None
@@ -138,6 +144,7 @@ class MatMul(Op):
     biases: tuple[str | None, ...] = ()
     contracted: tuple[str, ...] = ()
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    transposed: bool = False
 
     def reads(self) -> list[str]:
         return [self.x.name, *self.weights, *(bias for bias in self.biases if bias)]
@@ -173,3 +180,18 @@ class Normalize(Op):
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+
+@dataclass(frozen=True)
+class Cache(Op):
+    """``out`` = the cached values of a key-side field for earlier tokens, then ``source`` (stored back).
+
+    Incremental decoding: the token integral of causal attention at the new tokens needs the
+    keys and values of every earlier token; ``key`` names the field in the cache (``attn.k``).
+    """
+
+    source: Operand | None = None
+    key: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.source.name]

@@ -19,9 +19,10 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 from splitformer.symbolic.latex import equation
+from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import BATCH, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
+from .ir import BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
 
 __all__ = ["lower"]
 
@@ -34,25 +35,27 @@ class _Lowering:
         self.tensors: dict[str, TensorInfo] = {}
         self.ops: list[Op] = []
         self.temporaries = 0
+        self.section = ""
         for name, tensor in program.tensors.items():
             if tensor.role == "temp" or tensor.role == "state":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
             view = tuple(_INDEX_DOMAINS[index] for index in tensor.indices)
-            if tensor.batched:
+            if tensor.role not in UNBATCHED_ROLES:
                 labels = (BATCH,) + labels
             self.tensors[name] = TensorInfo(name, tensor.role, labels, tensor.parameter, tensor.shape,
-                                            view if tensor.role == "param" else None, tensor.kind)
+                                            view if tensor.role in UNBATCHED_ROLES else None, tensor.kind)
 
     def labels(self, indexed: sp.Indexed) -> tuple[str, ...]:
         labels = tuple(str(index) for index in indexed.indices)
         info = self.tensors.get(str(indexed.base.label))
-        return labels if info is not None and info.role == "param" else (BATCH,) + labels
+        return labels if info is not None and info.role in UNBATCHED_ROLES else (BATCH,) + labels
 
     def operand(self, indexed: sp.Indexed) -> Operand:
         return Operand(str(indexed.base.label), self.labels(indexed))
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
+        self.section = section
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         out = assignment.target
         labels = self.labels(assignment.lhs)
@@ -116,7 +119,7 @@ class _Lowering:
         mean = scale == 1 / _INDEX_DOMAINS[index].size
         if not mean and scale != 1:
             return None
-        body_labels = labels + (str(index),)
+        body_labels = _with_axis(labels, str(index), total.function)
         body = self.hoist_sums(total.function, body_labels)
         return Reduction(out, labels, body=body, body_labels=body_labels, axis=str(index), mean=mean)
 
@@ -131,15 +134,59 @@ class _Lowering:
             self.temporaries += 1
             name = f"t{self.temporaries}"
             target = sp.IndexedBase(name)[ordered]
-            self.assignment(Assignment(target, total, "temporary"), self.ops[-1].section if self.ops else "")
+            self.assignment(Assignment(target, total, "temporary"), self.section)
             replacements[total] = target
         return expr.xreplace(replacements)
+
+
+def _with_cache(ops: list[Op], cached: dict[str, str]) -> list[Op]:
+    """A ``Cache`` op before the first reader of each cached key-side field (after its producer)."""
+    result: list[Op] = []
+    pending = dict(cached)
+    for op in ops:
+        for name in [name for name in op.reads() if name in pending]:
+            producer = next(item for item in reversed(result) if item.out == name)
+            result.append(Cache(name, producer.labels, f"the cache: {name} of the earlier tokens, then the new ones",
+                                op.section, source=Operand(name, producer.labels), key=pending.pop(name)))
+        result.append(op)
+    return result
+
+
+def _with_axis(labels: tuple[str, ...], axis: str, body: sp.Expr) -> tuple[str, ...]:
+    """The axes of a reduction's body: ``labels`` with the summed ``axis`` inserted where every
+    array of ``body`` reads its axes in order (so that each broadcasts without a transpose);
+    last when no position does."""
+    reads = [tuple(str(index) for index in item.indices) for item in body.atoms(sp.Indexed)]
+    for position in range(len(labels), 0, -1):
+        candidate = labels[:position] + (axis,) + labels[position:]
+        if all(_in_order(read, candidate) for read in reads):
+            return candidate
+    return labels + (axis,)
+
+
+def _in_order(read: tuple[str, ...], labels: tuple[str, ...]) -> bool:
+    positions = [labels.index(label) for label in read if label in labels]
+    return positions == sorted(positions)
 
 
 def _reading_order(operand: Operand, out: tuple[str, ...]) -> tuple:
     """State operands first, each ordered by where its axes stand in the output."""
     positions = tuple(out.index(label) if label in out else len(out) for label in operand.labels if label != BATCH)
     return (BATCH not in operand.labels, positions)
+
+
+def _dropout_sites(program: Program) -> tuple[str, ...]:
+    """Where torch puts dropout: each non-projection operator's output (a residual branch)
+    and the definitions it names in ``dropout_sites`` (the feed-forward activation)."""
+    sites = []
+    for record in program.records:
+        for evaluation in record.evaluations:
+            operator = OPERATOR_KINDS.get(evaluation.kind)
+            if operator is None or operator.is_projection:
+                continue
+            *inner, output = (assignment.target for assignment in evaluation.assignments)
+            sites += [name for name in inner if name.rsplit("_", 1)[-1] in operator.dropout_sites] + [output]
+    return tuple(sites)
 
 
 def lower(program: Program, passes=None) -> Module:
@@ -152,7 +199,8 @@ def lower(program: Program, passes=None) -> Module:
             for assignment in evaluation.assignments:
                 lowering.assignment(assignment, record.title)
         lowering.assignment(record.update, record.title)
-    module = Module(program.name, lowering.tensors, lowering.ops, program.output)
+    module = Module(program.name, lowering.tensors, _with_cache(lowering.ops, program.cached), program.output,
+                    dropout=_dropout_sites(program))
     for rewrite in DEFAULT if passes is None else passes:
         module = rewrite(module)
     return module

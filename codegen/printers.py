@@ -10,14 +10,17 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
-from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+)
 
 from .ir import BATCH, Module, Operand
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES"]
 
 #: Size symbols of the derivation and their names in emitted code.
-SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)}
+SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS,
+                                                           GROUP, FREQUENCIES, KV_FEATURES, MEMORY)}
 
 
 def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...]) -> str:
@@ -52,6 +55,11 @@ class ArrayPrinter(StrPrinter):
             labels = (BATCH,) + labels
         return broadcast(name, labels, self.out)
 
+    def _print_Idx(self, expr: sp.Idx) -> str:
+        """A grid index used as a value: the grid's coordinates ``0, 1, …`` along its axis."""
+        size = self._print(expr.upper + 1)
+        return broadcast(f"_grid({size}, u0)", (str(expr.label),), self.out)
+
     def _print_Symbol(self, expr: sp.Symbol) -> str:
         return SIZE_NAMES.get(expr, expr.name)
 
@@ -72,8 +80,21 @@ class ArrayPrinter(StrPrinter):
             return f"1 / {self.call('sqrt', base)}"
         return super()._print_Pow(expr, rational)
 
+    def _print_Pi(self, expr: sp.Expr) -> str:
+        return "math.pi"
+
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
+
+    def _print_Pi(self, expr: sp.Expr) -> str:
+        return "math.pi"
+
+    def _print_Heaviside(self, expr: sp.Heaviside) -> str:
+        """The step function with value 0 at 0 (the subgradient of ``max(0, v)`` torch uses)."""
+        argument, *at_zero = expr.args
+        if at_zero != [0]:
+            raise AssertionError(f"no spelling for {expr}: the step function's value at 0 must be 0")
+        return f"({self._print(argument)} > 0)"
 
     def operand(self, operand: Operand) -> str:
         return broadcast(operand.name, operand.labels, self.out)
@@ -81,7 +102,7 @@ class ArrayPrinter(StrPrinter):
 
 class NumpyPrinter(ArrayPrinter):
     library = "np"
-    functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh"}
+    functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         return self._pairwise("np.maximum", expr)
@@ -102,7 +123,8 @@ class NumpyPrinter(ArrayPrinter):
 
 class TorchPrinter(ArrayPrinter):
     library = "torch"
-    functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh"}
+    functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
+                 "cos": "torch.cos", "sin": "torch.sin"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

@@ -7,11 +7,12 @@ from importlib import resources
 import jinja2
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.domains import HIDDEN
+from splitformer.symbolic.domains import HIDDEN, KV_FEATURES, KV_HEADS
 from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
-from .ir import Module
+from .initialization import init_bounds
+from .ir import Cache, Module
 
 __all__ = ["environment", "render_module", "unit_context"]
 
@@ -39,8 +40,12 @@ def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
 
-def unit_context(module: Module, backend: str) -> dict:
-    """One emitted function: its parameters, its statements grouped by substep, its output."""
+def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> dict:
+    """One emitted function: its parameters, its statements grouped by substep, its output.
+
+    With ``keep`` (the names the function returns), every other local array is deleted
+    after its last reader, so that memory holds only live arrays.
+    """
     spelling = BACKENDS[backend]
     parameters = []
     hidden = None
@@ -57,10 +62,12 @@ def unit_context(module: Module, backend: str) -> dict:
             "shape": shape, "view": view if view != shape else None, "kind": info.kind,
         })
     sections: list[dict] = []
-    for op in module.ops:
+    free = _last_reads(module, keep) if keep is not None else {}
+    for position, op in enumerate(module.ops):
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statements(module, op)})
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statements(module, op),
+                                           "free": free.get(position, [])})
     code = "\n".join(line for section in sections for statement in section["statements"] for line in statement["code"])
     return {
         "parameters": parameters,
@@ -69,18 +76,55 @@ def unit_context(module: Module, backend: str) -> dict:
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm") if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
+                 if f"{helper}(" in code},
         "output": module.output,
+        "rotary": "pos" in module.tensors,
+        "memory": "mem" in module.tensors,
+        "grouped": any({KV_HEADS, KV_FEATURES} & set((info.view or ()) + (info.shape or ())) for info in module.tensors.values()),
+        "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }
 
 
-def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: str) -> str:
-    """The source of the generated ``backend`` module: the block and a stack's final norm."""
+def _last_reads(module: Module, keep: set[str]) -> dict[int, list[str]]:
+    """Statement position → the local arrays read there for the last time (not kept, not controls)."""
+    last: dict[str, int] = {}
+    for position, op in enumerate(module.ops):
+        for name in [*op.reads(), *op.writes()]:
+            last[name] = position
+    free: dict[int, list[str]] = {}
+    for name, position in last.items():
+        info = module.tensors.get(name)
+        if name in keep or (info is not None and info.role == "param"):
+            continue
+        free.setdefault(position, []).append(name)
+    return {position: sorted(names) for position, names in free.items()}
+
+
+def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: str,
+                  backward=None, final_backward=None) -> str:
+    """The source of the generated ``backend`` module: the block and a stack's final norm.
+
+    ``backward`` and ``final_backward`` (``codegen.adjoint.Backward``) add their derived adjoints.
+    """
+    from .adjoint import backward_context
+
     template = environment().get_template(f"{backend}/module.py.j2")
+    units = {}
+    if backward is not None:
+        units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
+    functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
+    block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
+    parameters = block_unit["parameters"] + final_unit["parameters"]
     return template.render(
+        vjp=units.get("vjp"),
+        final_vjp=units.get("final_vjp"),
+        backward_uses=set().union(*(function["uses"] for function in functions)),
+        backward_erf=any(function["uses_erf"] for function in functions),
         scheme=scheme,
         module=block,
         version=__version__,
-        block=unit_context(block, backend),
-        final=unit_context(final_norm, backend),
+        block=block_unit,
+        final=final_unit,
+        init_bounds=init_bounds(parameters, scheme.operators),
     )

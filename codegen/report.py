@@ -7,6 +7,7 @@ from pathlib import Path
 import sympy as sp
 
 from splitformer.symbolic import __version__
+from splitformer.symbolic.adjoint import has_adjoint
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
@@ -17,6 +18,7 @@ from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
+from .report_adjoint import adjoint_context
 
 __all__ = ["render_report", "check_ids"]
 
@@ -73,7 +75,9 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += [f"theorem-3.1/{part}" for part in ("closed-form", "constraints", "kkt", "minimizer", "beta-zero")]
         ids += ["layer-norm/eps-ghost", "layer-norm/scale-invariance", "subdifferential/sign"]
     if "rms-norm" in kinds:
-        ids += ["rms-norm/closed-form"]
+        ids += ["rms-norm/closed-form", "rms-norm/kkt", "rms-norm/distance"]
+    if "rotary-attention" in kinds:
+        ids += ["rope/relative-kernel", "gqa/repeated-heads"]
     ids += [f"projection/{kind}/{part}" for kind in sorted(_projection_kinds(scheme) - {"layer-norm"})
             for part in ("constraints", "minimizer")]
     if kinds & _ACTIVATED:
@@ -81,12 +85,16 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted", f"structure/{scheme.name}/stack"]
     if has_published_reference(scheme):
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
+    ids += ["adjoint/layer-norm-jacobian"] if "layer-norm" in kinds else []
+    ids += ["adjoint/relu-subgradient"] if "feed-forward" in kinds and scheme.activation == "relu" else []
+    if has_adjoint(scheme):
+        ids += [f"adjoint/{scheme.name}/finite-difference", f"adjoint/{scheme.name}/negative-control"]
     if scheme.claims:
         ids.append(f"order/{scheme.name}")
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
-def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -> str:
+def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None) -> str:
     """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot."""
     kinds = set(scheme.operators.values())
     projections = []
@@ -115,6 +123,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None) -
     plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
     return template.render(
+        adjoint=adjoint_context(adjoint) if adjoint is not None else None,
         order=order,
         checks=check_ids(scheme, exact=order.order is None),
         plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,

@@ -1,7 +1,7 @@
 """Pointwise activations of the feed-forward operator.
 
 ReLU is not typed in: it is the projection onto ``S_2 = {u ≥ 0}`` derived from its KKT
-conditions. The others are pointwise maps, not projections (MODEL.md §6).
+conditions. The others are pointwise maps, not projections (docs/model.md §6).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ ACTIVATIONS = {
     "gelu": lambda: Activation("gelu", _v * (1 + sp.erf(_v / sp.sqrt(2))) / 2, "exact GELU, a pointwise map"),
     "silu": lambda: Activation("silu", _v / (1 + sp.exp(-_v)), "SiLU (swish), a pointwise map"),
     "tanh": lambda: Activation("tanh", sp.tanh(_v), "hyperbolic tangent, a pointwise map"),
+    "gelu-tanh": lambda: Activation(
+        "gelu-tanh", _v * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (_v + sp.Rational(44715, 10**6) * _v**3))) / 2,
+        "GELU with the tanh approximation (GPT-2's gelu_new), a pointwise map"),
 }
 
 

@@ -4,7 +4,7 @@ A set constrains, for every token, the feature components ``u_k`` of a field:
 
 - ``Moment(φ, value, ψ)``: the mean ``(Σ_k φ(u_k) + ψ(g))/N = value``, with ``φ`` at most
   quadratic in ``u`` (the symbol ``U``); ``ψ`` is the ghost coordinate's share (symbol ``G``),
-  used to carry LayerNorm's ε (MODEL.md §6);
+  used to carry LayerNorm's ε (docs/model.md §6);
 - ``Bound(h)``: ``h(u_k) ≥ 0`` for every component, ``h`` affine in ``u``.
 
 ``Statistic`` names the per-token means the closed form is written in (``α = mean v``,

@@ -21,18 +21,32 @@ from collections.abc import Mapping
 
 import sympy as sp
 
-from .domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES, X, X_KEY, Y
+from .domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, PAIR, TOKENS, VARIABLES, X,
+    X_KEY, X_MEMORY, Y,
+)
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .operators import STATE, SUPPORT, Operator
+from .cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
+from .rotary_attention import POSITIONS
 from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["derive", "UNIT_SPACINGS"]
+__all__ = ["derive", "UNIT_SPACINGS", "INPUT_FIELDS"]
+
+#: Fields an operator may read besides the state and the support χ: name → (LaTeX, grid
+#: indices, role). Each becomes an input of the emitted code when some operator reads it.
+INPUT_FIELDS = {
+    POSITIONS: ("p", (X.index,), "positions"),
+    MEMORY_FIELD: ("m", (X_MEMORY.index, Y.index), "memory"),
+    MEMORY_SUPPORT: (r"\chi_m", (X.index, X_MEMORY.index), "support"),
+}
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
-UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN)}
+UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
+                                                                 GROUP, PAIR, FREQUENCIES, KV_FEATURES)}
 
 
 class _Deriver:
@@ -45,6 +59,7 @@ class _Deriver:
         self.memo: dict[tuple[str, str], str] = {}
         self.states = 0
         self.substeps = 0
+        self.cached: dict[str, str] = {}
         #: Every ``p`` such that some array is named ``p_…`` (a later evaluation must not reuse it).
         self.prefixes: set[str] = set()
         for operator in self.operators.values():
@@ -57,6 +72,9 @@ class _Deriver:
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
+        for name, (latex, indices, role) in INPUT_FIELDS.items():
+            if any(_reads(operator, name) for operator in self.operators.values()):
+                self.tensors[name] = Tensor(name, latex, indices, role)
 
     # -- names -------------------------------------------------------------------------
     def declare(self, tensor: Tensor) -> None:
@@ -95,7 +113,8 @@ class _Deriver:
         prefix = key if count == 1 else f"{key}{count}"
         while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
-        arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT)}
+        arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
+                  **{name: sp.IndexedBase(name) for name in INPUT_FIELDS}}
         absorbed = {}
         for parameter in operator.parameters():
             arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")
@@ -127,6 +146,9 @@ class _Deriver:
                 quadrature=equation(lhs, quadrature, names),
             ))
         output = str(assignments[-1].lhs.base.label)
+        if self.scheme.causal and operator.uses_support():
+            for function in _key_side(operator):
+                self.cached[f"{prefix}_{function}"] = f"{key}.{function}" if count == 1 else f"{key}{count}.{function}"
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
     def latex_names(self) -> Mapping[str, str]:
@@ -227,6 +249,26 @@ class _Deriver:
         return discrete, rule, f"{method.title} of " + " + ".join(field.operator for field in step.fields)
 
 
+def _key_side(operator: Operator) -> list[str]:
+    """The operator's own fields of a token ``x`` read at the key position ``x̃`` (keys and
+    values): what a causal token integral at a new token needs of every earlier token."""
+    own = {definition.function: definition.arguments for definition in operator.definitions()}
+    found = []
+    for definition in operator.definitions():
+        for applied in sorted(definition.rhs.atoms(sp.core.function.AppliedUndef), key=sp.default_sort_key):
+            name = applied.func.__name__
+            if name in own and X in own[name] and applied.args[own[name].index(X)] == X_KEY.symbol \
+                    and name not in found:
+                found.append(name)
+    return found
+
+
+def _reads(operator: Operator, function: str) -> bool:
+    """Whether the continuous definitions of ``operator`` read the input field ``function``."""
+    return any(applied.func.__name__ == function for definition in operator.definitions()
+               for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
+
+
 def _solver_label(step: Substep) -> str:
     on = f" on Proj({step.on})" if step.on else ""
     fraction = "" if step.fraction == 1 else f", fraction {step.fraction}"
@@ -247,6 +289,6 @@ def derive(scheme: Scheme) -> Program:
         r"kernels absorb the quadrature weights, so the score scale $|\Omega_e|^{-1/2}\Delta e$ becomes $1/\sqrt{N_e}$.",
         r"The token spacing $\Delta x$ cancels between the kernel $\gamma$ and its normalizing integral: "
         r"the discrete kernel is the row-wise softmax.",
-        r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (MODEL.md §3).",
+        r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (docs/model.md §3).",
     ]
-    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes)
+    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached)

@@ -14,6 +14,8 @@ import sympy as sp
 __all__ = [
     "Domain", "Variable", "TOKENS", "FEATURES", "HEADS", "HEAD_FEATURES", "HIDDEN",
     "X", "X_KEY", "ETA", "Y", "XI", "H", "E", "ZETA", "VARIABLES",
+    "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "MEMORY",
+    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY",
 ]
 
 
@@ -63,6 +65,20 @@ HEAD_FEATURES = _domain("e", "N_e", "d_head", "features of one head")
 HIDDEN = _domain("z", "N_z", "d_ff", "hidden features of the feed-forward operator")
 
 
+#: Grouped-query attention: the query heads are the product of a coarser key/value head
+#: grid and the members of each group (head ``h = g·N_s + s``, transformers' repeat_kv).
+KV_HEADS = _domain("g", "N_g", "n_kv_heads", "key/value heads (grouped-query attention)")
+GROUP = _domain("s", "N_s", "n_rep", "query heads sharing one key/value head")
+#: Rotary position embedding: a head's features are pairs ``e = c·N_r + r`` (rotate_half's
+#: layout), ``c ∈ {0, 1}`` the component and ``r`` the frequency of the pair.
+PAIR = Domain("c", sp.Integer(2), sp.Symbol(r"\Delta c", positive=True), "2", "the two components of a rotated pair")
+FREQUENCIES = _domain("r", "N_r", "d_half", "rotation frequencies of a head (half its features)")
+#: Features of all key/value heads (the canonical layout of ``W_k``, ``W_v``).
+KV_FEATURES = _domain("kv", "N_kv", "d_kv", "features of all key/value heads")
+#: The memory a decoder's cross-attention reads: its own token domain.
+MEMORY = _domain("m", "N_m", "n_memory", "memory token positions (cross-attention)")
+
+
 def _variable(name: str, domain: Domain, index: str) -> Variable:
     return Variable(sp.Symbol(name, real=True), domain, sp.Idx(index, domain.size))
 
@@ -77,4 +93,12 @@ XI = _variable(r"\xi", FEATURES, "k")
 H = _variable("h", HEADS, "m")
 E = _variable("e", HEAD_FEATURES, "e")
 ZETA = _variable(r"\zeta", HIDDEN, "z")
-VARIABLES = {variable.symbol: variable for variable in (X, X_KEY, ETA, Y, XI, H, E, ZETA)}
+G = _variable("g", KV_HEADS, "g")
+S = _variable("s", GROUP, "s")
+C = _variable("c", PAIR, "c")
+C_IN = _variable(r"\tilde{c}", PAIR, "p")
+R = _variable("r", FREQUENCIES, "r")
+X_MEMORY = _variable(r"\hat{x}", MEMORY, "t")
+ETA_MEMORY = _variable(r"\hat{\eta}", MEMORY, "o")
+VARIABLES = {variable.symbol: variable for variable in (X, X_KEY, ETA, Y, XI, H, E, ZETA, G, S, C, C_IN, R,
+                                                       X_MEMORY, ETA_MEMORY)}

@@ -11,17 +11,32 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from .latex import unicode_text
 from .scheme import Parallel, RungeKutta, Scheme, Sequence
 
-__all__ = ["Term", "equation_terms", "equation_latex", "MASTER_EQUATION"]
+__all__ = ["Term", "Equation", "equation_terms", "equation_latex", "equation_text", "scheme_equation", "MASTER_EQUATION"]
 
-#: The paper's equation (MODEL.md §2), with the subdifferential sign corrected.
+#: The paper's master equation (docs/model.md §2), with the subdifferential sign corrected.
 MASTER_EQUATION = (
     r"u_t = \left\langle \gamma(x,\cdot,t;u),\, V(\cdot,y,t;u) \right\rangle_{\Omega_x}"
     r" - \partial I_{S_1(\sigma_1(t),\sigma_2(t))}(u)"
     r" + \sum_j \left( \left\langle W_j(\cdot,y,t),\, u(x,\cdot,t) \right\rangle_{\Omega_y} + b_j(y,t) \right)"
     r" - \partial I_{S_2}(u)"
 )
+
+
+@dataclass(frozen=True)
+class Equation:
+    """The equation a scheme discretizes: LaTeX for notebooks, plain text for terminals."""
+
+    latex: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_latex_(self) -> str:
+        return f"$$ {self.latex} $$"
 
 
 @dataclass(frozen=True)
@@ -64,3 +79,22 @@ def equation_latex(scheme: Scheme) -> str:
         parts.append(text)
     text = " ".join(parts)
     return "u_t = " + text.removeprefix("+ ")
+
+
+def equation_text(scheme: Scheme) -> str:
+    """``u_t = …`` in plain text: ``attn(u) + ffn(Proj[norm2](u)) − ∂I_S₁[norm1](u)``."""
+    operators = scheme.instantiate()
+    parts = []
+    for term in equation_terms(scheme):
+        argument = "u" if term.on is None else f"Proj[{term.on}](u)"
+        if term.projection:
+            constraint = unicode_text(operators[term.operator].constraint).replace("_", "")
+            parts.append(f"− ∂I_{constraint}[{term.operator}]({argument})")
+        else:
+            coefficient = "" if term.coefficient == 1 else f"{term.coefficient}·"
+            parts.append(f"+ {coefficient}{term.operator}({argument})")
+    return "u_t = " + " ".join(parts).removeprefix("+ ")
+
+
+def scheme_equation(scheme: Scheme) -> Equation:
+    return Equation(equation_latex(scheme), equation_text(scheme))

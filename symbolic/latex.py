@@ -1,16 +1,21 @@
-"""LaTeX that renders on code-hosting sites: short index names and ``∫_Ω`` integrals."""
+"""LaTeX that renders on code-hosting sites, and its plain-text counterparts.
+
+``to_latex``/``equation`` print formulas with short index names and ``∫_Ω`` integrals;
+``align`` stacks them into one ``align*`` environment; ``plain_text`` prints an expression
+for a terminal (no LaTeX: ``Δt``, not ``\\Delta t``).
+"""
 
 from __future__ import annotations
 
+import re
 from collections import ChainMap
-
 from collections.abc import Mapping
 
 import sympy as sp
 from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 
-__all__ = ["to_latex", "equation"]
+__all__ = ["to_latex", "equation", "align", "text_latex", "plain_text", "unicode_text"]
 
 
 class _MathPrinter(LatexPrinter):
@@ -73,3 +78,61 @@ def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
 def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:
     """``lhs = rhs`` in LaTeX, without SymPy deciding whether the two are equal (slow)."""
     return f"{to_latex(lhs, names)} = {to_latex(rhs, names)}"
+
+
+#: LaTeX macros of symbol names and their plain-text letters.
+_UNICODE = {
+    r"\Delta": "Δ", r"\alpha": "α", r"\beta": "β", r"\gamma": "γ", r"\sigma": "σ", r"\varepsilon": "ε",
+    r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
+}
+_SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+#: Characters of plain titles and their LaTeX in math mode.
+_MATH_CHARACTERS = {"×": r"\times", "Δ": r"\Delta", "ε": r"\varepsilon", "σ": r"\sigma", "α": r"\alpha",
+                    "β": r"\beta", "γ": r"\gamma", "→": r"\to", "≥": r"\ge", "≤": r"\le", "−": "-", "·": r"\cdot"}
+_TEXT_ESCAPES = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
+                 "{": r"\{", "}": r"\}", "^": r"\^{}", "~": r"\~{}", "–": "--", "—": "---"}
+
+
+def unicode_text(text: str) -> str:
+    r"""LaTeX macros of symbol names as letters: ``\Delta t`` → ``Δt``, ``\sigma_1`` → ``σ₁``."""
+    text = re.sub(r"\\math(?:cal|rm|bf|it)\{([^{}]*)\}", r"\1", text)
+    for macro, letter in sorted(_UNICODE.items(), key=lambda item: -len(item[0])):
+        text = re.sub(re.escape(macro) + r"(?![A-Za-z])(?: (?=\w))?", letter, text)
+    text = re.sub(r"([\u0391-\u03c9])_\{?([0-9]+)\}?",
+                  lambda match: match.group(1) + match.group(2).translate(_SUBSCRIPTS), text)
+    return text
+
+
+def plain_text(expr: sp.Basic) -> str:
+    """One line of plain text for ``expr``: SymPy's string form, Greek letters for macros."""
+    return unicode_text(sp.sstr(expr))
+
+
+def text_latex(text: str) -> str:
+    r"""A plain title as LaTeX (math mode): ``\text{…}`` pieces, symbols such as ``×`` as macros."""
+    pieces, current = [], ""
+    for character in text:
+        if character in _MATH_CHARACTERS:
+            if current:
+                pieces.append(r"\text{" + current + "}")
+                current = ""
+            pieces.append(_MATH_CHARACTERS[character] + " ")
+        else:
+            current += _TEXT_ESCAPES.get(character, character)
+    if current:
+        pieces.append(r"\text{" + current + "}")
+    return "".join(pieces).strip()
+
+
+def align(rows: list[tuple[str, str]]) -> str:
+    r"""One ``align*`` environment: each row is ``("equation", "lhs = rhs")`` (aligned at the
+    first ``=``) or ``("text", "a plain title")`` (set as text after the alignment point)."""
+    lines = []
+    for kind, content in rows:
+        if kind == "text":
+            lines.append(r"&" + text_latex(content))
+        elif " = " in content:
+            lines.append(content.replace(" = ", " &= ", 1))
+        else:
+            lines.append("&" + content)
+    return "\\begin{align*}\n" + " \\\\\n".join(lines) + "\n\\end{align*}"

@@ -33,7 +33,8 @@ MODULE_ATTRIBUTES = frozenset({
     "train", "training", "type", "xpu", "zero_grad",
     # the emitted Block and Stack
     "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
-    "reset_parameters", "n_layers",
+    "reset_parameters", "n_layers", "dropout", "batch_first", "n_kv_heads", "rope_theta", "backward_mode",
+    "smart_apply",  # added to torch.nn.Module once transformers is imported
 })
 
 

@@ -21,6 +21,7 @@ activation, others come from the scheme file (``ffn = { kind = "…", bias = fal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -98,6 +99,8 @@ class Operator:
     is_projection: ClassVar[bool] = False
     #: For a projection: the LaTeX of the constraint set.
     constraint: ClassVar[str] = ""
+    #: Definitions (besides the output) a training-mode torch forward applies dropout to.
+    dropout_sites: ClassVar[tuple[str, ...]] = ()
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError
@@ -217,6 +220,7 @@ class FeedForward(Operator):
     bias: bool = True
     kind: ClassVar[str] = "feed-forward"
     symbol: ClassVar[str] = r"\mathcal{F}"
+    dropout_sites: ClassVar[tuple[str, ...]] = ("s",)  # torch's dropout after the activation
 
     def parameters(self) -> tuple[Parameter, ...]:
         parameters = (
@@ -319,6 +323,9 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
     kind = getattr(cls, "kind", None)
     if not isinstance(kind, str) or not kind:
         raise SplitformerError(f"register_operator: {cls.__name__} has no 'kind' name")
+    if len(kind) > 64 or not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", kind):
+        raise SplitformerError(f"register_operator: {cls.__name__}.kind {kind[:64]!r} is not a kind name "
+                               "(lower-case words joined by '-', at most 64 characters)")
     if OPERATOR_KINDS.get(kind, cls) is not cls:
         raise SplitformerError(f"register_operator: operator kind {kind!r} is already registered")
     OPERATOR_KINDS[kind] = cls
@@ -330,3 +337,4 @@ for _builtin in (Attention, FeedForward, LayerNorm):
 
 # Built-in kinds defined through the public API, each in its own module, registered on import.
 from . import gated_feed_forward, paper_operators, rms_norm  # noqa: E402,F401
+from . import cross_attention, rotary_attention  # noqa: E402,F401

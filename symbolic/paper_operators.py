@@ -1,4 +1,4 @@
-"""The operator kinds of the paper's own Lie scheme (MODEL.md §3): its feed-forward layers.
+"""The operator kinds of the paper's own Lie scheme (docs/model.md §3): its feed-forward layers.
 
 The paper writes the feed-forward part as ``J`` linear layers on one feature domain, each an
 explicit Euler step of an affine integral operator, with the projection onto

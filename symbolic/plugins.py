@@ -45,7 +45,7 @@ def load_plugin(path: str | Path) -> ModuleType:
     except SplitformerError as error:
         del sys.modules[name]
         raise SplitformerError(f"--load {path}: {error}") from None
-    except Exception as error:  # a user's file: any failure is reported in one line  # noqa: BLE001
+    except (Exception, SystemExit) as error:  # a user's file: any failure is reported in one line  # noqa: BLE001
         del sys.modules[name]
         raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
     return module

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from .domains import Domain
+from .latex import align, plain_text
 
 __all__ = ["LatexNames", "Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
 
@@ -37,8 +38,9 @@ class Tensor:
 
     ``role`` is ``input`` (the state entering the block), ``state``, ``temp``, ``param``
     (a learned control; ``parameter`` is its canonical name and ``shape`` its canonical
-    layout) or ``support`` (the mask indicator χ). Every role but ``param`` has a leading
-    batch axis in emitted code.
+    layout), ``gradient`` (the adjoint of a control, laid out like it) or ``support`` (the
+    mask indicator χ). Every role but ``param`` and ``gradient`` has a leading batch axis
+    in emitted code.
     """
 
     name: str
@@ -51,7 +53,7 @@ class Tensor:
 
     @property
     def batched(self) -> bool:
-        return self.role != "param"
+        return self.role not in ("param", "gradient")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,24 @@ class SubstepRecord:
         ordered = [assignment for evaluation in self.evaluations for assignment in evaluation.assignments]
         return ordered + ([self.update] if self.update is not None else [])
 
+    def rows(self) -> list[tuple[str, str]]:
+        """The title, the time rule and every assignment, as rows of ``latex.align``."""
+        return [("text", self.title), ("equation", self.rule),
+                *(("equation", assignment.quadrature) for assignment in self.assignments)]
+
+    def latex(self) -> str:
+        return align(self.rows())
+
+    def text(self) -> str:
+        """The title and every assignment in index notation, plain text."""
+        return "\n".join([self.title, *(f"    {a.lhs} = {plain_text(a.rhs)}" for a in self.assignments)])
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_latex_(self) -> str:
+        return self.latex()
+
 
 @dataclass
 class Program:
@@ -103,6 +123,8 @@ class Program:
     records: list[SubstepRecord]
     output: str
     notes: list[str] = field(default_factory=list)
+    #: Key-side fields kept for incremental decoding: array name → cache key (``attn_k`` → ``attn.k``).
+    cached: dict[str, str] = field(default_factory=dict)
 
     @property
     def assignments(self) -> list[Assignment]:
@@ -114,3 +136,20 @@ class Program:
 
     def parameters(self) -> list[Tensor]:
         return [tensor for tensor in self.tensors.values() if tensor.role == "param"]
+
+    def latex(self, equation: str | None = None) -> str:
+        """One ``align*`` environment: the equation (when given), then every substep."""
+        rows = [("equation", equation)] if equation else []
+        return align(rows + [row for record in self.records for row in record.rows()])
+
+    def text(self) -> str:
+        return "\n".join(record.text() for record in self.records)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"<Program {self.name}: {len(self.records)} substeps, {len(self.assignments)} assignments>"
+
+    def _repr_latex_(self) -> str:
+        return self.latex()

@@ -4,7 +4,7 @@ A continuous expression is built from applied functions of grid variables (``u(x
 integrals over whole domains (``∫_{Ω_y} … dξ``) and domain measures ``|Ω|``. The rules:
 
 - ``∫_Ω f(ξ) dξ  →  Δ Σ_k f_k`` (rectangle rule on a uniform grid);
-- ``|Ω| → N Δ``;
+- ``|Ω| → N Δ``; a coordinate used as a value (``θ^{−2r/|Ω_e|}``) → ``k Δ`` at grid point ``k``;
 - ``f(x, ξ) → f[i, k]`` for a field; a *kernel* stores its values times the spacings of the
   variables it is integrated against, ``K[i, k] = Δξ K(x_i, ξ_k)``, so the quadrature
   weight is absorbed into the learned (or derived) array.
@@ -63,6 +63,9 @@ class Grid:
         if isinstance(expr, AppliedUndef):
             return self._sample(expr)
         if isinstance(expr, sp.Symbol):
+            if expr in self.variables:
+                variable = self.variables[expr]
+                return variable.index * variable.domain.spacing
             for variable in self.variables.values():
                 if expr == variable.domain.measure:
                     return variable.domain.size * variable.domain.spacing

@@ -31,16 +31,22 @@ def layer_norm(x: sp.Matrix, p: Params, name: str, eps: sp.Expr) -> sp.Matrix:
     return out
 
 
-def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn") -> sp.Matrix:
-    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017)."""
+def attention(x: sp.Matrix, p: Params, n_heads: int, key: str = "attn", causal: bool = False,
+              memory: sp.Matrix | None = None) -> sp.Matrix:
+    """Concat_m softmax(Q_m K_mᵀ / √d_h) V_m, then W^O (Vaswani et al. 2017); ``causal``: keys j ≤ i only;
+    ``memory``: keys and values from it (cross-attention)."""
     n, d = x.shape
     width = d // n_heads
-    q, k, v = (x * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], n) for c in "qkv")
+    source = x if memory is None else memory
+    q = x * p[f"{key}.W_q"] + _rows(p[f"{key}.b_q"], n)
+    k, v = (source * p[f"{key}.W_{c}"] + _rows(p[f"{key}.b_{c}"], source.shape[0]) for c in "kv")
     heads = []
     for m in range(n_heads):
         columns = slice(m * width, (m + 1) * width)
         scores = q[:, columns] * k[:, columns].T / sp.sqrt(width)
-        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in range(n)))
+        keys = [range(i + 1) if causal else range(source.shape[0]) for i in range(n)]
+        weights = sp.Matrix(n, source.shape[0], lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in keys[i])
+                            if j in keys[i] else 0)
         heads.append(weights * v[:, columns])
     return sp.Matrix.hstack(*heads) * p[f"{key}.W_o"] + _rows(p[f"{key}.b_o"], n)
 
@@ -65,6 +71,79 @@ def _macaron(x, p, heads, eps, act):
     x = layer_norm(x + half * feed_forward(x, p, act, "ffn_pre"), p, "norm1", eps)
     x = layer_norm(x + attention(x, p, heads), p, "norm2", eps)
     return layer_norm(x + half * feed_forward(x, p, act, "ffn_post"), p, "norm3", eps)
+
+
+def _gpt2(x, p, heads, eps, act):
+    """Radford et al. 2019: pre-LN with causal self-attention."""
+    x = x + attention(layer_norm(x, p, "norm1", eps), p, heads, causal=True)
+    return x + feed_forward(layer_norm(x, p, "norm2", eps), p, act)
+
+
+def rms_norm(x: sp.Matrix, p: Params, name: str, eps: sp.Expr) -> sp.Matrix:
+    """x / √(mean x² + ε) · g (Zhang and Sennrich 2019)."""
+    n, d = x.shape
+    return sp.Matrix(n, d, lambda i, k: x[i, k] / sp.sqrt(sum(x[i, t] ** 2 for t in range(d)) / d + eps)
+                     * p[f"{name}.gain"][k])
+
+
+def rotary(x: sp.Matrix, head_width: int, theta: sp.Expr, positions: sp.Matrix) -> sp.Matrix:
+    """RoPE: ``x cos + rotate_half(x) sin`` per head at the tokens' positions (Su et al. 2021;
+    transformers' layout: feature r of a head pairs with r + d_head/2)."""
+    n, width = x.shape
+    half = head_width // 2
+
+    def entry(i, column):
+        head, e = divmod(column, head_width)
+        r = e % half
+        angle = positions[i] * theta ** (-sp.Rational(2 * r, head_width))
+        partner = head * head_width + (e + half) % head_width
+        rotated_half = x[i, partner] * sp.sin(angle)
+        return x[i, column] * sp.cos(angle) + (-rotated_half if e < half else rotated_half)
+
+    return sp.Matrix(n, width, entry)
+
+
+def grouped_attention(x: sp.Matrix, p: Params, n_heads: int, theta: sp.Expr, key: str = "attn") -> sp.Matrix:
+    """Causal attention with rotary positions, query head h reading key/value head h // n_rep (Ainslie et al. 2023)."""
+    n, d = x.shape
+    width = d // n_heads
+    n_rep = n_heads // (p[f"{key}.W_k"].shape[1] // width)
+    q, k = (rotary(x * p[f"{key}.W_{c}"], width, theta, p["positions"]) for c in "qk")
+    v = x * p[f"{key}.W_v"]
+    heads = []
+    for m in range(n_heads):
+        columns, shared = slice(m * width, (m + 1) * width), slice((m // n_rep) * width, (m // n_rep + 1) * width)
+        scores = q[:, columns] * k[:, shared].T / sp.sqrt(width)
+        weights = sp.Matrix(n, n, lambda i, j: sp.exp(scores[i, j]) / sum(sp.exp(scores[i, t]) for t in range(i + 1))
+                            if j <= i else 0)
+        heads.append(weights * v[:, shared])
+    return sp.Matrix.hstack(*heads) * p[f"{key}.W_o"]
+
+
+def swiglu(x: sp.Matrix, p: Params, activation: Callable, key: str = "ffn") -> sp.Matrix:
+    """(act(x W_1) ⊙ x W_3) W_2 (Shazeer 2020)."""
+    gated = (x * p[f"{key}.W_1"]).applyfunc(activation).multiply_elementwise(x * p[f"{key}.W_3"])
+    return gated * p[f"{key}.W_2"]
+
+
+def _llama(x, p, heads, eps, act, theta=10000):
+    """Touvron et al. 2023: RMSNorm pre-norm, rotary grouped-query causal attention, SwiGLU
+    (``p["positions"]``: the tokens' positions)."""
+    x = x + grouped_attention(rms_norm(x, p, "norm1", eps), p, heads, theta)
+    return x + swiglu(rms_norm(x, p, "norm2", eps), p, act)
+
+
+def _decoder(x, p, heads, eps, act):
+    """Vaswani et al. 2017, post-LN: causal self-attention, cross-attention to ``p["memory"]``, feed-forward."""
+    x = layer_norm(x + attention(x, p, heads, causal=True), p, "norm1", eps)
+    x = layer_norm(x + attention(x, p, heads, "cross", memory=p["memory"]), p, "norm2", eps)
+    return layer_norm(x + feed_forward(x, p, act), p, "norm3", eps)
+
+
+def _decoder_pre_ln(x, p, heads, eps, act):
+    x = x + attention(layer_norm(x, p, "norm1", eps), p, heads, causal=True)
+    x = x + attention(layer_norm(x, p, "norm2", eps), p, heads, "cross", memory=p["memory"])
+    return x + feed_forward(layer_norm(x, p, "norm3", eps), p, act)
 
 
 def _parallel(x, p, heads, eps, act):
@@ -100,7 +179,8 @@ def _rk2(x, p, heads, eps, act):
 
 REFERENCES = {
     "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "parallel": _parallel,
-    "symmetric-parallel": _symmetric_parallel, "rk2": _rk2,
+    "symmetric-parallel": _symmetric_parallel, "rk2": _rk2, "gpt2": _gpt2, "llama": _llama,
+    "decoder": _decoder, "decoder-pre-ln": _decoder_pre_ln,
 }
 
 

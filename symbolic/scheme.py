@@ -9,7 +9,7 @@ import sympy as sp
 
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS, Operator
+from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
@@ -24,6 +24,26 @@ SOLVERS = {
 def operator_options(cls: type[Operator]) -> dict[str, object]:
     """The options an operator kind takes (its dataclass fields after ``key``) and their defaults."""
     return {f.name: f.default for f in fields(cls) if f.name != "key"}
+
+
+def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operator:
+    """Build an operator and call its protocol methods once, so a faulty kind (a user's,
+    loaded with ``--load``) fails here in one ``SplitformerError`` line, not deep in a derivation."""
+    try:
+        operator = cls(key, **options)
+        parameters, definitions = operator.parameters(), operator.definitions()
+    except SplitformerError:
+        raise
+    except Exception as error:  # a user's code: any failure is reported in one line  # noqa: BLE001
+        raise SplitformerError(f"{where}: {type(error).__name__}: {error}") from None
+    for method, result, item in (("parameters", parameters, Parameter), ("definitions", definitions, Definition)):
+        wrong = [entry for entry in result if not isinstance(entry, item)] if isinstance(result, (tuple, list)) else [result]
+        if wrong:
+            raise SplitformerError(f"{where}: {method}() must return a tuple of {item.__name__}, "
+                                   f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
+    if not definitions:
+        raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
+    return operator
 
 
 @dataclass(frozen=True)
@@ -82,14 +102,21 @@ class Scheme:
     #: Claimed orders (``order``, ``splitting_order``), checked by ``splitformer check``.
     claims: dict[str, int] = field(default_factory=dict)
     source: str = field(default="", compare=False)
+    #: The activation the scheme file declares (``gelu-tanh`` for gpt2); another one is
+    #: appended to the module name.
+    declared_activation: str = "relu"
+    #: The self-attention's token integral is restricted to ``x̃ ≤ x`` unless the caller
+    #: says otherwise (the default of the emitted ``causal`` argument).
+    causal: bool = False
     #: Options of the operators by key (``{"ffn": {"bias": False}}``); see ``operator_options``.
     options: dict[str, dict] = field(default_factory=dict)
 
     @property
     def module_name(self) -> str:
-        """``post-ln`` → ``post_ln``; a non-default activation is appended (``pre_ln_gelu``)."""
+        """``post-ln`` → ``post_ln``; an activation other than the declared one is appended (``pre_ln_gelu``)."""
         base = self.name.replace("-", "_")
-        return base if self.activation == "relu" else f"{base}_{self.activation}"
+        suffix = self.activation.replace("-", "_")
+        return base if self.activation == self.declared_activation else f"{base}_{suffix}"
 
     def with_activation(self, name: str) -> "Scheme":
         lookup_activation(name)
@@ -99,6 +126,17 @@ class Scheme:
         from .equation import equation_latex
 
         return f"$\\displaystyle {equation_latex(self)}$"
+
+    def _repr_markdown_(self) -> str:
+        from .equation import equation_latex
+
+        claims = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in self.claims.items())
+        lines = [f"**`{self.name}`**: {self.summary}", "", f"$$ {equation_latex(self)} $$", "",
+                 f"activation `{self.activation}`" + (", final LayerNorm" if self.final_norm else "")
+                 + (f"; claims {claims}" if claims else ""), ""]
+        if self.source:
+            lines += ["```toml", self.source.rstrip("\n"), "```"]
+        return "\n".join(lines)
 
     def instantiate(self) -> dict[str, Operator]:
         """The operator objects, keyed by their names in the scheme."""
@@ -119,7 +157,7 @@ class Scheme:
             required = [name for name, default in allowed.items() if default is MISSING and name not in options]
             if required:
                 raise SplitformerError(f"scheme {self.name!r}: operator {key!r} ({kind}) needs the option {required[0]!r}")
-            result[key] = cls(key, **options)
+            result[key] = _checked(cls, key, options, f"scheme {self.name!r}: operator {key!r} ({kind})")
         return result
 
     def substeps(self) -> list[Substep]:
@@ -145,6 +183,9 @@ class Scheme:
         if not self.substeps():
             raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
         for step in self.substeps():
+            if step.solver not in SOLVERS:
+                raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "
+                                       f"(known: {', '.join(SOLVERS)})")
             for key in (step.operator, step.on):
                 if key is not None and key not in operators:
                     raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")

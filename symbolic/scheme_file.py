@@ -7,6 +7,8 @@ numbers are small exact fractions, and files, nesting and compositions are bound
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import tomllib
 from dataclasses import MISSING
@@ -33,7 +35,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order", "tableaux"}
+             "order", "splitting_order", "tableaux", "causal"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -102,6 +104,10 @@ class _Reader:
             operators=operators,
             body=body,
             activation=activation,
+            # built-in files name their module without the activation (gpt2, llama); a user's file
+            # keeps CONTRACT's rule: any activation but relu is appended
+            declared_activation=activation if self.where.startswith("built-in scheme") else "relu",
+            causal=self.typed(document, "causal", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,
@@ -140,8 +146,10 @@ class _Reader:
                 kind = self.typed(kind, "kind", str, path)
             if not isinstance(kind, str):
                 raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
-            if kind not in OPERATOR_KINDS:
-                raise self.fail(path, f"unknown operator {kind!r} (known: {', '.join(sorted(OPERATOR_KINDS))})")
+            block_kinds = sorted(name for name, cls in OPERATOR_KINDS.items() if not getattr(cls, "model_only", False))
+            if kind not in block_kinds:
+                vision = " (a vision model operator: use it in a model file)" if kind in OPERATOR_KINDS else ""
+                raise self.fail(path, f"unknown operator {kind!r}{vision} (known: {', '.join(block_kinds)})")
             if key in options:
                 self.options(OPERATOR_KINDS[kind], options[key], path)
             result[key] = kind
@@ -153,6 +161,8 @@ class _Reader:
         for name, value in options.items():
             if name not in allowed:
                 raise self.fail(f"{path}.{name}", f"unknown option of {cls.kind!r} (options: {', '.join(allowed) or 'none'})")
+            if isinstance(value, float) and not math.isfinite(value):  # it would reach the code as `oo`, `nan`
+                raise self.fail(f"{path}.{name}", f"{value} is not a finite number")
             if name == "activation":
                 if not isinstance(value, str) or value not in ACTIVATIONS:
                     raise self.fail(f"{path}.activation", f"unknown activation {value!r} (known: {', '.join(sorted(ACTIVATIONS))})")
@@ -281,8 +291,11 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     return _Reader(where).scheme(document, text)
 
 
-def load_scheme(name_or_path: str) -> Scheme:
+def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     """A built-in scheme by name, or a scheme file by path."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise SplitformerError(f"expected a scheme name or a path, got {type(name_or_path).__name__}")
+    name_or_path = os.fspath(name_or_path)
     if name_or_path in builtin_names():
         return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
     known = ", ".join(builtin_names())

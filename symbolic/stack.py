@@ -1,4 +1,4 @@
-"""What a stack of steps adds: the final projection of pre-LN stacks (MODEL.md §6)."""
+"""What a stack of steps adds: the final projection of pre-LN stacks (docs/model.md §6)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ module too), and a scheme file may define its own under ``[tableaux.NAME]``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -23,6 +24,8 @@ __all__ = ["Tableau", "make_tableau", "register_tableau", "tableau", "TABLEAUX",
 
 #: Orders are checked up to this many nodes; a method that passes all is reported at this order.
 MAX_ORDER = 6
+#: A tableau's name, as in scheme files: lower-case words joined by '-'.
+_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,16 @@ class Tableau:
     a: tuple[tuple[sp.Rational, ...], ...]
     b: tuple[sp.Rational, ...]
     label: str = ""
+
+    def __post_init__(self) -> None:
+        # Both reach generated code (comments, docstrings) and reports: one safe line each.
+        if not isinstance(self.name, str) or len(self.name) > 64 or not _NAME.fullmatch(self.name):
+            raise SplitformerError(f"{str(self.name)[:64]!r} is not a tableau name (lower-case words joined by '-', "
+                                   "at most 64 characters)")
+        if (not isinstance(self.label, str) or '"""' in self.label or "\\" in self.label
+                or not self.label.isprintable()):
+            raise SplitformerError(f"tableau {self.name!r}: label must be one printable line without backslashes "
+                                   "or triple quotes")
 
     @property
     def stages(self) -> int:

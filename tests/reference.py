@@ -87,8 +87,8 @@ def rk2(x, p, n_heads, eps):
     return x + 0.5 * (k1 + k2)
 
 
-def random_params(table, d, d_ff, rng, scale=0.5):
-    sizes = {"d": d, "d_ff": d_ff}
+def random_params(table, d, d_ff, rng, scale=0.5, **sizes):
+    sizes = {"d": d, "d_ff": d_ff, **sizes}
     return {name: rng.standard_normal(tuple(sizes[a] for a in axes)) * scale for name, axes in table.items()}
 
 

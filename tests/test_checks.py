@@ -40,6 +40,10 @@ def test_every_check_holds_for_the_builtins(report):
             "structure/attention/padding", "structure/post-ln/stack", "paper-lie/post-ln-exact"} <= ids
 
 
+def test_text_report_has_no_latex(report):
+    assert "\\" not in report.as_text()
+
+
 def test_reports_name_only_checks_that_exist(report):
     ids = {check.id for check in report.checks}
     for name in report.orders:
@@ -47,11 +51,12 @@ def test_reports_name_only_checks_that_exist(report):
 
 
 def test_orders_are_the_true_ones(report):
-    """MODEL.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
+    """docs/model.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
     expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "parallel": (1, 1),
-                "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "paper-lie": (1, 1)}
+                "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "gpt2": (1, 1), "llama": (1, 1),
+                "decoder": (1, 1), "decoder-pre-ln": (1, 1), "paper-lie": (1, 1)}
     assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
-    # Macaron's F_pre ≠ F_post: ½h²[F_post − F_pre, A] survives; tied, the splitting order is 2 (MODEL.md §9)
+    # Macaron's F_pre ≠ F_post: ½h²[F_post − F_pre, A] survives; tied, the splitting order is 2 (docs/model.md §9)
     assert report.orders["macaron"]["tied_splitting_order"] == 2
 
 
@@ -95,6 +100,7 @@ def test_plots_are_written(tmp_path, capsys):
     assert main(["check", "post-ln", "--plots", str(tmp_path), "--format", "markdown"]) == 0
     assert "| ✅ | `recovery/post-ln/symbolic`" in capsys.readouterr().out
     assert (tmp_path / "post_ln_convergence.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"  # every scheme overlaid
 
 
 # -- negative controls --------------------------------------------------------------------

@@ -16,8 +16,10 @@ from splitformer.symbolic import builtin_names, load_scheme
 from conftest import GENERATED, ROOT, import_path
 
 
-#: What ``make generate`` commits: every built-in, plus the ViT block (pre-LN with GELU).
-COMMITTED = [load_scheme(name) for name in builtin_names()] + [load_scheme("pre-ln").with_activation("gelu")]
+#: What ``make generate`` commits: every built-in, plus the ViT block (pre-LN with GELU) and
+#: the BERT block (post-LN with GELU).
+COMMITTED = [load_scheme(name) for name in builtin_names()] + [
+    load_scheme("pre-ln").with_activation("gelu"), load_scheme("post-ln").with_activation("gelu")]
 
 
 def _expected_files():

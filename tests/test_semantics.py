@@ -153,3 +153,33 @@ def test_a_user_file_named_like_a_builtin_is_checked_as_itself(tmp_path):
     ids = {check.id for check in report.checks}
     assert "semantics/macaron/emitted" in ids and "recovery/macaron/numeric" not in ids
     assert report.holds
+
+
+def test_gelu_tanh_and_pi_in_the_evaluator():
+    """GPT-2's activation (it holds √(2/π)), by hand and from the continuous definitions."""
+    scheme = load_scheme("pre-ln").with_activation("gelu-tanh")
+    with mpmath.workdps(50):
+        params = _exact(random_parameters(scheme, SIZES, 8))
+        u = np.frompyfunc(mpmath.mpf, 1, 1)(np.random.default_rng(9).standard_normal((SIZES.tokens, SIZES.features)))
+        semantics = Semantics(scheme, params, SIZES, MPMATH, eps=mpmath.mpf("1e-5"))
+        difference = KNOWN_KINDS["feed-forward"](semantics, "ffn", u) - evaluate_definitions(semantics, "ffn", u)
+        assert max(abs(value) for value in difference.flat) < mpmath.mpf(10) ** -45
+        # negative control: GELU's exact form differs from the tanh approximation by ~1e-4
+        exact = Semantics(scheme.with_activation("gelu"), params, SIZES, MPMATH, eps=mpmath.mpf("1e-5"))
+        gap = KNOWN_KINDS["feed-forward"](exact, "ffn", u) - KNOWN_KINDS["feed-forward"](semantics, "ffn", u)
+        assert max(abs(value) for value in gap.flat) > 1e-6
+
+
+@pytest.mark.parametrize("name, key, reads", [("llama", "attn", "inputs pos"), ("decoder", "cross", "inputs chi_m, mem")])
+def test_operators_the_evaluator_cannot_evaluate_are_skipped_with_the_reason(name, key, reads):
+    from splitformer.codegen.verification.scheme_checks import SKIPPED, scheme_checks
+    from splitformer.codegen.verification.semantics import unevaluable
+
+    scheme = load_scheme(name)
+    assert reads in unevaluable(scheme)[key]
+    checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
+    for what in ("derived", "emitted"):
+        check = checks[f"semantics/{name}/{what}"]
+        assert check.method == SKIPPED and key in check.detail and reads in check.detail
+    assert checks[f"structure/{name}/stack"].holds and checks[f"structure/{name}/stack"].method == "numeric"
+    assert unevaluable(load_scheme("gpt2")) == {}  # causal, gelu-tanh: evaluated

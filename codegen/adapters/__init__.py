@@ -1,27 +1,41 @@
-"""Weight adapters: source modules (torch, transformers, timm) → canonical parameters.
+"""Weight adapters: source modules (torch, transformers, timm) ↔ canonical parameters.
 
-Each source family lives in its own module of this package and registers its module
-classes by name with ``adapter``; ``from_torch``, ``from_hf`` and ``from_timm`` dispatch on
-the class name of what they are given, so none of them imports transformers or timm.
+Each source family lives in its own module of this package and registers, by class name,
+a *reader* with ``@adapter("hf", "BertLayer")`` (module → ``Adapted``) and a *writer* with
+``@writer("hf", "BertLayer")`` (``Adapted`` → the module's state dict). ``from_torch``,
+``from_hf`` and ``from_timm`` dispatch on the class name of what they are given, so none of
+them imports transformers or timm; ``to_torch`` dispatches on ``Adapted.source``.
+
+A reader reads the source's configuration and raises ``SplitformerError`` naming what the
+target scheme does not implement; it never guesses. Keyword expectations
+(``from_torch(layer, scheme="post-ln", eps=1e-5)``) are refused the same way when the source
+disagrees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .torch_encoder import from_torch as _from_torch_encoder
+from .adapted import Adapted
+from .arrays import dtype_notes, source_dtype
 
-__all__ = ["adapter", "from_torch", "from_hf", "from_timm", "ADAPTERS"]
+__all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "to_torch", "canonical",
+           "ADAPTERS", "WRITERS"]
 
-#: ``(library, class name) → function(module) → adapted``; filled by ``adapter``.
-ADAPTERS: dict[tuple[str, str], Callable[[Any], Any]] = {}
+#: ``(library, class name) → reader(module) → Adapted``; filled by ``adapter``.
+ADAPTERS: dict[tuple[str, str], Callable[[Any], Adapted]] = {}
+#: ``(library, class name) → writer(Adapted) → state dict``; filled by ``writer``.
+WRITERS: dict[tuple[str, str], Callable[[Adapted], dict[str, Any]]] = {}
+
+_EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
 
 
 def adapter(library: str, *class_names: str) -> Callable[[Callable], Callable]:
-    """Register ``function`` as the adapter of the named classes of ``library`` (torch, hf, timm)."""
+    """Register the reader of the named classes of ``library`` (``torch``, ``hf``, ``timm``)."""
 
     def register(function: Callable) -> Callable:
         for name in class_names:
@@ -31,28 +45,93 @@ def adapter(library: str, *class_names: str) -> Callable[[Callable], Callable]:
     return register
 
 
-def _dispatch(library: str, module: Any) -> Any:
+def writer(library: str, *class_names: str) -> Callable[[Callable], Callable]:
+    """Register the writer (``Adapted`` → source state dict) of the named classes."""
+
+    def register(function: Callable) -> Callable:
+        for name in class_names:
+            WRITERS[(library, name)] = function
+        return function
+
+    return register
+
+
+def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
     name = type(module).__name__
-    function = ADAPTERS.get((library, name))
-    if function is None:
+    reader = ADAPTERS.get((library, name))
+    if reader is None:
         known = ", ".join(sorted(cls for lib, cls in ADAPTERS if lib == library)) or "none"
         raise SplitformerError(f"no {library} adapter for {name} (supported: {known})")
-    return function(module)
+    dtype = expected.pop("dtype", None)
+    unknown = sorted(set(expected) - set(_EXPECTABLE))
+    if unknown:
+        raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype)")
+    adapted = reader(module)
+    for key, wanted in expected.items():
+        if wanted is not None and getattr(adapted, key) != wanted:
+            raise SplitformerError(f"{name} has {key}={getattr(adapted, key)!r}, asked for {key}={wanted!r}")
+    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module), source_dtype=source_dtype(module))
+    return adapted if dtype is None else adapted.astype(dtype)
 
 
-def from_torch(module: Any) -> Any:
-    """The canonical parameters of a torch module (``nn.TransformerEncoderLayer``, …)."""
-    return _dispatch("torch", module)
+def from_torch(module: Any, **expected: Any) -> Adapted:
+    """``Adapted`` of a torch module (``nn.TransformerEncoderLayer``, ``nn.TransformerEncoder``).
+
+    ``expected``: ``scheme``, ``activation``, ``n_heads``, ``eps``, ``bias`` the source must
+    have (a ``SplitformerError`` names a mismatch); ``dtype`` converts the parameters.
+    """
+    return _dispatch("torch", module, expected)
 
 
-def from_hf(module: Any) -> Any:
-    """The canonical parameters of a ``transformers`` module."""
-    return _dispatch("hf", module)
+def from_hf(module: Any, **expected: Any) -> Adapted:
+    """``Adapted`` of a ``transformers`` module (``BertLayer``, ``BertModel``, …); see ``from_torch``."""
+    return _dispatch("hf", module, expected)
 
 
-def from_timm(module: Any) -> Any:
-    """The canonical parameters of a ``timm`` module."""
-    return _dispatch("timm", module)
+def from_timm(module: Any, **expected: Any) -> Adapted:
+    """``Adapted`` of a ``timm`` module (ViT ``Block``, ``VisionTransformer``); see ``from_torch``."""
+    return _dispatch("timm", module, expected)
 
 
-adapter("torch", "TransformerEncoderLayer")(_from_torch_encoder)
+def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> dict[str, Any]:
+    """The source module's state dict holding ``params`` (load it with ``strict=True``).
+
+    ``params``: an ``Adapted``; or canonical parameters of the same source, ``like`` being
+    its ``Adapted``: one mapping, a list of mappings, or a generated ``Block``/``Stack``
+    (trained here). ``dtype``: the tensors' torch dtype (default: the source module's, so a
+    bfloat16 source gets bfloat16 tensors back).
+    """
+    if not isinstance(params, Adapted):
+        if like is None:
+            raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
+        layers, final_norm = canonical(params)
+        params = like.with_params(layers, final_norm if like.final_norm is not None else None)
+    function = WRITERS.get(params.source)
+    if function is None:
+        raise SplitformerError(f"no writer for {params.source[0]} {params.source[1]}")
+    state = function(params)
+    if dtype is None:
+        import torch
+
+        dtype = getattr(torch, params.source_dtype)
+    return {key: value.to(dtype) for key, value in state.items()}
+
+
+def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
+    """``(layers, final_norm)`` of canonical mappings from a mapping, a list, or a generated Block/Stack."""
+    if isinstance(params, Mapping):
+        return [params], None
+    if isinstance(params, (list, tuple)):
+        return list(params), None
+    if hasattr(params, "state_dict"):
+        state = {key: value.detach().cpu().numpy() for key, value in params.state_dict().items()}
+        if not hasattr(params, "layers"):
+            return [state], None
+        layers = [{key.split(".", 2)[2]: value for key, value in state.items() if key.startswith(f"layers.{i}.")}
+                  for i in range(len(params.layers))]
+        final = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith("final_norm.")}
+        return layers, final or None
+    raise SplitformerError(f"cannot read canonical parameters from {type(params).__name__}")
+
+
+from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder  # noqa: E402,F401  (each registers its readers and writers)

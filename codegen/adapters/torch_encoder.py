@@ -1,4 +1,10 @@
-"""``torch.nn.TransformerEncoderLayer`` → canonical parameters (NumPy arrays)."""
+"""``torch.nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder`` ↔ canonical parameters.
+
+``norm_first=False`` is the ``post-ln`` scheme, ``norm_first=True`` ``pre-ln``; the activation
+is ReLU, exact GELU, SiLU or tanh. Refused, each with its own message: another activation (tanh-GELU
+included), LayerNorms without affine parameters or with different ε, a mix of biased and
+bias-less parts, ``add_bias_kv``/``add_zero_attn`` attention, and stacks whose layers differ.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +12,102 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["from_torch"]
+from splitformer.symbolic.errors import SplitformerError
+
+from . import adapter, writer
+from .adapted import Adapted
+from .arrays import array, linear_weight
+from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
+                     stack_state, state_dict, zero_bias)
+
+__all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
 
 
-def _array(tensor: Any) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
-
-
-def _bias(linear_bias: Any, size: int, dtype: np.dtype) -> np.ndarray:
-    return np.zeros(size, dtype=dtype) if linear_bias is None else _array(linear_bias)
-
-
-def from_torch(layer: Any) -> dict[str, np.ndarray]:
-    """The canonical parameters of a ``torch.nn.TransformerEncoderLayer``.
-
-    ``W`` is the transpose of a ``torch.nn.Linear`` weight (row-vector convention
-    ``u @ W + b``); a layer built with ``bias=False`` maps to zero biases.
-    """
-    attention = layer.self_attn
-    d = attention.embed_dim
+def _attention(attention: Any) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """Canonical ``attn.*`` parameters and the source's bias tensors (``None`` where absent)."""
+    if attention.bias_k is not None or attention.add_zero_attn:
+        raise SplitformerError("MultiheadAttention with add_bias_kv or add_zero_attn has no scheme counterpart")
     if attention.in_proj_weight is not None:
-        weights = np.split(_array(attention.in_proj_weight), 3, axis=0)
+        weights = list(attention.in_proj_weight.chunk(3))
     else:
-        weights = [_array(w) for w in (attention.q_proj_weight, attention.k_proj_weight, attention.v_proj_weight)]
-    dtype = weights[0].dtype
-    biases = (np.split(_array(attention.in_proj_bias), 3) if attention.in_proj_bias is not None
-              else [np.zeros(d, dtype=dtype)] * 3)
+        weights = [attention.q_proj_weight, attention.k_proj_weight, attention.v_proj_weight]
+    biases = [None] * 3 if attention.in_proj_bias is None else list(attention.in_proj_bias.chunk(3))
     params = {}
+    d = attention.embed_dim
     for name, weight, bias in zip("qkv", weights, biases):
-        params[f"attn.W_{name}"] = weight.T.copy()
-        params[f"attn.b_{name}"] = bias
-    params["attn.W_o"] = _array(attention.out_proj.weight).T.copy()
-    params["attn.b_o"] = _bias(attention.out_proj.bias, d, dtype)
-    for name in ("norm1", "norm2"):
-        norm = getattr(layer, name)
-        params[f"{name}.gain"] = _array(norm.weight) if norm.weight is not None else np.ones(d, dtype=dtype)
-        params[f"{name}.bias"] = _bias(norm.bias, d, dtype)
-    params["ffn.W_1"] = _array(layer.linear1.weight).T.copy()
-    params["ffn.b_1"] = _bias(layer.linear1.bias, layer.linear1.out_features, dtype)
-    params["ffn.W_2"] = _array(layer.linear2.weight).T.copy()
-    params["ffn.b_2"] = _bias(layer.linear2.bias, d, dtype)
-    return params
+        params[f"attn.W_{name}"] = linear_weight(weight)
+        params[f"attn.b_{name}"] = zero_bias(d, params[f"attn.W_{name}"].dtype) if bias is None else array(bias)
+    params["attn.W_o"] = linear_weight(attention.out_proj.weight)
+    out_bias = attention.out_proj.bias
+    params["attn.b_o"] = zero_bias(d, params["attn.W_o"].dtype) if out_bias is None else array(out_bias)
+    return params, [attention.in_proj_bias, out_bias]
+
+
+def _linear(linear: Any, weight: str, bias: str) -> dict[str, np.ndarray]:
+    w = linear_weight(linear.weight)
+    return {weight: w, bias: zero_bias(w.shape[1], w.dtype) if linear.bias is None else array(linear.bias)}
+
+
+@adapter("torch", "TransformerEncoderLayer")
+def read_encoder_layer(layer: Any) -> Adapted:
+    """A ``TransformerEncoderLayer``: post-ln (``norm_first=False``) or pre-ln, ReLU or GELU."""
+    attention, bias_tensors = _attention(layer.self_attn)
+    params = attention
+    params |= _linear(layer.linear1, "ffn.W_1", "ffn.b_1") | _linear(layer.linear2, "ffn.W_2", "ffn.b_2")
+    eps = check_norms("TransformerEncoderLayer", {"norm1": layer.norm1, "norm2": layer.norm2})
+    params |= layer_norm_params("norm1", layer.norm1) | layer_norm_params("norm2", layer.norm2)
+    bias_tensors += [layer.linear1.bias, layer.linear2.bias, layer.norm1.bias, layer.norm2.bias]
+    notes = () if layer.self_attn.batch_first else (
+        "the source takes (tokens, batch, d) (batch_first=False); generated forwards take (batch, tokens, d)",)
+    return Adapted(
+        scheme="pre-ln" if layer.norm_first else "post-ln",
+        activation=activation_name("TransformerEncoderLayer", layer.activation),
+        layers=(params,),
+        n_heads=layer.self_attn.num_heads,
+        eps=eps,
+        bias=check_bias("TransformerEncoderLayer", bias_tensors),
+        source=("torch", "TransformerEncoderLayer"),
+        notes=notes,
+    )
+
+
+@adapter("torch", "TransformerEncoder")
+def read_encoder(encoder: Any) -> Adapted:
+    """An ``nn.TransformerEncoder``: its layers and its final ``norm`` (if any)."""
+    layers = [read_encoder_layer(layer) for layer in encoder.layers]
+    first = same_configuration("TransformerEncoder", layers)
+    final = final_norm_params("TransformerEncoder", encoder.norm, first) if encoder.norm is not None else None
+    return Adapted(
+        scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
+        n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
+        source=("torch", "TransformerEncoder"), notes=first.notes,
+    )
+
+
+@writer("torch", "TransformerEncoderLayer")
+def write_encoder_layer(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``TransformerEncoderLayer`` built with the source's configuration."""
+    return state_dict(_layer_state(adapted.params), adapted.bias)
+
+
+def _layer_state(params: Any) -> dict[str, np.ndarray]:
+    return {
+        "self_attn.in_proj_weight": np.concatenate([params[f"attn.W_{n}"].T for n in "qkv"]),
+        "self_attn.in_proj_bias": np.concatenate([params[f"attn.b_{n}"] for n in "qkv"]),
+        "self_attn.out_proj.weight": params["attn.W_o"].T,
+        "self_attn.out_proj.bias": params["attn.b_o"],
+        "linear1.weight": params["ffn.W_1"].T,
+        "linear1.bias": params["ffn.b_1"],
+        "linear2.weight": params["ffn.W_2"].T,
+        "linear2.bias": params["ffn.b_2"],
+        "norm1.weight": params["norm1.gain"],
+        "norm1.bias": params["norm1.bias"],
+        "norm2.weight": params["norm2.gain"],
+        "norm2.bias": params["norm2.bias"],
+    }
+
+
+@writer("torch", "TransformerEncoder")
+def write_encoder(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of an ``nn.TransformerEncoder`` (layers, then ``norm``)."""
+    return stack_state(adapted, _layer_state, "layers")

@@ -15,7 +15,8 @@ __all__ = ["fuse_projections"]
 
 def _compatible(first: MatMul, second: MatMul, module: Module) -> bool:
     shape = module.tensors[first.weights[0]].shape
-    return (second.x == first.x and second.contracted == first.contracted
+    return (not first.transposed and not second.transposed
+            and second.x == first.x and second.contracted == first.contracted
             and len(second.outputs) == 1 and second.outputs[0][1] == first.outputs[0][1]
             and module.tensors[second.weights[0]].shape == shape
             and (second.biases[0] is None) == (first.biases[0] is None))

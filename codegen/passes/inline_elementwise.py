@@ -26,10 +26,11 @@ def inline_elementwise(module: Module) -> Module:
     ops = list(module.ops)
     reads = [set(op.reads()) for op in ops]
     counts = Counter(name for names in reads for name in names)
+    kept = {module.output, *module.dropout}
     position = 0
     while position < len(ops):
         producer = ops[position]
-        consumer_position = _consumer(ops, reads, counts, position, module.output)
+        consumer_position = _consumer(ops, reads, counts, position, kept)
         if consumer_position is None:
             position += 1
             continue
@@ -48,10 +49,10 @@ def inline_elementwise(module: Module) -> Module:
     return replace(module, ops=ops)
 
 
-def _consumer(ops: list, reads: list[set[str]], counts: Counter, position: int, output: str) -> int | None:
-    """Where the elementwise op at ``position`` can be inlined, or ``None``."""
+def _consumer(ops: list, reads: list[set[str]], counts: Counter, position: int, kept: set[str]) -> int | None:
+    """Where the elementwise op at ``position`` can be inlined, or ``None`` (``kept``: the output and dropout sites)."""
     producer = ops[position]
-    if not isinstance(producer, Elementwise) or producer.out == output or counts[producer.out] != 1:
+    if not isinstance(producer, Elementwise) or producer.out in kept or counts[producer.out] != 1:
         return None
     consumer_position = next((n for n in range(position + 1, len(ops)) if producer.out in reads[n]), None)
     if consumer_position is None or not isinstance(ops[consumer_position], Elementwise):

@@ -22,7 +22,12 @@ from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN,
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.operators import EPSILON, STATE, SUPPORT
 
-__all__ = ["evaluate_definitions"]
+__all__ = ["evaluate_definitions", "unsupported"]
+
+#: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
+#: a memory) and inputs other than the state need semantics it does not have.
+_DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max)
 
 
 class _Point:
@@ -46,6 +51,8 @@ class _Point:
             return self.symbol(expr)
         if expr.is_Rational:
             return self.sem.number(Fraction(int(expr.p), int(expr.q)))
+        if expr is sp.pi:
+            return self.sem.arithmetic.pi()
         arguments = [self.value(argument, env) for argument in expr.args]
         return self.function(expr, arguments)
 
@@ -138,3 +145,33 @@ def evaluate_definitions(sem, key: str, u: np.ndarray) -> np.ndarray:
             table[index] = point.value(definition.rhs, dict(zip(symbols, index)))
         tables[definition.function] = table
     return tables[operator.definitions()[-1].function]
+
+
+def unsupported(operator) -> str | None:
+    """Why the evaluator cannot evaluate ``operator`` from its definitions, or ``None`` when it can.
+
+    It evaluates integrals over the token, feature, head and hidden grids of the state, the
+    support, the operator's parameters and its earlier stages, with the arithmetic's
+    functions; anything else (an input such as token positions or a memory, a free symbol
+    such as RoPE's θ, another domain) is named.
+    """
+    known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
+    inputs, symbols, domains, functions = set(), set(), set(), set()
+    for definition in operator.definitions():
+        variables = set(definition.arguments)
+        for integral in definition.rhs.atoms(sp.Integral):
+            variables |= {VARIABLES[limit[0]] for limit in integral.limits if limit[0] in VARIABLES}
+        domains |= {f"Ω_{variable.domain.name}" for variable in variables if variable.domain not in _DOMAINS}
+        for applied in definition.rhs.atoms(AppliedUndef):
+            if applied.func.__name__ not in known:
+                inputs.add(applied.func.__name__)
+        measures = {variable.domain.measure for variable in VARIABLES.values()}
+        symbols |= {str(symbol) for symbol in definition.rhs.free_symbols
+                    if symbol not in VARIABLES and symbol != EPSILON and symbol not in measures}
+        functions |= {type(node).__name__ for node in sp.preorder_traversal(definition.rhs)
+                      if isinstance(node, sp.Function) and not isinstance(node, AppliedUndef)
+                      and not isinstance(node, _FUNCTIONS)}
+        known.add(definition.function)
+    parts = [f"{label} {', '.join(sorted(names))}" for label, names in
+             (("inputs", inputs), ("free symbols", symbols), ("domains", domains), ("functions", functions)) if names]
+    return f"{operator.kind} reads " + "; ".join(parts) if parts else None

@@ -21,7 +21,7 @@ import mpmath
 import numpy as np
 import sympy as sp
 
-from splitformer.symbolic.checks import Check
+from splitformer.symbolic.checks import SKIPPED, Check
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.operators import EPSILON
@@ -29,9 +29,9 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
 from .emitted import emitted_modules
-from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes
+from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 
-__all__ = ["scheme_checks", "random_parameters", "DIGITS", "TOLERANCE"]
+__all__ = ["scheme_checks", "random_parameters", "DIGITS", "TOLERANCE", "SKIPPED"]
 
 DIGITS = 50
 #: Float64 emitted code against the 50-digit evaluator, relative to the output's scale.
@@ -43,7 +43,7 @@ _TINY = Sizes(tokens=2, features=2, heads=1, hidden=2)
 def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
     """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
     rng = np.random.default_rng(seed)
-    codes = {"d": sizes.features, "d_ff": sizes.hidden}
+    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.features}  # n_kv_heads = n_heads
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():
@@ -211,12 +211,24 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
     )
 
 
+def _skipped(scheme: Scheme, reasons: dict[str, str]) -> list[Check]:
+    why = "skipped: the independent evaluator has no semantics for " + "; ".join(
+        f"{key} ({reason})" for key, reason in reasons.items())
+    return [Check(f"semantics/{scheme.name}/{what}", scheme.name,
+                  f"The {what} program of {scheme.name} equals one step of the scheme as the independent evaluator "
+                  "defines it.", SKIPPED, True, why) for what in ("derived", "emitted")]
+
+
 def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     """The derived program (symbolically) and the emitted modules (numerically) against the evaluator,
-    and the emitted stack against N steps."""
+    and the emitted stack against N steps; the first two are skipped, with the reason, for operators
+    the evaluator cannot evaluate (inputs such as token positions or a memory)."""
     from .structure import stack_check
 
     modules = emitted_modules(scheme, program)
+    reasons = unevaluable(scheme)
+    if reasons:
+        return [*_skipped(scheme, reasons), stack_check(scheme, modules["numpy"])]
     emitted = emitted_check(scheme, program, modules)
     if emitted.holds:
         derived = derived_check(scheme, program)

@@ -1,6 +1,6 @@
 """The independent evaluator: what one step of a scheme *means*, computed from the model.
 
-Written from MODEL.md, not from the derivation: each operator kind the project ships has
+Written from the mathematics (docs/model.md), not from the derivation: each operator kind the project ships has
 its continuous definition discretized here by the rectangle rule, by hand, with the
 spacings explicit — a token spacing ``Δx ≠ 1`` that must cancel in the softmax kernel,
 unit feature spacings absorbed into the stored kernels — and the scheme's tree (steps,
@@ -24,7 +24,8 @@ from fractions import Fraction
 import numpy as np
 import sympy
 
-__all__ = ["OpaqueExp", "OpaqueRelu", "Arithmetic", "MPMATH", "SYMPY", "FLOAT", "Sizes", "Semantics", "KNOWN_KINDS"]
+__all__ = ["OpaqueExp", "OpaqueRelu", "Arithmetic", "MPMATH", "SYMPY", "FLOAT", "Sizes", "Semantics", "KNOWN_KINDS",
+           "unevaluable"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Arithmetic:
     tanh: Callable
     relu: Callable  # max(v, 0)
     number: Callable  # Python int or Fraction → a number of this system
+    pi: Callable  # () → π in this system (mpmath: at the working precision)
 
 
 def _map(function):
@@ -51,7 +53,8 @@ def _mpmath() -> Arithmetic:
 
     return Arithmetic("mpmath", _map(mpmath.exp), _map(mpmath.sqrt), _map(mpmath.erf), _map(mpmath.tanh),
                       _map(lambda v: v if v > 0 else mpmath.mpf(0)),
-                      lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator)
+                      lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator,
+                      lambda: +mpmath.pi)
 
 
 class OpaqueExp(sympy.Function):
@@ -73,11 +76,12 @@ class OpaqueRelu(sympy.Function):
 def _sympy() -> Arithmetic:
     return Arithmetic("sympy", _map(OpaqueExp), _map(sympy.sqrt), _map(sympy.erf), _map(sympy.tanh),
                       _map(OpaqueRelu),
-                      lambda value: sympy.Rational(Fraction(value).numerator, Fraction(value).denominator))
+                      lambda value: sympy.Rational(Fraction(value).numerator, Fraction(value).denominator),
+                      lambda: sympy.pi)
 
 
 FLOAT = Arithmetic("float", np.exp, np.sqrt, np.vectorize(math.erf, otypes=[float]), np.tanh,
-                   lambda values: np.maximum(values, 0.0), float)
+                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi)
 MPMATH = _mpmath()
 SYMPY = _sympy()
 
@@ -204,7 +208,7 @@ class Semantics:
 
 
 def _attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
-    """MODEL.md §2, §6: heads on ``Ω_h``, scores ``|Ω_e|^{-1/2} ∫ q k de``, ``Softmax_2`` over the support."""
+    """docs/model.md §2, §6: heads on ``Ω_h``, scores ``|Ω_e|^{-1/2} ∫ q k de``, ``Softmax_2`` over the support."""
     n, heads, width = sem.sizes.tokens, sem.sizes.heads, sem.sizes.head_features
     dx, de = sem.spacing(), sem.number(1)
     measure_e = width * de
@@ -253,6 +257,9 @@ def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
         return ar.relu(values)
     if name == "gelu":
         return values * (1 + ar.erf(values / ar.sqrt(ar.number(2)))) * ar.number(Fraction(1, 2))
+    if name == "gelu-tanh":  # GELU's tanh approximation (GPT-2)
+        inner = ar.sqrt(ar.number(2) / ar.pi()) * (values + ar.number(Fraction(44715, 10**6)) * values**3)
+        return values * (1 + ar.tanh(inner)) * ar.number(Fraction(1, 2))
     if name == "silu":
         return values / (1 + ar.exp(-values))
     if name == "tanh":
@@ -285,3 +292,15 @@ KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "affine": _affine,
     "nonnegative": _nonnegative,
 }
+
+
+def unevaluable(scheme) -> dict[str, str]:
+    """The operators of ``scheme`` the evaluator cannot evaluate, by key, each with the reason."""
+    from .definitions import unsupported
+
+    reasons = {}
+    for key, operator in scheme.instantiate().items():
+        reason = None if operator.kind in KNOWN_KINDS else unsupported(operator)
+        if reason is not None:
+            reasons[key] = reason
+    return reasons

@@ -10,6 +10,8 @@ their sum, no mask lets later tokens in, reversed layers are another stack).
 
 from __future__ import annotations
 
+from inspect import signature
+
 import numpy as np
 
 from splitformer.symbolic.checks import Check
@@ -100,12 +102,15 @@ def attention_checks() -> list[Check]:
 def stack_check(scheme: Scheme, module) -> Check:
     """``forward_stack`` of N layers equals N steps of ``forward``; reversed layers do not."""
     layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
-    u = np.random.default_rng(34).standard_normal((2, _SIZES.tokens, _SIZES.features))
+    rng = np.random.default_rng(34)
+    u = rng.standard_normal((2, _SIZES.tokens, _SIZES.features))
+    # cross-attention: a memory, the same for every step
+    memory = (rng.standard_normal((2, 3, _SIZES.features)),) if "memory" in signature(module.forward).parameters else ()
     stepped = u
     for layer in layers:
-        stepped = module.forward(stepped, layer, n_heads=_SIZES.heads, eps=1e-5)
-    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5)
-    control = module.forward_stack(u, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
+        stepped = module.forward(stepped, *memory, layer, n_heads=_SIZES.heads, eps=1e-5)
+    stack = module.forward_stack(u, *memory, layers, n_heads=_SIZES.heads, eps=1e-5)
+    control = module.forward_stack(u, *memory, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "

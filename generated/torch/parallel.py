@@ -30,7 +30,11 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION"]
+
+#: The scheme and the feed-forward activation this module computes.
+SCHEME = "parallel"
+ACTIVATION = "relu"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -74,49 +78,68 @@ _KINDS = {
 }
 
 
-def _softmax(scores, support):
-    """Row softmax over the last axis, restricted to ``support`` (True = kept).
+def _allowed(support):
+    """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
+    return support if support.dtype == torch.bool else support > float("-inf")
 
+
+def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
     A row with empty support gets a zero kernel: the token integral over an empty set
     vanishes (never NaN), so that query's attention term is the output bias alone.
     """
     if support is None:
-        return torch.softmax(scores, dim=-1)
-    empty = ~support.any(dim=-1, keepdim=True)
-    scores = scores.masked_fill(~support, float("-inf")).masked_fill(empty, 0.0)
-    return torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+        return _dropout(torch.softmax(scores, dim=-1), dropout_p)
+    allowed = _allowed(support)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
+    return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
-def _attention(q, k, v, scale, support):
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
-    Rows with empty support get a zero kernel, as in ``_softmax``.
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel (the output bias alone, never NaN);
+    ``dropout_p`` drops kernel entries in training.
     """
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if support is None:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     else:
-        empty = ~support.any(dim=-1, keepdim=True)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=support | empty, scale=scale)
+        empty = ~_allowed(support).any(dim=-1, keepdim=True)
+        mask = support | empty if support.dtype == torch.bool else support.masked_fill(empty, 0.0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         out = out.masked_fill(empty, 0.0)
     return out.transpose(1, 2)
+
+
+def _max_exponent(dtype: torch.dtype) -> int:
+    """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
+    if dtype == torch.float64:
+        return 1023
+    if dtype == torch.float16:
+        return 15
+    return 127  # float32, bfloat16
 
 
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
-        exponent = torch.frexp(peak).exponent.clamp(0, int(math.log2(torch.finfo(x.dtype).max)))
+        exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)
 
 
-def _root(mean_square, eps, scale):
+def _root(mean_square, eps: float, scale):
     """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
     root = torch.sqrt(mean_square + eps / scale / scale)
     return torch.where(root == 0, torch.ones_like(root), root)
 
 
-def _layer_norm(x, gain, bias, eps):
+def _layer_norm(x, gain, bias, eps: float):
     """gain (x − mean)/√(var + eps) + bias over the last axis.
 
     The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
@@ -154,21 +177,289 @@ def _mapping(name, value):
     return value
 
 
-def _support(key_padding_mask, causal, batch, n_tokens, device):
-    """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere."""
-    if key_padding_mask is None and not causal:
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
+def _vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- substep 1: parallel (attn ×2, ffn ×2) ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    norm1_alpha = torch.mean(u0, dim=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
+    attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    del chi
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    ffn_w = torch.addmm(ffn_b_1, norm1_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
+    ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
+    del attn_out, ffn_out, u0
+    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s,)
+
+
+def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s, = saved
+    batch, n_tokens, d = u1_bar.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    ffn_out_bar = u1_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm1_out)
+    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
+    del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: parallel (attn ×2, ffn ×2) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
+    del attn_a, chi
+
+    # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
+    # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    t1 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t1[:, :, :, None]*attn_gamma
+    del attn_gamma_bar, t1
+    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
+    del attn_q
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
+    del attn_a_bar, attn_k
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
+    del norm1_out
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
+    # {t_{2}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    t2 = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
+    del ffn_w_bar
+    # {t_{3}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    t3 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{4}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    t4 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+    del attn_q_bar
+    # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    t5 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+    del attn_v_bar
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    norm1_out_bar = t2.add_(t3 + t4 + t5) if inference else t2 + t3 + t4 + t5
+    del t2, t3, t4, t5
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{6}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t6 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t6/(2*(eps + norm1_beta))
+    del t6
+    # {t_{7}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t7 = torch.sum(norm1_p, dim=2)
+    # {t_{8}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t8 = torch.sum(norm1_p_bar, dim=2)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t8[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t7[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t7, t8, u1_bar
+    return u0_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+    }
+
+
+
+class _DerivedStep(torch.autograd.Function):
+    """One step whose backward is the derived adjoint (reverse mode over the derived assignments)."""
+
+    @staticmethod
+    def forward(ctx, u0, chi, eps, n_heads, *params):
+        out, saved = _vjp_forward(u0, dict(zip(PARAMETERS, params)), chi, eps, n_heads)
+        ctx.save_for_backward(*saved, *params)
+        ctx.chi, ctx.eps, ctx.n_heads, ctx.count = chi, eps, n_heads, len(saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        tensors = ctx.saved_tensors
+        saved, params = tensors[:ctx.count], tensors[ctx.count:]
+        p = dict(zip(PARAMETERS, params))
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads)
+        return (grad_u, None, None, None, *(grads[name] for name in PARAMETERS))
+
+
+def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
+             batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+    """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
+
+    Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
+    that the scores are added to (−inf = outside; a float mask m is a kernel weight e^m).
+    Masks follow torch: ``key_padding_mask`` (batch, keys), ``attn_mask`` (tokens, keys)
+    or (batch, tokens, keys); True excludes a key. Queries are the ``n_tokens`` new tokens,
+    keys the ``offset`` cached ones and the new ones.
+    """
+    n_keys = offset + n_tokens
+    if key_padding_mask is None and attn_mask is None and not causal:
         return None
-    support = torch.ones(batch, n_tokens, n_tokens, dtype=torch.bool, device=device)
+    floating = False
     if key_padding_mask is not None:
-        mask = torch.as_tensor(key_padding_mask, device=device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != (batch, n_tokens):
-            raise ValueError(
-                f"key_padding_mask must be bool of shape {(batch, n_tokens)}, got {mask.dtype} {tuple(mask.shape)}"
-            )
-        support = support & ~mask[:, None, :]
+        key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
+        _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
+        floating = key_padding_mask.is_floating_point()
+    if attn_mask is not None:
+        attn_mask = torch.as_tensor(attn_mask, device=device)
+        _check_mask("src_mask", attn_mask, [[n_tokens, n_keys], [batch, n_tokens, n_keys]])
+        floating = floating or attn_mask.is_floating_point()
+    if floating:
+        support = torch.zeros(batch, n_tokens, n_keys, dtype=dtype, device=device)
+    else:
+        support = torch.ones(batch, n_tokens, n_keys, dtype=torch.bool, device=device)
+    if key_padding_mask is not None:
+        support = _restrict(support, key_padding_mask[:, None, :])
+    if attn_mask is not None:
+        support = _restrict(support, attn_mask)
     if causal:
-        support = support & torch.ones(n_tokens, n_tokens, dtype=torch.bool, device=device).tril()
+        support = _restrict(support, torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).triu(offset + 1))
     return support
+
+
+class _Group(torch.nn.Module):
+    """The parameters of one operator, under their canonical names (``attn.W_q``)."""
+
+    def extra_repr(self):
+        tensors = [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]
+        return ", ".join(f"{name}: {tuple(tensor.shape)}" for name, tensor in tensors)
 
 
 def _register(module, table, sizes, bias, factory):
@@ -176,7 +467,7 @@ def _register(module, table, sizes, bias, factory):
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):
-            module.add_module(group, torch.nn.Module())
+            module.add_module(group, _Group())
         value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
         if _KINDS[name] == "bias" and not bias:
             getattr(module, group).register_buffer(attribute, torch.zeros_like(value), persistent=False)
@@ -189,17 +480,42 @@ def _tensor(module, name):
     return getattr(getattr(module, group), attribute)
 
 
-def _reset(module, table, bias):
-    """Xavier-uniform weights, zero biases, unit gains (torch's defaults for a fresh layer)."""
+def _init_bounds(d, d_ff):
+    """Half-widths of the uniform draws torch's own layer starts from (None: ones; 0: zeros).
+
+    ``MultiheadAttention``: ``xavier_uniform`` over its fused (3d × d) in-projection, zero
+    biases; every other ``Linear``: ``kaiming_uniform(a=√5)``, i.e. U(±1/√fan_in) for weight
+    and bias; LayerNorm: unit gains, zero biases.
+    """
+    return {
+        "norm1.gain": None,
+        "norm1.bias": 0.0,
+        "attn.W_q": math.sqrt(6 / (d + 3 * d)),
+        "attn.b_q": 0.0,
+        "attn.W_k": math.sqrt(6 / (d + 3 * d)),
+        "attn.b_k": 0.0,
+        "attn.W_v": math.sqrt(6 / (d + 3 * d)),
+        "attn.b_v": 0.0,
+        "attn.W_o": 1 / math.sqrt(d),
+        "attn.b_o": 0.0,
+        "ffn.W_1": 1 / math.sqrt(d),
+        "ffn.b_1": 1 / math.sqrt(d),
+        "ffn.W_2": 1 / math.sqrt(d_ff),
+        "ffn.b_2": 1 / math.sqrt(d_ff),
+        "final_norm.gain": None,
+        "final_norm.bias": 0.0,
+    }
+
+
+def _reset(module, table, bounds):
+    """Draw the parameters of ``table`` as torch initializes the layer this module replaces."""
     with torch.no_grad():
         for name in table:
-            tensor = _tensor(module, name)
-            if _KINDS[name] == "weight":
-                torch.nn.init.xavier_uniform_(tensor)
-            elif _KINDS[name] == "gain":
-                torch.nn.init.ones_(tensor)
-            else:
-                torch.nn.init.zeros_(tensor)
+            tensor, bound = _tensor(module, name), bounds[name]
+            if bound is None:
+                tensor.fill_(1.0)
+            elif isinstance(tensor, torch.nn.Parameter):  # a bias-less module's zero buffers stay zero
+                tensor.uniform_(-bound, bound)
 
 
 def _load(module, table, params, bias):
@@ -230,44 +546,109 @@ def _load(module, table, params, bias):
             target.copy_(value)
 
 
-class Block(torch.nn.Module):
-    """One step of parallel; parameters carry their canonical names."""
+class _CanonicalModule(torch.nn.Module):
+    """A module whose state dict holds canonical names only."""
 
-    def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, device=None, dtype=None):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """torch's ``load_state_dict``, except that a key this module lacks is an error even with
+        ``strict=False``: a source module's state dict (``self_attn.in_proj_weight``, …) must not
+        load partially by matching names; it loads through ``splitformer.adapters``."""
+        foreign = sorted(set(state_dict) - set(self.state_dict()))
+        if foreign:
+            raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
+                             f"{next(iter(self.state_dict()))!r}); load another module's weights with "
+                             "splitformer.adapters: from_torch(layer).load_into(block)")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class Block(_CanonicalModule):
+    """One step of parallel; parameters carry their canonical names.
+
+    A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
+    puts it (attention kernel, feed-forward activation, each residual branch; training mode
+    only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
+    initialization. ``backward="derived"`` runs the derived adjoint as the backward pass (an
+    ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
+    the forward.
+    """
+
+    def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
+                 device=None, dtype=None, backward="autograd"):
         super().__init__()
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps = _epsilon(eps)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        for name, flag in (("bias", bias), ("batch_first", batch_first)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
+        self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
-        _register(self, PARAMETERS, {"d": d_model, "d_ff": d_ff}, bias, {"device": device, "dtype": dtype})
+        self.dropout, self.batch_first = float(dropout), batch_first
+        sizes = {"d": d_model, "d_ff": d_ff}
+        _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self):
-        _reset(self, PARAMETERS, self.bias)
+        """torch's initialization of the layer this block replaces (see ``_init_bounds``)."""
+        _reset(self, PARAMETERS, _init_bounds(self.d_model, self.d_ff))
+
+    def extra_repr(self):
+        return (f"{SCHEME}, activation={ACTIVATION}, d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"d_ff={self.d_ff}, eps={self.eps}, bias={self.bias}, dropout={self.dropout}, "
+                f"batch_first={self.batch_first}")
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
         _load(self, PARAMETERS, params, self.bias)
         return self
 
-    def forward(self, u, key_padding_mask=None, causal=False):
-        """``u`` of shape (batch, tokens, d) (or (tokens, d)); the result has the same shape."""
+    @torch.jit.unused
+    def _derived(self, u0: torch.Tensor, chi: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
+        """One step whose backward is the derived adjoint (``_DerivedStep``)."""
+        if dropout_p > 0.0:
+            raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        params = [_tensor(self, name) for name in PARAMETERS]
+        return _DerivedStep.apply(u0, chi, self.eps, self.n_heads, *params)
+
+    def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
+        ``batch_first``); the result has the same shape.
+
+        Masks follow torch (bool: True excludes a key; float: added to the scores):
+        ``key_padding_mask`` (or torch's ``src_key_padding_mask``) of shape (batch, tokens),
+        ``src_mask`` of shape (tokens, tokens) or (batch, tokens, tokens); ``causal`` (or
+        ``is_causal``) keeps each token's own and earlier keys.
+        """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
-            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {tuple(u.shape)}")
+            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
-        u0 = u[None] if u.dim() == 2 else u
-        batch, n_tokens, d = u0.shape
+        if src_key_padding_mask is not None:
+            if key_padding_mask is not None:
+                raise ValueError("give key_padding_mask or src_key_padding_mask, not both")
+            key_padding_mask = src_key_padding_mask
+        u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
+        batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        inference = not torch.is_grad_enabled()  # dead temporaries may then be updated in place
+        dropout_p = self.dropout if self.training else 0.0
+        # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
+        inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
         norm1_gain = self.norm1.gain
         norm1_bias = self.norm1.bias
         attn_W_q = self.attn.W_q
@@ -282,7 +663,12 @@ class Block(torch.nn.Module):
         ffn_b_1 = self.ffn.b_1
         ffn_W_2 = self.ffn.W_2
         ffn_b_2 = self.ffn.b_2
-        chi = _support(key_padding_mask, causal, batch, n_tokens, u0.device)
+        chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device)
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
+            out = self._derived(u0, chi, dropout_p)
+            if u.dim() == 2:
+                return out[0]
+            return out if self.batch_first else out.transpose(0, 1)
 
         # --- substep 1: parallel (attn ×2, ffn ×2) ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -294,42 +680,62 @@ class Block(torch.nn.Module):
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
-        attn_q, attn_k, attn_v = (part.view(batch, n_tokens, n_heads, d_head) for part in attn_qkv.chunk(3, dim=1))
+        attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
+        attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
-        attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+        attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+        attn_out = _dropout(attn_out, dropout_p)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm1_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
+        ffn_s = _dropout(ffn_s, dropout_p)
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+        ffn_out = _dropout(ffn_out, dropout_p)
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
-        return u1[0] if u.dim() == 2 else u1
+        if u.dim() == 2:
+            return u1[0]
+        return u1 if self.batch_first else u1.transpose(0, 1)
 
 
-class Stack(torch.nn.Module):
+class Stack(_CanonicalModule):
     """``n_layers`` steps of parallel (own parameters each), then the final projection.
 
     ``final_norm`` defaults to the scheme's choice (True); its parameters are
-    ``final_norm.gain`` and ``final_norm.bias``.
+    ``final_norm.gain`` and ``final_norm.bias``. ``forward`` takes the masks of ``Block.forward``.
     """
 
-    def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, final_norm=True,
-                 device=None, dtype=None):
+    __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
+
+    def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
+                 final_norm=True, device=None, dtype=None, backward="autograd"):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
         self.layers = torch.nn.ModuleList(
-            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, device=device, dtype=dtype) for _ in range(n_layers)
+            Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
+                  device=device, dtype=dtype, backward=backward)
+            for _ in range(n_layers)
         )
-        self.eps, self.bias, self.has_final_norm = eps, bias, final_norm
-        if final_norm:
+        self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
+        if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
-            _reset(self, FINAL_NORM_PARAMETERS, bias)
+            _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(d_model, d_ff))
+
+    def reset_parameters(self):
+        """Each block's ``reset_parameters``; the final norm's gain ones, bias zeros."""
+        for block in self.layers:
+            block.reset_parameters()
+        if self.has_final_norm:
+            _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(self.d_model, self.d_ff))
+
+    def extra_repr(self):
+        return f"{SCHEME}, final_norm={self.has_final_norm}"
 
     def load_params(self, layers, final_norm=None):
         """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
@@ -346,7 +752,7 @@ class Stack(torch.nn.Module):
             _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
         return self
 
-    def _final_norm(self, u0):
+    def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:
         eps = self.eps
         final_norm_gain = self.final_norm.gain
         final_norm_bias = self.final_norm.bias
@@ -360,7 +766,11 @@ class Stack(torch.nn.Module):
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
         return u1
 
-    def forward(self, u, key_padding_mask=None, causal=False):
+    def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
+                src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
         for block in self.layers:
-            u = block(u, key_padding_mask=key_padding_mask, causal=causal)
-        return self._final_norm(u) if self.has_final_norm else u
+            u = block(u, key_padding_mask, causal, src_mask, src_key_padding_mask, is_causal)
+        if self.has_final_norm:
+            u = self._final_norm(u)
+        return u

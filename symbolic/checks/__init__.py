@@ -1,27 +1,20 @@
 """Proof checks: each claim linking the continuous equation to a discrete layer, checkable.
 
 Every check returns ``Check`` records; a record states its claim and hypotheses in words,
-says how it was checked (``symbolic`` or ``numeric``), whether it holds, and why.
+says how it was checked (``symbolic`` or ``numeric``), whether it holds, and why. A check
+that could not be run has the method ``SKIPPED`` (it counts as holding) and says why.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import sympy as sp
+from ..latex import plain_text as plain
 
-__all__ = ["Check", "plain"]
+__all__ = ["Check", "plain", "SKIPPED"]
 
-_GREEK = {r"\alpha": "α", r"\beta": "β", r"\sigma_1": "σ₁", r"\sigma_2": "σ₂", r"\gamma": "γ",
-          r"\varepsilon": "ε", r"\lambda": "λ", r"\mu": "μ", r"\sigma": "σ", r"\rho": "ρ"}
-
-
-def plain(expr: sp.Expr) -> str:
-    """An expression as one line of plain text, Greek letters for the projection symbols."""
-    text = sp.sstr(expr)
-    for name, letter in _GREEK.items():
-        text = text.replace(name, letter)
-    return text
+#: The ``method`` of a check that was not run; its ``detail`` says why.
+SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -35,3 +28,7 @@ class Check:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def _repr_markdown_(self) -> str:
+        mark = "⏭" if self.method == SKIPPED else "✅" if self.holds else "❌"
+        return f"{mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}"

@@ -14,8 +14,8 @@ from . import Check, plain
 
 __all__ = ["activation_checks", "PROXIMAL"]
 
-#: The claim the reports make for each activation (MODEL.md §6).
-PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False}
+#: The claim the reports make for each activation (docs/model.md §6).
+PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh": False}
 #: The penalties, stated as claims; the check verifies prox_φ = σ for each.
 PENALTIES = {
     "relu": "the indicator of [0, ∞)",

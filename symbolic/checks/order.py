@@ -1,7 +1,7 @@
-"""Local splitting error by non-commutative series (MODEL.md §9).
+"""Local splitting error by non-commutative series (docs/model.md §9).
 
 Every operator *instance* is its own non-commuting linear generator, named by its key in
-the scheme (``ffn_pre`` and ``ffn_post`` of Macaron are two generators, MODEL.md §9); an
+the scheme (``ffn_pre`` and ``ffn_post`` of Macaron are two generators, docs/model.md §9); an
 operator used twice is one instance (tied parameters: the same key). A field applied to a
 projected state (``on``) is the generator of ``u ↦ A(Proj(u))``, projection included.
 Projection *substeps* are excluded, for a stated reason (``PROJECTIONS``): they act as the
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ..latex import plain_text
 from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 __all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
@@ -55,6 +56,20 @@ class OrderResult:
     exact_subflows_leading: sp.Expr
     generators: dict[str, str] | None = None
     tied_splitting_order: int | None = None
+
+    def __str__(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term"
+        splitting = "—" if self.splitting_order is None else self.splitting_order
+        return f"order {self.order}, splitting order {splitting}; leading local error {self.leading_error_text}"
+
+    def _repr_markdown_(self) -> str:
+        if self.order is None:
+            return "exact step: no local error term up to $h^4$"
+        text = f"**order {self.order}** (own substep solvers), leading local error $${self.leading_error}$$"
+        if self.splitting_order is not None:
+            text += f"\n\n**splitting order {self.splitting_order}** (exact sub-flows), leading term $${self.exact_subflows_error}$$"
+        return text
 
 
 def _truncate(expr: sp.Expr) -> sp.Expr:
@@ -161,7 +176,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         splitting_order=split_order,
         leading_error=sp.latex(shown),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=sp.sstr(shown),
+        leading_error_text=plain_text(shown),
         leading=leading,
         exact_subflows_leading=split_leading,
         generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")

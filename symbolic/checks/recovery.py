@@ -12,10 +12,14 @@ import random
 import sympy as sp
 
 from ..activations import activation as lookup_activation
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from ..domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
+)
 from ..evaluate import evaluate
 from ..operators import EPSILON
 from ..program import Program
+from ..cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
+from ..rotary_attention import POSITIONS, ROPE_THETA
 from ..references import REFERENCES, reference_block
 from ..scheme import Scheme
 from . import Check
@@ -38,25 +42,54 @@ def _canonical_entry(domains, index, head_width):
     return tuple(canonical)
 
 
-def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, head_width: int) -> dict:
+def _view_entry(view, shape, index, sizes):
+    """Map an index of any parameter view (``W_q[k, g, s, c, r]``) to its canonical layout, given the
+    grid sizes by domain: a view splits the canonical axes row-major (a reshape), so the flat
+    position is the same."""
+    flat = 0
+    for domain, position in zip(view, index):
+        flat = flat * sizes[domain] + position
+    canonical = []
+    for domain in reversed(shape):
+        flat, position = divmod(flat, sizes[domain])
+        canonical.append(position)
+    return tuple(reversed(canonical))
+
+
+def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes, causal: bool = False) -> dict:
+    """Inputs of ``evaluate``; ``sizes``: grid sizes by domain, or (the older form) the head width."""
     from ..domains import VARIABLES
 
     index_domains = {variable.index: variable.domain for variable in VARIABLES.values()}
-    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: 1}
+    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: int(j <= i or not causal)}
+    if "positions" in params:
+        inputs[POSITIONS] = lambda i: params["positions"][i]
+    if "memory" in params:
+        inputs[MEMORY_FIELD] = lambda t, k: params["memory"][t, k]
+        inputs[MEMORY_SUPPORT] = lambda i, t: 1
     for tensor in program.parameters():
         domains = [index_domains[index] for index in tensor.indices]
         array = params[tensor.parameter]
 
-        def entry(*index, array=array, domains=domains):
-            canonical = _canonical_entry(domains, index, head_width)
+        def entry(*index, array=array, domains=domains, shape=tensor.shape):
+            canonical = (_canonical_entry(domains, index, sizes) if isinstance(sizes, int)
+                         else _view_entry(domains, shape, index, sizes))
             return array[canonical] if len(canonical) == 2 else array[canonical[0]]
 
         inputs[tensor.name] = entry
     return inputs
 
 
+def _domain_sizes(sizes: dict) -> dict:
+    """Grid sizes by domain (``FEATURES → 8``), derived ones included."""
+    by_symbol = dict(sizes)
+    by_domain = {domain: by_symbol.get(domain.size, domain.size) for domain in
+                 (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS, GROUP, PAIR, FREQUENCIES, KV_FEATURES)}
+    return {domain: int(size) for domain, size in by_domain.items() if isinstance(size, (int, sp.Integer))}
+
+
 def _parameters(program: Program, sizes: dict, value) -> dict[str, sp.Matrix]:
-    code = {FEATURES: sizes[FEATURES.size], HIDDEN: sizes[HIDDEN.size]}
+    code = _domain_sizes(sizes)
     params = {}
     for tensor in program.parameters():
         shape = [code[domain] for domain in tensor.shape]
@@ -65,11 +98,17 @@ def _parameters(program: Program, sizes: dict, value) -> dict[str, sp.Matrix]:
     return params
 
 
-def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps) -> sp.Matrix:
+def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, position=sp.Integer) -> sp.Matrix:
+    """Derived − reference; ``position(i)`` is token i's position (a Float keeps numeric evaluation numeric)."""
     n, d, heads = sizes[TOKENS.size], sizes[FEATURES.size], sizes[HEADS.size]
     params = _parameters(program, sizes, value)
+    if POSITIONS in program.tensors:
+        params["positions"] = sp.Matrix([position(i) for i in range(n)])
+    if MEMORY_FIELD in program.tensors:
+        params["memory"] = sp.Matrix(sizes[MEMORY.size], d, lambda t, k: value("m", t, k))
     u = sp.Matrix(n, d, lambda i, k: value("u", i, k))
-    values = evaluate(program, sizes, _inputs(program, params, u, d // heads), eps=eps)[program.output]
+    inputs = _inputs(program, params, u, _domain_sizes(sizes), scheme.causal)
+    values = evaluate(program, sizes, inputs, eps=eps)[program.output]
     activation = lookup_activation(scheme.activation)
     if scheme.activation == "relu":  # SymPy's Max simplifies large arguments very slowly
         activation = lambda x: sp.Max(x, 0, evaluate=x.is_number)  # noqa: E731
@@ -88,8 +127,12 @@ def _vanishes(expr: sp.Expr) -> bool:
     return sp.expand(expr) == 0
 
 
-def _sizes(n, d, heads, hidden):
-    return {TOKENS.size: n, FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: d // heads, HIDDEN.size: hidden}
+def _sizes(n, d, heads, hidden, kv_heads=1, theta=10000, memory=2):
+    """Grid sizes (and RoPE's θ) of one evaluation; ``kv_heads`` matters to grouped-query attention."""
+    head_width = d // heads
+    return {TOKENS.size: n, FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: head_width, HIDDEN.size: hidden,
+            KV_HEADS.size: kv_heads, GROUP.size: heads // kv_heads, FREQUENCIES.size: head_width // 2,
+            KV_FEATURES.size: kv_heads * head_width, MEMORY.size: memory, ROPE_THETA: theta}
 
 
 def is_builtin(scheme: Scheme) -> bool:
@@ -118,12 +161,13 @@ def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
         return []
     statement = (f"One step of the derived {scheme.name} program ({scheme.activation}) equals the published "
                  f"{scheme.name} block, with every parameter (biases and gains included) free")
-    symbolic = _difference(program, scheme, _sizes(2, 2, 1, 2),
+    # one memory token keeps the symbolic cross-attention small (its softmax over two is checked numerically)
+    symbolic = _difference(program, scheme, _sizes(2, 2, 1, 2, memory=1),
                            lambda name, i, j: sp.Symbol(f"{name}[{i},{j}]", real=True), EPSILON)
     nonzero = [(i, k) for i in range(symbolic.rows) for k in range(symbolic.cols) if not _vanishes(symbolic[i, k])]
     checks = [Check(
         f"recovery/{scheme.name}/symbolic", scheme.name,
-        statement + ": exactly, for 2 tokens, 2 features, 1 head, d_ff = 2, symbolic ε.",
+        statement + ": exactly, for 2 tokens (1 memory token), 2 features, 1 head, d_ff = 2, symbolic ε.",
         "symbolic", not nonzero,
         "every entry of derived − reference expands to 0" if not nonzero
         else f"entries {nonzero} of derived − reference do not vanish",
@@ -138,12 +182,14 @@ def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
         return numbers[key]
 
     # d_head = 4 keeps the score scale 1/√d_head rational, so every entry evaluates to a number
-    numeric = _difference(program, scheme, _sizes(3, 8, 2, 6), value, sp.Float("1e-5", _DIGITS))
+    # (θ = 10⁴ keeps the rotary frequencies θ^(−2r/4) rational too; one key/value head for both query heads)
+    numeric = _difference(program, scheme, _sizes(3, 8, 2, 6), value, sp.Float("1e-5", _DIGITS),
+                          lambda i: sp.Float(i, _DIGITS))
     error = max(abs(sp.N(entry, _DIGITS)) for entry in numeric)
     checks.append(Check(
         f"recovery/{scheme.name}/numeric", scheme.name,
         statement + ": numerically at random values in 50-digit arithmetic, 3 tokens, 8 features, "
-        "2 heads, d_ff = 6, ε = 1e-5.",
+        "2 heads (sharing 1 key/value head where grouped), d_ff = 6, 2 memory tokens, ε = 1e-5.",
         "numeric", bool(error < sp.Float(10) ** (-40)), f"max |derived − reference| = {sp.N(error, 3)}",
     ))
     return checks

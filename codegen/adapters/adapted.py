@@ -1,0 +1,195 @@
+"""``Adapted``: the one result of every weight adapter.
+
+An adapter reads a source module (``torch.nn.TransformerEncoderLayer``, a ``transformers``
+``BertLayer``, …) and returns which scheme computes the same forward, the canonical
+parameters, and the forward's configuration. For one block the object *is* the canonical
+parameter mapping (``params["attn.W_q"]``, ``Block.load_params(adapted)``,
+``forward(u, adapted, **adapted.forward_kwargs)``); for a stack, ``layers`` holds one mapping
+per block and ``final_norm`` the stack's last LayerNorm.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+__all__ = ["Adapted"]
+
+Params = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Adapted(Mapping[str, np.ndarray]):
+    """What an adapter read from a source module.
+
+    - ``scheme``, ``activation``: the built-in scheme and feed-forward activation whose
+      generated forward equals the source's (module ``module_name`` under ``generated/``).
+    - ``layers``: canonical parameters (NumPy arrays), one mapping per block.
+    - ``final_norm``: ``{"gain", "bias"}`` of a stack's final LayerNorm, or ``None``.
+    - ``n_heads``, ``eps``, ``bias``: the forward configuration (``bias=False``: the source
+      has no biases; ``layers`` then holds zero biases for the NumPy forward).
+    - ``options``: further keyword arguments of the generated forward (``causal=True``, …).
+    - ``source``: ``(library, class name)`` of the module read; it names the reverse adapter
+      that ``to_torch`` uses.
+    - ``stack``: read from a stack (use ``forward_stack``/``Stack``) rather than one block.
+    - ``notes``: what reading changed, e.g. a dtype conversion and the precision it keeps.
+    - ``source_dtype``: the source's parameter dtype (``"bfloat16"``), which ``to_torch`` writes.
+    """
+
+    scheme: str
+    activation: str
+    layers: tuple[Params, ...]
+    n_heads: int
+    eps: float
+    source: tuple[str, str]
+    bias: bool = True
+    final_norm: Params | None = None
+    stack: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    source_dtype: str = "float32"
+
+    # --- the canonical mapping of one block ---------------------------------------------
+    @property
+    def params(self) -> Params:
+        """The canonical parameters of the single block read (an error for a stack)."""
+        if self.stack:
+            raise SplitformerError(
+                f"{self.source[1]} is a stack of {len(self.layers)} layers: use .layers[i] and .final_norm"
+            )
+        return self.layers[0]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    # --- configuration ---------------------------------------------------------------------
+    @property
+    def module_name(self) -> str:
+        """The generated module's name: ``post_ln``, ``pre_ln_gelu`` (CONTRACT's naming)."""
+        from splitformer.symbolic.builtins import builtin_names, builtin_text
+
+        name = self.scheme.replace("-", "_")
+        declared = "relu"
+        if self.scheme in builtin_names():  # gpt2 declares gelu-tanh, llama silu
+            declared = tomllib.loads(builtin_text(self.scheme)).get("activation", "relu")
+        return name if self.activation == declared else f"{name}_{self.activation.replace('-', '_')}"
+
+    @property
+    def forward_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the generated NumPy ``forward``/``forward_stack``."""
+        kwargs: dict[str, Any] = {"n_heads": self.n_heads, "eps": self.eps, **self.options}
+        if self.stack:
+            kwargs["final_norm"] = self.final_norm
+        return kwargs
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``d_model`` and ``d_ff`` as the generated ``Block``'s constructor names them."""
+        lifting = next(value for name, value in self.layers[0].items() if name.startswith("ffn.W") and value.ndim == 2)
+        return {"d_model": lifting.shape[0], "d_ff": lifting.shape[1]}
+
+    @property
+    def dtype(self) -> np.dtype:
+        return next(iter(self.layers[0].values())).dtype
+
+    def astype(self, dtype: Any) -> Adapted:
+        """The same parameters as ``dtype`` (``np.float32``/``np.float64``)."""
+        layers = tuple({name: value.astype(dtype) for name, value in params.items()} for params in self.layers)
+        final = None if self.final_norm is None else {k: v.astype(dtype) for k, v in self.final_norm.items()}
+        return replace(self, layers=layers, final_norm=final)
+
+    def with_params(self, layers: Params | list[Params] | tuple[Params, ...],
+                    final_norm: Params | None = None) -> Adapted:
+        """The same source and configuration holding other (e.g. trained) parameters."""
+        if isinstance(layers, Mapping):
+            layers = [layers]
+        if len(layers) != len(self.layers):
+            raise SplitformerError(f"{len(layers)} parameter mappings for a source of {len(self.layers)} layers")
+        # a bias-less source's Block holds no biases: the canonical zeros stand in for them
+        layers = tuple({k: old[k] for k in old if not self.bias and _is_bias(k)}
+                       | {k: np.asarray(v) for k, v in params.items()} for params, old in zip(layers, self.layers))
+        for index, (new, old) in enumerate(zip(layers, self.layers)):
+            mismatched = sorted(set(new) ^ set(old))
+            if mismatched:
+                name = mismatched[0]
+                raise SplitformerError(f"layer {index}: parameter {name!r} is {'unexpected' if name in new else 'missing'}")
+            for name, value in new.items():
+                if value.shape != old[name].shape:
+                    raise SplitformerError(f"layer {index}: {name} has shape {value.shape}, expected {old[name].shape}")
+        if (final_norm is None) != (self.final_norm is None):
+            raise SplitformerError("final_norm must be given exactly when the source has a final norm")
+        if final_norm is not None:
+            final_norm = {k: np.asarray(v) for k, v in final_norm.items()}
+        return replace(self, layers=layers, final_norm=final_norm)
+
+    # --- into generated torch modules ------------------------------------------------------
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
+        """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
+        _check_scheme(self, torch_module)
+        factory = {"eps": self.eps, "bias": self.bias, "device": device, "dtype": dtype or _torch_dtype(self.dtype)}
+        # constructor options of grouped and rotary blocks (llama)
+        factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
+        if self.stack:
+            module = torch_module.Stack(len(self.layers), self.sizes["d_model"], self.n_heads, self.sizes["d_ff"],
+                                        final_norm=self.final_norm is not None, **factory)
+        else:
+            module = torch_module.Block(self.sizes["d_model"], self.n_heads, self.sizes["d_ff"], **factory)
+        return self.load_into(module)
+
+    def load_into(self, module: Any) -> Any:
+        """Copy these parameters into a generated ``Block``/``Stack``, checked to compute the source's forward."""
+        blocks = list(module.layers) if hasattr(module, "layers") else [module]
+        if self.stack != hasattr(module, "layers") or len(blocks) != len(self.layers):
+            what = f"a stack of {len(self.layers)} layers" if self.stack else "one block"
+            raise SplitformerError(f"{self.source[1]} is {what}; got a {type(module).__name__} of {len(blocks)}")
+        block = blocks[0]
+        for name, wanted in (("n_heads", self.n_heads), ("eps", self.eps), ("bias", self.bias)):
+            if getattr(block, name) != wanted:
+                raise SplitformerError(f"the source has {name}={wanted!r}, "
+                                       f"the {type(module).__name__} {name}={getattr(block, name)!r}")
+        if self.stack:
+            if getattr(module, "has_final_norm", False) != (self.final_norm is not None):
+                raise SplitformerError(f"the source {'has' if self.final_norm is not None else 'has no'} final norm, "
+                                       f"the Stack final_norm={module.has_final_norm}")
+            return module.load_params(list(self.layers), self.final_norm)
+        return module.load_params(self.params)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        shape = f"{len(self.layers)} layers{' + final norm' if self.final_norm is not None else ''}" if self.stack else "block"
+        extra = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
+                f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype})")
+
+
+def _is_bias(name: str) -> bool:
+    attribute = name.rsplit(".", 1)[-1]
+    return attribute == "bias" or attribute.startswith("b_")
+
+
+def _torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
+
+
+def _check_scheme(adapted: Adapted, torch_module: Any) -> None:
+    scheme = getattr(torch_module, "SCHEME", None)
+    activation = getattr(torch_module, "ACTIVATION", None)
+    if scheme is not None and (scheme, activation) != (adapted.scheme, adapted.activation):
+        raise SplitformerError(
+            f"the source computes {adapted.scheme} with {adapted.activation}; "
+            f"the generated module {torch_module.__name__} is {scheme} with {activation}"
+        )

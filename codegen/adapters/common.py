@@ -1,0 +1,128 @@
+"""Checks and conversions every adapter shares: LayerNorms, biases, stacks, state dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .adapted import Adapted
+from .arrays import array, tensor
+
+__all__ = ["activation_name", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
+           "final_norm_params", "stack_state", "state_dict"]
+
+
+#: Class names of activation modules (torch, transformers) → the scheme activation they compute.
+ACTIVATION_CLASSES = {"ReLU": "relu", "GELUActivation": "gelu", "SiLU": "silu", "SiLUActivation": "silu", "Tanh": "tanh"}
+#: ``torch.nn.functional``/``torch`` function names → the scheme activation.
+ACTIVATION_FUNCTIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": "tanh"}
+
+
+def activation_name(owner: str, function: Any) -> str:
+    """The scheme activation ``function`` computes (exact GELU only); anything else is refused."""
+    import torch
+
+    name = type(function).__name__
+    if name == "GELU" and getattr(function, "approximate", "none") == "none":
+        return "gelu"
+    if name in ACTIVATION_CLASSES and not getattr(function, "use_gelu_tanh_python", False):
+        return ACTIVATION_CLASSES[name]
+    plain = getattr(function, "__name__", "")
+    if plain in ACTIVATION_FUNCTIONS and function in (getattr(torch.nn.functional, plain, None), getattr(torch, plain, None)):
+        return ACTIVATION_FUNCTIONS[plain]
+    shown = plain or repr(function)
+    raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
+                           f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}; gelu is the exact erf form)")
+
+
+def zero_bias(size: int, dtype: np.dtype) -> np.ndarray:
+    """The canonical bias of a bias-less source part."""
+    return np.zeros(size, dtype=dtype)
+
+
+def check_bias(owner: str, biases: Sequence[Any]) -> bool:
+    """True when every bias tensor is present, False when none is; a mix is refused."""
+    present = [bias is not None for bias in biases]
+    if any(present) and not all(present):
+        raise SplitformerError(f"{owner} has biases in some parts and not in others; "
+                               "generated blocks have all biases (bias=True) or none (bias=False)")
+    return all(present)
+
+
+def check_norms(owner: str, norms: Mapping[str, Any]) -> float:
+    """The ε shared by ``norms`` (LayerNorms with gain); refuses other norms and differing ε."""
+    for name, norm in norms.items():
+        if type(norm).__name__ != "LayerNorm":
+            raise SplitformerError(f"{owner}.{name} is {type(norm).__name__}; the scheme's projection is LayerNorm")
+        if getattr(norm, "weight", None) is None:
+            raise SplitformerError(f"{owner}.{name} has no elementwise affine parameters; the scheme's LayerNorm has a gain")
+    eps = {name: float(norm.eps) for name, norm in norms.items()}
+    if len(set(eps.values())) > 1:
+        shown = ", ".join(f"{name}.eps={value:g}" for name, value in eps.items())
+        raise SplitformerError(f"{owner} has different LayerNorm eps ({shown}); a generated forward takes one eps")
+    return next(iter(eps.values()))
+
+
+def layer_norm_params(prefix: str, norm: Any) -> dict[str, np.ndarray]:
+    """``{prefix}.gain`` and ``{prefix}.bias`` of a LayerNorm (zero bias where it has none)."""
+    gain = array(norm.weight)
+    bias = zero_bias(gain.shape[0], gain.dtype) if norm.bias is None else array(norm.bias)
+    return {f"{prefix}.gain": gain, f"{prefix}.bias": bias}
+
+
+_SAME = ("scheme", "activation", "n_heads", "eps", "bias", "options")
+
+
+def same_configuration(owner: str, layers: Sequence[Adapted]) -> Adapted:
+    """The first of ``layers`` after checking they all share its scheme and configuration."""
+    if not layers:
+        raise SplitformerError(f"{owner} has no layers")
+    first = layers[0]
+    for index, layer in enumerate(layers[1:], start=1):
+        for key in _SAME:
+            if getattr(layer, key) != getattr(first, key):
+                raise SplitformerError(f"{owner} layer {index} has {key}={getattr(layer, key)!r}, "
+                                       f"layer 0 {key}={getattr(first, key)!r}; a generated Stack repeats one block")
+    return first
+
+
+def final_norm_params(owner: str, norm: Any, first: Adapted) -> dict[str, np.ndarray]:
+    """``{"gain", "bias"}`` of a stack's final LayerNorm, which must share the layers' ε and biases."""
+    eps = check_norms(owner, {"norm": norm})
+    if eps != first.eps:
+        raise SplitformerError(f"{owner} final norm has eps={eps:g}, its layers eps={first.eps:g}; "
+                               "a generated Stack takes one eps")
+    if (norm.bias is not None) != first.bias:
+        raise SplitformerError(f"{owner} final norm {'has' if norm.bias is not None else 'has no'} bias, "
+                               f"its layers bias={first.bias}")
+    params = layer_norm_params("final", norm)
+    return {"gain": params["final.gain"], "bias": params["final.bias"]}
+
+
+def stack_state(adapted: Adapted, layer_state: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+                layers: str, norm: str = "norm") -> dict[str, Any]:
+    """A stack's state dict: ``{layers}.{i}.*`` from ``layer_state``, then ``{norm}.weight``/``bias``."""
+    arrays = {f"{layers}.{index}.{key}": value
+              for index, params in enumerate(adapted.layers) for key, value in layer_state(params).items()}
+    if adapted.final_norm is not None:
+        arrays |= {f"{norm}.weight": adapted.final_norm["gain"], f"{norm}.bias": adapted.final_norm["bias"]}
+    return state_dict(arrays, adapted.bias)
+
+
+def state_dict(arrays: Mapping[str, np.ndarray], bias: bool) -> dict[str, Any]:
+    """Tensors of a source state dict; keys ending in ``bias`` are left out for a bias-less source.
+
+    A bias-less source cannot hold a nonzero bias: that is refused, naming the key.
+    """
+    state = {}
+    for key, value in arrays.items():
+        if key.endswith("bias") and not bias:
+            if np.any(value != 0):
+                raise SplitformerError(f"{key} is nonzero but the source module has no biases (bias=False)")
+            continue
+        state[key] = tensor(value)
+    return state

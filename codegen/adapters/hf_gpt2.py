@@ -1,0 +1,81 @@
+"""``transformers`` ``GPT2Block`` → canonical parameters of the ``gpt2`` scheme.
+
+GPT-2's ``Conv1D`` stores its weight as ``(in, out)``: already the row-vector layout
+``u @ W + b`` of the canonical names, so nothing is transposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+from . import adapter, writer
+from .adapted import Adapted
+from .common import state_dict
+
+__all__ = ["gpt2_block_params", "gpt2_block_config", "read_gpt2_block", "write_gpt2_block"]
+
+#: The activation names of ``transformers`` that equal the scheme's ``gelu-tanh``.
+_GELU_TANH = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+
+
+def _array(tensor: Any) -> np.ndarray:
+    return tensor.detach().cpu().numpy().copy()
+
+
+def gpt2_block_config(block: Any) -> dict[str, Any]:
+    """What the emitted ``gpt2`` forward needs (heads, ε); refuses what it does not implement."""
+    config = block.attn.config if hasattr(block.attn, "config") else None
+    activation = getattr(config, "activation_function", "gelu_new")
+    if activation not in _GELU_TANH:
+        raise SplitformerError(f"GPT2Block uses activation {activation!r}; the gpt2 scheme implements gelu-tanh "
+                               f"({', '.join(sorted(_GELU_TANH))})")
+    if getattr(block.attn, "is_cross_attention", False) or hasattr(block, "crossattention"):
+        raise SplitformerError("GPT2Block with cross-attention (add_cross_attention=True) is not the gpt2 scheme")
+    if not getattr(block.attn, "scale_attn_weights", True) or getattr(block.attn, "scale_attn_by_inverse_layer_idx", False):
+        raise SplitformerError("GPT2Block with a score scale other than 1/√d_head is not implemented")
+    if getattr(block.attn, "reorder_and_upcast_attn", False):
+        raise SplitformerError("GPT2Block with reorder_and_upcast_attn is not implemented")
+    if block.ln_1.eps != block.ln_2.eps:
+        raise SplitformerError(f"GPT2Block's LayerNorms have different ε ({block.ln_1.eps}, {block.ln_2.eps})")
+    return {"n_heads": block.attn.num_heads, "eps": block.ln_1.eps}
+
+
+def gpt2_block_params(block: Any) -> dict[str, np.ndarray]:
+    """The canonical parameters of a ``GPT2Block`` (``norm1``, ``attn``, ``norm2``, ``ffn``)."""
+    q, k, v = np.split(_array(block.attn.c_attn.weight), 3, axis=1)
+    b_q, b_k, b_v = np.split(_array(block.attn.c_attn.bias), 3)
+    return {
+        "norm1.gain": _array(block.ln_1.weight), "norm1.bias": _array(block.ln_1.bias),
+        "attn.W_q": q, "attn.b_q": b_q, "attn.W_k": k, "attn.b_k": b_k, "attn.W_v": v, "attn.b_v": b_v,
+        "attn.W_o": _array(block.attn.c_proj.weight), "attn.b_o": _array(block.attn.c_proj.bias),
+        "norm2.gain": _array(block.ln_2.weight), "norm2.bias": _array(block.ln_2.bias),
+        "ffn.W_1": _array(block.mlp.c_fc.weight), "ffn.b_1": _array(block.mlp.c_fc.bias),
+        "ffn.W_2": _array(block.mlp.c_proj.weight), "ffn.b_2": _array(block.mlp.c_proj.bias),
+    }
+
+
+@adapter("hf", "GPT2Block")
+def read_gpt2_block(block: Any) -> Adapted:
+    """One ``GPT2Block``: the causal ``gpt2`` scheme with tanh-GELU."""
+    config = gpt2_block_config(block)
+    return Adapted(scheme="gpt2", activation="gelu-tanh", layers=(gpt2_block_params(block),), n_heads=config["n_heads"],
+                   eps=config["eps"], source=("hf", "GPT2Block"), options={"causal": True})
+
+
+@writer("hf", "GPT2Block")
+def write_gpt2_block(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``GPT2Block`` (``Conv1D`` weights ``(in, out)``: canonical as they are)."""
+    p = adapted.params
+    return state_dict({
+        "ln_1.weight": p["norm1.gain"], "ln_1.bias": p["norm1.bias"],
+        "attn.c_attn.weight": np.concatenate([p["attn.W_q"], p["attn.W_k"], p["attn.W_v"]], axis=1),
+        "attn.c_attn.bias": np.concatenate([p["attn.b_q"], p["attn.b_k"], p["attn.b_v"]]),
+        "attn.c_proj.weight": p["attn.W_o"], "attn.c_proj.bias": p["attn.b_o"],
+        "ln_2.weight": p["norm2.gain"], "ln_2.bias": p["norm2.bias"],
+        "mlp.c_fc.weight": p["ffn.W_1"], "mlp.c_fc.bias": p["ffn.b_1"],
+        "mlp.c_proj.weight": p["ffn.W_2"], "mlp.c_proj.bias": p["ffn.b_2"],
+    }, bias=True)

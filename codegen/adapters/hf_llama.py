@@ -1,0 +1,99 @@
+"""``transformers`` ``LlamaDecoderLayer`` → canonical parameters of the ``llama`` scheme.
+
+``W`` is the transpose of each ``nn.Linear`` weight (row-vector convention ``u @ W``); the
+gated feed-forward reads ``gate_proj`` as ``W_1`` (through silu), ``up_proj`` as ``W_3`` (the
+gate) and ``down_proj`` as ``W_2``. What the emitted code does not implement is refused:
+RoPE scaling variants (any ``rope_type`` but ``default``), partial rotary factors, sliding
+windows, biases, another activation, a head width other than ``d / n_heads``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+from . import adapter, writer
+from .adapted import Adapted
+from .common import state_dict
+
+__all__ = ["llama_layer_params", "llama_layer_config", "read_llama_layer", "write_llama_layer"]
+
+#: Canonical name → the ``LlamaDecoderLayer`` state-dict key (a Linear weight transposed).
+KEYS = {
+    "norm1.gain": "input_layernorm.weight", "attn.W_q": "self_attn.q_proj.weight",
+    "attn.W_k": "self_attn.k_proj.weight", "attn.W_v": "self_attn.v_proj.weight",
+    "attn.W_o": "self_attn.o_proj.weight", "norm2.gain": "post_attention_layernorm.weight",
+    "ffn.W_1": "mlp.gate_proj.weight", "ffn.W_3": "mlp.up_proj.weight", "ffn.W_2": "mlp.down_proj.weight",
+}
+
+
+def _array(tensor: Any) -> np.ndarray:
+    return tensor.detach().cpu().numpy().T.copy() if tensor.dim() == 2 else tensor.detach().cpu().numpy().copy()
+
+
+def llama_layer_config(layer: Any) -> dict[str, Any]:
+    """``n_heads``, ``n_kv_heads``, ``eps`` and ``rope_theta`` of a ``LlamaDecoderLayer``; refuses the rest."""
+    config = layer.self_attn.config
+    d, n_heads = config.hidden_size, config.num_attention_heads
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise SplitformerError(f"LlamaDecoderLayer uses RoPE scaling {rope_type!r}; the llama scheme implements "
+                               "the default rotary embedding only")
+    if rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) != 1.0:
+        raise SplitformerError("LlamaDecoderLayer rotates part of each head (partial_rotary_factor ≠ 1); "
+                               "the llama scheme rotates every feature pair")
+    if getattr(config, "sliding_window", None) is not None:
+        raise SplitformerError(f"LlamaDecoderLayer uses a sliding window ({config.sliding_window}); "
+                               "the llama scheme's causal support is x̃ ≤ x")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise SplitformerError(f"LlamaDecoderLayer uses activation {config.hidden_act!r}; the llama scheme's "
+                               "gated feed-forward uses silu (SwiGLU)")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise SplitformerError("LlamaDecoderLayer has biases (attention_bias or mlp_bias); the llama scheme has none")
+    if layer.self_attn.head_dim * n_heads != d:
+        raise SplitformerError(f"LlamaDecoderLayer has head_dim = {layer.self_attn.head_dim} ≠ hidden_size / "
+                               f"num_attention_heads = {d // n_heads}")
+    eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
+    if len(eps) != 1:
+        raise SplitformerError(f"LlamaDecoderLayer's RMSNorms have different ε ({', '.join(map(str, sorted(eps)))})")
+    return {"n_heads": n_heads, "n_kv_heads": config.num_key_value_heads, "eps": float(eps.pop()),
+            "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))}
+
+
+def llama_layer_params(layer: Any) -> dict[str, np.ndarray]:
+    """The canonical parameters of a ``LlamaDecoderLayer`` (``norm1``, ``attn``, ``norm2``, ``ffn``)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return {
+        "norm1.gain": _array(layer.input_layernorm.weight),
+        "attn.W_q": _array(attention.q_proj.weight), "attn.W_k": _array(attention.k_proj.weight),
+        "attn.W_v": _array(attention.v_proj.weight), "attn.W_o": _array(attention.o_proj.weight),
+        "norm2.gain": _array(layer.post_attention_layernorm.weight),
+        "ffn.W_1": _array(mlp.gate_proj.weight), "ffn.W_3": _array(mlp.up_proj.weight),
+        "ffn.W_2": _array(mlp.down_proj.weight),
+    }
+
+
+@adapter("hf", "LlamaDecoderLayer")
+def read_llama_layer(layer: Any) -> Adapted:
+    """One ``LlamaDecoderLayer``: the causal ``llama`` scheme; heads, key/value heads, ε, RoPE θ.
+
+    Note: transformers' ``LlamaRMSNorm`` computes in float32 whatever the input dtype; the
+    generated code computes in the input's dtype (the same formula, exact in float64).
+    """
+    config = llama_layer_config(layer)
+    return Adapted(scheme="llama", activation="silu", layers=(llama_layer_params(layer),), n_heads=config["n_heads"],
+                   eps=config["eps"], source=("hf", "LlamaDecoderLayer"), bias=False,
+                   options={"n_kv_heads": config["n_kv_heads"], "rope_theta": config["rope_theta"], "causal": True},
+                   notes=("LlamaRMSNorm rounds to float32 inside; the generated RMSNorm keeps the input dtype",))
+
+
+@writer("hf", "LlamaDecoderLayer")
+def write_llama_layer(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``LlamaDecoderLayer``."""
+    p = adapted.params
+    return state_dict({key: p[name].T if name.split(".")[1].startswith("W") else p[name]
+                       for name, key in KEYS.items()}, bias=False)

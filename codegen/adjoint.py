@@ -1,0 +1,207 @@
+"""Lowering of a derived adjoint: forward and adjoint assignments → two IR modules.
+
+Input: a ``symbolic.adjoint.Adjoint``. Output: a ``Backward``: the forward module that keeps
+what the adjoint reads (``saved``), and the adjoint module that turns the seed ``λ`` of the
+output into the gradients. Both are lowered as one program and rewritten by the same passes
+(so a pass sees every reader: the fused attention and LayerNorm stay unfused when the
+adjoint reads their kernel or moments, and no buffer the adjoint needs is updated in place),
+then split where the adjoint begins. Arrays over two token axes (the attention scores and
+kernel) are recomputed in the adjoint from the kept ``Q``, ``K`` instead of being kept.
+
+The gradient of a control sums over the batch as well as over the index sums of its
+assignment: it is lowered to an einsum whose output has no batch axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import sympy as sp
+
+from splitformer.symbolic.adjoint import Adjoint
+from splitformer.symbolic.domains import TOKENS
+from splitformer.symbolic.latex import equation
+from splitformer.symbolic.program import TIME_STEP, Assignment
+
+from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
+from .lowering import _INDEX_DOMAINS, _Lowering
+
+__all__ = ["Backward", "lower_adjoint", "backward_context", "ADJOINT_SECTION"]
+
+#: Section titles of adjoint statements start with this.
+ADJOINT_SECTION = "adjoint of "
+_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain is TOKENS}
+
+
+@dataclass
+class Backward:
+    """The lowered forward (keeping ``saved``) and adjoint of one program."""
+
+    forward: Module
+    adjoint: Module
+    saved: list[str]
+    seed: str
+    #: canonical parameter name (or ``u``) → gradient array in the adjoint module
+    gradients: dict[str, str]
+    #: the derived (index-notation) adjoint it was lowered from
+    symbolic: Adjoint | None = None
+
+
+class _AdjointLowering(_Lowering):
+    def assignment(self, assignment: Assignment, section: str = "") -> None:
+        info = self.tensors.get(assignment.target)
+        if info is None or info.role != "gradient":
+            return super().assignment(assignment, section)
+        rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
+        comment = equation(assignment.lhs, rhs, self.program.latex_names())
+        labels = self.labels(assignment.lhs)
+        terms = sp.Add.make_args(rhs)
+        parts = [self.batch_sum(assignment.target if len(terms) == 1 else f"{assignment.target}_{n}",
+                                labels, term, info, section) for n, term in enumerate(terms)]
+        if len(terms) > 1:
+            total = sp.Add(*(sp.IndexedBase(name)[assignment.lhs.indices] for name in parts))
+            self.ops.append(Elementwise(assignment.target, labels, expr=total))
+        self.ops[-1] = self.ops[-1].with_comment(comment, section)
+
+    def batch_sum(self, out: str, labels: tuple[str, ...], term: sp.Expr, info: TensorInfo, section: str) -> str:
+        """``out = Σ_b term`` for one term ``c Σ_K body`` of a control's gradient."""
+        if out != info.name:
+            self.tensors[out] = replace(info, name=out)
+        scale, total = sp.Integer(1), None
+        for factor in sp.Mul.make_args(term):
+            if isinstance(factor, sp.Sum) and total is None:
+                total = factor
+            else:
+                scale *= factor
+        body, summed = (total.function, tuple(limit[0] for limit in total.limits)) if total is not None else (term, ())
+        if total is None or scale.has(sp.Indexed):
+            body, scale = scale * body if total is not None else body, sp.Integer(1)
+        factors = sp.Mul.make_args(body)
+        if all(isinstance(factor, sp.Indexed) for factor in factors):
+            operands = tuple(self.operand(factor) for factor in factors)
+        else:  # materialize the summand over the batch, then contract it
+            self.temporaries += 1
+            name = f"t{self.temporaries}"
+            body_labels = (BATCH,) + labels + tuple(str(index) for index in summed)
+            self.ops.append(Elementwise(name, body_labels, section=section,
+                                        expr=self.hoist_sums(body, body_labels)))
+            operands = (Operand(name, body_labels),)
+        self.ops.append(Contraction(out, labels, section=section, operands=operands, scale=scale))
+        return out
+
+
+def _token_pair(op) -> bool:
+    """Whether ``op`` writes an array over two token axes (``B·H·N²`` entries: a kernel)."""
+    return sum(label in _TOKEN_LABELS for label in op.labels) >= 2
+
+
+def _recompute_token_kernels(forward_ops: list, adjoint_ops: list) -> list:
+    """Recompute in the adjoint, from their inputs, the forward arrays over two token axes.
+
+    The attention kernel and its scores are ``N²`` per head and row; keeping ``Q``, ``K`` and
+    recomputing them costs one product and one softmax, and keeps the activations at the
+    size of the states (as a flash-attention backward does).
+    """
+    producers = {name: op for op in forward_ops for name in op.writes()}
+    needed = [name for name in dict.fromkeys(n for op in adjoint_ops for n in op.reads())
+              if name in producers and _token_pair(producers[name])]
+    chosen: list = []
+
+    def visit(name: str) -> None:
+        op = producers[name]
+        if op in chosen:
+            return
+        for read in op.reads():
+            if read in producers and _token_pair(producers[read]):
+                visit(read)
+        chosen.append(op)
+
+    for name in needed:
+        visit(name)
+    order = {id(op): position for position, op in enumerate(forward_ops)}
+    recomputed = [replace(op, section=f"recomputed from the kept arrays: {op.section}")
+                  for op in sorted(chosen, key=lambda op: order[id(op)])]
+    if not recomputed:
+        return adjoint_ops
+    # just before the first adjoint statement that reads them, so they live no longer than needed
+    names = {name for op in recomputed for name in op.writes()}
+    first = next(position for position, op in enumerate(adjoint_ops) if names & set(op.reads()))
+    return adjoint_ops[:first] + recomputed + adjoint_ops[first:]
+
+
+def _refuse_attention(module: Module, forward_ops: list, read: set[str], passes) -> list:
+    """The forward's attention fused again once the adjoint recomputes its kernel (if the pass is on)."""
+    from .passes import fused_attention
+
+    if fused_attention not in passes:
+        return forward_ops
+    fused = fused_attention(replace(module, ops=forward_ops)).ops
+    written = {name for op in fused for name in op.writes()}
+    kept = {name for op in forward_ops for name in op.writes()} & read
+    return fused if kept <= written else forward_ops
+
+
+def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
+    """Lower forward and adjoint together, run the passes, split them."""
+    from .passes import DEFAULT
+
+    program = adjoint.program()
+    lowering = _AdjointLowering(program)
+    for record in program.records:
+        for evaluation in record.evaluations:
+            for assignment in evaluation.assignments:
+                lowering.assignment(assignment, record.title)
+        if record.update is not None:
+            lowering.assignment(record.update, record.title)
+    module = Module(program.name, lowering.tensors, lowering.ops, program.output)
+    for rewrite in DEFAULT if passes is None else passes:
+        module = rewrite(module)
+    forward_ops = [op for op in module.ops if not op.section.startswith(ADJOINT_SECTION)]
+    adjoint_ops = [op for op in module.ops if op.section.startswith(ADJOINT_SECTION)]
+    written = {name for op in forward_ops for name in op.writes()} | {"u0", "chi"}
+    # a saved forward array is never updated in place by the adjoint (it may be needed again)
+    adjoint_ops = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in written else op
+                   for op in adjoint_ops]
+    adjoint_ops = _recompute_token_kernels(forward_ops, adjoint_ops)
+    read, produced = set(), set()  # what the adjoint reads before producing it itself
+    for op in adjoint_ops:
+        read |= set(op.reads()) - produced
+        produced |= set(op.writes())
+    forward_ops = _refuse_attention(module, forward_ops, read, DEFAULT if passes is None else passes)
+    saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
+             if name in read]
+    saved = [name for name in ("u0",) if name in read] + saved
+    gradients = {}
+    for name, bar in adjoint.gradients.items():
+        tensor = program.tensors[name]
+        gradients["u" if tensor.role == "input" else tensor.parameter] = bar
+    return Backward(
+        forward=replace(module, ops=forward_ops, output=program.output),
+        adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
+        saved=saved, seed=adjoint.seed, gradients=gradients, symbolic=adjoint,
+    )
+
+
+def backward_context(backward: Backward, backend: str) -> dict:
+    """Template variables of ``backward_functions`` (templates/backward.py.j2)."""
+    from .render import unit_context
+
+    gradients = []
+    for name, variable in backward.gradients.items():
+        if name == "u":
+            continue
+        info = backward.adjoint.tensors[variable]
+        shape = tuple(domain.code_name for domain in info.shape)
+        view = tuple(domain.code_name for domain in info.view) if info.view is not None else shape
+        gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
+    order = [info.parameter for info in backward.forward.tensors.values() if info.role == "param"]
+    gradients.sort(key=lambda gradient: order.index(gradient["name"]))
+    return {
+        "forward": unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output}),
+        "adjoint": unit_context(backward.adjoint, backend, keep=set(backward.gradients.values())),
+        "saved": [name for name in backward.saved if name != "chi"],
+        "seed": backward.seed,
+        "output": backward.forward.output,
+        "gradient_u": backward.gradients["u"],
+        "gradients": gradients,
+    }

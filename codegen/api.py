@@ -1,0 +1,164 @@
+"""The Python API of a derivation: one scheme in, everything the pipeline makes out.
+
+``derive(scheme)`` returns a ``Derivation`` holding the discrete program, its substep
+records, the order result and the derivation report; ``numpy_module()`` and
+``torch_module()`` give the generated modules in memory (the same API as the files),
+``write(out)`` writes the files ``splitformer derive`` writes. Every object a notebook
+displays has a ``_repr_latex_`` or ``_repr_markdown_``::
+
+    import splitformer
+
+    derivation = splitformer.derive("pre-ln", activation="gelu")
+    derivation.records[0]            # one substep: time rule and assignments (LaTeX)
+    block = derivation.torch_module().Block(16, 4, 40)
+"""
+
+from __future__ import annotations
+
+import linecache
+import types
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from splitformer.symbolic.checks.order import OrderResult, splitting_order
+from splitformer.symbolic.derivation import derive as derive_program
+from splitformer.symbolic.equation import Equation, scheme_equation
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.program import Program, SubstepRecord
+from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.scheme_file import load_scheme
+
+from .ir import Module
+from .output import write_files
+from .passes import select
+from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
+from .render import render_module
+from .report import render_report
+
+__all__ = ["Derivation", "derive", "as_scheme"]
+
+
+def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
+    """A ``Scheme`` from itself, a built-in name or a scheme-file path, checked."""
+    if isinstance(scheme, (str, Path)):
+        scheme = load_scheme(scheme)
+    elif not isinstance(scheme, Scheme):
+        raise SplitformerError(f"expected a Scheme, a built-in name or a scheme file, got {type(scheme).__name__}")
+    scheme.check()
+    return scheme if activation is None else scheme.with_activation(activation)
+
+
+@dataclass
+class Derivation:
+    """A derived scheme: program, records, orders, report, and the generated code."""
+
+    scheme: Scheme
+    program: Program
+    passes: tuple | None = None
+    _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The module name of the generated code (``pre_ln_gelu``)."""
+        return self.program.name
+
+    @property
+    def records(self) -> list[SubstepRecord]:
+        """One record per substep: its time rule and the assignments it produced."""
+        return self.program.records
+
+    @property
+    def equation(self) -> Equation:
+        return scheme_equation(self.scheme)
+
+    @cached_property
+    def order(self) -> OrderResult:
+        """Orders and leading local-error terms of one step (non-commutative series)."""
+        return splitting_order(self.scheme)
+
+    @cached_property
+    def report(self) -> str:
+        """The derivation report (Markdown), as ``splitformer derive`` writes it."""
+        adjoint = self.backward[0]
+        return render_report(self.scheme, self.program, adjoint=adjoint.symbolic if adjoint else None)
+
+    @cached_property
+    def lowered(self) -> tuple[Module, Module]:
+        """The tensor IR of the block and of a stack's final norm."""
+        return lower_scheme(self.scheme, self.program, self.passes)
+
+    @cached_property
+    def backward(self):
+        """The lowered derived adjoints of the block and of a stack's final norm (``vjp``, ``backward="derived"``)."""
+        return lower_backward(self.scheme, self.program, self.passes)
+
+    def source(self, backend: str) -> str:
+        """The text of the generated ``numpy`` or ``torch`` module."""
+        if backend not in BACKEND_CHOICES or backend == "all":
+            raise SplitformerError(f"unknown backend {backend!r} (known: numpy, torch)")
+        block, final_norm = self.lowered
+        return render_module(self.scheme, block, final_norm, backend, *self.backward)
+
+    def numpy_module(self) -> types.ModuleType:
+        """The generated NumPy module, in memory: ``forward``, ``forward_stack``, ``PARAMETERS``."""
+        return self._module("numpy")
+
+    def torch_module(self) -> types.ModuleType:
+        """The generated PyTorch module, in memory: ``Block``, ``Stack``, ``PARAMETERS``."""
+        return self._module("torch")
+
+    def _module(self, backend: str) -> types.ModuleType:
+        if backend not in self._modules:
+            source = self.source(backend)
+            filename = f"<splitformer {backend}/{self.name}.py>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+            module = types.ModuleType(f"splitformer_generated.{backend}.{self.name}")
+            module.__file__ = filename
+            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - code generated here
+            self._modules[backend] = module
+        return self._modules[backend]
+
+    def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
+        """Write the modules and the report under ``out`` (all or nothing); returns the paths.
+
+        ``force`` overwrites files that splitformer did not write (``splitformer derive --force``).
+        """
+        if backend not in BACKEND_CHOICES:
+            raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise SplitformerError(f"{out} exists and is not a folder")
+        files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
+        write_files(files, force=force)
+        return list(files)
+
+    def check(self, plots: str | Path | None = None):
+        """This scheme's checks (recovery, order, convergence) as a ``CheckReport``."""
+        from .checking import scheme_checks
+
+        return scheme_checks(self.scheme, self.program, None if plots is None else Path(plots))
+
+    def __repr__(self) -> str:
+        return f"<Derivation of {self.scheme.name!r} → {self.name}: {len(self.records)} substeps>"
+
+    def _repr_markdown_(self) -> str:
+        order = self.order
+        orders = ("exact (no error term up to h⁴)" if order.order is None else
+                  f"order {order.order}" + ("" if order.splitting_order is None
+                                            else f", splitting order {order.splitting_order}")
+                  + f"; leading local error ${order.leading_error}$")
+        lines = [f"**Derivation of `{self.scheme.name}`** → `{self.name}`: {self.scheme.summary}", "",
+                 f"$$ {self.equation.latex} $$", "", orders, "", f"{len(self.records)} substeps:", ""]
+        lines += [f"{position}. {record.title.split(': ', 1)[-1]}" for position, record in enumerate(self.records, 1)]
+        return "\n".join(lines)
+
+
+def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None) -> Derivation:
+    """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``.
+
+    ``passes``: the IR passes of the emitted code, ``"all"`` (default), ``"none"`` or
+    comma-separated names as for ``splitformer derive --passes``.
+    """
+    scheme = as_scheme(scheme, activation)
+    return Derivation(scheme, derive_program(scheme), select(passes) if isinstance(passes, str) else passes)

@@ -1,0 +1,143 @@
+"""Schemes side by side: orders, leading error, cost per step, parameters, convergence.
+
+``compare(["post-ln", "macaron", "rk2"])`` derives each scheme and tabulates its order
+(own substep solvers), splitting order (exact sub-flows), leading local-error term, the
+operator evaluations one step makes and the learned parameters of one block (in terms of
+the width ``d`` and the hidden width ``d_ff``). ``as_text``/``as_markdown``/``as_latex``
+print the table; ``plot(path)`` draws one convergence plot with every scheme overlaid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy as sp
+
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.latex import plain_text
+from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.program import Program
+from splitformer.symbolic.scheme import Scheme
+
+from .api import Derivation, derive
+from .convergence import Study, convergence_study, plot_studies
+
+__all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count"]
+
+
+def parameter_count(program: Program) -> sp.Expr:
+    """Learned numbers of one block, a polynomial in the code's sizes (``d``, ``d_ff``)."""
+    total = sp.Integer(0)
+    for tensor in program.parameters():
+        total += sp.Mul(*(sp.Symbol(domain.code_name, positive=True, integer=True) for domain in tensor.shape))
+    return sp.expand(total)
+
+
+def evaluation_count(program: Program) -> int:
+    """Operator evaluations in one step, projections included (an evaluation reused on the
+    same field counts once)."""
+    return sum(1 for record in program.records for evaluation in record.evaluations
+               if evaluation.kind in OPERATOR_KINDS)  # not the stage states of a Runge–Kutta step
+
+
+@dataclass(frozen=True)
+class Row:
+    """One scheme of the table; ``leading_error`` is LaTeX, ``leading_error_text`` plain text."""
+
+    scheme: str
+    order: int | None
+    splitting_order: int | None
+    leading_error: str
+    leading_error_text: str
+    evaluations: int
+    parameters: sp.Expr
+
+
+def _shown(order: int | None) -> str:
+    return "—" if order is None else str(order)
+
+
+@dataclass
+class Comparison:
+    """A table of schemes; ``plot`` adds their convergence studies on one set of axes."""
+
+    derivations: list[Derivation]
+    sizes: Mapping[str, int] | None = None
+    studies: dict[str, Study] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> list[Row]:
+        rows = []
+        for derivation in self.derivations:
+            order = derivation.order
+            rows.append(Row(derivation.scheme.name, order.order, order.splitting_order, order.leading_error,
+                            order.leading_error_text, evaluation_count(derivation.program),
+                            parameter_count(derivation.program)))
+        return rows
+
+    def _parameters(self, row: Row, printer) -> str:
+        if self.sizes is None:
+            return printer(row.parameters)
+        values = {symbol: self.sizes[symbol.name] for symbol in row.parameters.free_symbols if symbol.name in self.sizes}
+        return str(row.parameters.xreplace(values))
+
+    def as_text(self) -> str:
+        header = ["scheme", "order", "splitting", "evaluations", "parameters", "leading local error (own solvers)"]
+        table = [header] + [[row.scheme, _shown(row.order), _shown(row.splitting_order), str(row.evaluations),
+                             self._parameters(row, plain_text), row.leading_error_text or "0"] for row in self.rows]
+        widths = [max(len(line[column]) for line in table) for column in range(len(header) - 1)]
+        lines = []
+        for line in table:
+            cells = [cell.ljust(width) if column in (0, 4) else cell.rjust(width)
+                     for column, (cell, width) in enumerate(zip(line, widths))]
+            lines.append("  ".join(cells + [line[-1]]).rstrip())
+        return "\n".join(lines)
+
+    def as_markdown(self) -> str:
+        lines = ["| scheme | order | splitting order | evaluations per step | parameters | leading local error |",
+                 "| --- | --- | --- | --- | --- | --- |"]
+        for row in self.rows:
+            lines.append(f"| `{row.scheme}` | {_shown(row.order)} | {_shown(row.splitting_order)} | {row.evaluations} | "
+                         f"${self._parameters(row, sp.latex)}$ | ${row.leading_error}$ |")
+        return "\n".join(lines)
+
+    def as_latex(self) -> str:
+        lines = [r"\begin{tabular}{lrrrll}", r"scheme & order & splitting order & evaluations & parameters & "
+                 r"leading local error \\", r"\hline"]
+        for row in self.rows:
+            name = row.scheme.replace("_", r"\_")
+            lines.append(rf"\texttt{{{name}}} & {_shown(row.order).replace('—', '--')} & "
+                         rf"{_shown(row.splitting_order).replace('—', '--')} & {row.evaluations} & "
+                         rf"${self._parameters(row, sp.latex)}$ & ${row.leading_error}$ \\")
+        lines.append(r"\end{tabular}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+    def __repr__(self) -> str:
+        return f"<Comparison of {', '.join(derivation.scheme.name for derivation in self.derivations)}>"
+
+    def _repr_markdown_(self) -> str:
+        return self.as_markdown()
+
+    def plot(self, path: str | Path | None = None):
+        """Error against Δt of every scheme with an order, overlaid; saved to ``path`` or returned."""
+        for derivation in self.derivations:
+            if derivation.order.order is not None and derivation.scheme.name not in self.studies:
+                self.studies[derivation.scheme.name] = convergence_study(derivation.scheme, order=derivation.order.order)
+        return plot_studies(list(self.studies.values()), None if path is None else Path(path))
+
+
+def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
+            sizes: Mapping[str, int] | None = None) -> Comparison:
+    """Derive each scheme (``Scheme``, built-in name or file) and tabulate them side by side.
+
+    ``sizes`` (for example ``{"d": 512, "d_ff": 2048}``) turns the parameter counts into numbers.
+    """
+    derivations = [derive(scheme, activation) for scheme in schemes]
+    if not derivations:
+        raise SplitformerError("compare: name at least one scheme")
+    return Comparison(derivations, sizes)

@@ -1,0 +1,54 @@
+"""How the model-level IR operations (``codegen.model_ir``) are spelled in each backend.
+
+Every other operation is spelled by the block backends (``codegen.backends``).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
+from splitformer.symbolic.cnn_operators import STRIDE
+from splitformer.symbolic.vision_operators import PATCH
+
+from .backends import BACKENDS
+from .ir import Module, Op
+from .model_ir import Interleave, Point, Tokens, Window
+from .printers import SIZE_NAMES
+
+__all__ = ["statements", "code", "CODE_NAMES"]
+
+#: Symbols of the model derivations and their names in emitted code.
+CODE_NAMES = {**SIZE_NAMES, PATCH: "patch_size", STRIDE: "stride", KERNEL_ROWS.size: "kernel_size",
+              CHANNELS.size: "n_channels", ROWS.size: "n_rows", COLS.size: "n_cols", CLASSES.size: "n_classes"}
+
+
+def code(expr: sp.Expr) -> str:
+    """A size or configuration expression (``P``, ``2``) as code."""
+    expr = sp.sympify(expr)
+    return str(expr.xreplace({symbol: sp.Symbol(CODE_NAMES.get(symbol, symbol.name)) for symbol in expr.free_symbols}))
+
+
+def _window(op: Window, backend: str) -> list[str]:
+    return [f"{op.out} = _windows({op.source}, {op.axes}, {code(op.size)}, {code(op.stride)}, {code(op.padding)})"]
+
+
+def _interleave(op: Interleave, backend: str) -> list[str]:
+    return [f"{op.out} = _interleave({op.source}, {op.axes})"]
+
+
+def _tokens(op: Tokens, backend: str) -> list[str]:
+    return [f"{op.out} = _tokens({op.node}, {op.grid}) + {op.position}"]
+
+
+def _point(op: Point, backend: str) -> list[str]:
+    return [f"{op.out} = {op.source}[{', '.join(str(i) for i in op.index)}]"]
+
+
+_MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point}
+
+
+def statements(backend: str, module: Module, op: Op) -> list[str]:
+    """The statements computing ``op`` in ``backend``."""
+    spell = _MODEL_OPS.get(type(op))
+    return spell(op, backend) if spell else BACKENDS[backend].statements(module, op)

@@ -1,0 +1,61 @@
+"""IR operations of whole models, besides those of the blocks (``codegen.ir``).
+
+- ``Window``: a field read at shifted points ``S p + r − padding`` along some axes, as a
+  view whose shifted axes are replaced by the coarse grid and whose kernel offsets are
+  appended (what ``sliding_window_view`` / ``Tensor.unfold`` give);
+- ``Interleave``: the inverse of a window view with kernel = stride: a field computed per
+  coarse node and offset ``(…, p, …, r)`` written at the fine nodes ``S p + r``;
+- ``Tokens``: the initial condition on ``Ω_x = {x_cls} ∪ Ω_grid``: class node first, then
+  the grid row by row, plus the position term;
+- ``Point``: a point functional, the state at one node of an axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .ir import Op
+
+__all__ = ["Window", "Interleave", "Tokens", "Point"]
+
+
+@dataclass(frozen=True)
+class Window(Op):
+    source: str = ""
+    axes: tuple[int, ...] = ()
+    size: sp.Expr = sp.Integer(1)
+    stride: sp.Expr = sp.Integer(1)
+    padding: sp.Expr = sp.Integer(0)
+
+    def reads(self) -> list[str]:
+        return [self.source]
+
+
+@dataclass(frozen=True)
+class Interleave(Op):
+    source: str = ""
+    axes: tuple[int, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.source]
+
+
+@dataclass(frozen=True)
+class Tokens(Op):
+    node: str = ""
+    grid: str = ""
+    position: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.node, self.grid, self.position]
+
+
+@dataclass(frozen=True)
+class Point(Op):
+    source: str = ""
+    index: tuple[str | int, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.source]

@@ -1,0 +1,139 @@
+"""Emission of whole models: the lowered stages through a backend's model template."""
+
+from __future__ import annotations
+
+from splitformer.symbolic import __version__
+from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
+
+from .ir import BATCH, Module
+from .lowering import lower
+from .model_backends import CODE_NAMES, code, statements
+from .model_ir import Tokens
+from .model_lowering import lower_assignments, lower_stage
+from .render import environment, unit_context
+
+__all__ = ["render_model", "render_grid_model", "render_cvt", "stage_context", "model_units"]
+
+
+def _size(domain, sizes: dict) -> str | int:
+    """A parameter axis in code: a number where the model fixes it (a kernel size), else a name."""
+    size = domain.size.xreplace(sizes)
+    if size.is_Integer:
+        return int(size)
+    return CODE_NAMES.get(size, domain.code_name if size == domain.size else code(size))
+
+
+def stage_context(module: Module, backend: str, sizes: dict) -> dict:
+    """One emitted stage (embedding or readout): parameters and statements by section."""
+    parameters = []
+    for info in module.tensors.values():
+        if info.role != "param" or info.parameter is None:
+            continue
+        group, attribute = info.parameter.split(".")
+        shape = tuple(_size(domain, sizes) for domain in info.shape)
+        view = tuple(_size(domain, sizes) for domain in info.view) if info.view else None
+        parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
+                           "shape": shape, "view": view, "kind": info.kind})
+    sections: list[dict] = []
+    for op in module.ops:
+        if not sections or sections[-1]["title"] != op.section:
+            sections.append({"title": op.section, "statements": []})
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": statements(backend, module, op)})
+    return {"parameters": parameters, "sections": sections, "output": module.output,
+            "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters))}
+
+
+def model_units(model: ModelProgram, passes=None) -> dict[str, Module]:
+    """The lowered stages: embedding (with the initial condition on the tokens), step, final, readout."""
+    embedding = lower_stage(model.embedding)
+    key = model.embedding.operator.key
+    embedding.ops.append(Tokens("u0", (BATCH, "i", "l"), TOKENS_DISCRETE, embedding.ops[-1].section,
+                                node=f"{key}_cls", grid=embedding.output, position=f"{key}_pos"))
+    embedding.output = "u0"
+    units = {"embedding": embedding, "step": lower(model.step, passes), "readout": lower_stage(model.readout)}
+    if model.final is not None:
+        units["final"] = lower(model.final, passes)
+    return units
+
+
+def render_model(model: ModelProgram, backend: str, passes=None) -> str:
+    """The source of the generated ``backend`` module of ``model``."""
+    units = model_units(model, passes)
+    sizes = getattr(model.spec.embedding, "sizes", dict)()
+    step = unit_context(units["step"], backend)
+    final = unit_context(units["final"], backend) if "final" in units else None
+    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"}
+    template = environment().get_template(f"{backend}/model.py.j2")
+    return template.render(
+        model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
+        embedding=stage_context(units["embedding"], backend, sizes), block=step, final=final,
+        readout=stage_context(units["readout"], backend, {}), uses=helpers,
+    )
+
+
+def _grid_line(operator) -> str | None:
+    """How an operator changes the number of grid points along an axis (``n``)."""
+    if operator.kind == "convolution":
+        stride = "stride" if operator.stride == "stride" else operator.stride
+        return f"n = (n + {2 * operator.padding - operator.kernel}) // {stride} + 1"
+    if operator.kind == "transposed-convolution":
+        return f"n = n * {operator.kernel}"
+    return None
+
+
+def _channels(stages, default: str) -> str:
+    """The code name of the channel domain the last channel-changing stage writes."""
+    for stage in reversed(stages):
+        if stage.operator.kind in ("convolution", "transposed-convolution"):
+            return "d" if stage.operator.outputs == "y" else "n_channels"
+    return default
+
+
+def render_grid_model(model: GridModelProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``)."""
+    def unit(stages):
+        modules = [lower_stage(stage) for stage in stages]
+        contexts = [stage_context(module, backend, getattr(stage.operator, "sizes", dict)())
+                    for module, stage in zip(modules, stages)]
+        return {"parameters": [p for c in contexts for p in c["parameters"]],
+                "sections": [section for c in contexts for section in c["sections"]],
+                "output": stages[-1].output if stages else None,
+                "grid": [line for stage in stages if (line := _grid_line(stage.operator))]}
+
+    field, transfer = unit(model.field), unit(model.transfer)
+    update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
+    steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
+    final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
+    template = environment().get_template(f"{backend}/grid_model.py.j2")
+    return template.render(
+        model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
+        field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
+        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False},
+    )
+
+
+def render_cvt(model: CvtProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of CvT."""
+    def unit(stage):
+        return stage_context(lower_stage(stage), backend, getattr(stage.operator, "sizes", dict)())
+
+    def update(assignment):
+        module = lower_assignments("update", {}, [assignment], assignment.target, "residual sum")
+        return stage_context(module, backend, {})
+
+    embedding = [unit(stage) for stage in model.embedding]
+    projections = [unit(stage) for pair in model.projections for stage in pair]
+    norm1, attention, norm2, ffn = (unit(stage) for stage in (model.norm1, model.attention, model.norm2, model.ffn))
+    readout = [unit(stage) for stage in model.readout]
+    layer = [norm1, *projections, attention, norm2, ffn]
+    template = environment().get_template(f"{backend}/cvt.py.j2")
+    return template.render(
+        name=model.name, summary=model.summary, version=__version__, embedding=embedding, norm1=norm1,
+        projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
+        update1=update(model.updates[0]), update2=update(model.updates[1]),
+        stage_parameters=[p for u in embedding for p in u["parameters"]],
+        layer_parameters=[p for u in layer for p in u["parameters"]],
+        head_parameters=[p for u in readout for p in u["parameters"]],
+        uses={"_einsum", "_softmax"}, block={"uses_erf": True},
+    )

@@ -1,0 +1,406 @@
+r"""Reverse mode over a discrete program: the adjoint (costate) program, derived in SymPy.
+
+Input: a forward ``Program``. Output: an ``Adjoint``, whose records hold the adjoint
+assignments in index notation, one record per forward substep, in reverse order.
+
+Training as optimal control: one step is ``u^{n+1} = Φ(u^n, θ^n)``; with the
+discrete Hamiltonian ``H^n = ⟨λ^{n+1}, Φ(u^n, θ^n)⟩`` the stationarity conditions of the
+Lagrangian are the costate recursion ``λ^n = ∂H^n/∂u^n = (∂Φ/∂u^n)ᵀ λ^{n+1}`` and the
+gradients ``∂J/∂θ^n = ∂H^n/∂θ^n``. Inside a step ``Φ`` is the program's chain of
+assignments ``y[I] = f(x_1[J_1], …)``, so the same conditions hold assignment by
+assignment, read backwards: every array ``x`` read by ``f`` receives
+
+    x̄[J] += Σ_{(I ∪ bound) \ J} ȳ[I] · ∂f/∂x[J]
+
+where ``∂f/∂x[J]`` is SymPy's derivative of the right-hand side with respect to that
+entry (through every enclosing ``Sum``: the sum is differentiated as an opaque symbol,
+then its body with the summation index left free). Nothing is typed in per operator: the
+softmax Jacobian, LayerNorm's and the activations' derivatives all come out of ``diff``.
+
+Two rewrites keep the adjoint as cheap as the forward: a derivative that contains the
+right-hand side of a forward assignment is written with that assignment's array
+(``χ e^{a}/Σ χ e^{a}`` → ``γ``), and factors that do not depend on a summation index
+are taken out of its sum. The derivative of ``max(0, v)`` is SymPy's ``Heaviside(v)``,
+used with the subgradient ``0`` at ``v = 0`` (torch's convention), i.e. ``[v > 0]``; with
+that value ``H(v) = H(max(0, v))``, so the step is read off the kept output ``s = max(0, w)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from .errors import SplitformerError
+from .latex import equation
+from .program import Assignment, Program, Tensor
+
+__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "RELU_SUBGRADIENT_AT_ZERO", "has_adjoint", "NO_ADJOINT_KINDS"]
+
+#: Operator kinds whose adjoint is not derived yet (rotary angles and a memory input need
+#: index patterns this derivation does not handle); their modules have no ``vjp``.
+NO_ADJOINT_KINDS = frozenset({"rotary-attention", "cross-attention"})
+
+
+def has_adjoint(scheme) -> bool:
+    """Whether the derived adjoint (``vjp``, ``backward="derived"``) is emitted for ``scheme``."""
+    return not NO_ADJOINT_KINDS & {operator.kind for operator in scheme.instantiate().values()}
+
+
+#: The value taken for ∂max(0, v)/∂v at v = 0 (torch's ``relu`` backward uses 0).
+RELU_SUBGRADIENT_AT_ZERO = sp.Integer(0)
+
+#: Arrays that are data, not controls or states: no adjoint flows into them.
+_CONSTANT_ROLES = ("support",)
+
+
+def adjoint_name(name: str) -> str:
+    """The adjoint array of ``name`` (``u1`` → ``u1_bar``)."""
+    return f"{name}_bar"
+
+
+@dataclass(frozen=True)
+class AdjointRecord:
+    """The adjoint assignments of one forward substep."""
+
+    title: str
+    assignments: tuple[Assignment, ...]
+
+
+@dataclass
+class Adjoint:
+    """The adjoint program of ``forward``: seed ``λ`` of the output, records in reverse order."""
+
+    forward: Program
+    tensors: dict[str, Tensor]
+    records: list[AdjointRecord]
+    seed: str
+    #: forward input or parameter name → the name of its gradient array
+    gradients: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def assignments(self) -> list[Assignment]:
+        return [assignment for record in self.records for assignment in record.assignments]
+
+    def program(self) -> Program:
+        """Forward and adjoint as one program (for evaluation and the lowering)."""
+        from .program import Evaluation, SubstepRecord
+
+        records = list(self.forward.records) + [
+            SubstepRecord(record.title, "", (Evaluation("adjoint", "adjoint", "", record.assignments),), None)
+            for record in self.records
+        ]
+        return Program(self.forward.name, {**self.forward.tensors, **self.tensors}, records, self.forward.output,
+                       list(self.forward.notes))
+
+
+# -- differentiation --------------------------------------------------------------------
+
+def _outer_sums(expr: sp.Expr) -> list[sp.Sum]:
+    sums = list(expr.atoms(sp.Sum))
+    return sorted((s for s in sums if not any(o is not s and o != s and o.has(s) for o in sums)),
+                  key=sp.default_sort_key)
+
+
+def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]]:
+    """``(x[J], ∂rhs/∂x[J], indices bound around x[J])`` for every array entry read by ``rhs``.
+
+    A ``Sum`` is first treated as one symbol ``S``; its body is then differentiated with
+    its summation index free and the chain factor ``∂rhs/∂S`` (the sum's limits bind the
+    index, so the entry ``x[J]`` is one of the summands).
+    """
+    found: list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]] = []
+
+    def walk(expr: sp.Expr, seed: sp.Expr, bound: tuple[sp.Idx, ...]) -> None:
+        sums = {total: sp.Dummy("S") for total in _outer_sums(expr)}
+        flat = expr.xreplace(sums)
+        entries = {entry: sp.Dummy("x") for entry in sorted(flat.atoms(sp.Indexed), key=sp.default_sort_key)}
+        flat = flat.xreplace(entries)
+        back = {symbol: original for original, symbol in (*sums.items(), *entries.items())}
+        for entry, symbol in entries.items():
+            found.append((entry, seed * sp.diff(flat, symbol).xreplace(back), bound))
+        for total, symbol in sums.items():
+            limits = tuple(limit[0] for limit in total.limits)
+            walk(total.function, seed * sp.diff(flat, symbol).xreplace(back), bound + limits)
+
+    walk(rhs, sp.Integer(1), ())
+    return found
+
+
+def _with_relu_convention(expr: sp.Expr) -> sp.Expr:
+    """``Heaviside(v)`` (½ at 0 in SymPy) → ``Heaviside(v, 0)``: torch's subgradient at 0."""
+    return expr.replace(lambda e: isinstance(e, sp.Heaviside),
+                        lambda e: sp.Heaviside(e.args[0], RELU_SUBGRADIENT_AT_ZERO))
+
+
+# -- recognizing forward arrays ---------------------------------------------------------
+
+def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
+    """A product as (numeric coefficient, {base: exponent}); sums of terms in a canonical form.
+
+    A sum ``2α − 2u`` is written ``-2 (u − α)`` (its content taken out, one sign of the two)
+    so that SymPy's distribution of numbers over sums does not hide a factor.
+    """
+    coefficient, powers = sp.Integer(1), {}
+    for factor in sp.Mul.make_args(expr):
+        if factor.is_number:
+            coefficient *= factor
+            continue
+        base, exponent = (factor.base, factor.exp) if isinstance(factor, sp.Pow) else (factor, sp.Integer(1))
+        if isinstance(base, sp.Add) and exponent.is_integer:
+            content, base = base.as_content_primitive()
+            if base.could_extract_minus_sign():
+                content, base = -content, -base
+            coefficient *= content**exponent
+        powers[base] = powers.get(base, 0) + exponent
+    return coefficient, powers
+
+
+def _divides(part: sp.Expr, whole: sp.Expr) -> bool:
+    """``whole = part · rest`` keeps the sign of each exponent and does not flip it."""
+    return part.is_number and whole.is_number and (part > 0) == (whole > 0) and abs(whole) >= abs(part)
+
+
+class _Recognizer:
+    """Rewrite products that contain a forward right-hand side with that forward array.
+
+    A rule ``y = c Π b^e`` matches a product that contains its numerator (the factors with
+    ``e > 0``). Denominator factors the product lacks are compensated (``u − α =
+    P √(β + ε)``) only when the numerator holds a compound factor and the missing factors
+    hold no sum: a sum is never recomputed to reuse an array.
+    """
+
+    def __init__(self, assignments: list[Assignment]):
+        self.rules = []
+        for assignment in assignments:
+            rhs = assignment.rhs
+            if isinstance(rhs, (sp.Add, sp.Indexed)) or not rhs.has(sp.Indexed):
+                continue
+            coefficient, powers = _powers(rhs)
+            self.rules.append((assignment.lhs, coefficient, powers))
+        self.rules.sort(key=lambda rule: -len(rule[2]))
+
+    def __call__(self, expr: sp.Expr) -> sp.Expr:
+        if expr.is_Atom or isinstance(expr, sp.Indexed):
+            return expr
+        if isinstance(expr, sp.Add):
+            return self.match(sp.Add(*(self(term) for term in expr.args)))
+        if isinstance(expr, sp.Sum):
+            return sp.Sum(self(expr.function), *expr.limits)
+        if isinstance(expr, sp.Mul):
+            expr = sp.Mul(*(self(factor) for factor in expr.args))
+        elif isinstance(expr, sp.Pow):
+            expr = sp.Pow(self(expr.base), expr.exp)
+        else:
+            expr = expr.func(*(self(argument) for argument in expr.args))
+        return self.match(expr)
+
+    def match(self, expr: sp.Expr) -> sp.Expr:
+        changed = True
+        while changed:
+            changed = False
+            coefficient, powers = _powers(expr)
+            indices = sorted(expr.atoms(sp.Idx), key=str)
+            for lhs, rule_coefficient, rule in self.rules:
+                for mapping in self.mappings(lhs, indices):
+                    renamed = {base.xreplace(mapping): exponent for base, exponent in rule.items()}
+                    if not self.applies(renamed, powers):
+                        continue
+                    for base, exponent in renamed.items():
+                        powers[base] = powers.get(base, 0) - exponent
+                    target = lhs.xreplace(mapping)
+                    powers[target] = powers.get(target, 0) + 1
+                    expr = coefficient / rule_coefficient * sp.Mul(*(base**exponent for base, exponent in powers.items()))
+                    changed = True
+                    break
+                if changed:
+                    break
+        return expr
+
+    @staticmethod
+    def applies(rule: dict, powers: dict) -> bool:
+        numerator = {base: exponent for base, exponent in rule.items() if exponent > 0}
+        if not numerator or not all(base in powers and _divides(e, powers[base]) for base, e in numerator.items()):
+            return False
+        missing = [base for base, e in rule.items() if e < 0 and not (base in powers and _divides(e, powers[base]))]
+        if not missing:
+            return True
+        compound = any(isinstance(base, sp.Add) for base in numerator)
+        return compound and not any(base.has(sp.Sum) for base in missing)
+
+    @staticmethod
+    def mappings(lhs: sp.Indexed, indices: list[sp.Idx]):
+        choices = [[index for index in indices if index.upper == own.upper] or [own] for own in lhs.indices]
+        for targets in itertools.product(*choices):
+            if len(set(targets)) == len(targets):
+                yield dict(zip(lhs.indices, targets))
+
+
+# -- sums and names ---------------------------------------------------------------------
+
+def _sum(body: sp.Expr, indices: list[sp.Idx]) -> sp.Expr:
+    """``Σ_indices body`` with every factor free of an index taken out of that index's sum."""
+    size, inner = sp.Integer(1), []
+    for index in indices:
+        if body.has(index):
+            inner.append(index)
+        else:
+            size *= index.upper - index.lower + 1
+    if not inner:
+        return size * body
+    constant, dependent = [], []
+    for factor in sp.Mul.make_args(body):
+        (dependent if any(factor.has(index) for index in inner) else constant).append(factor)
+    dependent_body = sp.Mul(*dependent)
+    if all(isinstance(factor, sp.Indexed) for factor in dependent) or len(inner) == 1:
+        limits = [(index, index.lower, index.upper) for index in inner]
+        return size * sp.Mul(*constant) * sp.Sum(dependent_body, *limits)
+    first, rest = inner[0], inner[1:]
+    return size * sp.Mul(*constant) * _sum(sp.Sum(dependent_body, (first, first.lower, first.upper)), rest)
+
+
+def _spare(index: sp.Idx, avoid: set[sp.Idx], pool: list[sp.Idx]) -> sp.Idx:
+    for candidate in pool:
+        if candidate.upper == index.upper and candidate not in avoid:
+            return candidate
+    raise SplitformerError(f"no free index letter over the range of {index} to write an adjoint sum")
+
+
+def _overline(latex: str) -> str:
+    if latex.startswith("u^{"):  # a state u^{(n)}: its costate λ^{(n)}
+        return r"\lambda" + latex[1:]
+    return rf"\overline{{{latex}}}"
+
+
+class _Reverse:
+    def __init__(self, program: Program):
+        self.program = program
+        self.recognize = _Recognizer(program.assignments)
+        self.pool = sorted({index for tensor in program.tensors.values() for index in tensor.indices}
+                           | {index for a in program.assignments for index in a.rhs.atoms(sp.Idx)}, key=str)
+        self.tensors: dict[str, Tensor] = {}
+        self.pending: dict[str, list[sp.Expr]] = {}
+        self.alias: dict[str, sp.Indexed] = {}
+        self.gradients: dict[str, str] = {}
+        seed_tensor = program.tensors[program.output]
+        self.seed = adjoint_name(program.output)
+        self.declare(program.output, "seed")
+        self.alias[program.output] = sp.IndexedBase(self.seed)[seed_tensor.indices]
+        # the earliest reader of an input or control completes its gradient
+        self.first_reader: dict[str, int] = {}
+        for position, assignment in enumerate(program.assignments):
+            for item in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key):
+                name = str(item.base.label)
+                tensor = program.tensors[name]
+                if tensor.role in ("input", "param"):
+                    self.first_reader.setdefault(name, position)
+
+    def declare(self, name: str, role: str) -> str:
+        tensor = self.program.tensors[name]
+        bar = adjoint_name(name)
+        if bar in self.program.tensors:
+            raise SplitformerError(f"scheme {self.program.name!r}: the adjoint of {name!r} would be named like the "
+                                   f"array {bar!r}; rename an operator")
+        if role == "gradient" or tensor.role == "param":
+            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices, "gradient",
+                                       tensor.parameter, tensor.shape, tensor.kind)
+        else:
+            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices,
+                                       "input" if role == "seed" else "temp")
+        return bar
+
+    def costate(self, name: str) -> sp.Indexed | None:
+        """``ȳ`` of a forward array whose readers are all processed (None if nothing flows into it)."""
+        if name in self.alias:
+            return self.alias[name]
+        terms = self.pending.pop(name, [])
+        if not terms:
+            return None
+        tensor = self.program.tensors[name]
+        total = sp.Add(*terms)
+        if isinstance(total, sp.Indexed) and total.indices == tensor.indices:
+            self.alias[name] = total
+            return total
+        bar = self.declare(name, "temp")
+        lhs = sp.IndexedBase(bar)[tensor.indices]
+        self.emitted.append(Assignment(lhs, total, f"adjoint of {name}",
+                                       quadrature=equation(lhs, total, self.latex_names())))
+        self.alias[name] = lhs
+        return lhs
+
+    def latex_names(self) -> dict[str, str]:
+        return {name: tensor.latex for name, tensor in {**self.program.tensors, **self.tensors}.items()}
+
+    def gradient(self, name: str) -> None:
+        terms = self.pending.pop(name, [])
+        tensor = self.program.tensors[name]
+        bar = self.declare(name, "gradient" if tensor.role == "param" else "temp")
+        lhs = sp.IndexedBase(bar)[tensor.indices]
+        total = sp.Add(*terms) if terms else sp.Integer(0)
+        self.emitted.append(Assignment(lhs, total, f"gradient with respect to {tensor.parameter or name}",
+                                       quadrature=equation(lhs, total, self.latex_names())))
+        self.gradients[name] = bar
+
+    def step_of_output(self, expr: sp.Expr) -> sp.Expr:
+        """``H(w) = H(max(0, w))`` when ``H(0) = 0``: read the step off a kept ReLU output.
+
+        Then the adjoint needs the activation's output only (as torch's ``relu`` backward),
+        and the forward may overwrite its input.
+        """
+        def rewrite(step: sp.Heaviside) -> sp.Expr:
+            candidate = self.recognize(sp.Heaviside(sp.Max(0, step.args[0]), RELU_SUBGRADIENT_AT_ZERO))
+            return step if candidate.has(sp.Max) else candidate
+
+        return expr.replace(lambda e: isinstance(e, sp.Heaviside), rewrite)
+
+    def contribute(self, assignment: Assignment, costate: sp.Indexed) -> None:
+        own = assignment.lhs.indices
+        for entry, partial, bound in _partials(assignment.rhs):
+            name = str(entry.base.label)
+            tensor = self.program.tensors[name]
+            if tensor.role in _CONSTANT_ROLES:
+                continue
+            read = entry.indices
+            if len(set(read)) != len(read) or not all(isinstance(index, sp.Idx) for index in read):
+                raise SplitformerError(
+                    f"cannot differentiate {assignment.lhs} = {assignment.rhs}: {entry} is not read with distinct indices")
+            partial = self.step_of_output(self.recognize(_with_relu_convention(partial)))
+            if partial == 0:
+                continue
+            summed = [index for index in dict.fromkeys((*own, *bound)) if index not in read]
+            body = costate * partial
+            # rename the entry's indices to the array's own, the summed ones out of their way
+            mapping = dict(zip(read, tensor.indices))
+            kept = body.atoms(sp.Idx) - set(read) - set(summed)
+            avoid = set(tensor.indices) | kept
+            for index in summed:
+                target = index if index not in avoid else _spare(index, avoid, self.pool)
+                mapping[index] = target
+                avoid.add(target)
+            body = body.xreplace(mapping)
+            summed = [mapping[index] for index in summed]
+            self.pending.setdefault(name, []).append(_sum(body, summed))
+
+    def run(self) -> list[AdjointRecord]:
+        records = []
+        position = len(self.program.assignments)
+        for record in reversed(self.program.records):
+            self.emitted: list[Assignment] = []
+            for assignment in reversed(record.assignments):
+                position -= 1
+                costate = self.costate(assignment.target)
+                if costate is not None:
+                    self.contribute(assignment, costate)
+                for name, first in self.first_reader.items():
+                    if first == position:
+                        self.gradient(name)
+            records.append(AdjointRecord(f"adjoint of {record.title}", tuple(self.emitted)))
+        return records
+
+
+def derive_adjoint(program: Program) -> Adjoint:
+    """The adjoint program of ``program`` (reverse mode over its assignments)."""
+    reverse = _Reverse(program)
+    records = reverse.run()
+    return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients)

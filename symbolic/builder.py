@@ -1,0 +1,120 @@
+"""Schemes built in Python: the document a scheme file holds, checked by the same reader.
+
+``scheme(...)`` takes the fields of a scheme file as arguments and the steps as the tables
+``substep``, ``projection``, ``parallel``, ``rk2`` and ``runge_kutta`` return; the document goes through the
+reader of scheme files, so a Python-built scheme is rejected with the same one-line
+``SplitformerError`` a TOML file gets, and its ``source`` is the equivalent TOML text::
+
+    from splitformer import scheme, substep, projection
+
+    block = scheme("my-block", "attention then feed-forward, one LayerNorm",
+                   operators={"attn": "attention", "norm": "layer-norm", "ffn": "feed-forward"},
+                   steps=[substep("attn", on="norm"), substep("ffn", on="norm")],
+                   final_norm=True)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import sympy as sp
+
+from .scheme import Scheme
+from .scheme_file import parse_scheme
+
+__all__ = ["scheme", "substep", "projection", "parallel", "rk2", "runge_kutta", "to_toml"]
+
+Number = int | str | Fraction | sp.Rational
+
+
+def substep(operator: str, solver: str = "explicit", *, fraction: Number = 1, on: str | None = None) -> dict:
+    """One substep: ``solver`` (``explicit`` or ``projection``) applied to ``operator``."""
+    table: dict[str, Any] = {"operator": operator, "solver": solver}
+    if fraction != 1:
+        table["fraction"] = fraction
+    if on is not None:
+        table["on"] = on
+    return table
+
+
+def projection(operator: str) -> dict:
+    """The projection substep ``u ← Proj_S(u)`` of a projection operator."""
+    return substep(operator, "projection")
+
+
+def parallel(*branches: Sequence[Mapping], weights: Sequence[Number] | None = None) -> dict:
+    """Branches (lists of substeps; ``[]`` is the trivial flow) from one state, weighted sum."""
+    table: dict[str, Any] = {"parallel": [list(branch) for branch in branches]}
+    if weights is not None:
+        table["weights"] = list(weights)
+    return table
+
+
+def rk2(*fields: str | Mapping) -> dict:
+    """A Heun (RK2) step of the summed field; a field is an operator name or ``substep(…)``."""
+    return {"rk2": [{"operator": field} if isinstance(field, str) else dict(field) for field in fields]}
+
+
+def runge_kutta(method: str | Mapping, *fields: str | Mapping) -> dict:
+    """One explicit Runge–Kutta step of the summed field: ``method`` is a tableau name
+    (``"rk4"``, ``"heun"``, one under ``tableaux=``) or ``{"a": [[...], ...], "b": [...]}``."""
+    return {"rk": method if isinstance(method, str) else dict(method),
+            "fields": rk2(*fields)["rk2"]}
+
+
+def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequence[Mapping], **fields: Any) -> Scheme:
+    """A ``Scheme`` from the fields of a scheme file (``activation``, ``final_norm``, ``order``, …)."""
+    document = {"name": name, "summary": summary, **fields, "operators": operators, "steps": steps}
+    where = f"Python scheme {name!r}" if isinstance(name, str) else "Python scheme"
+    return parse_scheme(to_toml(_plain(document)), where)
+
+
+def _plain(value: Any) -> Any:
+    """Exact fractions as strings (``"1/2"``), containers as dicts and lists: TOML's values."""
+    if isinstance(value, (Fraction, sp.Rational)) and not isinstance(value, sp.Integer):
+        return str(value)
+    if isinstance(value, sp.Integer):
+        return int(value)
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(key: Any) -> str:
+    text = str(key)
+    return text if _BARE_KEY.match(text) else json.dumps(text, ensure_ascii=False)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_key(key)} = {_value(item)}" for key, item in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def to_toml(document: Mapping[str, Any]) -> str:
+    """A scheme document as the text of a scheme file: scalars, then tables, then ``[[steps]]``."""
+    lines, tables = [], []
+    for key, value in document.items():
+        if isinstance(value, Mapping):
+            tables += ["", f"[{_key(key)}]", *(f"{_key(k)} = {_value(v)}" for k, v in value.items())]
+        elif isinstance(value, list) and value and all(isinstance(item, Mapping) for item in value):
+            for item in value:
+                tables += ["", f"[[{_key(key)}]]", *(f"{_key(k)} = {_value(v)}" for k, v in item.items())]
+        else:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    return "\n".join(lines + tables) + "\n"

@@ -1,0 +1,174 @@
+"""Checks of the derived adjoint against something that is not reverse mode.
+
+- ``adjoint/<scheme>/finite-difference``: the directional derivative ``⟨λ, dΦ(u, θ)[δ]⟩``
+  by a central difference in 50-digit arithmetic equals ``⟨ū, δu⟩ + Σ ⟨θ̄, δθ⟩`` from the
+  adjoint program, for a random direction through the input and every control, with a
+  causal support (masks) at a tiny size.
+- ``adjoint/<scheme>/negative-control``: the same comparison with the sign of one adjoint
+  assignment flipped must fail.
+- ``adjoint/layer-norm-jacobian``: the adjoint the reverse mode derives for LayerNorm equals
+  the closed form ``Jᵀλ`` with ``J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε)``, exactly.
+- ``adjoint/relu-subgradient``: the derivative SymPy gives for the derived ReLU is the step
+  function, and the value used at 0 lies in the subdifferential of ``max(0, ·)`` there.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import sympy as sp
+
+from ..adjoint import RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
+from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from ..evaluate import evaluate
+from ..operators import EPSILON
+from ..program import Program
+from ..projections import SYMBOLS, derive_relu_projection
+from . import Check
+
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "flip_sign"]
+
+_DIGITS = 50
+_STEP = sp.Float("1e-20", _DIGITS)
+#: ``|FD − adjoint| / |adjoint|`` below this holds (the difference's own error is ~1e-30).
+_TOLERANCE = sp.Float("1e-20", _DIGITS)
+#: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational.
+_SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3}
+
+
+def _random(seed: str):
+    generator = random.Random(seed)
+    table: dict = {}
+
+    def value(*key):
+        if key not in table:
+            table[key] = sp.Float(generator.uniform(-1, 1), _DIGITS)
+        return table[key]
+
+    return value
+
+
+def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
+    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
+    program = adjoint.forward
+    point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
+    controls = [name for name, tensor in program.tensors.items() if tensor.role in ("input", "param")]
+    support = lambda i, j: 1 if j <= i else 0  # noqa: E731  (causal)
+
+    def inputs(shift):
+        table = {name: (lambda *index, name=name: point(name, *index) + shift * direction(name, *index))
+                 for name in controls}
+        return table | {"chi": support}
+
+    eps = sp.Float("1e-3", _DIGITS)
+
+    def objective(shift):
+        values = evaluate(program, _SIZES, inputs(shift), eps=eps)[program.output]
+        return sum(costate(*index) * value for index, value in values.items())
+
+    numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
+    seed_name = adjoint.seed
+    values = evaluate(adjoint.program(), _SIZES, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
+    derived = sum(direction(name, *index) * value
+                  for name, gradient in adjoint.gradients.items()
+                  for index, value in values[gradient].items())
+    return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+
+
+def flip_sign(adjoint: Adjoint) -> Adjoint:
+    """The adjoint with the sign of one costate assignment flipped (the negative control)."""
+    records = list(adjoint.records)
+    for position, record in enumerate(records):
+        for number, assignment in enumerate(record.assignments):
+            if adjoint.tensors[assignment.target].role == "temp" and assignment.target != adjoint.gradients.get("u0"):
+                flipped = list(record.assignments)
+                flipped[number] = replace(assignment, rhs=-assignment.rhs)
+                records[position] = AdjointRecord(record.title, tuple(flipped))
+                return replace(adjoint, records=records)
+    raise AssertionError("no costate assignment to flip")
+
+
+def adjoint_checks(scheme, program: Program) -> list[Check]:
+    """The finite-difference check of the scheme's adjoint and its negative control."""
+    adjoint = derive_adjoint(program)
+    gap = finite_difference_gap(adjoint, scheme.name)
+    flipped = flip_sign(adjoint)
+    control = finite_difference_gap(flipped, scheme.name)
+    where = next(record.title for record, original in zip(flipped.records, adjoint.records) if record != original)
+    sizes = "3 tokens, 4 features, 1 head, d_ff = 3, causal support, ε = 1e-3"
+    return [
+        Check(f"adjoint/{scheme.name}/finite-difference", scheme.name,
+              f"The derived adjoint of {scheme.name} gives the directional derivative of ⟨λ, Φ(u, θ)⟩ along a "
+              f"random direction through the input and every control: central difference (step 1e-20) in "
+              f"50-digit arithmetic at {sizes}.",
+              "numeric", bool(gap < _TOLERANCE), f"relative gap {sp.N(gap, 3)} (tolerance {sp.N(_TOLERANCE, 2)})"),
+        Check(f"adjoint/{scheme.name}/negative-control", scheme.name,
+              f"With the sign of one adjoint assignment flipped ({where}), the finite-difference comparison "
+              "fails: the check can fail.",
+              "numeric", bool(control > _TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
+    ]
+
+
+def _layer_norm_jacobian_check() -> Check:
+    from ..derivation import derive
+    from ..stack import final_norm_scheme
+
+    size = 3
+    adjoint = derive_adjoint(derive(final_norm_scheme()))
+    v = [sp.Symbol(f"v{k}", real=True) for k in range(size)]
+    lam = [sp.Symbol(f"lambda{k}", real=True) for k in range(size)]
+    g = [sp.Symbol(f"g{k}", real=True) for k in range(size)]
+    c = [sp.Symbol(f"c{k}", real=True) for k in range(size)]
+    sizes = {TOKENS.size: 1, FEATURES.size: size}
+    inputs = {"u0": lambda i, k: v[k], "final_norm_gain": lambda k: g[k], "final_norm_bias": lambda k: c[k],
+              adjoint.seed: lambda i, k: lam[k]}
+    values = evaluate(adjoint.program(), sizes, inputs, eps=EPSILON)
+    derived = [values[adjoint.gradients["u0"]][(0, k)] for k in range(size)]
+    alpha = sum(v) / size
+    beta = sum((x - alpha) ** 2 for x in v) / size
+    scale = sp.sqrt(beta + EPSILON)
+    p = [(x - alpha) / scale for x in v]
+    def closed_form(sign):
+        jacobian = sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
+                                                              - sign * p[l] * p[k] / size) / scale)
+        return jacobian.T * sp.Matrix(lam)
+
+    closed, wrong = closed_form(1), closed_form(-1)
+    differences = [sp.simplify(sp.together(derived[k] - closed[k])) for k in range(size)]
+    # negative control: the same comparison with + P Pᵀ/N must not simplify to 0
+    control = sp.simplify(sp.together(derived[0] - wrong[0])) != 0
+    holds = all(difference == 0 for difference in differences) and control
+    return Check(
+        "adjoint/layer-norm-jacobian", None,
+        "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
+        "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
+        "P = (v − α)/√(β + ε) (ε included): exactly, for N = 3 with symbolic v, g, λ and ε; the same "
+        "comparison with +P Pᵀ/N fails (negative control).",
+        "symbolic", holds,
+        "derived − closed form simplifies to 0 in every component" if holds
+        else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
+    )
+
+
+def _relu_subgradient_check() -> Check:
+    v = SYMBOLS.v
+    formula = derive_relu_projection().formula
+    derivative = sp.diff(formula, v)
+    left = sp.limit(formula / v, v, 0, "-")
+    right = sp.limit(formula / v, v, 0, "+")
+    agrees = all(derivative.subs(v, point) == (1 if point > 0 else 0) for point in (-2, -sp.Rational(1, 3), 1, 5))
+    inside = min(left, right) <= RELU_SUBGRADIENT_AT_ZERO <= max(left, right)
+    outside = not (min(left, right) <= 2 <= max(left, right))  # negative control: 2 is no subgradient
+    return Check(
+        "adjoint/relu-subgradient", None,
+        "The derivative of the derived ReLU (projection onto S₂) is the step function H(v) away from 0, and "
+        f"the value used at v = 0, {RELU_SUBGRADIENT_AT_ZERO} (torch's convention), lies in the subdifferential "
+        "[left slope, right slope] of max(0, ·) at 0; 2 does not.",
+        "symbolic", bool(agrees and inside and outside),
+        f"d/dv {sp.sstr(formula)} = {sp.sstr(derivative)}; subdifferential at 0 = [{left}, {right}]",
+    )
+
+
+def general_adjoint_checks() -> list[Check]:
+    return [_layer_norm_jacobian_check(), _relu_subgradient_check()]

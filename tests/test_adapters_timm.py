@@ -1,0 +1,55 @@
+"""timm ViT adapters; skipped where ``import timm`` fails (its torchvision import does with the CPU wheel)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from splitformer import SplitformerError
+from splitformer.adapters import from_timm, to_torch
+
+from test_adapters import D, HEADS, assert_same_state, modules, parity, randomize  # noqa: F401 (fixture)
+
+vision_transformer = pytest.importorskip("timm.models.vision_transformer")
+
+
+def block(**options):
+    settings = dict(mlp_ratio=1.5, qkv_bias=True) | options
+    return randomize(vision_transformer.Block(D, HEADS, **settings).double())
+
+
+def test_block_round_trips(modules, rng):
+    source = block()
+    adapted = from_timm(source)
+    assert (adapted.scheme, adapted.activation, adapted.eps, adapted.bias) == ("pre-ln", "gelu", 1e-6, True)
+    assert parity(modules, adapted, source, rng.standard_normal((2, 5, D))) <= 1e-10
+    assert_same_state(to_torch(adapted), source.state_dict())
+
+
+def test_vision_transformer_round_trips(modules):
+    torch.manual_seed(0)
+    model = vision_transformer.VisionTransformer(img_size=8, patch_size=4, embed_dim=D, depth=2, num_heads=HEADS,
+                                                 mlp_ratio=1.5, num_classes=3)
+    model = randomize(model.double())
+    adapted = from_timm(model)
+    assert adapted.stack and adapted.final_norm is not None and adapted.eps == 1e-6
+    tokens = []
+    model.blocks[0].register_forward_pre_hook(lambda module, args: tokens.append(args[0]))
+    with torch.no_grad():
+        features = model.forward_features(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    assert parity(modules, adapted, lambda _: features, tokens[0].numpy()) <= 1e-10
+    mapped = {k: v for k, v in model.state_dict().items() if k.startswith(("blocks.", "norm."))}
+    assert_same_state(to_torch(adapted), mapped)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"qkv_bias": False}, "biases in some parts"),
+    ({"init_values": 1e-5}, "LayerScale"),
+    ({"qk_norm": True}, "q/k normalization"),
+    ({"act_layer": functools.partial(torch.nn.GELU, approximate="tanh")}, "activation"),
+])
+def test_refuses_block_options_no_scheme_implements(options, message):
+    with pytest.raises(SplitformerError, match=message):
+        from_timm(block(**options))

@@ -1,0 +1,136 @@
+"""resnet-block and unet-level: parity with compositions of torch Conv2d / BatchNorm2d (eval) / ReLU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer.codegen.model_pipeline import generate_model
+from splitformer.codegen.output import write_files
+from splitformer.symbolic.model import load_model
+
+from conftest import GENERATED, ROOT, import_path
+
+RESNET = {backend: import_path(GENERATED / backend / "resnet_block.py") for backend in ("numpy", "torch")}
+UNET = {backend: import_path(GENERATED / backend / "unet_level.py") for backend in ("numpy", "torch")}
+
+
+def _conv(c_in, c_out, kernel, stride=1, padding=0, transposed=False):
+    cls = torch.nn.ConvTranspose2d if transposed else torch.nn.Conv2d
+    conv = cls(c_in, c_out, kernel, stride=stride, padding=padding).double()
+    with torch.no_grad():
+        conv.bias.normal_()  # default init is random too; make it plainly nonzero
+    return conv
+
+
+def _batch_norm(channels):
+    norm = torch.nn.BatchNorm2d(channels).double().eval()
+    with torch.no_grad():  # random statistics, not the defaults (0 and 1)
+        norm.weight.normal_()
+        norm.bias.normal_()
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.5, 2.0)
+    return norm
+
+
+def _kernel(conv) -> dict:
+    weight = conv.weight.detach().numpy()
+    permuted = weight.transpose(0, 2, 3, 1) if isinstance(conv, torch.nn.ConvTranspose2d) else weight.transpose(1, 2, 3, 0)
+    return {"W": permuted.copy(), "b": conv.bias.detach().numpy().copy()}
+
+
+def _norm(norm) -> dict:
+    return {"gain": norm.weight.detach().numpy().copy(), "bias": norm.bias.detach().numpy().copy(),
+            "mean": norm.running_mean.numpy().copy(), "var": norm.running_var.numpy().copy()}
+
+
+def _canonical(**groups) -> dict:
+    return {f"{group}.{name}": value for group, values in groups.items() for name, value in values.items()}
+
+
+def _resnet(c_in, c_out, stride, shortcut):
+    torch.manual_seed(stride * 10 + shortcut)
+    conv1, bn1, conv2, bn2 = _conv(c_in, c_out, 3, stride, 1), _batch_norm(c_out), _conv(c_out, c_out, 3, 1, 1), _batch_norm(c_out)
+    projection, bn3 = _conv(c_in, c_out, 1, stride), _batch_norm(c_out)
+
+    def reference(x):
+        field = bn2(conv2(torch.relu(bn1(conv1(x)))))
+        return torch.relu(field + (bn3(projection(x)) if shortcut else x))
+
+    params = _canonical(conv1=_kernel(conv1), bn1=_norm(bn1), conv2=_kernel(conv2), bn2=_norm(bn2))
+    if shortcut:
+        params.update(_canonical(shortcut=_kernel(projection), bn3=_norm(bn3)))
+    return reference, params
+
+
+RESNET_CASES = {"identity": (4, 4, 1, False), "strided-projection": (3, 5, 2, True), "projection": (3, 5, 1, True)}
+
+
+@pytest.mark.parametrize("case", RESNET_CASES.values(), ids=RESNET_CASES.keys())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_resnet_block_parity(case, dtype):
+    c_in, c_out, stride, shortcut = case
+    reference, params = _resnet(c_in, c_out, stride, shortcut)
+    x = torch.randn(2, c_in, 9, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference(x).numpy()
+    tolerance = 1e-10 if dtype == np.float64 else 1e-4
+    params = {name: value.astype(dtype) for name, value in params.items()}
+    out = RESNET["numpy"].forward(x.numpy().astype(dtype), params, stride=stride)
+    assert out.dtype == dtype and np.abs(out - expected).max() <= tolerance
+    model = RESNET["torch"].Model(c_in, c_out, stride=stride, transfer=shortcut, dtype=torch.from_numpy(x.numpy().astype(dtype)).dtype)
+    with torch.no_grad():
+        out = model.load_params(params)(torch.from_numpy(x.numpy().astype(dtype)))
+    assert np.abs(out.numpy() - expected).max() <= tolerance
+
+
+def _unet():
+    torch.manual_seed(3)
+    down, conv, norm, up = _conv(3, 6, 3, 2, 1), _conv(6, 6, 3, 1, 1), _batch_norm(6), _conv(6, 3, 2, 2, transposed=True)
+
+    def reference(x):
+        return x + up(torch.relu(norm(conv(down(x)))))
+
+    return reference, _canonical(down=_kernel(down), conv=_kernel(conv), bn=_norm(norm), up=_kernel(up))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_unet_level_parity(dtype):
+    reference, params = _unet()
+    x = torch.randn(2, 3, 8, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference(x).numpy()
+    tolerance = 1e-10 if dtype == np.float64 else 1e-4
+    params = {name: value.astype(dtype) for name, value in params.items()}
+    out = UNET["numpy"].forward(x.numpy().astype(dtype), params)
+    assert out.dtype == dtype and np.abs(out - expected).max() <= tolerance
+    u = torch.from_numpy(x.numpy().astype(dtype))
+    model = UNET["torch"].Model(3, 6, dtype=u.dtype).load_params(params)
+    with torch.no_grad():
+        assert np.abs(model(u).numpy() - expected).max() <= tolerance
+
+
+def test_grids_that_do_not_meet_are_rejected_before_work():
+    reference, params = _unet()
+    odd = np.zeros((1, 3, 7, 8))
+    with pytest.raises(RuntimeError):
+        reference(torch.tensor(odd))  # the torch composition cannot add the skip either
+    with pytest.raises(ValueError, match=r"F\(u\) has 3 channels on a 8x8 grid, R u 3 on 7x8"):
+        UNET["numpy"].forward(odd, params)
+    with pytest.raises(ValueError, match="they must agree"):
+        UNET["torch"].Model(3, 6, dtype=torch.float64).load_params(params)(torch.tensor(odd))
+    _, params = _resnet(3, 5, 2, False)
+    with pytest.raises(ValueError, match="5 channels on a 2x2 grid, R u 3 on 4x4"):
+        RESNET["numpy"].forward(np.zeros((1, 3, 4, 4)), params, stride=2)
+
+
+def test_committed_files_match_the_generator(update_golden):
+    files = {}
+    for name in ("resnet-block", "unet-level"):
+        files.update(generate_model(load_model(name), ("numpy", "torch"), GENERATED))
+    if update_golden:
+        write_files(files)
+    stale = [str(path.relative_to(ROOT)) for path, text in files.items()
+             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    assert not stale, f"generated/ is out of date: {stale}; run make generate"

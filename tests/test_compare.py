@@ -1,0 +1,50 @@
+"""compare(): schemes side by side, and one convergence plot with all of them."""
+
+import pytest
+import torch
+
+import splitformer
+from splitformer import SplitformerError
+
+
+@pytest.fixture(scope="module")
+def table():
+    return splitformer.compare(["post-ln", "parallel", "rk2"])
+
+
+def test_rows_hold_orders_costs_and_parameters(table):
+    rows = {row.scheme: row for row in table.rows}
+    assert (rows["post-ln"].order, rows["post-ln"].splitting_order, rows["post-ln"].evaluations) == (1, 1, 4)
+    assert rows["parallel"].evaluations == 3  # one LayerNorm shared by both fields
+    assert (rows["rk2"].order, rows["rk2"].splitting_order, rows["rk2"].evaluations) == (2, None, 8)
+    assert rows["rk2"].leading_error_text == "-(h*(attn + ffn))**3/6"  # one generator per operator instance
+
+
+def test_parameter_count_matches_torch():
+    layer = torch.nn.TransformerEncoderLayer(24, 4, 40)
+    expected = sum(parameter.numel() for parameter in layer.parameters())
+    text = splitformer.compare(["post-ln"], sizes={"d": 24, "d_ff": 40}).as_text()
+    assert f" {expected} " in text
+
+
+def test_formats(table):
+    text, markdown, latex = table.as_text(), table.as_markdown(), table.as_latex()
+    assert text.splitlines()[0].split()[:4] == ["scheme", "order", "splitting", "evaluations"]
+    assert "\\" not in text and "4*d**2 + 2*d*d_ff + 9*d + d_ff" in text
+    assert markdown.count("\n") == 4 and "| `rk2` | 2 | — | 8 |" in markdown
+    assert latex.startswith(r"\begin{tabular}") and r"\texttt{rk2} & 2 & -- & 8" in latex
+    assert table._repr_markdown_() == markdown
+
+
+def test_one_plot_with_every_scheme(table, tmp_path):
+    path = table.plot(tmp_path / "all.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert list(table.studies) == ["post-ln", "parallel", "rk2"]
+    figure = table.plot()
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    assert [label.split()[0] for label in labels] == ["post-ln", "parallel", "rk2"]
+
+
+def test_compare_needs_a_scheme():
+    with pytest.raises(SplitformerError, match="at least one scheme"):
+        splitformer.compare([])

@@ -1,0 +1,117 @@
+"""The cvt model: parity with transformers' CvtModel / CvtForImageClassification (eval, random BatchNorm statistics)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import transformers
+
+from splitformer.adapters import from_hf  # noqa: E402
+from splitformer.codegen.model_pipeline import generate_model  # noqa: E402
+from splitformer.codegen.output import write_files  # noqa: E402
+from splitformer.symbolic.errors import SplitformerError  # noqa: E402
+from splitformer.symbolic.model import load_model  # noqa: E402
+
+from conftest import GENERATED, ROOT, import_path  # noqa: E402
+
+NUMPY = import_path(GENERATED / "numpy" / "cvt.py")
+TORCH = import_path(GENERATED / "torch" / "cvt.py")
+
+#: Two and three stages; the class node in the last; stride_kv 2; d_ff ≠ 4d; qkv_bias off in one stage.
+#: (transformers indexes drop-path rates by stage: depth[s] > s.)
+CONFIGS = {
+    "2-stages": dict(patch_sizes=[7, 3], patch_stride=[4, 2], patch_padding=[2, 1], embed_dim=[16, 24],
+                     num_heads=[1, 3], depth=[1, 2], mlp_ratio=[4.0, 2.5], cls_token=[False, True]),
+    "3-stages": dict(patch_sizes=[3, 3, 3], patch_stride=[2, 2, 1], patch_padding=[1, 1, 1], embed_dim=[8, 12, 16],
+                     num_heads=[1, 2, 4], depth=[1, 2, 3], mlp_ratio=[2.0, 3.0, 4.0], cls_token=[False, False, True],
+                     qkv_bias=[True, False, True]),
+}
+
+
+def _cvt(classifier: bool, config: dict, **overrides):
+    stages = len(config["depth"])
+    defaults = dict(num_channels=3, stride_kv=[2] * stages, stride_q=[1] * stages, padding_kv=[1] * stages,
+                    padding_q=[1] * stages, kernel_qkv=[3] * stages, qkv_bias=[True] * stages,
+                    drop_path_rate=[0.0] * stages, attention_drop_rate=[0.0] * stages, drop_rate=[0.0] * stages,
+                    qkv_projection_method=["dw_bn"] * stages, num_labels=4)
+    torch.manual_seed(0)
+    cls = transformers.CvtForImageClassification if classifier else transformers.CvtModel
+    model = cls(transformers.CvtConfig(**{**defaults, **config, **overrides})).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # default inits zero biases: would hide bugs
+            parameter.normal_(0, 0.3)
+            assert (parameter != 0).all(), name
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):  # random statistics, not 0 and 1
+                module.running_mean.normal_()
+                module.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def _pixels(height=32, width=32):
+    return torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+def _torch_model(adapted, model, dtype):
+    config = model.config
+    d_ffs = [int(d * ratio) for d, ratio in zip(config.embed_dim, config.mlp_ratio)]
+    n_classes = adapted.params["head.W"].shape[1] if "head.W" in adapted.params else 0
+    generated = TORCH.Model(3, list(config.embed_dim), list(config.depth), d_ffs, adapted.config["stages"],
+                            n_classes=n_classes, eps=adapted.config["eps"], dtype=dtype)
+    return generated.load_params(adapted.params)
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_cvt_model_parity_float64_both_backends(config):
+    model = _cvt(False, config)
+    pixels = _pixels()
+    with torch.no_grad():
+        expected = model(pixels)
+    adapted = from_hf(model)
+    hidden, cls = NUMPY.forward(pixels.numpy(), adapted.params, **adapted.config)
+    assert np.abs(hidden - expected.last_hidden_state.numpy()).max() <= 1e-10
+    assert np.abs(cls - expected.cls_token_value.numpy()).max() <= 1e-10
+    with torch.no_grad():
+        hidden, cls = _torch_model(adapted, model, torch.float64)(pixels)
+    assert (hidden - expected.last_hidden_state).abs().max() <= 1e-10
+    assert (cls - expected.cls_token_value).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_cvt_classification_parity(config, dtype):
+    model = _cvt(True, config)
+    pixels = _pixels(40, 24)  # any size the reference takes: CvT has no position table
+    with torch.no_grad():
+        expected = model(pixels).logits.numpy()
+    adapted = from_hf(model)
+    tolerance = 1e-10 if dtype == torch.float64 else 1e-4
+    numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
+    adapted = adapted.astype(numpy_dtype)
+    logits = NUMPY.logits(pixels.numpy().astype(numpy_dtype), adapted.params, **adapted.config)
+    assert logits.dtype == numpy_dtype and np.abs(logits - expected).max() <= tolerance
+    with torch.no_grad():
+        out = _torch_model(adapted, model, dtype).logits(pixels.to(dtype))
+    assert np.abs(out.numpy() - expected).max() <= tolerance
+
+
+def test_adapter_refuses_what_the_model_does_not_compute():
+    config = CONFIGS["2-stages"]
+    with pytest.raises(SplitformerError, match="class token in stage 0"):
+        from_hf(_cvt(False, {**config, "cls_token": [True, True]}))
+    with pytest.raises(SplitformerError, match="the last stage has no class token"):
+        from_hf(_cvt(True, {**config, "cls_token": [False, False]}))
+    with pytest.raises(SplitformerError, match="qkv_projection_method='avg'"):
+        _cvt_config = {**config, "qkv_projection_method": ["dw_bn", "avg"]}
+        from_hf(_cvt(False, _cvt_config))
+
+
+def test_committed_files_match_the_generator(update_golden):
+    files = generate_model(load_model("cvt"), ("numpy", "torch"), GENERATED)
+    if update_golden:
+        write_files(files)
+    stale = [str(path.relative_to(ROOT)) for path, text in files.items()
+             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    assert not stale, f"generated/ is out of date: {stale}; run make generate"

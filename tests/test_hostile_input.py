@@ -1,0 +1,144 @@
+"""What a hostile or careless user does beyond test_bad_input.py: faulty ``--load`` files and kinds,
+a demo without its inputs. Each ends in one ``error: …`` line and status 2, nothing written."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from splitformer.codegen.cli import main
+from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.tableaux import TABLEAUX
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """The faulty kinds these tests load must not stay registered (nor their files loaded) for other tests."""
+    kinds, tableaux, modules = dict(OPERATOR_KINDS), dict(TABLEAUX), set(sys.modules)
+    yield
+    OPERATOR_KINDS.clear()
+    OPERATOR_KINDS.update(kinds)
+    TABLEAUX.clear()
+    TABLEAUX.update(tableaux)
+    for name in set(sys.modules) - modules:
+        if name.startswith("splitformer_plugin_"):
+            del sys.modules[name]
+
+_KIND = """
+from dataclasses import dataclass
+from typing import ClassVar
+from splitformer.symbolic.domains import FEATURES, XI, X, Y
+from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, kernel, register_operator
+
+@register_operator
+@dataclass(frozen=True)
+class Faulty(Operator):
+    kind: ClassVar[str] = {kind!r}
+    symbol: ClassVar[str] = "L"
+{body}
+"""
+
+
+def _plugin_and_scheme(tmp_path, kind, body):
+    plugin = tmp_path / f"{kind.replace('-', '_')[:20] or 'empty'}.py"
+    plugin.write_text(_KIND.format(kind=kind, body=textwrap.indent(textwrap.dedent(body), "    ")))
+    scheme = tmp_path / "faulty.toml"
+    scheme.write_text(f'name = "faulty"\nsummary = "s"\n[operators]\nf = "{kind}"\n'
+                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    return plugin, scheme
+
+
+@pytest.mark.parametrize("kind, body, message", [
+    ("qa-raises", "def parameters(self): raise RuntimeError('nope')\ndef definitions(self): return ()",
+     "operator 'f' (qa-raises): RuntimeError: nope"),
+    ("qa-garbage", "def parameters(self): return 42\ndef definitions(self): return ()",
+     "parameters() must return a tuple of Parameter, got int"),
+    ("qa-strings", "def parameters(self): return ()\ndef definitions(self): return ('out',)",
+     "definitions() must return a tuple of Definition, got str"),
+    ("qa-empty", "def parameters(self): return ()\ndef definitions(self): return ()",
+     "definitions() is empty"),
+    ("qa-init", "def __post_init__(self): raise KeyError('x')\n"
+                "def parameters(self): return ()\ndef definitions(self): return ()",
+     "operator 'f' (qa-init): KeyError"),
+])
+def test_a_faulty_users_kind_is_one_line(kind, body, message, tmp_path, capsys):
+    plugin, scheme = _plugin_and_scheme(tmp_path, kind, body)
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and message in error, error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["Bad", "x y\nz", "with_underscore", "-lead", "a" * 65])
+def test_a_kind_name_must_be_lower_case_words(kind, tmp_path, capsys):
+    plugin, _ = _plugin_and_scheme(tmp_path, kind, "def parameters(self): return ()\ndef definitions(self): return ()")
+    assert main(["show", "--load", str(plugin), "post-ln"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is not a kind name" in error, error
+
+
+@pytest.mark.parametrize("code, shown", [("raise SystemExit(7)", "SystemExit: 7"),
+                                         ("import sys; sys.exit('boom')", "SystemExit: boom")])
+def test_a_load_file_that_exits_is_one_line(code, shown, tmp_path, capsys):
+    plugin = tmp_path / "exits.py"
+    plugin.write_text(code)
+    assert main(["show", "--load", str(plugin), "post-ln"]) == 2
+    assert capsys.readouterr().err == f"error: --load {plugin}: {shown}\n"
+
+
+def test_the_demo_without_generated_files_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "splitformer.codegen.demo", "post-ln", "--out", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: no ") and result.stderr.count("\n") == 1, result.stderr
+
+
+_RK_SCHEME = """name = "labelled"
+summary = "s"
+[operators]
+attn = "attention"
+norm1 = "layer-norm"
+[tableaux.mine]
+label = {label}
+a = [[], [1]]
+b = ["1/2", "1/2"]
+[[steps]]
+rk = "mine"
+fields = [{{ operator = "attn", on = "norm1" }}]
+"""
+
+
+@pytest.mark.parametrize("label", [
+    r'"Heun\n    __import__(\"os\").system(\"echo pwned\")\n    #"',  # would run when forward() is called
+    r'"x \"\"\" y"', r'"a\\b"', r'"tab\there"',
+])
+def test_a_tableau_label_cannot_reach_the_generated_code_as_code(label, tmp_path, capsys):
+    scheme = tmp_path / "labelled.toml"
+    scheme.write_text(_RK_SCHEME.format(label=label))
+    assert main(["derive", str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "label must be one printable line" in error, error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["Bad", "two words", "x\nimport os", ""])
+def test_a_registered_tableau_needs_a_tableau_name(name):
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.tableaux import make_tableau
+
+    with pytest.raises(SplitformerError, match="is not a tableau name"):
+        make_tableau(name, [[], [1]], ["1/2", "1/2"])
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_an_option_that_is_not_finite_is_refused(value, tmp_path, capsys):
+    from conftest import ROOT
+
+    scheme = tmp_path / "scaled.toml"
+    scheme.write_text(f'name = "scaled"\nsummary = "s"\n[operators]\nf = {{ kind = "scaled-field", scale = {value} }}\n'
+                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    plugin = ROOT / "tests" / "plugins" / "my_kinds.py"
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "operators.f.scale" in error and "is not a finite number" in error, error

@@ -1,0 +1,38 @@
+"""The command line on built-in models: list, show, derive (all backends), bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitformer.codegen.cli import main
+
+MODELS = ("vit", "cvt", "resnet-block", "unet-level")
+
+
+def test_list_marks_the_models(capsys):
+    assert main(["list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert all("(model)" in lines[name] for name in MODELS)
+
+
+def test_derive_writes_both_backends_and_a_report_per_model(tmp_path, capsys):
+    assert main(["derive", *MODELS, "--backend", "all", "--out", str(tmp_path)]) == 0
+    for name in MODELS:
+        module = name.replace("-", "_")
+        for path in (f"numpy/{module}.py", f"torch/{module}.py", f"reports/{module}.md"):
+            assert (tmp_path / path).is_file(), path
+    assert "$$" in (tmp_path / "reports" / "vit.md").read_text()
+
+
+@pytest.mark.parametrize("form", ["text", "latex", "markdown", "toml"])
+def test_show_every_form(form, capsys):
+    for name in MODELS:
+        assert main(["show", name, "--format", form]) == 0
+        assert capsys.readouterr().out.strip()
+
+
+def test_activation_is_refused_for_models_with_one_line(tmp_path, capsys):
+    assert main(["derive", "vit", "--activation", "relu", "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --activation applies to schemes") and error.count("\n") == 1
+    assert not any(tmp_path.iterdir())

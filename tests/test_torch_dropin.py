@@ -1,0 +1,251 @@
+"""The generated torch ``Block``/``Stack`` as drop-ins for ``nn.TransformerEncoderLayer`` code:
+dropout, torch's mask keywords and float masks, torch's initialization, repr, TorchScript."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer.adapters import from_torch
+from splitformer.codegen.lowering import lower
+from splitformer.symbolic import load_scheme
+from splitformer.symbolic.derivation import derive
+
+from conftest import GENERATED, import_path, random_encoder_layer
+
+D, HEADS, D_FF = 8, 2, 12
+#: The generated block modules (the vision models are whole models with their own API).
+TORCH_MODULES = sorted(path for path in (GENERATED / "torch").glob("[!_]*.py") if "class Block(" in path.read_text())
+
+
+def torch_module(name: str):
+    return import_path(GENERATED / "torch" / f"{name}.py", f"_dropin_{name}")
+
+
+def pair(norm_first=False, dropout=0.0):
+    """A random torch layer with ``dropout`` and the generated Block holding its parameters."""
+    layer = random_encoder_layer(D, HEADS, D_FF, 1e-5, norm_first=norm_first)
+    for module in (layer.dropout, layer.dropout1, layer.dropout2):
+        module.p = dropout
+    layer.self_attn.dropout = dropout
+    block = from_torch(layer).build(torch_module("pre_ln" if norm_first else "post_ln"))
+    block.dropout = dropout
+    return layer, block
+
+
+# --- dropout -----------------------------------------------------------------------------------------------------
+
+
+def test_every_dropout_site_is_emitted():
+    """Each site the lowering marks (residual branches, activations) has its dropout line."""
+    for path in TORCH_MODULES:
+        scheme = path.stem.removesuffix("_gelu").replace("_", "-")
+        sites = lower(derive(load_scheme(scheme))).dropout
+        source = path.read_text()
+        assert sites and all(f"{site} = _dropout({site}, dropout_p)" in source for site in sites), path.name
+        kernels = len(re.findall(r"= _(?:attention|softmax)\(", source))
+        assert kernels and len(re.findall(r"= _(?:attention|softmax)\(.*, dropout_p\)", source)) == kernels
+
+
+def test_dropout_is_off_by_default_and_in_eval(rng):
+    layer, block = pair(dropout=0.5)
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    assert torch_module("post_ln").Block(D, HEADS, D_FF).dropout == 0.0
+    layer.eval(), block.eval()
+    assert (block(u) - layer(u)).abs().max() <= 1e-10
+    block.train()
+    assert (block(u) - layer(u)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_dropout_one_drops_each_residual_branch_as_torch(norm_first, rng):
+    layer, block = pair(norm_first, dropout=1.0)
+    layer.train(), block.train()
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    assert (block(u) - layer(u)).abs().max() <= 1e-10
+
+
+def test_dropout_has_torch_distribution(rng):
+    """The mean over 20000 dropout draws matches torch's (same places, same scaling) within 6 standard
+    errors; without the attention-kernel dropout it misses by far more (negative control)."""
+    layer, block = pair(dropout=0.2)
+    namespace = block.forward.__globals__  # the generated module the block was built from
+    layer.train(), block.train()
+    u = torch.tensor(rng.standard_normal((1, 5, D))).expand(20000, 5, D).contiguous()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        reference = layer(u)
+        standard_error = reference.std(0) / np.sqrt(len(u))
+        ratio = lambda out: ((out.mean(0) - reference.mean(0)).abs() / standard_error).max()  # noqa: E731
+        torch.manual_seed(1)
+        assert ratio(block(u)) < 6
+        attention = namespace["_attention"]
+        namespace["_attention"] = lambda q, k, v, scale, support, p: attention(q, k, v, scale, support, 0.0)
+        try:
+            torch.manual_seed(1)
+            assert ratio(block(u)) > 12
+        finally:
+            namespace["_attention"] = attention
+
+
+# --- torch's mask keywords and float masks -------------------------------------------------------------------------
+
+
+def test_torch_keywords_and_masks(rng):
+    layer, block = pair(norm_first=True)
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    additive = torch.tensor(rng.standard_normal((5, 5)))  # finite: a kernel weight e^m, not only a support
+    padding_float = torch.zeros(2, 5, dtype=torch.float64).masked_fill(padding, float("-inf"))
+    cases = [
+        (dict(src_key_padding_mask=padding), dict(src_key_padding_mask=padding)),
+        (dict(src_key_padding_mask=padding_float), dict(src_key_padding_mask=padding_float)),
+        (dict(src_mask=causal.isinf()), dict(src_mask=causal.isinf())),
+        (dict(src_mask=causal, is_causal=True), dict(src_mask=causal, is_causal=True)),
+        (dict(src_mask=additive, src_key_padding_mask=padding_float),
+         dict(src_mask=additive, src_key_padding_mask=padding_float)),
+        (dict(causal=True), dict(src_mask=causal, is_causal=True)),
+    ]
+    # references with autograd on: torch 2.13's inference fast path returns NaN for a float src_mask
+    for ours, theirs in cases:
+        kept = ~padding if "src_key_padding_mask" in theirs else torch.ones_like(padding)
+        assert (block(u, **ours) - layer(u, **theirs))[kept].abs().max() <= 1e-10, ours.keys()
+    per_batch = torch.stack([additive, additive.T])
+    expected = torch.stack([layer(u[i:i + 1], src_mask=per_batch[i])[0] for i in range(2)])
+    assert (block(u, src_mask=per_batch) - expected).abs().max() <= 1e-10
+
+
+def test_batch_first_false_takes_tokens_first(rng):
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dropout=0.0, batch_first=False, dtype=torch.float64)
+    layer = layer.eval()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.tensor(rng.standard_normal(tuple(parameter.shape))) * 0.5)
+    block = torch_module("post_ln").Block(D, HEADS, D_FF, batch_first=False, dtype=torch.float64)
+    from_torch(layer).load_into(block)
+    u = torch.tensor(rng.standard_normal((5, 2, D)))  # (tokens, batch, d)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        difference = block(u, src_key_padding_mask=padding) - layer(u, src_key_padding_mask=padding)
+    assert difference[~padding.T].abs().max() <= 1e-10  # torch's fast path zeroes padded positions
+
+
+def test_a_source_state_dict_never_loads_partially():
+    layer, block = pair()
+    with pytest.raises(ValueError, match="unexpected key 'linear1.bias'.*splitformer.adapters"):
+        block.load_state_dict(layer.state_dict(), strict=False)  # norm1.bias would match by name
+    other = torch_module("post_ln").Block(D, HEADS, D_FF, dtype=torch.float64)
+    other.load_state_dict(block.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), block.state_dict().values()))
+
+
+def test_mask_mistakes_are_named():
+    block = torch_module("post_ln").Block(D, HEADS, D_FF)
+    u = torch.zeros(2, 5, D)
+    with pytest.raises(ValueError, match="key_padding_mask or src_key_padding_mask, not both"):
+        block(u, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), src_key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"src_mask must be bool or float of shape \[5, 5\] or \[2, 5, 5\]"):
+        block(u, src_mask=torch.zeros(4, 5, 5))
+    with pytest.raises(ValueError, match="key_padding_mask must be bool or float"):
+        block(u, src_key_padding_mask=torch.zeros(2, 5, dtype=torch.int64))
+
+
+# --- initialization and repr --------------------------------------------------------------------------------------
+
+
+def test_reset_parameters_matches_torch_statistics():
+    """Per parameter, pooled over 64 fresh layers: torch's half-width (max |x|) within 3 % and
+    standard deviation within 6 % (the standard error of the smallest pool, 2048 biases, is 1 %)."""
+    d, heads, d_ff, draws = 32, 4, 64, 64
+    torch.manual_seed(0)
+    block = torch_module("post_ln").Block(d, heads, d_ff)
+    theirs, ours = {}, {}
+    for _ in range(draws):
+        for name, value in from_torch(torch.nn.TransformerEncoderLayer(d, heads, d_ff, batch_first=True)).items():
+            theirs.setdefault(name, []).append(value.ravel())
+        block.reset_parameters()
+        for name, value in block.state_dict().items():
+            ours.setdefault(name, []).append(value.numpy().ravel().copy())
+    for name in theirs:
+        reference, value = np.concatenate(theirs[name]), np.concatenate(ours[name])
+        if np.all(reference == reference[0]):  # zeros, ones
+            assert np.array_equal(value, reference), name
+            continue
+        assert abs(np.abs(value).max() / np.abs(reference).max() - 1) < 0.03, name
+        assert abs(value.std() / reference.std() - 1) < 0.06, name
+    # negative control: xavier_uniform for W_o (the former default) is outside that tolerance
+    xavier = np.sqrt(6 / (2 * d)) / np.sqrt(3)
+    assert abs(xavier / np.concatenate(theirs["attn.W_o"]).std() - 1) > 0.5
+
+
+def test_repr_shows_scheme_sizes_and_shapes():
+    text = repr(torch_module("pre_ln_gelu").Stack(2, D, HEADS, D_FF, dropout=0.1))
+    assert "pre-ln, final_norm=True" in text
+    assert "pre-ln, activation=gelu, d_model=8, n_heads=2, d_ff=12, eps=1e-05, bias=True, dropout=0.1, batch_first=True" in text
+    assert "(attn): _Group(W_q: (8, 8), b_q: (8,)" in text and "(final_norm): _Group(gain: (8,), bias: (8,))" in text
+
+
+# --- TorchScript ---------------------------------------------------------------------------------------------------
+
+
+def _stack_and_block(module):
+    return module.Block(D, HEADS, D_FF, dtype=torch.float64), module.Stack(2, D, HEADS, D_FF, dtype=torch.float64)
+
+
+#: torch 2.13 deprecates TorchScript (it still works); the tracer warns that the shape checks and the
+#: head scale 1/√d_head become constants, which they are for one module (other shapes are tested).
+IGNORE_DEPRECATION = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+IGNORE_TRACER = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+
+
+@pytest.mark.parametrize("path", TORCH_MODULES, ids=lambda path: path.stem)
+@IGNORE_DEPRECATION
+def test_torchscript_script(path, rng):
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    module = torch_module(path.stem)
+    # a decoder's second input: the memory its cross-attention reads
+    extra = (torch.tensor(rng.standard_normal((2, 3, D))),) if "memory" in module.Block.forward.__code__.co_varnames else ()
+    for eager in _stack_and_block(module):
+        scripted = torch.jit.script(eager)
+        with torch.no_grad():
+            assert (scripted(u, *extra) - eager(u, *extra)).abs().max() <= 1e-12
+            assert (scripted(u, *extra, src_key_padding_mask=padding)
+                    - eager(u, *extra, key_padding_mask=padding)).abs().max() <= 1e-12
+        assert (scripted(u, *extra, causal=True) - eager(u, *extra, causal=True)).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["post_ln"])
+@IGNORE_DEPRECATION
+@IGNORE_TRACER
+def test_torchscript_trace(name, rng):
+    """Traced with autograd on (no in-place branch is recorded), run with and without it, other shapes."""
+    u, other = torch.tensor(rng.standard_normal((2, 5, D))), torch.tensor(rng.standard_normal((3, 7, D)))
+    for eager in _stack_and_block(torch_module(name)):
+        traced = torch.jit.trace(eager, (u,))
+        assert (traced(other) - eager(other)).abs().max() <= 1e-12
+        with torch.no_grad():
+            assert (traced(u) - eager(u)).abs().max() <= 1e-12
+
+
+def test_torch_export_with_torch_keywords(rng):
+    _, block = pair()
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    exported = torch.export.export(block, (u,), {"src_key_padding_mask": padding}).module()
+    with torch.no_grad():
+        assert (exported(u, src_key_padding_mask=padding) - block(u, key_padding_mask=padding)).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_row_scale_is_finite_up_to_the_largest_value(dtype):
+    """The LayerNorm helper's scale table (TorchScript has no torch.finfo) keeps 2^e finite."""
+    module = torch_module("post_ln")
+    largest = torch.tensor([[torch.finfo(dtype).max, 1.0]], dtype=dtype)
+    scale = module._row_scale(largest)
+    assert torch.isfinite(scale).all() and (largest / scale).abs().max() <= 2
+    assert module._max_exponent(dtype) == np.frexp(float(torch.finfo(dtype).max))[1] - 1  # log2 rounds up to 1024

@@ -1,0 +1,65 @@
+"""The checks of the vision models hold, and fail on wrongly derived models (negative controls)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sympy as sp
+
+from splitformer.codegen.cli import main
+from splitformer.symbolic.checks.equivariance import shift_commutes
+from splitformer.symbolic.checks.model_recovery import _symbolic_holds, wrong_stride
+from splitformer.symbolic.image import X1
+from splitformer.symbolic.model import load_model
+from splitformer.symbolic.model_derivation import derive_model
+from splitformer.symbolic.vision_operators import PATCH
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return derive_model(load_model("vit"))
+
+
+def test_check_vit_passes_from_the_command_line(capsys):
+    assert main(["check", "vit", "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    for name in ("recovery/vit/symbolic", "recovery/vit/numeric", "vit/negative-controls",
+                 "vit/translation-equivariance"):
+        assert checks[name]["holds"], checks[name]
+
+
+def test_symbolic_recovery_fails_for_a_wrong_stride(vit):
+    """The numeric controls (wrong stride, wrong scale) are asserted by ``vit/negative-controls`` above."""
+    holds, detail = _symbolic_holds(wrong_stride(vit))
+    assert not holds and "do not vanish" in detail
+
+
+def test_translation_equivariance_needs_the_right_shift(vit):
+    embedding = vit.embedding.assignments[0]
+    assert shift_commutes(embedding, X1.index, 1, PATCH)
+    assert not shift_commutes(embedding, X1.index, 1, PATCH + 1)
+    assert not shift_commutes(embedding, X1.index, 1, sp.Integer(1))
+
+
+@pytest.mark.parametrize("name", ["resnet-block", "unet-level"])
+def test_grid_model_checks_hold(name, capsys):
+    assert main(["check", name, "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[f"{name}/translation-equivariance"]["holds"] and checks[f"{name}/batch-norm-affine"]["holds"]
+
+
+def test_cvt_checks_hold(capsys):
+    assert main(["check", "cvt", "--format", "json"]) == 0
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    for name in ("cvt/translation-equivariance", "cvt/batch-norm-affine", "cvt/key-spacing", "cvt/score-scale",
+                 "recovery/cvt/symbolic", "recovery/cvt/numeric"):
+        assert checks[name]["holds"], checks[name]
+
+
+def test_cvt_recovery_fails_with_the_head_scale():
+    from splitformer.symbolic.checks.cvt_recovery import _head_scale, _numeric_error
+    from splitformer.symbolic.cvt import derive_cvt
+
+    model = derive_cvt()
+    assert _numeric_error(model) < 1e-40 and _numeric_error(_head_scale(model)) > 1e-3

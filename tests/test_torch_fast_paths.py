@@ -116,3 +116,18 @@ def test_fused_layer_norm_falls_back_where_its_statistics_are_not_representable(
     fused = torch.nn.functional.layer_norm(x, (16,), gain, bias, eps)
     exact = torch.nn.functional.layer_norm(x.double(), (16,), gain.double(), bias.double(), eps)
     assert not torch.allclose(fused.double(), exact, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch has no vmap rule for CPU flash attention
+def test_an_ensemble_under_vmap_takes_the_plain_paths(module):
+    """torch.func: stacked parameters have no storage to key on, and vmap lets no value choose a path."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    blocks = [_block(module, seed) for seed in range(3)]
+    params, buffers = stack_module_state(blocks)
+    skeleton = _block(module).to("meta")
+    u = torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        out = vmap(lambda p, b: functional_call(skeleton, (p, b), (u,)))(params, buffers)
+        for member, block in zip(out, blocks):
+            torch.testing.assert_close(member, block(u), rtol=0, atol=1e-12)

@@ -126,7 +126,10 @@ def _kept_cat(tensors: list[torch.Tensor], dim: int):
     """
     if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return torch.cat(tensors, dim)
-    state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+    try:
+        state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+    except RuntimeError:  # tensors without storage (torch.func transforms): nothing to keep
+        return torch.cat(tensors, dim)
     key = id(tensors[0])
     kept = _CONCATENATIONS.get(key)
     if kept is None or kept[0]() is not tensors[0] or kept[1] != state:

@@ -168,7 +168,10 @@ def _fused_layer_norm(x, gain, bias, eps: float):
         return _scaled_layer_norm(x, gain, bias, eps)
     out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
     with torch.no_grad():
-        representable = bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+        try:
+            representable = bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+        except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+            representable = False
     return out if representable else _scaled_layer_norm(x, gain, bias, eps)
 
 
@@ -208,7 +211,10 @@ def _kept_cat(tensors: list[torch.Tensor], dim: int):
     """
     if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return torch.cat(tensors, dim)
-    state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+    try:
+        state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+    except RuntimeError:  # tensors without storage (torch.func transforms): nothing to keep
+        return torch.cat(tensors, dim)
     key = id(tensors[0])
     kept = _CONCATENATIONS.get(key)
     if kept is None or kept[0]() is not tensors[0] or kept[1] != state:

@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from operators import by_kind  # noqa: E402
 from shapes import SHAPES, flops  # noqa: E402
 
 FIGURES = ("torch-inference", "torch-training", "numpy-forward")
@@ -112,8 +113,8 @@ def sustained(function, seconds: float) -> list[float]:
     return times
 
 
-def profile(function, rows: int = 8) -> list[dict]:
-    """The top operators by self CPU time over a few calls (torch figures)."""
+def profile(function, rows: int = 8) -> tuple[list[dict], dict[str, float]]:
+    """The top operators by self CPU time over a few calls, and ms per call per kind (torch figures)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -122,9 +123,10 @@ def profile(function, rows: int = 8) -> list[dict]:
             function()
     averages = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
     total = sum(event.self_cpu_time_total for event in averages) or 1
-    return [{"op": event.key, "ms_per_call": event.self_cpu_time_total / 3 / 1e3,
-             "share": event.self_cpu_time_total / total, "calls": event.count // 3}
-            for event in averages[:rows]]
+    top = [{"op": event.key, "ms_per_call": event.self_cpu_time_total / 3 / 1e3,
+            "share": event.self_cpu_time_total / total, "calls": event.count // 3}
+           for event in averages[:rows]]
+    return top, by_kind([(event.key, event.self_cpu_time_total / 3 / 1e3) for event in averages])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_s": median, "calls": len(times),
               "gflops": flops(arguments.shape, training=arguments.figure == "torch-training") / median / 1e9}
     if arguments.profile and arguments.figure != "numpy-forward":
-        result["profile"] = profile(function)
+        result["profile"], result["kinds"] = profile(function)
     print(json.dumps(result))
     return 0
 

@@ -4,7 +4,7 @@
 
 ``FIGURE`` is ``torch-inference``, ``torch-training`` or ``numpy-forward``; ``ROLE`` is
 ``reference`` (``torch.nn.TransformerEncoderLayer``: its fused fast path for inference, autograd
-for training) or ``candidate`` (the generated module in ``DIR``). Weights and input come from
+for a training step: forward, backward and an SGD update) or ``candidate`` (the generated module in ``DIR``). Weights and input come from
 ``DIR/SHAPE.npz`` (written by ``benchmark.py``), so the NumPy candidate's process never imports
 torch, as a NumPy user's would not. The process measures sustained
 throughput as a user's loop sees it: nothing pauses between calls, so BLAS threads that spin
@@ -87,10 +87,13 @@ def build(figure: str, role: str, shape: str, modules: Path):
         module = _reference_layer(params, d, heads, d_ff).train(training)
     else:
         module = _module(modules, "torch").Block(d, heads, d_ff).load_params(params).train(training)
-    if training:
+    if training:  # a whole training step: forward, backward, and the optimizer's update
+        optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
+
         def step():
-            module.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             module(x).square().mean().backward()
+            optimizer.step()
         return step
 
     def infer():

@@ -98,6 +98,12 @@ def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str
     return lines
 
 
+def statement_table(shape: str, modules: Path, arguments) -> list[str]:
+    """Where a call of the generated NumPy forward spends its time, statement by statement."""
+    common = [shape, "--modules", str(modules), "--seconds", "0.2", "--threads", str(arguments.threads), "--profile"]
+    return _run("figure.py", "numpy-forward", "candidate", *common, threads=arguments.threads)["statements"]
+
+
 def derive_lines(rounds: int = 3) -> list[str]:
     """Cold (empty cache) and warm ``derive`` times, each in a fresh process."""
     lines = []
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="N128,N1024", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--figures", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-profile", action="store_true", help="skip the operator tables")
+    parser.add_argument("--no-profile", action="store_true", help="skip the operator and statement tables")
     parser.add_argument("--no-derive", action="store_true", help="skip the derive timings")
     parser.add_argument("--interleaved", action="store_true", help="the older in-process mode (labelled)")
     arguments = parser.parse_args(argv)
@@ -163,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(interleaved(figure, shape, Path(modules), arguments), flush=True)
                     continue
                 print(figure_line(figure, shape, *measure(figure, shape, Path(modules), arguments), gemm), flush=True)
-                if not arguments.no_profile and figure != "numpy-forward":
-                    print("\n".join(profile_table(figure, shape, Path(modules), arguments)), flush=True)
+                if not arguments.no_profile:
+                    table = (statement_table(shape, Path(modules), arguments) if figure == "numpy-forward"
+                             else profile_table(figure, shape, Path(modules), arguments))
+                    print("\n".join(table), flush=True)
     if not arguments.no_derive:
         print("\n".join(derive_lines()), flush=True)
     return 0

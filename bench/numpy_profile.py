@@ -4,15 +4,16 @@
 
 A line tracer (``sys.settrace``) follows the frames of ``forward`` and of the helpers it calls
 (``_attention``, ``_layer_norm``, …); each line's time is the time until the next line event
-of the same frame, so a line that calls a helper includes that helper's lines, shown indented
-below it. The tracer adds a few microseconds per line: the table explains the shares of a call,
-the sustained figure is ``figure.py``'s.
+of the same frame, the median over a few calls, so a line that calls a helper includes that
+helper's lines, shown indented below it. The tracer adds a few microseconds per line: the
+table explains the shares of a call, the sustained figure is ``figure.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import linecache
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -21,14 +22,15 @@ from pathlib import Path
 __all__ = ["line_profile", "profile_lines"]
 
 
-def line_profile(function, module, calls: int = 5) -> dict[tuple[str, int], float]:
-    """Seconds per call spent on each (function name, line number) of ``module``'s functions."""
+def line_profile(function, module, calls: int = 5, clock=time.perf_counter) -> dict[tuple[str, int], float]:
+    """Per (function name, line number) of ``module``'s functions: the median over ``calls`` calls
+    of the time (``clock``'s units) spent on that line in one call."""
     code_file = module.__file__
-    spent: dict[tuple[str, int], float] = defaultdict(float)
     last: dict[int, tuple[int, float]] = {}
+    spent: dict[tuple[str, int], float] = defaultdict(float)
 
     def local(frame, event, _):
-        now = time.perf_counter()
+        now = clock()
         key = id(frame)
         if key in last:
             line, since = last[key]
@@ -36,20 +38,24 @@ def line_profile(function, module, calls: int = 5) -> dict[tuple[str, int], floa
         if event == "return":
             last.pop(key, None)
         else:
-            last[key] = (frame.f_lineno, time.perf_counter())
+            last[key] = (frame.f_lineno, clock())
         return local
 
     def tracer(frame, event, _):
         return local if frame.f_code.co_filename == code_file else None
 
     function()  # warm caches and BLAS threads
-    sys.settrace(tracer)
-    try:
-        for _ in range(calls):
+    per_call = []
+    for _ in range(calls):
+        spent.clear()
+        sys.settrace(tracer)
+        try:
             function()
-    finally:
-        sys.settrace(None)
-    return {key: seconds / calls for key, seconds in spent.items()}
+        finally:
+            sys.settrace(None)
+        per_call.append(dict(spent))
+    keys = {key for times in per_call for key in times}
+    return {key: statistics.median(times.get(key, 0.0) for times in per_call) for key in keys}
 
 
 def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]:
@@ -69,7 +75,7 @@ def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]
                 if inner / total >= 0.005:
                     inner_text = linecache.getline(module.__file__, inner_line).strip()
                     lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {name}: {inner_text[:96]}")
-    lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced ({calls} calls)")
+    lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced (sum of the medians over {calls} calls)")
     return lines
 
 

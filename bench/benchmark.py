@@ -86,11 +86,16 @@ def figure_line(figure: str, shape: str, ratios: list[float], reference: dict, c
             f"= {candidate['gflops'] / limit:4.0%} of the GEMM limit")
 
 
+def _profiled(figure: str, role: str, shape: str, modules: Path, arguments) -> dict:
+    """One short ``--profile`` run of a figure."""
+    return _run("figure.py", figure, role, shape, "--modules", str(modules), "--seconds", "0.2",
+                "--threads", str(arguments.threads), "--profile", threads=arguments.threads)
+
+
 def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str]:
     """Reference and candidate side by side (ms per call, profiler self time): per kind of work
     with the difference (the gap, and where it is), then the top operators."""
-    common = [shape, "--modules", str(modules), "--seconds", "0.2", "--threads", str(arguments.threads), "--profile"]
-    sides = [_run("figure.py", figure, role, *common, threads=arguments.threads) for role in ("reference", "candidate")]
+    sides = [_profiled(figure, role, shape, modules, arguments) for role in ("reference", "candidate")]
     kinds = [side["kinds"] for side in sides]
     lines = [f"    {'where the time goes':44} {'ref ms':>8} {'gen ms':>8} {'gen - ref':>10}"]
     for label in kinds[0]:
@@ -103,6 +108,11 @@ def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str
         lines.append(f"    {left['op'][:34]:34} {left['ms_per_call']:7.2f} {left['share']:6.0%}   "
                      f"{right['op'][:34]:34} {right['ms_per_call']:7.2f} {right['share']:6.0%}")
     return lines
+
+
+def statement_table(shape: str, modules: Path, arguments) -> list[str]:
+    """Where a call of the generated NumPy forward spends its time, statement by statement."""
+    return _profiled("numpy-forward", "candidate", shape, modules, arguments)["statements"]
 
 
 def derive_lines(rounds: int = 3) -> list[str]:
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="N128,N1024", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--figures", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-profile", action="store_true", help="skip the operator tables")
+    parser.add_argument("--no-profile", action="store_true", help="skip the operator and statement tables")
     parser.add_argument("--no-derive", action="store_true", help="skip the derive timings")
     parser.add_argument("--interleaved", action="store_true", help="the older in-process mode (labelled)")
     arguments = parser.parse_args(argv)
@@ -170,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(interleaved(figure, shape, Path(modules), arguments), flush=True)
                     continue
                 print(figure_line(figure, shape, *measure(figure, shape, Path(modules), arguments), gemm), flush=True)
-                if not arguments.no_profile and figure != "numpy-forward":
-                    print("\n".join(profile_table(figure, shape, Path(modules), arguments)), flush=True)
+                if not arguments.no_profile:
+                    table = (statement_table(shape, Path(modules), arguments) if figure == "numpy-forward"
+                             else profile_table(figure, shape, Path(modules), arguments))
+                    print("\n".join(table), flush=True)
     if not arguments.no_derive:
         print("\n".join(derive_lines()), flush=True)
     return 0

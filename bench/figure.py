@@ -10,7 +10,8 @@ torch, as a NumPy user's would not. The process measures sustained
 throughput as a user's loop sees it: nothing pauses between calls, so BLAS threads that spin
 after a call are part of what the next call pays. The output is one JSON object with the
 median time per call, the number of calls and the achieved GFLOP/s; ``--profile`` adds the
-top operators of a ``torch.profiler`` run (torch figures only).
+top operators of a ``torch.profiler`` run (torch figures) or the per-statement table of the
+generated NumPy forward (``bench/numpy_profile.py``, the NumPy candidate).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modules", type=Path, required=True, help="folder with numpy/ and torch/ post_ln.py")
     parser.add_argument("--seconds", type=float, default=1.0, help="measured back-to-back time (default 1 s)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--profile", action="store_true", help="add a torch.profiler operator table")
+    parser.add_argument("--profile", action="store_true", help="add a torch.profiler operator table (torch) or a per-statement table (NumPy)")
     arguments = parser.parse_args(argv)
     if arguments.figure != "numpy-forward" or arguments.role == "reference":
         import torch
@@ -152,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"figure": arguments.figure, "role": arguments.role, "shape": arguments.shape,
               "median_s": median, "calls": len(times),
               "gflops": flops(arguments.shape, training=arguments.figure == "torch-training") / median / 1e9}
-    if arguments.profile and arguments.figure != "numpy-forward":
+    if arguments.profile and arguments.figure == "numpy-forward" and arguments.role == "candidate":
+        from numpy_profile import profile_lines
+
+        result["statements"] = profile_lines(function, _module(arguments.modules, "numpy"))
+    elif arguments.profile and arguments.figure != "numpy-forward":
         result["profile"], result["kinds"] = profile(function)
     print(json.dumps(result))
     return 0

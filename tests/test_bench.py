@@ -35,3 +35,20 @@ def test_reference_and_candidates_agree_on_the_stored_inputs(tmp_path):
         for role in figure.ROLES:
             times = figure.sustained(figure.build(name, role, "tiny", tmp_path), 0.01)
             assert len(times) >= 5 and min(times) > 0
+
+
+def test_the_statement_profile_times_the_generated_forward_and_its_helpers(tmp_path):
+    import numpy_profile
+
+    write_files(generate(load_scheme("post-ln"), ("numpy",), tmp_path))
+    figure.write_inputs("tiny", tmp_path)
+    module = figure._module(tmp_path, "numpy")
+    function = figure.build("numpy-forward", "candidate", "tiny", tmp_path)
+    spent = numpy_profile.line_profile(function, module, calls=2)
+    assert {"forward", "_attention", "_exponentials", "_layer_norm"} <= {name for name, _ in spent}
+    assert all(seconds >= 0 for seconds in spent.values())
+    lines = numpy_profile.profile_lines(function, module, calls=2)
+    assert any("_attention(" in line for line in lines) and any("_attention: " in line for line in lines)
+    assert "forward, traced (sum of the medians over 2 calls)" in lines[-1]
+    # negative control: a function outside the generated module leaves nothing to attribute
+    assert numpy_profile.line_profile(lambda: np.ones(3).sum(), module, calls=2) == {}

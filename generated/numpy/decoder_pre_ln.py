@@ -110,20 +110,37 @@ def _softmax(scores, support):
 def _attention(q, k, v, scale, support):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
-    Heads are made contiguous once; query rows go in blocks whose scores (about 2 MB) stay
-    in cache; the scale is applied to the queries and the normalization to the output rows.
+    Heads are strided views of the operands, never copied; per batch entry, a group of heads
+    and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
+    reused buffer. The scale is applied to the queries, the normalization to the output rows,
+    which are written in (batch, tokens, heads, features) order.
     """
-    q, k, v = (np.ascontiguousarray(t.transpose(0, 2, 1, 3)) for t in (q, k, v))
-    keys = k.transpose(0, 1, 3, 2)
-    out = np.empty(q.shape, dtype=q.dtype)
-    rows = max(1, (1 << 19) // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
-    for start in range(0, q.shape[2], rows):
-        block = slice(start, start + rows)
-        scores = (q[:, :, block] * scale) @ keys
-        weights, total = _exponentials(scores, None if support is None else support[..., block, :])
-        np.matmul(weights, v, out=out[:, :, block])
-        out[:, :, block] /= total
-    return out.transpose(0, 2, 1, 3)
+    batch, n_queries, n_heads, _ = q.shape
+    n_keys = k.shape[1]
+    q = (q * scale).transpose(0, 2, 1, 3)
+    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    out = np.empty((batch, n_queries, n_heads, v.shape[3]), dtype=q.dtype)
+    heads_out = out.transpose(0, 2, 1, 3)
+    if support is not None:
+        support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
+    rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
+    group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
+    buffer = np.empty((group, rows, n_keys), dtype=q.dtype)
+    for b in range(batch):
+        for first in range(0, n_heads, group):
+            heads = slice(first, first + group)
+            for start in range(0, n_queries, rows):
+                block = slice(start, start + rows)
+                queries = q[b, heads, block]
+                scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
+                weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
+                np.matmul(weights, values[b, heads], out=heads_out[b, heads, block])
+                heads_out[b, heads, block] /= total
+    return out
+
+
+#: Score entries per block of ``_attention``: 2 MB in float32, which stay in cache.
+_SCORES = 1 << 19
 
 
 def _row_scale(x):
@@ -133,24 +150,26 @@ def _row_scale(x):
     return np.ldexp(np.ones_like(peak), exponent)
 
 
-def _layer_norm(x, gain, bias, eps):
-    """gain (x − mean)/√(var + eps) + bias over the last axis, with a single full-size temporary.
+def _layer_norm(x, gain, bias, eps, scaled=False):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with one full-size temporary.
 
-    The statistics are those of x/s, s a power of two ≥ max|x| per row (at least 1): the
-    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged; the
-    row's first value is subtracted before the mean (shifted data), so rows far from zero
-    keep their deviations. Every row whose LayerNorm is representable gets it, up to the
-    dtype's largest values.
+    The row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Where squares overflow (a variance that is not finite), ``scaled``
+    recomputes the statistics from x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged. Every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values.
     """
-    scale = _row_scale(x)
-    out = x / scale
-    out -= out[..., :1].copy()
+    scale = _row_scale(x) if scaled else 1
+    shifted = x / scale if scaled else x
+    out = shifted - shifted[..., :1]
     out -= np.mean(out, axis=-1, keepdims=True)
     variance = np.einsum("...k,...k->...", out, out)[..., None]
     variance /= x.shape[-1]
     variance += eps / scale / scale
+    if not (scaled or np.isfinite(variance).all()):
+        return _layer_norm(x, gain, bias, eps, scaled=True)
     np.sqrt(variance, out=variance)
-    variance[variance == 0] = 1  # a constant row (eps/s² underflowed): its centred values are 0
+    variance[variance == 0] = 1  # a constant row (eps = 0 or eps/s² underflowed): its centred values are 0
     out /= variance
     out *= gain
     out += bias

@@ -83,15 +83,18 @@ def _row_scale(x):
     return np.ldexp(np.ones_like(peak), exponent)
 
 
-def _rms_norm(x, gain, eps):
-    """gain x/√(mean x² + eps) over the last axis, with the statistics of x/s (``_row_scale``)."""
-    scale = _row_scale(x)
+def _rms_norm(x, gain, eps, scaled=False):
+    """gain x/√(mean x² + eps) over the last axis; where squares overflow, ``scaled`` takes the
+    statistics of x/s (``_row_scale``, as ``_layer_norm``)."""
+    scale = _row_scale(x) if scaled else 1
     out = x / scale
     root = np.einsum("...k,...k->...", out, out)[..., None]
     root /= x.shape[-1]
     root += eps / scale / scale
+    if not (scaled or np.isfinite(root).all()):
+        return _rms_norm(x, gain, eps, scaled=True)
     np.sqrt(root, out=root)
-    root[root == 0] = 1  # a zero row (eps/s² underflowed): its values are 0
+    root[root == 0] = 1  # a zero row (eps = 0 or eps/s² underflowed): its values are 0
     out /= root
     out *= gain
     return out

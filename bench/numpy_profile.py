@@ -1,0 +1,97 @@
+"""Per-statement time of a generated NumPy forward: where the milliseconds of a call go.
+
+    python bench/numpy_profile.py SHAPE [--modules DIR]   # a table; DIR as for figure.py
+
+A line tracer (``sys.settrace``) follows the frames of ``forward`` and of the helpers it calls
+(``_attention``, ``_layer_norm``, …); each line's time is the time until the next line event
+of the same frame, the median over a few calls, so a line that calls a helper includes that
+helper's lines, shown indented below it. The tracer adds a few microseconds per line: the
+table explains the shares of a call, the sustained figure is ``figure.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import linecache
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+__all__ = ["line_profile", "profile_lines"]
+
+
+def line_profile(function, module, calls: int = 5, clock=time.perf_counter) -> dict[tuple[str, int], float]:
+    """Per (function name, line number) of ``module``'s functions: the median over ``calls`` calls
+    of the time (``clock``'s units) spent on that line in one call."""
+    code_file = module.__file__
+    last: dict[int, tuple[int, float]] = {}
+    spent: dict[tuple[str, int], float] = defaultdict(float)
+
+    def local(frame, event, _):
+        now = clock()
+        key = id(frame)
+        if key in last:
+            line, since = last[key]
+            spent[(frame.f_code.co_name, line)] += now - since
+        if event == "return":
+            last.pop(key, None)
+        else:
+            last[key] = (frame.f_lineno, clock())
+        return local
+
+    def tracer(frame, event, _):
+        return local if frame.f_code.co_filename == code_file else None
+
+    function()  # warm caches and BLAS threads
+    per_call = []
+    for _ in range(calls):
+        spent.clear()
+        sys.settrace(tracer)
+        try:
+            function()
+        finally:
+            sys.settrace(None)
+        per_call.append(dict(spent))
+    keys = {key for times in per_call for key in times}
+    return {key: statistics.median(times.get(key, 0.0) for times in per_call) for key in keys}
+
+
+def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]:
+    """The table: forward's statements by time, each helper's top lines under it."""
+    spent = line_profile(function, module, calls)
+    total = sum(seconds for (name, _), seconds in spent.items() if name == "forward") or 1.0
+    by_function: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for (name, line), seconds in spent.items():
+        by_function[name].append((seconds, line))
+    lines = [f"    {'ms':>7} {'share':>6}  statement of the generated forward (helpers' lines indented)"]
+    for seconds, line in sorted(by_function.pop("forward", []), reverse=True)[:rows]:
+        text = linecache.getline(module.__file__, line).strip()
+        lines.append(f"    {seconds * 1e3:7.2f} {seconds / total:6.0%}  {text[:110]}")
+        called = [name for name in by_function if f"{name}(" in text]
+        for name in called:
+            for inner, inner_line in sorted(by_function.pop(name), reverse=True)[:8]:
+                if inner / total >= 0.005:
+                    inner_text = linecache.getline(module.__file__, inner_line).strip()
+                    lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {name}: {inner_text[:96]}")
+    lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced (sum of the medians over {calls} calls)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from figure import _module, build
+    from shapes import SHAPES
+
+    parser = argparse.ArgumentParser(prog="bench/numpy_profile.py", description=__doc__.splitlines()[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("--modules", type=Path, required=True, help="folder with numpy/post_ln.py and SHAPE.npz")
+    arguments = parser.parse_args(argv)
+    function = build("numpy-forward", "candidate", arguments.shape, arguments.modules)
+    print("\n".join(profile_lines(function, _module(arguments.modules, "numpy"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

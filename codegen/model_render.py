@@ -141,5 +141,5 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         layer_parameters=[p for u in layer for p in u["parameters"]],
         head_parameters=[p for u in readout for p in u["parameters"]],
         uses={"_einsum", "_softmax"}, block={"uses_erf": True},
-        vjp=cvt_vjp_context(model, backend) if backend == "numpy" else None,
+        vjp=cvt_vjp_context(model, backend),
     )

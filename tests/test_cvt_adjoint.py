@@ -59,9 +59,9 @@ def _hf_gradients(model, pixels, seeds):
 
 
 #: Gradients that are zero in exact arithmetic (a shift of every key adds a per-query constant to the scores,
-#: which the softmax cancels; in a stage without the class node BatchNorm's shift of K is one), measured on
-#: the scale of their neighbour's.
-_ZERO_IN_EXACT_ARITHMETIC = {".attn.b_k": ".attn.W_k", ".kbn.bias": ".kbn.gain"}
+#: which the softmax cancels; in a stage without the class node BatchNorm's shift of K, through its bias and
+#: its mean, is one), measured on the scale of their neighbour's.
+_ZERO_IN_EXACT_ARITHMETIC = {".attn.b_k": ".attn.W_k", ".kbn.bias": ".kbn.gain", ".kbn.mean": ".kbn.var"}
 
 
 def _relative(got: dict, expected: dict) -> float:
@@ -98,3 +98,53 @@ def test_vjp_matches_transformers_autograd(classifier):
     assert np.abs(grad_image - expected_image).max() / np.abs(expected_image).max() <= 1e-10
     grads = {name: value for name, value in grads.items() if not name.endswith(STATISTICS)}
     assert _relative(grads, expected) <= 1e-10
+
+
+TORCH = import_path(GENERATED / "torch" / "cvt.py")
+
+
+def _generated(adapted, backward: str):
+    stages = adapted.config["stages"]
+    d_ffs = [adapted.params[f"stages.{index}.layers.0.ffn.W_1"].shape[1] for index in range(len(stages))]
+    n_classes = adapted.params["head.W"].shape[1] if "head.W" in adapted.params else 0
+    model = TORCH.Model(3, CONFIG["embed_dim"], CONFIG["depth"], d_ffs, stages, n_classes=n_classes, eps=adapted.config["eps"],
+                        dtype=torch.float64, backward=backward)
+    return model.load_params(adapted.params)
+
+
+def _torch_gradients(model, pixels, seed):
+    pixels = pixels.clone().requires_grad_(True)
+    model.logits(pixels).backward(seed)
+    return pixels.grad.numpy(), {name: parameter.grad.numpy() for name, parameter in model.named_parameters()}
+
+
+def test_derived_backward_matches_autograd_and_transformers():
+    """``backward="derived"`` against autograd through the generated module (every parameter, BatchNorm's
+    statistics included) and against transformers' CvT under autograd."""
+    model = _cvt(True)
+    adapted = from_hf(model)
+    pixels = torch.randn(2, 3, 12, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    seed = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    derived_image, derived = _torch_gradients(_generated(adapted, "derived"), pixels, seed)
+    autograd_image, autograd = _torch_gradients(_generated(adapted, "autograd"), pixels, seed)
+    assert np.abs(derived_image - autograd_image).max() / np.abs(autograd_image).max() <= 1e-10
+    assert _relative(derived, autograd) <= 1e-10
+    expected_image, expected = _hf_gradients(model, pixels, (seed,))
+    assert np.abs(derived_image - expected_image).max() / np.abs(expected_image).max() <= 1e-10
+    assert _relative({name: value for name, value in derived.items() if not name.endswith(STATISTICS)}, expected) <= 1e-10
+
+
+def test_derived_backward_of_the_hidden_states():
+    """The costate of both outputs (grid and class node) through ``backward="derived"``."""
+    adapted = from_hf(_cvt(False))
+    pixels = torch.randn(2, 3, 12, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for backward in ("derived", "autograd"):
+        model, image = _generated(adapted, backward), pixels.clone().requires_grad_(True)
+        hidden, cls = model(image)
+        (hidden.sin().sum() + cls.cos().sum()).backward()
+        results.append((image.grad.numpy(), {name: p.grad.numpy() for name, p in model.named_parameters()
+                                             if p.grad is not None}))
+    (derived_image, derived), (autograd_image, autograd) = results
+    assert np.abs(derived_image - autograd_image).max() / np.abs(autograd_image).max() <= 1e-10
+    assert _relative(derived, autograd) <= 1e-10

@@ -494,8 +494,6 @@ def logits(pixel_values, params, *, stages, eps=1e-5):
         raise ValueError("missing parameter 'head.W'")
     sizes = {"d": cls.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
     return _readout(cls, _table(params, HEAD_PARAMETERS, sizes, cls.dtype), eps)
-
-
 def _rows(field, axis, offset, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     index = [slice(None)] * field.ndim
@@ -520,12 +518,14 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
+
+
 def _embed_vjp(u0, embed_out_bar, p, config, eps):
     """The derived adjoint of embed: the costate of its output → (costate of u0, gradients)."""
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = u0.shape[0], d // n_heads
+    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
 
@@ -552,7 +552,7 @@ def _embed_norm_vjp(tokens, embed_norm_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = tokens.shape[0], d // n_heads
+    batch, d_head, dropout_p = tokens.shape[0], d // n_heads, 0.0
     embed_norm_gain = p["embed_norm.gain"]
     embed_norm_bias = p["embed_norm.bias"]
 
@@ -592,7 +592,7 @@ def _norm1_vjp(u0, norm1_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = u0.shape[0], d // n_heads
+    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
 
@@ -632,7 +632,7 @@ def _qproj_vjp(grid, qbn_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = grid.shape[0], d // n_heads
+    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     qconv_W = p["qconv.W"]
     qbn_gain = p["qbn.gain"]
     qbn_bias = p["qbn.bias"]
@@ -698,7 +698,7 @@ def _kproj_vjp(grid, kbn_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = grid.shape[0], d // n_heads
+    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     kconv_W = p["kconv.W"]
     kbn_gain = p["kbn.gain"]
     kbn_bias = p["kbn.bias"]
@@ -764,7 +764,7 @@ def _vproj_vjp(grid, vbn_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = grid.shape[0], d // n_heads
+    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     vconv_W = p["vconv.W"]
     vbn_gain = p["vbn.gain"]
     vbn_bias = p["vbn.bias"]
@@ -830,7 +830,7 @@ def _attn_vjp(q_in, k_in, v_in, attn_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = q_in.shape[0], d // n_heads
+    batch, d_head, dropout_p = q_in.shape[0], d // n_heads, 0.0
     attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
     attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
     attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
@@ -910,7 +910,7 @@ def _norm2_vjp(u1, norm2_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = u1.shape[0], d // n_heads
+    batch, d_head, dropout_p = u1.shape[0], d // n_heads, 0.0
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
@@ -950,7 +950,7 @@ def _ffn_vjp(norm2_out, ffn_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = norm2_out.shape[0], d // n_heads
+    batch, d_head, dropout_p = norm2_out.shape[0], d // n_heads, 0.0
     ffn_W_1 = p["ffn.W_1"]
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
@@ -991,7 +991,7 @@ def _final_norm_vjp(cls, final_norm_out_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = cls.shape[0], d // n_heads
+    batch, d_head, dropout_p = cls.shape[0], d // n_heads, 0.0
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -1031,7 +1031,7 @@ def _head_vjp(final_norm_out, head_logits_bar, p, config, eps):
     d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
     patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head = final_norm_out.shape[0], d // n_heads
+    batch, d_head, dropout_p = final_norm_out.shape[0], d // n_heads, 0.0
     head_W = p["head.W"]
     head_b = p["head.b"]
 
@@ -1090,6 +1090,26 @@ def _grid_size(n, config, which):
 _PROJECTIONS = {"q": _qproj_vjp, "k": _kproj_vjp, "v": _vproj_vjp}
 
 
+def _reverse(kept, seed_grid, seed_cls, eps):
+    """The costates of the last stage's grid and class node, backwards through the stages kept by the
+    forward (last first), each stage's steps (last first) and its token embedding → (∂J/∂image, gradients)."""
+    grads = {}
+    for index in reversed(range(len(kept))):
+        u, top, config, embedded, n_rows, n_cols, layers, inputs = kept[index]
+        prefix = f"stages.{index}."
+        seed = _tokens(seed_cls if config["cls"] else None, seed_grid)
+        for n in reversed(range(len(layers))):
+            seed, step_grads = _step_vjp(inputs[n], seed, layers[n], n_rows, n_cols, config["cls"], config, eps)
+            grads.update({f"{prefix}layers.{n}.{name}": value for name, value in step_grads.items()})
+        if config["cls"]:  # the class node joins unconvolved: its costate is the gradient of the class token
+            grads[prefix + "cls"], seed = seed[:, 0].sum(axis=0), seed[:, 1:]
+        seed, more = _embed_norm_vjp(embedded, seed, top, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+        seed_grid, more = _embed_vjp(u, _split(seed, n_rows, n_cols, False)[1], top, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed_grid, grads
+
+
 def _costate(name, value, shape, dtype):
     """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
     seed = np.asarray(value)
@@ -1124,21 +1144,7 @@ def _backward(u, params, stages, eps, seed_grid, seed_cls):
             layers.append(layer)
         kept.append((u, top, config, embedded, n_rows, n_cols, layers, inputs))
         u = _split(tokens, n_rows, n_cols, config["cls"])[1]
-    grads = {}
-    for index in reversed(range(len(stages))):
-        u, top, config, embedded, n_rows, n_cols, layers, inputs = kept[index]
-        prefix = f"stages.{index}."
-        seed = _tokens(seed_cls if config["cls"] else None, seed_grid)
-        for n in reversed(range(len(layers))):
-            seed, step_grads = _step_vjp(inputs[n], seed, layers[n], n_rows, n_cols, config["cls"], config, eps)
-            grads.update({f"{prefix}layers.{n}.{name}": value for name, value in step_grads.items()})
-        if config["cls"]:  # the class node joins unconvolved: its costate is the gradient of the class token
-            grads[prefix + "cls"], seed = seed[:, 0].sum(axis=0), seed[:, 1:]
-        seed, more = _embed_norm_vjp(embedded, seed, top, config, eps)
-        grads.update({prefix + name: value for name, value in more.items()})
-        seed_grid, more = _embed_vjp(u, _split(seed, n_rows, n_cols, False)[1], top, config, eps)
-        grads.update({prefix + name: value for name, value in more.items()})
-    return seed_grid, grads
+    return _reverse(kept, seed_grid, seed_cls, eps)
 
 
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):

@@ -6,6 +6,9 @@
   equals ``⟨gradient, δ⟩`` from the derived adjoint, through the input and every control;
 - ``adjoint/<model>/negative-control``: with the sign of one adjoint assignment of the
   embedding flipped, the same comparison fails.
+
+Grid steps (``resnet-block``, ``unet-level``) are checked per transfer; ``cvt`` per piece of a
+stage (``symbolic.cvt_adjoint``), its negative control flipping a sign in the attention's adjoint.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from ..cnn_operators import STRIDE
 from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from ..image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from ..adjoint import derive_adjoint
+from ..cvt_adjoint import cvt_pieces
+from ..cvt_operators import KEYS, config_symbol
 from ..model_adjoint import derive_model_adjoint, grid_program
 from ..vision_operators import PATCH
 from . import Check
@@ -86,8 +91,6 @@ def grid_adjoint_checks(model) -> list[Check]:
 def _cvt_sizes() -> tuple[dict, str]:
     """A 2 × 2 grid, 2 channels in, 2 features, 1 head, 2 key nodes; kernels of 2 with stride 1 and padding 1
     (every convolution reads the zero padding)."""
-    from ..cvt_operators import KEYS, config_symbol
-
     config = {config_symbol(name): value for name, value in
               (("patch_size", 2), ("patch_stride", 1), ("patch_padding", 1), ("kernel_qkv", 2), ("stride_q", 1),
                ("padding_q", 1), ("stride_kv", 1), ("padding_kv", 1))}
@@ -99,8 +102,6 @@ def _cvt_sizes() -> tuple[dict, str]:
 
 def cvt_adjoint_checks(model) -> list[Check]:
     """The finite-difference checks of each piece of CvT's derived adjoint and their negative control."""
-    from ..cvt_adjoint import cvt_pieces
-
     adjoints = {piece: derive_adjoint(program) for piece, (program, _, _) in cvt_pieces(model).items()}
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith(".var"))

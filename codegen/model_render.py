@@ -11,6 +11,7 @@ from .lowering import lower
 from .model_backends import CODE_NAMES, code, statements
 from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
+from .cvt_vjp import cvt_vjp_context
 from .model_vjp import grid_vjp_context, model_vjp_context
 from .render import environment, unit_context
 
@@ -140,4 +141,5 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         layer_parameters=[p for u in layer for p in u["parameters"]],
         head_parameters=[p for u in readout for p in u["parameters"]],
         uses={"_einsum", "_softmax"}, block={"uses_erf": True},
+        vjp=cvt_vjp_context(model, backend),
     )

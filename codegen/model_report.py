@@ -8,6 +8,7 @@ from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
 from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.cvt_adjoint import cvt_pieces
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.latex import to_latex
@@ -80,7 +81,10 @@ def render_grid_report(model: GridModelProgram) -> str:
 def render_cvt_report(model: CvtProgram) -> str:
     """The Markdown report of the multiscale model ``cvt``."""
     template = environment().get_template("report/cvt.md.j2")
-    return template.render(model=model, version=__version__,
+    pieces = [(name, input_name, derive_adjoint(program))
+              for name, (program, input_name, _) in reversed(cvt_pieces(model).items())]
+    return template.render(model=model, version=__version__, pieces=pieces,
                            checks=[f"{model.name}/translation-equivariance", f"{model.name}/batch-norm-affine",
                                    f"{model.name}/key-spacing", f"{model.name}/score-scale",
-                                   f"recovery/{model.name}/symbolic", f"recovery/{model.name}/numeric"])
+                                   f"recovery/{model.name}/symbolic", f"recovery/{model.name}/numeric",
+                                   f"adjoint/{model.name}/finite-difference", f"adjoint/{model.name}/negative-control"])

@@ -23,13 +23,20 @@ SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEA
                                                            GROUP, FREQUENCIES, KV_FEATURES, MEMORY)}
 
 
-def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...]) -> str:
-    """``name`` indexed so that its axes ``labels`` line up with the axes ``out``."""
+def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library: str = "") -> str:
+    """``name`` indexed so that its axes ``labels`` line up with the axes ``out`` (its axes
+    permuted first where they come in another order, e.g. a depth-wise kernel ``W[r, s, l]``
+    read at ``(b, l, p, q, r, s)``)."""
     if labels == out[len(out) - len(labels):]:
         return name
     positions = [out.index(label) for label in labels]
     if positions != sorted(positions):
-        raise AssertionError(f"{name}{labels} is not ordered like {out}")
+        if not library:
+            raise AssertionError(f"{name}{labels} is not ordered like {out}")
+        order = tuple(sorted(range(len(labels)), key=positions.__getitem__))
+        name = f"np.transpose({name}, {order})" if library == "np" else f"{name}.permute{order}"
+        labels = tuple(labels[axis] for axis in order)
+        positions = sorted(positions)
     index = [":" if label in labels else "None" for label in out]
     while index[-1] == ":":
         index.pop()
@@ -53,7 +60,7 @@ class ArrayPrinter(StrPrinter):
         labels = tuple(str(index) for index in expr.indices)
         if self.module.batched(name):
             labels = (BATCH,) + labels
-        return broadcast(name, labels, self.out)
+        return broadcast(name, labels, self.out, self.library)
 
     def _print_Idx(self, expr: sp.Idx) -> str:
         """A grid index used as a value: the grid's coordinates ``0, 1, …`` along its axis."""

@@ -53,7 +53,8 @@ def test_cvt_checks_hold(capsys):
     assert main(["check", "cvt", "--format", "json"]) == 0
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
     for name in ("cvt/translation-equivariance", "cvt/batch-norm-affine", "cvt/key-spacing", "cvt/score-scale",
-                 "recovery/cvt/symbolic", "recovery/cvt/numeric"):
+                 "recovery/cvt/symbolic", "recovery/cvt/numeric", "adjoint/cvt/finite-difference",
+                 "adjoint/cvt/negative-control"):
         assert checks[name]["holds"], checks[name]
 
 

@@ -6,6 +6,9 @@
   equals ``⟨gradient, δ⟩`` from the derived adjoint, through the input and every control;
 - ``adjoint/<model>/negative-control``: with the sign of one adjoint assignment of the
   embedding flipped, the same comparison fails.
+
+Grid steps (``resnet-block``, ``unet-level``) are checked per transfer; ``cvt`` per piece of a
+stage (``symbolic.cvt_adjoint``), its negative control flipping a sign in the attention's adjoint.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ from __future__ import annotations
 import sympy as sp
 
 from ..cnn_operators import STRIDE
-from ..domains import FEATURES, TOKENS
+from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from ..image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from ..adjoint import derive_adjoint
+from ..cvt_adjoint import cvt_pieces
+from ..cvt_operators import KEYS, config_symbol
 from ..model_adjoint import derive_model_adjoint, grid_program
 from ..vision_operators import PATCH
 from . import Check
 from .adjoint import _TOLERANCE, finite_difference_gap, flip_sign
 
-__all__ = ["model_adjoint_checks", "grid_adjoint_checks"]
+__all__ = ["model_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks"]
 
 #: 2 × 1 patches of 2 × 2 pixels, 2 channels: 3 tokens (the class node first), 2 classes.
 _SIZES = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 1, PATCH: 2, KERNEL_ROWS.size: 2, CLASSES.size: 2,
@@ -81,3 +86,23 @@ def grid_adjoint_checks(model) -> list[Check]:
                          if tensor.role == "param" and tensor.parameter.endswith((".var", ".bias")))
     return _checks(model.spec.name, f"one step of {model.spec.name}", adjoints, (_GRID_SIZES, _GRID_DESCRIPTION),
                    "R = 1", positive)
+
+
+def _cvt_sizes() -> tuple[dict, str]:
+    """A 2 × 2 grid, 2 channels in, 2 features, 1 head, 2 key nodes; kernels of 2 with stride 1 and padding 1
+    (every convolution reads the zero padding)."""
+    config = {config_symbol(name): value for name, value in
+              (("patch_size", 2), ("patch_stride", 1), ("patch_padding", 1), ("kernel_qkv", 2), ("stride_q", 1),
+               ("padding_q", 1), ("stride_kv", 1), ("padding_kv", 1))}
+    sizes = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 2, FEATURES.size: 2, TOKENS.size: 3, KEYS.size: 2,
+             CLASSES.size: 2, KERNEL_ROWS.size: 2, HEADS.size: 1, HEAD_FEATURES.size: 2, HIDDEN.size: 3}
+    return sizes | config, ("2 channels, a 2 × 2 grid, kernels of 2, stride 1, padding 1, 3 tokens, 2 key nodes, "
+                            "2 features, 1 head, d_ff = 3, 2 classes")
+
+
+def cvt_adjoint_checks(model) -> list[Check]:
+    """The finite-difference checks of each piece of CvT's derived adjoint and their negative control."""
+    adjoints = {piece: derive_adjoint(program) for piece, (program, _, _) in cvt_pieces(model).items()}
+    positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
+                         if tensor.role == "param" and tensor.parameter.endswith(".var"))
+    return _checks(model.name, f"each piece of {model.name}", adjoints, _cvt_sizes(), "attn", positive)

@@ -184,7 +184,10 @@ def model_checks(spec: ModelSpec | GridModelSpec | MultiscaleSpec) -> list[Check
         from ..cvt import derive_cvt
         from .cvt_checks import cvt_checks
 
-        return cvt_checks(derive_cvt(spec.name, spec.summary))
+        from .model_adjoint import cvt_adjoint_checks
+
+        model = derive_cvt(spec.name, spec.summary)
+        return cvt_checks(model) + cvt_adjoint_checks(model)
     if isinstance(spec, GridModelSpec):
         from .grid_checks import grid_checks
 

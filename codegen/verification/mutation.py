@@ -14,7 +14,8 @@ which ``splitformer check vit …`` and its own tests verify). Mutation operator
 ``and ↔ or``, integer constants ``n → n + 1``, ``True ↔ False``.
 
 Kill command, stopping at the first failure: the fast tests related to the mutated file
-(``RELATED``), then the checks of ``CHECKED`` (built-ins and the user scheme files of
+(``RELATED``), then the committed ``generated/`` files of ``GOLDEN`` (the suite's golden test,
+on a few built-ins), then the checks of ``CHECKED`` (built-ins and the user scheme files of
 ``tests/schemes``) stopping at the first check that fails, then the core fast tests. A
 mutant is killed when the command fails or times out. One thread per process (``*_NUM_THREADS
 = 1``), so a mutant's CPU time is what it takes on an idle core; the summary gives the CPU
@@ -41,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Mutant", "mutants", "related_tests", "kill_command", "main"]
+__all__ = ["Mutant", "mutants", "related_tests", "kill_stages", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("symbolic", "codegen")
@@ -83,9 +84,18 @@ RELATED = {
 }
 CORE = ("tests/test_derivation.py", "tests/test_lowering.py", "tests/test_projections.py", "tests/test_model.py")
 #: The schemes checked for every mutant: a published block, a Runge–Kutta step, the paper's
-#: scheme, a causal LLM block, and user files with fractions, a Strang step and parallel weights.
+#: scheme, a causal LLM block, and user files: fractions, a Strang step, parallel weights, operator
+#: names that collide with the names of repeated evaluations, RMSNorm with a biased SwiGLU.
 CHECKED = ("post-ln", "rk2", "paper-lie", "gpt2", "tests/schemes/strang.toml", "tests/schemes/thirds.toml",
-           "tests/schemes/richardson.toml")
+           "tests/schemes/richardson.toml", "tests/schemes/clash.toml", "tests/schemes/swiglu.toml")
+#: Built-ins whose committed ``generated/`` files (NumPy, torch, report) a mutant must leave
+#: unchanged: tableaux, LLM kinds, cross-attention, the paper's scheme, two feed-forwards.
+GOLDEN = ("post-ln", "rk4", "llama", "decoder", "paper-lie", "macaron")
+_GOLDEN = ("from pathlib import Path; from splitformer.codegen.pipeline import generate; "
+           "from splitformer.symbolic import load_scheme; import sys\n"
+           "files = {path: text for name in sys.argv[1:] for path, text in "
+           "generate(load_scheme(name), (\"numpy\", \"torch\"), Path(\"generated\")).items()}\n"
+           "sys.exit(any(not p.exists() or p.read_text(encoding=\"utf-8\") != t for p, t in files.items()))")
 #: ``check`` that stops at the first check that fails (exit status 1).
 _FAIL_FAST = ("from splitformer.codegen.checking import run_checks; from splitformer.symbolic import load_scheme; "
               "import sys\ndef stop(check):\n    if not check.holds: sys.exit(1)\n"
@@ -163,16 +173,24 @@ def related_tests(path: str) -> tuple[str, ...]:
     return next((tests for prefix, tests in RELATED.items() if path.startswith(prefix)), ())
 
 
-def kill_command(path: str | None) -> str:
-    """Related tests, then the fail-fast checks, then the remaining core tests; ``&&`` stops at the first failure."""
+def kill_stages(path: str | None) -> list[tuple[str, str]]:
+    """(name, command) of each stage: related tests, the committed generated files of ``GOLDEN``,
+    the fail-fast checks, the remaining core tests.
+
+    ``path=None`` (the unmutated run) runs the related tests of every module in ``RELATED``.
+    """
     python = sys.executable
-    related = related_tests(path) if path else ()
+    if path is None:
+        related = tuple(dict.fromkeys(test for tests in RELATED.values() for test in tests))
+    else:
+        related = related_tests(path)
     core = tuple(test for test in CORE if test not in related)
     pytest = f"{python} -m pytest -x -q -p no:cacheprovider"
-    stages = [f"{pytest} {' '.join(related)}"] if related else []
-    stages.append(f"{python} -c '{_FAIL_FAST}' {' '.join(CHECKED)}")
-    stages.append(f"{pytest} {' '.join(core)}")
-    return " && ".join(f"{stage} > /dev/null 2>&1" for stage in stages)
+    stages = [("tests", f"{pytest} {' '.join(related)}")] if related else []
+    stages.append(("golden", f"{python} -c '{_GOLDEN}' {' '.join(GOLDEN)}"))
+    stages.append(("check", f"{python} -c '{_FAIL_FAST}' {' '.join(CHECKED)}"))
+    stages.append(("core tests", f"{pytest} {' '.join(core)}"))
+    return stages
 
 
 def _workspace(folder: Path) -> Path:
@@ -185,8 +203,8 @@ def _workspace(folder: Path) -> Path:
     return repo
 
 
-def _run(command: str, repo: Path, timeout: float) -> tuple[bool, float, float]:
-    """(killed, wall seconds, CPU seconds of the command and its children)."""
+def _run_stage(command: str, repo: Path, timeout: float) -> tuple[bool, float]:
+    """(failed, CPU seconds of the command and its children); a command past ``timeout`` fails."""
     env = {**os.environ, **_THREADS, "PYTHONPATH": str(repo), "SPLITFORMER_CACHE": "off"}
     start = time.perf_counter()
     process = subprocess.Popen(command, shell=True, cwd=repo, env=env, start_new_session=True,
@@ -194,21 +212,31 @@ def _run(command: str, repo: Path, timeout: float) -> tuple[bool, float, float]:
     while True:
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
         if pid:
-            break
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode != 0, usage.ru_utime + usage.ru_stime
         if time.perf_counter() - start > timeout:  # a mutant that hangs is killed
             os.killpg(process.pid, signal.SIGKILL)
             pid, status, usage = os.wait4(process.pid, 0)
             process.returncode = -1
-            return True, time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+            return True, usage.ru_utime + usage.ru_stime
         time.sleep(0.1)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode != 0, time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def _run(stages: list[tuple[str, str]], repo: Path, timeout: float) -> tuple[str | None, float, float]:
+    """(the stage that failed or ``None``, wall seconds, CPU seconds); stops at the first failure."""
+    start, cpu = time.perf_counter(), 0.0
+    for name, command in stages:
+        failed, seconds = _run_stage(command, repo, timeout - (time.perf_counter() - start))
+        cpu += seconds
+        if failed:
+            return name, time.perf_counter() - start, cpu
+    return None, time.perf_counter() - start, cpu
 
 
 @dataclass(frozen=True)
 class Result:
     mutant: Mutant
-    killed: bool
+    killed_by: str | None  # the stage that failed; ``None``: the mutant survived
     wall: float
     cpu: float
 
@@ -224,13 +252,14 @@ def _worker(folder: Path, jobs: queue.Queue, results: list, timeout: float, tota
         original = target.read_text(encoding="utf-8")
         target.write_text(apply(original, mutant), encoding="utf-8")
         try:
-            killed, wall, cpu = _run(kill_command(mutant.path), repo, timeout)
+            killed_by, wall, cpu = _run(kill_stages(mutant.path), repo, timeout)
         finally:
             target.write_text(original, encoding="utf-8")
         with lock:
-            results.append(Result(mutant, killed, wall, cpu))
-            print(f"[{len(results)}/{total}] {'killed  ' if killed else 'SURVIVED'} {mutant.path}:{mutant.line} "
-                  f"{mutant.description} ({wall:.0f} s, CPU {cpu:.0f} s)", flush=True)
+            results.append(Result(mutant, killed_by, wall, cpu))
+            verdict = f"killed by {killed_by}" if killed_by else "SURVIVED"
+            print(f"[{len(results)}/{total}] {verdict:20} {mutant.path}:{mutant.line} {mutant.description} "
+                  f"({wall:.0f} s, CPU {cpu:.0f} s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,14 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="splitformer-mutation-") as folder:
         baseline_repo = _workspace(Path(folder) / "baseline")
-        failed, seconds, cpu = _run(kill_command(None), baseline_repo, 1800)
+        failed, seconds, cpu = _run(kill_stages(None), baseline_repo, 3600)
         if failed:
-            print("the unmutated repository fails the kill command; nothing to measure", file=sys.stderr)
+            print(f"the unmutated repository fails the kill command ({failed}); nothing to measure", file=sys.stderr)
             return 2
         timeout = arguments.timeout or max(120.0, 3 * seconds)
         print(f"{len(population)} mutants in {', '.join(TARGETS)} (excluded: {len(EXCLUDED)} paths); running "
-              f"{len(sample)} (seed {arguments.seed}) on {arguments.jobs} workers; unmutated run {seconds:.0f} s "
-              f"(CPU {cpu:.0f} s), timeout {timeout:.0f} s", flush=True)
+              f"{len(sample)} (seed {arguments.seed}) on {arguments.jobs} workers; unmutated run, every related test "
+              f"included: {seconds:.0f} s (CPU {cpu:.0f} s); timeout {timeout:.0f} s", flush=True)
         jobs: queue.Queue = queue.Queue()
         for mutant in sample:
             jobs.put(mutant)
@@ -271,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         for worker in workers:
             worker.join()
     wall = time.perf_counter() - started
-    survivors = sorted((r.mutant for r in results if not r.killed), key=lambda m: (m.path, m.line))
+    survivors = sorted((r.mutant for r in results if r.killed_by is None), key=lambda m: (m.path, m.line))
     killed = len(results) - len(survivors)
     total_cpu = cpu + sum(r.cpu for r in results)
     print(f"\nkill rate {killed}/{len(results)} = {killed / max(len(results), 1):.0%}")

@@ -173,17 +173,14 @@ def related_tests(path: str) -> tuple[str, ...]:
     return next((tests for prefix, tests in RELATED.items() if path.startswith(prefix)), ())
 
 
-def kill_stages(path: str | None) -> list[tuple[str, str]]:
-    """(name, command) of each stage: related tests, the committed generated files of ``GOLDEN``,
-    the fail-fast checks, the remaining core tests.
+def kill_stages(paths: list[str]) -> list[tuple[str, str]]:
+    """(name, command) of each stage: the tests related to ``paths``, the committed generated files
+    of ``GOLDEN``, the fail-fast checks, the remaining core tests.
 
-    ``path=None`` (the unmutated run) runs the related tests of every module in ``RELATED``.
+    One path for a mutant; the unmutated run takes the paths of the whole sample.
     """
     python = sys.executable
-    if path is None:
-        related = tuple(dict.fromkeys(test for tests in RELATED.values() for test in tests))
-    else:
-        related = related_tests(path)
+    related = tuple(dict.fromkeys(test for path in paths for test in related_tests(path)))
     core = tuple(test for test in CORE if test not in related)
     pytest = f"{python} -m pytest -x -q -p no:cacheprovider"
     stages = [("tests", f"{pytest} {' '.join(related)}")] if related else []
@@ -204,11 +201,14 @@ def _workspace(folder: Path) -> Path:
 
 
 def _run_stage(command: str, repo: Path, timeout: float) -> tuple[bool, float]:
-    """(failed, CPU seconds of the command and its children); a command past ``timeout`` fails."""
+    """(failed, CPU seconds of the command and its children); a command past ``timeout`` fails.
+
+    The output of the last command goes to ``stage.log`` next to ``repo``."""
     env = {**os.environ, **_THREADS, "PYTHONPATH": str(repo), "SPLITFORMER_CACHE": "off"}
     start = time.perf_counter()
-    process = subprocess.Popen(command, shell=True, cwd=repo, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(repo.parent / "stage.log", "w") as log:
+        process = subprocess.Popen(command, shell=True, cwd=repo, env=env, start_new_session=True,
+                                   stdout=log, stderr=subprocess.STDOUT)
     while True:
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
         if pid:
@@ -252,7 +252,7 @@ def _worker(folder: Path, jobs: queue.Queue, results: list, timeout: float, tota
         original = target.read_text(encoding="utf-8")
         target.write_text(apply(original, mutant), encoding="utf-8")
         try:
-            killed_by, wall, cpu = _run(kill_stages(mutant.path), repo, timeout)
+            killed_by, wall, cpu = _run(kill_stages([mutant.path]), repo, timeout)
         finally:
             target.write_text(original, encoding="utf-8")
         with lock:
@@ -280,14 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="splitformer-mutation-") as folder:
         baseline_repo = _workspace(Path(folder) / "baseline")
-        failed, seconds, cpu = _run(kill_stages(None), baseline_repo, 3600)
+        failed, seconds, cpu = _run(kill_stages([mutant.path for mutant in sample]), baseline_repo, 3600)
         if failed:
-            print(f"the unmutated repository fails the kill command ({failed}); nothing to measure", file=sys.stderr)
+            output = (baseline_repo.parent / "stage.log").read_text(errors="replace")[-3000:]
+            print(f"the unmutated repository fails the kill command ({failed}); nothing to measure\n{output}",
+                  file=sys.stderr)
             return 2
         timeout = arguments.timeout or max(120.0, 3 * seconds)
         print(f"{len(population)} mutants in {', '.join(TARGETS)} (excluded: {len(EXCLUDED)} paths); running "
-              f"{len(sample)} (seed {arguments.seed}) on {arguments.jobs} workers; unmutated run, every related test "
-              f"included: {seconds:.0f} s (CPU {cpu:.0f} s); timeout {timeout:.0f} s", flush=True)
+              f"{len(sample)} (seed {arguments.seed}) on {arguments.jobs} workers; unmutated run, the related tests of the "
+              f"whole sample included: {seconds:.0f} s (CPU {cpu:.0f} s); timeout {timeout:.0f} s", flush=True)
         jobs: queue.Queue = queue.Queue()
         for mutant in sample:
             jobs.put(mutant)

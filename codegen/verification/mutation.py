@@ -186,7 +186,8 @@ def kill_stages(paths: list[str]) -> list[tuple[str, str]]:
     stages = [("tests", f"{pytest} {' '.join(related)}")] if related else []
     stages.append(("golden", f"{python} -c '{_GOLDEN}' {' '.join(GOLDEN)}"))
     stages.append(("check", f"{python} -c '{_FAIL_FAST}' {' '.join(CHECKED)}"))
-    stages.append(("core tests", f"{pytest} {' '.join(core)}"))
+    if core:
+        stages.append(("core tests", f"{pytest} {' '.join(core)}"))
     return stages
 
 

@@ -87,12 +87,19 @@ def figure_line(figure: str, shape: str, ratios: list[float], reference: dict, c
 
 
 def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str]:
-    """The top torch operators of reference and candidate, side by side (ms per call)."""
+    """Reference and candidate side by side (ms per call, profiler self time): per kind of work
+    with the difference (the gap, and where it is), then the top operators."""
     common = [shape, "--modules", str(modules), "--seconds", "0.2", "--threads", str(arguments.threads), "--profile"]
-    sides = [_run("figure.py", figure, role, *common, threads=arguments.threads)["profile"]
-             for role in ("reference", "candidate")]
-    lines = [f"    {'reference op':34} {'ms':>7} {'share':>6}   {'generated op':34} {'ms':>7} {'share':>6}"]
-    for left, right in zip(*sides):
+    sides = [_run("figure.py", figure, role, *common, threads=arguments.threads) for role in ("reference", "candidate")]
+    kinds = [side["kinds"] for side in sides]
+    lines = [f"    {'where the time goes':44} {'ref ms':>8} {'gen ms':>8} {'gen - ref':>10}"]
+    for label in kinds[0]:
+        reference, candidate = kinds[0][label], kinds[1][label]
+        lines.append(f"    {label:44} {reference:8.2f} {candidate:8.2f} {candidate - reference:+10.2f}")
+    totals = [sum(side.values()) for side in kinds]
+    lines.append(f"    {'total (profiled)':44} {totals[0]:8.2f} {totals[1]:8.2f} {totals[1] - totals[0]:+10.2f}")
+    lines.append(f"    {'reference op':34} {'ms':>7} {'share':>6}   {'generated op':34} {'ms':>7} {'share':>6}")
+    for left, right in zip(sides[0]["profile"], sides[1]["profile"]):
         lines.append(f"    {left['op'][:34]:34} {left['ms_per_call']:7.2f} {left['share']:6.0%}   "
                      f"{right['op'][:34]:34} {right['ms_per_call']:7.2f} {right['share']:6.0%}")
     return lines

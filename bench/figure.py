@@ -4,7 +4,7 @@
 
 ``FIGURE`` is ``torch-inference``, ``torch-training`` or ``numpy-forward``; ``ROLE`` is
 ``reference`` (``torch.nn.TransformerEncoderLayer``: its fused fast path for inference, autograd
-for training) or ``candidate`` (the generated module in ``DIR``). Weights and input come from
+for a training step: forward, backward and an SGD update) or ``candidate`` (the generated module in ``DIR``). Weights and input come from
 ``DIR/SHAPE.npz`` (written by ``benchmark.py``), so the NumPy candidate's process never imports
 torch, as a NumPy user's would not. The process measures sustained
 throughput as a user's loop sees it: nothing pauses between calls, so BLAS threads that spin
@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from operators import by_kind  # noqa: E402
 from shapes import SHAPES, flops  # noqa: E402
 
 FIGURES = ("torch-inference", "torch-training", "numpy-forward")
@@ -86,10 +87,13 @@ def build(figure: str, role: str, shape: str, modules: Path):
         module = _reference_layer(params, d, heads, d_ff).train(training)
     else:
         module = _module(modules, "torch").Block(d, heads, d_ff).load_params(params).train(training)
-    if training:
+    if training:  # a whole training step: forward, backward, and the optimizer's update
+        optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
+
         def step():
-            module.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             module(x).square().mean().backward()
+            optimizer.step()
         return step
 
     def infer():
@@ -112,8 +116,8 @@ def sustained(function, seconds: float) -> list[float]:
     return times
 
 
-def profile(function, rows: int = 8) -> list[dict]:
-    """The top operators by self CPU time over a few calls (torch figures)."""
+def profile(function, rows: int = 8) -> tuple[list[dict], dict[str, float]]:
+    """The top operators by self CPU time over a few calls, and ms per call per kind (torch figures)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -122,9 +126,10 @@ def profile(function, rows: int = 8) -> list[dict]:
             function()
     averages = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
     total = sum(event.self_cpu_time_total for event in averages) or 1
-    return [{"op": event.key, "ms_per_call": event.self_cpu_time_total / 3 / 1e3,
-             "share": event.self_cpu_time_total / total, "calls": event.count // 3}
-            for event in averages[:rows]]
+    top = [{"op": event.key, "ms_per_call": event.self_cpu_time_total / 3 / 1e3,
+            "share": event.self_cpu_time_total / total, "calls": event.count // 3}
+           for event in averages[:rows]]
+    return top, by_kind([(event.key, event.self_cpu_time_total / 3 / 1e3) for event in averages])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_s": median, "calls": len(times),
               "gflops": flops(arguments.shape, training=arguments.figure == "torch-training") / median / 1e9}
     if arguments.profile and arguments.figure != "numpy-forward":
-        result["profile"] = profile(function)
+        result["profile"], result["kinds"] = profile(function)
     print(json.dumps(result))
     return 0
 

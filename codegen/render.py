@@ -76,7 +76,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid", "_cat")
                  if f"{helper}(" in code},
         "output": module.output,
         "rotary": "pos" in module.tensors,

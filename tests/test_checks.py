@@ -101,6 +101,17 @@ def test_plots_are_written(tmp_path, capsys):
     assert "| ✅ | `recovery/post-ln/symbolic`" in capsys.readouterr().out
     assert (tmp_path / "post_ln_convergence.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"  # every scheme overlaid
+    assert main(["check", "post-ln", "--plots", str(tmp_path)]) == 0  # its own plots are replaced
+    assert not [path for path in tmp_path.iterdir() if path.suffix != ".png"]  # no staging leftovers
+
+
+def test_plots_never_replace_an_image_splitformer_did_not_make(tmp_path, capsys):
+    theirs = tmp_path / "convergence.png"
+    theirs.write_bytes(b"\x89PNG their own figure")
+    assert main(["check", "post-ln", "--plots", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {theirs} exists and was not written by splitformer; remove it or choose another --plots folder\n"
+    assert theirs.read_bytes() == b"\x89PNG their own figure" and not (tmp_path / "post_ln_convergence.png").exists()
 
 
 # -- negative controls --------------------------------------------------------------------

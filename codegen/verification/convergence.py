@@ -15,6 +15,7 @@ field (a memory held fixed); the evaluator still composes the steps.
 from __future__ import annotations
 
 import inspect
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +23,9 @@ import numpy as np
 
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.equation import equation_terms
-from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
+from ..output import MARKER, write_files
 from .emitted import emitted_modules
 from .scheme_checks import random_parameters
 from .semantics import FLOAT, Semantics, Sizes, unevaluable
@@ -131,11 +132,10 @@ def _figure(width: float, height: float):
 
 
 def _save(figure, path: Path) -> Path:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, metadata={"Software": None})
-    except OSError as error:
-        raise SplitformerError(f"cannot write {path}: {error.strerror}") from None
+    """Write the PNG at once (all or nothing), marked as ours; never over an image someone else made."""
+    image = io.BytesIO()
+    figure.savefig(image, format="png", metadata={"Software": MARKER})
+    write_files({path: image.getvalue()})
     return path
 
 

@@ -43,6 +43,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     head.b                   (n_classes)      (n_classes > 0)
 """
 import math
+import weakref
 
 import torch
 
@@ -147,6 +148,35 @@ def _root(mean_square, eps: float, scale):
 def _layer_norm(x, gain, bias, eps: float):
     """gain (x − mean)/√(var + eps) + bias over the last axis.
 
+    torch's fused LayerNorm where its statistics are representable (``_fused_layer_norm``),
+    else, and in TorchScript, ``_scaled_layer_norm``: the same map, overflow-safe.
+    """
+    if torch.jit.is_scripting():
+        return _scaled_layer_norm(x, gain, bias, eps)
+    return _fused_layer_norm(x, gain, bias, eps)
+
+
+@torch.jit.unused
+def _fused_layer_norm(x, gain, bias, eps: float):
+    """torch's one-pass LayerNorm, kept when every row's 1/√(var + eps) is positive with a finite
+    square: then no statistic overflowed (an infinite variance gives 0), none is NaN, and the
+    variance is not lost below the dtype's normal range. Otherwise, and while tracing or
+    compiling (one graph for every input), ``_scaled_layer_norm``.
+    """
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return _scaled_layer_norm(x, gain, bias, eps)
+    out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
+    with torch.no_grad():
+        try:
+            representable = bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+        except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+            representable = False
+    return out if representable else _scaled_layer_norm(x, gain, bias, eps)
+
+
+def _scaled_layer_norm(x, gain, bias, eps: float):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, for every representable row.
+
     The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
     row whose LayerNorm is representable gets it, up to the dtype's largest values; the
     row's first value is subtracted before the mean (shifted data; it cancels, so it
@@ -157,6 +187,39 @@ def _layer_norm(x, gain, bias, eps: float):
     y = y - y[..., :1].detach()
     centred = y - y.mean(dim=-1, keepdim=True)
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
+
+
+#: id of a concatenation's first tensor → (a weak reference to it, the sources' state, the
+#: sources (their storage kept alive, so a changed source cannot reuse its address), the result).
+_CONCATENATIONS: dict = {}
+
+
+def _cat(tensors: list[torch.Tensor], dim: int):
+    """``torch.cat(tensors, dim)``; of parameters without autograd, kept until one of them changes."""
+    if torch.jit.is_scripting():
+        return torch.cat(tensors, dim)
+    return _kept_cat(tensors, dim)
+
+
+@torch.jit.unused
+def _kept_cat(tensors: list[torch.Tensor], dim: int):
+    """The kept concatenation (the fused query/key/value kernel), made again when a source changed:
+    updated in place (optimizer step, ``load_state_dict``: its version counter) or given new data
+    (``.data =``, ``.to()``: another address). With autograd, or while tracing or compiling,
+    a fresh ``torch.cat`` (the graph must reach each source).
+    """
+    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return torch.cat(tensors, dim)
+    try:
+        state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
+    except RuntimeError:  # tensors without storage (torch.func transforms): nothing to keep
+        return torch.cat(tensors, dim)
+    key = id(tensors[0])
+    kept = _CONCATENATIONS.get(key)
+    if kept is None or kept[0]() is not tensors[0] or kept[1] != state:
+        owner = weakref.ref(tensors[0], lambda _: _CONCATENATIONS.pop(key, None))
+        kept = _CONCATENATIONS[key] = (owner, state, [t.detach() for t in tensors], torch.cat(tensors, dim))
+    return kept[3]
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -295,7 +358,7 @@ def _step_vjp_forward(u0, p, chi, eps, n_heads):
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
     attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
     attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
@@ -766,7 +829,7 @@ class _Step(torch.nn.Module):
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+        attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}

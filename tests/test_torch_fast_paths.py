@@ -1,0 +1,133 @@
+"""The generated torch module's fast paths compute what the plain paths compute.
+
+``_cat`` keeps the fused query/key/value kernel without autograd: every way a parameter can
+change (optimizer step, ``load_state_dict``, ``.data =``, a dtype change) must reach the next
+inference call. ``_layer_norm`` takes torch's fused LayerNorm only where its statistics are
+representable and the overflow-safe ``_scaled_layer_norm`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GENERATED, import_path
+
+D, HEADS, D_FF = 8, 2, 12
+
+
+@pytest.fixture(scope="module")
+def module():
+    return import_path(GENERATED / "torch" / "post_ln.py", "_fast_paths_post_ln")
+
+
+def _block(module, seed=0):
+    torch.manual_seed(seed)
+    block = module.Block(D, HEADS, D_FF, dtype=torch.float64)
+    with torch.no_grad():
+        for parameter in block.parameters():
+            parameter.uniform_(-0.5, 0.5)  # random biases and gains too
+    return block
+
+
+def _traced(block, u):
+    """The output through a fresh concatenation (autograd on: nothing is kept)."""
+    return block(u).detach()
+
+
+def _mutations(module):
+    """Ways a user changes the query kernel between two inference calls."""
+    def optimizer_step(block):
+        block(torch.ones(1, 3, D, dtype=torch.float64)).sum().backward()
+        torch.optim.SGD(block.parameters(), lr=0.1).step()
+
+    def load_state_dict(block):
+        block.load_state_dict(_block(module, seed=1).state_dict())
+
+    def assign_data(block):
+        block.attn.W_k.data = torch.randn(D, D, dtype=torch.float64)
+
+    def in_place(block):
+        with torch.no_grad():
+            block.attn.b_v.mul_(2.0)
+
+    return [optimizer_step, load_state_dict, assign_data, in_place]
+
+
+@pytest.mark.parametrize("mutation", range(4), ids=["optimizer_step", "load_state_dict", "assign_data", "in_place"])
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_kept_concatenation_follows_every_parameter_change(module, mutation, mode):
+    block, u = _block(module), torch.randn(2, 5, D, dtype=torch.float64)
+    with mode():
+        before = block(u)
+        assert torch.equal(block(u), before)  # the kept kernel is reused
+    _mutations(module)[mutation](block)
+    with mode():
+        after = block(u)
+    # negative control: the change matters, so a stale kernel would fail the next assertion
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, _traced(block, u), rtol=0, atol=1e-12)
+
+
+def test_kept_concatenation_follows_a_dtype_change_and_dies_with_its_block(module):
+    block, u = _block(module), torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        block(u)
+        count = len(module._CONCATENATIONS)
+        block.float()
+        assert block(u.float()).dtype == torch.float32
+        torch.testing.assert_close(block(u.float()), _traced(block, u.float()), rtol=0, atol=1e-6)
+    del block
+    assert len(module._CONCATENATIONS) < count
+
+
+def test_concatenation_under_autograd_reaches_each_kernel(module):
+    block, u = _block(module), torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        block(u)  # a kept kernel exists; autograd must not use it
+    block(u).square().sum().backward()
+    assert all(block.attn.get_parameter(name).grad.abs().max() > 0 for name in ("W_q", "W_k", "W_v"))
+
+
+def _rows(scale, d=16, seed=5):
+    return torch.tensor(np.random.default_rng(seed).standard_normal((3, d)) * scale, dtype=torch.float32)
+
+
+def test_fused_layer_norm_is_taken_where_representable_and_matches_the_scaled_one(module, monkeypatch):
+    gain, bias = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    x = torch.tensor(np.random.default_rng(3).standard_normal((2, 5, 16)) * 10 + 3)
+    scaled = module._scaled_layer_norm(x, gain, bias, 1e-5)
+    calls = []
+    monkeypatch.setattr(module, "_scaled_layer_norm", lambda *arguments: calls.append(arguments) or scaled)
+    torch.testing.assert_close(module._layer_norm(x, gain, bias, 1e-5), scaled, rtol=0, atol=1e-13)
+    assert not calls  # the fused path answered
+
+
+@pytest.mark.parametrize("scale, eps", [(1e19, 1e-5), (1e-21, 0.0), (float("inf"), 1e-5)],
+                         ids=["variance-overflows", "variance-below-normal", "infinite"])
+def test_fused_layer_norm_falls_back_where_its_statistics_are_not_representable(module, monkeypatch, scale, eps):
+    x, gain, bias = _rows(scale), torch.ones(16), torch.zeros(16)
+    calls = []
+    monkeypatch.setattr(module, "_scaled_layer_norm", lambda *arguments: calls.append(arguments) or x)
+    module._layer_norm(x, gain, bias, eps)
+    assert len(calls) == 1
+    # negative control: on the same rows torch's own LayerNorm misses the float64 answer
+    fused = torch.nn.functional.layer_norm(x, (16,), gain, bias, eps)
+    exact = torch.nn.functional.layer_norm(x.double(), (16,), gain.double(), bias.double(), eps)
+    assert not torch.allclose(fused.double(), exact, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch has no vmap rule for CPU flash attention
+def test_an_ensemble_under_vmap_takes_the_plain_paths(module):
+    """torch.func: stacked parameters have no storage to key on, and vmap lets no value choose a path."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    blocks = [_block(module, seed) for seed in range(3)]
+    params, buffers = stack_module_state(blocks)
+    skeleton = _block(module).to("meta")
+    u = torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        out = vmap(lambda p, b: functional_call(skeleton, (p, b), (u,)))(params, buffers)
+        for member, block in zip(out, blocks):
+            torch.testing.assert_close(member, block(u), rtol=0, atol=1e-12)

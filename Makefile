@@ -50,8 +50,9 @@ latex-check: $(STAMP)
 
 # A sample of mutants of symbolic/ and codegen/ against `check` plus the fast tests (not part of `make test`).
 MUTANTS ?= 40
+MUTATION_JOBS ?= 2
 mutation: $(STAMP)
-	$(BIN)/python -m splitformer.codegen.verification.mutation --sample $(MUTANTS)
+	$(BIN)/python -m splitformer.codegen.verification.mutation --sample $(MUTANTS) --jobs $(MUTATION_JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -156,3 +156,13 @@ def test_colliding_array_names_are_reported():
         '[[steps]]\noperator = "norm2"', '[[steps]]\noperator = "attn_b"\nsolver = "explicit"\n\n[[steps]]\noperator = "norm2"')
     with pytest.raises(SplitformerError, match="two arrays would be named 'attn_b_q'"):
         derive(parse_scheme(text, "clash.toml"))
+
+
+def test_names_of_exactly_the_maximum_length_are_accepted():
+    from splitformer.symbolic.names import MAX_NAME, check_operator_name, check_scheme_name
+
+    assert check_scheme_name("a" * MAX_NAME) == "a" * MAX_NAME
+    assert check_operator_name("a" * MAX_NAME) == "a" * MAX_NAME
+    for check in (check_scheme_name, check_operator_name):
+        with pytest.raises(SplitformerError, match=f"at most {MAX_NAME} characters"):
+            check("a" * (MAX_NAME + 1))

@@ -32,7 +32,7 @@ def _exact(params):
     return {name: np.frompyfunc(mpmath.mpf, 1, 1)(value) for name, value in params.items()}
 
 
-@pytest.mark.parametrize("name", ["pre-ln"])
+@pytest.mark.parametrize("name", ["pre-ln", "paper-lie", str(SCHEMES / "swiglu.toml")])
 def test_hand_semantics_agree_with_the_continuous_definitions(name):
     scheme = load_scheme(name)
     with mpmath.workdps(50):
@@ -62,7 +62,8 @@ def test_token_spacing_cancels_and_a_wrong_spacing_rule_would_show():
         KNOWN_KINDS["attention"] = original
 
 
-@pytest.mark.parametrize("file", ["strang.toml", "thirds.toml", "richardson.toml"])
+@pytest.mark.parametrize("file", ["strang.toml", "thirds.toml", "richardson.toml", "clash.toml",
+                                  "swiglu.toml"])
 def test_user_schemes_pass_their_own_checks(file):
     scheme = load_scheme(str(SCHEMES / file))
     program = derive(scheme)

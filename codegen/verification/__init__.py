@@ -1,15 +1,39 @@
 """Verification, in one place: what is checked against what.
 
+``splitformer check`` (runner: ``codegen.checking``) compares each claim with a witness that
+does not share the code it checks. The modules here hold the independent evaluator, the
+checks of a scheme's own program, and the studies; the symbolic statements about the
+mathematics live next to it in ``splitformer.symbolic.checks`` (they use SymPy only).
+
+======================================  ==========================================  ==============================================  =================================
+check ids                               what is checked                             against (the independent witness)               module
+======================================  ==========================================  ==============================================  =================================
+``semantics/<scheme>/derived``          the derived program (every parameter a      the evaluator in SymPy arithmetic (token        ``scheme_checks.py``
+                                        symbol, 2 tokens, causal support)           spacing Δx symbolic: it must cancel)
+``semantics/<scheme>/emitted``          the emitted NumPy and torch modules         the evaluator in 50-digit arithmetic            ``scheme_checks.py``
+                                        (float64, several heads, d_ff ≠ d, masks)
+``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
+``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
+                                                                                    causal and padding supports; each a control
+``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
+``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
+``recovery/<scheme>/*``                 one step of a built-in                      the published block, written by hand            ``symbolic.checks.recovery``
+``order/<scheme>``                      the order a scheme file claims              the non-commutative series, one generator per   ``symbolic.checks.order``
+                                                                                    operator instance
+``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``symbolic.checks.adjoint``
+                                                                                    one flipped sign
+``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``symbolic.checks.projections``,
+``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
+``activation/*``, ``rope/*``, ``gqa/*``
+======================================  ==========================================  ==============================================  =================================
+
 - ``semantics.py`` — the independent evaluator: one step of any scheme, from the model's
   continuous operators discretized by hand (rectangle rule), composed by the scheme's own
-  tree; shares no formula code with the derivation or the lowering.
+  tree; shares no formula code with the derivation or the lowering. Operators whose
+  definitions read inputs it has no semantics for (token positions, a memory) are named by
+  ``unevaluable``; their semantics checks are skipped with that reason.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
-- ``scheme_checks.py`` — a scheme's derived program (symbolically, tiny size) and emitted
-  modules (float64, realistic size, masks) against the evaluator.
-- ``structure.py`` — properties of attention and the block the recovery argument relies on.
-- ``paper.py`` — the paper's own scheme against the post-LN block after ``W̃ = I + W``.
-- ``convergence.py`` — the empirical order, on the evaluator's flow.
-- ``splitformer.symbolic.checks`` — the symbolic statements (Theorem 3.1, KKT, sign,
-  activations, published references, the order series); ``codegen.checking`` runs them all.
+- ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the
+  fast tests kill.
 """

@@ -273,6 +273,26 @@ def _feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     return hidden @ sem.parameter(key, "W_2") + sem.parameter(key, "b_2")
 
 
+def _gated_feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """SwiGLU/GeGLU: ``W_2 (act(W_1 u + b_1) ⊙ (W_3 u + b_3)) + b_2``; biases only where the operator has them."""
+    names = {parameter.name for parameter in sem.operator(key).parameters()}
+
+    def affine(weight: str, bias: str, values):
+        result = values @ sem.parameter(key, weight)
+        return result + sem.parameter(key, bias) if bias in names else result
+
+    hidden = _activation(sem, key, affine("W_1", "b_1", u)) * affine("W_3", "b_3", u)
+    return affine("W_2", "b_2", hidden)
+
+
+def _rms_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """The projection onto the sphere ``mean_y u² = 1`` (ε as a ghost coordinate), then the gain."""
+    d = sem.sizes.features
+    rows = [u[i] / sem.arithmetic.sqrt(sum(value * value for value in u[i]) / d + sem.epsilon(key))
+            for i in range(u.shape[0])]
+    return np.array(rows) * sem.parameter(key, "gain")
+
+
 def _affine(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """``∫ W(ξ, y) u(x, ξ) dξ + b(y)`` on ``Ω_y`` (the paper's linear FFN layer)."""
     return u @ sem.parameter(key, "W") + sem.parameter(key, "b")
@@ -289,6 +309,8 @@ KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "attention": _attention,
     "layer-norm": _layer_norm,
     "feed-forward": _feed_forward,
+    "gated-feed-forward": _gated_feed_forward,
+    "rms-norm": _rms_norm,
     "affine": _affine,
     "nonnegative": _nonnegative,
 }

@@ -16,7 +16,6 @@ from pathlib import Path
 from splitformer.symbolic.checks import Check
 from splitformer.symbolic.checks.activations import activation_checks
 from splitformer.symbolic.checks.llm import llm_checks
-from splitformer.symbolic.adjoint import has_adjoint
 from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.symbolic.checks.order import OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
@@ -136,8 +135,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.add(*recovery_checks(scheme, program))
-    if has_adjoint(scheme):  # rotary and cross-attention have no derived adjoint yet
-        report.add(*adjoint_checks(scheme, program))
+    report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,

@@ -19,12 +19,16 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..adjoint import RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from ..adjoint import DIFFERENTIABLE_ROLES, RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
+from ..cross_attention import MEMORY_SUPPORT
+from ..domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+)
 from ..evaluate import evaluate
 from ..operators import EPSILON
 from ..program import Program
 from ..projections import SYMBOLS, derive_relu_projection
+from ..rotary_attention import POSITIONS, ROPE_THETA
 from . import Check
 
 __all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "flip_sign"]
@@ -33,8 +37,11 @@ _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
 #: ``|FD − adjoint| / |adjoint|`` below this holds (the difference's own error is ~1e-30).
 _TOLERANCE = sp.Float("1e-20", _DIGITS)
-#: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational.
-_SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3}
+#: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational, θ = 10⁴ the rotary
+#: frequencies θ^(−2r/4) = 1, 1/100; grouped attention: 2 query heads share 1 key/value head.
+_SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3,
+          MEMORY.size: 2, FREQUENCIES.size: 2, ROPE_THETA: 10000}
+_GROUPED_SIZES = {**_SIZES, FEATURES.size: 8, HEADS.size: 2, KV_HEADS.size: 1, GROUP.size: 2, KV_FEATURES.size: 4}
 
 
 def _random(seed: str):
@@ -53,23 +60,29 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
     """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
     program = adjoint.forward
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
-    controls = [name for name, tensor in program.tensors.items() if tensor.role in ("input", "param")]
-    support = lambda i, j: 1 if j <= i else 0  # noqa: E731  (causal)
+    controls = [name for name, tensor in program.tensors.items() if tensor.role in DIFFERENTIABLE_ROLES]
+    data = {
+        "chi": lambda i, j: 1 if j <= i else 0,  # causal
+        MEMORY_SUPPORT: lambda i, t: 1 if t == 0 or i > 0 else 0,  # the first query's memory padded but one token
+        POSITIONS: lambda i: sp.Float(3 * i + 1, _DIGITS),
+    }
+    grouped = any(index.upper == KV_HEADS.size - 1 for tensor in program.tensors.values() for index in tensor.indices)
+    sizes = _GROUPED_SIZES if grouped else _SIZES
 
     def inputs(shift):
         table = {name: (lambda *index, name=name: point(name, *index) + shift * direction(name, *index))
                  for name in controls}
-        return table | {"chi": support}
+        return table | data
 
     eps = sp.Float("1e-3", _DIGITS)
 
     def objective(shift):
-        values = evaluate(program, _SIZES, inputs(shift), eps=eps)[program.output]
+        values = evaluate(program, sizes, inputs(shift), eps=eps)[program.output]
         return sum(costate(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
     seed_name = adjoint.seed
-    values = evaluate(adjoint.program(), _SIZES, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
+    values = evaluate(adjoint.program(), sizes, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
     derived = sum(direction(name, *index) * value
                   for name, gradient in adjoint.gradients.items()
                   for index, value in values[gradient].items())

@@ -272,12 +272,3 @@ def test_derived_backward_with_torch_options_float_mask_and_sequence_first():
         block(torch.randn(2, N, 8))
     assert block.eval()(torch.randn(2, N, 8)).shape == (2, N, 8)
     torch.jit.script(torch_module.Block(8, 2, 12, backward="derived"))  # the derived path is TorchScript-unused
-
-
-@pytest.mark.parametrize("name", ["llama", "decoder"])
-def test_schemes_without_a_derived_adjoint_say_so(name):
-    """Rotary and cross-attention have no derived adjoint yet: no vjp, and backward='derived' is refused."""
-    assert not hasattr(import_path(GENERATED / "numpy" / f"{name}.py"), "vjp")
-    block = import_path(GENERATED / "torch" / f"{name}.py").Block
-    with pytest.raises(ValueError, match="no derived adjoint"):
-        block(8, 2, 12, backward="derived")

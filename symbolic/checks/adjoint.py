@@ -89,17 +89,20 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
     return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
 
 
-def flip_sign(adjoint: Adjoint) -> Adjoint:
-    """The adjoint with the sign of one costate assignment flipped (the negative control)."""
+def flip_sign(adjoint: Adjoint, target: str | None = None) -> Adjoint:
+    """The adjoint with the sign of one costate assignment flipped (the negative control):
+    the first one, or the one that writes ``target``."""
     records = list(adjoint.records)
     for position, record in enumerate(records):
         for number, assignment in enumerate(record.assignments):
-            if adjoint.tensors[assignment.target].role == "temp" and assignment.target != adjoint.gradients.get("u0"):
+            chosen = assignment.target == target if target is not None else (
+                adjoint.tensors[assignment.target].role == "temp" and assignment.target != adjoint.gradients.get("u0"))
+            if chosen:
                 flipped = list(record.assignments)
                 flipped[number] = replace(assignment, rhs=-assignment.rhs)
                 records[position] = AdjointRecord(record.title, tuple(flipped))
                 return replace(adjoint, records=records)
-    raise AssertionError("no costate assignment to flip")
+    raise AssertionError("no costate assignment to flip" if target is None else f"no adjoint assignment writes {target!r}")
 
 
 def adjoint_checks(scheme, program: Program) -> list[Check]:

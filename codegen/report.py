@@ -83,7 +83,7 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
     if scheme.name in REFERENCES:
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
-    ids += ["adjoint/layer-norm-jacobian"] if "layer-norm" in kinds else []
+    ids += [f"adjoint/{kind}-jacobian" for kind in ("layer-norm", "rms-norm") if kind in kinds]
     ids += ["adjoint/relu-subgradient"] if "feed-forward" in kinds and scheme.activation == "relu" else []
     ids += [f"adjoint/{scheme.name}/finite-difference", f"adjoint/{scheme.name}/negative-control"]
     if scheme.claims:

@@ -8,6 +8,8 @@
   assignment flipped must fail.
 - ``adjoint/layer-norm-jacobian``: the adjoint the reverse mode derives for LayerNorm equals
   the closed form ``Jᵀλ`` with ``J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε)``, exactly.
+- ``adjoint/rms-norm-jacobian``: the same for RMSNorm, ``J = diag(g)(I − P Pᵀ/N)/√(ρ + ε)``
+  with ``P = v/√(ρ + ε)``, ``ρ = mean v²`` (a closed form written by hand, proven here).
 - ``adjoint/relu-subgradient``: the derivative SymPy gives for the derived ReLU is the step
   function, and the value used at 0 lies in the subdifferential of ``max(0, ·)`` there.
 """
@@ -126,45 +128,74 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
     ]
 
 
-def _layer_norm_jacobian_check() -> Check:
+def _norm_jacobian_gap(kind: str, jacobian) -> tuple[list[sp.Expr], bool]:
+    """Derived ``ū`` − ``J(v)ᵀλ`` per component for the normalization ``kind`` (N = 3, symbolic v, g, λ, ε),
+    and whether ``jacobian(v, g, −1)`` (the closed form with the sign of its rank-one term flipped) differs."""
     from ..derivation import derive
     from ..stack import final_norm_scheme
 
     size = 3
-    adjoint = derive_adjoint(derive(final_norm_scheme()))
+    adjoint = derive_adjoint(derive(final_norm_scheme(kind)))
     v = [sp.Symbol(f"v{k}", real=True) for k in range(size)]
     lam = [sp.Symbol(f"lambda{k}", real=True) for k in range(size)]
     g = [sp.Symbol(f"g{k}", real=True) for k in range(size)]
     c = [sp.Symbol(f"c{k}", real=True) for k in range(size)]
-    sizes = {TOKENS.size: 1, FEATURES.size: size}
     inputs = {"u0": lambda i, k: v[k], "final_norm_gain": lambda k: g[k], "final_norm_bias": lambda k: c[k],
               adjoint.seed: lambda i, k: lam[k]}
-    values = evaluate(adjoint.program(), sizes, inputs, eps=EPSILON)
+    values = evaluate(adjoint.program(), {TOKENS.size: 1, FEATURES.size: size}, inputs, eps=EPSILON)
     derived = [values[adjoint.gradients["u0"]][(0, k)] for k in range(size)]
-    alpha = sum(v) / size
-    beta = sum((x - alpha) ** 2 for x in v) / size
-    scale = sp.sqrt(beta + EPSILON)
-    p = [(x - alpha) / scale for x in v]
-    def closed_form(sign):
-        jacobian = sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
-                                                              - sign * p[l] * p[k] / size) / scale)
-        return jacobian.T * sp.Matrix(lam)
 
-    closed, wrong = closed_form(1), closed_form(-1)
+    closed, wrong = (jacobian(v, g, sign).T * sp.Matrix(lam) for sign in (1, -1))
     differences = [sp.simplify(sp.together(derived[k] - closed[k])) for k in range(size)]
-    # negative control: the same comparison with + P Pᵀ/N must not simplify to 0
     control = sp.simplify(sp.together(derived[0] - wrong[0])) != 0
-    holds = all(difference == 0 for difference in differences) and control
-    return Check(
-        "adjoint/layer-norm-jacobian", None,
-        "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
-        "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
-        "P = (v − α)/√(β + ε) (ε included): exactly, for N = 3 with symbolic v, g, λ and ε; the same "
-        "comparison with +P Pᵀ/N fails (negative control).",
-        "symbolic", holds,
-        "derived − closed form simplifies to 0 in every component" if holds
-        else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
-    )
+    return differences, control
+
+
+def _layer_norm_jacobian(v, g, sign):
+    """``diag(g)(I − 𝟙𝟙ᵀ/N − sign·P Pᵀ/N)/√(β + ε)``, ``P = (v − α)/√(β + ε)``."""
+    size = len(v)
+    alpha = sum(v) / size
+    scale = sp.sqrt(sum((x - alpha) ** 2 for x in v) / size + EPSILON)
+    p = [(x - alpha) / scale for x in v]
+    return sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
+                                                      - sign * p[l] * p[k] / size) / scale)
+
+
+def _rms_norm_jacobian(v, g, sign):
+    """``diag(g)(I − sign·P Pᵀ/N)/√(ρ + ε)``, ``P = v/√(ρ + ε)``, ``ρ = mean v²``."""
+    size = len(v)
+    scale = sp.sqrt(sum(x**2 for x in v) / size + EPSILON)
+    p = [x / scale for x in v]
+    return sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sign * p[l] * p[k] / size) / scale)
+
+
+#: id, kind, closed form, its statement
+_JACOBIANS = (
+    ("adjoint/layer-norm-jacobian", "layer-norm", _layer_norm_jacobian,
+     "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
+     "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
+     "P = (v − α)/√(β + ε) (ε included)"),
+    ("adjoint/rms-norm-jacobian", "rms-norm", _rms_norm_jacobian,
+     "Reverse mode over the derived RMSNorm assignments (mean square, projection onto the sphere with ε, "
+     "gain) gives ū = Jᵀλ with the closed form J = diag(g)(I − P Pᵀ/N)/√(ρ + ε), P = v/√(ρ + ε), "
+     "ρ = mean v² (ε included)"),
+)
+
+
+def _jacobian_checks() -> list[Check]:
+    checks = []
+    for identifier, kind, jacobian, statement in _JACOBIANS:
+        differences, control = _norm_jacobian_gap(kind, jacobian)
+        holds = all(difference == 0 for difference in differences) and control
+        checks.append(Check(
+            identifier, None,
+            statement + ": exactly, for N = 3 with symbolic v, g, λ and ε; the same comparison with the sign "
+            "of P Pᵀ/N flipped fails (negative control).",
+            "symbolic", holds,
+            "derived − closed form simplifies to 0 in every component" if holds
+            else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
+        ))
+    return checks
 
 
 def _relu_subgradient_check() -> Check:
@@ -187,4 +218,4 @@ def _relu_subgradient_check() -> Check:
 
 
 def general_adjoint_checks() -> list[Check]:
-    return [_layer_norm_jacobian_check(), _relu_subgradient_check()]
+    return [*_jacobian_checks(), _relu_subgradient_check()]

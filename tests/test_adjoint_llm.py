@@ -20,6 +20,7 @@ from splitformer.symbolic.checks.adjoint import finite_difference_gap, flip_sign
 
 from conftest import GENERATED, import_path
 from llama_reference import causal_mask, llama_config, rope
+from reference import random_params
 from test_adjoint import _assert_close, _relative
 from test_decoder import random_decoder_layer
 from test_llama import float64_norms, random_layer
@@ -197,3 +198,25 @@ def test_a_sign_flipped_in_the_rotation_or_memory_adjoint_fails_the_finite_diffe
     """The negative control, aimed at the new substeps: the rotary pairs' adjoint, the memory's gradient."""
     adjoint = derive_adjoint(derive(load_scheme(name)))
     assert finite_difference_gap(flip_sign(adjoint, target), name) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama", "decoder_pre_ln"])
+def test_torch_stack_with_derived_backward_equals_autograd(name, rng):
+    """Stack(…, backward="derived"): every layer's derived step; the memory's gradient accumulates over layers."""
+    numpy_module, torch_module = _modules(name)
+    options = {"n_kv_heads": 1} if name == "llama" else {}
+    layers = [random_params(numpy_module.PARAMETERS, 8, 12, rng, d_kv=4 if name == "llama" else 8) for _ in range(2)]
+    final = {"gain": rng.standard_normal(8)} | ({} if name == "llama" else {"bias": rng.standard_normal(8)})
+    inputs = [rng.standard_normal((2, 5, 8))] + ([] if name == "llama" else [rng.standard_normal((2, 3, 8))])
+    grad_out = rng.standard_normal((2, 5, 8))
+    results = {}
+    for backward in ("autograd", "derived"):
+        stack = torch_module.Stack(2, 8, 2, 12, dtype=torch.float64, final_norm=True, backward=backward, **options)
+        stack.load_params(layers, final)
+        tensors = [torch.tensor(value, requires_grad=True) for value in inputs]
+        stack(*tensors, key_padding_mask=torch.tensor([[False] * 5, [False] * 3 + [True] * 2])).backward(
+            torch.tensor(grad_out))
+        results[backward] = [tensor.grad for tensor in tensors] + [p.grad for n, p in stack.named_parameters()
+                                                                   if not n.endswith("b_k")]
+    for derived, expected in zip(results["derived"], results["autograd"]):
+        assert float((derived - expected).abs().max() / expected.abs().max()) <= 1e-10

@@ -121,7 +121,8 @@ class Derivation:
     def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
         """Write the modules and the report under ``out`` (all or nothing); returns the paths.
 
-        ``force`` overwrites files that splitformer did not write (``splitformer derive --force``).
+        ``force`` overwrites modules and reports that splitformer did not write (``splitformer
+        derive --force``); a package ``__init__.py`` of your own is always kept.
         """
         if backend not in BACKEND_CHOICES:
             raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")

@@ -233,8 +233,17 @@ def _derive(arguments: argparse.Namespace) -> str:
             files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
         else:
             files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
-    write_files(files, force=arguments.force)
-    return "\n".join(f"wrote {path}" for path in files if not path.name == "__init__.py")
+    outcome = write_files(files, force=arguments.force)
+    return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
+                     if path.name != "__init__.py" or action == "kept")
+
+
+#: What ``derive`` prints per file, by what ``write_files`` did with it.
+_OUTCOME_LINES = {
+    "wrote": "wrote {path}",
+    "unchanged": "unchanged {path} (already up to date)",
+    "kept": "kept {path} (not written by splitformer; the package imports with it as it is)",
+}
 
 
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:

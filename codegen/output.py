@@ -2,7 +2,8 @@
 
 1. Check every target before touching the disk: not a folder, folders creatable, names
    short enough, and an existing file is one splitformer wrote (its header says so)
-   unless ``force``.
+   unless ``force``. A package ``__init__.py`` that someone else wrote is left as it is,
+   even with ``force``: the package imports either way.
 2. Write each file to a temporary next to its target, with the mode the umask gives.
 3. Rename all temporaries onto their targets, with SIGINT and SIGTERM held back meanwhile
    (a SIGKILL there can still leave a mix of old and new files, never a partial file).
@@ -58,6 +59,10 @@ def check_target(path: Path) -> None:
             raise SplitformerError(f"cannot write {path}: the name {part[:40]!r}… is longer than {limit} bytes")
 
 
+def _written_by_us(header: bytes) -> bool:
+    return MARKER in header.decode("utf-8", "replace").lower()
+
+
 def _needs_writing(path: Path, text: str, force: bool) -> bool:
     """Check one target; ``False`` when it already holds ``text``."""
     check_target(path)
@@ -77,7 +82,7 @@ def _needs_writing(path: Path, text: str, force: bool) -> bool:
             raise SplitformerError(f"cannot read {path} to check who wrote it: "
                                    f"{getattr(error, 'strerror', None) or error}") from None
         return True
-    if not force and MARKER not in header.decode("utf-8", "replace").lower():
+    if not force and not _written_by_us(header):
         raise SplitformerError(f"{path} exists and was not written by splitformer; pass --force to overwrite it")
     return True
 
@@ -115,9 +120,27 @@ def _mode() -> int:
     return 0o666 & ~mask
 
 
-def write_files(files: dict[Path, str], *, force: bool = False) -> None:
-    """Write every file of ``files`` or none; skip files that already hold their text."""
-    targets = {path: text for path, text in files.items() if _needs_writing(path, text, force)}
+def _foreign(path: Path) -> bool:
+    """Whether ``path`` is an existing regular file that splitformer did not write."""
+    try:
+        with path.open("rb") as stream:
+            return not _written_by_us(stream.read(_HEADER_BYTES))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
+def write_files(files: dict[Path, str], *, force: bool = False) -> dict[Path, str]:
+    """Write every file of ``files`` or none; return what happened to each path.
+
+    Each path maps to ``"wrote"``, ``"unchanged"`` (it already held its text) or ``"kept"``
+    (a package ``__init__.py`` that someone else wrote; left as it is even with ``force``).
+    """
+    outcome = {path: "kept" for path in files if path.name == "__init__.py" and _foreign(path)}
+    targets = {path: text for path, text in files.items()
+               if path not in outcome and _needs_writing(path, text, force)}
+    outcome.update({path: "wrote" if path in targets else "unchanged" for path in files if path not in outcome})
     created: list[Path] = []
     staged: list[tuple[str, Path]] = []
     target = None
@@ -138,6 +161,7 @@ def write_files(files: dict[Path, str], *, force: bool = False) -> None:
                 os.replace(temporary, target)
             staged, created = [], []
         _remove_stale_temporaries({path.parent for path in files})
+        return outcome
     except BaseException as error:
         for temporary, _ in staged:
             try:

@@ -200,3 +200,8 @@ class Scheme:
                     "vector field; solve it with 'projection'")
             if step.on is not None and not operators[step.on].is_projection:
                 raise SplitformerError(f"scheme {self.name!r}: 'on' must name a projection, not {step.on!r}")
+        used = {key for step in self.substeps() for key in (step.operator, step.on) if key is not None}
+        unused = [key for key in operators if key not in used]
+        if unused:
+            raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "
+                                   "(its parameters would be required for nothing); remove it or use it")

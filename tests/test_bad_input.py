@@ -60,6 +60,8 @@ def _fails(capsys, *arguments: str, message: str = "") -> str:
     (_replace('name = "post-ln"', 'name = "import"'), "is a Python keyword"),
     (_replace('attn = "attention"', '"attn\\n" = "attention"'), "is not an operator name"),
     (_replace('operator = "ffn"', 'operator = "ffn\\n"'), "unknown operator"),
+    (_replace('attn = "attention"', 'attn = "attention"\nspare = "feed-forward"'),
+     "operator 'spare' is declared but no step uses it"),
 ])
 def test_bad_scheme_files(text, message, tmp_path, capsys):
     path = tmp_path / "bad.toml"

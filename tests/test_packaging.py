@@ -1,4 +1,4 @@
-"""The distribution installs one import name, ``splitformer``, with every subpackage listed."""
+"""The distribution installs one import name, ``splitformer``, with every subpackage and data folder listed."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ def _declared() -> tuple[list[str], dict[str, str]]:
 def test_every_subpackage_is_declared_under_splitformer():
     packages, folders = _declared()
     found = {"splitformer"}
-    for name, folder in folders.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(ROOT / folder)
-            found.add(".".join((name, *relative.parts)))
+    for name, folder in folders.items():  # code packages and data folders (schemes, templates) alike
+        found.add(name)
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_dir() and "__pycache__" not in path.parts and any(path.iterdir()):
+                found.add(".".join((name, *path.relative_to(ROOT / folder).parts)))
     assert sorted(packages) == sorted(found)
     assert all(package.split(".")[0] == "splitformer" for package in packages)
 

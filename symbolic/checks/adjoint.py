@@ -58,6 +58,18 @@ def _random(seed: str):
     return value
 
 
+def _grouped(program: Program) -> bool:
+    return any(index.upper == KV_HEADS.size - 1 for tensor in program.tensors.values() for index in tensor.indices)
+
+
+def _sizes_text(program: Program) -> str:
+    """The sizes and data of ``finite_difference_gap`` for ``program``, in words."""
+    heads = "8 features, 2 query heads sharing 1 key/value head" if _grouped(program) else "4 features, 1 head"
+    extra = [text for name, text in ((MEMORY_SUPPORT, "2 memory tokens (one padded for the first query)"),
+                                     (POSITIONS, "positions 1, 4, 7, θ = 10⁴")) if name in program.tensors]
+    return ", ".join(["3 tokens", heads, "d_ff = 3", *extra, "causal support", "ε = 1e-3"])
+
+
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
     """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
     program = adjoint.forward
@@ -68,8 +80,7 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
         MEMORY_SUPPORT: lambda i, t: 1 if t == 0 or i > 0 else 0,  # the first query's memory padded but one token
         POSITIONS: lambda i: sp.Float(3 * i + 1, _DIGITS),
     }
-    grouped = any(index.upper == KV_HEADS.size - 1 for tensor in program.tensors.values() for index in tensor.indices)
-    sizes = _GROUPED_SIZES if grouped else _SIZES
+    sizes = _GROUPED_SIZES if _grouped(program) else _SIZES
 
     def inputs(shift):
         table = {name: (lambda *index, name=name: point(name, *index) + shift * direction(name, *index))
@@ -114,11 +125,12 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
     flipped = flip_sign(adjoint)
     control = finite_difference_gap(flipped, scheme.name)
     where = next(record.title for record, original in zip(flipped.records, adjoint.records) if record != original)
-    sizes = "3 tokens, 4 features, 1 head, d_ff = 3, causal support, ε = 1e-3"
+    sizes = _sizes_text(program)
     return [
         Check(f"adjoint/{scheme.name}/finite-difference", scheme.name,
               f"The derived adjoint of {scheme.name} gives the directional derivative of ⟨λ, Φ(u, θ)⟩ along a "
-              f"random direction through the input and every control: central difference (step 1e-20) in "
+              f"random direction through the input{', the memory' if MEMORY_SUPPORT in program.tensors else ''} and "
+              f"every control: central difference (step 1e-20) in "
               f"50-digit arithmetic at {sizes}.",
               "numeric", bool(gap < _TOLERANCE), f"relative gap {sp.N(gap, 3)} (tolerance {sp.N(_TOLERANCE, 2)})"),
         Check(f"adjoint/{scheme.name}/negative-control", scheme.name,

@@ -175,7 +175,7 @@ def test_the_softmax_adjoint_is_derived_in_terms_of_the_kernel():
 def test_no_intermediate_has_two_feature_axes_and_a_token_axis():
     """GEMMs, no d×d×N intermediates: every adjoint contraction has at most two operands."""
     domains = {str(v.index): v.domain for v in VARIABLES.values()}
-    for name in ("post-ln", "rk2"):
+    for name in ("post-ln", "rk2", "llama", "decoder"):
         backward = lower_adjoint(derive_adjoint(derive(load_scheme(name))))
         for op in backward.forward.ops + backward.adjoint.ops:
             axes = [domains[label].name for label in op.labels if label != "b"]

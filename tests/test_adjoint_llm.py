@@ -7,6 +7,7 @@ from the NumPy ``vjp``/``vjp_stack`` and the torch ``Block(..., backward="derive
 """
 
 import copy
+import functools
 
 import numpy as np
 import pytest
@@ -181,6 +182,7 @@ def test_unbatched_memory_and_float32(rng):
     assert _relative(grad_u32, grad_u) <= 1e-4 and _relative(grad_memory32, grad_memory) <= 1e-4
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
 def test_derived_backward_refuses_a_cache_and_scripts(rng):
     """The KV cache is for inference; the derived path is TorchScript-unused, so the blocks still script."""
     _, torch_module = _modules("llama")
@@ -188,16 +190,29 @@ def test_derived_backward_refuses_a_cache_and_scripts(rng):
     u = torch.tensor(rng.standard_normal((1, 3, 16)), requires_grad=True)
     with pytest.raises(ValueError, match="cache"):
         block(u, cache={})
-    with pytest.warns(DeprecationWarning):  # torch 2.13 deprecates TorchScript; it still works
-        torch.jit.script(block)
-        torch.jit.script(_modules("decoder")[1].Block(8, 2, 12, backward="derived"))
+    torch.jit.script(block)
+    torch.jit.script(_modules("decoder")[1].Block(8, 2, 12, backward="derived"))
+
+
+@functools.cache
+def _adjoint(name):
+    return derive_adjoint(derive(load_scheme(name)))
 
 
 @pytest.mark.parametrize("name, target", [("llama", "attn_q_bar"), ("decoder", "mem_bar")])
 def test_a_sign_flipped_in_the_rotation_or_memory_adjoint_fails_the_finite_difference_check(name, target):
     """The negative control, aimed at the new substeps: the rotary pairs' adjoint, the memory's gradient."""
-    adjoint = derive_adjoint(derive(load_scheme(name)))
-    assert finite_difference_gap(flip_sign(adjoint, target), name) > 1e-3
+    assert finite_difference_gap(flip_sign(_adjoint(name), target), name) > 1e-3
+
+
+@pytest.mark.parametrize("name, data, gradient", [("llama", ("pos", "attn_phi", "chi"), None),
+                                                  ("decoder", ("chi", "chi_m"), "mem")])
+def test_masks_positions_and_angles_are_data_and_the_memory_gets_a_gradient(name, data, gradient):
+    adjoint = _adjoint(name)
+    written = {assignment.target for assignment in adjoint.assignments}
+    assert not {f"{array}_bar" for array in data} & written
+    assert set(adjoint.gradients) - {"u0"} == ({gradient} if gradient else set()) | {
+        tensor.name for tensor in adjoint.forward.parameters()}
 
 
 @pytest.mark.parametrize("name", ["llama", "decoder_pre_ln"])

@@ -33,7 +33,7 @@ from ..projections import SYMBOLS, derive_relu_projection
 from ..rotary_attention import POSITIONS, ROPE_THETA
 from . import Check
 
-__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "flip_sign"]
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign"]
 
 _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
@@ -72,7 +72,12 @@ def _sizes_text(program: Program) -> str:
 
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
     """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
-    program = adjoint.forward
+    return finite_difference_gaps([adjoint], seed)[0]
+
+
+def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint") -> list[sp.Float]:
+    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once)."""
+    program = adjoints[0].forward
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
     controls = [name for name, tensor in program.tensors.items() if tensor.role in DIFFERENTIABLE_ROLES]
     data = {
@@ -94,12 +99,16 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
         return sum(costate(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
-    seed_name = adjoint.seed
-    values = evaluate(adjoint.program(), sizes, inputs(0) | {seed_name: lambda *index: costate(*index)}, eps=eps)
-    derived = sum(direction(name, *index) * value
-                  for name, gradient in adjoint.gradients.items()
-                  for index, value in values[gradient].items())
-    return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+
+    def gap(adjoint: Adjoint) -> sp.Float:
+        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lambda *index: costate(*index)},
+                          eps=eps)
+        derived = sum(direction(name, *index) * value
+                      for name, gradient in adjoint.gradients.items()
+                      for index, value in values[gradient].items())
+        return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+
+    return [gap(adjoint) for adjoint in adjoints]
 
 
 def flip_sign(adjoint: Adjoint, target: str | None = None) -> Adjoint:
@@ -121,9 +130,8 @@ def flip_sign(adjoint: Adjoint, target: str | None = None) -> Adjoint:
 def adjoint_checks(scheme, program: Program) -> list[Check]:
     """The finite-difference check of the scheme's adjoint and its negative control."""
     adjoint = derive_adjoint(program)
-    gap = finite_difference_gap(adjoint, scheme.name)
     flipped = flip_sign(adjoint)
-    control = finite_difference_gap(flipped, scheme.name)
+    gap, control = finite_difference_gaps([adjoint, flipped], scheme.name)
     where = next(record.title for record, original in zip(flipped.records, adjoint.records) if record != original)
     sizes = _sizes_text(program)
     return [

@@ -1,7 +1,8 @@
-"""The derived adjoint of rotary and cross-attention: llama, decoder, decoder-pre-ln.
+"""The derived adjoint of the LLM blocks: llama (rotary attention), decoder, decoder-pre-ln
+(cross-attention), gpt2.
 
 Against independent references in float64: transformers' ``LlamaDecoderLayer`` (float64
-RMSNorms, see test_llama.py) and ``torch.nn.TransformerDecoderLayer``/``TransformerDecoder``,
+RMSNorms, see test_llama.py) and ``GPT2Block``, ``torch.nn.TransformerDecoderLayer``/``TransformerDecoder``,
 differentiated by torch.autograd: ``∂J/∂u``, ``∂J/∂memory`` and every parameter gradient,
 from the NumPy ``vjp``/``vjp_stack`` and the torch ``Block(..., backward="derived")``.
 """
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from splitformer.codegen.adapters.hf_gpt2 import gpt2_block_config, gpt2_block_params
 from splitformer.codegen.adapters.hf_llama import llama_layer_config, llama_layer_params
 from splitformer.codegen.adapters.torch_decoder import decoder_layer_params
 from splitformer.symbolic import derive, load_scheme
@@ -24,6 +26,7 @@ from llama_reference import causal_mask, llama_config, rope
 from reference import random_params
 from test_adjoint import _assert_close, _relative
 from test_decoder import random_decoder_layer
+from test_gpt2 import gpt2_config, hf_mask, random_block, right_padding
 from test_llama import float64_norms, random_layer
 
 DECODERS = {False: "decoder", True: "decoder_pre_ln"}
@@ -118,6 +121,26 @@ def test_llama_vjp_equals_autograd_on_llama_decoder_layer(n_heads, n_kv_heads, m
     positions = torch.tensor(positions, dtype=torch.float64)
     (grad_u,), grads = _derived(torch_module, block, params, (u,),
                                 {"key_padding_mask": _tensor(padding), "positions": positions}, grad_out)
+    _assert_close(grad_u, grads, x.grad.numpy(), expected, 1e-10)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "causal+padding"])
+def test_gpt2_vjp_equals_autograd_on_gpt2_block(masked, rng):
+    numpy_module, torch_module = _modules("gpt2")
+    block = random_block(gpt2_config(12, 3, 7, 1e-3), seed=1)
+    params, options = gpt2_block_params(block), gpt2_block_config(block)
+    u, grad_out = rng.standard_normal((3, 6, 12)), rng.standard_normal((3, 6, 12))
+    padding = right_padding(3, 6) if masked else None
+    if padding is not None:
+        grad_out[padding] = 0  # the loss reads the kept tokens only
+    x = torch.tensor(u, requires_grad=True)
+    block(x, attention_mask=hf_mask(3, 6, padding)).backward(torch.tensor(grad_out))
+    expected = _gradients(block, gpt2_block_params)
+    grad_u, grads = numpy_module.vjp(u, params, grad_out, key_padding_mask=padding, **options)  # causal by default
+    _assert_close(grad_u, grads, x.grad.numpy(), expected, 1e-10)
+    derived = torch_module.Block(12, 3, 7, eps=1e-3, dtype=torch.float64, backward="derived")
+    (grad_u,), grads = _derived(torch_module, derived, params, (u,), {"key_padding_mask": _tensor(padding)},
+                                grad_out)
     _assert_close(grad_u, grads, x.grad.numpy(), expected, 1e-10)
 
 

@@ -258,3 +258,31 @@ def test_torch_stack_with_derived_backward_equals_autograd(name, rng):
                                                                    if not n.endswith("b_k")]
     for derived, expected in zip(results["derived"], results["autograd"]):
         assert float((derived - expected).abs().max() / expected.abs().max()) <= 1e-10
+
+
+def test_bad_arguments_are_named_before_any_work(rng):
+    decoder, _ = _modules("decoder")
+    llama, _ = _modules("llama")
+    params = random_params(decoder.PARAMETERS, 8, 12, rng)
+    u, grad_out = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    with pytest.raises(ValueError, match="memory"):
+        decoder.vjp(u, rng.standard_normal((2, 3, 7)), params, grad_out, n_heads=2)
+    with pytest.raises(ValueError, match="memory_key_padding_mask"):
+        decoder.vjp(u, rng.standard_normal((2, 3, 8)), params, grad_out, n_heads=2,
+                    memory_key_padding_mask=np.zeros((2, 4), bool))
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        llama.vjp(u, random_params(llama.PARAMETERS, 8, 12, rng, d_kv=8), grad_out, n_heads=2, n_kv_heads=3)
+    with pytest.raises(ValueError, match="positions"):
+        llama.vjp(u, random_params(llama.PARAMETERS, 8, 12, rng, d_kv=8), grad_out, n_heads=2, positions=np.arange(4))
+
+
+def test_llama_vjp_in_float32(rng):
+    numpy_module, _ = _modules("llama")
+    params = random_params(numpy_module.PARAMETERS, 16, 24, rng, d_kv=8)
+    u, grad_out = rng.standard_normal((2, 6, 16)), rng.standard_normal((2, 6, 16))
+    grad_u, grads = numpy_module.vjp(u, params, grad_out, n_heads=4, n_kv_heads=2)
+    grad_u32, grads32 = numpy_module.vjp(u.astype(np.float32), {k: v.astype(np.float32) for k, v in params.items()},
+                                         grad_out.astype(np.float32), n_heads=4, n_kv_heads=2)
+    assert grad_u32.dtype == np.float32 and all(value.dtype == np.float32 for value in grads32.values())
+    assert _relative(grad_u32, grad_u) <= 1e-4
+    assert all(_relative(grads32[name], grads[name]) <= 1e-4 for name in grads)

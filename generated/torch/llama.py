@@ -637,9 +637,7 @@ class Block(_CanonicalModule):
 
     @torch.jit.unused
     def _derived(self, u0: torch.Tensor, chi: torch.Tensor | None, dropout_p: float,
-                 n_kv_heads: int,
-                 pos: torch.Tensor,
-                 rope_theta: float) -> torch.Tensor:
+                 n_kv_heads: int, pos: torch.Tensor, rope_theta: float) -> torch.Tensor:
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")

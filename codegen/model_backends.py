@@ -13,7 +13,7 @@ from splitformer.symbolic.vision_operators import PATCH
 
 from .backends import BACKENDS
 from .ir import Module, Op
-from .model_ir import Interleave, Point, Tokens, Window
+from .model_ir import Fold, Interleave, Place, Point, Rows, Tokens, Window
 from .printers import SIZE_NAMES
 
 __all__ = ["statements", "code", "CODE_NAMES"]
@@ -45,7 +45,23 @@ def _point(op: Point, backend: str) -> list[str]:
     return [f"{op.out} = {op.source}[{', '.join(str(i) for i in op.index)}]"]
 
 
-_MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point}
+def _rows(op: Rows, backend: str) -> list[str]:
+    return [f"{op.out} = _rows({op.source}, {op.axis}, {op.offset}, ({', '.join(code(size) for size in op.sizes)}{',' if len(op.sizes) == 1 else ''}))"]
+
+
+def _fold(op: Fold, backend: str) -> list[str]:
+    return [f"{op.out} = _fold({op.source}, {op.like}.shape, {op.axes}, {code(op.size)}, {code(op.stride)}, "
+            f"{code(op.padding)})"]
+
+
+def _place(op: Place, backend: str) -> list[str]:
+    zeros = f"{op.source}.new_zeros({op.like}.shape)" if backend == "torch" else \
+        f"np.zeros({op.like}.shape, dtype={op.source}.dtype)"
+    return [f"{op.out} = {zeros}", f"{op.out}[{', '.join(str(i) for i in op.index)}] = {op.source}"]
+
+
+_MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point, Rows: _rows, Fold: _fold,
+              Place: _place}
 
 
 def statements(backend: str, module: Module, op: Op) -> list[str]:

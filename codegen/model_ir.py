@@ -7,7 +7,11 @@
   coarse node and offset ``(…, p, …, r)`` written at the fine nodes ``S p + r``;
 - ``Tokens``: the initial condition on ``Ω_x = {x_cls} ∪ Ω_grid``: class node first, then
   the grid row by row, plus the position term;
-- ``Point``: a point functional, the state at one node of an axis.
+- ``Point``: a point functional, the state at one node of an axis;
+- ``Rows``: a field read at the nodes ``offset + N_2 p + q`` of one axis, as a view with
+  that axis unflattened to ``(p, q)`` (the grid nodes of the token domain);
+- ``Fold`` and ``Place``: the adjoints of ``Window`` and ``Point`` (values written at the
+  points a view read, summed where windows overlap, zero elsewhere), shaped like ``like``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sympy as sp
 
 from .ir import Op
 
-__all__ = ["Window", "Interleave", "Tokens", "Point"]
+__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,37 @@ class Point(Op):
 
     def reads(self) -> list[str]:
         return [self.source]
+
+
+@dataclass(frozen=True)
+class Rows(Op):
+    source: str = ""
+    axis: int = 1
+    offset: int = 0
+    sizes: tuple[sp.Expr, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.source]
+
+
+@dataclass(frozen=True)
+class Fold(Op):
+    source: str = ""
+    like: str = ""
+    axes: tuple[int, ...] = ()
+    size: sp.Expr = sp.Integer(1)
+    stride: sp.Expr = sp.Integer(1)
+    padding: sp.Expr = sp.Integer(0)
+
+    def reads(self) -> list[str]:
+        return [self.source, self.like]
+
+
+@dataclass(frozen=True)
+class Place(Op):
+    source: str = ""
+    like: str = ""
+    index: tuple[str | int, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.source, self.like]

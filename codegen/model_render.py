@@ -11,6 +11,7 @@ from .lowering import lower
 from .model_backends import CODE_NAMES, code, statements
 from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
+from .model_vjp import grid_vjp_context, model_vjp_context
 from .render import environment, unit_context
 
 __all__ = ["render_model", "render_grid_model", "render_cvt", "stage_context", "model_units"]
@@ -63,12 +64,14 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     sizes = getattr(model.spec.embedding, "sizes", dict)()
     step = unit_context(units["step"], backend)
     final = unit_context(units["final"], backend) if "final" in units else None
-    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"}
+    embedding, readout = stage_context(units["embedding"], backend, sizes), stage_context(units["readout"], backend, {})
+    vjp = model_vjp_context(model, units, backend, {"embedding": embedding, "readout": readout}, passes)
+    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"} | (vjp["uses"] if vjp else set())
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
-        embedding=stage_context(units["embedding"], backend, sizes), block=step, final=final,
-        readout=stage_context(units["readout"], backend, {}), uses=helpers,
+        embedding=embedding, block=step, final=final, readout=readout, uses=helpers,
+        vjp=vjp, backward_erf=bool(vjp and vjp["erf"]),
     )
 
 
@@ -104,12 +107,13 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     field, transfer = unit(model.field), unit(model.transfer)
     update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
     steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
+    vjp = grid_vjp_context(model, [lower_stage(stage) for stage in model.stages()] + steps, backend)
     final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
         model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False},
+        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False}, vjp=vjp,
     )
 
 

@@ -6,7 +6,9 @@ import sympy as sp
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, PIXEL, ROWS
@@ -19,11 +21,12 @@ __all__ = ["render_model_report", "render_grid_report", "render_cvt_report", "mo
 
 
 def model_check_ids(name: str, grid: bool = False) -> list[str]:
-    """The ``splitformer check`` ids that back a model's report."""
+    """The ``splitformer check`` ids that back a model's report, its derived adjoint's included."""
     if grid:
-        return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine"]
+        return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine", f"adjoint/{name}/finite-difference",
+                f"adjoint/{name}/negative-control"]
     return [f"{name}/translation-equivariance", f"recovery/{name}/symbolic", f"recovery/{name}/numeric",
-            f"{name}/negative-controls"]
+            f"{name}/negative-controls", f"adjoint/{name}/finite-difference", f"adjoint/{name}/negative-control"]
 
 
 def _positions(operator) -> list[str]:
@@ -33,6 +36,7 @@ def _positions(operator) -> list[str]:
 
 def render_model_report(model: ModelProgram) -> str:
     """The Markdown report of ``model``."""
+    adjoint = derive_model_adjoint(model)
     domains = [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
                for domain in (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)]
     template = environment().get_template("report/model.md.j2")
@@ -40,8 +44,17 @@ def render_model_report(model: ModelProgram) -> str:
         model=model, spec=model.spec, version=__version__, domains=domains, pixel=sp.latex(PIXEL),
         embedding_positions=_positions(model.spec.embedding), readout_positions=_positions(model.spec.readout),
         tokens=TOKENS_LATEX, tokens_discrete=TOKENS_DISCRETE, step_equation=equation_latex(model.spec.scheme),
-        checks=model_check_ids(model.spec.name),
+        checks=model_check_ids(model.spec.name), adjoint=_adjoint_pieces(adjoint),
     )
+
+
+def _adjoint_pieces(adjoint) -> list[tuple[str, object]]:
+    """The model's derived adjoint, piece by piece in the order the costate runs."""
+    pieces = [("The readout", adjoint.readout)]
+    if adjoint.final is not None:
+        pieces.append(("The final projection", adjoint.final))
+    return pieces + [("One step (each layer)", adjoint.step), ("The initial condition and the patch embedding",
+                                                               adjoint.embedding)]
 
 
 def render_grid_report(model: GridModelProgram) -> str:
@@ -53,8 +66,12 @@ def render_grid_report(model: GridModelProgram) -> str:
                               if hasattr(operator, name)}}
                  for key, operator in model.spec.operators.items()]
     template = environment().get_template("report/grid_model.md.j2")
+    pieces = [(f"R = {' ∘ '.join(reversed(model.spec.transfer))}" if transfer else "R = 1",
+               derive_adjoint(grid_program(model, transfer)))
+              for transfer in ((True, False) if model.transfer else (False,))]
     return template.render(model=model, spec=model.spec, version=__version__, domains=domains, operators=operators,
-                           relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True))
+                           relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True),
+                           pieces=pieces)
 
 
 def render_cvt_report(model: CvtProgram) -> str:

@@ -17,6 +17,12 @@ entry (through every enclosing ``Sum``: the sum is differentiated as an opaque s
 then its body with the summation index left free). Nothing is typed in per operator: the
 softmax Jacobian, LayerNorm's and the activations' derivatives all come out of ``diff``.
 
+An array read at a pattern (``I[c, P p + r, P q + s]``, ``u[0, l]``: a window, a point)
+sends its adjoint back to that pattern: the adjoint assignment is written at the read's
+indices and accumulates over them (``Ī[c, P p + r, P q + s] += …``: the transpose of the
+window view), zero where nothing was read. An array written at a pattern (``t[1 + N₂ p + q, l]``)
+reads its costate at that pattern.
+
 Two rewrites keep the adjoint as cheap as the forward: a derivative that contains the
 right-hand side of a forward assignment is written with that assignment's array
 (``χ e^{a}/Σ χ e^{a}`` → ``γ``), and factors that do not depend on a summation index
@@ -40,7 +46,7 @@ from .errors import SplitformerError
 from .latex import equation
 from .program import Assignment, Program, Tensor
 
-__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "RELU_SUBGRADIENT_AT_ZERO",
+__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO",
            "DIFFERENTIABLE_ROLES"]
 
 #: The value taken for ∂max(0, v)/∂v at v = 0 (torch's ``relu`` backward uses 0).
@@ -76,6 +82,8 @@ class Adjoint:
     seed: str
     #: forward input or parameter name → the name of its gradient array
     gradients: dict[str, str] = field(default_factory=dict)
+    #: adjoint array written at a pattern → the forward array whose shape it has
+    shapes: dict[str, str] = field(default_factory=dict)
 
     @property
     def assignments(self) -> list[Assignment]:
@@ -124,6 +132,23 @@ def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...
 
     walk(rhs, sp.Integer(1), ())
     return found
+
+
+def _index_atoms(indices) -> list[sp.Idx]:
+    """The summation indices an index pattern uses, in order (``(c, P p + r)`` → ``c, p, r``)."""
+    return [atom for index in indices for atom in sorted(sp.sympify(index).atoms(sp.Idx), key=str)]
+
+
+def is_plain(indices) -> bool:
+    """Whether ``indices`` are distinct indices (not a pattern such as ``P p + r`` or ``0``)."""
+    return all(isinstance(index, sp.Idx) for index in indices) and len(set(indices)) == len(indices)
+
+
+def _is_pattern(indices) -> bool:
+    """Integers and expressions of indices, each index used once: a window, a point, a flattening."""
+    atoms = _index_atoms(indices)
+    return len(set(atoms)) == len(atoms) and all(
+        sp.sympify(index).is_Integer or sp.sympify(index).atoms(sp.Idx) for index in indices)
 
 
 def _with_relu_convention(expr: sp.Expr) -> sp.Expr:
@@ -282,6 +307,9 @@ class _Reverse:
                            | {index for a in program.assignments for index in a.rhs.atoms(sp.Idx)}, key=str)
         self.tensors: dict[str, Tensor] = {}
         self.pending: dict[str, list[sp.Expr]] = {}
+        #: array → {read pattern: adjoint terms written at that pattern}
+        self.scattered: dict[str, dict[tuple, list[sp.Expr]]] = {}
+        self.shapes: dict[str, str] = {}
         self.alias: dict[str, sp.Indexed] = {}
         self.gradients: dict[str, str] = {}
         seed_tensor = program.tensors[program.output]
@@ -317,10 +345,15 @@ class _Reverse:
         """``ȳ`` of a forward array whose readers are all processed (None if nothing flows into it)."""
         if name in self.alias:
             return self.alias[name]
+        tensor = self.program.tensors[name]
+        if name in self.scattered:
+            bar = self.declare(name, "temp")
+            self.emit_scattered(name, bar, f"adjoint of {name}")
+            self.alias[name] = sp.IndexedBase(bar)[tensor.indices]
+            return self.alias[name]
         terms = self.pending.pop(name, [])
         if not terms:
             return None
-        tensor = self.program.tensors[name]
         total = sp.Add(*terms)
         if isinstance(total, sp.Indexed) and total.indices == tensor.indices:
             self.alias[name] = total
@@ -335,15 +368,46 @@ class _Reverse:
     def latex_names(self) -> dict[str, str]:
         return {name: tensor.latex for name, tensor in {**self.program.tensors, **self.tensors}.items()}
 
+    def emit_scattered(self, name: str, bar: str, meaning: str) -> None:
+        """``x̄[pattern] += …``: the adjoint of an array read at a pattern (a window, a point).
+
+        Reads at several patterns, or at a pattern and plainly, give one part each, summed.
+        """
+        tensor = self.program.tensors[name]
+        patterns, plain = self.scattered.pop(name), self.pending.pop(name, [])
+        if len(patterns) == 1 and not plain:
+            (pattern, terms), = patterns.items()
+            self.emit(bar, pattern, terms, meaning, name)
+            return
+        parts = []
+        for number, (pattern, terms) in enumerate(patterns.items(), 1):
+            part = f"{bar}{number}"
+            self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", tensor.indices, "temp")
+            self.emit(part, pattern, terms, f"{meaning}: the part read at {', '.join(map(str, pattern))}", name)
+            parts.append(sp.IndexedBase(part)[tensor.indices])
+        lhs = sp.IndexedBase(bar)[tensor.indices]
+        total = sp.Add(*parts, *plain)
+        self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
+
+    def emit(self, target: str, pattern: tuple, terms: list[sp.Expr], meaning: str, like: str) -> None:
+        """``target[pattern] = Σ terms``, an array shaped like the forward array ``like``."""
+        lhs = sp.IndexedBase(target)[pattern]
+        total = sp.Add(*terms)
+        self.shapes[target] = like
+        self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
+
     def gradient(self, name: str) -> None:
-        terms = self.pending.pop(name, [])
         tensor = self.program.tensors[name]
         bar = self.declare(name, "gradient" if tensor.role == "param" else "temp")
+        self.gradients[name] = bar
+        if name in self.scattered:
+            self.emit_scattered(name, bar, f"gradient with respect to {tensor.parameter or name}")
+            return
+        terms = self.pending.pop(name, [])
         lhs = sp.IndexedBase(bar)[tensor.indices]
         total = sp.Add(*terms) if terms else sp.Integer(0)
         self.emitted.append(Assignment(lhs, total, f"gradient with respect to {tensor.parameter or name}",
                                        quadrature=equation(lhs, total, self.latex_names())))
-        self.gradients[name] = bar
 
     def step_of_output(self, expr: sp.Expr) -> sp.Expr:
         """``H(w) = H(max(0, w))`` when ``H(0) = 0``: read the step off a kept ReLU output.
@@ -359,31 +423,40 @@ class _Reverse:
 
     def contribute(self, assignment: Assignment, costate: sp.Indexed) -> None:
         own = assignment.lhs.indices
+        if not is_plain(own):  # written at a pattern: its costate is read there
+            costate = costate.base[own]
+            own = tuple(_index_atoms(own))
         for entry, partial, bound in _partials(assignment.rhs):
             name = str(entry.base.label)
             tensor = self.program.tensors[name]
             if name not in self.active:
                 continue
             read = entry.indices
-            if len(set(read)) != len(read) or not all(isinstance(index, sp.Idx) for index in read):
+            plain = is_plain(read)
+            if not plain and not _is_pattern(read):
                 raise SplitformerError(
                     f"cannot differentiate {assignment.lhs} = {assignment.rhs}: {entry} is not read with distinct indices")
             partial = self.step_of_output(self.recognize(_with_relu_convention(partial)))
             if partial == 0:
                 continue
-            summed = [index for index in dict.fromkeys((*own, *bound)) if index not in read]
+            atoms = read if plain else tuple(_index_atoms(read))
+            summed = [index for index in dict.fromkeys((*own, *bound)) if index not in atoms]
             body = costate * partial
-            # rename the entry's indices to the array's own, the summed ones out of their way
-            mapping = dict(zip(read, tensor.indices))
-            kept = body.atoms(sp.Idx) - set(read) - set(summed)
-            avoid = set(tensor.indices) | kept
+            # plain: rename the entry's indices to the array's own; a pattern keeps them.
+            # The summed indices move out of the way.
+            mapping = dict(zip(read, tensor.indices)) if plain else {}
+            kept = body.atoms(sp.Idx) - set(atoms) - set(summed)
+            avoid = (set(tensor.indices) if plain else set(atoms)) | kept
             for index in summed:
                 target = index if index not in avoid else _spare(index, avoid, self.pool)
                 mapping[index] = target
                 avoid.add(target)
             body = body.xreplace(mapping)
             summed = [mapping[index] for index in summed]
-            self.pending.setdefault(name, []).append(_sum(body, summed))
+            if plain:
+                self.pending.setdefault(name, []).append(_sum(body, summed))
+            else:
+                self.scattered.setdefault(name, {}).setdefault(tuple(read), []).append(_sum(body, summed))
 
     def run(self) -> list[AdjointRecord]:
         records = []
@@ -406,4 +479,4 @@ def derive_adjoint(program: Program) -> Adjoint:
     """The adjoint program of ``program`` (reverse mode over its assignments)."""
     reverse = _Reverse(program)
     records = reverse.run()
-    return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients)
+    return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients, reverse.shapes)

@@ -49,6 +49,7 @@ def evaluate(
 ) -> dict[str, dict[tuple[int, ...], sp.Expr]]:
     """Every tensor's entries: ``{name: {(i, k, …): value}}``.
 
+    An array written at a pattern accumulates its values there (entries not written are absent).
     ``inputs`` gives the entries of the input state ``u0``, of the parameters (named as in
     the program, e.g. ``attn_W_q``) and of the support ``chi``, as functions of integer
     indices. ``sizes`` fixes ``N_x``, ``N_y``, … .
@@ -57,8 +58,8 @@ def evaluate(
 
     def entry(indexed: sp.Indexed) -> sp.Expr:
         name, index = str(indexed.base.label), tuple(int(i) for i in indexed.indices)
-        if name in values:
-            return values[name][index]
+        if name in values:  # zero off the nodes it was computed on (a convolution's zero padding)
+            return values[name].get(index, sp.Integer(0))
         return sp.sympify(inputs[name](*index))
 
     constants = {symbol: size for symbol, size in sizes.items()}
@@ -67,9 +68,21 @@ def evaluate(
         # xreplace rebuilds every Idx with its concrete range, in the body and the limits alike
         indices = assignment.lhs.xreplace(constants).indices
         rhs = assignment.rhs.xreplace(constants)
+        if not all(isinstance(index, sp.Idx) for index in indices):
+            _accumulate(values.setdefault(assignment.target, {}), indices, rhs, entry)
+            continue
         ranges = [range(int(index.upper) + 1) for index in indices]
         table = {}
         for point in itertools.product(*ranges):
             table[point] = _substitute(rhs.xreplace(dict(zip(indices, map(sp.Integer, point)))), entry)
         values[assignment.target] = table
     return values
+
+
+def _accumulate(table: dict, indices: tuple, rhs: sp.Expr, entry) -> None:
+    """An array written at a pattern (``x[P p + r]``, ``x[0]``): each value added at its entry."""
+    atoms = sorted({atom for index in indices for atom in sp.sympify(index).atoms(sp.Idx)}, key=str)
+    for point in itertools.product(*(range(int(atom.upper) + 1) for atom in atoms)):
+        values = dict(zip(atoms, map(sp.Integer, point)))
+        key = tuple(int(sp.sympify(index).xreplace(values)) for index in indices)
+        table[key] = table.get(key, 0) + _substitute(rhs.xreplace(values), entry)

@@ -93,19 +93,20 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
     tensors = {tensor.name: tensor for tensor in inputs.values()}
     arrays = {function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()}
     absorbed = {}
+    sizes = getattr(operator, "sizes", dict)()
     for parameter in operator.parameters():
         name = f"{key}_{parameter.name}"
         arrays[parameter.function] = sp.IndexedBase(name)
         absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
         latex = parameter.latex if "_" in parameter.latex else f"{parameter.latex}_{{{operator.key_latex()}}}"
-        tensors[name] = field_tensor(name, latex, (v.index for v in parameter.arguments), "param",
+        # the kernel's offsets over the support the operator fixes (its adjoint's gradient has that range)
+        tensors[name] = field_tensor(name, latex, (v.index.xreplace(sizes) for v in parameter.arguments), "param",
                                 f"{key}.{parameter.name}", parameter.shape, parameter.kind)
     for definition in operator.definitions():
         arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
         absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
     grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
                        getattr(operator, "sampled", dict)())
-    sizes = getattr(operator, "sizes", dict)()
     targets = getattr(operator, "targets", dict)()
     names = {tensor.name: tensor.latex for tensor in tensors.values()}
     continuous = operator.latex_names()

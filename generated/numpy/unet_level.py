@@ -8,6 +8,7 @@ One step on the 2-D grid, u⁺ = R u + F(u) (Δt = 1); every statement stands
 under the formula it implements (generated/reports/unet_level.md).
 
     forward(u, params, *, stride=1, eps=1e-5) -> (batch, channels, height', width')
+    vjp(u, params, grad_out, *, stride=1, eps=1e-5) -> (grad_u, grad_params)   (the derived adjoint)
 
 u: (batch, n_channels, height, width), float32 or float64 (channels first, as torch).
 R is the identity (the skip connection): F(u) must land on the grid and channels of u.
@@ -29,7 +30,7 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "PARAMETERS", "TRANSFER_PARAMETERS"]
+__all__ = ["forward", "vjp", "PARAMETERS", "TRANSFER_PARAMETERS"]
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
@@ -106,8 +107,8 @@ def _grids(n, stride):
     return f, n
 
 
-def forward(u, params, *, stride=1, eps=1e-5):
-    """One step: ``u`` of shape (batch, n_channels, height, width)."""
+def _prepare(u, params, stride):
+    """``u`` and the parameters checked: (u0, parameters, whether R is the transfer, the output's shape)."""
     u0 = np.asarray(u)
     if u0.dtype not in (np.float32, np.float64):
         raise ValueError(f"u must be float32 or float64, got {u0.dtype}")
@@ -129,6 +130,12 @@ def forward(u, params, *, stride=1, eps=1e-5):
         raise ValueError(f"u of shape {u0.shape} with stride {stride}: F(u) has {channels[0]} channels on a "
                          f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                          "they must agree")
+    return u0, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
+
+
+def forward(u, params, *, stride=1, eps=1e-5):
+    """One step: ``u`` of shape (batch, n_channels, height, width)."""
+    u0, p, has_transfer, _ = _prepare(u, params, stride)
     down_W = p.get("down.W")
     down_b = p.get("down.b")
     conv_W = p.get("conv.W")
@@ -176,3 +183,183 @@ def forward(u, params, *, stride=1, eps=1e-5):
     # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
     u1 = transfer + up_out
     return u1
+
+
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
+    """The step again, then its derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+    down_W = p.get("down.W")
+    down_b = p.get("down.b")
+    conv_W = p.get("conv.W")
+    conv_b = p.get("conv.b")
+    bn_gain = p.get("bn.gain")
+    bn_bias = p.get("bn.bias")
+    bn_mean = p.get("bn.mean")
+    bn_var = p.get("bn.var")
+    up_W = p.get("up.W")
+    up_b = p.get("up.b")
+
+    # --- down: convolution ---
+    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
+    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
+    # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
+    down_out = _einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+
+    # --- conv: convolution ---
+    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
+    # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    conv_out = _einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+
+    # --- bn: batch-norm ---
+    # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    bn_a = bn_gain/np.sqrt(eps + bn_var)
+    # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    bn_c = -bn_gain*bn_mean/np.sqrt(eps + bn_var) + bn_bias
+    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
+    bn_out = bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None]
+
+    # --- relu: relu-projection ---
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
+    relu_out = np.maximum(bn_out, 0)
+
+    # --- up: transposed-convolution ---
+    # the value at each coarse node and offset
+    up_out_blocks = _einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
+    # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
+    up_out = _interleave(up_out_blocks, (2, 3))
+
+    transfer = u0
+
+    # --- update: explicit Euler step ---
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    u1 = transfer + up_out
+
+
+    # --- adjoint of up: transposed-convolution ---
+    # {\lambda^{+}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    up_out_bar_windows = _windows(u1_bar, (2, 3), 2, 2, 0)
+    # the value at each coarse node and offset
+    up_out_bar_blocks = up_out_bar_windows
+    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} = \Delta t {\lambda^{+}}_{c,2 p + r,2 q + s}
+    up_out_bar = _interleave(up_out_bar_blocks, (2, 3))
+    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    up_W_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
+    # {\overline{W_{\mathrm{up}}}}_{k,r,s,c} = \sum_{p} \sum_{q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    up_W_bar = _einsum("bkpq,bcpqrs->krsc", relu_out, up_W_bar_windows)
+    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    up_b_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
+    # {\overline{b_{\mathrm{up}}}}_{c} = \sum_{p} \sum_{r} \sum_{q} \sum_{s} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    up_b_bar = _einsum("bcpqrs->c", up_b_bar_windows)
+
+    # --- adjoint of relu: relu-projection ---
+    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    relu_out_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
+    # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q} = \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{up}}}_{l,r,s,c} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    relu_out_bar = _einsum("bcpqrs,lrsc->blpq", relu_out_bar_windows, up_W)
+
+    # --- adjoint of bn: batch-norm ---
+    # {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    bn_out_bar = (relu_out > 0)*relu_out_bar
+    # {\overline{c^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q}
+    bn_c_bar = _einsum("blpq->bl", bn_out_bar)
+    # {\overline{\beta_{\mathrm{bn}}}}_{l} = {\overline{c^{\mathrm{bn}}}}_{l}
+    bn_bias_bar = _einsum("bl->l", bn_c_bar)
+    t1 = -bn_a*bn_c_bar
+    # {\overline{\mu_{\mathrm{bn}}}}_{l} = - {a^{\mathrm{bn}}}_{l} {\overline{c^{\mathrm{bn}}}}_{l}
+    bn_mean_bar = _einsum("bl->l", t1)
+    # {\overline{a^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q}
+    bn_a_bar = _einsum("blpq,blpq->bl", bn_out_bar, conv_out)
+    t2 = bn_a_bar/np.sqrt(eps + bn_var)
+    bn_gain_bar_0 = _einsum("bl->l", t2)
+    t3 = -bn_c_bar*bn_mean/np.sqrt(eps + bn_var)
+    bn_gain_bar_1 = _einsum("bl->l", t3)
+    # {\overline{\gamma_{\mathrm{bn}}}}_{l} = \frac{{\overline{a^{\mathrm{bn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn}}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    bn_gain_bar = bn_gain_bar_0 + bn_gain_bar_1
+    t4 = -bn_a*bn_a_bar/(2*(eps + bn_var))
+    bn_var_bar_0 = _einsum("bl->l", t4)
+    t5 = bn_a*bn_c_bar*bn_mean/(2*(eps + bn_var))
+    bn_var_bar_1 = _einsum("bl->l", t5)
+    # {\overline{v_{\mathrm{bn}}}}_{l} = - \frac{{a^{\mathrm{bn}}}_{l} {\overline{a^{\mathrm{bn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn}}}_{l}\right)} + \frac{{a^{\mathrm{bn}}}_{l} {\overline{c^{\mathrm{bn}}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn}}}_{l}\right)}
+    bn_var_bar = bn_var_bar_0 + bn_var_bar_1
+
+    # --- adjoint of conv: convolution ---
+    # {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q}
+    conv_out_bar = bn_a[None, :, None, None]*bn_out_bar
+    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    conv_W_bar_windows = _windows(down_out, (2, 3), 3, 1, 1)
+    # {\overline{W_{\mathrm{conv}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    conv_W_bar = _einsum("blpq,bkpqrs->krsl", conv_out_bar, conv_W_bar_windows)
+    # {\overline{b_{\mathrm{conv}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q}
+    conv_b_bar = _einsum("blpq->l", conv_out_bar)
+
+    # --- adjoint of down: convolution ---
+    # the value at each coarse node and offset
+    down_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W)
+    # {\overline{\mathcal{K}^{\mathrm{down}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q}
+    down_out_bar = _fold(down_out_bar_blocks, down_out.shape, (2, 3), 3, 1, 1)
+    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
+    down_W_bar_windows = _windows(u0, (2, 3), 3, 2, 1)
+    # {\overline{W_{\mathrm{down}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q} {u}_{c,2 p + r - 1,2 q + s - 1}
+    down_W_bar = _einsum("blpq,bcpqrs->crsl", down_out_bar, down_W_bar_windows)
+    # {\overline{b_{\mathrm{down}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q}
+    down_b_bar = _einsum("blpq->l", down_out_bar)
+    # the value at each coarse node and offset
+    u0_bar1_blocks = _einsum("blpq,crsl->bcpqrs", down_out_bar, down_W)
+    # {\overline{u}^{[1]}}_{c,2 p + r - 1,2 q + s - 1} = \sum_{l} {W_{\mathrm{down}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q}
+    u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, 2, 1)
+    # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
+    u0_bar = u0_bar1 + u1_bar
+
+    return u0_bar, {
+        "down.W": down_W_bar,
+        "down.b": down_b_bar,
+        "conv.W": conv_W_bar,
+        "conv.b": conv_b_bar,
+        "bn.gain": bn_gain_bar,
+        "bn.bias": bn_bias_bar,
+        "bn.mean": bn_mean_bar,
+        "bn.var": bn_var_bar,
+        "up.W": up_W_bar,
+        "up.b": up_b_bar,
+    }
+
+
+
+def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
+    """The derived adjoint of ``forward``: ``(∂J/∂u, {canonical name: ∂J/∂θ})``.
+
+    ``grad_out`` is the costate λ of the output (∂J/∂forward(u, …), its shape). The step is
+    run again, then reverse mode over its derived assignments (report, adjoint section);
+    BatchNorm's statistics ``mean``, ``var`` get their gradients too.
+    """
+    u0, p, has_transfer, shape = _prepare(u, params, stride)
+    seed = np.asarray(grad_out)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != shape:
+        raise ValueError(f"grad_out must have shape {shape}, got {seed.shape}")
+    return _vjp_core(u0, p, has_transfer, stride, eps, seed.astype(u0.dtype, copy=False))

@@ -11,6 +11,9 @@ statement stands under the formula it implements (generated/reports/vit.md).
     forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None)
         -> final hidden states (batch, 1 + n_rows * n_cols, d); the class node first
     logits(pixel_values, params, **config) -> (batch, n_classes)
+    vjp(pixel_values, params, grad_out, **config) -> (grad_pixel_values, grad_params)
+    vjp_logits(pixel_values, params, grad_logits, **config) -> (grad_pixel_values, grad_params)
+        the derived adjoint (grad_params keyed by the canonical names)
 
 pixel_values: (batch, n_channels, height, width), float32 or float64. The position term
 fixes the number of patches: images of another size are rejected (no interpolation);
@@ -46,7 +49,7 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "logits", "PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS"]
+__all__ = ["forward", "logits", "vjp", "vjp_logits", "PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS"]
 
 #: Canonical names and shapes of the embedding and the final projection.
 PARAMETERS = {
@@ -410,3 +413,477 @@ def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=N
         raise ValueError("missing parameter 'head.W'")
     sizes = {"d": u.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
     return _readout(u, _table(params, HEAD_PARAMETERS, sizes, u.dtype))
+
+
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _step_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    norm1_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del chi
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = np.add(attn_out, u0, out=attn_out)
+    del attn_out, u0
+
+    # --- substep 2: ffn, explicit on Proj(norm2) ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    norm2_alpha = np.mean(u1, axis=2)
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p + norm2_bias
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    u2 = np.add(ffn_out, u1, out=ffn_out)
+    del ffn_out, u1
+    return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
+
+
+def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, = saved
+    batch, n_tokens, d = u2_bar.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    ffn_out_bar = u2_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    del ffn_s
+    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
+    del ffn_s_bar, ffn_w
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    del norm2_out
+    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
+    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    norm2_out_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    norm2_out_bar = norm2_out_bar.reshape(batch, n_tokens, d)
+    del ffn_w_bar
+    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    del norm2_out_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t2 = np.sum(norm2_p, axis=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t3 = np.sum(norm2_p_bar, axis=2)
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = (-t3[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3, u2_bar
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = _einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
+    del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    t4 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
+    del attn_gamma_bar, t4
+    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = _einsum("bik,bime->kme", norm1_out, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_v_bar = _einsum("bime->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
+    del attn_q
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = _einsum("bik,bime->kme", norm1_out, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_k_bar = _einsum("bime->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
+    del attn_a_bar, attn_k
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = _einsum("bik,bime->kme", norm1_out, attn_q_bar)
+    del norm1_out
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = _einsum("bime->me", attn_q_bar)
+    # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    t5 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
+    t5 = t5.reshape(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    t6 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
+    t6 = t6.reshape(batch, n_tokens, d)
+    del attn_q_bar
+    # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    t7 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
+    t7 = t7.reshape(batch, n_tokens, d)
+    del attn_v_bar
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    norm1_out_bar = np.add(t5, t6 + t7, out=t5)
+    del t5, t6, t7
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t8 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t8/(2*(eps + norm1_beta))
+    del t8
+    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t9 = np.sum(norm1_p, axis=2)
+    # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t10 = np.sum(norm1_p_bar, axis=2)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t10[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t10, t9, u1_bar
+    return u0_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+    }
+
+
+
+def _final_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    n_heads = 1
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- substep 1: final_norm, projection ---
+    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    final_norm_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    u1 = final_norm_gain*final_norm_p + final_norm_bias
+    return u1, (final_norm_beta, final_norm_p,)
+
+
+def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    n_heads = 1
+    final_norm_beta, final_norm_p, = saved
+    batch, n_tokens, d = u1_bar.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- adjoint of substep 1: final_norm, projection ---
+    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    final_norm_bias_bar = _einsum("bil->l", u1_bar)
+    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    final_norm_p_bar = final_norm_gain*u1_bar
+    del u1_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = np.sum(final_norm_p, axis=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t3 = np.sum(final_norm_p_bar, axis=2)
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
+    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    return u0_bar, {
+        "final_norm.gain": final_norm_gain_bar,
+        "final_norm.bias": final_norm_bias_bar,
+    }
+
+
+
+def _embedding_vjp(image, u0_bar, p, patch_size):
+    """The derived adjoint of the embedding: the costate of u⁰ → (∂J/∂pixel_values, gradients)."""
+    batch, n_channels, height, width = image.shape
+    n_rows, n_cols = height // patch_size, width // patch_size
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_cls = p["embed.cls"]
+    embed_pos = p["embed.pos"]
+
+    # --- adjoint of initial condition on the token domain ---
+    # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
+    embed_pos_bar = _einsum("bil->il", u0_bar)
+    # u0_bar at 0, l (a view)
+    u0_bar_view1 = u0_bar[:, 0, :]
+    # {\overline{c^{\mathrm{cls}}_{\mathrm{embed}}}}_{l} = {\lambda^{(0)}}_{0,l}
+    embed_cls_bar = _einsum("bl->l", u0_bar_view1)
+
+    # --- adjoint of embed: patch-embedding ---
+    # u0_bar at N_2*p + q + 1, l (a view)
+    u0_bar_view2 = _rows(u0_bar, 1, 1, (n_rows, n_cols))
+    # {\overline{f^{\mathrm{embed}}}}_{p,q,l} = {\lambda^{(0)}}_{N_{2} p + q + 1,l}
+    embed_f_bar = u0_bar_view2
+    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
+    embed_W_bar_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
+    # {\overline{W^{E}_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l} {I}_{c,P p + r,P q + s}
+    embed_W_bar = _einsum("bpql,bcpqrs->crsl", embed_f_bar, embed_W_bar_windows)
+    # {\overline{b^{E}_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    embed_b_bar = _einsum("bpql->l", embed_f_bar)
+    # the value at each coarse node and offset
+    image_bar_blocks = _einsum("bpql,crsl->bcpqrs", embed_f_bar, embed_W)
+    # {\overline{I}}_{c,P p + r,P q + s} = \sum_{l} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    image_bar = _fold(image_bar_blocks, image.shape, (2, 3), patch_size, patch_size, 0)
+    return image_bar, {
+        "embed.W": embed_W_bar,
+        "embed.b": embed_b_bar,
+        "embed.cls": embed_cls_bar,
+        "embed.pos": embed_pos_bar,
+    }
+
+
+
+def _readout_vjp(u, head_logits_bar, p):
+    """The derived adjoint of the readout: the costate of the logits → (costate of u, gradients)."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u[:, 0, :]
+
+    # --- adjoint of head: class-token-head ---
+    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
+    head_W_bar = _einsum("bo,bk->ko", head_logits_bar, head_z)
+    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_b_bar = _einsum("bo->o", head_logits_bar)
+    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_z_bar = _einsum("bo,lo->bl", head_logits_bar, head_W)
+    # the value at each coarse node and offset
+    u_bar_blocks = head_z_bar
+    # {\overline{u}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
+    u_bar = np.zeros(u.shape, dtype=u_bar_blocks.dtype)
+    u_bar[:, 0, :] = u_bar_blocks
+    return u_bar, {
+        "head.W": head_W_bar,
+        "head.b": head_b_bar,
+    }
+
+
+
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
+
+
+def _backward(image, top, layers, seed, patch_size, n_heads, eps):
+    """The costate λ of the final hidden states, backwards through every piece → gradients.
+
+    Each step's input is kept; each step's activations are recomputed when its adjoint runs.
+    """
+    u = _embedding(image, top, patch_size)
+    inputs = []
+    for p in layers:
+        inputs.append(u)
+        u = _step(u, p, n_heads, eps)
+    grads = {}
+    _, saved = _final_vjp_forward(u, top, None, eps, 1)
+    seed, grads_final = _final_vjp_backward(saved, seed, top, None, eps, 1)
+    for n in reversed(range(len(layers))):
+        _, saved = _step_vjp_forward(inputs[n], layers[n], None, eps, n_heads)
+        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
+        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+    grad_image, grads_embedding = _embedding_vjp(image, seed, top, patch_size)
+    grads.update(grads_embedding)
+    grads.update(grads_final)
+    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
+    return grad_image, {name: grads[name] for name in sorted(grads, key=order.index)}
+
+
+def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
+    """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
+
+    ``grad_out`` is the costate λ of the final hidden states (∂J/∂forward(…), their shape);
+    the costate runs back through the final projection, the steps (last first) and the
+    embedding (report §7). The head's parameters are not read (``vjp_logits`` does).
+    """
+    image = _image(pixel_values, image_size)
+    sizes = _config(params, image, patch_size, n_heads)
+    top = _table(params, PARAMETERS, sizes, image.dtype)
+    layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
+    seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
+    return _backward(image, top, layers, seed, patch_size, n_heads, eps)
+
+
+def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
+    """The derived adjoint of ``logits``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``, the head's included.
+
+    ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
+    of a cross-entropy loss.
+    """
+    image = _image(pixel_values, image_size)
+    sizes = _config(params, image, patch_size, n_heads)
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes["n_classes"] = np.shape(params["head.W"])[-1]
+    head = _table(params, HEAD_PARAMETERS, sizes, image.dtype)
+    seed = _costate("grad_logits", grad_logits, (image.shape[0], sizes["n_classes"]), image.dtype)
+    u = forward(image, params, patch_size=patch_size, n_heads=n_heads, eps=eps)
+    seed, grads_head = _readout_vjp(u, seed, head)
+    top = _table(params, PARAMETERS, sizes, image.dtype)
+    layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
+    grad_image, grads = _backward(image, top, layers, seed, patch_size, n_heads, eps)
+    return grad_image, {**grads, **grads_head}

@@ -8,10 +8,13 @@ The initial condition u(x, y, 0) = f(x, y) (embedding), one step of the block sc
 'pre-ln' (gelu) per layer, the final projection and the readout; every
 statement stands under the formula it implements (generated/reports/vit.md).
 
-    Model(n_layers=, d_model=, n_heads=, d_ff=, n_channels=, patch_size=, image_size=, n_classes=0, eps=1e-12)
+    Model(n_layers=, d_model=, n_heads=, d_ff=, n_channels=, patch_size=, image_size=, n_classes=0, eps=1e-12,
+          backward="autograd")
     Model.load_params(params)        canonical names (as the NumPy module's), arrays or tensors
     Model(pixel_values)              final hidden states (batch, 1 + n_rows * n_cols, d)
     Model.logits(pixel_values)       (batch, n_classes)
+
+backward="derived" runs the derived adjoint as the backward pass (torch.autograd.Function).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
     embed.W                  (n_channels, patch_size, patch_size, d)
@@ -83,6 +86,21 @@ HEAD_PARAMETERS = {
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
+
+
+def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel: the token integral over an empty set
+    vanishes (never NaN), so that query's attention term is the output bias alone.
+    """
+    if support is None:
+        return _dropout(torch.softmax(scores, dim=-1), dropout_p)
+    allowed = _allowed(support)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
+    return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
@@ -216,6 +234,498 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(value))
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _step_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    norm1_alpha = torch.mean(u0, dim=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
+    attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    del chi
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
+    del attn_out, u0
+
+    # --- substep 2: ffn, explicit on Proj(norm2) ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    norm2_alpha = torch.mean(u1, dim=2)
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p + norm2_bias
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    u2 = ffn_out.add_(u1) if inference else ffn_out + u1
+    del ffn_out, u1
+    return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
+
+
+def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s, = saved
+    batch, n_tokens, d = u2_bar.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    ffn_out_bar = u2_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    del ffn_s
+    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (1/2 + torch.erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*torch.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
+    del ffn_s_bar, ffn_w
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    del norm2_out
+    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
+    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    norm2_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
+    del ffn_w_bar
+    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    del norm2_out_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t2 = torch.sum(norm2_p, dim=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t3 = torch.sum(norm2_p_bar, dim=2)
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3, u2_bar
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
+    del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
+    del attn_a, chi
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    t4 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
+    del attn_gamma_bar, t4
+    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
+    del attn_q
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
+    del attn_a_bar, attn_k
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
+    del norm1_out
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
+    # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    t5 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    t6 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+    del attn_q_bar
+    # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    t7 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+    del attn_v_bar
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    norm1_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
+    del t5, t6, t7
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t8 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t8/(2*(eps + norm1_beta))
+    del t8
+    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t9 = torch.sum(norm1_p, dim=2)
+    # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t10 = torch.sum(norm1_p_bar, dim=2)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t10[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t10, t9, u1_bar
+    return u0_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+    }
+
+
+
+def _final_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    inference, dropout_p, n_heads = True, 0.0, 1
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- substep 1: final_norm, projection ---
+    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    final_norm_alpha = torch.mean(u0, dim=2)
+    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    final_norm_beta = torch.mean((-final_norm_alpha[:, :, None] + u0)**2, dim=2)
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/torch.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    u1 = final_norm_gain*final_norm_p + final_norm_bias
+    return u1, (final_norm_beta, final_norm_p,)
+
+
+def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    inference, dropout_p, n_heads = True, 0.0, 1
+    final_norm_beta, final_norm_p, = saved
+    batch, n_tokens, d = u1_bar.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- adjoint of substep 1: final_norm, projection ---
+    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    final_norm_bias_bar = torch.einsum("bil->l", u1_bar)
+    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    final_norm_gain_bar = torch.einsum("bil,bil->l", final_norm_p, u1_bar)
+    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    final_norm_p_bar = final_norm_gain*u1_bar
+    del u1_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t1 = torch.einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = torch.sum(final_norm_p, dim=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t3 = torch.sum(final_norm_p_bar, dim=2)
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/torch.sqrt(eps + final_norm_beta[:, :, None]) - 2*torch.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/torch.sqrt(eps + final_norm_beta[:, :, None]) + 2*torch.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
+    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    return u0_bar, {
+        "final_norm.gain": final_norm_gain_bar,
+        "final_norm.bias": final_norm_bias_bar,
+    }
+
+
+
+def _embedding_vjp(image, u0_bar, p, patch_size):
+    """The derived adjoint of the embedding: the costate of u⁰ → (∂J/∂pixel_values, gradients)."""
+    batch, n_channels, height, width = image.shape
+    n_rows, n_cols = height // patch_size, width // patch_size
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_cls = p["embed.cls"]
+    embed_pos = p["embed.pos"]
+
+    # --- adjoint of initial condition on the token domain ---
+    # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
+    embed_pos_bar = torch.einsum("bil->il", u0_bar)
+    # u0_bar at 0, l (a view)
+    u0_bar_view1 = u0_bar[:, 0, :]
+    # {\overline{c^{\mathrm{cls}}_{\mathrm{embed}}}}_{l} = {\lambda^{(0)}}_{0,l}
+    embed_cls_bar = torch.einsum("bl->l", u0_bar_view1)
+
+    # --- adjoint of embed: patch-embedding ---
+    # u0_bar at N_2*p + q + 1, l (a view)
+    u0_bar_view2 = _rows(u0_bar, 1, 1, (n_rows, n_cols))
+    # {\overline{f^{\mathrm{embed}}}}_{p,q,l} = {\lambda^{(0)}}_{N_{2} p + q + 1,l}
+    embed_f_bar = u0_bar_view2
+    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
+    embed_W_bar_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
+    # {\overline{W^{E}_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l} {I}_{c,P p + r,P q + s}
+    embed_W_bar = torch.einsum("bpql,bcpqrs->crsl", embed_f_bar, embed_W_bar_windows)
+    # {\overline{b^{E}_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    embed_b_bar = torch.einsum("bpql->l", embed_f_bar)
+    # the value at each coarse node and offset
+    image_bar_blocks = torch.einsum("bpql,crsl->bcpqrs", embed_f_bar, embed_W)
+    # {\overline{I}}_{c,P p + r,P q + s} = \sum_{l} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    image_bar = _fold(image_bar_blocks, image.shape, (2, 3), patch_size, patch_size, 0)
+    return image_bar, {
+        "embed.W": embed_W_bar,
+        "embed.b": embed_b_bar,
+        "embed.cls": embed_cls_bar,
+        "embed.pos": embed_pos_bar,
+    }
+
+
+
+def _readout_vjp(u, head_logits_bar, p):
+    """The derived adjoint of the readout: the costate of the logits → (costate of u, gradients)."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u[:, 0, :]
+
+    # --- adjoint of head: class-token-head ---
+    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
+    head_W_bar = torch.einsum("bo,bk->ko", head_logits_bar, head_z)
+    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_b_bar = torch.einsum("bo->o", head_logits_bar)
+    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_z_bar = torch.einsum("bo,lo->bl", head_logits_bar, head_W)
+    # the value at each coarse node and offset
+    u_bar_blocks = head_z_bar
+    # {\overline{u}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
+    u_bar = u_bar_blocks.new_zeros(u.shape)
+    u_bar[:, 0, :] = u_bar_blocks
+    return u_bar, {
+        "head.W": head_W_bar,
+        "head.b": head_b_bar,
+    }
+
+
+
+def _embedding_function(image, p, patch_size):
+    """The embedding, its parameters from ``p`` (the derived forward's)."""
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_cls = p["embed.cls"]
+    embed_pos = p["embed.pos"]
+
+    # --- embed: patch-embedding ---
+    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
+    embed_f_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
+    # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
+    embed_f = torch.einsum("bcpqrs,crsl->bpql", embed_f_windows, embed_W) + embed_b
+    # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
+    u0 = _tokens(embed_cls, embed_f) + embed_pos
+    return u0
+
+
+def _readout_function(u, p):
+    """The readout, its parameters from ``p`` (the derived forward's)."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u[:, 0, :]
+    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
+    return head_logits
+
+
+class _DerivedModel(torch.autograd.Function):
+    """The final hidden states; the backward is the derived adjoint (report §7).
+
+    The forward keeps what each step's adjoint reads (as autograd would); the backward runs
+    the costate through the final projection, the steps (last first) and the embedding.
+    """
+
+    @staticmethod
+    def forward(ctx, image, n_layers: int, patch_size: int, n_heads: int, eps: float, *params):
+        top, layers = _split(params, n_layers)
+        u = _embedding_function(image, top, patch_size)
+        kept = []
+        for p in layers:
+            u, saved = _step_vjp_forward(u, p, None, eps, n_heads)
+            kept.append(saved)
+        u, saved = _final_vjp_forward(u, top, None, eps, 1)
+        kept.append(saved)
+        ctx.save_for_backward(image, *params, *(tensor for saved in kept for tensor in saved))
+        ctx.config = (n_layers, patch_size, n_heads, eps, len(params), [len(saved) for saved in kept])
+        return u
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        n_layers, patch_size, n_heads, eps, count, sizes = ctx.config
+        image, *tensors = ctx.saved_tensors
+        params, tensors = tensors[:count], tensors[count:]
+        kept = []
+        for size in sizes:
+            kept.append(tensors[:size])
+            tensors = tensors[size:]
+        top, layers = _split(params, n_layers)
+        seed, grads = grad_out.contiguous(), {}
+        seed, final_grads = _final_vjp_backward(kept.pop(), seed, top, None, eps, 1)
+        grads.update(final_grads)
+        for n in reversed(range(n_layers)):
+            seed, step_grads = _step_vjp_backward(kept[n], seed, layers[n], None, eps, n_heads)
+            grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+        grad_image, embedding_grads = _embedding_vjp(image, seed, top, patch_size)
+        grads.update(embedding_grads)
+        names = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(n_layers) for name in LAYER_PARAMETERS)]
+        return (grad_image, None, None, None, None, *(grads[name] for name in names))
+
+
+class _DerivedReadout(torch.autograd.Function):
+    """The readout; the backward is its derived adjoint."""
+
+    @staticmethod
+    def forward(ctx, u, *params):
+        ctx.save_for_backward(u, *params)
+        return _readout_function(u, dict(zip(HEAD_PARAMETERS, params)))
+
+    @staticmethod
+    def backward(ctx, grad_logits):
+        u, *params = ctx.saved_tensors
+        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)))
+        return (grad_u, *(grads[name] for name in HEAD_PARAMETERS))
+
+
+def _split(params, n_layers: int):
+    """The flat parameters of ``_DerivedModel`` → (embedding and final projection, [per layer])."""
+    count, per_layer = len(PARAMETERS), len(LAYER_PARAMETERS)
+    top = dict(zip(PARAMETERS, params[:count]))
+    layers = [dict(zip(LAYER_PARAMETERS, params[count + n * per_layer:count + (n + 1) * per_layer]))
+              for n in range(n_layers)]
+    return top, layers
+
+
 class _Step(torch.nn.Module):
     """One step of pre-ln (gelu) on the token domain."""
 
@@ -292,9 +802,12 @@ class Model(torch.nn.Module):
     """The vit model; parameters carry their canonical names."""
 
     def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0,
-                 eps=1e-12, device=None, dtype=None):
+                 eps=1e-12, device=None, dtype=None, backward="autograd"):
         super().__init__()
         height, width = image_size
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
+        self.backward_mode = backward
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if patch_size < 1 or height < patch_size or width < patch_size:
@@ -379,6 +892,10 @@ class Model(torch.nn.Module):
         dtype = self.embed.W.dtype
         if pixel_values.dtype != dtype:
             raise ValueError(f"pixel_values has dtype {pixel_values.dtype}, the model's parameters {dtype}")
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
+            params = [self.get_parameter(name) for name in PARAMETERS]
+            params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]
+            return _DerivedModel.apply(pixel_values, len(self.layers), self.patch_size, self.n_heads, self.eps, *params)
         u = self._embedding(pixel_values)
         for step in self.layers:
             u = step(u, self.n_heads, self.eps)
@@ -390,6 +907,8 @@ class Model(torch.nn.Module):
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
         u = self(pixel_values)
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
+            return _DerivedReadout.apply(u, *(self.get_parameter(name) for name in HEAD_PARAMETERS))
         head_W = self.head.W
         head_b = self.head.b
 

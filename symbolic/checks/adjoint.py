@@ -59,7 +59,9 @@ def _random(seed: str):
 
 
 def _grouped(program: Program) -> bool:
-    return any(index.upper == KV_HEADS.size - 1 for tensor in program.tensors.values() for index in tensor.indices)
+    """Whether ``program`` reads keys and values on a coarser head grid (grouped-query attention)."""
+    return any(isinstance(index, sp.Idx) and index.upper == KV_HEADS.size - 1
+               for tensor in program.tensors.values() for index in tensor.indices)
 
 
 def _sizes_text(program: Program) -> str:
@@ -70,14 +72,21 @@ def _sizes_text(program: Program) -> str:
     return ", ".join(["3 tokens", heads, "d_ff = 3", *extra, "causal support", "ε = 1e-3"])
 
 
-def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint") -> sp.Float:
-    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate."""
-    return finite_difference_gaps([adjoint], seed)[0]
+def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None,
+                          positive: frozenset[str] = frozenset()) -> sp.Float:
+    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate.
+
+    ``sizes`` adds to (or overrides) the tiny default sizes; the arrays named in ``positive``
+    (a variance) take values in (1, 3) instead of (−1, 1).
+    """
+    return finite_difference_gaps([adjoint], seed, sizes, positive)[0]
 
 
-def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint") -> list[sp.Float]:
+def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes: dict | None = None,
+                           positive: frozenset[str] = frozenset()) -> list[sp.Float]:
     """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once)."""
     program = adjoints[0].forward
+    sizes = {**(_GROUPED_SIZES if _grouped(program) else _SIZES), **(sizes or {})}
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
     controls = [name for name, tensor in program.tensors.items() if tensor.role in DIFFERENTIABLE_ROLES]
     data = {
@@ -85,27 +94,38 @@ def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint") -> li
         MEMORY_SUPPORT: lambda i, t: 1 if t == 0 or i > 0 else 0,  # the first query's memory padded but one token
         POSITIONS: lambda i: sp.Float(3 * i + 1, _DIGITS),
     }
-    sizes = _GROUPED_SIZES if _grouped(program) else _SIZES
+
+    def inside(name: str, index: tuple) -> bool:
+        """Whether ``index`` is a node of array ``name`` (outside: a convolution's zero padding)."""
+        axes = program.tensors[name].indices
+        return len(axes) != len(index) or all(
+            0 <= value <= int(sp.sympify(axis.upper).xreplace(sizes)) for axis, value in zip(axes, index))
+
+    def entry(name: str, index: tuple, shift) -> sp.Expr:
+        if not inside(name, index):
+            return sp.Integer(0)
+        return point(name, *index) + 2 * (name in positive) + shift * direction(name, *index)
 
     def inputs(shift):
-        table = {name: (lambda *index, name=name: point(name, *index) + shift * direction(name, *index))
-                 for name in controls}
+        table = {name: (lambda *index, name=name: entry(name, index, shift)) for name in controls}
         return table | data
+
+    def lam(*index) -> sp.Expr:
+        return costate(*index) if inside(program.output, index) else sp.Integer(0)
 
     eps = sp.Float("1e-3", _DIGITS)
 
     def objective(shift):
         values = evaluate(program, sizes, inputs(shift), eps=eps)[program.output]
-        return sum(costate(*index) * value for index, value in values.items())
+        return sum(lam(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
 
     def gap(adjoint: Adjoint) -> sp.Float:
-        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lambda *index: costate(*index)},
-                          eps=eps)
+        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lam}, eps=eps)
         derived = sum(direction(name, *index) * value
                       for name, gradient in adjoint.gradients.items()
-                      for index, value in values[gradient].items())
+                      for index, value in values[gradient].items() if inside(name, index))
         return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
 
     return [gap(adjoint) for adjoint in adjoints]

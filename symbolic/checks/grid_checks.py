@@ -61,4 +61,6 @@ def batch_norm_check(name: str, stages) -> Check:
 
 def grid_checks(model: GridModelProgram) -> list[Check]:
     """The checks of a convolutional step."""
-    return [_equivariance(model), batch_norm_check(model.spec.name, model.stages())]
+    from .model_adjoint import grid_adjoint_checks
+
+    return [_equivariance(model), batch_norm_check(model.spec.name, model.stages()), *grid_adjoint_checks(model)]

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench bench-backward train-demo latex-check clean
+.PHONY: demo test generate bench bench-backward train-demo latex-check mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ latex-check: $(STAMP)
 	mkdir -p .cache/katex && cd .cache/katex && npm install --silent --no-save katex@0.16
 	SPLITFORMER_KATEX=$(CURDIR)/.cache/katex $(BIN)/python -m pytest tests/test_cli_usage.py tests/test_api.py \
 		-k "latex or render or repr"
+
+# A sample of mutants of symbolic/ and codegen/ against `check` plus the fast tests (not part of `make test`).
+MUTANTS ?= 40
+mutation: $(STAMP)
+	$(BIN)/python -m splitformer.codegen.verification.mutation --sample $(MUTANTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

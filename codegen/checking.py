@@ -1,7 +1,8 @@
 """``splitformer check``: run every check that applies and format the results.
 
 General checks (projections, the subdifferential sign, activations) run once; per scheme:
-exact recovery (when a published reference exists), the splitting order by non-commutative
+the derived and emitted program against the independent evaluator (``verification``),
+exact recovery (when the scheme is a built-in with a published reference), the splitting order by non-commutative
 series against the orders the scheme file claims, and the numeric convergence study.
 """
 
@@ -13,19 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitformer.symbolic.checks import Check
+from splitformer.symbolic.checks import SKIPPED, Check
 from splitformer.symbolic.checks.activations import activation_checks
 from splitformer.symbolic.checks.llm import llm_checks
 from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
-from splitformer.symbolic.checks.order import OrderResult, splitting_order
+from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
-from splitformer.symbolic.checks.recovery import recovery_checks
+from splitformer.symbolic.checks.recovery import is_builtin, recovery_checks
 from splitformer.symbolic.checks.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .convergence import Study, convergence_study, plot_studies, plot_study
+from .verification.convergence import Study, convergence_study, plot_studies, plot_study
+from .verification.paper import paper_checks
+from .verification.scheme_checks import scheme_checks as semantics_checks
+from .verification.structure import attention_checks
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 
@@ -60,25 +64,31 @@ class CheckReport:
     def as_text(self) -> str:
         lines = []
         for check in self.checks:
-            status = "ok  " if check.holds else "FAIL"
+            status = "skip" if check.method == SKIPPED else "ok  " if check.holds else "FAIL"
             lines.append(f"{status}  {check.id}  [{check.method}]")
             lines.extend(textwrap.wrap(check.statement, 96, initial_indent="      ", subsequent_indent="      "))
             lines.extend(textwrap.wrap("→ " + check.detail, 96, initial_indent="      ", subsequent_indent="        "))
         if self.orders:
             lines.append("")
-            lines.append(f"{'scheme':20} {'order':>5} {'splitting':>9}  leading local error (own solvers)")
+            lines.append(f"{'scheme':20} {'order':>5} {'splitting':>9} {'tied':>4}  leading local error (own solvers)")
             for name, order in self.orders.items():
-                lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9}  "
-                             f"{self.leading_text[name]}")
+                lines.append(f"{name:20} {_shown(order['order']):>5} {_shown(order['splitting_order']):>9} "
+                             f"{_shown(order['tied_splitting_order']):>4}  {self.leading_text[name]}")
+            lines.append("generators: one per operator instance; tied: the instances of one kind merged "
+                         "(shared parameters).")
+            lines.extend(textwrap.wrap("Orders: " + PROJECTIONS + ".", 96))
         failed = sum(not check.holds for check in self.checks)
+        skipped = sum(check.method == SKIPPED for check in self.checks)
         lines.append("")
-        lines.append(f"{len(self.checks) - failed} passed, {failed} failed")
+        lines.append(f"{len(self.checks) - failed - skipped} passed, {failed} failed"
+                     + (f", {skipped} skipped" if skipped else ""))
         return "\n".join(lines)
 
     def as_markdown(self) -> str:
         lines = ["| | check | method | statement | detail |", "| --- | --- | --- | --- | --- |"]
         for check in self.checks:
-            cells = [("✅" if check.holds else "❌"), f"`{check.id}`", check.method, check.statement, check.detail]
+            mark = "⏭" if check.method == SKIPPED else "✅" if check.holds else "❌"
+            cells = [mark, f"`{check.id}`", check.method, check.statement, check.detail]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         if self.orders:
             lines += ["", "| scheme | order | splitting order | leading local error |", "| --- | --- | --- | --- |"]
@@ -107,8 +117,9 @@ def order_check(scheme: Scheme, result: OrderResult) -> Check | None:
     claimed = ", ".join(f"{key} {value}" for key, value in scheme.claims.items())
     return Check(
         f"order/{scheme.name}", scheme.name,
-        f"One step of {scheme.name} has {claimed} (local error O(h^(p+1)) against e^(h(A+B))), with attention "
-        "and feed-forward as non-commuting linear generators A, B and the projections held out.",
+        f"One step of {scheme.name} has {claimed} (local error O(h^(p+1)) against the exact flow), with each "
+        f"operator instance its own non-commuting linear generator ({', '.join(result.generators)}); "
+        + PROJECTIONS + ".",
         "symbolic", not wrong,
         (f"series: order {result.order}, splitting order "
          f"{'— (not a splitting)' if result.splitting_order is None else result.splitting_order}; "
@@ -134,11 +145,17 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     """The checks of one scheme, added to ``report``."""
     report = report or CheckReport()
     program = program or derive(scheme)
+    report.add(*semantics_checks(scheme, program))
     report.add(*recovery_checks(scheme, program))
+    if scheme.name == "paper-lie" and is_builtin(scheme):
+        report.add(*paper_checks(scheme))
     report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
+        "exact_subflows_error": result.exact_subflows_error,
+        "tied_splitting_order": result.tied_splitting_order,
+        "generators": result.generators, "projections": PROJECTIONS,
     }
     report.leading_text[scheme.name] = result.leading_error_text
     claim = order_check(scheme, result)
@@ -160,6 +177,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     report.add(*projection_checks())
     report.add(sign_check())
     report.add(*activation_checks())
+    report.add(*attention_checks())
     report.add(*llm_checks())
     report.add(*general_adjoint_checks())
     for scheme in schemes:

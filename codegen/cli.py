@@ -265,11 +265,10 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
             raise SplitformerError(f"--plots {plots}: {getattr(error, 'strerror', None) or error}") from None
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
-        from .output import check_target
+        from .output import check_replaceable
 
-        for scheme in schemes:
-            check_target(plots / f"{scheme.module_name}_convergence.png")
-        check_target(plots / "convergence.png")
+        for target in [plots / f"{scheme.module_name}_convergence.png" for scheme in schemes] + [plots / "convergence.png"]:
+            check_replaceable(target, hint="remove it or choose another --plots folder")
         _require_matplotlib("--plots")
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     for name in names:
@@ -290,10 +289,12 @@ def _progress_printer():
     """One line per check on stderr as it completes, with the time since the start."""
     import time
 
+    from splitformer.symbolic.checks import SKIPPED
+
     start = time.monotonic()
 
     def show(check) -> None:
-        status = "ok  " if check.holds else "FAIL"
+        status = "skip" if check.method == SKIPPED else "ok  " if check.holds else "FAIL"
         print(f"[{time.monotonic() - start:6.1f} s] {status}  {check.id}", file=sys.stderr, flush=True)
 
     return show
@@ -316,9 +317,9 @@ def _compare(arguments: argparse.Namespace) -> str:
 
     sizes = _sizes(arguments.sizes)
     if arguments.plot is not None:
-        from .output import check_target
+        from .output import check_replaceable
 
-        check_target(Path(arguments.plot))
+        check_replaceable(Path(arguments.plot), hint="remove it or choose another --plot file")
         _require_matplotlib("--plot")
     table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
     if arguments.plot is not None:

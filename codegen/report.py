@@ -12,8 +12,8 @@ from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
 from splitformer.symbolic.checks.order import splitting_order
+from splitformer.symbolic.checks.recovery import has_published_reference
 from splitformer.symbolic.operators import OPERATOR_KINDS
-from splitformer.symbolic.references import REFERENCES
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
@@ -81,7 +81,8 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
             for part in ("constraints", "minimizer")]
     if kinds & _ACTIVATED:
         ids += (["relu/kkt"] if scheme.activation == "relu" else []) + [f"activation/{scheme.activation}"]
-    if scheme.name in REFERENCES:
+    ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted", f"structure/{scheme.name}/stack"]
+    if has_published_reference(scheme):
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
     ids += [f"adjoint/{kind}-jacobian" for kind in ("layer-norm", "rms-norm") if kind in kinds]
     ids += ["adjoint/relu-subgradient"] if "feed-forward" in kinds and scheme.activation == "relu" else []

@@ -336,5 +336,5 @@ for _builtin in (Attention, FeedForward, LayerNorm):
     register_operator(_builtin)
 
 # Built-in kinds defined through the public API, each in its own module, registered on import.
-from . import gated_feed_forward, rms_norm  # noqa: E402,F401
+from . import gated_feed_forward, paper_operators, rms_norm  # noqa: E402,F401
 from . import cross_attention, rotary_attention  # noqa: E402,F401

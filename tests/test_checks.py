@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import sympy as sp
 
-from splitformer.codegen.checking import run_checks
+from splitformer.codegen.checking import order_check, run_checks
 from splitformer.codegen.cli import main
 from splitformer.codegen.report import check_ids
 from splitformer.symbolic import derive, load_scheme, parse_scheme
@@ -35,7 +35,9 @@ def test_every_check_holds_for_the_builtins(report):
     ids = {check.id for check in report.checks}
     assert {"theorem-3.1/closed-form", "relu/kkt", "layer-norm/eps-ghost", "layer-norm/scale-invariance",
             "subdifferential/sign", "activation/gelu", "recovery/rk2/numeric", "order/macaron",
-            "convergence/symmetric-parallel"} <= ids
+            "convergence/symmetric-parallel", "semantics/macaron/derived", "semantics/rk2/emitted",
+            "structure/attention/permutation", "structure/attention/heads", "structure/attention/causal",
+            "structure/attention/padding", "structure/post-ln/stack", "paper-lie/post-ln-exact"} <= ids
 
 
 def test_text_report_has_no_latex(report):
@@ -50,17 +52,28 @@ def test_reports_name_only_checks_that_exist(report):
 
 def test_orders_are_the_true_ones(report):
     """docs/model.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
-    expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 2), "parallel": (1, 1),
+    expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "parallel": (1, 1),
                 "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "gpt2": (1, 1), "llama": (1, 1),
-                "decoder": (1, 1), "decoder-pre-ln": (1, 1)}
+                "decoder": (1, 1), "decoder-pre-ln": (1, 1), "paper-lie": (1, 1)}
     assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
+    # Macaron's F_pre ≠ F_post: ½h²[F_post − F_pre, A] survives; tied, the splitting order is 2 (docs/model.md §9)
+    assert report.orders["macaron"]["tied_splitting_order"] == 2
+
+
+def test_distinct_operators_of_one_kind_are_distinct_generators():
+    lie = ('name = "two-ffn"\nsummary = "s"\norder = 1\nsplitting_order = 1\n[operators]\nf = "feed-forward"\n'
+           'g = "feed-forward"\n[[steps]]\noperator = "f"\nsolver = "explicit"\n[[steps]]\noperator = "g"\nsolver = "explicit"\n')
+    result = splitting_order(parse_scheme(lie))
+    assert (result.order, result.splitting_order) == (1, 1)  # not exact: [g, f] ≠ 0
+    assert result.tied_splitting_order is None  # merged into one generator, the split is exact
+    assert order_check(parse_scheme(lie), result).holds
 
 
 def test_lie_splitting_leading_terms():
     scheme = parse_scheme('name = "lie"\nsummary = "s"\n[operators]\na = "attention"\nf = "feed-forward"\n'
                           '[[steps]]\noperator = "a"\nsolver = "explicit"\n[[steps]]\noperator = "f"\nsolver = "explicit"\n')
     result = splitting_order(scheme)
-    A, B, h = sp.Symbol("A", commutative=False), sp.Symbol("B", commutative=False), sp.Symbol("h", positive=True)
+    A, B, h = sp.Symbol("a", commutative=False), sp.Symbol("f", commutative=False), sp.Symbol("h", positive=True)
     # exact sub-flows: e^{hB} e^{hA} − e^{h(A+B)} = h²/2 (BA − AB) + O(h³)
     assert sp.expand(result.exact_subflows_leading - h**2 / 2 * (B * A - A * B)) == 0
     # Euler sub-steps: (1 + hB)(1 + hA) − e^{h(A+B)} = h² (BA − (A + B)²/2) + O(h³)
@@ -75,8 +88,12 @@ def test_json_has_the_fixed_shape(capsys):
     for check in document["checks"]:
         assert set(check) == {"id", "scheme", "statement", "method", "holds", "detail"}
         assert check["method"] in ("symbolic", "numeric") and isinstance(check["holds"], bool)
-    assert document["orders"] == {"pre-ln": {"order": 1, "splitting_order": 1, "leading_error": document["orders"]["pre-ln"]["leading_error"]}}
-    assert "h^{2}" in document["orders"]["pre-ln"]["leading_error"]
+    orders = document["orders"]["pre-ln"]
+    assert set(document["orders"]) == {"pre-ln"} and (orders["order"], orders["splitting_order"]) == (1, 1)
+    assert {"leading_error", "exact_subflows_error", "tied_splitting_order", "generators", "projections"} <= set(orders)
+    assert orders["generators"] == {"attn": "attention attn on Proj(norm1)", "ffn": "feed-forward ffn on Proj(norm2)"}
+    assert "projection substeps are excluded" in orders["projections"]
+    assert "h^{2}" in orders["leading_error"]
 
 
 def test_plots_are_written(tmp_path, capsys):
@@ -84,6 +101,17 @@ def test_plots_are_written(tmp_path, capsys):
     assert "| ✅ | `recovery/post-ln/symbolic`" in capsys.readouterr().out
     assert (tmp_path / "post_ln_convergence.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"  # every scheme overlaid
+    assert main(["check", "post-ln", "--plots", str(tmp_path)]) == 0  # its own plots are replaced
+    assert not [path for path in tmp_path.iterdir() if path.suffix != ".png"]  # no staging leftovers
+
+
+def test_plots_never_replace_an_image_splitformer_did_not_make(tmp_path, capsys):
+    theirs = tmp_path / "convergence.png"
+    theirs.write_bytes(b"\x89PNG their own figure")
+    assert main(["check", "post-ln", "--plots", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {theirs} exists and was not written by splitformer; remove it or choose another --plots folder\n"
+    assert theirs.read_bytes() == b"\x89PNG their own figure" and not (tmp_path / "post_ln_convergence.png").exists()
 
 
 # -- negative controls --------------------------------------------------------------------

@@ -17,7 +17,7 @@ def test_rows_hold_orders_costs_and_parameters(table):
     assert (rows["post-ln"].order, rows["post-ln"].splitting_order, rows["post-ln"].evaluations) == (1, 1, 4)
     assert rows["parallel"].evaluations == 3  # one LayerNorm shared by both fields
     assert (rows["rk2"].order, rows["rk2"].splitting_order, rows["rk2"].evaluations) == (2, None, 8)
-    assert rows["rk2"].leading_error_text == "-(h*(A + B))**3/6"
+    assert rows["rk2"].leading_error_text == "-(h*(attn + ffn))**3/6"  # one generator per operator instance
 
 
 def test_parameter_count_matches_torch():

@@ -64,7 +64,8 @@ def test_user_tableau_in_a_scheme_file_derives_and_reports_order_3():
     report = scheme_checks(scheme)
     assert report.orders["ssprk3"]["order"] == 3
     assert all(check.holds for check in report.checks), [c.detail for c in report.checks if not c.holds]
-    assert {check.id for check in report.checks} == {"order/ssprk3", "convergence/ssprk3",
+    assert {check.id for check in report.checks} == {"order/ssprk3", "convergence/ssprk3", "semantics/ssprk3/derived",
+                                                     "semantics/ssprk3/emitted", "structure/ssprk3/stack",
                                                      "adjoint/ssprk3/finite-difference",
                                                      "adjoint/ssprk3/negative-control"}
 

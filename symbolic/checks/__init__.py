@@ -1,7 +1,8 @@
 """Proof checks: each claim linking the continuous equation to a discrete layer, checkable.
 
 Every check returns ``Check`` records; a record states its claim and hypotheses in words,
-says how it was checked (``symbolic`` or ``numeric``), whether it holds, and why.
+says how it was checked (``symbolic`` or ``numeric``), whether it holds, and why. A check
+that could not be run has the method ``SKIPPED`` (it counts as holding) and says why.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from dataclasses import asdict, dataclass
 
 from ..latex import plain_text as plain
 
-__all__ = ["Check", "plain"]
+__all__ = ["Check", "plain", "SKIPPED"]
+
+#: The ``method`` of a check that was not run; its ``detail`` says why.
+SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -26,4 +30,5 @@ class Check:
         return asdict(self)
 
     def _repr_markdown_(self) -> str:
-        return f"{'✅' if self.holds else '❌'} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}"
+        mark = "⏭" if self.method == SKIPPED else "✅" if self.holds else "❌"
+        return f"{mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}"

@@ -1,15 +1,18 @@
 """Local splitting error by non-commutative series (docs/model.md §9).
 
-The vector fields are replaced by linear generators — every attention operator by ``A``,
-every feed-forward operator by ``B`` (Macaron's two feed-forward operators are one field
-split in halves) — and one step of the scheme becomes a polynomial in the step ``h`` with
-non-commuting coefficients. Projection substeps (and the projections inside ``on``) are
-held out: they act as the identity here. Comparing with the exact flow ``e^{h(A+B)}``
-gives the local error ``O(h^{p+1})`` and so the order ``p``: ``order`` with the scheme's
-own substep solvers (explicit Euler, Runge–Kutta tableaux), ``splitting_order`` with exact
-sub-flows. A Runge–Kutta step acts on linear fields through its stability polynomial, which
-sees only part of the order conditions: its order is capped by the tableau's classical
-order (Butcher's conditions on rooted trees, ``tableaux.Tableau.order``).
+Every operator *instance* is its own non-commuting linear generator, named by its key in
+the scheme (``ffn_pre`` and ``ffn_post`` of Macaron are two generators, docs/model.md §9); an
+operator used twice is one instance (tied parameters: the same key). A field applied to a
+projected state (``on``) is the generator of ``u ↦ A(Proj(u))``, projection included.
+Projection *substeps* are excluded, for a stated reason (``PROJECTIONS``): they act as the
+identity here. One step becomes a polynomial in ``h``; comparing with the exact flow
+``e^{h Σ c_k A_k}`` gives the local error ``O(h^{p+1})`` and the order ``p``: ``order``
+with the scheme's own substep solvers (explicit Euler, Runge–Kutta tableaux),
+``splitting_order`` with exact sub-flows, and ``tied_splitting_order`` with the instances
+of one kind merged (what the order would be if they shared their parameters). A
+Runge–Kutta step acts on linear fields through its stability polynomial, which sees only
+part of the order conditions: its order is capped by the tableau's classical order
+(Butcher's conditions on rooted trees, ``tableaux.Tableau.order``).
 """
 
 from __future__ import annotations
@@ -21,26 +24,22 @@ import sympy as sp
 from ..latex import plain_text
 from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["OrderResult", "splitting_order", "generator", "GENERATORS", "STEP"]
+__all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
 
 STEP = sp.Symbol("h", positive=True)
-#: Non-commuting generators of the attention and feed-forward fields (gated or not); any other
-#: vector-field kind is a generator of its own, named after the kind.
-GENERATORS = {"attention": sp.Symbol("A", commutative=False), "feed-forward": sp.Symbol("B", commutative=False),
-              "gated-feed-forward": sp.Symbol("B", commutative=False),
-              "rotary-attention": sp.Symbol("A", commutative=False), "cross-attention": sp.Symbol("C", commutative=False)}
+#: Why projection substeps are not in the series, and so which flow the orders refer to.
+PROJECTIONS = ("projection substeps are excluded: Proj_S is the implicit step of the normal cone ∂I_S for "
+               "every Δt > 0 (the cone absorbs Δt), so it is not O(h)-close to the identity and has no series "
+               "in h; the orders are those of the flow of the vector fields (fields on a projected state, "
+               "'on', included as their own generators) with the projection substeps replaced by the identity")
+
+
+def generator(name: str) -> sp.Symbol:
+    """The non-commuting generator of the operator instance (or, tied, the kind) ``name``."""
+    return sp.Symbol(name.replace("-", "_"), commutative=False)
+
+
 _DEGREE = 5  # expansions are kept to h^5: enough to tell orders 1 to 4 apart
-
-
-def generator(kind: str) -> sp.Expr:
-    """The linear generator standing for the vector fields of ``kind`` (0 for a projection)."""
-    from ..operators import OPERATOR_KINDS
-
-    if kind in GENERATORS:
-        return GENERATORS[kind]
-    if kind in OPERATOR_KINDS and OPERATOR_KINDS[kind].is_projection:
-        return sp.Integer(0)
-    return sp.Symbol(kind.replace("-", "_").upper(), commutative=False)
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,8 @@ class OrderResult:
     leading_error_text: str
     leading: sp.Expr
     exact_subflows_leading: sp.Expr
+    generators: dict[str, str] | None = None
+    tied_splitting_order: int | None = None
 
     def __str__(self) -> str:
         if self.order is None:
@@ -87,14 +88,14 @@ def _exponential(generator: sp.Expr) -> sp.Expr:
 class _Series:
     """One step of a scheme as a truncated series; ``exact`` swaps Euler for exact sub-flows."""
 
-    def __init__(self, scheme: Scheme, exact: bool):
-        self.kinds = dict(scheme.operators)
+    def __init__(self, scheme: Scheme, exact: bool, names: dict[str, str]):
+        self.names = names
         self.exact = exact
         self.splitting = True
         self.tableau_orders: list[int] = []
 
     def field(self, step: Substep) -> sp.Expr:
-        return generator(self.kinds[step.operator])
+        return generator(self.names[step.operator])
 
     def substep(self, step: Substep) -> sp.Expr:
         if step.solver == "projection":
@@ -120,11 +121,10 @@ class _Series:
         return self.substep(step)
 
 
-def _flow(scheme: Scheme) -> sp.Expr:
+def _flow(scheme: Scheme, names: dict[str, str]) -> sp.Expr:
     from ..equation import equation_terms
 
-    kinds = dict(scheme.operators)
-    field = sum((term.coefficient * generator(kinds[term.operator])
+    field = sum((term.coefficient * generator(names[term.operator])
                  for term in equation_terms(scheme) if not term.projection), sp.Integer(0))
     return _exponential(STEP * field)
 
@@ -154,22 +154,32 @@ def _as_power(leading: sp.Expr, flow: sp.Expr) -> sp.Expr:
     return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field, evaluate=False), power, evaluate=False), evaluate=False)
 
 
-def splitting_order(scheme: Scheme) -> OrderResult:
-    """Orders and leading local-error terms of one step of ``scheme``."""
-    exact = _flow(scheme)
-    own = _Series(scheme, exact=False)
+def _orders(scheme: Scheme, names: dict[str, str]):
+    exact = _flow(scheme, names)
+    own = _Series(scheme, False, names)
     order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
     if own.tableau_orders and order is not None:  # linear fields see only part of the nonlinear order conditions
         order = min([order, *own.tableau_orders])
-    split = _Series(scheme, exact=True)
-    split_order, split_leading = _order(_truncate(split.sequence(scheme.body) - exact))
+    split_order, split_leading = _order(_truncate(_Series(scheme, True, names).sequence(scheme.body) - exact))
+    return order, leading, (split_order if own.splitting else None), split_leading, exact
+
+
+def splitting_order(scheme: Scheme) -> OrderResult:
+    """Orders and leading local-error terms of one step of ``scheme``."""
+    order, leading, split_order, split_leading, exact = _orders(scheme, {key: key for key in scheme.operators})
+    by_kind = dict(scheme.operators)
+    tied = _orders(scheme, by_kind)[2] if len(set(by_kind.values())) < len(by_kind) else split_order
+    fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
     shown = _as_power(leading, exact)
     return OrderResult(
         order=order,
-        splitting_order=split_order if own.splitting else None,
+        splitting_order=split_order,
         leading_error=sp.latex(shown),
         exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
         leading_error_text=plain_text(shown),
         leading=leading,
         exact_subflows_leading=split_leading,
+        generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")
+                    for key, on in fields.items()},
+        tied_splitting_order=tied,
     )

@@ -24,7 +24,7 @@ from ..references import REFERENCES, reference_block
 from ..scheme import Scheme
 from . import Check
 
-__all__ = ["recovery_checks"]
+__all__ = ["recovery_checks", "has_published_reference", "is_builtin"]
 
 _DIGITS = 50
 
@@ -135,9 +135,29 @@ def _sizes(n, d, heads, hidden, kv_heads=1, theta=10000, memory=2):
             KV_FEATURES.size: kv_heads * head_width, MEMORY.size: memory, ROPE_THETA: theta}
 
 
+def is_builtin(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
+
+    A user file may carry a built-in's name (``name = "macaron"``) with other operators or
+    steps; checks that hold only for the built-in are not run on it.
+    """
+    from ..builtins import builtin_names, builtin_text
+    from ..scheme_file import parse_scheme
+
+    if scheme.name not in builtin_names():
+        return False
+    builtin = parse_scheme(builtin_text(scheme.name))
+    return builtin.operators == scheme.operators and builtin.body == scheme.body
+
+
+def has_published_reference(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is a built-in whose published formula ``references`` holds."""
+    return scheme.name in REFERENCES and is_builtin(scheme)
+
+
 def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
     """Symbolic and numeric agreement of ``program`` with the published block of ``scheme``."""
-    if scheme.name not in REFERENCES:
+    if not has_published_reference(scheme):
         return []
     statement = (f"One step of the derived {scheme.name} program ({scheme.activation}) equals the published "
                  f"{scheme.name} block, with every parameter (biases and gains included) free")

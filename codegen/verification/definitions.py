@@ -1,0 +1,177 @@
+"""Operator kinds the evaluator has no semantics for: their continuous definitions, by quadrature.
+
+A user-registered kind is specified by its continuous SymPy definitions (``Operator.definitions``);
+that is its meaning, so the evaluator trusts them. What it does *not* share with the
+derivation is the path from there to numbers: each definition is evaluated point by point
+on the grid, ``∫_Ω f dξ`` as ``Δ Σ_k f(ξ_k)`` with the spacings explicit, ``|Ω|`` as
+``N Δ``, stored kernels divided by the spacings they absorb, and every other node by the
+arithmetic's own functions. The checks report such kinds as "evaluated from their
+continuous definitions".
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import sympy as sp
+from sympy.core.function import AppliedUndef
+
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.operators import EPSILON, STATE, SUPPORT
+
+__all__ = ["evaluate_definitions", "unsupported"]
+
+#: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
+#: a memory) and inputs other than the state need semantics it does not have.
+_DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max)
+
+
+class _Point:
+    """Evaluates continuous expressions at one assignment of grid indices to variables."""
+
+    def __init__(self, sem, operator, u, tables):
+        self.sem, self.operator, self.u, self.tables = sem, operator, u, tables
+        self.parameters = {parameter.function: parameter for parameter in operator.parameters()}
+        sizes = sem.sizes
+        self.counts = {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads,
+                       HEAD_FEATURES: sizes.head_features, HIDDEN: sizes.hidden}
+        self.spacings = {domain: sem.number(1) for domain in self.counts}
+        self.spacings[TOKENS] = sem.spacing()
+
+    def value(self, expr, env):
+        if isinstance(expr, sp.Integral):
+            return self.integral(expr.function, list(expr.limits), env)
+        if isinstance(expr, AppliedUndef):
+            return self.sample(expr, env)
+        if isinstance(expr, sp.Symbol):
+            return self.symbol(expr)
+        if expr.is_Rational:
+            return self.sem.number(Fraction(int(expr.p), int(expr.q)))
+        if expr is sp.pi:
+            return self.sem.arithmetic.pi()
+        arguments = [self.value(argument, env) for argument in expr.args]
+        return self.function(expr, arguments)
+
+    def integral(self, body, limits, env):
+        """``∫ … dξ`` over the outermost of ``limits`` (the last) → ``Δ Σ_k``, inner ones recursively."""
+        symbol, lower, upper = limits[-1]
+        variable = VARIABLES[symbol]
+        if (lower, upper) != (0, variable.domain.measure):
+            raise SplitformerError(f"{self.operator.key}: integral over {limits[-1]} is not over a whole domain")
+        total = self.sem.number(0)
+        for index in range(self.counts[variable.domain]):
+            inner = {**env, symbol: index}
+            total = total + (self.integral(body, limits[:-1], inner) if len(limits) > 1 else self.value(body, inner))
+        return self.spacings[variable.domain] * total
+
+    def symbol(self, symbol):
+        if symbol == EPSILON:
+            return self.sem.epsilon(self.operator.key)
+        for domain, count in self.counts.items():
+            if symbol == domain.measure:
+                return count * self.spacings[domain]
+        raise SplitformerError(f"{self.operator.key}: cannot evaluate the free symbol {symbol} of its definitions")
+
+    def function(self, expr, arguments):
+        ar = self.sem.arithmetic
+        if isinstance(expr, sp.Add):
+            return sum(arguments[1:], arguments[0])
+        if isinstance(expr, sp.Mul):
+            product = arguments[0]
+            for argument in arguments[1:]:
+                product = product * argument
+            return product
+        if isinstance(expr, sp.Pow):
+            base, exponent = arguments
+            if expr.exp == sp.Rational(1, 2):
+                return ar.sqrt(base)
+            if expr.exp == -sp.Rational(1, 2):
+                return 1 / ar.sqrt(base)
+            return base ** int(expr.exp) if expr.exp.is_Integer else base ** exponent
+        simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh}
+        if expr.func in simple:
+            return simple[expr.func](arguments[0])
+        if isinstance(expr, sp.Max) and len(expr.args) == 2 and 0 in expr.args:  # max(v, 0)
+            return ar.relu(arguments[1 - expr.args.index(0)])
+        raise SplitformerError(f"{self.operator.key}: the evaluator has no rule for {expr.func.__name__} "
+                               "in its continuous definitions")
+
+    def sample(self, expr, env):
+        name = expr.func.__name__
+        index = tuple(env[argument] for argument in expr.args)
+        if name == STATE:
+            return self.u[index]
+        if name == SUPPORT:
+            return self.sem.support[index] if self.sem.support is not None else 1
+        if name in self.tables:
+            return self.tables[name][index]
+        parameter = self.parameters[name]
+        stored = _canonical(self.sem.parameter(self.operator.key, parameter.name), parameter, index,
+                            self.sem.sizes.head_features)
+        absorbed = self.sem.number(1)
+        for variable in parameter.absorbs:
+            absorbed = absorbed * self.spacings[variable.domain]
+        return stored / absorbed
+
+
+def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width: int):
+    """The entry of a canonical array for a point of the parameter's variables (``(h, e)`` → ``h·d_h + e``)."""
+    canonical, position = [], 0
+    variables = parameter.arguments
+    while position < len(variables):
+        if variables[position].domain is HEADS:
+            canonical.append(index[position] * head_width + index[position + 1])
+            position += 2
+        else:
+            canonical.append(index[position])
+            position += 1
+    return array[tuple(canonical)]
+
+
+def evaluate_definitions(sem, key: str, u: np.ndarray) -> np.ndarray:
+    """The operator ``key`` applied to ``u``, from its continuous definitions."""
+    operator = sem.operator(key)
+    tables: dict[str, np.ndarray] = {}
+    point = _Point(sem, operator, u, tables)
+    for definition in operator.definitions():
+        shape = tuple(point.counts[variable.domain] for variable in definition.arguments)
+        table = np.empty(shape, dtype=u.dtype)
+        symbols = [variable.symbol for variable in definition.arguments]
+        for index in itertools.product(*(range(count) for count in shape)):
+            table[index] = point.value(definition.rhs, dict(zip(symbols, index)))
+        tables[definition.function] = table
+    return tables[operator.definitions()[-1].function]
+
+
+def unsupported(operator) -> str | None:
+    """Why the evaluator cannot evaluate ``operator`` from its definitions, or ``None`` when it can.
+
+    It evaluates integrals over the token, feature, head and hidden grids of the state, the
+    support, the operator's parameters and its earlier stages, with the arithmetic's
+    functions; anything else (an input such as token positions or a memory, a free symbol
+    such as RoPE's θ, another domain) is named.
+    """
+    known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
+    inputs, symbols, domains, functions = set(), set(), set(), set()
+    for definition in operator.definitions():
+        variables = set(definition.arguments)
+        for integral in definition.rhs.atoms(sp.Integral):
+            variables |= {VARIABLES[limit[0]] for limit in integral.limits if limit[0] in VARIABLES}
+        domains |= {f"Ω_{variable.domain.name}" for variable in variables if variable.domain not in _DOMAINS}
+        for applied in definition.rhs.atoms(AppliedUndef):
+            if applied.func.__name__ not in known:
+                inputs.add(applied.func.__name__)
+        measures = {variable.domain.measure for variable in VARIABLES.values()}
+        symbols |= {str(symbol) for symbol in definition.rhs.free_symbols
+                    if symbol not in VARIABLES and symbol != EPSILON and symbol not in measures}
+        functions |= {type(node).__name__ for node in sp.preorder_traversal(definition.rhs)
+                      if isinstance(node, sp.Function) and not isinstance(node, AppliedUndef)
+                      and not isinstance(node, _FUNCTIONS)}
+        known.add(definition.function)
+    parts = [f"{label} {', '.join(sorted(names))}" for label, names in
+             (("inputs", inputs), ("free symbols", symbols), ("domains", domains), ("functions", functions)) if names]
+    return f"{operator.kind} reads " + "; ".join(parts) if parts else None

@@ -1,4 +1,4 @@
-"""Training step of the generated post-ln Block: derived backward against autograd.
+"""Training step of a generated Block (post-ln, llama, decoder): derived backward against autograd.
 
 Every figure comes from its own process (``--worker``): time = median of back-to-back
 training steps (forward, backward) after a warm-up; memory = the peak resident set growth of
@@ -6,7 +6,11 @@ one step (after a warm-up step on a tiny input), and the bytes of the tensors ke
 sees autograd's saved tensors and ``ctx.save_for_backward`` alike). The two backward modes
 alternate round by round. One thread per process (the machine is shared).
 
-    python bench/backward.py [--rounds 5] [--calls 10] [--size B,N,d,H,d_ff]
+    python bench/backward.py [--rounds 5] [--calls 10] [--size B,N,d,H,d_ff] [--scheme post-ln]
+
+``llama`` runs with ``n_kv_heads = H/2`` (grouped queries); ``decoder`` with a memory of ``N/2``
+tokens (its gradient is part of the step). The bytes kept by torch's own layer and by the
+NumPy ``vjp`` are measured for ``post-ln``.
 """
 
 from __future__ import annotations
@@ -25,40 +29,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _block(mode: str, size: tuple[int, ...]):
+SCHEMES = ("post-ln", "llama", "decoder")
+
+
+def _block(mode: str, size: tuple[int, ...], scheme: str = "post-ln"):
+    """The block and its inputs (the state; a decoder's memory), every one requiring its gradient."""
+    import importlib
+
     import torch
 
-    from generated.torch import post_ln
-
+    module = importlib.import_module(f"generated.torch.{scheme.replace('-', '_')}")
     batch, tokens, d, heads, d_ff = size
     torch.manual_seed(0)
-    block = post_ln.Block(d, heads, d_ff, backward=mode)
+    options = {"n_kv_heads": max(1, heads // 2)} if scheme == "llama" else {}
+    block = module.Block(d, heads, d_ff, backward=mode, **options)
     with torch.no_grad():
         for parameter in block.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)
-    u = torch.randn(batch, tokens, d, requires_grad=True)
-    return block, u
+    inputs = [torch.randn(batch, tokens, d, requires_grad=True)]
+    if scheme == "decoder":
+        inputs.append(torch.randn(batch, max(1, tokens // 2), d, requires_grad=True))
+    return block, inputs
 
 
-def _step(block, u):
-    out = block(u)
+def _step(block, inputs):
+    out = block(*inputs)
     out.backward(out.detach())  # J = ½‖out‖²
     block.zero_grad(set_to_none=True)
-    u.grad = None
+    for tensor in inputs:
+        tensor.grad = None
 
 
-def worker(mode: str, figure: str, size: tuple[int, ...], calls: int) -> dict:
+def worker(mode: str, figure: str, size: tuple[int, ...], calls: int, scheme: str = "post-ln") -> dict:
     import torch
 
     torch.set_num_threads(1)
-    block, u = _block(mode, size)
+    block, inputs = _block(mode, size, scheme)
     if figure == "time":
         for _ in range(2):
-            _step(block, u)
+            _step(block, inputs)
         times = []
         for _ in range(calls):
             start = time.perf_counter()
-            _step(block, u)
+            _step(block, inputs)
             times.append(time.perf_counter() - start)
         return {"seconds": statistics.median(times)}
     kept = {}
@@ -68,12 +81,12 @@ def worker(mode: str, figure: str, size: tuple[int, ...], calls: int) -> dict:
         kept[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    _step(*_block(mode, (1, 8, *size[2:])))  # one-time costs (kernels, pools) outside the figure
+    _step(*_block(mode, (1, 8, *size[2:]), scheme))  # one-time costs (kernels, pools) outside the figure
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _step(block, u)
+        _step(block, inputs)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()} | {u.untyped_storage().data_ptr()}
+    parameters = {p.untyped_storage().data_ptr() for p in [*block.parameters(), *inputs]}
     activations = sum(nbytes for pointer, nbytes in kept.items() if pointer not in parameters)
     return {"peak_kib": peak, "saved_bytes": activations}
 
@@ -111,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--size", default="8,128,256,4,1024")
+    parser.add_argument("--scheme", choices=SCHEMES, default="post-ln")
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "FIGURE"))
     arguments = parser.parse_args(argv)
     size = tuple(int(part) for part in arguments.size.split(","))
     if arguments.worker:
         result = kept_elsewhere(size) if arguments.worker[0] == "elsewhere" else worker(*arguments.worker, size,
-                                                                                          arguments.calls)
+                                                                                          arguments.calls,
+                                                                                          arguments.scheme)
         print(json.dumps(result))
         return 0
     results = {(mode, figure): [] for mode in ("autograd", "derived") for figure in ("time", "memory")}
@@ -126,13 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         for figure in ("time", "memory"):
             for mode in modes:
                 output = subprocess.run([sys.executable, __file__, "--worker", mode, figure, "--size", arguments.size,
-                                         "--calls", str(arguments.calls)], check=True, capture_output=True,
-                                        text=True, env=env).stdout
+                                         "--calls", str(arguments.calls), "--scheme", arguments.scheme], check=True,
+                                        capture_output=True, text=True, env=env).stdout
                 results[(mode, figure)].append(json.loads(output))
-    elsewhere = json.loads(subprocess.run([sys.executable, __file__, "--worker", "elsewhere", "kept", "--size",
-                                           arguments.size], check=True, capture_output=True, text=True,
-                                          env=env).stdout)
-    print(f"post-ln Block training step, float32, (B, N, d, H, d_ff) = {size}, 1 thread, "
+    print(f"{arguments.scheme} Block training step, float32, (B, N, d, H, d_ff) = {size}, 1 thread, "
           f"{arguments.rounds} rounds × {arguments.calls} calls")
     for mode in ("autograd", "derived"):
         times = sorted(1e3 * r["seconds"] for r in results[(mode, "time")])
@@ -141,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {mode:9} step {statistics.median(times):7.1f} ms (range {times[0]:.1f}–{times[-1]:.1f})  "
               f"peak RSS growth {statistics.median(peaks):6.1f} MiB (range {peaks[0]:.1f}–{peaks[-1]:.1f})  "
               f"kept for backward {saved:6.1f} MiB")
-    print(f"  kept for backward by torch.nn.TransformerEncoderLayer (autograd): {elsewhere['torch_layer'] / 2**20:.1f} MiB;"
-          f" by the NumPy vjp: {elsewhere['numpy_vjp'] / 2**20:.1f} MiB")
+    if arguments.scheme == "post-ln":
+        elsewhere = json.loads(subprocess.run([sys.executable, __file__, "--worker", "elsewhere", "kept", "--size",
+                                               arguments.size], check=True, capture_output=True, text=True,
+                                              env=env).stdout)
+        print(f"  kept for backward by torch.nn.TransformerEncoderLayer (autograd): "
+              f"{elsewhere['torch_layer'] / 2**20:.1f} MiB; by the NumPy vjp: {elsewhere['numpy_vjp'] / 2**20:.1f} MiB")
     return 0
 
 

@@ -6,7 +6,8 @@ output into the gradients. Both are lowered as one program and rewritten by the 
 (so a pass sees every reader: the fused attention and LayerNorm stay unfused when the
 adjoint reads their kernel or moments, and no buffer the adjoint needs is updated in place),
 then split where the adjoint begins. Arrays over two token axes (the attention scores and
-kernel) are recomputed in the adjoint from the kept ``Q``, ``K`` instead of being kept.
+kernel; the memory's tokens count for a decoder's cross-attention) are recomputed in the
+adjoint from the kept ``Q``, ``K`` instead of being kept.
 
 The gradient of a control sums over the batch as well as over the index sums of its
 assignment: it is lowered to an einsum whose output has no batch axis.
@@ -19,7 +20,9 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.adjoint import Adjoint
-from splitformer.symbolic.domains import TOKENS
+from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
+from splitformer.symbolic.domains import MEMORY, TOKENS
+from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
 from splitformer.symbolic.latex import equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
@@ -30,7 +33,9 @@ __all__ = ["Backward", "lower_adjoint", "backward_context", "ADJOINT_SECTION"]
 
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
-_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain is TOKENS}
+_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
+#: Inputs of the step other than the state, whose gradients the adjoint returns (kept by the forward).
+_INPUTS = {"memory": MEMORY_FIELD}
 
 
 @dataclass
@@ -41,7 +46,7 @@ class Backward:
     adjoint: Module
     saved: list[str]
     seed: str
-    #: canonical parameter name (or ``u``) → gradient array in the adjoint module
+    #: canonical parameter name (or ``u``, ``memory``) → gradient array in the adjoint module
     gradients: dict[str, str]
     #: the derived (index-notation) adjoint it was lowered from
     symbolic: Adjoint | None = None
@@ -170,16 +175,23 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     forward_ops = _refuse_attention(module, forward_ops, read, DEFAULT if passes is None else passes)
     saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
              if name in read]
-    saved = [name for name in ("u0",) if name in read] + saved
+    saved = [name for name in ("u0", *_INPUTS.values()) if name in read] + saved
     gradients = {}
     for name, bar in adjoint.gradients.items():
         tensor = program.tensors[name]
-        gradients["u" if tensor.role == "input" else tensor.parameter] = bar
+        gradients[{"input": "u", "memory": "memory"}.get(tensor.role, tensor.parameter)] = bar
     return Backward(
         forward=replace(module, ops=forward_ops, output=program.output),
         adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
         saved=saved, seed=adjoint.seed, gradients=gradients, symbolic=adjoint,
     )
+
+
+def _data(forward: dict, tensors: dict) -> list[str]:
+    """The step's data (masks, positions, sizes): arguments of both functions, not differentiated."""
+    present = {MEMORY_SUPPORT: MEMORY_SUPPORT in tensors, "n_kv_heads": forward["grouped"],
+               POSITIONS: forward["rotary"], str(ROPE_THETA): forward["rotary"]}
+    return [name for name, used in present.items() if used]
 
 
 def backward_context(backward: Backward, backend: str) -> dict:
@@ -188,7 +200,7 @@ def backward_context(backward: Backward, backend: str) -> dict:
 
     gradients = []
     for name, variable in backward.gradients.items():
-        if name == "u":
+        if name in ("u", *_INPUTS):
             continue
         info = backward.adjoint.tensors[variable]
         shape = tuple(domain.code_name for domain in info.shape)
@@ -196,12 +208,18 @@ def backward_context(backward: Backward, backend: str) -> dict:
         gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
     order = [info.parameter for info in backward.forward.tensors.values() if info.role == "param"]
     gradients.sort(key=lambda gradient: order.index(gradient["name"]))
+    tensors = backward.forward.tensors
+    forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
     return {
-        "forward": unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output}),
+        "forward": forward,
         "adjoint": unit_context(backward.adjoint, backend, keep=set(backward.gradients.values())),
         "saved": [name for name in backward.saved if name != "chi"],
         "seed": backward.seed,
         "output": backward.forward.output,
+        # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
+        "inputs": [name for name in _INPUTS.values() if name in tensors],
+        "input_gradients": [backward.gradients[key] for key, name in _INPUTS.items() if name in tensors],
+        "data": _data(forward, tensors),
         "gradient_u": backward.gradients["u"],
         "gradients": gradients,
     }

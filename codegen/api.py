@@ -80,8 +80,7 @@ class Derivation:
     @cached_property
     def report(self) -> str:
         """The derivation report (Markdown), as ``splitformer derive`` writes it."""
-        adjoint = self.backward[0]
-        return render_report(self.scheme, self.program, adjoint=adjoint.symbolic if adjoint else None)
+        return render_report(self.scheme, self.program, adjoint=self.backward[0].symbolic)
 
     @cached_property
     def lowered(self) -> tuple[Module, Module]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from splitformer.symbolic.checks import SKIPPED, Check
 from splitformer.symbolic.checks.activations import activation_checks
 from splitformer.symbolic.checks.llm import llm_checks
-from splitformer.symbolic.adjoint import has_adjoint
 from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.symbolic.checks.projections import projection_checks
@@ -150,8 +149,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report.add(*recovery_checks(scheme, program))
     if scheme.name == "paper-lie" and is_builtin(scheme):
         report.add(*paper_checks(scheme))
-    if has_adjoint(scheme):  # rotary and cross-attention have no derived adjoint yet
-        report.add(*adjoint_checks(scheme, program))
+    report.add(*adjoint_checks(scheme, program))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,

@@ -6,7 +6,7 @@ import sympy as sp
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
+from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_pieces
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
@@ -21,14 +21,13 @@ from .render import environment
 __all__ = ["render_model_report", "render_grid_report", "render_cvt_report", "model_check_ids"]
 
 
-def model_check_ids(name: str, grid: bool = False, adjoint: bool = False) -> list[str]:
-    """The ``splitformer check`` ids that back a model's report (``adjoint``: with its derived adjoint's)."""
+def model_check_ids(name: str, grid: bool = False) -> list[str]:
+    """The ``splitformer check`` ids that back a model's report, its derived adjoint's included."""
     if grid:
         return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine", f"adjoint/{name}/finite-difference",
                 f"adjoint/{name}/negative-control"]
     return [f"{name}/translation-equivariance", f"recovery/{name}/symbolic", f"recovery/{name}/numeric",
-            f"{name}/negative-controls", *(f"adjoint/{name}/{kind}" for kind in ("finite-difference", "negative-control")
-                                            if adjoint)]
+            f"{name}/negative-controls", f"adjoint/{name}/finite-difference", f"adjoint/{name}/negative-control"]
 
 
 def _positions(operator) -> list[str]:
@@ -38,7 +37,7 @@ def _positions(operator) -> list[str]:
 
 def render_model_report(model: ModelProgram) -> str:
     """The Markdown report of ``model``."""
-    adjoint = derive_model_adjoint(model) if has_adjoint(model.spec.scheme) else None
+    adjoint = derive_model_adjoint(model)
     domains = [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
                for domain in (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)]
     template = environment().get_template("report/model.md.j2")
@@ -46,14 +45,12 @@ def render_model_report(model: ModelProgram) -> str:
         model=model, spec=model.spec, version=__version__, domains=domains, pixel=sp.latex(PIXEL),
         embedding_positions=_positions(model.spec.embedding), readout_positions=_positions(model.spec.readout),
         tokens=TOKENS_LATEX, tokens_discrete=TOKENS_DISCRETE, step_equation=equation_latex(model.spec.scheme),
-        checks=model_check_ids(model.spec.name, adjoint=adjoint is not None), adjoint=_adjoint_pieces(adjoint),
+        checks=model_check_ids(model.spec.name), adjoint=_adjoint_pieces(adjoint),
     )
 
 
-def _adjoint_pieces(adjoint) -> list[tuple[str, object]] | None:
-    """The model's derived adjoint, piece by piece in the order the costate runs (None: none)."""
-    if adjoint is None:
-        return None
+def _adjoint_pieces(adjoint) -> list[tuple[str, object]]:
+    """The model's derived adjoint, piece by piece in the order the costate runs."""
     pieces = [("The readout", adjoint.readout)]
     if adjoint.final is not None:
         pieces.append(("The final projection", adjoint.final))

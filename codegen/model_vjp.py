@@ -8,7 +8,7 @@ block's, ``codegen.adjoint``), and the embedding's and readout's adjoints
 
 from __future__ import annotations
 
-from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
+from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelProgram, ModelProgram
 
@@ -31,13 +31,11 @@ def _stage(backward, backend: str, sizes: dict, parameters: list[dict]) -> dict:
             "seed": backward.seed, "gradient_input": backward.gradients[backward.input], "gradients": gradients}
 
 
-def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: str, contexts: dict, passes=None) -> dict | None:
-    """The adjoint's template variables (``None`` where the step scheme has no derived adjoint).
+def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: str, contexts: dict, passes=None) -> dict:
+    """The adjoint's template variables.
 
     ``contexts`` holds the forward stages' template variables (``embedding``, ``readout``).
     """
-    if not has_adjoint(model.spec.scheme):
-        return None
     adjoint = derive_model_adjoint(model)
     sizes = getattr(model.spec.embedding, "sizes", dict)()
     embedding = lower_stage_adjoint(adjoint.embedding, units["embedding"], INPUT)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from splitformer.symbolic.adjoint import derive_adjoint, has_adjoint
+from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
@@ -31,11 +31,8 @@ def lower_scheme(scheme: Scheme, program: Program, passes=None) -> tuple[Module,
     return lower(program, passes), lower(derive(final_norm_scheme(final_norm_kind(scheme))), passes)
 
 
-def lower_backward(scheme: Scheme, program: Program, passes=None) -> tuple[Backward | None, Backward | None]:
-    """The derived adjoints of one step of ``scheme`` and of a stack's final norm, lowered
-    (``None, None`` where ``has_adjoint`` says no)."""
-    if not has_adjoint(scheme):
-        return None, None
+def lower_backward(scheme: Scheme, program: Program, passes=None) -> tuple[Backward, Backward]:
+    """The derived adjoints of one step of ``scheme`` and of a stack's final norm, lowered."""
     final_program = derive(final_norm_scheme(final_norm_kind(scheme)))
     return (lower_adjoint(derive_adjoint(program), passes), lower_adjoint(derive_adjoint(final_program), passes))
 
@@ -52,6 +49,5 @@ def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None,
         files[out / backend / "__init__.py"] = PACKAGE_INIT
         files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend,
                                                                      backward, final_backward)
-    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots",
-                                                                 backward.symbolic if backward else None)
+    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots", backward.symbolic)
     return files

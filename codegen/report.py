@@ -7,7 +7,6 @@ from pathlib import Path
 import sympy as sp
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.adjoint import has_adjoint
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
@@ -85,10 +84,9 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     ids += [f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted", f"structure/{scheme.name}/stack"]
     if has_published_reference(scheme):
         ids += [f"recovery/{scheme.name}/symbolic", f"recovery/{scheme.name}/numeric"]
-    ids += ["adjoint/layer-norm-jacobian"] if "layer-norm" in kinds else []
+    ids += [f"adjoint/{kind}-jacobian" for kind in ("layer-norm", "rms-norm") if kind in kinds]
     ids += ["adjoint/relu-subgradient"] if "feed-forward" in kinds and scheme.activation == "relu" else []
-    if has_adjoint(scheme):
-        ids += [f"adjoint/{scheme.name}/finite-difference", f"adjoint/{scheme.name}/negative-control"]
+    ids += [f"adjoint/{scheme.name}/finite-difference", f"adjoint/{scheme.name}/negative-control"]
     if scheme.claims:
         ids.append(f"order/{scheme.name}")
     return ids if exact else ids + [f"convergence/{scheme.name}"]

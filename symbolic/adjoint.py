@@ -29,6 +29,10 @@ right-hand side of a forward assignment is written with that assignment's array
 are taken out of its sum. The derivative of ``max(0, v)`` is SymPy's ``Heaviside(v)``,
 used with the subgradient ``0`` at ``v = 0`` (torch's convention), i.e. ``[v > 0]``; with
 that value ``H(v) = H(max(0, v))``, so the step is read off the kept output ``s = max(0, w)``.
+
+Only arrays that depend on the state, a decoder's memory or a control carry an adjoint
+(``DIFFERENTIABLE_ROLES``, forward activity): masks, token positions and the rotary angles
+computed from them are data, read by the adjoint as they are.
 """
 
 from __future__ import annotations
@@ -42,23 +46,17 @@ from .errors import SplitformerError
 from .latex import equation
 from .program import Assignment, Program, Tensor
 
-__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO", "has_adjoint", "NO_ADJOINT_KINDS"]
-
-#: Operator kinds whose adjoint is not derived yet (rotary angles and a memory input need
-#: index patterns this derivation does not handle); their modules have no ``vjp``.
-NO_ADJOINT_KINDS = frozenset({"rotary-attention", "cross-attention"})
-
-
-def has_adjoint(scheme) -> bool:
-    """Whether the derived adjoint (``vjp``, ``backward="derived"``) is emitted for ``scheme``."""
-    return not NO_ADJOINT_KINDS & {operator.kind for operator in scheme.instantiate().values()}
-
+__all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO",
+           "DIFFERENTIABLE_ROLES"]
 
 #: The value taken for ∂max(0, v)/∂v at v = 0 (torch's ``relu`` backward uses 0).
 RELU_SUBGRADIENT_AT_ZERO = sp.Integer(0)
 
-#: Arrays that are data, not controls or states: no adjoint flows into them.
-_CONSTANT_ROLES = ("support",)
+#: Arrays whose gradient the adjoint returns: the state entering the step, a decoder's memory
+#: (an encoder's output: its gradient trains the encoder) and the controls. Everything else
+#: the step reads from outside (masks χ, token positions) is data: no adjoint flows into it,
+#: nor into an array computed from data alone (the rotary angles φ).
+DIFFERENTIABLE_ROLES = ("input", "memory", "param")
 
 
 def adjoint_name(name: str) -> str:
@@ -165,7 +163,8 @@ def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
     """A product as (numeric coefficient, {base: exponent}); sums of terms in a canonical form.
 
     A sum ``2α − 2u`` is written ``-2 (u − α)`` (its content taken out, one sign of the two)
-    so that SymPy's distribution of numbers over sums does not hide a factor.
+    so that SymPy's distribution of numbers over sums does not hide a factor. A power whose
+    exponent is not a number is one factor.
     """
     coefficient, powers = sp.Integer(1), {}
     for factor in sp.Mul.make_args(expr):
@@ -173,6 +172,8 @@ def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
             coefficient *= factor
             continue
         base, exponent = (factor.base, factor.exp) if isinstance(factor, sp.Pow) else (factor, sp.Integer(1))
+        if not exponent.is_number:  # θ^(−2r/N): one factor, its exponent an expression of indices
+            base, exponent = factor, sp.Integer(1)
         if isinstance(base, sp.Add) and exponent.is_integer:
             content, base = base.as_content_primitive()
             if base.could_extract_minus_sign():
@@ -317,12 +318,14 @@ class _Reverse:
         self.alias[program.output] = sp.IndexedBase(self.seed)[seed_tensor.indices]
         # the earliest reader of an input or control completes its gradient
         self.first_reader: dict[str, int] = {}
+        self.active = {name for name, tensor in program.tensors.items() if tensor.role in DIFFERENTIABLE_ROLES}
         for position, assignment in enumerate(program.assignments):
-            for item in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key):
-                name = str(item.base.label)
-                tensor = program.tensors[name]
-                if tensor.role in ("input", "param"):
+            read = {str(item.base.label) for item in assignment.rhs.atoms(sp.Indexed)}
+            for name in sorted(read & self.active):
+                if program.tensors[name].role in DIFFERENTIABLE_ROLES:
                     self.first_reader.setdefault(name, position)
+            if read & self.active:
+                self.active.add(assignment.target)
 
     def declare(self, name: str, role: str) -> str:
         tensor = self.program.tensors[name]
@@ -426,7 +429,7 @@ class _Reverse:
         for entry, partial, bound in _partials(assignment.rhs):
             name = str(entry.base.label)
             tensor = self.program.tensors[name]
-            if tensor.role in _CONSTANT_ROLES:
+            if name not in self.active:
                 continue
             read = entry.indices
             plain = is_plain(read)

@@ -80,6 +80,10 @@ FINAL_NORM_PARAMETERS = {
 }
 
 
+def _einsum(spec, *operands):
+    return np.einsum(spec, *operands, optimize=True)
+
+
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -475,3 +479,545 @@ def forward_stack(u, memory, layers, *, n_heads=1, eps=1e-5, final_norm=None, ke
         final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state
+
+
+def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    n_memory = mem.shape[1]
+    d_ff = p["ffn.W_1"].shape[1]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
+    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_k = p["cross.W_k"]
+    cross_b_k = p["cross.b_k"]
+    cross_W_v = p["cross.W_v"]
+    cross_b_v = p["cross.b_v"]
+    cross_W_o = p["cross.W_o"]
+    cross_b_o = p["cross.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    norm3_gain = p["norm3.gain"]
+    norm3_bias = p["norm3.bias"]
+
+    # --- substep 1: attn, explicit ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del chi
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = np.add(attn_out, u0, out=attn_out)
+    del attn_out
+
+    # --- substep 2: norm1, projection ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    norm1_alpha = np.mean(u1, axis=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u1)**2, axis=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u1)/np.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha, u1
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
+    u2 = norm1_gain*norm1_p + norm1_bias
+
+    # --- substep 3: cross, explicit ---
+    # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
+    cross_q = _einsum("bik,kme->bime", u2, cross_W_q) + cross_b_q
+    # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
+    cross_kv += np.concatenate((cross_b_k, cross_b_v))
+    cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
+    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
+    # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
+    cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
+    del chi_m
+    # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
+    cross_out = cross_o.reshape(-1, n_heads * d_head) @ cross_W_o
+    cross_out += cross_b_o
+    cross_out = cross_out.reshape(batch, n_tokens, d)
+    # {u^{(3)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(2)}}_{i,l}
+    u3 = np.add(cross_out, u2, out=cross_out)
+    del cross_out
+
+    # --- substep 4: norm2, projection ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
+    norm2_alpha = np.mean(u3, axis=2)
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,k}\right)^{2}}{N_{y}}
+    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u3)**2, axis=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    norm2_p = (-norm2_alpha[:, :, None] + u3)/np.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha, u3
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
+    u4 = norm2_gain*norm2_p + norm2_bias
+
+    # --- substep 5: ffn, explicit ---
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
+    ffn_w = _einsum("bik,kz->biz", u4, ffn_W_1) + ffn_b_1
+    # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
+    ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    # {u^{(5)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(4)}}_{i,l}
+    u5 = np.add(ffn_out, u4, out=ffn_out)
+    del ffn_out
+
+    # --- substep 6: norm3, projection ---
+    # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
+    norm3_alpha = np.mean(u5, axis=2)
+    # {\beta^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,k}\right)^{2}}{N_{y}}
+    norm3_beta = np.mean((-norm3_alpha[:, :, None] + u5)**2, axis=2)
+    # {P^{\mathrm{norm3}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}}
+    norm3_p = (-norm3_alpha[:, :, None] + u5)/np.sqrt(eps + norm3_beta[:, :, None])
+    del norm3_alpha, u5
+    # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
+    # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
+    u6 = norm3_gain*norm3_p + norm3_bias
+    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
+
+
+def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
+    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
+    u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
+    batch, n_tokens, d = u6_bar.shape
+    d_head = d // n_heads
+    n_memory = mem.shape[1]
+    d_ff = p["ffn.W_1"].shape[1]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
+    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_k = p["cross.W_k"]
+    cross_b_k = p["cross.b_k"]
+    cross_W_v = p["cross.W_v"]
+    cross_b_v = p["cross.b_v"]
+    cross_W_o = p["cross.W_o"]
+    cross_b_o = p["cross.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    norm3_gain = p["norm3.gain"]
+    norm3_bias = p["norm3.bias"]
+
+    # --- adjoint of substep 6: norm3, projection ---
+    # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
+    norm3_bias_bar = _einsum("bil->l", u6_bar)
+    # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
+    norm3_gain_bar = _einsum("bil,bil->l", norm3_p, u6_bar)
+    # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
+    norm3_p_bar = norm3_gain*u6_bar
+    del u6_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    t1 = _einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
+    norm3_beta_bar = -t1/(2*(eps + norm3_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm3}}}_{i,k}
+    t2 = np.sum(norm3_p, axis=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    t3 = np.sum(norm3_p_bar, axis=2)
+
+    # --- adjoint of substep 5: ffn, explicit ---
+    # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} {P^{\mathrm{norm3}}}_{i,k}}{N_{y}}
+    # {\lambda^{(5)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} {P^{\mathrm{norm3}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
+    u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) - 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) + 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d
+    del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(5)}}_{i,l}
+    ffn_out_bar = u5_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {u^{(4)}}_{i,k}
+    ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, u4)
+    del u4
+    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
+
+    # --- adjoint of substep 4: norm2, projection ---
+    # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    u4_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u5_bar
+    del ffn_w_bar, u5_bar
+    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
+    norm2_bias_bar = _einsum("bil->l", u4_bar)
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
+    norm2_gain_bar = _einsum("bil,bil->l", norm2_p, u4_bar)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
+    norm2_p_bar = norm2_gain*u4_bar
+    del u4_bar
+    # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t4 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t4/(2*(eps + norm2_beta))
+    del t4
+    # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t5 = np.sum(norm2_p, axis=2)
+    # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t6 = np.sum(norm2_p_bar, axis=2)
+
+    # --- adjoint of substep 3: cross, explicit ---
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t5, t6
+    # {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
+    cross_out_bar = u3_bar
+    # {\overline{W^{O}_{\mathrm{cross}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{cross}}}_{i,m,e} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_W_o_bar = _einsum("bil,bime->mel", cross_out_bar, cross_o)
+    del cross_o
+    # {\overline{b^{O}_{\mathrm{cross}}}}_{l} = \sum_{i} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_b_o_bar = _einsum("bil->l", cross_out_bar)
+    # {\overline{O^{\mathrm{cross}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{cross}}}_{m,e,l} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_o_bar = cross_out_bar.reshape(-1, d) @ cross_W_o.T
+    cross_o_bar = cross_o_bar.reshape(batch, n_tokens, n_heads, d_head)
+    del cross_out_bar
+    # {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{cross}}}}_{i,m,e} {V^{\mathrm{cross}}}_{t,m,e}
+    cross_gamma_bar = _einsum("bime,btme->bmit", cross_o_bar, cross_v)
+    del cross_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
+    del attn_a, chi
+
+    # --- recomputed from the kept arrays: substep 3: cross, explicit ---
+    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    cross_a = _einsum("bime,btme->bmit", cross_q, cross_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
+    cross_gamma = _softmax(cross_a, None if chi_m is None else chi_m[:, None])
+    del chi_m, cross_a
+
+    # --- adjoint of substep 3: cross, explicit ---
+    # {t_{7}}_{m,i} = \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    t7 = _einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
+    # {\overline{a^{\mathrm{cross}}}}_{m,i,t} = {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} - {\gamma^{\mathrm{cross}}}_{m,i,t} \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    cross_a_bar = cross_gamma*cross_gamma_bar - t7[:, :, :, None]*cross_gamma
+    del cross_gamma_bar, t7
+    # {\overline{V^{\mathrm{cross}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{O^{\mathrm{cross}}}}_{i,m,e}
+    cross_v_bar = _einsum("bmit,bime->btme", cross_gamma, cross_o_bar)
+    del cross_gamma, cross_o_bar
+    # {\overline{W^{V}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    cross_W_v_bar = _einsum("btk,btme->kme", mem, cross_v_bar)
+    # {\overline{b^{V}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    cross_b_v_bar = _einsum("btme->me", cross_v_bar)
+    # {\overline{K^{\mathrm{cross}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    cross_k_bar = _einsum("bmit,bime->btme", cross_a_bar, cross_q) / math.sqrt(d_head)
+    del cross_q
+    # {\overline{W^{K}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    cross_W_k_bar = _einsum("btk,btme->kme", mem, cross_k_bar)
+    del mem
+    # {\overline{b^{K}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    cross_b_k_bar = _einsum("btme->me", cross_k_bar)
+    # {t_{8}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    t8 = cross_k_bar.reshape(-1, n_heads * d_head) @ cross_W_k.T
+    t8 = t8.reshape(batch, n_memory, d)
+    del cross_k_bar
+    # {t_{9}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    t9 = cross_v_bar.reshape(-1, n_heads * d_head) @ cross_W_v.T
+    t9 = t9.reshape(batch, n_memory, d)
+    del cross_v_bar
+    # {\overline{m}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    mem_bar = np.add(t8, t9, out=t8)
+    del t8, t9
+    # {\overline{Q^{\mathrm{cross}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {K^{\mathrm{cross}}}_{t,m,e}}{\sqrt{N_{e}}}
+    cross_q_bar = _einsum("bmit,btme->bime", cross_a_bar, cross_k) / math.sqrt(d_head)
+    del cross_a_bar, cross_k
+    # {\overline{W^{Q}_{\mathrm{cross}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e} {u^{(2)}}_{i,k}
+    cross_W_q_bar = _einsum("bik,bime->kme", u2, cross_q_bar)
+    del u2
+    # {\overline{b^{Q}_{\mathrm{cross}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    cross_b_q_bar = _einsum("bime->me", cross_q_bar)
+
+    # --- adjoint of substep 2: norm1, projection ---
+    # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    u2_bar = _einsum("bime,lme->bil", cross_q_bar, cross_W_q) + u3_bar
+    del cross_q_bar, u3_bar
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
+    norm1_bias_bar = _einsum("bil->l", u2_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
+    norm1_gain_bar = _einsum("bil,bil->l", norm1_p, u2_bar)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
+    norm1_p_bar = norm1_gain*u2_bar
+    del u2_bar
+    # {t_{10}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t10 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t10/(2*(eps + norm1_beta))
+    del t10
+    # {t_{11}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t11 = np.sum(norm1_p, axis=2)
+    # {t_{12}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t12 = np.sum(norm1_p_bar, axis=2)
+
+    # --- adjoint of substep 1: attn, explicit ---
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u1_bar = (-t12[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t11[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t11, t12
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = _einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
+    del attn_v
+    # {t_{13}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    t13 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t13[:, :, :, None]*attn_gamma
+    del attn_gamma_bar, t13
+    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    attn_W_v_bar = _einsum("bik,bime->kme", u0, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_v_bar = _einsum("bime->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
+    del attn_q
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    attn_W_k_bar = _einsum("bik,bime->kme", u0, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_k_bar = _einsum("bime->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
+    del attn_a_bar, attn_k
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    attn_W_q_bar = _einsum("bik,bime->kme", u0, attn_q_bar)
+    del u0
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = _einsum("bime->me", attn_q_bar)
+    # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    t14 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
+    t14 = t14.reshape(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    t15 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
+    t15 = t15.reshape(batch, n_tokens, d)
+    del attn_q_bar
+    # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    t16 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
+    t16 = t16.reshape(batch, n_tokens, d)
+    del attn_v_bar
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    u0_bar = np.add(t14, t15 + t16 + u1_bar, out=t14)
+    del t14, t15, t16, u1_bar
+    return u0_bar, mem_bar, {
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "cross.W_q": cross_W_q_bar.reshape(d, d),
+        "cross.b_q": cross_b_q_bar.reshape(d),
+        "cross.W_k": cross_W_k_bar.reshape(d, d),
+        "cross.b_k": cross_b_k_bar.reshape(d),
+        "cross.W_v": cross_W_v_bar.reshape(d, d),
+        "cross.b_v": cross_b_v_bar.reshape(d),
+        "cross.W_o": cross_W_o_bar.reshape(d, d),
+        "cross.b_o": cross_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+        "norm3.gain": norm3_gain_bar,
+        "norm3.bias": norm3_bias_bar,
+    }
+
+
+
+def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    n_heads = 1
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- substep 1: final_norm, projection ---
+    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    final_norm_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
+    del final_norm_alpha, u0
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    u1 = final_norm_gain*final_norm_p + final_norm_bias
+    return u1, (final_norm_beta, final_norm_p,)
+
+
+def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    n_heads = 1
+    final_norm_beta, final_norm_p, = saved
+    batch, n_tokens, d = u1_bar.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- adjoint of substep 1: final_norm, projection ---
+    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    final_norm_bias_bar = _einsum("bil->l", u1_bar)
+    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    final_norm_p_bar = final_norm_gain*u1_bar
+    del u1_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    t2 = np.sum(final_norm_p, axis=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t3 = np.sum(final_norm_p_bar, axis=2)
+    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
+    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    return u0_bar, {
+        "final_norm.gain": final_norm_gain_bar,
+        "final_norm.bias": final_norm_bias_bar,
+    }
+
+
+
+def _seed(grad_out, u, state):
+    """``grad_out`` as the costate of the output: the shape of ``u``, the dtype of the state."""
+    seed = _array("grad_out", grad_out)
+    if seed.shape != np.shape(u):
+        raise ValueError(f"grad_out must have the shape of u, {np.shape(u)}, got {seed.shape}")
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
+    seed = seed.astype(state.dtype, copy=False)
+    return seed[None] if seed.ndim == 2 else seed
+
+
+def vjp(u, memory, params, grad_out, *, n_heads=1, eps=1e-5, key_padding_mask=None, memory_key_padding_mask=None, causal=True):
+    """The derived adjoint of one step of decoder: ``(∂J/∂u, ∂J/∂memory, {canonical name: ∂J/∂θ})``.
+
+    ``grad_out`` is the costate λ of the output (∂J/∂output, the shape of ``u``). The step is
+    run again, keeping only the arrays its adjoint reads; the adjoint is reverse mode over the
+    derived assignments (report §6). ∂J/∂memory has the shape of ``memory``: the
+    costate an encoder's output receives from this step (masks and positions are data).
+    """
+    u0 = _state(u)
+    batch, n_tokens, d = u0.shape
+    _, eps = _options(d, n_heads, eps, causal)
+    params = _mapping("params", params)
+    d_ff = _hidden_width(params, "ffn.W_1", 1)
+    p = _parameters(params, PARAMETERS, {"d": d, "d_ff": d_ff}, u0.dtype)
+    seed = _seed(grad_out, u, u0)
+    chi = _support(key_padding_mask, causal, batch, n_tokens)
+    mem = _memory(memory, batch, d, u0.dtype)
+    chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, mem.shape[1])
+    _, saved = _vjp_forward(u0, mem, p, chi, eps, int(n_heads), chi_m)
+    grad_u, grad_mem, grads = _vjp_backward(saved, seed, p, chi, eps, int(n_heads), chi_m)
+    grad_mem = grad_mem[0] if np.ndim(memory) == 2 else grad_mem
+    return (grad_u[0] if np.ndim(u) == 2 else grad_u), grad_mem, grads
+
+
+def vjp_stack(u, memory, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, memory_key_padding_mask=None, causal=True):
+    """The derived adjoint of ``forward_stack``: ``(∂J/∂u, ∂J/∂memory, [gradients per layer], gradients of final_norm)``.
+
+    The costate runs backwards through the final projection and the steps (λⁿ = (∂Φ/∂uⁿ)ᵀ λⁿ⁺¹);
+    each step's input is kept, each step's activations are recomputed when its adjoint runs.
+    Every layer reads the same memory: ∂J/∂memory is the sum of the layers' contributions.
+    """
+    state = _state(u)
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
+    _, eps = _options(state.shape[-1], n_heads, eps, causal)
+    seed = _seed(grad_out, u, state)
+    if final_norm is not None:
+        named = {f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()}
+        final_params = _parameters(named, FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
+    options = {"n_heads": n_heads, "eps": eps, "key_padding_mask": key_padding_mask, "causal": causal,
+               "memory_key_padding_mask": memory_key_padding_mask}
+    inputs = []
+    for params in layers:
+        inputs.append(state)
+        state = forward(state, memory, params, **options)
+    grad_final_norm = None
+    if final_norm is not None:
+        _, saved = _final_norm_vjp_forward(state, final_params, None, eps, 1)
+        seed, grads = _final_norm_vjp_backward(saved, seed, final_params, None, eps, 1)
+        grad_final_norm = {name.split(".", 1)[1]: value for name, value in grads.items()}
+    grad_layers = []
+    grad_memory = 0
+    for params, step_input in zip(reversed(layers), reversed(inputs)):
+        seed, grad_step_memory, grads = vjp(step_input, memory, params, seed, **options)
+        grad_memory = grad_memory + grad_step_memory
+        grad_layers.append(grads)
+    return (seed[0] if np.ndim(u) == 2 else seed), grad_memory, grad_layers[::-1], grad_final_norm

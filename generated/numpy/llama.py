@@ -356,3 +356,346 @@ def forward_stack(u, layers, *, n_heads=1, n_kv_heads=None, eps=1e-5, final_norm
         final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
     return state[0] if np.ndim(u) == 2 else state
+
+
+def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
+    d_half = d_head // 2
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    attn_W_q = p["attn.W_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_W_o = p["attn.W_o"]
+    norm2_gain = p["norm2.gain"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_W_3 = p["ffn.W_3"]
+    ffn_W_2 = p["ffn.W_2"]
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
+    norm1_rho = np.mean(u0**2, axis=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
+    norm1_p = u0/np.sqrt(eps + norm1_rho[:, :, None])
+    # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p
+    # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_q = norm1_out.reshape(-1, d) @ attn_W_q
+    attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+    # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_k = norm1_out.reshape(-1, d) @ attn_W_k
+    attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
+    # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_v = norm1_out.reshape(-1, d) @ attn_W_v
+    attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
+    # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
+    attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+    del pos
+    # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
+    attn_qr = np.sum(attn_q[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), axis=5)
+    del attn_q
+    # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
+    attn_kr = np.sum(attn_k[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), axis=4)
+    del attn_k
+    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
+    del attn_a, chi
+    # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
+    attn_o = _einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
+    del attn_gamma
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
+    attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = np.add(attn_out, u0, out=attn_out)
+    del attn_out
+
+    # --- substep 2: ffn, explicit on Proj(norm2) ---
+    # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
+    norm2_rho = np.mean(u1**2, axis=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
+    norm2_p = u1/np.sqrt(eps + norm2_rho[:, :, None])
+    # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p
+    # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
+    ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
+    # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    u2 = np.add(ffn_out, u1, out=ffn_out)
+    del ffn_out
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+
+
+def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    batch, n_tokens, d = u2_bar.shape
+    d_head = d // n_heads
+    n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
+    d_half = d_head // 2
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    attn_W_q = p["attn.W_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_W_o = p["attn.W_o"]
+    norm2_gain = p["norm2.gain"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_W_3 = p["ffn.W_3"]
+    ffn_W_2 = p["ffn.W_2"]
+
+    # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
+    # {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    ffn_out_bar = u2_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
+    ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} = \frac{{\overline{s^{\mathrm{ffn}}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    ffn_gate_bar = ffn_s_bar*ffn_w/(1 + np.exp(-ffn_w))
+    # {\overline{W_{\mathrm{ffn},3}}}_{k,z} = \sum_{i} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_3_bar = _einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}} + \frac{e^{- {w^{\mathrm{ffn}}}_{i,z}} {s^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_gate/(1 + np.exp(-ffn_w)) + ffn_s*np.exp(-ffn_w)/(1 + np.exp(-ffn_w)))*ffn_s_bar
+    del ffn_gate, ffn_s, ffn_s_bar, ffn_w
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    del norm2_out
+    # {t_{1}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    t1 = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    t1 = t1.reshape(batch, n_tokens, d)
+    del ffn_w_bar
+    # {t_{2}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    t2 = ffn_gate_bar.reshape(-1, d_ff) @ ffn_W_3.T
+    t2 = t2.reshape(batch, n_tokens, d)
+    del ffn_gate_bar
+    # {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z} + \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    norm2_out_bar = np.add(t1, t2, out=t1)
+    del t1, t2
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    del norm2_out_bar
+    # {t_{3}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t3 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    del norm2_p
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {\overline{\rho^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm2}}}_{i}\right)}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm2}}}}_{i} {u^{(1)}}_{i,l}}{N_{y}}
+    u1_bar = norm2_p_bar/np.sqrt(eps + norm2_rho[:, :, None]) - t3[:, :, None]*u1/(d*(eps + norm2_rho[:, :, None])) + u2_bar
+    del norm2_p_bar, norm2_rho, t3, u1, u2_bar
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{g,s,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,g,s,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = _einsum("bil,bigse->gsel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
+    attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_kv_heads, n_rep, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} {V^{\mathrm{attn}}}_{j,g,e}
+    attn_gamma_bar = _einsum("bigse,bjge->bgsij", attn_o_bar, attn_v)
+    del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
+    del attn_a, chi
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {t_{4}}_{g,s,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    t4 = _einsum("bgsin,bgsin->bgsi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} = {\gamma^{\mathrm{attn}}}_{g,s,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} - {\gamma^{\mathrm{attn}}}_{g,s,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
+    del attn_gamma_bar, t4
+    # {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,c,r} = \frac{\sum_{s} \sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,j,i} {\hat{Q}^{\mathrm{attn}}}_{j,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_kr_bar = _einsum("bgsji,bjgscr->bigcr", attn_a_bar, attn_qr) / math.sqrt(d_head)
+    del attn_qr
+    # {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,c,r} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r}}{\sqrt{N_{e}}}
+    attn_qr_bar = _einsum("bgsij,bjgcr->bigscr", attn_a_bar, attn_kr) / math.sqrt(d_head)
+    del attn_a_bar, attn_kr
+    # {\overline{V^{\mathrm{attn}}}}_{i,g,e} = \sum_{j} \sum_{s} {\gamma^{\mathrm{attn}}}_{g,s,j,i} {\overline{O^{\mathrm{attn}}}}_{j,g,s,e}
+    attn_v_bar = _einsum("bgsji,bjgse->bige", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
+    attn_k_bar = np.sum(attn_kr_bar[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, :, None])/2), axis=4)
+    del attn_kr_bar
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = _einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
+    attn_q_bar = np.sum(attn_qr_bar[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, None, :, None])/2), axis=5)
+    del attn_phi, attn_qr_bar
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = _einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
+    del norm1_out
+    # {t_{5}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e}
+    t5 = attn_v_bar.reshape(-1, n_kv_heads * d_head) @ attn_W_v.T
+    t5 = t5.reshape(batch, n_tokens, d)
+    del attn_v_bar
+    # {t_{6}}_{i,l} = \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r}
+    t6 = attn_k_bar.reshape(-1, n_kv_heads * 2 * d_half) @ attn_W_k.T
+    t6 = t6.reshape(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{7}}_{i,l} = \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    t7 = attn_q_bar.reshape(-1, n_kv_heads * n_rep * 2 * d_half) @ attn_W_q.T
+    t7 = t7.reshape(batch, n_tokens, d)
+    del attn_q_bar
+    # {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e} + \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} + \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    norm1_out_bar = np.add(t5, t6 + t7, out=t5)
+    del t5, t6, t7
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t8 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    del norm1_p
+    # {\overline{\rho^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm1}}}_{i}\right)}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm1}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+    u0_bar = norm1_p_bar/np.sqrt(eps + norm1_rho[:, :, None]) - t8[:, :, None]*u0/(d*(eps + norm1_rho[:, :, None])) + u1_bar
+    del norm1_p_bar, norm1_rho, t8, u0, u1_bar
+    return u0_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d_kv),
+        "attn.W_v": attn_W_v_bar.reshape(d, d_kv),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "norm2.gain": norm2_gain_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.W_3": ffn_W_3_bar,
+        "ffn.W_2": ffn_W_2_bar,
+    }
+
+
+
+def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    n_heads = 1
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+
+    # --- substep 1: final_norm, projection ---
+    # {\rho^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
+    final_norm_rho = np.mean(u0**2, axis=2)
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
+    final_norm_p = u0/np.sqrt(eps + final_norm_rho[:, :, None])
+    # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
+    u1 = final_norm_gain*final_norm_p
+    return u1, (u0, final_norm_rho, final_norm_p,)
+
+
+def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    n_heads = 1
+    u0, final_norm_rho, final_norm_p, = saved
+    batch, n_tokens, d = u1_bar.shape
+    d_head = d // n_heads
+    final_norm_gain = p["final_norm.gain"]
+
+    # --- adjoint of substep 1: final_norm, projection ---
+    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    final_norm_p_bar = final_norm_gain*u1_bar
+    del u1_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    del final_norm_p
+    # {\overline{\rho^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}\right)}
+    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{final\_norm}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+    u0_bar = final_norm_p_bar/np.sqrt(eps + final_norm_rho[:, :, None]) - t1[:, :, None]*u0/(d*(eps + final_norm_rho[:, :, None]))
+    del final_norm_p_bar, final_norm_rho, t1, u0
+    return u0_bar, {
+        "final_norm.gain": final_norm_gain_bar,
+    }
+
+
+
+def _seed(grad_out, u, state):
+    """``grad_out`` as the costate of the output: the shape of ``u``, the dtype of the state."""
+    seed = _array("grad_out", grad_out)
+    if seed.shape != np.shape(u):
+        raise ValueError(f"grad_out must have the shape of u, {np.shape(u)}, got {seed.shape}")
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
+    seed = seed.astype(state.dtype, copy=False)
+    return seed[None] if seed.ndim == 2 else seed
+
+
+def vjp(u, params, grad_out, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask=None, causal=True, positions=None, rope_theta=10000.0):
+    """The derived adjoint of one step of llama: ``(∂J/∂u, {canonical name: ∂J/∂θ})``.
+
+    ``grad_out`` is the costate λ of the output (∂J/∂output, the shape of ``u``). The step is
+    run again, keeping only the arrays its adjoint reads; the adjoint is reverse mode over the
+    derived assignments (report §6).
+    """
+    u0 = _state(u)
+    batch, n_tokens, d = u0.shape
+    d_head, eps = _options(d, n_heads, eps, causal)
+    params = _mapping("params", params)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    _group_size(n_heads, n_kv_heads)
+    _half_width(d_head)
+    d_ff = _hidden_width(params, "ffn.W_1", 1)
+    p = _parameters(params, PARAMETERS, {"d": d, "d_ff": d_ff, "d_kv": n_kv_heads * d_head}, u0.dtype)
+    seed = _seed(grad_out, u, u0)
+    chi = _support(key_padding_mask, causal, batch, n_tokens)
+    pos = _positions(positions, batch, n_tokens, 0, u0.dtype)
+    _, saved = _vjp_forward(u0, p, chi, eps, int(n_heads), n_kv_heads, pos, rope_theta)
+    grad_u, grads = _vjp_backward(saved, seed, p, chi, eps, int(n_heads), n_kv_heads, pos, rope_theta)
+    return (grad_u[0] if np.ndim(u) == 2 else grad_u), grads
+
+
+def vjp_stack(u, layers, grad_out, *, n_heads=1, n_kv_heads=None, eps=1e-5, final_norm=None, key_padding_mask=None, causal=True, positions=None, rope_theta=10000.0):
+    """The derived adjoint of ``forward_stack``: ``(∂J/∂u, [gradients per layer], gradients of final_norm)``.
+
+    The costate runs backwards through the final projection and the steps (λⁿ = (∂Φ/∂uⁿ)ᵀ λⁿ⁺¹);
+    each step's input is kept, each step's activations are recomputed when its adjoint runs.
+    """
+    state = _state(u)
+    if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
+        raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
+    if not len(layers):
+        raise ValueError("layers is empty: a stack needs at least one layer")
+    _, eps = _options(state.shape[-1], n_heads, eps, causal)
+    seed = _seed(grad_out, u, state)
+    if final_norm is not None:
+        named = {f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()}
+        final_params = _parameters(named, FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
+    options = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "eps": eps, "key_padding_mask": key_padding_mask, "causal": causal, "positions": positions, "rope_theta": rope_theta}
+    inputs = []
+    for params in layers:
+        inputs.append(state)
+        state = forward(state, params, **options)
+    grad_final_norm = None
+    if final_norm is not None:
+        _, saved = _final_norm_vjp_forward(state, final_params, None, eps, 1)
+        seed, grads = _final_norm_vjp_backward(saved, seed, final_params, None, eps, 1)
+        grad_final_norm = {name.split(".", 1)[1]: value for name, value in grads.items()}
+    grad_layers = []
+    for params, step_input in zip(reversed(layers), reversed(inputs)):
+        seed, grads = vjp(step_input, params, seed, **options)
+        grad_layers.append(grads)
+    return (seed[0] if np.ndim(u) == 2 else seed), grad_layers[::-1], grad_final_norm

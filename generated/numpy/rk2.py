@@ -914,10 +914,11 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_
     if final_norm is not None:
         named = {f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()}
         final_params = _parameters(named, FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
+    options = {"n_heads": n_heads, "eps": eps, "key_padding_mask": key_padding_mask, "causal": causal}
     inputs = []
     for params in layers:
         inputs.append(state)
-        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask, causal=causal)
+        state = forward(state, params, **options)
     grad_final_norm = None
     if final_norm is not None:
         _, saved = _final_norm_vjp_forward(state, final_params, None, eps, 1)
@@ -925,7 +926,6 @@ def vjp_stack(u, layers, grad_out, *, n_heads=1, eps=1e-5, final_norm=None, key_
         grad_final_norm = {name.split(".", 1)[1]: value for name, value in grads.items()}
     grad_layers = []
     for params, step_input in zip(reversed(layers), reversed(inputs)):
-        seed, grads = vjp(step_input, params, seed, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,
-                          causal=causal)
+        seed, grads = vjp(step_input, params, seed, **options)
         grad_layers.append(grads)
     return (seed[0] if np.ndim(u) == 2 else seed), grad_layers[::-1], grad_final_norm

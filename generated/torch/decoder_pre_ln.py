@@ -120,6 +120,21 @@ def _allowed(support):
     return support if support.dtype == torch.bool else support > float("-inf")
 
 
+def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel: the token integral over an empty set
+    vanishes (never NaN), so that query's attention term is the output bias alone.
+    """
+    if support is None:
+        return _dropout(torch.softmax(scores, dim=-1), dropout_p)
+    allowed = _allowed(support)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
+    return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
+
+
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
@@ -283,6 +298,412 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
     if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
         expected = " or ".join([str(shape) for shape in shapes])
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
+def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    n_memory = mem.shape[1]
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
+    cross_W_k = p["cross.W_k"]
+    cross_b_k = p["cross.b_k"]
+    cross_W_v = p["cross.W_v"]
+    cross_b_v = p["cross.b_v"]
+    cross_W_o = p["cross.W_o"]
+    cross_b_o = p["cross.b_o"]
+    norm3_gain = p["norm3.gain"]
+    norm3_bias = p["norm3.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    norm1_alpha = torch.mean(u0, dim=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
+    del norm1_alpha
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_qkv = torch.addmm(torch.cat((attn_b_q, attn_b_k, attn_b_v)), norm1_out.reshape(-1, d), torch.cat((attn_W_q, attn_W_k, attn_W_v), dim=1))
+    attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
+    attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    del chi
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
+    del attn_out, u0
+
+    # --- substep 2: cross, explicit on Proj(norm2) ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    norm2_alpha = torch.mean(u1, dim=2)
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
+    del norm2_alpha
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p + norm2_bias
+    # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    cross_q = torch.addmm(cross_b_q, norm2_out.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
+    # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    cross_kv = torch.addmm(torch.cat((cross_b_k, cross_b_v)), mem.reshape(-1, d), torch.cat((cross_W_k, cross_W_v), dim=1))
+    cross_k, cross_v = cross_kv.chunk(2, dim=1)
+    cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
+    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
+    # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
+    cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None], dropout_p)
+    del chi_m
+    # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
+    cross_out = torch.addmm(cross_b_o, cross_o.reshape(-1, n_heads * d_head), cross_W_o).view(batch, n_tokens, d)
+    # {u^{(2)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(1)}}_{i,l}
+    u2 = cross_out.add_(u1) if inference else cross_out + u1
+    del cross_out, u1
+
+    # --- substep 3: ffn, explicit on Proj(norm3) ---
+    # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(2)}}_{i,k}}{N_{y}}
+    norm3_alpha = torch.mean(u2, dim=2)
+    # {\beta^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(2)}}_{i,k}\right)^{2}}{N_{y}}
+    norm3_beta = torch.mean((-norm3_alpha[:, :, None] + u2)**2, dim=2)
+    # {P^{\mathrm{norm3}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(2)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}}
+    norm3_p = (-norm3_alpha[:, :, None] + u2)/torch.sqrt(eps + norm3_beta[:, :, None])
+    del norm3_alpha
+    # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
+    norm3_out = norm3_gain*norm3_p + norm3_bias
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm3}}}_{i,k}
+    ffn_w = torch.addmm(ffn_b_1, norm3_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
+    ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    # {u^{(3)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(2)}}_{i,l}
+    u3 = ffn_out.add_(u2) if inference else ffn_out + u2
+    del ffn_out, u2
+    return u3, (mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, norm3_beta, norm3_p, norm3_out, ffn_s,)
+
+
+def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
+    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, norm3_beta, norm3_p, norm3_out, ffn_s, = saved
+    batch, n_tokens, d = u3_bar.shape
+    d_head = d // n_heads
+    n_memory = mem.shape[1]
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
+    cross_W_k = p["cross.W_k"]
+    cross_b_k = p["cross.b_k"]
+    cross_W_v = p["cross.W_v"]
+    cross_b_v = p["cross.b_v"]
+    cross_W_o = p["cross.W_o"]
+    cross_b_o = p["cross.b_o"]
+    norm3_gain = p["norm3.gain"]
+    norm3_bias = p["norm3.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+
+    # --- adjoint of substep 3: ffn, explicit on Proj(norm3) ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
+    ffn_out_bar = u3_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    del ffn_s, ffn_s_bar
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm3}}}_{i,k}
+    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm3_out)
+    del norm3_out
+    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
+    # {\overline{\mathrm{LN}^{\mathrm{norm3}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    norm3_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
+    del ffn_w_bar
+    # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm3}}}}_{i,l}
+    norm3_bias_bar = torch.einsum("bil->l", norm3_out_bar)
+    # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm3}}}}_{i,l} {P^{\mathrm{norm3}}}_{i,l}
+    norm3_gain_bar = torch.einsum("bil,bil->l", norm3_out_bar, norm3_p)
+    # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm3}}}}_{i,l}
+    norm3_p_bar = norm3_gain*norm3_out_bar
+    del norm3_out_bar
+    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    t1 = torch.einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
+    norm3_beta_bar = -t1/(2*(eps + norm3_beta))
+    del t1
+    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm3}}}_{i,k}
+    t2 = torch.sum(norm3_p, dim=2)
+    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    t3 = torch.sum(norm3_p_bar, dim=2)
+
+    # --- adjoint of substep 2: cross, explicit on Proj(norm2) ---
+    # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} {P^{\mathrm{norm3}}}_{i,k}}{N_{y}}
+    # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} {P^{\mathrm{norm3}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
+    u2_bar = (-t3[:, :, None]/torch.sqrt(eps + norm3_beta[:, :, None]) - 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/torch.sqrt(eps + norm3_beta[:, :, None]) + 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d + u3_bar
+    del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3, u3_bar
+    # {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    cross_out_bar = u2_bar
+    # {\overline{W^{O}_{\mathrm{cross}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{cross}}}_{i,m,e} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_W_o_bar = torch.einsum("bil,bime->mel", cross_out_bar, cross_o)
+    del cross_o
+    # {\overline{b^{O}_{\mathrm{cross}}}}_{l} = \sum_{i} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_b_o_bar = torch.einsum("bil->l", cross_out_bar)
+    # {\overline{O^{\mathrm{cross}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{cross}}}_{m,e,l} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    cross_o_bar = torch.mm(cross_out_bar.reshape(-1, d), cross_W_o.t()).view(batch, n_tokens, n_heads, d_head)
+    del cross_out_bar
+    # {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{cross}}}}_{i,m,e} {V^{\mathrm{cross}}}_{t,m,e}
+    cross_gamma_bar = torch.einsum("bime,btme->bmit", cross_o_bar, cross_v)
+    del cross_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
+    del attn_a, chi
+
+    # --- recomputed from the kept arrays: substep 2: cross, explicit on Proj(norm2) ---
+    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    cross_a = torch.einsum("bime,btme->bmit", cross_q, cross_k) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
+    cross_gamma = _softmax(cross_a, None if chi_m is None else chi_m[:, None], dropout_p)
+    del chi_m, cross_a
+
+    # --- adjoint of substep 2: cross, explicit on Proj(norm2) ---
+    # {t_{4}}_{m,i} = \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    t4 = torch.einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
+    # {\overline{a^{\mathrm{cross}}}}_{m,i,t} = {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} - {\gamma^{\mathrm{cross}}}_{m,i,t} \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    cross_a_bar = cross_gamma*cross_gamma_bar - t4[:, :, :, None]*cross_gamma
+    del cross_gamma_bar, t4
+    # {\overline{V^{\mathrm{cross}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{O^{\mathrm{cross}}}}_{i,m,e}
+    cross_v_bar = torch.einsum("bmit,bime->btme", cross_gamma, cross_o_bar)
+    del cross_gamma, cross_o_bar
+    # {\overline{W^{V}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    cross_W_v_bar = torch.einsum("btk,btme->kme", mem, cross_v_bar)
+    # {\overline{b^{V}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    cross_b_v_bar = torch.einsum("btme->me", cross_v_bar)
+    # {\overline{K^{\mathrm{cross}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    cross_k_bar = torch.einsum("bmit,bime->btme", cross_a_bar, cross_q) / math.sqrt(d_head)
+    del cross_q
+    # {\overline{W^{K}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    cross_W_k_bar = torch.einsum("btk,btme->kme", mem, cross_k_bar)
+    del mem
+    # {\overline{b^{K}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    cross_b_k_bar = torch.einsum("btme->me", cross_k_bar)
+    # {t_{5}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    t5 = torch.mm(cross_k_bar.reshape(-1, n_heads * d_head), cross_W_k.t()).view(batch, n_memory, d)
+    del cross_k_bar
+    # {t_{6}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    t6 = torch.mm(cross_v_bar.reshape(-1, n_heads * d_head), cross_W_v.t()).view(batch, n_memory, d)
+    del cross_v_bar
+    # {\overline{m}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    mem_bar = t5.add_(t6) if inference else t5 + t6
+    del t5, t6
+    # {\overline{Q^{\mathrm{cross}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {K^{\mathrm{cross}}}_{t,m,e}}{\sqrt{N_{e}}}
+    cross_q_bar = torch.einsum("bmit,btme->bime", cross_a_bar, cross_k) / math.sqrt(d_head)
+    del cross_a_bar, cross_k
+    # {\overline{W^{Q}_{\mathrm{cross}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    cross_W_q_bar = torch.einsum("bik,bime->kme", norm2_out, cross_q_bar)
+    del norm2_out
+    # {\overline{b^{Q}_{\mathrm{cross}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    cross_b_q_bar = torch.einsum("bime->me", cross_q_bar)
+    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    norm2_out_bar = torch.mm(cross_q_bar.reshape(-1, n_heads * d_head), cross_W_q.t()).view(batch, n_tokens, d)
+    del cross_q_bar
+    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    del norm2_out_bar
+    # {t_{7}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t7 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t7/(2*(eps + norm2_beta))
+    del t7
+    # {t_{8}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    t8 = torch.sum(norm2_p, dim=2)
+    # {t_{9}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t9 = torch.sum(norm2_p_bar, dim=2)
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = (-t9[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t8[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
+    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t8, t9, u2_bar
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
+    del attn_v
+    # {t_{10}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    t10 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t10[:, :, :, None]*attn_gamma
+    del attn_gamma_bar, t10
+    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
+    del attn_q
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
+    del attn_a_bar, attn_k
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
+    del norm1_out
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
+    # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    t11 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{12}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    t12 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+    del attn_q_bar
+    # {t_{13}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    t13 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+    del attn_v_bar
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    norm1_out_bar = t11.add_(t12 + t13) if inference else t11 + t12 + t13
+    del t11, t12, t13
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{14}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t14 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t14/(2*(eps + norm1_beta))
+    del t14
+    # {t_{15}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    t15 = torch.sum(norm1_p, dim=2)
+    # {t_{16}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t16 = torch.sum(norm1_p_bar, dim=2)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = (-t16[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t15[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t15, t16, u1_bar
+    return u0_bar, mem_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "cross.W_q": cross_W_q_bar.reshape(d, d),
+        "cross.b_q": cross_b_q_bar.reshape(d),
+        "cross.W_k": cross_W_k_bar.reshape(d, d),
+        "cross.b_k": cross_b_k_bar.reshape(d),
+        "cross.W_v": cross_W_v_bar.reshape(d, d),
+        "cross.b_v": cross_b_v_bar.reshape(d),
+        "cross.W_o": cross_W_o_bar.reshape(d, d),
+        "cross.b_o": cross_b_o_bar,
+        "norm3.gain": norm3_gain_bar,
+        "norm3.bias": norm3_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+    }
+
+
+
+class _DerivedStep(torch.autograd.Function):
+    """One step whose backward is the derived adjoint (reverse mode over the derived assignments).
+
+    ``data``: ``chi_m``, not differentiated; ``mem`` gets its gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, u0, mem, chi, eps, n_heads, data, *params):
+        out, saved = _vjp_forward(u0, mem, dict(zip(PARAMETERS, params)), chi, eps, n_heads, *data)
+        ctx.save_for_backward(*saved, *params)
+        ctx.chi, ctx.eps, ctx.n_heads, ctx.data, ctx.count = chi, eps, n_heads, data, len(saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        tensors = ctx.saved_tensors
+        saved, params = tensors[:ctx.count], tensors[ctx.count:]
+        p = dict(zip(PARAMETERS, params))
+        grad_u, grad_mem, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        return (grad_u, grad_mem, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
@@ -511,8 +932,8 @@ class Block(_CanonicalModule):
             raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
-        if backward != "autograd":
-            raise ValueError(f"backward must be 'autograd' (decoder-pre-ln has no derived adjoint yet), got {backward!r}")
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
@@ -533,6 +954,15 @@ class Block(_CanonicalModule):
         """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
         _load(self, PARAMETERS, params, self.bias)
         return self
+
+    @torch.jit.unused
+    def _derived(self, u0: torch.Tensor, mem: torch.Tensor, chi: torch.Tensor | None, dropout_p: float,
+                 chi_m: torch.Tensor | None) -> torch.Tensor:
+        """One step whose backward is the derived adjoint (``_DerivedStep``)."""
+        if dropout_p > 0.0:
+            raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        params = [_tensor(self, name) for name in PARAMETERS]
+        return _DerivedStep.apply(u0, mem, chi, self.eps, self.n_heads, (chi_m,), *params)
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
@@ -604,6 +1034,13 @@ class Block(_CanonicalModule):
         mem = _memory(memory if self.batch_first or memory.dim() == 2 else memory.transpose(0, 1), batch, d, u0)
         n_memory = mem.shape[1]
         chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory, u0.device)
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if cache is not None:
+                raise ValueError("backward='derived' trains without a cache (the cache is for inference)")
+            out = self._derived(u0, mem, chi, dropout_p, chi_m)
+            if u.dim() == 2:
+                return out[0]
+            return out if self.batch_first else out.transpose(0, 1)
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}

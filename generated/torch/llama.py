@@ -192,6 +192,249 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
+    """The forward step, returning its output and the arrays its adjoint reads."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
+    d_half = d_head // 2
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    attn_W_q = p["attn.W_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_W_o = p["attn.W_o"]
+    norm2_gain = p["norm2.gain"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_W_3 = p["ffn.W_3"]
+    ffn_W_2 = p["ffn.W_2"]
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
+    norm1_rho = torch.mean(u0**2, dim=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
+    norm1_p = u0/torch.sqrt(eps + norm1_rho[:, :, None])
+    # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p
+    # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_q = torch.mm(norm1_out.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+    # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_k = torch.mm(norm1_out.reshape(-1, d), attn_W_k).view(batch, n_tokens, n_kv_heads, 2, d_half)
+    # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_v = torch.mm(norm1_out.reshape(-1, d), attn_W_v).view(batch, n_tokens, n_kv_heads, d_head)
+    # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
+    attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+    del pos
+    # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
+    attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+    del attn_q
+    # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
+    attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+    del attn_k
+    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
+    del attn_a, chi
+    # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
+    attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
+    del attn_gamma
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
+    attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
+    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
+    del attn_out
+
+    # --- substep 2: ffn, explicit on Proj(norm2) ---
+    # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
+    norm2_rho = torch.mean(u1**2, dim=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
+    norm2_p = u1/torch.sqrt(eps + norm2_rho[:, :, None])
+    # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p
+    # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat((ffn_W_1, ffn_W_3), dim=1))
+    ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
+    ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    ffn_s = ffn_gate*ffn_w/(1 + torch.exp(-ffn_w))
+    # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    u2 = ffn_out.add_(u1) if inference else ffn_out + u1
+    del ffn_out
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+
+
+def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    batch, n_tokens, d = u2_bar.shape
+    d_head = d // n_heads
+    n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
+    d_half = d_head // 2
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    attn_W_q = p["attn.W_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_W_o = p["attn.W_o"]
+    norm2_gain = p["norm2.gain"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_W_3 = p["ffn.W_3"]
+    ffn_W_2 = p["ffn.W_2"]
+
+    # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
+    # {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    ffn_out_bar = u2_bar
+    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
+    del ffn_out_bar
+    # {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} = \frac{{\overline{s^{\mathrm{ffn}}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    ffn_gate_bar = ffn_s_bar*ffn_w/(1 + torch.exp(-ffn_w))
+    # {\overline{W_{\mathrm{ffn},3}}}_{k,z} = \sum_{i} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_3_bar = torch.einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}} + \frac{e^{- {w^{\mathrm{ffn}}}_{i,z}} {s^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (ffn_gate/(1 + torch.exp(-ffn_w)) + ffn_s*torch.exp(-ffn_w)/(1 + torch.exp(-ffn_w)))*ffn_s_bar
+    del ffn_gate, ffn_s, ffn_s_bar, ffn_w
+    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    del norm2_out
+    # {t_{1}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    t1 = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
+    del ffn_w_bar
+    # {t_{2}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    t2 = torch.mm(ffn_gate_bar.reshape(-1, d_ff), ffn_W_3.t()).view(batch, n_tokens, d)
+    del ffn_gate_bar
+    # {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z} + \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    norm2_out_bar = t1.add_(t2) if inference else t1 + t2
+    del t1, t2
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    del norm2_out_bar
+    # {t_{3}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    t3 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    del norm2_p
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {\overline{\rho^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm2}}}_{i}\right)}
+    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm2}}}}_{i} {u^{(1)}}_{i,l}}{N_{y}}
+    u1_bar = norm2_p_bar/torch.sqrt(eps + norm2_rho[:, :, None]) - t3[:, :, None]*u1/(d*(eps + norm2_rho[:, :, None])) + u2_bar
+    del norm2_p_bar, norm2_rho, t3, u1, u2_bar
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{g,s,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,g,s,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = torch.einsum("bil,bigse->gsel", attn_out_bar, attn_o)
+    del attn_o
+    # {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_kv_heads, n_rep, d_head)
+    del attn_out_bar
+    # {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} {V^{\mathrm{attn}}}_{j,g,e}
+    attn_gamma_bar = torch.einsum("bigse,bjge->bgsij", attn_o_bar, attn_v)
+    del attn_v
+
+    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
+    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
+    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
+    del attn_a, chi
+
+    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # {t_{4}}_{g,s,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    t4 = torch.einsum("bgsin,bgsin->bgsi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} = {\gamma^{\mathrm{attn}}}_{g,s,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} - {\gamma^{\mathrm{attn}}}_{g,s,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
+    del attn_gamma_bar, t4
+    # {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,c,r} = \frac{\sum_{s} \sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,j,i} {\hat{Q}^{\mathrm{attn}}}_{j,g,s,c,r}}{\sqrt{N_{e}}}
+    attn_kr_bar = torch.einsum("bgsji,bjgscr->bigcr", attn_a_bar, attn_qr) / math.sqrt(d_head)
+    del attn_qr
+    # {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,c,r} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r}}{\sqrt{N_{e}}}
+    attn_qr_bar = torch.einsum("bgsij,bjgcr->bigscr", attn_a_bar, attn_kr) / math.sqrt(d_head)
+    del attn_a_bar, attn_kr
+    # {\overline{V^{\mathrm{attn}}}}_{i,g,e} = \sum_{j} \sum_{s} {\gamma^{\mathrm{attn}}}_{g,s,j,i} {\overline{O^{\mathrm{attn}}}}_{j,g,s,e}
+    attn_v_bar = torch.einsum("bgsji,bjgse->bige", attn_gamma, attn_o_bar)
+    del attn_gamma, attn_o_bar
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
+    attn_k_bar = torch.sum(attn_kr_bar[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, :, None])/2), dim=4)
+    del attn_kr_bar
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
+    attn_q_bar = torch.sum(attn_qr_bar[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, None, :, None])/2), dim=5)
+    del attn_phi, attn_qr_bar
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
+    del norm1_out
+    # {t_{5}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e}
+    t5 = torch.mm(attn_v_bar.reshape(-1, n_kv_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+    del attn_v_bar
+    # {t_{6}}_{i,l} = \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r}
+    t6 = torch.mm(attn_k_bar.reshape(-1, n_kv_heads * 2 * d_half), attn_W_k.t()).view(batch, n_tokens, d)
+    del attn_k_bar
+    # {t_{7}}_{i,l} = \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    t7 = torch.mm(attn_q_bar.reshape(-1, n_kv_heads * n_rep * 2 * d_half), attn_W_q.t()).view(batch, n_tokens, d)
+    del attn_q_bar
+    # {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e} + \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} + \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    norm1_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
+    del t5, t6, t7
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    del norm1_out_bar
+    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    t8 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    del norm1_p
+    # {\overline{\rho^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm1}}}_{i}\right)}
+    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm1}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+    u0_bar = norm1_p_bar/torch.sqrt(eps + norm1_rho[:, :, None]) - t8[:, :, None]*u0/(d*(eps + norm1_rho[:, :, None])) + u1_bar
+    del norm1_p_bar, norm1_rho, t8, u0, u1_bar
+    return u0_bar, {
+        "norm1.gain": norm1_gain_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d_kv),
+        "attn.W_v": attn_W_v_bar.reshape(d, d_kv),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "norm2.gain": norm2_gain_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.W_3": ffn_W_3_bar,
+        "ffn.W_2": ffn_W_2_bar,
+    }
+
+
+
+class _DerivedStep(torch.autograd.Function):
+    """One step whose backward is the derived adjoint (reverse mode over the derived assignments).
+
+    ``data``: ``n_kv_heads``, ``pos``, ``rope_theta``, not differentiated.
+    """
+
+    @staticmethod
+    def forward(ctx, u0, chi, eps, n_heads, data, *params):
+        out, saved = _vjp_forward(u0, dict(zip(PARAMETERS, params)), chi, eps, n_heads, *data)
+        ctx.save_for_backward(*saved, *params)
+        ctx.chi, ctx.eps, ctx.n_heads, ctx.data, ctx.count = chi, eps, n_heads, data, len(saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        tensors = ctx.saved_tensors
+        saved, params = tensors[:ctx.count], tensors[ctx.count:]
+        p = dict(zip(PARAMETERS, params))
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
+
+
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
@@ -397,8 +640,8 @@ class Block(_CanonicalModule):
             raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
-        if backward != "autograd":
-            raise ValueError(f"backward must be 'autograd' (llama has no derived adjoint yet), got {backward!r}")
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
@@ -425,6 +668,15 @@ class Block(_CanonicalModule):
         """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
         _load(self, PARAMETERS, params, self.bias)
         return self
+
+    @torch.jit.unused
+    def _derived(self, u0: torch.Tensor, chi: torch.Tensor | None, dropout_p: float,
+                 n_kv_heads: int, pos: torch.Tensor, rope_theta: float) -> torch.Tensor:
+        """One step whose backward is the derived adjoint (``_DerivedStep``)."""
+        if dropout_p > 0.0:
+            raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        params = [_tensor(self, name) for name in PARAMETERS]
+        return _DerivedStep.apply(u0, chi, self.eps, self.n_heads, (n_kv_heads, pos, rope_theta), *params)
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
@@ -480,6 +732,13 @@ class Block(_CanonicalModule):
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
                        offset)
         pos = _positions(positions, batch, n_tokens, offset, u0)
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if cache is not None:
+                raise ValueError("backward='derived' trains without a cache (the cache is for inference)")
+            out = self._derived(u0, chi, dropout_p, n_kv_heads, pos, float(rope_theta))
+            if u.dim() == 2:
+                return out[0]
+            return out if self.batch_first else out.transpose(0, 1)
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
         # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}

@@ -548,10 +548,10 @@ class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments)."""
 
     @staticmethod
-    def forward(ctx, u0, chi, eps, n_heads, *params):
-        out, saved = _vjp_forward(u0, dict(zip(PARAMETERS, params)), chi, eps, n_heads)
+    def forward(ctx, u0, chi, eps, n_heads, data, *params):
+        out, saved = _vjp_forward(u0, dict(zip(PARAMETERS, params)), chi, eps, n_heads, *data)
         ctx.save_for_backward(*saved, *params)
-        ctx.chi, ctx.eps, ctx.n_heads, ctx.count = chi, eps, n_heads, len(saved)
+        ctx.chi, ctx.eps, ctx.n_heads, ctx.data, ctx.count = chi, eps, n_heads, data, len(saved)
         return out
 
     @staticmethod
@@ -559,8 +559,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads)
-        return (grad_u, None, None, None, *(grads[name] for name in PARAMETERS))
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
@@ -761,7 +761,7 @@ class Block(_CanonicalModule):
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
         params = [_tensor(self, name) for name in PARAMETERS]
-        return _DerivedStep.apply(u0, chi, self.eps, self.n_heads, *params)
+        return _DerivedStep.apply(u0, chi, self.eps, self.n_heads, (), *params)
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,

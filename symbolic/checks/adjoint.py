@@ -8,6 +8,8 @@
   assignment flipped must fail.
 - ``adjoint/layer-norm-jacobian``: the adjoint the reverse mode derives for LayerNorm equals
   the closed form ``Jᵀλ`` with ``J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε)``, exactly.
+- ``adjoint/rms-norm-jacobian``: the same for RMSNorm, ``J = diag(g)(I − P Pᵀ/N)/√(ρ + ε)``
+  with ``P = v/√(ρ + ε)``, ``ρ = mean v²`` (a closed form written by hand, proven here).
 - ``adjoint/relu-subgradient``: the derivative SymPy gives for the derived ReLU is the step
   function, and the value used at 0 lies in the subdifferential of ``max(0, ·)`` there.
 """
@@ -19,22 +21,29 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..adjoint import RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from ..adjoint import DIFFERENTIABLE_ROLES, RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
+from ..cross_attention import MEMORY_SUPPORT
+from ..domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+)
 from ..evaluate import evaluate
 from ..operators import EPSILON
 from ..program import Program
 from ..projections import SYMBOLS, derive_relu_projection
+from ..rotary_attention import POSITIONS, ROPE_THETA
 from . import Check
 
-__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "flip_sign"]
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign"]
 
 _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
 #: ``|FD − adjoint| / |adjoint|`` below this holds (the difference's own error is ~1e-30).
 _TOLERANCE = sp.Float("1e-20", _DIGITS)
-#: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational.
-_SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3}
+#: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational, θ = 10⁴ the rotary
+#: frequencies θ^(−2r/4) = 1, 1/100; grouped attention: 2 query heads share 1 key/value head.
+_SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3,
+          MEMORY.size: 2, FREQUENCIES.size: 2, ROPE_THETA: 10000}
+_GROUPED_SIZES = {**_SIZES, FEATURES.size: 8, HEADS.size: 2, KV_HEADS.size: 1, GROUP.size: 2, KV_FEATURES.size: 4}
 
 
 def _random(seed: str):
@@ -49,6 +58,20 @@ def _random(seed: str):
     return value
 
 
+def _grouped(program: Program) -> bool:
+    """Whether ``program`` reads keys and values on a coarser head grid (grouped-query attention)."""
+    return any(isinstance(index, sp.Idx) and index.upper == KV_HEADS.size - 1
+               for tensor in program.tensors.values() for index in tensor.indices)
+
+
+def _sizes_text(program: Program) -> str:
+    """The sizes and data of ``finite_difference_gap`` for ``program``, in words."""
+    heads = "8 features, 2 query heads sharing 1 key/value head" if _grouped(program) else "4 features, 1 head"
+    extra = [text for name, text in ((MEMORY_SUPPORT, "2 memory tokens (one padded for the first query)"),
+                                     (POSITIONS, "positions 1, 4, 7, θ = 10⁴")) if name in program.tensors]
+    return ", ".join(["3 tokens", heads, "d_ff = 3", *extra, "causal support", "ε = 1e-3"])
+
+
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None,
                           positive: frozenset[str] = frozenset()) -> sp.Float:
     """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate.
@@ -56,11 +79,21 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict |
     ``sizes`` adds to (or overrides) the tiny default sizes; the arrays named in ``positive``
     (a variance) take values in (1, 3) instead of (−1, 1).
     """
-    sizes = {**_SIZES, **(sizes or {})}
-    program = adjoint.forward
+    return finite_difference_gaps([adjoint], seed, sizes, positive)[0]
+
+
+def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes: dict | None = None,
+                           positive: frozenset[str] = frozenset()) -> list[sp.Float]:
+    """``finite_difference_gap`` of adjoints of one forward program (its central difference computed once)."""
+    program = adjoints[0].forward
+    sizes = {**(_GROUPED_SIZES if _grouped(program) else _SIZES), **(sizes or {})}
     point, direction, costate = _random(seed + "/point"), _random(seed + "/direction"), _random(seed + "/costate")
-    controls = [name for name, tensor in program.tensors.items() if tensor.role in ("input", "param")]
-    support = lambda i, j: 1 if j <= i else 0  # noqa: E731  (causal)
+    controls = [name for name, tensor in program.tensors.items() if tensor.role in DIFFERENTIABLE_ROLES]
+    data = {
+        "chi": lambda i, j: 1 if j <= i else 0,  # causal
+        MEMORY_SUPPORT: lambda i, t: 1 if t == 0 or i > 0 else 0,  # the first query's memory padded but one token
+        POSITIONS: lambda i: sp.Float(3 * i + 1, _DIGITS),
+    }
 
     def inside(name: str, index: tuple) -> bool:
         """Whether ``index`` is a node of array ``name`` (outside: a convolution's zero padding)."""
@@ -75,7 +108,7 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict |
 
     def inputs(shift):
         table = {name: (lambda *index, name=name: entry(name, index, shift)) for name in controls}
-        return table | {"chi": support}
+        return table | data
 
     def lam(*index) -> sp.Expr:
         return costate(*index) if inside(program.output, index) else sp.Integer(0)
@@ -87,39 +120,45 @@ def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict |
         return sum(lam(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
-    seed_name = adjoint.seed
-    values = evaluate(adjoint.program(), sizes, inputs(0) | {seed_name: lam}, eps=eps)
-    derived = sum(direction(name, *index) * value
-                  for name, gradient in adjoint.gradients.items()
-                  for index, value in values[gradient].items() if inside(name, index))
-    return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+
+    def gap(adjoint: Adjoint) -> sp.Float:
+        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lam}, eps=eps)
+        derived = sum(direction(name, *index) * value
+                      for name, gradient in adjoint.gradients.items()
+                      for index, value in values[gradient].items() if inside(name, index))
+        return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+
+    return [gap(adjoint) for adjoint in adjoints]
 
 
-def flip_sign(adjoint: Adjoint) -> Adjoint:
-    """The adjoint with the sign of one costate assignment flipped (the negative control)."""
+def flip_sign(adjoint: Adjoint, target: str | None = None) -> Adjoint:
+    """The adjoint with the sign of one costate assignment flipped (the negative control):
+    the first one, or the one that writes ``target``."""
     records = list(adjoint.records)
     for position, record in enumerate(records):
         for number, assignment in enumerate(record.assignments):
-            if adjoint.tensors[assignment.target].role == "temp" and assignment.target != adjoint.gradients.get("u0"):
+            chosen = assignment.target == target if target is not None else (
+                adjoint.tensors[assignment.target].role == "temp" and assignment.target != adjoint.gradients.get("u0"))
+            if chosen:
                 flipped = list(record.assignments)
                 flipped[number] = replace(assignment, rhs=-assignment.rhs)
                 records[position] = AdjointRecord(record.title, tuple(flipped))
                 return replace(adjoint, records=records)
-    raise AssertionError("no costate assignment to flip")
+    raise AssertionError("no costate assignment to flip" if target is None else f"no adjoint assignment writes {target!r}")
 
 
 def adjoint_checks(scheme, program: Program) -> list[Check]:
     """The finite-difference check of the scheme's adjoint and its negative control."""
     adjoint = derive_adjoint(program)
-    gap = finite_difference_gap(adjoint, scheme.name)
     flipped = flip_sign(adjoint)
-    control = finite_difference_gap(flipped, scheme.name)
+    gap, control = finite_difference_gaps([adjoint, flipped], scheme.name)
     where = next(record.title for record, original in zip(flipped.records, adjoint.records) if record != original)
-    sizes = "3 tokens, 4 features, 1 head, d_ff = 3, causal support, ε = 1e-3"
+    sizes = _sizes_text(program)
     return [
         Check(f"adjoint/{scheme.name}/finite-difference", scheme.name,
               f"The derived adjoint of {scheme.name} gives the directional derivative of ⟨λ, Φ(u, θ)⟩ along a "
-              f"random direction through the input and every control: central difference (step 1e-20) in "
+              f"random direction through the input{', the memory' if MEMORY_SUPPORT in program.tensors else ''} and "
+              f"every control: central difference (step 1e-20) in "
               f"50-digit arithmetic at {sizes}.",
               "numeric", bool(gap < _TOLERANCE), f"relative gap {sp.N(gap, 3)} (tolerance {sp.N(_TOLERANCE, 2)})"),
         Check(f"adjoint/{scheme.name}/negative-control", scheme.name,
@@ -129,45 +168,74 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
     ]
 
 
-def _layer_norm_jacobian_check() -> Check:
+def _norm_jacobian_gap(kind: str, jacobian) -> tuple[list[sp.Expr], bool]:
+    """Derived ``ū`` − ``J(v)ᵀλ`` per component for the normalization ``kind`` (N = 3, symbolic v, g, λ, ε),
+    and whether ``jacobian(v, g, −1)`` (the closed form with the sign of its rank-one term flipped) differs."""
     from ..derivation import derive
     from ..stack import final_norm_scheme
 
     size = 3
-    adjoint = derive_adjoint(derive(final_norm_scheme()))
+    adjoint = derive_adjoint(derive(final_norm_scheme(kind)))
     v = [sp.Symbol(f"v{k}", real=True) for k in range(size)]
     lam = [sp.Symbol(f"lambda{k}", real=True) for k in range(size)]
     g = [sp.Symbol(f"g{k}", real=True) for k in range(size)]
     c = [sp.Symbol(f"c{k}", real=True) for k in range(size)]
-    sizes = {TOKENS.size: 1, FEATURES.size: size}
     inputs = {"u0": lambda i, k: v[k], "final_norm_gain": lambda k: g[k], "final_norm_bias": lambda k: c[k],
               adjoint.seed: lambda i, k: lam[k]}
-    values = evaluate(adjoint.program(), sizes, inputs, eps=EPSILON)
+    values = evaluate(adjoint.program(), {TOKENS.size: 1, FEATURES.size: size}, inputs, eps=EPSILON)
     derived = [values[adjoint.gradients["u0"]][(0, k)] for k in range(size)]
-    alpha = sum(v) / size
-    beta = sum((x - alpha) ** 2 for x in v) / size
-    scale = sp.sqrt(beta + EPSILON)
-    p = [(x - alpha) / scale for x in v]
-    def closed_form(sign):
-        jacobian = sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
-                                                              - sign * p[l] * p[k] / size) / scale)
-        return jacobian.T * sp.Matrix(lam)
 
-    closed, wrong = closed_form(1), closed_form(-1)
+    closed, wrong = (jacobian(v, g, sign).T * sp.Matrix(lam) for sign in (1, -1))
     differences = [sp.simplify(sp.together(derived[k] - closed[k])) for k in range(size)]
-    # negative control: the same comparison with + P Pᵀ/N must not simplify to 0
     control = sp.simplify(sp.together(derived[0] - wrong[0])) != 0
-    holds = all(difference == 0 for difference in differences) and control
-    return Check(
-        "adjoint/layer-norm-jacobian", None,
-        "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
-        "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
-        "P = (v − α)/√(β + ε) (ε included): exactly, for N = 3 with symbolic v, g, λ and ε; the same "
-        "comparison with +P Pᵀ/N fails (negative control).",
-        "symbolic", holds,
-        "derived − closed form simplifies to 0 in every component" if holds
-        else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
-    )
+    return differences, control
+
+
+def _layer_norm_jacobian(v, g, sign):
+    """``diag(g)(I − 𝟙𝟙ᵀ/N − sign·P Pᵀ/N)/√(β + ε)``, ``P = (v − α)/√(β + ε)``."""
+    size = len(v)
+    alpha = sum(v) / size
+    scale = sp.sqrt(sum((x - alpha) ** 2 for x in v) / size + EPSILON)
+    p = [(x - alpha) / scale for x in v]
+    return sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sp.Rational(1, size)
+                                                      - sign * p[l] * p[k] / size) / scale)
+
+
+def _rms_norm_jacobian(v, g, sign):
+    """``diag(g)(I − sign·P Pᵀ/N)/√(ρ + ε)``, ``P = v/√(ρ + ε)``, ``ρ = mean v²``."""
+    size = len(v)
+    scale = sp.sqrt(sum(x**2 for x in v) / size + EPSILON)
+    p = [x / scale for x in v]
+    return sp.Matrix(size, size, lambda l, k: g[l] * ((1 if l == k else 0) - sign * p[l] * p[k] / size) / scale)
+
+
+#: id, kind, closed form, its statement
+_JACOBIANS = (
+    ("adjoint/layer-norm-jacobian", "layer-norm", _layer_norm_jacobian,
+     "Reverse mode over the derived LayerNorm assignments (mean, variance, projection with ε, gain and "
+     "bias) gives ū = Jᵀλ with the closed form J = diag(g)(I − 𝟙𝟙ᵀ/N − P Pᵀ/N)/√(β + ε), "
+     "P = (v − α)/√(β + ε) (ε included)"),
+    ("adjoint/rms-norm-jacobian", "rms-norm", _rms_norm_jacobian,
+     "Reverse mode over the derived RMSNorm assignments (mean square, projection onto the sphere with ε, "
+     "gain) gives ū = Jᵀλ with the closed form J = diag(g)(I − P Pᵀ/N)/√(ρ + ε), P = v/√(ρ + ε), "
+     "ρ = mean v² (ε included)"),
+)
+
+
+def _jacobian_checks() -> list[Check]:
+    checks = []
+    for identifier, kind, jacobian, statement in _JACOBIANS:
+        differences, control = _norm_jacobian_gap(kind, jacobian)
+        holds = all(difference == 0 for difference in differences) and control
+        checks.append(Check(
+            identifier, None,
+            statement + ": exactly, for N = 3 with symbolic v, g, λ and ε; the same comparison with the sign "
+            "of P Pᵀ/N flipped fails (negative control).",
+            "symbolic", holds,
+            "derived − closed form simplifies to 0 in every component" if holds
+            else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
+        ))
+    return checks
 
 
 def _relu_subgradient_check() -> Check:
@@ -190,4 +258,4 @@ def _relu_subgradient_check() -> Check:
 
 
 def general_adjoint_checks() -> list[Check]:
-    return [_layer_norm_jacobian_check(), _relu_subgradient_check()]
+    return [*_jacobian_checks(), _relu_subgradient_check()]

@@ -194,8 +194,7 @@ def model_checks(spec: ModelSpec | GridModelSpec | MultiscaleSpec) -> list[Check
         return grid_checks(derive_grid_model(spec))
     model = derive_model(spec)
     if (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
-        from ..adjoint import has_adjoint
         from .model_adjoint import model_adjoint_checks
 
-        return vit_checks(model) + (model_adjoint_checks(model) if has_adjoint(spec.scheme) else [])
+        return vit_checks(model) + model_adjoint_checks(model)
     return []

@@ -88,8 +88,9 @@ def _rms_norm(x, gain, eps, scaled=False):
     statistics of x/s (``_row_scale``, as ``_layer_norm``)."""
     scale = _row_scale(x) if scaled else 1
     out = x / scale
-    root = np.einsum("...k,...k->...", out, out)[..., None]
-    root /= x.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore"):  # squares that overflow send the rows to ``scaled``
+        root = np.einsum("...k,...k->...", out, out)[..., None]
+        root /= x.shape[-1]
     root += eps / scale / scale
     if not (scaled or np.isfinite(root).all()):
         return _rms_norm(x, gain, eps, scaled=True)

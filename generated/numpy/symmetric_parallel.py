@@ -145,10 +145,11 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     """
     scale = _row_scale(x) if scaled else 1
     shifted = x / scale if scaled else x
-    out = shifted - shifted[..., :1]
-    out -= np.mean(out, axis=-1, keepdims=True)
-    variance = np.einsum("...k,...k->...", out, out)[..., None]
-    variance /= x.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore"):  # squares that overflow send the rows to ``scaled``
+        out = shifted - shifted[..., :1]
+        out -= np.mean(out, axis=-1, keepdims=True)
+        variance = np.einsum("...k,...k->...", out, out)[..., None]
+        variance /= x.shape[-1]
     variance += eps / scale / scale
     if not (scaled or np.isfinite(variance).all()):
         return _layer_norm(x, gain, bias, eps, scaled=True)

@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-import sympy as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +22,6 @@ from splitformer.codegen import cli
 from splitformer.codegen.cli import main
 from splitformer.symbolic import SplitformerError, load_scheme, parse_scheme
 from splitformer.symbolic.derivation import derive
-from splitformer.symbolic.exact_numbers import MAX_TERM, exact_number
 from splitformer.symbolic.names import MODULE_ATTRIBUTES
 
 from conftest import ROOT
@@ -374,15 +372,3 @@ def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, c
     _fails(capsys, "check", "post-ln", "--plots", str(tmp_path / "new" / long), message="is longer than")
     assert list(tmp_path.iterdir()) == []
 
-
-@pytest.mark.parametrize("text, accepted", [
-    (f"{MAX_TERM}", True), (f"1/{MAX_TERM}", True), (f"-{MAX_TERM}/{MAX_TERM}", True),
-    (f"{MAX_TERM + 1}", False), (f"1/{MAX_TERM + 1}", False), (f"-{MAX_TERM + 1}/3", False),
-])
-def test_exact_numbers_up_to_the_largest_term(text, accepted):
-    """Numerator and denominator may each reach MAX_TERM, and neither may pass it."""
-    if accepted:
-        assert exact_number(text) == sp.Rational(*(int(part) for part in text.split("/")))
-    else:
-        with pytest.raises(ValueError, match="is out of range"):
-            exact_number(text)

@@ -3,10 +3,12 @@
 import tomllib
 
 import pytest
+import sympy as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from splitformer.symbolic import SplitformerError, builtin_names, load_scheme, parse_scheme
+from splitformer.symbolic.exact_numbers import MAX_TERM, exact_number
 from splitformer.symbolic.scheme import Heun, Parallel
 
 VALID = load_scheme("post-ln").source
@@ -166,3 +168,16 @@ def test_names_of_exactly_the_maximum_length_are_accepted():
     for check in (check_scheme_name, check_operator_name):
         with pytest.raises(SplitformerError, match=f"at most {MAX_NAME} characters"):
             check("a" * (MAX_NAME + 1))
+
+
+@pytest.mark.parametrize("text, accepted", [
+    (f"{MAX_TERM}", True), (f"1/{MAX_TERM}", True), (f"-{MAX_TERM}/{MAX_TERM}", True),
+    (f"{MAX_TERM + 1}", False), (f"1/{MAX_TERM + 1}", False), (f"-{MAX_TERM + 1}/3", False),
+])
+def test_exact_numbers_up_to_the_largest_term(text, accepted):
+    """Numerator and denominator may each reach MAX_TERM, and neither may pass it."""
+    if accepted:
+        assert exact_number(text) == sp.Rational(*(int(part) for part in text.split("/")))
+    else:
+        with pytest.raises(ValueError, match="is out of range"):
+            exact_number(text)

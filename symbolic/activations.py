@@ -23,7 +23,6 @@ class Activation:
     name: str
     formula: sp.Expr
     meaning: str
-    is_projection: bool = False
 
     def __call__(self, argument: sp.Expr) -> sp.Expr:
         return self.formula.subs(SYMBOLS.v, argument)
@@ -34,7 +33,6 @@ def _relu() -> Activation:
         "relu",
         derive_relu_projection().formula,
         r"projection onto $S_2 = \{u \ge 0\}$ (implicit step of $\partial I_{S_2}$), derived from KKT",
-        is_projection=True,
     )
 
 

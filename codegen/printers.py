@@ -38,9 +38,9 @@ def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library:
         labels = tuple(labels[axis] for axis in order)
         positions = sorted(positions)
     index = [":" if label in labels else "None" for label in out]
-    while index[-1] == ":":
+    while index and index[-1] == ":":
         index.pop()
-    return f"{name}[{', '.join(index)}]"
+    return f"{name}[{', '.join(index)}]" if index else name  # a permutation alone: the transposed array
 
 
 class ArrayPrinter(StrPrinter):

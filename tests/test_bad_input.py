@@ -62,6 +62,12 @@ def _fails(capsys, *arguments: str, message: str = "") -> str:
     (_replace('operator = "ffn"', 'operator = "ffn\\n"'), "unknown operator"),
     (_replace('attn = "attention"', 'attn = "attention"\nspare = "feed-forward"'),
      "operator 'spare' is declared but no step uses it"),
+    # bounds on the derivation's work: a 4 kB file must not run for minutes
+    (VALID + '\n[[steps]]\nrk = { a = [%s], b = [%s] }\nfields = [{ operator = "attn" }]\n' % (
+        ", ".join("[%s]" % ", ".join(["0"] * i) for i in range(17)), ", ".join(['"1/17"'] * 17)),
+     "has 17 stages; at most 16 are supported"),
+    (VALID + '\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n' * 61,
+     "evaluates 65 operators per step; at most 64 are supported"),
 ])
 def test_bad_scheme_files(text, message, tmp_path, capsys):
     path = tmp_path / "bad.toml"

@@ -180,7 +180,9 @@ def _show(arguments: argparse.Namespace) -> str:
         return render_report(scheme, program).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
-    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", "", program.text()])
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}",
+                      "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
+                      "", program.text()])
 
 
 def _source_with_activation(scheme) -> str:

@@ -19,10 +19,15 @@ from splitformer.symbolic.cvt_adjoint import cvt_programs
 from .model_adjoint import lower_stage_adjoint
 from .program_lowering import lower_program
 
-__all__ = ["cvt_vjp_context", "GRID_SIZES"]
+__all__ = ["cvt_vjp_context"]
 
-#: Grid sizes the emitted statements may read, bound from the configuration.
-GRID_SIZES = ("n_rows", "n_cols", "n_rows_kv", "n_cols_kv")
+#: Configuration values (``config[name]``) and grid sizes the emitted statements may read.
+CONFIG_NAMES = ("d", "n_heads", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
+                "patch_stride", "patch_padding", "n_rows", "n_cols", "n_rows_kv", "n_cols_kv")
+
+
+def _used(code: str, name: str) -> bool:
+    return re.search(rf"\b{name}\b", code) is not None
 
 
 def cvt_vjp_context(model: CvtProgram, backend: str) -> dict:
@@ -40,11 +45,18 @@ def cvt_vjp_context(model: CvtProgram, backend: str) -> dict:
         code = "\n".join(line for function in functions for section in function["sections"]
                          for statement in section["statements"] for line in statement["code"])
         functions[0]["parameters"] = [parameter for parameter in functions[0]["parameters"]
-                                      if re.search(rf"\b{parameter['variable']}\b", code)]
+                                      if _used(code, parameter["variable"])]
+        shapes_code = " ".join(str(size) for parameter in functions[0]["parameters"] if parameter["view"]
+                               for size in parameter["view"])
+        shapes_code += " " + " ".join(str(size) for shape in shapes.values() for size in shape)
+        head_size = _used(code + shapes_code, "d_head")
+        config_names = [name for name in CONFIG_NAMES
+                        if _used(code + shapes_code, name) or (head_size and name in ("d", "n_heads"))]
         context[name] = {
             "forward": functions[0], "adjoint": functions[1], "seed": backward.seed, "input": piece.input,
             "gradient_input": backward.gradients[piece.input],
-            "sizes": [size for size in GRID_SIZES if re.search(rf"\b{size}\b", code)],
+            "config": config_names, "batch": _used(code, "batch"), "d_head": head_size,
+            "dropout_p": _used(code, "dropout_p"),
             "gradients": [{"name": key, "variable": value, "shape": shapes.get(key)}
                           for key, value in backward.gradients.items() if key != piece.input],
         }

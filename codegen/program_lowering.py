@@ -6,7 +6,7 @@ token arrays part by part at such patterns (``q_in[0, l]``, then ``q_in[1 + N_2 
 Output: the IR ``Module`` of its forward (what its adjoint recomputes): a read at a pattern
 becomes a view (``Rows``, ``Point``, ``Window``); each part written at a pattern is computed
 on its own (grid point first, features last) and the parts are joined along the token axis
-(``Join``) before the array is first read.
+(``Join``) at the end of the substep that wrote them.
 """
 
 from __future__ import annotations
@@ -76,6 +76,6 @@ def lower_program(program: Program) -> Module:
     for record in program.records:
         for assignment in record.assignments:
             lowering.assignment(assignment, record.title)
-    for name in sorted(lowering.parts):
-        lowering.join(name)
+        for name in list(lowering.parts):  # a record writes whole arrays: its parts are complete
+            lowering.join(name)
     return Module(program.name, lowering.tensors, lowering.ops, program.output)

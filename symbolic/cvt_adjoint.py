@@ -9,7 +9,7 @@ notation, so that reverse mode derives the whole adjoint:
   (``u[1 + N_2 p + q, l]``);
 - ``step``: the projection onto ``S_1``, its grid field (the token nodes after the class node,
   ``g[l, p, q] = n[o + N_2 p + q, l]``), the three convolutional projections (K and V on the
-  key grid ``(p_k, q_k)``), the token concatenations (``q_in[0, l] = n[0, l]``, ``q_in[o + N_2 p
+  key grid ``(f, h)``), the token concatenations (``q_in[0, l] = n[0, l]``, ``q_in[o + N_2 p
   + q, l] = B[l, p, q]``), attention, the residual sum ``u_1 = u_0 + Δt A``, the projection
   onto ``S_1``, the feed-forward field and ``u_2 = u_1 + Δt F``;
 - ``grid``: the last step's tokens as the stage's grid (what the next stage convolves, and
@@ -34,6 +34,7 @@ from .domains import FEATURES, X, Y
 from .cvt_operators import KEY
 from .image import COLS, X1, X2
 from .latex import equation
+from .model_adjoint import _record as _stage_record
 from .model_derivation import Stage, field_tensor
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
@@ -58,14 +59,8 @@ def _record(title: str, assignments) -> SubstepRecord:
     return SubstepRecord(title, "", (Evaluation(title, "chaining", "", tuple(assignments)),), None)
 
 
-def _stage_record(stage: Stage) -> SubstepRecord:
-    operator = stage.operator
-    return SubstepRecord(f"{operator.key}: {operator.kind}", "",
-                         (Evaluation(operator.key, operator.kind, "", stage.assignments),), None)
-
-
 def _on_key_grid(stage: Stage) -> Stage:
-    """A K or V projection stage computed on the key grid ``(p_k, q_k)`` instead of ``(p, q)``."""
+    """A K or V projection stage computed on the key grid ``(f, h)`` instead of ``(p, q)``."""
     moved = {_P: _PK, _Q: _QK}
     tensors = {name: replace(tensor, indices=tuple(index.xreplace(moved) for index in tensor.indices))
                for name, tensor in stage.tensors.items()}
@@ -100,11 +95,9 @@ class _Builder:
         self.records.append(_record(title, (Assignment(lhs, rhs, meaning, quadrature=equation(lhs, rhs, names))
                                             for lhs, rhs, meaning in rows)))
 
-    def program(self, output: str) -> Program:
-        return Program(self.name, dict(self.tensors), list(self.records), output)
-
     def piece(self, output: str, input_name: str) -> CvtPiece:
-        return CvtPiece(self.program(output), input_name, dict(self.sizes))
+        """The program with output ``output``, whose adjoint returns the costate of ``input_name``."""
+        return CvtPiece(Program(self.name, dict(self.tensors), list(self.records), output), input_name, dict(self.sizes))
 
 
 def _grid_nodes(offset: int, rows=_P, cols=_Q, n_cols=COLS.size) -> sp.Expr:

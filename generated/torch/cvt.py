@@ -519,12 +519,12 @@ def _join(*parts):
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     """The derived adjoint of the embedding program: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
+    d = config["d"]
+    patch_size = config["patch_size"]
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
     n_rows = config["n_rows"]
     n_cols = config["n_cols"]
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_norm_gain = p["embed_norm.gain"]
@@ -594,12 +594,12 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
 
 def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     """The derived adjoint of the embedding_cls program: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
+    d = config["d"]
+    patch_size = config["patch_size"]
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
     n_rows = config["n_rows"]
     n_cols = config["n_cols"]
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_norm_gain = p["embed_norm.gain"]
@@ -685,14 +685,19 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
 
 def _step_vjp(u0, u2_bar, p, config, eps):
     """The derived adjoint of the step program: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
+    d = config["d"]
+    n_heads = config["n_heads"]
+    kernel_qkv = config["kernel_qkv"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
     n_rows = config["n_rows"]
     n_cols = config["n_cols"]
     n_rows_kv = config["n_rows_kv"]
     n_cols_kv = config["n_cols_kv"]
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
+    d_head = d // n_heads
+    dropout_p = 0.0
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -791,24 +796,16 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     v_in_part1 = vbn_out.permute(0, 2, 3, 1)
     # the parts one after another along the token axis
     q_in = _join(q_in_part1)
-
-    # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = torch.einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
-
-    # --- queries on the token nodes; keys and values on the key nodes ---
     # the parts one after another along the token axis
     k_in = _join(k_in_part1)
-
-    # --- attn: convolutional-attention ---
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = torch.einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
-
-    # --- queries on the token nodes; keys and values on the key nodes ---
     # the parts one after another along the token axis
     v_in = _join(v_in_part1)
 
     # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = torch.einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = torch.einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
     attn_v = torch.einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
@@ -1093,14 +1090,19 @@ def _step_vjp(u0, u2_bar, p, config, eps):
 
 def _step_cls_vjp(u0, u2_bar, p, config, eps):
     """The derived adjoint of the step_cls program: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
+    d = config["d"]
+    n_heads = config["n_heads"]
+    kernel_qkv = config["kernel_qkv"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
     n_rows = config["n_rows"]
     n_cols = config["n_cols"]
     n_rows_kv = config["n_rows_kv"]
     n_cols_kv = config["n_cols_kv"]
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
+    d_head = d // n_heads
+    dropout_p = 0.0
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -1211,24 +1213,16 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     v_in_part2 = vbn_out.permute(0, 2, 3, 1)
     # the parts one after another along the token axis
     q_in = _join(q_in_part1, q_in_part2)
-
-    # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = torch.einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
-
-    # --- queries on the token nodes; keys and values on the key nodes ---
     # the parts one after another along the token axis
     k_in = _join(k_in_part1, k_in_part2)
-
-    # --- attn: convolutional-attention ---
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = torch.einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
-
-    # --- queries on the token nodes; keys and values on the key nodes ---
     # the parts one after another along the token axis
     v_in = _join(v_in_part1, v_in_part2)
 
     # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = torch.einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = torch.einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
     attn_v = torch.einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
@@ -1526,44 +1520,30 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
 
 def _grid_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid program: the costate of its output → (costate of u, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u.shape[0], d // n_heads, 0.0
 
     # --- adjoint of the stage's grid ---
     # the value at each grid point
     u_bar_rows = hidden_bar.permute(0, 2, 3, 1)
     # {\overline{u}}_{N_{2} p + q,l} = {\overline{g}}_{l,p,q}
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 0)
-    return u_bar, {
-    }
+    return u_bar, {}
 
 
 
 def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid_cls program: the costate of its output → (costate of u, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u.shape[0], d // n_heads, 0.0
 
     # --- adjoint of the stage's grid ---
     # the value at each grid point
     u_bar_rows = hidden_bar.permute(0, 2, 3, 1)
     # {\overline{u}}_{N_{2} p + q + 1,l} = {\overline{g}}_{l,p,q}
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 1)
-    return u_bar, {
-    }
+    return u_bar, {}
 
 
 
 def _node_vjp(u, node_bar, p, config, eps):
     """The derived adjoint of the node program: the costate of its output → (costate of u, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u.shape[0], d // n_heads, 0.0
 
     # --- adjoint of the class node ---
     # node_bar at 0, l (a view)
@@ -1573,17 +1553,13 @@ def _node_vjp(u, node_bar, p, config, eps):
     # {\overline{u}}_{0,l} = {\overline{c}}_{0,l}
     u_bar = u_bar_blocks.new_zeros(u.shape)
     u_bar[:, 0, :] = u_bar_blocks
-    return u_bar, {
-    }
+    return u_bar, {}
 
 
 
 def _readout_vjp(cls, head_logits_bar, p, config, eps):
     """The derived adjoint of the readout program: the costate of its output → (costate of cls, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = cls.shape[0], d // n_heads, 0.0
+    d = config["d"]
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
     head_W = p["head.W"]

@@ -206,6 +206,8 @@ class _Recognizer:
             coefficient, powers = _powers(rhs)
             self.rules.append((assignment.lhs, coefficient, powers))
         self.rules.sort(key=lambda rule: -len(rule[2]))
+        #: (rule number, index mapping) → the rule's factors renamed (the same few are asked for often)
+        self.renamed: dict[tuple, dict[sp.Expr, sp.Expr]] = {}
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         if expr.is_Atom or isinstance(expr, sp.Indexed):
@@ -228,9 +230,9 @@ class _Recognizer:
             changed = False
             coefficient, powers = _powers(expr)
             indices = sorted(expr.atoms(sp.Idx), key=str)
-            for lhs, rule_coefficient, rule in self.rules:
+            for number, (lhs, rule_coefficient, rule) in enumerate(self.rules):
                 for mapping in self.mappings(lhs, indices):
-                    renamed = {base.xreplace(mapping): exponent for base, exponent in rule.items()}
+                    renamed = self.rename(number, mapping)
                     if not self.applies(renamed, powers):
                         continue
                     for base, exponent in renamed.items():
@@ -243,6 +245,12 @@ class _Recognizer:
                 if changed:
                     break
         return expr
+
+    def rename(self, number: int, mapping: dict) -> dict[sp.Expr, sp.Expr]:
+        key = (number, tuple(mapping.items()))
+        if key not in self.renamed:
+            self.renamed[key] = {base.xreplace(mapping): exponent for base, exponent in self.rules[number][2].items()}
+        return self.renamed[key]
 
     @staticmethod
     def applies(rule: dict, powers: dict) -> bool:

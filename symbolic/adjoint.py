@@ -183,6 +183,11 @@ def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
     return coefficient, powers
 
 
+def _arrays(exprs) -> frozenset[str]:
+    """The names of the arrays read by ``exprs`` (renaming indices keeps them)."""
+    return frozenset(str(base.label) for expr in exprs for base in expr.atoms(sp.IndexedBase))
+
+
 def _divides(part: sp.Expr, whole: sp.Expr) -> bool:
     """``whole = part · rest`` keeps the sign of each exponent and does not flip it."""
     return part.is_number and whole.is_number and (part > 0) == (whole > 0) and abs(whole) >= abs(part)
@@ -204,7 +209,7 @@ class _Recognizer:
             if isinstance(rhs, (sp.Add, sp.Indexed)) or not rhs.has(sp.Indexed):
                 continue
             coefficient, powers = _powers(rhs)
-            self.rules.append((assignment.lhs, coefficient, powers))
+            self.rules.append((assignment.lhs, coefficient, powers, _arrays(b for b, e in powers.items() if e > 0)))
         self.rules.sort(key=lambda rule: -len(rule[2]))
         #: (rule number, index mapping) → the rule's factors renamed (the same few are asked for often)
         self.renamed: dict[tuple, dict[sp.Expr, sp.Expr]] = {}
@@ -230,7 +235,10 @@ class _Recognizer:
             changed = False
             coefficient, powers = _powers(expr)
             indices = sorted(expr.atoms(sp.Idx), key=str)
-            for number, (lhs, rule_coefficient, rule) in enumerate(self.rules):
+            present = _arrays([expr])
+            for number, (lhs, rule_coefficient, rule, needed) in enumerate(self.rules):
+                if not needed <= present:  # a factor of its numerator reads an array the product does not
+                    continue
                 for mapping in self.mappings(lhs, indices):
                     renamed = self.rename(number, mapping)
                     if not self.applies(renamed, powers):

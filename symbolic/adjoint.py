@@ -37,6 +37,7 @@ computed from them are data, read by the adjoint as they are.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -109,12 +110,14 @@ def _outer_sums(expr: sp.Expr) -> list[sp.Sum]:
                   key=sp.default_sort_key)
 
 
-def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]]:
+@functools.lru_cache(maxsize=4096)
+def _partials(rhs: sp.Expr) -> tuple[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]], ...]:
     """``(x[J], ∂rhs/∂x[J], indices bound around x[J])`` for every array entry read by ``rhs``.
 
     A ``Sum`` is first treated as one symbol ``S``; its body is then differentiated with
     its summation index free and the chain factor ``∂rhs/∂S`` (the sum's limits bind the
-    index, so the entry ``x[J]`` is one of the summands).
+    index, so the entry ``x[J]`` is one of the summands). A pure function of ``rhs``,
+    remembered: schemes that share a substep differentiate its right-hand sides once.
     """
     found: list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]] = []
 
@@ -131,7 +134,7 @@ def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...
             walk(total.function, seed * sp.diff(flat, symbol).xreplace(back), bound + limits)
 
     walk(rhs, sp.Integer(1), ())
-    return found
+    return tuple(found)
 
 
 def _index_atoms(indices) -> list[sp.Idx]:

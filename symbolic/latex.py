@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import ChainMap
 from collections.abc import Mapping
+from functools import lru_cache
 
 import sympy as sp
 from sympy.core.function import AppliedUndef
@@ -71,8 +72,13 @@ def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
         name = applied.func.__name__
         if name in names:
             symbol_names[sp.Symbol(name)] = names[name]
-    printer = _MathPrinter({"symbol_names": symbol_names, "mul_symbol": None})
-    return printer.doprint(expr)
+    return _printed(expr, frozenset(symbol_names.items()))
+
+
+@lru_cache(maxsize=8192)
+def _printed(expr: sp.Basic, symbol_names: frozenset) -> str:
+    """The printer's LaTeX (remembered: schemes that share a substep print its formulas once)."""
+    return _MathPrinter({"symbol_names": dict(symbol_names), "mul_symbol": None}).doprint(expr)
 
 
 def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:

@@ -5,8 +5,9 @@ not depend on each other, so forked workers derive them side by side. A forked w
 with everything the parent has already imported, loaded and derived (the scheme files, the
 plug-ins of ``--load``, the projections derived or read from the cache), so nothing is done
 twice, and its results come back in the order of the input: the output does not depend on
-which worker finished first. Workers ignore Ctrl-C: the parent handles the interrupt and
-stops them.
+which worker finished first. Workers ignore Ctrl-C: the parent handles the interrupt, drops
+the jobs not started and waits for the running ones; a worker that dies (killed) ends the
+command with an error instead of a hang.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from splitformer.symbolic.errors import SplitformerError
 
 __all__ = ["ordered_map", "worker_count"]
 
@@ -69,8 +74,13 @@ def ordered_map(function: Callable[[T], R], items: Sequence[T], workers: int | N
     if workers <= 1:
         return [function(item) for item in items]
     _work = (function, items)
+    executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_ignore_interrupts)
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_ignore_interrupts) as pool:
-            return list(pool.imap(_run, range(len(items)), chunksize=1))
-    finally:
+        return list(executor.map(_run, range(len(items))))
+    except BrokenProcessPool:
+        raise SplitformerError("a worker process ended abruptly (killed, or out of memory); nothing was written. "
+                               "Derive fewer schemes per command to use less memory") from None
+    finally:  # after an error or an interrupt: the jobs not started are dropped
+        executor.shutdown(wait=True, cancel_futures=True)
         _work = None

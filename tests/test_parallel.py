@@ -26,6 +26,8 @@ def job(item):
     time.sleep(0.5 if item == 0 else 0.0)  # the first item finishes last
     if item == "bad":
         raise SplitformerError("scheme 'bad': no such operator")
+    if item == "killed":
+        os.kill(os.getpid(), 9)
     return item, os.getpid(), time.monotonic()
 
 print(worker_count(4))
@@ -37,11 +39,15 @@ try:
     ordered_map(job, [1, "bad", 2], workers=2)  # the pool's threads may still be ending: ask for workers
 except SplitformerError as error:
     print(error)
+try:
+    ordered_map(job, [1, "killed", 2], workers=2)
+except SplitformerError as error:
+    print(error)
 """
 
 
 @needs_two_cores
-def test_workers_return_results_in_input_order_and_reraise_errors():
+def test_workers_return_results_in_input_order_and_reraise_errors_and_a_killed_worker_is_one_error():
     lines = subprocess.run([sys.executable, "-c", WORKERS], capture_output=True, text=True, check=True,
                            cwd=ROOT).stdout.splitlines()
     assert lines[0] == "2"  # forked: two workers
@@ -49,6 +55,7 @@ def test_workers_return_results_in_input_order_and_reraise_errors():
     assert lines[2] == "2"  # done by two processes other than the parent
     assert lines[3] == "True"  # control: the first item finished after the second, yet comes first
     assert lines[4] == "scheme 'bad': no such operator"
+    assert lines[5].startswith("a worker process ended abruptly (killed, or out of memory); nothing was written")
 
 
 def test_a_process_running_other_threads_works_serially():

@@ -15,9 +15,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from splitformer.symbolic.errors import SplitformerError

@@ -134,7 +134,6 @@ class NumpyBackend(Backend):
         shape = _shape(op.outputs[0][1])
         return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
 
-
     def bound(self, argument: sp.Expr, buffer: str, printer: ArrayPrinter) -> str:
         """A number as a row of ``buffer``: NumPy's maximum runs its vectorized loop for a row
         broadcast over the rows, a scalar operand takes a loop about 3× slower."""

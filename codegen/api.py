@@ -135,7 +135,7 @@ class Derivation:
 
     def check(self, plots: str | Path | None = None):
         """This scheme's checks (recovery, order, convergence) as a ``CheckReport``."""
-        from .checking import scheme_checks
+        from .verification.runner import scheme_checks
 
         return scheme_checks(self.scheme, self.program, None if plots is None else Path(plots))
 

@@ -364,7 +364,7 @@ def fast_stages(monkeypatch, tmp_path):
 
 
 def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, capsys, monkeypatch):
-    import splitformer.codegen.checking as checking
+    import splitformer.codegen.verification.runner as checking
 
     monkeypatch.setattr(checking, "run_checks", lambda *arguments: pytest.fail("the checks ran"))
     long = "x" * 300

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import sympy as sp
 
-from splitformer.codegen.checking import order_check, run_checks
+from splitformer.codegen.verification.runner import order_check, run_checks
 from splitformer.codegen.cli import main
 from splitformer.codegen.report import check_ids
 from splitformer.symbolic import derive, load_scheme, parse_scheme

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from splitformer.codegen.checking import scheme_checks
+from splitformer.codegen.verification.runner import scheme_checks
 from splitformer.symbolic import load_scheme, parse_scheme
 from splitformer.symbolic.checks.order import splitting_order
 from splitformer.symbolic.derivation import derive

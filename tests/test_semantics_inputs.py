@@ -42,7 +42,7 @@ def test_a_user_scheme_with_rotary_and_cross_attention_passes_its_own_checks(sch
     program = derive(scheme)
     for check in (derived_check(scheme, program), emitted_check(scheme, program)):
         assert check.holds and check.method != SKIPPED, (check.id, check.detail)
-    assert "1 key/value head, θ = 100" in check.statement and "memory of 4 tokens" in check.statement
+    assert "2 key/value heads, θ = 100" in check.statement and "memory of 4 tokens" in check.statement
 
 
 # -- mutations of the derivation ------------------------------------------------------------
@@ -116,6 +116,8 @@ def _mutated_modules(scheme, old: str, new: str) -> dict:
 @pytest.mark.parametrize("old, new", [
     ("rope_theta**(2*_grid(d_half, u0)/d_head)", "rope_theta**(_grid(d_half, u0)/d_head)"),  # wrong frequencies
     ("if memory_key_padding_mask is None:", "if True:"),  # the memory padding mask ignored
+    # query head h reads key/value head h mod N_g instead of ⌊h / n_rep⌋
+    ("(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)", "(batch, n_tokens, n_rep, n_kv_heads, 2, d_half).swapaxes(2, 3)"),
 ])
 def test_mutated_emitted_code_fails_the_emitted_check(scheme, old, new):
     check = emitted_check(scheme, derive(scheme), _mutated_modules(scheme, old, new))
@@ -124,7 +126,7 @@ def test_mutated_emitted_code_fails_the_emitted_check(scheme, old, new):
 
 # -- the evaluator's own properties ------------------------------------------------------------
 
-SIZES = Sizes(tokens=5, features=8, heads=4, hidden=6, kv_heads=2)
+SIZES = Sizes(tokens=5, features=8, heads=2, hidden=6, kv_heads=1)  # d_h = 4: two frequencies
 
 
 def _step(scheme, params, u, **inputs):

@@ -8,9 +8,9 @@ For any scheme, built-in or user file:
 - ``emitted``: the emitted NumPy and PyTorch modules in float64 agree with the evaluator in
   50-digit arithmetic at a realistic size (2 sequences, 5 tokens, ``d = 8``, 2 heads,
   ``d_ff = 12``, random parameters, ε = 1e-5), without masks and with a padding mask plus
-  the causal mask (one query with empty support). Rotary attention gets 1 key/value head
-  (grouped queries), θ = 100 and positions that are not ``0 … N−1``; cross-attention a
-  memory of 4 tokens, with a memory padding mask in the masked case.
+  the causal mask (one query with empty support). Rotary attention gets ``d = 16``, 4 query
+  heads on 2 key/value heads, θ = 100 and positions that are not ``0 … N−1``;
+  cross-attention a memory of 4 tokens, with a memory padding mask in the masked case.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ __all__ = ["scheme_checks", "random_parameters", "DIGITS", "TOLERANCE", "SKIPPED
 DIGITS = 50
 #: Float64 emitted code against the 50-digit evaluator, relative to the output's scale.
 TOLERANCE = 1e-10
-_EMITTED = Sizes(tokens=5, features=8, heads=2, hidden=12, kv_heads=1)
+_EMITTED = Sizes(tokens=5, features=8, heads=2, hidden=12)
+#: Rotary attention: 4 query heads on 2 key/value heads (query head h reads ⌊h/2⌋, not h mod 2),
+#: head width 4 (two frequencies, so θ matters).
+_EMITTED_GROUPED = Sizes(tokens=5, features=16, heads=4, hidden=12, kv_heads=2)
 _TINY = Sizes(tokens=2, features=2, heads=1, hidden=2)
 #: Rotary attention's inputs in the emitted check: a base far from the default and positions
 #: with uneven gaps (per sequence), so that θ, the frequencies and p(x) all matter.
@@ -84,28 +87,30 @@ class _Inputs:
     rotary: bool
     memory: np.ndarray | None  # (batch, memory tokens, d)
     memory_mask: np.ndarray  # (batch, memory tokens), True = padded
+    sizes: Sizes
 
     @classmethod
-    def of(cls, forward, sizes: Sizes, batch: int, seed: int) -> "_Inputs":
+    def of(cls, forward, batch: int, seed: int) -> "_Inputs":
         names = signature(forward).parameters
+        sizes = _EMITTED_GROUPED if "positions" in names else _EMITTED
         memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
                   if "memory" in names else None)
         mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
         mask[1, [0, 3]] = True
-        return cls("positions" in names, memory, mask)
+        return cls("positions" in names, memory, mask, sizes)
 
     def numpy(self, masked: bool) -> tuple[tuple, dict]:
         """Positional arguments before the parameters, and keyword options."""
         options = {}
         if self.rotary:
-            options.update(n_kv_heads=_EMITTED.key_value_heads, positions=np.array(_POSITIONS, dtype=float),
+            options.update(n_kv_heads=self.sizes.key_value_heads, positions=np.array(_POSITIONS, dtype=float),
                            rope_theta=_THETA)
         if self.memory is not None and masked:
             options["memory_key_padding_mask"] = self.memory_mask
         return ((self.memory,) if self.memory is not None else ()), options
 
     def torch_block(self) -> dict:
-        return {"n_kv_heads": _EMITTED.key_value_heads, "rope_theta": _THETA} if self.rotary else {}
+        return {"n_kv_heads": self.sizes.key_value_heads, "rope_theta": _THETA} if self.rotary else {}
 
     def torch(self, masked: bool) -> tuple[tuple, dict]:
         import torch
@@ -129,16 +134,16 @@ class _Inputs:
 
 
 def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None) -> Check:
-    sizes, batch = _EMITTED, 2
+    batch, eps = 2, 1e-5
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
-    params = random_parameters(scheme, sizes, seed)
-    u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
-    eps = 1e-5
-    padding = np.zeros((batch, sizes.tokens), dtype=bool)
-    padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
     modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules["torch"]
-    inputs = _Inputs.of(numpy_module.forward, sizes, batch, seed)
+    inputs = _Inputs.of(numpy_module.forward, batch, seed)
+    sizes = inputs.sizes
+    params = random_parameters(scheme, sizes, seed)
+    u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
+    padding = np.zeros((batch, sizes.tokens), dtype=bool)
+    padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
     import torch
 
     block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
@@ -168,7 +173,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
             errors[f"numpy, {label}"] = float(np.abs(got_numpy - expected).max())
             errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
     worst = max(errors.values())
-    extra = ((f", {sizes.key_value_heads} key/value head, θ = {_THETA:g}, positions {list(_POSITIONS)}"
+    extra = ((f", {sizes.key_value_heads} key/value heads, θ = {_THETA:g}, positions {list(_POSITIONS)}"
               if inputs.rotary else "")
              + (f", a memory of {_MEMORY_TOKENS} tokens (padded too in the masked case)"
                 if inputs.memory is not None else ""))

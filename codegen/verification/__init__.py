@@ -17,6 +17,9 @@ check ids                               what is checked                         
 ``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
 ``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
                                                                                     causal and padding supports; each a control
+``structure/rotary-attention/*``,       the emitted rotary and cross-attention      shifted positions (differences only); the       ``structure.py``
+``structure/cross-attention/*``         fields                                      memory reordered, padded memory tokens; each
+                                                                                    with a control
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)

@@ -138,3 +138,15 @@ def test_a_kernel_with_a_second_factor_beside_its_support_is_not_a_softmax():
     labels = lowering.labels(gamma.lhs)
     assert isinstance(lowering.softmax("g", labels, gamma.rhs), Softmax)
     assert lowering.softmax("g", labels, wider) is None
+
+
+@pytest.mark.parametrize("value, text", [(sp.Rational(1, 3), "1/3"), (sp.Rational(-5, 2), "-5/2"),
+                                         (sp.Rational(7, 1), "7"), (sp.pi, "math.pi")])
+def test_printed_numbers_are_exact_python_expressions(value, text):
+    """A rational prints as ``p/q`` (Python's true division), never truncated to its numerator."""
+    from splitformer.codegen.printers import NumpyPrinter, TorchPrinter
+
+    module = lower(derive(load_scheme("post-ln")))
+    for printer in (NumpyPrinter(module), TorchPrinter(module)):
+        assert printer.doprint(value) == text
+        assert eval(text, {"math": __import__("math")}) == float(value)

@@ -282,3 +282,12 @@ def test_plain_indices_are_distinct_indices_only():
     assert is_plain((i, j)) and is_plain(())
     assert not is_plain((i, i))
     assert not is_plain((2 * p + r,)) and not is_plain((i, sp.Integer(0)))
+
+
+def test_index_patterns_take_integers_and_index_expressions():
+    """A point (an integer), a window (``2p + r``) and a plain index are patterns; a reused index is not."""
+    from splitformer.symbolic.adjoint import _is_pattern
+
+    i, p, r = (sp.Idx(name, 4) for name in "ipr")
+    assert _is_pattern((i, sp.Integer(0))) and _is_pattern((2 * p + r, i))
+    assert not _is_pattern((p + r, r))

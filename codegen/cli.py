@@ -256,7 +256,7 @@ _OUTCOME_LINES = {
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     from splitformer.symbolic.builtins import builtin_names
 
-    from .checking import run_checks
+    from .verification.runner import run_checks
 
     from splitformer.symbolic.checks.model_recovery import model_checks
     from splitformer.symbolic.model import is_model, load_model, model_names

@@ -93,9 +93,6 @@ class ArrayPrinter(StrPrinter):
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
 
-    def _print_Pi(self, expr: sp.Expr) -> str:
-        return "math.pi"
-
     def _print_Heaviside(self, expr: sp.Heaviside) -> str:
         """The step function with value 0 at 0 (the subgradient of ``max(0, v)`` torch uses)."""
         argument, *at_zero = expr.args

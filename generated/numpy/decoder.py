@@ -207,7 +207,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
 
 def _memory(memory, batch, d, dtype):
     """The memory m[b, t, k] the cross-attention reads, held fixed over the step."""
-    memory = np.asarray(memory)
+    memory = _array("memory", memory)
     if memory.ndim == 2:
         memory = memory[None]
     if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \

@@ -1011,6 +1011,8 @@ class Block(_CanonicalModule):
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if not isinstance(memory, torch.Tensor):
+            raise TypeError(f"memory must be a torch.Tensor, got {type(memory).__name__}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if not isinstance(is_causal, bool):

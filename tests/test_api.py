@@ -164,6 +164,7 @@ def test_other_displayed_objects_render():
 def test_public_names_resolve():
     for name in splitformer.__all__:
         assert getattr(splitformer, name) is not None, name
+    assert set(splitformer.__all__) <= set(dir(splitformer))  # tab completion finds the lazy names
 
 
 def test_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
@@ -244,3 +245,10 @@ def test_check_refuses_a_foreign_plot_before_running_and_names_the_remedy(post_l
         post_ln.check(plots=tmp_path)
     assert "--force" not in str(refused.value)
     assert foreign.read_text() == "mine"
+
+
+def test_a_model_name_given_as_a_scheme_says_what_it_is():
+    with pytest.raises(SplitformerError, match="'vit' is a built-in model, not a block scheme"):
+        splitformer.derive("vit")
+    with pytest.raises(SplitformerError, match="models, for derive and check: .*vit"):
+        splitformer.derive("no-such")

@@ -296,3 +296,34 @@ def test_a_nan_in_u_propagates_as_in_torch(name):
     assert np.array_equal(poisoned, np.isnan(torch_out)) and poisoned[0].any() and not poisoned[1].any()
     assert np.abs(out[~poisoned] - torch_out[~poisoned]).max() <= 1e-10 * np.abs(clean).max()
     assert np.array_equal(out[1], clean[1])
+
+
+# --- 1, for the whole models: the names of the vision and grid modules ------------------------
+
+def _table_params(tables, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)) + 2.0
+            for table in tables for name, axes in table.items()}  # + 2: positive variances
+
+
+def test_unknown_names_are_refused_by_the_numpy_vit_as_by_torchs():
+    numpy_module = import_path(GENERATED / "numpy" / "vit.py")
+    sizes = {"n_channels": 3, "patch_size": 2, "d": 8, "d_ff": 12, "n_tokens": 5, "n_classes": 3}
+    params = _table_params([numpy_module.PARAMETERS, numpy_module.HEAD_PARAMETERS], sizes)
+    params.update({f"layers.0.{name}": value for name, value in _table_params([numpy_module.LAYER_PARAMETERS], sizes).items()})
+    image = _u(shape=(1, 3, 4, 4))
+    assert numpy_module.logits(image, params, patch_size=2, n_heads=2).shape == (1, 3)
+    for extra in ("layers.1.attn.W_q", "embed.scale"):  # a second layer without its ffn.W_1 was ignored before
+        assert _message(ValueError, lambda: numpy_module.forward(image, {**params, extra: np.zeros((8, 8))},
+                                                                 patch_size=2, n_heads=2)) == \
+            f"unexpected parameter {extra!r}"
+
+
+def test_unknown_and_partial_transfer_names_are_refused_by_the_numpy_resnet_block():
+    numpy_module = import_path(GENERATED / "numpy" / "resnet_block.py")
+    params, u = _table_params([numpy_module.PARAMETERS], {"n_channels": 4, "d": 4}), _u(shape=(1, 4, 5, 5))
+    assert numpy_module.forward(u, params).shape == u.shape
+    assert _message(ValueError, lambda: numpy_module.forward(u, {**params, "conv3.W": 0})) == "unexpected parameter 'conv3.W'"
+    # a transfer (shortcut) given in part was taken for no transfer at all
+    assert _message(ValueError, lambda: numpy_module.forward(u, {**params, "shortcut.b": np.zeros(4)})) == \
+        "missing parameter 'shortcut.W' of shape (4, 1, 1, 4)"

@@ -303,6 +303,10 @@ def _config(params, image, patch_size, n_heads):
     layers = 0
     while f"layers.{layers}.ffn.W_1" in params:
         layers += 1
+    known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     return {"n_channels": n_channels, "patch_size": patch_size, "d": d, "d_ff": d_ff, "n_tokens": n_tokens,
             "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}

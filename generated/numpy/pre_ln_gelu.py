@@ -264,24 +264,26 @@ def _mapping(name, value):
 
 def _shape(params, name):
     """The shape of ``params[name]``; () when it has none (the parameter check names it)."""
+    value = params.get(name)
+    if isinstance(value, np.ndarray):
+        return value.shape
     try:
-        return tuple(np.shape(params[name])) if name in params else ()
+        return tuple(np.shape(value)) if value is not None else ()
     except (TypeError, ValueError, RuntimeError):
         return ()
 
 
 def _width(u, params, table):
-    """Check the width of ``u`` (its last axis) against the d most of the parameters' d axes have.
+    """Check the width of ``u`` (its last axis) against the parameters' d axes.
 
-    ``u`` is the wrong argument when the parameters agree on another width; a parameter that
-    disagrees with the others is named by ``_parameters``.
+    ``u`` is the wrong argument when fewer than half of those axes have its width (the message
+    shows the width most of them have); a parameter that disagrees with the others is named
+    by ``_parameters``.
     """
-    votes = Counter(size for name, axes in table.items() for axis, size in zip(axes, _shape(params, name))
-                    if axis == "d")
-    if votes:
-        width, count = votes.most_common(1)[0]
-        if count > votes[np.shape(u)[-1]]:
-            raise ValueError(f"u must have shape (batch, tokens, {width}) or (tokens, {width}), got {np.shape(u)}")
+    widths = [size for name, axes in table.items() for axis, size in zip(axes, _shape(params, name)) if axis == "d"]
+    if 2 * widths.count(np.shape(u)[-1]) < len(widths):
+        width = Counter(widths).most_common(1)[0][0]
+        raise ValueError(f"u must have shape (batch, tokens, {width}) or (tokens, {width}), got {np.shape(u)}")
 
 
 def _hidden_width(params, table, sizes):

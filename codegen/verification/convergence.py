@@ -55,12 +55,14 @@ def _emitted_field(scheme: Scheme, step: Substep):
     single = Scheme(f"field-{step.operator}", "one field", {key: scheme.operators[key] for key in keys},
                     Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation,
                     options={key: scheme.options[key] for key in keys if key in scheme.options})
-    forward = emitted_modules(single, derive(single), ("numpy",))["numpy"].forward
+    module = emitted_modules(single, derive(single), ("numpy",))["numpy"]
+    forward, names = module.forward, module.PARAMETERS  # the field reads only its own parameters
     if "memory" in inspect.signature(forward).parameters:  # cross-attention: a memory held fixed
         memory = (np.random.default_rng(7).standard_normal((1, MEMORY_TOKENS, SIZES.features)),)
     else:
         memory = ()
-    return lambda u, params: forward(u[None], *memory, params, n_heads=SIZES.heads, causal=False)[0] - u
+    return lambda u, params: forward(u[None], *memory, {name: params[name] for name in names},
+                                     n_heads=SIZES.heads, causal=False)[0] - u
 
 
 @dataclass

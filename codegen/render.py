@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 
 import jinja2
@@ -17,8 +18,10 @@ from .ir import Cache, Module
 __all__ = ["environment", "render_module", "unit_context"]
 
 
+@cache
 def environment() -> jinja2.Environment:
-    """The Jinja environment of all templates (strict, deterministic whitespace)."""
+    """The Jinja environment of all templates (strict, deterministic whitespace); one per process,
+    so each template is compiled once."""
     folder = resources.files("splitformer.templates")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(folder)),

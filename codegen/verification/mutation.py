@@ -63,6 +63,7 @@ RELATED = {
     "symbolic/constraints.py": ("tests/test_projections.py",),
     "symbolic/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
+    "codegen/parallel.py": ("tests/test_parallel.py",),
     "symbolic/tableaux.py": ("tests/test_tableaux.py",),
     "symbolic/scheme.py": ("tests/test_scheme_file.py",),
     "symbolic/builder.py": ("tests/test_api.py",),

@@ -178,8 +178,10 @@ def _exponentials(scores, support):
 
     A row with empty support sums to 0 and gets total 1: its kernel is zero, since the token
     integral over an empty set vanishes (never NaN), so that query's attention term is the
-    output bias alone.
+    output bias alone. So does every row when there are no keys at all (a memory of 0 tokens).
     """
+    if not scores.shape[-1]:
+        return scores, np.ones(scores.shape[:-1] + (1,), dtype=scores.dtype)
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
     peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)

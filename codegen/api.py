@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from splitformer.symbolic.checks.order import OrderResult, splitting_order
+from splitformer.codegen.verification.statements.order import OrderResult, splitting_order
 from splitformer.symbolic.derivation import derive as derive_program
 from splitformer.symbolic.equation import Equation, scheme_equation
 from splitformer.symbolic.errors import SplitformerError

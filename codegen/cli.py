@@ -258,7 +258,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
-    from splitformer.symbolic.checks.model_recovery import model_checks
+    from splitformer.codegen.verification.statements.model_recovery import model_checks
     from splitformer.symbolic.model import is_model, load_model, model_names
 
     names = arguments.schemes or builtin_names() + model_names()
@@ -297,7 +297,7 @@ def _progress_printer():
     """One line per check on stderr as it completes, with the time since the start."""
     import time
 
-    from splitformer.symbolic.checks import SKIPPED
+    from splitformer.codegen.verification.statements import SKIPPED
 
     start = time.monotonic()
 

@@ -11,8 +11,8 @@ from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN,
 from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
-from splitformer.symbolic.checks.order import splitting_order
-from splitformer.symbolic.checks.recovery import has_published_reference
+from splitformer.codegen.verification.statements.order import splitting_order
+from splitformer.codegen.verification.statements.recovery import has_published_reference
 from splitformer.symbolic.operators import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 

@@ -14,7 +14,7 @@ from splitformer.codegen.output import write_files
 from splitformer.codegen.pipeline import generate
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.adjoint import derive_adjoint
-from splitformer.symbolic.checks.adjoint import finite_difference_gap, flip_sign
+from splitformer.codegen.verification.statements.adjoint import finite_difference_gap, flip_sign
 from splitformer.symbolic.domains import VARIABLES
 
 from conftest import GENERATED, ROOT, import_path, random_encoder_layer
@@ -231,7 +231,7 @@ def test_derived_torch_backward_in_float32_without_biases_and_unbatched():
 
 def test_a_users_kinds_and_solver_get_their_adjoint(tmp_path, rng):
     """tests/plugins/my_kinds.py: a user's projection, affine field and Runge–Kutta tableau."""
-    from splitformer.symbolic.checks.adjoint import adjoint_checks
+    from splitformer.codegen.verification.statements.adjoint import adjoint_checks
     from splitformer.symbolic.plugins import load_plugin
 
     load_plugin(ROOT / "tests" / "plugins" / "my_kinds.py")

@@ -19,7 +19,7 @@ from splitformer.codegen.adapters.hf_llama import llama_layer_config, llama_laye
 from splitformer.codegen.adapters.torch_decoder import decoder_layer_params
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.adjoint import derive_adjoint
-from splitformer.symbolic.checks.adjoint import finite_difference_gap, flip_sign
+from splitformer.codegen.verification.statements.adjoint import finite_difference_gap, flip_sign
 
 from conftest import GENERATED, import_path
 from llama_reference import causal_mask, llama_config, rope

@@ -12,10 +12,10 @@ from splitformer.codegen.verification.runner import order_check, run_checks
 from splitformer.codegen.cli import main
 from splitformer.codegen.report import check_ids
 from splitformer.symbolic import derive, load_scheme, parse_scheme
-from splitformer.symbolic.checks.order import splitting_order
-from splitformer.symbolic.checks.projections import projection_checks
-from splitformer.symbolic.checks.recovery import recovery_checks
-from splitformer.symbolic.checks.sign import sign_check
+from splitformer.codegen.verification.statements.order import splitting_order
+from splitformer.codegen.verification.statements.projections import projection_checks
+from splitformer.codegen.verification.statements.recovery import recovery_checks
+from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.program import Assignment, SubstepRecord
 from splitformer.symbolic.projections import SYMBOLS as S
 

@@ -12,7 +12,7 @@ from splitformer.codegen.cli import main
 from splitformer.codegen.passes import PASSES
 from splitformer.symbolic.activations import ACTIVATIONS
 from splitformer.symbolic.builtins import builtin_names
-from splitformer.symbolic.checks import Check
+from splitformer.codegen.verification.statements import Check
 
 from latex_sanity import assert_renderable_align
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.symbolic.checks.model_adjoint import grid_adjoint_checks
+from splitformer.codegen.verification.statements.model_adjoint import grid_adjoint_checks
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_derivation import derive_grid_model
 

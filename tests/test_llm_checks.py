@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from splitformer.symbolic.checks import llm
+from splitformer.codegen.verification.statements import llm
 from splitformer.symbolic.projections import SYMBOLS
 from splitformer.symbolic.rms_norm import MEAN_SQUARE, RADIUS
 
@@ -43,7 +43,7 @@ def test_gqa_check_catches_tiled_heads():
 
 def _numeric_error(scheme, program):
     """max |derived − reference| of the numeric recovery, at 30 digits."""
-    from splitformer.symbolic.checks.recovery import _difference, _sizes
+    from splitformer.codegen.verification.statements.recovery import _difference, _sizes
 
     values = iter(sp.Float(value, 30) for value in np.random.default_rng(0).uniform(-1, 1, 4000))
     cells: dict = {}

@@ -159,7 +159,7 @@ def test_bad_operator_options_are_one_clear_error(table, message):
 def test_rms_norm_checks_hold_and_fail_on_a_wrong_formula():
     import sympy as sp
 
-    from splitformer.symbolic.checks.projections import rms_norm_check, set_checks
+    from splitformer.codegen.verification.statements.projections import rms_norm_check, set_checks
     from splitformer.symbolic.projections import Projection
 
     assert rms_norm_check().holds

@@ -100,7 +100,7 @@ def test_the_deriver_handles_a_box_by_its_kkt_cases():
 
 
 def test_python_built_scheme_with_the_users_kinds_and_tableau():
-    from splitformer.symbolic.checks.order import splitting_order
+    from splitformer.codegen.verification.statements.order import splitting_order
     from splitformer.symbolic.scheme import RungeKutta, Scheme, Sequence, Substep
 
     module = splitformer.load_plugin(PLUGIN)

@@ -4,7 +4,7 @@ import random
 
 import sympy as sp
 
-from splitformer.symbolic.checks.series import Series
+from splitformer.codegen.verification.statements.series import Series
 
 A, B, C = sp.symbols("A B C", commutative=False)
 h = sp.Symbol("h", positive=True)

@@ -6,7 +6,7 @@ import sympy as sp
 
 from splitformer.codegen.verification.runner import scheme_checks
 from splitformer.symbolic import load_scheme, parse_scheme
-from splitformer.symbolic.checks.order import splitting_order
+from splitformer.codegen.verification.statements.order import splitting_order
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Heun, RungeKutta, Scheme, Sequence, Substep

@@ -8,8 +8,8 @@ import pytest
 import sympy as sp
 
 from splitformer.codegen.cli import main
-from splitformer.symbolic.checks.equivariance import shift_commutes
-from splitformer.symbolic.checks.model_recovery import _symbolic_holds, wrong_stride
+from splitformer.codegen.verification.statements.equivariance import shift_commutes
+from splitformer.codegen.verification.statements.model_recovery import _symbolic_holds, wrong_stride
 from splitformer.symbolic.image import X1
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_derivation import derive_model
@@ -64,7 +64,7 @@ def test_cvt_checks_hold(capsys):
 
 
 def test_cvt_recovery_fails_with_the_head_scale():
-    from splitformer.symbolic.checks.cvt_recovery import _head_scale, _numeric_error
+    from splitformer.codegen.verification.statements.cvt_recovery import _head_scale, _numeric_error
     from splitformer.symbolic.cvt import derive_cvt
 
     model = derive_cvt()

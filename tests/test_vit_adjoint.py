@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf
-from splitformer.symbolic.checks.model_adjoint import model_adjoint_checks
+from splitformer.codegen.verification.statements.model_adjoint import model_adjoint_checks
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_derivation import derive_model
 

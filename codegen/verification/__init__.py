@@ -3,7 +3,7 @@
 ``splitformer check`` (``runner.py``) compares each claim with a witness that does not share
 the code it checks. The modules here hold the runner, the independent evaluator, the checks
 of a scheme's own program, and the studies; the symbolic statements about the mathematics
-are the modules of ``splitformer.symbolic.checks`` (SymPy only), which the runner calls.
+are the modules of ``statements/`` (SymPy only), which the runner calls.
 
 ======================================  ==========================================  ==============================================  =================================
 check ids                               what is checked                             against (the independent witness)               module
@@ -23,12 +23,12 @@ check ids                               what is checked                         
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)
-``recovery/<scheme>/*``                 one step of a built-in                      the published block, written by hand            ``symbolic.checks.recovery``
-``order/<scheme>``                      the order a scheme file claims              the non-commutative series, one generator per   ``symbolic.checks.order``
+``recovery/<scheme>/*``                 one step of a built-in                      the published block, written by hand            ``statements.recovery``
+``order/<scheme>``                      the order a scheme file claims              the non-commutative series, one generator per   ``statements.order``
                                                                                     operator instance
-``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``symbolic.checks.adjoint``
+``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``statements.adjoint``
                                                                                     one flipped sign
-``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``symbolic.checks.projections``,
+``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
 ``activation/*``, ``rope/*``, ``gqa/*``
 ======================================  ==========================================  ==============================================  =================================

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from splitformer.symbolic.checks import Check
+from splitformer.codegen.verification.statements import Check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme

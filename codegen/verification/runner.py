@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from splitformer.symbolic.checks import SKIPPED, Check
-from splitformer.symbolic.checks.activations import activation_checks
-from splitformer.symbolic.checks.llm import llm_checks
-from splitformer.symbolic.checks.adjoint import adjoint_checks, general_adjoint_checks
-from splitformer.symbolic.checks.order import PROJECTIONS, OrderResult, splitting_order
-from splitformer.symbolic.checks.projections import projection_checks
-from splitformer.symbolic.checks.recovery import is_builtin, recovery_checks
-from splitformer.symbolic.checks.sign import sign_check
+from splitformer.codegen.verification.statements import SKIPPED, Check
+from splitformer.codegen.verification.statements.activations import activation_checks
+from splitformer.codegen.verification.statements.llm import llm_checks
+from splitformer.codegen.verification.statements.adjoint import adjoint_checks, general_adjoint_checks
+from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
+from splitformer.codegen.verification.statements.projections import projection_checks
+from splitformer.codegen.verification.statements.recovery import is_builtin, recovery_checks
+from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme

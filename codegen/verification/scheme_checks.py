@@ -24,7 +24,7 @@ import mpmath
 import numpy as np
 import sympy as sp
 
-from splitformer.symbolic.checks import SKIPPED, Check
+from splitformer.codegen.verification.statements import SKIPPED, Check
 from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,

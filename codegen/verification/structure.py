@@ -17,7 +17,7 @@ from inspect import signature
 
 import numpy as np
 
-from splitformer.symbolic.checks import Check
+from splitformer.codegen.verification.statements import Check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 

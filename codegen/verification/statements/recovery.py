@@ -11,17 +11,17 @@ import random
 
 import sympy as sp
 
-from ..activations import activation as lookup_activation
-from ..domains import (
+from splitformer.symbolic.activations import activation as lookup_activation
+from splitformer.symbolic.domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
 )
-from ..evaluate import evaluate
-from ..operators import EPSILON
-from ..program import Program
-from ..cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
-from ..rotary_attention import POSITIONS, ROPE_THETA
-from ..references import REFERENCES, reference_block
-from ..scheme import Scheme
+from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.operators import EPSILON
+from splitformer.symbolic.program import Program
+from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
+from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
+from splitformer.symbolic.references import REFERENCES, reference_block
+from splitformer.symbolic.scheme import Scheme
 from . import Check
 
 __all__ = ["recovery_checks", "has_published_reference", "is_builtin"]
@@ -58,7 +58,7 @@ def _view_entry(view, shape, index, sizes):
 
 def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes, causal: bool = False) -> dict:
     """Inputs of ``evaluate``; ``sizes``: grid sizes by domain, or (the older form) the head width."""
-    from ..domains import VARIABLES
+    from splitformer.symbolic.domains import VARIABLES
 
     index_domains = {variable.index: variable.domain for variable in VARIABLES.values()}
     inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: int(j <= i or not causal)}
@@ -141,8 +141,8 @@ def is_builtin(scheme: Scheme) -> bool:
     A user file may carry a built-in's name (``name = "macaron"``) with other operators or
     steps; checks that hold only for the built-in are not run on it.
     """
-    from ..builtins import builtin_names, builtin_text
-    from ..scheme_file import parse_scheme
+    from splitformer.symbolic.builtins import builtin_names, builtin_text
+    from splitformer.symbolic.scheme_file import parse_scheme
 
     if scheme.name not in builtin_names():
         return False

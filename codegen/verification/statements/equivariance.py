@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..errors import SplitformerError
-from ..program import Assignment
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.program import Assignment
 from . import Check
 
 __all__ = ["equivariance_check", "shift_commutes"]

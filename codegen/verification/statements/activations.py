@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..activations import ACTIVATIONS, Activation
-from ..projections import SYMBOLS as S
+from splitformer.symbolic.activations import ACTIVATIONS, Activation
+from splitformer.symbolic.projections import SYMBOLS as S
 from . import Check, plain
 
 __all__ = ["activation_checks", "PROXIMAL"]

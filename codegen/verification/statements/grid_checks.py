@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..cnn_operators import STRIDE
-from ..image import X1
-from ..model_derivation import GridModelProgram
-from ..operators import EPSILON
+from splitformer.symbolic.cnn_operators import STRIDE
+from splitformer.symbolic.image import X1
+from splitformer.symbolic.model_derivation import GridModelProgram
+from splitformer.symbolic.operators import EPSILON
 from . import Check
 from .equivariance import shift_commutes
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..cnn_operators import STRIDE
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from ..image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
-from ..adjoint import derive_adjoint
-from ..cvt_adjoint import KEY_COLS, KEY_ROWS, cvt_programs
-from ..cvt_operators import KEYS, config_symbol
-from ..model_adjoint import derive_model_adjoint, grid_program
-from ..vision_operators import PATCH
+from splitformer.symbolic.cnn_operators import STRIDE
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
+from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS, cvt_programs
+from splitformer.symbolic.cvt_operators import KEYS, config_symbol
+from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
+from splitformer.symbolic.vision_operators import PATCH
 from . import Check
 from .adjoint import _TOLERANCE, finite_difference_gap, flip_sign
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..projections import SYMBOLS as S, derive_relu_projection
+from splitformer.symbolic.projections import SYMBOLS as S, derive_relu_projection
 from . import Check
 
 __all__ = ["sign_check"]

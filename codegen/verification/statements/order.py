@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from ..latex import plain_text
-from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
+from splitformer.symbolic.latex import plain_text
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from .series import Series
 
 __all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
@@ -116,7 +116,7 @@ class _Series:
 
 
 def _flow(scheme: Scheme, names: dict[str, str]) -> Series:
-    from ..equation import equation_terms
+    from splitformer.symbolic.equation import equation_terms
 
     field = Series.field([(term.coefficient, generator(names[term.operator]))
                           for term in equation_terms(scheme) if not term.projection], _DEGREE)

@@ -28,8 +28,8 @@ _N = 3  # features of the RMSNorm checks
 
 def _rms_projection(formula: sp.Expr | None) -> tuple[sp.Expr, list[sp.Symbol], sp.Symbol]:
     """The entries of the derived projection (ε = 0) of ``v = (v_0, …)`` and the radius σ."""
-    from ..projections import SYMBOLS
-    from ..rms_norm import MEAN_SQUARE, RADIUS, RMSNorm
+    from splitformer.symbolic.projections import SYMBOLS
+    from splitformer.symbolic.rms_norm import MEAN_SQUARE, RADIUS, RMSNorm
 
     formula = RMSNorm.projection().formula if formula is None else formula
     v = [sp.Symbol(f"v{k}", real=True) for k in range(_N)]
@@ -59,8 +59,8 @@ def rms_norm_kkt_check(formula: sp.Expr | None = None) -> Check:
 
 def rms_norm_distance_check(formula: sp.Expr | None = None, samples: int = 200) -> Check:
     """The distance to the derived point equals Theorem 3.1's at a zero-mean input, and is the least."""
-    from ..projections import derive_layer_norm_projection
-    from ..projections import SYMBOLS as S
+    from splitformer.symbolic.projections import derive_layer_norm_projection
+    from splitformer.symbolic.projections import SYMBOLS as S
 
     u, v, sigma = _rms_projection(formula)
     rho = sum(value**2 for value in v) / _N
@@ -97,8 +97,8 @@ def rms_norm_distance_check(formula: sp.Expr | None = None, samples: int = 200) 
 
 def rotary_kernel() -> Callable[[sp.Expr, int, int], sp.Expr]:
     """``R(φ; c, c̃)`` read from the ``rotary-attention`` operator's definition of the rotated queries."""
-    from ..domains import C, C_IN
-    from ..rotary_attention import RotaryAttention
+    from splitformer.symbolic.domains import C, C_IN
+    from splitformer.symbolic.rotary_attention import RotaryAttention
 
     definition = next(d for d in RotaryAttention("attn").definitions() if d.function == "qr")
     integrand = definition.rhs.function
@@ -140,11 +140,11 @@ def gqa_repeat_check(repeat: Callable | None = None) -> Check:
     ``repeat(matrix, n_kv, n_rep, width)`` builds the MHA kernels (default: each head ``n_rep`` times in a
     row, transformers' ``repeat_kv``); a different order is a negative control.
     """
-    from ..derivation import derive
-    from ..domains import VARIABLES
-    from ..evaluate import evaluate
-    from ..rotary_attention import POSITIONS, ROPE_THETA
-    from ..scheme import Scheme, Sequence, Substep
+    from splitformer.symbolic.derivation import derive
+    from splitformer.symbolic.domains import VARIABLES
+    from splitformer.symbolic.evaluate import evaluate
+    from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
+    from splitformer.symbolic.scheme import Scheme, Sequence, Substep
     from .recovery import _domain_sizes, _sizes, _vanishes, _view_entry
 
     repeat = repeat or (lambda matrix, n_kv, n_rep, width: sp.Matrix.hstack(

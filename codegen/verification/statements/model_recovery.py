@@ -14,17 +14,17 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..activations import activation as lookup_activation
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from ..evaluate import evaluate
-from ..image import CHANNELS, CLASSES, COLS, ROWS, X1
-from ..model import GridModelSpec, ModelSpec, MultiscaleSpec
-from ..model_derivation import INPUT, ModelProgram, Stage, derive_grid_model, derive_model, discretize_stage
-from ..operators import EPSILON
-from ..program import Evaluation, Program, SubstepRecord
-from ..vision_operators import IMAGE, PATCH, PatchEmbedding
-from ..references import layer_norm, reference_block
-from ..vision_references import class_token_head, patch_embedding
+from splitformer.symbolic.activations import activation as lookup_activation
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, ROWS, X1
+from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec
+from splitformer.symbolic.model_derivation import INPUT, ModelProgram, Stage, derive_grid_model, derive_model, discretize_stage
+from splitformer.symbolic.operators import EPSILON
+from splitformer.symbolic.program import Evaluation, Program, SubstepRecord
+from splitformer.symbolic.vision_operators import IMAGE, PATCH, PatchEmbedding
+from splitformer.symbolic.references import layer_norm, reference_block
+from splitformer.symbolic.vision_references import class_token_head, patch_embedding
 from . import Check
 from .equivariance import equivariance_check
 from .recovery import _inputs, _parameters, _vanishes
@@ -181,7 +181,7 @@ def vit_checks(model: ModelProgram) -> list[Check]:
 def model_checks(spec: ModelSpec | GridModelSpec | MultiscaleSpec) -> list[Check]:
     """The checks of a built-in model (by its embedding and readout kinds)."""
     if isinstance(spec, MultiscaleSpec):
-        from ..cvt import derive_cvt
+        from splitformer.symbolic.cvt import derive_cvt
         from .cvt_checks import cvt_checks
 
         from .model_adjoint import cvt_adjoint_checks

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection, feature_mean
+from splitformer.symbolic.projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection, feature_mean
 from . import Check, plain
 
 __all__ = ["projection_checks", "closed_form_check", "set_checks", "rms_norm_check"]
@@ -151,7 +151,7 @@ def projection_checks(formula: sp.Expr | None = None) -> list[Check]:
 
 
 def _projection_kinds() -> list[type]:
-    from ..operators import OPERATOR_KINDS
+    from splitformer.symbolic.operators import OPERATOR_KINDS
 
     return [cls for kind, cls in sorted(OPERATOR_KINDS.items())
             if cls.is_projection and getattr(cls, "constraints", None) is not None and kind != "layer-norm"]
@@ -160,7 +160,7 @@ def _projection_kinds() -> list[type]:
 def set_checks(cls: type) -> list[Check]:
     """A projection kind given by its constraint set: its derived point lies in the set, and the root
     selection is decided (every other stationary point is farther)."""
-    from ..constraints import U
+    from splitformer.symbolic.constraints import U
 
     constraints, projection = cls.constraints, cls.projection()
     residuals = [sp.simplify(feature_mean(constraints, moment.component.subs(U, projection.theorem)) - moment.value)
@@ -190,11 +190,11 @@ def rms_norm_check(reference=None, features: int = 3) -> Check:
 
     ``reference(x, g, eps)`` replaces the published formula (negative controls).
     """
-    from ..derivation import derive
-    from ..domains import FEATURES, TOKENS
-    from ..evaluate import evaluate
-    from ..operators import EPSILON
-    from ..scheme import Scheme, Sequence, Substep
+    from splitformer.symbolic.derivation import derive
+    from splitformer.symbolic.domains import FEATURES, TOKENS
+    from splitformer.symbolic.evaluate import evaluate
+    from splitformer.symbolic.operators import EPSILON
+    from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
     def published(x, g, eps):
         mean_square = sum(value**2 for value in x) / len(x)

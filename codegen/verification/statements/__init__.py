@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..latex import plain_text as plain
+from splitformer.symbolic.latex import plain_text as plain
 
 __all__ = ["Check", "plain", "SKIPPED"]
 

@@ -21,16 +21,16 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..adjoint import DIFFERENTIABLE_ROLES, RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
-from ..cross_attention import MEMORY_SUPPORT
-from ..domains import (
+from splitformer.symbolic.adjoint import DIFFERENTIABLE_ROLES, RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
+from splitformer.symbolic.cross_attention import MEMORY_SUPPORT
+from splitformer.symbolic.domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
 )
-from ..evaluate import evaluate
-from ..operators import EPSILON
-from ..program import Program
-from ..projections import SYMBOLS, derive_relu_projection
-from ..rotary_attention import POSITIONS, ROPE_THETA
+from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.operators import EPSILON
+from splitformer.symbolic.program import Program
+from splitformer.symbolic.projections import SYMBOLS, derive_relu_projection
+from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
 from . import Check
 
 __all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign"]
@@ -171,8 +171,8 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
 def _norm_jacobian_gap(kind: str, jacobian) -> tuple[list[sp.Expr], bool]:
     """Derived ``ū`` − ``J(v)ᵀλ`` per component for the normalization ``kind`` (N = 3, symbolic v, g, λ, ε),
     and whether ``jacobian(v, g, −1)`` (the closed form with the sign of its rank-one term flipped) differs."""
-    from ..derivation import derive
-    from ..stack import final_norm_scheme
+    from splitformer.symbolic.derivation import derive
+    from splitformer.symbolic.stack import final_norm_scheme
 
     size = 3
     adjoint = derive_adjoint(derive(final_norm_scheme(kind)))

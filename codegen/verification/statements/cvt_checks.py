@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sympy as sp
 
-from ..cvt import CvtProgram
-from ..cvt_operators import KEYS, config_symbol
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, TOKENS
-from ..image import X1
+from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.cvt_operators import KEYS, config_symbol
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, TOKENS
+from splitformer.symbolic.image import X1
 from . import Check
 from .equivariance import shift_commutes
 from .grid_checks import batch_norm_check

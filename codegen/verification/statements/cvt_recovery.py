@@ -15,15 +15,15 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..activations import activation as lookup_activation
-from ..cvt import CvtProgram
-from ..cvt_operators import KEYS
-from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
-from ..evaluate import evaluate
-from ..image import COLS, IMAGE_VARIABLES, ROWS
-from ..model_derivation import Stage
-from ..operators import EPSILON
-from ..references import feed_forward, layer_norm
+from splitformer.symbolic.activations import activation as lookup_activation
+from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.cvt_operators import KEYS
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.image import COLS, IMAGE_VARIABLES, ROWS
+from splitformer.symbolic.model_derivation import Stage
+from splitformer.symbolic.operators import EPSILON
+from splitformer.symbolic.references import feed_forward, layer_norm
 from . import Check
 from .model_recovery import _program
 from .recovery import _canonical_entry, _vanishes

@@ -181,3 +181,12 @@ def test_exact_numbers_up_to_the_largest_term(text, accepted):
     else:
         with pytest.raises(ValueError, match="is out of range"):
             exact_number(text)
+
+
+@pytest.mark.parametrize("text", ["9" * 30 + "." + "1" * 20, "7" * 30 + "/" + "3" * 25, "x" * 60])
+def test_a_bad_number_is_quoted_by_its_first_40_characters(text):
+    """Messages stay one short line whatever the file holds: the value is cut at 40 characters."""
+    with pytest.raises(ValueError) as refused:
+        exact_number(text)
+    message = str(refused.value)
+    assert text[:40] in message and text[:41] not in message

@@ -460,12 +460,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
     # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
-    norm3_gain_bar = torch.einsum("bil,bil->l", norm3_p, u6_bar)
+    norm3_gain_bar = torch.sum(norm3_p * u6_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
     norm3_p_bar = norm3_gain*u6_bar
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
     norm3_beta_bar = -t1/(2*(eps + norm3_beta))
     del t1
@@ -504,12 +504,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u4_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t4 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t4 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t4/(2*(eps + norm2_beta))
     del t4
@@ -553,7 +553,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 3: cross, explicit ---
     # {t_{7}}_{m,i} = \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
-    t7 = torch.einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
+    t7 = torch.sum(cross_gamma * cross_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{cross}}}}_{m,i,t} = {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} - {\gamma^{\mathrm{cross}}}_{m,i,t} \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
     cross_a_bar = cross_gamma*cross_gamma_bar - t7[:, :, :, None]*cross_gamma
     del cross_gamma_bar, t7
@@ -597,12 +597,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{10}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t10 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t10 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t10/(2*(eps + norm1_beta))
     del t10
@@ -630,7 +630,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{13}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t13 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t13 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t13[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t13
@@ -1072,11 +1072,14 @@ class Block(_CanonicalModule):
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1085,6 +1088,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- substep 3: cross, explicit ---
         # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
@@ -1094,15 +1098,19 @@ class Block(_CanonicalModule):
         cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
         cross_k, cross_v = cross_kv.chunk(2, dim=1)
         cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
+        del mem
         # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
         # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
         cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None], dropout_p)
+        del chi_m, cross_k, cross_q, cross_v
         # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
         cross_out = torch.addmm(cross_b_o, cross_o.reshape(-1, n_heads * d_head), cross_W_o).view(batch, n_tokens, d)
         cross_out = _dropout(cross_out, dropout_p)
+        del cross_o
         # {u^{(3)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(2)}}_{i,l}
         u3 = cross_out.add_(u2) if inference else cross_out + u2
+        del cross_out, u2
 
         # --- substep 4: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1111,6 +1119,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
 
         # --- substep 5: ffn, explicit ---
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
@@ -1118,11 +1127,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(5)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(4)}}_{i,l}
         u5 = ffn_out.add_(u4) if inference else ffn_out + u4
+        del ffn_out, u4
 
         # --- substep 6: norm3, projection ---
         # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
@@ -1131,6 +1143,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
         # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
         u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
+        del u5
         if u.dim() == 2:
             return u6[0]
         return u6 if self.batch_first else u6.transpose(0, 1)

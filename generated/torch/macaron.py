@@ -431,12 +431,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
     # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
-    norm3_gain_bar = torch.einsum("bil,bil->l", norm3_p, u6_bar)
+    norm3_gain_bar = torch.sum(norm3_p * u6_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
     norm3_p_bar = norm3_gain*u6_bar
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
     norm3_beta_bar = -t1/(2*(eps + norm3_beta))
     del t1
@@ -475,12 +475,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u4_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t4 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t4 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t4/(2*(eps + norm2_beta))
     del t4
@@ -517,7 +517,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 3: attn, explicit ---
     # {t_{7}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t7 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t7 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t7[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t7
@@ -560,12 +560,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t11 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t11/(2*(eps + norm1_beta))
     del t11
@@ -918,11 +918,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
         ffn_pre_s = ffn_pre_w.clamp_min_(0) if inference else torch.relu(ffn_pre_w)
         ffn_pre_s = _dropout(ffn_pre_s, dropout_p)
+        del ffn_pre_w
         # {\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l} = {b_{\mathrm{ffn\_pre},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_pre},2}}_{z,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
         ffn_pre_out = torch.addmm(ffn_pre_b_2, ffn_pre_s.reshape(-1, d_ff), ffn_pre_W_2).view(batch, n_tokens, d)
         ffn_pre_out = _dropout(ffn_pre_out, dropout_p)
+        del ffn_pre_s
         # {u^{(1)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u1 = ffn_pre_out/2 + u0
+        del ffn_pre_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -931,6 +934,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- substep 3: attn, explicit ---
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(2)}}_{i,k}
@@ -943,11 +947,14 @@ class Block(_CanonicalModule):
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(2)}}_{i,l}
         u3 = attn_out.add_(u2) if inference else attn_out + u2
+        del attn_out, u2
 
         # --- substep 4: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -956,6 +963,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
 
         # --- substep 5: ffn_post, explicit, fraction 1/2 ---
         # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
@@ -963,11 +971,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
         ffn_post_s = ffn_post_w.clamp_min_(0) if inference else torch.relu(ffn_post_w)
         ffn_post_s = _dropout(ffn_post_s, dropout_p)
+        del ffn_post_w
         # {\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l} = {b_{\mathrm{ffn\_post},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_post},2}}_{z,l} {s^{\mathrm{ffn\_post}}}_{i,z}
         ffn_post_out = torch.addmm(ffn_post_b_2, ffn_post_s.reshape(-1, d_ff), ffn_post_W_2).view(batch, n_tokens, d)
         ffn_post_out = _dropout(ffn_post_out, dropout_p)
+        del ffn_post_s
         # {u^{(5)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l}}{2} + {u^{(4)}}_{i,l}
         u5 = ffn_post_out/2 + u4
+        del ffn_post_out, u4
 
         # --- substep 6: norm3, projection ---
         # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
@@ -976,6 +987,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
         # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
         u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
+        del u5
         if u.dim() == 2:
             return u6[0]
         return u6 if self.batch_first else u6.transpose(0, 1)

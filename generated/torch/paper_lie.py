@@ -385,12 +385,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(7)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u7_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(7)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u7_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u7_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(7)}}_{i,l}
     norm2_p_bar = norm2_gain*u7_bar
     del u7_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
@@ -443,12 +443,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{5}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t5 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t5 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t5/(2*(eps + norm1_beta))
     del t5
@@ -485,7 +485,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: attn, explicit ---
     # {t_{8}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t8 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t8 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t8[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t8
@@ -829,11 +829,14 @@ class Block(_CanonicalModule):
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -842,6 +845,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- branch substep 3: ffn1, explicit ---
         # {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} = {b_{\mathrm{ffn1}}}_{l} + \sum_{k} {W_{\mathrm{ffn1}}}_{k,l} {u^{(2)}}_{i,k}
@@ -853,6 +857,7 @@ class Block(_CanonicalModule):
         # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
         # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
         u4 = torch.relu(ffn1_out + u2)
+        del ffn1_out
 
         # --- branch substep 5: ffn2, explicit ---
         # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
@@ -863,6 +868,7 @@ class Block(_CanonicalModule):
         # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
         # {u^{(6)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(5)}}_{i,l}}{2}
         u6 = ffn2_out/2 + u2/2 + u4/2
+        del ffn2_out, u2, u4
 
         # --- substep 7: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(6)}}_{i,k}}{N_{y}}
@@ -871,6 +877,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(7)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u7 = _layer_norm(u6, norm2_gain, norm2_bias, eps)
+        del u6
         if u.dim() == 2:
             return u7[0]
         return u7 if self.batch_first else u7.transpose(0, 1)

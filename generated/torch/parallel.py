@@ -383,7 +383,7 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
     # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t1 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t1 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t1[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t1
@@ -427,12 +427,12 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_p_bar = norm1_gain*norm1_out_bar
     del norm1_out_bar
     # {t_{6}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t6 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t6 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t6/(2*(eps + norm1_beta))
     del t6
@@ -749,19 +749,25 @@ class Block(_CanonicalModule):
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm1_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm1_out
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
+        del attn_out, ffn_out, u0
         if u.dim() == 2:
             return u1[0]
         return u1 if self.batch_first else u1.transpose(0, 1)

@@ -492,7 +492,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm2},4}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm24_p_bar = norm2_gain*norm24_out_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2},4}}_{i,l} {\overline{P^{\mathrm{norm2},4}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm24_p, norm24_p_bar)
+    t1 = torch.sum(norm24_p * norm24_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},4}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},4}}_{i,l} {\overline{P^{\mathrm{norm2},4}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},4}}_{i}\right)}
     norm24_beta_bar = -t1/(2*(eps + norm24_beta))
     del t1
@@ -532,7 +532,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}
-    t4 = torch.einsum("bmin,bmin->bmi", attn4_gamma, attn4_gamma_bar)
+    t4 = torch.sum(attn4_gamma * attn4_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},4}}}_{m,i,j} = {\gamma^{\mathrm{attn},4}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,j} - {\gamma^{\mathrm{attn},4}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}
     attn4_a_bar = attn4_gamma*attn4_gamma_bar - t4[:, :, :, None]*attn4_gamma
     del attn4_gamma_bar, t4
@@ -557,7 +557,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},4}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm14_p_bar = norm1_gain*norm14_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1},4}}_{i,l} {\overline{P^{\mathrm{norm1},4}}}_{i,l}
-    t8 = torch.einsum("bil,bil->bi", norm14_p, norm14_p_bar)
+    t8 = torch.sum(norm14_p * norm14_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},4}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},4}}_{i,l} {\overline{P^{\mathrm{norm1},4}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},4}}_{i}\right)}
     norm14_beta_bar = -t8/(2*(eps + norm14_beta))
     del t8
@@ -582,7 +582,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm2},3}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm23_p_bar = norm2_gain*norm23_out_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm2},3}}_{i,l} {\overline{P^{\mathrm{norm2},3}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm23_p, norm23_p_bar)
+    t11 = torch.sum(norm23_p * norm23_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},3}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},3}}_{i,l} {\overline{P^{\mathrm{norm2},3}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},3}}_{i}\right)}
     norm23_beta_bar = -t11/(2*(eps + norm23_beta))
     del t11
@@ -598,7 +598,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn3_gamma_bar = torch.einsum("bime,bjme->bmij", attn3_o_bar, attn3_v)
     del attn3_v
     # {t_{14}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},3}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,n}
-    t14 = torch.einsum("bmin,bmin->bmi", attn3_gamma, attn3_gamma_bar)
+    t14 = torch.sum(attn3_gamma * attn3_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},3}}}_{m,i,j} = {\gamma^{\mathrm{attn},3}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,j} - {\gamma^{\mathrm{attn},3}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},3}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,n}
     attn3_a_bar = attn3_gamma*attn3_gamma_bar - t14[:, :, :, None]*attn3_gamma
     del attn3_gamma_bar, t14
@@ -623,7 +623,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},3}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm13_p_bar = norm1_gain*norm13_out_bar
     # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1},3}}_{i,l} {\overline{P^{\mathrm{norm1},3}}}_{i,l}
-    t18 = torch.einsum("bil,bil->bi", norm13_p, norm13_p_bar)
+    t18 = torch.sum(norm13_p * norm13_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},3}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},3}}_{i,l} {\overline{P^{\mathrm{norm1},3}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},3}}_{i}\right)}
     norm13_beta_bar = -t18/(2*(eps + norm13_beta))
     del t18
@@ -648,7 +648,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{21}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
-    t21 = torch.einsum("bil,bil->bi", norm22_p, norm22_p_bar)
+    t21 = torch.sum(norm22_p * norm22_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
     norm22_beta_bar = -t21/(2*(eps + norm22_beta))
     del t21
@@ -664,7 +664,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
     # {t_{24}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
-    t24 = torch.einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
+    t24 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     attn2_a_bar = attn2_gamma*attn2_gamma_bar - t24[:, :, :, None]*attn2_gamma
     del attn2_gamma_bar, t24
@@ -689,7 +689,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm12_p_bar = norm1_gain*norm12_out_bar
     # {t_{28}}_{i} = \sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
-    t28 = torch.einsum("bil,bil->bi", norm12_p, norm12_p_bar)
+    t28 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}\right)}
     norm12_beta_bar = -t28/(2*(eps + norm12_beta))
     del t28
@@ -761,13 +761,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = norm2_bias_bar_0 + norm2_bias_bar_1 + norm2_bias_bar_2 + norm2_bias_bar_3
     del norm2_bias_bar_0, norm2_bias_bar_1, norm2_bias_bar_2, norm2_bias_bar_3
-    norm2_gain_bar_0 = torch.einsum("bil,bil->l", norm22_out_bar, norm22_p)
+    norm2_gain_bar_0 = torch.sum(norm22_out_bar * norm22_p, dim=(0, 1))
     del norm22_out_bar, norm22_p
-    norm2_gain_bar_1 = torch.einsum("bil,bil->l", norm23_out_bar, norm23_p)
+    norm2_gain_bar_1 = torch.sum(norm23_out_bar * norm23_p, dim=(0, 1))
     del norm23_out_bar, norm23_p
-    norm2_gain_bar_2 = torch.einsum("bil,bil->l", norm24_out_bar, norm24_p)
+    norm2_gain_bar_2 = torch.sum(norm24_out_bar * norm24_p, dim=(0, 1))
     del norm24_out_bar, norm24_p
-    norm2_gain_bar_3 = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar_3 = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {P^{\mathrm{norm2},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} {P^{\mathrm{norm2},3}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} {P^{\mathrm{norm2},4}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1 + norm2_gain_bar_2 + norm2_gain_bar_3
     del norm2_gain_bar_0, norm2_gain_bar_1, norm2_gain_bar_2, norm2_gain_bar_3
@@ -775,7 +775,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
     # {t_{31}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t31 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t31 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t31/(2*(eps + norm2_beta))
     del t31
@@ -813,7 +813,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{34}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t34 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t34 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t34[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t34
@@ -900,13 +900,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = norm1_bias_bar_0 + norm1_bias_bar_1 + norm1_bias_bar_2 + norm1_bias_bar_3
     del norm1_bias_bar_0, norm1_bias_bar_1, norm1_bias_bar_2, norm1_bias_bar_3
-    norm1_gain_bar_0 = torch.einsum("bil,bil->l", norm12_out_bar, norm12_p)
+    norm1_gain_bar_0 = torch.sum(norm12_out_bar * norm12_p, dim=(0, 1))
     del norm12_out_bar, norm12_p
-    norm1_gain_bar_1 = torch.einsum("bil,bil->l", norm13_out_bar, norm13_p)
+    norm1_gain_bar_1 = torch.sum(norm13_out_bar * norm13_p, dim=(0, 1))
     del norm13_out_bar, norm13_p
-    norm1_gain_bar_2 = torch.einsum("bil,bil->l", norm14_out_bar, norm14_p)
+    norm1_gain_bar_2 = torch.sum(norm14_out_bar * norm14_p, dim=(0, 1))
     del norm14_out_bar, norm14_p
-    norm1_gain_bar_3 = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar_3 = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {P^{\mathrm{norm1},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} {P^{\mathrm{norm1},3}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} {P^{\mathrm{norm1},4}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1 + norm1_gain_bar_2 + norm1_gain_bar_3
     del norm1_gain_bar_0, norm1_gain_bar_1, norm1_gain_bar_2, norm1_gain_bar_3
@@ -914,7 +914,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm1_p_bar = norm1_gain*norm1_out_bar
     del norm1_out_bar
     # {t_{38}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t38 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t38 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t38/(2*(eps + norm1_beta))
     del t38
@@ -1234,13 +1234,16 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del norm1_out
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
@@ -1248,12 +1251,15 @@ class Block(_CanonicalModule):
         norm2_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(1)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u1 = attn_out/2 + ffn_out/2 + u0
         # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1267,26 +1273,33 @@ class Block(_CanonicalModule):
         attn2_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm12_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn2_q, attn2_k, attn2_v = attn2_qkv.chunk(3, dim=1)
         attn2_q, attn2_k, attn2_v = attn2_q.view(batch, n_tokens, n_heads, d_head), attn2_k.view(batch, n_tokens, n_heads, d_head), attn2_v.view(batch, n_tokens, n_heads, d_head)
+        del norm12_out
         # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
         attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn2_k, attn2_q, attn2_v
         # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn2_out = _dropout(attn2_out, dropout_p)
+        del attn2_o
         # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm22_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+        del u1
         # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
         ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm22_out
         # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
         ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
         ffn2_s = _dropout(ffn2_s, dropout_p)
+        del ffn2_w
         # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn2_out = torch.addmm(ffn_b_2, ffn2_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn2_out = _dropout(ffn2_out, dropout_p)
+        del ffn2_s
         # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u2 = attn2_out/2 + ffn2_out/2 + u0
         # {\alpha^{\mathrm{norm1},3}}_{i} = \frac{\sum_{k} {u^{(2)}}_{i,k}}{N_{y}}
@@ -1300,26 +1313,33 @@ class Block(_CanonicalModule):
         attn3_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm13_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn3_q, attn3_k, attn3_v = attn3_qkv.chunk(3, dim=1)
         attn3_q, attn3_k, attn3_v = attn3_q.view(batch, n_tokens, n_heads, d_head), attn3_k.view(batch, n_tokens, n_heads, d_head), attn3_v.view(batch, n_tokens, n_heads, d_head)
+        del norm13_out
         # {a^{\mathrm{attn},3}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},3}}_{j,m,e} {Q^{\mathrm{attn},3}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},3}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},3}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},3}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},3}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},3}}_{m,i,j} {V^{\mathrm{attn},3}}_{j,m,e}
         attn3_o = _attention(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn3_k, attn3_q, attn3_v
         # {\mathcal{A}^{\mathrm{attn},3}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},3}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn3_out = torch.addmm(attn_b_o, attn3_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn3_out = _dropout(attn3_out, dropout_p)
+        del attn3_o
         # {\alpha^{\mathrm{norm2},3}}_{i} = \frac{\sum_{k} {u^{(2)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},3}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},3}}_{i} + {u^{(2)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},3}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},3}}_{i} + {u^{(2)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},3}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},3}}_{i,l} = {P^{\mathrm{norm2},3}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm23_out = _layer_norm(u2, norm2_gain, norm2_bias, eps)
+        del u2
         # {w^{\mathrm{ffn},3}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},3}}_{i,k}
         ffn3_w = torch.addmm(ffn_b_1, norm23_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm23_out
         # {s^{\mathrm{ffn},3}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},3}}_{i,z}\right)
         ffn3_s = ffn3_w.clamp_min_(0) if inference else torch.relu(ffn3_w)
         ffn3_s = _dropout(ffn3_s, dropout_p)
+        del ffn3_w
         # {\mathcal{F}^{\mathrm{ffn},3}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},3}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn3_out = torch.addmm(ffn_b_2, ffn3_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn3_out = _dropout(ffn3_out, dropout_p)
+        del ffn3_s
         # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn},3}}_{i,l} + {\mathcal{F}^{\mathrm{ffn},3}}_{i,l} + {u^{(0)}}_{i,l}
         u3 = attn3_out + ffn3_out + u0
         # {\alpha^{\mathrm{norm1},4}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1333,28 +1353,36 @@ class Block(_CanonicalModule):
         attn4_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm14_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn4_q, attn4_k, attn4_v = attn4_qkv.chunk(3, dim=1)
         attn4_q, attn4_k, attn4_v = attn4_q.view(batch, n_tokens, n_heads, d_head), attn4_k.view(batch, n_tokens, n_heads, d_head), attn4_v.view(batch, n_tokens, n_heads, d_head)
+        del norm14_out
         # {a^{\mathrm{attn},4}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},4}}_{j,m,e} {Q^{\mathrm{attn},4}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},4}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},4}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},4}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},4}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},4}}_{m,i,j} {V^{\mathrm{attn},4}}_{j,m,e}
         attn4_o = _attention(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn4_k, attn4_q, attn4_v, chi
         # {\mathcal{A}^{\mathrm{attn},4}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},4}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn4_out = torch.addmm(attn_b_o, attn4_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn4_out = _dropout(attn4_out, dropout_p)
+        del attn4_o
         # {\alpha^{\mathrm{norm2},4}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},4}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},4}}_{i} + {u^{(3)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},4}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},4}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},4}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},4}}_{i,l} = {P^{\mathrm{norm2},4}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm24_out = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
         # {w^{\mathrm{ffn},4}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},4}}_{i,k}
         ffn4_w = torch.addmm(ffn_b_1, norm24_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm24_out
         # {s^{\mathrm{ffn},4}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},4}}_{i,z}\right)
         ffn4_s = ffn4_w.clamp_min_(0) if inference else torch.relu(ffn4_w)
         ffn4_s = _dropout(ffn4_s, dropout_p)
+        del ffn4_w
         # {\mathcal{F}^{\mathrm{ffn},4}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},4}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn4_out = torch.addmm(ffn_b_2, ffn4_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn4_out = _dropout(ffn4_out, dropout_p)
+        del ffn4_s
         # {u^{(4)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{3} + \frac{{\mathcal{A}^{\mathrm{attn},3}}_{i,l}}{3} + \frac{{\mathcal{A}^{\mathrm{attn},4}}_{i,l}}{6} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{6} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{3} + \frac{{\mathcal{F}^{\mathrm{ffn},3}}_{i,l}}{3} + \frac{{\mathcal{F}^{\mathrm{ffn},4}}_{i,l}}{6} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{6} + {u^{(0)}}_{i,l}
         u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
+        del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
         if u.dim() == 2:
             return u4[0]
         return u4 if self.batch_first else u4.transpose(0, 1)

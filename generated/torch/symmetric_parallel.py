@@ -442,7 +442,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
 
     # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
-    t1 = torch.einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
+    t1 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     attn2_a_bar = attn2_gamma*attn2_gamma_bar - t1[:, :, :, None]*attn2_gamma
     del attn2_gamma_bar, t1
@@ -467,7 +467,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm12_p_bar = norm1_gain*norm12_out_bar
     # {t_{5}}_{i} = \sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
-    t5 = torch.einsum("bil,bil->bi", norm12_p, norm12_p_bar)
+    t5 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}\right)}
     norm12_beta_bar = -t5/(2*(eps + norm12_beta))
     del t5
@@ -493,7 +493,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
-    t8 = torch.einsum("bil,bil->bi", norm22_p, norm22_p_bar)
+    t8 = torch.sum(norm22_p * norm22_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
     norm22_beta_bar = -t8/(2*(eps + norm22_beta))
     del t8
@@ -547,9 +547,9 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = norm2_bias_bar_0 + norm2_bias_bar_1
     del norm2_bias_bar_0, norm2_bias_bar_1
-    norm2_gain_bar_0 = torch.einsum("bil,bil->l", norm22_out_bar, norm22_p)
+    norm2_gain_bar_0 = torch.sum(norm22_out_bar * norm22_p, dim=(0, 1))
     del norm22_out_bar
-    norm2_gain_bar_1 = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar_1 = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {P^{\mathrm{norm2},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
@@ -557,7 +557,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t11 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t11/(2*(eps + norm2_beta))
     del t11
@@ -593,7 +593,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{14}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t14 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t14 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t14[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t14
@@ -658,9 +658,9 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = norm1_bias_bar_0 + norm1_bias_bar_1
     del norm1_bias_bar_0, norm1_bias_bar_1
-    norm1_gain_bar_0 = torch.einsum("bil,bil->l", norm12_out_bar, norm12_p)
+    norm1_gain_bar_0 = torch.sum(norm12_out_bar * norm12_p, dim=(0, 1))
     del norm12_out_bar, norm12_p
-    norm1_gain_bar_1 = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar_1 = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {P^{\mathrm{norm1},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1
     del norm1_gain_bar_0, norm1_gain_bar_1
@@ -668,7 +668,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm1_p_bar = norm1_gain*norm1_out_bar
     del norm1_out_bar
     # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t18 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t18 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t18/(2*(eps + norm1_beta))
     del t18
@@ -988,15 +988,19 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del norm1_out
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out
 
         # --- branch substep 2: ffn, explicit on Proj(norm2) ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1006,12 +1010,15 @@ class Block(_CanonicalModule):
         norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
 
         # --- branch substep 3: ffn, explicit on Proj(norm2) ---
         # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -1021,14 +1028,18 @@ class Block(_CanonicalModule):
         norm22_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
         ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm22_out
         # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
         ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
         ffn2_s = _dropout(ffn2_s, dropout_p)
+        del ffn2_w
         # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn2_out = torch.addmm(ffn_b_2, ffn2_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn2_out = _dropout(ffn2_out, dropout_p)
+        del ffn2_s
         # {u^{(3)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} + {u^{(0)}}_{i,l}
         u3 = ffn2_out.add_(u0) if inference else ffn2_out + u0
+        del ffn2_out, u0
 
         # --- branch substep 4: attn, explicit on Proj(norm1) ---
         # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1042,19 +1053,23 @@ class Block(_CanonicalModule):
         attn2_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm12_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn2_q, attn2_k, attn2_v = attn2_qkv.chunk(3, dim=1)
         attn2_q, attn2_k, attn2_v = attn2_q.view(batch, n_tokens, n_heads, d_head), attn2_k.view(batch, n_tokens, n_heads, d_head), attn2_v.view(batch, n_tokens, n_heads, d_head)
+        del norm12_out
         # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
         attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn2_k, attn2_q, attn2_v, chi
         # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn2_out = _dropout(attn2_out, dropout_p)
+        del attn2_o
 
         # --- substep 5: parallel (sequence, sequence) ---
         # {u^{(4)}}_{i,l} = {\mathcal{A}^{\mathrm{attn},2}}_{i,l} + {u^{(3)}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
         # {u^{(5)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(4)}}_{i,l}}{2}
         u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
+        del attn2_out, ffn_out, u1, u3
         if u.dim() == 2:
             return u5[0]
         return u5 if self.batch_first else u5.transpose(0, 1)

@@ -31,6 +31,14 @@ def _width(labels: tuple[str, ...]) -> str:
     return " * ".join(SIZES[label] for label in labels)
 
 
+def _addend(op: MatMul, module: Module) -> str | None:
+    """The bias of a one-output product, a batched addend (an adjoint's other terms) as rows."""
+    bias = op.biases[0]
+    if bias is None or not module.batched(bias):
+        return bias
+    return f"{bias}.reshape(-1, {_width(op.labels[2:])})"
+
+
 class Backend:
     name = ""
     printer: type[ArrayPrinter] = ArrayPrinter
@@ -115,7 +123,7 @@ class NumpyBackend(Backend):
         if len(op.outputs) == 1:
             lines = [f"{op.out} = {rows} @ {op.weights[0]}{'.T' if op.transposed else ''}"]
             if op.biases[0]:
-                lines.append(f"{op.out} += {op.biases[0]}")
+                lines.append(f"{op.out} += {_addend(op, printer.module)}")
             return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels)})"]
         lines = [f"{op.out} = {rows} @ np.concatenate(({', '.join(op.weights)}), axis=1)"]
         if op.biases[0]:
@@ -167,7 +175,7 @@ class TorchBackend(Backend):
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
         if len(op.outputs) == 1:
-            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), op.biases[0]
+            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), _addend(op, printer.module)
         else:
             weight = f"_cat([{', '.join(op.weights)}], 1)"
             bias = f"_cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None

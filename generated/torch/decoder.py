@@ -317,8 +317,8 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -366,7 +366,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: cross, explicit ---
     # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
-    cross_q = torch.einsum("bik,kme->bime", u2, cross_W_q) + cross_b_q
+    cross_q = torch.addmm(cross_b_q, u2.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
@@ -397,7 +397,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 5: ffn, explicit ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_w = torch.einsum("bik,kz->biz", u4, ffn_W_1) + ffn_b_1
+    ffn_w = torch.addmm(ffn_b_1, u4.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
     del ffn_w
@@ -421,8 +421,11 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
 
 
-def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
-    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
+def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
@@ -439,8 +442,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -489,7 +492,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
     # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {u^{(4)}}_{i,k}
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, u4)
@@ -499,7 +502,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    u4_bar = torch.einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
@@ -592,7 +595,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
-    u2_bar = torch.einsum("bime,lme->bil", cross_q_bar, cross_W_q) + u3_bar
+    u2_bar = torch.addmm(u3_bar.reshape(-1, d), cross_q_bar.reshape(-1, n_heads * d_head), cross_W_q.t()).view(batch, n_tokens, d)
     del cross_q_bar, u3_bar
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
@@ -656,19 +659,22 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     del u0
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t14 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
-    del attn_k_bar
-    # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t15 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
-    del attn_q_bar
-    # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t16 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
-    del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    u0_bar = t14.add_(t15 + t16 + u1_bar) if inference else t14 + t15 + t16 + u1_bar
-    del t14, t15, t16, u1_bar
-    return u0_bar, mem_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit ---
+        # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+        t14 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+        del attn_k_bar
+        # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+        t15 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+        del attn_q_bar
+        # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        t16 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+        del attn_v_bar
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        u0_bar = t14.add_(t15 + t16 + u1_bar) if inference else t14 + t15 + t16 + u1_bar
+        del t14, t15, t16, u1_bar
+    return (u0_bar if need_u else None), mem_bar, {
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.b_q": attn_b_q_bar.reshape(d),
         "attn.W_k": attn_W_k_bar.reshape(d, d),
@@ -717,7 +723,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grad_mem, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grad_mem, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, grad_mem, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 

@@ -319,7 +319,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: ffn_pre, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_pre}}}_{i,z} = {b_{\mathrm{ffn\_pre},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_pre},1}}_{k,z} {u^{(0)}}_{i,k}
-    ffn_pre_w = torch.einsum("bik,kz->biz", u0, ffn_pre_W_1) + ffn_pre_b_1
+    ffn_pre_w = torch.addmm(ffn_pre_b_1, u0.reshape(-1, d), ffn_pre_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
     ffn_pre_s = ffn_pre_w.clamp_min_(0) if inference else torch.relu(ffn_pre_w)
     del ffn_pre_w
@@ -373,7 +373,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 5: ffn_post, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_post_w = torch.einsum("bik,kz->biz", u4, ffn_post_W_1) + ffn_post_b_1
+    ffn_post_w = torch.addmm(ffn_post_b_1, u4.reshape(-1, d), ffn_post_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
     ffn_post_s = ffn_post_w.clamp_min_(0) if inference else torch.relu(ffn_post_w)
     del ffn_post_w
@@ -397,8 +397,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u6, (u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p,)
 
 
-def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
@@ -460,7 +463,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_post_s_bar = torch.mm(ffn_post_out_bar.reshape(-1, d), ffn_post_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_post_out_bar
     # {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_post}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_post}}}}_{i,z}
-    ffn_post_w_bar = (ffn_post_s > 0)*ffn_post_s_bar
+    ffn_post_w_bar = torch.ops.aten.threshold_backward(ffn_post_s_bar, ffn_post_s, 0)
     del ffn_post_s, ffn_post_s_bar
     # {\overline{W_{\mathrm{ffn\_post},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} {u^{(4)}}_{i,k}
     ffn_post_W_1_bar = torch.einsum("biz,bik->kz", ffn_post_w_bar, u4)
@@ -470,7 +473,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_post},1}}_{l,z} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z}
-    u4_bar = torch.einsum("biz,lz->bil", ffn_post_w_bar, ffn_post_W_1) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn_post_w_bar.reshape(-1, d_ff), ffn_post_W_1.t()).view(batch, n_tokens, d)
     del ffn_post_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
@@ -589,17 +592,20 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_pre_s_bar = torch.mm(ffn_pre_out_bar.reshape(-1, d), ffn_pre_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_pre_out_bar
     # {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_pre}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z}
-    ffn_pre_w_bar = (ffn_pre_s > 0)*ffn_pre_s_bar
+    ffn_pre_w_bar = torch.ops.aten.threshold_backward(ffn_pre_s_bar, ffn_pre_s, 0)
     del ffn_pre_s, ffn_pre_s_bar
     # {\overline{W_{\mathrm{ffn\_pre},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} {u^{(0)}}_{i,k}
     ffn_pre_W_1_bar = torch.einsum("biz,bik->kz", ffn_pre_w_bar, u0)
     del u0
     # {\overline{b_{\mathrm{ffn\_pre},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
     ffn_pre_b_1_bar = torch.einsum("biz->z", ffn_pre_w_bar)
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_pre},1}}_{l,z} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
-    u0_bar = torch.einsum("biz,lz->bil", ffn_pre_w_bar, ffn_pre_W_1) + u1_bar
-    del ffn_pre_w_bar, u1_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_pre},1}}_{l,z} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
+        u0_bar = torch.addmm(u1_bar.reshape(-1, d), ffn_pre_w_bar.reshape(-1, d_ff), ffn_pre_W_1.t()).view(batch, n_tokens, d)
+        del ffn_pre_w_bar, u1_bar
+    return (u0_bar if need_u else None), {
         "ffn_pre.W_1": ffn_pre_W_1_bar,
         "ffn_pre.b_1": ffn_pre_b_1_bar,
         "ffn_pre.W_2": ffn_pre_W_2_bar,
@@ -641,7 +647,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 

@@ -336,7 +336,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 5: ffn2, explicit ---
     # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
-    ffn2_out = torch.einsum("bik,kl->bil", u4, ffn2_W) + ffn2_b
+    ffn2_out = torch.addmm(ffn2_b, u4.reshape(-1, d), ffn2_W).view(batch, n_tokens, d)
 
     # --- substep 6: parallel (sequence, identity) ---
     # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
@@ -358,8 +358,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u7, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, relu_p, u4, norm2_beta, norm2_p,)
 
 
-def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, relu_p, u4, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u7_bar.shape
@@ -418,12 +421,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
 
     # --- adjoint of branch substep 4: relu, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{k} {W_{\mathrm{ffn2}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,k}
-    u4_bar = torch.einsum("bik,lk->bil", ffn2_out_bar, ffn2_W) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn2_out_bar.reshape(-1, d), ffn2_W.t()).view(batch, n_tokens, d)
     del ffn2_out_bar, u5_bar
 
     # --- adjoint of branch substep 3: ffn1, explicit ---
     # {\lambda^{(3)}}_{i,l} = \theta\left({P^{\mathrm{relu}}}_{i,l}, 0\right) {\lambda^{(4)}}_{i,l}
-    u3_bar = (relu_p > 0)*u4_bar
+    u3_bar = torch.ops.aten.threshold_backward(u4_bar, relu_p, 0)
     del relu_p, u4_bar
     # {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     ffn1_out_bar = u3_bar
@@ -511,19 +514,22 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     del u0
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t9 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
-    del attn_k_bar
-    # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t10 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
-    del attn_q_bar
-    # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t11 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
-    del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    u0_bar = t10.add_(t11 + t9 + u1_bar) if inference else t10 + t11 + t9 + u1_bar
-    del t10, t11, t9, u1_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit ---
+        # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+        t9 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+        del attn_k_bar
+        # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+        t10 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+        del attn_q_bar
+        # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        t11 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+        del attn_v_bar
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        u0_bar = t10.add_(t11 + t9 + u1_bar) if inference else t10 + t11 + t9 + u1_bar
+        del t10, t11, t9, u1_bar
+    return (u0_bar if need_u else None), {
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.b_q": attn_b_q_bar.reshape(d),
         "attn.W_k": attn_W_k_bar.reshape(d, d),
@@ -559,7 +565,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 

@@ -30,7 +30,7 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .output import write_files
+from .output import PLOTS_HINT, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
 from .render import render_module
@@ -137,7 +137,11 @@ class Derivation:
         """This scheme's checks (recovery, order, convergence) as a ``CheckReport``."""
         from .checking import scheme_checks
 
-        return scheme_checks(self.scheme, self.program, None if plots is None else Path(plots))
+        if plots is not None:  # refused before the checks run, not after
+            plots = Path(plots)
+            check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
+            check_writable(plots, f"plots={str(plots)!r}")
+        return scheme_checks(self.scheme, self.program, plots)
 
     def __repr__(self) -> str:
         return f"<Derivation of {self.scheme.name!r} → {self.name}: {len(self.records)} substeps>"

@@ -180,7 +180,9 @@ def _show(arguments: argparse.Namespace) -> str:
         return render_report(scheme, program).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
-    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}", "", program.text()])
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}",
+                      "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
+                      "", program.text()])
 
 
 def _source_with_activation(scheme) -> str:
@@ -204,7 +206,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.model import is_model, load_model
 
     from .model_pipeline import generate_model
-    from .output import write_files
+    from .output import check_writable, write_files
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
 
@@ -215,6 +217,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not arguments.out:
         raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
     out = Path(arguments.out)
+    check_writable(out, f"--out {out}")
     emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
         if is_model(name):
@@ -265,10 +268,11 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
             raise SplitformerError(f"--plots {plots}: {getattr(error, 'strerror', None) or error}") from None
         if not existing.is_dir():
             raise SplitformerError(f"--plots {plots}: {existing} exists and is not a folder")
-        from .output import check_replaceable
+        from .output import check_replaceable, check_writable
 
         for target in [plots / f"{scheme.module_name}_convergence.png" for scheme in schemes] + [plots / "convergence.png"]:
             check_replaceable(target, hint="remove it or choose another --plots folder")
+        check_writable(plots, f"--plots {plots}")
         _require_matplotlib("--plots")
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     for name in names:
@@ -306,8 +310,10 @@ def _sizes(text: str | None) -> dict[str, int] | None:
     sizes = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if name.strip() not in ("d", "d_ff") or not value.strip().isdigit():
+        if name.strip() not in ("d", "d_ff") or not value.strip().isdigit() or int(value) < 1:
             raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers, got {item!r}")
+        if name.strip() in sizes:
+            raise SplitformerError(f"--sizes: {name.strip()} is given twice")
         sizes[name.strip()] = int(value)
     return sizes
 
@@ -317,9 +323,13 @@ def _compare(arguments: argparse.Namespace) -> str:
 
     sizes = _sizes(arguments.sizes)
     if arguments.plot is not None:
-        from .output import check_replaceable
+        from .output import check_replaceable, check_writable
 
-        check_replaceable(Path(arguments.plot), hint="remove it or choose another --plot file")
+        plot = Path(arguments.plot)
+        if plot.suffix.lower() != ".png":
+            raise SplitformerError(f"--plot {plot}: the plot is a PNG image; name it *.png")
+        check_replaceable(plot, hint="remove it or choose another --plot file")
+        check_writable(plot.parent, f"--plot {plot}")
         _require_matplotlib("--plot")
     table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
     if arguments.plot is not None:

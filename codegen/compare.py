@@ -137,6 +137,15 @@ def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
 
     ``sizes`` (for example ``{"d": 512, "d_ff": 2048}``) turns the parameter counts into numbers.
     """
+    if isinstance(schemes, (str, Path, Scheme)):  # one scheme, not the characters of its name
+        schemes = [schemes]
+    if sizes is not None:
+        if not isinstance(sizes, Mapping):
+            raise SplitformerError(f"compare: sizes must be a mapping like {{'d': 512, 'd_ff': 2048}}, "
+                                   f"got {type(sizes).__name__}")
+        for name, value in sizes.items():
+            if name not in ("d", "d_ff") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SplitformerError(f"compare: sizes[{name!r}] = {value!r}; expected d and d_ff as positive integers")
     derivations = [derive(scheme, activation) for scheme in schemes]
     if not derivations:
         raise SplitformerError("compare: name at least one scheme")

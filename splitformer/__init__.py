@@ -41,3 +41,8 @@ def __getattr__(name: str):
     if name == "adapters":
         return import_module("splitformer.adapters")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, so that tab completion in a notebook finds the API."""
+    return sorted({*globals(), *__all__})

@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -117,7 +118,10 @@ def _document(function: Callable, value: Any) -> str:
 def _read(path: Path, function: Callable, result_type: type[T], verify: Callable[[T], None]) -> T:
     """The verified value stored at ``path``; ``FileNotFoundError`` or ``CacheUnusable`` otherwise."""
     try:
-        with path.open("rb") as stream:
+        # non-blocking, so that a FIFO planted in the folder cannot stall the run
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise ValueError("not a regular file")
             data = stream.read(MAX_ENTRY_BYTES + 1)
     except FileNotFoundError:
         raise

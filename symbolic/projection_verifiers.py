@@ -12,13 +12,16 @@ random points in 50-digit arithmetic, the conditions the derivation solved:
 
 Points are drawn from the operating system's random source, so an entry crafted to pass
 at known points fails. The narrative steps are text that only the report shows: they are
-checked to hold no markup (no ``$``, backquote, ``<``, link or new line), not re-derived.
+checked to hold no markup (no ``$``, backquote, ``<``, link or new line, and only the
+LaTeX commands derivations write), not re-derived. Formulas may use only the operations the
+code printers spell (a value-equal form in other operations would stop the emission).
 A verifier raises ``ValueError`` naming the condition that fails.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 import sympy as sp
 
@@ -54,6 +57,17 @@ def _only(name: str, expression, allowed: set) -> None:
 
 #: What report text must not hold: leaving math mode, Markdown code or links, HTML, a new line.
 _ACTIVE = ("$", "`", "<", "](", "\n", "\r")
+#: The LaTeX commands a derivation's narrative may use: typesetting, Greek letters, relations.
+#: Anything else (``\href``, ``\input``, ``\def``, ``\end{align*}`` …) is refused.
+_COMMANDS = frozenset("""
+    frac sqrt left right quad qquad text mathcal mathrm operatorname max min cdot geq leq ne neq
+    Rightarrow xrightarrow to sum prod limits infty partial hat bar tilde lVert rVert
+    alpha beta gamma delta varepsilon epsilon lambda mu sigma xi eta chi phi varphi omega
+    begin{cases} end{cases}
+""".split())
+_COMMAND = re.compile(r"\\([a-zA-Z]+)(\{[a-zA-Z*]*\})?")
+#: The operations the code printers can spell: a cached formula holds nothing else.
+_PRINTABLE = (sp.Add, sp.Mul, sp.Pow, sp.Max, sp.Symbol, sp.Number)
 
 
 def _steps(steps) -> None:
@@ -65,6 +79,18 @@ def _steps(steps) -> None:
     for description, latex in steps:
         if any(mark in description + latex for mark in _ACTIVE):
             raise ValueError(f"step {description[:40]!r} holds markup ({', '.join(repr(m) for m in _ACTIVE)} are refused)")
+        for name, argument in _COMMAND.findall(description + latex):
+            command = name + argument if name in ("begin", "end") else name
+            if command not in _COMMANDS:
+                raise ValueError(f"step {description[:40]!r} holds the LaTeX command \\{command}, "
+                                 "which no derivation writes")
+
+
+def _printable(name: str, formula: sp.Expr) -> None:
+    """``formula`` is built only of operations the code printers spell, with numeric exponents."""
+    for node in sp.preorder_traversal(formula):
+        if not isinstance(node, _PRINTABLE) or (isinstance(node, sp.Pow) and not node.exp.is_Number):
+            raise ValueError(f"{name} uses {type(node).__name__}, which the code printers do not spell")
 
 
 def _random_points() -> list[dict]:
@@ -111,6 +137,7 @@ def verify_layer_norm_projection(projection) -> None:
     _steps(projection.steps)
     parameters = {s.alpha, s.beta, s.sigma_1, s.sigma_2, s.size}
     _only("formula", projection.formula, parameters | {s.v, s.epsilon})
+    _printable("formula", projection.formula)
     _only("theorem", projection.theorem, parameters | {s.v})
     _only("distance", projection.distance, parameters)
     _only("gap", projection.gap, parameters | {s.ghost})
@@ -136,6 +163,7 @@ def verify_relu_projection(projection) -> None:
     s = SYMBOLS
     _steps(projection.steps)
     _only("formula", projection.formula, {s.v})
+    _printable("formula", projection.formula)
     if (projection.distance, projection.theorem, projection.gap) != (None, None, None):
         raise ValueError("a ReLU projection carries only its formula and steps")
     draw = random.SystemRandom()

@@ -12,7 +12,7 @@ from .errors import SplitformerError
 from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
-__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "operator_options"]
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS", "operator_options"]
 
 #: How a substep is solved over its share of the step (``explicit`` is the Euler tableau).
 SOLVERS = {
@@ -44,6 +44,10 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
     return operator
+
+
+#: The most operator evaluations one step may make: a bound on the derivation's time.
+MAX_EVALUATIONS = 64
 
 
 @dataclass(frozen=True)
@@ -177,11 +181,24 @@ class Scheme:
         visit(self.body)
         return found
 
+    def evaluations(self) -> int:
+        """How many operator evaluations one step makes (a Runge–Kutta field counts once per stage)."""
+
+        def count(sequence: Sequence) -> int:
+            return sum(sum(map(count, step.branches)) if isinstance(step, Parallel)
+                       else len(step.fields) * step.tableau.stages if isinstance(step, RungeKutta) else 1
+                       for step in sequence.steps)
+
+        return count(self.body)
+
     def check(self) -> None:
         """Raise ``SplitformerError`` where operators and solvers do not fit."""
         operators = self.instantiate()
         if not self.substeps():
             raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")
+        if self.evaluations() > MAX_EVALUATIONS:
+            raise SplitformerError(f"scheme {self.name!r} evaluates {self.evaluations()} operators per step; at most "
+                                   f"{MAX_EVALUATIONS} are supported (each adds to the derivation time)")
         for step in self.substeps():
             if step.solver not in SOLVERS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "

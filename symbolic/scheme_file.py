@@ -304,7 +304,13 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     path = Path(name_or_path)
     try:
         if path.suffix != ".toml" and not path.exists():
-            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; or a path to a .toml file)")
+            from .model import model_names  # the models import this module
+
+            if name_or_path in model_names():
+                raise SplitformerError(f"{name_or_path!r} is a built-in model, not a block scheme "
+                                       f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
+            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; models, for derive and "
+                                   f"check: {', '.join(model_names())}; or a path to a .toml file)")
         if path.is_dir():
             raise SplitformerError(f"scheme file {name_or_path!r} is a folder")
         with path.open("rb") as stream:

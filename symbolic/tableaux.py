@@ -19,7 +19,7 @@ import sympy as sp
 from .errors import SplitformerError
 from .exact_numbers import exact_number
 
-__all__ = ["Tableau", "make_tableau", "register_tableau", "tableau", "TABLEAUX", "EULER", "HEUN", "RK4",
+__all__ = ["Tableau", "make_tableau", "MAX_STAGES", "register_tableau", "tableau", "TABLEAUX", "EULER", "HEUN", "RK4",
            "rooted_trees"]
 
 #: Orders are checked up to this many nodes; a method that passes all is reported at this order.
@@ -92,6 +92,10 @@ def _number(value, where: str) -> sp.Rational:
         raise SplitformerError(f"{where}: {error}") from None
 
 
+#: The most stages a tableau may have (classical methods have up to 7 or so).
+MAX_STAGES = 16
+
+
 def make_tableau(name: str, a, b, label: str = "") -> Tableau:
     """A validated tableau; ``a`` may list only the rows' lower-triangle entries (``[[], [1/2], …]``).
 
@@ -101,6 +105,8 @@ def make_tableau(name: str, a, b, label: str = "") -> Tableau:
     if not isinstance(b, (list, tuple)) or not b:
         raise SplitformerError(f"tableau {name!r}: b must be a non-empty list of weights")
     stages = len(b)
+    if stages > MAX_STAGES:  # each stage nests every earlier one: the derivation grows quadratically
+        raise SplitformerError(f"tableau {name!r} has {stages} stages; at most {MAX_STAGES} are supported")
     if not isinstance(a, (list, tuple)) or len(a) != stages:
         raise SplitformerError(f"tableau {name!r}: a has {len(a) if isinstance(a, (list, tuple)) else 0} rows "
                                f"for {stages} weights")

@@ -164,6 +164,7 @@ def test_other_displayed_objects_render():
 def test_public_names_resolve():
     for name in splitformer.__all__:
         assert getattr(splitformer, name) is not None, name
+    assert set(splitformer.__all__) <= set(dir(splitformer))  # tab completion finds the lazy names
 
 
 def test_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
@@ -234,3 +235,20 @@ def test_write_leaves_foreign_files_unless_forced(post_ln, tmp_path):
     assert foreign.read_text() == "# mine\n"
     post_ln.write(tmp_path, backend="numpy", force=True)
     assert foreign.read_text() == post_ln.source("numpy")
+
+
+def test_check_refuses_a_foreign_plot_before_running_and_names_the_remedy(post_ln, tmp_path, monkeypatch):
+    foreign = tmp_path / f"{post_ln.scheme.module_name}_convergence.png"
+    foreign.write_text("mine")
+    monkeypatch.setattr("splitformer.codegen.checking.scheme_checks", lambda *args: pytest.fail("checks ran"))
+    with pytest.raises(SplitformerError, match="choose another plots folder") as refused:
+        post_ln.check(plots=tmp_path)
+    assert "--force" not in str(refused.value)
+    assert foreign.read_text() == "mine"
+
+
+def test_a_model_name_given_as_a_scheme_says_what_it_is():
+    with pytest.raises(SplitformerError, match="'vit' is a built-in model, not a block scheme"):
+        splitformer.derive("vit")
+    with pytest.raises(SplitformerError, match="models, for derive and check: .*vit"):
+        splitformer.derive("no-such")

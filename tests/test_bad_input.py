@@ -62,6 +62,12 @@ def _fails(capsys, *arguments: str, message: str = "") -> str:
     (_replace('operator = "ffn"', 'operator = "ffn\\n"'), "unknown operator"),
     (_replace('attn = "attention"', 'attn = "attention"\nspare = "feed-forward"'),
      "operator 'spare' is declared but no step uses it"),
+    # bounds on the derivation's work: a 4 kB file must not run for minutes
+    (VALID + '\n[[steps]]\nrk = { a = [%s], b = [%s] }\nfields = [{ operator = "attn" }]\n' % (
+        ", ".join("[%s]" % ", ".join(["0"] * i) for i in range(17)), ", ".join(['"1/17"'] * 17)),
+     "has 17 stages; at most 16 are supported"),
+    (VALID + '\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n' * 61,
+     "evaluates 65 operators per step; at most 64 are supported"),
 ])
 def test_bad_scheme_files(text, message, tmp_path, capsys):
     path = tmp_path / "bad.toml"
@@ -372,3 +378,37 @@ def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, c
     _fails(capsys, "check", "post-ln", "--plots", str(tmp_path / "new" / long), message="is longer than")
     assert list(tmp_path.iterdir()) == []
 
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be created")
+@pytest.mark.parametrize("arguments, work, message", [
+    (["derive", "post-ln", "--out", "/proc/splitformer-out"], "splitformer.codegen.pipeline.generate",
+     "--out /proc/splitformer-out: cannot write in /proc"),
+    (["check", "post-ln", "--plots", "/proc/splitformer-plots"], "splitformer.codegen.checking.run_checks",
+     "--plots /proc/splitformer-plots: cannot write in /proc"),
+    (["compare", "post-ln", "--plot", "/proc/splitformer.png"], "splitformer.codegen.compare.compare",
+     "--plot /proc/splitformer.png: cannot write in /proc"),
+])
+def test_an_unwritable_destination_is_refused_before_any_work(arguments, work, message, capsys, monkeypatch):
+    monkeypatch.setattr(work, lambda *a, **k: pytest.fail("work began"))
+    _fails(capsys, *arguments, message=message)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["compare", "post-ln", "--plot", "plot.txt"], "the plot is a PNG image; name it *.png"),
+    (["compare", "post-ln", "--sizes", "d=16,d=32"], "--sizes: d is given twice"),
+    (["compare", "post-ln", "--sizes", "d=0"], "with positive integers, got 'd=0'"),
+])
+def test_bad_compare_options(arguments, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fails(capsys, *arguments, message=message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_takes_one_name_as_one_scheme_and_checks_sizes():
+    from splitformer.codegen.compare import compare
+
+    assert [row.scheme for row in compare("pre-ln").rows] == ["pre-ln"]
+    for sizes in ({"d": -1}, {"d": 2.5}, {"width": 8}, [("d", 8)]):
+        with pytest.raises(SplitformerError, match="sizes"):
+            compare("pre-ln", sizes=sizes)

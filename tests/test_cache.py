@@ -69,10 +69,16 @@ def _poison(name: str) -> dict:
         return {ln: '{"format": 1, "fie', rl: "\x00\xff"}
     if name == "deep":
         return {ln: "[" * 100_000 + "]" * 100_000}
+    if name == "relu-as-abs":  # the same values in an operation the printers cannot spell
+        return {rl: _entry(rl, Projection((S.v + sp.Abs(S.v)) / 2, relu.steps))}
+    if name == "narrative-href":
+        steps = ((relu.steps[0][0], relu.steps[0][1] + r"\href{javascript:alert(1)}{x}"), *relu.steps[1:])
+        return {rl: _entry(rl, Projection(relu.formula, steps))}
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", ["drops-eps", "swapped", "leaky-relu", "forty-two", "wrong-type", "corrupt", "deep"])
+@pytest.mark.parametrize("name", ["drops-eps", "swapped", "leaky-relu", "forty-two", "wrong-type", "corrupt", "deep",
+                                  "relu-as-abs", "narrative-href"])
 def test_poisoned_entries_never_change_the_emitted_files(name, clean, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
     _derive(tmp_path / "warm", capsys)  # writes the genuine entries
@@ -101,6 +107,16 @@ def test_a_pickle_in_the_cache_is_never_executed(clean, tmp_path, monkeypatch, c
     files, errors = _derive(tmp_path / "out", capsys)
     assert not marker.exists()
     assert files == clean and len(errors) == 1
+
+
+def test_a_fifo_in_place_of_an_entry_does_not_stall_the_run(clean, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
+    path = derive_relu_projection.entry_path()
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert files == clean
+    assert len(errors) == 1 and "not a regular file" in errors[0], errors
 
 
 def test_a_warm_cache_gives_the_same_files_silently(clean, tmp_path, monkeypatch, capsys):
@@ -184,6 +200,12 @@ def test_verifiers_accept_the_derivations_and_reject_each_poison():
         steps = relu.steps[:-1] + ((relu.steps[-1][0], relu.steps[-1][1] + markup),)
         with pytest.raises(ValueError, match="holds markup"):
             verify_relu_projection(Projection(relu.formula, steps))
+    for command in (r"\href{javascript:x}{y}", r"\input{/etc/passwd}", r"\end{align*}", r"\def\x{y}"):
+        steps = relu.steps[:-1] + ((relu.steps[-1][0], relu.steps[-1][1] + command),)
+        with pytest.raises(ValueError, match="LaTeX command"):
+            verify_relu_projection(Projection(relu.formula, steps))
+    with pytest.raises(ValueError, match="Abs, which the code printers do not spell"):
+        verify_relu_projection(Projection((s.v + sp.Abs(s.v)) / 2, relu.steps))
 
 
 def test_expression_trees_round_trip_and_reject_what_they_do_not_know():

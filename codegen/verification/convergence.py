@@ -25,7 +25,7 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.equation import equation_terms
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
-from ..output import MARKER, write_files
+from ..output import MARKER, PLOTS_HINT, check_replaceable, write_files
 from .emitted import emitted_modules
 from .scheme_checks import random_parameters
 from .semantics import FLOAT, Semantics, Sizes, unevaluable
@@ -135,6 +135,7 @@ def _save(figure, path: Path) -> Path:
     """Write the PNG at once (all or nothing), marked as ours; never over an image someone else made."""
     image = io.BytesIO()
     figure.savefig(image, format="png", metadata={"Software": MARKER})
+    check_replaceable(path, hint=PLOTS_HINT)
     write_files({path: image.getvalue()})
     return path
 

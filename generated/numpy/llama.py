@@ -58,12 +58,12 @@ def _exponentials(scores, support):
     """
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
-    peak = np.max(scores, axis=-1, keepdims=True)
+    peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
     if support is not None:
         peak[~np.isfinite(peak)] = 0
     scores -= peak
     np.exp(scores, out=scores)
-    total = np.sum(scores, axis=-1, keepdims=True)
+    total = np.einsum("...k->...", scores)[..., None]  # the row sums (einsum sums faster than np.sum)
     if support is not None:
         total[total == 0] = 1
     return scores, total
@@ -283,27 +283,36 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_v = norm1_out.reshape(-1, d) @ attn_W_v
     attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
+    del norm1_out
     # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+    del pos
     # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
     attn_qr = np.sum(attn_q[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), axis=5)
+    del attn_q
     # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
     attn_kr = np.sum(attn_k[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), axis=4)
+    del attn_k, attn_phi
     # the cache: attn_kr of the earlier tokens, then the new ones
     attn_kr = _cache(cache, "attn.kr", attn_kr)
     # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
     attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+    del attn_kr, attn_qr
     # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
+    del attn_a, chi
     # the cache: attn_v of the earlier tokens, then the new ones
     attn_v = _cache(cache, "attn.v", attn_v)
     # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
     attn_o = _einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
+    del attn_gamma, attn_v
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = np.add(attn_out, u0, out=attn_out)
+    del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
     # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
@@ -314,13 +323,17 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
+    del ffn_wgate, norm2_out
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
     ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
+    del ffn_gate, ffn_w
     # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
     # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
     u2 = np.add(ffn_out, u1, out=ffn_out)
+    del ffn_out, u1
     return u2[0] if np.ndim(u) == 2 else u2
 
 
@@ -335,6 +348,7 @@ def _final_norm(u0, params, eps):
     # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
     u1 = _rms_norm(u0, final_norm_gain, eps)
+    del u0
     return u1
 
 
@@ -427,6 +441,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
+    del ffn_wgate
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
     ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
     # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}

@@ -73,12 +73,12 @@ def _exponentials(scores, support):
     """
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
-    peak = np.max(scores, axis=-1, keepdims=True)
+    peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
     if support is not None:
         peak[~np.isfinite(peak)] = 0
     scores -= peak
     np.exp(scores, out=scores)
-    total = np.sum(scores, axis=-1, keepdims=True)
+    total = np.einsum("...k->...", scores)[..., None]  # the row sums (einsum sums faster than np.sum)
     if support is not None:
         total[total == 0] = 1
     return scores, total
@@ -96,30 +96,30 @@ def _attention(q, k, v, scale, support):
 
     Heads are strided views of the operands, never copied; per batch entry, a group of heads
     and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
-    reused buffer. The scale is applied to the queries, the normalization to the output rows,
-    which are written in (batch, tokens, heads, features) order.
+    reused buffer. The scale is applied to a copy of the queries, the normalization to the
+    output rows, which overwrite their (used) scaled queries: the copy is the output, in
+    (batch, tokens, heads, features) order.
     """
     batch, n_queries, n_heads, _ = q.shape
     n_keys = k.shape[1]
-    q = (q * scale).transpose(0, 2, 1, 3)
-    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-    out = np.empty((batch, n_queries, n_heads, v.shape[3]), dtype=q.dtype)
+    out = q * scale
     heads_out = out.transpose(0, 2, 1, 3)
+    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     if support is not None:
         support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
     rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
     group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
-    buffer = np.empty((group, rows, n_keys), dtype=q.dtype)
+    buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
     for b in range(batch):
         for first in range(0, n_heads, group):
             heads = slice(first, first + group)
             for start in range(0, n_queries, rows):
                 block = slice(start, start + rows)
-                queries = q[b, heads, block]
+                queries = heads_out[b, heads, block]
                 scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
                 weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
-                np.matmul(weights, values[b, heads], out=heads_out[b, heads, block])
-                heads_out[b, heads, block] /= total
+                np.matmul(weights, values[b, heads], out=queries)
+                queries /= total
     return out
 
 
@@ -147,7 +147,7 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     shifted = x / scale if scaled else x
     with np.errstate(over="ignore", invalid="ignore"):  # squares that overflow send the rows to ``scaled``
         out = shifted - shifted[..., :1]
-        out -= np.mean(out, axis=-1, keepdims=True)
+        out -= np.einsum("...k->...", out)[..., None] / x.shape[-1]  # the row mean (einsum sums faster than np.mean)
         variance = np.einsum("...k,...k->...", out, out)[..., None]
         variance /= x.shape[-1]
     variance += eps / scale / scale
@@ -289,14 +289,17 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    del attn_qkv, norm1_out
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_k, attn_q, attn_v
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
@@ -306,12 +309,15 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
+    del norm2_out
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
+    ffn_s = np.maximum(ffn_w, np.full(ffn_w.shape[-1:], 0, ffn_w.dtype), out=ffn_w)
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(0)}}_{i,l}
     u1 = attn_out + ffn_out + u0
     # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -325,31 +331,39 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     attn2_qkv = norm12_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn2_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn2_q, attn2_k, attn2_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn2_qkv, 3, axis=1))
+    del attn2_qkv, norm12_out
     # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
     # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
     attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_k, attn2_q, attn2_v, chi
     # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
     attn2_out = attn2_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn2_out += attn_b_o
     attn2_out = attn2_out.reshape(batch, n_tokens, d)
+    del attn2_o
     # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
     # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
     # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
     # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
     norm22_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+    del u1
     # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
     ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
     ffn2_w += ffn_b_1
     ffn2_w = ffn2_w.reshape(batch, n_tokens, d_ff)
+    del norm22_out
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
-    ffn2_s = np.maximum(ffn2_w, 0, out=ffn2_w)
+    ffn2_s = np.maximum(ffn2_w, np.full(ffn2_w.shape[-1:], 0, ffn2_w.dtype), out=ffn2_w)
+    del ffn2_w
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_out = ffn2_s.reshape(-1, d_ff) @ ffn_W_2
     ffn2_out += ffn_b_2
     ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
+    del ffn2_s
     # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
+    del attn2_out, attn_out, ffn2_out, ffn_out, u0
     return u2[0] if np.ndim(u) == 2 else u2
 
 
@@ -366,6 +380,7 @@ def _final_norm(u0, params, eps):
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
     # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
     return u1
 
 
@@ -423,6 +438,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    del attn_qkv
     # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
     # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
@@ -445,7 +461,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
-    ffn_s = np.maximum(ffn_w, 0, out=ffn_w)
+    ffn_s = np.maximum(ffn_w, np.full(ffn_w.shape[-1:], 0, ffn_w.dtype), out=ffn_w)
     del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
@@ -468,6 +484,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn2_qkv = norm12_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn2_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn2_q, attn2_k, attn2_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn2_qkv, 3, axis=1))
+    del attn2_qkv
     # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
     # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
@@ -491,7 +508,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn2_w += ffn_b_1
     ffn2_w = ffn2_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
-    ffn2_s = np.maximum(ffn2_w, 0, out=ffn2_w)
+    ffn2_s = np.maximum(ffn2_w, np.full(ffn2_w.shape[-1:], 0, ffn2_w.dtype), out=ffn2_w)
     del ffn2_w
     # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_out = ffn2_s.reshape(-1, d_ff) @ ffn_W_2

@@ -117,10 +117,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     if backward is not None:
         units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
     functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
-    # torch's forward frees each temporary after its last reader: a user's loop then reuses the
-    # same heap memory call after call instead of faulting in freshly mapped pages
-    keep = {block.output} if backend == "torch" else None
-    block_unit, final_unit = unit_context(block, backend, keep), unit_context(final_norm, backend)
+    block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
     parameters = block_unit["parameters"] + final_unit["parameters"]
     return template.render(
         vjp=units.get("vjp"),

@@ -135,7 +135,7 @@ class Derivation:
 
     def check(self, plots: str | Path | None = None):
         """This scheme's checks (recovery, order, convergence) as a ``CheckReport``."""
-        from .checking import scheme_checks
+        from .verification.runner import scheme_checks
 
         if plots is not None:  # refused before the checks run, not after
             plots = Path(plots)

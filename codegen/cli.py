@@ -207,6 +207,7 @@ def _derive(arguments: argparse.Namespace) -> str:
 
     from .model_pipeline import generate_model
     from .output import check_writable, write_files
+    from .parallel import ordered_map
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
 
@@ -230,12 +231,15 @@ def _derive(arguments: argparse.Namespace) -> str:
         if previous is not scheme and getattr(previous, "source", None) != scheme.source:
             raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
                                    f"{scheme.module_name}.py; derive them into different --out folders")
+    backends = BACKEND_CHOICES[arguments.backend]
+
+    def generated(item: tuple[str, object]) -> dict[Path, str]:
+        name, scheme = item
+        return (generate_model if is_model(name) else generate)(scheme, backends, out, passes)
+
     files: dict[Path, str] = {}
-    for name, scheme in emitted.values():
-        if is_model(name):
-            files.update(generate_model(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
-        else:
-            files.update(generate(scheme, BACKEND_CHOICES[arguments.backend], out, passes))
+    for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
+        files.update(part)
     outcome = write_files(files, force=arguments.force)
     return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
                      if path.name != "__init__.py" or action == "kept")
@@ -252,7 +256,7 @@ _OUTCOME_LINES = {
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     from splitformer.symbolic.builtins import builtin_names
 
-    from .checking import run_checks
+    from .verification.runner import run_checks
 
     from splitformer.symbolic.checks.model_recovery import model_checks
     from splitformer.symbolic.model import is_model, load_model, model_names

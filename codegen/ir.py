@@ -11,6 +11,7 @@ broadcasts each one to the output axes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import sympy as sp
 
@@ -52,7 +53,13 @@ class Op:
 
 
 def _indexed_names(expr: sp.Expr) -> list[str]:
-    return sorted({str(item.base.label) for item in expr.atoms(sp.Indexed)})
+    return list(_array_names(expr))
+
+
+@lru_cache(maxsize=8192)
+def _array_names(expr: sp.Expr) -> tuple[str, ...]:
+    """The arrays ``expr`` reads, sorted (remembered: the passes ask for an op's reads often)."""
+    return tuple(sorted({str(item.base.label) for item in expr.atoms(sp.Indexed)}))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ costate of its input and the gradients of its controls.
 
 Reads at a pattern become views (``Window``, ``Point``, ``Rows``); an adjoint written at a
 pattern is computed per coarse node and offset, then folded into an array shaped like the
-forward array (``Fold`` for a window, ``Place`` for a point); a control's gradient sums over
-the batch (``codegen.adjoint``).
+forward array (``Fold`` for a window, ``Place`` for a point, ``PlaceRows`` for grid rows of the
+token axis); a control's gradient sums over the batch (``codegen.adjoint``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adjoint import _AdjointLowering
 from .ir import BATCH, Contraction, Module
-from .model_ir import Fold, Place, Point, Rows
+from .model_ir import Fold, Place, PlaceRows, Point, Rows
 from .model_lowering import _OFFSETS, _StageLowering, shifted_read
 
 __all__ = ["StageBackward", "lower_stage_adjoint", "lower_adjoint_assignments"]
@@ -129,6 +129,8 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
             self.interleave(assignment, section)
             return
         like = self.shapes[target]
+        if self.scatter_rows(assignment, like, section):
+            return
         kept, offsets, axes, points, shapes = [], [], [], [":"], set()
         for position, index in enumerate(assignment.lhs.indices):
             if isinstance(index, sp.Idx):
@@ -156,6 +158,25 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         else:
             op = Place(target, labels, source=blocks, like=like, index=tuple(points))
         self.ops.append(op.with_comment(assignment.quadrature, section))
+
+
+    def scatter_rows(self, assignment, like: str, section: str) -> bool:
+        """``x̄[o + N_2 p + q, l] = value`` (the adjoint of a ``Rows`` view): the value per grid point,
+        written back at those token nodes (``PlaceRows``); whether it was one."""
+        rows = [(axis, _flattened(index)) for axis, index in enumerate(assignment.lhs.indices)
+                if not isinstance(index, sp.Idx) and not index.is_Integer]
+        if len(rows) != 1 or rows[0][1] is None:
+            return False
+        (axis, (offset, atoms)), = rows
+        kept = [index for entry in assignment.lhs.indices
+                for index in (atoms if not isinstance(entry, sp.Idx) else (entry,))]
+        blocks = f"{assignment.target}_rows"
+        _AdjointLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept)]), section)
+        self.ops[-1] = self.ops[-1].with_comment("the value at each grid point", section)
+        labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[like].indices)
+        self.ops.append(PlaceRows(assignment.target, labels, source=blocks, like=like, axis=axis + 1,
+                                  offset=offset).with_comment(assignment.quadrature, section))
+        return True
 
 
 def lower_adjoint_assignments(adjoint: Adjoint, known: dict) -> Module:

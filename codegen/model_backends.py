@@ -9,18 +9,20 @@ import sympy as sp
 
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.cnn_operators import STRIDE
+from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS
 from splitformer.symbolic.vision_operators import PATCH
 
 from .backends import BACKENDS
 from .ir import Module, Op
-from .model_ir import Fold, Interleave, Place, Point, Rows, Tokens, Window
+from .model_ir import Fold, Interleave, Join, Place, PlaceRows, Point, Rows, Tokens, Window
 from .printers import SIZE_NAMES
 
 __all__ = ["statements", "code", "CODE_NAMES"]
 
 #: Symbols of the model derivations and their names in emitted code.
 CODE_NAMES = {**SIZE_NAMES, PATCH: "patch_size", STRIDE: "stride", KERNEL_ROWS.size: "kernel_size",
-              CHANNELS.size: "n_channels", ROWS.size: "n_rows", COLS.size: "n_cols", CLASSES.size: "n_classes"}
+              CHANNELS.size: "n_channels", ROWS.size: "n_rows", COLS.size: "n_cols", CLASSES.size: "n_classes",
+              KEY_ROWS: "n_rows_kv", KEY_COLS: "n_cols_kv"}
 
 
 def code(expr: sp.Expr) -> str:
@@ -60,8 +62,16 @@ def _place(op: Place, backend: str) -> list[str]:
     return [f"{op.out} = {zeros}", f"{op.out}[{', '.join(str(i) for i in op.index)}] = {op.source}"]
 
 
+def _place_rows(op: PlaceRows, backend: str) -> list[str]:
+    return [f"{op.out} = _place_rows({op.source}, {op.like}.shape, {op.axis}, {op.offset})"]
+
+
+def _join(op: Join, backend: str) -> list[str]:
+    return [f"{op.out} = _join({', '.join(op.parts)})"]
+
+
 _MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point, Rows: _rows, Fold: _fold,
-              Place: _place}
+              Place: _place, PlaceRows: _place_rows, Join: _join}
 
 
 def statements(backend: str, module: Module, op: Op) -> list[str]:

@@ -10,8 +10,11 @@
 - ``Point``: a point functional, the state at one node of an axis;
 - ``Rows``: a field read at the nodes ``offset + N_2 p + q`` of one axis, as a view with
   that axis unflattened to ``(p, q)`` (the grid nodes of the token domain);
-- ``Fold`` and ``Place``: the adjoints of ``Window`` and ``Point`` (values written at the
-  points a view read, summed where windows overlap, zero elsewhere), shaped like ``like``.
+- ``Fold``, ``Place`` and ``PlaceRows``: the adjoints of ``Window``, ``Point`` and ``Rows``
+  (values written at the points a view read, summed where windows overlap, zero elsewhere),
+  shaped like ``like``;
+- ``Join``: token nodes written at patterns of the token axis (a node, the grid rows after
+  it), one part after another (a token concatenation).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sympy as sp
 
 from .ir import Op
 
-__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place"]
+__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +100,22 @@ class Place(Op):
 
     def reads(self) -> list[str]:
         return [self.source, self.like]
+
+
+@dataclass(frozen=True)
+class PlaceRows(Op):
+    source: str = ""
+    like: str = ""
+    axis: int = 1
+    offset: int = 0
+
+    def reads(self) -> list[str]:
+        return [self.source, self.like]
+
+
+@dataclass(frozen=True)
+class Join(Op):
+    parts: tuple[str, ...] = ()
+
+    def reads(self) -> list[str]:
+        return list(self.parts)

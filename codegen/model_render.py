@@ -32,7 +32,7 @@ def stage_context(module: Module, backend: str, sizes: dict) -> dict:
     for info in module.tensors.values():
         if info.role != "param" or info.parameter is None:
             continue
-        group, attribute = info.parameter.split(".")
+        group, _, attribute = info.parameter.partition(".")
         shape = tuple(_size(domain, sizes) for domain in info.shape)
         view = tuple(_size(domain, sizes) for domain in info.view) if info.view else None
         parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,

@@ -8,7 +8,7 @@ from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
-from splitformer.symbolic.cvt_adjoint import cvt_pieces
+from splitformer.symbolic.cvt_adjoint import cvt_programs
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.latex import to_latex
@@ -78,8 +78,8 @@ def render_grid_report(model: GridModelProgram) -> str:
 def render_cvt_report(model: CvtProgram) -> str:
     """The Markdown report of the multiscale model ``cvt``."""
     template = environment().get_template("report/cvt.md.j2")
-    pieces = [(name, input_name, derive_adjoint(program))
-              for name, (program, input_name, _) in reversed(cvt_pieces(model).items())]
+    pieces = [(name, piece.input, derive_adjoint(piece.program))
+              for name, piece in reversed(cvt_programs(model).items())]
     return template.render(model=model, version=__version__, pieces=pieces,
                            checks=[f"{model.name}/translation-equivariance", f"{model.name}/batch-norm-affine",
                                    f"{model.name}/key-spacing", f"{model.name}/score-scale",

@@ -38,9 +38,9 @@ def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library:
         labels = tuple(labels[axis] for axis in order)
         positions = sorted(positions)
     index = [":" if label in labels else "None" for label in out]
-    while index[-1] == ":":
+    while index and index[-1] == ":":
         index.pop()
-    return f"{name}[{', '.join(index)}]"
+    return f"{name}[{', '.join(index)}]" if index else name  # a permutation alone: the transposed array
 
 
 class ArrayPrinter(StrPrinter):
@@ -92,9 +92,6 @@ class ArrayPrinter(StrPrinter):
 
     def _print_Rational(self, expr: sp.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
-
-    def _print_Pi(self, expr: sp.Expr) -> str:
-        return "math.pi"
 
     def _print_Heaviside(self, expr: sp.Heaviside) -> str:
         """The step function with value 0 at 0 (the subgradient of ``max(0, v)`` torch uses)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 
 import jinja2
@@ -17,8 +18,10 @@ from .ir import Cache, Module
 __all__ = ["environment", "render_module", "unit_context"]
 
 
+@cache
 def environment() -> jinja2.Environment:
-    """The Jinja environment of all templates (strict, deterministic whitespace)."""
+    """The Jinja environment of all templates (strict, deterministic whitespace); one per process,
+    so each template is compiled once."""
     folder = resources.files("splitformer.templates")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(folder)),
@@ -65,11 +68,12 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
             "shape": shape, "view": view if view != shape else None, "kind": info.kind,
         })
     sections: list[dict] = []
-    free = _last_reads(module, keep) if keep is not None else {}
+    codes = [spelling.statements(module, op) for op in module.ops]
+    free = _last_reads(module, keep, codes) if keep is not None else {}
     for position, op in enumerate(module.ops):
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelling.statements(module, op),
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": codes[position],
                                            "free": free.get(position, [])})
     code = "\n".join(line for section in sections for statement in section["statements"] for line in statement["code"])
     return {
@@ -89,11 +93,16 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     }
 
 
-def _last_reads(module: Module, keep: set[str]) -> dict[int, list[str]]:
-    """Statement position → the local arrays read there for the last time (not kept, not controls)."""
+def _last_reads(module: Module, keep: set[str], codes: list[list[str]]) -> dict[int, list[str]]:
+    """Statement position → the local arrays read there for the last time (not kept, not controls).
+
+    ``codes`` are the statements' lines: a grid coordinate (``_grid(size, u0)``) reads the
+    state ``u0`` for its dtype.
+    """
     last: dict[str, int] = {}
     for position, op in enumerate(module.ops):
-        for name in [*op.reads(), *op.writes(), op.out]:  # out: a fused product's buffer, split into writes()
+        grid = ["u0"] if any("_grid(" in line for line in codes[position]) else []
+        for name in [*op.reads(), *op.writes(), op.out, *grid]:  # out: a fused product's buffer, split into writes()
             last[name] = position
     free: dict[int, list[str]] = {}
     for name, position in last.items():

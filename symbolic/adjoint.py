@@ -37,6 +37,7 @@ computed from them are data, read by the adjoint as they are.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -109,12 +110,14 @@ def _outer_sums(expr: sp.Expr) -> list[sp.Sum]:
                   key=sp.default_sort_key)
 
 
-def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]]:
+@functools.lru_cache(maxsize=4096)
+def _partials(rhs: sp.Expr) -> tuple[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]], ...]:
     """``(x[J], ∂rhs/∂x[J], indices bound around x[J])`` for every array entry read by ``rhs``.
 
     A ``Sum`` is first treated as one symbol ``S``; its body is then differentiated with
     its summation index free and the chain factor ``∂rhs/∂S`` (the sum's limits bind the
-    index, so the entry ``x[J]`` is one of the summands).
+    index, so the entry ``x[J]`` is one of the summands). A pure function of ``rhs``,
+    remembered: schemes that share a substep differentiate its right-hand sides once.
     """
     found: list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]] = []
 
@@ -131,7 +134,7 @@ def _partials(rhs: sp.Expr) -> list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...
             walk(total.function, seed * sp.diff(flat, symbol).xreplace(back), bound + limits)
 
     walk(rhs, sp.Integer(1), ())
-    return found
+    return tuple(found)
 
 
 def _index_atoms(indices) -> list[sp.Idx]:
@@ -183,6 +186,11 @@ def _powers(expr: sp.Expr) -> tuple[sp.Expr, dict[sp.Expr, sp.Expr]]:
     return coefficient, powers
 
 
+def _arrays(exprs) -> frozenset[str]:
+    """The names of the arrays read by ``exprs`` (renaming indices keeps them)."""
+    return frozenset(str(base.label) for expr in exprs for base in expr.atoms(sp.IndexedBase))
+
+
 def _divides(part: sp.Expr, whole: sp.Expr) -> bool:
     """``whole = part · rest`` keeps the sign of each exponent and does not flip it."""
     return part.is_number and whole.is_number and (part > 0) == (whole > 0) and abs(whole) >= abs(part)
@@ -204,8 +212,10 @@ class _Recognizer:
             if isinstance(rhs, (sp.Add, sp.Indexed)) or not rhs.has(sp.Indexed):
                 continue
             coefficient, powers = _powers(rhs)
-            self.rules.append((assignment.lhs, coefficient, powers))
+            self.rules.append((assignment.lhs, coefficient, powers, _arrays(b for b, e in powers.items() if e > 0)))
         self.rules.sort(key=lambda rule: -len(rule[2]))
+        #: (rule number, index mapping) → the rule's factors renamed (the same few are asked for often)
+        self.renamed: dict[tuple, dict[sp.Expr, sp.Expr]] = {}
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         if expr.is_Atom or isinstance(expr, sp.Indexed):
@@ -228,9 +238,12 @@ class _Recognizer:
             changed = False
             coefficient, powers = _powers(expr)
             indices = sorted(expr.atoms(sp.Idx), key=str)
-            for lhs, rule_coefficient, rule in self.rules:
+            present = _arrays([expr])
+            for number, (lhs, rule_coefficient, rule, needed) in enumerate(self.rules):
+                if not needed <= present:  # a factor of its numerator reads an array the product does not
+                    continue
                 for mapping in self.mappings(lhs, indices):
-                    renamed = {base.xreplace(mapping): exponent for base, exponent in rule.items()}
+                    renamed = self.rename(number, mapping)
                     if not self.applies(renamed, powers):
                         continue
                     for base, exponent in renamed.items():
@@ -243,6 +256,12 @@ class _Recognizer:
                 if changed:
                     break
         return expr
+
+    def rename(self, number: int, mapping: dict) -> dict[sp.Expr, sp.Expr]:
+        key = (number, tuple(mapping.items()))
+        if key not in self.renamed:
+            self.renamed[key] = {base.xreplace(mapping): exponent for base, exponent in self.rules[number][2].items()}
+        return self.renamed[key]
 
     @staticmethod
     def applies(rule: dict, powers: dict) -> bool:

@@ -46,13 +46,15 @@ def evaluate(
     *,
     eps: sp.Expr = EPSILON,
     time_step: sp.Expr = sp.Integer(1),
+    digits: int | None = None,
 ) -> dict[str, dict[tuple[int, ...], sp.Expr]]:
     """Every tensor's entries: ``{name: {(i, k, …): value}}``.
 
     An array written at a pattern accumulates its values there (entries not written are absent).
     ``inputs`` gives the entries of the input state ``u0``, of the parameters (named as in
     the program, e.g. ``attn_W_q``) and of the support ``chi``, as functions of integer
-    indices. ``sizes`` fixes ``N_x``, ``N_y``, … .
+    indices. ``sizes`` fixes ``N_x``, ``N_y``, … . ``digits``: every entry evaluated to that many
+    digits as it is computed (numeric inputs: exact constants such as ``√2`` do not pile up).
     """
     values: dict[str, dict[tuple[int, ...], sp.Expr]] = {}
 
@@ -69,13 +71,16 @@ def evaluate(
         indices = assignment.lhs.xreplace(constants).indices
         rhs = assignment.rhs.xreplace(constants)
         if not all(isinstance(index, sp.Idx) for index in indices):
-            _accumulate(values.setdefault(assignment.target, {}), indices, rhs, entry)
-            continue
-        ranges = [range(int(index.upper) + 1) for index in indices]
-        table = {}
-        for point in itertools.product(*ranges):
-            table[point] = _substitute(rhs.xreplace(dict(zip(indices, map(sp.Integer, point)))), entry)
-        values[assignment.target] = table
+            table = values.setdefault(assignment.target, {})
+            _accumulate(table, indices, rhs, entry)
+        else:
+            ranges = [range(int(index.upper) + 1) for index in indices]
+            table = {}
+            for point in itertools.product(*ranges):
+                table[point] = _substitute(rhs.xreplace(dict(zip(indices, map(sp.Integer, point)))), entry)
+            values[assignment.target] = table
+        if digits is not None:
+            table.update({point: sp.N(value, digits) for point, value in table.items()})
     return values
 
 

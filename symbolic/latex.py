@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import ChainMap
 from collections.abc import Mapping
+from functools import lru_cache
 
 import sympy as sp
 from sympy.core.function import AppliedUndef
@@ -66,13 +67,24 @@ _DEFAULT_NAMES = {"eps": r"\varepsilon"}
 def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
     """LaTeX of ``expr``; ``names`` renames symbols and array bases (``attn_q`` → ``Q``)."""
     names = ChainMap(names or {}, _DEFAULT_NAMES)  # no copy: derivations pass every array's name
-    symbol_names = {symbol: names[symbol.name] for symbol in expr.atoms(sp.Symbol) if symbol.name in names}
-    for applied in expr.atoms(AppliedUndef):
-        name = applied.func.__name__
+    symbols, functions = _named(expr)
+    symbol_names = {symbol: names[symbol.name] for symbol in symbols if symbol.name in names}
+    for name in functions:
         if name in names:
             symbol_names[sp.Symbol(name)] = names[name]
-    printer = _MathPrinter({"symbol_names": symbol_names, "mul_symbol": None})
-    return printer.doprint(expr)
+    return _printed(expr, frozenset(symbol_names.items()))
+
+
+@lru_cache(maxsize=8192)
+def _named(expr: sp.Basic) -> tuple[frozenset, frozenset]:
+    """The symbols and the names of the undefined functions in ``expr`` (what ``names`` may rename)."""
+    return frozenset(expr.atoms(sp.Symbol)), frozenset(applied.func.__name__ for applied in expr.atoms(AppliedUndef))
+
+
+@lru_cache(maxsize=8192)
+def _printed(expr: sp.Basic, symbol_names: frozenset) -> str:
+    """The printer's LaTeX (remembered: schemes that share a substep print its formulas once)."""
+    return _MathPrinter({"symbol_names": dict(symbol_names), "mul_symbol": None}).doprint(expr)
 
 
 def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:

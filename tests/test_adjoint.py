@@ -272,3 +272,22 @@ def test_derived_backward_with_torch_options_float_mask_and_sequence_first():
         block(torch.randn(2, N, 8))
     assert block.eval()(torch.randn(2, N, 8)).shape == (2, N, 8)
     torch.jit.script(torch_module.Block(8, 2, 12, backward="derived"))  # the derived path is TorchScript-unused
+
+
+def test_plain_indices_are_distinct_indices_only():
+    """A repeated index (a diagonal) or an index expression (a window) is a pattern, not plain."""
+    from splitformer.symbolic.adjoint import is_plain
+
+    i, j, p, r = (sp.Idx(name, 4) for name in "ijpr")
+    assert is_plain((i, j)) and is_plain(())
+    assert not is_plain((i, i))
+    assert not is_plain((2 * p + r,)) and not is_plain((i, sp.Integer(0)))
+
+
+def test_index_patterns_take_integers_and_index_expressions():
+    """A point (an integer), a window (``2p + r``) and a plain index are patterns; a reused index is not."""
+    from splitformer.symbolic.adjoint import _is_pattern
+
+    i, p, r = (sp.Idx(name, 4) for name in "ipr")
+    assert _is_pattern((i, sp.Integer(0))) and _is_pattern((2 * p + r, i))
+    assert not _is_pattern((p + r, r))

@@ -240,7 +240,7 @@ def test_write_leaves_foreign_files_unless_forced(post_ln, tmp_path):
 def test_check_refuses_a_foreign_plot_before_running_and_names_the_remedy(post_ln, tmp_path, monkeypatch):
     foreign = tmp_path / f"{post_ln.scheme.module_name}_convergence.png"
     foreign.write_text("mine")
-    monkeypatch.setattr("splitformer.codegen.checking.scheme_checks", lambda *args: pytest.fail("checks ran"))
+    monkeypatch.setattr("splitformer.codegen.verification.runner.scheme_checks", lambda *args: pytest.fail("checks ran"))
     with pytest.raises(SplitformerError, match="choose another plots folder") as refused:
         post_ln.check(plots=tmp_path)
     assert "--force" not in str(refused.value)

@@ -370,7 +370,7 @@ def fast_stages(monkeypatch, tmp_path):
 
 
 def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, capsys, monkeypatch):
-    import splitformer.codegen.checking as checking
+    import splitformer.codegen.verification.runner as checking
 
     monkeypatch.setattr(checking, "run_checks", lambda *arguments: pytest.fail("the checks ran"))
     long = "x" * 300
@@ -384,7 +384,7 @@ def test_a_plot_folder_with_a_long_name_is_refused_before_the_checks(tmp_path, c
 @pytest.mark.parametrize("arguments, work, message", [
     (["derive", "post-ln", "--out", "/proc/splitformer-out"], "splitformer.codegen.pipeline.generate",
      "--out /proc/splitformer-out: cannot write in /proc"),
-    (["check", "post-ln", "--plots", "/proc/splitformer-plots"], "splitformer.codegen.checking.run_checks",
+    (["check", "post-ln", "--plots", "/proc/splitformer-plots"], "splitformer.codegen.verification.runner.run_checks",
      "--plots /proc/splitformer-plots: cannot write in /proc"),
     (["compare", "post-ln", "--plot", "/proc/splitformer.png"], "splitformer.codegen.compare.compare",
      "--plot /proc/splitformer.png: cannot write in /proc"),

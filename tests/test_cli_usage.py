@@ -7,7 +7,7 @@ import re
 import pytest
 
 from splitformer.codegen import cli
-from splitformer.codegen.checking import CheckReport
+from splitformer.codegen.verification.runner import CheckReport
 from splitformer.codegen.cli import main
 from splitformer.codegen.passes import PASSES
 from splitformer.symbolic.activations import ACTIVATIONS
@@ -89,7 +89,7 @@ class Terminal(io.StringIO):
 @pytest.mark.parametrize("terminal", [True, False])
 def test_check_shows_progress_only_on_a_terminal(terminal, monkeypatch, capsys):
     monkeypatch.setattr(cli, "_load", lambda name, activation: name)
-    monkeypatch.setattr("splitformer.codegen.checking.run_checks",
+    monkeypatch.setattr("splitformer.codegen.verification.runner.run_checks",
                         lambda schemes, plots, progress=None: fake_report(progress))
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)

@@ -103,12 +103,12 @@ def test_vjp_matches_transformers_autograd(classifier):
 TORCH = import_path(GENERATED / "torch" / "cvt.py")
 
 
-def _generated(adapted, backward: str):
+def _generated(adapted, backward: str, dtype=torch.float64):
     stages = adapted.config["stages"]
     d_ffs = [adapted.params[f"stages.{index}.layers.0.ffn.W_1"].shape[1] for index in range(len(stages))]
     n_classes = adapted.params["head.W"].shape[1] if "head.W" in adapted.params else 0
     model = TORCH.Model(3, CONFIG["embed_dim"], CONFIG["depth"], d_ffs, stages, n_classes=n_classes, eps=adapted.config["eps"],
-                        dtype=torch.float64, backward=backward)
+                        dtype=dtype, backward=backward)
     return model.load_params(adapted.params)
 
 
@@ -148,3 +148,36 @@ def test_derived_backward_of_the_hidden_states():
     (derived_image, derived), (autograd_image, autograd) = results
     assert np.abs(derived_image - autograd_image).max() / np.abs(autograd_image).max() <= 1e-10
     assert _relative(derived, autograd) <= 1e-10
+
+
+def test_derived_backward_in_float32():
+    """``backward="derived"`` in float32 against autograd through the same generated module (float32)."""
+    adapted = from_hf(_cvt(True))
+    pixels = torch.randn(2, 3, 12, 10, generator=torch.Generator().manual_seed(1))
+    seed = torch.randn(2, 3, generator=torch.Generator().manual_seed(2))
+    (derived_image, derived), (autograd_image, autograd) = (
+        _torch_gradients(_generated(adapted, backward, torch.float32), pixels, seed) for backward in ("derived", "autograd"))
+    assert derived_image.dtype == np.float32 and all(value.dtype == np.float32 for value in derived.values())
+    assert np.abs(derived_image - autograd_image).max() / np.abs(autograd_image).max() <= 1e-4
+    assert _relative(derived, autograd) <= 1e-4
+
+
+def test_the_chaining_is_derived():
+    """The step's chaining is in the program (split, concatenations, residual sums) and its adjoint comes from
+    reverse mode: the projected tokens' costate collects Q, K, V at the class node and the grid at its rows;
+    the residual sum passes the costate on."""
+    import sympy as sp
+
+    from splitformer.symbolic.adjoint import derive_adjoint
+    from splitformer.symbolic.cvt import derive_cvt
+    from splitformer.symbolic.cvt_adjoint import cvt_programs
+
+    step = cvt_programs(derive_cvt())["step_cls"].program
+    targets = [assignment.target for assignment in step.assignments]
+    assert {"grid", "q_in", "k_in", "v_in", "u1", "u2"} <= set(targets)
+    written = {str(a.lhs) for a in derive_adjoint(step).assignments}
+    reads = {a.target: {str(r) for r in a.rhs.atoms(sp.Indexed)} for a in derive_adjoint(step).assignments}
+    assert "norm1_out_bar1[0, l]" in written and reads["norm1_out_bar1"] == {"q_in_bar[0, l]", "k_in_bar[0, l]",
+                                                                             "v_in_bar[0, l]"}
+    assert "norm1_out_bar2[N_2*p + q + 1, l]" in written and reads["norm1_out_bar2"] == {"grid_bar[l, p, q]"}
+    assert "u2_bar[i, l]" in reads["u1_bar"]

@@ -45,9 +45,9 @@ def test_empty_batches_and_token_sets_give_empty_results(shape, numpy_module, to
 
 
 @pytest.mark.parametrize("change, error, message", [
-    (lambda p: p.update({"ffn.W_1": np.zeros(8)}), ValueError, r"'ffn.W_1' has shape \(8,\), expected \(8, d_ff\)"),
-    (lambda p: p.update({"ffn.W_1": np.float64(3)}), ValueError, r"'ffn.W_1' has shape \(\), expected \(8, d_ff\)"),
-    (lambda p: p.pop("ffn.W_1"), ValueError, r"missing parameter 'ffn.W_1' of shape \(8, d_ff\)"),
+    (lambda p: p.update({"ffn.W_1": np.zeros(8)}), ValueError, r"'ffn.W_1' has shape \(8,\), expected \(8, 12\)"),
+    (lambda p: p.update({"ffn.W_1": np.float64(3)}), ValueError, r"'ffn.W_1' has shape \(\), expected \(8, 12\)"),
+    (lambda p: p.pop("ffn.W_1"), ValueError, r"missing parameter 'ffn.W_1' of shape \(8, 12\)"),
     (lambda p: p.update({"attn.W_q": torch.zeros(8, 8, requires_grad=True)}), TypeError,
      r"parameter 'attn.W_q' cannot be read as a NumPy array \(Tensor"),
     (lambda p: p.update({"attn.W_q": torch.zeros(8, 8, dtype=torch.bfloat16)}), TypeError,
@@ -65,7 +65,7 @@ def test_bad_parameters_are_named(change, error, message, numpy_module):
 @pytest.mark.parametrize("keywords, error, message", [
     ({"n_heads": True}, TypeError, "n_heads must be an int, got bool"),
     ({"n_heads": 2.0}, TypeError, "n_heads must be an int, got float"),
-    ({"n_heads": 0}, ValueError, "not divisible by n_heads = 0"),
+    ({"n_heads": 0}, ValueError, "n_heads must be >= 1, got 0"),
     ({"eps": -1}, ValueError, "eps must be finite and >= 0, got -1"),
     ({"eps": float("nan")}, ValueError, "eps must be finite and >= 0"),
     ({"eps": True}, TypeError, "eps must be a real number, got bool"),

@@ -120,3 +120,33 @@ def test_rms_norm_is_fused_in_llama():
     ops = _ops(DEFAULT, "llama")
     fused = [op for op in ops.values() if isinstance(op, Normalize)]
     assert len(fused) == 2 and not any(op.centred for op in fused)
+
+
+def test_a_kernel_with_a_second_factor_beside_its_support_is_not_a_softmax():
+    """Only ``e^a χ / Σ e^a χ`` is the fused softmax: a further factor ``w`` would be dropped by it."""
+    from splitformer.codegen.lowering import _Lowering
+
+    program = derive(load_scheme("post-ln"))
+    lowering = _Lowering(program)
+    gamma = next(assignment for assignment in program.assignments if assignment.target == "attn_gamma")
+    numerator, denominator = sp.fraction(gamma.rhs)
+    (dummy, *_), = denominator.limits
+    key = next(factor for factor in sp.Mul.make_args(numerator) if isinstance(factor, sp.exp)).args[0].indices[-1]
+    weight = sp.IndexedBase("w")
+    query = gamma.lhs.indices[-2]
+    wider = (numerator * weight[query, key]) / sp.Sum(denominator.function * weight[query, dummy], *denominator.limits)
+    labels = lowering.labels(gamma.lhs)
+    assert isinstance(lowering.softmax("g", labels, gamma.rhs), Softmax)
+    assert lowering.softmax("g", labels, wider) is None
+
+
+@pytest.mark.parametrize("value, text", [(sp.Rational(1, 3), "1/3"), (sp.Rational(-5, 2), "-5/2"),
+                                         (sp.Rational(7, 1), "7"), (sp.pi, "math.pi")])
+def test_printed_numbers_are_exact_python_expressions(value, text):
+    """A rational prints as ``p/q`` (Python's true division), never truncated to its numerator."""
+    from splitformer.codegen.printers import NumpyPrinter, TorchPrinter
+
+    module = lower(derive(load_scheme("post-ln")))
+    for printer in (NumpyPrinter(module), TorchPrinter(module)):
+        assert printer.doprint(value) == text
+        assert eval(text, {"math": __import__("math")}) == float(value)

@@ -71,3 +71,18 @@ def test_relu_is_the_projection_onto_the_nonnegative_cone(value):
     multiplier = u - value  # stationarity: u = v + λ
     assert u >= 0 and multiplier >= 0 and u * multiplier == 0
     assert formula == sp.Max(S.v, 0)
+
+
+def test_feature_means_refuse_what_the_statistics_cannot_express():
+    """Means of polynomials of degree ≤ 2 only, and only in moments the statistics determine."""
+    from splitformer.symbolic.constraints import SYMBOLS, ConstraintSet, Statistic
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.projections import feature_mean
+
+    s = SYMBOLS
+    second = ConstraintSet("S", "S", statistics=(Statistic("beta", s.beta, r"\beta", s.v**2, "mean square"),))
+    assert feature_mean(second, s.v**2 + 1) == s.beta + 1
+    with pytest.raises(SplitformerError, match="do not express the mean of v"):
+        feature_mean(second, s.v)  # the mean of v is not among the statistics
+    with pytest.raises(SplitformerError, match="degree 3"):
+        feature_mean(second, s.v**3)

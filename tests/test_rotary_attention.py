@@ -111,5 +111,7 @@ def test_bad_head_configurations_are_named(modules, rng):
         numpy_module.forward(u, params, n_heads=4, n_kv_heads=2, positions=np.arange(4))
     with pytest.raises(ValueError, match="n_kv_heads = 3"):
         torch_module.Block(16, 4, 1, n_kv_heads=3)
-    with pytest.raises(ValueError, match="even head width"):
+    with pytest.raises(ValueError, match="even head width, got d_head = 1"):
+        numpy_module.forward(u, params, n_heads=16)
+    with pytest.raises(ValueError, match=r"u must have shape \(batch, tokens, 16\)"):  # u, not the heads, is wrong
         numpy_module.forward(rng.standard_normal((1, 3, 12)), params, n_heads=4)

@@ -144,7 +144,7 @@ def test_a_user_kind_is_evaluated_from_its_continuous_definitions():
 
 
 def test_a_user_file_named_like_a_builtin_is_checked_as_itself(tmp_path):
-    from splitformer.codegen.checking import scheme_checks
+    from splitformer.codegen.verification.runner import scheme_checks
 
     path = tmp_path / "macaron.toml"
     path.write_text('name = "macaron"\nsummary = "not the built-in"\n[operators]\nattn = "attention"\n'
@@ -169,18 +169,3 @@ def test_gelu_tanh_and_pi_in_the_evaluator():
         exact = Semantics(scheme.with_activation("gelu"), params, SIZES, MPMATH, eps=mpmath.mpf("1e-5"))
         gap = KNOWN_KINDS["feed-forward"](exact, "ffn", u) - KNOWN_KINDS["feed-forward"](semantics, "ffn", u)
         assert max(abs(value) for value in gap.flat) > 1e-6
-
-
-@pytest.mark.parametrize("name, key, reads", [("llama", "attn", "inputs pos"), ("decoder", "cross", "inputs chi_m, mem")])
-def test_operators_the_evaluator_cannot_evaluate_are_skipped_with_the_reason(name, key, reads):
-    from splitformer.codegen.verification.scheme_checks import SKIPPED, scheme_checks
-    from splitformer.codegen.verification.semantics import unevaluable
-
-    scheme = load_scheme(name)
-    assert reads in unevaluable(scheme)[key]
-    checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
-    for what in ("derived", "emitted"):
-        check = checks[f"semantics/{name}/{what}"]
-        assert check.method == SKIPPED and key in check.detail and reads in check.detail
-    assert checks[f"structure/{name}/stack"].holds and checks[f"structure/{name}/stack"].method == "numeric"
-    assert unevaluable(load_scheme("gpt2")) == {}  # causal, gelu-tanh: evaluated

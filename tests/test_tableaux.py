@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from splitformer.codegen.checking import scheme_checks
+from splitformer.codegen.verification.runner import scheme_checks
 from splitformer.symbolic import load_scheme, parse_scheme
 from splitformer.symbolic.checks.order import splitting_order
 from splitformer.symbolic.derivation import derive
@@ -124,3 +124,10 @@ def test_random_runge_kutta_steps_are_schemes_or_one_line_errors(method, fields)
 def test_tableau_entries_are_bounded(entry, message):
     with pytest.raises(SplitformerError, match=message):
         make_tableau("big", [[], [entry]], ["1/2", "1/2"])
+
+
+def test_tableau_names_have_at_most_64_characters():
+    """The name reaches generated comments and reports: 64 characters are accepted, 65 refused."""
+    assert make_tableau("a" * 64, [[], [1]], ["1/2", "1/2"]).name == "a" * 64
+    with pytest.raises(SplitformerError, match="at most 64 characters"):
+        make_tableau("a" * 65, [[], [1]], ["1/2", "1/2"])

@@ -56,6 +56,11 @@ def test_cvt_checks_hold(capsys):
                  "recovery/cvt/symbolic", "recovery/cvt/numeric", "adjoint/cvt/finite-difference",
                  "adjoint/cvt/negative-control"):
         assert checks[name]["holds"], checks[name]
+    # the whole of each program, the chaining included, and negative controls in the chaining
+    for program in ("embedding", "embedding_cls", "step", "step_cls", "grid", "grid_cls", "node", "readout"):
+        assert f"{program} " in checks["adjoint/cvt/finite-difference"]["detail"]
+    for control in ("step_cls: norm1_out_bar", "step_cls: u1_bar", "embedding_cls: embed_norm_out_bar"):
+        assert control in checks["adjoint/cvt/negative-control"]["detail"]
 
 
 def test_cvt_recovery_fails_with_the_head_scale():

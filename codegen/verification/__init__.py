@@ -1,9 +1,9 @@
 """Verification, in one place: what is checked against what.
 
-``splitformer check`` (runner: ``codegen.checking``) compares each claim with a witness that
-does not share the code it checks. The modules here hold the independent evaluator, the
-checks of a scheme's own program, and the studies; the symbolic statements about the
-mathematics live next to it in ``splitformer.symbolic.checks`` (they use SymPy only).
+``splitformer check`` (``runner.py``) compares each claim with a witness that does not share
+the code it checks. The modules here hold the runner, the independent evaluator, the checks
+of a scheme's own program, and the studies; the symbolic statements about the mathematics
+are the modules of ``splitformer.symbolic.checks`` (SymPy only), which the runner calls.
 
 ======================================  ==========================================  ==============================================  =================================
 check ids                               what is checked                             against (the independent witness)               module
@@ -11,12 +11,18 @@ check ids                               what is checked                         
 ``semantics/<scheme>/derived``          the derived program (every parameter a      the evaluator in SymPy arithmetic (token        ``scheme_checks.py``
                                         symbol, 2 tokens, causal support)           spacing Δx symbolic: it must cancel)
 ``semantics/<scheme>/emitted``          the emitted NumPy and torch modules         the evaluator in 50-digit arithmetic            ``scheme_checks.py``
-                                        (float64, several heads, d_ff ≠ d, masks)
+                                        (float64, several heads, d_ff ≠ d, masks;
+                                        RoPE: grouped heads, θ, positions;
+                                        cross-attention: a padded memory)
 ``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
 ``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
                                                                                     causal and padding supports; each a control
+``structure/rotary-attention/*``,       the emitted rotary and cross-attention      shifted positions (differences only); the       ``structure.py``
+``structure/cross-attention/*``         fields                                      memory reordered, padded memory tokens; each
+                                                                                    with a control
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
+                                                                                    (no interpreter of its own)
 ``recovery/<scheme>/*``                 one step of a built-in                      the published block, written by hand            ``symbolic.checks.recovery``
 ``order/<scheme>``                      the order a scheme file claims              the non-commutative series, one generator per   ``symbolic.checks.order``
                                                                                     operator instance
@@ -27,11 +33,16 @@ check ids                               what is checked                         
 ``activation/*``, ``rope/*``, ``gqa/*``
 ======================================  ==========================================  ==============================================  =================================
 
+- ``runner.py`` — ``run_checks``: the general checks once, then per scheme every check above;
+  ``CheckReport`` formats them (text, JSON, Markdown).
 - ``semantics.py`` — the independent evaluator: one step of any scheme, from the model's
   continuous operators discretized by hand (rectangle rule), composed by the scheme's own
-  tree; shares no formula code with the derivation or the lowering. Operators whose
-  definitions read inputs it has no semantics for (token positions, a memory) are named by
-  ``unevaluable``; their semantics checks are skipped with that reason.
+  tree; shares no formula code with the derivation or the lowering. Every built-in kind has
+  semantics here: attention, rotary attention (pairs turned by ``p(x) θ^{-2r/d_h}``, grouped
+  key/value heads), cross-attention (a memory held fixed, its own support and spacing),
+  LayerNorm, RMSNorm, feed-forward, gated feed-forward, the paper's affine and ``S₂``
+  operators. A plugin's kind whose definitions read inputs it has no semantics for is named
+  by ``unevaluable``; its semantics checks are skipped with that reason.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

@@ -5,30 +5,24 @@ integrated over ``[0, T]``, all by the independent evaluator (``semantics``, flo
 the scheme's steps with ``Δt = T/N_t``, ``N_t = 1, 2, 4, …, 32`` (up to 128 for order 3
 and more), against RK4 with 512 steps (2048 for order 3 and more) for ``u_t = Σ c_k A_k(u)``.
 Projection substeps are held out (the identity), as in the series analysis. The slope of
-log error against log Δt over the finest steps is the empirical order.
-
-A field the evaluator has no semantics for (``semantics.unevaluable``: rotary attention's
-token positions, cross-attention's memory) is taken from the emitted NumPy code of that one
-field (a memory held fixed); the evaluator still composes the steps.
+log error against log Δt over the finest steps is the empirical order. Cross-attention reads
+a random memory held fixed over ``[0, T]``; rotary attention the positions ``0 … N−1``.
 """
 
 from __future__ import annotations
 
-import inspect
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.equation import equation_terms
-from splitformer.symbolic.scheme import Scheme, Sequence, Substep
+from splitformer.symbolic.scheme import Scheme, Substep
 
 from ..output import MARKER, PLOTS_HINT, check_replaceable, write_files
-from .emitted import emitted_modules
 from .scheme_checks import random_parameters
-from .semantics import FLOAT, Semantics, Sizes, unevaluable
+from .semantics import FLOAT, Semantics, Sizes
 
 __all__ = ["Study", "convergence_study", "plot_study", "plot_studies"]
 
@@ -47,35 +41,6 @@ class Study:
     steps: tuple[int, ...]
     errors: tuple[float, ...]
     slope: float
-
-
-def _emitted_field(scheme: Scheme, step: Substep):
-    """``u ↦ A(on(u))`` of one sequence, from the generated NumPy code of a one-substep scheme."""
-    keys = [step.operator] + ([step.on] if step.on is not None else [])
-    single = Scheme(f"field-{step.operator}", "one field", {key: scheme.operators[key] for key in keys},
-                    Sequence((Substep(step.operator, "explicit", on=step.on),)), activation=scheme.activation,
-                    options={key: scheme.options[key] for key in keys if key in scheme.options})
-    forward = emitted_modules(single, derive(single), ("numpy",))["numpy"].forward
-    if "memory" in inspect.signature(forward).parameters:  # cross-attention: a memory held fixed
-        memory = (np.random.default_rng(7).standard_normal((1, MEMORY_TOKENS, SIZES.features)),)
-    else:
-        memory = ()
-    return lambda u, params: forward(u[None], *memory, params, n_heads=SIZES.heads, causal=False)[0] - u
-
-
-@dataclass
-class _Flow(Semantics):
-    """The evaluator's flow, with the fields it cannot evaluate taken from emitted code."""
-
-    emitted: dict = field(default_factory=dict)
-    opaque: frozenset = frozenset()  # keys of the operators the evaluator cannot evaluate
-
-    def field(self, substep, u):
-        if not {substep.operator, substep.on} & self.opaque:
-            return super().field(substep, u)
-        if (substep.operator, substep.on) not in self.emitted:
-            self.emitted[substep.operator, substep.on] = _emitted_field(self.scheme, substep)
-        return self.emitted[substep.operator, substep.on](u, self.params)
 
 
 def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS) -> np.ndarray:
@@ -105,14 +70,13 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None) -
     u0 = np.random.default_rng(seed + 1).standard_normal((SIZES.tokens, SIZES.features))
     fine = order is not None and order >= 3
     steps = STEPS + FINE_STEPS if fine else STEPS
-    emitted: dict = {}  # the emitted fields, compiled once
-    opaque = frozenset(unevaluable(smooth))
-    flow = _Flow(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, emitted=emitted, opaque=opaque)
+    memory = np.random.default_rng(seed + 2).standard_normal((MEMORY_TOKENS, SIZES.features))
+    flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, memory=memory)
     exact = _reference(flow, smooth, u0, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
     errors = []
     for count in steps:
-        semantics = _Flow(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False,
-                          emitted=emitted, opaque=opaque)
+        semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False,
+                              memory=memory)
         u = u0
         for _ in range(count):
             u = semantics.step(u)

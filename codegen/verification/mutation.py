@@ -51,7 +51,7 @@ TARGETS = ("symbolic", "codegen")
 EXCLUDED = ("codegen/verification/", "symbolic/checks/", "symbolic/references.py", "symbolic/vision_references.py",
             "symbolic/projection_verifiers.py", "symbolic/evaluate.py",
             "codegen/cli.py", "codegen/report.py", "codegen/report_adjoint.py", "codegen/model_report.py",
-            "codegen/output.py", "codegen/checking.py", "codegen/convergence.py", "symbolic/latex.py",
+            "codegen/output.py", "symbolic/latex.py",
             "symbolic/builtins.py", "symbolic/errors.py", "symbolic/cache.py", "symbolic/expression_json.py",
             "symbolic/scheme_file.py",
             "codegen/demo.py", "codegen/train_demo.py", "codegen/adapters/",
@@ -63,6 +63,7 @@ RELATED = {
     "symbolic/constraints.py": ("tests/test_projections.py",),
     "symbolic/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
+    "codegen/parallel.py": ("tests/test_parallel.py",),
     "symbolic/tableaux.py": ("tests/test_tableaux.py",),
     "symbolic/scheme.py": ("tests/test_scheme_file.py",),
     "symbolic/builder.py": ("tests/test_api.py",),
@@ -85,9 +86,11 @@ RELATED = {
 CORE = ("tests/test_derivation.py", "tests/test_lowering.py", "tests/test_projections.py", "tests/test_model.py")
 #: The schemes checked for every mutant: a published block, a Runge–Kutta step, the paper's
 #: scheme, a causal LLM block, and user files: fractions, a Strang step, parallel weights, operator
-#: names that collide with the names of repeated evaluations, RMSNorm with a biased SwiGLU.
+#: names that collide with the names of repeated evaluations, RMSNorm with a biased SwiGLU, rotary
+#: attention with grouped heads around cross-attention.
 CHECKED = ("post-ln", "rk2", "paper-lie", "gpt2", "tests/schemes/strang.toml", "tests/schemes/thirds.toml",
-           "tests/schemes/richardson.toml", "tests/schemes/clash.toml", "tests/schemes/swiglu.toml")
+           "tests/schemes/richardson.toml", "tests/schemes/clash.toml", "tests/schemes/swiglu.toml",
+           "tests/schemes/rotary-cross.toml")
 #: Built-ins whose committed ``generated/`` files (NumPy, torch, report) a mutant must leave
 #: unchanged: tableaux, LLM kinds, cross-attention, the paper's scheme, two feed-forwards.
 GOLDEN = ("post-ln", "rk4", "llama", "decoder", "paper-lie", "macaron")
@@ -97,7 +100,7 @@ _GOLDEN = ("from pathlib import Path; from splitformer.codegen.pipeline import g
            "generate(load_scheme(name), (\"numpy\", \"torch\"), Path(\"generated\")).items()}\n"
            "sys.exit(any(not p.exists() or p.read_text(encoding=\"utf-8\") != t for p, t in files.items()))")
 #: ``check`` that stops at the first check that fails (exit status 1).
-_FAIL_FAST = ("from splitformer.codegen.checking import run_checks; from splitformer.symbolic import load_scheme; "
+_FAIL_FAST = ("from splitformer.codegen.verification.runner import run_checks; from splitformer.symbolic import load_scheme; "
               "import sys\ndef stop(check):\n    if not check.holds: sys.exit(1)\n"
               "sys.exit(0 if run_checks([load_scheme(n) for n in sys.argv[1:]], progress=stop).holds else 1)")
 _SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,

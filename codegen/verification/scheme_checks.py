@@ -8,24 +8,31 @@ For any scheme, built-in or user file:
 - ``emitted``: the emitted NumPy and PyTorch modules in float64 agree with the evaluator in
   50-digit arithmetic at a realistic size (2 sequences, 5 tokens, ``d = 8``, 2 heads,
   ``d_ff = 12``, random parameters, ε = 1e-5), without masks and with a padding mask plus
-  the causal mask (one query with empty support).
+  the causal mask (one query with empty support). Rotary attention gets ``d = 16``, 4 query
+  heads on 2 key/value heads, θ = 100 and positions that are not ``0 … N−1``;
+  cross-attention a memory of 4 tokens, with a memory padding mask in the masked case.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from inspect import signature
 
 import mpmath
 import numpy as np
 import sympy as sp
 
 from splitformer.symbolic.checks import SKIPPED, Check
-from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
+from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
+from splitformer.symbolic.domains import (
+    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
+)
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.program import Program
+from splitformer.symbolic.rotary_attention import POSITIONS
 from splitformer.symbolic.scheme import Scheme
 
 from .emitted import emitted_modules
@@ -37,13 +44,20 @@ DIGITS = 50
 #: Float64 emitted code against the 50-digit evaluator, relative to the output's scale.
 TOLERANCE = 1e-10
 _EMITTED = Sizes(tokens=5, features=8, heads=2, hidden=12)
+#: Rotary attention: 4 query heads on 2 key/value heads (query head h reads ⌊h/2⌋, not h mod 2),
+#: head width 4 (two frequencies, so θ matters).
+_EMITTED_GROUPED = Sizes(tokens=5, features=16, heads=4, hidden=12, kv_heads=2)
 _TINY = Sizes(tokens=2, features=2, heads=1, hidden=2)
+#: Rotary attention's inputs in the emitted check: a base far from the default and positions
+#: with uneven gaps (per sequence), so that θ, the frequencies and p(x) all matter.
+_THETA, _POSITIONS = 100.0, ((0, 1, 2, 3, 4), (2, 3, 5, 8, 9))
+_MEMORY_TOKENS, _TINY_MEMORY_TOKENS = 4, 3
 
 
 def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
     """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
     rng = np.random.default_rng(seed)
-    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.features}  # n_kv_heads = n_heads
+    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features}
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():
@@ -66,74 +80,144 @@ def _unchecked(kinds: set[str]) -> str:
     return f"; kinds {', '.join(sorted(kinds))} evaluated from their continuous definitions" if kinds else ""
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What the emitted ``forward`` reads besides ``u`` and the parameters, by the scheme's operators."""
+
+    rotary: bool
+    memory: np.ndarray | None  # (batch, memory tokens, d)
+    memory_mask: np.ndarray  # (batch, memory tokens), True = padded
+    sizes: Sizes
+
+    @classmethod
+    def of(cls, forward, batch: int, seed: int) -> "_Inputs":
+        names = signature(forward).parameters
+        sizes = _EMITTED_GROUPED if "positions" in names else _EMITTED
+        memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
+                  if "memory" in names else None)
+        mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
+        mask[1, [0, 3]] = True
+        return cls("positions" in names, memory, mask, sizes)
+
+    def numpy(self, masked: bool) -> tuple[tuple, dict]:
+        """Positional arguments before the parameters, and keyword options."""
+        options = {}
+        if self.rotary:
+            options.update(n_kv_heads=self.sizes.key_value_heads, positions=np.array(_POSITIONS, dtype=float),
+                           rope_theta=_THETA)
+        if self.memory is not None and masked:
+            options["memory_key_padding_mask"] = self.memory_mask
+        return ((self.memory,) if self.memory is not None else ()), options
+
+    def torch_block(self) -> dict:
+        return {"n_kv_heads": self.sizes.key_value_heads, "rope_theta": _THETA} if self.rotary else {}
+
+    def torch(self, masked: bool) -> tuple[tuple, dict]:
+        import torch
+
+        leading, options = self.numpy(masked)
+        options.pop("n_kv_heads", None)
+        options.pop("rope_theta", None)
+        return (tuple(torch.tensor(value) for value in leading),
+                {name: torch.tensor(value) for name, value in options.items()})
+
+    def semantics(self, b: int, masked: bool, tokens: int) -> dict:
+        """The same inputs of sequence ``b`` for the evaluator, as 50-digit numbers."""
+        inputs = {}
+        if self.rotary:
+            inputs.update(positions=[mpmath.mpf(p) for p in _POSITIONS[b]], rope_theta=mpmath.mpf(_THETA))
+        if self.memory is not None:
+            inputs["memory"] = _exact(self.memory[b])
+            if masked:
+                inputs["memory_support"] = np.array([[int(not padded) for padded in self.memory_mask[b]]] * tokens)
+        return inputs
+
+
 def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None) -> Check:
-    sizes, batch = _EMITTED, 2
+    batch, eps = 2, 1e-5
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
-    params = random_parameters(scheme, sizes, seed)
-    u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
-    eps = 1e-5
-    padding = np.zeros((batch, sizes.tokens), dtype=bool)
-    padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
     modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules["torch"]
+    inputs = _Inputs.of(numpy_module.forward, batch, seed)
+    sizes = inputs.sizes
+    params = random_parameters(scheme, sizes, seed)
+    u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
+    padding = np.zeros((batch, sizes.tokens), dtype=bool)
+    padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
     import torch
 
-    block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64)
+    block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
+                               **inputs.torch_block())
     block.load_params(params)
     errors, unchecked, scale = {}, set(), 1.0
     with mpmath.workdps(DIGITS):
         exact = {name: _exact(value) for name, value in params.items()}
         for label, mask, causal in (("no mask", None, False), ("padding + causal", padding, True)):
+            masked = mask is not None
             expected = []
             for b in range(batch):
                 padded = set() if mask is None else set(np.flatnonzero(mask[b]).tolist())
                 semantics = Semantics(scheme, exact, sizes, MPMATH, support=_support(sizes.tokens, padded, causal),
-                                      eps=mpmath.mpf(eps))
+                                      eps=mpmath.mpf(eps), **inputs.semantics(b, masked, sizes.tokens))
                 expected.append(np.array(semantics.step(_exact(u[b])).tolist(), dtype=float))
                 unchecked |= semantics.unchecked
             expected = np.array(expected)
             scale = max(scale, float(np.abs(expected).max()))
-            got_numpy = numpy_module.forward(u, params, n_heads=sizes.heads, eps=eps, key_padding_mask=mask, causal=causal)
+            leading, options = inputs.numpy(masked)
+            got_numpy = numpy_module.forward(u, *leading, params, n_heads=sizes.heads, eps=eps, key_padding_mask=mask,
+                                             causal=causal, **options)
+            leading, options = inputs.torch(masked)
             with torch.no_grad():
-                got_torch = block(torch.tensor(u), key_padding_mask=None if mask is None else torch.tensor(mask),
-                                  causal=causal).numpy()
+                got_torch = block(torch.tensor(u), *leading, key_padding_mask=None if mask is None else torch.tensor(mask),
+                                  causal=causal, **options).numpy()
             errors[f"numpy, {label}"] = float(np.abs(got_numpy - expected).max())
             errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
     worst = max(errors.values())
+    extra = ((f", {sizes.key_value_heads} key/value heads, θ = {_THETA:g}, positions {list(_POSITIONS)}"
+              if inputs.rotary else "")
+             + (f", a memory of {_MEMORY_TOKENS} tokens (padded too in the masked case)"
+                if inputs.memory is not None else ""))
     return Check(
         f"semantics/{scheme.name}/emitted", scheme.name,
         f"The emitted NumPy and PyTorch modules of {scheme.name} ({scheme.activation}, float64) compute one step of "
         "the scheme as the independent evaluator defines it (the continuous operators by the rectangle rule, "
         "composed by the scheme's steps, fractions, weights and stages; 50-digit arithmetic): 2 sequences of "
-        f"{sizes.tokens} tokens, d = {sizes.features}, {sizes.heads} heads, d_ff = {sizes.hidden}, ε = 1e-5, random "
-        "parameters, without masks and with padding plus causal masks (one query with empty support).",
+        f"{sizes.tokens} tokens, d = {sizes.features}, {sizes.heads} heads, d_ff = {sizes.hidden}{extra}, ε = 1e-5, "
+        "random parameters, without masks and with padding plus causal masks (one query with empty support).",
         "numeric", worst <= TOLERANCE * scale,
         "max |emitted − evaluator|: " + ", ".join(f"{key} {value:.1e}" for key, value in errors.items())
         + f" (tolerance {TOLERANCE:g} × {scale:.2g}){_unchecked(unchecked)}",
     )
 
 
-def _symbolic_inputs(program: Program, u, params, support, head_width: int) -> dict:
+def _canonical_entry(array: np.ndarray, index: tuple[int, ...], counts: list[int]):
+    """The entry of a canonical array at a point of a parameter's grid variables.
+
+    Consecutive variables make up one canonical axis, row-major (``(h, e) → h·d_h + e``,
+    ``(g, s, c, r) → ((g·N_s + s)·2 + c)·N_r + r``); they are grouped by the axis lengths.
+    """
+    canonical, flat, product = [], 0, 1
+    for position, count in zip(index, counts):
+        flat, product = flat * count + position, product * count
+        if len(canonical) < array.ndim and product == array.shape[len(canonical)]:
+            canonical.append(flat)
+            flat, product = 0, 1
+    if len(canonical) < array.ndim:
+        raise ValueError(f"grid of shape {counts} does not fit the canonical shape {array.shape}")
+    canonical[-1] = canonical[-1] * product + flat  # trailing variables of extent 1
+    return array[tuple(canonical)]
+
+
+def _symbolic_inputs(program: Program, inputs: dict, params, counts: dict) -> dict:
+    """``inputs`` (state, supports, positions, memory) and every parameter of ``program`` as entry functions."""
     from splitformer.symbolic.domains import VARIABLES
 
     domains_of = {variable.index: variable.domain for variable in VARIABLES.values()}
-    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: support[i, j]}
+    inputs = dict(inputs)
     for tensor in program.parameters():
-        domains = [domains_of[index] for index in tensor.indices]
-        array = params[tensor.parameter]
-
-        def entry(*index, array=array, domains=domains):
-            canonical, position = [], 0
-            while position < len(domains):  # (h, e) of a head view → column h·d_h + e
-                if domains[position] is HEADS:
-                    canonical.append(index[position] * head_width + index[position + 1])
-                    position += 2
-                else:
-                    canonical.append(index[position])
-                    position += 1
-            return array[tuple(canonical)]
-
-        inputs[tensor.name] = entry
+        extents = [counts[domains_of[index]] for index in tensor.indices]
+        inputs[tensor.name] = (lambda *index, array=params[tensor.parameter], extents=extents:
+                               _canonical_entry(array, index, extents))
     return inputs
 
 
@@ -176,26 +260,40 @@ def _with_opaque_functions(program: Program) -> Program:
     return replace(program, records=records)
 
 
+def _symbols(name: str, shape: tuple[int, ...], **assumptions) -> np.ndarray:
+    return np.array([sp.Symbol(f"{name}[{','.join(map(str, index))}]", **assumptions) for index in np.ndindex(shape)],
+                    dtype=object).reshape(shape)
+
+
 def derived_check(scheme: Scheme, program: Program) -> Check:
-    sizes = _TINY
-    codes = {"d": sizes.features, "d_ff": sizes.hidden}
+    sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
+    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features}
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():
-            shape = tuple(codes[domain.code_name] for domain in parameter.shape)
             name = f"{operator.key}.{parameter.name}"
-            params[name] = np.array([sp.Symbol(f"{name}[{index}]", real=True) for index in np.ndindex(shape)],
-                                    dtype=object).reshape(shape)
-    u = np.array([[sp.Symbol(f"u[{i},{k}]", real=True) for k in range(sizes.features)]
-                  for i in range(sizes.tokens)], dtype=object)
+            params[name] = _symbols(name, tuple(codes[domain.code_name] for domain in parameter.shape), real=True)
+    u = _symbols("u", (sizes.tokens, sizes.features), real=True)
     support = _support(sizes.tokens, set(), causal=True)
+    # rotary attention: symbolic positions and base; cross-attention: a symbolic memory, its last token padded
+    positions = _symbols("p", (sizes.tokens,), real=True)
+    theta = sp.Symbol("rope_theta", positive=True)
+    memory = _symbols("m", (memory_tokens, sizes.features), real=True)
+    memory_support = np.array([[int(t < memory_tokens - 1) for t in range(memory_tokens)]] * sizes.tokens)
     spacing = sp.Symbol(r"\Delta x", positive=True)  # must cancel: the derived program has no Δx
-    semantics = Semantics(scheme, params, replace(sizes, token_spacing=spacing), SYMPY, support=support, eps=EPSILON)
+    memory_spacing = sp.Symbol(r"\Delta \hat{x}", positive=True)  # and no Δx̂
+    semantics = Semantics(scheme, params, replace(sizes, token_spacing=spacing), SYMPY, support=support, eps=EPSILON,
+                          positions=positions, rope_theta=theta, memory=memory, memory_support=memory_support,
+                          memory_spacing=memory_spacing)
     expected = semantics.step(u)
-    table = {TOKENS.size: sizes.tokens, FEATURES.size: sizes.features, HEADS.size: sizes.heads,
-             HEAD_FEATURES.size: sizes.head_features, HIDDEN.size: sizes.hidden}
+    counts = {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads, HEAD_FEATURES: sizes.head_features,
+              HIDDEN: sizes.hidden, KV_HEADS: sizes.key_value_heads, GROUP: sizes.heads // sizes.key_value_heads,
+              PAIR: 2, FREQUENCIES: sizes.head_features // 2, KV_FEATURES: codes["d_kv"], MEMORY: memory_tokens}
+    table = {domain.size: count for domain, count in counts.items() if domain is not PAIR}
     opaque = _with_opaque_functions(program)
-    derived = evaluate(opaque, table, _symbolic_inputs(opaque, u, params, support, sizes.head_features))[opaque.output]
+    inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: support[i, j], POSITIONS: lambda i: positions[i],
+              MEMORY_FIELD: lambda t, k: memory[t, k], MEMORY_SUPPORT: lambda i, t: memory_support[i, t]}
+    derived = evaluate(opaque, table, _symbolic_inputs(opaque, inputs, params, counts))[opaque.output]
     how = {(i, k): _vanishes(derived[(i, k)] - expected[i, k]) for i in range(sizes.tokens) for k in range(sizes.features)}
     nonzero = [entry for entry, method in how.items() if method is None]
     numeric = [entry for entry, method in how.items() if method == "random points"]
@@ -206,7 +304,8 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
         f"semantics/{scheme.name}/derived", scheme.name,
         f"The derived program of {scheme.name} ({scheme.activation}) equals one step of the scheme as the independent "
         "evaluator defines it, exactly: every parameter and input a symbol, 2 tokens, 2 features, 1 head, d_ff = 2, "
-        "symbolic ε and token spacing Δx, causal support.",
+        "symbolic ε and token spacing Δx, causal support; symbolic positions and θ (rotary attention), a symbolic "
+        f"memory of {memory_tokens} tokens with the last one padded and its spacing Δx̂ symbolic (cross-attention).",
         "symbolic", not nonzero, detail + _unchecked(semantics.unchecked),
     )
 

@@ -40,6 +40,8 @@ class Arithmetic:
     relu: Callable  # max(v, 0)
     number: Callable  # Python int or Fraction → a number of this system
     pi: Callable  # () → π in this system (mpmath: at the working precision)
+    cos: Callable
+    sin: Callable
 
 
 def _map(function):
@@ -54,7 +56,7 @@ def _mpmath() -> Arithmetic:
     return Arithmetic("mpmath", _map(mpmath.exp), _map(mpmath.sqrt), _map(mpmath.erf), _map(mpmath.tanh),
                       _map(lambda v: v if v > 0 else mpmath.mpf(0)),
                       lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator,
-                      lambda: +mpmath.pi)
+                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin))
 
 
 class OpaqueExp(sympy.Function):
@@ -77,11 +79,11 @@ def _sympy() -> Arithmetic:
     return Arithmetic("sympy", _map(OpaqueExp), _map(sympy.sqrt), _map(sympy.erf), _map(sympy.tanh),
                       _map(OpaqueRelu),
                       lambda value: sympy.Rational(Fraction(value).numerator, Fraction(value).denominator),
-                      lambda: sympy.pi)
+                      lambda: sympy.pi, _map(sympy.cos), _map(sympy.sin))
 
 
 FLOAT = Arithmetic("float", np.exp, np.sqrt, np.vectorize(math.erf, otypes=[float]), np.tanh,
-                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi)
+                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi, np.cos, np.sin)
 MPMATH = _mpmath()
 SYMPY = _sympy()
 
@@ -99,10 +101,16 @@ class Sizes:
     heads: int
     hidden: int
     token_spacing: object = None
+    #: Key/value heads of grouped-query attention (``None``: one per query head).
+    kv_heads: int | None = None
 
     @property
     def head_features(self) -> int:
         return self.features // self.heads
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
 
 
 @dataclass
@@ -113,6 +121,12 @@ class Semantics:
     query ``i`` may attend to key ``j``; ``eps`` is LayerNorm's ε, per operator key when a
     mapping. ``projections=False`` replaces projection substeps by the identity (the flow the
     order analysis describes); ``time_step`` is Δt.
+
+    Inputs of particular operators: ``positions`` (the tokens' positions, default
+    ``0 … N−1``) and ``rope_theta`` (θ, default 10000) for rotary attention; ``memory``
+    (shape ``(memory tokens, d)``, held fixed over the step), ``memory_support[i, t]``
+    (default 1) and ``memory_spacing`` (``Δx̂``, default ``1/N_m``; it must cancel) for
+    cross-attention.
     """
 
     scheme: object
@@ -124,6 +138,11 @@ class Semantics:
     time_step: object = 1
     projections: bool = True
     unchecked: set[str] = field(default_factory=set)
+    positions: np.ndarray | None = None
+    rope_theta: object = None
+    memory: np.ndarray | None = None
+    memory_support: np.ndarray | None = None
+    memory_spacing: object = None
 
     # -- the scheme's composition --------------------------------------------------------------
     def step(self, u: np.ndarray) -> np.ndarray:
@@ -207,32 +226,101 @@ class Semantics:
         return self.number(Fraction(1, self.sizes.tokens))
 
 
+def _linear(sem: Semantics, key: str, values: np.ndarray, weight: str, bias: str) -> np.ndarray:
+    """``∫ W(ξ, ·) v(ξ) dξ + b`` (unit feature spacing, absorbed by W); the bias only where the operator has one."""
+    result = values @ sem.parameter(key, weight)
+    names = {parameter.name for parameter in sem.operator(key).parameters()}
+    return result + sem.parameter(key, bias) if bias in names else result
+
+
+def _softmax_mix(sem: Semantics, q: np.ndarray, k: np.ndarray, v: np.ndarray, support: np.ndarray,
+                 spacing) -> np.ndarray:
+    """One head: ``o(x, e) = ∫ γ(x, x̃) v(x̃, e) dx̃`` with ``γ = χ e^a / ∫ χ e^a dη`` and
+    ``a(x, x̃) = |Ω_e|^{-1/2} ∫ q(x, e) k(x̃, e) de`` (docs/model.md §2), each integral by the
+    rectangle rule; ``spacing`` is the key grid's ``Δx̃``."""
+    width, de = q.shape[1], sem.number(1)
+    scores = (q @ k.T) * de / sem.arithmetic.sqrt(width * de)
+    weights = sem.arithmetic.exp(scores) * support
+    mixed = np.empty((q.shape[0], v.shape[1]), dtype=q.dtype)
+    for i in range(q.shape[0]):
+        # the integral over an empty support is 0 and so is γ
+        normalizer = spacing * sum(weights[i, j] for j in range(k.shape[0]))
+        if _is_zero(normalizer):
+            mixed[i] = np.array([sem.number(0)] * v.shape[1], dtype=mixed.dtype)
+            continue
+        mixed[i] = (spacing * (weights[i] / normalizer)) @ v  # Σ_j Δx̃ γ_j v_j
+    return mixed
+
+
+def _head(values: np.ndarray, m: int, width: int) -> np.ndarray:
+    """Head ``m``'s features: the columns ``m·d_h … (m+1)·d_h − 1`` (the head grid is the outer axis)."""
+    return values[:, m * width:(m + 1) * width]
+
+
+def _combine(sem: Semantics, key: str, heads: list[np.ndarray]) -> np.ndarray:
+    """``∫∫ W^O(h, e, y) o(x, h, e) de dh + b^O``: the stored W^O holds Δh Δe W^O."""
+    return _linear(sem, key, np.concatenate(heads, axis=1), "W_o", "b_o")
+
+
+def _token_support(sem: Semantics) -> np.ndarray:
+    n = sem.sizes.tokens
+    return sem.support if sem.support is not None else np.ones((n, n), dtype=int)
+
+
 def _attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
-    """docs/model.md §2, §6: heads on ``Ω_h``, scores ``|Ω_e|^{-1/2} ∫ q k de``, ``Softmax_2`` over the support."""
-    n, heads, width = sem.sizes.tokens, sem.sizes.heads, sem.sizes.head_features
-    dx, de = sem.spacing(), sem.number(1)
-    measure_e = width * de
-    q, k, v = (u @ sem.parameter(key, f"W_{c}") + sem.parameter(key, f"b_{c}") for c in "qkv")
-    support = sem.support if sem.support is not None else np.ones((n, n), dtype=int)
-    outputs = []
-    for m in range(heads):
-        columns = slice(m * width, (m + 1) * width)
-        # a(x, x̃) = |Ω_e|^{-1/2} ∫ q(x, e) k(x̃, e) de  →  |Ω_e|^{-1/2} Δe Σ_e
-        scores = (q[:, columns] @ k[:, columns].T) * de / sem.arithmetic.sqrt(measure_e)
-        weights = sem.arithmetic.exp(scores) * support
-        mixed = np.empty((n, width), dtype=u.dtype)
-        for i in range(n):
-            # γ(x, x̃) = χ e^a / ∫ χ e^a dη; the integral over an empty support is 0 and so is γ
-            normalizer = dx * sum(weights[i, j] for j in range(n))
-            if _is_zero(normalizer):
-                mixed[i] = np.array([sem.number(0)] * width, dtype=mixed.dtype)
-                continue
-            gamma = weights[i] / normalizer
-            # o(x, e) = ∫ γ(x, x̃) v(x̃, e) dx̃  →  Σ_j Δx γ_j v_j
-            mixed[i] = (dx * gamma) @ v[:, columns]
-        outputs.append(mixed)
-    # ∫∫ W^O(h, e, y) o(x, h, e) de dh: the stored W^O holds Δh Δe W^O
-    return np.concatenate(outputs, axis=1) @ sem.parameter(key, "W_o") + sem.parameter(key, "b_o")
+    """docs/model.md §2, §6: heads on ``Ω_h``, each mixing the tokens over the support."""
+    width = sem.sizes.head_features
+    q, k, v = (_linear(sem, key, u, f"W_{c}", f"b_{c}") for c in "qkv")
+    return _combine(sem, key, [
+        _softmax_mix(sem, _head(q, m, width), _head(k, m, width), _head(v, m, width), _token_support(sem),
+                     sem.spacing())
+        for m in range(sem.sizes.heads)])
+
+
+def _rotated(sem: Semantics, values: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """Each pair ``(v_r, v_{r+d_h/2})`` of one head as the point ``v_r + i v_{r+d_h/2}`` of the
+    plane turned by its angle: ``(v_r cos φ − v_{r'} sin φ, v_r sin φ + v_{r'} cos φ)``."""
+    half = values.shape[1] // 2
+    first, second = values[:, :half], values[:, half:]
+    cos, sin = sem.arithmetic.cos(angles), sem.arithmetic.sin(angles)
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=1)
+
+
+def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """Rotary positions (Su et al. 2021) and grouped key/value heads (Ainslie et al. 2023).
+
+    Pair ``r`` of a head turns by ``φ = p(x) ω_r`` with the frequency ``ω_r = θ^{-2r/d_h}``;
+    query head ``h`` reads key/value head ``⌊h / (N_h / N_g)⌋``.
+    """
+    width, heads, groups = sem.sizes.head_features, sem.sizes.heads, sem.sizes.key_value_heads
+    if width % 2 or heads % groups:
+        raise ValueError(f"rotary attention needs an even head width and N_g | N_h, got d_h = {width}, "
+                         f"{heads} heads, {groups} key/value heads")
+    n, members = sem.sizes.tokens, heads // groups
+    theta = sem.rope_theta if sem.rope_theta is not None else sem.number(10000)
+    positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
+    frequencies = [theta ** sem.number(Fraction(-2 * r, width)) for r in range(width // 2)]
+    angles = np.array([[positions[i] * omega for omega in frequencies] for i in range(n)], dtype=u.dtype)
+    q, k, v = (_linear(sem, key, u, f"W_{c}", f"b_{c}") for c in "qkv")
+    return _combine(sem, key, [
+        _softmax_mix(sem, _rotated(sem, _head(q, h, width), angles), _rotated(sem, _head(k, h // members, width), angles),
+                     _head(v, h // members, width), _token_support(sem), sem.spacing())
+        for h in range(heads)])
+
+
+def _cross_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """Queries from the state, keys and values from the memory ``m(x̂, ξ)`` held fixed over the
+    step; the token integral runs over the memory grid ``Ω_m`` within its support ``χ_m``."""
+    if sem.memory is None:
+        raise ValueError(f"{key}: cross-attention needs a memory")
+    width, count = sem.sizes.head_features, sem.memory.shape[0]
+    support = sem.memory_support if sem.memory_support is not None else np.ones((u.shape[0], count), dtype=int)
+    spacing = sem.memory_spacing if sem.memory_spacing is not None else sem.number(Fraction(1, count))
+    q = _linear(sem, key, u, "W_q", "b_q")
+    k, v = (_linear(sem, key, sem.memory, f"W_{c}", f"b_{c}") for c in "kv")
+    return _combine(sem, key, [
+        _softmax_mix(sem, _head(q, m, width), _head(k, m, width), _head(v, m, width), support, spacing)
+        for m in range(sem.sizes.heads)])
 
 
 def _is_zero(value) -> bool:
@@ -275,14 +363,8 @@ def _feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
 
 def _gated_feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """SwiGLU/GeGLU: ``W_2 (act(W_1 u + b_1) ⊙ (W_3 u + b_3)) + b_2``; biases only where the operator has them."""
-    names = {parameter.name for parameter in sem.operator(key).parameters()}
-
-    def affine(weight: str, bias: str, values):
-        result = values @ sem.parameter(key, weight)
-        return result + sem.parameter(key, bias) if bias in names else result
-
-    hidden = _activation(sem, key, affine("W_1", "b_1", u)) * affine("W_3", "b_3", u)
-    return affine("W_2", "b_2", hidden)
+    hidden = _activation(sem, key, _linear(sem, key, u, "W_1", "b_1")) * _linear(sem, key, u, "W_3", "b_3")
+    return _linear(sem, key, hidden, "W_2", "b_2")
 
 
 def _rms_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
@@ -307,6 +389,8 @@ def _nonnegative(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
 #: continuous definitions (``definitions.py``).
 KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "attention": _attention,
+    "rotary-attention": _rotary_attention,
+    "cross-attention": _cross_attention,
     "layer-norm": _layer_norm,
     "feed-forward": _feed_forward,
     "gated-feed-forward": _gated_feed_forward,

@@ -2,10 +2,13 @@
 
 Attention, from the derived one-substep scheme ``u + A(u)``: equivariance under token
 permutations (no masks, no positions), heads combining as a sum over the head grid, causal
-masks removing the dependence on later tokens, padding masks on padded keys; a block: N
-steps equal the stack. Each check carries its negative control: the same comparison where
-the property must not hold (a causal mask breaks equivariance, an average of heads is not
-their sum, no mask lets later tokens in, reversed layers are another stack).
+masks removing the dependence on later tokens, padding masks on padded keys; rotary
+attention depending on the positions through their differences only; cross-attention
+blind to the order of the memory tokens and to padded ones; a block: N steps equal the
+stack. Each check carries its negative control: the same comparison where the property
+must not hold (a causal mask breaks equivariance, an average of heads is not their sum, no
+mask lets later tokens in, scaled positions change the gaps, a memory reordered without its
+mask, reversed layers are another stack).
 """
 
 from __future__ import annotations
@@ -28,9 +31,16 @@ _SIZES = Sizes(tokens=6, features=8, heads=2, hidden=8)
 _TIGHT, _SEPARATED = 1e-12, 1e-3
 
 
-def _attention_scheme() -> Scheme:
-    return Scheme("attention-only", "one explicit attention substep", {"attn": "attention"},
+def _attention_scheme(kind: str = "attention") -> Scheme:
+    return Scheme(f"{kind}-only", f"one explicit {kind} substep", {"attn": kind},
                   Sequence((Substep("attn", "explicit"),)))
+
+
+def _single(kind: str, seed: int):
+    """The emitted NumPy ``forward`` of ``u + A(u)`` for one operator kind, and random parameters."""
+    scheme = _attention_scheme(kind)
+    module = emitted_modules(scheme, derive(scheme), ("numpy",))["numpy"]
+    return module.forward, random_parameters(scheme, _SIZES, seed)
 
 
 def _verdict(holds: float, control: float) -> tuple[bool, str]:
@@ -96,6 +106,49 @@ def attention_checks() -> list[Check]:
     checks.append(Check("structure/attention/padding", None,
                         "Padded keys are outside the support: the outputs at the other tokens do not depend on them. "
                         "Control: without the mask.", "numeric", holds, detail))
+    return checks + [_relative_positions_check(u), *_memory_checks(u, rng)]
+
+
+def _relative_positions_check(u: np.ndarray) -> Check:
+    forward, params = _single("rotary-attention", 23)
+    positions = np.array([0.0, 1.0, 2.0, 4.0, 7.0, 8.0])
+
+    def field(p):
+        return forward(u, params, n_heads=_SIZES.heads, eps=1e-5, causal=False, positions=p, rope_theta=100.0) - u
+
+    shifted = np.abs(field(positions + 7.25) - field(positions)).max()
+    control = np.abs(field(2 * positions) - field(positions)).max()
+    holds, detail = _verdict(shifted, control)
+    return Check("structure/rotary-attention/relative-positions", None,
+                 "Rotary attention depends on the token positions through their differences only: shifting every "
+                 "position by 7.25 leaves A(u) unchanged (θ = 100, no masks). Control: the positions doubled.",
+                 "numeric", holds, detail)
+
+
+def _memory_checks(u: np.ndarray, rng: np.random.Generator) -> list[Check]:
+    forward, params = _single("cross-attention", 24)
+    memory = rng.standard_normal((u.shape[0], 4, _SIZES.features))
+    padding = np.zeros((u.shape[0], 4), dtype=bool)
+    padding[:, 2] = True
+
+    def field(m, mask=None):
+        return forward(u, m, params, n_heads=_SIZES.heads, eps=1e-5, causal=False, memory_key_padding_mask=mask) - u
+
+    order = np.array([2, 0, 3, 1])  # the padded token moves
+    permuted = np.abs(field(memory[:, order], padding[:, order]) - field(memory, padding)).max()
+    control = np.abs(field(memory[:, order], padding) - field(memory, padding)).max()
+    holds, detail = _verdict(permuted, control)
+    checks = [Check("structure/cross-attention/memory-permutation", None,
+                    "Cross-attention integrates over the memory tokens: reordering them (with their padding mask) "
+                    "leaves C(u; m) unchanged. Control: the memory reordered, its mask not.", "numeric", holds, detail)]
+    changed = memory.copy()
+    changed[:, 2] += rng.standard_normal(changed[:, 2].shape)
+    padded = np.abs(field(changed, padding) - field(memory, padding)).max()
+    control = np.abs(field(changed) - field(memory)).max()
+    holds, detail = _verdict(padded, control)
+    checks.append(Check("structure/cross-attention/memory-padding", None,
+                        "Padded memory tokens are outside the support χ_m: C(u; m) does not depend on them. "
+                        "Control: without the memory mask.", "numeric", holds, detail))
     return checks
 
 

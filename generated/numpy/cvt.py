@@ -178,8 +178,10 @@ def _exponentials(scores, support):
 
     A row with empty support sums to 0 and gets total 1: its kernel is zero, since the token
     integral over an empty set vanishes (never NaN), so that query's attention term is the
-    output bias alone.
+    output bias alone. So does every row when there are no keys at all (a memory of 0 tokens).
     """
+    if not scores.shape[-1]:
+        return scores, np.ones(scores.shape[:-1] + (1,), dtype=scores.dtype)
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
     peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
@@ -244,8 +246,7 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 
 def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
-    """The stage's initial condition: a strided convolution from the previous grid, then LN
-    (also the tokens before LN, which its adjoint reads)."""
+    """The stage's initial condition: a strided convolution from the previous grid, then LN."""
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_norm_gain = p["embed_norm.gain"]
@@ -268,12 +269,11 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
     embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
     embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
-    return embed_norm_out, embed_out.shape[2], embed_out.shape[3], tokens
+    return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
 
 
-def _step(u0, p, n_rows, n_cols, has_cls, config, eps, keep=False):
-    """One pre-LN GELU step with convolutional projections on the token domain of the stage
-    (``keep``: also the arrays its adjoint starts from)."""
+def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
+    """One pre-LN GELU step with convolutional projections on the token domain of the stage."""
     batch, n_tokens, d = u0.shape
     n_heads, kernel_qkv = config["n_heads"], config["kernel_qkv"]
     stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
@@ -410,14 +410,11 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps, keep=False):
     # --- residual sum ---
     # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
-    if keep:
-        return u2, {"grid": grid, "q_in": q_in, "k_in": k_in, "v_in": v_in,
-                                      "u1": u1, "norm2_out": norm2_out}
     return u2
 
 
-def _readout(cls, p, eps, keep=False):
-    """LN of the class node, then the linear head (``keep``: also the LN's output)."""
+def _readout(cls, p, eps):
+    """LN of the class node, then the linear head."""
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
     head_W = p["head.W"]
@@ -438,7 +435,7 @@ def _readout(cls, p, eps, keep=False):
     head_z = final_norm_out[:, 0, :]
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
-    return (head_logits, final_norm_out) if keep else head_logits
+    return head_logits
 
 
 def _config(stages):
@@ -471,8 +468,8 @@ def forward(pixel_values, params, *, stages, eps=1e-5):
                  "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
         if d % config["n_heads"]:
             raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
-        tokens, n_rows, n_cols, _ = _embedding(u, _table(params, STAGE_PARAMETERS, sizes, u.dtype, prefix),
-                                            config["patch_size"], config["patch_stride"], config["patch_padding"], eps)
+        tokens, n_rows, n_cols = _embedding(u, _table(params, STAGE_PARAMETERS, sizes, u.dtype, prefix),
+                                        config["patch_size"], config["patch_stride"], config["patch_padding"], eps)
         if config["cls"]:
             node = _table(params, {"cls": ("d",)}, sizes, u.dtype, prefix)["cls"]
             tokens = np.concatenate((np.broadcast_to(node, (tokens.shape[0], 1, d)), tokens), axis=1)
@@ -518,43 +515,48 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
+def _place_rows(rows, shape, axis, offset):
+    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
+    count = math.prod(rows.shape[axis:axis + rows.ndim - len(shape) + 1])
+    out = np.zeros(shape, dtype=rows.dtype)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(offset, offset + count)
+    out[tuple(index)] = rows.reshape(shape[:axis] + (count,) + shape[axis + 1:])
+    return out
 
 
-def _embed_vjp(u0, embed_out_bar, p, config, eps):
-    """The derived adjoint of embed: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.ndim > 1)
+    return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
+                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
+
+
+
+
+def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
+    """The derived adjoint of the embedding program: the costate of its output → (costate of u0, gradients)."""
+    d = config["d"]
+    patch_size = config["patch_size"]
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
-
-    # --- adjoint of embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
-    # {\overline{W_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
-    # {\overline{b_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
-    embed_b_bar = _einsum("blpq->l", embed_out_bar)
-    # the value at each coarse node and offset
-    u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
-    # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
-    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
-    return u0_bar, {
-        "embed.W": embed_W_bar,
-        "embed.b": embed_b_bar,
-    }
-
-
-
-def _embed_norm_vjp(tokens, embed_norm_out_bar, p, config, eps):
-    """The derived adjoint of embed_norm: the costate of its output → (costate of tokens, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = tokens.shape[0], d // n_heads, 0.0
     embed_norm_gain = p["embed_norm.gain"]
-    embed_norm_bias = p["embed_norm.bias"]
+
+    # --- embed: convolution ---
+    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
 
     # --- embed_norm: layer-norm ---
     # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
@@ -578,259 +580,157 @@ def _embed_norm_vjp(tokens, embed_norm_out_bar, p, config, eps):
     t3 = _einsum("bil->bi", embed_norm_p_bar)
     # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
     embed_norm_alpha_bar = -t3/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t2/d
-    # {\overline{tokens}}_{i,l} = \frac{{\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} {P^{\mathrm{embed\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{embed\_norm}}}}_{i}}{N_{y}}
+
+    # --- adjoint of the grid as tokens ---
+    # {\overline{t}}_{i,l} = \frac{{\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} {P^{\mathrm{embed\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{embed\_norm}}}}_{i}}{N_{y}}
     tokens_bar = embed_norm_alpha_bar[:, :, None]/d + embed_norm_p_bar/np.sqrt(eps + embed_norm_beta[:, :, None]) + 2*np.sqrt(eps + embed_norm_beta[:, :, None])*embed_norm_beta_bar[:, :, None]*embed_norm_p/d
-    return tokens_bar, {
+
+    # --- adjoint of embed: convolution ---
+    # tokens_bar at N_2*p + q, l (a view)
+    tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
+    # {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} = {\overline{t}}_{N_{2} p + q,l}
+    embed_out_bar = np.transpose(tokens_bar_view4, (0, 3, 1, 2))
+    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
+    # {\overline{W_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    # {\overline{b_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    embed_b_bar = _einsum("blpq->l", embed_out_bar)
+    # the value at each coarse node and offset
+    u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
+    # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    return u0_bar, {
         "embed_norm.bias": embed_norm_bias_bar,
         "embed_norm.gain": embed_norm_gain_bar,
+        "embed.W": embed_W_bar,
+        "embed.b": embed_b_bar,
     }
 
 
 
-def _norm1_vjp(u0, norm1_out_bar, p, config, eps):
-    """The derived adjoint of norm1: the costate of its output → (costate of u0, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u0.shape[0], d // n_heads, 0.0
+def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
+    """The derived adjoint of the embedding_cls program: the costate of its output → (costate of u0, gradients)."""
+    d = config["d"]
+    patch_size = config["patch_size"]
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_norm_gain = p["embed_norm.gain"]
+    embed_norm_bias = p["embed_norm.bias"]
+
+    # --- embed: convolution ---
+    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
+
+    # --- embed_norm: layer-norm ---
+    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    embed_norm_alpha = np.mean(tokens, axis=2)
+    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    embed_norm_beta = np.mean((-embed_norm_alpha[:, :, None] + tokens)**2, axis=2)
+    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
+
+    # --- adjoint of the class node joins ---
+    # x0_bar at 0, l (a view)
+    x0_bar_view1 = x0_bar[:, 0, :]
+    # {\overline{c}}_{l} = {\lambda^{(0)}}_{0,l}
+    cls_bar = _einsum("bl->l", x0_bar_view1)
+
+    # --- adjoint of embed_norm: layer-norm ---
+    # x0_bar at N_2*p + q + 1, l (a view)
+    x0_bar_view2 = _rows(x0_bar, 1, 1, (n_rows, n_cols))
+    # the value at each grid point
+    embed_norm_out_bar_rows = x0_bar_view2
+    # {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{N_{2} p + q,l} = {\lambda^{(0)}}_{N_{2} p + q + 1,l}
+    embed_norm_out_bar = _place_rows(embed_norm_out_bar_rows, embed_norm_out.shape, 1, 0)
+    # {\overline{c_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    embed_norm_bias_bar = _einsum("bil->l", embed_norm_out_bar)
+    # {\overline{g_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_gain_bar = _einsum("bil,bil->l", embed_norm_out_bar, embed_norm_p)
+    # {\overline{P^{\mathrm{embed\_norm}}}}_{i,l} = {g_{\mathrm{embed\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    embed_norm_p_bar = embed_norm_gain*embed_norm_out_bar
+    t3 = _einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
+    # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
+    embed_norm_beta_bar = -t3/(2*(eps + embed_norm_beta))
+    t4 = _einsum("bik->bi", embed_norm_p)
+    t5 = _einsum("bil->bi", embed_norm_p_bar)
+    # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
+    embed_norm_alpha_bar = -t5/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t4/d
+
+    # --- adjoint of the grid as tokens ---
+    # {\overline{t}}_{i,l} = \frac{{\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} {P^{\mathrm{embed\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{embed\_norm}}}}_{i}}{N_{y}}
+    tokens_bar = embed_norm_alpha_bar[:, :, None]/d + embed_norm_p_bar/np.sqrt(eps + embed_norm_beta[:, :, None]) + 2*np.sqrt(eps + embed_norm_beta[:, :, None])*embed_norm_beta_bar[:, :, None]*embed_norm_p/d
+
+    # --- adjoint of embed: convolution ---
+    # tokens_bar at N_2*p + q, l (a view)
+    tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
+    # {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} = {\overline{t}}_{N_{2} p + q,l}
+    embed_out_bar = np.transpose(tokens_bar_view6, (0, 3, 1, 2))
+    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
+    # {\overline{W_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    # {\overline{b_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    embed_b_bar = _einsum("blpq->l", embed_out_bar)
+    # the value at each coarse node and offset
+    u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
+    # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    return u0_bar, {
+        "cls": cls_bar,
+        "embed_norm.bias": embed_norm_bias_bar,
+        "embed_norm.gain": embed_norm_gain_bar,
+        "embed.W": embed_W_bar,
+        "embed.b": embed_b_bar,
+    }
+
+
+
+def _step_vjp(u0, u2_bar, p, config, eps):
+    """The derived adjoint of the step program: the costate of its output → (costate of u0, gradients)."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    kernel_qkv = config["kernel_qkv"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_rows_kv = config["n_rows_kv"]
+    n_cols_kv = config["n_cols_kv"]
+    d_head = d // n_heads
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-
-    # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    norm1_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-
-    # --- adjoint of norm1: layer-norm ---
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
-    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    t1 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    norm1_beta_bar = -t1/(2*(eps + norm1_beta))
-    t2 = _einsum("bik->bi", norm1_p)
-    t3 = _einsum("bil->bi", norm1_p_bar)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    norm1_alpha_bar = -t3/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t2/d
-    # {\overline{u0}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
-    u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
-    return u0_bar, {
-        "norm1.bias": norm1_bias_bar,
-        "norm1.gain": norm1_gain_bar,
-    }
-
-
-
-def _qproj_vjp(grid, qbn_out_bar, p, config, eps):
-    """The derived adjoint of qproj: the costate of its output → (costate of grid, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     qconv_W = p["qconv.W"]
     qbn_gain = p["qbn.gain"]
     qbn_bias = p["qbn.bias"]
     qbn_mean = p["qbn.mean"]
     qbn_var = p["qbn.var"]
-
-    # --- qconv: depthwise-convolution ---
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
-
-    # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
-    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-
-    # --- adjoint of qbn: batch-norm ---
-    # {\overline{c^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
-    qbn_c_bar = _einsum("blpq->bl", qbn_out_bar)
-    # {\overline{\beta_{\mathrm{qbn}}}}_{l} = {\overline{c^{\mathrm{qbn}}}}_{l}
-    qbn_bias_bar = _einsum("bl->l", qbn_c_bar)
-    t1 = -qbn_a*qbn_c_bar
-    # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
-    qbn_mean_bar = _einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
-    qbn_a_bar = _einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
-    t2 = qbn_a_bar/np.sqrt(eps + qbn_var)
-    qbn_gain_bar_0 = _einsum("bl->l", t2)
-    t3 = -qbn_c_bar*qbn_mean/np.sqrt(eps + qbn_var)
-    qbn_gain_bar_1 = _einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{qbn}}}}_{l} = \frac{{\overline{a^{\mathrm{qbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
-    qbn_gain_bar = qbn_gain_bar_0 + qbn_gain_bar_1
-    t4 = -qbn_a*qbn_a_bar/(2*(eps + qbn_var))
-    qbn_var_bar_0 = _einsum("bl->l", t4)
-    t5 = qbn_a*qbn_c_bar*qbn_mean/(2*(eps + qbn_var))
-    qbn_var_bar_1 = _einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{qbn}}}}_{l} = - \frac{{a^{\mathrm{qbn}}}_{l} {\overline{a^{\mathrm{qbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)} + \frac{{a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)}
-    qbn_var_bar = qbn_var_bar_0 + qbn_var_bar_1
-
-    # --- adjoint of qconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
-    qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # the value at each coarse node and offset
-    grid_bar_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
-    # {\overline{u}}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} = {W_{\mathrm{qconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
-    grid_bar = _fold(grid_bar_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\overline{W_{\mathrm{qconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
-    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
-    return grid_bar, {
-        "qbn.bias": qbn_bias_bar,
-        "qbn.mean": qbn_mean_bar,
-        "qbn.gain": qbn_gain_bar,
-        "qbn.var": qbn_var_bar,
-        "qconv.W": qconv_W_bar,
-    }
-
-
-
-def _kproj_vjp(grid, kbn_out_bar, p, config, eps):
-    """The derived adjoint of kproj: the costate of its output → (costate of grid, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     kconv_W = p["kconv.W"]
     kbn_gain = p["kbn.gain"]
     kbn_bias = p["kbn.bias"]
     kbn_mean = p["kbn.mean"]
     kbn_var = p["kbn.var"]
-
-    # --- kconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _einsum("blpqrs,rsl->blpq", kconv_out_windows, kconv_W)
-
-    # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
-    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-
-    # --- adjoint of kbn: batch-norm ---
-    # {\overline{c^{\mathrm{kbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,p,q}
-    kbn_c_bar = _einsum("blpq->bl", kbn_out_bar)
-    # {\overline{\beta_{\mathrm{kbn}}}}_{l} = {\overline{c^{\mathrm{kbn}}}}_{l}
-    kbn_bias_bar = _einsum("bl->l", kbn_c_bar)
-    t1 = -kbn_a*kbn_c_bar
-    # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
-    kbn_mean_bar = _einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q}
-    kbn_a_bar = _einsum("blpq,blpq->bl", kbn_out_bar, kconv_out)
-    t2 = kbn_a_bar/np.sqrt(eps + kbn_var)
-    kbn_gain_bar_0 = _einsum("bl->l", t2)
-    t3 = -kbn_c_bar*kbn_mean/np.sqrt(eps + kbn_var)
-    kbn_gain_bar_1 = _einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{kbn}}}}_{l} = \frac{{\overline{a^{\mathrm{kbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
-    kbn_gain_bar = kbn_gain_bar_0 + kbn_gain_bar_1
-    t4 = -kbn_a*kbn_a_bar/(2*(eps + kbn_var))
-    kbn_var_bar_0 = _einsum("bl->l", t4)
-    t5 = kbn_a*kbn_c_bar*kbn_mean/(2*(eps + kbn_var))
-    kbn_var_bar_1 = _einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{kbn}}}}_{l} = - \frac{{a^{\mathrm{kbn}}}_{l} {\overline{a^{\mathrm{kbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)} + \frac{{a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)}
-    kbn_var_bar = kbn_var_bar_0 + kbn_var_bar_1
-
-    # --- adjoint of kconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,p,q}
-    kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # the value at each coarse node and offset
-    grid_bar_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None]
-    # {\overline{u}}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} = {W_{\mathrm{kconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,p,q}
-    grid_bar = _fold(grid_bar_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{kconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,p,q}
-    kconv_W_bar = _einsum("blpq,blpqrs->rsl", kconv_out_bar, kconv_W_bar_windows)
-    return grid_bar, {
-        "kbn.bias": kbn_bias_bar,
-        "kbn.mean": kbn_mean_bar,
-        "kbn.gain": kbn_gain_bar,
-        "kbn.var": kbn_var_bar,
-        "kconv.W": kconv_W_bar,
-    }
-
-
-
-def _vproj_vjp(grid, vbn_out_bar, p, config, eps):
-    """The derived adjoint of vproj: the costate of its output → (costate of grid, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = grid.shape[0], d // n_heads, 0.0
     vconv_W = p["vconv.W"]
     vbn_gain = p["vbn.gain"]
     vbn_bias = p["vbn.bias"]
     vbn_mean = p["vbn.mean"]
     vbn_var = p["vbn.var"]
-
-    # --- vconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _einsum("blpqrs,rsl->blpq", vconv_out_windows, vconv_W)
-
-    # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
-    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-
-    # --- adjoint of vbn: batch-norm ---
-    # {\overline{c^{\mathrm{vbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,p,q}
-    vbn_c_bar = _einsum("blpq->bl", vbn_out_bar)
-    # {\overline{\beta_{\mathrm{vbn}}}}_{l} = {\overline{c^{\mathrm{vbn}}}}_{l}
-    vbn_bias_bar = _einsum("bl->l", vbn_c_bar)
-    t1 = -vbn_a*vbn_c_bar
-    # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
-    vbn_mean_bar = _einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q}
-    vbn_a_bar = _einsum("blpq,blpq->bl", vbn_out_bar, vconv_out)
-    t2 = vbn_a_bar/np.sqrt(eps + vbn_var)
-    vbn_gain_bar_0 = _einsum("bl->l", t2)
-    t3 = -vbn_c_bar*vbn_mean/np.sqrt(eps + vbn_var)
-    vbn_gain_bar_1 = _einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{vbn}}}}_{l} = \frac{{\overline{a^{\mathrm{vbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
-    vbn_gain_bar = vbn_gain_bar_0 + vbn_gain_bar_1
-    t4 = -vbn_a*vbn_a_bar/(2*(eps + vbn_var))
-    vbn_var_bar_0 = _einsum("bl->l", t4)
-    t5 = vbn_a*vbn_c_bar*vbn_mean/(2*(eps + vbn_var))
-    vbn_var_bar_1 = _einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{vbn}}}}_{l} = - \frac{{a^{\mathrm{vbn}}}_{l} {\overline{a^{\mathrm{vbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)} + \frac{{a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)}
-    vbn_var_bar = vbn_var_bar_0 + vbn_var_bar_1
-
-    # --- adjoint of vconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,p,q}
-    vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # the value at each coarse node and offset
-    grid_bar_blocks = np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
-    # {\overline{u}}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} = {W_{\mathrm{vconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,p,q}
-    grid_bar = _fold(grid_bar_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{vconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,p,q}
-    vconv_W_bar = _einsum("blpq,blpqrs->rsl", vconv_out_bar, vconv_W_bar_windows)
-    return grid_bar, {
-        "vbn.bias": vbn_bias_bar,
-        "vbn.mean": vbn_mean_bar,
-        "vbn.gain": vbn_gain_bar,
-        "vbn.var": vbn_var_bar,
-        "vconv.W": vconv_W_bar,
-    }
-
-
-
-def _attn_vjp(q_in, k_in, v_in, attn_out_bar, p, config, eps):
-    """The derived adjoint of attn: the costate of its output → (costate of q_in, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = q_in.shape[0], d // n_heads, 0.0
     attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
     attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
     attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
@@ -839,6 +739,83 @@ def _attn_vjp(q_in, k_in, v_in, attn_out_bar, p, config, eps):
     attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
     attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
     attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+
+    # --- norm1: layer-norm ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    norm1_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 0, (n_rows, n_cols))
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q,l}
+    grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
+
+    # --- qconv: depthwise-convolution ---
+    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+
+    # --- qbn: batch-norm ---
+    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
+    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
+
+    # --- kconv: depthwise-convolution ---
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    kconv_out = _einsum("blfhrs,rsl->blfh", kconv_out_windows, kconv_W)
+
+    # --- kbn: batch-norm ---
+    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
+    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
+
+    # --- vconv: depthwise-convolution ---
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    vconv_out = _einsum("blfhrs,rsl->blfh", vconv_out_windows, vconv_W)
+
+    # --- vbn: batch-norm ---
+    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
+    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
+
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # {q_{in}}_{N_{2} p + q,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part1 = np.transpose(qbn_out, (0, 2, 3, 1))
+    # {k_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part1 = np.transpose(kbn_out, (0, 2, 3, 1))
+    # {v_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part1 = np.transpose(vbn_out, (0, 2, 3, 1))
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1)
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1)
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1)
 
     # --- attn: convolutional-attention ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
@@ -853,66 +830,12 @@ def _attn_vjp(q_in, k_in, v_in, attn_out_bar, p, config, eps):
     attn_gamma = _softmax(attn_a, None)
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
     attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
-    # --- adjoint of attn: convolutional-attention ---
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
-    attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
-    attn_gamma_bar = _einsum("bime,btme->bmit", attn_o_bar, attn_v)
-    t1 = _einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
-    attn_a_bar = attn_gamma*attn_gamma_bar - t1[:, :, :, None]*attn_gamma
-    # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
-    attn_v_bar = _einsum("bmit,bime->btme", attn_gamma, attn_o_bar)
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e} {v\_in}_{t,k}
-    attn_W_v_bar = _einsum("btk,btme->kme", v_in, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
-    attn_b_v_bar = _einsum("btme->me", attn_v_bar)
-    # {\overline{v\_in}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
-    v_in_bar = _einsum("btme,lme->btl", attn_v_bar, attn_W_v)
-    # {\overline{K^{\mathrm{attn}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}}}
-    attn_k_bar = _einsum("bmit,bime->btme", attn_a_bar, attn_q) / math.sqrt(d)
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e} {k\_in}_{t,k}
-    attn_W_k_bar = _einsum("btk,btme->kme", k_in, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
-    attn_b_k_bar = _einsum("btme->me", attn_k_bar)
-    # {\overline{k\_in}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
-    k_in_bar = _einsum("btme,lme->btl", attn_k_bar, attn_W_k)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {K^{\mathrm{attn}}}_{t,m,e}}{\sqrt{N_{y}}}
-    attn_q_bar = _einsum("bmit,btme->bime", attn_a_bar, attn_k) / math.sqrt(d)
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {q\_in}_{i,k}
-    attn_W_q_bar = _einsum("bik,bime->kme", q_in, attn_q_bar)
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    attn_b_q_bar = _einsum("bime->me", attn_q_bar)
-    # {\overline{q\_in}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    q_in_bar = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
-    return q_in_bar, {
-        "attn.W_o": attn_W_o_bar.reshape(d, d),
-        "attn.b_o": attn_b_o_bar,
-        "attn.W_v": attn_W_v_bar.reshape(d, d),
-        "attn.b_v": attn_b_v_bar.reshape(d),
-        "v_in": v_in_bar,
-        "attn.W_k": attn_W_k_bar.reshape(d, d),
-        "attn.b_k": attn_b_k_bar.reshape(d),
-        "k_in": k_in_bar,
-        "attn.W_q": attn_W_q_bar.reshape(d, d),
-        "attn.b_q": attn_b_q_bar.reshape(d),
-    }
-
-
-
-def _norm2_vjp(u1, norm2_out_bar, p, config, eps):
-    """The derived adjoint of norm2: the costate of its output → (costate of u1, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = u1.shape[0], d // n_heads, 0.0
-    norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
+    # --- residual sum ---
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
@@ -921,8 +844,34 @@ def _norm2_vjp(u1, norm2_out_bar, p, config, eps):
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
     norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p + norm2_bias
+
+    # --- ffn: feed-forward ---
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+
+    # --- adjoint of ffn: feed-forward ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = \Delta t {\overline{u_{2}}}_{i,l}
+    ffn_out_bar = u2_bar
+    # {\overline{W_{2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    # {\overline{b_{2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
+    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
+    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
+    # {\overline{W_{1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    # {\overline{b_{1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
 
     # --- adjoint of norm2: layer-norm ---
+    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
@@ -936,25 +885,383 @@ def _norm2_vjp(u1, norm2_out_bar, p, config, eps):
     t3 = _einsum("bil->bi", norm2_p_bar)
     # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
     norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
-    # {\overline{u1}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
-    return u1_bar, {
+
+    # --- adjoint of residual sum ---
+    # {\overline{u_{1}}}_{i,l} = {\overline{u_{2}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
+
+    # --- adjoint of attn: convolutional-attention ---
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = \Delta t {\overline{u_{1}}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = _einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_gamma_bar = _einsum("bime,btme->bmit", attn_o_bar, attn_v)
+    t4 = _einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
+    # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
+    attn_v_bar = _einsum("bmit,bime->btme", attn_gamma, attn_o_bar)
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e} {v_{in}}_{t,k}
+    attn_W_v_bar = _einsum("btk,btme->kme", v_in, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    attn_b_v_bar = _einsum("btme->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}}}
+    attn_k_bar = _einsum("bmit,bime->btme", attn_a_bar, attn_q) / math.sqrt(d)
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e} {k_{in}}_{t,k}
+    attn_W_k_bar = _einsum("btk,btme->kme", k_in, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    attn_b_k_bar = _einsum("btme->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {K^{\mathrm{attn}}}_{t,m,e}}{\sqrt{N_{y}}}
+    attn_q_bar = _einsum("bmit,btme->bime", attn_a_bar, attn_k) / math.sqrt(d)
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {q_{in}}_{i,k}
+    attn_W_q_bar = _einsum("bik,bime->kme", q_in, attn_q_bar)
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = _einsum("bime->me", attn_q_bar)
+
+    # --- adjoint of queries on the token nodes; keys and values on the key nodes ---
+    # {\overline{v_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    v_in_bar = _einsum("btme,lme->btl", attn_v_bar, attn_W_v)
+    # {\overline{k_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    k_in_bar = _einsum("btme,lme->btl", attn_k_bar, attn_W_k)
+    # {\overline{q_{in}}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    q_in_bar = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+
+    # --- adjoint of vbn: batch-norm ---
+    # v_in_bar at N^{k}_2*f + h, l (a view)
+    v_in_bar_view5 = _rows(v_in_bar, 1, 0, (n_rows_kv, n_cols_kv))
+    # {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} = {\overline{v_{in}}}_{N^{k}_2 f + h,l}
+    vbn_out_bar = np.transpose(v_in_bar_view5, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    vbn_c_bar = _einsum("blfh->bl", vbn_out_bar)
+    # {\overline{\beta_{\mathrm{vbn}}}}_{l} = {\overline{c^{\mathrm{vbn}}}}_{l}
+    vbn_bias_bar = _einsum("bl->l", vbn_c_bar)
+    t6 = -vbn_a*vbn_c_bar
+    # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
+    vbn_mean_bar = _einsum("bl->l", t6)
+    # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
+    vbn_a_bar = _einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
+    t7 = vbn_a_bar/np.sqrt(eps + vbn_var)
+    vbn_gain_bar_0 = _einsum("bl->l", t7)
+    t8 = -vbn_c_bar*vbn_mean/np.sqrt(eps + vbn_var)
+    vbn_gain_bar_1 = _einsum("bl->l", t8)
+    # {\overline{\gamma_{\mathrm{vbn}}}}_{l} = \frac{{\overline{a^{\mathrm{vbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_gain_bar = vbn_gain_bar_0 + vbn_gain_bar_1
+    t9 = -vbn_a*vbn_a_bar/(2*(eps + vbn_var))
+    vbn_var_bar_0 = _einsum("bl->l", t9)
+    t10 = vbn_a*vbn_c_bar*vbn_mean/(2*(eps + vbn_var))
+    vbn_var_bar_1 = _einsum("bl->l", t10)
+    # {\overline{v_{\mathrm{vbn}}}}_{l} = - \frac{{a^{\mathrm{vbn}}}_{l} {\overline{a^{\mathrm{vbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)} + \frac{{a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)}
+    vbn_var_bar = vbn_var_bar_0 + vbn_var_bar_1
+
+    # --- adjoint of vconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\overline{W_{\mathrm{vconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+
+    # --- adjoint of kbn: batch-norm ---
+    # k_in_bar at N^{k}_2*f + h, l (a view)
+    k_in_bar_view11 = _rows(k_in_bar, 1, 0, (n_rows_kv, n_cols_kv))
+    # {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} = {\overline{k_{in}}}_{N^{k}_2 f + h,l}
+    kbn_out_bar = np.transpose(k_in_bar_view11, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    kbn_c_bar = _einsum("blfh->bl", kbn_out_bar)
+    # {\overline{\beta_{\mathrm{kbn}}}}_{l} = {\overline{c^{\mathrm{kbn}}}}_{l}
+    kbn_bias_bar = _einsum("bl->l", kbn_c_bar)
+    t12 = -kbn_a*kbn_c_bar
+    # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
+    kbn_mean_bar = _einsum("bl->l", t12)
+    # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
+    kbn_a_bar = _einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
+    t13 = kbn_a_bar/np.sqrt(eps + kbn_var)
+    kbn_gain_bar_0 = _einsum("bl->l", t13)
+    t14 = -kbn_c_bar*kbn_mean/np.sqrt(eps + kbn_var)
+    kbn_gain_bar_1 = _einsum("bl->l", t14)
+    # {\overline{\gamma_{\mathrm{kbn}}}}_{l} = \frac{{\overline{a^{\mathrm{kbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_gain_bar = kbn_gain_bar_0 + kbn_gain_bar_1
+    t15 = -kbn_a*kbn_a_bar/(2*(eps + kbn_var))
+    kbn_var_bar_0 = _einsum("bl->l", t15)
+    t16 = kbn_a*kbn_c_bar*kbn_mean/(2*(eps + kbn_var))
+    kbn_var_bar_1 = _einsum("bl->l", t16)
+    # {\overline{v_{\mathrm{kbn}}}}_{l} = - \frac{{a^{\mathrm{kbn}}}_{l} {\overline{a^{\mathrm{kbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)} + \frac{{a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)}
+    kbn_var_bar = kbn_var_bar_0 + kbn_var_bar_1
+
+    # --- adjoint of kconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\overline{W_{\mathrm{kconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h}
+    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+
+    # --- adjoint of qbn: batch-norm ---
+    # q_in_bar at N_2*p + q, l (a view)
+    q_in_bar_view17 = _rows(q_in_bar, 1, 0, (n_rows, n_cols))
+    # {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} = {\overline{q_{in}}}_{N_{2} p + q,l}
+    qbn_out_bar = np.transpose(q_in_bar_view17, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    qbn_c_bar = _einsum("blpq->bl", qbn_out_bar)
+    # {\overline{\beta_{\mathrm{qbn}}}}_{l} = {\overline{c^{\mathrm{qbn}}}}_{l}
+    qbn_bias_bar = _einsum("bl->l", qbn_c_bar)
+    t18 = -qbn_a*qbn_c_bar
+    # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
+    qbn_mean_bar = _einsum("bl->l", t18)
+    # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
+    qbn_a_bar = _einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
+    t19 = qbn_a_bar/np.sqrt(eps + qbn_var)
+    qbn_gain_bar_0 = _einsum("bl->l", t19)
+    t20 = -qbn_c_bar*qbn_mean/np.sqrt(eps + qbn_var)
+    qbn_gain_bar_1 = _einsum("bl->l", t20)
+    # {\overline{\gamma_{\mathrm{qbn}}}}_{l} = \frac{{\overline{a^{\mathrm{qbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_gain_bar = qbn_gain_bar_0 + qbn_gain_bar_1
+    t21 = -qbn_a*qbn_a_bar/(2*(eps + qbn_var))
+    qbn_var_bar_0 = _einsum("bl->l", t21)
+    t22 = qbn_a*qbn_c_bar*qbn_mean/(2*(eps + qbn_var))
+    qbn_var_bar_1 = _einsum("bl->l", t22)
+    # {\overline{v_{\mathrm{qbn}}}}_{l} = - \frac{{a^{\mathrm{qbn}}}_{l} {\overline{a^{\mathrm{qbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)} + \frac{{a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)}
+    qbn_var_bar = qbn_var_bar_0 + qbn_var_bar_1
+
+    # --- adjoint of qconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
+    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\overline{W_{\mathrm{qconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+
+    # --- adjoint of the grid field of the tokens ---
+    # the value at each coarse node and offset
+    grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
+    # {\overline{g}^{[1]}}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} = {W_{\mathrm{kconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} + {W_{\mathrm{vconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # the value at each coarse node and offset
+    grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    # {\overline{g}^{[2]}}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} = {W_{\mathrm{qconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\overline{g}}_{l,p,q} = {\overline{g}^{[1]}}_{l,p,q} + {\overline{g}^{[2]}}_{l,p,q}
+    grid_bar = grid_bar1 + grid_bar2
+
+    # --- adjoint of norm1: layer-norm ---
+    # the value at each grid point
+    norm1_out_bar_rows = np.transpose(grid_bar, (0, 2, 3, 1))
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{N_{2} p + q,l} = {\overline{g}}_{l,p,q}
+    norm1_out_bar = _place_rows(norm1_out_bar_rows, norm1_out.shape, 1, 0)
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    t23 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t23/(2*(eps + norm1_beta))
+    t24 = _einsum("bik->bi", norm1_p)
+    t25 = _einsum("bil->bi", norm1_p_bar)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    norm1_alpha_bar = -t25/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t24/d
+    # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    return u0_bar, {
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
         "norm2.bias": norm2_bias_bar,
         "norm2.gain": norm2_gain_bar,
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "vbn.bias": vbn_bias_bar,
+        "vbn.mean": vbn_mean_bar,
+        "vbn.gain": vbn_gain_bar,
+        "vbn.var": vbn_var_bar,
+        "vconv.W": vconv_W_bar,
+        "kbn.bias": kbn_bias_bar,
+        "kbn.mean": kbn_mean_bar,
+        "kbn.gain": kbn_gain_bar,
+        "kbn.var": kbn_var_bar,
+        "kconv.W": kconv_W_bar,
+        "qbn.bias": qbn_bias_bar,
+        "qbn.mean": qbn_mean_bar,
+        "qbn.gain": qbn_gain_bar,
+        "qbn.var": qbn_var_bar,
+        "qconv.W": qconv_W_bar,
+        "norm1.bias": norm1_bias_bar,
+        "norm1.gain": norm1_gain_bar,
     }
 
 
 
-def _ffn_vjp(norm2_out, ffn_out_bar, p, config, eps):
-    """The derived adjoint of ffn: the costate of its output → (costate of norm2_out, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = norm2_out.shape[0], d // n_heads, 0.0
+def _step_cls_vjp(u0, u2_bar, p, config, eps):
+    """The derived adjoint of the step_cls program: the costate of its output → (costate of u0, gradients)."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    kernel_qkv = config["kernel_qkv"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_rows_kv = config["n_rows_kv"]
+    n_cols_kv = config["n_cols_kv"]
+    d_head = d // n_heads
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    qconv_W = p["qconv.W"]
+    qbn_gain = p["qbn.gain"]
+    qbn_bias = p["qbn.bias"]
+    qbn_mean = p["qbn.mean"]
+    qbn_var = p["qbn.var"]
+    kconv_W = p["kconv.W"]
+    kbn_gain = p["kbn.gain"]
+    kbn_bias = p["kbn.bias"]
+    kbn_mean = p["kbn.mean"]
+    kbn_var = p["kbn.var"]
+    vconv_W = p["vconv.W"]
+    vbn_gain = p["vbn.gain"]
+    vbn_bias = p["vbn.bias"]
+    vbn_mean = p["vbn.mean"]
+    vbn_var = p["vbn.var"]
+    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
+    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
+    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
+    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
+    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
+    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
+    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
     ffn_W_1 = p["ffn.W_1"]
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
+
+    # --- norm1: layer-norm ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    norm1_alpha = np.mean(u0, axis=2)
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = norm1_gain*norm1_p + norm1_bias
+
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q + 1, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 1, (n_rows, n_cols))
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q + 1,l}
+    grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
+
+    # --- qconv: depthwise-convolution ---
+    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+
+    # --- qbn: batch-norm ---
+    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
+    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
+
+    # --- kconv: depthwise-convolution ---
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    kconv_out = _einsum("blfhrs,rsl->blfh", kconv_out_windows, kconv_W)
+
+    # --- kbn: batch-norm ---
+    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
+    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
+
+    # --- vconv: depthwise-convolution ---
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    vconv_out = _einsum("blfhrs,rsl->blfh", vconv_out_windows, vconv_W)
+
+    # --- vbn: batch-norm ---
+    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
+    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
+
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # norm1_out at 0, l (a view)
+    norm1_out_view2 = norm1_out[:, 0, :]
+    # {q_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    q_in_part1 = norm1_out_view2
+    # {q_{in}}_{N_{2} p + q + 1,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part2 = np.transpose(qbn_out, (0, 2, 3, 1))
+    # norm1_out at 0, l (a view)
+    norm1_out_view3 = norm1_out[:, 0, :]
+    # {k_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    k_in_part1 = norm1_out_view3
+    # {k_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part2 = np.transpose(kbn_out, (0, 2, 3, 1))
+    # norm1_out at 0, l (a view)
+    norm1_out_view4 = norm1_out[:, 0, :]
+    # {v_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    v_in_part1 = norm1_out_view4
+    # {v_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part2 = np.transpose(vbn_out, (0, 2, 3, 1))
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1, q_in_part2)
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1, k_in_part2)
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1, v_in_part2)
+
+    # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = _einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = _einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
+    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    attn_v = _einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
+    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    attn_a = _einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
+    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    attn_gamma = _softmax(attn_a, None)
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+
+    # --- residual sum ---
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    u1 = attn_out + u0
+
+    # --- norm2: layer-norm ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    norm2_alpha = np.mean(u1, axis=2)
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = norm2_gain*norm2_p + norm2_bias
 
     # --- ffn: feed-forward ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
@@ -963,6 +1270,8 @@ def _ffn_vjp(norm2_out, ffn_out_bar, p, config, eps):
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
 
     # --- adjoint of ffn: feed-forward ---
+    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = \Delta t {\overline{u_{2}}}_{i,l}
+    ffn_out_bar = u2_bar
     # {\overline{W_{2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
     # {\overline{b_{2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
@@ -971,29 +1280,304 @@ def _ffn_vjp(norm2_out, ffn_out_bar, p, config, eps):
     ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
     ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
-    # {\overline{W_{1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {norm2\_out}_{i,k}
+    # {\overline{W_{1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     # {\overline{b_{1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
-    # {\overline{norm2\_out}}_{i,l} = \sum_{z} {W_{1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+
+    # --- adjoint of norm2: layer-norm ---
+    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
     norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
-    return norm2_out_bar, {
+    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
+    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    norm2_p_bar = norm2_gain*norm2_out_bar
+    t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
+    t2 = _einsum("bik->bi", norm2_p)
+    t3 = _einsum("bil->bi", norm2_p_bar)
+    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
+
+    # --- adjoint of residual sum ---
+    # {\overline{u_{1}}}_{i,l} = {\overline{u_{2}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
+
+    # --- adjoint of attn: convolutional-attention ---
+    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = \Delta t {\overline{u_{1}}}_{i,l}
+    attn_out_bar = u1_bar
+    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
+    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_b_o_bar = _einsum("bil->l", attn_out_bar)
+    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
+    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_gamma_bar = _einsum("bime,btme->bmit", attn_o_bar, attn_v)
+    t4 = _einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
+    # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
+    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
+    # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
+    attn_v_bar = _einsum("bmit,bime->btme", attn_gamma, attn_o_bar)
+    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e} {v_{in}}_{t,k}
+    attn_W_v_bar = _einsum("btk,btme->kme", v_in, attn_v_bar)
+    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    attn_b_v_bar = _einsum("btme->me", attn_v_bar)
+    # {\overline{K^{\mathrm{attn}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}}}
+    attn_k_bar = _einsum("bmit,bime->btme", attn_a_bar, attn_q) / math.sqrt(d)
+    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e} {k_{in}}_{t,k}
+    attn_W_k_bar = _einsum("btk,btme->kme", k_in, attn_k_bar)
+    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    attn_b_k_bar = _einsum("btme->me", attn_k_bar)
+    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {K^{\mathrm{attn}}}_{t,m,e}}{\sqrt{N_{y}}}
+    attn_q_bar = _einsum("bmit,btme->bime", attn_a_bar, attn_k) / math.sqrt(d)
+    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {q_{in}}_{i,k}
+    attn_W_q_bar = _einsum("bik,bime->kme", q_in, attn_q_bar)
+    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    attn_b_q_bar = _einsum("bime->me", attn_q_bar)
+
+    # --- adjoint of queries on the token nodes; keys and values on the key nodes ---
+    # {\overline{v_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    v_in_bar = _einsum("btme,lme->btl", attn_v_bar, attn_W_v)
+    # {\overline{k_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    k_in_bar = _einsum("btme,lme->btl", attn_k_bar, attn_W_k)
+    # {\overline{q_{in}}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    q_in_bar = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
+
+    # --- adjoint of vbn: batch-norm ---
+    # v_in_bar at N^{k}_2*f + h + 1, l (a view)
+    v_in_bar_view5 = _rows(v_in_bar, 1, 1, (n_rows_kv, n_cols_kv))
+    # {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} = {\overline{v_{in}}}_{N^{k}_2 f + h + 1,l}
+    vbn_out_bar = np.transpose(v_in_bar_view5, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    vbn_c_bar = _einsum("blfh->bl", vbn_out_bar)
+    # {\overline{\beta_{\mathrm{vbn}}}}_{l} = {\overline{c^{\mathrm{vbn}}}}_{l}
+    vbn_bias_bar = _einsum("bl->l", vbn_c_bar)
+    t6 = -vbn_a*vbn_c_bar
+    # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
+    vbn_mean_bar = _einsum("bl->l", t6)
+    # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
+    vbn_a_bar = _einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
+    t7 = vbn_a_bar/np.sqrt(eps + vbn_var)
+    vbn_gain_bar_0 = _einsum("bl->l", t7)
+    t8 = -vbn_c_bar*vbn_mean/np.sqrt(eps + vbn_var)
+    vbn_gain_bar_1 = _einsum("bl->l", t8)
+    # {\overline{\gamma_{\mathrm{vbn}}}}_{l} = \frac{{\overline{a^{\mathrm{vbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_gain_bar = vbn_gain_bar_0 + vbn_gain_bar_1
+    t9 = -vbn_a*vbn_a_bar/(2*(eps + vbn_var))
+    vbn_var_bar_0 = _einsum("bl->l", t9)
+    t10 = vbn_a*vbn_c_bar*vbn_mean/(2*(eps + vbn_var))
+    vbn_var_bar_1 = _einsum("bl->l", t10)
+    # {\overline{v_{\mathrm{vbn}}}}_{l} = - \frac{{a^{\mathrm{vbn}}}_{l} {\overline{a^{\mathrm{vbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)} + \frac{{a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)}
+    vbn_var_bar = vbn_var_bar_0 + vbn_var_bar_1
+
+    # --- adjoint of vconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\overline{W_{\mathrm{vconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+
+    # --- adjoint of kbn: batch-norm ---
+    # k_in_bar at N^{k}_2*f + h + 1, l (a view)
+    k_in_bar_view11 = _rows(k_in_bar, 1, 1, (n_rows_kv, n_cols_kv))
+    # {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} = {\overline{k_{in}}}_{N^{k}_2 f + h + 1,l}
+    kbn_out_bar = np.transpose(k_in_bar_view11, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    kbn_c_bar = _einsum("blfh->bl", kbn_out_bar)
+    # {\overline{\beta_{\mathrm{kbn}}}}_{l} = {\overline{c^{\mathrm{kbn}}}}_{l}
+    kbn_bias_bar = _einsum("bl->l", kbn_c_bar)
+    t12 = -kbn_a*kbn_c_bar
+    # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
+    kbn_mean_bar = _einsum("bl->l", t12)
+    # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
+    kbn_a_bar = _einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
+    t13 = kbn_a_bar/np.sqrt(eps + kbn_var)
+    kbn_gain_bar_0 = _einsum("bl->l", t13)
+    t14 = -kbn_c_bar*kbn_mean/np.sqrt(eps + kbn_var)
+    kbn_gain_bar_1 = _einsum("bl->l", t14)
+    # {\overline{\gamma_{\mathrm{kbn}}}}_{l} = \frac{{\overline{a^{\mathrm{kbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_gain_bar = kbn_gain_bar_0 + kbn_gain_bar_1
+    t15 = -kbn_a*kbn_a_bar/(2*(eps + kbn_var))
+    kbn_var_bar_0 = _einsum("bl->l", t15)
+    t16 = kbn_a*kbn_c_bar*kbn_mean/(2*(eps + kbn_var))
+    kbn_var_bar_1 = _einsum("bl->l", t16)
+    # {\overline{v_{\mathrm{kbn}}}}_{l} = - \frac{{a^{\mathrm{kbn}}}_{l} {\overline{a^{\mathrm{kbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)} + \frac{{a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)}
+    kbn_var_bar = kbn_var_bar_0 + kbn_var_bar_1
+
+    # --- adjoint of kconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
+    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # {\overline{W_{\mathrm{kconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h}
+    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+
+    # --- adjoint of qbn: batch-norm ---
+    # q_in_bar at N_2*p + q + 1, l (a view)
+    q_in_bar_view17 = _rows(q_in_bar, 1, 1, (n_rows, n_cols))
+    # {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} = {\overline{q_{in}}}_{N_{2} p + q + 1,l}
+    qbn_out_bar = np.transpose(q_in_bar_view17, (0, 3, 1, 2))
+    # {\overline{c^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    qbn_c_bar = _einsum("blpq->bl", qbn_out_bar)
+    # {\overline{\beta_{\mathrm{qbn}}}}_{l} = {\overline{c^{\mathrm{qbn}}}}_{l}
+    qbn_bias_bar = _einsum("bl->l", qbn_c_bar)
+    t18 = -qbn_a*qbn_c_bar
+    # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
+    qbn_mean_bar = _einsum("bl->l", t18)
+    # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
+    qbn_a_bar = _einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
+    t19 = qbn_a_bar/np.sqrt(eps + qbn_var)
+    qbn_gain_bar_0 = _einsum("bl->l", t19)
+    t20 = -qbn_c_bar*qbn_mean/np.sqrt(eps + qbn_var)
+    qbn_gain_bar_1 = _einsum("bl->l", t20)
+    # {\overline{\gamma_{\mathrm{qbn}}}}_{l} = \frac{{\overline{a^{\mathrm{qbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_gain_bar = qbn_gain_bar_0 + qbn_gain_bar_1
+    t21 = -qbn_a*qbn_a_bar/(2*(eps + qbn_var))
+    qbn_var_bar_0 = _einsum("bl->l", t21)
+    t22 = qbn_a*qbn_c_bar*qbn_mean/(2*(eps + qbn_var))
+    qbn_var_bar_1 = _einsum("bl->l", t22)
+    # {\overline{v_{\mathrm{qbn}}}}_{l} = - \frac{{a^{\mathrm{qbn}}}_{l} {\overline{a^{\mathrm{qbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)} + \frac{{a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)}
+    qbn_var_bar = qbn_var_bar_0 + qbn_var_bar_1
+
+    # --- adjoint of qconv: depthwise-convolution ---
+    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
+    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\overline{W_{\mathrm{qconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+
+    # --- adjoint of the grid field of the tokens ---
+    # the value at each coarse node and offset
+    grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
+    # {\overline{g}^{[1]}}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} = {W_{\mathrm{kconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} + {W_{\mathrm{vconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
+    # the value at each coarse node and offset
+    grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    # {\overline{g}^{[2]}}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} = {W_{\mathrm{qconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    # {\overline{g}}_{l,p,q} = {\overline{g}^{[1]}}_{l,p,q} + {\overline{g}^{[2]}}_{l,p,q}
+    grid_bar = grid_bar1 + grid_bar2
+
+    # --- adjoint of norm1: layer-norm ---
+    # k_in_bar at 0, l (a view)
+    k_in_bar_view23 = k_in_bar[:, 0, :]
+    # q_in_bar at 0, l (a view)
+    q_in_bar_view24 = q_in_bar[:, 0, :]
+    # v_in_bar at 0, l (a view)
+    v_in_bar_view25 = v_in_bar[:, 0, :]
+    # the value at each coarse node and offset
+    norm1_out_bar1_blocks = k_in_bar_view23 + q_in_bar_view24 + v_in_bar_view25
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[1]}}_{0,l} = {\overline{k_{in}}}_{0,l} + {\overline{q_{in}}}_{0,l} + {\overline{v_{in}}}_{0,l}
+    norm1_out_bar1 = np.zeros(norm1_out.shape, dtype=norm1_out_bar1_blocks.dtype)
+    norm1_out_bar1[:, 0, :] = norm1_out_bar1_blocks
+    # the value at each grid point
+    norm1_out_bar2_rows = np.transpose(grid_bar, (0, 2, 3, 1))
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[2]}}_{N_{2} p + q + 1,l} = {\overline{g}}_{l,p,q}
+    norm1_out_bar2 = _place_rows(norm1_out_bar2_rows, norm1_out.shape, 1, 1)
+    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[1]}}_{i,l} + {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[2]}}_{i,l}
+    norm1_out_bar = norm1_out_bar1 + norm1_out_bar2
+    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
+    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    norm1_p_bar = norm1_gain*norm1_out_bar
+    t26 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    norm1_beta_bar = -t26/(2*(eps + norm1_beta))
+    t27 = _einsum("bik->bi", norm1_p)
+    t28 = _einsum("bil->bi", norm1_p_bar)
+    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    norm1_alpha_bar = -t28/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t27/d
+    # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
+    return u0_bar, {
         "ffn.W_2": ffn_W_2_bar,
         "ffn.b_2": ffn_b_2_bar,
         "ffn.W_1": ffn_W_1_bar,
         "ffn.b_1": ffn_b_1_bar,
+        "norm2.bias": norm2_bias_bar,
+        "norm2.gain": norm2_gain_bar,
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "vbn.bias": vbn_bias_bar,
+        "vbn.mean": vbn_mean_bar,
+        "vbn.gain": vbn_gain_bar,
+        "vbn.var": vbn_var_bar,
+        "vconv.W": vconv_W_bar,
+        "kbn.bias": kbn_bias_bar,
+        "kbn.mean": kbn_mean_bar,
+        "kbn.gain": kbn_gain_bar,
+        "kbn.var": kbn_var_bar,
+        "kconv.W": kconv_W_bar,
+        "qbn.bias": qbn_bias_bar,
+        "qbn.mean": qbn_mean_bar,
+        "qbn.gain": qbn_gain_bar,
+        "qbn.var": qbn_var_bar,
+        "qconv.W": qconv_W_bar,
+        "norm1.bias": norm1_bias_bar,
+        "norm1.gain": norm1_gain_bar,
     }
 
 
 
-def _final_norm_vjp(cls, final_norm_out_bar, p, config, eps):
-    """The derived adjoint of final_norm: the costate of its output → (costate of cls, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = cls.shape[0], d // n_heads, 0.0
+def _grid_vjp(u, hidden_bar, p, config, eps):
+    """The derived adjoint of the grid program: the costate of its output → (costate of u, gradients)."""
+
+    # --- adjoint of the stage's grid ---
+    # the value at each grid point
+    u_bar_rows = np.transpose(hidden_bar, (0, 2, 3, 1))
+    # {\overline{u}}_{N_{2} p + q,l} = {\overline{g}}_{l,p,q}
+    u_bar = _place_rows(u_bar_rows, u.shape, 1, 0)
+    return u_bar, {}
+
+
+
+def _grid_cls_vjp(u, hidden_bar, p, config, eps):
+    """The derived adjoint of the grid_cls program: the costate of its output → (costate of u, gradients)."""
+
+    # --- adjoint of the stage's grid ---
+    # the value at each grid point
+    u_bar_rows = np.transpose(hidden_bar, (0, 2, 3, 1))
+    # {\overline{u}}_{N_{2} p + q + 1,l} = {\overline{g}}_{l,p,q}
+    u_bar = _place_rows(u_bar_rows, u.shape, 1, 1)
+    return u_bar, {}
+
+
+
+def _node_vjp(u, node_bar, p, config, eps):
+    """The derived adjoint of the node program: the costate of its output → (costate of u, gradients)."""
+
+    # --- adjoint of the class node ---
+    # node_bar at 0, l (a view)
+    node_bar_view1 = node_bar[:, 0, :]
+    # the value at each coarse node and offset
+    u_bar_blocks = node_bar_view1
+    # {\overline{u}}_{0,l} = {\overline{c}}_{0,l}
+    u_bar = np.zeros(u.shape, dtype=u_bar_blocks.dtype)
+    u_bar[:, 0, :] = u_bar_blocks
+    return u_bar, {}
+
+
+
+def _readout_vjp(cls, head_logits_bar, p, config, eps):
+    """The derived adjoint of the readout program: the costate of its output → (costate of cls, gradients)."""
+    d = config["d"]
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
+    head_W = p["head.W"]
 
     # --- final_norm: layer-norm ---
     # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
@@ -1002,8 +1586,29 @@ def _final_norm_vjp(cls, final_norm_out_bar, p, config, eps):
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + cls)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
     final_norm_p = (-final_norm_alpha[:, :, None] + cls)/np.sqrt(eps + final_norm_beta[:, :, None])
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    final_norm_out = final_norm_gain*final_norm_p + final_norm_bias
+
+    # --- head: class-token-head ---
+    # final_norm_out at 0, l (a view)
+    final_norm_out_view1 = final_norm_out[:, 0, :]
+    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
+    head_z = final_norm_out_view1
+
+    # --- adjoint of head: class-token-head ---
+    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
+    head_W_bar = _einsum("bo,bk->ko", head_logits_bar, head_z)
+    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_b_bar = _einsum("bo->o", head_logits_bar)
+    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
+    head_z_bar = _einsum("bo,lo->bl", head_logits_bar, head_W)
 
     # --- adjoint of final_norm: layer-norm ---
+    # the value at each coarse node and offset
+    final_norm_out_bar_blocks = head_z_bar
+    # {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
+    final_norm_out_bar = np.zeros(final_norm_out.shape, dtype=final_norm_out_bar_blocks.dtype)
+    final_norm_out_bar[:, 0, :] = final_norm_out_bar_blocks
     # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l}
     final_norm_bias_bar = _einsum("bil->l", final_norm_out_bar)
     # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l} {P^{\mathrm{final\_norm}}}_{i,l}
@@ -1020,94 +1625,50 @@ def _final_norm_vjp(cls, final_norm_out_bar, p, config, eps):
     # {\overline{cls}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
     cls_bar = final_norm_alpha_bar[:, :, None]/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     return cls_bar, {
+        "head.W": head_W_bar,
+        "head.b": head_b_bar,
         "final_norm.bias": final_norm_bias_bar,
         "final_norm.gain": final_norm_gain_bar,
     }
 
 
 
-def _head_vjp(final_norm_out, head_logits_bar, p, config, eps):
-    """The derived adjoint of head: the costate of its output → (costate of final_norm_out, gradients)."""
-    d, n_heads, kernel_qkv = config["d"], config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    patch_size, patch_stride, patch_padding = (config[name] for name in ("patch_size", "patch_stride", "patch_padding"))
-    batch, d_head, dropout_p = final_norm_out.shape[0], d // n_heads, 0.0
-    head_W = p["head.W"]
-    head_b = p["head.b"]
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
 
-    # --- head: class-token-head ---
-    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
-    head_z = final_norm_out[:, 0, :]
-
-    # --- adjoint of head: class-token-head ---
-    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
-    head_W_bar = _einsum("bo,bk->ko", head_logits_bar, head_z)
-    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
-    head_b_bar = _einsum("bo->o", head_logits_bar)
-    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
-    head_z_bar = _einsum("bo,lo->bl", head_logits_bar, head_W)
-    # the value at each coarse node and offset
-    final_norm_out_bar_blocks = head_z_bar
-    # {\overline{final\_norm\_out}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
-    final_norm_out_bar = np.zeros(final_norm_out.shape, dtype=final_norm_out_bar_blocks.dtype)
-    final_norm_out_bar[:, 0, :] = final_norm_out_bar_blocks
-    return final_norm_out_bar, {
-        "head.W": head_W_bar,
-        "head.b": head_b_bar,
-    }
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols)}
 
 
-
-def _step_vjp(u0, seed, p, n_rows, n_cols, has_cls, config, eps):
-    """The costate of a step's output → (costate of its input, gradients); the step is run again."""
-    _, kept = _step(u0, p, n_rows, n_cols, has_cls, config, eps, keep=True)
-    # u2 = u1 + F(LN(u1)): the residual sum passes the costate on, the field adds its adjoint
-    seed_norm2, grads = _ffn_vjp(kept["norm2_out"], seed, p, config, eps)
-    seed_u1, more = _norm2_vjp(kept["u1"], seed_norm2, p, config, eps)
-    seed_u1, grads = seed_u1 + seed, grads | more
-    # u1 = u0 + A(q_in, k_in, v_in)
-    seed_q, more = _attn_vjp(kept["q_in"], kept["k_in"], kept["v_in"], seed_u1, p, config, eps)
-    seeds = {"q": seed_q, "k": more.pop("k_in"), "v": more.pop("v_in")}
-    grads |= more
-    # the transposes of the token concatenation (a split) and of the class node / grid split (a concatenation)
-    seed_cls, seed_grid = None, 0
-    for letter in "qkv":
-        n_rows_k, n_cols_k = _grid_size(n_rows, config, "q" if letter == "q" else "kv"), _grid_size(n_cols, config, "q" if letter == "q" else "kv")
-        cls_seed, grid_seed = _split(seeds[letter], n_rows_k, n_cols_k, has_cls)
-        grid_seed, more = _PROJECTIONS[letter](kept["grid"], grid_seed, p, config, eps)
-        seed_grid, grads = seed_grid + grid_seed, grads | more
-        if has_cls:
-            seed_cls = cls_seed if seed_cls is None else seed_cls + cls_seed
-    seed_u0, more = _norm1_vjp(u0, _tokens(seed_cls, seed_grid), p, config, eps)
-    return seed_u0 + seed_u1, grads | more
+def _costate_of_tokens(tokens, seed_grid, seed_cls, config, eps):
+    """The costate of the last stage's tokens: the adjoint of its grid output, plus that of its class node
+    (when seeded; the two outputs read disjoint token nodes)."""
+    seeds = []
+    if seed_grid is not None:
+        seeds.append((_grid_cls_vjp if config["cls"] else _grid_vjp)(tokens, seed_grid, {}, config, eps)[0])
+    if seed_cls is not None:
+        seeds.append(_node_vjp(tokens, seed_cls, {}, config, eps)[0])
+    return sum(seeds[1:], seeds[0])
 
 
-def _grid_size(n, config, which):
-    """The number of grid points along an axis after the projection convolution ``which`` (q or kv)."""
-    return (n + 2 * config[f"padding_{which}"] - config["kernel_qkv"]) // config[f"stride_{which}"] + 1
-
-
-_PROJECTIONS = {"q": _qproj_vjp, "k": _kproj_vjp, "v": _vproj_vjp}
-
-
-def _reverse(kept, seed_grid, seed_cls, eps):
-    """The costates of the last stage's grid and class node, backwards through the stages kept by the
-    forward (last first), each stage's steps (last first) and its token embedding → (∂J/∂image, gradients)."""
+def _reverse(kept, seed, eps):
+    """The costate of the last stage's tokens, backwards through the stages kept by the forward (last
+    first): each step (last first), the token embedding, the previous stage's grid → (∂J/∂image, gradients)."""
     grads = {}
     for index in reversed(range(len(kept))):
-        u, top, config, embedded, n_rows, n_cols, layers, inputs = kept[index]
+        u, top, config, layers, inputs, _ = kept[index]
         prefix = f"stages.{index}."
-        seed = _tokens(seed_cls if config["cls"] else None, seed_grid)
+        step_vjp, embedding_vjp = (_step_cls_vjp, _embedding_cls_vjp) if config["cls"] else (_step_vjp, _embedding_vjp)
         for n in reversed(range(len(layers))):
-            seed, step_grads = _step_vjp(inputs[n], seed, layers[n], n_rows, n_cols, config["cls"], config, eps)
+            seed, step_grads = step_vjp(inputs[n], seed, layers[n], config, eps)
             grads.update({f"{prefix}layers.{n}.{name}": value for name, value in step_grads.items()})
-        if config["cls"]:  # the class node joins unconvolved: its costate is the gradient of the class token
-            grads[prefix + "cls"], seed = seed[:, 0].sum(axis=0), seed[:, 1:]
-        seed, more = _embed_norm_vjp(embedded, seed, top, config, eps)
+        seed, more = embedding_vjp(u, seed, top, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
-        seed_grid, more = _embed_vjp(u, _split(seed, n_rows, n_cols, False)[1], top, config, eps)
-        grads.update({prefix + name: value for name, value in more.items()})
-    return seed_grid, grads
+        if index:  # the stage convolved the previous stage's grid
+            _, _, previous, _, _, tokens = kept[index - 1]
+            seed, _ = _grid_vjp(tokens, seed, {}, previous, eps)
+    return seed, grads
 
 
 def _costate(name, value, shape, dtype):
@@ -1121,30 +1682,32 @@ def _costate(name, value, shape, dtype):
 
 
 def _backward(u, params, stages, eps, seed_grid, seed_cls):
-    """The costates of the last stage's grid and class node, backwards through every stage → gradients.
+    """The costates of the last stage's grid and class node (either may be None), backwards through every
+    stage → gradients.
 
-    Each stage's and each step's input is kept; a step's activations are recomputed when its adjoint runs.
+    Each stage's input, each step's input and each stage's last tokens are kept; a program's activations are
+    recomputed when its adjoint runs.
     """
     kept = []
     for index, config in enumerate(stages):
         prefix = f"stages.{index}."
-        d = np.shape(params[prefix + "embed.W"])[-1]
-        config = {**config, "d": d}
         top = {name: np.asarray(params[prefix + name], dtype=u.dtype) for name in STAGE_PARAMETERS}
-        tokens, n_rows, n_cols, embedded = _embedding(u, top, config["patch_size"], config["patch_stride"],
-                                                      config["patch_padding"], eps)
+        tokens, n_rows, n_cols = _embedding(u, top, config["patch_size"], config["patch_stride"],
+                                            config["patch_padding"], eps)
+        config = _grid_sizes({**config, "d": tokens.shape[-1]}, n_rows, n_cols)
         if config["cls"]:
-            node = np.asarray(params[prefix + "cls"], dtype=u.dtype)
-            tokens = np.concatenate((np.broadcast_to(node, (tokens.shape[0], 1, d)), tokens), axis=1)
+            top["cls"] = np.asarray(params[prefix + "cls"], dtype=u.dtype)
+            tokens = np.concatenate((np.broadcast_to(top["cls"], (tokens.shape[0], 1, tokens.shape[-1])), tokens), axis=1)
         layers, inputs = [], []
         while f"{prefix}layers.{len(layers)}.attn.W_q" in params:
             layer = {name: np.asarray(params[f"{prefix}layers.{len(layers)}.{name}"], dtype=u.dtype) for name in LAYER_PARAMETERS}
             inputs.append(tokens)
             tokens = _step(tokens, layer, n_rows, n_cols, config["cls"], config, eps)
             layers.append(layer)
-        kept.append((u, top, config, embedded, n_rows, n_cols, layers, inputs))
+        kept.append((u, top, config, layers, inputs, tokens))
         u = _split(tokens, n_rows, n_cols, config["cls"])[1]
-    return _reverse(kept, seed_grid, seed_cls, eps)
+    seed = _costate_of_tokens(kept[-1][5], seed_grid, seed_cls, kept[-1][2], eps)
+    return _reverse(kept, seed, eps)
 
 
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
@@ -1152,16 +1715,14 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
 
     ``grad_out`` is the costate λ of ``last_hidden_state`` and ``grad_cls`` that of
     ``cls_token_value`` (zero when omitted); the costate runs back through every stage
-    (last first), each stage's steps (last first) and its token embedding (report §7).
+    (last first), each stage's steps (last first) and its token embedding (report §8).
     """
     hidden, cls = forward(pixel_values, params, stages=stages, eps=eps)
     u = np.asarray(pixel_values)
     seed_grid = _costate("grad_out", grad_out, hidden.shape, u.dtype)
-    seed_cls = None
-    if cls is not None:
-        seed_cls = np.zeros_like(cls) if grad_cls is None else _costate("grad_cls", grad_cls, cls.shape, u.dtype)
-    elif grad_cls is not None:
+    if cls is None and grad_cls is not None:
         raise ValueError("grad_cls given, but the last stage has no class node")
+    seed_cls = None if grad_cls is None else _costate("grad_cls", grad_cls, cls.shape, u.dtype)
     grad_image, grads = _backward(u, params, stages, eps, seed_grid, seed_cls)
     return grad_image, {name: grads[name] for name in params if name in grads}
 
@@ -1171,16 +1732,14 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
 
     ``grad_logits`` is the costate of the logits (batch, n_classes).
     """
-    hidden, cls = forward(pixel_values, params, stages=stages, eps=eps)
+    _, cls = forward(pixel_values, params, stages=stages, eps=eps)
     if cls is None:
         raise ValueError("logits need a class node in the last stage (cls=True)")
     u = np.asarray(pixel_values)
     head = {name: np.asarray(params[name], dtype=u.dtype) for name in HEAD_PARAMETERS}
     seed = _costate("grad_logits", grad_logits, (cls.shape[0], head["head.W"].shape[-1]), u.dtype)
     config = {**stages[-1], "d": cls.shape[-1]}
-    _, normed = _readout(cls, head, eps, keep=True)
-    seed, grads = _head_vjp(normed, seed, head, config, eps)
-    seed_cls, more = _final_norm_vjp(cls, seed, head, config, eps)
-    grad_image, rest = _backward(u, params, stages, eps, np.zeros_like(hidden), seed_cls)
-    grads |= more | rest
+    seed_cls, grads = _readout_vjp(cls, seed, head, config, eps)
+    grad_image, rest = _backward(u, params, stages, eps, None, seed_cls)
+    grads |= rest
     return grad_image, {name: grads[name] for name in params if name in grads}

@@ -137,8 +137,11 @@ def _prepare(u, params, stride):
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")
     sizes = {"n_channels": n_channels, "d": np.shape(params[first])[-1]}
+    unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
     p = _table(params, PARAMETERS, sizes, u0.dtype)
-    has_transfer = bool(TRANSFER_PARAMETERS) and all(name in params for name in TRANSFER_PARAMETERS)
+    has_transfer = bool(TRANSFER_PARAMETERS) and any(name in params for name in TRANSFER_PARAMETERS)
     p.update(_table(params, TRANSFER_PARAMETERS, sizes, u0.dtype) if has_transfer else {})
     channels = (sizes["d"], sizes["d"] if has_transfer else n_channels)
     grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in (height, width)]

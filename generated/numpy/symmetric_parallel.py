@@ -28,6 +28,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
+from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
@@ -69,8 +70,10 @@ def _exponentials(scores, support):
 
     A row with empty support sums to 0 and gets total 1: its kernel is zero, since the token
     integral over an empty set vanishes (never NaN), so that query's attention term is the
-    output bias alone.
+    output bias alone. So does every row when there are no keys at all (a memory of 0 tokens).
     """
+    if not scores.shape[-1]:
+        return scores, np.ones(scores.shape[:-1] + (1,), dtype=scores.dtype)
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
     peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
@@ -184,12 +187,15 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _array(name, value):
-    """``value`` as a NumPy array; a TypeError for what NumPy cannot read (a tensor that requires grad)."""
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
     try:
-        return np.asarray(value)
+        array = np.asarray(value)
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
                         "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+    if array.dtype == object:
+        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    return array
 
 
 def _state(u):
@@ -207,17 +213,46 @@ def _mapping(name, value):
     return value
 
 
-def _hidden_width(params, name, axis):
-    """The hidden width, read from ``params[name]``; None when it cannot be (the shape check names it)."""
+def _shape(params, name):
+    """The shape of ``params[name]``; () when it has none (the parameter check names it)."""
+    value = params.get(name)
+    if isinstance(value, np.ndarray):
+        return value.shape
     try:
-        shape = np.shape(params[name]) if name in params else ()
+        return tuple(np.shape(value)) if value is not None else ()
     except (TypeError, ValueError, RuntimeError):
-        shape = ()
-    return shape[axis] if len(shape) > axis else None
+        return ()
+
+
+def _width(u, params, table):
+    """Check the width of ``u`` (its last axis) against the parameters' d axes.
+
+    ``u`` is the wrong argument when fewer than half of those axes have its width (the message
+    shows the width most of them have); a parameter that disagrees with the others is named
+    by ``_parameters``.
+    """
+    widths = [size for name, axes in table.items() for axis, size in zip(axes, _shape(params, name)) if axis == "d"]
+    if 2 * widths.count(np.shape(u)[-1]) < len(widths):
+        width = Counter(widths).most_common(1)[0][0]
+        raise ValueError(f"u must have shape (batch, tokens, {width}) or (tokens, {width}), got {np.shape(u)}")
+
+
+def _hidden_width(params, table, sizes):
+    """d_ff, read from the first parameter whose other axes have their sizes; None when none has."""
+    for name, axes in table.items():
+        shape = _shape(params, name)
+        if "d_ff" in axes and len(shape) == len(axes) and \
+                all(axis == "d_ff" or size == sizes.get(axis) for axis, size in zip(axes, shape)):
+            return shape[axes.index("d_ff")]
+    return None
 
 
 def _parameters(params, table, sizes, dtype):
-    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
+    """Check the parameters of ``table``: no others, each present, real, of its shape; cast to ``dtype``."""
+    unknown = sorted(set(params) - set(table), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected: {', '.join(table)})")
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] for axis in axes)
@@ -234,11 +269,18 @@ def _parameters(params, table, sizes, dtype):
     return arrays
 
 
+def _integer(name, value, minimum):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def _options(d, n_heads, eps, causal):
     """Check the keyword arguments of ``forward``; returns the head width and ``eps`` as a float."""
-    if isinstance(n_heads, (bool, np.bool_)) or not isinstance(n_heads, numbers.Integral):
-        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
-    if n_heads < 1 or d % n_heads:
+    n_heads = _integer("n_heads", n_heads, 1)
+    if d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
@@ -246,7 +288,7 @@ def _options(d, n_heads, eps, causal):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return d // int(n_heads), float(eps)
+    return d // n_heads, float(eps)
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
@@ -254,10 +296,11 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
-    d_head, eps = _options(d, n_heads, eps, causal)
     params = _mapping("params", params)
-    d_ff = _hidden_width(params, "ffn.W_1", 1)
-    sizes = {"d": d, "d_ff": d_ff}
+    _width(u, params, PARAMETERS)
+    d_head, eps = _options(d, n_heads, eps, causal)
+    sizes = {"d": d}
+    sizes["d_ff"] = d_ff = _hidden_width(params, PARAMETERS, sizes)
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
@@ -948,10 +991,12 @@ def vjp(u, params, grad_out, *, n_heads=1, eps=1e-5, key_padding_mask=None, caus
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
-    _, eps = _options(d, n_heads, eps, causal)
     params = _mapping("params", params)
-    d_ff = _hidden_width(params, "ffn.W_1", 1)
-    p = _parameters(params, PARAMETERS, {"d": d, "d_ff": d_ff}, u0.dtype)
+    _width(u, params, PARAMETERS)
+    _, eps = _options(d, n_heads, eps, causal)
+    sizes = {"d": d}
+    sizes["d_ff"] = _hidden_width(params, PARAMETERS, sizes)
+    p = _parameters(params, PARAMETERS, sizes, u0.dtype)
     seed = _seed(grad_out, u, u0)
     chi = _support(key_padding_mask, causal, batch, n_tokens)
     _, saved = _vjp_forward(u0, p, chi, eps, int(n_heads))

@@ -121,6 +121,9 @@ def _prepare(u, params, stride):
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")
     sizes = {"n_channels": n_channels, "d": np.shape(params[first])[-1]}
+    unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
     p = _table(params, PARAMETERS, sizes, u0.dtype)
     has_transfer = False
     p.update(_table(params, TRANSFER_PARAMETERS, sizes, u0.dtype) if has_transfer else {})

@@ -144,8 +144,10 @@ def _exponentials(scores, support):
 
     A row with empty support sums to 0 and gets total 1: its kernel is zero, since the token
     integral over an empty set vanishes (never NaN), so that query's attention term is the
-    output bias alone.
+    output bias alone. So does every row when there are no keys at all (a memory of 0 tokens).
     """
+    if not scores.shape[-1]:
+        return scores, np.ones(scores.shape[:-1] + (1,), dtype=scores.dtype)
     if support is not None:
         np.copyto(scores, -np.inf, where=~support)
     peak = np.fmax.reduce(scores, axis=-1, keepdims=True)  # the row max (fmax reduces faster; NaN rows stay NaN)
@@ -301,6 +303,10 @@ def _config(params, image, patch_size, n_heads):
     layers = 0
     while f"layers.{layers}.ffn.W_1" in params:
         layers += 1
+    known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     return {"n_channels": n_channels, "patch_size": patch_size, "d": d, "d_ff": d_ff, "n_tokens": n_tokens,
             "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}

@@ -300,6 +300,48 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+def _unexpected(params, table):
+    """A ValueError naming every name of ``params`` that ``table`` lacks."""
+    unknown = sorted(set(params) - set(table), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected: {', '.join(table)})")
+
+
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype (parameters must be able to require grad)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …) or None, got {dtype}")
+    return dtype
+
+
+def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: torch.dtype) -> int:
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+    if cache is None:
+        return 0
+    if not torch.jit.is_scripting():
+        if not isinstance(cache, dict):
+            raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
+    keys = sorted(cache.keys())
+    expected = ["attn.k", "attn.v"]
+    if len(keys) > 0 and keys != expected:
+        quoted = "', '"
+        raise ValueError(f"cache must be empty or hold exactly '{quoted.join(expected)}', got '{quoted.join(keys)}'")
+    tokens = -1
+    for key in keys:
+        value = cache[key]
+        if not torch.jit.is_scripting():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+            raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
+                             f"got {value.dtype} {list(value.shape)}")
+        if tokens >= 0 and value.shape[1] != tokens:
+            raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
+        tokens = value.shape[1]
+    return max(tokens, 0)
+
+
 def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
@@ -771,18 +813,6 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
     return (~mask[:, None, :]).expand(batch, n_tokens, n_memory)
 
 
-def _cached_tokens(cache: dict[str, torch.Tensor] | None) -> int:
-    """How many tokens ``cache`` holds (0 for None or an empty cache)."""
-    if cache is None:
-        return 0
-    if not torch.jit.is_scripting():
-        if not isinstance(cache, dict):
-            raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    for value in cache.values():
-        return value.shape[1]
-    return 0
-
-
 def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
     """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
     if cache is None:
@@ -878,9 +908,7 @@ def _load(module, table, params, bias):
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
-    unknown = sorted(set(_mapping("params", params)) - set(table))
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
+    _unexpected(_mapping("params", params), table)
     with torch.no_grad():
         for name in table:
             target = _tensor(module, name)
@@ -933,7 +961,7 @@ class Block(_CanonicalModule):
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        eps = _epsilon(eps)
+        eps, dtype = _epsilon(eps), _floating(dtype)
         for name, flag in (("bias", bias), ("batch_first", batch_first)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -992,12 +1020,15 @@ class Block(_CanonicalModule):
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if not isinstance(memory, torch.Tensor):
+            raise TypeError(f"memory must be a torch.Tensor, got {type(memory).__name__}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
-            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
+            layout = "batch, tokens" if self.batch_first else "tokens, batch"
+            raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
@@ -1008,7 +1039,7 @@ class Block(_CanonicalModule):
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        offset = _cached_tokens(cache)
+        offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
         inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()

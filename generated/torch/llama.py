@@ -192,6 +192,57 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+def _unexpected(params, table):
+    """A ValueError naming every name of ``params`` that ``table`` lacks."""
+    unknown = sorted(set(params) - set(table), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected: {', '.join(table)})")
+
+
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype (parameters must be able to require grad)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …) or None, got {dtype}")
+    return dtype
+
+
+def _rope_theta(rope_theta):
+    """θ of the rotary angles p θ^(−2r/d_head): a finite number > 0."""
+    if isinstance(rope_theta, bool) or not isinstance(rope_theta, numbers.Real):
+        raise TypeError(f"rope_theta must be a real number, got {type(rope_theta).__name__}")
+    if not (math.isfinite(rope_theta) and rope_theta > 0):
+        raise ValueError(f"rope_theta must be finite and > 0, got {rope_theta}")
+    return float(rope_theta)
+
+
+def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: torch.dtype) -> int:
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+    if cache is None:
+        return 0
+    if not torch.jit.is_scripting():
+        if not isinstance(cache, dict):
+            raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
+    keys = sorted(cache.keys())
+    expected = ["attn.kr", "attn.v"]
+    if len(keys) > 0 and keys != expected:
+        quoted = "', '"
+        raise ValueError(f"cache must be empty or hold exactly '{quoted.join(expected)}', got '{quoted.join(keys)}'")
+    tokens = -1
+    for key in keys:
+        value = cache[key]
+        if not torch.jit.is_scripting():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+            raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
+                             f"got {value.dtype} {list(value.shape)}")
+        if tokens >= 0 and value.shape[1] != tokens:
+            raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
+        tokens = value.shape[1]
+    return max(tokens, 0)
+
+
 def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
@@ -488,24 +539,16 @@ def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset
     if positions.dtype == torch.bool or positions.is_complex() or (shape != [n_tokens] and shape != [batch, n_tokens]):
         raise ValueError(f"positions must be real numbers of shape {[n_tokens]} or {[batch, n_tokens]}, got "
                          f"{positions.dtype} {shape}")
+    if positions.is_floating_point():
+        outside = positions[~torch.isfinite(positions)]
+        if outside.numel() > 0:
+            raise ValueError(f"positions must be finite, got {outside[0].item()}")
     return positions.to(like.dtype).expand(batch, n_tokens)
 
 
 def _grid(size: int, like: torch.Tensor) -> torch.Tensor:
     """The grid coordinates 0, 1, …, size − 1 in the dtype and device of ``like``."""
     return torch.arange(size, dtype=like.dtype, device=like.device)
-
-
-def _cached_tokens(cache: dict[str, torch.Tensor] | None) -> int:
-    """How many tokens ``cache`` holds (0 for None or an empty cache)."""
-    if cache is None:
-        return 0
-    if not torch.jit.is_scripting():
-        if not isinstance(cache, dict):
-            raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    for value in cache.values():
-        return value.shape[1]
-    return 0
 
 
 def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
@@ -585,9 +628,7 @@ def _load(module, table, params, bias):
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
-    unknown = sorted(set(_mapping("params", params)) - set(table))
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
+    _unexpected(_mapping("params", params), table)
     with torch.no_grad():
         for name in table:
             target = _tensor(module, name)
@@ -640,7 +681,7 @@ class Block(_CanonicalModule):
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        eps = _epsilon(eps)
+        eps, dtype = _epsilon(eps), _floating(dtype)
         for name, flag in (("bias", bias), ("batch_first", batch_first)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -653,12 +694,12 @@ class Block(_CanonicalModule):
         self.backward_mode = backward
         self.d_model, self.n_heads, self.d_ff, self.eps, self.bias = d_model, n_heads, d_ff, eps, bias
         self.dropout, self.batch_first = float(dropout), batch_first
-        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1 or n_heads % self.n_kv_heads:
+        self.n_kv_heads = n_heads if n_kv_heads is None else _integer("n_kv_heads", n_kv_heads, 1)
+        if n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {n_heads} is not divisible by n_kv_heads = {self.n_kv_heads}")
         if (d_model // n_heads) % 2:
             raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_model // n_heads}")
-        self.rope_theta = rope_theta
+        self.rope_theta = _rope_theta(rope_theta)
         sizes = {"d": d_model, "d_ff": d_ff, "d_kv": self.n_kv_heads * (d_model // n_heads)}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -711,7 +752,8 @@ class Block(_CanonicalModule):
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
-            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
+            layout = "batch, tokens" if self.batch_first else "tokens, batch"
+            raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
@@ -724,7 +766,7 @@ class Block(_CanonicalModule):
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
         d_half, rope_theta = d_head // 2, self.rope_theta
-        offset = _cached_tokens(cache)
+        offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
         inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()

@@ -270,6 +270,21 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+def _unexpected(params, table):
+    """A ValueError naming every name of ``params`` that ``table`` lacks."""
+    unknown = sorted(set(params) - set(table), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(expected: {', '.join(table)})")
+
+
+def _floating(dtype):
+    """``dtype`` when it is None or a floating torch dtype (parameters must be able to require grad)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …) or None, got {dtype}")
+    return dtype
+
+
 def _vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
@@ -645,9 +660,7 @@ def _load(module, table, params, bias):
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
-    unknown = sorted(set(_mapping("params", params)) - set(table))
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r} (expected: {', '.join(table)})")
+    _unexpected(_mapping("params", params), table)
     with torch.no_grad():
         for name in table:
             target = _tensor(module, name)
@@ -700,7 +713,7 @@ class Block(_CanonicalModule):
         d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        eps = _epsilon(eps)
+        eps, dtype = _epsilon(eps), _floating(dtype)
         for name, flag in (("bias", bias), ("batch_first", batch_first)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -757,7 +770,8 @@ class Block(_CanonicalModule):
         if not isinstance(is_causal, bool):
             raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
-            raise ValueError(f"u must have shape (batch, tokens, {self.d_model}), got {list(u.shape)}")
+            layout = "batch, tokens" if self.batch_first else "tokens, batch"
+            raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
         dtype = self.norm1.gain.dtype
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")

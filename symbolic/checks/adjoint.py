@@ -116,13 +116,13 @@ def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes
     eps = sp.Float("1e-3", _DIGITS)
 
     def objective(shift):
-        values = evaluate(program, sizes, inputs(shift), eps=eps)[program.output]
+        values = evaluate(program, sizes, inputs(shift), eps=eps, digits=_DIGITS)[program.output]
         return sum(lam(*index) * value for index, value in values.items())
 
     numeric = (objective(_STEP) - objective(-_STEP)) / (2 * _STEP)
 
     def gap(adjoint: Adjoint) -> sp.Float:
-        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lam}, eps=eps)
+        values = evaluate(adjoint.program(), sizes, inputs(0) | {adjoint.seed: lam}, eps=eps, digits=_DIGITS)
         derived = sum(direction(name, *index) * value
                       for name, gradient in adjoint.gradients.items()
                       for index, value in values[gradient].items() if inside(name, index))

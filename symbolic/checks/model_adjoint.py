@@ -7,8 +7,9 @@
 - ``adjoint/<model>/negative-control``: with the sign of one adjoint assignment of the
   embedding flipped, the same comparison fails.
 
-Grid steps (``resnet-block``, ``unet-level``) are checked per transfer; ``cvt`` per piece of a
-stage (``symbolic.cvt_adjoint``), its negative control flipping a sign in the attention's adjoint.
+Grid steps (``resnet-block``, ``unet-level``) are checked per transfer; ``cvt`` per program
+(``symbolic.cvt_adjoint``: the embedding, a step, the stage's outputs, the readout, each with
+the chaining between its operators), its negative controls flipping a sign in chaining assignments.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from ..cnn_operators import STRIDE
 from ..domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from ..image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from ..adjoint import derive_adjoint
-from ..cvt_adjoint import cvt_pieces
+from ..cvt_adjoint import KEY_COLS, KEY_ROWS, cvt_programs
 from ..cvt_operators import KEYS, config_symbol
 from ..model_adjoint import derive_model_adjoint, grid_program
 from ..vision_operators import PATCH
 from . import Check
 from .adjoint import _TOLERANCE, finite_difference_gap, flip_sign
 
-__all__ = ["model_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks"]
+__all__ = ["model_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks", "CVT_CONTROLS"]
 
 #: 2 × 1 patches of 2 × 2 pixels, 2 channels: 3 tokens (the class node first), 2 classes.
 _SIZES = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 1, PATCH: 2, KERNEL_ROWS.size: 2, CLASSES.size: 2,
@@ -88,21 +89,52 @@ def grid_adjoint_checks(model) -> list[Check]:
                    "R = 1", positive)
 
 
-def _cvt_sizes() -> tuple[dict, str]:
-    """A 2 × 2 grid, 2 channels in, 2 features, 1 head, 2 key nodes; kernels of 2 with stride 1 and padding 1
-    (every convolution reads the zero padding)."""
+def _cvt_sizes(cls: bool) -> dict:
+    """A 2 × 2 grid (and the class node), 2 channels in, 2 features, 1 head; the embedding's kernel 2
+    with stride 1 and padding 1, the projections' kernel 3 with padding 1: Q of stride 1 on the 2 × 2
+    grid, K and V of stride 2 on a 1 × 1 key grid (every convolution reads the zero padding)."""
     config = {config_symbol(name): value for name, value in
-              (("patch_size", 2), ("patch_stride", 1), ("patch_padding", 1), ("kernel_qkv", 2), ("stride_q", 1),
-               ("padding_q", 1), ("stride_kv", 1), ("padding_kv", 1))}
-    sizes = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 2, FEATURES.size: 2, TOKENS.size: 3, KEYS.size: 2,
-             CLASSES.size: 2, KERNEL_ROWS.size: 2, HEADS.size: 1, HEAD_FEATURES.size: 2, HIDDEN.size: 3}
-    return sizes | config, ("2 channels, a 2 × 2 grid, kernels of 2, stride 1, padding 1, 3 tokens, 2 key nodes, "
-                            "2 features, 1 head, d_ff = 3, 2 classes")
+              (("patch_size", 2), ("patch_stride", 1), ("patch_padding", 1), ("kernel_qkv", 3), ("stride_q", 1),
+               ("padding_q", 1), ("stride_kv", 2), ("padding_kv", 1))}
+    return {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 2, FEATURES.size: 2, TOKENS.size: 4 + cls,
+            KEY_ROWS: 1, KEY_COLS: 1, KEYS.size: 1 + cls, CLASSES.size: 2, HEADS.size: 1, HEAD_FEATURES.size: 2,
+            HIDDEN.size: 3} | config
+
+
+_CVT_DESCRIPTION = ("2 channels, a 2 × 2 grid (4 token nodes, 5 with the class node), the embedding's kernel 2 "
+                    "(stride 1, padding 1), the projections' kernel 3 (padding 1; Q stride 1, K and V stride 2 on "
+                    "a 1 × 1 key grid), 2 features, 1 head, d_ff = 3, 2 classes")
+#: The chaining assignments whose sign the negative controls flip: program → costate array.
+CVT_CONTROLS = {"step_cls": ("norm1_out_bar", "u1_bar"), "embedding_cls": ("embed_norm_out_bar",)}
 
 
 def cvt_adjoint_checks(model) -> list[Check]:
-    """The finite-difference checks of each piece of CvT's derived adjoint and their negative control."""
-    adjoints = {piece: derive_adjoint(program) for piece, (program, _, _) in cvt_pieces(model).items()}
+    """The finite-difference check of every program of CvT's derived adjoint (the chaining between
+    operators included) and its negative controls (a sign flipped in a chaining assignment)."""
+    pieces = cvt_programs(model)
+    adjoints = {name: derive_adjoint(piece.program) for name, piece in pieces.items()}
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith(".var"))
-    return _checks(model.name, f"each piece of {model.name}", adjoints, _cvt_sizes(), "attn", positive)
+    sizes = {name: _cvt_sizes(name.endswith("_cls") or name == "node") for name in adjoints}
+    gaps = {name: finite_difference_gap(adjoint, f"{model.name}/{name}", sizes[name], positive)
+            for name, adjoint in adjoints.items()}
+    controls = {f"{name}: {target}": finite_difference_gap(flip_sign(adjoints[name], target), f"{model.name}/{name}",
+                                                         sizes[name], positive)
+                for name, targets in CVT_CONTROLS.items() for target in targets}
+    return [
+        Check(f"adjoint/{model.name}/finite-difference", model.name,
+              f"The derived adjoint of every program of {model.name} ({', '.join(gaps)}: the chaining between "
+              "operators included) gives the directional derivative of ⟨λ, output⟩ along a random direction "
+              "through the input and every control: central difference (step 1e-20) in 50-digit arithmetic at "
+              f"{_CVT_DESCRIPTION}, ε = 1e-3.",
+              "numeric", bool(max(gaps.values()) < _TOLERANCE),
+              "relative gaps " + ", ".join(f"{name} {sp.N(gap, 3)}" for name, gap in gaps.items())
+              + f" (tolerance {sp.N(_TOLERANCE, 2)})"),
+        Check(f"adjoint/{model.name}/negative-control", model.name,
+              "With the sign of one chaining assignment flipped (the costate of the projected tokens, which "
+              "collects the transposes of the class-node/grid split and of the token concatenations; the "
+              "residual sum; the class node's join), the finite-difference comparison fails: the check can fail.",
+              "numeric", bool(min(controls.values()) > _TOLERANCE),
+              "relative gaps with the flipped sign " + ", ".join(f"{name} {sp.N(gap, 3)}"
+                                                                 for name, gap in controls.items())),
+    ]

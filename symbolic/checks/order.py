@@ -12,7 +12,8 @@ with the scheme's own substep solvers (explicit Euler, Runge–Kutta tableaux),
 of one kind merged (what the order would be if they shared their parameters). A
 Runge–Kutta step acts on linear fields through its stability polynomial, which sees only
 part of the order conditions: its order is capped by the tableau's classical order
-(Butcher's conditions on rooted trees, ``tableaux.Tableau.order``).
+(Butcher's conditions on rooted trees, ``tableaux.Tableau.order``). The series are tables of
+words (``series.Series``), turned into SymPy expressions only for the result.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sympy as sp
 
 from ..latex import plain_text
 from ..scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
+from .series import Series
 
 __all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
 
@@ -72,19 +74,6 @@ class OrderResult:
         return text
 
 
-def _truncate(expr: sp.Expr) -> sp.Expr:
-    expr = sp.expand(expr)
-    return sum((expr.coeff(STEP, power) * STEP**power for power in range(_DEGREE + 1)), sp.Integer(0))
-
-
-def _exponential(generator: sp.Expr) -> sp.Expr:
-    term, total = sp.Integer(1), sp.Integer(1)
-    for power in range(1, _DEGREE + 1):
-        term = _truncate(term * generator / power)
-        total += term
-    return total
-
-
 class _Series:
     """One step of a scheme as a truncated series; ``exact`` swaps Euler for exact sub-flows."""
 
@@ -94,73 +83,85 @@ class _Series:
         self.splitting = True
         self.tableau_orders: list[int] = []
 
-    def field(self, step: Substep) -> sp.Expr:
+    def field(self, step: Substep) -> sp.Symbol:
         return generator(self.names[step.operator])
 
-    def substep(self, step: Substep) -> sp.Expr:
+    def substep(self, step: Substep) -> Series:
         if step.solver == "projection":
-            return sp.Integer(1)
-        generator = step.fraction * STEP * self.field(step)
-        return _exponential(generator) if self.exact else 1 + generator
+            return Series.constant(1, _DEGREE)
+        field = Series.field([(step.fraction, self.field(step))], _DEGREE)
+        return field.exponential() if self.exact else Series.constant(1, _DEGREE) + field
 
-    def sequence(self, sequence: Sequence) -> sp.Expr:
-        total = sp.Integer(1)
+    def sequence(self, sequence: Sequence) -> Series:
+        total = Series.constant(1, _DEGREE)
         for step in sequence.steps:  # later substeps act after earlier ones: multiply on the left
-            total = _truncate(self.step(step) * total)
+            total = self.step(step) @ total
         return total
 
-    def step(self, step) -> sp.Expr:
+    def step(self, step) -> Series:
         if isinstance(step, Parallel):
-            return _truncate(sum(weight * self.sequence(branch) for weight, branch in zip(step.weights, step.branches)))
+            total = Series({}, _DEGREE)
+            for weight, branch in zip(step.weights, step.branches):
+                total = total + self.sequence(branch).scaled(weight)
+            return total
         if isinstance(step, RungeKutta):  # on linear fields a tableau acts through its stability polynomial
             self.splitting = False
             self.tableau_orders.append(step.tableau.order())
-            field = sum(f.fraction * self.field(f) for f in step.fields)
-            return _truncate(1 + sum(step.tableau.stability(power) * (STEP * field) ** power
-                                     for power in range(1, _DEGREE + 1)))
+            field = Series.field([(f.fraction, self.field(f)) for f in step.fields], _DEGREE)
+            total = Series.constant(1, _DEGREE)
+            for power in range(1, _DEGREE + 1):
+                total = total + field.power(power).scaled(step.tableau.stability(power))
+            return total
         return self.substep(step)
 
 
-def _flow(scheme: Scheme, names: dict[str, str]) -> sp.Expr:
+def _flow(scheme: Scheme, names: dict[str, str]) -> Series:
     from ..equation import equation_terms
 
-    field = sum((term.coefficient * generator(names[term.operator])
-                 for term in equation_terms(scheme) if not term.projection), sp.Integer(0))
-    return _exponential(STEP * field)
+    field = Series.field([(term.coefficient, generator(names[term.operator]))
+                          for term in equation_terms(scheme) if not term.projection], _DEGREE)
+    return field.exponential()
 
 
-def _order(difference: sp.Expr) -> tuple[int | None, sp.Expr]:
-    """Order and leading term of a local error; ``None`` when the step is exact (no error term)."""
+def _order(difference: Series) -> tuple[int | None, Series]:
+    """Order and leading part of a local error; ``None`` when the step is exact (no error term)."""
     for power in range(_DEGREE + 1):
-        coefficient = sp.expand(difference.coeff(STEP, power))
-        if coefficient != 0:
-            return power - 1, coefficient * STEP**power
-    return None, sp.Integer(0)
+        part = difference.part(power)
+        if not part.is_zero():
+            return power - 1, part
+    return None, Series({}, _DEGREE)
 
 
-def _as_power(leading: sp.Expr, flow: sp.Expr) -> sp.Expr:
+def _expression(part: Series) -> sp.Expr:
+    """A part of one length ``p`` as SymPy's ``c · h^p`` (``0`` for no part)."""
+    if part.is_zero():
+        return sp.Integer(0)
+    power = len(next(iter(part.terms)))
+    return part.expression() * STEP**power
+
+
+def _as_power(leading: Series, flow: Series) -> sp.Expr:
     """``c (h G)^p`` when the leading term is a power of the summed field ``G`` (Runge–Kutta
     steps of the whole field), else the term with its common factors pulled out."""
-    field = sp.expand(flow).coeff(STEP, 1)
-    generators = sorted(field.atoms(sp.Symbol) - {STEP}, key=sp.default_sort_key)
-    power = next((p for p in range(_DEGREE + 1) if sp.expand(leading).coeff(STEP, p) != 0), None)
-    if power is None or not generators or field == 0:
-        return sp.factor_terms(leading)
-    candidate = sp.expand((STEP * field) ** power)
-    ones = {generator: 1 for generator in generators}
-    scale = sp.expand(leading).xreplace(ones) / candidate.xreplace(ones)
-    if scale == 0 or sp.expand(leading - scale * candidate) != 0:
-        return sp.factor_terms(leading)
-    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field, evaluate=False), power, evaluate=False), evaluate=False)
+    field = flow.part(1)
+    if leading.is_zero() or field.is_zero():
+        return sp.factor_terms(_expression(leading))
+    power = len(next(iter(leading.terms)))
+    candidate = field.power(power)
+    scale = leading.coefficient_sum() / candidate.coefficient_sum()
+    if scale == 0 or not (leading - candidate.scaled(scale)).is_zero():
+        return sp.factor_terms(_expression(leading))
+    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field.expression(), evaluate=False), power, evaluate=False),
+                  evaluate=False)
 
 
 def _orders(scheme: Scheme, names: dict[str, str]):
     exact = _flow(scheme, names)
     own = _Series(scheme, False, names)
-    order, leading = _order(_truncate(own.sequence(scheme.body) - exact))
+    order, leading = _order(own.sequence(scheme.body) - exact)
     if own.tableau_orders and order is not None:  # linear fields see only part of the nonlinear order conditions
         order = min([order, *own.tableau_orders])
-    split_order, split_leading = _order(_truncate(_Series(scheme, True, names).sequence(scheme.body) - exact))
+    split_order, split_leading = _order(_Series(scheme, True, names).sequence(scheme.body) - exact)
     return order, leading, (split_order if own.splitting else None), split_leading, exact
 
 
@@ -171,6 +172,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
     tied = _orders(scheme, by_kind)[2] if len(set(by_kind.values())) < len(by_kind) else split_order
     fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
     shown = _as_power(leading, exact)
+    leading, split_leading = _expression(leading), _expression(split_leading)
     return OrderResult(
         order=order,
         splitting_order=split_order,

@@ -26,10 +26,10 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .verification.convergence import Study, convergence_study, plot_studies, plot_study
-from .verification.paper import paper_checks
-from .verification.scheme_checks import scheme_checks as semantics_checks
-from .verification.structure import attention_checks
+from .convergence import Study, convergence_study, plot_studies, plot_study
+from .paper import paper_checks
+from .scheme_checks import scheme_checks as semantics_checks
+from .structure import attention_checks
 
 __all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 

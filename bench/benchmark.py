@@ -84,7 +84,8 @@ def figure_line(figure: str, shape: str, ratios: list[float], reference: dict, c
     return (f"[{shape}] {label:20} {ratio:5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f} over "
             f"{len(ratios)} pairs  (target <= {target:.2f}, {verdict})  ref {reference['median_s'] * 1e3:7.2f} ms  "
             f"gen {candidate['median_s'] * 1e3:7.2f} ms  {candidate['gflops']:5.1f} GFLOP/s "
-            f"= {candidate['gflops'] / limit:4.0%} of the GEMM limit")
+            f"= {candidate['gflops'] / limit:4.0%} of the GEMM limit  page faults per call: ref "
+            f"{reference['page_faults_per_call']:.0f}, gen {candidate['page_faults_per_call']:.0f}")
 
 
 def _profiled(figure: str, role: str, shape: str, modules: Path, arguments) -> dict:

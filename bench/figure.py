@@ -9,7 +9,9 @@ for a training step: forward, backward and an SGD update) or ``candidate`` (the 
 torch, as a NumPy user's would not. The process measures sustained
 throughput as a user's loop sees it: nothing pauses between calls, so BLAS threads that spin
 after a call are part of what the next call pays. The output is one JSON object with the
-median time per call, the number of calls and the achieved GFLOP/s; ``--profile`` adds the
+median time per call, the number of calls, the achieved GFLOP/s and the page faults per call
+(memory the allocator gave back to the system and the next call touches afresh: a cost of
+allocation patterns, not of arithmetic); ``--profile`` adds the
 top operators of a ``torch.profiler`` run (torch figures) or the per-statement table of the
 generated NumPy forward (``bench/numpy_profile.py``, the NumPy candidate).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import resource
 import statistics
 import sys
 import time
@@ -148,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(arguments.threads)
     function = build(arguments.figure, arguments.role, arguments.shape, arguments.modules)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times = sustained(function, arguments.seconds)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / len(times)  # warm-up calls: a few more
     median = statistics.median(times)
     result = {"figure": arguments.figure, "role": arguments.role, "shape": arguments.shape,
-              "median_s": median, "calls": len(times),
+              "median_s": median, "calls": len(times), "page_faults_per_call": faults,
               "gflops": flops(arguments.shape, training=arguments.figure == "torch-training") / median / 1e9}
     if arguments.profile and arguments.figure == "numpy-forward" and arguments.role == "candidate":
         from numpy_profile import profile_lines

@@ -194,6 +194,40 @@ def _data(forward: dict, tensors: dict) -> list[str]:
     return [name for name, used in present.items() if used]
 
 
+def _input_costate_last(adjoint: Module, costate: str, gradients: set[str]) -> tuple[Module, int]:
+    """The adjoint with the statements that only the input's costate reads moved to its end,
+    and their number (the emitted backward runs them when the input needs its gradient).
+
+    A statement moved past another that updated one of its operands in place would read
+    the update: such updates are turned off.
+    """
+    needed = set(gradients)
+    wanted = []
+    for op in reversed(adjoint.ops):  # the statements the other gradients need
+        wanted.append(bool(set(op.writes()) & needed))
+        if wanted[-1]:
+            needed |= set(op.reads())
+    wanted.reverse()
+    rest = [op for op, keep in zip(adjoint.ops, wanted) if not keep]
+    if not rest or costate not in {name for op in rest for name in op.writes()}:
+        return adjoint, 0
+    read_later = {name for op in rest for name in op.reads()}
+    first = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in read_later else op
+             for op, keep in zip(adjoint.ops, wanted) if keep]
+    return replace(adjoint, ops=first + rest), len(rest)
+
+
+def _sections(sections: list[dict], part: slice) -> list[dict]:
+    """The statements ``part`` of ``sections`` (in order), regrouped by section."""
+    statements = [(section["title"], statement) for section in sections for statement in section["statements"]]
+    chosen: list[dict] = []
+    for title, statement in statements[part]:
+        if not chosen or chosen[-1]["title"] != title:
+            chosen.append({"title": title, "statements": []})
+        chosen[-1]["statements"].append(statement)
+    return chosen
+
+
 def backward_context(backward: Backward, backend: str) -> dict:
     """Template variables of ``backward_functions`` (templates/backward.py.j2)."""
     from .render import unit_context
@@ -210,9 +244,16 @@ def backward_context(backward: Backward, backend: str) -> dict:
     gradients.sort(key=lambda gradient: order.index(gradient["name"]))
     tensors = backward.forward.tensors
     forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
+    adjoint, input_only = backward.adjoint, 0
+    if backend == "torch":  # autograd asks for the input's costate only where the input needs it
+        adjoint, input_only = _input_costate_last(backward.adjoint, backward.gradients["u"],
+                                                  {*backward.gradients.values()} - {backward.gradients["u"]})
+    adjoint = unit_context(adjoint, backend, keep=set(backward.gradients.values()))
     return {
         "forward": forward,
-        "adjoint": unit_context(backward.adjoint, backend, keep=set(backward.gradients.values())),
+        "adjoint": {**adjoint, "sections": _sections(adjoint["sections"], slice(None, -input_only or None))},
+        "input_adjoint": {"sections": _sections(adjoint["sections"], slice(-input_only or None, None))}
+        if input_only else None,
         "saved": [name for name in backward.saved if name != "chi"],
         "seed": backward.seed,
         "output": backward.forward.output,

@@ -140,6 +140,19 @@ class TorchPrinter(ArrayPrinter):
     def _print_Min(self, expr: sp.Min) -> str:
         return self._bound(expr, "clamp_max", "torch.minimum")
 
+    def _print_Mul(self, expr: sp.Mul) -> str:
+        """``θ(s, 0) g`` (ReLU's adjoint) over the statement's axes as torch's own ReLU backward,
+        ``threshold_backward(g, s, 0)`` (g where s > 0, else 0): one pass, no mask array."""
+        steps = [factor for factor in expr.args if isinstance(factor, sp.Heaviside)]
+        others = [factor for factor in expr.args if not isinstance(factor, sp.Heaviside)]
+        if len(steps) == 1 and len(others) == 1 and steps[0].args[1:] == (0,):
+            argument, gradient = steps[0].args[0], others[0]
+            names = [self._print(value) for value in (gradient, argument)]
+            if all(isinstance(value, sp.Indexed) and str(value.base.label) == name
+                   for value, name in zip((gradient, argument), names)):
+                return f"torch.ops.aten.threshold_backward({names[0]}, {names[1]}, 0)"
+        return super()._print_Mul(expr)
+
     def _bound(self, expr: sp.Expr, clamp: str, function: str) -> str:
         """Tensors folded pairwise with ``function``, then each number through ``torch.clamp_*``."""
         numbers = [arg for arg in expr.args if arg.is_number]

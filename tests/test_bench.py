@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -52,3 +53,18 @@ def test_the_statement_profile_times_the_generated_forward_and_its_helpers(tmp_p
     assert "forward, traced (sum of the medians over 2 calls)" in lines[-1]
     # negative control: a function outside the generated module leaves nothing to attribute
     assert numpy_profile.line_profile(lambda: np.ones(3).sum(), module, calls=2) == {}
+
+
+def test_a_figure_counts_the_page_faults_of_its_calls_and_the_line_prints_them(tmp_path, capsys):
+    import benchmark
+
+    write_files(generate(load_scheme("post-ln"), ("torch",), tmp_path))
+    figure.write_inputs("tiny", tmp_path)
+    figure.main(["torch-inference", "candidate", "tiny", "--modules", str(tmp_path), "--seconds", "0.01",
+                 "--threads", "1"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["page_faults_per_call"] >= 0
+    reference = {"median_s": 2.0, "page_faults_per_call": 0.0}
+    candidate = {"median_s": 1.0, "page_faults_per_call": 4576.0, "gflops": 10.0}
+    line = benchmark.figure_line("torch-inference", "N128", [0.5, 0.5], reference, candidate, {"torch": 20.0})
+    assert "page faults per call: ref 0, gen 4576" in line and "(target <= 1.00, ok)" in line

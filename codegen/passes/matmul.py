@@ -2,8 +2,8 @@
 
 ``Σ_k x[b, i, k] W[k, …] + c[…]`` becomes ``x.reshape(rows, K) @ W + c`` with ``W`` and
 ``c`` in their canonical (2-D and 1-D) layout: one GEMM (``addmm`` in PyTorch) instead of
-an einsum, and the bias folded into it. ``Σ_… x[b, i, …] W[k, …]`` (an adjoint: the kernel's
-output axes contracted) becomes ``x.reshape(rows, K) @ Wᵀ``.
+an einsum, and the bias folded into it. ``Σ_… x[b, i, …] W[k, …] (+ y[b, i, k])`` (an adjoint: the kernel's
+output axes contracted, the other costate terms added) becomes ``x.reshape(rows, K) @ Wᵀ (+ y)``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ def _candidate(op, module: Module) -> MatMul | None:
     if x.labels[:2] != rows or rows[0] != BATCH:
         return None
     contracted, free = x.labels[2:], op.labels[2:]
-    transposed = weight.labels == free + contracted and op.bias is None
+    # an adjoint's product may carry the other costate terms as a batched addend with its axes
+    transposed = weight.labels == free + contracted and (op.bias is None or (
+        op.bias.labels == op.labels and module.batched(op.bias.name)))
     if not transposed and (weight.labels != contracted + free or (op.bias is not None and op.bias.labels != free)):
         return None
-    if op.bias is not None and module.batched(op.bias.name):
+    if not transposed and op.bias is not None and module.batched(op.bias.name):
         return None
     return MatMul(op.out, op.labels, op.comment, op.section, x=x, weights=(weight.name,),
                   biases=(op.bias.name if op.bias else None,), contracted=contracted, outputs=((op.out, op.labels),),

@@ -575,8 +575,8 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -627,7 +627,9 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: cross, explicit ---
     # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
-    cross_q = _einsum("bik,kme->bime", u2, cross_W_q) + cross_b_q
+    cross_q = u2.reshape(-1, d) @ cross_W_q
+    cross_q += cross_b_q
+    cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
@@ -661,7 +663,9 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 5: ffn, explicit ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", u4, ffn_W_1) + ffn_b_1
+    ffn_w = u4.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = np.maximum(ffn_w, np.full(ffn_w.shape[-1:], 0, ffn_w.dtype), out=ffn_w)
     del ffn_w
@@ -704,8 +708,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -765,7 +769,9 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    u4_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u5_bar
+    u4_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    u4_bar += u5_bar.reshape(-1, d)
+    u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = _einsum("bil->l", u4_bar)
@@ -861,7 +867,9 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
-    u2_bar = _einsum("bime,lme->bil", cross_q_bar, cross_W_q) + u3_bar
+    u2_bar = cross_q_bar.reshape(-1, n_heads * d_head) @ cross_W_q.T
+    u2_bar += u3_bar.reshape(-1, d)
+    u2_bar = u2_bar.reshape(batch, n_tokens, d)
     del cross_q_bar, u3_bar
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = _einsum("bil->l", u2_bar)

@@ -486,7 +486,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: ffn_pre, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_pre}}}_{i,z} = {b_{\mathrm{ffn\_pre},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_pre},1}}_{k,z} {u^{(0)}}_{i,k}
-    ffn_pre_w = _einsum("bik,kz->biz", u0, ffn_pre_W_1) + ffn_pre_b_1
+    ffn_pre_w = u0.reshape(-1, d) @ ffn_pre_W_1
+    ffn_pre_w += ffn_pre_b_1
+    ffn_pre_w = ffn_pre_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
     ffn_pre_s = np.maximum(ffn_pre_w, np.full(ffn_pre_w.shape[-1:], 0, ffn_pre_w.dtype), out=ffn_pre_w)
     del ffn_pre_w
@@ -545,7 +547,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 5: ffn_post, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_post_w = _einsum("bik,kz->biz", u4, ffn_post_W_1) + ffn_post_b_1
+    ffn_post_w = u4.reshape(-1, d) @ ffn_post_W_1
+    ffn_post_w += ffn_post_b_1
+    ffn_post_w = ffn_post_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
     ffn_post_s = np.maximum(ffn_post_w, np.full(ffn_post_w.shape[-1:], 0, ffn_post_w.dtype), out=ffn_post_w)
     del ffn_post_w
@@ -644,7 +648,9 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_post},1}}_{l,z} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z}
-    u4_bar = _einsum("biz,lz->bil", ffn_post_w_bar, ffn_post_W_1) + u5_bar
+    u4_bar = ffn_post_w_bar.reshape(-1, d_ff) @ ffn_post_W_1.T
+    u4_bar += u5_bar.reshape(-1, d)
+    u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn_post_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = _einsum("bil->l", u4_bar)
@@ -776,7 +782,9 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{b_{\mathrm{ffn\_pre},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
     ffn_pre_b_1_bar = _einsum("biz->z", ffn_pre_w_bar)
     # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_pre},1}}_{l,z} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
-    u0_bar = _einsum("biz,lz->bil", ffn_pre_w_bar, ffn_pre_W_1) + u1_bar
+    u0_bar = ffn_pre_w_bar.reshape(-1, d_ff) @ ffn_pre_W_1.T
+    u0_bar += u1_bar.reshape(-1, d)
+    u0_bar = u0_bar.reshape(batch, n_tokens, d)
     del ffn_pre_w_bar, u1_bar
     return u0_bar, {
         "ffn_pre.W_1": ffn_pre_W_1_bar,

@@ -489,7 +489,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 5: ffn2, explicit ---
     # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
-    ffn2_out = _einsum("bik,kl->bil", u4, ffn2_W) + ffn2_b
+    ffn2_out = u4.reshape(-1, d) @ ffn2_W
+    ffn2_out += ffn2_b
+    ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
 
     # --- substep 6: parallel (sequence, identity) ---
     # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
@@ -570,7 +572,9 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
 
     # --- adjoint of branch substep 4: relu, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{k} {W_{\mathrm{ffn2}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,k}
-    u4_bar = _einsum("bik,lk->bil", ffn2_out_bar, ffn2_W) + u5_bar
+    u4_bar = ffn2_out_bar.reshape(-1, d) @ ffn2_W.T
+    u4_bar += u5_bar.reshape(-1, d)
+    u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn2_out_bar, u5_bar
 
     # --- adjoint of branch substep 3: ffn1, explicit ---

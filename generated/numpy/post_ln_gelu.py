@@ -518,7 +518,9 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 3: parallel (ffn ×2, identity) ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(2)}}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", u2, ffn_W_1) + ffn_b_1
+    ffn_w = u2.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
@@ -611,7 +613,9 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    u2_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u3_bar
+    u2_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
+    u2_bar += u3_bar.reshape(-1, d)
+    u2_bar = u2_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar, u3_bar
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = _einsum("bil->l", u2_bar)

@@ -553,10 +553,10 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     # {\overline{c_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
     embed_norm_bias_bar = torch.einsum("bil->l", embed_norm_out_bar)
     # {\overline{g_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_gain_bar = torch.einsum("bil,bil->l", embed_norm_out_bar, embed_norm_p)
+    embed_norm_gain_bar = torch.sum(embed_norm_out_bar * embed_norm_p, dim=(0, 1))
     # {\overline{P^{\mathrm{embed\_norm}}}}_{i,l} = {g_{\mathrm{embed\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
     embed_norm_p_bar = embed_norm_gain*embed_norm_out_bar
-    t1 = torch.einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
+    t1 = torch.sum(embed_norm_p * embed_norm_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
     embed_norm_beta_bar = -t1/(2*(eps + embed_norm_beta))
     t2 = torch.einsum("bik->bi", embed_norm_p)
@@ -643,10 +643,10 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     # {\overline{c_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
     embed_norm_bias_bar = torch.einsum("bil->l", embed_norm_out_bar)
     # {\overline{g_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_gain_bar = torch.einsum("bil,bil->l", embed_norm_out_bar, embed_norm_p)
+    embed_norm_gain_bar = torch.sum(embed_norm_out_bar * embed_norm_p, dim=(0, 1))
     # {\overline{P^{\mathrm{embed\_norm}}}}_{i,l} = {g_{\mathrm{embed\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
     embed_norm_p_bar = embed_norm_gain*embed_norm_out_bar
-    t3 = torch.einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
+    t3 = torch.sum(embed_norm_p * embed_norm_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
     embed_norm_beta_bar = -t3/(2*(eps + embed_norm_beta))
     t4 = torch.einsum("bik->bi", embed_norm_p)
@@ -859,10 +859,10 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_p_bar = norm2_gain*norm2_out_bar
-    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     t2 = torch.einsum("bik->bi", norm2_p)
@@ -885,7 +885,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     attn_o_bar = torch.einsum("bil,mel->bime", attn_out_bar, attn_W_o)
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
     attn_gamma_bar = torch.einsum("bime,btme->bmit", attn_o_bar, attn_v)
-    t4 = torch.einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
+    t4 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
     # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
@@ -928,7 +928,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
     vbn_mean_bar = torch.einsum("bl->l", t6)
     # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
-    vbn_a_bar = torch.einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
+    vbn_a_bar = torch.sum(vbn_out_bar * vconv_out, dim=(2, 3))
     t7 = vbn_a_bar/torch.sqrt(eps + vbn_var)
     vbn_gain_bar_0 = torch.einsum("bl->l", t7)
     t8 = -vbn_c_bar*vbn_mean/torch.sqrt(eps + vbn_var)
@@ -963,7 +963,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
     kbn_mean_bar = torch.einsum("bl->l", t12)
     # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
-    kbn_a_bar = torch.einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
+    kbn_a_bar = torch.sum(kbn_out_bar * kconv_out, dim=(2, 3))
     t13 = kbn_a_bar/torch.sqrt(eps + kbn_var)
     kbn_gain_bar_0 = torch.einsum("bl->l", t13)
     t14 = -kbn_c_bar*kbn_mean/torch.sqrt(eps + kbn_var)
@@ -998,7 +998,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
     qbn_mean_bar = torch.einsum("bl->l", t18)
     # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
-    qbn_a_bar = torch.einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
+    qbn_a_bar = torch.sum(qbn_out_bar * qconv_out, dim=(2, 3))
     t19 = qbn_a_bar/torch.sqrt(eps + qbn_var)
     qbn_gain_bar_0 = torch.einsum("bl->l", t19)
     t20 = -qbn_c_bar*qbn_mean/torch.sqrt(eps + qbn_var)
@@ -1040,10 +1040,10 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_p_bar = norm1_gain*norm1_out_bar
-    t23 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t23 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t23/(2*(eps + norm1_beta))
     t24 = torch.einsum("bik->bi", norm1_p)
@@ -1276,10 +1276,10 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_p_bar = norm2_gain*norm2_out_bar
-    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     t2 = torch.einsum("bik->bi", norm2_p)
@@ -1302,7 +1302,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     attn_o_bar = torch.einsum("bil,mel->bime", attn_out_bar, attn_W_o)
     # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
     attn_gamma_bar = torch.einsum("bime,btme->bmit", attn_o_bar, attn_v)
-    t4 = torch.einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
+    t4 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
     # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
@@ -1345,7 +1345,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
     vbn_mean_bar = torch.einsum("bl->l", t6)
     # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
-    vbn_a_bar = torch.einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
+    vbn_a_bar = torch.sum(vbn_out_bar * vconv_out, dim=(2, 3))
     t7 = vbn_a_bar/torch.sqrt(eps + vbn_var)
     vbn_gain_bar_0 = torch.einsum("bl->l", t7)
     t8 = -vbn_c_bar*vbn_mean/torch.sqrt(eps + vbn_var)
@@ -1380,7 +1380,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
     kbn_mean_bar = torch.einsum("bl->l", t12)
     # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
-    kbn_a_bar = torch.einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
+    kbn_a_bar = torch.sum(kbn_out_bar * kconv_out, dim=(2, 3))
     t13 = kbn_a_bar/torch.sqrt(eps + kbn_var)
     kbn_gain_bar_0 = torch.einsum("bl->l", t13)
     t14 = -kbn_c_bar*kbn_mean/torch.sqrt(eps + kbn_var)
@@ -1415,7 +1415,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
     qbn_mean_bar = torch.einsum("bl->l", t18)
     # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
-    qbn_a_bar = torch.einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
+    qbn_a_bar = torch.sum(qbn_out_bar * qconv_out, dim=(2, 3))
     t19 = qbn_a_bar/torch.sqrt(eps + qbn_var)
     qbn_gain_bar_0 = torch.einsum("bl->l", t19)
     t20 = -qbn_c_bar*qbn_mean/torch.sqrt(eps + qbn_var)
@@ -1470,10 +1470,10 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_p_bar = norm1_gain*norm1_out_bar
-    t26 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t26 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t26/(2*(eps + norm1_beta))
     t27 = torch.einsum("bik->bi", norm1_p)
@@ -1597,10 +1597,10 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
     # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l}
     final_norm_bias_bar = torch.einsum("bil->l", final_norm_out_bar)
     # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l} {P^{\mathrm{final\_norm}}}_{i,l}
-    final_norm_gain_bar = torch.einsum("bil,bil->l", final_norm_out_bar, final_norm_p)
+    final_norm_gain_bar = torch.sum(final_norm_out_bar * final_norm_p, dim=(0, 1))
     # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l}
     final_norm_p_bar = final_norm_gain*final_norm_out_bar
-    t1 = torch.einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
+    t1 = torch.sum(final_norm_p * final_norm_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
     t2 = torch.einsum("bik->bi", final_norm_p)

@@ -359,8 +359,8 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -409,7 +409,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: cross, explicit ---
     # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
-    cross_q = torch.einsum("bik,kme->bime", u2, cross_W_q) + cross_b_q
+    cross_q = torch.addmm(cross_b_q, u2.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
@@ -441,7 +441,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 5: ffn, explicit ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_w = torch.einsum("bik,kz->biz", u4, ffn_W_1) + ffn_b_1
+    ffn_w = torch.addmm(ffn_b_1, u4.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
     ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
     del ffn_w
@@ -465,8 +465,11 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
 
 
-def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
-    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
+def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
@@ -483,8 +486,8 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
-    cross_W_q = p["cross.W_q"].reshape(d, n_heads, d_head)
-    cross_b_q = p["cross.b_q"].reshape(n_heads, d_head)
+    cross_W_q = p["cross.W_q"]
+    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
     cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
@@ -504,12 +507,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
     # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
-    norm3_gain_bar = torch.einsum("bil,bil->l", norm3_p, u6_bar)
+    norm3_gain_bar = torch.sum(norm3_p * u6_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
     norm3_p_bar = norm3_gain*u6_bar
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
     norm3_beta_bar = -t1/(2*(eps + norm3_beta))
     del t1
@@ -533,7 +536,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
     # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {u^{(4)}}_{i,k}
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, u4)
@@ -543,17 +546,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    u4_bar = torch.einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u4_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t4 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t4 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t4/(2*(eps + norm2_beta))
     del t4
@@ -597,7 +600,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 3: cross, explicit ---
     # {t_{7}}_{m,i} = \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
-    t7 = torch.einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
+    t7 = torch.sum(cross_gamma * cross_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{cross}}}}_{m,i,t} = {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} - {\gamma^{\mathrm{cross}}}_{m,i,t} \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
     cross_a_bar = cross_gamma*cross_gamma_bar - t7[:, :, :, None]*cross_gamma
     del cross_gamma_bar, t7
@@ -636,17 +639,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
-    u2_bar = torch.einsum("bime,lme->bil", cross_q_bar, cross_W_q) + u3_bar
+    u2_bar = torch.addmm(u3_bar.reshape(-1, d), cross_q_bar.reshape(-1, n_heads * d_head), cross_W_q.t()).view(batch, n_tokens, d)
     del cross_q_bar, u3_bar
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{10}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t10 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t10 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t10/(2*(eps + norm1_beta))
     del t10
@@ -674,7 +677,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{13}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t13 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t13 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t13[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t13
@@ -700,19 +703,22 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     del u0
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t14 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
-    del attn_k_bar
-    # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t15 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
-    del attn_q_bar
-    # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t16 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
-    del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    u0_bar = t14.add_(t15 + t16 + u1_bar) if inference else t14 + t15 + t16 + u1_bar
-    del t14, t15, t16, u1_bar
-    return u0_bar, mem_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit ---
+        # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+        t14 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+        del attn_k_bar
+        # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+        t15 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+        del attn_q_bar
+        # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        t16 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+        del attn_v_bar
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        u0_bar = t14.add_(t15 + t16 + u1_bar) if inference else t14 + t15 + t16 + u1_bar
+        del t14, t15, t16, u1_bar
+    return (u0_bar if need_u else None), mem_bar, {
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.b_q": attn_b_q_bar.reshape(d),
         "attn.W_k": attn_W_k_bar.reshape(d, d),
@@ -761,7 +767,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grad_mem, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grad_mem, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, grad_mem, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -1097,6 +1104,7 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv
         # the cache: attn_k of the earlier tokens, then the new ones
         attn_k = _cache(cache, "attn.k", attn_k)
         # the cache: attn_v of the earlier tokens, then the new ones
@@ -1105,11 +1113,14 @@ class Block(_CanonicalModule):
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1118,6 +1129,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- substep 3: cross, explicit ---
         # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
@@ -1127,15 +1139,19 @@ class Block(_CanonicalModule):
         cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
         cross_k, cross_v = cross_kv.chunk(2, dim=1)
         cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
+        del cross_kv, mem
         # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
         # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
         cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None], dropout_p)
+        del chi_m, cross_k, cross_q, cross_v
         # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
         cross_out = torch.addmm(cross_b_o, cross_o.reshape(-1, n_heads * d_head), cross_W_o).view(batch, n_tokens, d)
         cross_out = _dropout(cross_out, dropout_p)
+        del cross_o
         # {u^{(3)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(2)}}_{i,l}
         u3 = cross_out.add_(u2) if inference else cross_out + u2
+        del cross_out, u2
 
         # --- substep 4: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1144,6 +1160,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
 
         # --- substep 5: ffn, explicit ---
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
@@ -1151,11 +1168,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(5)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(4)}}_{i,l}
         u5 = ffn_out.add_(u4) if inference else ffn_out + u4
+        del ffn_out, u4
 
         # --- substep 6: norm3, projection ---
         # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
@@ -1164,6 +1184,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
         # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
         u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
+        del u5
         if u.dim() == 2:
             return u6[0]
         return u6 if self.batch_first else u6.transpose(0, 1)
@@ -1229,6 +1250,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,

@@ -320,8 +320,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
-def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
@@ -367,12 +370,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     norm2_out_bar = t1.add_(t2) if inference else t1 + t2
     del t1, t2
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l}
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
     # {t_{3}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t3 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t3 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     del norm2_p
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
@@ -401,7 +404,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # {t_{4}}_{g,s,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
-    t4 = torch.einsum("bgsin,bgsin->bgsi", attn_gamma, attn_gamma_bar)
+    t4 = torch.sum(attn_gamma * attn_gamma_bar, dim=4)
     # {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} = {\gamma^{\mathrm{attn}}}_{g,s,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} - {\gamma^{\mathrm{attn}}}_{g,s,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
     del attn_gamma_bar, t4
@@ -440,18 +443,21 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     norm1_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l}
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    del norm1_out_bar
-    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t8 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    del norm1_p
-    # {\overline{\rho^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm1}}}_{i}\right)}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm1}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
-    u0_bar = norm1_p_bar/torch.sqrt(eps + norm1_rho[:, :, None]) - t8[:, :, None]*u0/(d*(eps + norm1_rho[:, :, None])) + u1_bar
-    del norm1_p_bar, norm1_rho, t8, u0, u1_bar
-    return u0_bar, {
+    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+        # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l}
+        norm1_p_bar = norm1_gain*norm1_out_bar
+        del norm1_out_bar
+        # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        t8 = torch.sum(norm1_p * norm1_p_bar, dim=2)
+        del norm1_p
+        # {\overline{\rho^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm1}}}_{i}\right)}
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm1}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+        u0_bar = norm1_p_bar/torch.sqrt(eps + norm1_rho[:, :, None]) - t8[:, :, None]*u0/(d*(eps + norm1_rho[:, :, None])) + u1_bar
+        del norm1_p_bar, norm1_rho, t8, u0, u1_bar
+    return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.W_k": attn_W_k_bar.reshape(d, d_kv),
@@ -483,7 +489,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -794,27 +801,36 @@ class Block(_CanonicalModule):
         attn_k = torch.mm(norm1_out.reshape(-1, d), attn_W_k).view(batch, n_tokens, n_kv_heads, 2, d_half)
         # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
         attn_v = torch.mm(norm1_out.reshape(-1, d), attn_W_v).view(batch, n_tokens, n_kv_heads, d_head)
+        del norm1_out
         # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
         attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+        del pos
         # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
         attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+        del attn_q
         # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
         attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+        del attn_k, attn_phi
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
         # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
         attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
+        del attn_kr, attn_qr
         # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
         attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
+        del attn_a, chi
         # the cache: attn_v of the earlier tokens, then the new ones
         attn_v = _cache(cache, "attn.v", attn_v)
         # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
         attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
+        del attn_gamma, attn_v
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
         attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: ffn, explicit on Proj(norm2) ---
         # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
@@ -826,13 +842,17 @@ class Block(_CanonicalModule):
         ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
         ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
         ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
+        del ffn_wgate, norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
         ffn_s = ffn_gate*ffn_w/(1 + torch.exp(-ffn_w))
+        del ffn_gate, ffn_w
         # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
         u2 = ffn_out.add_(u1) if inference else ffn_out + u1
+        del ffn_out, u1
         if u.dim() == 2:
             return u2[0]
         return u2 if self.batch_first else u2.transpose(0, 1)
@@ -896,6 +916,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _rms_norm(u0, final_norm_gain, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,

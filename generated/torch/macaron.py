@@ -334,7 +334,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: ffn_pre, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_pre}}}_{i,z} = {b_{\mathrm{ffn\_pre},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_pre},1}}_{k,z} {u^{(0)}}_{i,k}
-    ffn_pre_w = torch.einsum("bik,kz->biz", u0, ffn_pre_W_1) + ffn_pre_b_1
+    ffn_pre_w = torch.addmm(ffn_pre_b_1, u0.reshape(-1, d), ffn_pre_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
     ffn_pre_s = ffn_pre_w.clamp_min_(0) if inference else torch.relu(ffn_pre_w)
     del ffn_pre_w
@@ -389,7 +389,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 5: ffn_post, explicit, fraction 1/2 ---
     # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
-    ffn_post_w = torch.einsum("bik,kz->biz", u4, ffn_post_W_1) + ffn_post_b_1
+    ffn_post_w = torch.addmm(ffn_post_b_1, u4.reshape(-1, d), ffn_post_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
     ffn_post_s = ffn_post_w.clamp_min_(0) if inference else torch.relu(ffn_post_w)
     del ffn_post_w
@@ -413,8 +413,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u6, (u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p,)
 
 
-def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, ffn_pre_s, norm1_beta, norm1_p, u2, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, u4, ffn_post_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
@@ -447,12 +450,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
     # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
-    norm3_gain_bar = torch.einsum("bil,bil->l", norm3_p, u6_bar)
+    norm3_gain_bar = torch.sum(norm3_p * u6_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
     norm3_p_bar = norm3_gain*u6_bar
     del u6_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm3_p, norm3_p_bar)
+    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
     norm3_beta_bar = -t1/(2*(eps + norm3_beta))
     del t1
@@ -476,7 +479,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_post_s_bar = torch.mm(ffn_post_out_bar.reshape(-1, d), ffn_post_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_post_out_bar
     # {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_post}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_post}}}}_{i,z}
-    ffn_post_w_bar = (ffn_post_s > 0)*ffn_post_s_bar
+    ffn_post_w_bar = torch.ops.aten.threshold_backward(ffn_post_s_bar, ffn_post_s, 0)
     del ffn_post_s, ffn_post_s_bar
     # {\overline{W_{\mathrm{ffn\_post},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z} {u^{(4)}}_{i,k}
     ffn_post_W_1_bar = torch.einsum("biz,bik->kz", ffn_post_w_bar, u4)
@@ -486,17 +489,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 4: norm2, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_post},1}}_{l,z} {\overline{w^{\mathrm{ffn\_post}}}}_{i,z}
-    u4_bar = torch.einsum("biz,lz->bil", ffn_post_w_bar, ffn_post_W_1) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn_post_w_bar.reshape(-1, d_ff), ffn_post_W_1.t()).view(batch, n_tokens, d)
     del ffn_post_w_bar, u5_bar
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u4_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t4 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t4 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t4/(2*(eps + norm2_beta))
     del t4
@@ -533,7 +536,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 3: attn, explicit ---
     # {t_{7}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t7 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t7 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t7[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t7
@@ -576,12 +579,12 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t11 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t11/(2*(eps + norm1_beta))
     del t11
@@ -605,17 +608,20 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads):
     ffn_pre_s_bar = torch.mm(ffn_pre_out_bar.reshape(-1, d), ffn_pre_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_pre_out_bar
     # {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} = \theta\left({s^{\mathrm{ffn\_pre}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn\_pre}}}}_{i,z}
-    ffn_pre_w_bar = (ffn_pre_s > 0)*ffn_pre_s_bar
+    ffn_pre_w_bar = torch.ops.aten.threshold_backward(ffn_pre_s_bar, ffn_pre_s, 0)
     del ffn_pre_s, ffn_pre_s_bar
     # {\overline{W_{\mathrm{ffn\_pre},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z} {u^{(0)}}_{i,k}
     ffn_pre_W_1_bar = torch.einsum("biz,bik->kz", ffn_pre_w_bar, u0)
     del u0
     # {\overline{b_{\mathrm{ffn\_pre},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
     ffn_pre_b_1_bar = torch.einsum("biz->z", ffn_pre_w_bar)
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_pre},1}}_{l,z} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
-    u0_bar = torch.einsum("biz,lz->bil", ffn_pre_w_bar, ffn_pre_W_1) + u1_bar
-    del ffn_pre_w_bar, u1_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn\_pre},1}}_{l,z} {\overline{w^{\mathrm{ffn\_pre}}}}_{i,z}
+        u0_bar = torch.addmm(u1_bar.reshape(-1, d), ffn_pre_w_bar.reshape(-1, d_ff), ffn_pre_W_1.t()).view(batch, n_tokens, d)
+        del ffn_pre_w_bar, u1_bar
+    return (u0_bar if need_u else None), {
         "ffn_pre.W_1": ffn_pre_W_1_bar,
         "ffn_pre.b_1": ffn_pre_b_1_bar,
         "ffn_pre.W_2": ffn_pre_W_2_bar,
@@ -657,7 +663,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -933,11 +940,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn\_pre}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_pre}}}_{i,z}\right)
         ffn_pre_s = ffn_pre_w.clamp_min_(0) if inference else torch.relu(ffn_pre_w)
         ffn_pre_s = _dropout(ffn_pre_s, dropout_p)
+        del ffn_pre_w
         # {\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l} = {b_{\mathrm{ffn\_pre},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_pre},2}}_{z,l} {s^{\mathrm{ffn\_pre}}}_{i,z}
         ffn_pre_out = torch.addmm(ffn_pre_b_2, ffn_pre_s.reshape(-1, d_ff), ffn_pre_W_2).view(batch, n_tokens, d)
         ffn_pre_out = _dropout(ffn_pre_out, dropout_p)
+        del ffn_pre_s
         # {u^{(1)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_pre}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u1 = ffn_pre_out/2 + u0
+        del ffn_pre_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -946,6 +956,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- substep 3: attn, explicit ---
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(2)}}_{i,k}
@@ -954,15 +965,19 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u2.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(2)}}_{i,l}
         u3 = attn_out.add_(u2) if inference else attn_out + u2
+        del attn_out, u2
 
         # --- substep 4: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -971,6 +986,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
 
         # --- substep 5: ffn_post, explicit, fraction 1/2 ---
         # {w^{\mathrm{ffn\_post}}}_{i,z} = {b_{\mathrm{ffn\_post},1}}_{z} + \sum_{k} {W_{\mathrm{ffn\_post},1}}_{k,z} {u^{(4)}}_{i,k}
@@ -978,11 +994,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn\_post}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn\_post}}}_{i,z}\right)
         ffn_post_s = ffn_post_w.clamp_min_(0) if inference else torch.relu(ffn_post_w)
         ffn_post_s = _dropout(ffn_post_s, dropout_p)
+        del ffn_post_w
         # {\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l} = {b_{\mathrm{ffn\_post},2}}_{l} + \sum_{z} {W_{\mathrm{ffn\_post},2}}_{z,l} {s^{\mathrm{ffn\_post}}}_{i,z}
         ffn_post_out = torch.addmm(ffn_post_b_2, ffn_post_s.reshape(-1, d_ff), ffn_post_W_2).view(batch, n_tokens, d)
         ffn_post_out = _dropout(ffn_post_out, dropout_p)
+        del ffn_post_s
         # {u^{(5)}}_{i,l} = \frac{{\mathcal{F}^{\mathrm{ffn\_post}}}_{i,l}}{2} + {u^{(4)}}_{i,l}
         u5 = ffn_post_out/2 + u4
+        del ffn_post_out, u4
 
         # --- substep 6: norm3, projection ---
         # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
@@ -991,6 +1010,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
         # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
         u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
+        del u5
         if u.dim() == 2:
             return u6[0]
         return u6 if self.batch_first else u6.transpose(0, 1)
@@ -1056,6 +1076,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,

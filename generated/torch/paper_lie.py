@@ -352,7 +352,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 5: ffn2, explicit ---
     # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
-    ffn2_out = torch.einsum("bik,kl->bil", u4, ffn2_W) + ffn2_b
+    ffn2_out = torch.addmm(ffn2_b, u4.reshape(-1, d), ffn2_W).view(batch, n_tokens, d)
 
     # --- substep 6: parallel (sequence, identity) ---
     # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
@@ -374,8 +374,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u7, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, relu_p, u4, norm2_beta, norm2_p,)
 
 
-def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, relu_p, u4, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u7_bar.shape
@@ -401,12 +404,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(7)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u7_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(7)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u7_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u7_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(7)}}_{i,l}
     norm2_p_bar = norm2_gain*u7_bar
     del u7_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
@@ -434,12 +437,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
 
     # --- adjoint of branch substep 4: relu, projection ---
     # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{k} {W_{\mathrm{ffn2}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,k}
-    u4_bar = torch.einsum("bik,lk->bil", ffn2_out_bar, ffn2_W) + u5_bar
+    u4_bar = torch.addmm(u5_bar.reshape(-1, d), ffn2_out_bar.reshape(-1, d), ffn2_W.t()).view(batch, n_tokens, d)
     del ffn2_out_bar, u5_bar
 
     # --- adjoint of branch substep 3: ffn1, explicit ---
     # {\lambda^{(3)}}_{i,l} = \theta\left({P^{\mathrm{relu}}}_{i,l}, 0\right) {\lambda^{(4)}}_{i,l}
-    u3_bar = (relu_p > 0)*u4_bar
+    u3_bar = torch.ops.aten.threshold_backward(u4_bar, relu_p, 0)
     del relu_p, u4_bar
     # {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
     ffn1_out_bar = u3_bar
@@ -459,12 +462,12 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{5}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t5 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t5 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t5/(2*(eps + norm1_beta))
     del t5
@@ -501,7 +504,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: attn, explicit ---
     # {t_{8}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t8 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t8 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t8[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t8
@@ -527,19 +530,22 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     del u0
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t9 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
-    del attn_k_bar
-    # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t10 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
-    del attn_q_bar
-    # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t11 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
-    del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    u0_bar = t10.add_(t11 + t9 + u1_bar) if inference else t10 + t11 + t9 + u1_bar
-    del t10, t11, t9, u1_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit ---
+        # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+        t9 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+        del attn_k_bar
+        # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+        t10 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+        del attn_q_bar
+        # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        t11 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+        del attn_v_bar
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        u0_bar = t10.add_(t11 + t9 + u1_bar) if inference else t10 + t11 + t9 + u1_bar
+        del t10, t11, t9, u1_bar
+    return (u0_bar if need_u else None), {
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.b_q": attn_b_q_bar.reshape(d),
         "attn.W_k": attn_W_k_bar.reshape(d, d),
@@ -575,7 +581,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -840,15 +847,19 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -857,6 +868,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- branch substep 3: ffn1, explicit ---
         # {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} = {b_{\mathrm{ffn1}}}_{l} + \sum_{k} {W_{\mathrm{ffn1}}}_{k,l} {u^{(2)}}_{i,k}
@@ -868,6 +880,7 @@ class Block(_CanonicalModule):
         # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
         # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
         u4 = torch.relu(ffn1_out + u2)
+        del ffn1_out
 
         # --- branch substep 5: ffn2, explicit ---
         # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
@@ -878,6 +891,7 @@ class Block(_CanonicalModule):
         # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
         # {u^{(6)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(5)}}_{i,l}}{2}
         u6 = ffn2_out/2 + u2/2 + u4/2
+        del ffn2_out, u2, u4
 
         # --- substep 7: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(6)}}_{i,k}}{N_{y}}
@@ -886,6 +900,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(7)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u7 = _layer_norm(u6, norm2_gain, norm2_bias, eps)
+        del u6
         if u.dim() == 2:
             return u7[0]
         return u7 if self.batch_first else u7.transpose(0, 1)
@@ -951,6 +966,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,

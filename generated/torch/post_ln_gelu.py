@@ -341,7 +341,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 3: parallel (ffn ×2, identity) ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(2)}}_{i,k}
-    ffn_w = torch.einsum("bik,kz->biz", u2, ffn_W_1) + ffn_b_1
+    ffn_w = torch.addmm(ffn_b_1, u2.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
@@ -364,8 +364,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u4, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_w, ffn_s, norm2_beta, norm2_p,)
 
 
-def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_w, ffn_s, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u4_bar.shape
@@ -392,12 +395,12 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
-    norm2_gain_bar = torch.einsum("bil,bil->l", norm2_p, u4_bar)
+    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
@@ -432,17 +435,17 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 2: norm1, projection ---
     # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
-    u2_bar = torch.einsum("biz,lz->bil", ffn_w_bar, ffn_W_1) + u3_bar
+    u2_bar = torch.addmm(u3_bar.reshape(-1, d), ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar, u3_bar
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
-    norm1_gain_bar = torch.einsum("bil,bil->l", norm1_p, u2_bar)
+    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
     # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
     # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t4 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
+    t4 = torch.sum(norm1_p * norm1_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t4/(2*(eps + norm1_beta))
     del t4
@@ -479,7 +482,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: attn, explicit ---
     # {t_{7}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t7 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t7 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t7[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t7
@@ -505,19 +508,22 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     del u0
     # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{8}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
-    t8 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
-    del attn_k_bar
-    # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
-    t9 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
-    del attn_q_bar
-    # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    t10 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
-    del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
-    u0_bar = t10.add_(t8 + t9 + u1_bar) if inference else t10 + t8 + t9 + u1_bar
-    del t10, t8, t9, u1_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: attn, explicit ---
+        # {t_{8}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+        t8 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
+        del attn_k_bar
+        # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+        t9 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
+        del attn_q_bar
+        # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        t10 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
+        del attn_v_bar
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+        u0_bar = t10.add_(t8 + t9 + u1_bar) if inference else t10 + t8 + t9 + u1_bar
+        del t10, t8, t9, u1_bar
+    return (u0_bar if need_u else None), {
         "attn.W_q": attn_W_q_bar.reshape(d, d),
         "attn.b_q": attn_b_q_bar.reshape(d),
         "attn.W_k": attn_W_k_bar.reshape(d, d),
@@ -553,7 +559,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -818,15 +825,19 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out, u0
 
         # --- substep 2: norm1, projection ---
         # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -835,6 +846,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
+        del u1
 
         # --- substep 3: parallel (ffn ×2, identity) ---
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(2)}}_{i,k}
@@ -842,11 +854,14 @@ class Block(_CanonicalModule):
         # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
         ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(3)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(2)}}_{i,l}
         u3 = ffn_out.add_(u2) if inference else ffn_out + u2
+        del ffn_out, u2
 
         # --- substep 4: norm2, projection ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -855,6 +870,7 @@ class Block(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
         # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
         u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
         if u.dim() == 2:
             return u4[0]
         return u4 if self.batch_first else u4.transpose(0, 1)
@@ -920,6 +936,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,

@@ -220,7 +220,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
         # --- adjoint of update: explicit Euler step ---
         # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-        u1_bar = (relu2_out > 0)*relu2_out_bar
+        u1_bar = torch.ops.aten.threshold_backward(relu2_out_bar, relu2_out, 0)
 
         # --- adjoint of bn3: batch-norm ---
         # {\overline{c^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\lambda^{+}}_{l,p,q}
@@ -231,7 +231,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
         # {\overline{\mu_{\mathrm{bn3}}}}_{l} = - {a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l}
         bn3_mean_bar = torch.einsum("bl->l", t1)
         # {\overline{a^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} {\lambda^{+}}_{l,p,q}
-        bn3_a_bar = torch.einsum("blpq,blpq->bl", shortcut_out, u1_bar)
+        bn3_a_bar = torch.sum(shortcut_out * u1_bar, dim=(2, 3))
         t2 = bn3_a_bar/torch.sqrt(eps + bn3_var)
         bn3_gain_bar_0 = torch.einsum("bl->l", t2)
         t3 = -bn3_c_bar*bn3_mean/torch.sqrt(eps + bn3_var)
@@ -266,7 +266,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
         # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
         bn2_mean_bar = torch.einsum("bl->l", t6)
         # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
-        bn2_a_bar = torch.einsum("blpq,blpq->bl", bn2_out_bar, conv2_out)
+        bn2_a_bar = torch.sum(bn2_out_bar * conv2_out, dim=(2, 3))
         t7 = bn2_a_bar/torch.sqrt(eps + bn2_var)
         bn2_gain_bar_0 = torch.einsum("bl->l", t7)
         t8 = -bn2_c_bar*bn2_mean/torch.sqrt(eps + bn2_var)
@@ -298,7 +298,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
         # --- adjoint of bn1: batch-norm ---
         # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-        bn1_out_bar = (relu_out > 0)*relu_out_bar
+        bn1_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
         # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
         bn1_c_bar = torch.einsum("blpq->bl", bn1_out_bar)
         # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
@@ -307,7 +307,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
         # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
         bn1_mean_bar = torch.einsum("bl->l", t11)
         # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
-        bn1_a_bar = torch.einsum("blpq,blpq->bl", bn1_out_bar, conv1_out)
+        bn1_a_bar = torch.sum(bn1_out_bar * conv1_out, dim=(2, 3))
         t12 = bn1_a_bar/torch.sqrt(eps + bn1_var)
         bn1_gain_bar_0 = torch.einsum("bl->l", t12)
         t13 = -bn1_c_bar*bn1_mean/torch.sqrt(eps + bn1_var)
@@ -365,7 +365,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
     # --- adjoint of update: explicit Euler step ---
     # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-    u1_bar = (relu2_out > 0)*relu2_out_bar
+    u1_bar = torch.ops.aten.threshold_backward(relu2_out_bar, relu2_out, 0)
 
     # --- adjoint of bn2: batch-norm ---
     # {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} = \Delta t {\lambda^{+}}_{l,p,q}
@@ -378,7 +378,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
     bn2_mean_bar = torch.einsum("bl->l", t1)
     # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
-    bn2_a_bar = torch.einsum("blpq,blpq->bl", bn2_out_bar, conv2_out)
+    bn2_a_bar = torch.sum(bn2_out_bar * conv2_out, dim=(2, 3))
     t2 = bn2_a_bar/torch.sqrt(eps + bn2_var)
     bn2_gain_bar_0 = torch.einsum("bl->l", t2)
     t3 = -bn2_c_bar*bn2_mean/torch.sqrt(eps + bn2_var)
@@ -410,7 +410,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
     # --- adjoint of bn1: batch-norm ---
     # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-    bn1_out_bar = (relu_out > 0)*relu_out_bar
+    bn1_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
     # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
     bn1_c_bar = torch.einsum("blpq->bl", bn1_out_bar)
     # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
@@ -419,7 +419,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
     bn1_mean_bar = torch.einsum("bl->l", t6)
     # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
-    bn1_a_bar = torch.einsum("blpq,blpq->bl", bn1_out_bar, conv1_out)
+    bn1_a_bar = torch.sum(bn1_out_bar * conv1_out, dim=(2, 3))
     t7 = bn1_a_bar/torch.sqrt(eps + bn1_var)
     bn1_gain_bar_0 = torch.einsum("bl->l", t7)
     t8 = -bn1_c_bar*bn1_mean/torch.sqrt(eps + bn1_var)

@@ -474,8 +474,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s,)
 
 
-def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
     batch, n_tokens, d = u4_bar.shape
@@ -504,14 +507,14 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{s^{\mathrm{ffn},4}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},4}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
     ffn4_s_bar = torch.mm(ffn4_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},4}}}_{i,z} = \theta\left({s^{\mathrm{ffn},4}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},4}}}_{i,z}
-    ffn4_w_bar = (ffn4_s > 0)*ffn4_s_bar
+    ffn4_w_bar = torch.ops.aten.threshold_backward(ffn4_s_bar, ffn4_s, 0)
     del ffn4_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},4}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
     norm24_out_bar = torch.mm(ffn4_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     # {\overline{P^{\mathrm{norm2},4}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm24_p_bar = norm2_gain*norm24_out_bar
     # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2},4}}_{i,l} {\overline{P^{\mathrm{norm2},4}}}_{i,l}
-    t1 = torch.einsum("bil,bil->bi", norm24_p, norm24_p_bar)
+    t1 = torch.sum(norm24_p * norm24_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},4}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},4}}_{i,l} {\overline{P^{\mathrm{norm2},4}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},4}}_{i}\right)}
     norm24_beta_bar = -t1/(2*(eps + norm24_beta))
     del t1
@@ -551,7 +554,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
 
     # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}
-    t4 = torch.einsum("bmin,bmin->bmi", attn4_gamma, attn4_gamma_bar)
+    t4 = torch.sum(attn4_gamma * attn4_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},4}}}_{m,i,j} = {\gamma^{\mathrm{attn},4}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,j} - {\gamma^{\mathrm{attn},4}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},4}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},4}}}_{m,i,n}
     attn4_a_bar = attn4_gamma*attn4_gamma_bar - t4[:, :, :, None]*attn4_gamma
     del attn4_gamma_bar, t4
@@ -576,7 +579,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},4}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm14_p_bar = norm1_gain*norm14_out_bar
     # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1},4}}_{i,l} {\overline{P^{\mathrm{norm1},4}}}_{i,l}
-    t8 = torch.einsum("bil,bil->bi", norm14_p, norm14_p_bar)
+    t8 = torch.sum(norm14_p * norm14_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},4}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},4}}_{i,l} {\overline{P^{\mathrm{norm1},4}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},4}}_{i}\right)}
     norm14_beta_bar = -t8/(2*(eps + norm14_beta))
     del t8
@@ -594,14 +597,14 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{s^{\mathrm{ffn},3}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},3}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
     ffn3_s_bar = torch.mm(ffn3_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},3}}}_{i,z} = \theta\left({s^{\mathrm{ffn},3}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},3}}}_{i,z}
-    ffn3_w_bar = (ffn3_s > 0)*ffn3_s_bar
+    ffn3_w_bar = torch.ops.aten.threshold_backward(ffn3_s_bar, ffn3_s, 0)
     del ffn3_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},3}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
     norm23_out_bar = torch.mm(ffn3_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     # {\overline{P^{\mathrm{norm2},3}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm23_p_bar = norm2_gain*norm23_out_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm2},3}}_{i,l} {\overline{P^{\mathrm{norm2},3}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm23_p, norm23_p_bar)
+    t11 = torch.sum(norm23_p * norm23_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},3}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},3}}_{i,l} {\overline{P^{\mathrm{norm2},3}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},3}}_{i}\right)}
     norm23_beta_bar = -t11/(2*(eps + norm23_beta))
     del t11
@@ -617,7 +620,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn3_gamma_bar = torch.einsum("bime,bjme->bmij", attn3_o_bar, attn3_v)
     del attn3_v
     # {t_{14}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},3}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,n}
-    t14 = torch.einsum("bmin,bmin->bmi", attn3_gamma, attn3_gamma_bar)
+    t14 = torch.sum(attn3_gamma * attn3_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},3}}}_{m,i,j} = {\gamma^{\mathrm{attn},3}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,j} - {\gamma^{\mathrm{attn},3}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},3}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},3}}}_{m,i,n}
     attn3_a_bar = attn3_gamma*attn3_gamma_bar - t14[:, :, :, None]*attn3_gamma
     del attn3_gamma_bar, t14
@@ -642,7 +645,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},3}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm13_p_bar = norm1_gain*norm13_out_bar
     # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1},3}}_{i,l} {\overline{P^{\mathrm{norm1},3}}}_{i,l}
-    t18 = torch.einsum("bil,bil->bi", norm13_p, norm13_p_bar)
+    t18 = torch.sum(norm13_p * norm13_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},3}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},3}}_{i,l} {\overline{P^{\mathrm{norm1},3}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},3}}_{i}\right)}
     norm13_beta_bar = -t18/(2*(eps + norm13_beta))
     del t18
@@ -660,14 +663,14 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{s^{\mathrm{ffn},2}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_s_bar = torch.mm(ffn2_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({s^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
-    ffn2_w_bar = (ffn2_s > 0)*ffn2_s_bar
+    ffn2_w_bar = torch.ops.aten.threshold_backward(ffn2_s_bar, ffn2_s, 0)
     del ffn2_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},2}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
     norm22_p_bar = norm2_gain*norm22_out_bar
     # {t_{21}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
-    t21 = torch.einsum("bil,bil->bi", norm22_p, norm22_p_bar)
+    t21 = torch.sum(norm22_p * norm22_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
     norm22_beta_bar = -t21/(2*(eps + norm22_beta))
     del t21
@@ -683,7 +686,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
     del attn2_v
     # {t_{24}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
-    t24 = torch.einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
+    t24 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     attn2_a_bar = attn2_gamma*attn2_gamma_bar - t24[:, :, :, None]*attn2_gamma
     del attn2_gamma_bar, t24
@@ -708,7 +711,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm12_p_bar = norm1_gain*norm12_out_bar
     # {t_{28}}_{i} = \sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
-    t28 = torch.einsum("bil,bil->bi", norm12_p, norm12_p_bar)
+    t28 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}\right)}
     norm12_beta_bar = -t28/(2*(eps + norm12_beta))
     del t28
@@ -747,7 +750,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
     ffn_W_1_bar_0 = torch.einsum("biz,bik->kz", ffn2_w_bar, norm22_out)
     del norm22_out
@@ -780,28 +783,16 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = norm2_bias_bar_0 + norm2_bias_bar_1 + norm2_bias_bar_2 + norm2_bias_bar_3
     del norm2_bias_bar_0, norm2_bias_bar_1, norm2_bias_bar_2, norm2_bias_bar_3
-    norm2_gain_bar_0 = torch.einsum("bil,bil->l", norm22_out_bar, norm22_p)
+    norm2_gain_bar_0 = torch.sum(norm22_out_bar * norm22_p, dim=(0, 1))
     del norm22_out_bar, norm22_p
-    norm2_gain_bar_1 = torch.einsum("bil,bil->l", norm23_out_bar, norm23_p)
+    norm2_gain_bar_1 = torch.sum(norm23_out_bar * norm23_p, dim=(0, 1))
     del norm23_out_bar, norm23_p
-    norm2_gain_bar_2 = torch.einsum("bil,bil->l", norm24_out_bar, norm24_p)
+    norm2_gain_bar_2 = torch.sum(norm24_out_bar * norm24_p, dim=(0, 1))
     del norm24_out_bar, norm24_p
-    norm2_gain_bar_3 = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar_3 = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {P^{\mathrm{norm2},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},3}}}_{i,l} {P^{\mathrm{norm2},3}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},4}}}_{i,l} {P^{\mathrm{norm2},4}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1 + norm2_gain_bar_2 + norm2_gain_bar_3
     del norm2_gain_bar_0, norm2_gain_bar_1, norm2_gain_bar_2, norm2_gain_bar_3
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
-    norm2_p_bar = norm2_gain*norm2_out_bar
-    del norm2_out_bar
-    # {t_{31}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t31 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
-    norm2_beta_bar = -t31/(2*(eps + norm2_beta))
-    del t31
-    # {t_{32}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
-    t32 = torch.sum(norm2_p, dim=2)
-    # {t_{33}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t33 = torch.sum(norm2_p_bar, dim=2)
     # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = \frac{{\lambda^{(1)}}_{i,l}}{2} + \frac{{\lambda^{(4)}}_{i,l}}{6}
     attn_out_bar = u1_bar/2 + u4_bar/6
     attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
@@ -832,7 +823,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{34}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t34 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t34 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t34[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t34
@@ -919,34 +910,49 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = norm1_bias_bar_0 + norm1_bias_bar_1 + norm1_bias_bar_2 + norm1_bias_bar_3
     del norm1_bias_bar_0, norm1_bias_bar_1, norm1_bias_bar_2, norm1_bias_bar_3
-    norm1_gain_bar_0 = torch.einsum("bil,bil->l", norm12_out_bar, norm12_p)
+    norm1_gain_bar_0 = torch.sum(norm12_out_bar * norm12_p, dim=(0, 1))
     del norm12_out_bar, norm12_p
-    norm1_gain_bar_1 = torch.einsum("bil,bil->l", norm13_out_bar, norm13_p)
+    norm1_gain_bar_1 = torch.sum(norm13_out_bar * norm13_p, dim=(0, 1))
     del norm13_out_bar, norm13_p
-    norm1_gain_bar_2 = torch.einsum("bil,bil->l", norm14_out_bar, norm14_p)
+    norm1_gain_bar_2 = torch.sum(norm14_out_bar * norm14_p, dim=(0, 1))
     del norm14_out_bar, norm14_p
-    norm1_gain_bar_3 = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar_3 = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {P^{\mathrm{norm1},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},3}}}_{i,l} {P^{\mathrm{norm1},3}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},4}}}_{i,l} {P^{\mathrm{norm1},4}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1 + norm1_gain_bar_2 + norm1_gain_bar_3
     del norm1_gain_bar_0, norm1_gain_bar_1, norm1_gain_bar_2, norm1_gain_bar_3
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    del norm1_out_bar
-    # {t_{38}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t38 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    norm1_beta_bar = -t38/(2*(eps + norm1_beta))
-    del t38
-    # {t_{39}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
-    t39 = torch.sum(norm1_p, dim=2)
-    # {t_{40}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t40 = torch.sum(norm1_p_bar, dim=2)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(2)}}_{i,l} + {\lambda^{(3)}}_{i,l} + {\lambda^{(4)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
-    u0_bar = (-t40[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t39[:, :, None]/d)/d + (-t33[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t32[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar + u3_bar + u4_bar
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t32, t33, t39, t40, u1_bar, u2_bar, u3_bar, u4_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
+        # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+        norm2_p_bar = norm2_gain*norm2_out_bar
+        del norm2_out_bar
+        # {t_{31}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+        t31 = torch.sum(norm2_p * norm2_p_bar, dim=2)
+        # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+        norm2_beta_bar = -t31/(2*(eps + norm2_beta))
+        del t31
+        # {t_{32}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+        t32 = torch.sum(norm2_p, dim=2)
+        # {t_{33}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+        t33 = torch.sum(norm2_p_bar, dim=2)
+        # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+        norm1_p_bar = norm1_gain*norm1_out_bar
+        del norm1_out_bar
+        # {t_{38}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        t38 = torch.sum(norm1_p * norm1_p_bar, dim=2)
+        # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+        norm1_beta_bar = -t38/(2*(eps + norm1_beta))
+        del t38
+        # {t_{39}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+        t39 = torch.sum(norm1_p, dim=2)
+        # {t_{40}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        t40 = torch.sum(norm1_p_bar, dim=2)
+        # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+        # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(2)}}_{i,l} + {\lambda^{(3)}}_{i,l} + {\lambda^{(4)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+        u0_bar = (-t40[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t39[:, :, None]/d)/d + (-t33[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t32[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar + u3_bar + u4_bar
+        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t32, t33, t39, t40, u1_bar, u2_bar, u3_bar, u4_bar
+    return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
         "attn.W_q": attn_W_q_bar.reshape(d, d),
@@ -982,7 +988,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -1252,13 +1259,16 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv, norm1_out
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
@@ -1266,12 +1276,15 @@ class Block(_CanonicalModule):
         norm2_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
         # {u^{(1)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u1 = attn_out/2 + ffn_out/2 + u0
         # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1285,26 +1298,33 @@ class Block(_CanonicalModule):
         attn2_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm12_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn2_q, attn2_k, attn2_v = attn2_qkv.chunk(3, dim=1)
         attn2_q, attn2_k, attn2_v = attn2_q.view(batch, n_tokens, n_heads, d_head), attn2_k.view(batch, n_tokens, n_heads, d_head), attn2_v.view(batch, n_tokens, n_heads, d_head)
+        del attn2_qkv, norm12_out
         # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
         attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn2_k, attn2_q, attn2_v
         # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn2_out = _dropout(attn2_out, dropout_p)
+        del attn2_o
         # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},2}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},2}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},2}}_{i,l} = {P^{\mathrm{norm2},2}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm22_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+        del u1
         # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
         ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm22_out
         # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
         ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
         ffn2_s = _dropout(ffn2_s, dropout_p)
+        del ffn2_w
         # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn2_out = torch.addmm(ffn_b_2, ffn2_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn2_out = _dropout(ffn2_out, dropout_p)
+        del ffn2_s
         # {u^{(2)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{2} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{2} + {u^{(0)}}_{i,l}
         u2 = attn2_out/2 + ffn2_out/2 + u0
         # {\alpha^{\mathrm{norm1},3}}_{i} = \frac{\sum_{k} {u^{(2)}}_{i,k}}{N_{y}}
@@ -1318,26 +1338,33 @@ class Block(_CanonicalModule):
         attn3_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm13_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn3_q, attn3_k, attn3_v = attn3_qkv.chunk(3, dim=1)
         attn3_q, attn3_k, attn3_v = attn3_q.view(batch, n_tokens, n_heads, d_head), attn3_k.view(batch, n_tokens, n_heads, d_head), attn3_v.view(batch, n_tokens, n_heads, d_head)
+        del attn3_qkv, norm13_out
         # {a^{\mathrm{attn},3}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},3}}_{j,m,e} {Q^{\mathrm{attn},3}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},3}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},3}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},3}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},3}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},3}}_{m,i,j} {V^{\mathrm{attn},3}}_{j,m,e}
         attn3_o = _attention(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn3_k, attn3_q, attn3_v
         # {\mathcal{A}^{\mathrm{attn},3}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},3}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn3_out = torch.addmm(attn_b_o, attn3_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn3_out = _dropout(attn3_out, dropout_p)
+        del attn3_o
         # {\alpha^{\mathrm{norm2},3}}_{i} = \frac{\sum_{k} {u^{(2)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},3}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},3}}_{i} + {u^{(2)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},3}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},3}}_{i} + {u^{(2)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},3}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},3}}_{i,l} = {P^{\mathrm{norm2},3}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm23_out = _layer_norm(u2, norm2_gain, norm2_bias, eps)
+        del u2
         # {w^{\mathrm{ffn},3}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},3}}_{i,k}
         ffn3_w = torch.addmm(ffn_b_1, norm23_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm23_out
         # {s^{\mathrm{ffn},3}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},3}}_{i,z}\right)
         ffn3_s = ffn3_w.clamp_min_(0) if inference else torch.relu(ffn3_w)
         ffn3_s = _dropout(ffn3_s, dropout_p)
+        del ffn3_w
         # {\mathcal{F}^{\mathrm{ffn},3}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},3}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn3_out = torch.addmm(ffn_b_2, ffn3_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn3_out = _dropout(ffn3_out, dropout_p)
+        del ffn3_s
         # {u^{(3)}}_{i,l} = {\mathcal{A}^{\mathrm{attn},3}}_{i,l} + {\mathcal{F}^{\mathrm{ffn},3}}_{i,l} + {u^{(0)}}_{i,l}
         u3 = attn3_out + ffn3_out + u0
         # {\alpha^{\mathrm{norm1},4}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1351,28 +1378,36 @@ class Block(_CanonicalModule):
         attn4_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm14_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn4_q, attn4_k, attn4_v = attn4_qkv.chunk(3, dim=1)
         attn4_q, attn4_k, attn4_v = attn4_q.view(batch, n_tokens, n_heads, d_head), attn4_k.view(batch, n_tokens, n_heads, d_head), attn4_v.view(batch, n_tokens, n_heads, d_head)
+        del attn4_qkv, norm14_out
         # {a^{\mathrm{attn},4}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},4}}_{j,m,e} {Q^{\mathrm{attn},4}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},4}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},4}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},4}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},4}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},4}}_{m,i,j} {V^{\mathrm{attn},4}}_{j,m,e}
         attn4_o = _attention(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn4_k, attn4_q, attn4_v, chi
         # {\mathcal{A}^{\mathrm{attn},4}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},4}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn4_out = torch.addmm(attn_b_o, attn4_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn4_out = _dropout(attn4_out, dropout_p)
+        del attn4_o
         # {\alpha^{\mathrm{norm2},4}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
         # {\beta^{\mathrm{norm2},4}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2},4}}_{i} + {u^{(3)}}_{i,k}\right)^{2}}{N_{y}}
         # {P^{\mathrm{norm2},4}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2},4}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},4}}_{i}}}
         # {\mathrm{LN}^{\mathrm{norm2},4}}_{i,l} = {P^{\mathrm{norm2},4}}_{i,l} {g_{\mathrm{norm2}}}_{l} + {c_{\mathrm{norm2}}}_{l}
         norm24_out = _layer_norm(u3, norm2_gain, norm2_bias, eps)
+        del u3
         # {w^{\mathrm{ffn},4}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},4}}_{i,k}
         ffn4_w = torch.addmm(ffn_b_1, norm24_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm24_out
         # {s^{\mathrm{ffn},4}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},4}}_{i,z}\right)
         ffn4_s = ffn4_w.clamp_min_(0) if inference else torch.relu(ffn4_w)
         ffn4_s = _dropout(ffn4_s, dropout_p)
+        del ffn4_w
         # {\mathcal{F}^{\mathrm{ffn},4}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},4}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn4_out = torch.addmm(ffn_b_2, ffn4_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn4_out = _dropout(ffn4_out, dropout_p)
+        del ffn4_s
         # {u^{(4)}}_{i,l} = \frac{{\mathcal{A}^{\mathrm{attn},2}}_{i,l}}{3} + \frac{{\mathcal{A}^{\mathrm{attn},3}}_{i,l}}{3} + \frac{{\mathcal{A}^{\mathrm{attn},4}}_{i,l}}{6} + \frac{{\mathcal{A}^{\mathrm{attn}}}_{i,l}}{6} + \frac{{\mathcal{F}^{\mathrm{ffn},2}}_{i,l}}{3} + \frac{{\mathcal{F}^{\mathrm{ffn},3}}_{i,l}}{3} + \frac{{\mathcal{F}^{\mathrm{ffn},4}}_{i,l}}{6} + \frac{{\mathcal{F}^{\mathrm{ffn}}}_{i,l}}{6} + {u^{(0)}}_{i,l}
         u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
+        del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
         if u.dim() == 2:
             return u4[0]
         return u4 if self.batch_first else u4.transpose(0, 1)
@@ -1438,6 +1473,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,

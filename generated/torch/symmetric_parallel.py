@@ -408,8 +408,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o,)
 
 
-def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
-    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
+def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
+    """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls).
+
+    Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
+    """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
     norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, = saved
     batch, n_tokens, d = u5_bar.shape
@@ -459,7 +462,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
 
     # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # {t_{1}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
-    t1 = torch.einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
+    t1 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn},2}}}_{m,i,j} = {\gamma^{\mathrm{attn},2}}_{m,i,j} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,j} - {\gamma^{\mathrm{attn},2}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn},2}}_{m,i,n} {\overline{\gamma^{\mathrm{attn},2}}}_{m,i,n}
     attn2_a_bar = attn2_gamma*attn2_gamma_bar - t1[:, :, :, None]*attn2_gamma
     del attn2_gamma_bar, t1
@@ -484,7 +487,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{P^{\mathrm{norm1},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {g_{\mathrm{norm1}}}_{l}
     norm12_p_bar = norm1_gain*norm12_out_bar
     # {t_{5}}_{i} = \sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}
-    t5 = torch.einsum("bil,bil->bi", norm12_p, norm12_p_bar)
+    t5 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm1},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1},2}}_{i,l} {\overline{P^{\mathrm{norm1},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1},2}}_{i}\right)}
     norm12_beta_bar = -t5/(2*(eps + norm12_beta))
     del t5
@@ -503,21 +506,10 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{s^{\mathrm{ffn},2}}}_{i,z} = \sum_{l} {\overline{\mathcal{F}^{\mathrm{ffn},2}}}_{i,l} {W_{\mathrm{ffn},2}}_{z,l}
     ffn2_s_bar = torch.mm(ffn2_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     # {\overline{w^{\mathrm{ffn},2}}}_{i,z} = \theta\left({s^{\mathrm{ffn},2}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn},2}}}_{i,z}
-    ffn2_w_bar = (ffn2_s > 0)*ffn2_s_bar
+    ffn2_w_bar = torch.ops.aten.threshold_backward(ffn2_s_bar, ffn2_s, 0)
     del ffn2_s_bar
     # {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} = \sum_{z} {\overline{w^{\mathrm{ffn},2}}}_{i,z} {W_{\mathrm{ffn},1}}_{l,z}
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
-    t8 = torch.einsum("bil,bil->bi", norm22_p, norm22_p_bar)
-    # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
-    norm22_beta_bar = -t8/(2*(eps + norm22_beta))
-    del t8
-    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}
-    t9 = torch.sum(norm22_p, dim=2)
-    # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
-    t10 = torch.sum(norm22_p_bar, dim=2)
 
     # --- adjoint of branch substep 2: ffn, explicit on Proj(norm2) ---
     # {\lambda^{(2)}}_{i,l} = \frac{{\lambda^{(5)}}_{i,l}}{2}
@@ -541,7 +533,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
-    ffn_w_bar = (ffn_s > 0)*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
     ffn_W_1_bar_0 = torch.einsum("biz,bik->kz", ffn2_w_bar, norm22_out)
     del norm22_out
@@ -564,9 +556,8 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
     norm2_bias_bar = norm2_bias_bar_0 + norm2_bias_bar_1
     del norm2_bias_bar_0, norm2_bias_bar_1
-    norm2_gain_bar_0 = torch.einsum("bil,bil->l", norm22_out_bar, norm22_p)
-    del norm22_out_bar
-    norm2_gain_bar_1 = torch.einsum("bil,bil->l", norm2_out_bar, norm2_p)
+    norm2_gain_bar_0 = torch.sum(norm22_out_bar * norm22_p, dim=(0, 1))
+    norm2_gain_bar_1 = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {P^{\mathrm{norm2},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
@@ -574,7 +565,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
     # {t_{11}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
-    t11 = torch.einsum("bil,bil->bi", norm2_p, norm2_p_bar)
+    t11 = torch.sum(norm2_p * norm2_p_bar, dim=2)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t11/(2*(eps + norm2_beta))
     del t11
@@ -610,7 +601,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
     # {t_{14}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
-    t14 = torch.einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
+    t14 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
     attn_a_bar = attn_gamma*attn_gamma_bar - t14[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t14
@@ -675,30 +666,47 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
     norm1_bias_bar = norm1_bias_bar_0 + norm1_bias_bar_1
     del norm1_bias_bar_0, norm1_bias_bar_1
-    norm1_gain_bar_0 = torch.einsum("bil,bil->l", norm12_out_bar, norm12_p)
+    norm1_gain_bar_0 = torch.sum(norm12_out_bar * norm12_p, dim=(0, 1))
     del norm12_out_bar, norm12_p
-    norm1_gain_bar_1 = torch.einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    norm1_gain_bar_1 = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1},2}}}_{i,l} {P^{\mathrm{norm1},2}}_{i,l} + \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1
     del norm1_gain_bar_0, norm1_gain_bar_1
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    del norm1_out_bar
-    # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t18 = torch.einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
-    norm1_beta_bar = -t18/(2*(eps + norm1_beta))
-    del t18
-    # {t_{19}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
-    t19 = torch.sum(norm1_p, dim=2)
-    # {t_{20}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
-    t20 = torch.sum(norm1_p_bar, dim=2)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    # {\overline{\alpha^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(3)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} {P^{\mathrm{norm2},2}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2},2}}}_{i}}{N_{y}}
-    u0_bar = (-t20[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t10[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d + u1_bar + u3_bar
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm22_beta, norm22_beta_bar, norm22_p, norm22_p_bar, t10, t19, t20, t9, u1_bar, u3_bar
-    return u0_bar, {
+    if need_u:
+
+        # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
+        # {\overline{P^{\mathrm{norm2},2}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm2},2}}}_{i,l} {g_{\mathrm{norm2}}}_{l}
+        norm22_p_bar = norm2_gain*norm22_out_bar
+        del norm22_out_bar
+        # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
+        t8 = torch.sum(norm22_p * norm22_p_bar, dim=2)
+        # {\overline{\beta^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2},2}}_{i,l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}\right)}
+        norm22_beta_bar = -t8/(2*(eps + norm22_beta))
+        del t8
+        # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}
+        t9 = torch.sum(norm22_p, dim=2)
+        # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}
+        t10 = torch.sum(norm22_p_bar, dim=2)
+
+        # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
+        # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+        norm1_p_bar = norm1_gain*norm1_out_bar
+        del norm1_out_bar
+        # {t_{18}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        t18 = torch.sum(norm1_p * norm1_p_bar, dim=2)
+        # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+        norm1_beta_bar = -t18/(2*(eps + norm1_beta))
+        del t18
+        # {t_{19}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+        t19 = torch.sum(norm1_p, dim=2)
+        # {t_{20}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        t20 = torch.sum(norm1_p_bar, dim=2)
+        # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+        # {\overline{\alpha^{\mathrm{norm2},2}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} \sum_{k} {P^{\mathrm{norm2},2}}_{i,k}}{N_{y}}
+        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + {\lambda^{(3)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2},2}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}}} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2},2}}_{i}} {\overline{\beta^{\mathrm{norm2},2}}}_{i} {P^{\mathrm{norm2},2}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2},2}}}_{i}}{N_{y}}
+        u0_bar = (-t20[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t10[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d + u1_bar + u3_bar
+        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm22_beta, norm22_beta_bar, norm22_p, norm22_p_bar, t10, t19, t20, t9, u1_bar, u3_bar
+    return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
         "attn.W_q": attn_W_q_bar.reshape(d, d),
@@ -734,7 +742,8 @@ class _DerivedStep(torch.autograd.Function):
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
-        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data)
+        grad_u, grads = _vjp_backward(saved, grad_out.contiguous(), p, ctx.chi, ctx.eps, ctx.n_heads, *ctx.data,
+                                   need_u=ctx.needs_input_grad[0])
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
@@ -1004,15 +1013,19 @@ class Block(_CanonicalModule):
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        del attn_qkv, norm1_out
         # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn_k, attn_q, attn_v
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
+        del attn_o
         # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
         u1 = attn_out.add_(u0) if inference else attn_out + u0
+        del attn_out
 
         # --- branch substep 2: ffn, explicit on Proj(norm2) ---
         # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
@@ -1022,12 +1035,15 @@ class Block(_CanonicalModule):
         norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
         ffn_s = ffn_w.clamp_min_(0) if inference else torch.relu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
+        del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
+        del ffn_s
 
         # --- branch substep 3: ffn, explicit on Proj(norm2) ---
         # {\alpha^{\mathrm{norm2},2}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
@@ -1037,14 +1053,18 @@ class Block(_CanonicalModule):
         norm22_out = _layer_norm(u0, norm2_gain, norm2_bias, eps)
         # {w^{\mathrm{ffn},2}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2},2}}_{i,k}
         ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+        del norm22_out
         # {s^{\mathrm{ffn},2}}_{i,z} = \max\left(0, {w^{\mathrm{ffn},2}}_{i,z}\right)
         ffn2_s = ffn2_w.clamp_min_(0) if inference else torch.relu(ffn2_w)
         ffn2_s = _dropout(ffn2_s, dropout_p)
+        del ffn2_w
         # {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {s^{\mathrm{ffn},2}}_{i,z} {W_{\mathrm{ffn},2}}_{z,l}
         ffn2_out = torch.addmm(ffn_b_2, ffn2_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn2_out = _dropout(ffn2_out, dropout_p)
+        del ffn2_s
         # {u^{(3)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn},2}}_{i,l} + {u^{(0)}}_{i,l}
         u3 = ffn2_out.add_(u0) if inference else ffn2_out + u0
+        del ffn2_out, u0
 
         # --- branch substep 4: attn, explicit on Proj(norm1) ---
         # {\alpha^{\mathrm{norm1},2}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
@@ -1058,19 +1078,23 @@ class Block(_CanonicalModule):
         attn2_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm12_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn2_q, attn2_k, attn2_v = attn2_qkv.chunk(3, dim=1)
         attn2_q, attn2_k, attn2_v = attn2_q.view(batch, n_tokens, n_heads, d_head), attn2_k.view(batch, n_tokens, n_heads, d_head), attn2_v.view(batch, n_tokens, n_heads, d_head)
+        del attn2_qkv, norm12_out
         # {a^{\mathrm{attn},2}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn},2}}_{j,m,e} {Q^{\mathrm{attn},2}}_{i,m,e}}{\sqrt{N_{e}}}
         # {\gamma^{\mathrm{attn},2}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn},2}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn},2}}_{m,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn},2}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn},2}}_{m,i,j} {V^{\mathrm{attn},2}}_{j,m,e}
         attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+        del attn2_k, attn2_q, attn2_v, chi
         # {\mathcal{A}^{\mathrm{attn},2}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {O^{\mathrm{attn},2}}_{i,m,e} {W^{O}_{\mathrm{attn}}}_{m,e,l}
         attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn2_out = _dropout(attn2_out, dropout_p)
+        del attn2_o
 
         # --- substep 5: parallel (sequence, sequence) ---
         # {u^{(4)}}_{i,l} = {\mathcal{A}^{\mathrm{attn},2}}_{i,l} + {u^{(3)}}_{i,l}
         # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
         # {u^{(5)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(4)}}_{i,l}}{2}
         u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
+        del attn2_out, ffn_out, u1, u3
         if u.dim() == 2:
             return u5[0]
         return u5 if self.batch_first else u5.transpose(0, 1)
@@ -1136,6 +1160,7 @@ class Stack(_CanonicalModule):
         # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
         # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+        del u0
         return u1
 
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = False,

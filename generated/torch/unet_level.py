@@ -192,7 +192,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
 
     # --- adjoint of bn: batch-norm ---
     # {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-    bn_out_bar = (relu_out > 0)*relu_out_bar
+    bn_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
     # {\overline{c^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q}
     bn_c_bar = torch.einsum("blpq->bl", bn_out_bar)
     # {\overline{\beta_{\mathrm{bn}}}}_{l} = {\overline{c^{\mathrm{bn}}}}_{l}
@@ -201,7 +201,7 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     # {\overline{\mu_{\mathrm{bn}}}}_{l} = - {a^{\mathrm{bn}}}_{l} {\overline{c^{\mathrm{bn}}}}_{l}
     bn_mean_bar = torch.einsum("bl->l", t1)
     # {\overline{a^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q}
-    bn_a_bar = torch.einsum("blpq,blpq->bl", bn_out_bar, conv_out)
+    bn_a_bar = torch.sum(bn_out_bar * conv_out, dim=(2, 3))
     t2 = bn_a_bar/torch.sqrt(eps + bn_var)
     bn_gain_bar_0 = torch.einsum("bl->l", t2)
     t3 = -bn_c_bar*bn_mean/torch.sqrt(eps + bn_var)

@@ -65,7 +65,7 @@ RELATED = {
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/parallel.py": ("tests/test_parallel.py",),
     "symbolic/tableaux.py": ("tests/test_tableaux.py",),
-    "symbolic/scheme.py": ("tests/test_scheme_file.py",),
+    "symbolic/scheme.py": ("tests/test_scheme_file.py", "tests/test_plugins.py"),
     "symbolic/builder.py": ("tests/test_api.py",),
     "symbolic/exact_numbers.py": ("tests/test_scheme_file.py", "tests/test_hostile_input.py"),
     "symbolic/names.py": ("tests/test_scheme_file.py", "tests/test_hostile_input.py"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +47,15 @@ def rng():
 
 
 def pytest_configure(config):
-    """A fresh derivation cache per session: tests exercise the derivations themselves."""
+    """A fresh derivation cache per session: tests exercise the derivations themselves.
+
+    And Ctrl-C acts as it does for a user however the suite was started: a shell that starts a
+    command in the background (``make test &``, ``nohup``) ignores SIGINT in it and, across
+    exec, in its children, and the interrupt tests would then see nothing.
+    """
     import os
     import tempfile
 
     os.environ["SPLITFORMER_CACHE"] = tempfile.mkdtemp(prefix="splitformer-cache-")
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

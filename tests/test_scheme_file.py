@@ -201,3 +201,11 @@ def test_a_bad_number_is_quoted_by_its_first_40_characters(text):
 def test_what_is_not_an_exact_number_says_why(value, message):
     with pytest.raises(ValueError, match=message):
         exact_number(value)
+
+
+def test_the_documented_bound_on_numbers_is_the_one_enforced():
+    """README: numerator and denominator at most 10⁹ (independent of the constant in the code)."""
+    assert exact_number("1000000000") == 10**9 and exact_number("1/1000000000") == sp.Rational(1, 10**9)
+    for text in ("1000000001", "1/1000000001"):
+        with pytest.raises(ValueError, match="is out of range"):
+            exact_number(text)

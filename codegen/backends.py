@@ -74,10 +74,12 @@ class Backend:
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
         operands = ", ".join(operand.name for operand in op.operands)
-        value = self.scaled(f'{self.einsum}("{op.spec}", {operands})', op.scale, printer)
-        if op.bias is not None:
-            value = f"{value} + {printer.operand(op.bias)}"
-        return [f"{op.out} = {value}"]
+        return self.assigned(op, self.scaled(f'{self.einsum}("{op.spec}", {operands})', op.scale, printer), printer)
+
+    @staticmethod
+    def assigned(op: Contraction, value: str, printer: ArrayPrinter) -> list[str]:
+        """``out = value`` with the contraction's bias added."""
+        return [f"{op.out} = {value}" + ("" if op.bias is None else f" + {printer.operand(op.bias)}")]
 
     def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
         body = self.printer(printer.module, op.body_labels).doprint(op.body)
@@ -184,10 +186,8 @@ class TorchBackend(Backend):
                 or tuple(label for label in labels if label in op.labels) != op.labels):
             return super().contraction(op, printer)
         product = " * ".join(operand.name for operand in op.operands)
-        value = self.scaled(f"torch.sum({product}, dim={summed if len(summed) > 1 else summed[0]})", op.scale, printer)
-        if op.bias is not None:
-            value = f"{value} + {printer.operand(op.bias)}"
-        return [f"{op.out} = {value}"]
+        dim = summed if len(summed) > 1 else summed[0]
+        return self.assigned(op, self.scaled(f"torch.sum({product}, dim={dim})", op.scale, printer), printer)
 
     def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"

@@ -151,15 +151,23 @@ def test_derived_backward_of_the_hidden_states():
 
 
 def test_derived_backward_in_float32():
-    """``backward="derived"`` in float32 against autograd through the same generated module (float32)."""
+    """``backward="derived"`` in float32 is as accurate as autograd in float32: both against the float64
+    gradients (which equal transformers' to 1e-10 above). A fixed bound would measure the weights' draw:
+    the BatchNorm variance's gradient cancels, and both float32 paths miss it by 1e-4 relative."""
     adapted = from_hf(_cvt(True))
-    pixels = torch.randn(2, 3, 12, 10, generator=torch.Generator().manual_seed(1))
-    seed = torch.randn(2, 3, generator=torch.Generator().manual_seed(2))
+    pixels = torch.randn(2, 3, 12, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    seed = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    exact_image, exact = _torch_gradients(_generated(adapted, "autograd"), pixels, seed)
     (derived_image, derived), (autograd_image, autograd) = (
-        _torch_gradients(_generated(adapted, backward, torch.float32), pixels, seed) for backward in ("derived", "autograd"))
+        _torch_gradients(_generated(adapted, backward, torch.float32), pixels.float(), seed.float())
+        for backward in ("derived", "autograd"))
     assert derived_image.dtype == np.float32 and all(value.dtype == np.float32 for value in derived.values())
-    assert np.abs(derived_image - autograd_image).max() / np.abs(autograd_image).max() <= 1e-4
-    assert _relative(derived, autograd) <= 1e-4
+
+    def image_error(image):
+        return np.abs(image - exact_image).max() / np.abs(exact_image).max()
+
+    assert image_error(derived_image) <= max(2 * image_error(autograd_image), 1e-6) <= 1e-4
+    assert _relative(derived, exact) <= max(2 * _relative(autograd, exact), 1e-6) <= 1e-3
 
 
 def test_the_chaining_is_derived():

@@ -11,9 +11,9 @@ reader pastes them there with the environment active:
 - ``bash``/``sh``: ``bash -euo pipefail`` in the scratch folder, this environment's scripts first
   on ``PATH`` (as after ``source .venv/bin/activate``).
 - ``toml``: a scheme file; ``splitformer.load_scheme`` must accept it.
-- ``title="name"`` on the fence (shown as the file name on the site): the block is written to
-  that file in the scratch folder first, for the blocks after it (a ``python`` block with a
-  title is a file that a command loads, not run by itself).
+- ``title="name"`` on the fence (shown as the file name on the site): a file, written to the
+  scratch folder for the blocks after it, which must name it (a plug-in, a scheme file that
+  needs one); it does not run by itself.
 - ``<!-- docs: not run: REASON -->`` on the line before: not run. ``NOT_RUN`` lists every such
   block, so that one is never skipped silently.
 """
@@ -142,7 +142,7 @@ def run_page(page: Path, folder: Path) -> None:
             if block.title:
                 (folder / block.title).parent.mkdir(parents=True, exist_ok=True)
                 (folder / block.title).write_text(block.text, encoding="utf-8")
-            if block.not_run or (block.title and block.language == "python"):
+            if block.not_run or block.title:
                 previous = block
                 continue
             if block.language == "python":
@@ -155,7 +155,7 @@ def run_page(page: Path, folder: Path) -> None:
             elif block.language in ("bash", "sh"):
                 _run_bash(block, folder)
             elif block.language == "toml":
-                path = folder / (block.title or f"block-{block.line}.toml")
+                path = folder / f"block-{block.line}.toml"
                 path.write_text(block.text, encoding="utf-8")
                 splitformer.load_scheme(path)
             previous = block
@@ -169,6 +169,15 @@ def test_every_block_has_a_known_language_and_continues_a_python_block():
             if block.continues:
                 assert block.language == "python" and any(
                     earlier.language == "python" for earlier in found[:position]), f"{block} continues nothing"
+
+
+def test_every_file_a_page_writes_is_used_by_a_later_block():
+    for page in PAGES:
+        found = blocks(page)
+        for position, block in enumerate(found):
+            if block.title:
+                assert any(block.title in later.text for later in found[position + 1:]
+                           if not later.not_run and not later.title), f"{block}: nothing uses {block.title}"
 
 
 def test_the_blocks_not_run_are_the_listed_ones():

@@ -40,14 +40,16 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 #: Blocks that are not run, by page and first line, with the reason their page gives.
 NOT_RUN = {
     ("README.md", "make demo"): "sets up the environment and runs the whole suite itself",
-    ("docs/reference/checks.md", "splitformer check richardson.toml rotary-cross.toml"):
-        "a full check of two schemes takes about a minute of CPU",
-    ("docs/reference/checks.md", "make mutation"): "mutation testing takes minutes",
+    ("docs/reference/checks.md", "splitformer check tests/schemes/richardson.toml"):
+        "checking two schemes takes about a minute of CPU",
+    ("docs/reference/checks.md", "make mutation MUTANTS=40 MUTATION_JOBS=2"): "mutation testing takes minutes",
     ("docs/reference/cli.md", "splitformer check post-ln --format json > checks.json"):
         "a full check takes about half a minute of CPU",
     ("docs/guide/networks.md", "splitformer check vit cvt resnet-block unet-level"):
         "the checks of the networks take minutes",
     ("docs/reference/performance.md", "make bench"): "benchmarks run for minutes",
+    ("docs/reference/performance.md", "splitformer derive post-ln --out .cache/bench"):
+        "a benchmark, from the repository root; about a minute",
     ("docs/guide/adjoint.md", "make train-demo"): "the training demo takes about 20 s",
 }
 

@@ -40,6 +40,7 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 #: Blocks that are not run, by page and first line, with the reason their page gives.
 NOT_RUN = {
     ("README.md", "make demo"): "sets up the environment and runs the whole suite itself",
+    ("docs/index.md", "python -m pip install -e \".[docs]\""): "installs packages and starts a web server",
     ("docs/reference/checks.md", "splitformer check tests/schemes/richardson.toml"):
         "checking two schemes takes about a minute of CPU",
     ("docs/reference/checks.md", "make mutation MUTANTS=40 MUTATION_JOBS=2"): "mutation testing takes minutes",

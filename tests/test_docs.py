@@ -216,6 +216,14 @@ def test_the_code_blocks_of_the_page_run_as_written(page, tmp_path):
     run_page(page, tmp_path)
 
 
+def test_the_api_reference_names_every_public_name():
+    import splitformer
+
+    reference = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    for name in set(splitformer.__all__) - {"__version__"}:
+        assert f"`splitformer.{name}`" in reference, name
+
+
 def test_the_docs_site_builds_strictly(tmp_path):
     if shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("NOT CHECKED: mkdocs is not installed here; `pip install -e '.[docs]'` "

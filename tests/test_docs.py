@@ -88,7 +88,7 @@ def blocks(page: Path) -> list[Block]:
         info = match.group("info").strip()
         title = _TITLE.search(info)
         found.append(Block(
-            page=page.relative_to(ROOT).as_posix(), line=source.count("\n", 0, match.start()) + 1,
+            page=page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name, line=source.count("\n", 0, match.start()) + 1,
             language=info.split()[0] if info else "", text=match.group("text"),
             title=title.group(1) if title else None,
             continues=bool(mark) and mark.group("mark") == "continues",
@@ -222,6 +222,34 @@ def test_the_api_reference_names_every_public_name():
     reference = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     for name in set(splitformer.__all__) - {"__version__"}:
         assert f"`splitformer.{name}`" in reference, name
+
+
+#: Negative controls: pages that must fail, one way each.
+BROKEN = {
+    "a python error": "```python\nundefined_name\n```\n",
+    "a name from a block it does not continue": "```python\nx = 1\n```\n\n```python\nprint(x)\n```\n",
+    "output that is not what the block prints": "```python\nprint(1)\n```\n\n```text\n2\n```\n",
+    "a failing command": "```bash\nsplitformer derive no-such-scheme --out build\n```\n",
+    "an invalid scheme file": "```toml\nsummary = \"no name\"\n```\n",
+}
+
+
+@pytest.mark.parametrize("text", BROKEN.values(), ids=BROKEN.keys())
+def test_a_broken_block_fails_its_page(text, tmp_path):
+    page = tmp_path / "broken.md"
+    page.write_text(text, encoding="utf-8")
+    (tmp_path / "scratch").mkdir()
+    from splitformer import SplitformerError
+
+    with pytest.raises((AssertionError, pytest.fail.Exception, SplitformerError)):
+        run_page(page, tmp_path / "scratch")
+
+
+def test_a_continued_block_sees_the_names_before_it(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 41\n```\n\n<!-- docs: continues -->\n```python\nprint(x + 1)\n```\n\n"
+                    "```text\n42\n```\n", encoding="utf-8")
+    run_page(page, tmp_path)
 
 
 def test_the_docs_site_builds_strictly(tmp_path):

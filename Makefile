@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[torch,test,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[torch,test,bench,docs]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

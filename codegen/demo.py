@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures += not ok
                 print(f"{backend:8} {np.dtype(dtype).name:8} {path:16} {error:11.2e}  {tolerance:.0e} {'ok' if ok else 'FAIL'}")
     print("all checks hold" if not failures else f"{failures} check(s) failed")
-    print("Vision models (README, Vision): splitformer derive vit cvt resnet-block unet-level; splitformer check vit cvt")
+    print("Networks (docs/guide/networks.md): splitformer derive vit cvt resnet-block unet-level; splitformer check vit cvt")
     return 1 if failures else 0
 
 

@@ -167,20 +167,6 @@ def test_public_names_resolve():
     assert set(splitformer.__all__) <= set(dir(splitformer))  # tab completion finds the lazy names
 
 
-def test_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
-    import re
-
-    from conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Python API and notebooks"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
-    assert "mine " in capsys.readouterr().out
-    assert (tmp_path / "convergence.png").is_file() and (tmp_path / "generated" / "torch" / "mine.py").is_file()
-
-
 def test_nothing_cites_the_design_notes():
     from conftest import ROOT
 

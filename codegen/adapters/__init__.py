@@ -21,7 +21,8 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
-from .arrays import dtype_notes, source_dtype
+from .arrays import dtype_notes, floating_dtype, source_dtype
+from .inspection import check_computation
 
 __all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "to_torch", "canonical",
            "ADAPTERS", "WRITERS"]
@@ -63,6 +64,9 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
         known = ", ".join(sorted(cls for lib, cls in ADAPTERS if lib == library)) or "none"
         raise SplitformerError(f"no {library} adapter for {name} (supported: {known})")
     dtype = expected.pop("dtype", None)
+    if dtype is not None:
+        floating_dtype(dtype)
+    check_computation(name, module)
     unknown = sorted(set(expected) - set(_EXPECTABLE))
     if unknown:
         raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype)")
@@ -104,6 +108,8 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
+        if hasattr(params, "state_dict"):
+            like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
         layers, final_norm = canonical(params)
         params = like.with_params(layers, final_norm if like.final_norm is not None else None)
     function = WRITERS.get(params.source)

@@ -54,6 +54,10 @@ def llama_layer_config(layer: Any) -> dict[str, Any]:
                                "gated feed-forward uses silu (SwiGLU)")
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         raise SplitformerError("LlamaDecoderLayer has biases (attention_bias or mlp_bias); the llama scheme has none")
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        if getattr(layer.get_submodule(name), "bias", None) is not None:
+            raise SplitformerError(f"LlamaDecoderLayer.{name} has a bias; the llama scheme has none")
     if layer.self_attn.head_dim * n_heads != d:
         raise SplitformerError(f"LlamaDecoderLayer has head_dim = {layer.self_attn.head_dim} ≠ hidden_size / "
                                f"num_attention_heads = {d // n_heads}")

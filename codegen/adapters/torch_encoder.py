@@ -18,7 +18,7 @@ from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
-                     stack_state, state_dict, zero_bias)
+                     stack_state, state_dict, torch_dropout, zero_bias)
 
 __all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
 
@@ -57,8 +57,12 @@ def read_encoder_layer(layer: Any) -> Adapted:
     eps = check_norms("TransformerEncoderLayer", {"norm1": layer.norm1, "norm2": layer.norm2})
     params |= layer_norm_params("norm1", layer.norm1) | layer_norm_params("norm2", layer.norm2)
     bias_tensors += [layer.linear1.bias, layer.linear2.bias, layer.norm1.bias, layer.norm2.bias]
+    dropout = torch_dropout(layer, [layer.self_attn])
     notes = () if layer.self_attn.batch_first else (
-        "the source takes (tokens, batch, d) (batch_first=False); generated forwards take (batch, tokens, d)",)
+        "the source takes (tokens, batch, d) (batch_first=False), and so does the Block that build() makes; "
+        "the NumPy forward takes (batch, tokens, d)",)
+    if dropout is None:
+        notes += ("the source's dropout probabilities differ; a generated Block has one (build() leaves it 0)",)
     return Adapted(
         scheme="pre-ln" if layer.norm_first else "post-ln",
         activation=activation_name("TransformerEncoderLayer", layer.activation),
@@ -68,6 +72,8 @@ def read_encoder_layer(layer: Any) -> Adapted:
         bias=check_bias("TransformerEncoderLayer", bias_tensors),
         source=("torch", "TransformerEncoderLayer"),
         notes=notes,
+        batch_first=layer.self_attn.batch_first,
+        dropout=dropout,
     )
 
 
@@ -80,7 +86,7 @@ def read_encoder(encoder: Any) -> Adapted:
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
-        source=("torch", "TransformerEncoder"), notes=first.notes,
+        source=("torch", "TransformerEncoder"), notes=first.notes, batch_first=first.batch_first, dropout=first.dropout,
     )
 
 

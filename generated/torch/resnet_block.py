@@ -466,6 +466,15 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint; the backward runs the step again (it
     keeps only the input and the parameters)."""
@@ -478,6 +487,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         u, *params = ctx.saved_tensors
         module = ctx.module
         p = dict(zip((name for name, _ in module.named_parameters()), params))

@@ -735,6 +735,15 @@ def _readout_function(u, p):
     return head_logits
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedModel(torch.autograd.Function):
     """The final hidden states; the backward is the derived adjoint (report §7).
 
@@ -758,6 +767,7 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         n_layers, patch_size, n_heads, eps, count, sizes = ctx.config
         image, *tensors = ctx.saved_tensors
         params, tensors = tensors[:count], tensors[count:]
@@ -788,6 +798,7 @@ class _DerivedReadout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logits):
+        _first_order_only()
         u, *params = ctx.saved_tensors
         grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)))
         return (grad_u, *(grads[name] for name in HEAD_PARAMETERS))

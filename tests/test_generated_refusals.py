@@ -194,3 +194,34 @@ def test_blocks_run_on_the_meta_device(name, options):
     block = torch_module.Block(16, 4, 24, device="meta")
     out = block(torch.empty(2, 3, 16, device="meta"), **copy.copy(options))
     assert out.is_meta and out.shape == (2, 3, 16)
+
+
+VIT_PIXELS = np.zeros((1, 3, 4, 4))
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"params": None}, TypeError, "params must be a mapping"),
+    ({"patch_size": True}, TypeError, "patch_size must be an int, got bool"),
+    ({"patch_size": 0}, ValueError, "patch_size must be >= 1, got 0"),
+    ({"patch_size": 8}, ValueError, "pixel_values of size 4x4 hold no patch of 8x8"),
+    ({"n_heads": "2"}, TypeError, "n_heads must be an int, got str"),
+    ({"eps": -1.0}, ValueError, "eps must be a finite real number >= 0"),
+])
+def test_vit_arguments_are_named_before_work(options, error, message):
+    numpy_module, _ = _modules("vit")
+    arguments = {"params": {}, "patch_size": 2, "n_heads": 2, **options}
+    with pytest.raises(error, match=message):
+        numpy_module.forward(VIT_PIXELS, arguments.pop("params"), **arguments)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"n_heads": "2"}, TypeError, "n_heads must be an int, got str"),
+    ({"image_size": 4}, TypeError, r"image_size must be \(height, width\)"),
+    ({"d_ff": 0}, ValueError, "d_ff must be >= 1"),
+    ({"eps": float("nan")}, ValueError, "eps must be finite"),
+])
+def test_vit_model_arguments_are_named(options, error, message):
+    _, torch_module = _modules("vit")
+    arguments = dict(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4)) | options
+    with pytest.raises(error, match=message):
+        torch_module.Model(**arguments)

@@ -43,6 +43,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     head.b                   (n_classes)      (n_classes > 0)
 """
 import math
+import numbers
 import weakref
 
 import torch
@@ -899,13 +900,18 @@ class Model(torch.nn.Module):
     def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0,
                  eps=1e-12, device=None, dtype=None, backward="autograd"):
         super().__init__()
-        height, width = image_size
+        n_layers, n_classes = _integer("n_layers", n_layers, 0), _integer("n_classes", n_classes, 0)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
+        n_channels, patch_size, eps = _integer("n_channels", n_channels, 1), _integer("patch_size", patch_size, 1), _epsilon(eps)
+        if isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__") or len(image_size) != 2:
+            raise TypeError(f"image_size must be (height, width), got {image_size!r}")
+        height, width = (_integer("image_size", size, 1) for size in image_size)
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
-        if n_heads < 1 or d_model % n_heads:
+        if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        if patch_size < 1 or height < patch_size or width < patch_size:
+        if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
         self.n_channels, self.image_size, self.n_classes = n_channels, (height, width), n_classes

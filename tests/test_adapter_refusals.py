@@ -162,6 +162,16 @@ def test_a_llama_projection_bias_is_read_from_the_tensor():
         from_hf(layer)
 
 
+def test_a_missing_gpt2_bias_is_read_from_the_tensor():
+    from test_gpt2 import gpt2_config, random_block
+
+    block = random_block(gpt2_config(8, 2, 12, 1e-5))
+    from_hf(block)  # control
+    block.mlp.c_proj.bias = None
+    with pytest.raises(SplitformerError, match=r"GPT2Block\.mlp\.c_proj has no bias"):
+        from_hf(block)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.float16, "not a dtype"])
 def test_non_floating_conversions_are_refused(dtype):
     with pytest.raises(SplitformerError, match="dtype=") as error:

@@ -162,6 +162,32 @@ def test_a_llama_projection_bias_is_read_from_the_tensor():
         from_hf(layer)
 
 
+@pytest.mark.parametrize("part, replacement, message", [
+    ("linear1", torch.nn.Identity(), r"TransformerEncoderLayer\.linear1 is Identity, not Linear"),
+    ("norm2", torch.nn.Identity(), r"TransformerEncoderLayer\.norm2 is Identity, not LayerNorm"),
+])
+def test_a_replaced_submodule_is_refused_by_name(part, replacement, message):
+    layer = encoder_layer()
+    setattr(layer, part, replacement)
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_torch(layer)
+    one_line(error)
+
+
+def test_an_activation_replaced_after_construction_is_refused():
+    layer = encoder_layer(activation="relu")
+    layer.activation = torch.nn.functional.gelu  # torch's fast path would still compute relu
+    with pytest.raises(SplitformerError, match="activation \\(gelu\\) was replaced after construction"):
+        from_torch(layer)
+
+
+def test_a_llama_activation_module_is_read():
+    layer = randomized(LlamaDecoderLayer(llama_config(16, 4, 2, d_ff=24), layer_idx=0))
+    layer.mlp.act_fn = torch.nn.ReLU()
+    with pytest.raises(SplitformerError, match=r"mlp\.act_fn is not silu"):
+        from_hf(layer)
+
+
 def test_a_missing_gpt2_bias_is_read_from_the_tensor():
     from test_gpt2 import gpt2_config, random_block
 

@@ -5,7 +5,8 @@ Refused, each in one line naming the (sub)module: forward, forward-pre, backward
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers and timm that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
-parameters on the ``meta`` device (no values to read) or of a non-floating dtype.
+parameters on the ``meta`` device (no values to read) or of a non-floating dtype; and (``check_parts``)
+a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "LIBRARIES"]
+__all__ = ["check_computation", "check_parts", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm")
@@ -77,3 +78,15 @@ def _check_global_hooks() -> None:
         if getattr(torch_module, f"_global{attribute}", None):
             raise SplitformerError(f"a global module {kind} is registered (torch.nn.modules.module."
                                    "register_module_*); it changes what every module computes: remove it before adapting")
+
+
+def check_parts(owner: str, module: Any, parts: dict[str, str]) -> None:
+    """Refuse ``module`` when a submodule (dotted path) is not of the named class (or a subclass of it)."""
+    for path, expected in parts.items():
+        try:
+            part = module.get_submodule(path)
+        except AttributeError:
+            raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
+        if expected not in {klass.__name__ for klass in type(part).__mro__}:
+            raise SplitformerError(f"{owner}.{path} is {type(part).__name__}, not {expected}; adapters read "
+                                   "the library's layer as built")

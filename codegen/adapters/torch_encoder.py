@@ -17,6 +17,7 @@ from splitformer.symbolic.errors import SplitformerError
 from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
+from .inspection import check_parts
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
                      stack_state, state_dict, torch_dropout, zero_bias)
 
@@ -48,9 +49,21 @@ def _linear(linear: Any, weight: str, bias: str) -> dict[str, np.ndarray]:
     return {weight: w, bias: zero_bias(w.shape[1], w.dtype) if linear.bias is None else array(linear.bias)}
 
 
+#: The submodules a ``TransformerEncoderLayer`` is read through, and their classes.
+ENCODER_PARTS = {"self_attn": "MultiheadAttention", "self_attn.out_proj": "Linear", "linear1": "Linear",
+                 "linear2": "Linear", "norm1": "LayerNorm", "norm2": "LayerNorm", "dropout": "Dropout",
+                 "dropout1": "Dropout", "dropout2": "Dropout"}
+
+
 @adapter("torch", "TransformerEncoderLayer")
 def read_encoder_layer(layer: Any) -> Adapted:
     """A ``TransformerEncoderLayer``: post-ln (``norm_first=False``) or pre-ln, ReLU or GELU."""
+    check_parts("TransformerEncoderLayer", layer, ENCODER_PARTS)
+    activation = activation_name("TransformerEncoderLayer", layer.activation)
+    fast = getattr(layer, "activation_relu_or_gelu", None)  # the activation torch's fast path computes
+    if fast is not None and fast != {"relu": 1, "gelu": 2}.get(activation, 0):
+        raise SplitformerError(f"TransformerEncoderLayer.activation ({activation}) was replaced after construction; "
+                               f"torch's fast path still computes activation_relu_or_gelu={fast}")
     attention, bias_tensors = _attention(layer.self_attn)
     params = attention
     params |= _linear(layer.linear1, "ffn.W_1", "ffn.b_1") | _linear(layer.linear2, "ffn.W_2", "ffn.b_2")
@@ -65,7 +78,7 @@ def read_encoder_layer(layer: Any) -> Adapted:
         notes += ("the source's dropout probabilities differ; a generated Block has one (build() leaves it 0)",)
     return Adapted(
         scheme="pre-ln" if layer.norm_first else "post-ln",
-        activation=activation_name("TransformerEncoderLayer", layer.activation),
+        activation=activation,
         layers=(params,),
         n_heads=layer.self_attn.num_heads,
         eps=eps,

@@ -6,8 +6,10 @@ a *reader* with ``@adapter("hf", "BertLayer")`` (module → ``Adapted``) and a *
 ``from_hf`` and ``from_timm`` dispatch on the class name of what they are given, so none of
 them imports transformers or timm; ``to_torch`` dispatches on ``Adapted.source``.
 
-A reader reads the source's configuration and raises ``SplitformerError`` naming what the
-target scheme does not implement; it never guesses. Keyword expectations
+Before any reader runs, ``inspection.check_computation`` refuses a module whose parameters and
+class do not fix what it computes (hooks, overridden methods, meta or non-floating tensors).
+A reader reads the source's configuration and tensors and raises ``SplitformerError`` naming
+what the target scheme does not implement; it never guesses. Keyword expectations
 (``from_torch(layer, scheme="post-ln", eps=1e-5)``) are refused the same way when the source
 disagrees.
 """

@@ -50,7 +50,15 @@ def test_dropout_is_carried_and_compared():
         from_torch(layer).load_into(POST_LN.Block(D, HEADS, D_FF, dtype=torch.float64))
     layer.dropout1.p = 0.5  # differing probabilities: not carried, and said
     adapted = from_torch(layer)
-    assert adapted.dropout is None and any("dropout probabilities differ" in note for note in adapted.notes)
+    assert adapted.dropout is None and any("dropout (p = 0.25, 0.5) is not carried" in note for note in adapted.notes)
+    assert from_torch(layer).build(POST_LN).dropout == 0.0
+
+
+def test_a_dropout_that_is_not_carried_is_stated():
+    from test_adapters import bert
+
+    assert any("dropout (p = 0.1) is not carried" in note for note in from_hf(bert(layers=1, hidden_dropout_prob=0.1)).notes)
+    assert not any("dropout" in note for note in from_hf(bert(layers=1)).notes)  # control: no dropout, no note
 
 
 def test_load_into_compares_rope_theta_and_key_value_heads():

@@ -76,8 +76,20 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
     for key, wanted in expected.items():
         if wanted is not None and getattr(adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={getattr(adapted, key)!r}, asked for {key}={wanted!r}")
-    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module), source_dtype=source_dtype(module))
+    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted),
+                      source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
+
+
+def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
+    """What ``build`` does not carry: a source dropout other than one rate where a generated Block drops."""
+    if getattr(adapted, "dropout", 0.0) is not None:
+        return ()
+    rates = sorted({part.p for part in module.modules() if type(part).__name__ == "Dropout" and part.p > 0})
+    if not rates:
+        return ()
+    return (f"the source's dropout (p = {', '.join(map(str, rates))}) is not carried: build() makes a Block "
+            "without dropout (pass dropout= to the Block yourself to train with one)",)
 
 
 def from_torch(module: Any, **expected: Any) -> Adapted:

@@ -74,8 +74,6 @@ def read_encoder_layer(layer: Any) -> Adapted:
     notes = () if layer.self_attn.batch_first else (
         "the source takes (tokens, batch, d) (batch_first=False), and so does the Block that build() makes; "
         "the NumPy forward takes (batch, tokens, d)",)
-    if dropout is None:
-        notes += ("the source's dropout probabilities differ; a generated Block has one (build() leaves it 0)",)
     return Adapted(
         scheme="pre-ln" if layer.norm_first else "post-ln",
         activation=activation,

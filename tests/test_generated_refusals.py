@@ -225,3 +225,34 @@ def test_vit_model_arguments_are_named(options, error, message):
     arguments = dict(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4)) | options
     with pytest.raises(error, match=message):
         torch_module.Model(**arguments)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), None), TypeError, "params must be a mapping"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, eps=-1.0), ValueError, "eps must be a finite real number >= 0"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, stride=True), ValueError, "stride must be a positive int, got True"),
+])
+def test_grid_arguments_are_named_before_work(call, error, message):
+    with pytest.raises(error, match=message):
+        call(_modules("resnet_block")[0])
+
+
+@pytest.mark.parametrize("arguments, keywords, error, message", [
+    (("3", 6), {}, TypeError, "n_channels must be an int, got str"),
+    ((3, 0), {}, ValueError, "d must be >= 1, got 0"),
+    ((3, 6), {"transfer": "yes"}, TypeError, "transfer must be a bool"),
+    ((3, 6), {"eps": float("nan")}, ValueError, "eps must be a finite real number >= 0"),
+])
+def test_grid_model_arguments_are_named(arguments, keywords, error, message):
+    with pytest.raises(error, match=message):
+        _modules("resnet_block")[1].Model(*arguments, **keywords)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _modules("resnet_block")[1].Model(3, 6, transfer=True),
+    lambda: _modules("vit")[1].Model(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4)),
+    lambda: _modules("cvt")[1].Model(3, [8], [1], [12], [STAGE]),
+])
+def test_vision_models_name_an_input_that_is_not_a_tensor(make):
+    with pytest.raises(TypeError, match=r"(u|pixel_values) must be a torch.Tensor, got list"):
+        make()([[0.0]])

@@ -509,6 +509,8 @@ class Model(torch.nn.Module):
         return self
 
     def forward(self, pixel_values):
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
         if pixel_values.dim() != 4 or pixel_values.shape[1] != self.n_channels:
             raise ValueError(f"pixel_values must have shape (batch, {self.n_channels}, height, width), "
                              f"got {tuple(pixel_values.shape)}")

@@ -987,6 +987,8 @@ class Model(torch.nn.Module):
 
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
         expected = (self.n_channels, *self.image_size)
         if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
             raise ValueError(f"pixel_values must have shape (batch, {', '.join(map(str, expected))}) "

@@ -109,7 +109,7 @@ def test_the_result_is_never_the_callers_array(numpy_module):
 @pytest.mark.parametrize("arguments, keywords, error, message", [
     ((16, 4.0, 40), {}, TypeError, "n_heads must be an int, got float"),
     ((16, True, 40), {}, TypeError, "n_heads must be an int, got bool"),
-    ((16, 4, -1), {}, ValueError, "d_ff must be >= 0, got -1"),
+    ((16, 4, -1), {}, ValueError, "d_ff must be >= 1, got -1"),  # >= 0 for a scheme without a feed-forward
     ((0, 1, 4), {}, ValueError, "d_model must be >= 1, got 0"),
     ((16, 3, 40), {}, ValueError, "d_model = 16 is not divisible by n_heads = 3"),
     ((16, 4, 40), {"eps": -1e-5}, ValueError, "eps must be finite and >= 0"),

@@ -6,8 +6,10 @@ a *reader* with ``@adapter("hf", "BertLayer")`` (module → ``Adapted``) and a *
 ``from_hf`` and ``from_timm`` dispatch on the class name of what they are given, so none of
 them imports transformers or timm; ``to_torch`` dispatches on ``Adapted.source``.
 
-A reader reads the source's configuration and raises ``SplitformerError`` naming what the
-target scheme does not implement; it never guesses. Keyword expectations
+Before any reader runs, ``inspection.check_computation`` refuses a module whose parameters and
+class do not fix what it computes (hooks, overridden methods, meta or non-floating tensors).
+A reader reads the source's configuration and tensors and raises ``SplitformerError`` naming
+what the target scheme does not implement; it never guesses. Keyword expectations
 (``from_torch(layer, scheme="post-ln", eps=1e-5)``) are refused the same way when the source
 disagrees.
 """
@@ -21,7 +23,8 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
-from .arrays import dtype_notes, source_dtype
+from .arrays import dtype_notes, floating_dtype, source_dtype
+from .inspection import check_computation
 
 __all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "to_torch", "canonical",
            "ADAPTERS", "WRITERS"]
@@ -63,6 +66,9 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
         known = ", ".join(sorted(cls for lib, cls in ADAPTERS if lib == library)) or "none"
         raise SplitformerError(f"no {library} adapter for {name} (supported: {known})")
     dtype = expected.pop("dtype", None)
+    if dtype is not None:
+        floating_dtype(dtype)
+    check_computation(name, module)
     unknown = sorted(set(expected) - set(_EXPECTABLE))
     if unknown:
         raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype)")
@@ -70,8 +76,20 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
     for key, wanted in expected.items():
         if wanted is not None and getattr(adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={getattr(adapted, key)!r}, asked for {key}={wanted!r}")
-    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module), source_dtype=source_dtype(module))
+    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted),
+                      source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
+
+
+def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
+    """What ``build`` does not carry: a source dropout other than one rate where a generated Block drops."""
+    if getattr(adapted, "dropout", 0.0) is not None:
+        return ()
+    rates = sorted({part.p for part in module.modules() if type(part).__name__ == "Dropout" and part.p > 0})
+    if not rates:
+        return ()
+    return (f"the source's dropout (p = {', '.join(map(str, rates))}) is not carried: build() makes a Block "
+            "without dropout (pass dropout= to the Block yourself to train with one)",)
 
 
 def from_torch(module: Any, **expected: Any) -> Adapted:
@@ -104,6 +122,8 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
+        if hasattr(params, "state_dict"):
+            like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
         layers, final_norm = canonical(params)
         params = like.with_params(layers, final_norm if like.final_norm is not None else None)
     function = WRITERS.get(params.source)

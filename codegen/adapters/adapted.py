@@ -19,6 +19,8 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .arrays import floating_dtype
+
 __all__ = ["Adapted"]
 
 Params = Mapping[str, np.ndarray]
@@ -40,6 +42,9 @@ class Adapted(Mapping[str, np.ndarray]):
     - ``stack``: read from a stack (use ``forward_stack``/``Stack``) rather than one block.
     - ``notes``: what reading changed, e.g. a dtype conversion and the precision it keeps.
     - ``source_dtype``: the source's parameter dtype (``"bfloat16"``), which ``to_torch`` writes.
+    - ``batch_first``: the source's layout ((batch, tokens, d) when True); ``build`` carries it.
+    - ``dropout``: the source's one dropout probability, carried by ``build``; ``None`` when the
+      source's dropout does not sit where a generated ``Block`` puts it (not carried).
     """
 
     scheme: str
@@ -54,6 +59,8 @@ class Adapted(Mapping[str, np.ndarray]):
     options: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     source_dtype: str = "float32"
+    batch_first: bool = True
+    dropout: float | None = None
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property
@@ -105,7 +112,8 @@ class Adapted(Mapping[str, np.ndarray]):
         return next(iter(self.layers[0].values())).dtype
 
     def astype(self, dtype: Any) -> Adapted:
-        """The same parameters as ``dtype`` (``np.float32``/``np.float64``)."""
+        """The same parameters as ``dtype`` (``np.float32``/``np.float64``; any other is refused)."""
+        dtype = floating_dtype(dtype)
         layers = tuple({name: value.astype(dtype) for name, value in params.items()} for params in self.layers)
         final = None if self.final_norm is None else {k: v.astype(dtype) for k, v in self.final_norm.items()}
         return replace(self, layers=layers, final_norm=final)
@@ -138,7 +146,10 @@ class Adapted(Mapping[str, np.ndarray]):
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
         """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
         _check_scheme(self, torch_module)
-        factory = {"eps": self.eps, "bias": self.bias, "device": device, "dtype": dtype or _torch_dtype(self.dtype)}
+        factory = {"eps": self.eps, "bias": self.bias, "batch_first": self.batch_first, "device": device,
+                   "dtype": dtype or _torch_dtype(self.dtype)}
+        if self.dropout is not None:
+            factory["dropout"] = self.dropout
         # constructor options of grouped and rotary blocks (llama)
         factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.stack:
@@ -154,17 +165,36 @@ class Adapted(Mapping[str, np.ndarray]):
         if self.stack != hasattr(module, "layers") or len(blocks) != len(self.layers):
             what = f"a stack of {len(self.layers)} layers" if self.stack else "one block"
             raise SplitformerError(f"{self.source[1]} is {what}; got a {type(module).__name__} of {len(blocks)}")
-        block = blocks[0]
-        for name, wanted in (("n_heads", self.n_heads), ("eps", self.eps), ("bias", self.bias)):
-            if getattr(block, name) != wanted:
-                raise SplitformerError(f"the source has {name}={wanted!r}, "
-                                       f"the {type(module).__name__} {name}={getattr(block, name)!r}")
+        self.check_computes(module)
         if self.stack:
             if getattr(module, "has_final_norm", False) != (self.final_norm is not None):
                 raise SplitformerError(f"the source {'has' if self.final_norm is not None else 'has no'} final norm, "
                                        f"the Stack final_norm={module.has_final_norm}")
             return module.load_params(list(self.layers), self.final_norm)
         return module.load_params(self.params)
+
+    def check_computes(self, module: Any) -> None:
+        """Refuse a generated ``Block``/``Stack`` whose scheme or configuration differs from the source's.
+
+        Compared: scheme and activation, ``n_heads``, ``eps``, ``bias``, ``batch_first``, the
+        grouped and rotary options (``n_kv_heads``, ``rope_theta``) and a carried ``dropout``.
+        """
+        namespace = getattr(type(module).forward, "__globals__", {})
+        computed = (namespace.get("SCHEME"), namespace.get("ACTIVATION"))
+        if computed[0] is None:
+            raise SplitformerError(f"{type(module).__name__} is not a generated Block or Stack (no SCHEME)")
+        if computed != (self.scheme, self.activation):
+            raise SplitformerError(f"the source computes {self.scheme} with {self.activation}; the "
+                                   f"{type(module).__name__} computes {computed[0]} with {computed[1]}")
+        block = module.layers[0] if hasattr(module, "layers") else module
+        wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
+        wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
+        if self.dropout is not None:
+            wanted["dropout"] = self.dropout
+        for name, value in wanted.items():
+            if getattr(block, name, None) != value:
+                raise SplitformerError(f"the source has {name}={value!r}, "
+                                       f"the {type(module).__name__} {name}={getattr(block, name, None)!r}")
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())

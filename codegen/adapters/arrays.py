@@ -8,7 +8,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["array", "linear_weight", "tensor", "dtype_notes", "source_dtype"]
+__all__ = ["array", "linear_weight", "tensor", "dtype_notes", "source_dtype", "floating_dtype"]
 
 #: Floating dtypes NumPy's generated code does not take → the float type they are read as.
 _WIDENED = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -59,3 +59,15 @@ def dtype_notes(module: Any) -> tuple[str, ...]:
             f"from the source's {name.removeprefix('torch.')} forward by that format's rounding of activations"
         )
     return tuple(notes)
+
+
+def floating_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as float32 or float64, the dtypes adapters convert parameters to; any other is refused."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise SplitformerError(f"dtype={dtype!r} is not a NumPy dtype; use np.float32 or np.float64") from None
+    if dtype not in (np.float32, np.float64):
+        raise SplitformerError(f"dtype={dtype} is refused: adapters convert parameters to float32 or float64 only "
+                               "(another dtype would round or truncate every weight)")
+    return dtype

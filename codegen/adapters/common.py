@@ -13,7 +13,7 @@ from .adapted import Adapted
 from .arrays import array, tensor
 
 __all__ = ["activation_name", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
-           "final_norm_params", "stack_state", "state_dict"]
+           "final_norm_params", "stack_state", "state_dict", "torch_dropout"]
 
 
 #: Class names of activation modules (torch, transformers) → the scheme activation they compute.
@@ -37,6 +37,16 @@ def activation_name(owner: str, function: Any) -> str:
     shown = plain or repr(function)
     raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
                            f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}; gelu is the exact erf form)")
+
+
+def torch_dropout(layer: Any, attentions: Sequence[Any]) -> float | None:
+    """The one dropout probability of a torch Transformer layer (its ``Dropout`` modules and its
+    attentions' ``dropout``), which a generated ``Block`` applies where torch does; ``None`` when they differ."""
+    import torch
+
+    rates = {module.p for module in layer.modules() if isinstance(module, torch.nn.Dropout)}
+    rates |= {float(attention.dropout) for attention in attentions}
+    return float(rates.pop()) if len(rates) == 1 else None
 
 
 def zero_bias(size: int, dtype: np.dtype) -> np.ndarray:
@@ -74,7 +84,7 @@ def layer_norm_params(prefix: str, norm: Any) -> dict[str, np.ndarray]:
     return {f"{prefix}.gain": gain, f"{prefix}.bias": bias}
 
 
-_SAME = ("scheme", "activation", "n_heads", "eps", "bias", "options")
+_SAME = ("scheme", "activation", "n_heads", "eps", "bias", "options", "batch_first", "dropout")
 
 
 def same_configuration(owner: str, layers: Sequence[Adapted]) -> Adapted:

@@ -39,6 +39,9 @@ def gpt2_block_config(block: Any) -> dict[str, Any]:
         raise SplitformerError("GPT2Block with a score scale other than 1/√d_head is not implemented")
     if getattr(block.attn, "reorder_and_upcast_attn", False):
         raise SplitformerError("GPT2Block with reorder_and_upcast_attn is not implemented")
+    for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+        if getattr(block.get_submodule(name), "bias", None) is None:
+            raise SplitformerError(f"GPT2Block.{name} has no bias; the gpt2 block has all biases")
     if block.ln_1.eps != block.ln_2.eps:
         raise SplitformerError(f"GPT2Block's LayerNorms have different ε ({block.ln_1.eps}, {block.ln_2.eps})")
     return {"n_heads": block.attn.num_heads, "eps": block.ln_1.eps}

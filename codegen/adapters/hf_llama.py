@@ -17,7 +17,8 @@ from splitformer.symbolic.errors import SplitformerError
 
 from . import adapter, writer
 from .adapted import Adapted
-from .common import state_dict
+from .common import activation_name, state_dict
+from .inspection import check_parts
 
 __all__ = ["llama_layer_params", "llama_layer_config", "read_llama_layer", "write_llama_layer"]
 
@@ -30,12 +31,19 @@ KEYS = {
 }
 
 
+#: The submodules a ``LlamaDecoderLayer`` is read through, and their classes.
+LLAMA_PARTS = {"input_layernorm": "LlamaRMSNorm", "post_attention_layernorm": "LlamaRMSNorm",
+               **{f"self_attn.{name}_proj": "Linear" for name in "qkvo"},
+               **{f"mlp.{name}_proj": "Linear" for name in ("gate", "up", "down")}}
+
+
 def _array(tensor: Any) -> np.ndarray:
     return tensor.detach().cpu().numpy().T.copy() if tensor.dim() == 2 else tensor.detach().cpu().numpy().copy()
 
 
 def llama_layer_config(layer: Any) -> dict[str, Any]:
     """``n_heads``, ``n_kv_heads``, ``eps`` and ``rope_theta`` of a ``LlamaDecoderLayer``; refuses the rest."""
+    check_parts("LlamaDecoderLayer", layer, LLAMA_PARTS)
     config = layer.self_attn.config
     d, n_heads = config.hidden_size, config.num_attention_heads
     rope = dict(getattr(config, "rope_parameters", None) or {})
@@ -52,8 +60,14 @@ def llama_layer_config(layer: Any) -> dict[str, Any]:
     if getattr(config, "hidden_act", "silu") != "silu":
         raise SplitformerError(f"LlamaDecoderLayer uses activation {config.hidden_act!r}; the llama scheme's "
                                "gated feed-forward uses silu (SwiGLU)")
+    if activation_name("LlamaDecoderLayer.mlp.act_fn", layer.mlp.act_fn) != "silu":
+        raise SplitformerError("LlamaDecoderLayer.mlp.act_fn is not silu; the llama scheme's gated feed-forward uses silu")
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         raise SplitformerError("LlamaDecoderLayer has biases (attention_bias or mlp_bias); the llama scheme has none")
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        if getattr(layer.get_submodule(name), "bias", None) is not None:
+            raise SplitformerError(f"LlamaDecoderLayer.{name} has a bias; the llama scheme has none")
     if layer.self_attn.head_dim * n_heads != d:
         raise SplitformerError(f"LlamaDecoderLayer has head_dim = {layer.self_attn.head_dim} ≠ hidden_size / "
                                f"num_attention_heads = {d // n_heads}")

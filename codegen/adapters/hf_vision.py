@@ -128,6 +128,9 @@ def _depthwise(params: dict, prefix: str, projection: Any, eps: set) -> None:
     convolution = projection.convolution_projection
     params[f"{prefix}conv.W"] = _array(convolution.convolution.weight)[:, 0].transpose(1, 2, 0).copy()
     norm = convolution.normalization
+    if norm.running_mean is None or norm.running_var is None:
+        raise SplitformerError(f"{prefix}bn tracks no running statistics (track_running_stats=False); the cvt step "
+                               "normalizes with the BatchNorm's running mean and variance")
     params[f"{prefix}bn.gain"], params[f"{prefix}bn.bias"] = _array(norm.weight), _array(norm.bias)
     params[f"{prefix}bn.mean"], params[f"{prefix}bn.var"] = _array(norm.running_mean), _array(norm.running_var)
     eps.add(float(norm.eps))

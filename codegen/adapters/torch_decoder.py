@@ -16,7 +16,8 @@ from splitformer.symbolic.errors import SplitformerError
 
 from . import adapter, writer
 from .adapted import Adapted
-from .common import state_dict
+from .common import check_bias, state_dict, torch_dropout
+from .inspection import check_parts
 
 __all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "write_decoder_layer"]
 
@@ -85,14 +86,24 @@ def decoder_layer_params(layer: Any) -> dict[str, np.ndarray]:
     return params
 
 
+#: The submodules a ``TransformerDecoderLayer`` is read through, and their classes.
+DECODER_PARTS = {"self_attn": "MultiheadAttention", "self_attn.out_proj": "Linear", "multihead_attn": "MultiheadAttention",
+                 "multihead_attn.out_proj": "Linear", "linear1": "Linear", "linear2": "Linear", "norm1": "LayerNorm",
+                 "norm2": "LayerNorm", "norm3": "LayerNorm"}
+
+
 @adapter("torch", "TransformerDecoderLayer")
 def read_decoder_layer(layer: Any) -> Adapted:
     """One ``TransformerDecoderLayer``: ``decoder`` (post-LN) or ``decoder-pre-ln`` (``norm_first``), causal."""
+    check_parts("TransformerDecoderLayer", layer, DECODER_PARTS)
     config = decoder_layer_config(layer)
-    biased = layer.linear1.bias is not None
+    biases = [attention.in_proj_bias for attention in (layer.self_attn, layer.multihead_attn)]
+    biases += [layer.self_attn.out_proj.bias, layer.multihead_attn.out_proj.bias, layer.linear1.bias, layer.linear2.bias]
+    biases += [getattr(layer, f"norm{index}").bias for index in (1, 2, 3)]
     return Adapted(scheme=config["scheme"], activation=config["activation"], layers=(decoder_layer_params(layer),),
                    n_heads=config["n_heads"], eps=config["eps"], source=("torch", "TransformerDecoderLayer"),
-                   bias=biased, options={"causal": True})
+                   bias=check_bias("TransformerDecoderLayer", biases), options={"causal": True},
+                   dropout=torch_dropout(layer, [layer.self_attn, layer.multihead_attn]))
 
 
 @writer("torch", "TransformerDecoderLayer")

@@ -17,8 +17,9 @@ from splitformer.symbolic.errors import SplitformerError
 from . import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
+from .inspection import check_parts
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
-                     stack_state, state_dict, zero_bias)
+                     stack_state, state_dict, torch_dropout, zero_bias)
 
 __all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
 
@@ -48,26 +49,42 @@ def _linear(linear: Any, weight: str, bias: str) -> dict[str, np.ndarray]:
     return {weight: w, bias: zero_bias(w.shape[1], w.dtype) if linear.bias is None else array(linear.bias)}
 
 
+#: The submodules a ``TransformerEncoderLayer`` is read through, and their classes.
+ENCODER_PARTS = {"self_attn": "MultiheadAttention", "self_attn.out_proj": "Linear", "linear1": "Linear",
+                 "linear2": "Linear", "norm1": "LayerNorm", "norm2": "LayerNorm", "dropout": "Dropout",
+                 "dropout1": "Dropout", "dropout2": "Dropout"}
+
+
 @adapter("torch", "TransformerEncoderLayer")
 def read_encoder_layer(layer: Any) -> Adapted:
     """A ``TransformerEncoderLayer``: post-ln (``norm_first=False``) or pre-ln, ReLU or GELU."""
+    check_parts("TransformerEncoderLayer", layer, ENCODER_PARTS)
+    activation = activation_name("TransformerEncoderLayer", layer.activation)
+    fast = getattr(layer, "activation_relu_or_gelu", None)  # the activation torch's fast path computes
+    if fast is not None and fast != {"relu": 1, "gelu": 2}.get(activation, 0):
+        raise SplitformerError(f"TransformerEncoderLayer.activation ({activation}) was replaced after construction; "
+                               f"torch's fast path still computes activation_relu_or_gelu={fast}")
     attention, bias_tensors = _attention(layer.self_attn)
     params = attention
     params |= _linear(layer.linear1, "ffn.W_1", "ffn.b_1") | _linear(layer.linear2, "ffn.W_2", "ffn.b_2")
     eps = check_norms("TransformerEncoderLayer", {"norm1": layer.norm1, "norm2": layer.norm2})
     params |= layer_norm_params("norm1", layer.norm1) | layer_norm_params("norm2", layer.norm2)
     bias_tensors += [layer.linear1.bias, layer.linear2.bias, layer.norm1.bias, layer.norm2.bias]
+    dropout = torch_dropout(layer, [layer.self_attn])
     notes = () if layer.self_attn.batch_first else (
-        "the source takes (tokens, batch, d) (batch_first=False); generated forwards take (batch, tokens, d)",)
+        "the source takes (tokens, batch, d) (batch_first=False), and so does the Block that build() makes; "
+        "the NumPy forward takes (batch, tokens, d)",)
     return Adapted(
         scheme="pre-ln" if layer.norm_first else "post-ln",
-        activation=activation_name("TransformerEncoderLayer", layer.activation),
+        activation=activation,
         layers=(params,),
         n_heads=layer.self_attn.num_heads,
         eps=eps,
         bias=check_bias("TransformerEncoderLayer", bias_tensors),
         source=("torch", "TransformerEncoderLayer"),
         notes=notes,
+        batch_first=layer.self_attn.batch_first,
+        dropout=dropout,
     )
 
 
@@ -80,7 +97,7 @@ def read_encoder(encoder: Any) -> Adapted:
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
-        source=("torch", "TransformerEncoder"), notes=first.notes,
+        source=("torch", "TransformerEncoder"), notes=first.notes, batch_first=first.batch_first, dropout=first.dropout,
     )
 
 

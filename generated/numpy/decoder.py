@@ -375,6 +375,31 @@ def _cached_tokens(cache, batch, dtype):
     return max(tokens, 0)
 
 
+def _staged(cache, n_layers):
+    """Copies of a stack's per-layer caches, which the layers extend (``_store`` writes them back)."""
+    if cache is None:
+        return None
+    if isinstance(cache, Mapping) or not isinstance(cache, (list, tuple)):
+        raise TypeError(f"cache must be a list of dicts, one per layer, or None, got {type(cache).__name__}")
+    if len(cache) != n_layers:
+        raise ValueError(f"cache holds {len(cache)} layers, the stack {n_layers}")
+    for index, entry in enumerate(cache):
+        if not isinstance(entry, dict):
+            raise TypeError(f"cache[{index}] must be a dict (empty at the first call), got {type(entry).__name__}")
+        for earlier in range(index):
+            if cache[earlier] is entry:
+                raise ValueError(f"cache[{index}] is the same dict as cache[{earlier}]: give each layer its own "
+                                 "([{} for _ in layers])")
+    return [dict(entry) for entry in cache]
+
+
+def _store(cache, staged):
+    """Write the extended copies back into the caches, once every layer has succeeded."""
+    if cache is not None:
+        for entry, extended in zip(cache, staged):
+            entry.update(extended)
+
+
 def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, memory_key_padding_mask=None, causal=True, cache=None):
     """One step of decoder: ``u`` of shape (batch, tokens, d) or (tokens, d).
 
@@ -390,6 +415,7 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     _width(u, params, PARAMETERS)
     d_head, eps = _options(d, n_heads, eps, causal)
     offset = _cached_tokens(cache, batch, u0.dtype)
+    live, cache = cache, None if cache is None else dict(cache)  # extended here, stored back once the step succeeded
     sizes = {"d": d}
     sizes["d_ff"] = d_ff = _hidden_width(params, PARAMETERS, sizes)
     p = _parameters(params, PARAMETERS, sizes, u0.dtype)
@@ -518,6 +544,8 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
     u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
     del u5
+    if live is not None:
+        live.update(cache)
     return u6[0] if np.ndim(u) == 2 else u6
 
 
@@ -548,14 +576,14 @@ def forward_stack(u, memory, layers, *, n_heads=1, eps=1e-5, final_norm=None, ke
         raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
     if not len(layers):
         raise ValueError("layers is empty: a stack needs at least one layer")
-    if cache is not None and len(cache) != len(layers):
-        raise ValueError(f"cache holds {len(cache)} layers, the stack {len(layers)}")
+    staged = _staged(cache, len(layers))
     for index, params in enumerate(layers):
         state = forward(state, memory, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,                        memory_key_padding_mask=memory_key_padding_mask,                        causal=causal,
-                        cache=None if cache is None else cache[index])
+                        cache=None if staged is None else staged[index])
     if final_norm is not None:
         final_norm = _mapping("final_norm", final_norm)
         state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
+    _store(cache, staged)
     return state[0] if np.ndim(u) == 2 else state
 
 

@@ -35,6 +35,8 @@ permuted (1, 2, 3, 0), a ConvTranspose2d weight permuted (0, 2, 3, 1)):
     bn3.var          (d)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -123,15 +125,19 @@ def _grids(n, stride):
     return f, n
 
 
-def _prepare(u, params, stride):
-    """``u`` and the parameters checked: (u0, parameters, whether R is the transfer, the output's shape)."""
+def _prepare(u, params, stride, eps):
+    """``u``, the options and the parameters checked: (u0, parameters, whether R is the transfer, the output's shape)."""
     u0 = np.asarray(u)
     if u0.dtype not in (np.float32, np.float64):
         raise ValueError(f"u must be float32 or float64, got {u0.dtype}")
     if u0.ndim != 4:
         raise ValueError(f"u must have shape (batch, channels, height, width), got {u0.shape}")
-    if not isinstance(stride, int) or stride < 1:
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride must be a positive int, got {stride!r}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
     batch, n_channels, height, width = u0.shape
     first = "conv1.W"
     if first not in params:
@@ -154,7 +160,7 @@ def _prepare(u, params, stride):
 
 def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
-    u0, p, has_transfer, _ = _prepare(u, params, stride)
+    u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
     conv1_W = p.get("conv1.W")
     conv1_b = p.get("conv1.b")
     bn1_gain = p.get("bn1.gain")
@@ -596,7 +602,7 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     run again, then reverse mode over its derived assignments (report, adjoint section);
     BatchNorm's statistics ``mean``, ``var`` get their gradients too.
     """
-    u0, p, has_transfer, shape = _prepare(u, params, stride)
+    u0, p, has_transfer, shape = _prepare(u, params, stride, eps)
     seed = np.asarray(grad_out)
     if seed.dtype.kind not in "fiu":
         raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")

@@ -46,6 +46,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     head.b                   (n_classes)      (logits only)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -285,12 +287,26 @@ def _image(pixel_values, image_size):
     return image
 
 
-def _config(params, image, patch_size, n_heads):
+def _count(name, value):
+    """``value`` when it is an int ≥ 1; a TypeError or ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _config(params, image, patch_size, n_heads, eps):
     """The sizes of every axis, from the image, the configuration and the parameters."""
-    if not isinstance(patch_size, int) or patch_size < 1:
-        raise ValueError(f"patch_size must be a positive int, got {patch_size!r}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    patch_size, n_heads = _count("patch_size", patch_size), _count("n_heads", n_heads)
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     batch, n_channels, height, width = image.shape
     n_rows, n_cols = height // patch_size, width // patch_size
+    if not (n_rows and n_cols):
+        raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
     if "embed.b" not in params:
         raise ValueError("missing parameter 'embed.b'")
     d = np.shape(params["embed.b"])[-1]
@@ -298,7 +314,7 @@ def _config(params, image, patch_size, n_heads):
     if "embed.pos" in params and np.shape(params["embed.pos"])[0] != n_tokens:
         raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "
                          f"the position term has {np.shape(params['embed.pos'])[0] - 1} (no interpolation)")
-    if not isinstance(n_heads, int) or n_heads < 1 or d % n_heads:
+    if d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     layers = 0
     while f"layers.{layers}.ffn.W_1" in params:
@@ -433,7 +449,7 @@ def _readout(u, p):
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The final hidden states: embedding, one step per layer, the final projection."""
     image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads)
+    sizes = _config(params, image, patch_size, n_heads, eps)
     u = _embedding(image, _table(params, PARAMETERS, sizes, image.dtype), patch_size)
     for n in range(sizes["layers"]):
         u = _step(u, _table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}."), n_heads, eps)
@@ -897,7 +913,7 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     embedding (report §7). The head's parameters are not read (``vjp_logits`` does).
     """
     image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads)
+    sizes = _config(params, image, patch_size, n_heads, eps)
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
@@ -911,7 +927,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     of a cross-entropy loss.
     """
     image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads)
+    sizes = _config(params, image, patch_size, n_heads, eps)
     if "head.W" not in params:
         raise ValueError("missing parameter 'head.W'")
     sizes["n_classes"] = np.shape(params["head.W"])[-1]

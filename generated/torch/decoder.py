@@ -342,6 +342,32 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
     return max(tokens, 0)
 
 
+def _staged(cache: list[dict[str, torch.Tensor]] | None, n_layers: int) -> list[dict[str, torch.Tensor]] | None:
+    """Copies of a stack's per-layer caches, which the layers extend (``_store`` writes them back)."""
+    if cache is None:
+        return None
+    if not torch.jit.is_scripting():
+        if not isinstance(cache, (list, tuple)):
+            raise TypeError(f"cache must be a list of dicts, one per layer, or None, got {type(cache).__name__}")
+        for index in range(len(cache)):
+            if not isinstance(cache[index], dict):
+                raise TypeError(f"cache[{index}] must be a dict (empty at the first call), got {type(cache[index]).__name__}")
+            for earlier in range(index):
+                if cache[earlier] is cache[index]:
+                    raise ValueError(f"cache[{index}] is the same dict as cache[{earlier}]: give each layer its own "
+                                     "([{} for _ in stack.layers])")
+    if len(cache) != n_layers:
+        raise ValueError(f"cache holds {len(cache)} layers, the stack {n_layers}")
+    return [entry.copy() for entry in cache]
+
+
+def _store(cache: list[dict[str, torch.Tensor]] | None, staged: list[dict[str, torch.Tensor]] | None):
+    """Write the extended copies back into the caches, once every layer has succeeded."""
+    if cache is not None and staged is not None:
+        for entry, extended in zip(cache, staged):
+            entry.update(extended)
+
+
 def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
@@ -749,6 +775,15 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments).
 
@@ -764,6 +799,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
@@ -973,7 +1009,7 @@ class Block(_CanonicalModule):
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  device=None, dtype=None, backward="autograd"):
         super().__init__()
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps, dtype = _epsilon(eps), _floating(dtype)
@@ -1055,6 +1091,7 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
+        live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
         inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
@@ -1185,6 +1222,8 @@ class Block(_CanonicalModule):
         # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
         u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
         del u5
+        if live is not None and cache is not None:
+            live.update(cache)
         if u.dim() == 2:
             return u6[0]
         return u6 if self.batch_first else u6.transpose(0, 1)
@@ -1257,13 +1296,13 @@ class Stack(_CanonicalModule):
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
                 is_causal: bool = False, memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")
+        staged = _staged(cache, len(self.layers))
         for index, block in enumerate(self.layers):
             u = block(u, memory, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
                       src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
                       memory_key_padding_mask=memory_key_padding_mask,
-                      cache=None if cache is None else cache[index])
+                      cache=None if staged is None else staged[index])
+        _store(cache, staged)
         if self.has_final_norm:
             u = self._final_norm(u)
         return u

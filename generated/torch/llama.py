@@ -243,6 +243,32 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
     return max(tokens, 0)
 
 
+def _staged(cache: list[dict[str, torch.Tensor]] | None, n_layers: int) -> list[dict[str, torch.Tensor]] | None:
+    """Copies of a stack's per-layer caches, which the layers extend (``_store`` writes them back)."""
+    if cache is None:
+        return None
+    if not torch.jit.is_scripting():
+        if not isinstance(cache, (list, tuple)):
+            raise TypeError(f"cache must be a list of dicts, one per layer, or None, got {type(cache).__name__}")
+        for index in range(len(cache)):
+            if not isinstance(cache[index], dict):
+                raise TypeError(f"cache[{index}] must be a dict (empty at the first call), got {type(cache[index]).__name__}")
+            for earlier in range(index):
+                if cache[earlier] is cache[index]:
+                    raise ValueError(f"cache[{index}] is the same dict as cache[{earlier}]: give each layer its own "
+                                     "([{} for _ in stack.layers])")
+    if len(cache) != n_layers:
+        raise ValueError(f"cache holds {len(cache)} layers, the stack {n_layers}")
+    return [entry.copy() for entry in cache]
+
+
+def _store(cache: list[dict[str, torch.Tensor]] | None, staged: list[dict[str, torch.Tensor]] | None):
+    """Write the extended copies back into the caches, once every layer has succeeded."""
+    if cache is not None and staged is not None:
+        for entry, extended in zip(cache, staged):
+            entry.update(extended)
+
+
 def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
@@ -471,6 +497,15 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments).
 
@@ -486,6 +521,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
@@ -539,7 +575,7 @@ def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset
     if positions.dtype == torch.bool or positions.is_complex() or (shape != [n_tokens] and shape != [batch, n_tokens]):
         raise ValueError(f"positions must be real numbers of shape {[n_tokens]} or {[batch, n_tokens]}, got "
                          f"{positions.dtype} {shape}")
-    if positions.is_floating_point():
+    if positions.is_floating_point() and not positions.is_meta:  # a meta tensor has no values to check
         outside = positions[~torch.isfinite(positions)]
         if outside.numel() > 0:
             raise ValueError(f"positions must be finite, got {outside[0].item()}")
@@ -678,7 +714,7 @@ class Block(_CanonicalModule):
     def __init__(self, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  device=None, dtype=None, rope_theta=10000.0, backward="autograd"):
         super().__init__()
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps, dtype = _epsilon(eps), _floating(dtype)
@@ -767,6 +803,7 @@ class Block(_CanonicalModule):
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
         d_half, rope_theta = d_head // 2, self.rope_theta
         offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
+        live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
         inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
@@ -853,6 +890,8 @@ class Block(_CanonicalModule):
         # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
         u2 = ffn_out.add_(u1) if inference else ffn_out + u1
         del ffn_out, u1
+        if live is not None and cache is not None:
+            live.update(cache)
         if u.dim() == 2:
             return u2[0]
         return u2 if self.batch_first else u2.transpose(0, 1)
@@ -924,12 +963,12 @@ class Stack(_CanonicalModule):
                 is_causal: bool = False,
                 positions: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")
+        staged = _staged(cache, len(self.layers))
         for index, block in enumerate(self.layers):
             u = block(u, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
                       src_key_padding_mask=src_key_padding_mask, is_causal=is_causal, positions=positions,
-                      cache=None if cache is None else cache[index])
+                      cache=None if staged is None else staged[index])
+        _store(cache, staged)
         if self.has_final_norm:
             u = self._final_norm(u)
         return u

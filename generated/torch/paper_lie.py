@@ -566,6 +566,15 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments)."""
 
@@ -578,6 +587,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))

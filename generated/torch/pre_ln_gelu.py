@@ -534,6 +534,15 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments)."""
 
@@ -546,6 +555,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         tensors = ctx.saved_tensors
         saved, params = tensors[:ctx.count], tensors[ctx.count:]
         p = dict(zip(PARAMETERS, params))
@@ -710,7 +720,7 @@ class Block(_CanonicalModule):
     def __init__(self, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
                  device=None, dtype=None, backward="autograd"):
         super().__init__()
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 0)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps, dtype = _epsilon(eps), _floating(dtype)

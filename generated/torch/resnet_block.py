@@ -35,6 +35,7 @@ Parameters (canonical names and shapes; W[c_in, k, k, c_out]):
     bn3.var          (d)
 """
 import math
+import numbers
 
 import torch
 
@@ -466,6 +467,15 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
 
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint; the backward runs the step again (it
     keeps only the input and the parameters)."""
@@ -478,6 +488,7 @@ class _DerivedStep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         u, *params = ctx.saved_tensors
         module = ctx.module
         p = dict(zip((name for name, _ in module.named_parameters()), params))
@@ -495,8 +506,15 @@ class Model(torch.nn.Module):
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
-        if not isinstance(stride, int) or stride < 1:
-            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        for name, size in (("n_channels", n_channels), ("d", d), ("stride", stride)):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {type(size).__name__}")
+            if size < 1:
+                raise ValueError(f"{name} must be >= 1, got {size}")
+        if not isinstance(transfer, bool):
+            raise TypeError(f"transfer must be a bool, got {type(transfer).__name__}")
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
         if transfer and not TRANSFER_PARAMETERS:
             raise ValueError("resnet-block has no transfer operator; R is the identity")
         self.n_channels, self.d, self.stride, self.has_transfer, self.eps = n_channels, d, stride, transfer, eps
@@ -538,6 +556,8 @@ class Model(torch.nn.Module):
 
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
         if u.dim() != 4 or u.shape[1] != self.n_channels:
             raise ValueError(f"u must have shape (batch, {self.n_channels}, height, width), got {tuple(u.shape)}")
         dtype = self.conv1.W.dtype

@@ -43,6 +43,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
     head.b                   (n_classes)      (n_classes > 0)
 """
 import math
+import numbers
 import weakref
 
 import torch
@@ -735,6 +736,15 @@ def _readout_function(u, p):
     return head_logits
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedModel(torch.autograd.Function):
     """The final hidden states; the backward is the derived adjoint (report §7).
 
@@ -758,6 +768,7 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_order_only()
         n_layers, patch_size, n_heads, eps, count, sizes = ctx.config
         image, *tensors = ctx.saved_tensors
         params, tensors = tensors[:count], tensors[count:]
@@ -788,6 +799,7 @@ class _DerivedReadout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logits):
+        _first_order_only()
         u, *params = ctx.saved_tensors
         grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)))
         return (grad_u, *(grads[name] for name in HEAD_PARAMETERS))
@@ -888,13 +900,18 @@ class Model(torch.nn.Module):
     def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0,
                  eps=1e-12, device=None, dtype=None, backward="autograd"):
         super().__init__()
-        height, width = image_size
+        n_layers, n_classes = _integer("n_layers", n_layers, 0), _integer("n_classes", n_classes, 0)
+        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
+        n_channels, patch_size, eps = _integer("n_channels", n_channels, 1), _integer("patch_size", patch_size, 1), _epsilon(eps)
+        if isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__") or len(image_size) != 2:
+            raise TypeError(f"image_size must be (height, width), got {image_size!r}")
+        height, width = (_integer("image_size", size, 1) for size in image_size)
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward_mode = backward
-        if n_heads < 1 or d_model % n_heads:
+        if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
-        if patch_size < 1 or height < patch_size or width < patch_size:
+        if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
         self.n_channels, self.image_size, self.n_classes = n_channels, (height, width), n_classes
@@ -970,6 +987,8 @@ class Model(torch.nn.Module):
 
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
         expected = (self.n_channels, *self.image_size)
         if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
             raise ValueError(f"pixel_values must have shape (batch, {', '.join(map(str, expected))}) "

@@ -1,0 +1,92 @@
+"""Is a source module what its class name says? Adapters read parameters and configuration, so
+they refuse a module whose computation those do not describe.
+
+Refused, each in one line naming the (sub)module: forward, forward-pre, backward and
+backward-pre hooks (the module's own or torch's global ones); a class outside torch,
+transformers and timm that overrides a method of the library class it derives from (its
+``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
+parameters on the ``meta`` device (no values to read) or of a non-floating dtype; and (``check_parts``)
+a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitformer.symbolic.errors import SplitformerError
+
+__all__ = ["check_computation", "check_parts", "LIBRARIES"]
+
+#: Top-level packages whose classes adapters read by name; any other class is the user's.
+LIBRARIES = ("torch", "transformers", "timm")
+
+#: Methods a subclass may define without changing what the module computes.
+_HARMLESS = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+
+_HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pre-hook"),
+          ("_backward_hooks", "backward hook"), ("_backward_pre_hooks", "backward pre-hook"))
+
+
+def check_computation(owner: str, module: Any) -> None:
+    """Refuse ``module`` (named ``owner``) when its parameters and class do not fix what it computes."""
+    _check_global_hooks()
+    for name, part in module.named_modules():
+        where = f"{owner}.{name}" if name else owner
+        for attribute, kind in _HOOKS:
+            if getattr(part, attribute, None):
+                raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
+                                       "computes: remove it (handle.remove()) before adapting")
+        if "forward" in vars(part):
+            raise SplitformerError(f"{where} has its forward replaced on the instance; adapters read "
+                                   f"{type(part).__name__}'s own computation")
+        overridden = _overridden_method(type(part))
+        if overridden is not None:
+            raise SplitformerError(f"{where} ({type(part).__name__}) overrides {overridden[1]} of "
+                                   f"{overridden[0].__name__}; adapters read the library class's computation only")
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.is_meta:
+            raise SplitformerError(f"{owner}.{name} is on the meta device (no values to read); "
+                                   "materialize and load the weights first (module.to_empty(device='cpu'), load_state_dict)")
+    for name, parameter in module.named_parameters():
+        if not parameter.is_floating_point():
+            raise SplitformerError(f"{owner}.{name} has dtype {parameter.dtype}; adapters read floating-point parameters")
+
+
+def _is_library(cls: type) -> bool:
+    return cls.__module__.split(".")[0] in LIBRARIES
+
+
+def _overridden_method(cls: type) -> tuple[type, str] | None:
+    """``(library class, method)`` of the first library method that a class deriving from it redefines."""
+    mro = cls.__mro__
+    first = next((index for index, klass in enumerate(mro) if _is_library(klass)), len(mro))
+    library = mro[first:]
+    for klass in mro[:first]:  # the user's classes: those the library class is derived into
+        for name, value in vars(klass).items():
+            if name in _HARMLESS or not (callable(value) or isinstance(value, (staticmethod, classmethod, property))):
+                continue
+            base = next((lib for lib in library if name in vars(lib)), None)
+            if base is not None:
+                return base, name
+    return None
+
+
+def _check_global_hooks() -> None:
+    from torch.nn.modules import module as torch_module
+
+    for attribute, kind in _HOOKS:
+        if getattr(torch_module, f"_global{attribute}", None):
+            raise SplitformerError(f"a global module {kind} is registered (torch.nn.modules.module."
+                                   "register_module_*); it changes what every module computes: remove it before adapting")
+
+
+def check_parts(owner: str, module: Any, parts: dict[str, str]) -> None:
+    """Refuse ``module`` when a submodule (dotted path) is not of the named class (or a subclass of it)."""
+    for path, expected in parts.items():
+        try:
+            part = module.get_submodule(path)
+        except AttributeError:
+            raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
+        if expected not in {klass.__name__ for klass in type(part).__mro__}:
+            raise SplitformerError(f"{owner}.{path} is {type(part).__name__}, not {expected}; adapters read "
+                                   "the library's layer as built")

@@ -1,0 +1,258 @@
+"""Generated modules refuse what they would compute wrongly: aliased or malformed caches (refused
+before any cache is touched), second-order gradients through the derived backward, CvT stage
+configurations outside their domain; and the meta device works. Each refusal has a control."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GENERATED, import_path
+import reference
+
+
+def _modules(name):
+    return import_path(GENERATED / "numpy" / f"{name}.py"), import_path(GENERATED / "torch" / f"{name}.py")
+
+
+def _layers(module, n_layers, rng, d=8, d_ff=12):
+    return [reference.random_params(module.PARAMETERS, d, d_ff, rng) for _ in range(n_layers)]
+
+
+def _snapshot(cache):
+    return [{key: value.copy() if isinstance(value, np.ndarray) else value.clone() for key, value in entry.items()}
+            for entry in cache]
+
+
+def _same(cache, snapshot):
+    return all(entry.keys() == kept.keys() and all((np.asarray(entry[k]) == np.asarray(kept[k])).all() for k in kept)
+               for entry, kept in zip(cache, snapshot))
+
+
+# --- caches -----------------------------------------------------------------------------------------------
+
+def test_an_aliased_cache_list_is_refused_and_per_layer_dicts_decode(rng):
+    numpy_module, torch_module = _modules("gpt2")
+    layers = _layers(numpy_module, 2, rng)
+    u = rng.standard_normal((1, 5, 8))
+    full = numpy_module.forward_stack(u, layers, n_heads=2)
+    shared = {}
+    with pytest.raises(ValueError, match=r"cache\[1\] is the same dict as cache\[0\]"):
+        numpy_module.forward_stack(u[:, :3], layers, n_heads=2, cache=[shared] * 2)
+    assert shared == {}
+    stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
+    with pytest.raises(ValueError, match=r"cache\[1\] is the same dict as cache\[0\]"):
+        stack(torch.tensor(u[:, :3]), cache=[shared] * 2)
+    cache = [{}, {}]  # control: one dict per layer decodes as the full forward
+    steps = [numpy_module.forward_stack(u[:, :3], layers, n_heads=2, cache=cache),
+             numpy_module.forward_stack(u[:, 3:], layers, n_heads=2, cache=cache)]
+    assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-10
+
+
+def test_a_stack_cache_is_untouched_when_a_later_layer_refuses(rng):
+    numpy_module, torch_module = _modules("gpt2")
+    layers = _layers(numpy_module, 2, rng)
+    u = rng.standard_normal((1, 3, 8))
+    cache = [{}, {}]
+    numpy_module.forward_stack(u, layers, n_heads=2, cache=cache)
+    cache[1]["attn.v"] = cache[1]["attn.v"][:, :, :1]  # a wrong head count in layer 1's values only
+    kept = _snapshot(cache)
+    with pytest.raises(ValueError, match=r"cache\['attn.v'\]"):
+        numpy_module.forward_stack(u[:, :1], layers, n_heads=2, cache=cache)
+    assert _same(cache, kept)
+    stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
+    cache = [{key: torch.tensor(value) for key, value in entry.items()} for entry in cache]
+    kept = _snapshot(cache)
+    with pytest.raises(ValueError, match=r"cache\['attn.v'\]"), torch.no_grad():
+        stack(torch.tensor(u[:, :1]), cache=cache)
+    assert _same(cache, kept)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_block_cache_is_untouched_when_its_second_entry_refuses(name, rng):
+    numpy_module, torch_module = _modules(name)
+    sizes = {"d_kv": 8} if name == "llama" else {}
+    params = reference.random_params(numpy_module.PARAMETERS, 8, 12, rng, **sizes)
+    options = {"n_heads": 2, "n_kv_heads": 2} if name == "llama" else {"n_heads": 2}
+    cache = {}
+    numpy_module.forward(rng.standard_normal((1, 3, 8)), params, cache=cache, **options)
+    cache["attn.v"] = cache["attn.v"][:, :, :1]  # the keys pass their check, the values do not
+    kept = _snapshot([cache])
+    with pytest.raises(ValueError, match=r"cache\['attn.v'\]"):
+        numpy_module.forward(rng.standard_normal((1, 1, 8)), params, cache=cache, **options)
+    assert _same([cache], kept)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64, **({"n_kv_heads": 2} if name == "llama" else {}))
+    block.load_params(params)
+    cache = {key: torch.tensor(value) for key, value in cache.items()}
+    kept = _snapshot([cache])
+    with pytest.raises(ValueError, match=r"cache\['attn.v'\]"), torch.no_grad():
+        block(torch.zeros(1, 1, 8, dtype=torch.float64), cache=cache)
+    assert _same([cache], kept)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
+def test_a_cached_stack_still_scripts():
+    _, torch_module = _modules("llama")
+    torch.jit.script(torch_module.Stack(2, 16, 4, 24, n_kv_heads=2))
+
+
+# --- second-order gradients -------------------------------------------------------------------------------
+
+def _penalty(block, u):
+    (grad_u,) = torch.autograd.grad(block(u).pow(2).sum(), u, create_graph=True)
+    return grad_u.pow(2).sum()
+
+
+@pytest.mark.parametrize("name", ["post_ln", "llama"])
+def test_derived_backward_refuses_create_graph(name, rng):
+    _, torch_module = _modules(name)
+    torch.manual_seed(0)
+    derived = torch_module.Block(8, 2, 12, dtype=torch.float64, backward="derived")
+    u = torch.tensor(rng.standard_normal((1, 4, 8)), requires_grad=True)
+    with pytest.raises(RuntimeError, match="backward='derived' computes first-order gradients only"):
+        _penalty(derived, u)
+    derived(u).sum().backward()  # control: first order still runs
+
+
+def test_autograd_backward_gives_the_gradient_penalty(rng):
+    """Control for the refusal: the same block under autograd differentiates its penalty (llama's
+    attention; torch's CPU flash kernel behind post-ln's has no double backward)."""
+    _, torch_module = _modules("llama")
+    torch.manual_seed(0)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
+    u = torch.tensor(rng.standard_normal((1, 4, 8)), requires_grad=True)
+    _penalty(block, u).backward()
+    assert u.grad.abs().max() > 0
+
+
+def test_derived_model_backward_refuses_create_graph():
+    _, torch_module = _modules("vit")
+    model = torch_module.Model(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4),
+                               n_classes=3, dtype=torch.float64, backward="derived")
+    pixels = torch.randn(1, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="backward='derived' computes first-order gradients only"):
+        torch.autograd.grad(model.logits(pixels).sum(), pixels, create_graph=True)
+
+
+# --- constructor and configuration checks -----------------------------------------------------------------
+
+def test_a_block_needs_a_hidden_width_when_its_scheme_has_one():
+    with pytest.raises(ValueError, match="d_ff must be >= 1, got 0"):
+        _modules("post_ln")[1].Block(16, 4, 0)
+    _modules("paper_lie")[1].Block(16, 4, 0)  # control: no feed-forward, no hidden width
+
+
+STAGE = dict(patch_size=3, patch_stride=2, patch_padding=1, n_heads=2, kernel_qkv=3, stride_q=1, padding_q=1,
+             stride_kv=2, padding_kv=1, cls=True)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({"patch_stride": -4}, ValueError, r"stages\[0\]\['patch_stride'\] must be >= 1, got -4"),
+    ({"patch_padding": -1}, ValueError, r"stages\[0\]\['patch_padding'\] must be >= 0, got -1"),
+    ({"kernel_qkv": 2.0}, TypeError, r"stages\[0\]\['kernel_qkv'\] must be an int, got float"),
+    ({"cls": 1}, TypeError, r"stages\[0\]\['cls'\] must be a bool"),
+    ({"patch_size": 40}, ValueError, r"pixel_values too small for stages\[0\]: its patch grid would be"),
+])
+def test_cvt_stage_configurations_are_checked_before_work(change, error, message):
+    numpy_module, torch_module = _modules("cvt")
+    stages = [{**STAGE, **change}]
+    pixels = np.zeros((1, 3, 8, 8))
+    with pytest.raises(error, match=message):
+        numpy_module.forward(pixels, {}, stages=stages)  # no parameters: the configuration is checked first
+    with pytest.raises(error, match=message):
+        torch_module.Model(3, [8], [1], [12], stages, dtype=torch.float64)(torch.zeros(1, 3, 8, 8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), None, stages=[STAGE]), TypeError, "params must be a mapping"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, stages=STAGE), TypeError, "stages must be a list"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, stages=[STAGE], eps=-1.0), ValueError, "eps must be"),
+])
+def test_cvt_arguments_are_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call(_modules("cvt")[0])
+
+
+def test_cvt_model_sizes_are_named():
+    _, torch_module = _modules("cvt")
+    with pytest.raises(TypeError, match="depths must be a list"):
+        torch_module.Model(3, [8], 1, [12], [STAGE])
+    with pytest.raises(ValueError, match=r"d_ffs\[0\] must be >= 1"):
+        torch_module.Model(3, [8], [1], [0], [STAGE])
+
+
+# --- the meta device --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, options", [("post_ln", {"key_padding_mask": torch.zeros(2, 3, dtype=torch.bool)}),
+                                           ("llama", {"positions": torch.arange(3.0)}),
+                                           ("gpt2", {"cache": {}})])
+def test_blocks_run_on_the_meta_device(name, options):
+    _, torch_module = _modules(name)
+    block = torch_module.Block(16, 4, 24, device="meta")
+    out = block(torch.empty(2, 3, 16, device="meta"), **copy.copy(options))
+    assert out.is_meta and out.shape == (2, 3, 16)
+
+
+VIT_PIXELS = np.zeros((1, 3, 4, 4))
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"params": None}, TypeError, "params must be a mapping"),
+    ({"patch_size": True}, TypeError, "patch_size must be an int, got bool"),
+    ({"patch_size": 0}, ValueError, "patch_size must be >= 1, got 0"),
+    ({"patch_size": 8}, ValueError, "pixel_values of size 4x4 hold no patch of 8x8"),
+    ({"n_heads": "2"}, TypeError, "n_heads must be an int, got str"),
+    ({"eps": -1.0}, ValueError, "eps must be a finite real number >= 0"),
+])
+def test_vit_arguments_are_named_before_work(options, error, message):
+    numpy_module, _ = _modules("vit")
+    arguments = {"params": {}, "patch_size": 2, "n_heads": 2, **options}
+    with pytest.raises(error, match=message):
+        numpy_module.forward(VIT_PIXELS, arguments.pop("params"), **arguments)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"n_heads": "2"}, TypeError, "n_heads must be an int, got str"),
+    ({"image_size": 4}, TypeError, r"image_size must be \(height, width\)"),
+    ({"d_ff": 0}, ValueError, "d_ff must be >= 1"),
+    ({"eps": float("nan")}, ValueError, "eps must be finite"),
+])
+def test_vit_model_arguments_are_named(options, error, message):
+    _, torch_module = _modules("vit")
+    arguments = dict(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4)) | options
+    with pytest.raises(error, match=message):
+        torch_module.Model(**arguments)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), None), TypeError, "params must be a mapping"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, eps=-1.0), ValueError, "eps must be a finite real number >= 0"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, stride=True), ValueError, "stride must be a positive int, got True"),
+])
+def test_grid_arguments_are_named_before_work(call, error, message):
+    with pytest.raises(error, match=message):
+        call(_modules("resnet_block")[0])
+
+
+@pytest.mark.parametrize("arguments, keywords, error, message", [
+    (("3", 6), {}, TypeError, "n_channels must be an int, got str"),
+    ((3, 0), {}, ValueError, "d must be >= 1, got 0"),
+    ((3, 6), {"transfer": "yes"}, TypeError, "transfer must be a bool"),
+    ((3, 6), {"eps": float("nan")}, ValueError, "eps must be a finite real number >= 0"),
+])
+def test_grid_model_arguments_are_named(arguments, keywords, error, message):
+    with pytest.raises(error, match=message):
+        _modules("resnet_block")[1].Model(*arguments, **keywords)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _modules("resnet_block")[1].Model(3, 6, transfer=True),
+    lambda: _modules("vit")[1].Model(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2, image_size=(4, 4)),
+    lambda: _modules("cvt")[1].Model(3, [8], [1], [12], [STAGE]),
+])
+def test_vision_models_name_an_input_that_is_not_a_tensor(make):
+    with pytest.raises(TypeError, match=r"(u|pixel_values) must be a torch.Tensor, got list"):
+        make()([[0.0]])

@@ -135,8 +135,18 @@ def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
+        if not torch.jit.is_scripting():
+            if _onnx_exporting():  # ONNX has no frexp: its exponent is ⌊log₂ peak⌋ + 1 (where log₂
+                # rounds across a power of two, s is the neighbouring power: x/s is as exact)
+                return torch.pow(2.0, (torch.floor(torch.log2(peak)) + 1).clamp(0, _max_exponent(x.dtype)))
         exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+@torch.jit.unused
+def _onnx_exporting() -> bool:
+    """Whether ``torch.onnx.export`` (either path) is running."""
+    return torch.onnx.is_in_onnx_export()
 
 
 def _root(mean_square, eps: float, scale):

@@ -1,7 +1,7 @@
 """ONNX: every emitted torch module exports with ``torch.onnx.export`` and runs in onnxruntime.
 
-Both exporters: TorchScript (``dynamo=False``, fast: every block) and dynamo (``dynamo=True``,
-seconds per module: one block of each kind of operator, the vit and a CNN network). The
+Both exporters: TorchScript (``dynamo=False``, fast: every block and network) and dynamo
+(``dynamo=True``, seconds per module: a few representatives). The
 reference is the module itself in eager float32; each parity has a negative control (a
 parameter changed after the export moves the eager output away from the exported graph).
 """
@@ -51,11 +51,22 @@ def _case(name: str) -> tuple[torch.nn.Module, tuple, dict]:
         u = torch.randn(2, 5, 8, generator=generator)
         memory = (torch.randn(2, 3, 8, generator=generator),) if "memory" in module.Block.forward.__code__.co_varnames else ()
         return _randomized(block), (u, *memory), {}
-    if name == "vit":
-        model = module.Model(n_layers=2, d_model=8, n_heads=2, d_ff=16, n_channels=3, patch_size=4, image_size=(8, 8))
-        return _randomized(model), (torch.randn(2, 3, 8, 8, generator=generator),), {}
-    model = module.Model(3, 6)  # unet_level
-    return _randomized(model), (torch.randn(2, 3, 8, 8, generator=generator),), {}
+    return _randomized(NETWORKS[name](module)), (torch.randn(2, 3, 16, 16, generator=generator),), {}
+
+
+def _cvt_stage(n_heads: int, cls: bool) -> dict:
+    return {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "n_heads": n_heads, "kernel_qkv": 3,
+            "stride_q": 1, "padding_q": 1, "stride_kv": 2, "padding_kv": 1, "cls": cls}
+
+
+#: The networks, small, on (batch 2, 3 channels, 16 × 16) images.
+NETWORKS = {
+    "vit": lambda module: module.Model(n_layers=2, d_model=8, n_heads=2, d_ff=16, n_channels=3, patch_size=4,
+                                       image_size=(16, 16)),
+    "cvt": lambda module: module.Model(3, [8, 12], [1, 1], [16, 24], [_cvt_stage(1, False), _cvt_stage(2, True)]),
+    "resnet_block": lambda module: module.Model(3, 6, stride=2, transfer=True),
+    "unet_level": lambda module: module.Model(3, 6),
+}
 
 
 def _export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamo: bool) -> bytes:
@@ -105,8 +116,9 @@ def test_torchscript_export_runs_in_onnxruntime(name):
     _assert_parity(*_case(name), dynamo=False)
 
 
-def test_torchscript_export_of_the_vit():
-    _assert_parity(*_case("vit"), dynamo=False)
+@pytest.mark.parametrize("name", NETWORKS)
+def test_torchscript_export_of_the_networks(name):
+    _assert_parity(*_case(name), dynamo=False)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -119,8 +131,7 @@ def test_torchscript_export_keeps_a_bool_flag(causal):
 
 
 #: The dynamo exporter takes seconds per module: the two norms' portable statistics (LayerNorm;
-#: RMSNorm with rotary, grouped attention), the vit and a CNN network (whose unfolded windows the
-#: TorchScript exporter cannot size).
+#: RMSNorm with rotary, grouped attention), the vit and a CNN network (zero-padded windows).
 DYNAMO = ["post_ln", "llama", "vit", "unet_level"]
 
 

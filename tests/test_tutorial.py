@@ -40,4 +40,4 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tmp_path, monkeypatch):
             printed = stream.getvalue()
         else:
             assert printed.rstrip("\n") == text.rstrip("\n"), f"output block {position}"
-    assert (tmp_path / "build" / "torch" / "sphere_glu_silu.py").is_file()
+    assert (tmp_path / "build" / "torch" / "sphere_glu.py").is_file()

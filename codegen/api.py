@@ -158,11 +158,18 @@ class Derivation:
         return "\n".join(lines)
 
 
-def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None) -> Derivation:
+def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None, *,
+           causal: bool = False, name: str | None = None) -> Derivation:
     """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``.
 
     ``passes``: the IR passes of the emitted code, ``"all"`` (default), ``"none"`` or
-    comma-separated names as for ``splitformer derive --passes``.
+    comma-separated names as for ``splitformer derive --passes``. ``causal``: causal
+    self-attention with a KV cache (``derive --causal``); ``name``: the module and report
+    name (``derive --name``).
     """
+    if not isinstance(causal, bool):
+        raise SplitformerError(f"causal must be True or False, got {type(causal).__name__}")
     scheme = as_scheme(scheme, activation)
+    scheme = scheme.as_causal() if causal else scheme
+    scheme = scheme if name is None else scheme.with_name(name)
     return Derivation(scheme, derive_program(scheme), select(passes) if isinstance(passes, str) else passes)

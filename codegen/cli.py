@@ -94,8 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     derive = _command(commands, "derive", "derive schemes and emit code and reports",
                       "Derive each SCHEME and write OUT/numpy/<name>.py, OUT/torch/<name>.py and the\n"
                       "derivation report OUT/reports/<name>.md (<name>: the scheme name with '-' as '_',\n"
-                      "plus '_<activation>' for a non-default activation). Nothing is written unless\n"
-                      "every scheme derives.")
+                      "plus '_<activation>' for an activation other than the scheme's own and '_causal'\n"
+                      "for --causal; --name replaces it). Nothing is written unless every scheme derives.")
     derive.add_argument("schemes", nargs="*", metavar="SCHEME", help=_SCHEME)
     derive.add_argument("--all-builtins", action="store_true", help="derive every built-in scheme as well")
     derive.add_argument("--backend", choices=("numpy", "torch", "all"), default="all",
@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--force", action="store_true",
                         help="overwrite files in --out that splitformer did not write")
     derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
+    derive.add_argument("--causal", action="store_true",
+                        help="causal self-attention, as 'causal = true' in a scheme file gives: a KV cache "
+                             "in the modules and causal=True by default")
+    derive.add_argument("--name", default=None, metavar="NAME",
+                        help="the name of the module and report (a scheme name: lower-case words joined by '-'); "
+                             "one SCHEME only")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
                              "inline-elementwise, layer-norm, rms-norm, fused-attention, matmul, fuse-projections, "
@@ -145,6 +151,18 @@ def _load(name: str, activation: str | None):
 
     scheme = load_scheme(name)
     return scheme if activation is None else scheme.with_activation(activation)
+
+
+def _variant(scheme, causal: bool, name: str | None):
+    """``scheme`` made causal (``--causal``) and named (``--name``)."""
+    if causal:
+        scheme = scheme.as_causal()
+    if name is not None:
+        try:
+            scheme = scheme.with_name(name)
+        except SplitformerError as error:
+            raise SplitformerError(f"--name: {error}") from None
+    return scheme
 
 
 def _list() -> str:
@@ -214,6 +232,8 @@ def _derive(arguments: argparse.Namespace) -> str:
     names = list(arguments.schemes) + (builtin_names() if arguments.all_builtins else [])
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
+    if arguments.name is not None and len(names) > 1:
+        raise SplitformerError(f"--name names one module: give one SCHEME, not {len(names)}")
     passes = select(arguments.passes)
     if not arguments.out:
         raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
@@ -224,9 +244,12 @@ def _derive(arguments: argparse.Namespace) -> str:
         if is_model(name):
             if arguments.activation is not None:
                 raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
+            if arguments.causal or arguments.name is not None:
+                option = "--causal" if arguments.causal else "--name"
+                raise SplitformerError(f"{option} applies to schemes, not to the model {name!r}")
             emitted.setdefault(name.replace("-", "_"), (name, load_model(name)))
             continue
-        scheme = _load(name, arguments.activation)
+        scheme = _variant(_load(name, arguments.activation), arguments.causal, arguments.name)
         first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
         if previous is not scheme and getattr(previous, "source", None) != scheme.source:
             raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "

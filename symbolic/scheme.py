@@ -9,6 +9,7 @@ import sympy as sp
 
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
+from .names import check_scheme_name
 from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
@@ -114,17 +115,49 @@ class Scheme:
     causal: bool = False
     #: Options of the operators by key (``{"ffn": {"bias": False}}``); see ``operator_options``.
     options: dict[str, dict] = field(default_factory=dict)
+    #: ``as_causal`` made the scheme causal (its file did not say ``causal = true``).
+    made_causal: bool = False
+    #: The name ``with_name`` gave its module and report (a scheme name); empty: from ``name``.
+    emitted_name: str = ""
 
     @property
     def module_name(self) -> str:
-        """``post-ln`` → ``post_ln``; an activation other than the declared one is appended (``pre_ln_gelu``)."""
+        """``post-ln`` → ``post_ln``; an activation other than the declared one is appended
+        (``pre_ln_gelu``), then ``_causal`` when ``as_causal`` made it causal; ``with_name``'s
+        name replaces all of it."""
+        if self.emitted_name:
+            return self.emitted_name.replace("-", "_")
         base = self.name.replace("-", "_")
-        suffix = self.activation.replace("-", "_")
-        return base if self.activation == self.declared_activation else f"{base}_{suffix}"
+        if self.activation != self.declared_activation:
+            base += "_" + self.activation.replace("-", "_")
+        return base + "_causal" if self.made_causal else base
+
+    @property
+    def derive_arguments(self) -> str:
+        """The arguments of ``splitformer derive`` that emit this module (the scheme's name, options)."""
+        words = [self.name]
+        if self.activation != self.declared_activation:
+            words += ["--activation", self.activation]
+        if self.made_causal:
+            words.append("--causal")
+        if self.emitted_name:
+            words += ["--name", self.emitted_name]
+        return " ".join(words)
 
     def with_activation(self, name: str) -> "Scheme":
         lookup_activation(name)
         return replace(self, activation=name)
+
+    def as_causal(self) -> "Scheme":
+        """The scheme with causal self-attention, as a file saying ``causal = true`` makes it: a
+        KV cache in the emitted modules and ``causal=True`` by default."""
+        return self if self.causal else replace(self, causal=True, made_causal=True)
+
+    def with_name(self, name: str) -> "Scheme":
+        """The scheme emitted as ``name``: its module and report are ``name`` with ``-`` as ``_``."""
+        if not isinstance(name, str):
+            raise SplitformerError(f"a module name must be a string, got {type(name).__name__}")
+        return replace(self, emitted_name=check_scheme_name(name))
 
     def _repr_latex_(self) -> str:
         from .equation import equation_latex

@@ -104,9 +104,9 @@ class _Reader:
             operators=operators,
             body=body,
             activation=activation,
-            # built-in files name their module without the activation (gpt2, llama); a user's file
-            # keeps CONTRACT's rule: any activation but relu is appended
-            declared_activation=activation if self.where.startswith("built-in scheme") else "relu",
+            # the module is named without the activation the file declares (gpt2, llama); only
+            # another one (``--activation``) is appended
+            declared_activation=activation,
             causal=self.typed(document, "causal", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),

@@ -1,5 +1,7 @@
 """compare(): schemes side by side, and one convergence plot with all of them."""
 
+import io
+
 import pytest
 import torch
 
@@ -43,6 +45,21 @@ def test_one_plot_with_every_scheme(table, tmp_path):
     figure = table.plot()
     labels = [line.get_label() for line in figure.axes[0].get_lines()]
     assert [label.split()[0] for label in labels] == ["post-ln", "parallel", "rk2"]
+
+
+def test_the_plot_shows_itself_in_a_notebook(table):
+    """IPython displays an object's ``_repr_png_``: the figure, not ``<Figure size 560x420 with 1 Axes>``."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.figure import Figure
+    from matplotlib.image import imread
+
+    figure = table.plot()
+    png = figure._repr_png_()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert imread(io.BytesIO(png)).shape[:2] == (420, 560)  # 5.6 x 4.2 inches at 100 dpi
+    # drawn outside pyplot: no window manager, no interactive canvas (Agg renders the PNG)
+    assert figure.canvas.manager is None and type(figure.canvas) is FigureCanvasBase
+    assert not hasattr(Figure(), "_repr_png_")  # negative control: a plain Figure shows as text
 
 
 def test_compare_needs_a_scheme():

@@ -89,9 +89,9 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None) -
 
 def _figure(width: float, height: float):
     """A figure outside pyplot: no global backend switch, nothing to close (notebooks keep theirs)."""
-    from matplotlib.figure import Figure
+    from ..figures import InlineFigure
 
-    figure = Figure(figsize=(width, height), dpi=100)
+    figure = InlineFigure(figsize=(width, height), dpi=100)
     return figure, figure.subplots()
 
 

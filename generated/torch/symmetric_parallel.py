@@ -28,6 +28,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
+import warnings
 import weakref
 from collections.abc import Mapping
 
@@ -136,8 +137,18 @@ def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
+        if not torch.jit.is_scripting():
+            if _onnx_exporting():  # ONNX has no frexp: its exponent is ⌊log₂ peak⌋ + 1 (where log₂
+                # rounds across a power of two, s is the neighbouring power: x/s is as exact)
+                return torch.pow(2.0, (torch.floor(torch.log2(peak)) + 1).clamp(0, _max_exponent(x.dtype)))
         exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+@torch.jit.unused
+def _onnx_exporting() -> bool:
+    """Whether ``torch.onnx.export`` (either path) is running."""
+    return torch.onnx.is_in_onnx_export()
 
 
 def _root(mean_square, eps: float, scale):
@@ -283,6 +294,17 @@ def _floating(dtype):
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …) or None, got {dtype}")
     return dtype
+
+
+@torch.jit.unused
+def _traced_flag(value: bool) -> bool:
+    """A bool argument as torch.onnx.export's tracer passes it (a 0-d bool tensor) read as a bool:
+    the traced graph is the one for that value. Any other value is returned as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.bool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return bool(value)
+    return value
 
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
@@ -968,6 +990,8 @@ class Block(_CanonicalModule):
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+        if torch.jit.is_tracing():
+            causal, is_causal = _traced_flag(causal), _traced_flag(is_causal)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if not isinstance(is_causal, bool):

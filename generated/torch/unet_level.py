@@ -51,7 +51,11 @@ TRANSFER_PARAMETERS = {
 
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
-    if padding:
+    if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
+        for axis in axes:
+            edge = torch.zeros_like(field.narrow(axis, 0, 1))
+            field = torch.cat([edge] * padding + [field] + [edge] * padding, dim=axis)
+    elif padding:
         pad = [0] * (2 * field.dim())
         for axis in axes:
             pad[2 * (field.dim() - 1 - axis)] = pad[2 * (field.dim() - 1 - axis) + 1] = padding

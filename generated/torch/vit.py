@@ -136,8 +136,18 @@ def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
+        if not torch.jit.is_scripting():
+            if _onnx_exporting():  # ONNX has no frexp: its exponent is ⌊log₂ peak⌋ + 1 (where log₂
+                # rounds across a power of two, s is the neighbouring power: x/s is as exact)
+                return torch.pow(2.0, (torch.floor(torch.log2(peak)) + 1).clamp(0, _max_exponent(x.dtype)))
         exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+@torch.jit.unused
+def _onnx_exporting() -> bool:
+    """Whether ``torch.onnx.export`` (either path) is running."""
+    return torch.onnx.is_in_onnx_export()
 
 
 def _root(mean_square, eps: float, scale):
@@ -272,7 +282,11 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
 
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
-    if padding:
+    if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
+        for axis in axes:
+            edge = torch.zeros_like(field.narrow(axis, 0, 1))
+            field = torch.cat([edge] * padding + [field] + [edge] * padding, dim=axis)
+    elif padding:
         pad = [0] * (2 * field.dim())
         for axis in axes:
             pad[2 * (field.dim() - 1 - axis)] = pad[2 * (field.dim() - 1 - axis) + 1] = padding

@@ -1,0 +1,97 @@
+"""``derive --causal`` and ``--name`` (and ``splitformer.derive(causal=, name=)``); a scheme
+file's own activation names no module suffix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import splitformer
+from splitformer import SplitformerError
+from splitformer.codegen.cli import main
+
+from conftest import GENERATED, ROOT, import_path
+
+
+def _fails(capsys, *arguments: str, message: str) -> None:
+    """``main(arguments)`` exits 2 with one ``error:`` line containing ``message``."""
+    capsys.readouterr()
+    assert main(list(arguments)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("error: ")
+    assert message in captured.err, captured.err
+
+
+def _random_params(table, d, d_ff, seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = {"d": d, "d_ff": d_ff}
+    return {name: rng.standard_normal(tuple(sizes[axis] for axis in axes)) * 0.5 for name, axes in table.items()}
+
+
+def test_causal_gives_any_scheme_a_kv_cache(tmp_path, capsys):
+    """``pre-ln --causal``: causal by default, and token-by-token with the cache equals the full
+    causal forward of the committed ``pre_ln`` module (float64)."""
+    assert main(["derive", "pre-ln", "--causal", "--backend", "torch", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"wrote {tmp_path / 'torch' / 'pre_ln_causal.py'}"
+    causal = import_path(tmp_path / "torch" / "pre_ln_causal.py")
+    plain = import_path(GENERATED / "torch" / "pre_ln.py", "_variants_pre_ln")
+    assert "cache" not in plain.Block.forward.__code__.co_varnames
+    params = _random_params(causal.PARAMETERS, 8, 12)
+    block = causal.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    reference = plain.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    u = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = reference(u, causal=True)
+        assert (block(u) - full).abs().max() <= 1e-12  # causal=True is the default
+        cache: dict = {}
+        steps = torch.cat([block(u[:, i:i + 1], cache=cache) for i in range(6)], dim=1)
+        assert cache["attn.k"].shape == (2, 6, 2, 4)
+        assert (steps - full).abs().max() <= 1e-10
+        assert (reference(u) - full).abs().max() > 1e-3  # negative control: not causal, not equal
+
+
+def test_name_names_the_module_and_report(tmp_path):
+    assert main(["derive", "pre-ln", "--causal", "--activation", "gelu", "--name", "my-lm", "--out", str(tmp_path)]) == 0
+    assert sorted(path.name for path in tmp_path.rglob("*") if path.stem != "__init__" and path.is_file()) == \
+        ["my_lm.md", "my_lm.py", "my_lm.py"]
+    module = import_path(tmp_path / "torch" / "my_lm.py")
+    assert (module.SCHEME, module.ACTIVATION) == ("pre-ln", "gelu")
+    assert "Regenerate with: splitformer derive pre-ln --activation gelu --causal --name my-lm\n" in \
+        (tmp_path / "torch" / "my_lm.py").read_text()
+
+
+def test_a_files_own_activation_adds_no_suffix(tmp_path):
+    source = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text()
+    scheme = tmp_path / "mine.toml"
+    scheme.write_text(source.replace('"pre-ln"', '"mine"').replace('activation = "relu"', 'activation = "gelu-tanh"'))
+    assert main(["derive", str(scheme), "--backend", "numpy", "--out", str(tmp_path / "out")]) == 0
+    assert main(["derive", str(scheme), "--backend", "numpy", "--out", str(tmp_path / "out"), "--activation", "relu"]) == 0
+    assert sorted(path.name for path in (tmp_path / "out" / "numpy").glob("mine*.py")) == ["mine.py", "mine_relu.py"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["derive", "pre-ln", "--name", "My_LM"], "--name: 'My_LM' is not a scheme name"),
+    (["derive", "pre-ln", "--name", "class"], "--name: 'class' is a Python keyword"),
+    (["derive", "pre-ln", "--name", ""], "--name: '' is not a scheme name"),
+    (["derive", "pre-ln", "post-ln", "--name", "both"], "--name names one module: give one SCHEME, not 2"),
+    (["derive", "vit", "--causal"], "--causal applies to schemes, not to the model 'vit'"),
+    (["derive", "vit", "--name", "my-vit"], "--name applies to schemes, not to the model 'vit'"),
+])
+def test_bad_variants_are_refused(arguments, message, tmp_path, capsys):
+    _fails(capsys, *arguments, "--out", str(tmp_path / "out"), message=message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_takes_the_same_options():
+    assert splitformer.derive("pre-ln", causal=True).name == "pre_ln_causal"
+    assert splitformer.derive("gpt2", causal=True).name == "gpt2"  # already causal: unchanged
+    derivation = splitformer.derive("pre-ln", activation="gelu", causal=True, name="my-lm")
+    assert derivation.name == "my_lm" and derivation.scheme.causal
+    assert "cache" in derivation.torch_module().Block.forward.__code__.co_varnames
+    with pytest.raises(SplitformerError, match="causal must be True or False, got str"):
+        splitformer.derive("pre-ln", causal="yes")
+    with pytest.raises(SplitformerError, match="'My LM' is not a scheme name"):
+        splitformer.derive("pre-ln", name="My LM")
+    with pytest.raises(SplitformerError, match="a module name must be a string, got int"):
+        splitformer.derive("pre-ln", name=3)

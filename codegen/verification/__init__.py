@@ -20,6 +20,13 @@ check ids                               what is checked                         
 ``structure/rotary-attention/*``,       the emitted rotary and cross-attention      shifted positions (differences only); the       ``structure.py``
 ``structure/cross-attention/*``         fields                                      memory reordered, padded memory tokens; each
                                                                                     with a control
+``causality/<scheme>/block``,           the emitted ``forward``, ``forward_stack``  prefix dependence: tokens after position i      ``causality.py``
+``…/stack``, ``…/next-token``           and a decoder's next-token distribution     changed, outputs ≤ i unchanged; control:
+                                        (table, positions, tied read-out written    ``causal=False``
+                                        in the check)
+``attention/kernel-rows``,              the emitted attention kernel (read off      the Markov-kernel properties: rows ≥ 0 summing  ``attention_kernel.py``
+``attention/convex-hull``,              with one-hot values) and mixing             to 1 on the support, outputs within the values'
+``attention/constant-rows``                                                         range, constant values fixed; each a control
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)
@@ -43,6 +50,9 @@ check ids                               what is checked                         
   LayerNorm, RMSNorm, feed-forward, gated feed-forward, the paper's affine and ``S₂``
   operators. A plugin's kind whose definitions read inputs it has no semantics for is named
   by ``unevaluable``; its semantics checks are skipped with that reason.
+- ``causality.py``, ``attention_kernel.py`` — the statements of the paper's Lean formalization
+  (SauersML/params) that the structural checks did not state: prefix dependence of a block, a
+  stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

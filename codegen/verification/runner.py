@@ -26,8 +26,11 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
+from .attention_kernel import attention_kernel_checks
+from .causality import causality_checks
 from .convergence import Study, convergence_study, plot_studies, plot_study
 from .paper import paper_checks
+from .emitted import emitted_modules
 from .scheme_checks import scheme_checks as semantics_checks
 from .structure import attention_checks
 
@@ -146,6 +149,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.add(*semantics_checks(scheme, program))
+    report.add(*causality_checks(scheme, program, emitted_modules(scheme, program, ("numpy",))["numpy"]))
     report.add(*recovery_checks(scheme, program))
     if scheme.name == "paper-lie" and is_builtin(scheme):
         report.add(*paper_checks(scheme))
@@ -178,6 +182,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     report.add(sign_check())
     report.add(*activation_checks())
     report.add(*attention_checks())
+    report.add(*attention_kernel_checks())
     report.add(*llm_checks())
     report.add(*general_adjoint_checks())
     for scheme in schemes:

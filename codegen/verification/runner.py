@@ -30,7 +30,8 @@ from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
 from .convergence import Study, convergence_study, plot_studies, plot_study
 from .paper import paper_checks
-from .emitted import emitted_modules
+from .adjoint_tests import scheme_adjoint_tests
+from .emitted import emitted_numpy_with_adjoint
 from .scheme_checks import scheme_checks as semantics_checks
 from .structure import attention_checks
 
@@ -149,11 +150,13 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.add(*semantics_checks(scheme, program))
-    report.add(*causality_checks(scheme, program, emitted_modules(scheme, program, ("numpy",))["numpy"]))
+    emitted = emitted_numpy_with_adjoint(scheme, program)
+    report.add(*causality_checks(scheme, program, emitted))
     report.add(*recovery_checks(scheme, program))
     if scheme.name == "paper-lie" and is_builtin(scheme):
         report.add(*paper_checks(scheme))
     report.add(*adjoint_checks(scheme, program))
+    report.add(*scheme_adjoint_tests(scheme, emitted))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,

@@ -5,9 +5,12 @@ import re
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from splitformer.codegen.verification import network_adjoint_tests as network_adjoint_tests_module
 from splitformer.codegen.verification.adjoint_tests import adjoint_tests, scheme_adjoint_tests
 from splitformer.codegen.verification.emitted import emitted_numpy_with_adjoint
+from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
 from splitformer.symbolic import derive, load_scheme
 
 
@@ -55,3 +58,28 @@ def test_emitted_vjp_of_a_scheme_passes_and_a_flipped_parameter_gradient_fails()
 
     wrong = SimpleNamespace(forward=module.forward, vjp=wrong_vjp)
     assert not any(check.holds for check in scheme_adjoint_tests(scheme, wrong))
+
+
+@pytest.mark.parametrize("name", ["unet-level", "resnet-block"])
+def test_emitted_vjp_of_a_grid_network_passes(name):
+    checks = network_adjoint_tests(name)
+    assert [check.id for check in checks] == [f"adjoint-test/{name}/dot", f"adjoint-test/{name}/taylor"]
+    assert all(check.holds for check in checks), [check.detail for check in checks]
+
+
+def test_a_network_vjp_missing_a_transposed_convolution_gradient_fails(monkeypatch):
+    real = network_adjoint_tests_module._module
+
+    def wrong(name):
+        module = real(name)
+        vjp = module.vjp
+
+        def wrong_vjp(*args, **options):
+            grad_u, grads = vjp(*args, **options)
+            return grad_u, {key: value for key, value in grads.items() if key != "up.W"}  # read as zero
+
+        return SimpleNamespace(PARAMETERS=module.PARAMETERS, TRANSFER_PARAMETERS=module.TRANSFER_PARAMETERS,
+                               forward=module.forward, vjp=wrong_vjp)
+
+    monkeypatch.setattr(network_adjoint_tests_module, "_module", wrong)
+    assert not any(check.holds for check in network_adjoint_tests("unet-level"))

@@ -35,9 +35,9 @@ check ids                               what is checked                         
                                                                                     operator instance
 ``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``statements.adjoint``
                                                                                     one flipped sign
-``adjoint-test/<scheme>/dot``,         the emitted ``vjp`` (NumPy, float64)        Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ with J v    ``adjoint_tests.py``
-``adjoint-test/<scheme>/taylor``                                                    by differences of the emitted ``forward``;
-                                                                                    Taylor residual slope 2; control: the
+``adjoint-test/<name>/dot``,           the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ with J v    ``adjoint_tests.py``
+``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    by differences of the emitted ``forward``;
+                                        for vit and cvt)                            Taylor residual slope 2; control: the
                                                                                     gradient scaled by 1.01 (slope 1)
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
@@ -58,7 +58,7 @@ check ids                               what is checked                         
   (SauersML/params) that the structural checks did not state: prefix dependence of a block, a
   stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
 - ``adjoint_tests.py`` — the dot-product and Taylor tests of an emitted ``vjp`` against its own
-  ``forward`` (schemes; networks through the same function).
+  ``forward``; ``network_adjoint_tests.py`` — the same for vit, cvt, resnet-block, unet-level.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

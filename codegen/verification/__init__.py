@@ -24,9 +24,10 @@ check ids                               what is checked                         
 ``…/stack``, ``…/next-token``           and a decoder's next-token distribution     changed, outputs ≤ i unchanged; control:
                                         (table, positions, tied read-out written    ``causal=False``
                                         in the check)
-``attention/kernel-rows``,              the emitted attention kernel (read off      the Markov-kernel properties: rows ≥ 0 summing  ``attention_kernel.py``
-``attention/convex-hull``,              with one-hot values) and mixing             to 1 on the support, outputs within the values'
-``attention/constant-rows``                                                         range, constant values fixed; each a control
+``attention/kernel-rows``,              the emitted attention kernel (read off      the Markov-kernel properties: rows ≥ 0          ``attention_kernel.py``
+``attention/convex-hull``,              with one-hot values) and mixing             summing to 1 on the support, outputs within
+``attention/constant-rows``                                                         the values' range, constant values fixed;
+                                                                                    each with a control
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)
@@ -35,8 +36,8 @@ check ids                               what is checked                         
                                                                                     operator instance
 ``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``statements.adjoint``
                                                                                     one flipped sign
-``adjoint-test/<name>/dot``,           the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ with J v    ``adjoint_tests.py``
-``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    by differences of the emitted ``forward``;
+``adjoint-test/<name>/dot``,            the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩, J v by    ``adjoint_tests.py``
+``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    differences of the emitted ``forward``;
                                         for vit and cvt)                            Taylor residual slope 2; control: the
                                                                                     gradient scaled by 1.01 (slope 1)
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,

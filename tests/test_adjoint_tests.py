@@ -68,7 +68,7 @@ def test_emitted_vjp_of_a_grid_network_passes(name):
 
 
 def test_a_network_vjp_missing_a_transposed_convolution_gradient_fails(monkeypatch):
-    real = network_adjoint_tests_module._module
+    real = network_adjoint_tests_module.network_module
 
     def wrong(name):
         module = real(name)
@@ -81,5 +81,5 @@ def test_a_network_vjp_missing_a_transposed_convolution_gradient_fails(monkeypat
         return SimpleNamespace(PARAMETERS=module.PARAMETERS, TRANSFER_PARAMETERS=module.TRANSFER_PARAMETERS,
                                forward=module.forward, vjp=wrong_vjp)
 
-    monkeypatch.setattr(network_adjoint_tests_module, "_module", wrong)
+    monkeypatch.setattr(network_adjoint_tests_module, "network_module", wrong)
     assert not any(check.holds for check in network_adjoint_tests("unet-level"))

@@ -14,6 +14,11 @@ check ids                               what is checked                         
                                         (float64, several heads, d_ff ≠ d, masks;
                                         RoPE: grouped heads, θ, positions;
                                         cross-attention: a padded memory)
+``semantics/<network>/emitted``         the emitted NumPy vit, resnet-block and     an evaluator of patch and convolution           ``network_semantics.py``
+                                        unet-level (float64)                        windows (padding, strides, transposed), the
+                                                                                    class node, BatchNorm; 50 digits; controls:
+                                                                                    window transposed or shifted, kernel
+                                                                                    flipped, class node last
 ``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
 ``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
                                                                                     causal and padding supports; each a control
@@ -60,6 +65,9 @@ check ids                               what is checked                         
   stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
 - ``adjoint_tests.py`` — the dot-product and Taylor tests of an emitted ``vjp`` against its own
   ``forward``; ``network_adjoint_tests.py`` — the same for vit, cvt, resnet-block, unet-level.
+- ``network_semantics.py`` — the independent evaluator of the networks' own operators (patch
+  embedding, convolutions and their transposes with padding and strides, the class node),
+  the steps by ``semantics.py``.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

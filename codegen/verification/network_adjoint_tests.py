@@ -9,6 +9,7 @@ its strided descent and transposed-convolution ascent.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,12 @@ from .adjoint_tests import Point, adjoint_tests
 from .emitted import compiled
 from .statements import Check
 
-__all__ = ["network_adjoint_tests", "NETWORKS"]
+__all__ = ["network_adjoint_tests", "network_module", "random_table", "NETWORKS"]
 
 
-def _module(name: str):
+@cache
+def network_module(name: str):
+    """The emitted NumPy module of the built-in network ``name``, generated in memory (once a process)."""
     from ..model_pipeline import generate_model
 
     spec = load_model(name)
@@ -30,7 +33,7 @@ def _module(name: str):
     return compiled(files[Path("emitted") / "numpy" / f"{spec.module_name}.py"], "numpy", spec.module_name)
 
 
-def _random(table: dict, sizes: dict, rng: np.random.Generator, prefix: str = "") -> Point:
+def random_table(table: dict, sizes: dict, rng: np.random.Generator, prefix: str = "") -> Point:
     """An array per canonical name of ``table`` (name → shape in size names or numbers)."""
     params = {}
     for name, shape in table.items():
@@ -46,9 +49,9 @@ def _random(table: dict, sizes: dict, rng: np.random.Generator, prefix: str = ""
 
 def _vit(module, rng):
     sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 5, "n_classes": 3}
-    params = _random({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
+    params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
     for layer in range(2):
-        params |= _random(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
     options = {"patch_size": 2, "n_heads": 2, "eps": 1e-6}
     return (rng.standard_normal((2, 2, 4, 4)), params, module.logits, module.vjp_logits, options,
             "the logits of vit (2 images of 2 × 4 × 4 pixels, 2 × 2 patches of 2 pixels and the class node, d = 8, "
@@ -62,11 +65,11 @@ def _cvt(module, rng):
     params, channels = {}, 2
     for index, d in enumerate((4, 6)):
         sizes = {"n_channels": channels, "patch_size": 3, "d": d, "kernel_qkv": 3, "d_ff": d + 2}
-        params |= _random(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
-        params |= _random(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
+        params |= random_table(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
         channels = d
     params[f"stages.{len(stages) - 1}.cls"] = rng.standard_normal(channels)
-    params |= _random(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+    params |= random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
     return (rng.standard_normal((2, 2, 6, 6)), params, module.logits, module.vjp_logits, {"stages": stages, "eps": 1e-5},
             "the logits of cvt (2 images of 2 × 6 × 6 pixels; 2 stages, d = 4 then 6, each with a convolutional "
             "embedding of kernel 3, stride 2, padding 1 and one step whose Q/K/V convolutions have kernel 3, padding "
@@ -76,7 +79,7 @@ def _cvt(module, rng):
 def _grid(module, rng, transfer: bool, described: str):
     sizes = {"n_channels": 3, "d": 4}
     table = {**module.PARAMETERS, **(module.TRANSFER_PARAMETERS if transfer else {})}
-    return (rng.standard_normal((2, 3, 4, 4)), _random(table, sizes, rng), module.forward, module.vjp,
+    return (rng.standard_normal((2, 3, 4, 4)), random_table(table, sizes, rng), module.forward, module.vjp,
             {"stride": 2, "eps": 1e-5}, described)
 
 
@@ -94,7 +97,7 @@ NETWORKS = tuple(_BUILDERS)
 
 def network_adjoint_tests(name: str) -> list[Check]:
     """The dot-product and Taylor tests of the network ``name``'s emitted ``vjp`` (or ``vjp_logits``)."""
-    module = _module(name)
+    module = network_module(name)
     rng = np.random.default_rng(71)
     pixels, params, function, adjoint, options, described = _BUILDERS[name](module, rng)
     x = {"input": pixels, **params}

@@ -445,6 +445,10 @@ def _config(stages):
         missing = [name for name in STAGE_CONFIG if name not in config]
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
+        if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
+            raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = {config['padding_q']} "
+                             f"with kernel_qkv = {config['kernel_qkv']} put the queries on another grid than the "
+                             "tokens they update: stride_q must be 1 and padding_q (kernel_qkv - 1) / 2")
         if any(config["cls"] for config in stages[:-1]):
             raise ValueError("stages: the class node joins in the last stage only")
     return stages

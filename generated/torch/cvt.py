@@ -413,6 +413,12 @@ class Model(torch.nn.Module):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
         if any(config["cls"] for config in stages[:-1]):
             raise ValueError("stages: the class node joins in the last stage only")
+        for index, config in enumerate(stages):
+            if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
+                raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = "
+                                 f"{config['padding_q']} with kernel_qkv = {config['kernel_qkv']} put the queries on "
+                                 "another grid than the tokens they update: stride_q must be 1 and padding_q "
+                                 "(kernel_qkv - 1) / 2")
         factory = {"device": device, "dtype": dtype}
         self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
         modules, channels = [], n_channels

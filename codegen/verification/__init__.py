@@ -14,11 +14,12 @@ check ids                               what is checked                         
                                         (float64, several heads, d_ff ≠ d, masks;
                                         RoPE: grouped heads, θ, positions;
                                         cross-attention: a padded memory)
-``semantics/<network>/emitted``         the emitted NumPy vit, resnet-block and     an evaluator of patch and convolution           ``network_semantics.py``
-                                        unet-level (float64)                        windows (padding, strides, transposed), the
+``semantics/<network>/emitted``         the emitted NumPy vit, cvt, resnet-block    an evaluator of patch and convolution           ``network_semantics.py``
+                                        and unet-level (float64)                    windows (padding, strides, transposed), the
                                                                                     class node, BatchNorm; 50 digits; controls:
                                                                                     window transposed or shifted, kernel
-                                                                                    flipped, class node last
+                                                                                    flipped, class node last, CvT's keys padded
+                                                                                    as its queries, head-width score scale
 ``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
 ``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
                                                                                     causal and padding supports; each a control
@@ -66,7 +67,8 @@ check ids                               what is checked                         
 - ``adjoint_tests.py`` — the dot-product and Taylor tests of an emitted ``vjp`` against its own
   ``forward``; ``network_adjoint_tests.py`` — the same for vit, cvt, resnet-block, unet-level.
 - ``network_semantics.py`` — the independent evaluator of the networks' own operators (patch
-  embedding, convolutions and their transposes with padding and strides, the class node),
+  embedding, convolutions and their transposes with padding and strides, the class node, CvT's
+  convolutional projections),
   the steps by ``semantics.py``.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.

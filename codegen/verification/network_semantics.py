@@ -11,11 +11,16 @@ shares no formula code with the derivation or the emitted code:
   spreads each node over ``S x + σ``; BatchNorm in evaluation ``γ (v − μ)/√(var + ε) + β``;
   ReLU, the projection onto ``S₂ = {u ≥ 0}``;
 - the steps of vit by the scheme evaluator (``semantics.Semantics``), the final LayerNorm as
-  Theorem 3.1's projection there, the class-token head ``u(x₀) W^H + b^H``.
+  Theorem 3.1's projection there, the class-token head ``u(x₀) W^H + b^H``;
+- CvT's stages: a strided, padded convolutional embedding and LayerNorm, then pre-LN steps whose
+  queries, keys and values are depth-wise convolutions with BatchNorm (keys and values on the
+  grid of stride ``stride_kv`` with padding ``padding_kv``), the class node joining unconvolved
+  in the last stage, scores scaled by ``d^{-1/2}`` (CvT's whole width), the exact GELU.
 
 Negative controls: the same comparison with the evaluator reading the patch (or kernel)
 window transposed, the class node last, the kernel flipped (convolution instead of
-cross-correlation) or the 3 × 3 windows read without their padding; each must disagree.
+cross-correlation), the 3 × 3 windows read without their padding, CvT's keys padded as its
+queries or its scores scaled by the head width; each must disagree.
 """
 
 from __future__ import annotations
@@ -176,8 +181,114 @@ def _grid(evaluate, transfer: bool, described: str):
     return build
 
 
+def _layer_norm(rows, gain, bias, eps) -> np.ndarray:
+    """Theorem 3.1's projection of each row (mean 0, variance 1, ε as a ghost coordinate), then gain and bias."""
+    out = []
+    for row in rows:
+        mean = sum(row) / len(row)
+        variance = sum((value - mean) ** 2 for value in row) / len(row)
+        out.append((row - mean) / mpmath.sqrt(variance + eps))
+    return np.array(out) * gain + bias
+
+
+def _depthwise(field, weight, stride: int, padding: int) -> np.ndarray:
+    """``∫ k_l(σ) u_l(S x + σ − π) dσ`` per channel ``l``: ``weight`` (k, k, d), ``field`` (d, H, W)."""
+    channels = field.shape[0]
+    identity = np.array([[weight[:, :, l] * (l == c) for l in range(channels)] for c in range(channels)], dtype=object)
+    return _convolution(field, identity.transpose(0, 2, 3, 1), np.zeros(channels, dtype=object), stride, padding)
+
+
+def _tokens(field) -> np.ndarray:
+    """Grid nodes as tokens, row-major (node ``N₂ p + q``)."""
+    return field.reshape(field.shape[0], -1).T
+
+
+def _cvt_step(tokens, p, rows, cols, config, eps, keys_padded_as_queries=False, head_scale=False) -> np.ndarray:
+    """Pre-LN: ``u + A(LN u)``, A with depth-wise convolutions and BatchNorm before the point-wise Q/K/V
+    (keys and values on the grid of stride ``stride_kv``), the class node joining unconvolved; then
+    ``u + F(LN u)`` with the exact GELU. Scores scaled by ``d^{-1/2}`` (CvT's choice, the whole width)."""
+    d = tokens.shape[1]
+    heads, width = config["n_heads"], d // config["n_heads"]
+    x = _layer_norm(tokens, p["norm1.gain"], p["norm1.bias"], eps)
+    node, grid = (x[:1], x[1:]) if config["cls"] else (x[:0], x)
+    field = grid.T.reshape(d, rows, cols)
+    kv_padding = config["padding_q"] if keys_padded_as_queries else config["padding_kv"]
+    inputs = {}
+    for name, stride, padding in (("q", config["stride_q"], config["padding_q"]), ("k", config["stride_kv"], kv_padding),
+                                  ("v", config["stride_kv"], kv_padding)):
+        projected = _batch_norm(_depthwise(field, p[f"{name}conv.W"], stride, padding), p, f"{name}bn", eps)
+        inputs[name] = np.concatenate([node, _tokens(projected)]) @ p[f"attn.W_{name}"] + p[f"attn.b_{name}"]
+    scale = mpmath.sqrt(width if head_scale else d)
+    mixed = []
+    for m in range(heads):
+        columns = slice(m * width, (m + 1) * width)
+        scores = inputs["q"][:, columns] @ inputs["k"][:, columns].T / scale
+        weights = np.frompyfunc(mpmath.exp, 1, 1)(scores)
+        weights = weights / weights.sum(axis=1)[:, None]
+        mixed.append(weights @ inputs["v"][:, columns])
+    u = tokens + np.concatenate(mixed, axis=1) @ p["attn.W_o"] + p["attn.b_o"]
+    hidden = _layer_norm(u, p["norm2.gain"], p["norm2.bias"], eps) @ p["ffn.W_1"] + p["ffn.b_1"]
+    hidden = np.frompyfunc(lambda w: w * (1 + mpmath.erf(w / mpmath.sqrt(2))) / 2, 1, 1)(hidden)
+    return u + hidden @ p["ffn.W_2"] + p["ffn.b_2"]
+
+
+def _cvt_evaluator(params, image, stages, eps, **wrong) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The last stage's grid (d, rows, cols), the class node's state and the logits of one image."""
+    field, node = image, None
+    for index, config in enumerate(stages):
+        p = {name.removeprefix(f"stages.{index}."): value for name, value in params.items()
+             if name.startswith(f"stages.{index}.")}
+        embedded = _convolution(field, p["embed.W"], p["embed.b"], config["patch_stride"], config["patch_padding"])
+        d, rows, cols = embedded.shape
+        tokens = _layer_norm(_tokens(embedded), p["embed_norm.gain"], p["embed_norm.bias"], eps)
+        if config["cls"]:
+            tokens = np.concatenate([p["cls"][None], tokens])
+        layer = 0
+        while f"layers.{layer}.attn.W_q" in p:
+            step = {name.removeprefix(f"layers.{layer}."): value for name, value in p.items()}
+            tokens = _cvt_step(tokens, step, rows, cols, config, eps, **wrong)
+            layer += 1
+        node = tokens[0] if config["cls"] else None
+        field = tokens[int(config["cls"]):].T.reshape(d, rows, cols)
+    readout = _layer_norm(node[None], params["final_norm.gain"], params["final_norm.bias"], eps)[0]
+    return field, node, readout @ params["head.W"] + params["head.b"]
+
+
+def _cvt(module, rng):
+    stage = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "kernel_qkv": 3, "stride_q": 1, "padding_q": 1}
+    stages = [{**stage, "n_heads": 1, "stride_kv": 2, "padding_kv": 0, "cls": False},
+              {**stage, "n_heads": 2, "stride_kv": 1, "padding_kv": 2, "cls": True}]
+    params, channels = {}, 2
+    for index, d in enumerate((4, 6)):
+        sizes = {"n_channels": channels, "patch_size": 3, "d": d, "kernel_qkv": 3, "d_ff": d + 2}
+        params |= random_table(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
+        channels = d
+    params["stages.1.cls"] = rng.standard_normal(channels)
+    params |= random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+    images = rng.standard_normal((2, 2, 8, 6))
+    eps = 1e-5
+
+    def emitted():
+        grid, node = module.forward(images, params, stages=stages, eps=eps)
+        return grid, node[:, 0], module.logits(images, params, stages=stages, eps=eps)
+
+    def evaluator(exact, **wrong):
+        results = [_cvt_evaluator(exact, _exact(image), stages, mpmath.mpf(eps), **wrong) for image in images]
+        return tuple(np.array([result[part] for result in results]) for part in range(3))
+
+    controls = {"keys padded as the queries": {"keys_padded_as_queries": True},
+                "scores scaled by the head width": {"head_scale": True}}
+    described = ("cvt (last grid, class node and logits: 2 images of 2 × 8 × 6 pixels; 2 stages, d = 4 then 6, "
+                 "convolutional embeddings of kernel 3, stride 2, padding 1; Q/K/V depth-wise convolutions of kernel 3 "
+                 "with padding_q = 1 and padding_kv = 0 (stride 2), then 2 (stride 1); the class node in the last "
+                 "stage; ε = 1e-5, 3 classes)")
+    return params, emitted, evaluator, controls, described
+
+
 _BUILDERS = {
     "vit": _vit,
+    "cvt": _cvt,
     "resnet-block": _grid(_resnet_evaluator, True, "resnet-block (2 images of 3 channels on 6 × 6, d = 4, stride 2: "
                           "3 × 3 windows with padding 1, the 1 × 1 strided shortcut with its BatchNorm)"),
     "unet-level": _grid(_unet_evaluator, False, "unet-level (2 images of 3 channels on 6 × 6, d = 4: the 3 × 3 "

@@ -10,7 +10,7 @@ from splitformer.codegen.verification.network_semantics import network_semantics
 
 
 @pytest.mark.parametrize("name", ["vit", "cvt", "resnet-block", "unet-level"])
-def test_emitted_grid_networks_compute_what_the_evaluator_defines(name):
+def test_emitted_networks_compute_what_the_evaluator_defines(name):
     (check,) = network_semantics_checks(name)
     assert check.id == f"semantics/{name}/emitted" and check.holds, check.detail
 

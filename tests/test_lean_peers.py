@@ -11,6 +11,7 @@ from splitformer.codegen.verification import attention_kernel
 from splitformer.codegen.verification.attention_kernel import attention_kernel_checks
 from splitformer.codegen.verification.causality import causality_checks
 from splitformer.codegen.verification.emitted import emitted_modules
+from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
@@ -71,3 +72,26 @@ def test_attention_kernel_statements_fail_on_an_unnormalized_kernel(monkeypatch)
 
     monkeypatch.setattr(attention_kernel, "emitted_modules", unnormalized)
     assert not any(check.holds for check in attention_kernel_checks())
+
+
+def test_rms_norm_is_scale_invariant_at_eps_zero_only():
+    check = rms_norm_scale_check()
+    assert check.holds and "differences 0, 0, 0" in check.detail, check.detail
+
+
+def test_rms_norm_scale_check_fails_on_an_operator_that_is_not_scale_invariant(monkeypatch):
+    """The derived RMSNorm's output multiplied by √|x₀| (scaling with the input): the check fails."""
+    import sympy as sp
+
+    from splitformer.symbolic import evaluate as evaluate_module
+
+    real = evaluate_module.evaluate
+
+    def wrong(program, sizes, inputs, **options):
+        values = real(program, sizes, inputs, **options)
+        output = values[program.output]
+        values[program.output] = {index: value * sp.sqrt(sp.Abs(inputs["u0"](0, 0))) for index, value in output.items()}
+        return values
+
+    monkeypatch.setattr(evaluate_module, "evaluate", wrong)
+    assert not rms_norm_scale_check().holds

@@ -21,6 +21,7 @@ from splitformer.codegen.verification.statements.adjoint import adjoint_checks, 
 from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
 from splitformer.codegen.verification.statements.recovery import is_builtin, recovery_checks
+from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
@@ -182,6 +183,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     """General checks, then every scheme's; ``plots`` also gets ``convergence.png`` with all schemes."""
     report = CheckReport(progress=progress)
     report.add(*projection_checks())
+    report.add(rms_norm_scale_check())
     report.add(sign_check())
     report.add(*activation_checks())
     report.add(*attention_checks())

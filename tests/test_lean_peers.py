@@ -10,6 +10,7 @@ import pytest
 from splitformer.codegen.verification import attention_kernel
 from splitformer.codegen.verification.attention_kernel import attention_kernel_checks
 from splitformer.codegen.verification.causality import causality_checks
+from splitformer.codegen.verification.circuits import circuits_check
 from splitformer.codegen.verification.emitted import emitted_modules
 from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.symbolic import derive, load_scheme
@@ -95,3 +96,22 @@ def test_rms_norm_scale_check_fails_on_an_operator_that_is_not_scale_invariant(m
 
     monkeypatch.setattr(evaluate_module, "evaluate", wrong)
     assert not rms_norm_scale_check().holds
+
+
+def test_attention_reads_the_qk_and_ov_circuits_only():
+    check = circuits_check()
+    assert check.id == "attention/circuits" and check.holds, check.detail
+
+
+def test_circuits_check_fails_when_the_keys_projection_is_ignored(monkeypatch):
+    """Emitted attention whose keys skip W^K (k = u + b^K): the gauge moves the scores, the check fails."""
+    from splitformer.codegen.verification import circuits
+
+    scheme, module = circuits.attention_only()
+    forward = module.forward
+
+    def without_key_kernel(u, params, **options):
+        return forward(u, {**params, "attn.W_k": np.eye(u.shape[-1])}, **options)
+
+    monkeypatch.setattr(circuits, "attention_only", lambda: (scheme, SimpleNamespace(forward=without_key_kernel)))
+    assert not circuits_check().holds

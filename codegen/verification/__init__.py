@@ -34,6 +34,11 @@ check ids                               what is checked                         
 ``attention/convex-hull``,              with one-hot values) and mixing             summing to 1 on the support, outputs within
 ``attention/constant-rows``                                                         the values' range, constant values fixed;
                                                                                     each with a control
+``attention/circuits``                  the emitted attention's QK and OV circuits  the per-head gauge R, R^-T on W^Q, W^K and      ``circuits.py``
+                                                                                    S, S^-1 on W^V, W^O leaves A(u) unchanged;
+                                                                                    controls: R for R^-T, S for S^-1
+``rms-norm/scale-invariance``           the derived RMSNorm                         RMS(c x) = RMS(x) at ε = 0, symbolically;       ``statements.rms_norm_scale``
+                                                                                    control: ε = 1/10
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)
@@ -66,6 +71,7 @@ check ids                               what is checked                         
   stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
 - ``adjoint_tests.py`` — the dot-product and Taylor tests of an emitted ``vjp`` against its own
   ``forward``; ``network_adjoint_tests.py`` — the same for vit, cvt, resnet-block, unet-level.
+- ``circuits.py`` — the QK/OV gauge of attention (Lean ``Circuits.lean``).
 - ``network_semantics.py`` — the independent evaluator of the networks' own operators (patch
   embedding, convolutions and their transposes with padding and strides, the class node, CvT's
   convolutional projections),

@@ -32,7 +32,7 @@ from .scheme_checks import random_parameters
 from .semantics import Sizes
 from .statements import Check
 
-__all__ = ["attention_kernel_checks"]
+__all__ = ["attention_kernel_checks", "attention_only"]
 
 _TIGHT, _SEPARATED = 1e-12, 1e-3
 _TOKENS, _WIDTH = 4, 8  # one-hot block: features _TOKENS … 2·_TOKENS − 1
@@ -137,9 +137,14 @@ def _scheme() -> Scheme:
                   Sequence((Substep("attn", "explicit"),)))
 
 
+def attention_only():
+    """The scheme ``u + A(u)`` (one explicit attention substep) and its emitted NumPy module."""
+    scheme = _scheme()
+    return scheme, emitted_modules(scheme, derive(scheme), ("numpy",))["numpy"]
+
+
 def attention_kernel_checks() -> list[Check]:
     """Rows summing to one, the convex hull of the values, constant values fixed; each with its control."""
-    scheme = _scheme()
-    module = emitted_modules(scheme, derive(scheme), ("numpy",))["numpy"]
+    _, module = attention_only()
     rng = np.random.default_rng(50)
     return [_kernel_rows(module, rng), _convex_hull(module, rng), _constant_rows(module, rng)]

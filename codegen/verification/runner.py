@@ -29,6 +29,7 @@ from splitformer.symbolic.scheme import Scheme
 
 from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
+from .circuits import circuits_check
 from .convergence import Study, convergence_study, plot_studies, plot_study
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
@@ -188,6 +189,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     report.add(*activation_checks())
     report.add(*attention_checks())
     report.add(*attention_kernel_checks())
+    report.add(circuits_check())
     report.add(*llm_checks())
     report.add(*general_adjoint_checks())
     for scheme in schemes:

@@ -281,6 +281,8 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
+    from splitformer.codegen.verification.network_adjoint_tests import NETWORKS, network_adjoint_tests
+    from splitformer.codegen.verification.network_semantics import SEMANTICS_NETWORKS, network_semantics_checks
     from splitformer.codegen.verification.statements.model_recovery import model_checks
     from splitformer.symbolic.model import is_model, load_model, model_names
 
@@ -305,6 +307,10 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     for name in names:
         if is_model(name):
             report.checks += model_checks(load_model(name))
+            if name in SEMANTICS_NETWORKS:
+                report.checks += network_semantics_checks(name)
+            if name in NETWORKS:
+                report.checks += network_adjoint_tests(name)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

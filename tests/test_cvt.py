@@ -115,3 +115,45 @@ def test_committed_files_match_the_generator(update_golden):
     stale = [str(path.relative_to(ROOT)) for path, text in files.items()
              if not path.exists() or path.read_text(encoding="utf-8") != text]
     assert not stale, f"generated/ is out of date: {stale}; run make generate"
+
+
+#: Queries and keys padded differently (kernel 5, padding_q 2; padding_kv 0 or 2, the keys on a grid larger than
+#: the tokens' in stage 1): a mutant taking K's padding from Q's fails here.
+UNEVEN_PADDING = dict(kernel_qkv=[5, 3], padding_q=[2, 1], padding_kv=[0, 2], stride_kv=[2, 1])
+
+
+@pytest.mark.parametrize("classifier", [False, True], ids=["CvtModel", "CvtForImageClassification"])
+def test_cvt_parity_with_queries_and_keys_padded_differently(classifier):
+    model = _cvt(classifier, CONFIGS["2-stages"], **UNEVEN_PADDING)
+    pixels = _pixels(40, 24)
+    with torch.no_grad():
+        output = model(pixels)
+    adapted = from_hf(model)
+    assert [stage["padding_q"] != stage["padding_kv"] for stage in adapted.config["stages"]] == [True, True]
+    with torch.no_grad():
+        generated = _torch_model(adapted, model, torch.float64)
+        if classifier:
+            got = [NUMPY.logits(pixels.numpy(), adapted.params, **adapted.config), generated.logits(pixels).numpy()]
+            expected = output.logits.numpy()
+        else:
+            got = [NUMPY.forward(pixels.numpy(), adapted.params, **adapted.config)[0], generated(pixels)[0].numpy()]
+            expected = output.last_hidden_state.numpy()
+    assert max(np.abs(value - expected).max() for value in got) <= 1e-10
+
+
+def test_queries_off_the_token_grid_are_refused_as_by_the_reference():
+    """stride_q ≠ 1 (or padding_q ≠ (kernel_qkv − 1)/2) puts the queries on another grid: transformers' CvT fails
+    in the residual sum; the adapter and both generated modules refuse it by name before any work."""
+    model = _cvt(False, CONFIGS["2-stages"], stride_q=[2, 1])
+    with pytest.raises(RuntimeError), torch.no_grad():
+        model(_pixels())
+    with pytest.raises(SplitformerError, match="stage 0 has stride_q = 2"):
+        from_hf(model)
+    stages = from_hf(_cvt(False, CONFIGS["2-stages"])).config["stages"]
+    adapted = from_hf(_cvt(False, CONFIGS["2-stages"]))
+    for change in ({"stride_q": 2}, {"padding_q": 0}):
+        wrong = [{**stages[0], **change}, stages[1]]
+        with pytest.raises(ValueError, match=r"stages\[0\]: stride_q = .* put the queries on another grid"):
+            NUMPY.forward(_pixels().numpy(), adapted.params, stages=wrong)
+        with pytest.raises(ValueError, match=r"stages\[0\]: stride_q = .* put the queries on another grid"):
+            TORCH.Model(3, [16, 24], [1, 2], [64, 60], wrong, dtype=torch.float64)

@@ -25,7 +25,8 @@ def test_check_vit_passes_from_the_command_line(capsys):
     assert main(["check", "vit", "--format", "json"]) == 0
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
     for name in ("recovery/vit/symbolic", "recovery/vit/numeric", "vit/negative-controls",
-                 "vit/translation-equivariance"):
+                 "vit/translation-equivariance", "semantics/vit/emitted", "adjoint-test/vit/dot",
+                 "adjoint-test/vit/taylor"):
         assert checks[name]["holds"], checks[name]
 
 
@@ -46,7 +47,10 @@ def test_translation_equivariance_needs_the_right_shift(vit):
 def test_grid_model_checks_hold(name, capsys):
     assert main(["check", name, "--format", "json"]) == 0
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
-    assert checks[f"{name}/translation-equivariance"]["holds"] and checks[f"{name}/batch-norm-affine"]["holds"]
+    for check in ("translation-equivariance", "batch-norm-affine"):
+        assert checks[f"{name}/{check}"]["holds"], checks[f"{name}/{check}"]
+    for check in (f"semantics/{name}/emitted", f"adjoint-test/{name}/dot", f"adjoint-test/{name}/taylor"):
+        assert checks[check]["holds"], checks[check]
 
 
 def test_cvt_checks_hold(capsys):
@@ -54,7 +58,8 @@ def test_cvt_checks_hold(capsys):
     checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
     for name in ("cvt/translation-equivariance", "cvt/batch-norm-affine", "cvt/key-spacing", "cvt/score-scale",
                  "recovery/cvt/symbolic", "recovery/cvt/numeric", "adjoint/cvt/finite-difference",
-                 "adjoint/cvt/negative-control"):
+                 "adjoint/cvt/negative-control", "semantics/cvt/emitted", "adjoint-test/cvt/dot",
+                 "adjoint-test/cvt/taylor"):
         assert checks[name]["holds"], checks[name]
     # the whole of each program, the chaining included, and negative controls in the chaining
     for program in ("embedding", "embedding_cls", "step", "step_cls", "grid", "grid_cls", "node", "readout"):

@@ -170,6 +170,11 @@ def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
                                    f"{config.qkv_projection_method[index]!r}; the cvt step derives 'dw_bn'")
         if config.cls_token[index] and index != len(config.depth) - 1:
             raise SplitformerError(f"{owner}: a class token in stage {index}; the class node joins in the last stage only")
+        if config.stride_q[index] != 1 or 2 * config.padding_q[index] != config.kernel_qkv[index] - 1:
+            raise SplitformerError(f"{owner}: stage {index} has stride_q = {config.stride_q[index]}, padding_q = "
+                                   f"{config.padding_q[index]} with kernel_qkv = {config.kernel_qkv[index]}: the "
+                                   "queries leave the token grid, so the residual sum has no meaning (the module "
+                                   "itself fails on any input)")
         stages.append({"patch_size": config.patch_sizes[index], "patch_stride": config.patch_stride[index],
                        "patch_padding": config.patch_padding[index], "n_heads": config.num_heads[index],
                        "kernel_qkv": config.kernel_qkv[index], "stride_q": config.stride_q[index],

@@ -14,12 +14,31 @@ check ids                               what is checked                         
                                         (float64, several heads, d_ff ≠ d, masks;
                                         RoPE: grouped heads, θ, positions;
                                         cross-attention: a padded memory)
+``semantics/<network>/emitted``         the emitted NumPy vit, cvt, resnet-block    an evaluator of patch and convolution           ``network_semantics.py``
+                                        and unet-level (float64)                    windows (padding, strides, transposed), the
+                                                                                    class node, BatchNorm; 50 digits; controls:
+                                                                                    window transposed or shifted, kernel
+                                                                                    flipped, class node last, CvT's keys padded
+                                                                                    as its queries, head-width score scale
 ``structure/<scheme>/stack``            ``forward_stack`` of N layers               N calls of ``forward``; control: reversed        ``structure.py``
 ``structure/attention/*``               the emitted attention field                 its symmetry: permutations, sum over heads,     ``structure.py``
                                                                                     causal and padding supports; each a control
 ``structure/rotary-attention/*``,       the emitted rotary and cross-attention      shifted positions (differences only); the       ``structure.py``
 ``structure/cross-attention/*``         fields                                      memory reordered, padded memory tokens; each
                                                                                     with a control
+``causality/<scheme>/block``,           the emitted ``forward``, ``forward_stack``  prefix dependence: tokens after position i      ``causality.py``
+``…/stack``, ``…/next-token``           and a decoder's next-token distribution     changed, outputs ≤ i unchanged; control:
+                                        (table, positions, tied read-out written    ``causal=False``
+                                        in the check)
+``attention/kernel-rows``,              the emitted attention kernel (read off      the Markov-kernel properties: rows ≥ 0          ``attention_kernel.py``
+``attention/convex-hull``,              with one-hot values) and mixing             summing to 1 on the support, outputs within
+``attention/constant-rows``                                                         the values' range, constant values fixed;
+                                                                                    each with a control
+``attention/circuits``                  the emitted attention's QK and OV circuits  the per-head gauge R, R^-T on W^Q, W^K and      ``circuits.py``
+                                                                                    S, S^-1 on W^V, W^O leaves A(u) unchanged;
+                                                                                    controls: R for R^-T, S for S^-1
+``rms-norm/scale-invariance``           the derived RMSNorm                         RMS(c x) = RMS(x) at ε = 0, symbolically;       ``statements.rms_norm_scale``
+                                                                                    control: ε = 1/10
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
 ``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
                                                                                     (no interpreter of its own)
@@ -28,6 +47,10 @@ check ids                               what is checked                         
                                                                                     operator instance
 ``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``statements.adjoint``
                                                                                     one flipped sign
+``adjoint-test/<name>/dot``,            the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩, J v by    ``adjoint_tests.py``
+``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    differences of the emitted ``forward``;
+                                        for vit and cvt)                            Taylor residual slope 2; control: the
+                                                                                    gradient scaled by 1.01 (slope 1)
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
 ``activation/*``, ``rope/*``, ``gqa/*``
@@ -43,6 +66,16 @@ check ids                               what is checked                         
   LayerNorm, RMSNorm, feed-forward, gated feed-forward, the paper's affine and ``S₂``
   operators. A plugin's kind whose definitions read inputs it has no semantics for is named
   by ``unevaluable``; its semantics checks are skipped with that reason.
+- ``causality.py``, ``attention_kernel.py`` — the statements of the paper's Lean formalization
+  (SauersML/params) that the structural checks did not state: prefix dependence of a block, a
+  stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
+- ``adjoint_tests.py`` — the dot-product and Taylor tests of an emitted ``vjp`` against its own
+  ``forward``; ``network_adjoint_tests.py`` — the same for vit, cvt, resnet-block, unet-level.
+- ``circuits.py`` — the QK/OV gauge of attention (Lean ``Circuits.lean``).
+- ``network_semantics.py`` — the independent evaluator of the networks' own operators (patch
+  embedding, convolutions and their transposes with padding and strides, the class node, CvT's
+  convolutional projections),
+  the steps by ``semantics.py``.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

@@ -12,16 +12,27 @@ from splitformer.symbolic.stack import final_norm_scheme
 from ..lowering import lower
 from ..render import render_module
 
-__all__ = ["emitted_modules"]
+__all__ = ["emitted_modules", "emitted_numpy_with_adjoint", "compiled"]
 
 
 def emitted_modules(scheme: Scheme, program: Program, backends: tuple[str, ...] = ("numpy", "torch")) -> dict:
     """The generated modules of ``program`` by backend, compiled from their source in memory."""
     block, final_norm = lower(program), lower(derive(final_norm_scheme()))
-    modules = {}
-    for backend in backends:
-        source = render_module(scheme, block, final_norm, backend)
-        module = ModuleType(f"splitformer_emitted_{backend}_{program.name}")
-        exec(compile(source, f"<emitted {backend} {program.name}>", "exec"), module.__dict__)  # noqa: S102 - our own output
-        modules[backend] = module
-    return modules
+    return {backend: compiled(render_module(scheme, block, final_norm, backend), backend, program.name)
+            for backend in backends}
+
+
+def emitted_numpy_with_adjoint(scheme: Scheme, program: Program) -> ModuleType:
+    """The generated NumPy module of ``program`` as ``splitformer derive`` writes it: with ``vjp``."""
+    from ..pipeline import lower_backward, lower_scheme
+
+    block, final_norm = lower_scheme(scheme, program)
+    source = render_module(scheme, block, final_norm, "numpy", *lower_backward(scheme, program))
+    return compiled(source, "numpy", program.name)
+
+
+def compiled(source: str, backend: str, name: str) -> ModuleType:
+    """The module whose source is ``source`` (generated code), executed in memory."""
+    module = ModuleType(f"splitformer_emitted_{backend}_{name}")
+    exec(compile(source, f"<emitted {backend} {name}>", "exec"), module.__dict__)  # noqa: S102 - our own output
+    return module

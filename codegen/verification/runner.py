@@ -21,13 +21,19 @@ from splitformer.codegen.verification.statements.adjoint import adjoint_checks, 
 from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
 from splitformer.codegen.verification.statements.recovery import is_builtin, recovery_checks
+from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
+from .attention_kernel import attention_kernel_checks
+from .causality import causality_checks
+from .circuits import circuits_check
 from .convergence import Study, convergence_study, plot_studies, plot_study
 from .paper import paper_checks
+from .adjoint_tests import scheme_adjoint_tests
+from .emitted import emitted_numpy_with_adjoint
 from .scheme_checks import scheme_checks as semantics_checks
 from .structure import attention_checks
 
@@ -146,10 +152,13 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report = report or CheckReport()
     program = program or derive(scheme)
     report.add(*semantics_checks(scheme, program))
+    emitted = emitted_numpy_with_adjoint(scheme, program)
+    report.add(*causality_checks(scheme, program, emitted))
     report.add(*recovery_checks(scheme, program))
     if scheme.name == "paper-lie" and is_builtin(scheme):
         report.add(*paper_checks(scheme))
     report.add(*adjoint_checks(scheme, program))
+    report.add(*scheme_adjoint_tests(scheme, emitted))
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -175,9 +184,12 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
     """General checks, then every scheme's; ``plots`` also gets ``convergence.png`` with all schemes."""
     report = CheckReport(progress=progress)
     report.add(*projection_checks())
+    report.add(rms_norm_scale_check())
     report.add(sign_check())
     report.add(*activation_checks())
     report.add(*attention_checks())
+    report.add(*attention_kernel_checks())
+    report.add(circuits_check())
     report.add(*llm_checks())
     report.add(*general_adjoint_checks())
     for scheme in schemes:

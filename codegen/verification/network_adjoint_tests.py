@@ -1,0 +1,113 @@
+"""Devito's adjoint tests (``adjoint_tests``) of each network's emitted NumPy ``vjp``.
+
+The module is generated in memory as ``splitformer derive`` writes it; random parameters
+come from its own tables of canonical names and shapes (gains near 1, BatchNorm variances
+in (1, 2)); sizes are small: vit and cvt through their logits (embedding, class node,
+steps, final projection and head), resnet-block with its strided shortcut, unet-level with
+its strided descent and transposed-convolution ascent.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from splitformer.symbolic.model import load_model
+
+from .adjoint_tests import Point, adjoint_tests
+from .emitted import compiled
+from .statements import Check
+
+__all__ = ["network_adjoint_tests", "network_module", "random_table", "NETWORKS"]
+
+
+@cache
+def network_module(name: str):
+    """The emitted NumPy module of the built-in network ``name``, generated in memory (once a process)."""
+    from ..model_pipeline import generate_model
+
+    spec = load_model(name)
+    files = generate_model(spec, ("numpy",), Path("emitted"))
+    return compiled(files[Path("emitted") / "numpy" / f"{spec.module_name}.py"], "numpy", spec.module_name)
+
+
+def random_table(table: dict, sizes: dict, rng: np.random.Generator, prefix: str = "") -> Point:
+    """An array per canonical name of ``table`` (name → shape in size names or numbers)."""
+    params = {}
+    for name, shape in table.items():
+        dims = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in shape)
+        values = rng.standard_normal(dims) / np.sqrt(dims[0] if len(dims) > 1 else 1)
+        if name.endswith(".var"):
+            values = 1 + np.abs(values) / 2
+        elif name.endswith(".gain"):
+            values = 1 + values / 2
+        params[prefix + name] = values
+    return params
+
+
+def _vit(module, rng):
+    sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 5, "n_classes": 3}
+    params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
+    for layer in range(2):
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
+    options = {"patch_size": 2, "n_heads": 2, "eps": 1e-6}
+    return (rng.standard_normal((2, 2, 4, 4)), params, module.logits, module.vjp_logits, options,
+            "the logits of vit (2 images of 2 × 4 × 4 pixels, 2 × 2 patches of 2 pixels and the class node, d = 8, "
+            "2 heads, d_ff = 6, 2 steps, 3 classes)")
+
+
+def _cvt(module, rng):
+    stage = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "kernel_qkv": 3, "stride_q": 1, "padding_q": 1,
+             "stride_kv": 2, "padding_kv": 1}
+    stages = [{**stage, "n_heads": 1, "cls": False}, {**stage, "n_heads": 2, "cls": True}]
+    params, channels = {}, 2
+    for index, d in enumerate((4, 6)):
+        sizes = {"n_channels": channels, "patch_size": 3, "d": d, "kernel_qkv": 3, "d_ff": d + 2}
+        params |= random_table(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
+        channels = d
+    params[f"stages.{len(stages) - 1}.cls"] = rng.standard_normal(channels)
+    params |= random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+    return (rng.standard_normal((2, 2, 6, 6)), params, module.logits, module.vjp_logits, {"stages": stages, "eps": 1e-5},
+            "the logits of cvt (2 images of 2 × 6 × 6 pixels; 2 stages, d = 4 then 6, each with a convolutional "
+            "embedding of kernel 3, stride 2, padding 1 and one step whose Q/K/V convolutions have kernel 3, padding "
+            "1, K/V stride 2; the class node in the last stage, 3 classes)")
+
+
+def _grid(module, rng, transfer: bool, described: str):
+    sizes = {"n_channels": 3, "d": 4}
+    table = {**module.PARAMETERS, **(module.TRANSFER_PARAMETERS if transfer else {})}
+    return (rng.standard_normal((2, 3, 4, 4)), random_table(table, sizes, rng), module.forward, module.vjp,
+            {"stride": 2, "eps": 1e-5}, described)
+
+
+_BUILDERS = {
+    "vit": _vit,
+    "cvt": _cvt,
+    "resnet-block": lambda module, rng: _grid(module, rng, True, "one step of resnet-block (2 images of 3 channels "
+                                              "on 4 × 4, d = 4, stride 2 with its shortcut transfer)"),
+    "unet-level": lambda module, rng: _grid(module, rng, False, "one step of unet-level (2 images of 3 channels on "
+                                            "4 × 4, d = 4, stride-2 descent, transposed-convolution ascent)"),
+}
+#: The networks with adjoint tests.
+NETWORKS = tuple(_BUILDERS)
+
+
+def network_adjoint_tests(name: str) -> list[Check]:
+    """The dot-product and Taylor tests of the network ``name``'s emitted ``vjp`` (or ``vjp_logits``)."""
+    module = network_module(name)
+    rng = np.random.default_rng(71)
+    pixels, params, function, adjoint, options, described = _BUILDERS[name](module, rng)
+    x = {"input": pixels, **params}
+
+    def forward(point: Point) -> np.ndarray:
+        output = function(point["input"], {key: point[key] for key in params}, **options)
+        return output[0] if isinstance(output, tuple) else output
+
+    def vjp(point: Point, costate: np.ndarray) -> Point:
+        grad_input, grads = adjoint(point["input"], {key: point[key] for key in params}, costate, **options)
+        return {"input": grad_input, **{key: grads.get(key, np.zeros_like(point[key])) for key in params}}
+
+    return adjoint_tests(name, name, described, forward, vjp, x, 72)

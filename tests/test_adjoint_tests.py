@@ -1,0 +1,85 @@
+"""Devito's adjoint tests of the emitted ``vjp``: the dot-product test and the Taylor test, each with its
+control; they hold for the emitted code and fail for a wrong gradient."""
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from splitformer.codegen.verification import network_adjoint_tests as network_adjoint_tests_module
+from splitformer.codegen.verification.adjoint_tests import adjoint_tests, scheme_adjoint_tests
+from splitformer.codegen.verification.emitted import emitted_numpy_with_adjoint
+from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
+from splitformer.symbolic import derive, load_scheme
+
+
+def _cube(x):
+    return {"y": x["a"] ** 3 * np.sin(x["b"])}["y"]
+
+
+def _cube_vjp(x, w, factor=3.0):
+    return {"a": factor * x["a"] ** 2 * np.sin(x["b"]) * w, "b": x["a"] ** 3 * np.cos(x["b"]) * w}
+
+
+def _slopes(detail: str) -> list[float]:
+    return [float(value) for value in re.findall(r"slope (-?[0-9.]+)", detail)]
+
+
+def _point():
+    rng = np.random.default_rng(0)
+    return {"a": rng.standard_normal(5), "b": rng.standard_normal(5)}
+
+
+def test_a_right_gradient_passes_both_tests_with_slope_two():
+    dot, taylor = adjoint_tests("cube", None, "a³ sin b", _cube, _cube_vjp, _point(), 1)
+    assert dot.holds and taylor.holds, (dot.detail, taylor.detail)
+    slope, control = _slopes(taylor.detail)
+    assert abs(slope - 2) < 0.01 and abs(control - 1) < 0.05
+
+
+def test_a_wrong_gradient_fails_both_tests():
+    dot, taylor = adjoint_tests("cube", None, "a³ sin b", _cube,
+                                lambda x, w: _cube_vjp(x, w, factor=2.9), _point(), 1)
+    assert not dot.holds and not taylor.holds
+    assert abs(_slopes(taylor.detail)[0] - 1) < 0.05  # the wrong gradient's own slope drops to 1
+
+
+def test_emitted_vjp_of_a_scheme_passes_and_a_flipped_parameter_gradient_fails():
+    scheme = load_scheme("pre-ln")
+    module = emitted_numpy_with_adjoint(scheme, derive(scheme))
+    checks = scheme_adjoint_tests(scheme, module)
+    assert [check.id for check in checks] == ["adjoint-test/pre-ln/dot", "adjoint-test/pre-ln/taylor"]
+    assert all(check.holds for check in checks), [check.detail for check in checks]
+
+    def wrong_vjp(*args, **options):
+        grad_u, grads = module.vjp(*args, **options)
+        return grad_u, {**grads, "attn.W_k": -grads["attn.W_k"]}
+
+    wrong = SimpleNamespace(forward=module.forward, vjp=wrong_vjp)
+    assert not any(check.holds for check in scheme_adjoint_tests(scheme, wrong))
+
+
+@pytest.mark.parametrize("name", ["unet-level", "resnet-block"])
+def test_emitted_vjp_of_a_grid_network_passes(name):
+    checks = network_adjoint_tests(name)
+    assert [check.id for check in checks] == [f"adjoint-test/{name}/dot", f"adjoint-test/{name}/taylor"]
+    assert all(check.holds for check in checks), [check.detail for check in checks]
+
+
+def test_a_network_vjp_missing_a_transposed_convolution_gradient_fails(monkeypatch):
+    real = network_adjoint_tests_module.network_module
+
+    def wrong(name):
+        module = real(name)
+        vjp = module.vjp
+
+        def wrong_vjp(*args, **options):
+            grad_u, grads = vjp(*args, **options)
+            return grad_u, {key: value for key, value in grads.items() if key != "up.W"}  # read as zero
+
+        return SimpleNamespace(PARAMETERS=module.PARAMETERS, TRANSFER_PARAMETERS=module.TRANSFER_PARAMETERS,
+                               forward=module.forward, vjp=wrong_vjp)
+
+    monkeypatch.setattr(network_adjoint_tests_module, "network_module", wrong)
+    assert not any(check.holds for check in network_adjoint_tests("unet-level"))

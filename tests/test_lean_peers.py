@@ -1,0 +1,117 @@
+"""The statements of the Lean formalization that ``check`` lacked: causality of a block, a stack and the
+next-token distribution; the attention kernel's rows, convex hull and constant rows. Each holds on the
+emitted code and fails on a module that breaks it."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from splitformer.codegen.verification import attention_kernel
+from splitformer.codegen.verification.attention_kernel import attention_kernel_checks
+from splitformer.codegen.verification.causality import causality_checks
+from splitformer.codegen.verification.circuits import circuits_check
+from splitformer.codegen.verification.emitted import emitted_modules
+from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
+from splitformer.symbolic import derive, load_scheme
+from splitformer.symbolic.scheme import Scheme, Sequence, Substep
+
+
+def _emitted(name_or_scheme):
+    scheme = load_scheme(name_or_scheme) if isinstance(name_or_scheme, str) else name_or_scheme
+    program = derive(scheme)
+    return scheme, program, emitted_modules(scheme, program, ("numpy",))["numpy"]
+
+
+def _ignoring_the_mask(module):
+    """The module with ``causal`` dropped: every call attends to the whole sequence."""
+    def forward(*args, causal=False, **options):
+        return module.forward(*args, causal=False, **options)
+
+    def forward_stack(*args, causal=False, **options):
+        return module.forward_stack(*args, causal=False, **options)
+
+    return SimpleNamespace(forward=forward, forward_stack=forward_stack,
+                           FINAL_NORM_PARAMETERS=module.FINAL_NORM_PARAMETERS)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "decoder"])
+def test_block_stack_and_next_token_are_causal(name):
+    checks = causality_checks(*_emitted(name))
+    assert [check.id for check in checks] == [f"causality/{name}/{kind}" for kind in ("block", "stack", "next-token")]
+    assert all(check.holds and check.method == "numeric" for check in checks), [c.detail for c in checks]
+
+
+def test_causality_fails_when_the_mask_is_ignored():
+    scheme, program, module = _emitted("gpt2")
+    assert not any(check.holds for check in causality_checks(scheme, program, _ignoring_the_mask(module)))
+
+
+def test_a_token_wise_scheme_is_skipped_with_the_reason():
+    scheme = Scheme("ffn-only", "one feed-forward substep", {"ffn": "feed-forward"},
+                    Sequence((Substep("ffn", "explicit"),)))
+    checks = causality_checks(*_emitted(scheme))
+    assert all(check.method == "skipped" and "reads no support" in check.detail for check in checks)
+
+
+def test_attention_kernel_statements_hold():
+    checks = attention_kernel_checks()
+    assert [check.id for check in checks] == ["attention/kernel-rows", "attention/convex-hull",
+                                              "attention/constant-rows"]
+    assert all(check.holds for check in checks), [check.detail for check in checks]
+
+
+def test_attention_kernel_statements_fail_on_an_unnormalized_kernel(monkeypatch):
+    """Emitted attention whose kernel is not normalized (the exponentials used as weights) fails all three."""
+    real = attention_kernel.emitted_modules
+
+    def unnormalized(scheme, program, backends):
+        module = real(scheme, program, backends)["numpy"]
+        exponentials = module._exponentials
+        module._exponentials = lambda scores, support: (exponentials(scores, support)[0], 1.0)
+        return {"numpy": module}
+
+    monkeypatch.setattr(attention_kernel, "emitted_modules", unnormalized)
+    assert not any(check.holds for check in attention_kernel_checks())
+
+
+def test_rms_norm_is_scale_invariant_at_eps_zero_only():
+    check = rms_norm_scale_check()
+    assert check.holds and "differences 0, 0, 0" in check.detail, check.detail
+
+
+def test_rms_norm_scale_check_fails_on_an_operator_that_is_not_scale_invariant(monkeypatch):
+    """The derived RMSNorm's output multiplied by √|x₀| (scaling with the input): the check fails."""
+    import sympy as sp
+
+    from splitformer.symbolic import evaluate as evaluate_module
+
+    real = evaluate_module.evaluate
+
+    def wrong(program, sizes, inputs, **options):
+        values = real(program, sizes, inputs, **options)
+        output = values[program.output]
+        values[program.output] = {index: value * sp.sqrt(sp.Abs(inputs["u0"](0, 0))) for index, value in output.items()}
+        return values
+
+    monkeypatch.setattr(evaluate_module, "evaluate", wrong)
+    assert not rms_norm_scale_check().holds
+
+
+def test_attention_reads_the_qk_and_ov_circuits_only():
+    check = circuits_check()
+    assert check.id == "attention/circuits" and check.holds, check.detail
+
+
+def test_circuits_check_fails_when_the_keys_projection_is_ignored(monkeypatch):
+    """Emitted attention whose keys skip W^K (k = u + b^K): the gauge moves the scores, the check fails."""
+    from splitformer.codegen.verification import circuits
+
+    scheme, module = circuits.attention_only()
+    forward = module.forward
+
+    def without_key_kernel(u, params, **options):
+        return forward(u, {**params, "attn.W_k": np.eye(u.shape[-1])}, **options)
+
+    monkeypatch.setattr(circuits, "attention_only", lambda: (scheme, SimpleNamespace(forward=without_key_kernel)))
+    assert not circuits_check().holds

@@ -62,6 +62,8 @@ convolution is a Conv2d weight permuted (1, 2, 3, 0), of a depth-wise one (1, 2,
     head.b                           (n_classes)      (logits only)
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -118,6 +120,58 @@ HEAD_PARAMETERS = {
 #: The configuration every stage needs.
 STAGE_CONFIG = ("patch_size", "patch_stride", "patch_padding", "n_heads", "kernel_qkv", "stride_q", "padding_q",
                 "stride_kv", "padding_kv", "cls")
+#: Settings that count (≥ 1) and settings that pad (≥ 0).
+_COUNTS = ("patch_size", "patch_stride", "n_heads", "kernel_qkv", "stride_q", "stride_kv")
+_PADDINGS = ("patch_padding", "padding_q", "padding_kv")
+
+
+def _stage_configs(stages):
+    """``stages`` checked before any work: a non-empty list of mappings with every ``STAGE_CONFIG``
+    key, integer counts ≥ 1 and paddings ≥ 0, a bool ``cls`` that only the last stage sets, queries on
+    the token grid (``u + A`` needs them there)."""
+    if isinstance(stages, Mapping) or not isinstance(stages, (list, tuple)):
+        raise TypeError(f"stages must be a list of per-stage mappings, got {type(stages).__name__}")
+    if not stages:
+        raise ValueError("stages must be a non-empty list of per-stage configurations")
+    for index, config in enumerate(stages):
+        if not isinstance(config, Mapping):
+            raise TypeError(f"stages[{index}] must be a mapping, got {type(config).__name__}")
+        missing = [name for name in STAGE_CONFIG if name not in config]
+        if missing:
+            raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
+        for name in _COUNTS + _PADDINGS:
+            value, least = config[name], 1 if name in _COUNTS else 0
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
+            if value < least:
+                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+        if not isinstance(config["cls"], bool):
+            raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
+        if config["cls"] and index != len(stages) - 1:
+            raise ValueError("stages: the class node joins in the last stage only")
+        if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
+            raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = {config['padding_q']} "
+                             f"with kernel_qkv = {config['kernel_qkv']} put the queries on another grid than the "
+                             "tokens they update: stride_q must be 1 and padding_q (kernel_qkv - 1) / 2")
+    return list(stages)
+
+
+def _stage_grids(stages, height, width):
+    """Check, before any work, that each stage's grid and its query and key/value grids keep a node."""
+    def count(size, window, stride, padding):
+        return (size + 2 * padding - window) // stride + 1
+
+    for index, config in enumerate(stages):
+        height, width = (count(size, config["patch_size"], config["patch_stride"], config["patch_padding"])
+                         for size in (height, width))
+        grids = {"patch": (height, width)}
+        for name in ("q", "kv"):
+            grids[name] = tuple(count(size, config["kernel_qkv"], config[f"stride_{name}"], config[f"padding_{name}"])
+                                for size in (height, width))
+        for name, grid in grids.items():
+            if min(grid) < 1:
+                raise ValueError(f"pixel_values too small for stages[{index}]: its {name} grid would be "
+                                 f"{grid[0]}×{grid[1]}")
 
 
 def _einsum(spec, *operands):
@@ -438,22 +492,6 @@ def _readout(cls, p, eps):
     return head_logits
 
 
-def _config(stages):
-    if not isinstance(stages, (list, tuple)) or not stages:
-        raise ValueError("stages must be a non-empty list of per-stage configurations")
-    for index, config in enumerate(stages):
-        missing = [name for name in STAGE_CONFIG if name not in config]
-        if missing:
-            raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
-        if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
-            raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = {config['padding_q']} "
-                             f"with kernel_qkv = {config['kernel_qkv']} put the queries on another grid than the "
-                             "tokens they update: stride_q must be 1 and padding_q (kernel_qkv - 1) / 2")
-        if any(config["cls"] for config in stages[:-1]):
-            raise ValueError("stages: the class node joins in the last stage only")
-    return stages
-
-
 def forward(pixel_values, params, *, stages, eps=1e-5):
     """Final hidden states of the last stage (grid layout) and the class node's state."""
     u = np.asarray(pixel_values)
@@ -461,7 +499,12 @@ def forward(pixel_values, params, *, stages, eps=1e-5):
         raise ValueError(f"pixel_values must be float32 or float64, got {u.dtype}")
     if u.ndim != 4:
         raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {u.shape}")
-    stages = _config(stages)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    stages = _stage_configs(stages)
+    _stage_grids(stages, u.shape[2], u.shape[3])
     cls = None
     for index, config in enumerate(stages):
         prefix = f"stages.{index}."

@@ -16,6 +16,8 @@ stages: one mapping per stage with patch_size, patch_stride, patch_padding, n_he
 kernel_qkv, stride_q, padding_q, stride_kv, padding_kv and cls (bool).
 """
 import math
+import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -66,6 +68,63 @@ HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
+
+
+#: The configuration every stage needs.
+STAGE_CONFIG = ("patch_size", "patch_stride", "patch_padding", "n_heads", "kernel_qkv", "stride_q", "padding_q",
+                "stride_kv", "padding_kv", "cls")
+#: Settings that count (≥ 1) and settings that pad (≥ 0).
+_COUNTS = ("patch_size", "patch_stride", "n_heads", "kernel_qkv", "stride_q", "stride_kv")
+_PADDINGS = ("patch_padding", "padding_q", "padding_kv")
+
+
+def _stage_configs(stages):
+    """``stages`` checked before any work: a non-empty list of mappings with every ``STAGE_CONFIG``
+    key, integer counts ≥ 1 and paddings ≥ 0, a bool ``cls`` that only the last stage sets, queries on
+    the token grid (``u + A`` needs them there)."""
+    if isinstance(stages, Mapping) or not isinstance(stages, (list, tuple)):
+        raise TypeError(f"stages must be a list of per-stage mappings, got {type(stages).__name__}")
+    if not stages:
+        raise ValueError("stages must be a non-empty list of per-stage configurations")
+    for index, config in enumerate(stages):
+        if not isinstance(config, Mapping):
+            raise TypeError(f"stages[{index}] must be a mapping, got {type(config).__name__}")
+        missing = [name for name in STAGE_CONFIG if name not in config]
+        if missing:
+            raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
+        for name in _COUNTS + _PADDINGS:
+            value, least = config[name], 1 if name in _COUNTS else 0
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
+            if value < least:
+                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+        if not isinstance(config["cls"], bool):
+            raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
+        if config["cls"] and index != len(stages) - 1:
+            raise ValueError("stages: the class node joins in the last stage only")
+        if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
+            raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = {config['padding_q']} "
+                             f"with kernel_qkv = {config['kernel_qkv']} put the queries on another grid than the "
+                             "tokens they update: stride_q must be 1 and padding_q (kernel_qkv - 1) / 2")
+    return list(stages)
+
+
+def _stage_grids(stages, height, width):
+    """Check, before any work, that each stage's grid and its query and key/value grids keep a node."""
+    def count(size, window, stride, padding):
+        return (size + 2 * padding - window) // stride + 1
+
+    for index, config in enumerate(stages):
+        height, width = (count(size, config["patch_size"], config["patch_stride"], config["patch_padding"])
+                         for size in (height, width))
+        grids = {"patch": (height, width)}
+        for name in ("q", "kv"):
+            grids[name] = tuple(count(size, config["kernel_qkv"], config[f"stride_{name}"], config[f"padding_{name}"])
+                                for size in (height, width))
+        for name, grid in grids.items():
+            if min(grid) < 1:
+                raise ValueError(f"pixel_values too small for stages[{index}]: its {name} grid would be "
+                                 f"{grid[0]}×{grid[1]}")
 
 
 def _allowed(support):
@@ -137,7 +196,11 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
 
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
-    if padding:
+    if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
+        for axis in axes:
+            edge = torch.zeros_like(field.narrow(axis, 0, 1))
+            field = torch.cat([edge] * padding + [field] + [edge] * padding, dim=axis)
+    elif padding:
         pad = [0] * (2 * field.dim())
         for axis in axes:
             pad[2 * (field.dim() - 1 - axis)] = pad[2 * (field.dim() - 1 - axis) + 1] = padding
@@ -409,16 +472,15 @@ class Model(torch.nn.Module):
         if backward not in ("autograd", "derived"):
             raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
         self.backward = backward
+        stages = _stage_configs(stages)
+        for name, sizes in (("embed_dims", embed_dims), ("depths", depths), ("d_ffs", d_ffs)):
+            if isinstance(sizes, Mapping) or not isinstance(sizes, (list, tuple)):
+                raise TypeError(f"{name} must be a list with one int per stage, got {type(sizes).__name__}")
+            for index, size in enumerate(sizes):
+                _integer(f"{name}[{index}]", size, 1)
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
-        if any(config["cls"] for config in stages[:-1]):
-            raise ValueError("stages: the class node joins in the last stage only")
-        for index, config in enumerate(stages):
-            if config["stride_q"] != 1 or 2 * config["padding_q"] != config["kernel_qkv"] - 1:
-                raise ValueError(f"stages[{index}]: stride_q = {config['stride_q']} and padding_q = "
-                                 f"{config['padding_q']} with kernel_qkv = {config['kernel_qkv']} put the queries on "
-                                 "another grid than the tokens they update: stride_q must be 1 and padding_q "
-                                 "(kernel_qkv - 1) / 2")
+        n_channels, n_classes, eps = _integer("n_channels", n_channels, 1), _integer("n_classes", n_classes, 0), _epsilon(eps)
         factory = {"device": device, "dtype": dtype}
         self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
         modules, channels = [], n_channels
@@ -456,9 +518,12 @@ class Model(torch.nn.Module):
         return self
 
     def forward(self, pixel_values):
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
         if pixel_values.dim() != 4 or pixel_values.shape[1] != self.n_channels:
             raise ValueError(f"pixel_values must have shape (batch, {self.n_channels}, height, width), "
                              f"got {tuple(pixel_values.shape)}")
+        _stage_grids([stage.config for stage in self.stages], pixel_values.shape[2], pixel_values.shape[3])
         if self.backward == "derived":
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             own = dict(self.named_parameters())
@@ -1662,6 +1727,15 @@ def _reverse(kept, seed, eps):
     return seed, grads
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+
+
 class _DerivedModel(torch.autograd.Function):
     """The last stage's grid and class node; the backward is the derived adjoint (report §8).
 
@@ -1691,6 +1765,7 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_u, grad_cls):
+        _first_order_only()
         seed_cls = grad_cls.contiguous() if ctx.has_cls else None
         seed = _costate_of_tokens(ctx.kept[-1][5], grad_u.contiguous(), seed_cls, ctx.kept[-1][2], ctx.eps)
         grad_image, grads = _reverse(ctx.kept, seed, ctx.eps)
@@ -1708,6 +1783,7 @@ class _DerivedReadout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logits):
+        _first_order_only()
         cls, *params = ctx.saved_tensors
         seed, grads = _readout_vjp(cls, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), ctx.config, ctx.eps)
         return (seed, None, None, *(grads[name] for name in HEAD_PARAMETERS))

@@ -123,6 +123,8 @@ class Scheme:
         return base if self.activation == self.declared_activation else f"{base}_{suffix}"
 
     def with_activation(self, name: str) -> "Scheme":
+        if not isinstance(name, str):
+            raise SplitformerError(f"activation: expected a name (str), got {type(name).__name__}")
         lookup_activation(name)
         return replace(self, activation=name)
 
@@ -192,7 +194,11 @@ class Scheme:
         return count(self.body)
 
     def check(self) -> None:
-        """Raise ``SplitformerError`` where operators and solvers do not fit."""
+        """Raise ``SplitformerError`` where a field is of the wrong type or holds bad text
+        (``scheme_fields``), or where operators and solvers do not fit."""
+        from .scheme_fields import check_fields  # it checks this module's classes
+
+        check_fields(self)
         operators = self.instantiate()
         if not self.substeps():
             raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")

@@ -30,7 +30,7 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .output import PLOTS_HINT, check_replaceable, check_writable, write_files
+from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
 from .render import render_module
@@ -126,11 +126,11 @@ class Derivation:
         """
         if backend not in BACKEND_CHOICES:
             raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise SplitformerError(f"{out} exists and is not a folder")
+        if not isinstance(force, bool):
+            raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
+        out = as_folder(out, "out")
         files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
-        write_files(files, force=force)
+        write_files(files, force=force, root=out)
         return list(files)
 
     def check(self, plots: str | Path | None = None):

@@ -206,7 +206,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.model import is_model, load_model
 
     from .model_pipeline import generate_model
-    from .output import check_writable, write_files
+    from .output import as_folder, check_writable, write_files
     from .parallel import ordered_map
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
@@ -215,9 +215,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     passes = select(arguments.passes)
-    if not arguments.out:
-        raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
-    out = Path(arguments.out)
+    out = as_folder(arguments.out, "--out")
     check_writable(out, f"--out {out}")
     emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
     for name in names:
@@ -240,7 +238,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     files: dict[Path, str] = {}
     for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
         files.update(part)
-    outcome = write_files(files, force=arguments.force)
+    outcome = write_files(files, force=arguments.force, root=out)
     return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
                      if path.name != "__init__.py" or action == "kept")
 

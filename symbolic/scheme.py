@@ -9,6 +9,7 @@ import sympy as sp
 
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
+from .operator_checks import check_output
 from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
@@ -43,6 +44,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
                                    f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
+    check_output(tuple(parameters), tuple(definitions), where)
     return operator
 
 

@@ -217,22 +217,24 @@ def _derive(arguments: argparse.Namespace) -> str:
     passes = select(arguments.passes)
     out = as_folder(arguments.out, "--out")
     check_writable(out, f"--out {out}")
-    emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
+    # module name → (argument, scheme or model, identity); the same scheme or model twice is one, in any order
+    emitted: dict[str, tuple[str, object, tuple]] = {}
     for name in names:
         if is_model(name):
             if arguments.activation is not None:
                 raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
-            emitted.setdefault(name.replace("-", "_"), (name, load_model(name)))
-            continue
-        scheme = _load(name, arguments.activation)
-        first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
-        if previous is not scheme and getattr(previous, "source", None) != scheme.source:
-            raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
-                                   f"{scheme.module_name}.py; derive them into different --out folders")
+            item, module, identity = load_model(name), name.replace("-", "_"), ("model", name)
+        else:
+            item = _load(name, arguments.activation)
+            module, identity = item.module_name, ("scheme", item.source)
+        first, _, known = emitted.setdefault(module, (name, item, identity))
+        if known != identity:
+            raise SplitformerError(f"{first!r} and {name!r} would both be written as {module}.py; "
+                                   "derive them into different --out folders")
     backends = BACKEND_CHOICES[arguments.backend]
 
-    def generated(item: tuple[str, object]) -> dict[Path, str]:
-        name, scheme = item
+    def generated(item: tuple[str, object, tuple]) -> dict[Path, str]:
+        name, scheme, _ = item
         return (generate_model if is_model(name) else generate)(scheme, backends, out, passes)
 
     files: dict[Path, str] = {}

@@ -282,7 +282,10 @@ class _Reader:
 
 
 def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
-    """Parse the text of a scheme file; errors name ``where``."""
+    """Parse the text of a scheme file; errors name ``where``. A leading UTF-8 byte-order mark is skipped."""
+    if not isinstance(text, str):
+        raise SplitformerError(f"{where}: expected the text of a scheme file (str), got {type(text).__name__}")
+    text = text.removeprefix("\ufeff")
     try:
         document = tomllib.loads(text)
     except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit

@@ -25,6 +25,7 @@ from splitformer.codegen.verification.statements.order import OrderResult, split
 from splitformer.symbolic.derivation import derive as derive_program
 from splitformer.symbolic.equation import Equation, scheme_equation
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
@@ -45,7 +46,9 @@ def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
         scheme = load_scheme(scheme)
     elif not isinstance(scheme, Scheme):
         raise SplitformerError(f"expected a Scheme, a built-in name or a scheme file, got {type(scheme).__name__}")
-    scheme.check()
+    if activation is not None and not isinstance(activation, str):
+        raise SplitformerError(f"activation: expected a name (str) or None, got {type(activation).__name__}")
+    scheme.check()  # one path for every scheme: a file's, a Python object's, a plug-in's
     return scheme if activation is None else scheme.with_activation(activation)
 
 
@@ -94,10 +97,11 @@ class Derivation:
 
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
-        if backend not in BACKEND_CHOICES or backend == "all":
-            raise SplitformerError(f"unknown backend {backend!r} (known: numpy, torch)")
-        block, final_norm = self.lowered
-        return render_module(self.scheme, block, final_norm, backend, *self.backward)
+        if not isinstance(backend, str) or backend not in BACKEND_CHOICES or backend == "all":
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
+        with plugin_failures(self.scheme):
+            block, final_norm = self.lowered
+            return render_module(self.scheme, block, final_norm, backend, *self.backward)
 
     def numpy_module(self) -> types.ModuleType:
         """The generated NumPy module, in memory: ``forward``, ``forward_stack``, ``PARAMETERS``."""
@@ -124,12 +128,13 @@ class Derivation:
         ``force`` overwrites modules and reports that splitformer did not write (``splitformer
         derive --force``); a package ``__init__.py`` of your own is always kept.
         """
-        if backend not in BACKEND_CHOICES:
-            raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")
+        if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
         if not isinstance(force, bool):
             raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
         out = as_folder(out, "out")
-        files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
+        with plugin_failures(self.scheme):
+            files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
         write_files(files, force=force, root=out)
         return list(files)
 
@@ -138,7 +143,7 @@ class Derivation:
         from .verification.runner import scheme_checks
 
         if plots is not None:  # refused before the checks run, not after
-            plots = Path(plots)
+            plots = as_folder(plots, "plots")
             check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
             check_writable(plots, f"plots={str(plots)!r}")
         return scheme_checks(self.scheme, self.program, plots)
@@ -164,5 +169,13 @@ def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tu
     ``passes``: the IR passes of the emitted code, ``"all"`` (default), ``"none"`` or
     comma-separated names as for ``splitformer derive --passes``.
     """
+    if passes is not None and not isinstance(passes, (str, tuple)):
+        raise SplitformerError(f"passes: expected 'all', 'none', comma-separated names or a tuple of passes, "
+                               f"got {type(passes).__name__}")
+    if isinstance(passes, tuple) and not all(callable(rewrite) for rewrite in passes):
+        raise SplitformerError("passes: a tuple of passes holds the passes themselves (functions); "
+                               "name them in a string instead ('matmul,layer-norm')")
     scheme = as_scheme(scheme, activation)
-    return Derivation(scheme, derive_program(scheme), select(passes) if isinstance(passes, str) else passes)
+    with plugin_failures(scheme):
+        program = derive_program(scheme)
+    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes)

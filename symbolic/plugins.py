@@ -13,7 +13,8 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,7 @@ from .errors import SplitformerError
 from .operators import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
-__all__ = ["load_plugin", "load_plugins"]
+__all__ = ["load_plugin", "load_plugins", "plugin_failures"]
 
 
 def _module_name(path: Path) -> str:
@@ -77,3 +78,23 @@ def _restore(registry: dict, saved: dict) -> None:
 def load_plugins(paths: Iterable[str | Path]) -> list[ModuleType]:
     """``load_plugin`` for each path, in order."""
     return [load_plugin(path) for path in paths]
+
+
+@contextmanager
+def plugin_failures(scheme) -> Iterator[None]:
+    """Turn an error that a plug-in kind of ``scheme`` causes while it is derived or emitted into one line.
+
+    Operator kinds of the package are trusted (their errors are bugs and keep their traceback);
+    a scheme using a user's kind gets ``SplitformerError`` naming the kind and the error.
+    """
+    try:
+        yield
+    except SplitformerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a user's code: reported in one line
+        kinds = sorted({kind for kind in scheme.operators.values()
+                        if not getattr(OPERATOR_KINDS.get(kind), "__module__", "splitformer.").startswith("splitformer.")})
+        if not kinds:
+            raise
+        raise SplitformerError(f"scheme {scheme.name!r}: the plug-in kind {', '.join(map(repr, kinds))} cannot be "
+                               f"derived: {type(error).__name__}: {str(error)[:120]}") from None

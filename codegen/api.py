@@ -61,6 +61,18 @@ class Derivation:
     passes: tuple | None = None
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        """A ``Derivation`` made by hand is checked like one ``derive`` makes: its scheme, and a
+        program derived from it (the program's name becomes file names)."""
+        if not isinstance(self.scheme, Scheme):
+            raise SplitformerError(f"Derivation: scheme: expected a Scheme, got {type(self.scheme).__name__}")
+        if not isinstance(self.program, Program):
+            raise SplitformerError(f"Derivation: program: expected a Program, got {type(self.program).__name__}")
+        self.scheme.check()
+        if self.program.name != self.scheme.module_name:
+            raise SplitformerError(f"Derivation: the program {self.program.name[:64]!r} is not derived from the scheme "
+                                   f"{self.scheme.name!r} (use splitformer.derive)")
+
     @property
     def name(self) -> str:
         """The module name of the generated code (``pre_ln_gelu``)."""

@@ -57,7 +57,7 @@ def _ancestor(path: Path) -> Path:
     for folder in path.parents:
         if folder.exists() or folder.is_symlink():
             if not folder.is_dir():
-                raise SplitformerError(f"cannot write {path}: {folder} exists and is not a folder")
+                raise SplitformerError(f"cannot write {_shown(path)}: {_shown(folder)} exists and is not a folder")
             return folder
     return Path(".")
 
@@ -74,9 +74,9 @@ def check_target(path: Path) -> None:
 
 
 def _shown(path: Path) -> str:
-    """A path for a one-line message, cut when long."""
-    text = str(path)
-    return text if len(text) <= 120 else text[:60] + "…" + text[-40:]
+    """A path for a one-line message: characters that are not printable escaped, cut when long."""
+    text = "".join(character if character.isprintable() else repr(character)[1:-1] for character in str(path))
+    return text if len(text) <= 200 else text[:100] + "…" + text[-80:]
 
 
 def resolved_inside(path: Path, root: Path) -> Path:
@@ -141,17 +141,17 @@ def check_replaceable(path: Path, force: bool = False, hint: str = "pass --force
     if not (path.exists() or path.is_symlink()):
         return
     if path.is_dir():
-        raise SplitformerError(f"cannot write {path}: it is a folder")
+        raise SplitformerError(f"cannot write {_shown(path)}: it is a folder")
     if not path.is_file():
-        raise SplitformerError(f"cannot write {path}: it exists and is not a regular file")
+        raise SplitformerError(f"cannot write {_shown(path)}: it exists and is not a regular file")
     if force:
         return
     try:
         header = _header(path)
     except OSError as error:
-        raise SplitformerError(f"cannot read {path} to check who wrote it: {error.strerror or error}") from None
+        raise SplitformerError(f"cannot read {_shown(path)} to check who wrote it: {error.strerror or error}") from None
     if not _written_by_us(header):
-        raise SplitformerError(f"{path} exists and was not written by splitformer; {hint}")
+        raise SplitformerError(f"{_shown(path)} exists and was not written by splitformer; {hint}")
 
 
 def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
@@ -258,7 +258,7 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
             except OSError:
                 pass
         if isinstance(error, OSError):
-            raise SplitformerError(f"cannot write {target}: {error.strerror or error}") from None
+            raise SplitformerError(f"cannot write {_shown(target)}: {error.strerror or error}") from None
         raise
 
 

@@ -50,14 +50,27 @@ def test_a_scheme_objects_summary_is_checked_like_a_files(summary, message):
 
 def test_text_reaches_the_emitted_code_escaped_never_as_code(post_ln):
     """Even text that no check stopped stays text: the docstring and SCHEME hold it, nothing runs."""
+    from splitformer.codegen.render import render_module
+
     hostile = replace(post_ln.scheme, summary=HOSTILE, name='p"; raise SystemExit("injected"); "')
-    derivation = Derivation(hostile, post_ln.program, post_ln.passes)
-    numpy_source, torch_source = derivation.source("numpy"), derivation.source("torch")
+    numpy_source, torch_source = (render_module(hostile, *post_ln.lowered, backend, *post_ln.backward)
+                                  for backend in ("numpy", "torch"))
     assert ast.get_docstring(ast.parse(numpy_source), clean=False).startswith(f"{hostile.name}: {HOSTILE}.")
     scheme_literal = next(node.value for node in ast.parse(torch_source).body
                           if isinstance(node, ast.Assign) and node.targets[0].id == "SCHEME")
     assert ast.literal_eval(scheme_literal) == hostile.name
-    assert derivation.numpy_module().__doc__.startswith(hostile.name)  # imported: no SystemExit
+    namespace = {}
+    exec(compile(numpy_source, "<hostile>", "exec"), namespace)  # imported: no SystemExit
+    assert namespace["__doc__"].startswith(hostile.name)
+
+
+def test_a_derivation_made_by_hand_is_checked_too(post_ln):
+    with pytest.raises(SplitformerError, match="summary: must be one printable line"):
+        Derivation(replace(post_ln.scheme, summary=HOSTILE), post_ln.program)
+    with pytest.raises(SplitformerError, match="is not derived from the scheme"):
+        Derivation(load_scheme("pre-ln"), post_ln.program)
+    with pytest.raises(SplitformerError, match="program: expected a Program, got str"):
+        Derivation(post_ln.scheme, "post_ln")
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", "..", "Post-LN", "x" * 65, "class", 7])

@@ -25,12 +25,13 @@ from splitformer.codegen.verification.statements.order import OrderResult, split
 from splitformer.symbolic.derivation import derive as derive_program
 from splitformer.symbolic.equation import Equation, scheme_equation
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .output import PLOTS_HINT, check_replaceable, check_writable, write_files
+from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
 from .render import render_module
@@ -45,7 +46,9 @@ def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
         scheme = load_scheme(scheme)
     elif not isinstance(scheme, Scheme):
         raise SplitformerError(f"expected a Scheme, a built-in name or a scheme file, got {type(scheme).__name__}")
-    scheme.check()
+    if activation is not None and not isinstance(activation, str):
+        raise SplitformerError(f"activation: expected a name (str) or None, got {type(activation).__name__}")
+    scheme.check()  # one path for every scheme: a file's, a Python object's, a plug-in's
     return scheme if activation is None else scheme.with_activation(activation)
 
 
@@ -57,6 +60,18 @@ class Derivation:
     program: Program
     passes: tuple | None = None
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """A ``Derivation`` made by hand is checked like one ``derive`` makes: its scheme, and a
+        program derived from it (the program's name becomes file names)."""
+        if not isinstance(self.scheme, Scheme):
+            raise SplitformerError(f"Derivation: scheme: expected a Scheme, got {type(self.scheme).__name__}")
+        if not isinstance(self.program, Program):
+            raise SplitformerError(f"Derivation: program: expected a Program, got {type(self.program).__name__}")
+        self.scheme.check()
+        if self.program.name != self.scheme.module_name:
+            raise SplitformerError(f"Derivation: the program {self.program.name[:64]!r} is not derived from the scheme "
+                                   f"{self.scheme.name!r} (use splitformer.derive)")
 
     @property
     def name(self) -> str:
@@ -94,10 +109,11 @@ class Derivation:
 
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
-        if backend not in BACKEND_CHOICES or backend == "all":
-            raise SplitformerError(f"unknown backend {backend!r} (known: numpy, torch)")
-        block, final_norm = self.lowered
-        return render_module(self.scheme, block, final_norm, backend, *self.backward)
+        if not isinstance(backend, str) or backend not in BACKEND_CHOICES or backend == "all":
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
+        with plugin_failures(self.scheme):
+            block, final_norm = self.lowered
+            return render_module(self.scheme, block, final_norm, backend, *self.backward)
 
     def numpy_module(self) -> types.ModuleType:
         """The generated NumPy module, in memory: ``forward``, ``forward_stack``, ``PARAMETERS``."""
@@ -124,13 +140,14 @@ class Derivation:
         ``force`` overwrites modules and reports that splitformer did not write (``splitformer
         derive --force``); a package ``__init__.py`` of your own is always kept.
         """
-        if backend not in BACKEND_CHOICES:
-            raise SplitformerError(f"unknown backend {backend!r} (known: {', '.join(BACKEND_CHOICES)})")
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise SplitformerError(f"{out} exists and is not a folder")
-        files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
-        write_files(files, force=force)
+        if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
+        if not isinstance(force, bool):
+            raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
+        out = as_folder(out, "out")
+        with plugin_failures(self.scheme):
+            files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
+        write_files(files, force=force, root=out)
         return list(files)
 
     def check(self, plots: str | Path | None = None):
@@ -138,7 +155,7 @@ class Derivation:
         from .verification.runner import scheme_checks
 
         if plots is not None:  # refused before the checks run, not after
-            plots = Path(plots)
+            plots = as_folder(plots, "plots")
             check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
             check_writable(plots, f"plots={str(plots)!r}")
         return scheme_checks(self.scheme, self.program, plots)
@@ -169,7 +186,15 @@ def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tu
     """
     if not isinstance(causal, bool):
         raise SplitformerError(f"causal must be True or False, got {type(causal).__name__}")
+    if passes is not None and not isinstance(passes, (str, tuple)):
+        raise SplitformerError(f"passes: expected 'all', 'none', comma-separated names or a tuple of passes, "
+                               f"got {type(passes).__name__}")
+    if isinstance(passes, tuple) and not all(callable(rewrite) for rewrite in passes):
+        raise SplitformerError("passes: a tuple of passes holds the passes themselves (functions); "
+                               "name them in a string instead ('matmul,layer-norm')")
     scheme = as_scheme(scheme, activation)
     scheme = scheme.as_causal() if causal else scheme
     scheme = scheme if name is None else scheme.with_name(name)
-    return Derivation(scheme, derive_program(scheme), select(passes) if isinstance(passes, str) else passes)
+    with plugin_failures(scheme):
+        program = derive_program(scheme)
+    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes)

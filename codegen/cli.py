@@ -224,7 +224,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.model import is_model, load_model
 
     from .model_pipeline import generate_model
-    from .output import check_writable, write_files
+    from .output import as_folder, check_writable, write_files
     from .parallel import ordered_map
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
@@ -235,11 +235,10 @@ def _derive(arguments: argparse.Namespace) -> str:
     if arguments.name is not None and len(names) > 1:
         raise SplitformerError(f"--name names one module: give one SCHEME, not {len(names)}")
     passes = select(arguments.passes)
-    if not arguments.out:
-        raise SplitformerError("--out: empty folder name (use --out . for the current folder)")
-    out = Path(arguments.out)
+    out = as_folder(arguments.out, "--out")
     check_writable(out, f"--out {out}")
-    emitted: dict[str, tuple[str, object]] = {}  # module name → (argument, scheme); the same scheme twice is one
+    # module name → (argument, scheme or model, identity); the same scheme or model twice is one, in any order
+    emitted: dict[str, tuple[str, object, tuple]] = {}
     for name in names:
         if is_model(name):
             if arguments.activation is not None:
@@ -247,23 +246,24 @@ def _derive(arguments: argparse.Namespace) -> str:
             if arguments.causal or arguments.name is not None:
                 option = "--causal" if arguments.causal else "--name"
                 raise SplitformerError(f"{option} applies to schemes, not to the model {name!r}")
-            emitted.setdefault(name.replace("-", "_"), (name, load_model(name)))
-            continue
-        scheme = _variant(_load(name, arguments.activation), arguments.causal, arguments.name)
-        first, previous = emitted.setdefault(scheme.module_name, (name, scheme))
-        if previous is not scheme and getattr(previous, "source", None) != scheme.source:
-            raise SplitformerError(f"schemes {first!r} and {name!r} would both be written as "
-                                   f"{scheme.module_name}.py; derive them into different --out folders")
+            item, module, identity = load_model(name), name.replace("-", "_"), ("model", name)
+        else:
+            item = _variant(_load(name, arguments.activation), arguments.causal, arguments.name)
+            module, identity = item.module_name, ("scheme", item.source)
+        first, _, known = emitted.setdefault(module, (name, item, identity))
+        if known != identity:
+            raise SplitformerError(f"{first!r} and {name!r} would both be written as {module}.py; "
+                                   "derive them into different --out folders")
     backends = BACKEND_CHOICES[arguments.backend]
 
-    def generated(item: tuple[str, object]) -> dict[Path, str]:
-        name, scheme = item
+    def generated(item: tuple[str, object, tuple]) -> dict[Path, str]:
+        name, scheme, _ = item
         return (generate_model if is_model(name) else generate)(scheme, backends, out, passes)
 
     files: dict[Path, str] = {}
     for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
         files.update(part)
-    outcome = write_files(files, force=arguments.force)
+    outcome = write_files(files, force=arguments.force, root=out)
     return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
                      if path.name != "__init__.py" or action == "kept")
 

@@ -7,14 +7,19 @@ plug-ins of ``--load``, the projections derived or read from the cache), so noth
 twice, and its results come back in the order of the input: the output does not depend on
 which worker finished first. Workers ignore Ctrl-C: the parent handles the interrupt, drops
 the jobs not started and waits for the running ones; a worker that dies (killed) ends the
-command with an error instead of a hang.
+command with an error instead of a hang. Workers die with their parent: on Linux the kernel
+sends them SIGKILL when it ends (``PR_SET_PDEATHSIG``), elsewhere a watchdog thread in each
+worker notices that its parent is gone (``os.getppid`` changes) and ends the worker.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -54,8 +59,32 @@ def worker_count(items: int) -> int:
     return max(1, min(items, cores))
 
 
-def _ignore_interrupts() -> None:
+#: How often a worker's watchdog checks that its parent is alive (seconds).
+WATCH_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker when ``parent`` ends: the kernel's death signal where there is one, and a watchdog."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog below is enough
+    if os.getppid() != parent:  # the parent ended before the death signal was set
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(WATCH_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="splitformer-parent-watch", daemon=True).start()
+
+
+def _start_worker(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
 
 
 def _run(position: int):
@@ -75,7 +104,7 @@ def ordered_map(function: Callable[[T], R], items: Sequence[T], workers: int | N
         return [function(item) for item in items]
     _work = (function, items)
     executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_ignore_interrupts)
+                                   initializer=_start_worker, initargs=(os.getpid(),))
     try:
         return list(executor.map(_run, range(len(items))))
     except BrokenProcessPool:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
@@ -48,14 +49,22 @@ def lower_backward(scheme: Scheme, program: Program, passes=None) -> tuple[Backw
 def generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes=None,
              program: Program | None = None, lowered: tuple[Module, Module] | None = None) -> dict[Path, str]:
     """The files ``splitformer derive`` writes for ``scheme`` under ``out``; ``program`` and
-    ``lowered`` (``lower_scheme``'s result) skip the stages already done."""
+    ``lowered`` (``lower_scheme``'s result) skip the stages already done. An error a plug-in kind
+    causes is one ``SplitformerError`` line (``plugin_failures``)."""
+    with plugin_failures(scheme):
+        return _generate(scheme, backends, out, passes, program, lowered)
+
+
+def _generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes, program: Program | None,
+              lowered: tuple[Module, Module] | None) -> dict[Path, str]:
     program = program or derive(scheme)
     module, final_norm = lowered or lower_scheme(scheme, program, passes)
     backward, final_backward = lower_backward(scheme, program, passes)
     files = {out / "__init__.py": PACKAGE_INIT}
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
-        files[out / backend / f"{program.name}.py"] = render_module(scheme, module, final_norm, backend,
-                                                                     backward, final_backward)
+        source = render_module(scheme, module, final_norm, backend, backward, final_backward)
+        compile(source, f"{backend}/{program.name}.py", "exec")  # never write a module that cannot be imported
+        files[out / backend / f"{program.name}.py"] = source
     files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots", backward.symbolic)
     return files

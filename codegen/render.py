@@ -15,7 +15,7 @@ from .backends import BACKENDS
 from .initialization import init_bounds
 from .ir import Cache, Module
 
-__all__ = ["environment", "render_module", "unit_context"]
+__all__ = ["environment", "python_string", "render_module", "unit_context"]
 
 
 @cache
@@ -31,12 +31,31 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters["pytuple"] = lambda names: "(" + "".join(f'"{name}", ' for name in names).rstrip(" ") + ")"
+    # text from a scheme, a plug-in or a model reaches the code only through these three filters
+    env.filters["pystr"] = python_string
+    env.filters["doc"] = _escaped
+    env.filters["comment"] = _one_line
+    env.filters["pytuple"] = lambda names: "(" + "".join(f"{python_string(name)}, " for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
     # user text in Markdown: raw HTML is shown, never interpreted
     env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
     return env
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every character that is not printable (line breaks too) written as its escape."""
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in str(text))
+
+
+def _escaped(text: str) -> str:
+    """``text`` as the inside of a double-quoted (or triple-quoted) Python string: it cannot end it."""
+    return _one_line(str(text).replace("\\", "\\\\").replace('"', '\\"'))
+
+
+def python_string(text: str) -> str:
+    """A double-quoted Python literal whose value is ``text``, whatever ``text`` holds."""
+    return f'"{_escaped(text)}"'
 
 
 def _code_shape(domains) -> tuple[str, ...]:

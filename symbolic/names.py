@@ -13,7 +13,7 @@ import re
 
 from .errors import SplitformerError
 
-__all__ = ["check_scheme_name", "check_operator_name", "MODULE_ATTRIBUTES", "MAX_NAME"]
+__all__ = ["check_scheme_name", "check_operator_name", "check_line", "MODULE_ATTRIBUTES", "MAX_NAME", "MAX_LINE"]
 
 MAX_NAME = 64
 _SCHEME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -40,6 +40,8 @@ MODULE_ATTRIBUTES = frozenset({
 
 def check_scheme_name(name: str) -> str:
     """``name`` if it can name a scheme, its files and its module; ``SplitformerError`` otherwise."""
+    if not isinstance(name, str):
+        raise SplitformerError(f"a scheme name is a str, got {type(name).__name__}")
     if not _SCHEME.fullmatch(name) or len(name) > MAX_NAME:
         raise SplitformerError(f"{_shown(name)} is not a scheme name (lower-case words joined by '-', "
                                f"at most {MAX_NAME} characters)")
@@ -51,6 +53,8 @@ def check_scheme_name(name: str) -> str:
 
 def check_operator_name(name: str) -> str:
     """``name`` if it can name an operator; ``SplitformerError`` naming the clash otherwise."""
+    if not isinstance(name, str):
+        raise SplitformerError(f"an operator name is a str, got {type(name).__name__}")
     if not _OPERATOR.fullmatch(name) or len(name) > MAX_NAME:
         raise SplitformerError(f"{_shown(name)} is not an operator name (a lower-case identifier, "
                                f"at most {MAX_NAME} characters)")
@@ -65,3 +69,21 @@ def check_operator_name(name: str) -> str:
 def _shown(name: str) -> str:
     """A name for a one-line message: escaped, and cut when long."""
     return repr(name if len(name) <= MAX_NAME else name[:MAX_NAME] + "…")
+
+
+#: The longest one-line text (a summary, a label) that reaches generated code.
+MAX_LINE = 200
+
+
+def check_line(text: object, what: str) -> str:
+    """``text`` if it is one printable line that is safe in a docstring and a report; else ``SplitformerError``.
+
+    Emitted code escapes text on its own (``codegen.render``'s ``doc`` filter); this check keeps
+    what a user wrote readable there, the same for a scheme file, a ``Scheme`` object and a plug-in.
+    """
+    if not isinstance(text, str):
+        raise SplitformerError(f"{what}: expected str, got {type(text).__name__}")
+    if len(text) > MAX_LINE or "\n" in text or '"""' in text or "\\" in text or not text.isprintable():
+        raise SplitformerError(f"{what}: must be one printable line of at most {MAX_LINE} characters, without "
+                               "backslashes or triple quotes")
+    return text

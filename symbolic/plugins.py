@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 from .errors import SplitformerError
+from .operators import OPERATOR_KINDS
+from .tableaux import TABLEAUX
 
-__all__ = ["load_plugin", "load_plugins"]
+__all__ = ["load_plugin", "load_plugins", "plugin_failures"]
 
 
 def _module_name(path: Path) -> str:
@@ -27,30 +31,70 @@ def _module_name(path: Path) -> str:
 
 
 def load_plugin(path: str | Path) -> ModuleType:
-    """Import the Python file ``path`` once; errors become one ``SplitformerError`` line."""
+    """Import the Python file ``path`` once; errors become one ``SplitformerError`` line.
+
+    All or nothing: a file that fails part way leaves none of the kinds and tableaux it
+    registered before failing.
+    """
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise SplitformerError(f"load_plugin: expected the path of a .py file (str or pathlib.Path), "
+                               f"got {type(path).__name__}")
     path = Path(path)
     if path.suffix != ".py":
         raise SplitformerError(f"--load {path}: expected a Python file (.py)")
-    if not path.is_file():
-        raise SplitformerError(f"--load {path}: no such file")
-    resolved = path.resolve()
+    try:
+        if not path.is_file():
+            raise SplitformerError(f"--load {path}: no such file")
+        resolved = path.resolve()
+    except OSError as error:
+        raise SplitformerError(f"--load {path}: {error.strerror or error}") from None
     name = _module_name(resolved)
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
+    kinds, tableaux = dict(OPERATOR_KINDS), dict(TABLEAUX)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except SplitformerError as error:
+    except BaseException as error:
         del sys.modules[name]
-        raise SplitformerError(f"--load {path}: {error}") from None
-    except (Exception, SystemExit) as error:  # a user's file: any failure is reported in one line  # noqa: BLE001
-        del sys.modules[name]
-        raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
+        _restore(OPERATOR_KINDS, kinds)
+        _restore(TABLEAUX, tableaux)
+        if isinstance(error, SplitformerError):
+            raise SplitformerError(f"--load {path}: {error}") from None
+        if isinstance(error, (Exception, SystemExit)):  # a user's file: any failure is reported in one line
+            raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
+        raise
     return module
+
+
+def _restore(registry: dict, saved: dict) -> None:
+    """Put ``registry`` back to ``saved`` (in place: other modules hold the same dict)."""
+    registry.clear()
+    registry.update(saved)
 
 
 def load_plugins(paths: Iterable[str | Path]) -> list[ModuleType]:
     """``load_plugin`` for each path, in order."""
     return [load_plugin(path) for path in paths]
+
+
+@contextmanager
+def plugin_failures(scheme) -> Iterator[None]:
+    """Turn an error that a plug-in kind of ``scheme`` causes while it is derived or emitted into one line.
+
+    Operator kinds of the package are trusted (their errors are bugs and keep their traceback);
+    a scheme using a user's kind gets ``SplitformerError`` naming the kind and the error.
+    """
+    try:
+        yield
+    except SplitformerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a user's code: reported in one line
+        kinds = sorted({kind for kind in scheme.operators.values()
+                        if not getattr(OPERATOR_KINDS.get(kind), "__module__", "splitformer.").startswith("splitformer.")})
+        if not kinds:
+            raise
+        raise SplitformerError(f"scheme {scheme.name!r}: the plug-in kind {', '.join(map(repr, kinds))} cannot be "
+                               f"derived: {type(error).__name__}: {str(error)[:120]}") from None

@@ -299,7 +299,17 @@ def derive_projection(constraint_set: ConstraintSet) -> Projection:
         raise _fail(constraint_set, "sets with both moment constraints and pointwise bounds have no closed form here")
     if not constraint_set.moments and not constraint_set.bounds:
         raise _fail(constraint_set, "no constraints")
-    return _Lagrange(constraint_set).derive() if constraint_set.moments else _kkt(constraint_set)
+    for kind, constraints in (("moment", constraint_set.moments), ("bound", constraint_set.bounds)):
+        for position, constraint in enumerate(constraints):
+            if constraint in constraints[:position]:
+                raise _fail(constraint_set, f"{kind} {position + 1} repeats {kind} {constraints.index(constraint) + 1} "
+                                            "(a repeated constraint has no multiplier of its own); remove it")
+    try:
+        return _Lagrange(constraint_set).derive() if constraint_set.moments else _kkt(constraint_set)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
+        # a user's set that SymPy cannot carry through: one line, not SymPy's traceback
+        raise _fail(constraint_set, f"the derivation failed ({type(error).__name__}: {str(error)[:80]}); "
+                                    "the constraints may be dependent or not of the supported forms") from None
 
 
 @disk_cached(Projection, verify=verify_layer_norm_projection)

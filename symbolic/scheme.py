@@ -10,6 +10,7 @@ import sympy as sp
 from .activations import activation as lookup_activation
 from .errors import SplitformerError
 from .names import check_scheme_name
+from .operator_checks import check_output
 from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
@@ -44,6 +45,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
                                    f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
+    check_output(tuple(parameters), tuple(definitions), where)
     return operator
 
 
@@ -145,6 +147,8 @@ class Scheme:
         return " ".join(words)
 
     def with_activation(self, name: str) -> "Scheme":
+        if not isinstance(name, str):
+            raise SplitformerError(f"activation: expected a name (str), got {type(name).__name__}")
         lookup_activation(name)
         return replace(self, activation=name)
 
@@ -225,7 +229,11 @@ class Scheme:
         return count(self.body)
 
     def check(self) -> None:
-        """Raise ``SplitformerError`` where operators and solvers do not fit."""
+        """Raise ``SplitformerError`` where a field is of the wrong type or holds bad text
+        (``scheme_fields``), or where operators and solvers do not fit."""
+        from .scheme_fields import check_fields  # it checks this module's classes
+
+        check_fields(self)
         operators = self.instantiate()
         if not self.substeps():
             raise SplitformerError(f"scheme {self.name!r} applies no operator: every branch is empty (the identity)")

@@ -22,8 +22,9 @@ from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
 from .exact_numbers import exact_number
-from .names import MAX_NAME, check_operator_name, check_scheme_name
+from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
 from .operators import OPERATOR_KINDS
+from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
@@ -31,8 +32,6 @@ __all__ = ["load_scheme", "parse_scheme", "builtin_names"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
-#: Parallel branches nest at most this deep.
-MAX_DEPTH = 32
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal"}
@@ -86,8 +85,10 @@ class _Reader:
         except SplitformerError as error:
             raise self.fail("name", str(error)) from None
         summary = self.typed(document, "summary", str, "")
-        if "\n" in summary or '"""' in summary or "\\" in summary or not summary.isprintable():
-            raise self.fail("summary", "must be one printable line without backslashes or triple quotes")
+        try:
+            check_line(summary, "summary")
+        except SplitformerError as error:
+            raise SplitformerError(f"{self.where}: {error}") from None
         activation = self.typed(document, "activation", str, "", "relu")
         if activation not in ACTIVATIONS:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
@@ -281,7 +282,10 @@ class _Reader:
 
 
 def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
-    """Parse the text of a scheme file; errors name ``where``."""
+    """Parse the text of a scheme file; errors name ``where``. A leading UTF-8 byte-order mark is skipped."""
+    if not isinstance(text, str):
+        raise SplitformerError(f"{where}: expected the text of a scheme file (str), got {type(text).__name__}")
+    text = text.removeprefix("\ufeff")
     try:
         document = tomllib.loads(text)
     except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit

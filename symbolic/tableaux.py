@@ -46,6 +46,26 @@ class Tableau:
                 or not self.label.isprintable()):
             raise SplitformerError(f"tableau {self.name!r}: label must be one printable line without backslashes "
                                    "or triple quotes")
+        self._check_coefficients()
+
+    def _check_coefficients(self) -> None:
+        """Explicit and consistent, however the tableau was built (``make_tableau`` or ``Tableau(...)``)."""
+        b, a = self.b, self.a
+        if not isinstance(b, tuple) or not b or not all(isinstance(weight, sp.Rational) for weight in b):
+            raise SplitformerError(f"tableau {self.name!r}: b must be a non-empty tuple of exact rationals "
+                                   "(use make_tableau)")
+        if len(b) > MAX_STAGES:  # each stage nests every earlier one: the derivation grows quadratically
+            raise SplitformerError(f"tableau {self.name!r} has {len(b)} stages; at most {MAX_STAGES} are supported")
+        if (not isinstance(a, tuple) or len(a) != len(b)
+                or not all(isinstance(row, tuple) and len(row) == len(b) for row in a)
+                or not all(isinstance(value, sp.Rational) for row in a for value in row)):
+            raise SplitformerError(f"tableau {self.name!r}: a must be {len(b)} rows of {len(b)} exact rationals "
+                                   "(use make_tableau)")
+        if any(value != 0 for i, row in enumerate(a) for value in row[i:]):
+            raise SplitformerError(f"tableau {self.name!r}: a has entries on or above the diagonal; "
+                                   "only explicit methods are supported")
+        if sum(b) != 1:
+            raise SplitformerError(f"tableau {self.name!r}: the weights b sum to {sum(b)}, not 1 (inconsistent method)")
 
     @property
     def stages(self) -> int:
@@ -122,8 +142,6 @@ def make_tableau(name: str, a, b, label: str = "") -> Tableau:
             raise SplitformerError(f"tableau {name!r}: a[{i}] has {len(values)} entries for {stages} stages")
         rows.append(tuple(values[:i]) + (sp.Integer(0),) * (stages - min(i, len(values))))
     weights = tuple(_number(value, f"tableau {name!r}: b[{i}]") for i, value in enumerate(b))
-    if sum(weights) != 1:
-        raise SplitformerError(f"tableau {name!r}: the weights b sum to {sum(weights)}, not 1 (inconsistent method)")
     return Tableau(name, tuple(rows), weights, label)
 
 

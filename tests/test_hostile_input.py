@@ -142,3 +142,82 @@ def test_an_option_that_is_not_finite_is_refused(value, tmp_path, capsys):
     assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "operators.f.scale" in error and "is not a finite number" in error, error
+
+
+_DEFINITION = "def parameters(self): return ()\ndef definitions(self):\n    import sympy as sp\n    return ({},)"
+
+
+@pytest.mark.parametrize("kind, definition, message", [
+    ("qa-float", "Definition('out', 'L', (X, Y), 1.5, 'm')", "rhs must be a SymPy expression, got float"),
+    ("qa-text", "Definition('out', 'L', (X, Y), 'u', 'm')", "rhs must be a SymPy expression, got str"),
+    ("qa-undefined", "Definition('out', 'L', (X, Y), apply('nosuch', X, Y), 'm')", "applies 'nosuch'"),
+    ("qa-code", "Definition('out', 'L', (X, Y), apply(STATE, X, Y) * sp.Symbol(\"__import__('os').system('true')\"), "
+                "'m')", "the symbol \"__import__('os')"),
+    ("qa-free", "Definition('out', 'L', (X, Y), sp.Symbol('zz') * apply(STATE, X, Y), 'm')", "the symbol 'zz'"),
+    ("qa-function", "Definition('out; import os', 'L', (X, Y), apply(STATE, X, Y), 'm')", "is not an identifier"),
+    ("qa-latex", "Definition('out', 'L\\nimport os', (X, Y), apply(STATE, X, Y), 'm')",
+     "latex: must be one printable line"),
+    ("qa-arguments", "Definition('out', 'L', (X,), apply(STATE, X, Y), 'm')",
+     "the plug-in kind 'qa-arguments' cannot be derived: ValueError"),
+])
+def test_a_malformed_definition_is_one_line_naming_the_kind_and_nothing_is_written(kind, definition, message,
+                                                                                    tmp_path, capsys):
+    """Never a traceback, never exit 0 with modules that fail at import (or run a plug-in's text as code)."""
+    plugin, scheme = _plugin_and_scheme(tmp_path, kind, _DEFINITION.format(definition))
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and message in error and kind in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_well_formed_definition_derives(tmp_path, capsys):
+    """Control for the test above: the same plug-in with a sound definition is written and imports."""
+    import importlib.util
+
+    plugin, scheme = _plugin_and_scheme(tmp_path, "qa-sound", _DEFINITION.format(
+        "Definition('out', 'L', (X, Y), 2 * apply(STATE, X, Y), 'm')"))
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out"), "--backend", "numpy"]) == 0
+    spec = importlib.util.spec_from_file_location("faulty", tmp_path / "out" / "numpy" / "faulty.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+@pytest.mark.parametrize("late", ["raise RuntimeError('late')", "import sys; sys.exit(3)",
+                                  "register_operator(Faulty)\nregister_operator(42)"])
+def test_a_plugin_that_fails_after_registering_leaves_no_registration(late, tmp_path, capsys):
+    plugin, _ = _plugin_and_scheme(tmp_path, "qa-late", "def parameters(self): return ()\n"
+                                                        "def definitions(self): return ()")
+    plugin.write_text(plugin.read_text() + "\nfrom splitformer.symbolic.tableaux import make_tableau, register_tableau\n"
+                      "register_tableau(make_tableau('qa-late', [[]], [1]))\n" + late + "\n")
+    assert main(["show", "--load", str(plugin), "post-ln"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert "qa-late" not in OPERATOR_KINDS and "qa-late" not in TABLEAUX
+    assert not any(name.startswith("splitformer_plugin_qa_late") for name in sys.modules)
+
+
+_REPEATED = """
+from dataclasses import dataclass
+from typing import ClassVar
+from splitformer.symbolic.constraints import U, Bound, ConstraintSet
+from splitformer.symbolic.operators import ProjectionOperator, register_operator
+
+@register_operator
+@dataclass(frozen=True)
+class Repeated(ProjectionOperator):
+    kind: ClassVar[str] = "qa-repeated"
+    symbol: ClassVar[str] = "P"
+    constraint: ClassVar[str] = "S_r"
+    constraints: ClassVar[ConstraintSet] = ConstraintSet(name="S_r", latex="S_r", bounds=(Bound(U), Bound(U)))
+    affine: ClassVar[tuple[str, ...]] = ()
+    projection_meaning: ClassVar[str] = "repeated bounds"
+"""
+
+
+def test_a_projection_whose_constraints_repeat_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    plugin, scheme = tmp_path / "repeated.py", tmp_path / "repeated.toml"
+    plugin.write_text(_REPEATED)
+    scheme.write_text('name = "repeated"\nsummary = "s"\n[operators]\nattn = "attention"\np = "qa-repeated"\n'
+                      '[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "p"\n')
+    assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "projection onto S_r: bound 2 repeats bound 1" in error, error

@@ -84,3 +84,67 @@ def test_derive_of_several_schemes_in_workers_writes_what_a_serial_derive_writes
         expected.update(generate(load_scheme(name), ("numpy", "torch"), tmp_path, select("all")))
     written = {path: path.read_text(encoding="utf-8") for path in tmp_path.rglob("*.*")}
     assert written == expected
+
+
+#: A parent whose two forked workers block (each writes its pid first); ``watchdog-only`` takes the
+#: kernel's death signal away, leaving the portable fallback.
+ORPHANS = """
+import os, sys, time
+from pathlib import Path
+from splitformer.codegen import parallel
+
+folder = Path(sys.argv[1])
+if sys.argv[2] == "watchdog-only":
+    def no_prctl(*arguments, **keywords):
+        raise OSError("no prctl")
+    parallel.ctypes.CDLL = no_prctl
+
+def job(item):
+    (folder / str(os.getpid())).write_text("")
+    time.sleep(60)
+
+parallel.ordered_map(job, [0, 1], workers=2)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(condition, seconds: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+@pytest.mark.parametrize("signal_name, mode", [("SIGTERM", "death-signal"), ("SIGKILL", "death-signal"),
+                                               ("SIGKILL", "watchdog-only")])
+def test_workers_die_with_their_parent(signal_name, mode, tmp_path):
+    """A signal that ends ``derive`` ends every worker it forked: none is left blocked on its pipe."""
+    import signal
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANS, str(tmp_path), mode], cwd=ROOT)
+    workers: list[int] = []
+    try:
+        assert _wait(lambda: len(list(tmp_path.iterdir())) == 2, 30), "the workers did not start"
+        workers = [int(path.name) for path in tmp_path.iterdir()]
+        assert all(_alive(pid) for pid in workers)  # control: they block until their parent goes
+        parent.send_signal(getattr(signal, signal_name))
+        parent.wait(10)
+        assert _wait(lambda: not any(_alive(pid) for pid in workers), 5), f"orphaned workers: {workers}"
+    finally:
+        for pid in [parent.pid] * (parent.poll() is None) + workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        parent.wait(10)

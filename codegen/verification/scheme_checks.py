@@ -35,7 +35,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.rotary_attention import POSITIONS
 from splitformer.symbolic.scheme import Scheme
 
-from .emitted import emitted_modules
+from .emitted import TORCH_MISSING, emitted_modules
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 
 __all__ = ["scheme_checks", "random_parameters", "DIGITS", "TOLERANCE", "SKIPPED"]
@@ -137,18 +137,20 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
     batch, eps = 2, 1e-5
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
     modules = modules or emitted_modules(scheme, program)
-    numpy_module, torch_module = modules["numpy"], modules["torch"]
+    numpy_module, torch_module = modules["numpy"], modules.get("torch")
     inputs = _Inputs.of(numpy_module.forward, batch, seed)
     sizes = inputs.sizes
     params = random_parameters(scheme, sizes, seed)
     u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
     padding = np.zeros((batch, sizes.tokens), dtype=bool)
     padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
-    import torch
+    block = None
+    if torch_module is not None:
+        import torch
 
-    block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
-                               **inputs.torch_block())
-    block.load_params(params)
+        block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
+                                   **inputs.torch_block())
+        block.load_params(params)
     errors, unchecked, scale = {}, set(), 1.0
     with mpmath.workdps(DIGITS):
         exact = {name: _exact(value) for name, value in params.items()}
@@ -166,12 +168,13 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
             leading, options = inputs.numpy(masked)
             got_numpy = numpy_module.forward(u, *leading, params, n_heads=sizes.heads, eps=eps, key_padding_mask=mask,
                                              causal=causal, **options)
-            leading, options = inputs.torch(masked)
-            with torch.no_grad():
-                got_torch = block(torch.tensor(u), *leading, key_padding_mask=None if mask is None else torch.tensor(mask),
-                                  causal=causal, **options).numpy()
             errors[f"numpy, {label}"] = float(np.abs(got_numpy - expected).max())
-            errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
+            if block is not None:
+                leading, options = inputs.torch(masked)
+                with torch.no_grad():
+                    got_torch = block(torch.tensor(u), *leading, causal=causal, **options,
+                                      key_padding_mask=None if mask is None else torch.tensor(mask)).numpy()
+                errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
     worst = max(errors.values())
     extra = ((f", {sizes.key_value_heads} key/value heads, θ = {_THETA:g}, positions {list(_POSITIONS)}"
               if inputs.rotary else "")
@@ -186,7 +189,8 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
         "random parameters, without masks and with padding plus causal masks (one query with empty support).",
         "numeric", worst <= TOLERANCE * scale,
         "max |emitted − evaluator|: " + ", ".join(f"{key} {value:.1e}" for key, value in errors.items())
-        + f" (tolerance {TOLERANCE:g} × {scale:.2g}){_unchecked(unchecked)}",
+        + f" (tolerance {TOLERANCE:g} × {scale:.2g}){_unchecked(unchecked)}"
+        + ("" if block is not None else f"; the PyTorch module was not run: {TORCH_MISSING}"),
     )
 
 
@@ -336,4 +340,8 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
                         f"The derived program of {scheme.name} equals one step of the scheme as the independent "
                         "evaluator defines it (symbolic comparison at a tiny size).", "symbolic", False,
                         "not compared symbolically: the emitted program already disagrees with the evaluator")
-    return [derived, emitted, stack_check(scheme, modules["numpy"])]
+    skipped = [] if "torch" in modules else [Check(
+        f"semantics/{scheme.name}/emitted-torch", scheme.name,
+        f"The emitted PyTorch module of {scheme.name} computes what the NumPy module computes.",
+        SKIPPED, True, f"skipped: {TORCH_MISSING}")]
+    return [derived, emitted, *skipped, stack_check(scheme, modules["numpy"])]

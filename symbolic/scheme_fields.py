@@ -1,0 +1,155 @@
+"""Every field of a ``Scheme`` checked for its type and for what it may hold.
+
+One path for every way a scheme reaches the pipeline: ``Scheme.check`` runs it, and a scheme
+file, a ``Scheme`` built in Python and one that a plug-in builds all pass through
+``Scheme.check`` before anything is derived. Names become file names, module names and
+attributes (``names``); summaries reach docstrings and reports (``names.check_line``);
+numbers are exact rationals; the composition is bounded in depth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import sympy as sp
+
+from .activations import ACTIVATIONS
+from .errors import SplitformerError
+from .names import check_line, check_operator_name, check_scheme_name
+from .tableaux import Tableau
+
+if TYPE_CHECKING:
+    from .scheme import Scheme
+
+__all__ = ["check_fields", "MAX_DEPTH", "CLAIMS"]
+
+#: Parallel branches nest at most this deep.
+MAX_DEPTH = 32
+#: The orders a scheme may claim.
+CLAIMS = ("order", "splitting_order")
+#: The most characters of a description (shown in reports, never in code).
+MAX_DESCRIPTION = 20_000
+
+
+def check_fields(scheme: "Scheme") -> None:
+    """``SplitformerError`` naming the first field of ``scheme`` that is of the wrong type or holds bad text."""
+    check_scheme_name(scheme.name)
+    where = f"scheme {scheme.name!r}"
+    check_line(scheme.summary, f"{where}: summary")
+    for field in ("description", "source"):
+        if not isinstance(getattr(scheme, field), str):
+            raise SplitformerError(f"{where}: {field}: expected str, got {type(getattr(scheme, field)).__name__}")
+    if len(scheme.description) > MAX_DESCRIPTION:
+        raise SplitformerError(f"{where}: description: longer than {MAX_DESCRIPTION} characters")
+    for field in ("activation", "declared_activation"):
+        value = getattr(scheme, field)
+        if not isinstance(value, str) or value not in ACTIVATIONS:
+            raise SplitformerError(f"{where}: {field}: unknown activation {_short(value)} "
+                                   f"(known: {', '.join(sorted(ACTIVATIONS))})")
+    if scheme.emitted_name:
+        check_scheme_name(scheme.emitted_name)
+    for field in ("final_norm", "causal", "made_causal"):
+        if not isinstance(getattr(scheme, field), bool):
+            raise SplitformerError(f"{where}: {field}: expected bool, got {type(getattr(scheme, field)).__name__}")
+    _check_claims(scheme.claims, where)
+    _check_operators(scheme.operators, scheme.options, where)
+    _check_sequence(scheme.body, f"{where}: steps", 0)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else text[:64] + "…"
+
+
+def _mapping(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise SplitformerError(f"{what}: expected dict, got {type(value).__name__}")
+    return value
+
+
+def _check_claims(claims: object, where: str) -> None:
+    for key, value in _mapping(claims, f"{where}: claims").items():
+        if key not in CLAIMS:
+            raise SplitformerError(f"{where}: claims: unknown claim {_short(key)} (known: {', '.join(CLAIMS)})")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SplitformerError(f"{where}: claims: {key} must be a positive integer, got {_short(value)}")
+
+
+def _check_operators(operators: object, options: object, where: str) -> None:
+    if not _mapping(operators, f"{where}: operators"):
+        raise SplitformerError(f"{where}: operators: empty; name at least one operator")
+    for key, kind in operators.items():
+        try:
+            check_operator_name(key)
+        except SplitformerError as error:
+            raise SplitformerError(f"{where}: operators: {error}") from None
+        if not isinstance(kind, str):
+            raise SplitformerError(f"{where}: operators.{key}: expected a kind name (str), got {type(kind).__name__}")
+    for key, table in _mapping(options, f"{where}: options").items():
+        if key not in operators:
+            raise SplitformerError(f"{where}: options: {_short(key)} is not a declared operator")
+        for name, value in _mapping(table, f"{where}: options.{key}").items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise SplitformerError(f"{where}: options.{key}: {_short(name)} is not an option name")
+            if not isinstance(value, (bool, int, float, str)):
+                raise SplitformerError(f"{where}: options.{key}.{name}: expected a number, string or boolean, "
+                                       f"got {type(value).__name__}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SplitformerError(f"{where}: options.{key}.{name}: {value} is not a finite number")
+            if isinstance(value, str):
+                check_line(value, f"{where}: options.{key}.{name}")
+
+
+def _rational(value: object, what: str) -> None:
+    if not isinstance(value, sp.Rational):
+        raise SplitformerError(f"{what}: expected an exact rational (sympy.Rational), got {type(value).__name__}")
+
+
+def _check_sequence(sequence: object, where: str, depth: int) -> None:
+    from .scheme import Parallel, RungeKutta, Sequence, Substep
+
+    if depth > MAX_DEPTH:
+        raise SplitformerError(f"{where}: parallel steps nest deeper than {MAX_DEPTH} levels")
+    if not isinstance(sequence, Sequence) or not isinstance(sequence.steps, tuple):
+        raise SplitformerError(f"{where}: expected a Sequence of a tuple of steps, got {type(sequence).__name__}")
+    for position, step in enumerate(sequence.steps):
+        path = f"{where}[{position}]"
+        if isinstance(step, Substep):
+            _check_substep(step, path)
+        elif isinstance(step, Parallel):
+            if not isinstance(step.branches, tuple) or not isinstance(step.weights, tuple) or not step.branches:
+                raise SplitformerError(f"{path}: a Parallel takes non-empty tuples of branches and weights")
+            if len(step.weights) != len(step.branches):
+                raise SplitformerError(f"{path}: {len(step.weights)} weights for {len(step.branches)} branches")
+            for number, weight in enumerate(step.weights):
+                _rational(weight, f"{path}.weights[{number}]")
+            if sum(step.weights) != 1:
+                raise SplitformerError(f"{path}.weights: weights must sum to 1, they sum to {sum(step.weights)}")
+            for number, branch in enumerate(step.branches):
+                _check_sequence(branch, f"{path}.parallel[{number}]", depth + 1)
+        elif isinstance(step, RungeKutta):
+            if not isinstance(step.tableau, Tableau):
+                raise SplitformerError(f"{path}.tableau: expected a Tableau, got {type(step.tableau).__name__}")
+            if not isinstance(step.fields, tuple) or not step.fields:
+                raise SplitformerError(f"{path}.fields: a Runge–Kutta step needs a non-empty tuple of fields")
+            for number, field in enumerate(step.fields):
+                if not isinstance(field, Substep):
+                    raise SplitformerError(f"{path}.fields[{number}]: expected a Substep, got {type(field).__name__}")
+                _check_substep(field, f"{path}.fields[{number}]")
+                if field.solver != "explicit":
+                    raise SplitformerError(f"{path}.fields[{number}].solver: the stages of a Runge–Kutta step "
+                                           "evaluate vector fields: use 'explicit'")
+        else:
+            raise SplitformerError(f"{path}: expected a Substep, Parallel or RungeKutta, got {type(step).__name__}")
+
+
+def _check_substep(step, path: str) -> None:
+    for field in ("operator", "solver"):
+        if not isinstance(getattr(step, field), str):
+            raise SplitformerError(f"{path}.{field}: expected str, got {type(getattr(step, field)).__name__}")
+    if step.on is not None and not isinstance(step.on, str):
+        raise SplitformerError(f"{path}.on: expected str or None, got {type(step.on).__name__}")
+    _rational(step.fraction, f"{path}.fraction")
+    if step.fraction <= 0:
+        raise SplitformerError(f"{path}.fraction: must be > 0, got {step.fraction}")

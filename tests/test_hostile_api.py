@@ -1,0 +1,229 @@
+"""The Python API under hostile input: ``Scheme`` objects, ``derive``, ``write``, tableaux.
+
+A scheme built in Python goes through the same checks as a scheme file (``Scheme.check``);
+text that reaches emitted code is escaped by construction; output never leaves the folder it
+was given; every wrong argument is one ``SplitformerError`` (or ``TypeError``) line naming it.
+"""
+
+import ast
+import os
+from dataclasses import replace
+
+import pytest
+import sympy as sp
+
+import splitformer
+from splitformer import SplitformerError
+from splitformer.codegen.api import Derivation
+from splitformer.codegen.cli import main
+from splitformer.codegen.output import write_files
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
+from splitformer.symbolic.scheme_file import load_scheme
+from splitformer.symbolic.tableaux import Tableau, register_tableau
+
+HOSTILE = 'x"""\nraise SystemExit("injected")\n"""'
+FFN = {"ffn": "feed-forward"}
+ONE_STEP = Sequence((Substep("ffn", "explicit"),))
+
+
+@pytest.fixture(scope="module")
+def post_ln():
+    return splitformer.derive("post-ln")
+
+
+def _scheme(**fields) -> Scheme:
+    values = {"name": "tiny", "summary": "one feed-forward", "operators": FFN, "body": ONE_STEP, **fields}
+    return Scheme(**values)
+
+
+@pytest.mark.parametrize("summary, message", [
+    (HOSTILE, "summary: must be one printable line"),
+    ("a\\b", "without backslashes"),
+    ("tab\there", "one printable line"),
+    ("x" * 201, "at most 200 characters"),
+    (5, "summary: expected str, got int"),
+])
+def test_a_scheme_objects_summary_is_checked_like_a_files(summary, message):
+    with pytest.raises(SplitformerError, match=message):
+        splitformer.derive(_scheme(summary=summary))
+
+
+def test_text_reaches_the_emitted_code_escaped_never_as_code(post_ln):
+    """Even text that no check stopped stays text: the docstring and SCHEME hold it, nothing runs."""
+    from splitformer.codegen.render import render_module
+
+    hostile = replace(post_ln.scheme, summary=HOSTILE, name='p"; raise SystemExit("injected"); "')
+    numpy_source, torch_source = (render_module(hostile, *post_ln.lowered, backend, *post_ln.backward)
+                                  for backend in ("numpy", "torch"))
+    assert ast.get_docstring(ast.parse(numpy_source), clean=False).startswith(f"{hostile.name}: {HOSTILE}.")
+    scheme_literal = next(node.value for node in ast.parse(torch_source).body
+                          if isinstance(node, ast.Assign) and node.targets[0].id == "SCHEME")
+    assert ast.literal_eval(scheme_literal) == hostile.name
+    namespace = {}
+    exec(compile(numpy_source, "<hostile>", "exec"), namespace)  # imported: no SystemExit
+    assert namespace["__doc__"].startswith(hostile.name)
+
+
+def test_a_derivation_made_by_hand_is_checked_too(post_ln):
+    with pytest.raises(SplitformerError, match="summary: must be one printable line"):
+        Derivation(replace(post_ln.scheme, summary=HOSTILE), post_ln.program)
+    with pytest.raises(SplitformerError, match="is not derived from the scheme"):
+        Derivation(load_scheme("pre-ln"), post_ln.program)
+    with pytest.raises(SplitformerError, match="program: expected a Program, got str"):
+        Derivation(post_ln.scheme, "post_ln")
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "..", "Post-LN", "x" * 65, "class", 7])
+def test_a_scheme_object_with_a_path_for_a_name_is_refused(name, tmp_path):
+    with pytest.raises(SplitformerError, match="scheme name|Python keyword"):
+        splitformer.derive(_scheme(name=name)).write(tmp_path / "a" / "b" / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_never_leaves_its_folder_through_dot_dot(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(SplitformerError, match="outside the output folder"):
+        write_files({out / "numpy" / "m.py": "x", out / ".." / "escaped.py": "y"}, root=out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_never_follows_a_symbolic_link_out_of_its_folder(post_ln, tmp_path):
+    outside, out = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+    out.mkdir()
+    (out / "numpy").symlink_to(outside)
+    with pytest.raises(SplitformerError, match="outside the output folder"):
+        post_ln.write(out)
+    assert list(outside.iterdir()) == [] and sorted(path.name for path in out.iterdir()) == ["numpy"]
+
+
+def test_write_follows_a_link_that_stays_inside(post_ln, tmp_path):
+    """Control for the test above: a symbolic link is not refused as such, only where it leads."""
+    out = tmp_path / "out"
+    (out / "real").mkdir(parents=True)
+    (out / "numpy").symlink_to(out / "real")
+    post_ln.write(out, backend="numpy")
+    assert (out / "real" / f"{post_ln.name}.py").is_file()
+
+
+def test_write_to_an_over_long_folder_name_is_one_line(post_ln, tmp_path):
+    for out in (tmp_path / ("a" * 300), tmp_path / ("a" * 300) / "b"):
+        with pytest.raises(SplitformerError, match="File name too long|longer than 255 bytes") as error:
+            post_ln.write(out)
+        assert "\n" not in str(error.value) and len(str(error.value)) < 300
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("arguments", [["derive", "post-ln", "--out", "a" * 300],
+                                       ["derive", "post-ln", "--load", "a" * 300 + ".py"],
+                                       ["derive", "a" * 300 + ".toml"]])
+def test_over_long_paths_on_the_command_line_are_one_line(arguments, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and "Traceback" not in error
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d, out: splitformer.derive(123), "expected a Scheme, a built-in name or a scheme file, got int"),
+    (lambda d, out: splitformer.derive("post-ln", activation=5), "activation: expected a name"),
+    (lambda d, out: splitformer.derive("post-ln", passes=5), "passes: expected"),
+    (lambda d, out: splitformer.derive("post-ln", passes=(1,)), "passes: a tuple of passes"),
+    (lambda d, out: d.write(5), "out: expected a folder path"),
+    (lambda d, out: d.write(b"out"), "out: expected a folder path"),
+    (lambda d, out: d.write(out, backend=5), "unknown backend"),
+    (lambda d, out: d.write(out, force="yes"), "force: expected bool"),
+    (lambda d, out: d.source(["numpy"]), "unknown backend"),
+    (lambda d, out: d.check(plots=3), "plots: expected a folder path"),
+    (lambda d, out: splitformer.load_plugin(5), "load_plugin: expected the path of a .py file"),
+    (lambda d, out: splitformer.parse_scheme(b"name = 'x'"), "expected the text of a scheme file"),
+    (lambda d, out: splitformer.load_scheme(5), "expected a scheme name or a path"),
+])
+def test_api_calls_with_wrong_types_name_the_argument(call, message, post_ln, tmp_path):
+    with pytest.raises(SplitformerError, match=message):
+        call(post_ln, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"operators": [("ffn", "feed-forward")]}, "operators: expected dict, got list"),
+    ({"operators": {"ffn": 3}}, r"operators.ffn: expected a kind name"),
+    ({"operators": {"Bad Name": "feed-forward"}}, "is not an operator name"),
+    ({"options": {"ffn": {"bias": [1]}}}, "options.ffn.bias: expected a number"),
+    ({"options": {"ffn": {"bias": float("nan")}}}, "is not a finite number"),
+    ({"options": {"nobody": {}}}, "'nobody' is not a declared operator"),
+    ({"body": [Substep("ffn", "explicit")]}, "expected a Sequence"),
+    ({"body": Sequence([Substep("ffn", "explicit")])}, "expected a Sequence of a tuple"),
+    ({"body": Sequence((Substep("ffn", "explicit", 0.5),))}, "fraction: expected an exact rational"),
+    ({"body": Sequence((Substep("ffn", "explicit", sp.Integer(-1)),))}, "fraction: must be > 0"),
+    ({"body": Sequence((Substep(3, "explicit"),))}, "operator: expected str"),
+    ({"body": Sequence((Parallel((ONE_STEP,), (sp.Rational(1, 2),)),))}, "weights must sum to 1"),
+    ({"body": Sequence((Parallel((ONE_STEP,), (sp.Integer(1), sp.Integer(0))),))}, "2 weights for 1 branches"),
+    ({"body": Sequence((RungeKutta((Substep("ffn", "explicit"),), "rk4"),))}, "tableau: expected a Tableau"),
+    ({"body": Sequence(("ffn",))}, "expected a Substep, Parallel or RungeKutta, got str"),
+    ({"activation": "swish"}, "activation: unknown activation 'swish'"),
+    ({"activation": None}, "activation: unknown activation None"),
+    ({"claims": {"order": True}}, "claims: order must be a positive integer"),
+    ({"claims": {"speed": 2}}, "unknown claim 'speed'"),
+    ({"causal": "yes"}, "causal: expected bool"),
+    ({"description": None}, "description: expected str"),
+])
+def test_every_field_of_a_scheme_object_is_checked(fields, message):
+    with pytest.raises(SplitformerError, match=message):
+        splitformer.derive(_scheme(**fields))
+
+
+def test_parallel_steps_nest_boundedly_in_objects_too():
+    body = ONE_STEP
+    for _ in range(40):
+        body = Sequence((Parallel((body,), (sp.Integer(1),)),))
+    with pytest.raises(SplitformerError, match="nest deeper than 32"):
+        _scheme(body=body).check()
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (((sp.Integer(1),),), (sp.Integer(1),), "on or above the diagonal"),  # backward Euler: implicit
+    (((sp.Integer(0), sp.Rational(1, 2)), (sp.Integer(1), sp.Integer(0))), (sp.Rational(1, 2),) * 2,
+     "on or above the diagonal"),
+    (((sp.Integer(0),),), (sp.Rational(1, 2),), "sum to 1/2"),
+    (((0,),), (1,), "exact rationals"),
+    ((), (), "non-empty"),
+])
+def test_a_tableau_is_explicit_and_consistent_however_it_is_built(a, b, message):
+    with pytest.raises(SplitformerError, match=message):
+        register_tableau(Tableau("hand-made", a, b))
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path, capsys):
+    path = tmp_path / "bom.toml"
+    text = splitformer.load_scheme("post-ln").source.replace('name = "post-ln"', 'name = "bom"')
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_scheme(str(path)).name == "bom"
+    assert splitformer.parse_scheme("\ufeff" + text).name == "bom"
+
+
+@pytest.mark.parametrize("order", ["file-first", "model-first"])
+def test_a_scheme_file_and_a_model_with_one_module_name_are_refused_in_either_order(order, tmp_path, capsys):
+    path = tmp_path / "vit.toml"
+    path.write_text(splitformer.load_scheme("post-ln").source.replace('name = "post-ln"', 'name = "vit"'))
+    names = [str(path), "vit"] if order == "file-first" else ["vit", str(path)]
+    assert main(["derive", *names, "--out", str(tmp_path / "out")]) == 2
+    assert "would both be written as vit.py" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_model_twice_is_one(tmp_path, capsys, monkeypatch):
+    """Control for the test above: a model named twice is not a clash (nothing derived here)."""
+    from splitformer.codegen import cli
+
+    seen = []
+    monkeypatch.setattr("splitformer.codegen.parallel.ordered_map", lambda function, items: seen.extend(items) or [])
+    assert cli.main(["derive", "vit", "vit", "--out", str(tmp_path / "out")]) == 0
+    assert [name for name, _, _ in seen] == ["vit"]
+
+
+def test_no_file_outside_out_after_a_write(post_ln, tmp_path):
+    out = tmp_path / "out"
+    written = post_ln.write(out)
+    real = os.path.realpath(out)
+    assert all(os.path.realpath(path).startswith(real + os.sep) for path in written)

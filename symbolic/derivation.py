@@ -199,20 +199,31 @@ class _Deriver:
         return state, self.symbol(state)
 
     def parallel(self, step: Parallel, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr, str]:
-        discrete_terms, continuous_terms, labels = [], [], []
-        for weight, branch in zip(step.weights, step.branches):
-            if len(branch.steps) == 1 and isinstance(branch.steps[0], Substep):
+        """The weighted sum of the branches from ``state``.
+
+        Branches of several steps are derived first: each records its own substeps, and an
+        operator evaluation they share with a one-substep branch is then computed inside them,
+        before any record reads it. The one-substep branches come last, so what they evaluate
+        themselves goes to this step's own record, which follows every branch's.
+        """
+        branches: dict[int, tuple[sp.Expr, sp.Expr, str]] = {}
+        single = [len(branch.steps) == 1 and isinstance(branch.steps[0], Substep) for branch in step.branches]
+        for position in sorted(range(len(step.branches)), key=lambda position: single[position]):
+            branch = step.branches[position]
+            if single[position]:
                 discrete, continuous = self.substep(branch.steps[0], state, evaluations)
-                labels.append(f"{branch.steps[0].operator} ×{branch.steps[0].fraction}")
+                branches[position] = discrete, continuous, f"{branch.steps[0].operator} ×{branch.steps[0].fraction}"
             elif not branch.steps:
-                discrete, continuous = self.state(state), self.symbol(state)
-                labels.append("identity")
+                branches[position] = self.state(state), self.symbol(state), "identity"
             else:
                 final, continuous = self.sequence(branch, state, "branch ")
-                discrete = self.state(final)
-                labels.append("sequence")
+                branches[position] = self.state(final), continuous, "sequence"
+        discrete_terms, continuous_terms, labels = [], [], []
+        for position, weight in enumerate(step.weights):
+            discrete, continuous, label = branches[position]
             discrete_terms.append(weight * discrete)
             continuous_terms.append(sp.Mul(weight, continuous, evaluate=False))
+            labels.append(label)
         combined = sp.expand(sum(discrete_terms))
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))

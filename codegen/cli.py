@@ -258,6 +258,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
+    from splitformer.codegen.verification.guard import guarded
     from splitformer.codegen.verification.statements.model_recovery import model_checks
     from splitformer.symbolic.model import is_model, load_model, model_names
 
@@ -281,7 +282,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     for name in names:
         if is_model(name):
-            report.checks += model_checks(load_model(name))
+            report.add(*guarded(f"model/{name}", name, lambda: model_checks(load_model(name))))
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

@@ -28,16 +28,20 @@ _STUBBED = ("torchvision", "torchvision.ops", "torchvision.ops.misc", "torchvisi
             "torchvision.transforms.functional", "torchvision.datasets")
 
 
+def _attribute(owner, name: str):
+    """A placeholder for a name a stub is asked for, kept on the stub."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    value = _placeholder(f"{getattr(owner, '__qualname__', None) or owner.__name__}.{name}")
+    setattr(owner, name, value)
+    return value
+
+
 class _Placeholder(type):
     """A torchvision name timm reads at import time: a class (timm subclasses some) whose attributes
     are placeholders too (``InterpolationMode.BICUBIC``) and whose instances cannot be built."""
 
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = _placeholder(f"{cls.__qualname__}.{name}")
-        setattr(cls, name, value)
-        return value
+    __getattr__ = _attribute
 
 
 def _placeholder(name: str) -> type:
@@ -48,12 +52,7 @@ def _placeholder(name: str) -> type:
 
 
 class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = _placeholder(f"{self.__name__}.{name}")
-        setattr(self, name, value)
-        return value
+    __getattr__ = _attribute
 
 
 def _stubs() -> dict[str, types.ModuleType]:

@@ -291,10 +291,31 @@ def _keyed(latex: str, label: str) -> str:
     return latex.replace("_{", f"_{{{label},", 1) if "_{" in latex else f"{latex}_{{{label}}}"
 
 
+def _applies_an_operator(deriver: _Deriver, output: str) -> bool:
+    """Whether the state ``output`` depends on some operator evaluation (weights of a parallel step,
+    ``0`` or opposite on equal branches, can cancel every term)."""
+    updates = {str(record.update.lhs.base.label): record.update.rhs for record in deriver.records}
+    pending, seen = [output], set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in updates:
+            continue
+        seen.add(name)
+        for item in updates[name].atoms(sp.Indexed):
+            read = str(item.base.label)
+            if deriver.tensors[read].role == "temp":
+                return True
+            pending.append(read)
+    return False
+
+
 def derive(scheme: Scheme) -> Program:
     """The discrete program of one step of ``scheme``."""
     deriver = _Deriver(scheme)
     output, _ = deriver.sequence(scheme.body, "u0", "")
+    if not _applies_an_operator(deriver, output):
+        raise SplitformerError(f"scheme {scheme.name!r} applies no operator: the parallel weights cancel every "
+                               "operator's term, so its step is the identity")
     notes = [
         r"Feature grids have unit spacing ($\Delta y = \Delta e = \Delta h = \Delta z = 1$); the learned "
         r"kernels absorb the quadrature weights, so the score scale $|\Omega_e|^{-1/2}\Delta e$ becomes $1/\sqrt{N_e}$.",

@@ -126,3 +126,17 @@ def test_check_reports_a_crashing_model_check_as_a_failure_and_exits_1(monkeypat
     assert cli.main(["check", "cvt"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  model/cvt  [crashed]" in out and "KeyError: 'u0'" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("branches, weights", [
+    ('[], [], [{ operator = "op", solver = "explicit" }]', '"2", "-1", "0"'),  # a zero weight
+    ('[{ operator = "op", solver = "explicit" }], [{ operator = "op", solver = "explicit" }], []', '"1", "-1", "1"'),
+])
+def test_weights_that_cancel_every_operator_are_refused_as_the_identity(branches, weights, tmp_path, capsys):
+    path = tmp_path / "identity.toml"
+    path.write_text(f'name = "identity"\nsummary = "s"\n[operators]\nop = "feed-forward"\n'
+                    f'[[steps]]\nparallel = [{branches}]\nweights = [{weights}]\n')
+    assert cli.main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: scheme 'identity' applies no operator: the parallel weights "
+                                               "cancel every operator's term, so its step is the identity")
+    assert not (tmp_path / "out").exists()

@@ -1,17 +1,21 @@
 # Set-up, demo and test entry points. Override the PyTorch pin with `make TORCH_VERSION=...`.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
+TIMM_VERSION ?= 1.0.31
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
 .PHONY: demo test generate bench bench-backward train-demo latex-check mutation clean
 
+# timm's tests run without torchvision (tests/timm_import.py stubs it): timm is installed alone,
+# never with its torchvision requirement, which needs a CUDA torch.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[torch,test,bench,docs]"
+	$(BIN)/python -m pip install --quiet --no-deps "timm==$(TIMM_VERSION)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -281,6 +281,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
+    from splitformer.codegen.verification.guard import guarded
     from splitformer.codegen.verification.network_adjoint_tests import NETWORKS, network_adjoint_tests
     from splitformer.codegen.verification.network_semantics import SEMANTICS_NETWORKS, network_semantics_checks
     from splitformer.codegen.verification.statements.model_recovery import model_checks
@@ -306,11 +307,11 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
     for name in names:
         if is_model(name):
-            report.checks += model_checks(load_model(name))
+            report.add(*guarded(f"model/{name}", name, lambda: model_checks(load_model(name))))
             if name in SEMANTICS_NETWORKS:
-                report.checks += network_semantics_checks(name)
+                report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(name)))
             if name in NETWORKS:
-                report.checks += network_adjoint_tests(name)
+                report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(name)))
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

@@ -199,20 +199,31 @@ class _Deriver:
         return state, self.symbol(state)
 
     def parallel(self, step: Parallel, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr, str]:
-        discrete_terms, continuous_terms, labels = [], [], []
-        for weight, branch in zip(step.weights, step.branches):
-            if len(branch.steps) == 1 and isinstance(branch.steps[0], Substep):
+        """The weighted sum of the branches from ``state``.
+
+        Branches of several steps are derived first: each records its own substeps, and an
+        operator evaluation they share with a one-substep branch is then computed inside them,
+        before any record reads it. The one-substep branches come last, so what they evaluate
+        themselves goes to this step's own record, which follows every branch's.
+        """
+        branches: dict[int, tuple[sp.Expr, sp.Expr, str]] = {}
+        single = [len(branch.steps) == 1 and isinstance(branch.steps[0], Substep) for branch in step.branches]
+        for position in sorted(range(len(step.branches)), key=lambda position: single[position]):
+            branch = step.branches[position]
+            if single[position]:
                 discrete, continuous = self.substep(branch.steps[0], state, evaluations)
-                labels.append(f"{branch.steps[0].operator} ×{branch.steps[0].fraction}")
+                branches[position] = discrete, continuous, f"{branch.steps[0].operator} ×{branch.steps[0].fraction}"
             elif not branch.steps:
-                discrete, continuous = self.state(state), self.symbol(state)
-                labels.append("identity")
+                branches[position] = self.state(state), self.symbol(state), "identity"
             else:
                 final, continuous = self.sequence(branch, state, "branch ")
-                discrete = self.state(final)
-                labels.append("sequence")
+                branches[position] = self.state(final), continuous, "sequence"
+        discrete_terms, continuous_terms, labels = [], [], []
+        for position, weight in enumerate(step.weights):
+            discrete, continuous, label = branches[position]
             discrete_terms.append(weight * discrete)
             continuous_terms.append(sp.Mul(weight, continuous, evaluate=False))
+            labels.append(label)
         combined = sp.expand(sum(discrete_terms))
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))
@@ -280,10 +291,31 @@ def _keyed(latex: str, label: str) -> str:
     return latex.replace("_{", f"_{{{label},", 1) if "_{" in latex else f"{latex}_{{{label}}}"
 
 
+def _applies_an_operator(deriver: _Deriver, output: str) -> bool:
+    """Whether the state ``output`` depends on some operator evaluation (weights of a parallel step,
+    ``0`` or opposite on equal branches, can cancel every term)."""
+    updates = {str(record.update.lhs.base.label): record.update.rhs for record in deriver.records}
+    pending, seen = [output], set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in updates:
+            continue
+        seen.add(name)
+        for item in updates[name].atoms(sp.Indexed):
+            read = str(item.base.label)
+            if deriver.tensors[read].role == "temp":
+                return True
+            pending.append(read)
+    return False
+
+
 def derive(scheme: Scheme) -> Program:
     """The discrete program of one step of ``scheme``."""
     deriver = _Deriver(scheme)
     output, _ = deriver.sequence(scheme.body, "u0", "")
+    if not _applies_an_operator(deriver, output):
+        raise SplitformerError(f"scheme {scheme.name!r} applies no operator: the parallel weights cancel every "
+                               "operator's term, so its step is the identity")
     notes = [
         r"Feature grids have unit spacing ($\Delta y = \Delta e = \Delta h = \Delta z = 1$); the learned "
         r"kernels absorb the quadrature weights, so the score scale $|\Omega_e|^{-1/2}\Delta e$ becomes $1/\sqrt{N_e}$.",

@@ -1,4 +1,4 @@
-"""timm ViT adapters; skipped where ``import timm`` fails (its torchvision import does with the CPU wheel)."""
+"""timm ViT adapters, against timm itself (imported without torchvision: ``timm_import``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from splitformer.adapters import from_timm, to_torch
 
 from test_adapters import D, HEADS, assert_same_state, modules, parity, randomize  # noqa: F401 (fixture)
 
-vision_transformer = pytest.importorskip("timm.models.vision_transformer")
+from timm_import import import_timm
+
+vision_transformer = import_timm("timm.models.vision_transformer")
 
 
 def block(**options):

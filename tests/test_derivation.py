@@ -108,3 +108,24 @@ def test_layer_norm_substep_uses_the_derived_projection():
     beta = sp.IndexedBase("norm1_beta")[projected.lhs.indices[0]]
     assert projected.rhs.has((EPS + beta) ** sp.Rational(-1, 2))
     assert derive_layer_norm_projection().formula.has((S.beta + S.epsilon) ** sp.Rational(-1, 2))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_a_bias_free_feed_forward_derives_no_bias(activation):
+    """``bias = false``: ``u + act(u W_1) W_2`` exactly, nothing added inside or after the activation."""
+    from splitformer.symbolic import parse_scheme
+
+    scheme = parse_scheme('name = "bias-free"\nsummary = "s"\n[operators]\n'
+                          f'ffn = {{ kind = "feed-forward", bias = false, activation = "{activation}" }}\n'
+                          '[[steps]]\noperator = "ffn"\nsolver = "explicit"\n')
+    program = derive(scheme)
+    inputs = _symbols(program)
+    assert {tensor.name for tensor in program.parameters()} == {"ffn_W_1", "ffn_W_2"}
+    values = evaluate(program, {TOKENS.size: N, FEATURES.size: D, HIDDEN.size: FF}, inputs)[program.output]
+    act = (lambda x: sp.Max(x, 0)) if activation == "relu" else sp.tanh
+    U = sp.Matrix(N, D, lambda i, k: inputs["u0"](i, k))
+    hidden = (U * sp.Matrix(D, FF, lambda k, z: inputs["ffn_W_1"](k, z))).applyfunc(act)
+    expected = U + hidden * sp.Matrix(FF, D, lambda z, l: inputs["ffn_W_2"](z, l))
+    for i in range(N):
+        for l in range(D):
+            assert sp.simplify(values[(i, l)].subs(TIME_STEP, 1) - expected[i, l]) == 0

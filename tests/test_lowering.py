@@ -1,11 +1,13 @@
 """Lowering and the IR passes: what the index-notation assignments become."""
 
+from dataclasses import replace
+
 import pytest
 import sympy as sp
 
 from splitformer.codegen.ir import Attention, Contraction, Elementwise, MatMul, Normalize, Reduction, Softmax
 from splitformer.codegen.lowering import lower
-from splitformer.codegen.passes import DEFAULT, PASSES, inline_elementwise, select
+from splitformer.codegen.passes import DEFAULT, PASSES, fused_attention, inline_elementwise, layer_norm, matmul, select
 from splitformer.codegen.printers import broadcast
 from splitformer.symbolic import SplitformerError, derive, load_scheme
 
@@ -150,3 +152,46 @@ def test_printed_numbers_are_exact_python_expressions(value, text):
     for printer in (NumpyPrinter(module), TorchPrinter(module)):
         assert printer.doprint(value) == text
         assert eval(text, {"math": __import__("math")}) == float(value)
+
+
+# -- what each recognizer refuses (and accepts only by proof) -----------------------------------
+
+def _before(*names, scheme="post-ln"):
+    return lower(derive(load_scheme(scheme)), tuple(PASSES[name] for name in names))
+
+
+def _replaced(module, out, **changes):
+    return replace(module, ops=[replace(op, **changes) if op.out == out else op for op in module.ops])
+
+
+def test_fused_attention_pairs_each_query_head_with_its_own_key_head():
+    module = _before("inline-elementwise", "layer-norm")
+    [fused] = [op for op in fused_attention(module).ops if isinstance(op, Attention)]
+    assert (fused.q.name, fused.k.name, fused.v.name) == ("attn_q", "attn_k", "attn_v")
+    # keys and values on another head axis n: scores pair query head m with key head n, not a head's attention
+    scores = next(op for op in module.ops if op.out == "attn_a")
+    mixing = next(op for op in module.ops if op.out == "attn_o")
+    other = ("b", "j", "n", "e")
+    module = _replaced(module, "attn_a", operands=(scores.operands[0], replace(scores.operands[1], labels=other)))
+    module = _replaced(module, "attn_o", operands=(mixing.operands[0], replace(mixing.operands[1], labels=other)))
+    assert not any(isinstance(op, Attention) for op in fused_attention(module).ops)
+
+
+def test_matmul_binds_only_learned_kernels_as_the_matrix():
+    module = _before("inline-elementwise", "layer-norm", "fused-attention")
+    assert isinstance({op.out: op for op in matmul(module).ops}["ffn_w"], MatMul)
+    # the same product with a per-sequence right-hand array is no GEMM with one shared matrix
+    per_sequence = replace(module, tensors={**module.tensors, "ffn_W_1": replace(module.tensors["ffn_W_1"], role="temp")})
+    assert isinstance({op.out: op for op in matmul(per_sequence).ops}["ffn_w"], Contraction)
+
+
+def test_layer_norm_is_recognized_in_any_equal_form_and_only_then():
+    module = _before("inline-elementwise")
+    derived = next(op for op in module.ops if op.out == "u2").expr
+    expanded = _replaced(module, "u2", expr=sp.expand(derived))  # equal, not structurally: needs the simplify
+    assert sp.expand(derived) != derived
+    [normalize, _] = [op for op in layer_norm(expanded).ops if isinstance(op, Normalize)]
+    assert (normalize.out, normalize.gain, normalize.bias) == ("u2", "norm1_gain", "norm1_bias")
+    bias = next(atom for atom in derived.atoms(sp.Indexed) if str(atom.base) == "norm1_bias")
+    wrong = _replaced(module, "u2", expr=derived + bias)
+    assert [op.out for op in layer_norm(wrong).ops if isinstance(op, Normalize)] == ["u4"]  # twice the bias: not LN

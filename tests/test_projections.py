@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from splitformer.symbolic.projections import SYMBOLS as S, derive_layer_norm_projection, derive_relu_projection
+from splitformer.symbolic.constraints import U, ConstraintSet, Moment
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.projections import SYMBOLS as S, derive_layer_norm_projection, derive_projection, derive_relu_projection
 
 
 def _project(formula, v, sigma_1, sigma_2, eps=0.0):
@@ -86,3 +88,10 @@ def test_feature_means_refuse_what_the_statistics_cannot_express():
         feature_mean(second, s.v)  # the mean of v is not among the statistics
     with pytest.raises(SplitformerError, match="degree 3"):
         feature_mean(second, s.v**3)
+
+
+def test_a_constraint_whose_stationarity_is_not_affine_in_v_is_refused():
+    """``mean e^u = 1``: one stationary point, ``u = v − W(λ e^v)``, not affine in ``v``; and ``mean u³ = 1``: two."""
+    for name, moment in (("exponential", Moment(sp.exp(U), 1)), ("cubic", Moment(U**3, 1))):
+        with pytest.raises(SplitformerError, match="does not make u one affine map of v"):
+            derive_projection(ConstraintSet(name, "", moments=(moment,)))

@@ -209,3 +209,24 @@ def test_the_documented_bound_on_numbers_is_the_one_enforced():
     for text in ("1000000001", "1/1000000001"):
         with pytest.raises(ValueError, match="is out of range"):
             exact_number(text)
+
+
+def _feed_forward_steps(count: int) -> str:
+    return ('name = "many"\nsummary = "s"\n[operators]\nffn = "feed-forward"\n'
+            + '[[steps]]\noperator = "ffn"\nsolver = "explicit"\n' * count)
+
+
+def test_evaluations_count_every_stage_branch_and_substep():
+    scheme = parse_scheme('name = "x"\nsummary = "s"\n[operators]\nffn = "feed-forward"\nnorm = "layer-norm"\n'
+                          '[[steps]]\nrk = "rk4"\nfields = [{ operator = "ffn" }, { operator = "ffn", on = "norm" }]\n'
+                          '[[steps]]\nparallel = [[{ operator = "ffn", solver = "explicit" }], '
+                          '[{ operator = "norm", solver = "projection" }, { operator = "ffn", solver = "explicit" }]]\n')
+    assert scheme.evaluations() == 2 * 4 + 1 + 2  # two fields at four stages, then three substeps
+
+
+def test_the_evaluation_limit_admits_exactly_64():
+    from splitformer.symbolic.scheme import MAX_EVALUATIONS
+
+    assert parse_scheme(_feed_forward_steps(MAX_EVALUATIONS)).evaluations() == MAX_EVALUATIONS
+    with pytest.raises(SplitformerError, match=f"evaluates {MAX_EVALUATIONS + 1} operators per step"):
+        parse_scheme(_feed_forward_steps(MAX_EVALUATIONS + 1))

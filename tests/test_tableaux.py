@@ -131,3 +131,16 @@ def test_tableau_names_have_at_most_64_characters():
     assert make_tableau("a" * 64, [[], [1]], ["1/2", "1/2"]).name == "a" * 64
     with pytest.raises(SplitformerError, match="at most 64 characters"):
         make_tableau("a" * 65, [[], [1]], ["1/2", "1/2"])
+
+
+def _explicit_euler_steps(stages: int):
+    """``stages`` explicit stages, every weight ``1/stages`` (consistent)."""
+    return make_tableau(f"s{stages}", [[0] * row for row in range(stages)], [f"1/{stages}"] * stages)
+
+
+def test_the_stage_limit_admits_exactly_16():
+    from splitformer.symbolic.tableaux import MAX_STAGES
+
+    assert _explicit_euler_steps(MAX_STAGES).stages == MAX_STAGES
+    with pytest.raises(SplitformerError, match=f"has {MAX_STAGES + 1} stages; at most {MAX_STAGES}"):
+        _explicit_euler_steps(MAX_STAGES + 1)

@@ -58,6 +58,8 @@ check ids                               what is checked                         
 
 - ``runner.py`` — ``run_checks``: the general checks once, then per scheme every check above;
   ``CheckReport`` formats them (text, JSON, Markdown).
+- ``guard.py`` — a group of checks that raises (anything but ``SplitformerError``) is one failed
+  check of method ``crashed`` naming the exception and where it was raised, never a traceback.
 - ``semantics.py`` — the independent evaluator: one step of any scheme, from the model's
   continuous operators discretized by hand (rectangle rule), composed by the scheme's own
   tree; shares no formula code with the derivation or the lowering. Every built-in kind has
@@ -65,7 +67,7 @@ check ids                               what is checked                         
   key/value heads), cross-attention (a memory held fixed, its own support and spacing),
   LayerNorm, RMSNorm, feed-forward, gated feed-forward, the paper's affine and ``S₂``
   operators. A plugin's kind whose definitions read inputs it has no semantics for is named
-  by ``unevaluable``; its semantics checks are skipped with that reason.
+  by ``unevaluable``; its semantics checks and its convergence study are skipped with that reason.
 - ``causality.py``, ``attention_kernel.py`` — the statements of the paper's Lean formalization
   (SauersML/params) that the structural checks did not state: prefix dependence of a block, a
   stack and the next-token distribution; the attention kernel's rows, hull and constant rows.
@@ -74,8 +76,7 @@ check ids                               what is checked                         
 - ``circuits.py`` — the QK/OV gauge of attention (Lean ``Circuits.lean``).
 - ``network_semantics.py`` — the independent evaluator of the networks' own operators (patch
   embedding, convolutions and their transposes with padding and strides, the class node, CvT's
-  convolutional projections),
-  the steps by ``semantics.py``.
+  convolutional projections); the steps by ``semantics.py``.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
 - ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the

@@ -53,6 +53,8 @@ class _Point:
             return self.sem.number(Fraction(int(expr.p), int(expr.q)))
         if expr is sp.pi:
             return self.sem.arithmetic.pi()
+        if isinstance(expr, sp.Mul):
+            return self.product(expr.args, env)
         arguments = [self.value(argument, env) for argument in expr.args]
         return self.function(expr, arguments)
 
@@ -68,6 +70,20 @@ class _Point:
             total = total + (self.integral(body, limits[:-1], inner) if len(limits) > 1 else self.value(body, inner))
         return self.spacings[variable.domain] * total
 
+    def product(self, factors, env):
+        """A product, its reciprocals last: a factor that is exactly 0 makes it 0 before any is taken.
+
+        That is the rule for an empty support: outside it ``χ = 0``, and where a query's support is
+        empty its normalizing token integral is 0 as well; the kernel ``χ e^a / ∫ χ e^a`` is then 0.
+        """
+        ordered = sorted(factors, key=lambda factor: factor.is_Pow and factor.exp.is_negative is True)
+        product = self.sem.number(1)
+        for factor in ordered:
+            if product == 0:  # structural for SymPy expressions, exact for numbers
+                return product
+            product = product * self.value(factor, env)
+        return product
+
     def symbol(self, symbol):
         if symbol == EPSILON:
             return self.sem.epsilon(self.operator.key)
@@ -80,11 +96,6 @@ class _Point:
         ar = self.sem.arithmetic
         if isinstance(expr, sp.Add):
             return sum(arguments[1:], arguments[0])
-        if isinstance(expr, sp.Mul):
-            product = arguments[0]
-            for argument in arguments[1:]:
-                product = product * argument
-            return product
         if isinstance(expr, sp.Pow):
             base, exponent = arguments
             if expr.exp == sp.Rational(1, 2):

@@ -38,7 +38,7 @@ from splitformer.symbolic.scheme import Scheme
 from .emitted import TORCH_MISSING, emitted_modules
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 
-__all__ = ["scheme_checks", "random_parameters", "DIGITS", "TOLERANCE", "SKIPPED"]
+__all__ = ["scheme_checks", "skipped_because", "random_parameters", "DIGITS", "TOLERANCE", "SKIPPED"]
 
 DIGITS = 50
 #: Float64 emitted code against the 50-digit evaluator, relative to the output's scale.
@@ -314,9 +314,14 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
     )
 
 
-def _skipped(scheme: Scheme, reasons: dict[str, str]) -> list[Check]:
-    why = "skipped: the independent evaluator has no semantics for " + "; ".join(
+def skipped_because(reasons: dict[str, str]) -> str:
+    """The detail of a check skipped for the operators ``reasons`` names (``unevaluable``)."""
+    return "skipped: the independent evaluator has no semantics for " + "; ".join(
         f"{key} ({reason})" for key, reason in reasons.items())
+
+
+def _skipped(scheme: Scheme, reasons: dict[str, str]) -> list[Check]:
+    why = skipped_because(reasons)
     return [Check(f"semantics/{scheme.name}/{what}", scheme.name,
                   f"The {what} program of {scheme.name} equals one step of the scheme as the independent evaluator "
                   "defines it.", SKIPPED, True, why) for what in ("derived", "emitted")]

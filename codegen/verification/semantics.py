@@ -356,9 +356,8 @@ def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
 
 
 def _feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
-    """Lifting to ``Ω_z`` (affine), the activation, restriction to ``Ω_y`` (affine)."""
-    hidden = _activation(sem, key, u @ sem.parameter(key, "W_1") + sem.parameter(key, "b_1"))
-    return hidden @ sem.parameter(key, "W_2") + sem.parameter(key, "b_2")
+    """Lifting to ``Ω_z`` (affine), the activation, restriction to ``Ω_y`` (affine); biases only where the operator has them."""
+    return _linear(sem, key, _activation(sem, key, _linear(sem, key, u, "W_1", "b_1")), "W_2", "b_2")
 
 
 def _gated_feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:

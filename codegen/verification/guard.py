@@ -1,0 +1,39 @@
+"""A check that raises is a failed check: its exception becomes a ``fail`` with the reason.
+
+A valid scheme never makes ``splitformer check`` end in a traceback: an exception other than
+``SplitformerError`` (bad input, reported as ``error: …``) inside a group of checks is a bug in
+the code checked or in the check itself, and is reported as that group's failure, naming the
+exception and where it was raised.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .statements import Check
+
+__all__ = ["guarded"]
+
+
+def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Check] | Check | None]) -> list[Check]:
+    """The checks ``checks()`` returns, or one failed check ``check_id`` when it raises."""
+    try:
+        result = checks()
+    except SplitformerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure inside a check is reported, never a traceback
+        return [Check(check_id, scheme, f"The checks {check_id} run to completion.", "crashed", False,
+                      f"raised {type(error).__name__}: {error} at {_place(error)}")]
+    if result is None:
+        return []
+    return [result] if isinstance(result, Check) else list(result)
+
+
+def _place(error: BaseException) -> str:
+    """``file:line in function`` of the innermost frame that raised ``error``."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"

@@ -333,7 +333,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
-        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.dim() < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {list(value.shape)}")
         if tokens >= 0 and value.shape[1] != tokens:
@@ -793,7 +793,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
-    """The memory m[b, t, k] the cross-attention reads, held fixed over the step."""
+    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
     memory = memory[None] if memory.dim() == 2 else memory
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
         raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d}), got "

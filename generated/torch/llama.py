@@ -234,7 +234,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
-        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.dim() < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {list(value.shape)}")
         if tokens >= 0 and value.shape[1] != tokens:
@@ -765,7 +765,8 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
-        d_half, rope_theta = d_head // 2, self.rope_theta
+        d_half = d_head // 2
+        rope_theta = self.rope_theta
         offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)

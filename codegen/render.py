@@ -95,6 +95,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "positions": any(field.role == "positions" for field in module.inputs),
         "memory": any(field.role == "memory" for field in module.inputs),
         "constants": list(module.constants),
+        # the optional keyword arguments the declared inputs come from (memory_key_padding_mask, positions)
+        "keywords": [field.argument for field in module.inputs if field.role != "memory"],
         "grouped": bool({KV_HEADS, KV_FEATURES} & domains),
         "half_width": FREQUENCIES in domains,
         "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),

@@ -1003,7 +1003,8 @@ class Block(_CanonicalModule):
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
-                is_causal: bool = False, memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                is_causal: bool = False,
+                memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
         ``batch_first``); the result has the same shape.
 
@@ -1230,7 +1231,8 @@ class Stack(_CanonicalModule):
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
-                is_causal: bool = False, memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
+                is_causal: bool = False,
+                memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")

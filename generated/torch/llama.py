@@ -929,7 +929,8 @@ class Stack(_CanonicalModule):
             raise ValueError(f"cache holds {len(cache)} layers, the stack {len(self.layers)}")
         for index, block in enumerate(self.layers):
             u = block(u, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
-                      src_key_padding_mask=src_key_padding_mask, is_causal=is_causal, positions=positions,
+                      src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
+                      positions=positions,
                       cache=None if cache is None else cache[index])
         if self.has_final_norm:
             u = self._final_norm(u)

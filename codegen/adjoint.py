@@ -20,9 +20,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.adjoint import Adjoint
-from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.domains import MEMORY, TOKENS
-from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
 from splitformer.symbolic.latex import equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
@@ -34,8 +32,12 @@ __all__ = ["Backward", "lower_adjoint", "backward_context", "ADJOINT_SECTION"]
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
 _TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
-#: Inputs of the step other than the state, whose gradients the adjoint returns (kept by the forward).
-_INPUTS = {"memory": MEMORY_FIELD}
+
+
+def _differentiated(module: Module) -> list:
+    """The declared inputs of the step besides the state whose gradients the adjoint returns
+    (a decoder's memory), kept by the forward."""
+    return [field for field in module.inputs if field.role == "memory"]
 
 
 @dataclass
@@ -158,7 +160,8 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
                 lowering.assignment(assignment, record.title)
         if record.update is not None:
             lowering.assignment(record.update, record.title)
-    module = Module(program.name, lowering.tensors, lowering.ops, program.output)
+    module = Module(program.name, lowering.tensors, lowering.ops, program.output,
+                    inputs=program.inputs, constants=program.constants)
     for rewrite in DEFAULT if passes is None else passes:
         module = rewrite(module)
     forward_ops = [op for op in module.ops if not op.section.startswith(ADJOINT_SECTION)]
@@ -175,11 +178,12 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     forward_ops = _refuse_attention(module, forward_ops, read, DEFAULT if passes is None else passes)
     saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
              if name in read]
-    saved = [name for name in ("u0", *_INPUTS.values()) if name in read] + saved
+    saved = [name for name in ("u0", *(field.name for field in _differentiated(module))) if name in read] + saved
+    arguments = {field.name: field.argument for field in program.inputs}
     gradients = {}
     for name, bar in adjoint.gradients.items():
         tensor = program.tensors[name]
-        gradients[{"input": "u", "memory": "memory"}.get(tensor.role, tensor.parameter)] = bar
+        gradients["u" if tensor.role == "input" else arguments.get(name, tensor.parameter)] = bar
     return Backward(
         forward=replace(module, ops=forward_ops, output=program.output),
         adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
@@ -187,11 +191,14 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     )
 
 
-def _data(forward: dict, tensors: dict) -> list[str]:
-    """The step's data (masks, positions, sizes): arguments of both functions, not differentiated."""
-    present = {MEMORY_SUPPORT: MEMORY_SUPPORT in tensors, "n_kv_heads": forward["grouped"],
-               POSITIONS: forward["rotary"], str(ROPE_THETA): forward["rotary"]}
-    return [name for name, used in present.items() if used]
+def _data(module: Module, grouped: bool) -> dict[str, str]:
+    """The step's data (supports, sizes, positions, constants): arguments of both functions, not
+    differentiated, each with its kind (``support``, ``size``, ``positions``, ``constant``)."""
+    data = {field.name: field.role for field in module.inputs if field.role == "support"}
+    data.update({"n_kv_heads": "size"} if grouped else {})
+    data.update({field.name: field.role for field in module.inputs if field.role == "positions"})
+    data.update({constant.name: "constant" for constant in module.constants})
+    return data
 
 
 def _input_costate_last(adjoint: Module, costate: str, gradients: set[str]) -> tuple[Module, int]:
@@ -232,9 +239,10 @@ def backward_context(backward: Backward, backend: str) -> dict:
     """Template variables of ``backward_functions`` (templates/backward.py.j2)."""
     from .render import unit_context
 
+    differentiated = _differentiated(backward.forward)
     gradients = []
     for name, variable in backward.gradients.items():
-        if name in ("u", *_INPUTS):
+        if name in ("u", *(field.argument for field in differentiated)):
             continue
         info = backward.adjoint.tensors[variable]
         shape = tuple(domain.code_name for domain in info.shape)
@@ -242,7 +250,6 @@ def backward_context(backward: Backward, backend: str) -> dict:
         gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
     order = [info.parameter for info in backward.forward.tensors.values() if info.role == "param"]
     gradients.sort(key=lambda gradient: order.index(gradient["name"]))
-    tensors = backward.forward.tensors
     forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
     adjoint, input_only = backward.adjoint, 0
     if backend == "torch":  # autograd asks for the input's costate only where the input needs it
@@ -258,9 +265,9 @@ def backward_context(backward: Backward, backend: str) -> dict:
         "seed": backward.seed,
         "output": backward.forward.output,
         # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
-        "inputs": [name for name in _INPUTS.values() if name in tensors],
-        "input_gradients": [backward.gradients[key] for key, name in _INPUTS.items() if name in tensors],
-        "data": _data(forward, tensors),
+        "inputs": [field.name for field in differentiated],
+        "input_gradients": [backward.gradients[field.argument] for field in differentiated],
+        "data": _data(backward.forward, forward["grouped"]),
         "gradient_u": backward.gradients["u"],
         "gradients": gradients,
     }

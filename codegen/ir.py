@@ -16,6 +16,7 @@ from functools import lru_cache
 import sympy as sp
 
 from splitformer.symbolic.domains import Domain
+from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize", "Cache",
@@ -131,6 +132,9 @@ class Module:
     #: Tensors a training-mode torch forward drops out (torch's places: residual branches,
     #: the feed-forward activation); attention kernels always are. Set by ``lower``.
     dropout: tuple[str, ...] = ()
+    #: What the program reads besides the state and ``χ``, as its operators declare it (``symbolic.inputs``).
+    inputs: tuple[Input, ...] = ()
+    constants: tuple[Constant, ...] = ()
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)

@@ -79,6 +79,12 @@ class ArrayPrinter(StrPrinter):
     def _print_Function(self, expr: sp.Function) -> str:
         return self.call(type(expr).__name__, *expr.args)
 
+    def _print_Abs(self, expr: sp.Abs) -> str:
+        """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
+        argument = expr.args[0]
+        function = self.functions["Abs"] if argument.has(sp.Indexed) else "abs"
+        return f"{function}({self._print(argument)})"
+
     def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
         base, exponent = expr.args
         if exponent == sp.Rational(1, 2):
@@ -106,7 +112,8 @@ class ArrayPrinter(StrPrinter):
 
 class NumpyPrinter(ArrayPrinter):
     library = "np"
-    functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin"}
+    functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
+                 "Abs": "np.abs"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         return self._pairwise("np.maximum", expr)
@@ -128,7 +135,7 @@ class NumpyPrinter(ArrayPrinter):
 class TorchPrinter(ArrayPrinter):
     library = "torch"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
-                 "cos": "torch.cos", "sin": "torch.sin"}
+                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

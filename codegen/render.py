@@ -8,7 +8,7 @@ from importlib import resources
 import jinja2
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.domains import HIDDEN, KV_FEATURES, KV_HEADS
+from splitformer.symbolic.domains import FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
 from splitformer.symbolic.scheme import Scheme
 
 from .backends import BACKENDS
@@ -16,6 +16,9 @@ from .initialization import init_bounds
 from .ir import Cache, Module
 
 __all__ = ["environment", "python_string", "render_module", "unit_context"]
+
+#: The grid of each axis label of the IR (``"r"`` → the rotation frequencies).
+_LABEL_DOMAINS = {str(variable.index): variable.domain for variable in VARIABLES.values()}
 
 
 @cache
@@ -86,6 +89,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
             "name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
             "shape": shape, "view": view if view != shape else None, "kind": info.kind,
         })
+    domains = {domain for info in module.tensors.values() for domain in (info.view or ()) + (info.shape or ())}
+    domains |= {_LABEL_DOMAINS[label] for op in module.ops for label in op.labels if label in _LABEL_DOMAINS}
     sections: list[dict] = []
     codes = [spelling.statements(module, op) for op in module.ops]
     free = _last_reads(module, keep, codes) if keep is not None else {}
@@ -105,9 +110,15 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid", "_cat")
                  if f"{helper}(" in code},
         "output": module.output,
-        "rotary": "pos" in module.tensors,
-        "memory": "mem" in module.tensors,
-        "grouped": any({KV_HEADS, KV_FEATURES} & set((info.view or ()) + (info.shape or ())) for info in module.tensors.values()),
+        # what the operators declare they read (symbolic.inputs), and the grids the arrays live on
+        "positions": any(field.role == "positions" for field in module.inputs),
+        "memory": any(field.role == "memory" for field in module.inputs),
+        "constants": list(module.constants),
+        # the optional keyword arguments the declared inputs come from (memory_key_padding_mask, positions)
+        "keywords": [field.argument for field in module.inputs if field.role != "memory"],
+        "grouped": bool({KV_HEADS, KV_FEATURES} & domains),
+        "half_width": FREQUENCIES in domains,
+        "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }
 

@@ -99,7 +99,7 @@ class Adjoint:
             for record in self.records
         ]
         return Program(self.forward.name, {**self.forward.tensors, **self.tensors}, records, self.forward.output,
-                       list(self.forward.notes))
+                       list(self.forward.notes), inputs=self.forward.inputs, constants=self.forward.constants)
 
 
 # -- differentiation --------------------------------------------------------------------

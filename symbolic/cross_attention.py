@@ -15,15 +15,16 @@ from typing import ClassVar
 import sympy as sp
 
 from .domains import E, ETA_MEMORY, H, HEAD_FEATURES, X, X_MEMORY, XI, Y
+from .inputs import MEMORY, MEMORY_SUPPORT as MEMORY_SUPPORT_INPUT
 from .operators import STATE, Attention, Definition, apply, register_operator
 from .quadrature import integral
 
 __all__ = ["CrossAttention", "MEMORY_FIELD", "MEMORY_SUPPORT"]
 
 #: The memory field ``m(x̂, ξ)``; emitted from the ``memory`` argument.
-MEMORY_FIELD = "mem"
+MEMORY_FIELD = MEMORY.name
 #: The support ``χ_m(x, x̂)`` of the integral over memory tokens; from ``memory_key_padding_mask``.
-MEMORY_SUPPORT = "chi_m"
+MEMORY_SUPPORT = MEMORY_SUPPORT_INPUT.name
 
 
 @register_operator
@@ -33,6 +34,7 @@ class CrossAttention(Attention):
 
     kind: ClassVar[str] = "cross-attention"
     symbol: ClassVar[str] = r"\mathcal{C}"
+    input_fields: ClassVar[tuple] = (MEMORY, MEMORY_SUPPORT_INPUT)
 
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
@@ -60,11 +62,6 @@ class CrossAttention(Attention):
             Definition("out", r"\mathcal{C}", (X, Y),
                        output, "heads combined by the output kernel"),
         )
-
-    def latex_names(self) -> dict[str, str]:
-        names = super().latex_names()
-        names.update({MEMORY_FIELD: "m", MEMORY_SUPPORT: r"\chi_m"})
-        return names
 
     def uses_support(self) -> bool:
         return False

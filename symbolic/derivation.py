@@ -18,31 +18,23 @@ from __future__ import annotations
 
 from collections import ChainMap, Counter
 from collections.abc import Mapping
+from dataclasses import replace
 
 import sympy as sp
 
 from .domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, PAIR, TOKENS, VARIABLES, X,
-    X_KEY, X_MEMORY, Y,
+    X_KEY, Y,
 )
 from .errors import SplitformerError
 from .latex import equation, to_latex
-from .operators import STATE, SUPPORT, Operator
-from .cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
-from .rotary_attention import POSITIONS
+from .inputs import Constant, Input
+from .operators import STATE, SUPPORT, Definition, Operator, apply
 from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["derive", "UNIT_SPACINGS", "INPUT_FIELDS"]
-
-#: Fields an operator may read besides the state and the support χ: name → (LaTeX, grid
-#: indices, role). Each becomes an input of the emitted code when some operator reads it.
-INPUT_FIELDS = {
-    POSITIONS: ("p", (X.index,), "positions"),
-    MEMORY_FIELD: ("m", (X_MEMORY.index, Y.index), "memory"),
-    MEMORY_SUPPORT: (r"\chi_m", (X.index, X_MEMORY.index), "support"),
-}
+__all__ = ["derive", "UNIT_SPACINGS"]
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
 UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
@@ -72,9 +64,14 @@ class _Deriver:
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
-        for name, (latex, indices, role) in INPUT_FIELDS.items():
-            if any(_reads(operator, name) for operator in self.operators.values()):
-                self.tensors[name] = Tensor(name, latex, indices, role)
+        #: The inputs and constants the operators declare (each once, in the order first declared).
+        self.inputs: dict[str, Input] = {}
+        self.constants: dict[str, Constant] = {}
+        for operator in self.operators.values():
+            self.inputs.update({field.name: field for field in operator.input_fields if _reads(operator, field.name)})
+            self.constants.update({constant.name: constant for constant in operator.constants})
+        for field in self.inputs.values():
+            self.tensors[field.name] = Tensor(field.name, field.latex, field.indices, field.role)
 
     # -- names -------------------------------------------------------------------------
     def declare(self, tensor: Tensor) -> None:
@@ -114,12 +111,13 @@ class _Deriver:
         while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
-                  **{name: sp.IndexedBase(name) for name in INPUT_FIELDS}}
+                  **{name: sp.IndexedBase(name) for name in self.inputs}}
         absorbed = {}
         for parameter in operator.parameters():
             arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")
             absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
-        definitions = operator.definitions()
+        keeps_keys = self.scheme.causal and operator.uses_support()
+        definitions = _with_key_inputs(operator) if keeps_keys else operator.definitions()
         for definition in definitions:
             arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
             absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
@@ -146,8 +144,8 @@ class _Deriver:
                 quadrature=equation(lhs, quadrature, names),
             ))
         output = str(assignments[-1].lhs.base.label)
-        if self.scheme.causal and operator.uses_support():
-            for function in _key_side(operator):
+        if keeps_keys:
+            for function in _key_side(definitions):
                 self.cached[f"{prefix}_{function}"] = f"{key}.{function}" if count == 1 else f"{key}{count}.{function}"
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
@@ -260,12 +258,34 @@ class _Deriver:
         return discrete, rule, f"{method.title} of " + " + ".join(field.operator for field in step.fields)
 
 
-def _key_side(operator: Operator) -> list[str]:
+def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:
+    """The definitions, where a declared input of a token read at the key position ``x̃`` (the
+    key positions of a score bias) is read through a copy of its own (``pos`` → ``pos_k``):
+    that copy is a key-side field, so the cache keeps it for later tokens."""
+    definitions = operator.definitions()
+    copies = []
+    for field in operator.input_fields:
+        if X not in field.arguments:
+            continue
+        at = field.arguments.index(X)
+        keyed = {applied for definition in definitions for applied in definition.rhs.atoms(sp.core.function.AppliedUndef)
+                 if applied.func.__name__ == field.name and applied.args[at] == X_KEY.symbol}
+        if not keyed:
+            continue
+        copy = Definition(f"{field.name}_k", rf"\tilde{{{field.latex}}}", field.arguments,
+                          apply(field.name, *field.arguments), f"the {field.role} of the keys, kept by the cache")
+        copies.append(copy)
+        renamed = {applied: sp.Function(copy.function)(*applied.args) for applied in keyed}
+        definitions = tuple(replace(definition, rhs=definition.rhs.xreplace(renamed)) for definition in definitions)
+    return (*copies, *definitions)
+
+
+def _key_side(definitions: tuple[Definition, ...]) -> list[str]:
     """The operator's own fields of a token ``x`` read at the key position ``x̃`` (keys and
     values): what a causal token integral at a new token needs of every earlier token."""
-    own = {definition.function: definition.arguments for definition in operator.definitions()}
+    own = {definition.function: definition.arguments for definition in definitions}
     found = []
-    for definition in operator.definitions():
+    for definition in definitions:
         for applied in sorted(definition.rhs.atoms(sp.core.function.AppliedUndef), key=sp.default_sort_key):
             name = applied.func.__name__
             if name in own and X in own[name] and applied.args[own[name].index(X)] == X_KEY.symbol \
@@ -323,4 +343,5 @@ def derive(scheme: Scheme) -> Program:
         r"the discrete kernel is the row-wise softmax.",
         r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (docs/model.md §3).",
     ]
-    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached)
+    return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached,
+                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()))

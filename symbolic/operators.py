@@ -32,12 +32,14 @@ from .domains import (
     ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
 )
 from .constraints import S_1, ConstraintSet
+from .inputs import Constant, Input
 from .projections import SYMBOLS, Projection, derive_layer_norm_projection, derive_projection
 from .quadrature import integral
 
 __all__ = [
     "Parameter", "Definition", "Operator", "ProjectionOperator", "Attention", "FeedForward", "LayerNorm",
     "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
+    "Input", "Constant",
 ]
 
 #: LayerNorm's ε; emitted as the ``eps`` argument.
@@ -101,6 +103,10 @@ class Operator:
     constraint: ClassVar[str] = ""
     #: Definitions (besides the output) a training-mode torch forward applies dropout to.
     dropout_sites: ClassVar[tuple[str, ...]] = ()
+    #: Fields the definitions read besides the state and ``χ`` (``symbolic.inputs``: positions, a memory …).
+    input_fields: ClassVar[tuple[Input, ...]] = ()
+    #: Free symbols of the definitions, emitted as keyword arguments (RoPE's θ).
+    constants: ClassVar[tuple[Constant, ...]] = ()
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError
@@ -134,6 +140,7 @@ class Operator:
         names = {parameter.function: parameter.latex for parameter in self.parameters()}
         names.update({definition.function: definition.latex for definition in self.definitions()})
         names[SUPPORT] = r"\chi"
+        names.update({field.name: field.latex for field in self.input_fields})
         return names
 
     def latex(self) -> str:

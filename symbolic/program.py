@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from .domains import Domain
+from .inputs import Constant, Input
 from .latex import align, plain_text
 
 __all__ = ["LatexNames", "Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
@@ -125,6 +126,9 @@ class Program:
     notes: list[str] = field(default_factory=list)
     #: Key-side fields kept for incremental decoding: array name → cache key (``attn_k`` → ``attn.k``).
     cached: dict[str, str] = field(default_factory=dict)
+    #: What the operators read besides the state and ``χ``, as they declare it (``symbolic.inputs``).
+    inputs: tuple[Input, ...] = ()
+    constants: tuple[Constant, ...] = ()
 
     @property
     def assignments(self) -> list[Assignment]:

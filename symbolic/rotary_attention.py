@@ -30,6 +30,8 @@ import sympy as sp
 from .domains import (
     C, C_IN, E, ETA, FEATURES, G, HEAD_FEATURES, KV_FEATURES, R, S, X, X_KEY, XI, Y,
 )
+from .inputs import POSITIONS as POSITIONS_INPUT
+from .inputs import Constant
 from .operators import STATE, SUPPORT, Definition, Operator, Parameter, apply, register_operator
 from .quadrature import integral
 
@@ -38,7 +40,7 @@ __all__ = ["RotaryAttention", "ROPE_THETA", "POSITIONS", "rotation_kernel"]
 #: RoPE's base θ; emitted as the ``rope_theta`` argument.
 ROPE_THETA = sp.Symbol("rope_theta", positive=True)
 #: Name of the token-position field ``p(x)``; emitted from the ``positions`` argument.
-POSITIONS = "pos"
+POSITIONS = POSITIONS_INPUT.name
 
 
 def rotation_kernel(angle: sp.Expr, c: sp.Expr, c_in: sp.Expr) -> sp.Expr:
@@ -57,6 +59,8 @@ class RotaryAttention(Operator):
 
     kind: ClassVar[str] = "rotary-attention"
     symbol: ClassVar[str] = r"\mathcal{A}^{\mathrm{rot}}"
+    input_fields: ClassVar[tuple] = (POSITIONS_INPUT,)
+    constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "θ of the rotary angles p θ^(−2r/d_head)"),)
 
     def parameters(self) -> tuple[Parameter, ...]:
         return (
@@ -96,11 +100,6 @@ class RotaryAttention(Operator):
             Definition("o", "O", (X, G, S, E), mixed, "the non-local integral over token positions"),
             Definition("out", r"\mathcal{A}", (X, Y), output, "heads combined by the output kernel"),
         )
-
-    def latex_names(self) -> dict[str, str]:
-        names = super().latex_names()
-        names[POSITIONS] = "p"
-        return names
 
     def uses_support(self) -> bool:
         return True

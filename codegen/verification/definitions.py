@@ -27,7 +27,7 @@ __all__ = ["evaluate_definitions", "unsupported"]
 #: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
 #: a memory) and inputs other than the state need semantics it does not have.
 _DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
-_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max)
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max, sp.Abs)
 
 
 class _Point:
@@ -36,6 +36,7 @@ class _Point:
     def __init__(self, sem, operator, u, tables):
         self.sem, self.operator, self.u, self.tables = sem, operator, u, tables
         self.parameters = {parameter.function: parameter for parameter in operator.parameters()}
+        self.positions = {field.name for field in operator.input_fields if field.role == "positions"}
         sizes = sem.sizes
         self.counts = {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads,
                        HEAD_FEATURES: sizes.head_features, HIDDEN: sizes.hidden}
@@ -64,11 +65,14 @@ class _Point:
         variable = VARIABLES[symbol]
         if (lower, upper) != (0, variable.domain.measure):
             raise SplitformerError(f"{self.operator.key}: integral over {limits[-1]} is not over a whole domain")
-        total = self.sem.number(0)
+        spacing, terms = self.spacings[variable.domain], []
         for index in range(self.counts[variable.domain]):
             inner = {**env, symbol: index}
-            total = total + (self.integral(body, limits[:-1], inner) if len(limits) > 1 else self.value(body, inner))
-        return self.spacings[variable.domain] * total
+            terms.append(self.integral(body, limits[:-1], inner) if len(limits) > 1 else self.value(body, inner))
+        if any(spacing in getattr(term, "free_symbols", ()) for term in terms):
+            # a symbolic spacing that a kernel absorbed (1/Δx̃ in γ) cancels term by term
+            return sum((spacing * term for term in terms[1:]), spacing * terms[0])
+        return spacing * sum(terms[1:], terms[0])
 
     def product(self, factors, env):
         """A product, its reciprocals last: a factor that is exactly 0 makes it 0 before any is taken.
@@ -106,6 +110,8 @@ class _Point:
         simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh}
         if expr.func in simple:
             return simple[expr.func](arguments[0])
+        if isinstance(expr, sp.Abs):
+            return abs(arguments[0])
         if isinstance(expr, sp.Max) and len(expr.args) == 2 and 0 in expr.args:  # max(v, 0)
             return ar.relu(arguments[1 - expr.args.index(0)])
         raise SplitformerError(f"{self.operator.key}: the evaluator has no rule for {expr.func.__name__} "
@@ -120,6 +126,9 @@ class _Point:
             return self.sem.support[index] if self.sem.support is not None else 1
         if name in self.tables:
             return self.tables[name][index]
+        if name in self.positions:  # the token positions, 0 … N−1 unless the evaluator is given others
+            given = self.sem.positions
+            return given[index[0]] if given is not None else self.sem.number(index[0])
         parameter = self.parameters[name]
         stored = _canonical(self.sem.parameter(self.operator.key, parameter.name), parameter, index,
                             self.sem.sizes.head_features)
@@ -134,7 +143,8 @@ def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width:
     canonical, position = [], 0
     variables = parameter.arguments
     while position < len(variables):
-        if variables[position].domain is HEADS:
+        if variables[position].domain is HEADS and variables[position + 1:position + 2] \
+                and variables[position + 1].domain is HEAD_FEATURES:  # (h, e) → h·d_h + e; a control per head stays
             canonical.append(index[position] * head_width + index[position + 1])
             position += 2
         else:
@@ -162,11 +172,12 @@ def unsupported(operator) -> str | None:
     """Why the evaluator cannot evaluate ``operator`` from its definitions, or ``None`` when it can.
 
     It evaluates integrals over the token, feature, head and hidden grids of the state, the
-    support, the operator's parameters and its earlier stages, with the arithmetic's
-    functions; anything else (an input such as token positions or a memory, a free symbol
+    support, the token positions, the operator's parameters and its earlier stages, with the
+    arithmetic's functions; anything else (an input such as a memory, a free symbol
     such as RoPE's θ, another domain) is named.
     """
     known = {STATE, SUPPORT} | {parameter.function for parameter in operator.parameters()}
+    known |= {field.name for field in operator.input_fields if field.role == "positions"}
     inputs, symbols, domains, functions = set(), set(), set(), set()
     for definition in operator.definitions():
         variables = set(definition.arguments)

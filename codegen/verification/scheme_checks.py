@@ -54,10 +54,16 @@ _THETA, _POSITIONS = 100.0, ((0, 1, 2, 3, 4), (2, 3, 5, 8, 9))
 _MEMORY_TOKENS, _TINY_MEMORY_TOKENS = 4, 3
 
 
+def _codes(sizes: Sizes) -> dict[str, int]:
+    """The extent of each axis name of a parameter's shape (``n_heads`` for a control per head)."""
+    return {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features,
+            "n_heads": sizes.heads}
+
+
 def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
     """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
     rng = np.random.default_rng(seed)
-    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features}
+    codes = _codes(sizes)
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():
@@ -88,29 +94,32 @@ class _Inputs:
     memory: np.ndarray | None  # (batch, memory tokens, d)
     memory_mask: np.ndarray  # (batch, memory tokens), True = padded
     sizes: Sizes
+    #: The keyword options of the emitted ``forward`` (``n_kv_heads``, ``rope_theta`` where declared).
+    options: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, forward, batch: int, seed: int) -> "_Inputs":
         names = signature(forward).parameters
-        sizes = _EMITTED_GROUPED if "positions" in names else _EMITTED
+        sizes = _EMITTED_GROUPED if "n_kv_heads" in names else _EMITTED
         memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
                   if "memory" in names else None)
         mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
         mask[1, [0, 3]] = True
-        return cls("positions" in names, memory, mask, sizes)
+        return cls("positions" in names, memory, mask, sizes, frozenset(names))
 
     def numpy(self, masked: bool) -> tuple[tuple, dict]:
         """Positional arguments before the parameters, and keyword options."""
         options = {}
         if self.rotary:
-            options.update(n_kv_heads=self.sizes.key_value_heads, positions=np.array(_POSITIONS, dtype=float),
-                           rope_theta=_THETA)
+            options["positions"] = np.array(_POSITIONS, dtype=float)
+            options.update({name: value for name, value in self.torch_block().items() if name in self.options})
         if self.memory is not None and masked:
             options["memory_key_padding_mask"] = self.memory_mask
         return ((self.memory,) if self.memory is not None else ()), options
 
     def torch_block(self) -> dict:
-        return {"n_kv_heads": self.sizes.key_value_heads, "rope_theta": _THETA} if self.rotary else {}
+        return {name: value for name, value in (("n_kv_heads", self.sizes.key_value_heads), ("rope_theta", _THETA))
+                if name in self.options}
 
     def torch(self, masked: bool) -> tuple[tuple, dict]:
         import torch
@@ -125,7 +134,8 @@ class _Inputs:
         """The same inputs of sequence ``b`` for the evaluator, as 50-digit numbers."""
         inputs = {}
         if self.rotary:
-            inputs.update(positions=[mpmath.mpf(p) for p in _POSITIONS[b]], rope_theta=mpmath.mpf(_THETA))
+            inputs["positions"] = [mpmath.mpf(p) for p in _POSITIONS[b]]
+            inputs.update({"rope_theta": mpmath.mpf(_THETA)} if "rope_theta" in self.options else {})
         if self.memory is not None:
             inputs["memory"] = _exact(self.memory[b])
             if masked:
@@ -171,13 +181,15 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
             errors[f"numpy, {label}"] = float(np.abs(got_numpy - expected).max())
             if block is not None:
                 leading, options = inputs.torch(masked)
+                options = {name: value for name, value in options.items() if name in signature(block.forward).parameters}
                 with torch.no_grad():
                     got_torch = block(torch.tensor(u), *leading, causal=causal, **options,
                                       key_padding_mask=None if mask is None else torch.tensor(mask)).numpy()
                 errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
     worst = max(errors.values())
-    extra = ((f", {sizes.key_value_heads} key/value heads, θ = {_THETA:g}, positions {list(_POSITIONS)}"
-              if inputs.rotary else "")
+    extra = ((f", {sizes.key_value_heads} key/value heads" if "n_kv_heads" in inputs.options else "")
+             + (f", θ = {_THETA:g}" if "rope_theta" in inputs.options else "")
+             + (f", positions {list(_POSITIONS)}" if inputs.rotary else "")
              + (f", a memory of {_MEMORY_TOKENS} tokens (padded too in the masked case)"
                 if inputs.memory is not None else ""))
     return Check(
@@ -271,7 +283,7 @@ def _symbols(name: str, shape: tuple[int, ...], **assumptions) -> np.ndarray:
 
 def derived_check(scheme: Scheme, program: Program) -> Check:
     sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
-    codes = {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features}
+    codes = _codes(sizes)
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():

@@ -206,7 +206,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
 
 
 def _memory(memory, batch, d, dtype):
-    """The memory m[b, t, k] the cross-attention reads, held fixed over the step."""
+    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
     memory = _array("memory", memory)
     if memory.ndim == 2:
         memory = memory[None]
@@ -366,7 +366,7 @@ def _cached_tokens(cache, batch, dtype):
         value = cache[key]
         if not isinstance(value, np.ndarray):
             raise TypeError(f"cache[{key!r}] must be a NumPy array, got {type(value).__name__}")
-        if value.ndim < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.ndim < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache[{key!r}] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {value.shape}")
         if tokens >= 0 and value.shape[1] != tokens:

@@ -303,7 +303,7 @@ def _cached_tokens(cache, batch, dtype):
         value = cache[key]
         if not isinstance(value, np.ndarray):
             raise TypeError(f"cache[{key!r}] must be a NumPy array, got {type(value).__name__}")
-        if value.ndim < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.ndim < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache[{key!r}] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {value.shape}")
         if tokens >= 0 and value.shape[1] != tokens:

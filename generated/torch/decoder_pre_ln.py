@@ -355,7 +355,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
-        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.dim() < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {list(value.shape)}")
         if tokens >= 0 and value.shape[1] != tokens:
@@ -851,7 +851,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
-    """The memory m[b, t, k] the cross-attention reads, held fixed over the step."""
+    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
     memory = memory[None] if memory.dim() == 2 else memory
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
         raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d}), got "
@@ -1061,7 +1061,8 @@ class Block(_CanonicalModule):
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
-                is_causal: bool = False, memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                is_causal: bool = False,
+                memory_key_padding_mask: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
         ``batch_first``); the result has the same shape.
 
@@ -1293,7 +1294,8 @@ class Stack(_CanonicalModule):
 
     def forward(self, u: torch.Tensor, memory: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
-                is_causal: bool = False, memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
+                is_causal: bool = False,
+                memory_key_padding_mask: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         staged = _staged(cache, len(self.layers))
         for index, block in enumerate(self.layers):

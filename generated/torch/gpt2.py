@@ -325,7 +325,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
-        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.dim() < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {list(value.shape)}")
         if tokens >= 0 and value.shape[1] != tokens:

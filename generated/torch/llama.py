@@ -256,7 +256,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: tor
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"cache['{key}'] must be a torch.Tensor, got {type(value).__name__}")
-        if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype:
+        if value.dim() < 2 or value.shape[0] != batch or value.dtype != dtype:
             raise ValueError(f"cache['{key}'] must be {dtype} of shape (batch={batch}, tokens, …), "
                              f"got {value.dtype} {list(value.shape)}")
         if tokens >= 0 and value.shape[1] != tokens:
@@ -825,7 +825,8 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
-        d_half, rope_theta = d_head // 2, self.rope_theta
+        d_half = d_head // 2
+        rope_theta = self.rope_theta
         offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
@@ -990,7 +991,8 @@ class Stack(_CanonicalModule):
         staged = _staged(cache, len(self.layers))
         for index, block in enumerate(self.layers):
             u = block(u, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
-                      src_key_padding_mask=src_key_padding_mask, is_causal=is_causal, positions=positions,
+                      src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
+                      positions=positions,
                       cache=None if staged is None else staged[index])
         _store(cache, staged)
         if self.has_final_norm:

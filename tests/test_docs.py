@@ -206,6 +206,29 @@ def test_the_readme_links_to_files_that_exist():
         assert "://" in target or (ROOT / target).exists(), target
 
 
+def named_tests(text: str) -> list[tuple[str, str]]:
+    """``(file, test)`` for each test a page names: ``tests/f.py::test_x`` and the ``::test_y`` after it."""
+    named, current = [], None
+    for file, test in re.findall(r"`(tests/[\w/]+\.py)?(?:::(test_\w+))?", text):
+        current = file or current
+        if test and current is not None:
+            named.append((current, test))
+    return named
+
+
+def test_every_test_a_page_names_exists():
+    """A promise is held by the tests it names: each must be a test function of that file."""
+    for page in PAGES:
+        for file, test in named_tests(page.read_text(encoding="utf-8")):
+            path = ROOT / file
+            assert path.exists() and re.search(rf"^def {test}\(", path.read_text(encoding="utf-8"), re.M), \
+                f"{page.relative_to(ROOT)} names {file}::{test}, which does not exist"
+    # control: a renamed test is found missing
+    assert named_tests("`tests/test_docs.py::test_gone`, `::test_every_test_a_page_names_exists`") == [
+        ("tests/test_docs.py", "test_gone"), ("tests/test_docs.py", "test_every_test_a_page_names_exists")]
+    assert not re.search(r"^def test_gone\(", Path(__file__).read_text(encoding="utf-8"), re.M)
+
+
 #: The pages with a block to run (the others hold prose, tables and blocks marked not run).
 RUNNABLE = [page for page in PAGES if any(
     not block.not_run and block.language in ("python", "bash", "sh", "toml") for block in blocks(page))]

@@ -59,7 +59,8 @@ class _PluginAttention(Attention):
 
 @dataclass(frozen=True)
 class _PluginRotary(RotaryAttention):
-    """A user's copy of rotary attention: it reads positions, which the evaluator cannot supply."""
+    """A user's copy of rotary attention: it reads RoPE's θ, a free symbol the evaluator cannot supply
+    (positions it reads since kinds declare them)."""
 
     kind: ClassVar[str] = "test-plugin-rotary"
 
@@ -90,14 +91,14 @@ def test_a_plugin_attention_at_a_query_with_empty_support_gives_the_output_bias(
     assert check.holds and "evaluated from their continuous definitions" in check.detail, check.detail
 
 
-def test_a_plugin_reading_positions_is_skipped_with_the_reason_not_crashed(monkeypatch):
+def test_a_plugin_reading_what_the_evaluator_lacks_is_skipped_with_the_reason_not_crashed(monkeypatch):
     scheme = _scheme("plugin-rotary", '"test-plugin-rotary"')
     monkeypatch.setattr(runner, "adjoint_checks", lambda *arguments: [])  # 20 s here; tested in test_adjoint.py
     report = runner.scheme_checks(scheme)
     skipped = {check.id: check.detail for check in report.checks if check.method == SKIPPED}
     assert set(skipped) >= {f"semantics/{scheme.name}/derived", f"semantics/{scheme.name}/emitted",
                             f"convergence/{scheme.name}"}  # the convergence study used to raise KeyError
-    assert all("reads inputs pos" in detail for detail in skipped.values())
+    assert all("test-plugin-rotary reads free symbols" in detail and "theta" in detail for detail in skipped.values())
     assert report.holds and not any(check.method == "crashed" for check in report.checks)
 
 

@@ -23,8 +23,10 @@ demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated
 	$(BIN)/python -m splitformer.codegen.demo post-ln --out generated
 
+# The suite runs on every core (pytest-xdist); TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS)
 
 generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null

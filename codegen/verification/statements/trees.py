@@ -18,12 +18,13 @@ A step has order ``p`` when its coefficients equal the exact solution's on every
 at most ``p`` nodes. Fields that commute or are linear satisfy fewer conditions: the word
 series of linear generators is the restriction to chains (trees with one child per node).
 
-Colourings: all coloured trees of one size while they are few (``EXACT_TREES``); beyond,
-each uncoloured tree is checked once with a random positive integer weight per node and
-field in place of the one-hot colours. That contracts all colourings at once, and exactly
-(rational arithmetic): a failing colouring is missed only when a nonzero polynomial of
-degree ``n`` vanishes at a random point, probability at most ``n / 2^61``
-(Schwartz–Zippel). The work (node × state updates) is counted and bounded (``MAX_WORK``):
+Colourings: all coloured trees of one size while they are few (``EXACT_TREES``), in exact
+rational arithmetic; beyond, each uncoloured tree is checked once with a random weight per
+node and field in place of the one-hot colours, which contracts all its colourings into
+one polynomial identity in the weights, evaluated modulo the prime ``PRIME = 2^61 − 1``.
+A failing condition is missed only when that polynomial (of degree ``n``, nonzero modulo
+``PRIME``) vanishes at the random point: probability at most ``n / PRIME``
+(Schwartz–Zippel); the seed is fixed, so the answer is reproducible. The work (node × state updates) is counted and bounded (``MAX_WORK``):
 sizes past the bound are left undecided, never computed slowly.
 """
 
@@ -34,7 +35,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import product
-from math import prod
 
 from splitformer.symbolic.tableaux import rooted_trees
 
@@ -43,10 +43,9 @@ __all__ = ["Node", "Forest", "Program", "coloured_tree_count", "MAX_NODES", "MAX
 #: Trees are checked up to this many nodes: orders up to ``MAX_NODES - 1`` are decided.
 MAX_NODES = 9
 #: Sizes whose coloured trees number at most this are checked tree by tree.
-EXACT_TREES = 1000
-#: The most node × state updates one analysis makes (about 10 s of CPU, far below 1 GiB).
-MAX_WORK = 4_000_000
-_RANDOM_BITS = 61
+EXACT_TREES = 250
+#: The most node × state updates one analysis makes (some seconds of CPU, far below 1 GiB).
+MAX_WORK = 1_000_000
 
 Field = dict[str, Fraction]
 #: A coloured tree: ``(colour, children)`` with the children sorted, or an uncoloured shape (tuple of shapes).
@@ -62,9 +61,15 @@ class Node:
     weights: dict[str, int]
     size: int
     label: Coloured
+    #: Random weights (all colourings at once, modulo ``PRIME``) rather than one colour.
+    contracted: bool = False
 
-    def weight(self, of: Field) -> Fraction:
-        return sum((of[colour] * value for colour, value in self.weights.items() if colour in of), Fraction(0))
+    def weight(self, of: Field):
+        total = 0
+        for colour, value in self.weights.items():
+            if colour in of:
+                total += of[colour] * value
+        return total
 
 
 def coloured_tree_count(nodes: int, colours: int) -> int:
@@ -119,8 +124,8 @@ class Forest:
 
     def _contracted(self, shape: tuple) -> int:
         children = tuple(self._contracted(child) for child in shape)
-        weights = {colour: self._random.getrandbits(_RANDOM_BITS) | 1 for colour in self.colours}
-        self.nodes.append(Node(children, weights, 1 + sum(self.nodes[i].size for i in children), shape))
+        weights = {colour: self._random.randrange(1, PRIME) for colour in self.colours}
+        self.nodes.append(Node(children, weights, 1 + sum(self.nodes[i].size for i in children), shape, True))
         return len(self.nodes) - 1
 
     def add(self, size: int) -> list[int]:
@@ -142,17 +147,34 @@ class Forest:
         return chains
 
 
-def _integral(poly: list[Fraction]) -> list[Fraction]:
-    return [Fraction(0)] + [c / (power + 1) for power, c in enumerate(poly)]
+#: Contracted trees are evaluated modulo this prime (2^61 − 1).
+PRIME = (1 << 61) - 1
 
 
-def _times(left: list[Fraction], right: list[Fraction]) -> list[Fraction]:
-    result = [Fraction(0)] * (len(left) + len(right) - 1)
+def _modular(value: Fraction) -> int:
+    return value.numerator * pow(value.denominator, -1, PRIME) % PRIME
+
+
+def _scalars(of: Field) -> tuple[Field, dict[str, int]]:
+    """A field's coefficients, exact and modulo ``PRIME``."""
+    return of, {colour: _modular(Fraction(c)) for colour, c in of.items()}
+
+
+def _integral(poly: list, modular: bool) -> list:
+    """``∫_0^s`` of a polynomial in ``s`` (coefficients from the constant up)."""
+    if modular:
+        return [0] + [c * pow(power + 1, -1, PRIME) % PRIME for power, c in enumerate(poly)]
+    return [0] + [Fraction(c) / (power + 1) for power, c in enumerate(poly)]
+
+
+def _times(left: list, right: list, modular: bool) -> list:
+    result = [0] * (len(left) + len(right) - 1)
     for i, a in enumerate(left):
         if a:
             for j, b in enumerate(right):
-                result[i + j] += a * b
-    return result
+                if b:
+                    result[i + j] += a * b
+    return [c % PRIME for c in result] if modular else result
 
 
 class Program:
@@ -160,12 +182,14 @@ class Program:
 
     State 0 is the start ``u`` (coefficient 0 on every tree). ``combine`` is a weighted sum,
     ``field`` is ``h f(Y)`` for a summed field, ``flow`` the exact flow of a field over one step.
+    Coloured trees get exact rationals (zeros are the int 0, and skipped: most coefficients of
+    a coloured tree vanish); contracted trees get residues modulo ``PRIME``.
     """
 
     def __init__(self) -> None:
         self.operations: list[tuple] = [("start",)]
-        self.values: list[list[Fraction]] = [[]]
-        self._polys: dict[int, list[list[Fraction]]] = {}
+        self.values: list[list] = [[]]
+        self._polys: dict[int, list[list]] = {}
         #: The coefficient of ``u`` itself (the empty tree) in each state; 1 in a consistent step.
         self.constants = [Fraction(1)]
         self.consistent = True
@@ -181,41 +205,59 @@ class Program:
         if len(terms) == 1 and terms[0][0] == 1:
             return terms[0][1]
         self.constants.append(sum((weight * self.constants[state] for weight, state in terms), Fraction(0)))
-        return self._new(("combine", tuple(terms)))
+        return self._new(("combine", (tuple(terms), tuple((_modular(w), state) for w, state in terms))))
 
     def field(self, state: int, of: Field) -> int:
         self.consistent &= self.constants[state] == 1  # the lemma expands f around u itself
         self.constants.append(Fraction(0))
-        return self._new(("field", state, of))
+        return self._new(("field", state, _scalars(of)))
 
     def flow(self, state: int, of: Field) -> int:
         self.consistent &= self.constants[state] == 1
         self.constants.append(self.constants[state])
         self._polys[len(self.operations)] = []
-        return self._new(("flow", state, of))
+        return self._new(("flow", state, _scalars(of)))
 
     def evaluate(self, nodes: list[Node]) -> None:
         """Coefficients of every state on the nodes not yet evaluated."""
         for index in range(len(self.values[0]), len(nodes)):
             node = nodes[index]
+            modular = node.contracted
             self.work += len(self.operations) * (1 + len(node.children))
             for state, operation in enumerate(self.operations):
                 kind = operation[0]
                 if kind == "start":
-                    value = Fraction(0)
+                    value = 0
                 elif kind == "combine":
-                    value = sum((weight * self.values[source][index] for weight, source in operation[1]), Fraction(0))
+                    value = 0
+                    for weight, source in operation[1][modular]:
+                        term = self.values[source][index]
+                        if term:
+                            value += weight * term
                 elif kind == "field":
+                    value = node.weight(operation[2][modular])
                     source = self.values[operation[1]]
-                    value = node.weight(operation[2]) * prod((source[child] for child in node.children), start=Fraction(1))
-                else:
-                    polys = self._polys[state]
-                    derivative = [node.weight(operation[2])]
                     for child in node.children:
-                        derivative = _times(derivative, polys[child])
-                    poly = _integral(derivative)
-                    poly[0] += self.values[operation[1]][index]
-                    polys.append(poly)
-                    self.work += len(node.children) * node.size
-                    value = sum(poly, Fraction(0))
-                self.values[state].append(value)
+                        if not value:
+                            break
+                        value *= source[child]
+                else:
+                    value = self._flow(state, operation, node, index)
+                self.values[state].append(value % PRIME if modular else value)
+
+    def _flow(self, state: int, operation: tuple, node: Node, index: int):
+        modular = node.contracted
+        polys, start = self._polys[state], self.values[operation[1]][index]
+        derivative = [node.weight(operation[2][modular])]
+        for child in node.children:
+            if len(derivative) == 1 and not derivative[0]:
+                break
+            derivative = _times(derivative, polys[child], modular)
+        if len(derivative) == 1 and not derivative[0]:
+            polys.append([start])
+            return start
+        self.work += len(node.children) * node.size
+        poly = _integral(derivative, modular)
+        poly[0] += start
+        polys.append(poly)
+        return sum(poly)

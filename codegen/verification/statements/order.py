@@ -213,7 +213,7 @@ class _Analysis:
             pending = [mode for mode in self.modes.values() if mode.order is None]
             if not pending:
                 return
-            if program.work + forest.new_nodes(size) * len(program.operations) * (1 + size) > MAX_WORK:
+            if program.work + program.cost(forest.new_nodes(size), size) > MAX_WORK:
                 for mode in pending:
                     mode.lines.append(f"{size} nodes: not checked ({forest.new_nodes(size)} trees over "
                                       f"{len(forest.colours)} fields × {len(program.operations)} states exceed the "
@@ -241,7 +241,8 @@ class _Analysis:
             return sp.Integer(0), None
         size, forest, program = mode.order + 1, self.forest, self.program
         words = None
-        if len(forest.colours) ** size <= MAX_WORDS:
+        count = len(forest.colours) ** size
+        if count <= MAX_WORDS and program.work + program.cost(count * size, size) <= MAX_WORK:
             chains = forest.chains(size)
             program.evaluate(forest.nodes)
             terms = {}
@@ -298,7 +299,7 @@ def _shown(leading: sp.Expr, mode: _Mode | None, analysis: _Analysis, printer) -
         return printer(leading)
     words = len(analysis.forest.colours) ** (mode.order + 1)
     text = (f"not expanded: {words} words of length {mode.order + 1} in {len(analysis.forest.colours)} fields "
-            f"(at most {MAX_WORDS}); the failing trees are listed with the conditions")
+            f"(at most {MAX_WORDS}, within the work bound); the failing trees are listed with the conditions")
     return rf"\text{{{text}}}" if printer is sp.latex else text
 
 

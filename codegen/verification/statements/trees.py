@@ -195,6 +195,10 @@ class Program:
         self.consistent = True
         self.work = 0
 
+    def cost(self, nodes: int, size: int) -> int:
+        """An upper bound on the work ``evaluate`` does for ``nodes`` new nodes of at most ``size`` nodes."""
+        return nodes * (len(self.operations) * size + len(self._polys) * size**2)
+
     def _new(self, operation: tuple) -> int:
         self.operations.append(operation)
         self.values.append([])

@@ -198,6 +198,7 @@ class _Analysis:
         if own:
             self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
         split = _Builder(program, self.colours, True).sequence(scheme.body, 0)
+        self.is_splitting = split is not None
         if split is not None and len(self.forest.colours) > 1:  # one field's exact sub-flows: no splitting to speak of
             self.modes["splitting"] = _Mode(split)
         self.checked = 0
@@ -321,7 +322,8 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         order=own.order,
         splitting_order=None if split is None else split.order,
         leading_error=_shown(shown, own, analysis, sp.latex),
-        exact_subflows_error=_shown(sp.factor_terms(split_leading), split, analysis, sp.latex),
+        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, sp.latex) if analysis.is_splitting
+                              else r"\text{not a splitting}"),
         leading_error_text=_shown(shown, own, analysis, plain_text),
         leading=leading,
         exact_subflows_leading=split_leading,

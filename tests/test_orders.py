@@ -130,3 +130,28 @@ def test_the_slope_with_exact_subflows_confirms_the_splitting_order():
                        .replace('[[steps]]\noperator = "f"\nsolver = "explicit"\nfraction = "1/2"\n', ""))
     assert splitting_order(lie).splitting_order == 1
     assert convergence_check(lie, convergence_study(lie, order=1, exact_subflows=True), 1, exact_subflows=True).holds
+
+
+def _dense_tableau(stages: int) -> str:
+    rows = ", ".join("[" + ", ".join(f'"1/{stages * i}"' for _ in range(i)) + "]" for i in range(stages))
+    return (f'name = "rk{stages}"\nsummary = "s"\n[operators]\nnorm1 = "layer-norm"\nattn = "attention"\n'
+            f'norm2 = "layer-norm"\nffn = "feed-forward"\n[tableaux.dense]\na = [{rows}]\n'
+            f'b = [{", ".join([f"{chr(34)}1/{stages}{chr(34)}"] * stages)}]\n[[steps]]\nrk = "dense"\n'
+            'fields = [{ operator = "attn", on = "norm1" }, { operator = "ffn", on = "norm2" }]\n')
+
+
+def test_the_symbolic_comparison_is_bounded_by_the_nesting(monkeypatch):
+    from splitformer.codegen.verification import scheme_checks as checks
+    from splitformer.symbolic.derivation import derive
+
+    # a 16-stage tableau (issue 25: more than 20 minutes of CPU) nests 32 applications; 10 stages, 20, are compared
+    assert [checks.nesting(parse_scheme(_dense_tableau(n))) for n in (4, 10, 16)] == [8, 20, 32]
+    assert checks.nesting(load_scheme("rk4")) == 8 and checks.nesting(load_scheme("paper-lie")) == 6
+    assert checks.nesting(parse_scheme(_dense_tableau(16))) > checks.MAX_SYMBOLIC_NESTING
+    scheme = load_scheme(SCHEMES / "extrapolated-euler.toml")
+    assert checks.nesting(scheme) == 3
+    monkeypatch.setattr(checks, "MAX_SYMBOLIC_NESTING", 2)
+    derived = checks.scheme_checks(scheme, derive(scheme))[0]
+    assert derived.id == "semantics/extrapolated-euler/derived" and derived.method == checks.SKIPPED
+    assert derived.detail.startswith("skipped: one step nests 3 operator applications, more than the 2")
+    assert "split the step" in derived.detail

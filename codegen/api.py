@@ -165,7 +165,7 @@ class Derivation:
 
     def _repr_markdown_(self) -> str:
         order = self.order
-        orders = ("exact (no error term up to h⁴)" if order.order is None else
+        orders = (f"no local error term up to h^{order.checked_nodes}" if order.order is None else
                   f"order {order.order}" + ("" if order.splitting_order is None
                                             else f", splitting order {order.splitting_order}")
                   + f"; leading local error ${order.leading_error}$")

@@ -11,6 +11,7 @@ from .activations import activation as lookup_activation
 from .errors import SplitformerError
 from .names import check_scheme_name
 from .operator_checks import check_output
+from .exact_numbers import exact_number
 from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
@@ -49,6 +50,14 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     return operator
 
 
+def _exact(value: object, where: str) -> sp.Rational:
+    """A fraction or weight as an exact rational (a decimal or ``p/q``, either sign, bounded)."""
+    try:
+        return exact_number(value)
+    except ValueError as error:
+        raise SplitformerError(f"{where}: {error}") from None
+
+
 #: The most operator evaluations one step may make: a bound on the derivation's time.
 MAX_EVALUATIONS = 64
 
@@ -62,6 +71,9 @@ class Substep:
     fraction: sp.Rational = sp.Integer(1)
     on: str | None = None
 
+    def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
+        object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
+
 
 @dataclass(frozen=True)
 class Parallel:
@@ -69,6 +81,9 @@ class Parallel:
 
     branches: tuple["Sequence", ...]
     weights: tuple[sp.Rational, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple(_exact(weight, "parallel step: weight") for weight in self.weights))
 
 
 @dataclass(frozen=True)

@@ -200,8 +200,9 @@ class _Reader:
         if solver not in SOLVERS:
             raise self.fail(f"{where}.solver", f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
         fraction = self.number(self.typed(step, "fraction", float, where, 1), f"{where}.fraction")
-        if fraction <= 0:
-            raise self.fail(f"{where}.fraction", f"must be > 0, got {fraction}")
+        if fraction == 0:
+            raise self.fail(f"{where}.fraction", "must not be 0 (a substep of no time is no substep); "
+                            "a negative fraction steps backward")
         if solver == "projection" and fraction != 1:
             raise self.fail(f"{where}.fraction", "a projection has no fraction (the normal cone absorbs Δt)")
         on = self.typed(step, "on", str, where, None)

@@ -38,7 +38,7 @@ def test_a_python_scheme_equals_the_same_scheme_file():
     ([substep("attn", "rk7")], "steps[0].solver: unknown solver 'rk7'"),
     ([substep("attn", on="nowhere")], "steps[0].on: unknown operator 'nowhere'"),
     ([substep("attn", on="ffn")], "'on' must name a projection, not 'ffn'"),
-    ([substep("attn", fraction=0)], "steps[0].fraction: must be > 0"),
+    ([substep("attn", fraction=0)], "steps[0].fraction: must not be 0"),
     ([parallel([substep("ffn")], [], weights=[1, 1])], "weights must sum to 1"),
     ([rk2("attn", "nothing")], "steps[0].rk2[1].operator: unknown operator 'nothing'"),
     ([], "empty composition"),

@@ -160,7 +160,7 @@ def test_mislabelled_order_fails_the_check_and_exits_1(tmp_path):
     assert result.returncode == 1
     checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}
     assert not checks["order/mislabelled"]["holds"]
-    assert "order: claimed 2, series gives 1" in checks["order/mislabelled"]["detail"]
+    assert "order: claimed 2, the trees give 1" in checks["order/mislabelled"]["detail"]
     assert checks["convergence/mislabelled"]["holds"]  # the numbers agree with the true order
 
 

@@ -40,11 +40,11 @@ check ids                               what is checked                         
 ``rms-norm/scale-invariance``           the derived RMSNorm                         RMS(c x) = RMS(x) at ε = 0, symbolically;       ``statements.rms_norm_scale``
                                                                                     control: ε = 1/10
 ``paper-lie/post-ln-*``                 ``paper-lie`` under ``W̃ = I + W``           the evaluator's ``post-ln`` step (4ε; same ε)   ``paper.py``
-``convergence/<scheme>``                the order the series gives                  the slope of the evaluator's flow against RK4   ``convergence.py``
-                                                                                    (no interpreter of its own)
+``convergence/<scheme>``,               the order (and, above it, the splitting     the slope of the evaluator's flow against RK4   ``convergence.py``
+``convergence/<scheme>/splitting``      order) the trees give                       on nonlinear fields; sub-flows by fine RK4
 ``recovery/<scheme>/*``                 one step of a built-in                      the published block, written by hand            ``statements.recovery``
-``order/<scheme>``                      the order a scheme file claims              the non-commutative series, one generator per   ``statements.order``
-                                                                                    operator instance
+``order/<scheme>``                      the order a scheme file claims              order conditions on rooted trees coloured by    ``statements.order``
+                                                                                    the operator instances (B-series), ``trees``
 ``adjoint/<scheme>/*``                  the derived adjoint (``vjp``)               central differences in 50 digits; control:     ``statements.adjoint``
                                                                                     one flipped sign
 ``adjoint-test/<name>/dot``,            the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩, J v by    ``adjoint_tests.py``

@@ -1,32 +1,36 @@
-"""Local splitting error by non-commutative series (docs/model.md §9).
+"""Orders of one step on nonlinear fields, by the order conditions on coloured trees (docs/model.md §9).
 
-Every operator *instance* is its own non-commuting linear generator, named by its key in
-the scheme (``ffn_pre`` and ``ffn_post`` of Macaron are two generators, docs/model.md §9); an
-operator used twice is one instance (tied parameters: the same key). A field applied to a
-projected state (``on``) is the generator of ``u ↦ A(Proj(u))``, projection included.
-Projection *substeps* are excluded, for a stated reason (``PROJECTIONS``): they act as the
-identity here. One step becomes a polynomial in ``h``; comparing with the exact flow
-``e^{h Σ c_k A_k}`` gives the local error ``O(h^{p+1})`` and the order ``p``: ``order``
-with the scheme's own substep solvers (explicit Euler, Runge–Kutta tableaux),
-``splitting_order`` with exact sub-flows, and ``tied_splitting_order`` with the instances
-of one kind merged (what the order would be if they shared their parameters). A
-Runge–Kutta step acts on linear fields through its stability polynomial, which sees only
-part of the order conditions: its order is capped by the tableau's classical order
-(Butcher's conditions on rooted trees, ``tableaux.Tableau.order``). The series are tables of
-words (``series.Series``), turned into SymPy expressions only for the result.
+Every operator *instance* is its own field, a colour of the trees (``ffn_pre`` and
+``ffn_post`` of Macaron are two fields, docs/model.md §9); an operator used twice is one
+instance (tied parameters: the same key). A field applied to a projected state (``on``) is
+the field ``u ↦ A(Proj(u))``, projection included. Projection *substeps* are excluded, for
+a stated reason (``PROJECTIONS``): they act as the identity here. One step is a B-series
+over rooted trees coloured by the fields (``trees``); comparing with the exact solution of
+``u_t = Σ c_k A_k(u)`` tree by tree gives the order ``p`` (every tree of at most ``p``
+nodes agrees): ``order`` with the scheme's own substep solvers (explicit Euler,
+Runge–Kutta tableaux), ``splitting_order`` with exact sub-flows, and
+``tied_splitting_order`` with the instances of one kind merged (what the order would be
+if they shared their parameters). Trees of up to ``MAX_NODES`` nodes are checked, so
+orders up to ``MAX_NODES - 1`` are decided. The conditions checked are reported size by
+size. The leading local error is shown on linear fields (the chains of the failing size:
+words in non-commuting generators) and, where the step is right on linear fields, by the
+elementary differentials of the failing trees (``f''(g, g)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
+from math import factorial
 
 import sympy as sp
 
 from splitformer.symbolic.latex import plain_text
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from .series import Series
+from .trees import MAX_NODES, MAX_WORK, Forest, Program
 
-__all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS"]
+__all__ = ["OrderResult", "splitting_order", "generator", "STEP", "PROJECTIONS", "MAX_WORDS"]
 
 STEP = sp.Symbol("h", positive=True)
 #: Why projection substeps are not in the series, and so which flow the orders refer to.
@@ -34,6 +38,8 @@ PROJECTIONS = ("projection substeps are excluded: Proj_S is the implicit step of
                "every Δt > 0 (the cone absorbs Δt), so it is not O(h)-close to the identity and has no series "
                "in h; the orders are those of the flow of the vector fields (fields on a projected state, "
                "'on', included as their own generators) with the projection substeps replaced by the identity")
+#: The leading error is expanded on linear fields when its words number at most this.
+MAX_WORDS = 256
 
 
 def generator(name: str) -> sp.Symbol:
@@ -41,12 +47,10 @@ def generator(name: str) -> sp.Symbol:
     return sp.Symbol(name.replace("-", "_"), commutative=False)
 
 
-_DEGREE = 5  # expansions are kept to h^5: enough to tell orders 1 to 4 apart
-
-
 @dataclass(frozen=True)
 class OrderResult:
-    """``order``/``splitting_order`` are ``None`` for an exact step; ``splitting_order`` also
+    """``order``/``splitting_order`` are ``None`` when no tree up to ``checked_nodes`` nodes
+    fails (an exact step, or one of order ``checked_nodes`` or more); ``splitting_order`` also
     when the step is not a splitting (a Runge–Kutta stage couples the fields)."""
 
     order: int | None
@@ -58,130 +62,276 @@ class OrderResult:
     exact_subflows_leading: sp.Expr
     generators: dict[str, str] | None = None
     tied_splitting_order: int | None = None
+    #: The order conditions checked, one line per tree size (own solvers, then exact sub-flows).
+    conditions: tuple[str, ...] = ()
+    splitting_conditions: tuple[str, ...] = ()
+    #: Trees were checked up to this many nodes (fewer than ``MAX_NODES`` when the work bound stopped them).
+    checked_nodes: int = MAX_NODES
+    #: Node × state updates the analysis made (bounded by ``trees.MAX_WORK``).
+    work: int = 0
 
     def __str__(self) -> str:
         if self.order is None:
-            return "exact step: no local error term"
+            return f"no local error term up to h^{self.checked_nodes} (order ≥ {self.checked_nodes})"
         splitting = "—" if self.splitting_order is None else self.splitting_order
         return f"order {self.order}, splitting order {splitting}; leading local error {self.leading_error_text}"
 
     def _repr_markdown_(self) -> str:
         if self.order is None:
-            return "exact step: no local error term up to $h^4$"
+            return f"no local error term up to $h^{{{self.checked_nodes}}}$"
         text = f"**order {self.order}** (own substep solvers), leading local error $${self.leading_error}$$"
         if self.splitting_order is not None:
             text += f"\n\n**splitting order {self.splitting_order}** (exact sub-flows), leading term $${self.exact_subflows_error}$$"
         return text
 
 
-class _Series:
-    """One step of a scheme as a truncated series; ``exact`` swaps Euler for exact sub-flows."""
+def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple[str, str | None], str]:
+    """The colour (field) of each ``(operator, on)``: the operator's name, with its ``on`` where it has several."""
+    ons: dict[str, set] = {}
+    for step in scheme.substeps():
+        if step.solver != "projection":
+            ons.setdefault(step.operator, set()).add(step.on)
+    return {(operator, on): names[operator] + (f"@{names[on]}" if len(used) > 1 and on else "")
+            for operator, used in ons.items() for on in used}
 
-    def __init__(self, scheme: Scheme, exact: bool, names: dict[str, str]):
-        self.names = names
-        self.exact = exact
-        self.splitting = True
-        self.tableau_orders: list[int] = []
 
-    def field(self, step: Substep) -> sp.Symbol:
-        return generator(self.names[step.operator])
+def _fraction(value) -> Fraction:
+    value = sp.Rational(value)
+    return Fraction(int(value.p), int(value.q))
 
-    def substep(self, step: Substep) -> Series:
-        if step.solver == "projection":
-            return Series.constant(1, _DEGREE)
-        field = Series.field([(step.fraction, self.field(step))], _DEGREE)
-        return field.exponential() if self.exact else Series.constant(1, _DEGREE) + field
 
-    def sequence(self, sequence: Sequence) -> Series:
-        total = Series.constant(1, _DEGREE)
-        for step in sequence.steps:  # later substeps act after earlier ones: multiply on the left
-            total = self.step(step) @ total
+class _Builder:
+    """Adds the states of one step to a ``Program``; ``exact`` swaps Euler for exact sub-flows."""
+
+    def __init__(self, program: Program, colours: dict, exact: bool):
+        self.program, self.colours, self.exact = program, colours, exact
+
+    def field(self, steps: tuple[Substep, ...]) -> dict[str, Fraction]:
+        total: dict[str, Fraction] = {}
+        for step in steps:
+            colour = self.colours[(step.operator, step.on)]
+            total[colour] = total.get(colour, Fraction(0)) + _fraction(step.fraction)
         return total
 
-    def step(self, step) -> Series:
+    def sequence(self, sequence: Sequence, state: int) -> int | None:
+        for step in sequence.steps:
+            state = self.step(step, state)
+            if state is None:
+                return None
+        return state
+
+    def step(self, step, state: int) -> int | None:
+        program = self.program
         if isinstance(step, Parallel):
-            total = Series({}, _DEGREE)
-            for weight, branch in zip(step.weights, step.branches):
-                total = total + self.sequence(branch).scaled(weight)
-            return total
-        if isinstance(step, RungeKutta):  # on linear fields a tableau acts through its stability polynomial
-            self.splitting = False
-            self.tableau_orders.append(step.tableau.order())
-            field = Series.field([(f.fraction, self.field(f)) for f in step.fields], _DEGREE)
-            total = Series.constant(1, _DEGREE)
-            for power in range(1, _DEGREE + 1):
-                total = total + field.power(power).scaled(step.tableau.stability(power))
-            return total
-        return self.substep(step)
+            ends = [self.sequence(branch, state) for branch in step.branches]
+            if None in ends:
+                return None
+            return program.combine((_fraction(weight), end) for weight, end in zip(step.weights, ends))
+        if isinstance(step, RungeKutta):
+            if self.exact:  # a stage couples the fields: not a splitting
+                return None
+            of, tableau, slopes = self.field(step.fields), step.tableau, []
+            for row in tableau.a:
+                stage = program.combine([(Fraction(1), state)] + [(_fraction(a), k) for a, k in zip(row, slopes)])
+                slopes.append(program.field(stage, of))
+            return program.combine([(Fraction(1), state)] + [(_fraction(b), k) for b, k in zip(tableau.b, slopes)])
+        if step.solver == "projection":
+            return state
+        of = self.field((step,))
+        if self.exact:
+            return program.flow(state, of)
+        return program.combine([(Fraction(1), state), (Fraction(1), program.field(state, of))])
 
 
-def _flow(scheme: Scheme, names: dict[str, str]) -> Series:
-    from splitformer.symbolic.equation import equation_terms
-
-    field = Series.field([(term.coefficient, generator(names[term.operator]))
-                          for term in equation_terms(scheme) if not term.projection], _DEGREE)
-    return field.exponential()
-
-
-def _order(difference: Series) -> tuple[int | None, Series]:
-    """Order and leading part of a local error; ``None`` when the step is exact (no error term)."""
-    for power in range(_DEGREE + 1):
-        part = difference.part(power)
-        if not part.is_zero():
-            return power - 1, part
-    return None, Series({}, _DEGREE)
+def _text(label) -> str:
+    """A tree as ``colour[children]`` (``•`` for an uncoloured node)."""
+    if label and isinstance(label[0], str):
+        colour, children = label
+    else:
+        colour, children = "•", label
+    return colour + (f"[{', '.join(map(_text, children))}]" if children else "")
 
 
-def _expression(part: Series) -> sp.Expr:
-    """A part of one length ``p`` as SymPy's ``c · h^p`` (``0`` for no part)."""
-    if part.is_zero():
-        return sp.Integer(0)
-    power = len(next(iter(part.terms)))
-    return part.expression() * STEP**power
+def _symmetry(tree) -> int:
+    """``σ(t)``: the automorphisms of a coloured tree."""
+    _, children = tree
+    result = 1
+    for child in set(children):
+        result *= factorial(children.count(child)) * _symmetry(child) ** children.count(child)
+    return result
 
 
-def _as_power(leading: Series, flow: Series) -> sp.Expr:
+def _differential(tree) -> str:
+    """The elementary differential ``F(t)``, e.g. ``f''(g, g)``."""
+    colour, children = tree
+    return colour + "'" * len(children) + (f"({', '.join(map(_differential, children))})" if children else "")
+
+
+@dataclass
+class _Mode:
+    """The decision for one variant of the step (own solvers or exact sub-flows)."""
+
+    state: int
+    order: int | None = None
+    failing: tuple[int, ...] = ()
+    lines: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.lines = []
+
+
+class _Analysis:
+    def __init__(self, scheme: Scheme, names: dict[str, str], own: bool):
+        from splitformer.symbolic.equation import equation_terms
+
+        self.colours = _colours(scheme, names)
+        self.forest = Forest(tuple(sorted(set(self.colours.values()))))
+        self.program = program = Program()
+        exact_field: dict[str, Fraction] = {}
+        for term in equation_terms(scheme):
+            if not term.projection:
+                colour = self.colours[(term.operator, term.on)]
+                exact_field[colour] = exact_field.get(colour, Fraction(0)) + _fraction(term.coefficient)
+        self.exact_field = exact_field
+        self.reference = program.flow(0, exact_field)
+        self.modes: dict[str, _Mode] = {}
+        if own:
+            self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
+        split = _Builder(program, self.colours, True).sequence(scheme.body, 0)
+        self.is_splitting = split is not None
+        if split is not None and len(self.forest.colours) > 1:  # one field's exact sub-flows: no splitting to speak of
+            self.modes["splitting"] = _Mode(split)
+        self.checked = 0
+        self._decide()
+
+    def _decide(self) -> None:
+        program, forest = self.program, self.forest
+        if not program.consistent:  # a parallel step whose weights do not sum to 1: wrong at h^0
+            for mode in self.modes.values():
+                mode.order, mode.lines = 0, ["the weights of a parallel step do not sum to 1: the step is wrong at h^0"]
+            return
+        for size in range(1, MAX_NODES + 1):
+            pending = [mode for mode in self.modes.values() if mode.order is None]
+            if not pending:
+                return
+            if program.work + program.cost(forest.new_nodes(size), size) > MAX_WORK:
+                for mode in pending:
+                    mode.lines.append(f"{size} nodes: not checked ({forest.new_nodes(size)} trees over "
+                                      f"{len(forest.colours)} fields × {len(program.operations)} states exceed the "
+                                      f"work bound {MAX_WORK}; tie operators or shorten the step to decide it)")
+                return
+            exact = forest.exact(size)
+            roots = forest.add(size)
+            program.evaluate(forest.nodes)
+            self.checked = size
+            values, reference = program.values, program.values[self.reference]
+            for mode in pending:
+                failing = [root for root in roots if values[mode.state][root] != reference[root]]
+                kind = "coloured trees" if exact else "trees, all colourings at once (random weights)"
+                line = f"{size} node{'s' * (size > 1)}: {len(roots) - len(failing)} of {len(roots)} {kind} hold"
+                if failing:
+                    shown = [_text(forest.nodes[root].label) + ("" if not exact else f": {values[mode.state][root]} ≠ "
+                                                                  f"{reference[root]}") for root in failing[:3]]
+                    line += "; fail " + "; ".join(shown) + (" …" if len(failing) > 3 else "")
+                    mode.order, mode.failing = size - 1, tuple(failing)
+                mode.lines.append(line)
+
+    def leading(self, mode: _Mode | None) -> tuple[sp.Expr, Series | None]:
+        """The leading local error: on linear fields (words), plus the failing non-chain trees."""
+        if mode is None or mode.order is None or mode.order == 0:
+            return sp.Integer(0), None
+        size, forest, program = mode.order + 1, self.forest, self.program
+        words = None
+        count = len(forest.colours) ** size
+        if count <= MAX_WORDS and program.work + program.cost(count * size, size) <= MAX_WORK:
+            chains = forest.chains(size)
+            program.evaluate(forest.nodes)
+            terms = {}
+            for chain in chains:
+                difference = program.values[mode.state][chain] - program.values[self.reference][chain]
+                if difference:
+                    word, label = [], forest.nodes[chain].label
+                    while True:
+                        word.append(generator(label[0]))
+                        if not label[1]:
+                            break
+                        label = label[1][0]
+                    terms[tuple(word)] = sp.Rational(difference.numerator, difference.denominator)
+            words = Series(terms, size)
+        if words is not None and not words.is_zero():
+            return words.expression(STEP), words
+        nonlinear = sp.Integer(0)  # the step is right on linear fields: the failing trees branch
+        for root in mode.failing:
+            label = forest.nodes[root].label
+            if isinstance(label[0], str) and any(len(node[1]) > 1 for node in _walk(label)):
+                difference = program.values[mode.state][root] - program.values[self.reference][root]
+                coefficient = sp.Rational(difference.numerator, difference.denominator * _symmetry(label))
+                nonlinear += coefficient * STEP**size * sp.Symbol(_differential(label), commutative=False)
+        return nonlinear, None
+
+    def field(self) -> Series:
+        return Series.field([(sp.Rational(c.numerator, c.denominator), generator(colour))
+                             for colour, c in self.exact_field.items()], MAX_NODES)
+
+
+def _walk(tree):
+    yield tree
+    for child in tree[1]:
+        yield from _walk(child)
+
+
+def _as_power(leading: sp.Expr, words: Series | None, field: Series) -> sp.Expr:
     """``c (h G)^p`` when the leading term is a power of the summed field ``G`` (Runge–Kutta
     steps of the whole field), else the term with its common factors pulled out."""
-    field = flow.part(1)
-    if leading.is_zero() or field.is_zero():
-        return sp.factor_terms(_expression(leading))
-    power = len(next(iter(leading.terms)))
+    if words is None or words.is_zero() or field.is_zero():
+        return sp.factor_terms(leading)
+    power = len(next(iter(words.terms)))
     candidate = field.power(power)
-    scale = leading.coefficient_sum() / candidate.coefficient_sum()
-    if scale == 0 or not (leading - candidate.scaled(scale)).is_zero():
-        return sp.factor_terms(_expression(leading))
-    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field.expression(), evaluate=False), power, evaluate=False),
+    scale = words.coefficient_sum() / candidate.coefficient_sum()
+    if scale == 0 or not (words - candidate.scaled(scale)).is_zero():
+        return sp.factor_terms(leading)
+    return sp.Mul(scale, sp.Pow(sp.Mul(STEP, field.part(1).expression(), evaluate=False), power, evaluate=False),
                   evaluate=False)
 
 
-def _orders(scheme: Scheme, names: dict[str, str]):
-    exact = _flow(scheme, names)
-    own = _Series(scheme, False, names)
-    order, leading = _order(own.sequence(scheme.body) - exact)
-    if own.tableau_orders and order is not None:  # linear fields see only part of the nonlinear order conditions
-        order = min([order, *own.tableau_orders])
-    split_order, split_leading = _order(_Series(scheme, True, names).sequence(scheme.body) - exact)
-    return order, leading, (split_order if own.splitting else None), split_leading, exact
+def _shown(leading: sp.Expr, mode: _Mode | None, analysis: _Analysis, printer) -> str:
+    """The leading term as ``printer`` writes it, or why it is not written out."""
+    if leading != 0 or mode is None or not mode.order:
+        return printer(leading)
+    words = len(analysis.forest.colours) ** (mode.order + 1)
+    text = (f"not expanded: {words} words of length {mode.order + 1} in {len(analysis.forest.colours)} fields "
+            f"(at most {MAX_WORDS}, within the work bound); the failing trees are listed with the conditions")
+    return rf"\text{{{text}}}" if printer is sp.latex else text
 
 
 def splitting_order(scheme: Scheme) -> OrderResult:
-    """Orders and leading local-error terms of one step of ``scheme``."""
-    order, leading, split_order, split_leading, exact = _orders(scheme, {key: key for key in scheme.operators})
+    """Orders, leading local-error terms and the order conditions of one step of ``scheme``."""
+    analysis = _Analysis(scheme, {key: key for key in scheme.operators}, own=True)
+    own, split = analysis.modes["order"], analysis.modes.get("splitting")
+    leading, words = analysis.leading(own)
+    split_leading, _ = analysis.leading(split)
     by_kind = dict(scheme.operators)
-    tied = _orders(scheme, by_kind)[2] if len(set(by_kind.values())) < len(by_kind) else split_order
+    tied = split.order if split is not None else None
+    work = analysis.program.work
+    if len(set(by_kind.values())) < len(by_kind):
+        merged = _Analysis(scheme, by_kind, own=False)
+        tied, work = (merged.modes["splitting"].order if "splitting" in merged.modes else None), work + merged.program.work
     fields = {step.operator: step.on for step in scheme.substeps() if step.solver != "projection"}
-    shown = _as_power(leading, exact)
-    leading, split_leading = _expression(leading), _expression(split_leading)
+    shown = _as_power(leading, words, analysis.field())
     return OrderResult(
-        order=order,
-        splitting_order=split_order,
-        leading_error=sp.latex(shown),
-        exact_subflows_error=sp.latex(sp.factor_terms(split_leading)),
-        leading_error_text=plain_text(shown),
+        order=own.order,
+        splitting_order=None if split is None else split.order,
+        leading_error=_shown(shown, own, analysis, sp.latex),
+        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, sp.latex) if analysis.is_splitting
+                              else r"\text{not a splitting}"),
+        leading_error_text=_shown(shown, own, analysis, plain_text),
         leading=leading,
         exact_subflows_leading=split_leading,
         generators={key: f"{scheme.operators[key]} {key}" + (f" on Proj({on})" if on else "")
                     for key, on in fields.items()},
         tied_splitting_order=tied,
+        conditions=tuple(own.lines),
+        splitting_conditions=tuple(split.lines) if split is not None else (),
+        checked_nodes=analysis.checked,
+        work=work,
     )

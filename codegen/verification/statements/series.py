@@ -1,4 +1,4 @@
-"""Truncated series in non-commuting generators, as a table of words (what ``order`` computes with).
+"""Series in non-commuting generators, as a table of words (how ``order`` writes a leading error on linear fields).
 
 A series ``Σ c_w h^{|w|} w`` is stored as ``{w: c_w}``: every generator comes with one
 factor of the step ``h`` (one step multiplies each field by ``h``), so the power of ``h`` is

@@ -1,0 +1,157 @@
+"""Orders on nonlinear fields: order conditions on coloured rooted trees, checked against slopes."""
+
+from fractions import Fraction
+
+import pytest
+import sympy as sp
+
+from splitformer.codegen.verification.convergence import convergence_study
+from splitformer.codegen.verification.runner import convergence_check, order_check
+from splitformer.codegen.verification.statements import order as order_module
+from splitformer.codegen.verification.statements import trees
+from splitformer.codegen.verification.statements.order import splitting_order
+from splitformer.symbolic import load_scheme, parse_scheme
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.scheme import Parallel, Sequence, Substep
+
+from conftest import ROOT
+
+SCHEMES = ROOT / "tests" / "schemes"
+PALINDROME = ("1/4", "1/3", "5/12", "-1/2", "-1/2", "5/12", "1/3", "1/4")
+
+
+def _feed_forward_composition(gammas, name="pal") -> str:
+    """Strang steps ½f, g, ½f of two feed-forward fields with the step fractions ``gammas`` (cheap to integrate)."""
+    steps = ""
+    for gamma in gammas:
+        half = Fraction(gamma) / 2
+        for operator, fraction in (("f", half), ("g", gamma), ("f", half)):
+            steps += f'[[steps]]\noperator = "{operator}"\nsolver = "explicit"\nfraction = "{fraction}"\n'
+    return f'name = "{name}"\nsummary = "s"\n[operators]\nf = "feed-forward"\ng = "feed-forward"\n' + steps
+
+
+@pytest.mark.parametrize("name, orders", [
+    ("extrapolated-euler", (2, None)),  # the linear series said 3
+    ("butcher5", (5, None)),  # the h^5 truncation said "exact"
+    ("extrapolated-strang", (1, 6)),
+    ("palindromic", (1, 4)),  # negative fractions
+])
+def test_orders_on_nonlinear_fields(name, orders):
+    scheme = load_scheme(SCHEMES / f"{name}.toml")
+    result = splitting_order(scheme)
+    assert (result.order, result.splitting_order) == orders
+    assert order_check(scheme, result).holds  # each file claims what the trees give
+    conditions = result.splitting_conditions if orders[1] else result.conditions
+    decided = max(order for order in orders if order)
+    assert len(conditions) == decided + 1 and "fail" in conditions[-1]
+    assert all("fail" not in line for line in conditions[:-1])
+
+
+def test_extrapolated_euler_fails_only_a_nonlinear_condition():
+    result = splitting_order(load_scheme(SCHEMES / "extrapolated-euler.toml"))
+    # the chain ffn[ffn[ffn]] (Σ b A c = 1/6, the linear condition) holds; the bushy tree Σ b c² = 1/3 does not
+    assert result.conditions[2] == "3 nodes: 1 of 2 coloured trees hold; fail ffn[ffn, ffn]: 1/2 ≠ 1/3"
+    h = sp.Symbol("h", positive=True)
+    assert sp.simplify(result.leading - h**3 / 12 * sp.Symbol("ffn''(ffn, ffn)", commutative=False)) == 0
+
+
+def test_a_perturbed_weight_lowers_the_order():  # negative controls of the high orders
+    text = (SCHEMES / "extrapolated-strang.toml").read_text()
+    perturbed = text.replace('"1/24", "-16/15"', '"1/20", "-43/40"').replace("splitting_order = 6\n", "")
+    assert splitting_order(parse_scheme(perturbed)).splitting_order == 2
+    assert splitting_order(parse_scheme(_feed_forward_composition(PALINDROME))).splitting_order == 4
+    assert splitting_order(parse_scheme(_feed_forward_composition(("1/3", "1/3", "1/3")))).splitting_order == 2
+
+
+def test_contracted_colourings_agree_with_the_coloured_trees(monkeypatch):
+    expected = {name: splitting_order(load_scheme(SCHEMES / f"{name}.toml"))
+                for name in ("palindromic", "richardson", "extrapolated-euler")}
+    monkeypatch.setattr(trees, "EXACT_TREES", 0)  # every size by random weights modulo 2^61 - 1
+    for name, exact in expected.items():
+        contracted = splitting_order(load_scheme(SCHEMES / f"{name}.toml"))
+        assert (contracted.order, contracted.splitting_order) == (exact.order, exact.splitting_order)
+        assert "random weights" in contracted.conditions[-1]
+
+
+@pytest.mark.parametrize("colours, counts", [(1, [1, 1, 2, 4, 9, 20]), (2, [2, 4, 14, 52, 214, 916]),
+                                             (3, [3, 9, 45, 246, 1485])])
+def test_coloured_tree_counts_match_the_enumeration(colours, counts):
+    names = tuple("abc"[:colours])
+    assert [trees.coloured_tree_count(n, colours) for n in range(1, len(counts) + 1)] == counts
+    forest = trees.Forest(names)
+    assert [len(set(forest.add(n))) for n in range(1, 5)] == counts[:4]
+
+
+def test_negative_and_decimal_fractions_are_exact():
+    text = _feed_forward_composition(("1/2", "1/2"))
+    for written in ('"-0.5"', '"-1/2"', "-0.5"):
+        scheme = parse_scheme(text.replace('fraction = "1/2"', f"fraction = {written}", 1))
+        assert scheme.body.steps[1].fraction == sp.Rational(-1, 2)
+    assert Substep("f", "explicit", "-0.25").fraction == Substep("f", "explicit", sp.Rational(-1, 4)).fraction
+    assert Parallel((Sequence(), Sequence()), ("-1/2", 1.5)).weights == (sp.Rational(-1, 2), sp.Rational(3, 2))
+    for bad, message in (('"-0"', "must not be 0"), ('"-1e10"', "out of range"), ('"-1/0"', "zero denominator")):
+        with pytest.raises(SplitformerError, match=message):
+            parse_scheme(text.replace('fraction = "1/2"', f"fraction = {bad}", 1))
+    with pytest.raises(SplitformerError, match="fraction: not a number"):
+        Substep("f", "explicit", "half")
+
+
+def test_the_order_analysis_is_bounded_by_counting_work(monkeypatch):
+    # 30 distinct attention substeps on one LayerNorm (issue 25: 2.6 GB at 20 steps with the word series)
+    operators = "\n".join(f'a{i} = "attention"' for i in range(30))
+    steps = "".join(f'[[steps]]\noperator = "a{i}"\nsolver = "explicit"\non = "norm"\n' for i in range(30))
+    wide = splitting_order(parse_scheme(f'name = "wide"\nsummary = "s"\n[operators]\nnorm = "layer-norm"\n'
+                                        f'{operators}\n{steps}'))
+    assert (wide.order, wide.splitting_order) == (1, 1) and wide.work < 10_000
+    assert wide.leading_error_text.startswith("not expanded: 900 words of length 2 in 30 fields")
+    palindrome = splitting_order(load_scheme(SCHEMES / "palindromic.toml"))
+    assert palindrome.work <= trees.MAX_WORK
+    monkeypatch.setattr(trees, "MAX_WORK", 20_000)
+    monkeypatch.setattr(order_module, "MAX_WORK", 20_000)
+    bounded = splitting_order(load_scheme(SCHEMES / "palindromic.toml"))
+    assert bounded.work <= 20_000 and bounded.splitting_order is None  # undecided, said so, never slow
+    assert "not checked" in bounded.splitting_conditions[-1] and "work bound 20000" in bounded.splitting_conditions[-1]
+
+
+def test_the_slope_on_nonlinear_fields_confirms_the_order_and_refutes_the_linear_one():
+    scheme = load_scheme(SCHEMES / "extrapolated-euler.toml")
+    study = convergence_study(scheme, order=2)
+    assert convergence_check(scheme, study, 2).holds
+    assert not convergence_check(scheme, study, 3).holds  # the linear series' order 3 is refuted
+
+
+def test_the_slope_with_exact_subflows_confirms_the_splitting_order():
+    scheme = parse_scheme(_feed_forward_composition(PALINDROME))
+    study = convergence_study(scheme, order=4, exact_subflows=True)
+    check = convergence_check(scheme, study, 4, exact_subflows=True)
+    assert check.holds and check.id == "convergence/pal/splitting"
+    assert not convergence_check(scheme, study, 2, exact_subflows=True).holds  # negative control
+    lie = parse_scheme(_feed_forward_composition(("1",), "lie").replace('fraction = "1/2"', 'fraction = "1"', 1)
+                       .replace('[[steps]]\noperator = "f"\nsolver = "explicit"\nfraction = "1/2"\n', ""))
+    assert splitting_order(lie).splitting_order == 1
+    assert convergence_check(lie, convergence_study(lie, order=1, exact_subflows=True), 1, exact_subflows=True).holds
+
+
+def _dense_tableau(stages: int) -> str:
+    rows = ", ".join("[" + ", ".join(f'"1/{stages * i}"' for _ in range(i)) + "]" for i in range(stages))
+    return (f'name = "rk{stages}"\nsummary = "s"\n[operators]\nnorm1 = "layer-norm"\nattn = "attention"\n'
+            f'norm2 = "layer-norm"\nffn = "feed-forward"\n[tableaux.dense]\na = [{rows}]\n'
+            f'b = [{", ".join([f"{chr(34)}1/{stages}{chr(34)}"] * stages)}]\n[[steps]]\nrk = "dense"\n'
+            'fields = [{ operator = "attn", on = "norm1" }, { operator = "ffn", on = "norm2" }]\n')
+
+
+def test_the_symbolic_comparison_is_bounded_by_the_nesting(monkeypatch):
+    from splitformer.codegen.verification import scheme_checks as checks
+    from splitformer.symbolic.derivation import derive
+
+    # a 16-stage tableau (issue 25: more than 20 minutes of CPU) nests 32 applications; 10 stages, 20, are compared
+    assert [checks.nesting(parse_scheme(_dense_tableau(n))) for n in (4, 10, 16)] == [8, 20, 32]
+    assert checks.nesting(load_scheme("rk4")) == 8 and checks.nesting(load_scheme("paper-lie")) == 6
+    assert checks.nesting(parse_scheme(_dense_tableau(16))) > checks.MAX_SYMBOLIC_NESTING
+    scheme = load_scheme(SCHEMES / "extrapolated-euler.toml")
+    assert checks.nesting(scheme) == 3
+    monkeypatch.setattr(checks, "MAX_SYMBOLIC_NESTING", 2)
+    derived = checks.scheme_checks(scheme, derive(scheme))[0]
+    assert derived.id == "semantics/extrapolated-euler/derived" and derived.method == checks.SKIPPED
+    assert derived.detail.startswith("skipped: one step nests 3 operator applications, more than the 2")
+    assert "split the step" in derived.detail

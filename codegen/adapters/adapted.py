@@ -116,7 +116,8 @@ class Adapted(Mapping[str, np.ndarray]):
     @property
     def sizes(self) -> dict[str, int]:
         """``d_model`` and ``d_ff`` as the generated ``Block``'s constructor names them."""
-        lifting = next(value for name, value in self.layers[0].items() if name.startswith("ffn.W") and value.ndim == 2)
+        lifting = next(value for name, value in self.layers[0].items()
+                       if name.split(".")[0].startswith("ffn") and ".W" in name and value.ndim == 2)
         return {"d_model": lifting.shape[0], "d_ff": lifting.shape[1]}
 
     @property

@@ -363,5 +363,5 @@ def read_wrapper(wrapper: Any) -> Adapted:
     from dataclasses import replace
 
     adapted = read_attention_layers(wrapper.attn_layers)
-    return replace(adapted, notes=adapted.notes + (
+    return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
         "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

@@ -139,3 +139,25 @@ def test_head_width_other_than_dim_over_heads_is_refused():
     module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=4, attn_flash=True)
     with pytest.raises(SplitformerError, match="attn_dim_head=4"):
         from_xtransformers(module)
+
+
+def test_builtin_macaron_pre_ln_is_x_transformers_macaron():
+    """``macaron-pre-ln`` (with zero LayerNorm and attention biases) computes ``Encoder(macaron=True)``;
+    the post-LN built-in ``macaron`` does not (negative control)."""
+    from splitformer import derive
+
+    source = _module(depth=2, macaron=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+
+    def outputs(name):
+        module = derive(name, activation="gelu").numpy_module()
+        # the biases x-transformers does not have (LayerNorm's, attention's) are zero
+        layers = [{key: params.get(key, np.zeros(DIM)) for key in module.PARAMETERS} for params in adapted.layers]
+        final = {"gain": adapted.final_norm["gain"], "bias": np.zeros(DIM)} if module.FINAL_NORM_PARAMETERS else None
+        return module.forward_stack(u.numpy(), layers, n_heads=HEADS, eps=adapted.eps, final_norm=final)
+
+    assert np.abs(outputs("macaron-pre-ln") - expected).max() <= 1e-10
+    assert np.abs(outputs("macaron") - expected).max() > 1e-3

@@ -91,6 +91,14 @@ ATTEND_DEFAULTS = {
 ATTEND_FUNCTIONS = {"sigmoid": "attn_sigmoid", "one_hot_straight_through": "attn_hard",
                     "sparse_topk_attn": "attn_sparse_topk", "gumbel_softmax": "attn_gumbel_softmax"}
 
+#: What reading an x-transformers norm as ``rms-norm`` (ε = 0) leaves to say.
+NORM_NOTES = {
+    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; rms-norm with ε = 0 divides by √mean x² (equal but "
+               "for a token of norm below 1e-12)",
+    "ScaleNorm": "ScaleNorm's one gain is read as d equal per-feature gains: a generated Block trains them untied",
+    "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
+}
+
 #: The feed-forward activations the generated code computes: ``nn.GELU`` (exact) and ``nn.SiLU`` (``ff_swish``).
 FF_ACTIVATIONS = ("gelu", "silu")
 
@@ -244,9 +252,11 @@ class _Block:
     steps: list[dict[str, Any]] = field(default_factory=list)
     eps: set[float] = field(default_factory=set)
     activations: set[str] = field(default_factory=set)
+    notes: set[str] = field(default_factory=set)
 
     def norm(self, owner: str, name: str, norm: Any, dim: int, dtype: np.dtype) -> None:
         kind, eps, gain = _norm(owner, norm, dim, dtype)
+        self.notes.add(NORM_NOTES.get(type(norm).__name__, ""))
         self.eps.add(eps)
         self.params[f"{name}.gain"] = gain
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
@@ -325,9 +335,10 @@ def read_attention_layers(layers: Any) -> Adapted:
                            *layers.skip_combines, *layers.layer_integrators])
     if layers.rotary_pos_emb is not None or layers.polar_pos_emb is not None:
         raise _refuse(owner, "rotary_pos_emb" if layers.rotary_pos_emb is not None else "polar_pos_emb")
-    dtype = next(layers.parameters()).detach().numpy().dtype if any(True for _ in layers.parameters()) else np.float32
+    dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
-    blocks = [_block(owner, parts, dim, heads, np.dtype(dtype)) for parts in _sublayers(owner, layers)]
+    structure = _sublayers(owner, layers)
+    blocks = [_block(owner, parts, dim, heads, dtype) for parts in structure]
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))
@@ -335,20 +346,22 @@ def read_attention_layers(layers: Any) -> Adapted:
         raise _refuse(owner, "norms or activations that differ across sublayers", "a generated forward takes one of each")
     if any(block.operators != first.operators or block.steps != first.steps for block in blocks):
         raise _refuse(owner, "layers that differ in structure", "a generated Stack repeats one block")
-    final = layers.final_norm
+    notes = sorted(note for note in first.notes if note)
     final_norm = None
-    if type(final).__name__ != "Identity":
-        kind, final_eps, gain = _norm(owner + ".final_norm", final, dim, np.dtype(dtype))
-        if kind != next(iter(first.operators[key]["kind"] for key in first.operators if "norm" in key)) or final_eps not in eps:
+    if type(layers.final_norm).__name__ != "Identity":
+        kind, final_eps, gain = _norm(f"{owner}.final_norm", layers.final_norm, dim, dtype)
+        if final_eps not in eps:
             raise _refuse(owner, "a final norm unlike its layers' norms")
-        final_norm = {"gain": gain} if kind == "rms-norm" else {"gain": gain, "bias": np.zeros_like(gain)}
-    parts = _sublayers(owner, layers)[0]
-    name, summary = _name(layers, parts, first)
+        final_norm = {"gain": gain}
+        if kind == "layer-norm":  # the generated final LayerNorm keeps a bias: zero, as x-transformers has none
+            final_norm["bias"] = np.zeros_like(gain)
+            notes.append("x-transformers' final LayerNorm has no bias: a generated Stack's final norm holds a zero one")
+    name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
-    tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
-    notes = [f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack holds "
-             "one copy per layer"] if tied else []
+    if list(layers.layers_execute_order) != list(range(len(layers.layer_types))):
+        notes.append(f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack "
+                     "holds one copy per layer")
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")

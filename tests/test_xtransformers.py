@@ -161,3 +161,32 @@ def test_builtin_macaron_pre_ln_is_x_transformers_macaron():
 
     assert np.abs(outputs("macaron-pre-ln") - expected).max() <= 1e-10
     assert np.abs(outputs("macaron") - expected).max() > 1e-3
+
+
+def test_check_evaluator_reads_a_layer_norm_without_bias():
+    """``check``'s hand evaluator of ``layer-norm`` (bias = false) equals the kind's continuous definitions;
+    the same norm with a bias (0.5) does not (negative control)."""
+    import mpmath
+
+    from splitformer.codegen.verification.definitions import evaluate_definitions
+    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.semantics import KNOWN_KINDS, MPMATH, Semantics, Sizes
+
+    scheme_file = from_xtransformers(_module(depth=1)).scheme_file
+    scheme = parse_scheme(scheme_file)
+    sizes = Sizes(tokens=3, features=4, heads=2, hidden=5)
+    with mpmath.workdps(40):
+        params = {k: np.frompyfunc(mpmath.mpf, 1, 1)(v) for k, v in random_parameters(scheme, sizes, 3).items()}
+        assert "norm1.bias" not in params
+        u = np.frompyfunc(mpmath.mpf, 1, 1)(np.random.default_rng(4).standard_normal((3, 4)))
+        semantics = Semantics(scheme, params, sizes, MPMATH, eps=mpmath.mpf("1e-5"))
+        difference = KNOWN_KINDS["layer-norm"](semantics, "norm1", u) - evaluate_definitions(semantics, "norm1", u)
+        assert max(abs(value) for value in difference.flat) < mpmath.mpf(10) ** -35
+        text = scheme_file.replace(
+            'norm1 = { kind = "layer-norm", bias = false }', 'norm1 = "layer-norm"')
+        biased = parse_scheme(text)
+        params["norm1.bias"] = np.frompyfunc(mpmath.mpf, 1, 1)(np.full(4, 0.5))
+        biased_semantics = Semantics(biased, params, sizes, MPMATH, eps=mpmath.mpf("1e-5"))
+        with_bias = KNOWN_KINDS["layer-norm"](biased_semantics, "norm1", u)
+        assert 'norm1 = "layer-norm"' in text
+        assert max(abs(value) for value in (with_bias - evaluate_definitions(semantics, "norm1", u)).flat) > 0.4

@@ -26,7 +26,7 @@ FLAGS = {
     "macaron-post-norm": {"macaron": True, "pre_norm": False}, "use_rmsnorm": {"use_rmsnorm": True},
     "use_simple_rmsnorm": {"use_simple_rmsnorm": True}, "use_scalenorm": {"use_scalenorm": True},
     "ff_glu (GEGLU)": {"ff_glu": True}, "ff_glu + ff_swish (SwiGLU)": {"ff_glu": True, "ff_swish": True},
-    "ff_swish": {"ff_swish": True}, "ff_no_bias": {"ff_no_bias": True},
+    "ff_swish": {"ff_swish": True}, "ff_relu_squared": {"ff_relu_squared": True}, "ff_no_bias": {"ff_no_bias": True},
     "pre_and_post_norm": {"pre_and_post_norm": True}, "weight_tie_layers": {"weight_tie_layers": True},
 }
 _DERIVED: dict[str, object] = {}
@@ -125,7 +125,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
     ({"gate_residual": True}, "gate_residual"), ({"alibi_pos_bias": True}, "alibi_pos_bias"),
     ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_pos_emb"),
     ({"attn_qk_norm": True}, "attn_qk_norm"), ({"attn_pre_talking_heads": True, "attn_flash": False}, "attn_pre_talking_heads"),
-    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_relu_squared": True}, "ff_relu_squared"),
+    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"),
     ({"attn_kv_heads": 1}, "attn_kv_heads"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
 ])
@@ -190,3 +190,14 @@ def test_check_evaluator_reads_a_layer_norm_without_bias():
         with_bias = KNOWN_KINDS["layer-norm"](biased_semantics, "norm1", u)
         assert 'norm1 = "layer-norm"' in text
         assert max(abs(value) for value in (with_bias - evaluate_definitions(semantics, "norm1", u)).flat) > 0.4
+
+
+def test_relu_squared_is_stated_not_proximal():
+    """``check`` verifies the claim that squared ReLU is not a proximal map (σ' = 2u > 1); claiming it is fails."""
+    from splitformer.codegen.verification.statements.activations import PROXIMAL, activation_checks
+
+    (check,) = [check for check in activation_checks() if check.id == "activation/relu-squared"]
+    assert check.holds and "expansive" in check.detail
+    (wrong,) = [check for check in activation_checks(PROXIMAL | {"relu-squared": True})
+                if check.id == "activation/relu-squared"]
+    assert not wrong.holds

@@ -14,6 +14,7 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
 - ``LayerNorm`` has no bias (``layer-norm`` with ``bias = false``); ``RMSNorm``, ``ScaleNorm`` and
   ``SimpleRMSNorm`` are ``x / ‖x‖ · √d · g`` = the ``rms-norm`` projection with ``ε = 0`` and the
   gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
+- ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
 - ``weight_tie_layers``: one block's parameters, repeated for each layer it runs.
@@ -48,7 +49,7 @@ FLAG_OF_CLASS = {
     "AlibiPositionalBias": "alibi_pos_bias", "RelativePositionBias": "rel_pos_bias",
     "DynamicPositionBias": "dynamic_pos_bias", "RotaryEmbedding": "rotary_pos_emb",
     "PolarEmbedding": "polar_pos_emb", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
-    "AttentionResidual": "attn_aggregated_residuals", "ReluSquared": "ff_relu_squared", "SoLU": "ff_solu",
+    "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
 
 #: ``AttentionLayers`` attributes whose value other than the default is a refused flag.
@@ -99,8 +100,9 @@ NORM_NOTES = {
     "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
 }
 
-#: The feed-forward activations the generated code computes: ``nn.GELU`` (exact) and ``nn.SiLU`` (``ff_swish``).
-FF_ACTIVATIONS = ("gelu", "silu")
+#: The feed-forward activations the generated code computes: ``nn.GELU`` (exact), ``nn.SiLU`` (``ff_swish``)
+#: and ``ReluSquared`` (``ff_relu_squared``: ``relu(x)²``).
+FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
 def _refuse(owner: str, flag: str, why: str = "splitformer does not compute it") -> SplitformerError:
@@ -162,9 +164,10 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
         act = glu.act
     else:
         act = next(module for module in feed_forward.ff[0] if not isinstance(module, torch.nn.Linear))
-    activation = activation_name(f"{owner}.ff", act)
+    activation = "relu-squared" if type(act).__name__ == "ReluSquared" else activation_name(f"{owner}.ff", act)
     if activation not in FF_ACTIVATIONS:
-        raise _refuse(owner, f"the feed-forward activation {activation}", "x-transformers' own are gelu and ff_swish (silu)")
+        raise _refuse(owner, f"the feed-forward activation {activation}",
+                      "x-transformers' own are gelu, ff_swish (silu) and ff_relu_squared")
     into, out = linears
     biases = [into.bias is not None, out.bias is not None]
     if biases[0] != biases[1]:

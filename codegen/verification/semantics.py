@@ -344,6 +344,8 @@ def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
     ar = sem.arithmetic
     if name == "relu":  # projection onto S₂ = {u ≥ 0}
         return ar.relu(values)
+    if name == "relu-squared":  # that projection, squared (Primer)
+        return ar.relu(values) ** 2
     if name == "gelu":
         return values * (1 + ar.erf(values / ar.sqrt(ar.number(2)))) * ar.number(Fraction(1, 2))
     if name == "gelu-tanh":  # GELU's tanh approximation (GPT-2)

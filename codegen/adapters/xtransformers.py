@@ -47,8 +47,7 @@ FLAG_OF_CLASS = {
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
     "AlibiPositionalBias": "alibi_pos_bias", "RelativePositionBias": "rel_pos_bias",
-    "DynamicPositionBias": "dynamic_pos_bias", "RotaryEmbedding": "rotary_pos_emb",
-    "PolarEmbedding": "polar_pos_emb", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
+    "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
     "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
 
@@ -105,8 +104,20 @@ NORM_NOTES = {
 FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
-def _refuse(owner: str, flag: str, why: str = "splitformer does not compute it") -> SplitformerError:
-    return SplitformerError(f"{owner} uses {flag}; {why}")
+#: Why a refused flag is not computed, where more can be said than that it is not.
+REASONS = {
+    "use_layerscale": "a learned per-channel step size (a time step as a control) is not in the scheme language",
+    "scale_residual": "a learned skip scale is not in the scheme language",
+    "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
+    "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
+    "alibi_pos_bias": "an attention-score kernel splitformer does not compute",
+    "rel_pos_bias": "an attention-score kernel splitformer does not compute",
+    "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
+}
+
+
+def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
+    return SplitformerError(f"{owner} uses {flag}; {why or REASONS.get(flag, 'splitformer does not compute it')}")
 
 
 def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
@@ -125,7 +136,7 @@ def _check_classes(owner: str, modules: Iterable[Any]) -> None:
 
 def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[str, np.ndarray]:
     """``attn.W_q`` … ``attn.W_o`` of an x-transformers ``Attention``; refuses its other flags."""
-    _check_defaults(owner, attention, ATTENTION_DEFAULTS, "splitformer does not compute it")
+    _check_defaults(owner, attention, ATTENTION_DEFAULTS, "")
     _check_defaults(owner, attention.attend, ATTEND_DEFAULTS, "an attention-score kernel splitformer does not compute")
     function = getattr(attention.attend.attn_fn, "func", attention.attend.attn_fn)
     flag = ATTEND_FUNCTIONS.get(getattr(function, "__name__", ""))
@@ -227,7 +238,8 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
             if type(residual).__name__ != "Residual":
                 raise _refuse(owner, f"the residual {type(residual).__name__}")
             if residual.residual_scale is not None or residual.scale_residual_constant != 1:
-                raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant")
+                raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
+                              REASONS["scale_residual"])
             pre, post_branch, post_main = norms
             if post_branch is not None:
                 raise _refuse(owner, "sandwich_norm", "a norm of the branch output before the residual is a branch "
@@ -333,11 +345,13 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
 def read_attention_layers(layers: Any) -> Adapted:
     """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``)."""
     owner = type(layers).__name__
-    _check_defaults(owner, layers, LAYERS_DEFAULTS, "splitformer does not compute it")
-    _check_classes(owner, [layers.rotary_pos_emb, layers.polar_pos_emb, layers.rel_pos,
-                           *layers.skip_combines, *layers.layer_integrators])
-    if layers.rotary_pos_emb is not None or layers.polar_pos_emb is not None:
-        raise _refuse(owner, "rotary_pos_emb" if layers.rotary_pos_emb is not None else "polar_pos_emb")
+    _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
+    _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
+    if layers.rotary_pos_emb is not None:
+        raise _refuse(owner, "rotary_pos_emb", "x-transformers rotates interleaved feature pairs (by default of half "
+                      "of each head); rotary-attention rotates the half-split pairs of the whole head")
+    if layers.polar_pos_emb is not None:
+        raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
     structure = _sublayers(owner, layers)

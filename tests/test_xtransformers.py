@@ -128,6 +128,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
     ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"),
     ({"attn_kv_heads": 1}, "attn_kv_heads"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
+    ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
 ])
 def test_unsupported_flags_are_refused_by_name(flags, named):
     with pytest.raises(SplitformerError, match=named) as error:

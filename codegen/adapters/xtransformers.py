@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,8 @@ ATTEND_DEFAULTS = {
     "inverted_attention": (False, "inverted_attention"),
 }
 
-#: Score kernels of ``Attend`` other than the softmax (``attn_fn``'s function name → flag).
+#: Score kernels of ``Attend`` other than the softmax (``attn_fn``'s function name → flag); any other
+#: function than ``F.softmax`` is refused as ``attn_custom_attn_fn``.
 ATTEND_FUNCTIONS = {"sigmoid": "attn_sigmoid", "one_hot_straight_through": "attn_hard",
                     "sparse_topk_attn": "attn_sparse_topk", "gumbel_softmax": "attn_gumbel_softmax"}
 
@@ -136,12 +138,17 @@ def _check_classes(owner: str, modules: Iterable[Any]) -> None:
 
 def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[str, np.ndarray]:
     """``attn.W_q`` … ``attn.W_o`` of an x-transformers ``Attention``; refuses its other flags."""
+    import torch
+
     _check_defaults(owner, attention, ATTENTION_DEFAULTS, "")
     _check_defaults(owner, attention.attend, ATTEND_DEFAULTS, "an attention-score kernel splitformer does not compute")
-    function = getattr(attention.attend.attn_fn, "func", attention.attend.attn_fn)
-    flag = ATTEND_FUNCTIONS.get(getattr(function, "__name__", ""))
-    if flag is not None or (getattr(attention.attend, "l2_distance", False)):
-        raise _refuse(owner, flag or "attn_l2_distance", "an attention-score kernel splitformer does not compute")
+    function = attention.attend.attn_fn
+    while isinstance(function, partial):
+        function = function.func
+    if function is not torch.nn.functional.softmax or attention.attend.l2_distance:
+        flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
+            getattr(function, "__name__", ""), "attn_custom_attn_fn")
+        raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
     if attention.kv_heads != attention.heads:
         raise _refuse(owner, f"attn_kv_heads={attention.kv_heads}", "the attention kind has one key/value per head")
     if attention.heads != heads or attention.to_q.out_features != dim or attention.to_v.out_features != dim:

@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
         raise SplitformerError(message)
 
 
-_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), gelu, silu, tanh or gelu-tanh"
+_ACTIVATIONS = "relu (default: the projection onto u ≥ 0), relu-squared, gelu, silu, tanh or gelu-tanh"
 _SCHEME = "a built-in name (see 'splitformer list') or the path of a scheme file (TOML)"
 _ENVIRONMENT = """\
 environment:

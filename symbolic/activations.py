@@ -1,7 +1,8 @@
 """Pointwise activations of the feed-forward operator.
 
 ReLU is not typed in: it is the projection onto ``S_2 = {u ≥ 0}`` derived from its KKT
-conditions. The others are pointwise maps, not projections (docs/model.md §6).
+conditions; squared ReLU is that projection squared. The others are pointwise maps, not
+projections (docs/model.md §6).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class Activation:
         return self.formula.subs(SYMBOLS.v, argument)
 
 
+def _relu_squared() -> Activation:
+    return Activation(
+        "relu-squared",
+        derive_relu_projection().formula ** 2,
+        r"squared ReLU (So et al. 2021): the projection onto $S_2$, squared; a pointwise map, not a proximal map",
+    )
+
+
 def _relu() -> Activation:
     return Activation(
         "relu",
@@ -39,6 +48,7 @@ def _relu() -> Activation:
 _v = SYMBOLS.v
 ACTIVATIONS = {
     "relu": _relu,
+    "relu-squared": _relu_squared,
     "gelu": lambda: Activation("gelu", _v * (1 + sp.erf(_v / sp.sqrt(2))) / 2, "exact GELU, a pointwise map"),
     "silu": lambda: Activation("silu", _v / (1 + sp.exp(-_v)), "SiLU (swish), a pointwise map"),
     "tanh": lambda: Activation("tanh", sp.tanh(_v), "hyperbolic tangent, a pointwise map"),

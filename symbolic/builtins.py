@@ -8,7 +8,7 @@ from importlib import resources
 __all__ = ["builtin_names", "builtin_text", "builtin_summary"]
 
 #: The order ``splitformer list`` prints them in; any other built-in file follows, by name.
-_ORDER = ["post-ln", "pre-ln", "macaron", "parallel", "symmetric-parallel", "rk2", "rk4", "gpt2", "llama",
+_ORDER = ["post-ln", "pre-ln", "macaron", "macaron-pre-ln", "parallel", "symmetric-parallel", "rk2", "rk4", "gpt2", "llama",
           "decoder", "decoder-pre-ln", "paper-lie"]
 
 

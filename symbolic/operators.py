@@ -297,8 +297,10 @@ class ProjectionOperator(Operator):
 
 @dataclass(frozen=True)
 class LayerNorm(ProjectionOperator):
-    """Projection onto ``S_1(0, 1)`` (ε through the ghost coordinate), then gain and bias."""
+    """Projection onto ``S_1(0, 1)`` (ε through the ghost coordinate), then gain and bias;
+    ``bias=False`` drops the bias (the diagonal affine substep is then linear: the gain alone)."""
 
+    bias: bool = True
     kind: ClassVar[str] = "layer-norm"
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_1}"
     constraint: ClassVar[str] = "S_1"
@@ -311,6 +313,9 @@ class LayerNorm(ProjectionOperator):
     @classmethod
     def projection(cls) -> Projection:
         return derive_layer_norm_projection()  # cached on disk
+
+    def parameters(self) -> tuple[Parameter, ...]:
+        return tuple(p for p in super().parameters() if self.bias or p.kind != "bias")
 
 
 #: Operator kinds by the name scheme files use (``attn = "attention"``).

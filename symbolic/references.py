@@ -73,6 +73,14 @@ def _macaron(x, p, heads, eps, act):
     return layer_norm(x + half * feed_forward(x, p, act, "ffn_post"), p, "norm3", eps)
 
 
+def _macaron_pre_ln(x, p, heads, eps, act):
+    """The pre-norm macaron (Conformer, x-transformers' macaron): ½F, A, ½F each on its own LayerNorm."""
+    half = sp.Rational(1, 2)
+    x = x + half * feed_forward(layer_norm(x, p, "norm1", eps), p, act, "ffn_pre")
+    x = x + attention(layer_norm(x, p, "norm2", eps), p, heads)
+    return x + half * feed_forward(layer_norm(x, p, "norm3", eps), p, act, "ffn_post")
+
+
 def _gpt2(x, p, heads, eps, act):
     """Radford et al. 2019: pre-LN with causal self-attention."""
     x = x + attention(layer_norm(x, p, "norm1", eps), p, heads, causal=True)
@@ -178,7 +186,8 @@ def _rk2(x, p, heads, eps, act):
 
 
 REFERENCES = {
-    "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "parallel": _parallel,
+    "post-ln": _post_ln, "pre-ln": _pre_ln, "macaron": _macaron, "macaron-pre-ln": _macaron_pre_ln,
+    "parallel": _parallel,
     "symmetric-parallel": _symmetric_parallel, "rk2": _rk2, "gpt2": _gpt2, "llama": _llama,
     "decoder": _decoder, "decoder-pre-ln": _decoder_pre_ln,
 }

@@ -59,7 +59,7 @@ def test_reports_name_only_checks_that_exist(report):
 
 def test_orders_are_the_true_ones(report):
     """docs/model.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
-    expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "parallel": (1, 1),
+    expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "macaron-pre-ln": (1, 1), "parallel": (1, 1),
                 "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "gpt2": (1, 1), "llama": (1, 1),
                 "decoder": (1, 1), "decoder-pre-ln": (1, 1), "paper-lie": (1, 1)}
     assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected

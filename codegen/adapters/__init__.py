@@ -26,7 +26,7 @@ from .adapted import Adapted
 from .arrays import dtype_notes, floating_dtype, source_dtype
 from .inspection import check_computation
 
-__all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "to_torch", "canonical",
+__all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "from_xtransformers", "to_torch", "canonical",
            "ADAPTERS", "WRITERS"]
 
 #: ``(library, class name) → reader(module) → Adapted``; filled by ``adapter``.
@@ -111,6 +111,14 @@ def from_timm(module: Any, **expected: Any) -> Adapted:
     return _dispatch("timm", module, expected)
 
 
+def from_xtransformers(module: Any, **expected: Any) -> Adapted:
+    """``Adapted`` of an x-transformers ``Encoder``, ``Decoder`` or ``TransformerWrapper`` (its
+    ``attn_layers``): a stack whose scheme file (``Adapted.scheme_file``) is composed from the
+    module's flags; a flag splitformer does not compute is refused by name. See ``from_torch``
+    for ``expected``."""
+    return _dispatch("xtransformers", module, expected)
+
+
 def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> dict[str, Any]:
     """The source module's state dict holding ``params`` (load it with ``strict=True``).
 
@@ -154,4 +162,4 @@ def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] |
     raise SplitformerError(f"cannot read canonical parameters from {type(params).__name__}")
 
 
-from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder  # noqa: E402,F401  (each registers its readers and writers)
+from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder, xtransformers  # noqa: E402,F401  (each registers its readers and writers)

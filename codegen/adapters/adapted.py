@@ -45,6 +45,8 @@ class Adapted(Mapping[str, np.ndarray]):
     - ``batch_first``: the source's layout ((batch, tokens, d) when True); ``build`` carries it.
     - ``dropout``: the source's one dropout probability, carried by ``build``; ``None`` when the
       source's dropout does not sit where a generated ``Block`` puts it (not carried).
+    - ``scheme_file``: the scheme file (TOML text) that computes the source when ``scheme`` is not
+      a built-in (composed by ``from_xtransformers``); ``derivation()`` derives it.
     """
 
     scheme: str
@@ -61,6 +63,7 @@ class Adapted(Mapping[str, np.ndarray]):
     source_dtype: str = "float32"
     batch_first: bool = True
     dropout: float | None = None
+    scheme_file: str = ""
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property
@@ -89,9 +92,18 @@ class Adapted(Mapping[str, np.ndarray]):
 
         name = self.scheme.replace("-", "_")
         declared = "relu"
-        if self.scheme in builtin_names():  # gpt2 declares gelu-tanh, llama silu
+        if self.scheme_file:
+            declared = tomllib.loads(self.scheme_file).get("activation", "relu")
+        elif self.scheme in builtin_names():  # gpt2 declares gelu-tanh, llama silu
             declared = tomllib.loads(builtin_text(self.scheme)).get("activation", "relu")
         return name if self.activation == declared else f"{name}_{self.activation.replace('-', '_')}"
+
+    def derivation(self) -> Any:
+        """``splitformer.derive`` of the scheme that computes the source (a built-in or ``scheme_file``)."""
+        from splitformer.codegen.api import derive
+        from splitformer.symbolic.scheme_file import parse_scheme
+
+        return derive(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, activation=self.activation)
 
     @property
     def forward_kwargs(self) -> dict[str, Any]:
@@ -104,7 +116,8 @@ class Adapted(Mapping[str, np.ndarray]):
     @property
     def sizes(self) -> dict[str, int]:
         """``d_model`` and ``d_ff`` as the generated ``Block``'s constructor names them."""
-        lifting = next(value for name, value in self.layers[0].items() if name.startswith("ffn.W") and value.ndim == 2)
+        lifting = next(value for name, value in self.layers[0].items()
+                       if name.split(".")[0].startswith("ffn") and ".W" in name and value.ndim == 2)
         return {"d_model": lifting.shape[0], "d_ff": lifting.shape[1]}
 
     @property

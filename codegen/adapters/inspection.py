@@ -3,7 +3,7 @@ they refuse a module whose computation those do not describe.
 
 Refused, each in one line naming the (sub)module: forward, forward-pre, backward and
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
-transformers and timm that overrides a method of the library class it derives from (its
+transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; and (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``).
@@ -18,7 +18,7 @@ from splitformer.symbolic.errors import SplitformerError
 __all__ = ["check_computation", "check_parts", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
-LIBRARIES = ("torch", "transformers", "timm")
+LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
 
 #: Methods a subclass may define without changing what the module computes.
 _HARMLESS = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})

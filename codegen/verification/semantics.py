@@ -328,14 +328,15 @@ def _is_zero(value) -> bool:
 
 
 def _layer_norm(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
-    """Theorem 3.1 with σ₁ = 0, σ₂ = 1 and ε as a ghost coordinate, then gain and bias."""
+    """Theorem 3.1 with σ₁ = 0, σ₂ = 1 and ε as a ghost coordinate, then gain and bias (if it has one)."""
     d = sem.sizes.features
     rows = []
     for i in range(u.shape[0]):
         mean = sum(u[i]) / d
         variance = sum((value - mean) ** 2 for value in u[i]) / d  # population variance
         rows.append((u[i] - mean) / sem.arithmetic.sqrt(variance + sem.epsilon(key)))
-    return np.array(rows) * sem.parameter(key, "gain") + sem.parameter(key, "bias")
+    scaled = np.array(rows) * sem.parameter(key, "gain")
+    return scaled + sem.parameter(key, "bias") if sem.operator(key).bias else scaled
 
 
 def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
@@ -343,6 +344,8 @@ def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
     ar = sem.arithmetic
     if name == "relu":  # projection onto S₂ = {u ≥ 0}
         return ar.relu(values)
+    if name == "relu-squared":  # that projection, squared (Primer)
+        return ar.relu(values) ** 2
     if name == "gelu":
         return values * (1 + ar.erf(values / ar.sqrt(ar.number(2)))) * ar.number(Fraction(1, 2))
     if name == "gelu-tanh":  # GELU's tanh approximation (GPT-2)

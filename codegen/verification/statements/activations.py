@@ -15,7 +15,7 @@ from . import Check, plain
 __all__ = ["activation_checks", "PROXIMAL"]
 
 #: The claim the reports make for each activation (docs/model.md §6).
-PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh": False}
+PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh": False, "relu-squared": False}
 #: The penalties, stated as claims; the check verifies prox_φ = σ for each.
 PENALTIES = {
     "relu": "the indicator of [0, ∞)",

@@ -1,0 +1,404 @@
+"""x-transformers ``Encoder``/``Decoder`` (and a ``TransformerWrapper``'s ``attn_layers``) → the
+scheme that computes them and its canonical parameters.
+
+x-transformers makes every block variant a flag; the reader recognizes each flag from the
+built modules (their classes, parameters and attributes), composes the scheme file that
+computes the block (``Adapted.scheme_file``: pre-norm ``on = …`` substeps, post-norm
+projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forward fields for
+``macaron``; ``layer-norm``/``rms-norm`` projections; ``feed-forward`` or
+``gated-feed-forward``; ``causal``) and reads the parameters:
+
+- ``W`` is the transpose of each ``nn.Linear`` weight (row vectors, ``u @ W``); the attention
+  has no biases (``LinearNoBias``), the feed-forward has them unless ``ff_no_bias``.
+- Norm gains keep x-transformers' unit offset: the gain is ``γ + 1`` (``norm_add_unit_offset``).
+- ``LayerNorm`` has no bias (``layer-norm`` with ``bias = false``); ``RMSNorm``, ``ScaleNorm`` and
+  ``SimpleRMSNorm`` are ``x / ‖x‖ · √d · g`` = the ``rms-norm`` projection with ``ε = 0`` and the
+  gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
+- ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
+- A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
+  the activation) and its first half as ``W_3``.
+- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs.
+
+Any other flag is refused in one line naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+from . import adapter
+from .adapted import Adapted
+from .arrays import array, linear_weight
+from .common import activation_name
+
+__all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
+
+#: Classes of x-transformers that only a refused flag builds → that flag.
+FLAG_OF_CLASS = {
+    "LayerScale": "use_layerscale", "AdaptiveLayerScale": "use_adaptive_layerscale",
+    "ShiftTokens": "shift_tokens", "GRUGating": "gate_residual", "OrthogonalResidualUpdate": "orthog_residual",
+    "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
+    "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
+    "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
+    "AlibiPositionalBias": "alibi_pos_bias", "RelativePositionBias": "rel_pos_bias",
+    "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
+    "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
+}
+
+#: ``AttentionLayers`` attributes whose value other than the default is a refused flag.
+LAYERS_DEFAULTS = {
+    "residual_attn": (False, "residual_attn"), "cross_residual_attn": (False, "cross_residual_attn"),
+    "cross_attend": (False, "cross_attend"), "reinject_input": (False, "reinject_input"),
+    "add_value_residual": (False, "add_value_residual"), "softclamp_output": (False, "softclamp_output"),
+    "num_residual_streams": (1, "num_residual_streams"), "need_condition": (False, "use_adaptive_*"),
+    "has_custom_layer_types": (False, "custom_layers / par_ratio / sandwich_coef"), "unet_skips": (False, "unet_skips"),
+    "residual_scale": (None, "scale_residual / depth_scale_residual (a number)"),
+}
+
+#: ``Attention`` attributes whose value other than the default is a refused ``attn_*`` flag.
+ATTENTION_DEFAULTS = {
+    "qk_norm": (False, "attn_qk_norm"), "sparse_topk": (None, "attn_sparse_topk"),
+    "max_attend_past": (None, "attn_max_attend_past"), "num_mem_kv": (0, "attn_num_mem_kv"),
+    "laser": (False, "attn_laser"), "orthog_projected_values": (False, "attn_orthog_projected_values"),
+    "hybrid_module": (None, "attn_hybrid_module"),
+    "data_dependent_alibi": (None, "attn_data_dependent_alibi"), "rel_proj_pos_bias": (None, "attn_use_rel_proj_pos_bias"),
+    "q_rmsnorm": (None, "attn_qk_rmsnorm"), "k_rmsnorm": (None, "attn_k_rmsnorm"),
+    "value_rmsnorm": (None, "attn_value_rmsnorm"), "head_scale": (False, "attn_head_scale"),
+    "attn_on_attn": (False, "attn_on_attn"), "use_latent_q": (False, "attn_use_latent_q"),
+    "use_latent_kv": (False, "attn_use_latent_kv"), "to_v_gate": (None, "attn_gate_values"),
+    "to_output_gate": (None, "attn_output_gate"), "to_v_head_gate": (None, "attn_gate_value_heads"),
+    "qkv_receive_diff_residuals": (False, "qkv_receive_diff_residuals"),
+}
+
+#: ``Attend`` attributes (the score kernel) whose value other than the default is a refused flag.
+ATTEND_DEFAULTS = {
+    "pre_softmax_talking_heads": (None, "attn_pre_talking_heads"),
+    "post_softmax_talking_heads": (None, "attn_post_talking_heads"),
+    "pre_scale_post_talking_heads": (None, "attn_pre_scale_post_talking_heads"),
+    "selective": (False, "attn_selective"), "cog_signed": (False, "attn_cog_signed"),
+    "add_zero_kv": (False, "attn_add_zero_kv"), "head_learned_sink": (False, "attn_head_learned_sink"),
+    "softclamp_logits": (False, "attn_softclamp_logits"), "cope": (None, "attn_use_cope"),
+    "inverted_attention": (False, "inverted_attention"),
+}
+
+#: Score kernels of ``Attend`` other than the softmax (``attn_fn``'s function name → flag); any other
+#: function than ``F.softmax`` is refused as ``attn_custom_attn_fn``.
+ATTEND_FUNCTIONS = {"sigmoid": "attn_sigmoid", "one_hot_straight_through": "attn_hard",
+                    "sparse_topk_attn": "attn_sparse_topk", "gumbel_softmax": "attn_gumbel_softmax"}
+
+#: What reading an x-transformers norm as ``rms-norm`` (ε = 0) leaves to say.
+NORM_NOTES = {
+    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; rms-norm with ε = 0 divides by √mean x² (equal but "
+               "for a token of norm below 1e-12)",
+    "ScaleNorm": "ScaleNorm's one gain is read as d equal per-feature gains: a generated Block trains them untied",
+    "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
+}
+
+#: The feed-forward activations the generated code computes: ``nn.GELU`` (exact), ``nn.SiLU`` (``ff_swish``)
+#: and ``ReluSquared`` (``ff_relu_squared``: ``relu(x)²``).
+FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
+
+
+#: Why a refused flag is not computed, where more can be said than that it is not.
+REASONS = {
+    "use_layerscale": "a learned per-channel step size (a time step as a control) is not in the scheme language",
+    "scale_residual": "a learned skip scale is not in the scheme language",
+    "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
+    "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
+    "alibi_pos_bias": "an attention-score kernel splitformer does not compute",
+    "rel_pos_bias": "an attention-score kernel splitformer does not compute",
+    "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
+}
+
+
+def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
+    return SplitformerError(f"{owner} uses {flag}; {why or REASONS.get(flag, 'splitformer does not compute it')}")
+
+
+def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
+    for attribute, (default, flag) in defaults.items():
+        value = getattr(module, attribute, default)
+        if value is not default and value != default:
+            raise _refuse(owner, flag, why)
+
+
+def _check_classes(owner: str, modules: Iterable[Any]) -> None:
+    for module in modules:
+        flag = FLAG_OF_CLASS.get(type(module).__name__)
+        if flag is not None:
+            raise _refuse(owner, flag)
+
+
+def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[str, np.ndarray]:
+    """``attn.W_q`` … ``attn.W_o`` of an x-transformers ``Attention``; refuses its other flags."""
+    import torch
+
+    _check_defaults(owner, attention, ATTENTION_DEFAULTS, "")
+    _check_defaults(owner, attention.attend, ATTEND_DEFAULTS, "an attention-score kernel splitformer does not compute")
+    function = attention.attend.attn_fn
+    while isinstance(function, partial):
+        function = function.func
+    if function is not torch.nn.functional.softmax or attention.attend.l2_distance:
+        flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
+            getattr(function, "__name__", ""), "attn_custom_attn_fn")
+        raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
+    if attention.kv_heads != attention.heads:
+        raise _refuse(owner, f"attn_kv_heads={attention.kv_heads}", "the attention kind has one key/value per head")
+    if attention.heads != heads or attention.to_q.out_features != dim or attention.to_v.out_features != dim:
+        raise _refuse(owner, f"attn_dim_head={attention.to_q.out_features // attention.heads}",
+                      f"the head width must be dim / heads = {dim // heads}")
+    names = {name for name, _ in attention.named_parameters()}
+    extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight"})
+    if extra or type(attention.to_out).__name__ != "Linear":
+        raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
+    return {f"attn.W_{part}": linear_weight(getattr(attention, f"to_{part}").weight) for part in "qkv"} | {
+        "attn.W_o": linear_weight(attention.to_out.weight)}
+
+
+def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool]:
+    """``(params, activation, gated, bias)`` of an x-transformers ``FeedForward``."""
+    import torch
+
+    _check_classes(owner, feed_forward.modules())
+    kinds = {type(module).__name__ for module in feed_forward.modules()}
+    if "LayerNorm" in kinds:
+        raise _refuse(owner, "ff_post_act_ln")
+    if "Lambda" in kinds:
+        raise _refuse(owner, "ff_softclamp_value")
+    linears = [module for module in feed_forward.modules() if isinstance(module, torch.nn.Linear)]
+    glu = next((module for module in feed_forward.modules() if type(module).__name__ == "GLU"), None)
+    if glu is not None:
+        if isinstance(glu.mult_bias, torch.nn.Parameter):
+            raise _refuse(owner, "ff_glu_mult_bias")
+        if glu.up_softclamp_value is not None:
+            raise _refuse(owner, "ff_glu_softclamp")
+        act = glu.act
+    else:
+        act = next(module for module in feed_forward.ff[0] if not isinstance(module, torch.nn.Linear))
+    activation = "relu-squared" if type(act).__name__ == "ReluSquared" else activation_name(f"{owner}.ff", act)
+    if activation not in FF_ACTIVATIONS:
+        raise _refuse(owner, f"the feed-forward activation {activation}",
+                      "x-transformers' own are gelu, ff_swish (silu) and ff_relu_squared")
+    into, out = linears
+    biases = [into.bias is not None, out.bias is not None]
+    if biases[0] != biases[1]:
+        raise _refuse(owner, "ff_no_bias with ff_glu", "the GLU projection keeps its bias while the output drops it; "
+                      "the gated feed-forward has all three biases or none")
+    params = {}
+    if glu is not None:
+        up, gate = np.split(linear_weight(into.weight), 2, axis=1)
+        params |= {f"{key}.W_1": np.ascontiguousarray(gate), f"{key}.W_3": np.ascontiguousarray(up)}
+        if biases[0]:
+            up_bias, gate_bias = np.split(array(into.bias), 2)
+            params |= {f"{key}.b_1": gate_bias, f"{key}.b_3": up_bias}
+    else:
+        params[f"{key}.W_1"] = linear_weight(into.weight)
+        if biases[0]:
+            params[f"{key}.b_1"] = array(into.bias)
+    params[f"{key}.W_2"] = linear_weight(out.weight)
+    if biases[1]:
+        params[f"{key}.b_2"] = array(out.bias)
+    return params, activation, glu is not None, biases[0]
+
+
+def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float, np.ndarray]:
+    """``(kind, ε, gain)`` of an x-transformers norm, the unit offset added to the gain."""
+    name = type(norm).__name__
+    offset = float(getattr(norm, "unit_offset", False))
+    if name == "LayerNorm" and hasattr(norm, "gamma"):
+        return "layer-norm", float(norm.ln.eps), array(norm.gamma) + offset
+    if name == "RMSNorm":
+        return "rms-norm", 0.0, array(norm.g) + offset
+    if name == "ScaleNorm":
+        return "rms-norm", 0.0, np.full(dim, array(norm.g)[0] + offset)
+    if name == "SimpleRMSNorm":
+        return "rms-norm", 0.0, np.ones(dim, dtype=dtype)
+    raise _refuse(owner, FLAG_OF_CLASS.get(name, f"the norm {name}"))
+
+
+def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, Any]]]]:
+    """The blocks run, each a list of ``(type 'a'/'f', branch module, (pre norm, post norm))``."""
+    block = ("f", "a", "f") if layers.layer_types[:3] == ("f", "a", "f") else ("a", "f")
+    if "c" in layers.layer_types:
+        raise _refuse(owner, "cross_attend", "cross-attention to a context is not read (the decoder schemes' "
+                      "cross-attention has biases and a LayerNorm of their own)")
+    order = list(layers.layers_execute_order)
+    run = [layers.layer_types[index] for index in order]
+    if len(run) % len(block) or tuple(run) != block * (len(run) // len(block)):
+        raise _refuse(owner, f"layer types {''.join(run)}", f"a stack repeats one block {''.join(block)}")
+    tied = order != list(range(len(layers.layer_types)))
+    if tied and order != list(range(len(block))) * (len(order) // len(block)):
+        raise _refuse(owner, f"layers_execute_order={tuple(order)}", "only weight_tie_layers' order repeats a block")
+    blocks = []
+    for start in range(0, len(order), len(block)):
+        parts = []
+        for index in order[start:start + len(block)]:
+            norms, branch, residual = layers.layers[index]
+            _check_classes(owner, [residual, branch, *norms])
+            if type(residual).__name__ != "Residual":
+                raise _refuse(owner, f"the residual {type(residual).__name__}")
+            if residual.residual_scale is not None or residual.scale_residual_constant != 1:
+                raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
+                              REASONS["scale_residual"])
+            pre, post_branch, post_main = norms
+            if post_branch is not None:
+                raise _refuse(owner, "sandwich_norm", "a norm of the branch output before the residual is a branch "
+                              "map, not a projection of the state")
+            parts.append((layers.layer_types[index], branch, (pre, post_main)))
+        blocks.append(parts)
+    return blocks
+
+
+def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | None]:
+    """The branch module inside x-transformers' ``Scale`` (½ for a macaron feed-forward) and its fraction."""
+    if type(branch).__name__ != "Scale":
+        return branch, None
+    if not (macaron_ff and branch.scale == 0.5):
+        raise _refuse(owner, f"a branch scaled by {branch.scale}", "scale_residual / depth_scale_residual")
+    return branch.fn, "1/2"
+
+
+@dataclass
+class _Block:
+    """One block read: canonical parameters, the scheme's operators and steps, the ε and activations seen."""
+
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    operators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    eps: set[float] = field(default_factory=set)
+    activations: set[str] = field(default_factory=set)
+    notes: set[str] = field(default_factory=set)
+
+    def norm(self, owner: str, name: str, norm: Any, dim: int, dtype: np.dtype) -> None:
+        kind, eps, gain = _norm(owner, norm, dim, dtype)
+        self.notes.add(NORM_NOTES.get(type(norm).__name__, ""))
+        self.eps.add(eps)
+        self.params[f"{name}.gain"] = gain
+        self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
+
+
+def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _Block:
+    """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
+    macaron = len(parts) == 3
+    block = _Block()
+    for position, (kind, branch, (pre, post)) in enumerate(parts, start=1):
+        branch, fraction = _fraction(owner, branch, macaron and kind == "f")
+        step: dict[str, Any] = {"operator": "", "solver": "explicit"}
+        if pre is not None:
+            step["on"] = f"norm{position}"
+            block.norm(owner, step["on"], pre, dim, dtype)
+        if kind == "a":
+            step["operator"] = "attn"
+            block.params |= _attention_params(owner, branch, dim, heads)
+            block.operators["attn"] = {"kind": "attention", "bias": False}
+        else:
+            step["operator"] = ("ffn_pre" if position == 1 else "ffn_post") if macaron else "ffn"
+            params, activation, gated, bias = _feed_forward(owner, branch, step["operator"])
+            block.params |= params
+            block.activations.add(activation)
+            block.operators[step["operator"]] = {"kind": "gated-feed-forward" if gated else "feed-forward", "bias": bias}
+        if fraction is not None:
+            step["fraction"] = fraction
+        block.steps.append(step)
+        if post is not None:
+            name = f"post_norm{position}" if pre is not None else f"norm{position}"
+            block.norm(owner, name, post, dim, dtype)
+            block.steps.append({"operator": name, "solver": "projection"})
+    return block
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + " }"
+    return f'"{value}"'
+
+
+def scheme_text(name: str, summary: str, block: _Block, activation: str, causal: bool, final_norm: bool) -> str:
+    """The scheme file (TOML) computing ``block``: its operators, steps, activation, causality, final norm."""
+    lines = [f'name = "{name}"', f'summary = "{summary}"', f'activation = "{activation}"',
+             f"causal = {_toml(causal)}", "order = 1", "splitting_order = 1", f"final_norm = {_toml(final_norm)}",
+             "", "[operators]"]
+    lines += [f"{key} = {_toml(kind)}" for key, kind in block.operators.items()]
+    for step in block.steps:
+        lines += ["", "[[steps]]", *(f"{key} = {_toml(value)}" for key, value in step.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
+    """A scheme name and summary saying what the block is (``xt-pre-layer-norm-gelu``)."""
+    pre, post = parts[0][2]
+    layout = "pre-post" if pre is not None and post is not None else "pre" if pre is not None else "post"
+    norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
+    ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
+    gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, norm, gated + next(iter(block.activations)),
+             "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
+    name = "-".join(word for word in words if word)
+    summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
+               f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})")
+    return name, summary
+
+
+@adapter("xtransformers", "Encoder", "Decoder", "AttentionLayers")
+def read_attention_layers(layers: Any) -> Adapted:
+    """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``)."""
+    owner = type(layers).__name__
+    _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
+    _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
+    if layers.rotary_pos_emb is not None:
+        raise _refuse(owner, "rotary_pos_emb", "x-transformers rotates interleaved feature pairs (by default of half "
+                      "of each head); rotary-attention rotates the half-split pairs of the whole head")
+    if layers.polar_pos_emb is not None:
+        raise _refuse(owner, "polar_pos_emb")
+    dtype = array(next(layers.parameters())).dtype
+    dim, heads = layers.dim, layers.attn_heads
+    structure = _sublayers(owner, layers)
+    blocks = [_block(owner, parts, dim, heads, dtype) for parts in structure]
+    first = blocks[0]
+    eps = set().union(*(block.eps for block in blocks))
+    activations = set().union(*(block.activations for block in blocks))
+    if len(eps) != 1 or len(activations) != 1:
+        raise _refuse(owner, "norms or activations that differ across sublayers", "a generated forward takes one of each")
+    if any(block.operators != first.operators or block.steps != first.steps for block in blocks):
+        raise _refuse(owner, "layers that differ in structure", "a generated Stack repeats one block")
+    notes = sorted(note for note in first.notes if note)
+    final_norm = None
+    if type(layers.final_norm).__name__ != "Identity":
+        kind, final_eps, gain = _norm(f"{owner}.final_norm", layers.final_norm, dim, dtype)
+        if final_eps not in eps:
+            raise _refuse(owner, "a final norm unlike its layers' norms")
+        final_norm = {"gain": gain}
+        if kind == "layer-norm":  # the generated final LayerNorm keeps a bias: zero, as x-transformers has none
+            final_norm["bias"] = np.zeros_like(gain)
+            notes.append("x-transformers' final LayerNorm has no bias: a generated Stack's final norm holds a zero one")
+    name, summary = _name(layers, structure[0], first)
+    activation = activations.pop()
+    text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
+    if list(layers.layers_execute_order) != list(range(len(layers.layer_types))):
+        notes.append(f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack "
+                     "holds one copy per layer")
+    if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
+        notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
+                     "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
+    return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
+                   eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
+                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text)
+
+
+@adapter("xtransformers", "TransformerWrapper")
+def read_wrapper(wrapper: Any) -> Adapted:
+    """A ``TransformerWrapper``'s ``attn_layers`` (its embeddings and logits are not read: a note says so)."""
+    from dataclasses import replace
+
+    adapted = read_attention_layers(wrapper.attn_layers)
+    return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
+        "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

@@ -1,0 +1,204 @@
+"""``from_xtransformers``: x-transformers' ``Encoder``/``Decoder`` equal the generated NumPy and torch code.
+
+Each mapped flag: x-transformers' module at depth 1 and 2, every parameter perturbed (no unit
+gains, no zero biases), float64 through its ``scaled_dot_product_attention`` path
+(``attn_flash=True``), read by ``from_xtransformers`` and run through the code generated from
+the composed scheme file. Negative controls: the gain without x-transformers' unit offset, and
+another layout's scheme, are far off. Unsupported flags are refused by name.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer.adapters import from_xtransformers
+from splitformer.codegen.verification.runner import order_check
+from splitformer.codegen.verification.statements.order import splitting_order
+from splitformer.symbolic import parse_scheme
+from splitformer.symbolic.errors import SplitformerError
+
+x_transformers = pytest.importorskip("x_transformers")
+
+DIM, HEADS = 16, 2
+#: flag → the keyword arguments of ``Encoder``/``Decoder`` that set it.
+FLAGS = {
+    "pre-norm": {}, "post-norm": {"pre_norm": False}, "macaron": {"macaron": True},
+    "macaron-post-norm": {"macaron": True, "pre_norm": False}, "use_rmsnorm": {"use_rmsnorm": True},
+    "use_simple_rmsnorm": {"use_simple_rmsnorm": True}, "use_scalenorm": {"use_scalenorm": True},
+    "ff_glu (GEGLU)": {"ff_glu": True}, "ff_glu + ff_swish (SwiGLU)": {"ff_glu": True, "ff_swish": True},
+    "ff_swish": {"ff_swish": True}, "ff_relu_squared": {"ff_relu_squared": True}, "ff_no_bias": {"ff_no_bias": True},
+    "pre_and_post_norm": {"pre_and_post_norm": True}, "weight_tie_layers": {"weight_tie_layers": True},
+}
+_DERIVED: dict[str, object] = {}
+
+
+def _module(cls=x_transformers.Encoder, depth=2, seed=0, **flags):
+    torch.manual_seed(seed)
+    flags = {"attn_flash": True} | flags
+    module = cls(dim=DIM, depth=depth, heads=HEADS, attn_dim_head=DIM // HEADS, **flags).double()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return module.eval()
+
+
+def _derived(adapted):
+    """The derivation of an adapted scheme file, shared by the tests of one session."""
+    if adapted.scheme_file not in _DERIVED:
+        _DERIVED[adapted.scheme_file] = adapted.derivation()
+    return _DERIVED[adapted.scheme_file]
+
+
+def _numpy(adapted, u, layers=None):
+    return _derived(adapted).numpy_module().forward_stack(u, list(layers or adapted.layers), **adapted.forward_kwargs)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("cls", ["Encoder", "Decoder"])
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_every_mapped_flag_equals_numpy_and_torch(flag, cls, depth):
+    if cls == "Decoder" and flag not in ("pre-norm", "use_rmsnorm", "ff_glu + ff_swish (SwiGLU)", "macaron"):
+        pytest.skip("causal attention is covered on four layouts")
+    source = _module(getattr(x_transformers, cls), depth, **FLAGS[flag])
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+    assert len(adapted.layers) == depth and adapted.options.get("causal", False) == (cls == "Decoder")
+    assert np.abs(_numpy(adapted, u.numpy()) - expected).max() <= 1e-10
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    with torch.no_grad():
+        assert np.abs(stack(u).numpy() - expected).max() <= 1e-10
+
+
+def test_decoder_kv_cache_decodes_token_by_token():
+    """The generated Stack with its KV cache, one token at a time, equals x-transformers' full causal pass."""
+    source = _module(x_transformers.Decoder, 2, ff_glu=True, ff_swish=True, use_rmsnorm=True)
+    u = torch.randn(2, 6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    cache = [{} for _ in adapted.layers]
+    with torch.no_grad():
+        steps = [stack(u[:, i:i + 1], cache=cache).numpy() for i in range(6)]
+    assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
+    with torch.no_grad():  # negative control: without the cache each token sees only itself
+        forgetful = np.concatenate([stack(u[:, i:i + 1]).numpy() for i in range(6)], axis=1)
+    assert np.abs(forgetful - expected).max() > 1e-3
+
+
+def test_wrapper_reads_its_attention_layers():
+    torch.manual_seed(0)
+    wrapper = x_transformers.TransformerWrapper(num_tokens=11, max_seq_len=8, attn_layers=_module(depth=1)).double()
+    adapted = from_xtransformers(wrapper)
+    assert adapted.source == ("xtransformers", "TransformerWrapper") and any("embeddings" in note for note in adapted.notes)
+    assert adapted.scheme == from_xtransformers(wrapper.attn_layers).scheme
+
+
+def test_unit_offset_and_layout_are_what_make_it_equal():
+    """Negative controls: the gains without the unit offset, and the post-norm scheme on pre-norm weights."""
+    source = _module(depth=2)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+    no_offset = [{k: v - 1 if k.endswith("gain") else v for k, v in layer.items()} for layer in adapted.layers]
+    assert np.abs(_numpy(adapted, u.numpy(), no_offset) - expected).max() > 1e-3
+    post = from_xtransformers(_module(depth=2, pre_norm=False))
+    assert set(post.layers[0]) == set(adapted.layers[0])
+    assert np.abs(_numpy(post, u.numpy(), adapted.layers) - expected).max() > 1e-3
+
+
+def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
+    for flags in ({}, {"macaron": True}, {"pre_and_post_norm": True}, {"pre_norm": False}):
+        adapted = from_xtransformers(_module(depth=1, **flags))
+        scheme = parse_scheme(adapted.scheme_file)
+        assert order_check(scheme, splitting_order(scheme)).holds, adapted.scheme
+        assert not any(name.endswith("norm1.bias") for name in adapted.layers[0])
+    wrong = parse_scheme(adapted.scheme_file.replace("splitting_order = 1", "splitting_order = 2"))
+    assert not order_check(wrong, splitting_order(wrong)).holds
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ({"use_layerscale": True}, "use_layerscale"), ({"sandwich_norm": True}, "sandwich_norm"),
+    ({"gate_residual": True}, "gate_residual"), ({"alibi_pos_bias": True}, "alibi_pos_bias"),
+    ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_pos_emb"),
+    ({"attn_qk_norm": True}, "attn_qk_norm"), ({"attn_pre_talking_heads": True, "attn_flash": False}, "attn_pre_talking_heads"),
+    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"),
+    ({"attn_kv_heads": 1}, "attn_kv_heads"), ({"scale_residual": True}, "scale_residual"),
+    ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
+    ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
+])
+def test_unsupported_flags_are_refused_by_name(flags, named):
+    with pytest.raises(SplitformerError, match=named) as error:
+        from_xtransformers(_module(depth=1, **flags))
+    assert "\n" not in str(error.value)
+
+
+def test_head_width_other_than_dim_over_heads_is_refused():
+    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=4, attn_flash=True)
+    with pytest.raises(SplitformerError, match="attn_dim_head=4"):
+        from_xtransformers(module)
+
+
+def test_builtin_macaron_pre_ln_is_x_transformers_macaron():
+    """``macaron-pre-ln`` (with zero LayerNorm and attention biases) computes ``Encoder(macaron=True)``;
+    the post-LN built-in ``macaron`` does not (negative control)."""
+    from splitformer import derive
+
+    source = _module(depth=2, macaron=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+
+    def outputs(name):
+        module = derive(name, activation="gelu").numpy_module()
+        # the biases x-transformers does not have (LayerNorm's, attention's) are zero
+        layers = [{key: params.get(key, np.zeros(DIM)) for key in module.PARAMETERS} for params in adapted.layers]
+        final = {"gain": adapted.final_norm["gain"], "bias": np.zeros(DIM)} if module.FINAL_NORM_PARAMETERS else None
+        return module.forward_stack(u.numpy(), layers, n_heads=HEADS, eps=adapted.eps, final_norm=final)
+
+    assert np.abs(outputs("macaron-pre-ln") - expected).max() <= 1e-10
+    assert np.abs(outputs("macaron") - expected).max() > 1e-3
+
+
+def test_check_evaluator_reads_a_layer_norm_without_bias():
+    """``check``'s hand evaluator of ``layer-norm`` (bias = false) equals the kind's continuous definitions;
+    the same norm with a bias (0.5) does not (negative control)."""
+    import mpmath
+
+    from splitformer.codegen.verification.definitions import evaluate_definitions
+    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.semantics import KNOWN_KINDS, MPMATH, Semantics, Sizes
+
+    scheme_file = from_xtransformers(_module(depth=1)).scheme_file
+    scheme = parse_scheme(scheme_file)
+    sizes = Sizes(tokens=3, features=4, heads=2, hidden=5)
+    with mpmath.workdps(40):
+        params = {k: np.frompyfunc(mpmath.mpf, 1, 1)(v) for k, v in random_parameters(scheme, sizes, 3).items()}
+        assert "norm1.bias" not in params
+        u = np.frompyfunc(mpmath.mpf, 1, 1)(np.random.default_rng(4).standard_normal((3, 4)))
+        semantics = Semantics(scheme, params, sizes, MPMATH, eps=mpmath.mpf("1e-5"))
+        difference = KNOWN_KINDS["layer-norm"](semantics, "norm1", u) - evaluate_definitions(semantics, "norm1", u)
+        assert max(abs(value) for value in difference.flat) < mpmath.mpf(10) ** -35
+        text = scheme_file.replace(
+            'norm1 = { kind = "layer-norm", bias = false }', 'norm1 = "layer-norm"')
+        biased = parse_scheme(text)
+        params["norm1.bias"] = np.frompyfunc(mpmath.mpf, 1, 1)(np.full(4, 0.5))
+        biased_semantics = Semantics(biased, params, sizes, MPMATH, eps=mpmath.mpf("1e-5"))
+        with_bias = KNOWN_KINDS["layer-norm"](biased_semantics, "norm1", u)
+        assert 'norm1 = "layer-norm"' in text
+        assert max(abs(value) for value in (with_bias - evaluate_definitions(semantics, "norm1", u)).flat) > 0.4
+
+
+def test_relu_squared_is_stated_not_proximal():
+    """``check`` verifies the claim that squared ReLU is not a proximal map (σ' = 2u > 1); claiming it is fails."""
+    from splitformer.codegen.verification.statements.activations import PROXIMAL, activation_checks
+
+    (check,) = [check for check in activation_checks() if check.id == "activation/relu-squared"]
+    assert check.holds and "expansive" in check.detail
+    (wrong,) = [check for check in activation_checks(PROXIMAL | {"relu-squared": True})
+                if check.id == "activation/relu-squared"]
+    assert not wrong.holds

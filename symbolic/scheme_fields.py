@@ -151,5 +151,5 @@ def _check_substep(step, path: str) -> None:
     if step.on is not None and not isinstance(step.on, str):
         raise SplitformerError(f"{path}.on: expected str or None, got {type(step.on).__name__}")
     _rational(step.fraction, f"{path}.fraction")
-    if step.fraction <= 0:
-        raise SplitformerError(f"{path}.fraction: must be > 0, got {step.fraction}")
+    if step.fraction == 0:
+        raise SplitformerError(f"{path}.fraction: must not be 0 (either sign is a step; 0 applies nothing)")

@@ -379,14 +379,15 @@ def _study_command(commands) -> None:
 
     default = Budget()
     study = _command(commands, "study", "train variants at a matched parameter count and compare them",
-                     "Train each SCHEME, made causal, as a small language model (splitformer.nn.LanguageModel)\n"
-                     "from --seeds seeds for --steps steps, every variant at the parameter count of the first\n"
-                     "(its feed-forward width adjusted), on data that needs no download: chars, next-character\n"
-                     "prediction on the Python standard library's own source files; mqar, multi-query\n"
-                     "associative recall generated on the fly. Writes OUT/study.md, OUT/study.json and\n"
-                     "OUT/loss.png; prints the table. One progress line per run goes to stderr.")
+                     "Train each SCHEME from --seeds seeds for --steps steps, every variant at the parameter\n"
+                     "count of the first (its feed-forward width adjusted), on data that needs no download:\n"
+                     "chars, next-character prediction on the Python standard library's own source files, and\n"
+                     "mqar, multi-query associative recall generated on the fly, train the scheme made causal\n"
+                     "as a language model (splitformer.nn.LanguageModel); digits, scikit-learn's 8×8 digit\n"
+                     "images, trains a splitformer.nn.Classifier over the scheme's stack. Writes OUT/study.md,\n"
+                     "OUT/study.json and OUT/loss.png; prints the table. One progress line per run goes to stderr.")
     study.add_argument("schemes", nargs="+", metavar="SCHEME", help=_SCHEME)
-    study.add_argument("--task", choices=TASKS, default="chars", help="chars (default) or mqar")
+    study.add_argument("--task", choices=TASKS, default="chars", help="chars (default), mqar, or digits (needs scikit-learn)")
     for name, help_text in (("steps", "optimizer steps per run"), ("seeds", "runs per scheme (seeds 0, 1, …)"),
                             ("d-model", "model width"), ("layers", "number of blocks"),
                             ("batch", "sequences per step"), ("tokens", "sequence length of chars"),

@@ -1,6 +1,6 @@
 """``splitformer study``: train variants side by side at a matched parameter count.
 
-Each scheme becomes a ``LanguageModel`` (``splitformer.nn``) whose feed-forward width is
+Each scheme becomes a ``LanguageModel`` (``splitformer.nn``; a ``Classifier`` for images) whose feed-forward width is
 chosen so that every variant has the parameter count of the first one (within a few %);
 each is trained for ``steps`` AdamW steps from ``seeds`` seeds on a task that needs no
 download:
@@ -9,9 +9,11 @@ download:
   (a fixed seeded selection of the ``.py`` files beside ``os.py``, read at run time), the
   last tenth of the text held out;
 - ``mqar``: multi-query associative recall (Zoology, Arora et al. 2023), generated on the
-  fly: key–value pairs, then queried keys, each to be followed by its value.
+  fly: key–value pairs, then queried keys, each to be followed by its value;
+- ``digits``: scikit-learn's 8×8 digit images (if scikit-learn is installed) classified by a
+  ``Classifier`` over the non-causal stack, one fifth held out.
 
-The result is a table (final train and validation loss, accuracy for ``mqar``, mean ± spread
+The result is a table (final train and validation loss, accuracy for ``mqar`` and ``digits``, mean ± spread
 over seeds, step time, parameters) as markdown and JSON, and loss-curve plots.
 """
 
@@ -32,7 +34,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 __all__ = ["Budget", "Study", "study", "TASKS"]
 
-TASKS = ("chars", "mqar")
+TASKS = ("chars", "mqar", "digits")
 _ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
 _MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
 
@@ -76,26 +78,42 @@ def _stdlib_text(files: int = 24) -> str:
     return text
 
 
-class _Chars:
+class _Task:
+    """A task: ``batch`` draws (inputs, targets); ``model`` builds a variant; targets −100 are not scored."""
+
+    causal = True
+    metric = None
+
+    def model(self, module, budget: Budget, d_ff: int, device=None):
+        from .nn import LanguageModel
+
+        return LanguageModel(module, self.vocab, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
+                             n_layers=budget.n_layers, max_tokens=self.sequence, device=device)
+
+    def evaluation(self, budget: Budget, seed: int):
+        """The validation batches: ``eval_batches`` drawn from a generator of their own."""
+        rng = np.random.default_rng(10_000 + seed)
+        return [self.batch(rng, budget.batch, valid=True) for _ in range(budget.eval_batches)]
+
+
+class _Chars(_Task):
     """Next-character prediction on standard-library source; windows drawn at random."""
 
     vocab = _ASCII
-    metric = None
 
     def __init__(self, tokens: int):
         codes = np.frombuffer(_stdlib_text().encode("ascii", errors="replace"), dtype=np.uint8).astype(np.int64)
         split = len(codes) * 9 // 10
-        self.train, self.valid, self.tokens = codes[:split], codes[split:], tokens
-        self.sequence = tokens
+        self.train, self.valid, self.sequence = codes[:split], codes[split:], tokens
 
     def batch(self, rng: np.random.Generator, size: int, valid: bool = False) -> tuple[np.ndarray, np.ndarray]:
         codes = self.valid if valid else self.train
-        starts = rng.integers(0, len(codes) - self.tokens - 1, size)
-        windows = np.stack([codes[start:start + self.tokens + 1] for start in starts])
+        starts = rng.integers(0, len(codes) - self.sequence - 1, size)
+        windows = np.stack([codes[start:start + self.sequence + 1] for start in starts])
         return windows[:, :-1], windows[:, 1:]
 
 
-class _Recall:
+class _Recall(_Task):
     """MQAR: ``k₁ v₁ … k_P v_P q₁ a₁ … q_Q a_Q``; only the answers aᵢ = value of qᵢ are scored.
 
     Keys are tokens ``0 … K−1``, values ``K … K+V−1``; targets elsewhere are −100 (ignored).
@@ -118,17 +136,49 @@ class _Recall:
         return sequence, targets
 
 
-def _task(name: str, budget: Budget):
-    return _Chars(budget.tokens) if name == "chars" else _Recall()
+class _Digits(_Task):
+    """scikit-learn's 8×8 digits: 16 tokens of 2×2 pixels, a ``Classifier`` with mean pooling."""
+
+    causal = False
+    metric = "accuracy"
+    sequence = 16
+
+    def __init__(self):
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:
+            raise SplitformerError("the digits task needs scikit-learn: pip install scikit-learn") from None
+        digits = load_digits()
+        images = digits.images.reshape(-1, 4, 2, 4, 2).transpose(0, 1, 3, 2, 4).reshape(-1, 16, 4) / 16.0
+        order = np.random.default_rng(0).permutation(len(images))
+        split = len(images) * 4 // 5
+        self.train = images[order[:split]].astype(np.float32), digits.target[order[:split]].astype(np.int64)
+        self.valid = images[order[split:]].astype(np.float32), digits.target[order[split:]].astype(np.int64)
+
+    def model(self, module, budget: Budget, d_ff: int, device=None):
+        from .nn import Classifier
+
+        return Classifier(module, 10, d_input=4, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
+                          n_layers=budget.n_layers, max_tokens=self.sequence, device=device)
+
+    def batch(self, rng: np.random.Generator, size: int, valid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = self.valid if valid else self.train
+        chosen = rng.integers(0, len(labels), size)
+        return images[chosen], labels[chosen]
+
+    def evaluation(self, budget: Budget, seed: int):
+        """The whole held-out fifth, once."""
+        return [self.valid]
+
+
+def _task(name: str, budget: Budget) -> _Task:
+    return {"chars": lambda: _Chars(budget.tokens), "mqar": _Recall, "digits": _Digits}[name]()
 
 
 # --- matched parameter counts -----------------------------------------------------------------
 
-def _count(module, task, budget: Budget, d_ff: int) -> int:
-    from .nn import LanguageModel
-
-    model = LanguageModel(module, task.vocab, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
-                          n_layers=budget.n_layers, max_tokens=task.sequence, device="meta")
+def _count(module, task: _Task, budget: Budget, d_ff: int) -> int:
+    model = task.model(module, budget, d_ff, device="meta")
     return sum(parameter.numel() for parameter in model.parameters())
 
 
@@ -166,11 +216,11 @@ def _evaluate(model, task, budget: Budget, seed: int) -> tuple[float, float]:
     """Validation loss and accuracy (on the scored targets) over fixed batches."""
     import torch
 
-    rng, losses, right, scored = np.random.default_rng(10_000 + seed), [], 0, 0
+    losses, right, scored = [], 0, 0
     model.eval()
     with torch.no_grad():
-        for _ in range(budget.eval_batches):
-            inputs, targets = (torch.from_numpy(array) for array in task.batch(rng, budget.batch, valid=True))
+        for batch in task.evaluation(budget, seed):
+            inputs, targets = (torch.from_numpy(array) for array in batch)
             logits = model(inputs)
             losses.append(float(_loss(logits, targets)))
             kept = targets != -100
@@ -183,11 +233,8 @@ def _evaluate(model, task, budget: Budget, seed: int) -> tuple[float, float]:
 def _train(module, task, budget: Budget, d_ff: int, seed: int, progress) -> Run:
     import torch
 
-    from .nn import LanguageModel
-
     torch.manual_seed(seed)
-    model = LanguageModel(module, task.vocab, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
-                          n_layers=budget.n_layers, max_tokens=task.sequence)
+    model = task.model(module, budget, d_ff)
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / budget.steps)))
@@ -225,6 +272,7 @@ class Study:
 
     task: str
     budget: Budget
+    tokens: int
     variants: dict[str, dict] = field(default_factory=dict)
 
     def rows(self) -> list[dict]:
@@ -237,15 +285,15 @@ class Study:
                    "train_loss": _spread([statistics.fmean(run.train_loss[-window:]) for run in runs]),
                    "valid_loss": _spread([run.valid_loss[-1] for run in runs]),
                    "step_ms": _spread([1000 * run.step_time for run in runs])}
-            if self.task == "mqar":
+            if self.task != "chars":
                 row["valid_accuracy"] = _spread([run.valid_accuracy for run in runs])
             rows.append(row)
         return rows
 
     def as_markdown(self) -> str:
-        accuracy = self.task == "mqar"
+        accuracy = self.task != "chars"
         budget = self.budget
-        lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {budget.tokens if self.task == 'chars' else _Recall.sequence} "
+        lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {self.tokens} "
                  f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, {budget.seeds} seeds (mean ± standard deviation)",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
@@ -327,14 +375,14 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     if not schemes:
         raise SplitformerError("give at least one scheme")
     budget.check()
-    modules = [stack_module(scheme, causal=True) for scheme in schemes]
+    data = _task(task, budget)
+    modules = [stack_module(scheme, causal=data.causal) for scheme in schemes]
     names = [module.SCHEME for module in modules]
     if len(set(names)) != len(names):
         raise SplitformerError(f"a scheme is given twice: {', '.join(names)}")
-    data = _task(task, budget)
     target = _count(modules[0], data, budget, budget.d_ff)
     widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
-    result = Study(task, budget)
+    result = Study(task, budget, data.sequence)
     total = len(modules) * budget.seeds
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)

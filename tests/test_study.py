@@ -50,6 +50,23 @@ def test_the_command_writes_table_json_and_plot(tmp_path, capsys):
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG" and "validation accuracy" in (out / "study.md").read_text()
 
 
+def test_digits_trains_a_classifier_over_the_stack():
+    pytest.importorskip("sklearn")
+    result = study(["post-ln"], "digits", Budget(steps=2, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=8))
+    row = result.rows()[0]
+    assert result.tokens == 16 and 0 <= row["valid_accuracy"][0] <= 1 and row["parameters"] > 0
+
+
+def test_digits_without_scikit_learn_is_one_clear_error(monkeypatch):
+    import sys
+
+    from splitformer import SplitformerError
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(SplitformerError, match="needs scikit-learn"):
+        study(["post-ln"], "digits", TINY)
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["nope"], "unknown scheme 'nope'"),
     (["vit"], "not a block scheme"),

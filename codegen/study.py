@@ -330,7 +330,7 @@ class Study:
             smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
             line, = axes[0].plot(np.arange(window, len(mean) + 1), smooth, label=f"{name} ({variant['parameters']})")
             valid = np.array([run.valid_loss for run in runs])
-            axes[1].errorbar(runs[0].valid_steps, valid.mean(axis=0), yerr=valid.std(axis=0), color=line.get_color(),
+            axes[1].errorbar(runs[0].valid_steps, valid.mean(axis=0), yerr=valid.std(axis=0, ddof=1) if len(runs) > 1 else None, color=line.get_color(),
                              label=name, capsize=2)
         for axis, title in zip(axes, ("train loss (mean over seeds)", "validation loss (± std over seeds)")):
             axis.set_xlabel("step")

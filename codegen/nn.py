@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import sys
 import types
 from pathlib import Path
 
@@ -30,23 +31,28 @@ __all__ = ["LanguageModel", "Classifier", "stack_module"]
 
 
 @functools.lru_cache(maxsize=32)
-def _derived_module(scheme: str | Path, causal: bool) -> types.ModuleType:
+def _builtin_module(name: str, causal: bool) -> types.ModuleType:
+    """A built-in scheme's module, derived once per process (a scheme file is read each time: it may change)."""
     from .api import derive
 
-    return derive(scheme, causal=causal).torch_module()
+    return derive(name, causal=causal).torch_module()
 
 
 def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool) -> types.ModuleType:
     """The emitted torch module of ``scheme`` (causal with a KV cache when ``causal``), checked to
     hold a self-attention ``Stack`` without a memory. A module passed in is used as it is."""
+    from splitformer.symbolic.builtins import builtin_names
+
     if isinstance(scheme, types.ModuleType):
         module = scheme
-    elif isinstance(scheme, (str, Path)):
-        module = _derived_module(scheme, causal)
+    elif isinstance(scheme, str) and scheme in builtin_names():
+        module = _builtin_module(scheme, causal)
     else:
         from .api import derive
 
         module = derive(scheme, causal=causal).torch_module()
+    # torch.compile looks the module up by name to reach its globals: an in-memory one must be findable
+    sys.modules[module.__name__] = module
     stack = getattr(module, "Stack", None)
     if stack is None:
         raise SplitformerError(f"{getattr(module, 'SCHEME', module.__name__)}: the module has no Stack")
@@ -64,6 +70,12 @@ def _takes_positions(module: types.ModuleType) -> bool:
     return "positions" in inspect.signature(module.Stack.forward).parameters
 
 
+def _compiling() -> bool:
+    """Whether ``torch.compile`` traces the call: value checks (a sync and a graph break) are left out."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
 def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool \
             or tokens.is_complex():
@@ -71,7 +83,7 @@ def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
                         f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
     if tokens.dim() not in (1, 2) or tokens.shape[-1] == 0:
         raise ValueError(f"{name} must have shape (batch, tokens) or (tokens,) with tokens ≥ 1, got {list(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+    if not _compiling() and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{int(tokens.min())}, {int(tokens.max())}]")
     return tokens if tokens.dim() == 2 else tokens[None]
 
@@ -108,7 +120,7 @@ class _Embedded(torch.nn.Module):
         """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack."""
         if self.rotary:
             return u, {"positions": positions}
-        if int(positions.max()) >= self.max_tokens:
+        if not _compiling() and int(positions.max()) >= self.max_tokens:
             raise ValueError(f"position {int(positions.max())} is past max_tokens = {self.max_tokens}")
         return u + self.positions(positions), {}
 

@@ -294,7 +294,8 @@ class Study:
         accuracy = self.task != "chars"
         budget = self.budget
         lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {self.tokens} "
-                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, {budget.seeds} seeds (mean ± standard deviation)",
+                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, {budget.seeds} seeds (mean ± standard deviation over seeds; "
+                 f"train loss: mean of the last tenth of the steps; validation: at the last step)",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",

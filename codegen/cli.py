@@ -1,4 +1,4 @@
-"""The ``splitformer`` command line: list, show, derive, check, compare (``--help`` explains each).
+"""The ``splitformer`` command line: list, show, derive, check, compare, study (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
 An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
@@ -56,6 +56,9 @@ examples:
   splitformer compare post-ln macaron rk2 rk4
   splitformer compare pre-ln parallel --format latex --sizes d=512,d_ff=2048
   splitformer compare post-ln rk2 --plot convergence.png""",
+    "study": """examples:
+  splitformer study post-ln pre-ln macaron rk2              chars, the default budget (≤ 10 minutes on 2 cores)
+  splitformer study pre-ln llama my-scheme.toml --task mqar --steps 500 --seeds 5 --out recall""",
 }
 
 
@@ -143,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--plot", default=None, metavar="FILE.png",
                          help="also write one convergence plot with every scheme overlaid (needs matplotlib)")
     _load_option(compare)
+    _study_command(commands)
     return parser
 
 
@@ -371,6 +375,49 @@ def _compare(arguments: argparse.Namespace) -> str:
     return {"text": table.as_text, "markdown": table.as_markdown, "latex": table.as_latex}[arguments.format]()
 
 
+def _study_command(commands) -> None:
+    from .study import TASKS, Budget
+
+    default = Budget()
+    study = _command(commands, "study", "train variants at a matched parameter count and compare them",
+                     "Train each SCHEME from --seeds seeds for --steps steps, every variant at the parameter\n"
+                     "count of the first (its feed-forward width adjusted), on data that needs no download:\n"
+                     "chars, next-character prediction on the Python standard library's own source files, and\n"
+                     "mqar, multi-query associative recall generated on the fly, train the scheme made causal\n"
+                     "as a language model (splitformer.nn.LanguageModel); digits, scikit-learn's 8×8 digit\n"
+                     "images, trains a splitformer.nn.Classifier over the scheme's stack. Writes OUT/study.md,\n"
+                     "OUT/study.json and OUT/loss.png; prints the table. One progress line per run goes to stderr.")
+    study.add_argument("schemes", nargs="+", metavar="SCHEME", help=_SCHEME)
+    study.add_argument("--task", choices=TASKS, default="chars", help="chars (default), mqar, or digits (needs scikit-learn)")
+    for name, help_text in (("steps", "optimizer steps per run"), ("seeds", "runs per scheme (seeds 0, 1, …)"),
+                            ("d-model", "model width"), ("layers", "number of blocks"),
+                            ("batch", "sequences per step"), ("tokens", "sequence length of chars"),
+                            ("threads", "torch CPU threads while training")):
+        field = "n_layers" if name == "layers" else name.replace("-", "_")
+        study.add_argument(f"--{name}", type=int, default=getattr(default, field), dest=field, metavar="N",
+                           help=f"{help_text} (default {getattr(default, field)})")
+    study.add_argument("--out", default="study", metavar="DIR", help="output folder (default: study)")
+    _load_option(study)
+
+
+def _study(arguments: argparse.Namespace) -> str:
+    from .output import as_folder, check_writable
+    from .study import Budget, study
+
+    out = as_folder(arguments.out, "--out")
+    check_writable(out, "--out")
+    _require_matplotlib("study")
+    try:
+        import torch  # noqa: F401 - only whether it is installed
+    except ImportError:
+        raise SplitformerError("study needs PyTorch: pip install 'splitformer[torch]'") from None
+    budget = Budget(**{name: getattr(arguments, name)
+                       for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
+    result = study(arguments.schemes, arguments.task, budget)
+    paths = result.write(out)
+    return result.as_markdown() + "\n\nwrote " + ", ".join(str(path) for path in paths)
+
+
 def _run(argv: list[str] | None) -> tuple[str, int]:
     parser = _parser()
     arguments = parser.parse_args(argv)
@@ -388,6 +435,8 @@ def _run(argv: list[str] | None) -> tuple[str, int]:
         return _check(arguments)
     if arguments.command == "compare":
         return _compare(arguments), 0
+    if arguments.command == "study":
+        return _study(arguments), 0
     return _derive(arguments), 0
 
 

@@ -32,14 +32,14 @@ _EXPORTS = {
     "make_tableau": "splitformer.symbolic.tableaux",
     "load_plugin": "splitformer.symbolic.plugins",
 }
-__all__ = ["__version__", "adapters", *_EXPORTS]
+__all__ = ["__version__", "adapters", "nn", *_EXPORTS]
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
-    if name == "adapters":
-        return import_module("splitformer.adapters")
+    if name in ("adapters", "nn"):
+        return import_module(f"splitformer.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -52,6 +52,7 @@ NOT_RUN = {
     ("docs/reference/performance.md", "splitformer derive post-ln --out .cache/bench"):
         "a benchmark, from the repository root; about a minute",
     ("docs/guide/adjoint.md", "make train-demo"): "the training demo takes about 20 s",
+    ("docs/guide/llm.md", "splitformer study post-ln pre-ln macaron rk2 --out study"): "a study trains for minutes",
 }
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})```(?P<info>[^\n`]*)\n(?P<text>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)

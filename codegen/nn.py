@@ -1,0 +1,311 @@
+"""Whole models around an emitted ``Stack``: a causal language model and a sequence classifier.
+
+``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
+(``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
+embedding, learned positions (unless the scheme's attention is rotary: its ``Stack`` takes
+``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
+stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
+(mean over the unpadded tokens, or a learned class token) into a linear head::
+
+    import splitformer
+
+    model = splitformer.nn.LanguageModel("macaron", vocab_size=128, d_model=64, n_heads=4)
+    tokens = model.generate(prompt, 20, top_k=8)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.scheme import Scheme
+
+__all__ = ["LanguageModel", "Classifier", "stack_module"]
+
+
+@functools.lru_cache(maxsize=32)
+def _builtin_module(name: str, causal: bool) -> types.ModuleType:
+    """A built-in scheme's module, derived once per process (a scheme file is read each time: it may change)."""
+    from .api import derive
+
+    return derive(name, causal=causal).torch_module()
+
+
+def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool) -> types.ModuleType:
+    """The emitted torch module of ``scheme`` (causal with a KV cache when ``causal``), checked to
+    hold a self-attention ``Stack`` without a memory. A module passed in is used as it is."""
+    from splitformer.symbolic.builtins import builtin_names
+
+    if isinstance(scheme, types.ModuleType):
+        module = scheme
+    elif isinstance(scheme, str) and scheme in builtin_names():
+        module = _builtin_module(scheme, causal)
+    else:
+        from .api import derive
+
+        module = derive(scheme, causal=causal).torch_module()
+    # torch.compile looks the module up by name to reach its globals: an in-memory one must be findable
+    sys.modules[module.__name__] = module
+    stack = getattr(module, "Stack", None)
+    if stack is None:
+        raise SplitformerError(f"{getattr(module, 'SCHEME', module.__name__)}: the module has no Stack")
+    accepted = inspect.signature(stack.forward).parameters
+    if "memory" in accepted:
+        raise SplitformerError(f"{module.SCHEME}: a decoder attends to a memory; a whole model here needs a "
+                               "self-attention scheme")
+    if causal and "cache" not in accepted:
+        raise SplitformerError(f"{module.SCHEME}: the emitted Stack has no KV cache (derive it with causal=True)")
+    return module
+
+
+def _takes_positions(module: types.ModuleType) -> bool:
+    """Whether the scheme places tokens itself (rotary attention: its ``Stack`` takes ``positions``)."""
+    return "positions" in inspect.signature(module.Stack.forward).parameters
+
+
+def _compiling() -> bool:
+    """Whether ``torch.compile`` traces the call: value checks (a sync and a graph break) are left out."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
+def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool \
+            or tokens.is_complex():
+        raise TypeError(f"{name} must be an integer torch.Tensor, got "
+                        f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    if tokens.dim() not in (1, 2) or tokens.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (batch, tokens) or (tokens,) with tokens ≥ 1, got {list(tokens.shape)}")
+    if not _compiling() and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{int(tokens.min())}, {int(tokens.max())}]")
+    return tokens if tokens.dim() == 2 else tokens[None]
+
+
+def _check_padding(padding_mask, shape: tuple[int, int]) -> torch.Tensor | None:
+    if padding_mask is None:
+        return None
+    if not isinstance(padding_mask, torch.Tensor) or padding_mask.dtype != torch.bool:
+        raise TypeError("padding_mask must be a bool torch.Tensor (True marks a padded token)")
+    if tuple(padding_mask.shape) != shape:
+        raise ValueError(f"padding_mask must have shape {list(shape)}, got {list(padding_mask.shape)}")
+    return padding_mask
+
+
+class _Embedded(torch.nn.Module):
+    """Shared parts of the two models: stack, learned positions, dropout, initialization."""
+
+    def _build_stack(self, module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm,
+                     factory, stack_options):
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must be a real number in [0, 1], got {dropout!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        if final_norm is not None:
+            stack_options = {**stack_options, "final_norm": final_norm}
+        self.stack = module.Stack(n_layers, d_model, n_heads, d_ff, dropout=dropout, **stack_options, **factory)
+        self.rotary = _takes_positions(module)
+        self.max_tokens, self.d_model = max_tokens, d_model
+        self.positions = None if self.rotary else torch.nn.Embedding(max_tokens, d_model, **factory)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def _place(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack."""
+        if self.rotary:
+            return u, {"positions": positions}
+        if not _compiling() and int(positions.max()) >= self.max_tokens:
+            raise ValueError(f"position {int(positions.max())} is past max_tokens = {self.max_tokens}")
+        return u + self.positions(positions), {}
+
+    def _reset_embeddings(self, *embeddings) -> None:
+        for embedding in embeddings:
+            if embedding is not None:
+                torch.nn.init.normal_(embedding.weight, std=0.02)
+
+
+def _positions(padding_mask: torch.Tensor | None, batch: int, offset: int, n_tokens: int,
+               device: torch.device) -> torch.Tensor:
+    """Positions of the new tokens: counted from each row's first unpadded token (left padding)."""
+    if padding_mask is None:
+        return torch.arange(offset, offset + n_tokens, device=device).expand(batch, n_tokens)
+    counted = (~padding_mask).long().cumsum(dim=1) - 1
+    return counted.clamp_min(0)[:, offset:]
+
+
+class LanguageModel(_Embedded):
+    """A causal language model: embedding, positions, the ``Stack`` of ``scheme`` made causal, head.
+
+    ``scheme``: a built-in name, a scheme file, a ``Scheme`` or an emitted causal torch module.
+    ``tie_weights``: the head is the embedding matrix (one storage). ``final_norm``: ``None``
+    keeps the scheme's choice. Other keywords (``n_kv_heads``, ``eps``, ``bias``) go to ``Stack``.
+    """
+
+    def __init__(self, scheme, vocab_size: int, *, d_model: int = 64, n_heads: int = 4, d_ff: int | None = None,
+                 n_layers: int = 2, max_tokens: int = 512, tie_weights: bool = True, dropout: float = 0.0,
+                 final_norm: bool | None = None, device=None, dtype=None, **stack_options):
+        super().__init__()
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        if not isinstance(tie_weights, bool):
+            raise TypeError(f"tie_weights must be a bool, got {type(tie_weights).__name__}")
+        module = stack_module(scheme, causal=True)
+        factory = {"device": device, "dtype": dtype}
+        self.scheme, self.vocab_size, self.tie_weights = module.SCHEME, vocab_size, tie_weights
+        self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
+        self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
+                          stack_options)
+        self.head = torch.nn.Linear(d_model, vocab_size, bias=False, **factory)
+        if tie_weights:
+            self.head.weight = self.embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings (and a separate head) N(0, 0.02²); the stack's own initialization."""
+        self._reset_embeddings(self.embed, self.positions, None if self.tie_weights else self.head)
+        self.stack.reset_parameters()
+
+    def new_cache(self) -> list[dict]:
+        """An empty KV cache: one dict per layer, filled by ``forward(..., cache=...)``."""
+        return [{} for _ in self.stack.layers]
+
+    def forward(self, tokens: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
+                cache: list[dict] | None = None) -> torch.Tensor:
+        """Logits (batch, tokens, vocab) of the next token after each of ``tokens`` (batch, tokens).
+
+        ``padding_mask`` (batch, cached + new tokens), True = padded (left padding: positions
+        count from each row's first real token). ``cache`` (``new_cache()``): ``tokens`` are
+        the new ones; keys and values of the earlier ones come from the cache, which grows.
+        """
+        tokens = _check_tokens("tokens", tokens, self.vocab_size)
+        batch, n_tokens = tokens.shape
+        offset = next(iter(cache[0].values())).shape[1] if cache and cache[0] else 0
+        padding_mask = _check_padding(padding_mask, (batch, offset + n_tokens))
+        positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
+        u, placed = self._place(self.embed(tokens), positions)
+        u = self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=True, cache=cache, **placed)
+        return self.head(u)
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, greedy: bool = False, padding_mask: torch.Tensor | None = None,
+                 use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``prompt`` (batch, tokens) followed by ``max_new_tokens`` sampled tokens (eval mode).
+
+        ``greedy``: the most likely token; else sampled from softmax(logits / ``temperature``)
+        restricted to the ``top_k`` most likely. ``padding_mask``: True on the prompt's left
+        padding. ``use_cache=False`` reruns the whole sequence each step (the reference).
+        """
+        tokens = _check_tokens("prompt", prompt, self.vocab_size)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
+            raise ValueError(f"temperature must be a real number > 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
+        padding_mask = _check_padding(padding_mask, tuple(tokens.shape))
+        if not self.rotary and tokens.shape[1] + max_new_tokens - 1 > self.max_tokens:
+            raise ValueError(f"{tokens.shape[1]} prompt tokens and max_new_tokens = {max_new_tokens} go past "
+                             f"max_tokens = {self.max_tokens}")
+        was_training = self.training
+        self.eval()
+        try:
+            cache = self.new_cache() if use_cache else None
+            new = tokens
+            for _ in range(max_new_tokens):
+                logits = self(new, padding_mask=padding_mask, cache=cache)[:, -1]
+                chosen = self._choose(logits, temperature, top_k, greedy, generator)
+                tokens = torch.cat((tokens, chosen), dim=1)
+                if padding_mask is not None:
+                    padding_mask = torch.cat((padding_mask, padding_mask.new_zeros(len(tokens), 1)), dim=1)
+                new = chosen if use_cache else tokens
+        finally:
+            self.train(was_training)
+        return tokens if prompt.dim() == 2 else tokens[0]
+
+    @staticmethod
+    def _choose(logits, temperature, top_k, greedy, generator) -> torch.Tensor:
+        if greedy:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None and top_k < logits.shape[-1]:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
+
+
+class Classifier(_Embedded):
+    """A sequence classifier over the (non-causal) ``Stack`` of ``scheme``.
+
+    Input: integer tokens when ``vocab_size`` is given, else features (batch, tokens,
+    ``d_input``) mapped by a linear layer. ``pooling``: ``"mean"`` over the unpadded tokens,
+    or ``"class"``: a learned class token is put first and its final state is read out.
+    """
+
+    def __init__(self, scheme, n_classes: int, *, vocab_size: int | None = None, d_input: int | None = None,
+                 pooling: str = "mean", d_model: int = 64, n_heads: int = 4, d_ff: int | None = None,
+                 n_layers: int = 2, max_tokens: int = 512, dropout: float = 0.0, final_norm: bool | None = None,
+                 device=None, dtype=None, **stack_options):
+        super().__init__()
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise ValueError(f"n_classes must be a positive int, got {n_classes!r}")
+        if (vocab_size is None) == (d_input is None):
+            raise ValueError("give exactly one of vocab_size (token input) and d_input (feature input)")
+        for name, size in (("vocab_size", vocab_size), ("d_input", d_input)):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be a positive int, got {size!r}")
+        if pooling not in ("mean", "class"):
+            raise ValueError(f"pooling must be 'mean' or 'class', got {pooling!r}")
+        module = stack_module(scheme, causal=False)
+        factory = {"device": device, "dtype": dtype}
+        self.scheme, self.vocab_size, self.pooling = module.SCHEME, vocab_size, pooling
+        self.embed = (torch.nn.Embedding(vocab_size, d_model, **factory) if vocab_size is not None
+                      else torch.nn.Linear(d_input, d_model, **factory))
+        self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
+                          stack_options)
+        self.class_token = torch.nn.Parameter(torch.empty(d_model, **factory)) if pooling == "class" else None
+        self.head = torch.nn.Linear(d_model, n_classes, **factory)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings and class token N(0, 0.02²), a feature projection and the head as torch's
+        ``Linear``, the stack's own initialization."""
+        if isinstance(self.embed, torch.nn.Embedding):
+            self._reset_embeddings(self.embed)
+        else:
+            self.embed.reset_parameters()
+        self._reset_embeddings(self.positions)
+        if self.class_token is not None:
+            torch.nn.init.normal_(self.class_token, std=0.02)
+        self.head.reset_parameters()
+        self.stack.reset_parameters()
+
+    def forward(self, inputs: torch.Tensor, *, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (batch, n_classes); ``padding_mask`` (batch, tokens), True = padded."""
+        if self.vocab_size is not None:
+            inputs = _check_tokens("inputs", inputs, self.vocab_size)
+        elif not isinstance(inputs, torch.Tensor) or inputs.dim() != 3 or inputs.shape[-1] != self.embed.in_features:
+            raise ValueError(f"inputs must be a tensor (batch, tokens, {self.embed.in_features}), got "
+                             f"{list(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__}")
+        u = self.embed(inputs)
+        batch = u.shape[0]
+        padding_mask = _check_padding(padding_mask, tuple(u.shape[:2]))
+        if self.class_token is not None:
+            u = torch.cat((self.class_token.expand(batch, 1, -1), u), dim=1)
+            if padding_mask is not None:
+                padding_mask = torch.cat((padding_mask.new_zeros(batch, 1), padding_mask), dim=1)
+        positions = _positions(padding_mask, batch, 0, u.shape[1], u.device)
+        u, placed = self._place(u, positions)
+        u = self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=False, **placed)
+        if self.class_token is not None:
+            return self.head(u[:, 0])
+        if padding_mask is None:
+            return self.head(u.mean(dim=1))
+        kept = (~padding_mask).to(u.dtype)[..., None]
+        return self.head((u * kept).sum(dim=1) / kept.sum(dim=1).clamp_min(1))

@@ -1,0 +1,69 @@
+"""``transformers`` causal language models → ``splitformer.nn.LanguageModel``.
+
+``from_hf_lm(model)`` reads a ``GPT2LMHeadModel``/``GPT2Model`` (token and learned position
+embeddings, the ``gpt2`` blocks, ``ln_f``, the head tied to the token embedding) or a
+``LlamaForCausalLM``/``LlamaModel`` (token embedding, the ``llama`` blocks with RoPE and
+grouped keys, the final RMSNorm, the head), block by block through the block adapters of
+``splitformer.adapters``, into a ``LanguageModel`` of the same scheme that computes the same
+logits. A ``*Model`` without a head gets the head tied to its token embedding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .adapters import from_hf
+from .nn import LanguageModel
+
+__all__ = ["from_hf_lm"]
+
+
+def _parts(model: Any) -> dict[str, Any]:
+    """The pieces of a supported model, by role; a refusal naming the class otherwise."""
+    name = type(model).__name__
+    if name in ("GPT2LMHeadModel", "GPT2Model"):
+        body = model.transformer if name == "GPT2LMHeadModel" else model
+        return {"scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h, "norm": body.ln_f,
+                "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions}
+    if name in ("LlamaForCausalLM", "LlamaModel"):
+        body = model.model if name == "LlamaForCausalLM" else model
+        return {"scheme": "llama", "embed": body.embed_tokens, "positions": None, "blocks": body.layers,
+                "norm": body.norm, "head": getattr(model, "lm_head", None),
+                "max_tokens": model.config.max_position_embeddings}
+    raise SplitformerError(f"no whole-model reader for {name}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
+                           "or LlamaModel (single blocks: splitformer.adapters.from_hf)")
+
+
+def from_hf_lm(model: Any) -> LanguageModel:
+    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode."""
+    parts = _parts(model)
+    layers = [from_hf(block) for block in parts["blocks"]]
+    first, norm = layers[0], parts["norm"]
+    embedding = parts["embed"].weight
+    head = parts["head"]
+    tied = head is None or head.weight is embedding
+    if getattr(head, "bias", None) is not None:
+        raise SplitformerError(f"{type(model).__name__}.lm_head has a bias; the LanguageModel head has none")
+    options = {key: first.options[key] for key in ("n_kv_heads", "rope_theta") if key in first.options}
+    result = LanguageModel(parts["scheme"], embedding.shape[0], d_model=first.sizes["d_model"],
+                           n_heads=first.n_heads, d_ff=first.sizes["d_ff"], n_layers=len(layers),
+                           max_tokens=parts["max_tokens"], tie_weights=tied, final_norm=True, eps=first.eps,
+                           bias=first.bias, dtype=embedding.dtype, device=embedding.device, **options)
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    if eps != first.eps:
+        raise SplitformerError(f"{type(model).__name__}'s final norm has ε = {eps}, its blocks {first.eps}")
+    for adapted, block in zip(layers, result.stack.layers):
+        adapted.check_computes(block)
+    final = {"gain": norm.weight} if first.bias is False else {"gain": norm.weight, "bias": norm.bias}
+    with torch.no_grad():
+        result.stack.load_params([adapted.params for adapted in layers], final)
+        result.embed.weight.copy_(embedding)
+        if parts["positions"] is not None:
+            result.positions.weight.copy_(parts["positions"].weight)
+        if not tied:
+            result.head.weight.copy_(head.weight)
+    return result.eval()

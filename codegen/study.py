@@ -1,0 +1,399 @@
+"""``splitformer study``: train variants side by side at a matched parameter count.
+
+Each scheme becomes a ``LanguageModel`` (``splitformer.nn``; a ``Classifier`` for images) whose feed-forward width is
+chosen so that every variant has the parameter count of the first one (within a few %);
+each is trained for ``steps`` AdamW steps from ``seeds`` seeds on a task that needs no
+download:
+
+- ``chars``: next-character prediction on the Python standard library's own source files
+  (a fixed seeded selection of the ``.py`` files beside ``os.py``, read at run time), the
+  last tenth of the text held out;
+- ``mqar``: multi-query associative recall (Zoology, Arora et al. 2023), generated on the
+  fly: key–value pairs, then queried keys, each to be followed by its value;
+- ``digits``: scikit-learn's 8×8 digit images (if scikit-learn is installed) classified by a
+  ``Classifier`` over the non-causal stack, one fifth held out.
+
+The result is a table (final train and validation loss, accuracy for ``mqar`` and ``digits``, mean ± spread
+over seeds, step time, parameters) as markdown and JSON, and loss-curve plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from splitformer.symbolic.errors import SplitformerError
+
+__all__ = ["Budget", "Study", "study", "TASKS"]
+
+TASKS = ("chars", "mqar", "digits")
+_ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
+_MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of one study: model, batch, sequence, optimizer."""
+
+    steps: int = 300
+    seeds: int = 3
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 128  # of the first scheme; the others get the width that matches its parameter count
+    batch: int = 16
+    tokens: int = 64
+    lr: float = 3e-3
+    eval_batches: int = 4
+    threads: int = 1  # torch's CPU threads while training: one is steady on a shared machine and reproducible
+
+    def check(self) -> None:
+        for name in ("steps", "seeds", "d_model", "n_heads", "n_layers", "d_ff", "batch", "tokens", "eval_batches",
+                     "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SplitformerError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise SplitformerError(f"d-model = {self.d_model} is not divisible by n-heads = {self.n_heads}")
+
+
+# --- tasks ------------------------------------------------------------------------------------
+
+def _stdlib_text(files: int = 24) -> str:
+    """A fixed seeded selection of the standard library's top-level source files, as ASCII."""
+    folder = Path(os.path.dirname(os.__file__))
+    names = sorted(path.name for path in folder.glob("*.py"))
+    if len(names) < files:
+        raise SplitformerError(f"the standard library at {folder} has {len(names)} source files, fewer than {files}")
+    chosen = np.random.default_rng(0).choice(len(names), files, replace=False)
+    text = "".join((folder / names[index]).read_text(encoding="utf-8", errors="replace") for index in sorted(chosen))
+    return text
+
+
+class _Task:
+    """A task: ``batch`` draws (inputs, targets); ``model`` builds a variant; targets −100 are not scored."""
+
+    causal = True
+    metric = None
+
+    def model(self, module, budget: Budget, d_ff: int, device=None):
+        from .nn import LanguageModel
+
+        return LanguageModel(module, self.vocab, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
+                             n_layers=budget.n_layers, max_tokens=self.sequence, device=device)
+
+    def evaluation(self, budget: Budget, seed: int):
+        """The validation batches: ``eval_batches`` drawn from a generator of their own."""
+        rng = np.random.default_rng(10_000 + seed)
+        return [self.batch(rng, budget.batch, valid=True) for _ in range(budget.eval_batches)]
+
+
+class _Chars(_Task):
+    """Next-character prediction on standard-library source; windows drawn at random."""
+
+    vocab = _ASCII
+
+    def __init__(self, tokens: int):
+        codes = np.frombuffer(_stdlib_text().encode("ascii", errors="replace"), dtype=np.uint8).astype(np.int64)
+        split = len(codes) * 9 // 10
+        self.train, self.valid, self.sequence = codes[:split], codes[split:], tokens
+
+    def batch(self, rng: np.random.Generator, size: int, valid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        codes = self.valid if valid else self.train
+        starts = rng.integers(0, len(codes) - self.sequence - 1, size)
+        windows = np.stack([codes[start:start + self.sequence + 1] for start in starts])
+        return windows[:, :-1], windows[:, 1:]
+
+
+class _Recall(_Task):
+    """MQAR: ``k₁ v₁ … k_P v_P q₁ a₁ … q_Q a_Q``; only the answers aᵢ = value of qᵢ are scored.
+
+    Keys are tokens ``0 … K−1``, values ``K … K+V−1``; targets elsewhere are −100 (ignored).
+    """
+
+    vocab = _MQAR_KEYS + _MQAR_VALUES
+    metric = "accuracy"
+    sequence = 2 * (_MQAR_PAIRS + _MQAR_QUERIES)
+
+    def batch(self, rng: np.random.Generator, size: int, valid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.stack([rng.choice(_MQAR_KEYS, _MQAR_PAIRS, replace=False) for _ in range(size)])
+        values = rng.integers(_MQAR_KEYS, self.vocab, (size, _MQAR_PAIRS))
+        asked = np.stack([rng.choice(_MQAR_PAIRS, _MQAR_QUERIES, replace=True) for _ in range(size)])
+        rows = np.arange(size)[:, None]
+        sequence = np.empty((size, self.sequence), dtype=np.int64)
+        sequence[:, 0:2 * _MQAR_PAIRS:2], sequence[:, 1:2 * _MQAR_PAIRS:2] = keys, values
+        sequence[:, 2 * _MQAR_PAIRS::2], sequence[:, 2 * _MQAR_PAIRS + 1::2] = keys[rows, asked], values[rows, asked]
+        targets = np.full((size, self.sequence), -100, dtype=np.int64)
+        targets[:, 2 * _MQAR_PAIRS::2] = values[rows, asked]
+        return sequence, targets
+
+
+class _Digits(_Task):
+    """scikit-learn's 8×8 digits: 16 tokens of 2×2 pixels, a ``Classifier`` with mean pooling."""
+
+    causal = False
+    metric = "accuracy"
+    sequence = 16
+
+    def __init__(self):
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:
+            raise SplitformerError("the digits task needs scikit-learn: pip install scikit-learn") from None
+        digits = load_digits()
+        images = digits.images.reshape(-1, 4, 2, 4, 2).transpose(0, 1, 3, 2, 4).reshape(-1, 16, 4) / 16.0
+        order = np.random.default_rng(0).permutation(len(images))
+        split = len(images) * 4 // 5
+        self.train = images[order[:split]].astype(np.float32), digits.target[order[:split]].astype(np.int64)
+        self.valid = images[order[split:]].astype(np.float32), digits.target[order[split:]].astype(np.int64)
+
+    def model(self, module, budget: Budget, d_ff: int, device=None):
+        from .nn import Classifier
+
+        return Classifier(module, 10, d_input=4, d_model=budget.d_model, n_heads=budget.n_heads, d_ff=d_ff,
+                          n_layers=budget.n_layers, max_tokens=self.sequence, device=device)
+
+    def batch(self, rng: np.random.Generator, size: int, valid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = self.valid if valid else self.train
+        chosen = rng.integers(0, len(labels), size)
+        return images[chosen], labels[chosen]
+
+    def evaluation(self, budget: Budget, seed: int):
+        """The whole held-out fifth, once."""
+        return [self.valid]
+
+
+def _task(name: str, budget: Budget) -> _Task:
+    return {"chars": lambda: _Chars(budget.tokens), "mqar": _Recall, "digits": _Digits}[name]()
+
+
+# --- matched parameter counts -----------------------------------------------------------------
+
+def _count(module, task: _Task, budget: Budget, d_ff: int) -> int:
+    model = task.model(module, budget, d_ff, device="meta")
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _matched_width(module, task, budget: Budget, target: int) -> int:
+    """The feed-forward width whose parameter count is nearest ``target`` (counts are affine in it)."""
+    low, high = _count(module, task, budget, 1), _count(module, task, budget, 2)
+    width = round(1 + (target - low) / (high - low)) if high > low else budget.d_ff
+    if width < 1:
+        raise SplitformerError(f"{module.SCHEME}: {low} parameters already at feed-forward width 1, more than the "
+                               f"{target} of the first scheme; put the larger scheme first")
+    return width
+
+
+# --- training ---------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One variant from one seed: curves and final numbers."""
+
+    train_loss: list[float] = field(default_factory=list)
+    valid_steps: list[int] = field(default_factory=list)
+    valid_loss: list[float] = field(default_factory=list)
+    valid_accuracy: float | None = None
+    step_time: float = 0.0
+
+
+def _loss(logits, targets):
+    import torch
+
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             ignore_index=-100)
+
+
+def _evaluate(model, task, budget: Budget, seed: int) -> tuple[float, float]:
+    """Validation loss and accuracy (on the scored targets) over fixed batches."""
+    import torch
+
+    losses, right, scored = [], 0, 0
+    model.eval()
+    with torch.no_grad():
+        for batch in task.evaluation(budget, seed):
+            inputs, targets = (torch.from_numpy(array) for array in batch)
+            logits = model(inputs)
+            losses.append(float(_loss(logits, targets)))
+            kept = targets != -100
+            right += int((logits.argmax(-1)[kept] == targets[kept]).sum())
+            scored += int(kept.sum())
+    model.train()
+    return statistics.fmean(losses), right / scored
+
+
+def _train(module, task, budget: Budget, d_ff: int, seed: int, progress) -> Run:
+    import torch
+
+    torch.manual_seed(seed)
+    model = task.model(module, budget, d_ff)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / budget.steps)))
+    rng, run, every = np.random.default_rng(seed), Run(), max(1, budget.steps // 10)
+    for step in range(budget.steps):
+        inputs, targets = (torch.from_numpy(array) for array in task.batch(rng, budget.batch))
+        start = time.perf_counter()
+        loss = _loss(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        run.step_time += time.perf_counter() - start
+        run.train_loss.append(loss.item())
+        if (step + 1) % every == 0 or step + 1 == budget.steps:
+            valid_loss, accuracy = _evaluate(model, task, budget, seed)
+            run.valid_steps.append(step + 1)
+            run.valid_loss.append(valid_loss)
+            run.valid_accuracy = accuracy
+            progress(step + 1, run.train_loss[-1])
+    run.step_time /= budget.steps
+    return run
+
+
+# --- the study --------------------------------------------------------------------------------
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one seed)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@dataclass
+class Study:
+    """The runs of every variant, with its parameter count and feed-forward width."""
+
+    task: str
+    budget: Budget
+    tokens: int
+    variants: dict[str, dict] = field(default_factory=dict)
+
+    def rows(self) -> list[dict]:
+        """One summary per variant: means and spreads over seeds of the final numbers."""
+        window = max(1, self.budget.steps // 10)
+        rows = []
+        for name, variant in self.variants.items():
+            runs = variant["runs"]
+            row = {"scheme": name, "parameters": variant["parameters"], "d_ff": variant["d_ff"],
+                   "train_loss": _spread([statistics.fmean(run.train_loss[-window:]) for run in runs]),
+                   "valid_loss": _spread([run.valid_loss[-1] for run in runs]),
+                   "step_ms": _spread([1000 * run.step_time for run in runs])}
+            if self.task != "chars":
+                row["valid_accuracy"] = _spread([run.valid_accuracy for run in runs])
+            rows.append(row)
+        return rows
+
+    def as_markdown(self) -> str:
+        accuracy = self.task != "chars"
+        budget = self.budget
+        lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {self.tokens} "
+                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, {budget.seeds} seeds (mean ± standard deviation over seeds; "
+                 f"train loss: mean of the last tenth of the steps; validation: at the last step)",
+                 "",
+                 "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
+                 + " ms/step |",
+                 "|---|---:|---:|---:|---:|" + ("---:|" if accuracy else "") + "---:|"]
+        for row in self.rows():
+            cells = [row["scheme"], str(row["parameters"]), str(row["d_ff"]),
+                     "%.3f ± %.3f" % row["train_loss"], "%.3f ± %.3f" % row["valid_loss"]]
+            if accuracy:
+                cells.append("%.3f ± %.3f" % row["valid_accuracy"])
+            cells.append("%.1f ± %.1f" % row["step_ms"])
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def as_json(self) -> dict:
+        rows = [{key: (dict(zip(("mean", "std"), value)) if isinstance(value, tuple) else value)
+                 for key, value in row.items()} for row in self.rows()]
+        curves = {name: [{"train_loss": run.train_loss, "valid_steps": run.valid_steps, "valid_loss": run.valid_loss}
+                         for run in variant["runs"]] for name, variant in self.variants.items()}
+        return {"task": self.task, "budget": self.budget.__dict__, "rows": rows, "curves": curves}
+
+    def plot(self, path: Path) -> None:
+        """Training loss (mean over seeds, smoothed) and validation loss per variant."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+        window = max(1, self.budget.steps // 50)
+        for name, variant in self.variants.items():
+            runs = variant["runs"]
+            mean = np.mean([run.train_loss for run in runs], axis=0)
+            smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
+            line, = axes[0].plot(np.arange(window, len(mean) + 1), smooth, label=f"{name} ({variant['parameters']})")
+            valid = np.array([run.valid_loss for run in runs])
+            axes[1].errorbar(runs[0].valid_steps, valid.mean(axis=0), yerr=valid.std(axis=0, ddof=1) if len(runs) > 1 else None, color=line.get_color(),
+                             label=name, capsize=2)
+        for axis, title in zip(axes, ("train loss (mean over seeds)", "validation loss (± std over seeds)")):
+            axis.set_xlabel("step")
+            axis.set_title(title)
+            axis.grid(alpha=0.3)
+        axes[0].legend()
+        figure.suptitle(f"splitformer study: {self.task}")
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+
+    def write(self, out: Path) -> list[Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "study.md", out / "study.json", out / "loss.png"]
+        paths[0].write_text(self.as_markdown() + "\n", encoding="utf-8")
+        paths[1].write_text(json.dumps(self.as_json(), indent=1) + "\n", encoding="utf-8")
+        self.plot(paths[2])
+        return paths
+
+
+def _reporter(label: str, steps: int):
+    terminal = sys.stderr.isatty()
+    start = time.monotonic()
+
+    def progress(step: int, loss: float) -> None:
+        if terminal or step == steps:
+            end = "\n" if step == steps else "\r"
+            print(f"{label}: step {step}/{steps}, loss {loss:.3f}, {time.monotonic() - start:.0f} s", end=end,
+                  file=sys.stderr, flush=True)
+
+    return progress
+
+
+def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Study:
+    """Train every scheme (a built-in name, scheme file or ``Scheme``) at the parameter count of the first."""
+    import torch
+
+    from .nn import stack_module
+
+    if task not in TASKS:
+        raise SplitformerError(f"unknown task {task!r}; choose {' or '.join(TASKS)}")
+    if not schemes:
+        raise SplitformerError("give at least one scheme")
+    budget.check()
+    data = _task(task, budget)
+    modules = [stack_module(scheme, causal=data.causal) for scheme in schemes]
+    names = [module.SCHEME for module in modules]
+    if len(set(names)) != len(names):
+        raise SplitformerError(f"a scheme is given twice: {', '.join(names)}")
+    target = _count(modules[0], data, budget, budget.d_ff)
+    widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
+    result = Study(task, budget, data.sequence)
+    total = len(modules) * budget.seeds
+    threads = torch.get_num_threads()
+    torch.set_num_threads(budget.threads)
+    try:
+        for index, (name, module, width) in enumerate(zip(names, modules, widths)):
+            runs = []
+            for seed in range(budget.seeds):
+                label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
+                runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
+            result.variants[name] = {"parameters": _count(module, data, budget, width), "d_ff": width, "runs": runs}
+    finally:
+        torch.set_num_threads(threads)
+    return result

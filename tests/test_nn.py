@@ -1,0 +1,133 @@
+"""Whole models (``splitformer.nn``): KV-cached decoding equals full passes, heads, pooling."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import splitformer  # noqa: E402
+from splitformer import SplitformerError  # noqa: E402
+
+VOCAB, PROMPT, NEW = 23, 5, 6
+
+
+def _model(scheme, **options):
+    torch.manual_seed(0)
+    model = splitformer.nn.LanguageModel(scheme, VOCAB, d_model=8, n_heads=2, d_ff=12, n_layers=2,
+                                         tie_weights=False, dtype=torch.float64, **options)
+    with torch.no_grad():  # every parameter random and large enough that tokens differ
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def _cached_logits(model, tokens, padding_mask=None):
+    """The prompt in one call, then one token per call through the cache."""
+    cache, steps = model.new_cache(), []
+    mask = None if padding_mask is None else padding_mask[:, :PROMPT]
+    steps.append(model(tokens[:, :PROMPT], padding_mask=mask, cache=cache))
+    for index in range(PROMPT, tokens.shape[1]):
+        mask = None if padding_mask is None else padding_mask[:, :index + 1]
+        steps.append(model(tokens[:, index:index + 1], padding_mask=mask, cache=cache))
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("scheme", ["pre-ln", "llama"])  # learned positions; rotary positions
+def test_cached_generate_is_the_full_pass_greedy_decode(scheme):
+    model = _model(scheme)
+    prompt = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    tokens = model.generate(prompt, NEW, greedy=True)
+    assert tokens.shape == (1, PROMPT + NEW) and torch.equal(tokens[:, :PROMPT], prompt)
+    full = model(tokens)
+    assert torch.equal(full[:, PROMPT - 1:-1].argmax(-1), tokens[:, PROMPT:])
+    assert len(set(tokens[0, PROMPT:].tolist())) > 1  # a decode that does not repeat one token
+    assert torch.allclose(_cached_logits(model, tokens), full, rtol=0, atol=1e-10)
+    assert torch.equal(model.generate(prompt, NEW, greedy=True, use_cache=False), tokens)
+
+
+@pytest.mark.parametrize("scheme", ["pre-ln", "llama"])
+def test_left_padded_batch_decodes_each_row_as_alone(scheme):
+    model = _model(scheme)
+    prompt = torch.randint(0, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(2))
+    padding = torch.zeros(2, PROMPT, dtype=torch.bool)
+    padding[1, :2] = True
+    tokens = model.generate(prompt, NEW, greedy=True, padding_mask=padding)
+    alone = model.generate(prompt[1:, 2:], NEW, greedy=True)
+    assert torch.equal(tokens[1, 2:], alone[0]) and torch.equal(tokens[0], model.generate(prompt[:1], NEW, greedy=True)[0])
+    mask = torch.cat((padding, torch.zeros(2, NEW, dtype=torch.bool)), dim=1)
+    full = model(tokens, padding_mask=mask)
+    cached = _cached_logits(model, tokens, mask)
+    assert torch.allclose(cached[1, 2:], full[1, 2:], rtol=0, atol=1e-10)
+    assert torch.allclose(full[1, 2:], model(alone)[0], rtol=0, atol=1e-10)
+    # negative control: without the mask the padded row's positions and keys are wrong
+    assert not torch.allclose(model(tokens)[1, 2:], full[1, 2:], atol=1e-3)
+
+
+def test_a_cache_that_lost_earlier_tokens_disagrees():
+    model = _model("pre-ln")
+    tokens = torch.randint(0, VOCAB, (1, PROMPT + 1), generator=torch.Generator().manual_seed(3))
+    full = model(tokens)[:, -1]
+    cache = model.new_cache()
+    model(tokens[:, :PROMPT], cache=cache)
+    assert torch.allclose(model(tokens[:, PROMPT:], cache=cache)[:, -1], full, rtol=0, atol=1e-10)
+    stale = model.new_cache()
+    model(tokens[:, 1:PROMPT], cache=stale)  # one token short: every position is off by one
+    assert not torch.allclose(model(tokens[:, PROMPT:], cache=stale)[:, -1], full, atol=1e-3)
+
+
+def test_logits_shape_dtype_and_heads():
+    torch.manual_seed(0)
+    tied = splitformer.nn.LanguageModel("pre-ln", VOCAB, d_model=8, n_heads=2, n_layers=1)
+    separate = splitformer.nn.LanguageModel("pre-ln", VOCAB, d_model=8, n_heads=2, n_layers=1, tie_weights=False)
+    tokens = torch.randint(0, VOCAB, (3, 4))
+    assert tied(tokens).shape == (3, 4, VOCAB) and tied(tokens).dtype == torch.float32
+    assert tied.head.weight.data_ptr() == tied.embed.weight.data_ptr()
+    assert separate.head.weight.data_ptr() != separate.embed.weight.data_ptr()
+    assert sum(p.numel() for p in separate.parameters()) - sum(p.numel() for p in tied.parameters()) == VOCAB * 8
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tied(tokens).dtype == torch.bfloat16
+
+
+def test_reset_parameters_dropout_and_sampling():
+    model = splitformer.nn.LanguageModel("pre-ln", VOCAB, d_model=8, n_heads=2, n_layers=1, dropout=0.5)
+    tokens = torch.randint(0, VOCAB, (2, 4))
+    torch.manual_seed(5)
+    model.reset_parameters()
+    first = model.eval()(tokens)
+    torch.manual_seed(5)
+    model.reset_parameters()
+    assert torch.equal(model(tokens), first)
+    model.train()
+    assert not torch.equal(model(tokens), model(tokens))  # dropout acts in training mode
+    sampled = model.generate(tokens, 3, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, model.generate(tokens, 3, greedy=True)) and model.training
+
+
+def test_classifier_pooling_ignores_padding():
+    torch.manual_seed(0)
+    for pooling in ("mean", "class"):
+        model = splitformer.nn.Classifier("post-ln", 3, d_input=5, pooling=pooling, d_model=8, n_heads=2,
+                                          n_layers=1, dtype=torch.float64)
+        features = torch.randn(2, 4, 5, dtype=torch.float64)
+        padding = torch.tensor([[False] * 4, [False, False, True, True]])
+        logits = model(features, padding_mask=padding)
+        changed = features.clone()
+        changed[1, 2:] += 1.0
+        assert logits.shape == (2, 3)
+        assert torch.allclose(model(changed, padding_mask=padding), logits, rtol=0, atol=1e-12)
+        assert not torch.allclose(model(changed)[1], model(features)[1], atol=1e-6)  # control: no mask
+
+
+def test_bad_schemes_and_arguments():
+    with pytest.raises(SplitformerError, match="not a block scheme"):
+        splitformer.nn.LanguageModel("vit", VOCAB)
+    with pytest.raises(SplitformerError, match="memory"):
+        splitformer.nn.LanguageModel("decoder", VOCAB)
+    model = splitformer.nn.LanguageModel("pre-ln", VOCAB, d_model=8, n_heads=2, n_layers=1, max_tokens=6)
+    with pytest.raises(ValueError, match="prompt must lie in"):
+        model.generate(torch.tensor([[VOCAB]]), 1)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.tensor([[1]]), 1, temperature=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        model.generate(torch.tensor([[1]]), 7)
+    with pytest.raises(ValueError, match="position 6 is past max_tokens"):
+        model(torch.ones(1, 7, dtype=torch.long))

@@ -1,0 +1,97 @@
+"""Whole transformers causal LMs read into ``splitformer.nn.LanguageModel``: logits and decoding."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from splitformer import SplitformerError  # noqa: E402
+from splitformer.codegen.nn_hf import from_hf_lm  # noqa: E402
+
+VOCAB = 31
+
+
+def _random(model):
+    """Every parameter random (biases and norm gains included), float64, eval mode."""
+    model = model.double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.5)
+    return model
+
+
+def gpt2(**overrides):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=2, n_head=2, n_inner=12,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                     eos_token_id=0, pad_token_id=0, **overrides)
+    return _random(transformers.GPT2LMHeadModel(config))
+
+
+def llama(tie=False):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+                                      rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0,
+                                      pad_token_id=0)
+    return _random(transformers.LlamaForCausalLM(config))
+
+
+def in_float64(model):
+    """The reference after reading: LlamaRMSNorm rounds to float32 inside, so its norms become the
+    same formula in float64 (``torch.nn.RMSNorm``, same gain and ε); GPT-2 stays as it is."""
+    for name, norm in list(model.named_modules()):
+        if type(norm).__name__ == "LlamaRMSNorm":
+            exact = torch.nn.RMSNorm(norm.weight.shape[0], eps=norm.variance_epsilon, dtype=torch.float64)
+            with torch.no_grad():
+                exact.weight.copy_(norm.weight)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, exact)
+    if hasattr(model, "model") and hasattr(model.model, "rotary_emb"):  # its cos/sin are float32 too
+        model.model.rotary_emb = _Rotary64(model.config.head_dim, model.config.rope_parameters["rope_theta"])
+    return model
+
+
+class _Rotary64(torch.nn.Module):
+    """transformers' (cos, sin) of RoPE, written here in float64: θ^(−2r/d_head) per pair, halves concatenated."""
+
+    def __init__(self, d_head, theta):
+        super().__init__()
+        self.frequencies = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+
+    def forward(self, u, position_ids):
+        angles = position_ids.to(torch.float64)[..., None] * self.frequencies
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(u.dtype), angles.sin().to(u.dtype)
+
+
+@pytest.mark.parametrize("make", [gpt2, llama, lambda: llama(tie=True)], ids=["gpt2", "llama", "llama-tied"])
+def test_logits_equal_transformers(make):
+    hf = make()
+    model = from_hf_lm(hf)
+    hf = in_float64(hf)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = hf(tokens).logits
+    assert torch.allclose(model(tokens), expected, rtol=0, atol=1e-10)
+    assert model.tie_weights == (hf.lm_head.weight is hf.get_input_embeddings().weight)
+    with torch.no_grad():  # negative control: one changed parameter shows
+        model.stack.layers[1].ffn.W_2[0, 0] += 1e-3  # (a uniform shift would vanish in the final norm)
+    assert not torch.allclose(model(tokens), expected, atol=1e-8)
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_greedy_decoding_equals_transformers_generate(make):
+    hf = make()
+    model = from_hf_lm(hf)
+    hf = in_float64(hf)
+    prompt = torch.randint(1, VOCAB, (2, 4), generator=torch.Generator().manual_seed(2))
+    attention = torch.ones(2, 4, dtype=torch.long)
+    attention[1, :2] = 0  # left padding
+    expected = hf.generate(prompt, attention_mask=attention, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, 5, greedy=True, padding_mask=attention == 0), expected)
+
+
+def test_unsupported_models_are_refused_by_name():
+    with pytest.raises(SplitformerError, match="no whole-model reader for BertModel"):
+        from_hf_lm(transformers.BertModel(transformers.BertConfig(hidden_size=8, num_hidden_layers=1,
+                                                                 num_attention_heads=2, intermediate_size=8)))

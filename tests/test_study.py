@@ -1,0 +1,80 @@
+"""``splitformer study``: matched parameter counts, reproducible runs, the files, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+from splitformer.codegen.cli import main  # noqa: E402
+from splitformer.codegen.study import Budget, _Chars, _Recall, study  # noqa: E402
+
+TINY = Budget(steps=3, seeds=2, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1)
+
+
+def test_mqar_answers_are_the_values_of_the_queried_keys():
+    inputs, targets = _Recall().batch(np.random.default_rng(0), 3)
+    for row, target in zip(inputs, targets):
+        pairs = dict(zip(row[0:16:2], row[1:16:2]))
+        scored = np.flatnonzero(target != -100)
+        assert len(scored) == 8 and all(target[i] == pairs[row[i]] == row[i + 1] for i in scored)
+
+
+def test_chars_reads_the_standard_library():
+    task = _Chars(8)
+    inputs, targets = task.batch(np.random.default_rng(0), 2)
+    assert b"import" in task.train.astype(np.uint8).tobytes() and inputs.max() < 128
+    assert np.array_equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_same_seed_same_numbers_and_matched_counts():
+    first, again = (study(["pre-ln", "macaron"], "chars", TINY) for _ in range(2))
+    assert json.dumps(first.as_json()["curves"]) == json.dumps(again.as_json()["curves"])
+    runs = first.variants["pre-ln"]["runs"]
+    assert runs[0].train_loss != runs[1].train_loss  # seeds differ
+    counts = [variant["parameters"] for variant in first.variants.values()]
+    assert abs(counts[1] - counts[0]) / counts[0] < 0.03
+    assert first.variants["macaron"]["d_ff"] < first.variants["pre-ln"]["d_ff"]  # two feed-forwards
+
+
+def test_the_command_writes_table_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "out"
+    status = main(["study", "pre-ln", "llama", "--task", "mqar", "--steps", "2", "--seeds", "1", "--d-model", "8",
+                   "--layers", "1", "--batch", "2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert status == 0 and "| llama |" in captured.out and "[2/2] llama seed 0: step 2/2" in captured.err
+    rows = json.loads((out / "study.json").read_text())["rows"]
+    assert [row["scheme"] for row in rows] == ["pre-ln", "llama"] and 0 <= rows[0]["valid_accuracy"]["mean"] <= 1
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG" and "validation accuracy" in (out / "study.md").read_text()
+
+
+def test_digits_trains_a_classifier_over_the_stack():
+    pytest.importorskip("sklearn")
+    result = study(["post-ln"], "digits", Budget(steps=2, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=8))
+    row = result.rows()[0]
+    assert result.tokens == 16 and 0 <= row["valid_accuracy"][0] <= 1 and row["parameters"] > 0
+
+
+def test_digits_without_scikit_learn_is_one_clear_error(monkeypatch):
+    import sys
+
+    from splitformer import SplitformerError
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(SplitformerError, match="needs scikit-learn"):
+        study(["post-ln"], "digits", TINY)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["nope"], "unknown scheme 'nope'"),
+    (["vit"], "not a block scheme"),
+    (["decoder"], "attends to a memory"),
+    (["pre-ln", "--steps", "0"], "steps must be a positive integer"),
+    (["pre-ln", "pre-ln"], "given twice"),
+])
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, arguments, message):
+    assert main(["study", *arguments, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()

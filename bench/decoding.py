@@ -175,6 +175,22 @@ def check(new_tokens: int = 6, batch: int = 2) -> float:
     return max(float(np.abs(outputs[figure] - outputs["reference"]).max()) for figure in TARGETS)
 
 
+def interleaved(candidate: str, batch: int, arguments) -> list[float]:
+    """The in-process mode: reference and candidate generations alternating in this process
+    (under a load that changes faster than a process lives, the pairs still see the same load)."""
+    import torch
+
+    torch.set_num_threads(arguments.threads)
+    steps = [decoder(figure, "float32") for figure in ("reference", candidate)]
+    for step in steps:
+        generate(step, batch, 8, np.float32)  # warm-up
+    ratios = []
+    for _ in range(arguments.pairs):
+        seconds = [generate(step, batch, arguments.new_tokens, np.float32)[0] for step in steps]
+        ratios.append(seconds[0] / seconds[1])
+    return ratios
+
+
 def _run(figure: str, batch: int, arguments) -> dict:
     variables = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
     environment = {**os.environ, **{name: str(arguments.threads) for name in variables}}
@@ -194,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--candidates", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     parser.add_argument("--figure", choices=FIGURES, help=argparse.SUPPRESS)  # one process's figure
+    parser.add_argument("--interleaved", action="store_true", help="the in-process mode (labelled)")
     parser.add_argument("--check", action="store_true", help="float64 parity of the candidates, then exit")
     arguments = parser.parse_args(argv)
     if arguments.check:
@@ -211,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     for batch in map(int, arguments.batches.split(",")):
         for candidate in arguments.candidates.split(","):
+            if arguments.interleaved:
+                ratios = interleaved(candidate, batch, arguments)
+                print(f"[batch {batch}] {candidate:6} {statistics.median(ratios):5.2f}x the reference's rate  spread "
+                      f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pairs (IN-PROCESS interleaved, "
+                      f"target >= {TARGETS[candidate]:.2f})", flush=True)
+                continue
             ratios, reference, generated = [], {}, {}
             for _ in range(arguments.pairs):
                 reference, generated = _run("reference", batch, arguments), _run(candidate, batch, arguments)

@@ -46,6 +46,8 @@ bench-backward: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/benchmark.py
+	$(BIN)/python bench/decoding.py --check
+	$(BIN)/python bench/decoding.py
 
 # Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
 # LaTeX checks run without them).

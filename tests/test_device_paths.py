@@ -1,0 +1,45 @@
+"""What the generated modules do per step on a device and in one-token decoding: no host
+synchronization in the LayerNorm off the CPU, no causal support for one new token."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GENERATED, ROOT, import_path
+
+POST_LN = import_path(GENERATED / "torch" / "post_ln.py")
+LLAMA_TORCH = import_path(GENERATED / "torch" / "llama.py")
+LLAMA_NUMPY = import_path(GENERATED / "numpy" / "llama.py")
+
+
+def _fused_layer_norm_refused(*arguments, **keywords):
+    raise AssertionError("torch.native_layer_norm ran: its representability check reads a value on the host")
+
+
+def test_layer_norm_off_the_cpu_takes_the_scaled_path(monkeypatch):
+    block = POST_LN.Block(8, 2, 12, device="meta")
+    monkeypatch.setattr(torch, "native_layer_norm", _fused_layer_norm_refused)
+    with torch.inference_mode():
+        out = block(torch.empty(2, 5, 8, device="meta"))
+    assert out.device.type == "meta" and list(out.shape) == [2, 5, 8]
+    with pytest.raises(AssertionError, match="native_layer_norm"):  # on the CPU the fused path runs
+        POST_LN.Block(8, 2, 12)(torch.randn(2, 5, 8))
+
+
+@pytest.mark.parametrize("support", [LLAMA_TORCH._support, lambda mask, src, causal, batch, n, dtype, device, offset:
+                                     LLAMA_NUMPY._support(mask, causal, batch, n, offset)], ids=["torch", "numpy"])
+def test_one_new_token_has_no_causal_support(support):
+    assert support(None, None, True, 2, 1, torch.float64, torch.device("cpu"), 7) is None
+    kept = np.asarray(support(None, None, True, 2, 2, torch.float64, torch.device("cpu"), 7))
+    assert kept.shape == (2, 2, 9) and not kept[:, 0, 8].any() and kept[:, 1].all()
+
+
+def test_gpu_bench_says_when_no_cuda_device_is_present():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: bench/gpu.py measures instead")
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py")], capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("no CUDA device is present"), result.stderr

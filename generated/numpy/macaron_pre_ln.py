@@ -182,6 +182,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     Queries are the ``n_tokens`` new tokens, keys the ``offset`` cached ones and the new ones.
     """
     n_keys = offset + n_tokens
+    causal = causal and n_tokens > 1  # one new token comes after every key: causality excludes none
     if key_padding_mask is None and not causal:
         return None
     support = np.ones((batch, n_tokens, n_keys), dtype=bool)

@@ -190,10 +190,11 @@ def _layer_norm(x, gain, bias, eps: float):
 def _fused_layer_norm(x, gain, bias, eps: float):
     """torch's one-pass LayerNorm, kept when every row's 1/√(var + eps) is positive with a finite
     square: then no statistic overflowed (an infinite variance gives 0), none is NaN, and the
-    variance is not lost below the dtype's normal range. Otherwise, and while tracing or
-    compiling (one graph for every input), ``_scaled_layer_norm``.
+    variance is not lost below the dtype's normal range. Otherwise, while tracing or
+    compiling (one graph for every input), and off the CPU (reading the check would stall the
+    host until the device finished), ``_scaled_layer_norm``.
     """
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu":
         return _scaled_layer_norm(x, gain, bias, eps)
     out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
     with torch.no_grad():
@@ -696,6 +697,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     keys the ``offset`` cached ones and the new ones.
     """
     n_keys = offset + n_tokens
+    causal = causal and n_tokens > 1  # one new token comes after every key: causality excludes none
     if key_padding_mask is None and attn_mask is None and not causal:
         return None
     floating = False

@@ -14,7 +14,8 @@ import pytest
 import sympy as sp
 
 from splitformer.codegen.verification.definitions import evaluate_definitions
-from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check, random_parameters
+from splitformer.codegen.verification.parameters import random_parameters
+from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check
 from splitformer.codegen.verification.semantics import FLOAT, KNOWN_KINDS, MPMATH, Semantics, Sizes
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import derivation

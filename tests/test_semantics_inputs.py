@@ -134,7 +134,7 @@ def _step(scheme, params, u, **inputs):
 
 
 def test_rotary_attention_depends_on_position_differences_only():
-    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.parameters import random_parameters
 
     scheme = load_scheme(str(ROOT / "tests" / "schemes" / "rotary-residual.toml"))
     params = random_parameters(scheme, SIZES, 1)
@@ -149,7 +149,7 @@ def test_rotary_attention_depends_on_position_differences_only():
 
 
 def test_cross_attention_reads_the_memory_within_its_support(scheme):
-    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.parameters import random_parameters
 
     single = load_scheme("decoder-pre-ln")
     params = random_parameters(single, SIZES, 3)

@@ -19,7 +19,7 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 from splitformer.symbolic.latex import equation
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo

@@ -13,7 +13,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
 from splitformer.codegen.verification.statements.order import splitting_order
 from splitformer.codegen.verification.statements.recovery import has_published_reference
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment

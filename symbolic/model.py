@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS, Operator
+from .kinds import OPERATOR_KINDS
+from .operators import Operator
 from .scheme import Scheme
 from .scheme_file import load_scheme
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds

@@ -11,7 +11,8 @@ from .activations import activation as lookup_activation
 from .errors import SplitformerError
 from .names import check_scheme_name
 from .operator_checks import check_output
-from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
+from .kinds import OPERATOR_KINDS
+from .operators import Definition, Operator, Parameter
 from .tableaux import HEUN, Tableau
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS", "operator_options"]

@@ -23,7 +23,7 @@ from .builtins import builtin_names, builtin_text
 from .errors import SplitformerError
 from .exact_numbers import exact_number
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
-from .operators import OPERATOR_KINDS
+from .kinds import OPERATOR_KINDS
 from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau

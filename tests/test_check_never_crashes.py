@@ -22,7 +22,8 @@ from splitformer.codegen.verification.scheme_checks import emitted_check
 from splitformer.codegen.verification.semantics import KNOWN_KINDS, MPMATH, Semantics, Sizes
 from splitformer.codegen.verification.statements import SKIPPED
 from splitformer.symbolic import derive, parse_scheme
-from splitformer.symbolic.operators import OPERATOR_KINDS, Attention, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import Attention, register_operator
 from splitformer.symbolic.rotary_attention import RotaryAttention
 
 D, HEADS, D_FF, TOKENS = 6, 2, 5, 4

@@ -20,7 +20,8 @@ from splitformer.codegen.verification.semantics import FLOAT, KNOWN_KINDS, MPMAT
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import derivation
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, X, XI, Y
-from splitformer.symbolic.operators import OPERATOR_KINDS, Attention, Definition, Operator, Parameter, apply, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import Attention, Definition, Operator, Parameter, apply, register_operator
 from splitformer.symbolic.quadrature import integral
 
 from conftest import ROOT

@@ -23,7 +23,8 @@ from splitformer.codegen.verification.semantics import FLOAT, Semantics, Sizes, 
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import rotary_attention
 from splitformer.symbolic.cross_attention import MEMORY_SUPPORT, CrossAttention
-from splitformer.symbolic.operators import OPERATOR_KINDS, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import register_operator
 from splitformer.symbolic.rotary_attention import ROPE_THETA, RotaryAttention
 from splitformer.symbolic.stack import final_norm_scheme
 

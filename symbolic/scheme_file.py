@@ -19,7 +19,7 @@ from typing import Any
 import sympy as sp
 
 from .activations import ACTIVATIONS
-from .builtins import builtin_names, builtin_text
+from .builtins import builtin_names, builtin_text, model_names
 from .errors import SplitformerError
 from .exact_numbers import exact_number
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
@@ -308,8 +308,6 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     path = Path(name_or_path)
     try:
         if path.suffix != ".toml" and not path.exists():
-            from .model import model_names  # the models import this module
-
             if name_or_path in model_names():
                 raise SplitformerError(f"{name_or_path!r} is a built-in model, not a block scheme "
                                        f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")

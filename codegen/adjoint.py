@@ -25,13 +25,13 @@ from splitformer.symbolic.latex import equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
 from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
-from .lowering import _INDEX_DOMAINS, _Lowering
+from .lowering import INDEX_DOMAINS, Lowering
 
-__all__ = ["Backward", "lower_adjoint", "differentiated_inputs", "ADJOINT_SECTION"]
+__all__ = ["Backward", "lower_adjoint", "differentiated_inputs", "AdjointLowering", "ADJOINT_SECTION"]
 
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
-_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
+_TOKEN_LABELS = {str(index) for index, domain in INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
 
 
 def differentiated_inputs(module: Module) -> list:
@@ -54,7 +54,9 @@ class Backward:
     symbolic: Adjoint | None = None
 
 
-class _AdjointLowering(_Lowering):
+class AdjointLowering(Lowering):
+    """The lowering of adjoint assignments: gradients of controls sum over the batch."""
+
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         info = self.tensors.get(assignment.target)
         if info is None or info.role != "gradient":
@@ -153,7 +155,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     from .passes import DEFAULT
 
     program = adjoint.program()
-    lowering = _AdjointLowering(program)
+    lowering = AdjointLowering(program)
     for record in program.records:
         for evaluation in record.evaluations:
             for assignment in evaluation.assignments:

@@ -28,7 +28,7 @@ from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
-__all__ = ["load_scheme", "parse_scheme", "builtin_names"]
+__all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
@@ -328,3 +328,14 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
         raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
     return parse_scheme(text, str(path))
 
+
+def is_builtin(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
+
+    A user file may carry a built-in's name (``name = "macaron"``) with other operators or
+    steps; checks that hold only for the built-in are not run on it.
+    """
+    if scheme.name not in builtin_names():
+        return False
+    builtin = parse_scheme(builtin_text(scheme.name))
+    return builtin.operators == scheme.operators and builtin.body == scheme.body

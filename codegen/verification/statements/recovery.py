@@ -20,11 +20,11 @@ from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
-from splitformer.symbolic.references import REFERENCES, reference_block
+from splitformer.symbolic.references import has_published_reference, reference_block
 from splitformer.symbolic.scheme import Scheme
 from . import Check
 
-__all__ = ["recovery_checks", "has_published_reference", "is_builtin", "canonical_entry", "view_entry",
+__all__ = ["recovery_checks", "canonical_entry", "view_entry",
            "evaluation_inputs", "evaluation_sizes", "domain_sizes", "symbolic_parameters", "vanishes"]
 
 _DIGITS = 50
@@ -135,26 +135,6 @@ def evaluation_sizes(n, d, heads, hidden, kv_heads=1, theta=10000, memory=2):
     return {TOKENS.size: n, FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: head_width, HIDDEN.size: hidden,
             KV_HEADS.size: kv_heads, GROUP.size: heads // kv_heads, FREQUENCIES.size: head_width // 2,
             KV_FEATURES.size: kv_heads * head_width, MEMORY.size: memory, ROPE_THETA: theta}
-
-
-def is_builtin(scheme: Scheme) -> bool:
-    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
-
-    A user file may carry a built-in's name (``name = "macaron"``) with other operators or
-    steps; checks that hold only for the built-in are not run on it.
-    """
-    from splitformer.symbolic.builtins import builtin_names, builtin_text
-    from splitformer.symbolic.scheme_file import parse_scheme
-
-    if scheme.name not in builtin_names():
-        return False
-    builtin = parse_scheme(builtin_text(scheme.name))
-    return builtin.operators == scheme.operators and builtin.body == scheme.body
-
-
-def has_published_reference(scheme: Scheme) -> bool:
-    """Whether ``scheme`` is a built-in whose published formula ``references`` holds."""
-    return scheme.name in REFERENCES and is_builtin(scheme)
 
 
 def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:

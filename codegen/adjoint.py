@@ -25,16 +25,16 @@ from splitformer.symbolic.latex import equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
 from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
-from .lowering import _INDEX_DOMAINS, _Lowering
+from .lowering import INDEX_DOMAINS, Lowering
 
-__all__ = ["Backward", "lower_adjoint", "backward_context", "ADJOINT_SECTION"]
+__all__ = ["Backward", "lower_adjoint", "differentiated_inputs", "AdjointLowering", "ADJOINT_SECTION"]
 
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
-_TOKEN_LABELS = {str(index) for index, domain in _INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
+_TOKEN_LABELS = {str(index) for index, domain in INDEX_DOMAINS.items() if domain in (TOKENS, MEMORY)}
 
 
-def _differentiated(module: Module) -> list:
+def differentiated_inputs(module: Module) -> list:
     """The declared inputs of the step besides the state whose gradients the adjoint returns
     (a decoder's memory), kept by the forward."""
     return [field for field in module.inputs if field.role == "memory"]
@@ -54,7 +54,9 @@ class Backward:
     symbolic: Adjoint | None = None
 
 
-class _AdjointLowering(_Lowering):
+class AdjointLowering(Lowering):
+    """The lowering of adjoint assignments: gradients of controls sum over the batch."""
+
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         info = self.tensors.get(assignment.target)
         if info is None or info.role != "gradient":
@@ -153,7 +155,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     from .passes import DEFAULT
 
     program = adjoint.program()
-    lowering = _AdjointLowering(program)
+    lowering = AdjointLowering(program)
     for record in program.records:
         for evaluation in record.evaluations:
             for assignment in evaluation.assignments:
@@ -178,7 +180,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     forward_ops = _refuse_attention(module, forward_ops, read, DEFAULT if passes is None else passes)
     saved = [name for name in dict.fromkeys(name for op in [*forward_ops] for name in op.writes())
              if name in read]
-    saved = [name for name in ("u0", *(field.name for field in _differentiated(module))) if name in read] + saved
+    saved = [name for name in ("u0", *(field.name for field in differentiated_inputs(module))) if name in read] + saved
     arguments = {field.name: field.argument for field in program.inputs}
     gradients = {}
     for name, bar in adjoint.gradients.items():
@@ -189,85 +191,3 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
         adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
         saved=saved, seed=adjoint.seed, gradients=gradients, symbolic=adjoint,
     )
-
-
-def _data(module: Module, grouped: bool) -> dict[str, str]:
-    """The step's data (supports, sizes, positions, constants): arguments of both functions, not
-    differentiated, each with its kind (``support``, ``size``, ``positions``, ``constant``)."""
-    data = {field.name: field.role for field in module.inputs if field.role == "support"}
-    data.update({"n_kv_heads": "size"} if grouped else {})
-    data.update({field.name: field.role for field in module.inputs if field.role == "positions"})
-    data.update({constant.name: "constant" for constant in module.constants})
-    return data
-
-
-def _input_costate_last(adjoint: Module, costate: str, gradients: set[str]) -> tuple[Module, int]:
-    """The adjoint with the statements that only the input's costate reads moved to its end,
-    and their number (the emitted backward runs them when the input needs its gradient).
-
-    A statement moved past another that updated one of its operands in place would read
-    the update: such updates are turned off.
-    """
-    needed = set(gradients)
-    wanted = []
-    for op in reversed(adjoint.ops):  # the statements the other gradients need
-        wanted.append(bool(set(op.writes()) & needed))
-        if wanted[-1]:
-            needed |= set(op.reads())
-    wanted.reverse()
-    rest = [op for op, keep in zip(adjoint.ops, wanted) if not keep]
-    if not rest or costate not in {name for op in rest for name in op.writes()}:
-        return adjoint, 0
-    read_later = {name for op in rest for name in op.reads()}
-    first = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in read_later else op
-             for op, keep in zip(adjoint.ops, wanted) if keep]
-    return replace(adjoint, ops=first + rest), len(rest)
-
-
-def _sections(sections: list[dict], part: slice) -> list[dict]:
-    """The statements ``part`` of ``sections`` (in order), regrouped by section."""
-    statements = [(section["title"], statement) for section in sections for statement in section["statements"]]
-    chosen: list[dict] = []
-    for title, statement in statements[part]:
-        if not chosen or chosen[-1]["title"] != title:
-            chosen.append({"title": title, "statements": []})
-        chosen[-1]["statements"].append(statement)
-    return chosen
-
-
-def backward_context(backward: Backward, backend: str) -> dict:
-    """Template variables of ``backward_functions`` (templates/backward.py.j2)."""
-    from .render import unit_context
-
-    differentiated = _differentiated(backward.forward)
-    gradients = []
-    for name, variable in backward.gradients.items():
-        if name in ("u", *(field.argument for field in differentiated)):
-            continue
-        info = backward.adjoint.tensors[variable]
-        shape = tuple(domain.code_name for domain in info.shape)
-        view = tuple(domain.code_name for domain in info.view) if info.view is not None else shape
-        gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
-    order = [info.parameter for info in backward.forward.tensors.values() if info.role == "param"]
-    gradients.sort(key=lambda gradient: order.index(gradient["name"]))
-    forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
-    adjoint, input_only = backward.adjoint, 0
-    if backend == "torch":  # autograd asks for the input's costate only where the input needs it
-        adjoint, input_only = _input_costate_last(backward.adjoint, backward.gradients["u"],
-                                                  {*backward.gradients.values()} - {backward.gradients["u"]})
-    adjoint = unit_context(adjoint, backend, keep=set(backward.gradients.values()))
-    return {
-        "forward": forward,
-        "adjoint": {**adjoint, "sections": _sections(adjoint["sections"], slice(None, -input_only or None))},
-        "input_adjoint": {"sections": _sections(adjoint["sections"], slice(-input_only or None, None))}
-        if input_only else None,
-        "saved": [name for name in backward.saved if name != "chi"],
-        "seed": backward.seed,
-        "output": backward.forward.output,
-        # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
-        "inputs": [field.name for field in differentiated],
-        "input_gradients": [backward.gradients[field.argument] for field in differentiated],
-        "data": _data(backward.forward, forward["grouped"]),
-        "gradient_u": backward.gradients["u"],
-        "gradients": gradients,
-    }

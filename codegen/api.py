@@ -95,7 +95,7 @@ class Derivation:
     @cached_property
     def report(self) -> str:
         """The derivation report (Markdown), as ``splitformer derive`` writes it."""
-        return render_report(self.scheme, self.program, adjoint=self.backward[0].symbolic)
+        return render_report(self.scheme, self.program, adjoint=self.backward[0].symbolic, order=self.order)
 
     @cached_property
     def lowered(self) -> tuple[Module, Module]:

@@ -198,8 +198,9 @@ def _show(arguments: argparse.Namespace) -> str:
     program = derive(scheme)
     if arguments.format == "markdown":
         from .report import render_report
+        from .verification.statements.order import splitting_order
 
-        return render_report(scheme, program).rstrip("\n")
+        return render_report(scheme, program, order=splitting_order(scheme)).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
     return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}",

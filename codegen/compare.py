@@ -17,7 +17,7 @@ import sympy as sp
 
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.latex import plain_text
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 

@@ -18,6 +18,7 @@ from splitformer.symbolic.cvt_adjoint import cvt_programs
 
 from .model_adjoint import lower_stage_adjoint
 from .program_lowering import lower_program
+from .stage_render import stage_context
 
 __all__ = ["cvt_vjp_context"]
 
@@ -32,8 +33,6 @@ def _used(code: str, name: str) -> bool:
 
 def cvt_vjp_context(model: CvtProgram, backend: str) -> dict:
     """The derived backward of every program: forward statements it reads, adjoint, seed, gradients."""
-    from .model_render import stage_context
-
     context = {}
     for name, piece in cvt_programs(model).items():
         forward = lower_program(piece.program)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 
 __all__ = ["init_bounds"]
 

@@ -19,17 +19,19 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 from splitformer.symbolic.latex import equation
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
 
-__all__ = ["lower"]
+__all__ = ["lower", "Lowering", "INDEX_DOMAINS"]
 
-_INDEX_DOMAINS = {variable.index: variable.domain for variable in VARIABLES.values()}
+INDEX_DOMAINS = {variable.index: variable.domain for variable in VARIABLES.values()}
 
 
-class _Lowering:
+class Lowering:
+    """A program's assignments lowered one by one into IR operations (``lower`` runs it)."""
+
     def __init__(self, program: Program):
         self.program = program
         self.tensors: dict[str, TensorInfo] = {}
@@ -40,7 +42,7 @@ class _Lowering:
             if tensor.role == "temp" or tensor.role == "state":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
-            view = tuple(_INDEX_DOMAINS[index] for index in tensor.indices)
+            view = tuple(INDEX_DOMAINS[index] for index in tensor.indices)
             if tensor.role not in UNBATCHED_ROLES:
                 labels = (BATCH,) + labels
             self.tensors[name] = TensorInfo(name, tensor.role, labels, tensor.parameter, tensor.shape,
@@ -116,7 +118,7 @@ class _Lowering:
         if total is None or len(total.limits) != 1:
             return None
         index = total.limits[0][0]
-        mean = scale == 1 / _INDEX_DOMAINS[index].size
+        mean = scale == 1 / INDEX_DOMAINS[index].size
         if not mean and scale != 1:
             return None
         body_labels = _with_axis(labels, str(index), total.function)
@@ -193,7 +195,7 @@ def lower(program: Program, passes=None) -> Module:
     """The IR of ``program``; ``passes`` (default: ``codegen.passes.DEFAULT``) rewrite it."""
     from .passes import DEFAULT
 
-    lowering = _Lowering(program)
+    lowering = Lowering(program)
     for record in program.records:
         for evaluation in record.evaluations:
             for assignment in evaluation.assignments:

@@ -21,12 +21,13 @@ import sympy as sp
 from splitformer.symbolic.adjoint import Adjoint, is_plain
 from splitformer.symbolic.errors import SplitformerError
 
-from .adjoint import _AdjointLowering
+from .adjoint import AdjointLowering
 from .ir import BATCH, Contraction, Module
 from .model_ir import Fold, Place, PlaceRows, Point, Rows
-from .model_lowering import _OFFSETS, _StageLowering, shifted_read
+from .model_lowering import KERNEL_OFFSETS, StageLowering, shifted_read
 
-__all__ = ["StageBackward", "lower_stage_adjoint", "lower_adjoint_assignments"]
+__all__ = ["StageBackward", "lower_stage_adjoint", "lower_adjoint_assignments", "StageAdjointLowering",
+           "flattened_index"]
 
 
 @dataclass
@@ -41,11 +42,11 @@ class StageBackward:
     input: str
 
 
-def _flattened(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
+def flattened_index(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
     """``offset + N_2 p + q`` → ``(offset, (p, q))`` when it enumerates ``(p, q)`` row by row."""
     expanded = sp.expand(index)
     remaining, ordered, stride = set(expanded.atoms(sp.Idx)), [], sp.Integer(1)
-    if any(str(atom) in _OFFSETS for atom in remaining):
+    if any(str(atom) in KERNEL_OFFSETS for atom in remaining):
         return None  # a kernel offset: a window
     while remaining:
         match = [atom for atom in remaining if sp.expand(expanded.coeff(atom) - stride) == 0]
@@ -58,7 +59,9 @@ def _flattened(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
     return (int(offset), tuple(ordered)) if offset.is_Integer else None
 
 
-class _StageAdjointLowering(_StageLowering, _AdjointLowering):
+class StageAdjointLowering(StageLowering, AdjointLowering):
+    """The lowering of a model stage's adjoint: a stage's reads, an adjoint's accumulations."""
+
     def __init__(self, adjoint: Adjoint, known: dict):
         program = adjoint.program()
         super().__init__(program.name, program.tensors, "")
@@ -68,7 +71,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
     def view(self, read: sp.Indexed, assignment, section: str) -> sp.Indexed:
         """A read at a pattern as a view over plain indices."""
         source = str(read.base.label)
-        if any(index.atoms(sp.Idx) and not isinstance(index, sp.Idx) and _flattened(index) is None
+        if any(index.atoms(sp.Idx) and not isinstance(index, sp.Idx) and flattened_index(index) is None
                for index in read.indices):
             return self.window(read, assignment, section)
         indices, index, rows = [], [":"], None
@@ -79,7 +82,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
                 index.append(":")
                 indices.append(entry)
             else:
-                offset, atoms = _flattened(entry)
+                offset, atoms = flattened_index(entry)
                 rows = (axis + 1, offset, tuple(atom.upper - atom.lower + 1 for atom in atoms))
                 index.append(":")
                 indices.extend(atoms)
@@ -101,7 +104,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         rhs = assignment.rhs.xreplace(views)
         if is_plain(assignment.lhs.indices):
             if not self.summed_array(replace(assignment, rhs=rhs), section):
-                _AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
+                AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
         else:
             self.scatter(replace(assignment, rhs=rhs), section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
@@ -148,7 +151,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         if len(shapes) > 1 or (shapes and any(isinstance(p, int) for p in points)):
             raise SplitformerError(f"{target}: an adjoint written at windows of different shapes, or at windows and points")
         blocks = f"{target}_blocks"
-        _AdjointLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
+        AdjointLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
         self.ops[-1] = self.ops[-1].with_comment("the value at each coarse node and offset", section)
         labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[like].indices)
         if shapes:
@@ -163,7 +166,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
     def scatter_rows(self, assignment, like: str, section: str) -> bool:
         """``x̄[o + N_2 p + q, l] = value`` (the adjoint of a ``Rows`` view): the value per grid point,
         written back at those token nodes (``PlaceRows``); whether it was one."""
-        rows = [(axis, _flattened(index)) for axis, index in enumerate(assignment.lhs.indices)
+        rows = [(axis, flattened_index(index)) for axis, index in enumerate(assignment.lhs.indices)
                 if not isinstance(index, sp.Idx) and not index.is_Integer]
         if len(rows) != 1 or rows[0][1] is None:
             return False
@@ -171,7 +174,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
         kept = [index for entry in assignment.lhs.indices
                 for index in (atoms if not isinstance(entry, sp.Idx) else (entry,))]
         blocks = f"{assignment.target}_rows"
-        _AdjointLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept)]), section)
+        AdjointLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept)]), section)
         self.ops[-1] = self.ops[-1].with_comment("the value at each grid point", section)
         labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[like].indices)
         self.ops.append(PlaceRows(assignment.target, labels, source=blocks, like=like, axis=axis + 1,
@@ -182,7 +185,7 @@ class _StageAdjointLowering(_StageLowering, _AdjointLowering):
 def lower_adjoint_assignments(adjoint: Adjoint, known: dict) -> Module:
     """The adjoint assignments of ``adjoint`` lowered; ``known`` holds the forward's tensors
     (which tell the unbatched ones)."""
-    lowering = _StageAdjointLowering(adjoint, known)
+    lowering = StageAdjointLowering(adjoint, known)
     for record in adjoint.records:
         for assignment in record.assignments:
             lowering.assignment(assignment, record.title)

@@ -18,19 +18,21 @@ from splitformer.symbolic.model_derivation import Stage
 from splitformer.symbolic.program import Assignment, Program
 
 from .ir import BATCH, Module, TensorInfo
-from .lowering import _Lowering
+from .lowering import Lowering
 from .model_ir import Interleave, Point, Window
 
-__all__ = ["lower_stage", "lower_assignments", "shifted_read"]
+__all__ = ["lower_stage", "lower_assignments", "shifted_read", "StageLowering", "KERNEL_OFFSETS"]
 
 _DOMAINS = {str(variable.index): variable.domain for variable in IMAGE_VARIABLES.values()}
-_OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values() if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
+#: The labels of a convolution's kernel offsets (its kernel rows and columns).
+KERNEL_OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values()
+                  if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
 
 
 def shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
     """``S p + r − padding`` → ``(p, r, S, padding)``: the coarse index, the kernel offset."""
     indices = sorted(index.atoms(sp.Idx), key=str)
-    offsets = [i for i in indices if str(i) in _OFFSETS]
+    offsets = [i for i in indices if str(i) in KERNEL_OFFSETS]
     coarse = [i for i in indices if i not in offsets]
     if len(offsets) != 1 or len(coarse) != 1:
         raise AssertionError(f"not a read at shifted points: {index}")
@@ -42,7 +44,9 @@ def shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
     return point, offset, stride, padding
 
 
-class _StageLowering(_Lowering):
+class StageLowering(Lowering):
+    """The lowering of a model stage's assignments: shifted reads of convolutions, grids, patches."""
+
     def __init__(self, name: str, tensors: dict, output: str):
         self.program = Program(name, tensors, [], output)
         self.tensors: dict[str, TensorInfo] = {}
@@ -126,7 +130,7 @@ class _StageLowering(_Lowering):
 
 def lower_assignments(name: str, tensors: dict, assignments, output: str, section: str) -> Module:
     """The IR of assignments over ``tensors`` (no passes: contractions are einsums over windows)."""
-    lowering = _StageLowering(name, tensors, output)
+    lowering = StageLowering(name, tensors, output)
     for assignment in assignments:
         lowering.assignment(assignment, section)
     return Module(name, lowering.tensors, lowering.ops, output)

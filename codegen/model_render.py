@@ -8,42 +8,14 @@ from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, Gri
 
 from .ir import BATCH, Module
 from .lowering import lower
-from .model_backends import CODE_NAMES, code, statements
 from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
 from .cvt_vjp import cvt_vjp_context
 from .model_vjp import grid_vjp_context, model_vjp_context
 from .render import environment, unit_context
+from .stage_render import stage_context
 
-__all__ = ["render_model", "render_grid_model", "render_cvt", "stage_context", "model_units"]
-
-
-def _size(domain, sizes: dict) -> str | int:
-    """A parameter axis in code: a number where the model fixes it (a kernel size), else a name."""
-    size = domain.size.xreplace(sizes)
-    if size.is_Integer:
-        return int(size)
-    return CODE_NAMES.get(size, domain.code_name if size == domain.size else code(size))
-
-
-def stage_context(module: Module, backend: str, sizes: dict) -> dict:
-    """One emitted stage (embedding or readout): parameters and statements by section."""
-    parameters = []
-    for info in module.tensors.values():
-        if info.role != "param" or info.parameter is None:
-            continue
-        group, _, attribute = info.parameter.partition(".")
-        shape = tuple(_size(domain, sizes) for domain in info.shape)
-        view = tuple(_size(domain, sizes) for domain in info.view) if info.view else None
-        parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
-                           "shape": shape, "view": view, "kind": info.kind})
-    sections: list[dict] = []
-    for op in module.ops:
-        if not sections or sections[-1]["title"] != op.section:
-            sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": statements(backend, module, op)})
-    return {"parameters": parameters, "sections": sections, "output": module.output,
-            "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters))}
+__all__ = ["render_model", "render_grid_model", "render_cvt", "model_units"]
 
 
 def model_units(model: ModelProgram, passes=None) -> dict[str, Module]:

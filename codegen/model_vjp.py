@@ -12,16 +12,16 @@ from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelProgram, ModelProgram
 
-from .adjoint import backward_context, lower_adjoint
+from .adjoint import lower_adjoint
 from .ir import Module
 from .model_adjoint import lower_adjoint_assignments, lower_stage_adjoint
+from .render import backward_context
+from .stage_render import stage_context
 
 __all__ = ["model_vjp_context", "grid_vjp_context"]
 
 
 def _stage(backward, backend: str, sizes: dict, parameters: list[dict]) -> dict:
-    from .model_render import stage_context
-
     order = [parameter["name"] for parameter in parameters]
     gradients = [{"name": name, "variable": variable} for name, variable in backward.gradients.items()
                  if name != backward.input]
@@ -58,8 +58,6 @@ def grid_vjp_context(model: GridModelProgram, modules: list[Module], backend: st
 
     ``modules`` are the step's lowered stages (their tensors tell which arrays are unbatched).
     """
-    from .model_render import stage_context
-
     known = {name: info for module in modules for name, info in module.tensors.items()}
     variants = {}
     for transfer in ((True, False) if model.transfer else (False,)):

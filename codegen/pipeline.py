@@ -21,6 +21,7 @@ from .ir import Module
 from .lowering import lower
 from .render import render_module
 from .report import render_report
+from .verification.statements.order import splitting_order
 
 __all__ = ["generate", "lower_backward", "lower_scheme", "BACKEND_CHOICES", "PACKAGE_INIT"]
 
@@ -66,5 +67,6 @@ def _generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes, prog
         source = render_module(scheme, module, final_norm, backend, backward, final_backward)
         compile(source, f"{backend}/{program.name}.py", "exec")  # never write a module that cannot be imported
         files[out / backend / f"{program.name}.py"] = source
-    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots", backward.symbolic)
+    files[out / "reports" / f"{program.name}.md"] = render_report(scheme, program, out / "plots", backward.symbolic,
+                                                                   order=splitting_order(scheme))
     return files

@@ -20,16 +20,16 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import Assignment, Program
 
 from .ir import BATCH, Module
-from .model_adjoint import _flattened, _StageAdjointLowering
+from .model_adjoint import flattened_index, StageAdjointLowering
 from .model_ir import Join
-from .model_lowering import _StageLowering
+from .model_lowering import StageLowering
 
 __all__ = ["lower_program"]
 
 
-class _ProgramLowering(_StageAdjointLowering):
+class _ProgramLowering(StageAdjointLowering):
     def __init__(self, program: Program):
-        _StageLowering.__init__(self, program.name, program.tensors, program.output)
+        StageLowering.__init__(self, program.name, program.tensors, program.output)
         self.shapes: dict[str, str] = {}
         #: token array → its parts so far: (first token node, part array); the section that wrote them
         self.parts: dict[str, list[tuple[int, str]]] = {}
@@ -44,14 +44,14 @@ class _ProgramLowering(_StageAdjointLowering):
                  if not all(isinstance(index, sp.Idx) for index in read.indices)}
         assignment = replace(assignment, rhs=assignment.rhs.xreplace(views))
         if is_plain(assignment.lhs.indices):
-            _StageLowering.assignment(self, assignment, section)
+            StageLowering.assignment(self, assignment, section)
         else:
             self.part(assignment, section)
 
     def part(self, assignment: Assignment, section: str) -> None:
         """``x[pattern, l] = value``: the value at each node of the pattern, one part of ``x``."""
         first, rest = assignment.lhs.indices[0], assignment.lhs.indices[1:]
-        found = (int(first), ()) if first.is_Integer else _flattened(first)
+        found = (int(first), ()) if first.is_Integer else flattened_index(first)
         if found is None or not is_plain(rest):
             raise SplitformerError(f"{assignment.target}: only the token axis (the first) may be written at a node "
                                    "or at grid rows")
@@ -59,7 +59,7 @@ class _ProgramLowering(_StageAdjointLowering):
         parts = self.parts.setdefault(assignment.target, [])
         self.sections.setdefault(assignment.target, section)
         name = f"{assignment.target}_part{len(parts) + 1}"
-        _StageLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(name)[tuple(atoms) + tuple(rest)]),
+        StageLowering.assignment(self, replace(assignment, lhs=sp.IndexedBase(name)[tuple(atoms) + tuple(rest)]),
                                   section)
         parts.append((offset, name))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 
@@ -11,11 +12,12 @@ from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
 from splitformer.symbolic.scheme import Scheme
 
+from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS
 from .initialization import init_bounds
-from .ir import Cache, Module
+from .ir import Cache, Elementwise, Module
 
-__all__ = ["environment", "python_string", "render_module", "unit_context"]
+__all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
 
 #: The grid of each axis label of the IR (``"r"`` → the rotation frequencies).
 _LABEL_DOMAINS = {str(variable.index): variable.domain for variable in VARIABLES.values()}
@@ -149,8 +151,6 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
 
     ``backward`` and ``final_backward`` (``codegen.adjoint.Backward``) add their derived adjoints.
     """
-    from .adjoint import backward_context
-
     template = environment().get_template(f"{backend}/module.py.j2")
     units = {}
     if backward is not None:
@@ -170,3 +170,83 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         final=final_unit,
         init_bounds=init_bounds(parameters, scheme.operators),
     )
+
+
+def _data(module: Module, grouped: bool) -> dict[str, str]:
+    """The step's data (supports, sizes, positions, constants): arguments of both functions, not
+    differentiated, each with its kind (``support``, ``size``, ``positions``, ``constant``)."""
+    data = {field.name: field.role for field in module.inputs if field.role == "support"}
+    data.update({"n_kv_heads": "size"} if grouped else {})
+    data.update({field.name: field.role for field in module.inputs if field.role == "positions"})
+    data.update({constant.name: "constant" for constant in module.constants})
+    return data
+
+
+def _input_costate_last(adjoint: Module, costate: str, gradients: set[str]) -> tuple[Module, int]:
+    """The adjoint with the statements that only the input's costate reads moved to its end,
+    and their number (the emitted backward runs them when the input needs its gradient).
+
+    A statement moved past another that updated one of its operands in place would read
+    the update: such updates are turned off.
+    """
+    needed = set(gradients)
+    wanted = []
+    for op in reversed(adjoint.ops):  # the statements the other gradients need
+        wanted.append(bool(set(op.writes()) & needed))
+        if wanted[-1]:
+            needed |= set(op.reads())
+    wanted.reverse()
+    rest = [op for op, keep in zip(adjoint.ops, wanted) if not keep]
+    if not rest or costate not in {name for op in rest for name in op.writes()}:
+        return adjoint, 0
+    read_later = {name for op in rest for name in op.reads()}
+    first = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in read_later else op
+             for op, keep in zip(adjoint.ops, wanted) if keep]
+    return replace(adjoint, ops=first + rest), len(rest)
+
+
+def _sections(sections: list[dict], part: slice) -> list[dict]:
+    """The statements ``part`` of ``sections`` (in order), regrouped by section."""
+    statements = [(section["title"], statement) for section in sections for statement in section["statements"]]
+    chosen: list[dict] = []
+    for title, statement in statements[part]:
+        if not chosen or chosen[-1]["title"] != title:
+            chosen.append({"title": title, "statements": []})
+        chosen[-1]["statements"].append(statement)
+    return chosen
+
+
+def backward_context(backward: Backward, backend: str) -> dict:
+    """Template variables of ``backward_functions`` (templates/backward.py.j2)."""
+    differentiated = differentiated_inputs(backward.forward)
+    gradients = []
+    for name, variable in backward.gradients.items():
+        if name in ("u", *(field.argument for field in differentiated)):
+            continue
+        info = backward.adjoint.tensors[variable]
+        shape = tuple(domain.code_name for domain in info.shape)
+        view = tuple(domain.code_name for domain in info.view) if info.view is not None else shape
+        gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
+    order = [info.parameter for info in backward.forward.tensors.values() if info.role == "param"]
+    gradients.sort(key=lambda gradient: order.index(gradient["name"]))
+    forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
+    adjoint, input_only = backward.adjoint, 0
+    if backend == "torch":  # autograd asks for the input's costate only where the input needs it
+        adjoint, input_only = _input_costate_last(backward.adjoint, backward.gradients["u"],
+                                                  {*backward.gradients.values()} - {backward.gradients["u"]})
+    adjoint = unit_context(adjoint, backend, keep=set(backward.gradients.values()))
+    return {
+        "forward": forward,
+        "adjoint": {**adjoint, "sections": _sections(adjoint["sections"], slice(None, -input_only or None))},
+        "input_adjoint": {"sections": _sections(adjoint["sections"], slice(-input_only or None, None))}
+        if input_only else None,
+        "saved": [name for name in backward.saved if name != "chi"],
+        "seed": backward.seed,
+        "output": backward.forward.output,
+        # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
+        "inputs": [field.name for field in differentiated],
+        "input_gradients": [backward.gradients[field.argument] for field in differentiated],
+        "data": _data(backward.forward, forward["grouped"]),
+        "gradient_u": backward.gradients["u"],
+        "gradients": gradients,
+    }

@@ -11,9 +11,8 @@ from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN,
 from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import derive_layer_norm_projection, derive_relu_projection
-from splitformer.codegen.verification.statements.order import splitting_order
-from splitformer.codegen.verification.statements.recovery import has_published_reference
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.references import has_published_reference
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .render import environment
@@ -92,8 +91,12 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
-def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None) -> str:
-    """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot."""
+def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None, *, order) -> str:
+    """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot.
+
+    ``order``: the scheme's orders (``verification.statements.order.splitting_order``), which
+    the caller computes: the report prints them and imports no verification.
+    """
     kinds = set(scheme.operators.values())
     projections = []
     if "layer-norm" in kinds:
@@ -117,7 +120,6 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
         (domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
         for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
     ]
-    order = splitting_order(scheme)
     plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
     return template.render(

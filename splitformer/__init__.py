@@ -15,7 +15,7 @@ _EXPORTS = {
     "builtin_names": "splitformer.symbolic.builtins",
     "load_scheme": "splitformer.symbolic.scheme_file",
     "parse_scheme": "splitformer.symbolic.scheme_file",
-    "register_operator": "splitformer.symbolic.operators",
+    "register_operator": "splitformer.symbolic.kinds",
     "scheme": "splitformer.symbolic.builder",
     "substep": "splitformer.symbolic.builder",
     "projection": "splitformer.symbolic.builder",

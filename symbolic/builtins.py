@@ -1,11 +1,11 @@
-"""The built-in scheme files shipped with the package (light: no SymPy import)."""
+"""The built-in scheme and model files shipped with the package (light: no SymPy import)."""
 
 from __future__ import annotations
 
 import tomllib
 from importlib import resources
 
-__all__ = ["builtin_names", "builtin_text", "builtin_summary"]
+__all__ = ["builtin_names", "builtin_text", "builtin_summary", "model_names", "is_model", "model_summary", "model_text"]
 
 #: The order ``splitformer list`` prints them in; any other built-in file follows, by name.
 _ORDER = ["post-ln", "pre-ln", "macaron", "macaron-pre-ln", "parallel", "symmetric-parallel", "rk2", "rk4", "gpt2", "llama",
@@ -26,3 +26,24 @@ def builtin_text(name: str) -> str:
 def builtin_summary(name: str) -> str:
     """The ``summary`` field of a built-in (validated when the scheme is loaded, not here)."""
     return tomllib.loads(builtin_text(name))["summary"]
+
+
+def _models():
+    return resources.files("splitformer.symbolic") / "models"
+
+
+def model_names() -> list[str]:
+    """Names of the built-in models."""
+    return sorted(entry.name[:-5] for entry in _models().iterdir() if entry.name.endswith(".toml"))
+
+
+def is_model(name: str) -> bool:
+    return name in model_names()
+
+
+def model_text(name: str) -> str:
+    return (_models() / f"{name}.toml").read_text(encoding="utf-8")
+
+
+def model_summary(name: str) -> str:
+    return tomllib.loads(model_text(name))["summary"]

@@ -34,7 +34,7 @@ from .domains import FEATURES, X, Y
 from .cvt_operators import KEY
 from .image import COLS, X1, X2
 from .latex import equation
-from .model_adjoint import _record as _stage_record
+from .model_adjoint import stage_record
 from .model_derivation import Stage, field_tensor
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
@@ -82,7 +82,7 @@ class _Builder:
             if key in chained:
                 tensor = replace(tensor, role="temp")
             self.tensors.setdefault(key, tensor)
-        self.records.append(_stage_record(stage))
+        self.records.append(stage_record(stage))
         self.sizes.update(getattr(stage.operator, "sizes", dict)())
 
     def array(self, name: str, latex: str, indices, role: str = "temp") -> sp.IndexedBase:

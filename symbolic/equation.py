@@ -8,11 +8,15 @@ field's coefficient in the equation. Projection substeps contribute ``−∂I_S`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
+from .composition import Parallel, RungeKutta, Sequence
 from .latex import unicode_text
-from .scheme import Parallel, RungeKutta, Scheme, Sequence
+
+if TYPE_CHECKING:
+    from .scheme import Scheme
 
 __all__ = ["Term", "Equation", "equation_terms", "equation_latex", "equation_text", "scheme_equation", "MASTER_EQUATION"]
 
@@ -47,7 +51,7 @@ class Term:
     projection: bool
 
 
-def equation_terms(scheme: Scheme) -> list[Term]:
+def equation_terms(scheme: "Scheme") -> list[Term]:
     """The terms of the equation, with the total coefficient each substep gives them."""
     totals: dict[tuple[str, str | None, bool], sp.Rational] = {}
 
@@ -67,7 +71,7 @@ def equation_terms(scheme: Scheme) -> list[Term]:
     return [Term(operator, on, coefficient, projection) for (operator, on, projection), coefficient in totals.items()]
 
 
-def equation_latex(scheme: Scheme) -> str:
+def equation_latex(scheme: "Scheme") -> str:
     """``u_t = …`` for the scheme's operators, in LaTeX."""
     operators = scheme.instantiate()
     parts = []
@@ -81,7 +85,7 @@ def equation_latex(scheme: Scheme) -> str:
     return "u_t = " + text.removeprefix("+ ")
 
 
-def equation_text(scheme: Scheme) -> str:
+def equation_text(scheme: "Scheme") -> str:
     """``u_t = …`` in plain text: ``attn(u) + ffn(Proj[norm2](u)) − ∂I_S₁[norm1](u)``."""
     operators = scheme.instantiate()
     parts = []
@@ -96,5 +100,5 @@ def equation_text(scheme: Scheme) -> str:
     return "u_t = " + " ".join(parts).removeprefix("+ ")
 
 
-def scheme_equation(scheme: Scheme) -> Equation:
+def scheme_equation(scheme: "Scheme") -> Equation:
     return Equation(equation_latex(scheme), equation_text(scheme))

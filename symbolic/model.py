@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from .builtins import is_model, model_names, model_summary, model_text
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS, Operator
+from .kinds import OPERATOR_KINDS
+from .operators import Operator
 from .scheme import Scheme
 from .scheme_file import load_scheme
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
@@ -127,23 +128,6 @@ def _grid_model(document: dict, where: str) -> GridModelSpec:
     return GridModelSpec(str(document["name"]), str(document["summary"]), operators, field_keys, transfer, projection)
 
 
-def _folder():
-    return resources.files("splitformer.symbolic") / "models"
-
-
-def model_names() -> list[str]:
-    """Names of the built-in models."""
-    return sorted(entry.name[:-5] for entry in _folder().iterdir() if entry.name.endswith(".toml"))
-
-
-def is_model(name: str) -> bool:
-    return name in model_names()
-
-
-def model_summary(name: str) -> str:
-    return tomllib.loads((_folder() / f"{name}.toml").read_text(encoding="utf-8"))["summary"]
-
-
 def _operator(table: object, where: str) -> Operator:
     if not isinstance(table, dict) or set(table) != {"operator", "kind"}:
         raise SplitformerError(f"{where}: expected a table with 'operator' and 'kind'")
@@ -184,7 +168,7 @@ def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec | Multiscale
 def load_model(name_or_path: str) -> ModelSpec | GridModelSpec | MultiscaleSpec:
     """A built-in model by name, or a model file by path."""
     if is_model(name_or_path):
-        return parse_model((_folder() / f"{name_or_path}.toml").read_text(encoding="utf-8"),
+        return parse_model(model_text(name_or_path),
                            f"built-in model {name_or_path!r}")
     path = Path(name_or_path)
     try:

@@ -28,7 +28,7 @@ from .latex import equation
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
 __all__ = ["ModelAdjoint", "derive_model_adjoint", "initial_condition", "embedding_program", "readout_program",
-           "grid_program", "STATE"]
+           "grid_program", "stage_program", "stage_record", "STATE"]
 
 #: The state entering the first step (the embedding program's output).
 STATE = "u0"
@@ -62,10 +62,16 @@ def initial_condition(stage) -> tuple[dict[str, Tensor], tuple[Assignment, ...]]
             tuple(Assignment(lhs, rhs, meaning, quadrature=equation(lhs, rhs, names)) for lhs, rhs, meaning in assignments))
 
 
-def _record(stage, assignments=None) -> SubstepRecord:
+def stage_record(stage, assignments=None) -> SubstepRecord:
+    """One model stage's assignments (or ``assignments``) as the record of a program."""
     operator = stage.operator
     evaluation = Evaluation(operator.key, operator.kind, "", tuple(assignments or stage.assignments))
     return SubstepRecord(f"{operator.key}: {operator.kind}", "", (evaluation,), None)
+
+
+def stage_program(stage) -> Program:
+    """One model stage alone as a program (its output: the stage's)."""
+    return Program(stage.operator.key, dict(stage.tensors), [stage_record(stage)], stage.output)
 
 
 def embedding_program(model) -> Program:
@@ -74,13 +80,13 @@ def embedding_program(model) -> Program:
     tensors, assignments = initial_condition(stage)
     tokens = SubstepRecord("initial condition on the token domain", "",
                            (Evaluation("tokens", "initial-condition", "", assignments),), None)
-    return Program(f"{model.name}_embedding", {**stage.tensors, **tensors}, [_record(stage), tokens], STATE)
+    return Program(f"{model.name}_embedding", {**stage.tensors, **tensors}, [stage_record(stage), tokens], STATE)
 
 
 def readout_program(model) -> Program:
     """The readout stage as a program whose input is the final state ``u``."""
     stage = model.readout
-    return Program(f"{model.name}_readout", dict(stage.tensors), [_record(stage)], stage.output)
+    return Program(f"{model.name}_readout", dict(stage.tensors), [stage_record(stage)], stage.output)
 
 
 def derive_model_adjoint(model) -> ModelAdjoint:
@@ -98,7 +104,7 @@ def grid_program(model: GridModelProgram, transfer: bool) -> Program:
     stages' map, else the identity), ``R u`` written as an assignment of its own."""
     stages = model.field + (model.transfer if transfer else ())
     tensors = {name: tensor for stage in stages for name, tensor in stage.tensors.items()}
-    records = [_record(stage) for stage in stages]
+    records = [stage_record(stage) for stage in stages]
     indices = model.update.lhs.indices
     source = model.transfer[-1].output if transfer and model.transfer else INPUT_STATE
     moved = Assignment(sp.IndexedBase(TRANSFER)[indices], sp.IndexedBase(source)[indices],
@@ -112,5 +118,5 @@ def grid_program(model: GridModelProgram, transfer: bool) -> Program:
                                  (Evaluation("update", "update", "", (model.update,)),), None))
     if model.projection is not None:
         tensors.update(model.projection.tensors)
-        records.append(_record(model.projection))
+        records.append(stage_record(model.projection))
     return Program(f"{model.name}_step", tensors, records, model.output)

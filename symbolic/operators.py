@@ -346,7 +346,3 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
 
 for _builtin in (Attention, FeedForward, LayerNorm):
     register_operator(_builtin)
-
-# Built-in kinds defined through the public API, each in its own module, registered on import.
-from . import gated_feed_forward, paper_operators, rms_norm  # noqa: E402,F401
-from . import cross_attention, rotary_attention  # noqa: E402,F401

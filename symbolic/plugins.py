@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import SplitformerError
-from .operators import OPERATOR_KINDS
+from .kinds import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
 __all__ = ["load_plugin", "load_plugins", "plugin_failures"]

@@ -11,7 +11,10 @@ from collections.abc import Callable, Mapping
 
 import sympy as sp
 
-__all__ = ["REFERENCES", "reference_block"]
+from .scheme import Scheme
+from .scheme_file import is_builtin
+
+__all__ = ["REFERENCES", "reference_block", "has_published_reference"]
 
 Params = Mapping[str, sp.Matrix]
 
@@ -197,3 +200,8 @@ def reference_block(name: str, x: sp.Matrix, params: Params, n_heads: int, eps: 
                     activation: Callable) -> sp.Matrix:
     """One step of the published block ``name``."""
     return REFERENCES[name](x, params, n_heads, eps, activation)
+
+
+def has_published_reference(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is a built-in whose published formula ``REFERENCES`` holds."""
+    return scheme.name in REFERENCES and is_builtin(scheme)

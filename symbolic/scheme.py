@@ -1,19 +1,19 @@
-"""Splitting schemes as data: sequences and parallel compositions of substeps."""
+"""Splitting schemes as data: operators, options and the composition of their substeps
+(``composition``: sequences, parallel branches, Runge–Kutta steps, re-exported here)."""
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Union
-
-import sympy as sp
 
 from .activations import activation as lookup_activation
+from .composition import Heun, Parallel, RungeKutta, Sequence, Substep
+from .equation import equation_latex
 from .errors import SplitformerError
 from .names import check_scheme_name
 from .operator_checks import check_output
-from .exact_numbers import exact_number
-from .operators import OPERATOR_KINDS, Definition, Operator, Parameter
-from .tableaux import HEUN, Tableau
+from .kinds import OPERATOR_KINDS
+from .operators import Definition, Operator, Parameter
+from .scheme_fields import check_fields
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS", "operator_options"]
 
@@ -50,64 +50,8 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     return operator
 
 
-def _exact(value: object, where: str) -> sp.Rational:
-    """A fraction or weight as an exact rational (a decimal or ``p/q``, either sign, bounded)."""
-    try:
-        return exact_number(value)
-    except ValueError as error:
-        raise SplitformerError(f"{where}: {error}") from None
-
-
 #: The most operator evaluations one step may make: a bound on the derivation's time.
 MAX_EVALUATIONS = 64
-
-
-@dataclass(frozen=True)
-class Substep:
-    """Solve ``u_t = fraction · A(u)`` (or ``A(Proj(u))`` with ``on``) over one step."""
-
-    operator: str
-    solver: str
-    fraction: sp.Rational = sp.Integer(1)
-    on: str | None = None
-
-    def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
-        object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """Branches that start from the same state; the result is their weighted sum."""
-
-    branches: tuple["Sequence", ...]
-    weights: tuple[sp.Rational, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "weights", tuple(_exact(weight, "parallel step: weight") for weight in self.weights))
-
-
-@dataclass(frozen=True)
-class RungeKutta:
-    """One explicit Runge–Kutta step (``tableau``) of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
-
-    ``k_i = G(u + Δt Σ_j a_ij k_j)``, ``u⁺ = u + Δt Σ_i b_i k_i``; every stage shares the
-    operators' parameters.
-    """
-
-    fields: tuple[Substep, ...]
-    tableau: Tableau = HEUN
-
-
-@dataclass(frozen=True)
-class Heun(RungeKutta):
-    """One Heun (RK2) step: ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``."""
-
-
-@dataclass(frozen=True)
-class Sequence:
-    """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
-
-    steps: tuple[Union[Substep, Parallel, RungeKutta], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,13 +123,9 @@ class Scheme:
         return replace(self, emitted_name=check_scheme_name(name))
 
     def _repr_latex_(self) -> str:
-        from .equation import equation_latex
-
         return f"$\\displaystyle {equation_latex(self)}$"
 
     def _repr_markdown_(self) -> str:
-        from .equation import equation_latex
-
         claims = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in self.claims.items())
         lines = [f"**`{self.name}`**: {self.summary}", "", f"$$ {equation_latex(self)} $$", "",
                  f"activation `{self.activation}`" + (", final LayerNorm" if self.final_norm else "")
@@ -246,8 +186,6 @@ class Scheme:
     def check(self) -> None:
         """Raise ``SplitformerError`` where a field is of the wrong type or holds bad text
         (``scheme_fields``), or where operators and solvers do not fit."""
-        from .scheme_fields import check_fields  # it checks this module's classes
-
         check_fields(self)
         operators = self.instantiate()
         if not self.substeps():

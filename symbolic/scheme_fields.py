@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import sympy as sp
 
 from .activations import ACTIVATIONS
+from .composition import Parallel, RungeKutta, Sequence, Substep
 from .errors import SplitformerError
 from .names import check_line, check_operator_name, check_scheme_name
 from .tableaux import Tableau
@@ -107,8 +108,6 @@ def _rational(value: object, what: str) -> None:
 
 
 def _check_sequence(sequence: object, where: str, depth: int) -> None:
-    from .scheme import Parallel, RungeKutta, Sequence, Substep
-
     if depth > MAX_DEPTH:
         raise SplitformerError(f"{where}: parallel steps nest deeper than {MAX_DEPTH} levels")
     if not isinstance(sequence, Sequence) or not isinstance(sequence.steps, tuple):

@@ -19,16 +19,16 @@ from typing import Any
 import sympy as sp
 
 from .activations import ACTIVATIONS
-from .builtins import builtin_names, builtin_text
+from .builtins import builtin_names, builtin_text, model_names
 from .errors import SplitformerError
 from .exact_numbers import exact_number
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
-from .operators import OPERATOR_KINDS
+from .kinds import OPERATOR_KINDS
 from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
-__all__ = ["load_scheme", "parse_scheme", "builtin_names"]
+__all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
@@ -309,8 +309,6 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     path = Path(name_or_path)
     try:
         if path.suffix != ".toml" and not path.exists():
-            from .model import model_names  # the models import this module
-
             if name_or_path in model_names():
                 raise SplitformerError(f"{name_or_path!r} is a built-in model, not a block scheme "
                                        f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
@@ -331,3 +329,14 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
         raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
     return parse_scheme(text, str(path))
 
+
+def is_builtin(scheme: Scheme) -> bool:
+    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
+
+    A user file may carry a built-in's name (``name = "macaron"``) with other operators or
+    steps; checks that hold only for the built-in are not run on it.
+    """
+    if scheme.name not in builtin_names():
+        return False
+    builtin = parse_scheme(builtin_text(scheme.name))
+    return builtin.operators == scheme.operators and builtin.body == scheme.body

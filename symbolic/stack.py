@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from .operators import OPERATOR_KINDS
+from .kinds import OPERATOR_KINDS
 from .scheme import Scheme, Sequence, Substep
 
 __all__ = ["final_norm_scheme", "final_norm_kind"]

@@ -152,7 +152,7 @@ def math_of(text):
 
 
 def test_other_displayed_objects_render():
-    from splitformer.symbolic.operators import OPERATOR_KINDS
+    from splitformer.symbolic.kinds import OPERATOR_KINDS
     from splitformer.symbolic.tableaux import TABLEAUX
 
     shown = [TABLEAUX["rk4"]._repr_latex_(), OPERATOR_KINDS["rms-norm"].projection()._repr_markdown_(),

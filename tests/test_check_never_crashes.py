@@ -17,11 +17,13 @@ from splitformer.codegen.verification import runner
 from splitformer.codegen.verification.definitions import evaluate_definitions
 from splitformer.codegen.verification.emitted import emitted_modules
 from splitformer.codegen.verification.guard import guarded
-from splitformer.codegen.verification.scheme_checks import emitted_check, random_parameters
+from splitformer.codegen.verification.parameters import random_parameters
+from splitformer.codegen.verification.scheme_checks import emitted_check
 from splitformer.codegen.verification.semantics import KNOWN_KINDS, MPMATH, Semantics, Sizes
 from splitformer.codegen.verification.statements import SKIPPED
 from splitformer.symbolic import derive, parse_scheme
-from splitformer.symbolic.operators import OPERATOR_KINDS, Attention, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import Attention, register_operator
 from splitformer.symbolic.rotary_attention import RotaryAttention
 
 D, HEADS, D_FF, TOKENS = 6, 2, 5, 4

@@ -119,13 +119,14 @@ def test_the_latex_sanity_check_catches_broken_math(broken):
 
 def test_report_math_is_renderable():
     from splitformer.codegen.report import render_report
+    from splitformer.codegen.verification.statements.order import splitting_order
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.scheme_file import load_scheme
 
     from latex_sanity import assert_renderable_math
 
     scheme = load_scheme("rk2")
-    report = render_report(scheme, derive(scheme))
+    report = render_report(scheme, derive(scheme), order=splitting_order(scheme))
     display = re.findall(r"\$\$\n(.*?)\n\$\$", report, re.S)
     inline = re.findall(r"(?<!\$)\$([^$\n]+)\$(?!\$)", re.sub(r"\$\$\n.*?\n\$\$", "", report, flags=re.S))
     assert len(display) > 20 and len(inline) > 10

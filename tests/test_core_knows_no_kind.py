@@ -55,7 +55,7 @@ def test_the_negative_control_sees_an_import_of_a_kind():
 
 
 def test_the_builtin_kinds_declare_what_they_read():
-    from splitformer.symbolic.operators import OPERATOR_KINDS
+    from splitformer.symbolic.kinds import OPERATOR_KINDS
 
     rotary, cross = OPERATOR_KINDS["rotary-attention"], OPERATOR_KINDS["cross-attention"]
     assert [field.role for field in rotary.input_fields] == ["positions"]

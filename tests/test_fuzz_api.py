@@ -24,7 +24,7 @@ import splitformer
 from splitformer import SplitformerError
 from splitformer.codegen import api
 from splitformer.codegen.render import environment, python_string
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from splitformer.symbolic.tableaux import HEUN, RK4, TABLEAUX
 

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from splitformer.codegen.cli import main
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.tableaux import TABLEAUX
 
 

@@ -43,7 +43,7 @@ def test_gqa_check_catches_tiled_heads():
 
 def _numeric_error(scheme, program):
     """max |derived − reference| of the numeric recovery, at 30 digits."""
-    from splitformer.codegen.verification.statements.recovery import _difference, _sizes
+    from splitformer.codegen.verification.statements.recovery import _difference, evaluation_sizes
 
     values = iter(sp.Float(value, 30) for value in np.random.default_rng(0).uniform(-1, 1, 4000))
     cells: dict = {}
@@ -51,7 +51,7 @@ def _numeric_error(scheme, program):
     def value(name, i, j):
         return cells.setdefault((name, i, j), next(values))
 
-    difference = _difference(program, scheme, _sizes(3, 8, 2, 6), value, sp.Float("1e-5", 30), lambda i: sp.Float(i, 30))
+    difference = _difference(program, scheme, evaluation_sizes(3, 8, 2, 6), value, sp.Float("1e-5", 30), lambda i: sp.Float(i, 30))
     return max(abs(sp.N(entry, 30)) for entry in difference)
 
 

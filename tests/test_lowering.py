@@ -126,10 +126,10 @@ def test_rms_norm_is_fused_in_llama():
 
 def test_a_kernel_with_a_second_factor_beside_its_support_is_not_a_softmax():
     """Only ``e^a χ / Σ e^a χ`` is the fused softmax: a further factor ``w`` would be dropped by it."""
-    from splitformer.codegen.lowering import _Lowering
+    from splitformer.codegen.lowering import Lowering
 
     program = derive(load_scheme("post-ln"))
-    lowering = _Lowering(program)
+    lowering = Lowering(program)
     gamma = next(assignment for assignment in program.assignments if assignment.target == "attn_gamma")
     numerator, denominator = sp.fraction(gamma.rhs)
     (dummy, *_), = denominator.limits

@@ -12,7 +12,7 @@ from splitformer.codegen.output import write_files
 from splitformer.codegen.pipeline import generate
 from splitformer.symbolic import load_scheme, parse_scheme
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.operators import OPERATOR_KINDS
+from splitformer.symbolic.kinds import OPERATOR_KINDS
 
 import reference
 from conftest import ROOT, import_path

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from splitformer.codegen.verification.emitted import emitted_modules
-from splitformer.codegen.verification.scheme_checks import random_parameters
+from splitformer.codegen.verification.parameters import random_parameters
 from splitformer.codegen.verification.semantics import Sizes
 from splitformer.symbolic import derive, load_scheme
 

@@ -14,12 +14,14 @@ import pytest
 import sympy as sp
 
 from splitformer.codegen.verification.definitions import evaluate_definitions
-from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check, random_parameters
+from splitformer.codegen.verification.parameters import random_parameters
+from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check
 from splitformer.codegen.verification.semantics import FLOAT, KNOWN_KINDS, MPMATH, Semantics, Sizes
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import derivation
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, X, XI, Y
-from splitformer.symbolic.operators import OPERATOR_KINDS, Attention, Definition, Operator, Parameter, apply, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import Attention, Definition, Operator, Parameter, apply, register_operator
 from splitformer.symbolic.quadrature import integral
 
 from conftest import ROOT

@@ -23,7 +23,8 @@ from splitformer.codegen.verification.semantics import FLOAT, Semantics, Sizes, 
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import rotary_attention
 from splitformer.symbolic.cross_attention import MEMORY_SUPPORT, CrossAttention
-from splitformer.symbolic.operators import OPERATOR_KINDS, register_operator
+from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.operators import register_operator
 from splitformer.symbolic.rotary_attention import ROPE_THETA, RotaryAttention
 from splitformer.symbolic.stack import final_norm_scheme
 
@@ -134,7 +135,7 @@ def _step(scheme, params, u, **inputs):
 
 
 def test_rotary_attention_depends_on_position_differences_only():
-    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.parameters import random_parameters
 
     scheme = load_scheme(str(ROOT / "tests" / "schemes" / "rotary-residual.toml"))
     params = random_parameters(scheme, SIZES, 1)
@@ -149,7 +150,7 @@ def test_rotary_attention_depends_on_position_differences_only():
 
 
 def test_cross_attention_reads_the_memory_within_its_support(scheme):
-    from splitformer.codegen.verification.scheme_checks import random_parameters
+    from splitformer.codegen.verification.parameters import random_parameters
 
     single = load_scheme("decoder-pre-ln")
     params = random_parameters(single, SIZES, 3)

@@ -1,7 +1,7 @@
 """Weight adapters: source modules (torch, transformers, timm) ↔ canonical parameters.
 
-Each source family lives in its own module of this package and registers, by class name,
-a *reader* with ``@adapter("hf", "BertLayer")`` (module → ``Adapted``) and a *writer* with
+Each source family lives in its own module of this package and registers, by class name, in
+``registry``, a *reader* with ``@adapter("hf", "BertLayer")`` (module → ``Adapted``) and a *writer* with
 ``@writer("hf", "BertLayer")`` (``Adapted`` → the module's state dict). ``from_torch``,
 ``from_hf`` and ``from_timm`` dispatch on the class name of what they are given, so none of
 them imports transformers or timm; ``to_torch`` dispatches on ``Adapted.source``.
@@ -16,7 +16,7 @@ disagrees.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,38 +25,13 @@ from splitformer.symbolic.errors import SplitformerError
 from .adapted import Adapted
 from .arrays import dtype_notes, floating_dtype, source_dtype
 from .inspection import check_computation
+from .registry import ADAPTERS, WRITERS, adapter, writer
+from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
 __all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "from_xtransformers", "to_torch", "canonical",
            "ADAPTERS", "WRITERS"]
 
-#: ``(library, class name) → reader(module) → Adapted``; filled by ``adapter``.
-ADAPTERS: dict[tuple[str, str], Callable[[Any], Adapted]] = {}
-#: ``(library, class name) → writer(Adapted) → state dict``; filled by ``writer``.
-WRITERS: dict[tuple[str, str], Callable[[Adapted], dict[str, Any]]] = {}
-
 _EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
-
-
-def adapter(library: str, *class_names: str) -> Callable[[Callable], Callable]:
-    """Register the reader of the named classes of ``library`` (``torch``, ``hf``, ``timm``)."""
-
-    def register(function: Callable) -> Callable:
-        for name in class_names:
-            ADAPTERS[(library, name)] = function
-        return function
-
-    return register
-
-
-def writer(library: str, *class_names: str) -> Callable[[Callable], Callable]:
-    """Register the writer (``Adapted`` → source state dict) of the named classes."""
-
-    def register(function: Callable) -> Callable:
-        for name in class_names:
-            WRITERS[(library, name)] = function
-        return function
-
-    return register
 
 
 def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
@@ -160,6 +135,3 @@ def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] |
         final = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith("final_norm.")}
         return layers, final or None
     raise SplitformerError(f"cannot read canonical parameters from {type(params).__name__}")
-
-
-from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder, xtransformers  # noqa: E402,F401  (each registers its readers and writers)

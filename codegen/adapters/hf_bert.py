@@ -17,7 +17,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter, writer
+from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name, check_norms, same_configuration, stack_state, state_dict

@@ -15,7 +15,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter, writer
+from .registry import adapter, writer
 from .adapted import Adapted
 from .common import activation_name, state_dict
 from .inspection import check_parts

@@ -16,7 +16,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter
+from .registry import adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter, writer
+from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,

@@ -14,7 +14,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter, writer
+from .registry import adapter, writer
 from .adapted import Adapted
 from .common import check_bias, state_dict, torch_dropout
 from .inspection import check_parts

@@ -14,7 +14,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter, writer
+from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .inspection import check_parts

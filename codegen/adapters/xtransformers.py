@@ -33,7 +33,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from . import adapter
+from .registry import adapter
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name

@@ -27,7 +27,7 @@ import numpy as np
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .scheme_checks import random_parameters
+from .parameters import random_parameters
 from .semantics import Sizes
 from .statements import SKIPPED, Check
 

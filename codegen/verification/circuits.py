@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention_kernel import attention_only
-from .scheme_checks import random_parameters
+from .parameters import random_parameters
 from .semantics import Sizes
 from .statements import Check
 

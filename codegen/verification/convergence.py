@@ -21,7 +21,7 @@ from splitformer.symbolic.equation import equation_terms
 from splitformer.symbolic.scheme import Parallel, Scheme, Sequence, Substep
 
 from ..output import MARKER, PLOTS_HINT, check_replaceable, write_files
-from .scheme_checks import random_parameters
+from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
 __all__ = ["Study", "convergence_study", "plot_study", "plot_studies"]

@@ -20,7 +20,8 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .emitted import emitted_modules
-from .scheme_checks import DIGITS, random_parameters
+from .parameters import random_parameters
+from .scheme_checks import DIGITS
 from .semantics import MPMATH, Semantics, Sizes
 
 __all__ = ["paper_checks", "to_post_ln"]

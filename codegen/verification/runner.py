@@ -20,12 +20,13 @@ from splitformer.codegen.verification.statements.llm import llm_checks
 from splitformer.codegen.verification.statements.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
-from splitformer.codegen.verification.statements.recovery import is_builtin, recovery_checks
+from splitformer.codegen.verification.statements.recovery import recovery_checks
 from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.scheme_file import is_builtin
 
 from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks

@@ -36,10 +36,12 @@ from splitformer.symbolic.rotary_attention import POSITIONS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .emitted import TORCH_MISSING, emitted_modules
+from .parameters import axis_extents, random_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
+from .structure import stack_check
 
-__all__ = ["scheme_checks", "skipped_because", "random_parameters", "nesting", "DIGITS", "TOLERANCE", "SKIPPED",
-           "MAX_SYMBOLIC_NESTING"]
+__all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
+           "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING"]
 
 #: The symbolic comparison is made for steps that nest at most this many operator applications:
 #: SymPy's cost grows exponentially with the nesting (a dense 10-stage tableau of a pre-LN field,
@@ -60,25 +62,6 @@ _THETA, _POSITIONS = 100.0, ((0, 1, 2, 3, 4), (2, 3, 5, 8, 9))
 _MEMORY_TOKENS, _TINY_MEMORY_TOKENS = 4, 3
 
 
-def _codes(sizes: Sizes) -> dict[str, int]:
-    """The extent of each axis name of a parameter's shape (``n_heads`` for a control per head)."""
-    return {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features,
-            "n_heads": sizes.heads}
-
-
-def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
-    """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
-    rng = np.random.default_rng(seed)
-    codes = _codes(sizes)
-    params = {}
-    for operator in scheme.instantiate().values():
-        for parameter in operator.parameters():
-            shape = tuple(codes[domain.code_name] for domain in parameter.shape)
-            values = rng.standard_normal(shape) / np.sqrt(shape[0] if len(shape) == 2 else 1)
-            params[f"{operator.key}.{parameter.name}"] = values * 0.5 + (1.0 if parameter.kind == "gain" else 0.0)
-    return params
-
-
 def _exact(array: np.ndarray) -> np.ndarray:
     """Float64 values as 50-digit mpmath numbers (exactly the same binary values)."""
     return np.frompyfunc(mpmath.mpf, 1, 1)(np.asarray(array, dtype=float))
@@ -93,7 +76,7 @@ def _unchecked(kinds: set[str]) -> str:
 
 
 @dataclass(frozen=True)
-class _Inputs:
+class EmittedInputs:
     """What the emitted ``forward`` reads besides ``u`` and the parameters, by the scheme's operators."""
 
     rotary: bool
@@ -104,7 +87,7 @@ class _Inputs:
     options: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, forward, batch: int, seed: int) -> "_Inputs":
+    def of(cls, forward, batch: int, seed: int) -> "EmittedInputs":
         names = signature(forward).parameters
         sizes = _EMITTED_GROUPED if "n_kv_heads" in names else _EMITTED
         memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
@@ -154,7 +137,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
     modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules.get("torch")
-    inputs = _Inputs.of(numpy_module.forward, batch, seed)
+    inputs = EmittedInputs.of(numpy_module.forward, batch, seed)
     sizes = inputs.sizes
     params = random_parameters(scheme, sizes, seed)
     u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
@@ -289,7 +272,7 @@ def _symbols(name: str, shape: tuple[int, ...], **assumptions) -> np.ndarray:
 
 def derived_check(scheme: Scheme, program: Program) -> Check:
     sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
-    codes = _codes(sizes)
+    codes = axis_extents(sizes)
     params = {}
     for operator in scheme.instantiate().values():
         for parameter in operator.parameters():
@@ -374,8 +357,6 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     """The derived program (symbolically) and the emitted modules (numerically) against the evaluator,
     and the emitted stack against N steps; the first two are skipped, with the reason, for operators
     the evaluator cannot evaluate (inputs such as token positions or a memory)."""
-    from .structure import stack_check
-
     modules = emitted_modules(scheme, program)
     reasons = unevaluable(scheme)
     if reasons:

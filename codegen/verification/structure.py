@@ -22,7 +22,7 @@ from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
 from .emitted import emitted_modules
-from .scheme_checks import random_parameters
+from .parameters import random_parameters
 from .semantics import Sizes
 
 __all__ = ["attention_checks", "stack_check"]

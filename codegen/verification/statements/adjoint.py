@@ -33,12 +33,13 @@ from splitformer.symbolic.projections import SYMBOLS, derive_relu_projection
 from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
 from . import Check
 
-__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign"]
+__all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign",
+           "TOLERANCE"]
 
 _DIGITS = 50
 _STEP = sp.Float("1e-20", _DIGITS)
 #: ``|FD − adjoint| / |adjoint|`` below this holds (the difference's own error is ~1e-30).
-_TOLERANCE = sp.Float("1e-20", _DIGITS)
+TOLERANCE = sp.Float("1e-20", _DIGITS)
 #: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational, θ = 10⁴ the rotary
 #: frequencies θ^(−2r/4) = 1, 1/100; grouped attention: 2 query heads share 1 key/value head.
 _SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3,
@@ -160,11 +161,11 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
               f"random direction through the input{', the memory' if MEMORY_SUPPORT in program.tensors else ''} and "
               f"every control: central difference (step 1e-20) in "
               f"50-digit arithmetic at {sizes}.",
-              "numeric", bool(gap < _TOLERANCE), f"relative gap {sp.N(gap, 3)} (tolerance {sp.N(_TOLERANCE, 2)})"),
+              "numeric", bool(gap < TOLERANCE), f"relative gap {sp.N(gap, 3)} (tolerance {sp.N(TOLERANCE, 2)})"),
         Check(f"adjoint/{scheme.name}/negative-control", scheme.name,
               f"With the sign of one adjoint assignment flipped ({where}), the finite-difference comparison "
               "fails: the check can fail.",
-              "numeric", bool(control > _TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
+              "numeric", bool(control > TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
     ]
 
 

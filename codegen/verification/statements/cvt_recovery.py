@@ -21,12 +21,12 @@ from splitformer.symbolic.cvt_operators import KEYS
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import COLS, IMAGE_VARIABLES, ROWS
+from splitformer.symbolic.model_adjoint import stage_program
 from splitformer.symbolic.model_derivation import Stage
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.references import feed_forward, layer_norm
 from . import Check
-from .model_recovery import _program
-from .recovery import _canonical_entry, _vanishes
+from .recovery import canonical_entry, vanishes
 
 __all__ = ["cvt_recovery_checks", "cvt_step_difference"]
 
@@ -79,7 +79,7 @@ def _inputs(stage: Stage, params, head_width: int) -> dict:
         array = params[tensor.parameter]
 
         def entry(*index, array=array, domains=domains):
-            canonical = _canonical_entry(domains, index, head_width)
+            canonical = canonical_entry(domains, index, head_width)
             return array[canonical[0]] if len(canonical) == 1 else array[canonical]
 
         inputs[tensor.name] = entry
@@ -116,7 +116,7 @@ def cvt_step_difference(model: CvtProgram, dims: dict, value, eps, fresh) -> lis
         base[sp.Symbol(name, integer=True, nonnegative=True)] = dims[name]
 
     def run(stage, inputs, sizes=None):
-        return evaluate(_program(stage), {**base, **(sizes or {})}, {**inputs, **_inputs(stage, params, d // heads)},
+        return evaluate(stage_program(stage), {**base, **(sizes or {})}, {**inputs, **_inputs(stage, params, d // heads)},
                         eps=eps)[stage.output]
 
     # derived half-step: LN, split, convolutional projections, attention, residual
@@ -198,7 +198,7 @@ def cvt_recovery_checks(model: CvtProgram) -> list[Check]:
         return sp.Symbol(f"{name}[{','.join(map(str, index))}]", positive=name.endswith(".var") or None, real=True)
 
     symbolic = cvt_step_difference(model, SYMBOLIC, symbol, EPSILON, fresh)
-    failing = [position for position, entry in enumerate(symbolic) if not _vanishes(entry)]
+    failing = [position for position, entry in enumerate(symbolic) if not vanishes(entry)]
     error, control = _numeric_error(model), _numeric_error(_head_scale(model))
     tolerance = sp.Float(10) ** (-40)
     statement = ("One derived CvT step (LN, depth-wise conv + BatchNorm projections with the class node joined, "

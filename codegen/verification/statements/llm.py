@@ -145,7 +145,7 @@ def gqa_repeat_check(repeat: Callable | None = None) -> Check:
     from splitformer.symbolic.evaluate import evaluate
     from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
     from splitformer.symbolic.scheme import Scheme, Sequence, Substep
-    from .recovery import _domain_sizes, _sizes, _vanishes, _view_entry
+    from .recovery import domain_sizes, evaluation_sizes, vanishes, view_entry
 
     repeat = repeat or (lambda matrix, n_kv, n_rep, width: sp.Matrix.hstack(
         *[matrix[:, g * width:(g + 1) * width] for g in range(n_kv) for _ in range(n_rep)]))
@@ -164,18 +164,18 @@ def gqa_repeat_check(repeat: Callable | None = None) -> Check:
     u = symbols("u", n, d)
 
     def run(params, n_kv):
-        sizes = _sizes(n, d, heads, 1, kv_heads=n_kv)
-        by_domain = _domain_sizes(sizes)
+        sizes = evaluation_sizes(n, d, heads, 1, kv_heads=n_kv)
+        by_domain = domain_sizes(sizes)
         inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: int(j <= i), POSITIONS: lambda i: i}
         for tensor in program.parameters():
             domains = [index_domains[index] for index in tensor.indices]
             matrix = params[tensor.parameter.split(".")[1]]
             inputs[tensor.name] = (lambda *index, matrix=matrix, domains=domains, shape=tensor.shape:
-                                   matrix[_view_entry(domains, shape, index, by_domain)])
+                                   matrix[view_entry(domains, shape, index, by_domain)])
         return evaluate(program, {**sizes, ROPE_THETA: 10000}, inputs)[program.output]
 
     first, second = run(grouped, kv_heads), run(repeated, heads)
-    differing = [key for key in first if not _vanishes(first[key] - second[key])]
+    differing = [key for key in first if not vanishes(first[key] - second[key])]
     return Check(
         "gqa/repeated-heads", None,
         "Grouped-query attention (keys and values on a coarser head grid) equals multi-head attention whose "

@@ -25,7 +25,7 @@ from splitformer.symbolic.cvt_operators import KEYS, config_symbol
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.vision_operators import PATCH
 from . import Check
-from .adjoint import _TOLERANCE, finite_difference_gap, flip_sign
+from .adjoint import TOLERANCE, finite_difference_gap, flip_sign
 
 __all__ = ["model_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks", "CVT_CONTROLS"]
 
@@ -52,13 +52,13 @@ def _checks(name: str, statement: str, adjoints: dict, sizes: tuple[dict, str], 
               f"The derived adjoint of {statement} ({', '.join(gaps)}) gives the directional derivative of "
               "⟨λ, output⟩ along a random direction through the input and every control: central difference "
               f"(step 1e-20) in 50-digit arithmetic at {description}, ε = 1e-3.",
-              "numeric", bool(max(gaps.values()) < _TOLERANCE),
+              "numeric", bool(max(gaps.values()) < TOLERANCE),
               "relative gaps " + ", ".join(f"{piece} {sp.N(gap, 3)}" for piece, gap in gaps.items())
-              + f" (tolerance {sp.N(_TOLERANCE, 2)})"),
+              + f" (tolerance {sp.N(TOLERANCE, 2)})"),
         Check(f"adjoint/{name}/negative-control", name,
               f"With the sign of one adjoint assignment flipped ({flipped}: {where}), the finite-difference "
               "comparison fails: the check can fail.",
-              "numeric", bool(control > _TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
+              "numeric", bool(control > TOLERANCE), f"relative gap with the flipped sign {sp.N(control, 3)}"),
     ]
 
 
@@ -127,14 +127,14 @@ def cvt_adjoint_checks(model) -> list[Check]:
               "operators included) gives the directional derivative of ⟨λ, output⟩ along a random direction "
               "through the input and every control: central difference (step 1e-20) in 50-digit arithmetic at "
               f"{_CVT_DESCRIPTION}, ε = 1e-3.",
-              "numeric", bool(max(gaps.values()) < _TOLERANCE),
+              "numeric", bool(max(gaps.values()) < TOLERANCE),
               "relative gaps " + ", ".join(f"{name} {sp.N(gap, 3)}" for name, gap in gaps.items())
-              + f" (tolerance {sp.N(_TOLERANCE, 2)})"),
+              + f" (tolerance {sp.N(TOLERANCE, 2)})"),
         Check(f"adjoint/{model.name}/negative-control", model.name,
               "With the sign of one chaining assignment flipped (the costate of the projected tokens, which "
               "collects the transposes of the class-node/grid split and of the token concatenations; the "
               "residual sum; the class node's join), the finite-difference comparison fails: the check can fail.",
-              "numeric", bool(min(controls.values()) > _TOLERANCE),
+              "numeric", bool(min(controls.values()) > TOLERANCE),
               "relative gaps with the flipped sign " + ", ".join(f"{name} {sp.N(gap, 3)}"
                                                                  for name, gap in controls.items())),
     ]

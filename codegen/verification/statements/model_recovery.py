@@ -19,25 +19,19 @@ from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN,
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, ROWS, X1
 from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec
-from splitformer.symbolic.model_derivation import INPUT, ModelProgram, Stage, derive_grid_model, derive_model, discretize_stage
+from splitformer.symbolic.model_adjoint import stage_program
+from splitformer.symbolic.model_derivation import INPUT, ModelProgram, derive_grid_model, derive_model, discretize_stage
 from splitformer.symbolic.operators import EPSILON
-from splitformer.symbolic.program import Evaluation, Program, SubstepRecord
 from splitformer.symbolic.vision_operators import IMAGE, PATCH, PatchEmbedding
 from splitformer.symbolic.references import layer_norm, reference_block
 from splitformer.symbolic.vision_references import class_token_head, patch_embedding
 from . import Check
 from .equivariance import equivariance_check
-from .recovery import _inputs, _parameters, _vanishes
+from .recovery import evaluation_inputs, symbolic_parameters, vanishes
 
 __all__ = ["model_checks", "vit_checks", "vit_difference", "wrong_stride", "wrong_scale"]
 
 _DIGITS = 50
-
-
-def _program(stage: Stage) -> Program:
-    evaluation = Evaluation(stage.operator.key, stage.operator.kind, "", stage.assignments)
-    return Program(stage.operator.key, stage.tensors, [SubstepRecord(stage.operator.key, "", (evaluation,), None)],
-                   stage.output)
 
 
 def _matrix(table: dict, rows: int, cols: int) -> sp.Matrix:
@@ -67,26 +61,26 @@ def vit_difference(model: ModelProgram, dims: dict, value, eps, fresh=None) -> l
 
     embed = {name: (lambda *index, name=name: value(f"embed.{name}", *index)) for name in ("W", "b", "cls", "pos")}
     inputs = {"image": image, **{f"embed_{name}": entry for name, entry in embed.items()}}
-    grid = evaluate(_program(model.embedding), sizes, inputs)[model.embedding.output]
+    grid = evaluate(stage_program(model.embedding), sizes, inputs)[model.embedding.output]
     u = sp.Matrix(n, d, lambda i, l: embed["pos"](i, l) + (embed["cls"](l) if i == 0
                                                             else grid[((i - 1) // cols, (i - 1) % cols, l)]))
     differences += list(u - patch_embedding(image, embed, channels, height, width, patch, d))
     u = fresh("embed", u)
     for layer in range(dims["layers"]):
-        params = _parameters(model.step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
-        step = evaluate(model.step, sizes, _inputs(model.step, params, u, d // heads), eps=eps)[model.step.output]
+        params = symbolic_parameters(model.step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
+        step = evaluate(model.step, sizes, evaluation_inputs(model.step, params, u, d // heads), eps=eps)[model.step.output]
         derived = _matrix(step, n, d)
         differences += list(derived - reference_block("pre-ln", u, params, heads, eps, activation))
         u = fresh(f"layer{layer}", derived)
-    final = _parameters(model.final, sizes, lambda name, i, j: value(name, i, j))
-    derived = _matrix(evaluate(model.final, sizes, _inputs(model.final, final, u, 1), eps=eps)[model.final.output], n, d)
+    final = symbolic_parameters(model.final, sizes, lambda name, i, j: value(name, i, j))
+    derived = _matrix(evaluate(model.final, sizes, evaluation_inputs(model.final, final, u, 1), eps=eps)[model.final.output], n, d)
     differences += list(derived - layer_norm(u, final, "final_norm", eps))
     u = fresh("final", derived)
     head = {name: sp.Matrix(*shape, lambda i, j, name=name: value(name, i, j))
             for name, shape in (("head.W", (d, classes)), ("head.b", (classes, 1)))}
     readout = {"u": lambda i, l: u[i, l], "head_W": lambda k, o: head["head.W"][k, o],
                "head_b": lambda o: head["head.b"][o]}
-    logits = evaluate(_program(model.readout), sizes, readout)[model.readout.output]
+    logits = evaluate(stage_program(model.readout), sizes, readout)[model.readout.output]
     expected = class_token_head(u, head)
     return differences + [logits[(o,)] - expected[0, o] for o in range(classes)]
 
@@ -119,7 +113,7 @@ def _symbolic_holds(model: ModelProgram) -> tuple[bool, str]:
         return sp.Matrix(*matrix.shape, lambda i, k: sp.Symbol(f"u_{stage}[{i},{k}]", real=True))
 
     difference = vit_difference(model, SYMBOLIC, _symbolic, EPSILON, fresh)
-    failing = [position for position, entry in enumerate(difference) if not _vanishes(entry)]
+    failing = [position for position, entry in enumerate(difference) if not vanishes(entry)]
     return not failing, ("every entry of derived − reference expands to 0" if not failing
                          else f"entries {failing} of derived − reference (row-major, logits last) do not vanish")
 

@@ -151,7 +151,7 @@ def projection_checks(formula: sp.Expr | None = None) -> list[Check]:
 
 
 def _projection_kinds() -> list[type]:
-    from splitformer.symbolic.operators import OPERATOR_KINDS
+    from splitformer.symbolic.kinds import OPERATOR_KINDS
 
     return [cls for kind, cls in sorted(OPERATOR_KINDS.items())
             if cls.is_projection and getattr(cls, "constraints", None) is not None and kind != "layer-norm"]

@@ -20,16 +20,17 @@ from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
-from splitformer.symbolic.references import REFERENCES, reference_block
+from splitformer.symbolic.references import has_published_reference, reference_block
 from splitformer.symbolic.scheme import Scheme
 from . import Check
 
-__all__ = ["recovery_checks", "has_published_reference", "is_builtin"]
+__all__ = ["recovery_checks", "canonical_entry", "view_entry",
+           "evaluation_inputs", "evaluation_sizes", "domain_sizes", "symbolic_parameters", "vanishes"]
 
 _DIGITS = 50
 
 
-def _canonical_entry(domains, index, head_width):
+def canonical_entry(domains, index, head_width):
     """Map an index of a parameter's view (``W_q[k, m, e]``) to its canonical layout (``W_q[k, m·d_h + e]``)."""
     canonical, position = [], 0
     while position < len(domains):
@@ -42,7 +43,7 @@ def _canonical_entry(domains, index, head_width):
     return tuple(canonical)
 
 
-def _view_entry(view, shape, index, sizes):
+def view_entry(view, shape, index, sizes):
     """Map an index of any parameter view (``W_q[k, g, s, c, r]``) to its canonical layout, given the
     grid sizes by domain: a view splits the canonical axes row-major (a reshape), so the flat
     position is the same."""
@@ -56,7 +57,7 @@ def _view_entry(view, shape, index, sizes):
     return tuple(reversed(canonical))
 
 
-def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes, causal: bool = False) -> dict:
+def evaluation_inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes, causal: bool = False) -> dict:
     """Inputs of ``evaluate``; ``sizes``: grid sizes by domain, or (the older form) the head width."""
     from splitformer.symbolic.domains import VARIABLES
 
@@ -72,15 +73,15 @@ def _inputs(program: Program, params: dict[str, sp.Matrix], u: sp.Matrix, sizes,
         array = params[tensor.parameter]
 
         def entry(*index, array=array, domains=domains, shape=tensor.shape):
-            canonical = (_canonical_entry(domains, index, sizes) if isinstance(sizes, int)
-                         else _view_entry(domains, shape, index, sizes))
+            canonical = (canonical_entry(domains, index, sizes) if isinstance(sizes, int)
+                         else view_entry(domains, shape, index, sizes))
             return array[canonical] if len(canonical) == 2 else array[canonical[0]]
 
         inputs[tensor.name] = entry
     return inputs
 
 
-def _domain_sizes(sizes: dict) -> dict:
+def domain_sizes(sizes: dict) -> dict:
     """Grid sizes by domain (``FEATURES → 8``), derived ones included."""
     by_symbol = dict(sizes)
     by_domain = {domain: by_symbol.get(domain.size, domain.size) for domain in
@@ -88,8 +89,9 @@ def _domain_sizes(sizes: dict) -> dict:
     return {domain: int(size) for domain, size in by_domain.items() if isinstance(size, (int, sp.Integer))}
 
 
-def _parameters(program: Program, sizes: dict, value) -> dict[str, sp.Matrix]:
-    code = _domain_sizes(sizes)
+def symbolic_parameters(program: Program, sizes: dict, value) -> dict[str, sp.Matrix]:
+    """Each parameter of ``program`` as a matrix of ``value(name, i, j)`` at the grid sizes ``sizes``."""
+    code = domain_sizes(sizes)
     params = {}
     for tensor in program.parameters():
         shape = [code[domain] for domain in tensor.shape]
@@ -101,13 +103,13 @@ def _parameters(program: Program, sizes: dict, value) -> dict[str, sp.Matrix]:
 def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, position=sp.Integer) -> sp.Matrix:
     """Derived − reference; ``position(i)`` is token i's position (a Float keeps numeric evaluation numeric)."""
     n, d, heads = sizes[TOKENS.size], sizes[FEATURES.size], sizes[HEADS.size]
-    params = _parameters(program, sizes, value)
+    params = symbolic_parameters(program, sizes, value)
     if POSITIONS in program.tensors:
         params["positions"] = sp.Matrix([position(i) for i in range(n)])
     if MEMORY_FIELD in program.tensors:
         params["memory"] = sp.Matrix(sizes[MEMORY.size], d, lambda t, k: value("m", t, k))
     u = sp.Matrix(n, d, lambda i, k: value("u", i, k))
-    inputs = _inputs(program, params, u, _domain_sizes(sizes), scheme.causal)
+    inputs = evaluation_inputs(program, params, u, domain_sizes(sizes), scheme.causal)
     values = evaluate(program, sizes, inputs, eps=eps)[program.output]
     activation = lookup_activation(scheme.activation)
     if scheme.activation == "relu":  # SymPy's Max simplifies large arguments very slowly
@@ -116,7 +118,7 @@ def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, posit
     return sp.Matrix(n, d, lambda i, k: values[(i, k)] - expected[i, k])
 
 
-def _vanishes(expr: sp.Expr) -> bool:
+def vanishes(expr: sp.Expr) -> bool:
     """``expr == 0`` identically: a random point refutes cheaply, expansion confirms."""
     if expr == 0:
         return True
@@ -127,32 +129,12 @@ def _vanishes(expr: sp.Expr) -> bool:
     return sp.expand(expr) == 0
 
 
-def _sizes(n, d, heads, hidden, kv_heads=1, theta=10000, memory=2):
+def evaluation_sizes(n, d, heads, hidden, kv_heads=1, theta=10000, memory=2):
     """Grid sizes (and RoPE's θ) of one evaluation; ``kv_heads`` matters to grouped-query attention."""
     head_width = d // heads
     return {TOKENS.size: n, FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: head_width, HIDDEN.size: hidden,
             KV_HEADS.size: kv_heads, GROUP.size: heads // kv_heads, FREQUENCIES.size: head_width // 2,
             KV_FEATURES.size: kv_heads * head_width, MEMORY.size: memory, ROPE_THETA: theta}
-
-
-def is_builtin(scheme: Scheme) -> bool:
-    """Whether ``scheme`` is the built-in of its name (same operators, same steps).
-
-    A user file may carry a built-in's name (``name = "macaron"``) with other operators or
-    steps; checks that hold only for the built-in are not run on it.
-    """
-    from splitformer.symbolic.builtins import builtin_names, builtin_text
-    from splitformer.symbolic.scheme_file import parse_scheme
-
-    if scheme.name not in builtin_names():
-        return False
-    builtin = parse_scheme(builtin_text(scheme.name))
-    return builtin.operators == scheme.operators and builtin.body == scheme.body
-
-
-def has_published_reference(scheme: Scheme) -> bool:
-    """Whether ``scheme`` is a built-in whose published formula ``references`` holds."""
-    return scheme.name in REFERENCES and is_builtin(scheme)
 
 
 def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
@@ -162,9 +144,9 @@ def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
     statement = (f"One step of the derived {scheme.name} program ({scheme.activation}) equals the published "
                  f"{scheme.name} block, with every parameter (biases and gains included) free")
     # one memory token keeps the symbolic cross-attention small (its softmax over two is checked numerically)
-    symbolic = _difference(program, scheme, _sizes(2, 2, 1, 2, memory=1),
+    symbolic = _difference(program, scheme, evaluation_sizes(2, 2, 1, 2, memory=1),
                            lambda name, i, j: sp.Symbol(f"{name}[{i},{j}]", real=True), EPSILON)
-    nonzero = [(i, k) for i in range(symbolic.rows) for k in range(symbolic.cols) if not _vanishes(symbolic[i, k])]
+    nonzero = [(i, k) for i in range(symbolic.rows) for k in range(symbolic.cols) if not vanishes(symbolic[i, k])]
     checks = [Check(
         f"recovery/{scheme.name}/symbolic", scheme.name,
         statement + ": exactly, for 2 tokens (1 memory token), 2 features, 1 head, d_ff = 2, symbolic ε.",
@@ -183,7 +165,7 @@ def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
 
     # d_head = 4 keeps the score scale 1/√d_head rational, so every entry evaluates to a number
     # (θ = 10⁴ keeps the rotary frequencies θ^(−2r/4) rational too; one key/value head for both query heads)
-    numeric = _difference(program, scheme, _sizes(3, 8, 2, 6), value, sp.Float("1e-5", _DIGITS),
+    numeric = _difference(program, scheme, evaluation_sizes(3, 8, 2, 6), value, sp.Float("1e-5", _DIGITS),
                           lambda i: sp.Float(i, _DIGITS))
     error = max(abs(sp.N(entry, _DIGITS)) for entry in numeric)
     checks.append(Check(

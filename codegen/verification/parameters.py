@@ -1,0 +1,34 @@
+"""Random parameters of a scheme's emitted code, for the numerical checks.
+
+Every parameter gets float64 values, biases included (a zero bias would hide a wrong
+statement), gains around 1; the extents of its axes come from the check's ``Sizes``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from splitformer.symbolic.scheme import Scheme
+
+from .semantics import Sizes
+
+__all__ = ["random_parameters", "axis_extents"]
+
+
+def axis_extents(sizes: Sizes) -> dict[str, int]:
+    """The extent of each axis name of a parameter's shape (``n_heads`` for a control per head)."""
+    return {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features,
+            "n_heads": sizes.heads}
+
+
+def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
+    """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
+    rng = np.random.default_rng(seed)
+    codes = axis_extents(sizes)
+    params = {}
+    for operator in scheme.instantiate().values():
+        for parameter in operator.parameters():
+            shape = tuple(codes[domain.code_name] for domain in parameter.shape)
+            values = rng.standard_normal(shape) / np.sqrt(shape[0] if len(shape) == 2 else 1)
+            params[f"{operator.key}.{parameter.name}"] = values * 0.5 + (1.0 if parameter.kind == "gain" else 0.0)
+    return params

@@ -1,0 +1,74 @@
+"""How a scheme composes its substeps: sequences, parallel branches and Runge–Kutta steps.
+
+A ``Scheme`` (``scheme.py``) holds one such tree as its ``body``; the equation it discretizes
+(``equation.py``) and the checks of its fields (``scheme_fields.py``) walk the same tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import sympy as sp
+
+from .errors import SplitformerError
+from .exact_numbers import exact_number
+from .tableaux import HEUN, Tableau
+
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence"]
+
+
+def _exact(value: object, where: str) -> sp.Rational:
+    """A fraction or weight as an exact rational (a decimal or ``p/q``, either sign, bounded)."""
+    try:
+        return exact_number(value)
+    except ValueError as error:
+        raise SplitformerError(f"{where}: {error}") from None
+
+
+@dataclass(frozen=True)
+class Substep:
+    """Solve ``u_t = fraction · A(u)`` (or ``A(Proj(u))`` with ``on``) over one step."""
+
+    operator: str
+    solver: str
+    fraction: sp.Rational = sp.Integer(1)
+    on: str | None = None
+
+    def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
+        object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Branches that start from the same state; the result is their weighted sum."""
+
+    branches: tuple["Sequence", ...]
+    weights: tuple[sp.Rational, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple(_exact(weight, "parallel step: weight") for weight in self.weights))
+
+
+@dataclass(frozen=True)
+class RungeKutta:
+    """One explicit Runge–Kutta step (``tableau``) of the summed field ``G = Σ fraction_i A_i(on_i(u))``.
+
+    ``k_i = G(u + Δt Σ_j a_ij k_j)``, ``u⁺ = u + Δt Σ_i b_i k_i``; every stage shares the
+    operators' parameters.
+    """
+
+    fields: tuple[Substep, ...]
+    tableau: Tableau = HEUN
+
+
+@dataclass(frozen=True)
+class Heun(RungeKutta):
+    """One Heun (RK2) step: ``k_1 = G(u)``, ``k_2 = G(u + Δt k_1)``, ``u⁺ = u + Δt (k_1 + k_2)/2``."""
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Substeps applied one after the other (Lie splitting); empty means ``v_t = 0``."""
+
+    steps: tuple[Union[Substep, Parallel, RungeKutta], ...] = ()

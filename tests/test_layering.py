@@ -1,0 +1,86 @@
+"""Layering: no import circles, the symbolic side never imports codegen, emission and reports
+never import the verification, and no module imports another's private names.
+
+The graph is read from the source (``layering.py``): module-level and deferred imports both
+count. Each rule has a negative control: the same checker on a small synthetic package
+that breaks it must report the break.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from layering import circles, forbidden_imports, private_imports, read_package
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The installed names of the repository's folders (pyproject.toml's package-dir).
+FOLDERS = {"splitformer": ROOT / "splitformer", "splitformer.symbolic": ROOT / "symbolic",
+           "splitformer.codegen": ROOT / "codegen", "splitformer.templates": ROOT / "templates"}
+#: Emission and reports: IR → source and Markdown. Orchestrators (pipeline, api, cli) may
+#: call the verification; these modules never do.
+EMISSION = [f"splitformer.codegen.{name}" for name in (
+    "ir", "model_ir", "lowering", "model_lowering", "program_lowering", "adjoint", "model_adjoint", "passes",
+    "printers", "backends", "model_backends", "render", "stage_render", "model_render", "model_vjp", "cvt_vjp",
+    "report", "report_adjoint", "model_report", "initialization")] + ["splitformer.templates"]
+
+
+@pytest.fixture(scope="module")
+def project():
+    return read_package(FOLDERS)
+
+
+def _lines(found) -> str:
+    return "\n".join(f"{item.source}:{item.line} imports {item.target}{f' {item.name}' if item.name else ''}"
+                     for item in found)
+
+
+def test_the_graph_sees_the_project(project):
+    assert {"splitformer.symbolic.scheme", "splitformer.codegen.render", "splitformer.codegen.adapters",
+            "splitformer.codegen.verification.statements.order", "splitformer.codegen.passes.matmul"} <= set(project.modules)
+    assert len(project.modules) > 100 and len(project.imports) > 1000
+    assert all(name in project.modules for name in EMISSION)
+
+
+def test_no_import_circles(project):
+    assert circles(project) == []
+
+
+def test_symbolic_never_imports_codegen(project):
+    found = forbidden_imports(project, ["splitformer.symbolic"], ["splitformer.codegen", "splitformer.templates"])
+    assert not found, _lines(found)
+
+
+def test_emission_and_reports_never_import_the_verification(project):
+    found = forbidden_imports(project, EMISSION, ["splitformer.codegen.verification"])
+    assert not found, _lines(found)
+
+
+def test_no_private_names_imported_across_modules(project):
+    found = private_imports(project)
+    assert not found, _lines(found)
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+
+
+def test_negative_control_a_broken_package_is_reported(tmp_path):
+    """A circle through a deferred import, a private import, an upward import and an emitter
+    importing the verifier, in a package laid out as the project is; plus what must not count."""
+    _write(tmp_path / "root", {"__init__.py": ""})
+    _write(tmp_path / "core", {"__init__.py": "", "a.py": "from .b import helper\n",
+                               "b.py": "def helper():\n    from . import a\n",
+                               "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n",
+                               "d.py": "from .c import __all__\nfrom pkg.gen import render\n"})
+    _write(tmp_path / "gen", {"__init__.py": "", "render.py": "from .check import _secret\n",
+                              "check.py": "import importlib\n_secret = 1\nimportlib.import_module('pkg.gen.render')\n"})
+    graph = read_package({"pkg": tmp_path / "root", "pkg.core": tmp_path / "core", "pkg.gen": tmp_path / "gen"})
+    assert circles(graph) == [["pkg.core.a", "pkg.core.b"], ["pkg.gen.check", "pkg.gen.render"]]
+    assert [(item.source, item.name) for item in private_imports(graph)] == [("pkg.gen.render", "_secret")]
+    assert [item.source for item in forbidden_imports(graph, ["pkg.core"], ["pkg.gen"])] == ["pkg.core.d"]
+    assert [item.target for item in forbidden_imports(graph, ["pkg.gen.render"], ["pkg.gen.check"])] == ["pkg.gen.check"]
+    # the import under TYPE_CHECKING (c → d) is not counted: with it, c and d would be a circle;
+    # the dunder d imports from c (``__all__``) is not a private name
+    assert graph.edges()["pkg.core.c"] == set() and graph.edges()["pkg.core.d"] == {"pkg.core.c", "pkg.gen.render"}

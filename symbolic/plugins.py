@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import SplitformerError
+from .file_kinds import non_regular_kind
 from .operators import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
@@ -43,8 +44,11 @@ def load_plugin(path: str | Path) -> ModuleType:
     if path.suffix != ".py":
         raise SplitformerError(f"--load {path}: expected a Python file (.py)")
     try:
-        if not path.is_file():
+        if not path.exists():
             raise SplitformerError(f"--load {path}: no such file")
+        kind = non_regular_kind(path.stat().st_mode)
+        if kind is not None:
+            raise SplitformerError(f"--load {path}: it is {kind}, not a regular file")
         resolved = path.resolve()
     except OSError as error:
         raise SplitformerError(f"--load {path}: {error.strerror or error}") from None

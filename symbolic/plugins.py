@@ -61,16 +61,25 @@ def load_plugin(path: str | Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+        _check_streams()
     except BaseException as error:
         del sys.modules[name]
         _restore(OPERATOR_KINDS, kinds)
         _restore(TABLEAUX, tableaux)
         if isinstance(error, SplitformerError):
             raise SplitformerError(f"--load {path}: {error}") from None
-        if isinstance(error, (Exception, SystemExit)):  # a user's file: any failure is reported in one line
+        if not isinstance(error, KeyboardInterrupt):  # a user's file: any other failure is reported in one line
             raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
         raise
     return module
+
+
+def _check_streams() -> None:
+    """``SplitformerError`` if the plug-in closed ``sys.stdout`` or ``sys.stderr`` (reopened, to report it)."""
+    for stream_name, descriptor in (("stdout", 1), ("stderr", 2)):
+        if getattr(getattr(sys, stream_name), "closed", False):
+            setattr(sys, stream_name, open(descriptor, "w", closefd=False, errors="backslashreplace"))
+            raise SplitformerError(f"the plug-in closed sys.{stream_name}")
 
 
 def _restore(registry: dict, saved: dict) -> None:

@@ -200,6 +200,10 @@ def test_verifiers_accept_the_derivations_and_reject_each_poison():
     with pytest.raises(ValueError, match="gap"):
         verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, layer_norm.distance,
                                                 layer_norm.theorem, -layer_norm.gap))
+    with pytest.raises(ValueError, match="distance uses Max"):  # value-equal, but no series expands it
+        verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps,
+                                                sp.Max(layer_norm.distance, -1 - S.sigma_2**2),
+                                                layer_norm.theorem, layer_norm.gap))
     for formula in (sp.Max(0, s.v) + s.v / 1000, s.v, sp.Abs(s.v), sp.Max(0, s.v - sp.Rational(1, 10**6))):
         with pytest.raises(ValueError):
             verify_relu_projection(Projection(formula, relu.steps))

@@ -109,7 +109,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid", "_cat")
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
                  if f"{helper}(" in code},
         "output": module.output,
         # what the operators declare they read (symbolic.inputs), and the grids the arrays live on

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import SplitformerError
+from .file_kinds import non_regular_kind
 from .kinds import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
@@ -43,8 +44,11 @@ def load_plugin(path: str | Path) -> ModuleType:
     if path.suffix != ".py":
         raise SplitformerError(f"--load {path}: expected a Python file (.py)")
     try:
-        if not path.is_file():
+        if not path.exists():
             raise SplitformerError(f"--load {path}: no such file")
+        kind = non_regular_kind(path.stat().st_mode)
+        if kind is not None:
+            raise SplitformerError(f"--load {path}: it is {kind}, not a regular file")
         resolved = path.resolve()
     except OSError as error:
         raise SplitformerError(f"--load {path}: {error.strerror or error}") from None
@@ -57,22 +61,39 @@ def load_plugin(path: str | Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+        _check_streams()
     except BaseException as error:
         del sys.modules[name]
-        _restore(OPERATOR_KINDS, kinds)
+        _restore(OPERATOR_KINDS, kinds, kept=_project_kinds())
         _restore(TABLEAUX, tableaux)
         if isinstance(error, SplitformerError):
             raise SplitformerError(f"--load {path}: {error}") from None
-        if isinstance(error, (Exception, SystemExit)):  # a user's file: any failure is reported in one line
+        if not isinstance(error, KeyboardInterrupt):  # a user's file: any other failure is reported in one line
             raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
         raise
     return module
 
 
-def _restore(registry: dict, saved: dict) -> None:
-    """Put ``registry`` back to ``saved`` (in place: other modules hold the same dict)."""
+def _check_streams() -> None:
+    """``SplitformerError`` if the plug-in closed ``sys.stdout`` or ``sys.stderr`` (reopened, to report it)."""
+    for stream_name, descriptor in (("stdout", 1), ("stderr", 2)):
+        if getattr(getattr(sys, stream_name), "closed", False):
+            setattr(sys, stream_name, open(descriptor, "w", closefd=False, errors="backslashreplace"))
+            raise SplitformerError(f"the plug-in closed sys.{stream_name}")
+
+
+def _project_kinds() -> dict:
+    """The kinds splitformer's own modules registered: a plug-in that fails after importing one of
+    them for the first time (the vision kinds register on import) must not take them away."""
+    return {kind: cls for kind, cls in OPERATOR_KINDS.items()
+            if getattr(cls, "__module__", "").startswith("splitformer.")}
+
+
+def _restore(registry: dict, saved: dict, kept: dict | None = None) -> None:
+    """Put ``registry`` back to ``saved`` and ``kept`` (in place: other modules hold the same dict)."""
     registry.clear()
     registry.update(saved)
+    registry.update(kept or {})
 
 
 def load_plugins(paths: Iterable[str | Path]) -> list[ModuleType]:

@@ -13,8 +13,13 @@ random points in 50-digit arithmetic, the conditions the derivation solved:
 Points are drawn from the operating system's random source, so an entry crafted to pass
 at known points fails. The narrative steps are text that only the report shows: they are
 checked to hold no markup (no ``$``, backquote, ``<``, link or new line, and only the
-LaTeX commands derivations write), not re-derived. Formulas may use only the operations the
-code printers spell (a value-equal form in other operations would stop the emission).
+LaTeX commands derivations write), not re-derived. Values that reach code or a check
+(``formula``, ``theorem``) must moreover be written exactly in the canonical form the
+derivation produces (structural equality, the same tree, as the closed forms below, hand-written here and
+proven by the conditions above and by a test against the fresh derivation): a value-equal
+form in other operations could cancel catastrophically in float (``((v + c)² − c²)/(v + 2c)``
+is exactly ``v``), so no other form is accepted. ``distance`` and ``gap`` reach only checks
+and reports: they may use only sums, products and numeric powers.
 A verifier raises ``ValueError`` naming the condition that fails.
 """
 
@@ -27,7 +32,7 @@ import sympy as sp
 
 from .constraints import SYMBOLS
 
-__all__ = ["verify_layer_norm_projection", "verify_relu_projection"]
+__all__ = ["verify_layer_norm_projection", "verify_relu_projection", "canonical_layer_norm", "canonical_relu"]
 
 DIGITS = 50
 TOLERANCE = sp.Float("1e-30", DIGITS)
@@ -86,11 +91,29 @@ def _steps(steps) -> None:
                                  "which no derivation writes")
 
 
-def _printable(name: str, formula: sp.Expr) -> None:
-    """``formula`` is built only of operations the code printers spell, with numeric exponents."""
+def _printable(name: str, formula: sp.Expr, allowed: tuple = _PRINTABLE) -> None:
+    """``formula`` is built only of ``allowed`` operations (those the code printers spell), numeric exponents."""
     for node in sp.preorder_traversal(formula):
-        if not isinstance(node, _PRINTABLE) or (isinstance(node, sp.Pow) and not node.exp.is_Number):
+        if not isinstance(node, allowed) or (isinstance(node, sp.Pow) and not node.exp.is_Number):
             raise ValueError(f"{name} uses {type(node).__name__}, which the code printers do not spell")
+
+
+def _canonical(name: str, value: sp.Expr, expected: sp.Expr) -> None:
+    """``value`` is written exactly as ``expected`` (the same tree), not merely equal in value."""
+    if not isinstance(value, sp.Basic) or value != expected:
+        raise ValueError(f"{name} is not in the canonical form the derivation writes ({expected}): "
+                         "a value-equal form may round differently")
+
+
+def canonical_layer_norm(ghost_variance: sp.Expr) -> sp.Expr:
+    """``σ₁ + σ₂ (v − α) / √(β + ghost_variance)``: the form the derivation writes."""
+    s = SYMBOLS
+    return s.sigma_1 + s.sigma_2 * (s.v - s.alpha) / sp.sqrt(s.beta + ghost_variance)
+
+
+def canonical_relu() -> sp.Expr:
+    """``max(0, v)``: the form the derivation writes."""
+    return sp.Max(0, SYMBOLS.v)
 
 
 def _random_points() -> list[dict]:
@@ -141,6 +164,10 @@ def verify_layer_norm_projection(projection) -> None:
     _only("theorem", projection.theorem, parameters | {s.v})
     _only("distance", projection.distance, parameters)
     _only("gap", projection.gap, parameters | {s.ghost})
+    for name in ("distance", "gap"):  # algebraic: no max, which SymPy's series and limits cannot expand
+        _printable(name, getattr(projection, name), tuple(kind for kind in _PRINTABLE if kind is not sp.Max))
+    _canonical("formula", projection.formula, canonical_layer_norm(s.epsilon))
+    _canonical("theorem", projection.theorem, canonical_layer_norm(sp.Integer(0)))
     points = _random_points()
     _on_sphere("formula", projection.formula, s.epsilon, points)
     _on_sphere("theorem", projection.theorem, sp.Integer(0), points)
@@ -166,6 +193,7 @@ def verify_relu_projection(projection) -> None:
     _printable("formula", projection.formula)
     if (projection.distance, projection.theorem, projection.gap) != (None, None, None):
         raise ValueError("a ReLU projection carries only its formula and steps")
+    _canonical("formula", projection.formula, canonical_relu())
     draw = random.SystemRandom()
     values = [sp.Integer(0)] + [sp.Rational(sign * draw.randint(1, 3000), 1000) for sign in (1, -1) for _ in range(POINTS)]
     for value in values:

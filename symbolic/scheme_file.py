@@ -22,6 +22,7 @@ from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text, model_names
 from .errors import SplitformerError
 from .exact_numbers import exact_number
+from .file_kinds import open_regular
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
 from .kinds import OPERATOR_KINDS
 from .scheme_fields import MAX_DEPTH
@@ -314,9 +315,7 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
                                        f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
             raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; models, for derive and "
                                    f"check: {', '.join(model_names())}; or a path to a .toml file)")
-        if path.is_dir():
-            raise SplitformerError(f"scheme file {name_or_path!r} is a folder")
-        with path.open("rb") as stream:
+        with open_regular(path) as stream:
             data = stream.read(MAX_FILE_BYTES + 1)
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or error

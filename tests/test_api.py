@@ -182,6 +182,9 @@ def test_passes_by_name():
     assert "np.einsum" in plain or "_einsum(" in plain
     with pytest.raises(SplitformerError, match="unknown pass 'turbo'"):
         splitformer.derive("post-ln", passes="turbo")
+    for empty in ("", " ", ",,"):  # an unset variable is not 'none'
+        with pytest.raises(SplitformerError, match="names no pass"):
+            splitformer.derive("post-ln", passes=empty)
 
 
 def test_plain_text_forms_for_a_terminal(post_ln):

@@ -130,10 +130,23 @@ def test_empty_names_and_folders(tmp_path, capsys, monkeypatch):
 
 
 def test_scheme_files_are_read_up_to_a_size(capsys, tmp_path):
-    _fails(capsys, "show", "/dev/zero", message="larger than")
+    _fails(capsys, "show", "/dev/zero", message="it is a character device, not a regular file")
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * (2 << 20))
     _fails(capsys, "show", str(big), message="larger than")
+
+
+def test_a_fifo_is_refused_without_being_opened(capsys, tmp_path):
+    """A FIFO blocks whoever opens it for reading: refused by kind, in one line, at once."""
+    fifo, plugin = tmp_path / "f.toml", tmp_path / "f.py"
+    os.mkfifo(fifo)
+    os.mkfifo(plugin)
+    message = "it is a FIFO (named pipe), not a regular file"
+    _fails(capsys, "show", str(fifo), message=message)
+    _fails(capsys, "derive", str(fifo), "--out", str(tmp_path / "out"), message=message)
+    _fails(capsys, "show", "post-ln", "--load", str(plugin), message=message)
+    _fails(capsys, "show", "post-ln", "--load", str(tmp_path / "absent.py"), message="no such file")  # control
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_report_shows_html_as_text(tmp_path, capsys):

@@ -71,6 +71,15 @@ def _poison(name: str) -> dict:
         return {ln: "[" * 100_000 + "]" * 100_000}
     if name == "relu-as-abs":  # the same values in an operation the printers cannot spell
         return {rl: _entry(rl, Projection((S.v + sp.Abs(S.v)) / 2, relu.steps))}
+    if name in ("relu-cancellation", "layer-norm-cancellation"):
+        # exactly equal in value (so every 50-digit condition holds), catastrophic in float: c = 10^20
+        c = sp.Integer(10) ** 20
+        cancelling = sp.Mul(sp.Add(sp.Pow(sp.Add(S.v, c), 2), -c * c), sp.Pow(sp.Add(S.v, 2 * c), -1), evaluate=False)
+        if name == "relu-cancellation":
+            return {rl: _entry(rl, Projection(sp.Max(0, cancelling), relu.steps))}
+        formula = layer_norm.formula.xreplace({S.v: cancelling})
+        return {ln: _entry(ln, Projection(formula, layer_norm.steps, layer_norm.distance, layer_norm.theorem,
+                                          layer_norm.gap))}
     if name == "narrative-href":
         steps = ((relu.steps[0][0], relu.steps[0][1] + r"\href{javascript:alert(1)}{x}"), *relu.steps[1:])
         return {rl: _entry(rl, Projection(relu.formula, steps))}
@@ -78,7 +87,7 @@ def _poison(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["drops-eps", "swapped", "leaky-relu", "forty-two", "wrong-type", "corrupt", "deep",
-                                  "relu-as-abs", "narrative-href"])
+                                  "relu-as-abs", "narrative-href", "relu-cancellation", "layer-norm-cancellation"])
 def test_poisoned_entries_never_change_the_emitted_files(name, clean, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
     _derive(tmp_path / "warm", capsys)  # writes the genuine entries
@@ -191,6 +200,10 @@ def test_verifiers_accept_the_derivations_and_reject_each_poison():
     with pytest.raises(ValueError, match="gap"):
         verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps, layer_norm.distance,
                                                 layer_norm.theorem, -layer_norm.gap))
+    with pytest.raises(ValueError, match="distance uses Max"):  # value-equal, but no series expands it
+        verify_layer_norm_projection(Projection(layer_norm.formula, layer_norm.steps,
+                                                sp.Max(layer_norm.distance, -1 - S.sigma_2**2),
+                                                layer_norm.theorem, layer_norm.gap))
     for formula in (sp.Max(0, s.v) + s.v / 1000, s.v, sp.Abs(s.v), sp.Max(0, s.v - sp.Rational(1, 10**6))):
         with pytest.raises(ValueError):
             verify_relu_projection(Projection(formula, relu.steps))

@@ -61,6 +61,8 @@ def test_derive_a_scheme_file(tmp_path):
     (["derive"], "name at least one SCHEME"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["derive", "post-ln", "--passes", "turbo"], "unknown pass 'turbo'"),
+    (["derive", "post-ln", "--passes", " "], "the pass list ' ' names no pass"),
+    (["derive", "post-ln", "--passes", ",,"], "the pass list ',,' names no pass"),
 ])
 def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(arguments, message, tmp_path):
     code, out, err = run(*arguments, "--out", str(tmp_path / "out")) if arguments[0] == "derive" else run(*arguments)

@@ -40,7 +40,8 @@ def _u(seed=1, shape=(2, 3, 8)):
 def test_empty_batches_and_token_sets_give_empty_results(shape, numpy_module, torch_module):
     params = _params(numpy_module)
     out = numpy_module.forward(np.zeros(shape), params, n_heads=2)
-    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
+    block.load_params(params)
     assert out.shape == shape == tuple(block(torch.zeros(shape, dtype=torch.float64)).shape)
 
 
@@ -221,3 +222,25 @@ def test_rms_norm_is_right_up_to_the_float32_limits_in_both_backends(tmp_path):
     for out in outputs:
         assert out.dtype == np.float32 and np.isfinite(out).all()
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_parameters_of_another_floating_dtype_than_u_are_refused_in_both_backends(numpy_module, torch_module):
+    params, u = _params(numpy_module), _u().astype(np.float32)
+    with pytest.raises(ValueError, match=r"u has dtype float32, parameter 'attn\.W_q' float64"):
+        numpy_module.forward(u, params, n_heads=2)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
+    block.load_params(params)
+    with pytest.raises(ValueError, match="u has dtype torch.float32, the block's parameters torch.float64"):
+        block(torch.from_numpy(u))
+    # controls: one dtype throughout is accepted, integer parameters are cast to u's dtype
+    same = {name: value.astype(np.float32) for name, value in params.items()}
+    assert numpy_module.forward(u, same, n_heads=2).dtype == np.float32
+    integers = {name: np.rint(value * 4).astype(np.int64) for name, value in params.items()}
+    assert numpy_module.forward(u, integers, n_heads=2).dtype == np.float32
+
+
+def test_a_hidden_width_of_zero_is_named_in_both_backends(numpy_module, torch_module):
+    with pytest.raises(ValueError, match=r"d_ff must be >= 1, got 0 \(the d_ff axis of parameter"):
+        numpy_module.forward(_u(), _params(numpy_module, d_ff=0), n_heads=2)
+    with pytest.raises(ValueError, match="d_ff must be >= 1, got 0"):
+        torch_module.Block(8, 2, 0)

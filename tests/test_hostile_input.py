@@ -221,3 +221,18 @@ def test_a_projection_whose_constraints_repeat_is_one_line(tmp_path, capsys, mon
     assert main(["derive", "--load", str(plugin), str(scheme), "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "projection onto S_r: bound 2 repeats bound 1" in error, error
+
+
+def test_a_failed_plugin_keeps_the_kinds_splitformer_registered_while_it_loaded(tmp_path):
+    """The vision kinds register when their module is first imported; a plug-in that imports it and
+    then fails is rolled back without them disappearing (a fresh process: nothing imported before)."""
+    plugin = tmp_path / "imports_then_fails.py"
+    plugin.write_text("import splitformer.symbolic.vision_operators\nraise RuntimeError('late failure')\n")
+    code = (f"from splitformer.symbolic.plugins import load_plugin\n"
+            f"from splitformer.symbolic.kinds import OPERATOR_KINDS\n"
+            f"import sys\n"
+            f"assert 'splitformer.symbolic.vision_operators' not in sys.modules\n"
+            f"try:\n    load_plugin({str(plugin)!r})\nexcept Exception as error:\n    print(type(error).__name__)\n"
+            f"print('patch-embedding' in OPERATOR_KINDS)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["SplitformerError", "True"], result.stdout + result.stderr

@@ -82,3 +82,11 @@ def test_refusals_go_through_from_hf():
         from_hf(LlamaDecoderLayer(config, layer_idx=0))
     with pytest.raises(SplitformerError, match="activation 'relu'"):
         from_hf(GPT2Block(gpt2_config(activation_function="relu")))
+
+
+def test_a_llama_attention_scale_other_than_one_over_root_head_dim_is_refused():
+    layer = LlamaDecoderLayer(llama_config(16, 4, 2), layer_idx=0)
+    from_hf(layer)  # control: the standard scale is accepted
+    layer.self_attn.scaling = 0.1
+    with pytest.raises(SplitformerError, match=r"scales attention scores by 0\.1 \(self_attn\.scaling\)"):
+        from_hf(layer)

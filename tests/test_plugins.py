@@ -72,6 +72,18 @@ def test_a_failing_user_file_is_one_clear_error(tmp_path):
     assert result.returncode == 2 and "RuntimeError: boom" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("source, message", [
+    ("class Custom(BaseException):\n    pass\nraise Custom('boom')\n", "Custom: boom"),
+    ("import sys\nsys.stdout.close()\n", "the plug-in closed sys.stdout"),
+    ("import sys\nsys.stderr.close()\n", "the plug-in closed sys.stderr"),
+])
+def test_a_base_exception_or_a_closed_stream_is_a_failed_load(source, message, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text(source)
+    result = _cli("show", "post-ln", "--load", str(broken))
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: --load {broken}: {message}\n")
+
+
 def test_python_api_loads_the_same_file_and_derives(tmp_path):
     module = splitformer.load_plugin(PLUGIN)
     assert splitformer.load_plugin(PLUGIN) is module  # loading twice registers nothing twice

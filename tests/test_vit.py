@@ -120,6 +120,12 @@ def test_adapter_refuses_what_the_model_does_not_compute():
         from_hf(_vit(False, hidden_act="gelu_new"))
     with pytest.raises(SplitformerError, match="classifier is Identity"):
         from_hf(_vit(True, num_labels=0))
+    model = _vit(False)
+    layer = model.layers[1] if hasattr(model, "layers") else model.encoder.layer[1]
+    attention = layer.attention if hasattr(model, "layers") else layer.attention.attention
+    attention.scaling = 0.5
+    with pytest.raises(SplitformerError, match="layer 1 scales attention scores by 0.5"):
+        from_hf(model)
 
 
 def test_generated_numpy_rejects_bad_arguments_before_work():

@@ -8,6 +8,7 @@ compute are refused by name, never approximated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +87,18 @@ def _vit_layers(vit: Any) -> list[tuple]:
              layer.intermediate.dense, layer.output.dense) for layer in vit.encoder.layer]
 
 
+def _check_vit_scaling(vit: Any, owner: str, n_heads: int) -> None:
+    """Refuse an attention whose ``scaling`` is not ``1/√head_dim`` (transformers 5 and 4 layouts)."""
+    attentions = [layer.attention for layer in vit.layers] if hasattr(vit, "layers") else \
+        [layer.attention.attention for layer in vit.encoder.layer]
+    head_dim = vit.config.hidden_size // n_heads
+    for index, attention in enumerate(attentions):
+        scale = getattr(attention, "scaling", head_dim ** -0.5)
+        if not math.isclose(scale, head_dim ** -0.5, rel_tol=1e-12):
+            raise SplitformerError(f"{owner}: layer {index} scales attention scores by {scale}, "
+                                   "the vit model's step by 1/sqrt(head_dim)")
+
+
 def _vit_params(vit: Any) -> dict[str, np.ndarray]:
     embeddings = vit.embeddings
     projection = embeddings.patch_embeddings.projection
@@ -114,6 +127,7 @@ def from_hf_vit(module: Any) -> AdaptedModel:
     owner = type(module).__name__
     vit = module.vit if owner == "ViTForImageClassification" else module
     config = _vit_config(module.config, owner)
+    _check_vit_scaling(vit, owner, config["n_heads"])
     params = _vit_params(vit)
     if owner == "ViTForImageClassification":
         if type(module.classifier).__name__ != "Linear":

@@ -36,6 +36,8 @@ def select(names: str) -> tuple:
     if names == "none":
         return ()
     chosen = [name.strip() for name in names.split(",") if name.strip()]
+    if not chosen:
+        raise SplitformerError(f"the pass list {names!r} names no pass (write 'none' for no passes, 'all' for every one)")
     unknown = [name for name in chosen if name not in PASSES]
     if unknown:
         raise SplitformerError(f"unknown pass {unknown[0]!r} (known: {', '.join(PASSES)}, all, none)")

@@ -22,7 +22,6 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 import math
 import numbers
 import warnings
-import weakref
 from collections.abc import Mapping
 
 import torch
@@ -114,39 +113,6 @@ def _root(mean_square, eps: float, scale):
     """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
     root = torch.sqrt(mean_square + eps / scale / scale)
     return torch.where(root == 0, torch.ones_like(root), root)
-
-
-#: id of a concatenation's first tensor → (a weak reference to it, the sources' state, the
-#: sources (their storage kept alive, so a changed source cannot reuse its address), the result).
-_CONCATENATIONS: dict = {}
-
-
-def _cat(tensors: list[torch.Tensor], dim: int):
-    """``torch.cat(tensors, dim)``; of parameters without autograd, kept until one of them changes."""
-    if torch.jit.is_scripting():
-        return torch.cat(tensors, dim)
-    return _kept_cat(tensors, dim)
-
-
-@torch.jit.unused
-def _kept_cat(tensors: list[torch.Tensor], dim: int):
-    """The kept concatenation (the fused query/key/value kernel), made again when a source changed:
-    updated in place (optimizer step, ``load_state_dict``: its version counter) or given new data
-    (``.data =``, ``.to()``: another address). With autograd, or while tracing or compiling,
-    a fresh ``torch.cat`` (the graph must reach each source).
-    """
-    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return torch.cat(tensors, dim)
-    try:
-        state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
-    except RuntimeError:  # tensors without storage (torch.func transforms): nothing to keep
-        return torch.cat(tensors, dim)
-    key = id(tensors[0])
-    kept = _CONCATENATIONS.get(key)
-    if kept is None or kept[0]() is not tensors[0] or kept[1] != state:
-        owner = weakref.ref(tensors[0], lambda _: _CONCATENATIONS.pop(key, None))
-        kept = _CONCATENATIONS[key] = (owner, state, [t.detach() for t in tensors], torch.cat(tensors, dim))
-    return kept[3]
 
 
 def _rms_norm(x, gain, eps: float):
@@ -354,7 +320,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     norm2_out = norm2_gain*norm2_p
     # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
+    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
     ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
     ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
     del ffn_wgate
@@ -902,7 +868,7 @@ class Block(_CanonicalModule):
         norm2_out = _rms_norm(u1, norm2_gain, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
+        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
         ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
         ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
         del ffn_wgate, norm2_out

@@ -145,6 +145,13 @@ def test_api_calls_with_wrong_types_name_the_argument(call, message, post_ln, tm
     assert not (tmp_path / "out").exists()
 
 
+def _tampered(fraction) -> Substep:
+    """A substep whose fraction was set past its constructor (which makes every number exact)."""
+    step = Substep("ffn", "explicit")
+    object.__setattr__(step, "fraction", fraction)
+    return step
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"operators": [("ffn", "feed-forward")]}, "operators: expected dict, got list"),
     ({"operators": {"ffn": 3}}, r"operators.ffn: expected a kind name"),
@@ -154,8 +161,8 @@ def test_api_calls_with_wrong_types_name_the_argument(call, message, post_ln, tm
     ({"options": {"nobody": {}}}, "'nobody' is not a declared operator"),
     ({"body": [Substep("ffn", "explicit")]}, "expected a Sequence"),
     ({"body": Sequence([Substep("ffn", "explicit")])}, "expected a Sequence of a tuple"),
-    ({"body": Sequence((Substep("ffn", "explicit", 0.5),))}, "fraction: expected an exact rational"),
-    ({"body": Sequence((Substep("ffn", "explicit", sp.Integer(-1)),))}, "fraction: must be > 0"),
+    ({"body": Sequence((_tampered(0.5),))}, "fraction: expected an exact rational"),
+    ({"body": Sequence((Substep("ffn", "explicit", 0),))}, "fraction: must not be 0"),
     ({"body": Sequence((Substep(3, "explicit"),))}, "operator: expected str"),
     ({"body": Sequence((Parallel((ONE_STEP,), (sp.Rational(1, 2),)),))}, "weights must sum to 1"),
     ({"body": Sequence((Parallel((ONE_STEP,), (sp.Integer(1), sp.Integer(0))),))}, "2 weights for 1 branches"),

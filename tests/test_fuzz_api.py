@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,13 +39,29 @@ _KEYS = st.one_of(st.sampled_from(["attn", "ffn", "norm", "forward", "class"]), 
 _KINDS = st.one_of(st.sampled_from(["attention", "feed-forward", "layer-norm", "rms-norm", "nope"]), _ANY)
 _RATIONAL = st.one_of(st.sampled_from([sp.Integer(1), sp.Rational(1, 2), sp.Integer(0), sp.Integer(-1)]),
                       st.floats(0, 1), st.integers(-1, 2))
-_SUBSTEPS = st.builds(Substep, operator=st.one_of(_KEYS, _ANY),
+
+
+def _built(cls, *arguments, **fields):
+    """``cls(...)``; where its constructor refuses a number, the object with the raw value put past it
+    (a tampered frozen object must still be refused by ``derive``, in one line)."""
+    try:
+        return cls(*arguments, **fields)
+    except SplitformerError:
+        built = cls.__new__(cls)
+        for name, value in zip(("branches", "weights") if cls is Parallel else (), arguments):
+            object.__setattr__(built, name, value)
+        for name, value in {"fraction": 1, "on": None, **fields}.items():
+            object.__setattr__(built, name, value)
+        return built
+
+
+_SUBSTEPS = st.builds(partial(_built, Substep), operator=st.one_of(_KEYS, _ANY),
                       solver=st.one_of(st.sampled_from(["explicit", "projection", "rk7"]), _ANY),
                       fraction=_RATIONAL, on=st.one_of(st.none(), _KEYS, _ANY))
 _STEPS = st.recursive(
     _SUBSTEPS,
     lambda inner: st.one_of(
-        st.builds(Parallel, st.lists(st.builds(Sequence, st.lists(inner, max_size=2).map(tuple)), max_size=3).map(tuple),
+        st.builds(partial(_built, Parallel), st.lists(st.builds(Sequence, st.lists(inner, max_size=2).map(tuple)), max_size=3).map(tuple),
                   st.lists(_RATIONAL, max_size=3).map(tuple)),
         st.builds(RungeKutta, st.lists(_SUBSTEPS, max_size=2).map(tuple),
                   st.one_of(st.sampled_from([HEUN, RK4]), _ANY)),

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 import sympy as sp
 
-from splitformer.codegen.verification.runner import order_check, run_checks
+from splitformer.codegen.verification.runner import order_check, run_checks, scheme_checks
 from splitformer.codegen.cli import main
 from splitformer.codegen.report import check_ids
-from splitformer.symbolic import derive, load_scheme, parse_scheme
+from splitformer.symbolic import builtin_names, derive, load_scheme, parse_scheme
 from splitformer.codegen.verification.statements.order import splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
 from splitformer.codegen.verification.statements.recovery import recovery_checks
@@ -22,49 +22,73 @@ from splitformer.symbolic.projections import SYMBOLS as S
 from conftest import ROOT
 
 
-@pytest.fixture(scope="module")
-def report():
-    from splitformer.symbolic import builtin_names
+#: Ids that must be in the report: the general checks, then each built-in's own (checked with it).
+EXPECTED_IDS = {
+    "theorem-3.1/closed-form", "relu/kkt", "layer-norm/eps-ghost", "layer-norm/scale-invariance",
+    "subdifferential/sign", "activation/gelu", "recovery/rk2/numeric", "order/macaron",
+    "convergence/symmetric-parallel", "semantics/macaron/derived", "semantics/rk2/emitted",
+    "structure/attention/permutation", "structure/attention/heads", "structure/attention/causal",
+    "structure/attention/padding", "structure/post-ln/stack", "paper-lie/post-ln-exact",
+    "semantics/llama/derived", "semantics/llama/emitted", "semantics/decoder/derived",
+    "semantics/decoder-pre-ln/emitted", "structure/rotary-attention/relative-positions",
+    "structure/cross-attention/memory-permutation", "structure/cross-attention/memory-padding",
+    "attention/kernel-rows", "attention/convex-hull", "attention/constant-rows", "attention/circuits",
+    "rms-norm/scale-invariance", "causality/gpt2/block", "causality/llama/stack",
+    "causality/decoder/next-token", "adjoint-test/rk4/dot", "adjoint-test/paper-lie/taylor"}
 
-    return run_checks([load_scheme(name) for name in builtin_names()])
+
+def _own(ids: set[str], name: str) -> set[str]:
+    return {check_id for check_id in ids
+            if f"/{name}/" in check_id or check_id.endswith(f"/{name}") or check_id.startswith(f"{name}/")}
 
 
-def test_every_check_holds_for_the_builtins(report):
+def _holds(report) -> None:
     failing = [(check.id, check.detail) for check in report.checks if not check.holds]
     assert not failing
-    ids = {check.id for check in report.checks}
-    assert {"theorem-3.1/closed-form", "relu/kkt", "layer-norm/eps-ghost", "layer-norm/scale-invariance",
-            "subdifferential/sign", "activation/gelu", "recovery/rk2/numeric", "order/macaron",
-            "convergence/symmetric-parallel", "semantics/macaron/derived", "semantics/rk2/emitted",
-            "structure/attention/permutation", "structure/attention/heads", "structure/attention/causal",
-            "structure/attention/padding", "structure/post-ln/stack", "paper-lie/post-ln-exact",
-            "semantics/llama/derived", "semantics/llama/emitted", "semantics/decoder/derived",
-            "semantics/decoder-pre-ln/emitted", "structure/rotary-attention/relative-positions",
-            "structure/cross-attention/memory-permutation", "structure/cross-attention/memory-padding",
-            "attention/kernel-rows", "attention/convex-hull", "attention/constant-rows", "attention/circuits",
-            "rms-norm/scale-invariance", "causality/gpt2/block", "causality/llama/stack",
-            "causality/decoder/next-token", "adjoint-test/rk4/dot", "adjoint-test/paper-lie/taylor"} <= ids
     assert not [check.id for check in report.checks if check.method == "skipped"]
-
-
-def test_text_report_has_no_latex(report):
     assert "\\" not in report.as_text()
 
 
-def test_reports_name_only_checks_that_exist(report):
+@pytest.fixture(scope="module")
+def general_report():
+    return run_checks([])
+
+
+def test_every_general_check_holds(general_report):
+    _holds(general_report)
+    ids = {check.id for check in general_report.checks}
+    per_scheme = {check_id for name in builtin_names() for check_id in _own(EXPECTED_IDS, name)}
+    assert EXPECTED_IDS - per_scheme <= ids
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_check_holds_for_the_builtin(name, general_report):
+    """One test per built-in, so that the suite's workers share them."""
+    scheme = load_scheme(name)
+    report = scheme_checks(scheme)
+    _holds(report)
     ids = {check.id for check in report.checks}
-    for name in report.orders:
-        assert set(check_ids(load_scheme(name))) <= ids
+    assert _own(EXPECTED_IDS, name) <= ids
+    # reports name only checks that exist
+    assert set(check_ids(scheme)) <= ids | {check.id for check in general_report.checks}
 
 
-def test_orders_are_the_true_ones(report):
+def test_expected_ids_name_builtins_or_general_checks():
+    """Control for the test above: an expected per-scheme id is attributed to its scheme."""
+    assert _own({"order/macaron", "order/macaron-pre-ln", "semantics/macaron/derived", "paper-lie/post-ln-exact"},
+                "macaron") == {"order/macaron", "semantics/macaron/derived"}
+    assert _own({"paper-lie/post-ln-exact", "theorem-3.1/kkt"}, "paper-lie") == {"paper-lie/post-ln-exact"}
+
+
+def test_orders_are_the_true_ones():
     """docs/model.md §9: Euler-based blocks are order 1; Strang/symmetric need exact sub-flows for 2; RK2 is 2."""
     expected = {"post-ln": (1, 1), "pre-ln": (1, 1), "macaron": (1, 1), "macaron-pre-ln": (1, 1), "parallel": (1, 1),
                 "symmetric-parallel": (1, 2), "rk2": (2, None), "rk4": (4, None), "gpt2": (1, 1), "llama": (1, 1),
                 "decoder": (1, 1), "decoder-pre-ln": (1, 1), "paper-lie": (1, 1)}
-    assert {name: (o["order"], o["splitting_order"]) for name, o in report.orders.items()} == expected
+    results = {name: splitting_order(load_scheme(name)) for name in builtin_names()}
+    assert {name: (result.order, result.splitting_order) for name, result in results.items()} == expected
     # Macaron's F_pre ≠ F_post: ½h²[F_post − F_pre, A] survives; tied, the splitting order is 2 (docs/model.md §9)
-    assert report.orders["macaron"]["tied_splitting_order"] == 2
+    assert results["macaron"].tied_splitting_order == 2
 
 
 def test_distinct_operators_of_one_kind_are_distinct_generators():

@@ -251,17 +251,21 @@ def _width(u, params, table):
 
 
 def _hidden_width(params, table, sizes):
-    """d_ff, read from the first parameter whose other axes have their sizes; None when none has."""
+    """d_ff (>= 1), read from the first parameter whose other axes have their sizes; None when none has."""
     for name, axes in table.items():
         shape = _shape(params, name)
         if "d_ff" in axes and len(shape) == len(axes) and \
                 all(axis == "d_ff" or size == sizes.get(axis) for axis, size in zip(axes, shape)):
-            return shape[axes.index("d_ff")]
+            width = shape[axes.index("d_ff")]
+            if width < 1:
+                raise ValueError(f"d_ff must be >= 1, got {width} (the d_ff axis of parameter {name!r})")
+            return width
     return None
 
 
 def _parameters(params, table, sizes, dtype):
-    """Check the parameters of ``table``: no others, each present, real, of its shape; cast to ``dtype``."""
+    """Check the parameters of ``table``: no others, each present, real, of its shape, floating ones of
+    ``dtype`` (u's); integers are cast to ``dtype``."""
     unknown = sorted(set(params) - set(table), key=str)
     if unknown:
         raise ValueError(f"unexpected parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -276,6 +280,8 @@ def _parameters(params, table, sizes, dtype):
         value = _array(f"parameter {name!r}", params[name])
         if value.dtype.kind not in "fiu":
             raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if value.dtype.kind == "f" and value.dtype != dtype:
+            raise ValueError(f"u has dtype {dtype}, parameter {name!r} {value.dtype}")
         if value.shape != expected:
             raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {shown}")
         arrays[name] = value.astype(dtype, copy=False)

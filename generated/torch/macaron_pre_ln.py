@@ -35,7 +35,6 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 import math
 import numbers
 import warnings
-import weakref
 from collections.abc import Mapping
 
 import torch
@@ -220,39 +219,6 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
-#: id of a concatenation's first tensor → (a weak reference to it, the sources' state, the
-#: sources (their storage kept alive, so a changed source cannot reuse its address), the result).
-_CONCATENATIONS: dict = {}
-
-
-def _cat(tensors: list[torch.Tensor], dim: int):
-    """``torch.cat(tensors, dim)``; of parameters without autograd, kept until one of them changes."""
-    if torch.jit.is_scripting():
-        return torch.cat(tensors, dim)
-    return _kept_cat(tensors, dim)
-
-
-@torch.jit.unused
-def _kept_cat(tensors: list[torch.Tensor], dim: int):
-    """The kept concatenation (the fused query/key/value kernel), made again when a source changed:
-    updated in place (optimizer step, ``load_state_dict``: its version counter) or given new data
-    (``.data =``, ``.to()``: another address). With autograd, or while tracing or compiling,
-    a fresh ``torch.cat`` (the graph must reach each source).
-    """
-    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return torch.cat(tensors, dim)
-    try:
-        state = [(t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device) for t in tensors]
-    except RuntimeError:  # tensors without storage (torch.func transforms): nothing to keep
-        return torch.cat(tensors, dim)
-    key = id(tensors[0])
-    kept = _CONCATENATIONS.get(key)
-    if kept is None or kept[0]() is not tensors[0] or kept[1] != state:
-        owner = weakref.ref(tensors[0], lambda _: _CONCATENATIONS.pop(key, None))
-        kept = _CONCATENATIONS[key] = (owner, state, [t.detach() for t in tensors], torch.cat(tensors, dim))
-    return kept[3]
-
-
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -389,7 +355,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-    attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm2_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
+    attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), norm2_out.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
     attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
     attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
     del attn_qkv
@@ -985,7 +951,7 @@ class Block(_CanonicalModule):
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
-        attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm2_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
+        attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), norm2_out.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         del attn_qkv, norm2_out

@@ -2,8 +2,8 @@
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch  # test dependencies: a broken install fails, never skips
+import transformers
 
 from splitformer import SplitformerError  # noqa: E402
 from splitformer.codegen.nn_hf import from_hf_lm  # noqa: E402

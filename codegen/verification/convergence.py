@@ -53,17 +53,11 @@ def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int =
     def field(v):
         return sum(coefficient * semantics.field(step, v) for coefficient, step in terms)
 
-    dt = HORIZON / steps
-    for _ in range(steps):
-        k1 = field(u)
-        k2 = field(u + dt / 2 * k1)
-        k3 = field(u + dt / 2 * k2)
-        k4 = field(u + dt * k3)
-        u = u + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return u
+    return _rk4(field, u, HORIZON, steps)
 
 
 def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:
+    """``steps`` classic RK4 steps of ``u' = field(u)`` over ``duration``."""
     dt = duration / steps
     for _ in range(steps):
         k1 = field(u)

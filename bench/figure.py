@@ -91,7 +91,15 @@ def build(figure: str, role: str, shape: str, modules: Path):
         module = _reference_layer(params, d, heads, d_ff).train(training)
     else:
         module = _module(modules, "torch").Block(d, heads, d_ff).load_params(params).train(training)
-    if training:  # a whole training step: forward, backward, and the optimizer's update
+    return timed_call(module, x, training)
+
+
+def timed_call(module, x, training: bool):
+    """What one figure times: a whole training step (forward, backward, the optimizer's update) or
+    one inference call."""
+    import torch
+
+    if training:
         optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
 
         def step():

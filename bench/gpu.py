@@ -50,24 +50,6 @@ def _timed(function, seconds: float) -> float:
     return statistics.median(times)
 
 
-def _callable(module, x, training: bool):
-    import torch
-
-    if training:
-        optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
-
-        def step():
-            optimizer.zero_grad(set_to_none=True)
-            module(x).square().mean().backward()
-            optimizer.step()
-        return step
-
-    def infer():
-        with torch.inference_mode():
-            module(x)
-    return infer
-
-
 def _modules(shape: str, folder: Path):
     """The reference layer and the generated ``Block`` on ``cuda``, and the input there."""
     import torch
@@ -108,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"no CUDA device is present (torch {torch.__version__}): the GPU table is not measured")
         return 0
+    from figure import timed_call
     from splitformer.codegen.output import write_files
     from splitformer.codegen.pipeline import generate
     from splitformer.symbolic import load_scheme
@@ -121,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             _no_host_sync(candidate, x)
             for figure in FIGURES:
                 training = figure == "torch-training"
-                functions = [_callable(module.train(training), x, training) for module in (reference, candidate)]
+                functions = [timed_call(module.train(training), x, training) for module in (reference, candidate)]
                 ratios, times = [], []
                 for _ in range(arguments.pairs):
                     times = [_timed(function, arguments.seconds) for function in functions]

@@ -158,6 +158,10 @@ class LanguageModel(_Embedded):
         module = stack_module(scheme, causal=True)
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.tie_weights = module.SCHEME, vocab_size, tie_weights
+        #: The arguments that rebuild this model (``to_hf`` writes them into its config).
+        self.arguments = {"scheme": scheme, "vocab_size": vocab_size, "d_model": d_model, "n_heads": n_heads,
+                          "d_ff": d_ff, "n_layers": n_layers, "max_tokens": max_tokens, "tie_weights": tie_weights,
+                          "dropout": dropout, "final_norm": final_norm, **stack_options}
         self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
         self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
                           stack_options)
@@ -176,18 +180,25 @@ class LanguageModel(_Embedded):
         return [{} for _ in self.stack.layers]
 
     def forward(self, tokens: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
-                cache: list[dict] | None = None) -> torch.Tensor:
+                cache: list[dict] | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, tokens, vocab) of the next token after each of ``tokens`` (batch, tokens).
 
         ``padding_mask`` (batch, cached + new tokens), True = padded (left padding: positions
         count from each row's first real token). ``cache`` (``new_cache()``): ``tokens`` are
         the new ones; keys and values of the earlier ones come from the cache, which grows.
+        ``positions`` (batch, tokens): the new tokens' positions, if not counted so.
         """
         tokens = _check_tokens("tokens", tokens, self.vocab_size)
         batch, n_tokens = tokens.shape
         offset = next(iter(cache[0].values())).shape[1] if cache and cache[0] else 0
         padding_mask = _check_padding(padding_mask, (batch, offset + n_tokens))
-        positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
+        if positions is None:
+            positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
+        elif not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
+                or positions.dtype == torch.bool or positions.shape[-1:] != (n_tokens,) or positions.dim() > 2:
+            raise ValueError(f"positions must be integer positions of shape (batch, {n_tokens}) or ({n_tokens},)")
+        else:
+            positions = positions.expand(batch, n_tokens)
         u, placed = self._place(self.embed(tokens), positions)
         u = self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=True, cache=cache, **placed)
         return self.head(u)

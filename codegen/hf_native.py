@@ -8,11 +8,9 @@ activation), the sizes, the vocabulary, the tying of the head. Both are register
 module is imported, so ``AutoModelForCausalLM.from_pretrained(folder)`` reads back what
 ``save_pretrained(folder)`` wrote.
 
-The KV cache is transformers' own (``DynamicCache``): one cache layer per block, whose keys
-and values are those of every attention evaluation of the block's step (a Runge–Kutta
-scheme evaluates attention more than once), side by side on the head axis, in transformers'
-layout (batch, heads, tokens, d_head); rotary keys are stored rotated, as transformers does.
-This module is the only one that imports transformers (an optional dependency).
+The KV cache is transformers' own (``DynamicCache``, one layer per block; see
+``splitformer.codegen.hf_cache``). transformers is an optional dependency: only the ``hf_*``
+modules import it.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import parse_scheme
 
 from .api import as_scheme
+from .hf_cache import CacheLayout, cache_layout, read_layer, write_layer
 from .nn import LanguageModel
 
 __all__ = ["SplitformerConfig", "SplitformerForCausalLM", "to_hf"]
@@ -98,42 +97,8 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         return self.model.head
 
     @cached_property
-    def _cache_layout(self) -> list[tuple[str, tuple[int, ...]]]:
-        """The entries of one block's own cache (name, shape after batch and tokens), keys first,
-        read from a one-token step."""
-        scratch = self.model.new_cache()
-        with torch.no_grad():
-            self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache=scratch)
-        entries = sorted(scratch[0].items(), key=lambda item: (item[0].endswith(".v"), item[0]))
-        for name, tensor in entries:
-            if tensor.dim() < 4 or name.rpartition(".")[2] not in ("k", "kr", "v"):
-                raise SplitformerError(f"{self.model.scheme}: the cache entry {name!r} is not a key or value per head")
-        return [(name, tuple(tensor.shape[2:])) for name, tensor in entries]
-
-    def _from_hf_cache(self, cache: Cache) -> list[dict]:
-        """The blocks' own caches holding what ``cache`` holds (empty dicts for an empty cache)."""
-        if cache.get_seq_length() == 0:
-            return self.model.new_cache()
-        layers = []
-        for index in range(len(self.model.stack.layers)):
-            keys, values = cache.layers[index].keys, cache.layers[index].values
-            packed = torch.cat((keys, values), dim=1)  # (batch, heads of every entry, tokens, width)
-            own, start = {}, 0
-            for name, shape in self._cache_layout:
-                part = packed[:, start:start + shape[0]]
-                own[name] = part.transpose(1, 2).reshape(part.shape[0], part.shape[2], *shape)
-                start += shape[0]
-            layers.append(own)
-        return layers
-
-    def _to_hf_cache(self, layers: list[dict], cache: Cache, n_new: int) -> None:
-        """Append the new tokens' keys and values of every block to ``cache``."""
-        for index, own in enumerate(layers):
-            sides = {True: [], False: []}
-            for name, shape in self._cache_layout:
-                new = own[name][:, -n_new:]
-                sides[name.endswith(".v")].append(new.reshape(*new.shape[:3], -1).transpose(1, 2))
-            cache.update(torch.cat(sides[False], dim=1), torch.cat(sides[True], dim=1), index)
+    def _cache_layout(self) -> CacheLayout:
+        return cache_layout(self.model.stack.layers[0])
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
@@ -151,11 +116,12 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        layers = None if cache is None else self._from_hf_cache(cache)
+        layers = None if cache is None else [read_layer(cache, index, self._cache_layout)
+                                             for index in range(len(self.model.stack.layers))]
         padding = None if attention_mask is None else attention_mask == 0
         logits = self.model(input_ids, padding_mask=padding, cache=layers, positions=position_ids)
-        if cache is not None:
-            self._to_hf_cache(layers, cache, input_ids.shape[1])
+        for index, own in enumerate(layers or ()):
+            write_layer(cache, index, own, self._cache_layout, input_ids.shape[1])
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),

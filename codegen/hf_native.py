@@ -61,14 +61,14 @@ class SplitformerConfig(transformers.PreTrainedConfig):
     tie_word_embeddings: bool = True
     use_cache: bool = True
 
-    def language_model(self, **factory) -> LanguageModel:
+    def language_model(self) -> LanguageModel:
         """A freshly initialized ``LanguageModel`` of this configuration."""
         scheme = self.scheme
         if scheme not in builtin_names():
             scheme = parse_scheme(scheme, "the config's scheme")
             scheme = scheme if self.activation is None else scheme.with_activation(self.activation)
         return LanguageModel(scheme, **{name: getattr(self, name) for name in _SIZES},
-                             tie_weights=self.tie_word_embeddings, **(self.stack_options or {}), **factory)
+                             tie_weights=self.tie_word_embeddings, **(self.stack_options or {}))
 
 
 class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.GenerationMixin):
@@ -77,7 +77,6 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
     config_class = SplitformerConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    _no_split_modules = []
 
     def __init__(self, config: SplitformerConfig, model: LanguageModel | None = None):
         super().__init__(config)
@@ -103,11 +102,14 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
-        """Logits of the next token; ``loss`` (shifted cross-entropy, -100 ignored) with ``labels``.
+                inputs_embeds: torch.Tensor | None = None, num_items_in_batch: int | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        """Logits of the next token; ``loss`` (shifted cross-entropy, -100 ignored) with ``labels``,
+        summed over ``num_items_in_batch`` tokens when ``Trainer`` gives it (gradient accumulation).
 
         ``attention_mask`` (batch, cached + new tokens): 1 keeps a token, 0 marks padding.
         ``cache``: a ``DynamicCache`` (made here when ``use_cache`` and none is given).
+        Other keywords of transformers' interface (``return_dict``, ``output_attentions``) are ignored.
         """
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("input_ids is required: a splitformer LanguageModel embeds its tokens itself")
@@ -124,8 +126,10 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
             write_layer(cache, index, own, self._cache_layout, input_ids.shape[1])
         loss = None
         if labels is not None:
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                                     ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                                                     ignore_index=-100,
+                                                     reduction="mean" if num_items_in_batch is None else "sum")
+            loss = loss if num_items_in_batch is None else loss / num_items_in_batch
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
 
 

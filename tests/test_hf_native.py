@@ -149,9 +149,9 @@ def _padded_mask():
     return mask
 
 
-@pytest.mark.parametrize("scheme", ["pre-ln", "gpt2"])
-def test_replace_blocks_with_gpt2s_own_block_keeps_the_logits(scheme):
-    reference = gpt2()
+@pytest.mark.parametrize("scheme, attention", [("pre-ln", "sdpa"), ("pre-ln", "eager"), ("gpt2", "sdpa")])
+def test_replace_blocks_with_gpt2s_own_block_keeps_the_logits(scheme, attention):
+    reference = gpt2(attn_implementation=attention)  # its 4-D mask: bool (sdpa) or added to the scores (eager)
     tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = _padded_mask()
     replaced = replace_blocks(copy.deepcopy(reference), scheme)  # activation: GPT-2's own, gelu-tanh

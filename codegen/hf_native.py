@@ -108,14 +108,15 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         summed over ``num_items_in_batch`` tokens when ``Trainer`` gives it (gradient accumulation).
 
         ``attention_mask`` (batch, cached + new tokens): 1 keeps a token, 0 marks padding.
-        ``cache``: a ``DynamicCache`` (made here when ``use_cache`` and none is given).
+        ``cache``: a ``DynamicCache`` (made here when ``use_cache`` and none is given; ``use_cache``
+        defaults to the config's in eval mode, off in training).
         Other keywords of transformers' interface (``return_dict``, ``output_attentions``) are ignored.
         """
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("input_ids is required: a splitformer LanguageModel embeds its tokens itself")
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must be (batch, tokens) of 1 and 0, got {list(attention_mask.shape)}")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         layers = None if cache is None else [read_layer(cache, index, self._cache_layout)

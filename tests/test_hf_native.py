@@ -88,6 +88,16 @@ def test_the_cache_is_transformers_and_each_step_equals_the_full_pass():
     assert not torch.allclose(changed[0, 0], full[0, 6], atol=1e-8)
 
 
+def test_position_ids_place_the_tokens():
+    hf = to_hf(language_model("pre-ln"))  # learned positions
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    counted = torch.arange(6)[None]
+    assert torch.equal(hf(tokens, position_ids=counted).logits, hf(tokens).logits)
+    assert not torch.allclose(hf(tokens, position_ids=counted + 1).logits, hf(tokens).logits, atol=1e-6)
+    with pytest.raises(ValueError, match=r"positions must be integer positions of shape \(batch, 6\)"):
+        hf(tokens, position_ids=torch.zeros(2, 5, dtype=torch.long))
+
+
 def test_rotary_keys_are_cached_as_transformers_llama_caches_them():
     reference = llama()
     hf = to_hf(splitformer.nn.from_hf_lm(reference))

@@ -21,3 +21,7 @@ def __getattr__(name: str):
     if name in _TRANSFORMERS_NATIVE:
         return getattr(importlib.import_module(f"splitformer.codegen.{_TRANSFORMERS_NATIVE[name]}"), name)
     raise AttributeError(f"module 'splitformer.nn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})

@@ -24,6 +24,7 @@ _EXPORTS = {
     "runge_kutta": "splitformer.symbolic.builder",
     "derive": "splitformer.codegen.api",
     "Derivation": "splitformer.codegen.api",
+    "NetworkDerivation": "splitformer.codegen.network_api",
     "compare": "splitformer.codegen.compare",
     "Operator": "splitformer.symbolic.operators",
     "ProjectionOperator": "splitformer.symbolic.operators",

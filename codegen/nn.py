@@ -48,9 +48,9 @@ def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool
     elif isinstance(scheme, str) and scheme in builtin_names():
         module = _builtin_module(scheme, causal)
     else:
-        from .api import derive
+        from .api import as_scheme, derive
 
-        module = derive(scheme, causal=causal).torch_module()
+        module = derive(as_scheme(scheme), causal=causal).torch_module()
     # torch.compile looks the module up by name to reach its globals: an in-memory one must be findable
     sys.modules[module.__name__] = module
     stack = getattr(module, "Stack", None)

@@ -41,6 +41,26 @@ class AdaptedModel:
     def astype(self, dtype: Any) -> "AdaptedModel":
         return replace(self, params={name: value.astype(dtype) for name, value in self.params.items()})
 
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
+        """The ``Model`` of the generated ``vit`` torch module holding these parameters (in their dtype)."""
+        import torch
+
+        if self.model != "vit":
+            raise SplitformerError(f"build() makes vit models; {self.source[1]} is read as {self.model!r} "
+                                   "(construct its Model with the per-stage configuration yourself)")
+        if set(getattr(torch_module, "PARAMETERS", ())) != {"embed.W", "embed.b", "embed.cls", "embed.pos",
+                                                            "final_norm.gain", "final_norm.bias"}:
+            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated vit "
+                                   "torch module (splitformer derive vit --backend torch)")
+        d_model = self.params["embed.W"].shape[-1]
+        d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
+        head = self.params.get("head.W")
+        model = torch_module.Model(
+            n_layers=sum(name.endswith(".attn.W_q") for name in self.params), d_model=d_model, d_ff=d_ff,
+            n_channels=self.params["embed.W"].shape[0], n_classes=0 if head is None else head.shape[1],
+            device=device, dtype=dtype or getattr(torch, str(self.params["embed.W"].dtype)), **self.config)
+        return model.load_params(self.params)
+
 
 def _array(tensor: Any) -> np.ndarray:
     return tensor.detach().cpu().numpy().copy()

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from splitformer import SplitformerError
+from splitformer import nn as splitformer_nn
 from splitformer.adapters import from_hf, from_timm
 
 from conftest import GENERATED, import_path
@@ -114,3 +115,84 @@ def test_hf_vit_takes_network_too_and_builds():
         assert (adapted.build(TORCH_VIT).logits(pixels) - source(pixels).logits).abs().max() <= 1e-10
     with pytest.raises(SplitformerError, match="not the generated vit torch module"):
         adapted.build(import_path(GENERATED / "torch" / "pre_ln.py"))
+
+
+# --- BertModel → TextEncoder ------------------------------------------------------------------
+POST_LN_GELU = import_path(GENERATED / "torch" / "post_ln_gelu.py")
+
+
+def bert(add_pooling_layer=True, **overrides):
+    settings = dict(vocab_size=50, hidden_size=12, num_attention_heads=3, num_hidden_layers=2, intermediate_size=20,
+                    max_position_embeddings=16, type_vocab_size=3, layer_norm_eps=1e-6, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0) | overrides
+    torch.manual_seed(0)
+    return randomize(transformers.BertModel(transformers.BertConfig(**settings), add_pooling_layer=add_pooling_layer)
+                     .double())
+
+
+def _bert_inputs():
+    generator = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 50, (3, 7), generator=generator)
+    token_types = torch.randint(0, 3, (3, 7), generator=generator)
+    attention_mask = torch.ones(3, 7, dtype=torch.long)
+    attention_mask[1, 4:] = 0  # right padding
+    attention_mask[2, :2] = 0  # left padding
+    return tokens, token_types, attention_mask
+
+
+@pytest.mark.parametrize("pooler", [True, False], ids=["pooler", "no-pooler"])
+def test_bert_model_equals_the_text_encoder(pooler):
+    source = bert(add_pooling_layer=pooler)
+    tokens, token_types, attention_mask = _bert_inputs()
+    encoder = splitformer_nn.from_hf_encoder(source, torch_module=POST_LN_GELU)
+    assert not encoder.training and encoder.scheme == "post-ln" and (encoder.pooler is not None) == pooler
+    with torch.no_grad():
+        expected = source(tokens, attention_mask=attention_mask, token_type_ids=token_types)
+        hidden = encoder(tokens, token_types=token_types, padding_mask=attention_mask == 0)
+        assert hidden.dtype == torch.float64
+        assert (hidden - expected.last_hidden_state).abs().max() <= 1e-10  # padded rows too
+        if pooler:
+            assert (encoder.pool(hidden) - expected.pooler_output).abs().max() <= 1e-10
+        # negative controls: without the padding mask, or without the token types, the result differs
+        assert (encoder(tokens, token_types=token_types) - expected.last_hidden_state).abs().max() > 1e-3
+        assert (encoder(tokens, padding_mask=attention_mask == 0) - expected.last_hidden_state).abs().max() > 1e-3
+        plain = source(tokens)
+        assert (encoder(tokens) - plain.last_hidden_state).abs().max() <= 1e-10  # token types default to 0
+
+
+def test_bert_parts_the_text_encoder_does_not_compute_are_refused_by_name():
+    with pytest.raises(SplitformerError, match="NewGELUActivation"):
+        splitformer_nn.from_hf_encoder(bert(hidden_act="gelu_new"), torch_module=POST_LN_GELU)
+    source = bert()
+    source.embeddings.LayerNorm.eps = 1e-5
+    with pytest.raises(SplitformerError, match=r"embeddings.LayerNorm has eps=1e-05, its layers eps=1e-06"):
+        splitformer_nn.from_hf_encoder(source, torch_module=POST_LN_GELU)
+    source = bert()
+    source.pooler.activation = torch.nn.Identity()
+    with pytest.raises(SplitformerError, match="pooler is not dense"):
+        splitformer_nn.from_hf_encoder(source, torch_module=POST_LN_GELU)
+    with pytest.raises(SplitformerError, match="no whole-encoder reader for BertEncoder"):
+        splitformer_nn.from_hf_encoder(bert().encoder, torch_module=POST_LN_GELU)
+    source = bert()
+    source.embeddings.register_forward_hook(lambda module, args, out: out)
+    with pytest.raises(SplitformerError, match="embeddings has a forward hook"):
+        splitformer_nn.from_hf_encoder(source, torch_module=POST_LN_GELU)
+    with pytest.raises(SplitformerError, match="computes"):
+        splitformer_nn.from_hf_encoder(bert(), torch_module=import_path(GENERATED / "torch" / "pre_ln_gelu.py"))
+
+
+def test_text_encoder_checks_its_arguments_before_work():
+    encoder = splitformer_nn.TextEncoder(POST_LN_GELU, 20, d_model=8, n_heads=2, n_token_types=0, pooler=False)
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    assert encoder(tokens).shape == (2, 5, 8)
+    with pytest.raises(ValueError, match="n_token_types = 0"):
+        encoder(tokens, token_types=tokens)
+    with pytest.raises(ValueError, match="no pooler"):
+        encoder.pool(encoder(tokens))
+    typed = splitformer_nn.TextEncoder(POST_LN_GELU, 20, d_model=8, n_heads=2, n_token_types=2)
+    with pytest.raises(ValueError, match=r"token_types must lie in \[0, 2\)"):
+        typed(tokens, token_types=tokens + 2)
+    with pytest.raises(ValueError, match="token_types must have shape"):
+        typed(tokens, token_types=tokens[:, :3])
+    with pytest.raises(ValueError, match="n_token_types must be an int ≥ 0"):
+        splitformer_nn.TextEncoder(POST_LN_GELU, 20, n_token_types=-1)

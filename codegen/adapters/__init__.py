@@ -29,22 +29,18 @@ from .hf_vision import AdaptedModel
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
 from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
-__all__ = ["Adapted", "AdaptedModel", "adapter", "network_adapter", "writer", "from_torch", "from_hf", "from_timm", "from_xtransformers", "to_torch", "canonical",
-           "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
+__all__ = ["Adapted", "AdaptedModel", "adapter", "network_adapter", "writer", "from_torch", "from_hf", "from_timm",
+           "from_xtransformers", "to_torch", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
 
 _EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
-#: Whole models the plain readers already return as networks (``from_hf(ViTModel)``): ``network=`` names them too.
-WHOLE_NETWORKS = {("hf", name, network): ADAPTERS[("hf", name)] for name, network in (
-    ("ViTModel", "vit"), ("ViTForImageClassification", "vit"), ("CvtModel", "cvt"), ("CvtForImageClassification", "cvt"))}
 
 
 def _reader(library: str, name: str, network: Any) -> Any:
     """The reader of ``name`` (into the built-in ``network`` when one is named); a refusal listing the known ones."""
     if network is not None:
-        reader = NETWORK_ADAPTERS.get((library, name, network)) or WHOLE_NETWORKS.get((library, name, network))
+        reader = NETWORK_ADAPTERS.get((library, name, network))
         if reader is None:
-            known = ", ".join(f"{cls} → {net}" for lib, cls, net in sorted({*NETWORK_ADAPTERS, *WHOLE_NETWORKS})
-                              if lib == library) or "none"
+            known = ", ".join(f"{cls} → {net}" for lib, cls, net in sorted(NETWORK_ADAPTERS) if lib == library) or "none"
             raise SplitformerError(f"no {library} reader of {name} into the network {network!r} (supported: {known})")
         return reader
     reader = ADAPTERS.get((library, name))

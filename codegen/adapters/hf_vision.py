@@ -17,7 +17,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .registry import adapter
+from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
 
@@ -142,6 +142,7 @@ def _vit_params(vit: Any) -> dict[str, np.ndarray]:
 
 
 @adapter("hf", "ViTModel", "ViTForImageClassification")
+@network_adapter("hf", "vit", "ViTModel", "ViTForImageClassification")
 def from_hf_vit(module: Any) -> AdaptedModel:
     """The ``vit`` model's parameters and configuration of a transformers ViT."""
     owner = type(module).__name__
@@ -218,6 +219,7 @@ def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
 
 
 @adapter("hf", "CvtModel", "CvtForImageClassification")
+@network_adapter("hf", "cvt", "CvtModel", "CvtForImageClassification")
 def from_hf_cvt(module: Any) -> AdaptedModel:
     """The ``cvt`` model's parameters and configuration of a transformers CvT (eval mode)."""
     owner = type(module).__name__

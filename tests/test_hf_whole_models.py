@@ -196,3 +196,10 @@ def test_text_encoder_checks_its_arguments_before_work():
         typed(tokens, token_types=tokens[:, :3])
     with pytest.raises(ValueError, match="n_token_types must be an int ≥ 0"):
         splitformer_nn.TextEncoder(POST_LN_GELU, 20, n_token_types=-1)
+
+
+def test_hf_vit_model_says_its_pooler_is_not_mapped():
+    config = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=12, num_attention_heads=3,
+                                    num_hidden_layers=1, intermediate_size=20)
+    assert any("pooler" in note for note in from_hf(transformers.ViTModel(config)).notes)
+    assert not any("pooler" in note for note in from_hf(transformers.ViTModel(config, add_pooling_layer=False)).notes)

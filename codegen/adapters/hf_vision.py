@@ -155,7 +155,10 @@ def from_hf_vit(module: Any) -> AdaptedModel:
             raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__} (num_labels = 0?); "
                                    "the readout is a linear head")
         _dense(params, "head.W", "head.b", module.classifier)
-    return AdaptedModel("vit", params, config, ("hf", owner))
+    notes = () if getattr(vit, "pooler", None) is None else (
+        f"{owner}.pooler (dense and tanh on the class token: pooler_output) is not mapped; forward computes "
+        "last_hidden_state",)
+    return AdaptedModel("vit", params, config, ("hf", owner), notes=notes)
 
 
 def _depthwise(params: dict, prefix: str, projection: Any, eps: set) -> None:

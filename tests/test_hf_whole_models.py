@@ -203,3 +203,17 @@ def test_hf_vit_model_says_its_pooler_is_not_mapped():
                                     num_hidden_layers=1, intermediate_size=20)
     assert any("pooler" in note for note in from_hf(transformers.ViTModel(config)).notes)
     assert not any("pooler" in note for note in from_hf(transformers.ViTModel(config, add_pooling_layer=False)).notes)
+
+
+def test_text_encoder_trains_with_dropout_and_resets():
+    torch.manual_seed(0)
+    encoder = splitformer_nn.TextEncoder(POST_LN_GELU, 20, d_model=8, n_heads=2, dropout=0.5)
+    tokens = torch.randint(0, 20, (2, 5))
+    assert not torch.equal(encoder(tokens), encoder(tokens))  # training: dropout draws anew
+    encoder.eval()
+    assert torch.equal(encoder(tokens), encoder(tokens))
+    encoder.pool(encoder(tokens, token_types=torch.ones_like(tokens))).sum().backward()
+    assert all(parameter.grad is not None for parameter in encoder.parameters())
+    before = encoder.embed.weight.detach().clone()
+    encoder.reset_parameters()
+    assert not torch.equal(before, encoder.embed.weight) and torch.equal(encoder.embedding_norm.bias, torch.zeros(8))

@@ -39,11 +39,11 @@ def _check_front(model: Any) -> None:
     embed = model.patch_embed
     _refuse_if(type(embed).__name__ != "PatchEmbed", f"the patch embedding {type(embed).__name__}")
     _refuse_if(model.cls_token is None, "no class token (class_token=False)")
-    _refuse_if(model.reg_token is not None, f"{model.num_reg_tokens} register tokens (reg_tokens)")
+    _refuse_if(getattr(model, "reg_token", None) is not None, f"{model.num_reg_tokens} register tokens (reg_tokens)")
     _refuse_if(model.pos_embed is None, "no position embedding (pos_embed='none')")
     _refuse_if(model.no_embed_class, "positions not added to the class token (no_embed_class=True)")
-    _refuse_if(model.dynamic_img_size, "resampled positions (dynamic_img_size=True)")
-    _refuse_if(embed.dynamic_img_pad, "padded images (dynamic_img_pad=True)")
+    _refuse_if(getattr(model, "dynamic_img_size", False), "resampled positions (dynamic_img_size=True)")
+    _refuse_if(getattr(embed, "dynamic_img_pad", False), "padded images (dynamic_img_pad=True)")
     _refuse_if(embed.img_size is None, "no fixed image size (img_size=None)")
     _refuse_if(not embed.flatten, "an unflattened patch embedding (output_fmt)")
     _refuse_if(type(embed.norm).__name__ != "Identity", "a normalized patch embedding (embed_norm_layer)")
@@ -58,7 +58,7 @@ def _check_front(model: Any) -> None:
 def _check_back(model: Any) -> None:
     """The readout: the final LayerNorm, the class token's state, a linear head (or none)."""
     _refuse_if(type(model.norm).__name__ == "Identity", "no final norm (final_norm=False or fc_norm)")
-    _refuse_if(model.global_pool != "token" or model.attn_pool is not None,
+    _refuse_if(model.global_pool != "token" or getattr(model, "attn_pool", None) is not None,
                f"pooling global_pool={model.global_pool!r} (the network reads the class token: 'token')")
     _refuse_if(type(model.fc_norm).__name__ != "Identity", "a norm after pooling (fc_norm)")
     _refuse_if(type(model.head).__name__ not in ("Linear", "Identity"), f"the head {type(model.head).__name__}")

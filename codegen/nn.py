@@ -1,4 +1,4 @@
-"""Whole models around an emitted ``Stack``: a causal language model and a sequence classifier.
+"""Whole models around an emitted ``Stack``: a causal language model, a sequence classifier, a text encoder.
 
 ``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
@@ -7,7 +7,7 @@ embedding, learned positions (unless the scheme's attention is rotary: its ``Sta
 stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
 (mean over the unpadded tokens, or a learned class token) into a linear head.
 ``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
-token-type embeddings, a LayerNorm, the stack, and BERT's pooler::
+token-type embeddings, a LayerNorm, the stack, and BERT's pooler. For example::
 
     import splitformer
 

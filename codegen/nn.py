@@ -1,11 +1,13 @@
-"""Whole models around an emitted ``Stack``: a causal language model and a sequence classifier.
+"""Whole models around an emitted ``Stack``: a causal language model, a sequence classifier, a text encoder.
 
 ``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
 embedding, learned positions (unless the scheme's attention is rotary: its ``Stack`` takes
 ``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
 stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
-(mean over the unpadded tokens, or a learned class token) into a linear head::
+(mean over the unpadded tokens, or a learned class token) into a linear head.
+``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
+token-type embeddings, a LayerNorm, the stack, and BERT's pooler. For example::
 
     import splitformer
 
@@ -27,7 +29,7 @@ import torch
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Scheme
 
-__all__ = ["LanguageModel", "Classifier", "stack_module"]
+__all__ = ["LanguageModel", "Classifier", "TextEncoder", "stack_module"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -320,3 +322,78 @@ class Classifier(_Embedded):
             return self.head(u.mean(dim=1))
         kept = (~padding_mask).to(u.dtype)[..., None]
         return self.head((u * kept).sum(dim=1) / kept.sum(dim=1).clamp_min(1))
+
+
+class TextEncoder(_Embedded):
+    """A BERT-style encoder over the (non-causal) ``Stack`` of ``scheme``: the sum of token,
+    learned position (counted from 0 in every row; none for rotary schemes) and token-type
+    embeddings, a LayerNorm (``embedding_norm``), dropout, the stack; ``pool`` is BERT's pooler
+    (the first token's final state through a dense layer and tanh).
+
+    ``n_token_types``: 0 for none. ``eps``: the embedding norm's and the stack's. Other keywords
+    (``bias``, …) go to ``Stack``.
+    """
+
+    def __init__(self, scheme, vocab_size: int, *, d_model: int = 64, n_heads: int = 4, d_ff: int | None = None,
+                 n_layers: int = 2, max_tokens: int = 512, n_token_types: int = 2, embedding_norm: bool = True,
+                 pooler: bool = True, eps: float = 1e-5, dropout: float = 0.0, final_norm: bool | None = None,
+                 device=None, dtype=None, **stack_options):
+        super().__init__()
+        for name, size, least in (("vocab_size", vocab_size, 1), ("n_token_types", n_token_types, 0)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < least:
+                raise ValueError(f"{name} must be an int ≥ {least}, got {size!r}")
+        for name, flag in (("embedding_norm", embedding_norm), ("pooler", pooler)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        module = stack_module(scheme, causal=False)
+        factory = {"device": device, "dtype": dtype}
+        self.scheme, self.vocab_size, self.n_token_types = module.SCHEME, vocab_size, n_token_types
+        self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
+        self.token_types = torch.nn.Embedding(n_token_types, d_model, **factory) if n_token_types else None
+        self.embedding_norm = torch.nn.LayerNorm(d_model, eps=eps, **factory) if embedding_norm else None
+        self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
+                          {**stack_options, "eps": eps})
+        self.pooler = torch.nn.Linear(d_model, d_model, **factory) if pooler else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings N(0, 0.02²), the embedding norm's unit gain and zero bias, the pooler as
+        torch's ``Linear``, the stack's own initialization."""
+        self._reset_embeddings(self.embed, self.positions, self.token_types)
+        for part in (self.embedding_norm, self.pooler):
+            if part is not None:
+                part.reset_parameters()
+        self.stack.reset_parameters()
+
+    def forward(self, tokens: torch.Tensor, *, token_types: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states (batch, tokens, d) of ``tokens`` (batch, tokens).
+
+        ``token_types`` (batch, tokens): segment ids (default 0). ``padding_mask`` (batch,
+        tokens), True = padded: no token attends to a padded one.
+        """
+        tokens = _check_tokens("tokens", tokens, self.vocab_size)
+        batch, n_tokens = tokens.shape
+        padding_mask = _check_padding(padding_mask, (batch, n_tokens))
+        u = self.embed(tokens)
+        if token_types is not None or self.token_types is not None:
+            if self.token_types is None:
+                raise ValueError("token_types given, but this TextEncoder has n_token_types = 0")
+            types = tokens.new_zeros(tokens.shape) if token_types is None else \
+                _check_tokens("token_types", token_types, self.n_token_types)
+            if tuple(types.shape) != (batch, n_tokens):
+                raise ValueError(f"token_types must have shape {[batch, n_tokens]}, got {list(types.shape)}")
+            u = u + self.token_types(types)
+        u, placed = self._place(u, _positions(None, batch, 0, n_tokens, u.device))
+        if self.embedding_norm is not None:
+            u = self.embedding_norm(u)
+        return self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=False, **placed)
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler: ``tanh(dense(hidden[:, 0]))`` of the final hidden states (batch, tokens, d)."""
+        if self.pooler is None:
+            raise ValueError("this TextEncoder has no pooler (pooler=False)")
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[-1] != self.d_model:
+            raise ValueError(f"hidden must be a tensor (batch, tokens, {self.d_model}), got "
+                             f"{list(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__}")
+        return torch.tanh(self.pooler(hidden[:, 0]))

@@ -316,14 +316,13 @@ class Study:
                          for run in variant["runs"]] for name, variant in self.variants.items()}
         return {"task": self.task, "budget": self.budget.__dict__, "rows": rows, "curves": curves}
 
-    def plot(self, path: Path) -> None:
-        """Training loss (mean over seeds, smoothed) and validation loss per variant."""
-        import matplotlib
+    def plot(self, path: Path | None = None):
+        """Training loss (mean over seeds, smoothed) and validation loss per variant: written to
+        ``path``, or the figure when ``None`` (a notebook displays it as its PNG image)."""
+        from .figures import InlineFigure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+        figure = InlineFigure(figsize=(10, 4), dpi=110)
+        axes = figure.subplots(1, 2)
         window = max(1, self.budget.steps // 50)
         for name, variant in self.variants.items():
             runs = variant["runs"]
@@ -340,8 +339,17 @@ class Study:
         axes[0].legend()
         figure.suptitle(f"splitformer study: {self.task}")
         figure.tight_layout()
+        if path is None:
+            return figure
         figure.savefig(path, dpi=110)
-        plt.close(figure)
+        return path
+
+    def __repr__(self) -> str:
+        budget = self.budget
+        return (f"<Study {self.task}: {', '.join(self.variants)}; {budget.steps} steps × {budget.seeds} seeds>")
+
+    def _repr_markdown_(self) -> str:
+        return self.as_markdown()
 
     def write(self, out: Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Whole models around an emitted stack (see ``splitformer.codegen.nn`` and ``splitformer.codegen.nn_hf``).
+"""Whole models around an emitted stack (see ``splitformer.codegen.nn``, ``splitformer.codegen.nn_hf``
+and ``splitformer.codegen.nn_hf_encoder``).
 
 ``to_hf``, ``replace_blocks``, ``SplitformerConfig`` and ``SplitformerForCausalLM`` need
 transformers (an optional dependency): they are imported on first use.
@@ -9,12 +10,13 @@ import importlib
 from splitformer.codegen.nn import *  # noqa: F403
 from splitformer.codegen.nn import __all__ as _models
 from splitformer.codegen.nn_hf import from_hf_lm
+from splitformer.codegen.nn_hf_encoder import from_hf_encoder
 
 #: Names that import transformers, and the module that defines each.
 _TRANSFORMERS_NATIVE = {"to_hf": "hf_native", "SplitformerConfig": "hf_native", "SplitformerForCausalLM": "hf_native",
                         "replace_blocks": "hf_blocks", "SchemeBlock": "hf_blocks"}
 
-__all__ = [*_models, "from_hf_lm", *_TRANSFORMERS_NATIVE]
+__all__ = [*_models, "from_hf_lm", "from_hf_encoder", *_TRANSFORMERS_NATIVE]
 
 
 def __getattr__(name: str):

@@ -53,6 +53,8 @@ NOT_RUN = {
         "a benchmark, from the repository root; about a minute",
     ("docs/guide/adjoint.md", "make train-demo"): "the training demo takes about 20 s",
     ("docs/guide/llm.md", "splitformer study post-ln pre-ln macaron rk2 --out study"): "a study trains for minutes",
+    ("docs/guide/networks.md", "import timm, torch"):
+        "timm imports torchvision, which this environment does not install (the suite imports timm through a stub)",
 }
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})```(?P<info>[^\n`]*)\n(?P<text>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)

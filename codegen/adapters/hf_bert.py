@@ -84,7 +84,8 @@ def read_bert_encoder(module: Any) -> Adapted:
     notes = ()
     if encoder is not module:
         notes = ("BertModel: the encoder is mapped; embeddings and pooler are not "
-                 "(feed the stack model.embeddings(input_ids); to_torch writes model.encoder's state dict)",)
+                 "(feed the stack model.embeddings(input_ids); to_torch writes model.encoder's state dict); "
+                 "splitformer.nn.from_hf_encoder reads the whole model",)
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, stack=True, source=("hf", "BertEncoder"), notes=notes,

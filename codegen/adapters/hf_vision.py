@@ -17,7 +17,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .registry import adapter
+from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
 
@@ -40,6 +40,26 @@ class AdaptedModel:
 
     def astype(self, dtype: Any) -> "AdaptedModel":
         return replace(self, params={name: value.astype(dtype) for name, value in self.params.items()})
+
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
+        """The ``Model`` of the generated ``vit`` torch module holding these parameters (in their dtype)."""
+        import torch
+
+        if self.model != "vit":
+            raise SplitformerError(f"build() makes vit models; {self.source[1]} is read as {self.model!r} "
+                                   "(construct its Model with the per-stage configuration yourself)")
+        if set(getattr(torch_module, "PARAMETERS", ())) != {"embed.W", "embed.b", "embed.cls", "embed.pos",
+                                                            "final_norm.gain", "final_norm.bias"}:
+            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated vit "
+                                   "torch module (splitformer derive vit --backend torch)")
+        d_model = self.params["embed.W"].shape[-1]
+        d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
+        head = self.params.get("head.W")
+        model = torch_module.Model(
+            n_layers=sum(name.endswith(".attn.W_q") for name in self.params), d_model=d_model, d_ff=d_ff,
+            n_channels=self.params["embed.W"].shape[0], n_classes=0 if head is None else head.shape[1],
+            device=device, dtype=dtype or getattr(torch, str(self.params["embed.W"].dtype)), **self.config)
+        return model.load_params(self.params)
 
 
 def _array(tensor: Any) -> np.ndarray:
@@ -122,6 +142,7 @@ def _vit_params(vit: Any) -> dict[str, np.ndarray]:
 
 
 @adapter("hf", "ViTModel", "ViTForImageClassification")
+@network_adapter("hf", "vit", "ViTModel", "ViTForImageClassification")
 def from_hf_vit(module: Any) -> AdaptedModel:
     """The ``vit`` model's parameters and configuration of a transformers ViT."""
     owner = type(module).__name__
@@ -134,7 +155,10 @@ def from_hf_vit(module: Any) -> AdaptedModel:
             raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__} (num_labels = 0?); "
                                    "the readout is a linear head")
         _dense(params, "head.W", "head.b", module.classifier)
-    return AdaptedModel("vit", params, config, ("hf", owner))
+    notes = () if getattr(vit, "pooler", None) is None else (
+        f"{owner}.pooler (dense and tanh on the class token: pooler_output) is not mapped; forward computes "
+        "last_hidden_state",)
+    return AdaptedModel("vit", params, config, ("hf", owner), notes=notes)
 
 
 def _depthwise(params: dict, prefix: str, projection: Any, eps: set) -> None:
@@ -198,6 +222,7 @@ def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
 
 
 @adapter("hf", "CvtModel", "CvtForImageClassification")
+@network_adapter("hf", "cvt", "CvtModel", "CvtForImageClassification")
 def from_hf_cvt(module: Any) -> AdaptedModel:
     """The ``cvt`` model's parameters and configuration of a transformers CvT (eval mode)."""
     owner = type(module).__name__

@@ -86,7 +86,8 @@ def read_vision_transformer(model: Any) -> Adapted:
     first = same_configuration("VisionTransformer", layers)
     final = None if type(model.norm).__name__ == "Identity" else final_norm_params("VisionTransformer", model.norm, first)
     note = ("VisionTransformer: blocks and final norm are mapped; patch embedding, class token, position "
-            "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only")
+            "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only; "
+            "from_timm(model, network='vit') reads the whole model")
     return Adapted(scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
                    n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
                    source=("timm", "VisionTransformer"), notes=(note,))

@@ -69,8 +69,8 @@ class Parameter:
 
     @property
     def kind(self) -> str:
-        """``weight``, ``bias`` or ``gain``: decides initialization and ``bias=False``."""
-        return "weight" if self.name.startswith("W") else "gain" if self.name == "gain" else "bias"
+        """``weight``, ``bias`` or ``gain`` (``gain``, ``*_gain``): decides initialization and ``bias=False``."""
+        return "weight" if self.name.startswith("W") else "gain" if self.name.split("_")[-1] == "gain" else "bias"
 
     def applied(self) -> sp.Expr:
         return apply(self.function, *self.arguments)

@@ -134,8 +134,6 @@ class _Deriver:
                 raise AssertionError(f"{definition.function}: stored array is {lhs}")
             quadrature = grid(definition.rhs) * grid.absorption(definition.function, definition.applied().args)
             discrete = quadrature.xreplace(UNIT_SPACINGS)
-            if discrete.has(TOKENS.spacing):  # a kernel of a sum of kernels (γ + ∫ T γ dh̃) cancels term by term
-                discrete = sp.expand(discrete, deep=False)
             if discrete.has(TOKENS.spacing):
                 raise SplitformerError(f"{key}: the token spacing Δx did not cancel in {definition.function}")
             name = str(lhs.base.label)

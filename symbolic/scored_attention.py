@@ -11,12 +11,12 @@ options that compose (each a ``bool`` of ``attn = { kind = "scored-attention", �
 - ``alibi`` (Press et al. 2022): each head's scores gain ``−m(h) |p(x) − p(x̃)|``, ``p`` the token
   positions (cached with the keys), the slopes ``m`` a control over the heads (``slopes``);
 - ``post_talking_heads``: the attention kernel is mixed across heads after the softmax,
-  ``γ + ∫_{Ω_h} T_post(h, h̃) γ(h̃, x, x̃) dh̃`` (x-transformers' ``W γ`` with ``T_post = W − I``).
+  ``∫_{Ω_h} T_post(h, h̃) γ(h̃, x, x̃) dh̃`` (a kernel of kernels: the token spacing cancels).
 
-Both mixings are the identity plus a learned kernel, so a zero kernel (the initialization) is
-plain attention. Canonical parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``;
-``slopes`` ``(n_heads,)``; ``mix_pre``, ``mix_post`` ``(n_heads, n_heads)`` (``[h, h̃]``: output
-head, input head).
+Both kernels start at zero (controls, not weights): the pre-softmax mixing then is plain
+attention, the post-softmax one a zero attention branch (as ReZero starts). Canonical
+parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``; ``slopes`` ``(n_heads,)``;
+``mix_pre``, ``mix_post`` ``(n_heads, n_heads)`` (``[h, h̃]``: output head, input head).
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class ScoredAttention(Attention):
             extra += [kernel("q_gain", "g^{Q}", (H, E), (FEATURES,)), kernel("k_gain", "g^{K}", (H, E), (FEATURES,))]
         if self.alibi:
             extra.append(kernel("slopes", "m", (H,), (HEADS,)))
-        for option, name, latex in (("pre_talking_heads", "mix_pre", "T^{pre}"), ("post_talking_heads", "mix_post", "T^{post}")):
+        for option, name in (("pre_talking_heads", "mix_pre"), ("post_talking_heads", "mix_post")):
             if getattr(self, option):
+                latex = rf"T^{{{name.removeprefix('mix_')}}}"
                 extra.append(kernel(name, latex, (H, H_MIX), (HEADS, HEADS), (H_MIX,)))
         return (*super().parameters(), *extra)
 
@@ -73,7 +74,8 @@ class ScoredAttention(Attention):
                 square = integral(apply(field, X, H, E) ** 2, E)
                 projected = apply(f"{field}_gain", H, E) * apply(field, X, H, E) / sp.sqrt(apply(f"n{field}", X, H))
                 definitions += [
-                    Definition(f"n{field}", rf"\|{field.upper()}\|^2", (X, H), square, f"the squared norm of a head's {field}"),
+                    Definition(f"n{field}", rf"\|{field.upper()}\|^2", (X, H), square,
+                               f"the squared norm of a head's {field}"),
                     Definition(f"{field}n", rf"\hat{{{field.upper()}}}", (X, H, E), projected,
                                f"{field} projected onto the unit sphere of its head, then its learned gain"),
                 ]
@@ -89,8 +91,7 @@ class ScoredAttention(Attention):
         definitions += [Definition("a", "a", (H, X, X_KEY), score, meaning), base["gamma"]]
         mixed = base["o"]
         if self.post_talking_heads:
-            mixing = apply("gamma", H, X, X_KEY) + _head_mixing("gamma", "mix_post")
-            definitions.append(Definition("gt", r"\tilde{\gamma}", (H, X, X_KEY), mixing,
+            definitions.append(Definition("gt", r"\tilde{\gamma}", (H, X, X_KEY), _head_mixing("gamma", "mix_post"),
                                           "the attention kernel mixed across heads", absorbs=(X_KEY,)))
             mixed = Definition("o", "O", (X, H, E), integral(apply("gt", H, X, X_KEY) * apply("v", X_KEY, H, E), X_KEY),
                                mixed.meaning)

@@ -1,11 +1,12 @@
 """``from_xtransformers`` on x-transformers' attention-score flags: the ``scored-attention`` kind.
 
 qk-norm (with and without its learned per-feature scales), ALiBi, grouped key/value heads, a head
-width below ``dim / heads`` (padded by zeros) and talking heads (before and after the softmax): x-transformers' module at depth 1 and 2, every
-parameter perturbed, float64, read by ``from_xtransformers`` and run through the code generated
-from the composed scheme file (NumPy and torch, ≤ 1e-10); causal ones also decoded token by token
-through the KV cache. x-transformers' talking heads and T5 bias need its non-flash path, whose
-softmax is taken in float32: the test gives that path a float64 softmax. ``check``'s evaluator
+width below ``dim / heads`` (padded by zeros) and talking heads (before and after the softmax):
+x-transformers' module at depth 1 and 2, every parameter perturbed, float64, read by
+``from_xtransformers`` and run through the code generated from the composed scheme file (NumPy and
+torch, ≤ 1e-10); causal ones also decoded token by token through the KV cache. x-transformers'
+talking heads need its non-flash path, whose softmax is taken in float32: the test gives that path
+a float64 softmax. ``check``'s evaluator
 (50-digit, from the kind's continuous definitions) agrees with the emitted code, and disagrees
 with code that reads a head-mixing kernel transposed or ALiBi's slopes negated (negative control).
 """

@@ -187,8 +187,8 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     each head's features padded by zeros to ``dim / heads``. The score scale ``s`` (``d_head^{-1/2}``, or qk-norm's)
     against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
     or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
-    heads: ``mix_pre`` is the pre-softmax 1×1 convolution's weight, ``mix_post`` the post-softmax one's minus the
-    identity. ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
+    heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
+    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
     """
     import torch
 
@@ -209,10 +209,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         params |= {f"attn.{part}_gain": _widened(gain.reshape(-1).astype(params["attn.W_q"].dtype), width, wide, 0)
                    for part, gain in gains.items()}
         options["qk_norm"] = True
-    for when, identity in (("pre", 0), ("post", 1)):  # x-transformers: s + W s before, W γ after the softmax
+    for when in ("pre", "post"):  # x-transformers: s + W s before, W γ after the softmax
         mixing = getattr(attention.attend, f"{when}_softmax_talking_heads")
         if mixing is not None:
-            params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0] - identity * np.eye(heads)
+            params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0]
             options[f"{when}_talking_heads"] = True
     if type(rel_pos).__name__ == "AlibiPositionalBias":
         slopes = array(rel_pos.slopes).reshape(-1)

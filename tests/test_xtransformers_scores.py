@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from splitformer.adapters import from_xtransformers
-from splitformer.codegen.verification.scheme_checks import emitted_check
+from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check
 from splitformer.symbolic import parse_scheme
 
 import x_transformers  # a test dependency: a broken install fails, never skips
@@ -130,13 +130,14 @@ def test_the_mappings_are_what_make_it_equal():
 
 
 def test_check_evaluator_agrees_and_its_control_fails():
-    """``check``'s emitted-code comparison on the composed scheme with every score option (causal): it
-    holds; with the pre-softmax mixing read transposed and ALiBi's slopes negated it fails."""
+    """``check``'s comparisons on the composed scheme with every score option (causal), of the derived
+    program (symbolic) and the emitted code (50 digits), hold; with the pre-softmax mixing read
+    transposed and ALiBi's slopes negated the emitted-code comparison fails."""
     _, adapted = _read("all of them", "Decoder", 1)
     scheme = parse_scheme(adapted.scheme_file)
     derivation = _derived(adapted)
-    check = emitted_check(scheme, derivation.program)
-    assert check.holds, check.detail
+    for check in (derived_check(scheme, derivation.program), emitted_check(scheme, derivation.program)):
+        assert check.holds, check.detail
     numpy_module = derivation.numpy_module()
 
     @functools.wraps(numpy_module.forward)

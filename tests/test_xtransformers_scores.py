@@ -169,3 +169,21 @@ def test_the_derived_adjoint_equals_autograd():
         assert np.abs(gradient - getattr(getattr(block, group), attribute).grad.numpy()).max() <= 1e-10, name
     mixing = grads["attn.mix_pre"]
     assert np.abs(mixing.T - block.attn.mix_pre.grad.numpy()).max() > 1e-3
+
+
+def test_head_controls_are_parameters_of_a_block_without_biases():
+    """``bias=False`` drops biases only: the slopes, qk gains and head-mixing kernels stay trained parameters
+    of the generated Block, which then equals x-transformers' module (its feed-forward without biases)."""
+    flags, heads = FLAGS["all of them"]
+    source = _module(x_transformers.Encoder, 1, flags | {"ff_no_bias": True}, heads)
+    adapted = from_xtransformers(source)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    stack = _derived(adapted).torch_module().Stack(1, DIM, heads, adapted.sizes["d_ff"], eps=adapted.eps, bias=False,
+                                                   final_norm=True, dtype=torch.float64)
+    stack.load_params(list(adapted.layers), adapted.final_norm)
+    trained = {name.split(".", 2)[-1] for name, _ in stack.named_parameters()}
+    assert {"attn.slopes", "attn.q_gain", "attn.k_gain", "attn.mix_pre", "attn.mix_post"} <= trained
+    with torch.no_grad():
+        assert np.abs(stack(u).numpy() - expected).max() <= 1e-10

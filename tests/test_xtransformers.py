@@ -124,11 +124,10 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
 
 @pytest.mark.parametrize(("flags", "named"), [
     ({"use_layerscale": True}, "use_layerscale"), ({"sandwich_norm": True}, "sandwich_norm"),
-    ({"gate_residual": True}, "gate_residual"), ({"alibi_pos_bias": True}, "alibi_pos_bias"),
+    ({"gate_residual": True}, "gate_residual"), ({"attn_qk_norm": True, "attn_qk_norm_groups": 2}, "attn_qk_norm_groups"),
     ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_pos_emb"),
-    ({"attn_qk_norm": True}, "attn_qk_norm"), ({"attn_pre_talking_heads": True, "attn_flash": False}, "attn_pre_talking_heads"),
-    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"),
-    ({"attn_kv_heads": 1}, "attn_kv_heads"), ({"scale_residual": True}, "scale_residual"),
+    ({"attn_pre_scale_post_talking_heads": True, "attn_flash": False}, "attn_pre_scale_post_talking_heads"),
+    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
     ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
 ])
@@ -138,9 +137,9 @@ def test_unsupported_flags_are_refused_by_name(flags, named):
     assert "\n" not in str(error.value)
 
 
-def test_head_width_other_than_dim_over_heads_is_refused():
-    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=4, attn_flash=True)
-    with pytest.raises(SplitformerError, match="attn_dim_head=4"):
+def test_head_width_above_dim_over_heads_is_refused():
+    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=12, attn_flash=True)
+    with pytest.raises(SplitformerError, match="attn_dim_head=12"):
         from_xtransformers(module)
 
 

@@ -47,7 +47,7 @@ FLAG_OF_CLASS = {
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
-    "AlibiPositionalBias": "alibi_pos_bias", "RelativePositionBias": "rel_pos_bias",
+    "RelativePositionBias": "rel_pos_bias",
     "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
     "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
@@ -64,7 +64,7 @@ LAYERS_DEFAULTS = {
 
 #: ``Attention`` attributes whose value other than the default is a refused ``attn_*`` flag.
 ATTENTION_DEFAULTS = {
-    "qk_norm": (False, "attn_qk_norm"), "sparse_topk": (None, "attn_sparse_topk"),
+    "sparse_topk": (None, "attn_sparse_topk"),
     "max_attend_past": (None, "attn_max_attend_past"), "num_mem_kv": (0, "attn_num_mem_kv"),
     "laser": (False, "attn_laser"), "orthog_projected_values": (False, "attn_orthog_projected_values"),
     "hybrid_module": (None, "attn_hybrid_module"),
@@ -79,8 +79,6 @@ ATTENTION_DEFAULTS = {
 
 #: ``Attend`` attributes (the score kernel) whose value other than the default is a refused flag.
 ATTEND_DEFAULTS = {
-    "pre_softmax_talking_heads": (None, "attn_pre_talking_heads"),
-    "post_softmax_talking_heads": (None, "attn_post_talking_heads"),
     "pre_scale_post_talking_heads": (None, "attn_pre_scale_post_talking_heads"),
     "selective": (False, "attn_selective"), "cog_signed": (False, "attn_cog_signed"),
     "add_zero_kv": (False, "attn_add_zero_kv"), "head_learned_sink": (False, "attn_head_learned_sink"),
@@ -106,13 +104,16 @@ NORM_NOTES = {
 FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
+#: The options of ``scored-attention`` as words of a scheme name.
+SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
+
+
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
     "use_layerscale": "a learned per-channel step size (a time step as a control) is not in the scheme language",
     "scale_residual": "a learned skip scale is not in the scheme language",
     "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
-    "alibi_pos_bias": "an attention-score kernel splitformer does not compute",
     "rel_pos_bias": "an attention-score kernel splitformer does not compute",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
 }
@@ -136,8 +137,21 @@ def _check_classes(owner: str, modules: Iterable[Any]) -> None:
             raise _refuse(owner, flag)
 
 
-def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[str, np.ndarray]:
-    """``attn.W_q`` … ``attn.W_o`` of an x-transformers ``Attention``; refuses its other flags."""
+def _heads(weight: np.ndarray, width: int, heads: list[int]) -> np.ndarray:
+    """The columns of ``weight`` (``(d, n · width)``) of each head in ``heads``, in that order."""
+    return np.concatenate([weight[:, head * width:(head + 1) * width] for head in heads], axis=1)
+
+
+def _widened(weight: np.ndarray, width: int, wide: int, axis: int) -> np.ndarray:
+    """``weight`` with each head's ``width`` features (head-major along ``axis``) padded by zeros to ``wide``."""
+    moved = np.moveaxis(weight, axis, -1)
+    split = moved.reshape(*moved.shape[:-1], -1, width)
+    padded = np.concatenate([split, np.zeros((*split.shape[:-1], wide - width), weight.dtype)], axis=-1)
+    return np.moveaxis(padded.reshape(*moved.shape[:-1], -1), -1, axis)
+
+
+def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
+    """Refuse the flags of an x-transformers ``Attention`` that no option computes; its head width."""
     import torch
 
     _check_defaults(owner, attention, ATTENTION_DEFAULTS, "")
@@ -149,17 +163,62 @@ def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[
         flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
             getattr(function, "__name__", ""), "attn_custom_attn_fn")
         raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
-    if attention.kv_heads != attention.heads:
-        raise _refuse(owner, f"attn_kv_heads={attention.kv_heads}", "the attention kind has one key/value per head")
-    if attention.heads != heads or attention.to_q.out_features != dim or attention.to_v.out_features != dim:
-        raise _refuse(owner, f"attn_dim_head={attention.to_q.out_features // attention.heads}",
-                      f"the head width must be dim / heads = {dim // heads}")
+    width = attention.to_q.out_features // attention.heads
+    if attention.heads != heads or width > dim // heads:
+        raise _refuse(owner, f"attn_dim_head={width}", f"a head wider than dim / heads = {dim // heads} is not "
+                      "computed (the generated code's head width is d / n_heads)")
+    if attention.to_v.out_features != attention.kv_heads * width:
+        raise _refuse(owner, f"attn_value_dim_head={attention.to_v.out_features // attention.kv_heads}")
+    if attention.qk_norm and attention.qk_norm_groups != 1:
+        raise _refuse(owner, f"attn_qk_norm_groups={attention.qk_norm_groups}", "qk_norm normalizes whole heads")
     names = {name for name, _ in attention.named_parameters()}
-    extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight"})
+    extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight", "qk_norm_q_scale",
+                            "qk_norm_k_scale", *(f"attend.{when}_softmax_talking_heads.weight" for when in ("pre", "post"))})
     if extra or type(attention.to_out).__name__ != "Linear":
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
-    return {f"attn.W_{part}": linear_weight(getattr(attention, f"to_{part}").weight) for part in "qkv"} | {
-        "attn.W_o": linear_weight(attention.to_out.weight)}
+    return width
+
+
+def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -> tuple[dict[str, np.ndarray], dict]:
+    """``attn.*`` of an x-transformers ``Attention`` and the attention operator's options; refuses its other flags.
+
+    ``attn_kv_heads``: key/value head ``h mod n_kv`` serves query head ``h`` (x-transformers' repeat), read as
+    multi-head attention with those columns of ``W_k``, ``W_v`` repeated. ``attn_dim_head`` below ``dim / heads``:
+    each head's features padded by zeros to ``dim / heads``. The score scale ``s`` (``d_head^{-1/2}``, or qk-norm's)
+    against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
+    or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
+    heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
+    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
+    """
+    import torch
+
+    width, wide = _check_attention(owner, attention, dim, heads), dim // heads
+    rescale = attention.attend.scale * np.sqrt(wide)
+    shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
+    weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
+    weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
+    if width != wide and not attention.qk_norm:
+        weights["q"] = weights["q"] * rescale
+    params = {f"attn.W_{part[0]}": _widened(weight, width, wide, 0 if part == "out" else 1)
+              for part, weight in weights.items()}
+    options: dict[str, Any] = {}
+    if attention.qk_norm:
+        scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
+                  for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
+        gains = {"q": rescale * scales[0], "k": scales[1][shared]}
+        params |= {f"attn.{part}_gain": _widened(gain.reshape(-1).astype(params["attn.W_q"].dtype), width, wide, 0)
+                   for part, gain in gains.items()}
+        options["qk_norm"] = True
+    for when in ("pre", "post"):  # x-transformers: s + W s before, W γ after the softmax
+        mixing = getattr(attention.attend, f"{when}_softmax_talking_heads")
+        if mixing is not None:
+            params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0]
+            options[f"{when}_talking_heads"] = True
+    if type(rel_pos).__name__ == "AlibiPositionalBias":
+        slopes = array(rel_pos.slopes).reshape(-1)
+        params["attn.slopes"] = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
+        options["alibi"] = True
+    return params, options
 
 
 def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool]:
@@ -284,7 +343,7 @@ class _Block:
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
 
 
-def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _Block:
+def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
     block = _Block()
@@ -296,8 +355,15 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _B
             block.norm(owner, step["on"], pre, dim, dtype)
         if kind == "a":
             step["operator"] = "attn"
-            block.params |= _attention_params(owner, branch, dim, heads)
-            block.operators["attn"] = {"kind": "attention", "bias": False}
+            params, options = _attention(owner, branch, dim, heads, rel_pos)
+            block.params |= params
+            if branch.to_q.out_features != dim:
+                block.notes.add(f"attn_dim_head={branch.to_q.out_features // heads} is read as heads of width "
+                                f"{dim // heads} padded by zeros: a generated Stack trains the padding")
+            if branch.kv_heads != heads:
+                block.notes.add(f"the {branch.kv_heads} key/value heads are read repeated for the {heads} query heads: "
+                                "a generated Stack trains the copies untied")
+            block.operators["attn"] = {"kind": "scored-attention" if options else "attention", "bias": False} | options
         else:
             step["operator"] = ("ffn_pre" if position == 1 else "ffn_post") if macaron else "ffn"
             params, activation, gated, bias = _feed_forward(owner, branch, step["operator"])
@@ -342,9 +408,11 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
     words = ["xt", "macaron" if len(parts) == 3 else "", layout, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
-    name = "-".join(word for word in words if word)
+    scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
+    name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
-               f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})")
+               f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
+               + (f"; attention scores with {', '.join(scores)}" if scores else ""))
     return name, summary
 
 
@@ -362,7 +430,7 @@ def read_attention_layers(layers: Any) -> Adapted:
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
     structure = _sublayers(owner, layers)
-    blocks = [_block(owner, parts, dim, heads, dtype) for parts in structure]
+    blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))

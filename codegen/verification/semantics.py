@@ -194,9 +194,15 @@ class Semantics:
         return total
 
     def field(self, substep, u):
-        """``A(u)`` or, with ``on``, ``A(Proj(u))``."""
+        """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
+        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature."""
         argument = u if substep.on is None else self.apply(substep.on, u)
-        return self.apply(substep.operator, argument)
+        value = self.apply(substep.operator, argument)
+        if substep.then is not None:
+            value = self.apply(substep.then, value)
+        if substep.step == "per-channel":
+            value = value * self.parameter(substep.operator, "step")[None, :]
+        return value
 
     # -- the operators -------------------------------------------------------------------------
     def apply(self, key: str, u: np.ndarray) -> np.ndarray:

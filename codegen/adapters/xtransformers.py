@@ -17,7 +17,8 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
 - ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
-- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs.
+- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs; ``build`` ties them
+  (``Stack(tied=True)``: one control for all steps).
 - ``use_layerscale``: a learned per-channel time step (``step = "per-channel"``): ``<field>.step`` is
   ``γ + unit offset``.
 - ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
@@ -400,15 +401,13 @@ def read_attention_layers(layers: Any) -> Adapted:
     name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
-    if list(layers.layers_execute_order) != list(range(len(layers.layer_types))):
-        notes.append(f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack "
-                     "holds one copy per layer")
+    tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                    eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text)
+                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text, tied=tied)
 
 
 @adapter("xtransformers", "TransformerWrapper")

@@ -181,3 +181,14 @@ def test_xtransformers_flags_equal_numpy_and_torch(flags, cls, depth):
         layers = [{name: value - (name.endswith(".step")) for name, value in layer.items()} for layer in adapted.layers]
         assert np.abs(forward_stack(u.numpy(), layers, **adapted.forward_kwargs) - expected).max() > 1e-3
 
+
+
+def test_the_python_builder_writes_the_same_scheme():
+    built = splitformer.scheme(
+        "sandwich-layerscale", "pre-LN fields, each normalized before it is added and scaled by a learned per-channel step",
+        operators={"norm1": "layer-norm", "attn": "attention", "post1": "layer-norm", "norm2": "layer-norm",
+                   "ffn": "feed-forward"},
+        steps=[splitformer.substep("attn", on="norm1", then="post1", step="per-channel"),
+               splitformer.substep("ffn", on="norm2", step="per-channel", fraction="1/2")],
+        final_norm=True)
+    assert built.body == _scheme().body

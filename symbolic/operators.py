@@ -69,7 +69,10 @@ class Parameter:
 
     @property
     def kind(self) -> str:
-        """``weight``, ``bias`` or ``gain``: decides initialization and ``bias=False``."""
+        """``weight``, ``bias``, ``gain`` or ``step`` (a learned time step, zero-initialized, kept with
+        ``bias=False``): decides initialization and ``bias=False``."""
+        if self.name == "step":
+            return "step"
         return "weight" if self.name.startswith("W") else "gain" if self.name == "gain" else "bias"
 
     def applied(self) -> sp.Expr:

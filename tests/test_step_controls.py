@@ -101,7 +101,8 @@ def test_numpy_and_torch_equal_the_hand_written_block():
     block.load_params(p)
     with torch.no_grad():
         assert np.abs(block(torch.tensor(u)).numpy() - expected).max() <= 1e-12
-    assert float(torch_module.Block(D, HEADS, D_FF).attn.step.detach().abs().max()) == 0.0  # LayerScale's start: the identity
+    fresh = torch_module.Block(D, HEADS, D_FF, bias=False)  # no biases, but the learned steps are controls
+    assert isinstance(fresh.attn.step, torch.nn.Parameter) and float(fresh.attn.step.detach().abs().max()) == 0.0
     # the derived adjoint: the learned steps' gradients against central differences
     grad_out = np.random.default_rng(2).standard_normal(u.shape)
     _, grads = numpy_module.vjp(u, p, grad_out, n_heads=HEADS)

@@ -32,6 +32,7 @@ _EXPORTS = {
     "register_tableau": "splitformer.symbolic.tableaux",
     "make_tableau": "splitformer.symbolic.tableaux",
     "load_plugin": "splitformer.symbolic.plugins",
+    "register_activation": "splitformer.symbolic.activations",
 }
 __all__ = ["__version__", "adapters", "nn", *_EXPORTS]
 

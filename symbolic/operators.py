@@ -70,8 +70,10 @@ class Parameter:
     @property
     def kind(self) -> str:
         """Decides initialization and what ``bias=False`` drops: ``weight`` (``W…``), ``gain`` (``gain``, ``…_gain``;
-        ones), ``bias`` (``b``, ``bias``, ``b_…``; zeros, dropped), else ``control`` (zeros, never dropped:
-        ALiBi's slopes, a head-mixing kernel)."""
+        ones), ``bias`` (``b``, ``bias``, ``b_…``; zeros, dropped), ``step`` (a learned time step; zeros, kept),
+        else ``control`` (zeros, never dropped: ALiBi's slopes, a head-mixing kernel)."""
+        if self.name == "step":
+            return "step"
         if self.name.startswith("W"):
             return "weight"
         if self.name.split("_")[-1] == "gain":

@@ -26,7 +26,7 @@ from .file_kinds import open_regular
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
 from .kinds import OPERATOR_KINDS
 from .scheme_fields import MAX_DEPTH
-from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
+from .scheme import SOLVERS, STEP_CONTROLS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
 __all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_source", "scheme_path"]
@@ -36,7 +36,7 @@ MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal"}
-_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
@@ -206,10 +206,14 @@ class _Reader:
                             "a negative fraction steps backward")
         if solver == "projection" and fraction != 1:
             raise self.fail(f"{where}.fraction", "a projection has no fraction (the normal cone absorbs Δt)")
-        on = self.typed(step, "on", str, where, None)
-        if on is not None and on not in operators:
-            raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
-        return Substep(operator, solver, fraction, on)
+        on, then = (self.typed(step, role, str, where, None) for role in ("on", "then"))
+        for role, key in (("on", on), ("then", then)):
+            if key is not None and key not in operators:
+                raise self.fail(f"{where}.{role}", f"unknown operator {key!r} (declared: {', '.join(operators)})")
+        control = self.typed(step, "step", str, where, "fixed")
+        if control not in STEP_CONTROLS:
+            raise self.fail(f"{where}.step", f"unknown step {control!r} (known: {', '.join(STEP_CONTROLS)})")
+        return Substep(operator, solver, fraction, on, then, control)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
         if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:

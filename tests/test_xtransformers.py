@@ -123,7 +123,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
 
 
 @pytest.mark.parametrize(("flags", "named"), [
-    ({"use_layerscale": True}, "use_layerscale"), ({"sandwich_norm": True}, "sandwich_norm"),
+    ({"sandwich_norm": True, "use_layerscale": True}, "sandwich_norm with macaron or use_layerscale"),
     ({"gate_residual": True}, "gate_residual"), ({"attn_qk_norm": True, "attn_qk_norm_groups": 2}, "attn_qk_norm_groups"),
     ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_pos_emb"),
     ({"attn_pre_scale_post_talking_heads": True, "attn_flash": False}, "attn_pre_scale_post_talking_heads"),

@@ -59,6 +59,9 @@ class Adapted(Mapping[str, np.ndarray]):
     final_norm: Params | None = None
     stack: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: Every layer runs one block's parameters (x-transformers' ``weight_tie_layers``): ``build`` gives a
+    #: ``Stack(tied=True)`` holding them once.
+    tied: bool = False
     notes: tuple[str, ...] = ()
     source_dtype: str = "float32"
     batch_first: bool = True
@@ -167,7 +170,7 @@ class Adapted(Mapping[str, np.ndarray]):
         factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.stack:
             module = torch_module.Stack(len(self.layers), self.sizes["d_model"], self.n_heads, self.sizes["d_ff"],
-                                        final_norm=self.final_norm is not None, **factory)
+                                        final_norm=self.final_norm is not None, tied=self.tied, **factory)
         else:
             module = torch_module.Block(self.sizes["d_model"], self.n_heads, self.sizes["d_ff"], **factory)
         return self.load_into(module)

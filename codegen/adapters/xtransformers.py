@@ -17,7 +17,12 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
 - ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
-- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs.
+- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs; ``build`` ties them
+  (``Stack(tied=True)``: one control for all steps).
+- ``use_layerscale``: a learned per-channel time step (``step = "per-channel"``): ``<field>.step`` is
+  ``γ + unit offset``.
+- ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
+  ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
 
 Any other flag is refused in one line naming it.
 """
@@ -42,7 +47,7 @@ __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
 #: Classes of x-transformers that only a refused flag builds → that flag.
 FLAG_OF_CLASS = {
-    "LayerScale": "use_layerscale", "AdaptiveLayerScale": "use_adaptive_layerscale",
+    "AdaptiveLayerScale": "use_adaptive_layerscale",
     "ShiftTokens": "shift_tokens", "GRUGating": "gate_residual", "OrthogonalResidualUpdate": "orthog_residual",
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
@@ -110,7 +115,6 @@ SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-
 
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
-    "use_layerscale": "a learned per-channel step size (a time step as a control) is not in the scheme language",
     "scale_residual": "a learned skip scale is not in the scheme language",
     "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
@@ -306,11 +310,7 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
             if residual.residual_scale is not None or residual.scale_residual_constant != 1:
                 raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
                               REASONS["scale_residual"])
-            pre, post_branch, post_main = norms
-            if post_branch is not None:
-                raise _refuse(owner, "sandwich_norm", "a norm of the branch output before the residual is a branch "
-                              "map, not a projection of the state")
-            parts.append((layers.layer_types[index], branch, (pre, post_main)))
+            parts.append((layers.layer_types[index], branch, tuple(norms)))
         blocks.append(parts)
     return blocks
 
@@ -322,6 +322,13 @@ def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | Non
     if not (macaron_ff and branch.scale == 0.5):
         raise _refuse(owner, f"a branch scaled by {branch.scale}", "scale_residual / depth_scale_residual")
     return branch.fn, "1/2"
+
+
+def _layer_scale(branch: Any) -> tuple[Any, np.ndarray | None]:
+    """The branch inside ``LayerScale`` (``use_layerscale``) and its per-channel step ``γ + unit offset``."""
+    if type(branch).__name__ != "LayerScale":
+        return branch, None
+    return branch.fn, array(branch.gamma) + float(branch.unit_offset)
 
 
 @dataclass
@@ -347,7 +354,8 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
     block = _Block()
-    for position, (kind, branch, (pre, post)) in enumerate(parts, start=1):
+    for position, (kind, branch, (pre, sandwich, post)) in enumerate(parts, start=1):
+        branch, layer_scale = _layer_scale(branch)  # LayerScale wraps the macaron's ½ (Scale): both scale the output
         branch, fraction = _fraction(owner, branch, macaron and kind == "f")
         step: dict[str, Any] = {"operator": "", "solver": "explicit"}
         if pre is not None:
@@ -372,6 +380,15 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
             block.operators[step["operator"]] = {"kind": "gated-feed-forward" if gated else "feed-forward", "bias": bias}
         if fraction is not None:
             step["fraction"] = fraction
+        if sandwich is not None:  # a projection of the field's output before it is added (a branch map)
+            if fraction is not None or layer_scale is not None:
+                raise _refuse(owner, "sandwich_norm with macaron or use_layerscale", "x-transformers normalizes the "
+                              "scaled branch output; the scheme's branch map is applied before the step's scale")
+            step["then"] = f"branch_norm{position}"
+            block.norm(owner, step["then"], sandwich, dim, dtype)
+        if layer_scale is not None:  # a learned diagonal time step λ(y)
+            step["step"] = "per-channel"
+            block.params[f"{step['operator']}.step"] = layer_scale
         block.steps.append(step)
         if post is not None:
             name = f"post_norm{position}" if pre is not None else f"norm{position}"
@@ -401,8 +418,9 @@ def scheme_text(name: str, summary: str, block: _Block, activation: str, causal:
 
 def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     """A scheme name and summary saying what the block is (``xt-pre-layer-norm-gelu``)."""
-    pre, post = parts[0][2]
+    pre, sandwich, post = parts[0][2]
     layout = "pre-post" if pre is not None and post is not None else "pre" if pre is not None else "post"
+    layout = "sandwich" if sandwich is not None else layout
     norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
@@ -451,15 +469,13 @@ def read_attention_layers(layers: Any) -> Adapted:
     name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
-    if list(layers.layers_execute_order) != list(range(len(layers.layer_types))):
-        notes.append(f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack "
-                     "holds one copy per layer")
+    tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                    eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text)
+                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text, tied=tied)
 
 
 @adapter("xtransformers", "TransformerWrapper")

@@ -47,7 +47,7 @@ class Study:
 
 
 def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS) -> np.ndarray:
-    terms = [(float(term.coefficient), Substep(term.operator, "explicit", on=term.on))
+    terms = [(float(term.coefficient), term.substep)
              for term in equation_terms(scheme) if not term.projection]
 
     def field(v):

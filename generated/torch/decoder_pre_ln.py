@@ -1200,6 +1200,9 @@ class Block(_CanonicalModule):
 class Stack(_CanonicalModule):
     """``n_layers`` steps of decoder-pre-ln (own parameters each), then the final projection.
 
+    ``tied=True``: every step runs one ``Block`` (an autonomous equation: one control for all steps);
+    ``parameters()`` holds it once and ``load_params`` takes one mapping, or ``n_layers`` equal ones.
+
     ``final_norm`` defaults to the scheme's choice (True); its parameters are
     ``final_norm.gain`` and ``final_norm.bias``. ``forward`` takes the masks of ``Block.forward``.
     """
@@ -1207,14 +1210,18 @@ class Stack(_CanonicalModule):
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 final_norm=True, device=None, dtype=None, backward="autograd"):
+                 final_norm=True, device=None, dtype=None, backward="autograd", tied=False):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
-        self.layers = torch.nn.ModuleList(
+        if not isinstance(tied, bool):
+            raise TypeError(f"tied must be a bool, got {type(tied).__name__}")
+        blocks = [
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, backward=backward)
-            for _ in range(n_layers)
-        )
+            for _ in range(1 if tied else n_layers)
+        ]
+        self.layers = torch.nn.ModuleList(blocks * n_layers if tied else blocks)
+        self.tied = tied
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
         if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
@@ -1228,14 +1235,23 @@ class Stack(_CanonicalModule):
             _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(self.d_model, self.d_ff))
 
     def extra_repr(self):
-        return f"{SCHEME}, final_norm={self.has_final_norm}"
+        return f"{SCHEME}, final_norm={self.has_final_norm}" + (", tied" if self.tied else "")
 
     def load_params(self, layers, final_norm=None):
-        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        """``layers``: one canonical mapping per layer (tied: one, or ``n_layers`` equal ones); ``final_norm``:
+        mapping with ``gain``, ``bias``."""
         if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
-        if len(layers) != len(self.layers):
+        if len(layers) != len(self.layers) and not (self.tied and len(layers) == 1):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
+        if self.tied:
+            first = _mapping("layers[0]", layers[0])
+            for index, params in enumerate(layers[1:], start=1):
+                params = _mapping(f"layers[{index}]", params)
+                if params.keys() != first.keys() or any(
+                        not torch.equal(torch.as_tensor(params[name]), torch.as_tensor(first[name])) for name in params):
+                    raise ValueError(f"tied layers: layers[{index}] differs from layers[0]")
+            layers = [first]
         for block, params in zip(self.layers, layers):
             block.load_params(params)
         if (final_norm is not None) != self.has_final_norm:

@@ -194,8 +194,8 @@ class TorchBackend(Backend):
         if len(op.outputs) == 1:
             weight, bias = op.weights[0] + (".t()" if op.transposed else ""), _addend(op, printer.module)
         else:
-            weight = f"torch.cat([{', '.join(op.weights)}], 1)"
-            bias = f"torch.cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None
+            weight = f"_cat([{', '.join(op.weights)}], 1)"
+            bias = f"_cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None
         product = f"torch.addmm({bias}, {rows}, {weight})" if bias else f"torch.mm({rows}, {weight})"
         if len(op.outputs) == 1:
             return [f"{op.out} = {product}.view({_shape(op.labels)})"]

@@ -60,6 +60,11 @@ _KINDS = {
     "ffn.W_2": "weight",
     "final_norm.gain": "gain",
 }
+#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
+#: name a view of it), so that the product reads them without a copy (``_cat``).
+_SIDE_BY_SIDE = [
+    (("ffn.W_1", "ffn.W_3",), 1),
+]
 
 
 def _allowed(support):
@@ -113,6 +118,55 @@ def _root(mean_square, eps: float, scale):
     """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
     root = torch.sqrt(mean_square + eps / scale / scale)
     return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _cat(tensors: list[torch.Tensor], dim: int):
+    """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
+    storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
+    (an optimizer step, ``.data.mul_``, a NumPy view) is then in the result, as nothing is kept.
+    Under autograd, tracing or compiling: ``torch.cat`` (the graph must reach each part)."""
+    if torch.jit.is_scripting():
+        return torch.cat(tensors, dim)
+    joined = _joined_view(tensors, dim)
+    return torch.cat(tensors, dim) if joined is None else joined
+
+
+@torch.jit.unused
+def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
+
+    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
+    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    """
+    if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return None
+    first = tensors[0]
+    try:
+        storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+        step = first.shape[dim] * first.stride(dim)
+        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
+                               or t.stride() != first.stride() or t.dtype != first.dtype
+                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+            return None
+    except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
+        return None
+    shape = list(first.shape)
+    shape[dim] *= len(tensors)
+    return first.detach().as_strided(shape, first.stride(), offset)
+
+
+def _side_by_side(module, groups) -> None:
+    """Store each group of ``module``'s parameters (names, axis) in one tensor, each name a view
+    of it, so that ``_cat`` reads them without a copy; a group already side by side stays."""
+    with torch.no_grad():
+        for names, dim in groups:
+            parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
+            if _joined_view(parts, dim) is not None:
+                continue
+            whole = torch.cat([part.detach() for part in parts], dim)
+            for index, part in enumerate(parts):
+                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
 def _rms_norm(x, gain, eps: float):
@@ -320,7 +374,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     norm2_out = norm2_gain*norm2_p
     # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
+    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
     ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
     ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
     del ffn_wgate
@@ -675,7 +729,22 @@ def _load(module, table, params, bias):
 
 
 class _CanonicalModule(torch.nn.Module):
-    """A module whose state dict holds canonical names only."""
+    """A module whose state dict holds canonical names only; its blocks keep the parameters of each
+    fused product side by side (``_SIDE_BY_SIDE``) through conversions, assigning loads and copies."""
+
+    def _keep_side_by_side(self):
+        for module in self.modules():
+            if isinstance(module, Block):
+                _side_by_side(module, _SIDE_BY_SIDE)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # .to(), .double(), .cuda() give each parameter its own storage
+        self._keep_side_by_side()
+        return self
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # copy.deepcopy copies each parameter alone
+        self._keep_side_by_side()
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's ``load_state_dict``, except that a key this module lacks is an error even with
@@ -686,7 +755,9 @@ class _CanonicalModule(torch.nn.Module):
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
                              f"{next(iter(self.state_dict()))!r}); load another module's weights with "
                              "splitformer.adapters: from_torch(layer).load_into(block)")
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._keep_side_by_side()  # assign=True puts the loaded tensors in place
+        return result
 
 
 class Block(_CanonicalModule):
@@ -727,6 +798,7 @@ class Block(_CanonicalModule):
         self.rope_theta = _rope_theta(rope_theta)
         sizes = {"d": d_model, "d_ff": d_ff, "d_kv": self.n_kv_heads * (d_model // n_heads)}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
+        _side_by_side(self, _SIDE_BY_SIDE)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -868,7 +940,7 @@ class Block(_CanonicalModule):
         norm2_out = _rms_norm(u1, norm2_gain, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
+        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
         ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
         ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
         del ffn_wgate, norm2_out

@@ -87,6 +87,40 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel (the output bias alone, never NaN);
+    ``dropout_p`` drops kernel entries in training.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if support is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    else:
+        empty = ~_allowed(support).any(dim=-1, keepdim=True)
+        mask = support | empty if support.dtype == torch.bool else support.masked_fill(empty, 0.0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out = out.masked_fill(empty, 0.0)
+    return out.transpose(1, 2)
+
+
+def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
+    q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
+    keys, groups, value features), support (batch, tokens, keys) or None. The members of a group
+    are further query rows of its head, so no key or value is repeated; the result is
+    (batch, tokens, groups, members, value features).
+    """
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4).reshape(batch, members * n_queries, groups, -1)
+    keys = k.reshape(k.shape[0], k.shape[1], groups, -1)
+    if support is not None:
+        support = support[:, None].expand(batch, members, n_queries, support.shape[-1]).reshape(batch, 1, members * n_queries, -1)
+    out = _attention(rows, keys, v, scale, support, dropout_p)
+    return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -346,19 +380,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
     # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-    attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+    attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
     del attn_q
     # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-    attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+    attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
     del attn_k
     # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
-    del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-    attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-    del attn_gamma
+    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
+    del chi
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
     attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
@@ -488,12 +519,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
-    attn_k_bar = torch.sum(attn_kr_bar[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, :, None])/2), dim=4)
+    attn_k_bar = torch.stack((attn_kr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None])), dim=3)
     del attn_kr_bar
     # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
-    attn_q_bar = torch.sum(attn_qr_bar[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, None, :, None])/2), dim=5)
+    attn_q_bar = torch.stack((attn_qr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None, None])), dim=4)
     del attn_phi, attn_qr_bar
     # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
@@ -907,24 +938,20 @@ class Block(_CanonicalModule):
         attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
         del pos
         # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-        attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+        attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
         del attn_q
         # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-        attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+        attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
         del attn_k, attn_phi
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
-        # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-        attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-        del attn_kr, attn_qr
-        # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-        attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
-        del attn_a, chi
         # the cache: attn_v of the earlier tokens, then the new ones
         attn_v = _cache(cache, "attn.v", attn_v)
+        # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+        # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-        attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-        del attn_gamma, attn_v
+        attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
+        del attn_kr, attn_qr, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
         attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)

@@ -19,7 +19,8 @@ from splitformer.symbolic.domains import Domain
 from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled", "Normalize", "Cache",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
+    "Normalize", "Cache",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 

@@ -109,8 +109,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm", "_rms_norm", "_grid", "_cat")
-                 if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm",
+                                       "_rms_norm", "_grid", "_cat") if f"{helper}(" in code},
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor
         "side_by_side": _side_by_side(module),
         "output": module.output,

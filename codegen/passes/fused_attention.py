@@ -38,7 +38,8 @@ def _grouped_scores(op: Contraction, softmax: Softmax) -> tuple[str, str, str, s
         return None
     _, row, group, member, *features = q.labels
     _, column, *rest = k.labels
-    if rest != [group, *features] or not 1 <= len(features) <= 2 or len({row, column, group, member, *features}) != 4 + len(features):
+    distinct = len({row, column, group, member, *features}) == 4 + len(features)
+    if rest != [group, *features] or not 1 <= len(features) <= 2 or not distinct:
         return None
     if op.labels != (BATCH, group, member, row, column) or softmax.labels != op.labels:
         return None

@@ -123,10 +123,12 @@ def _grouped_attention(q, k, v, scale, support):
     repeated); the result is (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[:4]
-    rows = q.reshape(batch, n_queries, groups, members, -1).transpose(0, 3, 1, 2, 4).reshape(batch, members * n_queries, groups, -1)
+    rows = q.reshape(batch, n_queries, groups, members, -1).transpose(0, 3, 1, 2, 4)  # members before tokens
+    rows = rows.reshape(batch, members * n_queries, groups, -1)
     keys = k.reshape(k.shape[:3] + (-1,))
     if support is not None:
-        support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:]).reshape(batch, 1, members * n_queries, -1)
+        support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
+        support = support.reshape(batch, 1, members * n_queries, -1)
     out = _attention(rows, keys, v, scale, support)
     return out.reshape(batch, members, n_queries, groups, -1).transpose(0, 2, 3, 1, 4)
 

@@ -113,10 +113,12 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4).reshape(batch, members * n_queries, groups, -1)
+    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4)  # members before tokens
+    rows = rows.reshape(batch, members * n_queries, groups, -1)
     keys = k.reshape(k.shape[0], k.shape[1], groups, -1)
     if support is not None:
-        support = support[:, None].expand(batch, members, n_queries, support.shape[-1]).reshape(batch, 1, members * n_queries, -1)
+        support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
+        support = support.reshape(batch, 1, members * n_queries, -1)
     out = _attention(rows, keys, v, scale, support, dropout_p)
     return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
 
@@ -760,8 +762,9 @@ def _load(module, table, params, bias):
 
 
 class _CanonicalModule(torch.nn.Module):
-    """A module whose state dict holds canonical names only; its blocks keep the parameters of each
-    fused product side by side (``_SIDE_BY_SIDE``) through conversions, assigning loads and copies."""
+    """A module whose state dict holds canonical names only; its blocks keep the
+    parameters of each fused product side by side (``_SIDE_BY_SIDE``) through conversions,
+    assigning loads and copies."""
 
     def _keep_side_by_side(self):
         for module in self.modules():

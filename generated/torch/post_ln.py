@@ -747,8 +747,9 @@ def _load(module, table, params, bias):
 
 
 class _CanonicalModule(torch.nn.Module):
-    """A module whose state dict holds canonical names only; its blocks keep the parameters of each
-    fused product side by side (``_SIDE_BY_SIDE``) through conversions, assigning loads and copies."""
+    """A module whose state dict holds canonical names only; its blocks keep the
+    parameters of each fused product side by side (``_SIDE_BY_SIDE``) through conversions,
+    assigning loads and copies."""
 
     def _keep_side_by_side(self):
         for module in self.modules():

@@ -15,7 +15,7 @@ from splitformer.symbolic.scheme import Scheme
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, Module
+from .ir import Cache, Elementwise, MatMul, Module
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
 
@@ -109,8 +109,10 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
-                 if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm",
+                                       "_rms_norm", "_grid", "_cat") if f"{helper}(" in code},
+        # parameters a fused product reads side by side (names, axis): stored as views of one tensor
+        "side_by_side": _side_by_side(module),
         "output": module.output,
         # what the operators declare they read (symbolic.inputs), and the grids the arrays live on
         "positions": any(field.role == "positions" for field in module.inputs),
@@ -123,6 +125,18 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }
+
+
+def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:
+    """The kernels (axis 1) and biases (axis 0) of each fused product over parameters, once each."""
+    groups = []
+    for op in module.ops:
+        if isinstance(op, MatMul) and len(op.weights) > 1:
+            for names, axis in ((op.weights, 1), (op.biases, 0)):
+                infos = [module.tensors.get(name) for name in names]
+                if all(info is not None and info.role == "param" for info in infos):
+                    groups.append((tuple(info.parameter for info in infos), axis))
+    return list(dict.fromkeys(groups))
 
 
 def _last_reads(module: Module, keep: set[str], codes: list[list[str]]) -> dict[int, list[str]]:

@@ -167,6 +167,8 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
         flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
             getattr(function, "__name__", ""), "attn_custom_attn_fn")
         raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
+    if getattr(attention, "rotate_num_heads", heads) != heads:
+        raise _refuse(owner, f"rotate_num_heads={attention.rotate_num_heads}", "rotary-attention rotates every head")
     width = attention.to_q.out_features // attention.heads
     if attention.heads != heads or width > dim // heads:
         raise _refuse(owner, f"attn_dim_head={width}", f"a head wider than dim / heads = {dim // heads} is not "
@@ -350,6 +352,42 @@ class _Block:
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
 
 
+    def rotary(self, owner: str, heads: int) -> None:
+        """The attention as ``rotary-attention``: x-transformers pairs features ``(2r, 2r + 1)`` of a head
+        (interleaved), the kind pairs ``(r, r + d_head/2)``; the scores only see the pairs, so the
+        query and key kernels' columns are permuted from one layout into the other."""
+        for part in ("W_q", "W_k"):
+            kernel = self.params[f"attn.{part}"]
+            pairs = kernel.reshape(kernel.shape[0], heads, -1, 2)  # (d, head, r, c) interleaved
+            self.params[f"attn.{part}"] = np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(kernel.shape)
+        if set(self.operators["attn"]) - {"kind", "bias"}:
+            scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias"}))
+            raise _refuse(owner, f"rotary_pos_emb with {scores}", "rotary-attention has no score options")
+        self.operators["attn"] = {"kind": "rotary-attention"}
+
+
+def _rope_theta(owner: str, rotary: Any, dim_head: int) -> float:
+    """θ of x-transformers' ``RotaryEmbedding`` rotating every feature pair of a head (θ^(−2r/d_head));
+    partial rotation, xpos and interpolated positions are refused by name."""
+    frequencies = np.asarray(rotary.inv_freq.detach().cpu().double().numpy())
+    if rotary.scale is not None:
+        raise _refuse(owner, "rotary_xpos", "a position-dependent scale of the rotated pairs is not computed")
+    if rotary.interpolation_factor != 1:
+        raise _refuse(owner, f"rotary_interpolation_factor={rotary.interpolation_factor}",
+                      "rotary-attention rotates by the token positions themselves")
+    if 2 * len(frequencies) != dim_head:
+        raise _refuse(owner, f"rotary_emb_dim={2 * len(frequencies)}", f"partial rotary (of {dim_head} head "
+                      f"features) is not computed: rotary-attention rotates every pair (rotary_emb_dim={dim_head})")
+    if len(frequencies) < 2:
+        raise _refuse(owner, f"rotary_emb_dim={dim_head}", "one rotated pair carries no rotary base")
+    theta = float(frequencies[1] ** (-dim_head / 2))
+    theta = float(round(theta)) if abs(theta - round(theta)) <= 1e-9 * theta else theta  # 10000.000000000002 → 10000
+    expected = theta ** (-2 * np.arange(len(frequencies)) / dim_head)
+    if not np.allclose(frequencies, expected, rtol=1e-6, atol=0):
+        raise _refuse(owner, "rotary frequencies other than θ^(−2r/d_head)")
+    return theta
+
+
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
@@ -424,7 +462,8 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, norm, gated + next(iter(block.activations)),
+    rotary = "rotary" if block.operators["attn"]["kind"] == "rotary-attention" else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
     name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
@@ -440,15 +479,20 @@ def read_attention_layers(layers: Any) -> Adapted:
     owner = type(layers).__name__
     _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
     _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
-    if layers.rotary_pos_emb is not None:
-        raise _refuse(owner, "rotary_pos_emb", "x-transformers rotates interleaved feature pairs (by default of half "
-                      "of each head); rotary-attention rotates the half-split pairs of the whole head")
     if layers.polar_pos_emb is not None:
         raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
+    rope_theta = None if layers.rotary_pos_emb is None else _rope_theta(owner, layers.rotary_pos_emb, dim // heads)
     structure = _sublayers(owner, layers)
     blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
+    if rope_theta is not None:
+        widths = {attention.to_q.out_features for attention in layers.modules() if type(attention).__name__ == "Attention"}
+        if widths != {dim}:
+            raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={min(widths) // heads}",
+                          f"rotary-attention rotates heads of width dim / heads = {dim // heads}")
+        for block in blocks:
+            block.rotary(owner, heads)
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))
@@ -473,9 +517,10 @@ def read_attention_layers(layers: Any) -> Adapted:
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
+    options = ({"causal": True} if layers.causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
     return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                    eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text, tied=tied)
+                   options=options, notes=tuple(notes), scheme_file=text, tied=tied)
 
 
 @adapter("xtransformers", "TransformerWrapper")

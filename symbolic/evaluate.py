@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 import mpmath
 import sympy as sp
 
-from .numeric_expressions import as_number, compile_numeric
+from .numeric_expressions import as_number, compile_numeric, work
 from .operators import EPSILON
 from .program import TIME_STEP, Program
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "evaluation_work"]
 
 
 def _substitute(expr: sp.Expr, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Expr:
@@ -82,8 +82,7 @@ def evaluate(
                                              entry)
         return compile_numeric(rhs, number, digits)
 
-    constants = {symbol: size for symbol, size in sizes.items()}
-    constants.update({EPSILON: eps, TIME_STEP: time_step})
+    constants = _constants(sizes, eps, time_step)
     with mpmath.workdps(digits or mpmath.mp.dps):
         for assignment in program.assignments:
             # xreplace rebuilds every Idx with its concrete range, in the body and the limits alike
@@ -98,6 +97,25 @@ def evaluate(
         values = {name: {point: sp.Float(value, digits) for point, value in table.items()}
                   for name, table in values.items()}
     return values
+
+
+def evaluation_work(program: Program, sizes: Mapping[sp.Symbol, int]) -> int:
+    """The closures ``evaluate(program, sizes, …, digits=n)`` calls: each assignment's ``work`` once per
+    entry it computes. A count, not a time: bounds on it are the same on every machine."""
+    constants = _constants(sizes, sp.Integer(1), sp.Integer(1))
+    total = 0
+    for assignment in program.assignments:
+        indices = assignment.lhs.xreplace(constants).indices
+        atoms = {atom for index in indices for atom in sp.sympify(index).atoms(sp.Idx)}
+        points = 1
+        for atom in atoms:
+            points *= int(atom.upper) + 1
+        total += points * work(assignment.rhs.xreplace(constants))
+    return total
+
+
+def _constants(sizes: Mapping[sp.Symbol, int], eps: sp.Expr, time_step: sp.Expr) -> dict:
+    return {**sizes, EPSILON: eps, TIME_STEP: time_step}
 
 
 def _accumulate(table: dict, indices: tuple, rhs: Callable[[dict], object]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import mpmath
 import sympy as sp
 
-__all__ = ["compile_numeric", "as_number"]
+__all__ = ["compile_numeric", "as_number", "work"]
 
 #: ``env`` maps index symbols to integers; a closure returns an ``int``, ``mpf`` or ``bool``.
 Closure = Callable[[dict], object]
@@ -96,6 +96,20 @@ def compile_numeric(expr: sp.Expr, lookup: Callable[[str, tuple[int, ...]], obje
         raise ValueError(f"cannot evaluate {type(node).__name__} numerically: {sp.sstr(node)[:80]}")
 
     return build(expr)
+
+
+def work(expr: sp.Expr) -> int:
+    """How many closures one evaluation of ``compile_numeric(expr)`` calls (a ``Sum`` counts its body once per term)."""
+    if isinstance(expr, sp.Sum):
+        terms = 1
+        for _, lower, upper in expr.limits:
+            terms *= max(0, int(upper) - int(lower) + 1)
+        return 1 + terms * work(expr.function)
+    if isinstance(expr, sp.Piecewise):
+        return 1 + sum(work(expression) + work(condition) for expression, condition in expr.args)
+    if isinstance(expr, (sp.Idx, sp.Symbol)) or not expr.args or expr.is_Rational:
+        return 1
+    return 1 + sum(map(work, expr.args))
 
 
 def _sum(body: Closure, limits: list[tuple[sp.Symbol, int, int]]) -> Closure:

@@ -107,6 +107,8 @@ def work(expr: sp.Expr) -> int:
         return 1 + terms * work(expr.function)
     if isinstance(expr, sp.Piecewise):
         return 1 + sum(work(expression) + work(condition) for expression, condition in expr.args)
+    if isinstance(expr, sp.Indexed):
+        return 1 + sum(map(work, expr.indices))
     if isinstance(expr, (sp.Idx, sp.Symbol)) or not expr.args or expr.is_Rational:
         return 1
     return 1 + sum(map(work, expr.args))

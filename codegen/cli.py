@@ -1,7 +1,7 @@
 """The ``splitformer`` command line: list, show, derive, check, compare, study (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
-An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
+An interrupt (Ctrl-C) ends in one line and status 130, whatever further interrupts arrive; a reader that closes the pipe early
 (``splitformer check | head -1``) ends the command quietly with status 141 (128 + SIGPIPE).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -465,8 +466,19 @@ def _silence_stdout() -> None:
         pass
 
 
+def _ignore_interrupts() -> None:
+    """Ignore SIGINT from now on: this process is ending with status 130. A second Ctrl-C (or a
+    SIGINT to the process group) while the message is printed would otherwise escape as a
+    traceback, and one during the interpreter's shutdown, after it restored the default
+    disposition, would end the process by the signal (status -2) instead."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line (``argv`` None: this process's own, it ends with the command); returns the exit status."""
     try:
         text, status = _run(argv)
         try:
@@ -482,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(error))
         return 2
     except KeyboardInterrupt:
+        if argv is None:  # the process is the command (not a caller's in-process run): keep it at 130
+            _ignore_interrupts()
         _error("interrupted")
         return 130
     return status

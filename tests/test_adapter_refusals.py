@@ -86,6 +86,32 @@ def test_to_torch_refuses_a_block_of_another_scheme_or_configuration():
         one_line(error)
 
 
+@pytest.mark.parametrize("variant, message", [
+    ("causal", "computes causal post-ln \\(derived with causal=True\\); the source computes non-causal post-ln"),
+    ("pre-ln named post-ln", "computes another scheme under the name post-ln"),
+])
+def test_a_module_computing_otherwise_under_the_sources_scheme_name_is_refused(variant, message):
+    """The module's COMPUTES digest is compared, not its SCHEME name: a module derived with
+    causal=True, or from a scheme file that reuses the name post-ln for pre-LN, keeps SCHEME
+    'post-ln' and computes another forward."""
+    from splitformer import derive, parse_scheme
+    from splitformer.symbolic.builtins import builtin_text
+
+    layer = encoder_layer()
+    post = from_torch(layer)
+    assert to_torch(post.build(POST_LN), like=post)  # control: the built-in post-ln module
+    if variant == "causal":
+        module = derive("post-ln", causal=True).torch_module()
+    else:
+        module = derive(parse_scheme(builtin_text("pre-ln").replace('name = "pre-ln"', 'name = "post-ln"'))).torch_module()
+    assert module.SCHEME == "post-ln"
+    block = module.Block(D, HEADS, D_FF, dtype=torch.float64)
+    for attempt in (lambda: post.build(module), lambda: post.load_into(block), lambda: to_torch(block, like=post)):
+        with pytest.raises(SplitformerError, match=message) as error:
+            attempt()
+        one_line(error)
+
+
 # --- the module computes what its class says -------------------------------------------------------------
 
 def _hooked(kind):

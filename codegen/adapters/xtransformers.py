@@ -148,7 +148,8 @@ def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
 def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
     """Refuse an attribute of ``module`` that is neither in ``defaults`` nor known (``KNOWN_ATTRIBUTES``),
     then each of ``defaults`` that is not at its default value."""
-    known = KNOWN_ATTRIBUTES[next(klass.__name__ for klass in type(module).__mro__ if klass.__name__ in KNOWN_ATTRIBUTES)]
+    known = next((KNOWN_ATTRIBUTES[klass.__name__] for klass in type(module).__mro__ if klass.__name__ in KNOWN_ATTRIBUTES),
+                 frozenset())
     for attribute, value in vars(module).items():
         if not attribute.startswith("_") and attribute != "training" and attribute not in defaults and attribute not in known:
             raise SplitformerError(f"{owner} has {type(module).__name__}.{attribute}={value!r}, an attribute the reader "

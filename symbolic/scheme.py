@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from .activations import activation as lookup_activation
@@ -114,6 +115,15 @@ class Scheme:
         if self.emitted_name:
             words += ["--name", self.emitted_name]
         return " ".join(words)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of what one step computes: the operators with their options, the composition
+        of substeps, the activation, the final norm and causality (not the name, summary or
+        claims). Emitted torch modules carry it (``COMPUTES``); adapters compare it."""
+        computation = (sorted(self.operators.items()), self.body, self.activation, self.final_norm, self.causal,
+                       sorted((key, sorted(options.items())) for key, options in self.options.items()))
+        return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
     def with_activation(self, name: str) -> "Scheme":
         if not isinstance(name, str):

@@ -183,6 +183,22 @@ def test_rotary_decoder_kv_cache_decodes_token_by_token():
     assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
 
 
+def test_a_flag_or_attribute_the_reader_does_not_know_is_refused_by_name():
+    """An allowlist of the attributes each x-transformers module may have: a flag missing from the
+    refusal lists (attn_orthog_projected_values_per_head) or a future one is refused, never read."""
+    with pytest.raises(SplitformerError, match="uses attn_orthog_projected_values_per_head"):
+        from_xtransformers(_module(depth=1, attn_orthog_projected_values_per_head=True))
+    for path in ("", "layers.0.1", "layers.0.1.attend"):
+        module = _module(depth=1)
+        from_xtransformers(module)  # control
+        part = module.get_submodule(path)
+        part.future_flag = True
+        with pytest.raises(SplitformerError, match=rf"has {type(part).__name__}\.future_flag=True, an attribute the "
+                                                   "reader does not know") as error:
+            from_xtransformers(module)
+        assert "\n" not in str(error.value)
+
+
 def test_head_width_above_dim_over_heads_is_refused():
     module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=12, attn_flash=True)
     with pytest.raises(SplitformerError, match="attn_dim_head=12"):

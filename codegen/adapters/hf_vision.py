@@ -17,6 +17,8 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .common import activation_name, check_norms
+from .inspection import check_parts
 from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
@@ -78,10 +80,35 @@ def _norm(params: dict, prefix: str, norm: Any) -> None:
     params[f"{prefix}.bias"] = _array(norm.bias)
 
 
+#: The submodules of a ``ViTLayer`` the adapter reads, and their classes (transformers 5, then 4).
+VIT_LAYER_PARTS = (
+    {"attention": "ViTAttention", "attention.q_proj": "Linear", "attention.k_proj": "Linear",
+     "attention.v_proj": "Linear", "attention.o_proj": "Linear", "layernorm_before": "LayerNorm",
+     "layernorm_after": "LayerNorm", "mlp": "ViTMLP", "mlp.fc1": "Linear", "mlp.fc2": "Linear", "mlp.activation_fn": None},
+    {"attention.attention.query": "Linear", "attention.attention.key": "Linear", "attention.attention.value": "Linear",
+     "attention.output.dense": "Linear", "layernorm_before": "LayerNorm", "layernorm_after": "LayerNorm",
+     "intermediate.dense": "Linear", "intermediate.intermediate_act_fn": None, "output.dense": "Linear"},
+)
+
+
+def _vit_modules(vit: Any, owner: str) -> float:
+    """Check the layers' parts and read what the modules compute (not the config): every layer's
+    activation must be the exact GELU, and every LayerNorm (the final one included) share one ε, returned."""
+    layers = list(vit.layers) if hasattr(vit, "layers") else list(vit.encoder.layer)
+    parts = VIT_LAYER_PARTS[0] if hasattr(vit, "layers") else VIT_LAYER_PARTS[1]
+    norms = {"layernorm": vit.layernorm}
+    for index, layer in enumerate(layers):
+        where = f"{owner} layer {index}"
+        check_parts(where, layer, parts)
+        path = next(name for name, expected in parts.items() if expected is None)
+        activation = activation_name(f"{where} {path}", layer.get_submodule(path))
+        if activation != "gelu":
+            raise SplitformerError(f"{where}: {path} computes {activation}; the vit model's step uses the exact erf GELU")
+        norms |= {f"layers.{index}.{name}": getattr(layer, name) for name in ("layernorm_before", "layernorm_after")}
+    return check_norms(owner, norms)
+
+
 def _vit_config(config: Any, owner: str) -> dict[str, Any]:
-    if config.hidden_act != "gelu":
-        raise SplitformerError(f"{owner}: hidden_act={config.hidden_act!r}; the vit model's step uses the exact "
-                               "erf GELU ('gelu')")
     head_dim = getattr(config, "head_dim", None)
     if head_dim is not None and head_dim * config.num_attention_heads != config.hidden_size:
         raise SplitformerError(f"{owner}: head_dim={head_dim} × {config.num_attention_heads} heads ≠ hidden_size="
@@ -93,8 +120,7 @@ def _vit_config(config: Any, owner: str) -> dict[str, Any]:
         if patch[0] != patch[1]:
             raise SplitformerError(f"{owner}: patch_size={tuple(patch)}; the vit model's patches are square")
         patch = patch[0]
-    return {"patch_size": int(patch), "n_heads": int(config.num_attention_heads),
-            "eps": float(config.layer_norm_eps), "image_size": image_size}
+    return {"patch_size": int(patch), "n_heads": int(config.num_attention_heads), "image_size": image_size}
 
 
 def _vit_layers(vit: Any) -> list[tuple]:
@@ -147,7 +173,7 @@ def from_hf_vit(module: Any) -> AdaptedModel:
     """The ``vit`` model's parameters and configuration of a transformers ViT."""
     owner = type(module).__name__
     vit = module.vit if owner == "ViTForImageClassification" else module
-    config = _vit_config(module.config, owner)
+    config = _vit_config(module.config, owner) | {"eps": _vit_modules(vit, owner)}
     _check_vit_scaling(vit, owner, config["n_heads"])
     params = _vit_params(vit)
     if owner == "ViTForImageClassification":

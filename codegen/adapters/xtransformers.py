@@ -29,6 +29,7 @@ Any other flag is refused in one line naming it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -80,6 +81,7 @@ ATTENTION_DEFAULTS = {
     "use_latent_kv": (False, "attn_use_latent_kv"), "to_v_gate": (None, "attn_gate_values"),
     "to_output_gate": (None, "attn_output_gate"), "to_v_head_gate": (None, "attn_gate_value_heads"),
     "qkv_receive_diff_residuals": (False, "qkv_receive_diff_residuals"),
+    "orthog_projected_values_per_head": (False, "attn_orthog_projected_values_per_head"),
 }
 
 #: ``Attend`` attributes (the score kernel) whose value other than the default is a refused flag.
@@ -89,6 +91,27 @@ ATTEND_DEFAULTS = {
     "add_zero_kv": (False, "attn_add_zero_kv"), "head_learned_sink": (False, "attn_head_learned_sink"),
     "softclamp_logits": (False, "attn_softclamp_logits"), "cope": (None, "attn_use_cope"),
     "inverted_attention": (False, "inverted_attention"),
+}
+
+#: The other attributes of each module the reader knows: read and checked elsewhere (heads, causality,
+#: layout, the score scale), immaterial to the forward (caches, dropout), or qualifying a flag refused
+#: above (``qk_norm_*`` with ``qk_norm``). Any attribute in neither list is refused by name: a flag of
+#: another x-transformers version may change the computation (an allowlist, not a list of refusals).
+KNOWN_ATTRIBUTES = {
+    "AttentionLayers": frozenset({
+        "dim", "attn_heads", "attn_dim_head", "causal", "depth", "layer_types", "layers_execute_order",
+        "len_default_block", "num_attn_layers", "num_cross_attn_layers", "num_ff_layers", "pre_norm", "sandwich_norm",
+        "pre_and_post_norm", "rel_pos", "rotary_pos_emb", "polar_pos_emb", "can_cache_kv", "layer_dropouts",
+        "cross_attn_tokens_dropout", "disable_abs_pos_emb", "depth_scale_residual", "dim_condition",
+        "norm_need_condition", "post_branch_fn_needs_condition", "learned_reinject_input_gate", "reinject_input_proj",
+        "softclamp_output_value", "stream_emb"}),
+    "Attention": frozenset({
+        "heads", "kv_heads", "groups", "causal", "scale", "can_cache_kv", "sublayer_dropout", "rotate_num_heads",
+        "gate_values_headwise", "output_gate_headwise", "to_v_gate_activation", "laser_softclamp_value",
+        "qk_norm_groups", "qk_norm_dim_scale", "qk_norm_q_scale", "qk_norm_k_scale", "qk_norm_scale", "to_latent_q",
+        "to_latent_kv", "to_rotateable_k", "hybrid_norms", "hybrid_mix", "hybrid_mask_kwarg", "to_value_residual_mix"}),
+    "Attend": frozenset({"scale", "causal", "attn_fn", "l2_distance", "create_causal_mask", "dropout", "flash",
+                         "flash_pack_seq", "sdp_context_manager", "head_attn_sink", "logit_softclamp_value"}),
 }
 
 #: Score kernels of ``Attend`` other than the softmax (``attn_fn``'s function name → flag); any other
@@ -128,6 +151,14 @@ def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
 
 
 def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
+    """Refuse an attribute of ``module`` that is neither in ``defaults`` nor known (``KNOWN_ATTRIBUTES``),
+    then each of ``defaults`` that is not at its default value."""
+    known = next((KNOWN_ATTRIBUTES[klass.__name__] for klass in type(module).__mro__ if klass.__name__ in KNOWN_ATTRIBUTES),
+                 frozenset())
+    for attribute, value in vars(module).items():
+        if not attribute.startswith("_") and attribute != "training" and attribute not in defaults and attribute not in known:
+            raise SplitformerError(f"{owner} has {type(module).__name__}.{attribute}={value!r}, an attribute the reader "
+                                   "does not know (a flag of this x-transformers version that splitformer does not read)")
     for attribute, (default, flag) in defaults.items():
         value = getattr(module, attribute, default)
         if value is not default and value != default:
@@ -203,8 +234,8 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
     weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
     weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
-    if width != wide and not attention.qk_norm:
-        weights["q"] = weights["q"] * rescale
+    if not attention.qk_norm and not math.isclose(rescale, 1.0, rel_tol=1e-12):
+        weights["q"] = weights["q"] * rescale  # another head width, or a score scale other than d_head^{-1/2}
     params = {f"attn.W_{part[0]}": _widened(weight, width, wide, 0 if part == "out" else 1)
               for part, weight in weights.items()}
     options: dict[str, Any] = {}

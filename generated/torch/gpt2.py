@@ -33,11 +33,14 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "gpt2"
 ACTIVATION = "gelu-tanh"
+#: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
+#: file reusing a built-in's name, or one made causal, computes another digest.
+COMPUTES = "de37d9a337cbac1c"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

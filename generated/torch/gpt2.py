@@ -722,30 +722,39 @@ def _reset(module, table, bounds):
                 tensor.uniform_(-bound, bound)
 
 
-def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+def _checked(module, table, params, bias):
+    """``params`` as tensors by canonical name, each name, dtype and shape checked against ``module``;
+    nothing is copied (``_copy`` does, once every mapping of a load is checked).
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
     _unexpected(_mapping("params", params), table)
+    values = {}
+    for name in table:
+        target = _tensor(module, name)
+        if name not in params:
+            if _KINDS[name] == "bias" and not bias:
+                continue
+            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+        try:
+            value = torch.as_tensor(params[name])
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+            raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
+        values[name] = value
+    return values
+
+
+def _copy(module, values):
+    """Copy parameters ``_checked`` made into ``module``."""
     with torch.no_grad():
-        for name in table:
-            target = _tensor(module, name)
-            if name not in params:
-                if _KINDS[name] == "bias" and not bias:
-                    continue
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
-                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
-            target.copy_(value)
+        for name, value in values.items():
+            _tensor(module, name).copy_(value)
 
 
 class _CanonicalModule(torch.nn.Module):
@@ -807,8 +816,8 @@ class Block(_CanonicalModule):
                 f"batch_first={self.batch_first}")
 
     def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
-        _load(self, PARAMETERS, params, self.bias)
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        _copy(self, _checked(self, PARAMETERS, params, self.bias))
         return self
 
     @torch.jit.unused
@@ -981,13 +990,15 @@ class Stack(_CanonicalModule):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
-        for block, params in zip(self.layers, layers):
-            block.load_params(params)
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
+        checked = [(block, _checked(block, PARAMETERS, params, block.bias)) for block, params in zip(self.layers, layers)]
         if final_norm is not None:
             final_norm = _mapping("final_norm", final_norm)
-            _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
+            checked.append((self, _checked(self, FINAL_NORM_PARAMETERS,
+                                           {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)))
+        for module, values in checked:  # every mapping is checked before the first copy
+            _copy(module, values)
         return self
 
     def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:

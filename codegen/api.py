@@ -16,7 +16,7 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -61,11 +61,13 @@ class Derivation:
     scheme: Scheme
     program: Program
     passes: tuple | None = None
+    #: Set by ``derive``, which made ``program`` from ``scheme`` itself (a hand-made one is derived again).
+    _derived: InitVar[bool] = False
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, _derived: bool) -> None:
         """A ``Derivation`` made by hand is checked like one ``derive`` makes: its scheme, and a
-        program derived from it (the program's name becomes file names)."""
+        program equal to what ``derive`` makes of it (the program's names and expressions become code)."""
         if not isinstance(self.scheme, Scheme):
             raise SplitformerError(f"Derivation: scheme: expected a Scheme, got {type(self.scheme).__name__}")
         if not isinstance(self.program, Program):
@@ -74,6 +76,12 @@ class Derivation:
         if self.program.name != self.scheme.module_name:
             raise SplitformerError(f"Derivation: the program {self.program.name[:64]!r} is not derived from the scheme "
                                    f"{self.scheme.name!r} (use splitformer.derive)")
+        if _derived is not True:
+            with plugin_failures(self.scheme):
+                derived = derive_program(self.scheme)
+            if self.program != derived:
+                raise SplitformerError(f"Derivation: the program differs from what the scheme {self.scheme.name!r} "
+                                       "derives (use splitformer.derive)")
 
     @property
     def name(self) -> str:
@@ -202,4 +210,4 @@ def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tu
     scheme = scheme if name is None else scheme.with_name(name)
     with plugin_failures(scheme):
         program = derive_program(scheme)
-    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes)
+    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes, _derived=True)

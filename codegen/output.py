@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.file_kinds import open_regular
 
 __all__ = ["write_files", "as_folder", "check_target", "check_replaceable", "resolved_inside", "MARKER", "PACKAGE_INIT", "PLOTS_HINT", "check_writable"]
 
@@ -111,9 +112,11 @@ def _written_by_us(header: bytes) -> bool:
     return text.startswith(PACKAGE_INIT) or _HEADER_LINE.search(text) is not None
 
 
-def _header(path: Path) -> bytes:
-    with path.open("rb") as stream:
-        return stream.read(_HEADER_BYTES)
+def _read(path: Path, size: int = _HEADER_BYTES) -> bytes:
+    """Up to ``size`` bytes of ``path`` (all of it with -1); ``ValueError`` naming its kind unless it is a
+    regular file, found without opening it for a blocking read (a FIFO named like a target)."""
+    with open_regular(path) as stream:
+        return stream.read(size)
 
 
 def check_writable(folder: Path, what: str) -> None:
@@ -161,8 +164,8 @@ def check_replaceable(path: Path, force: bool = False, hint: str = "pass --force
     if force:
         return
     try:
-        header = _header(path)
-    except OSError as error:
+        header = _read(path)
+    except (OSError, ValueError) as error:
         raise SplitformerError(f"cannot read {_shown(path)} to check who wrote it: {error.strerror or error}") from None
     if not _written_by_us(header):
         raise SplitformerError(f"{_shown(path)} exists and was not written by splitformer; {hint}")
@@ -172,8 +175,8 @@ def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
     """Check one target; ``False`` when it already holds ``data``."""
     check_replaceable(path, force)
     try:
-        return not (path.is_file() and _header(path) == data[:_HEADER_BYTES] and path.read_bytes() == data)
-    except OSError:
+        return not (path.is_file() and _read(path) == data[:_HEADER_BYTES] and _read(path, -1) == data)
+    except (OSError, ValueError):
         return True
 
 
@@ -211,10 +214,11 @@ def _mode() -> int:
 
 
 def _foreign(path: Path) -> bool:
-    """Whether ``path`` is an existing regular file that splitformer did not write."""
+    """Whether ``path`` is an existing regular file that splitformer did not write (anything else is
+    left to ``check_replaceable``)."""
     try:
-        return not _written_by_us(_header(path))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return not _written_by_us(_read(path))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
         return False
     except OSError:
         return True
@@ -224,13 +228,20 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
     """Write every file of ``files`` (text or bytes) or none; return what happened to each path.
 
     With ``root``, each path is resolved first (symbolic links, ``..``) and one that would land
-    outside ``root`` is refused before anything is written; no folder is made on the way.
+    outside ``root``, or on the file of another path, is refused before anything is written; no
+    folder is made on the way.
 
     Each path maps to ``"wrote"``, ``"unchanged"`` (it already held its text) or ``"kept"``
     (a package ``__init__.py`` that someone else wrote; left as it is even with ``force``).
     """
     if root is not None:
-        given = {resolved_inside(path, root): path for path in files}
+        given: dict[Path, Path] = {}
+        for path in files:
+            real = resolved_inside(path, root)
+            if real in given:  # a symbolic link inside root: one file would silently replace the other
+                raise SplitformerError(f"{_shown(given[real])} and {_shown(path)} resolve to one file "
+                                       f"{_shown(real)}; remove the symbolic link that joins them")
+            given[real] = path
         outcome = write_files({real: files[path] for real, path in given.items()}, force=force)
         return {given[real]: action for real, action in outcome.items()}
     outcome = {path: "kept" for path in files if path.name == "__init__.py" and _foreign(path)}

@@ -12,7 +12,7 @@ from .domains import FEATURES, Y
 from .equation import equation_latex
 from .errors import SplitformerError
 from .names import check_scheme_name
-from .operator_checks import check_output
+from .operator_checks import check_declared, check_output
 from .kinds import OPERATOR_KINDS
 from .operators import Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
@@ -38,6 +38,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     try:
         operator = cls(key, **options)
         parameters, definitions = operator.parameters(), operator.definitions()
+        constants, inputs = operator.constants, operator.input_fields
     except SplitformerError:
         raise
     except Exception as error:  # a user's code: any failure is reported in one line  # noqa: BLE001
@@ -50,6 +51,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
     check_output(tuple(parameters), tuple(definitions), where)
+    check_declared(constants, inputs, where)
     return operator
 
 

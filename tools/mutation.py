@@ -85,6 +85,8 @@ TESTS = {
     "symbolic/exact_numbers.py": ("tests/test_scheme_file.py", "tests/test_hostile_input.py"),
     "symbolic/names.py": ("tests/test_scheme_file.py", "tests/test_hostile_input.py"),
     "symbolic/plugins.py": ("tests/test_plugins.py",),
+    "symbolic/cache.py": ("tests/test_cache.py",),
+    "symbolic/expression_json.py": ("tests/test_cache.py",),
     "symbolic/operator_checks.py": ("tests/test_plugins.py", "tests/test_open_operators.py"),
     "symbolic/stack.py": ("tests/test_stacks.py",),
     "symbolic/activations.py": ("tests/test_model.py",),
@@ -107,6 +109,10 @@ TESTS = {
     "codegen/compare.py": ("tests/test_compare.py",),
     "codegen/pipeline.py": ("tests/test_variants.py",),
     "codegen/cli.py": ("tests/test_cli.py",),
+    "codegen/output.py": ("tests/test_output_files.py",),
+    "codegen/report": ("tests/test_cli_usage.py", "tests/test_lowering.py"),
+    "codegen/printers.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
+    "codegen/backends.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
     "codegen/train_demo.py": ("tests/test_train_demo.py",),
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/parallel.py": ("tests/test_parallel.py",),
@@ -232,10 +238,11 @@ def _run_stage(command: str, repo: Path, timeout: float) -> tuple[str, float]:
         _RUNNING.discard(process.pid)
 
 
-def _stop(signum, frame) -> None:
-    """On SIGINT or SIGTERM: end the stages still running (their process groups), then exit."""
+def _stop(signum: int, folder: str) -> None:
+    """On SIGINT or SIGTERM: end the stages still running (their process groups), remove the copies, exit."""
     for group in list(_RUNNING):
         os.killpg(group, signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
     os._exit(128 + signum)
 
 
@@ -388,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           encoding="utf-8")
 
     arguments.report.parent.mkdir(parents=True, exist_ok=True)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop)
     with tempfile.TemporaryDirectory(prefix="splitformer-mutation-") as folder:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda signum, _: _stop(signum, folder))
         baseline = _baseline(Path(folder) / "baseline", distinct, arguments.jobs)
         if any(stage for stage, _, _ in baseline.values()):
             print("the unmutated repository fails a kill command; nothing to measure", file=sys.stderr)

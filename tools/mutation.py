@@ -103,6 +103,7 @@ TESTS = {
     "codegen/adapters/xtransformers.py": ("tests/test_xtransformers.py",),
     "codegen/adapters/hf_vision.py": ("tests/test_vit.py", "tests/test_cvt.py"),
     "codegen/adapters/hf_": ("tests/test_llm_adapters.py", "tests/test_adapters.py"),
+    "codegen/adapters/torch_decoder.py": ("tests/test_decoder.py", "tests/test_adapters.py"),
     "codegen/adapters/": ("tests/test_adapters.py", "tests/test_adapter_refusals.py"),
     "codegen/initialization.py": ("tests/test_torch_dropin.py",),
     "codegen/api.py": ("tests/test_api.py",),

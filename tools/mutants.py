@@ -129,7 +129,7 @@ def _template_candidates(source: str):
 
 def _template_mutants(path: str, source: str) -> list[Mutant]:
     lines = source.splitlines()
-    return [Mutant(path, index, number, f"`{lines[number - 1][start:end]}` → `{replacement}`")
+    return [Mutant(path, index, number, f"{lines[number - 1][start:end]} → {replacement}")
             for index, (number, start, end, replacement) in enumerate(_template_candidates(source))]
 
 

@@ -145,8 +145,9 @@ _GOLDEN = "committed_files_match_the_generator"
 _FAIL_FAST = ("from splitformer.codegen.verification.runner import run_checks; from splitformer.symbolic import load_scheme; "
               "import sys\ndef stop(check):\n    if not check.holds: sys.exit(1)\n"
               "sys.exit(0 if run_checks([load_scheme(n) for n in sys.argv[1:]], progress=stop).holds else 1)")
-#: Process groups of the stages running now.
+#: Process groups of the stages running now; set on SIGINT or SIGTERM.
 _RUNNING: set[int] = set()
+_STOPPING = threading.Event()
 _THREADS = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
@@ -243,9 +244,11 @@ def _run_stage(command: str, repo: Path, timeout: float) -> tuple[str, float]:
 
 
 def _stop(signum: int, folder: str) -> None:
-    """On SIGINT or SIGTERM: end the stages still running (their process groups), remove the copies, exit."""
+    """On SIGINT or SIGTERM: start no stage, end those running (their process groups), remove the copies, exit."""
+    _STOPPING.set()
     for group in list(_RUNNING):
         os.killpg(group, signal.SIGKILL)
+    time.sleep(1)  # the workers see the flag before their copies go
     shutil.rmtree(folder, ignore_errors=True)
     os._exit(128 + signum)
 
@@ -265,6 +268,8 @@ def _run(stages: list[tuple[str, str]], repo: Path, timeout: float) -> tuple[str
     """(verdict, stage, wall seconds, CPU seconds); stops at the first stage that does not pass."""
     start, cpu = time.perf_counter(), 0.0
     for name, command in stages:
+        if _STOPPING.is_set():
+            raise SystemExit  # this worker thread ends
         outcome, seconds = _run_stage(command, repo, timeout - (time.perf_counter() - start))
         cpu += seconds
         if outcome != "passed":

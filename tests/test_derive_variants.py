@@ -95,3 +95,12 @@ def test_the_python_api_takes_the_same_options():
         splitformer.derive("pre-ln", name="My LM")
     with pytest.raises(SplitformerError, match="a module name must be a string, got int"):
         splitformer.derive("pre-ln", name=3)
+
+
+def test_the_emitted_erf_is_the_error_function():
+    """NumPy has no erf: the exact GELU's emitted one equals ``math.erf`` on every branch of its rational fits."""
+    import math
+
+    module = splitformer.derive("pre-ln", activation="gelu").numpy_module()
+    x = np.concatenate([np.linspace(-10, 10, 2001), [0.0, 0.4999, 0.5, 3.99, 4.0, 7.99, 8.0, 27.0]])
+    assert np.abs(module._erf(x) - np.array([math.erf(value) for value in x])).max() <= 1e-15

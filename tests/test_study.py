@@ -9,7 +9,7 @@ import torch  # noqa: F401 - test dependencies: a broken install fails, never sk
 import matplotlib  # noqa: F401
 
 from splitformer.codegen.cli import main  # noqa: E402
-from splitformer.codegen.study import Budget, _Chars, _Recall, study  # noqa: E402
+from splitformer.codegen.study import Budget, _Chars, _Recall, _evaluate, study  # noqa: E402
 
 TINY = Budget(steps=3, seeds=2, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1)
 
@@ -20,6 +20,33 @@ def test_mqar_answers_are_the_values_of_the_queried_keys():
         pairs = dict(zip(row[0:16:2], row[1:16:2]))
         scored = np.flatnonzero(target != -100)
         assert len(scored) == 8 and all(target[i] == pairs[row[i]] == row[i + 1] for i in scored)
+
+
+def _oracle(task, shift: int):
+    """A model whose logits single out the token ``shift`` places ahead (1: MQAR's answer)."""
+    class Oracle(torch.nn.Module):
+        def forward(self, inputs):
+            return 50.0 * torch.nn.functional.one_hot(torch.roll(inputs, -shift, dims=1), task.vocab).double()
+
+    return Oracle()
+
+
+def test_accuracy_is_the_share_of_scored_answers_predicted():
+    task, budget = _Recall(), Budget(batch=3, eval_batches=2)
+    loss, accuracy = _evaluate(_oracle(task, 1), task, budget, seed=0)
+    assert accuracy == 1.0 and loss < 1e-12
+    assert _evaluate(_oracle(task, 0), task, budget, seed=0)[1] == 0.0  # names the key: never the value
+
+
+def test_the_plot_has_the_two_documented_panels(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, *_, **__: saved.append(figure))
+    study(["pre-ln"], "chars", TINY).plot(tmp_path / "loss.png")
+    [figure] = saved
+    assert [axis.get_title() for axis in figure.axes] == ["train loss (mean over seeds)",
+                                                         "validation loss (± std over seeds)"]
 
 
 def test_chars_reads_the_standard_library():

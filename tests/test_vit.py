@@ -115,6 +115,14 @@ def test_sizes_the_reference_rejects_are_rejected_by_name():
         _torch_model(adapted, torch.float64)(torch.tensor(other))
 
 
+def test_a_tuple_patch_size_is_read_when_square_and_refused_otherwise():
+    model = _vit(False)
+    model.config.patch_size = (8, 8)  # transformers' configurations take either spelling
+    assert from_hf(model).config["patch_size"] == 8
+    model.config.patch_size = (8, 4)
+    with pytest.raises(SplitformerError, match=r"patch_size=\(8, 4\); the vit model's patches are square"):
+        from_hf(model)
+
 def test_adapter_refuses_what_the_model_does_not_compute():
     with pytest.raises(SplitformerError, match="activation_fn activation NewGELUActivation|intermediate_act_fn activation NewGELUActivation"):
         from_hf(_vit(False, hidden_act="gelu_new"))

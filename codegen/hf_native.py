@@ -89,6 +89,15 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         if isinstance(module, LanguageModel):
             module.reset_parameters()
 
+    def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs):
+        """transformers' ``save_pretrained``; the default state dict holds each tensor in storage of its
+        own (a generated Block keeps ``W_q``, ``W_k``, ``W_v`` as views of one tensor, which safetensors
+        cannot write); a tied head stays tied."""
+        if state_dict is None:
+            state_dict = {name: tensor.detach().clone() for name, tensor in self.state_dict().items()
+                          if name not in (getattr(self, "_tied_weights_keys", None) or {})}
+        return super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+
     def get_input_embeddings(self) -> torch.nn.Embedding:
         return self.model.embed
 

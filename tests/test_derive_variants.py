@@ -75,8 +75,8 @@ def test_a_files_own_activation_adds_no_suffix(tmp_path):
     (["derive", "pre-ln", "--name", "class"], "--name: 'class' is a Python keyword"),
     (["derive", "pre-ln", "--name", ""], "--name: '' is not a scheme name"),
     (["derive", "pre-ln", "post-ln", "--name", "both"], "--name names one module: give one SCHEME, not 2"),
-    (["derive", "vit", "--causal"], "--causal applies to schemes, not to the model 'vit'"),
-    (["derive", "vit", "--name", "my-vit"], "--name applies to schemes, not to the model 'vit'"),
+    (["derive", "vit", "--causal"], "--causal applies to schemes, not to the network 'vit'"),
+    (["derive", "vit", "--name", "my-vit"], "--name applies to schemes, not to the network 'vit'"),
 ])
 def test_bad_variants_are_refused(arguments, message, tmp_path, capsys):
     _fails(capsys, *arguments, "--out", str(tmp_path / "out"), message=message)

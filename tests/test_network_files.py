@@ -142,3 +142,50 @@ def test_all_builtins_includes_the_networks(tmp_path, monkeypatch, capsys):
     assert main(["derive", "--all-builtins", "--out", str(tmp_path)]) == 0
     written = {path.stem for path in tmp_path.glob("*.txt")}
     assert {"vit", "cvt", "resnet_block", "unet_level", "post_ln", "llama"} <= written
+
+
+_UNET = _builtin_text("unet-level")
+_VIT = _builtin_text("vit")
+
+
+@pytest.mark.parametrize("text, message", [
+    (_UNET.replace("stride = 2", "stride = \"__import__('os').system('true') or 1\""), "stride: expected an integer"),
+    (_UNET.replace("kernel = 3, padding = 1 }", "kernel = 0, padding = 1 }"), "kernel: expected an integer from 1"),
+    (_UNET.replace("kernel = 3, padding = 1 }", "kernel = 2.5, padding = 1 }"), "kernel: expected an integer"),
+    (_UNET.replace("padding = 1, stride = 2", "padding = -1, stride = 2"), "padding: expected an integer from 0"),
+    (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = [1] }'), 'outputs: expected "c"'),
+    (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
+    (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
+    (_UNET.replace("[step]", "step = 5\n[stepx]"), "unknown field"),
+    (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = "down"'), "expected a list of operator names"),
+    (_VIT.replace('operator = "embed"', 'operator = "embed\\" in params or 1 or \\""'), "not an operator name"),
+    (_VIT.replace('operator = "head"', 'operator = "embed"'), "both named 'embed'"),
+    (_VIT.replace('operator = "head"', 'operator = "layers"'), "clashes with the attribute 'layers'"),
+    (_VIT.replace('kind = "class-token-head"', 'kind = "attention"'), "readout.kind: expected class-token-head"),
+])
+def test_a_bad_network_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and error.count("\n") == 1, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_network_file_with_too_many_operators_is_refused(tmp_path, capsys):
+    operators = "\n".join(f'c{i} = {{ kind = "batch-norm" }}' for i in range(40))
+    path = tmp_path / "big.toml"
+    path.write_text(f'name = "big"\nsummary = "many"\n[operators]\n{operators}\n[step]\nfield = ["c0"]\n', encoding="utf-8")
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "more than 32 operators" in capsys.readouterr().err
+
+
+def test_a_scheme_file_a_network_names_is_read_beside_the_network_file(tmp_path, monkeypatch):
+    (tmp_path / "nets").mkdir()
+    block = (resources.files("splitformer.symbolic") / "schemes" / "post-ln.toml").read_text(encoding="utf-8")
+    (tmp_path / "nets" / "block.toml").write_text(block.replace('name = "post-ln"', 'name = "my-block"'), encoding="utf-8")
+    path = _copy(tmp_path / "nets", "vit", "vit-mine", ('scheme = "pre-ln"', 'scheme = "block.toml"'))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "block.toml").write_text("not a scheme", encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a block.toml here must not be the one read
+    assert load_model(path).scheme.name == "my-block"

@@ -106,11 +106,11 @@ KNOWN_ATTRIBUTES = {
         "norm_need_condition", "post_branch_fn_needs_condition", "learned_reinject_input_gate", "reinject_input_proj",
         "softclamp_output_value", "stream_emb"}),
     "Attention": frozenset({
-        "heads", "kv_heads", "groups", "causal", "scale", "can_cache_kv", "sublayer_dropout", "rotate_num_heads",
+        "heads", "kv_heads", "groups", "causal", "scale", "can_cache_kv", "qk_norm", "sublayer_dropout", "rotate_num_heads",
         "gate_values_headwise", "output_gate_headwise", "to_v_gate_activation", "laser_softclamp_value",
         "qk_norm_groups", "qk_norm_dim_scale", "qk_norm_q_scale", "qk_norm_k_scale", "qk_norm_scale", "to_latent_q",
         "to_latent_kv", "to_rotateable_k", "hybrid_norms", "hybrid_mix", "hybrid_mask_kwarg", "to_value_residual_mix"}),
-    "Attend": frozenset({"scale", "causal", "attn_fn", "l2_distance", "create_causal_mask", "dropout", "flash",
+    "Attend": frozenset({"scale", "causal", "attn_fn", "pre_softmax_talking_heads", "post_softmax_talking_heads", "l2_distance", "create_causal_mask", "dropout", "flash",
                          "flash_pack_seq", "sdp_context_manager", "head_attn_sink", "logit_softclamp_value"}),
 }
 

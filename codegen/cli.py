@@ -404,14 +404,17 @@ def _study_command(commands) -> None:
         study.add_argument(f"--{name}", type=int, default=getattr(default, field), dest=field, metavar="N",
                            help=f"{help_text} (default {getattr(default, field)})")
     study.add_argument("--out", default="study", metavar="DIR", help="output folder (default: study)")
+    study.add_argument("--force", action="store_true",
+                       help="replace study files in DIR that splitformer did not write")
     _load_option(study)
 
 
 def _study(arguments: argparse.Namespace) -> str:
-    from .output import as_folder, check_writable
-    from .study import Budget, study
+    from .output import as_folder, check_files, check_writable
+    from .study import FILES, Budget, study
 
     out = as_folder(arguments.out, "--out")
+    check_files([out / name for name in FILES], force=arguments.force, root=out)  # before any training
     check_writable(out, "--out")
     _require_matplotlib("study")
     try:
@@ -421,7 +424,7 @@ def _study(arguments: argparse.Namespace) -> str:
     budget = Budget(**{name: getattr(arguments, name)
                        for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
     result = study(arguments.schemes, arguments.task, budget)
-    paths = result.write(out)
+    paths = result.write(out, force=arguments.force)
     return result.as_markdown() + "\n\nwrote " + ", ".join(str(path) for path in paths)
 
 

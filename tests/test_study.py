@@ -105,3 +105,53 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, arguments, message
     assert main(["study", *arguments, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+MQAR_TINY = ["pre-ln", "--task", "mqar", "--steps", "1", "--seeds", "1", "--d-model", "8", "--layers", "1",
+             "--batch", "2"]
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Training fails the test: a refused output folder is refused before any of it."""
+    def train(*_):
+        raise AssertionError("trained before the output folder was checked")
+
+    monkeypatch.setattr("splitformer.codegen.study._train", train)
+
+
+def test_a_symbolic_link_out_of_the_folder_is_refused_before_training(tmp_path, capsys, no_training):
+    victim, out = tmp_path / "victim.txt", tmp_path / "out"
+    victim.write_text("precious\n")
+    out.mkdir()
+    (out / "study.md").symlink_to("../victim.txt")
+    assert main(["study", *MQAR_TINY, "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "outside the output folder" in err and err.count("\n") == 1
+    assert victim.read_text() == "precious\n" and sorted(path.name for path in out.iterdir()) == ["study.md"]
+
+
+def test_a_users_own_study_json_is_kept_unless_forced(tmp_path, capsys, no_training):
+    mine = tmp_path / "study.json"
+    mine.write_text('{"my": "own notes"}\n')
+    assert main(["study", *MQAR_TINY, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "study.json exists and was not written by splitformer; pass --force" in err and err.count("\n") == 1
+    assert mine.read_text() == '{"my": "own notes"}\n' and sorted(path.name for path in tmp_path.iterdir()) == ["study.json"]
+
+
+def test_a_second_study_replaces_what_the_first_wrote_and_force_replaces_a_users_file(tmp_path, capsys):
+    from splitformer import SplitformerError
+
+    result = study(["pre-ln"], "mqar", TINY)
+    paths = result.write(tmp_path)
+    first = [path.read_bytes() for path in paths]
+    (tmp_path / "study.md").write_text("my own table\n")
+    with pytest.raises(SplitformerError, match="study.md exists and was not written by splitformer"):
+        result.write(tmp_path)
+    assert (tmp_path / "study.md").read_text() == "my own table\n"
+    assert result.write(tmp_path, force=True) == paths and [path.read_bytes() for path in paths] == first
+    assert main(["study", *MQAR_TINY, "--out", str(tmp_path)]) == 0  # the files splitformer wrote: replaced
+    capsys.readouterr()
+    assert json.loads((tmp_path / "study.json").read_text())["budget"]["steps"] == 1
+    assert [path.read_bytes() != data for path, data in zip(paths, first)] == [True, True, True]

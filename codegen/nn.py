@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from splitformer.symbolic.builtins import builtin_names
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Scheme
 
@@ -43,8 +44,6 @@ def _builtin_module(name: str, causal: bool) -> types.ModuleType:
 def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool) -> types.ModuleType:
     """The emitted torch module of ``scheme`` (causal with a KV cache when ``causal``), checked to
     hold a self-attention ``Stack`` without a memory. A module passed in is used as it is."""
-    from splitformer.symbolic.builtins import builtin_names
-
     if isinstance(scheme, types.ModuleType):
         module = scheme
     elif isinstance(scheme, str) and scheme in builtin_names():
@@ -157,6 +156,10 @@ class LanguageModel(_Embedded):
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         if not isinstance(tie_weights, bool):
             raise TypeError(f"tie_weights must be a bool, got {type(tie_weights).__name__}")
+        if isinstance(scheme, (str, Path)) and str(scheme) not in builtin_names():
+            from .api import as_scheme
+
+            scheme = as_scheme(scheme)  # the file read once: the arguments hold what this model computes
         module = stack_module(scheme, causal=True)
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.tie_weights = module.SCHEME, vocab_size, tie_weights

@@ -6,6 +6,8 @@ import copy
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 import torch  # test dependencies: a broken install fails, never skips
@@ -220,3 +222,17 @@ def test_replace_blocks_refuses_what_it_would_leave_uninitialized():
     grouped = llama()  # Llama's keys are (d, d/2): a scheme without grouped heads cannot take them
     with pytest.raises(SplitformerError, match=r"attn\.W_k is \(8, 4\) in LlamaDecoderLayer, \(8, 8\) in pre-ln"):
         replace_blocks(grouped, "pre-ln", initialize=True)
+
+
+def test_the_config_holds_the_scheme_the_model_was_built_from_not_the_file_as_it_is_later(tmp_path):
+    """A scheme file is read once, when the model is built: editing it before ``to_hf`` changes nothing
+    (found by an attacker: the rebuilt model computed the edited file, logits off by 0.26)."""
+    import splitformer.nn
+
+    path = tmp_path / "mine.toml"
+    builtin = (Path(splitformer.__file__).parent.parent / "symbolic" / "schemes" / "pre-ln.toml")
+    path.write_text(builtin.read_text().replace('name = "pre-ln"', 'name = "mine"'), encoding="utf-8")
+    model = splitformer.nn.LanguageModel(str(path), 11, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_tokens=8)
+    original = path.read_text()
+    path.write_text(original.replace("pre-ln", "post-ln-like").replace('on = "norm1"', ""), encoding="utf-8")
+    assert splitformer.nn.to_hf(model).config.scheme == original

@@ -33,7 +33,6 @@ generate: $(STAMP)
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
-	$(BIN)/splitformer derive vit cvt resnet-block unet-level --backend all --out generated
 
 # NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
 # the arrays are small, and idle BLAS threads only slow a shared machine down).

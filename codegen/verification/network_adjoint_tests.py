@@ -19,7 +19,7 @@ from .adjoint_tests import Point, adjoint_tests
 from .emitted import compiled
 from .statements import SKIPPED, Check
 
-__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family", "NETWORKS"]
+__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family"]
 
 
 #: Emitted modules by what their network computes and is named (``repr`` of the spec).
@@ -103,8 +103,6 @@ _BUILDERS = {
     "unet-level": lambda module, rng: _grid(module, rng, False, "one step of unet-level (2 images of 3 channels on "
                                             "4 × 4, d = 4, stride-2 descent, transposed-convolution ascent)"),
 }
-#: The networks with adjoint tests.
-NETWORKS = tuple(_BUILDERS)
 
 
 def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:

@@ -35,7 +35,7 @@ from .network_adjoint_tests import network_module, random_table, unwritten_famil
 from .semantics import MPMATH, Semantics, Sizes
 from .statements import Check
 
-__all__ = ["network_semantics_checks", "SEMANTICS_NETWORKS"]
+__all__ = ["network_semantics_checks"]
 
 _DIGITS = 50
 _TOLERANCE = 1e-10
@@ -294,8 +294,6 @@ _BUILDERS = {
     "unet-level": _grid(_unet_evaluator, False, "unet-level (2 images of 3 channels on 6 × 6, d = 4: the 3 × 3 "
                         "descent of stride 2 with padding 1, a 3 × 3 step, the 2 × 2 transposed ascent of stride 2)"),
 }
-#: The networks whose emitted modules are compared with the evaluator.
-SEMANTICS_NETWORKS = tuple(_BUILDERS)
 
 
 def _worst(got: tuple, expected: tuple) -> float:

@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated
-	$(BIN)/python -m splitformer.codegen.demo post-ln --out generated
+	$(BIN)/python tools/demo.py post-ln --out generated
 
 # The suite runs on every core (pytest-xdist); TEST_JOBS=0 runs it in this process.
 TEST_JOBS ?= auto
@@ -37,7 +37,7 @@ generate: $(STAMP)
 # NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
 # the arrays are small, and idle BLAS threads only slow a shared machine down).
 train-demo: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m splitformer.codegen.train_demo
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python tools/train_demo.py
 
 # Training step of the generated Block: derived backward against autograd (one process per figure).
 bench-backward: $(STAMP)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))  # development tools (demos, mutation driver): not a package, not installed
 GENERATED = ROOT / "generated"
 
 
@@ -33,7 +35,7 @@ def import_path(path: Path, name: str | None = None):
 
 def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):
     """A float64 ``TransformerEncoderLayer`` whose every parameter (biases, gains) is random."""
-    from splitformer.codegen.demo import random_layer
+    from demo import random_layer  # tools/demo.py
 
     layer = random_layer(d, n_heads, d_ff, eps, norm_first, seed, activation)
     for name, parameter in layer.named_parameters():  # the default init zeroes biases: would hide bugs

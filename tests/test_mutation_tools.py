@@ -1,15 +1,13 @@
 """The mutation driver (``tools/``, not installed): its population, its mutants, its kill commands."""
 
-import sys
 from collections import Counter
 
 import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-import mutants  # noqa: E402 - tools/ is not a package
-import mutation  # noqa: E402
+import mutants  # tools/ (on the path through conftest)
+import mutation
 
 TEMPLATE = '''\
 def f(x, *args, **kwargs) -> int:

@@ -2,8 +2,7 @@
 
 import numpy as np
 
-from splitformer.codegen import train_demo
-
+import train_demo  # tools/ (on the path through conftest)
 from conftest import GENERATED, import_path
 
 

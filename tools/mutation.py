@@ -114,7 +114,6 @@ TESTS = {
     "codegen/report": ("tests/test_cli_usage.py", "tests/test_lowering.py"),
     "codegen/printers.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
     "codegen/backends.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
-    "codegen/train_demo.py": ("tests/test_train_demo.py",),
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/parallel.py": ("tests/test_parallel.py",),
     "codegen/nn": ("tests/test_nn.py", "tests/test_nn_hf.py"),

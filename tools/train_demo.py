@@ -1,4 +1,4 @@
-"""``make train-demo``: train a 2-layer encoder with NumPy and the derived adjoint only.
+"""``make train-demo`` (a development tool, not installed): train a 2-layer encoder with NumPy and the derived adjoint only.
 
 Task: is a sequence of tokens sorted (non-decreasing)? The model embeds tokens and positions,
 runs two steps of the generated ``pre-ln`` scheme with its final projection (``forward_stack``),
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .demo import load_generated
+from demo import load_generated
 
 __all__ = ["main", "make_task", "init_model", "train_numpy", "train_torch"]
 
@@ -161,7 +161,7 @@ def train_torch(model: dict, tokens: np.ndarray, labels: np.ndarray, steps: int)
     def array(value):
         return value.detach().numpy().copy()
 
-    from .adapters import from_torch
+    from splitformer.adapters import from_torch
 
     return {"embed": array(embed), "position": array(position), "layers": [dict(from_torch(layer)) for layer in layers],
             "final_norm": {"gain": array(norm.weight), "bias": array(norm.bias)},
@@ -199,7 +199,7 @@ def _plot(losses: list[float], accuracy: float, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m splitformer.codegen.train_demo")
+    parser = argparse.ArgumentParser(prog="python tools/train_demo.py")
     parser.add_argument("--generated", default="generated", help="folder holding numpy/pre_ln.py")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--compare", type=int, default=30, help="steps compared with torch.autograd")

@@ -1,4 +1,4 @@
-"""``make demo``: check generated code against ``torch.nn.TransformerEncoderLayer``.
+"""``make demo`` (a development tool, not installed): check generated code against ``torch.nn.TransformerEncoderLayer``.
 
 Loads the generated NumPy and PyTorch modules of a scheme from the output folder, builds a
 torch layer whose parameters *all* get random values, and prints the largest difference
@@ -46,7 +46,7 @@ def random_layer(d: int, n_heads: int, d_ff: int, eps: float, norm_first: bool, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m splitformer.codegen.demo")
+    parser = argparse.ArgumentParser(prog="python tools/demo.py")
     parser.add_argument("scheme", choices=sorted(REFERENCES))
     parser.add_argument("--out", default="generated")
     arguments = parser.parse_args(argv)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"splitformer derive {arguments.scheme} --backend all --out {arguments.out}", file=sys.stderr)
             return 2
 
-    from .adapters import from_torch
+    from splitformer.adapters import from_torch
 
     numpy_module = load_generated(Path(arguments.out), "numpy", name)
     torch_module = load_generated(Path(arguments.out), "torch", name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.cvt import CvtProgram
+from splitformer.symbolic.model import MultiscaleSpec, network_fingerprint
 from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
 
 from .ir import BATCH, Module
@@ -43,6 +44,7 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
+        computes=network_fingerprint(model.spec),
         embedding=embedding, block=step, final=final, readout=readout, uses=helpers,
         vjp=vjp, backward_erf=bool(vjp and vjp["erf"]),
     )
@@ -84,7 +86,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
-        model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
+        model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec), field=field, transfer=transfer, update=final,
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
         transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False}, vjp=vjp,
     )
@@ -106,7 +108,8 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
     layer = [norm1, *projections, attention, norm2, ffn]
     template = environment().get_template(f"{backend}/cvt.py.j2")
     return template.render(
-        name=model.name, summary=model.summary, version=__version__, embedding=embedding, norm1=norm1,
+        name=model.name, summary=model.summary, version=__version__,
+        computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)), embedding=embedding, norm1=norm1,
         projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
         update1=update(model.updates[0]), update2=update(model.updates[1]),
         stage_parameters=[p for u in embedding for p in u["parameters"]],

@@ -17,6 +17,8 @@ import torch
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
+from .adapters.hf_llama import check_rotary
+from .adapters.inspection import check_computation
 from .nn import LanguageModel
 
 __all__ = ["from_hf_lm"]
@@ -28,19 +30,22 @@ def _parts(model: Any) -> dict[str, Any]:
     if name in ("GPT2LMHeadModel", "GPT2Model"):
         body = model.transformer if name == "GPT2LMHeadModel" else model
         return {"scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h, "norm": body.ln_f,
-                "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions}
+                "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions, "rotary": None}
     if name in ("LlamaForCausalLM", "LlamaModel"):
         body = model.model if name == "LlamaForCausalLM" else model
         return {"scheme": "llama", "embed": body.embed_tokens, "positions": None, "blocks": body.layers,
                 "norm": body.norm, "head": getattr(model, "lm_head", None),
-                "max_tokens": model.config.max_position_embeddings}
+                "max_tokens": model.config.max_position_embeddings, "rotary": getattr(body, "rotary_emb", None)}
     raise SplitformerError(f"no whole-model reader for {name}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
                            "or LlamaModel (single blocks: splitformer.adapters.from_hf)")
 
 
 def from_hf_lm(model: Any) -> LanguageModel:
-    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode."""
+    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
+    name, when a part computes otherwise than its class says (``inspection.check_computation``), or
+    when Llama's rotary embedding is not what its configuration derives."""
     parts = _parts(model)
+    check_computation(type(model).__name__, model)
     layers = [from_hf(block) for block in parts["blocks"]]
     first, norm = layers[0], parts["norm"]
     embedding = parts["embed"].weight
@@ -49,6 +54,10 @@ def from_hf_lm(model: Any) -> LanguageModel:
     if getattr(head, "bias", None) is not None:
         raise SplitformerError(f"{type(model).__name__}.lm_head has a bias; the LanguageModel head has none")
     options = {key: first.options[key] for key in ("n_kv_heads", "rope_theta") if key in first.options}
+    if parts["rotary"] is not None:
+        body = "model." if hasattr(model, "model") else ""
+        check_rotary(f"{type(model).__name__}.{body}rotary_emb", parts["rotary"],
+                     first.sizes["d_model"] // first.n_heads, options["rope_theta"])
     result = LanguageModel(parts["scheme"], embedding.shape[0], d_model=first.sizes["d_model"],
                            n_heads=first.n_heads, d_ff=first.sizes["d_ff"], n_layers=len(layers),
                            max_tokens=parts["max_tokens"], tie_weights=tied, final_norm=True, eps=first.eps,

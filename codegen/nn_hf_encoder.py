@@ -39,6 +39,7 @@ def _check_parts(model: Any, eps: float) -> None:
     if kind not in (None, "absolute"):
         raise SplitformerError(f"{name} has position_embedding_type={kind!r}; the TextEncoder's positions are "
                                "learned absolute ones")
+    _check_default_ids(name, embeddings)
     norm = embeddings.LayerNorm
     if type(norm).__name__ != "LayerNorm" or norm.weight is None or norm.bias is None:
         raise SplitformerError(f"{name}.embeddings.LayerNorm is not a LayerNorm with gain and bias")
@@ -48,6 +49,19 @@ def _check_parts(model: Any, eps: float) -> None:
     pooler = model.pooler
     if pooler is not None and (type(pooler.activation).__name__ != "Tanh" or pooler.dense.bias is None):
         raise SplitformerError(f"{name}.pooler is not dense (with bias) then tanh; TextEncoder.pool computes that")
+
+
+def _check_default_ids(name: str, embeddings: Any) -> None:
+    """Refuse edited ``position_ids``/``token_type_ids`` buffers: BERT reads them when the call passes none,
+    the TextEncoder computes positions ``0, 1, …`` and token type 0."""
+    defaults = {"position_ids": lambda ids: torch.arange(ids.shape[-1], device=ids.device).expand_as(ids),
+                "token_type_ids": torch.zeros_like}
+    for buffer, default in defaults.items():
+        ids = getattr(embeddings, buffer, None)
+        if ids is not None and not torch.equal(ids, default(ids)):
+            meaning = "0, 1, 2, …" if buffer == "position_ids" else "all 0"
+            raise SplitformerError(f"{name}.embeddings.{buffer} is not the default ({meaning}); the TextEncoder "
+                                   f"computes the default {buffer.replace('_', ' ')[:-1]}s")
 
 
 def from_hf_encoder(model: Any, *, torch_module: types.ModuleType | None = None) -> TextEncoder:

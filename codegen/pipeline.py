@@ -41,9 +41,11 @@ def lower_scheme(scheme: Scheme, program: Program, passes=None) -> tuple[Module,
     return lower(program, passes), lower(_final_norm(final_norm_kind(scheme))[0], passes)
 
 
-def lower_backward(scheme: Scheme, program: Program, passes=None) -> tuple[Backward, Backward]:
-    """The derived adjoints of one step of ``scheme`` and of a stack's final norm, lowered."""
-    return (lower_adjoint(derive_adjoint(program), passes),
+def lower_backward(scheme: Scheme, program: Program, passes=None,
+                   adjoint: Adjoint | None = None) -> tuple[Backward, Backward]:
+    """The derived adjoints of one step of ``scheme`` (``adjoint`` when already derived) and of a
+    stack's final norm, lowered."""
+    return (lower_adjoint(adjoint or derive_adjoint(program), passes),
             lower_adjoint(_final_norm(final_norm_kind(scheme))[1], passes))
 
 

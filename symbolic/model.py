@@ -8,6 +8,7 @@ functional applied to ``u(·, ·, T)``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from .scheme_file import load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
 __all__ = ["ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
-           "is_network_file", "network_family", "model_names", "model_summary", "is_model"]
+           "is_network_file", "network_family", "network_fingerprint", "model_names", "model_summary", "is_model"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
 _GRID_KEYS = {"name", "summary", "operators", "step"}
@@ -301,6 +302,19 @@ def _composition(spec: NetworkSpec) -> tuple:
     if isinstance(spec, MultiscaleSpec):
         return ("multiscale",)
     return ("tokens", spec.embedding.kind, spec.readout.kind)
+
+
+def network_fingerprint(spec: NetworkSpec) -> str:
+    """A digest of what a network computes: its operators with their names and options, its composition,
+    and a token network's steps (the scheme's ``fingerprint``) and final norm; not its name or summary.
+    Emitted network modules carry it (``COMPUTES``); adapters compare it."""
+    if isinstance(spec, ModelSpec):
+        computation = ("tokens", repr(spec.embedding), spec.scheme.fingerprint, spec.final_norm, repr(spec.readout))
+    elif isinstance(spec, MultiscaleSpec):
+        computation = ("multiscale", sorted((table, sorted(kinds.items())) for table, kinds in MULTISCALE.items()))
+    else:
+        computation = _composition(spec)
+    return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
 
 def network_family(spec: NetworkSpec) -> str | None:

@@ -22,7 +22,7 @@ from .adapted import Adapted
 from .common import activation_name, state_dict
 from .inspection import check_parts
 
-__all__ = ["llama_layer_params", "llama_layer_config", "read_llama_layer", "write_llama_layer"]
+__all__ = ["llama_layer_params", "llama_layer_config", "check_rotary", "read_llama_layer", "write_llama_layer"]
 
 #: Canonical name → the ``LlamaDecoderLayer`` state-dict key (a Linear weight transposed).
 KEYS = {
@@ -80,8 +80,33 @@ def llama_layer_config(layer: Any) -> dict[str, Any]:
     eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
     if len(eps) != 1:
         raise SplitformerError(f"LlamaDecoderLayer's RMSNorms have different ε ({', '.join(map(str, sorted(eps)))})")
-    return {"n_heads": n_heads, "n_kv_heads": config.num_key_value_heads, "eps": float(eps.pop()),
-            "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))}
+    theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    if getattr(layer.self_attn, "rotary_emb", None) is not None:  # transformers 4's layers hold their own
+        check_rotary("LlamaDecoderLayer.self_attn.rotary_emb", layer.self_attn.rotary_emb, layer.self_attn.head_dim, theta)
+    return {"n_heads": n_heads, "n_kv_heads": config.num_key_value_heads, "eps": float(eps.pop()), "rope_theta": theta}
+
+
+def check_rotary(owner: str, rotary: Any, head_dim: int, theta: float) -> None:
+    """Refuse a rotary embedding whose ``inv_freq`` buffer or ``attention_scaling`` is not the default
+    RoPE of ``theta`` the llama scheme computes: ``θ^(-2k/head_dim)`` (compared in float64 to within
+    a few roundings of the buffer's dtype, at least float32's, in which transformers computes it) and 1."""
+    import torch
+
+    buffer = rotary.inv_freq
+    expected = theta ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if not buffer.is_floating_point() or tuple(buffer.shape) != expected.shape:
+        raise SplitformerError(f"{owner}.inv_freq is {tuple(buffer.shape)} {buffer.dtype}; the llama scheme's rotary "
+                               f"embedding has {expected.size} floating frequencies (head_dim / 2)")
+    tolerance = 4 * max(torch.finfo(buffer.dtype).eps, torch.finfo(torch.float32).eps)
+    found = buffer.detach().cpu().to(torch.float64).numpy()
+    if not np.allclose(found, expected, rtol=tolerance, atol=0.0):
+        worst = float(np.max(np.abs(found / expected - 1.0)))
+        raise SplitformerError(f"{owner}.inv_freq differs from the default RoPE frequencies of rope_theta={theta:g} "
+                               f"(relative {worst:.2g}); the llama scheme computes theta^(-2k/head_dim)")
+    scaling = float(getattr(rotary, "attention_scaling", 1.0))
+    if not math.isclose(scaling, 1.0, rel_tol=1e-12):
+        raise SplitformerError(f"{owner}.attention_scaling is {scaling:g}; the llama scheme's rotary embedding scales "
+                               "cos and sin by 1")
 
 
 def llama_layer_params(layer: Any) -> dict[str, np.ndarray]:

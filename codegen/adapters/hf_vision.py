@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.model import load_model, network_fingerprint
 
 from .common import activation_name, check_norms
 from .inspection import check_parts
@@ -40,6 +41,19 @@ class AdaptedModel:
     def module_name(self) -> str:
         return self.model.replace("-", "_")
 
+    def check_computes(self, module: Any) -> None:
+        """Refuse a generated network module whose ``COMPUTES`` digest is not the built-in network's
+        (another scheme's steps, final norm or operators, whatever its name)."""
+        name = getattr(module, "__name__", type(module).__name__)
+        digest = getattr(module, "COMPUTES", None)
+        if digest is None:
+            raise SplitformerError(f"{name!r} has no COMPUTES digest (emitted by an older splitformer): derive it again")
+        expected = network_fingerprint(load_model(self.model))
+        if digest != expected:
+            raise SplitformerError(f"{name!r} computes another network than {self.source[1]} (the built-in "
+                                   f"{self.model!r}: COMPUTES {digest}, the source's {expected}); "
+                                   f"derive it with splitformer derive {self.model} --backend torch")
+
     def astype(self, dtype: Any) -> "AdaptedModel":
         return replace(self, params={name: value.astype(dtype) for name, value in self.params.items()})
 
@@ -54,6 +68,7 @@ class AdaptedModel:
                                                             "final_norm.gain", "final_norm.bias"}:
             raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated vit "
                                    "torch module (splitformer derive vit --backend torch)")
+        self.check_computes(torch_module)
         d_model = self.params["embed.W"].shape[-1]
         d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
         head = self.params.get("head.W")

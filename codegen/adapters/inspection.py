@@ -5,7 +5,8 @@ Refused, each in one line naming the (sub)module: forward, forward-pre, backward
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
-parameters on the ``meta`` device (no values to read) or of a non-floating dtype; (``check_parts``)
+parameters on the ``meta`` device (no values to read) or of a non-floating dtype; an embedding
+table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
 (``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
 ``Attention(gated=True)`` adds a ``gate`` Linear its forward applies).
@@ -41,6 +42,9 @@ def check_computation(owner: str, module: Any) -> None:
         if "forward" in vars(part):
             raise SplitformerError(f"{where} has its forward replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
+        if _renormalizes(part):
+            raise SplitformerError(f"{where} ({type(part).__name__}) has max_norm={part.max_norm}: its forward "
+                                   "renormalizes the rows it looks up; adapters read a plain table (set max_norm=None)")
         overridden = _overridden_method(type(part))
         if overridden is not None:
             raise SplitformerError(f"{where} ({type(part).__name__}) overrides {overridden[1]} of "
@@ -52,6 +56,15 @@ def check_computation(owner: str, module: Any) -> None:
     for name, parameter in module.named_parameters():
         if not parameter.is_floating_point():
             raise SplitformerError(f"{owner}.{name} has dtype {parameter.dtype}; adapters read floating-point parameters")
+
+
+#: torch's embedding tables, whose ``max_norm`` changes what their forward returns.
+_EMBEDDINGS = frozenset({"torch.nn.modules.sparse.Embedding", "torch.nn.modules.sparse.EmbeddingBag"})
+
+
+def _renormalizes(module: Any) -> bool:
+    classes = {f"{klass.__module__}.{klass.__qualname__}" for klass in type(module).__mro__}
+    return bool(classes & _EMBEDDINGS) and getattr(module, "max_norm", None) is not None
 
 
 def _is_library(cls: type) -> bool:

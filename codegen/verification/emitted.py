@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cache
 from types import ModuleType
 
+from splitformer.symbolic.adjoint import Adjoint
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
@@ -40,12 +41,13 @@ def emitted_modules(scheme: Scheme, program: Program, backends: tuple[str, ...] 
             for backend in backends}
 
 
-def emitted_numpy_with_adjoint(scheme: Scheme, program: Program) -> ModuleType:
-    """The generated NumPy module of ``program`` as ``splitformer derive`` writes it: with ``vjp``."""
+def emitted_numpy_with_adjoint(scheme: Scheme, program: Program, adjoint: Adjoint | None = None) -> ModuleType:
+    """The generated NumPy module of ``program`` as ``splitformer derive`` writes it: with ``vjp`` (from
+    ``adjoint``, the program's derived adjoint, when given)."""
     from ..pipeline import lower_backward, lower_scheme
 
     block, final_norm = lower_scheme(scheme, program)
-    source = render_module(scheme, block, final_norm, "numpy", *lower_backward(scheme, program))
+    source = render_module(scheme, block, final_norm, "numpy", *lower_backward(scheme, program, adjoint=adjoint))
     return compiled(source, "numpy", program.name)
 
 

@@ -8,6 +8,7 @@ series against the orders the scheme file claims, and the numeric convergence st
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from splitformer.codegen.verification.statements.projections import projection_c
 from splitformer.codegen.verification.statements.recovery import recovery_checks
 from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.codegen.verification.statements.sign import sign_check
+from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.model import NetworkSpec
 from splitformer.symbolic.program import Program
@@ -174,8 +176,9 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     report.add(*guarded(f"recovery/{name}", name, lambda: recovery_checks(scheme, program)))
     if scheme.name == "paper-lie" and is_builtin(scheme):
         report.add(*guarded(f"paper/{name}", name, lambda: paper_checks(scheme)))
-    report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, program)))
-    report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, program)))
+    adjoint = functools.cache(lambda: derive_adjoint(program))  # derived once, for both checks that need it
+    report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, program, adjoint)))
+    report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, program, adjoint())))
     report.add(*guarded(f"order/{name}", name, lambda: _orders(scheme, report)))
     order = report.orders.get(name, {}).get("order")
     if order is None:  # an exact step: there is no error to converge (or the series raised)
@@ -188,9 +191,9 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     return report
 
 
-def _emitted_checks(scheme: Scheme, program: Program) -> list[Check]:
+def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint) -> list[Check]:
     """The Lean causality statements and Devito's adjoint tests, on the emitted NumPy module with its ``vjp``."""
-    emitted = emitted_numpy_with_adjoint(scheme, program)
+    emitted = emitted_numpy_with_adjoint(scheme, program, adjoint)
     return [*causality_checks(scheme, program, emitted), *scheme_adjoint_tests(scheme, emitted)]
 
 

@@ -29,7 +29,7 @@ from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.domains import (
     FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
 )
-from splitformer.symbolic.evaluate import evaluate
+from splitformer.symbolic.evaluate import evaluate, evaluation_work
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.rotary_attention import POSITIONS
@@ -41,12 +41,17 @@ from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, u
 from .structure import stack_check
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
-           "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING"]
+           "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING", "MAX_EMITTED_WORK", "emitted_work"]
 
 #: The symbolic comparison is made for steps that nest at most this many operator applications:
 #: SymPy's cost grows exponentially with the nesting (a dense 10-stage tableau of a pre-LN field,
 #: 20 applications: about 6 s of CPU; 12 stages, 24: more than a minute).
 MAX_SYMBOLIC_NESTING = 20
+#: The most work (``emitted_work``, a count) the emitted check's 50-digit evaluator may do, about a
+#: microsecond of CPU each: the densest scheme the bounds allow (a 16-stage tableau of four fields
+#: on projected states, 64 evaluations) needs 4 080 640 with attention, feed-forward and LayerNorm
+#: (about 4 s), 11 613 440 with rotary attention, gated feed-forward and RMSNorm (about 6 s).
+MAX_EMITTED_WORK = 20_000_000
 
 DIGITS = 50
 #: Float64 emitted code against the 50-digit evaluator, relative to the output's scale.
@@ -270,6 +275,22 @@ def _symbols(name: str, shape: tuple[int, ...], **assumptions) -> np.ndarray:
                     dtype=object).reshape(shape)
 
 
+def _domain_counts(sizes: Sizes, memory_tokens: int) -> dict:
+    """The number of grid points of each domain at ``sizes``."""
+    return {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads, HEAD_FEATURES: sizes.head_features,
+            HIDDEN: sizes.hidden, KV_HEADS: sizes.key_value_heads, GROUP: sizes.heads // sizes.key_value_heads,
+            PAIR: 2, FREQUENCIES: sizes.head_features // 2, KV_FEATURES: axis_extents(sizes)["d_kv"],
+            MEMORY: memory_tokens}
+
+
+def emitted_work(program: Program, sizes: Sizes) -> int:
+    """The work of the emitted check's evaluator, counted: the closures one evaluation of the step at
+    ``sizes`` makes (``evaluation_work``; the evaluator computes the same step, operator by operator),
+    once per sequence and mask case (4)."""
+    table = {domain.size: count for domain, count in _domain_counts(sizes, _MEMORY_TOKENS).items() if domain is not PAIR}
+    return 4 * evaluation_work(program, table)
+
+
 def derived_check(scheme: Scheme, program: Program) -> Check:
     sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
     codes = axis_extents(sizes)
@@ -290,9 +311,7 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
                           positions=positions, rope_theta=theta, memory=memory, memory_support=memory_support,
                           memory_spacing=memory_spacing)
     expected = semantics.step(u)
-    counts = {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads, HEAD_FEATURES: sizes.head_features,
-              HIDDEN: sizes.hidden, KV_HEADS: sizes.key_value_heads, GROUP: sizes.heads // sizes.key_value_heads,
-              PAIR: 2, FREQUENCIES: sizes.head_features // 2, KV_FEATURES: codes["d_kv"], MEMORY: memory_tokens}
+    counts = _domain_counts(sizes, memory_tokens)
     table = {domain.size: count for domain, count in counts.items() if domain is not PAIR}
     opaque = _with_opaque_functions(program)
     inputs = {"u0": lambda i, k: u[i, k], "chi": lambda i, j: support[i, j], POSITIONS: lambda i: positions[i],
@@ -320,8 +339,8 @@ def skipped_because(reasons: dict[str, str]) -> str:
         f"{key} ({reason})" for key, reason in reasons.items())
 
 
-def _skipped(scheme: Scheme, reasons: dict[str, str]) -> list[Check]:
-    why = skipped_because(reasons)
+def _skipped(scheme: Scheme, reasons: dict[str, str], why: str | None = None) -> list[Check]:
+    why = why or skipped_because(reasons)
     return [Check(f"semantics/{scheme.name}/{what}", scheme.name,
                   f"The {what} program of {scheme.name} equals one step of the scheme as the independent evaluator "
                   "defines it.", SKIPPED, True, why) for what in ("derived", "emitted")]
@@ -360,6 +379,12 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     reasons = unevaluable(scheme)
     if reasons:
         return [*_skipped(scheme, reasons), stack_check(scheme, modules["numpy"])]
+    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0).sizes)
+    if work > MAX_EMITTED_WORK:
+        return [*_skipped(scheme, {}, f"not checked: budget: the evaluator's step makes {work} operations, more "
+                                      f"than the {MAX_EMITTED_WORK} the semantics checks take on (it grows with the "
+                                      "operator evaluations per step); use fewer stages, fields or substeps to have "
+                                      "them"), stack_check(scheme, modules["numpy"])]
     emitted = emitted_check(scheme, program, modules)
     depth = nesting(scheme)
     if depth > MAX_SYMBOLIC_NESTING:

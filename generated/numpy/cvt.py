@@ -67,7 +67,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "logits", "vjp", "vjp_logits", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "STAGE_CONFIG"]
+__all__ = ["forward", "logits", "vjp", "vjp_logits", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "STAGE_CONFIG", "COMPUTES"]
+
+#: A digest of the network's computation (its operators with their options, its composition, the
+#: steps' scheme and final norm; not its name): a network computing anything else has another digest.
+COMPUTES = "e6db38f19e12163e"
 
 #: Canonical names and shapes of a stage's token embedding, under ``stages.<s>.``.
 STAGE_PARAMETERS = {

@@ -32,7 +32,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "vjp", "PARAMETERS", "TRANSFER_PARAMETERS"]
+__all__ = ["forward", "vjp", "PARAMETERS", "TRANSFER_PARAMETERS", "COMPUTES"]
+
+#: A digest of the network's computation (its operators with their options, its composition, the
+#: steps' scheme and final norm; not its name): a network computing anything else has another digest.
+COMPUTES = "209472fe8df73796"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {

@@ -21,7 +21,11 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Model", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS"]
+__all__ = ["Model", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "COMPUTES"]
+
+#: A digest of the network's computation (its operators with their options, its composition, the
+#: steps' scheme and final norm; not its name): a network computing anything else has another digest.
+COMPUTES = "e6db38f19e12163e"
 
 STAGE_PARAMETERS = {
     "embed.W": ("n_channels", "patch_size", "patch_size", "d",),

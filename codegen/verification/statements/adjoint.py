@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import sympy as sp
@@ -168,8 +169,9 @@ def flip_sign(adjoint: Adjoint, target: str | None = None) -> Adjoint:
     raise AssertionError("no costate assignment to flip" if target is None else f"no adjoint assignment writes {target!r}")
 
 
-def adjoint_checks(scheme, program: Program) -> list[Check]:
-    """The finite-difference check of the scheme's adjoint and its negative control (within ``MAX_WORK``)."""
+def adjoint_checks(scheme, program: Program, adjoint: Callable[[], Adjoint] | None = None) -> list[Check]:
+    """The finite-difference check of the scheme's adjoint and its negative control (within ``MAX_WORK``);
+    ``adjoint`` gives the program's derived adjoint (shared with the emitted ``vjp``), called only within it."""
     work = forward_work(program)
     if work > MAX_WORK:
         return [Check(f"adjoint/{scheme.name}/{what}", scheme.name,
@@ -180,7 +182,7 @@ def adjoint_checks(scheme, program: Program) -> list[Check]:
                       "per step); use fewer stages, fields or substeps to have it; the emitted vjp is still "
                       "tested (adjoint-test/…)")
                 for what, extra in (("finite-difference", ""), ("negative-control", " (negative control)"))]
-    adjoint = derive_adjoint(program)
+    adjoint = adjoint() if adjoint is not None else derive_adjoint(program)
     flipped = flip_sign(adjoint)
     gap, control = finite_difference_gaps([adjoint, flipped], scheme.name)
     where = next(record.title for record, original in zip(flipped.records, adjoint.records) if record != original)

@@ -34,7 +34,8 @@ Number = int | str | Fraction | sp.Rational
 def substep(operator: str, solver: str = "explicit", *, fraction: Number = 1, on: str | None = None,
             then: str | None = None, step: str = "fixed") -> dict:
     """One substep: ``solver`` (``explicit`` or ``projection``) applied to ``operator``; ``then`` a projection
-    of its output before it is added, ``step = "per-channel"`` a learned diagonal time step."""
+    of its output before it is added, ``step = "per-channel"`` a learned diagonal time step, ``step = "scalar"``
+    one learned number scaling the field (ReZero)."""
     table: dict[str, Any] = {"operator": operator, "solver": solver}
     if fraction != 1:
         table["fraction"] = fraction

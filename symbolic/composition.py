@@ -17,10 +17,10 @@ from .tableaux import HEUN, Tableau
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "STEP_CONTROLS"]
 
-#: How a substep's time step is set: ``fixed`` (its ``fraction`` of Δt), or ``per-channel``: a
+#: How a substep's time step is set: ``fixed`` (its ``fraction`` of Δt), ``per-channel``: a
 #: learned control ``λ(y)`` of the operator's field (``<operator>.step``), a diagonal time step
-#: (LayerScale).
-STEP_CONTROLS = ("fixed", "per-channel")
+#: (LayerScale), or ``scalar``: one learned number ``λ`` scaling the field (ReZero).
+STEP_CONTROLS = ("fixed", "per-channel", "scalar")
 
 
 def _exact(value: object, where: str) -> sp.Rational:

@@ -30,7 +30,7 @@ from .errors import SplitformerError
 from .latex import equation, to_latex
 from .inputs import Constant, Input
 from .operators import STATE, SUPPORT, Definition, Operator, apply
-from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
+from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor, entry
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
@@ -176,7 +176,7 @@ class _Deriver:
         value = sp.IndexedBase(output)[X.index, Y.index]
         if step.step != "fixed":
             control = self.tensors[f"{step.operator}_step"]
-            value = sp.IndexedBase(control.name)[control.indices] * value
+            value = entry(control.name, control.indices) * value
             applied = sp.Mul(sp.Symbol(control.latex), applied, evaluate=False)
         return value, applied
 

@@ -88,8 +88,9 @@ def equation_latex(scheme: "Scheme") -> str:
         text = operators[term.operator].term_latex(argument)
         if term.then is not None:  # a branch map: + P(A(…))
             text = rf"+ {operators[term.then].labelled()}({text.removeprefix('+ ')})"
-        if term.step != "fixed":  # a learned diagonal time step: + λ ⊙ A(…)
-            text = text.replace("+ ", rf"+ \lambda_{{{operators[term.operator].key_latex()}}} \odot ", 1)
+        if term.step != "fixed":  # a learned time step: + λ ⊙ A(…) (diagonal) or + λ A(…) (a number)
+            product = r" \odot " if term.step == "per-channel" else r"\,"
+            text = text.replace("+ ", rf"+ \lambda_{{{operators[term.operator].key_latex()}}}{product}", 1)
         if term.coefficient != 1 and not term.projection:
             text = text.replace("+ ", "+ " + sp.latex(term.coefficient) + r"\,", 1)
         parts.append(text)
@@ -110,7 +111,8 @@ def equation_text(scheme: "Scheme") -> str:
             coefficient = "" if term.coefficient == 1 else f"{term.coefficient}·"
             field = f"{term.operator}({argument})"
             field = field if term.then is None else f"Proj[{term.then}]({field})"
-            field = field if term.step == "fixed" else f"λ[{term.operator}] ⊙ {field}"
+            product = " ⊙ " if term.step == "per-channel" else "·"
+            field = field if term.step == "fixed" else f"λ[{term.operator}]{product}{field}"
             parts.append(f"+ {coefficient}{field}")
     return "u_t = " + " ".join(parts).removeprefix("+ ")
 

@@ -56,11 +56,14 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
 
 
 def step_control(step: str) -> Parameter:
-    """The learned time step ``λ(y)`` of a substep's field (``Substep.step = "per-channel"``), stored ``(d,)``
-    under ``<operator>.step``; zero-initialized in a generated Block (LayerScale's and ReZero's start)."""
-    if step != "per-channel":
-        raise SplitformerError(f"unknown step {step!r} (known: {', '.join(STEP_CONTROLS)})")
-    return kernel("step", r"\lambda", (Y,), (FEATURES,))
+    """The learned time step of a substep's field, stored under ``<operator>.step``: ``λ(y)``, shape ``(d,)``
+    (``Substep.step = "per-channel"``: LayerScale) or one number ``λ``, shape ``()`` (``"scalar"``: ReZero);
+    zero-initialized in a generated Block (LayerScale's and ReZero's start)."""
+    if step == "per-channel":
+        return kernel("step", r"\lambda", (Y,), (FEATURES,))
+    if step == "scalar":
+        return kernel("step", r"\lambda", (), ())
+    raise SplitformerError(f"unknown step {step!r} (known: {', '.join(STEP_CONTROLS)})")
 
 
 #: The most operator evaluations one step may make: a bound on the derivation's time.

@@ -195,13 +195,15 @@ class Semantics:
 
     def field(self, substep, u):
         """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
-        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature."""
+        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature, or times one number ``λ``."""
         argument = u if substep.on is None else self.apply(substep.on, u)
         value = self.apply(substep.operator, argument)
         if substep.then is not None:
             value = self.apply(substep.then, value)
         if substep.step == "per-channel":
             value = value * self.parameter(substep.operator, "step")[None, :]
+        elif substep.step == "scalar":
+            value = value * self.parameter(substep.operator, "step")
         return value
 
     # -- the operators -------------------------------------------------------------------------

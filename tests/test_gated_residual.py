@@ -4,8 +4,8 @@ The field of a combined substep is ``c(u, v) = (1 − z) ⊙ (n − u)``, ``v`` 
 is ``GRUCell(v, u)``. The scheme derives, emits NumPy and torch equal to a reference written here with
 ``torch.nn.GRUCell`` (float64, every parameter random); the derived ``vjp`` equals torch autograd on it; the
 independent evaluator's checks hold and fail with the plain residual sum in place of the gate.
-``from_xtransformers`` maps ``gate_residual`` (Encoder and Decoder, depth 1 and 2) to ≤ 1e-10; the
-reset and update gates swapped are far off.
+``from_xtransformers`` maps ``gate_residual`` (Encoder and Decoder, depth 1 and 2; the Decoder also
+decoded token by token through its KV cache) to ≤ 1e-10; the reset and update gates swapped are far off.
 """
 
 from dataclasses import replace
@@ -174,6 +174,11 @@ def test_xtransformers_gate_residual_equals_numpy_and_torch(cls, depth):
     stack = adapted.build(derivation.torch_module(), dtype=torch.float64)
     with torch.no_grad():
         assert np.abs(stack(u).numpy() - expected).max() <= 1e-10
+    if cls == "Decoder":  # the gate is token-wise: KV-cached decoding, token by token, equals the full pass
+        cache = [{} for _ in adapted.layers]
+        steps = [forward_stack(u.numpy()[:, t:t + 1], list(adapted.layers), cache=cache, **adapted.forward_kwargs)
+                 for t in range(u.shape[1])]
+        assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
     # negative control: the reset and update gates' input kernels swapped
     swapped = [dict(layer, **{"gate1.W_ir": layer["gate1.W_iz"], "gate1.W_iz": layer["gate1.W_ir"]})
                for layer in adapted.layers]

@@ -31,6 +31,9 @@ class Number(sp.Indexed):
     def _latex(self, printer) -> str:
         return printer._print(self.base)
 
+    def _sympystr(self, printer) -> str:
+        return str(self.base.label)
+
 
 def entry(name: str, indices: tuple = ()) -> sp.Indexed:
     """The entry ``name[indices]`` of an array; of a 0-d array (no indices), its ``Number``."""

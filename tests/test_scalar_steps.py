@@ -1,8 +1,8 @@
 """A learned scalar time step (``step = "scalar"``: ReZero, one number per field, a 0-d control).
 
 The scheme derives, emits NumPy and torch equal to ReZero written here in torch (``u + α F(u)``,
-Bachlechner et al. 2020; float64, every parameter random); the derived ``vjp`` returns the 0-d
-gradients torch's autograd computes on that reference; the independent evaluator's checks hold and
+Bachlechner et al. 2020; float64, every parameter random); the derived ``vjp`` (and the torch Block's
+derived backward) returns the 0-d gradients torch's autograd computes on that reference; the independent evaluator's checks hold and
 fail with the learned step dropped. x-transformers 2.31 has no ReZero flag (``use_rezero`` is gone):
 its ``use_layerscale`` with every γ of a LayerScale set to one number is ReZero on a pre-norm
 block, and equals the scalar-step scheme.
@@ -92,6 +92,11 @@ def test_numpy_torch_and_the_derived_vjp_equal_rezero_and_autograd(derivation):
     assert np.abs(grad_u - state.grad.numpy()).max() <= 1e-10
     for name, tensor in tensors.items():
         assert np.abs(grads[name] - tensor.grad.numpy()).max() <= 1e-10 * max(1, np.abs(grads[name]).max()), name
+    # the torch Block's derived backward (the emitted adjoint as its autograd Function) returns them too
+    derived = torch_module.Block(D, HEADS, D_FF, dtype=torch.float64, backward="derived")
+    derived.load_params(p)
+    (derived(torch.tensor(u)) * torch.tensor(grad_out)).sum().backward()
+    assert derived.ffn.step.grad.shape == () and abs(float(derived.ffn.step.grad) - grads["ffn.step"]) <= 1e-10 * abs(grads["ffn.step"])
 
 
 def test_the_independent_evaluator_holds_and_catches_a_missing_scalar_step(derivation):

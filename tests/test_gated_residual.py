@@ -18,7 +18,9 @@ import torch
 import splitformer
 
 from splitformer.adapters import from_xtransformers
+from splitformer.codegen.verification.runner import order_check
 from splitformer.codegen.verification.scheme_checks import derived_check, emitted_check
+from splitformer.codegen.verification.statements.order import splitting_order
 from splitformer.symbolic import parse_scheme
 from splitformer.symbolic.domains import X, Y
 from splitformer.symbolic.equation import equation_text
@@ -168,6 +170,8 @@ def test_xtransformers_gate_residual_equals_numpy_and_torch(cls, depth):
         expected = source(u).numpy()
     adapted = from_xtransformers(source)
     assert 'combine = "gate1"' in adapted.scheme_file
+    scheme = parse_scheme(adapted.scheme_file)  # its claims (order 1, splitting order 1) hold
+    assert order_check(scheme, splitting_order(scheme)).holds
     derivation = _DERIVED.setdefault(adapted.scheme_file, adapted.derivation())
     forward_stack = derivation.numpy_module().forward_stack
     assert np.abs(forward_stack(u.numpy(), list(adapted.layers), **adapted.forward_kwargs) - expected).max() <= 1e-10

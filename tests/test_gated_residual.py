@@ -189,7 +189,11 @@ def test_xtransformers_gate_residual_equals_numpy_and_torch(cls, depth):
     assert np.abs(forward_stack(u.numpy(), swapped, **adapted.forward_kwargs) - expected).max() > 1e-3
 
 
-def test_xtransformers_gate_residual_with_layerscale_is_refused():
+def test_xtransformers_gate_residual_refusals_name_what_is_not_read():
     source = x_transformers.Encoder(dim=16, depth=1, heads=2, attn_dim_head=8, gate_residual=True, use_layerscale=True)
     with pytest.raises(SplitformerError, match="gate_residual with use_layerscale or macaron"):
+        from_xtransformers(source)
+    source = x_transformers.Encoder(dim=16, depth=1, heads=2, attn_dim_head=8, gate_residual=True)
+    source.layers[0][2].gru.bias = False  # a cell without biases (no x-transformers flag builds it)
+    with pytest.raises(SplitformerError, match="a GRUCell other than GRUCell"):
         from_xtransformers(source)

@@ -360,10 +360,12 @@ def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | Non
     return branch.fn, "1/2"
 
 
-def _gru_gate(gating: Any, key: str, dim: int) -> dict[str, np.ndarray]:
+def _gru_gate(owner: str, gating: Any, key: str, dim: int) -> dict[str, np.ndarray]:
     """The ``gru-gate`` parameters of ``GRUGating``'s ``GRUCell(branch, state)``: each weight's thirds
     (torch's order r, z, n) transposed to row vectors, each bias's thirds."""
     cell, params = gating.gru, {}
+    if not cell.bias or (cell.input_size, cell.hidden_size) != (dim, dim):
+        raise _refuse(owner, "gate_residual with a GRUCell other than GRUCell(dim, dim) with biases")
     for source, weight, bias in (("i", cell.weight_ih, cell.bias_ih), ("h", cell.weight_hh, cell.bias_hh)):
         for third, gate in enumerate(GATES):
             params[f"{key}.W_{source}{gate}"] = linear_weight(weight[third * dim:(third + 1) * dim])
@@ -478,7 +480,7 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
                               "learned step or fraction in the scheme language")
             step["combine"] = f"gate{position}"
             block.operators[step["combine"]] = {"kind": "gru-gate"}
-            block.params |= _gru_gate(residual, step["combine"], dim)
+            block.params |= _gru_gate(owner, residual, step["combine"], dim)
         block.steps.append(step)
         if post is not None:
             name = f"post_norm{position}" if pre is not None else f"norm{position}"

@@ -45,7 +45,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .latex import equation
-from .program import Assignment, Program, Tensor
+from .program import Assignment, Program, Tensor, entry
 
 __all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO",
            "DIFFERENTIABLE_ROLES"]
@@ -368,7 +368,7 @@ class _Reverse:
         if name in self.scattered:
             bar = self.declare(name, "temp")
             self.emit_scattered(name, bar, f"adjoint of {name}")
-            self.alias[name] = sp.IndexedBase(bar)[tensor.indices]
+            self.alias[name] = entry(bar, tensor.indices)
             return self.alias[name]
         terms = self.pending.pop(name, [])
         if not terms:
@@ -378,7 +378,7 @@ class _Reverse:
             self.alias[name] = total
             return total
         bar = self.declare(name, "temp")
-        lhs = sp.IndexedBase(bar)[tensor.indices]
+        lhs = entry(bar, tensor.indices)
         self.emitted.append(Assignment(lhs, total, f"adjoint of {name}",
                                        quadrature=equation(lhs, total, self.latex_names())))
         self.alias[name] = lhs
@@ -403,8 +403,8 @@ class _Reverse:
             part = f"{bar}{number}"
             self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", tensor.indices, "temp")
             self.emit(part, pattern, terms, f"{meaning}: the part read at {', '.join(map(str, pattern))}", name)
-            parts.append(sp.IndexedBase(part)[tensor.indices])
-        lhs = sp.IndexedBase(bar)[tensor.indices]
+            parts.append(entry(part, tensor.indices))
+        lhs = entry(bar, tensor.indices)
         total = sp.Add(*parts, *plain)
         self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
 
@@ -423,7 +423,7 @@ class _Reverse:
             self.emit_scattered(name, bar, f"gradient with respect to {tensor.parameter or name}")
             return
         terms = self.pending.pop(name, [])
-        lhs = sp.IndexedBase(bar)[tensor.indices]
+        lhs = entry(bar, tensor.indices)
         total = sp.Add(*terms) if terms else sp.Integer(0)
         self.emitted.append(Assignment(lhs, total, f"gradient with respect to {tensor.parameter or name}",
                                        quadrature=equation(lhs, total, self.latex_names())))

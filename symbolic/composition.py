@@ -17,10 +17,10 @@ from .tableaux import HEUN, Tableau
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "STEP_CONTROLS"]
 
-#: How a substep's time step is set: ``fixed`` (its ``fraction`` of Δt), or ``per-channel``: a
+#: How a substep's time step is set: ``fixed`` (its ``fraction`` of Δt), ``per-channel``: a
 #: learned control ``λ(y)`` of the operator's field (``<operator>.step``), a diagonal time step
-#: (LayerScale).
-STEP_CONTROLS = ("fixed", "per-channel")
+#: (LayerScale), or ``scalar``: one learned number ``λ`` scaling the field (ReZero).
+STEP_CONTROLS = ("fixed", "per-channel", "scalar")
 
 
 def _exact(value: object, where: str) -> sp.Rational:
@@ -37,7 +37,9 @@ class Substep:
 
     ``then`` names a projection applied to the field's output before it is added (a branch map:
     ``u_t = P(A(u))``, the sandwich norm); ``step`` other than ``fixed`` multiplies the field by a
-    learned control ``λ`` (``STEP_CONTROLS``): ``u_t = fraction · λ ⊙ A(u)``.
+    learned control ``λ`` (``STEP_CONTROLS``): ``u_t = fraction · λ ⊙ A(u)``; ``combine`` names a
+    residual combiner ``c`` (a field of the state and the branch output, ``Operator.is_combiner``):
+    ``u_t = fraction · c(u, A(u))`` (the GRU gate).
     """
 
     operator: str
@@ -46,14 +48,15 @@ class Substep:
     on: str | None = None
     then: str | None = None
     step: str = "fixed"
+    combine: str | None = None
 
     def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
         object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
 
     @property
-    def field(self) -> tuple[str, str | None, str | None, str]:
-        """What the substep evaluates, whatever its share of the step: ``(operator, on, then, step)``."""
-        return self.operator, self.on, self.then, self.step
+    def field(self) -> tuple[str, str | None, str | None, str, str | None]:
+        """What the substep evaluates, whatever its share of the step: ``(operator, on, then, step, combine)``."""
+        return self.operator, self.on, self.then, self.step, self.combine
 
 
 @dataclass(frozen=True)

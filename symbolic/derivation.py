@@ -29,8 +29,8 @@ from .domains import (
 from .errors import SplitformerError
 from .latex import equation, to_latex
 from .inputs import Constant, Input
-from .operators import STATE, SUPPORT, Definition, Operator, apply
-from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor
+from .operators import BRANCH, STATE, SUPPORT, Definition, Operator, apply
+from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor, entry
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
@@ -48,7 +48,7 @@ class _Deriver:
         self.tensors: dict[str, Tensor] = {}
         self.records: list[SubstepRecord] = []
         self.evaluations: Counter[str] = Counter()
-        self.memo: dict[tuple[str, str], str] = {}
+        self.memo: dict[tuple[str, str, str | None], str] = {}
         self.states = 0
         self.substeps = 0
         self.cached: dict[str, str] = {}
@@ -95,19 +95,20 @@ class _Deriver:
         return sp.IndexedBase(name)[X.index, Y.index]
 
     # -- space -------------------------------------------------------------------------
-    def evaluate(self, key: str, argument: str, evaluations: list[Evaluation]) -> str:
-        """Discretize operator ``key`` applied to the field ``argument``; returns its output.
+    def evaluate(self, key: str, argument: str, evaluations: list[Evaluation], branch: str | None = None) -> str:
+        """Discretize operator ``key`` applied to the field ``argument`` (a combiner: and the branch
+        output ``branch``); returns its output.
 
-        An operator is a function of its argument: a second evaluation on the same field
+        An operator is a function of its arguments: a second evaluation on the same fields
         reuses the first (the parallel block normalizes once for both branches).
         """
-        if (key, argument) not in self.memo:
-            evaluation, output = self.discretize(key, argument)
+        if (key, argument, branch) not in self.memo:
+            evaluation, output = self.discretize(key, argument, branch)
             evaluations.append(evaluation)
-            self.memo[(key, argument)] = output
-        return self.memo[(key, argument)]
+            self.memo[(key, argument, branch)] = output
+        return self.memo[(key, argument, branch)]
 
-    def discretize(self, key: str, argument: str) -> tuple[Evaluation, str]:
+    def discretize(self, key: str, argument: str, branch: str | None = None) -> tuple[Evaluation, str]:
         operator: Operator = self.operators[key]
         self.evaluations[key] += 1
         count = self.evaluations[key]
@@ -116,6 +117,8 @@ class _Deriver:
             prefix += "x"  # a later evaluation must not reuse another operator's names
         arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
                   **{name: sp.IndexedBase(name) for name in self.inputs}}
+        if branch is not None:
+            arrays[BRANCH] = sp.IndexedBase(branch)
         absorbed = {}
         for parameter in operator.parameters():
             arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")
@@ -163,7 +166,8 @@ class _Deriver:
 
     def field(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
         """``A(u)``, ``A(Proj(u))`` with ``on``, ``Proj(A(u))`` with ``then``, times the learned step
-        ``λ`` where the substep has one, at ``state``: (discrete value, continuous expression)."""
+        ``λ`` where the substep has one, ``c(u, ·)`` of that with ``combine``, at ``state``: (discrete
+        value, continuous expression)."""
         argument, continuous = state, self.symbol(state)
         if step.on is not None:
             argument = self.evaluate(step.on, state, evaluations)
@@ -176,8 +180,12 @@ class _Deriver:
         value = sp.IndexedBase(output)[X.index, Y.index]
         if step.step != "fixed":
             control = self.tensors[f"{step.operator}_step"]
-            value = sp.IndexedBase(control.name)[control.indices] * value
+            value = entry(control.name, control.indices) * value
             applied = sp.Mul(sp.Symbol(control.latex), applied, evaluate=False)
+        if step.combine is not None:  # the combiner's field c(u, v) of the state and the branch output
+            output = self.evaluate(step.combine, state, evaluations, branch=output)
+            value = sp.IndexedBase(output)[X.index, Y.index]
+            applied = sp.Function(self.operators[step.combine].labelled())(self.symbol(state), applied)
         return value, applied
 
     def substep(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
@@ -318,7 +326,8 @@ def _solver_label(step: Substep) -> str:
     then = f", then Proj({step.then})" if step.then else ""
     fraction = "" if step.fraction == 1 else f", fraction {step.fraction}"
     control = "" if step.step == "fixed" else f", learned {step.step} step"
-    return f"{step.solver}{on}{then}{fraction}{control}"
+    combine = f", combined by {step.combine}" if step.combine else ""
+    return f"{step.solver}{on}{then}{fraction}{control}{combine}"
 
 
 def _keyed(latex: str, label: str) -> str:

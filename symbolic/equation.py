@@ -51,11 +51,12 @@ class Term:
     projection: bool
     then: str | None = None
     step: str = "fixed"
+    combine: str | None = None
 
     @property
     def substep(self) -> Substep:
         """The term's field as an explicit substep of the whole step (``fraction`` 1)."""
-        return Substep(self.operator, "explicit", on=self.on, then=self.then, step=self.step)
+        return Substep(self.operator, "explicit", on=self.on, then=self.then, step=self.step, combine=self.combine)
 
 
 def equation_terms(scheme: "Scheme") -> list[Term]:
@@ -75,8 +76,8 @@ def equation_terms(scheme: "Scheme") -> list[Term]:
             totals[key] = totals.get(key, sp.Integer(0)) + weight * step.fraction
 
     visit(scheme.body, sp.Integer(1))
-    return [Term(operator, on, coefficient, projection, then, step)
-            for (operator, on, then, step, projection), coefficient in totals.items()]
+    return [Term(operator, on, coefficient, projection, then, step, combine)
+            for (operator, on, then, step, combine, projection), coefficient in totals.items()]
 
 
 def equation_latex(scheme: "Scheme") -> str:
@@ -88,8 +89,11 @@ def equation_latex(scheme: "Scheme") -> str:
         text = operators[term.operator].term_latex(argument)
         if term.then is not None:  # a branch map: + P(A(…))
             text = rf"+ {operators[term.then].labelled()}({text.removeprefix('+ ')})"
-        if term.step != "fixed":  # a learned diagonal time step: + λ ⊙ A(…)
-            text = text.replace("+ ", rf"+ \lambda_{{{operators[term.operator].key_latex()}}} \odot ", 1)
+        if term.step != "fixed":  # a learned time step: + λ ⊙ A(…) (diagonal) or + λ A(…) (a number)
+            product = r" \odot " if term.step == "per-channel" else r"\,"
+            text = text.replace("+ ", rf"+ \lambda_{{{operators[term.operator].key_latex()}}}{product}", 1)
+        if term.combine is not None:  # a residual combiner: + C(u, A(…))
+            text = rf"+ {operators[term.combine].labelled()}(u, {text.removeprefix('+ ')})"
         if term.coefficient != 1 and not term.projection:
             text = text.replace("+ ", "+ " + sp.latex(term.coefficient) + r"\,", 1)
         parts.append(text)
@@ -110,7 +114,9 @@ def equation_text(scheme: "Scheme") -> str:
             coefficient = "" if term.coefficient == 1 else f"{term.coefficient}·"
             field = f"{term.operator}({argument})"
             field = field if term.then is None else f"Proj[{term.then}]({field})"
-            field = field if term.step == "fixed" else f"λ[{term.operator}] ⊙ {field}"
+            product = " ⊙ " if term.step == "per-channel" else "·"
+            field = field if term.step == "fixed" else f"λ[{term.operator}]{product}{field}"
+            field = field if term.combine is None else f"{term.combine}(u, {field})"
             parts.append(f"+ {coefficient}{field}")
     return "u_t = " + " ".join(parts).removeprefix("+ ")
 

@@ -18,7 +18,7 @@ from . import domains
 from .errors import SplitformerError
 from .inputs import ROLES, Constant, Input
 from .names import check_identifier, check_line
-from .operators import EPSILON, STATE, SUPPORT, Definition, Parameter
+from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
 
 __all__ = ["check_output", "check_declared"]
 
@@ -35,9 +35,11 @@ def _known_symbols() -> set[str]:
     return names
 
 
-def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definition, ...], where: str) -> None:
-    """``SplitformerError`` starting with ``where`` unless every parameter and definition can be emitted."""
-    functions = {STATE, SUPPORT, "chi_m", "pos", "mem"}
+def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definition, ...], where: str,
+                 combiner: bool = False) -> None:
+    """``SplitformerError`` starting with ``where`` unless every parameter and definition can be emitted
+    (a residual ``combiner`` also reads the branch output ``BRANCH``)."""
+    functions = {STATE, SUPPORT, "chi_m", "pos", "mem"} | ({BRANCH} if combiner else set())
     for parameter in parameters:
         for field in ("name", "function"):
             check_identifier(getattr(parameter, field), f"{where}: parameter {field}")

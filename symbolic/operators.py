@@ -38,7 +38,7 @@ from .quadrature import integral
 
 __all__ = [
     "Parameter", "Definition", "Operator", "ProjectionOperator", "Attention", "FeedForward", "LayerNorm",
-    "EPSILON", "STATE", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
+    "EPSILON", "STATE", "BRANCH", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
     "Input", "Constant",
 ]
 
@@ -46,6 +46,9 @@ __all__ = [
 EPSILON = sp.Symbol("eps", positive=True)
 #: Name of the input field of every operator.
 STATE = "u"
+#: The second input field of a residual combiner (``Operator.is_combiner``): the output of the branch it
+#: combines with the state.
+BRANCH = "v"
 #: The support indicator ``χ(x, x̃)`` of the token integral (masks); emitted from the
 #: ``key_padding_mask`` and ``causal`` arguments.
 SUPPORT = "chi"
@@ -107,6 +110,9 @@ class Operator:
     kind: ClassVar[str]
     symbol: ClassVar[str]
     is_projection: ClassVar[bool] = False
+    #: A residual combiner: a field of the state ``u`` and a branch output ``v`` (``BRANCH``), named by a
+    #: substep's ``combine`` (the GRU gate).
+    is_combiner: ClassVar[bool] = False
     #: For a projection: the LaTeX of the constraint set.
     constraint: ClassVar[str] = ""
     #: Definitions (besides the output) a training-mode torch forward applies dropout to.

@@ -11,10 +11,33 @@ from .domains import Domain
 from .inputs import Constant, Input
 from .latex import align, plain_text
 
-__all__ = ["LatexNames", "Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP"]
+__all__ = ["LatexNames", "Tensor", "Assignment", "Evaluation", "SubstepRecord", "Program", "TIME_STEP", "Number",
+           "entry"]
 
 #: The step size Δt of the time discretization.
 TIME_STEP = sp.Symbol(r"\Delta t", positive=True)
+
+
+class Number(sp.Indexed):
+    """The one entry of a 0-d array (a learned scalar, its gradient): an ``Indexed`` without indices.
+
+    SymPy's ``Indexed`` needs an index; this one has none (``indices == ()``), so every pass that
+    reads arrays as ``Indexed`` (differentiation, the adjoint, the lowering, the printers) reads it too.
+    """
+
+    def __new__(cls, base: sp.IndexedBase | str) -> "Number":
+        return sp.Expr.__new__(cls, sp.IndexedBase(base) if isinstance(base, str) else base)
+
+    def _latex(self, printer) -> str:
+        return printer._print(self.base)
+
+    def _sympystr(self, printer) -> str:
+        return str(self.base.label)
+
+
+def entry(name: str, indices: tuple = ()) -> sp.Indexed:
+    """The entry ``name[indices]`` of an array; of a 0-d array (no indices), its ``Number``."""
+    return sp.IndexedBase(name)[tuple(indices)] if indices else Number(name)
 
 
 class LatexNames(Mapping):

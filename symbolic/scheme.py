@@ -50,17 +50,20 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
                                    f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
-    check_output(tuple(parameters), tuple(definitions), where)
+    check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
     check_declared(constants, inputs, where)
     return operator
 
 
 def step_control(step: str) -> Parameter:
-    """The learned time step ``λ(y)`` of a substep's field (``Substep.step = "per-channel"``), stored ``(d,)``
-    under ``<operator>.step``; zero-initialized in a generated Block (LayerScale's and ReZero's start)."""
-    if step != "per-channel":
-        raise SplitformerError(f"unknown step {step!r} (known: {', '.join(STEP_CONTROLS)})")
-    return kernel("step", r"\lambda", (Y,), (FEATURES,))
+    """The learned time step of a substep's field, stored under ``<operator>.step``: ``λ(y)``, shape ``(d,)``
+    (``Substep.step = "per-channel"``: LayerScale) or one number ``λ``, shape ``()`` (``"scalar"``: ReZero);
+    zero-initialized in a generated Block (LayerScale's and ReZero's start)."""
+    if step == "per-channel":
+        return kernel("step", r"\lambda", (Y,), (FEATURES,))
+    if step == "scalar":
+        return kernel("step", r"\lambda", (), ())
+    raise SplitformerError(f"unknown step {step!r} (known: {', '.join(STEP_CONTROLS)})")
 
 
 #: The most operator evaluations one step may make: a bound on the derivation's time.
@@ -210,6 +213,21 @@ class Scheme:
 
         return count(self.body)
 
+    def _check_combiner(self, step: Substep, operators: dict[str, Operator]) -> None:
+        """A combiner is named by ``combine`` only, on a field with a fixed step (``λ`` would scale
+        the branch before the gate: not in the language yet)."""
+        if operators[step.operator].is_combiner:
+            raise SplitformerError(f"scheme {self.name!r}: {step.operator!r} is a residual combiner; name it in a "
+                                   "substep's 'combine', not as its operator")
+        if step.combine is None:
+            return
+        if not operators[step.combine].is_combiner:
+            raise SplitformerError(f"scheme {self.name!r}: 'combine' must name a residual combiner (a kind such as "
+                                   f"'gru-gate'), not {step.combine!r}")
+        if step.solver == "projection" or step.step != "fixed":
+            raise SplitformerError(f"scheme {self.name!r}: the combined field {step.operator!r} takes no projection "
+                                   "solver and no learned 'step'")
+
     def check(self) -> None:
         """Raise ``SplitformerError`` where a field is of the wrong type or holds bad text
         (``scheme_fields``), or where operators and solvers do not fit."""
@@ -224,7 +242,7 @@ class Scheme:
             if step.solver not in SOLVERS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "
                                        f"(known: {', '.join(SOLVERS)})")
-            for key in (step.operator, step.on, step.then):
+            for key in (step.operator, step.on, step.then, step.combine):
                 if key is not None and key not in operators:
                     raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")
             operator = operators[step.operator]
@@ -240,6 +258,7 @@ class Scheme:
                 key = getattr(step, role)
                 if key is not None and not operators[key].is_projection:
                     raise SplitformerError(f"scheme {self.name!r}: {role!r} must name a projection, not {key!r}")
+            self._check_combiner(step, operators)
             if step.step not in STEP_CONTROLS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown step {step.step!r} (known: {', '.join(STEP_CONTROLS)})")
             if step.solver == "projection" and (step.then is not None or step.step != "fixed"):
@@ -250,7 +269,8 @@ class Scheme:
             if step.solver != "projection" and steps.setdefault(step.operator, step.step) != step.step:
                 raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
-        used = {key for step in self.substeps() for key in (step.operator, step.on, step.then) if key is not None}
+        used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine)
+                if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "

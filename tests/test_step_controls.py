@@ -137,7 +137,7 @@ def test_orders_and_equation_name_the_learned_step_and_branch_map():
 
 
 @pytest.mark.parametrize("edit, message", [
-    (('step = "per-channel"\nfraction', 'step = "scalar"\nfraction'), "steps[1].step: unknown step 'scalar'"),
+    (('step = "per-channel"\nfraction', 'step = "per-token"\nfraction'), "steps[1].step: unknown step 'per-token'"),
     (('then = "post1"', 'then = "ffn"'), "'then' must name a projection, not 'ffn'"),
     (('then = "post1"', 'then = "nowhere"'), "steps[0].then: unknown operator 'nowhere'"),
     (('operator = "ffn"\nsolver = "explicit"\non = "norm2"\nstep = "per-channel"',

@@ -23,6 +23,9 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   ``γ + unit offset``.
 - ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
   ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
+- ``gate_residual``: the GRU cell combining a branch's output with the state is the residual combiner
+  ``combine = "gateK"`` (kind ``gru-gate``): ``W_i{r,z,n}``, ``W_h{r,z,n}`` are the transposed thirds of
+  ``weight_ih``, ``weight_hh``, the biases the thirds of ``bias_ih``, ``bias_hh``.
 
 Any other flag is refused in one line naming it.
 """
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.gated_residual import GATES
 
 from .registry import adapter
 from .adapted import Adapted
@@ -49,7 +53,7 @@ __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 #: Classes of x-transformers that only a refused flag builds → that flag.
 FLAG_OF_CLASS = {
     "AdaptiveLayerScale": "use_adaptive_layerscale",
-    "ShiftTokens": "shift_tokens", "GRUGating": "gate_residual", "OrthogonalResidualUpdate": "orthog_residual",
+    "ShiftTokens": "shift_tokens", "OrthogonalResidualUpdate": "orthog_residual",
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
@@ -139,7 +143,6 @@ SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
     "scale_residual": "a learned skip scale is not in the scheme language",
-    "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
     "rel_pos_bias": "an attention-score kernel splitformer does not compute",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
@@ -319,8 +322,8 @@ def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float,
     raise _refuse(owner, FLAG_OF_CLASS.get(name, f"the norm {name}"))
 
 
-def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, Any]]]]:
-    """The blocks run, each a list of ``(type 'a'/'f', branch module, (pre norm, post norm))``."""
+def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, Any, Any], Any]]]:
+    """The blocks run, each a list of ``(type 'a'/'f', branch module, (pre, sandwich, post norm), residual)``."""
     block = ("f", "a", "f") if layers.layer_types[:3] == ("f", "a", "f") else ("a", "f")
     if "c" in layers.layer_types:
         raise _refuse(owner, "cross_attend", "cross-attention to a context is not read (the decoder schemes' "
@@ -338,12 +341,12 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
         for index in order[start:start + len(block)]:
             norms, branch, residual = layers.layers[index]
             _check_classes(owner, [residual, branch, *norms])
-            if type(residual).__name__ != "Residual":
+            if type(residual).__name__ not in ("Residual", "GRUGating"):
                 raise _refuse(owner, f"the residual {type(residual).__name__}")
-            if residual.residual_scale is not None or residual.scale_residual_constant != 1:
+            if residual.residual_scale is not None or getattr(residual, "scale_residual_constant", 1) != 1:
                 raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
                               REASONS["scale_residual"])
-            parts.append((layers.layer_types[index], branch, tuple(norms)))
+            parts.append((layers.layer_types[index], branch, tuple(norms), residual))
         blocks.append(parts)
     return blocks
 
@@ -355,6 +358,19 @@ def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | Non
     if not (macaron_ff and branch.scale == 0.5):
         raise _refuse(owner, f"a branch scaled by {branch.scale}", "scale_residual / depth_scale_residual")
     return branch.fn, "1/2"
+
+
+def _gru_gate(owner: str, gating: Any, key: str, dim: int) -> dict[str, np.ndarray]:
+    """The ``gru-gate`` parameters of ``GRUGating``'s ``GRUCell(branch, state)``: each weight's thirds
+    (torch's order r, z, n) transposed to row vectors, each bias's thirds."""
+    cell, params = gating.gru, {}
+    if not cell.bias or (cell.input_size, cell.hidden_size) != (dim, dim):
+        raise _refuse(owner, "gate_residual with a GRUCell other than GRUCell(dim, dim) with biases")
+    for source, weight, bias in (("i", cell.weight_ih, cell.bias_ih), ("h", cell.weight_hh, cell.bias_hh)):
+        for third, gate in enumerate(GATES):
+            params[f"{key}.W_{source}{gate}"] = linear_weight(weight[third * dim:(third + 1) * dim])
+            params[f"{key}.b_{source}{gate}"] = array(bias[third * dim:(third + 1) * dim])
+    return params
 
 
 def _layer_scale(branch: Any) -> tuple[Any, np.ndarray | None]:
@@ -423,7 +439,7 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
     block = _Block()
-    for position, (kind, branch, (pre, sandwich, post)) in enumerate(parts, start=1):
+    for position, (kind, branch, (pre, sandwich, post), residual) in enumerate(parts, start=1):
         branch, layer_scale = _layer_scale(branch)  # LayerScale wraps the macaron's ½ (Scale): both scale the output
         branch, fraction = _fraction(owner, branch, macaron and kind == "f")
         step: dict[str, Any] = {"operator": "", "solver": "explicit"}
@@ -458,6 +474,13 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
         if layer_scale is not None:  # a learned diagonal time step λ(y)
             step["step"] = "per-channel"
             block.params[f"{step['operator']}.step"] = layer_scale
+        if type(residual).__name__ == "GRUGating":  # the residual combiner c(u, v) = GRU(v, u) − u
+            if layer_scale is not None or fraction is not None:
+                raise _refuse(owner, "gate_residual with use_layerscale or macaron", "a combined field takes no "
+                              "learned step or fraction in the scheme language")
+            step["combine"] = f"gate{position}"
+            block.operators[step["combine"]] = {"kind": "gru-gate"}
+            block.params |= _gru_gate(owner, residual, step["combine"], dim)
         block.steps.append(step)
         if post is not None:
             name = f"post_norm{position}" if pre is not None else f"norm{position}"
@@ -494,13 +517,15 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
     rotary = "rotary" if block.operators["attn"]["kind"] == "rotary-attention" else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, rotary, norm, gated + next(iter(block.activations)),
+    combined = "gru-gated" if any("combine" in step for step in block.steps) else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
     name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
                f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
-               + (f"; attention scores with {', '.join(scores)}" if scores else ""))
+               + (f"; attention scores with {', '.join(scores)}" if scores else "")
+               + ("; GRU-gated residuals" if combined else ""))
     return name, summary
 
 

@@ -206,6 +206,8 @@ def _canonical_entry(array: np.ndarray, index: tuple[int, ...], counts: list[int
     Consecutive variables make up one canonical axis, row-major (``(h, e) → h·d_h + e``,
     ``(g, s, c, r) → ((g·N_s + s)·2 + c)·N_r + r``); they are grouped by the axis lengths.
     """
+    if not array.ndim:  # a 0-d control (a learned scalar step): its one entry
+        return array[()]
     canonical, flat, product = [], 0, 1
     for position, count in zip(index, counts):
         flat, product = flat * count + position, product * count
@@ -351,7 +353,7 @@ def nesting(scheme: Scheme) -> int:
     result (a field on a projected state counts two; a Runge–Kutta stage reads the stages its row uses)."""
 
     def applications(substep) -> int:
-        return 1 + (substep.on is not None) + (substep.then is not None)
+        return 1 + (substep.on is not None) + (substep.then is not None) + (substep.combine is not None)
 
     def sequence(steps: Sequence, depth: int) -> int:
         for step in steps.steps:

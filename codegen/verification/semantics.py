@@ -25,7 +25,7 @@ import numpy as np
 import sympy
 
 __all__ = ["OpaqueExp", "OpaqueRelu", "Arithmetic", "MPMATH", "SYMPY", "FLOAT", "Sizes", "Semantics", "KNOWN_KINDS",
-           "unevaluable"]
+           "KNOWN_COMBINERS", "unevaluable"]
 
 
 @dataclass(frozen=True)
@@ -195,13 +195,18 @@ class Semantics:
 
     def field(self, substep, u):
         """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
-        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature."""
+        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature, or times one number ``λ``;
+        with ``combine``, the combiner's field of ``u`` and that value."""
         argument = u if substep.on is None else self.apply(substep.on, u)
         value = self.apply(substep.operator, argument)
         if substep.then is not None:
             value = self.apply(substep.then, value)
         if substep.step == "per-channel":
             value = value * self.parameter(substep.operator, "step")[None, :]
+        elif substep.step == "scalar":
+            value = value * self.parameter(substep.operator, "step")
+        if substep.combine is not None:
+            value = KNOWN_COMBINERS[self.scheme.operators[substep.combine]](self, substep.combine, u, value)
         return value
 
     # -- the operators -------------------------------------------------------------------------
@@ -237,6 +242,20 @@ def _linear(sem: Semantics, key: str, values: np.ndarray, weight: str, bias: str
     result = values @ sem.parameter(key, weight)
     names = {parameter.name for parameter in sem.operator(key).parameters()}
     return result + sem.parameter(key, bias) if bias in names else result
+
+
+def _gru_gate(sem: Semantics, key: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The GRU cell (Cho et al. 2014) read as a field: ``GRU(v, u) − u = (1 − z)(n − u)`` with
+    ``r = σ(W_ir v + b_ir + W_hr u + b_hr)``, ``z`` likewise, ``n = tanh(W_in v + b_in + r (W_hn u + b_hn))``."""
+    def sigmoid(values):
+        return 1 / (1 + sem.arithmetic.exp(-values))
+
+    def gate(name):
+        return _linear(sem, key, v, f"W_i{name}", f"b_i{name}"), _linear(sem, key, u, f"W_h{name}", f"b_h{name}")
+
+    (ir, hr), (iz, hz), (in_, hn) = gate("r"), gate("z"), gate("n")
+    reset, update = sigmoid(ir + hr), sigmoid(iz + hz)
+    return (1 - update) * (sem.arithmetic.tanh(in_ + reset * hn) - u)
 
 
 def _softmax_mix(sem: Semantics, q: np.ndarray, k: np.ndarray, v: np.ndarray, support: np.ndarray,
@@ -436,6 +455,11 @@ KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "nonnegative": _nonnegative,
 }
 
+#: The residual combiners the evaluator knows by kind: ``(semantics, key, state u, branch output v) → c(u, v)``.
+KNOWN_COMBINERS: dict[str, Callable[[Semantics, str, np.ndarray, np.ndarray], np.ndarray]] = {
+    "gru-gate": _gru_gate,
+}
+
 
 def unevaluable(scheme) -> dict[str, str]:
     """The operators of ``scheme`` the evaluator cannot evaluate, by key, each with the reason."""
@@ -443,7 +467,7 @@ def unevaluable(scheme) -> dict[str, str]:
 
     reasons = {}
     for key, operator in scheme.instantiate().items():
-        reason = None if operator.kind in KNOWN_KINDS else unsupported(operator)
+        reason = None if operator.kind in KNOWN_KINDS or operator.kind in KNOWN_COMBINERS else unsupported(operator)
         if reason is not None:
             reasons[key] = reason
     return reasons

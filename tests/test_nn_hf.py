@@ -115,3 +115,15 @@ def test_unsupported_models_are_refused_by_name():
     with pytest.raises(SplitformerError, match="no whole-model reader for BertModel"):
         from_hf_lm(transformers.BertModel(transformers.BertConfig(hidden_size=8, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=8)))
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_half_precision_sources_are_read_widened_exactly(make):
+    """bfloat16 weights become the same numbers in float32 (NumPy has no bfloat16); the Llama reader
+    once called ``.numpy()`` on them and ended in a TypeError."""
+    source = make().to(torch.bfloat16)
+    read = from_hf_lm(source).state_dict()
+    widened = from_hf_lm(source.double()).state_dict()
+    assert read.keys() == widened.keys()
+    for name, value in read.items():
+        assert torch.equal(value.double(), widened[name].double()), name

@@ -12,6 +12,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
 from .common import state_dict
@@ -28,9 +29,6 @@ GPT2_PARTS = {"ln_1": "LayerNorm", "attn": "GPT2Attention", "attn.c_attn": "Conv
               "attn.attn_dropout": "Dropout", "attn.resid_dropout": "Dropout", "ln_2": "LayerNorm", "mlp": "GPT2MLP",
               "mlp.c_fc": "Conv1D", "mlp.c_proj": "Conv1D", "mlp.dropout": "Dropout"}
 
-
-def _array(tensor: Any) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
 
 
 def gpt2_block_config(block: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .arrays import array, linear_weight
 from .registry import adapter, writer
 from .adapted import Adapted
 from .common import activation_name, state_dict
@@ -38,9 +39,6 @@ LLAMA_PARTS = {"input_layernorm": "LlamaRMSNorm", "post_attention_layernorm": "L
                **{f"self_attn.{name}_proj": "Linear" for name in "qkvo"},
                **{f"mlp.{name}_proj": "Linear" for name in ("gate", "up", "down")}}
 
-
-def _array(tensor: Any) -> np.ndarray:
-    return tensor.detach().cpu().numpy().T.copy() if tensor.dim() == 2 else tensor.detach().cpu().numpy().copy()
 
 
 def llama_layer_config(layer: Any) -> dict[str, Any]:
@@ -113,12 +111,12 @@ def llama_layer_params(layer: Any) -> dict[str, np.ndarray]:
     """The canonical parameters of a ``LlamaDecoderLayer`` (``norm1``, ``attn``, ``norm2``, ``ffn``)."""
     attention, mlp = layer.self_attn, layer.mlp
     return {
-        "norm1.gain": _array(layer.input_layernorm.weight),
-        "attn.W_q": _array(attention.q_proj.weight), "attn.W_k": _array(attention.k_proj.weight),
-        "attn.W_v": _array(attention.v_proj.weight), "attn.W_o": _array(attention.o_proj.weight),
-        "norm2.gain": _array(layer.post_attention_layernorm.weight),
-        "ffn.W_1": _array(mlp.gate_proj.weight), "ffn.W_3": _array(mlp.up_proj.weight),
-        "ffn.W_2": _array(mlp.down_proj.weight),
+        "norm1.gain": array(layer.input_layernorm.weight),
+        "attn.W_q": linear_weight(attention.q_proj.weight), "attn.W_k": linear_weight(attention.k_proj.weight),
+        "attn.W_v": linear_weight(attention.v_proj.weight), "attn.W_o": linear_weight(attention.o_proj.weight),
+        "norm2.gain": array(layer.post_attention_layernorm.weight),
+        "ffn.W_1": linear_weight(mlp.gate_proj.weight), "ffn.W_3": linear_weight(mlp.up_proj.weight),
+        "ffn.W_2": linear_weight(mlp.down_proj.weight),
     }
 
 

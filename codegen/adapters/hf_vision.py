@@ -18,6 +18,7 @@ import numpy as np
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.model import load_model, network_fingerprint
 
+from .arrays import array as _array
 from .common import activation_name, check_norms
 from .inspection import check_parts
 from .registry import adapter, network_adapter
@@ -78,9 +79,6 @@ class AdaptedModel:
             device=device, dtype=dtype or getattr(torch, str(self.params["embed.W"].dtype)), **self.config)
         return model.load_params(self.params)
 
-
-def _array(tensor: Any) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
 
 
 def _dense(params: dict, weight_name: str, bias_name: str, linear: Any) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
 from .common import check_bias, state_dict, torch_dropout
@@ -21,9 +22,6 @@ from .inspection import check_parts
 
 __all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "write_decoder_layer"]
 
-
-def _array(tensor: Any) -> np.ndarray:
-    return tensor.detach().cpu().numpy().copy()
 
 
 def _attention(prefix: str, attention: Any) -> dict[str, np.ndarray]:

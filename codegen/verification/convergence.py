@@ -45,14 +45,16 @@ class Study:
     slope: float
 
 
-def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS) -> np.ndarray:
+def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS,
+               duration: float = HORIZON) -> np.ndarray:
+    """``u`` after the flow of the scheme's summed field over ``duration``, by RK4 in ``steps`` steps."""
     terms = [(float(term.coefficient), term.substep)
              for term in equation_terms(scheme) if not term.projection]
 
     def field(v):
         return sum(coefficient * semantics.field(step, v) for coefficient, step in terms)
 
-    return _rk4(field, u, HORIZON, steps)
+    return _rk4(field, u, duration, steps)
 
 
 def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:

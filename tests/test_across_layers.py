@@ -185,3 +185,15 @@ def test_a_step_that_is_not_one_euler_evaluation_is_refused():
     causal = (SCHEMES / "adams-bashforth.toml").read_text().replace("final_norm = true", "final_norm = true\ncausal = true")
     with pytest.raises(SplitformerError, match="not supported with causal = true"):
         parse_scheme(causal)
+
+
+def test_a_network_refuses_a_scheme_combined_across_layers(tmp_path):
+    from importlib import resources
+
+    from splitformer.symbolic.model import load_model
+
+    (tmp_path / "block.toml").write_text((SCHEMES / "heavy-ball.toml").read_text(), encoding="utf-8")
+    network = (resources.files("splitformer.symbolic") / "models" / "vit.toml").read_text(encoding="utf-8")
+    (tmp_path / "net.toml").write_text(network.replace('scheme = "pre-ln"', 'scheme = "block.toml"'), encoding="utf-8")
+    with pytest.raises(SplitformerError, match="heavy-ball across layers.*one layer at a time"):
+        load_model(tmp_path / "net.toml")

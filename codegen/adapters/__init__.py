@@ -26,11 +26,12 @@ from .adapted import Adapted
 from .arrays import dtype_notes, floating_dtype, source_dtype
 from .inspection import check_computation
 from .hf_vision import AdaptedModel
+from .xtransformers_writer import to_xtransformers
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
 from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
 __all__ = ["Adapted", "AdaptedModel", "adapter", "network_adapter", "writer", "from_torch", "from_hf", "from_timm",
-           "from_xtransformers", "to_torch", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
+           "from_xtransformers", "to_torch", "to_xtransformers", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
 
 _EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
 
@@ -142,6 +143,9 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
         layers, final_norm = canonical(params)
         params = like.with_params(layers, final_norm if like.final_norm is not None else None)
     function = WRITERS.get(params.source)
+    if function is None and params.source[0] == "xtransformers":
+        raise SplitformerError("x-transformers modules are written with to_xtransformers(params, module): "
+                               "the state dict's keys and layout come from the module")
     if function is None:
         raise SplitformerError(f"no writer for {params.source[0]} {params.source[1]}")
     state = function(params)

@@ -197,3 +197,11 @@ def test_a_network_refuses_a_scheme_combined_across_layers(tmp_path):
     (tmp_path / "net.toml").write_text(network.replace('scheme = "pre-ln"', 'scheme = "block.toml"'), encoding="utf-8")
     with pytest.raises(SplitformerError, match="heavy-ball across layers.*one layer at a time"):
         load_model(tmp_path / "net.toml")
+
+
+def test_the_report_states_the_combination_and_its_order(derived):
+    method, _, derivation = derived
+    report = derivation.report
+    order = "order 2 for the flow $u' = 1" if method == "adams-bashforth" else "order 1 for the flow $u' = "
+    assert f"**Across layers ({method}).**" in report and order in report
+    assert "Across layers" not in derive(load_scheme("parallel")).report

@@ -205,3 +205,29 @@ def test_the_report_states_the_combination_and_its_order(derived):
     order = "order 2 for the flow $u' = 1" if method == "adams-bashforth" else "order 1 for the flow $u' = "
     assert f"**Across layers ({method}).**" in report and order in report
     assert "Across layers" not in derive(load_scheme("parallel")).report
+
+
+def test_the_stack_check_holds_and_fails_on_a_stack_stepping_one_layer_at_a_time(derived):
+    from types import SimpleNamespace
+
+    from splitformer.codegen.verification.across_layers import across_stack_check
+
+    _, scheme, derivation = derived
+    module = derivation.numpy_module()
+    assert across_stack_check(scheme, module).holds
+
+    def one_state(u, layers, **options):  # the loop of a one-state scheme
+        for params in layers:
+            u = module.forward(u, params, **options)
+        return u
+
+    assert not across_stack_check(scheme, SimpleNamespace(forward=module.forward, forward_stack=one_state)).holds
+
+
+def test_the_check_report_lists_the_order_of_the_stack():
+    from splitformer.codegen.verification.runner import CheckReport, _orders
+
+    report = CheckReport()
+    check = _orders(load_scheme(SCHEMES / "adams-bashforth.toml"), report)
+    assert check.holds and report.orders["adams-bashforth"]["order"] == 2
+    assert "adams-bashforth          2         —" in report.as_text() and "| `adams-bashforth` | 2 |" in report.as_markdown()

@@ -62,6 +62,7 @@ def across_context(across: AcrossLayers | None) -> dict | None:
     return {
         "method": across.method,
         "latex": across.latex(),
+        "start_note": across.start_note,
         "start": _statements(across.start),
         "step": _statements(across.equations),
         "start_adjoint": _adjoint(across.start),

@@ -67,6 +67,11 @@ class AcrossLayers:
     weights: tuple[sp.Rational, ...] = ()
 
     def __post_init__(self) -> None:
+        try:  # 0.5, "1/2" and Rational(1, 2) are one exact number
+            object.__setattr__(self, "momentum", exact_number(self.momentum))
+            object.__setattr__(self, "weights", tuple(exact_number(weight) for weight in self.weights))
+        except (TypeError, ValueError) as error:
+            raise SplitformerError(f"across_layers: {error}") from None
         if self.method not in ACROSS_LAYER_METHODS:
             raise SplitformerError(f"across_layers: unknown method {self.method!r} "
                                    f"(known: {', '.join(ACROSS_LAYER_METHODS)})")
@@ -106,11 +111,12 @@ class AcrossLayers:
         (b0,) = adams_bashforth_weights(1)
         return point, u + b0 * D, velocity
 
-    def derivatives(self) -> dict[str, dict[str, sp.Expr]]:
-        """``∂(w, u⁺, v⁺)/∂(u, v, D)``: the adjoint's coefficients (all constants: the combination is linear)."""
-        names = ("w", "u", "v")
-        return {name: {str(symbol): sp.diff(expr, symbol) for symbol in (u, v, D)}
-                for name, expr in zip(names, self.equations)}
+    @property
+    def start_note(self) -> str:
+        """What the first layer does, in words (a comment of the emitted code)."""
+        if self.method in ("adams-bashforth", "two-step"):
+            return "no previous increment: the one-step Adams–Bashforth method (Euler)"
+        return "no previous layer: v = 0"
 
     def latex(self) -> list[str]:
         """One LaTeX line per equation of a layer after the first."""

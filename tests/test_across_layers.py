@@ -210,7 +210,7 @@ def test_the_report_states_the_combination_and_its_order(derived):
 def test_the_stack_check_holds_and_fails_on_a_stack_stepping_one_layer_at_a_time(derived):
     from types import SimpleNamespace
 
-    from splitformer.codegen.verification.across_layers import across_stack_check
+    from splitformer.codegen.verification.structure import across_stack_check
 
     _, scheme, derivation = derived
     module = derivation.numpy_module()

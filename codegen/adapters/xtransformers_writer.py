@@ -1,4 +1,5 @@
-"""Canonical parameters → an x-transformers ``Encoder``/``Decoder``/``TransformerWrapper``'s state dict.
+"""Canonical parameters → an x-transformers ``Encoder``/``Decoder``/``TransformerWrapper``'s state dict
+(``splitformer.adapters.to_xtransformers``).
 
 The writer is the reader's inverse, found from the reader itself rather than written a second
 time: ``from_xtransformers`` maps every entry of x-transformers' parameters to canonical entries by
@@ -16,7 +17,7 @@ The result is read back and compared before it is returned.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
 
-__all__ = ["to_xtransformers"]
+__all__ = ["xtransformers_state"]
 
 #: How close the written parameters must read back, relative to the largest canonical entry.
 _READ_BACK = 1e-10
@@ -90,32 +91,10 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray) -> tuple[np.ndar
     return values, written
 
 
-def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str, Any]:
-    """The state dict of the x-transformers ``module`` (``Encoder``, ``Decoder``, ``TransformerWrapper``)
-    holding ``params``; load it with ``module.load_state_dict(state, strict=True)``.
-
-    ``params``: an ``Adapted`` of a module with the same flags, or a generated ``Block``/``Stack`` (or
-    canonical mappings: one per layer) of the scheme ``from_xtransformers(module)`` composes. Entries
-    the module does not read (a wrapper's embeddings and logits), and its buffers, keep the module's
-    values. ``dtype``: the tensors' torch dtype (default: the module's).
-    """
-    from . import canonical, from_xtransformers
-
-    like = from_xtransformers(module)
-    if isinstance(params, Adapted):
-        if params.scheme_file != like.scheme_file or params.options != like.options or params.n_heads != like.n_heads:
-            raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
-                                   f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
-        adapted = params
-    else:
-        if hasattr(params, "state_dict"):
-            like.check_computes(params)  # a generated Block/Stack: the same computation as the module
-        layers, final_norm = canonical(params)
-        if isinstance(params, Mapping) or len(layers) == 1 and len(like.layers) > 1 and like.tied:
-            layers = layers * len(like.layers)
-        adapted = like.with_params(layers, final_norm if like.final_norm is not None else None)
+def xtransformers_state(adapted: Adapted, module: Any, read: Callable[[Any], Adapted], dtype: Any = None) -> dict[str, Any]:
+    """The state dict of ``module`` whose read (``read``: ``from_xtransformers``) is ``adapted``'s parameters."""
     names, target = _flat(adapted)
-    probe = _Probe(module, from_xtransformers)
+    probe = _Probe(module, read)
     values, written = _solve(probe, names, target)
     current = np.concatenate([parameter.detach().cpu().double().numpy().reshape(-1)
                               for parameter in dict(module.named_parameters()).values()])

@@ -4,8 +4,8 @@ The methods are written here again, plainly, from their textbook statements (not
 SymPy equations the emitted code prints): ``run_layers`` drives any one-step map ``step`` (the
 evaluator's Euler step of the field, or an emitted ``forward``) through the layers. Three checks:
 
-- ``structure/<scheme>/stack``: the emitted ``forward_stack`` equals the method driven by the
-  emitted ``forward``; control: the layers reversed.
+- ``structure/<scheme>/stack`` (``structure.across_stack_check``): the emitted ``forward_stack``
+  equals the method driven by the emitted ``forward``; control: the layers reversed.
 - ``order/<scheme>``: the order the file claims against the series of ``symbolic.across_layers``.
 - ``convergence/<scheme>``: on frozen smooth fields, the error at ``T = 1`` against RK4 on
   ``u' = s G(u)`` (``s = 1``, or ``1/(1 − β)`` for momentum with a fixed ``β``) decays with
@@ -21,13 +21,13 @@ import numpy as np
 from splitformer.symbolic.across_layers import AcrossLayers
 from splitformer.symbolic.scheme import Scheme
 
-from .convergence import HORIZON, SIZES, STEPS, Study, _reference
+from .convergence import HORIZON, SIZES, STEPS, Study, reference_flow
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics
 from .statements import Check
 from .statements.order import PROJECTIONS
 
-__all__ = ["run_layers", "consistent_scale", "across_stack_check", "across_order_check", "across_convergence"]
+__all__ = ["run_layers", "consistent_scale", "across_order_check", "across_convergence"]
 
 #: How far the empirical order may be from the series order (as for one-step schemes).
 TOLERANCE = 0.3
@@ -55,26 +55,6 @@ def consistent_scale(across: AcrossLayers) -> float:
     """The ``s`` of the flow ``u' = s G(u)`` the method converges to: a fixed momentum ``β`` sums the
     geometric series ``1 + β + β² + … = 1/(1 − β)`` of past increments."""
     return 1.0 / (1.0 - float(across.momentum))
-
-
-def across_stack_check(scheme: Scheme, module) -> Check:
-    """``forward_stack`` of N layers against the method driven by the emitted ``forward``."""
-    from .structure import _SIZES, _verdict
-
-    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
-    u = np.random.default_rng(34).standard_normal((2, _SIZES.tokens, _SIZES.features))
-
-    def steps(order):
-        return [lambda w, params=params: module.forward(w, params, n_heads=_SIZES.heads, eps=1e-5) for params in order]
-
-    stepped = run_layers(scheme.across_layers, steps(layers), u)
-    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5)
-    control = module.forward_stack(u, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
-    holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
-    return Check(f"structure/{scheme.name}/stack", scheme.name,
-                 f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "
-                 f"{scheme.across_layers.method} across layers equal the emitted stack (forward_stack, no final "
-                 "projection). Control: the stack with the layers reversed.", "numeric", holds, detail)
 
 
 def across_order_check(scheme: Scheme) -> tuple[Check | None, dict]:
@@ -107,7 +87,7 @@ def across_convergence(scheme: Scheme, order: int, seed: int = 0, scale: float |
     u0 = np.random.default_rng(seed + 1).standard_normal((SIZES.tokens, SIZES.features))
     s = consistent_scale(scheme.across_layers) if scale is None else scale
     flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False)
-    exact = _reference(flow, smooth, u0, duration=s * HORIZON)
+    exact = reference_flow(flow, smooth, u0, duration=s * HORIZON)
     errors = []
     for count in STEPS:
         layer = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False).step

@@ -38,8 +38,7 @@ from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 from .emitted import TORCH_MISSING, emitted_modules
 from .parameters import axis_extents, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
-from .across_layers import across_stack_check
-from .structure import stack_check
+from .structure import across_stack_check, stack_check
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
            "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING"]

@@ -142,7 +142,12 @@ class Scheme:
     def as_causal(self) -> "Scheme":
         """The scheme with causal self-attention, as a file saying ``causal = true`` makes it: a
         KV cache in the emitted modules and ``causal=True`` by default."""
-        return self if self.causal else replace(self, causal=True, made_causal=True)
+        if self.causal:
+            return self
+        causal = replace(self, causal=True, made_causal=True)
+        if self.across_layers is not None:  # refused, as in a file
+            causal._check_across_layers(self.instantiate())
+        return causal
 
     def with_name(self, name: str) -> "Scheme":
         """The scheme emitted as ``name``: its module and report are ``name`` with ``-`` as ``_``."""

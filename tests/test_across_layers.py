@@ -231,3 +231,11 @@ def test_the_check_report_lists_the_order_of_the_stack():
     check = _orders(load_scheme(SCHEMES / "adams-bashforth.toml"), report)
     assert check.holds and report.orders["adams-bashforth"]["order"] == 2
     assert "adams-bashforth          2         —" in report.as_text() and "| `adams-bashforth` | 2 |" in report.as_markdown()
+
+
+def test_derive_causal_is_refused_on_the_command_line_and_writes_nothing(tmp_path, capsys):
+    from splitformer.codegen.cli import main
+
+    code = main(["derive", str(SCHEMES / "adams-bashforth.toml"), "--causal", "--out", str(tmp_path / "out")])
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert "not supported with causal = true" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
 
+from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS
 from .initialization import init_bounds
@@ -195,6 +196,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         block=block_unit,
         final=final_unit,
         init_bounds=init_bounds(parameters, scheme.operators),
+        across=across_context(scheme.across_layers),
     )
 
 

@@ -246,6 +246,9 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
     if not isinstance(steps, dict) or not isinstance(steps.get("scheme"), str):
         raise SplitformerError(f"{where}: steps.scheme: expected the name of a block scheme")
     scheme = load_scheme(_beside(steps["scheme"], folder))
+    if scheme.across_layers is not None:
+        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
+                               f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
     if "activation" in steps:
         scheme = scheme.with_activation(steps["activation"])
     final_norm = steps.get("final_norm", scheme.final_norm)

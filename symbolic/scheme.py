@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import MISSING, dataclass, field, fields, replace
 
+from .across_layers import AcrossLayers
 from .activations import activation as lookup_activation
 from .composition import STEP_CONTROLS, Heun, Parallel, RungeKutta, Sequence, Substep
 from .domains import FEATURES, Y
@@ -96,6 +97,9 @@ class Scheme:
     made_causal: bool = False
     #: The name ``with_name`` gave its module and report (a scheme name); empty: from ``name``.
     emitted_name: str = ""
+    #: How a stack combines its layers (a multistep method or a momentum; ``across_layers``); ``None``:
+    #: each layer maps the state to the next one.
+    across_layers: AcrossLayers | None = None
 
     @property
     def module_name(self) -> str:
@@ -128,6 +132,8 @@ class Scheme:
         claims). Emitted torch modules carry it (``COMPUTES``); adapters compare it."""
         computation = (sorted(self.operators.items()), self.body, self.activation, self.final_norm, self.causal,
                        sorted((key, sorted(options.items())) for key, options in self.options.items()))
+        if self.across_layers is not None:  # one-state schemes keep their fingerprints
+            computation += (self.across_layers.key,)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
     def with_activation(self, name: str) -> "Scheme":
@@ -139,7 +145,12 @@ class Scheme:
     def as_causal(self) -> "Scheme":
         """The scheme with causal self-attention, as a file saying ``causal = true`` makes it: a
         KV cache in the emitted modules and ``causal=True`` by default."""
-        return self if self.causal else replace(self, causal=True, made_causal=True)
+        if self.causal:
+            return self
+        causal = replace(self, causal=True, made_causal=True)
+        if self.across_layers is not None:  # refused, as in a file
+            causal._check_across_layers(self.instantiate())
+        return causal
 
     def with_name(self, name: str) -> "Scheme":
         """The scheme emitted as ``name``: its module and report are ``name`` with ``-`` as ``_``."""
@@ -269,9 +280,36 @@ class Scheme:
             if step.solver != "projection" and steps.setdefault(step.operator, step.step) != step.step:
                 raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
+        self._check_across_layers(operators)
         used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine)
                 if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "
                                    "(its parameters would be required for nothing); remove it or use it")
+
+    def _check_across_layers(self, operators: dict[str, Operator]) -> None:
+        """A scheme combined across layers steps by one explicit Euler evaluation of its field (so a layer's
+        increment is ``Δt G``), with no projection after it and no cache, memory or positions to carry."""
+        if self.across_layers is None:
+            return
+        if not isinstance(self.across_layers, AcrossLayers):
+            raise SplitformerError(f"scheme {self.name!r}: across_layers: expected AcrossLayers, "
+                                   f"got {type(self.across_layers).__name__}")
+        steps = self.body.steps
+        single = len(steps) == 1 and (isinstance(steps[0], Substep) and steps[0].solver == "explicit"
+                                      or isinstance(steps[0], RungeKutta) and steps[0].tableau.stages == 1)
+        if not single or any(step.then is not None for step in self.substeps()):
+            raise SplitformerError(f"scheme {self.name!r}: across_layers needs a step that is one explicit Euler "
+                                   "evaluation of the field (one explicit substep, or one rk = \"euler\" step of "
+                                   "summed fields, without 'then'): the layer's increment is then Δt G")
+        if self.causal:
+            raise SplitformerError(f"scheme {self.name!r}: across_layers is not supported with causal = true "
+                                   "(the KV cache carries one state per layer)")
+        for key, operator in operators.items():
+            if operator.input_fields:
+                raise SplitformerError(f"scheme {self.name!r}: across_layers is not supported with {key!r}, which "
+                                       f"reads {', '.join(sorted(field.name for field in operator.input_fields))}")
+        if "splitting_order" in self.claims:
+            raise SplitformerError(f"scheme {self.name!r}: across_layers: claim 'order' (of the method across layers), "
+                                   "not 'splitting_order'")

@@ -18,6 +18,7 @@ from typing import Any
 
 import sympy as sp
 
+from .across_layers import across_layers_from_table
 from .activations import ACTIVATIONS
 from .builtins import builtin_names, builtin_text, model_names
 from .errors import SplitformerError
@@ -35,7 +36,7 @@ __all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_s
 MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order", "tableaux", "causal"}
+             "order", "splitting_order", "tableaux", "causal", "across_layers"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -115,6 +116,8 @@ class _Reader:
             source=source,
             claims=self.claims(document),
             options=options,
+            across_layers=(across_layers_from_table(self.typed(document, "across_layers", dict, ""), self.fail)
+                           if "across_layers" in document else None),
         )
         try:
             scheme.check()

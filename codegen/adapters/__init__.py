@@ -26,11 +26,12 @@ from .adapted import Adapted
 from .arrays import dtype_notes, floating_dtype, source_dtype
 from .inspection import check_computation
 from .hf_vision import AdaptedModel
+from .xtransformers_writer import xtransformers_state
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
 from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
 __all__ = ["Adapted", "AdaptedModel", "adapter", "network_adapter", "writer", "from_torch", "from_hf", "from_timm",
-           "from_xtransformers", "to_torch", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
+           "from_xtransformers", "to_torch", "to_xtransformers", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
 
 _EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
 
@@ -137,11 +138,11 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
-        if hasattr(params, "state_dict"):
-            like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
-        layers, final_norm = canonical(params)
-        params = like.with_params(layers, final_norm if like.final_norm is not None else None)
+        params = _holding(like, params)
     function = WRITERS.get(params.source)
+    if function is None and params.source[0] == "xtransformers":
+        raise SplitformerError("x-transformers modules are written with to_xtransformers(params, module): "
+                               "the state dict's keys and layout come from the module")
     if function is None:
         raise SplitformerError(f"no writer for {params.source[0]} {params.source[1]}")
     state = function(params)
@@ -150,6 +151,33 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
 
         dtype = getattr(torch, params.source_dtype)
     return {key: value.to(dtype) for key, value in state.items()}
+
+
+def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str, Any]:
+    """The state dict of the x-transformers ``module`` (``Encoder``, ``Decoder``, ``TransformerWrapper``)
+    holding ``params``; load it with ``module.load_state_dict(state, strict=True)``.
+
+    ``params``: an ``Adapted`` of a module with the same flags, or a generated ``Block``/``Stack`` (or
+    canonical mappings, one per layer) of the scheme ``from_xtransformers(module)`` composes. Entries
+    the module does not read (a wrapper's embeddings and logits), and its buffers, keep the module's
+    values; what its layout cannot hold is refused by name (``xtransformers_writer``). ``dtype``: the
+    tensors' torch dtype (default: the module's).
+    """
+    like = from_xtransformers(module)
+    if not isinstance(params, Adapted):
+        params = _holding(like, params)
+    elif params.scheme_file != like.scheme_file or params.options != like.options or params.n_heads != like.n_heads:
+        raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
+                               f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
+    return xtransformers_state(params, module, from_xtransformers, dtype)
+
+
+def _holding(like: Adapted, params: Any) -> Adapted:
+    """``like`` holding ``params`` (mappings, or a generated Block/Stack whose computation must be ``like``'s)."""
+    if hasattr(params, "state_dict"):
+        like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
+    layers, final_norm = canonical(params)
+    return like.with_params(layers, final_norm if like.final_norm is not None else None)
 
 
 def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:

@@ -23,7 +23,7 @@ from ..output import PLOTS_HINT, check_replaceable, write_files
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
-__all__ = ["Study", "convergence_study", "plot_study", "plot_studies"]
+__all__ = ["Study", "convergence_study", "plot_study", "plot_studies", "reference_flow"]
 
 SIZES = Sizes(tokens=4, features=4, heads=2, hidden=8)
 MEMORY_TOKENS = 3
@@ -45,14 +45,16 @@ class Study:
     slope: float
 
 
-def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS) -> np.ndarray:
+def reference_flow(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS,
+               duration: float = HORIZON) -> np.ndarray:
+    """``u`` after the flow of the scheme's summed field over ``duration``, by RK4 in ``steps`` steps."""
     terms = [(float(term.coefficient), term.substep)
              for term in equation_terms(scheme) if not term.projection]
 
     def field(v):
         return sum(coefficient * semantics.field(step, v) for coefficient, step in terms)
 
-    return _rk4(field, u, HORIZON, steps)
+    return _rk4(field, u, duration, steps)
 
 
 def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:
@@ -99,7 +101,7 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     steps = SUBFLOW_STEPS if exact_subflows else STEPS + FINE_STEPS if fine and order <= 4 else STEPS
     memory = np.random.default_rng(seed + 2).standard_normal((MEMORY_TOKENS, SIZES.features))
     flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, memory=memory)
-    exact = _reference(flow, smooth, u0, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
+    exact = reference_flow(flow, smooth, u0, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
     errors = []
     for count in steps:
         semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False,

@@ -41,6 +41,7 @@ from .network_adjoint_tests import network_adjoint_tests
 from .network_semantics import network_semantics_checks
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
+from .across_layers import across_convergence, across_order_check
 from .emitted import emitted_numpy_with_adjoint
 from .scheme_checks import scheme_checks as semantics_checks, skipped_because
 from .semantics import unevaluable
@@ -199,6 +200,10 @@ def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint) -> list[
 
 def _orders(scheme: Scheme, report: CheckReport) -> Check | None:
     """The series orders of ``scheme``, recorded in ``report``; the check of the orders its file claims."""
+    if scheme.across_layers is not None:
+        check, report.orders[scheme.name] = across_order_check(scheme)
+        report.leading_text[scheme.name] = report.orders[scheme.name]["leading_error"]
+        return check
     result = splitting_order(scheme)
     report.orders[scheme.name] = {
         "order": result.order, "splitting_order": result.splitting_order, "leading_error": result.leading_error,
@@ -214,6 +219,12 @@ def _orders(scheme: Scheme, report: CheckReport) -> Check | None:
 
 def _convergence(scheme: Scheme, order: int, plots: Path | None, report: CheckReport) -> list[Check]:
     """The convergence study at the series order; a splitting order above it by a study of exact sub-flows."""
+    if scheme.across_layers is not None:
+        check, report.studies[scheme.name] = across_convergence(scheme, order)
+        if plots is not None:
+            report.plots[scheme.name] = plot_study(report.studies[scheme.name], order,
+                                                   plots / f"{scheme.module_name}_convergence.png")
+        return [check]
     study = report.studies[scheme.name] = convergence_study(scheme, order=order)
     if plots is not None:
         report.plots[scheme.name] = plot_study(study, order, plots / f"{scheme.module_name}_convergence.png")

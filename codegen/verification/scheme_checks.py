@@ -38,7 +38,7 @@ from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 from .emitted import TORCH_MISSING, emitted_modules
 from .parameters import axis_extents, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
-from .structure import stack_check
+from .structure import across_stack_check, stack_check
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
            "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING", "MAX_EMITTED_WORK", "emitted_work"]
@@ -373,6 +373,11 @@ def nesting(scheme: Scheme) -> int:
     return sequence(scheme.body, 0)
 
 
+def _stack_check(scheme: Scheme, module) -> Check:
+    """The emitted stack against N steps of ``forward`` (combined across layers when the scheme says so)."""
+    return stack_check(scheme, module) if scheme.across_layers is None else across_stack_check(scheme, module)
+
+
 def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     """The derived program (symbolically) and the emitted modules (numerically) against the evaluator,
     and the emitted stack against N steps; the first two are skipped, with the reason, for operators
@@ -380,13 +385,13 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     modules = emitted_modules(scheme, program)
     reasons = unevaluable(scheme)
     if reasons:
-        return [*_skipped(scheme, reasons), stack_check(scheme, modules["numpy"])]
+        return [*_skipped(scheme, reasons), _stack_check(scheme, modules["numpy"])]
     work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0).sizes)
     if work > MAX_EMITTED_WORK:
         return [*_skipped(scheme, {}, f"not checked: budget: the evaluator's step makes {work} operations, more "
                                       f"than the {MAX_EMITTED_WORK} the semantics checks take on (it grows with the "
                                       "operator evaluations per step); use fewer stages, fields or substeps to have "
-                                      "them"), stack_check(scheme, modules["numpy"])]
+                                      "them"), _stack_check(scheme, modules["numpy"])]
     emitted = emitted_check(scheme, program, modules)
     depth = nesting(scheme)
     if depth > MAX_SYMBOLIC_NESTING:
@@ -408,4 +413,4 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
         f"semantics/{scheme.name}/emitted-torch", scheme.name,
         f"The emitted PyTorch module of {scheme.name} computes what the NumPy module computes.",
         SKIPPED, True, f"skipped: {TORCH_MISSING}")]
-    return [derived, emitted, *skipped, stack_check(scheme, modules["numpy"])]
+    return [derived, emitted, *skipped, _stack_check(scheme, modules["numpy"])]

@@ -5,7 +5,7 @@ permutations (no masks, no positions), heads combining as a sum over the head gr
 masks removing the dependence on later tokens, padding masks on padded keys; rotary
 attention depending on the positions through their differences only; cross-attention
 blind to the order of the memory tokens and to padded ones; a block: N steps equal the
-stack. Each check carries its negative control: the same comparison where the property
+stack (combined by the scheme's method when it has ``[across_layers]``). Each check carries its negative control: the same comparison where the property
 must not hold (a causal mask breaks equivariance, an average of heads is not their sum, no
 mask lets later tokens in, scaled positions change the gaps, a memory reordered without its
 mask, reversed layers are another stack).
@@ -21,11 +21,12 @@ from splitformer.codegen.verification.statements import Check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
+from .across_layers import run_layers
 from .emitted import emitted_modules
 from .parameters import random_parameters
 from .semantics import Sizes
 
-__all__ = ["attention_checks", "stack_check"]
+__all__ = ["attention_checks", "stack_check", "across_stack_check"]
 
 _SIZES = Sizes(tokens=6, features=8, heads=2, hidden=8)
 _TIGHT, _SEPARATED = 1e-12, 1e-3
@@ -169,3 +170,21 @@ def stack_check(scheme: Scheme, module) -> Check:
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
                  "(forward_stack, no final projection). Control: the stack with the layers reversed.",
                  "numeric", holds, detail)
+
+
+def across_stack_check(scheme: Scheme, module) -> Check:
+    """``forward_stack`` of N layers against the method driven by the emitted ``forward``."""
+    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
+    u = np.random.default_rng(34).standard_normal((2, _SIZES.tokens, _SIZES.features))
+
+    def steps(order):
+        return [lambda w, params=params: module.forward(w, params, n_heads=_SIZES.heads, eps=1e-5) for params in order]
+
+    stepped = run_layers(scheme.across_layers, steps(layers), u)
+    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5)
+    control = module.forward_stack(u, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
+    holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
+    return Check(f"structure/{scheme.name}/stack", scheme.name,
+                 f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "
+                 f"{scheme.across_layers.method} across layers equal the emitted stack (forward_stack, no final "
+                 "projection). Control: the stack with the layers reversed.", "numeric", holds, detail)

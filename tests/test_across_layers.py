@@ -1,0 +1,241 @@
+"""Schemes across layers (``[across_layers]``): Adams–Bashforth 2, heavy-ball and Nesterov momentum.
+
+The stacks (NumPy ``forward_stack``/``vjp_stack``, torch ``Stack``) against plain NumPy loops written
+here on the reference field of ``tests/reference.py``; the orders by series and their negative controls.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+import reference
+from splitformer.codegen.api import derive
+from splitformer.codegen.verification.across_layers import across_convergence, across_order_check
+from splitformer.symbolic.across_layers import AcrossLayers, adams_bashforth_weights
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
+
+SCHEMES = Path(__file__).parent / "schemes"
+D, HEADS, FF, EPS, LAYERS = 8, 2, 12, 1e-5, 4
+
+
+@pytest.fixture(scope="module", params=["adams-bashforth", "heavy-ball", "nesterov"])
+def derived(request):
+    scheme = load_scheme(SCHEMES / f"{request.param}.toml")
+    return request.param, scheme, derive(scheme)
+
+
+def _layers(module, seed):
+    rng = np.random.default_rng(seed)
+    layers = [reference.random_params(module.PARAMETERS, D, FF, rng) for _ in range(LAYERS)]
+    final = {"gain": rng.standard_normal(D), "bias": rng.standard_normal(D)}
+    return layers, final, rng.standard_normal((3, 5, D))
+
+
+def _field(x, p):
+    """``Δt G(x)`` of one layer (Δt = 1): the parallel pre-LN field, in plain NumPy."""
+    return (reference.attention(reference.norm(x, p, "norm1", EPS), p, HEADS)
+            + reference.feed_forward(reference.norm(x, p, "norm2", EPS), p))
+
+
+def _plain_loop(method, layers, x, final):
+    """The method as its textbook statement, one layer at a time."""
+    if method == "adams-bashforth":
+        previous = None
+        for p in layers:
+            g = _field(x, p)
+            x = x + g if previous is None else x + 1.5 * g - 0.5 * previous
+            previous = g
+    else:
+        beta = 0.5 if method == "heavy-ball" else 0.3
+        v = np.zeros_like(x)
+        for p in layers:
+            y = x + beta * v if method == "nesterov" else x
+            v = beta * v + _field(y, p)
+            x = x + v
+    return reference.layer_norm(x, final["gain"], final["bias"], EPS)
+
+
+def test_numpy_and_torch_stacks_equal_the_plain_loop(derived):
+    method, _, derivation = derived
+    module = derivation.numpy_module()
+    layers, final, x = _layers(module, 1)
+    expected = _plain_loop(method, layers, x, final)
+    out = module.forward_stack(x, layers, n_heads=HEADS, eps=EPS, final_norm=final)
+    assert np.abs(out - expected).max() < 1e-12
+    stack = derivation.torch_module().Stack(LAYERS, D, HEADS, FF, eps=EPS, dtype=torch.float64)
+    stack.load_params(layers, final)
+    assert np.abs(stack(torch.tensor(x)).detach().numpy() - expected).max() < 1e-12
+    # control: the same layers stepped one after the other (no combination across layers)
+    stepped = x
+    for p in layers:
+        stepped = module.forward(stepped, p, n_heads=HEADS, eps=EPS)
+    assert np.abs(module.forward_stack(x, layers, n_heads=HEADS, eps=EPS) - stepped).max() > 1e-2
+
+
+def test_vjp_stack_equals_torch_autograd_and_finite_differences(derived):
+    method, _, derivation = derived
+    module = derivation.numpy_module()
+    layers, final, x = _layers(module, 2)
+    grad_out = np.random.default_rng(3).standard_normal(x.shape)
+    grad_u, grad_layers, grad_final = module.vjp_stack(x, layers, grad_out, n_heads=HEADS, eps=EPS, final_norm=final)
+    stack = derivation.torch_module().Stack(LAYERS, D, HEADS, FF, eps=EPS, dtype=torch.float64)
+    stack.load_params(layers, final)
+    u = torch.tensor(x, requires_grad=True)
+    (stack(u) * torch.tensor(grad_out)).sum().backward()
+    assert np.abs(u.grad.numpy() - grad_u).max() < 1e-12
+    for index, block in enumerate(stack.layers):
+        for name, parameter in block.named_parameters():
+            assert np.abs(parameter.grad.numpy() - grad_layers[index][name]).max() < 1e-12, (index, name)
+    assert np.abs(stack.final_norm.gain.grad.numpy() - grad_final["gain"]).max() < 1e-12
+    # the first layer's ffn.b_2 by central differences (a parameter the start-up step reads)
+    direction = np.random.default_rng(4).standard_normal(D)
+
+    def loss(t):
+        moved = [dict(p) for p in layers]
+        moved[0]["ffn.b_2"] = layers[0]["ffn.b_2"] + t * direction
+        return float((module.forward_stack(x, moved, n_heads=HEADS, eps=EPS, final_norm=final) * grad_out).sum())
+
+    numeric = (loss(1e-6) - loss(-1e-6)) / 2e-6
+    assert abs(numeric - grad_layers[0]["ffn.b_2"] @ direction) < 1e-6 * max(1, abs(numeric))
+
+
+def test_one_state_stacks_are_unchanged():
+    """A scheme without [across_layers] emits the loop it always had (goldens hold the bytes)."""
+    source = derive(load_scheme("parallel")).source("numpy")
+    assert "velocity" not in source and "state = forward(state, params" in source
+
+
+def test_adams_bashforth_weights_are_derived():
+    assert adams_bashforth_weights(1) == (1,)
+    assert adams_bashforth_weights(2) == (sp.Rational(3, 2), sp.Rational(-1, 2))
+    assert adams_bashforth_weights(3) == (sp.Rational(23, 12), sp.Rational(-4, 3), sp.Rational(5, 12))
+
+
+@pytest.mark.parametrize(("method", "scale", "order"), [
+    (AcrossLayers("adams-bashforth"), 1, 2),
+    (AcrossLayers("heavy-ball", sp.Rational(9, 10)), 10, 1),
+    (AcrossLayers("nesterov", sp.Rational(1, 2)), 2, 1),
+    (AcrossLayers("two-step", weights=(sp.Integer(2), sp.Integer(-1))), 1, 1),  # wrong weights: order drops
+])
+def test_series_orders(method, scale, order):
+    result = method.order()
+    assert (result.scale, result.order) == (scale, order)
+
+
+def test_heavy_ball_leading_error_is_the_closed_form():
+    """By hand: h² s²(1 + β)/2 f′f for heavy-ball with s = 1/(1 − β)."""
+    beta = sp.Rational(1, 3)
+    result = AcrossLayers("heavy-ball", beta).order()
+    h, x = sp.symbols("h x")
+    f = sp.Function("f")
+    s = 1 / (1 - beta)
+    assert sp.simplify(result.leading - h ** 2 * s ** 2 * (1 + beta) / 2 * f(x) * sp.diff(f(x), x)) == 0
+
+
+def _two_step(weights: str, order: int):
+    text = (SCHEMES / "adams-bashforth.toml").read_text()
+    return parse_scheme(text.replace('method = "adams-bashforth"', f'method = "two-step"\nweights = {weights}')
+                        .replace("order = 2", f"order = {order}"))
+
+
+def test_order_and_convergence_checks_hold_and_their_controls_fail():
+    scheme = load_scheme(SCHEMES / "adams-bashforth.toml")
+    check, recorded = across_order_check(scheme)
+    assert check.holds and recorded["order"] == 2
+    convergence, study = across_convergence(scheme, 2)
+    assert convergence.holds and abs(study.slope - 2) < 0.3
+    wrong = _two_step('["2", "-1"]', 2)  # consistent weights of the wrong method claiming AB2's order
+    check, recorded = across_order_check(wrong)
+    assert not check.holds and recorded["order"] == 1
+    convergence, study = across_convergence(wrong, 2)
+    assert not convergence.holds and abs(study.slope - 1) < 0.3
+
+
+def test_momentum_converges_to_the_scaled_flow_only():
+    scheme = load_scheme(SCHEMES / "heavy-ball.toml")
+    check, recorded = across_order_check(scheme)
+    assert check.holds and recorded["order"] == 1 and recorded["consistent_scale"] == "2"
+    assert across_convergence(scheme, 1)[0].holds
+    assert not across_convergence(scheme, 1, scale=1.0)[0].holds  # not the flow of G itself
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('method = "leapfrog"', "unknown method 'leapfrog'"),
+    ('method = "heavy-ball"', "needs a momentum β with 0 < β < 1"),
+    ('method = "nesterov"\nmomentum = 1', "needs a momentum β with 0 < β < 1"),
+    ('method = "adams-bashforth"\nweights = ["1", "0"]', "takes no weights (they are derived)"),
+    ('method = "two-step"\nweights = ["1", "1"]', "2 weights summing to 1"),
+    ('method = "two-step"\nweights = "1"', "across_layers.weights: expected a list"),
+    ('method = "heavy-ball"\nmomentum = "1/2"\nbeta = 1', "across_layers.beta: unknown field"),
+])
+def test_bad_across_layers_tables_are_refused(table, message):
+    text = (SCHEMES / "adams-bashforth.toml").read_text().replace('method = "adams-bashforth"', table)
+    with pytest.raises(SplitformerError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_scheme(text, "f.toml")
+
+
+def test_a_step_that_is_not_one_euler_evaluation_is_refused():
+    text = load_scheme("pre-ln").source.replace("splitting_order = 1\n", "")
+    with pytest.raises(SplitformerError, match="one explicit Euler evaluation of the field"):
+        parse_scheme(text + '\n[across_layers]\nmethod = "adams-bashforth"\n')
+    causal = (SCHEMES / "adams-bashforth.toml").read_text().replace("final_norm = true", "final_norm = true\ncausal = true")
+    with pytest.raises(SplitformerError, match="not supported with causal = true"):
+        parse_scheme(causal)
+
+
+def test_a_network_refuses_a_scheme_combined_across_layers(tmp_path):
+    from importlib import resources
+
+    from splitformer.symbolic.model import load_model
+
+    (tmp_path / "block.toml").write_text((SCHEMES / "heavy-ball.toml").read_text(), encoding="utf-8")
+    network = (resources.files("splitformer.symbolic") / "models" / "vit.toml").read_text(encoding="utf-8")
+    (tmp_path / "net.toml").write_text(network.replace('scheme = "pre-ln"', 'scheme = "block.toml"'), encoding="utf-8")
+    with pytest.raises(SplitformerError, match="heavy-ball across layers.*one layer at a time"):
+        load_model(tmp_path / "net.toml")
+
+
+def test_the_report_states_the_combination_and_its_order(derived):
+    method, _, derivation = derived
+    report = derivation.report
+    order = "order 2 for the flow $u' = 1" if method == "adams-bashforth" else "order 1 for the flow $u' = "
+    assert f"**Across layers ({method}).**" in report and order in report
+    assert "Across layers" not in derive(load_scheme("parallel")).report
+
+
+def test_the_stack_check_holds_and_fails_on_a_stack_stepping_one_layer_at_a_time(derived):
+    from types import SimpleNamespace
+
+    from splitformer.codegen.verification.structure import across_stack_check
+
+    _, scheme, derivation = derived
+    module = derivation.numpy_module()
+    assert across_stack_check(scheme, module).holds
+
+    def one_state(u, layers, **options):  # the loop of a one-state scheme
+        for params in layers:
+            u = module.forward(u, params, **options)
+        return u
+
+    assert not across_stack_check(scheme, SimpleNamespace(forward=module.forward, forward_stack=one_state)).holds
+
+
+def test_the_check_report_lists_the_order_of_the_stack():
+    from splitformer.codegen.verification.runner import CheckReport, _orders
+
+    report = CheckReport()
+    check = _orders(load_scheme(SCHEMES / "adams-bashforth.toml"), report)
+    assert check.holds and report.orders["adams-bashforth"]["order"] == 2
+    assert "adams-bashforth          2         —" in report.as_text() and "| `adams-bashforth` | 2 |" in report.as_markdown()
+
+
+def test_derive_causal_is_refused_on_the_command_line_and_writes_nothing(tmp_path, capsys):
+    from splitformer.codegen.cli import main
+
+    code = main(["derive", str(SCHEMES / "adams-bashforth.toml"), "--causal", "--out", str(tmp_path / "out")])
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert "not supported with causal = true" in capsys.readouterr().err

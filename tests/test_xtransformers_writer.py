@@ -1,0 +1,124 @@
+"""``to_xtransformers``: a generated Stack's (or an Adapted's) parameters written into x-transformers.
+
+Round trips: module A read by ``from_xtransformers``, built into a generated torch Stack, written into
+module B of the same flags and other random weights: B computes what A computes (float64, ≤ 1e-12) and
+holds A's parameters. A Stack with other parameters written into B: B computes what the Stack does.
+What x-transformers' layout cannot hold is refused by name.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer.adapters import from_xtransformers, to_torch, to_xtransformers
+from splitformer.symbolic.errors import SplitformerError
+
+from test_xtransformers import DIM, _derived, _module, _rotary
+
+import x_transformers  # a test dependency: a broken install fails, never skips
+
+#: One flag of each kind of map the reader applies (transpose, unit offset, ½-steps, one tied gain,
+#: GLU halves, tied layers, repeated kv heads, permuted rotary pairs, qk-norm gains, ALiBi, padded heads,
+#: LayerScale steps, branch norms, causal).
+FLAGS = {
+    "pre-norm": {}, "macaron": {"macaron": True}, "use_scalenorm": {"use_scalenorm": True},
+    "SwiGLU": {"ff_glu": True, "ff_swish": True}, "weight_tie_layers": {"weight_tie_layers": True},
+    "attn_kv_heads": {"attn_kv_heads": 1}, "rotary": {"rotary_pos_emb": True, "rotary_emb_dim": DIM // 2},
+    "attn_qk_norm": {"attn_qk_norm": True}, "alibi": {"alibi_pos_bias": True},
+    "use_layerscale": {"use_layerscale": True}, "sandwich_norm": {"sandwich_norm": True},
+    "post-norm": {"pre_norm": False},
+}
+
+
+def _pair(cls=x_transformers.Encoder, **flags):
+    if flags.get("rotary_pos_emb"):  # its inverse frequencies in float64
+        return _rotary(cls, 2, 0), _rotary(cls, 2, 1)
+    return _module(cls, 2, 0, **flags), _module(cls, 2, 1, **flags)
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_round_trip_through_a_generated_stack_equals_the_original_module(flag):
+    source, target = _pair(**FLAGS[flag])
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    target.load_state_dict(to_xtransformers(stack, target), strict=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert (source(u) - target(u)).abs().max() <= 1e-12
+    for key, value in source.state_dict().items():
+        if value.is_floating_point():
+            assert (value - target.state_dict()[key]).abs().max() <= 1e-15, key
+
+
+def test_a_changed_stack_is_what_x_transformers_computes():
+    """Other parameters (a trained Stack's) written into a Decoder: it computes what the Stack computes."""
+    source, target = _pair(x_transformers.Decoder, use_rmsnorm=True, attn_kv_heads=1, ff_glu=True)
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    with torch.no_grad():  # move every parameter, keeping the copies of the shared key/value head equal
+        layers = [{key: value * 1.1 + 0.05 for key, value in layer.items()} for layer in adapted.layers]
+        stack.load_params(layers, {key: value * 0.9 for key, value in adapted.final_norm.items()})
+    target.load_state_dict(to_xtransformers(stack, target), strict=True)
+    u = torch.randn(2, 6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = stack(u)
+        assert (target(u) - expected).abs().max() <= 1e-12
+        assert (source(u) - expected).abs().max() > 1e-3  # control: the original weights compute something else
+
+
+def test_a_wrapper_keeps_its_embeddings_and_logits():
+    wrapper = x_transformers.TransformerWrapper(num_tokens=11, max_seq_len=8, attn_layers=_module(depth=1)).double()
+    adapted = from_xtransformers(wrapper)
+    moved = adapted.with_params([{key: value + 0.1 for key, value in adapted.layers[0].items()}], adapted.final_norm)
+    state = to_xtransformers(moved, wrapper)
+    assert torch.equal(state["token_emb.emb.weight"], wrapper.token_emb.emb.weight.detach())
+    assert not torch.equal(state["attn_layers.layers.0.1.to_q.weight"], wrapper.attn_layers.layers[0][1].to_q.weight)
+
+
+def _narrow():
+    """An Encoder whose heads are narrower than dim / heads (read padded by zeros)."""
+    torch.manual_seed(0)
+    return x_transformers.Encoder(dim=DIM, depth=1, heads=2, attn_dim_head=4, attn_flash=True).double().eval()
+
+
+def _moved(adapted, key, change, final=None):
+    layers = [dict(layer) for layer in adapted.layers]
+    layers[0][key] = change(layers[0][key].copy())
+    return adapted.with_params(layers, final or adapted.final_norm)
+
+
+def _set(array, index, value):
+    array[index] = value
+    return array
+
+
+@pytest.mark.parametrize(("flags", "key", "change", "message"), [
+    ({"attn_kv_heads": 1}, "attn.W_k", lambda w: _set(w, (0, DIM - 1), 5.0), "shared key/value head"),
+    ({"attn_dim_head": 4}, "attn.W_q", lambda w: _set(w, (0, DIM // 2 - 1), 5.0), "fixes it at 0"),
+    ({"use_scalenorm": True}, "norm1.gain", lambda g: _set(g, 3, 5.0), "ScaleNorm's one gain"),
+    ({"use_simple_rmsnorm": True}, "norm1.gain", lambda g: g * 2, "fixes it at 1"),
+    ({"alibi_pos_bias": True}, "attn.slopes", lambda s: s + 1, "a buffer"),
+    ({"weight_tie_layers": True}, "attn.W_q", lambda w: w + 1, "tied"),
+])
+def test_what_the_layout_cannot_hold_is_refused_by_name(flags, key, change, message):
+    source = _narrow() if "attn_dim_head" in flags else _module(**flags)
+    with pytest.raises(SplitformerError, match=rf"layer \d: {key}.*{message}"):
+        to_xtransformers(_moved(from_xtransformers(source), key, change), source)
+
+
+def test_a_final_layer_norm_bias_and_other_flags_are_refused():
+    source = _module()
+    adapted = from_xtransformers(source)
+    final = {"gain": adapted.final_norm["gain"], "bias": adapted.final_norm["bias"] + 1}
+    with pytest.raises(SplitformerError, match="final_norm: bias.*fixes it at 0"):
+        to_xtransformers(adapted.with_params(list(adapted.layers), final), source)
+    with pytest.raises(SplitformerError, match=r"to_xtransformers\(params, module\)"):
+        to_torch(adapted)
+    with pytest.raises(SplitformerError, match="read from a module with other flags"):
+        to_xtransformers(adapted, _module(use_rmsnorm=True))
+    other = from_xtransformers(_module(macaron=True))
+    stack = other.build(_derived(other).torch_module(), dtype=torch.float64)
+    with pytest.raises(SplitformerError, match="the Stack"):
+        to_xtransformers(stack, source)
+    with pytest.raises(SplitformerError, match="no xtransformers adapter for Linear"):
+        to_xtransformers(stack, torch.nn.Linear(2, 2))

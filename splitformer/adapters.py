@@ -10,7 +10,6 @@ from typing import Any
 from splitformer.codegen import adapters as _adapters
 from splitformer.codegen.adapters import *  # noqa: F403
 from splitformer.codegen.adapters import __all__  # noqa: F401
-from splitformer.codegen.adapters.inspection import check_computation
 from splitformer.symbolic.errors import SplitformerError
 
 #: The transformers classes read as whole language models.
@@ -28,7 +27,6 @@ def from_hf(module: Any, **expected: Any):
     if expected:
         raise SplitformerError(f"{name} is read as a whole language model; expectations ({', '.join(sorted(expected))}) "
                                "apply to blocks: adapt one with from_hf(model.…layers[0], …)")
-    check_computation(name, module)
     from splitformer.codegen.nn_hf import from_hf_lm
 
     return from_hf_lm(module)

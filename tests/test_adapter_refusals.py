@@ -175,6 +175,28 @@ def test_an_overridden_submodule_or_instance_forward_is_refused():
         from_torch(layer)
 
 
+def _instance_sa_block():
+    layer = encoder_layer()
+    original = layer._sa_block
+    layer._sa_block = lambda *args, **kwargs: 2 * original(*args, **kwargs)
+    return from_torch, layer, r"^TransformerEncoderLayer has its _sa_block replaced on the instance"
+
+
+def _instance_feed_forward_chunk():
+    layer = _bert_layer()
+    layer.feed_forward_chunk = lambda attention_output: attention_output
+    return from_hf, layer, r"^BertLayer has its feed_forward_chunk replaced on the instance"
+
+
+@pytest.mark.parametrize("make", [_instance_sa_block, _instance_feed_forward_chunk])
+def test_any_method_replaced_on_the_instance_is_refused(make):
+    """Not only ``forward``: an instance attribute shadowing a helper the forward calls changes the result."""
+    read, layer, message = make()
+    with pytest.raises(SplitformerError, match=message) as error:
+        read(layer)
+    one_line(error)
+
+
 def test_a_subclass_with_only_a_constructor_is_read(rng):
     def __init__(self):
         torch.nn.TransformerEncoderLayer.__init__(self, D, HEADS, D_FF, dropout=0.0, batch_first=True,

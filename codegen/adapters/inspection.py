@@ -4,7 +4,8 @@ they refuse a module whose computation those do not describe.
 Refused, each in one line naming the (sub)module: forward, forward-pre, backward and
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
-``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
+``forward`` or any helper the forward calls), or any method replaced on the instance (``forward``,
+``_sa_block``, ``feed_forward_chunk``);
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
 (``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
@@ -13,6 +14,8 @@ a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``)
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
@@ -38,8 +41,9 @@ def check_computation(owner: str, module: Any) -> None:
             if getattr(part, attribute, None):
                 raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
                                        "computes: remove it (handle.remove()) before adapting")
-        if "forward" in vars(part):
-            raise SplitformerError(f"{where} has its forward replaced on the instance; adapters read "
+        shadowed = _instance_method(part)
+        if shadowed is not None:
+            raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
         overridden = _overridden_method(type(part))
         if overridden is not None:
@@ -52,6 +56,18 @@ def check_computation(owner: str, module: Any) -> None:
     for name, parameter in module.named_parameters():
         if not parameter.is_floating_point():
             raise SplitformerError(f"{owner}.{name} has dtype {parameter.dtype}; adapters read floating-point parameters")
+
+
+def _instance_method(module: Any) -> str | None:
+    """The first method of ``module``'s class that an attribute of the instance shadows (``layer.forward =``,
+    ``layer._sa_block =``): the forward calls the instance's, not the class's."""
+    for name in vars(module):
+        if name in _HARMLESS:
+            continue
+        static = inspect.getattr_static(type(module), name, None)
+        if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
+            return name
+    return None
 
 
 def _is_library(cls: type) -> bool:

@@ -262,6 +262,27 @@ def test_a_replaced_transformers_submodule_is_refused_by_name(make, part, replac
     one_line(error)
 
 
+def _llama_layer():
+    return randomized(LlamaDecoderLayer(llama_config(16, 4, 2, d_ff=24), layer_idx=0))
+
+
+@pytest.mark.parametrize("make, attention, flag, value, message", [
+    (_gpt2_block, "attn", "scaling", 2.0, r"^GPT2Block scales attention scores by 2\.0 \(attn\.scaling\), the gpt2 "
+                                           r"scheme by 1/sqrt\(head_dim\)"),
+    (_gpt2_block, "attn", "is_causal", False, r"^GPT2Block\.attn\.is_causal is False: it attends to later tokens"),
+    (_llama_layer, "self_attn", "is_causal", False,
+     r"^LlamaDecoderLayer\.self_attn\.is_causal is False: it attends to later tokens"),
+])
+def test_a_causal_attention_flag_the_forward_reads_is_compared(make, attention, flag, value, message):
+    """The numbers transformers' forward uses (``scaling``, ``is_causal``), not the config's flags."""
+    layer = make()
+    from_hf(layer)  # control
+    setattr(layer.get_submodule(attention), flag, value)
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_hf(layer)
+    one_line(error)
+
+
 def test_an_activation_replaced_after_construction_is_refused():
     layer = encoder_layer(activation="relu")
     layer.activation = torch.nn.functional.gelu  # torch's fast path would still compute relu

@@ -283,6 +283,27 @@ def test_a_causal_attention_flag_the_forward_reads_is_compared(make, attention, 
     one_line(error)
 
 
+def _hot_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=2 * scaling, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["hot_sdpa", "sdpa", "eager"])
+def test_a_registered_attention_function_is_refused_by_name(implementation, monkeypatch):
+    """transformers' dispatch (``config._attn_implementation``) reaches only its own eager and sdpa functions."""
+    layer = _bert_layer()
+    layer.attention.self.config._attn_implementation = implementation
+    if implementation != "hot_sdpa":
+        from_hf(layer)  # control: transformers' own function
+    monkeypatch.setitem(transformers.AttentionInterface._global_mapping, implementation, _hot_attention)
+    with pytest.raises(SplitformerError, match=rf"^BertLayer\.attention\.self\.config\._attn_implementation is "
+                                               rf"'{implementation}', which transformers' AttentionInterface "
+                                               r"dispatches to _hot_attention") as error:
+        from_hf(layer)
+    one_line(error)
+
+
 def test_an_activation_replaced_after_construction_is_refused():
     layer = encoder_layer(activation="relu")
     layer.activation = torch.nn.functional.gelu  # torch's fast path would still compute relu

@@ -5,7 +5,8 @@ Refused, each in one line naming the (sub)module: forward, forward-pre, backward
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or any method replaced on the instance (``forward``,
-``_sa_block``, ``feed_forward_chunk``);
+``_sa_block``, ``feed_forward_chunk``); a transformers attention dispatched (``config._attn_implementation``)
+to a function other than the built-in eager or sdpa one;
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
 (``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
@@ -15,6 +16,7 @@ a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``)
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 from typing import Any
 
@@ -27,6 +29,9 @@ LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch
 
 #: Methods a subclass may define without changing what the module computes.
 _HARMLESS = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+
+#: What the attention dispatch returns for eager: the model's own function (nothing registered under the name).
+_EAGER = object()
 
 _HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pre-hook"),
           ("_backward_hooks", "backward hook"), ("_backward_pre_hooks", "backward pre-hook"))
@@ -45,6 +50,7 @@ def check_computation(owner: str, module: Any) -> None:
         if shadowed is not None:
             raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
+        _check_attention_dispatch(where, part)
         overridden = _overridden_method(type(part))
         if overridden is not None:
             raise SplitformerError(f"{where} ({type(part).__name__}) overrides {overridden[1]} of "
@@ -68,6 +74,25 @@ def _instance_method(module: Any) -> str | None:
         if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
             return name
     return None
+
+
+def _check_attention_dispatch(where: str, module: Any) -> None:
+    """Refuse a transformers module whose ``config._attn_implementation`` dispatches to an attention function
+    other than the built-in eager or sdpa one (``transformers.AttentionInterface.register`` is global)."""
+    config = vars(module).get("config")
+    modeling = sys.modules.get("transformers.modeling_utils")
+    if modeling is None or not hasattr(config, "_attn_implementation"):
+        return
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    implementation = config._attn_implementation
+    expected = {None: _EAGER, "eager": _EAGER, "sdpa": sdpa_attention_forward}
+    function = modeling.ALL_ATTENTION_FUNCTIONS.get(implementation, _EAGER)
+    if implementation not in expected or function is not expected[implementation]:
+        shown = "nothing" if function is _EAGER else getattr(function, "__qualname__", repr(function))
+        raise SplitformerError(f"{where}.config._attn_implementation is {implementation!r}, which transformers' "
+                               f"AttentionInterface dispatches to {shown}; adapters read the built-in eager and sdpa "
+                               "attention only (model.set_attn_implementation('sdpa'))")
 
 
 def _is_library(cls: type) -> bool:

@@ -15,6 +15,7 @@ modules import it.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from functools import cached_property
 from pathlib import Path
@@ -154,7 +155,23 @@ def _scheme_fields(scheme) -> dict:
     if not scheme.source:
         raise SplitformerError(f"to_hf: the scheme {scheme.name!r} has no scheme-file text to store in the config "
                                "(build it with splitformer.scheme(...) or read it from a file)")
+    _check_source(scheme)
     return {"scheme": scheme.source, "activation": scheme.activation}
+
+
+#: Fields the rebuilt model does not take from the text: LanguageModel derives causal, under its own name.
+_REBUILT_ANYWAY = frozenset({"causal", "made_causal", "emitted_name"})
+
+
+def _check_source(scheme: Scheme) -> None:
+    """Refuse a scheme whose text (what the config stores) rebuilds another scheme: a ``dataclasses.replace``
+    keeps the text of the scheme it was made from."""
+    rebuilt = parse_scheme(scheme.source, f"the scheme {scheme.name!r}'s source").with_activation(scheme.activation)
+    for item in dataclasses.fields(Scheme):
+        if item.compare and item.name not in _REBUILT_ANYWAY and getattr(rebuilt, item.name) != getattr(scheme, item.name):
+            raise SplitformerError(f"to_hf: the scheme {scheme.name!r} has {item.name}={getattr(scheme, item.name)!r} "
+                                   f"but its source text (what the config stores) says {getattr(rebuilt, item.name)!r}; "
+                                   "build the scheme anew (splitformer.scheme(...)) instead of editing a copy")
 
 
 def to_hf(model: LanguageModel) -> SplitformerForCausalLM:

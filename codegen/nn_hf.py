@@ -18,7 +18,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
 from .adapters.hf_llama import check_rotary
-from .adapters.inspection import check_computation
+from .adapters.inspection import check_computation, check_parts
 from .nn import LanguageModel
 
 __all__ = ["from_hf_lm"]
@@ -29,12 +29,17 @@ def _parts(model: Any) -> dict[str, Any]:
     name = type(model).__name__
     if name in ("GPT2LMHeadModel", "GPT2Model"):
         body = model.transformer if name == "GPT2LMHeadModel" else model
-        return {"scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h, "norm": body.ln_f,
-                "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions, "rotary": None}
+        prefix = "transformer." if name == "GPT2LMHeadModel" else ""
+        layout = {f"{prefix}wte": "Embedding", f"{prefix}wpe": "Embedding", f"{prefix}ln_f": "LayerNorm"}
+        return {"layout": layout, "scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h,
+                "norm": body.ln_f, "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions,
+                "rotary": None}
     if name in ("LlamaForCausalLM", "LlamaModel"):
         body = model.model if name == "LlamaForCausalLM" else model
-        return {"scheme": "llama", "embed": body.embed_tokens, "positions": None, "blocks": body.layers,
-                "norm": body.norm, "head": getattr(model, "lm_head", None),
+        prefix = "model." if name == "LlamaForCausalLM" else ""
+        layout = {f"{prefix}embed_tokens": "Embedding", f"{prefix}norm": "LlamaRMSNorm"}
+        return {"layout": layout, "scheme": "llama", "embed": body.embed_tokens, "positions": None,
+                "blocks": body.layers, "norm": body.norm, "head": getattr(model, "lm_head", None),
                 "max_tokens": model.config.max_position_embeddings, "rotary": getattr(body, "rotary_emb", None)}
     raise SplitformerError(f"no whole-model reader for {name}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
                            "or LlamaModel (single blocks: splitformer.adapters.from_hf)")
@@ -42,10 +47,12 @@ def _parts(model: Any) -> dict[str, Any]:
 
 def from_hf_lm(model: Any) -> LanguageModel:
     """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
-    name, when a part computes otherwise than its class says (``inspection.check_computation``), or
-    when Llama's rotary embedding is not what its configuration derives."""
+    name, when a part computes otherwise than its class says (``inspection.check_computation``,
+    ``check_parts``), or when Llama's rotary embedding is not what its configuration derives."""
     parts = _parts(model)
-    check_computation(type(model).__name__, model)
+    name = type(model).__name__
+    check_computation(name, model)  # hooks, overrides, instance methods on every part, not only the blocks
+    check_parts(name, model, parts["layout"] | ({"lm_head": "Linear"} if parts["head"] is not None else {}))
     layers = [from_hf(block) for block in parts["blocks"]]
     first, norm = layers[0], parts["norm"]
     embedding = parts["embed"].weight

@@ -175,6 +175,28 @@ def test_an_overridden_submodule_or_instance_forward_is_refused():
         from_torch(layer)
 
 
+def _instance_sa_block():
+    layer = encoder_layer()
+    original = layer._sa_block
+    layer._sa_block = lambda *args, **kwargs: 2 * original(*args, **kwargs)
+    return from_torch, layer, r"^TransformerEncoderLayer has its _sa_block replaced on the instance"
+
+
+def _instance_feed_forward_chunk():
+    layer = _bert_layer()
+    layer.feed_forward_chunk = lambda attention_output: attention_output
+    return from_hf, layer, r"^BertLayer has its feed_forward_chunk replaced on the instance"
+
+
+@pytest.mark.parametrize("make", [_instance_sa_block, _instance_feed_forward_chunk])
+def test_any_method_replaced_on_the_instance_is_refused(make):
+    """Not only ``forward``: an instance attribute shadowing a helper the forward calls changes the result."""
+    read, layer, message = make()
+    with pytest.raises(SplitformerError, match=message) as error:
+        read(layer)
+    one_line(error)
+
+
 def test_a_subclass_with_only_a_constructor_is_read(rng):
     def __init__(self):
         torch.nn.TransformerEncoderLayer.__init__(self, D, HEADS, D_FF, dropout=0.0, batch_first=True,
@@ -236,6 +258,48 @@ def test_a_replaced_transformers_submodule_is_refused_by_name(make, part, replac
     parent, _, name = part.rpartition(".")
     setattr(layer.get_submodule(parent), name, replacement)
     with pytest.raises(SplitformerError, match=message) as error:
+        from_hf(layer)
+    one_line(error)
+
+
+def _llama_layer():
+    return randomized(LlamaDecoderLayer(llama_config(16, 4, 2, d_ff=24), layer_idx=0))
+
+
+@pytest.mark.parametrize("make, attention, flag, value, message", [
+    (_gpt2_block, "attn", "scaling", 2.0, r"^GPT2Block scales attention scores by 2\.0 \(attn\.scaling\), the gpt2 "
+                                           r"scheme by 1/sqrt\(head_dim\)"),
+    (_gpt2_block, "attn", "is_causal", False, r"^GPT2Block\.attn\.is_causal is False: it attends to later tokens"),
+    (_llama_layer, "self_attn", "is_causal", False,
+     r"^LlamaDecoderLayer\.self_attn\.is_causal is False: it attends to later tokens"),
+])
+def test_a_causal_attention_flag_the_forward_reads_is_compared(make, attention, flag, value, message):
+    """The numbers transformers' forward uses (``scaling``, ``is_causal``), not the config's flags."""
+    layer = make()
+    from_hf(layer)  # control
+    setattr(layer.get_submodule(attention), flag, value)
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_hf(layer)
+    one_line(error)
+
+
+def _hot_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=2 * scaling, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["hot_sdpa", "sdpa", "eager"])
+def test_a_registered_attention_function_is_refused_by_name(implementation, monkeypatch):
+    """transformers' dispatch (``config._attn_implementation``) reaches only its own eager and sdpa functions."""
+    layer = _bert_layer()
+    layer.attention.self.config._attn_implementation = implementation
+    if implementation != "hot_sdpa":
+        from_hf(layer)  # control: transformers' own function
+    monkeypatch.setitem(transformers.AttentionInterface._global_mapping, implementation, _hot_attention)
+    with pytest.raises(SplitformerError, match=rf"^BertLayer\.attention\.self\.config\._attn_implementation is "
+                                               rf"'{implementation}', which transformers' AttentionInterface "
+                                               r"dispatches to _hot_attention") as error:
         from_hf(layer)
     one_line(error)
 

@@ -108,6 +108,25 @@ def test_adapter_refuses_what_the_model_does_not_compute():
         from_hf(_cvt(False, _cvt_config))
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("padding_kv", [0, 0], r"stage 0 config has padding_kv = 0 but stages\.0\.layers\.0\.attention\.attention\."
+                           r"convolution_projection_key\.convolution_projection\.convolution\.padding is \(1, 1\)"),
+    ("num_heads", [1, 1], r"stage 1 config has n_heads = 1 but stages\.1\.layers\.0\.attention\.attention\."
+                          r"num_heads is 3"),
+    ("patch_stride", [4, 1], r"stage 1 config has patch_stride = 1 but stages\.1\.embedding\."
+                             r"convolution_embeddings\.projection\.stride is \(2, 2\)"),
+    ("stride_kv", [2, 1], r"stage 1 config has stride_kv = 1 but .*convolution_projection_key\..*\.stride is \(2, 2\)"),
+])
+def test_a_config_edited_after_construction_is_compared_with_the_modules(key, value, message):
+    """The convolutions and attentions compute; a config that no longer describes them is refused."""
+    model = _cvt(True, CONFIGS["2-stages"])
+    from_hf(model)  # control
+    setattr(model.config, key, value)
+    with pytest.raises(SplitformerError, match="^CvtForImageClassification: " + message) as error:
+        from_hf(model)
+    assert "\n" not in str(error.value)
+
+
 def test_committed_files_match_the_generator(update_golden):
     files = generate_model(load_model("cvt"), ("numpy", "torch"), GENERATED)
     if update_golden:

@@ -236,3 +236,20 @@ def test_the_config_holds_the_scheme_the_model_was_built_from_not_the_file_as_it
     original = path.read_text()
     path.write_text(original.replace("pre-ln", "post-ln-like").replace('on = "norm1"', ""), encoding="utf-8")
     assert splitformer.nn.to_hf(model).config.scheme == original
+
+
+def test_a_scheme_whose_source_text_says_otherwise_is_refused():
+    """``dataclasses.replace`` keeps the text of the scheme it copies: the config would rebuild that one
+    (found by an attacker: the reloaded model's logits off by 0.095, no error)."""
+    import dataclasses
+
+    mine = splitformer.scheme("mine", "pre-LN with a final norm",
+                              operators={"attn": "attention", "norm": "layer-norm", "ffn": "feed-forward"},
+                              steps=[splitformer.substep("attn", on="norm"), splitformer.substep("ffn", on="norm")],
+                              final_norm=True)
+    assert to_hf(language_model(mine.as_causal().with_activation("gelu"))).config.scheme == mine.source  # control
+    edited = dataclasses.replace(mine, final_norm=False)
+    with pytest.raises(SplitformerError, match=r"^to_hf: the scheme 'mine' has final_norm=False but its source "
+                                               r"text \(what the config stores\) says True") as error:
+        to_hf(language_model(edited))
+    assert "\n" not in str(error.value)

@@ -127,3 +127,38 @@ def test_half_precision_sources_are_read_widened_exactly(make):
     assert read.keys() == widened.keys()
     for name, value in read.items():
         assert torch.equal(value.double(), widened[name].double()), name
+
+
+class _DoubledLayerNorm(torch.nn.LayerNorm):
+    def forward(self, u):
+        return 2 * super().forward(u)
+
+
+def _final_layer_norm(model):
+    norm = torch.nn.LayerNorm(8, eps=model.config.rms_norm_eps, bias=False, dtype=torch.float64)
+    model.model.norm = norm  # same gain and ε as the LlamaRMSNorm: only the class differs
+
+
+@pytest.mark.parametrize("make, edit, message", [
+    (gpt2, lambda m: m.transformer.ln_f.register_forward_hook(lambda module, args, out: 3 * out),
+     r"^GPT2LMHeadModel\.transformer\.ln_f has a forward hook"),
+    (gpt2, lambda m: m.lm_head.register_forward_hook(lambda module, args, out: out + 1),
+     r"^GPT2LMHeadModel\.lm_head has a forward hook"),
+    (gpt2, lambda m: setattr(m.transformer.wte, "forward", lambda ids: 2 * m.transformer.wte.weight[ids]),
+     r"^GPT2LMHeadModel\.transformer\.wte has its forward replaced on the instance"),
+    (gpt2, lambda m: setattr(m.transformer, "ln_f", _DoubledLayerNorm(8, dtype=torch.float64)),
+     r"^GPT2LMHeadModel\.transformer\.ln_f \(_DoubledLayerNorm\) overrides forward of LayerNorm"),
+    (gpt2, lambda m: setattr(m.transformer, "wpe", torch.nn.Identity()),
+     r"^GPT2LMHeadModel\.transformer\.wpe is Identity, not Embedding"),
+    (llama, _final_layer_norm, r"^LlamaForCausalLM\.model\.norm is LayerNorm, not LlamaRMSNorm"),
+    (llama, lambda m: setattr(m.lm_head, "forward", lambda u: 2 * u @ m.lm_head.weight.T),
+     r"^LlamaForCausalLM\.lm_head has its forward replaced on the instance"),
+])
+def test_every_part_of_a_whole_language_model_is_checked(make, edit, message):
+    """Not only the blocks: hooks, overrides and classes of the embeddings, final norm and head."""
+    model = make()
+    from_hf_lm(model)  # control: the model as built
+    edit(model)
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_hf_lm(model)
+    assert "\n" not in str(error.value)

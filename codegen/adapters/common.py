@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .adapted import Adapted
 from .arrays import array, tensor
 
-__all__ = ["activation_name", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
+__all__ = ["activation_name", "check_attention", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
            "final_norm_params", "stack_state", "state_dict", "torch_dropout"]
 
 
@@ -37,6 +38,18 @@ def activation_name(owner: str, function: Any) -> str:
     shown = plain or repr(function)
     raise SplitformerError(f"{owner} activation {shown} has no scheme activation "
                            f"(supported: {', '.join(sorted(set(ACTIVATION_FUNCTIONS)))}; gelu is the exact erf form)")
+
+
+def check_attention(owner: str, path: str, attention: Any, head_dim: int, scheme: str) -> None:
+    """Refuse a causal scheme's attention (``owner.path``) whose flags make it compute otherwise: ``is_causal``
+    False (the sdpa path attends to later tokens), ``scaling`` (what the forward multiplies scores by) ≠ ``1/√head_dim``."""
+    if getattr(attention, "is_causal", True) is not True:
+        raise SplitformerError(f"{owner}.{path}.is_causal is {attention.is_causal!r}: it attends to later tokens; "
+                               f"the {scheme} scheme is causal (x̃ ≤ x)")
+    scale = getattr(attention, "scaling", head_dim ** -0.5)
+    if not math.isclose(scale, head_dim ** -0.5, rel_tol=1e-12):
+        raise SplitformerError(f"{owner} scales attention scores by {scale} ({path}.scaling), the {scheme} scheme "
+                               f"by 1/sqrt(head_dim) = {head_dim ** -0.5:g}")
 
 
 def torch_dropout(layer: Any, attentions: Sequence[Any]) -> float | None:

@@ -1,7 +1,8 @@
 """``transformers`` ``GPT2Block`` → canonical parameters of the ``gpt2`` scheme.
 
 GPT-2's ``Conv1D`` stores its weight as ``(in, out)``: already the row-vector layout
-``u @ W + b`` of the canonical names, so nothing is transposed.
+``u @ W + b`` of the canonical names, so nothing is transposed. The attention's ``scaling`` (what
+transformers multiplies the scores by) and ``is_causal`` are read, not only the config's flags.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
-from .common import state_dict
+from .common import check_attention, state_dict
 from .inspection import check_parts
 
 __all__ = ["gpt2_block_params", "gpt2_block_config", "read_gpt2_block", "write_gpt2_block"]
@@ -44,6 +45,7 @@ def gpt2_block_config(block: Any) -> dict[str, Any]:
         raise SplitformerError("GPT2Block with cross-attention (add_cross_attention=True) is not the gpt2 scheme")
     if not getattr(block.attn, "scale_attn_weights", True) or getattr(block.attn, "scale_attn_by_inverse_layer_idx", False):
         raise SplitformerError("GPT2Block with a score scale other than 1/√d_head is not implemented")
+    check_attention("GPT2Block", "attn", block.attn, block.attn.head_dim, "gpt2")
     if getattr(block.attn, "reorder_and_upcast_attn", False):
         raise SplitformerError("GPT2Block with reorder_and_upcast_attn is not implemented")
     for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):

@@ -5,12 +5,11 @@ gated feed-forward reads ``gate_proj`` as ``W_1`` (through silu), ``up_proj`` as
 gate) and ``down_proj`` as ``W_2``. What the emitted code does not implement is refused:
 RoPE scaling variants (any ``rope_type`` but ``default``), partial rotary factors, sliding
 windows, biases, another activation, a head width other than ``d / n_heads``, a score scale
-(``self_attn.scaling``) other than ``1/√head_dim``.
+(``self_attn.scaling``) other than ``1/√head_dim``, a non-causal attention (``self_attn.is_causal``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array, linear_weight
 from .registry import adapter, writer
 from .adapted import Adapted
-from .common import activation_name, state_dict
+from .common import activation_name, check_attention, state_dict
 from .inspection import check_parts
 
 __all__ = ["llama_layer_params", "llama_layer_config", "check_rotary", "read_llama_layer", "write_llama_layer"]
@@ -71,10 +70,7 @@ def llama_layer_config(layer: Any) -> dict[str, Any]:
     if layer.self_attn.head_dim * n_heads != d:
         raise SplitformerError(f"LlamaDecoderLayer has head_dim = {layer.self_attn.head_dim} ≠ hidden_size / "
                                f"num_attention_heads = {d // n_heads}")
-    scale = getattr(layer.self_attn, "scaling", layer.self_attn.head_dim ** -0.5)
-    if not math.isclose(scale, layer.self_attn.head_dim ** -0.5, rel_tol=1e-12):
-        raise SplitformerError(f"LlamaDecoderLayer scales attention scores by {scale} (self_attn.scaling), "
-                               "the llama scheme by 1/sqrt(head_dim)")
+    check_attention("LlamaDecoderLayer", "self_attn", layer.self_attn, layer.self_attn.head_dim, "llama")
     eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
     if len(eps) != 1:
         raise SplitformerError(f"LlamaDecoderLayer's RMSNorms have different ε ({', '.join(map(str, sorted(eps)))})")

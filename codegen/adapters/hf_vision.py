@@ -239,6 +239,37 @@ def _cvt_stage(params: dict, index: int, stage: Any, eps: set, owner: str) -> No
         eps.update(float(norm.eps) for norm in (layer.layernorm_before, layer.layernorm_after))
 
 
+def _check_cvt_modules(stage: Any, index: int, config: dict[str, Any], owner: str) -> None:
+    """Refuse a stage whose modules compute with other sizes than ``config`` (the model's config, which
+    may be edited after construction): strides, paddings and kernels of its convolutions, heads, class
+    token and score scale of its attentions."""
+    def agree(path: str, attribute: str, module_value: Any, config_value: Any, key: str) -> None:
+        if module_value != config_value:
+            raise SplitformerError(f"{owner}: stage {index} config has {key} = {config[key]!r} but "
+                                   f"{path}.{attribute} is {module_value!r}; the modules compute, the config must describe them")
+
+    where = f"stages.{index}"
+    projection = stage.embedding.convolution_embeddings.projection
+    for attribute, key in (("kernel_size", "patch_size"), ("stride", "patch_stride"), ("padding", "patch_padding")):
+        agree(f"{where}.embedding.convolution_embeddings.projection", attribute, getattr(projection, attribute),
+              (config[key],) * 2, key)
+    for number, layer in enumerate(stage.layers):
+        attention = layer.attention.attention
+        at = f"{where}.layers.{number}.attention.attention"
+        agree(at, "num_heads", attention.num_heads, config["n_heads"], "n_heads")
+        agree(at, "with_cls_token", bool(attention.with_cls_token), config["cls"], "cls")
+        if not math.isclose(attention.scale, attention.embed_dim ** -0.5, rel_tol=1e-12):
+            raise SplitformerError(f"{owner}: {at}.scale is {attention.scale}; the cvt step scales scores by "
+                                   f"1/sqrt(d) = {attention.embed_dim ** -0.5:g}")
+        for name, kind in (("query", "q"), ("key", "kv"), ("value", "kv")):
+            path = f"{at}.convolution_projection_{name}.convolution_projection.convolution"
+            convolution = getattr(attention, f"convolution_projection_{name}").convolution_projection.convolution
+            agree(path, "kernel_size", convolution.kernel_size, (config["kernel_qkv"],) * 2, "kernel_qkv")
+            agree(path, "stride", convolution.stride, (config[f"stride_{kind}"],) * 2, f"stride_{kind}")
+            agree(path, "padding", convolution.padding, (config[f"padding_{kind}"],) * 2, f"padding_{kind}")
+    agree(where, "cls_token", getattr(stage, "cls_token", None) is not None, config["cls"], "cls")
+
+
 def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
     stages = []
     for index in range(len(config.depth)):
@@ -269,7 +300,10 @@ def from_hf_cvt(module: Any) -> AdaptedModel:
     stages = _cvt_config(module.config, owner)
     params: dict[str, np.ndarray] = {}
     eps: set[float] = set()
+    if len(cvt.encoder.stages) != len(stages):
+        raise SplitformerError(f"{owner} has {len(cvt.encoder.stages)} stages, its config.depth {len(stages)}")
     for index, stage in enumerate(cvt.encoder.stages):
+        _check_cvt_modules(stage, index, stages[index], owner)
         _cvt_stage(params, index, stage, eps, owner)
     if owner == "CvtForImageClassification":
         if not stages[-1]["cls"]:

@@ -4,7 +4,9 @@ they refuse a module whose computation those do not describe.
 Refused, each in one line naming the (sub)module: forward, forward-pre, backward and
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
-``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
+``forward`` or any helper the forward calls), or any method replaced on the instance (``forward``,
+``_sa_block``, ``feed_forward_chunk``); a transformers attention dispatched (``config._attn_implementation``)
+to a function other than the built-in eager or sdpa one;
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; an embedding
 table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
@@ -14,6 +16,9 @@ a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``)
 
 from __future__ import annotations
 
+import inspect
+import sys
+import types
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
@@ -25,6 +30,9 @@ LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch
 
 #: Methods a subclass may define without changing what the module computes.
 _HARMLESS = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+
+#: What the attention dispatch returns for eager: the model's own function (nothing registered under the name).
+_EAGER = object()
 
 _HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pre-hook"),
           ("_backward_hooks", "backward hook"), ("_backward_pre_hooks", "backward pre-hook"))
@@ -39,12 +47,14 @@ def check_computation(owner: str, module: Any) -> None:
             if getattr(part, attribute, None):
                 raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
                                        "computes: remove it (handle.remove()) before adapting")
-        if "forward" in vars(part):
-            raise SplitformerError(f"{where} has its forward replaced on the instance; adapters read "
+        shadowed = _instance_method(part)
+        if shadowed is not None:
+            raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
         if _renormalizes(part):
             raise SplitformerError(f"{where} ({type(part).__name__}) has max_norm={part.max_norm}: its forward "
                                    "renormalizes the rows it looks up; adapters read a plain table (set max_norm=None)")
+        _check_attention_dispatch(where, part)
         overridden = _overridden_method(type(part))
         if overridden is not None:
             raise SplitformerError(f"{where} ({type(part).__name__}) overrides {overridden[1]} of "
@@ -65,6 +75,37 @@ _EMBEDDINGS = frozenset({"torch.nn.modules.sparse.Embedding", "torch.nn.modules.
 def _renormalizes(module: Any) -> bool:
     classes = {f"{klass.__module__}.{klass.__qualname__}" for klass in type(module).__mro__}
     return bool(classes & _EMBEDDINGS) and getattr(module, "max_norm", None) is not None
+
+
+def _instance_method(module: Any) -> str | None:
+    """The first method of ``module``'s class that an attribute of the instance shadows (``layer.forward =``,
+    ``layer._sa_block =``): the forward calls the instance's, not the class's."""
+    for name in vars(module):
+        if name in _HARMLESS:
+            continue
+        static = inspect.getattr_static(type(module), name, None)
+        if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
+            return name
+    return None
+
+
+def _check_attention_dispatch(where: str, module: Any) -> None:
+    """Refuse a transformers module whose ``config._attn_implementation`` dispatches to an attention function
+    other than the built-in eager or sdpa one (``transformers.AttentionInterface.register`` is global)."""
+    config = vars(module).get("config")
+    modeling = sys.modules.get("transformers.modeling_utils")
+    if modeling is None or not hasattr(config, "_attn_implementation"):
+        return
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    implementation = config._attn_implementation
+    expected = {None: _EAGER, "eager": _EAGER, "sdpa": sdpa_attention_forward}
+    function = modeling.ALL_ATTENTION_FUNCTIONS.get(implementation, _EAGER)
+    if implementation not in expected or function is not expected[implementation]:
+        shown = "nothing" if function is _EAGER else getattr(function, "__qualname__", repr(function))
+        raise SplitformerError(f"{where}.config._attn_implementation is {implementation!r}, which transformers' "
+                               f"AttentionInterface dispatches to {shown}; adapters read the built-in eager and sdpa "
+                               "attention only (model.set_attn_implementation('sdpa'))")
 
 
 def _is_library(cls: type) -> bool:

@@ -10,6 +10,7 @@ windows, biases, another activation, a head width other than ``d / n_heads``, a 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np

@@ -121,9 +121,12 @@ def test_unsupported_models_are_refused_by_name():
 def test_half_precision_sources_are_read_widened_exactly(make):
     """bfloat16 weights become the same numbers in float32 (NumPy has no bfloat16); the Llama reader
     once called ``.numpy()`` on them and ended in a TypeError."""
-    source = make().to(torch.bfloat16)
+    source, reference = make().to(torch.bfloat16), make()
+    with torch.no_grad():  # the same rounded parameters in float64 (buffers such as inv_freq stay exact)
+        for rounded, exact in zip(source.parameters(), reference.parameters()):
+            exact.copy_(rounded.double())
     read = from_hf_lm(source).state_dict()
-    widened = from_hf_lm(source.double()).state_dict()
+    widened = from_hf_lm(reference).state_dict()
     assert read.keys() == widened.keys()
     for name, value in read.items():
         assert torch.equal(value.double(), widened[name].double()), name

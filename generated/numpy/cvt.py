@@ -270,6 +270,34 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _conv2d(field, W, stride, padding):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the windows gathered once, one GEMM."""
+    windows = _windows(field, (2, 3), W.shape[1], stride, padding)
+    batch, channels, rows, cols, size, _ = windows.shape
+    columns = windows.transpose(0, 2, 3, 1, 4, 5).reshape(batch * rows * cols, channels * size * size)
+    out = columns @ W.reshape(channels * size * size, -1)
+    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l]``: one multiply-add per kernel offset."""
+    windows = _windows(field, (2, 3), W.shape[0], stride, padding)
+    out = np.zeros(windows.shape[:4], dtype=np.result_type(field, W))
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += windows[..., r, s] * W[r, s, :, None, None]
+    return out
+
+
+def _conv_transpose2d(field, W):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l]`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _tokens(node, grid):
     """The token nodes of a grid field (batch, d, rows, cols): the class node first (if any), then row by row."""
     batch, d = grid.shape[:2]
@@ -307,10 +335,8 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding) + embed_b[:, None, None]
 
     tokens = _tokens(None, embed_out)
 
@@ -377,10 +403,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
 
     # --- qconv: depthwise-convolution ---
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -391,10 +415,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _einsum("blpqrs,rsl->blpq", kconv_out_windows, kconv_W)
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -405,10 +427,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _einsum("blpqrs,rsl->blpq", vconv_out_windows, vconv_W)
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}

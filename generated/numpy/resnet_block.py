@@ -86,6 +86,34 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _conv2d(field, W, stride, padding):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the windows gathered once, one GEMM."""
+    windows = _windows(field, (2, 3), W.shape[1], stride, padding)
+    batch, channels, rows, cols, size, _ = windows.shape
+    columns = windows.transpose(0, 2, 3, 1, 4, 5).reshape(batch * rows * cols, channels * size * size)
+    out = columns @ W.reshape(channels * size * size, -1)
+    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l]``: one multiply-add per kernel offset."""
+    windows = _windows(field, (2, 3), W.shape[0], stride, padding)
+    out = np.zeros(windows.shape[:4], dtype=np.result_type(field, W))
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += windows[..., r, s] * W[r, s, :, None, None]
+    return out
+
+
+def _conv_transpose2d(field, W):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l]`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _interleave(blocks, axes):
     """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
     n = blocks.ndim - len(axes)
@@ -181,10 +209,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     bn3_var = p.get("bn3.var")
 
     # --- conv1: convolution ---
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-    conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = _einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+    conv1_out = _conv2d(u0, conv1_W, stride, 1) + conv1_b[:, None, None]
 
     # --- bn1: batch-norm ---
     # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -199,10 +225,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = _einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+    conv2_out = _conv2d(relu_out, conv2_W, 1, 1) + conv2_b[:, None, None]
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -215,10 +239,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     if has_transfer:
 
         # --- shortcut: convolution ---
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = _einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+        shortcut_out = _conv2d(u0, shortcut_W, stride, 0) + shortcut_b[:, None, None]
 
         # --- bn3: batch-norm ---
         # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
@@ -287,10 +309,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     bn3_var = p.get("bn3.var")
 
     # --- conv1: convolution ---
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-    conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = _einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+    conv1_out = _conv2d(u0, conv1_W, stride, 1) + conv1_b[:, None, None]
 
     # --- bn1: batch-norm ---
     # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -305,10 +325,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = _einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+    conv2_out = _conv2d(relu_out, conv2_W, 1, 1) + conv2_b[:, None, None]
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -321,10 +339,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     if has_transfer:
 
         # --- shortcut: convolution ---
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = _einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+        shortcut_out = _conv2d(u0, shortcut_W, stride, 0) + shortcut_b[:, None, None]
 
         # --- bn3: batch-norm ---
         # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}

@@ -70,6 +70,34 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _conv2d(field, W, stride, padding):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the windows gathered once, one GEMM."""
+    windows = _windows(field, (2, 3), W.shape[1], stride, padding)
+    batch, channels, rows, cols, size, _ = windows.shape
+    columns = windows.transpose(0, 2, 3, 1, 4, 5).reshape(batch * rows * cols, channels * size * size)
+    out = columns @ W.reshape(channels * size * size, -1)
+    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l]``: one multiply-add per kernel offset."""
+    windows = _windows(field, (2, 3), W.shape[0], stride, padding)
+    out = np.zeros(windows.shape[:4], dtype=np.result_type(field, W))
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += windows[..., r, s] * W[r, s, :, None, None]
+    return out
+
+
+def _conv_transpose2d(field, W):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l]`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _interleave(blocks, axes):
     """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
     n = blocks.ndim - len(axes)
@@ -157,16 +185,12 @@ def forward(u, params, *, stride=1, eps=1e-5):
     up_b = p.get("up.b")
 
     # --- down: convolution ---
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-    down_out = _einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+    down_out = _conv2d(u0, down_W, 2, 1) + down_b[:, None, None]
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-    conv_out = _einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+    conv_out = _conv2d(down_out, conv_W, 1, 1) + conv_b[:, None, None]
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -181,10 +205,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     relu_out = np.maximum(bn_out, 0)
 
     # --- up: transposed-convolution ---
-    # the value at each coarse node and offset
-    up_out_blocks = _einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _interleave(up_out_blocks, (2, 3))
+    up_out = _conv_transpose2d(relu_out, up_W) + up_b[:, None, None]
 
     transfer = u0
 
@@ -232,16 +254,12 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     up_b = p.get("up.b")
 
     # --- down: convolution ---
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-    down_out = _einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+    down_out = _conv2d(u0, down_W, 2, 1) + down_b[:, None, None]
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-    conv_out = _einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+    conv_out = _conv2d(down_out, conv_W, 1, 1) + conv_b[:, None, None]
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -256,10 +274,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     relu_out = np.maximum(bn_out, 0)
 
     # --- up: transposed-convolution ---
-    # the value at each coarse node and offset
-    up_out_blocks = _einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _interleave(up_out_blocks, (2, 3))
+    up_out = _conv_transpose2d(relu_out, up_W) + up_b[:, None, None]
 
     transfer = u0
 

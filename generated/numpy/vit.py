@@ -254,6 +254,34 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _conv2d(field, W, stride, padding):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the windows gathered once, one GEMM."""
+    windows = _windows(field, (2, 3), W.shape[1], stride, padding)
+    batch, channels, rows, cols, size, _ = windows.shape
+    columns = windows.transpose(0, 2, 3, 1, 4, 5).reshape(batch * rows * cols, channels * size * size)
+    out = columns @ W.reshape(channels * size * size, -1)
+    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l]``: one multiply-add per kernel offset."""
+    windows = _windows(field, (2, 3), W.shape[0], stride, padding)
+    out = np.zeros(windows.shape[:4], dtype=np.result_type(field, W))
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += windows[..., r, s] * W[r, s, :, None, None]
+    return out
+
+
+def _conv_transpose2d(field, W):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l]`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _tokens(node, grid):
     """The class node first, then the grid nodes row by row."""
     batch, d = grid.shape[0], grid.shape[-1]
@@ -335,10 +363,8 @@ def _embedding(image, p, patch_size):
     embed_pos = p["embed.pos"]
 
     # --- embed: patch-embedding ---
-    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
-    embed_f_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
     # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
-    embed_f = _einsum("bcpqrs,crsl->bpql", embed_f_windows, embed_W) + embed_b
+    embed_f = _conv2d(image, embed_W, patch_size, 0).transpose(0, 2, 3, 1) + embed_b
     # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
     u0 = _tokens(embed_cls, embed_f) + embed_pos
     return u0

@@ -289,10 +289,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
 
     # --- qconv: depthwise-convolution ---
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = torch.einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -303,10 +301,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = torch.einsum("blpqrs,rsl->blpq", kconv_out_windows, kconv_W)
+    kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -317,10 +313,8 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = torch.einsum("blpqrs,rsl->blpq", vconv_out_windows, vconv_W)
+    vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
@@ -386,10 +380,8 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = torch.einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     tokens = _tokens(None, embed_out)
 

@@ -256,6 +256,76 @@ def _softmax(scores, support):
     return weights
 
 
+def _attention(q, k, v, scale, support):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    Heads are strided views of the operands, never copied; per batch entry, a group of heads
+    and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
+    reused buffer. The scale is applied to a copy of the queries, the normalization to the
+    output rows, which overwrite their (used) scaled queries: the copy is the output, in
+    (batch, tokens, heads, features) order.
+    """
+    batch, n_queries, n_heads, _ = q.shape
+    n_keys = k.shape[1]
+    out = q * scale
+    heads_out = out.transpose(0, 2, 1, 3)
+    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    if support is not None:
+        support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
+    rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
+    group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
+    buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
+    for b in range(batch):
+        for first in range(0, n_heads, group):
+            heads = slice(first, first + group)
+            for start in range(0, n_queries, rows):
+                block = slice(start, start + rows)
+                queries = heads_out[b, heads, block]
+                scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
+                weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
+                np.matmul(weights, values[b, heads], out=queries)
+                queries /= total
+    return out
+
+
+#: Score entries per block of ``_attention``: 2 MB in float32, which stay in cache.
+_SCORES = 1 << 19
+
+
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
+def _layer_norm(x, gain, bias, eps, scaled=False):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with one full-size temporary.
+
+    The row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Where squares overflow (a variance that is not finite), ``scaled``
+    recomputes the statistics from x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged. Every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values.
+    """
+    scale = _row_scale(x) if scaled else 1
+    shifted = x / scale if scaled else x
+    with np.errstate(over="ignore", invalid="ignore"):  # squares that overflow send the rows to ``scaled``
+        out = shifted - shifted[..., :1]
+        out -= np.einsum("...k->...", out)[..., None] / x.shape[-1]  # the row mean (einsum sums faster than np.mean)
+        variance = np.einsum("...k,...k->...", out, out)[..., None]
+        variance /= x.shape[-1]
+    variance += eps / scale / scale
+    if not (scaled or np.isfinite(variance).all()):
+        return _layer_norm(x, gain, bias, eps, scaled=True)
+    np.sqrt(variance, out=variance)
+    variance[variance == 0] = 1  # a constant row (eps = 0 or eps/s² underflowed): its centred values are 0
+    out /= variance
+    out *= gain
+    out += bias
+    return out
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding:
@@ -342,13 +412,10 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
 
     # --- embed_norm: layer-norm ---
     # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    embed_norm_alpha = np.mean(tokens, axis=2)
     # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    embed_norm_beta = np.mean((-embed_norm_alpha[:, :, None] + tokens)**2, axis=2)
     # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
 
 
@@ -375,13 +442,13 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_bias = p["vbn.bias"]
     vbn_mean = p["vbn.mean"]
     vbn_var = p["vbn.var"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -392,13 +459,10 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm1: layer-norm ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    norm1_alpha = np.mean(u0, axis=2)
     # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
     cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
 
@@ -413,6 +477,7 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
     # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
+    del qbn_a, qbn_c
 
     # --- kconv: depthwise-convolution ---
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
@@ -425,6 +490,7 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
     # {\mathcal{B}^{\mathrm{kbn}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} + {c^{\mathrm{kbn}}}_{l}
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
+    del kbn_a, kbn_c
 
     # --- vconv: depthwise-convolution ---
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
@@ -437,27 +503,37 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
     # {\mathcal{B}^{\mathrm{vbn}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} + {c^{\mathrm{vbn}}}_{l}
     vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
+    del vbn_a, vbn_c
 
     # queries on the token nodes; keys and values on the key nodes (the class node, then the coarse grid)
     q_in = _tokens(cls, qbn_out)
     k_in = _tokens(cls, kbn_out)
     v_in = _tokens(cls, vbn_out)
+    n_memory = k_in.shape[1]  # the key nodes
 
     # --- attn: convolutional-attention ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = _einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    attn_q = q_in.reshape(-1, d) @ attn_W_q
+    attn_q += attn_b_q
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = _einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
+    attn_k = k_in.reshape(-1, d) @ attn_W_k
+    attn_k += attn_b_k
+    attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
-    attn_v = _einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
+    attn_v = v_in.reshape(-1, d) @ attn_W_v
+    attn_v += attn_b_v
+    attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    attn_a = _einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
     # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    attn_gamma = _softmax(attn_a, None)
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
-    attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
+    del attn_k, attn_q, attn_v
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
 
     # --- residual sum ---
     # {u_{1}}_{i,l} = \Delta t {attn_{out}}_{i,l} + {u_{0}}_{i,l}
@@ -465,21 +541,24 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm2: layer-norm ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    norm2_alpha = np.mean(u1, axis=2)
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
 
     # --- ffn: feed-forward ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
 
     # --- residual sum ---
     # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
@@ -496,19 +575,17 @@ def _readout(cls, p, eps):
 
     # --- final_norm: layer-norm ---
     # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
-    final_norm_alpha = np.mean(cls, axis=2)
     # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + cls)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    final_norm_p = (-final_norm_alpha[:, :, None] + cls)/np.sqrt(eps + final_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    final_norm_out = final_norm_gain*final_norm_p + final_norm_bias
+    final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
 
     # --- head: class-token-head ---
     # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
     head_z = final_norm_out[:, 0, :]
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
     return head_logits
 
 

@@ -1,7 +1,10 @@
-"""The recognized convolutions: which derived window sums become one operation, and the NumPy
-helpers that compute them against loops written here (float64, random everything)."""
+"""The passes on networks: which derived window sums become one convolution, the NumPy helpers
+that compute them against loops written here (float64, random everything), and CvT's stages
+through the block passes (fused LayerNorm, attention, GEMMs, dead arrays freed)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -76,3 +79,20 @@ def test_numpy_transposed_convolution_matches_a_loop():
                     out[:, :, 2 * p + r, 2 * q + s] = x[:, :, p, q] @ W[:, r, s, :]
     assert np.max(np.abs(HELPERS._conv_transpose2d(x, W) - out)) < 1e-12
     assert np.max(np.abs(HELPERS._conv_transpose2d(x, W[:, ::-1]) - out)) > 1e-3  # negative control
+
+
+def _function(source: str, name: str) -> str:
+    return re.search(rf"^def {name}\(.*?(?=^def )", source, re.S | re.M).group(0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_emitted_cvt_step_uses_the_fused_layer_norm_and_frees_its_arrays(backend):
+    step = _function((GENERATED / backend / "cvt.py").read_text(), "_step")
+    code = [line.strip() for line in step.splitlines() if not line.strip().startswith("#")]
+    assert "norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)" in code
+    assert "norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)" in code
+    assert not any("_alpha" in line or "mean(" in line for line in code)  # no unfused statistics
+    assert any(line.startswith("attn_o = _attention(") for line in code)
+    assert "del attn_k, attn_q, attn_v" in code and "del ffn_w" in code
+    # BatchNorm's a = γ/√(v + ε) stays a per-channel statement, not inlined into every entry
+    assert any(line.startswith("qbn_a = ") for line in code)

@@ -55,13 +55,15 @@ def _reference_conv(x, W, stride, padding):
     return out
 
 
+@pytest.mark.parametrize("channels", [3, 20], ids=["one-GEMM", "GEMM-per-offset"])
 @pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (3, 0)])
-def test_numpy_convolutions_match_loops(stride, padding):
+def test_numpy_convolutions_match_loops(stride, padding, channels):
     rng = np.random.default_rng(stride + padding)
-    x, W, depthwise = rng.standard_normal((2, 3, 9, 8)), rng.standard_normal((3, 3, 3, 5)), rng.standard_normal((3, 3, 3))
+    x, W = rng.standard_normal((2, channels, 9, 8)), rng.standard_normal((channels, 3, 3, 5))
+    depthwise = rng.standard_normal((3, 3, channels))
     assert np.max(np.abs(HELPERS._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
     # depth-wise: channel l convolved with W[:, :, l] alone (a full kernel that is zero off the diagonal)
-    full = np.einsum("rsl,lk->lrsk", depthwise, np.eye(3))
+    full = np.einsum("rsl,lk->lrsk", depthwise, np.eye(channels))
     expected = _reference_conv(x, full, stride, padding)
     assert np.max(np.abs(HELPERS._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
     # negative control: the kernel flipped (a correlation is not a convolution) is far off

@@ -255,12 +255,22 @@ def _windows(field, axes, size, stride, padding):
 
 
 def _conv2d(field, W, stride, padding):
-    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the windows gathered once, one GEMM."""
-    windows = _windows(field, (2, 3), W.shape[1], stride, padding)
-    batch, channels, rows, cols, size, _ = windows.shape
-    columns = windows.transpose(0, 2, 3, 1, 4, 5).reshape(batch * rows * cols, channels * size * size)
-    out = columns @ W.reshape(channels * size * size, -1)
-    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the field once channels last,
+    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s, :]``, summed (few channels: one GEMM)."""
+    size = W.shape[1]
+    padded = np.pad(field, ((0, 0), (0, 0), (padding, padding), (padding, padding))) if padding else field
+    nodes = np.ascontiguousarray(padded.transpose(0, 2, 3, 1))
+    rows, cols = (nodes.shape[1] - size) // stride + 1, (nodes.shape[2] - size) // stride + 1
+    if W.shape[0] < 16:  # few input channels: one GEMM over the gathered windows (im2col), K = c·k²
+        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))[:, ::stride, ::stride]
+        columns = windows[:, :rows, :cols].transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * W.shape[0])
+        out = columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])
+        return np.ascontiguousarray(out.reshape(nodes.shape[0], rows, cols, -1).transpose(0, 3, 1, 2))
+    out = np.zeros((nodes.shape[0], rows, cols, W.shape[-1]), dtype=np.result_type(field, W))
+    for r in range(size):
+        for s in range(size):
+            out += nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride] @ W[:, r, s]
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
 
 
 def _depthwise_conv2d(field, W, stride, padding):

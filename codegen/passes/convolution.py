@@ -68,7 +68,7 @@ def _transposed(op: Contraction, interleave: Interleave, module: Module) -> Tran
 def convolution(module: Module) -> Module:
     reads = Counter(name for op in module.ops for name in op.reads())
     producers = {op.out: op for op in module.ops}
-    fused: dict[str, Op] = {}
+    fused: dict[str, Op | None] = {}  # None: an intermediate the fused operation absorbed
     for op in module.ops:
         if isinstance(op, Contraction):
             window = next((producers.get(operand.name) for operand in op.operands

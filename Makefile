@@ -33,7 +33,6 @@ generate: $(STAMP)
 	$(BIN)/splitformer derive --all-builtins --backend all --out generated
 	$(BIN)/splitformer derive pre-ln --activation gelu --backend all --out generated
 	$(BIN)/splitformer derive post-ln --activation gelu --backend all --out generated
-	$(BIN)/splitformer derive vit cvt resnet-block unet-level --backend all --out generated
 
 # NumPy-only training with the derived adjoint, checked against torch.autograd (one BLAS thread:
 # the arrays are small, and idle BLAS threads only slow a shared machine down).
@@ -56,11 +55,13 @@ latex-check: $(STAMP)
 	SPLITFORMER_KATEX=$(CURDIR)/.cache/katex $(BIN)/python -m pytest tests/test_cli_usage.py tests/test_api.py \
 		-k "latex or render or repr"
 
-# A sample of mutants of symbolic/ and codegen/ against `check` plus the fast tests (not part of `make test`).
+# Mutants of every area but the verification code (MUTANTS per seed, drawn area by area) against
+# `check` plus each area's fast tests; report in .cache/mutation/report.{md,json} (not part of `make test`).
 MUTANTS ?= 40
+SEEDS ?= 0
 MUTATION_JOBS ?= 2
 mutation: $(STAMP)
-	$(BIN)/python -m splitformer.codegen.verification.mutation --sample $(MUTANTS) --jobs $(MUTATION_JOBS)
+	$(BIN)/python tools/mutation.py --sample $(MUTANTS) --seeds $(SEEDS) --jobs $(MUTATION_JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -15,9 +15,8 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 
 from __future__ import annotations
 
-import linecache
 import types
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -28,16 +27,19 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_scheme_or_network
 from splitformer.symbolic.scheme_file import load_scheme
 
+from .in_memory import load_source
 from .ir import Module
+from .network_api import NetworkDerivation
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
 from .render import render_module
 from .report import render_report
 
-__all__ = ["Derivation", "derive", "as_scheme"]
+__all__ = ["Derivation", "NetworkDerivation", "derive", "as_scheme"]
 
 
 def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
@@ -59,11 +61,13 @@ class Derivation:
     scheme: Scheme
     program: Program
     passes: tuple | None = None
+    #: Set by ``derive``, which made ``program`` from ``scheme`` itself (a hand-made one is derived again).
+    _derived: InitVar[bool] = False
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, _derived: bool) -> None:
         """A ``Derivation`` made by hand is checked like one ``derive`` makes: its scheme, and a
-        program derived from it (the program's name becomes file names)."""
+        program equal to what ``derive`` makes of it (the program's names and expressions become code)."""
         if not isinstance(self.scheme, Scheme):
             raise SplitformerError(f"Derivation: scheme: expected a Scheme, got {type(self.scheme).__name__}")
         if not isinstance(self.program, Program):
@@ -72,6 +76,12 @@ class Derivation:
         if self.program.name != self.scheme.module_name:
             raise SplitformerError(f"Derivation: the program {self.program.name[:64]!r} is not derived from the scheme "
                                    f"{self.scheme.name!r} (use splitformer.derive)")
+        if _derived is not True:
+            with plugin_failures(self.scheme):
+                derived = derive_program(self.scheme)
+            if self.program != derived:
+                raise SplitformerError(f"Derivation: the program differs from what the scheme {self.scheme.name!r} "
+                                       "derives (use splitformer.derive)")
 
     @property
     def name(self) -> str:
@@ -125,13 +135,7 @@ class Derivation:
 
     def _module(self, backend: str) -> types.ModuleType:
         if backend not in self._modules:
-            source = self.source(backend)
-            filename = f"<splitformer {backend}/{self.name}.py>"
-            linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-            module = types.ModuleType(f"splitformer_generated.{backend}.{self.name}")
-            module.__file__ = filename
-            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - code generated here
-            self._modules[backend] = module
+            self._modules[backend] = load_source(self.source(backend), backend, self.name)
         return self._modules[backend]
 
     def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
@@ -176,8 +180,9 @@ class Derivation:
 
 
 def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None, *,
-           causal: bool = False, name: str | None = None) -> Derivation:
-    """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``.
+           causal: bool = False, name: str | None = None) -> Derivation | NetworkDerivation:
+    """Derive ``scheme`` (a ``Scheme``, built-in name or scheme file) into a ``Derivation``;
+    a network (a built-in network's name or a network file) into a ``NetworkDerivation``.
 
     ``passes``: the IR passes of the emitted code, ``"all"`` (default), ``"none"`` or
     comma-separated names as for ``splitformer derive --passes``. ``causal``: causal
@@ -192,9 +197,17 @@ def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tu
     if isinstance(passes, tuple) and not all(callable(rewrite) for rewrite in passes):
         raise SplitformerError("passes: a tuple of passes holds the passes themselves (functions); "
                                "name them in a string instead ('matmul,layer-norm')")
+    if isinstance(scheme, (str, Path)):
+        scheme = load_scheme_or_network(scheme)
+    if isinstance(scheme, (ModelSpec, GridModelSpec, MultiscaleSpec)):
+        given = [option for option, value in (("activation", activation), ("causal", causal or None), ("name", name))
+                 if value is not None]
+        if given:
+            raise SplitformerError(f"{given[0]} applies to schemes, not to the network {scheme.name!r} (it names its own)")
+        return NetworkDerivation(scheme, select(passes) if isinstance(passes, str) else passes)
     scheme = as_scheme(scheme, activation)
     scheme = scheme.as_causal() if causal else scheme
     scheme = scheme if name is None else scheme.with_name(name)
     with plugin_failures(scheme):
         program = derive_program(scheme)
-    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes)
+    return Derivation(scheme, program, select(passes) if isinstance(passes, str) else passes, _derived=True)

@@ -10,7 +10,8 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction, Softmax
+from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction,
+                 Softmax, Unrolled)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS"]
@@ -91,6 +92,10 @@ class Backend:
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
         scale = printer.doprint(op.scale)
+        if len(op.q.labels) > 4:  # grouped heads (the fused-attention pass checked the layout)
+            support = self.support(op.support, self.printer(printer.module, op.support.labels if op.support else ()))
+            return [f"{op.out} = _grouped_attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}"
+                    f"{self.kernel_extra})"]
         _, row, head, _ = op.q.labels
         scores = (BATCH, head, row, op.k.labels[1])
         support = self.support(op.support, self.printer(printer.module, scores))
@@ -104,6 +109,15 @@ class Backend:
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
+
+    def unrolled(self, op: Unrolled, printer: ArrayPrinter) -> list[str]:
+        """``out[.., c, ..] = Σ_c̃ M[c][c̃] x[.., c̃, ..]``: one elementwise row per point ``c``, stacked."""
+        position = op.x.labels.index(op.summed)
+        trailing = ", :" * (len(op.x.labels) - 1 - position)
+        parts = [sp.Symbol(f"{op.x.name}[..., {point}{trailing}]") for point in range(len(op.entries))]
+        rows = self.printer(printer.module, tuple(label for label in op.labels if label != op.axis))
+        terms = ", ".join(rows.doprint(sum(entry * part for entry, part in zip(row, parts))) for row in op.entries)
+        return [f"{op.out} = {self.library}.stack(({terms}), {self.axis}={op.labels.index(op.axis)})"]
 
     def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
         return [f'{op.out} = _cache(cache, "{op.key}", {op.source.name})']
@@ -194,8 +208,8 @@ class TorchBackend(Backend):
         if len(op.outputs) == 1:
             weight, bias = op.weights[0] + (".t()" if op.transposed else ""), _addend(op, printer.module)
         else:
-            weight = f"torch.cat([{', '.join(op.weights)}], 1)"
-            bias = f"torch.cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None
+            weight = f"_cat([{', '.join(op.weights)}], 1)"
+            bias = f"_cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None
         product = f"torch.addmm({bias}, {rows}, {weight})" if bias else f"torch.mm({rows}, {weight})"
         if len(op.outputs) == 1:
             return [f"{op.out} = {product}.view({_shape(op.labels)})"]

@@ -1,7 +1,7 @@
 """The ``splitformer`` command line: list, show, derive, check, compare, study (``--help`` explains each).
 
 Bad input ends in one ``error: …`` line on stderr and exit status 2, with nothing written.
-An interrupt (Ctrl-C) ends in one line and status 130; a reader that closes the pipe early
+An interrupt (Ctrl-C) ends in one line and status 130, whatever further interrupts arrive; a reader that closes the pipe early
 (``splitformer check | head -1``) ends the command quietly with status 141 (128 + SIGPIPE).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
                              "one SCHEME only")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
-                             "inline-elementwise, layer-norm, rms-norm, fused-attention, matmul, fuse-projections, "
+                             "inline-elementwise, layer-norm, rms-norm, unroll-pairs, fused-attention, matmul, "
+                             "fuse-projections, "
                              "reuse-buffers")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
@@ -157,6 +159,22 @@ def _load(name: str, activation: str | None):
     return scheme if activation is None else scheme.with_activation(activation)
 
 
+def _load_any(name: str, arguments: argparse.Namespace):
+    """The scheme or network ``name`` names; the scheme options (``--activation``, and for
+    derive ``--causal``, ``--name``) are refused for a network, which names its own."""
+    from splitformer.symbolic.model import load_scheme_or_network
+    from splitformer.symbolic.scheme import Scheme
+
+    item = load_scheme_or_network(name)
+    if isinstance(item, Scheme):
+        return item if arguments.activation is None else item.with_activation(arguments.activation)
+    for option, given in (("--activation", arguments.activation is not None), ("--causal", getattr(arguments, "causal", False)),
+                          ("--name", getattr(arguments, "name", None) is not None)):
+        if given:
+            raise SplitformerError(f"{option} applies to schemes, not to the network {name!r} (it names its own)")
+    return item
+
+
 def _variant(scheme, causal: bool, name: str | None):
     """``scheme`` made causal (``--causal``) and named (``--name``)."""
     if causal:
@@ -184,15 +202,13 @@ def _show(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.equation import equation_latex
 
-    from splitformer.symbolic.model import is_model
+    from splitformer.symbolic.scheme import Scheme
 
-    if is_model(arguments.scheme):
+    scheme = _load_any(arguments.scheme, arguments)
+    if not isinstance(scheme, Scheme):
         from .model_pipeline import show_model
 
-        if arguments.activation is not None:
-            raise SplitformerError(f"--activation applies to schemes; the model {arguments.scheme!r} names its own")
-        return show_model(arguments.scheme, arguments.format)
-    scheme = _load(arguments.scheme, arguments.activation)
+        return show_model(scheme, arguments.format, arguments.scheme)
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")
     program = derive(scheme)
@@ -226,7 +242,8 @@ def _source_with_activation(scheme) -> str:
 def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.builtins import builtin_names
 
-    from splitformer.symbolic.model import is_model, load_model
+    from splitformer.symbolic.model import model_names
+    from splitformer.symbolic.scheme import Scheme
 
     from .model_pipeline import generate_model
     from .output import as_folder, check_writable, write_files
@@ -234,7 +251,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     from .passes import select
     from .pipeline import BACKEND_CHOICES, generate
 
-    names = list(arguments.schemes) + (builtin_names() if arguments.all_builtins else [])
+    names = list(arguments.schemes) + (builtin_names() + model_names() if arguments.all_builtins else [])
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     if arguments.name is not None and len(names) > 1:
@@ -245,16 +262,13 @@ def _derive(arguments: argparse.Namespace) -> str:
     # module name → (argument, scheme or model, identity); the same scheme or model twice is one, in any order
     emitted: dict[str, tuple[str, object, tuple]] = {}
     for name in names:
-        if is_model(name):
-            if arguments.activation is not None:
-                raise SplitformerError(f"--activation applies to schemes; the model {name!r} names its own")
-            if arguments.causal or arguments.name is not None:
-                option = "--causal" if arguments.causal else "--name"
-                raise SplitformerError(f"{option} applies to schemes, not to the model {name!r}")
-            item, module, identity = load_model(name), name.replace("-", "_"), ("model", name)
+        item = _load_any(name, arguments)
+        if isinstance(item, Scheme):
+            item = _variant(item, arguments.causal, arguments.name)
+            identity = ("scheme", item.source)
         else:
-            item = _variant(_load(name, arguments.activation), arguments.causal, arguments.name)
-            module, identity = item.module_name, ("scheme", item.source)
+            identity = ("network", repr(item))
+        module = item.module_name
         first, _, known = emitted.setdefault(module, (name, item, identity))
         if known != identity:
             raise SplitformerError(f"{first!r} and {name!r} would both be written as {module}.py; "
@@ -262,8 +276,8 @@ def _derive(arguments: argparse.Namespace) -> str:
     backends = BACKEND_CHOICES[arguments.backend]
 
     def generated(item: tuple[str, object, tuple]) -> dict[Path, str]:
-        name, scheme, _ = item
-        return (generate_model if is_model(name) else generate)(scheme, backends, out, passes)
+        _, scheme, _ = item
+        return (generate if isinstance(scheme, Scheme) else generate_model)(scheme, backends, out, passes)
 
     files: dict[Path, str] = {}
     for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
@@ -286,14 +300,12 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
-    from splitformer.codegen.verification.guard import guarded
-    from splitformer.codegen.verification.network_adjoint_tests import NETWORKS, network_adjoint_tests
-    from splitformer.codegen.verification.network_semantics import SEMANTICS_NETWORKS, network_semantics_checks
-    from splitformer.codegen.verification.statements.model_recovery import model_checks
-    from splitformer.symbolic.model import is_model, load_model, model_names
+    from splitformer.symbolic.model import load_scheme_or_network, model_names
+    from splitformer.symbolic.scheme import Scheme
 
     names = arguments.schemes or builtin_names() + model_names()
-    schemes = [_load(name, None) for name in names if not is_model(name)]
+    items = {name: load_scheme_or_network(name) for name in names}
+    schemes = [item for item in items.values() if isinstance(item, Scheme)]
     plots = None
     if arguments.plots is not None:
         plots = Path(arguments.plots)
@@ -309,14 +321,8 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
             check_replaceable(target, hint="remove it or choose another --plots folder")
         check_writable(plots, f"--plots {plots}")
         _require_matplotlib("--plots")
-    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None)
-    for name in names:
-        if is_model(name):
-            report.add(*guarded(f"model/{name}", name, lambda: model_checks(load_model(name))))
-            if name in SEMANTICS_NETWORKS:
-                report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(name)))
-            if name in NETWORKS:
-                report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(name)))
+    networks = [item for item in items.values() if not isinstance(item, Scheme)]
+    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 
@@ -398,14 +404,17 @@ def _study_command(commands) -> None:
         study.add_argument(f"--{name}", type=int, default=getattr(default, field), dest=field, metavar="N",
                            help=f"{help_text} (default {getattr(default, field)})")
     study.add_argument("--out", default="study", metavar="DIR", help="output folder (default: study)")
+    study.add_argument("--force", action="store_true",
+                       help="replace study files in DIR that splitformer did not write")
     _load_option(study)
 
 
 def _study(arguments: argparse.Namespace) -> str:
-    from .output import as_folder, check_writable
-    from .study import Budget, study
+    from .output import as_folder, check_files, check_writable
+    from .study import FILES, Budget, study
 
     out = as_folder(arguments.out, "--out")
+    check_files([out / name for name in FILES], force=arguments.force, root=out)  # before any training
     check_writable(out, "--out")
     _require_matplotlib("study")
     try:
@@ -415,7 +424,7 @@ def _study(arguments: argparse.Namespace) -> str:
     budget = Budget(**{name: getattr(arguments, name)
                        for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
     result = study(arguments.schemes, arguments.task, budget)
-    paths = result.write(out)
+    paths = result.write(out, force=arguments.force)
     return result.as_markdown() + "\n\nwrote " + ", ".join(str(path) for path in paths)
 
 
@@ -460,8 +469,19 @@ def _silence_stdout() -> None:
         pass
 
 
+def _ignore_interrupts() -> None:
+    """Ignore SIGINT from now on: this process is ending with status 130. A second Ctrl-C (or a
+    SIGINT to the process group) while the message is printed would otherwise escape as a
+    traceback, and one during the interpreter's shutdown, after it restored the default
+    disposition, would end the process by the signal (status -2) instead."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line (``argv`` None: this process's own, it ends with the command); returns the exit status."""
     try:
         text, status = _run(argv)
         try:
@@ -477,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(error))
         return 2
     except KeyboardInterrupt:
+        if argv is None:  # the process is the command (not a caller's in-process run): keep it at 130
+            _ignore_interrupts()
         _error("interrupted")
         return 130
     return status

@@ -21,7 +21,7 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .api import Derivation, derive
+from .api import Derivation, as_scheme, derive
 from .convergence import Study, convergence_study, plot_studies
 
 __all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count"]
@@ -146,7 +146,7 @@ def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
         for name, value in sizes.items():
             if name not in ("d", "d_ff") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SplitformerError(f"compare: sizes[{name!r}] = {value!r}; expected d and d_ff as positive integers")
-    derivations = [derive(scheme, activation) for scheme in schemes]
+    derivations = [derive(as_scheme(scheme), activation) for scheme in schemes]
     if not derivations:
         raise SplitformerError("compare: name at least one scheme")
     return Comparison(derivations, sizes)

@@ -79,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         reference_layer = layer.to(torch_dtype)
         block = torch_module.Block(d, n_heads, d_ff, eps=eps, dtype=torch_dtype).load_params(params).eval()
         x = torch.tensor(u.astype(dtype))
+        numpy_params = {key: value.astype(dtype) for key, value in params.items()}
         for path, grad in (("no_grad (fused)", False), ("autograd", True)):
             with torch.set_grad_enabled(grad):
                 reference = reference_layer(x).detach().numpy()
                 candidates = {
-                    "numpy": numpy_module.forward(u.astype(dtype), params, n_heads=n_heads, eps=eps),
+                    "numpy": numpy_module.forward(u.astype(dtype), numpy_params, n_heads=n_heads, eps=eps),
                     "torch": block(x).detach().numpy(),
                 }
             for backend, value in candidates.items():

@@ -22,3 +22,12 @@ class InlineFigure(Figure):
         image = io.BytesIO()
         self.savefig(image, format="png")
         return image.getvalue()
+
+    def marked_png(self) -> bytes:
+        """The PNG image to write to a file: its Software chunk says splitformer made it (``codegen.output``
+        replaces such a file without ``--force``)."""
+        from .output import MARKER
+
+        image = io.BytesIO()
+        self.savefig(image, format="png", metadata={"Software": MARKER})
+        return image.getvalue()

@@ -27,6 +27,8 @@ def _bound(name: str, kind: str, shape: Sequence[str], operator_kind: str, shape
     attention = operator_kind == "attention"
     if kind == "gain":
         return "None"
+    if kind == "step":  # a learned time step starts at 0: the identity step (LayerScale, ReZero)
+        return "0.0"
     if kind == "weight":
         if attention and attribute in _FUSED_IN_PROJECTION:
             return f"math.sqrt(6 / ({_fan_in(shape)} + 3 * {shape[-1]}))"

@@ -19,7 +19,8 @@ from splitformer.symbolic.domains import Domain
 from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Normalize", "Cache",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
+    "Normalize", "Cache",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
@@ -176,6 +177,23 @@ class Attention(Op):
 
     def reads(self) -> list[str]:
         return [self.q.name, self.k.name, self.v.name] + ([self.support.name] if self.support else [])
+
+
+@dataclass(frozen=True)
+class Unrolled(Op):
+    """A sum over a small fixed axis written out: ``out[.., c, ..] = Σ_c̃ entries[c][c̃] x[.., c̃, ..]``.
+
+    ``x`` is read with ``summed`` where ``out`` has ``axis``; each entry is an elementwise
+    expression (the rotation of a pair: ``cos φ``, ``−sin φ``, …) broadcast to ``out`` without ``axis``.
+    """
+
+    x: Operand | None = None
+    axis: str = ""
+    summed: str = ""
+    entries: tuple[tuple[sp.Expr, ...], ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.x.name, *sorted({name for row in self.entries for entry in row for name in _indexed_names(entry)})]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from splitformer.symbolic.cvt import derive_cvt
-from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_model
+from splitformer.symbolic.builtins import is_model, model_text
+from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, NetworkSpec
+from splitformer.symbolic.scheme_file import read_source
 from splitformer.symbolic.model_derivation import derive_grid_model, derive_model
 
 from .model_render import render_cvt, render_grid_model, render_model
@@ -19,7 +21,7 @@ from .pipeline import PACKAGE_INIT
 __all__ = ["generate_model", "show_model"]
 
 
-def generate_model(spec: ModelSpec | GridModelSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:
+def generate_model(spec: NetworkSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:
     """The files ``splitformer derive`` writes for the model ``spec`` under ``out``."""
     files = {out / "__init__.py": PACKAGE_INIT}
     if isinstance(spec, MultiscaleSpec):
@@ -39,13 +41,11 @@ def generate_model(spec: ModelSpec | GridModelSpec, backends: tuple[str, ...], o
     return files
 
 
-def show_model(name: str, form: str) -> str:
-    """``splitformer show`` of a built-in model: its file, its report, or its discrete stages."""
-    from importlib import resources
-
-    spec = load_model(name)
+def show_model(spec: NetworkSpec, form: str, name_or_path: str) -> str:
+    """``splitformer show`` of a network (read from ``name_or_path``): its file, its report, or its discrete stages."""
     if form == "toml":
-        return (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8").rstrip("\n")
+        text = model_text(name_or_path) if is_model(name_or_path) else read_source(Path(name_or_path), "network file")
+        return text.removeprefix("\ufeff").rstrip("\n")
     if isinstance(spec, MultiscaleSpec):
         program = derive_cvt(spec.name, spec.summary)
         if form == "markdown":

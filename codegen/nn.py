@@ -1,11 +1,13 @@
-"""Whole models around an emitted ``Stack``: a causal language model and a sequence classifier.
+"""Whole models around an emitted ``Stack``: a causal language model, a sequence classifier, a text encoder.
 
 ``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
 embedding, learned positions (unless the scheme's attention is rotary: its ``Stack`` takes
 ``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
 stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
-(mean over the unpadded tokens, or a learned class token) into a linear head::
+(mean over the unpadded tokens, or a learned class token) into a linear head.
+``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
+token-type embeddings, a LayerNorm, the stack, and BERT's pooler. For example::
 
     import splitformer
 
@@ -24,10 +26,11 @@ from pathlib import Path
 
 import torch
 
+from splitformer.symbolic.builtins import builtin_names
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Scheme
 
-__all__ = ["LanguageModel", "Classifier", "stack_module"]
+__all__ = ["LanguageModel", "Classifier", "TextEncoder", "stack_module"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -41,16 +44,14 @@ def _builtin_module(name: str, causal: bool) -> types.ModuleType:
 def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool) -> types.ModuleType:
     """The emitted torch module of ``scheme`` (causal with a KV cache when ``causal``), checked to
     hold a self-attention ``Stack`` without a memory. A module passed in is used as it is."""
-    from splitformer.symbolic.builtins import builtin_names
-
     if isinstance(scheme, types.ModuleType):
         module = scheme
     elif isinstance(scheme, str) and scheme in builtin_names():
         module = _builtin_module(scheme, causal)
     else:
-        from .api import derive
+        from .api import as_scheme, derive
 
-        module = derive(scheme, causal=causal).torch_module()
+        module = derive(as_scheme(scheme), causal=causal).torch_module()
     # torch.compile looks the module up by name to reach its globals: an in-memory one must be findable
     sys.modules[module.__name__] = module
     stack = getattr(module, "Stack", None)
@@ -155,9 +156,17 @@ class LanguageModel(_Embedded):
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         if not isinstance(tie_weights, bool):
             raise TypeError(f"tie_weights must be a bool, got {type(tie_weights).__name__}")
+        if isinstance(scheme, (str, Path)) and str(scheme) not in builtin_names():
+            from .api import as_scheme
+
+            scheme = as_scheme(scheme)  # the file read once: the arguments hold what this model computes
         module = stack_module(scheme, causal=True)
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.tie_weights = module.SCHEME, vocab_size, tie_weights
+        #: The arguments that rebuild this model (``to_hf`` writes them into its config).
+        self.arguments = {"scheme": scheme, "vocab_size": vocab_size, "d_model": d_model, "n_heads": n_heads,
+                          "d_ff": d_ff, "n_layers": n_layers, "max_tokens": max_tokens, "tie_weights": tie_weights,
+                          "dropout": dropout, "final_norm": final_norm, **stack_options}
         self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
         self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
                           stack_options)
@@ -176,18 +185,25 @@ class LanguageModel(_Embedded):
         return [{} for _ in self.stack.layers]
 
     def forward(self, tokens: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
-                cache: list[dict] | None = None) -> torch.Tensor:
+                cache: list[dict] | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, tokens, vocab) of the next token after each of ``tokens`` (batch, tokens).
 
         ``padding_mask`` (batch, cached + new tokens), True = padded (left padding: positions
         count from each row's first real token). ``cache`` (``new_cache()``): ``tokens`` are
         the new ones; keys and values of the earlier ones come from the cache, which grows.
+        ``positions`` (batch, tokens): the new tokens' positions, if not counted so.
         """
         tokens = _check_tokens("tokens", tokens, self.vocab_size)
         batch, n_tokens = tokens.shape
         offset = next(iter(cache[0].values())).shape[1] if cache and cache[0] else 0
         padding_mask = _check_padding(padding_mask, (batch, offset + n_tokens))
-        positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
+        if positions is None:
+            positions = _positions(padding_mask, batch, offset, n_tokens, tokens.device)
+        elif not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
+                or positions.dtype == torch.bool or positions.shape[-1:] != (n_tokens,) or positions.dim() > 2:
+            raise ValueError(f"positions must be integer positions of shape (batch, {n_tokens}) or ({n_tokens},)")
+        else:
+            positions = positions.expand(batch, n_tokens)
         u, placed = self._place(self.embed(tokens), positions)
         u = self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=True, cache=cache, **placed)
         return self.head(u)
@@ -309,3 +325,78 @@ class Classifier(_Embedded):
             return self.head(u.mean(dim=1))
         kept = (~padding_mask).to(u.dtype)[..., None]
         return self.head((u * kept).sum(dim=1) / kept.sum(dim=1).clamp_min(1))
+
+
+class TextEncoder(_Embedded):
+    """A BERT-style encoder over the (non-causal) ``Stack`` of ``scheme``: the sum of token,
+    learned position (counted from 0 in every row; none for rotary schemes) and token-type
+    embeddings, a LayerNorm (``embedding_norm``), dropout, the stack; ``pool`` is BERT's pooler
+    (the first token's final state through a dense layer and tanh).
+
+    ``n_token_types``: 0 for none. ``eps``: the embedding norm's and the stack's. Other keywords
+    (``bias``, …) go to ``Stack``.
+    """
+
+    def __init__(self, scheme, vocab_size: int, *, d_model: int = 64, n_heads: int = 4, d_ff: int | None = None,
+                 n_layers: int = 2, max_tokens: int = 512, n_token_types: int = 2, embedding_norm: bool = True,
+                 pooler: bool = True, eps: float = 1e-5, dropout: float = 0.0, final_norm: bool | None = None,
+                 device=None, dtype=None, **stack_options):
+        super().__init__()
+        for name, size, least in (("vocab_size", vocab_size, 1), ("n_token_types", n_token_types, 0)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < least:
+                raise ValueError(f"{name} must be an int ≥ {least}, got {size!r}")
+        for name, flag in (("embedding_norm", embedding_norm), ("pooler", pooler)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        module = stack_module(scheme, causal=False)
+        factory = {"device": device, "dtype": dtype}
+        self.scheme, self.vocab_size, self.n_token_types = module.SCHEME, vocab_size, n_token_types
+        self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)
+        self.token_types = torch.nn.Embedding(n_token_types, d_model, **factory) if n_token_types else None
+        self.embedding_norm = torch.nn.LayerNorm(d_model, eps=eps, **factory) if embedding_norm else None
+        self._build_stack(module, n_layers, d_model, n_heads, d_ff, max_tokens, dropout, final_norm, factory,
+                          {**stack_options, "eps": eps})
+        self.pooler = torch.nn.Linear(d_model, d_model, **factory) if pooler else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings N(0, 0.02²), the embedding norm's unit gain and zero bias, the pooler as
+        torch's ``Linear``, the stack's own initialization."""
+        self._reset_embeddings(self.embed, self.positions, self.token_types)
+        for part in (self.embedding_norm, self.pooler):
+            if part is not None:
+                part.reset_parameters()
+        self.stack.reset_parameters()
+
+    def forward(self, tokens: torch.Tensor, *, token_types: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states (batch, tokens, d) of ``tokens`` (batch, tokens).
+
+        ``token_types`` (batch, tokens): segment ids (default 0). ``padding_mask`` (batch,
+        tokens), True = padded: no token attends to a padded one.
+        """
+        tokens = _check_tokens("tokens", tokens, self.vocab_size)
+        batch, n_tokens = tokens.shape
+        padding_mask = _check_padding(padding_mask, (batch, n_tokens))
+        u = self.embed(tokens)
+        if token_types is not None or self.token_types is not None:
+            if self.token_types is None:
+                raise ValueError("token_types given, but this TextEncoder has n_token_types = 0")
+            types = tokens.new_zeros(tokens.shape) if token_types is None else \
+                _check_tokens("token_types", token_types, self.n_token_types)
+            if tuple(types.shape) != (batch, n_tokens):
+                raise ValueError(f"token_types must have shape {[batch, n_tokens]}, got {list(types.shape)}")
+            u = u + self.token_types(types)
+        u, placed = self._place(u, _positions(None, batch, 0, n_tokens, u.device))
+        if self.embedding_norm is not None:
+            u = self.embedding_norm(u)
+        return self.stack(self.dropout(u), key_padding_mask=padding_mask, causal=False, **placed)
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """BERT's pooler: ``tanh(dense(hidden[:, 0]))`` of the final hidden states (batch, tokens, d)."""
+        if self.pooler is None:
+            raise ValueError("this TextEncoder has no pooler (pooler=False)")
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[-1] != self.d_model:
+            raise ValueError(f"hidden must be a tensor (batch, tokens, {self.d_model}), got "
+                             f"{list(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__}")
+        return torch.tanh(self.pooler(hidden[:, 0]))

@@ -10,12 +10,14 @@ import jinja2
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
 
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, Module
+from .ir import Cache, Elementwise, MatMul, Module
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
 
@@ -40,6 +42,7 @@ def environment() -> jinja2.Environment:
     env.filters["pystr"] = python_string
     env.filters["doc"] = _escaped
     env.filters["comment"] = _one_line
+    env.filters["pyfloat"] = lambda value: repr(float(value))  # a number, or ValueError: never code
     env.filters["pytuple"] = lambda names: "(" + "".join(f"{python_string(name)}, " for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
@@ -63,6 +66,15 @@ def python_string(text: str) -> str:
     return f'"{_escaped(text)}"'
 
 
+def _parameter_path(parameter: object) -> tuple[str, str]:
+    """``group.attribute`` of a parameter's name, each part checked as an identifier: they are
+    emitted as code (``self.attn.W_q``), so no text may reach there unchecked."""
+    parts = parameter.split(".") if isinstance(parameter, str) else [parameter]
+    if len(parts) != 2:
+        raise SplitformerError(f"parameter name {str(parameter)[:64]!r} is not 'group.attribute'")
+    return check_identifier(parts[0], "parameter group"), check_identifier(parts[1], "parameter attribute")
+
+
 def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
@@ -82,7 +94,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     for info in module.tensors.values():
         if info.role != "param":
             continue
-        group, attribute = info.parameter.split(".")
+        group, attribute = _parameter_path(info.parameter)
         shape = _code_shape(info.shape)
         view = _code_shape(info.view) if info.view is not None else shape
         if hidden is None and HIDDEN in info.shape:
@@ -109,13 +121,15 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_layer_norm", "_rms_norm", "_grid")
-                 if f"{helper}(" in code},
+        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm",
+                                       "_rms_norm", "_grid", "_cat") if f"{helper}(" in code},
+        # parameters a fused product reads side by side (names, axis): stored as views of one tensor
+        "side_by_side": _side_by_side(module),
         "output": module.output,
         # what the operators declare they read (symbolic.inputs), and the grids the arrays live on
         "positions": any(field.role == "positions" for field in module.inputs),
         "memory": any(field.role == "memory" for field in module.inputs),
-        "constants": list(module.constants),
+        "constants": [constant for constant in module.constants if check_identifier(constant.name, "constant")],
         # the optional keyword arguments the declared inputs come from (memory_key_padding_mask, positions)
         "keywords": [field.argument for field in module.inputs if field.role != "memory"],
         "grouped": bool({KV_HEADS, KV_FEATURES} & domains),
@@ -123,6 +137,18 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
     }
+
+
+def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:
+    """The kernels (axis 1) and biases (axis 0) of each fused product over parameters, once each."""
+    groups = []
+    for op in module.ops:
+        if isinstance(op, MatMul) and len(op.weights) > 1:
+            for names, axis in ((op.weights, 1), (op.biases, 0)):
+                infos = [module.tensors.get(name) for name in names]
+                if all(info is not None and info.role == "param" for info in infos):
+                    groups.append((tuple(info.parameter for info in infos), axis))
+    return list(dict.fromkeys(groups))
 
 
 def _last_reads(module: Module, keep: set[str], codes: list[list[str]]) -> dict[int, list[str]]:

@@ -24,6 +24,7 @@ _EXPORTS = {
     "runge_kutta": "splitformer.symbolic.builder",
     "derive": "splitformer.codegen.api",
     "Derivation": "splitformer.codegen.api",
+    "NetworkDerivation": "splitformer.codegen.network_api",
     "compare": "splitformer.codegen.compare",
     "Operator": "splitformer.symbolic.operators",
     "ProjectionOperator": "splitformer.symbolic.operators",
@@ -31,6 +32,7 @@ _EXPORTS = {
     "register_tableau": "splitformer.symbolic.tableaux",
     "make_tableau": "splitformer.symbolic.tableaux",
     "load_plugin": "splitformer.symbolic.plugins",
+    "register_activation": "splitformer.symbolic.activations",
 }
 __all__ = ["__version__", "adapters", "nn", *_EXPORTS]
 

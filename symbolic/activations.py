@@ -7,6 +7,7 @@ projections (docs/model.md §6).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sympy as sp
@@ -14,16 +15,24 @@ import sympy as sp
 from .errors import SplitformerError
 from .projections import SYMBOLS, derive_relu_projection
 
-__all__ = ["Activation", "ACTIVATIONS", "activation"]
+__all__ = ["Activation", "ACTIVATIONS", "activation", "register_activation", "V"]
+
+#: The argument of an activation's formula (``register_activation``).
+V = SYMBOLS.v
+_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+#: The functions an activation's formula may use: every backend prints them, the evaluator knows them.
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max, sp.Abs)
 
 
 @dataclass(frozen=True)
 class Activation:
-    """A pointwise map ``v ↦ formula(v)`` and how the model reads it."""
+    """A pointwise map ``v ↦ formula(v)`` and how the model reads it; ``proximal``: the claim that it is
+    (or is not) the proximal map of a convex penalty, which ``splitformer check`` verifies."""
 
     name: str
     formula: sp.Expr
     meaning: str
+    proximal: bool | None = None
 
     def __call__(self, argument: sp.Expr) -> sp.Expr:
         return self.formula.subs(SYMBOLS.v, argument)
@@ -64,3 +73,36 @@ def activation(name: str) -> Activation:
         known = ", ".join(sorted(ACTIVATIONS))
         raise SplitformerError(f"unknown activation {name!r} (known: {known})")
     return ACTIVATIONS[name]()
+
+
+def register_activation(name: str, formula: sp.Expr, meaning: str, *, proximal: bool) -> Activation:
+    """Make ``formula`` (a SymPy expression in ``V``) the activation ``name`` for schemes and ``--activation``.
+
+    ``proximal`` states whether it is the proximal map of a convex penalty (a projection, as ReLU
+    is, or not, as GELU is not); ``splitformer check`` proves or refutes the claim
+    (``activation/<name>``). Built of rationals, π, ``exp``, ``erf``, ``tanh``, ``Max(·, 0)`` and ``Abs``.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 32:
+        raise SplitformerError(f"register_activation: {name!r} is not an activation name (lower-case words joined by '-')")
+    if name in ACTIVATIONS:
+        raise SplitformerError(f"register_activation: the activation {name!r} exists already")
+    if not isinstance(proximal, bool):
+        raise SplitformerError(f"register_activation {name!r}: proximal must be True or False, got {proximal!r}")
+    if not isinstance(meaning, str) or "\n" in meaning:
+        raise SplitformerError(f"register_activation {name!r}: meaning must be one line of text")
+    try:
+        formula = sp.sympify(formula, strict=True)
+    except (sp.SympifyError, TypeError):
+        raise SplitformerError(f"register_activation {name!r}: the formula must be a SymPy expression in V") from None
+    if formula.free_symbols != {V}:
+        raise SplitformerError(f"register_activation {name!r}: the formula must depend on V alone, it reads "
+                               f"{sorted(map(str, formula.free_symbols))}")
+    unknown = sorted({node.func.__name__ for node in sp.preorder_traversal(formula)
+                      if not (node.is_Atom or isinstance(node, (sp.Add, sp.Mul, sp.Pow)) or node.func in _FUNCTIONS)
+                      or (isinstance(node, sp.Max) and (len(node.args) != 2 or 0 not in node.args))})
+    if unknown or formula.has(sp.Float):
+        raise SplitformerError(f"register_activation {name!r}: {unknown[0] if unknown else 'a float'} is not allowed "
+                               "(rationals, pi, exp, erf, tanh, Max(·, 0), Abs)")
+    made = Activation(name, formula, meaning, proximal)
+    ACTIVATIONS[name] = lambda: made
+    return made

@@ -31,13 +31,16 @@ __all__ = ["scheme", "substep", "projection", "parallel", "rk2", "runge_kutta", 
 Number = int | str | Fraction | sp.Rational
 
 
-def substep(operator: str, solver: str = "explicit", *, fraction: Number = 1, on: str | None = None) -> dict:
-    """One substep: ``solver`` (``explicit`` or ``projection``) applied to ``operator``."""
+def substep(operator: str, solver: str = "explicit", *, fraction: Number = 1, on: str | None = None,
+            then: str | None = None, step: str = "fixed") -> dict:
+    """One substep: ``solver`` (``explicit`` or ``projection``) applied to ``operator``; ``then`` a projection
+    of its output before it is added, ``step = "per-channel"`` a learned diagonal time step."""
     table: dict[str, Any] = {"operator": operator, "solver": solver}
     if fraction != 1:
         table["fraction"] = fraction
-    if on is not None:
-        table["on"] = on
+    for key, value, default in (("on", on, None), ("then", then, None), ("step", step, "fixed")):
+        if value != default:
+            table[key] = value
     return table
 
 

@@ -15,7 +15,12 @@ from .errors import SplitformerError
 from .exact_numbers import exact_number
 from .tableaux import HEUN, Tableau
 
-__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence"]
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "STEP_CONTROLS"]
+
+#: How a substep's time step is set: ``fixed`` (its ``fraction`` of Δt), or ``per-channel``: a
+#: learned control ``λ(y)`` of the operator's field (``<operator>.step``), a diagonal time step
+#: (LayerScale).
+STEP_CONTROLS = ("fixed", "per-channel")
 
 
 def _exact(value: object, where: str) -> sp.Rational:
@@ -28,15 +33,27 @@ def _exact(value: object, where: str) -> sp.Rational:
 
 @dataclass(frozen=True)
 class Substep:
-    """Solve ``u_t = fraction · A(u)`` (or ``A(Proj(u))`` with ``on``) over one step."""
+    """Solve ``u_t = fraction · A(u)`` (or ``A(Proj(u))`` with ``on``) over one step.
+
+    ``then`` names a projection applied to the field's output before it is added (a branch map:
+    ``u_t = P(A(u))``, the sandwich norm); ``step`` other than ``fixed`` multiplies the field by a
+    learned control ``λ`` (``STEP_CONTROLS``): ``u_t = fraction · λ ⊙ A(u)``.
+    """
 
     operator: str
     solver: str
     fraction: sp.Rational = sp.Integer(1)
     on: str | None = None
+    then: str | None = None
+    step: str = "fixed"
 
     def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
         object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
+
+    @property
+    def field(self) -> tuple[str, str | None, str | None, str]:
+        """What the substep evaluates, whatever its share of the step: ``(operator, on, then, step)``."""
+        return self.operator, self.on, self.then, self.step
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,10 @@ class _Deriver:
                 indices = tuple(variable.index for variable in parameter.arguments)
                 self.declare(Tensor(name, latex, indices, "param",
                                     f"{operator.key}.{parameter.name}", parameter.shape, parameter.kind))
+        for key, control in scheme.step_controls().items():
+            self.declare(Tensor(f"{key}_{control.name}", _keyed(control.latex, self.operators[key].key_latex()),
+                                tuple(variable.index for variable in control.arguments), "param",
+                                f"{key}.{control.name}", control.shape, control.kind))
         self.tensors["u0"] = Tensor("u0", "u^{(0)}", (X.index, Y.index), "input")
         if any(operator.uses_support() for operator in self.operators.values()):
             self.tensors[SUPPORT] = Tensor(SUPPORT, r"\chi", (X.index, X_KEY.index), "support")
@@ -158,14 +162,23 @@ class _Deriver:
         return sp.Symbol(self.tensors[state].latex)
 
     def field(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
-        """``A(u)`` or ``A(Proj(u))`` at ``state``: (discrete value, continuous expression)."""
+        """``A(u)``, ``A(Proj(u))`` with ``on``, ``Proj(A(u))`` with ``then``, times the learned step
+        ``λ`` where the substep has one, at ``state``: (discrete value, continuous expression)."""
         argument, continuous = state, self.symbol(state)
         if step.on is not None:
             argument = self.evaluate(step.on, state, evaluations)
             continuous = sp.Function(self.operators[step.on].labelled())(continuous)
         output = self.evaluate(step.operator, argument, evaluations)
         applied = sp.Function(self.operators[step.operator].labelled())(continuous)
-        return sp.IndexedBase(output)[X.index, Y.index], applied
+        if step.then is not None:
+            output = self.evaluate(step.then, output, evaluations)
+            applied = sp.Function(self.operators[step.then].labelled())(applied)
+        value = sp.IndexedBase(output)[X.index, Y.index]
+        if step.step != "fixed":
+            control = self.tensors[f"{step.operator}_step"]
+            value = sp.IndexedBase(control.name)[control.indices] * value
+            applied = sp.Mul(sp.Symbol(control.latex), applied, evaluate=False)
+        return value, applied
 
     def substep(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
         """The update of one substep as (discrete expression, continuous expression)."""
@@ -302,8 +315,10 @@ def _reads(operator: Operator, function: str) -> bool:
 
 def _solver_label(step: Substep) -> str:
     on = f" on Proj({step.on})" if step.on else ""
+    then = f", then Proj({step.then})" if step.then else ""
     fraction = "" if step.fraction == 1 else f", fraction {step.fraction}"
-    return f"{step.solver}{on}{fraction}"
+    control = "" if step.step == "fixed" else f", learned {step.step} step"
+    return f"{step.solver}{on}{then}{fraction}{control}"
 
 
 def _keyed(latex: str, label: str) -> str:

@@ -15,7 +15,7 @@ __all__ = [
     "Domain", "Variable", "TOKENS", "FEATURES", "HEADS", "HEAD_FEATURES", "HIDDEN",
     "X", "X_KEY", "ETA", "Y", "XI", "H", "E", "ZETA", "VARIABLES",
     "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "MEMORY",
-    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY",
+    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX",
 ]
 
 
@@ -100,5 +100,7 @@ C_IN = _variable(r"\tilde{c}", PAIR, "p")
 R = _variable("r", FREQUENCIES, "r")
 X_MEMORY = _variable(r"\hat{x}", MEMORY, "t")
 ETA_MEMORY = _variable(r"\hat{\eta}", MEMORY, "o")
+#: A second head coordinate: kernels that mix the head axis (talking heads) integrate over it.
+H_MIX = _variable(r"\tilde{h}", HEADS, "f")
 VARIABLES = {variable.symbol: variable for variable in (X, X_KEY, ETA, Y, XI, H, E, ZETA, G, S, C, C_IN, R,
-                                                       X_MEMORY, ETA_MEMORY)}
+                                                       X_MEMORY, ETA_MEMORY, H_MIX)}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import sympy as sp
 
-from .composition import Parallel, RungeKutta, Sequence
+from .composition import Parallel, RungeKutta, Sequence, Substep
 from .latex import unicode_text
 
 if TYPE_CHECKING:
@@ -49,11 +49,18 @@ class Term:
     on: str | None
     coefficient: sp.Rational
     projection: bool
+    then: str | None = None
+    step: str = "fixed"
+
+    @property
+    def substep(self) -> Substep:
+        """The term's field as an explicit substep of the whole step (``fraction`` 1)."""
+        return Substep(self.operator, "explicit", on=self.on, then=self.then, step=self.step)
 
 
 def equation_terms(scheme: "Scheme") -> list[Term]:
     """The terms of the equation, with the total coefficient each substep gives them."""
-    totals: dict[tuple[str, str | None, bool], sp.Rational] = {}
+    totals: dict[tuple, sp.Rational] = {}
 
     def visit(sequence: Sequence, weight: sp.Rational) -> None:
         for step in sequence.steps:
@@ -64,11 +71,12 @@ def equation_terms(scheme: "Scheme") -> list[Term]:
             if isinstance(step, RungeKutta):  # consistent: the stage weights sum to 1
                 visit(Sequence(step.fields), weight)
                 continue
-            key = (step.operator, step.on, step.solver == "projection")
+            key = (*step.field, step.solver == "projection")
             totals[key] = totals.get(key, sp.Integer(0)) + weight * step.fraction
 
     visit(scheme.body, sp.Integer(1))
-    return [Term(operator, on, coefficient, projection) for (operator, on, projection), coefficient in totals.items()]
+    return [Term(operator, on, coefficient, projection, then, step)
+            for (operator, on, then, step, projection), coefficient in totals.items()]
 
 
 def equation_latex(scheme: "Scheme") -> str:
@@ -78,6 +86,10 @@ def equation_latex(scheme: "Scheme") -> str:
     for term in equation_terms(scheme):
         argument = "u" if term.on is None else rf"{operators[term.on].labelled()}(u)"
         text = operators[term.operator].term_latex(argument)
+        if term.then is not None:  # a branch map: + P(A(…))
+            text = rf"+ {operators[term.then].labelled()}({text.removeprefix('+ ')})"
+        if term.step != "fixed":  # a learned diagonal time step: + λ ⊙ A(…)
+            text = text.replace("+ ", rf"+ \lambda_{{{operators[term.operator].key_latex()}}} \odot ", 1)
         if term.coefficient != 1 and not term.projection:
             text = text.replace("+ ", "+ " + sp.latex(term.coefficient) + r"\,", 1)
         parts.append(text)
@@ -96,7 +108,10 @@ def equation_text(scheme: "Scheme") -> str:
             parts.append(f"− ∂I_{constraint}[{term.operator}]({argument})")
         else:
             coefficient = "" if term.coefficient == 1 else f"{term.coefficient}·"
-            parts.append(f"+ {coefficient}{term.operator}({argument})")
+            field = f"{term.operator}({argument})"
+            field = field if term.then is None else f"Proj[{term.then}]({field})"
+            field = field if term.step == "fixed" else f"λ[{term.operator}] ⊙ {field}"
+            parts.append(f"+ {coefficient}{field}")
     return "u_t = " + " ".join(parts).removeprefix("+ ")
 
 

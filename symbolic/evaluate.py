@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 
+import mpmath
 import sympy as sp
 
+from .numeric_expressions import as_number, compile_numeric, work
 from .operators import EPSILON
 from .program import TIME_STEP, Program
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "evaluation_work"]
 
 
 def _substitute(expr: sp.Expr, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Expr:
@@ -53,10 +55,11 @@ def evaluate(
     An array written at a pattern accumulates its values there (entries not written are absent).
     ``inputs`` gives the entries of the input state ``u0``, of the parameters (named as in
     the program, e.g. ``attn_W_q``) and of the support ``chi``, as functions of integer
-    indices. ``sizes`` fixes ``N_x``, ``N_y``, … . ``digits``: every entry evaluated to that many
-    digits as it is computed (numeric inputs: exact constants such as ``√2`` do not pile up).
+    indices. ``sizes`` fixes ``N_x``, ``N_y``, … . ``digits``: numeric inputs, every entry computed
+    in that many digits with mpmath (``numeric_expressions``) and returned as a SymPy ``Float``.
     """
     values: dict[str, dict[tuple[int, ...], sp.Expr]] = {}
+    read: dict[tuple[str, tuple[int, ...]], object] = {}
 
     def entry(indexed: sp.Indexed) -> sp.Expr:
         name, index = str(indexed.base.label), tuple(int(i) for i in indexed.indices)
@@ -64,30 +67,62 @@ def evaluate(
             return values[name].get(index, sp.Integer(0))
         return sp.sympify(inputs[name](*index))
 
-    constants = {symbol: size for symbol, size in sizes.items()}
-    constants.update({EPSILON: eps, TIME_STEP: time_step})
-    for assignment in program.assignments:
-        # xreplace rebuilds every Idx with its concrete range, in the body and the limits alike
-        indices = assignment.lhs.xreplace(constants).indices
-        rhs = assignment.rhs.xreplace(constants)
-        if not all(isinstance(index, sp.Idx) for index in indices):
-            table = values.setdefault(assignment.target, {})
-            _accumulate(table, indices, rhs, entry)
-        else:
-            ranges = [range(int(index.upper) + 1) for index in indices]
-            table = {}
-            for point in itertools.product(*ranges):
-                table[point] = _substitute(rhs.xreplace(dict(zip(indices, map(sp.Integer, point)))), entry)
-            values[assignment.target] = table
-        if digits is not None:
-            table.update({point: sp.N(value, digits) for point, value in table.items()})
+    def number(name: str, index: tuple[int, ...]):
+        """``entry`` in ``digits``-digit numbers (an input read once)."""
+        if name in values:
+            return values[name].get(index, 0)
+        if (name, index) not in read:
+            read[name, index] = as_number(inputs[name](*index), digits)
+        return read[name, index]
+
+    def formula(rhs: sp.Expr) -> Callable[[dict], object]:
+        """``rhs`` as a function of the index values: SymPy terms, or ``digits``-digit numbers."""
+        if digits is None:
+            return lambda point: _substitute(rhs.xreplace({index: sp.Integer(value) for index, value in point.items()}),
+                                             entry)
+        return compile_numeric(rhs, number, digits)
+
+    constants = _constants(sizes, eps, time_step)
+    with mpmath.workdps(digits or mpmath.mp.dps):
+        for assignment in program.assignments:
+            # xreplace rebuilds every Idx with its concrete range, in the body and the limits alike
+            indices = assignment.lhs.xreplace(constants).indices
+            rhs = formula(assignment.rhs.xreplace(constants))
+            if not all(isinstance(index, sp.Idx) for index in indices):
+                _accumulate(values.setdefault(assignment.target, {}), indices, rhs)
+            else:
+                ranges = [range(int(index.upper) + 1) for index in indices]
+                values[assignment.target] = {point: rhs(dict(zip(indices, point))) for point in itertools.product(*ranges)}
+    if digits is not None:
+        values = {name: {point: sp.Float(value, digits) for point, value in table.items()}
+                  for name, table in values.items()}
     return values
 
 
-def _accumulate(table: dict, indices: tuple, rhs: sp.Expr, entry) -> None:
+def evaluation_work(program: Program, sizes: Mapping[sp.Symbol, int]) -> int:
+    """The closures ``evaluate(program, sizes, …, digits=n)`` calls: each assignment's ``work`` once per
+    entry it computes. A count, not a time: bounds on it are the same on every machine."""
+    constants = _constants(sizes, sp.Integer(1), sp.Integer(1))
+    total = 0
+    for assignment in program.assignments:
+        indices = assignment.lhs.xreplace(constants).indices
+        atoms = {atom for index in indices for atom in sp.sympify(index).atoms(sp.Idx)}
+        points = 1
+        for atom in atoms:
+            points *= int(atom.upper) + 1
+        total += points * work(assignment.rhs.xreplace(constants))
+    return total
+
+
+def _constants(sizes: Mapping[sp.Symbol, int], eps: sp.Expr, time_step: sp.Expr) -> dict:
+    return {**sizes, EPSILON: eps, TIME_STEP: time_step}
+
+
+def _accumulate(table: dict, indices: tuple, rhs: Callable[[dict], object]) -> None:
     """An array written at a pattern (``x[P p + r]``, ``x[0]``): each value added at its entry."""
     atoms = sorted({atom for index in indices for atom in sp.sympify(index).atoms(sp.Idx)}, key=str)
     for point in itertools.product(*(range(int(atom.upper) + 1) for atom in atoms)):
-        values = dict(zip(atoms, map(sp.Integer, point)))
-        key = tuple(int(sp.sympify(index).xreplace(values)) for index in indices)
-        table[key] = table.get(key, 0) + _substitute(rhs.xreplace(values), entry)
+        values = dict(zip(atoms, point))
+        key = tuple(int(sp.sympify(index).xreplace({atom: sp.Integer(value) for atom, value in values.items()}))
+                    for index in indices)
+        table[key] = table.get(key, 0) + rhs(values)

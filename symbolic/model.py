@@ -8,19 +8,22 @@ functional applied to ``u(·, ·, T)``.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .builtins import is_model, model_names, model_summary, model_text
+from .builtins import builtin_names, is_model, model_names, model_summary, model_text
 from .errors import SplitformerError
 from .kinds import OPERATOR_KINDS
 from .operators import Operator
 from .scheme import Scheme
-from .scheme_file import load_scheme
+from .names import check_line, check_operator_name, check_scheme_name
+from .scheme_file import load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["ModelSpec", "GridModelSpec", "MultiscaleSpec", "load_model", "model_names", "model_summary", "is_model"]
+__all__ = ["ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
+           "is_network_file", "network_family", "model_names", "model_summary", "is_model"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
 _GRID_KEYS = {"name", "summary", "operators", "step"}
@@ -76,6 +79,10 @@ class MultiscaleSpec:
         return self.name.replace("-", "_")
 
 
+#: Any parsed network file.
+NetworkSpec = ModelSpec | GridModelSpec | MultiscaleSpec
+
+
 #: What a multiscale model file must name: the operator kinds ``symbolic/cvt.py`` composes.
 MULTISCALE = {
     "stage": {"embedding": "convolution", "embedding_norm": "layer-norm", "projections": "depthwise-convolution",
@@ -92,57 +99,140 @@ def _multiscale(document: dict, where: str) -> MultiscaleSpec:
     for table, expected in MULTISCALE.items():
         if document.get(table) != expected:
             raise SplitformerError(f"{where}: {table}: a multiscale model composes exactly {expected}")
-    return MultiscaleSpec(str(document["name"]), str(document["summary"]))
+    return MultiscaleSpec(*_identity(document, where))
+
+
+#: The kinds a grid network's step composes, and those of a token network's embedding and readout.
+GRID_KINDS = ("convolution", "transposed-convolution", "batch-norm", "relu-projection")
+EMBEDDING_KINDS, READOUT_KINDS = ("patch-embedding",), ("class-token-head",)
+#: At most this many operators in a grid network (each is a derivation and a check).
+MAX_GRID_OPERATORS = 32
+#: Largest kernel, stride and padding a grid operator takes.
+MAX_WINDOW = 64
+#: Parameter prefixes a network's own operators may not take (the steps' and the final norm's).
+RESERVED_NAMES = ("layers", "final_norm", "stages")
+
+
+def _operator_name(name: object, where: str) -> str:
+    """An operator name of a network file: an identifier (it becomes parameter names and code), not reserved."""
+    if not isinstance(name, str):
+        raise SplitformerError(f"{where}: expected an operator name (a string), got {type(name).__name__}")
+    try:
+        check_operator_name(name)
+    except SplitformerError as error:
+        raise SplitformerError(f"{where}: {error}") from None
+    if name in RESERVED_NAMES:
+        raise SplitformerError(f"{where}: the operator name {name!r} is reserved ({', '.join(RESERVED_NAMES)})")
+    return name
+
+
+def _grid_option(name: str, value: object, where: str) -> object:
+    """``inputs``/``outputs``: ``"c"`` or ``"y"``; ``stride`` may be ``"stride"`` (the network's stride argument);
+    else an integer in range (it is printed into the emitted code)."""
+    if name in ("inputs", "outputs"):
+        if value not in ("c", "y"):
+            raise SplitformerError(f'{where}.{name}: expected "c" (the input channels) or "y" (the features), got {value!r}')
+        return value
+    if name == "stride" and value == "stride":
+        return value
+    low = 0 if name == "padding" else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_WINDOW:
+        also = ' or "stride" (the stride argument)' if name == "stride" else ""
+        raise SplitformerError(f"{where}.{name}: expected an integer from {low} to {MAX_WINDOW}{also}, got {value!r}")
+    return value
 
 
 def _grid_operator(key: str, table: object, where: str) -> Operator:
+    key = _operator_name(key, f"{where}: operators")
+    where = f"{where}: operators.{key}"
     if not isinstance(table, dict) or "kind" not in table:
-        raise SplitformerError(f"{where}: operators.{key}: expected a table with 'kind'")
+        raise SplitformerError(f"{where}: expected a table with 'kind'")
     options = {name: value for name, value in table.items() if name != "kind"}
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
-        raise SplitformerError(f"{where}: operators.{key}: unknown option {unknown[0]!r}")
+        raise SplitformerError(f"{where}: unknown option {unknown[0]!r}")
+    options = {name: _grid_option(name, value, where) for name, value in options.items()}
     kind = table["kind"]
-    if kind not in OPERATOR_KINDS:
-        raise SplitformerError(f"{where}: operators.{key}.kind: unknown operator kind {kind!r}")
+    if kind not in GRID_KINDS:
+        raise SplitformerError(f"{where}.kind: a grid step composes {', '.join(GRID_KINDS)}, not {str(kind)[:40]!r}")
     try:
         return OPERATOR_KINDS[kind](key, **options)
     except TypeError:
-        raise SplitformerError(f"{where}: operators.{key}: options {sorted(options)} do not fit kind {kind!r}") from None
+        raise SplitformerError(f"{where}: options {sorted(options)} do not fit kind {kind!r}") from None
+
+
+def _names(step: dict, key: str, where: str) -> tuple[str, ...]:
+    value = step.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise SplitformerError(f"{where}: step.{key}: expected a list of operator names")
+    return tuple(value)
 
 
 def _grid_model(document: dict, where: str) -> GridModelSpec:
     unknown = sorted(set(document) - _GRID_KEYS)
     if unknown:
         raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
+    if not isinstance(document["operators"], dict) or not isinstance(document.get("step", {}), dict):
+        raise SplitformerError(f"{where}: operators and step must be tables")
+    if len(document["operators"]) > MAX_GRID_OPERATORS:
+        raise SplitformerError(f"{where}: more than {MAX_GRID_OPERATORS} operators")
     operators = {key: _grid_operator(key, table, where) for key, table in document["operators"].items()}
     step = document.get("step", {})
-    field_keys = tuple(step.get("field", ()))
-    transfer = tuple(step.get("transfer", ()))
+    unknown = sorted(set(step) - {"field", "transfer", "projection"})
+    if unknown:
+        raise SplitformerError(f"{where}: step: unknown field {unknown[0]!r}")
+    field_keys, transfer = _names(step, "field", where), _names(step, "transfer", where)
     projection = step.get("projection")
+    if projection is not None and not isinstance(projection, str):
+        raise SplitformerError(f"{where}: step.projection: expected an operator name")
     for key in (*field_keys, *transfer, *([projection] if projection else [])):
         if key not in operators:
             raise SplitformerError(f"{where}: step names unknown operator {key!r}")
     if not field_keys:
         raise SplitformerError(f"{where}: step.field: name at least one operator")
-    return GridModelSpec(str(document["name"]), str(document["summary"]), operators, field_keys, transfer, projection)
+    if len(field_keys) + len(transfer) > MAX_GRID_OPERATORS:
+        raise SplitformerError(f"{where}: step: more than {MAX_GRID_OPERATORS} operators")
+    return GridModelSpec(*_identity(document, where), operators, field_keys, transfer, projection)
 
 
-def _operator(table: object, where: str) -> Operator:
+def _operator(table: object, where: str, kinds: tuple[str, ...]) -> Operator:
     if not isinstance(table, dict) or set(table) != {"operator", "kind"}:
         raise SplitformerError(f"{where}: expected a table with 'operator' and 'kind'")
     kind = table["kind"]
-    if kind not in OPERATOR_KINDS:
-        raise SplitformerError(f"{where}.kind: unknown operator kind {kind!r}")
-    return OPERATOR_KINDS[kind](str(table["operator"]))
+    if kind not in kinds:
+        raise SplitformerError(f"{where}.kind: expected {' or '.join(kinds)}, got {str(kind)[:40]!r}")
+    return OPERATOR_KINDS[kind](_operator_name(table["operator"], f"{where}.operator"))
 
 
-def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec | MultiscaleSpec:
-    """A model file's text → ``ModelSpec``; errors name ``where`` and the key."""
+def _document(text: str, where: str) -> dict:
     try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+        return tomllib.loads(text.removeprefix("\ufeff"))
+    except ValueError as error:  # TOMLDecodeError, and integers beyond Python's digit limit
         raise SplitformerError(f"{where}: invalid TOML: {error}") from None
+    except RecursionError:
+        raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
+
+
+#: The top-level keys that make a TOML document a network file rather than a block scheme (whose
+#: keys include ``operators`` and ``steps``, never these).
+_NETWORK_KEYS = {"embedding", "readout", "step", "composition"}
+
+
+def _identity(document: dict, where: str) -> tuple[str, str]:
+    """A network file's name and summary, checked as a scheme's are (they become file names and docstrings)."""
+    for key in ("name", "summary"):
+        if not isinstance(document.get(key), str):
+            raise SplitformerError(f"{where}: {key}: expected a string")
+    try:
+        return check_scheme_name(document["name"]), check_line(document["summary"], "summary")
+    except SplitformerError as error:
+        raise SplitformerError(f"{where}: {error}") from None
+
+
+def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpec:
+    """A network file's text → its spec; errors name ``where`` and the key; a scheme file it names is
+    read from ``folder`` (the network file's own)."""
+    document = _document(text, where)
     if document.get("composition") == "multiscale":
         return _multiscale(document, where)
     if "operators" in document:
@@ -154,24 +244,66 @@ def parse_model(text: str, where: str) -> ModelSpec | GridModelSpec | Multiscale
     steps = document["steps"]
     if not isinstance(steps, dict) or not isinstance(steps.get("scheme"), str):
         raise SplitformerError(f"{where}: steps.scheme: expected the name of a block scheme")
-    scheme = load_scheme(steps["scheme"])
+    scheme = load_scheme(_beside(steps["scheme"], folder))
     if "activation" in steps:
         scheme = scheme.with_activation(steps["activation"])
     final_norm = steps.get("final_norm", scheme.final_norm)
     if not isinstance(final_norm, bool):
         raise SplitformerError(f"{where}: steps.final_norm: expected true or false")
-    return ModelSpec(str(document["name"]), str(document["summary"]),
-                     _operator(document["embedding"], f"{where}: embedding"), scheme, final_norm,
-                     _operator(document["readout"], f"{where}: readout"))
+    embedding = _operator(document["embedding"], f"{where}: embedding", EMBEDDING_KINDS)
+    readout = _operator(document["readout"], f"{where}: readout", READOUT_KINDS)
+    if embedding.key == readout.key:
+        raise SplitformerError(f"{where}: the embedding and the readout are both named {embedding.key!r}")
+    return ModelSpec(*_identity(document, where), embedding, scheme, final_norm, readout)
 
 
-def load_model(name_or_path: str) -> ModelSpec | GridModelSpec | MultiscaleSpec:
-    """A built-in model by name, or a model file by path."""
+def _beside(scheme: str, folder: Path | None) -> str:
+    """A scheme file named by a network file is read beside it (a built-in's name stays a name)."""
+    if folder is None or scheme in builtin_names() or Path(scheme).is_absolute():
+        return scheme
+    return str(folder / scheme)
+
+
+def load_model(name_or_path: str | os.PathLike) -> NetworkSpec:
+    """A built-in network by name, or a network file by path."""
+    name_or_path = os.fspath(name_or_path)
     if is_model(name_or_path):
-        return parse_model(model_text(name_or_path),
-                           f"built-in model {name_or_path!r}")
-    path = Path(name_or_path)
+        return parse_model(model_text(name_or_path), f"built-in network {name_or_path!r}")
+    return parse_model(read_source(Path(name_or_path), "network file"), name_or_path, Path(name_or_path).parent)
+
+
+def is_network_file(text: str) -> bool:
+    """Whether a TOML text is a network file (an ``embedding`` or ``readout``, a grid ``step`` or a
+    ``composition``) rather than a block scheme; unreadable TOML is neither (``False``)."""
     try:
-        return parse_model(path.read_text(encoding="utf-8"), str(path))
-    except OSError as error:
-        raise SplitformerError(f"cannot read model file {name_or_path}: {error.strerror}") from None
+        document = tomllib.loads(text.removeprefix("\ufeff"))
+    except (ValueError, RecursionError):
+        return False
+    return bool(_NETWORK_KEYS & set(document))
+
+
+def load_scheme_or_network(name_or_path: str | os.PathLike) -> Scheme | NetworkSpec:
+    """A built-in scheme or network by name, or a scheme or network file by path (read once)."""
+    if isinstance(name_or_path, (str, os.PathLike)) and is_model(os.fspath(name_or_path)):
+        return load_model(name_or_path)
+    path = scheme_path(name_or_path)
+    if path is None:
+        return load_scheme(name_or_path)
+    text = read_source(path, "scheme file")
+    return parse_model(text, str(path), path.parent) if is_network_file(text) else parse_scheme(text, str(path))
+
+
+def _composition(spec: NetworkSpec) -> tuple:
+    """What a network computes, without its name and summary (a grid network's operators by kind and options)."""
+    if isinstance(spec, GridModelSpec):
+        operators = tuple((key, operator.kind, repr(operator)) for key, operator in spec.operators.items())
+        return ("grid", operators, spec.field, spec.transfer, spec.projection)
+    if isinstance(spec, MultiscaleSpec):
+        return ("multiscale",)
+    return ("tokens", spec.embedding.kind, spec.readout.kind)
+
+
+def network_family(spec: NetworkSpec) -> str | None:
+    """The built-in network whose composition ``spec`` shares (its scheme may differ), or ``None``:
+    the evaluators and sizes of the network checks are written per family."""
+    return next((name for name in model_names() if _composition(load_model(name)) == _composition(spec)), None)

@@ -13,11 +13,12 @@ import re
 
 from .errors import SplitformerError
 
-__all__ = ["check_scheme_name", "check_operator_name", "check_line", "MODULE_ATTRIBUTES", "MAX_NAME", "MAX_LINE"]
+__all__ = ["check_scheme_name", "check_operator_name", "check_identifier", "check_line", "MODULE_ATTRIBUTES", "MAX_NAME", "MAX_LINE"]
 
 MAX_NAME = 64
 _SCHEME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _OPERATOR = re.compile(r"[a-z][a-z0-9_]*")
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 #: Attributes of ``torch.nn.Module`` and of the emitted ``Block``/``Stack`` (an operator named
 #: like one would replace it); tests/test_names.py checks this against torch's own list.
@@ -63,6 +64,14 @@ def check_operator_name(name: str) -> str:
     if name in MODULE_ATTRIBUTES:
         raise SplitformerError(f"operator name {name!r} clashes with the attribute {name!r} of the emitted "
                                "torch.nn.Module")
+    return name
+
+
+def check_identifier(name: object, what: str) -> str:
+    """``name`` if it can stand as a Python identifier in emitted code (not a keyword); else ``SplitformerError``."""
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name) or keyword.iskeyword(name):
+        raise SplitformerError(f"{what} {str(name)[:MAX_NAME]!r} is not an identifier (letters, digits, '_', "
+                               f"at most {MAX_NAME}, no keyword)")
     return name
 
 

@@ -1,6 +1,6 @@
 """What an operator kind returns, checked before it is derived: a plug-in's output is data too.
 
-``parameters()`` and ``definitions()`` of any kind (a built-in, or a user's loaded with
+``parameters()``, ``definitions()``, ``constants`` and ``input_fields`` of any kind (a built-in, or a user's loaded with
 ``--load``) become identifiers, comments and expressions of the generated code. Names must
 be identifiers, text one line, and a definition a SymPy expression over the continuous
 variables, the sizes of the domains, ``eps``, ``rope_theta``, the kind's parameters and
@@ -10,17 +10,17 @@ module cannot resolve (or as code), so it is refused here in one line naming the
 
 from __future__ import annotations
 
-import re
+import math
 
 import sympy as sp
 
 from . import domains
 from .errors import SplitformerError
+from .inputs import ROLES, Constant, Input
+from .names import check_identifier, check_line
 from .operators import EPSILON, STATE, SUPPORT, Definition, Parameter
 
-__all__ = ["check_output"]
-
-_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+__all__ = ["check_output", "check_declared"]
 
 
 def _known_symbols() -> set[str]:
@@ -40,12 +40,12 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
     functions = {STATE, SUPPORT, "chi_m", "pos", "mem"}
     for parameter in parameters:
         for field in ("name", "function"):
-            _identifier(getattr(parameter, field), f"{where}: parameter {field}")
+            check_identifier(getattr(parameter, field), f"{where}: parameter {field}")
         _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex")
         functions.add(parameter.function)
     known = _known_symbols()
     for definition in definitions:
-        _identifier(definition.function, f"{where}: definition function")
+        check_identifier(definition.function, f"{where}: definition function")
         what = f"{where}: definition {definition.function!r}"
         _text(definition.latex, f"{what} latex")
         _text(definition.meaning, f"{what} meaning")
@@ -64,9 +64,33 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         functions.add(definition.function)
 
 
-def _identifier(name: object, what: str) -> None:
-    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
-        raise SplitformerError(f"{what} {str(name)[:64]!r} is not an identifier (letters, digits, '_', at most 64)")
+def check_declared(constants: object, inputs: object, where: str) -> None:
+    """``SplitformerError`` starting with ``where`` unless every declared constant and input field can be
+    emitted: a constant is a keyword argument (an identifier) with a finite default > 0 and a docstring
+    line for meaning; an input field's names are identifiers and its role one of ``ROLES``."""
+    for what, declared, item in (("constants", constants, Constant), ("input_fields", inputs, Input)):
+        wrong = [entry for entry in declared if not isinstance(entry, item)] if isinstance(declared, tuple) else [declared]
+        if wrong:
+            raise SplitformerError(f"{where}: {what} must be a tuple of {item.__name__}, "
+                                   f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
+    for constant in constants:
+        if not isinstance(constant.symbol, sp.Symbol):
+            raise SplitformerError(f"{where}: a constant's symbol must be a SymPy Symbol, "
+                                   f"got {type(constant.symbol).__name__}")
+        check_identifier(constant.name, f"{where}: constant")
+        default = constant.default
+        if isinstance(default, bool) or not isinstance(default, (int, float)) or not math.isfinite(default) \
+                or default <= 0:
+            raise SplitformerError(f"{where}: constant {constant.name!r}: the default must be a finite number > 0, "
+                                   f"got {str(default)[:40]!r}")
+        check_line(constant.meaning, f"{where}: constant {constant.name!r} meaning")  # its argument's docstring
+    for field in inputs:
+        for attribute in ("name", "argument"):
+            check_identifier(getattr(field, attribute), f"{where}: input field {attribute}")
+        _text(field.latex, f"{where}: input field {field.name!r} latex")
+        if field.role not in ROLES:
+            raise SplitformerError(f"{where}: input field {field.name!r}: role {str(field.role)[:40]!r} is not one "
+                                   f"of {', '.join(ROLES)}")
 
 
 def _text(text: object, what: str) -> None:

@@ -69,8 +69,16 @@ class Parameter:
 
     @property
     def kind(self) -> str:
-        """``weight``, ``bias`` or ``gain``: decides initialization and ``bias=False``."""
-        return "weight" if self.name.startswith("W") else "gain" if self.name == "gain" else "bias"
+        """Decides initialization and what ``bias=False`` drops: ``weight`` (``W…``), ``gain`` (``gain``, ``…_gain``;
+        ones), ``bias`` (``b``, ``bias``, ``b_…``; zeros, dropped), ``step`` (a learned time step; zeros, kept),
+        else ``control`` (zeros, never dropped: ALiBi's slopes, a head-mixing kernel)."""
+        if self.name == "step":
+            return "step"
+        if self.name.startswith("W"):
+            return "weight"
+        if self.name.split("_")[-1] == "gain":
+            return "gain"
+        return "bias" if self.name in ("b", "bias") or self.name.startswith("b_") else "control"
 
     def applied(self) -> sp.Expr:
         return apply(self.function, *self.arguments)

@@ -1,4 +1,4 @@
-"""Loading a user's own Python file: the explicit step that adds operators, projections, solvers.
+"""Loading a user's own Python file: the explicit step that adds operators, projections, solvers, activations.
 
 Scheme files never execute anything; a kind or a tableau defined in Python becomes usable
 by name once its file is loaded (``splitformer derive --load my_kinds.py scheme.toml`` or
@@ -20,6 +20,7 @@ from types import ModuleType
 
 from .errors import SplitformerError
 from .file_kinds import non_regular_kind
+from .activations import ACTIVATIONS
 from .kinds import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
@@ -57,7 +58,7 @@ def load_plugin(path: str | Path) -> ModuleType:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
-    kinds, tableaux = dict(OPERATOR_KINDS), dict(TABLEAUX)
+    kinds, tableaux, activations = dict(OPERATOR_KINDS), dict(TABLEAUX), dict(ACTIVATIONS)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
@@ -66,6 +67,7 @@ def load_plugin(path: str | Path) -> ModuleType:
         del sys.modules[name]
         _restore(OPERATOR_KINDS, kinds, kept=_project_kinds())
         _restore(TABLEAUX, tableaux)
+        _restore(ACTIVATIONS, activations)
         if isinstance(error, SplitformerError):
             raise SplitformerError(f"--load {path}: {error}") from None
         if not isinstance(error, KeyboardInterrupt):  # a user's file: any other failure is reported in one line

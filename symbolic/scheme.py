@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from .activations import activation as lookup_activation
-from .composition import Heun, Parallel, RungeKutta, Sequence, Substep
+from .composition import STEP_CONTROLS, Heun, Parallel, RungeKutta, Sequence, Substep
+from .domains import FEATURES, Y
 from .equation import equation_latex
 from .errors import SplitformerError
 from .names import check_scheme_name
-from .operator_checks import check_output
+from .operator_checks import check_declared, check_output
 from .kinds import OPERATOR_KINDS
-from .operators import Definition, Operator, Parameter
+from .operators import Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
 
-__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS", "operator_options"]
+__all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS",
+           "STEP_CONTROLS", "operator_options", "step_control"]
 
 #: How a substep is solved over its share of the step (``explicit`` is the Euler tableau).
 SOLVERS = {
@@ -35,6 +38,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     try:
         operator = cls(key, **options)
         parameters, definitions = operator.parameters(), operator.definitions()
+        constants, inputs = operator.constants, operator.input_fields
     except SplitformerError:
         raise
     except Exception as error:  # a user's code: any failure is reported in one line  # noqa: BLE001
@@ -47,7 +51,16 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
     check_output(tuple(parameters), tuple(definitions), where)
+    check_declared(constants, inputs, where)
     return operator
+
+
+def step_control(step: str) -> Parameter:
+    """The learned time step ``λ(y)`` of a substep's field (``Substep.step = "per-channel"``), stored ``(d,)``
+    under ``<operator>.step``; zero-initialized in a generated Block (LayerScale's and ReZero's start)."""
+    if step != "per-channel":
+        raise SplitformerError(f"unknown step {step!r} (known: {', '.join(STEP_CONTROLS)})")
+    return kernel("step", r"\lambda", (Y,), (FEATURES,))
 
 
 #: The most operator evaluations one step may make: a bound on the derivation's time.
@@ -104,6 +117,15 @@ class Scheme:
         if self.emitted_name:
             words += ["--name", self.emitted_name]
         return " ".join(words)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of what one step computes: the operators with their options, the composition
+        of substeps, the activation, the final norm and causality (not the name, summary or
+        claims). Emitted torch modules carry it (``COMPUTES``); adapters compare it."""
+        computation = (sorted(self.operators.items()), self.body, self.activation, self.final_norm, self.causal,
+                       sorted((key, sorted(options.items())) for key, options in self.options.items()))
+        return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
     def with_activation(self, name: str) -> "Scheme":
         if not isinstance(name, str):
@@ -173,6 +195,11 @@ class Scheme:
         visit(self.body)
         return found
 
+    def step_controls(self) -> dict[str, Parameter]:
+        """The learned time steps by operator key: the field of ``<operator>`` carries ``<operator>.step``
+        (shared by every substep of that field)."""
+        return {substep.operator: step_control(substep.step) for substep in self.substeps() if substep.step != "fixed"}
+
     def evaluations(self) -> int:
         """How many operator evaluations one step makes (a Runge–Kutta field counts once per stage)."""
 
@@ -197,7 +224,7 @@ class Scheme:
             if step.solver not in SOLVERS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "
                                        f"(known: {', '.join(SOLVERS)})")
-            for key in (step.operator, step.on):
+            for key in (step.operator, step.on, step.then):
                 if key is not None and key not in operators:
                     raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")
             operator = operators[step.operator]
@@ -209,9 +236,21 @@ class Scheme:
                 raise SplitformerError(
                     f"scheme {self.name!r}: {step.operator!r} is a projection and cannot be used as a "
                     "vector field; solve it with 'projection'")
-            if step.on is not None and not operators[step.on].is_projection:
-                raise SplitformerError(f"scheme {self.name!r}: 'on' must name a projection, not {step.on!r}")
-        used = {key for step in self.substeps() for key in (step.operator, step.on) if key is not None}
+            for role in ("on", "then"):
+                key = getattr(step, role)
+                if key is not None and not operators[key].is_projection:
+                    raise SplitformerError(f"scheme {self.name!r}: {role!r} must name a projection, not {key!r}")
+            if step.step not in STEP_CONTROLS:
+                raise SplitformerError(f"scheme {self.name!r}: unknown step {step.step!r} (known: {', '.join(STEP_CONTROLS)})")
+            if step.solver == "projection" and (step.then is not None or step.step != "fixed"):
+                raise SplitformerError(f"scheme {self.name!r}: the projection {step.operator!r} takes no 'then' or "
+                                       "learned 'step' (the normal cone absorbs Δt)")
+        steps = {}
+        for step in self.substeps():
+            if step.solver != "projection" and steps.setdefault(step.operator, step.step) != step.step:
+                raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
+                                       f"and {step.step!r}; its learned step {step.operator}.step is one control")
+        used = {key for step in self.substeps() for key in (step.operator, step.on, step.then) if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "

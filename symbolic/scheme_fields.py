@@ -147,8 +147,11 @@ def _check_substep(step, path: str) -> None:
     for field in ("operator", "solver"):
         if not isinstance(getattr(step, field), str):
             raise SplitformerError(f"{path}.{field}: expected str, got {type(getattr(step, field)).__name__}")
-    if step.on is not None and not isinstance(step.on, str):
-        raise SplitformerError(f"{path}.on: expected str or None, got {type(step.on).__name__}")
+    for role in ("on", "then"):
+        if getattr(step, role) is not None and not isinstance(getattr(step, role), str):
+            raise SplitformerError(f"{path}.{role}: expected str or None, got {type(getattr(step, role)).__name__}")
+    if not isinstance(step.step, str):
+        raise SplitformerError(f"{path}.step: expected str, got {type(step.step).__name__}")
     _rational(step.fraction, f"{path}.fraction")
     if step.fraction == 0:
         raise SplitformerError(f"{path}.fraction: must not be 0 (either sign is a step; 0 applies nothing)")

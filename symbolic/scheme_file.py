@@ -26,17 +26,17 @@ from .file_kinds import open_regular
 from .names import MAX_NAME, check_line, check_operator_name, check_scheme_name
 from .kinds import OPERATOR_KINDS
 from .scheme_fields import MAX_DEPTH
-from .scheme import SOLVERS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
+from .scheme import SOLVERS, STEP_CONTROLS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
-__all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin"]
+__all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_source", "scheme_path"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal"}
-_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
@@ -206,10 +206,14 @@ class _Reader:
                             "a negative fraction steps backward")
         if solver == "projection" and fraction != 1:
             raise self.fail(f"{where}.fraction", "a projection has no fraction (the normal cone absorbs Δt)")
-        on = self.typed(step, "on", str, where, None)
-        if on is not None and on not in operators:
-            raise self.fail(f"{where}.on", f"unknown operator {on!r} (declared: {', '.join(operators)})")
-        return Substep(operator, solver, fraction, on)
+        on, then = (self.typed(step, role, str, where, None) for role in ("on", "then"))
+        for role, key in (("on", on), ("then", then)):
+            if key is not None and key not in operators:
+                raise self.fail(f"{where}.{role}", f"unknown operator {key!r} (declared: {', '.join(operators)})")
+        control = self.typed(step, "step", str, where, "fixed")
+        if control not in STEP_CONTROLS:
+            raise self.fail(f"{where}.step", f"unknown step {control!r} (known: {', '.join(STEP_CONTROLS)})")
+        return Substep(operator, solver, fraction, on, then, control)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
         if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:
@@ -297,36 +301,54 @@ def parse_scheme(text: str, where: str = "<scheme>") -> Scheme:
     return _Reader(where).scheme(document, text)
 
 
-def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
-    """A built-in scheme by name, or a scheme file by path."""
+def read_source(path: Path, what: str) -> str:
+    """The UTF-8 text of the ``what`` (``"scheme file"``…) at ``path``: a regular file of at most
+    ``MAX_FILE_BYTES``; every failure is one ``SplitformerError`` naming the path."""
+    try:
+        with open_regular(path) as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise SplitformerError(f"cannot read {what} {path}: {reason}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SplitformerError(f"{what} {str(path)!r} is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SplitformerError(f"cannot read {what} {path}: not UTF-8 ({error.reason})") from None
+
+
+def scheme_path(name_or_path: str | os.PathLike) -> Path | None:
+    """``None`` for a built-in scheme's name, else the path of the file it names; one error for
+    what is neither (a built-in network's name is told apart)."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise SplitformerError(f"expected a scheme name or a path, got {type(name_or_path).__name__}")
     name_or_path = os.fspath(name_or_path)
     if name_or_path in builtin_names():
-        return parse_scheme(builtin_text(name_or_path), f"built-in scheme {name_or_path!r}")
+        return None
     known = ", ".join(builtin_names())
     if not name_or_path:
         raise SplitformerError(f"empty scheme name (built-in: {known}; or a path to a .toml file)")
     path = Path(name_or_path)
     try:
-        if path.suffix != ".toml" and not path.exists():
-            if name_or_path in model_names():
-                raise SplitformerError(f"{name_or_path!r} is a built-in model, not a block scheme "
-                                       f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
-            raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; models, for derive and "
-                                   f"check: {', '.join(model_names())}; or a path to a .toml file)")
-        with open_regular(path) as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
+        exists = path.suffix == ".toml" or path.exists()
     except (OSError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise SplitformerError(f"cannot read scheme file {name_or_path}: {reason}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SplitformerError(f"scheme file {name_or_path!r} is larger than {MAX_FILE_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise SplitformerError(f"cannot read scheme file {name_or_path}: not UTF-8 ({error.reason})") from None
-    return parse_scheme(text, str(path))
+        raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
+    if not exists:
+        if name_or_path in model_names():
+            raise SplitformerError(f"{name_or_path!r} is a built-in network, not a block scheme "
+                                   f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
+        raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; networks, for derive and "
+                               f"check: {', '.join(model_names())}; or a path to a .toml file)")
+    return path
+
+
+def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
+    """A built-in scheme by name, or a scheme file by path."""
+    path = scheme_path(name_or_path)
+    if path is None:
+        return parse_scheme(builtin_text(os.fspath(name_or_path)), f"built-in scheme {os.fspath(name_or_path)!r}")
+    return parse_scheme(read_source(path, "scheme file"), str(path))
 
 
 def is_builtin(scheme: Scheme) -> bool:

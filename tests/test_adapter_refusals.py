@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers  # noqa: F401 - a test dependency: a broken install fails, never skips
+import transformers  # a test dependency: a broken install fails, never skips
+import transformers.pytorch_utils
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from splitformer import SplitformerError
@@ -83,6 +84,32 @@ def test_to_torch_refuses_a_block_of_another_scheme_or_configuration():
     for block, message in cases:
         with pytest.raises(SplitformerError, match=message) as error:
             to_torch(block, like=post)
+        one_line(error)
+
+
+@pytest.mark.parametrize("variant, message", [
+    ("causal", "computes causal post-ln \\(derived with causal=True\\); the source computes non-causal post-ln"),
+    ("pre-ln named post-ln", "computes another scheme under the name post-ln"),
+])
+def test_a_module_computing_otherwise_under_the_sources_scheme_name_is_refused(variant, message):
+    """The module's COMPUTES digest is compared, not its SCHEME name: a module derived with
+    causal=True, or from a scheme file that reuses the name post-ln for pre-LN, keeps SCHEME
+    'post-ln' and computes another forward."""
+    from splitformer import derive, parse_scheme
+    from splitformer.symbolic.builtins import builtin_text
+
+    layer = encoder_layer()
+    post = from_torch(layer)
+    assert to_torch(post.build(POST_LN), like=post)  # control: the built-in post-ln module
+    if variant == "causal":
+        module = derive("post-ln", causal=True).torch_module()
+    else:
+        module = derive(parse_scheme(builtin_text("pre-ln").replace('name = "pre-ln"', 'name = "post-ln"'))).torch_module()
+    assert module.SCHEME == "post-ln"
+    block = module.Block(D, HEADS, D_FF, dtype=torch.float64)
+    for attempt in (lambda: post.build(module), lambda: post.load_into(block), lambda: to_torch(block, like=post)):
+        with pytest.raises(SplitformerError, match=message) as error:
+            attempt()
         one_line(error)
 
 
@@ -179,6 +206,37 @@ def test_a_replaced_submodule_is_refused_by_name(part, replacement, message):
     setattr(layer, part, replacement)
     with pytest.raises(SplitformerError, match=message) as error:
         from_torch(layer)
+    one_line(error)
+
+
+def _gpt2_block():
+    from test_gpt2 import gpt2_config, random_block
+
+    return random_block(gpt2_config(D, HEADS, D_FF, 1e-5))
+
+
+def _bert_layer():
+    from test_adapters import bert
+
+    return bert(layers=1).encoder.layer[0]
+
+
+@pytest.mark.parametrize("make, part, replacement, message", [
+    (_gpt2_block, "mlp.act", torch.nn.ReLU(), r"GPT2Block\.mlp\.act is ReLU; the gpt2 scheme implements gelu-tanh"),
+    (_gpt2_block, "attn.c_proj", torch.nn.Linear(D, D, dtype=torch.float64), r"GPT2Block\.attn\.c_proj is Linear, not Conv1D"),
+    (_gpt2_block, "mlp.dropout", torch.nn.Tanh(), r"GPT2Block\.mlp\.dropout is Tanh, not Dropout"),
+    (_bert_layer, "attention.output.dense", transformers.pytorch_utils.Conv1D(D, D),
+     r"BertLayer\.attention\.output\.dense is Conv1D, not Linear"),
+    (_bert_layer, "output.LayerNorm", torch.nn.RMSNorm(D), r"BertLayer\.output\.LayerNorm is RMSNorm, not LayerNorm"),
+])
+def test_a_replaced_transformers_submodule_is_refused_by_name(make, part, replacement, message):
+    """GPT-2 and BERT layers: every submodule's class is checked, the activation read from the module."""
+    layer = make()
+    from_hf(layer)  # control: the layer as built
+    parent, _, name = part.rpartition(".")
+    setattr(layer.get_submodule(parent), name, replacement)
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_hf(layer)
     one_line(error)
 
 

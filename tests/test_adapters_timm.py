@@ -55,3 +55,23 @@ def test_vision_transformer_round_trips(modules):
 def test_refuses_block_options_no_scheme_implements(options, message):
     with pytest.raises(SplitformerError, match=message):
         from_timm(block(**options))
+
+
+def _gated_attention(source):
+    source.attn = randomize(type(source.attn)(D, num_heads=HEADS, qkv_bias=True, gated=True).double())
+
+
+@pytest.mark.parametrize("change, message", [
+    (_gated_attention, r"timm Block\.attn\.gate \(Linear\) is not a part the adapter maps"),
+    (lambda source: source.attn.register_parameter("temperature", torch.nn.Parameter(torch.ones(1))),
+     r"timm Block has the parameter attn\.temperature, which the adapter does not map"),
+    (lambda source: setattr(source, "drop_path2", torch.nn.Tanh()), r"timm Block\.drop_path2 is Tanh, not Identity or DropPath"),
+])
+def test_a_part_the_adapter_does_not_map_is_refused_by_name(change, message):
+    """An allowlist of each part and parameter: timm's own gated attention (a ``gate`` Linear its
+    forward applies) or any unknown addition is refused, not read as plain pre-ln."""
+    source = block()
+    from_timm(source)  # control
+    change(source)
+    with pytest.raises(SplitformerError, match=message):
+        from_timm(source)

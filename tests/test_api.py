@@ -236,8 +236,9 @@ def test_check_refuses_a_foreign_plot_before_running_and_names_the_remedy(post_l
     assert foreign.read_text() == "mine"
 
 
-def test_a_model_name_given_as_a_scheme_says_what_it_is():
-    with pytest.raises(SplitformerError, match="'vit' is a built-in model, not a block scheme"):
-        splitformer.derive("vit")
-    with pytest.raises(SplitformerError, match="models, for derive and check: .*vit"):
+def test_a_network_name_given_as_a_scheme_says_what_it_is():
+    with pytest.raises(SplitformerError, match="'vit' is a built-in network, not a block scheme"):
+        splitformer.load_scheme("vit")
+    assert isinstance(splitformer.derive("vit"), splitformer.NetworkDerivation)
+    with pytest.raises(SplitformerError, match="networks, for derive and check: .*vit"):
         splitformer.derive("no-such")

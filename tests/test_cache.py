@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import sympy as sp
@@ -260,3 +262,12 @@ def test_an_interrupt_while_writing_the_cache_leaves_no_temporary(tmp_path, monk
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(cache.os, "replace", real)
     derive_relu_projection.cache_clear()
+
+
+def test_a_new_process_warns_about_an_unusable_cache(tmp_path):
+    """Nothing is warned at import: the first unusable cache of a process is reported."""
+    (tmp_path / "file").write_text("")
+    code = "from splitformer.symbolic.projections import derive_relu_projection as d; d()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "SPLITFORMER_CACHE": str(tmp_path / "file" / "cache")})
+    assert result.returncode == 0 and result.stderr.startswith("splitformer: warning: "), result.stderr

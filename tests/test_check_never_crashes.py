@@ -115,8 +115,6 @@ def test_a_check_that_raises_is_a_reported_failure():
 
 
 def test_check_reports_a_crashing_model_check_as_a_failure_and_exits_1(monkeypatch, capsys):
-    from splitformer.codegen.verification.statements import model_recovery
-
     for name in ("projection_checks", "activation_checks", "attention_checks", "llm_checks",
                  "general_adjoint_checks"):
         monkeypatch.setattr(runner, name, lambda: [])  # the general checks are tested elsewhere
@@ -125,7 +123,7 @@ def test_check_reports_a_crashing_model_check_as_a_failure_and_exits_1(monkeypat
     def crashing(spec):
         raise KeyError("u0")
 
-    monkeypatch.setattr(model_recovery, "model_checks", crashing)
+    monkeypatch.setattr(runner, "model_checks", crashing)  # the runner's network checks call it
     assert cli.main(["check", "cvt"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  model/cvt  [crashed]" in out and "KeyError: 'u0'" in out and "Traceback" not in out

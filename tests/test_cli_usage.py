@@ -88,9 +88,9 @@ class Terminal(io.StringIO):
 
 @pytest.mark.parametrize("terminal", [True, False])
 def test_check_shows_progress_only_on_a_terminal(terminal, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load", lambda name, activation: name)
+    monkeypatch.setattr("splitformer.symbolic.model.load_scheme_or_network", lambda name: name)
     monkeypatch.setattr("splitformer.codegen.verification.runner.run_checks",
-                        lambda schemes, plots, progress=None: fake_report(progress))
+                        lambda schemes, plots, progress=None, networks=(): fake_report(progress))
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     assert main(["check", "x", "--format", "json"]) == 1

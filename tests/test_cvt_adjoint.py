@@ -10,6 +10,8 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf
+from splitformer.codegen.model_pipeline import generate_model
+from splitformer.symbolic.model import load_model
 
 from conftest import GENERATED, import_path
 
@@ -78,8 +80,26 @@ def _relative(got: dict, expected: dict) -> float:
     return worst
 
 
+@pytest.fixture(scope="module")
+def generated_now(tmp_path_factory):
+    """The cvt NumPy module as the generator writes it now (``NUMPY`` is the committed one)."""
+    out = tmp_path_factory.mktemp("cvt")
+    path = out / "numpy" / "cvt.py"
+    path.parent.mkdir()
+    path.write_text(generate_model(load_model("cvt"), ("numpy",), out)[path], encoding="utf-8")
+    return import_path(path, "cvt_generated_now")
+
+
 @pytest.mark.parametrize("classifier", [False, True], ids=["CvtModel", "CvtForImageClassification"])
 def test_vjp_matches_transformers_autograd(classifier):
+    _check_vjp(NUMPY, classifier)
+
+
+def test_the_generators_vjp_of_the_hidden_states_matches_transformers_autograd(generated_now):
+    _check_vjp(generated_now, classifier=False)
+
+
+def _check_vjp(module, classifier: bool) -> None:
     model = _cvt(classifier)
     adapted = from_hf(model)
     pixels = torch.randn(2, 3, 12, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -91,9 +111,9 @@ def test_vjp_matches_transformers_autograd(classifier):
                  torch.randn(2, 1, 6, dtype=torch.float64, generator=generator))
     expected_image, expected = _hf_gradients(model, pixels, seeds)
     if classifier:
-        grad_image, grads = NUMPY.vjp_logits(pixels.numpy(), adapted.params, seeds[0].numpy(), **adapted.config)
+        grad_image, grads = module.vjp_logits(pixels.numpy(), adapted.params, seeds[0].numpy(), **adapted.config)
     else:
-        grad_image, grads = NUMPY.vjp(pixels.numpy(), adapted.params, seeds[0].numpy(), grad_cls=seeds[1].numpy(),
+        grad_image, grads = module.vjp(pixels.numpy(), adapted.params, seeds[0].numpy(), grad_cls=seeds[1].numpy(),
                                       **adapted.config)
     assert np.abs(grad_image - expected_image).max() / np.abs(expected_image).max() <= 1e-10
     grads = {name: value for name, value in grads.items() if not name.endswith(STATISTICS)}

@@ -75,8 +75,8 @@ def test_a_files_own_activation_adds_no_suffix(tmp_path):
     (["derive", "pre-ln", "--name", "class"], "--name: 'class' is a Python keyword"),
     (["derive", "pre-ln", "--name", ""], "--name: '' is not a scheme name"),
     (["derive", "pre-ln", "post-ln", "--name", "both"], "--name names one module: give one SCHEME, not 2"),
-    (["derive", "vit", "--causal"], "--causal applies to schemes, not to the model 'vit'"),
-    (["derive", "vit", "--name", "my-vit"], "--name applies to schemes, not to the model 'vit'"),
+    (["derive", "vit", "--causal"], "--causal applies to schemes, not to the network 'vit'"),
+    (["derive", "vit", "--name", "my-vit"], "--name applies to schemes, not to the network 'vit'"),
 ])
 def test_bad_variants_are_refused(arguments, message, tmp_path, capsys):
     _fails(capsys, *arguments, "--out", str(tmp_path / "out"), message=message)
@@ -95,3 +95,12 @@ def test_the_python_api_takes_the_same_options():
         splitformer.derive("pre-ln", name="My LM")
     with pytest.raises(SplitformerError, match="a module name must be a string, got int"):
         splitformer.derive("pre-ln", name=3)
+
+
+def test_the_emitted_erf_is_the_error_function():
+    """NumPy has no erf: the exact GELU's emitted one equals ``math.erf`` on every branch of its rational fits."""
+    import math
+
+    module = splitformer.derive("pre-ln", activation="gelu").numpy_module()
+    x = np.concatenate([np.linspace(-10, 10, 2001), [0.0, 0.4999, 0.5, 3.99, 4.0, 7.99, 8.0, 27.0]])
+    assert np.abs(module._erf(x) - np.array([math.erf(value) for value in x])).max() <= 1e-15

@@ -91,7 +91,7 @@ _SCHEMES = st.builds(
 def no_derivation(monkeypatch):
     """Stand-ins for the derivation and its result: they are not what is fuzzed here."""
     monkeypatch.setattr(api, "derive_program", lambda scheme: None)
-    monkeypatch.setattr(api, "Derivation", lambda scheme, program, passes: SimpleNamespace(scheme=scheme))
+    monkeypatch.setattr(api, "Derivation", lambda scheme, program, passes, **_: SimpleNamespace(scheme=scheme))
 
 
 @FUZZ

@@ -118,13 +118,16 @@ def test_derived_backward_refuses_create_graph(name, rng):
 
 
 def test_autograd_backward_gives_the_gradient_penalty(rng):
-    """Control for the refusal: the same block under autograd differentiates its penalty (llama's
-    attention; torch's CPU flash kernel behind post-ln's has no double backward)."""
+    """Control for the refusal: the same block under autograd differentiates its penalty (through
+    SDPA's math kernel: torch's CPU flash kernel, which SDPA picks by default, has no double backward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     _, torch_module = _modules("llama")
     torch.manual_seed(0)
     block = torch_module.Block(8, 2, 12, dtype=torch.float64)
     u = torch.tensor(rng.standard_normal((1, 4, 8)), requires_grad=True)
-    _penalty(block, u).backward()
+    with sdpa_kernel(SDPBackend.MATH):
+        _penalty(block, u).backward()
     assert u.grad.abs().max() > 0
 
 

@@ -119,7 +119,7 @@ def test_stack_equals_gpt2_blocks_and_ln_f(masked, rng):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"activation_function": "relu"}, "activation 'relu'"),
+    ({"activation_function": "relu"}, r"mlp\.act is ReLU"),
     ({"scale_attn_by_inverse_layer_idx": True}, "score scale"),
     ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn"),
 ])

@@ -4,6 +4,7 @@ a demo without its inputs. Each ends in one ``error: …`` line and status 2, no
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,11 @@ def test_a_failed_plugin_keeps_the_kinds_splitformer_registered_while_it_loaded(
             f"print('patch-embedding' in OPERATOR_KINDS)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["SplitformerError", "True"], result.stdout + result.stderr
+
+
+def test_the_demo_passes_on_the_generated_folder(capsys):
+    from splitformer.codegen.demo import main as demo
+
+    assert demo(["post-ln", "--out", str(Path(__file__).parent.parent / "generated")]) == 0
+    shown = capsys.readouterr().out
+    assert "all checks hold" in shown and shown.count(" ok\n") == 8, shown

@@ -80,7 +80,7 @@ def test_refusals_go_through_from_hf():
     config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
     with pytest.raises(SplitformerError, match="RoPE scaling 'yarn'"):
         from_hf(LlamaDecoderLayer(config, layer_idx=0))
-    with pytest.raises(SplitformerError, match="activation 'relu'"):
+    with pytest.raises(SplitformerError, match=r"GPT2Block\.mlp\.act is ReLU"):
         from_hf(GPT2Block(gpt2_config(activation_function="relu")))
 
 

@@ -11,7 +11,7 @@ VOCAB, PROMPT, NEW = 23, 5, 6
 
 
 def _model(scheme, **options):
-    torch.manual_seed(0)
+    torch.manual_seed(1)  # a draw whose greedy decodes vary (seed 0 repeats one token for pre-ln)
     model = splitformer.nn.LanguageModel(scheme, VOCAB, d_model=8, n_heads=2, d_ff=12, n_layers=2,
                                          tie_weights=False, dtype=torch.float64, **options)
     with torch.no_grad():  # every parameter random and large enough that tokens differ

@@ -5,6 +5,7 @@ import pytest
 import torch  # test dependencies: a broken install fails, never skips
 import transformers
 
+import splitformer.nn
 from splitformer import SplitformerError  # noqa: E402
 from splitformer.codegen.nn_hf import from_hf_lm  # noqa: E402
 
@@ -89,6 +90,25 @@ def test_greedy_decoding_equals_transformers_generate(make):
     attention[1, :2] = 0  # left padding
     expected = hf.generate(prompt, attention_mask=attention, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(prompt, 5, greedy=True, padding_mask=attention == 0), expected)
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_from_hf_reads_a_whole_language_model(make):
+    from splitformer.adapters import from_hf
+
+    hf = make()
+    model = from_hf(hf)
+    assert isinstance(model, splitformer.nn.LanguageModel)
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    body = from_hf(hf.model if hasattr(hf, "model") else hf.transformer)  # the body: the same blocks, tied head
+    expected = in_float64(hf)(tokens).logits
+    assert torch.allclose(model(tokens), expected, rtol=0, atol=1e-10)
+    assert body.tie_weights
+    with pytest.raises(SplitformerError, match="whole language model; expectations"):
+        from_hf(hf, n_heads=2)
+    hf.register_forward_hook(lambda *args: None)  # a hook on the model itself is refused, as on a block
+    with pytest.raises(SplitformerError, match="has a forward hook"):
+        from_hf(hf)
 
 
 def test_unsupported_models_are_refused_by_name():

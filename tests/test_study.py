@@ -9,7 +9,7 @@ import torch  # noqa: F401 - test dependencies: a broken install fails, never sk
 import matplotlib  # noqa: F401
 
 from splitformer.codegen.cli import main  # noqa: E402
-from splitformer.codegen.study import Budget, _Chars, _Recall, study  # noqa: E402
+from splitformer.codegen.study import Budget, _Chars, _Recall, _evaluate, study  # noqa: E402
 
 TINY = Budget(steps=3, seeds=2, d_model=8, n_heads=2, n_layers=1, d_ff=16, batch=2, tokens=8, eval_batches=1)
 
@@ -20,6 +20,33 @@ def test_mqar_answers_are_the_values_of_the_queried_keys():
         pairs = dict(zip(row[0:16:2], row[1:16:2]))
         scored = np.flatnonzero(target != -100)
         assert len(scored) == 8 and all(target[i] == pairs[row[i]] == row[i + 1] for i in scored)
+
+
+def _oracle(task, shift: int):
+    """A model whose logits single out the token ``shift`` places ahead (1: MQAR's answer)."""
+    class Oracle(torch.nn.Module):
+        def forward(self, inputs):
+            return 50.0 * torch.nn.functional.one_hot(torch.roll(inputs, -shift, dims=1), task.vocab).double()
+
+    return Oracle()
+
+
+def test_accuracy_is_the_share_of_scored_answers_predicted():
+    task, budget = _Recall(), Budget(batch=3, eval_batches=2)
+    loss, accuracy = _evaluate(_oracle(task, 1), task, budget, seed=0)
+    assert accuracy == 1.0 and loss < 1e-12
+    assert _evaluate(_oracle(task, 0), task, budget, seed=0)[1] == 0.0  # names the key: never the value
+
+
+def test_the_plot_has_the_two_documented_panels(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, *_, **__: saved.append(figure))
+    study(["pre-ln"], "chars", TINY).plot(tmp_path / "loss.png")
+    [figure] = saved
+    assert [axis.get_title() for axis in figure.axes] == ["train loss (mean over seeds)",
+                                                         "validation loss (± std over seeds)"]
 
 
 def test_chars_reads_the_standard_library():
@@ -78,3 +105,53 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, arguments, message
     assert main(["study", *arguments, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+MQAR_TINY = ["pre-ln", "--task", "mqar", "--steps", "1", "--seeds", "1", "--d-model", "8", "--layers", "1",
+             "--batch", "2"]
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Training fails the test: a refused output folder is refused before any of it."""
+    def train(*_):
+        raise AssertionError("trained before the output folder was checked")
+
+    monkeypatch.setattr("splitformer.codegen.study._train", train)
+
+
+def test_a_symbolic_link_out_of_the_folder_is_refused_before_training(tmp_path, capsys, no_training):
+    victim, out = tmp_path / "victim.txt", tmp_path / "out"
+    victim.write_text("precious\n")
+    out.mkdir()
+    (out / "study.md").symlink_to("../victim.txt")
+    assert main(["study", *MQAR_TINY, "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "outside the output folder" in err and err.count("\n") == 1
+    assert victim.read_text() == "precious\n" and sorted(path.name for path in out.iterdir()) == ["study.md"]
+
+
+def test_a_users_own_study_json_is_kept_unless_forced(tmp_path, capsys, no_training):
+    mine = tmp_path / "study.json"
+    mine.write_text('{"my": "own notes"}\n')
+    assert main(["study", *MQAR_TINY, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "study.json exists and was not written by splitformer; pass --force" in err and err.count("\n") == 1
+    assert mine.read_text() == '{"my": "own notes"}\n' and sorted(path.name for path in tmp_path.iterdir()) == ["study.json"]
+
+
+def test_a_second_study_replaces_what_the_first_wrote_and_force_replaces_a_users_file(tmp_path, capsys):
+    from splitformer import SplitformerError
+
+    result = study(["pre-ln"], "mqar", TINY)
+    paths = result.write(tmp_path)
+    first = [path.read_bytes() for path in paths]
+    (tmp_path / "study.md").write_text("my own table\n")
+    with pytest.raises(SplitformerError, match="study.md exists and was not written by splitformer"):
+        result.write(tmp_path)
+    assert (tmp_path / "study.md").read_text() == "my own table\n"
+    assert result.write(tmp_path, force=True) == paths and [path.read_bytes() for path in paths] == first
+    assert main(["study", *MQAR_TINY, "--out", str(tmp_path)]) == 0  # the files splitformer wrote: replaced
+    capsys.readouterr()
+    assert json.loads((tmp_path / "study.json").read_text())["budget"]["steps"] == 1
+    assert [path.read_bytes() != data for path, data in zip(paths, first)] == [True, True, True]

@@ -1,8 +1,8 @@
 """The generated torch module's fast paths compute what the plain paths compute.
 
-The fused query/key/value kernel is concatenated on every call (a kept copy went stale on
-edits that bypass torch's version counter, ``.data.mul_`` or a NumPy view): every way a
-parameter can change must reach the next inference call. ``_layer_norm`` takes torch's fused LayerNorm only where its statistics are
+The query, key and value kernels are views of one tensor (``_SIDE_BY_SIDE``), so the fused
+product reads them without a concatenation; nothing is kept, so every way a parameter can
+change (``.data.mul_`` and NumPy views too) reaches the next inference call. ``_layer_norm`` takes torch's fused LayerNorm only where its statistics are
 representable and the overflow-safe ``_scaled_layer_norm`` elsewhere.
 """
 
@@ -88,6 +88,49 @@ def test_the_fused_kernel_follows_a_dtype_change(module):
         block.float()
         assert block(u.float()).dtype == torch.float32
         torch.testing.assert_close(block(u.float()), _traced(block, u.float()), rtol=0, atol=1e-6)
+
+
+def _fused_without_copy(module, block):
+    """Whether the fused kernel and bias are views of the canonical parameters' storage."""
+    with torch.no_grad():
+        kernels, biases = ([block.attn.get_parameter(f"{kind}_{c}") for c in "qkv"]
+                           for kind in "Wb")
+        return all(module._cat(parts, axis).untyped_storage().data_ptr() == parts[0].untyped_storage().data_ptr()
+                   for parts, axis in ((kernels, 1), (biases, 0)))
+
+
+def _conversions():
+    """What gives each parameter its own storage, which the block undoes."""
+    def to_float(block):
+        return block.float()
+
+    def load_assigned(block):
+        block.load_state_dict({name: value.clone() for name, value in block.state_dict().items()}, assign=True)
+        return block
+
+    def deep_copy(block):
+        import copy
+        return copy.deepcopy(block)
+
+    return {"to_float": to_float, "load_assigned": load_assigned, "deep_copy": deep_copy}
+
+
+@pytest.mark.parametrize("conversion", _conversions())
+def test_the_fused_kernel_is_read_without_a_copy_after_a_conversion(module, conversion):
+    block = _block(module)
+    assert _fused_without_copy(module, block)
+    assert list(block.state_dict()) == list(module.PARAMETERS)  # canonical names only, no fused one
+    u = torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        before = block(u)
+    converted = _conversions()[conversion](block)
+    assert _fused_without_copy(module, converted)
+    with torch.no_grad():
+        after = converted(u.to(converted.attn.W_q.dtype))
+    torch.testing.assert_close(after.double(), before, rtol=0, atol=1e-5 if conversion == "to_float" else 0)
+    # negative control: a kernel given its own storage is read through a copy
+    converted.attn.W_k.data = converted.attn.W_k.detach().clone()
+    assert not _fused_without_copy(module, converted)
 
 
 def test_concatenation_under_autograd_reaches_each_kernel(module):

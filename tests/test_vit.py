@@ -115,8 +115,16 @@ def test_sizes_the_reference_rejects_are_rejected_by_name():
         _torch_model(adapted, torch.float64)(torch.tensor(other))
 
 
+def test_a_tuple_patch_size_is_read_when_square_and_refused_otherwise():
+    model = _vit(False)
+    model.config.patch_size = (8, 8)  # transformers' configurations take either spelling
+    assert from_hf(model).config["patch_size"] == 8
+    model.config.patch_size = (8, 4)
+    with pytest.raises(SplitformerError, match=r"patch_size=\(8, 4\); the vit model's patches are square"):
+        from_hf(model)
+
 def test_adapter_refuses_what_the_model_does_not_compute():
-    with pytest.raises(SplitformerError, match="hidden_act='gelu_new'"):
+    with pytest.raises(SplitformerError, match="activation_fn activation NewGELUActivation|intermediate_act_fn activation NewGELUActivation"):
         from_hf(_vit(False, hidden_act="gelu_new"))
     with pytest.raises(SplitformerError, match="classifier is Identity"):
         from_hf(_vit(True, num_labels=0))
@@ -126,6 +134,37 @@ def test_adapter_refuses_what_the_model_does_not_compute():
     attention.scaling = 0.5
     with pytest.raises(SplitformerError, match="layer 1 scales attention scores by 0.5"):
         from_hf(model)
+
+
+def _layers(model):
+    return list(model.layers) if hasattr(model, "layers") else list(model.encoder.layer)
+
+
+def _set_activation(layer, module):
+    if hasattr(layer, "mlp"):
+        layer.mlp.activation_fn = module
+    else:
+        layer.intermediate.intermediate_act_fn = module
+
+
+def test_eps_and_activation_are_read_from_the_modules_not_the_config():
+    """The config says layer_norm_eps=1e-12 and gelu; the modules compute what they hold."""
+    model = _vit(False)
+    for norm in [model.layernorm] + [getattr(layer, name) for layer in _layers(model)
+                                     for name in ("layernorm_before", "layernorm_after")]:
+        norm.eps = 0.5
+    assert from_hf(model).config["eps"] == 0.5  # one eps everywhere: read, not the config's
+    changes = [
+        (lambda m: setattr(_layers(m)[1].layernorm_before, "eps", 0.5), r"different LayerNorm eps \(.*layers\.1\.layernorm_before\.eps=0\.5"),
+        (lambda m: setattr(m.layernorm, "eps", 0.5), r"different LayerNorm eps \(layernorm\.eps=0\.5"),
+        (lambda m: _set_activation(_layers(m)[0], torch.nn.ReLU()), r"layer 0: .* computes relu; the vit model's step uses the exact"),
+        (lambda m: setattr(_layers(m)[0], "layernorm_after", torch.nn.RMSNorm(48)), r"layer 0\.layernorm_after is RMSNorm, not LayerNorm"),
+    ]
+    for change, message in changes:
+        model = _vit(False)
+        change(model)
+        with pytest.raises(SplitformerError, match=message):
+            from_hf(model)
 
 
 def test_generated_numpy_rejects_bad_arguments_before_work():

@@ -123,12 +123,14 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
 
 
 @pytest.mark.parametrize(("flags", "named"), [
-    ({"use_layerscale": True}, "use_layerscale"), ({"sandwich_norm": True}, "sandwich_norm"),
-    ({"gate_residual": True}, "gate_residual"), ({"alibi_pos_bias": True}, "alibi_pos_bias"),
-    ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_pos_emb"),
-    ({"attn_qk_norm": True}, "attn_qk_norm"), ({"attn_pre_talking_heads": True, "attn_flash": False}, "attn_pre_talking_heads"),
-    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"),
-    ({"attn_kv_heads": 1}, "attn_kv_heads"), ({"scale_residual": True}, "scale_residual"),
+    ({"sandwich_norm": True, "use_layerscale": True}, "sandwich_norm with macaron or use_layerscale"),
+    ({"gate_residual": True}, "gate_residual"), ({"attn_qk_norm": True, "attn_qk_norm_groups": 2}, "attn_qk_norm_groups"),
+    ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_emb_dim=4"),
+    ({"rotary_pos_emb": True, "rotary_emb_dim": DIM // HEADS, "rotary_interpolation_factor": 2.0},
+     "rotary_interpolation_factor"),
+    ({"rotary_pos_emb": True, "rotary_emb_dim": DIM // HEADS, "attn_qk_norm": True}, "rotary_pos_emb with qk_norm"),
+    ({"attn_pre_scale_post_talking_heads": True, "attn_flash": False}, "attn_pre_scale_post_talking_heads"),
+    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
     ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
 ])
@@ -138,9 +140,68 @@ def test_unsupported_flags_are_refused_by_name(flags, named):
     assert "\n" not in str(error.value)
 
 
-def test_head_width_other_than_dim_over_heads_is_refused():
-    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=4, attn_flash=True)
-    with pytest.raises(SplitformerError, match="attn_dim_head=4"):
+def _rotary(cls, depth, seed=0):
+    """x-transformers' rotary of every feature pair (``rotary_emb_dim = dim_head``), its inverse
+    frequencies in float64 (its buffer holds float32 ones)."""
+    module = _module(cls, depth, seed, rotary_pos_emb=True, rotary_emb_dim=DIM // HEADS)
+    rotary = module.rotary_pos_emb
+    rotary.inv_freq = 10000.0 ** (-torch.arange(0, DIM // HEADS, 2, dtype=torch.float64) / (DIM // HEADS))
+    return module
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("cls", ["Encoder", "Decoder"])
+def test_interleaved_rotary_equals_numpy_and_torch(cls, depth):
+    """x-transformers rotates interleaved pairs (2r, 2r + 1); the adapter permutes the query and key
+    kernels into rotary-attention's pairs (r, r + d_head/2). Negative control: unpermuted kernels."""
+    source = _rotary(getattr(x_transformers, cls), depth)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+    assert adapted.options["rope_theta"] == 10000.0 and "rotary-attention" in adapted.scheme_file
+    assert np.abs(_numpy(adapted, u.numpy()) - expected).max() <= 1e-10
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    with torch.no_grad():
+        assert np.abs(stack(u).numpy() - expected).max() <= 1e-10
+    attention = [layer[1] for layer in source.layers if type(layer[1]).__name__ == "Attention"]
+    unpermuted = [layer | {f"attn.W_{part}": getattr(attention[index], f"to_{part}").weight.detach().numpy().T
+                           for part in "qk"} for index, layer in enumerate(adapted.layers)]
+    assert np.abs(_numpy(adapted, u.numpy(), unpermuted) - expected).max() > 1e-3
+
+
+def test_rotary_decoder_kv_cache_decodes_token_by_token():
+    source = _rotary(x_transformers.Decoder, 2)
+    u = torch.randn(2, 6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    cache = [{} for _ in adapted.layers]
+    with torch.no_grad():
+        steps = [stack(u[:, i:i + 1], cache=cache).numpy() for i in range(6)]
+    assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
+
+
+def test_a_flag_or_attribute_the_reader_does_not_know_is_refused_by_name():
+    """An allowlist of the attributes each x-transformers module may have: a flag missing from the
+    refusal lists (attn_orthog_projected_values_per_head) or a future one is refused, never read."""
+    with pytest.raises(SplitformerError, match="uses attn_orthog_projected_values_per_head"):
+        from_xtransformers(_module(depth=1, attn_orthog_projected_values_per_head=True))
+    for path in ("", "layers.0.1", "layers.0.1.attend"):
+        module = _module(depth=1)
+        from_xtransformers(module)  # control
+        part = module.get_submodule(path)
+        part.future_flag = True
+        with pytest.raises(SplitformerError, match=rf"has {type(part).__name__}\.future_flag=True, an attribute the "
+                                                   "reader does not know") as error:
+            from_xtransformers(module)
+        assert "\n" not in str(error.value)
+
+
+def test_head_width_above_dim_over_heads_is_refused():
+    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=12, attn_flash=True)
+    with pytest.raises(SplitformerError, match="attn_dim_head=12"):
         from_xtransformers(module)
 
 

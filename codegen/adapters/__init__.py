@@ -25,35 +25,58 @@ from splitformer.symbolic.errors import SplitformerError
 from .adapted import Adapted
 from .arrays import dtype_notes, floating_dtype, source_dtype
 from .inspection import check_computation
-from .registry import ADAPTERS, WRITERS, adapter, writer
-from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
+from .hf_vision import AdaptedModel
+from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
+from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
-__all__ = ["Adapted", "adapter", "writer", "from_torch", "from_hf", "from_timm", "from_xtransformers", "to_torch", "canonical",
-           "ADAPTERS", "WRITERS"]
+__all__ = ["Adapted", "AdaptedModel", "adapter", "network_adapter", "writer", "from_torch", "from_hf", "from_timm",
+           "from_xtransformers", "to_torch", "canonical", "ADAPTERS", "NETWORK_ADAPTERS", "WRITERS"]
 
 _EXPECTABLE = ("scheme", "activation", "n_heads", "eps", "bias")
 
 
-def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted:
-    name = type(module).__name__
+def _reader(library: str, name: str, network: Any) -> Any:
+    """The reader of ``name`` (into the built-in ``network`` when one is named); a refusal listing the known ones."""
+    if network is not None:
+        reader = NETWORK_ADAPTERS.get((library, name, network))
+        if reader is None:
+            known = ", ".join(f"{cls} → {net}" for lib, cls, net in sorted(NETWORK_ADAPTERS) if lib == library) or "none"
+            raise SplitformerError(f"no {library} reader of {name} into the network {network!r} (supported: {known})")
+        return reader
     reader = ADAPTERS.get((library, name))
     if reader is None:
         known = ", ".join(sorted(cls for lib, cls in ADAPTERS if lib == library)) or "none"
         raise SplitformerError(f"no {library} adapter for {name} (supported: {known})")
+    return reader
+
+
+def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | AdaptedModel:
+    name = type(module).__name__
+    reader = _reader(library, name, expected.pop("network", None))
     dtype = expected.pop("dtype", None)
     if dtype is not None:
         floating_dtype(dtype)
     check_computation(name, module)
     unknown = sorted(set(expected) - set(_EXPECTABLE))
     if unknown:
-        raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype)")
+        raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype, network)")
     adapted = reader(module)
     for key, wanted in expected.items():
-        if wanted is not None and getattr(adapted, key) != wanted:
-            raise SplitformerError(f"{name} has {key}={getattr(adapted, key)!r}, asked for {key}={wanted!r}")
+        if wanted is not None and _expectable(name, adapted, key) != wanted:
+            raise SplitformerError(f"{name} has {key}={_expectable(name, adapted, key)!r}, asked for {key}={wanted!r}")
     adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted),
                       source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
+
+
+def _expectable(name: str, adapted: Adapted | AdaptedModel, key: str) -> Any:
+    """What ``adapted`` has for an expectation ``key``; a whole network has ``n_heads`` and ``eps`` only."""
+    if not isinstance(adapted, AdaptedModel):
+        return getattr(adapted, key)
+    if key not in ("n_heads", "eps") or key not in adapted.config:
+        raise SplitformerError(f"{name} is read as the whole network {adapted.model!r}: it can be expected to have "
+                               f"n_heads and eps, not {key}")
+    return adapted.config[key]
 
 
 def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
@@ -77,12 +100,21 @@ def from_torch(module: Any, **expected: Any) -> Adapted:
 
 
 def from_hf(module: Any, **expected: Any) -> Adapted:
-    """``Adapted`` of a ``transformers`` module (``BertLayer``, ``BertModel``, …); see ``from_torch``."""
+    """``Adapted`` of a ``transformers`` module (``BertLayer``, ``BertModel``, …); see ``from_torch``.
+
+    ``ViTModel``/``ViTForImageClassification`` and the CvT models are read as whole networks
+    (``AdaptedModel``; ``network="vit"``/``"cvt"`` may say so explicitly).
+    """
     return _dispatch("hf", module, expected)
 
 
 def from_timm(module: Any, **expected: Any) -> Adapted:
-    """``Adapted`` of a ``timm`` module (ViT ``Block``, ``VisionTransformer``); see ``from_torch``."""
+    """``Adapted`` of a ``timm`` module (ViT ``Block``, ``VisionTransformer``); see ``from_torch``.
+
+    ``network="vit"``: a ``VisionTransformer`` as a whole ``vit`` network (``AdaptedModel``: patch
+    embedding, class token, positions, blocks, final norm, head); what the network does not
+    compute is refused by name.
+    """
     return _dispatch("timm", module, expected)
 
 

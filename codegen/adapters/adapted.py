@@ -59,6 +59,9 @@ class Adapted(Mapping[str, np.ndarray]):
     final_norm: Params | None = None
     stack: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: Every layer runs one block's parameters (x-transformers' ``weight_tie_layers``): ``build`` gives a
+    #: ``Stack(tied=True)`` holding them once.
+    tied: bool = False
     notes: tuple[str, ...] = ()
     source_dtype: str = "float32"
     batch_first: bool = True
@@ -103,7 +106,16 @@ class Adapted(Mapping[str, np.ndarray]):
         from splitformer.codegen.api import derive
         from splitformer.symbolic.scheme_file import parse_scheme
 
-        return derive(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, activation=self.activation)
+        return derive(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, activation=self.activation,
+                      causal=bool(self.options.get("causal", False)))
+
+    def computed_scheme(self) -> Any:
+        """The ``Scheme`` whose generated forward computes the source (causal where the source is)."""
+        from splitformer.codegen.api import as_scheme
+        from splitformer.symbolic.scheme_file import parse_scheme
+
+        scheme = as_scheme(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, self.activation)
+        return scheme.as_causal() if self.options.get("causal") else scheme
 
     @property
     def forward_kwargs(self) -> dict[str, Any]:
@@ -158,7 +170,8 @@ class Adapted(Mapping[str, np.ndarray]):
     # --- into generated torch modules ------------------------------------------------------
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
         """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
-        _check_scheme(self, torch_module)
+        if getattr(torch_module, "SCHEME", None) is not None:
+            _check_scheme(self, vars(torch_module), f"the generated module {torch_module.__name__}")
         factory = {"eps": self.eps, "bias": self.bias, "batch_first": self.batch_first, "device": device,
                    "dtype": dtype or _torch_dtype(self.dtype)}
         if self.dropout is not None:
@@ -167,7 +180,7 @@ class Adapted(Mapping[str, np.ndarray]):
         factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.stack:
             module = torch_module.Stack(len(self.layers), self.sizes["d_model"], self.n_heads, self.sizes["d_ff"],
-                                        final_norm=self.final_norm is not None, **factory)
+                                        final_norm=self.final_norm is not None, tied=self.tied, **factory)
         else:
             module = torch_module.Block(self.sizes["d_model"], self.n_heads, self.sizes["d_ff"], **factory)
         return self.load_into(module)
@@ -189,16 +202,14 @@ class Adapted(Mapping[str, np.ndarray]):
     def check_computes(self, module: Any) -> None:
         """Refuse a generated ``Block``/``Stack`` whose scheme or configuration differs from the source's.
 
-        Compared: scheme and activation, ``n_heads``, ``eps``, ``bias``, ``batch_first``, the
+        Compared: what the module's scheme computes (its ``COMPUTES`` digest: operators, steps,
+        activation, final norm, causality; not its name), ``n_heads``, ``eps``, ``bias``, ``batch_first``, the
         grouped and rotary options (``n_kv_heads``, ``rope_theta``) and a carried ``dropout``.
         """
         namespace = getattr(type(module).forward, "__globals__", {})
-        computed = (namespace.get("SCHEME"), namespace.get("ACTIVATION"))
-        if computed[0] is None:
+        if namespace.get("SCHEME") is None:
             raise SplitformerError(f"{type(module).__name__} is not a generated Block or Stack (no SCHEME)")
-        if computed != (self.scheme, self.activation):
-            raise SplitformerError(f"the source computes {self.scheme} with {self.activation}; the "
-                                   f"{type(module).__name__} computes {computed[0]} with {computed[1]}")
+        _check_scheme(self, namespace, f"the {type(module).__name__}")
         block = module.layers[0] if hasattr(module, "layers") else module
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
@@ -228,11 +239,21 @@ def _torch_dtype(dtype: np.dtype) -> Any:
     return {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
 
 
-def _check_scheme(adapted: Adapted, torch_module: Any) -> None:
-    scheme = getattr(torch_module, "SCHEME", None)
-    activation = getattr(torch_module, "ACTIVATION", None)
-    if scheme is not None and (scheme, activation) != (adapted.scheme, adapted.activation):
-        raise SplitformerError(
-            f"the source computes {adapted.scheme} with {adapted.activation}; "
-            f"the generated module {torch_module.__name__} is {scheme} with {activation}"
-        )
+def _check_scheme(adapted: Adapted, namespace: Mapping[str, Any], module: str) -> None:
+    """Refuse a generated module (its globals ``namespace``) that computes another scheme than the source's."""
+    computed = (namespace.get("SCHEME"), namespace.get("ACTIVATION"))
+    if computed != (adapted.scheme, adapted.activation):
+        raise SplitformerError(f"the source computes {adapted.scheme} with {adapted.activation}; "
+                               f"{module} computes {computed[0]} with {computed[1]}")
+    digest = namespace.get("COMPUTES")
+    if digest is None:
+        raise SplitformerError(f"{module} has no COMPUTES digest (emitted by an older splitformer): derive it again")
+    scheme = adapted.computed_scheme()
+    if digest == scheme.fingerprint:
+        return
+    if not scheme.causal and digest == scheme.as_causal().fingerprint:
+        raise SplitformerError(f"{module} computes causal {computed[0]} (derived with causal=True); "
+                               f"the source computes non-causal {adapted.scheme}")
+    raise SplitformerError(f"{module} computes another scheme under the name {computed[0]} (other operators, steps, "
+                           f"final norm or causality: COMPUTES {digest}, the source's {scheme.fingerprint}); "
+                           "derive the module from adapted.derivation()")

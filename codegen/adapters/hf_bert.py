@@ -21,6 +21,7 @@ from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name, check_norms, same_configuration, stack_state, state_dict
+from .inspection import check_parts
 
 __all__ = ["read_bert_layer", "read_bert_encoder", "write_bert_layer", "write_bert_encoder"]
 
@@ -36,8 +37,17 @@ KEYS = {
     "norm2.gain": "output.LayerNorm.weight", "norm2.bias": "output.LayerNorm.bias",
 }
 
+#: The submodules a ``BertLayer`` is read through, and their classes.
+BERT_PARTS = {"attention": "BertAttention", "attention.self": "BertSelfAttention", "attention.self.query": "Linear",
+              "attention.self.key": "Linear", "attention.self.value": "Linear", "attention.self.dropout": "Dropout",
+              "attention.output": "BertSelfOutput", "attention.output.dense": "Linear",
+              "attention.output.LayerNorm": "LayerNorm", "attention.output.dropout": "Dropout",
+              "intermediate": "BertIntermediate", "intermediate.dense": "Linear", "output": "BertOutput",
+              "output.dense": "Linear", "output.LayerNorm": "LayerNorm", "output.dropout": "Dropout"}
+
 
 def _check_layer(layer: Any) -> None:
+    check_parts("BertLayer", layer, BERT_PARTS)
     attention = layer.attention.self
     if layer.is_decoder or getattr(layer, "add_cross_attention", False) or getattr(attention, "is_causal", False):
         raise SplitformerError("BertLayer is a decoder layer (is_decoder/cross-attention); the post-ln scheme is an encoder block")
@@ -84,7 +94,8 @@ def read_bert_encoder(module: Any) -> Adapted:
     notes = ()
     if encoder is not module:
         notes = ("BertModel: the encoder is mapped; embeddings and pooler are not "
-                 "(feed the stack model.embeddings(input_ids); to_torch writes model.encoder's state dict)",)
+                 "(feed the stack model.embeddings(input_ids); to_torch writes model.encoder's state dict); "
+                 "splitformer.nn.from_hf_encoder reads the whole model",)
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, stack=True, source=("hf", "BertEncoder"), notes=notes,

@@ -15,11 +15,18 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .common import state_dict
+from .inspection import check_parts
 
 __all__ = ["gpt2_block_params", "gpt2_block_config", "read_gpt2_block", "write_gpt2_block"]
 
-#: The activation names of ``transformers`` that equal the scheme's ``gelu-tanh``.
-_GELU_TANH = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+#: The activation classes of ``transformers`` that compute the scheme's ``gelu-tanh``
+#: (``gelu_new``, ``gelu_pytorch_tanh``, ``gelu_fast``).
+_GELU_TANH = {"NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActivation"}
+
+#: The submodules a ``GPT2Block`` is read through, and their classes.
+GPT2_PARTS = {"ln_1": "LayerNorm", "attn": "GPT2Attention", "attn.c_attn": "Conv1D", "attn.c_proj": "Conv1D",
+              "attn.attn_dropout": "Dropout", "attn.resid_dropout": "Dropout", "ln_2": "LayerNorm", "mlp": "GPT2MLP",
+              "mlp.c_fc": "Conv1D", "mlp.c_proj": "Conv1D", "mlp.dropout": "Dropout"}
 
 
 def _array(tensor: Any) -> np.ndarray:
@@ -28,11 +35,13 @@ def _array(tensor: Any) -> np.ndarray:
 
 def gpt2_block_config(block: Any) -> dict[str, Any]:
     """What the emitted ``gpt2`` forward needs (heads, ε); refuses what it does not implement."""
-    config = block.attn.config if hasattr(block.attn, "config") else None
-    activation = getattr(config, "activation_function", "gelu_new")
-    if activation not in _GELU_TANH:
-        raise SplitformerError(f"GPT2Block uses activation {activation!r}; the gpt2 scheme implements gelu-tanh "
-                               f"({', '.join(sorted(_GELU_TANH))})")
+    check_parts("GPT2Block", block, GPT2_PARTS)
+    activation = block.mlp.act  # the module the forward calls, not the config's name
+    tanh_gelu = type(activation).__name__ in _GELU_TANH or (
+        type(activation).__name__ == "GELU" and getattr(activation, "approximate", "none") == "tanh")
+    if not tanh_gelu:
+        raise SplitformerError(f"GPT2Block.mlp.act is {type(activation).__name__}; the gpt2 scheme implements "
+                               f"gelu-tanh ({', '.join(sorted(_GELU_TANH))}, GELU(approximate='tanh'))")
     if getattr(block.attn, "is_cross_attention", False) or hasattr(block, "crossattention"):
         raise SplitformerError("GPT2Block with cross-attention (add_cross_attention=True) is not the gpt2 scheme")
     if not getattr(block.attn, "scale_attn_weights", True) or getattr(block.attn, "scale_attn_by_inverse_layer_idx", False):

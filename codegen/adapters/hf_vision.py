@@ -17,7 +17,9 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .registry import adapter
+from .common import activation_name, check_norms
+from .inspection import check_parts
+from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
 
@@ -41,6 +43,26 @@ class AdaptedModel:
     def astype(self, dtype: Any) -> "AdaptedModel":
         return replace(self, params={name: value.astype(dtype) for name, value in self.params.items()})
 
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
+        """The ``Model`` of the generated ``vit`` torch module holding these parameters (in their dtype)."""
+        import torch
+
+        if self.model != "vit":
+            raise SplitformerError(f"build() makes vit models; {self.source[1]} is read as {self.model!r} "
+                                   "(construct its Model with the per-stage configuration yourself)")
+        if set(getattr(torch_module, "PARAMETERS", ())) != {"embed.W", "embed.b", "embed.cls", "embed.pos",
+                                                            "final_norm.gain", "final_norm.bias"}:
+            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated vit "
+                                   "torch module (splitformer derive vit --backend torch)")
+        d_model = self.params["embed.W"].shape[-1]
+        d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
+        head = self.params.get("head.W")
+        model = torch_module.Model(
+            n_layers=sum(name.endswith(".attn.W_q") for name in self.params), d_model=d_model, d_ff=d_ff,
+            n_channels=self.params["embed.W"].shape[0], n_classes=0 if head is None else head.shape[1],
+            device=device, dtype=dtype or getattr(torch, str(self.params["embed.W"].dtype)), **self.config)
+        return model.load_params(self.params)
+
 
 def _array(tensor: Any) -> np.ndarray:
     return tensor.detach().cpu().numpy().copy()
@@ -58,10 +80,35 @@ def _norm(params: dict, prefix: str, norm: Any) -> None:
     params[f"{prefix}.bias"] = _array(norm.bias)
 
 
+#: The submodules of a ``ViTLayer`` the adapter reads, and their classes (transformers 5, then 4).
+VIT_LAYER_PARTS = (
+    {"attention": "ViTAttention", "attention.q_proj": "Linear", "attention.k_proj": "Linear",
+     "attention.v_proj": "Linear", "attention.o_proj": "Linear", "layernorm_before": "LayerNorm",
+     "layernorm_after": "LayerNorm", "mlp": "ViTMLP", "mlp.fc1": "Linear", "mlp.fc2": "Linear", "mlp.activation_fn": None},
+    {"attention.attention.query": "Linear", "attention.attention.key": "Linear", "attention.attention.value": "Linear",
+     "attention.output.dense": "Linear", "layernorm_before": "LayerNorm", "layernorm_after": "LayerNorm",
+     "intermediate.dense": "Linear", "intermediate.intermediate_act_fn": None, "output.dense": "Linear"},
+)
+
+
+def _vit_modules(vit: Any, owner: str) -> float:
+    """Check the layers' parts and read what the modules compute (not the config): every layer's
+    activation must be the exact GELU, and every LayerNorm (the final one included) share one ε, returned."""
+    layers = list(vit.layers) if hasattr(vit, "layers") else list(vit.encoder.layer)
+    parts = VIT_LAYER_PARTS[0] if hasattr(vit, "layers") else VIT_LAYER_PARTS[1]
+    norms = {"layernorm": vit.layernorm}
+    for index, layer in enumerate(layers):
+        where = f"{owner} layer {index}"
+        check_parts(where, layer, parts)
+        path = next(name for name, expected in parts.items() if expected is None)
+        activation = activation_name(f"{where} {path}", layer.get_submodule(path))
+        if activation != "gelu":
+            raise SplitformerError(f"{where}: {path} computes {activation}; the vit model's step uses the exact erf GELU")
+        norms |= {f"layers.{index}.{name}": getattr(layer, name) for name in ("layernorm_before", "layernorm_after")}
+    return check_norms(owner, norms)
+
+
 def _vit_config(config: Any, owner: str) -> dict[str, Any]:
-    if config.hidden_act != "gelu":
-        raise SplitformerError(f"{owner}: hidden_act={config.hidden_act!r}; the vit model's step uses the exact "
-                               "erf GELU ('gelu')")
     head_dim = getattr(config, "head_dim", None)
     if head_dim is not None and head_dim * config.num_attention_heads != config.hidden_size:
         raise SplitformerError(f"{owner}: head_dim={head_dim} × {config.num_attention_heads} heads ≠ hidden_size="
@@ -73,8 +120,7 @@ def _vit_config(config: Any, owner: str) -> dict[str, Any]:
         if patch[0] != patch[1]:
             raise SplitformerError(f"{owner}: patch_size={tuple(patch)}; the vit model's patches are square")
         patch = patch[0]
-    return {"patch_size": int(patch), "n_heads": int(config.num_attention_heads),
-            "eps": float(config.layer_norm_eps), "image_size": image_size}
+    return {"patch_size": int(patch), "n_heads": int(config.num_attention_heads), "image_size": image_size}
 
 
 def _vit_layers(vit: Any) -> list[tuple]:
@@ -122,11 +168,12 @@ def _vit_params(vit: Any) -> dict[str, np.ndarray]:
 
 
 @adapter("hf", "ViTModel", "ViTForImageClassification")
+@network_adapter("hf", "vit", "ViTModel", "ViTForImageClassification")
 def from_hf_vit(module: Any) -> AdaptedModel:
     """The ``vit`` model's parameters and configuration of a transformers ViT."""
     owner = type(module).__name__
     vit = module.vit if owner == "ViTForImageClassification" else module
-    config = _vit_config(module.config, owner)
+    config = _vit_config(module.config, owner) | {"eps": _vit_modules(vit, owner)}
     _check_vit_scaling(vit, owner, config["n_heads"])
     params = _vit_params(vit)
     if owner == "ViTForImageClassification":
@@ -134,7 +181,10 @@ def from_hf_vit(module: Any) -> AdaptedModel:
             raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__} (num_labels = 0?); "
                                    "the readout is a linear head")
         _dense(params, "head.W", "head.b", module.classifier)
-    return AdaptedModel("vit", params, config, ("hf", owner))
+    notes = () if getattr(vit, "pooler", None) is None else (
+        f"{owner}.pooler (dense and tanh on the class token: pooler_output) is not mapped; forward computes "
+        "last_hidden_state",)
+    return AdaptedModel("vit", params, config, ("hf", owner), notes=notes)
 
 
 def _depthwise(params: dict, prefix: str, projection: Any, eps: set) -> None:
@@ -198,6 +248,7 @@ def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
 
 
 @adapter("hf", "CvtModel", "CvtForImageClassification")
+@network_adapter("hf", "cvt", "CvtModel", "CvtForImageClassification")
 def from_hf_cvt(module: Any) -> AdaptedModel:
     """The ``cvt`` model's parameters and configuration of a transformers CvT (eval mode)."""
     owner = type(module).__name__

@@ -5,8 +5,10 @@ Refused, each in one line naming the (sub)module: forward, forward-pre, backward
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or a ``forward`` replaced on the instance;
-parameters on the ``meta`` device (no values to read) or of a non-floating dtype; and (``check_parts``)
-a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``).
+parameters on the ``meta`` device (no values to read) or of a non-floating dtype; (``check_parts``)
+a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
+(``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
+``Attention(gated=True)`` adds a ``gate`` Linear its forward applies).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_parts", "LIBRARIES"]
+__all__ = ["check_computation", "check_parts", "check_only_parts", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -80,13 +82,30 @@ def _check_global_hooks() -> None:
                                    "register_module_*); it changes what every module computes: remove it before adapting")
 
 
-def check_parts(owner: str, module: Any, parts: dict[str, str]) -> None:
-    """Refuse ``module`` when a submodule (dotted path) is not of the named class (or a subclass of it)."""
+def check_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] | None]) -> None:
+    """Refuse ``module`` when a submodule (dotted path) is not of the named class (or a subclass of
+    it; a tuple names alternatives, ``None`` any class the adapter checks itself)."""
     for path, expected in parts.items():
         try:
             part = module.get_submodule(path)
         except AttributeError:
             raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
-        if expected not in {klass.__name__ for klass in type(part).__mro__}:
-            raise SplitformerError(f"{owner}.{path} is {type(part).__name__}, not {expected}; adapters read "
-                                   "the library's layer as built")
+        names = (expected,) if isinstance(expected, str) else expected or ()
+        if names and not {klass.__name__ for klass in type(part).__mro__} & set(names):
+            raise SplitformerError(f"{owner}.{path} is {type(part).__name__}, not {' or '.join(names)}; adapters "
+                                   "read the library's layer as built")
+
+
+def check_only_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] | None],
+                     parameters: frozenset[str]) -> None:
+    """``check_parts``, and refuse any other submodule or parameter: what the adapter does not map
+    may be what the forward computes with (an allowlist, not a list of known extras)."""
+    for path, part in module.named_modules():
+        if path and path not in parts:
+            raise SplitformerError(f"{owner}.{path} ({type(part).__name__}) is not a part the adapter maps; "
+                                   "the scheme has no counterpart of what it computes")
+    for name, _ in module.named_parameters():
+        if name not in parameters:
+            raise SplitformerError(f"{owner} has the parameter {name}, which the adapter does not map; "
+                                   "the scheme has no counterpart of what it computes")
+    check_parts(owner, module, parts)

@@ -4,7 +4,8 @@ A timm ``Block`` is the ``pre-ln`` scheme: ``x + attn(norm1(x))``, then ``x + ml
 with a fused ``qkv`` projection. ``VisionTransformer`` maps its ``blocks`` and final ``norm``;
 the patch embedding, class token, position embedding, pooling and head are not part of the
 block equation (feed the stack the embedded tokens). Refused: LayerScale (``init_values``),
-q/k normalization, attention-output or MLP normalization, another attention or MLP class,
+q/k normalization, attention-output or MLP normalization, another attention or MLP class, any
+submodule or parameter the adapter does not map (``Attention(gated=True)``'s ``gate``),
 activations other than the scheme's, non-standard head size or scaling, and a mix of biased
 and bias-less projections (timm's ``Block`` default ``qkv_bias=False`` with a biased ``proj``).
 """
@@ -21,10 +22,23 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
+from .inspection import check_only_parts
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,
                      same_configuration, stack_state, state_dict, zero_bias)
 
 __all__ = ["read_vit_block", "read_vision_transformer", "write_vit_block", "write_vision_transformer"]
+
+
+#: The submodules a timm ``Block`` may have and their classes (``mlp.act``: read by ``activation_name``).
+BLOCK_PARTS = {"norm1": "LayerNorm", "attn": "Attention", "attn.qkv": "Linear", "attn.q_norm": "Identity",
+               "attn.k_norm": "Identity", "attn.attn_drop": "Dropout", "attn.norm": "Identity", "attn.proj": "Linear",
+               "attn.proj_drop": "Dropout", "ls1": "Identity", "drop_path1": ("Identity", "DropPath"),
+               "norm2": "LayerNorm", "mlp": "Mlp", "mlp.fc1": "Linear", "mlp.act": None, "mlp.drop1": "Dropout",
+               "mlp.norm": "Identity", "mlp.fc2": "Linear", "mlp.drop2": "Dropout", "ls2": "Identity",
+               "drop_path2": ("Identity", "DropPath")}
+#: The parameters a timm ``Block`` may have: those the adapter maps.
+BLOCK_PARAMETERS = frozenset(f"{part}.{kind}" for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
+                             for kind in ("weight", "bias"))
 
 
 def _identity(owner: str, module: Any, what: str) -> None:
@@ -43,6 +57,7 @@ def _check_block(block: Any) -> None:
                        ("norm", "attention-output normalization (scale_attn_norm)")):
         _identity("timm Block attn", getattr(attention, name), what)
     _identity("timm Block mlp", mlp.norm, "hidden normalization (scale_mlp_norm)")
+    check_only_parts("timm Block", block, BLOCK_PARTS, BLOCK_PARAMETERS)
     d = block.norm1.weight.shape[0]
     if attention.num_heads * attention.head_dim != d:
         raise SplitformerError(f"timm Block attention width {attention.num_heads}×{attention.head_dim} differs from "
@@ -86,7 +101,8 @@ def read_vision_transformer(model: Any) -> Adapted:
     first = same_configuration("VisionTransformer", layers)
     final = None if type(model.norm).__name__ == "Identity" else final_norm_params("VisionTransformer", model.norm, first)
     note = ("VisionTransformer: blocks and final norm are mapped; patch embedding, class token, position "
-            "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only")
+            "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only; "
+            "from_timm(model, network='vit') reads the whole model")
     return Adapted(scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
                    n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
                    source=("timm", "VisionTransformer"), notes=(note,))

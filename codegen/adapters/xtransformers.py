@@ -17,13 +17,19 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
 - ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
-- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs.
+- ``weight_tie_layers``: one block's parameters, repeated for each layer it runs; ``build`` ties them
+  (``Stack(tied=True)``: one control for all steps).
+- ``use_layerscale``: a learned per-channel time step (``step = "per-channel"``): ``<field>.step`` is
+  ``γ + unit offset``.
+- ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
+  ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
 
 Any other flag is refused in one line naming it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,12 +48,12 @@ __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
 #: Classes of x-transformers that only a refused flag builds → that flag.
 FLAG_OF_CLASS = {
-    "LayerScale": "use_layerscale", "AdaptiveLayerScale": "use_adaptive_layerscale",
+    "AdaptiveLayerScale": "use_adaptive_layerscale",
     "ShiftTokens": "shift_tokens", "GRUGating": "gate_residual", "OrthogonalResidualUpdate": "orthog_residual",
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
-    "AlibiPositionalBias": "alibi_pos_bias", "RelativePositionBias": "rel_pos_bias",
+    "RelativePositionBias": "rel_pos_bias",
     "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
     "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
@@ -64,7 +70,7 @@ LAYERS_DEFAULTS = {
 
 #: ``Attention`` attributes whose value other than the default is a refused ``attn_*`` flag.
 ATTENTION_DEFAULTS = {
-    "qk_norm": (False, "attn_qk_norm"), "sparse_topk": (None, "attn_sparse_topk"),
+    "sparse_topk": (None, "attn_sparse_topk"),
     "max_attend_past": (None, "attn_max_attend_past"), "num_mem_kv": (0, "attn_num_mem_kv"),
     "laser": (False, "attn_laser"), "orthog_projected_values": (False, "attn_orthog_projected_values"),
     "hybrid_module": (None, "attn_hybrid_module"),
@@ -75,17 +81,37 @@ ATTENTION_DEFAULTS = {
     "use_latent_kv": (False, "attn_use_latent_kv"), "to_v_gate": (None, "attn_gate_values"),
     "to_output_gate": (None, "attn_output_gate"), "to_v_head_gate": (None, "attn_gate_value_heads"),
     "qkv_receive_diff_residuals": (False, "qkv_receive_diff_residuals"),
+    "orthog_projected_values_per_head": (False, "attn_orthog_projected_values_per_head"),
 }
 
 #: ``Attend`` attributes (the score kernel) whose value other than the default is a refused flag.
 ATTEND_DEFAULTS = {
-    "pre_softmax_talking_heads": (None, "attn_pre_talking_heads"),
-    "post_softmax_talking_heads": (None, "attn_post_talking_heads"),
     "pre_scale_post_talking_heads": (None, "attn_pre_scale_post_talking_heads"),
     "selective": (False, "attn_selective"), "cog_signed": (False, "attn_cog_signed"),
     "add_zero_kv": (False, "attn_add_zero_kv"), "head_learned_sink": (False, "attn_head_learned_sink"),
     "softclamp_logits": (False, "attn_softclamp_logits"), "cope": (None, "attn_use_cope"),
     "inverted_attention": (False, "inverted_attention"),
+}
+
+#: The other attributes of each module the reader knows: read and checked elsewhere (heads, causality,
+#: layout, the score scale), immaterial to the forward (caches, dropout), or qualifying a flag refused
+#: above (``qk_norm_*`` with ``qk_norm``). Any attribute in neither list is refused by name: a flag of
+#: another x-transformers version may change the computation (an allowlist, not a list of refusals).
+KNOWN_ATTRIBUTES = {
+    "AttentionLayers": frozenset({
+        "dim", "attn_heads", "attn_dim_head", "causal", "depth", "layer_types", "layers_execute_order",
+        "len_default_block", "num_attn_layers", "num_cross_attn_layers", "num_ff_layers", "pre_norm", "sandwich_norm",
+        "pre_and_post_norm", "rel_pos", "rotary_pos_emb", "polar_pos_emb", "can_cache_kv", "layer_dropouts",
+        "cross_attn_tokens_dropout", "disable_abs_pos_emb", "depth_scale_residual", "dim_condition",
+        "norm_need_condition", "post_branch_fn_needs_condition", "learned_reinject_input_gate", "reinject_input_proj",
+        "softclamp_output_value", "stream_emb"}),
+    "Attention": frozenset({
+        "heads", "kv_heads", "groups", "causal", "scale", "can_cache_kv", "qk_norm", "sublayer_dropout", "rotate_num_heads",
+        "gate_values_headwise", "output_gate_headwise", "to_v_gate_activation", "laser_softclamp_value",
+        "qk_norm_groups", "qk_norm_dim_scale", "qk_norm_q_scale", "qk_norm_k_scale", "qk_norm_scale", "to_latent_q",
+        "to_latent_kv", "to_rotateable_k", "hybrid_norms", "hybrid_mix", "hybrid_mask_kwarg", "to_value_residual_mix"}),
+    "Attend": frozenset({"scale", "causal", "attn_fn", "pre_softmax_talking_heads", "post_softmax_talking_heads", "l2_distance", "create_causal_mask", "dropout", "flash",
+                         "flash_pack_seq", "sdp_context_manager", "head_attn_sink", "logit_softclamp_value"}),
 }
 
 #: Score kernels of ``Attend`` other than the softmax (``attn_fn``'s function name → flag); any other
@@ -106,13 +132,15 @@ NORM_NOTES = {
 FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
+#: The options of ``scored-attention`` as words of a scheme name.
+SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
+
+
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
-    "use_layerscale": "a learned per-channel step size (a time step as a control) is not in the scheme language",
     "scale_residual": "a learned skip scale is not in the scheme language",
     "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
-    "alibi_pos_bias": "an attention-score kernel splitformer does not compute",
     "rel_pos_bias": "an attention-score kernel splitformer does not compute",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
 }
@@ -123,6 +151,14 @@ def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
 
 
 def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
+    """Refuse an attribute of ``module`` that is neither in ``defaults`` nor known (``KNOWN_ATTRIBUTES``),
+    then each of ``defaults`` that is not at its default value."""
+    known = next((KNOWN_ATTRIBUTES[klass.__name__] for klass in type(module).__mro__ if klass.__name__ in KNOWN_ATTRIBUTES),
+                 frozenset())
+    for attribute, value in vars(module).items():
+        if not attribute.startswith("_") and attribute != "training" and attribute not in defaults and attribute not in known:
+            raise SplitformerError(f"{owner} has {type(module).__name__}.{attribute}={value!r}, an attribute the reader "
+                                   "does not know (a flag of this x-transformers version that splitformer does not read)")
     for attribute, (default, flag) in defaults.items():
         value = getattr(module, attribute, default)
         if value is not default and value != default:
@@ -136,8 +172,21 @@ def _check_classes(owner: str, modules: Iterable[Any]) -> None:
             raise _refuse(owner, flag)
 
 
-def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[str, np.ndarray]:
-    """``attn.W_q`` … ``attn.W_o`` of an x-transformers ``Attention``; refuses its other flags."""
+def _heads(weight: np.ndarray, width: int, heads: list[int]) -> np.ndarray:
+    """The columns of ``weight`` (``(d, n · width)``) of each head in ``heads``, in that order."""
+    return np.concatenate([weight[:, head * width:(head + 1) * width] for head in heads], axis=1)
+
+
+def _widened(weight: np.ndarray, width: int, wide: int, axis: int) -> np.ndarray:
+    """``weight`` with each head's ``width`` features (head-major along ``axis``) padded by zeros to ``wide``."""
+    moved = np.moveaxis(weight, axis, -1)
+    split = moved.reshape(*moved.shape[:-1], -1, width)
+    padded = np.concatenate([split, np.zeros((*split.shape[:-1], wide - width), weight.dtype)], axis=-1)
+    return np.moveaxis(padded.reshape(*moved.shape[:-1], -1), -1, axis)
+
+
+def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
+    """Refuse the flags of an x-transformers ``Attention`` that no option computes; its head width."""
     import torch
 
     _check_defaults(owner, attention, ATTENTION_DEFAULTS, "")
@@ -149,17 +198,64 @@ def _attention_params(owner: str, attention: Any, dim: int, heads: int) -> dict[
         flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
             getattr(function, "__name__", ""), "attn_custom_attn_fn")
         raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
-    if attention.kv_heads != attention.heads:
-        raise _refuse(owner, f"attn_kv_heads={attention.kv_heads}", "the attention kind has one key/value per head")
-    if attention.heads != heads or attention.to_q.out_features != dim or attention.to_v.out_features != dim:
-        raise _refuse(owner, f"attn_dim_head={attention.to_q.out_features // attention.heads}",
-                      f"the head width must be dim / heads = {dim // heads}")
+    if getattr(attention, "rotate_num_heads", heads) != heads:
+        raise _refuse(owner, f"rotate_num_heads={attention.rotate_num_heads}", "rotary-attention rotates every head")
+    width = attention.to_q.out_features // attention.heads
+    if attention.heads != heads or width > dim // heads:
+        raise _refuse(owner, f"attn_dim_head={width}", f"a head wider than dim / heads = {dim // heads} is not "
+                      "computed (the generated code's head width is d / n_heads)")
+    if attention.to_v.out_features != attention.kv_heads * width:
+        raise _refuse(owner, f"attn_value_dim_head={attention.to_v.out_features // attention.kv_heads}")
+    if attention.qk_norm and attention.qk_norm_groups != 1:
+        raise _refuse(owner, f"attn_qk_norm_groups={attention.qk_norm_groups}", "qk_norm normalizes whole heads")
     names = {name for name, _ in attention.named_parameters()}
-    extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight"})
+    extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight", "qk_norm_q_scale",
+                            "qk_norm_k_scale", *(f"attend.{when}_softmax_talking_heads.weight" for when in ("pre", "post"))})
     if extra or type(attention.to_out).__name__ != "Linear":
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
-    return {f"attn.W_{part}": linear_weight(getattr(attention, f"to_{part}").weight) for part in "qkv"} | {
-        "attn.W_o": linear_weight(attention.to_out.weight)}
+    return width
+
+
+def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -> tuple[dict[str, np.ndarray], dict]:
+    """``attn.*`` of an x-transformers ``Attention`` and the attention operator's options; refuses its other flags.
+
+    ``attn_kv_heads``: key/value head ``h mod n_kv`` serves query head ``h`` (x-transformers' repeat), read as
+    multi-head attention with those columns of ``W_k``, ``W_v`` repeated. ``attn_dim_head`` below ``dim / heads``:
+    each head's features padded by zeros to ``dim / heads``. The score scale ``s`` (``d_head^{-1/2}``, or qk-norm's)
+    against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
+    or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
+    heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
+    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
+    """
+    import torch
+
+    width, wide = _check_attention(owner, attention, dim, heads), dim // heads
+    rescale = attention.attend.scale * np.sqrt(wide)
+    shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
+    weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
+    weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
+    if not attention.qk_norm and not math.isclose(rescale, 1.0, rel_tol=1e-12):
+        weights["q"] = weights["q"] * rescale  # another head width, or a score scale other than d_head^{-1/2}
+    params = {f"attn.W_{part[0]}": _widened(weight, width, wide, 0 if part == "out" else 1)
+              for part, weight in weights.items()}
+    options: dict[str, Any] = {}
+    if attention.qk_norm:
+        scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
+                  for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
+        gains = {"q": rescale * scales[0], "k": scales[1][shared]}
+        params |= {f"attn.{part}_gain": _widened(gain.reshape(-1).astype(params["attn.W_q"].dtype), width, wide, 0)
+                   for part, gain in gains.items()}
+        options["qk_norm"] = True
+    for when in ("pre", "post"):  # x-transformers: s + W s before, W γ after the softmax
+        mixing = getattr(attention.attend, f"{when}_softmax_talking_heads")
+        if mixing is not None:
+            params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0]
+            options[f"{when}_talking_heads"] = True
+    if type(rel_pos).__name__ == "AlibiPositionalBias":
+        slopes = array(rel_pos.slopes).reshape(-1)
+        params["attn.slopes"] = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
+        options["alibi"] = True
+    return params, options
 
 
 def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool]:
@@ -247,11 +343,7 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
             if residual.residual_scale is not None or residual.scale_residual_constant != 1:
                 raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
                               REASONS["scale_residual"])
-            pre, post_branch, post_main = norms
-            if post_branch is not None:
-                raise _refuse(owner, "sandwich_norm", "a norm of the branch output before the residual is a branch "
-                              "map, not a projection of the state")
-            parts.append((layers.layer_types[index], branch, (pre, post_main)))
+            parts.append((layers.layer_types[index], branch, tuple(norms)))
         blocks.append(parts)
     return blocks
 
@@ -263,6 +355,13 @@ def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | Non
     if not (macaron_ff and branch.scale == 0.5):
         raise _refuse(owner, f"a branch scaled by {branch.scale}", "scale_residual / depth_scale_residual")
     return branch.fn, "1/2"
+
+
+def _layer_scale(branch: Any) -> tuple[Any, np.ndarray | None]:
+    """The branch inside ``LayerScale`` (``use_layerscale``) and its per-channel step ``γ + unit offset``."""
+    if type(branch).__name__ != "LayerScale":
+        return branch, None
+    return branch.fn, array(branch.gamma) + float(branch.unit_offset)
 
 
 @dataclass
@@ -284,11 +383,48 @@ class _Block:
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
 
 
-def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _Block:
+    def rotary(self, owner: str, heads: int) -> None:
+        """The attention as ``rotary-attention``: x-transformers pairs features ``(2r, 2r + 1)`` of a head
+        (interleaved), the kind pairs ``(r, r + d_head/2)``; the scores only see the pairs, so the
+        query and key kernels' columns are permuted from one layout into the other."""
+        for part in ("W_q", "W_k"):
+            kernel = self.params[f"attn.{part}"]
+            pairs = kernel.reshape(kernel.shape[0], heads, -1, 2)  # (d, head, r, c) interleaved
+            self.params[f"attn.{part}"] = np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(kernel.shape)
+        if set(self.operators["attn"]) - {"kind", "bias"}:
+            scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias"}))
+            raise _refuse(owner, f"rotary_pos_emb with {scores}", "rotary-attention has no score options")
+        self.operators["attn"] = {"kind": "rotary-attention"}
+
+
+def _rope_theta(owner: str, rotary: Any, dim_head: int) -> float:
+    """θ of x-transformers' ``RotaryEmbedding`` rotating every feature pair of a head (θ^(−2r/d_head));
+    partial rotation, xpos and interpolated positions are refused by name."""
+    frequencies = np.asarray(rotary.inv_freq.detach().cpu().double().numpy())
+    if rotary.scale is not None:
+        raise _refuse(owner, "rotary_xpos", "a position-dependent scale of the rotated pairs is not computed")
+    if rotary.interpolation_factor != 1:
+        raise _refuse(owner, f"rotary_interpolation_factor={rotary.interpolation_factor}",
+                      "rotary-attention rotates by the token positions themselves")
+    if 2 * len(frequencies) != dim_head:
+        raise _refuse(owner, f"rotary_emb_dim={2 * len(frequencies)}", f"partial rotary (of {dim_head} head "
+                      f"features) is not computed: rotary-attention rotates every pair (rotary_emb_dim={dim_head})")
+    if len(frequencies) < 2:
+        raise _refuse(owner, f"rotary_emb_dim={dim_head}", "one rotated pair carries no rotary base")
+    theta = float(frequencies[1] ** (-dim_head / 2))
+    theta = float(round(theta)) if abs(theta - round(theta)) <= 1e-9 * theta else theta  # 10000.000000000002 → 10000
+    expected = theta ** (-2 * np.arange(len(frequencies)) / dim_head)
+    if not np.allclose(frequencies, expected, rtol=1e-6, atol=0):
+        raise _refuse(owner, "rotary frequencies other than θ^(−2r/d_head)")
+    return theta
+
+
+def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
     block = _Block()
-    for position, (kind, branch, (pre, post)) in enumerate(parts, start=1):
+    for position, (kind, branch, (pre, sandwich, post)) in enumerate(parts, start=1):
+        branch, layer_scale = _layer_scale(branch)  # LayerScale wraps the macaron's ½ (Scale): both scale the output
         branch, fraction = _fraction(owner, branch, macaron and kind == "f")
         step: dict[str, Any] = {"operator": "", "solver": "explicit"}
         if pre is not None:
@@ -296,8 +432,15 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _B
             block.norm(owner, step["on"], pre, dim, dtype)
         if kind == "a":
             step["operator"] = "attn"
-            block.params |= _attention_params(owner, branch, dim, heads)
-            block.operators["attn"] = {"kind": "attention", "bias": False}
+            params, options = _attention(owner, branch, dim, heads, rel_pos)
+            block.params |= params
+            if branch.to_q.out_features != dim:
+                block.notes.add(f"attn_dim_head={branch.to_q.out_features // heads} is read as heads of width "
+                                f"{dim // heads} padded by zeros: a generated Stack trains the padding")
+            if branch.kv_heads != heads:
+                block.notes.add(f"the {branch.kv_heads} key/value heads are read repeated for the {heads} query heads: "
+                                "a generated Stack trains the copies untied")
+            block.operators["attn"] = {"kind": "scored-attention" if options else "attention", "bias": False} | options
         else:
             step["operator"] = ("ffn_pre" if position == 1 else "ffn_post") if macaron else "ffn"
             params, activation, gated, bias = _feed_forward(owner, branch, step["operator"])
@@ -306,6 +449,15 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype) -> _B
             block.operators[step["operator"]] = {"kind": "gated-feed-forward" if gated else "feed-forward", "bias": bias}
         if fraction is not None:
             step["fraction"] = fraction
+        if sandwich is not None:  # a projection of the field's output before it is added (a branch map)
+            if fraction is not None or layer_scale is not None:
+                raise _refuse(owner, "sandwich_norm with macaron or use_layerscale", "x-transformers normalizes the "
+                              "scaled branch output; the scheme's branch map is applied before the step's scale")
+            step["then"] = f"branch_norm{position}"
+            block.norm(owner, step["then"], sandwich, dim, dtype)
+        if layer_scale is not None:  # a learned diagonal time step λ(y)
+            step["step"] = "per-channel"
+            block.params[f"{step['operator']}.step"] = layer_scale
         block.steps.append(step)
         if post is not None:
             name = f"post_norm{position}" if pre is not None else f"norm{position}"
@@ -335,16 +487,20 @@ def scheme_text(name: str, summary: str, block: _Block, activation: str, causal:
 
 def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     """A scheme name and summary saying what the block is (``xt-pre-layer-norm-gelu``)."""
-    pre, post = parts[0][2]
+    pre, sandwich, post = parts[0][2]
     layout = "pre-post" if pre is not None and post is not None else "pre" if pre is not None else "post"
+    layout = "sandwich" if sandwich is not None else layout
     norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, norm, gated + next(iter(block.activations)),
+    rotary = "rotary" if block.operators["attn"]["kind"] == "rotary-attention" else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
-    name = "-".join(word for word in words if word)
+    scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
+    name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
-               f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})")
+               f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
+               + (f"; attention scores with {', '.join(scores)}" if scores else ""))
     return name, summary
 
 
@@ -354,15 +510,20 @@ def read_attention_layers(layers: Any) -> Adapted:
     owner = type(layers).__name__
     _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
     _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
-    if layers.rotary_pos_emb is not None:
-        raise _refuse(owner, "rotary_pos_emb", "x-transformers rotates interleaved feature pairs (by default of half "
-                      "of each head); rotary-attention rotates the half-split pairs of the whole head")
     if layers.polar_pos_emb is not None:
         raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
+    rope_theta = None if layers.rotary_pos_emb is None else _rope_theta(owner, layers.rotary_pos_emb, dim // heads)
     structure = _sublayers(owner, layers)
-    blocks = [_block(owner, parts, dim, heads, dtype) for parts in structure]
+    blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
+    if rope_theta is not None:
+        widths = {attention.to_q.out_features for attention in layers.modules() if type(attention).__name__ == "Attention"}
+        if widths != {dim}:
+            raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={min(widths) // heads}",
+                          f"rotary-attention rotates heads of width dim / heads = {dim // heads}")
+        for block in blocks:
+            block.rotary(owner, heads)
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))
@@ -383,15 +544,14 @@ def read_attention_layers(layers: Any) -> Adapted:
     name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
-    if list(layers.layers_execute_order) != list(range(len(layers.layer_types))):
-        notes.append(f"{len(blocks)} layers run one block's parameters (weight_tie_layers); a generated Stack "
-                     "holds one copy per layer")
+    tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
+    options = ({"causal": True} if layers.causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
     return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                    eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                   options={"causal": True} if layers.causal else {}, notes=tuple(notes), scheme_file=text)
+                   options=options, notes=tuple(notes), scheme_file=text, tied=tied)
 
 
 @adapter("xtransformers", "TransformerWrapper")

@@ -12,6 +12,7 @@ from .layer_norm import layer_norm
 from .matmul import matmul
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
+from .unroll_pairs import unroll_pairs
 
 __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select"]
 
@@ -19,6 +20,7 @@ PASSES = {
     "inline-elementwise": inline_elementwise,
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
+    "unroll-pairs": unroll_pairs,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,

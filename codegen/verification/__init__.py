@@ -79,6 +79,4 @@ check ids                               what is checked                         
   convolutional projections); the steps by ``semantics.py``.
 - ``definitions.py`` — user-registered operator kinds, from their continuous definitions.
 - ``emitted.py`` — the NumPy and PyTorch modules of a program, generated in memory.
-- ``mutation.py`` — ``make mutation``: how many mutants of the pipeline the checks and the
-  fast tests kill.
 """

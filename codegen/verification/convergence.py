@@ -11,7 +11,6 @@ a random memory held fixed over ``[0, T]``; rotary attention the positions ``0 â
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 from splitformer.symbolic.equation import equation_terms
 from splitformer.symbolic.scheme import Parallel, Scheme, Sequence, Substep
 
-from ..output import MARKER, PLOTS_HINT, check_replaceable, write_files
+from ..output import PLOTS_HINT, check_replaceable, write_files
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
@@ -47,7 +46,7 @@ class Study:
 
 
 def _reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS) -> np.ndarray:
-    terms = [(float(term.coefficient), Substep(term.operator, "explicit", on=term.on))
+    terms = [(float(term.coefficient), term.substep)
              for term in equation_terms(scheme) if not term.projection]
 
     def field(v):
@@ -126,10 +125,9 @@ def _figure(width: float, height: float):
 
 def _save(figure, path: Path) -> Path:
     """Write the PNG at once (all or nothing), marked as ours; never over an image someone else made."""
-    image = io.BytesIO()
-    figure.savefig(image, format="png", metadata={"Software": MARKER})
+    image = figure.marked_png()
     check_replaceable(path, hint=PLOTS_HINT)
-    write_files({path: image.getvalue()})
+    write_files({path: image})
     return path
 
 

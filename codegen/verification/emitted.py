@@ -10,6 +10,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.stack import final_norm_scheme
 
+from ..in_memory import load_source
 from ..lowering import lower
 from ..render import render_module
 
@@ -50,6 +51,4 @@ def emitted_numpy_with_adjoint(scheme: Scheme, program: Program) -> ModuleType:
 
 def compiled(source: str, backend: str, name: str) -> ModuleType:
     """The module whose source is ``source`` (generated code), executed in memory."""
-    module = ModuleType(f"splitformer_emitted_{backend}_{name}")
-    exec(compile(source, f"<emitted {backend} {name}>", "exec"), module.__dict__)  # noqa: S102 - our own output
-    return module
+    return load_source(source, backend, name)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from splitformer.symbolic.operators import Parameter
 from splitformer.symbolic.scheme import Scheme
 
 from .semantics import Sizes
 
-__all__ = ["random_parameters", "axis_extents"]
+__all__ = ["random_parameters", "axis_extents", "scheme_parameters"]
 
 
 def axis_extents(sizes: Sizes) -> dict[str, int]:
@@ -26,9 +27,14 @@ def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.n
     rng = np.random.default_rng(seed)
     codes = axis_extents(sizes)
     params = {}
-    for operator in scheme.instantiate().values():
-        for parameter in operator.parameters():
-            shape = tuple(codes[domain.code_name] for domain in parameter.shape)
-            values = rng.standard_normal(shape) / np.sqrt(shape[0] if len(shape) == 2 else 1)
-            params[f"{operator.key}.{parameter.name}"] = values * 0.5 + (1.0 if parameter.kind == "gain" else 0.0)
+    for key, parameter in scheme_parameters(scheme):
+        shape = tuple(codes[domain.code_name] for domain in parameter.shape)
+        values = rng.standard_normal(shape) / np.sqrt(shape[0] if len(shape) == 2 else 1)
+        params[f"{key}.{parameter.name}"] = values * 0.5 + (1.0 if parameter.kind == "gain" else 0.0)
     return params
+
+
+def scheme_parameters(scheme: Scheme) -> list[tuple[str, Parameter]]:
+    """``(operator key, parameter)`` of every control of ``scheme``: its operators', then its learned steps."""
+    found = [(operator.key, parameter) for operator in scheme.instantiate().values() for parameter in operator.parameters()]
+    return found + list(scheme.step_controls().items())

@@ -17,6 +17,7 @@ from pathlib import Path
 from splitformer.codegen.verification.statements import SKIPPED, Check
 from splitformer.codegen.verification.statements.activations import activation_checks
 from splitformer.codegen.verification.statements.llm import llm_checks
+from splitformer.codegen.verification.statements.model_recovery import model_checks
 from splitformer.codegen.verification.statements.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
@@ -24,6 +25,7 @@ from splitformer.codegen.verification.statements.recovery import recovery_checks
 from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_scale_check
 from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.model import NetworkSpec
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import is_builtin
@@ -33,6 +35,8 @@ from .causality import causality_checks
 from .circuits import circuits_check
 from .convergence import Study, convergence_study, plot_studies, plot_study
 from .guard import guarded
+from .network_adjoint_tests import network_adjoint_tests
+from .network_semantics import network_semantics_checks
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
 from .emitted import emitted_numpy_with_adjoint
@@ -40,7 +44,7 @@ from .scheme_checks import scheme_checks as semantics_checks, skipped_because
 from .semantics import unevaluable
 from .structure import attention_checks
 
-__all__ = ["CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
+__all__ = ["network_checks", "CheckReport", "run_checks", "order_check", "convergence_check", "TOLERANCE"]
 
 #: How far the empirical order may be from the series order.
 TOLERANCE = 0.3
@@ -224,9 +228,21 @@ def _convergence_skipped(scheme: Scheme, reasons: dict[str, str]) -> Check:
                  skipped_because(reasons))
 
 
+def network_checks(spec: NetworkSpec, report: CheckReport | None = None) -> CheckReport:
+    """The checks of one network, added to ``report``: its derived programs (``model/``), its emitted
+    NumPy module against the independent evaluator (``semantics/``) and its ``vjp`` (``adjoint-test/``)."""
+    report = report or CheckReport()
+    name = spec.name
+    report.add(*guarded(f"model/{name}", name, lambda: model_checks(spec)))
+    report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(spec)))
+    report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(spec)))
+    return report
+
+
 def run_checks(schemes: list[Scheme], plots: Path | None = None,
-               progress: Callable[[Check], None] | None = None) -> CheckReport:
-    """General checks, then every scheme's; ``plots`` also gets ``convergence.png`` with all schemes."""
+               progress: Callable[[Check], None] | None = None, networks: list[NetworkSpec] = ()) -> CheckReport:
+    """General checks, then every scheme's and every network's; ``plots`` also gets
+    ``convergence.png`` with all schemes."""
     report = CheckReport(progress=progress)
     for group, checks in (("projections", projection_checks), ("rms-norm", rms_norm_scale_check), ("sign", sign_check),
                           ("activations", activation_checks), ("attention", attention_checks),
@@ -235,6 +251,8 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
         report.add(*guarded(group, None, checks))
     for scheme in schemes:
         scheme_checks(scheme, plots=plots, report=report)
+    for network in networks:
+        network_checks(network, report)
     if plots is not None and report.studies:
         plot_studies(list(report.studies.values()), plots / "convergence.png")
     return report

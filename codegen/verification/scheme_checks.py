@@ -36,7 +36,7 @@ from splitformer.symbolic.rotary_attention import POSITIONS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .emitted import TORCH_MISSING, emitted_modules
-from .parameters import axis_extents, random_parameters
+from .parameters import axis_extents, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 from .structure import stack_check
 
@@ -274,10 +274,9 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
     sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
     codes = axis_extents(sizes)
     params = {}
-    for operator in scheme.instantiate().values():
-        for parameter in operator.parameters():
-            name = f"{operator.key}.{parameter.name}"
-            params[name] = _symbols(name, tuple(codes[domain.code_name] for domain in parameter.shape), real=True)
+    for key, parameter in scheme_parameters(scheme):
+        name = f"{key}.{parameter.name}"
+        params[name] = _symbols(name, tuple(codes[domain.code_name] for domain in parameter.shape), real=True)
     u = _symbols("u", (sizes.tokens, sizes.features), real=True)
     support = _support(sizes.tokens, set(), causal=True)
     # rotary attention: symbolic positions and base; cross-attention: a symbolic memory, its last token padded
@@ -333,7 +332,7 @@ def nesting(scheme: Scheme) -> int:
     result (a field on a projected state counts two; a Runge–Kutta stage reads the stages its row uses)."""
 
     def applications(substep) -> int:
-        return 1 + (substep.on is not None)
+        return 1 + (substep.on is not None) + (substep.then is not None)
 
     def sequence(steps: Sequence, depth: int) -> int:
         for step in steps.steps:

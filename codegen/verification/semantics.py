@@ -194,9 +194,15 @@ class Semantics:
         return total
 
     def field(self, substep, u):
-        """``A(u)`` or, with ``on``, ``A(Proj(u))``."""
+        """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
+        learned step, times ``λ(y)`` (``<operator>.step``) feature by feature."""
         argument = u if substep.on is None else self.apply(substep.on, u)
-        return self.apply(substep.operator, argument)
+        value = self.apply(substep.operator, argument)
+        if substep.then is not None:
+            value = self.apply(substep.then, value)
+        if substep.step == "per-channel":
+            value = value * self.parameter(substep.operator, "step")[None, :]
+        return value
 
     # -- the operators -------------------------------------------------------------------------
     def apply(self, key: str, u: np.ndarray) -> np.ndarray:
@@ -355,7 +361,36 @@ def _activation(sem: Semantics, key: str, values: np.ndarray) -> np.ndarray:
         return values / (1 + ar.exp(-values))
     if name == "tanh":
         return ar.tanh(values)
-    raise KeyError(name)
+    return _pointwise(sem, sem.operator(key).activation.formula, values)  # a registered activation
+
+
+def _pointwise(sem: Semantics, expr, values: np.ndarray) -> np.ndarray:
+    """A registered activation's formula in ``v`` at ``values``, in the arithmetic (its functions are
+    ``register_activation``'s: exp, erf, tanh, max(·, 0), |·|)."""
+    ar = sem.arithmetic
+    if isinstance(expr, sympy.Symbol):
+        return values
+    if expr.is_Rational:
+        return sem.number(Fraction(int(expr.p), int(expr.q)))
+    if expr is sympy.pi:
+        return ar.pi()
+    parts = [_pointwise(sem, argument, values) for argument in expr.args]
+    if isinstance(expr, sympy.Add):
+        return sum(parts[1:], parts[0])
+    if isinstance(expr, sympy.Mul):
+        product = parts[0]
+        for part in parts[1:]:
+            product = product * part
+        return product
+    if isinstance(expr, sympy.Pow):
+        if expr.exp == sympy.Rational(1, 2):
+            return ar.sqrt(parts[0])
+        return parts[0] ** int(expr.exp) if expr.exp.is_Integer else parts[0] ** parts[1]
+    if isinstance(expr, sympy.Max) and 0 in expr.args:
+        return ar.relu(parts[1 - expr.args.index(0)])
+    if isinstance(expr, sympy.Abs):
+        return abs(parts[0])
+    return {sympy.exp: ar.exp, sympy.erf: ar.erf, sympy.tanh: ar.tanh}[expr.func](parts[0])
 
 
 def _feed_forward(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:

@@ -79,6 +79,60 @@ def _softmax(scores, support):
     return weights
 
 
+def _attention(q, k, v, scale, support):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    Heads are strided views of the operands, never copied; per batch entry, a group of heads
+    and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
+    reused buffer. The scale is applied to a copy of the queries, the normalization to the
+    output rows, which overwrite their (used) scaled queries: the copy is the output, in
+    (batch, tokens, heads, features) order.
+    """
+    batch, n_queries, n_heads, _ = q.shape
+    n_keys = k.shape[1]
+    out = q * scale
+    heads_out = out.transpose(0, 2, 1, 3)
+    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    if support is not None:
+        support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
+    rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
+    group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
+    buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
+    for b in range(batch):
+        for first in range(0, n_heads, group):
+            heads = slice(first, first + group)
+            for start in range(0, n_queries, rows):
+                block = slice(start, start + rows)
+                queries = heads_out[b, heads, block]
+                scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
+                weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
+                np.matmul(weights, values[b, heads], out=queries)
+                queries /= total
+    return out
+
+
+#: Score entries per block of ``_attention``: 2 MB in float32, which stay in cache.
+_SCORES = 1 << 19
+
+
+def _grouped_attention(q, k, v, scale, support):
+    """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
+    q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
+    keys, groups, value features), support (batch, tokens, keys) or None. The members of a group
+    are further query rows of its head (batched products over the groups, no key or value is
+    repeated); the result is (batch, tokens, groups, members, value features).
+    """
+    batch, n_queries, groups, members = q.shape[:4]
+    rows = q.reshape(batch, n_queries, groups, members, -1).transpose(0, 3, 1, 2, 4)  # members before tokens
+    rows = rows.reshape(batch, members * n_queries, groups, -1)
+    keys = k.reshape(k.shape[:3] + (-1,))
+    if support is not None:
+        support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
+        support = support.reshape(batch, 1, members * n_queries, -1)
+    out = _attention(rows, keys, v, scale, support)
+    return out.reshape(batch, members, n_queries, groups, -1).transpose(0, 2, 3, 1, 4)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -396,24 +450,20 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
     # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-    attn_qr = np.sum(attn_q[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), axis=5)
+    attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
     del attn_q
     # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-    attn_kr = np.sum(attn_k[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), axis=4)
+    attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
     del attn_k, attn_phi
     # the cache: attn_kr of the earlier tokens, then the new ones
     attn_kr = _cache(cache, "attn.kr", attn_kr)
-    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-    del attn_kr, attn_qr
-    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
-    del attn_a, chi
     # the cache: attn_v of the earlier tokens, then the new ones
     attn_v = _cache(cache, "attn.v", attn_v)
+    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
     # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-    attn_o = _einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-    del attn_gamma, attn_v
+    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
+    del attn_kr, attn_qr, attn_v, chi
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
@@ -520,19 +570,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
     # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-    attn_qr = np.sum(attn_q[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), axis=5)
+    attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
     del attn_q
     # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-    attn_kr = np.sum(attn_k[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), axis=4)
+    attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
     del attn_k
     # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
-    del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-    attn_o = _einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-    del attn_gamma
+    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
+    del chi
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
@@ -663,12 +710,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
-    attn_k_bar = np.sum(attn_kr_bar[:, :, :, None]*np.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, :, None])/2), axis=4)
+    attn_k_bar = np.stack((attn_kr_bar[..., 0, :]*np.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*np.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*np.sin(attn_phi[:, :, None])), axis=3)
     del attn_kr_bar
     # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_k_bar = _einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
-    attn_q_bar = np.sum(attn_qr_bar[:, :, :, :, None]*np.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, None, :, None])/2), axis=5)
+    attn_q_bar = np.stack((attn_qr_bar[..., 0, :]*np.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*np.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*np.sin(attn_phi[:, :, None, None])), axis=4)
     del attn_phi, attn_qr_bar
     # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_q_bar = _einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)

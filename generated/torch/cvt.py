@@ -306,6 +306,35 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _load_all(module, params):
+    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+
+    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
+    own = dict(module.named_parameters())
+    unknown = sorted(set(params) - set(own), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    values = {}
+    for name, target in own.items():
+        if name not in params:
+            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+        try:
+            value = torch.as_tensor(params[name])
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        values[name] = value
+    with torch.no_grad():
+        for name, value in values.items():
+            own[name].copy_(value)
+    return module
+
+
 def _tokens(node, grid):
     """The token nodes of a grid field (batch, d, rows, cols): the class node first (if any), then row by row."""
     batch, d = grid.shape[:2]
@@ -585,20 +614,8 @@ class Model(torch.nn.Module):
                  lambda t: torch.nn.init.normal_(t, std=0.02))(tensor)
 
     def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
-        own = dict(self.named_parameters())
-        unknown = sorted(set(params) - set(own))
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r}")
-        with torch.no_grad():
-            for name, target in own.items():
-                if name not in params:
-                    raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-                value = torch.as_tensor(params[name])
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-                target.copy_(value)
-        return self
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        return _load_all(self, params)
 
     def forward(self, pixel_values):
         if not isinstance(pixel_values, torch.Tensor):

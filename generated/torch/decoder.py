@@ -43,11 +43,14 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "decoder"
 ACTIVATION = "relu"
+#: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
+#: file reusing a built-in's name, or one made causal, computes another digest.
+COMPUTES = "382c1bb4e71f2bf4"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -113,6 +116,14 @@ _KINDS = {
     "final_norm.gain": "gain",
     "final_norm.bias": "bias",
 }
+#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
+#: name a view of it), so that the product reads them without a copy (``_cat``).
+_SIDE_BY_SIDE = [
+    (("attn.W_q", "attn.W_k", "attn.W_v",), 1),
+    (("attn.b_q", "attn.b_k", "attn.b_v",), 0),
+    (("cross.W_k", "cross.W_v",), 1),
+    (("cross.b_k", "cross.b_v",), 0),
+]
 
 
 def _allowed(support):
@@ -229,6 +240,55 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     y = y - y[..., :1].detach()
     centred = y - y.mean(dim=-1, keepdim=True)
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
+
+
+def _cat(tensors: list[torch.Tensor], dim: int):
+    """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
+    storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
+    (an optimizer step, ``.data.mul_``, a NumPy view) is then in the result, as nothing is kept.
+    Under autograd, tracing or compiling: ``torch.cat`` (the graph must reach each part)."""
+    if torch.jit.is_scripting():
+        return torch.cat(tensors, dim)
+    joined = _joined_view(tensors, dim)
+    return torch.cat(tensors, dim) if joined is None else joined
+
+
+@torch.jit.unused
+def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
+
+    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
+    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    """
+    if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return None
+    first = tensors[0]
+    try:
+        storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+        step = first.shape[dim] * first.stride(dim)
+        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
+                               or t.stride() != first.stride() or t.dtype != first.dtype
+                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+            return None
+    except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
+        return None
+    shape = list(first.shape)
+    shape[dim] *= len(tensors)
+    return first.detach().as_strided(shape, first.stride(), offset)
+
+
+def _side_by_side(module, groups) -> None:
+    """Store each group of ``module``'s parameters (names, axis) in one tensor, each name a view
+    of it, so that ``_cat`` reads them without a copy; a group already side by side stays."""
+    with torch.no_grad():
+        for names, dim in groups:
+            parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
+            if _joined_view(parts, dim) is not None:
+                continue
+            whole = torch.cat([part.detach() for part in parts], dim)
+            for index, part in enumerate(parts):
+                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -395,7 +455,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
+    attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
     attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
     attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
     del attn_qkv
@@ -427,7 +487,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     cross_q = torch.addmm(cross_b_q, u2.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
     # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
-    cross_kv = torch.addmm(torch.cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), torch.cat([cross_W_k, cross_W_v], 1))
+    cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
     cross_k, cross_v = cross_kv.chunk(2, dim=1)
     cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
     del cross_kv
@@ -944,34 +1004,59 @@ def _reset(module, table, bounds):
                 tensor.uniform_(-bound, bound)
 
 
-def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+def _checked(module, table, params, bias):
+    """``params`` as tensors by canonical name, each name, dtype and shape checked against ``module``;
+    nothing is copied (``_copy`` does, once every mapping of a load is checked).
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
     _unexpected(_mapping("params", params), table)
+    values = {}
+    for name in table:
+        target = _tensor(module, name)
+        if name not in params:
+            if _KINDS[name] == "bias" and not bias:
+                continue
+            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+        try:
+            value = torch.as_tensor(params[name])
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+            raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
+        values[name] = value
+    return values
+
+
+def _copy(module, values):
+    """Copy parameters ``_checked`` made into ``module``."""
     with torch.no_grad():
-        for name in table:
-            target = _tensor(module, name)
-            if name not in params:
-                if _KINDS[name] == "bias" and not bias:
-                    continue
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
-                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
-            target.copy_(value)
+        for name, value in values.items():
+            _tensor(module, name).copy_(value)
 
 
 class _CanonicalModule(torch.nn.Module):
-    """A module whose state dict holds canonical names only."""
+    """A module whose state dict holds canonical names only; its blocks keep the
+    parameters of each fused product side by side (``_SIDE_BY_SIDE``) through conversions,
+    assigning loads and copies."""
+
+    def _keep_side_by_side(self):
+        for module in self.modules():
+            if isinstance(module, Block):
+                _side_by_side(module, _SIDE_BY_SIDE)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # .to(), .double(), .cuda() give each parameter its own storage
+        self._keep_side_by_side()
+        return self
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # copy.deepcopy copies each parameter alone
+        self._keep_side_by_side()
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's ``load_state_dict``, except that a key this module lacks is an error even with
@@ -982,7 +1067,9 @@ class _CanonicalModule(torch.nn.Module):
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
                              f"{next(iter(self.state_dict()))!r}); load another module's weights with "
                              "splitformer.adapters: from_torch(layer).load_into(block)")
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._keep_side_by_side()  # assign=True puts the loaded tensors in place
+        return result
 
 
 class Block(_CanonicalModule):
@@ -1017,6 +1104,7 @@ class Block(_CanonicalModule):
         self.dropout, self.batch_first = float(dropout), batch_first
         sizes = {"d": d_model, "d_ff": d_ff}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
+        _side_by_side(self, _SIDE_BY_SIDE)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -1029,8 +1117,8 @@ class Block(_CanonicalModule):
                 f"batch_first={self.batch_first}")
 
     def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
-        _load(self, PARAMETERS, params, self.bias)
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        _copy(self, _checked(self, PARAMETERS, params, self.bias))
         return self
 
     @torch.jit.unused
@@ -1131,7 +1219,7 @@ class Block(_CanonicalModule):
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-        attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
+        attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), u0.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         del attn_qkv
@@ -1166,7 +1254,7 @@ class Block(_CanonicalModule):
         cross_q = torch.addmm(cross_b_q, u2.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
         # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
         # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
-        cross_kv = torch.addmm(torch.cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), torch.cat([cross_W_k, cross_W_v], 1))
+        cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
         cross_k, cross_v = cross_kv.chunk(2, dim=1)
         cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
         del cross_kv, mem
@@ -1225,6 +1313,9 @@ class Block(_CanonicalModule):
 class Stack(_CanonicalModule):
     """``n_layers`` steps of decoder (own parameters each), then the final projection.
 
+    ``tied=True``: every step runs one ``Block`` (an autonomous equation: one control for all steps);
+    ``parameters()`` holds it once and ``load_params`` takes one mapping, or ``n_layers`` equal ones.
+
     ``final_norm`` defaults to the scheme's choice (False); its parameters are
     ``final_norm.gain`` and ``final_norm.bias``. ``forward`` takes the masks of ``Block.forward``.
     """
@@ -1232,14 +1323,18 @@ class Stack(_CanonicalModule):
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 final_norm=False, device=None, dtype=None, backward="autograd"):
+                 final_norm=False, device=None, dtype=None, backward="autograd", tied=False):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
-        self.layers = torch.nn.ModuleList(
+        if not isinstance(tied, bool):
+            raise TypeError(f"tied must be a bool, got {type(tied).__name__}")
+        blocks = [
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, backward=backward)
-            for _ in range(n_layers)
-        )
+            for _ in range(1 if tied else n_layers)
+        ]
+        self.layers = torch.nn.ModuleList(blocks * n_layers if tied else blocks)
+        self.tied = tied
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
         if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
@@ -1253,21 +1348,32 @@ class Stack(_CanonicalModule):
             _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(self.d_model, self.d_ff))
 
     def extra_repr(self):
-        return f"{SCHEME}, final_norm={self.has_final_norm}"
+        return f"{SCHEME}, final_norm={self.has_final_norm}" + (", tied" if self.tied else "")
 
     def load_params(self, layers, final_norm=None):
-        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``, ``bias``."""
+        """``layers``: one canonical mapping per layer (tied: one, or ``n_layers`` equal ones); ``final_norm``:
+        mapping with ``gain``, ``bias``."""
         if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
-        if len(layers) != len(self.layers):
+        if len(layers) != len(self.layers) and not (self.tied and len(layers) == 1):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
-        for block, params in zip(self.layers, layers):
-            block.load_params(params)
+        if self.tied:
+            first = _mapping("layers[0]", layers[0])
+            for index, params in enumerate(layers[1:], start=1):
+                params = _mapping(f"layers[{index}]", params)
+                if params.keys() != first.keys() or any(
+                        not torch.equal(torch.as_tensor(params[name]), torch.as_tensor(first[name])) for name in params):
+                    raise ValueError(f"tied layers: layers[{index}] differs from layers[0]")
+            layers = [first]
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
+        checked = [(block, _checked(block, PARAMETERS, params, block.bias)) for block, params in zip(self.layers, layers)]
         if final_norm is not None:
             final_norm = _mapping("final_norm", final_norm)
-            _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
+            checked.append((self, _checked(self, FINAL_NORM_PARAMETERS,
+                                           {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)))
+        for module, values in checked:  # every mapping is checked before the first copy
+            _copy(module, values)
         return self
 
     def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:

@@ -26,11 +26,14 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "llama"
 ACTIVATION = "silu"
+#: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
+#: file reusing a built-in's name, or one made causal, computes another digest.
+COMPUTES = "9839bdd3c37c682d"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -60,6 +63,11 @@ _KINDS = {
     "ffn.W_2": "weight",
     "final_norm.gain": "gain",
 }
+#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
+#: name a view of it), so that the product reads them without a copy (``_cat``).
+_SIDE_BY_SIDE = [
+    (("ffn.W_1", "ffn.W_3",), 1),
+]
 
 
 def _allowed(support):
@@ -80,6 +88,42 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     empty = ~allowed.any(dim=-1, keepdim=True)
     scores = scores.masked_fill(~allowed, float("-inf")) if support.dtype == torch.bool else scores + support
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
+
+
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel (the output bias alone, never NaN);
+    ``dropout_p`` drops kernel entries in training.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if support is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    else:
+        empty = ~_allowed(support).any(dim=-1, keepdim=True)
+        mask = support | empty if support.dtype == torch.bool else support.masked_fill(empty, 0.0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out = out.masked_fill(empty, 0.0)
+    return out.transpose(1, 2)
+
+
+def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
+    q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
+    keys, groups, value features), support (batch, tokens, keys) or None. The members of a group
+    are further query rows of its head, so no key or value is repeated; the result is
+    (batch, tokens, groups, members, value features).
+    """
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4)  # members before tokens
+    rows = rows.reshape(batch, members * n_queries, groups, -1)
+    keys = k.reshape(k.shape[0], k.shape[1], groups, -1)
+    if support is not None:
+        support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
+        support = support.reshape(batch, 1, members * n_queries, -1)
+    out = _attention(rows, keys, v, scale, support, dropout_p)
+    return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
 
 
 def _max_exponent(dtype: torch.dtype) -> int:
@@ -113,6 +157,55 @@ def _root(mean_square, eps: float, scale):
     """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
     root = torch.sqrt(mean_square + eps / scale / scale)
     return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _cat(tensors: list[torch.Tensor], dim: int):
+    """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
+    storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
+    (an optimizer step, ``.data.mul_``, a NumPy view) is then in the result, as nothing is kept.
+    Under autograd, tracing or compiling: ``torch.cat`` (the graph must reach each part)."""
+    if torch.jit.is_scripting():
+        return torch.cat(tensors, dim)
+    joined = _joined_view(tensors, dim)
+    return torch.cat(tensors, dim) if joined is None else joined
+
+
+@torch.jit.unused
+def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
+
+    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
+    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    """
+    if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return None
+    first = tensors[0]
+    try:
+        storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+        step = first.shape[dim] * first.stride(dim)
+        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
+                               or t.stride() != first.stride() or t.dtype != first.dtype
+                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+            return None
+    except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
+        return None
+    shape = list(first.shape)
+    shape[dim] *= len(tensors)
+    return first.detach().as_strided(shape, first.stride(), offset)
+
+
+def _side_by_side(module, groups) -> None:
+    """Store each group of ``module``'s parameters (names, axis) in one tensor, each name a view
+    of it, so that ``_cat`` reads them without a copy; a group already side by side stays."""
+    with torch.no_grad():
+        for names, dim in groups:
+            parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
+            if _joined_view(parts, dim) is not None:
+                continue
+            whole = torch.cat([part.detach() for part in parts], dim)
+            for index, part in enumerate(parts):
+                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
 def _rms_norm(x, gain, eps: float):
@@ -292,19 +385,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
     # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-    attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+    attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
     del attn_q
     # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-    attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+    attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
     del attn_k
     # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
     # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
-    del attn_a, chi
     # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-    attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-    del attn_gamma
+    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
+    del chi
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
     attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
     # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
@@ -320,7 +410,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     norm2_out = norm2_gain*norm2_p
     # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
     # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
+    ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
     ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
     ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
     del ffn_wgate
@@ -434,12 +524,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
-    attn_k_bar = torch.sum(attn_kr_bar[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, :, None])/2), dim=4)
+    attn_k_bar = torch.stack((attn_kr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None])), dim=3)
     del attn_kr_bar
     # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
-    attn_q_bar = torch.sum(attn_qr_bar[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None, None] + _grid(2, u0)[None, None, None, None, None, :, None])/2), dim=5)
+    attn_q_bar = torch.stack((attn_qr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None, None])), dim=4)
     del attn_phi, attn_qr_bar
     # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
@@ -648,34 +738,59 @@ def _reset(module, table, bounds):
                 tensor.uniform_(-bound, bound)
 
 
-def _load(module, table, params, bias):
-    """Copy canonical parameters (arrays or tensors) into ``module``; names and shapes are checked.
+def _checked(module, table, params, bias):
+    """``params`` as tensors by canonical name, each name, dtype and shape checked against ``module``;
+    nothing is copied (``_copy`` does, once every mapping of a load is checked).
 
     Without biases (``bias=False``) a bias must be zero: it is not saved in ``state_dict``.
     """
     _unexpected(_mapping("params", params), table)
+    values = {}
+    for name in table:
+        target = _tensor(module, name)
+        if name not in params:
+            if _KINDS[name] == "bias" and not bias:
+                continue
+            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+        try:
+            value = torch.as_tensor(params[name])
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
+            raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
+        values[name] = value
+    return values
+
+
+def _copy(module, values):
+    """Copy parameters ``_checked`` made into ``module``."""
     with torch.no_grad():
-        for name in table:
-            target = _tensor(module, name)
-            if name not in params:
-                if _KINDS[name] == "bias" and not bias:
-                    continue
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
-                raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
-            target.copy_(value)
+        for name, value in values.items():
+            _tensor(module, name).copy_(value)
 
 
 class _CanonicalModule(torch.nn.Module):
-    """A module whose state dict holds canonical names only."""
+    """A module whose state dict holds canonical names only; its blocks keep the
+    parameters of each fused product side by side (``_SIDE_BY_SIDE``) through conversions,
+    assigning loads and copies."""
+
+    def _keep_side_by_side(self):
+        for module in self.modules():
+            if isinstance(module, Block):
+                _side_by_side(module, _SIDE_BY_SIDE)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # .to(), .double(), .cuda() give each parameter its own storage
+        self._keep_side_by_side()
+        return self
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # copy.deepcopy copies each parameter alone
+        self._keep_side_by_side()
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's ``load_state_dict``, except that a key this module lacks is an error even with
@@ -686,7 +801,9 @@ class _CanonicalModule(torch.nn.Module):
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
                              f"{next(iter(self.state_dict()))!r}); load another module's weights with "
                              "splitformer.adapters: from_torch(layer).load_into(block)")
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._keep_side_by_side()  # assign=True puts the loaded tensors in place
+        return result
 
 
 class Block(_CanonicalModule):
@@ -727,6 +844,7 @@ class Block(_CanonicalModule):
         self.rope_theta = _rope_theta(rope_theta)
         sizes = {"d": d_model, "d_ff": d_ff, "d_kv": self.n_kv_heads * (d_model // n_heads)}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
+        _side_by_side(self, _SIDE_BY_SIDE)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -739,8 +857,8 @@ class Block(_CanonicalModule):
                 f"batch_first={self.batch_first}")
 
     def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
-        _load(self, PARAMETERS, params, self.bias)
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        _copy(self, _checked(self, PARAMETERS, params, self.bias))
         return self
 
     @torch.jit.unused
@@ -835,24 +953,20 @@ class Block(_CanonicalModule):
         attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
         del pos
         # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
-        attn_qr = torch.sum(attn_q[:, :, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, None, :, None] + _grid(2, u0)[None, None, None, None, :, None, None])/2), dim=5)
+        attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
         del attn_q
         # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
-        attn_kr = torch.sum(attn_k[:, :, :, None]*torch.cos(-attn_phi[:, :, None, None, None] + math.pi*(-_grid(2, u0)[None, None, None, None, :, None] + _grid(2, u0)[None, None, None, :, None, None])/2), dim=4)
+        attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
         del attn_k, attn_phi
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
-        # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-        attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-        del attn_kr, attn_qr
-        # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-        attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
-        del attn_a, chi
         # the cache: attn_v of the earlier tokens, then the new ones
         attn_v = _cache(cache, "attn.v", attn_v)
+        # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+        # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
         # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
-        attn_o = torch.einsum("bgsij,bjge->bigse", attn_gamma, attn_v)
-        del attn_gamma, attn_v
+        attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
+        del attn_kr, attn_qr, attn_v, chi
         # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
         attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
@@ -868,7 +982,7 @@ class Block(_CanonicalModule):
         norm2_out = _rms_norm(u1, norm2_gain, eps)
         # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
         # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), torch.cat([ffn_W_1, ffn_W_3], 1))
+        ffn_wgate = torch.mm(norm2_out.reshape(-1, d), _cat([ffn_W_1, ffn_W_3], 1))
         ffn_w, ffn_gate = ffn_wgate.chunk(2, dim=1)
         ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
         del ffn_wgate, norm2_out
@@ -892,6 +1006,9 @@ class Block(_CanonicalModule):
 class Stack(_CanonicalModule):
     """``n_layers`` steps of llama (own parameters each), then the final projection.
 
+    ``tied=True``: every step runs one ``Block`` (an autonomous equation: one control for all steps);
+    ``parameters()`` holds it once and ``load_params`` takes one mapping, or ``n_layers`` equal ones.
+
     ``final_norm`` defaults to the scheme's choice (True); its parameters are
     ``final_norm.gain``. ``forward`` takes the masks of ``Block.forward``.
     """
@@ -899,14 +1016,18 @@ class Stack(_CanonicalModule):
     __constants__ = ["has_final_norm"]  # TorchScript compiles only the final-norm branch that exists
 
     def __init__(self, n_layers, d_model, n_heads, d_ff, *, n_kv_heads=None, eps=1e-5, bias=True, dropout=0.0, batch_first=True,
-                 final_norm=True, rope_theta=10000.0, device=None, dtype=None, backward="autograd"):
+                 final_norm=True, rope_theta=10000.0, device=None, dtype=None, backward="autograd", tied=False):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
-        self.layers = torch.nn.ModuleList(
+        if not isinstance(tied, bool):
+            raise TypeError(f"tied must be a bool, got {type(tied).__name__}")
+        blocks = [
             Block(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, rope_theta=rope_theta, backward=backward)
-            for _ in range(n_layers)
-        )
+            for _ in range(1 if tied else n_layers)
+        ]
+        self.layers = torch.nn.ModuleList(blocks * n_layers if tied else blocks)
+        self.tied = tied
         self.d_model, self.d_ff, self.eps, self.bias, self.has_final_norm = d_model, d_ff, eps, bias, final_norm
         if final_norm:  # the blocks initialized themselves
             _register(self, FINAL_NORM_PARAMETERS, {"d": d_model}, bias, {"device": device, "dtype": dtype})
@@ -920,21 +1041,32 @@ class Stack(_CanonicalModule):
             _reset(self, FINAL_NORM_PARAMETERS, _init_bounds(self.d_model, self.d_ff))
 
     def extra_repr(self):
-        return f"{SCHEME}, final_norm={self.has_final_norm}"
+        return f"{SCHEME}, final_norm={self.has_final_norm}" + (", tied" if self.tied else "")
 
     def load_params(self, layers, final_norm=None):
-        """``layers``: one canonical mapping per layer; ``final_norm``: mapping with ``gain``."""
+        """``layers``: one canonical mapping per layer (tied: one, or ``n_layers`` equal ones); ``final_norm``:
+        mapping with ``gain``."""
         if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
-        if len(layers) != len(self.layers):
+        if len(layers) != len(self.layers) and not (self.tied and len(layers) == 1):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
-        for block, params in zip(self.layers, layers):
-            block.load_params(params)
+        if self.tied:
+            first = _mapping("layers[0]", layers[0])
+            for index, params in enumerate(layers[1:], start=1):
+                params = _mapping(f"layers[{index}]", params)
+                if params.keys() != first.keys() or any(
+                        not torch.equal(torch.as_tensor(params[name]), torch.as_tensor(first[name])) for name in params):
+                    raise ValueError(f"tied layers: layers[{index}] differs from layers[0]")
+            layers = [first]
         if (final_norm is not None) != self.has_final_norm:
             raise ValueError("final_norm parameters must be given exactly when the stack has a final norm")
+        checked = [(block, _checked(block, PARAMETERS, params, block.bias)) for block, params in zip(self.layers, layers)]
         if final_norm is not None:
             final_norm = _mapping("final_norm", final_norm)
-            _load(self, FINAL_NORM_PARAMETERS, {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)
+            checked.append((self, _checked(self, FINAL_NORM_PARAMETERS,
+                                           {f"final_norm.{k}": v for k, v in final_norm.items()}, self.bias)))
+        for module, values in checked:  # every mapping is checked before the first copy
+            _copy(module, values)
         return self
 
     def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:

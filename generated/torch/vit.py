@@ -44,6 +44,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
+from collections.abc import Mapping
 
 import torch
 
@@ -77,6 +78,12 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
+#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
+#: name a view of it), so that the product reads them without a copy (``_cat``).
+_SIDE_BY_SIDE = [
+    (("attn.W_q", "attn.W_k", "attn.W_v",), 1),
+    (("attn.b_q", "attn.b_k", "attn.b_v",), 0),
+]
 #: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
@@ -200,6 +207,55 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
+def _cat(tensors: list[torch.Tensor], dim: int):
+    """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
+    storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
+    (an optimizer step, ``.data.mul_``, a NumPy view) is then in the result, as nothing is kept.
+    Under autograd, tracing or compiling: ``torch.cat`` (the graph must reach each part)."""
+    if torch.jit.is_scripting():
+        return torch.cat(tensors, dim)
+    joined = _joined_view(tensors, dim)
+    return torch.cat(tensors, dim) if joined is None else joined
+
+
+@torch.jit.unused
+def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
+
+    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
+    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    """
+    if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return None
+    first = tensors[0]
+    try:
+        storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+        step = first.shape[dim] * first.stride(dim)
+        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
+                               or t.stride() != first.stride() or t.dtype != first.dtype
+                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+            return None
+    except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
+        return None
+    shape = list(first.shape)
+    shape[dim] *= len(tensors)
+    return first.detach().as_strided(shape, first.stride(), offset)
+
+
+def _side_by_side(module, groups) -> None:
+    """Store each group of ``module``'s parameters (names, axis) in one tensor, each name a view
+    of it, so that ``_cat`` reads them without a copy; a group already side by side stays."""
+    with torch.no_grad():
+        for names, dim in groups:
+            parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
+            if _joined_view(parts, dim) is not None:
+                continue
+            whole = torch.cat([part.detach() for part in parts], dim)
+            for index, part in enumerate(parts):
+                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -261,6 +317,35 @@ def _windows(field, axes, size, stride, padding):
     for axis in axes:
         field = field.unfold(axis, size, stride)
     return field
+
+
+def _load_all(module, params):
+    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+
+    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
+    own = dict(module.named_parameters())
+    unknown = sorted(set(params) - set(own), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    values = {}
+    for name, target in own.items():
+        if name not in params:
+            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+        try:
+            value = torch.as_tensor(params[name])
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"parameter {name!r} is not a numeric array") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        values[name] = value
+    with torch.no_grad():
+        for name, value in values.items():
+            own[name].copy_(value)
+    return module
 
 
 def _tokens(node, grid):
@@ -340,7 +425,7 @@ def _step_vjp_forward(u0, p, chi, eps, n_heads):
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
     # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
+    attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
     attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
     attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
     del attn_qkv
@@ -799,6 +884,12 @@ class _Step(torch.nn.Module):
     def __init__(self, sizes, factory):
         super().__init__()
         _group(self, LAYER_PARAMETERS, sizes, factory)
+        _side_by_side(self, _SIDE_BY_SIDE)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # .to(), .double() give each parameter its own storage
+        _side_by_side(self, _SIDE_BY_SIDE)
+        return self
 
     def forward(self, u0, n_heads, eps):
         batch, n_tokens, d = u0.shape
@@ -833,7 +924,7 @@ class _Step(torch.nn.Module):
         # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
         # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        attn_qkv = torch.addmm(torch.cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), torch.cat([attn_W_q, attn_W_k, attn_W_v], 1))
+        attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         del attn_qkv, norm1_out
@@ -916,22 +1007,8 @@ class Model(torch.nn.Module):
                     torch.nn.init.normal_(tensor, std=0.02)
 
     def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors; returns ``self``."""
-        own = dict(self.named_parameters())
-        unknown = sorted(set(params) - set(own))
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r}")
-        with torch.no_grad():
-            for name, target in own.items():
-                if name not in params:
-                    raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-                value = torch.as_tensor(params[name])
-                if value.dtype == torch.bool or value.is_complex():
-                    raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-                target.copy_(value)
-        return self
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        return _load_all(self, params)
 
     def _embedding(self, image):
         patch_size = self.patch_size

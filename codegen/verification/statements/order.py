@@ -85,14 +85,16 @@ class OrderResult:
         return text
 
 
-def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple[str, str | None], str]:
-    """The colour (field) of each ``(operator, on)``: the operator's name, with its ``on`` where it has several."""
-    ons: dict[str, set] = {}
+def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple, str]:
+    """The colour of each field ``Substep.field``: the operator's name, with its ``on`` (``@``) and ``then``
+    (``>``) where the operator has several fields."""
+    fields: dict[str, set] = {}
     for step in scheme.substeps():
         if step.solver != "projection":
-            ons.setdefault(step.operator, set()).add(step.on)
-    return {(operator, on): names[operator] + (f"@{names[on]}" if len(used) > 1 and on else "")
-            for operator, used in ons.items() for on in used}
+            fields.setdefault(step.operator, set()).add(step.field)
+    return {(operator, on, then, step): names[operator] + (
+        (f"@{names[on]}" if on else "") + (f">{names[then]}" if then else "") if len(used) > 1 else "")
+        for operator, used in fields.items() for (operator, on, then, step) in used}
 
 
 def _fraction(value) -> Fraction:
@@ -109,7 +111,7 @@ class _Builder:
     def field(self, steps: tuple[Substep, ...]) -> dict[str, Fraction]:
         total: dict[str, Fraction] = {}
         for step in steps:
-            colour = self.colours[(step.operator, step.on)]
+            colour = self.colours[step.field]
             total[colour] = total.get(colour, Fraction(0)) + _fraction(step.fraction)
         return total
 
@@ -190,7 +192,7 @@ class _Analysis:
         exact_field: dict[str, Fraction] = {}
         for term in equation_terms(scheme):
             if not term.projection:
-                colour = self.colours[(term.operator, term.on)]
+                colour = self.colours[term.substep.field]
                 exact_field[colour] = exact_field.get(colour, Fraction(0)) + _fraction(term.coefficient)
         self.exact_field = exact_field
         self.reference = program.flow(0, exact_field)

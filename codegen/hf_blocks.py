@@ -1,0 +1,117 @@
+"""A transformers causal LM whose blocks are replaced by a derived variant's.
+
+``replace_blocks(hf_model, scheme)`` puts, in place of each block of a ``GPT2LMHeadModel``/
+``GPT2Model`` or ``LlamaForCausalLM``/``LlamaModel``, the emitted causal ``Block`` of
+``scheme`` (same sizes, ε, biases, dtype and device), carrying over every parameter the two
+share by canonical name (read by ``splitformer.adapters.from_hf``). A parameter of the new
+block that the old one lacks is refused by name unless ``initialize=True`` (then it keeps
+the block's own initialization); one of the old block that the new one lacks is dropped.
+Embeddings, positions, final norm and head stay transformers'; ``generate`` keeps working
+with transformers' cache (``splitformer.codegen.hf_cache``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .adapters import from_hf
+from .api import as_scheme
+from .hf_cache import CacheLayout, cache_layout, read_layer, write_layer
+from .nn import stack_module
+
+__all__ = ["SchemeBlock", "replace_blocks"]
+
+#: Where each supported family keeps its blocks: class name → (body attribute or None, blocks attribute).
+_FAMILIES = {"GPT2LMHeadModel": ("transformer", "h"), "GPT2Model": (None, "h"),
+             "LlamaForCausalLM": ("model", "layers"), "LlamaModel": (None, "layers")}
+
+
+class SchemeBlock(torch.nn.Module):
+    """An emitted causal ``Block`` (``.block``) called as a transformers decoder layer.
+
+    Takes the hidden states, transformers' ``Cache`` (this block is its layer ``index``) and
+    its 4-D attention mask (bool: True attends; float: added to the scores), or none for a
+    plain causal one; a rotary block gets ``position_ids``.
+    """
+
+    def __init__(self, block: torch.nn.Module, index: int):
+        super().__init__()
+        self.block, self.index = block, index
+        self.rotary = "positions" in inspect.signature(block.forward).parameters
+        self.layout: CacheLayout | None = None
+
+    def forward(self, hidden_states: torch.Tensor, cache: Cache | None = None,
+                attention_mask: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, use_cache: bool | None = False, **_) -> torch.Tensor:
+        if encoder_hidden_states is not None:
+            raise ValueError("a replaced block has no cross-attention: encoder_hidden_states must be None")
+        options: dict[str, Any] = {"causal": True}
+        if attention_mask is not None:  # (batch, 1, new, cached + new) → the block's (batch, new, keys), True excludes
+            mask = attention_mask[:, 0]
+            options["src_mask"] = ~mask if mask.dtype == torch.bool else mask
+        if self.rotary and position_ids is not None:
+            options["positions"] = position_ids.expand(hidden_states.shape[0], -1)
+        if cache is None:
+            return self.block(hidden_states, **options)
+        if self.layout is None:
+            self.layout = cache_layout(self.block)
+        own = read_layer(cache, self.index, self.layout)
+        hidden_states = self.block(hidden_states, cache=own, **options)
+        write_layer(cache, self.index, own, self.layout, hidden_states.shape[1])
+        return hidden_states
+
+
+def _blocks(hf_model: Any) -> torch.nn.ModuleList:
+    name = type(hf_model).__name__
+    if name not in _FAMILIES:
+        raise SplitformerError(f"replace_blocks: no block layout known for {name}; "
+                               f"supported: {', '.join(_FAMILIES)}")
+    body, blocks = _FAMILIES[name]
+    return getattr(getattr(hf_model, body) if body else hf_model, blocks)
+
+
+def _replacement(old: torch.nn.Module, module, initialize: bool) -> torch.nn.Module:
+    """The emitted ``Block`` of ``module`` sized as ``old``, holding the parameters they share."""
+    adapted = from_hf(old)
+    weight = next(old.parameters())
+    accepted = inspect.signature(module.Block.__init__).parameters
+    options = {key: value for key, value in adapted.options.items() if key in accepted}
+    block = module.Block(adapted.sizes["d_model"], adapted.n_heads, adapted.sizes["d_ff"], eps=adapted.eps,
+                         bias=adapted.bias, dropout=adapted.dropout or 0.0, dtype=weight.dtype, device=weight.device,
+                         **options)
+    own = dict(block.named_parameters())
+    missing = [name for name in own if name not in adapted.params]
+    if missing and not initialize:
+        raise SplitformerError(f"replace_blocks: {module.SCHEME} has parameters {type(old).__name__} lacks "
+                               f"({', '.join(missing)}); pass initialize=True to initialize them")
+    with torch.no_grad():
+        for name, parameter in own.items():
+            if name in adapted.params:
+                value = torch.as_tensor(adapted.params[name])
+                if tuple(value.shape) != tuple(parameter.shape):
+                    raise SplitformerError(f"replace_blocks: {name} is {tuple(value.shape)} in "
+                                           f"{type(old).__name__}, {tuple(parameter.shape)} in {module.SCHEME}")
+                parameter.copy_(value)
+    return block
+
+
+def replace_blocks(hf_model: Any, scheme, *, activation: str | None = None, initialize: bool = False) -> Any:
+    """``hf_model`` (changed in place and returned) with each block replaced by ``scheme``'s, made causal.
+
+    ``scheme``: a built-in name, a scheme file or a ``Scheme``. ``activation``: the
+    feed-forward's (default: the model's own, GPT-2's ``gelu-tanh``, Llama's ``silu``).
+    ``initialize``: initialize the parameters the old blocks lack instead of refusing.
+    """
+    blocks = _blocks(hf_model)
+    activation = from_hf(blocks[0]).activation if activation is None else activation
+    module = stack_module(as_scheme(scheme, activation), causal=True)
+    replaced = [SchemeBlock(_replacement(old, module, initialize), index) for index, old in enumerate(blocks)]
+    for index, block in enumerate(replaced):
+        blocks[index] = block
+    return hf_model

@@ -1,0 +1,18 @@
+"""Generated source run in memory as a module, with its lines kept for tracebacks."""
+
+from __future__ import annotations
+
+import linecache
+import types
+
+__all__ = ["load_source"]
+
+
+def load_source(source: str, backend: str, name: str) -> types.ModuleType:
+    """The module ``splitformer_generated.<backend>.<name>`` whose text is ``source``."""
+    filename = f"<splitformer {backend}/{name}.py>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    module = types.ModuleType(f"splitformer_generated.{backend}.{name}")
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - code generated here
+    return module

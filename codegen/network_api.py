@@ -1,0 +1,90 @@
+"""The Python API of a derived network (``splitformer.derive("vit")``, or a network file).
+
+``NetworkDerivation`` mirrors ``Derivation`` for networks: the generated modules in memory,
+the files ``splitformer derive`` writes, the report and the checks ``splitformer check``
+runs on a network::
+
+    import splitformer
+
+    network = splitformer.derive("vit")
+    logits = network.numpy_module().logits
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.model import NetworkSpec
+
+from .in_memory import load_source
+from .model_pipeline import generate_model
+from .output import as_folder, write_files
+from .pipeline import BACKEND_CHOICES
+
+__all__ = ["NetworkDerivation"]
+
+
+@dataclass
+class NetworkDerivation:
+    """A derived network: its generated modules and report."""
+
+    spec: NetworkSpec
+    passes: tuple | None = None
+    _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The module name of the generated code (``vit``)."""
+        return self.spec.module_name
+
+    @cached_property
+    def _files(self) -> dict[Path, str]:
+        return generate_model(self.spec, ("numpy", "torch"), Path("."), self.passes)
+
+    @property
+    def report(self) -> str:
+        """The derivation report (Markdown), as ``splitformer derive`` writes it."""
+        return self._files[Path("reports") / f"{self.name}.md"]
+
+    def source(self, backend: str) -> str:
+        """The text of the generated ``numpy`` or ``torch`` module."""
+        if not isinstance(backend, str) or backend not in ("numpy", "torch"):
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
+        return self._files[Path(backend) / f"{self.name}.py"]
+
+    def numpy_module(self) -> types.ModuleType:
+        """The generated NumPy module, in memory (``forward``, ``logits``, ``vjp``… as the file)."""
+        return self._module("numpy")
+
+    def torch_module(self) -> types.ModuleType:
+        """The generated PyTorch module, in memory."""
+        return self._module("torch")
+
+    def _module(self, backend: str) -> types.ModuleType:
+        if backend not in self._modules:
+            self._modules[backend] = load_source(self.source(backend), backend, self.name)
+        return self._modules[backend]
+
+    def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
+        """Write the modules and the report under ``out`` (all or nothing); returns the paths."""
+        if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
+            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
+        if not isinstance(force, bool):
+            raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
+        out = as_folder(out, "out")
+        files = generate_model(self.spec, BACKEND_CHOICES[backend], out, self.passes)
+        write_files(files, force=force, root=out)
+        return list(files)
+
+    def check(self):
+        """The network's checks, as ``splitformer check <network>`` runs them, as a ``CheckReport``."""
+        from .verification.runner import network_checks
+
+        return network_checks(self.spec)
+
+    def __repr__(self) -> str:
+        return f"<NetworkDerivation of {self.spec.name!r} → {self.name}>"

@@ -1,0 +1,81 @@
+"""``transformers``' ``BertModel`` → ``splitformer.nn.TextEncoder``.
+
+``from_hf_encoder(model)`` reads the encoder through the block adapters (``from_hf``: the
+``post-ln`` scheme with BERT's activation and ε), the embeddings (word, learned positions,
+token types, their LayerNorm) and the pooler when the model has one, into a ``TextEncoder``
+whose ``forward`` equals ``last_hidden_state`` and whose ``pool`` equals ``pooler_output``
+(``attention_mask`` 0 ↔ ``padding_mask`` True).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import torch
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .adapters import from_hf
+from .nn import TextEncoder
+
+__all__ = ["from_hf_encoder"]
+
+
+@functools.lru_cache(maxsize=8)
+def _derived(scheme: str, activation: str) -> types.ModuleType:
+    """The torch module of a built-in scheme with ``activation``, derived once per process."""
+    from .api import derive
+
+    return derive(scheme, activation).torch_module()
+
+
+def _check_parts(model: Any, eps: float) -> None:
+    """Refuse embeddings and a pooler that are not BERT's (the encoder's refusals are ``from_hf``'s)."""
+    name = type(model).__name__
+    embeddings = model.embeddings
+    kind = getattr(model.config, "position_embedding_type", "absolute")
+    if kind not in (None, "absolute"):
+        raise SplitformerError(f"{name} has position_embedding_type={kind!r}; the TextEncoder's positions are "
+                               "learned absolute ones")
+    norm = embeddings.LayerNorm
+    if type(norm).__name__ != "LayerNorm" or norm.weight is None or norm.bias is None:
+        raise SplitformerError(f"{name}.embeddings.LayerNorm is not a LayerNorm with gain and bias")
+    if float(norm.eps) != eps:
+        raise SplitformerError(f"{name}.embeddings.LayerNorm has eps={norm.eps:g}, its layers eps={eps:g}; "
+                               "the TextEncoder takes one eps")
+    pooler = model.pooler
+    if pooler is not None and (type(pooler.activation).__name__ != "Tanh" or pooler.dense.bias is None):
+        raise SplitformerError(f"{name}.pooler is not dense (with bias) then tanh; TextEncoder.pool computes that")
+
+
+def from_hf_encoder(model: Any, *, torch_module: types.ModuleType | None = None) -> TextEncoder:
+    """A ``TextEncoder`` holding a ``BertModel``'s parameters (in their dtype), in eval mode.
+
+    ``torch_module``: the emitted torch module of the encoder's scheme (``generated.torch.post_ln_gelu``
+    after ``splitformer derive post-ln --activation gelu``); by default it is derived in memory
+    (once per process). The source's dropout is not carried (the result has none).
+    """
+    if type(model).__name__ != "BertModel":
+        raise SplitformerError(f"no whole-encoder reader for {type(model).__name__}; read BertModel "
+                               "(single layers and the encoder stack: splitformer.adapters.from_hf)")
+    adapted = from_hf(model)
+    _check_parts(model, adapted.eps)
+    embeddings, pooler = model.embeddings, model.pooler
+    weight = embeddings.word_embeddings.weight
+    module = torch_module if torch_module is not None else _derived(adapted.scheme, adapted.activation)
+    encoder = TextEncoder(module, weight.shape[0], d_model=adapted.sizes["d_model"], n_heads=adapted.n_heads,
+                          d_ff=adapted.sizes["d_ff"], n_layers=len(adapted.layers),
+                          max_tokens=embeddings.position_embeddings.num_embeddings,
+                          n_token_types=embeddings.token_type_embeddings.num_embeddings, pooler=pooler is not None,
+                          eps=adapted.eps, final_norm=False, dtype=weight.dtype, device=weight.device)
+    adapted.load_into(encoder.stack)
+    with torch.no_grad():
+        encoder.embed.weight.copy_(weight)
+        encoder.positions.weight.copy_(embeddings.position_embeddings.weight)
+        encoder.token_types.weight.copy_(embeddings.token_type_embeddings.weight)
+        encoder.embedding_norm.load_state_dict(embeddings.LayerNorm.state_dict())
+        if pooler is not None:
+            encoder.pooler.load_state_dict(pooler.dense.state_dict())
+    return encoder.eval()

@@ -1,0 +1,87 @@
+"""``register_activation``: an activation as a plug-in (squared ReLU), stated as a proximal map or not.
+
+It derives and emits NumPy and torch equal to a NumPy reference written here (float64), passes the
+independent evaluator's check and its proximal claim's check; negative controls: the program of
+another activation fails the evaluator's check, a false proximal claim fails ``activation/<name>``.
+"""
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+import splitformer
+from splitformer.codegen.verification.scheme_checks import emitted_check
+from splitformer.codegen.verification.statements.activations import activation_checks
+from splitformer.symbolic import derive, load_scheme
+from splitformer.symbolic.activations import ACTIVATIONS, V, register_activation
+from splitformer.symbolic.errors import SplitformerError
+
+from conftest import ROOT
+
+PLUGIN = ROOT / "tests" / "plugins" / "squared_relu.py"
+D, D_FF = 8, 12
+
+
+@pytest.fixture(scope="module")
+def scheme():
+    splitformer.load_plugin(PLUGIN)
+    return load_scheme("pre-ln").with_activation("squared-relu")
+
+
+def test_plugin_activation_equals_a_hand_written_block(scheme):
+    derivation = splitformer.derive(scheme)
+    numpy_module = derivation.numpy_module()
+    rng = np.random.default_rng(0)
+    p = {name: rng.standard_normal(tuple({"d": D, "d_ff": D_FF}[axis] for axis in axes)) * 0.5
+         for name, axes in numpy_module.PARAMETERS.items()}
+    u = rng.standard_normal((2, 4, D))
+    out = numpy_module.forward(u, p)
+
+    def norm(x, key):
+        mean = x.mean(-1, keepdims=True)
+        return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * p[f"{key}.gain"] + p[f"{key}.bias"]
+
+    q, k, v = (norm(u, "norm1") @ p[f"attn.W_{x}"] + p[f"attn.b_{x}"] for x in "qkv")
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(D)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    x = u + (weights / weights.sum(-1, keepdims=True)) @ v @ p["attn.W_o"] + p["attn.b_o"]
+    expected = x + np.maximum(norm(x, "norm2") @ p["ffn.W_1"] + p["ffn.b_1"], 0) ** 2 @ p["ffn.W_2"] + p["ffn.b_2"]
+    assert np.abs(out - expected).max() <= 1e-12
+    block = derivation.torch_module().Block(D, 1, D_FF, dtype=torch.float64)
+    block.load_params(p)
+    with torch.no_grad():
+        assert np.abs(block(torch.tensor(u)).numpy() - expected).max() <= 1e-12
+    assert derivation.program.name == "pre_ln_squared_relu"
+
+
+def test_plugin_activation_passes_its_checks_and_the_controls_fail(scheme):
+    assert emitted_check(scheme, derive(scheme)).holds
+    assert not emitted_check(scheme, derive(scheme.with_activation("relu"))).holds  # another activation's program
+    [claim] = activation_checks(names=("squared-relu",))
+    assert claim.id == "activation/squared-relu" and claim.holds and "expansive" in claim.detail
+    [wrong] = activation_checks({"squared-relu": True}, names=("squared-relu",))
+    assert not wrong.holds
+
+
+@pytest.mark.parametrize("name, formula, message", [
+    ("relu", V, "exists already"),
+    ("Bad_Name", V, "not an activation name"),
+    ("leaky", sp.Max(V, V / 10), "Max is not allowed"),
+    ("scaled", 0.5 * V, "a float is not allowed"),
+    ("shifted", V + sp.Symbol("c"), "must depend on V alone"),
+    ("clip", sp.Min(V, 1), "Min is not allowed"),
+])
+def test_bad_activations_are_refused_in_one_line(name, formula, message):
+    with pytest.raises(SplitformerError, match=message):
+        register_activation(name, formula, "one line", proximal=False)
+    assert name == "relu" or name not in ACTIVATIONS
+
+
+def test_a_failed_plugin_registers_no_activation(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("import sympy as sp\nfrom splitformer import register_activation\nfrom splitformer.symbolic.activations import V\n"
+                    "register_activation('half-relu', sp.Max(V, 0) / 2, 'half', proximal=True)\nraise RuntimeError('late')\n")
+    with pytest.raises(SplitformerError, match="RuntimeError: late"):
+        splitformer.load_plugin(path)
+    assert "half-relu" not in ACTIVATIONS

@@ -1,0 +1,238 @@
+"""transformers-native models: ``to_hf`` (generate with transformers' cache, save/load, Trainer)
+and ``replace_blocks`` (GPT-2's blocks swapped for a derived variant's). Float64, every
+parameter random, tiny sizes."""
+
+import copy
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+
+import torch  # test dependencies: a broken install fails, never skips
+import transformers
+
+from conftest import ROOT
+from test_nn_hf import gpt2, in_float64, llama
+
+import splitformer
+from splitformer import SplitformerError
+from splitformer.nn import LanguageModel, SplitformerForCausalLM, replace_blocks, to_hf
+
+VOCAB = 31
+
+
+@pytest.fixture(scope="module")
+def macaron_rms(tmp_path_factory):
+    """A user scheme file: the pre-norm macaron with RMSNorm (not causal: the model makes it so)."""
+    text = splitformer.derive("macaron-pre-ln").scheme.source
+    path = tmp_path_factory.mktemp("schemes") / "macaron-rms.toml"
+    path.write_text(text.replace('"layer-norm"', '"rms-norm"').replace('"macaron-pre-ln"', '"macaron-rms"'))
+    return path
+
+
+def _random(model, scale=0.5):
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * scale)
+    return model.eval()
+
+
+def language_model(scheme, seed=0, **options):
+    torch.manual_seed(seed)
+    return _random(LanguageModel(scheme, VOCAB, d_model=8, n_heads=2, d_ff=12, n_layers=2, max_tokens=32,
+                                 dtype=torch.float64, **options))
+
+
+PROMPT = torch.tensor([[5, 9, 2, 7, 30]])
+PADDED = torch.tensor([[0, 0, 4, 11, 5], [2, 17, 1, 8, 22]])
+PADDING = torch.tensor([[True, True, False, False, False], [False] * 5])
+
+
+def test_importing_splitformer_nn_leaves_transformers_out():
+    code = "import sys, splitformer.nn; print('transformers' in sys.modules, callable(splitformer.nn.to_hf), " \
+           "'transformers' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.stdout.split() == ["False", "True", "True"], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("scheme", ["file", "rk2"])
+def test_generate_equals_the_models_own_cached_generate(scheme, macaron_rms):
+    model = language_model(macaron_rms if scheme == "file" else scheme)
+    hf = to_hf(model)
+    assert isinstance(hf, transformers.PreTrainedModel) and hf.model is model
+    ours = model.generate(PROMPT, 8, greedy=True)
+    assert len(set(ours[0, 5:].tolist())) > 1  # the check sees more than one repeated token
+    assert torch.equal(hf.generate(PROMPT, max_new_tokens=8, do_sample=False), ours)
+    ours = model.generate(PADDED, 8, greedy=True, padding_mask=PADDING)
+    theirs = hf.generate(PADDED, attention_mask=(~PADDING).long(), max_new_tokens=8, do_sample=False)
+    assert torch.equal(theirs, ours)
+    unmasked = hf.generate(PADDED, max_new_tokens=8, do_sample=False)  # control: the padding matters
+    assert not torch.equal(unmasked[0], ours[0]) and torch.equal(unmasked[1], ours[1])
+
+
+def test_the_cache_is_transformers_and_each_step_equals_the_full_pass():
+    model = language_model("rk2")  # two attention evaluations per step
+    hf = to_hf(model)
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    full = hf(tokens, use_cache=False).logits
+    out = hf(tokens[:, :4], use_cache=True)
+    cache = out.cache
+    assert isinstance(cache, transformers.DynamicCache) and cache.get_seq_length() == 4
+    assert tuple(cache.layers[1].keys.shape) == (2, 2 * 2, 4, 4)  # (batch, heads × evaluations, tokens, d_head)
+    for position in range(4, 7):
+        step = hf(tokens[:, position:position + 1], cache=cache, use_cache=True).logits
+        assert torch.allclose(step[:, 0], full[:, position], rtol=0, atol=1e-12)
+    with torch.no_grad():  # negative control: one changed cached key shows
+        cache.layers[0].keys[0, 1, 2, 0] += 1.0
+    changed = hf(tokens[:, 6:], cache=cache, use_cache=True).logits
+    assert not torch.allclose(changed[0, 0], full[0, 6], atol=1e-8)
+
+
+def test_position_ids_place_the_tokens():
+    hf = to_hf(language_model("pre-ln"))  # learned positions
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    counted = torch.arange(6)[None]
+    assert torch.equal(hf(tokens, position_ids=counted).logits, hf(tokens).logits)
+    assert not torch.allclose(hf(tokens, position_ids=counted + 1).logits, hf(tokens).logits, atol=1e-6)
+    with pytest.raises(ValueError, match=r"positions must be integer positions of shape \(batch, 6\)"):
+        hf(tokens, position_ids=torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_rotary_keys_are_cached_as_transformers_llama_caches_them():
+    reference = llama()
+    hf = to_hf(splitformer.nn.from_hf_lm(reference))
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    ours = hf(tokens, use_cache=True).cache
+    theirs = in_float64(reference)(tokens, use_cache=True).cache
+    for mine, expected in zip(ours.layers, theirs.layers, strict=True):
+        assert torch.allclose(mine.keys, expected.keys, rtol=0, atol=1e-10)
+        assert torch.allclose(mine.values, expected.values, rtol=0, atol=1e-10)
+    assert not torch.allclose(ours.layers[0].keys, ours.layers[1].keys, atol=1e-3)  # control: layers differ
+
+
+@pytest.mark.parametrize("scheme, tie", [("file", True), ("file", False), ("llama", True)])
+def test_save_pretrained_and_from_pretrained_round_trip(scheme, tie, macaron_rms, tmp_path):
+    options = {"n_kv_heads": 1, "rope_theta": 500.0} if scheme == "llama" else {}
+    model = language_model(macaron_rms if scheme == "file" else scheme, tie_weights=tie, **options)
+    to_hf(model).save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(back, SplitformerForCausalLM) and back.dtype == torch.float64
+    assert type(transformers.AutoConfig.from_pretrained(tmp_path)).__name__ == "SplitformerConfig"
+    assert back.model.scheme == model.scheme and back.model.tie_weights == tie
+    assert (back.model.head.weight is back.model.embed.weight) == tie
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(back(tokens).logits, model(tokens))
+    if scheme == "file":
+        assert 'name = "macaron-rms"' in back.config.scheme and '"rms-norm"' in back.config.scheme
+    fresh = SplitformerForCausalLM(back.config)  # control: the same config, other weights
+    assert not torch.allclose(fresh.double()(tokens).logits, model(tokens), atol=1e-3)
+
+
+def test_trainer_runs_and_the_loss_falls(tmp_path):
+    torch.manual_seed(0)
+    hf = to_hf(LanguageModel("pre-ln", 16, d_model=16, n_heads=2, n_layers=1))
+    data = [{"input_ids": torch.arange(start, start + 12) % 16, "labels": torch.arange(start, start + 12) % 16}
+            for start in range(32)]
+    arguments = transformers.TrainingArguments(str(tmp_path), max_steps=12, per_device_train_batch_size=8,
+                                               learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no",
+                                               use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=hf, args=arguments, train_dataset=data)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 12 and losses[-1] < 0.85 * losses[0]  # measured 0.81 with the default initialization
+
+
+def test_to_hf_refusals():
+    with pytest.raises(SplitformerError, match="takes a splitformer.nn.LanguageModel, got Linear"):
+        to_hf(torch.nn.Linear(2, 2))
+    module = splitformer.derive("pre-ln", causal=True).torch_module()
+    with pytest.raises(SplitformerError, match="emitted module"):
+        to_hf(LanguageModel(module, VOCAB, d_model=8, n_heads=2))
+    with pytest.raises(ValueError, match="input_ids is required"):
+        to_hf(language_model("pre-ln"))(inputs_embeds=torch.zeros(1, 2, 8, dtype=torch.float64))
+
+
+def _padded_mask():
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0
+    return mask
+
+
+@pytest.mark.parametrize("scheme, attention", [("pre-ln", "sdpa"), ("pre-ln", "eager"), ("gpt2", "sdpa")])
+def test_replace_blocks_with_gpt2s_own_block_keeps_the_logits(scheme, attention):
+    reference = gpt2(attn_implementation=attention)  # its 4-D mask: bool (sdpa) or added to the scores (eager)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = _padded_mask()
+    replaced = replace_blocks(copy.deepcopy(reference), scheme)  # activation: GPT-2's own, gelu-tanh
+    assert type(replaced.transformer.h[0]).__name__ == "SchemeBlock"
+    assert torch.allclose(replaced(tokens).logits, reference(tokens).logits, rtol=0, atol=1e-10)
+    padded, expected = replaced(tokens, attention_mask=mask).logits, reference(tokens, attention_mask=mask).logits
+    assert torch.allclose(padded[0, 3:], expected[0, 3:], rtol=0, atol=1e-10)
+    assert torch.allclose(padded[1], expected[1], rtol=0, atol=1e-10)
+    generated = replaced.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(generated, reference.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False))
+    relu = replace_blocks(copy.deepcopy(reference), scheme, activation="relu")  # control: the activation shows
+    assert not torch.allclose(relu(tokens).logits, reference(tokens).logits, atol=1e-6)
+
+
+def test_replace_blocks_with_llamas_own_block_keeps_the_logits():
+    reference = llama()
+    replaced = in_float64(replace_blocks(copy.deepcopy(reference), "llama"))  # its final norm in float64 too
+    reference = in_float64(reference)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = _padded_mask()
+    assert torch.allclose(replaced(tokens).logits, reference(tokens).logits, rtol=0, atol=1e-10)
+    padded, expected = replaced(tokens, attention_mask=mask).logits, reference(tokens, attention_mask=mask).logits
+    assert torch.allclose(padded[0, 3:], expected[0, 3:], rtol=0, atol=1e-10)
+    generated = replaced.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(generated, reference.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False))
+
+
+def test_replace_blocks_parallel_fine_tunes():
+    reference = gpt2()
+    model = replace_blocks(copy.deepcopy(reference), "parallel").train()
+    first = model.transformer.h[0].block
+    assert torch.equal(first.attn.W_q, reference.transformer.h[0].attn.c_attn.weight[:, :8])  # carried over
+    tokens = torch.randint(0, VOCAB, (4, 12), generator=torch.Generator().manual_seed(2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(8):
+        loss = model(tokens, labels=tokens).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0] and losses[-1] == min(losses)
+    assert model.eval().generate(tokens[:1, :4], max_new_tokens=4, do_sample=False).shape == (1, 8)
+
+
+def test_replace_blocks_refuses_what_it_would_leave_uninitialized():
+    reference = gpt2()
+    with pytest.raises(SplitformerError, match=r"macaron has parameters GPT2Block lacks \(ffn_pre\.W_1, .*norm3\.bias\)"
+                                                r"; pass initialize=True"):
+        replace_blocks(copy.deepcopy(reference), "macaron")
+    model = replace_blocks(copy.deepcopy(reference), "macaron", initialize=True)
+    block, old = model.transformer.h[1].block, reference.transformer.h[1]
+    assert torch.equal(block.attn.b_o, old.attn.c_proj.bias) and torch.equal(block.norm1.gain, old.ln_1.weight)
+    with pytest.raises(SplitformerError, match="no block layout known for Linear"):
+        replace_blocks(torch.nn.Linear(2, 2), "pre-ln")
+    grouped = llama()  # Llama's keys are (d, d/2): a scheme without grouped heads cannot take them
+    with pytest.raises(SplitformerError, match=r"attn\.W_k is \(8, 4\) in LlamaDecoderLayer, \(8, 8\) in pre-ln"):
+        replace_blocks(grouped, "pre-ln", initialize=True)
+
+
+def test_the_config_holds_the_scheme_the_model_was_built_from_not_the_file_as_it_is_later(tmp_path):
+    """A scheme file is read once, when the model is built: editing it before ``to_hf`` changes nothing
+    (found by an attacker: the rebuilt model computed the edited file, logits off by 0.26)."""
+    import splitformer.nn
+
+    path = tmp_path / "mine.toml"
+    builtin = (Path(splitformer.__file__).parent.parent / "symbolic" / "schemes" / "pre-ln.toml")
+    path.write_text(builtin.read_text().replace('name = "pre-ln"', 'name = "mine"'), encoding="utf-8")
+    model = splitformer.nn.LanguageModel(str(path), 11, d_model=8, n_heads=2, d_ff=12, n_layers=1, max_tokens=8)
+    original = path.read_text()
+    path.write_text(original.replace("pre-ln", "post-ln-like").replace('on = "norm1"', ""), encoding="utf-8")
+    assert splitformer.nn.to_hf(model).config.scheme == original

@@ -1,0 +1,191 @@
+"""Networks as user files: a copy of a built-in network derives (CLI and ``splitformer.derive``),
+computes what the built-in computes, and goes through `check`'s one runner; a vit-like file that
+steps another scheme is checked against the independent evaluator with that scheme."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import splitformer
+from splitformer.codegen.cli import main
+from splitformer.codegen.verification import network_semantics
+from splitformer.codegen.verification.network_adjoint_tests import random_table
+from splitformer.symbolic.model import load_model, network_family
+
+
+def _builtin_text(name: str) -> str:
+    return (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8")
+
+
+def _copy(tmp_path, name: str, new_name: str, *replace: tuple[str, str]):
+    text = _builtin_text(name).replace(f'name = "{name}"', f'name = "{new_name}"')
+    for old, new in replace:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / f"{new_name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _vit_inputs(module, rng):
+    sizes = {"n_channels": 3, "patch_size": 2, "d": 8, "d_ff": 12, "n_tokens": 5, "n_classes": 4}
+    params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
+    for layer in range(3):  # another depth than the checks use
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
+    return rng.standard_normal((2, 3, 4, 4)), params, {"patch_size": 2, "n_heads": 2, "eps": 1e-6}
+
+
+def test_a_copy_of_vit_derives_on_the_command_line_and_emits_what_vit_emits(tmp_path, capsys):
+    path = _copy(tmp_path, "vit", "my-vit")
+    assert main(["derive", str(path), "vit", "--backend", "all", "--out", str(tmp_path / "out")]) == 0
+    for backend in ("numpy", "torch"):
+        mine = (tmp_path / "out" / backend / "my_vit.py").read_text()
+        builtin = (tmp_path / "out" / backend / "vit.py").read_text()
+        assert mine.replace("my_vit", "vit").replace("my-vit", "vit") == builtin
+    capsys.readouterr()
+    assert main(["show", str(path), "--format", "toml"]) == 0
+    assert capsys.readouterr().out.strip() == path.read_text().strip()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_api_derives_a_network_file_equal_to_the_builtin(tmp_path, backend):
+    mine = splitformer.derive(str(_copy(tmp_path, "vit", "my-vit")))
+    builtin = splitformer.derive("vit")
+    assert isinstance(mine, splitformer.NetworkDerivation) and mine.name == "my_vit"
+    numpy_module = mine.numpy_module()
+    images, params, options = _vit_inputs(numpy_module, np.random.default_rng(5))
+    expected = builtin.numpy_module().logits(images, params, **options)
+    if backend == "numpy":
+        got = numpy_module.logits(images, params, **options)
+    else:
+        import torch
+
+        model = mine.torch_module().Model(n_layers=3, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2,
+                                          image_size=(4, 4), n_classes=4, eps=1e-6, dtype=torch.float64)
+        model.load_params(params)
+        got = model.logits(torch.from_numpy(images)).detach().numpy()
+    assert np.max(np.abs(got - expected)) <= 1e-12 * max(1.0, np.max(np.abs(expected)))
+    written = mine.write(tmp_path / "out", backend=backend)
+    assert sorted(path.relative_to(tmp_path / "out").as_posix() for path in written if path.name != "__init__.py") == \
+        sorted([f"{backend}/my_vit.py", "reports/my_vit.md"])
+
+
+def test_a_vit_stepping_post_ln_is_checked_against_the_evaluator_with_its_scheme(tmp_path):
+    spec = load_model(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"')))
+    assert network_family(spec) == "vit"
+    (check,) = network_semantics.network_semantics_checks(spec)
+    assert check.id == "semantics/vit-post/emitted" and check.holds, check.detail
+
+
+def test_negative_control_the_post_ln_module_is_not_what_the_pre_ln_evaluator_defines(tmp_path, monkeypatch):
+    post_ln = network_semantics.network_module(
+        load_model(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"'))))
+    monkeypatch.setattr(network_semantics, "network_module", lambda spec: post_ln)
+    (check,) = network_semantics.network_semantics_checks("vit")
+    assert not check.holds, check.detail
+
+
+def test_check_runs_a_network_file_through_the_one_runner(tmp_path, capsys):
+    path = _copy(tmp_path, "resnet-block", "my-resnet")
+    report = splitformer.derive(str(path)).check()
+    ids = [check.id for check in report.checks]
+    assert "semantics/my-resnet/emitted" in ids and "adjoint-test/my-resnet/dot" in ids
+    assert any(i.startswith("model/my-resnet") or "my-resnet" in i for i in ids)
+    assert report.holds, [check.detail for check in report.checks if not check.holds]
+
+
+def test_a_grid_composition_no_builtin_shares_is_derived_and_its_network_checks_are_skipped(tmp_path):
+    path = _copy(tmp_path, "unet-level", "two-convs", ('conv = { kind = "convolution", kernel = 3, padding = 1 }',
+                                                                   'conv = { kind = "convolution", kernel = 5, padding = 2 }'))
+    spec = load_model(path)
+    assert network_family(spec) is None
+    (check,) = network_semantics.network_semantics_checks(spec)
+    assert check.method == "skipped" and "no sizes or evaluator" in check.detail
+    assert "two_convs" in splitformer.derive(str(path)).source("numpy")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("name", '"../escaped"', "name"),
+    ("summary", '"two\\nlines"', "summary"),
+])
+def test_a_network_file_with_a_bad_name_or_summary_is_refused_with_one_line(tmp_path, capsys, field, value, message):
+    text = _builtin_text("vit")
+    line = next(line for line in text.splitlines() if line.startswith(f"{field} ="))
+    path = tmp_path / "bad.toml"
+    path.write_text(text.replace(line, f"{field} = {value}"), encoding="utf-8")
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and error.count("\n") == 1
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.py"))
+
+
+@pytest.mark.parametrize("option", [["--activation", "relu"], ["--causal"], ["--name", "other"]])
+def test_scheme_options_are_refused_for_a_network_file(tmp_path, capsys, option):
+    path = _copy(tmp_path, "vit", "my-vit")
+    assert main(["derive", str(path), *option, "--out", str(tmp_path / "out")]) == 2
+    assert f"{option[0]} applies to schemes" in capsys.readouterr().err
+    with pytest.raises(splitformer.SplitformerError, match="applies to schemes"):
+        splitformer.derive(str(path), **{option[0].strip("-"): option[1] if len(option) > 1 else True})
+
+
+def test_all_builtins_includes_the_networks(tmp_path, monkeypatch, capsys):
+    from splitformer.codegen import model_pipeline, pipeline
+
+    def listed(item, backends, out, passes=None, *rest):  # what derive would generate, without the work
+        return {out / f"{item.module_name}.txt": "listed"}
+
+    monkeypatch.setattr(pipeline, "generate", listed)
+    monkeypatch.setattr(model_pipeline, "generate_model", listed)
+    assert main(["derive", "--all-builtins", "--out", str(tmp_path)]) == 0
+    written = {path.stem for path in tmp_path.glob("*.txt")}
+    assert {"vit", "cvt", "resnet_block", "unet_level", "post_ln", "llama"} <= written
+
+
+_UNET = _builtin_text("unet-level")
+_VIT = _builtin_text("vit")
+
+
+@pytest.mark.parametrize("text, message", [
+    (_UNET.replace("stride = 2", "stride = \"__import__('os').system('true') or 1\""), "stride: expected an integer"),
+    (_UNET.replace("kernel = 3, padding = 1 }", "kernel = 0, padding = 1 }"), "kernel: expected an integer from 1"),
+    (_UNET.replace("kernel = 3, padding = 1 }", "kernel = 2.5, padding = 1 }"), "kernel: expected an integer"),
+    (_UNET.replace("padding = 1, stride = 2", "padding = -1, stride = 2"), "padding: expected an integer from 0"),
+    (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = [1] }'), 'outputs: expected "c"'),
+    (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
+    (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
+    (_UNET.replace("[step]", "step = 5\n[stepx]"), "unknown field"),
+    (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = "down"'), "expected a list of operator names"),
+    (_VIT.replace('operator = "embed"', 'operator = "embed\\" in params or 1 or \\""'), "not an operator name"),
+    (_VIT.replace('operator = "head"', 'operator = "embed"'), "both named 'embed'"),
+    (_VIT.replace('operator = "head"', 'operator = "layers"'), "clashes with the attribute 'layers'"),
+    (_VIT.replace('kind = "class-token-head"', 'kind = "attention"'), "readout.kind: expected class-token-head"),
+])
+def test_a_bad_network_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and error.count("\n") == 1, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_network_file_with_too_many_operators_is_refused(tmp_path, capsys):
+    operators = "\n".join(f'c{i} = {{ kind = "batch-norm" }}' for i in range(40))
+    path = tmp_path / "big.toml"
+    path.write_text(f'name = "big"\nsummary = "many"\n[operators]\n{operators}\n[step]\nfield = ["c0"]\n', encoding="utf-8")
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "more than 32 operators" in capsys.readouterr().err
+
+
+def test_a_scheme_file_a_network_names_is_read_beside_the_network_file(tmp_path, monkeypatch):
+    (tmp_path / "nets").mkdir()
+    block = (resources.files("splitformer.symbolic") / "schemes" / "post-ln.toml").read_text(encoding="utf-8")
+    (tmp_path / "nets" / "block.toml").write_text(block.replace('name = "post-ln"', 'name = "my-block"'), encoding="utf-8")
+    path = _copy(tmp_path / "nets", "vit", "vit-mine", ('scheme = "pre-ln"', 'scheme = "block.toml"'))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "block.toml").write_text("not a scheme", encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a block.toml here must not be the one read
+    assert load_model(path).scheme.name == "my-block"

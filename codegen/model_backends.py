@@ -71,11 +71,6 @@ def _join(op: Join, backend: str) -> list[str]:
     return [f"{op.out} = _join({', '.join(op.parts)})"]
 
 
-def _channel_bias(bias: str | None) -> str:
-    """`` + bias[:, None, None]``: one value per channel of a (batch, channels, rows, cols) field."""
-    return f" + {bias}[:, None, None]" if bias else ""
-
-
 def _convolution(op: Convolution, backend: str) -> list[str]:
     stride, padding = code(op.stride), code(op.padding)
     last = ".permute(0, 2, 3, 1)" if op.channels_last else ""
@@ -84,15 +79,15 @@ def _convolution(op: Convolution, backend: str) -> list[str]:
         groups = f", groups={op.x}.shape[1]" if op.depthwise else ""
         return [f"{op.out} = torch.nn.functional.conv2d({op.x}, {weight}, {op.bias}, {stride}, {padding}{groups}){last}"]
     helper = "_depthwise_conv2d" if op.depthwise else "_conv2d"
-    bias = (f" + {op.bias}" if op.bias else "") if op.channels_last else _channel_bias(op.bias)
-    return [f"{op.out} = {helper}({op.x}, {op.weight}, {stride}, {padding}){last.replace('permute', 'transpose')}{bias}"]
+    bias = f", {op.bias}" if op.bias else ""
+    return [f"{op.out} = {helper}({op.x}, {op.weight}, {stride}, {padding}{bias}){last.replace('permute', 'transpose')}"]
 
 
 def _transposed_convolution(op: TransposedConvolution, backend: str) -> list[str]:
     if backend == "torch":
         return [f"{op.out} = torch.nn.functional.conv_transpose2d({op.x}, {op.weight}.permute(0, 3, 1, 2), {op.bias}, "
                 f"{op.weight}.shape[1])"]
-    return [f"{op.out} = _conv_transpose2d({op.x}, {op.weight}){_channel_bias(op.bias)}"]
+    return [f"{op.out} = _conv_transpose2d({op.x}, {op.weight}{f', {op.bias}' if op.bias else ''})"]
 
 
 _MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point, Rows: _rows, Fold: _fold,

@@ -60,12 +60,16 @@ def _reference_conv(x, W, stride, padding):
 def test_numpy_convolutions_match_loops(stride, padding, channels):
     rng = np.random.default_rng(stride + padding)
     x, W = rng.standard_normal((2, channels, 9, 8)), rng.standard_normal((channels, 3, 3, 5))
-    depthwise = rng.standard_normal((3, 3, channels))
+    depthwise, bias, channel_bias = rng.standard_normal((3, 3, channels)), rng.standard_normal(5), rng.standard_normal(channels)
     assert np.max(np.abs(HELPERS._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
+    with_bias = HELPERS._conv2d(x, W, stride, padding, bias) - bias[:, None, None]
+    assert np.max(np.abs(with_bias - _reference_conv(x, W, stride, padding))) < 1e-12
     # depth-wise: channel l convolved with W[:, :, l] alone (a full kernel that is zero off the diagonal)
     full = np.einsum("rsl,lk->lrsk", depthwise, np.eye(channels))
     expected = _reference_conv(x, full, stride, padding)
     assert np.max(np.abs(HELPERS._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
+    with_bias = HELPERS._depthwise_conv2d(x, depthwise, stride, padding, channel_bias) - channel_bias[:, None, None]
+    assert np.max(np.abs(with_bias - expected)) < 1e-12
     # negative control: the kernel flipped (a correlation is not a convolution) is far off
     assert np.max(np.abs(HELPERS._conv2d(x, W[:, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
 
@@ -80,6 +84,8 @@ def test_numpy_transposed_convolution_matches_a_loop():
                 for s in range(2):
                     out[:, :, 2 * p + r, 2 * q + s] = x[:, :, p, q] @ W[:, r, s, :]
     assert np.max(np.abs(HELPERS._conv_transpose2d(x, W) - out)) < 1e-12
+    bias = rng.standard_normal(3)
+    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W, bias) - bias[:, None, None] - out)) < 1e-12
     assert np.max(np.abs(HELPERS._conv_transpose2d(x, W[:, ::-1]) - out)) > 1e-3  # negative control
 
 

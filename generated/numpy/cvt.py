@@ -358,41 +358,50 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
-def _conv2d(field, W, stride, padding):
-    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``: the field once channels last,
-    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s, :]``, summed (few channels: one GEMM)."""
+def _conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field copied once, padded and
+    channels last, then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few
+    channels: one GEMM over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    batch, channels, height, width = field.shape
     size = W.shape[1]
-    padded = np.pad(field, ((0, 0), (0, 0), (padding, padding), (padding, padding))) if padding else field
-    nodes = np.ascontiguousarray(padded.transpose(0, 2, 3, 1))
-    rows, cols = (nodes.shape[1] - size) // stride + 1, (nodes.shape[2] - size) // stride + 1
-    if W.shape[0] < 16:  # few input channels: one GEMM over the gathered windows (im2col), K = c·k²
-        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))[:, ::stride, ::stride]
-        columns = windows[:, :rows, :cols].transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * W.shape[0])
-        out = columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])
-        return np.ascontiguousarray(out.reshape(nodes.shape[0], rows, cols, -1).transpose(0, 3, 1, 2))
-    out = np.zeros((nodes.shape[0], rows, cols, W.shape[-1]), dtype=np.result_type(field, W))
-    for r in range(size):
-        for s in range(size):
-            out += nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride] @ W[:, r, s]
-    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=np.result_type(field, W))
+    nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
+    rows, cols = (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+    if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
+        windows = windows[:, :stride * (rows - 1) + 1:stride, :stride * (cols - 1) + 1:stride]
+        columns = windows.transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(batch, rows, cols, -1)
+        if bias is not None:
+            out += bias
+    else:
+        out = np.empty((batch, rows, cols, W.shape[-1]), dtype=nodes.dtype)
+        out[...] = 0 if bias is None else bias
+        for r in range(size):
+            for s in range(size):
+                out += nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride] @ W[:, r, s]
+    return out.transpose(0, 3, 1, 2)
 
 
-def _depthwise_conv2d(field, W, stride, padding):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l]``: one multiply-add per kernel offset."""
+def _depthwise_conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: one multiply-add per kernel offset."""
     windows = _windows(field, (2, 3), W.shape[0], stride, padding)
-    out = np.zeros(windows.shape[:4], dtype=np.result_type(field, W))
+    out = np.empty(windows.shape[:4], dtype=np.result_type(field, W))
+    out[...] = 0 if bias is None else bias[:, None, None]
     for r in range(W.shape[0]):
         for s in range(W.shape[1]):
             out += windows[..., r, s] * W[r, s, :, None, None]
     return out
 
 
-def _conv_transpose2d(field, W):
-    """``Σ_k field[b, k, p, q] W[k, r, s, l]`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+def _conv_transpose2d(field, W, bias=None):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
     batch, _, rows, cols = field.shape
     _, size, _, channels = W.shape
     blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
     blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    if bias is not None:
+        blocks += bias
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
@@ -434,7 +443,7 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
 
     # --- embed: convolution ---
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding) + embed_b[:, None, None]
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     tokens = _tokens(None, embed_out)
 

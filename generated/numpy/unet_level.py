@@ -70,40 +70,51 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
-def _conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field copied once, padded and
-    channels last, then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few
-    channels: one GEMM over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+def _channels_last(field, size, stride, padding, dtype):
+    """``field`` (b, c, rows, cols) copied once, zero-padded and channels last, with the output grid's size."""
     batch, channels, height, width = field.shape
-    size = W.shape[1]
-    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=np.result_type(field, W))
+    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=dtype)
     nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
-    rows, cols = (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+    return nodes, (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+
+
+def _offset(nodes, r, s, stride, rows, cols):
+    """The channels-last nodes ``(S p + r, S q + s)`` of every output node ``(p, q)`` (a view)."""
+    return nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+
+
+def _conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field channels last,
+    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few channels: one GEMM
+    over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    channels, size = W.shape[:2]
+    nodes, rows, cols = _channels_last(field, size, stride, padding, np.result_type(field, W))
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
         windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
-        windows = windows[:, :stride * (rows - 1) + 1:stride, :stride * (cols - 1) + 1:stride]
-        columns = windows.transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
-        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(batch, rows, cols, -1)
+        columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
         if bias is not None:
             out += bias
     else:
-        out = np.empty((batch, rows, cols, W.shape[-1]), dtype=nodes.dtype)
+        out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
         out[...] = 0 if bias is None else bias
         for r in range(size):
             for s in range(size):
-                out += nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride] @ W[:, r, s]
+                out += _offset(nodes, r, s, stride, rows, cols) @ W[:, r, s]
     return out.transpose(0, 3, 1, 2)
 
 
 def _depthwise_conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: one multiply-add per kernel offset."""
-    windows = _windows(field, (2, 3), W.shape[0], stride, padding)
-    out = np.empty(windows.shape[:4], dtype=np.result_type(field, W))
-    out[...] = 0 if bias is None else bias[:, None, None]
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
+    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
+    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
+    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+    out[...] = 0 if bias is None else bias
+    term = np.empty_like(out)
     for r in range(W.shape[0]):
         for s in range(W.shape[1]):
-            out += windows[..., r, s] * W[r, s, :, None, None]
-    return out
+            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
+    return out.transpose(0, 3, 1, 2)
 
 
 def _conv_transpose2d(field, W, bias=None):

@@ -1,4 +1,4 @@
-"""``make bench``: sustained throughput of the generated post-ln block against torch, as ratios.
+"""``make bench``: sustained throughput of the generated post-ln block and networks against torch, as ratios.
 
 Each figure runs in its own process (``bench/figure.py``): a warm-up, then back-to-back calls
 for at least ``--seconds``, the median per call. Reference and candidate processes alternate
@@ -6,6 +6,7 @@ for ``--pairs`` pairs; the ratio of each pair (candidate / reference, < 1 is fas
 with their median and spread. The header records the CPU, the BLAS libraries and the measured
 GEMM rate, the physical limit each figure's GFLOP/s is compared with. ``--interleaved`` is the
 older in-process mode (reference and candidate alternating in one process), labelled as such.
+The network rows (vit, cvt, resnet-block, unet-level) come from ``bench/networks.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
+import networks  # noqa: E402
+from networks import NETWORKS  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 #: figure: (label, target ratio).
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the operator and statement tables")
     parser.add_argument("--no-derive", action="store_true", help="skip the derive timings")
     parser.add_argument("--interleaved", action="store_true", help="the older in-process mode (labelled)")
+    parser.add_argument("--networks", default=",".join(NETWORKS),
+                        help=f"comma-separated, of {', '.join(NETWORKS)}; 'none' for no network rows")
     arguments = parser.parse_args(argv)
     os.environ.update(_environment(arguments.threads))
     from splitformer.codegen.output import write_files
@@ -195,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                     table = (statement_table(shape, Path(modules), arguments) if figure == "numpy-forward"
                              else profile_table(figure, shape, Path(modules), arguments))
                     print("\n".join(table), flush=True)
+    if arguments.networks != "none":
+        networks.main(["--networks", arguments.networks, "--threads", str(arguments.threads),
+                       "--pairs", str(arguments.pairs), "--seconds", str(arguments.seconds)])
     if not arguments.no_derive:
         print("\n".join(derive_lines()), flush=True)
     return 0

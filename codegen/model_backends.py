@@ -14,7 +14,8 @@ from splitformer.symbolic.vision_operators import PATCH
 
 from .backends import BACKENDS
 from .ir import Module, Op
-from .model_ir import Fold, Interleave, Join, Place, PlaceRows, Point, Rows, Tokens, Window
+from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows, Tokens,
+                       TransposedConvolution, Window)
 from .printers import SIZE_NAMES
 
 __all__ = ["statements", "code", "CODE_NAMES"]
@@ -70,8 +71,28 @@ def _join(op: Join, backend: str) -> list[str]:
     return [f"{op.out} = _join({', '.join(op.parts)})"]
 
 
+def _convolution(op: Convolution, backend: str) -> list[str]:
+    stride, padding = code(op.stride), code(op.padding)
+    last = ".permute(0, 2, 3, 1)" if op.channels_last else ""
+    if backend == "torch":
+        weight = f"{op.weight}.permute(2, 0, 1).unsqueeze(1)" if op.depthwise else f"{op.weight}.permute(3, 0, 1, 2)"
+        groups = f", groups={op.x}.shape[1]" if op.depthwise else ""
+        return [f"{op.out} = torch.nn.functional.conv2d({op.x}, {weight}, {op.bias}, {stride}, {padding}{groups}){last}"]
+    helper = "_depthwise_conv2d" if op.depthwise else "_conv2d"
+    bias = f", {op.bias}" if op.bias else ""
+    return [f"{op.out} = {helper}({op.x}, {op.weight}, {stride}, {padding}{bias}){last.replace('permute', 'transpose')}"]
+
+
+def _transposed_convolution(op: TransposedConvolution, backend: str) -> list[str]:
+    if backend == "torch":
+        return [f"{op.out} = torch.nn.functional.conv_transpose2d({op.x}, {op.weight}.permute(0, 3, 1, 2), {op.bias}, "
+                f"{op.weight}.shape[1])"]
+    return [f"{op.out} = _conv_transpose2d({op.x}, {op.weight}{f', {op.bias}' if op.bias else ''})"]
+
+
 _MODEL_OPS = {Window: _window, Interleave: _interleave, Tokens: _tokens, Point: _point, Rows: _rows, Fold: _fold,
-              Place: _place, PlaceRows: _place_rows, Join: _join}
+              Place: _place, PlaceRows: _place_rows, Join: _join,
+              Convolution: _convolution, TransposedConvolution: _transposed_convolution}
 
 
 def statements(backend: str, module: Module, op: Op) -> list[str]:

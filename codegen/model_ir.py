@@ -14,7 +14,10 @@
   (values written at the points a view read, summed where windows overlap, zero elsewhere),
   shaped like ``like``;
 - ``Join``: token nodes written at patterns of the token axis (a node, the grid rows after
-  it), one part after another (a token concatenation).
+  it), one part after another (a token concatenation);
+- ``Convolution`` and ``TransposedConvolution``: a ``Window`` and the contraction that sums
+  it against a kernel, or a contraction and the ``Interleave`` of its blocks, recognized as
+  one operation (``codegen.passes.convolution``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sympy as sp
 
 from .ir import Op
 
-__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join"]
+__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution",
+           "TransposedConvolution"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,36 @@ class Join(Op):
 
     def reads(self) -> list[str]:
         return list(self.parts)
+
+
+@dataclass(frozen=True)
+class Convolution(Op):
+    """``out[b, l, p, q] = Σ_{c,r,s} x[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``.
+
+    ``depthwise``: ``W[r, s, l]`` and ``c = l`` (each channel convolved with its own kernel);
+    ``channels_last``: ``out[b, p, q, l]`` (the patches of a patch embedding, as tokens).
+    """
+
+    x: str = ""
+    weight: str = ""
+    bias: str | None = None
+    size: sp.Expr = sp.Integer(1)
+    stride: sp.Expr = sp.Integer(1)
+    padding: sp.Expr = sp.Integer(0)
+    depthwise: bool = False
+    channels_last: bool = False
+
+    def reads(self) -> list[str]:
+        return [self.x, self.weight] + ([self.bias] if self.bias else [])
+
+
+@dataclass(frozen=True)
+class TransposedConvolution(Op):
+    """``out[b, l, S p + r, S q + s] = Σ_k x[b, k, p, q] W[k, r, s, l] (+ bias[l])``, kernel = stride ``S``."""
+
+    x: str = ""
+    weight: str = ""
+    bias: str | None = None
+
+    def reads(self) -> list[str]:
+        return [self.x, self.weight] + ([self.bias] if self.bias else [])

@@ -20,6 +20,7 @@ from splitformer.symbolic.program import Assignment, Program
 from .ir import BATCH, Module, TensorInfo
 from .lowering import Lowering
 from .model_ir import Interleave, Point, Window
+from .passes.convolution import convolution
 
 __all__ = ["lower_stage", "lower_assignments", "shifted_read", "StageLowering", "KERNEL_OFFSETS"]
 
@@ -129,11 +130,11 @@ class StageLowering(Lowering):
 
 
 def lower_assignments(name: str, tensors: dict, assignments, output: str, section: str) -> Module:
-    """The IR of assignments over ``tensors`` (no passes: contractions are einsums over windows)."""
+    """The IR of assignments over ``tensors``, its convolutions recognized (``passes.convolution``)."""
     lowering = StageLowering(name, tensors, output)
     for assignment in assignments:
         lowering.assignment(assignment, section)
-    return Module(name, lowering.tensors, lowering.ops, output)
+    return convolution(Module(name, lowering.tensors, lowering.ops, output))
 
 
 def lower_stage(stage: Stage) -> Module:

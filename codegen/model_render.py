@@ -13,6 +13,7 @@ from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
 from .cvt_vjp import cvt_vjp_context
 from .model_vjp import grid_vjp_context, model_vjp_context
+from .passes import NETWORK_STAGE
 from .render import environment, unit_context
 from .stage_render import stage_context
 
@@ -95,7 +96,10 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
 def render_cvt(model: CvtProgram, backend: str) -> str:
     """The source of the generated ``backend`` module of CvT."""
     def unit(stage):
-        return stage_context(lower_stage(stage), backend, getattr(stage.operator, "sizes", dict)())
+        module = lower_stage(stage)
+        for rewrite in NETWORK_STAGE:
+            module = rewrite(module)
+        return stage_context(module, backend, getattr(stage.operator, "sizes", dict)(), free=True)
 
     def update(assignment):
         module = lower_assignments("update", {}, [assignment], assignment.target, "residual sum")
@@ -115,6 +119,7 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         stage_parameters=[p for u in embedding for p in u["parameters"]],
         layer_parameters=[p for u in layer for p in u["parameters"]],
         head_parameters=[p for u in readout for p in u["parameters"]],
-        uses={"_einsum", "_softmax"}, block={"uses_erf": True},
+        uses={"_einsum", "_softmax"}.union(*(u["uses"] for u in [*embedding, *projections, *layer, *readout])),
+        block={"uses_erf": True},
         vjp=cvt_vjp_context(model, backend),
     )

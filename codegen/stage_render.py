@@ -6,7 +6,7 @@ parameters (shape, view, group) and its statements by section, spelled by the ba
 
 from __future__ import annotations
 
-from .ir import Module
+from .ir import Attention, Contraction, Module, Normalize, Softmax
 from .model_backends import CODE_NAMES, code, statements
 
 __all__ = ["stage_context"]
@@ -20,8 +20,31 @@ def _size(domain, sizes: dict) -> str | int:
     return CODE_NAMES.get(size, domain.code_name if size == domain.size else code(size))
 
 
-def stage_context(module: Module, backend: str, sizes: dict) -> dict:
-    """One emitted stage (embedding or readout): parameters and statements by section."""
+#: The runtime helper each fused operation calls (``templates/*/helpers.py.j2`` emits only those used).
+_HELPERS = {Attention: "_attention", Softmax: "_softmax", Contraction: "_einsum"}
+
+
+def _helper(op) -> str | None:
+    if isinstance(op, Normalize):
+        return "_layer_norm" if op.centred else "_rms_norm"
+    return _HELPERS.get(type(op))
+
+
+def _frees(module: Module) -> dict[int, list[str]]:
+    """Statement position → the stage's own arrays (written here, not its output) read there for the last time."""
+    own = {name for op in module.ops for name in op.writes()} - {module.output}
+    last = {name: position for position, op in enumerate(module.ops) for name in op.reads() if name in own}
+    free: dict[int, list[str]] = {}
+    for name, position in sorted(last.items()):
+        free.setdefault(position, []).append(name)
+    return free
+
+
+def stage_context(module: Module, backend: str, sizes: dict, free: bool = False) -> dict:
+    """One emitted stage (embedding or readout): parameters and statements by section.
+
+    ``free``: each array the stage writes (but its output) is deleted after its last reader.
+    """
     parameters = []
     for info in module.tensors.values():
         if info.role != "param" or info.parameter is None:
@@ -32,9 +55,12 @@ def stage_context(module: Module, backend: str, sizes: dict) -> dict:
         parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
                            "shape": shape, "view": view, "kind": info.kind})
     sections: list[dict] = []
-    for op in module.ops:
+    frees = _frees(module) if free else {}
+    for position, op in enumerate(module.ops):
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": statements(backend, module, op)})
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": statements(backend, module, op),
+                                           "free": frees.get(position, [])})
     return {"parameters": parameters, "sections": sections, "output": module.output,
-            "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters))}
+            "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
+            "uses": {helper for op in module.ops if (helper := _helper(op))}}

@@ -96,5 +96,5 @@ def test_numpy_erf_matches_the_standard_library():
     expected = np.array([math.erf(value) for value in x])
     assert np.abs(module._erf(x) - expected).max() <= 4e-16
     single = module._erf(x.astype(np.float32))
-    assert single.dtype == np.float32 and np.abs(single - expected).max() <= 3e-7
+    assert single.dtype == np.float32 and np.abs(single - expected).max() <= 1.5e-7  # float32: 1.04e-7
     assert module._erf(np.zeros((2, 3))).shape == (2, 3)

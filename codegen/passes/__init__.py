@@ -14,7 +14,7 @@ from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
 from .unroll_pairs import unroll_pairs
 
-__all__ = ["DEFAULT", "PASSES", "select"]
+__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
@@ -27,6 +27,9 @@ PASSES = {
     "reuse-buffers": reuse_buffers,
 }
 DEFAULT = tuple(PASSES.values())
+#: The passes a network's stage runs when its statements are chained by hand (CvT's template): a
+#: stage's arrays are its own, so they may be merged and fused, never reused in place.
+NETWORK_STAGE = (inline_elementwise, layer_norm, fused_attention, matmul)
 
 
 def select(names: str) -> tuple:

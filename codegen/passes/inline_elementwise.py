@@ -26,7 +26,8 @@ def inline_elementwise(module: Module) -> Module:
     ops = list(module.ops)
     reads = [set(op.reads()) for op in ops]
     counts = Counter(name for names in reads for name in names)
-    kept = {module.output, *module.dropout}
+    # a map of parameters alone (a network's BatchNorm a = γ/√(v + ε)) is computed once, not per entry
+    kept = {module.output, *module.dropout, *(name for name, info in module.tensors.items() if info.role == "param")}
     position = 0
     while position < len(ops):
         producer = ops[position]

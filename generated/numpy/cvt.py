@@ -197,6 +197,12 @@ _ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180
            6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
 _ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
            1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
+# Single precision: the rational approximation Eigen and XLA use for float erf, x·P(x²)/Q(x²) on x
+# clamped to [−4, 4] (where erf rounds to ±1), evaluated in double: within 1.1e-7 of erf.
+_ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                 -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                 -1.42647390514189e-02)
 
 
 def _polynomial(x, coefficients):
@@ -211,14 +217,26 @@ def _polynomial(x, coefficients):
 def _erf(x):
     """The error function, elementwise, to the precision of ``x``'s dtype (NumPy has none).
 
-    Works through blocks small enough for the polynomial passes to stay in cache.
+    Works through blocks small enough for the polynomial passes to stay in cache; single (and
+    half) precision through the shorter approximation, which is 3–4× faster.
     """
     flat = np.ravel(x)
     out = np.empty_like(flat)
+    single = flat.dtype in (np.float32, np.float16)
     for start in range(0, flat.size, 1 << 14):
         block = slice(start, start + (1 << 14))
-        out[block] = _erf_block(flat[block])
+        out[block] = _erf_single(flat[block].astype(np.float64)) if single else _erf_block(flat[block])
     return out.reshape(np.shape(x))
+
+
+def _erf_single(x):
+    """erf to single precision of a double ``x`` (clamped in place)."""
+    np.clip(x, -4, 4, out=x)
+    z = x * x
+    result = _polynomial(z, _ERF_SINGLE_P)
+    result *= x
+    result /= _polynomial(z, _ERF_SINGLE_Q)
+    return result
 
 
 def _erf_block(x):
@@ -260,6 +278,76 @@ def _softmax(scores, support):
     return weights
 
 
+def _attention(q, k, v, scale, support):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    Heads are strided views of the operands, never copied; per batch entry, a group of heads
+    and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
+    reused buffer. The scale is applied to a copy of the queries, the normalization to the
+    output rows, which overwrite their (used) scaled queries: the copy is the output, in
+    (batch, tokens, heads, features) order.
+    """
+    batch, n_queries, n_heads, _ = q.shape
+    n_keys = k.shape[1]
+    out = q * scale
+    heads_out = out.transpose(0, 2, 1, 3)
+    keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    if support is not None:
+        support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
+    rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
+    group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
+    buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
+    for b in range(batch):
+        for first in range(0, n_heads, group):
+            heads = slice(first, first + group)
+            for start in range(0, n_queries, rows):
+                block = slice(start, start + rows)
+                queries = heads_out[b, heads, block]
+                scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
+                weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
+                np.matmul(weights, values[b, heads], out=queries)
+                queries /= total
+    return out
+
+
+#: Score entries per block of ``_attention``: 2 MB in float32, which stay in cache.
+_SCORES = 1 << 19
+
+
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
+    exponent = np.clip(np.frexp(peak)[1], 0, np.finfo(x.dtype).maxexp - 1)
+    return np.ldexp(np.ones_like(peak), exponent)
+
+
+def _layer_norm(x, gain, bias, eps, scaled=False):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, with one full-size temporary.
+
+    The row's first value is subtracted before the mean (shifted data), so rows far from zero
+    keep their deviations. Where squares overflow (a variance that is not finite), ``scaled``
+    recomputes the statistics from x/s, s a power of two ≥ max|x| per row (at least 1): the
+    division is exact, squares cannot overflow, and eps/s² keeps the formula unchanged. Every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values.
+    """
+    scale = _row_scale(x) if scaled else 1
+    shifted = x / scale if scaled else x
+    with np.errstate(over="ignore", invalid="ignore"):  # squares that overflow send the rows to ``scaled``
+        out = shifted - shifted[..., :1]
+        out -= np.einsum("...k->...", out)[..., None] / x.shape[-1]  # the row mean (einsum sums faster than np.mean)
+        variance = np.einsum("...k,...k->...", out, out)[..., None]
+        variance /= x.shape[-1]
+    variance += eps / scale / scale
+    if not (scaled or np.isfinite(variance).all()):
+        return _layer_norm(x, gain, bias, eps, scaled=True)
+    np.sqrt(variance, out=variance)
+    variance[variance == 0] = 1  # a constant row (eps = 0 or eps/s² underflowed): its centred values are 0
+    out /= variance
+    out *= gain
+    out += bias
+    return out
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding:
@@ -272,6 +360,64 @@ def _windows(field, axes, size, stride, padding):
     for axis in axes:
         index[axis] = slice(None, None, stride)
     return view[tuple(index)]
+
+
+def _channels_last(field, size, stride, padding, dtype):
+    """``field`` (b, c, rows, cols) copied once, zero-padded and channels last, with the output grid's size."""
+    batch, channels, height, width = field.shape
+    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=dtype)
+    nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
+    return nodes, (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+
+
+def _offset(nodes, r, s, stride, rows, cols):
+    """The channels-last nodes ``(S p + r, S q + s)`` of every output node ``(p, q)`` (a view)."""
+    return nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+
+
+def _conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field channels last,
+    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few channels: one GEMM
+    over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    channels, size = W.shape[:2]
+    nodes, rows, cols = _channels_last(field, size, stride, padding, np.result_type(field, W))
+    if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
+        columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        if bias is not None:
+            out += bias
+    else:
+        out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+        out[...] = 0 if bias is None else bias
+        for r in range(size):
+            for s in range(size):
+                out += _offset(nodes, r, s, stride, rows, cols) @ W[:, r, s]
+    return out.transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
+    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
+    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
+    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+    out[...] = 0 if bias is None else bias
+    term = np.empty_like(out)
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
+    return out.transpose(0, 3, 1, 2)
+
+
+def _conv_transpose2d(field, W, bias=None):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    if bias is not None:
+        blocks += bias
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
 def _tokens(node, grid):
@@ -311,22 +457,17 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     tokens = _tokens(None, embed_out)
 
     # --- embed_norm: layer-norm ---
     # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    embed_norm_alpha = np.mean(tokens, axis=2)
     # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    embed_norm_beta = np.mean((-embed_norm_alpha[:, :, None] + tokens)**2, axis=2)
     # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
 
 
@@ -353,13 +494,13 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_bias = p["vbn.bias"]
     vbn_mean = p["vbn.mean"]
     vbn_var = p["vbn.var"]
-    attn_W_q = p["attn.W_q"].reshape(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].reshape(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].reshape(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].reshape(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].reshape(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].reshape(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].reshape(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -370,21 +511,16 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm1: layer-norm ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    norm1_alpha = np.mean(u0, axis=2)
     # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
     cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
 
     # --- qconv: depthwise-convolution ---
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -393,12 +529,11 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
     # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
+    del qbn_a, qbn_c
 
     # --- kconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _einsum("blpqrs,rsl->blpq", kconv_out_windows, kconv_W)
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -407,12 +542,11 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
     # {\mathcal{B}^{\mathrm{kbn}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} + {c^{\mathrm{kbn}}}_{l}
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
+    del kbn_a, kbn_c
 
     # --- vconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _einsum("blpqrs,rsl->blpq", vconv_out_windows, vconv_W)
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
@@ -421,27 +555,37 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
     # {\mathcal{B}^{\mathrm{vbn}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} + {c^{\mathrm{vbn}}}_{l}
     vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
+    del vbn_a, vbn_c
 
     # queries on the token nodes; keys and values on the key nodes (the class node, then the coarse grid)
     q_in = _tokens(cls, qbn_out)
     k_in = _tokens(cls, kbn_out)
     v_in = _tokens(cls, vbn_out)
+    n_memory = k_in.shape[1]  # the key nodes
 
     # --- attn: convolutional-attention ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = _einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    attn_q = q_in.reshape(-1, d) @ attn_W_q
+    attn_q += attn_b_q
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = _einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
+    attn_k = k_in.reshape(-1, d) @ attn_W_k
+    attn_k += attn_b_k
+    attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
-    attn_v = _einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
+    attn_v = v_in.reshape(-1, d) @ attn_W_v
+    attn_v += attn_b_v
+    attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    attn_a = _einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
     # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    attn_gamma = _softmax(attn_a, None)
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
-    attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
+    del attn_k, attn_q, attn_v
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
 
     # --- residual sum ---
     # {u_{1}}_{i,l} = \Delta t {attn_{out}}_{i,l} + {u_{0}}_{i,l}
@@ -449,21 +593,24 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm2: layer-norm ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    norm2_alpha = np.mean(u1, axis=2)
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
 
     # --- ffn: feed-forward ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
-    ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = _einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
 
     # --- residual sum ---
     # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
@@ -480,19 +627,17 @@ def _readout(cls, p, eps):
 
     # --- final_norm: layer-norm ---
     # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
-    final_norm_alpha = np.mean(cls, axis=2)
     # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + cls)**2, axis=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    final_norm_p = (-final_norm_alpha[:, :, None] + cls)/np.sqrt(eps + final_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    final_norm_out = final_norm_gain*final_norm_p + final_norm_bias
+    final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
 
     # --- head: class-token-head ---
     # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
     head_z = final_norm_out[:, 0, :]
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
     return head_logits
 
 

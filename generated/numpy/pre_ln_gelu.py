@@ -80,6 +80,12 @@ _ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180
            6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
 _ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
            1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
+# Single precision: the rational approximation Eigen and XLA use for float erf, x·P(x²)/Q(x²) on x
+# clamped to [−4, 4] (where erf rounds to ±1), evaluated in double: within 1.1e-7 of erf.
+_ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                 -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                 -1.42647390514189e-02)
 
 
 def _polynomial(x, coefficients):
@@ -94,14 +100,26 @@ def _polynomial(x, coefficients):
 def _erf(x):
     """The error function, elementwise, to the precision of ``x``'s dtype (NumPy has none).
 
-    Works through blocks small enough for the polynomial passes to stay in cache.
+    Works through blocks small enough for the polynomial passes to stay in cache; single (and
+    half) precision through the shorter approximation, which is 3–4× faster.
     """
     flat = np.ravel(x)
     out = np.empty_like(flat)
+    single = flat.dtype in (np.float32, np.float16)
     for start in range(0, flat.size, 1 << 14):
         block = slice(start, start + (1 << 14))
-        out[block] = _erf_block(flat[block])
+        out[block] = _erf_single(flat[block].astype(np.float64)) if single else _erf_block(flat[block])
     return out.reshape(np.shape(x))
+
+
+def _erf_single(x):
+    """erf to single precision of a double ``x`` (clamped in place)."""
+    np.clip(x, -4, 4, out=x)
+    z = x * x
+    result = _polynomial(z, _ERF_SINGLE_P)
+    result *= x
+    result /= _polynomial(z, _ERF_SINGLE_Q)
+    return result
 
 
 def _erf_block(x):

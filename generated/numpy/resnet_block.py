@@ -90,6 +90,64 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _channels_last(field, size, stride, padding, dtype):
+    """``field`` (b, c, rows, cols) copied once, zero-padded and channels last, with the output grid's size."""
+    batch, channels, height, width = field.shape
+    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=dtype)
+    nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
+    return nodes, (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+
+
+def _offset(nodes, r, s, stride, rows, cols):
+    """The channels-last nodes ``(S p + r, S q + s)`` of every output node ``(p, q)`` (a view)."""
+    return nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+
+
+def _conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field channels last,
+    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few channels: one GEMM
+    over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    channels, size = W.shape[:2]
+    nodes, rows, cols = _channels_last(field, size, stride, padding, np.result_type(field, W))
+    if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
+        columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        if bias is not None:
+            out += bias
+    else:
+        out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+        out[...] = 0 if bias is None else bias
+        for r in range(size):
+            for s in range(size):
+                out += _offset(nodes, r, s, stride, rows, cols) @ W[:, r, s]
+    return out.transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
+    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
+    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
+    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+    out[...] = 0 if bias is None else bias
+    term = np.empty_like(out)
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
+    return out.transpose(0, 3, 1, 2)
+
+
+def _conv_transpose2d(field, W, bias=None):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    if bias is not None:
+        blocks += bias
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _interleave(blocks, axes):
     """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
     n = blocks.ndim - len(axes)
@@ -185,10 +243,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     bn3_var = p.get("bn3.var")
 
     # --- conv1: convolution ---
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-    conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = _einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+    conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
 
     # --- bn1: batch-norm ---
     # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -203,10 +259,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = _einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+    conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -219,10 +273,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     if has_transfer:
 
         # --- shortcut: convolution ---
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = _einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+        shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
 
         # --- bn3: batch-norm ---
         # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
@@ -291,10 +343,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     bn3_var = p.get("bn3.var")
 
     # --- conv1: convolution ---
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-    conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = _einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+    conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
 
     # --- bn1: batch-norm ---
     # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -309,10 +359,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     relu_out = np.maximum(bn1_out, 0)
 
     # --- conv2: convolution ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = _einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+    conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -325,10 +373,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     if has_transfer:
 
         # --- shortcut: convolution ---
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = _einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+        shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
 
         # --- bn3: batch-norm ---
         # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}

@@ -74,6 +74,64 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
+def _channels_last(field, size, stride, padding, dtype):
+    """``field`` (b, c, rows, cols) copied once, zero-padded and channels last, with the output grid's size."""
+    batch, channels, height, width = field.shape
+    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=dtype)
+    nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
+    return nodes, (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+
+
+def _offset(nodes, r, s, stride, rows, cols):
+    """The channels-last nodes ``(S p + r, S q + s)`` of every output node ``(p, q)`` (a view)."""
+    return nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+
+
+def _conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field channels last,
+    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few channels: one GEMM
+    over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    channels, size = W.shape[:2]
+    nodes, rows, cols = _channels_last(field, size, stride, padding, np.result_type(field, W))
+    if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
+        columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        if bias is not None:
+            out += bias
+    else:
+        out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+        out[...] = 0 if bias is None else bias
+        for r in range(size):
+            for s in range(size):
+                out += _offset(nodes, r, s, stride, rows, cols) @ W[:, r, s]
+    return out.transpose(0, 3, 1, 2)
+
+
+def _depthwise_conv2d(field, W, stride, padding, bias=None):
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
+    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
+    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
+    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
+    out[...] = 0 if bias is None else bias
+    term = np.empty_like(out)
+    for r in range(W.shape[0]):
+        for s in range(W.shape[1]):
+            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
+    return out.transpose(0, 3, 1, 2)
+
+
+def _conv_transpose2d(field, W, bias=None):
+    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
+    batch, _, rows, cols = field.shape
+    _, size, _, channels = W.shape
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
+    if bias is not None:
+        blocks += bias
+    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
 def _interleave(blocks, axes):
     """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
     n = blocks.ndim - len(axes)
@@ -161,16 +219,12 @@ def forward(u, params, *, stride=1, eps=1e-5):
     up_b = p.get("up.b")
 
     # --- down: convolution ---
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-    down_out = _einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+    down_out = _conv2d(u0, down_W, 2, 1, down_b)
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-    conv_out = _einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+    conv_out = _conv2d(down_out, conv_W, 1, 1, conv_b)
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -185,10 +239,8 @@ def forward(u, params, *, stride=1, eps=1e-5):
     relu_out = np.maximum(bn_out, 0)
 
     # --- up: transposed-convolution ---
-    # the value at each coarse node and offset
-    up_out_blocks = _einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _interleave(up_out_blocks, (2, 3))
+    up_out = _conv_transpose2d(relu_out, up_W, up_b)
 
     transfer = u0
 
@@ -236,16 +288,12 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     up_b = p.get("up.b")
 
     # --- down: convolution ---
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-    down_out = _einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+    down_out = _conv2d(u0, down_W, 2, 1, down_b)
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-    conv_out = _einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+    conv_out = _conv2d(down_out, conv_W, 1, 1, conv_b)
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -260,10 +308,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     relu_out = np.maximum(bn_out, 0)
 
     # --- up: transposed-convolution ---
-    # the value at each coarse node and offset
-    up_out_blocks = _einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _interleave(up_out_blocks, (2, 3))
+    up_out = _conv_transpose2d(relu_out, up_W, up_b)
 
     transfer = u0
 

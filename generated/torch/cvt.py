@@ -151,6 +151,102 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
+def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
+
+    ``support``: bool (True = kept) or a float log-weight added to the scores (−inf = outside).
+    A row with empty support gets a zero kernel (the output bias alone, never NaN);
+    ``dropout_p`` drops kernel entries in training.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if support is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    else:
+        empty = ~_allowed(support).any(dim=-1, keepdim=True)
+        mask = support | empty if support.dtype == torch.bool else support.masked_fill(empty, 0.0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out = out.masked_fill(empty, 0.0)
+    return out.transpose(1, 2)
+
+
+def _max_exponent(dtype: torch.dtype) -> int:
+    """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
+    if dtype == torch.float64:
+        return 1023
+    if dtype == torch.float16:
+        return 15
+    return 127  # float32, bfloat16
+
+
+def _row_scale(x):
+    """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
+    with torch.no_grad():
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        if not torch.jit.is_scripting():
+            if _onnx_exporting():  # ONNX has no frexp: its exponent is ⌊log₂ peak⌋ + 1 (where log₂
+                # rounds across a power of two, s is the neighbouring power: x/s is as exact)
+                return torch.pow(2.0, (torch.floor(torch.log2(peak)) + 1).clamp(0, _max_exponent(x.dtype)))
+        exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
+        return torch.ldexp(torch.ones_like(peak), exponent)
+
+
+@torch.jit.unused
+def _onnx_exporting() -> bool:
+    """Whether ``torch.onnx.export`` (either path) is running."""
+    return torch.onnx.is_in_onnx_export()
+
+
+def _root(mean_square, eps: float, scale):
+    """√(mean square + eps/s²), 1 where it is 0 (a constant row, whose centred values are 0)."""
+    root = torch.sqrt(mean_square + eps / scale / scale)
+    return torch.where(root == 0, torch.ones_like(root), root)
+
+
+def _layer_norm(x, gain, bias, eps: float):
+    """gain (x − mean)/√(var + eps) + bias over the last axis.
+
+    torch's fused LayerNorm where its statistics are representable (``_fused_layer_norm``),
+    else, and in TorchScript, ``_scaled_layer_norm``: the same map, overflow-safe.
+    """
+    if torch.jit.is_scripting():
+        return _scaled_layer_norm(x, gain, bias, eps)
+    return _fused_layer_norm(x, gain, bias, eps)
+
+
+@torch.jit.unused
+def _fused_layer_norm(x, gain, bias, eps: float):
+    """torch's one-pass LayerNorm, kept when every row's 1/√(var + eps) is positive with a finite
+    square: then no statistic overflowed (an infinite variance gives 0), none is NaN, and the
+    variance is not lost below the dtype's normal range. Otherwise, while tracing or
+    compiling (one graph for every input), and off the CPU (reading the check would stall the
+    host until the device finished), ``_scaled_layer_norm``.
+    """
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu":
+        return _scaled_layer_norm(x, gain, bias, eps)
+    out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
+    with torch.no_grad():
+        try:
+            representable = bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+        except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+            representable = False
+    return out if representable else _scaled_layer_norm(x, gain, bias, eps)
+
+
+def _scaled_layer_norm(x, gain, bias, eps: float):
+    """gain (x − mean)/√(var + eps) + bias over the last axis, for every representable row.
+
+    The statistics are those of x/s (``_row_scale``), with eps/s² in place of eps, so every
+    row whose LayerNorm is representable gets it, up to the dtype's largest values; the
+    row's first value is subtracted before the mean (shifted data; it cancels, so it
+    carries no gradient), so rows far from zero keep their deviations.
+    """
+    scale = _row_scale(x)
+    y = x / scale
+    y = y - y[..., :1].detach()
+    centred = y - y.mean(dim=-1, keepdim=True)
+    return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -294,13 +390,13 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_bias = p["vbn.bias"]
     vbn_mean = p["vbn.mean"]
     vbn_var = p["vbn.var"]
-    attn_W_q = p["attn.W_q"].view(d, n_heads, d_head)
-    attn_b_q = p["attn.b_q"].view(n_heads, d_head)
-    attn_W_k = p["attn.W_k"].view(d, n_heads, d_head)
-    attn_b_k = p["attn.b_k"].view(n_heads, d_head)
-    attn_W_v = p["attn.W_v"].view(d, n_heads, d_head)
-    attn_b_v = p["attn.b_v"].view(n_heads, d_head)
-    attn_W_o = p["attn.W_o"].view(n_heads, d_head, d)
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
     attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
@@ -311,21 +407,16 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm1: layer-norm ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    norm1_alpha = torch.mean(u0, dim=2)
     # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
     cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
 
     # --- qconv: depthwise-convolution ---
-    # {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = torch.einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -334,12 +425,11 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_c = -qbn_gain*qbn_mean/torch.sqrt(eps + qbn_var) + qbn_bias
     # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
+    del qbn_a, qbn_c
 
     # --- kconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = torch.einsum("blpqrs,rsl->blpq", kconv_out_windows, kconv_W)
+    kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -348,12 +438,11 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_c = -kbn_gain*kbn_mean/torch.sqrt(eps + kbn_var) + kbn_bias
     # {\mathcal{B}^{\mathrm{kbn}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} + {c^{\mathrm{kbn}}}_{l}
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
+    del kbn_a, kbn_c
 
     # --- vconv: depthwise-convolution ---
-    # {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = torch.einsum("blpqrs,rsl->blpq", vconv_out_windows, vconv_W)
+    vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
@@ -362,26 +451,28 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     vbn_c = -vbn_gain*vbn_mean/torch.sqrt(eps + vbn_var) + vbn_bias
     # {\mathcal{B}^{\mathrm{vbn}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} + {c^{\mathrm{vbn}}}_{l}
     vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
+    del vbn_a, vbn_c
 
     q_in = _tokens(cls, qbn_out)
     k_in = _tokens(cls, kbn_out)
     v_in = _tokens(cls, vbn_out)
+    n_memory = k_in.shape[1]  # the key nodes
 
     # --- attn: convolutional-attention ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = torch.einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
+    attn_q = torch.addmm(attn_b_q, q_in.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_heads, d_head)
     # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = torch.einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
+    attn_k = torch.addmm(attn_b_k, k_in.reshape(-1, d), attn_W_k).view(batch, n_memory, n_heads, d_head)
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
-    attn_v = torch.einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
+    attn_v = torch.addmm(attn_b_v, v_in.reshape(-1, d), attn_W_v).view(batch, n_memory, n_heads, d_head)
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    attn_a = torch.einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
     # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    attn_gamma = _softmax(attn_a, None, dropout_p)
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
-    attn_o = torch.einsum("bmit,btme->bime", attn_gamma, attn_v)
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None, dropout_p)
+    del attn_k, attn_q, attn_v
     # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = torch.einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    del attn_o
 
     # --- residual sum ---
     # {u_{1}}_{i,l} = \Delta t {attn_{out}}_{i,l} + {u_{0}}_{i,l}
@@ -389,21 +480,20 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
 
     # --- norm2: layer-norm ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    norm2_alpha = torch.mean(u1, dim=2)
     # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
     # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
 
     # --- ffn: feed-forward ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
-    ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
+    ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = torch.einsum("biz,zl->bil", ffn_s, ffn_W_2) + ffn_b_2
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    del ffn_s
 
     # --- residual sum ---
     # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
@@ -419,22 +509,17 @@ def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = torch.einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
 
     tokens = _tokens(None, embed_out)
 
     # --- embed_norm: layer-norm ---
     # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    embed_norm_alpha = torch.mean(tokens, dim=2)
     # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    embed_norm_beta = torch.mean((-embed_norm_alpha[:, :, None] + tokens)**2, dim=2)
     # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/torch.sqrt(eps + embed_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
 
 
@@ -447,19 +532,17 @@ def _readout(cls, p, eps):
 
     # --- final_norm: layer-norm ---
     # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
-    final_norm_alpha = torch.mean(cls, dim=2)
     # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
-    final_norm_beta = torch.mean((-final_norm_alpha[:, :, None] + cls)**2, dim=2)
     # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    final_norm_p = (-final_norm_alpha[:, :, None] + cls)/torch.sqrt(eps + final_norm_beta[:, :, None])
     # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    final_norm_out = final_norm_gain*final_norm_p + final_norm_bias
+    final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
 
     # --- head: class-token-head ---
     # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
     head_z = final_norm_out[:, 0, :]
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
     return head_logits
 
 

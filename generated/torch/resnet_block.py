@@ -197,10 +197,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     bn3_var = p.get("bn3.var")
 
     # --- conv1: convolution ---
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-    conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = torch.einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
     # --- bn1: batch-norm ---
     # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -215,10 +213,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     relu_out = torch.relu(bn1_out)
 
     # --- conv2: convolution ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = torch.einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -231,10 +227,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     if has_transfer:
 
         # --- shortcut: convolution ---
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = torch.einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+        shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
 
         # --- bn3: batch-norm ---
         # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
@@ -611,10 +605,8 @@ class Model(torch.nn.Module):
         bn2_var = self.bn2.var
 
         # --- conv1: convolution ---
-        # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-        conv1_out_windows = _windows(u0, (2, 3), 3, stride, 1)
         # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-        conv1_out = torch.einsum("bcpqrs,crsl->blpq", conv1_out_windows, conv1_W) + conv1_b[None, :, None, None]
+        conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
         # --- bn1: batch-norm ---
         # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
@@ -629,10 +621,8 @@ class Model(torch.nn.Module):
         relu_out = torch.relu(bn1_out)
 
         # --- conv2: convolution ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-        conv2_out_windows = _windows(relu_out, (2, 3), 3, 1, 1)
         # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-        conv2_out = torch.einsum("bkpqrs,krsl->blpq", conv2_out_windows, conv2_W) + conv2_b[None, :, None, None]
+        conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
 
         # --- bn2: batch-norm ---
         # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
@@ -651,10 +641,8 @@ class Model(torch.nn.Module):
             bn3_var = self.bn3.var
 
             # --- shortcut: convolution ---
-            # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-            shortcut_out_windows = _windows(u0, (2, 3), 1, stride, 0)
             # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-            shortcut_out = torch.einsum("bcpqrs,crsl->blpq", shortcut_out_windows, shortcut_W) + shortcut_b[None, :, None, None]
+            shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
 
             # --- bn3: batch-norm ---
             # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}

@@ -171,16 +171,12 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     up_b = p.get("up.b")
 
     # --- down: convolution ---
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-    down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-    down_out = torch.einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+    down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-    conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-    conv_out = torch.einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+    conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -195,10 +191,8 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     relu_out = torch.relu(bn_out)
 
     # --- up: transposed-convolution ---
-    # the value at each coarse node and offset
-    up_out_blocks = torch.einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _interleave(up_out_blocks, (2, 3))
+    up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
 
     transfer = u0
 
@@ -401,16 +395,12 @@ class Model(torch.nn.Module):
         up_b = self.up.b
 
         # --- down: convolution ---
-        # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
-        down_out_windows = _windows(u0, (2, 3), 3, 2, 1)
         # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-        down_out = torch.einsum("bcpqrs,crsl->blpq", down_out_windows, down_W) + down_b[None, :, None, None]
+        down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
         # --- conv: convolution ---
-        # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-        conv_out_windows = _windows(down_out, (2, 3), 3, 1, 1)
         # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-        conv_out = torch.einsum("bkpqrs,krsl->blpq", conv_out_windows, conv_W) + conv_b[None, :, None, None]
+        conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
 
         # --- bn: batch-norm ---
         # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
@@ -425,10 +415,8 @@ class Model(torch.nn.Module):
         relu_out = torch.relu(bn_out)
 
         # --- up: transposed-convolution ---
-        # the value at each coarse node and offset
-        up_out_blocks = torch.einsum("bkpq,krsc->bcpqrs", relu_out, up_W) + up_b[None, :, None, None, None, None]
         # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-        up_out = _interleave(up_out_blocks, (2, 3))
+        up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
 
         transfer = u0
 

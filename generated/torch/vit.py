@@ -784,10 +784,8 @@ def _embedding_function(image, p, patch_size):
     embed_pos = p["embed.pos"]
 
     # --- embed: patch-embedding ---
-    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
-    embed_f_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
     # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
-    embed_f = torch.einsum("bcpqrs,crsl->bpql", embed_f_windows, embed_W) + embed_b
+    embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
     # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
     u0 = _tokens(embed_cls, embed_f) + embed_pos
     return u0
@@ -1024,10 +1022,8 @@ class Model(torch.nn.Module):
         embed_pos = self.embed.pos
 
         # --- embed: patch-embedding ---
-        # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
-        embed_f_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
         # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
-        embed_f = torch.einsum("bcpqrs,crsl->bpql", embed_f_windows, embed_W) + embed_b
+        embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
         # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
         u0 = _tokens(embed_cls, embed_f) + embed_pos
         return u0

@@ -1,0 +1,106 @@
+"""The passes on networks: which derived window sums become one convolution, the NumPy helpers
+that compute them against loops written here (float64, random everything), and CvT's stages
+through the block passes (fused LayerNorm, attention, GEMMs, dead arrays freed)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from splitformer.codegen.model_ir import Convolution, TransposedConvolution, Window
+from splitformer.codegen.model_lowering import lower_stage
+from splitformer.symbolic.cvt import derive_cvt
+from splitformer.symbolic.model import load_model
+from splitformer.symbolic.model_derivation import derive_grid_model
+
+from conftest import GENERATED, import_path
+
+HELPERS = import_path(GENERATED / "numpy" / "unet_level.py")
+
+
+def _ops(stages):
+    return [op for stage in stages for op in lower_stage(stage).ops]
+
+
+def test_every_forward_convolution_of_the_grid_networks_is_recognized():
+    for name, transposed in (("resnet-block", 0), ("unet-level", 1)):
+        ops = _ops(derive_grid_model(load_model(name)).stages())
+        assert not any(isinstance(op, Window) for op in ops), name
+        assert sum(isinstance(op, TransposedConvolution) for op in ops) == transposed, name
+        assert any(isinstance(op, Convolution) and not op.depthwise for op in ops), name
+
+
+def test_cvt_projections_are_depthwise_and_its_embeddings_full():
+    program = derive_cvt()
+    projections = [op for op in _ops([s for pair in program.projections for s in pair]) if isinstance(op, Convolution)]
+    embeddings = [op for op in _ops(program.embedding) if isinstance(op, Convolution)]
+    assert projections and all(op.depthwise for op in projections)
+    assert embeddings and not any(op.depthwise for op in embeddings)
+
+
+def _reference_conv(x, W, stride, padding):
+    """``Σ_{c,r,s} x[b, c, S p + r − P, S q + s − P] W[c, r, s, l]``, loops over the output grid."""
+    batch, channels, rows, cols = x.shape
+    size = W.shape[1]
+    padded = np.zeros((batch, channels, rows + 2 * padding, cols + 2 * padding))
+    padded[:, :, padding:padding + rows, padding:padding + cols] = x
+    out_rows, out_cols = (rows + 2 * padding - size) // stride + 1, (cols + 2 * padding - size) // stride + 1
+    out = np.zeros((batch, W.shape[-1], out_rows, out_cols))
+    for p in range(out_rows):
+        for q in range(out_cols):
+            patch = padded[:, :, stride * p:stride * p + size, stride * q:stride * q + size]
+            out[:, :, p, q] = np.tensordot(patch, W, axes=([1, 2, 3], [0, 1, 2]))
+    return out
+
+
+@pytest.mark.parametrize("channels", [3, 20], ids=["one-GEMM", "GEMM-per-offset"])
+@pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (3, 0)])
+def test_numpy_convolutions_match_loops(stride, padding, channels):
+    rng = np.random.default_rng(stride + padding)
+    x, W = rng.standard_normal((2, channels, 9, 8)), rng.standard_normal((channels, 3, 3, 5))
+    depthwise, bias, channel_bias = rng.standard_normal((3, 3, channels)), rng.standard_normal(5), rng.standard_normal(channels)
+    assert np.max(np.abs(HELPERS._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
+    with_bias = HELPERS._conv2d(x, W, stride, padding, bias) - bias[:, None, None]
+    assert np.max(np.abs(with_bias - _reference_conv(x, W, stride, padding))) < 1e-12
+    # depth-wise: channel l convolved with W[:, :, l] alone (a full kernel that is zero off the diagonal)
+    full = np.einsum("rsl,lk->lrsk", depthwise, np.eye(channels))
+    expected = _reference_conv(x, full, stride, padding)
+    assert np.max(np.abs(HELPERS._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
+    with_bias = HELPERS._depthwise_conv2d(x, depthwise, stride, padding, channel_bias) - channel_bias[:, None, None]
+    assert np.max(np.abs(with_bias - expected)) < 1e-12
+    # negative control: the kernel flipped (a correlation is not a convolution) is far off
+    assert np.max(np.abs(HELPERS._conv2d(x, W[:, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
+
+
+def test_numpy_transposed_convolution_matches_a_loop():
+    rng = np.random.default_rng(7)
+    x, W = rng.standard_normal((2, 4, 3, 5)), rng.standard_normal((4, 2, 2, 3))
+    out = np.zeros((2, 3, 6, 10))
+    for p in range(3):
+        for q in range(5):
+            for r in range(2):
+                for s in range(2):
+                    out[:, :, 2 * p + r, 2 * q + s] = x[:, :, p, q] @ W[:, r, s, :]
+    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W) - out)) < 1e-12
+    bias = rng.standard_normal(3)
+    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W, bias) - bias[:, None, None] - out)) < 1e-12
+    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W[:, ::-1]) - out)) > 1e-3  # negative control
+
+
+def _function(source: str, name: str) -> str:
+    return re.search(rf"^def {name}\(.*?(?=^def )", source, re.S | re.M).group(0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_emitted_cvt_step_uses_the_fused_layer_norm_and_frees_its_arrays(backend):
+    step = _function((GENERATED / backend / "cvt.py").read_text(), "_step")
+    code = [line.strip() for line in step.splitlines() if not line.strip().startswith("#")]
+    assert "norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)" in code
+    assert "norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)" in code
+    assert not any("_alpha" in line or "mean(" in line for line in code)  # no unfused statistics
+    assert any(line.startswith("attn_o = _attention(") for line in code)
+    assert "del attn_k, attn_q, attn_v" in code and "del ffn_w" in code
+    # BatchNorm's a = γ/√(v + ε) stays a per-channel statement, not inlined into every entry
+    assert any(line.startswith("qbn_a = ") for line in code)

@@ -21,6 +21,8 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   (``Stack(tied=True)``: one control for all steps).
 - ``use_layerscale``: a learned per-channel time step (``step = "per-channel"``): ``<field>.step`` is
   ``γ + unit offset``.
+- ``rotary_pos_emb``: ``rotary-attention`` (interleaved pairs permuted into the kind's layout); a
+  ``rotary_emb_dim`` below the head width (x-transformers' default, half of it) is ``rotary_dim``.
 - ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
   ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
 
@@ -383,10 +385,13 @@ class _Block:
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
 
 
-    def rotary(self, owner: str, heads: int) -> None:
+    def rotary(self, owner: str, heads: int, rotary_dim: int) -> None:
         """The attention as ``rotary-attention``: x-transformers pairs features ``(2r, 2r + 1)`` of a head
         (interleaved), the kind pairs ``(r, r + d_head/2)``; the scores only see the pairs, so the
-        query and key kernels' columns are permuted from one layout into the other."""
+        query and key kernels' columns are permuted from one layout into the other. A partial rotation
+        (``rotary_dim`` below the head width) rotates x-transformers' first ``rotary_dim`` features: after the
+        same permutation, the kind's first ``rotary_dim / 2`` pairs; its other features, paired the same way,
+        turn by the angle zero."""
         for part in ("W_q", "W_k"):
             kernel = self.params[f"attn.{part}"]
             pairs = kernel.reshape(kernel.shape[0], heads, -1, 2)  # (d, head, r, c) interleaved
@@ -394,29 +399,30 @@ class _Block:
         if set(self.operators["attn"]) - {"kind", "bias"}:
             scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias"}))
             raise _refuse(owner, f"rotary_pos_emb with {scores}", "rotary-attention has no score options")
-        self.operators["attn"] = {"kind": "rotary-attention"}
+        self.operators["attn"] = {"kind": "rotary-attention"} | ({"rotary_dim": rotary_dim} if rotary_dim else {})
 
 
-def _rope_theta(owner: str, rotary: Any, dim_head: int) -> float:
-    """θ of x-transformers' ``RotaryEmbedding`` rotating every feature pair of a head (θ^(−2r/d_head));
-    partial rotation, xpos and interpolated positions are refused by name."""
+def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
+    """θ of x-transformers' ``RotaryEmbedding`` (θ^(−2r/R) for its ``R = rotary_emb_dim`` features) and ``R``,
+    0 where it rotates the whole head; xpos and interpolated positions are refused by name."""
     frequencies = np.asarray(rotary.inv_freq.detach().cpu().double().numpy())
+    rotated = 2 * len(frequencies)
     if rotary.scale is not None:
         raise _refuse(owner, "rotary_xpos", "a position-dependent scale of the rotated pairs is not computed")
     if rotary.interpolation_factor != 1:
         raise _refuse(owner, f"rotary_interpolation_factor={rotary.interpolation_factor}",
                       "rotary-attention rotates by the token positions themselves")
-    if 2 * len(frequencies) != dim_head:
-        raise _refuse(owner, f"rotary_emb_dim={2 * len(frequencies)}", f"partial rotary (of {dim_head} head "
-                      f"features) is not computed: rotary-attention rotates every pair (rotary_emb_dim={dim_head})")
+    if dim_head % 2:
+        raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={dim_head}", "rotary-attention pairs the features "
+                      "of a head: its width is even")
     if len(frequencies) < 2:
-        raise _refuse(owner, f"rotary_emb_dim={dim_head}", "one rotated pair carries no rotary base")
-    theta = float(frequencies[1] ** (-dim_head / 2))
+        raise _refuse(owner, f"rotary_emb_dim={rotated}", "one rotated pair carries no rotary base")
+    theta = float(frequencies[1] ** (-rotated / 2))
     theta = float(round(theta)) if abs(theta - round(theta)) <= 1e-9 * theta else theta  # 10000.000000000002 → 10000
-    expected = theta ** (-2 * np.arange(len(frequencies)) / dim_head)
+    expected = theta ** (-2 * np.arange(len(frequencies)) / rotated)
     if not np.allclose(frequencies, expected, rtol=1e-6, atol=0):
-        raise _refuse(owner, "rotary frequencies other than θ^(−2r/d_head)")
-    return theta
+        raise _refuse(owner, "rotary frequencies other than θ^(−2r/rotary_emb_dim)")
+    return theta, 0 if rotated == dim_head else rotated
 
 
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
@@ -469,6 +475,8 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + " }"
     return f'"{value}"'
@@ -493,7 +501,8 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
-    rotary = "rotary" if block.operators["attn"]["kind"] == "rotary-attention" else ""
+    rotary = "" if block.operators["attn"]["kind"] != "rotary-attention" else \
+        f"rotary{block.operators['attn']['rotary_dim']}" if "rotary_dim" in block.operators["attn"] else "rotary"
     words = ["xt", "macaron" if len(parts) == 3 else "", layout, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
@@ -514,7 +523,8 @@ def read_attention_layers(layers: Any) -> Adapted:
         raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
-    rope_theta = None if layers.rotary_pos_emb is None else _rope_theta(owner, layers.rotary_pos_emb, dim // heads)
+    rope_theta, rotary_dim = (None, 0) if layers.rotary_pos_emb is None else _rope_theta(
+        owner, layers.rotary_pos_emb, dim // heads)
     structure = _sublayers(owner, layers)
     blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
     if rope_theta is not None:
@@ -523,7 +533,7 @@ def read_attention_layers(layers: Any) -> Adapted:
             raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={min(widths) // heads}",
                           f"rotary-attention rotates heads of width dim / heads = {dim // heads}")
         for block in blocks:
-            block.rotary(owner, heads)
+            block.rotary(owner, heads, rotary_dim)
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))

@@ -295,8 +295,9 @@ def _rotated(sem: Semantics, values: np.ndarray, angles: np.ndarray) -> np.ndarr
 def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Rotary positions (Su et al. 2021) and grouped key/value heads (Ainslie et al. 2023).
 
-    Pair ``r`` of a head turns by ``φ = p(x) ω_r`` with the frequency ``ω_r = θ^{-2r/d_h}``;
-    query head ``h`` reads key/value head ``⌊h / (N_h / N_g)⌋``.
+    Pair ``r`` of a head turns by ``φ = p(x) ω_r`` with the frequency ``ω_r = θ^{-2r/d_h}``; a partial
+    rotation of ``R`` features (``rotary_dim``) turns the first ``R/2`` pairs with ``ω_r = θ^{-2r/R}`` and
+    leaves the others; query head ``h`` reads key/value head ``⌊h / (N_h / N_g)⌋``.
     """
     width, heads, groups = sem.sizes.head_features, sem.sizes.heads, sem.sizes.key_value_heads
     if width % 2 or heads % groups:
@@ -305,7 +306,9 @@ def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     n, members = sem.sizes.tokens, heads // groups
     theta = sem.rope_theta if sem.rope_theta is not None else sem.number(10000)
     positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
-    frequencies = [theta ** sem.number(Fraction(-2 * r, width)) for r in range(width // 2)]
+    rotated = sem.operator(key).rotary_dim or width
+    frequencies = [theta ** sem.number(Fraction(-2 * r, rotated)) if 2 * r < rotated else sem.number(0)
+                   for r in range(width // 2)]
     angles = np.array([[positions[i] * omega for omega in frequencies] for i in range(n)], dtype=u.dtype)
     q, k, v = (_linear(sem, key, u, f"W_{c}", f"b_{c}") for c in "qkv")
     return _combine(sem, key, [

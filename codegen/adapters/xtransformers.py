@@ -23,6 +23,7 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   ``γ + unit offset``.
 - ``rotary_pos_emb``: ``rotary-attention`` (interleaved pairs permuted into the kind's layout); a
   ``rotary_emb_dim`` below the head width (x-transformers' default, half of it) is ``rotary_dim``.
+- ``rel_pos_bias``: ``scored-attention`` with ``rel_pos_bias`` (T5's table over bucketed distances).
 - ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
   ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
 
@@ -55,7 +56,6 @@ FLAG_OF_CLASS = {
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
-    "RelativePositionBias": "rel_pos_bias",
     "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
     "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
@@ -112,6 +112,7 @@ KNOWN_ATTRIBUTES = {
         "gate_values_headwise", "output_gate_headwise", "to_v_gate_activation", "laser_softclamp_value",
         "qk_norm_groups", "qk_norm_dim_scale", "qk_norm_q_scale", "qk_norm_k_scale", "qk_norm_scale", "to_latent_q",
         "to_latent_kv", "to_rotateable_k", "hybrid_norms", "hybrid_mix", "hybrid_mask_kwarg", "to_value_residual_mix"}),
+    "RelativePositionBias": frozenset({"scale", "causal", "num_buckets", "max_distance"}),
     "Attend": frozenset({"scale", "causal", "attn_fn", "pre_softmax_talking_heads", "post_softmax_talking_heads", "l2_distance", "create_causal_mask", "dropout", "flash",
                          "flash_pack_seq", "sdp_context_manager", "head_attn_sink", "logit_softclamp_value"}),
 }
@@ -135,7 +136,7 @@ FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
 #: The options of ``scored-attention`` as words of a scheme name.
-SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
+SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "rel_pos_bias": "t5", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
 
 
 #: Why a refused flag is not computed, where more can be said than that it is not.
@@ -143,7 +144,6 @@ REASONS = {
     "scale_residual": "a learned skip scale is not in the scheme language",
     "gate_residual": "a GRU-gated residual combiner is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
-    "rel_pos_bias": "an attention-score kernel splitformer does not compute",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
 }
 
@@ -227,7 +227,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
     or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
     heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
-    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
+    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``. ``rel_pos_bias``: the table
+    ``relative_attention_bias`` times its scale (``√d_head``, added to the scaled scores as it is), bucketed
+    as x-transformers' ``causal`` says, with its ``max_distance``.
     """
     import torch
 
@@ -257,6 +259,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         slopes = array(rel_pos.slopes).reshape(-1)
         params["attn.slopes"] = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
         options["alibi"] = True
+    if type(rel_pos).__name__ == "RelativePositionBias":
+        _check_defaults(owner, rel_pos, {}, "")
+        params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
+        options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
     return params, options
 
 

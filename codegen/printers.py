@@ -125,17 +125,17 @@ class NumpyPrinter(ArrayPrinter):
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 
     def _print_Max(self, expr: sp.Max) -> str:
-        return self._pairwise("np.maximum", expr)
+        return self._pairwise("np.maximum", "max", expr)
 
     def _print_Min(self, expr: sp.Min) -> str:
-        return self._pairwise("np.minimum", expr)
+        return self._pairwise("np.minimum", "min", expr)
 
-    def _pairwise(self, function: str, expr: sp.Expr) -> str:
+    def _pairwise(self, function: str, builtin: str, expr: sp.Expr) -> str:
         """``function`` takes two operands (a third would be its ``out``): nest for more; Python's own
         ``min``/``max`` where no operand is an array."""
         arrays, scalars = self._scalars_last(expr)
         if not arrays:
-            return f"{function.removeprefix('np.')[:3]}({', '.join(self._print(arg) for arg in scalars)})"
+            return f"{builtin}({', '.join(self._print(arg) for arg in scalars)})"
         operands = [self._print(arg) for arg in arrays + scalars]
         text = operands[0]
         for operand in operands[1:]:
@@ -153,10 +153,10 @@ class TorchPrinter(ArrayPrinter):
         tensors = [arg for arg in expr.args if not arg.is_number]
         if numbers == [0] and len(tensors) == 1:
             return f"torch.relu({self._print(tensors[0])})"
-        return self._bound(expr, "clamp_min", "torch.maximum")
+        return self._bound(expr, "clamp_min", "torch.maximum", "max")
 
     def _print_Min(self, expr: sp.Min) -> str:
-        return self._bound(expr, "clamp_max", "torch.minimum")
+        return self._bound(expr, "clamp_max", "torch.minimum", "min")
 
     def _print_Mul(self, expr: sp.Mul) -> str:
         """``θ(s, 0) g`` (ReLU's adjoint) over the statement's axes as torch's own ReLU backward,
@@ -171,12 +171,12 @@ class TorchPrinter(ArrayPrinter):
                 return f"torch.ops.aten.threshold_backward({names[0]}, {names[1]}, 0)"
         return super()._print_Mul(expr)
 
-    def _bound(self, expr: sp.Expr, clamp: str, function: str) -> str:
+    def _bound(self, expr: sp.Expr, clamp: str, function: str, builtin: str) -> str:
         """Tensors folded pairwise with ``function``, then each number or size through ``torch.clamp_*``;
         Python's own ``min``/``max`` where no operand is a tensor."""
         tensors, numbers = self._scalars_last(expr)
         if not tensors:
-            return f"{clamp.removeprefix('clamp_')}({', '.join(self._print(arg) for arg in numbers)})"
+            return f"{builtin}({', '.join(self._print(arg) for arg in numbers)})"
         text = self._print(tensors[0])
         for tensor in tensors[1:]:
             text = f"{function}({text}, {self._print(tensor)})"

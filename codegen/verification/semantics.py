@@ -42,6 +42,8 @@ class Arithmetic:
     pi: Callable  # () → π in this system (mpmath: at the working precision)
     cos: Callable
     sin: Callable
+    log: Callable
+    floor: Callable
 
 
 def _map(function):
@@ -56,7 +58,7 @@ def _mpmath() -> Arithmetic:
     return Arithmetic("mpmath", _map(mpmath.exp), _map(mpmath.sqrt), _map(mpmath.erf), _map(mpmath.tanh),
                       _map(lambda v: v if v > 0 else mpmath.mpf(0)),
                       lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator,
-                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin))
+                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin), _map(mpmath.log), _map(mpmath.floor))
 
 
 class OpaqueExp(sympy.Function):
@@ -69,7 +71,13 @@ class OpaqueExp(sympy.Function):
 
 
 class OpaqueRelu(sympy.Function):
-    """``max(v, 0)`` as a plain function (``Max`` sorts its arguments by size, slowly)."""
+    """``max(v, 0)`` as a plain function (``Max`` sorts its arguments by size, slowly); of a number, that number's
+    ``max(v, 0)`` (a bucket of integer distances is then a number too)."""
+
+    @classmethod
+    def eval(cls, value):
+        if value.is_number:
+            return sympy.Max(value, 0)
 
     def _eval_evalf(self, precision):
         return sympy.Max(self.args[0].evalf(sympy.core.evalf.prec_to_dps(precision)), 0)
@@ -79,11 +87,11 @@ def _sympy() -> Arithmetic:
     return Arithmetic("sympy", _map(OpaqueExp), _map(sympy.sqrt), _map(sympy.erf), _map(sympy.tanh),
                       _map(OpaqueRelu),
                       lambda value: sympy.Rational(Fraction(value).numerator, Fraction(value).denominator),
-                      lambda: sympy.pi, _map(sympy.cos), _map(sympy.sin))
+                      lambda: sympy.pi, _map(sympy.cos), _map(sympy.sin), _map(sympy.log), _map(sympy.floor))
 
 
 FLOAT = Arithmetic("float", np.exp, np.sqrt, np.vectorize(math.erf, otypes=[float]), np.tanh,
-                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi, np.cos, np.sin)
+                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi, np.cos, np.sin, np.log, np.floor)
 MPMATH = _mpmath()
 SYMPY = _sympy()
 
@@ -103,6 +111,8 @@ class Sizes:
     token_spacing: object = None
     #: Key/value heads of grouped-query attention (``None``: one per query head).
     kv_heads: int | None = None
+    #: Buckets of relative distances of a learned score-bias table (T5).
+    buckets: int = 4
 
     @property
     def head_features(self) -> int:

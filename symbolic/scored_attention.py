@@ -20,7 +20,8 @@ options that compose (each set in ``attn = { kind = "scored-attention", … }``)
 
 Both kernels start at zero (controls, not weights): the pre-softmax mixing then is plain
 attention, the post-softmax one a zero attention branch (as ReZero starts). Canonical
-parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``; ``slopes`` ``(n_heads,)``;
+parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``; ``slopes`` ``(n_heads,)``; ``rel_bias``
+``(n_buckets, n_heads)`` (zeros at start: no bias);
 ``mix_pre``, ``mix_post`` ``(n_heads, n_heads)`` (``[h, h̃]``: output head, input head).
 """
 

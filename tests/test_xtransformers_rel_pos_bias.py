@@ -143,3 +143,13 @@ def test_bad_options_are_refused_in_one_line(option, value):
     with pytest.raises(SplitformerError, match=option) as error:
         parse_scheme(text).instantiate()
     assert "\n" not in str(error.value)
+
+
+def test_an_attribute_of_the_bias_module_the_reader_does_not_know_is_refused():
+    """``RelativePositionBias`` is read through an allowlist of its attributes, as every x-transformers module."""
+    source = _module(x_transformers.Encoder, 1)
+    from_xtransformers(source)  # control
+    source.rel_pos.future_flag = True
+    with pytest.raises(SplitformerError, match=r"RelativePositionBias\.future_flag=True") as error:
+        from_xtransformers(source)
+    assert "\n" not in str(error.value)

@@ -60,8 +60,11 @@ def _indexed_names(expr: sp.Expr) -> list[str]:
 
 @lru_cache(maxsize=8192)
 def _array_names(expr: sp.Expr) -> tuple[str, ...]:
-    """The arrays ``expr`` reads, sorted (remembered: the passes ask for an op's reads often)."""
-    return tuple(sorted({str(item.base.label) for item in expr.atoms(sp.Indexed)}))
+    """The arrays ``expr`` reads, sorted (remembered: the passes ask for an op's reads often); a grid index used
+    as a value reads the state ``u0`` too (printed ``_grid(size, u0)``: the coordinates in u0's dtype and device)."""
+    arrays = expr.atoms(sp.Indexed)
+    grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx)
+    return tuple(sorted({str(item.base.label) for item in arrays} | ({"u0"} if grids else set())))
 
 
 @dataclass(frozen=True)

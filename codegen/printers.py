@@ -11,7 +11,7 @@ import sympy as sp
 from sympy.printing.str import StrPrinter
 
 from splitformer.symbolic.domains import (
-    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
 )
 
 from .ir import BATCH, Module, Operand
@@ -20,7 +20,7 @@ __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NA
 
 #: Size symbols of the derivation and their names in emitted code.
 SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS,
-                                                           GROUP, FREQUENCIES, KV_FEATURES, MEMORY)}
+                                                           GROUP, FREQUENCIES, KV_FEATURES, MEMORY, BUCKETS)}
 
 
 def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library: str = "") -> str:
@@ -106,6 +106,15 @@ class ArrayPrinter(StrPrinter):
             raise AssertionError(f"no spelling for {expr}: the step function's value at 0 must be 0")
         return f"({self._print(argument)} > 0)"
 
+    def _print_KroneckerDelta(self, expr: sp.KroneckerDelta) -> str:
+        """``δ(i, j)``: 1 where the two are equal, else 0 (a boolean array, or a Python bool, multiplies as 1/0)."""
+        return f"({self._print(expr.args[0])} == {self._print(expr.args[1])})"
+
+    def _scalars_last(self, expr: sp.Expr) -> tuple[list[sp.Expr], list[sp.Expr]]:
+        """The arguments of ``Min``/``Max`` that hold arrays, and the others (numbers and sizes)."""
+        return ([arg for arg in expr.args if arg.has(sp.Indexed)],
+                [arg for arg in expr.args if not arg.has(sp.Indexed)])
+
     def operand(self, operand: Operand) -> str:
         return broadcast(operand.name, operand.labels, self.out)
 
@@ -113,19 +122,21 @@ class ArrayPrinter(StrPrinter):
 class NumpyPrinter(ArrayPrinter):
     library = "np"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
-                 "Abs": "np.abs"}
+                 "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 
     def _print_Max(self, expr: sp.Max) -> str:
-        return self._pairwise("np.maximum", expr)
+        return self._pairwise("np.maximum", "max", expr)
 
     def _print_Min(self, expr: sp.Min) -> str:
-        return self._pairwise("np.minimum", expr)
+        return self._pairwise("np.minimum", "min", expr)
 
-    def _pairwise(self, function: str, expr: sp.Expr) -> str:
-        """``function`` takes two operands (a third would be its ``out``): nest for more."""
-        numbers = [arg for arg in expr.args if arg.is_number]
-        arrays = [arg for arg in expr.args if not arg.is_number]
-        operands = [self._print(arg) for arg in arrays + numbers]
+    def _pairwise(self, function: str, builtin: str, expr: sp.Expr) -> str:
+        """``function`` takes two operands (a third would be its ``out``): nest for more; Python's own
+        ``min``/``max`` where no operand is an array."""
+        arrays, scalars = self._scalars_last(expr)
+        if not arrays:
+            return f"{builtin}({', '.join(self._print(arg) for arg in scalars)})"
+        operands = [self._print(arg) for arg in arrays + scalars]
         text = operands[0]
         for operand in operands[1:]:
             text = f"{function}({text}, {operand})"
@@ -135,17 +146,17 @@ class NumpyPrinter(ArrayPrinter):
 class TorchPrinter(ArrayPrinter):
     library = "torch"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
-                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs"}
+                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]
         tensors = [arg for arg in expr.args if not arg.is_number]
         if numbers == [0] and len(tensors) == 1:
             return f"torch.relu({self._print(tensors[0])})"
-        return self._bound(expr, "clamp_min", "torch.maximum")
+        return self._bound(expr, "clamp_min", "torch.maximum", "max")
 
     def _print_Min(self, expr: sp.Min) -> str:
-        return self._bound(expr, "clamp_max", "torch.minimum")
+        return self._bound(expr, "clamp_max", "torch.minimum", "min")
 
     def _print_Mul(self, expr: sp.Mul) -> str:
         """``θ(s, 0) g`` (ReLU's adjoint) over the statement's axes as torch's own ReLU backward,
@@ -160,10 +171,12 @@ class TorchPrinter(ArrayPrinter):
                 return f"torch.ops.aten.threshold_backward({names[0]}, {names[1]}, 0)"
         return super()._print_Mul(expr)
 
-    def _bound(self, expr: sp.Expr, clamp: str, function: str) -> str:
-        """Tensors folded pairwise with ``function``, then each number through ``torch.clamp_*``."""
-        numbers = [arg for arg in expr.args if arg.is_number]
-        tensors = [arg for arg in expr.args if not arg.is_number]
+    def _bound(self, expr: sp.Expr, clamp: str, function: str, builtin: str) -> str:
+        """Tensors folded pairwise with ``function``, then each number or size through ``torch.clamp_*``;
+        Python's own ``min``/``max`` where no operand is a tensor."""
+        tensors, numbers = self._scalars_last(expr)
+        if not tensors:
+            return f"{builtin}({', '.join(self._print(arg) for arg in numbers)})"
         text = self._print(tensors[0])
         for tensor in tensors[1:]:
             text = f"{function}({text}, {self._print(tensor)})"

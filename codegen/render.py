@@ -9,7 +9,7 @@ from importlib import resources
 import jinja2
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.domains import FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
+from splitformer.symbolic.domains import BUCKETS, FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
@@ -91,7 +91,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     if keep is None and spelling.frees_dead_arrays:
         keep = {module.output}
     parameters = []
-    hidden = None
+    hidden = buckets = None
     for info in module.tensors.values():
         if info.role != "param":
             continue
@@ -100,6 +100,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         view = _code_shape(info.view) if info.view is not None else shape
         if hidden is None and HIDDEN in info.shape:
             hidden = (info.parameter, info.shape.index(HIDDEN))
+        if buckets is None and BUCKETS in info.shape:
+            buckets = (info.parameter, info.shape.index(BUCKETS))
         parameters.append({
             "name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
             "shape": shape, "view": view if view != shape else None, "kind": info.kind,
@@ -119,6 +121,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "parameters": parameters,
         "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
         "hidden": hidden,
+        # the parameter (and axis) whose length is the number of buckets of relative distances
+        "buckets": buckets,
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         "uses_erf": "_erf(" in code,

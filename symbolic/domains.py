@@ -15,7 +15,7 @@ __all__ = [
     "Domain", "Variable", "TOKENS", "FEATURES", "HEADS", "HEAD_FEATURES", "HIDDEN",
     "X", "X_KEY", "ETA", "Y", "XI", "H", "E", "ZETA", "VARIABLES",
     "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "MEMORY",
-    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX",
+    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX", "BUCKETS", "B",
 ]
 
 
@@ -77,6 +77,8 @@ FREQUENCIES = _domain("r", "N_r", "d_half", "rotation frequencies of a head (hal
 KV_FEATURES = _domain("kv", "N_kv", "d_kv", "features of all key/value heads")
 #: The memory a decoder's cross-attention reads: its own token domain.
 MEMORY = _domain("m", "N_m", "n_memory", "memory token positions (cross-attention)")
+#: The buckets of relative token distances a learned score bias is tabulated over (T5).
+BUCKETS = _domain("b", "N_b", "n_buckets", "buckets of relative token distances (T5's relative position bias)")
 
 
 def _variable(name: str, domain: Domain, index: str) -> Variable:
@@ -102,5 +104,7 @@ X_MEMORY = _variable(r"\hat{x}", MEMORY, "t")
 ETA_MEMORY = _variable(r"\hat{\eta}", MEMORY, "o")
 #: A second head coordinate: kernels that mix the head axis (talking heads) integrate over it.
 H_MIX = _variable(r"\tilde{h}", HEADS, "f")
+#: A bucket of relative distances (its grid index is the bucket's number).
+B = _variable("b", BUCKETS, "v")
 VARIABLES = {variable.symbol: variable for variable in (X, X_KEY, ETA, Y, XI, H, E, ZETA, G, S, C, C_IN, R,
-                                                       X_MEMORY, ETA_MEMORY, H_MIX)}
+                                                       X_MEMORY, ETA_MEMORY, H_MIX, B)}

@@ -8,6 +8,11 @@
   ``R(φ)ᵀR(φ̃) = R(φ̃ − φ)``, the score kernel depends on ``p(x) − p(x̃)`` only
   (``splitformer check`` proves it: ``rope/relative-kernel``). Positions are an input of the
   emitted code (``positions``, default ``0 … N−1``, shifted by the cache for decoding).
+- **Partial rotation** (GPT-J; x-transformers' ``rotary_emb_dim``): the option ``rotary_dim = R``
+  turns pair ``r`` by ``φ(x, r) = p(x) θ^{−2r/R} H(R/2 − r)`` (``H`` the step with ``H(0) = 0``):
+  the first ``R/2`` pairs rotate with the frequencies of an ``R``-feature rotary embedding, the
+  others by the angle zero (they stay). ``rotary_dim = 0`` (the default) rotates every pair,
+  ``φ = p(x) θ^{−2r/|Ω_e|}``.
 - **GQA** (Ainslie et al. 2023). Keys and values live on a coarser head grid ``Ω_g``
   (``n_kv_heads``); the query heads are the product ``Ω_g × Ω_s`` of that grid and the
   ``n_rep = n_heads / n_kv_heads`` members of each group (head ``h = g·n_rep + s``, as
@@ -27,6 +32,7 @@ from typing import ClassVar
 
 import sympy as sp
 
+from .errors import SplitformerError
 from .domains import (
     C, C_IN, E, ETA, FEATURES, G, HEAD_FEATURES, KV_FEATURES, R, S, X, X_KEY, XI, Y,
 )
@@ -55,12 +61,29 @@ def _kernel(name: str, latex: str, arguments, shape, absorbs=()) -> Parameter:
 @register_operator
 @dataclass(frozen=True)
 class RotaryAttention(Operator):
-    """Causal-ready multi-head attention with rotary positions and grouped key/value heads."""
+    """Causal-ready multi-head attention with rotary positions and grouped key/value heads; ``rotary_dim``
+    (even, > 0) rotates the first ``rotary_dim / 2`` pairs of each head only."""
+
+    rotary_dim: int = 0
 
     kind: ClassVar[str] = "rotary-attention"
     symbol: ClassVar[str] = r"\mathcal{A}^{\mathrm{rot}}"
     input_fields: ClassVar[tuple] = (POSITIONS_INPUT,)
     constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "θ of the rotary angles p θ^(−2r/d_head)"),)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int) or self.rotary_dim < 0 \
+                or self.rotary_dim % 2:
+            raise SplitformerError(f"{self.key}: rotary_dim must be an even number of features > 0 (0: all), "
+                                   f"got {self.rotary_dim!r}")
+
+    def angle(self) -> sp.Expr:
+        """``φ(x, r)``: ``p(x) θ^{−2r/|Ω_e|}``, or with ``rotary_dim = R`` ``p(x) θ^{−2r/R} H(R/2 − r)``."""
+        position = apply(POSITIONS, X)
+        if not self.rotary_dim:
+            return position * ROPE_THETA ** (-2 * R.symbol / HEAD_FEATURES.measure)
+        width = sp.Integer(self.rotary_dim)
+        return position * ROPE_THETA ** (-2 * R.symbol / width) * sp.Heaviside(width / 2 - R.symbol, 0)
 
     def parameters(self) -> tuple[Parameter, ...]:
         return (
@@ -73,7 +96,7 @@ class RotaryAttention(Operator):
     def definitions(self) -> tuple[Definition, ...]:
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
         u = apply(STATE, X, XI)
-        angle = apply(POSITIONS, X) * ROPE_THETA ** (-2 * R.symbol / HEAD_FEATURES.measure)
+        angle = self.angle()
 
         def rotated(field: str, arguments) -> sp.Expr:
             unrotated = apply(field, *[C_IN if variable is C else variable for variable in arguments])
@@ -90,7 +113,8 @@ class RotaryAttention(Operator):
                        r"queries on the head grid $\Omega_g \times \Omega_s$, features as pairs $(c, r)$"),
             Definition("k", "K", key_axes, integral(p["W_k"] * u, XI), r"keys on the coarser head grid $\Omega_g$"),
             Definition("v", "V", (X, G, E), integral(p["W_v"] * u, XI), r"values on the coarser head grid $\Omega_g$"),
-            Definition("phi", r"\varphi", (X, R), angle, r"rotation angle of pair $r$ at position $p(x)$"),
+            Definition("phi", r"\varphi", (X, R), angle, r"rotation angle of pair $r$ at position $p(x)$"
+                       + (rf", zero past the first {self.rotary_dim // 2} pairs" if self.rotary_dim else "")),
             Definition("qr", r"\hat{Q}", query_axes, rotated("q", query_axes), "queries rotated pair by pair"),
             Definition("kr", r"\hat{K}", key_axes, rotated("k", key_axes), "keys rotated pair by pair"),
             Definition("a", "a", (G, S, X, X_KEY), score / sp.sqrt(HEAD_FEATURES.measure),

@@ -1,7 +1,7 @@
-"""Attention with options on its score kernel: qk-normalization, ALiBi, talking heads.
+"""Attention with options on its score kernel: qk-normalization, ALiBi, T5's relative bias, talking heads.
 
 The scores ``a(h, x, x̃)`` of multi-head attention (``operators.Attention``) are changed by
-options that compose (each a ``bool`` of ``attn = { kind = "scored-attention", … }``):
+options that compose (each set in ``attn = { kind = "scored-attention", … }``):
 
 - ``qk_norm`` (cosine attention; Henry et al. 2020): queries and keys are projected onto the
   unit sphere of each head, ``q̂ = q / ‖q‖_{Ω_e}``, then scaled by learned per-feature gains
@@ -10,12 +10,18 @@ options that compose (each a ``bool`` of ``attn = { kind = "scored-attention", �
   the softmax, ``s + ∫_{Ω_h} T_pre(h, h̃) s(h̃, x, x̃) dh̃`` (x-transformers' residual form);
 - ``alibi`` (Press et al. 2022): each head's scores gain ``−m(h) |p(x) − p(x̃)|``, ``p`` the token
   positions (cached with the keys), the slopes ``m`` a control over the heads (``slopes``);
+- ``rel_pos_bias`` (T5; Raffel et al. 2020), ``"causal"`` or ``"bidirectional"``: each head's scores
+  gain ``∫_{Ω_b} T(b, h) δ(b − β(x, x̃)) db``, the learned table ``T`` (``rel_bias``, ``(n_buckets,
+  n_heads)``; ``n_buckets`` is its length) read at the bucket ``β`` of the key's relative position
+  (``relative_position``; ``max_distance``, default 128, where the logarithmic buckets end), key
+  positions cached like ALiBi's;
 - ``post_talking_heads``: the attention kernel is mixed across heads after the softmax,
   ``∫_{Ω_h} T_post(h, h̃) γ(h̃, x, x̃) dh̃`` (a kernel of kernels: the token spacing cancels).
 
 Both kernels start at zero (controls, not weights): the pre-softmax mixing then is plain
 attention, the post-softmax one a zero attention branch (as ReZero starts). Canonical
-parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``; ``slopes`` ``(n_heads,)``;
+parameters besides attention's: ``q_gain``, ``k_gain`` ``(d,)``; ``slopes`` ``(n_heads,)``; ``rel_bias``
+``(n_buckets, n_heads)`` (zeros at start: no bias);
 ``mix_pre``, ``mix_post`` ``(n_heads, n_heads)`` (``[h, h̃]``: output head, input head).
 """
 
@@ -26,10 +32,12 @@ from typing import ClassVar
 
 import sympy as sp
 
-from .domains import FEATURES, HEAD_FEATURES, HEADS, H, H_MIX, E, X, X_KEY
+from .domains import BUCKETS, FEATURES, HEAD_FEATURES, HEADS, B, H, H_MIX, E, X, X_KEY
+from .errors import SplitformerError
 from .inputs import POSITIONS
 from .operators import Attention, Definition, Parameter, apply, kernel, register_operator
 from .quadrature import integral
+from .relative_position import relative_bucket
 
 __all__ = ["ScoredAttention"]
 
@@ -46,6 +54,8 @@ class ScoredAttention(Attention):
 
     qk_norm: bool = False
     alibi: bool = False
+    rel_pos_bias: str = ""
+    max_distance: int = 128
     pre_talking_heads: bool = False
     post_talking_heads: bool = False
     kind: ClassVar[str] = "scored-attention"
@@ -53,12 +63,21 @@ class ScoredAttention(Attention):
 
     input_fields: ClassVar[tuple] = (POSITIONS,)  # declared to the emitted code only where ALiBi reads them
 
+    def __post_init__(self) -> None:
+        if self.rel_pos_bias not in ("", "causal", "bidirectional"):
+            raise SplitformerError(f"{self.key}: rel_pos_bias must be \"causal\" or \"bidirectional\", "
+                                   f"got {self.rel_pos_bias!r}")
+        if isinstance(self.max_distance, bool) or not isinstance(self.max_distance, int) or self.max_distance < 2:
+            raise SplitformerError(f"{self.key}: max_distance must be an int >= 2, got {self.max_distance!r}")
+
     def parameters(self) -> tuple[Parameter, ...]:
         extra = []
         if self.qk_norm:
             extra += [kernel("q_gain", "g^{Q}", (H, E), (FEATURES,)), kernel("k_gain", "g^{K}", (H, E), (FEATURES,))]
         if self.alibi:
             extra.append(kernel("slopes", "m", (H,), (HEADS,)))
+        if self.rel_pos_bias:
+            extra.append(kernel("rel_bias", "T^{b}", (B, H), (BUCKETS, HEADS), (B,)))
         for option, name in (("pre_talking_heads", "mix_pre"), ("post_talking_heads", "mix_post")):
             if getattr(self, option):
                 latex = rf"T^{{{name.removeprefix('mix_')}}}"
@@ -88,6 +107,17 @@ class ScoredAttention(Attention):
         if self.alibi:
             distance = sp.Abs(apply(POSITIONS.name, X) - apply(POSITIONS.name, X_KEY))
             score, meaning = score - apply("slopes", H) * distance, meaning + r", plus $-m(h)\,|p(x) - p(\tilde{x})|$"
+        if self.rel_pos_bias:
+            offset = apply(POSITIONS.name, X_KEY) - apply(POSITIONS.name, X)
+            bucket = relative_bucket(offset, BUCKETS.measure, self.max_distance, self.rel_pos_bias == "causal")
+            definitions += [
+                Definition("bk", r"\beta", (X, X_KEY), bucket,
+                           f"the {self.rel_pos_bias} T5 bucket of the key's relative position"),
+                Definition("rb", r"\tau", (H, X, X_KEY),
+                           integral(apply("rel_bias", B, H) * sp.KroneckerDelta(B.symbol, apply("bk", X, X_KEY)), B),
+                           "the learned bias of that bucket, per head"),
+            ]
+            score, meaning = score + apply("rb", H, X, X_KEY), meaning + r", plus $\tau(h, x, \tilde{x})$"
         definitions += [Definition("a", "a", (H, X, X_KEY), score, meaning), base["gamma"]]
         mixed = base["o"]
         if self.post_talking_heads:

@@ -125,7 +125,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
 @pytest.mark.parametrize(("flags", "named"), [
     ({"sandwich_norm": True, "use_layerscale": True}, "sandwich_norm with macaron or use_layerscale"),
     ({"gate_residual": True, "macaron": True}, "gate_residual with use_layerscale or macaron"), ({"attn_qk_norm": True, "attn_qk_norm_groups": 2}, "attn_qk_norm_groups"),
-    ({"rel_pos_bias": True, "attn_flash": False}, "rel_pos_bias"), ({"rotary_pos_emb": True}, "rotary_emb_dim=4"),
+    ({"dynamic_pos_bias": True, "attn_flash": False}, "dynamic_pos_bias"),
     ({"rotary_pos_emb": True, "rotary_emb_dim": DIM // HEADS, "rotary_interpolation_factor": 2.0},
      "rotary_interpolation_factor"),
     ({"rotary_pos_emb": True, "rotary_emb_dim": DIM // HEADS, "attn_qk_norm": True}, "rotary_pos_emb with qk_norm"),

@@ -178,6 +178,9 @@ class Adapted(Mapping[str, np.ndarray]):
             factory["dropout"] = self.dropout
         # constructor options of grouped and rotary blocks (llama)
         factory |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
+        first = self.layers[0] if self.stack else self.params
+        factory |= {"n_buckets": np.shape(first[name])[axes.index("n_buckets")]  # a table over distance buckets (T5)
+                    for name, axes in getattr(torch_module, "PARAMETERS", {}).items() if "n_buckets" in axes and name in first}
         if self.stack:
             module = torch_module.Stack(len(self.layers), self.sizes["d_model"], self.n_heads, self.sizes["d_ff"],
                                         final_norm=self.final_norm is not None, tied=self.tied, **factory)

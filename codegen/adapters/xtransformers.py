@@ -21,6 +21,9 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   (``Stack(tied=True)``: one control for all steps).
 - ``use_layerscale``: a learned per-channel time step (``step = "per-channel"``): ``<field>.step`` is
   ``γ + unit offset``.
+- ``rotary_pos_emb``: ``rotary-attention`` (interleaved pairs permuted into the kind's layout); a
+  ``rotary_emb_dim`` below the head width (x-transformers' default, half of it) is ``rotary_dim``.
+- ``rel_pos_bias``: ``scored-attention`` with ``rel_pos_bias`` (T5's table over bucketed distances).
 - ``sandwich_norm``: the norm of a branch's output before the residual sum is the branch map
   ``then = "branch_normK"`` (a projection of the field's output), gain ``γ + 1``.
 - ``gate_residual``: the GRU cell combining a branch's output with the state is the residual combiner
@@ -57,7 +60,6 @@ FLAG_OF_CLASS = {
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
-    "RelativePositionBias": "rel_pos_bias",
     "DynamicPositionBias": "dynamic_pos_bias", "ConcatCombine": "unet_skips", "DynamicLIMe": "integrate_layers",
     "AttentionResidual": "attn_aggregated_residuals", "SoLU": "ff_solu",
 }
@@ -114,6 +116,7 @@ KNOWN_ATTRIBUTES = {
         "gate_values_headwise", "output_gate_headwise", "to_v_gate_activation", "laser_softclamp_value",
         "qk_norm_groups", "qk_norm_dim_scale", "qk_norm_q_scale", "qk_norm_k_scale", "qk_norm_scale", "to_latent_q",
         "to_latent_kv", "to_rotateable_k", "hybrid_norms", "hybrid_mix", "hybrid_mask_kwarg", "to_value_residual_mix"}),
+    "RelativePositionBias": frozenset({"scale", "causal", "num_buckets", "max_distance"}),
     "Attend": frozenset({"scale", "causal", "attn_fn", "pre_softmax_talking_heads", "post_softmax_talking_heads", "l2_distance", "create_causal_mask", "dropout", "flash",
                          "flash_pack_seq", "sdp_context_manager", "head_attn_sink", "logit_softclamp_value"}),
 }
@@ -137,14 +140,13 @@ FF_ACTIVATIONS = ("gelu", "silu", "relu-squared")
 
 
 #: The options of ``scored-attention`` as words of a scheme name.
-SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
+SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "rel_pos_bias": "t5", "pre_talking_heads": "th-pre", "post_talking_heads": "th-post"}
 
 
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
     "scale_residual": "a learned skip scale is not in the scheme language",
     "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
-    "rel_pos_bias": "an attention-score kernel splitformer does not compute",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
 }
 
@@ -228,7 +230,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
     or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
     heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
-    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``.
+    ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``. ``rel_pos_bias``: the table
+    ``relative_attention_bias`` times its scale (``√d_head``, added to the scaled scores as it is), bucketed
+    as x-transformers' ``causal`` says, with its ``max_distance``.
     """
     import torch
 
@@ -258,6 +262,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         slopes = array(rel_pos.slopes).reshape(-1)
         params["attn.slopes"] = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
         options["alibi"] = True
+    if type(rel_pos).__name__ == "RelativePositionBias":
+        _check_defaults(owner, rel_pos, {}, "")
+        params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
+        options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
     return params, options
 
 
@@ -399,10 +407,13 @@ class _Block:
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
 
 
-    def rotary(self, owner: str, heads: int) -> None:
+    def rotary(self, owner: str, heads: int, rotary_dim: int) -> None:
         """The attention as ``rotary-attention``: x-transformers pairs features ``(2r, 2r + 1)`` of a head
         (interleaved), the kind pairs ``(r, r + d_head/2)``; the scores only see the pairs, so the
-        query and key kernels' columns are permuted from one layout into the other."""
+        query and key kernels' columns are permuted from one layout into the other. A partial rotation
+        (``rotary_dim`` below the head width) rotates x-transformers' first ``rotary_dim`` features: after the
+        same permutation, the kind's first ``rotary_dim / 2`` pairs; its other features, paired the same way,
+        turn by the angle zero."""
         for part in ("W_q", "W_k"):
             kernel = self.params[f"attn.{part}"]
             pairs = kernel.reshape(kernel.shape[0], heads, -1, 2)  # (d, head, r, c) interleaved
@@ -410,29 +421,30 @@ class _Block:
         if set(self.operators["attn"]) - {"kind", "bias"}:
             scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias"}))
             raise _refuse(owner, f"rotary_pos_emb with {scores}", "rotary-attention has no score options")
-        self.operators["attn"] = {"kind": "rotary-attention"}
+        self.operators["attn"] = {"kind": "rotary-attention"} | ({"rotary_dim": rotary_dim} if rotary_dim else {})
 
 
-def _rope_theta(owner: str, rotary: Any, dim_head: int) -> float:
-    """θ of x-transformers' ``RotaryEmbedding`` rotating every feature pair of a head (θ^(−2r/d_head));
-    partial rotation, xpos and interpolated positions are refused by name."""
+def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
+    """θ of x-transformers' ``RotaryEmbedding`` (θ^(−2r/R) for its ``R = rotary_emb_dim`` features) and ``R``,
+    0 where it rotates the whole head; xpos and interpolated positions are refused by name."""
     frequencies = np.asarray(rotary.inv_freq.detach().cpu().double().numpy())
+    rotated = 2 * len(frequencies)
     if rotary.scale is not None:
         raise _refuse(owner, "rotary_xpos", "a position-dependent scale of the rotated pairs is not computed")
     if rotary.interpolation_factor != 1:
         raise _refuse(owner, f"rotary_interpolation_factor={rotary.interpolation_factor}",
                       "rotary-attention rotates by the token positions themselves")
-    if 2 * len(frequencies) != dim_head:
-        raise _refuse(owner, f"rotary_emb_dim={2 * len(frequencies)}", f"partial rotary (of {dim_head} head "
-                      f"features) is not computed: rotary-attention rotates every pair (rotary_emb_dim={dim_head})")
+    if dim_head % 2:
+        raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={dim_head}", "rotary-attention pairs the features "
+                      "of a head: its width is even")
     if len(frequencies) < 2:
-        raise _refuse(owner, f"rotary_emb_dim={dim_head}", "one rotated pair carries no rotary base")
-    theta = float(frequencies[1] ** (-dim_head / 2))
+        raise _refuse(owner, f"rotary_emb_dim={rotated}", "one rotated pair carries no rotary base")
+    theta = float(frequencies[1] ** (-rotated / 2))
     theta = float(round(theta)) if abs(theta - round(theta)) <= 1e-9 * theta else theta  # 10000.000000000002 → 10000
-    expected = theta ** (-2 * np.arange(len(frequencies)) / dim_head)
+    expected = theta ** (-2 * np.arange(len(frequencies)) / rotated)
     if not np.allclose(frequencies, expected, rtol=1e-6, atol=0):
-        raise _refuse(owner, "rotary frequencies other than θ^(−2r/d_head)")
-    return theta
+        raise _refuse(owner, "rotary frequencies other than θ^(−2r/rotary_emb_dim)")
+    return theta, 0 if rotated == dim_head else rotated
 
 
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
@@ -492,6 +504,8 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + " }"
     return f'"{value}"'
@@ -516,7 +530,8 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     norm = next(kind["kind"] for key, kind in block.operators.items() if "norm" in key)
     ffn = next(kind for key, kind in block.operators.items() if key.startswith("ffn"))
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
-    rotary = "rotary" if block.operators["attn"]["kind"] == "rotary-attention" else ""
+    rotary = "" if block.operators["attn"]["kind"] != "rotary-attention" else \
+        f"rotary{block.operators['attn']['rotary_dim']}" if "rotary_dim" in block.operators["attn"] else "rotary"
     combined = "gru-gated" if any("combine" in step for step in block.steps) else ""
     words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
@@ -539,7 +554,8 @@ def read_attention_layers(layers: Any) -> Adapted:
         raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
-    rope_theta = None if layers.rotary_pos_emb is None else _rope_theta(owner, layers.rotary_pos_emb, dim // heads)
+    rope_theta, rotary_dim = (None, 0) if layers.rotary_pos_emb is None else _rope_theta(
+        owner, layers.rotary_pos_emb, dim // heads)
     structure = _sublayers(owner, layers)
     blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
     if rope_theta is not None:
@@ -548,7 +564,7 @@ def read_attention_layers(layers: Any) -> Adapted:
             raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={min(widths) // heads}",
                           f"rotary-attention rotates heads of width dim / heads = {dim // heads}")
         for block in blocks:
-            block.rotary(owner, heads)
+            block.rotary(owner, heads, rotary_dim)
     first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))

@@ -18,7 +18,7 @@ import numpy as np
 import sympy as sp
 from sympy.core.function import AppliedUndef
 
-from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES
+from splitformer.symbolic.domains import BUCKETS, FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS, VARIABLES
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.operators import EPSILON, STATE, SUPPORT
 
@@ -26,8 +26,8 @@ __all__ = ["evaluate_definitions", "unsupported"]
 
 #: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
 #: a memory) and inputs other than the state need semantics it does not have.
-_DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
-_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max, sp.Abs)
+_DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, BUCKETS)
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max, sp.Min, sp.Abs, sp.log, sp.floor, sp.Heaviside, sp.KroneckerDelta)
 
 
 class _Point:
@@ -39,7 +39,7 @@ class _Point:
         self.positions = {field.name for field in operator.input_fields if field.role == "positions"}
         sizes = sem.sizes
         self.counts = {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads,
-                       HEAD_FEATURES: sizes.head_features, HIDDEN: sizes.hidden}
+                       HEAD_FEATURES: sizes.head_features, HIDDEN: sizes.hidden, BUCKETS: sizes.buckets}
         self.spacings = {domain: sem.number(1) for domain in self.counts}
         self.spacings[TOKENS] = sem.spacing()
 
@@ -48,6 +48,8 @@ class _Point:
             return self.integral(expr.function, list(expr.limits), env)
         if isinstance(expr, AppliedUndef):
             return self.sample(expr, env)
+        if isinstance(expr, sp.Symbol) and expr in env:  # a coordinate as a value: its grid point k·Δ
+            return self.sem.number(env[expr]) * self.spacings[VARIABLES[expr].domain]
         if isinstance(expr, sp.Symbol):
             return self.symbol(expr)
         if expr.is_Rational:
@@ -107,13 +109,15 @@ class _Point:
             if expr.exp == -sp.Rational(1, 2):
                 return 1 / ar.sqrt(base)
             return base ** int(expr.exp) if expr.exp.is_Integer else base ** exponent
-        simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh}
+        simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh, sp.log: ar.log, sp.floor: ar.floor}
         if expr.func in simple:
             return simple[expr.func](arguments[0])
         if isinstance(expr, sp.Abs):
             return abs(arguments[0])
         if isinstance(expr, sp.Max) and len(expr.args) == 2 and 0 in expr.args:  # max(v, 0)
             return ar.relu(arguments[1 - expr.args.index(0)])
+        if isinstance(expr, (sp.Min, sp.Max, sp.Heaviside, sp.KroneckerDelta)):
+            return _piecewise(expr, arguments, self.sem.number)
         raise SplitformerError(f"{self.operator.key}: the evaluator has no rule for {expr.func.__name__} "
                                "in its continuous definitions")
 
@@ -136,6 +140,19 @@ class _Point:
         for variable in parameter.absorbs:
             absorbed = absorbed * self.spacings[variable.domain]
         return stored / absorbed
+
+
+def _piecewise(expr, arguments, number):
+    """``min``, ``max``, the step ``H(v)`` (``H(0) = 0``) and ``δ(i, j)`` of numbers; of symbols, SymPy's own."""
+    if any(isinstance(argument, sp.Basic) and not argument.is_number for argument in arguments):
+        return expr.func(*arguments)
+    if isinstance(expr, sp.Min):
+        return min(arguments)
+    if isinstance(expr, sp.Max):
+        return max(arguments)
+    if isinstance(expr, sp.Heaviside):
+        return number(int(bool(arguments[0] > 0)))
+    return number(int(bool(arguments[0] == arguments[1])))
 
 
 def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width: int):

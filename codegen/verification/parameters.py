@@ -19,7 +19,7 @@ __all__ = ["random_parameters", "axis_extents", "scheme_parameters"]
 def axis_extents(sizes: Sizes) -> dict[str, int]:
     """The extent of each axis name of a parameter's shape (``n_heads`` for a control per head)."""
     return {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features,
-            "n_heads": sizes.heads}
+            "n_heads": sizes.heads, "n_buckets": sizes.buckets}
 
 
 def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ import sympy as sp
 from splitformer.codegen.verification.statements import SKIPPED, Check
 from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.domains import (
-    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
+    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
 )
 from splitformer.symbolic.evaluate import evaluate, evaluation_work
 from splitformer.symbolic.operators import EPSILON
@@ -152,8 +152,9 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
     if torch_module is not None:
         import torch
 
+        buckets = {"n_buckets": sizes.buckets} if "n_buckets" in signature(torch_module.Block).parameters else {}
         block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
-                                   **inputs.torch_block())
+                                   **inputs.torch_block(), **buckets)
         block.load_params(params)
     errors, unchecked, scale = {}, set(), 1.0
     with mpmath.workdps(DIGITS):
@@ -282,7 +283,7 @@ def _domain_counts(sizes: Sizes, memory_tokens: int) -> dict:
     return {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads, HEAD_FEATURES: sizes.head_features,
             HIDDEN: sizes.hidden, KV_HEADS: sizes.key_value_heads, GROUP: sizes.heads // sizes.key_value_heads,
             PAIR: 2, FREQUENCIES: sizes.head_features // 2, KV_FEATURES: axis_extents(sizes)["d_kv"],
-            MEMORY: memory_tokens}
+            MEMORY: memory_tokens, BUCKETS: sizes.buckets}
 
 
 def emitted_work(program: Program, sizes: Sizes) -> int:
@@ -302,8 +303,10 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
         params[name] = _symbols(name, tuple(codes[domain.code_name] for domain in parameter.shape), real=True)
     u = _symbols("u", (sizes.tokens, sizes.features), real=True)
     support = _support(sizes.tokens, set(), causal=True)
-    # rotary attention: symbolic positions and base; cross-attention: a symbolic memory, its last token padded
-    positions = _symbols("p", (sizes.tokens,), real=True)
+    # rotary attention: symbolic positions and base; cross-attention: a symbolic memory, its last token padded.
+    # A table over buckets of distances (T5) is read at integer positions 0 and 3 (a bucket of a symbol is opaque)
+    bucketed = any(BUCKETS in (tensor.shape or ()) for tensor in program.parameters())
+    positions = np.array([sp.Integer(0), sp.Integer(3)]) if bucketed else _symbols("p", (sizes.tokens,), real=True)
     theta = sp.Symbol("rope_theta", positive=True)
     memory = _symbols("m", (memory_tokens, sizes.features), real=True)
     memory_support = np.array([[int(t < memory_tokens - 1) for t in range(memory_tokens)]] * sizes.tokens)
@@ -329,7 +332,8 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
         f"semantics/{scheme.name}/derived", scheme.name,
         f"The derived program of {scheme.name} ({scheme.activation}) equals one step of the scheme as the independent "
         "evaluator defines it, exactly: every parameter and input a symbol, 2 tokens, 2 features, 1 head, d_ff = 2, "
-        "symbolic ε and token spacing Δx, causal support; symbolic positions and θ (rotary attention), a symbolic "
+        "symbolic ε and token spacing Δx, causal support; symbolic positions and θ (rotary attention; positions 0 "
+        "and 3 for a table over buckets of distances), a symbolic "
         f"memory of {memory_tokens} tokens with the last one padded and its spacing Δx̂ symbolic (cross-attention).",
         "symbolic", not nonzero, detail + _unchecked(semantics.unchecked),
     )

@@ -42,6 +42,8 @@ class Arithmetic:
     pi: Callable  # () → π in this system (mpmath: at the working precision)
     cos: Callable
     sin: Callable
+    log: Callable
+    floor: Callable
 
 
 def _map(function):
@@ -56,7 +58,7 @@ def _mpmath() -> Arithmetic:
     return Arithmetic("mpmath", _map(mpmath.exp), _map(mpmath.sqrt), _map(mpmath.erf), _map(mpmath.tanh),
                       _map(lambda v: v if v > 0 else mpmath.mpf(0)),
                       lambda value: mpmath.mpf(Fraction(value).numerator) / Fraction(value).denominator,
-                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin))
+                      lambda: +mpmath.pi, _map(mpmath.cos), _map(mpmath.sin), _map(mpmath.log), _map(mpmath.floor))
 
 
 class OpaqueExp(sympy.Function):
@@ -69,7 +71,13 @@ class OpaqueExp(sympy.Function):
 
 
 class OpaqueRelu(sympy.Function):
-    """``max(v, 0)`` as a plain function (``Max`` sorts its arguments by size, slowly)."""
+    """``max(v, 0)`` as a plain function (``Max`` sorts its arguments by size, slowly); of a number, that number's
+    ``max(v, 0)`` (a bucket of integer distances is then a number too)."""
+
+    @classmethod
+    def eval(cls, value):
+        if value.is_number:
+            return sympy.Max(value, 0)
 
     def _eval_evalf(self, precision):
         return sympy.Max(self.args[0].evalf(sympy.core.evalf.prec_to_dps(precision)), 0)
@@ -79,11 +87,11 @@ def _sympy() -> Arithmetic:
     return Arithmetic("sympy", _map(OpaqueExp), _map(sympy.sqrt), _map(sympy.erf), _map(sympy.tanh),
                       _map(OpaqueRelu),
                       lambda value: sympy.Rational(Fraction(value).numerator, Fraction(value).denominator),
-                      lambda: sympy.pi, _map(sympy.cos), _map(sympy.sin))
+                      lambda: sympy.pi, _map(sympy.cos), _map(sympy.sin), _map(sympy.log), _map(sympy.floor))
 
 
 FLOAT = Arithmetic("float", np.exp, np.sqrt, np.vectorize(math.erf, otypes=[float]), np.tanh,
-                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi, np.cos, np.sin)
+                   lambda values: np.maximum(values, 0.0), float, lambda: math.pi, np.cos, np.sin, np.log, np.floor)
 MPMATH = _mpmath()
 SYMPY = _sympy()
 
@@ -103,6 +111,8 @@ class Sizes:
     token_spacing: object = None
     #: Key/value heads of grouped-query attention (``None``: one per query head).
     kv_heads: int | None = None
+    #: Buckets of relative distances of a learned score-bias table (T5).
+    buckets: int = 4
 
     @property
     def head_features(self) -> int:
@@ -314,8 +324,9 @@ def _rotated(sem: Semantics, values: np.ndarray, angles: np.ndarray) -> np.ndarr
 def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Rotary positions (Su et al. 2021) and grouped key/value heads (Ainslie et al. 2023).
 
-    Pair ``r`` of a head turns by ``φ = p(x) ω_r`` with the frequency ``ω_r = θ^{-2r/d_h}``;
-    query head ``h`` reads key/value head ``⌊h / (N_h / N_g)⌋``.
+    Pair ``r`` of a head turns by ``φ = p(x) ω_r`` with the frequency ``ω_r = θ^{-2r/d_h}``; a partial
+    rotation of ``R`` features (``rotary_dim``) turns the first ``R/2`` pairs with ``ω_r = θ^{-2r/R}`` and
+    leaves the others; query head ``h`` reads key/value head ``⌊h / (N_h / N_g)⌋``.
     """
     width, heads, groups = sem.sizes.head_features, sem.sizes.heads, sem.sizes.key_value_heads
     if width % 2 or heads % groups:
@@ -324,7 +335,9 @@ def _rotary_attention(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     n, members = sem.sizes.tokens, heads // groups
     theta = sem.rope_theta if sem.rope_theta is not None else sem.number(10000)
     positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
-    frequencies = [theta ** sem.number(Fraction(-2 * r, width)) for r in range(width // 2)]
+    rotated = sem.operator(key).rotary_dim or width
+    frequencies = [theta ** sem.number(Fraction(-2 * r, rotated)) if 2 * r < rotated else sem.number(0)
+                   for r in range(width // 2)]
     angles = np.array([[positions[i] * omega for omega in frequencies] for i in range(n)], dtype=u.dtype)
     q, k, v = (_linear(sem, key, u, f"W_{c}", f"b_{c}") for c in "qkv")
     return _combine(sem, key, [

@@ -238,15 +238,16 @@ def _width(u, params, table):
         raise ValueError(f"u must have shape (batch, tokens, {width}) or (tokens, {width}), got {np.shape(u)}")
 
 
-def _hidden_width(params, table, sizes):
-    """d_ff (>= 1), read from the first parameter whose other axes have their sizes; None when none has."""
+def _hidden_width(params, table, sizes, size="d_ff"):
+    """d_ff (or another ``size``, >= 1), read from the first parameter whose other axes have their sizes;
+    None when none has."""
     for name, axes in table.items():
         shape = _shape(params, name)
-        if "d_ff" in axes and len(shape) == len(axes) and \
-                all(axis == "d_ff" or size == sizes.get(axis) for axis, size in zip(axes, shape)):
-            width = shape[axes.index("d_ff")]
+        if size in axes and len(shape) == len(axes) and \
+                all(axis == size or length == sizes.get(axis) for axis, length in zip(axes, shape)):
+            width = shape[axes.index(size)]
             if width < 1:
-                raise ValueError(f"d_ff must be >= 1, got {width} (the d_ff axis of parameter {name!r})")
+                raise ValueError(f"{size} must be >= 1, got {width} (the {size} axis of parameter {name!r})")
             return width
     return None
 

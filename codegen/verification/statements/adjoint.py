@@ -30,7 +30,7 @@ import sympy as sp
 from splitformer.symbolic.adjoint import DIFFERENTIABLE_ROLES, RELU_SUBGRADIENT_AT_ZERO, Adjoint, AdjointRecord, derive_adjoint
 from splitformer.symbolic.cross_attention import MEMORY_SUPPORT
 from splitformer.symbolic.domains import (
-    FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
 )
 from splitformer.symbolic.evaluate import evaluate, evaluation_work
 from splitformer.symbolic.operators import EPSILON
@@ -49,7 +49,7 @@ TOLERANCE = sp.Float("1e-20", _DIGITS)
 #: Tiny sizes; d_head = 4 keeps the score scale 1/√d_head rational, θ = 10⁴ the rotary
 #: frequencies θ^(−2r/4) = 1, 1/100; grouped attention: 2 query heads share 1 key/value head.
 _SIZES = {TOKENS.size: 3, FEATURES.size: 4, HEADS.size: 1, HEAD_FEATURES.size: 4, HIDDEN.size: 3,
-          MEMORY.size: 2, FREQUENCIES.size: 2, ROPE_THETA: 10000}
+          MEMORY.size: 2, FREQUENCIES.size: 2, BUCKETS.size: 4, ROPE_THETA: 10000}
 _GROUPED_SIZES = {**_SIZES, FEATURES.size: 8, HEADS.size: 2, KV_HEADS.size: 1, GROUP.size: 2, KV_FEATURES.size: 4}
 #: The most closures one forward evaluation may call for the scheme's finite-difference check
 #: (``evaluation_work``). A dense 16-stage tableau of four fields on projected states (64

@@ -10,8 +10,6 @@ the stages (``templates/cvt_adjoint.py.j2``).
 
 from __future__ import annotations
 
-import re
-
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_programs
@@ -27,35 +25,34 @@ CONFIG_NAMES = ("d", "n_heads", "kernel_qkv", "stride_q", "padding_q", "stride_k
                 "patch_stride", "patch_padding", "n_rows", "n_cols", "n_rows_kv", "n_cols_kv")
 
 
-def _used(code: str, name: str) -> bool:
-    return re.search(rf"\b{name}\b", code) is not None
-
-
 def cvt_vjp_context(model: CvtProgram, backend: str) -> dict:
-    """The derived backward of every program: forward statements it reads, adjoint, seed, gradients."""
+    """The derived backward of every program: forward statements it reads, adjoint, seed, gradients.
+
+    Each function binds the configuration values, sizes and parameters its statements read, as
+    the backend recorded them while spelling the statements (``Spelled.used``, ``Op.reads``).
+    """
     context = {}
     for name, piece in cvt_programs(model).items():
         forward = lower_program(piece.program)
         backward = lower_stage_adjoint(derive_adjoint(piece.program), forward, piece.input)
-        forward_context = stage_context(forward, backend, piece.sizes)
-        shapes = {parameter["name"]: parameter["shape"] for parameter in forward_context["parameters"] if parameter["view"]}
+        with_views = [parameter for parameter in stage_context(forward, backend, piece.sizes)["parameters"]
+                      if parameter["view"]]
+        shapes = {parameter["name"]: parameter["shape"] for parameter in with_views}
         functions = [stage_context(backward.forward, backend, piece.sizes),
                      stage_context(backward.adjoint, backend, piece.sizes)]
-        code = "\n".join(line for function in functions for section in function["sections"]
-                         for statement in section["statements"] for line in statement["code"])
+        arrays = functions[0]["reads"] | functions[1]["reads"]
         functions[0]["parameters"] = [parameter for parameter in functions[0]["parameters"]
-                                      if _used(code, parameter["variable"])]
-        shapes_code = " ".join(str(size) for parameter in functions[0]["parameters"] if parameter["view"]
-                               for size in parameter["view"])
-        shapes_code += " " + " ".join(str(size) for shape in shapes.values() for size in shape)
-        head_size = _used(code + shapes_code, "d_head")
-        config_names = [name for name in CONFIG_NAMES
-                        if _used(code + shapes_code, name) or (head_size and name in ("d", "n_heads"))]
+                                      if parameter["variable"] in arrays]
+        code_names = functions[0]["uses"] | functions[1]["uses"]
+        names = code_names.union(*(parameter["view_names"] for parameter in functions[0]["parameters"]
+                                   if parameter["view"]), *(parameter["shape_names"] for parameter in with_views))
+        head_size = "d_head" in names
+        config_names = [name for name in CONFIG_NAMES if name in names or (head_size and name in ("d", "n_heads"))]
         context[name] = {
             "forward": functions[0], "adjoint": functions[1], "seed": backward.seed, "input": piece.input,
             "gradient_input": backward.gradients[piece.input],
-            "config": config_names, "batch": _used(code, "batch"), "d_head": head_size,
-            "dropout_p": _used(code, "dropout_p"),
+            "config": config_names, "batch": "batch" in code_names, "d_head": head_size,
+            "dropout_p": "dropout_p" in code_names,
             "gradients": [{"name": key, "variable": value, "shape": shapes.get(key)}
                           for key, value in backward.gradients.items() if key != piece.input],
         }

@@ -40,12 +40,12 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     final = unit_context(units["final"], backend) if "final" in units else None
     embedding, readout = stage_context(units["embedding"], backend, sizes), stage_context(units["readout"], backend, {})
     vjp = model_vjp_context(model, units, backend, {"embedding": embedding, "readout": readout}, passes)
-    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"} | (vjp["uses"] if vjp else set())
+    units = [embedding, step, readout, *([final] if final else []), vjp]
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
-        embedding=embedding, block=step, final=final, readout=readout, uses=helpers,
-        vjp=vjp, backward_erf=bool(vjp and vjp["erf"]),
+        embedding=embedding, block=step, final=final, readout=readout, vjp=vjp,
+        uses=set().union(*(unit["uses"] for unit in units)),
     )
 
 
@@ -76,18 +76,22 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
         return {"parameters": [p for c in contexts for p in c["parameters"]],
                 "sections": [section for c in contexts for section in c["sections"]],
                 "output": stages[-1].output if stages else None,
-                "grid": [line for stage in stages if (line := _grid_line(stage.operator))]}
+                "grid": [line for stage in stages if (line := _grid_line(stage.operator))],
+                "uses": set().union(*(c["uses"] for c in contexts))}
 
     field, transfer = unit(model.field), unit(model.transfer)
     update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
     steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
     vjp = grid_vjp_context(model, [lower_stage(stage) for stage in model.stages()] + steps, backend)
-    final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
+    step_contexts = [stage_context(m, backend, {}) for m in steps]
+    final = {"sections": [s for c in step_contexts for s in c["sections"]], "output": model.output}
+    uses = set().union(field["uses"], transfer["uses"], *(c["uses"] for c in step_contexts),
+                       *(variant["adjoint"]["uses"] for variant in vjp.values()))
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
         model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False}, vjp=vjp,
+        transfer_name=TRANSFER, uses=uses, vjp=vjp,
     )
 
 
@@ -108,15 +112,17 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
     norm1, attention, norm2, ffn = (unit(stage) for stage in (model.norm1, model.attention, model.norm2, model.ffn))
     readout = [unit(stage) for stage in model.readout]
     layer = [norm1, *projections, attention, norm2, ffn]
+    updates = [update(assignment) for assignment in model.updates]
+    vjp = cvt_vjp_context(model, backend)
+    functions = [*embedding, *layer, *readout, *updates,
+                 *(piece[part] for piece in vjp.values() for part in ("forward", "adjoint"))]
     template = environment().get_template(f"{backend}/cvt.py.j2")
     return template.render(
         name=model.name, summary=model.summary, version=__version__, embedding=embedding, norm1=norm1,
         projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
-        update1=update(model.updates[0]), update2=update(model.updates[1]),
+        update1=updates[0], update2=updates[1],
         stage_parameters=[p for u in embedding for p in u["parameters"]],
         layer_parameters=[p for u in layer for p in u["parameters"]],
         head_parameters=[p for u in readout for p in u["parameters"]],
-        uses={"_einsum", "_softmax"}.union(*(u["uses"] for u in [*embedding, *projections, *layer, *readout])),
-        block={"uses_erf": True},
-        vjp=cvt_vjp_context(model, backend),
+        uses=set().union(*(function["uses"] for function in functions)), vjp=vjp,
     )

@@ -42,14 +42,11 @@ def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: st
     readout = lower_stage_adjoint(adjoint.readout, units["readout"], "u")
     step = backward_context(lower_adjoint(adjoint.step, passes), backend)
     final = backward_context(lower_adjoint(adjoint.final, passes), backend) if adjoint.final is not None else None
-    functions = [step["forward"], step["adjoint"], *([final["forward"], final["adjoint"]] if final else [])]
-    return {
-        "step": step, "final": final,
-        "embedding": _stage(embedding, backend, sizes, contexts["embedding"]["parameters"]),
-        "readout": _stage(readout, backend, {}, contexts["readout"]["parameters"]),
-        "uses": set().union(*(function["uses"] for function in functions)),
-        "erf": any(function["uses_erf"] for function in functions),
-    }
+    stages = {"embedding": _stage(embedding, backend, sizes, contexts["embedding"]["parameters"]),
+              "readout": _stage(readout, backend, {}, contexts["readout"]["parameters"])}
+    functions = [part[name] for part in (step, final or {}, *stages.values()) for name in ("forward", "adjoint")
+                 if name in part]
+    return {"step": step, "final": final, **stages, "uses": set().union(*(function["uses"] for function in functions))}
 
 
 def grid_vjp_context(model: GridModelProgram, modules: list[Module], backend: str) -> dict:

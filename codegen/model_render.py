@@ -12,7 +12,6 @@ from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
 from .cvt_vjp import cvt_vjp_context
 from .model_vjp import grid_vjp_context, model_vjp_context
-from .passes import NETWORK_STAGE
 from .render import environment, unit_context
 from .stage_render import stage_context
 
@@ -96,33 +95,15 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
 
 
 def render_cvt(model: CvtProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of CvT."""
-    def unit(stage):
-        module = lower_stage(stage)
-        for rewrite in NETWORK_STAGE:
-            module = rewrite(module)
-        return stage_context(module, backend, getattr(stage.operator, "sizes", dict)(), free=True)
-
-    def update(assignment):
-        module = lower_assignments("update", {}, [assignment], assignment.target, "residual sum")
-        return stage_context(module, backend, {})
-
-    embedding = [unit(stage) for stage in model.embedding]
-    projections = [unit(stage) for pair in model.projections for stage in pair]
-    norm1, attention, norm2, ffn = (unit(stage) for stage in (model.norm1, model.attention, model.norm2, model.ffn))
-    readout = [unit(stage) for stage in model.readout]
-    layer = [norm1, *projections, attention, norm2, ffn]
-    updates = [update(assignment) for assignment in model.updates]
-    vjp = cvt_vjp_context(model, backend)
-    functions = [*embedding, *layer, *readout, *updates,
-                 *(piece[part] for piece in vjp.values() for part in ("forward", "adjoint"))]
+    """The source of the generated ``backend`` module of CvT: its derived programs (the forward
+    chains them) and their adjoints (``codegen.cvt_vjp``)."""
+    programs = cvt_vjp_context(model, backend)
+    functions = [piece[part] for piece in programs.values() for part in ("run", "forward", "adjoint")]
     template = environment().get_template(f"{backend}/cvt.py.j2")
     return template.render(
-        name=model.name, summary=model.summary, version=__version__, embedding=embedding, norm1=norm1,
-        projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
-        update1=updates[0], update2=updates[1],
-        stage_parameters=[p for u in embedding for p in u["parameters"]],
-        layer_parameters=[p for u in layer for p in u["parameters"]],
-        head_parameters=[p for u in readout for p in u["parameters"]],
-        uses=set().union(*(function["uses"] for function in functions)), vjp=vjp,
+        name=model.name, summary=model.summary, version=__version__,
+        stage_parameters=programs["embedding"]["run"]["parameters"],
+        layer_parameters=programs["step"]["run"]["parameters"],
+        head_parameters=programs["readout"]["run"]["parameters"],
+        uses=set().union(*(function["uses"] for function in functions)), vjp=programs,
     )

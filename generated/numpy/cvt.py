@@ -383,6 +383,47 @@ def _conv_transpose2d(field, W):
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _place_rows(rows, shape, axis, offset):
+    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
+    count = math.prod(rows.shape[axis:axis + rows.ndim - len(shape) + 1])
+    out = np.zeros(shape, dtype=rows.dtype)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(offset, offset + count)
+    out[tuple(index)] = rows.reshape(shape[:axis] + (count,) + shape[axis + 1:])
+    return out
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.ndim > 1)
+    return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
+                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
+
+
 def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
@@ -933,6 +974,7 @@ def _grid_sizes(config, n_rows, n_cols):
     return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
+
 def _checked(pixel_values, params, stages, eps):
     """The image as an array and the checked stage configurations, before any work."""
     u = np.asarray(pixel_values)
@@ -1007,47 +1049,6 @@ def logits(pixel_values, params, *, stages, eps=1e-5):
     if cls is None:
         raise ValueError("logits need a class node in the last stage (cls=True)")
     return _readout(cls, _head(params, cls), kept[-1][2], eps)
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = np.zeros(padded, dtype=blocks.dtype)
-    for offsets in np.ndindex(*(size,) * len(axes)):
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, offsets):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
-def _place_rows(rows, shape, axis, offset):
-    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
-    count = math.prod(rows.shape[axis:axis + rows.ndim - len(shape) + 1])
-    out = np.zeros(shape, dtype=rows.dtype)
-    index = [slice(None)] * len(shape)
-    index[axis] = slice(offset, offset + count)
-    out[tuple(index)] = rows.reshape(shape[:axis] + (count,) + shape[axis + 1:])
-    return out
-
-
-def _join(*parts):
-    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
-    batch = next(part.shape[0] for part in parts if part.ndim > 1)
-    return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
-                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
-
-
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):

@@ -309,6 +309,46 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _place_rows(rows, shape, axis: int, offset: int):
+    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
+    count = math.prod(rows.shape[axis:axis + rows.dim() - len(shape) + 1])
+    out = rows.new_zeros(shape)
+    out.narrow(axis, offset, count).copy_(rows.reshape(tuple(shape[:axis]) + (count,) + tuple(shape[axis + 1:])))
+    return out
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+
+
 def _load_all(module, params):
     """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
 
@@ -864,6 +904,7 @@ def _grid_sizes(config, n_rows, n_cols):
     return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
+
 def _stages(model, u):
     """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
 
@@ -979,48 +1020,6 @@ class Model(torch.nn.Module):
         if self.backward == "derived":
             return _DerivedReadout.apply(cls, self.eps, config, *_table(self, HEAD_PARAMETERS).values())
         return _readout(cls, _table(self, HEAD_PARAMETERS), config, self.eps)
-
-
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
-def _place_rows(rows, shape, axis: int, offset: int):
-    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
-    count = math.prod(rows.shape[axis:axis + rows.dim() - len(shape) + 1])
-    out = rows.new_zeros(shape)
-    out.narrow(axis, offset, count).copy_(rows.reshape(tuple(shape[:axis]) + (count,) + tuple(shape[axis + 1:])))
-    return out
-
-
-def _join(*parts):
-    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
-    batch = next(part.shape[0] for part in parts if part.dim() > 1)
-    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
-
-
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):

@@ -17,7 +17,7 @@ from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction,
                  Softmax, Unrolled)
-from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows, Tokens,
+from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows,
                        TransposedConvolution, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
@@ -171,9 +171,6 @@ class Backend:
 
     def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]
-
-    def tokens(self, op: Tokens, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = {printer.use('_tokens')}({op.node}, {op.grid}) + {op.position}"]
 
     def point(self, op: Point, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {op.source}[{', '.join(str(i) for i in op.index)}]"]

@@ -16,11 +16,8 @@ from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_programs
 
-from .ir import Module
 from .model_adjoint import lower_stage_adjoint
-from .passes import NETWORK_STAGE
-from .passes.convolution import convolution
-from .program_lowering import lower_program
+from .program_lowering import lower_program, optimized
 from .stage_render import stage_context
 
 __all__ = ["cvt_vjp_context"]
@@ -28,14 +25,6 @@ __all__ = ["cvt_vjp_context"]
 #: Configuration values (``config[name]``) and grid sizes the emitted statements may read.
 CONFIG_NAMES = ("d", "n_heads", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
                 "patch_stride", "patch_padding", "n_rows", "n_cols", "n_rows_kv", "n_cols_kv", "n_tokens", "n_memory")
-
-
-def _optimized(module: Module) -> Module:
-    """``module`` with its convolutions recognized and the network passes run (``passes.NETWORK_STAGE``)."""
-    module = convolution(module)
-    for rewrite in NETWORK_STAGE:
-        module = rewrite(module)
-    return module
 
 
 def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
@@ -68,7 +57,7 @@ def cvt_vjp_context(model: CvtProgram, backend: str) -> dict:
     for name, piece in cvt_programs(model).items():
         forward = lower_program(piece.program)
         backward = lower_stage_adjoint(derive_adjoint(piece.program), forward, piece.input)
-        run = stage_context(_optimized(forward), backend, piece.sizes, free=True)
+        run = stage_context(optimized(forward), backend, piece.sizes, free=True)
         with_views = [parameter for parameter in stage_context(forward, backend, piece.sizes)["parameters"]
                       if parameter["view"]]
         shapes = {parameter["name"]: parameter["shape"] for parameter in with_views}

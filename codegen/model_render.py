@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.cvt import CvtProgram
-from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
+from splitformer.symbolic.model_adjoint import embedding_program, readout_program
+from splitformer.symbolic.model_derivation import TRANSFER, GridModelProgram, ModelProgram
 
-from .ir import BATCH, Module
+from .ir import Module
 from .lowering import lower
-from .model_ir import Tokens
 from .model_lowering import lower_assignments, lower_stage
+from .passes.convolution import convolution
+from .program_lowering import lower_program, optimized
 from .cvt_vjp import cvt_vjp_context
 from .model_vjp import grid_vjp_context, model_vjp_context
 from .render import environment, unit_context
@@ -19,13 +21,10 @@ __all__ = ["render_model", "render_grid_model", "render_cvt", "model_units"]
 
 
 def model_units(model: ModelProgram, passes=None) -> dict[str, Module]:
-    """The lowered stages: embedding (with the initial condition on the tokens), step, final, readout."""
-    embedding = lower_stage(model.embedding)
-    key = model.embedding.operator.key
-    embedding.ops.append(Tokens("u0", (BATCH, "i", "l"), TOKENS_DISCRETE, embedding.ops[-1].section,
-                                node=f"{key}_cls", grid=embedding.output, position=f"{key}_pos"))
-    embedding.output = "u0"
-    units = {"embedding": embedding, "step": lower(model.step, passes), "readout": lower_stage(model.readout)}
+    """The lowered programs: the embedding (its initial condition on the tokens as layout
+    assignments, ``symbolic.model_adjoint.embedding_program``), step, final, readout."""
+    units = {"embedding": convolution(lower_program(embedding_program(model))), "step": lower(model.step, passes),
+             "readout": convolution(lower_program(readout_program(model)))}
     if model.final is not None:
         units["final"] = lower(model.final, passes)
     return units
@@ -37,7 +36,8 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     sizes = getattr(model.spec.embedding, "sizes", dict)()
     step = unit_context(units["step"], backend)
     final = unit_context(units["final"], backend) if "final" in units else None
-    embedding, readout = stage_context(units["embedding"], backend, sizes), stage_context(units["readout"], backend, {})
+    embedding = stage_context(optimized(units["embedding"]), backend, sizes, free=True)
+    readout = stage_context(optimized(units["readout"]), backend, {}, free=True)
     vjp = model_vjp_context(model, units, backend, {"embedding": embedding, "readout": readout}, passes)
     units = [embedding, step, readout, *([final] if final else []), vjp]
     template = environment().get_template(f"{backend}/model.py.j2")

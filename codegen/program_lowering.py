@@ -23,8 +23,10 @@ from .ir import BATCH, Module
 from .model_adjoint import flattened_index, StageAdjointLowering
 from .model_ir import Join
 from .model_lowering import StageLowering
+from .passes import NETWORK_STAGE
+from .passes.convolution import convolution
 
-__all__ = ["lower_program"]
+__all__ = ["lower_program", "optimized"]
 
 
 class _ProgramLowering(StageAdjointLowering):
@@ -79,3 +81,11 @@ def lower_program(program: Program) -> Module:
         for name in list(lowering.parts):  # a record writes whole arrays: its parts are complete
             lowering.join(name)
     return Module(program.name, lowering.tensors, lowering.ops, program.output)
+
+
+def optimized(module: Module) -> Module:
+    """``module`` with its convolutions recognized and the network passes run (``passes.NETWORK_STAGE``)."""
+    module = convolution(module)
+    for rewrite in NETWORK_STAGE:
+        module = rewrite(module)
+    return module

@@ -348,10 +348,11 @@ def _load_all(module, params):
     return module
 
 
-def _tokens(node, grid):
-    """The class node first, then the grid nodes row by row."""
-    batch, d = grid.shape[0], grid.shape[-1]
-    return torch.cat((node.expand(batch, 1, d), grid.reshape(batch, -1, d)), dim=1)
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
 def _group(module, table, sizes, factory):
@@ -750,8 +751,10 @@ def _readout_vjp(u, head_logits_bar, p):
     head_b = p["head.b"]
 
     # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
     # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
+    head_z = u_view1
 
     # --- adjoint of head: class-token-head ---
     # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
@@ -782,8 +785,19 @@ def _embedding_function(image, p, patch_size):
     # --- embed: patch-embedding ---
     # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
     embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
-    # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
-    u0 = _tokens(embed_cls, embed_f) + embed_pos
+
+    # --- initial condition on the token domain ---
+    # {t}_{0,l} = {c^{\mathrm{cls}}_{\mathrm{embed}}}_{l}
+    embed_tokens_part1 = embed_cls
+    # {t}_{N_{2} p + q + 1,l} = {f^{\mathrm{embed}}}_{p,q,l}
+    embed_tokens_part2 = embed_f
+    del embed_f
+    # the parts one after another along the token axis
+    embed_tokens = _join(embed_tokens_part1, embed_tokens_part2)
+    del embed_tokens_part1, embed_tokens_part2
+    # {u^{(0)}}_{i,l} = {E_{\mathrm{embed}}}_{i,l} + {t}_{i,l}
+    u0 = embed_pos + embed_tokens
+    del embed_tokens
     return u0
 
 
@@ -793,10 +807,14 @@ def _readout_function(u, p):
     head_b = p["head.b"]
 
     # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
     # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
+    head_z = u_view1
+    del u_view1
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
     return head_logits
 
 
@@ -1020,8 +1038,19 @@ class Model(torch.nn.Module):
         # --- embed: patch-embedding ---
         # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
         embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
-        # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
-        u0 = _tokens(embed_cls, embed_f) + embed_pos
+
+        # --- initial condition on the token domain ---
+        # {t}_{0,l} = {c^{\mathrm{cls}}_{\mathrm{embed}}}_{l}
+        embed_tokens_part1 = embed_cls
+        # {t}_{N_{2} p + q + 1,l} = {f^{\mathrm{embed}}}_{p,q,l}
+        embed_tokens_part2 = embed_f
+        del embed_f
+        # the parts one after another along the token axis
+        embed_tokens = _join(embed_tokens_part1, embed_tokens_part2)
+        del embed_tokens_part1, embed_tokens_part2
+        # {u^{(0)}}_{i,l} = {E_{\mathrm{embed}}}_{i,l} + {t}_{i,l}
+        u0 = embed_pos + embed_tokens
+        del embed_tokens
         return u0
 
     def _final_norm(self, u0):
@@ -1071,8 +1100,12 @@ class Model(torch.nn.Module):
         head_b = self.head.b
 
         # --- head: class-token-head ---
+        # u at 0, l (a view)
+        u_view1 = u[:, 0, :]
         # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-        head_z = u[:, 0, :]
+        head_z = u_view1
+        del u_view1
         # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
         head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
+        del head_z
         return head_logits

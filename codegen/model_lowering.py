@@ -1,4 +1,5 @@
-"""Lowering of a model's embedding and readout stages to the IR.
+"""The lowering of a network program's assignments to the IR (the base of ``program_lowering``'s and
+``model_adjoint``'s).
 
 A read at shifted points (``I[c, P p + r, P q + s]``) becomes a ``Window`` view followed by
 an ordinary contraction; a read at a fixed node (``u[0, l]``) becomes a ``Point``. Every
@@ -14,15 +15,13 @@ import sympy as sp
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.image import IMAGE_VARIABLES, KERNEL_COLS, KERNEL_ROWS
-from splitformer.symbolic.model_derivation import Stage
 from splitformer.symbolic.program import Assignment, Program
 
-from .ir import BATCH, Module, TensorInfo
+from .ir import BATCH, TensorInfo
 from .lowering import Lowering
 from .model_ir import Interleave, Point, Window
-from .passes.convolution import convolution
 
-__all__ = ["lower_stage", "lower_assignments", "shifted_read", "StageLowering", "KERNEL_OFFSETS"]
+__all__ = ["shifted_read", "StageLowering", "KERNEL_OFFSETS"]
 
 _DOMAINS = {str(variable.index): variable.domain for variable in IMAGE_VARIABLES.values()}
 #: The labels of a convolution's kernel offsets (its kernel rows and columns).
@@ -127,17 +126,3 @@ class StageLowering(Lowering):
         self.ops.append(Window(name, labels, source=str(read.base.label), axes=tuple(axes), size=size,
                                stride=stride, padding=padding).with_comment(comment, section))
         return target
-
-
-def lower_assignments(name: str, tensors: dict, assignments, output: str, section: str) -> Module:
-    """The IR of assignments over ``tensors``, its convolutions recognized (``passes.convolution``)."""
-    lowering = StageLowering(name, tensors, output)
-    for assignment in assignments:
-        lowering.assignment(assignment, section)
-    return convolution(Module(name, lowering.tensors, lowering.ops, output))
-
-
-def lower_stage(stage: Stage) -> Module:
-    """The IR of one stage."""
-    return lower_assignments(stage.operator.key, stage.tensors, stage.assignments, stage.output,
-                             f"{stage.operator.key}: {stage.operator.kind}")

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.cvt import CvtProgram
-from splitformer.symbolic.model_adjoint import embedding_program, readout_program
-from splitformer.symbolic.model_derivation import TRANSFER, GridModelProgram, ModelProgram
+from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.model_adjoint import embedding_program, grid_program, readout_program
+from splitformer.symbolic.model_derivation import INPUT_STATE, GridModelProgram, ModelProgram
 
 from .ir import Module
 from .lowering import lower
-from .model_lowering import lower_assignments, lower_stage
+from .model_adjoint import lower_stage_adjoint
 from .passes.convolution import convolution
 from .program_lowering import lower_program, optimized
 from .cvt_vjp import cvt_vjp_context
-from .model_vjp import grid_vjp_context, model_vjp_context
+from .model_vjp import model_vjp_context
 from .render import environment, unit_context
 from .stage_render import stage_context
 
@@ -66,31 +67,41 @@ def _channels(stages, default: str) -> str:
     return default
 
 
-def render_grid_model(model: GridModelProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``)."""
-    def unit(stages):
-        modules = [lower_stage(stage) for stage in stages]
-        contexts = [stage_context(module, backend, getattr(stage.operator, "sizes", dict)())
-                    for module, stage in zip(modules, stages)]
-        return {"parameters": [p for c in contexts for p in c["parameters"]],
-                "sections": [section for c in contexts for section in c["sections"]],
-                "output": stages[-1].output if stages else None,
-                "grid": [line for stage in stages if (line := _grid_line(stage.operator))],
-                "uses": set().union(*(c["uses"] for c in contexts))}
+def _grid_programs(model: GridModelProgram, backend: str) -> dict:
+    """One grid step per transfer (``with``: the transfer stages, ``identity``: R = 1), each its
+    derived program (``symbolic.model_adjoint.grid_program``): its forward (``run``, after the network
+    passes), the forward statements its adjoint reads, the adjoint, the seed and the gradients."""
+    sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in model.stages()}
+    variants = {}
+    for transfer in ((True, False) if model.transfer else (False,)):
+        program = grid_program(model, transfer)
+        forward = convolution(lower_program(program))
+        backward = lower_stage_adjoint(derive_adjoint(program), forward, INPUT_STATE)
+        parameters = {tensor.parameter: name for name, tensor in program.tensors.items() if tensor.role == "param"}
+        variants["with" if transfer else "identity"] = {
+            "run": stage_context(optimized(forward), backend, {}, free=True, group_sizes=sizes),
+            "forward": stage_context(backward.forward, backend, {}, group_sizes=sizes),
+            "adjoint": stage_context(backward.adjoint, backend, {}, group_sizes=sizes), "seed": backward.seed,
+            "gradient_input": backward.gradients[INPUT_STATE],
+            "gradients": [{"name": name, "variable": backward.gradients[name]} for name in parameters]}
+    return variants
 
-    field, transfer = unit(model.field), unit(model.transfer)
-    update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
-    steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
-    vjp = grid_vjp_context(model, [lower_stage(stage) for stage in model.stages()] + steps, backend)
-    step_contexts = [stage_context(m, backend, {}) for m in steps]
-    final = {"sections": [s for c in step_contexts for s in c["sections"]], "output": model.output}
-    uses = set().union(field["uses"], transfer["uses"], *(c["uses"] for c in step_contexts),
-                       *(variant["adjoint"]["uses"] for variant in vjp.values()))
+
+def render_grid_model(model: GridModelProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``):
+    its derived programs (``_grid_programs``) and the checks of its grids and channels."""
+    vjp = _grid_programs(model, backend)
+    field = vjp["identity"]["run"]["parameters"]
+    transfer = [p for p in vjp["with"]["run"]["parameters"] if p not in field] if "with" in vjp else []
+    uses = set().union(*(piece[part]["uses"] for piece in vjp.values() for part in ("run", "forward", "adjoint")))
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
-        model=model.spec, name=model.name, version=__version__, field=field, transfer=transfer, update=final,
+        model=model.spec, name=model.name, version=__version__,
+        field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
+        transfer={"parameters": transfer,
+                  "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        transfer_name=TRANSFER, uses=uses, vjp=vjp,
+        uses=uses, vjp=vjp,
     )
 
 

@@ -45,7 +45,8 @@ class _ProgramLowering(StageAdjointLowering):
                  for read in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
                  if not all(isinstance(index, sp.Idx) for index in read.indices)}
         assignment = replace(assignment, rhs=assignment.rhs.xreplace(views))
-        if is_plain(assignment.lhs.indices):
+        if is_plain(assignment.lhs.indices) or isinstance(assignment.lhs.indices[0], sp.Idx):
+            # plain, or written at shifted points of a grid axis (a prolongation: ``Interleave``)
             StageLowering.assignment(self, assignment, section)
         else:
             self.part(assignment, section)

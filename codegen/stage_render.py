@@ -43,22 +43,26 @@ def _frees(module: Module) -> dict[int, list[str]]:
     return free
 
 
-def stage_context(module: Module, backend: str, sizes: dict, free: bool = False) -> dict:
+def stage_context(module: Module, backend: str, sizes: dict, free: bool = False,
+                  group_sizes: dict[str, dict] | None = None) -> dict:
     """One emitted stage (embedding or readout): parameters and statements by section.
 
     ``free``: each array the stage writes (but its output) is deleted after its last reader.
+    ``group_sizes``: the sizes of one operator's parameters (its key → sizes) where they are not ``sizes``
+    (operators of one program fixing different kernel sizes).
     """
     parameters = []
     for info in module.tensors.values():
         if info.role != "param" or info.parameter is None:
             continue
         group, _, attribute = info.parameter.partition(".")
-        shape = tuple(_size(domain, sizes) for domain in info.shape)
-        view = tuple(_size(domain, sizes) for domain in info.view) if info.view else None
+        own = (group_sizes or {}).get(group, sizes)
+        shape = tuple(_size(domain, own) for domain in info.shape)
+        view = tuple(_size(domain, own) for domain in info.view) if info.view else None
         parameters.append({"name": info.parameter, "variable": info.name, "group": group, "attribute": attribute,
                            "shape": shape, "view": view, "kind": info.kind,
-                           "shape_names": set().union(*(_size_names(domain, sizes) for domain in info.shape)),
-                           "view_names": set().union(*(_size_names(domain, sizes) for domain in info.view or ()))})
+                           "shape_names": set().union(*(_size_names(domain, own) for domain in info.shape)),
+                           "view_names": set().union(*(_size_names(domain, own) for domain in info.view or ()))})
     sections: list[dict] = []
     frees = _frees(module) if free else {}
     spelled = [BACKENDS[backend].spell(module, op) for op in module.ops]

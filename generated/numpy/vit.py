@@ -368,6 +368,7 @@ def _config(params, image, patch_size, n_heads, eps):
 
 
 def _embedding(image, p, patch_size):
+    """The embedding program: the patch embedding, then the initial condition on the token domain."""
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_cls = p["embed.cls"]
@@ -390,6 +391,23 @@ def _embedding(image, p, patch_size):
     u0 = embed_pos + embed_tokens
     del embed_tokens
     return u0
+
+
+def _readout(u, p):
+    """The readout program: the class node's state through the linear head."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u_view1
+    del u_view1
+    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
+    return head_logits
 
 
 def _step(u0, p, n_heads, eps):
@@ -480,22 +498,6 @@ def _final_norm(u0, p, eps):
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     del u0
     return u1
-
-
-def _readout(u, p):
-    head_W = p["head.W"]
-    head_b = p["head.b"]
-
-    # --- head: class-token-head ---
-    # u at 0, l (a view)
-    u_view1 = u[:, 0, :]
-    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u_view1
-    del u_view1
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
-    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
-    del head_z
-    return head_logits
 
 
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):

@@ -20,9 +20,8 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import Assignment, Program
 
 from .ir import BATCH, Module
-from .model_adjoint import flattened_index, StageAdjointLowering
+from .model_adjoint import flattened_index, StageAdjointLowering, StageLowering
 from .model_ir import Join
-from .model_lowering import StageLowering
 from .passes import NETWORK_STAGE
 from .passes.convolution import convolution
 

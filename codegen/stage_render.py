@@ -1,4 +1,4 @@
-"""Template variables of one emitted model stage (an embedding, a readout, a stage's adjoint).
+"""Template variables of one emitted network program (an embedding, a readout, a grid step, CvT's programs, their adjoints).
 
 Input: a lowered stage (``codegen.ir.Module``) and the sizes its model fixes. Output: its
 parameters (shape, view, group) and its statements by section, spelled by the backend.
@@ -45,7 +45,7 @@ def _frees(module: Module) -> dict[int, list[str]]:
 
 def stage_context(module: Module, backend: str, sizes: dict, free: bool = False,
                   group_sizes: dict[str, dict] | None = None) -> dict:
-    """One emitted stage (embedding or readout): parameters and statements by section.
+    """One emitted network program (or its adjoint): parameters and statements by section.
 
     ``free``: each array the stage writes (but its output) is deleted after its last reader.
     ``group_sizes``: the sizes of one operator's parameters (its key → sizes) where they are not ``sizes``

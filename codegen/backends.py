@@ -1,10 +1,15 @@
 """Backends: how each IR operation is spelled in NumPy and in PyTorch.
 
-A backend is an expression printer plus one method per IR operation; the statements it
-returns are the body of the emitted functions, in order.
+A backend is an expression printer plus one method per IR operation (a block's and a
+network's, ``codegen.ir`` and ``codegen.model_ir``); the statements it returns are the body
+of the emitted functions, in order. Each spelling records, through its printer, the names
+its statements read besides arrays (runtime helpers such as ``_softmax``, sizes, flags):
+what a template defines and binds comes from that record, never from reading the code.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import sympy as sp
 
@@ -12,9 +17,11 @@ from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction,
                  Softmax, Unrolled)
+from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows,
+                       TransposedConvolution, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
-__all__ = ["Backend", "BACKENDS"]
+__all__ = ["Backend", "BACKENDS", "Spelled"]
 
 #: The flag the PyTorch template sets when autograd is off (``torch.is_grad_enabled()``).
 INFERENCE = "inference"
@@ -24,20 +31,35 @@ DROPOUT = "dropout_p"
 SIZES = {str(variable.index): variable.domain.code_name for variable in VARIABLES.values()} | {BATCH: "batch"}
 
 
-def _shape(labels: tuple[str, ...]) -> str:
-    return ", ".join(SIZES[label] for label in labels)
+@dataclass(frozen=True)
+class Spelled:
+    """The statements of one operation and the names they read besides arrays."""
+
+    lines: list[str]
+    used: frozenset[str]
 
 
-def _width(labels: tuple[str, ...]) -> str:
-    return " * ".join(SIZES[label] for label in labels)
+def _shape(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
+    return ", ".join(printer.use(SIZES[label]) for label in labels)
 
 
-def _addend(op: MatMul, module: Module) -> str | None:
+def _width(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
+    return " * ".join(printer.use(SIZES[label]) for label in labels)
+
+
+def _addend(op: MatMul, printer: ArrayPrinter) -> str | None:
     """The bias of a one-output product, a batched addend (an adjoint's other terms) as rows."""
     bias = op.biases[0]
-    if bias is None or not module.batched(bias):
+    if bias is None or not printer.module.batched(bias):
         return bias
-    return f"{bias}.reshape(-1, {_width(op.labels[2:])})"
+    return f"{bias}.reshape(-1, {_width(op.labels[2:], printer)})"
+
+
+def _method(op: Op) -> str:
+    """The backend method spelling ``op``: its class name in snake case (``PlaceRows`` → ``place_rows``)."""
+    name = type(op).__name__
+    return "".join(f"_{letter.lower()}" if letter.isupper() and position else letter.lower()
+                   for position, letter in enumerate(name))
 
 
 class Backend:
@@ -46,18 +68,30 @@ class Backend:
     einsum = ""
     library = ""  # module prefix of reductions
     axis = ""  # keyword naming the reduced axis
-    kernel_extra = ""  # further arguments of the attention-kernel helpers (_softmax, _attention)
+    kernel_flags: tuple[str, ...] = ()  # further arguments of the attention-kernel helpers (_softmax, _attention)
     #: Emit ``del`` after each local array's last reader. This keeps a call's peak
     #: memory low enough that the C allocator reuses it on the next call instead of returning
     #: it to the system and taking a page fault per 4 KiB page again (about 3800 faults, 12 %
     #: of a post-ln forward at B·N = 1024, d = 512).
     frees_dead_arrays = False
+    #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
+    input_costate_last = False
+
+    def spell(self, module: Module, op: Op) -> Spelled:
+        """The statements computing ``op`` and the names they read besides arrays."""
+        printer = self.printer(module, op.labels)
+        lines = self.lines(op, printer)
+        return Spelled(lines, frozenset(printer.used))
 
     def statements(self, module: Module, op: Op) -> list[str]:
         """The statements computing ``op``."""
-        printer = self.printer(module, op.labels)
-        method = getattr(self, type(op).__name__.lower())
-        return method(op, printer)
+        return self.spell(module, op).lines
+
+    def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
+        return getattr(self, _method(op))(op, printer)
+
+    def kernel_extra(self, printer: ArrayPrinter) -> str:
+        return "".join(f", {printer.use(flag)}" for flag in self.kernel_flags)
 
     def scaled(self, value: str, scale: sp.Expr, printer: ArrayPrinter) -> str:
         numerator, denominator = sp.fraction(scale)
@@ -75,7 +109,8 @@ class Backend:
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
         operands = ", ".join(operand.name for operand in op.operands)
-        return self.assigned(op, self.scaled(f'{self.einsum}("{op.spec}", {operands})', op.scale, printer), printer)
+        return self.assigned(op, self.scaled(f'{printer.use(self.einsum)}("{op.spec}", {operands})', op.scale, printer),
+                             printer)
 
     @staticmethod
     def assigned(op: Contraction, value: str, printer: ArrayPrinter) -> list[str]:
@@ -83,29 +118,32 @@ class Backend:
         return [f"{op.out} = {value}" + ("" if op.bias is None else f" + {printer.operand(op.bias)}")]
 
     def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
-        body = self.printer(printer.module, op.body_labels).doprint(op.body)
+        body = printer.at(op.body_labels).doprint(op.body)
         reduce = f"{self.library}.{'mean' if op.mean else 'sum'}"
         return [f"{op.out} = {reduce}({body}, {self.axis}={op.body_labels.index(op.axis)})"]
 
     def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = _softmax({printer.operand(op.scores)}, {self.support(op.support, printer)}{self.kernel_extra})"]
+        return [f"{op.out} = {printer.use('_softmax')}({printer.operand(op.scores)}, {self.support(op.support, printer)}"
+                f"{self.kernel_extra(printer)})"]
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
         scale = printer.doprint(op.scale)
         if len(op.q.labels) > 4:  # grouped heads (the fused-attention pass checked the layout)
-            support = self.support(op.support, self.printer(printer.module, op.support.labels if op.support else ()))
-            return [f"{op.out} = _grouped_attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}"
-                    f"{self.kernel_extra})"]
+            support = self.support(op.support, printer.at(op.support.labels if op.support else ()))
+            printer.use("_attention")  # the grouped helper calls it
+            return [f"{op.out} = {printer.use('_grouped_attention')}({op.q.name}, {op.k.name}, {op.v.name}, {scale}, "
+                    f"{support}{self.kernel_extra(printer)})"]
         _, row, head, _ = op.q.labels
         scores = (BATCH, head, row, op.k.labels[1])
-        support = self.support(op.support, self.printer(printer.module, scores))
-        return [f"{op.out} = _attention({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}{self.kernel_extra})"]
+        support = self.support(op.support, printer.at(scores))
+        return [f"{op.out} = {printer.use('_attention')}({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}"
+                f"{self.kernel_extra(printer)})"]
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
         """Each template defines ``_layer_norm`` and ``_rms_norm`` (statistics that cannot overflow)."""
         if not op.centred:
-            return [f"{op.out} = _rms_norm({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
-        return [f"{op.out} = _layer_norm({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+            return [f"{op.out} = {printer.use('_rms_norm')}({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
+        return [f"{op.out} = {printer.use('_layer_norm')}({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
@@ -115,12 +153,44 @@ class Backend:
         position = op.x.labels.index(op.summed)
         trailing = ", :" * (len(op.x.labels) - 1 - position)
         parts = [sp.Symbol(f"{op.x.name}[..., {point}{trailing}]") for point in range(len(op.entries))]
-        rows = self.printer(printer.module, tuple(label for label in op.labels if label != op.axis))
+        rows = printer.at(tuple(label for label in op.labels if label != op.axis))
         terms = ", ".join(rows.doprint(sum(entry * part for entry, part in zip(row, parts))) for row in op.entries)
         return [f"{op.out} = {self.library}.stack(({terms}), {self.axis}={op.labels.index(op.axis)})"]
 
     def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
-        return [f'{op.out} = _cache(cache, "{op.key}", {op.source.name})']
+        return [f'{op.out} = {printer.use("_cache")}(cache, "{op.key}", {op.source.name})']
+
+    def window(self, op: Window, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_windows')}({op.source}, {op.axes}, {printer.code(op.size)}, "
+                f"{printer.code(op.stride)}, {printer.code(op.padding)})"]
+
+    def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]
+
+    def point(self, op: Point, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {op.source}[{', '.join(str(i) for i in op.index)}]"]
+
+    def rows(self, op: Rows, printer: ArrayPrinter) -> list[str]:
+        sizes = ", ".join(printer.code(size) for size in op.sizes) + ("," if len(op.sizes) == 1 else "")
+        return [f"{op.out} = {printer.use('_rows')}({op.source}, {op.axis}, {op.offset}, ({sizes}))"]
+
+    def fold(self, op: Fold, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_fold')}({op.source}, {op.like}.shape, {op.axes}, {printer.code(op.size)}, "
+                f"{printer.code(op.stride)}, {printer.code(op.padding)})"]
+
+    def place(self, op: Place, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {self.zeros(op.source, op.like)}",
+                f"{op.out}[{', '.join(str(i) for i in op.index)}] = {op.source}"]
+
+    def place_rows(self, op: PlaceRows, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_place_rows')}({op.source}, {op.like}.shape, {op.axis}, {op.offset})"]
+
+    def join(self, op: Join, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_join')}({', '.join(op.parts)})"]
+
+    def zeros(self, source: str, like: str) -> str:
+        """Zeros shaped like ``like``, of ``source``'s type."""
+        raise NotImplementedError
 
     def bound(self, argument: sp.Expr, buffer: str, printer: ArrayPrinter) -> str:
         """The other argument of ``max(buffer, argument)`` computed in place."""
@@ -144,19 +214,33 @@ class NumpyBackend(Backend):
     library, axis = "np", "axis"
     frees_dead_arrays = True
 
-    def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
-        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
+    def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
+        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"
         if len(op.outputs) == 1:
             lines = [f"{op.out} = {rows} @ {op.weights[0]}{'.T' if op.transposed else ''}"]
             if op.biases[0]:
-                lines.append(f"{op.out} += {_addend(op, printer.module)}")
-            return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels)})"]
+                lines.append(f"{op.out} += {_addend(op, printer)}")
+            return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels, printer)})"]
         lines = [f"{op.out} = {rows} @ np.concatenate(({', '.join(op.weights)}), axis=1)"]
         if op.biases[0]:
             lines.append(f"{op.out} += np.concatenate(({', '.join(op.biases)}))")
         names = ", ".join(name for name, _ in op.outputs)
-        shape = _shape(op.outputs[0][1])
+        shape = _shape(op.outputs[0][1], printer)
         return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
+
+    def zeros(self, source: str, like: str) -> str:
+        return f"np.zeros({like}.shape, dtype={source}.dtype)"
+
+    def convolution(self, op: Convolution, printer: ArrayPrinter) -> list[str]:
+        helper = printer.use("_depthwise_conv2d" if op.depthwise else "_conv2d")
+        bias = f", {op.bias}" if op.bias else ""  # the helpers write the bias into their output
+        last = ".transpose(0, 2, 3, 1)" if op.channels_last else ""
+        return [f"{op.out} = {helper}({op.x}, {op.weight}, {printer.code(op.stride)}, {printer.code(op.padding)}{bias})"
+                f"{last}"]
+
+    def transposed_convolution(self, op: TransposedConvolution, printer: ArrayPrinter) -> list[str]:
+        bias = f", {op.bias}" if op.bias else ""
+        return [f"{op.out} = {printer.use('_conv_transpose2d')}({op.x}, {op.weight}{bias})"]
 
     def bound(self, argument: sp.Expr, buffer: str, printer: ArrayPrinter) -> str:
         """A number as a row of ``buffer``: NumPy's maximum runs its vectorized loop for a row
@@ -175,20 +259,22 @@ class TorchBackend(Backend):
     printer = TorchPrinter
     einsum = "torch.einsum"
     library, axis = "torch", "dim"
-    kernel_extra = f", {DROPOUT}"
+    kernel_flags = (DROPOUT,)
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)
+    input_costate_last = True
 
-    def statements(self, module: Module, op: Op) -> list[str]:
+    def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
         """``op``, then dropout of what it writes where torch has dropout (``Module.dropout``)."""
-        dropped = [name for name in op.writes() if name in module.dropout]
-        return super().statements(module, op) + [f"{name} = _dropout({name}, {DROPOUT})" for name in dropped]
+        dropped = [name for name in op.writes() if name in printer.module.dropout]
+        return super().lines(op, printer) + [f"{name} = {printer.use('_dropout')}({name}, {printer.use(DROPOUT)})"
+                                             for name in dropped]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         """In place only without autograd: an in-place update of a view costs more in backward."""
         if op.reuse is None:
             return super().elementwise(op, printer)
         (line,) = self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")
-        return [f"{line} if {INFERENCE} else {printer.doprint(op.expr)}"]
+        return [f"{line} if {printer.use(INFERENCE)} else {printer.doprint(op.expr)}"]
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
         """A product of operands over the same axes, summed over some of them (a gain's gradient,
@@ -203,22 +289,36 @@ class TorchBackend(Backend):
         dim = summed if len(summed) > 1 else summed[0]
         return self.assigned(op, self.scaled(f"torch.sum({product}, dim={dim})", op.scale, printer), printer)
 
-    def matmul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
-        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted)})"
+    def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
+        rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"
         if len(op.outputs) == 1:
-            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), _addend(op, printer.module)
+            weight, bias = op.weights[0] + (".t()" if op.transposed else ""), _addend(op, printer)
         else:
-            weight = f"_cat([{', '.join(op.weights)}], 1)"
+            weight = f"{printer.use('_cat')}([{', '.join(op.weights)}], 1)"
             bias = f"_cat([{', '.join(op.biases)}], 0)" if op.biases[0] else None
         product = f"torch.addmm({bias}, {rows}, {weight})" if bias else f"torch.mm({rows}, {weight})"
         if len(op.outputs) == 1:
-            return [f"{op.out} = {product}.view({_shape(op.labels)})"]
+            return [f"{op.out} = {product}.view({_shape(op.labels, printer)})"]
         names = ", ".join(name for name, _ in op.outputs)
-        shape = _shape(op.outputs[0][1])
+        shape = _shape(op.outputs[0][1], printer)
         views = ", ".join(f"{name}.view({shape})" for name, _ in op.outputs)
         return [f"{op.out} = {product}",
                 f"{names} = {op.out}.chunk({len(op.outputs)}, dim=1)",
                 f"{names} = {views}"]
+
+    def zeros(self, source: str, like: str) -> str:
+        return f"{source}.new_zeros({like}.shape)"
+
+    def convolution(self, op: Convolution, printer: ArrayPrinter) -> list[str]:
+        weight = f"{op.weight}.permute(2, 0, 1).unsqueeze(1)" if op.depthwise else f"{op.weight}.permute(3, 0, 1, 2)"
+        groups = f", groups={op.x}.shape[1]" if op.depthwise else ""
+        last = ".permute(0, 2, 3, 1)" if op.channels_last else ""
+        return [f"{op.out} = torch.nn.functional.conv2d({op.x}, {weight}, {op.bias}, {printer.code(op.stride)}, "
+                f"{printer.code(op.padding)}{groups}){last}"]
+
+    def transposed_convolution(self, op: TransposedConvolution, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = torch.nn.functional.conv_transpose2d({op.x}, {op.weight}.permute(0, 3, 1, 2), {op.bias}, "
+                f"{op.weight}.shape[1])"]
 
 
 BACKENDS = {"numpy": NumpyBackend(), "torch": TorchBackend()}

@@ -5,8 +5,6 @@
   appended (what ``sliding_window_view`` / ``Tensor.unfold`` give);
 - ``Interleave``: the inverse of a window view with kernel = stride: a field computed per
   coarse node and offset ``(…, p, …, r)`` written at the fine nodes ``S p + r``;
-- ``Tokens``: the initial condition on ``Ω_x = {x_cls} ∪ Ω_grid``: class node first, then
-  the grid row by row, plus the position term;
 - ``Point``: a point functional, the state at one node of an axis;
 - ``Rows``: a field read at the nodes ``offset + N_2 p + q`` of one axis, as a view with
   that axis unflattened to ``(p, q)`` (the grid nodes of the token domain);
@@ -28,7 +26,7 @@ import sympy as sp
 
 from .ir import Op
 
-__all__ = ["Window", "Interleave", "Tokens", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution",
+__all__ = ["Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution",
            "TransposedConvolution"]
 
 
@@ -51,16 +49,6 @@ class Interleave(Op):
 
     def reads(self) -> list[str]:
         return [self.source]
-
-
-@dataclass(frozen=True)
-class Tokens(Op):
-    node: str = ""
-    grid: str = ""
-    position: str = ""
-
-    def reads(self) -> list[str]:
-        return [self.node, self.grid, self.position]
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,17 @@ from __future__ import annotations
 from splitformer.symbolic import __version__
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.model import MultiscaleSpec, network_fingerprint
-from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TRANSFER, GridModelProgram, ModelProgram
+from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.model_adjoint import embedding_program, grid_program, readout_program
+from splitformer.symbolic.model_derivation import INPUT_STATE, GridModelProgram, ModelProgram
 
-from .ir import BATCH, Module
+from .ir import Module
 from .lowering import lower
-from .model_ir import Tokens
-from .model_lowering import lower_assignments, lower_stage
+from .model_adjoint import lower_stage_adjoint
+from .passes.convolution import convolution
+from .program_lowering import lower_program, optimized
 from .cvt_vjp import cvt_vjp_context
-from .model_vjp import grid_vjp_context, model_vjp_context
-from .passes import NETWORK_STAGE
+from .model_vjp import model_vjp_context
 from .render import environment, unit_context
 from .stage_render import stage_context
 
@@ -21,13 +23,10 @@ __all__ = ["render_model", "render_grid_model", "render_cvt", "model_units"]
 
 
 def model_units(model: ModelProgram, passes=None) -> dict[str, Module]:
-    """The lowered stages: embedding (with the initial condition on the tokens), step, final, readout."""
-    embedding = lower_stage(model.embedding)
-    key = model.embedding.operator.key
-    embedding.ops.append(Tokens("u0", (BATCH, "i", "l"), TOKENS_DISCRETE, embedding.ops[-1].section,
-                                node=f"{key}_cls", grid=embedding.output, position=f"{key}_pos"))
-    embedding.output = "u0"
-    units = {"embedding": embedding, "step": lower(model.step, passes), "readout": lower_stage(model.readout)}
+    """The lowered programs: the embedding (its initial condition on the tokens as layout
+    assignments, ``symbolic.model_adjoint.embedding_program``), step, final, readout."""
+    units = {"embedding": convolution(lower_program(embedding_program(model))), "step": lower(model.step, passes),
+             "readout": convolution(lower_program(readout_program(model)))}
     if model.final is not None:
         units["final"] = lower(model.final, passes)
     return units
@@ -39,15 +38,16 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     sizes = getattr(model.spec.embedding, "sizes", dict)()
     step = unit_context(units["step"], backend)
     final = unit_context(units["final"], backend) if "final" in units else None
-    embedding, readout = stage_context(units["embedding"], backend, sizes), stage_context(units["readout"], backend, {})
+    embedding = stage_context(optimized(units["embedding"]), backend, sizes, free=True)
+    readout = stage_context(optimized(units["readout"]), backend, {}, free=True)
     vjp = model_vjp_context(model, units, backend, {"embedding": embedding, "readout": readout}, passes)
-    helpers = step["uses"] | (final["uses"] if final else set()) | {"_einsum"} | (vjp["uses"] if vjp else set())
+    units = [embedding, step, readout, *([final] if final else []), vjp]
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
         computes=network_fingerprint(model.spec),
-        embedding=embedding, block=step, final=final, readout=readout, uses=helpers,
-        vjp=vjp, backward_erf=bool(vjp and vjp["erf"]),
+        embedding=embedding, block=step, final=final, readout=readout, vjp=vjp,
+        uses=set().union(*(unit["uses"] for unit in units)),
     )
 
 
@@ -69,57 +69,55 @@ def _channels(stages, default: str) -> str:
     return default
 
 
-def render_grid_model(model: GridModelProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``)."""
-    def unit(stages):
-        modules = [lower_stage(stage) for stage in stages]
-        contexts = [stage_context(module, backend, getattr(stage.operator, "sizes", dict)())
-                    for module, stage in zip(modules, stages)]
-        return {"parameters": [p for c in contexts for p in c["parameters"]],
-                "sections": [section for c in contexts for section in c["sections"]],
-                "output": stages[-1].output if stages else None,
-                "grid": [line for stage in stages if (line := _grid_line(stage.operator))]}
+def _grid_programs(model: GridModelProgram, backend: str) -> dict:
+    """One grid step per transfer (``with``: the transfer stages, ``identity``: R = 1), each its
+    derived program (``symbolic.model_adjoint.grid_program``): its forward (``run``, after the network
+    passes), the forward statements its adjoint reads, the adjoint, the seed and the gradients."""
+    sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in model.stages()}
+    variants = {}
+    for transfer in ((True, False) if model.transfer else (False,)):
+        program = grid_program(model, transfer)
+        forward = convolution(lower_program(program))
+        backward = lower_stage_adjoint(derive_adjoint(program), forward, INPUT_STATE)
+        parameters = {tensor.parameter: name for name, tensor in program.tensors.items() if tensor.role == "param"}
+        variants["with" if transfer else "identity"] = {
+            "run": stage_context(optimized(forward), backend, {}, free=True, group_sizes=sizes),
+            "forward": stage_context(backward.forward, backend, {}, group_sizes=sizes),
+            "adjoint": stage_context(backward.adjoint, backend, {}, group_sizes=sizes), "seed": backward.seed,
+            "gradient_input": backward.gradients[INPUT_STATE],
+            "gradients": [{"name": name, "variable": backward.gradients[name]} for name in parameters]}
+    return variants
 
-    field, transfer = unit(model.field), unit(model.transfer)
-    update = lower_assignments("update", {}, [model.update], model.update.target, "update: explicit Euler step")
-    steps = [update] + ([lower_stage(model.projection)] if model.projection else [])
-    vjp = grid_vjp_context(model, [lower_stage(stage) for stage in model.stages()] + steps, backend)
-    final = {"sections": [s for m in steps for s in stage_context(m, backend, {})["sections"]], "output": model.output}
+
+def render_grid_model(model: GridModelProgram, backend: str) -> str:
+    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``):
+    its derived programs (``_grid_programs``) and the checks of its grids and channels."""
+    vjp = _grid_programs(model, backend)
+    field = vjp["identity"]["run"]["parameters"]
+    transfer = [p for p in vjp["with"]["run"]["parameters"] if p not in field] if "with" in vjp else []
+    uses = set().union(*(piece[part]["uses"] for piece in vjp.values() for part in ("run", "forward", "adjoint")))
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
-        model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec), field=field, transfer=transfer, update=final,
+        model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
+        field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
+        transfer={"parameters": transfer,
+                  "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        transfer_name=TRANSFER, uses={"_einsum"}, block={"uses_erf": False}, vjp=vjp,
+        uses=uses, vjp=vjp,
     )
 
 
 def render_cvt(model: CvtProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of CvT."""
-    def unit(stage):
-        module = lower_stage(stage)
-        for rewrite in NETWORK_STAGE:
-            module = rewrite(module)
-        return stage_context(module, backend, getattr(stage.operator, "sizes", dict)(), free=True)
-
-    def update(assignment):
-        module = lower_assignments("update", {}, [assignment], assignment.target, "residual sum")
-        return stage_context(module, backend, {})
-
-    embedding = [unit(stage) for stage in model.embedding]
-    projections = [unit(stage) for pair in model.projections for stage in pair]
-    norm1, attention, norm2, ffn = (unit(stage) for stage in (model.norm1, model.attention, model.norm2, model.ffn))
-    readout = [unit(stage) for stage in model.readout]
-    layer = [norm1, *projections, attention, norm2, ffn]
+    """The source of the generated ``backend`` module of CvT: its derived programs (the forward
+    chains them) and their adjoints (``codegen.cvt_vjp``)."""
+    programs = cvt_vjp_context(model, backend)
+    functions = [piece[part] for piece in programs.values() for part in ("run", "forward", "adjoint")]
     template = environment().get_template(f"{backend}/cvt.py.j2")
     return template.render(
         name=model.name, summary=model.summary, version=__version__,
-        computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)), embedding=embedding, norm1=norm1,
-        projections=projections, attention=attention, norm2=norm2, ffn=ffn, readout=readout,
-        update1=update(model.updates[0]), update2=update(model.updates[1]),
-        stage_parameters=[p for u in embedding for p in u["parameters"]],
-        layer_parameters=[p for u in layer for p in u["parameters"]],
-        head_parameters=[p for u in readout for p in u["parameters"]],
-        uses={"_einsum", "_softmax"}.union(*(u["uses"] for u in [*embedding, *projections, *layer, *readout])),
-        block={"uses_erf": True},
-        vjp=cvt_vjp_context(model, backend),
+        computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)),
+        stage_parameters=programs["embedding"]["run"]["parameters"],
+        layer_parameters=programs["step"]["run"]["parameters"],
+        head_parameters=programs["readout"]["run"]["parameters"],
+        uses=set().union(*(function["uses"] for function in functions)), vjp=programs,
     )

@@ -8,17 +8,16 @@ block's, ``codegen.adjoint``), and the embedding's and readout's adjoints
 
 from __future__ import annotations
 
-from splitformer.symbolic.adjoint import derive_adjoint
-from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
-from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelProgram, ModelProgram
+from splitformer.symbolic.model_adjoint import derive_model_adjoint
+from splitformer.symbolic.model_derivation import INPUT, ModelProgram
 
 from .adjoint import lower_adjoint
 from .ir import Module
-from .model_adjoint import lower_adjoint_assignments, lower_stage_adjoint
+from .model_adjoint import lower_stage_adjoint
 from .render import backward_context
 from .stage_render import stage_context
 
-__all__ = ["model_vjp_context", "grid_vjp_context"]
+__all__ = ["model_vjp_context"]
 
 
 def _stage(backward, backend: str, sizes: dict, parameters: list[dict]) -> dict:
@@ -42,31 +41,8 @@ def model_vjp_context(model: ModelProgram, units: dict[str, Module], backend: st
     readout = lower_stage_adjoint(adjoint.readout, units["readout"], "u")
     step = backward_context(lower_adjoint(adjoint.step, passes), backend)
     final = backward_context(lower_adjoint(adjoint.final, passes), backend) if adjoint.final is not None else None
-    functions = [step["forward"], step["adjoint"], *([final["forward"], final["adjoint"]] if final else [])]
-    return {
-        "step": step, "final": final,
-        "embedding": _stage(embedding, backend, sizes, contexts["embedding"]["parameters"]),
-        "readout": _stage(readout, backend, {}, contexts["readout"]["parameters"]),
-        "uses": set().union(*(function["uses"] for function in functions)),
-        "erf": any(function["uses_erf"] for function in functions),
-    }
-
-
-def grid_vjp_context(model: GridModelProgram, modules: list[Module], backend: str) -> dict:
-    """The adjoint's template variables of a grid step: one adjoint per transfer (``with``:
-    the transfer stages, ``identity``: R = 1), from the costate of the output.
-
-    ``modules`` are the step's lowered stages (their tensors tell which arrays are unbatched).
-    """
-    known = {name: info for module in modules for name, info in module.tensors.items()}
-    variants = {}
-    for transfer in ((True, False) if model.transfer else (False,)):
-        adjoint = derive_adjoint(grid_program(model, transfer))
-        module = lower_adjoint_assignments(adjoint, known)
-        parameters = {tensor.parameter: name for name, tensor in adjoint.forward.tensors.items() if tensor.role == "param"}
-        variants["with" if transfer else "identity"] = {
-            "adjoint": stage_context(module, backend, {}), "seed": adjoint.seed,
-            "gradient_input": adjoint.gradients[INPUT_STATE],
-            "gradients": [{"name": name, "variable": adjoint.gradients[variable]} for name, variable in parameters.items()],
-        }
-    return variants
+    stages = {"embedding": _stage(embedding, backend, sizes, contexts["embedding"]["parameters"]),
+              "readout": _stage(readout, backend, {}, contexts["readout"]["parameters"])}
+    functions = [part[name] for part in (step, final or {}, *stages.values()) for name in ("forward", "adjoint")
+                 if name in part]
+    return {"step": step, "final": final, **stages, "uses": set().union(*(function["uses"] for function in functions))}

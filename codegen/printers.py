@@ -14,13 +14,28 @@ from splitformer.symbolic.domains import (
     BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
 )
 
+from splitformer.symbolic.cnn_operators import STRIDE
+from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS
+from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
+from splitformer.symbolic.vision_operators import PATCH
+
 from .ir import BATCH, Module, Operand
 
-__all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES"]
+__all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code"]
 
 #: Size symbols of the derivation and their names in emitted code.
 SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS,
                                                            GROUP, FREQUENCIES, KV_FEATURES, MEMORY, BUCKETS)}
+#: Symbols of the network derivations (sizes, kernels, strides) and their names in emitted code.
+CODE_NAMES = {**SIZE_NAMES, PATCH: "patch_size", STRIDE: "stride", KERNEL_ROWS.size: "kernel_size",
+              CHANNELS.size: "n_channels", ROWS.size: "n_rows", COLS.size: "n_cols", CLASSES.size: "n_classes",
+              KEY_ROWS: "n_rows_kv", KEY_COLS: "n_cols_kv"}
+
+
+def code(expr: sp.Expr) -> str:
+    """A size or configuration expression (``P``, ``2``) as code."""
+    expr = sp.sympify(expr)
+    return str(expr.xreplace({symbol: sp.Symbol(CODE_NAMES.get(symbol, symbol.name)) for symbol in expr.free_symbols}))
 
 
 def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library: str = "") -> str:
@@ -50,10 +65,26 @@ class ArrayPrinter(StrPrinter):
     functions: dict[str, str] = {}
     printmethod = "_splitformer_code"  # not "_sympystr": Indexed would print itself
 
-    def __init__(self, module: Module, out: tuple[str, ...] = ()):
+    def __init__(self, module: Module, out: tuple[str, ...] = (), used: set[str] | None = None):
         super().__init__({"order": "none"})
         self.module = module
         self.out = out
+        #: The names the printed code reads besides arrays (helpers, sizes, flags), as they are printed.
+        self.used = set() if used is None else used
+
+    def at(self, out: tuple[str, ...]) -> "ArrayPrinter":
+        """A printer for the axes ``out`` that records into the same ``used``."""
+        return type(self)(self.module, out, self.used)
+
+    def use(self, name: str) -> str:
+        """``name`` (a helper, a size, a flag), recorded as read by the printed code."""
+        self.used.add(name)
+        return name
+
+    def code(self, expr: sp.Expr) -> str:
+        """A size or configuration expression (``P``, ``2``) as code, its names recorded."""
+        self.used.update(CODE_NAMES.get(symbol, symbol.name) for symbol in sp.sympify(expr).free_symbols)
+        return code(expr)
 
     def _print_Indexed(self, expr: sp.Indexed) -> str:
         name = str(expr.base.label)
@@ -65,15 +96,15 @@ class ArrayPrinter(StrPrinter):
     def _print_Idx(self, expr: sp.Idx) -> str:
         """A grid index used as a value: the grid's coordinates ``0, 1, …`` along its axis."""
         size = self._print(expr.upper + 1)
-        return broadcast(f"_grid({size}, u0)", (str(expr.label),), self.out)
+        return broadcast(f"{self.use('_grid')}({size}, u0)", (str(expr.label),), self.out)
 
     def _print_Symbol(self, expr: sp.Symbol) -> str:
-        return SIZE_NAMES.get(expr, expr.name)
+        return self.use(SIZE_NAMES.get(expr, expr.name))
 
     def call(self, function: str, *args: sp.Expr) -> str:
         if function not in self.functions:
             raise AssertionError(f"no {self.library} spelling for {function}")
-        name = self.functions[function] if any(arg.has(sp.Indexed) for arg in args) else f"math.{function}"
+        name = self.use(self.functions[function]) if any(arg.has(sp.Indexed) for arg in args) else f"math.{function}"
         return f"{name}({', '.join(self._print(arg) for arg in args)})"
 
     def _print_Function(self, expr: sp.Function) -> str:

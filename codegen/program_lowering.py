@@ -20,11 +20,12 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import Assignment, Program
 
 from .ir import BATCH, Module
-from .model_adjoint import flattened_index, StageAdjointLowering
+from .model_adjoint import flattened_index, StageAdjointLowering, StageLowering
 from .model_ir import Join
-from .model_lowering import StageLowering
+from .passes import NETWORK_STAGE
+from .passes.convolution import convolution
 
-__all__ = ["lower_program"]
+__all__ = ["lower_program", "optimized"]
 
 
 class _ProgramLowering(StageAdjointLowering):
@@ -43,7 +44,8 @@ class _ProgramLowering(StageAdjointLowering):
                  for read in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
                  if not all(isinstance(index, sp.Idx) for index in read.indices)}
         assignment = replace(assignment, rhs=assignment.rhs.xreplace(views))
-        if is_plain(assignment.lhs.indices):
+        if is_plain(assignment.lhs.indices) or isinstance(assignment.lhs.indices[0], sp.Idx):
+            # plain, or written at shifted points of a grid axis (a prolongation: ``Interleave``)
             StageLowering.assignment(self, assignment, section)
         else:
             self.part(assignment, section)
@@ -79,3 +81,11 @@ def lower_program(program: Program) -> Module:
         for name in list(lowering.parts):  # a record writes whole arrays: its parts are complete
             lowering.join(name)
     return Module(program.name, lowering.tensors, lowering.ops, program.output)
+
+
+def optimized(module: Module) -> Module:
+    """``module`` with its convolutions recognized and the network passes run (``passes.NETWORK_STAGE``)."""
+    module = convolution(module)
+    for rewrite in NETWORK_STAGE:
+        module = rewrite(module)
+    return module

@@ -16,7 +16,7 @@ from splitformer.symbolic.scheme import Scheme
 
 from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
-from .backends import BACKENDS
+from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
 from .ir import Cache, Elementwise, MatMul, Module
 
@@ -109,14 +109,13 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     domains = {domain for info in module.tensors.values() for domain in (info.view or ()) + (info.shape or ())}
     domains |= {_LABEL_DOMAINS[label] for op in module.ops for label in op.labels if label in _LABEL_DOMAINS}
     sections: list[dict] = []
-    codes = [spelling.statements(module, op) for op in module.ops]
-    free = _last_reads(module, keep, codes) if keep is not None else {}
+    spelled = [spelling.spell(module, op) for op in module.ops]
+    free = _last_reads(module, keep, spelled) if keep is not None else {}
     for position, op in enumerate(module.ops):
         if not sections or sections[-1]["title"] != op.section:
             sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": codes[position],
+        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelled[position].lines,
                                            "free": free.get(position, [])})
-    code = "\n".join(line for section in sections for statement in section["statements"] for line in statement["code"])
     return {
         "parameters": parameters,
         "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
@@ -125,9 +124,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "buckets": buckets,
         "sections": sections,
         "uses_support": "chi" in module.tensors,
-        "uses_erf": "_erf(" in code,
-        "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm",
-                                       "_rms_norm", "_grid", "_cat") if f"{helper}(" in code},
+        # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
+        "uses": set().union(*(statement.used for statement in spelled)),
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor
         "side_by_side": _side_by_side(module),
         "output": module.output,
@@ -156,15 +154,15 @@ def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:
     return list(dict.fromkeys(groups))
 
 
-def _last_reads(module: Module, keep: set[str], codes: list[list[str]]) -> dict[int, list[str]]:
+def _last_reads(module: Module, keep: set[str], spelled: list[Spelled]) -> dict[int, list[str]]:
     """Statement position → the local arrays read there for the last time (not kept, not controls).
 
-    ``codes`` are the statements' lines: a grid coordinate (``_grid(size, u0)``) reads the
-    state ``u0`` for its dtype.
+    ``spelled`` are the statements: a grid coordinate (``_grid(size, u0)``) reads the state
+    ``u0`` for its dtype.
     """
     last: dict[str, int] = {}
     for position, op in enumerate(module.ops):
-        grid = ["u0"] if any("_grid(" in line for line in codes[position]) else []
+        grid = ["u0"] if "_grid" in spelled[position].used else []
         for name in [*op.reads(), *op.writes(), op.out, *grid]:  # out: a fused product's buffer, split into writes()
             last[name] = position
     free: dict[int, list[str]] = {}
@@ -192,8 +190,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     return template.render(
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
-        backward_uses=set().union(*(function["uses"] for function in functions)),
-        backward_erf=any(function["uses_erf"] for function in functions),
+        uses=set().union(*(function["uses"] for function in [block_unit, final_unit, *functions])),
         scheme=scheme,
         module=block,
         version=__version__,
@@ -263,7 +260,7 @@ def backward_context(backward: Backward, backend: str) -> dict:
     gradients.sort(key=lambda gradient: order.index(gradient["name"]))
     forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
     adjoint, input_only = backward.adjoint, 0
-    if backend == "torch":  # autograd asks for the input's costate only where the input needs it
+    if BACKENDS[backend].input_costate_last:
         adjoint, input_only = _input_costate_last(backward.adjoint, backward.gradients["u"],
                                                   {*backward.gradients.values()} - {backward.gradients["u"]})
     adjoint = unit_context(adjoint, backend, keep=set(backward.gradients.values()))

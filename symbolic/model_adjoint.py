@@ -1,4 +1,5 @@
-r"""The adjoint of a whole model: reverse mode over its embedding, steps and readout.
+r"""A whole model's programs (embedding, readout, grid step: what the emitted forward runs) and
+their adjoint: reverse mode over its embedding, steps and readout.
 
 Input: a ``ModelProgram``. Output: a ``ModelAdjoint``: the derived adjoints (``Adjoint``) of
 

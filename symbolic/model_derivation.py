@@ -36,7 +36,7 @@ __all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_
 INPUT = "image"
 #: The batched input of a grid step (a feature map, channels first), and ``R u`` (the transfer's value).
 INPUT_STATE, TRANSFER = "u0", "transfer"
-#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (the ``Tokens`` operation of the lowering).
+#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (``model_adjoint.initial_condition`` derives it).
 TOKENS_LATEX = (
     r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
     r"f(x, y) + E(x, y) & x \in \Omega_{\mathrm{grid}} \end{cases}"

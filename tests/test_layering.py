@@ -19,8 +19,8 @@ FOLDERS = {"splitformer": ROOT / "splitformer", "splitformer.symbolic": ROOT / "
 #: Emission and reports: IR → source and Markdown. Orchestrators (pipeline, api, cli) may
 #: call the verification; these modules never do.
 EMISSION = [f"splitformer.codegen.{name}" for name in (
-    "ir", "model_ir", "lowering", "model_lowering", "program_lowering", "adjoint", "model_adjoint", "passes",
-    "printers", "backends", "model_backends", "render", "stage_render", "model_render", "model_vjp", "cvt_vjp",
+    "ir", "model_ir", "lowering", "program_lowering", "adjoint", "model_adjoint", "passes",
+    "printers", "backends", "render", "stage_render", "model_render", "model_vjp", "cvt_vjp",
     "report", "report_adjoint", "model_report", "initialization")] + ["splitformer.templates"]
 
 

@@ -27,8 +27,9 @@ PASSES = {
     "reuse-buffers": reuse_buffers,
 }
 DEFAULT = tuple(PASSES.values())
-#: The passes a network's stage runs when its statements are chained by hand (CvT's template): a
-#: stage's arrays are its own, so they may be merged and fused, never reused in place.
+#: The passes CvT's derived programs run for its forward (``codegen.cvt_vjp``): their arrays are
+#: kept for the adjoint's recomputation or read by the chaining, so they are merged and fused,
+#: never reused in place.
 NETWORK_STAGE = (inline_elementwise, layer_norm, fused_attention, matmul)
 
 

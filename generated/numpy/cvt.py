@@ -8,7 +8,9 @@ Stages on successively coarser grids: the convolutional token embedding (a strid
 convolution, then the projection onto S_1), then pre-LN GELU steps whose Q, K, V are
 depth-wise convolutions (K, V on the coarser key grid of stride stride_kv), BatchNorm as a
 per-channel affine map and point-wise affine maps; the class node joins in the last stage.
-Every statement stands under the formula it implements (generated/reports/cvt.md).
+Each stage runs derived programs whose assignments, the chaining between operators (token
+layouts, the class node, residual sums) included, are in index notation; every statement
+stands under the formula it implements (generated/reports/cvt.md).
 
     forward(pixel_values, params, *, stages, eps=1e-5) -> (last_hidden_state, cls_token_value)
         last_hidden_state: (batch, d, n_rows, n_cols) of the last stage; cls_token_value:
@@ -161,10 +163,11 @@ def _stage_configs(stages):
 
 
 def _stage_grids(stages, height, width):
-    """Check, before any work, that each stage's grid and its query and key/value grids keep a node."""
+    """Each stage's grid (rows, cols), checked before any work: it and its query and key/value grids keep a node."""
     def count(size, window, stride, padding):
         return (size + 2 * padding - window) // stride + 1
 
+    patches = []
     for index, config in enumerate(stages):
         height, width = (count(size, config["patch_size"], config["patch_stride"], config["patch_padding"])
                          for size in (height, width))
@@ -176,6 +179,8 @@ def _stage_grids(stages, height, width):
             if min(grid) < 1:
                 raise ValueError(f"pixel_values too small for stages[{index}]: its {name} grid would be "
                                  f"{grid[0]}×{grid[1]}")
+        patches.append(grids["patch"])
+    return patches
 
 
 def _einsum(spec, *operands):
@@ -420,273 +425,6 @@ def _conv_transpose2d(field, W, bias=None):
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
-def _tokens(node, grid):
-    """The token nodes of a grid field (batch, d, rows, cols): the class node first (if any), then row by row."""
-    batch, d = grid.shape[:2]
-    tokens = grid.reshape(batch, d, -1).transpose(0, 2, 1)
-    return tokens if node is None else np.concatenate((node, tokens), axis=1)
-
-
-def _split(tokens, n_rows, n_cols, has_cls):
-    """The class node (batch, 1, d) or None, and the grid field (batch, d, rows, cols)."""
-    node, grid = (tokens[:, :1], tokens[:, 1:]) if has_cls else (None, tokens)
-    return node, grid.transpose(0, 2, 1).reshape(tokens.shape[0], tokens.shape[2], n_rows, n_cols)
-
-
-def _table(params, table, sizes, dtype, prefix=""):
-    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
-    arrays = {}
-    for name, axes in table.items():
-        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        if prefix + name not in params:
-            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
-        value = np.asarray(params[prefix + name])
-        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
-            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
-        if value.shape != expected:
-            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
-        arrays[name] = value.astype(dtype, copy=False)
-    return arrays
-
-
-def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
-    """The stage's initial condition: a strided convolution from the previous grid, then LN."""
-    embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_norm_gain = p["embed_norm.gain"]
-    embed_norm_bias = p["embed_norm.bias"]
-
-    # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
-
-    tokens = _tokens(None, embed_out)
-
-    # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
-    return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
-
-
-def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
-    """One pre-LN GELU step with convolutional projections on the token domain of the stage."""
-    batch, n_tokens, d = u0.shape
-    n_heads, kernel_qkv = config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    d_head, d_ff = d // n_heads, p["ffn.W_1"].shape[1]
-    norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
-    qconv_W = p["qconv.W"]
-    qbn_gain = p["qbn.gain"]
-    qbn_bias = p["qbn.bias"]
-    qbn_mean = p["qbn.mean"]
-    qbn_var = p["qbn.var"]
-    kconv_W = p["kconv.W"]
-    kbn_gain = p["kbn.gain"]
-    kbn_bias = p["kbn.bias"]
-    kbn_mean = p["kbn.mean"]
-    kbn_var = p["kbn.var"]
-    vconv_W = p["vconv.W"]
-    vbn_gain = p["vbn.gain"]
-    vbn_bias = p["vbn.bias"]
-    vbn_mean = p["vbn.mean"]
-    vbn_var = p["vbn.var"]
-    attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
-    attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
-    attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
-    attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
-    norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
-    ffn_W_1 = p["ffn.W_1"]
-    ffn_b_1 = p["ffn.b_1"]
-    ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
-
-    # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
-
-    cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
-
-    # --- qconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
-
-    # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
-    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
-    qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
-    qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
-    del qbn_a, qbn_c
-
-    # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
-
-    # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
-    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
-    kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} + {c^{\mathrm{kbn}}}_{l}
-    kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
-    del kbn_a, kbn_c
-
-    # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
-
-    # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
-    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
-    vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} + {c^{\mathrm{vbn}}}_{l}
-    vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
-    del vbn_a, vbn_c
-
-    # queries on the token nodes; keys and values on the key nodes (the class node, then the coarse grid)
-    q_in = _tokens(cls, qbn_out)
-    k_in = _tokens(cls, kbn_out)
-    v_in = _tokens(cls, vbn_out)
-    n_memory = k_in.shape[1]  # the key nodes
-
-    # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
-    attn_q = q_in.reshape(-1, d) @ attn_W_q
-    attn_q += attn_b_q
-    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
-    attn_k = k_in.reshape(-1, d) @ attn_W_k
-    attn_k += attn_b_k
-    attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
-    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
-    attn_v = v_in.reshape(-1, d) @ attn_W_v
-    attn_v += attn_b_v
-    attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
-    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
-    del attn_k, attn_q, attn_v
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
-    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
-    attn_out += attn_b_o
-    attn_out = attn_out.reshape(batch, n_tokens, d)
-    del attn_o
-
-    # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {attn_{out}}_{i,l} + {u_{0}}_{i,l}
-    u1 = attn_out + u0
-
-    # --- norm2: layer-norm ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
-
-    # --- ffn: feed-forward ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
-    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
-    ffn_w += ffn_b_1
-    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
-    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
-    del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
-    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
-    ffn_out += ffn_b_2
-    ffn_out = ffn_out.reshape(batch, n_tokens, d)
-    del ffn_s
-
-    # --- residual sum ---
-    # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
-    u2 = ffn_out + u1
-    return u2
-
-
-def _readout(cls, p, eps):
-    """LN of the class node, then the linear head."""
-    final_norm_gain = p["final_norm.gain"]
-    final_norm_bias = p["final_norm.bias"]
-    head_W = p["head.W"]
-    head_b = p["head.b"]
-
-    # --- final_norm: layer-norm ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
-
-    # --- head: class-token-head ---
-    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
-    head_z = final_norm_out[:, 0, :]
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
-    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
-    del head_z
-    return head_logits
-
-
-def forward(pixel_values, params, *, stages, eps=1e-5):
-    """Final hidden states of the last stage (grid layout) and the class node's state."""
-    u = np.asarray(pixel_values)
-    if u.dtype not in (np.float32, np.float64):
-        raise ValueError(f"pixel_values must be float32 or float64, got {u.dtype}")
-    if u.ndim != 4:
-        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {u.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
-    stages = _stage_configs(stages)
-    _stage_grids(stages, u.shape[2], u.shape[3])
-    cls = None
-    for index, config in enumerate(stages):
-        prefix = f"stages.{index}."
-        if prefix + "embed.W" not in params:
-            raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
-        d = np.shape(params[prefix + "embed.W"])[-1]
-        sizes = {"n_channels": u.shape[1], "patch_size": config["patch_size"], "d": d,
-                 "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
-        if d % config["n_heads"]:
-            raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
-        tokens, n_rows, n_cols = _embedding(u, _table(params, STAGE_PARAMETERS, sizes, u.dtype, prefix),
-                                        config["patch_size"], config["patch_stride"], config["patch_padding"], eps)
-        if config["cls"]:
-            node = _table(params, {"cls": ("d",)}, sizes, u.dtype, prefix)["cls"]
-            tokens = np.concatenate((np.broadcast_to(node, (tokens.shape[0], 1, d)), tokens), axis=1)
-        layer = 0
-        while f"{prefix}layers.{layer}.attn.W_q" in params:
-            p = _table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{layer}.")
-            tokens = _step(tokens, p, n_rows, n_cols, config["cls"], config, eps)
-            layer += 1
-        cls, u = _split(tokens, n_rows, n_cols, config["cls"])
-    return u, cls
-
-
-def logits(pixel_values, params, *, stages, eps=1e-5):
-    """The readout: the class node's final state, projected onto S_1, through the linear head."""
-    _, cls = forward(pixel_values, params, stages=stages, eps=eps)
-    if cls is None:
-        raise ValueError("logits need a class node in the last stage (cls=True)")
-    if "head.W" not in params:
-        raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": cls.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
-    return _readout(cls, _table(params, HEAD_PARAMETERS, sizes, cls.dtype), eps)
 def _rows(field, axis, offset, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     index = [slice(None)] * field.ndim
@@ -728,6 +466,631 @@ def _join(*parts):
                            else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
 
 
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
+    arrays = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
+        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
+        if value.shape != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
+        arrays[name] = value.astype(dtype, copy=False)
+    return arrays
+
+
+def _embedding(u0, p, config, eps):
+    """The embedding program: its assignments, the chaining between operators included, in order."""
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_norm_gain = p["embed_norm.gain"]
+    embed_norm_bias = p["embed_norm.bias"]
+
+    # --- embed: convolution ---
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
+    del embed_out
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
+    del tokens_part1
+
+    # --- embed_norm: layer-norm ---
+    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
+    del tokens
+
+    return embed_norm_out
+
+
+def _embedding_cls(u0, p, config, eps):
+    """The embedding_cls program: its assignments, the chaining between operators included, in order."""
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_norm_gain = p["embed_norm.gain"]
+    embed_norm_bias = p["embed_norm.bias"]
+    cls = p["cls"]
+
+    # --- embed: convolution ---
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
+    del embed_out
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
+    del tokens_part1
+
+    # --- embed_norm: layer-norm ---
+    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
+    del tokens
+
+    # --- the class node joins ---
+    # {u^{(0)}}_{0,l} = {c}_{l}
+    x0_part1 = cls
+    # embed_norm_out at N_2*p + q, l (a view)
+    embed_norm_out_view1 = _rows(embed_norm_out, 1, 0, (n_rows, n_cols))
+    del embed_norm_out
+    # {u^{(0)}}_{N_{2} p + q + 1,l} = {\mathrm{LN}^{\mathrm{embed\_norm}}}_{N_{2} p + q,l}
+    x0_part2 = embed_norm_out_view1
+    del embed_norm_out_view1
+    # the parts one after another along the token axis
+    x0 = _join(x0_part1, x0_part2)
+    del x0_part1, x0_part2
+
+    return x0
+
+
+def _step(u0, p, config, eps):
+    """The step program: its assignments, the chaining between operators included, in order."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_tokens = config["n_tokens"]
+    n_memory = config["n_memory"]
+    batch = u0.shape[0]
+    d_head = d // n_heads
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    qconv_W = p["qconv.W"]
+    qbn_gain = p["qbn.gain"]
+    qbn_bias = p["qbn.bias"]
+    qbn_mean = p["qbn.mean"]
+    qbn_var = p["qbn.var"]
+    kconv_W = p["kconv.W"]
+    kbn_gain = p["kbn.gain"]
+    kbn_bias = p["kbn.bias"]
+    kbn_mean = p["kbn.mean"]
+    kbn_var = p["kbn.var"]
+    vconv_W = p["vconv.W"]
+    vbn_gain = p["vbn.gain"]
+    vbn_bias = p["vbn.bias"]
+    vbn_mean = p["vbn.mean"]
+    vbn_var = p["vbn.var"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    d_ff = p["ffn.W_1"].shape[1]
+
+    # --- norm1: layer-norm ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
+
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 0, (n_rows, n_cols))
+    del norm1_out
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q,l}
+    grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
+    del norm1_out_view1
+
+    # --- qconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
+
+    # --- qbn: batch-norm ---
+    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
+    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
+
+    # --- kconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
+
+    # --- kbn: batch-norm ---
+    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
+    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
+
+    # --- vconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
+    del grid
+
+    # --- vbn: batch-norm ---
+    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
+    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
+
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # {q_{in}}_{N_{2} p + q,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part1 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
+    del qbn_a, qbn_c, qconv_out
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # {k_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part1 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
+    del kbn_a, kbn_c, kconv_out
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # {v_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part1 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
+    del vbn_a, vbn_c, vconv_out
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1)
+    del q_in_part1
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1)
+    del k_in_part1
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1)
+    del v_in_part1
+
+    # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = q_in.reshape(-1, d) @ attn_W_q
+    attn_q += attn_b_q
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    del q_in
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = k_in.reshape(-1, d) @ attn_W_k
+    attn_k += attn_b_k
+    attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
+    del k_in
+    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    attn_v = v_in.reshape(-1, d) @ attn_W_v
+    attn_v += attn_b_v
+    attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
+    del v_in
+    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
+    del attn_k, attn_q, attn_v
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
+
+    # --- residual sum ---
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    u1 = attn_out + u0
+    del attn_out
+
+    # --- norm2: layer-norm ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+
+    # --- ffn: feed-forward ---
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
+    del norm2_out
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
+
+    # --- residual sum ---
+    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
+    u2 = ffn_out + u1
+    del ffn_out, u1
+
+    return u2
+
+
+def _step_cls(u0, p, config, eps):
+    """The step_cls program: its assignments, the chaining between operators included, in order."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_tokens = config["n_tokens"]
+    n_memory = config["n_memory"]
+    batch = u0.shape[0]
+    d_head = d // n_heads
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    qconv_W = p["qconv.W"]
+    qbn_gain = p["qbn.gain"]
+    qbn_bias = p["qbn.bias"]
+    qbn_mean = p["qbn.mean"]
+    qbn_var = p["qbn.var"]
+    kconv_W = p["kconv.W"]
+    kbn_gain = p["kbn.gain"]
+    kbn_bias = p["kbn.bias"]
+    kbn_mean = p["kbn.mean"]
+    kbn_var = p["kbn.var"]
+    vconv_W = p["vconv.W"]
+    vbn_gain = p["vbn.gain"]
+    vbn_bias = p["vbn.bias"]
+    vbn_mean = p["vbn.mean"]
+    vbn_var = p["vbn.var"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    d_ff = p["ffn.W_1"].shape[1]
+
+    # --- norm1: layer-norm ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
+
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q + 1, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 1, (n_rows, n_cols))
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q + 1,l}
+    grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
+    del norm1_out_view1
+
+    # --- qconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
+
+    # --- qbn: batch-norm ---
+    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
+    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
+
+    # --- kconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
+
+    # --- kbn: batch-norm ---
+    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
+    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
+
+    # --- vconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
+    del grid
+
+    # --- vbn: batch-norm ---
+    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
+    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
+
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # norm1_out at 0, l (a view)
+    norm1_out_view2 = norm1_out[:, 0, :]
+    # {q_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    q_in_part1 = norm1_out_view2
+    del norm1_out_view2
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # {q_{in}}_{N_{2} p + q + 1,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part2 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
+    del qbn_a, qbn_c, qconv_out
+    # norm1_out at 0, l (a view)
+    norm1_out_view3 = norm1_out[:, 0, :]
+    # {k_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    k_in_part1 = norm1_out_view3
+    del norm1_out_view3
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # {k_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part2 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
+    del kbn_a, kbn_c, kconv_out
+    # norm1_out at 0, l (a view)
+    norm1_out_view4 = norm1_out[:, 0, :]
+    del norm1_out
+    # {v_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    v_in_part1 = norm1_out_view4
+    del norm1_out_view4
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # {v_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part2 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
+    del vbn_a, vbn_c, vconv_out
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1, q_in_part2)
+    del q_in_part1, q_in_part2
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1, k_in_part2)
+    del k_in_part1, k_in_part2
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1, v_in_part2)
+    del v_in_part1, v_in_part2
+
+    # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = q_in.reshape(-1, d) @ attn_W_q
+    attn_q += attn_b_q
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    del q_in
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = k_in.reshape(-1, d) @ attn_W_k
+    attn_k += attn_b_k
+    attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
+    del k_in
+    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    attn_v = v_in.reshape(-1, d) @ attn_W_v
+    attn_v += attn_b_v
+    attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
+    del v_in
+    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
+    del attn_k, attn_q, attn_v
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
+    attn_out += attn_b_o
+    attn_out = attn_out.reshape(batch, n_tokens, d)
+    del attn_o
+
+    # --- residual sum ---
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    u1 = attn_out + u0
+    del attn_out
+
+    # --- norm2: layer-norm ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+
+    # --- ffn: feed-forward ---
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
+    ffn_w += ffn_b_1
+    ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
+    del norm2_out
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
+    ffn_out += ffn_b_2
+    ffn_out = ffn_out.reshape(batch, n_tokens, d)
+    del ffn_s
+
+    # --- residual sum ---
+    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
+    u2 = ffn_out + u1
+    del ffn_out, u1
+
+    return u2
+
+
+def _grid(u, p, config, eps):
+    """The grid program: its assignments, the chaining between operators included, in order."""
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+
+    # --- the stage's grid ---
+    # u at N_2*p + q, l (a view)
+    u_view1 = _rows(u, 1, 0, (n_rows, n_cols))
+    # {g}_{l,p,q} = {u}_{N_{2} p + q,l}
+    hidden = np.transpose(u_view1, (0, 3, 1, 2))
+    del u_view1
+
+    return hidden
+
+
+def _grid_cls(u, p, config, eps):
+    """The grid_cls program: its assignments, the chaining between operators included, in order."""
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+
+    # --- the stage's grid ---
+    # u at N_2*p + q + 1, l (a view)
+    u_view1 = _rows(u, 1, 1, (n_rows, n_cols))
+    # {g}_{l,p,q} = {u}_{N_{2} p + q + 1,l}
+    hidden = np.transpose(u_view1, (0, 3, 1, 2))
+    del u_view1
+
+    return hidden
+
+
+def _node(u, p, config, eps):
+    """The node program: its assignments, the chaining between operators included, in order."""
+
+    # --- the class node ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
+    # {c}_{0,l} = {u}_{0,l}
+    node_part1 = u_view1
+    del u_view1
+    # the parts one after another along the token axis
+    node = _join(node_part1)
+    del node_part1
+
+    return node
+
+
+def _readout(cls, p, config, eps):
+    """The readout program: its assignments, the chaining between operators included, in order."""
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- final_norm: layer-norm ---
+    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
+
+    # --- head: class-token-head ---
+    # final_norm_out at 0, l (a view)
+    final_norm_out_view1 = final_norm_out[:, 0, :]
+    del final_norm_out
+    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
+    head_z = final_norm_out_view1
+    del final_norm_out_view1
+    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
+
+    return head_logits
+
+
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
+
+    node = 1 if config["cls"] else 0  # the class node, before the grid's
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
+            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
+def _checked(pixel_values, params, stages, eps):
+    """The image as an array and the checked stage configurations, before any work."""
+    u = np.asarray(pixel_values)
+    if u.dtype not in (np.float32, np.float64):
+        raise ValueError(f"pixel_values must be float32 or float64, got {u.dtype}")
+    if u.ndim != 4:
+        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {u.shape}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    stages = _stage_configs(stages)
+    return u, stages, _stage_grids(stages, u.shape[2], u.shape[3])
+
+
+def _stages(u, params, stages, grids, eps):
+    """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
+
+    Returns what each stage kept (its input, parameters, configuration, steps' parameters and
+    inputs, last tokens) and the last stage's grid.
+    """
+    kept = []
+    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, grids)):
+        prefix = f"stages.{index}."
+        if prefix + "embed.W" not in params:
+            raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
+        d = np.shape(params[prefix + "embed.W"])[-1]
+        sizes = {"n_channels": u.shape[1], "patch_size": config["patch_size"], "d": d,
+                 "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
+        if d % config["n_heads"]:
+            raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
+        config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
+        top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
+                     u.dtype, prefix)
+        tokens = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps)
+        layers, inputs = [], []
+        while f"{prefix}layers.{len(layers)}.attn.W_q" in params:
+            layers.append(_table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{len(layers)}."))
+            inputs.append(tokens)
+            tokens = (_step_cls if config["cls"] else _step)(tokens, layers[-1], config, eps)
+        kept.append((u, top, config, layers, inputs, tokens))
+        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
+    return kept, u
+
+
+def _class_node(kept, eps):
+    """The class node's final state (batch, 1, d), or None when the last stage has none."""
+    _, _, config, _, _, tokens = kept[-1]
+    return _node(tokens, {}, config, eps) if config["cls"] else None
+
+
+def _head(params, cls):
+    """The readout's parameters, checked."""
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": cls.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
+    return _table(params, HEAD_PARAMETERS, sizes, cls.dtype)
+
+
+def forward(pixel_values, params, *, stages, eps=1e-5):
+    """Final hidden states of the last stage (grid layout) and the class node's state."""
+    u, stages, grids = _checked(pixel_values, params, stages, eps)
+    kept, hidden = _stages(u, params, stages, grids, eps)
+    return hidden, _class_node(kept, eps)
+
+
+def logits(pixel_values, params, *, stages, eps=1e-5):
+    """The readout: the class node's final state, projected onto S_1, through the linear head."""
+    u, stages, grids = _checked(pixel_values, params, stages, eps)
+    kept, _ = _stages(u, params, stages, grids, eps)
+    cls = _class_node(kept, eps)
+    if cls is None:
+        raise ValueError("logits need a class node in the last stage (cls=True)")
+    return _readout(cls, _head(params, cls), kept[-1][2], eps)
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -1829,14 +2192,6 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
 
 
 
-def _grid_sizes(config, n_rows, n_cols):
-    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
-    def size(n):
-        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
-
-    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols)}
-
-
 def _costate_of_tokens(tokens, seed_grid, seed_cls, config, eps):
     """The costate of the last stage's tokens: the adjoint of its grid output, plus that of its class node
     (when seeded; the two outputs read disjoint token nodes)."""
@@ -1877,49 +2232,24 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
-def _backward(u, params, stages, eps, seed_grid, seed_cls):
-    """The costates of the last stage's grid and class node (either may be None), backwards through every
-    stage → gradients.
-
-    Each stage's input, each step's input and each stage's last tokens are kept; a program's activations are
-    recomputed when its adjoint runs.
-    """
-    kept = []
-    for index, config in enumerate(stages):
-        prefix = f"stages.{index}."
-        top = {name: np.asarray(params[prefix + name], dtype=u.dtype) for name in STAGE_PARAMETERS}
-        tokens, n_rows, n_cols = _embedding(u, top, config["patch_size"], config["patch_stride"],
-                                            config["patch_padding"], eps)
-        config = _grid_sizes({**config, "d": tokens.shape[-1]}, n_rows, n_cols)
-        if config["cls"]:
-            top["cls"] = np.asarray(params[prefix + "cls"], dtype=u.dtype)
-            tokens = np.concatenate((np.broadcast_to(top["cls"], (tokens.shape[0], 1, tokens.shape[-1])), tokens), axis=1)
-        layers, inputs = [], []
-        while f"{prefix}layers.{len(layers)}.attn.W_q" in params:
-            layer = {name: np.asarray(params[f"{prefix}layers.{len(layers)}.{name}"], dtype=u.dtype) for name in LAYER_PARAMETERS}
-            inputs.append(tokens)
-            tokens = _step(tokens, layer, n_rows, n_cols, config["cls"], config, eps)
-            layers.append(layer)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = _split(tokens, n_rows, n_cols, config["cls"])[1]
-    seed = _costate_of_tokens(kept[-1][5], seed_grid, seed_cls, kept[-1][2], eps)
-    return _reverse(kept, seed, eps)
-
-
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
     ``grad_out`` is the costate λ of ``last_hidden_state`` and ``grad_cls`` that of
     ``cls_token_value`` (zero when omitted); the costate runs back through every stage
-    (last first), each stage's steps (last first) and its token embedding (report §8).
+    (last first), each stage's steps (last first) and its token embedding (report §8). The
+    forward keeps each stage's input, each step's input and each stage's last tokens; a
+    program's activations are recomputed when its adjoint runs.
     """
-    hidden, cls = forward(pixel_values, params, stages=stages, eps=eps)
-    u = np.asarray(pixel_values)
+    u, stages, grids = _checked(pixel_values, params, stages, eps)
+    kept, hidden = _stages(u, params, stages, grids, eps)
+    cls = _class_node(kept, eps)
     seed_grid = _costate("grad_out", grad_out, hidden.shape, u.dtype)
     if cls is None and grad_cls is not None:
         raise ValueError("grad_cls given, but the last stage has no class node")
     seed_cls = None if grad_cls is None else _costate("grad_cls", grad_cls, cls.shape, u.dtype)
-    grad_image, grads = _backward(u, params, stages, eps, seed_grid, seed_cls)
+    seed = _costate_of_tokens(kept[-1][5], seed_grid, seed_cls, kept[-1][2], eps)
+    grad_image, grads = _reverse(kept, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}
 
 
@@ -1928,14 +2258,15 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
 
     ``grad_logits`` is the costate of the logits (batch, n_classes).
     """
-    _, cls = forward(pixel_values, params, stages=stages, eps=eps)
+    u, stages, grids = _checked(pixel_values, params, stages, eps)
+    kept, _ = _stages(u, params, stages, grids, eps)
+    cls = _class_node(kept, eps)
     if cls is None:
         raise ValueError("logits need a class node in the last stage (cls=True)")
-    u = np.asarray(pixel_values)
-    head = {name: np.asarray(params[name], dtype=u.dtype) for name in HEAD_PARAMETERS}
+    head = _head(params, cls)
     seed = _costate("grad_logits", grad_logits, (cls.shape[0], head["head.W"].shape[-1]), u.dtype)
-    config = {**stages[-1], "d": cls.shape[-1]}
-    seed_cls, grads = _readout_vjp(cls, seed, head, config, eps)
-    grad_image, rest = _backward(u, params, stages, eps, None, seed_cls)
+    seed_cls, grads = _readout_vjp(cls, seed, head, kept[-1][2], eps)
+    seed = _costate_of_tokens(kept[-1][5], None, seed_cls, kept[-1][2], eps)
+    grad_image, rest = _reverse(kept, seed, eps)
     grads |= rest
     return grad_image, {name: grads[name] for name in params if name in grads}

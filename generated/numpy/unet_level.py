@@ -204,19 +204,18 @@ def _prepare(u, params, stride, eps):
     return u0, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
 
 
-def forward(u, params, *, stride=1, eps=1e-5):
-    """One step: ``u`` of shape (batch, n_channels, height, width)."""
-    u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    down_W = p.get("down.W")
-    down_b = p.get("down.b")
-    conv_W = p.get("conv.W")
-    conv_b = p.get("conv.b")
-    bn_gain = p.get("bn.gain")
-    bn_bias = p.get("bn.bias")
-    bn_mean = p.get("bn.mean")
-    bn_var = p.get("bn.var")
-    up_W = p.get("up.W")
-    up_b = p.get("up.b")
+def _step_identity(u0, p, stride, eps):
+    """The step with R = 1: the derived program's assignments in order."""
+    down_W = p["down.W"]
+    down_b = p["down.b"]
+    conv_W = p["conv.W"]
+    conv_b = p["conv.b"]
+    bn_gain = p["bn.gain"]
+    bn_bias = p["bn.bias"]
+    bn_mean = p["bn.mean"]
+    bn_var = p["bn.var"]
+    up_W = p["up.W"]
+    up_b = p["up.b"]
 
     # --- down: convolution ---
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
@@ -225,29 +224,42 @@ def forward(u, params, *, stride=1, eps=1e-5):
     # --- conv: convolution ---
     # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
     conv_out = _conv2d(down_out, conv_W, 1, 1, conv_b)
+    del down_out
 
     # --- bn: batch-norm ---
     # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
     bn_a = bn_gain/np.sqrt(eps + bn_var)
     # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
     bn_c = -bn_gain*bn_mean/np.sqrt(eps + bn_var) + bn_bias
-    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
-    bn_out = bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None]
 
     # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
-    relu_out = np.maximum(bn_out, 0)
+    relu_out = np.maximum(bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None], 0)
+    del bn_a, bn_c, conv_out
 
     # --- up: transposed-convolution ---
     # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
     up_out = _conv_transpose2d(relu_out, up_W, up_b)
-
-    transfer = u0
+    del relu_out
 
     # --- update: explicit Euler step ---
+    # (R u)_{l,p,q} = u_{l,p,q}
     # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    u1 = transfer + up_out
+    u1 = u0 + up_out
+    del up_out
     return u1
+
+
+def _step(u0, p, has_transfer, stride, eps):
+    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
+    return _step_identity(u0, p, stride, eps)
+
+
+def forward(u, params, *, stride=1, eps=1e-5):
+    """One step: ``u`` of shape (batch, n_channels, height, width)."""
+    u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
+    return _step(u0, p, has_transfer, stride, eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -275,17 +287,17 @@ def _fold(blocks, shape, axes, size, stride, padding):
 
 
 def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
-    """The step again, then its derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
-    down_W = p.get("down.W")
-    down_b = p.get("down.b")
-    conv_W = p.get("conv.W")
-    conv_b = p.get("conv.b")
-    bn_gain = p.get("bn.gain")
-    bn_bias = p.get("bn.bias")
-    bn_mean = p.get("bn.mean")
-    bn_var = p.get("bn.var")
-    up_W = p.get("up.W")
-    up_b = p.get("up.b")
+    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+    down_W = p["down.W"]
+    down_b = p["down.b"]
+    conv_W = p["conv.W"]
+    conv_b = p["conv.b"]
+    bn_gain = p["bn.gain"]
+    bn_bias = p["bn.bias"]
+    bn_mean = p["bn.mean"]
+    bn_var = p["bn.var"]
+    up_W = p["up.W"]
+    up_b = p["up.b"]
 
     # --- down: convolution ---
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
@@ -306,17 +318,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     # --- relu: relu-projection ---
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
     relu_out = np.maximum(bn_out, 0)
-
-    # --- up: transposed-convolution ---
-    # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = _conv_transpose2d(relu_out, up_W, up_b)
-
-    transfer = u0
-
-    # --- update: explicit Euler step ---
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    u1 = transfer + up_out
-
 
     # --- adjoint of up: transposed-convolution ---
     # {\lambda^{+}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)

@@ -334,10 +334,11 @@ def _conv_transpose2d(field, W, bias=None):
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
-def _tokens(node, grid):
-    """The class node first, then the grid nodes row by row."""
-    batch, d = grid.shape[0], grid.shape[-1]
-    return np.concatenate((np.broadcast_to(node, (batch, 1, d)), grid.reshape(batch, -1, d)), axis=1)
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.ndim > 1)
+    return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
+                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
 
 
 def _table(params, table, sizes, dtype, prefix=""):
@@ -409,6 +410,7 @@ def _config(params, image, patch_size, n_heads, eps):
 
 
 def _embedding(image, p, patch_size):
+    """The embedding program: the patch embedding, then the initial condition on the token domain."""
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_cls = p["embed.cls"]
@@ -417,9 +419,37 @@ def _embedding(image, p, patch_size):
     # --- embed: patch-embedding ---
     # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
     embed_f = _conv2d(image, embed_W, patch_size, 0, embed_b).transpose(0, 2, 3, 1)
-    # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
-    u0 = _tokens(embed_cls, embed_f) + embed_pos
+
+    # --- initial condition on the token domain ---
+    # {t}_{0,l} = {c^{\mathrm{cls}}_{\mathrm{embed}}}_{l}
+    embed_tokens_part1 = embed_cls
+    # {t}_{N_{2} p + q + 1,l} = {f^{\mathrm{embed}}}_{p,q,l}
+    embed_tokens_part2 = embed_f
+    del embed_f
+    # the parts one after another along the token axis
+    embed_tokens = _join(embed_tokens_part1, embed_tokens_part2)
+    del embed_tokens_part1, embed_tokens_part2
+    # {u^{(0)}}_{i,l} = {E_{\mathrm{embed}}}_{i,l} + {t}_{i,l}
+    u0 = embed_pos + embed_tokens
+    del embed_tokens
     return u0
+
+
+def _readout(u, p):
+    """The readout program: the class node's state through the linear head."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u_view1
+    del u_view1
+    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
+    return head_logits
 
 
 def _step(u0, p, n_heads, eps):
@@ -510,18 +540,6 @@ def _final_norm(u0, p, eps):
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     del u0
     return u1
-
-
-def _readout(u, p):
-    head_W = p["head.W"]
-    head_b = p["head.b"]
-
-    # --- head: class-token-head ---
-    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
-    head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
-    return head_logits
 
 
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -927,8 +945,10 @@ def _readout_vjp(u, head_logits_bar, p):
     head_b = p["head.b"]
 
     # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
     # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
+    head_z = u_view1
 
     # --- adjoint of head: class-token-head ---
     # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}

@@ -114,10 +114,11 @@ def _stage_configs(stages):
 
 
 def _stage_grids(stages, height, width):
-    """Check, before any work, that each stage's grid and its query and key/value grids keep a node."""
+    """Each stage's grid (rows, cols), checked before any work: it and its query and key/value grids keep a node."""
     def count(size, window, stride, padding):
         return (size + 2 * padding - window) // stride + 1
 
+    patches = []
     for index, config in enumerate(stages):
         height, width = (count(size, config["patch_size"], config["patch_stride"], config["patch_padding"])
                          for size in (height, width))
@@ -129,6 +130,8 @@ def _stage_grids(stages, height, width):
             if min(grid) < 1:
                 raise ValueError(f"pixel_values too small for stages[{index}]: its {name} grid would be "
                                  f"{grid[0]}×{grid[1]}")
+        patches.append(grids["patch"])
+    return patches
 
 
 def _allowed(support):
@@ -310,6 +313,46 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _place_rows(rows, shape, axis: int, offset: int):
+    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
+    count = math.prod(rows.shape[axis:axis + rows.dim() - len(shape) + 1])
+    out = rows.new_zeros(shape)
+    out.narrow(axis, offset, count).copy_(rows.reshape(tuple(shape[:axis]) + (count,) + tuple(shape[axis + 1:])))
+    return out
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+
+
 def _load_all(module, params):
     """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
 
@@ -339,19 +382,6 @@ def _load_all(module, params):
     return module
 
 
-def _tokens(node, grid):
-    """The token nodes of a grid field (batch, d, rows, cols): the class node first (if any), then row by row."""
-    batch, d = grid.shape[:2]
-    tokens = grid.reshape(batch, d, -1).transpose(1, 2)
-    return tokens if node is None else torch.cat((node, tokens), dim=1)
-
-
-def _split(tokens, n_rows, n_cols, has_cls):
-    """The class node (batch, 1, d) or None, and the grid field (batch, d, rows, cols)."""
-    node, grid = (tokens[:, :1], tokens[:, 1:]) if has_cls else (None, tokens)
-    return node, grid.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], n_rows, n_cols)
-
-
 def _group(module, table, sizes, factory):
     for name, axes in table.items():
         group, attribute = name.split(".")
@@ -366,13 +396,101 @@ def _table(module, table):
     return {name: getattr(getattr(module, name.split(".")[0]), name.split(".")[1]) for name in table}
 
 
-def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
-    """One pre-LN GELU step with convolutional projections on the token domain of the stage."""
-    batch, n_tokens, d = u0.shape
-    dropout_p = 0.0  # the models run without dropout (the block helpers take its rate)
-    n_heads, kernel_qkv = config["n_heads"], config["kernel_qkv"]
-    stride_q, padding_q, stride_kv, padding_kv = (config[name] for name in ("stride_q", "padding_q", "stride_kv", "padding_kv"))
-    d_head, d_ff = d // n_heads, p["ffn.W_1"].shape[1]
+def _embedding(u0, p, config, eps):
+    """The embedding program: its assignments, the chaining between operators included, in order."""
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_norm_gain = p["embed_norm.gain"]
+    embed_norm_bias = p["embed_norm.bias"]
+
+    # --- embed: convolution ---
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = embed_out.permute(0, 2, 3, 1)
+    del embed_out
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
+    del tokens_part1
+
+    # --- embed_norm: layer-norm ---
+    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
+    del tokens
+
+    return embed_norm_out
+
+
+def _embedding_cls(u0, p, config, eps):
+    """The embedding_cls program: its assignments, the chaining between operators included, in order."""
+    patch_stride = config["patch_stride"]
+    patch_padding = config["patch_padding"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_norm_gain = p["embed_norm.gain"]
+    embed_norm_bias = p["embed_norm.bias"]
+    cls = p["cls"]
+
+    # --- embed: convolution ---
+    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
+
+    # --- the grid as tokens ---
+    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    tokens_part1 = embed_out.permute(0, 2, 3, 1)
+    del embed_out
+    # the parts one after another along the token axis
+    tokens = _join(tokens_part1)
+    del tokens_part1
+
+    # --- embed_norm: layer-norm ---
+    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
+    del tokens
+
+    # --- the class node joins ---
+    # {u^{(0)}}_{0,l} = {c}_{l}
+    x0_part1 = cls
+    # embed_norm_out at N_2*p + q, l (a view)
+    embed_norm_out_view1 = _rows(embed_norm_out, 1, 0, (n_rows, n_cols))
+    del embed_norm_out
+    # {u^{(0)}}_{N_{2} p + q + 1,l} = {\mathrm{LN}^{\mathrm{embed\_norm}}}_{N_{2} p + q,l}
+    x0_part2 = embed_norm_out_view1
+    del embed_norm_out_view1
+    # the parts one after another along the token axis
+    x0 = _join(x0_part1, x0_part2)
+    del x0_part1, x0_part2
+
+    return x0
+
+
+def _step(u0, p, config, eps):
+    """The step program: its assignments, the chaining between operators included, in order."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_tokens = config["n_tokens"]
+    n_memory = config["n_memory"]
+    batch = u0.shape[0]
+    d_head = d // n_heads
+    dropout_p = 0.0
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -404,6 +522,7 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
+    d_ff = p["ffn.W_1"].shape[1]
 
     # --- norm1: layer-norm ---
     # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
@@ -412,7 +531,13 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
     norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
-    cls, grid = _split(norm1_out, n_rows, n_cols, has_cls)
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 0, (n_rows, n_cols))
+    del norm1_out
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q,l}
+    grid = norm1_out_view1.permute(0, 3, 1, 2)
+    del norm1_out_view1
 
     # --- qconv: depthwise-convolution ---
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
@@ -423,12 +548,9 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     qbn_a = qbn_gain/torch.sqrt(eps + qbn_var)
     # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
     qbn_c = -qbn_gain*qbn_mean/torch.sqrt(eps + qbn_var) + qbn_bias
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
-    qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
-    del qbn_a, qbn_c
 
     # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
     kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
 
     # --- kbn: batch-norm ---
@@ -436,35 +558,51 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     kbn_a = kbn_gain/torch.sqrt(eps + kbn_var)
     # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
     kbn_c = -kbn_gain*kbn_mean/torch.sqrt(eps + kbn_var) + kbn_bias
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,p,q} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,p,q} + {c^{\mathrm{kbn}}}_{l}
-    kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
-    del kbn_a, kbn_c
 
     # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} p + r,- padding_{kv} + stride_{kv} q + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
     vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
+    del grid
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
     vbn_a = vbn_gain/torch.sqrt(eps + vbn_var)
     # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
     vbn_c = -vbn_gain*vbn_mean/torch.sqrt(eps + vbn_var) + vbn_bias
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,p,q} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,p,q} + {c^{\mathrm{vbn}}}_{l}
-    vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
-    del vbn_a, vbn_c
 
-    q_in = _tokens(cls, qbn_out)
-    k_in = _tokens(cls, kbn_out)
-    v_in = _tokens(cls, vbn_out)
-    n_memory = k_in.shape[1]  # the key nodes
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # {q_{in}}_{N_{2} p + q,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part1 = qbn_a*qconv_out.permute(0, 2, 3, 1) + qbn_c
+    del qbn_a, qbn_c, qconv_out
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # {k_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part1 = kbn_a*kconv_out.permute(0, 2, 3, 1) + kbn_c
+    del kbn_a, kbn_c, kconv_out
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # {v_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part1 = vbn_a*vconv_out.permute(0, 2, 3, 1) + vbn_c
+    del vbn_a, vbn_c, vconv_out
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1)
+    del q_in_part1
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1)
+    del k_in_part1
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1)
+    del v_in_part1
 
     # --- attn: convolutional-attention ---
     # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
     attn_q = torch.addmm(attn_b_q, q_in.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_heads, d_head)
+    del q_in
     # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
     attn_k = torch.addmm(attn_b_k, k_in.reshape(-1, d), attn_W_k).view(batch, n_memory, n_heads, d_head)
+    del k_in
     # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
     attn_v = torch.addmm(attn_b_v, v_in.reshape(-1, d), attn_W_v).view(batch, n_memory, n_heads, d_head)
+    del v_in
     # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
     # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
     # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
@@ -475,8 +613,9 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     del attn_o
 
     # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {attn_{out}}_{i,l} + {u_{0}}_{i,l}
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
     u1 = attn_out + u0
+    del attn_out
 
     # --- norm2: layer-norm ---
     # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
@@ -488,6 +627,7 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     # --- ffn: feed-forward ---
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    del norm2_out
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
     ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
     del ffn_w
@@ -496,35 +636,243 @@ def _step(u0, p, n_rows, n_cols, has_cls, config, eps):
     del ffn_s
 
     # --- residual sum ---
-    # {u_{2}}_{i,l} = \Delta t {ffn_{out}}_{i,l} + {u_{1}}_{i,l}
+    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
+    del ffn_out, u1
+
     return u2
 
 
-def _embedding(u0, p, patch_size, patch_stride, patch_padding, eps):
-    """The stage's initial condition: a strided convolution from the previous grid, then LN."""
-    embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_norm_gain = p["embed_norm.gain"]
-    embed_norm_bias = p["embed_norm.bias"]
+def _step_cls(u0, p, config, eps):
+    """The step_cls program: its assignments, the chaining between operators included, in order."""
+    d = config["d"]
+    n_heads = config["n_heads"]
+    stride_q = config["stride_q"]
+    padding_q = config["padding_q"]
+    stride_kv = config["stride_kv"]
+    padding_kv = config["padding_kv"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+    n_tokens = config["n_tokens"]
+    n_memory = config["n_memory"]
+    batch = u0.shape[0]
+    d_head = d // n_heads
+    dropout_p = 0.0
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    qconv_W = p["qconv.W"]
+    qbn_gain = p["qbn.gain"]
+    qbn_bias = p["qbn.bias"]
+    qbn_mean = p["qbn.mean"]
+    qbn_var = p["qbn.var"]
+    kconv_W = p["kconv.W"]
+    kbn_gain = p["kbn.gain"]
+    kbn_bias = p["kbn.bias"]
+    kbn_mean = p["kbn.mean"]
+    kbn_var = p["kbn.var"]
+    vconv_W = p["vconv.W"]
+    vbn_gain = p["vbn.gain"]
+    vbn_bias = p["vbn.bias"]
+    vbn_mean = p["vbn.mean"]
+    vbn_var = p["vbn.var"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    d_ff = p["ffn.W_1"].shape[1]
 
-    # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = torch.nn.functional.conv2d(u0, embed_W.permute(3, 0, 1, 2), embed_b, patch_stride, patch_padding)
+    # --- norm1: layer-norm ---
+    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
-    tokens = _tokens(None, embed_out)
+    # --- the grid field of the tokens ---
+    # norm1_out at N_2*p + q + 1, l (a view)
+    norm1_out_view1 = _rows(norm1_out, 1, 1, (n_rows, n_cols))
+    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q + 1,l}
+    grid = norm1_out_view1.permute(0, 3, 1, 2)
+    del norm1_out_view1
 
-    # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
-    embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
-    return embed_norm_out, embed_out.shape[2], embed_out.shape[3]
+    # --- qconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
+
+    # --- qbn: batch-norm ---
+    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_a = qbn_gain/torch.sqrt(eps + qbn_var)
+    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    qbn_c = -qbn_gain*qbn_mean/torch.sqrt(eps + qbn_var) + qbn_bias
+
+    # --- kconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
+
+    # --- kbn: batch-norm ---
+    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_a = kbn_gain/torch.sqrt(eps + kbn_var)
+    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    kbn_c = -kbn_gain*kbn_mean/torch.sqrt(eps + kbn_var) + kbn_bias
+
+    # --- vconv: depthwise-convolution ---
+    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
+    del grid
+
+    # --- vbn: batch-norm ---
+    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_a = vbn_gain/torch.sqrt(eps + vbn_var)
+    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    vbn_c = -vbn_gain*vbn_mean/torch.sqrt(eps + vbn_var) + vbn_bias
+
+    # --- queries on the token nodes; keys and values on the key nodes ---
+    # norm1_out at 0, l (a view)
+    norm1_out_view2 = norm1_out[:, 0, :]
+    # {q_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    q_in_part1 = norm1_out_view2
+    del norm1_out_view2
+    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # {q_{in}}_{N_{2} p + q + 1,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    q_in_part2 = qbn_a*qconv_out.permute(0, 2, 3, 1) + qbn_c
+    del qbn_a, qbn_c, qconv_out
+    # norm1_out at 0, l (a view)
+    norm1_out_view3 = norm1_out[:, 0, :]
+    # {k_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    k_in_part1 = norm1_out_view3
+    del norm1_out_view3
+    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # {k_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    k_in_part2 = kbn_a*kconv_out.permute(0, 2, 3, 1) + kbn_c
+    del kbn_a, kbn_c, kconv_out
+    # norm1_out at 0, l (a view)
+    norm1_out_view4 = norm1_out[:, 0, :]
+    del norm1_out
+    # {v_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    v_in_part1 = norm1_out_view4
+    del norm1_out_view4
+    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # {v_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    v_in_part2 = vbn_a*vconv_out.permute(0, 2, 3, 1) + vbn_c
+    del vbn_a, vbn_c, vconv_out
+    # the parts one after another along the token axis
+    q_in = _join(q_in_part1, q_in_part2)
+    del q_in_part1, q_in_part2
+    # the parts one after another along the token axis
+    k_in = _join(k_in_part1, k_in_part2)
+    del k_in_part1, k_in_part2
+    # the parts one after another along the token axis
+    v_in = _join(v_in_part1, v_in_part2)
+    del v_in_part1, v_in_part2
+
+    # --- attn: convolutional-attention ---
+    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    attn_q = torch.addmm(attn_b_q, q_in.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_heads, d_head)
+    del q_in
+    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    attn_k = torch.addmm(attn_b_k, k_in.reshape(-1, d), attn_W_k).view(batch, n_memory, n_heads, d_head)
+    del k_in
+    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    attn_v = torch.addmm(attn_b_v, v_in.reshape(-1, d), attn_W_v).view(batch, n_memory, n_heads, d_head)
+    del v_in
+    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None, dropout_p)
+    del attn_k, attn_q, attn_v
+    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    del attn_o
+
+    # --- residual sum ---
+    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    u1 = attn_out + u0
+    del attn_out
+
+    # --- norm2: layer-norm ---
+    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+
+    # --- ffn: feed-forward ---
+    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    del norm2_out
+    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    del ffn_w
+    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    del ffn_s
+
+    # --- residual sum ---
+    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
+    u2 = ffn_out + u1
+    del ffn_out, u1
+
+    return u2
 
 
-def _readout(cls, p, eps):
-    """LN of the class node, then the linear head."""
+def _grid(u, p, config, eps):
+    """The grid program: its assignments, the chaining between operators included, in order."""
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+
+    # --- the stage's grid ---
+    # u at N_2*p + q, l (a view)
+    u_view1 = _rows(u, 1, 0, (n_rows, n_cols))
+    # {g}_{l,p,q} = {u}_{N_{2} p + q,l}
+    hidden = u_view1.permute(0, 3, 1, 2)
+    del u_view1
+
+    return hidden
+
+
+def _grid_cls(u, p, config, eps):
+    """The grid_cls program: its assignments, the chaining between operators included, in order."""
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
+
+    # --- the stage's grid ---
+    # u at N_2*p + q + 1, l (a view)
+    u_view1 = _rows(u, 1, 1, (n_rows, n_cols))
+    # {g}_{l,p,q} = {u}_{N_{2} p + q + 1,l}
+    hidden = u_view1.permute(0, 3, 1, 2)
+    del u_view1
+
+    return hidden
+
+
+def _node(u, p, config, eps):
+    """The node program: its assignments, the chaining between operators included, in order."""
+
+    # --- the class node ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
+    # {c}_{0,l} = {u}_{0,l}
+    node_part1 = u_view1
+    del u_view1
+    # the parts one after another along the token axis
+    node = _join(node_part1)
+    del node_part1
+
+    return node
+
+
+def _readout(cls, p, config, eps):
+    """The readout program: its assignments, the chaining between operators included, in order."""
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
     head_W = p["head.W"]
@@ -538,27 +886,68 @@ def _readout(cls, p, eps):
     final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
 
     # --- head: class-token-head ---
+    # final_norm_out at 0, l (a view)
+    final_norm_out_view1 = final_norm_out[:, 0, :]
+    del final_norm_out
     # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
-    head_z = final_norm_out[:, 0, :]
+    head_z = final_norm_out_view1
+    del final_norm_out_view1
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
+
     return head_logits
 
 
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
+
+    node = 1 if config["cls"] else 0  # the class node, before the grid's
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
+            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
+def _stages(model, u):
+    """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
+
+    Returns what each stage kept (its input, parameters, configuration, steps' parameters and
+    inputs, last tokens) and the last stage's grid.
+    """
+    grids = _stage_grids([stage.config for stage in model.stages], u.shape[2], u.shape[3])
+    kept = []
+    for stage, (n_rows, n_cols) in zip(model.stages, grids):
+        top = _table(stage, STAGE_PARAMETERS)
+        config = _grid_sizes({**stage.config, "d": top["embed.W"].shape[-1]}, n_rows, n_cols)
+        if config["cls"]:
+            top["cls"] = stage.cls
+        tokens = (_embedding_cls if config["cls"] else _embedding)(u, top, config, model.eps)
+        layers, inputs = [_table(step, LAYER_PARAMETERS) for step in stage.layers], []
+        for layer in layers:
+            inputs.append(tokens)
+            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, model.eps)
+        kept.append((u, top, config, layers, inputs, tokens))
+        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, model.eps)
+    return kept, u
+
+
+def _class_node(kept, eps):
+    """The class node's final state (batch, 1, d), or None when the last stage has none."""
+    _, _, config, _, _, tokens = kept[-1]
+    return _node(tokens, {}, config, eps) if config["cls"] else None
+
+
 class _Step(torch.nn.Module):
-    """One pre-LN GELU step with convolutional projections."""
+    """The parameters of one pre-LN GELU step with convolutional projections."""
 
     def __init__(self, sizes, factory):
         super().__init__()
         _group(self, LAYER_PARAMETERS, sizes, factory)
 
-    def forward(self, u0, n_rows, n_cols, has_cls, config, eps):
-        return _step(u0, _table(self, LAYER_PARAMETERS), n_rows, n_cols, has_cls, config, eps)
-
 
 class _Stage(torch.nn.Module):
-    """A stage: its token embedding, its class node (last stage), its steps."""
+    """The parameters of a stage: its token embedding, its class node (last stage), its steps."""
 
     def __init__(self, sizes, depth, config, factory):
         super().__init__()
@@ -567,16 +956,6 @@ class _Stage(torch.nn.Module):
         if config["cls"]:
             self.register_parameter("cls", torch.nn.Parameter(torch.empty(sizes["d"], **factory)))
         self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(depth))
-
-    def forward(self, u0, eps):
-        config = self.config
-        u, n_rows, n_cols = _embedding(u0, _table(self, STAGE_PARAMETERS), config["patch_size"],
-                                       config["patch_stride"], config["patch_padding"], eps)
-        if config["cls"]:
-            u = torch.cat((self.cls.expand(u.shape[0], 1, -1), u), dim=1)
-        for step in self.layers:
-            u = step(u, n_rows, n_cols, config["cls"], config, eps)
-        return _split(u, n_rows, n_cols, config["cls"])
 
 
 class Model(torch.nn.Module):
@@ -627,16 +1006,13 @@ class Model(torch.nn.Module):
         if pixel_values.dim() != 4 or pixel_values.shape[1] != self.n_channels:
             raise ValueError(f"pixel_values must have shape (batch, {self.n_channels}, height, width), "
                              f"got {tuple(pixel_values.shape)}")
-        _stage_grids([stage.config for stage in self.stages], pixel_values.shape[2], pixel_values.shape[3])
         if self.backward == "derived":
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             own = dict(self.named_parameters())
             u, cls = _DerivedModel.apply(self, pixel_values, names, *(own[name] for name in names))
             return u, (cls if self.stages[-1].config["cls"] else None)
-        u, cls = pixel_values, None
-        for stage in self.stages:
-            cls, u = stage(u, self.eps)
-        return u, cls
+        kept, u = _stages(self, pixel_values)
+        return u, _class_node(kept, self.eps)
 
     def logits(self, pixel_values):
         if not self.n_classes:
@@ -644,52 +1020,10 @@ class Model(torch.nn.Module):
         _, cls = self(pixel_values)
         if cls is None:
             raise ValueError("logits need a class node in the last stage (cls=True)")
+        config = {**self.stages[-1].config, "d": cls.shape[-1]}
         if self.backward == "derived":
-            config = {**self.stages[-1].config, "d": cls.shape[-1]}
             return _DerivedReadout.apply(cls, self.eps, config, *_table(self, HEAD_PARAMETERS).values())
-        return _readout(cls, _table(self, HEAD_PARAMETERS), self.eps)
-
-
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
-def _place_rows(rows, shape, axis: int, offset: int):
-    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
-    count = math.prod(rows.shape[axis:axis + rows.dim() - len(shape) + 1])
-    out = rows.new_zeros(shape)
-    out.narrow(axis, offset, count).copy_(rows.reshape(tuple(shape[:axis]) + (count,) + tuple(shape[axis + 1:])))
-    return out
-
-
-def _join(*parts):
-    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
-    batch = next(part.shape[0] for part in parts if part.dim() > 1)
-    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
-
-
+        return _readout(cls, _table(self, HEAD_PARAMETERS), config, self.eps)
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -1793,14 +2127,6 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
 
 
 
-def _grid_sizes(config, n_rows, n_cols):
-    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
-    def size(n):
-        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
-
-    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols)}
-
-
 def _costate_of_tokens(tokens, seed_grid, seed_cls, config, eps):
     """The costate of the last stage's tokens: the adjoint of its grid output, plus that of its class node
     (when seeded; the two outputs read disjoint token nodes)."""
@@ -1849,21 +2175,8 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, model, pixel_values, names, *params):
-        u, kept, cls = pixel_values, [], None
-        for stage in model.stages:
-            top = _table(stage, STAGE_PARAMETERS)
-            tokens, n_rows, n_cols = _embedding(u, top, stage.config["patch_size"], stage.config["patch_stride"],
-                                                stage.config["patch_padding"], model.eps)
-            config = _grid_sizes({**stage.config, "d": tokens.shape[-1]}, n_rows, n_cols)
-            if config["cls"]:
-                top["cls"] = stage.cls
-                tokens = torch.cat((stage.cls.expand(tokens.shape[0], 1, -1), tokens), dim=1)
-            layers, inputs = [_table(step, LAYER_PARAMETERS) for step in stage.layers], []
-            for layer in layers:
-                inputs.append(tokens)
-                tokens = _step(tokens, layer, n_rows, n_cols, config["cls"], config, model.eps)
-            kept.append((u, top, config, layers, inputs, tokens))
-            cls, u = _split(tokens, n_rows, n_cols, config["cls"])
+        kept, u = _stages(model, pixel_values)
+        cls = _class_node(kept, model.eps)
         ctx.kept, ctx.names, ctx.eps, ctx.has_cls = kept, names, model.eps, cls is not None
         return (u, cls) if cls is not None else (u, u.new_zeros(0))
 
@@ -1883,7 +2196,7 @@ class _DerivedReadout(torch.autograd.Function):
     def forward(ctx, cls, eps, config, *params):
         ctx.save_for_backward(cls, *params)
         ctx.eps, ctx.config = eps, config
-        return _readout(cls, dict(zip(HEAD_PARAMETERS, params)), eps)
+        return _readout(cls, dict(zip(HEAD_PARAMETERS, params)), config, eps)
 
     @staticmethod
     def backward(ctx, grad_logits):

@@ -175,26 +175,26 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
-    """The step again, then its derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
-    conv1_W = p.get("conv1.W")
-    conv1_b = p.get("conv1.b")
-    bn1_gain = p.get("bn1.gain")
-    bn1_bias = p.get("bn1.bias")
-    bn1_mean = p.get("bn1.mean")
-    bn1_var = p.get("bn1.var")
-    conv2_W = p.get("conv2.W")
-    conv2_b = p.get("conv2.b")
-    bn2_gain = p.get("bn2.gain")
-    bn2_bias = p.get("bn2.bias")
-    bn2_mean = p.get("bn2.mean")
-    bn2_var = p.get("bn2.var")
-    shortcut_W = p.get("shortcut.W")
-    shortcut_b = p.get("shortcut.b")
-    bn3_gain = p.get("bn3.gain")
-    bn3_bias = p.get("bn3.bias")
-    bn3_mean = p.get("bn3.mean")
-    bn3_var = p.get("bn3.var")
+def _step_with(u0, p, stride, eps):
+    """The step with R the transfer: the derived program's assignments in order."""
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+    shortcut_W = p["shortcut.W"]
+    shortcut_b = p["shortcut.b"]
+    bn3_gain = p["bn3.gain"]
+    bn3_bias = p["bn3.bias"]
+    bn3_mean = p["bn3.mean"]
+    bn3_var = p["bn3.var"]
 
     # --- conv1: convolution ---
     # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
@@ -205,26 +205,153 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
     # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-    bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
 
     # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
-    relu_out = torch.relu(bn1_out)
+    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
+    del bn1_a, bn1_c, conv1_out
 
     # --- conv2: convolution ---
     # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
     conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+    del relu_out
 
     # --- bn2: batch-norm ---
     # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
     bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
     # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-    bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
+    # --- shortcut: convolution ---
+    # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
+    shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
+
+    # --- bn3: batch-norm ---
+    # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    bn3_a = bn3_gain/torch.sqrt(eps + bn3_var)
+    # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
+
+    # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
+    # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
+    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None])
+    del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
+    return relu2_out
+
+
+def _step_identity(u0, p, stride, eps):
+    """The step with R = 1: the derived program's assignments in order."""
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+
+    # --- conv1: convolution ---
+    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
+
+    # --- bn1: batch-norm ---
+    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
+    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
+
+    # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
+    del bn1_a, bn1_c, conv1_out
+
+    # --- conv2: convolution ---
+    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+    del relu_out
+
+    # --- bn2: batch-norm ---
+    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
+    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
+
+    # --- relu: relu-projection ---
+    # (R u)_{l,p,q} = u_{l,p,q}
+    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
+    del bn2_a, bn2_c, conv2_out
+    return relu2_out
+
+
+def _step(u0, p, has_transfer, stride, eps):
+    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
     if has_transfer:
+        return _step_with(u0, p, stride, eps)
+    return _step_identity(u0, p, stride, eps)
+
+
+def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
+    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+    if has_transfer:
+        conv1_W = p["conv1.W"]
+        conv1_b = p["conv1.b"]
+        bn1_gain = p["bn1.gain"]
+        bn1_bias = p["bn1.bias"]
+        bn1_mean = p["bn1.mean"]
+        bn1_var = p["bn1.var"]
+        conv2_W = p["conv2.W"]
+        conv2_b = p["conv2.b"]
+        bn2_gain = p["bn2.gain"]
+        bn2_bias = p["bn2.bias"]
+        bn2_mean = p["bn2.mean"]
+        bn2_var = p["bn2.var"]
+        shortcut_W = p["shortcut.W"]
+        shortcut_b = p["shortcut.b"]
+        bn3_gain = p["bn3.gain"]
+        bn3_bias = p["bn3.bias"]
+        bn3_mean = p["bn3.mean"]
+        bn3_var = p["bn3.var"]
+
+        # --- conv1: convolution ---
+        # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+        conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
+
+        # --- bn1: batch-norm ---
+        # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+        bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
+        # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+        bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
+        # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+        bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
+
+        # --- relu: relu-projection ---
+        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+        relu_out = torch.relu(bn1_out)
+
+        # --- conv2: convolution ---
+        # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+        conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+
+        # --- bn2: batch-norm ---
+        # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+        bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
+        # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+        bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
+        # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+        bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
         # --- shortcut: convolution ---
         # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
@@ -237,19 +364,18 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
         bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
         # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
         bn3_out = bn3_a[None, :, None, None]*shortcut_out + bn3_c[None, :, None, None]
+
+        # --- transfer ---
+        # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
         transfer = bn3_out
-    else:
-        transfer = u0
 
-    # --- update: explicit Euler step ---
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    u1 = bn2_out + transfer
+        # --- update: explicit Euler step ---
+        # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+        u1 = bn2_out + transfer
 
-    # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
-    relu2_out = torch.relu(u1)
-
-    if has_transfer:
+        # --- relu: relu-projection ---
+        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+        relu2_out = torch.relu(u1)
 
         # --- adjoint of update: explicit Euler step ---
         # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
@@ -395,6 +521,58 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
             "bn3.var": bn3_var_bar,
         }
 
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+
+    # --- conv1: convolution ---
+    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
+
+    # --- bn1: batch-norm ---
+    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
+    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
+    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
+
+    # --- relu: relu-projection ---
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    relu_out = torch.relu(bn1_out)
+
+    # --- conv2: convolution ---
+    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+
+    # --- bn2: batch-norm ---
+    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
+    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
+    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
+
+    # --- transfer ---
+    # (R u)_{l,p,q} = u_{l,p,q}
+    transfer = u0
+
+    # --- update: explicit Euler step ---
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    u1 = bn2_out + transfer
+
+    # --- relu: relu-projection ---
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    relu2_out = torch.relu(u1)
 
     # --- adjoint of update: explicit Euler step ---
     # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
@@ -590,76 +768,4 @@ class Model(torch.nn.Module):
                              "they must agree")
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _DerivedStep.apply(u, self, *self.parameters())
-        u0 = u
-        conv1_W = self.conv1.W
-        conv1_b = self.conv1.b
-        bn1_gain = self.bn1.gain
-        bn1_bias = self.bn1.bias
-        bn1_mean = self.bn1.mean
-        bn1_var = self.bn1.var
-        conv2_W = self.conv2.W
-        conv2_b = self.conv2.b
-        bn2_gain = self.bn2.gain
-        bn2_bias = self.bn2.bias
-        bn2_mean = self.bn2.mean
-        bn2_var = self.bn2.var
-
-        # --- conv1: convolution ---
-        # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-        conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
-
-        # --- bn1: batch-norm ---
-        # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-        bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-        # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-        bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-        # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-        bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
-
-        # --- relu: relu-projection ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
-        relu_out = torch.relu(bn1_out)
-
-        # --- conv2: convolution ---
-        # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-        conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
-
-        # --- bn2: batch-norm ---
-        # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-        bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-        # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-        bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-        # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-        bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
-
-        if self.has_transfer:
-            shortcut_W = self.shortcut.W
-            shortcut_b = self.shortcut.b
-            bn3_gain = self.bn3.gain
-            bn3_bias = self.bn3.bias
-            bn3_mean = self.bn3.mean
-            bn3_var = self.bn3.var
-
-            # --- shortcut: convolution ---
-            # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-            shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
-
-            # --- bn3: batch-norm ---
-            # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
-            bn3_a = bn3_gain/torch.sqrt(eps + bn3_var)
-            # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
-            bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
-            # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
-            bn3_out = bn3_a[None, :, None, None]*shortcut_out + bn3_c[None, :, None, None]
-            transfer = bn3_out
-        else:
-            transfer = u0
-
-        # --- update: explicit Euler step ---
-        # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-        u1 = bn2_out + transfer
-
-        # --- relu: relu-projection ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
-        relu2_out = torch.relu(u1)
-        return relu2_out
+        return _step(u, dict(self.named_parameters()), self.has_transfer, stride, eps)

@@ -157,18 +157,70 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
+def _step_identity(u0, p, stride, eps):
+    """The step with R = 1: the derived program's assignments in order."""
+    down_W = p["down.W"]
+    down_b = p["down.b"]
+    conv_W = p["conv.W"]
+    conv_b = p["conv.b"]
+    bn_gain = p["bn.gain"]
+    bn_bias = p["bn.bias"]
+    bn_mean = p["bn.mean"]
+    bn_var = p["bn.var"]
+    up_W = p["up.W"]
+    up_b = p["up.b"]
+
+    # --- down: convolution ---
+    # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
+    down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
+
+    # --- conv: convolution ---
+    # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
+    del down_out
+
+    # --- bn: batch-norm ---
+    # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    bn_a = bn_gain/torch.sqrt(eps + bn_var)
+    # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    bn_c = -bn_gain*bn_mean/torch.sqrt(eps + bn_var) + bn_bias
+
+    # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
+    relu_out = torch.relu(bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None])
+    del bn_a, bn_c, conv_out
+
+    # --- up: transposed-convolution ---
+    # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
+    up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
+    del relu_out
+
+    # --- update: explicit Euler step ---
+    # (R u)_{l,p,q} = u_{l,p,q}
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    u1 = u0 + up_out
+    del up_out
+    return u1
+
+
+def _step(u0, p, has_transfer, stride, eps):
+    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
+    return _step_identity(u0, p, stride, eps)
+
+
 def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
-    """The step again, then its derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
-    down_W = p.get("down.W")
-    down_b = p.get("down.b")
-    conv_W = p.get("conv.W")
-    conv_b = p.get("conv.b")
-    bn_gain = p.get("bn.gain")
-    bn_bias = p.get("bn.bias")
-    bn_mean = p.get("bn.mean")
-    bn_var = p.get("bn.var")
-    up_W = p.get("up.W")
-    up_b = p.get("up.b")
+    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+    down_W = p["down.W"]
+    down_b = p["down.b"]
+    conv_W = p["conv.W"]
+    conv_b = p["conv.b"]
+    bn_gain = p["bn.gain"]
+    bn_bias = p["bn.bias"]
+    bn_mean = p["bn.mean"]
+    bn_var = p["bn.var"]
+    up_W = p["up.W"]
+    up_b = p["up.b"]
 
     # --- down: convolution ---
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
@@ -189,17 +241,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     # --- relu: relu-projection ---
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
     relu_out = torch.relu(bn_out)
-
-    # --- up: transposed-convolution ---
-    # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-    up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
-
-    transfer = u0
-
-    # --- update: explicit Euler step ---
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    u1 = transfer + up_out
-
 
     # --- adjoint of up: transposed-convolution ---
     # {\lambda^{+}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
@@ -382,45 +423,4 @@ class Model(torch.nn.Module):
                              "they must agree")
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _DerivedStep.apply(u, self, *self.parameters())
-        u0 = u
-        down_W = self.down.W
-        down_b = self.down.b
-        conv_W = self.conv.W
-        conv_b = self.conv.b
-        bn_gain = self.bn.gain
-        bn_bias = self.bn.bias
-        bn_mean = self.bn.mean
-        bn_var = self.bn.var
-        up_W = self.up.W
-        up_b = self.up.b
-
-        # --- down: convolution ---
-        # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
-        down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
-
-        # --- conv: convolution ---
-        # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
-        conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
-
-        # --- bn: batch-norm ---
-        # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
-        bn_a = bn_gain/torch.sqrt(eps + bn_var)
-        # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
-        bn_c = -bn_gain*bn_mean/torch.sqrt(eps + bn_var) + bn_bias
-        # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
-        bn_out = bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None]
-
-        # --- relu: relu-projection ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
-        relu_out = torch.relu(bn_out)
-
-        # --- up: transposed-convolution ---
-        # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
-        up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
-
-        transfer = u0
-
-        # --- update: explicit Euler step ---
-        # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-        u1 = transfer + up_out
-        return u1
+        return _step(u, dict(self.named_parameters()), self.has_transfer, stride, eps)

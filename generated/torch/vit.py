@@ -352,10 +352,54 @@ def _load_all(module, params):
     return module
 
 
-def _tokens(node, grid):
-    """The class node first, then the grid nodes row by row."""
-    batch, d = grid.shape[0], grid.shape[-1]
-    return torch.cat((node.expand(batch, 1, d), grid.reshape(batch, -1, d)), dim=1)
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+
+
+def _embedding(image, p, patch_size):
+    """The embedding program: the patch embedding, then the initial condition on the token domain."""
+    embed_W = p["embed.W"]
+    embed_b = p["embed.b"]
+    embed_cls = p["embed.cls"]
+    embed_pos = p["embed.pos"]
+
+    # --- embed: patch-embedding ---
+    # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
+    embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
+
+    # --- initial condition on the token domain ---
+    # {t}_{0,l} = {c^{\mathrm{cls}}_{\mathrm{embed}}}_{l}
+    embed_tokens_part1 = embed_cls
+    # {t}_{N_{2} p + q + 1,l} = {f^{\mathrm{embed}}}_{p,q,l}
+    embed_tokens_part2 = embed_f
+    del embed_f
+    # the parts one after another along the token axis
+    embed_tokens = _join(embed_tokens_part1, embed_tokens_part2)
+    del embed_tokens_part1, embed_tokens_part2
+    # {u^{(0)}}_{i,l} = {E_{\mathrm{embed}}}_{i,l} + {t}_{i,l}
+    u0 = embed_pos + embed_tokens
+    del embed_tokens
+    return u0
+
+
+def _readout(u, p):
+    """The readout program: the class node's state through the linear head."""
+    head_W = p["head.W"]
+    head_b = p["head.b"]
+
+    # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
+    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    head_z = u_view1
+    del u_view1
+    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
+    del head_z
+    return head_logits
 
 
 def _group(module, table, sizes, factory):
@@ -754,8 +798,10 @@ def _readout_vjp(u, head_logits_bar, p):
     head_b = p["head.b"]
 
     # --- head: class-token-head ---
+    # u at 0, l (a view)
+    u_view1 = u[:, 0, :]
     # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
+    head_z = u_view1
 
     # --- adjoint of head: class-token-head ---
     # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
@@ -774,34 +820,6 @@ def _readout_vjp(u, head_logits_bar, p):
         "head.b": head_b_bar,
     }
 
-
-
-def _embedding_function(image, p, patch_size):
-    """The embedding, its parameters from ``p`` (the derived forward's)."""
-    embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_cls = p["embed.cls"]
-    embed_pos = p["embed.pos"]
-
-    # --- embed: patch-embedding ---
-    # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
-    embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
-    # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
-    u0 = _tokens(embed_cls, embed_f) + embed_pos
-    return u0
-
-
-def _readout_function(u, p):
-    """The readout, its parameters from ``p`` (the derived forward's)."""
-    head_W = p["head.W"]
-    head_b = p["head.b"]
-
-    # --- head: class-token-head ---
-    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-    head_z = u[:, 0, :]
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
-    head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
-    return head_logits
 
 
 def _first_order_only():
@@ -823,7 +841,7 @@ class _DerivedModel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, image, n_layers: int, patch_size: int, n_heads: int, eps: float, *params):
         top, layers = _split(params, n_layers)
-        u = _embedding_function(image, top, patch_size)
+        u = _embedding(image, top, patch_size)
         kept = []
         for p in layers:
             u, saved = _step_vjp_forward(u, p, None, eps, n_heads)
@@ -863,7 +881,7 @@ class _DerivedReadout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, *params):
         ctx.save_for_backward(u, *params)
-        return _readout_function(u, dict(zip(HEAD_PARAMETERS, params)))
+        return _readout(u, dict(zip(HEAD_PARAMETERS, params)))
 
     @staticmethod
     def backward(ctx, grad_logits):
@@ -1014,20 +1032,6 @@ class Model(torch.nn.Module):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
         return _load_all(self, params)
 
-    def _embedding(self, image):
-        patch_size = self.patch_size
-        embed_W = self.embed.W
-        embed_b = self.embed.b
-        embed_cls = self.embed.cls
-        embed_pos = self.embed.pos
-
-        # --- embed: patch-embedding ---
-        # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
-        embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
-        # {u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad {u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}
-        u0 = _tokens(embed_cls, embed_f) + embed_pos
-        return u0
-
     def _final_norm(self, u0):
         eps = self.eps
         final_norm_gain = self.final_norm.gain
@@ -1058,7 +1062,7 @@ class Model(torch.nn.Module):
             params = [self.get_parameter(name) for name in PARAMETERS]
             params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]
             return _DerivedModel.apply(pixel_values, len(self.layers), self.patch_size, self.n_heads, self.eps, *params)
-        u = self._embedding(pixel_values)
+        u = _embedding(pixel_values, dict(self.named_parameters()), self.patch_size)
         for step in self.layers:
             u = step(u, self.n_heads, self.eps)
         u = self._final_norm(u)
@@ -1071,12 +1075,4 @@ class Model(torch.nn.Module):
         u = self(pixel_values)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _DerivedReadout.apply(u, *(self.get_parameter(name) for name in HEAD_PARAMETERS))
-        head_W = self.head.W
-        head_b = self.head.b
-
-        # --- head: class-token-head ---
-        # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
-        head_z = u[:, 0, :]
-        # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
-        head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
-        return head_logits
+        return _readout(u, dict(self.named_parameters()))

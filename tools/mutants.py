@@ -39,11 +39,18 @@ class Mutant:
     index: int  # the index-th candidate of the file (``ast.walk`` order; text order in a template)
     line: int
     description: str
+    text: str  # the mutated line of the source, stripped
 
     @property
     def key(self) -> str:
-        """``path:line description``: how reports and the judged equivalents name a mutant."""
+        """``path:line description``: how reports name a mutant."""
         return f"{self.path}:{self.line} {self.description}"
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """(path, line text, description): how the judged equivalents name a mutant, unmoved by
+        edits that shift lines (two identical mutations of one line share it)."""
+        return self.path, self.text, self.description
 
 
 # -- Python modules ---------------------------------------------------------------------------
@@ -75,8 +82,8 @@ def _skipped(tree: ast.AST) -> set[int]:
 
 def _python_mutants(path: str, source: str) -> list[Mutant]:
     tree = ast.parse(source)
-    skipped = _skipped(tree)
-    return [Mutant(path, index, node.lineno, description)
+    skipped, lines = _skipped(tree), source.splitlines()
+    return [Mutant(path, index, node.lineno, description, lines[node.lineno - 1].strip())
             for index, (node, description) in enumerate(_mutable(tree)) if id(node) not in skipped]
 
 
@@ -129,7 +136,7 @@ def _template_candidates(source: str):
 
 def _template_mutants(path: str, source: str) -> list[Mutant]:
     lines = source.splitlines()
-    return [Mutant(path, index, number, f"{lines[number - 1][start:end]} → {replacement}")
+    return [Mutant(path, index, number, f"{lines[number - 1][start:end]} → {replacement}", lines[number - 1].strip())
             for index, (number, start, end, replacement) in enumerate(_template_candidates(source))]
 
 

@@ -200,10 +200,10 @@ def kill_stages(paths: list[str]) -> list[tuple[str, str]]:
     return stages
 
 
-def equivalents(path: Path = EQUIVALENTS) -> dict[str, str]:
-    """Mutant key → the reason it is judged equivalent."""
+def equivalents(path: Path = EQUIVALENTS) -> dict[tuple[str, str, str], str]:
+    """Mutant identity (file, line text, mutation) → the reason it is judged equivalent."""
     entries = tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", []) if path.exists() else []
-    return {entry["mutant"]: entry["reason"] for entry in entries}
+    return {(entry["file"], entry["line"], entry["mutation"]): entry["reason"] for entry in entries}
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -322,10 +322,10 @@ def _baseline(folder: Path, drawn: list[Mutant], jobs: int) -> dict[str, tuple[s
 
 # -- report -----------------------------------------------------------------------------------
 
-def _rates(results: list[Result], judged: dict[str, str]) -> dict:
+def _rates(results: list[Result], judged: dict[tuple[str, str, str], str]) -> dict:
     killed = sum(r.verdict == "killed" for r in results)
     timeouts = sum(r.verdict == "timeout" for r in results)
-    equivalent = sum(r.verdict == "survived" and r.mutant.key in judged for r in results)
+    equivalent = sum(r.verdict == "survived" and r.mutant.identity in judged for r in results)
     real = len(results) - equivalent
     return {"mutants": len(results), "killed": killed, "timeout": timeouts, "equivalent": equivalent,
             "survived": len(results) - killed - timeouts - equivalent,
@@ -337,7 +337,7 @@ def _percent(rate: float | None) -> str:
     return "–" if rate is None else f"{rate:.0%}"
 
 
-def report(by_seed: dict[int, list[Result]], judged: dict[str, str], wall: float, cpu: float, jobs: int,
+def report(by_seed: dict[int, list[Result]], judged: dict[tuple[str, str, str], str], wall: float, cpu: float, jobs: int,
            drawn: int) -> tuple[str, dict]:
     """The markdown report and its JSON document (``drawn``: the distinct mutants of the run, run or not yet)."""
     everything = list({r.mutant: r for results in by_seed.values() for r in results}.values())
@@ -358,14 +358,14 @@ def report(by_seed: dict[int, list[Result]], judged: dict[str, str], wall: float
     timeouts = [r for r in everything if r.verdict == "timeout"]
     lines += ["", f"Killed by timeout: {len(timeouts)}" + "".join(f"\n- `{r.mutant.key}`" for r in timeouts)]
     for title, chosen in (("Survivors (not judged equivalent)", False), ("Survivors judged equivalent", True)):
-        survivors = sorted((r for r in everything if r.verdict == "survived" and (r.mutant.key in judged) == chosen),
+        survivors = sorted((r for r in everything if r.verdict == "survived" and (r.mutant.identity in judged) == chosen),
                            key=lambda r: r.mutant.key)
         lines += ["", f"## {title}: {len(survivors)}"]
         for r in survivors:
-            reason = f" — {judged[r.mutant.key]}" if chosen else ""
+            reason = f" — {judged[r.mutant.identity]}" if chosen else ""
             lines += ["", f"`{r.mutant.key}` ({r.area}){reason}", "", "```diff", r.diff, "```"]
     document = {"seeds": list(by_seed), "drawn": drawn, "wall_s": wall, "cpu_s": cpu, "jobs": jobs, "table": table,
-                "results": [asdict(r) | {"key": r.mutant.key, "equivalent": r.mutant.key in judged,
+                "results": [asdict(r) | {"key": r.mutant.key, "equivalent": r.mutant.identity in judged,
                                          "seeds": [s for s, rs in by_seed.items() if r in rs]} for r in everything]}
     return "\n".join(lines) + "\n", document
 

@@ -95,3 +95,4 @@ def test_a_mutant_is_judged_by_its_text_wherever_its_line_moves(population, tmp_
     (tmp_path / mutant.path).write_text("import os\n\n" + source, encoding="utf-8")
     moved = mutants.file_mutants(tmp_path, mutant.path)[mutant.index]
     assert moved.line == mutant.line + 2 and moved.identity == mutant.identity
+    assert len({m.identity for m in population}) == len(population)  # the same mutation twice on a line: #2

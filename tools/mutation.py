@@ -71,9 +71,12 @@ AREAS = {
 }
 _NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("model", "cnn_operators.py", "cvt", "vision_operators.py",
                                                            "image.py"))
+#: Templates of the networks' modules only (their own and what only they include).
 _NETWORK_TEMPLATES = tuple(f"templates/{folder}{name}" for folder in ("", "numpy/", "torch/")
-                           for name in ("model", "cvt", "grid"))
+                           for name in ("model", "cvt", "grid", "stage_backward", "adjoint_views", "costate",
+                                        "token_views", "windows", "load_all"))
 _VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
+_VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")
 #: Fast tests that exercise a file, by path prefix (the first match wins).
 TESTS = {
     "symbolic/projections.py": ("tests/test_projections.py",),
@@ -100,7 +103,7 @@ TESTS = {
     "symbolic/": ("tests/test_derivation.py",),
     "codegen/passes/": ("tests/test_lowering.py", "tests/test_numpy_memory.py"),
     "codegen/adapters/timm_vit.py": ("tests/test_adapters_timm.py",),
-    "codegen/adapters/xtransformers.py": ("tests/test_xtransformers.py",),
+    "codegen/adapters/xtransformers.py": ("tests/test_xtransformers.py", "tests/test_xtransformers_scores.py"),
     "codegen/adapters/hf_vision.py": ("tests/test_vit.py", "tests/test_cvt.py"),
     "codegen/adapters/hf_": ("tests/test_llm_adapters.py", "tests/test_adapters.py"),
     "codegen/adapters/torch_decoder.py": ("tests/test_decoder.py", "tests/test_adapters.py"),
@@ -125,7 +128,7 @@ TESTS = {
     "codegen/model_": ("tests/test_network_semantics.py", *_VISION),
     "codegen/program_lowering.py": ("tests/test_network_semantics.py", *_VISION),
     "codegen/": ("tests/test_lowering.py",),
-    **{prefix: ("tests/test_network_semantics.py", *_VISION) for prefix in _NETWORK_TEMPLATES},
+    **{prefix: ("tests/test_network_semantics.py", *_VISION, *_VISION_ADJOINT) for prefix in _NETWORK_TEMPLATES},
     "templates/numpy/helpers.py.j2": ("tests/test_derive_variants.py",),
     "templates/torch/": ("tests/test_parity.py",),
     "templates/": (),

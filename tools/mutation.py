@@ -121,6 +121,7 @@ TESTS = {
     "codegen/adjoint.py": ("tests/test_adjoint.py",),
     "codegen/parallel.py": ("tests/test_parallel.py",),
     "codegen/nn": ("tests/test_nn.py", "tests/test_nn_hf.py"),
+    "codegen/hf_": ("tests/test_hf_native.py",),
     "codegen/study.py": ("tests/test_study.py",),
     "codegen/cvt_vjp.py": ("tests/test_cvt_adjoint.py",),
     "codegen/model_adjoint.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),

@@ -33,13 +33,13 @@ def import_path(path: Path, name: str | None = None):
 
 
 @functools.cache
-def derived_now(network: str):
-    """The built-in ``network`` derived now (its modules and report generated from the templates, in memory):
-    tests of these see a template or codegen change that ``generated/`` would hide until ``make generate``
-    (the golden tests tie ``generated/`` to the same text)."""
+def derived_now(name: str):
+    """The built-in network or scheme ``name`` derived now (modules and report generated from the templates,
+    in memory): tests of these see a template or codegen change that ``generated/`` would hide until
+    ``make generate`` (the golden tests tie ``generated/`` to the same text)."""
     import splitformer
 
-    return splitformer.derive(network)
+    return splitformer.derive(name)
 
 
 def generated_now(network: str):

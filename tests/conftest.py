@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import signal
 import sys
@@ -31,6 +32,21 @@ def import_path(path: Path, name: str | None = None):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@functools.cache
+def derived_now(name: str):
+    """The built-in network or scheme ``name`` derived now (modules and report generated from the templates,
+    in memory): tests of these see a template or codegen change that ``generated/`` would hide until
+    ``make generate`` (the golden tests tie ``generated/`` to the same text)."""
+    import splitformer
+
+    return splitformer.derive(name)
+
+
+def generated_now(network: str):
+    """(NumPy, PyTorch) modules of the built-in ``network`` generated now (``derived_now``)."""
+    return derived_now(network).numpy_module(), derived_now(network).torch_module()
 
 
 def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):

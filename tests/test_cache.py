@@ -13,7 +13,7 @@ import sympy as sp
 
 from splitformer.codegen.cli import main
 from splitformer.symbolic import cache
-from splitformer.symbolic.expression_json import from_json, to_json
+from splitformer.symbolic.expression_json import MAX_DEPTH, MAX_NODES, from_json, to_json
 from splitformer.symbolic.projection_verifiers import verify_layer_norm_projection, verify_relu_projection
 from splitformer.symbolic.projections import SYMBOLS as S, Projection, derive_layer_norm_projection, derive_relu_projection
 
@@ -238,6 +238,19 @@ def test_expression_trees_round_trip_and_reject_what_they_do_not_know():
         deep = ["Abs", deep]
     for tree in bad + [deep]:
         with pytest.raises(ValueError):
+            from_json(tree)
+
+
+def test_trees_of_exactly_the_largest_depth_and_size_are_read_and_one_more_is_not():
+    def nested(depth):  # the leaf at depth ``depth`` (the root is at 0)
+        return ["Rational", "1", "1"] if depth == 0 else ["Abs", nested(depth - 1)]
+
+    def wide(nodes):
+        return ["Add"] + [["Rational", "1", "1"]] * (nodes - 1)
+
+    assert from_json(nested(MAX_DEPTH)) == 1 and from_json(wide(MAX_NODES)) == MAX_NODES - 1
+    for tree in (nested(MAX_DEPTH + 1), wide(MAX_NODES + 1)):
+        with pytest.raises(ValueError, match="too large or too deep"):
             from_json(tree)
 
 

@@ -10,10 +10,10 @@ from splitformer.codegen.model_pipeline import generate_model
 from splitformer.codegen.output import write_files
 from splitformer.symbolic.model import load_model
 
-from conftest import GENERATED, ROOT, import_path
+from conftest import GENERATED, ROOT, derived_now, generated_now
 
-RESNET = {backend: import_path(GENERATED / backend / "resnet_block.py") for backend in ("numpy", "torch")}
-UNET = {backend: import_path(GENERATED / backend / "unet_level.py") for backend in ("numpy", "torch")}
+RESNET = dict(zip(("numpy", "torch"), generated_now("resnet-block")))
+UNET = dict(zip(("numpy", "torch"), generated_now("unet-level")))
 
 
 def _conv(c_in, c_out, kernel, stride=1, padding=0, transposed=False):
@@ -123,6 +123,16 @@ def test_grids_that_do_not_meet_are_rejected_before_work():
     _, params = _resnet(3, 5, 2, False)
     with pytest.raises(ValueError, match="5 channels on a 2x2 grid, R u 3 on 4x4"):
         RESNET["numpy"].forward(np.zeros((1, 3, 4, 4)), params, stride=2)
+
+
+def test_the_report_derives_the_adjoint_of_each_transfer_the_network_has():
+    resnet = derived_now("resnet-block").report.split("the derived adjoint")[1]
+    assert [line for line in resnet.splitlines() if line.startswith("### R")] == ["### R = bn3 ∘ shortcut", "### R = 1"]
+    projected, identity = resnet.split("### R = 1")
+    assert "#### adjoint of shortcut" in projected and "#### adjoint of bn3" in projected
+    assert "#### adjoint of conv1" in identity and "shortcut" not in identity and "bn3" not in identity
+    unet = derived_now("unet-level").report.split("the derived adjoint")[1]
+    assert [line for line in unet.splitlines() if line.startswith("### R")] == ["### R = 1"]
 
 
 def test_committed_files_match_the_generator(update_golden):

@@ -14,10 +14,9 @@ from splitformer.codegen.output import write_files  # noqa: E402
 from splitformer.symbolic.errors import SplitformerError  # noqa: E402
 from splitformer.symbolic.model import load_model  # noqa: E402
 
-from conftest import GENERATED, ROOT, import_path  # noqa: E402
+from conftest import GENERATED, ROOT, generated_now  # noqa: E402
 
-NUMPY = import_path(GENERATED / "numpy" / "cvt.py")
-TORCH = import_path(GENERATED / "torch" / "cvt.py")
+NUMPY, TORCH = generated_now("cvt")
 
 #: Two and three stages; the class node in the last; stride_kv 2; d_ff ≠ 4d; qkv_bias off in one stage.
 #: (transformers indexes drop-path rates by stage: depth[s] > s.)

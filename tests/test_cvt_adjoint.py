@@ -10,12 +10,10 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf
-from splitformer.codegen.model_pipeline import generate_model
-from splitformer.symbolic.model import load_model
 
-from conftest import GENERATED, import_path
+from conftest import generated_now
 
-NUMPY = import_path(GENERATED / "numpy" / "cvt.py")
+NUMPY, TORCH = generated_now("cvt")
 
 #: Two stages at a tiny size: stride_kv 2 (K, V on a coarser grid), several heads, the class node in the last.
 CONFIG = dict(patch_sizes=[3, 3], patch_stride=[2, 2], patch_padding=[1, 1], embed_dim=[4, 6], num_heads=[1, 2],
@@ -80,23 +78,9 @@ def _relative(got: dict, expected: dict) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
-def generated_now(tmp_path_factory):
-    """The cvt NumPy module as the generator writes it now (``NUMPY`` is the committed one)."""
-    out = tmp_path_factory.mktemp("cvt")
-    path = out / "numpy" / "cvt.py"
-    path.parent.mkdir()
-    path.write_text(generate_model(load_model("cvt"), ("numpy",), out)[path], encoding="utf-8")
-    return import_path(path, "cvt_generated_now")
-
-
 @pytest.mark.parametrize("classifier", [False, True], ids=["CvtModel", "CvtForImageClassification"])
 def test_vjp_matches_transformers_autograd(classifier):
     _check_vjp(NUMPY, classifier)
-
-
-def test_the_generators_vjp_of_the_hidden_states_matches_transformers_autograd(generated_now):
-    _check_vjp(generated_now, classifier=False)
 
 
 def _check_vjp(module, classifier: bool) -> None:
@@ -120,7 +104,6 @@ def _check_vjp(module, classifier: bool) -> None:
     assert _relative(grads, expected) <= 1e-10
 
 
-TORCH = import_path(GENERATED / "torch" / "cvt.py")
 
 
 def _generated(adapted, backward: str, dtype=torch.float64):

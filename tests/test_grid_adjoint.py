@@ -11,11 +11,11 @@ from splitformer.codegen.verification.statements.model_adjoint import grid_adjoi
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_derivation import derive_grid_model
 
-from conftest import GENERATED, import_path
+from conftest import generated_now
 from test_cnn_models import _batch_norm, _conv
 
-MODULES = {name: {backend: import_path(GENERATED / backend / f"{name}.py") for backend in ("numpy", "torch")}
-           for name in ("resnet_block", "unet_level")}
+MODULES = {name.replace("-", "_"): dict(zip(("numpy", "torch"), generated_now(name)))
+           for name in ("resnet-block", "unet-level")}
 
 
 def _resnet(c_in, c_out, stride, shortcut):

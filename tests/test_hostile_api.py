@@ -19,7 +19,7 @@ from splitformer.codegen.cli import main
 from splitformer.codegen.output import write_files
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from splitformer.symbolic.scheme_file import load_scheme
-from splitformer.symbolic.tableaux import Tableau, register_tableau
+from splitformer.symbolic.tableaux import HEUN, Tableau, register_tableau
 
 HOSTILE = 'x"""\nraise SystemExit("injected")\n"""'
 FFN = {"ffn": "feed-forward"}
@@ -167,6 +167,8 @@ def _tampered(fraction) -> Substep:
     ({"body": Sequence((Parallel((ONE_STEP,), (sp.Rational(1, 2),)),))}, "weights must sum to 1"),
     ({"body": Sequence((Parallel((ONE_STEP,), (sp.Integer(1), sp.Integer(0))),))}, "2 weights for 1 branches"),
     ({"body": Sequence((RungeKutta((Substep("ffn", "explicit"),), "rk4"),))}, "tableau: expected a Tableau"),
+    ({"body": Sequence((RungeKutta((), HEUN),))}, "fields: a Runge–Kutta step needs a non-empty tuple"),
+    ({"body": Sequence((RungeKutta([Substep("ffn", "explicit")], HEUN),))}, "fields: a Runge–Kutta step needs a non-empty"),
     ({"body": Sequence(("ffn",))}, "expected a Substep, Parallel or RungeKutta, got str"),
     ({"activation": "swish"}, "activation: unknown activation 'swish'"),
     ({"activation": None}, "activation: unknown activation None"),

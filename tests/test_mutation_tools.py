@@ -80,7 +80,17 @@ def test_each_area_runs_its_tests_and_checks(path, stages, tests):
 
 
 def test_every_judged_equivalent_names_a_mutant_and_a_reason(population):
-    keys = {m.key for m in population}
+    identities = {m.identity for m in population}
     judged = mutation.equivalents()
     assert all(reason.strip() for reason in judged.values())
-    assert set(judged) <= keys, sorted(set(judged) - keys)
+    assert set(judged) <= identities, sorted(set(judged) - identities)
+
+
+def test_a_mutant_is_judged_by_its_text_wherever_its_line_moves(population, tmp_path):
+    mutant = next(m for m in population if m.path == "codegen/passes/matmul.py")
+    source = (ROOT / mutant.path).read_text(encoding="utf-8")
+    (tmp_path / "codegen" / "passes").mkdir(parents=True)
+    (tmp_path / mutant.path).write_text("import os\n\n" + source, encoding="utf-8")
+    moved = mutants.file_mutants(tmp_path, mutant.path)[mutant.index]
+    assert moved.line == mutant.line + 2 and moved.identity == mutant.identity
+    assert len({m.identity for m in population}) == len(population)  # the same mutation twice on a line: #2

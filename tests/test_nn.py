@@ -80,6 +80,8 @@ def test_logits_shape_dtype_and_heads():
     separate = splitformer.nn.LanguageModel("pre-ln", VOCAB, d_model=8, n_heads=2, n_layers=1, tie_weights=False)
     tokens = torch.randint(0, VOCAB, (3, 4))
     assert tied(tokens).shape == (3, 4, VOCAB) and tied(tokens).dtype == torch.float32
+    one = tied(tokens[1])  # (tokens,): one sequence, a batch of one
+    assert one.shape == (1, 4, VOCAB) and torch.allclose(one, tied(tokens)[1:2], rtol=0, atol=1e-5)
     assert tied.head.weight.data_ptr() == tied.embed.weight.data_ptr()
     assert separate.head.weight.data_ptr() != separate.embed.weight.data_ptr()
     assert sum(p.numel() for p in separate.parameters()) - sum(p.numel() for p in tied.parameters()) == VOCAB * 8

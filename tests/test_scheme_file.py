@@ -8,8 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from splitformer.symbolic import SplitformerError, builtin_names, load_scheme, parse_scheme
+from splitformer.symbolic.scheme_file import is_builtin
 from splitformer.symbolic.exact_numbers import MAX_TERM, exact_number
 from splitformer.symbolic.scheme import Heun, Parallel
+
+from conftest import ROOT
 
 VALID = load_scheme("post-ln").source
 
@@ -19,6 +22,13 @@ def test_builtins_are_scheme_files_that_show_themselves():
         scheme = load_scheme(name)
         assert parse_scheme(scheme.source).name == name
         assert tomllib.loads(scheme.source)["name"] == name
+
+
+def test_a_scheme_is_built_in_only_under_a_built_in_name_with_its_operators_and_steps():
+    assert all(is_builtin(load_scheme(name)) for name in builtin_names())
+    thirds = load_scheme(ROOT / "tests" / "schemes" / "thirds.toml")
+    assert not is_builtin(thirds)  # a user file, named as no built-in
+    assert not is_builtin(parse_scheme(thirds.source.replace('name = "thirds"', 'name = "pre-ln"')))  # other steps
 
 
 def test_structure_of_parallel_and_rk2_builtins():

@@ -14,10 +14,9 @@ from splitformer.codegen.output import write_files  # noqa: E402
 from splitformer.symbolic.errors import SplitformerError  # noqa: E402
 from splitformer.symbolic.model import load_model  # noqa: E402
 
-from conftest import GENERATED, ROOT, import_path  # noqa: E402
+from conftest import GENERATED, ROOT, generated_now  # noqa: E402
 
-NUMPY = import_path(GENERATED / "numpy" / "vit.py")
-TORCH = import_path(GENERATED / "torch" / "vit.py")
+NUMPY, TORCH = generated_now("vit")
 
 #: Small random configurations: d_ff ≠ 4d in one, qkv_bias on and off, both LayerNorm ε.
 CONFIGS = {

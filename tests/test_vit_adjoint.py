@@ -15,10 +15,9 @@ from splitformer.codegen.verification.statements.model_adjoint import model_adjo
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_derivation import derive_model
 
-from conftest import GENERATED, import_path
+from conftest import generated_now
 
-NUMPY = import_path(GENERATED / "numpy" / "vit.py")
-TORCH = import_path(GENERATED / "torch" / "vit.py")
+NUMPY, TORCH = generated_now("vit")
 
 
 def _relative(got: dict, expected: dict) -> float:

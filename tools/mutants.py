@@ -39,11 +39,29 @@ class Mutant:
     index: int  # the index-th candidate of the file (``ast.walk`` order; text order in a template)
     line: int
     description: str
+    text: str  # the mutated line of the source, stripped
 
     @property
     def key(self) -> str:
-        """``path:line description``: how reports and the judged equivalents name a mutant."""
+        """``path:line description``: how reports name a mutant."""
         return f"{self.path}:{self.line} {self.description}"
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """(path, line text, description): how the judged equivalents name a mutant, unmoved by
+        edits that shift lines."""
+        return self.path, self.text, self.description
+
+
+def _numbered(path: str, candidates) -> list[Mutant]:
+    """Mutants of (line, description, line text) in candidate order; the n-th same mutation of the same
+    line text in the file (n > 1) is described ``… #n``, so that no two mutants share an identity."""
+    seen: dict[tuple[str, str], int] = {}
+    mutants = []
+    for index, (line, description, text) in enumerate(candidates):
+        count = seen[text, description] = seen.get((text, description), 0) + 1
+        mutants.append(Mutant(path, index, line, description + (f" #{count}" if count > 1 else ""), text))
+    return mutants
 
 
 # -- Python modules ---------------------------------------------------------------------------
@@ -75,9 +93,10 @@ def _skipped(tree: ast.AST) -> set[int]:
 
 def _python_mutants(path: str, source: str) -> list[Mutant]:
     tree = ast.parse(source)
-    skipped = _skipped(tree)
-    return [Mutant(path, index, node.lineno, description)
-            for index, (node, description) in enumerate(_mutable(tree)) if id(node) not in skipped]
+    skipped, lines = _skipped(tree), source.splitlines()
+    mutable = list(_mutable(tree))
+    candidates = [(node.lineno, description, lines[node.lineno - 1].strip()) for node, description in mutable]
+    return [mutant for (node, _), mutant in zip(mutable, _numbered(path, candidates)) if id(node) not in skipped]
 
 
 def _apply_python(source: str, mutant: Mutant) -> str:
@@ -129,8 +148,8 @@ def _template_candidates(source: str):
 
 def _template_mutants(path: str, source: str) -> list[Mutant]:
     lines = source.splitlines()
-    return [Mutant(path, index, number, f"{lines[number - 1][start:end]} → {replacement}")
-            for index, (number, start, end, replacement) in enumerate(_template_candidates(source))]
+    return _numbered(path, [(number, f"{lines[number - 1][start:end]} → {replacement}", lines[number - 1].strip())
+                            for number, start, end, replacement in _template_candidates(source)])
 
 
 def _apply_template(source: str, mutant: Mutant) -> str:

@@ -113,7 +113,7 @@ class ArrayPrinter(StrPrinter):
 class NumpyPrinter(ArrayPrinter):
     library = "np"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
-                 "Abs": "np.abs"}
+                 "Abs": "np.abs", "floor": "np.floor"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         return self._pairwise("np.maximum", expr)
@@ -135,7 +135,8 @@ class NumpyPrinter(ArrayPrinter):
 class TorchPrinter(ArrayPrinter):
     library = "torch"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
-                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs"}
+                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs",
+                 "floor": "torch.floor"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

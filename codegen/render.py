@@ -17,7 +17,7 @@ from splitformer.symbolic.scheme import Scheme
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, MatMul, Module
+from .ir import Cache, Elementwise, MatMul, Module, Reduction
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
 
@@ -120,6 +120,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "hidden": hidden,
         "sections": sections,
         "uses_support": "chi" in module.tensors,
+        # χ read as a factor of a formula (a token map's kernel), not by a masked softmax: an indicator array
+        "dense_support": any(isinstance(op, (Elementwise, Reduction)) and "chi" in op.reads() for op in module.ops),
         "uses_erf": "_erf(" in code,
         "uses": {helper for helper in ("_einsum", "_softmax", "_attention", "_grouped_attention", "_layer_norm",
                                        "_rms_norm", "_grid", "_cat") if f"{helper}(" in code},

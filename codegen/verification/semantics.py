@@ -194,10 +194,12 @@ class Semantics:
         return total
 
     def field(self, substep, u):
-        """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
+        """``A(u)`` or, with ``on``, ``A(Proj(u))`` (with ``shift``, ``A(S(Proj(u)))``); with ``then``, the projection of that output; with a
         learned step, times ``λ(y)`` (``<operator>.step``) feature by feature, or times one number ``λ``;
         with ``combine``, the combiner's field of ``u`` and that value."""
         argument = u if substep.on is None else self.apply(substep.on, u)
+        if substep.shift is not None:
+            argument = self.apply(substep.shift, argument)
         value = self.apply(substep.operator, argument)
         if substep.then is not None:
             value = self.apply(substep.then, value)
@@ -436,6 +438,30 @@ def _affine(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     return u @ sem.parameter(key, "W") + sem.parameter(key, "b")
 
 
+def _token_shift(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """Token shift (x-transformers' ``ShiftTokens``): the features cut into one segment per offset
+    (``⌊d / n⌋`` wide, the rest kept); segment ``j`` at token ``t`` reads the token whose position is
+    ``p(t) − s_j``, zero where there is none or (``masked``) where ``t`` may not attend to it; offset ``0`` reads itself."""
+    operator = sem.operator(key)
+    offsets = operator.offsets()
+    n, d = u.shape
+    width = d // len(offsets)
+    positions = list(sem.positions) if sem.positions is not None else list(range(n))
+    support = _token_support(sem) if operator.masked else np.ones((n, n), dtype=int)
+    result = u.copy()
+    for segment, offset in enumerate(offsets):
+        columns = slice(segment * width, (segment + 1) * width)
+        for token in range(n):
+            if offset == 0:
+                continue
+            sources = [other for other in range(n) if positions[other] == positions[token] - offset]
+            if sources and support[token, sources[0]]:
+                result[token, columns] = u[sources[0], columns]
+            else:
+                result[token, columns] = 0 * u[token, columns]
+    return result
+
+
 def _nonnegative(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Projection onto ``S₂ = {u ≥ 0}``: pointwise, the nearest non-negative value."""
     return sem.arithmetic.relu(u)
@@ -453,6 +479,7 @@ KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "rms-norm": _rms_norm,
     "affine": _affine,
     "nonnegative": _nonnegative,
+    "token-shift": _token_shift,
 }
 
 #: The residual combiners the evaluator knows by kind: ``(semantics, key, state u, branch output v) → c(u, v)``.

@@ -438,27 +438,33 @@ def _affine(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     return u @ sem.parameter(key, "W") + sem.parameter(key, "b")
 
 
+def _within_half_token(distance) -> object:
+    """``1[|distance| < 1/2]``: a number for numbers, ``θ(1/2 + distance, 0) θ(1/2 − distance, 0)`` for a symbol."""
+    if isinstance(distance, sympy.Expr) and not distance.is_number:
+        half = sympy.Rational(1, 2)
+        return sympy.Heaviside(half + distance, 0) * sympy.Heaviside(half - distance, 0)
+    return 1 if bool(abs(distance) < sympy.Rational(1, 2)) else 0
+
+
 def _token_shift(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Token shift (x-transformers' ``ShiftTokens``): the features cut into one segment per offset
-    (``⌊d / n⌋`` wide, the rest kept); segment ``j`` at token ``t`` reads the token whose position is
-    ``p(t) − s_j``, zero where there is none or (``masked``) where ``t`` may not attend to it; offset ``0`` reads itself."""
+    (``⌊d / n⌋`` wide, the rest kept); segment ``j`` at token ``t`` reads each token ``o`` whose position is within
+    half a token of ``p(t) − s_j`` (one token on the grid of positions), zero where there is none or (``masked``,
+    offsets other than 0) where ``t`` may not attend to it."""
     operator = sem.operator(key)
     offsets = operator.offsets()
     n, d = u.shape
     width = d // len(offsets)
-    positions = list(sem.positions) if sem.positions is not None else list(range(n))
-    support = _token_support(sem) if operator.masked else np.ones((n, n), dtype=int)
+    positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
+    support = _token_support(sem)
     result = u.copy()
-    for segment, offset in enumerate(offsets):
-        columns = slice(segment * width, (segment + 1) * width)
+    segments = [(slice(segment * width, (segment + 1) * width), offset, operator.masked and offset != 0)
+                for segment, offset in enumerate(offsets)] + [(slice(len(offsets) * width, d), 0, False)]
+    for columns, offset, masked in segments:  # the rest of the features: offset 0
         for token in range(n):
-            if offset == 0:
-                continue
-            sources = [other for other in range(n) if positions[other] == positions[token] - offset]
-            if sources and support[token, sources[0]]:
-                result[token, columns] = u[sources[0], columns]
-            else:
-                result[token, columns] = 0 * u[token, columns]
+            result[token, columns] = sum(
+                _within_half_token(positions[token] - positions[other] - offset) * (support[token, other] if masked else 1)
+                * u[other, columns] for other in range(n))
     return result
 
 

@@ -254,6 +254,13 @@ class NumpyBackend(Backend):
                              "np.add({buffer}, {other}, out={buffer})")
 
 
+def _indicator(expr: sp.Expr) -> bool:
+    """``expr`` is built of steps ``θ(v, 0)`` and the support ``χ`` by products and sums: bool-valued."""
+    if isinstance(expr, (sp.Mul, sp.Add)):
+        return all(_indicator(argument) for argument in expr.args)
+    return isinstance(expr, sp.Heaviside) or (isinstance(expr, sp.Indexed) and str(expr.base.label) == "chi")
+
+
 class TorchBackend(Backend):
     name = "torch"
     printer = TorchPrinter
@@ -270,7 +277,10 @@ class TorchBackend(Backend):
                                              for name in dropped]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
-        """In place only without autograd: an in-place update of a view costs more in backward."""
+        """In place only without autograd: an in-place update of a view costs more in backward. An indicator
+        (steps and χ only: a token map's kernel) is a bool tensor in torch, cast to the state's dtype."""
+        if _indicator(op.expr):
+            return [f"{op.out} = ({printer.doprint(op.expr)}).to(u0.dtype)"]
         if op.reuse is None:
             return super().elementwise(op, printer)
         (line,) = self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")

@@ -39,7 +39,8 @@ class Substep:
     ``u_t = P(A(u))``, the sandwich norm); ``step`` other than ``fixed`` multiplies the field by a
     learned control ``λ`` (``STEP_CONTROLS``): ``u_t = fraction · λ ⊙ A(u)``; ``combine`` names a
     residual combiner ``c`` (a field of the state and the branch output, ``Operator.is_combiner``):
-    ``u_t = fraction · c(u, A(u))`` (the GRU gate).
+    ``u_t = fraction · c(u, A(u))`` (the GRU gate); ``shift`` names a token map ``S``
+    (``Operator.is_token_map``) applied to the branch input after ``on``: ``u_t = A(S(Proj(u)))`` (token shift).
     """
 
     operator: str
@@ -49,14 +50,15 @@ class Substep:
     then: str | None = None
     step: str = "fixed"
     combine: str | None = None
+    shift: str | None = None
 
     def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
         object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))
 
     @property
-    def field(self) -> tuple[str, str | None, str | None, str, str | None]:
-        """What the substep evaluates, whatever its share of the step: ``(operator, on, then, step, combine)``."""
-        return self.operator, self.on, self.then, self.step, self.combine
+    def field(self) -> tuple[str, str | None, str | None, str, str | None, str | None]:
+        """What the substep evaluates, whatever its share of the step: ``(operator, on, then, step, combine, shift)``."""
+        return self.operator, self.on, self.then, self.step, self.combine, self.shift
 
 
 @dataclass(frozen=True)

@@ -165,13 +165,16 @@ class _Deriver:
         return sp.Symbol(self.tensors[state].latex)
 
     def field(self, step: Substep, state: str, evaluations: list[Evaluation]) -> tuple[sp.Expr, sp.Expr]:
-        """``A(u)``, ``A(Proj(u))`` with ``on``, ``Proj(A(u))`` with ``then``, times the learned step
+        """``A(u)``, ``A(Proj(u))`` with ``on``, ``A(S(·))`` with ``shift``, ``Proj(A(u))`` with ``then``, times the learned step
         ``λ`` where the substep has one, ``c(u, ·)`` of that with ``combine``, at ``state``: (discrete
         value, continuous expression)."""
         argument, continuous = state, self.symbol(state)
         if step.on is not None:
             argument = self.evaluate(step.on, state, evaluations)
             continuous = sp.Function(self.operators[step.on].labelled())(continuous)
+        if step.shift is not None:  # a token map of the branch input (token shift)
+            argument = self.evaluate(step.shift, argument, evaluations)
+            continuous = sp.Function(self.operators[step.shift].labelled())(continuous)
         output = self.evaluate(step.operator, argument, evaluations)
         applied = sp.Function(self.operators[step.operator].labelled())(continuous)
         if step.then is not None:
@@ -323,6 +326,7 @@ def _reads(operator: Operator, function: str) -> bool:
 
 def _solver_label(step: Substep) -> str:
     on = f" on Proj({step.on})" if step.on else ""
+    on += f", shifted by {step.shift}" if step.shift else ""
     then = f", then Proj({step.then})" if step.then else ""
     fraction = "" if step.fraction == 1 else f", fraction {step.fraction}"
     control = "" if step.step == "fixed" else f", learned {step.step} step"

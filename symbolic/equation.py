@@ -52,11 +52,13 @@ class Term:
     then: str | None = None
     step: str = "fixed"
     combine: str | None = None
+    shift: str | None = None
 
     @property
     def substep(self) -> Substep:
         """The term's field as an explicit substep of the whole step (``fraction`` 1)."""
-        return Substep(self.operator, "explicit", on=self.on, then=self.then, step=self.step, combine=self.combine)
+        return Substep(self.operator, "explicit", on=self.on, then=self.then, step=self.step, combine=self.combine,
+                       shift=self.shift)
 
 
 def equation_terms(scheme: "Scheme") -> list[Term]:
@@ -76,8 +78,8 @@ def equation_terms(scheme: "Scheme") -> list[Term]:
             totals[key] = totals.get(key, sp.Integer(0)) + weight * step.fraction
 
     visit(scheme.body, sp.Integer(1))
-    return [Term(operator, on, coefficient, projection, then, step, combine)
-            for (operator, on, then, step, combine, projection), coefficient in totals.items()]
+    return [Term(operator, on, coefficient, projection, then, step, combine, shift)
+            for (operator, on, then, step, combine, shift, projection), coefficient in totals.items()]
 
 
 def equation_latex(scheme: "Scheme") -> str:
@@ -86,6 +88,7 @@ def equation_latex(scheme: "Scheme") -> str:
     parts = []
     for term in equation_terms(scheme):
         argument = "u" if term.on is None else rf"{operators[term.on].labelled()}(u)"
+        argument = argument if term.shift is None else rf"{operators[term.shift].labelled()}({argument})"
         text = operators[term.operator].term_latex(argument)
         if term.then is not None:  # a branch map: + P(A(…))
             text = rf"+ {operators[term.then].labelled()}({text.removeprefix('+ ')})"
@@ -107,6 +110,7 @@ def equation_text(scheme: "Scheme") -> str:
     parts = []
     for term in equation_terms(scheme):
         argument = "u" if term.on is None else f"Proj[{term.on}](u)"
+        argument = argument if term.shift is None else f"{term.shift}({argument})"
         if term.projection:
             constraint = unicode_text(operators[term.operator].constraint).replace("_", "")
             parts.append(f"− ∂I_{constraint}[{term.operator}]({argument})")

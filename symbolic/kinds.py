@@ -10,7 +10,7 @@ refuses a user's kind under a built-in's name.
 from __future__ import annotations
 
 from . import gated_feed_forward, gated_residual, paper_operators, rms_norm  # noqa: F401  (registered on import)
-from . import cross_attention, rotary_attention, scored_attention  # noqa: F401  (registered on import)
+from . import cross_attention, rotary_attention, scored_attention, token_shift  # noqa: F401  (registered on import)
 from .operators import OPERATOR_KINDS, register_operator
 
 __all__ = ["OPERATOR_KINDS", "register_operator"]

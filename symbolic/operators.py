@@ -113,6 +113,9 @@ class Operator:
     #: A residual combiner: a field of the state ``u`` and a branch output ``v`` (``BRANCH``), named by a
     #: substep's ``combine`` (the GRU gate).
     is_combiner: ClassVar[bool] = False
+    #: A token map: a linear map along the tokens of a branch's input, named by a substep's ``shift``
+    #: (token shift).
+    is_token_map: ClassVar[bool] = False
     #: For a projection: the LaTeX of the constraint set.
     constraint: ClassVar[str] = ""
     #: Definitions (besides the output) a training-mode torch forward applies dropout to.

@@ -239,6 +239,19 @@ class Scheme:
             raise SplitformerError(f"scheme {self.name!r}: the combined field {step.operator!r} takes no projection "
                                    "solver and no learned 'step'")
 
+    def _check_token_map(self, step: Substep, operators: dict[str, Operator]) -> None:
+        """A token map (token shift) is named by ``shift`` only, on a vector field."""
+        if getattr(operators[step.operator], "is_token_map", False):
+            raise SplitformerError(f"scheme {self.name!r}: {step.operator!r} is a token map; name it in a "
+                                   "substep's 'shift', not as its operator")
+        if step.shift is None:
+            return
+        if not getattr(operators[step.shift], "is_token_map", False):
+            raise SplitformerError(f"scheme {self.name!r}: 'shift' must name a token map (a kind such as "
+                                   f"'token-shift'), not {step.shift!r}")
+        if step.solver == "projection":
+            raise SplitformerError(f"scheme {self.name!r}: the projection {step.operator!r} takes no 'shift'")
+
     def check(self) -> None:
         """Raise ``SplitformerError`` where a field is of the wrong type or holds bad text
         (``scheme_fields``), or where operators and solvers do not fit."""
@@ -253,7 +266,7 @@ class Scheme:
             if step.solver not in SOLVERS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown solver {step.solver!r} "
                                        f"(known: {', '.join(SOLVERS)})")
-            for key in (step.operator, step.on, step.then, step.combine):
+            for key in (step.operator, step.on, step.then, step.combine, step.shift):
                 if key is not None and key not in operators:
                     raise SplitformerError(f"scheme {self.name!r}: substep names unknown operator {key!r}")
             operator = operators[step.operator]
@@ -270,6 +283,7 @@ class Scheme:
                 if key is not None and not operators[key].is_projection:
                     raise SplitformerError(f"scheme {self.name!r}: {role!r} must name a projection, not {key!r}")
             self._check_combiner(step, operators)
+            self._check_token_map(step, operators)
             if step.step not in STEP_CONTROLS:
                 raise SplitformerError(f"scheme {self.name!r}: unknown step {step.step!r} (known: {', '.join(STEP_CONTROLS)})")
             if step.solver == "projection" and (step.then is not None or step.step != "fixed"):
@@ -281,7 +295,7 @@ class Scheme:
                 raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
         self._check_across_layers(operators)
-        used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine)
+        used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine, step.shift)
                 if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:

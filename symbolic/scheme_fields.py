@@ -147,7 +147,7 @@ def _check_substep(step, path: str) -> None:
     for field in ("operator", "solver"):
         if not isinstance(getattr(step, field), str):
             raise SplitformerError(f"{path}.{field}: expected str, got {type(getattr(step, field)).__name__}")
-    for role in ("on", "then", "combine"):
+    for role in ("on", "then", "combine", "shift"):
         if getattr(step, role) is not None and not isinstance(getattr(step, role), str):
             raise SplitformerError(f"{path}.{role}: expected str or None, got {type(getattr(step, role)).__name__}")
     if not isinstance(step.step, str):

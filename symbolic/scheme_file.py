@@ -37,7 +37,7 @@ MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal", "across_layers"}
-_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
@@ -209,14 +209,14 @@ class _Reader:
                             "a negative fraction steps backward")
         if solver == "projection" and fraction != 1:
             raise self.fail(f"{where}.fraction", "a projection has no fraction (the normal cone absorbs Δt)")
-        on, then, combine = (self.typed(step, role, str, where, None) for role in ("on", "then", "combine"))
-        for role, key in (("on", on), ("then", then), ("combine", combine)):
+        on, then, combine, shift = (self.typed(step, role, str, where, None) for role in ("on", "then", "combine", "shift"))
+        for role, key in (("on", on), ("then", then), ("combine", combine), ("shift", shift)):
             if key is not None and key not in operators:
                 raise self.fail(f"{where}.{role}", f"unknown operator {key!r} (declared: {', '.join(operators)})")
         control = self.typed(step, "step", str, where, "fixed")
         if control not in STEP_CONTROLS:
             raise self.fail(f"{where}.step", f"unknown step {control!r} (known: {', '.join(STEP_CONTROLS)})")
-        return Substep(operator, solver, fraction, on, then, control, combine)
+        return Substep(operator, solver, fraction, on, then, control, combine, shift)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
         if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:

@@ -130,7 +130,7 @@ def test_composed_schemes_hold_their_orders_and_drop_layer_norm_biases():
      "rotary_interpolation_factor"),
     ({"rotary_pos_emb": True, "rotary_emb_dim": DIM // HEADS, "attn_qk_norm": True}, "rotary_pos_emb with qk_norm"),
     ({"attn_pre_scale_post_talking_heads": True, "attn_flash": False}, "attn_pre_scale_post_talking_heads"),
-    ({"shift_tokens": 1}, "shift_tokens"), ({"ff_solu": True}, "ff_solu"), ({"scale_residual": True}, "scale_residual"),
+    ({"ff_solu": True}, "ff_solu"), ({"scale_residual": True}, "scale_residual"),
     ({"cross_attend": True}, "cross_attend"), ({"use_dynamic_tanh": True}, "use_dynamic_tanh"),
     ({"attn_sigmoid": True, "attn_flash": False}, "attn_sigmoid"), ({"attn_l2_distance": True, "attn_flash": False}, "attn_l2_distance"),
 ])

@@ -29,6 +29,9 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
 - ``gate_residual``: the GRU cell combining a branch's output with the state is the residual combiner
   ``combine = "gateK"`` (kind ``gru-gate``): ``W_i{r,z,n}``, ``W_h{r,z,n}`` are the transposed thirds of
   ``weight_ih``, ``weight_hh``, the biases the thirds of ``bias_ih``, ``bias_hh``.
+- ``shift_tokens = k``: the branch input shifted along the tokens (``ShiftTokens``) is the token map
+  ``shift = "shiftK"`` (kind ``token-shift``, ``reach = k``, ``causal`` for a Decoder's offsets ``0 … k``;
+  a feed-forward's shift is given no mask: ``masked = false``).
 
 Any other flag is refused in one line naming it.
 """
@@ -56,7 +59,7 @@ __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 #: Classes of x-transformers that only a refused flag builds → that flag.
 FLAG_OF_CLASS = {
     "AdaptiveLayerScale": "use_adaptive_layerscale",
-    "ShiftTokens": "shift_tokens", "OrthogonalResidualUpdate": "orthog_residual",
+    "OrthogonalResidualUpdate": "orthog_residual",
     "MVSplitResidualUpdate": "mv_split_residual", "HyperConnection": "num_residual_streams",
     "GatedMultiResidual": "gated_multi_residual", "DynamicTanh": "use_dynamic_tanh", "Derf": "use_derf",
     "AdaptiveLayerNorm": "use_adaptive_layernorm", "AdaptiveRMSNorm": "use_adaptive_rmsnorm",
@@ -146,7 +149,6 @@ SCORE_WORDS = {"qk_norm": "qk-norm", "alibi": "alibi", "rel_pos_bias": "t5", "pr
 #: Why a refused flag is not computed, where more can be said than that it is not.
 REASONS = {
     "scale_residual": "a learned skip scale is not in the scheme language",
-    "shift_tokens": "no token-axis operator but attention (a local kernel along the tokens) exists",
     "dynamic_pos_bias": "an attention-score kernel splitformer does not compute",
 }
 
@@ -447,17 +449,32 @@ def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
     return theta, 0 if rotated == dim_head else rotated
 
 
+def _token_shift(owner: str, branch: Any, attention: bool) -> tuple[Any, dict | None]:
+    """The branch inside ``ShiftTokens`` (``shift_tokens``) and the ``token-shift`` operator computing its shift."""
+    if type(branch).__name__ != "ShiftTokens":
+        return branch, None
+    shifts, reach = tuple(branch.shifts), max(branch.shifts)
+    causal = shifts[0] == 0
+    if shifts != tuple(range(0 if causal else -reach, reach + 1)):
+        raise _refuse(owner, f"shift_tokens with the offsets {shifts}", "token-shift's offsets are −k … k or 0 … k")
+    return branch.fn, {"kind": "token-shift", "reach": reach, "causal": causal, "masked": attention}
+
+
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
     macaron = len(parts) == 3
     block = _Block()
     for position, (kind, branch, (pre, sandwich, post), residual) in enumerate(parts, start=1):
         branch, layer_scale = _layer_scale(branch)  # LayerScale wraps the macaron's ½ (Scale): both scale the output
+        branch, shift = _token_shift(owner, branch, kind == "a")  # ShiftTokens wraps the branch (and its ½)
         branch, fraction = _fraction(owner, branch, macaron and kind == "f")
         step: dict[str, Any] = {"operator": "", "solver": "explicit"}
         if pre is not None:
             step["on"] = f"norm{position}"
             block.norm(owner, step["on"], pre, dim, dtype)
+        if shift is not None:  # the branch input shifted along the tokens (after its pre-norm)
+            step["shift"] = f"shift{position}"
+            block.operators[step["shift"]] = shift
         if kind == "a":
             step["operator"] = "attn"
             params, options = _attention(owner, branch, dim, heads, rel_pos)
@@ -533,14 +550,15 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     rotary = "" if block.operators["attn"]["kind"] != "rotary-attention" else \
         f"rotary{block.operators['attn']['rotary_dim']}" if "rotary_dim" in block.operators["attn"] else "rotary"
     combined = "gru-gated" if any("combine" in step for step in block.steps) else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, rotary, norm, gated + next(iter(block.activations)),
+    shifted = "shift" if any("shift" in step for step in block.steps) else ""
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, shifted, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
     name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
     summary = (f"x-transformers {'Decoder' if layers.causal else 'Encoder'}: {layout}-norm "
                f"{'macaron ' if len(parts) == 3 else ''}block with {norm} and a {ffn['kind']} ({gated}{next(iter(block.activations))})"
                + (f"; attention scores with {', '.join(scores)}" if scores else "")
-               + ("; GRU-gated residuals" if combined else ""))
+               + ("; GRU-gated residuals" if combined else "") + ("; token shift" if shifted else ""))
     return name, summary
 
 

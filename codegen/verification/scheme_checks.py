@@ -357,7 +357,7 @@ def nesting(scheme: Scheme) -> int:
     result (a field on a projected state counts two; a Runge–Kutta stage reads the stages its row uses)."""
 
     def applications(substep) -> int:
-        return 1 + (substep.on is not None) + (substep.then is not None) + (substep.combine is not None)
+        return 1 + (substep.on is not None) + (substep.then is not None) + (substep.combine is not None) + (substep.shift is not None)
 
     def sequence(steps: Sequence, depth: int) -> int:
         for step in steps.steps:

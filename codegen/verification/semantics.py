@@ -204,10 +204,12 @@ class Semantics:
         return total
 
     def field(self, substep, u):
-        """``A(u)`` or, with ``on``, ``A(Proj(u))``; with ``then``, the projection of that output; with a
+        """``A(u)`` or, with ``on``, ``A(Proj(u))`` (with ``shift``, ``A(S(Proj(u)))``); with ``then``, the projection of that output; with a
         learned step, times ``λ(y)`` (``<operator>.step``) feature by feature, or times one number ``λ``;
         with ``combine``, the combiner's field of ``u`` and that value."""
         argument = u if substep.on is None else self.apply(substep.on, u)
+        if substep.shift is not None:
+            argument = self.apply(substep.shift, argument)
         value = self.apply(substep.operator, argument)
         if substep.then is not None:
             value = self.apply(substep.then, value)
@@ -449,6 +451,36 @@ def _affine(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     return u @ sem.parameter(key, "W") + sem.parameter(key, "b")
 
 
+def _within_half_token(distance) -> object:
+    """``1[|distance| < 1/2]``: a number for numbers, ``θ(1/2 + distance, 0) θ(1/2 − distance, 0)`` for a symbol."""
+    if isinstance(distance, sympy.Expr) and not distance.is_number:
+        half = sympy.Rational(1, 2)
+        return sympy.Heaviside(half + distance, 0) * sympy.Heaviside(half - distance, 0)
+    return 1 if bool(abs(distance) < sympy.Rational(1, 2)) else 0
+
+
+def _token_shift(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
+    """Token shift (x-transformers' ``ShiftTokens``): the features cut into one segment per offset
+    (``⌊d / n⌋`` wide, the rest kept); segment ``j`` at token ``t`` reads each token ``o`` whose position is within
+    half a token of ``p(t) − s_j`` (one token on the grid of positions), zero where there is none or (``masked``,
+    offsets other than 0) where ``t`` may not attend to it."""
+    operator = sem.operator(key)
+    offsets = operator.offsets()
+    n, d = u.shape
+    width = d // len(offsets)
+    positions = sem.positions if sem.positions is not None else [sem.number(i) for i in range(n)]
+    support = _token_support(sem)
+    result = u.copy()
+    segments = [(slice(segment * width, (segment + 1) * width), offset, operator.masked and offset != 0)
+                for segment, offset in enumerate(offsets)] + [(slice(len(offsets) * width, d), 0, False)]
+    for columns, offset, masked in segments:  # the rest of the features: offset 0
+        for token in range(n):
+            result[token, columns] = sum(
+                _within_half_token(positions[token] - positions[other] - offset) * (support[token, other] if masked else 1)
+                * u[other, columns] for other in range(n))
+    return result
+
+
 def _nonnegative(sem: Semantics, key: str, u: np.ndarray) -> np.ndarray:
     """Projection onto ``S₂ = {u ≥ 0}``: pointwise, the nearest non-negative value."""
     return sem.arithmetic.relu(u)
@@ -466,6 +498,7 @@ KNOWN_KINDS: dict[str, Callable[[Semantics, str, np.ndarray], np.ndarray]] = {
     "rms-norm": _rms_norm,
     "affine": _affine,
     "nonnegative": _nonnegative,
+    "token-shift": _token_shift,
 }
 
 #: The residual combiners the evaluator knows by kind: ``(semantics, key, state u, branch output v) → c(u, v)``.

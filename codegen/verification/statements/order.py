@@ -87,15 +87,15 @@ class OrderResult:
 
 def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple, str]:
     """The colour of each field ``Substep.field``: the operator's name, with its ``on`` (``@``), ``then``
-    (``>``) and ``combine`` (``&``) where the operator has several fields."""
+    (``>``), ``combine`` (``&``) and ``shift`` (``~``) where the operator has several fields."""
     fields: dict[str, set] = {}
     for step in scheme.substeps():
         if step.solver != "projection":
             fields.setdefault(step.operator, set()).add(step.field)
-    return {(operator, on, then, step, combine): names[operator] + (
+    return {(operator, on, then, step, combine, shift): names[operator] + (
         (f"@{names[on]}" if on else "") + (f">{names[then]}" if then else "") + (f"&{names[combine]}" if combine else "")
-        if len(used) > 1 else "")
-        for operator, used in fields.items() for (operator, on, then, step, combine) in used}
+        + (f"~{names[shift]}" if shift else "") if len(used) > 1 else "")
+        for operator, used in fields.items() for (operator, on, then, step, combine, shift) in used}
 
 
 def _fraction(value) -> Fraction:

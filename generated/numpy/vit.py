@@ -55,7 +55,7 @@ __all__ = ["forward", "logits", "vjp", "vjp_logits", "PARAMETERS", "LAYER_PARAME
 
 #: A digest of the network's computation (its operators with their options, its composition, the
 #: steps' scheme and final norm; not its name): a network computing anything else has another digest.
-COMPUTES = "bd60d5c35a3a11c9"
+COMPUTES = "2f0a31369382edc8"
 
 #: Canonical names and shapes of the embedding and the final projection.
 PARAMETERS = {

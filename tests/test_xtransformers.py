@@ -7,6 +7,8 @@ the composed scheme file. Negative controls: the gain without x-transformers' un
 another layout's scheme, are far off. Unsupported flags are refused by name.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -197,6 +199,20 @@ def test_a_flag_or_attribute_the_reader_does_not_know_is_refused_by_name():
                                                    "reader does not know") as error:
             from_xtransformers(module)
         assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("cls, path, value", [
+    (x_transformers.Decoder, "layers.0.1.attend", False), (x_transformers.Encoder, "layers.0.1.attend", True),
+    (x_transformers.Decoder, "layers.0.1", False), (x_transformers.Encoder, "", True), (x_transformers.Decoder, "", False),
+])
+def test_the_causal_attributes_the_forward_reads_must_agree(cls, path, value):
+    """attack5 05: causality is read from the ``causal`` attributes x-transformers' forward reads (the layers',
+    each Attention's, each Attend's), not from the class; an edited one is refused by its path."""
+    module = _module(cls, depth=1)
+    assert from_xtransformers(module).scheme.endswith("-causal") == (cls is x_transformers.Decoder)  # control
+    module.get_submodule(path).causal = value
+    with pytest.raises(SplitformerError, match=rf"uses {re.escape(path + '.causal' if path else 'causal')}={value}"):
+        from_xtransformers(module)
 
 
 def test_head_width_above_dim_over_heads_is_refused():

@@ -215,6 +215,24 @@ def test_the_causal_attributes_the_forward_reads_must_agree(cls, path, value):
         from_xtransformers(module)
 
 
+@pytest.mark.parametrize("flags, path, attribute, value, message", [
+    ({"use_rmsnorm": True}, "final_norm", "scale", 8.0, "RMSNorm.scale=8.0"),
+    ({"use_rmsnorm": True}, "layers.0.0.0", "scale", 2.0, "RMSNorm.scale=2.0"),
+    ({"use_scalenorm": True}, "final_norm", "scale", 1.0, "ScaleNorm.scale=1.0"),
+    ({"attn_qk_norm": True}, "layers.0.1", "qk_norm_q_scale", 2, "Attention.qk_norm_q_scale=2"),
+    ({"attn_qk_norm": True}, "layers.0.1", "qk_norm_k_scale", 0.5, "Attention.qk_norm_k_scale=0.5"),
+    ({"ff_glu": True}, "layers.1.1.ff.0", "mult_bias", 2.0, "GLU.mult_bias=2.0"),
+])
+def test_the_values_of_accepted_attributes_are_compared(flags, path, attribute, value, message):
+    """attack5 06: factors the forward multiplies by (a norm's √d scale, qk-norm's and GLU's unit factors)
+    edited after construction are refused by name, not dropped; as built they are read (control)."""
+    module = _module(depth=1, **flags)
+    from_xtransformers(module)  # control
+    setattr(module.get_submodule(path), attribute, value)
+    with pytest.raises(SplitformerError, match=re.escape(message)):
+        from_xtransformers(module)
+
+
 def test_head_width_above_dim_over_heads_is_refused():
     module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=12, attn_flash=True)
     with pytest.raises(SplitformerError, match="attn_dim_head=12"):

@@ -249,6 +249,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
               for part, weight in weights.items()}
     options: dict[str, Any] = {}
     if attention.qk_norm:
+        for name in ("qk_norm_q_scale", "qk_norm_k_scale"):
+            if not isinstance(getattr(attention, name), torch.Tensor):
+                _check_unit(owner, f"Attention.{name}", getattr(attention, name))
         scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
                   for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
         gains = {"q": rescale * scales[0], "k": scales[1][shared]}
@@ -286,6 +289,7 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     if glu is not None:
         if isinstance(glu.mult_bias, torch.nn.Parameter):
             raise _refuse(owner, "ff_glu_mult_bias")
+        _check_unit(owner, "GLU.mult_bias", glu.mult_bias)
         if glu.up_softclamp_value is not None:
             raise _refuse(owner, "ff_glu_softclamp")
         act = glu.act
@@ -317,9 +321,22 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     return params, activation, glu is not None, biases[0]
 
 
+def _is_number(value: Any, expected: float) -> bool:
+    """Whether ``value`` is the plain number ``expected`` (an attribute a forward multiplies by, as built)."""
+    return type(value) in (int, float) and value == expected
+
+
+def _check_unit(owner: str, attribute: str, value: Any) -> None:
+    """Refuse a factor the forward multiplies by that is not the 1 the reader assumes (edited after construction)."""
+    if not _is_number(value, 1):
+        raise _refuse(owner, f"{attribute}={value!r}", "the reader assumes the constructor's factor 1")
+
+
 def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float, np.ndarray]:
     """``(kind, ε, gain)`` of an x-transformers norm, the unit offset added to the gain."""
     name = type(norm).__name__
+    if name in ("RMSNorm", "ScaleNorm", "SimpleRMSNorm") and not _is_number(norm.scale, dim ** 0.5):
+        raise _refuse(owner, f"{name}.scale={norm.scale!r}", f"the norm is read as rms-norm times √d = {dim ** 0.5!r}")
     offset = float(getattr(norm, "unit_offset", False))
     if name == "LayerNorm" and hasattr(norm, "gamma"):
         return "layer-norm", float(norm.ln.eps), array(norm.gamma) + offset

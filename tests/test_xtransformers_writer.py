@@ -151,3 +151,11 @@ def test_every_layer_of_the_stack_written_from_is_checked(edit, message):
     _edit_layer(stack, edit)
     with pytest.raises(SplitformerError, match=message):
         to_xtransformers(stack, target)
+
+
+def test_a_non_floating_dtype_is_refused():
+    """attack5 08: an integer state dict would truncate every weight (load_state_dict casts it back silently)."""
+    source, target = _pair()
+    with pytest.raises(SplitformerError, match=r"dtype=torch\.int64 is refused"):
+        to_xtransformers(from_xtransformers(source), target, dtype=torch.int64)
+    assert to_xtransformers(from_xtransformers(source), target, dtype=torch.float32)["final_norm.gamma"].dtype == torch.float32

@@ -261,7 +261,7 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
 def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
     if scheme.across_layers is not None:
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
-                               f"({scheme.across_layers.method!r} across layers); a network steps one layer at a time")
+                               f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
     return scheme
 
 

@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.model import NetworkSpec
+from splitformer.symbolic.model import NetworkSpec, check_network
 
 from .in_memory import load_source
 from .model_pipeline import generate_model
@@ -35,6 +35,9 @@ class NetworkDerivation:
     spec: NetworkSpec
     passes: tuple | None = None
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_network(self.spec)  # a spec object, however made or edited, is checked as its file is
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .builtins import builtin_names, is_model, model_names, model_summary, model_text
@@ -23,7 +23,7 @@ from .names import check_line, check_operator_name, check_scheme_name
 from .scheme_file import load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
+__all__ = ["check_network", "ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
            "is_network_file", "network_family", "network_fingerprint", "model_names", "model_summary", "is_model"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
@@ -116,7 +116,7 @@ RESERVED_NAMES = ("layers", "final_norm", "stages")
 
 def _operator_name(name: object, where: str) -> str:
     """An operator name of a network file: an identifier (it becomes parameter names and code), not reserved."""
-    if not isinstance(name, str):
+    if type(name) is not str:  # a str subclass may compare equal to a name and print other text
         raise SplitformerError(f"{where}: expected an operator name (a string), got {type(name).__name__}")
     try:
         check_operator_name(name)
@@ -131,13 +131,13 @@ def _grid_option(name: str, value: object, where: str) -> object:
     """``inputs``/``outputs``: ``"c"`` or ``"y"``; ``stride`` may be ``"stride"`` (the network's stride argument);
     else an integer in range (it is printed into the emitted code)."""
     if name in ("inputs", "outputs"):
-        if value not in ("c", "y"):
+        if type(value) is not str or value not in ("c", "y"):
             raise SplitformerError(f'{where}.{name}: expected "c" (the input channels) or "y" (the features), got {value!r}')
         return value
-    if name == "stride" and value == "stride":
+    if name == "stride" and type(value) is str and value == "stride":
         return value
     low = 0 if name == "padding" else 1
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_WINDOW:
+    if type(value) is not int or not low <= value <= MAX_WINDOW:
         also = ' or "stride" (the stride argument)' if name == "stride" else ""
         raise SplitformerError(f"{where}.{name}: expected an integer from {low} to {MAX_WINDOW}{also}, got {value!r}")
     return value
@@ -164,7 +164,7 @@ def _grid_operator(key: str, table: object, where: str) -> Operator:
 
 def _names(step: dict, key: str, where: str) -> tuple[str, ...]:
     value = step.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+    if not isinstance(value, (list, tuple)) or not all(type(name) is str for name in value):
         raise SplitformerError(f"{where}: step.{key}: expected a list of operator names")
     return tuple(value)
 
@@ -184,7 +184,7 @@ def _grid_model(document: dict, where: str) -> GridModelSpec:
         raise SplitformerError(f"{where}: step: unknown field {unknown[0]!r}")
     field_keys, transfer = _names(step, "field", where), _names(step, "transfer", where)
     projection = step.get("projection")
-    if projection is not None and not isinstance(projection, str):
+    if projection is not None and type(projection) is not str:
         raise SplitformerError(f"{where}: step.projection: expected an operator name")
     for key in (*field_keys, *transfer, *([projection] if projection else [])):
         if key not in operators:
@@ -222,7 +222,7 @@ _NETWORK_KEYS = {"embedding", "readout", "step", "composition"}
 def _identity(document: dict, where: str) -> tuple[str, str]:
     """A network file's name and summary, checked as a scheme's are (they become file names and docstrings)."""
     for key in ("name", "summary"):
-        if not isinstance(document.get(key), str):
+        if type(document.get(key)) is not str:
             raise SplitformerError(f"{where}: {key}: expected a string")
     try:
         return check_scheme_name(document["name"]), check_line(document["summary"], "summary")
@@ -245,10 +245,7 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
     steps = document["steps"]
     if not isinstance(steps, dict) or not isinstance(steps.get("scheme"), str):
         raise SplitformerError(f"{where}: steps.scheme: expected the name of a block scheme")
-    scheme = load_scheme(_beside(steps["scheme"], folder))
-    if scheme.across_layers is not None:
-        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
-                               f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
+    scheme = _one_layer_at_a_time(load_scheme(_beside(steps["scheme"], folder)), where)
     if "activation" in steps:
         scheme = scheme.with_activation(steps["activation"])
     final_norm = steps.get("final_norm", scheme.final_norm)
@@ -259,6 +256,72 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
     if embedding.key == readout.key:
         raise SplitformerError(f"{where}: the embedding and the readout are both named {embedding.key!r}")
     return ModelSpec(*_identity(document, where), embedding, scheme, final_norm, readout)
+
+
+def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
+    if scheme.across_layers is not None:
+        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
+                               f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
+    return scheme
+
+
+def check_network(spec: object) -> NetworkSpec:
+    """``spec`` (a network spec object, however made or edited) checked as its file would be: it is
+    written back as a network file's tables, read again, and must be what was read, field by field."""
+    if type(spec) not in (ModelSpec, GridModelSpec, MultiscaleSpec):
+        raise SplitformerError(f"expected a network spec (ModelSpec, GridModelSpec, MultiscaleSpec), "
+                               f"got {type(spec).__name__}")
+    where = "network " + repr(spec.name)[:64]
+    identity = {"name": spec.name, "summary": spec.summary}
+    if type(spec) is MultiscaleSpec:
+        read = MultiscaleSpec(*_identity(identity, where))
+    elif type(spec) is GridModelSpec:
+        if type(spec.operators) is not dict or type(spec.projection) not in (str, type(None)):
+            raise SplitformerError(f"{where}: operators must be a dict and projection a name or None")
+        operators = {key: {"kind": type(operator).kind, **_options(operator, f"{where}: operators")}
+                     for key, operator in spec.operators.items()}
+        read = _grid_model({**identity, "operators": operators, "step": {
+            "field": spec.field, "transfer": spec.transfer,
+            **({} if spec.projection is None else {"projection": spec.projection})}}, where)
+    else:
+        if type(spec.scheme) is not Scheme or type(spec.final_norm) is not bool:
+            raise SplitformerError(f"{where}: scheme must be a Scheme and final_norm a bool")
+        spec.scheme.check()
+        embedding, readout = (_operator({"operator": operator.key, "kind": type(operator).kind,
+                                         **_options(operator, f"{where}: {role}")}, f"{where}: {role}", kinds)
+                              for operator, role, kinds in ((spec.embedding, "embedding", EMBEDDING_KINDS),
+                                                            (spec.readout, "readout", READOUT_KINDS)))
+        if embedding.key == readout.key:
+            raise SplitformerError(f"{where}: the embedding and the readout are both named {embedding.key!r}")
+        read = ModelSpec(*_identity(identity, where), embedding, _one_layer_at_a_time(spec.scheme, where),
+                         spec.final_norm, readout)
+    for name in vars(spec):
+        if not _same(getattr(read, name), getattr(spec, name)):
+            raise SplitformerError(f"{where}: {name}: not what its network file would hold")
+    return spec
+
+
+def _options(operator: object, where: str) -> dict:
+    """An operator object's options (its fields besides ``key``), refused if it carries anything else."""
+    if not isinstance(operator, Operator) or type(operator) is not OPERATOR_KINDS.get(getattr(type(operator), "kind", None)):
+        raise SplitformerError(f"{where}: expected a registered operator, got {type(operator).__name__}")
+    names = [item.name for item in fields(operator)]
+    if set(vars(operator)) != set(names):
+        raise SplitformerError(f"{where}: operator {operator.key!r} carries attributes besides its fields")
+    return {name: getattr(operator, name) for name in names if name != "key"}
+
+
+def _same(read: object, given: object) -> bool:
+    """Whether ``given`` is ``read`` with the same types all the way down (``==`` alone trusts subclasses)."""
+    if type(read) is not type(given):
+        return False
+    if isinstance(read, dict):
+        return list(read) == list(given) and all(type(key) is str and _same(read[key], given[key]) for key in read)
+    if isinstance(read, tuple):
+        return len(read) == len(given) and all(_same(a, b) for a, b in zip(read, given))
+    if isinstance(read, Operator):
+        return set(vars(read)) == set(vars(given)) and all(_same(vars(read)[name], vars(given)[name]) for name in vars(read))
+    return read is given or read == given
 
 
 def _beside(scheme: str, folder: Path | None) -> str:

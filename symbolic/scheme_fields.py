@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import sympy as sp
 
 from .activations import ACTIVATIONS
+from .across_layers import AcrossLayers, ACROSS_LAYER_METHODS
 from .composition import Parallel, RungeKutta, Sequence, Substep
 from .errors import SplitformerError
 from .names import check_line, check_operator_name, check_scheme_name
@@ -56,6 +57,7 @@ def check_fields(scheme: "Scheme") -> None:
     _check_claims(scheme.claims, where)
     _check_operators(scheme.operators, scheme.options, where)
     _check_sequence(scheme.body, f"{where}: steps", 0)
+    _check_across_layers(scheme.across_layers, f"{where}: across_layers")
 
 
 def _short(value: object) -> str:
@@ -105,6 +107,27 @@ def _check_operators(operators: object, options: object, where: str) -> None:
 def _rational(value: object, what: str) -> None:
     if not isinstance(value, sp.Rational):
         raise SplitformerError(f"{what}: expected an exact rational (sympy.Rational), got {type(value).__name__}")
+
+
+def _check_across_layers(across: object, where: str) -> None:
+    """Each field of ``across`` by exact type (a ``str`` subclass may compare equal to a method and print
+    other text), then by value: the constructor's checks run again on the fields as they are now."""
+    if across is None:
+        return
+    if type(across) is not AcrossLayers:
+        raise SplitformerError(f"{where}: expected AcrossLayers, got {type(across).__name__}")
+    if type(across.method) is not str or across.method not in ACROSS_LAYER_METHODS:
+        raise SplitformerError(f"{where}: method: expected one of {', '.join(ACROSS_LAYER_METHODS)}, "
+                               f"got {_short(across.method)}")
+    _rational(across.momentum, f"{where}: momentum")
+    if type(across.weights) is not tuple:
+        raise SplitformerError(f"{where}: weights: expected a tuple, got {type(across.weights).__name__}")
+    for n, weight in enumerate(across.weights):
+        _rational(weight, f"{where}: weights[{n}]")
+    try:  # momentum and weights fit the method
+        AcrossLayers(across.method, across.momentum, across.weights)
+    except SplitformerError as error:
+        raise SplitformerError(f"{where}: {str(error).removeprefix('across_layers: ')}") from None
 
 
 def _check_sequence(sequence: object, where: str, depth: int) -> None:

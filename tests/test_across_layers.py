@@ -4,6 +4,7 @@ The stacks (NumPy ``forward_stack``/``vjp_stack``, torch ``Stack``) against plai
 here on the reference field of ``tests/reference.py``; the orders by series and their negative controls.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,37 @@ def test_bad_across_layers_tables_are_refused(table, message):
     text = (SCHEMES / "adams-bashforth.toml").read_text().replace('method = "adams-bashforth"', table)
     with pytest.raises(SplitformerError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_scheme(text, "f.toml")
+
+
+class _Spoof(str):
+    """Equal to and hashed as "heavy-ball", but printing other text (attack5 01)."""
+
+    def __eq__(self, other):
+        return other == "heavy-ball" or str.__eq__(self, other)
+
+    __hash__ = lambda self: hash("heavy-ball")  # noqa: E731
+
+
+def _edited(field, value):
+    across = AcrossLayers("heavy-ball", momentum="1/2")
+    object.__setattr__(across, field, value)
+    return across
+
+
+@pytest.mark.parametrize("across, message", [
+    (AcrossLayers(_Spoof("heavy-ball\n  import os  #"), momentum="1/2"), "method: expected one of"),
+    (_edited("method", "heavy-ball\n  import os  #"), "method: expected one of"),
+    (_edited("momentum", 0.5), r"momentum: expected an exact rational"),
+    (_edited("momentum", sp.Integer(2)), "needs a momentum"),
+    (_edited("weights", [sp.Integer(1)]), "weights: expected a tuple"),
+    (_edited("weights", (sp.Integer(1), sp.Integer(0))), "takes no weights"),
+], ids=["str-subclass", "setattr-text", "float-momentum", "momentum-out-of-range", "list-weights", "extra-weights"])
+def test_scheme_check_refuses_an_across_layers_edited_after_construction(across, message):
+    """``Scheme.check`` (every scheme's path to emission) checks each field by exact type and value."""
+    scheme = replace(load_scheme(SCHEMES / "heavy-ball.toml"), across_layers=across)
+    with pytest.raises(SplitformerError, match=f"across_layers: .*{message}"):
+        scheme.check()
+    replace(scheme, across_layers=AcrossLayers("heavy-ball", momentum="1/2")).check()  # control
 
 
 def test_a_step_that_is_not_one_euler_evaluation_is_refused():

@@ -338,6 +338,20 @@ def test_non_floating_conversions_are_refused(dtype):
     assert from_torch(encoder_layer(), dtype=np.float32).dtype == np.float32  # control
 
 
+def test_writers_refuse_non_floating_dtypes_and_widen_a_bfloat16_block():
+    """attack5 08/14: ``to_torch(dtype=torch.int64)`` is refused before any work; a generated Block cast to
+    bfloat16 is widened as the readers widen (exactly) and written back bit-exact."""
+    layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=True)
+    layer = layer.to(torch.bfloat16).eval()
+    adapted = from_torch(layer)
+    with pytest.raises(SplitformerError, match=r"dtype=torch\.int64 is refused") as error:
+        to_torch(adapted, dtype=torch.int64)
+    one_line(error)
+    block = adapted.build(adapted.derivation().torch_module()).to(torch.bfloat16)
+    state = to_torch(block, like=adapted)
+    assert all(torch.equal(state[key], value) for key, value in layer.state_dict().items())
+
+
 def test_meta_tensors_are_refused_in_one_line():
     with torch.device("meta"):
         layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, batch_first=True)

@@ -100,7 +100,7 @@ def test_a_constant_no_check_stopped_is_emitted_as_text(monkeypatch):
         assert namespace["_rope_theta"].__doc__.startswith('tau"""; raise SystemExit')
 
 
-_TEXT_FIELDS = re.compile(r"\b(meaning|summary|latex|title|description|notes?|label|comment|rule|default)\b")
+_TEXT_FIELDS = re.compile(r"\b(meaning|summary|latex|title|description|notes?|label|comment|rule|default|method|start_note)\b")
 _FILTERS = re.compile(r"\|\s*(pystr|doc|comment|text|pytuple|pyfloat)\b")
 
 
@@ -126,6 +126,12 @@ def test_the_template_scan_sees_an_unfiltered_meaning(tmp_path):
     """Negative control of the scan: the NumPy template line as it was before the fix is caught."""
     (tmp_path / "old.py.j2").write_text('def _{{ name }}({{ name }}):\n    """{{ constant.meaning }}: > 0."""\n')
     assert _unfiltered(tmp_path) == ["old.py.j2:2: {{ constant.meaning }}"]
+
+
+def test_the_template_scan_sees_an_unfiltered_across_method(tmp_path):
+    """Negative control: the across-layers comment as it was before attack5 01 is caught."""
+    (tmp_path / "old.py.j2").write_text("# {{ across.method }} across layers\n")
+    assert _unfiltered(tmp_path) == ["old.py.j2:1: {{ across.method }}"]
 
 
 EVIL_PARAMETER = "attn.W_q if getattr(__import__(chr(111)), chr(115)) else u"

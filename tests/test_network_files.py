@@ -189,3 +189,49 @@ def test_a_scheme_file_a_network_names_is_read_beside_the_network_file(tmp_path,
     (tmp_path / "elsewhere" / "block.toml").write_text("not a scheme", encoding="utf-8")
     monkeypatch.chdir(tmp_path / "elsewhere")  # a block.toml here must not be the one read
     assert load_model(path).scheme.name == "my-block"
+
+
+class _Spoof(str):
+    """Equal to and hashed as ``"y"``, but printing other text."""
+
+    def __eq__(self, other):
+        return other == "y" or str.__eq__(self, other)
+
+    __hash__ = lambda self: hash("y")  # noqa: E731
+
+
+def _edits():
+    from dataclasses import replace
+
+    vit, grid = load_model("vit"), load_model("resnet-block")
+    first = next(iter(grid.operators))
+    extra = replace(vit.embedding)
+    object.__setattr__(extra, "symbol", "x\nimport os")
+    return {
+        "embedding-key": replace(vit, embedding=replace(vit.embedding, key="open('x','w').closed")),
+        "readout-key": replace(vit, readout=replace(vit.readout, key="a\nimport os")),
+        "readout-kind": replace(vit, readout=replace(vit.embedding, key="head")),
+        "same-keys": replace(vit, readout=replace(vit.readout, key=vit.embedding.key)),
+        "extra-attribute": replace(vit, embedding=extra),
+        "name": replace(vit, name='x"""\nimport os'),
+        "summary": replace(grid, summary='s"""\nimport os'),
+        "grid-key": replace(grid, operators={**{"x\nimport os": grid.operators[first]},
+                                             **{k: o for k, o in grid.operators.items() if k != first}}),
+        "grid-option-spoof": replace(grid, operators={**grid.operators,
+                                                      first: replace(grid.operators[first], inputs=_Spoof("y\n#"))}),
+        "grid-option-float": replace(grid, operators={**grid.operators, first: replace(grid.operators[first], outputs=2.0)}),
+        "final-norm": replace(vit, final_norm=1),
+    }
+
+
+@pytest.mark.parametrize("edit", list(_edits()))
+def test_a_network_spec_object_is_checked_as_its_file_is(edit):
+    """attack5 12/13: a spec object given to ``splitformer.derive`` goes through the network file's checks
+    (identifiers, options, kinds, name, summary) by exact type; the built-ins pass unchanged (control)."""
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.model import check_network, model_names
+
+    with pytest.raises(SplitformerError, match="^network "):
+        splitformer.derive(_edits()[edit])
+    for name in model_names():
+        check_network(load_model(name))

@@ -7,6 +7,8 @@ the composed scheme file. Negative controls: the gain without x-transformers' un
 another layout's scheme, are far off. Unsupported flags are refused by name.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -197,6 +199,38 @@ def test_a_flag_or_attribute_the_reader_does_not_know_is_refused_by_name():
                                                    "reader does not know") as error:
             from_xtransformers(module)
         assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("cls, path, value", [
+    (x_transformers.Decoder, "layers.0.1.attend", False), (x_transformers.Encoder, "layers.0.1.attend", True),
+    (x_transformers.Decoder, "layers.0.1", False), (x_transformers.Encoder, "", True), (x_transformers.Decoder, "", False),
+])
+def test_the_causal_attributes_the_forward_reads_must_agree(cls, path, value):
+    """attack5 05: causality is read from the ``causal`` attributes x-transformers' forward reads (the layers',
+    each Attention's, each Attend's), not from the class; an edited one is refused by its path."""
+    module = _module(cls, depth=1)
+    assert from_xtransformers(module).scheme.endswith("-causal") == (cls is x_transformers.Decoder)  # control
+    module.get_submodule(path).causal = value
+    with pytest.raises(SplitformerError, match=rf"uses {re.escape(path + '.causal' if path else 'causal')}={value}"):
+        from_xtransformers(module)
+
+
+@pytest.mark.parametrize("flags, path, attribute, value, message", [
+    ({"use_rmsnorm": True}, "final_norm", "scale", 8.0, "RMSNorm.scale=8.0"),
+    ({"use_rmsnorm": True}, "layers.0.0.0", "scale", 2.0, "RMSNorm.scale=2.0"),
+    ({"use_scalenorm": True}, "final_norm", "scale", 1.0, "ScaleNorm.scale=1.0"),
+    ({"attn_qk_norm": True}, "layers.0.1", "qk_norm_q_scale", 2, "Attention.qk_norm_q_scale=2"),
+    ({"attn_qk_norm": True}, "layers.0.1", "qk_norm_k_scale", 0.5, "Attention.qk_norm_k_scale=0.5"),
+    ({"ff_glu": True}, "layers.1.1.ff.0", "mult_bias", 2.0, "GLU.mult_bias=2.0"),
+])
+def test_the_values_of_accepted_attributes_are_compared(flags, path, attribute, value, message):
+    """attack5 06: factors the forward multiplies by (a norm's √d scale, qk-norm's and GLU's unit factors)
+    edited after construction are refused by name, not dropped; as built they are read (control)."""
+    module = _module(depth=1, **flags)
+    from_xtransformers(module)  # control
+    setattr(module.get_submodule(path), attribute, value)
+    with pytest.raises(SplitformerError, match=re.escape(message)):
+        from_xtransformers(module)
 
 
 def test_head_width_above_dim_over_heads_is_refused():

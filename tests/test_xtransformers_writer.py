@@ -122,3 +122,40 @@ def test_a_final_layer_norm_bias_and_other_flags_are_refused():
         to_xtransformers(stack, source)
     with pytest.raises(SplitformerError, match="no xtransformers adapter for Linear"):
         to_xtransformers(stack, torch.nn.Linear(2, 2))
+
+
+def _edit_layer(stack, edit):
+    layer = stack.layers[1]
+    if edit == "n_heads":
+        layer.n_heads = 4
+    elif edit == "eps":
+        layer.eps = 0.5
+    elif edit == "hook":
+        layer.register_forward_hook(lambda module, inputs, output: output + 1)
+    else:
+        forward = layer.forward
+        layer.forward = lambda *args, **kwargs: forward(*args, **kwargs) + 1
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("n_heads", r"n_heads=2, the Stack layers\[1\] n_heads=4"), ("eps", r"eps=1e-05, the Stack layers\[1\] eps=0.5"),
+    ("hook", r"the Stack\.layers\.1 has a forward hook"), ("forward", r"the Stack\.layers\.1 has its forward replaced"),
+])
+def test_every_layer_of_the_stack_written_from_is_checked(edit, message):
+    """attack5 02: ``check_computes`` compares every layer's configuration, not layers[0]'s, and refuses hooks
+    and instance methods on the generated Stack itself (what it computes is then not what is written)."""
+    source, target = _pair()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    to_xtransformers(stack, target)  # control
+    _edit_layer(stack, edit)
+    with pytest.raises(SplitformerError, match=message):
+        to_xtransformers(stack, target)
+
+
+def test_a_non_floating_dtype_is_refused():
+    """attack5 08: an integer state dict would truncate every weight (load_state_dict casts it back silently)."""
+    source, target = _pair()
+    with pytest.raises(SplitformerError, match=r"dtype=torch\.int64 is refused"):
+        to_xtransformers(from_xtransformers(source), target, dtype=torch.int64)
+    assert to_xtransformers(from_xtransformers(source), target, dtype=torch.float32)["final_norm.gamma"].dtype == torch.float32

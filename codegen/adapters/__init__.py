@@ -23,7 +23,7 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
-from .arrays import dtype_notes, floating_dtype, source_dtype
+from .arrays import array, dtype_notes, floating_dtype, source_dtype, torch_floating_dtype
 from .inspection import check_computation
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
@@ -135,6 +135,7 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
     (trained here). ``dtype``: the tensors' torch dtype (default: the source module's, so a
     bfloat16 source gets bfloat16 tensors back).
     """
+    dtype = torch_floating_dtype(dtype)
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
@@ -163,6 +164,7 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
     values; what its layout cannot hold is refused by name (``xtransformers_writer``). ``dtype``: the
     tensors' torch dtype (default: the module's).
     """
+    dtype = torch_floating_dtype(dtype)
     like = from_xtransformers(module)
     if not isinstance(params, Adapted):
         params = _holding(like, params)
@@ -187,7 +189,8 @@ def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] |
     if isinstance(params, (list, tuple)):
         return list(params), None
     if hasattr(params, "state_dict"):
-        state = {key: value.detach().cpu().numpy() for key, value in params.state_dict().items()}
+        state = {key: array(value) if value.is_floating_point() else value.detach().cpu().numpy()
+                 for key, value in params.state_dict().items()}  # bfloat16/float16 widened as the readers do
         if not hasattr(params, "layers"):
             return [state], None
         layers = [{key.split(".", 2)[2]: value for key, value in state.items() if key.startswith(f"layers.{i}.")}

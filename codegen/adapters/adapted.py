@@ -20,6 +20,7 @@ import numpy as np
 from splitformer.symbolic.errors import SplitformerError
 
 from .arrays import floating_dtype
+from .inspection import check_runs_its_classes
 
 __all__ = ["Adapted"]
 
@@ -213,15 +214,17 @@ class Adapted(Mapping[str, np.ndarray]):
         if namespace.get("SCHEME") is None:
             raise SplitformerError(f"{type(module).__name__} is not a generated Block or Stack (no SCHEME)")
         _check_scheme(self, namespace, f"the {type(module).__name__}")
-        block = module.layers[0] if hasattr(module, "layers") else module
+        check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.dropout is not None:
             wanted["dropout"] = self.dropout
-        for name, value in wanted.items():
-            if getattr(block, name, None) != value:
-                raise SplitformerError(f"the source has {name}={value!r}, "
-                                       f"the {type(module).__name__} {name}={getattr(block, name, None)!r}")
+        blocks = list(module.layers) if hasattr(module, "layers") else [module]
+        for index, block in enumerate(blocks):  # every layer: each is read with its own configuration
+            where = f"the {type(module).__name__}" + (f" layers[{index}]" if block is not module else "")
+            for name, value in wanted.items():
+                if getattr(block, name, None) != value:
+                    raise SplitformerError(f"the source has {name}={value!r}, {where} {name}={getattr(block, name, None)!r}")
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())

@@ -8,7 +8,7 @@ import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["array", "linear_weight", "tensor", "dtype_notes", "source_dtype", "floating_dtype"]
+__all__ = ["array", "linear_weight", "tensor", "dtype_notes", "source_dtype", "floating_dtype", "torch_floating_dtype"]
 
 #: Floating dtypes NumPy's generated code does not take → the float type they are read as.
 _WIDENED = {"torch.bfloat16": "float32", "torch.float16": "float32"}
@@ -70,4 +70,14 @@ def floating_dtype(dtype: Any) -> np.dtype:
     if dtype not in (np.float32, np.float64):
         raise SplitformerError(f"dtype={dtype} is refused: adapters convert parameters to float32 or float64 only "
                                "(another dtype would round or truncate every weight)")
+    return dtype
+
+
+def torch_floating_dtype(dtype: Any) -> Any:
+    """``dtype`` (``None``: the module's) as the floating torch dtype a writer returns; any other is refused."""
+    import torch
+
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise SplitformerError(f"dtype={dtype!r} is refused: writers return floating-point tensors "
+                               "(another dtype would truncate every weight)")
     return dtype

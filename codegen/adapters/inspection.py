@@ -23,7 +23,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_parts", "check_only_parts", "LIBRARIES"]
+__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -38,8 +38,9 @@ _HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pr
           ("_backward_hooks", "backward hook"), ("_backward_pre_hooks", "backward pre-hook"))
 
 
-def check_computation(owner: str, module: Any) -> None:
-    """Refuse ``module`` (named ``owner``) when its parameters and class do not fix what it computes."""
+def check_runs_its_classes(owner: str, module: Any) -> None:
+    """Refuse hooks (``module``'s parts' or torch's global ones) and methods replaced on an instance: what
+    ``module`` computes is then what its classes' methods compute (a generated ``Stack`` written from, too)."""
     _check_global_hooks()
     for name, part in module.named_modules():
         where = f"{owner}.{name}" if name else owner
@@ -51,6 +52,13 @@ def check_computation(owner: str, module: Any) -> None:
         if shadowed is not None:
             raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
+
+
+def check_computation(owner: str, module: Any) -> None:
+    """Refuse ``module`` (named ``owner``) when its parameters and class do not fix what it computes."""
+    check_runs_its_classes(owner, module)
+    for name, part in module.named_modules():
+        where = f"{owner}.{name}" if name else owner
         if _renormalizes(part):
             raise SplitformerError(f"{where} ({type(part).__name__}) has max_norm={part.max_norm}: its forward "
                                    "renormalizes the rows it looks up; adapters read a plain table (set max_norm=None)")

@@ -249,6 +249,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
               for part, weight in weights.items()}
     options: dict[str, Any] = {}
     if attention.qk_norm:
+        for name in ("qk_norm_q_scale", "qk_norm_k_scale"):
+            if not isinstance(getattr(attention, name), torch.Tensor):
+                _check_unit(owner, f"Attention.{name}", getattr(attention, name))
         scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
                   for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
         gains = {"q": rescale * scales[0], "k": scales[1][shared]}
@@ -286,6 +289,7 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     if glu is not None:
         if isinstance(glu.mult_bias, torch.nn.Parameter):
             raise _refuse(owner, "ff_glu_mult_bias")
+        _check_unit(owner, "GLU.mult_bias", glu.mult_bias)
         if glu.up_softclamp_value is not None:
             raise _refuse(owner, "ff_glu_softclamp")
         act = glu.act
@@ -317,9 +321,22 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     return params, activation, glu is not None, biases[0]
 
 
+def _is_number(value: Any, expected: float) -> bool:
+    """Whether ``value`` is the plain number ``expected`` (an attribute a forward multiplies by, as built)."""
+    return type(value) in (int, float) and value == expected
+
+
+def _check_unit(owner: str, attribute: str, value: Any) -> None:
+    """Refuse a factor the forward multiplies by that is not the 1 the reader assumes (edited after construction)."""
+    if not _is_number(value, 1):
+        raise _refuse(owner, f"{attribute}={value!r}", "the reader assumes the constructor's factor 1")
+
+
 def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float, np.ndarray]:
     """``(kind, ε, gain)`` of an x-transformers norm, the unit offset added to the gain."""
     name = type(norm).__name__
+    if name in ("RMSNorm", "ScaleNorm", "SimpleRMSNorm") and not _is_number(norm.scale, dim ** 0.5):
+        raise _refuse(owner, f"{name}.scale={norm.scale!r}", f"the norm is read as rms-norm times √d = {dim ** 0.5!r}")
     offset = float(getattr(norm, "unit_offset", False))
     if name == "LayerNorm" and hasattr(norm, "gamma"):
         return "layer-norm", float(norm.ln.eps), array(norm.gamma) + offset
@@ -562,6 +579,21 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     return name, summary
 
 
+def _causal(owner: str, layers: Any) -> bool:
+    """The causality x-transformers' forward applies: the layers' ``causal``, each ``Attention``'s (passed to its
+    ``Attend``) and each ``Attend``'s must agree with one another and with the class (``Decoder``: causal)."""
+    causal = layers.causal
+    if type(causal) is not bool:
+        raise _refuse(owner, f"causal={causal!r}", "causal is True or False")
+    if {"Decoder": False, "Encoder": True}.get(owner) is causal:
+        raise _refuse(owner, f"causal={causal}", f"an x-transformers {owner} is {'' if owner == 'Decoder' else 'not '}causal")
+    for path, module in layers.named_modules():
+        if type(module).__name__ in ("Attention", "Attend") and module.causal is not causal:
+            raise _refuse(owner, f"{path}.causal={module.causal!r} while the layers' causal={causal}",
+                          "a generated Stack applies one causality to every attention")
+    return causal
+
+
 @adapter("xtransformers", "Encoder", "Decoder", "AttentionLayers")
 def read_attention_layers(layers: Any) -> Adapted:
     """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``)."""
@@ -574,6 +606,7 @@ def read_attention_layers(layers: Any) -> Adapted:
     dim, heads = layers.dim, layers.attn_heads
     rope_theta, rotary_dim = (None, 0) if layers.rotary_pos_emb is None else _rope_theta(
         owner, layers.rotary_pos_emb, dim // heads)
+    causal = _causal(owner, layers)
     structure = _sublayers(owner, layers)
     blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
     if rope_theta is not None:
@@ -602,12 +635,12 @@ def read_attention_layers(layers: Any) -> Adapted:
             notes.append("x-transformers' final LayerNorm has no bias: a generated Stack's final norm holds a zero one")
     name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
-    text = scheme_text(name, summary, first, activation, bool(layers.causal), final_norm is not None)
+    text = scheme_text(name, summary, first, activation, causal, final_norm is not None)
     tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
     if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
-    options = ({"causal": True} if layers.causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
+    options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
     return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                    eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
                    options=options, notes=tuple(notes), scheme_file=text, tied=tied)

@@ -41,7 +41,7 @@ MODULE_ATTRIBUTES = frozenset({
 
 def check_scheme_name(name: str) -> str:
     """``name`` if it can name a scheme, its files and its module; ``SplitformerError`` otherwise."""
-    if not isinstance(name, str):
+    if type(name) is not str:  # exact: a str subclass can print other text
         raise SplitformerError(f"a scheme name is a str, got {type(name).__name__}")
     if not _SCHEME.fullmatch(name) or len(name) > MAX_NAME:
         raise SplitformerError(f"{_shown(name)} is not a scheme name (lower-case words joined by '-', "
@@ -54,7 +54,7 @@ def check_scheme_name(name: str) -> str:
 
 def check_operator_name(name: str) -> str:
     """``name`` if it can name an operator; ``SplitformerError`` naming the clash otherwise."""
-    if not isinstance(name, str):
+    if type(name) is not str:
         raise SplitformerError(f"an operator name is a str, got {type(name).__name__}")
     if not _OPERATOR.fullmatch(name) or len(name) > MAX_NAME:
         raise SplitformerError(f"{_shown(name)} is not an operator name (a lower-case identifier, "
@@ -90,7 +90,7 @@ def check_line(text: object, what: str) -> str:
     Emitted code escapes text on its own (``codegen.render``'s ``doc`` filter); this check keeps
     what a user wrote readable there, the same for a scheme file, a ``Scheme`` object and a plug-in.
     """
-    if not isinstance(text, str):
+    if type(text) is not str:
         raise SplitformerError(f"{what}: expected str, got {type(text).__name__}")
     if len(text) > MAX_LINE or "\n" in text or '"""' in text or "\\" in text or not text.isprintable():
         raise SplitformerError(f"{what}: must be one printable line of at most {MAX_LINE} characters, without "

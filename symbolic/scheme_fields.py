@@ -46,7 +46,7 @@ def check_fields(scheme: "Scheme") -> None:
         raise SplitformerError(f"{where}: description: longer than {MAX_DESCRIPTION} characters")
     for field in ("activation", "declared_activation"):
         value = getattr(scheme, field)
-        if not isinstance(value, str) or value not in ACTIVATIONS:
+        if type(value) is not str or value not in ACTIVATIONS:
             raise SplitformerError(f"{where}: {field}: unknown activation {_short(value)} "
                                    f"(known: {', '.join(sorted(ACTIVATIONS))})")
     if scheme.emitted_name:
@@ -87,13 +87,13 @@ def _check_operators(operators: object, options: object, where: str) -> None:
             check_operator_name(key)
         except SplitformerError as error:
             raise SplitformerError(f"{where}: operators: {error}") from None
-        if not isinstance(kind, str):
+        if type(kind) is not str:
             raise SplitformerError(f"{where}: operators.{key}: expected a kind name (str), got {type(kind).__name__}")
     for key, table in _mapping(options, f"{where}: options").items():
         if key not in operators:
             raise SplitformerError(f"{where}: options: {_short(key)} is not a declared operator")
         for name, value in _mapping(table, f"{where}: options.{key}").items():
-            if not isinstance(name, str) or not name.isidentifier():
+            if type(name) is not str or not name.isidentifier():
                 raise SplitformerError(f"{where}: options.{key}: {_short(name)} is not an option name")
             if not isinstance(value, (bool, int, float, str)):
                 raise SplitformerError(f"{where}: options.{key}.{name}: expected a number, string or boolean, "
@@ -168,12 +168,12 @@ def _check_sequence(sequence: object, where: str, depth: int) -> None:
 
 def _check_substep(step, path: str) -> None:
     for field in ("operator", "solver"):
-        if not isinstance(getattr(step, field), str):
+        if type(getattr(step, field)) is not str:  # exact: a str subclass can print other text
             raise SplitformerError(f"{path}.{field}: expected str, got {type(getattr(step, field)).__name__}")
     for role in ("on", "then", "combine", "shift"):
-        if getattr(step, role) is not None and not isinstance(getattr(step, role), str):
+        if getattr(step, role) is not None and type(getattr(step, role)) is not str:
             raise SplitformerError(f"{path}.{role}: expected str or None, got {type(getattr(step, role)).__name__}")
-    if not isinstance(step.step, str):
+    if type(step.step) is not str:
         raise SplitformerError(f"{path}.step: expected str, got {type(step.step).__name__}")
     _rational(step.fraction, f"{path}.fraction")
     if step.fraction == 0:

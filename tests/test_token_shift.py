@@ -101,3 +101,35 @@ def test_the_independent_evaluator_holds_on_a_scheme_file():
 def test_bad_token_maps_are_refused_in_one_line(edit, message):
     with pytest.raises(SplitformerError, match=message):
         parse_scheme(SCHEME.replace(*edit, 1))
+
+
+class _PosingAs(str):
+    """A str equal (and hashing) to the text it poses as, whatever text it holds."""
+
+    def __new__(cls, text, posing_as):
+        value = super().__new__(cls, text)
+        value.posing_as = posing_as
+        return value
+
+    def __eq__(self, other):
+        return str.__eq__(self, other) or other == self.posing_as
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(self.posing_as)
+
+
+@pytest.mark.parametrize("field", ["shift", "on", "step"])
+def test_a_substep_field_of_a_str_subclass_is_refused(field):
+    """A str subclass equal to a declared name passed ``key in operators`` and printed its own text into
+    emitted code (sixth attacker, 01): substep fields are checked by exact type."""
+    import dataclasses
+
+    base = parse_scheme(SCHEME)
+    first = base.body.steps[0]
+    step = dataclasses.replace(first, **{field: _PosingAs("vars()[print('ran')].s", getattr(first, field))})
+    scheme = dataclasses.replace(base, body=dataclasses.replace(base.body, steps=(step,) + base.body.steps[1:]))
+    with pytest.raises(SplitformerError, match=rf"steps\[0\]\.{field}: expected str"):
+        splitformer.derive(scheme)

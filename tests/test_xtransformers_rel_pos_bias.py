@@ -153,3 +153,13 @@ def test_an_attribute_of_the_bias_module_the_reader_does_not_know_is_refused():
     with pytest.raises(SplitformerError, match=r"RelativePositionBias\.future_flag=True") as error:
         from_xtransformers(source)
     assert "\n" not in str(error.value)
+
+
+def test_a_bucket_count_other_than_the_tables_rows_is_refused():
+    """Sixth attacker, 03: x-transformers buckets by ``num_buckets``, the generated code by the table's rows;
+    ``num_buckets = 4`` on a table of 8 was read and differed by 2.99."""
+    source = _module(x_transformers.Encoder, 1)
+    from_xtransformers(source)  # control
+    source.rel_pos.num_buckets = 4
+    with pytest.raises(SplitformerError, match=r"RelativePositionBias\.num_buckets=4.*8 rows"):
+        from_xtransformers(source)

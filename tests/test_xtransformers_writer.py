@@ -159,3 +159,15 @@ def test_a_non_floating_dtype_is_refused():
     with pytest.raises(SplitformerError, match=r"dtype=torch\.int64 is refused"):
         to_xtransformers(from_xtransformers(source), target, dtype=torch.int64)
     assert to_xtransformers(from_xtransformers(source), target, dtype=torch.float32)["final_norm.gamma"].dtype == torch.float32
+
+
+def test_a_stack_whose_final_norm_was_switched_off_is_refused():
+    """Sixth attacker, 06: ``has_final_norm = False`` set on a built Stack skips its final norm; writing it
+    into a module that applies one would differ (by 9.35 in the attack), so the flag is compared."""
+    source, target = _pair()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    to_xtransformers(stack, target)  # control
+    stack.has_final_norm = False
+    with pytest.raises(SplitformerError, match="has_final_norm=False"):
+        to_xtransformers(stack, target)

@@ -207,7 +207,8 @@ class Adapted(Mapping[str, np.ndarray]):
         """Refuse a generated ``Block``/``Stack`` whose scheme or configuration differs from the source's.
 
         Compared: what the module's scheme computes (its ``COMPUTES`` digest: operators, steps,
-        activation, final norm, causality; not its name), ``n_heads``, ``eps``, ``bias``, ``batch_first``, the
+        activation, final norm, causality; not its name), a Stack's ``has_final_norm``, ``n_heads``, ``eps``, ``bias``,
+        ``batch_first``, the
         grouped and rotary options (``n_kv_heads``, ``rope_theta``) and a carried ``dropout``.
         """
         namespace = getattr(type(module).forward, "__globals__", {})
@@ -219,6 +220,9 @@ class Adapted(Mapping[str, np.ndarray]):
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         if self.dropout is not None:
             wanted["dropout"] = self.dropout
+        if self.stack and hasattr(module, "has_final_norm") and module.has_final_norm != (self.final_norm is not None):
+            raise SplitformerError(f"the source {'has' if self.final_norm is not None else 'has no'} final norm, "
+                                   f"the {type(module).__name__} has_final_norm={module.has_final_norm!r}")
         blocks = list(module.layers) if hasattr(module, "layers") else [module]
         for index, block in enumerate(blocks):  # every layer: each is read with its own configuration
             where = f"the {type(module).__name__}" + (f" layers[{index}]" if block is not module else "")

@@ -269,6 +269,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         options["alibi"] = True
     if type(rel_pos).__name__ == "RelativePositionBias":
         _check_defaults(owner, rel_pos, {}, "")
+        rows = rel_pos.relative_attention_bias.weight.shape[0]
+        if type(rel_pos.num_buckets) is not int or rel_pos.num_buckets != rows:  # its forward buckets by the attribute
+            raise _refuse(owner, f"RelativePositionBias.num_buckets={rel_pos.num_buckets!r}",
+                          f"its table has {rows} rows, and the generated code reads the buckets off the table")
         params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
         options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
     return params, options

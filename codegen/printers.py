@@ -11,7 +11,8 @@ import sympy as sp
 from sympy.printing.str import StrPrinter
 
 from splitformer.symbolic.domains import (
-    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, TOKENS,
+    ATTENTION_FEATURES, BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS,
+    MEMORY, TOKENS,
 )
 
 from splitformer.symbolic.cnn_operators import STRIDE
@@ -25,7 +26,8 @@ __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NA
 
 #: Size symbols of the derivation and their names in emitted code.
 SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS,
-                                                           GROUP, FREQUENCIES, KV_FEATURES, MEMORY, BUCKETS)}
+                                                           GROUP, FREQUENCIES, KV_FEATURES, ATTENTION_FEATURES, MEMORY,
+                                                           BUCKETS)}
 #: Symbols of the network derivations (sizes, kernels, strides) and their names in emitted code.
 CODE_NAMES = {**SIZE_NAMES, PATCH: "patch_size", STRIDE: "stride", KERNEL_ROWS.size: "kernel_size",
               CHANNELS.size: "n_channels", ROWS.size: "n_rows", COLS.size: "n_cols", CLASSES.size: "n_classes",

@@ -188,6 +188,10 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
     functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
     block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
+    # the head width the attention operators set (None: d / n_heads), a number of the emitted block
+    block_unit["head_width"] = final_unit["head_width"] = scheme.head_width()
+    for part in ("forward", "adjoint") if backward is not None else ():
+        units["vjp"][part]["head_width"] = block_unit["head_width"]
     parameters = block_unit["parameters"] + final_unit["parameters"]
     return template.render(
         vjp=units.get("vjp"),

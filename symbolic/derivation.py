@@ -23,8 +23,8 @@ from dataclasses import replace
 import sympy as sp
 
 from .domains import (
-    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, PAIR, TOKENS, VARIABLES, X,
-    X_KEY, Y,
+    ATTENTION_FEATURES, BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS,
+    PAIR, TOKENS, VARIABLES, X, X_KEY, Y,
 )
 from .errors import SplitformerError
 from .latex import equation, to_latex
@@ -38,7 +38,7 @@ __all__ = ["derive", "UNIT_SPACINGS"]
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
 UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
-                                                                 GROUP, PAIR, FREQUENCIES, KV_FEATURES, BUCKETS)}
+                                                                 GROUP, PAIR, FREQUENCIES, KV_FEATURES, ATTENTION_FEATURES, BUCKETS)}
 
 
 class _Deriver:

@@ -14,7 +14,7 @@ import sympy as sp
 __all__ = [
     "Domain", "Variable", "TOKENS", "FEATURES", "HEADS", "HEAD_FEATURES", "HIDDEN",
     "X", "X_KEY", "ETA", "Y", "XI", "H", "E", "ZETA", "VARIABLES",
-    "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "MEMORY",
+    "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "ATTENTION_FEATURES", "MEMORY",
     "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX", "BUCKETS", "B",
 ]
 
@@ -75,6 +75,9 @@ PAIR = Domain("c", sp.Integer(2), sp.Symbol(r"\Delta c", positive=True), "2", "t
 FREQUENCIES = _domain("r", "N_r", "d_half", "rotation frequencies of a head (half its features)")
 #: Features of all key/value heads (the canonical layout of ``W_k``, ``W_v``).
 KV_FEATURES = _domain("kv", "N_kv", "d_kv", "features of all key/value heads")
+#: Features of all attention heads when an attention operator sets its head width (``d_head``):
+#: ``n_heads · d_head``, the canonical layout of ``W_q`` and ``W_o`` (without the option: ``d``).
+ATTENTION_FEATURES = _domain("q", "N_q", "d_inner", "features of all attention heads (n_heads · d_head)")
 #: The memory a decoder's cross-attention reads: its own token domain.
 MEMORY = _domain("m", "N_m", "n_memory", "memory token positions (cross-attention)")
 #: The buckets of relative token distances a learned score bias is tabulated over (T5).

@@ -29,7 +29,7 @@ import sympy as sp
 
 from .activations import Activation
 from .domains import (
-    ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
+    ATTENTION_FEATURES, ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
 )
 from .constraints import S_1, ConstraintSet
 from .inputs import Constant, Input
@@ -39,7 +39,7 @@ from .quadrature import integral
 __all__ = [
     "Parameter", "Definition", "Operator", "ProjectionOperator", "Attention", "FeedForward", "LayerNorm",
     "EPSILON", "STATE", "BRANCH", "SUPPORT", "OPERATOR_KINDS", "register_operator", "kernel", "apply", "integral",
-    "Input", "Constant",
+    "Input", "Constant", "check_head_width", "heads_domain",
 ]
 
 #: LayerNorm's ε; emitted as the ``eps`` argument.
@@ -182,25 +182,44 @@ def kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[
 _kernel = kernel  # the former private name, for modules written against it
 
 
+def check_head_width(key: str, d_head: object) -> None:
+    """``d_head``, an attention kind's head width, is ``None`` (``d / n_heads``) or an int >= 1."""
+    from .errors import SplitformerError
+
+    if d_head is not None and (type(d_head) is not int or d_head < 1):  # exact type: it is printed into code
+        raise SplitformerError(f"{key}: d_head must be an int >= 1 (the features of one head; absent: d / n_heads), "
+                               f"got {d_head!r}")
+
+
+def heads_domain(d_head: int | None) -> Domain:
+    """The stored axis of all heads' features: ``Ω_y`` (``d``) by default, ``n_heads · d_head`` with ``d_head``."""
+    return FEATURES if d_head is None else ATTENTION_FEATURES
+
+
 @dataclass(frozen=True)
 class Attention(Operator):
     """Multi-head attention: a non-local integral operator over token positions; ``bias=False``
-    drops the biases of the query, key, value and output transforms."""
+    drops the biases of the query, key, value and output transforms. ``d_head`` sets the head width
+    ``|Ω_e|`` (default ``d / n_heads``): the transforms then map ``d`` to ``n_heads · d_head`` features and back."""
 
     bias: bool = True
+    d_head: int | None = None
     kind: ClassVar[str] = "attention"
     symbol: ClassVar[str] = r"\mathcal{A}"
 
+    def __post_init__(self) -> None:
+        check_head_width(self.key, self.d_head)
+
     def parameters(self) -> tuple[Parameter, ...]:
-        square = (FEATURES, FEATURES)
+        heads = heads_domain(self.d_head)
         parameters = (
-            kernel("W_q", "W^{Q}", (XI, H, E), square, (XI,)),
-            kernel("b_q", "b^{Q}", (H, E), (FEATURES,)),
-            kernel("W_k", "W^{K}", (XI, H, E), square, (XI,)),
-            kernel("b_k", "b^{K}", (H, E), (FEATURES,)),
-            kernel("W_v", "W^{V}", (XI, H, E), square, (XI,)),
-            kernel("b_v", "b^{V}", (H, E), (FEATURES,)),
-            kernel("W_o", "W^{O}", (H, E, Y), square, (H, E)),
+            kernel("W_q", "W^{Q}", (XI, H, E), (FEATURES, heads), (XI,)),
+            kernel("b_q", "b^{Q}", (H, E), (heads,)),
+            kernel("W_k", "W^{K}", (XI, H, E), (FEATURES, heads), (XI,)),
+            kernel("b_k", "b^{K}", (H, E), (heads,)),
+            kernel("W_v", "W^{V}", (XI, H, E), (FEATURES, heads), (XI,)),
+            kernel("b_v", "b^{V}", (H, E), (heads,)),
+            kernel("W_o", "W^{O}", (H, E, Y), (heads, FEATURES), (H, E)),
             kernel("b_o", "b^{O}", (Y,), (FEATURES,)),
         )
         return tuple(p for p in parameters if self.bias or p.kind != "bias")

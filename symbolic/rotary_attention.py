@@ -38,7 +38,9 @@ from .domains import (
 )
 from .inputs import POSITIONS as POSITIONS_INPUT
 from .inputs import Constant
-from .operators import STATE, SUPPORT, Definition, Operator, Parameter, apply, register_operator
+from .operators import (
+    STATE, SUPPORT, Definition, Operator, Parameter, apply, check_head_width, heads_domain, register_operator,
+)
 from .quadrature import integral
 
 __all__ = ["RotaryAttention", "ROPE_THETA", "POSITIONS", "rotation_kernel"]
@@ -62,9 +64,11 @@ def _kernel(name: str, latex: str, arguments, shape, absorbs=()) -> Parameter:
 @dataclass(frozen=True)
 class RotaryAttention(Operator):
     """Causal-ready multi-head attention with rotary positions and grouped key/value heads; ``rotary_dim``
-    (even, > 0) rotates the first ``rotary_dim / 2`` pairs of each head only."""
+    (even, > 0) rotates the first ``rotary_dim / 2`` pairs of each head only; ``d_head`` (even) sets the head
+    width (default ``d / n_heads``), ``W_q`` then ``(d, n_heads · d_head)`` and ``W_o`` its transpose's shape."""
 
     rotary_dim: int = 0
+    d_head: int | None = None
 
     kind: ClassVar[str] = "rotary-attention"
     symbol: ClassVar[str] = r"\mathcal{A}^{\mathrm{rot}}"
@@ -72,6 +76,10 @@ class RotaryAttention(Operator):
     constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "θ of the rotary angles p θ^(−2r/d_head)"),)
 
     def __post_init__(self) -> None:
+        check_head_width(self.key, self.d_head)
+        if self.d_head is not None and self.d_head % 2:
+            raise SplitformerError(f"{self.key}: d_head must be even for rotary positions (pairs of features), "
+                                   f"got {self.d_head!r}")
         if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int) or self.rotary_dim < 0 \
                 or self.rotary_dim % 2:
             raise SplitformerError(f"{self.key}: rotary_dim must be an even number of features > 0 (0: all), "
@@ -87,10 +95,10 @@ class RotaryAttention(Operator):
 
     def parameters(self) -> tuple[Parameter, ...]:
         return (
-            _kernel("W_q", "W^{Q}", (XI, G, S, C, R), (FEATURES, FEATURES), (XI,)),
+            _kernel("W_q", "W^{Q}", (XI, G, S, C, R), (FEATURES, heads_domain(self.d_head)), (XI,)),
             _kernel("W_k", "W^{K}", (XI, G, C, R), (FEATURES, KV_FEATURES), (XI,)),
             _kernel("W_v", "W^{V}", (XI, G, E), (FEATURES, KV_FEATURES), (XI,)),
-            _kernel("W_o", "W^{O}", (G, S, E, Y), (FEATURES, FEATURES), (G, S, E)),
+            _kernel("W_o", "W^{O}", (G, S, E, Y), (heads_domain(self.d_head), FEATURES), (G, S, E)),
         )
 
     def definitions(self) -> tuple[Definition, ...]:

@@ -295,12 +295,26 @@ class Scheme:
                 raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
         self._check_across_layers(operators)
+        self.head_width(operators)
         used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine, step.shift)
                 if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "
                                    "(its parameters would be required for nothing); remove it or use it")
+
+    def head_width(self, operators: dict[str, Operator] | None = None) -> int | None:
+        """The head width ``d_head`` its attention operators set, ``None`` for ``d / n_heads``; the emitted
+        code has one head width, so every operator with the option must give the same one."""
+        operators = self.instantiate() if operators is None else operators
+        widths = {key: operator.d_head for key, operator in operators.items()
+                  if "d_head" in operator_options(type(operator))}
+        (first, width), *others = widths.items() or [(None, None)]
+        for other, different in others:
+            if different != width:
+                raise SplitformerError(f"scheme {self.name!r}: operators {first!r} and {other!r} set d_head = {width} "
+                                       f"and {different} (None: d / n_heads); the emitted code has one head width")
+        return width
 
     def _check_across_layers(self, operators: dict[str, Operator]) -> None:
         """A scheme combined across layers steps by one explicit Euler evaluation of its field (so a layer's

@@ -32,10 +32,10 @@ from typing import ClassVar
 
 import sympy as sp
 
-from .domains import BUCKETS, FEATURES, HEAD_FEATURES, HEADS, B, H, H_MIX, E, X, X_KEY
+from .domains import BUCKETS, HEAD_FEATURES, HEADS, B, H, H_MIX, E, X, X_KEY
 from .errors import SplitformerError
 from .inputs import POSITIONS
-from .operators import Attention, Definition, Parameter, apply, kernel, register_operator
+from .operators import Attention, Definition, Parameter, apply, heads_domain, kernel, register_operator
 from .quadrature import integral
 from .relative_position import relative_bucket
 
@@ -64,6 +64,7 @@ class ScoredAttention(Attention):
     input_fields: ClassVar[tuple] = (POSITIONS,)  # declared to the emitted code only where ALiBi reads them
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.rel_pos_bias not in ("", "causal", "bidirectional"):
             raise SplitformerError(f"{self.key}: rel_pos_bias must be \"causal\" or \"bidirectional\", "
                                    f"got {self.rel_pos_bias!r}")
@@ -73,7 +74,8 @@ class ScoredAttention(Attention):
     def parameters(self) -> tuple[Parameter, ...]:
         extra = []
         if self.qk_norm:
-            extra += [kernel("q_gain", "g^{Q}", (H, E), (FEATURES,)), kernel("k_gain", "g^{K}", (H, E), (FEATURES,))]
+            heads = heads_domain(self.d_head)
+            extra += [kernel("q_gain", "g^{Q}", (H, E), (heads,)), kernel("k_gain", "g^{K}", (H, E), (heads,))]
         if self.alibi:
             extra.append(kernel("slopes", "m", (H,), (HEADS,)))
         if self.rel_pos_bias:

@@ -233,12 +233,6 @@ def test_the_values_of_accepted_attributes_are_compared(flags, path, attribute, 
         from_xtransformers(module)
 
 
-def test_head_width_above_dim_over_heads_is_refused():
-    module = x_transformers.Encoder(dim=DIM, depth=1, heads=HEADS, attn_dim_head=12, attn_flash=True)
-    with pytest.raises(SplitformerError, match="attn_dim_head=12"):
-        from_xtransformers(module)
-
-
 def test_builtin_macaron_pre_ln_is_x_transformers_macaron():
     """``macaron-pre-ln`` (with zero LayerNorm and attention biases) computes ``Encoder(macaron=True)``;
     the post-LN built-in ``macaron`` does not (negative control)."""

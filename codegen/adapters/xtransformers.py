@@ -184,14 +184,6 @@ def _heads(weight: np.ndarray, width: int, heads: list[int]) -> np.ndarray:
     return np.concatenate([weight[:, head * width:(head + 1) * width] for head in heads], axis=1)
 
 
-def _widened(weight: np.ndarray, width: int, wide: int, axis: int) -> np.ndarray:
-    """``weight`` with each head's ``width`` features (head-major along ``axis``) padded by zeros to ``wide``."""
-    moved = np.moveaxis(weight, axis, -1)
-    split = moved.reshape(*moved.shape[:-1], -1, width)
-    padded = np.concatenate([split, np.zeros((*split.shape[:-1], wide - width), weight.dtype)], axis=-1)
-    return np.moveaxis(padded.reshape(*moved.shape[:-1], -1), -1, axis)
-
-
 def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     """Refuse the flags of an x-transformers ``Attention`` that no option computes; its head width."""
     import torch
@@ -208,9 +200,9 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     if getattr(attention, "rotate_num_heads", heads) != heads:
         raise _refuse(owner, f"rotate_num_heads={attention.rotate_num_heads}", "rotary-attention rotates every head")
     width = attention.to_q.out_features // attention.heads
-    if attention.heads != heads or width > dim // heads:
-        raise _refuse(owner, f"attn_dim_head={width}", f"a head wider than dim / heads = {dim // heads} is not "
-                      "computed (the generated code's head width is d / n_heads)")
+    if attention.heads != heads:
+        raise _refuse(owner, f"an attention of {attention.heads} heads in layers of {heads}",
+                      "a generated Stack has one number of heads")
     if attention.to_v.out_features != attention.kv_heads * width:
         raise _refuse(owner, f"attn_value_dim_head={attention.to_v.out_features // attention.kv_heads}")
     if attention.qk_norm and attention.qk_norm_groups != 1:
@@ -227,10 +219,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     """``attn.*`` of an x-transformers ``Attention`` and the attention operator's options; refuses its other flags.
 
     ``attn_kv_heads``: key/value head ``h mod n_kv`` serves query head ``h`` (x-transformers' repeat), read as
-    multi-head attention with those columns of ``W_k``, ``W_v`` repeated. ``attn_dim_head`` below ``dim / heads``:
-    each head's features padded by zeros to ``dim / heads``. The score scale ``s`` (``d_head^{-1/2}``, or qk-norm's)
-    against the kind's ``(dim / heads)^{-1/2}``: ``s √(dim / heads)`` multiplies ``W_q`` (where the widths differ),
-    or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
+    multi-head attention with those columns of ``W_k``, ``W_v`` repeated. ``attn_dim_head`` other than ``dim / heads``
+    is the option ``d_head`` (``W_q``: ``(dim, heads · d_head)``). The score scale ``s`` (``d_head^{-1/2}``, or
+    qk-norm's) against the kind's ``d_head^{-1/2}``: ``s √d_head`` multiplies ``W_q`` (where they differ), or is ``q_gain`` (``attn_qk_norm``; times the learned ``attn_qk_norm_dim_scale`` gains, when set). Talking
     heads: ``mix_pre`` and ``mix_post`` are the pre- and post-softmax 1×1 convolutions' weights.
     ``alibi_pos_bias``: the slopes, zero for heads beyond ``alibi_num_heads``. ``rel_pos_bias``: the table
     ``relative_attention_bias`` times its scale (``√d_head``, added to the scaled scores as it is), bucketed
@@ -238,16 +229,15 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     """
     import torch
 
-    width, wide = _check_attention(owner, attention, dim, heads), dim // heads
-    rescale = attention.attend.scale * np.sqrt(wide)
+    width = _check_attention(owner, attention, dim, heads)
+    rescale = attention.attend.scale * np.sqrt(width)
     shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
     weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
     weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
     if not attention.qk_norm and not math.isclose(rescale, 1.0, rel_tol=1e-12):
-        weights["q"] = weights["q"] * rescale  # another head width, or a score scale other than d_head^{-1/2}
-    params = {f"attn.W_{part[0]}": _widened(weight, width, wide, 0 if part == "out" else 1)
-              for part, weight in weights.items()}
-    options: dict[str, Any] = {}
+        weights["q"] = weights["q"] * rescale  # a score scale other than d_head^{-1/2}
+    params = {f"attn.W_{part[0]}": weight for part, weight in weights.items()}
+    options: dict[str, Any] = {} if width == dim // heads and dim % heads == 0 else {"d_head": width}
     if attention.qk_norm:
         for name in ("qk_norm_q_scale", "qk_norm_k_scale"):
             if not isinstance(getattr(attention, name), torch.Tensor):
@@ -255,8 +245,7 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
                   for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
         gains = {"q": rescale * scales[0], "k": scales[1][shared]}
-        params |= {f"attn.{part}_gain": _widened(gain.reshape(-1).astype(params["attn.W_q"].dtype), width, wide, 0)
-                   for part, gain in gains.items()}
+        params |= {f"attn.{part}_gain": gain.reshape(-1).astype(params["attn.W_q"].dtype) for part, gain in gains.items()}
         options["qk_norm"] = True
     for when in ("pre", "post"):  # x-transformers: s + W s before, W γ after the softmax
         mixing = getattr(attention.attend, f"{when}_softmax_talking_heads")
@@ -441,10 +430,11 @@ class _Block:
             kernel = self.params[f"attn.{part}"]
             pairs = kernel.reshape(kernel.shape[0], heads, -1, 2)  # (d, head, r, c) interleaved
             self.params[f"attn.{part}"] = np.ascontiguousarray(pairs.transpose(0, 1, 3, 2)).reshape(kernel.shape)
-        if set(self.operators["attn"]) - {"kind", "bias"}:
-            scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias"}))
+        if set(self.operators["attn"]) - {"kind", "bias", "d_head"}:
+            scores = ", ".join(sorted(set(self.operators["attn"]) - {"kind", "bias", "d_head"}))
             raise _refuse(owner, f"rotary_pos_emb with {scores}", "rotary-attention has no score options")
-        self.operators["attn"] = {"kind": "rotary-attention"} | ({"rotary_dim": rotary_dim} if rotary_dim else {})
+        width = {"d_head": self.operators["attn"]["d_head"]} if "d_head" in self.operators["attn"] else {}
+        self.operators["attn"] = {"kind": "rotary-attention"} | width | ({"rotary_dim": rotary_dim} if rotary_dim else {})
 
 
 def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
@@ -500,13 +490,11 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
             step["operator"] = "attn"
             params, options = _attention(owner, branch, dim, heads, rel_pos)
             block.params |= params
-            if branch.to_q.out_features != dim:
-                block.notes.add(f"attn_dim_head={branch.to_q.out_features // heads} is read as heads of width "
-                                f"{dim // heads} padded by zeros: a generated Stack trains the padding")
             if branch.kv_heads != heads:
                 block.notes.add(f"the {branch.kv_heads} key/value heads are read repeated for the {heads} query heads: "
                                 "a generated Stack trains the copies untied")
-            block.operators["attn"] = {"kind": "scored-attention" if options else "attention", "bias": False} | options
+            scored = set(options) - {"d_head"}  # the head width is an option of every attention kind
+            block.operators["attn"] = {"kind": "scored-attention" if scored else "attention", "bias": False} | options
         else:
             step["operator"] = ("ffn_pre" if position == 1 else "ffn_post") if macaron else "ffn"
             params, activation, gated, bias = _feed_forward(owner, branch, step["operator"])
@@ -570,9 +558,10 @@ def _name(layers: Any, parts: list, block: _Block) -> tuple[str, str]:
     gated = "glu-" if ffn["kind"] == "gated-feed-forward" else ""
     rotary = "" if block.operators["attn"]["kind"] != "rotary-attention" else \
         f"rotary{block.operators['attn']['rotary_dim']}" if "rotary_dim" in block.operators["attn"] else "rotary"
+    width = f"head{block.operators['attn']['d_head']}" if "d_head" in block.operators["attn"] else ""
     combined = "gru-gated" if any("combine" in step for step in block.steps) else ""
     shifted = "shift" if any("shift" in step for step in block.steps) else ""
-    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, shifted, rotary, norm, gated + next(iter(block.activations)),
+    words = ["xt", "macaron" if len(parts) == 3 else "", layout, combined, shifted, width, rotary, norm, gated + next(iter(block.activations)),
              "" if ffn["bias"] else "no-bias", "causal" if layers.causal else ""]
     scores = [SCORE_WORDS[option] for option in block.operators["attn"] if option in SCORE_WORDS]
     name = "-".join(word for word in words + scores if word)[:64].rstrip("-")  # a scheme name has ≤ 64 characters
@@ -608,19 +597,16 @@ def read_attention_layers(layers: Any) -> Adapted:
         raise _refuse(owner, "polar_pos_emb")
     dtype = array(next(layers.parameters())).dtype
     dim, heads = layers.dim, layers.attn_heads
-    rope_theta, rotary_dim = (None, 0) if layers.rotary_pos_emb is None else _rope_theta(
-        owner, layers.rotary_pos_emb, dim // heads)
     causal = _causal(owner, layers)
     structure = _sublayers(owner, layers)
     blocks = [_block(owner, parts, dim, heads, dtype, layers.rel_pos) for parts in structure]
-    if rope_theta is not None:
-        widths = {attention.to_q.out_features for attention in layers.modules() if type(attention).__name__ == "Attention"}
-        if widths != {dim}:
-            raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={min(widths) // heads}",
-                          f"rotary-attention rotates heads of width dim / heads = {dim // heads}")
+    first = blocks[0]
+    rope_theta = None
+    if layers.rotary_pos_emb is not None:
+        rope_theta, rotary_dim = _rope_theta(owner, layers.rotary_pos_emb,  # layers that differ are refused below
+                                             first.operators["attn"].get("d_head", dim // heads))
         for block in blocks:
             block.rotary(owner, heads, rotary_dim)
-    first = blocks[0]
     eps = set().union(*(block.eps for block in blocks))
     activations = set().union(*(block.activations for block in blocks))
     if len(eps) != 1 or len(activations) != 1:

@@ -4,11 +4,11 @@
 The writer is the reader's inverse, found from the reader itself rather than written a second
 time: ``from_xtransformers`` maps every entry of x-transformers' parameters to canonical entries by
 affine maps of one source entry each (a transpose, a permutation of rotary pairs, repeated
-key/value heads, zero padding of narrow heads, a score scale, a unit offset, GLU halves). Three
+key/value heads, a score scale, a unit offset, GLU halves). Three
 reads of a float64 copy, with every parameter entry set to ``0``, to ``1`` and to its own index
 ``j + 1``, give each canonical entry's source ``j``, slope ``a`` and offset ``c``; then each source
 entry is ``(t − c) / a`` of a canonical entry ``t`` it feeds. A canonical entry that x-transformers
-cannot hold is refused by name: one its layout fixes (``a = 0``: padding, a SimpleRMSNorm gain, the
+cannot hold is refused by name: one its layout fixes (``a = 0``: a SimpleRMSNorm gain, the
 final LayerNorm's bias, ALiBi's slopes, a missing qk-norm scale), or one that differs from another
 entry of the same source (copies of a shared key/value head, tied layers, ScaleNorm's one gain).
 The result is read back and compared before it is returned.
@@ -77,7 +77,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray) -> tuple[np.ndar
     if fixed.any():
         k = int(np.flatnonzero(fixed)[0])
         raise SplitformerError(f"{names[k]} = {target[k]:.6g} cannot be written: x-transformers' layout fixes it at "
-                               f"{offset[k]:.6g} (padding of a narrow head, a gain it does not have, a buffer)")
+                               f"{offset[k]:.6g} (a gain it does not have, a buffer)")
     values = np.zeros(count)
     written = np.zeros(count, dtype=bool)
     for k in np.flatnonzero(moving):

@@ -19,13 +19,13 @@ __all__ = ["random_parameters", "axis_extents", "scheme_parameters"]
 def axis_extents(sizes: Sizes) -> dict[str, int]:
     """The extent of each axis name of a parameter's shape (``n_heads`` for a control per head)."""
     return {"d": sizes.features, "d_ff": sizes.hidden, "d_kv": sizes.key_value_heads * sizes.head_features,
-            "n_heads": sizes.heads, "n_buckets": sizes.buckets}
+            "d_inner": sizes.heads * sizes.head_features, "n_heads": sizes.heads, "n_buckets": sizes.buckets}
 
 
 def random_parameters(scheme: Scheme, sizes: Sizes, seed: int) -> dict[str, np.ndarray]:
     """Float64 values for every parameter of ``scheme``, biases included; gains around 1."""
     rng = np.random.default_rng(seed)
-    codes = axis_extents(sizes)
+    codes = axis_extents(sizes.of(scheme))
     params = {}
     for key, parameter in scheme_parameters(scheme):
         shape = tuple(codes[domain.code_name] for domain in parameter.shape)

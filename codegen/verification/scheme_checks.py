@@ -27,7 +27,8 @@ import sympy as sp
 from splitformer.codegen.verification.statements import SKIPPED, Check
 from splitformer.symbolic.cross_attention import MEMORY_FIELD, MEMORY_SUPPORT
 from splitformer.symbolic.domains import (
-    BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, MEMORY, PAIR, TOKENS,
+    ATTENTION_FEATURES, BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS,
+    MEMORY, PAIR, TOKENS,
 )
 from splitformer.symbolic.evaluate import evaluate, evaluation_work
 from splitformer.symbolic.operators import EPSILON
@@ -143,7 +144,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
     modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules.get("torch")
     inputs = EmittedInputs.of(numpy_module.forward, batch, seed)
-    sizes = inputs.sizes
+    sizes = inputs.sizes.of(scheme)
     params = random_parameters(scheme, sizes, seed)
     u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
     padding = np.zeros((batch, sizes.tokens), dtype=bool)
@@ -283,7 +284,7 @@ def _domain_counts(sizes: Sizes, memory_tokens: int) -> dict:
     return {TOKENS: sizes.tokens, FEATURES: sizes.features, HEADS: sizes.heads, HEAD_FEATURES: sizes.head_features,
             HIDDEN: sizes.hidden, KV_HEADS: sizes.key_value_heads, GROUP: sizes.heads // sizes.key_value_heads,
             PAIR: 2, FREQUENCIES: sizes.head_features // 2, KV_FEATURES: axis_extents(sizes)["d_kv"],
-            MEMORY: memory_tokens, BUCKETS: sizes.buckets}
+            ATTENTION_FEATURES: axis_extents(sizes)["d_inner"], MEMORY: memory_tokens, BUCKETS: sizes.buckets}
 
 
 def emitted_work(program: Program, sizes: Sizes) -> int:
@@ -295,7 +296,7 @@ def emitted_work(program: Program, sizes: Sizes) -> int:
 
 
 def derived_check(scheme: Scheme, program: Program) -> Check:
-    sizes, memory_tokens = _TINY, _TINY_MEMORY_TOKENS
+    sizes, memory_tokens = _TINY.of(scheme), _TINY_MEMORY_TOKENS
     codes = axis_extents(sizes)
     params = {}
     for key, parameter in scheme_parameters(scheme):
@@ -390,7 +391,7 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     reasons = unevaluable(scheme)
     if reasons:
         return [*_skipped(scheme, reasons), _stack_check(scheme, modules["numpy"])]
-    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0).sizes)
+    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0).sizes.of(scheme))
     if work > MAX_EMITTED_WORK:
         return [*_skipped(scheme, {}, f"not checked: budget: the evaluator's step makes {work} operations, more "
                                       f"than the {MAX_EMITTED_WORK} the semantics checks take on (it grows with the "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -113,10 +113,17 @@ class Sizes:
     kv_heads: int | None = None
     #: Buckets of relative distances of a learned score-bias table (T5).
     buckets: int = 4
+    #: The head width a scheme's attention sets (its option ``d_head``); ``None``: ``features / heads``.
+    head_width: int | None = None
 
     @property
     def head_features(self) -> int:
-        return self.features // self.heads
+        return self.features // self.heads if self.head_width is None else self.head_width
+
+    def of(self, scheme: object) -> "Sizes":
+        """These sizes with the head width ``scheme``'s attention operators set (``Scheme.head_width``)."""
+        width = scheme.head_width() if hasattr(scheme, "head_width") else None
+        return self if width is None else replace(self, head_width=width)
 
     @property
     def key_value_heads(self) -> int:
@@ -153,6 +160,9 @@ class Semantics:
     memory: np.ndarray | None = None
     memory_support: np.ndarray | None = None
     memory_spacing: object = None
+
+    def __post_init__(self) -> None:
+        self.sizes = self.sizes.of(self.scheme)
 
     # -- the scheme's composition --------------------------------------------------------------
     def step(self, u: np.ndarray) -> np.ndarray:

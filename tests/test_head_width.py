@@ -23,8 +23,9 @@ from splitformer.symbolic.errors import SplitformerError
 
 import x_transformers  # a test dependency: a broken install fails, never skips
 
+from test_xtransformers import _derived
+
 DIM, HEADS = 64, 4  # dim / heads = 16
-_DERIVED: dict[str, object] = {}
 
 
 def _module(cls, depth: int, width: int, seed: int = 0, **flags):
@@ -39,15 +40,18 @@ def _module(cls, depth: int, width: int, seed: int = 0, **flags):
     return module.eval()
 
 
-def _derived(adapted):
-    if adapted.scheme_file not in _DERIVED:
-        _DERIVED[adapted.scheme_file] = adapted.derivation()
-    return _DERIVED[adapted.scheme_file]
-
-
 def _numpy(adapted, u, layers=None, **options):
     return _derived(adapted).numpy_module().forward_stack(u, list(layers or adapted.layers),
                                                           **adapted.forward_kwargs, **options)
+
+
+def _read(cls, depth: int, width: int, tokens: int = 5, **flags):
+    """x-transformers' module, an input, its output and what ``from_xtransformers`` reads."""
+    source = _module(cls, depth, width, **flags)
+    u = torch.randn(2, tokens, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = source(u).numpy()
+    return source, u, expected, from_xtransformers(source)
 
 
 def _stack(adapted, backward="autograd"):
@@ -63,11 +67,7 @@ def _stack(adapted, backward="autograd"):
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("cls", ["Encoder", "Decoder"])
 def test_head_width_equals_numpy_and_torch(cls, depth, width):
-    source = _module(getattr(x_transformers, cls), depth, width)
-    u = torch.randn(2, 5, DIM, dtype=torch.float64)
-    with torch.no_grad():
-        expected = source(u).numpy()
-    adapted = from_xtransformers(source)
+    _, u, expected, adapted = _read(getattr(x_transformers, cls), depth, width)
     assert f"d_head = {width}" in adapted.scheme_file and len(adapted.layers) == depth
     assert adapted.layers[0]["attn.W_q"].shape == (DIM, HEADS * width)
     assert adapted.layers[0]["attn.W_o"].shape == (HEADS * width, DIM)
@@ -82,11 +82,7 @@ def test_head_width_equals_numpy_and_torch(cls, depth, width):
                          ids=["rotary+kv_heads", "qk_norm"])
 def test_head_width_with_rotary_grouped_and_scored_attention(flags, width):
     """``rotary-attention`` (its default partial rotation, half the head) and ``scored-attention`` take it too."""
-    source = _module(x_transformers.Decoder, 2, width, **flags)
-    u = torch.randn(2, 5, DIM, dtype=torch.float64)
-    with torch.no_grad():
-        expected = source(u).numpy()
-    adapted = from_xtransformers(source)
+    _, u, expected, adapted = _read(x_transformers.Decoder, 2, width, **flags)
     assert f"d_head = {width}" in adapted.scheme_file
     assert np.abs(_numpy(adapted, u.numpy()) - expected).max() <= 1e-10
     stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
@@ -97,11 +93,7 @@ def test_head_width_with_rotary_grouped_and_scored_attention(flags, width):
 @pytest.mark.parametrize("width", [8, 32])
 def test_the_score_scale_of_d_over_heads_is_far_off(width):
     """Negative control: queries scaled for ``(d / n_heads)^{-1/2}`` instead of ``d_head^{-1/2}``."""
-    source = _module(x_transformers.Encoder, 1, width)
-    u = torch.randn(2, 5, DIM, dtype=torch.float64)
-    with torch.no_grad():
-        expected = source(u).numpy()
-    adapted = from_xtransformers(source)
+    _, u, expected, adapted = _read(x_transformers.Encoder, 1, width)
     wrong = [layer | {"attn.W_q": layer["attn.W_q"] * np.sqrt(width / (DIM // HEADS))} for layer in adapted.layers]
     assert np.abs(_numpy(adapted, u.numpy(), wrong) - expected).max() > 1e-3
 
@@ -150,11 +142,7 @@ def test_derived_backward_equals_autograd(width):
 
 @pytest.mark.parametrize("width", [8, 32])
 def test_kv_cached_decoding_equals_the_full_pass(width):
-    source = _module(x_transformers.Decoder, 2, width)
-    u = torch.randn(2, 6, DIM, dtype=torch.float64)
-    with torch.no_grad():
-        expected = source(u).numpy()
-    adapted = from_xtransformers(source)
+    _, u, expected, adapted = _read(x_transformers.Decoder, 2, width, tokens=6)
     cache = [{} for _ in adapted.layers]
     steps = [_numpy(adapted, u.numpy()[:, i:i + 1], cache=cache) for i in range(6)]
     assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10

@@ -6,7 +6,6 @@ holds A's parameters. A Stack with other parameters written into B: B computes w
 What x-transformers' layout cannot hold is refused by name.
 """
 
-import numpy as np
 import pytest
 import torch
 

@@ -194,3 +194,26 @@ def test_padded_sequences_equal_xtransformers_on_the_valid_tokens(cls, depth, sh
 def test_padded_queries_outside_must_be_a_bool():
     with pytest.raises(SplitformerError, match="padded_queries_outside"):
         parse_scheme('padded_queries_outside = "yes"\n' + SCHEME)
+
+
+def test_padded_rows_equal_xtransformers_with_a_float_mask_too():
+    """With ``padded_queries_outside`` a padded row's attention is zero, as x-transformers makes it: all tokens
+    equal x-transformers (no token shift), and a float ``key_padding_mask`` (−inf = padded) is read as the bool
+    one. Negative control: padded tokens kept as queries (torch's convention) change the padded rows."""
+    source = _padded_xtransformers(x_transformers.Encoder, 1, 0)
+    u = torch.randn(2, 5, 16, dtype=torch.float64)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[0, 1] = padding[1, 3:] = True
+    with torch.no_grad():
+        expected = source(u, mask=~padding).numpy()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(adapted.derivation().torch_module(), dtype=torch.float64)
+    floating = torch.zeros(2, 5, dtype=torch.float64).masked_fill(padding, float("-inf"))
+    with torch.no_grad():
+        for mask in (padding, floating):
+            assert np.abs(stack(u, key_padding_mask=mask).numpy() - expected).max() <= 1e-10
+    kept = splitformer.derive(parse_scheme(adapted.scheme_file.replace("padded_queries_outside = true",
+                                                                       "padded_queries_outside = false")))
+    wrong = kept.numpy_module().forward_stack(u.numpy(), list(adapted.layers), key_padding_mask=padding.numpy(),
+                                              **adapted.forward_kwargs)
+    assert np.abs(wrong - expected)[padding.numpy()].max() > 1e-3

@@ -15,8 +15,8 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, MatMul, Module, Normalize, Op, Operand, Reduction,
-                 Softmax, Unrolled)
+from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, LocalKernel, MatMul, Module, Normalize, Op, Operand,
+                 Reduction, Softmax, Unrolled)
 from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows,
                        TransposedConvolution, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
@@ -67,6 +67,7 @@ class Backend:
     printer: type[ArrayPrinter] = ArrayPrinter
     einsum = ""
     library = ""  # module prefix of reductions
+    transposed_support = ""  # χ[b, i, j] read as χ[b, j, i]
     axis = ""  # keyword naming the reduced axis
     kernel_flags: tuple[str, ...] = ()  # further arguments of the attention-kernel helpers (_softmax, _attention)
     #: Emit ``del`` after each local array's last reader. This keeps a call's peak
@@ -157,6 +158,19 @@ class Backend:
         terms = ", ".join(rows.doprint(sum(entry * part for entry, part in zip(row, parts))) for row in op.entries)
         return [f"{op.out} = {self.library}.stack(({terms}), {self.axis}={op.labels.index(op.axis)})"]
 
+    def local_kernel(self, op: LocalKernel, printer: ArrayPrinter) -> list[str]:
+        """Each window's channels times ``_window`` (the sum over the tokens within its distances)."""
+        support = "None"
+        if op.support:
+            support = op.support if not op.transposed else \
+                f"None if {op.support} is None else {op.support}.{self.transposed_support}"
+        terms = []
+        for window in op.windows:
+            call = (f"{printer.use('_window')}({op.values.name}, {', '.join(op.positions)}, {float(window.low)!r}, "
+                    f"{float(window.high)!r}, {support if window.masked else 'None'})")
+            terms.append(call if window.channels == 1 else f"{printer.doprint(window.channels)} * {call}")
+        return [f"{op.out} = {' + '.join(terms)}"]
+
     def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
         return [f'{op.out} = {printer.use("_cache")}(cache, "{op.key}", {op.source.name})']
 
@@ -212,6 +226,7 @@ class NumpyBackend(Backend):
     printer = NumpyPrinter
     einsum = "_einsum"
     library, axis = "np", "axis"
+    transposed_support = "transpose(0, 2, 1)"
     frees_dead_arrays = True
 
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
@@ -266,6 +281,7 @@ class TorchBackend(Backend):
     printer = TorchPrinter
     einsum = "torch.einsum"
     library, axis = "torch", "dim"
+    transposed_support = "transpose(1, 2)"
     kernel_flags = (DROPOUT,)
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)
     input_costate_last = True

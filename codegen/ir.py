@@ -20,7 +20,7 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
-    "Normalize", "Cache",
+    "Normalize", "Cache", "TokenWindow", "LocalKernel",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
@@ -212,6 +212,37 @@ class Normalize(Op):
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """One term of a ``LocalKernel``: ``channels`` (an expression over the feature axis) times the sum over
+    the tokens ``c`` with ``low < p_out(a) − p_in(c) < high``, each weighted by ``χ`` where ``masked``."""
+
+    channels: sp.Expr
+    low: sp.Expr
+    high: sp.Expr
+    masked: bool
+
+
+@dataclass(frozen=True)
+class LocalKernel(Op):
+    """``out[a, l] = Σ_c κ(a, c, l) values[c, l]`` for a relative kernel of local support along the tokens
+    (a token shift): a sum of ``windows``, each reading the few tokens within a bounded distance.
+
+    ``positions`` are the token positions of ``out`` and of ``values``; ``support`` is ``χ`` read as
+    ``χ[a, c]``, or as ``χ[c, a]`` when ``transposed`` (the kernel's adjoint).
+    """
+
+    values: Operand | None = None
+    positions: tuple[str, str] = ("", "")
+    windows: tuple[TokenWindow, ...] = ()
+    support: str | None = None
+    transposed: bool = False
+
+    def reads(self) -> list[str]:
+        channels = sorted({name for window in self.windows for name in _indexed_names(window.channels)})
+        return [self.values.name, *self.positions, *([self.support] if self.support else []), *channels]
 
 
 @dataclass(frozen=True)

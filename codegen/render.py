@@ -18,7 +18,7 @@ from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, MatMul, Module, Reduction
+from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
 
@@ -126,6 +126,9 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "uses_support": "chi" in module.tensors,
         # χ read as a factor of a formula (a token map's kernel), not by a masked softmax: an indicator array
         "dense_support": any(isinstance(op, (Elementwise, Reduction)) and "chi" in op.reads() for op in module.ops),
+        # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
+        "factor_support": any(isinstance(op, (Elementwise, Reduction, LocalKernel)) and "chi" in op.reads()
+                              for op in module.ops),
         # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
         "uses": set().union(*(statement.used for statement in spelled)),
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor

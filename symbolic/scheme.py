@@ -91,6 +91,9 @@ class Scheme:
     #: The self-attention's token integral is restricted to ``x̃ ≤ x`` unless the caller
     #: says otherwise (the default of the emitted ``causal`` argument).
     causal: bool = False
+    #: With a padding mask, a padded token lies outside Ω_x as a query too (x-transformers, which zeroes
+    #: its attention rows): its row of the support χ(x, x̃) is zero. False: it is only no key (torch).
+    padded_queries_outside: bool = False
     #: Options of the operators by key (``{"ffn": {"bias": False}}``); see ``operator_options``.
     options: dict[str, dict] = field(default_factory=dict)
     #: ``as_causal`` made the scheme causal (its file did not say ``causal = true``).
@@ -132,6 +135,8 @@ class Scheme:
         claims). Emitted torch modules carry it (``COMPUTES``); adapters compare it."""
         computation = (sorted(self.operators.items()), self.body, self.activation, self.final_norm, self.causal,
                        sorted((key, sorted(options.items())) for key, options in self.options.items()))
+        if self.padded_queries_outside:  # schemes without it keep their fingerprints
+            computation += ("padded_queries_outside",)
         if self.across_layers is not None:  # one-state schemes keep their fingerprints
             computation += (self.across_layers.key,)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]

@@ -51,7 +51,7 @@ def check_fields(scheme: "Scheme") -> None:
                                    f"(known: {', '.join(sorted(ACTIVATIONS))})")
     if scheme.emitted_name:
         check_scheme_name(scheme.emitted_name)
-    for field in ("final_norm", "causal", "made_causal"):
+    for field in ("final_norm", "causal", "made_causal", "padded_queries_outside"):
         if not isinstance(getattr(scheme, field), bool):
             raise SplitformerError(f"{where}: {field}: expected bool, got {type(getattr(scheme, field)).__name__}")
     _check_claims(scheme.claims, where)

@@ -36,7 +36,8 @@ __all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_s
 MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
-             "order", "splitting_order", "tableaux", "causal", "across_layers"}
+             "order", "splitting_order", "tableaux", "causal", "across_layers",
+             "padded_queries_outside"}
 _SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
@@ -111,6 +112,7 @@ class _Reader:
             # another one (``--activation``) is appended
             declared_activation=activation,
             causal=self.typed(document, "causal", bool, "", False),
+            padded_queries_outside=self.typed(document, "padded_queries_outside", bool, "", False),
             final_norm=self.typed(document, "final_norm", bool, "", False),
             description=self.typed(document, "description", str, "", "").strip(),
             source=source,

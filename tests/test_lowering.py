@@ -1,6 +1,7 @@
 """Lowering and the IR passes: what the index-notation assignments become."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import sympy as sp
@@ -110,7 +111,8 @@ def test_sums_inside_an_elementwise_map_become_temporaries():
 #: no parity test would notice it.
 _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm": "llama", "unroll-pairs": "llama",
              "fused-attention": "gpt2",
-             "matmul": "post-ln", "fuse-projections": "llama", "reuse-buffers": "post-ln"}
+             "matmul": "post-ln", "fuse-projections": "llama", "reuse-buffers": "post-ln",
+             "local-kernel": str(Path(__file__).parent / "schemes" / "shifted-pre-ln.toml")}
 
 
 @pytest.mark.parametrize("name", PASSES)

@@ -133,3 +133,87 @@ def test_a_substep_field_of_a_str_subclass_is_refused(field):
     scheme = dataclasses.replace(base, body=dataclasses.replace(base.body, steps=(step,) + base.body.steps[1:]))
     with pytest.raises(SplitformerError, match=rf"steps\[0\]\.{field}: expected str"):
         splitformer.derive(scheme)
+
+
+def _padded_xtransformers(cls, depth, shift_tokens):
+    torch.manual_seed(7 + depth)
+    module = cls(dim=16, depth=depth, heads=2, attn_dim_head=8, attn_flash=True, shift_tokens=shift_tokens).double()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return module.eval()
+
+
+@pytest.mark.parametrize("cls, depth, shift_tokens", [
+    ("Encoder", 2, 1), ("Encoder", 1, 2), ("Encoder", 1, (1, 0)), ("Encoder", 1, (0, 1)), ("Decoder", 2, 1),
+])
+def test_padded_sequences_equal_xtransformers_on_the_valid_tokens(cls, depth, shift_tokens):
+    """x-transformers zeroes a padded query's attention rows and its feed-forward shift (given no mask) carries
+    the padded rows into their neighbours: ``padded_queries_outside`` (a padded token lies outside Ω_x as a
+    query too) gives the same valid tokens, in NumPy, torch, the derived adjoint and (Decoder) cached decoding.
+    Negative control: the same scheme with padded tokens kept as queries (torch's convention) is far off where
+    the feed-forward is shifted (without that, no valid token reads a padded one: then the mask left out is)."""
+    source = _padded_xtransformers(getattr(x_transformers, cls), depth, shift_tokens)
+    u = torch.randn(2, 7, 16, dtype=torch.float64)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, [0, 3]] = False  # padded at the start and inside (a Decoder's padded query 3 sees valid keys)
+    keep[1, 4:] = False  # and at the end
+    with torch.no_grad():
+        expected = source(u, mask=keep).numpy()
+    valid, padding = keep.numpy(), ~keep.numpy()
+    adapted = from_xtransformers(source)
+    assert "padded_queries_outside = true" in adapted.scheme_file
+    derivation = _DERIVED.setdefault(adapted.scheme_file, adapted.derivation())
+    numpy_module = derivation.numpy_module()
+    layers, options = list(adapted.layers), dict(adapted.forward_kwargs, key_padding_mask=padding)
+    got = numpy_module.forward_stack(u.numpy(), layers, **options)
+    assert np.abs(got - expected)[valid].max() <= 1e-10
+    stack = adapted.build(derivation.torch_module(), dtype=torch.float64)
+    x = u.clone().requires_grad_(True)
+    out = stack(x, key_padding_mask=torch.tensor(padding))
+    assert np.abs(out.detach().numpy() - expected)[valid].max() <= 1e-10
+    grad_out = np.random.default_rng(1).standard_normal(u.shape)
+    out.backward(torch.tensor(grad_out))
+    grad_u, _, _ = numpy_module.vjp_stack(u.numpy(), layers, grad_out, **options)
+    assert np.abs(grad_u - x.grad.numpy()).max() <= 1e-10
+    if cls == "Decoder":  # token by token through the KV cache, the mask growing with the keys
+        cache = [{} for _ in layers]
+        steps = [numpy_module.forward_stack(u.numpy()[:, t:t + 1], layers, cache=cache,
+                                            **dict(options, key_padding_mask=padding[:, :t + 1]))
+                 for t in range(u.shape[1])]
+        assert np.abs(np.concatenate(steps, axis=1) - got).max() <= 1e-10
+    if shift_tokens in (1, 2, (0, 1)):  # the feed-forward is shifted
+        kept_as_queries = splitformer.derive(parse_scheme(
+            adapted.scheme_file.replace("padded_queries_outside = true", "padded_queries_outside = false")))
+        wrong = kept_as_queries.numpy_module().forward_stack(u.numpy(), layers, **options)
+    else:
+        wrong = numpy_module.forward_stack(u.numpy(), layers, **adapted.forward_kwargs)
+    assert np.abs(wrong - expected)[valid].max() > 1e-3
+
+
+def test_padded_queries_outside_must_be_a_bool():
+    with pytest.raises(SplitformerError, match="padded_queries_outside"):
+        parse_scheme('padded_queries_outside = "yes"\n' + SCHEME)
+
+
+def test_padded_rows_equal_xtransformers_with_a_float_mask_too():
+    """With ``padded_queries_outside`` a padded row's attention is zero, as x-transformers makes it: all tokens
+    equal x-transformers (no token shift), and a float ``key_padding_mask`` (−inf = padded) is read as the bool
+    one. Negative control: padded tokens kept as queries (torch's convention) change the padded rows."""
+    source = _padded_xtransformers(x_transformers.Encoder, 1, 0)
+    u = torch.randn(2, 5, 16, dtype=torch.float64)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[0, 1] = padding[1, 3:] = True
+    with torch.no_grad():
+        expected = source(u, mask=~padding).numpy()
+    adapted = from_xtransformers(source)
+    stack = adapted.build(adapted.derivation().torch_module(), dtype=torch.float64)
+    floating = torch.zeros(2, 5, dtype=torch.float64).masked_fill(padding, float("-inf"))
+    with torch.no_grad():
+        for mask in (padding, floating):
+            assert np.abs(stack(u, key_padding_mask=mask).numpy() - expected).max() <= 1e-10
+    kept = splitformer.derive(parse_scheme(adapted.scheme_file.replace("padded_queries_outside = true",
+                                                                       "padded_queries_outside = false")))
+    wrong = kept.numpy_module().forward_stack(u.numpy(), list(adapted.layers), key_padding_mask=padding.numpy(),
+                                              **adapted.forward_kwargs)
+    assert np.abs(wrong - expected)[padding.numpy()].max() > 1e-3

@@ -538,10 +538,12 @@ def _toml(value: Any) -> str:
 
 
 def scheme_text(name: str, summary: str, block: _Block, activation: str, causal: bool, final_norm: bool) -> str:
-    """The scheme file (TOML) computing ``block``: its operators, steps, activation, causality, final norm."""
+    """The scheme file (TOML) computing ``block``: its operators, steps, activation, causality, final norm;
+    a padded token is no query either (x-transformers zeroes its attention rows, which its unmasked
+    feed-forward token shift then reads)."""
     lines = [f'name = "{name}"', f'summary = "{summary}"', f'activation = "{activation}"',
              f"causal = {_toml(causal)}", "order = 1", "splitting_order = 1", f"final_norm = {_toml(final_norm)}",
-             "", "[operators]"]
+             "padded_queries_outside = true", "", "[operators]"]
     lines += [f"{key} = {_toml(kind)}" for key, kind in block.operators.items()]
     for step in block.steps:
         lines += ["", "[[steps]]", *(f"{key} = {_toml(value)}" for key, value in step.items())]

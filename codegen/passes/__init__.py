@@ -9,6 +9,7 @@ from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
+from .local_kernel import local_kernel
 from .matmul import matmul
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
@@ -18,6 +19,7 @@ __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
+    "local-kernel": local_kernel,
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
     "unroll-pairs": unroll_pairs,

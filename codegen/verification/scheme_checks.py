@@ -73,8 +73,10 @@ def _exact(array: np.ndarray) -> np.ndarray:
     return np.frompyfunc(mpmath.mpf, 1, 1)(np.asarray(array, dtype=float))
 
 
-def _support(n: int, padded: set[int], causal: bool) -> np.ndarray:
-    return np.array([[int(j not in padded and (not causal or j <= i)) for j in range(n)] for i in range(n)])
+def _support(n: int, padded: set[int], causal: bool, padded_queries_outside: bool = False) -> np.ndarray:
+    """χ[i, j]: a padded token is no key (and, ``padded_queries_outside``, no query either)."""
+    return np.array([[int(j not in padded and (not causal or j <= i) and not (padded_queries_outside and i in padded))
+                       for j in range(n)] for i in range(n)])
 
 
 def _unchecked(kinds: set[str]) -> str:
@@ -165,7 +167,8 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
             expected = []
             for b in range(batch):
                 padded = set() if mask is None else set(np.flatnonzero(mask[b]).tolist())
-                semantics = Semantics(scheme, exact, sizes, MPMATH, support=_support(sizes.tokens, padded, causal),
+                support = _support(sizes.tokens, padded, causal, scheme.padded_queries_outside)
+                semantics = Semantics(scheme, exact, sizes, MPMATH, support=support,
                                       eps=mpmath.mpf(eps), **inputs.semantics(b, masked, sizes.tokens))
                 expected.append(np.array(semantics.step(_exact(u[b])).tolist(), dtype=float))
                 unchecked |= semantics.unchecked

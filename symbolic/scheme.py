@@ -134,6 +134,8 @@ class Scheme:
                        sorted((key, sorted(options.items())) for key, options in self.options.items()))
         if self.across_layers is not None:  # one-state schemes keep their fingerprints
             computation += (self.across_layers.key,)
+        if self.streams:
+            computation += (("stream", tuple(step.stream for step in self.substeps())),)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
     def with_activation(self, name: str) -> "Scheme":
@@ -148,8 +150,9 @@ class Scheme:
         if self.causal:
             return self
         causal = replace(self, causal=True, made_causal=True)
-        if self.across_layers is not None:  # refused, as in a file
+        if self.across_layers is not None or self.streams:  # refused, as in a file
             causal._check_across_layers(self.instantiate())
+            causal._check_stream(self.instantiate())
         return causal
 
     def with_name(self, name: str) -> "Scheme":
@@ -208,6 +211,12 @@ class Scheme:
 
         visit(self.body)
         return found
+
+    @property
+    def streams(self) -> bool:
+        """Whether some substep adds its increment to the second state ``d`` (``Substep.stream``): a stack
+        then carries ``(u, d)`` from ``d⁰ = u⁰`` and reads out ``u + P(d)``, ``P`` its final projection."""
+        return any(step.stream for step in self.substeps())
 
     def step_controls(self) -> dict[str, Parameter]:
         """The learned time steps by operator key: the field of ``<operator>`` carries ``<operator>.step``
@@ -295,12 +304,33 @@ class Scheme:
                 raise SplitformerError(f"scheme {self.name!r}: the field {step.operator!r} has steps {steps[step.operator]!r} "
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
         self._check_across_layers(operators)
+        self._check_stream(operators)
         used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine, step.shift)
                 if key is not None}
         unused = [key for key in operators if key not in used]
         if unused:
             raise SplitformerError(f"scheme {self.name!r}: operator {unused[0]!r} is declared but no step uses it "
                                    "(its parameters would be required for nothing); remove it or use it")
+
+    def _check_stream(self, operators: dict[str, Operator]) -> None:
+        """A stream substep is an explicit substep of the top-level sequence (its increment is one term of the
+        second state's update); the stack carrying the second state has no cache, memory or positions."""
+        if not self.streams:
+            return
+        top = [step for step in self.body.steps if isinstance(step, Substep)]
+        for step in self.substeps():
+            if step.stream and (step.solver != "explicit" or not any(step is own for own in top)):
+                raise SplitformerError(f"scheme {self.name!r}: 'stream' marks an explicit substep of the top-level "
+                                       f"sequence (not a projection, a parallel branch or a Runge–Kutta field): "
+                                       f"{step.operator!r}")
+        if self.across_layers is not None or self.causal:
+            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with "
+                                   + ("across_layers" if self.across_layers is not None else "causal = true")
+                                   + " (the stack carries one second state)")
+        for key, operator in operators.items():
+            if operator.input_fields:
+                raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with {key!r}, which "
+                                       f"reads {', '.join(sorted(field.name for field in operator.input_fields))}")
 
     def _check_across_layers(self, operators: dict[str, Operator]) -> None:
         """A scheme combined across layers steps by one explicit Euler evaluation of its field (so a layer's

@@ -37,7 +37,7 @@ MAX_FILE_BYTES = 1 << 20
 _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal", "across_layers"}
-_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift", "stream"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
@@ -216,7 +216,8 @@ class _Reader:
         control = self.typed(step, "step", str, where, "fixed")
         if control not in STEP_CONTROLS:
             raise self.fail(f"{where}.step", f"unknown step {control!r} (known: {', '.join(STEP_CONTROLS)})")
-        return Substep(operator, solver, fraction, on, then, control, combine, shift)
+        stream = self.typed(step, "stream", bool, where, False)
+        return Substep(operator, solver, fraction, on, then, control, combine, shift, stream)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
         if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:

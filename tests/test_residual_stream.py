@@ -8,14 +8,17 @@ those equations over the submodules of a torch ``TransformerEncoderLayer`` (``nn
 """
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import sympy as sp
 import torch
 
 from conftest import random_encoder_layer
 from splitformer.codegen.adapters.torch_encoder import read_encoder_layer
 from splitformer.codegen.api import derive
+from splitformer.codegen.verification.structure import stream_stack_check
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import TIME_STEP
 from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
@@ -105,13 +108,13 @@ def test_the_block_is_post_ln_and_reports_its_stream_increment(derived):
 def test_the_stream_increment_is_derived_from_the_marked_substeps(derived):
     program = derived.program
     (record,) = [record for record in program.records if record.update.target == program.stream]
-    fields = {str(item.base.label) for item in record.update.rhs.atoms(__import__("sympy").Indexed)}
+    fields = {str(item.base.label) for item in record.update.rhs.atoms(sp.Indexed)}
     assert fields == {"attn_out", "ffn_out"} and record.update.rhs.coeff(TIME_STEP) != 0
     only_attention = parse_scheme(SCHEME.read_text().replace("stream = true\n\n[[steps]]\noperator = \"norm2\"",
                                                                "\n[[steps]]\noperator = \"norm2\""))
     program = derive(only_attention).program
     (record,) = [record for record in program.records if record.update.target == program.stream]
-    assert {str(item.base.label) for item in record.update.rhs.atoms(__import__("sympy").Indexed)} == {"attn_out"}
+    assert {str(item.base.label) for item in record.update.rhs.atoms(sp.Indexed)} == {"attn_out"}
 
 
 def test_the_derived_adjoint_is_refused_for_the_stack(derived):
@@ -134,3 +137,14 @@ def test_the_derived_adjoint_is_refused_for_the_stack(derived):
 def test_bad_streams_are_refused(change, message):
     with pytest.raises(SplitformerError, match=message):
         parse_scheme(SCHEME.read_text().replace(*change, 1))
+
+
+def test_check_compares_the_stack_with_the_evaluators_two_states(derived):
+    """``structure/residual/stack``: the emitted stack against the independent evaluator's ``(u, d)``."""
+    module = derived.numpy_module()
+    check = stream_stack_check(derived.scheme, module)
+    assert check.holds and check.id == "structure/residual/stack", check.detail
+    # control: a stack that reads out u + d, forgetting the final projection of d
+    forgets = SimpleNamespace(forward_stack=lambda u, layers, **options: module.forward_stack(
+        u, layers, **{**options, "final_norm": None}))
+    assert not stream_stack_check(derived.scheme, forgets).holds

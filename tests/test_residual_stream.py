@@ -19,9 +19,12 @@ from conftest import random_encoder_layer
 from splitformer.codegen.adapters.torch_encoder import read_encoder_layer
 from splitformer.codegen.api import derive
 from splitformer.codegen.verification.structure import stream_stack_check
+from splitformer.symbolic.across_layers import AcrossLayers
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import TIME_STEP
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
+from splitformer.symbolic.tableaux import EULER
 
 SCHEME = Path(__file__).parent / "schemes" / "residual.toml"
 D, HEADS, FF, EPS = 8, 2, 12, 1e-5
@@ -148,3 +151,17 @@ def test_check_compares_the_stack_with_the_evaluators_two_states(derived):
     forgets = SimpleNamespace(forward_stack=lambda u, layers, **options: module.forward_stack(
         u, layers, **{**options, "final_norm": None}))
     assert not stream_stack_check(derived.scheme, forgets).holds
+
+
+@pytest.mark.parametrize("body, across, message", [
+    (Sequence((Substep("attn", "explicit", stream="yes"),)), None, r"stream: expected bool, got str"),
+    (Sequence((Parallel((Sequence((Substep("attn", "explicit", stream=True),)), Sequence(())), ("1/2", "1/2")),)), None,
+     "explicit substep of the top-level sequence"),
+    (Sequence((RungeKutta((Substep("attn", "explicit", stream=True),), EULER),)), None, "top-level sequence"),
+    (Sequence((Substep("attn", "explicit", stream=True),)), AcrossLayers("adams-bashforth"), "not supported with across_layers"),
+])
+def test_scheme_objects_with_bad_streams_are_refused(body, across, message):
+    """A scheme built in Python (or edited after construction) is checked like a file."""
+    scheme = Scheme("s", "one field", {"attn": "attention"}, body, across_layers=across)
+    with pytest.raises(SplitformerError, match=message):
+        scheme.check()

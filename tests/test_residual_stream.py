@@ -15,9 +15,11 @@ import pytest
 import sympy as sp
 import torch
 
-from conftest import random_encoder_layer
+from conftest import import_path, random_encoder_layer
 from splitformer.codegen.adapters.torch_encoder import read_encoder_layer
 from splitformer.codegen.api import derive
+from splitformer.codegen.output import write_files
+from splitformer.codegen.pipeline import generate
 from splitformer.codegen.verification.structure import stream_stack_check
 from splitformer.symbolic.across_layers import AcrossLayers
 from splitformer.symbolic.errors import SplitformerError
@@ -165,3 +167,26 @@ def test_scheme_objects_with_bad_streams_are_refused(body, across, message):
     scheme = Scheme("s", "one field", {"attn": "attention"}, body, across_layers=across)
     with pytest.raises(SplitformerError, match=message):
         scheme.check()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch 2.13; still works
+def test_torchscript_compiles_the_stack(tmp_path):
+    """The Block's ``stream`` list is typed, so TorchScript compiles the Stack that passes it."""
+    write_files(generate(load_scheme(SCHEME), ("torch",), tmp_path))
+    module = import_path(tmp_path / "torch" / "residual.py", "residual_torchscript")
+    _, _, params, final_params = _model(2, 9)
+    eager = module.Stack(2, D, HEADS, FF, eps=EPS, dtype=torch.float64).load_params(params, final_params)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        assert (torch.jit.script(eager)(x) - eager(x)).abs().max() < 1e-12
+
+
+def test_torch_stack_with_tokens_first(derived):
+    """``batch_first=False``: both streams in (tokens, batch, d)."""
+    layers, final, params, final_params = _model(2, 11)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    stack = derived.torch_module().Stack(2, D, HEADS, FF, eps=EPS, dtype=torch.float64, batch_first=False)
+    stack.load_params(params, final_params)
+    with torch.no_grad():
+        expected = _reference(layers, final, x)
+        assert (stack(x.transpose(0, 1)).transpose(0, 1) - expected).abs().max() < 1e-10

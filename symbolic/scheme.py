@@ -323,10 +323,12 @@ class Scheme:
                 raise SplitformerError(f"scheme {self.name!r}: 'stream' marks an explicit substep of the top-level "
                                        f"sequence (not a projection, a parallel branch or a Runge–Kutta field): "
                                        f"{step.operator!r}")
-        if self.across_layers is not None or self.causal:
-            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with "
-                                   + ("across_layers" if self.across_layers is not None else "causal = true")
-                                   + " (the stack carries one second state)")
+        if self.across_layers is not None:
+            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with across_layers "
+                                   "(a stack carries one second state)")
+        if self.causal:
+            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with causal = true "
+                                   "(the KV cache carries one state per layer)")
         for key, operator in operators.items():
             if operator.input_fields:
                 raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with {key!r}, which "

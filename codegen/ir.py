@@ -139,6 +139,8 @@ class Module:
     #: What the program reads besides the state and ``χ``, as its operators declare it (``symbolic.inputs``).
     inputs: tuple[Input, ...] = ()
     constants: tuple[Constant, ...] = ()
+    #: The increment of the second state (``Program.stream``), a second result; ``None``: one state.
+    stream: str | None = None
 
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)

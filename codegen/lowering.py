@@ -202,7 +202,8 @@ def lower(program: Program, passes=None) -> Module:
                 lowering.assignment(assignment, record.title)
         lowering.assignment(record.update, record.title)
     module = Module(program.name, lowering.tensors, _with_cache(lowering.ops, program.cached), program.output,
-                    dropout=_dropout_sites(program), inputs=program.inputs, constants=program.constants)
+                    dropout=_dropout_sites(program), inputs=program.inputs, constants=program.constants,
+                    stream=program.stream)
     for rewrite in DEFAULT if passes is None else passes:
         module = rewrite(module)
     return module

@@ -89,7 +89,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     """
     spelling = BACKENDS[backend]
     if keep is None and spelling.frees_dead_arrays:
-        keep = {module.output}
+        keep = {module.output} | ({module.stream} if module.stream else set())
     parameters = []
     hidden = buckets = None
     for info in module.tensors.values():
@@ -134,6 +134,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor
         "side_by_side": _side_by_side(module),
         "output": module.output,
+        # the second result: the increment of the second state (``Substep.stream``), or None
+        "stream": module.stream,
         # what the operators declare they read (symbolic.inputs), and the grids the arrays live on
         "positions": any(field.role == "positions" for field in module.inputs),
         "memory": any(field.role == "memory" for field in module.inputs),

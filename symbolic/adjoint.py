@@ -495,7 +495,9 @@ class _Reverse:
 
 
 def derive_adjoint(program: Program) -> Adjoint:
-    """The adjoint program of ``program`` (reverse mode over its assignments)."""
+    """The adjoint program of ``program`` (reverse mode over its assignments); of its state alone when it
+    also computes a second state's increment (``Program.without_stream``: ``vjp`` is the adjoint of ``forward``'s result)."""
+    program = program.without_stream()
     reverse = _Reverse(program)
     records = reverse.run()
     return Adjoint(program, reverse.tensors, records, reverse.seed, reverse.gradients, reverse.shapes)

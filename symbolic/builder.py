@@ -33,16 +33,17 @@ Number = int | str | Fraction | sp.Rational
 
 def substep(operator: str, solver: str = "explicit", *, fraction: Number = 1, on: str | None = None,
             then: str | None = None, step: str = "fixed", combine: str | None = None,
-            shift: str | None = None) -> dict:
+            shift: str | None = None, stream: bool = False) -> dict:
     """One substep: ``solver`` (``explicit`` or ``projection``) applied to ``operator``; ``then`` a projection
     of its output before it is added, ``step = "per-channel"`` a learned diagonal time step, ``step = "scalar"``
     one learned number scaling the field (ReZero); ``combine`` a residual combiner of the state and the
-    field's output (``gru-gate``); ``shift`` a token map of the branch input after ``on`` (``token-shift``)."""
+    field's output (``gru-gate``); ``shift`` a token map of the branch input after ``on`` (``token-shift``);
+    ``stream=True`` also adds the increment to the second state (the accumulating stream of ResiDual)."""
     table: dict[str, Any] = {"operator": operator, "solver": solver}
     if fraction != 1:
         table["fraction"] = fraction
     for key, value, default in (("on", on, None), ("then", then, None), ("step", step, "fixed"), ("combine", combine, None),
-                                ("shift", shift, None)):
+                                ("shift", shift, None), ("stream", stream, False)):
         if value != default:
             table[key] = value
     return table

@@ -6,7 +6,7 @@ A ``Scheme`` (``scheme.py``) holds one such tree as its ``body``; the equation i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 import sympy as sp
@@ -41,6 +41,8 @@ class Substep:
     residual combiner ``c`` (a field of the state and the branch output, ``Operator.is_combiner``):
     ``u_t = fraction · c(u, A(u))`` (the GRU gate); ``shift`` names a token map ``S``
     (``Operator.is_token_map``) applied to the branch input after ``on``: ``u_t = A(S(Proj(u)))`` (token shift).
+    ``stream``: the substep also adds its increment ``fraction·Δt·A(u)`` to a second state ``d`` that no
+    projection acts on, ``d_t = fraction · A(u)`` (the accumulating stream of ResiDual; ``Scheme.streams``).
     """
 
     operator: str
@@ -51,6 +53,8 @@ class Substep:
     step: str = "fixed"
     combine: str | None = None
     shift: str | None = None
+    #: Not in the repr: schemes without a stream keep their fingerprints (``Scheme.fingerprint`` adds it).
+    stream: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:  # "-1/2", -0.5 and Rational(-1, 2) are one exact number
         object.__setattr__(self, "fraction", _exact(self.fraction, f"substep {self.operator!r}: fraction"))

@@ -52,6 +52,8 @@ class _Deriver:
         self.states = 0
         self.substeps = 0
         self.cached: dict[str, str] = {}
+        #: The increments of the stream substeps, (discrete, continuous), in order.
+        self.stream_terms: list[tuple[sp.Expr, sp.Expr]] = []
         #: Every ``p`` such that some array is named ``p_…`` (a later evaluation must not reuse it).
         self.prefixes: set[str] = set()
         for operator in self.operators.values():
@@ -93,6 +95,22 @@ class _Deriver:
 
     def state(self, name: str) -> sp.Indexed:
         return sp.IndexedBase(name)[X.index, Y.index]
+
+    def stream(self) -> str | None:
+        """The record of the second state's increment ``Δd = Σ`` (the stream substeps' increments), after
+        the last substep; its name, or ``None`` without stream substeps."""
+        if not self.stream_terms:
+            return None
+        name = "ds"
+        self.declare(Tensor(name, r"\Delta d", (X.index, Y.index), "state"))
+        discrete = sp.Add(*(term for term, _ in self.stream_terms))
+        continuous = sp.Add(*(term for _, term in self.stream_terms))
+        update = Assignment(self.state(name), discrete, "increment of the second state (the stream substeps' increments)",
+                            quadrature=equation(self.state(name), discrete, self.latex_names()))
+        self.records.append(SubstepRecord("second state: the increments of the stream substeps, without projections",
+                                          rf"d^{{(1)}} = d^{{(0)}} + \Delta d, \quad \Delta d = {to_latex(continuous)}",
+                                          (), update))
+        return name
 
     # -- space -------------------------------------------------------------------------
     def evaluate(self, key: str, argument: str, evaluations: list[Evaluation], branch: str | None = None) -> str:
@@ -209,6 +227,8 @@ class _Deriver:
             else:
                 discrete, continuous = self.substep(step, state, evaluations)
                 label = f"{step.operator}, {_solver_label(step)}"
+                if step.stream:  # the same increment, added to the second state
+                    self.stream_terms.append((sp.expand(discrete - self.state(state)), continuous - self.symbol(state)))
             self.substeps += 1
             target = self.new_state()
             update = Assignment(self.state(target), discrete, f"state after substep {self.substeps}",
@@ -371,5 +391,6 @@ def derive(scheme: Scheme) -> Program:
         r"the discrete kernel is the row-wise softmax.",
         r"The emitted code takes $\Delta t = 1$: the step size is absorbed into the learned controls (docs/model.md §3).",
     ]
+    stream = deriver.stream()
     return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached,
-                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()))
+                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()), stream)

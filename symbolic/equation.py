@@ -7,7 +7,7 @@ field's coefficient in the equation. Projection substeps contribute ``−∂I_S`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import sympy as sp
@@ -82,8 +82,22 @@ def equation_terms(scheme: "Scheme") -> list[Term]:
             for (operator, on, then, step, combine, shift, projection), coefficient in totals.items()]
 
 
+def _second_state(scheme: "Scheme") -> "Scheme | None":
+    """The fields of the second state ``d`` (``Substep.stream``) as a scheme of their own, or ``None``."""
+    if not scheme.streams:
+        return None
+    return replace(scheme, body=Sequence(tuple(replace(step, stream=False) for step in scheme.substeps() if step.stream)))
+
+
 def equation_latex(scheme: "Scheme") -> str:
-    """``u_t = …`` for the scheme's operators, in LaTeX."""
+    """``u_t = …`` for the scheme's operators, in LaTeX (and ``d_t = …`` for a second state)."""
+    second = _second_state(scheme)
+    if second is None:
+        return _state_latex(scheme)
+    return rf"{_state_latex(scheme)},\quad d_t = {_state_latex(second).removeprefix('u_t = ')},\ d(0) = u(0)"
+
+
+def _state_latex(scheme: "Scheme") -> str:
     operators = scheme.instantiate()
     parts = []
     for term in equation_terms(scheme):
@@ -105,7 +119,15 @@ def equation_latex(scheme: "Scheme") -> str:
 
 
 def equation_text(scheme: "Scheme") -> str:
-    """``u_t = …`` in plain text: ``attn(u) + ffn(Proj[norm2](u)) − ∂I_S₁[norm1](u)``."""
+    """``u_t = …`` in plain text: ``attn(u) + ffn(Proj[norm2](u)) − ∂I_S₁[norm1](u)`` (and ``d_t = …`` for a
+    second state)."""
+    second = _second_state(scheme)
+    if second is None:
+        return _state_text(scheme)
+    return f"{_state_text(scheme)}; d_t = {_state_text(second).removeprefix('u_t = ')}, d(0) = u(0)"
+
+
+def _state_text(scheme: "Scheme") -> str:
     operators = scheme.instantiate()
     parts = []
     for term in equation_terms(scheme):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy as sp
 
@@ -152,6 +152,8 @@ class Program:
     #: What the operators read besides the state and ``χ``, as they declare it (``symbolic.inputs``).
     inputs: tuple[Input, ...] = ()
     constants: tuple[Constant, ...] = ()
+    #: The increment of the second state over the step (``Substep.stream``), computed after ``output``; ``None``: one state.
+    stream: str | None = None
 
     @property
     def assignments(self) -> list[Assignment]:
@@ -160,6 +162,14 @@ class Program:
     def latex_names(self) -> Mapping[str, str]:
         """The LaTeX name of every array, as a live view (no copy per formula)."""
         return LatexNames(self.tensors)
+
+    def without_stream(self) -> "Program":
+        """The program of the state alone (what ``output`` depends on): the stream's record dropped."""
+        if self.stream is None:
+            return self
+        records = [record for record in self.records if record.update is None or record.update.target != self.stream]
+        tensors = {name: tensor for name, tensor in self.tensors.items() if name != self.stream}
+        return replace(self, tensors=tensors, records=records, stream=None)
 
     def parameters(self) -> list[Tensor]:
         return [tensor for tensor in self.tensors.values() if tensor.role == "param"]

@@ -139,6 +139,8 @@ class Scheme:
             computation += ("padded_queries_outside",)
         if self.across_layers is not None:  # one-state schemes keep their fingerprints
             computation += (self.across_layers.key,)
+        if self.streams:
+            computation += (("stream", tuple(step.stream for step in self.substeps())),)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
     def with_activation(self, name: str) -> "Scheme":
@@ -153,8 +155,9 @@ class Scheme:
         if self.causal:
             return self
         causal = replace(self, causal=True, made_causal=True)
-        if self.across_layers is not None:  # refused, as in a file
+        if self.across_layers is not None or self.streams:  # refused, as in a file
             causal._check_across_layers(self.instantiate())
+            causal._check_stream(self.instantiate())
         return causal
 
     def with_name(self, name: str) -> "Scheme":
@@ -213,6 +216,12 @@ class Scheme:
 
         visit(self.body)
         return found
+
+    @property
+    def streams(self) -> bool:
+        """Whether some substep adds its increment to the second state ``d`` (``Substep.stream``): a stack
+        then carries ``(u, d)`` from ``d⁰ = u⁰`` and reads out ``u + P(d)``, ``P`` its final projection."""
+        return any(step.stream for step in self.substeps())
 
     def step_controls(self) -> dict[str, Parameter]:
         """The learned time steps by operator key: the field of ``<operator>`` carries ``<operator>.step``
@@ -301,6 +310,7 @@ class Scheme:
                                        f"and {step.step!r}; its learned step {step.operator}.step is one control")
         self._check_across_layers(operators)
         self.head_width(operators)
+        self._check_stream(operators)
         used = {key for step in self.substeps() for key in (step.operator, step.on, step.then, step.combine, step.shift)
                 if key is not None}
         unused = [key for key in operators if key not in used]
@@ -320,6 +330,28 @@ class Scheme:
                 raise SplitformerError(f"scheme {self.name!r}: operators {first!r} and {other!r} set d_head = {width} "
                                        f"and {different} (None: d / n_heads); the emitted code has one head width")
         return width
+
+    def _check_stream(self, operators: dict[str, Operator]) -> None:
+        """A stream substep is an explicit substep of the top-level sequence (its increment is one term of the
+        second state's update); the stack carrying the second state has no cache, memory or positions."""
+        if not self.streams:
+            return
+        top = [step for step in self.body.steps if isinstance(step, Substep)]
+        for step in self.substeps():
+            if step.stream and (step.solver != "explicit" or not any(step is own for own in top)):
+                raise SplitformerError(f"scheme {self.name!r}: 'stream' marks an explicit substep of the top-level "
+                                       f"sequence (not a projection, a parallel branch or a Runge–Kutta field): "
+                                       f"{step.operator!r}")
+        if self.across_layers is not None:
+            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with across_layers "
+                                   "(a stack carries one second state)")
+        if self.causal:
+            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with causal = true "
+                                   "(the KV cache carries one state per layer)")
+        for key, operator in operators.items():
+            if operator.input_fields:
+                raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with {key!r}, which "
+                                       f"reads {', '.join(sorted(field.name for field in operator.input_fields))}")
 
     def _check_across_layers(self, operators: dict[str, Operator]) -> None:
         """A scheme combined across layers steps by one explicit Euler evaluation of its field (so a layer's

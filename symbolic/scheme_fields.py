@@ -175,6 +175,8 @@ def _check_substep(step, path: str) -> None:
             raise SplitformerError(f"{path}.{role}: expected str or None, got {type(getattr(step, role)).__name__}")
     if type(step.step) is not str:
         raise SplitformerError(f"{path}.step: expected str, got {type(step.step).__name__}")
+    if type(step.stream) is not bool:
+        raise SplitformerError(f"{path}.stream: expected bool, got {type(step.stream).__name__}")
     _rational(step.fraction, f"{path}.fraction")
     if step.fraction == 0:
         raise SplitformerError(f"{path}.fraction: must not be 0 (either sign is a step; 0 applies nothing)")

@@ -38,7 +38,7 @@ _TABLEAU_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOP_KEYS = {"name", "summary", "description", "activation", "final_norm", "operators", "steps",
              "order", "splitting_order", "tableaux", "causal", "across_layers",
              "padded_queries_outside"}
-_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift"}
+_SUBSTEP_KEYS = {"operator", "solver", "fraction", "on", "then", "step", "combine", "shift", "stream"}
 _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
@@ -218,7 +218,8 @@ class _Reader:
         control = self.typed(step, "step", str, where, "fixed")
         if control not in STEP_CONTROLS:
             raise self.fail(f"{where}.step", f"unknown step {control!r} (known: {', '.join(STEP_CONTROLS)})")
-        return Substep(operator, solver, fraction, on, then, control, combine, shift)
+        stream = self.typed(step, "stream", bool, where, False)
+        return Substep(operator, solver, fraction, on, then, control, combine, shift, stream)
 
     def tableau(self, name: str, table: Any, path: str) -> Tableau:
         if not _TABLEAU_NAME.fullmatch(name) or len(name) > MAX_NAME:

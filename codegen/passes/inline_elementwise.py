@@ -27,7 +27,7 @@ def inline_elementwise(module: Module) -> Module:
     reads = [set(op.reads()) for op in ops]
     counts = Counter(name for names in reads for name in names)
     # a map of parameters alone (a network's BatchNorm a = γ/√(v + ε)) is computed once, not per entry
-    kept = {module.output, *module.dropout, *(name for name, info in module.tensors.items() if info.role == "param")}
+    kept = {module.output, module.stream, *module.dropout, *(name for name, info in module.tensors.items() if info.role == "param")}
     position = 0
     while position < len(ops):
         producer = ops[position]

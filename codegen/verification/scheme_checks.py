@@ -39,7 +39,7 @@ from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 from .emitted import TORCH_MISSING, emitted_modules
 from .parameters import axis_extents, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
-from .structure import across_stack_check, stack_check
+from .structure import across_stack_check, stack_check, stream_stack_check
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
            "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING", "MAX_EMITTED_WORK", "emitted_work"]
@@ -382,7 +382,10 @@ def nesting(scheme: Scheme) -> int:
 
 
 def _stack_check(scheme: Scheme, module) -> Check:
-    """The emitted stack against N steps of ``forward`` (combined across layers when the scheme says so)."""
+    """The emitted stack against N steps of ``forward`` (combined across layers when the scheme says so), or
+    against the evaluator's two states when the scheme has a second one."""
+    if scheme.streams:
+        return stream_stack_check(scheme, module)
     return stack_check(scheme, module) if scheme.across_layers is None else across_stack_check(scheme, module)
 
 

@@ -169,6 +169,16 @@ class Semantics:
         """One step of the whole scheme."""
         return self.sequence(self.scheme.body, u)
 
+    def streams(self, u: np.ndarray) -> tuple[np.ndarray, object]:
+        """One step and the increment of the second state: the sum of the stream substeps' increments
+        ``fraction·Δt·A`` (``Substep.stream``), each at the state its substep starts from, never projected."""
+        increment = 0
+        for node in self.scheme.body.steps:
+            if getattr(node, "stream", False):
+                increment = increment + self.number(node.fraction) * self.time_step * self.field(node, u)
+            u = self.node(node, u)
+        return u, increment
+
     def operator(self, key: str):
         """The scheme's operator object ``key`` (its options, such as the activation)."""
         if not hasattr(self, "_operators"):

@@ -5,10 +5,11 @@ permutations (no masks, no positions), heads combining as a sum over the head gr
 masks removing the dependence on later tokens, padding masks on padded keys; rotary
 attention depending on the positions through their differences only; cross-attention
 blind to the order of the memory tokens and to padded ones; a block: N steps equal the
-stack (combined by the scheme's method when it has ``[across_layers]``). Each check carries its negative control: the same comparison where the property
+stack (combined by the scheme's method when it has ``[across_layers]``; with a second state, against
+the evaluator's two states). Each check carries its negative control: the same comparison where the property
 must not hold (a causal mask breaks equivariance, an average of heads is not their sum, no
 mask lets later tokens in, scaled positions change the gaps, a memory reordered without its
-mask, reversed layers are another stack).
+mask, reversed layers are another stack, a second state started at 0 is another read-out).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import numpy as np
 from splitformer.codegen.verification.statements import Check
 from splitformer.symbolic.derivation import derive
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
+from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .across_layers import run_layers
 from .emitted import emitted_modules
 from .parameters import random_parameters
-from .semantics import Sizes
+from .semantics import FLOAT, Semantics, Sizes
 
-__all__ = ["attention_checks", "stack_check", "across_stack_check"]
+__all__ = ["attention_checks", "stack_check", "across_stack_check", "stream_stack_check"]
 
 _SIZES = Sizes(tokens=6, features=8, heads=2, hidden=8)
 _TIGHT, _SEPARATED = 1e-12, 1e-3
@@ -170,6 +172,36 @@ def stack_check(scheme: Scheme, module) -> Check:
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
                  "(forward_stack, no final projection). Control: the stack with the layers reversed.",
                  "numeric", holds, detail)
+
+
+def stream_stack_check(scheme: Scheme, module) -> Check:
+    """``forward_stack`` of a scheme with a second state against the evaluator's two states: ``d⁰ = u⁰``,
+    ``d ← d + Δd`` per layer, read out as ``u + P(d)`` (``P`` the final projection)."""
+    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
+    rng = np.random.default_rng(34)
+    u = rng.standard_normal((2, _SIZES.tokens, _SIZES.features))
+    final = {"gain": 1 + 0.5 * rng.standard_normal(_SIZES.features), "bias": 0.5 * rng.standard_normal(_SIZES.features)}
+    projection = final_norm_scheme(final_norm_kind(scheme))
+
+    def evaluated(first_second_state) -> np.ndarray:
+        results = []
+        for sequence in u:
+            state, second = sequence, first_second_state(sequence)
+            for params in layers:
+                state, increment = Semantics(scheme, params, _SIZES, FLOAT, eps=1e-5).streams(state)
+                second = second + increment
+            named = {f"final_norm.{name}": value for name, value in final.items()}
+            results.append(state + Semantics(projection, named, _SIZES, FLOAT, eps=1e-5).step(second))
+        return np.stack(results)
+
+    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5, final_norm=final)
+    holds, detail = _verdict(float(np.abs(stack - evaluated(lambda start: start)).max()),
+                             float(np.abs(stack - evaluated(np.zeros_like)).max()))
+    return Check(f"structure/{scheme.name}/stack", scheme.name,
+                 f"N = 3 layers of {scheme.name} with its second state d (d⁰ = u⁰, each layer adding its stream "
+                 "substeps' increments; read out as u + P(d), P the final projection), run by the independent "
+                 "evaluator, equal the emitted stack (forward_stack with final_norm). Control: the evaluator "
+                 "starting d at 0.", "numeric", holds, detail)
 
 
 def across_stack_check(scheme: Scheme, module) -> Check:

@@ -14,6 +14,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .projections import SYMBOLS, derive_relu_projection
+from .trusted_expressions import untrusted_node
 
 __all__ = ["Activation", "ACTIVATIONS", "activation", "register_activation", "V"]
 
@@ -97,6 +98,9 @@ def register_activation(name: str, formula: sp.Expr, meaning: str, *, proximal: 
     if formula.free_symbols != {V}:
         raise SplitformerError(f"register_activation {name!r}: the formula must depend on V alone, it reads "
                                f"{sorted(map(str, formula.free_symbols))}")
+    untrusted = untrusted_node(formula, frozenset(_FUNCTIONS))
+    if untrusted is not None:
+        raise SplitformerError(f"register_activation {name!r}: the formula holds {untrusted}")
     unknown = sorted({node.func.__name__ for node in sp.preorder_traversal(formula)
                       if not (node.is_Atom or isinstance(node, (sp.Add, sp.Mul, sp.Pow)) or node.func in _FUNCTIONS)
                       or (isinstance(node, sp.Max) and (len(node.args) != 2 or 0 not in node.args))})

@@ -7,8 +7,6 @@ Expressions without arrays are scalars and use ``math``, so that float32 stays f
 
 from __future__ import annotations
 
-import re
-
 import sympy as sp
 from sympy.core import numbers, relational
 from sympy.functions.elementary import piecewise
@@ -49,7 +47,6 @@ def code(expr: sp.Expr) -> str:
 
 #: Where SymPy defines the classes a printer dispatches on (by class name: ``_print_Add``).
 _SYMPY_NAMESPACES = (sp, numbers, boolalg, piecewise, relational)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def printable_class(cls: type) -> bool:
@@ -61,12 +58,13 @@ def printable_class(cls: type) -> bool:
 
 
 def plain_name(symbol: sp.Basic) -> str:
-    """The name of a ``Symbol`` (an ``Idx`` by its label) as printed: an exact ``str`` identifier, never
-    what a subclass of ``str`` or of ``Symbol`` would print."""
+    """The name of a ``Symbol`` (an ``Idx`` by its label) as printed: an exact ``str`` on one line (an
+    array's name may be a view, ``attn_q[..., 0, :]``), never what a subclass of ``str`` or of ``Symbol``
+    would print."""
     if type(symbol) is sp.Idx:
         symbol = symbol.label
     name = symbol.name if type(symbol) is sp.Symbol else None
-    if type(name) is not str or not _NAME.fullmatch(name):
+    if type(name) is not str or not name.isprintable():
         raise AssertionError(f"not a name the printers print: {type(symbol).__name__} {str.__str__(name)[:64]!r}"
                              if isinstance(name, str) else f"not a name the printers print: {type(symbol).__name__}")
     return name
@@ -133,7 +131,7 @@ class ArrayPrinter(StrPrinter):
 
     def _print_Indexed(self, expr: sp.Indexed) -> str:
         name = plain_name(expr.base.label)
-        labels = tuple(plain_name(index.label) for index in expr.indices)
+        labels = tuple(plain_name(index) for index in expr.indices)
         if self.module.batched(name):
             labels = (BATCH,) + labels
         return broadcast(name, labels, self.out, self.library)

@@ -98,15 +98,15 @@ def register_activation(name: str, formula: sp.Expr, meaning: str, *, proximal: 
     if formula.free_symbols != {V}:
         raise SplitformerError(f"register_activation {name!r}: the formula must depend on V alone, it reads "
                                f"{sorted(map(str, formula.free_symbols))}")
-    untrusted = untrusted_node(formula, frozenset(_FUNCTIONS))
-    if untrusted is not None:
-        raise SplitformerError(f"register_activation {name!r}: the formula holds {untrusted}")
     unknown = sorted({node.func.__name__ for node in sp.preorder_traversal(formula)
                       if not (node.is_Atom or isinstance(node, (sp.Add, sp.Mul, sp.Pow)) or node.func in _FUNCTIONS)
                       or (isinstance(node, sp.Max) and (len(node.args) != 2 or 0 not in node.args))})
     if unknown or formula.has(sp.Float):
         raise SplitformerError(f"register_activation {name!r}: {unknown[0] if unknown else 'a float'} is not allowed "
                                "(rationals, pi, exp, erf, tanh, Max(·, 0), Abs)")
+    untrusted = untrusted_node(formula, frozenset(_FUNCTIONS))
+    if untrusted is not None:
+        raise SplitformerError(f"register_activation {name!r}: the formula holds {untrusted}")
     made = Activation(name, formula, meaning, proximal)
     ACTIVATIONS[name] = lambda: made
     return made

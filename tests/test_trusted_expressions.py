@@ -235,3 +235,21 @@ def test_an_xtransformers_max_distance_subclass_is_refused_without_a_scheme_file
     encoder.rel_pos.max_distance = _Int(128)
     with pytest.raises(SplitformerError, match=r"RelativePositionBias.max_distance of type _Int"):
         from_xtransformers(encoder)
+
+
+def test_a_scheme_objects_numbers_are_exact_types():
+    """A ``Scheme`` object edited after construction: a fraction whose class prints itself, an option of an
+    int subclass; each refused naming the field (the constructors normalize, ``object.__setattr__`` does not)."""
+    import dataclasses
+
+    import splitformer
+
+    scheme = splitformer.load_scheme("pre-ln")
+    step = dataclasses.replace(scheme.body.steps[0])
+    object.__setattr__(step, "fraction", _third())
+    edited = dataclasses.replace(scheme, body=dataclasses.replace(scheme.body, steps=(step,) + scheme.body.steps[1:]))
+    with pytest.raises(SplitformerError, match=r"steps\[0\].fraction: expected an exact rational .* got _Third"):
+        splitformer.derive(edited)
+    with pytest.raises(SplitformerError, match=r"options.ffn.bias: expected a number, string or boolean, got _Int"):
+        splitformer.derive(dataclasses.replace(scheme, options={"ffn": {"bias": _Int(1)}}))
+    splitformer.derive(dataclasses.replace(scheme, options={"ffn": {"bias": False}}))  # control

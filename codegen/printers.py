@@ -8,6 +8,9 @@ Expressions without arrays are scalars and use ``math``, so that float32 stays f
 from __future__ import annotations
 
 import sympy as sp
+from sympy.core import numbers, relational
+from sympy.functions.elementary import piecewise
+from sympy.logic import boolalg
 from sympy.printing.str import StrPrinter
 
 from splitformer.symbolic.domains import (
@@ -20,9 +23,13 @@ from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.vision_operators import PATCH
 
+from splitformer.symbolic.program import Number
+from splitformer.symbolic.trusted_expressions import plain_function_class
+
 from .ir import BATCH, Module, Operand
 
-__all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code"]
+__all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
+           "printable_class", "plain_name"]
 
 #: Size symbols of the derivation and their names in emitted code.
 SIZE_NAMES = {domain.size: domain.code_name for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, KV_HEADS,
@@ -38,6 +45,31 @@ def code(expr: sp.Expr) -> str:
     """A size or configuration expression (``P``, ``2``) as code."""
     expr = sp.sympify(expr)
     return str(expr.xreplace({symbol: sp.Symbol(CODE_NAMES.get(symbol, symbol.name)) for symbol in expr.free_symbols}))
+
+
+#: Where SymPy defines the classes a printer dispatches on (by class name: ``_print_Add``).
+_SYMPY_NAMESPACES = (sp, numbers, boolalg, piecewise, relational)
+
+
+def printable_class(cls: type) -> bool:
+    """``cls`` is the SymPy class of its name, splitformer's ``Number`` or ``sympy.Function(name)``: no
+    user class reaches a ``_print_<name>`` method by borrowing a name."""
+    name = cls.__name__
+    return (cls is Number or plain_function_class(cls)
+            or type(name) is str and any(getattr(namespace, name, None) is cls for namespace in _SYMPY_NAMESPACES))
+
+
+def plain_name(symbol: sp.Basic) -> str:
+    """The name of a ``Symbol`` (an ``Idx`` by its label) as printed: an exact ``str`` on one line (an
+    array's name may be a view, ``attn_q[..., 0, :]``), never what a subclass of ``str`` or of ``Symbol``
+    would print."""
+    if type(symbol) is sp.Idx:
+        symbol = symbol.label
+    name = symbol.name if type(symbol) is sp.Symbol else None
+    if type(name) is not str or not name.isprintable():
+        raise AssertionError(f"not a name the printers print: {type(symbol).__name__} {str.__str__(name)[:64]!r}"
+                             if isinstance(name, str) else f"not a name the printers print: {type(symbol).__name__}")
+    return name
 
 
 def broadcast(name: str, labels: tuple[str, ...], out: tuple[str, ...], library: str = "") -> str:
@@ -65,7 +97,8 @@ class ArrayPrinter(StrPrinter):
 
     library = ""
     functions: dict[str, str] = {}
-    printmethod = "_splitformer_code"  # not "_sympystr": Indexed would print itself
+    #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
+    printmethod = None
 
     def __init__(self, module: Module, out: tuple[str, ...] = (), used: set[str] | None = None):
         super().__init__({"order": "none"})
@@ -88,9 +121,19 @@ class ArrayPrinter(StrPrinter):
         self.used.update(CODE_NAMES.get(symbol, symbol.name) for symbol in sp.sympify(expr).free_symbols)
         return code(expr)
 
+    def _print(self, expr: object, **kwargs) -> str:
+        """Only SymPy's own classes (and splitformer's, and ``sympy.Function(name)``) are dispatched:
+        SymPy picks a ``_print_<class name>`` method by name, which a user's class could borrow."""
+        if isinstance(expr, sp.Basic) and not printable_class(type(expr)):
+            raise AssertionError(f"{self.library or 'the'} printer does not print a {type(expr).__name__}")
+        return super()._print(expr, **kwargs)
+
+    def emptyPrinter(self, expr: object) -> str:
+        raise AssertionError(f"no {self.library} spelling for a {type(expr).__name__}")
+
     def _print_Indexed(self, expr: sp.Indexed) -> str:
-        name = str(expr.base.label)
-        labels = tuple(str(index) for index in expr.indices)
+        name = plain_name(expr.base.label)
+        labels = tuple(plain_name(index) for index in expr.indices)
         if self.module.batched(name):
             labels = (BATCH,) + labels
         return broadcast(name, labels, self.out, self.library)
@@ -98,10 +141,10 @@ class ArrayPrinter(StrPrinter):
     def _print_Idx(self, expr: sp.Idx) -> str:
         """A grid index used as a value: the grid's coordinates ``0, 1, …`` along its axis."""
         size = self._print(expr.upper + 1)
-        return broadcast(f"{self.use('_grid')}({size}, u0)", (str(expr.label),), self.out)
+        return broadcast(f"{self.use('_grid')}({size}, u0)", (plain_name(expr),), self.out)
 
     def _print_Symbol(self, expr: sp.Symbol) -> str:
-        return self.use(SIZE_NAMES.get(expr, expr.name))
+        return self.use(SIZE_NAMES.get(expr) or plain_name(expr))
 
     def call(self, function: str, *args: sp.Expr) -> str:
         if function not in self.functions:
@@ -199,7 +242,7 @@ class TorchPrinter(ArrayPrinter):
         if len(steps) == 1 and len(others) == 1 and steps[0].args[1:] == (0,):
             argument, gradient = steps[0].args[0], others[0]
             names = [self._print(value) for value in (gradient, argument)]
-            if all(isinstance(value, sp.Indexed) and str(value.base.label) == name
+            if all(isinstance(value, sp.Indexed) and plain_name(value.base.label) == name
                    for value, name in zip((gradient, argument), names)):
                 return f"torch.ops.aten.threshold_backward({names[0]}, {names[1]}, 0)"
         return super()._print_Mul(expr)

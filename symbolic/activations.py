@@ -14,6 +14,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .projections import SYMBOLS, derive_relu_projection
+from .trusted_expressions import untrusted_node
 
 __all__ = ["Activation", "ACTIVATIONS", "activation", "register_activation", "V"]
 
@@ -103,6 +104,9 @@ def register_activation(name: str, formula: sp.Expr, meaning: str, *, proximal: 
     if unknown or formula.has(sp.Float):
         raise SplitformerError(f"register_activation {name!r}: {unknown[0] if unknown else 'a float'} is not allowed "
                                "(rationals, pi, exp, erf, tanh, Max(·, 0), Abs)")
+    untrusted = untrusted_node(formula, frozenset(_FUNCTIONS))
+    if untrusted is not None:
+        raise SplitformerError(f"register_activation {name!r}: the formula holds {untrusted}")
     made = Activation(name, formula, meaning, proximal)
     ACTIVATIONS[name] = lambda: made
     return made

@@ -15,8 +15,6 @@ reader of scheme files, so a Python-built scheme is rejected with the same one-l
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -25,6 +23,7 @@ import sympy as sp
 
 from .scheme import Scheme
 from .scheme_file import parse_scheme
+from .toml_text import toml_key, toml_value
 
 __all__ = ["scheme", "substep", "projection", "parallel", "rk2", "runge_kutta", "to_toml"]
 
@@ -94,35 +93,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _key(key: Any) -> str:
-    text = str(key)
-    return text if _BARE_KEY.match(text) else json.dumps(text, ensure_ascii=False)
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{_key(key)} = {_value(item)}" for key, item in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(item) for item in value) + "]"
-    return json.dumps(str(value), ensure_ascii=False)
-
-
 def to_toml(document: Mapping[str, Any]) -> str:
     """A scheme document as the text of a scheme file: scalars, then tables, then ``[[steps]]``."""
     lines, tables = [], []
     for key, value in document.items():
+        name = toml_key(key, "scheme")
         if isinstance(value, Mapping):
-            tables += ["", f"[{_key(key)}]", *(f"{_key(k)} = {_value(v)}" for k, v in value.items())]
+            tables += ["", f"[{name}]", *(f"{toml_key(k, name)} = {toml_value(v, f'{name}.{k}')}" for k, v in value.items())]
         elif isinstance(value, list) and value and all(isinstance(item, Mapping) for item in value):
             for item in value:
-                tables += ["", f"[[{_key(key)}]]", *(f"{_key(k)} = {_value(v)}" for k, v in item.items())]
+                tables += ["", f"[[{name}]]", *(f"{toml_key(k, name)} = {toml_value(v, f'{name}.{k}')}" for k, v in item.items())]
         else:
-            lines.append(f"{_key(key)} = {_value(value)}")
+            lines.append(f"{name} = {toml_value(value, name)}")
     return "\n".join(lines + tables) + "\n"

@@ -69,8 +69,10 @@ def check_operator_name(name: str) -> str:
 
 def check_identifier(name: object, what: str) -> str:
     """``name`` if it can stand as a Python identifier in emitted code (not a keyword); else ``SplitformerError``."""
-    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name) or keyword.iskeyword(name):
-        raise SplitformerError(f"{what} {str(name)[:MAX_NAME]!r} is not an identifier (letters, digits, '_', "
+    if type(name) is not str:  # exact: a str subclass can print other text
+        raise SplitformerError(f"{what}: a name is a str, got {type(name).__name__}")
+    if not _IDENTIFIER.fullmatch(name) or keyword.iskeyword(name):
+        raise SplitformerError(f"{what} {name[:MAX_NAME]!r} is not an identifier (letters, digits, '_', "
                                f"at most {MAX_NAME}, no keyword)")
     return name
 

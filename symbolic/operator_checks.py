@@ -2,10 +2,12 @@
 
 ``parameters()``, ``definitions()``, ``constants`` and ``input_fields`` of any kind (a built-in, or a user's loaded with
 ``--load``) become identifiers, comments and expressions of the generated code. Names must
-be identifiers, text one line, and a definition a SymPy expression over the continuous
-variables, the sizes of the domains, ``eps``, ``rope_theta``, the kind's parameters and
-the functions defined before it: anything else would be emitted as a name the generated
-module cannot resolve (or as code), so it is refused here in one line naming the kind.
+be identifiers (exact ``str``), text one line, variables and domains the library's own objects, and a
+definition a SymPy expression over the continuous variables, the sizes of the domains, ``eps``,
+``rope_theta``, the kind's parameters and the functions defined before it, built of SymPy's own
+classes only (``trusted_expressions``: a subclass could print itself as code): anything else
+would be emitted as a name the generated module cannot resolve (or as code), so it is refused
+here in one line naming the kind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .errors import SplitformerError
 from .inputs import ROLES, Constant, Input
 from .names import check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
+from .trusted_expressions import check_expression
 
 __all__ = ["check_output", "check_declared"]
 
@@ -44,6 +47,7 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         for field in ("name", "function"):
             check_identifier(getattr(parameter, field), f"{where}: parameter {field}")
         _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex")
+        _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
     known = _known_symbols()
     for definition in definitions:
@@ -51,10 +55,11 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         what = f"{where}: definition {definition.function!r}"
         _text(definition.latex, f"{what} latex")
         _text(definition.meaning, f"{what} meaning")
+        _library_objects(definition, what)
         if not isinstance(definition.rhs, sp.Expr):
             raise SplitformerError(f"{what}: rhs must be a SymPy expression, got {type(definition.rhs).__name__}")
-        unknown = sorted(symbol.name for symbol in definition.rhs.free_symbols
-                         if isinstance(symbol, sp.Symbol) and symbol.name not in known)
+        check_expression(definition.rhs, what)
+        unknown = sorted(symbol.name for symbol in definition.rhs.atoms(sp.Symbol) if symbol.name not in known)
         if unknown:
             raise SplitformerError(f"{what}: the symbol {unknown[0][:64]!r} is neither a continuous variable nor a "
                                    "size, eps or rope_theta; the generated code would have no value for it")
@@ -64,6 +69,24 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
             raise SplitformerError(f"{what}: applies {applied[0][:64]!r}, which is neither a parameter nor a "
                                    "function defined before it")
         functions.add(definition.function)
+
+
+def _library_objects(entry: Parameter | Definition | Input, what: str) -> None:
+    """``SplitformerError`` unless the variables and domains of ``entry`` are the library's own objects
+    (their symbols and grid indices become names and einsum labels of the emitted code)."""
+    variables = domains.VARIABLES.values()
+    for field in ("arguments", "absorbs", "shape"):
+        items = getattr(entry, field, ())
+        known = _DOMAINS if field == "shape" else variables
+        wrong = [item for item in items if not any(item is own for own in known)] if type(items) is tuple else [items]
+        if wrong:
+            noun = "domain" if field == "shape" else "variable"
+            raise SplitformerError(f"{what}: {field} holds a {type(wrong[0]).__name__}, not one of the {noun}s of "
+                                   "splitformer.symbolic.domains")
+
+
+#: The domains a kind's parameters may be shaped over.
+_DOMAINS = tuple(value for value in vars(domains).values() if isinstance(value, domains.Domain))
 
 
 def check_declared(constants: object, inputs: object, where: str) -> None:
@@ -76,19 +99,19 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
             raise SplitformerError(f"{where}: {what} must be a tuple of {item.__name__}, "
                                    f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
     for constant in constants:
-        if not isinstance(constant.symbol, sp.Symbol):
+        if type(constant.symbol) is not sp.Symbol:  # exact: a subclass could print itself
             raise SplitformerError(f"{where}: a constant's symbol must be a SymPy Symbol, "
                                    f"got {type(constant.symbol).__name__}")
-        check_identifier(constant.name, f"{where}: constant")
+        check_identifier(constant.symbol.name, f"{where}: constant")
         default = constant.default
-        if isinstance(default, bool) or not isinstance(default, (int, float)) or not math.isfinite(default) \
-                or default <= 0:
+        if type(default) not in (int, float) or not math.isfinite(default) or default <= 0:  # printed as its default
             raise SplitformerError(f"{where}: constant {constant.name!r}: the default must be a finite number > 0, "
                                    f"got {str(default)[:40]!r}")
         check_line(constant.meaning, f"{where}: constant {constant.name!r} meaning")  # its argument's docstring
     for field in inputs:
         for attribute in ("name", "argument"):
             check_identifier(getattr(field, attribute), f"{where}: input field {attribute}")
+        _library_objects(field, f"{where}: input field {field.name!r}")
         _text(field.latex, f"{where}: input field {field.name!r} latex")
         if field.role not in ROLES:
             raise SplitformerError(f"{where}: input field {field.name!r}: role {str(field.role)[:40]!r} is not one "
@@ -96,5 +119,5 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
 
 
 def _text(text: object, what: str) -> None:
-    if not isinstance(text, str) or not text.isprintable():
+    if type(text) is not str or not text.isprintable():
         raise SplitformerError(f"{what}: must be one printable line of text")

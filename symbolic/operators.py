@@ -369,7 +369,7 @@ def register_operator(cls: type[Operator]) -> type[Operator]:
     if not (isinstance(cls, type) and issubclass(cls, Operator)):
         raise SplitformerError(f"register_operator: {cls!r} is not an Operator subclass")
     kind = getattr(cls, "kind", None)
-    if not isinstance(kind, str) or not kind:
+    if type(kind) is not str or not kind:  # exact: a str subclass can print other text
         raise SplitformerError(f"register_operator: {cls.__name__} has no 'kind' name")
     if len(kind) > 64 or not re.fullmatch(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", kind):
         raise SplitformerError(f"register_operator: {cls.__name__}.kind {kind[:64]!r} is not a kind name "

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from sympy.core.cache import clear_cache
+
 from .errors import SplitformerError
 from .file_kinds import non_regular_kind
 from .activations import ACTIVATIONS
@@ -64,6 +66,7 @@ def load_plugin(path: str | Path) -> ModuleType:
         spec.loader.exec_module(module)
         _check_streams()
     except BaseException as error:
+        clear_cache()
         del sys.modules[name]
         _restore(OPERATOR_KINDS, kinds, kept=_project_kinds())
         _restore(TABLEAUX, tableaux)
@@ -73,6 +76,7 @@ def load_plugin(path: str | Path) -> ModuleType:
         if not isinstance(error, KeyboardInterrupt):  # a user's file: any other failure is reported in one line
             raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
         raise
+    clear_cache()  # a symbol the file made may equal the library's own (a str-subclass name): SymPy must not hand it out
     return module
 
 

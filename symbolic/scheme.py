@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import MISSING, dataclass, field, fields, replace
 
+from sympy.core.cache import clear_cache
+
 from .across_layers import AcrossLayers
 from .activations import activation as lookup_activation
 from .composition import STEP_CONTROLS, Heun, Parallel, RungeKutta, Sequence, Substep
@@ -51,8 +53,12 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
                                    f"got {type(wrong[0]).__name__} {str(wrong[0])[:60]!r}")
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
-    check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
-    check_declared(constants, inputs, where)
+    try:
+        check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
+        check_declared(constants, inputs, where)
+    except SplitformerError:
+        clear_cache()  # a refused symbol (a str-subclass name) equals the library's own: SymPy's cache would hand it out
+        raise
     return operator
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import sympy as sp
-
 from .activations import ACTIVATIONS
 from .across_layers import AcrossLayers, ACROSS_LAYER_METHODS
 from .composition import Parallel, RungeKutta, Sequence, Substep
 from .errors import SplitformerError
 from .names import check_line, check_operator_name, check_scheme_name
 from .tableaux import Tableau
+from .trusted_expressions import RATIONALS
 
 if TYPE_CHECKING:
     from .scheme import Scheme
@@ -95,7 +94,7 @@ def _check_operators(operators: object, options: object, where: str) -> None:
         for name, value in _mapping(table, f"{where}: options.{key}").items():
             if type(name) is not str or not name.isidentifier():
                 raise SplitformerError(f"{where}: options.{key}: {_short(name)} is not an option name")
-            if not isinstance(value, (bool, int, float, str)):
+            if type(value) not in (bool, int, float, str):  # exact: a subclass could print other text
                 raise SplitformerError(f"{where}: options.{key}.{name}: expected a number, string or boolean, "
                                        f"got {type(value).__name__}")
             if isinstance(value, float) and not math.isfinite(value):
@@ -105,7 +104,7 @@ def _check_operators(operators: object, options: object, where: str) -> None:
 
 
 def _rational(value: object, what: str) -> None:
-    if not isinstance(value, sp.Rational):
+    if type(value) not in RATIONALS:  # exact: a subclass could print itself into emitted code
         raise SplitformerError(f"{what}: expected an exact rational (sympy.Rational), got {type(value).__name__}")
 
 

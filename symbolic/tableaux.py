@@ -18,6 +18,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .exact_numbers import exact_number
+from .trusted_expressions import RATIONALS
 
 __all__ = ["Tableau", "make_tableau", "MAX_STAGES", "register_tableau", "tableau", "TABLEAUX", "EULER", "HEUN", "RK4",
            "rooted_trees"]
@@ -39,10 +40,10 @@ class Tableau:
 
     def __post_init__(self) -> None:
         # Both reach generated code (comments, docstrings) and reports: one safe line each.
-        if not isinstance(self.name, str) or len(self.name) > 64 or not _NAME.fullmatch(self.name):
+        if type(self.name) is not str or len(self.name) > 64 or not _NAME.fullmatch(self.name):
             raise SplitformerError(f"{str(self.name)[:64]!r} is not a tableau name (lower-case words joined by '-', "
                                    "at most 64 characters)")
-        if (not isinstance(self.label, str) or '"""' in self.label or "\\" in self.label
+        if (type(self.label) is not str or '"""' in self.label or "\\" in self.label
                 or not self.label.isprintable()):
             raise SplitformerError(f"tableau {self.name!r}: label must be one printable line without backslashes "
                                    "or triple quotes")
@@ -51,14 +52,15 @@ class Tableau:
     def _check_coefficients(self) -> None:
         """Explicit and consistent, however the tableau was built (``make_tableau`` or ``Tableau(...)``)."""
         b, a = self.b, self.a
-        if not isinstance(b, tuple) or not b or not all(isinstance(weight, sp.Rational) for weight in b):
+        # exact classes: the coefficients are printed into emitted code, and a subclass could print itself
+        if not isinstance(b, tuple) or not b or not all(type(weight) in RATIONALS for weight in b):
             raise SplitformerError(f"tableau {self.name!r}: b must be a non-empty tuple of exact rationals "
                                    "(use make_tableau)")
         if len(b) > MAX_STAGES:  # each stage nests every earlier one: the derivation grows quadratically
             raise SplitformerError(f"tableau {self.name!r} has {len(b)} stages; at most {MAX_STAGES} are supported")
         if (not isinstance(a, tuple) or len(a) != len(b)
                 or not all(isinstance(row, tuple) and len(row) == len(b) for row in a)
-                or not all(isinstance(value, sp.Rational) for row in a for value in row)):
+                or not all(type(value) in RATIONALS for row in a for value in row)):
             raise SplitformerError(f"tableau {self.name!r}: a must be {len(b)} rows of {len(b)} exact rationals "
                                    "(use make_tableau)")
         if any(value != 0 for i, row in enumerate(a) for value in row[i:]):

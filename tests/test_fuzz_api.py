@@ -180,7 +180,11 @@ _PLUGIN_PARTS = st.lists(st.sampled_from([
     "OTHER = 1",
 ]), max_size=4)
 _RHS = st.sampled_from(["2 * apply(STATE, X, Y)", "1.5", "'u'", "apply('nosuch', X, Y)", "sp.Symbol('zz') * apply(STATE, X, Y)",
-                        "apply(STATE, X, Y) + sp.Symbol(\"__import__('os').system('true')\")", "None"])
+                        "apply(STATE, X, Y) + sp.Symbol(\"__import__('os').system('true')\")", "None",
+                        # objects that print themselves (attack7 F5, F10): refused whatever they equal
+                        "Printing('eps', positive=True) * apply(STATE, X, Y)",
+                        "sp.Symbol(Text('eps'), positive=True) * apply(STATE, X, Y)", "tanh(apply(STATE, X, Y))",
+                        "sp.Function(STATE, _splitformer_code=CODE)(X.symbol, Y.symbol)"])
 _PLUGIN = """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -188,6 +192,14 @@ import sympy as sp
 from splitformer.symbolic.domains import X, Y
 from splitformer.symbolic.operators import STATE, Definition, Operator, apply, register_operator
 from splitformer.symbolic.tableaux import Tableau, make_tableau, register_tableau
+
+CODE = lambda *arguments, **options: "__import__('os')"
+class Printing(sp.Symbol):
+    _splitformer_code = _sympystr = CODE
+class Text(str):
+    __str__ = __format__ = CODE
+class tanh(sp.tanh):
+    _splitformer_code = _sympystr = CODE
 
 @dataclass(frozen=True)
 class Kind(Operator):

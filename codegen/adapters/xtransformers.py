@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.toml_text import toml_value
 from splitformer.symbolic.gated_residual import GATES
 
 from .registry import adapter
@@ -263,6 +264,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
             raise _refuse(owner, f"RelativePositionBias.num_buckets={rel_pos.num_buckets!r}",
                           f"its table has {rows} rows, and the generated code reads the buckets off the table")
         params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
+        if type(rel_pos.max_distance) is not int:  # written into the scheme file: exact, as num_buckets
+            raise _refuse(owner, f"RelativePositionBias.max_distance of type {type(rel_pos.max_distance).__name__}",
+                          "the scheme file holds it as an int, and the forward computes with the object")
         options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
     return params, options
 
@@ -528,20 +532,15 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
 
 
 def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + " }"
-    return f'"{value}"'
+    """``value`` as TOML, exact types only (an int subclass could print other text or raw TOML)."""
+    return toml_value(value, "from_xtransformers: the scheme file")
 
 
 def scheme_text(name: str, summary: str, block: _Block, activation: str, causal: bool, final_norm: bool) -> str:
     """The scheme file (TOML) computing ``block``: its operators, steps, activation, causality, final norm;
     a padded token is no query either (x-transformers zeroes its attention rows, which its unmasked
     feed-forward token shift then reads)."""
-    lines = [f'name = "{name}"', f'summary = "{summary}"', f'activation = "{activation}"',
+    lines = [f"name = {_toml(name)}", f"summary = {_toml(summary)}", f"activation = {_toml(activation)}",
              f"causal = {_toml(causal)}", "order = 1", "splitting_order = 1", f"final_norm = {_toml(final_norm)}",
              "padded_queries_outside = true", "", "[operators]"]
     lines += [f"{key} = {_toml(kind)}" for key, kind in block.operators.items()]

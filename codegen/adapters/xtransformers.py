@@ -33,7 +33,9 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   ``shift = "shiftK"`` (kind ``token-shift``, ``reach = k``, ``causal`` for a Decoder's offsets ``0 … k``;
   a feed-forward's shift is given no mask: ``masked = false``).
 
-Any other flag is refused in one line naming it.
+Any other flag is refused in one line naming it. What was read is then probed (``probe.check_probe``): a float64
+copy of the module and the generated forward of what the copy reads must agree on a random input, so that an
+attribute edited after construction that the reader does not compare is refused, not computed otherwise.
 """
 
 from __future__ import annotations

@@ -209,6 +209,9 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         final=final_unit,
         init_bounds=init_bounds(parameters, scheme.operators),
         across=across_context(scheme.across_layers),
+        # (max_distance, bidirectional) of each T5 bucketing: the table's n_buckets is checked against them
+        bucketings=sorted({(operator.max_distance, operator.rel_pos_bias == "bidirectional")
+                           for operator in scheme.instantiate().values() if getattr(operator, "rel_pos_bias", "")}),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
@@ -171,7 +172,8 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
     elif params.scheme_file != like.scheme_file or params.options != like.options or params.n_heads != like.n_heads:
         raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
                                f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
-    return xtransformers_state(params, module, from_xtransformers, dtype)
+    unprobed = partial(_reader("xtransformers", type(module).__name__, None), probe=False)  # it reads 0, 1, … on purpose
+    return xtransformers_state(params, module, unprobed, dtype)
 
 
 def _holding(like: Adapted, params: Any) -> Adapted:

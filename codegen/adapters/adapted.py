@@ -10,6 +10,7 @@ per block and ``final_norm`` the stack's last LayerNorm.
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import floating_dtype
 from .inspection import check_runs_its_classes
 
-__all__ = ["Adapted"]
+__all__ = ["Adapted", "derive_adapted"]
 
 Params = Mapping[str, np.ndarray]
 
@@ -103,12 +104,9 @@ class Adapted(Mapping[str, np.ndarray]):
         return name if self.activation == declared else f"{name}_{self.activation.replace('-', '_')}"
 
     def derivation(self) -> Any:
-        """``splitformer.derive`` of the scheme that computes the source (a built-in or ``scheme_file``)."""
-        from splitformer.codegen.api import derive
-        from splitformer.symbolic.scheme_file import parse_scheme
-
-        return derive(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, activation=self.activation,
-                      causal=bool(self.options.get("causal", False)))
+        """``splitformer.derive`` of the scheme that computes the source (a built-in or ``scheme_file``); one
+        ``Derivation`` per scheme in a process."""
+        return derive_adapted(self.scheme_file, self.scheme, self.activation, bool(self.options.get("causal", False)))
 
     def computed_scheme(self) -> Any:
         """The ``Scheme`` whose generated forward computes the source (causal where the source is)."""
@@ -236,6 +234,16 @@ class Adapted(Mapping[str, np.ndarray]):
         extra = "".join(f", {k}={v!r}" for k, v in self.options.items())
         return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
                 f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype})")
+
+
+@functools.lru_cache(maxsize=32)
+def derive_adapted(scheme_file: str, scheme: str, activation: str, causal: bool) -> Any:
+    """``splitformer.derive`` of an adapted scheme: its ``scheme_file`` when composed, else the built-in ``scheme``;
+    derived once per process (the adapters' probe and ``Adapted.derivation`` share it)."""
+    from splitformer.codegen.api import derive
+    from splitformer.symbolic.scheme_file import parse_scheme
+
+    return derive(parse_scheme(scheme_file) if scheme_file else scheme, activation=activation, causal=causal)
 
 
 def _is_bias(name: str) -> bool:

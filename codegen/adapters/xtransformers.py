@@ -33,7 +33,9 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   ``shift = "shiftK"`` (kind ``token-shift``, ``reach = k``, ``causal`` for a Decoder's offsets ``0 … k``;
   a feed-forward's shift is given no mask: ``masked = false``).
 
-Any other flag is refused in one line naming it.
+Any other flag is refused in one line naming it. What was read is then probed (``probe.check_probe``): a float64
+copy of the module and the generated forward of what the copy reads must agree on a random input, so that an
+attribute edited after construction that the reader does not compare is refused, not computed otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from .registry import adapter
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name
+from .probe import check_probe
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
@@ -231,7 +234,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     import torch
 
     width = _check_attention(owner, attention, dim, heads)
-    rescale = attention.attend.scale * np.sqrt(width)
+    scale = width ** -0.5 if attention.attend.scale is None else attention.attend.scale  # None: x-transformers' default
+    if type(scale) not in (int, float) or not math.isfinite(scale):
+        raise _refuse(owner, f"Attend.scale={scale!r}", "the score scale is a finite number")
+    rescale = scale * np.sqrt(width)
     shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
     weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
     weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
@@ -254,8 +260,7 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
             params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0]
             options[f"{when}_talking_heads"] = True
     if type(rel_pos).__name__ == "AlibiPositionalBias":
-        slopes = array(rel_pos.slopes).reshape(-1)
-        params["attn.slopes"] = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
+        params["attn.slopes"] = _alibi_slopes(owner, rel_pos, heads)
         options["alibi"] = True
     if type(rel_pos).__name__ == "RelativePositionBias":
         _check_defaults(owner, rel_pos, {}, "")
@@ -263,12 +268,40 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         if type(rel_pos.num_buckets) is not int or rel_pos.num_buckets != rows:  # its forward buckets by the attribute
             raise _refuse(owner, f"RelativePositionBias.num_buckets={rel_pos.num_buckets!r}",
                           f"its table has {rows} rows, and the generated code reads the buckets off the table")
-        params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
         if type(rel_pos.max_distance) is not int:  # written into the scheme file: exact, as num_buckets
             raise _refuse(owner, f"RelativePositionBias.max_distance of type {type(rel_pos.max_distance).__name__}",
                           "the scheme file holds it as an int, and the forward computes with the object")
+        exact = (rows if rel_pos.causal else rows // 2) // 2  # T5's exact buckets per direction
+        if not 1 <= exact < rel_pos.max_distance:
+            raise _refuse(owner, f"RelativePositionBias.max_distance={rel_pos.max_distance!r} with num_buckets={rows}",
+                          f"T5's logarithmic buckets divide by log(max_distance / {exact}), {exact} the exact buckets "
+                          "per direction: x-transformers' own are then not finite, and indices out of its table")
+        params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
         options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
     return params, options
+
+
+def _alibi_slopes(owner: str, alibi: Any, heads: int) -> np.ndarray:
+    """The ``(heads,)`` slopes of x-transformers' ``AlibiPositionalBias``, zero past its alibied heads.
+
+    Its forward returns its cached ``bias`` (``−|j − i| m(h)``, kept from a longer earlier input) rather
+    than computing it from the slopes: a cache that disagrees with the slopes (either edited) is refused."""
+    slopes = array(alibi.slopes).reshape(-1)
+    if alibi.total_heads != heads or len(slopes) > heads:
+        raise _refuse(owner, f"AlibiPositionalBias with {len(slopes)} slopes of total_heads={alibi.total_heads!r}",
+                      f"the attention has {heads} heads")
+    padded = np.concatenate([slopes, np.zeros(heads - len(slopes), slopes.dtype)])
+    if alibi.bias is not None:
+        cached = array(alibi.bias)
+        rows, columns = cached.shape[-2:] if cached.ndim == 3 else (0, 0)
+        distance = np.abs(np.arange(columns)[None, :] - np.arange(columns - rows, columns)[:, None])
+        expected = -distance * padded[:, None, None]
+        scale = max(float(np.abs(expected).max(initial=0.0)), 1e-300)
+        if cached.shape != expected.shape or not np.abs(cached - expected).max(initial=0.0) <= 1e-6 * scale:
+            raise _refuse(owner, f"an AlibiPositionalBias.bias {tuple(cached.shape)} other than its slopes give",
+                          "its forward returns the cached bias (edited, or the slopes edited after it was cached), "
+                          "the generated code computes −|j − i| m(h) from the slopes")
+    return padded
 
 
 def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np.ndarray], str, bool, bool]:
@@ -589,8 +622,11 @@ def _causal(owner: str, layers: Any) -> bool:
 
 
 @adapter("xtransformers", "Encoder", "Decoder", "AttentionLayers")
-def read_attention_layers(layers: Any) -> Adapted:
-    """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``)."""
+def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
+    """An x-transformers ``Encoder``/``Decoder``: a stack of one composed scheme (``Adapted.scheme_file``).
+
+    ``probe``: run the module and the generated forward of what was read on a random input, refusing a
+    difference (``probe.check_probe``); off only where the writer reads parameters set to 0, 1, … on purpose."""
     owner = type(layers).__name__
     _check_defaults(owner, layers, LAYERS_DEFAULTS, "")
     _check_classes(owner, [layers.rel_pos, *layers.skip_combines, *layers.layer_integrators])
@@ -632,16 +668,47 @@ def read_attention_layers(layers: Any) -> Adapted:
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
-    return Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
-                   eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                   options=options, notes=tuple(notes), scheme_file=text, tied=tied)
+    adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
+                      eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
+                      options=options, notes=tuple(notes), scheme_file=text, tied=tied)
+    if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
+        copy = _float64_copy(layers)
+        check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))
+    return adapted
+
+
+def _float64_copy(layers: Any) -> Any:
+    """A float64 copy of ``layers`` in eval mode: its non-flash softmax (taken in float32, the one precision note
+    of the reader) in float64, ALiBi's cached bias (compared with the slopes by ``_alibi_slopes``) dropped, so
+    that its forward computes it from the slopes."""
+    import copy
+
+    import torch
+
+    probe = copy.deepcopy(layers).double().eval()
+    for module in probe.modules():
+        function = getattr(module, "attn_fn", None)
+        if type(module).__name__ == "Attend" and isinstance(function, partial) and function.func is torch.nn.functional.softmax \
+                and not function.args and function.keywords == {"dim": -1, "dtype": torch.float32}:
+            module.attn_fn = partial(torch.nn.functional.softmax, dim=-1)
+        if type(module).__name__ == "AlibiPositionalBias":
+            module.bias = None
+    return probe
+
+
+def _run(layers: Any, u: np.ndarray) -> np.ndarray:
+    """x-transformers' forward of the float64 array ``u`` (on the module's device)."""
+    import torch
+
+    with torch.no_grad():
+        return layers(torch.from_numpy(u).to(next(layers.parameters()).device)).cpu().numpy()
 
 
 @adapter("xtransformers", "TransformerWrapper")
-def read_wrapper(wrapper: Any) -> Adapted:
+def read_wrapper(wrapper: Any, *, probe: bool = True) -> Adapted:
     """A ``TransformerWrapper``'s ``attn_layers`` (its embeddings and logits are not read: a note says so)."""
     from dataclasses import replace
 
-    adapted = read_attention_layers(wrapper.attn_layers)
+    adapted = read_attention_layers(wrapper.attn_layers, probe=probe)
     return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
         "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

@@ -1,0 +1,151 @@
+"""``from_xtransformers`` under attributes changed after construction (issue 25): never a silent difference.
+
+Each attack edits an x-transformers module after it was built, in a way the reader's comparisons of
+attributes do not see (or did not): ALiBi's cached bias or its slopes after the cache was filled; T5's
+``max_distance`` at or below its exact buckets; the softmax's axis (``Attend.attn_fn``'s keywords);
+the causal mask's function (``Attend.create_causal_mask``); a ``None`` score scale. Each is refused
+in one line, by name or by the probe (``adapters.probe``: the module and the generated forward of what
+was read, on one random input, float64); before these changes each was read and differed from the
+source (by 1.7 – 3.5 for ALiBi) with no error. Controls: the same modules unedited are read, and equal.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from splitformer import derive
+from splitformer.adapters import from_xtransformers
+from splitformer.symbolic import parse_scheme
+from splitformer.symbolic.errors import SplitformerError
+
+import x_transformers  # a test dependency: a broken install fails, never skips
+
+DIM = 16
+
+
+def _module(cls=x_transformers.Encoder, heads=2, **flags):
+    torch.manual_seed(0)
+    flags = {"attn_flash": True, "attn_dim_head": DIM // heads} | flags
+    module = cls(dim=DIM, depth=1, heads=heads, **flags)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return module.double().eval()
+
+
+def _refused(module, pattern):
+    with pytest.raises(SplitformerError, match=pattern) as error:
+        from_xtransformers(module)
+    assert "\n" not in str(error.value)
+
+
+def _equal(module, tokens=7):
+    """The control: ``module`` is read, and the generated forward equals it (float64 softmax on its side)."""
+    adapted = from_xtransformers(module)
+    for attend in (part for part in module.modules() if type(part).__name__ == "Attend"):
+        attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-1)
+    u = torch.randn(2, tokens, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        expected = module(u).numpy()
+    got = adapted.derivation().numpy_module().forward_stack(u.numpy(), list(adapted.layers), **adapted.forward_kwargs)
+    return np.abs(got - expected).max()
+
+
+@pytest.mark.parametrize("edit", ["bias", "slopes"])
+def test_alibi_cache_that_disagrees_with_the_slopes_is_refused(edit):
+    """x-transformers' ALiBi returns its cached bias for inputs no longer than the one that filled it; the reader
+    reads the slopes. An edited cache, or slopes edited after it was filled, is refused by name."""
+    module = _module(heads=4, alibi_pos_bias=True, alibi_num_heads=2).float()
+    with torch.no_grad():
+        module(torch.randn(1, 12, DIM))  # fills the cache (float32), as any use of the model does
+    module = module.double()
+    assert _equal(module, tokens=12) <= 1e-6  # control: the float32 cache agrees with the slopes to its precision
+    with torch.no_grad():
+        if edit == "bias":
+            module.rel_pos.bias[0, 3, 7] += 1.0
+        else:
+            module.rel_pos.slopes.mul_(2.0)
+    _refused(module, r"AlibiPositionalBias\.bias \(4, 12, 12\)")
+
+
+@pytest.mark.parametrize("cls, buckets, max_distance", [("Encoder", 16, 4), ("Encoder", 16, 3), ("Decoder", 8, 4),
+                                                        ("Encoder", 2, 8)])
+def test_t5_max_distance_within_the_exact_buckets_is_refused(cls, buckets, max_distance):
+    """T5's buckets divide by log(max_distance / e), e the exact buckets per direction: at max_distance <= e (or
+    e = 0) x-transformers' own buckets are inf/nan (then out of its table); the reader refuses by name.
+    (x-transformers' constructor asks for max_distance > num_buckets: the attribute is set after it.)"""
+    module = _module(getattr(x_transformers, cls), heads=4, attn_flash=False, rel_pos_bias=True,
+                     rel_pos_num_buckets=buckets, rel_pos_max_distance=20)
+    module.rel_pos.max_distance = max_distance
+    _refused(module, rf"RelativePositionBias\.max_distance={max_distance} with num_buckets={buckets}")
+    control = _module(getattr(x_transformers, cls), heads=4, attn_flash=False, rel_pos_bias=True,
+                      rel_pos_num_buckets=8 if cls == "Encoder" else 4, rel_pos_max_distance=9)
+    assert _equal(control, tokens=12) <= 1e-10
+
+
+def test_generated_code_refuses_a_table_within_max_distance():
+    """The same condition where the table's length is known: the generated NumPy forward and vjp (a ValueError
+    naming n_buckets and max_distance, before any work) and the torch Block's constructor; a scheme file and the
+    Python Scheme object alike. Control: 8 buckets (2 exact per direction) run."""
+    text = ('name = "t5-near"\nsummary = "T5 bias ending at distance 4"\n[operators]\nattn = { kind = "scored-attention", '
+            'rel_pos_bias = "bidirectional", max_distance = 4 }\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n')
+    for scheme in (text, parse_scheme(text)):
+        derivation = derive(parse_scheme(scheme) if isinstance(scheme, str) else scheme)
+        numpy_module, torch_module = derivation.numpy_module(), derivation.torch_module()
+        rng = np.random.default_rng(0)
+        params = {name: rng.standard_normal(tuple({"d": DIM, "n_heads": 2, "n_buckets": 8}[axis] for axis in axes))
+                  for name, axes in numpy_module.PARAMETERS.items()}
+        u = rng.standard_normal((1, 9, DIM))
+        assert np.isfinite(numpy_module.forward(u, params, n_heads=2)).all()  # control
+        torch_module.Block(DIM, 2, 0, n_buckets=8)
+        params["attn.rel_bias"] = rng.standard_normal((16, 2))  # 4 exact buckets per direction: log(4 / 4) = 0
+        for run in (lambda: numpy_module.forward(u, params, n_heads=2),
+                    lambda: numpy_module.vjp(u, params, u, n_heads=2),
+                    lambda: torch_module.Block(DIM, 2, 0, n_buckets=16)):
+            with pytest.raises(ValueError, match=r"n_buckets = 16 .*max_distance = 4") as error:
+                run()
+            assert "\n" not in str(error.value)
+
+
+def test_softmax_over_another_axis_is_refused_by_the_probe():
+    """``Attend.attn_fn`` is compared by its function (softmax), not its keywords: ``dim=-2`` normalizes over the
+    queries. The probe refuses it."""
+    module = _module(attn_flash=False)
+    assert _equal(module) <= 1e-10  # control
+    module.layers[0][1].attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-2)
+    _refused(module, r"Encoder: the generated forward of what was read .* differs from the module's by")
+
+
+def test_a_causal_mask_function_that_masks_nothing_is_refused_by_the_probe():
+    """``Attend.create_causal_mask`` (a function the non-flash path calls) replaced by one that masks nothing:
+    the Decoder then attends to later tokens; the probe refuses it."""
+    module = _module(x_transformers.Decoder, attn_flash=False)
+    assert _equal(module) <= 1e-10  # control
+    module.layers[0][1].attend.create_causal_mask = lambda i, j, device: torch.zeros(i, j, dtype=torch.bool,
+                                                                                    device=device)
+    _refused(module, r"Decoder: the generated forward of what was read .* differs from the module's by")
+
+
+def test_a_score_scale_of_none_is_read_as_x_transformers_default():
+    """``Attend.scale = None`` is x-transformers' default ``d_head^{-1/2}`` (it read as a TypeError before); a
+    scale that is not a number is refused by name."""
+    module = _module()
+    module.layers[0][1].attend.scale = None
+    assert _equal(module) <= 1e-10
+    module.layers[0][1].attend.scale = "0.5"
+    _refused(module, r"Attend\.scale='0\.5'")
+
+
+def test_the_probe_leaves_the_module_as_it_was():
+    """The probe runs a float64 copy: the source keeps its dtype, its ALiBi cache and its softmax."""
+    module = _module(alibi_pos_bias=True, attn_flash=False).float()
+    with torch.no_grad():
+        module(torch.randn(1, 5, DIM))
+    before = {key: value.clone() for key, value in module.state_dict().items()}
+    cache, softmax = module.rel_pos.bias.clone(), module.layers[0][1].attend.attn_fn
+    from_xtransformers(module)
+    assert all(torch.equal(value, module.state_dict()[key]) for key, value in before.items())
+    assert torch.equal(module.rel_pos.bias, cache) and module.layers[0][1].attend.attn_fn is softmax
+    assert next(module.parameters()).dtype == torch.float32

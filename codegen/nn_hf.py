@@ -5,7 +5,9 @@ embeddings, the ``gpt2`` blocks, ``ln_f``, the head tied to the token embedding)
 ``LlamaForCausalLM``/``LlamaModel`` (token embedding, the ``llama`` blocks with RoPE and
 grouped keys, the final RMSNorm, the head), block by block through the block adapters of
 ``splitformer.adapters``, into a ``LanguageModel`` of the same scheme that computes the same
-logits. A ``*Model`` without a head gets the head tied to its token embedding.
+logits. A ``*Model`` without a head gets the head tied to its token embedding. What the model's
+forward reads from its configuration when it builds the attention mask must give the causal mask
+of all its blocks (``_check_causal_masks``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _parts(model: Any) -> dict[str, Any]:
         body = model.transformer if name == "GPT2LMHeadModel" else model
         prefix = "transformer." if name == "GPT2LMHeadModel" else ""
         layout = {f"{prefix}wte": "Embedding", f"{prefix}wpe": "Embedding", f"{prefix}ln_f": "LayerNorm"}
-        return {"layout": layout, "scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h,
+        return {"layout": layout, "scheme": "gpt2", "embed": body.wte, "positions": body.wpe, "blocks": body.h, "runs": None,
                 "norm": body.ln_f, "head": getattr(model, "lm_head", None), "max_tokens": model.config.n_positions,
                 "rotary": None}
     if name in ("LlamaForCausalLM", "LlamaModel"):
@@ -39,19 +41,51 @@ def _parts(model: Any) -> dict[str, Any]:
         prefix = "model." if name == "LlamaForCausalLM" else ""
         layout = {f"{prefix}embed_tokens": "Embedding", f"{prefix}norm": "LlamaRMSNorm"}
         return {"layout": layout, "scheme": "llama", "embed": body.embed_tokens, "positions": None,
-                "blocks": body.layers, "norm": body.norm, "head": getattr(model, "lm_head", None),
+                "blocks": body.layers, "runs": (f"{prefix}config.num_hidden_layers", body.config.num_hidden_layers),
+                "norm": body.norm, "head": getattr(model, "lm_head", None),
                 "max_tokens": model.config.max_position_embeddings, "rotary": getattr(body, "rotary_emb", None)}
     raise SplitformerError(f"no whole-model reader for {name}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
                            "or LlamaModel (single blocks: splitformer.adapters.from_hf)")
 
 
+def _check_causal_masks(name: str, model: Any, blocks: int, runs: tuple[str, Any] | None) -> None:
+    """Refuse what makes a causal LM's forward (``model``, named ``name``) build another mask than the causal
+    one, or run fewer blocks than it holds: a ``config.is_causal`` other than True on any part (transformers'
+    ``create_causal_mask`` then builds a bidirectional one), a ``config._attn_implementation`` of None (no mask
+    at all), a mask function registered in place of transformers' own for the implementation, and ``runs``
+    (``(path, count)``: Llama's forward runs ``layers[:config.num_hidden_layers]``) other than the blocks held."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+
+    for path, part in model.named_modules():
+        config = vars(part).get("config")
+        if config is None:
+            continue
+        where = f"{name}.{path}.config" if path else f"{name}.config"
+        if getattr(config, "is_causal", True) is not True:
+            raise SplitformerError(f"{where}.is_causal is {config.is_causal!r}: transformers then builds a bidirectional "
+                                   "mask (tokens attend to later ones); a causal LM leaves it True")
+        implementation = getattr(config, "_attn_implementation", None)
+        builtin = {"eager": eager_mask, "sdpa": sdpa_mask}.get(implementation)
+        function = ALL_MASK_ATTENTION_FUNCTIONS.get(implementation)
+        if builtin is None or function is not builtin:
+            shown = "no mask" if function is None else f"its mask with {getattr(function, '__qualname__', function)}"
+            raise SplitformerError(f"{where}._attn_implementation is {implementation!r}: transformers builds {shown}; "
+                                   "from_hf_lm reads the built-in eager and sdpa causal masks only "
+                                   "(model.set_attn_implementation('sdpa'))")
+    if runs is not None and runs[1] != blocks:
+        raise SplitformerError(f"{name}.{runs[0]} is {runs[1]!r}: the forward runs that many of the {blocks} blocks "
+                               "it holds; set it to the number of blocks")
+
+
 def from_hf_lm(model: Any) -> LanguageModel:
     """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
     name, when a part computes otherwise than its class says (``inspection.check_computation``,
-    ``check_parts``), or when Llama's rotary embedding is not what its configuration derives."""
+    ``check_parts``), when its configuration makes the forward build another mask than the causal one
+    (``_check_causal_masks``), or when Llama's rotary embedding is not what its configuration derives."""
     parts = _parts(model)
     name = type(model).__name__
     check_computation(name, model)  # hooks, overrides, instance methods on every part, not only the blocks
+    _check_causal_masks(name, model, len(parts["blocks"]), parts["runs"])
     check_parts(name, model, parts["layout"] | ({"lm_head": "Linear"} if parts["head"] is not None else {}))
     layers = [from_hf(block) for block in parts["blocks"]]
     first, norm = layers[0], parts["norm"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import cache
 from importlib import resources
 
@@ -20,7 +20,7 @@ from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
 from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
 
-__all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context"]
+__all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context", "narrowest_head"]
 
 #: The grid of each axis label of the IR (``"r"`` → the rotation frequencies).
 _LABEL_DOMAINS = {str(variable.index): variable.domain for variable in VARIABLES.values()}
@@ -212,7 +212,27 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         # (max_distance, bidirectional) of each T5 bucketing: the table's n_buckets is checked against them
         bucketings=sorted({(operator.max_distance, operator.rel_pos_bias == "bidirectional")
                            for operator in scheme.instantiate().values() if getattr(operator, "rel_pos_bias", "")}),
+        head_bound=narrowest_head(scheme),
     )
+
+
+def narrowest_head(scheme: Scheme) -> dict | None:
+    """``{"width", "option"}``: the widest head that an operator's ``head_width_option`` asks heads to hold
+    (``attn.rotary_dim = 8``), which the emitted code refuses narrower heads than; ``None``: any width."""
+    widest = None
+    for key, operator in scheme.instantiate().items():
+        option = type(operator).head_width_option
+        if not option:
+            continue
+        if type(option) is not str or option not in {field.name for field in fields(operator)}:
+            raise SplitformerError(f"operator {key!r}: head_width_option {str(option)[:64]!r} is not one of its options")
+        width = getattr(operator, option)
+        if type(width) is not int or width < 0:
+            raise SplitformerError(f"operator {key!r}: {option} must be an int >= 0 to bound the head width, "
+                                   f"got {str(width)[:64]!r}")
+        if width and (widest is None or width > widest["width"]):
+            widest = {"width": width, "option": f"{key}.{option} = {width}"}
+    return widest
 
 
 def _data(module: Module, grouped: bool) -> dict[str, str]:

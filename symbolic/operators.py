@@ -124,6 +124,9 @@ class Operator:
     input_fields: ClassVar[tuple[Input, ...]] = ()
     #: Free symbols of the definitions, emitted as keyword arguments (RoPE's θ).
     constants: ClassVar[tuple[Constant, ...]] = ()
+    #: An integer option (a field) that a head must be at least as wide as, in features (``rotary_dim``: the
+    #: angles are an ``R``-feature embedding's); emitted code refuses narrower heads. ``""``: none.
+    head_width_option: ClassVar[str] = ""
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError

@@ -7,6 +7,8 @@ transformers, timm and x-transformers (with its einops helpers) that overrides a
 ``forward`` or any helper the forward calls), or any method replaced on the instance (``forward``,
 ``_sa_block``, ``feed_forward_chunk``); a transformers attention dispatched (``config._attn_implementation``)
 to a function other than the built-in eager or sdpa one;
+parameters and buffers whose class is not exactly ``torch.nn.Parameter`` or ``torch.Tensor`` (a tensor
+subclass's ``__torch_function__`` may compute otherwise than its stored values, which adapters read);
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; an embedding
 table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); (``check_parts``)
 a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
@@ -39,11 +41,13 @@ _HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pr
 
 
 def check_runs_its_classes(owner: str, module: Any) -> None:
-    """Refuse hooks (``module``'s parts' or torch's global ones) and methods replaced on an instance: what
-    ``module`` computes is then what its classes' methods compute (a generated ``Stack`` written from, too)."""
+    """Refuse hooks (``module``'s parts' or torch's global ones), methods replaced on an instance and tensors of
+    another class than torch's: what ``module`` computes is then what its classes' methods compute with the
+    values its tensors hold (a generated ``Stack`` written from or into, too)."""
     _check_global_hooks()
     for name, part in module.named_modules():
         where = f"{owner}.{name}" if name else owner
+        _check_plain_tensors(where, part)
         for attribute, kind in _HOOKS:
             if getattr(part, attribute, None):
                 raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
@@ -95,6 +99,20 @@ def _instance_method(module: Any) -> str | None:
         if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
             return name
     return None
+
+
+def _check_plain_tensors(where: str, module: Any) -> None:
+    """Refuse a parameter or buffer of ``module`` whose class is not exactly ``torch.nn.Parameter`` or
+    ``torch.Tensor``: a subclass (``nn.Parameter(w.as_subclass(MyTensor))``) runs every operation of the
+    forward through its own ``__torch_function__``, while adapters read the values it stores."""
+    import torch
+
+    for kind in ("_parameters", "_buffers"):
+        for name, tensor in vars(module).get(kind, {}).items():
+            if tensor is not None and type(tensor) not in (torch.nn.Parameter, torch.Tensor):
+                raise SplitformerError(f"{where}.{name} is a {type(tensor).__name__}, not a torch.nn.Parameter or "
+                                       "torch.Tensor: its class may change what the forward computes with it; adapters "
+                                       "read plain tensors (torch.nn.Parameter(tensor.as_subclass(torch.Tensor)))")
 
 
 def _check_attention_dispatch(where: str, module: Any) -> None:

@@ -359,10 +359,14 @@ def _options(d, n_heads, eps, causal):
 _CACHE_KEYS = ("attn.k", "attn.v",)
 
 
-def _cached_tokens(cache, batch, dtype):
-    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+def _cached_tokens(cache, causal, batch, dtype):
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
+    ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
     if cache is None:
         return 0
+    if not causal:
+        raise ValueError("cache needs causal=True: with causal=False each token attends to later ones, "
+                         "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys = sorted(cache, key=str)
@@ -415,14 +419,15 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     ``memory_key_padding_mask``: bool (batch, memory tokens), True = padded.
 
     ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
-    seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+    seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
+    ``causal=True`` only: a non-causal step would need the tokens of later calls).
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
     params = _mapping("params", params)
     _width(u, params, PARAMETERS)
     d_head, eps = _options(d, n_heads, eps, causal)
-    offset = _cached_tokens(cache, batch, u0.dtype)
+    offset = _cached_tokens(cache, causal, batch, u0.dtype)
     live, cache = cache, None if cache is None else dict(cache)  # extended here, stored back once the step succeeded
     sizes = {"d": d}
     sizes["d_ff"] = d_ff = _hidden_width(params, PARAMETERS, sizes)

@@ -193,10 +193,10 @@ def _positions(positions, batch, n_tokens, offset, dtype):
     return np.broadcast_to(positions.astype(dtype), (batch, n_tokens))
 
 
-def _half_width(d_head):
+def _head_width(d_head):
+    """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
     if d_head % 2:
         raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
-    return d_head // 2
 
 
 def _grid(size, like):
@@ -350,10 +350,14 @@ def _rope_theta(rope_theta):
 _CACHE_KEYS = ("attn.kr", "attn.v",)
 
 
-def _cached_tokens(cache, batch, dtype):
-    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+def _cached_tokens(cache, causal, batch, dtype):
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
+    ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
     if cache is None:
         return 0
+    if not causal:
+        raise ValueError("cache needs causal=True: with causal=False each token attends to later ones, "
+                         "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys = sorted(cache, key=str)
@@ -403,7 +407,8 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     """One step of llama: ``u`` of shape (batch, tokens, d) or (tokens, d).
 
     ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
-    seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+    seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
+    ``causal=True`` only: a non-causal step would need the tokens of later calls).
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
@@ -413,9 +418,10 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     n_rep = _group_size(n_heads, n_kv_heads)
     d_kv = n_kv_heads * d_head
-    d_half = _half_width(d_head)
+    _head_width(d_head)
+    d_half = d_head // 2
     rope_theta = _rope_theta(rope_theta)
-    offset = _cached_tokens(cache, batch, u0.dtype)
+    offset = _cached_tokens(cache, causal, batch, u0.dtype)
     live, cache = cache, None if cache is None else dict(cache)  # extended here, stored back once the step succeeded
     sizes = {"d": d, "d_kv": d_kv}
     sizes["d_ff"] = d_ff = _hidden_width(params, PARAMETERS, sizes)
@@ -832,7 +838,7 @@ def vjp(u, params, grad_out, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_paddin
     d_head, eps = _options(d, n_heads, eps, causal)
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     _group_size(n_heads, n_kv_heads)
-    _half_width(d_head)
+    _head_width(d_head)
     rope_theta = _rope_theta(rope_theta)
     sizes = {"d": d, "d_kv": n_kv_heads * d_head}
     sizes["d_ff"] = _hidden_width(params, PARAMETERS, sizes)

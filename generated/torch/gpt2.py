@@ -332,10 +332,14 @@ def _traced_flag(value: bool) -> bool:
     return value
 
 
-def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: torch.dtype) -> int:
-    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: int, dtype: torch.dtype) -> int:
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
+    ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
     if cache is None:
         return 0
+    if not causal:
+        raise ValueError("cache needs causal=True (or is_causal=True): with causal=False each token attends to later "
+                         "ones, which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not torch.jit.is_scripting():
         if not isinstance(cache, dict):
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
@@ -917,7 +921,8 @@ class Block(_CanonicalModule):
         ``is_causal``) keeps each token's own and earlier keys.
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
-        seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+        seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
+        ``causal=True`` only: a non-causal step would need the tokens of later calls).
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
@@ -940,7 +945,7 @@ class Block(_CanonicalModule):
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
-        offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
+        offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)

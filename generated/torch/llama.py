@@ -297,10 +297,14 @@ def _rope_theta(rope_theta):
     return float(rope_theta)
 
 
-def _cached_tokens(cache: dict[str, torch.Tensor] | None, batch: int, dtype: torch.dtype) -> int:
-    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked."""
+def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: int, dtype: torch.dtype) -> int:
+    """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
+    ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
     if cache is None:
         return 0
+    if not causal:
+        raise ValueError("cache needs causal=True (or is_causal=True): with causal=False each token attends to later "
+                         "ones, which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not torch.jit.is_scripting():
         if not isinstance(cache, dict):
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
@@ -608,6 +612,12 @@ class _DerivedStep(torch.autograd.Function):
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
+def _head_width(d_head):
+    """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
+    if d_head % 2:
+        raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
+
+
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
@@ -839,8 +849,7 @@ class Block(_CanonicalModule):
         self.n_kv_heads = n_heads if n_kv_heads is None else _integer("n_kv_heads", n_kv_heads, 1)
         if n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {n_heads} is not divisible by n_kv_heads = {self.n_kv_heads}")
-        if (d_model // n_heads) % 2:
-            raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_model // n_heads}")
+        _head_width(d_model // n_heads)
         self.rope_theta = _rope_theta(rope_theta)
         sizes = {"d": d_model, "d_ff": d_ff, "d_kv": self.n_kv_heads * (d_model // n_heads)}
         _register(self, PARAMETERS, sizes, bias, {"device": device, "dtype": dtype})
@@ -886,7 +895,8 @@ class Block(_CanonicalModule):
         (after the cached tokens).
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
-        seen so far; then ``u`` holds only the new tokens, which attend to the cached ones.
+        seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
+        ``causal=True`` only: a non-causal step would need the tokens of later calls).
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
@@ -912,7 +922,7 @@ class Block(_CanonicalModule):
         n_kv_heads, n_rep = self.n_kv_heads, self.n_heads // self.n_kv_heads
         d_half = d_head // 2
         rope_theta = self.rope_theta
-        offset = _cached_tokens(cache, u0.shape[0], u0.dtype)
+        offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
         # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)

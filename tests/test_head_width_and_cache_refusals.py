@@ -1,0 +1,127 @@
+"""Generated code refuses a head narrower than its rotary embedding, and a cache with ``causal=False``
+(issue 25, findings O1 and O2): ValueError naming the arguments, before any work (a cache given stays
+as it was).
+
+O1: ``rotary_dim = R`` turns the first ``R/2`` pairs of each head by the angles ``θ^(−2r/R)`` of an
+``R``-feature embedding; a head of ``d_head < R`` features has fewer pairs, and rotated them with those
+frequencies, silently. O2: a cached call's tokens cannot attend to the tokens of later calls, so chunked
+cached decoding with ``causal=False`` differed from the full non-causal pass (3.42 in the attacker's run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import splitformer
+from splitformer.adapters import canonical
+from splitformer.symbolic import parse_scheme
+
+from conftest import GENERATED, import_path
+
+PARTIAL_ROTARY = """
+name = "partial-rotary"
+summary = "pre-norm causal block, rotary positions on the first 8 features of each head"
+causal = true
+[operators]
+norm1 = "layer-norm"
+attn = { kind = "rotary-attention", rotary_dim = 8 }
+norm2 = "layer-norm"
+ffn = "feed-forward"
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm2"
+"""
+D, D_FF = 16, 24
+NARROW = "attn.rotary_dim = 8 needs heads at least 8 features wide, got d_head = 4"
+
+
+@pytest.fixture(scope="module")
+def partial():
+    derivation = splitformer.derive(parse_scheme(PARTIAL_ROTARY))
+    return derivation.numpy_module(), derivation.torch_module()
+
+
+def test_a_head_narrower_than_rotary_dim_is_refused_by_every_entry(partial, rng):
+    numpy_module, torch_module = partial
+    torch_module.Block(D, 2, D_FF)  # control: heads of 8 features
+    torch_module.Stack(2, D, 2, D_FF)
+    params = canonical(torch_module.Block(D, 2, D_FF, dtype=torch.float64))[0][0]
+    u = rng.standard_normal((2, 5, D))
+    numpy_module.forward(u, params, n_heads=2)
+    with pytest.raises(ValueError, match=NARROW):
+        torch_module.Block(D, 4, D_FF)
+    with pytest.raises(ValueError, match=NARROW):
+        torch_module.Stack(2, D, 4, D_FF)
+    cache = {}
+    with pytest.raises(ValueError, match=NARROW):
+        numpy_module.forward(u, params, n_heads=4, cache=cache)
+    assert cache == {}  # refused before any work
+    with pytest.raises(ValueError, match=NARROW):
+        numpy_module.forward_stack(u, [params, params], n_heads=4)
+    with pytest.raises(ValueError, match=NARROW):
+        numpy_module.vjp(u, params, np.ones_like(u), n_heads=4)
+
+
+def test_a_full_width_rotary_scheme_keeps_refusing_odd_heads_only():
+    llama = import_path(GENERATED / "torch" / "llama.py", "_head_width_llama")
+    llama.Block(8, 4, 12)  # control: rotary_dim = 0 rotates every pair of any even head, two features wide too
+    with pytest.raises(ValueError, match="rotary position embedding needs an even head width, got d_head = 5"):
+        llama.Block(15, 3, 12)
+
+
+CACHED = ["gpt2", "llama"]
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_a_cache_with_causal_false_is_refused_and_left_as_it_was(name, rng):
+    numpy_module = import_path(GENERATED / "numpy" / f"{name}.py", f"_cache_causal_numpy_{name}")
+    torch_module = import_path(GENERATED / "torch" / f"{name}.py", f"_cache_causal_torch_{name}")
+    torch.manual_seed(0)
+    stack = torch_module.Stack(2, D, 4, D_FF, dtype=torch.float64)
+    u = torch.tensor(rng.standard_normal((2, 8, D)))
+    with torch.no_grad():
+        full_causal, full_bidirectional = stack(u, causal=True), stack(u, causal=False)
+        cache = [{} for _ in stack.layers]
+        chunks = torch.cat([stack(u[:, :3], cache=cache), stack(u[:, 3:], cache=cache)], dim=1)
+        assert (chunks - full_causal).abs().max() <= 1e-12  # control: a cache reproduces the causal pass
+        assert (chunks - full_bidirectional).abs().max() > 0.1  # and cannot reproduce the non-causal one
+        message = r"^cache needs causal=True \(or is_causal=True\): with causal=False each token attends to later ones"
+        fresh = [{} for _ in stack.layers]
+        with pytest.raises(ValueError, match=message):
+            stack(u[:, :3], cache=fresh, causal=False)
+        with pytest.raises(ValueError, match=message):
+            stack.layers[0](u[:, :3], cache=fresh[0], causal=False)
+        assert fresh == [{}, {}]
+        stack(u[:, 3:], cache=cache, causal=False, is_causal=True)  # is_causal=True is causal: accepted
+    layers, final_norm = canonical(stack)
+    arrays = u.numpy()
+    kwargs = {"n_heads": 4, "final_norm": final_norm} if final_norm else {"n_heads": 4}
+    numpy_cache = [{} for _ in layers]
+    with pytest.raises(ValueError, match=r"^cache needs causal=True: with causal=False"):
+        numpy_module.forward_stack(arrays, layers, cache=numpy_cache, causal=False, **kwargs)
+    with pytest.raises(ValueError, match=r"^cache needs causal=True"):
+        numpy_module.forward(arrays, layers[0], n_heads=4, cache=numpy_cache[0], causal=False)
+    assert numpy_cache == [{}, {}]
+
+
+def test_a_head_width_option_must_be_an_integer_option_of_the_kind(monkeypatch):
+    """A plug-in's ``head_width_option`` reaches the emitted code: only an int field of the operator is taken."""
+    from splitformer.codegen.render import narrowest_head
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.rotary_attention import RotaryAttention
+
+    scheme = parse_scheme(PARTIAL_ROTARY)
+    assert narrowest_head(scheme) == {"width": 8, "option": "attn.rotary_dim = 8"}
+    monkeypatch.setattr(RotaryAttention, "head_width_option", "width\"); import os; (\"")
+    with pytest.raises(SplitformerError, match="head_width_option 'width.*is not one of its options"):
+        narrowest_head(scheme)
+    monkeypatch.setattr(RotaryAttention, "head_width_option", "key")  # a field, but text
+    with pytest.raises(SplitformerError, match=r"key must be an int >= 0 to bound the head width, got 'attn'"):
+        narrowest_head(scheme)

@@ -8,10 +8,14 @@ transformers, timm and x-transformers (with its einops helpers) that overrides a
 ``_sa_block``, ``feed_forward_chunk``); a transformers attention dispatched (``config._attn_implementation``)
 to a function other than the built-in eager or sdpa one;
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; an embedding
-table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); (``check_parts``)
-a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
-(``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
-``Attention(gated=True)`` adds a ``gate`` Linear its forward applies).
+table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); a part whose
+``_compiled_call_impl`` is set; (``check_parts``) a submodule replaced by one of another class
+(``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
+the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
+applies); and (``check_only_attributes``) a plain attribute a part's class does not have as built.
+
+A part is known by its ``library_class``, the library class it runs, never by its own name: a user
+class ``Dropout(nn.Tanh)`` is a ``Tanh``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
 from .adapters.hf_llama import check_rotary
-from .adapters.inspection import check_computation, check_parts
+from .adapters.inspection import check_computation, check_parts, library_name
 from .nn import LanguageModel
 
 __all__ = ["from_hf_lm"]
@@ -28,7 +28,7 @@ __all__ = ["from_hf_lm"]
 
 def _parts(model: Any) -> dict[str, Any]:
     """The pieces of a supported model, by role; a refusal naming the class otherwise."""
-    name = type(model).__name__
+    name = library_name(model)
     if name in ("GPT2LMHeadModel", "GPT2Model"):
         body = model.transformer if name == "GPT2LMHeadModel" else model
         prefix = "transformer." if name == "GPT2LMHeadModel" else ""

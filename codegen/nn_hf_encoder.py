@@ -18,6 +18,7 @@ import torch
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
+from .adapters.inspection import library_name, runs_one_of
 from .nn import TextEncoder
 
 __all__ = ["from_hf_encoder"]
@@ -41,13 +42,13 @@ def _check_parts(model: Any, eps: float) -> None:
                                "learned absolute ones")
     _check_default_ids(name, embeddings)
     norm = embeddings.LayerNorm
-    if type(norm).__name__ != "LayerNorm" or norm.weight is None or norm.bias is None:
+    if not runs_one_of(norm, ("LayerNorm",)) or norm.weight is None or norm.bias is None:
         raise SplitformerError(f"{name}.embeddings.LayerNorm is not a LayerNorm with gain and bias")
     if float(norm.eps) != eps:
         raise SplitformerError(f"{name}.embeddings.LayerNorm has eps={norm.eps:g}, its layers eps={eps:g}; "
                                "the TextEncoder takes one eps")
     pooler = model.pooler
-    if pooler is not None and (type(pooler.activation).__name__ != "Tanh" or pooler.dense.bias is None):
+    if pooler is not None and (library_name(pooler.activation) != "Tanh" or pooler.dense.bias is None):
         raise SplitformerError(f"{name}.pooler is not dense (with bias) then tanh; TextEncoder.pool computes that")
 
 
@@ -71,7 +72,7 @@ def from_hf_encoder(model: Any, *, torch_module: types.ModuleType | None = None)
     after ``splitformer derive post-ln --activation gelu``); by default it is derived in memory
     (once per process). The source's dropout is not carried (the result has none).
     """
-    if type(model).__name__ != "BertModel":
+    if library_name(model) != "BertModel":
         raise SplitformerError(f"no whole-encoder reader for {type(model).__name__}; read BertModel "
                                "(single layers and the encoder stack: splitformer.adapters.from_hf)")
     adapted = from_hf(model)

@@ -369,3 +369,240 @@ def test_a_cvt_batch_norm_without_running_statistics_is_refused():
     with pytest.raises(SplitformerError, match=r"stages\.0\.layers\.0\.qbn tracks no running statistics") as error:
         from_hf(model)
     one_line(error)
+
+
+# --- hostile input (issue 25): what runs, not what it is called or declared ------------------------------
+
+class Dropout(torch.nn.Tanh):  # a user class named like a library part, running another library class
+    p = 0.0
+
+
+class LayerNorm(torch.nn.RMSNorm):
+    bias = None
+
+
+class Identity(torch.nn.Tanh):
+    pass
+
+
+class TransformerEncoder(torch.nn.Sequential):  # Sequential.forward applies every child, an extra one included
+    pass
+
+
+#: A user class that claims to be torch's: torch.nn.modules.dropout holds another Dropout.
+SpoofedDropout = type("Dropout", (torch.nn.Tanh,), {"__module__": "torch.nn.modules.dropout", "__qualname__": "Dropout"})
+
+
+def _named_like_a_library_part(make, part, replacement):
+    def build():
+        module = make()
+        parent, _, name = part.rpartition(".")
+        setattr(module.get_submodule(parent), name, replacement())
+        return module
+    return build
+
+
+def _timm_block():
+    from test_adapters_timm import block
+
+    return block()
+
+
+def _sequential_named_encoder():
+    encoder = TransformerEncoder()
+    encoder.layers = torch.nn.Sequential(encoder_layer(norm_first=True), encoder_layer(norm_first=True, seed=1))
+    encoder.extra = torch.nn.Tanh()
+    return encoder.eval()
+
+
+@pytest.mark.parametrize("make, read, message", [
+    (_named_like_a_library_part(encoder_layer, "dropout1", Dropout), from_torch,
+     r"TransformerEncoderLayer\.dropout1 is Dropout \(a user class running Tanh\), not Dropout"),
+    (_named_like_a_library_part(encoder_layer, "dropout1", SpoofedDropout), from_torch,
+     r"TransformerEncoderLayer\.dropout1 is Dropout \(a user class running Tanh\), not Dropout"),
+    (_named_like_a_library_part(lambda: encoder_layer(bias=False), "norm1", lambda: LayerNorm(D)), from_torch,
+     r"TransformerEncoderLayer\.norm1 is LayerNorm \(a user class running RMSNorm\), not LayerNorm"),
+    (_named_like_a_library_part(_bert_layer, "output.dropout", Dropout), from_hf,
+     r"BertLayer\.output\.dropout is Dropout \(a user class running Tanh\), not Dropout"),
+    (_named_like_a_library_part(_timm_block, "ls1", Identity), lambda block: __import__("splitformer.adapters").adapters.from_timm(block),
+     r"timm Block has LayerScale \(init_values\) \(Identity, a Tanh\)"),
+    (_sequential_named_encoder, from_torch, r"no torch adapter for Sequential"),
+])
+def test_a_user_class_named_like_a_library_part_is_read_as_what_it_runs(make, read, message):
+    """F1: a part is read as the library class it runs (the first in its MRO, found where its module says),
+    never by its own name; each of these was accepted and computed otherwise (off by 1 to 2.3)."""
+    with pytest.raises(SplitformerError, match=message) as error:
+        read(make())
+    one_line(error)
+
+
+def test_an_activation_named_like_a_library_class_is_read_as_what_it_runs():
+    from splitformer.codegen.adapters.common import activation_name
+
+    class GELU(torch.nn.Tanh):  # runs Tanh: read as tanh, which is what it computes
+        pass
+
+    assert activation_name("layer", GELU()) == "tanh" and activation_name("layer", torch.nn.GELU()) == "gelu"
+
+
+def test_a_compiled_call_replacing_forward_is_refused():
+    layer = encoder_layer()
+    layer.linear1._compiled_call_impl = lambda *args, **kwargs: args[0]  # what calling linear1 runs
+    with pytest.raises(SplitformerError, match=r"TransformerEncoderLayer\.linear1 has _compiled_call_impl set") as error:
+        from_torch(layer)
+    one_line(error)
+
+
+def _vit_attention():
+    config = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=D, num_attention_heads=HEADS,
+                                    num_hidden_layers=1, intermediate_size=D_FF, attn_implementation="eager")
+    model = randomize(transformers.ViTModel(config).double())
+    attention = model.layers[0].attention if hasattr(model, "layers") else model.encoder.layer[0].attention.attention
+    return model, attention, "head_dim" if hasattr(attention, "head_dim") else "attention_head_size"
+
+
+def _edited(make, *edits):
+    def build():
+        module, *rest = make()
+        for path, value in edits:
+            owner, _, name = path.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, name, value)
+        return module
+    return build
+
+
+def _wide_vit_head():
+    model, attention, name = _vit_attention()
+    setattr(attention, name, 2 * D // HEADS)  # the forward splits d into HEADS / 2 heads
+    return model
+
+
+@pytest.mark.parametrize("make, message", [
+    (_edited(lambda: (_bert_layer(),), ("attention.self.attention_head_size", 2 * D // HEADS),
+             ("attention.self.scaling", (2 * D // HEADS) ** -0.5)),
+     r"BertLayer\.attention\.self\.attention_head_size is 8, but attention\.self\.num_attention_heads = 2 heads of d = 8 make it 4"),
+    (_edited(lambda: (_bert_layer(),), ("attention.self.num_attention_heads", 1)),
+     r"BertLayer\.attention\.self\.attention_head_size is 4, but attention\.self\.num_attention_heads = 1 heads"),
+    (_edited(lambda: (_bert_layer(),), ("attention.self.all_head_size", D // 2)), r"BertLayer\.attention\.self\.all_head_size is 4"),
+    (_edited(lambda: (_gpt2_block(),), ("attn.head_dim", 2 * D // HEADS), ("attn.scaling", (2 * D // HEADS) ** -0.5)),
+     r"GPT2Block\.attn\.head_dim is 8, but attn\.num_heads = 2 heads of d = 8 make it 4"),
+    (_edited(lambda: (_gpt2_block(),), ("attn.split_size", D // 2)), r"GPT2Block\.attn\.split_size is 4"),
+    (_wide_vit_head, r"ViTModel layer 0 attention\.(head_dim|attention_head_size) is 8, but num_attention_heads = 2"),
+])
+def test_the_head_split_the_forward_reads_is_compared_with_n_heads(make, message):
+    """F2: the forwards split heads by a module attribute (BERT's ``attention_head_size``, GPT-2's ``head_dim``,
+    ViT's ``head_dim``), the adapters read ``n_heads``: edited apart they computed otherwise (off by 0.53 to 2.2)."""
+    with pytest.raises(SplitformerError, match=message) as error:
+        from_hf(make())
+    one_line(error)
+
+
+def test_the_head_split_controls_are_read():
+    for module in (_bert_layer(), _gpt2_block(), _vit_attention()[0]):
+        from_hf(module)
+
+
+@pytest.mark.parametrize("flag", ["is_decoder", "add_cross_attention"])
+def test_a_bert_model_whose_config_makes_its_forward_a_decoders_is_refused(flag):
+    """F6: ``BertModel.forward`` masks causally when ``config.is_decoder`` (read at call time): edited after
+    construction it was read as the encoder (off by 0.27), by ``from_hf`` and ``from_hf_encoder`` alike."""
+    from test_adapters import bert
+    from splitformer.nn import from_hf_encoder
+
+    model = bert(layers=1)
+    from_hf(model)  # control
+    setattr(model.config, flag, True)
+    for read in (from_hf, from_hf_encoder):
+        with pytest.raises(SplitformerError, match=rf"BertModel\.config\.{flag} is True: its forward is a decoder's") as error:
+            read(model)
+        one_line(error)
+
+
+# --- generated modules: exactly their own classes, every attribute their forward reads --------------------
+
+def _pre_ln_encoder(final_norm=True):
+    norm = torch.nn.LayerNorm(D, dtype=torch.float64) if final_norm else None
+    encoder = torch.nn.TransformerEncoder(encoder_layer(norm_first=True), 2, norm=norm, enable_nested_tensor=False)
+    return randomize(encoder)
+
+
+def test_a_stack_holding_blocks_of_another_module_or_subclasses_is_refused():
+    """F3: a Stack's ``COMPUTES`` describes what runs only when its layers are its own module's ``Block``:
+    post-ln Blocks in a pre-ln Stack (off by 12.7) and a subclass doubling ``forward`` (27.6) were accepted."""
+    adapted = from_torch(_pre_ln_encoder(final_norm=False))
+    stack = adapted.build(PRE_LN)  # control
+
+    class Scaled(PRE_LN.Block):
+        def forward(self, *args, **kwargs):
+            return 2 * super().forward(*args, **kwargs)
+
+    for block, name in ((POST_LN.Block, r"_refusals_post_ln\.Block"), (Scaled, r"Scaled")):
+        stack.layers = torch.nn.ModuleList([block(D, HEADS, D_FF, dtype=torch.float64) for _ in range(2)])
+        for call in (adapted.load_into, lambda module: to_torch(module, like=adapted)):
+            with pytest.raises(SplitformerError, match=rf"the Stack\.layers\[0\] is \S*{name}, not a class of the "
+                                                       r"generated module _refusals_pre_ln") as error:
+                call(stack)
+            one_line(error)
+
+
+def test_a_stacks_own_attributes_are_compared():
+    """F8: the Stack's final norm reads the Stack's own ``eps`` (set to 10 it was accepted, off by 0.27);
+    ``load_params`` reads its ``tied``."""
+    adapted = from_torch(_pre_ln_encoder())
+    stack = adapted.build(PRE_LN)
+    to_torch(stack, like=adapted)  # control
+    stack.eps = 10.0
+    for call in (adapted.load_into, lambda module: to_torch(module, like=adapted)):
+        with pytest.raises(SplitformerError, match=r"the source has eps=1e-05, the Stack eps=10.0 \(its final norm reads it\)"):
+            call(stack)
+    stack = adapted.build(PRE_LN)
+    stack.tied = True  # load_params would load layers[0] only
+    with pytest.raises(SplitformerError, match=r"the Stack has tied=True but its layers are distinct modules") as error:
+        adapted.load_into(stack)
+    one_line(error)
+
+
+def test_a_shared_layer_module_is_read_as_tied_and_differing_copies_are_not_written(rng):
+    """F7: ``layers`` holding one module object at every step is a tied stack; writing two different layers
+    into it kept the last (off by 0.45): refused, as ``to_xtransformers`` refuses copies of tied layers."""
+    encoder = _pre_ln_encoder()
+    encoder.layers = torch.nn.ModuleList([encoder.layers[0]] * 2)
+    adapted = from_torch(encoder)
+    assert adapted.tied
+    stack = adapted.build(PRE_LN)
+    assert stack.tied and stack.layers[0] is stack.layers[1]
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    with torch.no_grad():
+        assert (stack(u) - encoder(u)).abs().max() <= 1e-10
+    encoder.load_state_dict(to_torch(stack, like=adapted), strict=True)  # control: one layer, written once
+    trained = [dict(adapted.layers[0]), dict(adapted.layers[1])]
+    trained[1]["attn.W_q"] = 1.5 * trained[1]["attn.W_q"]
+    with pytest.raises(SplitformerError, match=r"layers\[1\]\.attn\.W_q differs from layers\[0\]\.attn\.W_q, but the "
+                                               r"source's steps run one shared layer module \(tied\)") as error:
+        to_torch(adapted.with_params(trained, adapted.final_norm))
+    one_line(error)
+    untied = from_torch(_pre_ln_encoder()).build(PRE_LN)  # a Stack trained untied from a tied source
+    with pytest.raises(SplitformerError, match=r"layers\[1\]\.\S+ differs from layers\[0\]"):
+        to_torch(untied, like=adapted)
+    encoder.layers = torch.nn.ModuleList([encoder.layers[0], encoder.layers[0], encoder_layer(norm_first=True)])
+    with pytest.raises(SplitformerError, match=r"TransformerEncoder\.layers shares some layer modules between steps "
+                                               r"but not all \(2 distinct of 3\)"):
+        from_torch(encoder)
+
+
+def test_an_attribute_a_timm_forward_reads_is_allowlisted():
+    """F9: timm's ``Attention.forward`` calls ``self.gate(x)`` when it is not None: a plain callable there (no
+    Module, no parameter) was accepted (off by 2.65). Every plain attribute of a part must be one its class has."""
+    from splitformer.adapters import from_timm
+
+    block = _timm_block()
+    from_timm(block)  # control
+    block.attn.gate = lambda x: torch.full_like(x, -3.0)
+    with pytest.raises(SplitformerError, match=r"timm Block\.attn\.gate is function .*, not None; its forward reads it") as error:
+        from_timm(block)
+    one_line(error)
+    block = _timm_block()
+    block.mlp.scale = 2.0
+    with pytest.raises(SplitformerError, match=r"timm Block\.mlp\.scale is an attribute Mlp does not have as built") as error:
+        from_timm(block)
+    one_line(error)

@@ -21,11 +21,13 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
 from .arrays import array, dtype_notes, floating_dtype, source_dtype, torch_floating_dtype
-from .inspection import check_computation
+from .inspection import check_computation, library_name, runs_one_of
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
@@ -53,7 +55,7 @@ def _reader(library: str, name: str, network: Any) -> Any:
 
 
 def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | AdaptedModel:
-    name = type(module).__name__
+    name = library_name(module) or f"{type(module).__name__} (no library class)"  # what it runs, not what it is called
     reader = _reader(library, name, expected.pop("network", None))
     dtype = expected.pop("dtype", None)
     if dtype is not None:
@@ -85,7 +87,7 @@ def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
     """What ``build`` does not carry: a source dropout other than one rate where a generated Block drops."""
     if getattr(adapted, "dropout", 0.0) is not None:
         return ()
-    rates = sorted({part.p for part in module.modules() if type(part).__name__ == "Dropout" and part.p > 0})
+    rates = sorted({part.p for part in module.modules() if runs_one_of(part, ("Dropout",)) and part.p > 0})
     if not rates:
         return ()
     return (f"the source's dropout (p = {', '.join(map(str, rates))}) is not carried: build() makes a Block "
@@ -147,6 +149,7 @@ def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> 
                                "the state dict's keys and layout come from the module")
     if function is None:
         raise SplitformerError(f"no writer for {params.source[0]} {params.source[1]}")
+    _check_tied_copies(params)
     state = function(params)
     if dtype is None:
         import torch
@@ -174,6 +177,19 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
                                f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
     unprobed = partial(_reader("xtransformers", type(module).__name__, None), probe=False)  # it reads 0, 1, … on purpose
     return xtransformers_state(params, module, unprobed, dtype)
+
+
+def _check_tied_copies(adapted: Adapted) -> None:
+    """Refuse layers that differ for a source whose steps run one shared layer module (``tied``): its state dict
+    holds that module once under each step's keys, and loading would keep the last copy only."""
+    if not adapted.tied:
+        return
+    first = adapted.layers[0]
+    for index, layer in enumerate(adapted.layers[1:], start=1):
+        name = next((name for name in first if not np.array_equal(layer[name], first[name])), None)
+        if name is not None:
+            raise SplitformerError(f"layers[{index}].{name} differs from layers[0].{name}, but the source's steps run "
+                                   "one shared layer module (tied): copies of tied layers that differ cannot be written")
 
 
 def _holding(like: Adapted, params: Any) -> Adapted:

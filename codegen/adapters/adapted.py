@@ -213,6 +213,7 @@ class Adapted(Mapping[str, np.ndarray]):
         if namespace.get("SCHEME") is None:
             raise SplitformerError(f"{type(module).__name__} is not a generated Block or Stack (no SCHEME)")
         _check_scheme(self, namespace, f"the {type(module).__name__}")
+        _check_own_classes(module, namespace)
         check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
@@ -225,8 +226,17 @@ class Adapted(Mapping[str, np.ndarray]):
         for index, block in enumerate(blocks):  # every layer: each is read with its own configuration
             where = f"the {type(module).__name__}" + (f" layers[{index}]" if block is not module else "")
             for name, value in wanted.items():
-                if getattr(block, name, None) != value:
+                if not _same(getattr(block, name, None), value):
                     raise SplitformerError(f"the source has {name}={value!r}, {where} {name}={getattr(block, name, None)!r}")
+        if blocks[0] is not module:  # a Stack's own attributes: its final norm's eps and bias, how its layers are tied
+            for name in ("eps", "bias"):
+                if not _same(getattr(module, name, None), wanted[name]):
+                    raise SplitformerError(f"the source has {name}={wanted[name]!r}, the Stack {name}="
+                                           f"{getattr(module, name, None)!r} (its final norm reads it)")
+            shared = len({id(block) for block in blocks}) == 1 < len(blocks)
+            if getattr(module, "tied", False) is not shared and len(blocks) > 1:
+                raise SplitformerError(f"the Stack has tied={getattr(module, 'tied', None)!r} but its layers are "
+                                       f"{'one module' if shared else 'distinct modules'}; load_params reads tied")
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -255,6 +265,28 @@ def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 
     return {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
+
+
+def _same(value: Any, wanted: Any) -> bool:
+    """``value == wanted`` for a number or flag of a plain type (an object defining its own ``==`` never is)."""
+    numbers = (int, float)
+    plain = type(value) is type(wanted) or (type(value) in numbers and type(wanted) in numbers)
+    return plain and value == wanted
+
+
+def _check_own_classes(module: Any, namespace: Mapping[str, Any]) -> None:
+    """Refuse a generated ``Block``/``Stack`` with a part that is not exactly a class of its own generated module
+    (a ``Block`` of another scheme in ``layers``, a subclass overriding ``forward``): its ``COMPUTES`` then does
+    not describe what runs."""
+    import torch
+
+    own = {namespace.get(name) for name in ("Block", "Stack", "_Group")} - {None} | {torch.nn.ModuleList}
+    for path, part in module.named_modules():
+        if type(part) not in own or (not path and type(part) not in (namespace.get("Block"), namespace.get("Stack"))):
+            where = "".join(f"[{word}]" if word.isdigit() else f".{word}" for word in path.split(".")) if path else ""
+            raise SplitformerError(f"the {type(module).__name__}{where} is {type(part).__module__}.{type(part).__qualname__}, "
+                                   f"not a class of the generated module {namespace.get('__name__')}; a generated "
+                                   "Stack runs its own module's Block, as emitted")
 
 
 def _check_scheme(adapted: Adapted, namespace: Mapping[str, Any], module: str) -> None:

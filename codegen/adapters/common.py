@@ -12,8 +12,9 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
 from .arrays import array, tensor
+from .inspection import library_name, runs_one_of
 
-__all__ = ["activation_name", "check_attention", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
+__all__ = ["activation_name", "check_attention", "check_head_split", "shared_layers", "zero_bias", "check_bias", "check_norms", "layer_norm_params", "same_configuration",
            "final_norm_params", "stack_state", "state_dict", "torch_dropout"]
 
 
@@ -27,7 +28,7 @@ def activation_name(owner: str, function: Any) -> str:
     """The scheme activation ``function`` computes (exact GELU only); anything else is refused."""
     import torch
 
-    name = type(function).__name__
+    name = library_name(function)  # a user class runs (and is read as) the library class it derives from
     if name == "GELU" and getattr(function, "approximate", "none") == "none":
         return "gelu"
     if name in ACTIVATION_CLASSES and not getattr(function, "use_gelu_tanh_python", False):
@@ -52,12 +53,38 @@ def check_attention(owner: str, path: str, attention: Any, head_dim: int, scheme
                                f"by 1/sqrt(head_dim) = {head_dim ** -0.5:g}")
 
 
+def check_head_split(owner: str, d: int, heads: tuple[str, Any], head_sizes: Mapping[str, Any],
+                     widths: Mapping[str, Any] | None = None) -> None:
+    """Refuse an attention whose forward splits its width ``d`` otherwise than into ``heads`` (``(path, count)``,
+    what the adapter reads as ``n_heads``) heads of ``d / count``: ``head_sizes`` (attribute path → value) are
+    what the forward splits by (``attention.self.attention_head_size``), ``widths`` what it takes as all heads'."""
+    path, count = heads
+    if type(count) is not int or count < 1 or d % count:
+        raise SplitformerError(f"{owner}.{path} is {count!r}; the scheme's heads split d = {d} evenly")
+    wanted = {name: (value, d // count) for name, value in head_sizes.items()}
+    wanted |= {name: (value, d) for name, value in (widths or {}).items()}
+    for name, (value, expected) in wanted.items():
+        if type(value) is not int or value != expected:
+            raise SplitformerError(f"{owner}.{name} is {value!r}, but {path} = {count} heads of d = {d} make it "
+                                   f"{expected}; the forward splits the heads by {name}")
+
+
+def shared_layers(owner: str, layers: Sequence[Any]) -> bool:
+    """True when every one of ``layers`` is one module object (weight-shared depth: read as ``tied``), False when
+    each is its own; another sharing has no generated Stack (``Stack(tied=True)`` runs one Block at every step)."""
+    distinct = len({id(layer) for layer in layers})
+    if distinct == len(layers):
+        return False
+    if distinct == 1:
+        return True
+    raise SplitformerError(f"{owner} shares some layer modules between steps but not all ({distinct} distinct of "
+                           f"{len(layers)}); a generated Stack ties all its layers (tied=True) or none")
+
+
 def torch_dropout(layer: Any, attentions: Sequence[Any]) -> float | None:
     """The one dropout probability of a torch Transformer layer (its ``Dropout`` modules and its
     attentions' ``dropout``), which a generated ``Block`` applies where torch does; ``None`` when they differ."""
-    import torch
-
-    rates = {module.p for module in layer.modules() if isinstance(module, torch.nn.Dropout)}
+    rates = {module.p for module in layer.modules() if runs_one_of(module, ("Dropout",))}
     rates |= {float(attention.dropout) for attention in attentions}
     return float(rates.pop()) if len(rates) == 1 else None
 
@@ -79,8 +106,9 @@ def check_bias(owner: str, biases: Sequence[Any]) -> bool:
 def check_norms(owner: str, norms: Mapping[str, Any]) -> float:
     """The ε shared by ``norms`` (LayerNorms with gain); refuses other norms and differing ε."""
     for name, norm in norms.items():
-        if type(norm).__name__ != "LayerNorm":
-            raise SplitformerError(f"{owner}.{name} is {type(norm).__name__}; the scheme's projection is LayerNorm")
+        if not runs_one_of(norm, ("LayerNorm",)):
+            raise SplitformerError(f"{owner}.{name} is {type(norm).__name__} (a {library_name(norm)}); the scheme's "
+                                   "projection is LayerNorm")
         if getattr(norm, "weight", None) is None:
             raise SplitformerError(f"{owner}.{name} has no elementwise affine parameters; the scheme's LayerNorm has a gain")
     eps = {name: float(norm.eps) for name, norm in norms.items()}

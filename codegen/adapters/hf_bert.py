@@ -20,7 +20,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .common import activation_name, check_norms, same_configuration, stack_state, state_dict
+from .common import activation_name, check_head_split, check_norms, same_configuration, shared_layers, stack_state, state_dict
 from .inspection import check_parts
 
 __all__ = ["read_bert_layer", "read_bert_encoder", "write_bert_layer", "write_bert_encoder"]
@@ -55,6 +55,10 @@ def _check_layer(layer: Any) -> None:
                                                                        "absolute"))
     if relative not in (None, "absolute") or hasattr(attention, "distance_embedding"):
         raise SplitformerError(f"BertLayer uses {relative} position attention; the scheme's attention has no position terms")
+    d = layer.attention.output.dense.weight.shape[0]
+    check_head_split("BertLayer", d, ("attention.self.num_attention_heads", attention.num_attention_heads),
+                     {"attention.self.attention_head_size": attention.attention_head_size},
+                     {"attention.self.all_head_size": attention.all_head_size})
     scale = getattr(attention, "scaling", 1 / math.sqrt(attention.attention_head_size))
     if not math.isclose(scale, 1 / math.sqrt(attention.attention_head_size), rel_tol=1e-12):
         raise SplitformerError(f"BertLayer scales attention scores by {scale}, the scheme by 1/sqrt(d_head)")
@@ -89,6 +93,11 @@ def read_bert_layer(layer: Any) -> Adapted:
 def read_bert_encoder(module: Any) -> Adapted:
     """A ``BertEncoder``, or a ``BertModel``'s encoder (embeddings and pooler not mapped)."""
     encoder = getattr(module, "encoder", module)
+    config = getattr(module, "config", None)
+    for flag in ("is_decoder", "add_cross_attention"):  # BertModel.forward masks causally when config.is_decoder
+        if getattr(config, flag, False) is not False:
+            raise SplitformerError(f"{type(module).__name__}.config.{flag} is {getattr(config, flag)!r}: its forward "
+                                   "is a decoder's (a causal mask, cross-attention); the post-ln scheme is an encoder stack")
     layers = [read_bert_layer(layer) for layer in encoder.layer]
     first = same_configuration(type(module).__name__, layers)
     notes = ()
@@ -99,6 +108,7 @@ def read_bert_encoder(module: Any) -> Adapted:
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, stack=True, source=("hf", "BertEncoder"), notes=notes,
+        tied=shared_layers(f"{type(module).__name__}.layer", list(encoder.layer)),
     )
 
 

@@ -16,8 +16,8 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
-from .common import check_attention, state_dict
-from .inspection import check_parts
+from .common import check_attention, check_head_split, state_dict
+from .inspection import check_parts, library_name
 
 __all__ = ["gpt2_block_params", "gpt2_block_config", "read_gpt2_block", "write_gpt2_block"]
 
@@ -36,8 +36,8 @@ def gpt2_block_config(block: Any) -> dict[str, Any]:
     """What the emitted ``gpt2`` forward needs (heads, ε); refuses what it does not implement."""
     check_parts("GPT2Block", block, GPT2_PARTS)
     activation = block.mlp.act  # the module the forward calls, not the config's name
-    tanh_gelu = type(activation).__name__ in _GELU_TANH or (
-        type(activation).__name__ == "GELU" and getattr(activation, "approximate", "none") == "tanh")
+    tanh_gelu = library_name(activation) in _GELU_TANH or (
+        library_name(activation) == "GELU" and getattr(activation, "approximate", "none") == "tanh")
     if not tanh_gelu:
         raise SplitformerError(f"GPT2Block.mlp.act is {type(activation).__name__}; the gpt2 scheme implements "
                                f"gelu-tanh ({', '.join(sorted(_GELU_TANH))}, GELU(approximate='tanh'))")
@@ -45,6 +45,10 @@ def gpt2_block_config(block: Any) -> dict[str, Any]:
         raise SplitformerError("GPT2Block with cross-attention (add_cross_attention=True) is not the gpt2 scheme")
     if not getattr(block.attn, "scale_attn_weights", True) or getattr(block.attn, "scale_attn_by_inverse_layer_idx", False):
         raise SplitformerError("GPT2Block with a score scale other than 1/√d_head is not implemented")
+    d = block.ln_1.weight.shape[0]
+    check_head_split("GPT2Block", d, ("attn.num_heads", block.attn.num_heads),
+                     {"attn.head_dim": block.attn.head_dim},
+                     {"attn.split_size": block.attn.split_size, "attn.embed_dim": block.attn.embed_dim})
     check_attention("GPT2Block", "attn", block.attn, block.attn.head_dim, "gpt2")
     if getattr(block.attn, "reorder_and_upcast_attn", False):
         raise SplitformerError("GPT2Block with reorder_and_upcast_attn is not implemented")

@@ -19,8 +19,8 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.model import load_model, network_fingerprint
 
 from .arrays import array as _array
-from .common import activation_name, check_norms
-from .inspection import check_parts
+from .common import activation_name, check_head_split, check_norms
+from .inspection import check_parts, library_name
 from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
@@ -147,11 +147,19 @@ def _vit_layers(vit: Any) -> list[tuple]:
 
 
 def _check_vit_scaling(vit: Any, owner: str, n_heads: int) -> None:
-    """Refuse an attention whose ``scaling`` is not ``1/√head_dim`` (transformers 5 and 4 layouts)."""
+    """Refuse an attention whose heads (``num_attention_heads``, the head width its forward splits by) are not
+    ``n_heads`` of ``d / n_heads``, or whose ``scaling`` is not ``1/√head_dim`` (transformers 5 and 4 layouts)."""
     attentions = [layer.attention for layer in vit.layers] if hasattr(vit, "layers") else \
         [layer.attention.attention for layer in vit.encoder.layer]
     head_dim = vit.config.hidden_size // n_heads
+    d = vit.layernorm.weight.shape[0]
     for index, attention in enumerate(attentions):
+        named = {name: getattr(attention, name) for name in ("head_dim", "attention_head_size") if hasattr(attention, name)}
+        check_head_split(f"{owner} layer {index} attention", d, ("num_attention_heads", attention.num_attention_heads),
+                         named, {"all_head_size": attention.all_head_size} if hasattr(attention, "all_head_size") else {})
+        if attention.num_attention_heads != n_heads:
+            raise SplitformerError(f"{owner} layer {index} attention.num_attention_heads is {attention.num_attention_heads}, "
+                                   f"config.num_attention_heads {n_heads}; the vit model's step takes one n_heads")
         scale = getattr(attention, "scaling", head_dim ** -0.5)
         if not math.isclose(scale, head_dim ** -0.5, rel_tol=1e-12):
             raise SplitformerError(f"{owner}: layer {index} scales attention scores by {scale}, "
@@ -184,13 +192,13 @@ def _vit_params(vit: Any) -> dict[str, np.ndarray]:
 @network_adapter("hf", "vit", "ViTModel", "ViTForImageClassification")
 def from_hf_vit(module: Any) -> AdaptedModel:
     """The ``vit`` model's parameters and configuration of a transformers ViT."""
-    owner = type(module).__name__
+    owner = library_name(module)
     vit = module.vit if owner == "ViTForImageClassification" else module
     config = _vit_config(module.config, owner) | {"eps": _vit_modules(vit, owner)}
     _check_vit_scaling(vit, owner, config["n_heads"])
     params = _vit_params(vit)
     if owner == "ViTForImageClassification":
-        if type(module.classifier).__name__ != "Linear":
+        if library_name(module.classifier) != "Linear":
             raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__} (num_labels = 0?); "
                                    "the readout is a linear head")
         _dense(params, "head.W", "head.b", module.classifier)
@@ -226,7 +234,7 @@ def _cvt_stage(params: dict, index: int, stage: Any, eps: set, owner: str) -> No
         at = f"{prefix}layers.{number}."
         attention = layer.attention.attention
         activation = layer.intermediate.activation
-        if type(activation).__name__ != "GELU" or getattr(activation, "approximate", "none") != "none":
+        if library_name(activation) != "GELU" or getattr(activation, "approximate", "none") != "none":
             raise SplitformerError(f"{owner}: stage {index} uses {activation!r}; the cvt step uses the exact erf GELU")
         _norm(params, at + "norm1", layer.layernorm_before)
         for letter, name in (("q", "query"), ("k", "key"), ("v", "value")):
@@ -295,7 +303,7 @@ def _cvt_config(config: Any, owner: str) -> list[dict[str, Any]]:
 @network_adapter("hf", "cvt", "CvtModel", "CvtForImageClassification")
 def from_hf_cvt(module: Any) -> AdaptedModel:
     """The ``cvt`` model's parameters and configuration of a transformers CvT (eval mode)."""
-    owner = type(module).__name__
+    owner = library_name(module)
     cvt = module.cvt if owner == "CvtForImageClassification" else module
     stages = _cvt_config(module.config, owner)
     params: dict[str, np.ndarray] = {}
@@ -309,7 +317,7 @@ def from_hf_cvt(module: Any) -> AdaptedModel:
         if not stages[-1]["cls"]:
             raise SplitformerError(f"{owner}: the last stage has no class token; the readout averaging the grid "
                                    "is not generated")
-        if type(module.classifier).__name__ != "Linear":
+        if library_name(module.classifier) != "Linear":
             raise SplitformerError(f"{owner}: the classifier is {type(module.classifier).__name__}; the readout is a linear head")
         _norm(params, "final_norm", module.layernorm)
         eps.add(float(module.layernorm.eps))

@@ -10,10 +10,14 @@ to a function other than the built-in eager or sdpa one;
 parameters and buffers whose class is not exactly ``torch.nn.Parameter`` or ``torch.Tensor`` (a tensor
 subclass's ``__torch_function__`` may compute otherwise than its stored values, which adapters read);
 parameters on the ``meta`` device (no values to read) or of a non-floating dtype; an embedding
-table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); (``check_parts``)
-a submodule replaced by one of another class (``layer.linear1 = nn.Identity()``); and
-(``check_only_parts``, an allowlist) a submodule or parameter the adapter does not map (timm's
-``Attention(gated=True)`` adds a ``gate`` Linear its forward applies).
+table with ``max_norm`` (its forward renormalizes, in place, the rows it looks up); a part whose
+``_compiled_call_impl`` is set; (``check_parts``) a submodule replaced by one of another class
+(``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
+the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
+applies); and (``check_only_attributes``) a plain attribute a part's class does not have as built.
+
+A part is known by its ``library_class``, the library class it runs, never by its own name: a user
+class ``Dropout(nn.Tanh)`` is a ``Tanh``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "LIBRARIES"]
+__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "check_only_attributes",
+           "library_class", "library_name", "runs_one_of", "LIBRARIES", "READ"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -52,6 +57,9 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
             if getattr(part, attribute, None):
                 raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
                                        "computes: remove it (handle.remove()) before adapting")
+        if vars(part).get("_compiled_call_impl") is not None:
+            raise SplitformerError(f"{where} has _compiled_call_impl set (module.compile() or an assignment): calling "
+                                   "it runs that function, not forward; adapt the uncompiled module")
         shadowed = _instance_method(part)
         if shadowed is not None:
             raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
@@ -135,7 +143,46 @@ def _check_attention_dispatch(where: str, module: Any) -> None:
 
 
 def _is_library(cls: type) -> bool:
-    return cls.__module__.split(".")[0] in LIBRARIES
+    """``cls`` is a library's own class: its module is a library's, and that module holds it under its name
+    (a user class that sets ``__module__ = "torch.nn"`` is not found there)."""
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.split(".")[0] not in LIBRARIES or module is None:
+        return False
+    found: Any = module
+    for name in cls.__qualname__.split("."):
+        found = vars(found).get(name) if isinstance(found, (types.ModuleType, type)) else None
+    return found is cls
+
+
+def library_class(part: Any) -> type | None:
+    """The library class whose computation ``part`` runs: its own class, or the library class a user class
+    derives from (the first in its MRO, whose own MRO must be the rest of it); ``None`` for anything else.
+    Adapters read a part by this class's name, never by the user class's (``class Dropout(nn.Tanh)`` is a Tanh)."""
+    mro = type(part).__mro__
+    first = next((index for index, klass in enumerate(mro) if _is_library(klass)), None)
+    if first is None or mro[first:] != mro[first].__mro__:
+        return None
+    return mro[first]
+
+
+def library_name(part: Any) -> str | None:
+    """The name of ``part``'s ``library_class`` (``None`` when it has none)."""
+    klass = library_class(part)
+    return None if klass is None else klass.__name__
+
+
+def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
+    """``part``'s library class is one of ``names``, or a class its library derives from one of them
+    (torch's ``NonDynamicallyQuantizableLinear`` is a ``Linear``); a user class never counts by its own name."""
+    klass = library_class(part)
+    return klass is not None and any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
+
+
+def _shown(part: Any) -> str:
+    """``part``'s class as a message names it: the user class and the library class it runs."""
+    if library_class(part) is type(part):
+        return type(part).__name__
+    return f"{type(part).__name__} (a user class running {library_name(part) or 'no library class'})"
 
 
 def _overridden_method(cls: type) -> tuple[type, str] | None:
@@ -163,16 +210,17 @@ def _check_global_hooks() -> None:
 
 
 def check_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] | None]) -> None:
-    """Refuse ``module`` when a submodule (dotted path) is not of the named class (or a subclass of
-    it; a tuple names alternatives, ``None`` any class the adapter checks itself)."""
+    """Refuse ``module`` when a submodule (dotted path) does not run the named library class (its own class or
+    one a user class derives from, ``library_class``; a tuple names alternatives, ``None`` any class the adapter
+    checks itself)."""
     for path, expected in parts.items():
         try:
             part = module.get_submodule(path)
         except AttributeError:
             raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
         names = (expected,) if isinstance(expected, str) else expected or ()
-        if names and not {klass.__name__ for klass in type(part).__mro__} & set(names):
-            raise SplitformerError(f"{owner}.{path} is {type(part).__name__}, not {' or '.join(names)}; adapters "
+        if names and not runs_one_of(part, names):
+            raise SplitformerError(f"{owner}.{path} is {_shown(part)}, not {' or '.join(names)}; adapters "
                                    "read the library's layer as built")
 
 
@@ -189,3 +237,42 @@ def check_only_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, 
             raise SplitformerError(f"{owner} has the parameter {name}, which the adapter does not map; "
                                    "the scheme has no counterpart of what it computes")
     check_parts(owner, module, parts)
+
+
+class _Read:
+    """An allowlisted attribute the adapter reads and checks itself (any value is accepted here)."""
+
+    def __repr__(self) -> str:
+        return "READ"
+
+
+#: ``check_only_attributes``: the attribute may hold any value (the adapter reads and checks it).
+READ = _Read()
+
+
+def check_only_attributes(owner: str, module: Any, attributes: dict[str, dict[str, Any]]) -> None:
+    """Refuse a plain instance attribute of a part of ``module`` that the allowlist of its library class
+    (``attributes``: class name → attribute → the value it must have, or ``READ``) does not name, or that
+    holds another value: the forward may call or read it (timm's ``Attention.gate``, ``None`` unless gated).
+    What ``torch.nn.Module.__init__`` sets (state, hook tables: checked by ``check_runs_its_classes``) is known."""
+    import torch
+
+    state = frozenset(vars(torch.nn.Module()))
+    for path, part in module.named_modules():
+        allowed = attributes.get(library_name(part) or "", {})
+        for name, value in vars(part).items():
+            if name in state:
+                continue
+            where = f"{owner}.{path + '.' if path else ''}{name}"
+            if name not in allowed:
+                raise SplitformerError(f"{where} is an attribute {type(part).__name__} does not have as built (a "
+                                       f"{type(value).__name__}); its forward may read it, the adapter does not")
+            expected = allowed[name]
+            if expected is not READ and not (type(value) is type(expected) and value == expected):
+                raise SplitformerError(f"{where} is {type(value).__name__} {_brief(value)}, not {expected!r}; "
+                                       "its forward reads it, and the scheme has no counterpart of another value")
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__name__}>"

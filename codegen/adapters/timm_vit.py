@@ -22,9 +22,9 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .inspection import check_only_parts
+from .inspection import READ, check_only_attributes, check_only_parts, library_name, runs_one_of
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,
-                     same_configuration, stack_state, state_dict, zero_bias)
+                     same_configuration, shared_layers, stack_state, state_dict, zero_bias)
 
 __all__ = ["read_vit_block", "read_vision_transformer", "write_vit_block", "write_vision_transformer"]
 
@@ -36,19 +36,30 @@ BLOCK_PARTS = {"norm1": "LayerNorm", "attn": "Attention", "attn.qkv": "Linear", 
                "norm2": "LayerNorm", "mlp": "Mlp", "mlp.fc1": "Linear", "mlp.act": None, "mlp.drop1": "Dropout",
                "mlp.norm": "Identity", "mlp.fc2": "Linear", "mlp.drop2": "Dropout", "ls2": "Identity",
                "drop_path2": ("Identity", "DropPath")}
+#: The plain attributes each part of a timm ``Block`` may have (by library class), and the value each must
+#: have where the adapter does not read it: ``Attention.gate`` is ``None`` (a callable there gates the output).
+BLOCK_ATTRIBUTES = {
+    "LayerNorm": {"normalized_shape": READ, "eps": READ, "elementwise_affine": READ, "_fast_norm": READ},
+    "Attention": {"num_heads": READ, "head_dim": READ, "attn_dim": READ, "scale": READ, "fused_attn": READ,
+                  "gate": None},
+    "Linear": {"in_features": READ, "out_features": READ}, "Dropout": {"p": READ, "inplace": READ},
+    "DropPath": {"drop_prob": READ, "scale_by_keep": READ}, "GELU": {"approximate": READ},
+    "ReLU": {"inplace": READ}, "SiLU": {"inplace": READ},
+}
 #: The parameters a timm ``Block`` may have: those the adapter maps.
 BLOCK_PARAMETERS = frozenset(f"{part}.{kind}" for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
                              for kind in ("weight", "bias"))
 
 
 def _identity(owner: str, module: Any, what: str) -> None:
-    if type(module).__name__ != "Identity":
-        raise SplitformerError(f"{owner} has {what} ({type(module).__name__}); the pre-ln scheme has none")
+    if not runs_one_of(module, ("Identity",)):
+        raise SplitformerError(f"{owner} has {what} ({type(module).__name__}, a {library_name(module)}); "
+                               "the pre-ln scheme has none")
 
 
 def _check_block(block: Any) -> None:
     attention, mlp = block.attn, block.mlp
-    if type(attention).__name__ != "Attention" or type(mlp).__name__ != "Mlp":
+    if library_name(attention) != "Attention" or library_name(mlp) != "Mlp":
         raise SplitformerError(f"timm Block with {type(attention).__name__}/{type(mlp).__name__}; "
                                "the pre-ln scheme is standard Attention and Mlp")
     for name, what in (("ls1", "LayerScale (init_values)"), ("ls2", "LayerScale (init_values)")):
@@ -58,10 +69,11 @@ def _check_block(block: Any) -> None:
         _identity("timm Block attn", getattr(attention, name), what)
     _identity("timm Block mlp", mlp.norm, "hidden normalization (scale_mlp_norm)")
     check_only_parts("timm Block", block, BLOCK_PARTS, BLOCK_PARAMETERS)
+    check_only_attributes("timm Block", block, BLOCK_ATTRIBUTES)
     d = block.norm1.weight.shape[0]
-    if attention.num_heads * attention.head_dim != d:
-        raise SplitformerError(f"timm Block attention width {attention.num_heads}×{attention.head_dim} differs from "
-                               f"dim {d}; the scheme's heads split d")
+    if attention.num_heads * attention.head_dim != d or attention.attn_dim != d:
+        raise SplitformerError(f"timm Block attention width {attention.num_heads}×{attention.head_dim} (attn.attn_dim "
+                               f"= {attention.attn_dim}) differs from dim {d}; the scheme's heads split d")
     if not math.isclose(attention.scale, attention.head_dim ** -0.5, rel_tol=1e-12):
         raise SplitformerError(f"timm Block scales scores by {attention.scale}, the scheme by 1/sqrt(head_dim)")
 
@@ -94,18 +106,19 @@ def read_vision_transformer(model: Any) -> Adapted:
     """A timm ``VisionTransformer``'s blocks and final ``norm`` (embeddings, pooling, head not mapped)."""
     layers = []
     for index, block in enumerate(model.blocks):
-        if type(block).__name__ != "Block":
+        if library_name(block) != "Block":
             raise SplitformerError(f"VisionTransformer block {index} is {type(block).__name__}; "
                                    "the pre-ln scheme is timm's Block")
         layers.append(read_vit_block(block))
     first = same_configuration("VisionTransformer", layers)
-    final = None if type(model.norm).__name__ == "Identity" else final_norm_params("VisionTransformer", model.norm, first)
+    final = None if runs_one_of(model.norm, ("Identity",)) else final_norm_params("VisionTransformer", model.norm, first)
     note = ("VisionTransformer: blocks and final norm are mapped; patch embedding, class token, position "
             "embedding, pooling (and fc_norm) and head are not; to_torch writes the mapped keys only; "
             "from_timm(model, network='vit') reads the whole model")
     return Adapted(scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
                    n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
-                   source=("timm", "VisionTransformer"), notes=(note,))
+                   tied=shared_layers("VisionTransformer.blocks", list(model.blocks)), source=("timm", "VisionTransformer"),
+                   notes=(note,))
 
 
 def _block_state(params: Any) -> dict[str, np.ndarray]:

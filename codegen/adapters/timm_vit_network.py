@@ -21,6 +21,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array, linear_weight
 from .common import final_norm_params, same_configuration, zero_bias
 from .hf_vision import AdaptedModel
+from .inspection import library_name
 from .registry import network_adapter
 from .timm_vit import read_vit_block
 
@@ -37,7 +38,7 @@ def _refuse_if(condition: bool, what: str) -> None:
 def _check_front(model: Any) -> None:
     """The embedding: a plain patch convolution, a class token, learned positions over all tokens."""
     embed = model.patch_embed
-    _refuse_if(type(embed).__name__ != "PatchEmbed", f"the patch embedding {type(embed).__name__}")
+    _refuse_if(library_name(embed) != "PatchEmbed", f"the patch embedding {type(embed).__name__}")
     _refuse_if(model.cls_token is None, "no class token (class_token=False)")
     _refuse_if(getattr(model, "reg_token", None) is not None, f"{model.num_reg_tokens} register tokens (reg_tokens)")
     _refuse_if(model.pos_embed is None, "no position embedding (pos_embed='none')")
@@ -46,8 +47,8 @@ def _check_front(model: Any) -> None:
     _refuse_if(getattr(embed, "dynamic_img_pad", False), "padded images (dynamic_img_pad=True)")
     _refuse_if(embed.img_size is None, "no fixed image size (img_size=None)")
     _refuse_if(not embed.flatten, "an unflattened patch embedding (output_fmt)")
-    _refuse_if(type(embed.norm).__name__ != "Identity", "a normalized patch embedding (embed_norm_layer)")
-    _refuse_if(type(model.norm_pre).__name__ != "Identity", "a norm before the blocks (pre_norm=True)")
+    _refuse_if(library_name(embed.norm) != "Identity", "a normalized patch embedding (embed_norm_layer)")
+    _refuse_if(library_name(model.norm_pre) != "Identity", "a norm before the blocks (pre_norm=True)")
     proj = embed.proj
     _refuse_if(proj.kernel_size[0] != proj.kernel_size[1], f"non-square patches {tuple(proj.kernel_size)}")
     _refuse_if(tuple(proj.stride) != tuple(proj.kernel_size) or tuple(proj.padding) != (0, 0)
@@ -57,11 +58,11 @@ def _check_front(model: Any) -> None:
 
 def _check_back(model: Any) -> None:
     """The readout: the final LayerNorm, the class token's state, a linear head (or none)."""
-    _refuse_if(type(model.norm).__name__ == "Identity", "no final norm (final_norm=False or fc_norm)")
+    _refuse_if(library_name(model.norm) == "Identity", "no final norm (final_norm=False or fc_norm)")
     _refuse_if(model.global_pool != "token" or getattr(model, "attn_pool", None) is not None,
                f"pooling global_pool={model.global_pool!r} (the network reads the class token: 'token')")
-    _refuse_if(type(model.fc_norm).__name__ != "Identity", "a norm after pooling (fc_norm)")
-    _refuse_if(type(model.head).__name__ not in ("Linear", "Identity"), f"the head {type(model.head).__name__}")
+    _refuse_if(library_name(model.fc_norm) != "Identity", "a norm after pooling (fc_norm)")
+    _refuse_if(library_name(model.head) not in ("Linear", "Identity"), f"the head {type(model.head).__name__}")
 
 
 @network_adapter("timm", "vit", "VisionTransformer")
@@ -71,7 +72,7 @@ def read_vit_network(model: Any) -> AdaptedModel:
     _check_back(model)
     blocks = []
     for index, block in enumerate(model.blocks):
-        _refuse_if(type(block).__name__ != "Block", f"block {index} of class {type(block).__name__}")
+        _refuse_if(library_name(block) != "Block", f"block {index} of class {type(block).__name__}")
         blocks.append(read_vit_block(block))
     first = same_configuration(_OWNER, blocks)
     _refuse_if(first.activation != "gelu", f"the activation {first.activation} (the vit step's is the exact GELU)")
@@ -86,7 +87,7 @@ def read_vit_network(model: Any) -> AdaptedModel:
     for index, block in enumerate(blocks):
         params |= {f"layers.{index}.{name}": value for name, value in block.params.items()}
     params |= {f"final_norm.{name}": value for name, value in final_norm_params(_OWNER, model.norm, first).items()}
-    if type(model.head).__name__ == "Linear":
+    if library_name(model.head) == "Linear":
         params["head.W"] = linear_weight(model.head.weight)
         params["head.b"] = zero_bias(params["head.W"].shape[1], weight.dtype) if model.head.bias is None \
             else array(model.head.bias)

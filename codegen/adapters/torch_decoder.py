@@ -18,7 +18,7 @@ from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
 from .common import check_bias, state_dict, torch_dropout
-from .inspection import check_parts
+from .inspection import check_parts, library_name
 
 __all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "write_decoder_layer"]
 
@@ -50,9 +50,9 @@ def decoder_layer_config(layer: Any) -> dict[str, Any]:
     names = {torch.nn.functional.relu: "relu", torch.nn.functional.gelu: "gelu"}
     if activation in names:
         name = names[activation]
-    elif isinstance(activation, torch.nn.ReLU):
+    elif library_name(activation) == "ReLU":
         name = "relu"
-    elif isinstance(activation, torch.nn.GELU) and activation.approximate == "none":
+    elif library_name(activation) == "GELU" and activation.approximate == "none":
         name = "gelu"
     else:
         raise SplitformerError(f"TransformerDecoderLayer activation {activation!r} is not implemented (relu, gelu)")

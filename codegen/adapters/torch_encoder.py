@@ -19,7 +19,7 @@ from .adapted import Adapted
 from .arrays import array, linear_weight
 from .inspection import check_parts
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params, same_configuration,
-                     stack_state, state_dict, torch_dropout, zero_bias)
+                     shared_layers, stack_state, state_dict, torch_dropout, zero_bias)
 
 __all__ = ["read_encoder_layer", "read_encoder", "write_encoder_layer", "write_encoder"]
 
@@ -97,6 +97,7 @@ def read_encoder(encoder: Any) -> Adapted:
     return Adapted(
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
+        tied=shared_layers("TransformerEncoder.layers", list(encoder.layers)),
         source=("torch", "TransformerEncoder"), notes=first.notes, batch_first=first.batch_first, dropout=first.dropout,
     )
 

@@ -48,27 +48,27 @@ COMPUTES = "6c30ad3674e9b2ed"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "conv1.W": ('n_channels', 3, 3, 'd'),
-    "conv1.b": ('d',),
-    "bn1.gain": ('d',),
-    "bn1.bias": ('d',),
-    "bn1.mean": ('d',),
-    "bn1.var": ('d',),
-    "conv2.W": ('d', 3, 3, 'd'),
-    "conv2.b": ('d',),
-    "bn2.gain": ('d',),
-    "bn2.bias": ('d',),
-    "bn2.mean": ('d',),
-    "bn2.var": ('d',),
+    "conv1.W": ("n_channels", 3, 3, "d",),
+    "conv1.b": ("d",),
+    "bn1.gain": ("d",),
+    "bn1.bias": ("d",),
+    "bn1.mean": ("d",),
+    "bn1.var": ("d",),
+    "conv2.W": ("d", 3, 3, "d",),
+    "conv2.b": ("d",),
+    "bn2.gain": ("d",),
+    "bn2.bias": ("d",),
+    "bn2.mean": ("d",),
+    "bn2.var": ("d",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
-    "shortcut.W": ('n_channels', 1, 1, 'd'),
-    "shortcut.b": ('d',),
-    "bn3.gain": ('d',),
-    "bn3.bias": ('d',),
-    "bn3.mean": ('d',),
-    "bn3.var": ('d',),
+    "shortcut.W": ("n_channels", 1, 1, "d",),
+    "shortcut.b": ("d",),
+    "bn3.gain": ("d",),
+    "bn3.bias": ("d",),
+    "bn3.mean": ("d",),
+    "bn3.var": ("d",),
 }
 
 
@@ -160,18 +160,18 @@ def _interleave(blocks, axes):
     return blocks.transpose(order).reshape(shape)
 
 
-def _table(params, table, sizes, dtype):
-    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
         if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 

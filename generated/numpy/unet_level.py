@@ -40,16 +40,16 @@ COMPUTES = "209472fe8df73796"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "down.W": ('n_channels', 3, 3, 'd'),
-    "down.b": ('d',),
-    "conv.W": ('d', 3, 3, 'd'),
-    "conv.b": ('d',),
-    "bn.gain": ('d',),
-    "bn.bias": ('d',),
-    "bn.mean": ('d',),
-    "bn.var": ('d',),
-    "up.W": ('d', 2, 2, 'n_channels'),
-    "up.b": ('n_channels',),
+    "down.W": ("n_channels", 3, 3, "d",),
+    "down.b": ("d",),
+    "conv.W": ("d", 3, 3, "d",),
+    "conv.b": ("d",),
+    "bn.gain": ("d",),
+    "bn.bias": ("d",),
+    "bn.mean": ("d",),
+    "bn.var": ("d",),
+    "up.W": ("d", 2, 2, "n_channels",),
+    "up.b": ("n_channels",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
@@ -144,18 +144,18 @@ def _interleave(blocks, axes):
     return blocks.transpose(order).reshape(shape)
 
 
-def _table(params, table, sizes, dtype):
-    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
         if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 

@@ -345,7 +345,7 @@ def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
-        expected = tuple(sizes[axis] for axis in axes)
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         if prefix + name not in params:
             raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
         value = np.asarray(params[prefix + name])

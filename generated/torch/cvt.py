@@ -27,12 +27,14 @@ __all__ = ["Model", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "
 #: steps' scheme and final norm; not its name): a network computing anything else has another digest.
 COMPUTES = "e6db38f19e12163e"
 
+#: Canonical names and shapes of a stage's token embedding, under ``stages.<s>.``.
 STAGE_PARAMETERS = {
     "embed.W": ("n_channels", "patch_size", "patch_size", "d",),
     "embed.b": ("d",),
     "embed_norm.gain": ("d",),
     "embed_norm.bias": ("d",),
 }
+#: The parameters of one step, under ``stages.<s>.layers.<n>.``.
 LAYER_PARAMETERS = {
     "norm1.gain": ("d",),
     "norm1.bias": ("d",),
@@ -66,6 +68,7 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
+#: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "final_norm.gain": ("d",),
     "final_norm.bias": ("d",),
@@ -383,6 +386,7 @@ def _load_all(module, params):
 
 
 def _group(module, table, sizes, factory):
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):

@@ -48,27 +48,27 @@ COMPUTES = "6c30ad3674e9b2ed"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "conv1.W": ('n_channels', 3, 3, 'd'),
-    "conv1.b": ('d',),
-    "bn1.gain": ('d',),
-    "bn1.bias": ('d',),
-    "bn1.mean": ('d',),
-    "bn1.var": ('d',),
-    "conv2.W": ('d', 3, 3, 'd'),
-    "conv2.b": ('d',),
-    "bn2.gain": ('d',),
-    "bn2.bias": ('d',),
-    "bn2.mean": ('d',),
-    "bn2.var": ('d',),
+    "conv1.W": ("n_channels", 3, 3, "d",),
+    "conv1.b": ("d",),
+    "bn1.gain": ("d",),
+    "bn1.bias": ("d",),
+    "bn1.mean": ("d",),
+    "bn1.var": ("d",),
+    "conv2.W": ("d", 3, 3, "d",),
+    "conv2.b": ("d",),
+    "bn2.gain": ("d",),
+    "bn2.bias": ("d",),
+    "bn2.mean": ("d",),
+    "bn2.var": ("d",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
-    "shortcut.W": ('n_channels', 1, 1, 'd'),
-    "shortcut.b": ('d',),
-    "bn3.gain": ('d',),
-    "bn3.bias": ('d',),
-    "bn3.mean": ('d',),
-    "bn3.var": ('d',),
+    "shortcut.W": ("n_channels", 1, 1, "d",),
+    "shortcut.b": ("d",),
+    "bn3.gain": ("d",),
+    "bn3.bias": ("d",),
+    "bn3.mean": ("d",),
+    "bn3.var": ("d",),
 }
 
 
@@ -130,7 +130,7 @@ def _interleave(blocks, axes):
 
 
 def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``conv1.W``)."""
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):

@@ -38,16 +38,16 @@ COMPUTES = "209472fe8df73796"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "down.W": ('n_channels', 3, 3, 'd'),
-    "down.b": ('d',),
-    "conv.W": ('d', 3, 3, 'd'),
-    "conv.b": ('d',),
-    "bn.gain": ('d',),
-    "bn.bias": ('d',),
-    "bn.mean": ('d',),
-    "bn.var": ('d',),
-    "up.W": ('d', 2, 2, 'n_channels'),
-    "up.b": ('n_channels',),
+    "down.W": ("n_channels", 3, 3, "d",),
+    "down.b": ("d",),
+    "conv.W": ("d", 3, 3, "d",),
+    "conv.b": ("d",),
+    "bn.gain": ("d",),
+    "bn.bias": ("d",),
+    "bn.mean": ("d",),
+    "bn.var": ("d",),
+    "up.W": ("d", 2, 2, "n_channels",),
+    "up.b": ("n_channels",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
@@ -112,7 +112,7 @@ def _interleave(blocks, axes):
 
 
 def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``conv1.W``)."""
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):

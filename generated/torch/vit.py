@@ -408,8 +408,8 @@ def _group(module, table, sizes, factory):
         group, attribute = name.split(".")
         if not hasattr(module, group):
             module.add_module(group, torch.nn.Module())
-        value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
-        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(value))
+        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
 def _rows(field, axis: int, offset: int, sizes):

@@ -903,9 +903,6 @@ def _embedding_vjp(image, u0_bar, p, patch_size):
     batch, n_channels, height, width = image.shape
     n_rows, n_cols = height // patch_size, width // patch_size
     embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_cls = p["embed.cls"]
-    embed_pos = p["embed.pos"]
 
     # --- adjoint of initial condition on the token domain ---
     # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
@@ -942,7 +939,6 @@ def _embedding_vjp(image, u0_bar, p, patch_size):
 def _readout_vjp(u, head_logits_bar, p):
     """The derived adjoint of the readout: the costate of the logits → (costate of u, gradients)."""
     head_W = p["head.W"]
-    head_b = p["head.b"]
 
     # --- head: class-token-head ---
     # u at 0, l (a view)

@@ -183,6 +183,16 @@ def _stage_grids(stages, height, width):
     return patches
 
 
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
+
+    node = 1 if config["cls"] else 0  # the class node, before the grid's
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
+            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
@@ -1005,16 +1015,6 @@ def _readout(cls, p, config, eps):
     del head_z
 
     return head_logits
-
-
-def _grid_sizes(config, n_rows, n_cols):
-    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
-    def size(n):
-        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
-
-    node = 1 if config["cls"] else 0  # the class node, before the grid's
-    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
-            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
 def _checked(pixel_values, params, stages, eps):

@@ -137,6 +137,16 @@ def _stage_grids(stages, height, width):
     return patches
 
 
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
+
+    node = 1 if config["cls"] else 0  # the class node, before the grid's
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
+            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
@@ -901,16 +911,6 @@ def _readout(cls, p, config, eps):
     del head_z
 
     return head_logits
-
-
-def _grid_sizes(config, n_rows, n_cols):
-    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
-    def size(n):
-        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
-
-    node = 1 if config["cls"] else 0  # the class node, before the grid's
-    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
-            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
 def _stages(model, u):

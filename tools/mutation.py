@@ -73,7 +73,7 @@ _NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("model", "cnn_operator
                                                            "image.py"))
 #: Templates of the networks' modules only (their own and what only they include).
 _NETWORK_TEMPLATES = tuple(f"templates/{folder}{name}" for folder in ("", "numpy/", "torch/")
-                           for name in ("model", "cvt", "grid", "stage_backward", "adjoint_views", "costate",
+                           for name in ("model", "cvt", "grid", "programs", "adjoint_views", "costate",
                                         "token_views", "windows", "load_all", "network", "parameters"))
 _VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
 _VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")

@@ -520,7 +520,6 @@ def _embedding(u0, p, config, eps):
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
     embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     del tokens
-
     return embed_norm_out
 
 
@@ -568,7 +567,6 @@ def _embedding_cls(u0, p, config, eps):
     # the parts one after another along the token axis
     x0 = _join(x0_part1, x0_part2)
     del x0_part1, x0_part2
-
     return x0
 
 
@@ -746,7 +744,6 @@ def _step(u0, p, config, eps):
     # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
     del ffn_out, u1
-
     return u2
 
 
@@ -939,7 +936,6 @@ def _step_cls(u0, p, config, eps):
     # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
     del ffn_out, u1
-
     return u2
 
 
@@ -954,7 +950,6 @@ def _grid(u, p, config, eps):
     # {g}_{l,p,q} = {u}_{N_{2} p + q,l}
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
-
     return hidden
 
 
@@ -969,7 +964,6 @@ def _grid_cls(u, p, config, eps):
     # {g}_{l,p,q} = {u}_{N_{2} p + q + 1,l}
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
-
     return hidden
 
 
@@ -985,7 +979,6 @@ def _node(u, p, config, eps):
     # the parts one after another along the token axis
     node = _join(node_part1)
     del node_part1
-
     return node
 
 
@@ -1013,7 +1006,6 @@ def _readout(cls, p, config, eps):
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
-
     return head_logits
 
 

@@ -286,7 +286,6 @@ def _step_with(u0, p, stride, eps):
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
     relu2_out = np.maximum(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None], 0)
     del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
-
     return relu2_out
 
 
@@ -339,7 +338,6 @@ def _step_identity(u0, p, stride, eps):
     # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
     relu2_out = np.maximum(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0, 0)
     del bn2_a, bn2_c, conv2_out
-
     return relu2_out
 
 

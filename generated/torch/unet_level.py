@@ -201,7 +201,6 @@ def _step_identity(u0, p, stride, eps):
     # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
     u1 = u0 + up_out
     del up_out
-
     return u1
 
 

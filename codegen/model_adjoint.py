@@ -58,6 +58,27 @@ def shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
     return point, offset, stride, padding
 
 
+def _shifted_axes(indices) -> tuple[list, list, list, list, set]:
+    """The indices of an array read or written at shifted points ``S p + r − padding`` (or at a fixed
+    node): the plain and coarse indices, the kernel offsets, the shifted axes (after the batch
+    axis), each axis as a view index (``":"`` or the node) and the shapes ``(size, stride, padding)``."""
+    kept, offsets, axes, points, shapes = [], [], [], [":"], set()
+    for position, index in enumerate(indices):
+        if index.is_Integer:
+            points.append(int(index))
+            continue
+        points.append(":")
+        if isinstance(index, sp.Idx):
+            kept.append(index)
+            continue
+        point, offset, stride, padding = shifted_read(index)
+        kept.append(point)
+        offsets.append(offset)
+        axes.append(position + 1)
+        shapes.add((offset.upper + 1, stride, padding))
+    return kept, offsets, axes, points, shapes
+
+
 class StageLowering(Lowering):
     """The lowering of a model stage's assignments: shifted reads of convolutions, grids, patches."""
 
@@ -101,17 +122,9 @@ class StageLowering(Lowering):
 
     def interleave(self, assignment: Assignment, section: str) -> None:
         """``out[…, S p + r, …] = value`` → the value per coarse node and offset, then ``Interleave``."""
-        kept, offsets, axes = [], [], []
-        for position, index in enumerate(assignment.lhs.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                continue
-            point, offset, stride, padding = shifted_read(index)
-            if padding != 0 or stride != offset.upper + 1:
-                raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
-            kept.append(point)
-            offsets.append(offset)
-            axes.append(position + 1)
+        kept, offsets, axes, points, shapes = _shifted_axes(assignment.lhs.indices)
+        if set(points) != {":"} or any(padding != 0 or stride != size for size, stride, padding in shapes):
+            raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
         blocks = f"{assignment.target}_blocks"
         self.assignment(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
         self.ops.append(Interleave(assignment.target, (BATCH,) + tuple(str(index) for index in kept),
@@ -119,19 +132,10 @@ class StageLowering(Lowering):
         self.ops[-2] = self.ops[-2].with_comment("the value at each coarse node and offset", section)
 
     def window(self, read: sp.Indexed, assignment: Assignment, section: str) -> sp.Indexed:
-        axes, kept, points, offsets, shapes = [], [], [], [], set()
-        for position, index in enumerate(read.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                continue
-            point, offset, stride, padding = shifted_read(index)
-            axes.append(position + 1)  # after the batch axis
-            kept.append(point)
-            points.append(point)
-            offsets.append(offset)
-            shapes.add((offset.upper + 1, stride, padding))
-        if len(shapes) != 1:
-            raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis")
+        kept, offsets, axes, points, shapes = _shifted_axes(read.indices)
+        if len(shapes) != 1 or set(points) != {":"}:
+            raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis "
+                                   "of a read at windows (and no axis read at a node)")
         (size, stride, padding), = shapes
         name = f"{assignment.target}_windows"
         target = sp.IndexedBase(name)[tuple(kept + offsets)]
@@ -246,20 +250,7 @@ class StageAdjointLowering(StageLowering, AdjointLowering):
         like = self.shapes[target]
         if self.scatter_rows(assignment, like, section):
             return
-        kept, offsets, axes, points, shapes = [], [], [], [":"], set()
-        for position, index in enumerate(assignment.lhs.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                points.append(":")
-            elif index.is_Integer:
-                points.append(int(index))
-            else:
-                point, offset, stride, padding = shifted_read(index)
-                kept.append(point)
-                offsets.append(offset)
-                axes.append(position + 1)
-                points.append(":")
-                shapes.add((offset.upper + 1, stride, padding))
+        kept, offsets, axes, points, shapes = _shifted_axes(assignment.lhs.indices)
         if len(shapes) > 1 or (shapes and any(isinstance(p, int) for p in points)):
             raise SplitformerError(f"{target}: an adjoint written at windows of different shapes, or at windows and points")
         blocks = f"{target}_blocks"

@@ -97,6 +97,14 @@ class StageLowering(Lowering):
             self.tensors[name] = TensorInfo(name, tensor.role, (BATCH,) + labels if tensor.batched else labels,
                                             tensor.parameter, tensor.shape, view, tensor.kind)
 
+    def viewed(self, assignment: Assignment, section: str, view) -> Assignment:
+        """``assignment`` with each read at a pattern (an index not plain) replaced by the plain read
+        ``view(read, assignment, section)`` returns (a view it lowered)."""
+        reads = sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
+        return replace(assignment, rhs=assignment.rhs.xreplace({
+            read: view(read, assignment, section) for read in reads
+            if not all(isinstance(index, sp.Idx) for index in read.indices)}))
+
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
         if reads and all(name in self.tensors and self.tensors[name].role == "param" for name in reads):
@@ -112,12 +120,7 @@ class StageLowering(Lowering):
             self.ops.append(Point(assignment.target, self.labels(assignment.lhs), source=str(rhs.base.label),
                                   index=(":",) + index).with_comment(assignment.quadrature, section))
             return
-        replacements = {}
-        for read in sorted(rhs.atoms(sp.Indexed), key=sp.default_sort_key):
-            if all(isinstance(index, sp.Idx) for index in read.indices):
-                continue
-            replacements[read] = self.window(read, assignment, section)
-        super().assignment(replace(assignment, rhs=rhs.xreplace(replacements)), section)
+        super().assignment(self.viewed(assignment, section, self.window), section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
 
     def interleave(self, assignment: Assignment, section: str) -> None:
@@ -214,15 +217,11 @@ class StageAdjointLowering(StageLowering, AdjointLowering):
         return sp.IndexedBase(name)[tuple(indices)]
 
     def assignment(self, assignment, section: str = "") -> None:
-        views = {read: self.view(read, assignment, section)
-                 for read in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
-                 if not all(isinstance(index, sp.Idx) for index in read.indices)}
-        rhs = assignment.rhs.xreplace(views)
-        if is_plain(assignment.lhs.indices):
-            if not self.summed_array(replace(assignment, rhs=rhs), section):
-                AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
-        else:
-            self.scatter(replace(assignment, rhs=rhs), section)
+        viewed = self.viewed(assignment, section, self.view)
+        if not is_plain(assignment.lhs.indices):
+            self.scatter(viewed, section)
+        elif not self.summed_array(viewed, section):
+            AdjointLowering.assignment(self, viewed, section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
 
     def summed_array(self, assignment, section: str) -> bool:

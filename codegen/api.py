@@ -30,9 +30,8 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_scheme_or_network
 from splitformer.symbolic.scheme_file import load_scheme
 
-from .in_memory import load_source
 from .ir import Module
-from .network_api import NetworkDerivation
+from .network_api import GeneratedModules, NetworkDerivation, check_write_options
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
@@ -55,7 +54,7 @@ def as_scheme(scheme: Scheme | str, activation: str | None = None) -> Scheme:
 
 
 @dataclass
-class Derivation:
+class Derivation(GeneratedModules):
     """A derived scheme: program, records, orders, report, and the generated code."""
 
     scheme: Scheme
@@ -125,29 +124,13 @@ class Derivation:
             block, final_norm = self.lowered
             return render_module(self.scheme, block, final_norm, backend, *self.backward)
 
-    def numpy_module(self) -> types.ModuleType:
-        """The generated NumPy module, in memory: ``forward``, ``forward_stack``, ``PARAMETERS``."""
-        return self._module("numpy")
-
-    def torch_module(self) -> types.ModuleType:
-        """The generated PyTorch module, in memory: ``Block``, ``Stack``, ``PARAMETERS``."""
-        return self._module("torch")
-
-    def _module(self, backend: str) -> types.ModuleType:
-        if backend not in self._modules:
-            self._modules[backend] = load_source(self.source(backend), backend, self.name)
-        return self._modules[backend]
-
     def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
         """Write the modules and the report under ``out`` (all or nothing); returns the paths.
 
         ``force`` overwrites modules and reports that splitformer did not write (``splitformer
         derive --force``); a package ``__init__.py`` of your own is always kept.
         """
-        if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
-            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
-        if not isinstance(force, bool):
-            raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
+        check_write_options(backend, force)
         out = as_folder(out, "out")
         with plugin_failures(self.scheme):
             files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)

@@ -58,6 +58,27 @@ def shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
     return point, offset, stride, padding
 
 
+def _shifted_axes(indices) -> tuple[list, list, list, list, set]:
+    """The indices of an array read or written at shifted points ``S p + r − padding`` (or at a fixed
+    node): the plain and coarse indices, the kernel offsets, the shifted axes (after the batch
+    axis), each axis as a view index (``":"`` or the node) and the shapes ``(size, stride, padding)``."""
+    kept, offsets, axes, points, shapes = [], [], [], [":"], set()
+    for position, index in enumerate(indices):
+        if index.is_Integer:
+            points.append(int(index))
+            continue
+        points.append(":")
+        if isinstance(index, sp.Idx):
+            kept.append(index)
+            continue
+        point, offset, stride, padding = shifted_read(index)
+        kept.append(point)
+        offsets.append(offset)
+        axes.append(position + 1)
+        shapes.add((offset.upper + 1, stride, padding))
+    return kept, offsets, axes, points, shapes
+
+
 class StageLowering(Lowering):
     """The lowering of a model stage's assignments: shifted reads of convolutions, grids, patches."""
 
@@ -76,6 +97,14 @@ class StageLowering(Lowering):
             self.tensors[name] = TensorInfo(name, tensor.role, (BATCH,) + labels if tensor.batched else labels,
                                             tensor.parameter, tensor.shape, view, tensor.kind)
 
+    def viewed(self, assignment: Assignment, section: str, view) -> Assignment:
+        """``assignment`` with each read at a pattern (an index not plain) replaced by the plain read
+        ``view(read, assignment, section)`` returns (a view it lowered)."""
+        reads = sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
+        return replace(assignment, rhs=assignment.rhs.xreplace({
+            read: view(read, assignment, section) for read in reads
+            if not all(isinstance(index, sp.Idx) for index in read.indices)}))
+
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
         if reads and all(name in self.tensors and self.tensors[name].role == "param" for name in reads):
@@ -91,27 +120,14 @@ class StageLowering(Lowering):
             self.ops.append(Point(assignment.target, self.labels(assignment.lhs), source=str(rhs.base.label),
                                   index=(":",) + index).with_comment(assignment.quadrature, section))
             return
-        replacements = {}
-        for read in sorted(rhs.atoms(sp.Indexed), key=sp.default_sort_key):
-            if all(isinstance(index, sp.Idx) for index in read.indices):
-                continue
-            replacements[read] = self.window(read, assignment, section)
-        super().assignment(replace(assignment, rhs=rhs.xreplace(replacements)), section)
+        super().assignment(self.viewed(assignment, section, self.window), section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
 
     def interleave(self, assignment: Assignment, section: str) -> None:
         """``out[…, S p + r, …] = value`` → the value per coarse node and offset, then ``Interleave``."""
-        kept, offsets, axes = [], [], []
-        for position, index in enumerate(assignment.lhs.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                continue
-            point, offset, stride, padding = shifted_read(index)
-            if padding != 0 or stride != offset.upper + 1:
-                raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
-            kept.append(point)
-            offsets.append(offset)
-            axes.append(position + 1)
+        kept, offsets, axes, points, shapes = _shifted_axes(assignment.lhs.indices)
+        if set(points) != {":"} or any(padding != 0 or stride != size for size, stride, padding in shapes):
+            raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
         blocks = f"{assignment.target}_blocks"
         self.assignment(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
         self.ops.append(Interleave(assignment.target, (BATCH,) + tuple(str(index) for index in kept),
@@ -119,19 +135,10 @@ class StageLowering(Lowering):
         self.ops[-2] = self.ops[-2].with_comment("the value at each coarse node and offset", section)
 
     def window(self, read: sp.Indexed, assignment: Assignment, section: str) -> sp.Indexed:
-        axes, kept, points, offsets, shapes = [], [], [], [], set()
-        for position, index in enumerate(read.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                continue
-            point, offset, stride, padding = shifted_read(index)
-            axes.append(position + 1)  # after the batch axis
-            kept.append(point)
-            points.append(point)
-            offsets.append(offset)
-            shapes.add((offset.upper + 1, stride, padding))
-        if len(shapes) != 1:
-            raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis")
+        kept, offsets, axes, points, shapes = _shifted_axes(read.indices)
+        if len(shapes) != 1 or set(points) != {":"}:
+            raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis "
+                                   "of a read at windows (and no axis read at a node)")
         (size, stride, padding), = shapes
         name = f"{assignment.target}_windows"
         target = sp.IndexedBase(name)[tuple(kept + offsets)]
@@ -210,15 +217,11 @@ class StageAdjointLowering(StageLowering, AdjointLowering):
         return sp.IndexedBase(name)[tuple(indices)]
 
     def assignment(self, assignment, section: str = "") -> None:
-        views = {read: self.view(read, assignment, section)
-                 for read in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
-                 if not all(isinstance(index, sp.Idx) for index in read.indices)}
-        rhs = assignment.rhs.xreplace(views)
-        if is_plain(assignment.lhs.indices):
-            if not self.summed_array(replace(assignment, rhs=rhs), section):
-                AdjointLowering.assignment(self, replace(assignment, rhs=rhs), section)
-        else:
-            self.scatter(replace(assignment, rhs=rhs), section)
+        viewed = self.viewed(assignment, section, self.view)
+        if not is_plain(assignment.lhs.indices):
+            self.scatter(viewed, section)
+        elif not self.summed_array(viewed, section):
+            AdjointLowering.assignment(self, viewed, section)
         self.ops[-1] = self.ops[-1].with_comment(assignment.quadrature, section)
 
     def summed_array(self, assignment, section: str) -> bool:
@@ -246,20 +249,7 @@ class StageAdjointLowering(StageLowering, AdjointLowering):
         like = self.shapes[target]
         if self.scatter_rows(assignment, like, section):
             return
-        kept, offsets, axes, points, shapes = [], [], [], [":"], set()
-        for position, index in enumerate(assignment.lhs.indices):
-            if isinstance(index, sp.Idx):
-                kept.append(index)
-                points.append(":")
-            elif index.is_Integer:
-                points.append(int(index))
-            else:
-                point, offset, stride, padding = shifted_read(index)
-                kept.append(point)
-                offsets.append(offset)
-                axes.append(position + 1)
-                points.append(":")
-                shapes.add((offset.upper + 1, stride, padding))
+        kept, offsets, axes, points, shapes = _shifted_axes(assignment.lhs.indices)
         if len(shapes) > 1 or (shapes and any(isinstance(p, int) for p in points)):
             raise SplitformerError(f"{target}: an adjoint written at windows of different shapes, or at windows and points")
         blocks = f"{target}_blocks"

@@ -31,78 +31,67 @@ __all__ = ["Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows"
 
 
 @dataclass(frozen=True)
-class Window(Op):
+class _View(Op):
+    """An operation on the one array ``source`` (a view of it, or its blocks written out)."""
+
     source: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.source]
+
+
+@dataclass(frozen=True)
+class _Scatter(_View):
+    """The adjoint of a view: ``source`` written at the points the view read, shaped like ``like``."""
+
+    like: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.source, self.like]
+
+
+@dataclass(frozen=True)
+class Window(_View):
     axes: tuple[int, ...] = ()
     size: sp.Expr = sp.Integer(1)
     stride: sp.Expr = sp.Integer(1)
     padding: sp.Expr = sp.Integer(0)
 
-    def reads(self) -> list[str]:
-        return [self.source]
-
 
 @dataclass(frozen=True)
-class Interleave(Op):
-    source: str = ""
+class Interleave(_View):
     axes: tuple[int, ...] = ()
 
-    def reads(self) -> list[str]:
-        return [self.source]
-
 
 @dataclass(frozen=True)
-class Point(Op):
-    source: str = ""
+class Point(_View):
     index: tuple[str | int, ...] = ()
 
-    def reads(self) -> list[str]:
-        return [self.source]
-
 
 @dataclass(frozen=True)
-class Rows(Op):
-    source: str = ""
+class Rows(_View):
     axis: int = 1
     offset: int = 0
     sizes: tuple[sp.Expr, ...] = ()
 
-    def reads(self) -> list[str]:
-        return [self.source]
-
 
 @dataclass(frozen=True)
-class Fold(Op):
-    source: str = ""
-    like: str = ""
+class Fold(_Scatter):
     axes: tuple[int, ...] = ()
     size: sp.Expr = sp.Integer(1)
     stride: sp.Expr = sp.Integer(1)
     padding: sp.Expr = sp.Integer(0)
 
-    def reads(self) -> list[str]:
-        return [self.source, self.like]
-
 
 @dataclass(frozen=True)
-class Place(Op):
-    source: str = ""
-    like: str = ""
+class Place(_Scatter):
     index: tuple[str | int, ...] = ()
 
-    def reads(self) -> list[str]:
-        return [self.source, self.like]
-
 
 @dataclass(frozen=True)
-class PlaceRows(Op):
-    source: str = ""
-    like: str = ""
+class PlaceRows(_Scatter):
     axis: int = 1
     offset: int = 0
-
-    def reads(self) -> list[str]:
-        return [self.source, self.like]
 
 
 @dataclass(frozen=True)
@@ -114,33 +103,32 @@ class Join(Op):
 
 
 @dataclass(frozen=True)
-class Convolution(Op):
-    """``out[b, l, p, q] = Σ_{c,r,s} x[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``.
-
-    ``depthwise``: ``W[r, s, l]`` and ``c = l`` (each channel convolved with its own kernel);
-    ``channels_last``: ``out[b, p, q, l]`` (the patches of a patch embedding, as tokens).
-    """
+class _Kernel(Op):
+    """A contraction of ``x`` with a kernel ``weight`` (and a ``bias``)."""
 
     x: str = ""
     weight: str = ""
     bias: str | None = None
-    size: sp.Expr = sp.Integer(1)
-    stride: sp.Expr = sp.Integer(1)
-    padding: sp.Expr = sp.Integer(0)
-    depthwise: bool = False
-    channels_last: bool = False
 
     def reads(self) -> list[str]:
         return [self.x, self.weight] + ([self.bias] if self.bias else [])
 
 
 @dataclass(frozen=True)
-class TransposedConvolution(Op):
+class Convolution(_Kernel):
+    """``out[b, l, p, q] = Σ_{c,r,s} x[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``.
+
+    ``depthwise``: ``W[r, s, l]`` and ``c = l`` (each channel convolved with its own kernel);
+    ``channels_last``: ``out[b, p, q, l]`` (the patches of a patch embedding, as tokens).
+    """
+
+    size: sp.Expr = sp.Integer(1)
+    stride: sp.Expr = sp.Integer(1)
+    padding: sp.Expr = sp.Integer(0)
+    depthwise: bool = False
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class TransposedConvolution(_Kernel):
     """``out[b, l, S p + r, S q + s] = Σ_k x[b, k, p, q] W[k, r, s, l] (+ bias[l])``, kernel = stride ``S``."""
-
-    x: str = ""
-    weight: str = ""
-    bias: str | None = None
-
-    def reads(self) -> list[str]:
-        return [self.x, self.weight] + ([self.bias] if self.bias else [])

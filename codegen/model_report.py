@@ -45,7 +45,7 @@ def render_model_report(model: ModelProgram) -> str:
         model=model, spec=model.spec, version=__version__, domains=domains, pixel=sp.latex(PIXEL),
         embedding_positions=_positions(model.spec.embedding), readout_positions=_positions(model.spec.readout),
         tokens=TOKENS_LATEX, tokens_discrete=TOKENS_DISCRETE, step_equation=equation_latex(model.spec.scheme),
-        checks=model_check_ids(model.spec.name), adjoint=_adjoint_pieces(adjoint),
+        checks=model_check_ids(model.spec.name), pieces=_adjoint_pieces(adjoint),
     )
 
 

@@ -25,11 +25,36 @@ from .model_pipeline import generate_model
 from .output import as_folder, write_files
 from .pipeline import BACKEND_CHOICES
 
-__all__ = ["NetworkDerivation"]
+__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options"]
+
+
+class GeneratedModules:
+    """The generated modules of a derivation (``source(backend)``), loaded in memory once each."""
+
+    def numpy_module(self) -> types.ModuleType:
+        """The generated NumPy module, in memory (what the file defines: ``forward``, ``PARAMETERS``…)."""
+        return self._module("numpy")
+
+    def torch_module(self) -> types.ModuleType:
+        """The generated PyTorch module, in memory."""
+        return self._module("torch")
+
+    def _module(self, backend: str) -> types.ModuleType:
+        if backend not in self._modules:
+            self._modules[backend] = load_source(self.source(backend), backend, self.name)
+        return self._modules[backend]
+
+
+def check_write_options(backend: object, force: object) -> None:
+    """``write``'s options: a known backend (or ``all``) and a bool ``force``."""
+    if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
+        raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
+    if not isinstance(force, bool):
+        raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
 
 
 @dataclass
-class NetworkDerivation:
+class NetworkDerivation(GeneratedModules):
     """A derived network: its generated modules and report."""
 
     spec: NetworkSpec
@@ -59,25 +84,9 @@ class NetworkDerivation:
             raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
         return self._files[Path(backend) / f"{self.name}.py"]
 
-    def numpy_module(self) -> types.ModuleType:
-        """The generated NumPy module, in memory (``forward``, ``logits``, ``vjp``… as the file)."""
-        return self._module("numpy")
-
-    def torch_module(self) -> types.ModuleType:
-        """The generated PyTorch module, in memory."""
-        return self._module("torch")
-
-    def _module(self, backend: str) -> types.ModuleType:
-        if backend not in self._modules:
-            self._modules[backend] = load_source(self.source(backend), backend, self.name)
-        return self._modules[backend]
-
     def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
         """Write the modules and the report under ``out`` (all or nothing); returns the paths."""
-        if not isinstance(backend, str) or backend not in BACKEND_CHOICES:
-            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: {', '.join(BACKEND_CHOICES)})")
-        if not isinstance(force, bool):
-            raise SplitformerError(f"force: expected bool, got {type(force).__name__}")
+        check_write_options(backend, force)
         out = as_folder(out, "out")
         files = generate_model(self.spec, BACKEND_CHOICES[backend], out, self.passes)
         write_files(files, force=force, root=out)

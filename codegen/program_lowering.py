@@ -40,10 +40,7 @@ class _ProgramLowering(StageAdjointLowering):
         reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
         for name in sorted(reads & set(self.parts)):
             self.join(name)
-        views = {read: self.view(read, assignment, section)
-                 for read in sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
-                 if not all(isinstance(index, sp.Idx) for index in read.indices)}
-        assignment = replace(assignment, rhs=assignment.rhs.xreplace(views))
+        assignment = self.viewed(assignment, section, self.view)
         if is_plain(assignment.lhs.indices) or isinstance(assignment.lhs.indices[0], sp.Idx):
             # plain, or written at shifted points of a grid axis (a prolongation: ``Interleave``)
             StageLowering.assignment(self, assignment, section)

@@ -44,7 +44,8 @@ def environment() -> jinja2.Environment:
     env.filters["doc"] = _escaped
     env.filters["comment"] = _one_line
     env.filters["pyfloat"] = lambda value: repr(float(value))  # a number, or ValueError: never code
-    env.filters["pytuple"] = lambda names: "(" + "".join(f"{python_string(name)}, " for name in names).rstrip(" ") + ")"
+    env.filters["pytuple"] = lambda names: "(" + "".join(
+        f"{python_string(name) if isinstance(name, str) else int(name)}, " for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
     # user text in Markdown: raw HTML is shown, never interpreted

@@ -1,18 +1,32 @@
-"""Template variables of one emitted network program (an embedding, a readout, a grid step, CvT's programs, their adjoints).
+"""Template variables of the emitted network programs (an embedding, a readout, a grid step, CvT's programs).
 
-Input: a lowered stage (``codegen.ir.Module``) and the sizes its model fixes. Output: its
-parameters (shape, view, group) and its statements by section, spelled by the backend.
+Input: a network ``Program`` (its operators' assignments and the chaining between them, in
+index notation) and the sizes its network fixes. Output (``program_context``): its forward,
+lowered (``codegen.program_lowering``) and optimized (``passes.NETWORK_STAGE``), and its
+derived backward, the reverse mode over the same assignments (``codegen.model_adjoint``): the
+forward statements the adjoint reads, then the adjoint; each function's parameters (shape,
+view, group), statements by section spelled by the backend, and what it binds.
 """
 
 from __future__ import annotations
 
 import sympy as sp
 
+from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.program import Program
+
 from .backends import BACKENDS
 from .ir import Module
+from .model_adjoint import lower_stage_adjoint
+from .passes.convolution import convolution
 from .printers import CODE_NAMES, code
+from .program_lowering import lower_program, optimized
 
-__all__ = ["stage_context"]
+__all__ = ["stage_context", "program_context"]
+
+#: Configuration values (``config[name]``) and grid sizes the emitted statements may read.
+CONFIG_NAMES = ("d", "n_heads", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
+                "patch_stride", "patch_padding", "n_rows", "n_cols", "n_rows_kv", "n_cols_kv", "n_tokens", "n_memory")
 
 
 def _size(domain, sizes: dict) -> str | int:
@@ -76,3 +90,50 @@ def stage_context(module: Module, backend: str, sizes: dict, free: bool = False,
             # the names the statements read besides arrays (helpers, sizes), and the arrays they read
             "uses": set().union(*(statement.used for statement in spelled)),
             "reads": {name for op in module.ops for name in op.reads()}}
+
+
+def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
+    """What a function made of ``functions`` binds before its statements: the parameters they read
+    (``Op.reads``), the configuration values and sizes the backend recorded while spelling them
+    (``Spelled.used``) or that the parameters' views and ``reshaped`` shapes name."""
+    arrays = set().union(*(function["reads"] for function in functions))
+    parameters = [parameter for parameter in functions[0]["parameters"] if parameter["variable"] in arrays]
+    code_names = set().union(*(function["uses"] for function in functions))
+    names = code_names.union(*(parameter["view_names"] for parameter in parameters if parameter["view"]),
+                             *(parameter["shape_names"] for parameter in reshaped))
+    head_size = "d_head" in names
+    # any other size the statements read is an axis of a parameter (``d_ff``: ``ffn.W_1``'s second)
+    sizes = {}
+    for parameter in parameters:
+        for axis, size in enumerate(parameter["shape"]):
+            if size in code_names and size not in (*CONFIG_NAMES, "batch", "d_head"):
+                sizes.setdefault(size, (parameter["name"], axis))
+    return {"parameters": parameters,
+            "config": [name for name in CONFIG_NAMES if name in names or (head_size and name in ("d", "n_heads"))],
+            "batch": "batch" in code_names, "d_head": head_size, "dropout_p": "dropout_p" in code_names,
+            "sizes": sizes}
+
+
+def program_context(program: Program, input_name: str, backend: str, sizes: dict | None = None,
+                    group_sizes: dict[str, dict] | None = None) -> dict:
+    """One network program: its forward (``run``, dead arrays freed) and its derived backward (the
+    forward statements the adjoint reads, the adjoint, the seed, the costate of ``input_name``, the
+    gradients in the order of the parameters), each with what it binds (``_binding``)."""
+    forward = convolution(lower_program(program))
+    backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
+
+    def context(module: Module, free: bool = False) -> dict:
+        return stage_context(module, backend, sizes or {}, free, group_sizes)
+
+    run = context(optimized(forward), free=True)
+    with_views = [parameter for parameter in context(forward)["parameters"] if parameter["view"]]
+    functions = [context(backward.forward), context(backward.adjoint)]
+    binding = _binding(functions, with_views)
+    functions[0]["parameters"] = binding["parameters"]
+    shapes = {parameter["name"]: parameter["shape"] for parameter in with_views}
+    order = [tensor.parameter for tensor in program.tensors.values() if tensor.role == "param"]
+    gradients = sorted((name for name in backward.gradients if name != input_name), key=order.index)
+    return {"forward": functions[0], "adjoint": functions[1], "seed": backward.seed, "input": input_name,
+            "gradient_input": backward.gradients[input_name], **binding, "run": {**run, **_binding([run])},
+            "gradients": [{"name": name, "variable": backward.gradients[name], "shape": shapes.get(name)}
+                          for name in gradients]}

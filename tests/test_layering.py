@@ -20,7 +20,7 @@ FOLDERS = {"splitformer": ROOT / "splitformer", "splitformer.symbolic": ROOT / "
 #: call the verification; these modules never do.
 EMISSION = [f"splitformer.codegen.{name}" for name in (
     "ir", "model_ir", "lowering", "program_lowering", "adjoint", "model_adjoint", "passes",
-    "printers", "backends", "render", "stage_render", "model_render", "model_vjp", "cvt_vjp",
+    "printers", "backends", "render", "stage_render", "model_render",
     "report", "report_adjoint", "model_report", "initialization")] + ["splitformer.templates"]
 
 

@@ -29,7 +29,7 @@ def test_every_area_is_mutated_and_the_verification_code_never(population):
     assert set(areas) == set(mutation.AREAS) and min(areas.values()) > 100
     assert not [m for m in population if m.path.startswith(mutation.VERIFICATION)]
     paths = {m.path for m in population}
-    assert {"codegen/program_lowering.py", "codegen/cvt_vjp.py", "codegen/nn.py", "codegen/passes/matmul.py",
+    assert {"codegen/program_lowering.py", "codegen/stage_render.py", "codegen/nn.py", "codegen/passes/matmul.py",
             "codegen/adapters/hf_bert.py", "templates/numpy/module.py.j2", "templates/torch/cvt.py.j2"} <= paths
 
 

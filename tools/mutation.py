@@ -58,7 +58,7 @@ EQUIVALENTS = Path(__file__).with_name("mutation_equivalent.toml")
 #: published references) and a module kept only for old imports.
 VERIFICATION = ("codegen/verification/", "symbolic/references.py", "symbolic/vision_references.py",
                 "symbolic/projection_verifiers.py", "symbolic/evaluate.py", "codegen/convergence.py")
-_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("model_", "cvt_vjp.py", "program_lowering.py", "nn",
+_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("model_", "stage_render.py", "program_lowering.py", "nn",
                                                          "study.py"))
 #: Area → path prefixes (the first area whose prefix matches wins; templates are ``*.py.j2``).
 AREAS = {
@@ -73,8 +73,8 @@ _NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("model", "cnn_operator
                                                            "image.py"))
 #: Templates of the networks' modules only (their own and what only they include).
 _NETWORK_TEMPLATES = tuple(f"templates/{folder}{name}" for folder in ("", "numpy/", "torch/")
-                           for name in ("model", "cvt", "grid", "stage_backward", "adjoint_views", "costate",
-                                        "token_views", "windows", "load_all"))
+                           for name in ("model", "cvt", "grid", "programs", "adjoint_views", "costate",
+                                        "token_views", "windows", "load_all", "network", "parameters"))
 _VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
 _VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")
 #: Fast tests that exercise a file, by path prefix (the first match wins).
@@ -123,9 +123,8 @@ TESTS = {
     "codegen/nn": ("tests/test_nn.py", "tests/test_nn_hf.py"),
     "codegen/hf_": ("tests/test_hf_native.py",),
     "codegen/study.py": ("tests/test_study.py",),
-    "codegen/cvt_vjp.py": ("tests/test_cvt_adjoint.py",),
+    "codegen/stage_render.py": ("tests/test_cvt_adjoint.py", "tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
     "codegen/model_adjoint.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
-    "codegen/model_vjp.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
     "codegen/model_": ("tests/test_network_semantics.py", *_VISION),
     "codegen/program_lowering.py": ("tests/test_network_semantics.py", *_VISION),
     "codegen/": ("tests/test_lowering.py",),

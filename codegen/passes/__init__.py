@@ -29,7 +29,7 @@ PASSES = {
     "reuse-buffers": reuse_buffers,
 }
 DEFAULT = tuple(PASSES.values())
-#: The passes CvT's derived programs run for its forward (``codegen.cvt_vjp``): their arrays are
+#: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their arrays are
 #: kept for the adjoint's recomputation or read by the chaining, so they are merged and fused,
 #: never reused in place.
 NETWORK_STAGE = (inline_elementwise, layer_norm, fused_attention, matmul)

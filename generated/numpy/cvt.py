@@ -183,6 +183,16 @@ def _stage_grids(stages, height, width):
     return patches
 
 
+def _grid_sizes(config, n_rows, n_cols):
+    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
+    def size(n):
+        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
+
+    node = 1 if config["cls"] else 0  # the class node, before the grid's
+    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
+            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
@@ -510,7 +520,6 @@ def _embedding(u0, p, config, eps):
     # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
     embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     del tokens
-
     return embed_norm_out
 
 
@@ -558,7 +567,6 @@ def _embedding_cls(u0, p, config, eps):
     # the parts one after another along the token axis
     x0 = _join(x0_part1, x0_part2)
     del x0_part1, x0_part2
-
     return x0
 
 
@@ -736,7 +744,6 @@ def _step(u0, p, config, eps):
     # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
     del ffn_out, u1
-
     return u2
 
 
@@ -929,7 +936,6 @@ def _step_cls(u0, p, config, eps):
     # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
     u2 = ffn_out + u1
     del ffn_out, u1
-
     return u2
 
 
@@ -944,7 +950,6 @@ def _grid(u, p, config, eps):
     # {g}_{l,p,q} = {u}_{N_{2} p + q,l}
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
-
     return hidden
 
 
@@ -959,7 +964,6 @@ def _grid_cls(u, p, config, eps):
     # {g}_{l,p,q} = {u}_{N_{2} p + q + 1,l}
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
-
     return hidden
 
 
@@ -975,7 +979,6 @@ def _node(u, p, config, eps):
     # the parts one after another along the token axis
     node = _join(node_part1)
     del node_part1
-
     return node
 
 
@@ -1003,18 +1006,7 @@ def _readout(cls, p, config, eps):
     # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
-
     return head_logits
-
-
-def _grid_sizes(config, n_rows, n_cols):
-    """``config`` with the sizes of a stage's grid and of its key grid (the K, V convolutions' output)."""
-    def size(n):
-        return (n + 2 * config["padding_kv"] - config["kernel_qkv"]) // config["stride_kv"] + 1
-
-    node = 1 if config["cls"] else 0  # the class node, before the grid's
-    return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
-            "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
 def _checked(pixel_values, params, stages, eps):
@@ -1106,10 +1098,8 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     embed_norm_gain = p["embed_norm.gain"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
     # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
@@ -1160,10 +1150,10 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
     u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
-        "embed_norm.bias": embed_norm_bias_bar,
-        "embed_norm.gain": embed_norm_gain_bar,
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
+        "embed_norm.gain": embed_norm_gain_bar,
+        "embed_norm.bias": embed_norm_bias_bar,
     }
 
 
@@ -1182,10 +1172,8 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
-    embed_out_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
-    embed_out = _einsum("bcpqrs,crsl->blpq", embed_out_windows, embed_W) + embed_b[None, :, None, None]
+    embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
     # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
@@ -1250,11 +1238,11 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
     u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
-        "cls": cls_bar,
-        "embed_norm.bias": embed_norm_bias_bar,
-        "embed_norm.gain": embed_norm_gain_bar,
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
+        "embed_norm.gain": embed_norm_gain_bar,
+        "embed_norm.bias": embed_norm_bias_bar,
+        "cls": cls_bar,
     }
 
 
@@ -1321,10 +1309,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -1335,10 +1321,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _einsum("blfhrs,rsl->blfh", kconv_out_windows, kconv_W)
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -1349,10 +1333,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _einsum("blfhrs,rsl->blfh", vconv_out_windows, vconv_W)
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
@@ -1628,37 +1610,37 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
     u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
     return u0_bar, {
-        "ffn.W_2": ffn_W_2_bar,
-        "ffn.b_2": ffn_b_2_bar,
-        "ffn.W_1": ffn_W_1_bar,
-        "ffn.b_1": ffn_b_1_bar,
-        "norm2.bias": norm2_bias_bar,
-        "norm2.gain": norm2_gain_bar,
-        "attn.W_o": attn_W_o_bar.reshape(d, d),
-        "attn.b_o": attn_b_o_bar,
-        "attn.W_v": attn_W_v_bar.reshape(d, d),
-        "attn.b_v": attn_b_v_bar.reshape(d),
-        "attn.W_k": attn_W_k_bar.reshape(d, d),
-        "attn.b_k": attn_b_k_bar.reshape(d),
-        "attn.W_q": attn_W_q_bar.reshape(d, d),
-        "attn.b_q": attn_b_q_bar.reshape(d),
-        "vbn.bias": vbn_bias_bar,
-        "vbn.mean": vbn_mean_bar,
-        "vbn.gain": vbn_gain_bar,
-        "vbn.var": vbn_var_bar,
-        "vconv.W": vconv_W_bar,
-        "kbn.bias": kbn_bias_bar,
-        "kbn.mean": kbn_mean_bar,
-        "kbn.gain": kbn_gain_bar,
-        "kbn.var": kbn_var_bar,
-        "kconv.W": kconv_W_bar,
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "qconv.W": qconv_W_bar,
+        "qbn.gain": qbn_gain_bar,
         "qbn.bias": qbn_bias_bar,
         "qbn.mean": qbn_mean_bar,
-        "qbn.gain": qbn_gain_bar,
         "qbn.var": qbn_var_bar,
-        "qconv.W": qconv_W_bar,
-        "norm1.bias": norm1_bias_bar,
-        "norm1.gain": norm1_gain_bar,
+        "kconv.W": kconv_W_bar,
+        "kbn.gain": kbn_gain_bar,
+        "kbn.bias": kbn_bias_bar,
+        "kbn.mean": kbn_mean_bar,
+        "kbn.var": kbn_var_bar,
+        "vconv.W": vconv_W_bar,
+        "vbn.gain": vbn_gain_bar,
+        "vbn.bias": vbn_bias_bar,
+        "vbn.mean": vbn_mean_bar,
+        "vbn.var": vbn_var_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
     }
 
 
@@ -1725,10 +1707,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
-    qconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
-    qconv_out = _einsum("blpqrs,rsl->blpq", qconv_out_windows, qconv_W)
+    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
     # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
@@ -1739,10 +1719,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
-    kconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
-    kconv_out = _einsum("blfhrs,rsl->blfh", kconv_out_windows, kconv_W)
+    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
     # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
@@ -1753,10 +1731,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
-    vconv_out_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
-    vconv_out = _einsum("blfhrs,rsl->blfh", vconv_out_windows, vconv_W)
+    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
     # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
@@ -2057,37 +2033,37 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
     u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
     return u0_bar, {
-        "ffn.W_2": ffn_W_2_bar,
-        "ffn.b_2": ffn_b_2_bar,
-        "ffn.W_1": ffn_W_1_bar,
-        "ffn.b_1": ffn_b_1_bar,
-        "norm2.bias": norm2_bias_bar,
-        "norm2.gain": norm2_gain_bar,
-        "attn.W_o": attn_W_o_bar.reshape(d, d),
-        "attn.b_o": attn_b_o_bar,
-        "attn.W_v": attn_W_v_bar.reshape(d, d),
-        "attn.b_v": attn_b_v_bar.reshape(d),
-        "attn.W_k": attn_W_k_bar.reshape(d, d),
-        "attn.b_k": attn_b_k_bar.reshape(d),
-        "attn.W_q": attn_W_q_bar.reshape(d, d),
-        "attn.b_q": attn_b_q_bar.reshape(d),
-        "vbn.bias": vbn_bias_bar,
-        "vbn.mean": vbn_mean_bar,
-        "vbn.gain": vbn_gain_bar,
-        "vbn.var": vbn_var_bar,
-        "vconv.W": vconv_W_bar,
-        "kbn.bias": kbn_bias_bar,
-        "kbn.mean": kbn_mean_bar,
-        "kbn.gain": kbn_gain_bar,
-        "kbn.var": kbn_var_bar,
-        "kconv.W": kconv_W_bar,
+        "norm1.gain": norm1_gain_bar,
+        "norm1.bias": norm1_bias_bar,
+        "qconv.W": qconv_W_bar,
+        "qbn.gain": qbn_gain_bar,
         "qbn.bias": qbn_bias_bar,
         "qbn.mean": qbn_mean_bar,
-        "qbn.gain": qbn_gain_bar,
         "qbn.var": qbn_var_bar,
-        "qconv.W": qconv_W_bar,
-        "norm1.bias": norm1_bias_bar,
-        "norm1.gain": norm1_gain_bar,
+        "kconv.W": kconv_W_bar,
+        "kbn.gain": kbn_gain_bar,
+        "kbn.bias": kbn_bias_bar,
+        "kbn.mean": kbn_mean_bar,
+        "kbn.var": kbn_var_bar,
+        "vconv.W": vconv_W_bar,
+        "vbn.gain": vbn_gain_bar,
+        "vbn.bias": vbn_bias_bar,
+        "vbn.mean": vbn_mean_bar,
+        "vbn.var": vbn_var_bar,
+        "attn.W_q": attn_W_q_bar.reshape(d, d),
+        "attn.b_q": attn_b_q_bar.reshape(d),
+        "attn.W_k": attn_W_k_bar.reshape(d, d),
+        "attn.b_k": attn_b_k_bar.reshape(d),
+        "attn.W_v": attn_W_v_bar.reshape(d, d),
+        "attn.b_v": attn_b_v_bar.reshape(d),
+        "attn.W_o": attn_W_o_bar.reshape(d, d),
+        "attn.b_o": attn_b_o_bar,
+        "norm2.gain": norm2_gain_bar,
+        "norm2.bias": norm2_bias_bar,
+        "ffn.W_1": ffn_W_1_bar,
+        "ffn.b_1": ffn_b_1_bar,
+        "ffn.W_2": ffn_W_2_bar,
+        "ffn.b_2": ffn_b_2_bar,
     }
 
 
@@ -2184,10 +2160,10 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
     # {\overline{cls}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
     cls_bar = final_norm_alpha_bar[:, :, None]/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     return cls_bar, {
+        "final_norm.gain": final_norm_gain_bar,
+        "final_norm.bias": final_norm_bias_bar,
         "head.W": head_W_bar,
         "head.b": head_b_bar,
-        "final_norm.bias": final_norm_bias_bar,
-        "final_norm.gain": final_norm_gain_bar,
     }
 
 

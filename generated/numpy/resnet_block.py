@@ -48,27 +48,27 @@ COMPUTES = "6c30ad3674e9b2ed"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "conv1.W": ('n_channels', 3, 3, 'd'),
-    "conv1.b": ('d',),
-    "bn1.gain": ('d',),
-    "bn1.bias": ('d',),
-    "bn1.mean": ('d',),
-    "bn1.var": ('d',),
-    "conv2.W": ('d', 3, 3, 'd'),
-    "conv2.b": ('d',),
-    "bn2.gain": ('d',),
-    "bn2.bias": ('d',),
-    "bn2.mean": ('d',),
-    "bn2.var": ('d',),
+    "conv1.W": ("n_channels", 3, 3, "d",),
+    "conv1.b": ("d",),
+    "bn1.gain": ("d",),
+    "bn1.bias": ("d",),
+    "bn1.mean": ("d",),
+    "bn1.var": ("d",),
+    "conv2.W": ("d", 3, 3, "d",),
+    "conv2.b": ("d",),
+    "bn2.gain": ("d",),
+    "bn2.bias": ("d",),
+    "bn2.mean": ("d",),
+    "bn2.var": ("d",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
-    "shortcut.W": ('n_channels', 1, 1, 'd'),
-    "shortcut.b": ('d',),
-    "bn3.gain": ('d',),
-    "bn3.bias": ('d',),
-    "bn3.mean": ('d',),
-    "bn3.var": ('d',),
+    "shortcut.W": ("n_channels", 1, 1, "d",),
+    "shortcut.b": ("d",),
+    "bn3.gain": ("d",),
+    "bn3.bias": ("d",),
+    "bn3.mean": ("d",),
+    "bn3.var": ("d",),
 }
 
 
@@ -160,18 +160,18 @@ def _interleave(blocks, axes):
     return blocks.transpose(order).reshape(shape)
 
 
-def _table(params, table, sizes, dtype):
-    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
         if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 
@@ -221,7 +221,7 @@ def _prepare(u, params, stride, eps):
 
 
 def _step_with(u0, p, stride, eps):
-    """The step with R the transfer: the derived program's assignments in order."""
+    """The step_with program: its assignments, the chaining between operators included, in order."""
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -290,7 +290,7 @@ def _step_with(u0, p, stride, eps):
 
 
 def _step_identity(u0, p, stride, eps):
-    """The step with R = 1: the derived program's assignments in order."""
+    """The step_identity program: its assignments, the chaining between operators included, in order."""
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -341,17 +341,10 @@ def _step_identity(u0, p, stride, eps):
     return relu2_out
 
 
-def _step(u0, p, has_transfer, stride, eps):
-    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
-    if has_transfer:
-        return _step_with(u0, p, stride, eps)
-    return _step_identity(u0, p, stride, eps)
-
-
 def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
     u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    return _step(u0, p, has_transfer, stride, eps)
+    return (_step_with if has_transfer else _step_identity)(u0, p, stride, eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -378,224 +371,226 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
-    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
-    if has_transfer:
-        conv1_W = p["conv1.W"]
-        conv1_b = p["conv1.b"]
-        bn1_gain = p["bn1.gain"]
-        bn1_bias = p["bn1.bias"]
-        bn1_mean = p["bn1.mean"]
-        bn1_var = p["bn1.var"]
-        conv2_W = p["conv2.W"]
-        conv2_b = p["conv2.b"]
-        bn2_gain = p["bn2.gain"]
-        bn2_bias = p["bn2.bias"]
-        bn2_mean = p["bn2.mean"]
-        bn2_var = p["bn2.var"]
-        shortcut_W = p["shortcut.W"]
-        shortcut_b = p["shortcut.b"]
-        bn3_gain = p["bn3.gain"]
-        bn3_bias = p["bn3.bias"]
-        bn3_mean = p["bn3.mean"]
-        bn3_var = p["bn3.var"]
+def _step_with_vjp(u0, relu2_out_bar, p, stride, eps):
+    """The derived adjoint of the step_with program: the costate of its output → (costate of u0, gradients)."""
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+    shortcut_W = p["shortcut.W"]
+    shortcut_b = p["shortcut.b"]
+    bn3_gain = p["bn3.gain"]
+    bn3_bias = p["bn3.bias"]
+    bn3_mean = p["bn3.mean"]
+    bn3_var = p["bn3.var"]
 
-        # --- conv1: convolution ---
-        # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-        conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
+    # --- conv1: convolution ---
+    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
 
-        # --- bn1: batch-norm ---
-        # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-        bn1_a = bn1_gain/np.sqrt(eps + bn1_var)
-        # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-        bn1_c = -bn1_gain*bn1_mean/np.sqrt(eps + bn1_var) + bn1_bias
-        # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-        bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
+    # --- bn1: batch-norm ---
+    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_a = bn1_gain/np.sqrt(eps + bn1_var)
+    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_c = -bn1_gain*bn1_mean/np.sqrt(eps + bn1_var) + bn1_bias
+    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
 
-        # --- relu: relu-projection ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
-        relu_out = np.maximum(bn1_out, 0)
+    # --- relu: relu-projection ---
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    relu_out = np.maximum(bn1_out, 0)
 
-        # --- conv2: convolution ---
-        # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-        conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
+    # --- conv2: convolution ---
+    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
 
-        # --- bn2: batch-norm ---
-        # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-        bn2_a = bn2_gain/np.sqrt(eps + bn2_var)
-        # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-        bn2_c = -bn2_gain*bn2_mean/np.sqrt(eps + bn2_var) + bn2_bias
-        # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-        bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
+    # --- bn2: batch-norm ---
+    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_a = bn2_gain/np.sqrt(eps + bn2_var)
+    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_c = -bn2_gain*bn2_mean/np.sqrt(eps + bn2_var) + bn2_bias
+    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
-        # --- shortcut: convolution ---
-        # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
-        shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
+    # --- shortcut: convolution ---
+    # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
+    shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
 
-        # --- bn3: batch-norm ---
-        # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
-        bn3_a = bn3_gain/np.sqrt(eps + bn3_var)
-        # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
-        bn3_c = -bn3_gain*bn3_mean/np.sqrt(eps + bn3_var) + bn3_bias
-        # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
-        bn3_out = bn3_a[None, :, None, None]*shortcut_out + bn3_c[None, :, None, None]
+    # --- bn3: batch-norm ---
+    # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    bn3_a = bn3_gain/np.sqrt(eps + bn3_var)
+    # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    bn3_c = -bn3_gain*bn3_mean/np.sqrt(eps + bn3_var) + bn3_bias
+    # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
+    bn3_out = bn3_a[None, :, None, None]*shortcut_out + bn3_c[None, :, None, None]
 
-        # --- transfer ---
-        # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
-        transfer = bn3_out
+    # --- transfer ---
+    # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
+    transfer = bn3_out
 
-        # --- update: explicit Euler step ---
-        # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-        u1 = bn2_out + transfer
+    # --- update: explicit Euler step ---
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    u1 = bn2_out + transfer
 
-        # --- relu: relu-projection ---
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
-        relu2_out = np.maximum(u1, 0)
+    # --- relu: relu-projection ---
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    relu2_out = np.maximum(u1, 0)
 
-        # --- adjoint of update: explicit Euler step ---
-        # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-        u1_bar = (relu2_out > 0)*relu2_out_bar
+    # --- adjoint of update: explicit Euler step ---
+    # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    u1_bar = (relu2_out > 0)*relu2_out_bar
 
-        # --- adjoint of bn3: batch-norm ---
-        # {\overline{c^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\lambda^{+}}_{l,p,q}
-        bn3_c_bar = _einsum("blpq->bl", u1_bar)
-        # {\overline{\beta_{\mathrm{bn3}}}}_{l} = {\overline{c^{\mathrm{bn3}}}}_{l}
-        bn3_bias_bar = _einsum("bl->l", bn3_c_bar)
-        t1 = -bn3_a*bn3_c_bar
-        # {\overline{\mu_{\mathrm{bn3}}}}_{l} = - {a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l}
-        bn3_mean_bar = _einsum("bl->l", t1)
-        # {\overline{a^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} {\lambda^{+}}_{l,p,q}
-        bn3_a_bar = _einsum("blpq,blpq->bl", shortcut_out, u1_bar)
-        t2 = bn3_a_bar/np.sqrt(eps + bn3_var)
-        bn3_gain_bar_0 = _einsum("bl->l", t2)
-        t3 = -bn3_c_bar*bn3_mean/np.sqrt(eps + bn3_var)
-        bn3_gain_bar_1 = _einsum("bl->l", t3)
-        # {\overline{\gamma_{\mathrm{bn3}}}}_{l} = \frac{{\overline{a^{\mathrm{bn3}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
-        bn3_gain_bar = bn3_gain_bar_0 + bn3_gain_bar_1
-        t4 = -bn3_a*bn3_a_bar/(2*(eps + bn3_var))
-        bn3_var_bar_0 = _einsum("bl->l", t4)
-        t5 = bn3_a*bn3_c_bar*bn3_mean/(2*(eps + bn3_var))
-        bn3_var_bar_1 = _einsum("bl->l", t5)
-        # {\overline{v_{\mathrm{bn3}}}}_{l} = - \frac{{a^{\mathrm{bn3}}}_{l} {\overline{a^{\mathrm{bn3}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)} + \frac{{a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)}
-        bn3_var_bar = bn3_var_bar_0 + bn3_var_bar_1
+    # --- adjoint of bn3: batch-norm ---
+    # {\overline{c^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\lambda^{+}}_{l,p,q}
+    bn3_c_bar = _einsum("blpq->bl", u1_bar)
+    # {\overline{\beta_{\mathrm{bn3}}}}_{l} = {\overline{c^{\mathrm{bn3}}}}_{l}
+    bn3_bias_bar = _einsum("bl->l", bn3_c_bar)
+    t1 = -bn3_a*bn3_c_bar
+    # {\overline{\mu_{\mathrm{bn3}}}}_{l} = - {a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l}
+    bn3_mean_bar = _einsum("bl->l", t1)
+    # {\overline{a^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} {\lambda^{+}}_{l,p,q}
+    bn3_a_bar = _einsum("blpq,blpq->bl", shortcut_out, u1_bar)
+    t2 = bn3_a_bar/np.sqrt(eps + bn3_var)
+    bn3_gain_bar_0 = _einsum("bl->l", t2)
+    t3 = -bn3_c_bar*bn3_mean/np.sqrt(eps + bn3_var)
+    bn3_gain_bar_1 = _einsum("bl->l", t3)
+    # {\overline{\gamma_{\mathrm{bn3}}}}_{l} = \frac{{\overline{a^{\mathrm{bn3}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    bn3_gain_bar = bn3_gain_bar_0 + bn3_gain_bar_1
+    t4 = -bn3_a*bn3_a_bar/(2*(eps + bn3_var))
+    bn3_var_bar_0 = _einsum("bl->l", t4)
+    t5 = bn3_a*bn3_c_bar*bn3_mean/(2*(eps + bn3_var))
+    bn3_var_bar_1 = _einsum("bl->l", t5)
+    # {\overline{v_{\mathrm{bn3}}}}_{l} = - \frac{{a^{\mathrm{bn3}}}_{l} {\overline{a^{\mathrm{bn3}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)} + \frac{{a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)}
+    bn3_var_bar = bn3_var_bar_0 + bn3_var_bar_1
 
-        # --- adjoint of shortcut: convolution ---
-        # {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\lambda^{+}}_{l,p,q}
-        shortcut_out_bar = bn3_a[None, :, None, None]*u1_bar
-        # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
-        shortcut_W_bar_windows = _windows(u0, (2, 3), 1, stride, 0)
-        # {\overline{W_{\mathrm{shortcut}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} {u}_{c,S p + r,S q + s}
-        shortcut_W_bar = _einsum("blpq,bcpqrs->crsl", shortcut_out_bar, shortcut_W_bar_windows)
-        # {\overline{b_{\mathrm{shortcut}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
-        shortcut_b_bar = _einsum("blpq->l", shortcut_out_bar)
+    # --- adjoint of shortcut: convolution ---
+    # {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\lambda^{+}}_{l,p,q}
+    shortcut_out_bar = bn3_a[None, :, None, None]*u1_bar
+    # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
+    shortcut_W_bar_windows = _windows(u0, (2, 3), 1, stride, 0)
+    # {\overline{W_{\mathrm{shortcut}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} {u}_{c,S p + r,S q + s}
+    shortcut_W_bar = _einsum("blpq,bcpqrs->crsl", shortcut_out_bar, shortcut_W_bar_windows)
+    # {\overline{b_{\mathrm{shortcut}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
+    shortcut_b_bar = _einsum("blpq->l", shortcut_out_bar)
 
-        # --- adjoint of bn2: batch-norm ---
-        # {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} = \Delta t {\lambda^{+}}_{l,p,q}
-        bn2_out_bar = u1_bar
-        # {\overline{c^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
-        bn2_c_bar = _einsum("blpq->bl", bn2_out_bar)
-        # {\overline{\beta_{\mathrm{bn2}}}}_{l} = {\overline{c^{\mathrm{bn2}}}}_{l}
-        bn2_bias_bar = _einsum("bl->l", bn2_c_bar)
-        t6 = -bn2_a*bn2_c_bar
-        # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
-        bn2_mean_bar = _einsum("bl->l", t6)
-        # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
-        bn2_a_bar = _einsum("blpq,blpq->bl", bn2_out_bar, conv2_out)
-        t7 = bn2_a_bar/np.sqrt(eps + bn2_var)
-        bn2_gain_bar_0 = _einsum("bl->l", t7)
-        t8 = -bn2_c_bar*bn2_mean/np.sqrt(eps + bn2_var)
-        bn2_gain_bar_1 = _einsum("bl->l", t8)
-        # {\overline{\gamma_{\mathrm{bn2}}}}_{l} = \frac{{\overline{a^{\mathrm{bn2}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-        bn2_gain_bar = bn2_gain_bar_0 + bn2_gain_bar_1
-        t9 = -bn2_a*bn2_a_bar/(2*(eps + bn2_var))
-        bn2_var_bar_0 = _einsum("bl->l", t9)
-        t10 = bn2_a*bn2_c_bar*bn2_mean/(2*(eps + bn2_var))
-        bn2_var_bar_1 = _einsum("bl->l", t10)
-        # {\overline{v_{\mathrm{bn2}}}}_{l} = - \frac{{a^{\mathrm{bn2}}}_{l} {\overline{a^{\mathrm{bn2}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)} + \frac{{a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)}
-        bn2_var_bar = bn2_var_bar_0 + bn2_var_bar_1
+    # --- adjoint of bn2: batch-norm ---
+    # {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} = \Delta t {\lambda^{+}}_{l,p,q}
+    bn2_out_bar = u1_bar
+    # {\overline{c^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    bn2_c_bar = _einsum("blpq->bl", bn2_out_bar)
+    # {\overline{\beta_{\mathrm{bn2}}}}_{l} = {\overline{c^{\mathrm{bn2}}}}_{l}
+    bn2_bias_bar = _einsum("bl->l", bn2_c_bar)
+    t6 = -bn2_a*bn2_c_bar
+    # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
+    bn2_mean_bar = _einsum("bl->l", t6)
+    # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
+    bn2_a_bar = _einsum("blpq,blpq->bl", bn2_out_bar, conv2_out)
+    t7 = bn2_a_bar/np.sqrt(eps + bn2_var)
+    bn2_gain_bar_0 = _einsum("bl->l", t7)
+    t8 = -bn2_c_bar*bn2_mean/np.sqrt(eps + bn2_var)
+    bn2_gain_bar_1 = _einsum("bl->l", t8)
+    # {\overline{\gamma_{\mathrm{bn2}}}}_{l} = \frac{{\overline{a^{\mathrm{bn2}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_gain_bar = bn2_gain_bar_0 + bn2_gain_bar_1
+    t9 = -bn2_a*bn2_a_bar/(2*(eps + bn2_var))
+    bn2_var_bar_0 = _einsum("bl->l", t9)
+    t10 = bn2_a*bn2_c_bar*bn2_mean/(2*(eps + bn2_var))
+    bn2_var_bar_1 = _einsum("bl->l", t10)
+    # {\overline{v_{\mathrm{bn2}}}}_{l} = - \frac{{a^{\mathrm{bn2}}}_{l} {\overline{a^{\mathrm{bn2}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)} + \frac{{a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)}
+    bn2_var_bar = bn2_var_bar_0 + bn2_var_bar_1
 
-        # --- adjoint of conv2: convolution ---
-        # {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
-        conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-        # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
-        conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
-        # {\overline{W_{\mathrm{conv2}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-        conv2_W_bar = _einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
-        # {\overline{b_{\mathrm{conv2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
-        conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
+    # --- adjoint of conv2: convolution ---
+    # {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
+    # {\overline{W_{\mathrm{conv2}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    conv2_W_bar = _einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
+    # {\overline{b_{\mathrm{conv2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
 
-        # --- adjoint of relu: relu-projection ---
-        # the value at each coarse node and offset
-        relu_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
-        # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv2}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
-        relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
+    # --- adjoint of relu: relu-projection ---
+    # the value at each coarse node and offset
+    relu_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
+    # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv2}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
 
-        # --- adjoint of bn1: batch-norm ---
-        # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
-        bn1_out_bar = (relu_out > 0)*relu_out_bar
-        # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
-        bn1_c_bar = _einsum("blpq->bl", bn1_out_bar)
-        # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
-        bn1_bias_bar = _einsum("bl->l", bn1_c_bar)
-        t11 = -bn1_a*bn1_c_bar
-        # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
-        bn1_mean_bar = _einsum("bl->l", t11)
-        # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
-        bn1_a_bar = _einsum("blpq,blpq->bl", bn1_out_bar, conv1_out)
-        t12 = bn1_a_bar/np.sqrt(eps + bn1_var)
-        bn1_gain_bar_0 = _einsum("bl->l", t12)
-        t13 = -bn1_c_bar*bn1_mean/np.sqrt(eps + bn1_var)
-        bn1_gain_bar_1 = _einsum("bl->l", t13)
-        # {\overline{\gamma_{\mathrm{bn1}}}}_{l} = \frac{{\overline{a^{\mathrm{bn1}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-        bn1_gain_bar = bn1_gain_bar_0 + bn1_gain_bar_1
-        t14 = -bn1_a*bn1_a_bar/(2*(eps + bn1_var))
-        bn1_var_bar_0 = _einsum("bl->l", t14)
-        t15 = bn1_a*bn1_c_bar*bn1_mean/(2*(eps + bn1_var))
-        bn1_var_bar_1 = _einsum("bl->l", t15)
-        # {\overline{v_{\mathrm{bn1}}}}_{l} = - \frac{{a^{\mathrm{bn1}}}_{l} {\overline{a^{\mathrm{bn1}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)} + \frac{{a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)}
-        bn1_var_bar = bn1_var_bar_0 + bn1_var_bar_1
+    # --- adjoint of bn1: batch-norm ---
+    # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    bn1_out_bar = (relu_out > 0)*relu_out_bar
+    # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    bn1_c_bar = _einsum("blpq->bl", bn1_out_bar)
+    # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
+    bn1_bias_bar = _einsum("bl->l", bn1_c_bar)
+    t11 = -bn1_a*bn1_c_bar
+    # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
+    bn1_mean_bar = _einsum("bl->l", t11)
+    # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
+    bn1_a_bar = _einsum("blpq,blpq->bl", bn1_out_bar, conv1_out)
+    t12 = bn1_a_bar/np.sqrt(eps + bn1_var)
+    bn1_gain_bar_0 = _einsum("bl->l", t12)
+    t13 = -bn1_c_bar*bn1_mean/np.sqrt(eps + bn1_var)
+    bn1_gain_bar_1 = _einsum("bl->l", t13)
+    # {\overline{\gamma_{\mathrm{bn1}}}}_{l} = \frac{{\overline{a^{\mathrm{bn1}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_gain_bar = bn1_gain_bar_0 + bn1_gain_bar_1
+    t14 = -bn1_a*bn1_a_bar/(2*(eps + bn1_var))
+    bn1_var_bar_0 = _einsum("bl->l", t14)
+    t15 = bn1_a*bn1_c_bar*bn1_mean/(2*(eps + bn1_var))
+    bn1_var_bar_1 = _einsum("bl->l", t15)
+    # {\overline{v_{\mathrm{bn1}}}}_{l} = - \frac{{a^{\mathrm{bn1}}}_{l} {\overline{a^{\mathrm{bn1}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)} + \frac{{a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)}
+    bn1_var_bar = bn1_var_bar_0 + bn1_var_bar_1
 
-        # --- adjoint of conv1: convolution ---
-        # {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
-        conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-        # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
-        conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
-        # {\overline{W_{\mathrm{conv1}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} {u}_{c,S p + r - 1,S q + s - 1}
-        conv1_W_bar = _einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
-        # {\overline{b_{\mathrm{conv1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
-        conv1_b_bar = _einsum("blpq->l", conv1_out_bar)
-        # the value at each coarse node and offset
-        u0_bar1_blocks = _einsum("blpq,crsl->bcpqrs", shortcut_out_bar, shortcut_W)
-        # {\overline{u}^{[1]}}_{c,S p + r,S q + s} = \sum_{l} {W_{\mathrm{shortcut}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
-        u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 1, stride, 0)
-        # the value at each coarse node and offset
-        u0_bar2_blocks = _einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
-        # {\overline{u}^{[2]}}_{c,S p + r - 1,S q + s - 1} = \sum_{l} {W_{\mathrm{conv1}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
-        u0_bar2 = _fold(u0_bar2_blocks, u0.shape, (2, 3), 3, stride, 1)
-        # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\overline{u}^{[2]}}_{c,p,q}
-        u0_bar = u0_bar1 + u0_bar2
+    # --- adjoint of conv1: convolution ---
+    # {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
+    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
+    conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
+    # {\overline{W_{\mathrm{conv1}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} {u}_{c,S p + r - 1,S q + s - 1}
+    conv1_W_bar = _einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
+    # {\overline{b_{\mathrm{conv1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    conv1_b_bar = _einsum("blpq->l", conv1_out_bar)
+    # the value at each coarse node and offset
+    u0_bar1_blocks = _einsum("blpq,crsl->bcpqrs", shortcut_out_bar, shortcut_W)
+    # {\overline{u}^{[1]}}_{c,S p + r,S q + s} = \sum_{l} {W_{\mathrm{shortcut}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
+    u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 1, stride, 0)
+    # the value at each coarse node and offset
+    u0_bar2_blocks = _einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
+    # {\overline{u}^{[2]}}_{c,S p + r - 1,S q + s - 1} = \sum_{l} {W_{\mathrm{conv1}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    u0_bar2 = _fold(u0_bar2_blocks, u0.shape, (2, 3), 3, stride, 1)
+    # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\overline{u}^{[2]}}_{c,p,q}
+    u0_bar = u0_bar1 + u0_bar2
+    return u0_bar, {
+        "conv1.W": conv1_W_bar,
+        "conv1.b": conv1_b_bar,
+        "bn1.gain": bn1_gain_bar,
+        "bn1.bias": bn1_bias_bar,
+        "bn1.mean": bn1_mean_bar,
+        "bn1.var": bn1_var_bar,
+        "conv2.W": conv2_W_bar,
+        "conv2.b": conv2_b_bar,
+        "bn2.gain": bn2_gain_bar,
+        "bn2.bias": bn2_bias_bar,
+        "bn2.mean": bn2_mean_bar,
+        "bn2.var": bn2_var_bar,
+        "shortcut.W": shortcut_W_bar,
+        "shortcut.b": shortcut_b_bar,
+        "bn3.gain": bn3_gain_bar,
+        "bn3.bias": bn3_bias_bar,
+        "bn3.mean": bn3_mean_bar,
+        "bn3.var": bn3_var_bar,
+    }
 
-        return u0_bar, {
-            "conv1.W": conv1_W_bar,
-            "conv1.b": conv1_b_bar,
-            "bn1.gain": bn1_gain_bar,
-            "bn1.bias": bn1_bias_bar,
-            "bn1.mean": bn1_mean_bar,
-            "bn1.var": bn1_var_bar,
-            "conv2.W": conv2_W_bar,
-            "conv2.b": conv2_b_bar,
-            "bn2.gain": bn2_gain_bar,
-            "bn2.bias": bn2_bias_bar,
-            "bn2.mean": bn2_mean_bar,
-            "bn2.var": bn2_var_bar,
-            "shortcut.W": shortcut_W_bar,
-            "shortcut.b": shortcut_b_bar,
-            "bn3.gain": bn3_gain_bar,
-            "bn3.bias": bn3_bias_bar,
-            "bn3.mean": bn3_mean_bar,
-            "bn3.var": bn3_var_bar,
-        }
 
+
+def _step_identity_vjp(u0, relu2_out_bar, p, stride, eps):
+    """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -734,7 +729,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, relu2_out_bar):
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, stride, 1)
     # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
     u0_bar = u0_bar1 + u1_bar
-
     return u0_bar, {
         "conv1.W": conv1_W_bar,
         "conv1.b": conv1_b_bar,
@@ -765,4 +759,4 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
         raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
     if seed.shape != shape:
         raise ValueError(f"grad_out must have shape {shape}, got {seed.shape}")
-    return _vjp_core(u0, p, has_transfer, stride, eps, seed.astype(u0.dtype, copy=False))
+    return (_step_with_vjp if has_transfer else _step_identity_vjp)(u0, seed.astype(u0.dtype, copy=False), p, stride, eps)

@@ -40,16 +40,16 @@ COMPUTES = "209472fe8df73796"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "down.W": ('n_channels', 3, 3, 'd'),
-    "down.b": ('d',),
-    "conv.W": ('d', 3, 3, 'd'),
-    "conv.b": ('d',),
-    "bn.gain": ('d',),
-    "bn.bias": ('d',),
-    "bn.mean": ('d',),
-    "bn.var": ('d',),
-    "up.W": ('d', 2, 2, 'n_channels'),
-    "up.b": ('n_channels',),
+    "down.W": ("n_channels", 3, 3, "d",),
+    "down.b": ("d",),
+    "conv.W": ("d", 3, 3, "d",),
+    "conv.b": ("d",),
+    "bn.gain": ("d",),
+    "bn.bias": ("d",),
+    "bn.mean": ("d",),
+    "bn.var": ("d",),
+    "up.W": ("d", 2, 2, "n_channels",),
+    "up.b": ("n_channels",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
@@ -144,18 +144,18 @@ def _interleave(blocks, axes):
     return blocks.transpose(order).reshape(shape)
 
 
-def _table(params, table, sizes, dtype):
-    """Check each parameter of ``table``: present, real, of its shape; cast to ``dtype``."""
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
         expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {expected}")
-        value = np.asarray(params[name])
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
         if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
         if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {expected}")
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
 
@@ -205,7 +205,7 @@ def _prepare(u, params, stride, eps):
 
 
 def _step_identity(u0, p, stride, eps):
-    """The step with R = 1: the derived program's assignments in order."""
+    """The step_identity program: its assignments, the chaining between operators included, in order."""
     down_W = p["down.W"]
     down_b = p["down.b"]
     conv_W = p["conv.W"]
@@ -251,15 +251,10 @@ def _step_identity(u0, p, stride, eps):
     return u1
 
 
-def _step(u0, p, has_transfer, stride, eps):
-    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
-    return _step_identity(u0, p, stride, eps)
-
-
 def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
     u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    return _step(u0, p, has_transfer, stride, eps)
+    return _step_identity(u0, p, stride, eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -286,8 +281,8 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
-    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+def _step_identity_vjp(u0, u1_bar, p, stride, eps):
+    """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     down_W = p["down.W"]
     down_b = p["down.b"]
     conv_W = p["conv.W"]
@@ -297,7 +292,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     bn_mean = p["bn.mean"]
     bn_var = p["bn.var"]
     up_W = p["up.W"]
-    up_b = p["up.b"]
 
     # --- down: convolution ---
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
@@ -393,7 +387,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, 2, 1)
     # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
     u0_bar = u0_bar1 + u1_bar
-
     return u0_bar, {
         "down.W": down_W_bar,
         "down.b": down_b_bar,
@@ -422,4 +415,4 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
         raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
     if seed.shape != shape:
         raise ValueError(f"grad_out must have shape {shape}, got {seed.shape}")
-    return _vjp_core(u0, p, has_transfer, stride, eps, seed.astype(u0.dtype, copy=False))
+    return _step_identity_vjp(u0, seed.astype(u0.dtype, copy=False), p, stride, eps)

@@ -345,7 +345,7 @@ def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
     for name, axes in table.items():
-        expected = tuple(sizes[axis] for axis in axes)
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         if prefix + name not in params:
             raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
         value = np.asarray(params[prefix + name])
@@ -405,12 +405,13 @@ def _config(params, image, patch_size, n_heads, eps):
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
-    return {"n_channels": n_channels, "patch_size": patch_size, "d": d, "d_ff": d_ff, "n_tokens": n_tokens,
-            "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}
+    return {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
+            "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}
 
 
-def _embedding(image, p, patch_size):
-    """The embedding program: the patch embedding, then the initial condition on the token domain."""
+def _embedding(image, p, config):
+    """The embedding program: its assignments, the chaining between operators included, in order."""
+    patch_size = config["patch_size"]
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_cls = p["embed.cls"]
@@ -436,7 +437,7 @@ def _embedding(image, p, patch_size):
 
 
 def _readout(u, p):
-    """The readout program: the class node's state through the linear head."""
+    """The readout program: its assignments, the chaining between operators included, in order."""
     head_W = p["head.W"]
     head_b = p["head.b"]
 
@@ -546,7 +547,7 @@ def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=
     """The final hidden states: embedding, one step per layer, the final projection."""
     image = _image(pixel_values, image_size)
     sizes = _config(params, image, patch_size, n_heads, eps)
-    u = _embedding(image, _table(params, PARAMETERS, sizes, image.dtype), patch_size)
+    u = _embedding(image, _table(params, PARAMETERS, sizes, image.dtype), sizes)
     for n in range(sizes["layers"]):
         u = _step(u, _table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}."), n_heads, eps)
     u = _final_norm(u, _table(params, PARAMETERS, sizes, image.dtype), eps)
@@ -898,14 +899,12 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
 
 
 
-def _embedding_vjp(image, u0_bar, p, patch_size):
-    """The derived adjoint of the embedding: the costate of u⁰ → (∂J/∂pixel_values, gradients)."""
-    batch, n_channels, height, width = image.shape
-    n_rows, n_cols = height // patch_size, width // patch_size
+def _embedding_vjp(image, u0_bar, p, config):
+    """The derived adjoint of the embedding program: the costate of its output → (costate of image, gradients)."""
+    patch_size = config["patch_size"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
     embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_cls = p["embed.cls"]
-    embed_pos = p["embed.pos"]
 
     # --- adjoint of initial condition on the token domain ---
     # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
@@ -940,9 +939,8 @@ def _embedding_vjp(image, u0_bar, p, patch_size):
 
 
 def _readout_vjp(u, head_logits_bar, p):
-    """The derived adjoint of the readout: the costate of the logits → (costate of u, gradients)."""
+    """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
-    head_b = p["head.b"]
 
     # --- head: class-token-head ---
     # u at 0, l (a view)
@@ -979,12 +977,12 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
-def _backward(image, top, layers, seed, patch_size, n_heads, eps):
+def _backward(image, top, layers, seed, config, n_heads, eps):
     """The costate λ of the final hidden states, backwards through every piece → gradients.
 
     Each step's input is kept; each step's activations are recomputed when its adjoint runs.
     """
-    u = _embedding(image, top, patch_size)
+    u = _embedding(image, top, config)
     inputs = []
     for p in layers:
         inputs.append(u)
@@ -996,7 +994,7 @@ def _backward(image, top, layers, seed, patch_size, n_heads, eps):
         _, saved = _step_vjp_forward(inputs[n], layers[n], None, eps, n_heads)
         seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
         grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-    grad_image, grads_embedding = _embedding_vjp(image, seed, top, patch_size)
+    grad_image, grads_embedding = _embedding_vjp(image, seed, top, config)
     grads.update(grads_embedding)
     grads.update(grads_final)
     order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
@@ -1015,7 +1013,7 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    return _backward(image, top, layers, seed, patch_size, n_heads, eps)
+    return _backward(image, top, layers, seed, sizes, n_heads, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1035,5 +1033,5 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     seed, grads_head = _readout_vjp(u, seed, head)
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
-    grad_image, grads = _backward(image, top, layers, seed, patch_size, n_heads, eps)
+    grad_image, grads = _backward(image, top, layers, seed, sizes, n_heads, eps)
     return grad_image, {**grads, **grads_head}

@@ -38,16 +38,16 @@ COMPUTES = "209472fe8df73796"
 
 #: Canonical names and shapes of F's parameters.
 PARAMETERS = {
-    "down.W": ('n_channels', 3, 3, 'd'),
-    "down.b": ('d',),
-    "conv.W": ('d', 3, 3, 'd'),
-    "conv.b": ('d',),
-    "bn.gain": ('d',),
-    "bn.bias": ('d',),
-    "bn.mean": ('d',),
-    "bn.var": ('d',),
-    "up.W": ('d', 2, 2, 'n_channels'),
-    "up.b": ('n_channels',),
+    "down.W": ("n_channels", 3, 3, "d",),
+    "down.b": ("d",),
+    "conv.W": ("d", 3, 3, "d",),
+    "conv.b": ("d",),
+    "bn.gain": ("d",),
+    "bn.bias": ("d",),
+    "bn.mean": ("d",),
+    "bn.var": ("d",),
+    "up.W": ("d", 2, 2, "n_channels",),
+    "up.b": ("n_channels",),
 }
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
@@ -112,7 +112,7 @@ def _interleave(blocks, axes):
 
 
 def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``conv1.W``)."""
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
         group, attribute = name.split(".")
         if not hasattr(module, group):
@@ -158,7 +158,7 @@ def _fold(blocks, shape, axes, size, stride, padding):
 
 
 def _step_identity(u0, p, stride, eps):
-    """The step with R = 1: the derived program's assignments in order."""
+    """The step_identity program: its assignments, the chaining between operators included, in order."""
     down_W = p["down.W"]
     down_b = p["down.b"]
     conv_W = p["conv.W"]
@@ -204,13 +204,8 @@ def _step_identity(u0, p, stride, eps):
     return u1
 
 
-def _step(u0, p, has_transfer, stride, eps):
-    """One step: ``p`` maps canonical names to arrays (the transfer's read when ``has_transfer``)."""
-    return _step_identity(u0, p, stride, eps)
-
-
-def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
-    """The step's statements its adjoint reads, then the derived adjoint: the costate of the output → (∂J/∂u, gradients)."""
+def _step_identity_vjp(u0, u1_bar, p, stride, eps):
+    """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     down_W = p["down.W"]
     down_b = p["down.b"]
     conv_W = p["conv.W"]
@@ -220,7 +215,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     bn_mean = p["bn.mean"]
     bn_var = p["bn.var"]
     up_W = p["up.W"]
-    up_b = p["up.b"]
 
     # --- down: convolution ---
     # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
@@ -316,7 +310,6 @@ def _vjp_core(u0, p, has_transfer, stride, eps, u1_bar):
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, 2, 1)
     # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
     u0_bar = u0_bar1 + u1_bar
-
     return u0_bar, {
         "down.W": down_W_bar,
         "down.b": down_b_bar,
@@ -358,7 +351,7 @@ class _DerivedStep(torch.autograd.Function):
         module = ctx.module
         p = dict(zip((name for name, _ in module.named_parameters()), params))
         with torch.no_grad():
-            grad_u, grads = _vjp_core(u, p, module.has_transfer, module.stride, module.eps, grad_out.contiguous())
+            grad_u, grads = _step_identity_vjp(u, grad_out.contiguous(), p, module.stride, module.eps)
         return (grad_u, None, *(grads[name] for name in p))
 
 
@@ -423,4 +416,4 @@ class Model(torch.nn.Module):
                              "they must agree")
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _DerivedStep.apply(u, self, *self.parameters())
-        return _step(u, dict(self.named_parameters()), self.has_transfer, stride, eps)
+        return _step_identity(u, dict(self.named_parameters()), stride, eps)

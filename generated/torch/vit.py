@@ -359,8 +359,9 @@ def _join(*parts):
                       else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
-def _embedding(image, p, patch_size):
-    """The embedding program: the patch embedding, then the initial condition on the token domain."""
+def _embedding(image, p, config):
+    """The embedding program: its assignments, the chaining between operators included, in order."""
+    patch_size = config["patch_size"]
     embed_W = p["embed.W"]
     embed_b = p["embed.b"]
     embed_cls = p["embed.cls"]
@@ -386,7 +387,7 @@ def _embedding(image, p, patch_size):
 
 
 def _readout(u, p):
-    """The readout program: the class node's state through the linear head."""
+    """The readout program: its assignments, the chaining between operators included, in order."""
     head_W = p["head.W"]
     head_b = p["head.b"]
 
@@ -408,8 +409,8 @@ def _group(module, table, sizes, factory):
         group, attribute = name.split(".")
         if not hasattr(module, group):
             module.add_module(group, torch.nn.Module())
-        value = torch.empty(tuple(sizes[axis] for axis in axes), **factory)
-        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(value))
+        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
 def _rows(field, axis: int, offset: int, sizes):
@@ -751,14 +752,12 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
 
 
 
-def _embedding_vjp(image, u0_bar, p, patch_size):
-    """The derived adjoint of the embedding: the costate of u⁰ → (∂J/∂pixel_values, gradients)."""
-    batch, n_channels, height, width = image.shape
-    n_rows, n_cols = height // patch_size, width // patch_size
+def _embedding_vjp(image, u0_bar, p, config):
+    """The derived adjoint of the embedding program: the costate of its output → (costate of image, gradients)."""
+    patch_size = config["patch_size"]
+    n_rows = config["n_rows"]
+    n_cols = config["n_cols"]
     embed_W = p["embed.W"]
-    embed_b = p["embed.b"]
-    embed_cls = p["embed.cls"]
-    embed_pos = p["embed.pos"]
 
     # --- adjoint of initial condition on the token domain ---
     # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
@@ -793,9 +792,8 @@ def _embedding_vjp(image, u0_bar, p, patch_size):
 
 
 def _readout_vjp(u, head_logits_bar, p):
-    """The derived adjoint of the readout: the costate of the logits → (costate of u, gradients)."""
+    """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
-    head_b = p["head.b"]
 
     # --- head: class-token-head ---
     # u at 0, l (a view)
@@ -839,9 +837,9 @@ class _DerivedModel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, image, n_layers: int, patch_size: int, n_heads: int, eps: float, *params):
+    def forward(ctx, image, n_layers: int, config: dict, n_heads: int, eps: float, *params):
         top, layers = _split(params, n_layers)
-        u = _embedding(image, top, patch_size)
+        u = _embedding(image, top, config)
         kept = []
         for p in layers:
             u, saved = _step_vjp_forward(u, p, None, eps, n_heads)
@@ -849,13 +847,13 @@ class _DerivedModel(torch.autograd.Function):
         u, saved = _final_vjp_forward(u, top, None, eps, 1)
         kept.append(saved)
         ctx.save_for_backward(image, *params, *(tensor for saved in kept for tensor in saved))
-        ctx.config = (n_layers, patch_size, n_heads, eps, len(params), [len(saved) for saved in kept])
+        ctx.config = (n_layers, config, n_heads, eps, len(params), [len(saved) for saved in kept])
         return u
 
     @staticmethod
     def backward(ctx, grad_out):
         _first_order_only()
-        n_layers, patch_size, n_heads, eps, count, sizes = ctx.config
+        n_layers, config, n_heads, eps, count, sizes = ctx.config
         image, *tensors = ctx.saved_tensors
         params, tensors = tensors[:count], tensors[count:]
         kept = []
@@ -869,7 +867,7 @@ class _DerivedModel(torch.autograd.Function):
         for n in reversed(range(n_layers)):
             seed, step_grads = _step_vjp_backward(kept[n], seed, layers[n], None, eps, n_heads)
             grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-        grad_image, embedding_grads = _embedding_vjp(image, seed, top, patch_size)
+        grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
         grads.update(embedding_grads)
         names = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(n_layers) for name in LAYER_PARAMETERS)]
         return (grad_image, None, None, None, None, *(grads[name] for name in names))
@@ -1006,6 +1004,7 @@ class Model(torch.nn.Module):
         if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
+        self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size}
         self.n_channels, self.image_size, self.n_classes = n_channels, (height, width), n_classes
         sizes = {"d": d_model, "d_ff": d_ff, "n_channels": n_channels, "patch_size": patch_size,
                  "n_tokens": 1 + (height // patch_size) * (width // patch_size), "n_classes": n_classes}
@@ -1061,8 +1060,8 @@ class Model(torch.nn.Module):
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             params = [self.get_parameter(name) for name in PARAMETERS]
             params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]
-            return _DerivedModel.apply(pixel_values, len(self.layers), self.patch_size, self.n_heads, self.eps, *params)
-        u = _embedding(pixel_values, dict(self.named_parameters()), self.patch_size)
+            return _DerivedModel.apply(pixel_values, len(self.layers), self.config, self.n_heads, self.eps, *params)
+        u = _embedding(pixel_values, dict(self.named_parameters()), self.config)
         for step in self.layers:
             u = step(u, self.n_heads, self.eps)
         u = self._final_norm(u)

@@ -1,7 +1,7 @@
 """``from_xtransformers`` on x-transformers' attention-score flags: the ``scored-attention`` kind.
 
 qk-norm (with and without its learned per-feature scales), ALiBi, grouped key/value heads, a head
-width below ``dim / heads`` (padded by zeros) and talking heads (before and after the softmax):
+width below ``dim / heads`` (the ``d_head`` option) and talking heads (before and after the softmax):
 x-transformers' module at depth 1 and 2, every parameter perturbed, float64, read by
 ``from_xtransformers`` and run through the code generated from the composed scheme file (NumPy and
 torch, ≤ 1e-10); causal ones also decoded token by token through the KV cache. x-transformers'

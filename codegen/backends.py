@@ -173,14 +173,14 @@ class Backend:
         return [f"{op.out} = {' + '.join(terms)}"]
 
     def gather(self, op: Gather, printer: ArrayPrinter) -> list[str]:
-        """``_gather`` of the table with the summed axis first, its axes (the index's, then the table's others)
+        """``_gather`` of the table with the summed axis last, its axes (the table's others, then the index's)
         moved to the output's."""
         table = op.table.name
         position = op.table.labels.index(op.axis)
-        if position:
-            table = f"{self.library}.{self.move_axis}({table}, {position}, 0)"
+        if position != len(op.table.labels) - 1:
+            table = f"{self.library}.{self.move_axis}({table}, {position}, -1)"
         index = printer.at(op.index_labels).doprint(op.index)
-        read = op.index_labels + tuple(label for label in op.table.labels if label != op.axis)
+        read = tuple(label for label in op.table.labels if label != op.axis) + op.index_labels
         order = tuple(read.index(label) for label in op.labels)
         moved = "" if order == tuple(range(len(order))) else f".{self.permute}{order}"
         return [f"{op.out} = {printer.use('_gather')}({table}, {index}){moved}"]

@@ -249,8 +249,8 @@ class LocalKernel(Op):
 
 @dataclass(frozen=True)
 class Gather(Op):
-    """``out = Σ_v table[.., v, ..] δ(v, index)``, a one-hot contraction, as the table's rows read at ``index``
-    (over ``index_labels``; 0 where the index is no grid point of ``axis``), then moved to ``labels``."""
+    """``out = Σ_v table[.., v, ..] δ(v, index)``, a one-hot contraction, as the table read at ``index`` along
+    ``axis`` (over ``index_labels``; 0 where the index is no grid point of ``axis``), then moved to ``labels``."""
 
     table: Operand | None = None
     axis: str = ""

@@ -36,9 +36,10 @@ def _split(expr: sp.Expr, axis: str) -> tuple[sp.Expr, sp.Expr] | None:
               and any(str(argument) == axis and isinstance(argument, sp.Idx) for argument in factor.args)]
     if len(deltas) != 1:
         return None
-    (index,) = [argument for argument in deltas[0].args if str(argument) != axis] or [None]
-    if index is None or axis in {str(item) for item in index.atoms(sp.Idx)}:
+    others = [argument for argument in deltas[0].args if str(argument) != axis]
+    if len(others) != 1 or axis in {str(item) for item in others[0].atoms(sp.Idx)}:
         return None
+    index = others[0]
     return index, sp.Mul(*[factor for factor in sp.Mul.make_args(expr) if factor is not deltas[0]])
 
 

@@ -15,8 +15,8 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, LocalKernel, MatMul, Module, Normalize, Op, Operand,
-                 Reduction, Softmax, Unrolled)
+from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, Gather, LocalKernel, MatMul, Module, Normalize, Op,
+                 Operand, Reduction, Scatter, Softmax, Unrolled)
 from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows,
                        TransposedConvolution, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
@@ -69,6 +69,7 @@ class Backend:
     library = ""  # module prefix of reductions
     transposed_support = ""  # χ[b, i, j] read as χ[b, j, i]
     axis = ""  # keyword naming the reduced axis
+    move_axis, permute = "", ""  # the library's moveaxis, an array's transpose to a given order
     kernel_flags: tuple[str, ...] = ()  # further arguments of the attention-kernel helpers (_softmax, _attention)
     #: Emit ``del`` after each local array's last reader. This keeps a call's peak
     #: memory low enough that the C allocator reuses it on the next call instead of returning
@@ -171,6 +172,27 @@ class Backend:
             terms.append(call if window.channels == 1 else f"{printer.doprint(window.channels)} * {call}")
         return [f"{op.out} = {' + '.join(terms)}"]
 
+    def gather(self, op: Gather, printer: ArrayPrinter) -> list[str]:
+        """``_gather`` of the table with the summed axis last, its axes (the table's others, then the index's)
+        moved to the output's."""
+        table = op.table.name
+        position = op.table.labels.index(op.axis)
+        if position != len(op.table.labels) - 1:
+            table = f"{self.library}.{self.move_axis}({table}, {position}, -1)"
+        index = printer.at(op.index_labels).doprint(op.index)
+        read = tuple(label for label in op.table.labels if label != op.axis) + op.index_labels
+        order = tuple(read.index(label) for label in op.labels)
+        moved = "" if order == tuple(range(len(order))) else f".{self.permute}{order}"
+        return [f"{op.out} = {printer.use('_gather')}({table}, {index}){moved}"]
+
+    def scatter(self, op: Scatter, printer: ArrayPrinter) -> list[str]:
+        """``_scatter`` of the values (kept axes first) at their index, into the index's grid of ``op.axis``."""
+        values = printer.at(op.values_labels).doprint(op.values)
+        index = printer.at(op.index_labels).doprint(op.index)
+        size = printer.use(SIZES[op.axis])
+        call = f"{printer.use('_scatter')}({values}, {index}, {size}, {len(op.labels) - 1})"
+        return [f"{op.out} = {self.scaled(call, op.scale, printer)}"]
+
     def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
         return [f'{op.out} = {printer.use("_cache")}(cache, "{op.key}", {op.source.name})']
 
@@ -226,6 +248,7 @@ class NumpyBackend(Backend):
     printer = NumpyPrinter
     einsum = "_einsum"
     library, axis = "np", "axis"
+    move_axis, permute = "moveaxis", "transpose"
     transposed_support = "transpose(0, 2, 1)"
     frees_dead_arrays = True
 
@@ -281,6 +304,7 @@ class TorchBackend(Backend):
     printer = TorchPrinter
     einsum = "torch.einsum"
     library, axis = "torch", "dim"
+    move_axis, permute = "movedim", "permute"
     transposed_support = "transpose(1, 2)"
     kernel_flags = (DROPOUT,)
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)

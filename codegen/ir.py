@@ -20,7 +20,7 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
-    "Normalize", "Cache", "TokenWindow", "LocalKernel",
+    "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
 ]
 
@@ -245,6 +245,36 @@ class LocalKernel(Op):
     def reads(self) -> list[str]:
         channels = sorted({name for window in self.windows for name in _indexed_names(window.channels)})
         return [self.values.name, *self.positions, *([self.support] if self.support else []), *channels]
+
+
+@dataclass(frozen=True)
+class Gather(Op):
+    """``out = Σ_v table[.., v, ..] δ(v, index)``, a one-hot contraction, as the table read at ``index`` along
+    ``axis`` (over ``index_labels``; 0 where the index is no grid point of ``axis``), then moved to ``labels``."""
+
+    table: Operand | None = None
+    axis: str = ""
+    index: sp.Expr = sp.Integer(0)
+    index_labels: tuple[str, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [self.table.name, *_indexed_names(self.index)]
+
+
+@dataclass(frozen=True)
+class Scatter(Op):
+    """``out[v, r…] = scale Σ_s δ(v, index[s…]) values[r…, s…]`` (``labels`` = ``(axis, r…)``, ``values_labels`` =
+    ``(r…, s…)``, ``index_labels`` = ``(s…)``), the adjoint of a ``Gather``: each value added to its index's row."""
+
+    values: sp.Expr = sp.Integer(0)
+    values_labels: tuple[str, ...] = ()
+    index: sp.Expr = sp.Integer(0)
+    index_labels: tuple[str, ...] = ()
+    axis: str = ""
+    scale: sp.Expr = sp.Integer(1)
+
+    def reads(self) -> list[str]:
+        return sorted(set(_indexed_names(self.values)) | set(_indexed_names(self.index)))
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ def test_sums_inside_an_elementwise_map_become_temporaries():
 _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm": "llama", "unroll-pairs": "llama",
              "fused-attention": "gpt2",
              "matmul": "post-ln", "fuse-projections": "llama", "reuse-buffers": "post-ln",
-             "local-kernel": str(Path(__file__).parent / "schemes" / "shifted-pre-ln.toml")}
+             "local-kernel": str(Path(__file__).parent / "schemes" / "shifted-pre-ln.toml"),
+             "one-hot": str(Path(__file__).parent / "schemes" / "t5-pre-ln.toml")}
 
 
 @pytest.mark.parametrize("name", PASSES)

@@ -11,6 +11,7 @@ from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
 from .local_kernel import local_kernel
 from .matmul import matmul
+from .one_hot import one_hot
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
 from .unroll_pairs import unroll_pairs
@@ -20,6 +21,7 @@ __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select"]
 PASSES = {
     "inline-elementwise": inline_elementwise,
     "local-kernel": local_kernel,
+    "one-hot": one_hot,
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
     "unroll-pairs": unroll_pairs,

@@ -146,11 +146,7 @@ def _stage_configs(stages):
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
         for name in _COUNTS + _PADDINGS:
-            value, least = config[name], 1 if name in _COUNTS else 0
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
-            if value < least:
-                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+            _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):
             raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
         if config["cls"] and index != len(stages) - 1:
@@ -490,6 +486,30 @@ def _table(params, table, sizes, dtype, prefix=""):
             raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
+
+
+def _input(name, value, params, eps):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
+    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
+    if array.ndim != 4:
+        raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    return array
+
+
+def _integer(name, value, least):
+    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
 
 
 def _embedding(u0, p, config, eps):
@@ -1011,15 +1031,7 @@ def _readout(cls, p, config, eps):
 
 def _checked(pixel_values, params, stages, eps):
     """The image as an array and the checked stage configurations, before any work."""
-    u = np.asarray(pixel_values)
-    if u.dtype not in (np.float32, np.float64):
-        raise ValueError(f"pixel_values must be float32 or float64, got {u.dtype}")
-    if u.ndim != 4:
-        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {u.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    u = _input("pixel_values", pixel_values, params, eps)
     stages = _stage_configs(stages)
     return u, stages, _stage_grids(stages, u.shape[2], u.shape[3])
 

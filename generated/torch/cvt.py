@@ -100,11 +100,7 @@ def _stage_configs(stages):
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
         for name in _COUNTS + _PADDINGS:
-            value, least = config[name], 1 if name in _COUNTS else 0
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
-            if value < least:
-                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+            _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):
             raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
         if config["cls"] and index != len(stages) - 1:
@@ -403,6 +399,18 @@ def _group(module, table, sizes, factory):
             module.add_module(group, torch.nn.Module())
         shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
+
+
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
 
 
 def _table(module, table):
@@ -997,11 +1005,7 @@ class Model(torch.nn.Module):
         return _load_all(self, params)
 
     def forward(self, pixel_values):
-        if not isinstance(pixel_values, torch.Tensor):
-            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-        if pixel_values.dim() != 4 or pixel_values.shape[1] != self.n_channels:
-            raise ValueError(f"pixel_values must have shape (batch, {self.n_channels}, height, width), "
-                             f"got {tuple(pixel_values.shape)}")
+        _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
         if self.backward == "derived":
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             own = dict(self.named_parameters())

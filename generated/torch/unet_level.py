@@ -121,6 +121,18 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
 def _grids(n, stride):
     """Grid points along one axis of u after F and after R."""
     f = r = n
@@ -400,13 +412,7 @@ class Model(torch.nn.Module):
 
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
-        if not isinstance(u, torch.Tensor):
-            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
-        if u.dim() != 4 or u.shape[1] != self.n_channels:
-            raise ValueError(f"u must have shape (batch, {self.n_channels}, height, width), got {tuple(u.shape)}")
-        dtype = self.down.W.dtype
-        if u.dtype != dtype:
-            raise ValueError(f"u has dtype {u.dtype}, the model's parameters {dtype}")
+        _input("u", u, (self.n_channels, "height", "width"), self.down.W.dtype)
         stride, eps, sizes = self.stride, self.eps, {"n_channels": self.n_channels, "d": self.d}
         channels = (sizes["n_channels"], sizes["n_channels"] if self.has_transfer else self.n_channels)
         grids = [_grids(n, stride) if self.has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]

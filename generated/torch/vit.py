@@ -413,6 +413,18 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
 def _rows(field, axis: int, offset: int, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
@@ -1048,15 +1060,7 @@ class Model(torch.nn.Module):
 
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
-        if not isinstance(pixel_values, torch.Tensor):
-            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-        expected = (self.n_channels, *self.image_size)
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
-            raise ValueError(f"pixel_values must have shape (batch, {', '.join(map(str, expected))}) "
-                             f"(no interpolation), got {tuple(pixel_values.shape)}")
-        dtype = self.embed.W.dtype
-        if pixel_values.dtype != dtype:
-            raise ValueError(f"pixel_values has dtype {pixel_values.dtype}, the model's parameters {dtype}")
+        _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             params = [self.get_parameter(name) for name in PARAMETERS]
             params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]

@@ -968,6 +968,31 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
+def _inputs(image, top, layers, config, n_heads, eps):
+    """Each step's input, then the last step's output: the embedding, then one step per layer."""
+    states = [_embedding(image, top, config)]
+    for p in layers:
+        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+    return states
+
+
+def _backward(image, top, layers, states, seed, config, n_heads, eps):
+    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
+    first) and the embedding → (∂J/∂image, gradients by canonical name).
+
+    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
+    """
+    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
+    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
+    for n in reversed(range(len(layers))):
+        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
+        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
+        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
+    grads.update(embedding_grads)
+    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
+    return grad_image, {name: grads[name] for name in order}
+
 
 def _costate(name, value, shape, dtype):
     """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
@@ -977,30 +1002,6 @@ def _costate(name, value, shape, dtype):
     if seed.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
     return seed.astype(dtype, copy=False)
-
-
-def _backward(image, top, layers, seed, config, n_heads, eps):
-    """The costate λ of the final hidden states, backwards through every piece → gradients.
-
-    Each step's input is kept; each step's activations are recomputed when its adjoint runs.
-    """
-    u = _embedding(image, top, config)
-    inputs = []
-    for p in layers:
-        inputs.append(u)
-        u = _step(u, p, n_heads, eps)
-    grads = {}
-    _, saved = _final_vjp_forward(u, top, None, eps, 1)
-    seed, grads_final = _final_vjp_backward(saved, seed, top, None, eps, 1)
-    for n in reversed(range(len(layers))):
-        _, saved = _step_vjp_forward(inputs[n], layers[n], None, eps, n_heads)
-        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
-        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-    grad_image, grads_embedding = _embedding_vjp(image, seed, top, config)
-    grads.update(grads_embedding)
-    grads.update(grads_final)
-    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
-    return grad_image, {name: grads[name] for name in sorted(grads, key=order.index)}
 
 
 def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1014,7 +1015,7 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    return _backward(image, top, layers, seed, sizes, n_heads, eps)
+    return _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes, n_heads, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1033,5 +1034,6 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     seed, grads_head = _readout_vjp(u, seed, head)
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
-    grad_image, grads = _backward(image, top, layers, seed, sizes, n_heads, eps)
+    grad_image, grads = _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes,
+                                  n_heads, eps)
     return grad_image, {**grads, **grads_head}

@@ -831,6 +831,31 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
+def _inputs(image, top, layers, config, n_heads, eps):
+    """Each step's input, then the last step's output: the embedding, then one step per layer."""
+    states = [_embedding(image, top, config)]
+    for p in layers:
+        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+    return states
+
+
+def _backward(image, top, layers, states, seed, config, n_heads, eps):
+    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
+    first) and the embedding → (∂J/∂image, gradients by canonical name).
+
+    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
+    """
+    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
+    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
+    for n in reversed(range(len(layers))):
+        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
+        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
+        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
+    grads.update(embedding_grads)
+    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
+    return grad_image, {name: grads[name] for name in order}
+
 
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
@@ -844,45 +869,25 @@ def _first_order_only():
 class _DerivedModel(torch.autograd.Function):
     """The final hidden states; the backward is the derived adjoint (report §7).
 
-    The forward keeps what each step's adjoint reads (as autograd would); the backward runs
-    the costate through the final projection, the steps (last first) and the embedding.
+    The forward keeps each step's input; a step's activations are recomputed when its adjoint runs.
     """
 
     @staticmethod
     def forward(ctx, image, n_layers: int, config: dict, n_heads: int, eps: float, *params):
         top, layers = _split(params, n_layers)
-        u = _embedding(image, top, config)
-        kept = []
-        for p in layers:
-            u, saved = _step_vjp_forward(u, p, None, eps, n_heads)
-            kept.append(saved)
-        u, saved = _final_vjp_forward(u, top, None, eps, 1)
-        kept.append(saved)
-        ctx.save_for_backward(image, *params, *(tensor for saved in kept for tensor in saved))
-        ctx.config = (n_layers, config, n_heads, eps, len(params), [len(saved) for saved in kept])
-        return u
+        states = _inputs(image, top, layers, config, n_heads, eps)
+        ctx.save_for_backward(image, *params, *states)
+        ctx.config = (n_layers, config, n_heads, eps, len(params))
+        return _final_vjp_forward(states[-1], top, None, eps, 1)[0]
 
     @staticmethod
     def backward(ctx, grad_out):
         _first_order_only()
-        n_layers, config, n_heads, eps, count, sizes = ctx.config
+        n_layers, config, n_heads, eps, count = ctx.config
         image, *tensors = ctx.saved_tensors
-        params, tensors = tensors[:count], tensors[count:]
-        kept = []
-        for size in sizes:
-            kept.append(tensors[:size])
-            tensors = tensors[size:]
-        top, layers = _split(params, n_layers)
-        seed, grads = grad_out.contiguous(), {}
-        seed, final_grads = _final_vjp_backward(kept.pop(), seed, top, None, eps, 1)
-        grads.update(final_grads)
-        for n in reversed(range(n_layers)):
-            seed, step_grads = _step_vjp_backward(kept[n], seed, layers[n], None, eps, n_heads)
-            grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-        grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
-        grads.update(embedding_grads)
-        names = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(n_layers) for name in LAYER_PARAMETERS)]
-        return (grad_image, None, None, None, None, *(grads[name] for name in names))
+        grad_image, grads = _backward(image, *_split(tensors[:count], n_layers), tensors[count:], grad_out.contiguous(),
+                                      config, n_heads, eps)
+        return (grad_image, None, None, None, None, *grads.values())
 
 
 class _DerivedReadout(torch.autograd.Function):

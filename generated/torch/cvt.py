@@ -413,6 +413,15 @@ def _input(name, value, shape, dtype):
     return value
 
 
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 def _table(module, table):
     """The parameters of ``table`` that ``module`` holds, by canonical name."""
     return {name: getattr(getattr(module, name.split(".")[0]), name.split(".")[1]) for name in table}
@@ -993,12 +1002,8 @@ class Model(torch.nn.Module):
         self.stages = torch.nn.ModuleList(modules)
         if n_classes:
             _group(self, HEAD_PARAMETERS, {"d": channels, "n_classes": n_classes}, factory)
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                (torch.nn.init.ones_ if attribute in ("gain", "var") else torch.nn.init.zeros_
-                 if attribute in ("mean",) or attribute.startswith("b") else
-                 lambda t: torch.nn.init.normal_(t, std=0.02))(tensor)
+        ones, zeros = torch.nn.init.ones_, torch.nn.init.zeros_
+        _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""

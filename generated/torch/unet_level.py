@@ -133,6 +133,15 @@ def _input(name, value, shape, dtype):
     return value
 
 
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 def _grids(n, stride):
     """Grid points along one axis of u after F and after R."""
     f = r = n
@@ -396,15 +405,8 @@ class Model(torch.nn.Module):
 
     def reset_parameters(self):
         """Kaiming-uniform kernels, zero biases and means, unit gains and variances."""
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                if attribute in ("gain", "var"):
-                    torch.nn.init.ones_(tensor)
-                elif attribute == "W":
-                    torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5))
-                else:
-                    torch.nn.init.zeros_(tensor)
+        _initialize(self, {"gain": torch.nn.init.ones_, "var": torch.nn.init.ones_,
+                           "W": lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))}, torch.nn.init.zeros_)
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""

@@ -425,6 +425,15 @@ def _input(name, value, shape, dtype):
     return value
 
 
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 def _rows(field, axis: int, offset: int, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
@@ -1034,15 +1043,8 @@ class Model(torch.nn.Module):
 
     def reset_parameters(self):
         """Normal(0, 0.02) kernels and embeddings, zero biases, unit gains."""
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                if attribute == "gain":
-                    torch.nn.init.ones_(tensor)
-                elif attribute.startswith("b"):
-                    torch.nn.init.zeros_(tensor)
-                else:
-                    torch.nn.init.normal_(tensor, std=0.02)
+        _initialize(self, {"gain": torch.nn.init.ones_, "b": torch.nn.init.zeros_},
+                    lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""

@@ -143,6 +143,24 @@ def _grid_sizes(config, n_rows, n_cols):
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
+def _stages(u, tables, eps):
+    """Every stage in turn, from its (parameters, configuration, steps' parameters): its token embedding (the
+    class node joining in the last), its steps, its grid.
+
+    Returns what each stage kept (its input, parameters, configuration, steps' parameters and inputs, last
+    tokens), the last stage's grid and its class node's final state (None when it has none).
+    """
+    kept = []
+    for top, config, layers in tables:
+        tokens, inputs = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps), []
+        for layer in layers:
+            inputs.append(tokens)
+            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, eps)
+        kept.append((u, top, config, layers, inputs, tokens))
+        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
+    return kept, u, (_node(tokens, {}, config, eps) if config["cls"] else None)
+
+
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
@@ -922,33 +940,16 @@ def _readout(cls, p, config, eps):
     return head_logits
 
 
-def _stages(model, u):
-    """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
-
-    Returns what each stage kept (its input, parameters, configuration, steps' parameters and
-    inputs, last tokens) and the last stage's grid.
-    """
-    grids = _stage_grids([stage.config for stage in model.stages], u.shape[2], u.shape[3])
-    kept = []
-    for stage, (n_rows, n_cols) in zip(model.stages, grids):
+def _tables(model, u):
+    """Each stage's parameters, configuration (its grid's sizes included) and steps' parameters."""
+    tables = []
+    for stage, (n_rows, n_cols) in zip(model.stages, _stage_grids([stage.config for stage in model.stages], *u.shape[2:])):
         top = _table(stage, STAGE_PARAMETERS)
         config = _grid_sizes({**stage.config, "d": top["embed.W"].shape[-1]}, n_rows, n_cols)
         if config["cls"]:
             top["cls"] = stage.cls
-        tokens = (_embedding_cls if config["cls"] else _embedding)(u, top, config, model.eps)
-        layers, inputs = [_table(step, LAYER_PARAMETERS) for step in stage.layers], []
-        for layer in layers:
-            inputs.append(tokens)
-            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, model.eps)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, model.eps)
-    return kept, u
-
-
-def _class_node(kept, eps):
-    """The class node's final state (batch, 1, d), or None when the last stage has none."""
-    _, _, config, _, _, tokens = kept[-1]
-    return _node(tokens, {}, config, eps) if config["cls"] else None
+        tables.append((top, config, [_table(step, LAYER_PARAMETERS) for step in stage.layers]))
+    return tables
 
 
 class _Step(torch.nn.Module):
@@ -1016,8 +1017,8 @@ class Model(torch.nn.Module):
             own = dict(self.named_parameters())
             u, cls = _DerivedModel.apply(self, pixel_values, names, *(own[name] for name in names))
             return u, (cls if self.stages[-1].config["cls"] else None)
-        kept, u = _stages(self, pixel_values)
-        return u, _class_node(kept, self.eps)
+        _, u, cls = _stages(pixel_values, _tables(self, pixel_values), self.eps)
+        return u, cls
 
     def logits(self, pixel_values):
         if not self.n_classes:
@@ -2164,8 +2165,7 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, model, pixel_values, names, *params):
-        kept, u = _stages(model, pixel_values)
-        cls = _class_node(kept, model.eps)
+        kept, u, cls = _stages(pixel_values, _tables(model, pixel_values), model.eps)
         ctx.kept, ctx.names, ctx.eps, ctx.has_cls = kept, names, model.eps, cls is not None
         return (u, cls) if cls is not None else (u, u.new_zeros(0))
 

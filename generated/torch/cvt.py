@@ -1028,7 +1028,7 @@ class Model(torch.nn.Module):
             raise ValueError("logits need a class node in the last stage (cls=True)")
         config = {**self.stages[-1].config, "d": cls.shape[-1]}
         if self.backward == "derived":
-            return _DerivedReadout.apply(cls, self.eps, config, *_table(self, HEAD_PARAMETERS).values())
+            return _DerivedReadout.apply(cls, (config, self.eps), *_table(self, HEAD_PARAMETERS).values())
         return _readout(cls, _table(self, HEAD_PARAMETERS), config, self.eps)
 
 
@@ -2182,14 +2182,14 @@ class _DerivedReadout(torch.autograd.Function):
     """The readout; the backward is its derived adjoint."""
 
     @staticmethod
-    def forward(ctx, cls, eps, config, *params):
-        ctx.save_for_backward(cls, *params)
-        ctx.eps, ctx.config = eps, config
-        return _readout(cls, dict(zip(HEAD_PARAMETERS, params)), config, eps)
+    def forward(ctx, u, options, *params):
+        ctx.save_for_backward(u, *params)
+        ctx.options = options
+        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
 
     @staticmethod
     def backward(ctx, grad_logits):
         _first_order_only()
-        cls, *params = ctx.saved_tensors
-        seed, grads = _readout_vjp(cls, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), ctx.config, ctx.eps)
-        return (seed, None, None, *(grads[name] for name in HEAD_PARAMETERS))
+        u, *params = ctx.saved_tensors
+        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
+        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))

@@ -903,16 +903,17 @@ class _DerivedReadout(torch.autograd.Function):
     """The readout; the backward is its derived adjoint."""
 
     @staticmethod
-    def forward(ctx, u, *params):
+    def forward(ctx, u, options, *params):
         ctx.save_for_backward(u, *params)
-        return _readout(u, dict(zip(HEAD_PARAMETERS, params)))
+        ctx.options = options
+        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
 
     @staticmethod
     def backward(ctx, grad_logits):
         _first_order_only()
         u, *params = ctx.saved_tensors
-        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)))
-        return (grad_u, *(grads[name] for name in HEAD_PARAMETERS))
+        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
+        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))
 
 
 def _split(params, n_layers: int):
@@ -1084,5 +1085,5 @@ class Model(torch.nn.Module):
             raise ValueError("this Model has no head (n_classes = 0)")
         u = self(pixel_values)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _DerivedReadout.apply(u, *(self.get_parameter(name) for name in HEAD_PARAMETERS))
+            return _DerivedReadout.apply(u, (), *(self.get_parameter(name) for name in HEAD_PARAMETERS))
         return _readout(u, dict(self.named_parameters()))

@@ -146,11 +146,7 @@ def _stage_configs(stages):
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
         for name in _COUNTS + _PADDINGS:
-            value, least = config[name], 1 if name in _COUNTS else 0
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
-            if value < least:
-                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+            _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):
             raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
         if config["cls"] and index != len(stages) - 1:
@@ -191,6 +187,24 @@ def _grid_sizes(config, n_rows, n_cols):
     node = 1 if config["cls"] else 0  # the class node, before the grid's
     return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
+def _stages(u, tables, eps):
+    """Every stage in turn, from its (parameters, configuration, steps' parameters): its token embedding (the
+    class node joining in the last), its steps, its grid.
+
+    Returns what each stage kept (its input, parameters, configuration, steps' parameters and inputs, last
+    tokens), the last stage's grid and its class node's final state (None when it has none).
+    """
+    kept = []
+    for top, config, layers in tables:
+        tokens, inputs = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps), []
+        for layer in layers:
+            inputs.append(tokens)
+            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, eps)
+        kept.append((u, top, config, layers, inputs, tokens))
+        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
+    return kept, u, (_node(tokens, {}, config, eps) if config["cls"] else None)
 
 
 def _einsum(spec, *operands):
@@ -490,6 +504,30 @@ def _table(params, table, sizes, dtype, prefix=""):
             raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)
     return arrays
+
+
+def _input(name, value, params, eps):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
+    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
+    if array.ndim != 4:
+        raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    return array
+
+
+def _integer(name, value, least):
+    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
 
 
 def _embedding(u0, p, config, eps):
@@ -1010,54 +1048,29 @@ def _readout(cls, p, config, eps):
 
 
 def _checked(pixel_values, params, stages, eps):
-    """The image as an array and the checked stage configurations, before any work."""
-    u = np.asarray(pixel_values)
-    if u.dtype not in (np.float32, np.float64):
-        raise ValueError(f"pixel_values must be float32 or float64, got {u.dtype}")
-    if u.ndim != 4:
-        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {u.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    """The image as an array and each stage's parameters, configuration and steps' parameters, all checked
+    before any work."""
+    u = _input("pixel_values", pixel_values, params, eps)
     stages = _stage_configs(stages)
-    return u, stages, _stage_grids(stages, u.shape[2], u.shape[3])
-
-
-def _stages(u, params, stages, grids, eps):
-    """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
-
-    Returns what each stage kept (its input, parameters, configuration, steps' parameters and
-    inputs, last tokens) and the last stage's grid.
-    """
-    kept = []
-    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, grids)):
+    tables, n_channels = [], u.shape[1]
+    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, u.shape[2], u.shape[3]))):
         prefix = f"stages.{index}."
         if prefix + "embed.W" not in params:
             raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
         d = np.shape(params[prefix + "embed.W"])[-1]
-        sizes = {"n_channels": u.shape[1], "patch_size": config["patch_size"], "d": d,
+        sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
                  "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
         if d % config["n_heads"]:
             raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
         config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
         top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
                      u.dtype, prefix)
-        tokens = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps)
-        layers, inputs = [], []
+        layers = []
         while f"{prefix}layers.{len(layers)}.attn.W_q" in params:
             layers.append(_table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{len(layers)}."))
-            inputs.append(tokens)
-            tokens = (_step_cls if config["cls"] else _step)(tokens, layers[-1], config, eps)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
-    return kept, u
-
-
-def _class_node(kept, eps):
-    """The class node's final state (batch, 1, d), or None when the last stage has none."""
-    _, _, config, _, _, tokens = kept[-1]
-    return _node(tokens, {}, config, eps) if config["cls"] else None
+        tables.append((top, config, layers))
+        n_channels = d
+    return u, tables
 
 
 def _head(params, cls):
@@ -1070,16 +1083,15 @@ def _head(params, cls):
 
 def forward(pixel_values, params, *, stages, eps=1e-5):
     """Final hidden states of the last stage (grid layout) and the class node's state."""
-    u, stages, grids = _checked(pixel_values, params, stages, eps)
-    kept, hidden = _stages(u, params, stages, grids, eps)
-    return hidden, _class_node(kept, eps)
+    u, tables = _checked(pixel_values, params, stages, eps)
+    _, hidden, cls = _stages(u, tables, eps)
+    return hidden, cls
 
 
 def logits(pixel_values, params, *, stages, eps=1e-5):
     """The readout: the class node's final state, projected onto S_1, through the linear head."""
-    u, stages, grids = _checked(pixel_values, params, stages, eps)
-    kept, _ = _stages(u, params, stages, grids, eps)
-    cls = _class_node(kept, eps)
+    u, tables = _checked(pixel_values, params, stages, eps)
+    kept, _, cls = _stages(u, tables, eps)
     if cls is None:
         raise ValueError("logits need a class node in the last stage (cls=True)")
     return _readout(cls, _head(params, cls), kept[-1][2], eps)
@@ -2217,9 +2229,8 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     forward keeps each stage's input, each step's input and each stage's last tokens; a
     program's activations are recomputed when its adjoint runs.
     """
-    u, stages, grids = _checked(pixel_values, params, stages, eps)
-    kept, hidden = _stages(u, params, stages, grids, eps)
-    cls = _class_node(kept, eps)
+    u, tables = _checked(pixel_values, params, stages, eps)
+    kept, hidden, cls = _stages(u, tables, eps)
     seed_grid = _costate("grad_out", grad_out, hidden.shape, u.dtype)
     if cls is None and grad_cls is not None:
         raise ValueError("grad_cls given, but the last stage has no class node")
@@ -2234,9 +2245,8 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
 
     ``grad_logits`` is the costate of the logits (batch, n_classes).
     """
-    u, stages, grids = _checked(pixel_values, params, stages, eps)
-    kept, _ = _stages(u, params, stages, grids, eps)
-    cls = _class_node(kept, eps)
+    u, tables = _checked(pixel_values, params, stages, eps)
+    kept, _, cls = _stages(u, tables, eps)
     if cls is None:
         raise ValueError("logits need a class node in the last stage (cls=True)")
     head = _head(params, cls)

@@ -160,6 +160,30 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
+def _input(name, value, params, eps):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
+    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
+    if array.ndim != 4:
+        raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    return array
+
+
+def _integer(name, value, least):
+    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
+
+
 def _grids(n, stride):
     """Grid points along one axis of u after F and after R."""
     f = r = n
@@ -173,17 +197,7 @@ def _grids(n, stride):
 
 def _prepare(u, params, stride, eps):
     """``u``, the options and the parameters checked: (u0, parameters, whether R is the transfer, the output's shape)."""
-    u0 = np.asarray(u)
-    if u0.dtype not in (np.float32, np.float64):
-        raise ValueError(f"u must be float32 or float64, got {u0.dtype}")
-    if u0.ndim != 4:
-        raise ValueError(f"u must have shape (batch, channels, height, width), got {u0.shape}")
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-        raise ValueError(f"stride must be a positive int, got {stride!r}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    u0, stride = _input("u", u, params, eps), _integer("stride", stride, 1)
     batch, n_channels, height, width = u0.shape
     first = "down.W"
     if first not in params:
@@ -279,6 +293,16 @@ def _fold(blocks, shape, axes, size, stride, padding):
     for axis in axes:
         crop[axis] = slice(padding, padding + shape[axis])
     return out[tuple(crop)]
+
+
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
 
 
 def _step_identity_vjp(u0, u1_bar, p, stride, eps):
@@ -410,9 +434,4 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     BatchNorm's statistics ``mean``, ``var`` get their gradients too.
     """
     u0, p, has_transfer, shape = _prepare(u, params, stride, eps)
-    seed = np.asarray(grad_out)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"grad_out has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != shape:
-        raise ValueError(f"grad_out must have shape {shape}, got {seed.shape}")
-    return _step_identity_vjp(u0, seed.astype(u0.dtype, copy=False), p, stride, eps)
+    return _step_identity_vjp(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, stride, eps)

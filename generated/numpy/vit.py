@@ -357,33 +357,36 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
-def _image(pixel_values, image_size):
-    image = np.asarray(pixel_values)
-    if image.dtype not in (np.float32, np.float64):
-        raise ValueError(f"pixel_values must be float32 or float64, got {image.dtype}")
-    if image.ndim != 4:
-        raise ValueError(f"pixel_values must have shape (batch, channels, height, width), got {image.shape}")
-    if image_size is not None and tuple(image.shape[2:]) != tuple(image_size):
-        raise ValueError(f"pixel_values has size {image.shape[2:]}, the model {tuple(image_size)} (no interpolation)")
-    return image
+def _input(name, value, params, eps):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
+    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
+    if array.ndim != 4:
+        raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+    return array
 
 
-def _count(name, value):
-    """``value`` when it is an int ≥ 1; a TypeError or ValueError naming ``name`` otherwise."""
+def _integer(name, value, least):
+    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
     return int(value)
 
 
-def _config(params, image, patch_size, n_heads, eps):
-    """The sizes of every axis, from the image, the configuration and the parameters."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    patch_size, n_heads = _count("patch_size", patch_size), _count("n_heads", n_heads)
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+def _config(pixel_values, params, patch_size, n_heads, eps, image_size):
+    """The image as an array and the sizes of every axis, from the image, the configuration and the parameters."""
+    image = _input("pixel_values", pixel_values, params, eps)
+    if image_size is not None and tuple(image.shape[2:]) != tuple(image_size):
+        raise ValueError(f"pixel_values has size {image.shape[2:]}, the model {tuple(image_size)} (no interpolation)")
+    patch_size, n_heads = _integer("patch_size", patch_size, 1), _integer("n_heads", n_heads, 1)
     batch, n_channels, height, width = image.shape
     n_rows, n_cols = height // patch_size, width // patch_size
     if not (n_rows and n_cols):
@@ -405,8 +408,8 @@ def _config(params, image, patch_size, n_heads, eps):
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
-    return {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
-            "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}
+    return image, {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
+                   "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}
 
 
 def _embedding(image, p, config):
@@ -545,8 +548,7 @@ def _final_norm(u0, p, eps):
 
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The final hidden states: embedding, one step per layer, the final projection."""
-    image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads, eps)
+    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
     u = _embedding(image, _table(params, PARAMETERS, sizes, image.dtype), sizes)
     for n in range(sizes["layers"]):
         u = _step(u, _table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}."), n_heads, eps)
@@ -966,6 +968,31 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
+def _inputs(image, top, layers, config, n_heads, eps):
+    """Each step's input, then the last step's output: the embedding, then one step per layer."""
+    states = [_embedding(image, top, config)]
+    for p in layers:
+        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+    return states
+
+
+def _backward(image, top, layers, states, seed, config, n_heads, eps):
+    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
+    first) and the embedding → (∂J/∂image, gradients by canonical name).
+
+    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
+    """
+    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
+    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
+    for n in reversed(range(len(layers))):
+        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
+        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
+        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
+    grads.update(embedding_grads)
+    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
+    return grad_image, {name: grads[name] for name in order}
+
 
 def _costate(name, value, shape, dtype):
     """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
@@ -977,30 +1004,6 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
-def _backward(image, top, layers, seed, config, n_heads, eps):
-    """The costate λ of the final hidden states, backwards through every piece → gradients.
-
-    Each step's input is kept; each step's activations are recomputed when its adjoint runs.
-    """
-    u = _embedding(image, top, config)
-    inputs = []
-    for p in layers:
-        inputs.append(u)
-        u = _step(u, p, n_heads, eps)
-    grads = {}
-    _, saved = _final_vjp_forward(u, top, None, eps, 1)
-    seed, grads_final = _final_vjp_backward(saved, seed, top, None, eps, 1)
-    for n in reversed(range(len(layers))):
-        _, saved = _step_vjp_forward(inputs[n], layers[n], None, eps, n_heads)
-        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
-        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-    grad_image, grads_embedding = _embedding_vjp(image, seed, top, config)
-    grads.update(grads_embedding)
-    grads.update(grads_final)
-    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
-    return grad_image, {name: grads[name] for name in sorted(grads, key=order.index)}
-
-
 def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -1008,12 +1011,11 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     the costate runs back through the final projection, the steps (last first) and the
     embedding (report §7). The head's parameters are not read (``vjp_logits`` does).
     """
-    image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads, eps)
+    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    return _backward(image, top, layers, seed, sizes, n_heads, eps)
+    return _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes, n_heads, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1022,8 +1024,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    image = _image(pixel_values, image_size)
-    sizes = _config(params, image, patch_size, n_heads, eps)
+    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
     if "head.W" not in params:
         raise ValueError("missing parameter 'head.W'")
     sizes["n_classes"] = np.shape(params["head.W"])[-1]
@@ -1033,5 +1034,6 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     seed, grads_head = _readout_vjp(u, seed, head)
     top = _table(params, PARAMETERS, sizes, image.dtype)
     layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
-    grad_image, grads = _backward(image, top, layers, seed, sizes, n_heads, eps)
+    grad_image, grads = _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes,
+                                  n_heads, eps)
     return grad_image, {**grads, **grads_head}

@@ -100,11 +100,7 @@ def _stage_configs(stages):
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
         for name in _COUNTS + _PADDINGS:
-            value, least = config[name], 1 if name in _COUNTS else 0
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"stages[{index}][{name!r}] must be an int, got {type(value).__name__}")
-            if value < least:
-                raise ValueError(f"stages[{index}][{name!r}] must be >= {least}, got {value}")
+            _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):
             raise TypeError(f"stages[{index}]['cls'] must be a bool, got {type(config['cls']).__name__}")
         if config["cls"] and index != len(stages) - 1:
@@ -145,6 +141,24 @@ def _grid_sizes(config, n_rows, n_cols):
     node = 1 if config["cls"] else 0  # the class node, before the grid's
     return {**config, "n_rows": n_rows, "n_cols": n_cols, "n_rows_kv": size(n_rows), "n_cols_kv": size(n_cols),
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
+
+
+def _stages(u, tables, eps):
+    """Every stage in turn, from its (parameters, configuration, steps' parameters): its token embedding (the
+    class node joining in the last), its steps, its grid.
+
+    Returns what each stage kept (its input, parameters, configuration, steps' parameters and inputs, last
+    tokens), the last stage's grid and its class node's final state (None when it has none).
+    """
+    kept = []
+    for top, config, layers in tables:
+        tokens, inputs = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps), []
+        for layer in layers:
+            inputs.append(tokens)
+            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, eps)
+        kept.append((u, top, config, layers, inputs, tokens))
+        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
+    return kept, u, (_node(tokens, {}, config, eps) if config["cls"] else None)
 
 
 def _allowed(support):
@@ -403,6 +417,27 @@ def _group(module, table, sizes, factory):
             module.add_module(group, torch.nn.Module())
         shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
+
+
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
 
 
 def _table(module, table):
@@ -905,33 +940,16 @@ def _readout(cls, p, config, eps):
     return head_logits
 
 
-def _stages(model, u):
-    """Every stage in turn: its token embedding (the class node joining in the last), its steps, its grid.
-
-    Returns what each stage kept (its input, parameters, configuration, steps' parameters and
-    inputs, last tokens) and the last stage's grid.
-    """
-    grids = _stage_grids([stage.config for stage in model.stages], u.shape[2], u.shape[3])
-    kept = []
-    for stage, (n_rows, n_cols) in zip(model.stages, grids):
+def _tables(model, u):
+    """Each stage's parameters, configuration (its grid's sizes included) and steps' parameters."""
+    tables = []
+    for stage, (n_rows, n_cols) in zip(model.stages, _stage_grids([stage.config for stage in model.stages], *u.shape[2:])):
         top = _table(stage, STAGE_PARAMETERS)
         config = _grid_sizes({**stage.config, "d": top["embed.W"].shape[-1]}, n_rows, n_cols)
         if config["cls"]:
             top["cls"] = stage.cls
-        tokens = (_embedding_cls if config["cls"] else _embedding)(u, top, config, model.eps)
-        layers, inputs = [_table(step, LAYER_PARAMETERS) for step in stage.layers], []
-        for layer in layers:
-            inputs.append(tokens)
-            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, model.eps)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, model.eps)
-    return kept, u
-
-
-def _class_node(kept, eps):
-    """The class node's final state (batch, 1, d), or None when the last stage has none."""
-    _, _, config, _, _, tokens = kept[-1]
-    return _node(tokens, {}, config, eps) if config["cls"] else None
+        tables.append((top, config, [_table(step, LAYER_PARAMETERS) for step in stage.layers]))
+    return tables
 
 
 class _Step(torch.nn.Module):
@@ -985,30 +1003,22 @@ class Model(torch.nn.Module):
         self.stages = torch.nn.ModuleList(modules)
         if n_classes:
             _group(self, HEAD_PARAMETERS, {"d": channels, "n_classes": n_classes}, factory)
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                (torch.nn.init.ones_ if attribute in ("gain", "var") else torch.nn.init.zeros_
-                 if attribute in ("mean",) or attribute.startswith("b") else
-                 lambda t: torch.nn.init.normal_(t, std=0.02))(tensor)
+        ones, zeros = torch.nn.init.ones_, torch.nn.init.zeros_
+        _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
         return _load_all(self, params)
 
     def forward(self, pixel_values):
-        if not isinstance(pixel_values, torch.Tensor):
-            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-        if pixel_values.dim() != 4 or pixel_values.shape[1] != self.n_channels:
-            raise ValueError(f"pixel_values must have shape (batch, {self.n_channels}, height, width), "
-                             f"got {tuple(pixel_values.shape)}")
+        _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
         if self.backward == "derived":
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             own = dict(self.named_parameters())
             u, cls = _DerivedModel.apply(self, pixel_values, names, *(own[name] for name in names))
             return u, (cls if self.stages[-1].config["cls"] else None)
-        kept, u = _stages(self, pixel_values)
-        return u, _class_node(kept, self.eps)
+        _, u, cls = _stages(pixel_values, _tables(self, pixel_values), self.eps)
+        return u, cls
 
     def logits(self, pixel_values):
         if not self.n_classes:
@@ -1018,7 +1028,7 @@ class Model(torch.nn.Module):
             raise ValueError("logits need a class node in the last stage (cls=True)")
         config = {**self.stages[-1].config, "d": cls.shape[-1]}
         if self.backward == "derived":
-            return _DerivedReadout.apply(cls, self.eps, config, *_table(self, HEAD_PARAMETERS).values())
+            return _DerivedReadout.apply(cls, (config, self.eps), *_table(self, HEAD_PARAMETERS).values())
         return _readout(cls, _table(self, HEAD_PARAMETERS), config, self.eps)
 
 
@@ -2155,8 +2165,7 @@ class _DerivedModel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, model, pixel_values, names, *params):
-        kept, u = _stages(model, pixel_values)
-        cls = _class_node(kept, model.eps)
+        kept, u, cls = _stages(pixel_values, _tables(model, pixel_values), model.eps)
         ctx.kept, ctx.names, ctx.eps, ctx.has_cls = kept, names, model.eps, cls is not None
         return (u, cls) if cls is not None else (u, u.new_zeros(0))
 
@@ -2173,14 +2182,14 @@ class _DerivedReadout(torch.autograd.Function):
     """The readout; the backward is its derived adjoint."""
 
     @staticmethod
-    def forward(ctx, cls, eps, config, *params):
-        ctx.save_for_backward(cls, *params)
-        ctx.eps, ctx.config = eps, config
-        return _readout(cls, dict(zip(HEAD_PARAMETERS, params)), config, eps)
+    def forward(ctx, u, options, *params):
+        ctx.save_for_backward(u, *params)
+        ctx.options = options
+        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
 
     @staticmethod
     def backward(ctx, grad_logits):
         _first_order_only()
-        cls, *params = ctx.saved_tensors
-        seed, grads = _readout_vjp(cls, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), ctx.config, ctx.eps)
-        return (seed, None, None, *(grads[name] for name in HEAD_PARAMETERS))
+        u, *params = ctx.saved_tensors
+        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
+        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))

@@ -121,6 +121,27 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 def _grids(n, stride):
     """Grid points along one axis of u after F and after R."""
     f = r = n
@@ -384,15 +405,8 @@ class Model(torch.nn.Module):
 
     def reset_parameters(self):
         """Kaiming-uniform kernels, zero biases and means, unit gains and variances."""
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                if attribute in ("gain", "var"):
-                    torch.nn.init.ones_(tensor)
-                elif attribute == "W":
-                    torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5))
-                else:
-                    torch.nn.init.zeros_(tensor)
+        _initialize(self, {"gain": torch.nn.init.ones_, "var": torch.nn.init.ones_,
+                           "W": lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))}, torch.nn.init.zeros_)
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
@@ -400,13 +414,7 @@ class Model(torch.nn.Module):
 
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
-        if not isinstance(u, torch.Tensor):
-            raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
-        if u.dim() != 4 or u.shape[1] != self.n_channels:
-            raise ValueError(f"u must have shape (batch, {self.n_channels}, height, width), got {tuple(u.shape)}")
-        dtype = self.down.W.dtype
-        if u.dtype != dtype:
-            raise ValueError(f"u has dtype {u.dtype}, the model's parameters {dtype}")
+        _input("u", u, (self.n_channels, "height", "width"), self.down.W.dtype)
         stride, eps, sizes = self.stride, self.eps, {"n_channels": self.n_channels, "d": self.d}
         channels = (sizes["n_channels"], sizes["n_channels"] if self.has_transfer else self.n_channels)
         grids = [_grids(n, stride) if self.has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]

@@ -413,6 +413,27 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 def _rows(field, axis: int, offset: int, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
@@ -819,6 +840,31 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
+def _inputs(image, top, layers, config, n_heads, eps):
+    """Each step's input, then the last step's output: the embedding, then one step per layer."""
+    states = [_embedding(image, top, config)]
+    for p in layers:
+        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+    return states
+
+
+def _backward(image, top, layers, states, seed, config, n_heads, eps):
+    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
+    first) and the embedding → (∂J/∂image, gradients by canonical name).
+
+    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
+    """
+    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
+    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
+    for n in reversed(range(len(layers))):
+        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
+        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
+        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
+    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
+    grads.update(embedding_grads)
+    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
+    return grad_image, {name: grads[name] for name in order}
+
 
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
@@ -832,61 +878,42 @@ def _first_order_only():
 class _DerivedModel(torch.autograd.Function):
     """The final hidden states; the backward is the derived adjoint (report §7).
 
-    The forward keeps what each step's adjoint reads (as autograd would); the backward runs
-    the costate through the final projection, the steps (last first) and the embedding.
+    The forward keeps each step's input; a step's activations are recomputed when its adjoint runs.
     """
 
     @staticmethod
     def forward(ctx, image, n_layers: int, config: dict, n_heads: int, eps: float, *params):
         top, layers = _split(params, n_layers)
-        u = _embedding(image, top, config)
-        kept = []
-        for p in layers:
-            u, saved = _step_vjp_forward(u, p, None, eps, n_heads)
-            kept.append(saved)
-        u, saved = _final_vjp_forward(u, top, None, eps, 1)
-        kept.append(saved)
-        ctx.save_for_backward(image, *params, *(tensor for saved in kept for tensor in saved))
-        ctx.config = (n_layers, config, n_heads, eps, len(params), [len(saved) for saved in kept])
-        return u
+        states = _inputs(image, top, layers, config, n_heads, eps)
+        ctx.save_for_backward(image, *params, *states)
+        ctx.config = (n_layers, config, n_heads, eps, len(params))
+        return _final_vjp_forward(states[-1], top, None, eps, 1)[0]
 
     @staticmethod
     def backward(ctx, grad_out):
         _first_order_only()
-        n_layers, config, n_heads, eps, count, sizes = ctx.config
+        n_layers, config, n_heads, eps, count = ctx.config
         image, *tensors = ctx.saved_tensors
-        params, tensors = tensors[:count], tensors[count:]
-        kept = []
-        for size in sizes:
-            kept.append(tensors[:size])
-            tensors = tensors[size:]
-        top, layers = _split(params, n_layers)
-        seed, grads = grad_out.contiguous(), {}
-        seed, final_grads = _final_vjp_backward(kept.pop(), seed, top, None, eps, 1)
-        grads.update(final_grads)
-        for n in reversed(range(n_layers)):
-            seed, step_grads = _step_vjp_backward(kept[n], seed, layers[n], None, eps, n_heads)
-            grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-        grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
-        grads.update(embedding_grads)
-        names = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(n_layers) for name in LAYER_PARAMETERS)]
-        return (grad_image, None, None, None, None, *(grads[name] for name in names))
+        grad_image, grads = _backward(image, *_split(tensors[:count], n_layers), tensors[count:], grad_out.contiguous(),
+                                      config, n_heads, eps)
+        return (grad_image, None, None, None, None, *grads.values())
 
 
 class _DerivedReadout(torch.autograd.Function):
     """The readout; the backward is its derived adjoint."""
 
     @staticmethod
-    def forward(ctx, u, *params):
+    def forward(ctx, u, options, *params):
         ctx.save_for_backward(u, *params)
-        return _readout(u, dict(zip(HEAD_PARAMETERS, params)))
+        ctx.options = options
+        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
 
     @staticmethod
     def backward(ctx, grad_logits):
         _first_order_only()
         u, *params = ctx.saved_tensors
-        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)))
-        return (grad_u, *(grads[name] for name in HEAD_PARAMETERS))
+        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
+        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))
 
 
 def _split(params, n_layers: int):
@@ -1017,15 +1044,8 @@ class Model(torch.nn.Module):
 
     def reset_parameters(self):
         """Normal(0, 0.02) kernels and embeddings, zero biases, unit gains."""
-        with torch.no_grad():
-            for name, tensor in self.named_parameters():
-                attribute = name.rsplit(".", 1)[1]
-                if attribute == "gain":
-                    torch.nn.init.ones_(tensor)
-                elif attribute.startswith("b"):
-                    torch.nn.init.zeros_(tensor)
-                else:
-                    torch.nn.init.normal_(tensor, std=0.02)
+        _initialize(self, {"gain": torch.nn.init.ones_, "b": torch.nn.init.zeros_},
+                    lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
@@ -1048,15 +1068,7 @@ class Model(torch.nn.Module):
 
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
-        if not isinstance(pixel_values, torch.Tensor):
-            raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-        expected = (self.n_channels, *self.image_size)
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
-            raise ValueError(f"pixel_values must have shape (batch, {', '.join(map(str, expected))}) "
-                             f"(no interpolation), got {tuple(pixel_values.shape)}")
-        dtype = self.embed.W.dtype
-        if pixel_values.dtype != dtype:
-            raise ValueError(f"pixel_values has dtype {pixel_values.dtype}, the model's parameters {dtype}")
+        _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             params = [self.get_parameter(name) for name in PARAMETERS]
             params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]
@@ -1073,5 +1085,5 @@ class Model(torch.nn.Module):
             raise ValueError("this Model has no head (n_classes = 0)")
         u = self(pixel_values)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _DerivedReadout.apply(u, *(self.get_parameter(name) for name in HEAD_PARAMETERS))
+            return _DerivedReadout.apply(u, (), *(self.get_parameter(name) for name in HEAD_PARAMETERS))
         return _readout(u, dict(self.named_parameters()))

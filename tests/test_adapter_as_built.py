@@ -197,3 +197,78 @@ def test_a_source_as_built_is_equal(rng):
         module = make()
         u = rng.standard_normal((2, 5, d))
         assert np.abs(_generated(_read(module), u) - forward(module, u)).max() <= 1e-10
+
+
+def _gpt2_lm():
+    config = transformers.GPT2Config(n_embd=8, n_head=2, n_layer=2, vocab_size=50, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).double().eval()
+
+
+def _llama_lm():
+    config = llama_config(16, 4, 2, d_ff=24, num_hidden_layers=2, vocab_size=50, bos_token_id=0, eos_token_id=0,
+                          pad_token_id=0)
+    return transformers.LlamaForCausalLM(config).double().eval()
+
+
+@pytest.mark.parametrize("make, owner, part, attribute, value", [
+    (_llama_lm, "LlamaForCausalLM", "model.rotary_emb", "rope_type", "dynamic"),
+    (_llama_lm, "LlamaForCausalLM", "model.rotary_emb", "original_max_seq_len", 4),
+    (_llama_lm, "LlamaForCausalLM", "model.embed_tokens", "padding_idx", 3),
+    (_gpt2_lm, "GPT2LMHeadModel", "transformer.wpe", "num_embeddings", 4),
+    (_gpt2_lm, "GPT2LMHeadModel", "transformer", "embed_dim", 4),
+])
+def test_a_whole_language_models_attribute_set_after_construction_is_refused(make, owner, part, attribute, value):
+    """``from_hf_lm``: the parts outside the blocks (embeddings, rotary embedding, the model) too."""
+    from splitformer.nn import from_hf_lm
+
+    model = make()
+    from_hf_lm(model)  # control: as built
+    setattr(model.get_submodule(part), attribute, value)
+    with pytest.raises(SplitformerError, match=rf"^{re.escape(f'{owner}.{part}.{attribute}')} is ") as error:
+        from_hf_lm(model)
+    assert "\n" not in str(error.value)
+
+
+def _vit_classifier():
+    config = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=8, num_attention_heads=2,
+                                    num_hidden_layers=1, intermediate_size=12, num_labels=3)
+    return randomize(transformers.ViTForImageClassification(config).double()).eval()
+
+
+def _vit_deviation(model):
+    from conftest import GENERATED, import_path
+
+    adapted = from_hf(model, network="vit")
+    pixels = torch.tensor(np.random.default_rng(0).standard_normal((2, 3, 8, 8)))
+    with torch.no_grad():
+        built = adapted.build(import_path(GENERATED / "torch" / "vit.py", "_as_built_vit"))
+        return float((built.logits(pixels) - model(pixels).logits).abs().max())
+
+
+def test_a_causal_vit_attention_was_silently_different_and_is_refused(monkeypatch):
+    """``ViTAttention.is_causal = True`` (the sdpa and eager forwards then mask later patches): refused by name;
+    with the check off it was read as the bidirectional ViT."""
+    model = _vit_classifier()
+    assert _vit_deviation(model) <= 1e-10  # control
+    model.vit.layers[0].attention.is_causal = True
+    with pytest.raises(SplitformerError, match=r"^ViTForImageClassification\.vit\.layers\.0\.attention\.is_causal is True"):
+        from_hf(model, network="vit")
+    monkeypatch.setattr(adapters, "check_as_built", lambda owner, module: None)
+    assert _vit_deviation(model) > 1e-3
+
+
+@pytest.mark.parametrize("cls, config", [
+    (transformers.BertModel, dict(hidden_size=8, num_attention_heads=2, intermediate_size=16, num_hidden_layers=2,
+                                  vocab_size=30, max_position_embeddings=16)),
+    (transformers.ViTModel, dict(image_size=8, patch_size=4, hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                                 num_hidden_layers=1)),
+])
+def test_a_model_loaded_with_from_pretrained_is_read(cls, config, tmp_path):
+    """What ``from_pretrained`` adds (``_weight_conversions``, ``_use_kernels=False``, ``name_or_path``) is known."""
+    cls(cls.config_class(**config)).save_pretrained(tmp_path)
+    from_hf(cls.from_pretrained(tmp_path, dtype=torch.float64).eval())
+    loaded = cls.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    loaded._use_kernels = True  # hub kernels replace the forwards
+    with pytest.raises(SplitformerError, match=rf"^{cls.__name__}\._use_kernels is True"):
+        from_hf(loaded)

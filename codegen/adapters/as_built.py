@@ -19,7 +19,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .inspection import library_class, library_name
 
-__all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL"]
+__all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
 
 
 def _torch_layer(cls: type, layer: Any) -> Any:
@@ -53,6 +53,7 @@ BUILDERS: dict[str, Callable[[type, Any], Any]] = {
     "ViTModel": lambda cls, model: cls(model.config, add_pooling_layer=model.pooler is not None,
                                        use_mask_token=model.embeddings.mask_token is not None),
     "ViTForImageClassification": lambda cls, model: cls(model.config),
+    **dict.fromkeys(("GPT2Model", "GPT2LMHeadModel", "LlamaModel", "LlamaForCausalLM"), lambda cls, model: cls(model.config)),
 }
 
 #: Attributes a forward reads that the adapter reads from each part itself (and checks), by library class. The
@@ -68,9 +69,15 @@ READS: dict[str, frozenset[str]] = {
 
 #: Attributes no forward of an evaluated module reads (why, in a word), by library class (``"*"``: any class).
 IMMATERIAL: dict[str, dict[str, str]] = {
-    "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only"},
+    "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only",
+          "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
+          "_weight_conversions": "from_pretrained's loading record"},
     "Dropout": {"inplace": "the identity in eval"},
 }
+
+#: Attributes ``from_pretrained`` sets that a freshly built model lacks, with the value the adapter assumes
+#: (``_use_kernels=True``: hub kernels replace the layers' forwards).
+LOADED: dict[str, Any] = {"_use_kernels": False}
 
 
 def _same(value: Any, built: Any) -> bool:
@@ -114,6 +121,8 @@ def check_as_built(owner: str, module: Any) -> None:
             if name in state or name in reads or name in immaterial or name in IMMATERIAL["*"]:
                 continue
             where = f"{owner}.{path + '.' if path else ''}{name}"
+            if name not in expected and name in LOADED:
+                expected = {**expected, name: LOADED[name]}
             if name not in expected:
                 raise SplitformerError(f"{where} is an attribute {library_name(part)} does not have as built (a "
                                        f"{type(value).__name__}); its forward may read it, the adapter does not")

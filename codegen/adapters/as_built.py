@@ -70,9 +70,11 @@ READS: dict[str, frozenset[str]] = {
 #: Attributes no forward of an evaluated module reads (why, in a word), by library class (``"*"``: any class).
 IMMATERIAL: dict[str, dict[str, str]] = {
     "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only",
+          "_gradient_checkpointing_func": "training only",
           "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
           "_weight_conversions": "from_pretrained's loading record"},
     "Dropout": {"inplace": "the identity in eval"},
+    "GPT2Model": {"_attn_implementation": "a copy; the forward reads config._attn_implementation (inspection checks it)"},
 }
 
 #: Attributes ``from_pretrained`` sets that a freshly built model lacks, with the value the adapter assumes

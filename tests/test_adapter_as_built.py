@@ -272,3 +272,11 @@ def test_a_model_loaded_with_from_pretrained_is_read(cls, config, tmp_path):
     loaded._use_kernels = True  # hub kernels replace the forwards
     with pytest.raises(SplitformerError, match=rf"^{cls.__name__}\._use_kernels is True"):
         from_hf(loaded)
+
+
+def test_the_check_leaves_the_source_and_the_random_state_as_they_were():
+    """The fresh instance is built on the meta device: no weights drawn, the source's configuration untouched."""
+    model = _llama_lm()
+    config, state = repr(vars(model.config)), torch.get_rng_state()
+    adapters.check_as_built("LlamaForCausalLM", model)
+    assert repr(vars(model.config)) == config and torch.equal(torch.get_rng_state(), state)

@@ -214,7 +214,7 @@ def _llama_lm():
 @pytest.mark.parametrize("make, owner, part, attribute, value", [
     (_llama_lm, "LlamaForCausalLM", "model.rotary_emb", "rope_type", "dynamic"),
     (_llama_lm, "LlamaForCausalLM", "model.rotary_emb", "original_max_seq_len", 4),
-    (_llama_lm, "LlamaForCausalLM", "model.embed_tokens", "padding_idx", 3),
+    (_llama_lm, "LlamaForCausalLM", "model.embed_tokens", "embedding_dim", 3),
     (_gpt2_lm, "GPT2LMHeadModel", "transformer.wpe", "num_embeddings", 4),
     (_gpt2_lm, "GPT2LMHeadModel", "transformer", "embed_dim", 4),
 ])

@@ -74,6 +74,8 @@ IMMATERIAL: dict[str, dict[str, str]] = {
           "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
           "_weight_conversions": "from_pretrained's loading record"},
     "Dropout": {"inplace": "the identity in eval"},
+    "Embedding": {"padding_idx": "gradient only", "scale_grad_by_freq": "gradient only", "sparse": "gradient only"},
+    "ViTEmbeddings": {"patch_size": "interpolate_pos_encoding only (the reader reads config.patch_size, either spelling)"},
     "GPT2Model": {"_attn_implementation": "a copy; the forward reads config._attn_implementation (inspection checks it)"},
 }
 

@@ -20,6 +20,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
 from .adapters.hf_llama import check_rotary
+from .adapters.as_built import check_as_built
 from .adapters.inspection import check_computation, check_parts, library_name
 from .nn import LanguageModel
 
@@ -108,6 +109,7 @@ def from_hf_lm(model: Any) -> LanguageModel:
         raise SplitformerError(f"{type(model).__name__}'s final norm has ε = {eps}, its blocks {first.eps}")
     for adapted, block in zip(layers, result.stack.layers):
         adapted.check_computes(block)
+    check_as_built(name, model)  # embeddings, final norm, rotary embedding: each attribute as built
     final = {"gain": norm.weight} if first.bias is False else {"gain": norm.weight, "bias": norm.bias}
     with torch.no_grad():
         result.stack.load_params([adapted.params for adapted in layers], final)

@@ -149,3 +149,19 @@ def test_the_probe_leaves_the_module_as_it_was():
     assert all(torch.equal(value, module.state_dict()[key]) for key, value in before.items())
     assert torch.equal(module.rel_pos.bias, cache) and module.layers[0][1].attend.attn_fn is softmax
     assert next(module.parameters()).dtype == torch.float32
+
+
+def test_a_user_class_named_like_the_part_is_refused_by_its_library_class_before_the_probe(monkeypatch):
+    """``class Attention(FeedForward)`` put where the attention is: read as the FeedForward it runs, refused by
+    name; the probe (which would compare the forwards) is not reached."""
+    from splitformer.codegen.adapters import xtransformers as reader
+
+    class Attention(x_transformers.x_transformers.FeedForward):
+        pass
+
+    module = _module()
+    impostor = Attention(DIM, mult=4).double().eval()
+    impostor.load_state_dict(module.layers[1][1].state_dict())
+    module.layers[0][1] = impostor
+    monkeypatch.setattr(reader, "check_probe", lambda *args: pytest.fail("the probe ran"))
+    _refused(module, r"^Encoder's 'a' layer 1 is Attention, running FeedForward, not Attention; ")

@@ -27,6 +27,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .adapted import Adapted
 from .arrays import array, dtype_notes, floating_dtype, source_dtype, torch_floating_dtype
+from .as_built import check_as_built
 from .inspection import check_computation, library_name, runs_one_of
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
@@ -65,6 +66,7 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | 
     if unknown:
         raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype, network)")
     adapted = reader(module)
+    check_as_built(name, module)  # after the reader: its own refusals name the part more precisely
     for key, wanted in expected.items():
         if wanted is not None and _expectable(name, adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={_expectable(name, adapted, key)!r}, asked for {key}={wanted!r}")

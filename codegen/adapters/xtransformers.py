@@ -56,6 +56,7 @@ from .registry import adapter
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name
+from .inspection import library_class, library_name
 from .probe import check_probe
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
@@ -96,6 +97,9 @@ ATTENTION_DEFAULTS = {
     "qkv_receive_diff_residuals": (False, "qkv_receive_diff_residuals"),
     "orthog_projected_values_per_head": (False, "attn_orthog_projected_values_per_head"),
 }
+
+#: The library class of each kind of branch (``layer_types``' ``a``, ``f``) the reader reads.
+BRANCH_CLASSES = {"a": "Attention", "f": "FeedForward"}
 
 #: ``Attend`` attributes (the score kernel) whose value other than the default is a refused flag.
 ATTEND_DEFAULTS = {
@@ -164,8 +168,7 @@ def _refuse(owner: str, flag: str, why: str = "") -> SplitformerError:
 def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]], why: str) -> None:
     """Refuse an attribute of ``module`` that is neither in ``defaults`` nor known (``KNOWN_ATTRIBUTES``),
     then each of ``defaults`` that is not at its default value."""
-    known = next((KNOWN_ATTRIBUTES[klass.__name__] for klass in type(module).__mro__ if klass.__name__ in KNOWN_ATTRIBUTES),
-                 frozenset())
+    known = _by_library_class(KNOWN_ATTRIBUTES, module) or frozenset()
     for attribute, value in vars(module).items():
         if not attribute.startswith("_") and attribute != "training" and attribute not in defaults and attribute not in known:
             raise SplitformerError(f"{owner} has {type(module).__name__}.{attribute}={value!r}, an attribute the reader "
@@ -176,9 +179,16 @@ def _check_defaults(owner: str, module: Any, defaults: dict[str, tuple[Any, str]
             raise _refuse(owner, flag, why)
 
 
+def _by_library_class(table: dict[str, Any], module: Any) -> Any:
+    """``table``'s entry for the first class in the MRO of ``module``'s library class (``inspection.library_class``;
+    ``Encoder`` is an ``AttentionLayers``); never by a user class's own name (``class Attention(FeedForward)``)."""
+    klass = library_class(module)
+    return next((table[base.__name__] for base in (klass.__mro__ if klass else ()) if base.__name__ in table), None)
+
+
 def _check_classes(owner: str, modules: Iterable[Any]) -> None:
     for module in modules:
-        flag = FLAG_OF_CLASS.get(type(module).__name__)
+        flag = _by_library_class(FLAG_OF_CLASS, module)
         if flag is not None:
             raise _refuse(owner, flag)
 
@@ -214,7 +224,7 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     names = {name for name, _ in attention.named_parameters()}
     extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight", "qk_norm_q_scale",
                             "qk_norm_k_scale", *(f"attend.{when}_softmax_talking_heads.weight" for when in ("pre", "post"))})
-    if extra or type(attention.to_out).__name__ != "Linear":
+    if extra or library_name(attention.to_out) != "Linear":
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
     return width
 
@@ -259,10 +269,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         if mixing is not None:
             params[f"attn.mix_{when}"] = array(mixing.weight)[:, :, 0, 0]
             options[f"{when}_talking_heads"] = True
-    if type(rel_pos).__name__ == "AlibiPositionalBias":
+    if library_name(rel_pos) == "AlibiPositionalBias":
         params["attn.slopes"] = _alibi_slopes(owner, rel_pos, heads)
         options["alibi"] = True
-    if type(rel_pos).__name__ == "RelativePositionBias":
+    if library_name(rel_pos) == "RelativePositionBias":
         _check_defaults(owner, rel_pos, {}, "")
         rows = rel_pos.relative_attention_bias.weight.shape[0]
         if type(rel_pos.num_buckets) is not int or rel_pos.num_buckets != rows:  # its forward buckets by the attribute
@@ -309,13 +319,13 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
     import torch
 
     _check_classes(owner, feed_forward.modules())
-    kinds = {type(module).__name__ for module in feed_forward.modules()}
+    kinds = {library_name(module) for module in feed_forward.modules()}
     if "LayerNorm" in kinds:
         raise _refuse(owner, "ff_post_act_ln")
     if "Lambda" in kinds:
         raise _refuse(owner, "ff_softclamp_value")
     linears = [module for module in feed_forward.modules() if isinstance(module, torch.nn.Linear)]
-    glu = next((module for module in feed_forward.modules() if type(module).__name__ == "GLU"), None)
+    glu = next((module for module in feed_forward.modules() if library_name(module) == "GLU"), None)
     if glu is not None:
         if isinstance(glu.mult_bias, torch.nn.Parameter):
             raise _refuse(owner, "ff_glu_mult_bias")
@@ -325,7 +335,7 @@ def _feed_forward(owner: str, feed_forward: Any, key: str) -> tuple[dict[str, np
         act = glu.act
     else:
         act = next(module for module in feed_forward.ff[0] if not isinstance(module, torch.nn.Linear))
-    activation = "relu-squared" if type(act).__name__ == "ReluSquared" else activation_name(f"{owner}.ff", act)
+    activation = "relu-squared" if library_name(act) == "ReluSquared" else activation_name(f"{owner}.ff", act)
     if activation not in FF_ACTIVATIONS:
         raise _refuse(owner, f"the feed-forward activation {activation}",
                       "x-transformers' own are gelu, ff_swish (silu) and ff_relu_squared")
@@ -364,7 +374,7 @@ def _check_unit(owner: str, attribute: str, value: Any) -> None:
 
 def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float, np.ndarray]:
     """``(kind, ε, gain)`` of an x-transformers norm, the unit offset added to the gain."""
-    name = type(norm).__name__
+    name = library_name(norm)
     if name in ("RMSNorm", "ScaleNorm", "SimpleRMSNorm") and not _is_number(norm.scale, dim ** 0.5):
         raise _refuse(owner, f"{name}.scale={norm.scale!r}", f"the norm is read as rms-norm times √d = {dim ** 0.5!r}")
     offset = float(getattr(norm, "unit_offset", False))
@@ -398,7 +408,7 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
         for index in order[start:start + len(block)]:
             norms, branch, residual = layers.layers[index]
             _check_classes(owner, [residual, branch, *norms])
-            if type(residual).__name__ not in ("Residual", "GRUGating"):
+            if library_name(residual) not in ("Residual", "GRUGating"):
                 raise _refuse(owner, f"the residual {type(residual).__name__}")
             if residual.residual_scale is not None or getattr(residual, "scale_residual_constant", 1) != 1:
                 raise _refuse(owner, "scale_residual" if residual.residual_scale is not None else "scale_residual_constant",
@@ -410,7 +420,7 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
 
 def _fraction(owner: str, branch: Any, macaron_ff: bool) -> tuple[Any, str | None]:
     """The branch module inside x-transformers' ``Scale`` (½ for a macaron feed-forward) and its fraction."""
-    if type(branch).__name__ != "Scale":
+    if library_name(branch) != "Scale":
         return branch, None
     if not (macaron_ff and branch.scale == 0.5):
         raise _refuse(owner, f"a branch scaled by {branch.scale}", "scale_residual / depth_scale_residual")
@@ -432,7 +442,7 @@ def _gru_gate(owner: str, gating: Any, key: str, dim: int) -> dict[str, np.ndarr
 
 def _layer_scale(branch: Any) -> tuple[Any, np.ndarray | None]:
     """The branch inside ``LayerScale`` (``use_layerscale``) and its per-channel step ``γ + unit offset``."""
-    if type(branch).__name__ != "LayerScale":
+    if library_name(branch) != "LayerScale":
         return branch, None
     return branch.fn, array(branch.gamma) + float(branch.unit_offset)
 
@@ -450,7 +460,7 @@ class _Block:
 
     def norm(self, owner: str, name: str, norm: Any, dim: int, dtype: np.dtype) -> None:
         kind, eps, gain = _norm(owner, norm, dim, dtype)
-        self.notes.add(NORM_NOTES.get(type(norm).__name__, ""))
+        self.notes.add(NORM_NOTES.get(library_name(norm), ""))
         self.eps.add(eps)
         self.params[f"{name}.gain"] = gain
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
@@ -499,7 +509,7 @@ def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
 
 def _token_shift(owner: str, branch: Any, attention: bool) -> tuple[Any, dict | None]:
     """The branch inside ``ShiftTokens`` (``shift_tokens``) and the ``token-shift`` operator computing its shift."""
-    if type(branch).__name__ != "ShiftTokens":
+    if library_name(branch) != "ShiftTokens":
         return branch, None
     shifts, reach = tuple(branch.shifts), max(branch.shifts)
     causal = shifts[0] == 0
@@ -516,6 +526,11 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
         branch, layer_scale = _layer_scale(branch)  # LayerScale wraps the macaron's ½ (Scale): both scale the output
         branch, shift = _token_shift(owner, branch, kind == "a")  # ShiftTokens wraps the branch (and its ½)
         branch, fraction = _fraction(owner, branch, macaron and kind == "f")
+        expected = BRANCH_CLASSES[kind]
+        if library_name(branch) != expected:
+            raise SplitformerError(f"{owner}'s {kind!r} layer {position} is {type(branch).__name__}, running "
+                                   f"{library_name(branch) or 'no library class'}, not {expected}; the reader reads "
+                                   "x-transformers' own branch classes, never by a user class's name")
         step: dict[str, Any] = {"operator": "", "solver": "explicit"}
         if pre is not None:
             step["on"] = f"norm{position}"
@@ -549,7 +564,7 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
         if layer_scale is not None:  # a learned diagonal time step λ(y)
             step["step"] = "per-channel"
             block.params[f"{step['operator']}.step"] = layer_scale
-        if type(residual).__name__ == "GRUGating":  # the residual combiner c(u, v) = GRU(v, u) − u
+        if library_name(residual) == "GRUGating":  # the residual combiner c(u, v) = GRU(v, u) − u
             if layer_scale is not None or fraction is not None:
                 raise _refuse(owner, "gate_residual with use_layerscale or macaron", "a combined field takes no "
                               "learned step or fraction in the scheme language")
@@ -615,7 +630,7 @@ def _causal(owner: str, layers: Any) -> bool:
     if {"Decoder": False, "Encoder": True}.get(owner) is causal:
         raise _refuse(owner, f"causal={causal}", f"an x-transformers {owner} is {'' if owner == 'Decoder' else 'not '}causal")
     for path, module in layers.named_modules():
-        if type(module).__name__ in ("Attention", "Attend") and module.causal is not causal:
+        if library_name(module) in ("Attention", "Attend") and module.causal is not causal:
             raise _refuse(owner, f"{path}.causal={module.causal!r} while the layers' causal={causal}",
                           "a generated Stack applies one causality to every attention")
     return causal
@@ -652,7 +667,7 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         raise _refuse(owner, "layers that differ in structure", "a generated Stack repeats one block")
     notes = sorted(note for note in first.notes if note)
     final_norm = None
-    if type(layers.final_norm).__name__ != "Identity":
+    if library_name(layers.final_norm) != "Identity":
         kind, final_eps, gain = _norm(f"{owner}.final_norm", layers.final_norm, dim, dtype)
         if final_eps not in eps:
             raise _refuse(owner, "a final norm unlike its layers' norms")
@@ -664,7 +679,7 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, causal, final_norm is not None)
     tied = list(layers.layers_execute_order) != list(range(len(layers.layer_types)))
-    if any(not attention.attend.flash for attention in layers.modules() if type(attention).__name__ == "Attention"):
+    if any(not attention.attend.flash for attention in layers.modules() if library_name(attention) == "Attention"):
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
@@ -688,10 +703,10 @@ def _float64_copy(layers: Any) -> Any:
     probe = copy.deepcopy(layers).double().eval()
     for module in probe.modules():
         function = getattr(module, "attn_fn", None)
-        if type(module).__name__ == "Attend" and isinstance(function, partial) and function.func is torch.nn.functional.softmax \
+        if library_name(module) == "Attend" and isinstance(function, partial) and function.func is torch.nn.functional.softmax \
                 and not function.args and function.keywords == {"dim": -1, "dtype": torch.float32}:
             module.attn_fn = partial(torch.nn.functional.softmax, dim=-1)
-        if type(module).__name__ == "AlibiPositionalBias":
+        if library_name(module) == "AlibiPositionalBias":
             module.bias = None
     return probe
 

@@ -1,0 +1,141 @@
+"""Does every plain attribute of a part hold what its library class sets as built? Forwards read plain
+attributes (``MultiheadAttention.batch_first``, ``GPT2Attention.scale_attn_weights``,
+``LlamaRMSNorm.variance_epsilon``); an adapter reads the configuration those are built from, so an
+attribute set after construction could make the source compute otherwise than what the adapter read.
+
+``check_as_built`` builds a fresh instance of the module's library class from the same configuration (on
+the meta device: no weights) and compares each part with its counterpart there: an attribute the fresh part
+lacks is refused by name, and so is a value that differs, unless ``READS`` names it (the adapter reads that
+attribute from the part itself and checks it) or ``IMMATERIAL`` does (no forward of an evaluated module reads
+it). Every other attribute a forward reads is thus compared with the value the adapter assumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .inspection import library_class, library_name
+
+__all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
+
+
+def _torch_layer(cls: type, layer: Any) -> Any:
+    """A fresh ``TransformerEncoderLayer``/``TransformerDecoderLayer`` with ``layer``'s configuration: widths from its
+    parameters, the rest from the attributes the adapter reads (``READS``)."""
+    return cls(layer.self_attn.out_proj.weight.shape[0], layer.self_attn.num_heads, layer.linear1.weight.shape[0],
+               layer.dropout.p, layer.activation, layer.norm1.eps, layer.self_attn.batch_first, layer.norm_first,
+               bias=layer.linear1.bias is not None)
+
+
+def _torch_encoder(cls: type, encoder: Any) -> Any:
+    import torch
+
+    first = encoder.layers[0]
+    norm = None if encoder.norm is None else torch.nn.LayerNorm(
+        encoder.norm.weight.shape[0], encoder.norm.eps, bias=encoder.norm.bias is not None)
+    return cls(_torch_layer(library_class(first), first), len(encoder.layers), norm,
+               enable_nested_tensor=encoder.enable_nested_tensor, mask_check=encoder.mask_check)
+
+
+#: library class name → a fresh instance of that class built from a part's configuration.
+BUILDERS: dict[str, Callable[[type, Any], Any]] = {
+    "TransformerEncoderLayer": _torch_layer,
+    "TransformerDecoderLayer": _torch_layer,
+    "TransformerEncoder": _torch_encoder,
+    "BertLayer": lambda cls, layer: cls(layer.attention.self.config, layer_idx=layer.attention.self.layer_idx),
+    "BertEncoder": lambda cls, encoder: cls(encoder.config),
+    "BertModel": lambda cls, model: cls(model.config, add_pooling_layer=model.pooler is not None),
+    "GPT2Block": lambda cls, block: cls(block.attn.config, layer_idx=block.attn.layer_idx),
+    "LlamaDecoderLayer": lambda cls, layer: cls(layer.self_attn.config, layer_idx=layer.self_attn.layer_idx),
+    "ViTModel": lambda cls, model: cls(model.config, add_pooling_layer=model.pooler is not None,
+                                       use_mask_token=model.embeddings.mask_token is not None),
+    "ViTForImageClassification": lambda cls, model: cls(model.config),
+    **dict.fromkeys(("GPT2Model", "GPT2LMHeadModel", "LlamaModel", "LlamaForCausalLM"), lambda cls, model: cls(model.config)),
+}
+
+#: Attributes a forward reads that the adapter reads from each part itself (and checks), by library class. The
+#: torch builders take the rest of what the adapter reads (``self_attn.batch_first``, ``num_heads``, ``norm_first``,
+#: ``activation``, ``norm1.eps``) from the part: the fresh layer has them, and every other part is compared with
+#: them (``multihead_attn.batch_first`` with ``self_attn.batch_first``).
+READS: dict[str, frozenset[str]] = {
+    "MultiheadAttention": frozenset({"dropout"}),  # common.torch_dropout reads every rate
+    "Dropout": frozenset({"p"}),
+    "LayerNorm": frozenset({"eps"}),  # common.check_norms
+    "LlamaRMSNorm": frozenset({"variance_epsilon"}),  # hf_llama.llama_layer_config
+}
+
+#: Attributes no forward of an evaluated module reads (why, in a word), by library class (``"*"``: any class).
+IMMATERIAL: dict[str, dict[str, str]] = {
+    "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only",
+          "_gradient_checkpointing_func": "training only",
+          "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
+          "_weight_conversions": "from_pretrained's loading record"},
+    "Dropout": {"inplace": "the identity in eval"},
+    "Embedding": {"padding_idx": "gradient only", "scale_grad_by_freq": "gradient only", "sparse": "gradient only"},
+    "ViTEmbeddings": {"patch_size": "interpolate_pos_encoding only (the reader reads config.patch_size, either spelling)"},
+    "GPT2Model": {"_attn_implementation": "a copy; the forward reads config._attn_implementation (inspection checks it)"},
+}
+
+#: Attributes ``from_pretrained`` sets that a freshly built model lacks, with the value the adapter assumes
+#: (``_use_kernels=True``: hub kernels replace the layers' forwards).
+LOADED: dict[str, Any] = {"_use_kernels": False}
+
+
+def _same(value: Any, built: Any) -> bool:
+    if value is built:
+        return True
+    try:
+        return type(value) is type(built) and bool(value == built)
+    except (TypeError, ValueError, RuntimeError):  # a tensor, or something without a plain equality
+        return False
+
+
+def _fresh(module: Any) -> Any:
+    import torch
+
+    klass = library_class(module)
+    builder = BUILDERS.get(klass.__name__ if klass else "")
+    if builder is None:
+        return None
+    with torch.device("meta"):
+        return builder(klass, module)
+
+
+def check_as_built(owner: str, module: Any) -> None:
+    """Refuse a plain attribute of a part of ``module`` that the same part of a freshly built ``module`` lacks or
+    holds with another value (``READS`` and ``IMMATERIAL`` excepted); nothing when ``BUILDERS`` has no builder."""
+    import torch
+
+    fresh = _fresh(module)
+    if fresh is None:
+        return
+    state = frozenset(vars(torch.nn.Module()))
+    built = dict(fresh.named_modules())
+    for path, part in module.named_modules():
+        counterpart = built.get(path)
+        klass = library_class(part)
+        if counterpart is None or klass is None or library_class(counterpart) is not klass:
+            continue  # another part than the library's: check_parts refuses it, naming its class
+        reads, immaterial = READS.get(klass.__name__, frozenset()), IMMATERIAL.get(klass.__name__, {})
+        expected = vars(counterpart)
+        for name, value in vars(part).items():
+            if name in state or name in reads or name in immaterial or name in IMMATERIAL["*"]:
+                continue
+            where = f"{owner}.{path + '.' if path else ''}{name}"
+            if name not in expected and name in LOADED:
+                expected = {**expected, name: LOADED[name]}
+            if name not in expected:
+                raise SplitformerError(f"{where} is an attribute {library_name(part)} does not have as built (a "
+                                       f"{type(value).__name__}); its forward may read it, the adapter does not")
+            if not _same(value, expected[name]):
+                raise SplitformerError(f"{where} is {_brief(value)}, but {library_name(part)} is built with "
+                                       f"{_brief(expected[name])} from this configuration, which the adapter reads; "
+                                       "rebuild the module instead of setting the attribute")
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 and "\n" not in text else f"a {type(value).__name__}"

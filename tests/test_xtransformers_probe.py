@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from splitformer import derive
-from splitformer.adapters import from_xtransformers
+from splitformer.adapters import from_xtransformers, to_xtransformers
 from splitformer.symbolic import parse_scheme
 from splitformer.symbolic.errors import SplitformerError
 
@@ -123,9 +123,70 @@ def test_a_causal_mask_function_that_masks_nothing_is_refused_by_the_probe():
     the Decoder then attends to later tokens; the probe refuses it."""
     module = _module(x_transformers.Decoder, attn_flash=False)
     assert _equal(module) <= 1e-10  # control
+    module.layers[0][1].attend.create_causal_mask = _MasksNothing()
+    _refused(module, r"Decoder: the generated forward of what was read .* differs from the module's by")
+
+
+class _MasksNothing:
+    """A causal mask function that masks nothing: a callable object, so only the probe can see what it does."""
+
+    def __call__(self, i, j, device):
+        return torch.zeros(i, j, dtype=torch.bool, device=device)
+
+
+def test_a_function_set_on_an_instance_is_refused_by_name():
+    """A Python function of the user's own set on a submodule (``Attend.create_causal_mask = lambda …``, which
+    x-transformers stores per instance) is refused by name, whatever path the forward takes; as a method shadowed
+    on the instance (``Attend.flash_attn``) already was."""
+    module = _module(x_transformers.Decoder)
     module.layers[0][1].attend.create_causal_mask = lambda i, j, device: torch.zeros(i, j, dtype=torch.bool,
                                                                                     device=device)
-    _refused(module, r"Decoder: the generated forward of what was read .* differs from the module's by")
+    _refused(module, r"^Decoder\.layers\.0\.1\.attend has its create_causal_mask \(set to .*<lambda>\) replaced")
+    module = _module()
+    module.layers[0][1].attend.flash_attn = lambda *args, **kwargs: None  # shadows Attend.flash_attn
+    _refused(module, r"^Encoder\.layers\.0\.1\.attend has its flash_attn replaced on the instance")
+
+
+def test_the_flash_path_is_probed_with_a_padding_mask():
+    """With ``attn_flash=True`` x-transformers calls ``create_causal_mask`` only under a mask (or a longer key
+    set): the probe also runs with a padding mask (a row padded on the left, one on the right), on the valid
+    tokens. Before, a mask function that masks nothing passed (no mask: 9e-16) and differed by 1.3 under a mask."""
+    module = _module(x_transformers.Decoder, attn_flash=True)
+    assert _equal(module) <= 1e-10  # control
+    module.layers[0][1].attend.create_causal_mask = _MasksNothing()
+    _refused(module, r"Decoder: the generated forward .* differs from the module's by .* with a padding mask;")
+
+
+@pytest.mark.parametrize("cls, edit", [
+    (x_transformers.Encoder, "softmax over the queries"),
+    (x_transformers.Decoder, "a causal mask that masks nothing"),
+])
+def test_zero_initialized_branches_hide_no_edit_from_the_probe(cls, edit):
+    """``zero_init_branch_output=True`` zeroes every branch's output projection: a probe of the module's own
+    weights saw no attention at all, and accepted any edit of it (the module then computed otherwise once trained
+    weights were loaded: 0.23 and 1.24). The probe runs a copy with random weights (the reader reads that copy).
+    Control: the unedited module (flash: a float64 softmax) is read, and with random weights written into both
+    sides they are equal. The edits are on the non-flash path, which calls both functions without a mask."""
+    module = cls(dim=DIM, depth=2, heads=2, attn_dim_head=DIM // 2, attn_flash=True,
+                 zero_init_branch_output=True).double().eval()
+    adapted = from_xtransformers(module)
+    rng = np.random.default_rng(5)
+    trained = adapted.with_params([{key: 0.3 * rng.standard_normal(np.shape(value)) for key, value in layer.items()}
+                                   for layer in adapted.layers], adapted.final_norm)
+    module.load_state_dict(to_xtransformers(trained, module), strict=True)
+    u = np.random.default_rng(6).standard_normal((2, 7, DIM))
+    with torch.no_grad():
+        expected = module(torch.from_numpy(u)).numpy()
+    got = trained.derivation().numpy_module().forward_stack(u, list(trained.layers), **trained.forward_kwargs)
+    assert np.abs(got - expected).max() <= 1e-10
+    edited = cls(dim=DIM, depth=2, heads=2, attn_dim_head=DIM // 2, attn_flash=False,
+                 zero_init_branch_output=True).double().eval()
+    attend = edited.layers[0][1].attend
+    if edit == "softmax over the queries":
+        attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-2)
+    else:
+        attend.create_causal_mask = _MasksNothing()
+    _refused(edited, rf"{cls.__name__}: the generated forward of what was read .* differs from the module's by")
 
 
 def test_a_score_scale_of_none_is_read_as_x_transformers_default():

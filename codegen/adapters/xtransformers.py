@@ -56,7 +56,7 @@ from .registry import adapter
 from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name
-from .probe import check_probe
+from .probe import check_probe, randomized
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
@@ -672,7 +672,7 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
                       options=options, notes=tuple(notes), scheme_file=text, tied=tied)
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
-        copy = _float64_copy(layers)
+        copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))
     return adapted
 
@@ -696,12 +696,14 @@ def _float64_copy(layers: Any) -> Any:
     return probe
 
 
-def _run(layers: Any, u: np.ndarray) -> np.ndarray:
-    """x-transformers' forward of the float64 array ``u`` (on the module's device)."""
+def _run(layers: Any, u: np.ndarray, padded: np.ndarray | None = None) -> np.ndarray:
+    """x-transformers' forward of the float64 array ``u`` (on the module's device), ``padded`` tokens (True) masked."""
     import torch
 
+    device = next(layers.parameters()).device
+    mask = None if padded is None else torch.from_numpy(~padded).to(device)  # x-transformers: True keeps a token
     with torch.no_grad():
-        return layers(torch.from_numpy(u).to(next(layers.parameters()).device)).cpu().numpy()
+        return layers(torch.from_numpy(u).to(device), mask=mask).cpu().numpy()
 
 
 @adapter("xtransformers", "TransformerWrapper")

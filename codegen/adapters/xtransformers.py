@@ -201,6 +201,7 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
         flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
             getattr(function, "__name__", ""), "attn_custom_attn_fn")
         raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
+    _check_attend_functions(owner, attention.attend)
     if getattr(attention, "rotate_num_heads", heads) != heads:
         raise _refuse(owner, f"rotate_num_heads={attention.rotate_num_heads}", "rotary-attention rotates every head")
     width = attention.to_q.out_features // attention.heads
@@ -217,6 +218,28 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     if extra or type(attention.to_out).__name__ != "Linear":
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
     return width
+
+
+def _check_attend_functions(owner: str, attend: Any) -> None:
+    """Refuse functions an ``Attend`` keeps per instance other than x-transformers' own objects (compared by
+    identity): a callable there may compute otherwise only on paths a probe does not take (grad enabled, longer
+    inputs). ``attn_fn``: ``F.softmax`` over the keys (float32 or not); ``create_causal_mask``: x-transformers' (or its
+    ONNX variant); ``sdp_context_manager``: a partial of torch's SDPA kernel selection."""
+    import torch
+    from x_transformers import attend as library
+
+    softmax = attend.attn_fn
+    if not (isinstance(softmax, partial) and softmax.func is torch.nn.functional.softmax and not softmax.args
+            and softmax.keywords in ({"dim": -1}, {"dim": -1, "dtype": torch.float32})):
+        raise _refuse(owner, f"Attend.attn_fn={softmax!r}", "the score kernel is F.softmax over the keys")
+    if not any(attend.create_causal_mask is getattr(library, name, None)
+               for name in ("create_causal_mask", "onnx_create_causal_mask")):
+        raise _refuse(owner, f"Attend.create_causal_mask={attend.create_causal_mask!r}",
+                      "the causal mask is x-transformers' create_causal_mask")
+    kernels = [getattr(torch.nn.attention, "sdpa_kernel", None), getattr(torch.backends.cuda, "sdp_kernel", None)]
+    manager = getattr(attend, "sdp_context_manager", None)
+    if manager is not None and not (isinstance(manager, partial) and any(manager.func is kernel for kernel in kernels)):
+        raise _refuse(owner, f"Attend.sdp_context_manager={manager!r}", "the SDPA context is torch's kernel selection")
 
 
 def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -> tuple[dict[str, np.ndarray], dict]:

@@ -124,8 +124,8 @@ def test_softmax_over_another_axis_is_refused_by_name():
 def test_a_causal_mask_function_that_masks_nothing_is_refused_by_name():
     """``Attend.create_causal_mask`` (a function x-transformers keeps per instance) replaced by a callable that masks
     nothing: the Decoder then attends to later tokens. It must be x-transformers' own function object: refused by
-    name, a lambda too, whatever path (grad mode, length, mask) the forward takes; as a method shadowed on the
-    instance (``Attend.flash_attn``) already was. So is a softmax partial with other keywords, or another SDPA
+    name, a lambda too, whatever path (grad mode, length, mask) the forward takes (as a method shadowed on the
+    instance, ``Attend.flash_attn``, already was). So is a softmax partial with other keywords, or another SDPA
     context manager."""
     module = _module(x_transformers.Decoder, attn_flash=False)
     assert _equal(module) <= 1e-10  # control
@@ -134,7 +134,7 @@ def test_a_causal_mask_function_that_masks_nothing_is_refused_by_name():
     module = _module(x_transformers.Decoder)
     module.layers[0][1].attend.create_causal_mask = lambda i, j, device: torch.zeros(i, j, dtype=torch.bool,
                                                                                     device=device)
-    _refused(module, r"^Decoder\.layers\.0\.1\.attend has its create_causal_mask \(set to .*<lambda>\) replaced")
+    _refused(module, r"^Decoder uses Attend\.create_causal_mask=<function .*<lambda>")
     module = _module()
     module.layers[0][1].attend.flash_attn = lambda *args, **kwargs: None  # shadows Attend.flash_attn
     _refused(module, r"^Encoder\.layers\.0\.1\.attend has its flash_attn replaced on the instance")

@@ -5,7 +5,7 @@ Refused, each in one line naming the (sub)module: forward, forward-pre, backward
 backward-pre hooks (the module's own or torch's global ones); a class outside torch,
 transformers, timm and x-transformers (with its einops helpers) that overrides a method of the library class it derives from (its
 ``forward`` or any helper the forward calls), or any method replaced on the instance (``forward``,
-``_sa_block``, ``feed_forward_chunk``) or attribute set to a function of the user's (``Attend.create_causal_mask``); a transformers attention dispatched (``config._attn_implementation``)
+``_sa_block``, ``feed_forward_chunk``); a transformers attention dispatched (``config._attn_implementation``)
 to a function other than the built-in eager or sdpa one;
 parameters and buffers whose class is not exactly ``torch.nn.Parameter`` or ``torch.Tensor`` (a tensor
 subclass's ``__torch_function__`` may compute otherwise than its stored values, which adapters read);
@@ -99,17 +99,13 @@ def _renormalizes(module: Any) -> bool:
 
 def _instance_method(module: Any) -> str | None:
     """The first method of ``module``'s class that an attribute of the instance shadows (``layer.forward =``,
-    ``layer._sa_block =``): the forward calls the instance's, not the class's; or the first attribute set to a
-    Python function from outside ``LIBRARIES`` (x-transformers keeps ``Attend.create_causal_mask`` per instance:
-    a lambda there runs on the paths that call it, which a probe may not take)."""
-    for name, value in vars(module).items():
+    ``layer._sa_block =``): the forward calls the instance's, not the class's."""
+    for name in vars(module):
         if name in _HARMLESS:
             continue
         static = inspect.getattr_static(type(module), name, None)
         if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
             return name
-        if isinstance(value, types.FunctionType) and str(value.__module__).split(".")[0] not in LIBRARIES:
-            return f"{name} (set to {value.__qualname__})"
     return None
 
 

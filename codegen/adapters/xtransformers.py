@@ -12,8 +12,8 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   has no biases (``LinearNoBias``), the feed-forward has them unless ``ff_no_bias``.
 - Norm gains keep x-transformers' unit offset: the gain is ``γ + 1`` (``norm_add_unit_offset``).
 - ``LayerNorm`` has no bias (``layer-norm`` with ``bias = false``); ``RMSNorm``, ``ScaleNorm`` and
-  ``SimpleRMSNorm`` are ``x / ‖x‖ · √d · g`` = the ``rms-norm`` projection with ``ε = 0`` and the
-  gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
+  ``SimpleRMSNorm`` are ``x / max(‖x‖, 10⁻¹²) · √d · g`` = the ``rms-norm`` projection with
+  ``ε = 10⁻²⁴ / d`` (0 at a zero token, as theirs) and the gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
 - ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
@@ -133,10 +133,11 @@ KNOWN_ATTRIBUTES = {
 ATTEND_FUNCTIONS = {"sigmoid": "attn_sigmoid", "one_hot_straight_through": "attn_hard",
                     "sparse_topk_attn": "attn_sparse_topk", "gumbel_softmax": "attn_gumbel_softmax"}
 
-#: What reading an x-transformers norm as ``rms-norm`` (ε = 0) leaves to say.
+#: What reading an x-transformers norm as ``rms-norm`` (ε = 1e-24 / d) leaves to say.
 NORM_NOTES = {
-    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; rms-norm with ε = 0 divides by √mean x² (equal but "
-               "for a token of norm below 1e-12)",
+    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; read as rms-norm with ε = 1e-24 / d, which divides by "
+               "√(mean x² + ε) = √(‖x‖² + 1e-24) / √d: equal to 1e-10 for tokens of norm above 1e-7, and 0 at a zero "
+               "token as x-transformers' is (ε = 0 would give 0/0 there, e.g. a padded query's zero branch output)",
     "ScaleNorm": "ScaleNorm's one gain is read as d equal per-feature gains: a generated Block trains them untied",
     "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
 }
@@ -393,12 +394,13 @@ def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float,
     offset = float(getattr(norm, "unit_offset", False))
     if name == "LayerNorm" and hasattr(norm, "gamma"):
         return "layer-norm", float(norm.ln.eps), array(norm.gamma) + offset
+    eps = 1e-24 / dim  # F.normalize's max(‖x‖, 1e-12) as √(‖x‖² + d ε): 0, not 0/0, at a zero token
     if name == "RMSNorm":
-        return "rms-norm", 0.0, array(norm.g) + offset
+        return "rms-norm", eps, array(norm.g) + offset
     if name == "ScaleNorm":
-        return "rms-norm", 0.0, np.full(dim, array(norm.g)[0] + offset)
+        return "rms-norm", eps, np.full(dim, array(norm.g)[0] + offset)
     if name == "SimpleRMSNorm":
-        return "rms-norm", 0.0, np.ones(dim, dtype=dtype)
+        return "rms-norm", eps, np.ones(dim, dtype=dtype)
     raise _refuse(owner, FLAG_OF_CLASS.get(name, f"the norm {name}"))
 
 

@@ -19,6 +19,7 @@ from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
 from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
+from .passes.local_kernel import reads_without_support
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context", "narrowest_head"]
 
@@ -147,7 +148,17 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "half_width": FREQUENCIES in domains,
         "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
+        # cached key positions a kernel reads without χ: (cache key, ((low, high), …)), checked against new positions
+        "unmasked_reads": _unmasked_reads(module),
     }
+
+
+def _unmasked_reads(module: Module) -> list[tuple[str, tuple[tuple[float, float], ...]]]:
+    """Per cached positions array that a token map's kernel reads without ``χ`` (``reads_without_support``): its
+    cache key and windows. A cached token read a later one there in the full pass; cached decoding cannot."""
+    keys = {op.out: op.key for op in module.ops if isinstance(op, Cache)}
+    return [(keys[far], tuple((float(low), float(high)) for low, high in windows))
+            for far, windows in reads_without_support(module).items() if far in keys]
 
 
 def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:

@@ -217,3 +217,65 @@ def test_padded_rows_equal_xtransformers_with_a_float_mask_too():
     wrong = kept.numpy_module().forward_stack(u.numpy(), list(adapted.layers), key_padding_mask=padding.numpy(),
                                               **adapted.forward_kwargs)
     assert np.abs(wrong - expected)[padding.numpy()].max() > 1e-3
+
+
+_CAUSAL_SHIFTS = {}
+
+
+def _causal_shift(masked):
+    """A causal token-shift scheme (offsets 0, 1, 2; ``masked = false``: no χ on any offset), its NumPy and torch
+    modules and random parameters."""
+    if masked not in _CAUSAL_SHIFTS:
+        text = SCHEME.replace('reach = 1 }', f'reach = 2, causal = true, masked = {str(masked).lower()} }}')
+        derivation = splitformer.derive(parse_scheme(text), causal=True)
+        numpy_module, torch_module = derivation.numpy_module(), derivation.torch_module()
+        rng = np.random.default_rng(7)
+        params = {name: 0.3 * rng.standard_normal([{"d": 12, "d_ff": 20}[axis] for axis in axes])
+                  for name, axes in numpy_module.PARAMETERS.items()}
+        block = torch_module.Block(12, 2, 20, dtype=torch.float64)
+        block.load_params({name: torch.from_numpy(value) for name, value in params.items()})
+        _CAUSAL_SHIFTS[masked] = numpy_module, block, params
+    return _CAUSAL_SHIFTS[masked]
+
+
+@pytest.mark.parametrize("masked, positions, refused", [
+    (True, [0, 1, 2, 3, 4, 5, 6, 7, 8], False),
+    (True, [0, 1, 2, 3, 8, 7, 6, 5, 4], False),  # χ (causal by index) keeps the shifted segments off later tokens
+    (True, [0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4], False),
+    (True, [0, 1, 1, 2, 2, 2, 3, 3, 4], True),  # a repeated position across the calls: offset 0 reads it
+    (True, [0, 1, 2, 3, 3.4, 4, 5, 6, 7], True),
+    (True, [0, 0, 0, 0, 0, 0, 0, 0, 0], True),
+    (False, [0, 1, 2, 3, 4, 5, 6, 7, 8], False),
+    (False, [0, 1, 2, 5, 4, 3, 6, 7, 8], True),  # no χ on offset 1: token 3 (at 5) reads token 4 (at 4)
+])
+def test_cached_decoding_equals_the_full_pass_or_refuses_the_positions(masked, positions, refused):
+    """A causal token shift reads offset 0 (and, ``masked = false``, every offset) without χ: with repeated or
+    decreasing positions the full pass has an earlier token read a later one, which an earlier cached call could
+    not. The later call refuses such positions (naming them) before any work and leaves the cache as it was;
+    otherwise cached decoding (calls of 4 and 5 tokens) equals the full pass, NumPy and torch."""
+    numpy_module, block, params = _causal_shift(masked)
+    u = np.random.default_rng(3).standard_normal((2, 9, 12))
+    positions = np.array(positions, dtype=np.float64)
+    full = numpy_module.forward(u, params, n_heads=2, positions=positions)
+    cache, torch_cache = {}, {}
+    first = numpy_module.forward(u[:, :4], params, n_heads=2, cache=cache, positions=positions[:4])
+    with torch.no_grad():
+        torch_first = block(torch.from_numpy(u[:, :4]), cache=torch_cache, positions=torch.from_numpy(positions[:4]))
+    kept = {key: value.copy() for key, value in cache.items()}
+    if refused:
+        with pytest.raises(ValueError, match=r"^positions: new token \d+ at .* is read by a cached token"):
+            numpy_module.forward(u[:, 4:], params, n_heads=2, cache=cache, positions=positions[4:])
+        with pytest.raises(ValueError, match=r"^positions: new token \d+ at .* is read by a cached token"):
+            block(torch.from_numpy(u[:, 4:]), cache=torch_cache, positions=torch.from_numpy(positions[4:]))
+        assert cache.keys() == kept.keys() and all(np.array_equal(cache[key], kept[key]) for key in kept)
+        assert all(value.shape[1] == 4 for value in torch_cache.values())
+        # the full pass does let an earlier token read a later one: why cached decoding cannot follow
+        later = u.copy()
+        later[:, 4:] += np.random.default_rng(4).standard_normal(later[:, 4:].shape)
+        assert np.abs(numpy_module.forward(later, params, n_heads=2, positions=positions)[:, :4] - full[:, :4]).max() > 1e-3
+        return
+    second = numpy_module.forward(u[:, 4:], params, n_heads=2, cache=cache, positions=positions[4:])
+    assert np.abs(np.concatenate((first, second), axis=1) - full).max() <= 1e-12
+    with torch.no_grad():
+        torch_second = block(torch.from_numpy(u[:, 4:]), cache=torch_cache, positions=torch.from_numpy(positions[4:]))
+    assert np.abs(torch.cat((torch_first, torch_second), dim=1).numpy() - full).max() <= 1e-12

@@ -9,6 +9,7 @@ was read, on one random input, float64); before these changes each was read and 
 source (by 1.7 – 3.5 for ALiBi) with no error. Controls: the same modules unedited are read, and equal.
 """
 
+import contextlib
 import functools
 
 import numpy as np
@@ -16,7 +17,9 @@ import pytest
 import torch
 
 from splitformer import derive
-from splitformer.adapters import from_xtransformers
+from splitformer.adapters import from_xtransformers, to_xtransformers
+from splitformer.codegen.adapters.probe import check_probe, randomized
+from splitformer.codegen.adapters.xtransformers import _float64_copy, _run, read_attention_layers
 from splitformer.symbolic import parse_scheme
 from splitformer.symbolic.errors import SplitformerError
 
@@ -109,23 +112,105 @@ def test_generated_code_refuses_a_table_within_max_distance():
             assert "\n" not in str(error.value)
 
 
-def test_softmax_over_another_axis_is_refused_by_the_probe():
-    """``Attend.attn_fn`` is compared by its function (softmax), not its keywords: ``dim=-2`` normalizes over the
-    queries. The probe refuses it."""
+def test_softmax_over_another_axis_is_refused_by_name():
+    """``Attend.attn_fn`` is compared by its function (softmax) and its keywords: ``dim=-2`` normalizes over the
+    queries. Refused by name (the probe refuses it too: ``test_zero_initialized_branches_hide_no_edit_from_the_probe``)."""
     module = _module(attn_flash=False)
     assert _equal(module) <= 1e-10  # control
     module.layers[0][1].attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-2)
-    _refused(module, r"Encoder: the generated forward of what was read .* differs from the module's by")
+    _refused(module, r"^Encoder uses Attend\.attn_fn=functools\.partial\(<function softmax.*dim=-2\)")
 
 
-def test_a_causal_mask_function_that_masks_nothing_is_refused_by_the_probe():
-    """``Attend.create_causal_mask`` (a function the non-flash path calls) replaced by one that masks nothing:
-    the Decoder then attends to later tokens; the probe refuses it."""
+def test_a_causal_mask_function_that_masks_nothing_is_refused_by_name():
+    """``Attend.create_causal_mask`` (a function x-transformers keeps per instance) replaced by a callable that masks
+    nothing: the Decoder then attends to later tokens. It must be x-transformers' own function object: refused by
+    name, a lambda too, whatever path (grad mode, length, mask) the forward takes (as a method shadowed on the
+    instance, ``Attend.flash_attn``, already was). So is a softmax partial with other keywords, or another SDPA
+    context manager."""
     module = _module(x_transformers.Decoder, attn_flash=False)
     assert _equal(module) <= 1e-10  # control
+    module.layers[0][1].attend.create_causal_mask = _MasksNothing()
+    _refused(module, r"^Decoder uses Attend\.create_causal_mask=.*_MasksNothing")
+    module = _module(x_transformers.Decoder)
     module.layers[0][1].attend.create_causal_mask = lambda i, j, device: torch.zeros(i, j, dtype=torch.bool,
                                                                                     device=device)
-    _refused(module, r"Decoder: the generated forward of what was read .* differs from the module's by")
+    _refused(module, r"^Decoder uses Attend\.create_causal_mask=<function .*<lambda>")
+    module = _module()
+    module.layers[0][1].attend.flash_attn = lambda *args, **kwargs: None  # shadows Attend.flash_attn
+    _refused(module, r"^Encoder\.layers\.0\.1\.attend has its flash_attn replaced on the instance")
+    module = _module(attn_flash=False)
+    module.layers[0][1].attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-1, dtype=torch.float16)
+    _refused(module, r"^Encoder uses Attend\.attn_fn=")
+    module = _module()
+    module.layers[0][1].attend.sdp_context_manager = functools.partial(contextlib.nullcontext)
+    _refused(module, r"^Encoder uses Attend\.sdp_context_manager=")
+
+
+class _MasksNothing:
+    """A causal mask function that masks nothing: a callable object, not a function."""
+
+    def __call__(self, i, j, device):
+        return torch.zeros(i, j, dtype=torch.bool, device=device)
+
+
+def _probe(module, edit=None, random=True):
+    """``check_probe`` of what a float64 copy of ``module`` reads (its own or random weights) against that copy
+    with ``edit`` applied to each ``Attend`` after the reading (past the reader's checks)."""
+    copy = _float64_copy(module)
+    if random:
+        randomized(copy)
+    adapted = read_attention_layers(copy, probe=False)
+    for attend in (part for part in copy.modules() if type(part).__name__ == "Attend"):
+        edit and edit(attend)
+    check_probe(type(module).__name__, adapted, functools.partial(_run, copy))
+
+
+def _no_causal_mask(attend):
+    attend.create_causal_mask = _MasksNothing()
+
+
+def _softmax_over_queries(attend):
+    attend.attn_fn = functools.partial(torch.nn.functional.softmax, dim=-2)
+
+
+def test_the_flash_path_is_probed_with_a_padding_mask():
+    """With ``attn_flash=True`` x-transformers calls ``create_causal_mask`` only under a mask (or a longer key
+    set): the probe also runs with a padding mask (a row padded on the left, one on the right), on the valid
+    tokens. Before, a mask function that masks nothing passed (no mask: 9e-16) and differed by 1.3 under a mask."""
+    module = _module(x_transformers.Decoder, attn_flash=True)
+    _probe(module)  # control
+    with pytest.raises(SplitformerError, match=r"^Decoder: the generated forward .* differs from the module's by "
+                                               r".* with a padding mask;"):
+        _probe(module, _no_causal_mask)
+
+
+@pytest.mark.parametrize("cls, edit", [
+    (x_transformers.Encoder, _softmax_over_queries),
+    (x_transformers.Decoder, _no_causal_mask),
+])
+def test_zero_initialized_branches_hide_no_edit_from_the_probe(cls, edit):
+    """``zero_init_branch_output=True`` zeroes every branch's output projection: a probe of the module's own
+    weights saw no attention at all, and accepted any edit of it (the module then computed otherwise once trained
+    weights were loaded: 0.23 and 1.24). The probe runs a copy with random weights (the reader reads that copy).
+    Controls: the unedited module is read, and with random weights written into both sides they are equal; the
+    module's own weights do miss the edit."""
+    module = cls(dim=DIM, depth=2, heads=2, attn_dim_head=DIM // 2, attn_flash=True,
+                 zero_init_branch_output=True).double().eval()
+    adapted = from_xtransformers(module)
+    rng = np.random.default_rng(5)
+    trained = adapted.with_params([{key: 0.3 * rng.standard_normal(np.shape(value)) for key, value in layer.items()}
+                                   for layer in adapted.layers], adapted.final_norm)
+    module.load_state_dict(to_xtransformers(trained, module), strict=True)
+    u = np.random.default_rng(6).standard_normal((2, 7, DIM))
+    with torch.no_grad():
+        expected = module(torch.from_numpy(u)).numpy()
+    got = trained.derivation().numpy_module().forward_stack(u, list(trained.layers), **trained.forward_kwargs)
+    assert np.abs(got - expected).max() <= 1e-10
+    zero = cls(dim=DIM, depth=2, heads=2, attn_dim_head=DIM // 2, attn_flash=False,
+               zero_init_branch_output=True).double().eval()
+    _probe(zero, edit, random=False)  # its own weights: the edit is invisible
+    with pytest.raises(SplitformerError, match=rf"^{cls.__name__}: the generated forward .* differs from the module's"):
+        _probe(zero, edit)
 
 
 def test_a_score_scale_of_none_is_read_as_x_transformers_default():

@@ -12,8 +12,8 @@ projection substeps, both for ``pre_and_post_norm``; ½-steps of two feed-forwar
   has no biases (``LinearNoBias``), the feed-forward has them unless ``ff_no_bias``.
 - Norm gains keep x-transformers' unit offset: the gain is ``γ + 1`` (``norm_add_unit_offset``).
 - ``LayerNorm`` has no bias (``layer-norm`` with ``bias = false``); ``RMSNorm``, ``ScaleNorm`` and
-  ``SimpleRMSNorm`` are ``x / ‖x‖ · √d · g`` = the ``rms-norm`` projection with ``ε = 0`` and the
-  gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
+  ``SimpleRMSNorm`` are ``x / max(‖x‖, 10⁻¹²) · √d · g`` = the ``rms-norm`` projection with
+  ``ε = 10⁻²⁴ / d`` (0 at a zero token, as theirs) and the gain ``g`` (ScaleNorm's one gain read as ``d`` equal gains, SimpleRMSNorm's as ones).
 - ``ff_relu_squared`` is the ``relu-squared`` activation (the ReLU projection, squared).
 - A GLU feed-forward ``up ⊙ act(gate)`` reads its projection's second half as ``W_1`` (through
   the activation) and its first half as ``W_3``.
@@ -57,7 +57,7 @@ from .adapted import Adapted
 from .arrays import array, linear_weight
 from .common import activation_name
 from .inspection import library_class, library_name
-from .probe import check_probe
+from .probe import check_probe, randomized
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
@@ -137,10 +137,11 @@ KNOWN_ATTRIBUTES = {
 ATTEND_FUNCTIONS = {"sigmoid": "attn_sigmoid", "one_hot_straight_through": "attn_hard",
                     "sparse_topk_attn": "attn_sparse_topk", "gumbel_softmax": "attn_gumbel_softmax"}
 
-#: What reading an x-transformers norm as ``rms-norm`` (ε = 0) leaves to say.
+#: What reading an x-transformers norm as ``rms-norm`` (ε = 1e-24 / d) leaves to say.
 NORM_NOTES = {
-    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; rms-norm with ε = 0 divides by √mean x² (equal but "
-               "for a token of norm below 1e-12)",
+    "RMSNorm": "RMSNorm is x / max(‖x‖, 1e-12) · √d · g; read as rms-norm with ε = 1e-24 / d, which divides by "
+               "√(mean x² + ε) = √(‖x‖² + 1e-24) / √d: equal to 1e-10 for tokens of norm above 1e-7, and 0 at a zero "
+               "token as x-transformers' is (ε = 0 would give 0/0 there, e.g. a padded query's zero branch output)",
     "ScaleNorm": "ScaleNorm's one gain is read as d equal per-feature gains: a generated Block trains them untied",
     "SimpleRMSNorm": "SimpleRMSNorm has no gain: read as rms-norm with unit gains (a generated Block trains them)",
 }
@@ -211,6 +212,7 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
         flag = "attn_l2_distance" if attention.attend.l2_distance else ATTEND_FUNCTIONS.get(
             getattr(function, "__name__", ""), "attn_custom_attn_fn")
         raise _refuse(owner, flag, "an attention-score kernel splitformer does not compute")
+    _check_attend_functions(owner, attention.attend)
     if getattr(attention, "rotate_num_heads", heads) != heads:
         raise _refuse(owner, f"rotate_num_heads={attention.rotate_num_heads}", "rotary-attention rotates every head")
     width = attention.to_q.out_features // attention.heads
@@ -227,6 +229,28 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     if extra or library_name(attention.to_out) != "Linear":
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
     return width
+
+
+def _check_attend_functions(owner: str, attend: Any) -> None:
+    """Refuse functions an ``Attend`` keeps per instance other than x-transformers' own objects (compared by
+    identity): a callable there may compute otherwise only on paths a probe does not take (grad enabled, longer
+    inputs). ``attn_fn``: ``F.softmax`` over the keys (float32 or not); ``create_causal_mask``: x-transformers' (or its
+    ONNX variant); ``sdp_context_manager``: a partial of torch's SDPA kernel selection."""
+    import torch
+    from x_transformers import attend as library
+
+    softmax = attend.attn_fn
+    if not (isinstance(softmax, partial) and softmax.func is torch.nn.functional.softmax and not softmax.args
+            and softmax.keywords in ({"dim": -1}, {"dim": -1, "dtype": torch.float32})):
+        raise _refuse(owner, f"Attend.attn_fn={softmax!r}", "the score kernel is F.softmax over the keys")
+    if not any(attend.create_causal_mask is getattr(library, name, None)
+               for name in ("create_causal_mask", "onnx_create_causal_mask")):
+        raise _refuse(owner, f"Attend.create_causal_mask={attend.create_causal_mask!r}",
+                      "the causal mask is x-transformers' create_causal_mask")
+    kernels = [getattr(torch.nn.attention, "sdpa_kernel", None), getattr(torch.backends.cuda, "sdp_kernel", None)]
+    manager = getattr(attend, "sdp_context_manager", None)
+    if manager is not None and not (isinstance(manager, partial) and any(manager.func is kernel for kernel in kernels)):
+        raise _refuse(owner, f"Attend.sdp_context_manager={manager!r}", "the SDPA context is torch's kernel selection")
 
 
 def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -> tuple[dict[str, np.ndarray], dict]:
@@ -380,12 +404,13 @@ def _norm(owner: str, norm: Any, dim: int, dtype: np.dtype) -> tuple[str, float,
     offset = float(getattr(norm, "unit_offset", False))
     if name == "LayerNorm" and hasattr(norm, "gamma"):
         return "layer-norm", float(norm.ln.eps), array(norm.gamma) + offset
+    eps = 1e-24 / dim  # F.normalize's max(‖x‖, 1e-12) as √(‖x‖² + d ε): 0, not 0/0, at a zero token
     if name == "RMSNorm":
-        return "rms-norm", 0.0, array(norm.g) + offset
+        return "rms-norm", eps, array(norm.g) + offset
     if name == "ScaleNorm":
-        return "rms-norm", 0.0, np.full(dim, array(norm.g)[0] + offset)
+        return "rms-norm", eps, np.full(dim, array(norm.g)[0] + offset)
     if name == "SimpleRMSNorm":
-        return "rms-norm", 0.0, np.ones(dim, dtype=dtype)
+        return "rms-norm", eps, np.ones(dim, dtype=dtype)
     raise _refuse(owner, FLAG_OF_CLASS.get(name, f"the norm {name}"))
 
 
@@ -687,7 +712,7 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
                       options=options, notes=tuple(notes), scheme_file=text, tied=tied)
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
-        copy = _float64_copy(layers)
+        copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))
     return adapted
 
@@ -711,12 +736,14 @@ def _float64_copy(layers: Any) -> Any:
     return probe
 
 
-def _run(layers: Any, u: np.ndarray) -> np.ndarray:
-    """x-transformers' forward of the float64 array ``u`` (on the module's device)."""
+def _run(layers: Any, u: np.ndarray, padded: np.ndarray | None = None) -> np.ndarray:
+    """x-transformers' forward of the float64 array ``u`` (on the module's device), ``padded`` tokens (True) masked."""
     import torch
 
+    device = next(layers.parameters()).device
+    mask = None if padded is None else torch.from_numpy(~padded).to(device)  # x-transformers: True keeps a token
     with torch.no_grad():
-        return layers(torch.from_numpy(u).to(next(layers.parameters()).device)).cpu().numpy()
+        return layers(torch.from_numpy(u).to(device), mask=mask).cpu().numpy()
 
 
 @adapter("xtransformers", "TransformerWrapper")

@@ -18,7 +18,7 @@ import sympy as sp
 
 from ..ir import BATCH, Contraction, Elementwise, LocalKernel, Module, Op, Operand, TokenWindow
 
-__all__ = ["local_kernel"]
+__all__ = ["local_kernel", "reads_without_support"]
 
 
 def _distance_bound(step: sp.Heaviside, near: sp.Indexed, far: sp.Indexed) -> tuple[str, sp.Expr] | None:
@@ -124,3 +124,20 @@ def local_kernel(module: Module) -> Module:
     ops = [rewritten.get(position, op) for position, op in enumerate(module.ops)]
     reads = Counter(name for op in ops for name in op.reads())
     return replace(module, ops=[op for op in ops if not (op.out in kernels and not reads[op.out])])
+
+
+def reads_without_support(module: Module) -> dict[str, tuple[tuple[sp.Expr, sp.Expr], ...]]:
+    """The windows ``(low, high)`` on ``p(a) − p(c)`` that a token map's kernel sums without ``χ`` (a token shift's
+    offset 0), by the positions array of the tokens ``c`` it reads: a query there reads a key ``c`` whatever its
+    index, a later one too (with or without this pass: the kernel, or the ``LocalKernel`` it became)."""
+    found: dict[str, set] = {}
+    for op in module.ops:
+        if isinstance(op, LocalKernel) and not op.transposed:
+            windows, far = op.windows, op.positions[1]
+        elif isinstance(op, Elementwise) and (recognized := _windows(op, module)) is not None:
+            windows, far = recognized[0], recognized[1][1]
+        else:
+            continue
+        found.setdefault(far, set()).update((window.low, window.high) for window in windows if not window.masked)
+    return {far: tuple(sorted(bounds, key=lambda bound: (float(bound[0]), float(bound[1]))))
+            for far, bounds in found.items() if bounds}

@@ -751,6 +751,10 @@ def read_wrapper(wrapper: Any, *, probe: bool = True) -> Adapted:
     """A ``TransformerWrapper``'s ``attn_layers`` (its embeddings and logits are not read: a note says so)."""
     from dataclasses import replace
 
+    memory = getattr(wrapper, "num_memory_tokens", 0)
+    if type(memory) is not int or memory != 0:  # prepended (or interspersed) to every sequence the layers see
+        raise _refuse("TransformerWrapper", f"num_memory_tokens={memory!r}", "its memory tokens join the sequence "
+                      "between the embeddings and attn_layers, so every token's attention changes")
     adapted = read_attention_layers(wrapper.attn_layers, probe=probe)
     return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
         "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

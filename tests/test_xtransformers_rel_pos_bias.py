@@ -163,3 +163,21 @@ def test_a_bucket_count_other_than_the_tables_rows_is_refused():
     source.rel_pos.num_buckets = 4
     with pytest.raises(SplitformerError, match=r"RelativePositionBias\.num_buckets=4.*8 rows"):
         from_xtransformers(source)
+
+
+@pytest.mark.parametrize("buckets", [4, 16])
+def test_a_stacks_bucket_count_other_than_the_tables_rows_is_refused_on_load_and_write(buckets):
+    """Ninth attacker, F1/F2: a generated Stack's ``n_buckets`` set after construction was not compared, so
+    ``load_into`` loaded the 8-row table into layers bucketing by another count (3.7–4.2 off) and
+    ``to_xtransformers`` wrote such a Stack into an 8-bucket module (3.2–3.5 off); the unedited Stack is the control."""
+    source, adapted, u, expected = _read("Encoder", 2)
+    stack = adapted.build(_derived(adapted.scheme_file).torch_module(), dtype=torch.float64)
+    adapted.load_into(stack)  # control
+    x_transformers_module = _module(x_transformers.Encoder, 2, seed=1)
+    from splitformer.adapters import to_xtransformers
+    to_xtransformers(stack, x_transformers_module)
+    stack.layers[1].n_buckets = buckets
+    with pytest.raises(SplitformerError, match=rf"^the source has n_buckets=8, the Stack layers\[1\] n_buckets={buckets}$"):
+        adapted.load_into(stack)
+    with pytest.raises(SplitformerError, match=rf"n_buckets={buckets}"):
+        to_xtransformers(stack, x_transformers_module)

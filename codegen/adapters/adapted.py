@@ -207,7 +207,7 @@ class Adapted(Mapping[str, np.ndarray]):
         Compared: what the module's scheme computes (its ``COMPUTES`` digest: operators, steps,
         activation, final norm, causality; not its name), a Stack's ``has_final_norm``, ``n_heads``, ``eps``, ``bias``,
         ``batch_first``, the
-        grouped and rotary options (``n_kv_heads``, ``rope_theta``) and a carried ``dropout``.
+        grouped and rotary options (``n_kv_heads``, ``rope_theta``), a T5 table's rows (``n_buckets``) and a carried ``dropout``.
         """
         namespace = getattr(type(module).forward, "__globals__", {})
         if namespace.get("SCHEME") is None:
@@ -217,6 +217,9 @@ class Adapted(Mapping[str, np.ndarray]):
         check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
+        tables = {table.shape[0] for key, table in self.layers[0].items() if key.endswith(".rel_bias")}
+        if tables:  # a T5 table's rows: a generated Block buckets by its own n_buckets
+            wanted["n_buckets"] = tables.pop()
         if self.dropout is not None:
             wanted["dropout"] = self.dropout
         if self.stack and hasattr(module, "has_final_norm") and module.has_final_norm != (self.final_norm is not None):

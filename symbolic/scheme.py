@@ -351,12 +351,16 @@ class Scheme:
         if self.across_layers is not None:
             raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with across_layers "
                                    "(a stack carries one second state)")
+        self._check_one_carried_state("a second stream", operators)
+
+    def _check_one_carried_state(self, what: str, operators: dict[str, Operator]) -> None:
+        """A stack that carries a second state (``what``) carries nothing else: no cache, memory or positions."""
         if self.causal:
-            raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with causal = true "
+            raise SplitformerError(f"scheme {self.name!r}: {what} is not supported with causal = true "
                                    "(the KV cache carries one state per layer)")
         for key, operator in operators.items():
             if operator.input_fields:
-                raise SplitformerError(f"scheme {self.name!r}: a second stream is not supported with {key!r}, which "
+                raise SplitformerError(f"scheme {self.name!r}: {what} is not supported with {key!r}, which "
                                        f"reads {', '.join(sorted(field.name for field in operator.input_fields))}")
 
     def _check_across_layers(self, operators: dict[str, Operator]) -> None:
@@ -374,13 +378,7 @@ class Scheme:
             raise SplitformerError(f"scheme {self.name!r}: across_layers needs a step that is one explicit Euler "
                                    "evaluation of the field (one explicit substep, or one rk = \"euler\" step of "
                                    "summed fields, without 'then'): the layer's increment is then Δt G")
-        if self.causal:
-            raise SplitformerError(f"scheme {self.name!r}: across_layers is not supported with causal = true "
-                                   "(the KV cache carries one state per layer)")
-        for key, operator in operators.items():
-            if operator.input_fields:
-                raise SplitformerError(f"scheme {self.name!r}: across_layers is not supported with {key!r}, which "
-                                       f"reads {', '.join(sorted(field.name for field in operator.input_fields))}")
+        self._check_one_carried_state("across_layers", operators)
         if "splitting_order" in self.claims:
             raise SplitformerError(f"scheme {self.name!r}: across_layers: claim 'order' (of the method across layers), "
                                    "not 'splitting_order'")

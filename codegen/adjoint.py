@@ -21,7 +21,7 @@ import sympy as sp
 
 from splitformer.symbolic.adjoint import Adjoint
 from splitformer.symbolic.domains import MEMORY, TOKENS
-from splitformer.symbolic.latex import equation
+from splitformer.symbolic.latex import plain_equation
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
 from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
@@ -62,7 +62,7 @@ class AdjointLowering(Lowering):
         if info is None or info.role != "gradient":
             return super().assignment(assignment, section)
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
-        comment = equation(assignment.lhs, rhs, self.program.latex_names())
+        comment = plain_equation(assignment.lhs, rhs, self.program.latex_names())
         labels = self.labels(assignment.lhs)
         terms = sp.Add.make_args(rhs)
         parts = [self.batch_sum(assignment.target if len(terms) == 1 else f"{assignment.target}_{n}",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
-from splitformer.symbolic.latex import equation
+from splitformer.symbolic.latex import plain_equation
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
@@ -61,7 +61,7 @@ class Lowering:
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         out = assignment.target
         labels = self.labels(assignment.lhs)
-        comment = equation(assignment.lhs, rhs, self.program.latex_names())
+        comment = plain_equation(assignment.lhs, rhs, self.program.latex_names())
         op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or self.reduction(out, labels, rhs)
         if op is None:
             op = Elementwise(out, labels, expr=self.hoist_sums(rhs, labels))

@@ -15,8 +15,9 @@ from functools import lru_cache
 import sympy as sp
 from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.str import StrPrinter
 
-__all__ = ["to_latex", "equation", "align", "text_latex", "plain_text", "unicode_text"]
+__all__ = ["to_latex", "equation", "plain_equation", "align", "text_latex", "plain_text", "unicode_text"]
 
 
 class _MathPrinter(LatexPrinter):
@@ -95,7 +96,8 @@ def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = Non
 #: LaTeX macros of symbol names and their plain-text letters.
 _UNICODE = {
     r"\Delta": "Δ", r"\alpha": "α", r"\beta": "β", r"\gamma": "γ", r"\sigma": "σ", r"\varepsilon": "ε",
-    r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
+    r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\kappa": "κ", r"\phi": "φ", r"\theta": "θ", r"\tau": "τ",
+    r"\omega": "ω", r"\varphi": "φ", r"\pi": "π", r"\nu": "ν", r"\delta": "δ", r"\psi": "ψ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
 }
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 #: Characters of plain titles and their LaTeX in math mode.
@@ -113,6 +115,87 @@ def unicode_text(text: str) -> str:
     text = re.sub(r"([\u0391-\u03c9])_\{?([0-9]+)\}?",
                   lambda match: match.group(1) + match.group(2).translate(_SUBSCRIPTS), text)
     return text
+
+
+class _PlainPrinter(StrPrinter):
+    """Formulas as one line of plain text: ``Q^attn[i,m,e] = b^Q_attn[m,e] + Σ_k(W^Q_attn[k,m,e]*u^(0)[i,k])``."""
+
+    def __init__(self, symbol_names: Mapping[str, str]) -> None:
+        super().__init__()
+        self.symbol_names = symbol_names
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self.symbol_names.get(expr.name, expr.name)
+
+    def _print_Function(self, expr: sp.Function) -> str:
+        if not isinstance(expr, AppliedUndef):
+            return super()._print_Function(expr)
+        name = self.symbol_names.get(expr.func.__name__, expr.func.__name__)
+        return name + "(" + ", ".join(self._print(argument) for argument in expr.args) + ")"
+
+    def _print_Indexed(self, expr: sp.Indexed) -> str:
+        return self._print(expr.base.label) + "[" + ",".join(self._print(index) for index in expr.indices) + "]"
+
+    def _print_Idx(self, expr: sp.Idx) -> str:
+        return self._print(expr.label)
+
+    def _print_Pi(self, expr: sp.Basic) -> str:
+        return "π"
+
+    def _print_Sum(self, expr: sp.Sum) -> str:
+        indices = ",".join(self._print(index) for index, _, _ in expr.limits)
+        return f"Σ_{indices if len(expr.limits) == 1 else '{' + indices + '}'}({self._print(expr.function)})"
+
+
+#: Braces around a plain subscript or superscript that needs none: ``Q^{attn}`` → ``Q^attn``.
+_NEEDLESS_BRACES = re.compile(r"([_^])\{([\w()]+)\}")
+
+
+def _plain_name(latex: str) -> str:
+    """A LaTeX symbol name as plain text: ``b^{Q}_{\\mathrm{attn}}`` → ``b^Q_attn``."""
+    text = _accented(unicode_text(latex)).replace(r"\,", "").replace(r"\_", "_")
+    while True:
+        shorter = re.sub(r"^\{([^{}]*)\}(?=[_^]|$)", r"\1", _NEEDLESS_BRACES.sub(r"\1\2", text))
+        if shorter == text:
+            return text.replace(" ", "")
+        text = shorter
+
+
+#: LaTeX accents and their combining marks (``\\overline`` marks every letter of a name).
+_ACCENTS = {"hat": "\u0302", "tilde": "\u0303", "bar": "\u0304", "dot": "\u0307", "overline": "\u0305"}
+_LETTER = re.compile(r"[^\W\d_][\u0300-\u036f]*")
+
+
+def _accented(text: str) -> str:
+    """``\\hat{K}`` → ``K̂``, ``\\overline{LN^{x}}`` → ``L̅N̅^{x}``: accents as combining marks, innermost first."""
+    match = re.search(r"\\(" + "|".join(_ACCENTS) + r")\{", text)
+    if match is None:
+        return text
+    depth = 1
+    for end in range(match.end(), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            body = _accented(text[match.end():end])
+            mark, letters = _ACCENTS[match.group(1)], [_LETTER.match(body)]
+            while match.group(1) == "overline" and letters[-1] and letters[-1].end() < len(body):
+                letters.append(_LETTER.match(body, letters[-1].end()))
+            marked = [letter for letter in letters if letter]
+            cut = marked[-1].end() if marked else 0
+            head = "".join(letter.group() + mark for letter in marked)
+            return text[:match.start()] + head + body[cut:] + _accented(text[end + 1:])
+    return text
+
+
+def plain_equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:
+    """``lhs = rhs`` as one line of plain text (the comment above an emitted statement), its names the
+    plain forms of their LaTeX names."""
+    names = ChainMap(names or {}, _DEFAULT_NAMES)
+    symbols, functions = _named(rhs)
+    shown = {symbol.name: _plain_name(names[symbol.name]) for symbol in symbols | lhs.atoms(sp.Symbol)
+             if symbol.name in names}
+    shown.update({name: _plain_name(names[name]) for name in functions if name in names})
+    printer = _PlainPrinter(shown)
+    return f"{printer.doprint(lhs)} = {printer.doprint(rhs)}"
 
 
 def plain_text(expr: sp.Basic) -> str:

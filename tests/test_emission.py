@@ -69,7 +69,8 @@ def test_generated_code_imports_only_stdlib_and_its_backend(path):
 def test_generated_code_carries_the_formulas_and_a_header():
     text = (GENERATED / "numpy" / "post_ln.py").read_text()
     assert text.startswith('"""post-ln:') and "splitformer derive post-ln" in text
-    assert "# {Q^{\\mathrm{attn}}}_{i,m,e} =" in text
+    assert "# Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])" in text
+    assert "\\mathrm" not in text and "\\frac" not in text  # comments are plain text, not LaTeX
     assert "--- substep 1: attn, explicit ---" in text
 
 
@@ -135,3 +136,15 @@ def test_torch_block_has_canonical_state_dict_names_and_bias_switch(post_ln):
     assert no_bias(torch.zeros(1, 3, 8)).shape == (1, 3, 8)
     with pytest.raises(ValueError, match="unexpected parameter 'attn.W_x'"):
         block.load_params({"attn.W_x": np.zeros(3)})
+
+
+def test_comments_are_plain_text_of_the_formulas():
+    from splitformer.symbolic.latex import plain_equation
+    import sympy as sp
+    u, g, beta = sp.IndexedBase("u"), sp.IndexedBase("g"), sp.IndexedBase("beta")
+    i, l, k = sp.symbols("i l k")
+    names = {"u": "u^{(1)}", "g": r"\overline{\mathrm{LN}^{\mathrm{norm\_2}}}", "beta": r"\hat{\beta}_{1}",
+             "N_y": "N_{y}"}
+    text = plain_equation(g[i, l], sp.Sum(u[i, k] ** 2, (k, 0, 3)) / sp.sqrt(sp.Symbol("eps") + beta[i]) / sp.pi, names)
+    assert text == "L̅N̅^norm_2[i, l] = Σ_k(u^(1)[i, k]**2)/(π*sqrt(ε + β̂_1[i]))"
+    assert "\\" not in text and "{" not in text

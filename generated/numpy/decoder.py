@@ -464,9 +464,9 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory)
 
     # --- substep 1: attn, explicit ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
     attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
@@ -475,86 +475,86 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     attn_k = _cache(cache, "attn.k", attn_k)
     # the cache: attn_v of the earlier tokens, then the new ones
     attn_v = _cache(cache, "attn.v", attn_v)
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del attn_k, attn_q, attn_v, chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
 
     # --- substep 2: norm1, projection ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
+    # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
+    # u^(2)[i, l] = LN^norm1[i, l]
     u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
     del u1
 
     # --- substep 3: cross, explicit ---
-    # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
+    # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*u^(2)[i, k])
     cross_q = u2.reshape(-1, d) @ cross_W_q
     cross_q += cross_b_q
     cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
-    # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
-    # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
+    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
     cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
     cross_kv += np.concatenate((cross_b_k, cross_b_v))
     cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
     del cross_kv, mem
-    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
-    # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
+    # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
+    # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
+    # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])
     cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
     del chi_m, cross_k, cross_q, cross_v
-    # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
+    # C^cross[i, l] = b^O_cross[l] + Σ_{m,e}(W^O_cross[m, e, l]*O^cross[i, m, e])
     cross_out = cross_o.reshape(-1, n_heads * d_head) @ cross_W_o
     cross_out += cross_b_o
     cross_out = cross_out.reshape(batch, n_tokens, d)
     del cross_o
-    # {u^{(3)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(2)}}_{i,l}
+    # u^(3)[i, l] = C^cross[i, l] + u^(2)[i, l]
     u3 = np.add(cross_out, u2, out=cross_out)
     del cross_out, u2
 
     # --- substep 4: norm2, projection ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
+    # α^norm2[i] = Σ_k(u^(3)[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(3)[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u^(3)[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
+    # u^(4)[i, l] = LN^norm2[i, l]
     u4 = _layer_norm(u3, norm2_gain, norm2_bias, eps)
     del u3
 
     # --- substep 5: ffn, explicit ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(4)[i, k])
     ffn_w = u4.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
-    # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
+    # s^ffn[i, z] = Max(0, w^ffn[i, z])
     ffn_s = np.maximum(ffn_w, np.full(ffn_w.shape[-1:], 0, ffn_w.dtype), out=ffn_w)
     del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     del ffn_s
-    # {u^{(5)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(4)}}_{i,l}
+    # u^(5)[i, l] = F^ffn[i, l] + u^(4)[i, l]
     u5 = np.add(ffn_out, u4, out=ffn_out)
     del ffn_out, u4
 
     # --- substep 6: norm3, projection ---
-    # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm3}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
-    # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
+    # α^norm3[i] = Σ_k(u^(5)[i, k])/N_y
+    # β^norm3[i] = Σ_k((-α^norm3[i] + u^(5)[i, k])**2)/N_y
+    # P^norm3[i, l] = (-α^norm3[i] + u^(5)[i, l])/sqrt(ε + β^norm3[i])
+    # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
+    # u^(6)[i, l] = LN^norm3[i, l]
     u6 = _layer_norm(u5, norm3_gain, norm3_bias, eps)
     del u5
     if live is not None:
@@ -569,11 +569,11 @@ def _final_norm(u0, params, eps):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     del u0
     return u1
@@ -634,100 +634,100 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     norm3_bias = p["norm3.bias"]
 
     # --- substep 1: attn, explicit ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
     attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     del attn_qkv
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
     # --- substep 2: norm1, projection ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
     norm1_alpha = np.mean(u1, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u1)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u1)/np.sqrt(eps + norm1_beta[:, :, None])
     del norm1_alpha, u1
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
+    # u^(2)[i, l] = LN^norm1[i, l]
     u2 = norm1_gain*norm1_p + norm1_bias
 
     # --- substep 3: cross, explicit ---
-    # {Q^{\mathrm{cross}}}_{i,m,e} = {b^{Q}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{cross}}}_{k,m,e} {u^{(2)}}_{i,k}
+    # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*u^(2)[i, k])
     cross_q = u2.reshape(-1, d) @ cross_W_q
     cross_q += cross_b_q
     cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
-    # {K^{\mathrm{cross}}}_{t,m,e} = {b^{K}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
-    # {V^{\mathrm{cross}}}_{t,m,e} = {b^{V}_{\mathrm{cross}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{cross}}}_{k,m,e} {m}_{t,k}
+    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
+    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
     cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
     cross_kv += np.concatenate((cross_b_k, cross_b_v))
     cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
     del cross_kv
-    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
-    # {O^{\mathrm{cross}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{cross}}}_{m,i,t} {V^{\mathrm{cross}}}_{t,m,e}
+    # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
+    # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
+    # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])
     cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
     del chi_m
-    # {\mathcal{C}^{\mathrm{cross}}}_{i,l} = {b^{O}_{\mathrm{cross}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{cross}}}_{m,e,l} {O^{\mathrm{cross}}}_{i,m,e}
+    # C^cross[i, l] = b^O_cross[l] + Σ_{m,e}(W^O_cross[m, e, l]*O^cross[i, m, e])
     cross_out = cross_o.reshape(-1, n_heads * d_head) @ cross_W_o
     cross_out += cross_b_o
     cross_out = cross_out.reshape(batch, n_tokens, d)
-    # {u^{(3)}}_{i,l} = {\mathcal{C}^{\mathrm{cross}}}_{i,l} + {u^{(2)}}_{i,l}
+    # u^(3)[i, l] = C^cross[i, l] + u^(2)[i, l]
     u3 = np.add(cross_out, u2, out=cross_out)
     del cross_out
 
     # --- substep 4: norm2, projection ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(3)}}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u^(3)[i, k])/N_y
     norm2_alpha = np.mean(u3, axis=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(3)[i, k])**2)/N_y
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u3)**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(3)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u^(3)[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u3)/np.sqrt(eps + norm2_beta[:, :, None])
     del norm2_alpha, u3
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    # {u^{(4)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
+    # u^(4)[i, l] = LN^norm2[i, l]
     u4 = norm2_gain*norm2_p + norm2_bias
 
     # --- substep 5: ffn, explicit ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {u^{(4)}}_{i,k}
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(4)[i, k])
     ffn_w = u4.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
-    # {s^{\mathrm{ffn}}}_{i,z} = \max\left(0, {w^{\mathrm{ffn}}}_{i,z}\right)
+    # s^ffn[i, z] = Max(0, w^ffn[i, z])
     ffn_s = np.maximum(ffn_w, np.full(ffn_w.shape[-1:], 0, ffn_w.dtype), out=ffn_w)
     del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
-    # {u^{(5)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(4)}}_{i,l}
+    # u^(5)[i, l] = F^ffn[i, l] + u^(4)[i, l]
     u5 = np.add(ffn_out, u4, out=ffn_out)
     del ffn_out
 
     # --- substep 6: norm3, projection ---
-    # {\alpha^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} {u^{(5)}}_{i,k}}{N_{y}}
+    # α^norm3[i] = Σ_k(u^(5)[i, k])/N_y
     norm3_alpha = np.mean(u5, axis=2)
-    # {\beta^{\mathrm{norm3}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm3[i] = Σ_k((-α^norm3[i] + u^(5)[i, k])**2)/N_y
     norm3_beta = np.mean((-norm3_alpha[:, :, None] + u5)**2, axis=2)
-    # {P^{\mathrm{norm3}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm3}}}_{i} + {u^{(5)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}}
+    # P^norm3[i, l] = (-α^norm3[i] + u^(5)[i, l])/sqrt(ε + β^norm3[i])
     norm3_p = (-norm3_alpha[:, :, None] + u5)/np.sqrt(eps + norm3_beta[:, :, None])
     del norm3_alpha, u5
-    # {\mathrm{LN}^{\mathrm{norm3}}}_{i,l} = {c_{\mathrm{norm3}}}_{l} + {g_{\mathrm{norm3}}}_{l} {P^{\mathrm{norm3}}}_{i,l}
-    # {u^{(6)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm3}}}_{i,l}
+    # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
+    # u^(6)[i, l] = LN^norm3[i, l]
     u6 = norm3_gain*norm3_p + norm3_bias
     return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
 
@@ -767,227 +767,227 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     norm3_bias = p["norm3.bias"]
 
     # --- adjoint of substep 6: norm3, projection ---
-    # {\overline{c_{\mathrm{norm3}}}}_{l} = \sum_{i} {\lambda^{(6)}}_{i,l}
+    # c̅_norm3[l] = Σ_i(λ^(6)[i, l])
     norm3_bias_bar = _einsum("bil->l", u6_bar)
-    # {\overline{g_{\mathrm{norm3}}}}_{l} = \sum_{i} {P^{\mathrm{norm3}}}_{i,l} {\lambda^{(6)}}_{i,l}
+    # g̅_norm3[l] = Σ_i(P^norm3[i, l]*λ^(6)[i, l])
     norm3_gain_bar = _einsum("bil,bil->l", norm3_p, u6_bar)
-    # {\overline{P^{\mathrm{norm3}}}}_{i,l} = {g_{\mathrm{norm3}}}_{l} {\lambda^{(6)}}_{i,l}
+    # P̅^norm3[i, l] = g_norm3[l]*λ^(6)[i, l]
     norm3_p_bar = norm3_gain*u6_bar
     del u6_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
     t1 = _einsum("bil,bil->bi", norm3_p, norm3_p_bar)
-    # {\overline{\beta^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm3}}}_{i,l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm3}}}_{i}\right)}
+    # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
     norm3_beta_bar = -t1/(2*(eps + norm3_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm3}}}_{i,k}
+    # t2[i] = Σ_k(P^norm3[i, k])
     t2 = np.sum(norm3_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^norm3[i, l])
     t3 = np.sum(norm3_p_bar, axis=2)
 
     # --- adjoint of substep 5: ffn, explicit ---
-    # {\overline{\alpha^{\mathrm{norm3}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} \sum_{k} {P^{\mathrm{norm3}}}_{i,k}}{N_{y}}
-    # {\lambda^{(5)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm3}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm3}}}_{i}} {\overline{\beta^{\mathrm{norm3}}}}_{i} {P^{\mathrm{norm3}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm3}}}}_{i}}{N_{y}}
+    # α̅^norm3[i] = -Σ_l(P̅^norm3[i, l])/sqrt(ε + β^norm3[i]) - 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*Σ_k(P^norm3[i, k])/N_y
+    # λ^(5)[i, l] = P̅^norm3[i, l]/sqrt(ε + β^norm3[i]) + 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*P^norm3[i, l]/N_y + α̅^norm3[i]/N_y
     u5_bar = (-t3[:, :, None]/np.sqrt(eps + norm3_beta[:, :, None]) - 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/np.sqrt(eps + norm3_beta[:, :, None]) + 2*np.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d
     del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3
-    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(5)}}_{i,l}
+    # F̅^ffn[i, l] = λ^(5)[i, l]
     ffn_out_bar = u5_bar
-    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # b̅_{ffn,2}[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*F̅^ffn[i, l])
     ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \theta\left({s^{\mathrm{ffn}}}_{i,z}, 0\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = Heaviside(s^ffn[i, z], 0)*s̅^ffn[i, z]
     ffn_w_bar = (ffn_s > 0)*ffn_s_bar
     del ffn_s, ffn_s_bar
-    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {u^{(4)}}_{i,k}
+    # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*u^(4)[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, u4)
     del u4
-    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # b̅_{ffn,1}[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
 
     # --- adjoint of substep 4: norm2, projection ---
-    # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # λ^(4)[i, l] = λ^(5)[i, l] + Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     u4_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
     u4_bar += u5_bar.reshape(-1, d)
     u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar, u5_bar
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(4)}}_{i,l}
+    # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     norm2_bias_bar = _einsum("bil->l", u4_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(4)}}_{i,l}
+    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_p, u4_bar)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(4)}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
     norm2_p_bar = norm2_gain*u4_bar
     del u4_bar
-    # {t_{4}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t4[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t4 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t4/(2*(eps + norm2_beta))
     del t4
-    # {t_{5}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    # t5[i] = Σ_k(P^norm2[i, k])
     t5 = np.sum(norm2_p, axis=2)
-    # {t_{6}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t6[i] = Σ_l(P̅^norm2[i, l])
     t6 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 3: cross, explicit ---
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
-    # {\lambda^{(3)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
+    # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u3_bar = (-t6[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
     del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t5, t6
-    # {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
+    # C̅^cross[i, l] = λ^(3)[i, l]
     cross_out_bar = u3_bar
-    # {\overline{W^{O}_{\mathrm{cross}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{cross}}}_{i,m,e} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    # W̅^O_cross[m, e, l] = Σ_i(O^cross[i, m, e]*C̅^cross[i, l])
     cross_W_o_bar = _einsum("bil,bime->mel", cross_out_bar, cross_o)
     del cross_o
-    # {\overline{b^{O}_{\mathrm{cross}}}}_{l} = \sum_{i} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    # b̅^O_cross[l] = Σ_i(C̅^cross[i, l])
     cross_b_o_bar = _einsum("bil->l", cross_out_bar)
-    # {\overline{O^{\mathrm{cross}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{cross}}}_{m,e,l} {\overline{\mathcal{C}^{\mathrm{cross}}}}_{i,l}
+    # O̅^cross[i, m, e] = Σ_l(W^O_cross[m, e, l]*C̅^cross[i, l])
     cross_o_bar = cross_out_bar.reshape(-1, d) @ cross_W_o.T
     cross_o_bar = cross_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del cross_out_bar
-    # {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{cross}}}}_{i,m,e} {V^{\mathrm{cross}}}_{t,m,e}
+    # γ̅^cross[m, i, t] = Σ_e(O̅^cross[i, m, e]*V^cross[t, m, e])
     cross_gamma_bar = _einsum("bime,btme->bmit", cross_o_bar, cross_v)
     del cross_v
 
     # --- recomputed from the kept arrays: substep 1: attn, explicit ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
     del attn_a, chi
 
     # --- recomputed from the kept arrays: substep 3: cross, explicit ---
-    # {a^{\mathrm{cross}}}_{m,i,t} = \frac{\sum_{e} {K^{\mathrm{cross}}}_{t,m,e} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
     cross_a = _einsum("bime,btme->bmit", cross_q, cross_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{cross}}}_{m,i,t} = \frac{e^{{a^{\mathrm{cross}}}_{m,i,t}} {\chi_m}_{i,t}}{\sum_{o} e^{{a^{\mathrm{cross}}}_{m,i,o}} {\chi_m}_{i,o}}
+    # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
     cross_gamma = _softmax(cross_a, None if chi_m is None else chi_m[:, None])
     del chi_m, cross_a
 
     # --- adjoint of substep 3: cross, explicit ---
-    # {t_{7}}_{m,i} = \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    # t7[m, i] = Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     t7 = _einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
-    # {\overline{a^{\mathrm{cross}}}}_{m,i,t} = {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,t} - {\gamma^{\mathrm{cross}}}_{m,i,t} \sum_{o} {\gamma^{\mathrm{cross}}}_{m,i,o} {\overline{\gamma^{\mathrm{cross}}}}_{m,i,o}
+    # a̅^cross[m, i, t] = γ^cross[m, i, t]*γ̅^cross[m, i, t] - γ^cross[m, i, t]*Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
     cross_a_bar = cross_gamma*cross_gamma_bar - t7[:, :, :, None]*cross_gamma
     del cross_gamma_bar, t7
-    # {\overline{V^{\mathrm{cross}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{cross}}}_{m,i,t} {\overline{O^{\mathrm{cross}}}}_{i,m,e}
+    # V̅^cross[t, m, e] = Σ_i(γ^cross[m, i, t]*O̅^cross[i, m, e])
     cross_v_bar = _einsum("bmit,bime->btme", cross_gamma, cross_o_bar)
     del cross_gamma, cross_o_bar
-    # {\overline{W^{V}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*m[t, k])
     cross_W_v_bar = _einsum("btk,btme->kme", mem, cross_v_bar)
-    # {\overline{b^{V}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    # b̅^V_cross[m, e] = Σ_t(V̅^cross[t, m, e])
     cross_b_v_bar = _einsum("btme->me", cross_v_bar)
-    # {\overline{K^{\mathrm{cross}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {Q^{\mathrm{cross}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
     cross_k_bar = _einsum("bmit,bime->btme", cross_a_bar, cross_q) / math.sqrt(d_head)
     del cross_q
-    # {\overline{W^{K}_{\mathrm{cross}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e} {m}_{t,k}
+    # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*m[t, k])
     cross_W_k_bar = _einsum("btk,btme->kme", mem, cross_k_bar)
     del mem
-    # {\overline{b^{K}_{\mathrm{cross}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    # b̅^K_cross[m, e] = Σ_t(K̅^cross[t, m, e])
     cross_b_k_bar = _einsum("btme->me", cross_k_bar)
-    # {t_{8}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e}
+    # t8[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e])
     t8 = cross_k_bar.reshape(-1, n_heads * d_head) @ cross_W_k.T
     t8 = t8.reshape(batch, n_memory, d)
     del cross_k_bar
-    # {t_{9}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    # t9[t, l] = Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     t9 = cross_v_bar.reshape(-1, n_heads * d_head) @ cross_W_v.T
     t9 = t9.reshape(batch, n_memory, d)
     del cross_v_bar
-    # {\overline{m}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{cross}}}_{l,m,e} {\overline{K^{\mathrm{cross}}}}_{t,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{cross}}}_{l,m,e} {\overline{V^{\mathrm{cross}}}}_{t,m,e}
+    # m̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     mem_bar = np.add(t8, t9, out=t8)
     del t8, t9
-    # {\overline{Q^{\mathrm{cross}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{cross}}}}_{m,i,t} {K^{\mathrm{cross}}}_{t,m,e}}{\sqrt{N_{e}}}
+    # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
     cross_q_bar = _einsum("bmit,btme->bime", cross_a_bar, cross_k) / math.sqrt(d_head)
     del cross_a_bar, cross_k
-    # {\overline{W^{Q}_{\mathrm{cross}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e} {u^{(2)}}_{i,k}
+    # W̅^Q_cross[k, m, e] = Σ_i(Q̅^cross[i, m, e]*u^(2)[i, k])
     cross_W_q_bar = _einsum("bik,bime->kme", u2, cross_q_bar)
     del u2
-    # {\overline{b^{Q}_{\mathrm{cross}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    # b̅^Q_cross[m, e] = Σ_i(Q̅^cross[i, m, e])
     cross_b_q_bar = _einsum("bime->me", cross_q_bar)
 
     # --- adjoint of substep 2: norm1, projection ---
-    # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{cross}}}_{l,m,e} {\overline{Q^{\mathrm{cross}}}}_{i,m,e}
+    # λ^(2)[i, l] = λ^(3)[i, l] + Σ_{m,e}(W^Q_cross[l, m, e]*Q̅^cross[i, m, e])
     u2_bar = cross_q_bar.reshape(-1, n_heads * d_head) @ cross_W_q.T
     u2_bar += u3_bar.reshape(-1, d)
     u2_bar = u2_bar.reshape(batch, n_tokens, d)
     del cross_q_bar, u3_bar
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
+    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     norm1_bias_bar = _einsum("bil->l", u2_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
+    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_p, u2_bar)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
-    # {t_{10}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t10[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t10 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     norm1_beta_bar = -t10/(2*(eps + norm1_beta))
     del t10
-    # {t_{11}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    # t11[i] = Σ_k(P^norm1[i, k])
     t11 = np.sum(norm1_p, axis=2)
-    # {t_{12}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t12[i] = Σ_l(P̅^norm1[i, l])
     t12 = np.sum(norm1_p_bar, axis=2)
 
     # --- adjoint of substep 1: attn, explicit ---
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
+    # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar = (-t12[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t11[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
     del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t11, t12
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
     del attn_o
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
     attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
-    # {t_{13}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # t13[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     t13 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     attn_a_bar = attn_gamma*attn_gamma_bar - t13[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t13
-    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
     del attn_gamma, attn_o_bar
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", u0, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
     attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
     del attn_q
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", u0, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
     attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
     del attn_a_bar, attn_k
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", u0, attn_q_bar)
     del u0
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
-    # {t_{14}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # t14[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e])
     t14 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t14 = t14.reshape(batch, n_tokens, d)
     del attn_k_bar
-    # {t_{15}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # t15[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     t15 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
     t15 = t15.reshape(batch, n_tokens, d)
     del attn_q_bar
-    # {t_{16}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # t16[i, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     t16 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
     t16 = t16.reshape(batch, n_tokens, d)
     del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # λ^(0)[i, l] = λ^(1)[i, l] + Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     u0_bar = np.add(t14, t15 + t16 + u1_bar, out=t14)
     del t14, t15, t16, u1_bar
     return u0_bar, mem_bar, {
@@ -1030,15 +1030,15 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
     final_norm_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
     del final_norm_alpha, u0
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = final_norm_gain*final_norm_p + final_norm_bias
     return u1, (final_norm_beta, final_norm_p,)
 
@@ -1053,24 +1053,24 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     final_norm_bias_bar = _einsum("bil->l", u1_bar)
-    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
-    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     final_norm_p_bar = final_norm_gain*u1_bar
     del u1_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    # t2[i] = Σ_k(P^final_norm[i, k])
     t2 = np.sum(final_norm_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^final_norm[i, l])
     t3 = np.sum(final_norm_p_bar, axis=2)
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
+    # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
     return u0_bar, {

@@ -405,14 +405,14 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
@@ -421,40 +421,40 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     attn_k = _cache(cache, "attn.k", attn_k)
     # the cache: attn_v of the earlier tokens, then the new ones
     attn_v = _cache(cache, "attn.v", attn_v)
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del attn_k, attn_q, attn_v, chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\tanh{\left(\frac{\sqrt{2} \left(\frac{8943 {w^{\mathrm{ffn}}}_{i,z}^{3}}{200000} + {w^{\mathrm{ffn}}}_{i,z}\right)}{\sqrt{\pi}} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π)) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi)))*ffn_w/2
     del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     del ffn_s
-    # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     if live is not None:
@@ -469,11 +469,11 @@ def _final_norm(u0, params, eps):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     del u0
     return u1
@@ -523,56 +523,56 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_b_2 = p["ffn.b_2"]
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
     norm1_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
     del norm1_alpha
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p + norm1_bias
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     del attn_qkv
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
     norm2_alpha = np.mean(u1, axis=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
     del norm2_alpha
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = norm2_gain*norm2_p + norm2_bias
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\tanh{\left(\frac{\sqrt{2} \left(\frac{8943 {w^{\mathrm{ffn}}}_{i,z}^{3}}{200000} + {w^{\mathrm{ffn}}}_{i,z}\right)}{\sqrt{\pi}} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π)) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi)))*ffn_w/2
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
-    # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
@@ -602,134 +602,134 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_b_2 = p["ffn.b_2"]
 
     # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
-    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    # F̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
-    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
     del ffn_s
-    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # b̅_{ffn,2}[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*F̅^ffn[i, l])
     ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\sqrt{2} \left(1 - \tanh^{2}{\left(\frac{\sqrt{2} \left(\frac{8943 {w^{\mathrm{ffn}}}_{i,z}^{3}}{200000} + {w^{\mathrm{ffn}}}_{i,z}\right)}{\sqrt{\pi}} \right)}\right) \left(\frac{26829 {w^{\mathrm{ffn}}}_{i,z}^{2}}{200000} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}} + \frac{\tanh{\left(\frac{\sqrt{2} \left(\frac{8943 {w^{\mathrm{ffn}}}_{i,z}^{3}}{200000} + {w^{\mathrm{ffn}}}_{i,z}\right)}{\sqrt{\pi}} \right)}}{2} + \frac{1}{2}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = (sqrt(2)*(1 - tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))**2)*(26829*w^ffn[i, z]**2/200000 + 1)*w^ffn[i, z]/(2*sqrt(π)) + tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))/2 + 1/2)*s̅^ffn[i, z]
     ffn_w_bar = (1/2 + np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))/2 + math.sqrt(2)*(1 - np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))**2)*(1 + 26829*ffn_w**2/200000)*ffn_w/(2*math.sqrt(math.pi)))*ffn_s_bar
     del ffn_s_bar, ffn_w
-    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     del norm2_out
-    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # b̅_{ffn,1}[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
-    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # L̅N̅^norm2[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     norm2_out_bar = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
     norm2_out_bar = norm2_out_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    # t2[i] = Σ_k(P^norm2[i, k])
     t2 = np.sum(norm2_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^norm2[i, l])
     t3 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
+    # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = (-t3[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
     del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3, u2_bar
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
     del attn_o
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
     attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
 
     # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
     del attn_a, chi
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # t4[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     t4 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t4
-    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
     del attn_gamma, attn_o_bar
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", norm1_out, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
     attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
     del attn_q
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", norm1_out, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
     attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
     del attn_a_bar, attn_k
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", norm1_out, attn_q_bar)
     del norm1_out
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
-    # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # t5[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e])
     t5 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t5 = t5.reshape(batch, n_tokens, d)
     del attn_k_bar
-    # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # t6[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     t6 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
     t6 = t6.reshape(batch, n_tokens, d)
     del attn_q_bar
-    # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # t7[i, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     t7 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
     t7 = t7.reshape(batch, n_tokens, d)
     del attn_v_bar
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # L̅N̅^norm1[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = np.add(t5, t6 + t7, out=t5)
     del t5, t6, t7
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
     norm1_p_bar = norm1_gain*norm1_out_bar
     del norm1_out_bar
-    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t8 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     norm1_beta_bar = -t8/(2*(eps + norm1_beta))
     del t8
-    # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    # t9[i] = Σ_k(P^norm1[i, k])
     t9 = np.sum(norm1_p, axis=2)
-    # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t10[i] = Σ_l(P̅^norm1[i, l])
     t10 = np.sum(norm1_p_bar, axis=2)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
+    # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u0_bar = (-t10[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
     del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t10, t9, u1_bar
     return u0_bar, {
@@ -762,15 +762,15 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
     final_norm_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
     del final_norm_alpha, u0
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = final_norm_gain*final_norm_p + final_norm_bias
     return u1, (final_norm_beta, final_norm_p,)
 
@@ -785,24 +785,24 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     final_norm_bias_bar = _einsum("bil->l", u1_bar)
-    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
-    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     final_norm_p_bar = final_norm_gain*u1_bar
     del u1_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    # t2[i] = Σ_k(P^final_norm[i, k])
     t2 = np.sum(final_norm_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^final_norm[i, l])
     t3 = np.sum(final_norm_p_bar, axis=2)
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
+    # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
     return u0_bar, {

@@ -439,64 +439,64 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     pos = _positions(positions, batch, n_tokens, offset, u0.dtype)
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
-    # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # ρ^norm1[i] = Σ_k(u^(0)[i, k]**2)/N_y
+    # P^norm1[i, l] = u^(0)[i, l]/sqrt(ε + ρ^norm1[i])
+    # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
     norm1_out = _rms_norm(u0, norm1_gain, eps)
-    # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
     attn_q = norm1_out.reshape(-1, d) @ attn_W_q
     attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
-    # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
     attn_k = norm1_out.reshape(-1, d) @ attn_W_k
     attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
-    # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
     attn_v = norm1_out.reshape(-1, d) @ attn_W_v
     attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
     del norm1_out
-    # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
+    # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
-    # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
+    # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
     attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
     del attn_q
-    # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
+    # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
     attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
     del attn_k, attn_phi
     # the cache: attn_kr of the earlier tokens, then the new ones
     attn_kr = _cache(cache, "attn.kr", attn_kr)
     # the cache: attn_v of the earlier tokens, then the new ones
     attn_v = _cache(cache, "attn.v", attn_v)
-    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
+    # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
+    # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
+    # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
     attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
     del attn_kr, attn_qr, attn_v, chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
+    # A^attn[i, l] = Σ_{g,s,e}(W^O_attn[g, s, e, l]*O^attn[i, g, s, e])
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
-    # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # ρ^norm2[i] = Σ_k(u^(1)[i, k]**2)/N_y
+    # P^norm2[i, l] = u^(1)[i, l]/sqrt(ε + ρ^norm2[i])
+    # RMS^norm2[i, l] = g_norm2[l]*P^norm2[i, l]
     norm2_out = _rms_norm(u1, norm2_gain, eps)
-    # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-    # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # w^ffn[i, z] = Σ_k(W_{ffn,1}[k, z]*RMS^norm2[i, k])
+    # w̃^ffn[i, z] = Σ_k(W_{ffn,3}[k, z]*RMS^norm2[i, k])
     ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
     del ffn_wgate, norm2_out
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
     ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
     del ffn_gate, ffn_w
-    # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     del ffn_s
-    # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     if live is not None:
@@ -510,10 +510,10 @@ def _final_norm(u0, params, eps):
     final_norm_gain = p["final_norm.gain"]
 
     # --- substep 1: final_norm, projection ---
-    # {\rho^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
+    # ρ^final_norm[i] = Σ_k(u^(0)[i, k]**2)/N_y
+    # P^final_norm[i, l] = u^(0)[i, l]/sqrt(ε + ρ^final_norm[i])
+    # RMS^final_norm[i, l] = g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = RMS^final_norm[i, l]
     u1 = _rms_norm(u0, final_norm_gain, eps)
     del u0
     return u1
@@ -558,60 +558,60 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     ffn_W_2 = p["ffn.W_2"]
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
-    # {\rho^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
+    # ρ^norm1[i] = Σ_k(u^(0)[i, k]**2)/N_y
     norm1_rho = np.mean(u0**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = u^(0)[i, l]/sqrt(ε + ρ^norm1[i])
     norm1_p = u0/np.sqrt(eps + norm1_rho[:, :, None])
-    # {\mathrm{RMS}^{\mathrm{norm1}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p
-    # {Q^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
     attn_q = norm1_out.reshape(-1, d) @ attn_W_q
     attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
-    # {K^{\mathrm{attn}}}_{i,g,c,r} = \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
     attn_k = norm1_out.reshape(-1, d) @ attn_W_k
     attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
-    # {V^{\mathrm{attn}}}_{i,g,e} = \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
     attn_v = norm1_out.reshape(-1, d) @ attn_W_v
     attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
-    # {\varphi^{\mathrm{attn}}}_{i,r} = rope_{\theta}^{- \frac{2 r}{N_{e}}} {p}_{i}
+    # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
-    # {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {Q^{\mathrm{attn}}}_{i,g,s,p,r}
+    # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
     attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
     del attn_q
-    # {\hat{K}^{\mathrm{attn}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(c - p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {K^{\mathrm{attn}}}_{i,g,p,r}
+    # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
     attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
     del attn_k
-    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,g,s,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{g,s,i,j} {V^{\mathrm{attn}}}_{j,g,e}
+    # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
+    # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
+    # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
     attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
     del chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = \sum_{g} \sum_{s} \sum_{e} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {O^{\mathrm{attn}}}_{i,g,s,e}
+    # A^attn[i, l] = Σ_{g,s,e}(W^O_attn[g, s, e, l]*O^attn[i, g, s, e])
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
-    # {\rho^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}^{2}}{N_{y}}
+    # ρ^norm2[i] = Σ_k(u^(1)[i, k]**2)/N_y
     norm2_rho = np.mean(u1**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{{u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = u^(1)[i, l]/sqrt(ε + ρ^norm2[i])
     norm2_p = u1/np.sqrt(eps + norm2_rho[:, :, None])
-    # {\mathrm{RMS}^{\mathrm{norm2}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # RMS^norm2[i, l] = g_norm2[l]*P^norm2[i, l]
     norm2_out = norm2_gain*norm2_p
-    # {w^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
-    # {\tilde{w}^{\mathrm{ffn}}}_{i,z} = \sum_{k} {W_{\mathrm{ffn},3}}_{k,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # w^ffn[i, z] = Σ_k(W_{ffn,1}[k, z]*RMS^norm2[i, k])
+    # w̃^ffn[i, z] = Σ_k(W_{ffn,3}[k, z]*RMS^norm2[i, k])
     ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
     del ffn_wgate
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
     ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
-    # {\mathcal{G}^{\mathrm{ffn}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
-    # {u^{(2)}}_{i,l} = {\mathcal{G}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out
     return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
@@ -636,122 +636,122 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     ffn_W_2 = p["ffn.W_2"]
 
     # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
-    # {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    # G̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
-    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_{ffn,2}[z, l] = Σ_i(G̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{G}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*G̅^ffn[i, l])
     ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
-    # {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} = \frac{{\overline{s^{\mathrm{ffn}}}}_{i,z} {w^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}
+    # w̃̅^ffn[i, z] = s̅^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
     ffn_gate_bar = ffn_s_bar*ffn_w/(1 + np.exp(-ffn_w))
-    # {\overline{W_{\mathrm{ffn},3}}}_{k,z} = \sum_{i} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_3_bar = _einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{{\tilde{w}^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}} + \frac{e^{- {w^{\mathrm{ffn}}}_{i,z}} {s^{\mathrm{ffn}}}_{i,z}}{1 + e^{- {w^{\mathrm{ffn}}}_{i,z}}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]
     ffn_w_bar = (ffn_gate/(1 + np.exp(-ffn_w)) + ffn_s*np.exp(-ffn_w)/(1 + np.exp(-ffn_w)))*ffn_s_bar
     del ffn_gate, ffn_s, ffn_s_bar, ffn_w
-    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{RMS}^{\mathrm{norm2}}}_{i,k}
+    # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     del norm2_out
-    # {t_{1}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # t1[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     t1 = ffn_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
     t1 = t1.reshape(batch, n_tokens, d)
     del ffn_w_bar
-    # {t_{2}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    # t2[i, l] = Σ_z(W_{ffn,3}[l, z]*w̃̅^ffn[i, z])
     t2 = ffn_gate_bar.reshape(-1, d_ff) @ ffn_W_3.T
     t2 = t2.reshape(batch, n_tokens, d)
     del ffn_gate_bar
-    # {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z} + \sum_{z} {W_{\mathrm{ffn},3}}_{l,z} {\overline{\tilde{w}^{\mathrm{ffn}}}}_{i,z}
+    # R̅M̅S̅^norm2[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z]) + Σ_z(W_{ffn,3}[l, z]*w̃̅^ffn[i, z])
     norm2_out_bar = np.add(t1, t2, out=t1)
     del t1, t2
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    # g̅_norm2[l] = Σ_i(R̅M̅S̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm2}}}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*R̅M̅S̅^norm2[i, l]
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
-    # {t_{3}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t3[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t3 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
     del norm2_p
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {\overline{\rho^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm2}}}_{i}\right)}
-    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm2}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm2}}}}_{i} {u^{(1)}}_{i,l}}{N_{y}}
+    # ρ̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + ρ^norm2[i]))
+    # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + ρ^norm2[i]) + 2*ρ̅^norm2[i]*u^(1)[i, l]/N_y
     u1_bar = norm2_p_bar/np.sqrt(eps + norm2_rho[:, :, None]) - t3[:, :, None]*u1/(d*(eps + norm2_rho[:, :, None])) + u2_bar
     del norm2_p_bar, norm2_rho, t3, u1, u2_bar
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{g,s,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,g,s,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[g, s, e, l] = Σ_i(O^attn[i, g, s, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bigse->gsel", attn_out_bar, attn_o)
     del attn_o
-    # {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{g,s,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, g, s, e] = Σ_l(W^O_attn[g, s, e, l]*A̅^attn[i, l])
     attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_kv_heads, n_rep, d_head)
     del attn_out_bar
-    # {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,g,s,e} {V^{\mathrm{attn}}}_{j,g,e}
+    # γ̅^attn[g, s, i, j] = Σ_e(O̅^attn[i, g, s, e]*V^attn[j, g, e])
     attn_gamma_bar = _einsum("bigse,bjge->bgsij", attn_o_bar, attn_v)
     del attn_v
 
     # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # {a^{\mathrm{attn}}}_{g,s,i,j} = \frac{\sum_{c} \sum_{r} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r} {\hat{Q}^{\mathrm{attn}}}_{i,g,s,c,r}}{\sqrt{N_{e}}}
+    # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{g,s,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{g,s,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{g,s,i,n}} {\chi}_{i,n}}
+    # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
     del attn_a, chi
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {t_{4}}_{g,s,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    # t4[g, s, i] = Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
     t4 = _einsum("bgsin,bgsin->bgsi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} = {\gamma^{\mathrm{attn}}}_{g,s,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,j} - {\gamma^{\mathrm{attn}}}_{g,s,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{g,s,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{g,s,i,n}
+    # a̅^attn[g, s, i, j] = γ^attn[g, s, i, j]*γ̅^attn[g, s, i, j] - γ^attn[g, s, i, j]*Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
     del attn_gamma_bar, t4
-    # {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,c,r} = \frac{\sum_{s} \sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,j,i} {\hat{Q}^{\mathrm{attn}}}_{j,g,s,c,r}}{\sqrt{N_{e}}}
+    # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)
     attn_kr_bar = _einsum("bgsji,bjgscr->bigcr", attn_a_bar, attn_qr) / math.sqrt(d_head)
     del attn_qr
-    # {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,c,r} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{g,s,i,j} {\hat{K}^{\mathrm{attn}}}_{j,g,c,r}}{\sqrt{N_{e}}}
+    # Q̂̅^attn[i, g, s, c, r] = Σ_j(a̅^attn[g, s, i, j]*K̂^attn[j, g, c, r])/sqrt(N_e)
     attn_qr_bar = _einsum("bgsij,bjgcr->bigscr", attn_a_bar, attn_kr) / math.sqrt(d_head)
     del attn_a_bar, attn_kr
-    # {\overline{V^{\mathrm{attn}}}}_{i,g,e} = \sum_{j} \sum_{s} {\gamma^{\mathrm{attn}}}_{g,s,j,i} {\overline{O^{\mathrm{attn}}}}_{j,g,s,e}
+    # V̅^attn[i, g, e] = Σ_{j,s}(γ^attn[g, s, j, i]*O̅^attn[j, g, s, e])
     attn_v_bar = _einsum("bgsji,bjgse->bige", attn_gamma, attn_o_bar)
     del attn_gamma, attn_o_bar
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,g,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,g,e} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{K}^{\mathrm{attn}}}}_{i,g,p,r}
+    # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
     attn_k_bar = np.stack((attn_kr_bar[..., 0, :]*np.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*np.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*np.sin(attn_phi[:, :, None])), axis=3)
     del attn_kr_bar
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,g,c,r} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = _einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} = \sum_{p} \cos{\left(\frac{\pi \left(- c + p\right)}{2} - {\varphi^{\mathrm{attn}}}_{i,r} \right)} {\overline{\hat{Q}^{\mathrm{attn}}}}_{i,g,s,p,r}
+    # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
     attn_q_bar = np.stack((attn_qr_bar[..., 0, :]*np.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*np.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*np.sin(attn_phi[:, :, None, None])), axis=4)
     del attn_phi, attn_qr_bar
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,g,s,c,r} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r} {\mathrm{RMS}^{\mathrm{norm1}}}_{i,k}
+    # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = _einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out
-    # {t_{5}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e}
+    # t5[i, l] = Σ_{g,e}(W^V_attn[l, g, e]*V̅^attn[i, g, e])
     t5 = attn_v_bar.reshape(-1, n_kv_heads * d_head) @ attn_W_v.T
     t5 = t5.reshape(batch, n_tokens, d)
     del attn_v_bar
-    # {t_{6}}_{i,l} = \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r}
+    # t6[i, l] = Σ_{g,c,r}(W^K_attn[l, g, c, r]*K̅^attn[i, g, c, r])
     t6 = attn_k_bar.reshape(-1, n_kv_heads * 2 * d_half) @ attn_W_k.T
     t6 = t6.reshape(batch, n_tokens, d)
     del attn_k_bar
-    # {t_{7}}_{i,l} = \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    # t7[i, l] = Σ_{g,s,c,r}(W^Q_attn[l, g, s, c, r]*Q̅^attn[i, g, s, c, r])
     t7 = attn_q_bar.reshape(-1, n_kv_heads * n_rep * 2 * d_half) @ attn_W_q.T
     t7 = t7.reshape(batch, n_tokens, d)
     del attn_q_bar
-    # {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} = \sum_{g} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,g,e} {\overline{V^{\mathrm{attn}}}}_{i,g,e} + \sum_{g} \sum_{c} \sum_{r} {W^{K}_{\mathrm{attn}}}_{l,g,c,r} {\overline{K^{\mathrm{attn}}}}_{i,g,c,r} + \sum_{g} \sum_{s} \sum_{c} \sum_{r} {W^{Q}_{\mathrm{attn}}}_{l,g,s,c,r} {\overline{Q^{\mathrm{attn}}}}_{i,g,s,c,r}
+    # R̅M̅S̅^norm1[i, l] = Σ_{g,e}(W^V_attn[l, g, e]*V̅^attn[i, g, e]) + Σ_{g,c,r}(W^K_attn[l, g, c, r]*K̅^attn[i, g, c, r]) + Σ_{g,s,c,r}(W^Q_attn[l, g, s, c, r]*Q̅^attn[i, g, s, c, r])
     norm1_out_bar = np.add(t5, t6 + t7, out=t5)
     del t5, t6, t7
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    # g̅_norm1[l] = Σ_i(R̅M̅S̅^norm1[i, l]*P^norm1[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{RMS}^{\mathrm{norm1}}}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*R̅M̅S̅^norm1[i, l]
     norm1_p_bar = norm1_gain*norm1_out_bar
     del norm1_out_bar
-    # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t8 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
     del norm1_p
-    # {\overline{\rho^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{norm1}}}_{i}\right)}
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{norm1}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{norm1}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+    # ρ̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + ρ^norm1[i]))
+    # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + ρ^norm1[i]) + 2*ρ̅^norm1[i]*u^(0)[i, l]/N_y
     u0_bar = norm1_p_bar/np.sqrt(eps + norm1_rho[:, :, None]) - t8[:, :, None]*u0/(d*(eps + norm1_rho[:, :, None])) + u1_bar
     del norm1_p_bar, norm1_rho, t8, u0, u1_bar
     return u0_bar, {
@@ -776,12 +776,12 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_gain = p["final_norm.gain"]
 
     # --- substep 1: final_norm, projection ---
-    # {\rho^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}^{2}}{N_{y}}
+    # ρ^final_norm[i] = Σ_k(u^(0)[i, k]**2)/N_y
     final_norm_rho = np.mean(u0**2, axis=2)
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}}
+    # P^final_norm[i, l] = u^(0)[i, l]/sqrt(ε + ρ^final_norm[i])
     final_norm_p = u0/np.sqrt(eps + final_norm_rho[:, :, None])
-    # {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{RMS}^{\mathrm{final\_norm}}}_{i,l}
+    # RMS^final_norm[i, l] = g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = RMS^final_norm[i, l]
     u1 = final_norm_gain*final_norm_p
     return u1, (u0, final_norm_rho, final_norm_p,)
 
@@ -795,16 +795,16 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_gain = p["final_norm.gain"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
-    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     final_norm_p_bar = final_norm_gain*u1_bar
     del u1_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
     del final_norm_p
-    # {\overline{\rho^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}\right)}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\rho^{\mathrm{final\_norm}}}_{i}}} + \frac{2 {\overline{\rho^{\mathrm{final\_norm}}}}_{i} {u^{(0)}}_{i,l}}{N_{y}}
+    # ρ̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + ρ^final_norm[i]))
+    # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + ρ^final_norm[i]) + 2*ρ̅^final_norm[i]*u^(0)[i, l]/N_y
     u0_bar = final_norm_p_bar/np.sqrt(eps + final_norm_rho[:, :, None]) - t1[:, :, None]*u0/(d*(eps + final_norm_rho[:, :, None]))
     del final_norm_p_bar, final_norm_rho, t1, u0
     return u0_bar, {

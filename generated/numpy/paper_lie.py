@@ -328,67 +328,67 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     chi = _support(key_padding_mask, causal, batch, n_tokens)
 
     # --- substep 1: attn, explicit ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
     attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     del attn_qkv
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del attn_k, attn_q, attn_v, chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out, u0
 
     # --- substep 2: norm1, projection ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
+    # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
+    # u^(2)[i, l] = LN^norm1[i, l]
     u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
     del u1
 
     # --- branch substep 3: ffn1, explicit ---
-    # {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} = {b_{\mathrm{ffn1}}}_{l} + \sum_{k} {W_{\mathrm{ffn1}}}_{k,l} {u^{(2)}}_{i,k}
+    # L^ffn1[i, l] = b_ffn1[l] + Σ_k(W_ffn1[k, l]*u^(2)[i, k])
     ffn1_out = u2.reshape(-1, d) @ ffn1_W
     ffn1_out += ffn1_b
     ffn1_out = ffn1_out.reshape(batch, n_tokens, d)
 
     # --- branch substep 4: relu, projection ---
-    # {u^{(3)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} + {u^{(2)}}_{i,l}
-    # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
-    # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
+    # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
+    # P^relu[i, l] = Max(0, u^(3)[i, l])
+    # u^(4)[i, l] = P^relu[i, l]
     u4 = np.maximum(ffn1_out + u2, 0)
     del ffn1_out
 
     # --- branch substep 5: ffn2, explicit ---
-    # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
+    # L^ffn2[i, l] = b_ffn2[l] + Σ_k(W_ffn2[k, l]*u^(4)[i, k])
     ffn2_out = u4.reshape(-1, d) @ ffn2_W
     ffn2_out += ffn2_b
     ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
 
     # --- substep 6: parallel (sequence, identity) ---
-    # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
-    # {u^{(6)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(5)}}_{i,l}}{2}
+    # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
+    # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
     u6 = ffn2_out/2 + u2/2 + u4/2
     del ffn2_out, u2, u4
 
     # --- substep 7: norm2, projection ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(6)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(6)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(6)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    # {u^{(7)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
+    # α^norm2[i] = Σ_k(u^(6)[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(6)[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u^(6)[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
+    # u^(7)[i, l] = LN^norm2[i, l]
     u7 = _layer_norm(u6, norm2_gain, norm2_bias, eps)
     del u6
     return u7[0] if np.ndim(u) == 2 else u7
@@ -401,11 +401,11 @@ def _final_norm(u0, params, eps):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
     del u0
     return u1
@@ -449,74 +449,74 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     norm2_bias = p["norm2.bias"]
 
     # --- substep 1: attn, explicit ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {u^{(0)}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
     attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
     del attn_qkv
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
     # --- substep 2: norm1, projection ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
     norm1_alpha = np.mean(u1, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u1)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u1)/np.sqrt(eps + norm1_beta[:, :, None])
     del norm1_alpha, u1
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
-    # {u^{(2)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
+    # u^(2)[i, l] = LN^norm1[i, l]
     u2 = norm1_gain*norm1_p + norm1_bias
 
     # --- branch substep 3: ffn1, explicit ---
-    # {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} = {b_{\mathrm{ffn1}}}_{l} + \sum_{k} {W_{\mathrm{ffn1}}}_{k,l} {u^{(2)}}_{i,k}
+    # L^ffn1[i, l] = b_ffn1[l] + Σ_k(W_ffn1[k, l]*u^(2)[i, k])
     ffn1_out = u2.reshape(-1, d) @ ffn1_W
     ffn1_out += ffn1_b
     ffn1_out = ffn1_out.reshape(batch, n_tokens, d)
 
     # --- branch substep 4: relu, projection ---
-    # {u^{(3)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn1}}}_{i,l} + {u^{(2)}}_{i,l}
-    # {P^{\mathrm{relu}}}_{i,l} = \max\left(0, {u^{(3)}}_{i,l}\right)
+    # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
+    # P^relu[i, l] = Max(0, u^(3)[i, l])
     relu_p = np.maximum(ffn1_out + u2, 0)
     del ffn1_out
-    # {u^{(4)}}_{i,l} = {P^{\mathrm{relu}}}_{i,l}
+    # u^(4)[i, l] = P^relu[i, l]
     u4 = relu_p
 
     # --- branch substep 5: ffn2, explicit ---
-    # {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} = {b_{\mathrm{ffn2}}}_{l} + \sum_{k} {W_{\mathrm{ffn2}}}_{k,l} {u^{(4)}}_{i,k}
+    # L^ffn2[i, l] = b_ffn2[l] + Σ_k(W_ffn2[k, l]*u^(4)[i, k])
     ffn2_out = u4.reshape(-1, d) @ ffn2_W
     ffn2_out += ffn2_b
     ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
 
     # --- substep 6: parallel (sequence, identity) ---
-    # {u^{(5)}}_{i,l} = {\mathcal{L}^{\mathrm{ffn2}}}_{i,l} + {u^{(4)}}_{i,l}
-    # {u^{(6)}}_{i,l} = \frac{{u^{(2)}}_{i,l}}{2} + \frac{{u^{(5)}}_{i,l}}{2}
+    # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
+    # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
     u6 = ffn2_out/2 + u2/2 + u4/2
     del ffn2_out
 
     # --- substep 7: norm2, projection ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(6)}}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u^(6)[i, k])/N_y
     norm2_alpha = np.mean(u6, axis=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(6)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(6)[i, k])**2)/N_y
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u6)**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(6)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u^(6)[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u6)/np.sqrt(eps + norm2_beta[:, :, None])
     del norm2_alpha, u6
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
-    # {u^{(7)}}_{i,l} = {\mathrm{LN}^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
+    # u^(7)[i, l] = LN^norm2[i, l]
     u7 = norm2_gain*norm2_p + norm2_bias
     return u7, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, relu_p, u4, norm2_beta, norm2_p,)
 
@@ -544,152 +544,152 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     norm2_bias = p["norm2.bias"]
 
     # --- adjoint of substep 7: norm2, projection ---
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\lambda^{(7)}}_{i,l}
+    # c̅_norm2[l] = Σ_i(λ^(7)[i, l])
     norm2_bias_bar = _einsum("bil->l", u7_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {P^{\mathrm{norm2}}}_{i,l} {\lambda^{(7)}}_{i,l}
+    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(7)[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_p, u7_bar)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\lambda^{(7)}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]
     norm2_p_bar = norm2_gain*u7_bar
     del u7_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    # t2[i] = Σ_k(P^norm2[i, k])
     t2 = np.sum(norm2_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^norm2[i, l])
     t3 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 6: parallel (sequence, identity) ---
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
-    # {\lambda^{(6)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
+    # λ^(6)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u6_bar = (-t3[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
     del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3
 
     # --- adjoint of branch substep 5: ffn2, explicit ---
-    # {\lambda^{(5)}}_{i,l} = \frac{{\lambda^{(6)}}_{i,l}}{2}
+    # λ^(5)[i, l] = λ^(6)[i, l]/2
     u5_bar = u6_bar/2
-    # {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,l} = {\lambda^{(5)}}_{i,l}
+    # L̅^ffn2[i, l] = λ^(5)[i, l]
     ffn2_out_bar = u5_bar
-    # {\overline{W_{\mathrm{ffn2}}}}_{k,l} = \sum_{i} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,l} {u^{(4)}}_{i,k}
+    # W̅_ffn2[k, l] = Σ_i(L̅^ffn2[i, l]*u^(4)[i, k])
     ffn2_W_bar = _einsum("bil,bik->kl", ffn2_out_bar, u4)
     del u4
-    # {\overline{b_{\mathrm{ffn2}}}}_{l} = \sum_{i} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,l}
+    # b̅_ffn2[l] = Σ_i(L̅^ffn2[i, l])
     ffn2_b_bar = _einsum("bil->l", ffn2_out_bar)
 
     # --- adjoint of branch substep 4: relu, projection ---
-    # {\lambda^{(4)}}_{i,l} = {\lambda^{(5)}}_{i,l} + \sum_{k} {W_{\mathrm{ffn2}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn2}}}}_{i,k}
+    # λ^(4)[i, l] = λ^(5)[i, l] + Σ_k(W_ffn2[l, k]*L̅^ffn2[i, k])
     u4_bar = ffn2_out_bar.reshape(-1, d) @ ffn2_W.T
     u4_bar += u5_bar.reshape(-1, d)
     u4_bar = u4_bar.reshape(batch, n_tokens, d)
     del ffn2_out_bar, u5_bar
 
     # --- adjoint of branch substep 3: ffn1, explicit ---
-    # {\lambda^{(3)}}_{i,l} = \theta\left({P^{\mathrm{relu}}}_{i,l}, 0\right) {\lambda^{(4)}}_{i,l}
+    # λ^(3)[i, l] = Heaviside(P^relu[i, l], 0)*λ^(4)[i, l]
     u3_bar = (relu_p > 0)*u4_bar
     del relu_p, u4_bar
-    # {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,l} = {\lambda^{(3)}}_{i,l}
+    # L̅^ffn1[i, l] = λ^(3)[i, l]
     ffn1_out_bar = u3_bar
-    # {\overline{W_{\mathrm{ffn1}}}}_{k,l} = \sum_{i} {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,l} {u^{(2)}}_{i,k}
+    # W̅_ffn1[k, l] = Σ_i(L̅^ffn1[i, l]*u^(2)[i, k])
     ffn1_W_bar = _einsum("bil,bik->kl", ffn1_out_bar, u2)
     del u2
-    # {\overline{b_{\mathrm{ffn1}}}}_{l} = \sum_{i} {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,l}
+    # b̅_ffn1[l] = Σ_i(L̅^ffn1[i, l])
     ffn1_b_bar = _einsum("bil->l", ffn1_out_bar)
 
     # --- adjoint of substep 2: norm1, projection ---
-    # {t_{4}}_{i,l} = \sum_{k} {W_{\mathrm{ffn1}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,k}
+    # t4[i, l] = Σ_k(W_ffn1[l, k]*L̅^ffn1[i, k])
     t4 = ffn1_out_bar.reshape(-1, d) @ ffn1_W.T
     t4 = t4.reshape(batch, n_tokens, d)
     del ffn1_out_bar
-    # {\lambda^{(2)}}_{i,l} = {\lambda^{(3)}}_{i,l} + \frac{{\lambda^{(6)}}_{i,l}}{2} + \sum_{k} {W_{\mathrm{ffn1}}}_{l,k} {\overline{\mathcal{L}^{\mathrm{ffn1}}}}_{i,k}
+    # λ^(2)[i, l] = λ^(3)[i, l] + λ^(6)[i, l]/2 + Σ_k(W_ffn1[l, k]*L̅^ffn1[i, k])
     u2_bar = np.add(t4, u6_bar/2 + u3_bar, out=t4)
     del t4, u3_bar, u6_bar
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\lambda^{(2)}}_{i,l}
+    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     norm1_bias_bar = _einsum("bil->l", u2_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {P^{\mathrm{norm1}}}_{i,l} {\lambda^{(2)}}_{i,l}
+    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_p, u2_bar)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\lambda^{(2)}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
     norm1_p_bar = norm1_gain*u2_bar
     del u2_bar
-    # {t_{5}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t5[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t5 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     norm1_beta_bar = -t5/(2*(eps + norm1_beta))
     del t5
-    # {t_{6}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+    # t6[i] = Σ_k(P^norm1[i, k])
     t6 = np.sum(norm1_p, axis=2)
-    # {t_{7}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+    # t7[i] = Σ_l(P̅^norm1[i, l])
     t7 = np.sum(norm1_p_bar, axis=2)
 
     # --- adjoint of substep 1: attn, explicit ---
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
+    # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u1_bar = (-t7[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t6[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
     del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t6, t7
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
     del attn_o
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
     attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
 
     # --- recomputed from the kept arrays: substep 1: attn, explicit ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
     del attn_a, chi
 
     # --- adjoint of substep 1: attn, explicit ---
-    # {t_{8}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # t8[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     t8 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     attn_a_bar = attn_gamma*attn_gamma_bar - t8[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t8
-    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
     del attn_gamma, attn_o_bar
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", u0, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
     attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
     del attn_q
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", u0, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
     attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
     del attn_a_bar, attn_k
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {u^{(0)}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", u0, attn_q_bar)
     del u0
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
-    # {t_{9}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # t9[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e])
     t9 = attn_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t9 = t9.reshape(batch, n_tokens, d)
     del attn_k_bar
-    # {t_{10}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # t10[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     t10 = attn_q_bar.reshape(-1, n_heads * d_head) @ attn_W_q.T
     t10 = t10.reshape(batch, n_tokens, d)
     del attn_q_bar
-    # {t_{11}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # t11[i, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     t11 = attn_v_bar.reshape(-1, n_heads * d_head) @ attn_W_v.T
     t11 = t11.reshape(batch, n_tokens, d)
     del attn_v_bar
-    # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # λ^(0)[i, l] = λ^(1)[i, l] + Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     u0_bar = np.add(t10, t11 + t9 + u1_bar, out=t10)
     del t10, t11, t9, u1_bar
     return u0_bar, {
@@ -722,15 +722,15 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- substep 1: final_norm, projection ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
     final_norm_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
     final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
     del final_norm_alpha, u0
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-    # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
     u1 = final_norm_gain*final_norm_p + final_norm_bias
     return u1, (final_norm_beta, final_norm_p,)
 
@@ -745,24 +745,24 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\lambda^{(1)}}_{i,l}
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     final_norm_bias_bar = _einsum("bil->l", u1_bar)
-    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {P^{\mathrm{final\_norm}}}_{i,l} {\lambda^{(1)}}_{i,l}
+    # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
-    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\lambda^{(1)}}_{i,l}
+    # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     final_norm_p_bar = final_norm_gain*u1_bar
     del u1_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}
+    # t2[i] = Σ_k(P^final_norm[i, k])
     t2 = np.sum(final_norm_p, axis=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^final_norm[i, l])
     t3 = np.sum(final_norm_p_bar, axis=2)
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
-    # {\lambda^{(0)}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
+    # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
     return u0_bar, {

@@ -356,50 +356,50 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_b_2 = p["ffn.b_2"]
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
     norm1_alpha = torch.mean(u0, dim=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
     norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
     del norm1_alpha
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p + norm1_bias
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-    # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
     attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
     attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
     del attn_qkv
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
-    # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
     u1 = attn_out.add_(u0) if inference else attn_out + u0
     del attn_out, u0
 
     # --- substep 2: ffn, explicit on Proj(norm2) ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
     norm2_alpha = torch.mean(u1, dim=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
     norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
     del norm2_alpha
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = norm2_gain*norm2_p + norm2_bias
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
-    # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+    # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out, u1
     return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_w, ffn_s,)
@@ -433,131 +433,131 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     ffn_b_2 = p["ffn.b_2"]
 
     # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
-    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = {\lambda^{(2)}}_{i,l}
+    # F̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
-    # {\overline{W_{\mathrm{ffn},2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
     del ffn_s
-    # {\overline{b_{\mathrm{ffn},2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # b̅_{ffn,2}[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{\mathrm{ffn},2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*F̅^ffn[i, l])
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
     ffn_w_bar = (1/2 + torch.erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*torch.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
     del ffn_s_bar, ffn_w
-    # {\overline{W_{\mathrm{ffn},1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     del norm2_out
-    # {\overline{b_{\mathrm{ffn},1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # b̅_{ffn,1}[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
-    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{\mathrm{ffn},1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # L̅N̅^norm2[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     norm2_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     norm2_p_bar = norm2_gain*norm2_out_bar
     del norm2_out_bar
-    # {t_{1}}_{i} = \sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
     del t1
-    # {t_{2}}_{i} = \sum_{k} {P^{\mathrm{norm2}}}_{i,k}
+    # t2[i] = Σ_k(P^norm2[i, k])
     t2 = torch.sum(norm2_p, dim=2)
-    # {t_{3}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}
+    # t3[i] = Σ_l(P̅^norm2[i, l])
     t3 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
-    # {\lambda^{(1)}}_{i,l} = {\lambda^{(2)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
+    # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
     del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3, u2_bar
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = {\lambda^{(1)}}_{i,l}
+    # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
     del attn_o
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{j,m,e}
+    # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
     attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
     del attn_v
 
     # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
     del attn_a, chi
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-    # {t_{4}}_{m,i} = \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # t4[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     t4 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,j} = {\gamma^{\mathrm{attn}}}_{m,i,j} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,j} - {\gamma^{\mathrm{attn}}}_{m,i,j} \sum_{n} {\gamma^{\mathrm{attn}}}_{m,i,n} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,n}
+    # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
     del attn_gamma_bar, t4
-    # {\overline{V^{\mathrm{attn}}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,j,i} {\overline{O^{\mathrm{attn}}}}_{j,m,e}
+    # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
     attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
     del attn_gamma, attn_o_bar
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,j,i} {Q^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
     attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
     del attn_q
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{j} {\overline{a^{\mathrm{attn}}}}_{m,i,j} {K^{\mathrm{attn}}}_{j,m,e}}{\sqrt{N_{e}}}
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
     attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
     del attn_a_bar, attn_k
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
     del norm1_out
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = torch.einsum("bime->me", attn_q_bar)
-    # {t_{5}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e}
+    # t5[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e])
     t5 = torch.mm(attn_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     del attn_k_bar
-    # {t_{6}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # t6[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     t6 = torch.mm(attn_q_bar.reshape(-1, n_heads * d_head), attn_W_q.t()).view(batch, n_tokens, d)
     del attn_q_bar
-    # {t_{7}}_{i,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # t7[i, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     t7 = torch.mm(attn_v_bar.reshape(-1, n_heads * d_head), attn_W_v.t()).view(batch, n_tokens, d)
     del attn_v_bar
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} + \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{i,m,e}
+    # L̅N̅^norm1[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
     if need_u:
 
         # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-        # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+        # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
         norm1_p_bar = norm1_gain*norm1_out_bar
         del norm1_out_bar
-        # {t_{8}}_{i} = \sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
         t8 = torch.sum(norm1_p * norm1_p_bar, dim=2)
-        # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+        # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
         norm1_beta_bar = -t8/(2*(eps + norm1_beta))
         del t8
-        # {t_{9}}_{i} = \sum_{k} {P^{\mathrm{norm1}}}_{i,k}
+        # t9[i] = Σ_k(P^norm1[i, k])
         t9 = torch.sum(norm1_p, dim=2)
-        # {t_{10}}_{i} = \sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}
+        # t10[i] = Σ_l(P̅^norm1[i, l])
         t10 = torch.sum(norm1_p_bar, dim=2)
-        # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
-        # {\lambda^{(0)}}_{i,l} = {\lambda^{(1)}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+        # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
+        # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
         u0_bar = (-t10[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
         del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t10, t9, u1_bar
     return (u0_bar if need_u else None), {
@@ -897,49 +897,49 @@ class Block(_CanonicalModule):
             return out if self.batch_first else out.transpose(0, 1)
 
         # --- substep 1: attn, explicit on Proj(norm1) ---
-        # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-        # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-        # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-        # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+        # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
+        # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
+        # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
+        # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
         norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
-        # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        # {K^{\mathrm{attn}}}_{i,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
-        # {V^{\mathrm{attn}}}_{i,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {\mathrm{LN}^{\mathrm{norm1}}}_{i,k}
+        # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
+        # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
+        # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
         attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
         attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
         del attn_qkv, norm1_out
-        # {a^{\mathrm{attn}}}_{m,i,j} = \frac{\sum_{e} {K^{\mathrm{attn}}}_{j,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{e}}}
-        # {\gamma^{\mathrm{attn}}}_{m,i,j} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,j}} {\chi}_{i,j}}{\sum_{n} e^{{a^{\mathrm{attn}}}_{m,i,n}} {\chi}_{i,n}}
-        # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{j} {\gamma^{\mathrm{attn}}}_{m,i,j} {V^{\mathrm{attn}}}_{j,m,e}
+        # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+        # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+        # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
         attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
         del attn_k, attn_q, attn_v, chi
-        # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+        # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
         attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
         attn_out = _dropout(attn_out, dropout_p)
         del attn_o
-        # {u^{(1)}}_{i,l} = {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u^{(0)}}_{i,l}
+        # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
         u1 = attn_out.add_(u0) if inference else attn_out + u0
         del attn_out, u0
 
         # --- substep 2: ffn, explicit on Proj(norm2) ---
-        # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u^{(1)}}_{i,k}}{N_{y}}
-        # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,k}\right)^{2}}{N_{y}}
-        # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u^{(1)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-        # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+        # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
+        # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
+        # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
+        # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
         norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
-        # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+        # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         del norm2_out
-        # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+        # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
         ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
         ffn_s = _dropout(ffn_s, dropout_p)
         del ffn_w
-        # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+        # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
         ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
         ffn_out = _dropout(ffn_out, dropout_p)
         del ffn_s
-        # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
+        # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
         u2 = ffn_out.add_(u1) if inference else ffn_out + u1
         del ffn_out, u1
         if u.dim() == 2:
@@ -1019,11 +1019,11 @@ class Stack(_CanonicalModule):
         final_norm_bias = self.final_norm.bias
 
         # --- substep 1: final_norm, projection ---
-        # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {u^{(0)}}_{i,k}}{N_{y}}
-        # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,k}\right)^{2}}{N_{y}}
-        # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{final\_norm}}}_{i} + {u^{(0)}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-        # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
-        # {u^{(1)}}_{i,l} = {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l}
+        # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
+        # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
+        # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
+        # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+        # u^(1)[i, l] = LN^final_norm[i, l]
         u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
         del u0
         return u1

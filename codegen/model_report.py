@@ -1,87 +1,160 @@
-"""The derivation report of a model: from the continuous definitions to the emitted code."""
+"""A network's derivation report, one template for all: its program's ``Section``s (prose, stages, updates), code,
+checks and derived adjoint piece by piece; an operator kind's ``discretization`` is written where the kind first appears."""
 
 from __future__ import annotations
 
-import sympy as sp
+import re
+from collections import namedtuple
 
 from splitformer.symbolic import __version__
-from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_programs
-from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
+from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import equation_latex
+from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.latex import to_latex
-from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, PIXEL, ROWS
-from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridModelProgram, ModelProgram
-from splitformer.symbolic.projections import derive_relu_projection
+from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
+from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridModelProgram
 
 from .render import environment
+from .report import domain_rows
 
-__all__ = ["render_model_report", "render_grid_report", "render_cvt_report", "model_check_ids"]
+__all__ = ["render_network_report", "network_sections", "Section", "NetworkSections"]
 
-
-def model_check_ids(name: str, grid: bool = False) -> list[str]:
-    """The ``splitformer check`` ids that back a model's report, its derived adjoint's included."""
-    if grid:
-        return [f"{name}/translation-equivariance", f"{name}/batch-norm-affine", f"adjoint/{name}/finite-difference",
-                f"adjoint/{name}/negative-control"]
-    return [f"{name}/translation-equivariance", f"recovery/{name}/symbolic", f"recovery/{name}/numeric",
-            f"{name}/negative-controls", f"adjoint/{name}/finite-difference", f"adjoint/{name}/negative-control"]
+#: A section of a report: prose, then the stages it discretizes and loose assignments (updates), in order.
+Section = namedtuple("Section", "title text stages", defaults=("", ()))
+#: A network's sections, adjoint pieces (``(title, Adjoint)``, derived when called), note on them, checks, domains.
+NetworkSections = namedtuple("NetworkSections", "sections pieces note checks domains")
+_VISION = (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)
 
 
-def _positions(operator) -> list[str]:
-    positions = getattr(operator, "positions", dict)()
-    return [f"{to_latex(symbol)} = {to_latex(position)}" for symbol, position in positions.items()]
+def _model(model) -> NetworkSections:
+    spec, scheme = model.spec, model.spec.scheme
+    steps = "".join(f"\n- {record.title}: $ {record.rule} $" for record in model.step.records)
+    final = (rf", followed by the projection onto $S_1$ (Theorem 3.1 with LayerNorm's $\varepsilon$), then gain and "
+             rf"bias: $ {model.final.records[0].rule} $" if model.final else "")
+    sections = [Section("The continuous model", rf"""An initial-value problem for the master equation, then a readout:
+
+$$
+u(x, y, 0) = f(x, y), \qquad u_t = {equation_latex(scheme).removeprefix("u_t = ")}, \qquad
+\ell = \mathcal{{R}}[u(\cdot, \cdot, T)]:
+$$
+
+the initial condition $f$ is the embedding `{spec.embedding.key}`; $N_t$ steps of `{scheme.name}` ({scheme.activation})
+advance $u$ from $t = 0$ to $T = N_t \Delta t$; the readout $\mathcal{{R}}$ is `{spec.readout.key}`. The token domain is
+$\Omega_x = \{{x_{{\mathrm{{cls}}}}\}} \cup \Omega_{{\mathrm{{grid}}}}$, the patch grid
+$\Omega_{{\mathrm{{grid}}}} = \Omega_{{x_1}} \times \Omega_{{x_2}}$; its $N_x = 1 + N_1 N_2$ nodes are enumerated class
+node first, then the grid row by row (node $1 + N_2 p + q$). Attention integrates over all of $\Omega_x$ (its kernel
+does not depend on where a node lies): the steps are those of the one-dimensional token domain."""),
+                Section("The initial condition: patch embedding", rf"""The class node's value and the position term
+complete the patch embedding's $f$ to the initial condition:
+
+$$
+{TOKENS_LATEX}
+$$
+
+$$
+{TOKENS_DISCRETE}
+$$""", (model.embedding,)),
+                Section(f"The steps: `{scheme.name}` ({scheme.activation})", rf"""Each step is derived in its own
+report (`{scheme.module_name}.md`); its substeps are
+{steps}
+
+one per layer, with its own controls{final}. Attention's score scale is $|\Omega_e|^{{-1/2}} \Delta e = 1/\sqrt{{N_e}}$
+(feature grids of unit spacing), and the token spacing $\Delta x$ cancels in the softmax: the grid of patches and the
+class node enter only through the node set."""),
+                Section("The readout", stages=(model.readout,))]
+
+    def pieces():
+        adjoint = derive_model_adjoint(model)
+        return [("The readout", adjoint.readout), *[("The final projection", adjoint.final)][:bool(adjoint.final)],
+                ("One step (each layer)", adjoint.step), ("The initial condition and the embedding", adjoint.embedding)]
+    note = r"""The initial condition is written in index notation for this purpose: $t_{0,l} = c^{\mathrm{cls}}_{l}$,
+$t_{1 + N_2 p + q,\, l} = f_{p,q,l}$, $u^{(0)}_{i,l} = t_{i,l} + E_{i,l}$. The costate runs readout → final projection →
+steps (last first) → initial condition → patch embedding."""
+    return NetworkSections(sections, pieces, note, "{n}/translation-equivariance recovery/{n}/symbolic "
+                           "recovery/{n}/numeric {n}/negative-controls", _VISION)
 
 
-def render_model_report(model: ModelProgram) -> str:
-    """The Markdown report of ``model``."""
-    adjoint = derive_model_adjoint(model)
-    domains = [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
-               for domain in (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)]
-    template = environment().get_template("report/model.md.j2")
-    return template.render(
-        model=model, spec=model.spec, version=__version__, domains=domains, pixel=sp.latex(PIXEL),
-        embedding_positions=_positions(model.spec.embedding), readout_positions=_positions(model.spec.readout),
-        tokens=TOKENS_LATEX, tokens_discrete=TOKENS_DISCRETE, step_equation=equation_latex(model.spec.scheme),
-        checks=model_check_ids(model.spec.name), pieces=_adjoint_pieces(adjoint),
-    )
+def _grid(model) -> NetworkSections:
+    spec, circ = model.spec, r" \circ "
+    proj = (r"\mathrm{Proj}_{S_2}\big(", r"\big)") if spec.projection else ("", "")
+    transfer = rf"{circ.join(reversed(spec.transfer))}\ \text{{or}}\ R = " if spec.transfer else ""
+    sections = [Section("One step of the equation on the 2-D grid", rf"""The master equation on a 2-D grid
+$\Omega_x = \Omega_{{x_1}} \times \Omega_{{x_2}}$, the channels as the feature domain, no attention: the field composes
+integral operators with relative kernels of local support, per-channel affine maps and the projection onto $S_2$. One
+step, with $\Delta t = 1$ in the emitted code:
+
+$$
+u^{{+}} = {proj[0]}R\,u + \Delta t\, F(u){proj[1]}, \qquad F = {circ.join(reversed(spec.field))}, \qquad
+R = {transfer}\mathrm{{Id}}
+$$
+
+$R$ carries the state to the grid of $F(u)$: the identity when the grid and channels stay, otherwise a restriction (a
+strided $1\times 1$ convolution and an affine map: the projection shortcut)."""),
+                Section("The field $F$, operator by operator", stages=model.field),
+                Section("The transfer $R$", "" if model.transfer else "$R$ is the identity (the skip connection).",
+                        model.transfer),
+                Section("The update", stages=(model.update,) + ((model.projection,) if model.projection else ()))]
+    note = r"""The transfer is written as an assignment $(R u)_{l,p,q} = \dots$; ReLU's derivative is $[v > 0]$
+(subgradient $0$ at $0$); BatchNorm's statistics get gradients like any control."""
+    return NetworkSections(sections, lambda: [
+        (f"R = {' ∘ '.join(reversed(spec.transfer))}" if moved else "R = 1", derive_adjoint(grid_program(model, moved)))
+        for moved in (True, False)[not model.transfer:]], note, "{n}/translation-equivariance {n}/batch-norm-affine",
+        (CHANNELS, FEATURES, ROWS, COLS, KERNEL_ROWS))
 
 
-def _adjoint_pieces(adjoint) -> list[tuple[str, object]]:
-    """The model's derived adjoint, piece by piece in the order the costate runs."""
-    pieces = [("The readout", adjoint.readout)]
-    if adjoint.final is not None:
-        pieces.append(("The final projection", adjoint.final))
-    return pieces + [("One step (each layer)", adjoint.step), ("The initial condition and the patch embedding",
-                                                               adjoint.embedding)]
+def _cvt(model: CvtProgram) -> NetworkSections:
+    sections = [Section("One continuous model on successively coarser grids", r"""Stage $s$ has its own token grid
+$\Omega_s$ (coarser than $\Omega_{s-1}$) and feature domain $\Omega_{y,s}$ (wider); its initial condition is the
+previous stage's final state carried over by the **convolutional token embedding**, a strided convolution
+$\mathcal{K}_s$ (a restriction in space, a lifting in features, as in `unet-level`) and the projection onto $S_1$;
+$N_s$ pre-LN GELU steps advance $u_s$:
+
+$$
+u_s(\cdot, \cdot, 0) = \mathrm{Proj}_{S_1}\big(\mathcal{K}_s\, u_{s-1}(\cdot, \cdot, T_{s-1})\big), \qquad
+u^{(1)} = u + \Delta t\, \mathcal{A}^{\mathrm{conv}}\big(\mathrm{Proj}_{S_1}(u)\big), \qquad
+u^{(2)} = u^{(1)} + \Delta t\, \mathcal{F}\big(\mathrm{Proj}_{S_1}(u^{(1)})\big).
+$$
+
+The class node joins the token domain of the last stage only:
+$\Omega_x = \{x_{\mathrm{cls}}\} \cup \Omega_{\mathrm{grid}}$, class node first, then the grid row by row."""),
+                Section("The convolutional token embedding", stages=model.embedding),
+                Section("Attention with convolutional projections over a coarser quadrature grid", r"""Q, K and V are
+read from the projected state on the grid: a depth-wise convolution, BatchNorm, then point-wise affine maps (in the
+attention operator). The class node is not convolved: it joins each of Q, K, V as is.""",
+                        tuple(stage for pair in model.projections for stage in pair) + (model.attention,)),
+                Section("The rest of the step", stages=(model.norm1, model.norm2, model.ffn, *model.updates)),
+                Section("The readout", "The projection onto $S_1$ of the class node's final state, then the head.",
+                        model.readout)]
+    note = r"""Each program is a stage piece with the chaining between its operators written as assignments in index
+notation (`symbolic/cvt_adjoint.py`), the chaining's adjoint derived with the rest: the residual sums pass the costate
+on and add the field's; the projected tokens' grid $g_{l,p,q} = n_{o + N_2 p + q,\,l}$ ($o = 1$ with the class node,
+else $0$) and the token concatenations $q^{\mathrm{in}}_{0,l} = n_{0,l}$,
+$q^{\mathrm{in}}_{o + N_2 p + q,\,l} = \mathcal{B}_{l,p,q}$ (K and V on the key grid $(f, h)$ of $N^k_1 \times N^k_2$
+points) have their transposes as adjoints (`_place_rows`); the class node joins unconvolved ($u_{0,l} = c_l$): its
+gradient is node 0's costate summed over the batch. The costate runs readout → class node and grid → stages (last first): steps (last first) → token
+embedding → the previous stage's grid; the costates of `forward`'s two outputs (grid, class node) add up."""
+    return NetworkSections(sections, lambda: [
+        (f"`{name}` (its output's costate → that of `{piece.input}`)", derive_adjoint(piece.program))
+        for name, piece in reversed(cvt_programs(model).items())], note, "{n}/translation-equivariance "
+        "{n}/batch-norm-affine {n}/key-spacing {n}/score-scale recovery/{n}/symbolic recovery/{n}/numeric", _VISION)
 
 
-def render_grid_report(model: GridModelProgram) -> str:
-    """The Markdown report of a grid step (``resnet-block``, ``unet-level``)."""
-    domains = [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
-               for domain in (CHANNELS, FEATURES, ROWS, COLS, KERNEL_ROWS)]
-    operators = [{"key": key, "kind": operator.kind, "positions": _positions(operator),
-                  "options": {name: getattr(operator, name) for name in ("kernel", "stride", "padding", "inputs", "outputs")
-                              if hasattr(operator, name)}}
-                 for key, operator in model.spec.operators.items()]
-    template = environment().get_template("report/grid_model.md.j2")
-    pieces = [(f"R = {' ∘ '.join(reversed(model.spec.transfer))}" if transfer else "R = 1",
-               derive_adjoint(grid_program(model, transfer)))
-              for transfer in ((True, False) if model.transfer else (False,))]
-    return template.render(model=model, spec=model.spec, version=__version__, domains=domains, operators=operators,
-                           relu=derive_relu_projection().steps, checks=model_check_ids(model.spec.name, grid=True),
-                           pieces=pieces)
+def network_sections(program) -> NetworkSections:
+    """The sections of a derived network (``ModelProgram``, ``GridModelProgram`` or ``CvtProgram``)."""
+    return (_cvt if isinstance(program, CvtProgram) else _grid if isinstance(program, GridModelProgram) else _model)(program)
 
 
-def render_cvt_report(model: CvtProgram) -> str:
-    """The Markdown report of the multiscale model ``cvt``."""
-    template = environment().get_template("report/cvt.md.j2")
-    pieces = [(name, piece.input, derive_adjoint(piece.program))
-              for name, piece in reversed(cvt_programs(model).items())]
-    return template.render(model=model, version=__version__, pieces=pieces,
-                           checks=[f"{model.name}/translation-equivariance", f"{model.name}/batch-norm-affine",
-                                   f"{model.name}/key-spacing", f"{model.name}/score-scale",
-                                   f"recovery/{model.name}/symbolic", f"recovery/{model.name}/numeric",
-                                   f"adjoint/{model.name}/finite-difference", f"adjoint/{model.name}/negative-control"])
+def render_network_report(program, numpy_source: str) -> str:
+    """The Markdown report of a derived network; ``numpy_source``: its NumPy module, whose functions the report lists."""
+    network, spec = network_sections(program), getattr(program, "spec", program)
+    stages = [stage for section in network.sections for stage in section.stages if hasattr(stage, "operator")]
+    positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
+                                                  getattr(s.operator, "positions", dict)().items()) for s in stages}
+    return environment().get_template("report/network.md.j2").render(
+        name=spec.name, module=spec.module_name, summary=spec.summary, version=__version__, sections=network.sections,
+        positions=positions, domains=domain_rows(network.domains), checks=network.checks.format(n=spec.name).split(),
+        pieces=network.pieces(), note=network.note, batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
+        functions=re.findall(r"^def ([a-z]\w*\(.*\)):$", numpy_source, re.M))

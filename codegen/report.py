@@ -18,7 +18,7 @@ from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 from .render import environment
 from .report_adjoint import adjoint_context
 
-__all__ = ["render_report", "check_ids"]
+__all__ = ["render_report", "check_ids", "domain_rows"]
 
 
 def _tableaux(sequence: Sequence) -> list[dict]:
@@ -91,6 +91,11 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
+def domain_rows(domains) -> list[tuple[str, str, str, str]]:
+    """The rows of a report's domain table: LaTeX, meaning, grid points, name in code."""
+    return [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name) for domain in domains]
+
+
 def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None, *, order) -> str:
     """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot.
 
@@ -116,10 +121,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
             "steps": derive_relu_projection().steps,
             "extra": "The problem separates pointwise, so this scalar derivation is the whole projection.",
         })
-    domains = [
-        (domain.latex, domain.description, sp.latex(domain.size), domain.code_name)
-        for domain in (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN)
-    ]
+    domains = domain_rows((TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN))
     plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
     return template.render(

@@ -68,6 +68,10 @@ class Convolution(_GridOperator):
     stride: object = 1
     padding: int = 0
     kind: ClassVar[str] = "convolution"
+    discretization: ClassVar[str] = r"""A convolution reads a field on a grid of spacing $h$; with stride $S$ it
+writes on the grid of spacing $S h$ and samples its kernel's support at $\sigma = h (r - \text{padding})$: the field
+read at $x + \sigma$ is read at index $(x + \sigma)/h = S p + r - \text{padding}$ (zero outside the grid). Its kernel
+is **relative** ($k(\tilde x - x)$) with **local support**, and absorbs $h$: the spacing cancels."""
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{K}"
 
@@ -107,6 +111,8 @@ class TransposedConvolution(_GridOperator):
 
     kernel: int = 2
     kind: ClassVar[str] = "transposed-convolution"
+    discretization: ClassVar[str] = r"""A transposed convolution with kernel = stride $= S$ writes on the grid of
+spacing $h/S$: the fine node $x + \sigma$, $\sigma = (h/S) r$, has index $S p + r$ and exactly one coarse node $x$."""
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{P}"
 
@@ -149,6 +155,9 @@ class BatchNorm(_GridOperator):
     """BatchNorm in inference mode: derived to be the per-channel affine map ``a u + c``."""
 
     kind: ClassVar[str] = "batch-norm"
+    discretization: ClassVar[str] = r"""BatchNorm in inference mode is not a projection: its statistics are frozen,
+and $\gamma (u - \mu)/\sqrt{v + \varepsilon} + \beta$ is, collected in $u$, the per-channel affine map
+$a(y) u + c(y)$."""
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{B}"
 
@@ -183,6 +192,12 @@ class ReluProjection(_GridOperator):
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_2}"
     is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_2"
+
+    @property
+    def discretization(self) -> str:
+        """ReLU's derivation from the KKT conditions, step by step."""
+        return "ReLU is the projection onto $S_2 = \\{u \\ge 0\\}$, derived from its KKT conditions:\n\n" + "\n".join(
+            f"{n}. {text}: $ {latex} $" for n, (text, latex) in enumerate(derive_relu_projection().steps, 1))
 
     def parameters(self) -> tuple[Parameter, ...]:
         return ()

@@ -48,6 +48,8 @@ class DepthwiseConvolution(Operator):
     stride: object = 1
     padding: object = 1
     kind: ClassVar[str] = "depthwise-convolution"
+    discretization: ClassVar[str] = (r"A depth-wise convolution: one relative kernel $W(\sigma, y)$ per channel, local"
+                                     " support, no channel integral.")
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{K}^{\mathrm{dw}}"
 
@@ -79,6 +81,13 @@ class ConvolutionalAttention(Operator):
     """Attention from query nodes ``x`` to key nodes ``x̃ ∈ Ω_k``; score scale ``|Ω_y|^{-1/2}``."""
 
     kind: ClassVar[str] = "convolutional-attention"
+    discretization: ClassVar[str] = r"""K and V use stride `stride_kv`: their nodes $\tilde x \in \Omega_k$ (the
+class node and the grid of spacing $S_{kv} \Delta x$) form a coarser quadrature grid of the same integral
+$\int \gamma(x, \tilde x) V(\tilde x)\, d\tilde x$; the kernel absorbs $\Delta k$, which cancels in the softmax as
+$\Delta x$ does on the fine grid, whatever the stride. **The score scale.** HF's `CvtSelfAttention` scales by
+`embed_dim ** -0.5`: the measure of the whole feature domain, $a = |\Omega_y|^{-1/2} \int_{\Omega_e} Q\,K\, de$ with
+$|\Omega_y| = |\Omega_h|\,|\Omega_e|$, at unit spacing $1/\sqrt{N_y} = 1/\sqrt{d}$. ViT's attention uses the head's,
+$|\Omega_e|^{-1/2} = 1/\sqrt{d/H}$: the two differ by $|\Omega_h|^{-1/2} = 1/\sqrt{H}$ and agree only with one head."""
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{A}^{\mathrm{conv}}"
 

@@ -127,6 +127,8 @@ class Operator:
     #: An integer option (a field) that a head must be at least as wide as, in features (``rotary_dim``: the
     #: angles are an ``R``-feature embedding's); emitted code refuses narrower heads. ``""``: none.
     head_width_option: ClassVar[str] = ""
+    #: How the kind is discretized on a network's grids (Markdown; a network's report writes it once).
+    discretization: ClassVar[str] = ""
 
     def parameters(self) -> tuple[Parameter, ...]:
         raise NotImplementedError

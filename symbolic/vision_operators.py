@@ -38,6 +38,10 @@ class PatchEmbedding(Operator):
     """
 
     kind: ClassVar[str] = "patch-embedding"
+    discretization: ClassVar[str] = r"""The image $I(c, \rho)$ lives on the image plane with pixel spacing
+$\Delta$ and channels $\Omega_c$; the kernel is supported on the patch after $x$, so the token grid is the pixel grid
+coarsened by the patch size $P$ (stride $= P$) and the patch offsets are pixels. The image read at $x + \sigma$ is read
+at the index $(x + \sigma)/\Delta$; the kernel absorbs $\Delta^2 \Delta c$, and $\Delta$ cancels."""
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{E}"
 
@@ -80,6 +84,8 @@ class ClassTokenHead(Operator):
     """
 
     kind: ClassVar[str] = "class-token-head"
+    discretization: ClassVar[str] = (r"The class node is node $0$ of the token domain (HF averages over the one class"
+                                     " token: the same).")
     model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{R}"
 

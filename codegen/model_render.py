@@ -39,7 +39,9 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     return template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
         computes=network_fingerprint(model.spec), embedding=embedding["run"], block=step, final=final,
-        readout=readout["run"], vjp=vjp,
+        readout=readout["run"], vjp=vjp, head={"name": readout["run"]["parameters"][0]["name"], "programs": ["readout"]},
+        adjoints={"embedding": "embedding_vjp", "step": "step_adjoint", **({"final_norm": "final_adjoint"} if final else {}),
+                  "readout": "readout_vjp"},
         uses=_uses([embedding, readout, vjp["step"], *([vjp["final"]] if final else [])])
         | step["uses"] | (final["uses"] if final else set()),
     )
@@ -80,7 +82,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
         transfer={"parameters": transfer,
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        uses=_uses(vjp.values()), vjp=vjp,
+        uses=_uses(vjp.values()), vjp=vjp, head=None, adjoints={f"step_{name}": f"step_{name}_vjp" for name in vjp},
     )
 
 
@@ -96,5 +98,6 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         stage_parameters=programs["embedding"]["run"]["parameters"],
         layer_parameters=programs["step"]["run"]["parameters"],
         head_parameters=programs["readout"]["run"]["parameters"],
-        uses=_uses(programs.values()), vjp=programs,
+        uses=_uses(programs.values()), vjp=programs, head={"name": "head.W", "programs": ["node", "readout"]},
+        adjoints={name: f"{name}_vjp" for name in programs},
     )

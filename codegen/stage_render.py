@@ -25,7 +25,7 @@ from .program_lowering import lower_program, optimized
 __all__ = ["stage_context", "program_context"]
 
 #: Configuration values (``config[name]``) and grid sizes the emitted statements may read.
-CONFIG_NAMES = ("d", "n_heads", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
+CONFIG_NAMES = ("d", "n_heads", "stride", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
                 "patch_stride", "patch_padding", "n_rows", "n_cols", "n_rows_kv", "n_cols_kv", "n_tokens", "n_memory")
 
 

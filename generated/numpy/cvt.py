@@ -189,24 +189,9 @@ def _grid_sizes(config, n_rows, n_cols):
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
-def _stages(u, tables, eps):
-    """Every stage in turn, from its (parameters, configuration, steps' parameters): its token embedding (the
-    class node joining in the last), its steps, its grid.
-
-    Returns what each stage kept (its input, parameters, configuration, steps' parameters and inputs, last
-    tokens), the last stage's grid and its class node's final state (None when it has none).
-    """
-    kept = []
-    for top, config, layers in tables:
-        tokens, inputs = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps), []
-        for layer in layers:
-            inputs.append(tokens)
-            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, eps)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
-    return kept, u, (_node(tokens, {}, config, eps) if config["cls"] else None)
-
-
+def _outputs(config):
+    """The programs reading the last stage's tokens (function, configuration): its grid, its class node (if any)."""
+    return ((_grid_cls, config), (_node, config)) if config["cls"] else ((_grid, config),)
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
@@ -528,6 +513,17 @@ def _integer(name, value, least):
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
     return int(value)
+
+
+def _head(params, config, dtype):
+    """The readout as programs of the chain (node, readout), its parameters checked."""
+    if not config["cls"]:
+        raise ValueError("logits need a class node in the last stage (cls=True)")
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
+    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
+    return [(_node, {}, config, ""), (_readout, table, config, "")]
 
 
 def _embedding(u0, p, config, eps):
@@ -1048,11 +1044,12 @@ def _readout(cls, p, config, eps):
 
 
 def _checked(pixel_values, params, stages, eps):
-    """The image as an array and each stage's parameters, configuration and steps' parameters, all checked
-    before any work."""
+    """The image as an array and the programs the forward chains (``_chain``): each stage's token embedding (the
+    class node joining in the last), its steps, its grid (the next stage's input); their parameters, configuration
+    and prefix of the parameters' names, all checked before any work."""
     u = _input("pixel_values", pixel_values, params, eps)
     stages = _stage_configs(stages)
-    tables, n_channels = [], u.shape[1]
+    links, n_channels = [], u.shape[1]
     for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, u.shape[2], u.shape[3]))):
         prefix = f"stages.{index}."
         if prefix + "embed.W" not in params:
@@ -1062,39 +1059,33 @@ def _checked(pixel_values, params, stages, eps):
                  "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
         if d % config["n_heads"]:
             raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
+        if index:  # the previous stage's grid
+            links.append((_grid, {}, links[-1][2], ""))
         config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
         top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
                      u.dtype, prefix)
-        layers = []
-        while f"{prefix}layers.{len(layers)}.attn.W_q" in params:
-            layers.append(_table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{len(layers)}."))
-        tables.append((top, config, layers))
+        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
+        n = 0
+        while f"{prefix}layers.{n}.attn.W_q" in params:
+            p = _table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{n}.")
+            links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
+            n += 1
         n_channels = d
-    return u, tables
-
-
-def _head(params, cls):
-    """The readout's parameters, checked."""
-    if "head.W" not in params:
-        raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": cls.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
-    return _table(params, HEAD_PARAMETERS, sizes, cls.dtype)
+    return u, links
 
 
 def forward(pixel_values, params, *, stages, eps=1e-5):
     """Final hidden states of the last stage (grid layout) and the class node's state."""
-    u, tables = _checked(pixel_values, params, stages, eps)
-    _, hidden, cls = _stages(u, tables, eps)
-    return hidden, cls
+    u, links = _checked(pixel_values, params, stages, eps)
+    tokens = _chain(u, links, eps)[-1]
+    hidden, *cls = (function(tokens, {}, config, eps) for function, config in _outputs(links[-1][2]))
+    return hidden, (cls or [None])[0]
 
 
 def logits(pixel_values, params, *, stages, eps=1e-5):
     """The readout: the class node's final state, projected onto S_1, through the linear head."""
-    u, tables = _checked(pixel_values, params, stages, eps)
-    kept, _, cls = _stages(u, tables, eps)
-    if cls is None:
-        raise ValueError("logits need a class node in the last stage (cls=True)")
-    return _readout(cls, _head(params, cls), kept[-1][2], eps)
+    u, links = _checked(pixel_values, params, stages, eps)
+    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)[-1]
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -2180,34 +2171,43 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
 
 
 
-def _costate_of_tokens(tokens, seed_grid, seed_cls, config, eps):
-    """The costate of the last stage's tokens: the adjoint of its grid output, plus that of its class node
-    (when seeded; the two outputs read disjoint token nodes)."""
-    seeds = []
-    if seed_grid is not None:
-        seeds.append((_grid_cls_vjp if config["cls"] else _grid_vjp)(tokens, seed_grid, {}, config, eps)[0])
-    if seed_cls is not None:
-        seeds.append(_node_vjp(tokens, seed_cls, {}, config, eps)[0])
-    return sum(seeds[1:], seeds[0])
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _embedding: _embedding_vjp,
+    _embedding_cls: _embedding_cls_vjp,
+    _step: _step_vjp,
+    _step_cls: _step_cls_vjp,
+    _grid: _grid_vjp,
+    _grid_cls: _grid_cls_vjp,
+    _node: _node_vjp,
+    _readout: _readout_vjp,
+}
 
 
-def _reverse(kept, seed, eps):
-    """The costate of the last stage's tokens, backwards through the stages kept by the forward (last
-    first): each step (last first), the token embedding, the previous stage's grid → (∂J/∂image, gradients)."""
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
+    return states
+
+
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for index in reversed(range(len(kept))):
-        u, top, config, layers, inputs, _ = kept[index]
-        prefix = f"stages.{index}."
-        step_vjp, embedding_vjp = (_step_cls_vjp, _embedding_cls_vjp) if config["cls"] else (_step_vjp, _embedding_vjp)
-        for n in reversed(range(len(layers))):
-            seed, step_grads = step_vjp(inputs[n], seed, layers[n], config, eps)
-            grads.update({f"{prefix}layers.{n}.{name}": value for name, value in step_grads.items()})
-        seed, more = embedding_vjp(u, seed, top, config, eps)
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
-        if index:  # the stage convolved the previous stage's grid
-            _, _, previous, _, _, tokens = kept[index - 1]
-            seed, _ = _grid_vjp(tokens, seed, {}, previous, eps)
     return seed, grads
+
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
 def _costate(name, value, shape, dtype):
@@ -2229,14 +2229,17 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     forward keeps each stage's input, each step's input and each stage's last tokens; a
     program's activations are recomputed when its adjoint runs.
     """
-    u, tables = _checked(pixel_values, params, stages, eps)
-    kept, hidden, cls = _stages(u, tables, eps)
-    seed_grid = _costate("grad_out", grad_out, hidden.shape, u.dtype)
-    if cls is None and grad_cls is not None:
+    u, links = _checked(pixel_values, params, stages, eps)
+    config = links[-1][2]
+    if not config["cls"] and grad_cls is not None:
         raise ValueError("grad_cls given, but the last stage has no class node")
-    seed_cls = None if grad_cls is None else _costate("grad_cls", grad_cls, cls.shape, u.dtype)
-    seed = _costate_of_tokens(kept[-1][5], seed_grid, seed_cls, kept[-1][2], eps)
-    grad_image, grads = _reverse(kept, seed, eps)
+    shape = (u.shape[0], config["d"], config["n_rows"], config["n_cols"])
+    seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
+    if grad_cls is not None:
+        seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, config["d"]), u.dtype))
+    states = _chain(u, links, eps)
+    seed = _costate_of_tokens(states[-1], _outputs(config), seeds, eps)
+    grad_image, grads = _reverse(links, states, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}
 
 
@@ -2245,14 +2248,8 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
 
     ``grad_logits`` is the costate of the logits (batch, n_classes).
     """
-    u, tables = _checked(pixel_values, params, stages, eps)
-    kept, _, cls = _stages(u, tables, eps)
-    if cls is None:
-        raise ValueError("logits need a class node in the last stage (cls=True)")
-    head = _head(params, cls)
-    seed = _costate("grad_logits", grad_logits, (cls.shape[0], head["head.W"].shape[-1]), u.dtype)
-    seed_cls, grads = _readout_vjp(cls, seed, head, kept[-1][2], eps)
-    seed = _costate_of_tokens(kept[-1][5], None, seed_cls, kept[-1][2], eps)
-    grad_image, rest = _reverse(kept, seed, eps)
-    grads |= rest
+    u, links = _checked(pixel_values, params, stages, eps)
+    links += _head(params, links[-1][2], u.dtype)
+    seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
+    grad_image, grads = _reverse(links, _chain(u, links, eps), seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}

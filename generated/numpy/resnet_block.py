@@ -234,8 +234,9 @@ def _prepare(u, params, stride, eps):
     return u0, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
 
 
-def _step_with(u0, p, stride, eps):
+def _step_with(u0, p, config, eps):
     """The step_with program: its assignments, the chaining between operators included, in order."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -303,8 +304,9 @@ def _step_with(u0, p, stride, eps):
     return relu2_out
 
 
-def _step_identity(u0, p, stride, eps):
+def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -358,7 +360,7 @@ def _step_identity(u0, p, stride, eps):
 def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
     u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    return (_step_with if has_transfer else _step_identity)(u0, p, stride, eps)
+    return (_step_with if has_transfer else _step_identity)(u0, p, {"stride": stride}, eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -395,8 +397,9 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
-def _step_with_vjp(u0, relu2_out_bar, p, stride, eps):
+def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     """The derived adjoint of the step_with program: the costate of its output → (costate of u0, gradients)."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -613,8 +616,9 @@ def _step_with_vjp(u0, relu2_out_bar, p, stride, eps):
 
 
 
-def _step_identity_vjp(u0, relu2_out_bar, p, stride, eps):
+def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -778,4 +782,4 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     BatchNorm's statistics ``mean``, ``var`` get their gradients too.
     """
     u0, p, has_transfer, shape = _prepare(u, params, stride, eps)
-    return (_step_with_vjp if has_transfer else _step_identity_vjp)(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, stride, eps)
+    return (_step_with_vjp if has_transfer else _step_identity_vjp)(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, {"stride": stride}, eps)

@@ -218,7 +218,7 @@ def _prepare(u, params, stride, eps):
     return u0, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
 
 
-def _step_identity(u0, p, stride, eps):
+def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
     down_W = p["down.W"]
     down_b = p["down.b"]
@@ -268,7 +268,7 @@ def _step_identity(u0, p, stride, eps):
 def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
     u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    return _step_identity(u0, p, stride, eps)
+    return _step_identity(u0, p, {"stride": stride}, eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -305,7 +305,7 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
-def _step_identity_vjp(u0, u1_bar, p, stride, eps):
+def _step_identity_vjp(u0, u1_bar, p, config, eps):
     """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     down_W = p["down.W"]
     down_b = p["down.b"]
@@ -434,4 +434,4 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     BatchNorm's statistics ``mean``, ``var`` get their gradients too.
     """
     u0, p, has_transfer, shape = _prepare(u, params, stride, eps)
-    return _step_identity_vjp(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, stride, eps)
+    return _step_identity_vjp(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, {"stride": stride}, eps)

@@ -381,8 +381,18 @@ def _integer(name, value, least):
     return int(value)
 
 
-def _config(pixel_values, params, patch_size, n_heads, eps, image_size):
-    """The image as an array and the sizes of every axis, from the image, the configuration and the parameters."""
+def _head(params, config, dtype):
+    """The readout as programs of the chain (readout), its parameters checked."""
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
+    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
+    return [(_readout, table, config, "")]
+
+
+def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
+    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of
+    every axis checked before any work."""
     image = _input("pixel_values", pixel_values, params, eps)
     if image_size is not None and tuple(image.shape[2:]) != tuple(image_size):
         raise ValueError(f"pixel_values has size {image.shape[2:]}, the model {tuple(image_size)} (no interpolation)")
@@ -408,11 +418,14 @@ def _config(pixel_values, params, patch_size, n_heads, eps, image_size):
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
-    return image, {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
-                   "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads, "layers": layers}
+    sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
+             "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
+    top = _table(params, PARAMETERS, sizes, image.dtype)
+    return image, _links(top, [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.")
+                               for n in range(layers)], sizes)
 
 
-def _embedding(image, p, config):
+def _embedding(image, p, config, eps):
     """The embedding program: its assignments, the chaining between operators included, in order."""
     patch_size = config["patch_size"]
     embed_W = p["embed.W"]
@@ -439,7 +452,7 @@ def _embedding(image, p, config):
     return u0
 
 
-def _readout(u, p):
+def _readout(u, p, config, eps):
     """The readout program: its assignments, the chaining between operators included, in order."""
     head_W = p["head.W"]
     head_b = p["head.b"]
@@ -456,8 +469,9 @@ def _readout(u, p):
     return head_logits
 
 
-def _step(u0, p, n_heads, eps):
+def _step(u0, p, config, eps):
     """One step of pre-ln (gelu) on the token domain."""
+    n_heads = config["n_heads"]
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -531,7 +545,8 @@ def _step(u0, p, n_heads, eps):
     return u2
 
 
-def _final_norm(u0, p, eps):
+def _final_norm(u0, p, config, eps):
+    """The final projection."""
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -546,23 +561,23 @@ def _final_norm(u0, p, eps):
     return u1
 
 
+def _links(top, layers, config):
+    """The programs the forward chains (``_chain``), with their parameters, configuration and the prefix of
+    the parameters' names: the embedding, one step per layer, the final projection."""
+    steps = [(_step, p, config, f"layers.{n}.") for n, p in enumerate(layers)]
+    return [(_embedding, top, config, ""), *steps, (_final_norm, top, config, "")]
+
+
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The final hidden states: embedding, one step per layer, the final projection."""
-    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
-    u = _embedding(image, _table(params, PARAMETERS, sizes, image.dtype), sizes)
-    for n in range(sizes["layers"]):
-        u = _step(u, _table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}."), n_heads, eps)
-    u = _final_norm(u, _table(params, PARAMETERS, sizes, image.dtype), eps)
-    return u
+    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    return _chain(image, links, eps)[-1]
 
 
 def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The readout of ``forward``: the class node's state through the linear head."""
-    u = forward(pixel_values, params, patch_size=patch_size, n_heads=n_heads, eps=eps, image_size=image_size)
-    if "head.W" not in params:
-        raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": u.shape[-1], "n_classes": np.shape(params["head.W"])[-1]}
-    return _readout(u, _table(params, HEAD_PARAMETERS, sizes, u.dtype))
+    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)[-1]
 
 
 def _rows(field, axis, offset, sizes):
@@ -901,7 +916,20 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
 
 
 
-def _embedding_vjp(image, u0_bar, p, config):
+def _step_adjoint(u, seed, p, config, eps):
+    """The step's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
+    _, saved = _step_vjp_forward(u, p, None, eps, config["n_heads"])
+    return _step_vjp_backward(saved, seed, p, None, eps, config["n_heads"])
+
+
+def _final_adjoint(u, seed, p, config, eps):
+    """The final's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
+    _, saved = _final_vjp_forward(u, p, None, eps, 1)
+    return _final_vjp_backward(saved, seed, p, None, eps, 1)
+
+
+
+def _embedding_vjp(image, u0_bar, p, config, eps):
     """The derived adjoint of the embedding program: the costate of its output → (costate of image, gradients)."""
     patch_size = config["patch_size"]
     n_rows = config["n_rows"]
@@ -940,7 +968,7 @@ def _embedding_vjp(image, u0_bar, p, config):
 
 
 
-def _readout_vjp(u, head_logits_bar, p):
+def _readout_vjp(u, head_logits_bar, p, config, eps):
     """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
 
@@ -968,30 +996,40 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
-def _inputs(image, top, layers, config, n_heads, eps):
-    """Each step's input, then the last step's output: the embedding, then one step per layer."""
-    states = [_embedding(image, top, config)]
-    for p in layers:
-        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _embedding: _embedding_vjp,
+    _step: _step_adjoint,
+    _final_norm: _final_adjoint,
+    _readout: _readout_vjp,
+}
+
+
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
     return states
 
 
-def _backward(image, top, layers, states, seed, config, n_heads, eps):
-    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
-    first) and the embedding → (∂J/∂image, gradients by canonical name).
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
+    grads = {}
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed, grads
 
-    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
-    """
-    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
-    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
-    for n in reversed(range(len(layers))):
-        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
-        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
-        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
-    grads.update(embedding_grads)
-    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
-    return grad_image, {name: grads[name] for name in order}
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
 def _costate(name, value, shape, dtype):
@@ -1011,11 +1049,11 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     the costate runs back through the final projection, the steps (last first) and the
     embedding (report §7). The head's parameters are not read (``vjp_logits`` does).
     """
-    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
-    top = _table(params, PARAMETERS, sizes, image.dtype)
-    layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
+    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    sizes = links[0][2]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    return _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes, n_heads, eps)
+    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
+    return grad_image, {name: grads[name] for name in params if name in grads}
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1024,16 +1062,8 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    image, sizes = _config(pixel_values, params, patch_size, n_heads, eps, image_size)
-    if "head.W" not in params:
-        raise ValueError("missing parameter 'head.W'")
-    sizes["n_classes"] = np.shape(params["head.W"])[-1]
-    head = _table(params, HEAD_PARAMETERS, sizes, image.dtype)
-    seed = _costate("grad_logits", grad_logits, (image.shape[0], sizes["n_classes"]), image.dtype)
-    u = forward(image, params, patch_size=patch_size, n_heads=n_heads, eps=eps)
-    seed, grads_head = _readout_vjp(u, seed, head)
-    top = _table(params, PARAMETERS, sizes, image.dtype)
-    layers = [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.") for n in range(sizes["layers"])]
-    grad_image, grads = _backward(image, top, layers, _inputs(image, top, layers, sizes, n_heads, eps), seed, sizes,
-                                  n_heads, eps)
-    return grad_image, {**grads, **grads_head}
+    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    links += _head(params, links[-1][2], image.dtype)
+    seed = _costate("grad_logits", grad_logits, (image.shape[0], links[-1][1]["head.W"].shape[-1]), image.dtype)
+    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
+    return grad_image, {name: grads[name] for name in params if name in grads}

@@ -143,24 +143,9 @@ def _grid_sizes(config, n_rows, n_cols):
             "n_tokens": node + n_rows * n_cols, "n_memory": node + size(n_rows) * size(n_cols)}
 
 
-def _stages(u, tables, eps):
-    """Every stage in turn, from its (parameters, configuration, steps' parameters): its token embedding (the
-    class node joining in the last), its steps, its grid.
-
-    Returns what each stage kept (its input, parameters, configuration, steps' parameters and inputs, last
-    tokens), the last stage's grid and its class node's final state (None when it has none).
-    """
-    kept = []
-    for top, config, layers in tables:
-        tokens, inputs = (_embedding_cls if config["cls"] else _embedding)(u, top, config, eps), []
-        for layer in layers:
-            inputs.append(tokens)
-            tokens = (_step_cls if config["cls"] else _step)(tokens, layer, config, eps)
-        kept.append((u, top, config, layers, inputs, tokens))
-        u = (_grid_cls if config["cls"] else _grid)(tokens, {}, config, eps)
-    return kept, u, (_node(tokens, {}, config, eps) if config["cls"] else None)
-
-
+def _outputs(config):
+    """The programs reading the last stage's tokens (function, configuration): its grid, its class node (if any)."""
+    return ((_grid_cls, config), (_node, config)) if config["cls"] else ((_grid, config),)
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
@@ -419,6 +404,11 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
     string of any size."""
@@ -438,11 +428,6 @@ def _initialize(module, init, default):
         for name, tensor in module.named_parameters():
             attribute = name.rsplit(".", 1)[1]
             init.get(attribute, init.get(attribute[0], default))(tensor)
-
-
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: getattr(getattr(module, name.split(".")[0]), name.split(".")[1]) for name in table}
 
 
 def _embedding(u0, p, config, eps):
@@ -940,96 +925,21 @@ def _readout(cls, p, config, eps):
     return head_logits
 
 
-def _tables(model, u):
-    """Each stage's parameters, configuration (its grid's sizes included) and steps' parameters."""
-    tables = []
-    for stage, (n_rows, n_cols) in zip(model.stages, _stage_grids([stage.config for stage in model.stages], *u.shape[2:])):
-        top = _table(stage, STAGE_PARAMETERS)
+def _links(model, u):
+    """The programs the forward chains (``_chain``): each stage's token embedding (the class node joining in the
+    last), its steps, its grid (the next stage's input); their parameters, configuration and prefix of names."""
+    links = []
+    for index, (stage, (n_rows, n_cols)) in enumerate(zip(model.stages, _stage_grids([stage.config for stage in model.stages], *u.shape[2:]))):
+        if index:  # the previous stage's grid
+            links.append((_grid, {}, links[-1][2], ""))
+        top, prefix = _table(stage, STAGE_PARAMETERS), f"stages.{index}."
         config = _grid_sizes({**stage.config, "d": top["embed.W"].shape[-1]}, n_rows, n_cols)
         if config["cls"]:
             top["cls"] = stage.cls
-        tables.append((top, config, [_table(step, LAYER_PARAMETERS) for step in stage.layers]))
-    return tables
-
-
-class _Step(torch.nn.Module):
-    """The parameters of one pre-LN GELU step with convolutional projections."""
-
-    def __init__(self, sizes, factory):
-        super().__init__()
-        _group(self, LAYER_PARAMETERS, sizes, factory)
-
-
-class _Stage(torch.nn.Module):
-    """The parameters of a stage: its token embedding, its class node (last stage), its steps."""
-
-    def __init__(self, sizes, depth, config, factory):
-        super().__init__()
-        self.config = dict(config)
-        _group(self, STAGE_PARAMETERS, sizes, factory)
-        if config["cls"]:
-            self.register_parameter("cls", torch.nn.Parameter(torch.empty(sizes["d"], **factory)))
-        self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(depth))
-
-
-class Model(torch.nn.Module):
-    """The cvt model; parameters carry their canonical names."""
-
-    def __init__(self, n_channels, embed_dims, depths, d_ffs, stages, n_classes=0, eps=1e-5, device=None, dtype=None,
-                 backward="autograd"):
-        super().__init__()
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
-        self.backward = backward
-        stages = _stage_configs(stages)
-        for name, sizes in (("embed_dims", embed_dims), ("depths", depths), ("d_ffs", d_ffs)):
-            if isinstance(sizes, Mapping) or not isinstance(sizes, (list, tuple)):
-                raise TypeError(f"{name} must be a list with one int per stage, got {type(sizes).__name__}")
-            for index, size in enumerate(sizes):
-                _integer(f"{name}[{index}]", size, 1)
-        if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
-            raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
-        n_channels, n_classes, eps = _integer("n_channels", n_channels, 1), _integer("n_classes", n_classes, 0), _epsilon(eps)
-        factory = {"device": device, "dtype": dtype}
-        self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
-        modules, channels = [], n_channels
-        for d, depth, d_ff, config in zip(embed_dims, depths, d_ffs, stages):
-            if d % config["n_heads"]:
-                raise ValueError(f"d = {d} is not divisible by n_heads = {config['n_heads']}")
-            sizes = {"n_channels": channels, "d": d, "d_ff": d_ff, "patch_size": config["patch_size"],
-                     "kernel_qkv": config["kernel_qkv"], "n_classes": n_classes}
-            modules.append(_Stage(sizes, depth, config, factory))
-            channels = d
-        self.stages = torch.nn.ModuleList(modules)
-        if n_classes:
-            _group(self, HEAD_PARAMETERS, {"d": channels, "n_classes": n_classes}, factory)
-        ones, zeros = torch.nn.init.ones_, torch.nn.init.zeros_
-        _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
-
-    def forward(self, pixel_values):
-        _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
-        if self.backward == "derived":
-            names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
-            own = dict(self.named_parameters())
-            u, cls = _DerivedModel.apply(self, pixel_values, names, *(own[name] for name in names))
-            return u, (cls if self.stages[-1].config["cls"] else None)
-        _, u, cls = _stages(pixel_values, _tables(self, pixel_values), self.eps)
-        return u, cls
-
-    def logits(self, pixel_values):
-        if not self.n_classes:
-            raise ValueError("this Model has no head (n_classes = 0)")
-        _, cls = self(pixel_values)
-        if cls is None:
-            raise ValueError("logits need a class node in the last stage (cls=True)")
-        config = {**self.stages[-1].config, "d": cls.shape[-1]}
-        if self.backward == "derived":
-            return _DerivedReadout.apply(cls, (config, self.eps), *_table(self, HEAD_PARAMETERS).values())
-        return _readout(cls, _table(self, HEAD_PARAMETERS), config, self.eps)
+        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
+        links += [(_step_cls if config["cls"] else _step, _table(step, LAYER_PARAMETERS), config, f"{prefix}layers.{n}.")
+                  for n, step in enumerate(stage.layers)]
+    return links
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -2117,34 +2027,43 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
 
 
 
-def _costate_of_tokens(tokens, seed_grid, seed_cls, config, eps):
-    """The costate of the last stage's tokens: the adjoint of its grid output, plus that of its class node
-    (when seeded; the two outputs read disjoint token nodes)."""
-    seeds = []
-    if seed_grid is not None:
-        seeds.append((_grid_cls_vjp if config["cls"] else _grid_vjp)(tokens, seed_grid, {}, config, eps)[0])
-    if seed_cls is not None:
-        seeds.append(_node_vjp(tokens, seed_cls, {}, config, eps)[0])
-    return sum(seeds[1:], seeds[0])
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _embedding: _embedding_vjp,
+    _embedding_cls: _embedding_cls_vjp,
+    _step: _step_vjp,
+    _step_cls: _step_cls_vjp,
+    _grid: _grid_vjp,
+    _grid_cls: _grid_cls_vjp,
+    _node: _node_vjp,
+    _readout: _readout_vjp,
+}
 
 
-def _reverse(kept, seed, eps):
-    """The costate of the last stage's tokens, backwards through the stages kept by the forward (last
-    first): each step (last first), the token embedding, the previous stage's grid → (∂J/∂image, gradients)."""
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
+    return states
+
+
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for index in reversed(range(len(kept))):
-        u, top, config, layers, inputs, _ = kept[index]
-        prefix = f"stages.{index}."
-        step_vjp, embedding_vjp = (_step_cls_vjp, _embedding_cls_vjp) if config["cls"] else (_step_vjp, _embedding_vjp)
-        for n in reversed(range(len(layers))):
-            seed, step_grads = step_vjp(inputs[n], seed, layers[n], config, eps)
-            grads.update({f"{prefix}layers.{n}.{name}": value for name, value in step_grads.items()})
-        seed, more = embedding_vjp(u, seed, top, config, eps)
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
-        if index:  # the stage convolved the previous stage's grid
-            _, _, previous, _, _, tokens = kept[index - 1]
-            seed, _ = _grid_vjp(tokens, seed, {}, previous, eps)
     return seed, grads
+
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
 def _first_order_only():
@@ -2156,40 +2075,110 @@ def _first_order_only():
                            "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
-class _DerivedModel(torch.autograd.Function):
-    """The last stage's grid and class node; the backward is the derived adjoint (report §8).
-
-    The forward keeps each stage's input, each step's input and each stage's last tokens (a
-    program's activations are recomputed when its adjoint runs).
-    """
-
-    @staticmethod
-    def forward(ctx, model, pixel_values, names, *params):
-        kept, u, cls = _stages(pixel_values, _tables(model, pixel_values), model.eps)
-        ctx.kept, ctx.names, ctx.eps, ctx.has_cls = kept, names, model.eps, cls is not None
-        return (u, cls) if cls is not None else (u, u.new_zeros(0))
+class _Derived(torch.autograd.Function):
+    """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
+    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
+    the programs read, ``names`` their canonical names."""
 
     @staticmethod
-    def backward(ctx, grad_u, grad_cls):
+    def forward(ctx, links, outputs, eps, names, u, *params):
+        states = _chain(u, links, eps)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
+        ctx.last = states[-1] if outputs else None
+        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+
+    @staticmethod
+    def backward(ctx, *seeds):
         _first_order_only()
-        seed_cls = grad_cls.contiguous() if ctx.has_cls else None
-        seed = _costate_of_tokens(ctx.kept[-1][5], grad_u.contiguous(), seed_cls, ctx.kept[-1][2], ctx.eps)
-        grad_image, grads = _reverse(ctx.kept, seed, ctx.eps)
-        return (None, grad_image, None, *(grads[name] for name in ctx.names))
+        seeds = [seed.contiguous() for seed in seeds]
+        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-class _DerivedReadout(torch.autograd.Function):
-    """The readout; the backward is its derived adjoint."""
+def _derived(module, links, outputs, u, names):
+    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
+    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
-    @staticmethod
-    def forward(ctx, u, options, *params):
-        ctx.save_for_backward(u, *params)
-        ctx.options = options
-        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
 
-    @staticmethod
-    def backward(ctx, grad_logits):
-        _first_order_only()
-        u, *params = ctx.saved_tensors
-        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
-        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))
+class _Step(torch.nn.Module):
+    """The parameters of one pre-LN GELU step with convolutional projections."""
+
+    def __init__(self, sizes, factory):
+        super().__init__()
+        _group(self, LAYER_PARAMETERS, sizes, factory)
+
+
+class _Stage(torch.nn.Module):
+    """The parameters of a stage: its token embedding, its class node (last stage), its steps."""
+
+    def __init__(self, sizes, depth, config, factory):
+        super().__init__()
+        self.config = dict(config)
+        _group(self, STAGE_PARAMETERS, sizes, factory)
+        if config["cls"]:
+            self.register_parameter("cls", torch.nn.Parameter(torch.empty(sizes["d"], **factory)))
+        self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(depth))
+
+
+class Model(torch.nn.Module):
+    """The cvt model; parameters carry their canonical names."""
+
+    def __init__(self, n_channels, embed_dims, depths, d_ffs, stages, n_classes=0, eps=1e-5, device=None, dtype=None,
+                 backward="autograd"):
+        super().__init__()
+        if backward not in ("autograd", "derived"):
+            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
+        self.backward = backward
+        stages = _stage_configs(stages)
+        for name, sizes in (("embed_dims", embed_dims), ("depths", depths), ("d_ffs", d_ffs)):
+            if isinstance(sizes, Mapping) or not isinstance(sizes, (list, tuple)):
+                raise TypeError(f"{name} must be a list with one int per stage, got {type(sizes).__name__}")
+            for index, size in enumerate(sizes):
+                _integer(f"{name}[{index}]", size, 1)
+        if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
+            raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
+        n_channels, n_classes, eps = _integer("n_channels", n_channels, 1), _integer("n_classes", n_classes, 0), _epsilon(eps)
+        factory = {"device": device, "dtype": dtype}
+        self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
+        modules, channels = [], n_channels
+        for d, depth, d_ff, config in zip(embed_dims, depths, d_ffs, stages):
+            if d % config["n_heads"]:
+                raise ValueError(f"d = {d} is not divisible by n_heads = {config['n_heads']}")
+            sizes = {"n_channels": channels, "d": d, "d_ff": d_ff, "patch_size": config["patch_size"],
+                     "kernel_qkv": config["kernel_qkv"], "n_classes": n_classes}
+            modules.append(_Stage(sizes, depth, config, factory))
+            channels = d
+        self.stages = torch.nn.ModuleList(modules)
+        if n_classes:
+            _group(self, HEAD_PARAMETERS, {"d": channels, "n_classes": n_classes}, factory)
+        ones, zeros = torch.nn.init.ones_, torch.nn.init.zeros_
+        _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
+
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        return _load_all(self, params)
+
+    def forward(self, pixel_values):
+        _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
+        links = _links(self, pixel_values)
+        outputs = _outputs(links[-1][2])
+        if self.backward == "derived" and torch.is_grad_enabled():
+            names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
+            u, *cls = _derived(self, links, outputs, pixel_values, names)
+        else:
+            tokens = _chain(pixel_values, links, self.eps)[-1]
+            u, *cls = (function(tokens, {}, config, self.eps) for function, config in outputs)
+        return u, (cls or [None])[0]
+
+    def logits(self, pixel_values):
+        if not self.n_classes:
+            raise ValueError("this Model has no head (n_classes = 0)")
+        _, cls = self(pixel_values)
+        if cls is None:
+            raise ValueError("logits need a class node in the last stage (cls=True)")
+        links = [(_readout, _table(self, HEAD_PARAMETERS), {**self.stages[-1].config, "d": cls.shape[-1]}, "")]
+        if self.backward == "derived" and torch.is_grad_enabled():
+            return _derived(self, links, (), cls, list(HEAD_PARAMETERS))
+        return _chain(cls, links, self.eps)[-1]

@@ -139,6 +139,11 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
     string of any size."""
@@ -196,8 +201,9 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _step_with(u0, p, stride, eps):
+def _step_with(u0, p, config, eps):
     """The step_with program: its assignments, the chaining between operators included, in order."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -265,60 +271,9 @@ def _step_with(u0, p, stride, eps):
     return relu2_out
 
 
-def _step_identity(u0, p, stride, eps):
-    """The step_identity program: its assignments, the chaining between operators included, in order."""
-    conv1_W = p["conv1.W"]
-    conv1_b = p["conv1.b"]
-    bn1_gain = p["bn1.gain"]
-    bn1_bias = p["bn1.bias"]
-    bn1_mean = p["bn1.mean"]
-    bn1_var = p["bn1.var"]
-    conv2_W = p["conv2.W"]
-    conv2_b = p["conv2.b"]
-    bn2_gain = p["bn2.gain"]
-    bn2_bias = p["bn2.bias"]
-    bn2_mean = p["bn2.mean"]
-    bn2_var = p["bn2.var"]
-
-    # --- conv1: convolution ---
-    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
-    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
-
-    # --- bn1: batch-norm ---
-    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
-    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-
-    # --- relu: relu-projection ---
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
-    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
-    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
-    del relu_out
-
-    # --- bn2: batch-norm ---
-    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
-    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-
-    # --- relu: relu-projection ---
-    # (R u)_{l,p,q} = u_{l,p,q}
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
-    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
-    del bn2_a, bn2_c, conv2_out
-    return relu2_out
-
-
-def _step_with_vjp(u0, relu2_out_bar, p, stride, eps):
+def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     """The derived adjoint of the step_with program: the costate of its output → (costate of u0, gradients)."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -535,8 +490,62 @@ def _step_with_vjp(u0, relu2_out_bar, p, stride, eps):
 
 
 
-def _step_identity_vjp(u0, relu2_out_bar, p, stride, eps):
+def _step_identity(u0, p, config, eps):
+    """The step_identity program: its assignments, the chaining between operators included, in order."""
+    stride = config["stride"]
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+
+    # --- conv1: convolution ---
+    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
+
+    # --- bn1: batch-norm ---
+    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
+    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
+
+    # --- relu: relu-projection ---
+    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
+    del bn1_a, bn1_c, conv1_out
+
+    # --- conv2: convolution ---
+    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+    del relu_out
+
+    # --- bn2: batch-norm ---
+    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
+    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
+
+    # --- relu: relu-projection ---
+    # (R u)_{l,p,q} = u_{l,p,q}
+    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
+    del bn2_a, bn2_c, conv2_out
+    return relu2_out
+
+
+def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
+    stride = config["stride"]
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -692,6 +701,39 @@ def _step_identity_vjp(u0, relu2_out_bar, p, stride, eps):
 
 
 
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _step_with: _step_with_vjp,
+    _step_identity: _step_identity_vjp,
+}
+
+
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
+    return states
+
+
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
+    grads = {}
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed, grads
+
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
+
+
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
     computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
@@ -701,25 +743,31 @@ def _first_order_only():
                            "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
-class _DerivedStep(torch.autograd.Function):
-    """One step whose backward is the derived adjoint; the backward runs the step again (it
-    keeps only the input and the parameters)."""
+class _Derived(torch.autograd.Function):
+    """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
+    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
+    the programs read, ``names`` their canonical names."""
 
     @staticmethod
-    def forward(ctx, u, module, *params):
-        ctx.save_for_backward(u, *params)
-        ctx.module = module
-        return module(u)  # autograd is off inside: the step itself
+    def forward(ctx, links, outputs, eps, names, u, *params):
+        states = _chain(u, links, eps)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
+        ctx.last = states[-1] if outputs else None
+        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *seeds):
         _first_order_only()
-        u, *params = ctx.saved_tensors
-        module = ctx.module
-        p = dict(zip((name for name, _ in module.named_parameters()), params))
-        with torch.no_grad():
-            grad_u, grads = (_step_with_vjp if module.has_transfer else _step_identity_vjp)(u, grad_out.contiguous(), p, module.stride, module.eps)
-        return (grad_u, None, *(grads[name] for name in p))
+        seeds = [seed.contiguous() for seed in seeds]
+        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
+
+
+def _derived(module, links, outputs, u, names):
+    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
+    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
 
 class Model(torch.nn.Module):
@@ -768,6 +816,8 @@ class Model(torch.nn.Module):
             raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
                              f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                              "they must agree")
+        p, config = dict(self.named_parameters()), {"stride": stride}
+        links = [((_step_with if self.has_transfer else _step_identity), p, config, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _DerivedStep.apply(u, self, *self.parameters())
-        return (_step_with if self.has_transfer else _step_identity)(u, dict(self.named_parameters()), stride, eps)
+            return _derived(self, links, (), u, list(p))
+        return _chain(u, links, eps)[-1]

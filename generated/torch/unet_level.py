@@ -121,6 +121,11 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
     string of any size."""
@@ -178,7 +183,7 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _step_identity(u0, p, stride, eps):
+def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
     down_W = p["down.W"]
     down_b = p["down.b"]
@@ -225,7 +230,7 @@ def _step_identity(u0, p, stride, eps):
     return u1
 
 
-def _step_identity_vjp(u0, u1_bar, p, stride, eps):
+def _step_identity_vjp(u0, u1_bar, p, config, eps):
     """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     down_W = p["down.W"]
     down_b = p["down.b"]
@@ -346,6 +351,38 @@ def _step_identity_vjp(u0, u1_bar, p, stride, eps):
 
 
 
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _step_identity: _step_identity_vjp,
+}
+
+
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
+    return states
+
+
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
+    grads = {}
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed, grads
+
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
+
+
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
     computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
@@ -355,25 +392,31 @@ def _first_order_only():
                            "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
-class _DerivedStep(torch.autograd.Function):
-    """One step whose backward is the derived adjoint; the backward runs the step again (it
-    keeps only the input and the parameters)."""
+class _Derived(torch.autograd.Function):
+    """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
+    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
+    the programs read, ``names`` their canonical names."""
 
     @staticmethod
-    def forward(ctx, u, module, *params):
-        ctx.save_for_backward(u, *params)
-        ctx.module = module
-        return module(u)  # autograd is off inside: the step itself
+    def forward(ctx, links, outputs, eps, names, u, *params):
+        states = _chain(u, links, eps)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
+        ctx.last = states[-1] if outputs else None
+        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *seeds):
         _first_order_only()
-        u, *params = ctx.saved_tensors
-        module = ctx.module
-        p = dict(zip((name for name, _ in module.named_parameters()), params))
-        with torch.no_grad():
-            grad_u, grads = _step_identity_vjp(u, grad_out.contiguous(), p, module.stride, module.eps)
-        return (grad_u, None, *(grads[name] for name in p))
+        seeds = [seed.contiguous() for seed in seeds]
+        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
+
+
+def _derived(module, links, outputs, u, names):
+    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
+    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
 
 class Model(torch.nn.Module):
@@ -422,6 +465,8 @@ class Model(torch.nn.Module):
             raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
                              f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                              "they must agree")
+        p, config = dict(self.named_parameters()), {"stride": stride}
+        links = [(_step_identity, p, config, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _DerivedStep.apply(u, self, *self.parameters())
-        return _step_identity(u, dict(self.named_parameters()), stride, eps)
+            return _derived(self, links, (), u, list(p))
+        return _chain(u, links, eps)[-1]

@@ -10,6 +10,7 @@ statement stands under the formula it implements (generated/reports/vit.md).
 
     Model(n_layers=, d_model=, n_heads=, d_ff=, n_channels=, patch_size=, image_size=, n_classes=0, eps=1e-12,
           backward="autograd")
+
     Model.load_params(params)        canonical names (as the NumPy module's), arrays or tensors
     Model(pixel_values)              final hidden states (batch, 1 + n_rows * n_cols, d)
     Model.logits(pixel_values)       (batch, n_classes)
@@ -359,7 +360,7 @@ def _join(*parts):
                       else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
-def _embedding(image, p, config):
+def _embedding(image, p, config, eps):
     """The embedding program: its assignments, the chaining between operators included, in order."""
     patch_size = config["patch_size"]
     embed_W = p["embed.W"]
@@ -386,7 +387,7 @@ def _embedding(image, p, config):
     return u0
 
 
-def _readout(u, p):
+def _readout(u, p, config, eps):
     """The readout program: its assignments, the chaining between operators included, in order."""
     head_W = p["head.W"]
     head_b = p["head.b"]
@@ -413,6 +414,11 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
     string of any size."""
@@ -432,6 +438,103 @@ def _initialize(module, init, default):
         for name, tensor in module.named_parameters():
             attribute = name.rsplit(".", 1)[1]
             init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
+def _step(u0, p, config, eps):
+    """One step of pre-ln (gelu) on the token domain."""
+    n_heads = config["n_heads"]
+    dropout_p, inference = 0.0, not torch.is_grad_enabled()  # no dropout; dead temporaries updated in place without autograd
+    batch, n_tokens, d = u0.shape
+    d_head = d // n_heads
+    d_ff = p["ffn.W_1"].shape[1]
+    norm1_gain = p["norm1.gain"]
+    norm1_bias = p["norm1.bias"]
+    attn_W_q = p["attn.W_q"]
+    attn_b_q = p["attn.b_q"]
+    attn_W_k = p["attn.W_k"]
+    attn_b_k = p["attn.b_k"]
+    attn_W_v = p["attn.W_v"]
+    attn_b_v = p["attn.b_v"]
+    attn_W_o = p["attn.W_o"]
+    attn_b_o = p["attn.b_o"]
+    norm2_gain = p["norm2.gain"]
+    norm2_bias = p["norm2.bias"]
+    ffn_W_1 = p["ffn.W_1"]
+    ffn_b_1 = p["ffn.b_1"]
+    ffn_W_2 = p["ffn.W_2"]
+    ffn_b_2 = p["ffn.b_2"]
+    chi = None
+
+    # --- substep 1: attn, explicit on Proj(norm1) ---
+    # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
+    norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
+    # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
+    # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
+    attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
+    attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
+    attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+    del attn_qkv, norm1_out
+    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
+    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
+    # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
+    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    del attn_k, attn_q, attn_v, chi
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
+    attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
+    attn_out = _dropout(attn_out, dropout_p)
+    del attn_o
+    # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
+    del attn_out, u0
+
+    # --- substep 2: ffn, explicit on Proj(norm2) ---
+    # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
+    norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
+    # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
+    ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
+    del norm2_out
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
+    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = _dropout(ffn_s, dropout_p)
+    del ffn_w
+    # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
+    ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
+    ffn_out = _dropout(ffn_out, dropout_p)
+    del ffn_s
+    # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
+    u2 = ffn_out.add_(u1) if inference else ffn_out + u1
+    del ffn_out, u1
+    return u2
+
+
+def _final_norm(u0, p, config, eps):
+    """The final projection."""
+    final_norm_gain = p["final_norm.gain"]
+    final_norm_bias = p["final_norm.bias"]
+
+    # --- substep 1: final_norm, projection ---
+    # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
+    # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
+    # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
+    # u^(1)[i, l] = LN^final_norm[i, l]
+    u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1
+
+
+def _links(top, layers, config):
+    """The programs the forward chains (``_chain``), with their parameters, configuration and the prefix of
+    the parameters' names: the embedding, one step per layer, the final projection."""
+    steps = [(_step, p, config, f"layers.{n}.") for n, p in enumerate(layers)]
+    return [(_embedding, top, config, ""), *steps, (_final_norm, top, config, "")]
 
 
 def _rows(field, axis: int, offset: int, sizes):
@@ -773,7 +876,20 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
 
 
 
-def _embedding_vjp(image, u0_bar, p, config):
+def _step_adjoint(u, seed, p, config, eps):
+    """The step's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
+    _, saved = _step_vjp_forward(u, p, None, eps, config["n_heads"])
+    return _step_vjp_backward(saved, seed, p, None, eps, config["n_heads"])
+
+
+def _final_adjoint(u, seed, p, config, eps):
+    """The final's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
+    _, saved = _final_vjp_forward(u, p, None, eps, 1)
+    return _final_vjp_backward(saved, seed, p, None, eps, 1)
+
+
+
+def _embedding_vjp(image, u0_bar, p, config, eps):
     """The derived adjoint of the embedding program: the costate of its output → (costate of image, gradients)."""
     patch_size = config["patch_size"]
     n_rows = config["n_rows"]
@@ -812,7 +928,7 @@ def _embedding_vjp(image, u0_bar, p, config):
 
 
 
-def _readout_vjp(u, head_logits_bar, p):
+def _readout_vjp(u, head_logits_bar, p, config, eps):
     """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
 
@@ -840,30 +956,40 @@ def _readout_vjp(u, head_logits_bar, p):
     }
 
 
-def _inputs(image, top, layers, config, n_heads, eps):
-    """Each step's input, then the last step's output: the embedding, then one step per layer."""
-    states = [_embedding(image, top, config)]
-    for p in layers:
-        states.append(_step_vjp_forward(states[-1], p, None, eps, n_heads)[0])
+
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _embedding: _embedding_vjp,
+    _step: _step_adjoint,
+    _final_norm: _final_adjoint,
+    _readout: _readout_vjp,
+}
+
+
+def _chain(u, links, eps):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → each one's input, then the last one's output."""
+    states = [u]
+    for function, p, config, _ in links:
+        states.append(function(states[-1], p, config, eps))
     return states
 
 
-def _backward(image, top, layers, states, seed, config, n_heads, eps):
-    """The costate λ of the final hidden states, backwards through the final projection, the steps (last
-    first) and the embedding → (∂J/∂image, gradients by canonical name).
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
+    grads = {}
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed, grads
 
-    ``states`` are the steps' inputs (``_inputs``); a step's activations are recomputed when its adjoint runs.
-    """
-    _, saved = _final_vjp_forward(states[-1], top, None, eps, 1)
-    seed, grads = _final_vjp_backward(saved, seed, top, None, eps, 1)
-    for n in reversed(range(len(layers))):
-        _, saved = _step_vjp_forward(states[n], layers[n], None, eps, n_heads)
-        seed, step_grads = _step_vjp_backward(saved, seed, layers[n], None, eps, n_heads)
-        grads.update({f"layers.{n}.{name}": value for name, value in step_grads.items()})
-    grad_image, embedding_grads = _embedding_vjp(image, seed, top, config)
-    grads.update(embedding_grads)
-    order = [*PARAMETERS, *(f"layers.{n}.{name}" for n in range(len(layers)) for name in LAYER_PARAMETERS)]
-    return grad_image, {name: grads[name] for name in order}
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
 def _first_order_only():
@@ -875,58 +1001,35 @@ def _first_order_only():
                            "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
-class _DerivedModel(torch.autograd.Function):
-    """The final hidden states; the backward is the derived adjoint (report §7).
-
-    The forward keeps each step's input; a step's activations are recomputed when its adjoint runs.
-    """
-
-    @staticmethod
-    def forward(ctx, image, n_layers: int, config: dict, n_heads: int, eps: float, *params):
-        top, layers = _split(params, n_layers)
-        states = _inputs(image, top, layers, config, n_heads, eps)
-        ctx.save_for_backward(image, *params, *states)
-        ctx.config = (n_layers, config, n_heads, eps, len(params))
-        return _final_vjp_forward(states[-1], top, None, eps, 1)[0]
+class _Derived(torch.autograd.Function):
+    """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
+    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
+    the programs read, ``names`` their canonical names."""
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def forward(ctx, links, outputs, eps, names, u, *params):
+        states = _chain(u, links, eps)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
+        ctx.last = states[-1] if outputs else None
+        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+
+    @staticmethod
+    def backward(ctx, *seeds):
         _first_order_only()
-        n_layers, config, n_heads, eps, count = ctx.config
-        image, *tensors = ctx.saved_tensors
-        grad_image, grads = _backward(image, *_split(tensors[:count], n_layers), tensors[count:], grad_out.contiguous(),
-                                      config, n_heads, eps)
-        return (grad_image, None, None, None, None, *grads.values())
+        seeds = [seed.contiguous() for seed in seeds]
+        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-class _DerivedReadout(torch.autograd.Function):
-    """The readout; the backward is its derived adjoint."""
-
-    @staticmethod
-    def forward(ctx, u, options, *params):
-        ctx.save_for_backward(u, *params)
-        ctx.options = options
-        return _readout(u, dict(zip(HEAD_PARAMETERS, params)), *options)
-
-    @staticmethod
-    def backward(ctx, grad_logits):
-        _first_order_only()
-        u, *params = ctx.saved_tensors
-        grad_u, grads = _readout_vjp(u, grad_logits.contiguous(), dict(zip(HEAD_PARAMETERS, params)), *ctx.options)
-        return (grad_u, None, *(grads[name] for name in HEAD_PARAMETERS))
-
-
-def _split(params, n_layers: int):
-    """The flat parameters of ``_DerivedModel`` → (embedding and final projection, [per layer])."""
-    count, per_layer = len(PARAMETERS), len(LAYER_PARAMETERS)
-    top = dict(zip(PARAMETERS, params[:count]))
-    layers = [dict(zip(LAYER_PARAMETERS, params[count + n * per_layer:count + (n + 1) * per_layer]))
-              for n in range(n_layers)]
-    return top, layers
+def _derived(module, links, outputs, u, names):
+    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
+    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
 
 class _Step(torch.nn.Module):
-    """One step of pre-ln (gelu) on the token domain."""
+    """The parameters of one step."""
 
     def __init__(self, sizes, factory):
         super().__init__()
@@ -937,78 +1040,6 @@ class _Step(torch.nn.Module):
         super()._apply(fn, recurse)  # .to(), .double() give each parameter its own storage
         _side_by_side(self, _SIDE_BY_SIDE)
         return self
-
-    def forward(self, u0, n_heads, eps):
-        batch, n_tokens, d = u0.shape
-        dropout_p = 0.0  # the models run without dropout (the block helpers take its rate)
-        d_head = d // n_heads
-        d_ff = self.ffn.W_1.shape[1]
-        inference = not torch.is_grad_enabled()  # dead temporaries may then be updated in place
-        norm1_gain = self.norm1.gain
-        norm1_bias = self.norm1.bias
-        attn_W_q = self.attn.W_q
-        attn_b_q = self.attn.b_q
-        attn_W_k = self.attn.W_k
-        attn_b_k = self.attn.b_k
-        attn_W_v = self.attn.W_v
-        attn_b_v = self.attn.b_v
-        attn_W_o = self.attn.W_o
-        attn_b_o = self.attn.b_o
-        norm2_gain = self.norm2.gain
-        norm2_bias = self.norm2.bias
-        ffn_W_1 = self.ffn.W_1
-        ffn_b_1 = self.ffn.b_1
-        ffn_W_2 = self.ffn.W_2
-        ffn_b_2 = self.ffn.b_2
-        chi = None
-
-        # --- substep 1: attn, explicit on Proj(norm1) ---
-        # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-        # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-        # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-        # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-        norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
-        # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
-        # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
-        # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
-        attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
-        attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
-        attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
-        del attn_qkv, norm1_out
-        # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-        # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-        # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-        attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
-        del attn_k, attn_q, attn_v, chi
-        # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
-        attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
-        attn_out = _dropout(attn_out, dropout_p)
-        del attn_o
-        # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
-        u1 = attn_out.add_(u0) if inference else attn_out + u0
-        del attn_out, u0
-
-        # --- substep 2: ffn, explicit on Proj(norm2) ---
-        # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-        # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-        # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-        # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-        norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
-        # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
-        ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
-        del norm2_out
-        # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-        ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
-        ffn_s = _dropout(ffn_s, dropout_p)
-        del ffn_w
-        # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
-        ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
-        ffn_out = _dropout(ffn_out, dropout_p)
-        del ffn_s
-        # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
-        u2 = ffn_out.add_(u1) if inference else ffn_out + u1
-        del ffn_out, u1
-        return u2
 
 
 class Model(torch.nn.Module):
@@ -1031,7 +1062,8 @@ class Model(torch.nn.Module):
         if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
-        self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size}
+        self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size,
+                       "n_heads": n_heads}
         self.n_channels, self.image_size, self.n_classes = n_channels, (height, width), n_classes
         sizes = {"d": d_model, "d_ff": d_ff, "n_channels": n_channels, "patch_size": patch_size,
                  "n_tokens": 1 + (height // patch_size) * (width // patch_size), "n_classes": n_classes}
@@ -1051,39 +1083,20 @@ class Model(torch.nn.Module):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
         return _load_all(self, params)
 
-    def _final_norm(self, u0):
-        eps = self.eps
-        final_norm_gain = self.final_norm.gain
-        final_norm_bias = self.final_norm.bias
-
-        # --- substep 1: final_norm, projection ---
-        # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-        # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-        # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-        # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
-        # u^(1)[i, l] = LN^final_norm[i, l]
-        u1 = _layer_norm(u0, final_norm_gain, final_norm_bias, eps)
-        del u0
-        return u1
-
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
         _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
+        links = _links(_table(self, PARAMETERS), [_table(layer, LAYER_PARAMETERS) for layer in self.layers], self.config)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            params = [self.get_parameter(name) for name in PARAMETERS]
-            params += [layer.get_parameter(name) for layer in self.layers for name in LAYER_PARAMETERS]
-            return _DerivedModel.apply(pixel_values, len(self.layers), self.config, self.n_heads, self.eps, *params)
-        u = _embedding(pixel_values, dict(self.named_parameters()), self.config)
-        for step in self.layers:
-            u = step(u, self.n_heads, self.eps)
-        u = self._final_norm(u)
-        return u
+            names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
+            return _derived(self, links, (), pixel_values, names)
+        return _chain(pixel_values, links, self.eps)[-1]
 
     def logits(self, pixel_values):
         """The readout: the class node's final state through the linear head."""
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
-        u = self(pixel_values)
+        u, links = self(pixel_values), [(_readout, _table(self, HEAD_PARAMETERS), {}, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _DerivedReadout.apply(u, (), *(self.get_parameter(name) for name in HEAD_PARAMETERS))
-        return _readout(u, dict(self.named_parameters()))
+            return _derived(self, links, (), u, list(HEAD_PARAMETERS))
+        return _chain(u, links, self.eps)[-1]

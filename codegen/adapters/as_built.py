@@ -7,7 +7,9 @@ attribute set after construction could make the source compute otherwise than wh
 the meta device: no weights) and compares each part with its counterpart there: an attribute the fresh part
 lacks is refused by name, and so is a value that differs, unless ``READS`` names it (the adapter reads that
 attribute from the part itself and checks it) or ``IMMATERIAL`` does (no forward of an evaluated module reads
-it). Every other attribute a forward reads is thus compared with the value the adapter assumes.
+it, or it selects another kernel for the same values). Every other attribute a forward reads is thus compared
+with the value the adapter assumes. timm records no constructor arguments: ``as_built_timm`` rebuilds its parts
+from their parameters and the attributes the readers read.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .as_built_timm import fresh_block, fresh_vision_transformer
 from .inspection import library_class, library_name
 
 __all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
@@ -52,8 +55,10 @@ BUILDERS: dict[str, Callable[[type, Any], Any]] = {
     "LlamaDecoderLayer": lambda cls, layer: cls(layer.self_attn.config, layer_idx=layer.self_attn.layer_idx),
     "ViTModel": lambda cls, model: cls(model.config, add_pooling_layer=model.pooler is not None,
                                        use_mask_token=model.embeddings.mask_token is not None),
-    "ViTForImageClassification": lambda cls, model: cls(model.config),
-    **dict.fromkeys(("GPT2Model", "GPT2LMHeadModel", "LlamaModel", "LlamaForCausalLM"), lambda cls, model: cls(model.config)),
+    **dict.fromkeys(("ViTForImageClassification", "GPT2Model", "GPT2LMHeadModel", "LlamaModel", "LlamaForCausalLM",
+                     "CvtModel", "CvtForImageClassification"), lambda cls, model: cls(model.config)),
+    "Block": fresh_block,  # timm's
+    "VisionTransformer": fresh_vision_transformer,
 }
 
 #: Attributes a forward reads that the adapter reads from each part itself (and checks), by library class. The
@@ -65,15 +70,30 @@ READS: dict[str, frozenset[str]] = {
     "Dropout": frozenset({"p"}),
     "LayerNorm": frozenset({"eps"}),  # common.check_norms
     "LlamaRMSNorm": frozenset({"variance_epsilon"}),  # hf_llama.llama_layer_config
+    "BatchNorm2d": frozenset({"eps"}),  # hf_vision.from_hf_cvt: one ε with the LayerNorms'
+    "GELU": frozenset({"approximate"}),  # common.activation_name
 }
 
-#: Attributes no forward of an evaluated module reads (why, in a word), by library class (``"*"``: any class).
+#: Attributes no forward of an evaluated module reads, or reads to choose a kernel for the same values (why, in
+#: a word), by library class (``"*"``: any class).
 IMMATERIAL: dict[str, dict[str, str]] = {
     "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only",
           "_gradient_checkpointing_func": "training only",
           "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
           "_weight_conversions": "from_pretrained's loading record"},
     "Dropout": {"inplace": "the identity in eval"},
+    "DropPath": {"drop_prob": "the identity in eval", "scale_by_keep": "the identity in eval"},
+    "CvtDropPath": {"drop_prob": "the identity in eval"},
+    "BatchNorm2d": {"momentum": "updates running statistics in training only",
+                    "track_running_stats": "read in training only (eval normalizes with the running statistics)"},
+    **dict.fromkeys(("ReLU", "SiLU"), {"inplace": "the same values, written over its input"}),
+    "LayerNorm": {"_fast_norm": "timm's switch to the same layer norm by another kernel"},
+    "Attention": {"fused_attn": "timm's switch between sdpa and the same softmax written out; both scale by "
+                                "1/√head_dim, as the reader checks scale"},
+    "VisionTransformer": {"weight_init_mode": "weight initialization", "fix_init": "weight initialization",
+                          "grad_checkpointing": "recomputes the same blocks for the gradient",
+                          **dict.fromkeys(("pretrained_cfg", "default_cfg", "pretrained_model_args", "_traits", "_model_args"),
+                                          "timm.create_model's record of the weights' source, arguments and input size")},
     "Embedding": {"padding_idx": "gradient only", "scale_grad_by_freq": "gradient only", "sparse": "gradient only"},
     "ViTEmbeddings": {"patch_size": "interpolate_pos_encoding only (the reader reads config.patch_size, either spelling)"},
     "GPT2Model": {"_attn_implementation": "a copy; the forward reads config._attn_implementation (inspection checks it)"},
@@ -93,15 +113,20 @@ def _same(value: Any, built: Any) -> bool:
         return False
 
 
-def _fresh(module: Any) -> Any:
+def _fresh(owner: str, module: Any) -> Any:
     import torch
 
     klass = library_class(module)
     builder = BUILDERS.get(klass.__name__ if klass else "")
     if builder is None:
         return None
-    with torch.device("meta"):
-        return builder(klass, module)
+    try:
+        with torch.device("meta"):
+            return builder(klass, module)
+    except Exception as error:  # the library's own refusal of what the source holds (a config edited after construction)
+        raise SplitformerError(f"{owner}: {klass.__name__} cannot be built from what the adapter reads "
+                               f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                               "adapters compare the module with one built as its configuration says") from None
 
 
 def check_as_built(owner: str, module: Any) -> None:
@@ -109,7 +134,7 @@ def check_as_built(owner: str, module: Any) -> None:
     holds with another value (``READS`` and ``IMMATERIAL`` excepted); nothing when ``BUILDERS`` has no builder."""
     import torch
 
-    fresh = _fresh(module)
+    fresh = _fresh(owner, module)
     if fresh is None:
         return
     state = frozenset(vars(torch.nn.Module()))

@@ -14,7 +14,8 @@ table with ``max_norm`` (its forward renormalizes, in place, the rows it looks u
 ``_compiled_call_impl`` is set; (``check_parts``) a submodule replaced by one of another class
 (``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
 the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
-applies); and (``check_only_attributes``) a plain attribute a part's class does not have as built.
+applies). Plain attributes a part's class does not have as built, or holds with another value, are
+``as_built``'s to refuse.
 
 A part is known by its ``library_class``, the library class it runs, never by its own name: a user
 class ``Dropout(nn.Tanh)`` is a ``Tanh``.
@@ -29,8 +30,8 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "check_only_attributes",
-           "library_class", "library_name", "runs_one_of", "LIBRARIES", "READ"]
+__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "library_class",
+           "library_name", "runs_one_of", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -237,42 +238,3 @@ def check_only_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, 
             raise SplitformerError(f"{owner} has the parameter {name}, which the adapter does not map; "
                                    "the scheme has no counterpart of what it computes")
     check_parts(owner, module, parts)
-
-
-class _Read:
-    """An allowlisted attribute the adapter reads and checks itself (any value is accepted here)."""
-
-    def __repr__(self) -> str:
-        return "READ"
-
-
-#: ``check_only_attributes``: the attribute may hold any value (the adapter reads and checks it).
-READ = _Read()
-
-
-def check_only_attributes(owner: str, module: Any, attributes: dict[str, dict[str, Any]]) -> None:
-    """Refuse a plain instance attribute of a part of ``module`` that the allowlist of its library class
-    (``attributes``: class name → attribute → the value it must have, or ``READ``) does not name, or that
-    holds another value: the forward may call or read it (timm's ``Attention.gate``, ``None`` unless gated).
-    What ``torch.nn.Module.__init__`` sets (state, hook tables: checked by ``check_runs_its_classes``) is known."""
-    import torch
-
-    state = frozenset(vars(torch.nn.Module()))
-    for path, part in module.named_modules():
-        allowed = attributes.get(library_name(part) or "", {})
-        for name, value in vars(part).items():
-            if name in state:
-                continue
-            where = f"{owner}.{path + '.' if path else ''}{name}"
-            if name not in allowed:
-                raise SplitformerError(f"{where} is an attribute {type(part).__name__} does not have as built (a "
-                                       f"{type(value).__name__}); its forward may read it, the adapter does not")
-            expected = allowed[name]
-            if expected is not READ and not (type(value) is type(expected) and value == expected):
-                raise SplitformerError(f"{where} is {type(value).__name__} {_brief(value)}, not {expected!r}; "
-                                       "its forward reads it, and the scheme has no counterpart of another value")
-
-
-def _brief(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__name__}>"

@@ -22,7 +22,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .inspection import READ, check_only_attributes, check_only_parts, library_name, runs_one_of
+from .inspection import check_only_parts, library_name, runs_one_of
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,
                      same_configuration, shared_layers, stack_state, state_dict, zero_bias)
 
@@ -36,16 +36,6 @@ BLOCK_PARTS = {"norm1": "LayerNorm", "attn": "Attention", "attn.qkv": "Linear", 
                "norm2": "LayerNorm", "mlp": "Mlp", "mlp.fc1": "Linear", "mlp.act": None, "mlp.drop1": "Dropout",
                "mlp.norm": "Identity", "mlp.fc2": "Linear", "mlp.drop2": "Dropout", "ls2": "Identity",
                "drop_path2": ("Identity", "DropPath")}
-#: The plain attributes each part of a timm ``Block`` may have (by library class), and the value each must
-#: have where the adapter does not read it: ``Attention.gate`` is ``None`` (a callable there gates the output).
-BLOCK_ATTRIBUTES = {
-    "LayerNorm": {"normalized_shape": READ, "eps": READ, "elementwise_affine": READ, "_fast_norm": READ},
-    "Attention": {"num_heads": READ, "head_dim": READ, "attn_dim": READ, "scale": READ, "fused_attn": READ,
-                  "gate": None},
-    "Linear": {"in_features": READ, "out_features": READ}, "Dropout": {"p": READ, "inplace": READ},
-    "DropPath": {"drop_prob": READ, "scale_by_keep": READ}, "GELU": {"approximate": READ},
-    "ReLU": {"inplace": READ}, "SiLU": {"inplace": READ},
-}
 #: The parameters a timm ``Block`` may have: those the adapter maps.
 BLOCK_PARAMETERS = frozenset(f"{part}.{kind}" for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
                              for kind in ("weight", "bias"))
@@ -69,7 +59,6 @@ def _check_block(block: Any) -> None:
         _identity("timm Block attn", getattr(attention, name), what)
     _identity("timm Block mlp", mlp.norm, "hidden normalization (scale_mlp_norm)")
     check_only_parts("timm Block", block, BLOCK_PARTS, BLOCK_PARAMETERS)
-    check_only_attributes("timm Block", block, BLOCK_ATTRIBUTES)
     d = block.norm1.weight.shape[0]
     if attention.num_heads * attention.head_dim != d or attention.attn_dim != d:
         raise SplitformerError(f"timm Block attention width {attention.num_heads}×{attention.head_dim} (attn.attn_dim "

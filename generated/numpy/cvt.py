@@ -1137,8 +1137,8 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     t1 = _einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
     # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
     embed_norm_beta_bar = -t1/(2*(eps + embed_norm_beta))
-    t2 = _einsum("bik->bi", embed_norm_p)
-    t3 = _einsum("bil->bi", embed_norm_p_bar)
+    t2 = np.sum(embed_norm_p, axis=2)
+    t3 = np.sum(embed_norm_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
     embed_norm_alpha_bar = -t3/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t2/d
 
@@ -1225,8 +1225,8 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     t3 = _einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
     # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
     embed_norm_beta_bar = -t3/(2*(eps + embed_norm_beta))
-    t4 = _einsum("bik->bi", embed_norm_p)
-    t5 = _einsum("bil->bi", embed_norm_p_bar)
+    t4 = np.sum(embed_norm_p, axis=2)
+    t5 = np.sum(embed_norm_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
     embed_norm_alpha_bar = -t5/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t4/d
 
@@ -1434,8 +1434,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    t2 = _einsum("bik->bi", norm2_p)
-    t3 = _einsum("bil->bi", norm2_p_bar)
+    t2 = np.sum(norm2_p, axis=2)
+    t3 = np.sum(norm2_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
     norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
 
@@ -1615,8 +1615,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     t23 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t23/(2*(eps + norm1_beta))
-    t24 = _einsum("bik->bi", norm1_p)
-    t25 = _einsum("bil->bi", norm1_p_bar)
+    t24 = np.sum(norm1_p, axis=2)
+    t25 = np.sum(norm1_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
     norm1_alpha_bar = -t25/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t24/d
     # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
@@ -1844,8 +1844,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
     # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    t2 = _einsum("bik->bi", norm2_p)
-    t3 = _einsum("bil->bi", norm2_p_bar)
+    t2 = np.sum(norm2_p, axis=2)
+    t3 = np.sum(norm2_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
     norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
 
@@ -2038,8 +2038,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     t26 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
     # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
     norm1_beta_bar = -t26/(2*(eps + norm1_beta))
-    t27 = _einsum("bik->bi", norm1_p)
-    t28 = _einsum("bil->bi", norm1_p_bar)
+    t27 = np.sum(norm1_p, axis=2)
+    t28 = np.sum(norm1_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
     norm1_alpha_bar = -t28/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t27/d
     # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
@@ -2165,8 +2165,8 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
     # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
-    t2 = _einsum("bik->bi", final_norm_p)
-    t3 = _einsum("bil->bi", final_norm_p_bar)
+    t2 = np.sum(final_norm_p, axis=2)
+    t3 = np.sum(final_norm_p_bar, axis=2)
     # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
     final_norm_alpha_bar = -t3/np.sqrt(eps + final_norm_beta) - 2*np.sqrt(eps + final_norm_beta)*final_norm_beta_bar*t2/d
     # {\overline{cls}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}

@@ -1,8 +1,8 @@
 """Backends: how each IR operation is spelled in NumPy and in PyTorch.
 
-A backend is an expression printer plus one method per IR operation (``codegen.ir``: a
-block's and a network's alike); the statements it returns are the body
-of the emitted functions, in order. Each spelling records, through its printer, the names
+A backend is an expression printer plus one method per IR operation (``codegen.ir``, a
+block's and a network's alike); the statements it returns are the body of the emitted
+functions, in order. Each spelling records, through its printer, the names
 its statements read besides arrays (runtime helpers such as ``_softmax``, sizes, flags):
 what a template defines and binds comes from that record, never from reading the code.
 """

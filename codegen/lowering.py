@@ -149,6 +149,8 @@ class Lowering:
         return assignment.quadrature if self.network else equation(assignment.lhs, rhs, self.program.latex_names())
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
+        """``assignment`` with its reads at patterns viewed: a part of a token array (written at token nodes),
+        a prolongation (written at shifted points) or a formula."""
         reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
         for name in sorted(reads & set(self.parts)):
             self.join(name)

@@ -2,12 +2,18 @@
 
 Input: a ``symbolic.adjoint.Adjoint``. Output: a ``Backward``: the forward module that keeps
 what the adjoint reads (``saved``), and the adjoint module that turns the seed ``λ`` of the
-output into the gradients. Both are lowered as one program and rewritten by the same passes
+output into the gradients. A block's are lowered as one program and rewritten by the same passes
 (so a pass sees every reader: the fused attention and LayerNorm stay unfused when the
 adjoint reads their kernel or moments, and no buffer the adjoint needs is updated in place),
 then split where the adjoint begins. Arrays over two token axes (the attention scores and
 kernel; the memory's tokens count for a decoder's cross-attention) are recomputed in the
 adjoint from the kept ``Q``, ``K`` instead of being kept.
+
+A network program's adjoint (``lower_stage_adjoint``) is lowered after its forward: the
+forward statements the adjoint reads, then the adjoint. An adjoint written at a pattern is
+computed per coarse node and offset, then folded into an array shaped like the forward
+array (``Fold`` for a window, ``Place`` for a point, ``PlaceRows`` for grid rows of the token
+axis).
 
 The gradient of a control sums over the batch as well as over the index sums of its
 assignment: it is lowered to an einsum whose output has no batch axis.
@@ -19,15 +25,16 @@ from dataclasses import dataclass, replace
 
 import sympy as sp
 
-from splitformer.symbolic.adjoint import Adjoint
+from splitformer.symbolic.adjoint import Adjoint, is_plain
 from splitformer.symbolic.domains import MEMORY, TOKENS
-from splitformer.symbolic.latex import plain_equation
+from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
-from .ir import BATCH, Contraction, Elementwise, Module, Operand, TensorInfo
-from .lowering import INDEX_DOMAINS, Lowering
+from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo
+from .lowering import INDEX_DOMAINS, Lowering, flattened_index, shifted_axes
 
-__all__ = ["Backward", "lower_adjoint", "differentiated_inputs", "AdjointLowering", "ADJOINT_SECTION"]
+__all__ = ["Backward", "lower_adjoint", "lower_stage_adjoint", "differentiated_inputs", "AdjointLowering",
+           "ADJOINT_SECTION"]
 
 #: Section titles of adjoint statements start with this.
 ADJOINT_SECTION = "adjoint of "
@@ -55,14 +62,24 @@ class Backward:
 
 
 class AdjointLowering(Lowering):
-    """The lowering of adjoint assignments: gradients of controls sum over the batch."""
+    """The lowering of adjoint assignments: gradients of controls sum over the batch; an adjoint
+    written at a pattern is folded into an array shaped like its forward array."""
+
+    def __init__(self, adjoint: Adjoint, known: dict[str, TensorInfo] | None = None, network: bool = False):
+        super().__init__(adjoint.program(), known, network)
+        #: an adjoint written at a pattern → the forward array it is shaped like
+        self.shapes = adjoint.shapes
 
     def assignment(self, assignment: Assignment, section: str = "") -> None:
         info = self.tensors.get(assignment.target)
-        if info is None or info.role != "gradient":
+        scattered = assignment.target in self.shapes and not is_plain(assignment.lhs.indices)
+        if not scattered and (info is None or info.role != "gradient"):
             return super().assignment(assignment, section)
+        assignment = self.viewed(assignment, section)
+        if scattered:
+            return self.scatter(assignment, section)
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
-        comment = plain_equation(assignment.lhs, rhs, self.program.latex_names())
+        comment = self.comment(assignment, rhs)
         labels = self.labels(assignment.lhs)
         terms = sp.Add.make_args(rhs)
         parts = [self.batch_sum(assignment.target if len(terms) == 1 else f"{assignment.target}_{n}",
@@ -97,6 +114,44 @@ class AdjointLowering(Lowering):
             operands = (Operand(name, body_labels),)
         self.ops.append(Contraction(out, labels, section=section, operands=operands, scale=scale))
         return out
+
+    def scatter(self, assignment: Assignment, section: str) -> None:
+        """``x̄[pattern] = value``: the value per coarse node (and offset), then folded into ``x̄``."""
+        target, like = assignment.target, self.shapes[assignment.target]
+        if self.scatter_rows(assignment, like, section):
+            return
+        kept, offsets, axes, points, shapes = shifted_axes(assignment.lhs.indices)
+        if len(shapes) > 1 or (shapes and any(isinstance(p, int) for p in points)):
+            raise SplitformerError(f"{target}: an adjoint written at windows of different shapes, or at windows and points")
+        blocks = f"{target}_blocks"
+        self.formula(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
+        self.ops[-1] = self.ops[-1].with_comment("the value at each coarse node and offset", section)
+        labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[like].indices)
+        if shapes:
+            (size, stride, padding), = shapes
+            op = Fold(target, labels, source=blocks, like=like, axes=tuple(axes), size=size, stride=stride,
+                      padding=padding)
+        else:
+            op = Place(target, labels, source=blocks, like=like, index=tuple(points))
+        self.ops.append(op.with_comment(self.comment(assignment), section))
+
+    def scatter_rows(self, assignment: Assignment, like: str, section: str) -> bool:
+        """``x̄[o + N_2 p + q, l] = value`` (the adjoint of a ``Rows`` view): the value per grid point,
+        written back at those token nodes (``PlaceRows``); whether it was one."""
+        rows = [(axis, flattened_index(index)) for axis, index in enumerate(assignment.lhs.indices)
+                if not isinstance(index, sp.Idx) and not index.is_Integer]
+        if len(rows) != 1 or rows[0][1] is None:
+            return False
+        (axis, (offset, atoms)), = rows
+        kept = [index for entry in assignment.lhs.indices
+                for index in (atoms if not isinstance(entry, sp.Idx) else (entry,))]
+        blocks = f"{assignment.target}_rows"
+        self.formula(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept)]), section)
+        self.ops[-1] = self.ops[-1].with_comment("the value at each grid point", section)
+        labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[like].indices)
+        self.ops.append(PlaceRows(assignment.target, labels, source=blocks, like=like, axis=axis + 1,
+                                  offset=offset).with_comment(self.comment(assignment), section))
+        return True
 
 
 def _token_pair(op) -> bool:
@@ -152,20 +207,15 @@ def _refuse_attention(module: Module, forward_ops: list, read: set[str], passes)
 
 def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     """Lower forward and adjoint together, run the passes, split them."""
-    from .passes import DEFAULT
+    from .passes import DEFAULT, run_passes
 
-    program = adjoint.program()
-    lowering = AdjointLowering(program)
+    lowering = AdjointLowering(adjoint)
+    program = lowering.program
     for record in program.records:
-        for evaluation in record.evaluations:
-            for assignment in evaluation.assignments:
-                lowering.assignment(assignment, record.title)
-        if record.update is not None:
-            lowering.assignment(record.update, record.title)
+        lowering.record(record.assignments, record.title)
     module = Module(program.name, lowering.tensors, lowering.ops, program.output,
                     inputs=program.inputs, constants=program.constants)
-    for rewrite in DEFAULT if passes is None else passes:
-        module = rewrite(module)
+    module = run_passes(module, DEFAULT if passes is None else passes)
     forward_ops = [op for op in module.ops if not op.section.startswith(ADJOINT_SECTION)]
     adjoint_ops = [op for op in module.ops if op.section.startswith(ADJOINT_SECTION)]
     written = {name for op in forward_ops for name in op.writes()} | {"u0", "chi"}
@@ -191,3 +241,27 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
         adjoint=replace(module, ops=adjoint_ops, output=adjoint.gradients.get("u0", "")),
         saved=saved, seed=adjoint.seed, gradients=gradients, symbolic=adjoint,
     )
+
+
+def lower_stage_adjoint(adjoint: Adjoint, forward: Module, input_name: str) -> Backward:
+    """The adjoint of a network program lowered after its forward (``forward``, the program's own
+    lowering): the forward statements the adjoint reads, then the adjoint, from the costate of the
+    output to that of ``input_name`` and the gradients of the controls."""
+    lowering = AdjointLowering(adjoint, forward.tensors, network=True)
+    for record in adjoint.records:
+        lowering.record(record.assignments, record.title)
+    adjoint_module = Module(adjoint.forward.name, lowering.tensors, lowering.ops, adjoint.gradients.get(input_name, ""))
+    read = {name for op in adjoint_module.ops for name in op.reads()}
+    producers = {name: op for op in forward.ops for name in op.writes()}
+    needed, stack = [], [name for name in read if name in producers]
+    while stack:
+        op = producers[stack.pop()]
+        if op not in needed:
+            needed.append(op)
+            stack.extend(name for name in op.reads() if name in producers)
+    forward_ops = [op for op in forward.ops if op in needed]
+    tensors = lowering.program.tensors
+    gradients = {tensors[name].parameter if tensors[name].role == "param" else name: bar
+                 for name, bar in adjoint.gradients.items()}
+    saved = [name for op in forward_ops for name in op.writes() if name in read]
+    return Backward(replace(forward, ops=forward_ops), adjoint_module, saved, adjoint.seed, gradients, adjoint)

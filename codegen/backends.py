@@ -1,8 +1,8 @@
 """Backends: how each IR operation is spelled in NumPy and in PyTorch.
 
-A backend is an expression printer plus one method per IR operation (a block's and a
-network's, ``codegen.ir`` and ``codegen.model_ir``); the statements it returns are the body
-of the emitted functions, in order. Each spelling records, through its printer, the names
+A backend is an expression printer plus one method per IR operation (``codegen.ir``, a
+block's and a network's alike); the statements it returns are the body of the emitted
+functions, in order. Each spelling records, through its printer, the names
 its statements read besides arrays (runtime helpers such as ``_softmax``, sizes, flags):
 what a template defines and binds comes from that record, never from reading the code.
 """
@@ -15,10 +15,9 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, Cache, Contraction, Elementwise, Gather, LocalKernel, MatMul, Module, Normalize, Op,
-                 Operand, Reduction, Scatter, Softmax, Unrolled)
-from .model_ir import (Convolution, Fold, Interleave, Join, Place, PlaceRows, Point, Rows,
-                       TransposedConvolution, Window)
+from .ir import (BATCH, Attention, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
+                 LocalKernel, MatMul, Module, Normalize, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+                 Softmax, TransposedConvolution, Unrolled, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS", "Spelled"]

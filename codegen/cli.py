@@ -205,7 +205,7 @@ def _show(arguments: argparse.Namespace) -> str:
 
     scheme = _load_any(arguments.scheme, arguments)
     if not isinstance(scheme, Scheme):
-        from .model_pipeline import show_model
+        from .pipeline import show_model
 
         return show_model(scheme, arguments.format, arguments.scheme)
     if arguments.format == "toml":
@@ -244,11 +244,10 @@ def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.model import model_names
     from splitformer.symbolic.scheme import Scheme
 
-    from .model_pipeline import generate_model
     from .output import as_folder, check_writable, write_files
     from .parallel import ordered_map
     from .passes import select
-    from .pipeline import BACKEND_CHOICES, generate
+    from .pipeline import BACKEND_CHOICES, generate, generate_model
 
     names = list(arguments.schemes) + (builtin_names() + model_names() if arguments.all_builtins else [])
     if not names:

@@ -1,52 +1,141 @@
-"""Lowering: index-notation assignments → tensor IR operations.
+"""Lowering: index-notation assignments → tensor IR operations, for any program.
 
-Input: a ``symbolic.program.Program``. Output: a ``codegen.ir.Module``.
+Input: a ``symbolic.program.Program`` (a block's step, or a network program: an embedding, a
+readout, a grid step, CvT's pieces). Output: a ``codegen.ir.Module``.
 
-Each assignment is matched, in order, against:
+A read at a pattern of grid indices becomes a view first: shifted points ``S p + r − padding``
+a ``Window`` (the coarse grid, then the kernel offsets), a fixed node ``u[0, l]`` a ``Point``,
+the grid rows ``n[o + N_2 p + q, l]`` of the token axis ``Rows``. Each assignment is then
+matched, in order, against:
 
 - the softmax kernel ``χ e^{a} / Σ_n χ e^{a}`` → ``Softmax`` over the summed axis;
 - a sum of products of arrays (plus at most one bias array) → ``Contraction`` (einsum);
 - ``Σ_k body / N_k`` or ``Σ_k body`` → ``Reduction`` (mean or sum over ``k``);
+- ``c Σ_K x``, one array summed over several axes → ``Contraction``;
 - anything else → ``Elementwise``, after every ``Sum`` inside it has been lowered into a
   temporary of its own.
 
-``Δt`` is set to 1 here (the step size is absorbed into the learned controls).
+A write at shifted points (a prolongation) is computed per coarse node and offset, then
+``Interleave``d; a write at token nodes (``q[0, l]``, ``q[1 + N_2 p + q, l]``) is one part of
+the array, and the parts are joined along the token axis (``Join``) at the end of the
+substep that wrote them. ``Δt`` is set to 1 here (the step size is absorbed into the
+learned controls).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy as sp
 
-from splitformer.symbolic.domains import VARIABLES
-from splitformer.symbolic.latex import plain_equation
+from splitformer.symbolic.adjoint import is_plain
+from splitformer.symbolic.domains import VARIABLES, Domain
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.image import IMAGE_VARIABLES, KERNEL_COLS, KERNEL_ROWS
 from splitformer.symbolic.kinds import OPERATOR_KINDS
+from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Module, Op, Operand, Reduction, Softmax, TensorInfo
+from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Module, Op, Operand,
+                 Point, Reduction, Rows, Softmax, TensorInfo, Window)
 
-__all__ = ["lower", "Lowering", "INDEX_DOMAINS"]
+__all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
 
 INDEX_DOMAINS = {variable.index: variable.domain for variable in VARIABLES.values()}
+#: The labels of a convolution's kernel offsets (its kernel rows and columns).
+KERNEL_OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values()
+                  if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
+
+
+def _domain(index: sp.Idx) -> Domain:
+    """The grid of an index: a block's variable, else the image variable of its letter (a kernel offset
+    whose range the network fixes)."""
+    if index in INDEX_DOMAINS:
+        return INDEX_DOMAINS[index]
+    return next(variable.domain for variable in reversed(IMAGE_VARIABLES.values()) if str(variable.index) == str(index))
+
+
+def _shifted_read(index: sp.Expr) -> tuple[sp.Idx, sp.Idx, sp.Expr, sp.Expr]:
+    """``S p + r − padding`` → ``(p, r, S, padding)``: the coarse index, the kernel offset."""
+    indices = sorted(index.atoms(sp.Idx), key=str)
+    offsets = [i for i in indices if str(i) in KERNEL_OFFSETS]
+    coarse = [i for i in indices if i not in offsets]
+    if len(offsets) != 1 or len(coarse) != 1:
+        raise AssertionError(f"not a read at shifted points: {index}")
+    (offset,), (point,) = offsets, coarse
+    stride = sp.expand(index).coeff(point)
+    if sp.expand(index).coeff(offset) != 1:
+        raise AssertionError(f"kernel offset with a factor: {index}")
+    padding = sp.expand(point * stride + offset - index)
+    return point, offset, stride, padding
+
+
+def shifted_axes(indices) -> tuple[list, list, list, list, set]:
+    """The indices of an array read or written at shifted points ``S p + r − padding`` (or at a fixed
+    node): the plain and coarse indices, the kernel offsets, the shifted axes (after the batch
+    axis), each axis as a view index (``":"`` or the node) and the shapes ``(size, stride, padding)``."""
+    kept, offsets, axes, points, shapes = [], [], [], [":"], set()
+    for position, index in enumerate(indices):
+        if index.is_Integer:
+            points.append(int(index))
+            continue
+        points.append(":")
+        if isinstance(index, sp.Idx):
+            kept.append(index)
+            continue
+        point, offset, stride, padding = _shifted_read(index)
+        kept.append(point)
+        offsets.append(offset)
+        axes.append(position + 1)
+        shapes.add((offset.upper + 1, stride, padding))
+    return kept, offsets, axes, points, shapes
+
+
+def flattened_index(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
+    """``offset + N_2 p + q`` → ``(offset, (p, q))`` when it enumerates ``(p, q)`` row by row."""
+    expanded = sp.expand(index)
+    remaining, ordered, stride = set(expanded.atoms(sp.Idx)), [], sp.Integer(1)
+    if any(str(atom) in KERNEL_OFFSETS for atom in remaining):
+        return None  # a kernel offset: a window
+    while remaining:
+        match = [atom for atom in remaining if sp.expand(expanded.coeff(atom) - stride) == 0]
+        if len(match) != 1:
+            return None
+        ordered.insert(0, match[0])
+        remaining.remove(match[0])
+        stride *= match[0].upper - match[0].lower + 1
+    offset = expanded.xreplace({atom: 0 for atom in ordered})
+    return (int(offset), tuple(ordered)) if offset.is_Integer else None
 
 
 class Lowering:
-    """A program's assignments lowered one by one into IR operations (``lower`` runs it)."""
+    """A program's assignments lowered one by one into IR operations (``lower`` runs it).
 
-    def __init__(self, program: Program):
+    ``known``: tensors lowered before (a network adjoint's forward, which tells the unbatched ones);
+    ``network``: a network program's, each statement commented with its assignment's formula as derived
+    (its time step kept) instead of the lowered formula.
+    """
+
+    def __init__(self, program: Program, known: dict[str, TensorInfo] | None = None, network: bool = False):
         self.program = program
-        self.tensors: dict[str, TensorInfo] = {}
+        self.network = network
+        self.tensors: dict[str, TensorInfo] = dict(known or {})
         self.ops: list[Op] = []
         self.temporaries = 0
         self.section = ""
+        #: token array → its parts so far: (first token node, part array); the section that wrote them
+        self.parts: dict[str, list[tuple[int, str]]] = {}
+        self.sections: dict[str, str] = {}
         for name, tensor in program.tensors.items():
             if tensor.role == "temp" or tensor.role == "state":
                 continue
             labels = tuple(str(index) for index in tensor.indices)
-            view = tuple(INDEX_DOMAINS[index] for index in tensor.indices)
-            if tensor.role not in UNBATCHED_ROLES:
-                labels = (BATCH,) + labels
-            self.tensors[name] = TensorInfo(name, tensor.role, labels, tensor.parameter, tensor.shape,
-                                            view if tensor.role in UNBATCHED_ROLES else None, tensor.kind)
+            view = None
+            if not tensor.batched:  # a parameter read through its own axes (heads split a feature axis)
+                view = tuple(_domain(index) for index in tensor.indices)
+                view = None if view == tensor.shape else view
+            self.tensors[name] = TensorInfo(name, tensor.role, (BATCH,) + labels if tensor.batched else labels,
+                                            tensor.parameter, tensor.shape, view, tensor.kind)
 
     def labels(self, indexed: sp.Indexed) -> tuple[str, ...]:
         labels = tuple(str(index) for index in indexed.indices)
@@ -56,16 +145,43 @@ class Lowering:
     def operand(self, indexed: sp.Indexed) -> Operand:
         return Operand(str(indexed.base.label), self.labels(indexed))
 
+    def comment(self, assignment: Assignment, rhs: sp.Expr | None = None) -> str:
+        """The plain-text formula above the statements of ``assignment``: a network's with its time step, a
+        block's as lowered (``rhs``, Δt = 1)."""
+        shown = assignment.rhs if self.network or rhs is None else rhs
+        return plain_equation(assignment.lhs, shown, self.program.latex_names())
+
     def assignment(self, assignment: Assignment, section: str = "") -> None:
+        """``assignment`` with its reads at patterns viewed: a part of a token array (written at token nodes),
+        a prolongation (written at shifted points) or a formula."""
+        reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
+        for name in sorted(reads & set(self.parts)):
+            self.join(name)
+        assignment = self.viewed(assignment, section)
+        first = assignment.lhs.indices[0] if assignment.lhs.indices else None
+        if not is_plain(assignment.lhs.indices) and not isinstance(first, sp.Idx):
+            self.part(assignment, section)
+        elif not all(isinstance(index, sp.Idx) for index in assignment.lhs.indices):
+            self.interleave(assignment, section)
+        else:
+            self.formula(assignment, section)
+
+    def formula(self, assignment: Assignment, section: str) -> None:
+        """A plain ``lhs = rhs`` as one operation (plus those of the sums hoisted out of it)."""
+        reads = {str(read.base.label) for read in assignment.rhs.atoms(sp.Indexed)}
+        if reads and all(name in self.tensors and self.tensors[name].role == "param" for name in reads):
+            # computed from parameters alone (BatchNorm's a, c): no batch axis, like a parameter
+            labels = tuple(str(index) for index in assignment.lhs.indices)
+            self.tensors[assignment.target] = TensorInfo(assignment.target, "param", labels)
         self.section = section
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         out = assignment.target
         labels = self.labels(assignment.lhs)
-        comment = plain_equation(assignment.lhs, rhs, self.program.latex_names())
-        op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or self.reduction(out, labels, rhs)
+        op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or \
+            self.reduction(out, labels, rhs) or self.summed_array(out, labels, rhs)
         if op is None:
             op = Elementwise(out, labels, expr=self.hoist_sums(rhs, labels))
-        self.ops.append(op.with_comment(comment, section))
+        self.ops.append(op.with_comment(self.comment(assignment, rhs), section))
 
     # -- patterns ----------------------------------------------------------------------
     def softmax(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
@@ -118,12 +234,23 @@ class Lowering:
         if total is None or len(total.limits) != 1:
             return None
         index = total.limits[0][0]
-        mean = scale == 1 / INDEX_DOMAINS[index].size
+        mean = scale == 1 / INDEX_DOMAINS[index].size if index in INDEX_DOMAINS else False
         if not mean and scale != 1:
             return None
         body_labels = _with_axis(labels, str(index), total.function)
         body = self.hoist_sums(total.function, body_labels)
         return Reduction(out, labels, body=body, body_labels=body_labels, axis=str(index), mean=mean)
+
+    def summed_array(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
+        """``y = c Σ_K x``, one array summed over several axes (a costate of BatchNorm's shift), as an einsum."""
+        factors = sp.Mul.make_args(rhs)
+        sums = [factor for factor in factors if isinstance(factor, sp.Sum)]
+        if len(sums) != 1 or not isinstance(sums[0].function, sp.Indexed):
+            return None
+        scale = sp.Mul(*(factor for factor in factors if factor is not sums[0]))
+        if scale.has(sp.Indexed):
+            return None
+        return Contraction(out, labels, operands=(self.operand(sums[0].function),), scale=scale)
 
     def hoist_sums(self, expr: sp.Expr, labels: tuple[str, ...]) -> sp.Expr:
         """Lower every ``Sum`` inside ``expr`` into a temporary; return the rest."""
@@ -139,6 +266,95 @@ class Lowering:
             self.assignment(Assignment(target, total, "temporary"), self.section)
             replacements[total] = target
         return expr.xreplace(replacements)
+
+    # -- reads and writes at patterns ----------------------------------------------------
+    def viewed(self, assignment: Assignment, section: str) -> Assignment:
+        """``assignment`` with each read at a pattern (an index not plain) replaced by the plain read
+        of a view of it (``view``)."""
+        reads = sorted(assignment.rhs.atoms(sp.Indexed), key=sp.default_sort_key)
+        patterns = {read: self.view(read, assignment, section) for read in reads
+                    if not all(isinstance(index, sp.Idx) for index in read.indices)}
+        return replace(assignment, rhs=assignment.rhs.xreplace(patterns)) if patterns else assignment
+
+    def view(self, read: sp.Indexed, assignment: Assignment, section: str) -> sp.Indexed:
+        """A read at a pattern as a view over plain indices: grid rows of the token axis, a node, windows."""
+        source = str(read.base.label)
+        if any(index.atoms(sp.Idx) and not isinstance(index, sp.Idx) and flattened_index(index) is None
+               for index in read.indices):
+            return self.window(read, assignment, section)
+        indices, index, rows = [], [":"], None
+        for axis, entry in enumerate(read.indices):
+            if entry.is_Integer:
+                index.append(int(entry))
+            elif isinstance(entry, sp.Idx):
+                index.append(":")
+                indices.append(entry)
+            else:
+                offset, atoms = flattened_index(entry)
+                rows = (axis + 1, offset, tuple(atom.upper - atom.lower + 1 for atom in atoms))
+                index.append(":")
+                indices.extend(atoms)
+        self.temporaries += 1
+        name = f"{source}_view{self.temporaries}"
+        labels = (BATCH,) + tuple(str(entry) for entry in indices)
+        if rows is not None:
+            axis, offset, sizes = rows
+            op = Rows(name, labels, source=source, axis=axis, offset=offset, sizes=sizes)
+        else:
+            op = Point(name, labels, source=source, index=tuple(index))
+        self.ops.append(op.with_comment(f"{source} at {', '.join(map(str, read.indices))} (a view)", section))
+        return sp.IndexedBase(name)[tuple(indices)]
+
+    def window(self, read: sp.Indexed, assignment: Assignment, section: str) -> sp.Indexed:
+        kept, offsets, axes, points, shapes = shifted_axes(read.indices)
+        if len(shapes) != 1 or set(points) != {":"}:
+            raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis "
+                                   "of a read at windows (and no axis read at a node)")
+        (size, stride, padding), = shapes
+        name = f"{assignment.target}_windows"
+        labels = (BATCH,) + tuple(str(index) for index in kept + offsets)
+        comment = f"{plain_formula(read, self.program.latex_names())} at every grid point and kernel offset (a view)"
+        self.ops.append(Window(name, labels, source=str(read.base.label), axes=tuple(axes), size=size,
+                               stride=stride, padding=padding).with_comment(comment, section))
+        return sp.IndexedBase(name)[tuple(kept + offsets)]
+
+    def interleave(self, assignment: Assignment, section: str) -> None:
+        """``out[…, S p + r, …] = value`` → the value per coarse node and offset, then ``Interleave``."""
+        kept, offsets, axes, points, shapes = shifted_axes(assignment.lhs.indices)
+        if set(points) != {":"} or any(padding != 0 or stride != size for size, stride, padding in shapes):
+            raise SplitformerError(f"{assignment.target}: a prolongation needs kernel = stride and no padding")
+        blocks = f"{assignment.target}_blocks"
+        self.assignment(replace(assignment, lhs=sp.IndexedBase(blocks)[tuple(kept + offsets)]), section)
+        self.ops.append(Interleave(assignment.target, (BATCH,) + tuple(str(index) for index in kept),
+                                   source=blocks, axes=tuple(axes)).with_comment(self.comment(assignment), section))
+        self.ops[-2] = self.ops[-2].with_comment("the value at each coarse node and offset", section)
+
+    def part(self, assignment: Assignment, section: str) -> None:
+        """``x[pattern, l] = value``: the value at each node of the pattern, one part of ``x``."""
+        first, rest = assignment.lhs.indices[0], assignment.lhs.indices[1:]
+        found = (int(first), ()) if first.is_Integer else flattened_index(first)
+        if found is None or not is_plain(rest):
+            raise SplitformerError(f"{assignment.target}: only the token axis (the first) may be written at a node "
+                                   "or at grid rows")
+        offset, atoms = found
+        parts = self.parts.setdefault(assignment.target, [])
+        self.sections.setdefault(assignment.target, section)
+        name = f"{assignment.target}_part{len(parts) + 1}"
+        self.formula(replace(assignment, lhs=sp.IndexedBase(name)[tuple(atoms) + tuple(rest)]), section)
+        parts.append((offset, name))
+
+    def join(self, name: str) -> None:
+        parts, section = sorted(self.parts.pop(name)), self.sections.pop(name)
+        labels = (BATCH,) + tuple(str(index) for index in self.program.tensors[name].indices)
+        self.ops.append(Join(name, labels, section=section, parts=tuple(part for _, part in parts))
+                        .with_comment("the parts one after another along the token axis", section))
+
+    def record(self, assignments, section: str) -> None:
+        """One record's assignments; a record writes whole arrays, so the parts it wrote are complete."""
+        for assignment in assignments:
+            self.assignment(assignment, section)
+        for name in list(self.parts):
+            self.join(name)
 
 
 def _with_cache(ops: list[Op], cached: dict[str, str]) -> list[Op]:
@@ -191,19 +407,16 @@ def _dropout_sites(program: Program) -> tuple[str, ...]:
     return tuple(sites)
 
 
-def lower(program: Program, passes=None) -> Module:
-    """The IR of ``program``; ``passes`` (default: ``codegen.passes.DEFAULT``) rewrite it."""
-    from .passes import DEFAULT
+def lower(program: Program, passes=None, network: bool = False) -> Module:
+    """The IR of ``program``; ``passes`` (default: ``codegen.passes.DEFAULT``) rewrite it. ``network``: a
+    network program's (comments as ``Lowering`` says; no dropout: its functions take none)."""
+    from .passes import DEFAULT, run_passes
 
-    lowering = Lowering(program)
+    lowering = Lowering(program, network=network)
     for record in program.records:
-        for evaluation in record.evaluations:
-            for assignment in evaluation.assignments:
-                lowering.assignment(assignment, record.title)
-        lowering.assignment(record.update, record.title)
+        lowering.record(record.assignments, record.title)
     module = Module(program.name, lowering.tensors, _with_cache(lowering.ops, program.cached), program.output,
-                    dropout=_dropout_sites(program), inputs=program.inputs, constants=program.constants,
+                    dropout=() if network else _dropout_sites(program), inputs=program.inputs, constants=program.constants,
                     stream=program.stream)
-    for rewrite in DEFAULT if passes is None else passes:
-        module = rewrite(module)
+    module = run_passes(module, DEFAULT if passes is None else passes)
     return module

@@ -21,9 +21,8 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.model import NetworkSpec, check_network
 
 from .in_memory import load_source
-from .model_pipeline import generate_model
 from .output import as_folder, write_files
-from .pipeline import BACKEND_CHOICES
+from .pipeline import BACKEND_CHOICES, generate_model
 
 __all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options"]
 

@@ -2,8 +2,8 @@
 
 Input: a network ``Program`` (its operators' assignments and the chaining between them, in
 index notation) and the sizes its network fixes. Output (``program_context``): its forward,
-lowered (``codegen.program_lowering``) and optimized (``passes.NETWORK_STAGE``), and its
-derived backward, the reverse mode over the same assignments (``codegen.model_adjoint``): the
+lowered (``codegen.lowering``) and optimized (``passes.NETWORK_STAGE``), and its
+derived backward, the reverse mode over the same assignments (``codegen.adjoint``): the
 forward statements the adjoint reads, then the adjoint; each function's parameters (shape,
 view, group), statements by section spelled by the backend, and what it binds.
 """
@@ -15,12 +15,13 @@ import sympy as sp
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.program import Program
 
+from .adjoint import lower_stage_adjoint
 from .backends import BACKENDS
 from .ir import Module
-from .model_adjoint import lower_stage_adjoint
+from .lowering import lower
+from .passes import NETWORK_STAGE, run_passes
 from .passes.convolution import convolution
 from .printers import CODE_NAMES, code
-from .program_lowering import lower_program, optimized
 
 __all__ = ["stage_context", "program_context"]
 
@@ -119,13 +120,13 @@ def program_context(program: Program, input_name: str, backend: str, sizes: dict
     """One network program: its forward (``run``, dead arrays freed) and its derived backward (the
     forward statements the adjoint reads, the adjoint, the seed, the costate of ``input_name``, the
     gradients in the order of the parameters), each with what it binds (``_binding``)."""
-    forward = convolution(lower_program(program))
+    forward = lower(program, (convolution,), network=True)
     backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
 
     def context(module: Module, free: bool = False) -> dict:
         return stage_context(module, backend, sizes or {}, free, group_sizes)
 
-    run = context(optimized(forward), free=True)
+    run = context(run_passes(forward, NETWORK_STAGE), free=True)
     with_views = [parameter for parameter in context(forward)["parameters"] if parameter["view"]]
     functions = [context(backward.forward), context(backward.adjoint)]
     binding = _binding(functions, with_views)

@@ -34,7 +34,7 @@ from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, Sub
 from .quadrature import Grid
 from .scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
-__all__ = ["derive", "UNIT_SPACINGS"]
+__all__ = ["derive", "discretize_definitions", "operator_arrays", "UNIT_SPACINGS"]
 
 #: Feature-like grids have unit spacing; the learned kernels absorb any other choice.
 UNIT_SPACINGS = {domain.spacing: sp.Integer(1) for domain in (FEATURES, HEAD_FEATURES, HEADS, HIDDEN, KV_HEADS,
@@ -133,41 +133,21 @@ class _Deriver:
         prefix = key if count == 1 else f"{key}{count}"
         while count > 1 and prefix in self.prefixes:
             prefix += "x"  # a later evaluation must not reuse another operator's names
-        arrays = {STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
-                  **{name: sp.IndexedBase(name) for name in self.inputs}}
-        if branch is not None:
-            arrays[BRANCH] = sp.IndexedBase(branch)
-        absorbed = {}
-        for parameter in operator.parameters():
-            arrays[parameter.function] = sp.IndexedBase(f"{key}_{parameter.name}")
-            absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
         keeps_keys = self.scheme.causal and operator.uses_support()
         definitions = _with_key_inputs(operator) if keeps_keys else operator.definitions()
-        for definition in definitions:
-            arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
-            absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
-        grid = Grid(VARIABLES, arrays, absorbed)
+        arrays, absorbed = operator_arrays(operator, definitions, prefix)
+        arrays.update({STATE: sp.IndexedBase(argument), SUPPORT: sp.IndexedBase(SUPPORT),
+                       **{name: sp.IndexedBase(name) for name in self.inputs}})
+        if branch is not None:
+            arrays[BRANCH] = sp.IndexedBase(branch)
         names = ChainMap({}, self.latex_names())
         for definition in definitions:
             suffix = "" if count == 1 else f",{count}"
             names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{{operator.key_latex()}{suffix}}}"
-        continuous_names = operator.latex_names()
-        assignments = []
-        for definition in definitions:
-            lhs = grid(definition.applied()) * grid.absorption(definition.function, definition.applied().args)
-            if not isinstance(lhs, sp.Indexed):
-                raise AssertionError(f"{definition.function}: stored array is {lhs}")
-            quadrature = grid(definition.rhs) * grid.absorption(definition.function, definition.applied().args)
-            discrete = quadrature.xreplace(UNIT_SPACINGS)
-            if discrete.has(TOKENS.spacing):
-                raise SplitformerError(f"{key}: the token spacing Δx did not cancel in {definition.function}")
-            name = str(lhs.base.label)
-            self.declare(Tensor(name, names[name], lhs.indices, "temp"))
-            assignments.append(Assignment(
-                lhs, discrete, definition.meaning,
-                continuous=equation(definition.applied(), definition.rhs, continuous_names),
-                quadrature=equation(lhs, quadrature, names),
-            ))
+        assignments = discretize_definitions(operator, definitions, Grid(VARIABLES, arrays, absorbed), names,
+                                             UNIT_SPACINGS, (TOKENS.spacing,))
+        for assignment in assignments:
+            self.declare(Tensor(assignment.target, names[assignment.target], assignment.lhs.indices, "temp"))
         output = str(assignments[-1].lhs.base.label)
         if keeps_keys:
             for function in _key_side(definitions):
@@ -300,6 +280,41 @@ class _Deriver:
         update = self.symbol(state) + TIME_STEP * sp.factor_terms(sum(b * k[i] for i, b in enumerate(method.b)))
         rule = r",\quad ".join([to_latex(update)] + parts)
         return discrete, rule, f"{method.title} of " + " + ".join(field.operator for field in step.fields)
+
+
+def operator_arrays(operator: Operator, definitions, prefix: str) -> tuple[dict, dict]:
+    """The arrays of an operator's parameters (``key_name``) and of its ``definitions`` (``prefix_f``), and the
+    variables each absorbs (its quadrature weights)."""
+    arrays, absorbed = {}, {}
+    for function, name, absorbs in [*((p.function, f"{operator.key}_{p.name}", p.absorbs) for p in operator.parameters()),
+                                    *((d.function, f"{prefix}_{d.function}", d.absorbs) for d in definitions)]:
+        arrays[function] = sp.IndexedBase(name)
+        absorbed[function] = tuple(variable.symbol for variable in absorbs)
+    return arrays, absorbed
+
+
+def discretize_definitions(operator: Operator, definitions, grid: Grid, names: Mapping[str, str],
+                           unit: dict, spacings: tuple, targets: dict | None = None,
+                           sizes: dict | None = None) -> tuple[Assignment, ...]:
+    """Each of ``definitions`` on ``grid``: the stored array (at ``targets[f]`` when given, e.g. shifted
+    points) times the weights it absorbs = the rectangle rule of its right-hand side, the ``unit`` spacings
+    set to 1 and the ``sizes`` an operator fixes substituted; ``names`` holds every array's LaTeX name.
+    A spacing of ``spacings`` left over is an error: it must cancel."""
+    assignments = []
+    for definition in definitions:
+        target = (targets or {}).get(definition.function, definition.applied())
+        weight = grid.absorption(definition.function, target.args)
+        lhs = (grid(target) * weight).xreplace(sizes or {})
+        if not isinstance(lhs, sp.Indexed):
+            raise AssertionError(f"{definition.function}: stored array is {lhs}")
+        quadrature = (grid(definition.rhs) * weight).xreplace(sizes or {})
+        discrete = quadrature.xreplace(unit)
+        if any(discrete.has(spacing) or lhs.has(spacing) for spacing in spacings):
+            raise SplitformerError(f"{operator.key}: the grid spacing did not cancel in {definition.function}")
+        assignments.append(Assignment(lhs, discrete, definition.meaning,
+                                      continuous=equation(target, definition.rhs, operator.latex_names()),
+                                      quadrature=equation(lhs, quadrature, names)))
+    return tuple(assignments)
 
 
 def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:

@@ -17,7 +17,7 @@ from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
-__all__ = ["to_latex", "equation", "plain_equation", "align", "text_latex", "plain_text", "unicode_text"]
+__all__ = ["to_latex", "equation", "plain_equation", "plain_formula", "align", "text_latex", "plain_text", "unicode_text"]
 
 
 class _MathPrinter(LatexPrinter):
@@ -97,7 +97,7 @@ def equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = Non
 _UNICODE = {
     r"\Delta": "Δ", r"\alpha": "α", r"\beta": "β", r"\gamma": "γ", r"\sigma": "σ", r"\varepsilon": "ε",
     r"\lambda": "λ", r"\mu": "μ", r"\chi": "χ", r"\kappa": "κ", r"\phi": "φ", r"\theta": "θ", r"\tau": "τ",
-    r"\omega": "ω", r"\varphi": "φ", r"\pi": "π", r"\nu": "ν", r"\delta": "δ", r"\psi": "ψ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
+    r"\omega": "ω", r"\varphi": "φ", r"\ell": "ℓ", r"\pi": "π", r"\nu": "ν", r"\delta": "δ", r"\psi": "ψ", r"\rho": "ρ", r"\eta": "η", r"\xi": "ξ", r"\zeta": "ζ", r"\Omega": "Ω",
 }
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 #: Characters of plain titles and their LaTeX in math mode.
@@ -125,7 +125,7 @@ class _PlainPrinter(StrPrinter):
         self.symbol_names = symbol_names
 
     def _print_Symbol(self, expr: sp.Symbol) -> str:
-        return self.symbol_names.get(expr.name, expr.name)
+        return self.symbol_names.get(expr.name) or _plain_name(expr.name)
 
     def _print_Function(self, expr: sp.Function) -> str:
         if not isinstance(expr, AppliedUndef):
@@ -186,16 +186,18 @@ def _accented(text: str) -> str:
     return text
 
 
-def plain_equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:
-    """``lhs = rhs`` as one line of plain text (the comment above an emitted statement), its names the
-    plain forms of their LaTeX names."""
+def plain_formula(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:
+    """``expr`` as one line of plain text, its names the plain forms of their LaTeX names."""
     names = ChainMap(names or {}, _DEFAULT_NAMES)
-    symbols, functions = _named(rhs)
-    shown = {symbol.name: _plain_name(names[symbol.name]) for symbol in symbols | lhs.atoms(sp.Symbol)
-             if symbol.name in names}
+    symbols, functions = _named(expr)
+    shown = {symbol.name: _plain_name(names[symbol.name]) for symbol in symbols if symbol.name in names}
     shown.update({name: _plain_name(names[name]) for name in functions if name in names})
-    printer = _PlainPrinter(shown)
-    return f"{printer.doprint(lhs)} = {printer.doprint(rhs)}"
+    return _PlainPrinter(shown).doprint(expr)
+
+
+def plain_equation(lhs: sp.Basic, rhs: sp.Basic, names: Mapping[str, str] | None = None) -> str:
+    """``lhs = rhs`` as one line of plain text (the comment above an emitted statement)."""
+    return f"{plain_formula(lhs, names)} = {plain_formula(rhs, names)}"
 
 
 def plain_text(expr: sp.Basic) -> str:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .derivation import UNIT_SPACINGS, derive
+from .derivation import UNIT_SPACINGS, derive, discretize_definitions, operator_arrays
 from .domains import TOKENS, X, Y
-from .errors import SplitformerError
 from .image import C, CHANNELS, CLASSES, IMAGE_VARIABLES, PIXEL, X1, X2, ShiftedGrid
 from .latex import equation
 from .model import GridModelSpec, ModelSpec
@@ -88,44 +87,29 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
     ``prefix`` names the stage's arrays (default: the operator's key; a second application
     of one operator needs another).
     """
-    key = operator.key
-    prefix = prefix or key
+    key, prefix = operator.key, prefix or operator.key
     tensors = {tensor.name: tensor for tensor in inputs.values()}
-    arrays = {function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()}
-    absorbed = {}
     sizes = getattr(operator, "sizes", dict)()
     for parameter in operator.parameters():
-        name = f"{key}_{parameter.name}"
-        arrays[parameter.function] = sp.IndexedBase(name)
-        absorbed[parameter.function] = tuple(variable.symbol for variable in parameter.absorbs)
         latex = parameter.latex if "_" in parameter.latex else f"{parameter.latex}_{{{operator.key_latex()}}}"
         # the kernel's offsets over the support the operator fixes (its adjoint's gradient has that range)
-        tensors[name] = field_tensor(name, latex, (v.index.xreplace(sizes) for v in parameter.arguments), "param",
-                                f"{key}.{parameter.name}", parameter.shape, parameter.kind)
-    for definition in operator.definitions():
-        arrays[definition.function] = sp.IndexedBase(f"{prefix}_{definition.function}")
-        absorbed[definition.function] = tuple(variable.symbol for variable in definition.absorbs)
+        tensors[f"{key}_{parameter.name}"] = field_tensor(
+            f"{key}_{parameter.name}", latex, (v.index.xreplace(sizes) for v in parameter.arguments), "param",
+            f"{key}.{parameter.name}", parameter.shape, parameter.kind)
+    definitions = operator.definitions()
+    arrays, absorbed = operator_arrays(operator, definitions, prefix)
+    arrays.update({function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()})
     grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
                        getattr(operator, "sampled", dict)())
-    targets = getattr(operator, "targets", dict)()
     names = {tensor.name: tensor.latex for tensor in tensors.values()}
-    continuous = operator.latex_names()
-    assignments = []
-    for definition in operator.definitions():
-        name = f"{prefix}_{definition.function}"
-        names[name] = rf"{definition.latex}^{{{operator.key_latex()}}}"
-        target = targets.get(definition.function, definition.applied())
-        weight = grid.absorption(definition.function, target.args)
-        lhs = (grid(target) * weight).xreplace(sizes)
-        quadrature = (grid(definition.rhs) * weight).xreplace(sizes)
-        discrete = quadrature.xreplace(_UNIT)
-        if any(discrete.has(spacing) or lhs.has(spacing) for spacing in (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing)):
-            raise SplitformerError(f"{key}: the grid spacing did not cancel in {definition.function}")
-        tensors[name] = field_tensor(name, names[name], lhs.indices, "temp")
-        assignments.append(Assignment(lhs, discrete, definition.meaning,
-                                      continuous=equation(target, definition.rhs, continuous),
-                                      quadrature=equation(lhs, quadrature, names)))
-    return Stage(operator, tensors, tuple(assignments))
+    names.update({f"{prefix}_{d.function}": rf"{d.latex}^{{{operator.key_latex()}}}" for d in definitions})
+    assignments = discretize_definitions(operator, definitions, grid, names, _UNIT,
+                                         (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing),
+                                         getattr(operator, "targets", dict)(), sizes)
+    for assignment in assignments:
+        tensors[assignment.target] = field_tensor(assignment.target, names[assignment.target],
+                                                  assignment.lhs.indices, "temp")
+    return Stage(operator, tensors, assignments)
 
 
 def derive_model(spec: ModelSpec) -> ModelProgram:

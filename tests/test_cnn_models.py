@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.codegen.model_pipeline import generate_model
+from splitformer.codegen.pipeline import generate_model
 from splitformer.codegen.output import write_files
 from splitformer.symbolic.model import load_model
 

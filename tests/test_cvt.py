@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf  # noqa: E402
-from splitformer.codegen.model_pipeline import generate_model  # noqa: E402
+from splitformer.codegen.pipeline import generate_model  # noqa: E402
 from splitformer.codegen.output import write_files  # noqa: E402
 from splitformer.symbolic.errors import SplitformerError  # noqa: E402
 from splitformer.symbolic.model import load_model  # noqa: E402

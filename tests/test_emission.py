@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from splitformer.codegen.output import write_files
-from splitformer.codegen.model_pipeline import generate_model
-from splitformer.codegen.pipeline import generate
+from splitformer.codegen.pipeline import generate, generate_model
 from splitformer.symbolic import builtin_names, load_scheme
 from splitformer.symbolic.builtins import model_names
 from splitformer.symbolic.model import load_model

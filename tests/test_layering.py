@@ -19,7 +19,7 @@ FOLDERS = {"splitformer": ROOT / "splitformer", "splitformer.symbolic": ROOT / "
 #: Emission and reports: IR → source and Markdown. Orchestrators (pipeline, api, cli) may
 #: call the verification; these modules never do.
 EMISSION = [f"splitformer.codegen.{name}" for name in (
-    "ir", "model_ir", "lowering", "program_lowering", "adjoint", "model_adjoint", "passes",
+    "ir", "lowering", "adjoint", "passes",
     "printers", "backends", "render", "stage_render", "model_render",
     "report", "report_adjoint", "model_report", "initialization")] + ["splitformer.templates"]
 

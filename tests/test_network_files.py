@@ -132,13 +132,13 @@ def test_scheme_options_are_refused_for_a_network_file(tmp_path, capsys, option)
 
 
 def test_all_builtins_includes_the_networks(tmp_path, monkeypatch, capsys):
-    from splitformer.codegen import model_pipeline, pipeline
+    from splitformer.codegen import pipeline
 
     def listed(item, backends, out, passes=None, *rest):  # what derive would generate, without the work
         return {out / f"{item.module_name}.txt": "listed"}
 
     monkeypatch.setattr(pipeline, "generate", listed)
-    monkeypatch.setattr(model_pipeline, "generate_model", listed)
+    monkeypatch.setattr(pipeline, "generate_model", listed)
     assert main(["derive", "--all-builtins", "--out", str(tmp_path)]) == 0
     written = {path.stem for path in tmp_path.glob("*.txt")}
     assert {"vit", "cvt", "resnet_block", "unet_level", "post_ln", "llama"} <= written

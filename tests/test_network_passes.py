@@ -9,9 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from splitformer.codegen.model_ir import Convolution, TransposedConvolution, Window
+from splitformer.codegen.ir import Convolution, TransposedConvolution, Window
+from splitformer.codegen.lowering import lower
 from splitformer.codegen.passes.convolution import convolution
-from splitformer.codegen.program_lowering import lower_program
 from splitformer.symbolic.cvt import derive_cvt
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_adjoint import stage_program
@@ -23,7 +23,7 @@ HELPERS = import_path(GENERATED / "numpy" / "unet_level.py")
 
 
 def _ops(stages):
-    return [op for stage in stages for op in convolution(lower_program(stage_program(stage))).ops]
+    return [op for stage in stages for op in lower(stage_program(stage), (convolution,), network=True).ops]
 
 
 def test_every_forward_convolution_of_the_grid_networks_is_recognized():

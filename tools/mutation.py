@@ -58,8 +58,7 @@ EQUIVALENTS = Path(__file__).with_name("mutation_equivalent.toml")
 #: published references) and a module kept only for old imports.
 VERIFICATION = ("codegen/verification/", "symbolic/references.py", "symbolic/vision_references.py",
                 "symbolic/projection_verifiers.py", "symbolic/evaluate.py", "codegen/convergence.py")
-_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("model_", "stage_render.py", "program_lowering.py", "nn",
-                                                         "study.py"))
+_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("model_", "stage_render.py", "nn", "study.py"))
 #: Area → path prefixes (the first area whose prefix matches wins; templates are ``*.py.j2``).
 AREAS = {
     "passes": ("codegen/passes/",),
@@ -118,15 +117,14 @@ TESTS = {
     "codegen/report": ("tests/test_cli_usage.py", "tests/test_lowering.py"),
     "codegen/printers.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
     "codegen/backends.py": ("tests/test_lowering.py", "tests/test_torch_spellings.py"),
-    "codegen/adjoint.py": ("tests/test_adjoint.py",),
+    "codegen/adjoint.py": ("tests/test_adjoint.py", *_VISION_ADJOINT),
+    "codegen/lowering.py": ("tests/test_lowering.py", "tests/test_network_semantics.py", *_VISION),
     "codegen/parallel.py": ("tests/test_parallel.py",),
     "codegen/nn": ("tests/test_nn.py", "tests/test_nn_hf.py"),
     "codegen/hf_": ("tests/test_hf_native.py",),
     "codegen/study.py": ("tests/test_study.py",),
     "codegen/stage_render.py": ("tests/test_cvt_adjoint.py", "tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
-    "codegen/model_adjoint.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
     "codegen/model_": ("tests/test_network_semantics.py", *_VISION),
-    "codegen/program_lowering.py": ("tests/test_network_semantics.py", *_VISION),
     "codegen/": ("tests/test_lowering.py",),
     **{prefix: ("tests/test_network_semantics.py", *_VISION, *_VISION_ADJOINT) for prefix in _NETWORK_TEMPLATES},
     "templates/numpy/helpers.py.j2": ("tests/test_derive_variants.py",),

@@ -5,6 +5,7 @@ switched off (``passes=()`` for none, ``splitformer derive --passes``): the emit
 stays correct, only slower or less compact.
 """
 
+from .convolution import convolution
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .inline_elementwise import inline_elementwise
@@ -16,7 +17,7 @@ from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
 from .unroll_pairs import unroll_pairs
 
-__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select"]
+__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
@@ -31,10 +32,17 @@ PASSES = {
     "reuse-buffers": reuse_buffers,
 }
 DEFAULT = tuple(PASSES.values())
-#: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their arrays are
-#: kept for the adjoint's recomputation or read by the chaining, so they are merged and fused,
-#: never reused in place.
-NETWORK_STAGE = (inline_elementwise, layer_norm, fused_attention, matmul)
+#: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
+#: recognized; their arrays are kept for the adjoint's recomputation or read by the chaining, so they are
+#: merged and fused, never reused in place.
+NETWORK_STAGE = (convolution, inline_elementwise, layer_norm, fused_attention, matmul)
+
+
+def run_passes(module, passes: tuple = DEFAULT):
+    """``module`` rewritten by each of ``passes`` in turn."""
+    for rewrite in passes:
+        module = rewrite(module)
+    return module
 
 
 def select(names: str) -> tuple:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from ..ir import BATCH, Contraction, Module, Op
-from ..model_ir import Convolution, Interleave, TransposedConvolution, Window
+from ..ir import BATCH, Contraction, Convolution, Interleave, Module, Op, TransposedConvolution, Window
 
 __all__ = ["convolution"]
 

@@ -28,7 +28,7 @@ _MODULES: dict[str, object] = {}
 
 def network_module(spec: NetworkSpec | str):
     """The emitted NumPy module of the network ``spec`` (or built-in name), generated in memory (once a process)."""
-    from ..model_pipeline import generate_model
+    from ..pipeline import generate_model
 
     spec = load_model(spec) if isinstance(spec, str) else spec
     if repr(spec) not in _MODULES:

@@ -536,11 +536,11 @@ def _embedding(u0, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
-    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    # tokens_part1[p, q, l] = K^embed[l, p, q]
     tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
     del embed_out
     # the parts one after another along the token axis
@@ -548,10 +548,10 @@ def _embedding(u0, p, config, eps):
     del tokens_part1
 
     # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    # α^embed_norm[i] = Σ_k(t[i, k])/N_y
+    # β^embed_norm[i] = Σ_k((-α^embed_norm[i] + t[i, k])**2)/N_y
+    # P^embed_norm[i, l] = (-α^embed_norm[i] + t[i, l])/sqrt(ε + β^embed_norm[i])
+    # LN^embed_norm[i, l] = c_embed_norm[l] + g_embed_norm[l]*P^embed_norm[i, l]
     embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     del tokens
     return embed_norm_out
@@ -570,11 +570,11 @@ def _embedding_cls(u0, p, config, eps):
     cls = p["cls"]
 
     # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
-    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    # tokens_part1[p, q, l] = K^embed[l, p, q]
     tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
     del embed_out
     # the parts one after another along the token axis
@@ -582,20 +582,20 @@ def _embedding_cls(u0, p, config, eps):
     del tokens_part1
 
     # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    # α^embed_norm[i] = Σ_k(t[i, k])/N_y
+    # β^embed_norm[i] = Σ_k((-α^embed_norm[i] + t[i, k])**2)/N_y
+    # P^embed_norm[i, l] = (-α^embed_norm[i] + t[i, l])/sqrt(ε + β^embed_norm[i])
+    # LN^embed_norm[i, l] = c_embed_norm[l] + g_embed_norm[l]*P^embed_norm[i, l]
     embed_norm_out = _layer_norm(tokens, embed_norm_gain, embed_norm_bias, eps)
     del tokens
 
     # --- the class node joins ---
-    # {u^{(0)}}_{0,l} = {c}_{l}
+    # x0_part1[l] = c[l]
     x0_part1 = cls
     # embed_norm_out at N_2*p + q, l (a view)
     embed_norm_out_view1 = _rows(embed_norm_out, 1, 0, (n_rows, n_cols))
     del embed_norm_out
-    # {u^{(0)}}_{N_{2} p + q + 1,l} = {\mathrm{LN}^{\mathrm{embed\_norm}}}_{N_{2} p + q,l}
+    # x0_part2[p, q, l] = embed_norm_out_view1[p, q, l]
     x0_part2 = embed_norm_out_view1
     del embed_norm_out_view1
     # the parts one after another along the token axis
@@ -652,62 +652,62 @@ def _step(u0, p, config, eps):
     d_ff = p["ffn.W_1"].shape[1]
 
     # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # α^norm1[i] = Σ_k(u0[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u0[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u0[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
     # --- the grid field of the tokens ---
     # norm1_out at N_2*p + q, l (a view)
     norm1_out_view1 = _rows(norm1_out, 1, 0, (n_rows, n_cols))
     del norm1_out
-    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q,l}
+    # g[l, p, q] = norm1_out_view1[p, q, l]
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
     del norm1_out_view1
 
     # --- qconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
 
     # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
 
     # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
     del grid
 
     # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
 
     # --- queries on the token nodes; keys and values on the key nodes ---
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
-    # {q_{in}}_{N_{2} p + q,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
+    # q_in_part1[p, q, l] = B^qbn[l, p, q]
     q_in_part1 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
     del qbn_a, qbn_c, qconv_out
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
-    # {k_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
+    # k_in_part1[f, h, l] = B^kbn[l, f, h]
     k_in_part1 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
     del kbn_a, kbn_c, kconv_out
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
-    # {v_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
+    # v_in_part1[f, h, l] = B^vbn[l, f, h]
     v_in_part1 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
     del vbn_a, vbn_c, vconv_out
     # the parts one after another along the token axis
@@ -721,61 +721,61 @@ def _step(u0, p, config, eps):
     del v_in_part1
 
     # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*q_in[i, k])
     attn_q = q_in.reshape(-1, d) @ attn_W_q
     attn_q += attn_b_q
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     del q_in
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    # K^attn[t, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*k_in[t, k])
     attn_k = k_in.reshape(-1, d) @ attn_W_k
     attn_k += attn_b_k
     attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
     del k_in
-    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    # V^attn[t, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*v_in[t, k])
     attn_v = v_in.reshape(-1, d) @ attn_W_v
     attn_v += attn_b_v
     attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
     del v_in
-    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    # a^attn[m, i, t] = Σ_e(K^attn[t, m, e]*Q^attn[i, m, e])/sqrt(N_y)
+    # γ^attn[m, i, t] = exp(a^attn[m, i, t])/Σ_w(exp(a^attn[m, i, w]))
+    # O^attn[i, m, e] = Σ_t(γ^attn[m, i, t]*V^attn[t, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
     del attn_k, attn_q, attn_v
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
 
     # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
     del attn_out
 
     # --- norm2: layer-norm ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # α^norm2[i] = Σ_k(u_1[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u_1[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u_1[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
 
     # --- ffn: feed-forward ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
     del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_2[l] + Σ_z(W_2[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     del ffn_s
 
     # --- residual sum ---
-    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
+    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
     u2 = ffn_out + u1
     del ffn_out, u1
     return u2
@@ -829,77 +829,77 @@ def _step_cls(u0, p, config, eps):
     d_ff = p["ffn.W_1"].shape[1]
 
     # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # α^norm1[i] = Σ_k(u0[i, k])/N_y
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u0[i, k])**2)/N_y
+    # P^norm1[i, l] = (-α^norm1[i] + u0[i, l])/sqrt(ε + β^norm1[i])
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = _layer_norm(u0, norm1_gain, norm1_bias, eps)
 
     # --- the grid field of the tokens ---
     # norm1_out at N_2*p + q + 1, l (a view)
     norm1_out_view1 = _rows(norm1_out, 1, 1, (n_rows, n_cols))
-    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q + 1,l}
+    # g[l, p, q] = norm1_out_view1[p, q, l]
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
     del norm1_out_view1
 
     # --- qconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
 
     # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
 
     # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
     del grid
 
     # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
 
     # --- queries on the token nodes; keys and values on the key nodes ---
     # norm1_out at 0, l (a view)
     norm1_out_view2 = norm1_out[:, 0, :]
-    # {q_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # q_in_part1[l] = norm1_out_view2[l]
     q_in_part1 = norm1_out_view2
     del norm1_out_view2
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
-    # {q_{in}}_{N_{2} p + q + 1,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
+    # q_in_part2[p, q, l] = B^qbn[l, p, q]
     q_in_part2 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
     del qbn_a, qbn_c, qconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view3 = norm1_out[:, 0, :]
-    # {k_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # k_in_part1[l] = norm1_out_view3[l]
     k_in_part1 = norm1_out_view3
     del norm1_out_view3
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
-    # {k_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
+    # k_in_part2[f, h, l] = B^kbn[l, f, h]
     k_in_part2 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
     del kbn_a, kbn_c, kconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view4 = norm1_out[:, 0, :]
     del norm1_out
-    # {v_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # v_in_part1[l] = norm1_out_view4[l]
     v_in_part1 = norm1_out_view4
     del norm1_out_view4
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
-    # {v_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
+    # v_in_part2[f, h, l] = B^vbn[l, f, h]
     v_in_part2 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
     del vbn_a, vbn_c, vconv_out
     # the parts one after another along the token axis
@@ -913,61 +913,61 @@ def _step_cls(u0, p, config, eps):
     del v_in_part1, v_in_part2
 
     # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*q_in[i, k])
     attn_q = q_in.reshape(-1, d) @ attn_W_q
     attn_q += attn_b_q
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     del q_in
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    # K^attn[t, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*k_in[t, k])
     attn_k = k_in.reshape(-1, d) @ attn_W_k
     attn_k += attn_b_k
     attn_k = attn_k.reshape(batch, n_memory, n_heads, d_head)
     del k_in
-    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    # V^attn[t, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*v_in[t, k])
     attn_v = v_in.reshape(-1, d) @ attn_W_v
     attn_v += attn_b_v
     attn_v = attn_v.reshape(batch, n_memory, n_heads, d_head)
     del v_in
-    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
-    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    # a^attn[m, i, t] = Σ_e(K^attn[t, m, e]*Q^attn[i, m, e])/sqrt(N_y)
+    # γ^attn[m, i, t] = exp(a^attn[m, i, t])/Σ_w(exp(a^attn[m, i, w]))
+    # O^attn[i, m, e] = Σ_t(γ^attn[m, i, t]*V^attn[t, m, e])
     attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d), None)
     del attn_k, attn_q, attn_v
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     del attn_o
 
     # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
     del attn_out
 
     # --- norm2: layer-norm ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # α^norm2[i] = Σ_k(u_1[i, k])/N_y
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u_1[i, k])**2)/N_y
+    # P^norm2[i, l] = (-α^norm2[i] + u_1[i, l])/sqrt(ε + β^norm2[i])
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = _layer_norm(u1, norm2_gain, norm2_bias, eps)
 
     # --- ffn: feed-forward ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
     del ffn_w
-    # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{2}}_{l} + \sum_{z} {W_{2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
+    # F^ffn[i, l] = b_2[l] + Σ_z(W_2[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out += ffn_b_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     del ffn_s
 
     # --- residual sum ---
-    # {u_{2}}_{i,l} = \Delta t {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u_{1}}_{i,l}
+    # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
     u2 = ffn_out + u1
     del ffn_out, u1
     return u2
@@ -981,7 +981,7 @@ def _grid(u, p, config, eps):
     # --- the stage's grid ---
     # u at N_2*p + q, l (a view)
     u_view1 = _rows(u, 1, 0, (n_rows, n_cols))
-    # {g}_{l,p,q} = {u}_{N_{2} p + q,l}
+    # g[l, p, q] = u_view1[p, q, l]
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
     return hidden
@@ -995,7 +995,7 @@ def _grid_cls(u, p, config, eps):
     # --- the stage's grid ---
     # u at N_2*p + q + 1, l (a view)
     u_view1 = _rows(u, 1, 1, (n_rows, n_cols))
-    # {g}_{l,p,q} = {u}_{N_{2} p + q + 1,l}
+    # g[l, p, q] = u_view1[p, q, l]
     hidden = np.transpose(u_view1, (0, 3, 1, 2))
     del u_view1
     return hidden
@@ -1007,7 +1007,7 @@ def _node(u, p, config, eps):
     # --- the class node ---
     # u at 0, l (a view)
     u_view1 = u[:, 0, :]
-    # {c}_{0,l} = {u}_{0,l}
+    # node_part1[l] = u_view1[l]
     node_part1 = u_view1
     del u_view1
     # the parts one after another along the token axis
@@ -1024,20 +1024,20 @@ def _readout(cls, p, config, eps):
     head_b = p["head.b"]
 
     # --- final_norm: layer-norm ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # α^final_norm[i] = Σ_k(cls[i, k])/N_y
+    # β^final_norm[i] = Σ_k((cls[i, k] - α^final_norm[i])**2)/N_y
+    # P^final_norm[i, l] = (cls[i, l] - α^final_norm[i])/sqrt(ε + β^final_norm[i])
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     final_norm_out = _layer_norm(cls, final_norm_gain, final_norm_bias, eps)
 
     # --- head: class-token-head ---
     # final_norm_out at 0, l (a view)
     final_norm_out_view1 = final_norm_out[:, 0, :]
     del final_norm_out
-    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
+    # z^head[l] = final_norm_out_view1[l]
     head_z = final_norm_out_view1
     del final_norm_out_view1
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    # ℓ^head[o] = b^H_head[o] + Σ_k(W^H_head[k, o]*z^head[k])
     head_logits = _einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
     return head_logits
@@ -1101,56 +1101,59 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     embed_norm_gain = p["embed_norm.gain"]
 
     # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
-    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    # tokens_part1[p, q, l] = K^embed[l, p, q]
     tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
     # the parts one after another along the token axis
     tokens = _join(tokens_part1)
 
     # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # α^embed_norm[i] = Σ_k(t[i, k])/N_y
     embed_norm_alpha = np.mean(tokens, axis=2)
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # β^embed_norm[i] = Σ_k((-α^embed_norm[i] + t[i, k])**2)/N_y
     embed_norm_beta = np.mean((-embed_norm_alpha[:, :, None] + tokens)**2, axis=2)
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # P^embed_norm[i, l] = (-α^embed_norm[i] + t[i, l])/sqrt(ε + β^embed_norm[i])
     embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
 
     # --- adjoint of embed_norm: layer-norm ---
-    # {\overline{c_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    # c̅_embed_norm[l] = Σ_i(L̅N̅^embed_norm[i, l])
     embed_norm_bias_bar = _einsum("bil->l", embed_norm_out_bar)
-    # {\overline{g_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    # g̅_embed_norm[l] = Σ_i(L̅N̅^embed_norm[i, l]*P^embed_norm[i, l])
     embed_norm_gain_bar = _einsum("bil,bil->l", embed_norm_out_bar, embed_norm_p)
-    # {\overline{P^{\mathrm{embed\_norm}}}}_{i,l} = {g_{\mathrm{embed\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    # P̅^embed_norm[i, l] = g_embed_norm[l]*L̅N̅^embed_norm[i, l]
     embed_norm_p_bar = embed_norm_gain*embed_norm_out_bar
+    # t1[i] = Σ_l(P^embed_norm[i, l]*P̅^embed_norm[i, l])
     t1 = _einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
-    # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
+    # β̅^embed_norm[i] = -Σ_l(P^embed_norm[i, l]*P̅^embed_norm[i, l])/(2*(ε + β^embed_norm[i]))
     embed_norm_beta_bar = -t1/(2*(eps + embed_norm_beta))
-    t2 = _einsum("bik->bi", embed_norm_p)
-    t3 = _einsum("bil->bi", embed_norm_p_bar)
-    # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
+    # t2[i] = Σ_k(P^embed_norm[i, k])
+    t2 = np.sum(embed_norm_p, axis=2)
+    # t3[i] = Σ_l(P̅^embed_norm[i, l])
+    t3 = np.sum(embed_norm_p_bar, axis=2)
+    # α̅^embed_norm[i] = -Σ_l(P̅^embed_norm[i, l])/sqrt(ε + β^embed_norm[i]) - 2*sqrt(ε + β^embed_norm[i])*β̅^embed_norm[i]*Σ_k(P^embed_norm[i, k])/N_y
     embed_norm_alpha_bar = -t3/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t2/d
 
     # --- adjoint of the grid as tokens ---
-    # {\overline{t}}_{i,l} = \frac{{\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} {P^{\mathrm{embed\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{embed\_norm}}}}_{i}}{N_{y}}
+    # t̅[i, l] = P̅^embed_norm[i, l]/sqrt(ε + β^embed_norm[i]) + 2*sqrt(ε + β^embed_norm[i])*β̅^embed_norm[i]*P^embed_norm[i, l]/N_y + α̅^embed_norm[i]/N_y
     tokens_bar = embed_norm_alpha_bar[:, :, None]/d + embed_norm_p_bar/np.sqrt(eps + embed_norm_beta[:, :, None]) + 2*np.sqrt(eps + embed_norm_beta[:, :, None])*embed_norm_beta_bar[:, :, None]*embed_norm_p/d
 
     # --- adjoint of embed: convolution ---
     # tokens_bar at N_2*p + q, l (a view)
     tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
-    # {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} = {\overline{t}}_{N_{2} p + q,l}
+    # K̅^embed[l, p, q] = tokens_bar_view4[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view4, (0, 3, 1, 2))
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
     embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
-    # {\overline{W_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
     embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
-    # {\overline{b_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
     # the value at each coarse node and offset
     u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
-    # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
     u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
         "embed.W": embed_W_bar,
@@ -1175,29 +1178,29 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     embed_norm_bias = p["embed_norm.bias"]
 
     # --- embed: convolution ---
-    # {\mathcal{K}^{\mathrm{embed}}}_{l,p,q} = {b_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{embed}}}_{c,r,s,l} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # K^embed[l, p, q] = b_embed[l] + Σ_{c,r,s}(W_embed[c, r, s, l]*embed_out_windows[c, p, q, r, s])
     embed_out = _conv2d(u0, embed_W, patch_stride, patch_padding, embed_b)
 
     # --- the grid as tokens ---
-    # {t}_{N_{2} p + q,l} = {\mathcal{K}^{\mathrm{embed}}}_{l,p,q}
+    # tokens_part1[p, q, l] = K^embed[l, p, q]
     tokens_part1 = np.transpose(embed_out, (0, 2, 3, 1))
     # the parts one after another along the token axis
     tokens = _join(tokens_part1)
 
     # --- embed_norm: layer-norm ---
-    # {\alpha^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} {tokens}_{i,k}}{N_{y}}
+    # α^embed_norm[i] = Σ_k(t[i, k])/N_y
     embed_norm_alpha = np.mean(tokens, axis=2)
-    # {\beta^{\mathrm{embed\_norm}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,k}\right)^{2}}{N_{y}}
+    # β^embed_norm[i] = Σ_k((-α^embed_norm[i] + t[i, k])**2)/N_y
     embed_norm_beta = np.mean((-embed_norm_alpha[:, :, None] + tokens)**2, axis=2)
-    # {P^{\mathrm{embed\_norm}}}_{i,l} = \frac{- {\alpha^{\mathrm{embed\_norm}}}_{i} + {tokens}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}}
+    # P^embed_norm[i, l] = (-α^embed_norm[i] + t[i, l])/sqrt(ε + β^embed_norm[i])
     embed_norm_p = (-embed_norm_alpha[:, :, None] + tokens)/np.sqrt(eps + embed_norm_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{embed\_norm}}}_{i,l} = {c_{\mathrm{embed\_norm}}}_{l} + {g_{\mathrm{embed\_norm}}}_{l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    # LN^embed_norm[i, l] = c_embed_norm[l] + g_embed_norm[l]*P^embed_norm[i, l]
     embed_norm_out = embed_norm_gain*embed_norm_p + embed_norm_bias
 
     # --- adjoint of the class node joins ---
     # x0_bar at 0, l (a view)
     x0_bar_view1 = x0_bar[:, 0, :]
-    # {\overline{c}}_{l} = {\lambda^{(0)}}_{0,l}
+    # c̅[l] = x0_bar_view1[l]
     cls_bar = _einsum("bl->l", x0_bar_view1)
 
     # --- adjoint of embed_norm: layer-norm ---
@@ -1205,40 +1208,43 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     x0_bar_view2 = _rows(x0_bar, 1, 1, (n_rows, n_cols))
     # the value at each grid point
     embed_norm_out_bar_rows = x0_bar_view2
-    # {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{N_{2} p + q,l} = {\lambda^{(0)}}_{N_{2} p + q + 1,l}
+    # L̅N̅^embed_norm[N_2*p + q, l] = x0_bar_view2[p, q, l]
     embed_norm_out_bar = _place_rows(embed_norm_out_bar_rows, embed_norm_out.shape, 1, 0)
-    # {\overline{c_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    # c̅_embed_norm[l] = Σ_i(L̅N̅^embed_norm[i, l])
     embed_norm_bias_bar = _einsum("bil->l", embed_norm_out_bar)
-    # {\overline{g_{\mathrm{embed\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l} {P^{\mathrm{embed\_norm}}}_{i,l}
+    # g̅_embed_norm[l] = Σ_i(L̅N̅^embed_norm[i, l]*P^embed_norm[i, l])
     embed_norm_gain_bar = _einsum("bil,bil->l", embed_norm_out_bar, embed_norm_p)
-    # {\overline{P^{\mathrm{embed\_norm}}}}_{i,l} = {g_{\mathrm{embed\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{embed\_norm}}}}_{i,l}
+    # P̅^embed_norm[i, l] = g_embed_norm[l]*L̅N̅^embed_norm[i, l]
     embed_norm_p_bar = embed_norm_gain*embed_norm_out_bar
+    # t3[i] = Σ_l(P^embed_norm[i, l]*P̅^embed_norm[i, l])
     t3 = _einsum("bil,bil->bi", embed_norm_p, embed_norm_p_bar)
-    # {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{embed\_norm}}}_{i,l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}\right)}
+    # β̅^embed_norm[i] = -Σ_l(P^embed_norm[i, l]*P̅^embed_norm[i, l])/(2*(ε + β^embed_norm[i]))
     embed_norm_beta_bar = -t3/(2*(eps + embed_norm_beta))
-    t4 = _einsum("bik->bi", embed_norm_p)
-    t5 = _einsum("bil->bi", embed_norm_p_bar)
-    # {\overline{\alpha^{\mathrm{embed\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} \sum_{k} {P^{\mathrm{embed\_norm}}}_{i,k}}{N_{y}}
+    # t4[i] = Σ_k(P^embed_norm[i, k])
+    t4 = np.sum(embed_norm_p, axis=2)
+    # t5[i] = Σ_l(P̅^embed_norm[i, l])
+    t5 = np.sum(embed_norm_p_bar, axis=2)
+    # α̅^embed_norm[i] = -Σ_l(P̅^embed_norm[i, l])/sqrt(ε + β^embed_norm[i]) - 2*sqrt(ε + β^embed_norm[i])*β̅^embed_norm[i]*Σ_k(P^embed_norm[i, k])/N_y
     embed_norm_alpha_bar = -t5/np.sqrt(eps + embed_norm_beta) - 2*np.sqrt(eps + embed_norm_beta)*embed_norm_beta_bar*t4/d
 
     # --- adjoint of the grid as tokens ---
-    # {\overline{t}}_{i,l} = \frac{{\overline{P^{\mathrm{embed\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{embed\_norm}}}_{i}} {\overline{\beta^{\mathrm{embed\_norm}}}}_{i} {P^{\mathrm{embed\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{embed\_norm}}}}_{i}}{N_{y}}
+    # t̅[i, l] = P̅^embed_norm[i, l]/sqrt(ε + β^embed_norm[i]) + 2*sqrt(ε + β^embed_norm[i])*β̅^embed_norm[i]*P^embed_norm[i, l]/N_y + α̅^embed_norm[i]/N_y
     tokens_bar = embed_norm_alpha_bar[:, :, None]/d + embed_norm_p_bar/np.sqrt(eps + embed_norm_beta[:, :, None]) + 2*np.sqrt(eps + embed_norm_beta[:, :, None])*embed_norm_beta_bar[:, :, None]*embed_norm_p/d
 
     # --- adjoint of embed: convolution ---
     # tokens_bar at N_2*p + q, l (a view)
     tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
-    # {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} = {\overline{t}}_{N_{2} p + q,l}
+    # K̅^embed[l, p, q] = tokens_bar_view6[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view6, (0, 3, 1, 2))
-    # {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} at every grid point and kernel offset (a view)
+    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
     embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
-    # {\overline{W_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q} {u}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s}
+    # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
     embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
-    # {\overline{b_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
     # the value at each coarse node and offset
     u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
-    # {\overline{u}}_{c,- patch_{padding} + patch_{stride} p + r,- patch_{padding} + patch_{stride} q + s} = \sum_{l} {W_{\mathrm{embed}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{embed}}}}_{l,p,q}
+    # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
     u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
         "embed.W": embed_W_bar,
@@ -1296,63 +1302,63 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     ffn_W_2 = p["ffn.W_2"]
 
     # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u0[i, k])/N_y
     norm1_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u0[i, k])**2)/N_y
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u0[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p + norm1_bias
 
     # --- the grid field of the tokens ---
     # norm1_out at N_2*p + q, l (a view)
     norm1_out_view1 = _rows(norm1_out, 1, 0, (n_rows, n_cols))
-    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q,l}
+    # g[l, p, q] = norm1_out_view1[p, q, l]
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
 
     # --- queries on the token nodes; keys and values on the key nodes ---
-    # {q_{in}}_{N_{2} p + q,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    # q_in_part1[p, q, l] = B^qbn[l, p, q]
     q_in_part1 = np.transpose(qbn_out, (0, 2, 3, 1))
-    # {k_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    # k_in_part1[f, h, l] = B^kbn[l, f, h]
     k_in_part1 = np.transpose(kbn_out, (0, 2, 3, 1))
-    # {v_{in}}_{N^{k}_2 f + h,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    # v_in_part1[f, h, l] = B^vbn[l, f, h]
     v_in_part1 = np.transpose(vbn_out, (0, 2, 3, 1))
     # the parts one after another along the token axis
     q_in = _join(q_in_part1)
@@ -1362,255 +1368,262 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     v_in = _join(v_in_part1)
 
     # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*q_in[i, k])
     attn_q = _einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    # K^attn[t, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*k_in[t, k])
     attn_k = _einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
-    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    # V^attn[t, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*v_in[t, k])
     attn_v = _einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
-    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    # a^attn[m, i, t] = Σ_e(K^attn[t, m, e]*Q^attn[i, m, e])/sqrt(N_y)
     attn_a = _einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
-    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    # γ^attn[m, i, t] = exp(a^attn[m, i, t])/Σ_w(exp(a^attn[m, i, w]))
     attn_gamma = _softmax(attn_a, None)
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    # O^attn[i, m, e] = Σ_t(γ^attn[m, i, t]*V^attn[t, m, e])
     attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u_1[i, k])/N_y
     norm2_alpha = np.mean(u1, axis=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u_1[i, k])**2)/N_y
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u_1[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = norm2_gain*norm2_p + norm2_bias
 
     # --- ffn: feed-forward ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
 
     # --- adjoint of ffn: feed-forward ---
-    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = \Delta t {\overline{u_{2}}}_{i,l}
+    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
     ffn_out_bar = u2_bar
-    # {\overline{W_{2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    # {\overline{b_{2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # b̅_2[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
     ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
     ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
-    # {\overline{W_{1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
-    # {\overline{b_{1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # b̅_1[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
 
     # --- adjoint of norm2: layer-norm ---
-    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # L̅N̅^norm2[i, l] = Σ_z(W_1[l, z]*w̅^ffn[i, z])
     norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     norm2_p_bar = norm2_gain*norm2_out_bar
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    t2 = _einsum("bik->bi", norm2_p)
-    t3 = _einsum("bil->bi", norm2_p_bar)
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # t2[i] = Σ_k(P^norm2[i, k])
+    t2 = np.sum(norm2_p, axis=2)
+    # t3[i] = Σ_l(P̅^norm2[i, l])
+    t3 = np.sum(norm2_p_bar, axis=2)
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
 
     # --- adjoint of residual sum ---
-    # {\overline{u_{1}}}_{i,l} = {\overline{u_{2}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # u̅_1[i, l] = u̅_2[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = \Delta t {\overline{u_{1}}}_{i,l}
+    # A̅^attn[i, l] = Δt*u̅_1[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
+    # γ̅^attn[m, i, t] = Σ_e(O̅^attn[i, m, e]*V^attn[t, m, e])
     attn_gamma_bar = _einsum("bime,btme->bmit", attn_o_bar, attn_v)
+    # t4[m, i] = Σ_w(γ^attn[m, i, w]*γ̅^attn[m, i, w])
     t4 = _einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
+    # a̅^attn[m, i, t] = γ^attn[m, i, t]*γ̅^attn[m, i, t] - γ^attn[m, i, t]*Σ_w(γ^attn[m, i, w]*γ̅^attn[m, i, w])
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
-    # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
+    # V̅^attn[t, m, e] = Σ_i(γ^attn[m, i, t]*O̅^attn[i, m, e])
     attn_v_bar = _einsum("bmit,bime->btme", attn_gamma, attn_o_bar)
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e} {v_{in}}_{t,k}
+    # W̅^V_attn[k, m, e] = Σ_t(V̅^attn[t, m, e]*v_in[t, k])
     attn_W_v_bar = _einsum("btk,btme->kme", v_in, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    # b̅^V_attn[m, e] = Σ_t(V̅^attn[t, m, e])
     attn_b_v_bar = _einsum("btme->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}}}
+    # K̅^attn[t, m, e] = Σ_i(a̅^attn[m, i, t]*Q^attn[i, m, e])/sqrt(N_y)
     attn_k_bar = _einsum("bmit,bime->btme", attn_a_bar, attn_q) / math.sqrt(d)
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e} {k_{in}}_{t,k}
+    # W̅^K_attn[k, m, e] = Σ_t(K̅^attn[t, m, e]*k_in[t, k])
     attn_W_k_bar = _einsum("btk,btme->kme", k_in, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    # b̅^K_attn[m, e] = Σ_t(K̅^attn[t, m, e])
     attn_b_k_bar = _einsum("btme->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {K^{\mathrm{attn}}}_{t,m,e}}{\sqrt{N_{y}}}
+    # Q̅^attn[i, m, e] = Σ_t(a̅^attn[m, i, t]*K^attn[t, m, e])/sqrt(N_y)
     attn_q_bar = _einsum("bmit,btme->bime", attn_a_bar, attn_k) / math.sqrt(d)
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {q_{in}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*q_in[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", q_in, attn_q_bar)
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
 
     # --- adjoint of queries on the token nodes; keys and values on the key nodes ---
-    # {\overline{v_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    # v̅_in[t, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[t, m, e])
     v_in_bar = _einsum("btme,lme->btl", attn_v_bar, attn_W_v)
-    # {\overline{k_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    # k̅_in[t, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[t, m, e])
     k_in_bar = _einsum("btme,lme->btl", attn_k_bar, attn_W_k)
-    # {\overline{q_{in}}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # q̅_in[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     q_in_bar = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
 
     # --- adjoint of vbn: batch-norm ---
     # v_in_bar at N^{k}_2*f + h, l (a view)
     v_in_bar_view5 = _rows(v_in_bar, 1, 0, (n_rows_kv, n_cols_kv))
-    # {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} = {\overline{v_{in}}}_{N^{k}_2 f + h,l}
+    # B̅^vbn[l, f, h] = v_in_bar_view5[f, h, l]
     vbn_out_bar = np.transpose(v_in_bar_view5, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    # c̅^vbn[l] = Σ_{f,h}(B̅^vbn[l, f, h])
     vbn_c_bar = _einsum("blfh->bl", vbn_out_bar)
-    # {\overline{\beta_{\mathrm{vbn}}}}_{l} = {\overline{c^{\mathrm{vbn}}}}_{l}
+    # β̅_vbn[l] = c̅^vbn[l]
     vbn_bias_bar = _einsum("bl->l", vbn_c_bar)
     t6 = -vbn_a*vbn_c_bar
-    # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
+    # μ̅_vbn[l] = -a^vbn[l]*c̅^vbn[l]
     vbn_mean_bar = _einsum("bl->l", t6)
-    # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
+    # a̅^vbn[l] = Σ_{f,h}(B̅^vbn[l, f, h]*K_dw^vconv[l, f, h])
     vbn_a_bar = _einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
     t7 = vbn_a_bar/np.sqrt(eps + vbn_var)
     vbn_gain_bar_0 = _einsum("bl->l", t7)
     t8 = -vbn_c_bar*vbn_mean/np.sqrt(eps + vbn_var)
     vbn_gain_bar_1 = _einsum("bl->l", t8)
-    # {\overline{\gamma_{\mathrm{vbn}}}}_{l} = \frac{{\overline{a^{\mathrm{vbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # γ̅_vbn[l] = a̅^vbn[l]/sqrt(ε + v_vbn[l]) - c̅^vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_gain_bar = vbn_gain_bar_0 + vbn_gain_bar_1
     t9 = -vbn_a*vbn_a_bar/(2*(eps + vbn_var))
     vbn_var_bar_0 = _einsum("bl->l", t9)
     t10 = vbn_a*vbn_c_bar*vbn_mean/(2*(eps + vbn_var))
     vbn_var_bar_1 = _einsum("bl->l", t10)
-    # {\overline{v_{\mathrm{vbn}}}}_{l} = - \frac{{a^{\mathrm{vbn}}}_{l} {\overline{a^{\mathrm{vbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)} + \frac{{a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)}
+    # v̅_vbn[l] = -a^vbn[l]*a̅^vbn[l]/(2*(ε + v_vbn[l])) + a^vbn[l]*c̅^vbn[l]*μ_vbn[l]/(2*(ε + v_vbn[l]))
     vbn_var_bar = vbn_var_bar_0 + vbn_var_bar_1
 
     # --- adjoint of vconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
     vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{vconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h, l (a view)
     k_in_bar_view11 = _rows(k_in_bar, 1, 0, (n_rows_kv, n_cols_kv))
-    # {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} = {\overline{k_{in}}}_{N^{k}_2 f + h,l}
+    # B̅^kbn[l, f, h] = k_in_bar_view11[f, h, l]
     kbn_out_bar = np.transpose(k_in_bar_view11, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    # c̅^kbn[l] = Σ_{f,h}(B̅^kbn[l, f, h])
     kbn_c_bar = _einsum("blfh->bl", kbn_out_bar)
-    # {\overline{\beta_{\mathrm{kbn}}}}_{l} = {\overline{c^{\mathrm{kbn}}}}_{l}
+    # β̅_kbn[l] = c̅^kbn[l]
     kbn_bias_bar = _einsum("bl->l", kbn_c_bar)
     t12 = -kbn_a*kbn_c_bar
-    # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
+    # μ̅_kbn[l] = -a^kbn[l]*c̅^kbn[l]
     kbn_mean_bar = _einsum("bl->l", t12)
-    # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
+    # a̅^kbn[l] = Σ_{f,h}(B̅^kbn[l, f, h]*K_dw^kconv[l, f, h])
     kbn_a_bar = _einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
     t13 = kbn_a_bar/np.sqrt(eps + kbn_var)
     kbn_gain_bar_0 = _einsum("bl->l", t13)
     t14 = -kbn_c_bar*kbn_mean/np.sqrt(eps + kbn_var)
     kbn_gain_bar_1 = _einsum("bl->l", t14)
-    # {\overline{\gamma_{\mathrm{kbn}}}}_{l} = \frac{{\overline{a^{\mathrm{kbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # γ̅_kbn[l] = a̅^kbn[l]/sqrt(ε + v_kbn[l]) - c̅^kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_gain_bar = kbn_gain_bar_0 + kbn_gain_bar_1
     t15 = -kbn_a*kbn_a_bar/(2*(eps + kbn_var))
     kbn_var_bar_0 = _einsum("bl->l", t15)
     t16 = kbn_a*kbn_c_bar*kbn_mean/(2*(eps + kbn_var))
     kbn_var_bar_1 = _einsum("bl->l", t16)
-    # {\overline{v_{\mathrm{kbn}}}}_{l} = - \frac{{a^{\mathrm{kbn}}}_{l} {\overline{a^{\mathrm{kbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)} + \frac{{a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)}
+    # v̅_kbn[l] = -a^kbn[l]*a̅^kbn[l]/(2*(ε + v_kbn[l])) + a^kbn[l]*c̅^kbn[l]*μ_kbn[l]/(2*(ε + v_kbn[l]))
     kbn_var_bar = kbn_var_bar_0 + kbn_var_bar_1
 
     # --- adjoint of kconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
     kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{kconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h}
+    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q, l (a view)
     q_in_bar_view17 = _rows(q_in_bar, 1, 0, (n_rows, n_cols))
-    # {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} = {\overline{q_{in}}}_{N_{2} p + q,l}
+    # B̅^qbn[l, p, q] = q_in_bar_view17[p, q, l]
     qbn_out_bar = np.transpose(q_in_bar_view17, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    # c̅^qbn[l] = Σ_{p,q}(B̅^qbn[l, p, q])
     qbn_c_bar = _einsum("blpq->bl", qbn_out_bar)
-    # {\overline{\beta_{\mathrm{qbn}}}}_{l} = {\overline{c^{\mathrm{qbn}}}}_{l}
+    # β̅_qbn[l] = c̅^qbn[l]
     qbn_bias_bar = _einsum("bl->l", qbn_c_bar)
     t18 = -qbn_a*qbn_c_bar
-    # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
+    # μ̅_qbn[l] = -a^qbn[l]*c̅^qbn[l]
     qbn_mean_bar = _einsum("bl->l", t18)
-    # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
+    # a̅^qbn[l] = Σ_{p,q}(B̅^qbn[l, p, q]*K_dw^qconv[l, p, q])
     qbn_a_bar = _einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
     t19 = qbn_a_bar/np.sqrt(eps + qbn_var)
     qbn_gain_bar_0 = _einsum("bl->l", t19)
     t20 = -qbn_c_bar*qbn_mean/np.sqrt(eps + qbn_var)
     qbn_gain_bar_1 = _einsum("bl->l", t20)
-    # {\overline{\gamma_{\mathrm{qbn}}}}_{l} = \frac{{\overline{a^{\mathrm{qbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # γ̅_qbn[l] = a̅^qbn[l]/sqrt(ε + v_qbn[l]) - c̅^qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_gain_bar = qbn_gain_bar_0 + qbn_gain_bar_1
     t21 = -qbn_a*qbn_a_bar/(2*(eps + qbn_var))
     qbn_var_bar_0 = _einsum("bl->l", t21)
     t22 = qbn_a*qbn_c_bar*qbn_mean/(2*(eps + qbn_var))
     qbn_var_bar_1 = _einsum("bl->l", t22)
-    # {\overline{v_{\mathrm{qbn}}}}_{l} = - \frac{{a^{\mathrm{qbn}}}_{l} {\overline{a^{\mathrm{qbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)} + \frac{{a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)}
+    # v̅_qbn[l] = -a^qbn[l]*a̅^qbn[l]/(2*(ε + v_qbn[l])) + a^qbn[l]*c̅^qbn[l]*μ_qbn[l]/(2*(ε + v_qbn[l]))
     qbn_var_bar = qbn_var_bar_0 + qbn_var_bar_1
 
     # --- adjoint of qconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
     qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\overline{W_{\mathrm{qconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
 
     # --- adjoint of the grid field of the tokens ---
     # the value at each coarse node and offset
     grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
-    # {\overline{g}^{[1]}}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} = {W_{\mathrm{kconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} + {W_{\mathrm{vconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
     grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # the value at each coarse node and offset
     grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
-    # {\overline{g}^{[2]}}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} = {W_{\mathrm{qconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
     grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\overline{g}}_{l,p,q} = {\overline{g}^{[1]}}_{l,p,q} + {\overline{g}^{[2]}}_{l,p,q}
+    # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 
     # --- adjoint of norm1: layer-norm ---
     # the value at each grid point
     norm1_out_bar_rows = np.transpose(grid_bar, (0, 2, 3, 1))
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{N_{2} p + q,l} = {\overline{g}}_{l,p,q}
+    # L̅N̅^norm1[N_2*p + q, l] = g̅[l, p, q]
     norm1_out_bar = _place_rows(norm1_out_bar_rows, norm1_out.shape, 1, 0)
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
     norm1_p_bar = norm1_gain*norm1_out_bar
+    # t23[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t23 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     norm1_beta_bar = -t23/(2*(eps + norm1_beta))
-    t24 = _einsum("bik->bi", norm1_p)
-    t25 = _einsum("bil->bi", norm1_p_bar)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # t24[i] = Σ_k(P^norm1[i, k])
+    t24 = np.sum(norm1_p, axis=2)
+    # t25[i] = Σ_l(P̅^norm1[i, l])
+    t25 = np.sum(norm1_p_bar, axis=2)
+    # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     norm1_alpha_bar = -t25/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t24/d
-    # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    # u̅0[i, l] = u̅_1[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
@@ -1694,75 +1707,75 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     ffn_W_2 = p["ffn.W_2"]
 
     # --- norm1: layer-norm ---
-    # {\alpha^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} {u0}_{i,k}}{N_{y}}
+    # α^norm1[i] = Σ_k(u0[i, k])/N_y
     norm1_alpha = np.mean(u0, axis=2)
-    # {\beta^{\mathrm{norm1}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm1[i] = Σ_k((-α^norm1[i] + u0[i, k])**2)/N_y
     norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
-    # {P^{\mathrm{norm1}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm1}}}_{i} + {u0}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}}
+    # P^norm1[i, l] = (-α^norm1[i] + u0[i, l])/sqrt(ε + β^norm1[i])
     norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{norm1}}}_{i,l} = {c_{\mathrm{norm1}}}_{l} + {g_{\mathrm{norm1}}}_{l} {P^{\mathrm{norm1}}}_{i,l}
+    # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p + norm1_bias
 
     # --- the grid field of the tokens ---
     # norm1_out at N_2*p + q + 1, l (a view)
     norm1_out_view1 = _rows(norm1_out, 1, 1, (n_rows, n_cols))
-    # {g}_{l,p,q} = {\mathrm{LN}^{\mathrm{norm1}}}_{N_{2} p + q + 1,l}
+    # g[l, p, q] = norm1_out_view1[p, q, l]
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
 
     # --- qconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} = \sum_{r} \sum_{s} {u}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {W_{\mathrm{qconv}}}_{r,s,l}
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
     qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
 
     # --- qbn: batch-norm ---
-    # {a^{\mathrm{qbn}}}_{l} = \frac{{\gamma_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
-    # {c^{\mathrm{qbn}}}_{l} = {\beta_{\mathrm{qbn}}}_{l} - \frac{{\gamma_{\mathrm{qbn}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
-    # {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q} + {c^{\mathrm{qbn}}}_{l}
+    # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     qbn_out = qbn_a[None, :, None, None]*qconv_out + qbn_c[None, :, None, None]
 
     # --- kconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{kconv}}}_{r,s,l}
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
     kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
 
     # --- kbn: batch-norm ---
-    # {a^{\mathrm{kbn}}}_{l} = \frac{{\gamma_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_a = kbn_gain/np.sqrt(eps + kbn_var)
-    # {c^{\mathrm{kbn}}}_{l} = {\beta_{\mathrm{kbn}}}_{l} - \frac{{\gamma_{\mathrm{kbn}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
-    # {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h} + {c^{\mathrm{kbn}}}_{l}
+    # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     kbn_out = kbn_a[None, :, None, None]*kconv_out + kbn_c[None, :, None, None]
 
     # --- vconv: depthwise-convolution ---
-    # {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} = \sum_{r} \sum_{s} {u}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {W_{\mathrm{vconv}}}_{r,s,l}
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
     vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
 
     # --- vbn: batch-norm ---
-    # {a^{\mathrm{vbn}}}_{l} = \frac{{\gamma_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
-    # {c^{\mathrm{vbn}}}_{l} = {\beta_{\mathrm{vbn}}}_{l} - \frac{{\gamma_{\mathrm{vbn}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
-    # {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h} + {c^{\mathrm{vbn}}}_{l}
+    # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     vbn_out = vbn_a[None, :, None, None]*vconv_out + vbn_c[None, :, None, None]
 
     # --- queries on the token nodes; keys and values on the key nodes ---
     # norm1_out at 0, l (a view)
     norm1_out_view2 = norm1_out[:, 0, :]
-    # {q_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # q_in_part1[l] = norm1_out_view2[l]
     q_in_part1 = norm1_out_view2
-    # {q_{in}}_{N_{2} p + q + 1,l} = {\mathcal{B}^{\mathrm{qbn}}}_{l,p,q}
+    # q_in_part2[p, q, l] = B^qbn[l, p, q]
     q_in_part2 = np.transpose(qbn_out, (0, 2, 3, 1))
     # norm1_out at 0, l (a view)
     norm1_out_view3 = norm1_out[:, 0, :]
-    # {k_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # k_in_part1[l] = norm1_out_view3[l]
     k_in_part1 = norm1_out_view3
-    # {k_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{kbn}}}_{l,f,h}
+    # k_in_part2[f, h, l] = B^kbn[l, f, h]
     k_in_part2 = np.transpose(kbn_out, (0, 2, 3, 1))
     # norm1_out at 0, l (a view)
     norm1_out_view4 = norm1_out[:, 0, :]
-    # {v_{in}}_{0,l} = {\mathrm{LN}^{\mathrm{norm1}}}_{0,l}
+    # v_in_part1[l] = norm1_out_view4[l]
     v_in_part1 = norm1_out_view4
-    # {v_{in}}_{N^{k}_2 f + h + 1,l} = {\mathcal{B}^{\mathrm{vbn}}}_{l,f,h}
+    # v_in_part2[f, h, l] = B^vbn[l, f, h]
     v_in_part2 = np.transpose(vbn_out, (0, 2, 3, 1))
     # the parts one after another along the token axis
     q_in = _join(q_in_part1, q_in_part2)
@@ -1772,234 +1785,238 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     v_in = _join(v_in_part1, v_in_part2)
 
     # --- attn: convolutional-attention ---
-    # {Q^{\mathrm{attn}}}_{i,m,e} = {b^{Q}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{Q}_{\mathrm{attn}}}_{k,m,e} {q\_in}_{i,k}
+    # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*q_in[i, k])
     attn_q = _einsum("bik,kme->bime", q_in, attn_W_q) + attn_b_q
-    # {K^{\mathrm{attn}}}_{t,m,e} = {b^{K}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{K}_{\mathrm{attn}}}_{k,m,e} {k\_in}_{t,k}
+    # K^attn[t, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*k_in[t, k])
     attn_k = _einsum("btk,kme->btme", k_in, attn_W_k) + attn_b_k
-    # {V^{\mathrm{attn}}}_{t,m,e} = {b^{V}_{\mathrm{attn}}}_{m,e} + \sum_{k} {W^{V}_{\mathrm{attn}}}_{k,m,e} {v\_in}_{t,k}
+    # V^attn[t, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*v_in[t, k])
     attn_v = _einsum("btk,kme->btme", v_in, attn_W_v) + attn_b_v
-    # {a^{\mathrm{attn}}}_{m,i,t} = \frac{\Delta e \sum_{e} {K^{\mathrm{attn}}}_{t,m,e} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}} \sqrt{\Delta y}}
+    # a^attn[m, i, t] = Σ_e(K^attn[t, m, e]*Q^attn[i, m, e])/sqrt(N_y)
     attn_a = _einsum("bime,btme->bmit", attn_q, attn_k) / math.sqrt(d)
-    # {\gamma^{\mathrm{attn}}}_{m,i,t} = \frac{e^{{a^{\mathrm{attn}}}_{m,i,t}}}{\sum_{w} e^{{a^{\mathrm{attn}}}_{m,i,w}}}
+    # γ^attn[m, i, t] = exp(a^attn[m, i, t])/Σ_w(exp(a^attn[m, i, w]))
     attn_gamma = _softmax(attn_a, None)
-    # {O^{\mathrm{attn}}}_{i,m,e} = \sum_{t} {\gamma^{\mathrm{attn}}}_{m,i,t} {V^{\mathrm{attn}}}_{t,m,e}
+    # O^attn[i, m, e] = Σ_t(γ^attn[m, i, t]*V^attn[t, m, e])
     attn_o = _einsum("bmit,btme->bime", attn_gamma, attn_v)
-    # {\mathcal{A}^{\mathrm{attn}}}_{i,l} = {b^{O}_{\mathrm{attn}}}_{l} + \sum_{m} \sum_{e} {W^{O}_{\mathrm{attn}}}_{m,e,l} {O^{\mathrm{attn}}}_{i,m,e}
+    # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = _einsum("bime,mel->bil", attn_o, attn_W_o) + attn_b_o
 
     # --- residual sum ---
-    # {u_{1}}_{i,l} = \Delta t {\mathcal{A}^{\mathrm{attn}}}_{i,l} + {u0}_{i,l}
+    # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
     u1 = attn_out + u0
 
     # --- norm2: layer-norm ---
-    # {\alpha^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} {u1}_{i,k}}{N_{y}}
+    # α^norm2[i] = Σ_k(u_1[i, k])/N_y
     norm2_alpha = np.mean(u1, axis=2)
-    # {\beta^{\mathrm{norm2}}}_{i} = \frac{\sum_{k} \left(- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,k}\right)^{2}}{N_{y}}
+    # β^norm2[i] = Σ_k((-α^norm2[i] + u_1[i, k])**2)/N_y
     norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
-    # {P^{\mathrm{norm2}}}_{i,l} = \frac{- {\alpha^{\mathrm{norm2}}}_{i} + {u1}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}}
+    # P^norm2[i, l] = (-α^norm2[i] + u_1[i, l])/sqrt(ε + β^norm2[i])
     norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{norm2}}}_{i,l} = {c_{\mathrm{norm2}}}_{l} + {g_{\mathrm{norm2}}}_{l} {P^{\mathrm{norm2}}}_{i,l}
+    # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     norm2_out = norm2_gain*norm2_p + norm2_bias
 
     # --- ffn: feed-forward ---
-    # {w^{\mathrm{ffn}}}_{i,z} = {b_{1}}_{z} + \sum_{k} {W_{1}}_{k,z} {norm2\_out}_{i,k}
+    # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
-    # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
+    # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
     ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
 
     # --- adjoint of ffn: feed-forward ---
-    # {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} = \Delta t {\overline{u_{2}}}_{i,l}
+    # F̅^ffn[i, l] = Δt*u̅_2[i, l]
     ffn_out_bar = u2_bar
-    # {\overline{W_{2}}}_{z,l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l} {s^{\mathrm{ffn}}}_{i,z}
+    # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
-    # {\overline{b_{2}}}_{l} = \sum_{i} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # b̅_2[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = _einsum("bil->l", ffn_out_bar)
-    # {\overline{s^{\mathrm{ffn}}}}_{i,z} = \sum_{l} {W_{2}}_{z,l} {\overline{\mathcal{F}^{\mathrm{ffn}}}}_{i,l}
+    # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
     ffn_s_bar = _einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
-    # {\overline{w^{\mathrm{ffn}}}}_{i,z} = \left(\frac{\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)}}{2} + \frac{1}{2} + \frac{\sqrt{2} e^{- \frac{{w^{\mathrm{ffn}}}_{i,z}^{2}}{2}} {w^{\mathrm{ffn}}}_{i,z}}{2 \sqrt{\pi}}\right) {\overline{s^{\mathrm{ffn}}}}_{i,z}
+    # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
     ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
-    # {\overline{W_{1}}}_{k,z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
+    # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
-    # {\overline{b_{1}}}_{z} = \sum_{i} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # b̅_1[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = _einsum("biz->z", ffn_w_bar)
 
     # --- adjoint of norm2: layer-norm ---
-    # {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} = \sum_{z} {W_{1}}_{l,z} {\overline{w^{\mathrm{ffn}}}}_{i,z}
+    # L̅N̅^norm2[i, l] = Σ_z(W_1[l, z]*w̅^ffn[i, z])
     norm2_out_bar = _einsum("biz,lz->bil", ffn_w_bar, ffn_W_1)
-    # {\overline{c_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     norm2_bias_bar = _einsum("bil->l", norm2_out_bar)
-    # {\overline{g_{\mathrm{norm2}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l} {P^{\mathrm{norm2}}}_{i,l}
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
-    # {\overline{P^{\mathrm{norm2}}}}_{i,l} = {g_{\mathrm{norm2}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm2}}}}_{i,l}
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     norm2_p_bar = norm2_gain*norm2_out_bar
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # {\overline{\beta^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm2}}}_{i,l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm2}}}_{i}\right)}
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    t2 = _einsum("bik->bi", norm2_p)
-    t3 = _einsum("bil->bi", norm2_p_bar)
-    # {\overline{\alpha^{\mathrm{norm2}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} \sum_{k} {P^{\mathrm{norm2}}}_{i,k}}{N_{y}}
+    # t2[i] = Σ_k(P^norm2[i, k])
+    t2 = np.sum(norm2_p, axis=2)
+    # t3[i] = Σ_l(P̅^norm2[i, l])
+    t3 = np.sum(norm2_p_bar, axis=2)
+    # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     norm2_alpha_bar = -t3/np.sqrt(eps + norm2_beta) - 2*np.sqrt(eps + norm2_beta)*norm2_beta_bar*t2/d
 
     # --- adjoint of residual sum ---
-    # {\overline{u_{1}}}_{i,l} = {\overline{u_{2}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm2}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm2}}}_{i}} {\overline{\beta^{\mathrm{norm2}}}}_{i} {P^{\mathrm{norm2}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm2}}}}_{i}}{N_{y}}
+    # u̅_1[i, l] = u̅_2[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
     u1_bar = norm2_alpha_bar[:, :, None]/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
 
     # --- adjoint of attn: convolutional-attention ---
-    # {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l} = \Delta t {\overline{u_{1}}}_{i,l}
+    # A̅^attn[i, l] = Δt*u̅_1[i, l]
     attn_out_bar = u1_bar
-    # {\overline{W^{O}_{\mathrm{attn}}}}_{m,e,l} = \sum_{i} {O^{\mathrm{attn}}}_{i,m,e} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    # {\overline{b^{O}_{\mathrm{attn}}}}_{l} = \sum_{i} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
-    # {\overline{O^{\mathrm{attn}}}}_{i,m,e} = \sum_{l} {W^{O}_{\mathrm{attn}}}_{m,e,l} {\overline{\mathcal{A}^{\mathrm{attn}}}}_{i,l}
+    # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = _einsum("bil,mel->bime", attn_out_bar, attn_W_o)
-    # {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} = \sum_{e} {\overline{O^{\mathrm{attn}}}}_{i,m,e} {V^{\mathrm{attn}}}_{t,m,e}
+    # γ̅^attn[m, i, t] = Σ_e(O̅^attn[i, m, e]*V^attn[t, m, e])
     attn_gamma_bar = _einsum("bime,btme->bmit", attn_o_bar, attn_v)
+    # t4[m, i] = Σ_w(γ^attn[m, i, w]*γ̅^attn[m, i, w])
     t4 = _einsum("bmiw,bmiw->bmi", attn_gamma, attn_gamma_bar)
-    # {\overline{a^{\mathrm{attn}}}}_{m,i,t} = {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,t} - {\gamma^{\mathrm{attn}}}_{m,i,t} \sum_{w} {\gamma^{\mathrm{attn}}}_{m,i,w} {\overline{\gamma^{\mathrm{attn}}}}_{m,i,w}
+    # a̅^attn[m, i, t] = γ^attn[m, i, t]*γ̅^attn[m, i, t] - γ^attn[m, i, t]*Σ_w(γ^attn[m, i, w]*γ̅^attn[m, i, w])
     attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, None]*attn_gamma
-    # {\overline{V^{\mathrm{attn}}}}_{t,m,e} = \sum_{i} {\gamma^{\mathrm{attn}}}_{m,i,t} {\overline{O^{\mathrm{attn}}}}_{i,m,e}
+    # V̅^attn[t, m, e] = Σ_i(γ^attn[m, i, t]*O̅^attn[i, m, e])
     attn_v_bar = _einsum("bmit,bime->btme", attn_gamma, attn_o_bar)
-    # {\overline{W^{V}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e} {v_{in}}_{t,k}
+    # W̅^V_attn[k, m, e] = Σ_t(V̅^attn[t, m, e]*v_in[t, k])
     attn_W_v_bar = _einsum("btk,btme->kme", v_in, attn_v_bar)
-    # {\overline{b^{V}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    # b̅^V_attn[m, e] = Σ_t(V̅^attn[t, m, e])
     attn_b_v_bar = _einsum("btme->me", attn_v_bar)
-    # {\overline{K^{\mathrm{attn}}}}_{t,m,e} = \frac{\sum_{i} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {Q^{\mathrm{attn}}}_{i,m,e}}{\sqrt{N_{y}}}
+    # K̅^attn[t, m, e] = Σ_i(a̅^attn[m, i, t]*Q^attn[i, m, e])/sqrt(N_y)
     attn_k_bar = _einsum("bmit,bime->btme", attn_a_bar, attn_q) / math.sqrt(d)
-    # {\overline{W^{K}_{\mathrm{attn}}}}_{k,m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e} {k_{in}}_{t,k}
+    # W̅^K_attn[k, m, e] = Σ_t(K̅^attn[t, m, e]*k_in[t, k])
     attn_W_k_bar = _einsum("btk,btme->kme", k_in, attn_k_bar)
-    # {\overline{b^{K}_{\mathrm{attn}}}}_{m,e} = \sum_{t} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    # b̅^K_attn[m, e] = Σ_t(K̅^attn[t, m, e])
     attn_b_k_bar = _einsum("btme->me", attn_k_bar)
-    # {\overline{Q^{\mathrm{attn}}}}_{i,m,e} = \frac{\sum_{t} {\overline{a^{\mathrm{attn}}}}_{m,i,t} {K^{\mathrm{attn}}}_{t,m,e}}{\sqrt{N_{y}}}
+    # Q̅^attn[i, m, e] = Σ_t(a̅^attn[m, i, t]*K^attn[t, m, e])/sqrt(N_y)
     attn_q_bar = _einsum("bmit,btme->bime", attn_a_bar, attn_k) / math.sqrt(d)
-    # {\overline{W^{Q}_{\mathrm{attn}}}}_{k,m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e} {q_{in}}_{i,k}
+    # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*q_in[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", q_in, attn_q_bar)
-    # {\overline{b^{Q}_{\mathrm{attn}}}}_{m,e} = \sum_{i} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # b̅^Q_attn[m, e] = Σ_i(Q̅^attn[i, m, e])
     attn_b_q_bar = _einsum("bime->me", attn_q_bar)
 
     # --- adjoint of queries on the token nodes; keys and values on the key nodes ---
-    # {\overline{v_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{V}_{\mathrm{attn}}}_{l,m,e} {\overline{V^{\mathrm{attn}}}}_{t,m,e}
+    # v̅_in[t, l] = Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[t, m, e])
     v_in_bar = _einsum("btme,lme->btl", attn_v_bar, attn_W_v)
-    # {\overline{k_{in}}}_{t,l} = \sum_{m} \sum_{e} {W^{K}_{\mathrm{attn}}}_{l,m,e} {\overline{K^{\mathrm{attn}}}}_{t,m,e}
+    # k̅_in[t, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[t, m, e])
     k_in_bar = _einsum("btme,lme->btl", attn_k_bar, attn_W_k)
-    # {\overline{q_{in}}}_{i,l} = \sum_{m} \sum_{e} {W^{Q}_{\mathrm{attn}}}_{l,m,e} {\overline{Q^{\mathrm{attn}}}}_{i,m,e}
+    # q̅_in[i, l] = Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e])
     q_in_bar = _einsum("bime,lme->bil", attn_q_bar, attn_W_q)
 
     # --- adjoint of vbn: batch-norm ---
     # v_in_bar at N^{k}_2*f + h + 1, l (a view)
     v_in_bar_view5 = _rows(v_in_bar, 1, 1, (n_rows_kv, n_cols_kv))
-    # {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} = {\overline{v_{in}}}_{N^{k}_2 f + h + 1,l}
+    # B̅^vbn[l, f, h] = v_in_bar_view5[f, h, l]
     vbn_out_bar = np.transpose(v_in_bar_view5, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    # c̅^vbn[l] = Σ_{f,h}(B̅^vbn[l, f, h])
     vbn_c_bar = _einsum("blfh->bl", vbn_out_bar)
-    # {\overline{\beta_{\mathrm{vbn}}}}_{l} = {\overline{c^{\mathrm{vbn}}}}_{l}
+    # β̅_vbn[l] = c̅^vbn[l]
     vbn_bias_bar = _einsum("bl->l", vbn_c_bar)
     t6 = -vbn_a*vbn_c_bar
-    # {\overline{\mu_{\mathrm{vbn}}}}_{l} = - {a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l}
+    # μ̅_vbn[l] = -a^vbn[l]*c̅^vbn[l]
     vbn_mean_bar = _einsum("bl->l", t6)
-    # {\overline{a^{\mathrm{vbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}_{l,f,h}
+    # a̅^vbn[l] = Σ_{f,h}(B̅^vbn[l, f, h]*K_dw^vconv[l, f, h])
     vbn_a_bar = _einsum("blfh,blfh->bl", vbn_out_bar, vconv_out)
     t7 = vbn_a_bar/np.sqrt(eps + vbn_var)
     vbn_gain_bar_0 = _einsum("bl->l", t7)
     t8 = -vbn_c_bar*vbn_mean/np.sqrt(eps + vbn_var)
     vbn_gain_bar_1 = _einsum("bl->l", t8)
-    # {\overline{\gamma_{\mathrm{vbn}}}}_{l} = \frac{{\overline{a^{\mathrm{vbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{vbn}}}_{l}}}
+    # γ̅_vbn[l] = a̅^vbn[l]/sqrt(ε + v_vbn[l]) - c̅^vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_gain_bar = vbn_gain_bar_0 + vbn_gain_bar_1
     t9 = -vbn_a*vbn_a_bar/(2*(eps + vbn_var))
     vbn_var_bar_0 = _einsum("bl->l", t9)
     t10 = vbn_a*vbn_c_bar*vbn_mean/(2*(eps + vbn_var))
     vbn_var_bar_1 = _einsum("bl->l", t10)
-    # {\overline{v_{\mathrm{vbn}}}}_{l} = - \frac{{a^{\mathrm{vbn}}}_{l} {\overline{a^{\mathrm{vbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)} + \frac{{a^{\mathrm{vbn}}}_{l} {\overline{c^{\mathrm{vbn}}}}_{l} {\mu_{\mathrm{vbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{vbn}}}_{l}\right)}
+    # v̅_vbn[l] = -a^vbn[l]*a̅^vbn[l]/(2*(ε + v_vbn[l])) + a^vbn[l]*c̅^vbn[l]*μ_vbn[l]/(2*(ε + v_vbn[l]))
     vbn_var_bar = vbn_var_bar_0 + vbn_var_bar_1
 
     # --- adjoint of vconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h} = {a^{\mathrm{vbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{vbn}}}}_{l,f,h}
+    # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
     vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{vconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
     vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h + 1, l (a view)
     k_in_bar_view11 = _rows(k_in_bar, 1, 1, (n_rows_kv, n_cols_kv))
-    # {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} = {\overline{k_{in}}}_{N^{k}_2 f + h + 1,l}
+    # B̅^kbn[l, f, h] = k_in_bar_view11[f, h, l]
     kbn_out_bar = np.transpose(k_in_bar_view11, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    # c̅^kbn[l] = Σ_{f,h}(B̅^kbn[l, f, h])
     kbn_c_bar = _einsum("blfh->bl", kbn_out_bar)
-    # {\overline{\beta_{\mathrm{kbn}}}}_{l} = {\overline{c^{\mathrm{kbn}}}}_{l}
+    # β̅_kbn[l] = c̅^kbn[l]
     kbn_bias_bar = _einsum("bl->l", kbn_c_bar)
     t12 = -kbn_a*kbn_c_bar
-    # {\overline{\mu_{\mathrm{kbn}}}}_{l} = - {a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l}
+    # μ̅_kbn[l] = -a^kbn[l]*c̅^kbn[l]
     kbn_mean_bar = _einsum("bl->l", t12)
-    # {\overline{a^{\mathrm{kbn}}}}_{l} = \sum_{f} \sum_{h} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}_{l,f,h}
+    # a̅^kbn[l] = Σ_{f,h}(B̅^kbn[l, f, h]*K_dw^kconv[l, f, h])
     kbn_a_bar = _einsum("blfh,blfh->bl", kbn_out_bar, kconv_out)
     t13 = kbn_a_bar/np.sqrt(eps + kbn_var)
     kbn_gain_bar_0 = _einsum("bl->l", t13)
     t14 = -kbn_c_bar*kbn_mean/np.sqrt(eps + kbn_var)
     kbn_gain_bar_1 = _einsum("bl->l", t14)
-    # {\overline{\gamma_{\mathrm{kbn}}}}_{l} = \frac{{\overline{a^{\mathrm{kbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{kbn}}}_{l}}}
+    # γ̅_kbn[l] = a̅^kbn[l]/sqrt(ε + v_kbn[l]) - c̅^kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_gain_bar = kbn_gain_bar_0 + kbn_gain_bar_1
     t15 = -kbn_a*kbn_a_bar/(2*(eps + kbn_var))
     kbn_var_bar_0 = _einsum("bl->l", t15)
     t16 = kbn_a*kbn_c_bar*kbn_mean/(2*(eps + kbn_var))
     kbn_var_bar_1 = _einsum("bl->l", t16)
-    # {\overline{v_{\mathrm{kbn}}}}_{l} = - \frac{{a^{\mathrm{kbn}}}_{l} {\overline{a^{\mathrm{kbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)} + \frac{{a^{\mathrm{kbn}}}_{l} {\overline{c^{\mathrm{kbn}}}}_{l} {\mu_{\mathrm{kbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{kbn}}}_{l}\right)}
+    # v̅_kbn[l] = -a^kbn[l]*a̅^kbn[l]/(2*(ε + v_kbn[l])) + a^kbn[l]*c̅^kbn[l]*μ_kbn[l]/(2*(ε + v_kbn[l]))
     kbn_var_bar = kbn_var_bar_0 + kbn_var_bar_1
 
     # --- adjoint of kconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} = {a^{\mathrm{kbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{kbn}}}}_{l,f,h}
+    # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
     kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # {\overline{W_{\mathrm{kconv}}}}_{r,s,l} = \sum_{f} \sum_{h} {g}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h}
+    # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
     kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q + 1, l (a view)
     q_in_bar_view17 = _rows(q_in_bar, 1, 1, (n_rows, n_cols))
-    # {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} = {\overline{q_{in}}}_{N_{2} p + q + 1,l}
+    # B̅^qbn[l, p, q] = q_in_bar_view17[p, q, l]
     qbn_out_bar = np.transpose(q_in_bar_view17, (0, 3, 1, 2))
-    # {\overline{c^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    # c̅^qbn[l] = Σ_{p,q}(B̅^qbn[l, p, q])
     qbn_c_bar = _einsum("blpq->bl", qbn_out_bar)
-    # {\overline{\beta_{\mathrm{qbn}}}}_{l} = {\overline{c^{\mathrm{qbn}}}}_{l}
+    # β̅_qbn[l] = c̅^qbn[l]
     qbn_bias_bar = _einsum("bl->l", qbn_c_bar)
     t18 = -qbn_a*qbn_c_bar
-    # {\overline{\mu_{\mathrm{qbn}}}}_{l} = - {a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l}
+    # μ̅_qbn[l] = -a^qbn[l]*c̅^qbn[l]
     qbn_mean_bar = _einsum("bl->l", t18)
-    # {\overline{a^{\mathrm{qbn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q} {\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}_{l,p,q}
+    # a̅^qbn[l] = Σ_{p,q}(B̅^qbn[l, p, q]*K_dw^qconv[l, p, q])
     qbn_a_bar = _einsum("blpq,blpq->bl", qbn_out_bar, qconv_out)
     t19 = qbn_a_bar/np.sqrt(eps + qbn_var)
     qbn_gain_bar_0 = _einsum("bl->l", t19)
     t20 = -qbn_c_bar*qbn_mean/np.sqrt(eps + qbn_var)
     qbn_gain_bar_1 = _einsum("bl->l", t20)
-    # {\overline{\gamma_{\mathrm{qbn}}}}_{l} = \frac{{\overline{a^{\mathrm{qbn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}} - \frac{{\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{qbn}}}_{l}}}
+    # γ̅_qbn[l] = a̅^qbn[l]/sqrt(ε + v_qbn[l]) - c̅^qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_gain_bar = qbn_gain_bar_0 + qbn_gain_bar_1
     t21 = -qbn_a*qbn_a_bar/(2*(eps + qbn_var))
     qbn_var_bar_0 = _einsum("bl->l", t21)
     t22 = qbn_a*qbn_c_bar*qbn_mean/(2*(eps + qbn_var))
     qbn_var_bar_1 = _einsum("bl->l", t22)
-    # {\overline{v_{\mathrm{qbn}}}}_{l} = - \frac{{a^{\mathrm{qbn}}}_{l} {\overline{a^{\mathrm{qbn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)} + \frac{{a^{\mathrm{qbn}}}_{l} {\overline{c^{\mathrm{qbn}}}}_{l} {\mu_{\mathrm{qbn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{qbn}}}_{l}\right)}
+    # v̅_qbn[l] = -a^qbn[l]*a̅^qbn[l]/(2*(ε + v_qbn[l])) + a^qbn[l]*c̅^qbn[l]*μ_qbn[l]/(2*(ε + v_qbn[l]))
     qbn_var_bar = qbn_var_bar_0 + qbn_var_bar_1
 
     # --- adjoint of qconv: depthwise-convolution ---
-    # {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q} = {a^{\mathrm{qbn}}}_{l} {\overline{\mathcal{B}^{\mathrm{qbn}}}}_{l,p,q}
+    # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} at every grid point and kernel offset (a view)
+    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
     qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\overline{W_{\mathrm{qconv}}}}_{r,s,l} = \sum_{p} \sum_{q} {g}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
     qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
 
     # --- adjoint of the grid field of the tokens ---
     # the value at each coarse node and offset
     grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
-    # {\overline{g}^{[1]}}_{l,- padding_{kv} + stride_{kv} f + r,- padding_{kv} + stride_{kv} h + s} = {W_{\mathrm{kconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{kconv}}}}_{l,f,h} + {W_{\mathrm{vconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{vconv}}}}_{l,f,h}
+    # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
     grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # the value at each coarse node and offset
     grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
-    # {\overline{g}^{[2]}}_{l,- padding_{q} + stride_{q} p + r,- padding_{q} + stride_{q} q + s} = {W_{\mathrm{qconv}}}_{r,s,l} {\overline{\mathcal{K}_{\mathrm{dw}}^{\mathrm{qconv}}}}_{l,p,q}
+    # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
     grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
-    # {\overline{g}}_{l,p,q} = {\overline{g}^{[1]}}_{l,p,q} + {\overline{g}^{[2]}}_{l,p,q}
+    # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 
     # --- adjoint of norm1: layer-norm ---
@@ -2011,29 +2028,32 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     v_in_bar_view25 = v_in_bar[:, 0, :]
     # the value at each coarse node and offset
     norm1_out_bar1_blocks = k_in_bar_view23 + q_in_bar_view24 + v_in_bar_view25
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[1]}}_{0,l} = {\overline{k_{in}}}_{0,l} + {\overline{q_{in}}}_{0,l} + {\overline{v_{in}}}_{0,l}
+    # L̅N̅^norm1^{[1]}[0, l] = k_in_bar_view23[l] + q_in_bar_view24[l] + v_in_bar_view25[l]
     norm1_out_bar1 = np.zeros(norm1_out.shape, dtype=norm1_out_bar1_blocks.dtype)
     norm1_out_bar1[:, 0, :] = norm1_out_bar1_blocks
     # the value at each grid point
     norm1_out_bar2_rows = np.transpose(grid_bar, (0, 2, 3, 1))
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[2]}}_{N_{2} p + q + 1,l} = {\overline{g}}_{l,p,q}
+    # L̅N̅^norm1^{[2]}[N_2*p + q + 1, l] = g̅[l, p, q]
     norm1_out_bar2 = _place_rows(norm1_out_bar2_rows, norm1_out.shape, 1, 1)
-    # {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} = {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[1]}}_{i,l} + {\overline{\mathrm{LN}^{\mathrm{norm1}}}^{[2]}}_{i,l}
+    # L̅N̅^norm1[i, l] = L̅N̅^norm1^{[1]}[i, l] + L̅N̅^norm1^{[2]}[i, l]
     norm1_out_bar = norm1_out_bar1 + norm1_out_bar2
-    # {\overline{c_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
-    # {\overline{g_{\mathrm{norm1}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l} {P^{\mathrm{norm1}}}_{i,l}
+    # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
-    # {\overline{P^{\mathrm{norm1}}}}_{i,l} = {g_{\mathrm{norm1}}}_{l} {\overline{\mathrm{LN}^{\mathrm{norm1}}}}_{i,l}
+    # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
     norm1_p_bar = norm1_gain*norm1_out_bar
+    # t26[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     t26 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # {\overline{\beta^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{norm1}}}_{i,l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{norm1}}}_{i}\right)}
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     norm1_beta_bar = -t26/(2*(eps + norm1_beta))
-    t27 = _einsum("bik->bi", norm1_p)
-    t28 = _einsum("bil->bi", norm1_p_bar)
-    # {\overline{\alpha^{\mathrm{norm1}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} \sum_{k} {P^{\mathrm{norm1}}}_{i,k}}{N_{y}}
+    # t27[i] = Σ_k(P^norm1[i, k])
+    t27 = np.sum(norm1_p, axis=2)
+    # t28[i] = Σ_l(P̅^norm1[i, l])
+    t28 = np.sum(norm1_p_bar, axis=2)
+    # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     norm1_alpha_bar = -t28/np.sqrt(eps + norm1_beta) - 2*np.sqrt(eps + norm1_beta)*norm1_beta_bar*t27/d
-    # {\overline{u0}}_{i,l} = {\overline{u_{1}}}_{i,l} + \frac{{\overline{P^{\mathrm{norm1}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{norm1}}}_{i}} {\overline{\beta^{\mathrm{norm1}}}}_{i} {P^{\mathrm{norm1}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{norm1}}}}_{i}}{N_{y}}
+    # u̅0[i, l] = u̅_1[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
     u0_bar = norm1_alpha_bar[:, :, None]/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
@@ -2077,7 +2097,7 @@ def _grid_vjp(u, hidden_bar, p, config, eps):
     # --- adjoint of the stage's grid ---
     # the value at each grid point
     u_bar_rows = np.transpose(hidden_bar, (0, 2, 3, 1))
-    # {\overline{u}}_{N_{2} p + q,l} = {\overline{g}}_{l,p,q}
+    # u̅[N_2*p + q, l] = g̅[l, p, q]
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 0)
     return u_bar, {}
 
@@ -2089,7 +2109,7 @@ def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     # --- adjoint of the stage's grid ---
     # the value at each grid point
     u_bar_rows = np.transpose(hidden_bar, (0, 2, 3, 1))
-    # {\overline{u}}_{N_{2} p + q + 1,l} = {\overline{g}}_{l,p,q}
+    # u̅[N_2*p + q + 1, l] = g̅[l, p, q]
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 1)
     return u_bar, {}
 
@@ -2103,7 +2123,7 @@ def _node_vjp(u, node_bar, p, config, eps):
     node_bar_view1 = node_bar[:, 0, :]
     # the value at each coarse node and offset
     u_bar_blocks = node_bar_view1
-    # {\overline{u}}_{0,l} = {\overline{c}}_{0,l}
+    # u̅[0, l] = node_bar_view1[l]
     u_bar = np.zeros(u.shape, dtype=u_bar_blocks.dtype)
     u_bar[:, 0, :] = u_bar_blocks
     return u_bar, {}
@@ -2118,49 +2138,52 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
     head_W = p["head.W"]
 
     # --- final_norm: layer-norm ---
-    # {\alpha^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} {cls}_{i,k}}{N_{y}}
+    # α^final_norm[i] = Σ_k(cls[i, k])/N_y
     final_norm_alpha = np.mean(cls, axis=2)
-    # {\beta^{\mathrm{final\_norm}}}_{i} = \frac{\sum_{k} \left({cls}_{i,k} - {\alpha^{\mathrm{final\_norm}}}_{i}\right)^{2}}{N_{y}}
+    # β^final_norm[i] = Σ_k((cls[i, k] - α^final_norm[i])**2)/N_y
     final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + cls)**2, axis=2)
-    # {P^{\mathrm{final\_norm}}}_{i,l} = \frac{{cls}_{i,l} - {\alpha^{\mathrm{final\_norm}}}_{i}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}}
+    # P^final_norm[i, l] = (cls[i, l] - α^final_norm[i])/sqrt(ε + β^final_norm[i])
     final_norm_p = (-final_norm_alpha[:, :, None] + cls)/np.sqrt(eps + final_norm_beta[:, :, None])
-    # {\mathrm{LN}^{\mathrm{final\_norm}}}_{i,l} = {c_{\mathrm{final\_norm}}}_{l} + {g_{\mathrm{final\_norm}}}_{l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     final_norm_out = final_norm_gain*final_norm_p + final_norm_bias
 
     # --- head: class-token-head ---
     # final_norm_out at 0, l (a view)
     final_norm_out_view1 = final_norm_out[:, 0, :]
-    # {z^{\mathrm{head}}}_{l} = {final\_norm\_out}_{0,l}
+    # z^head[l] = final_norm_out_view1[l]
     head_z = final_norm_out_view1
 
     # --- adjoint of head: class-token-head ---
-    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
+    # W̅^H_head[k, o] = ℓ̅^head[o]*z^head[k]
     head_W_bar = _einsum("bo,bk->ko", head_logits_bar, head_z)
-    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
+    # b̅^H_head[o] = ℓ̅^head[o]
     head_b_bar = _einsum("bo->o", head_logits_bar)
-    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
+    # z̅^head[l] = Σ_o(W^H_head[l, o]*ℓ̅^head[o])
     head_z_bar = _einsum("bo,lo->bl", head_logits_bar, head_W)
 
     # --- adjoint of final_norm: layer-norm ---
     # the value at each coarse node and offset
     final_norm_out_bar_blocks = head_z_bar
-    # {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
+    # L̅N̅^final_norm[0, l] = z̅^head[l]
     final_norm_out_bar = np.zeros(final_norm_out.shape, dtype=final_norm_out_bar_blocks.dtype)
     final_norm_out_bar[:, 0, :] = final_norm_out_bar_blocks
-    # {\overline{c_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l}
+    # c̅_final_norm[l] = Σ_i(L̅N̅^final_norm[i, l])
     final_norm_bias_bar = _einsum("bil->l", final_norm_out_bar)
-    # {\overline{g_{\mathrm{final\_norm}}}}_{l} = \sum_{i} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l} {P^{\mathrm{final\_norm}}}_{i,l}
+    # g̅_final_norm[l] = Σ_i(L̅N̅^final_norm[i, l]*P^final_norm[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_out_bar, final_norm_p)
-    # {\overline{P^{\mathrm{final\_norm}}}}_{i,l} = {g_{\mathrm{final\_norm}}}_{l} {\overline{\mathrm{LN}^{\mathrm{final\_norm}}}}_{i,l}
+    # P̅^final_norm[i, l] = g_final_norm[l]*L̅N̅^final_norm[i, l]
     final_norm_p_bar = final_norm_gain*final_norm_out_bar
+    # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
-    # {\overline{\beta^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {P^{\mathrm{final\_norm}}}_{i,l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{2 \left(\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}\right)}
+    # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
     final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
-    t2 = _einsum("bik->bi", final_norm_p)
-    t3 = _einsum("bil->bi", final_norm_p_bar)
-    # {\overline{\alpha^{\mathrm{final\_norm}}}}_{i} = - \frac{\sum_{l} {\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} - \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} \sum_{k} {P^{\mathrm{final\_norm}}}_{i,k}}{N_{y}}
+    # t2[i] = Σ_k(P^final_norm[i, k])
+    t2 = np.sum(final_norm_p, axis=2)
+    # t3[i] = Σ_l(P̅^final_norm[i, l])
+    t3 = np.sum(final_norm_p_bar, axis=2)
+    # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     final_norm_alpha_bar = -t3/np.sqrt(eps + final_norm_beta) - 2*np.sqrt(eps + final_norm_beta)*final_norm_beta_bar*t2/d
-    # {\overline{cls}}_{i,l} = \frac{{\overline{P^{\mathrm{final\_norm}}}}_{i,l}}{\sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}}} + \frac{2 \sqrt{\varepsilon + {\beta^{\mathrm{final\_norm}}}_{i}} {\overline{\beta^{\mathrm{final\_norm}}}}_{i} {P^{\mathrm{final\_norm}}}_{i,l}}{N_{y}} + \frac{{\overline{\alpha^{\mathrm{final\_norm}}}}_{i}}{N_{y}}
+    # c̅l̅s̅[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
     cls_bar = final_norm_alpha_bar[:, :, None]/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
     return cls_bar, {
         "final_norm.gain": final_norm_gain_bar,

@@ -224,48 +224,48 @@ def _step_with(u0, p, config, eps):
     bn3_var = p["bn3.var"]
 
     # --- conv1: convolution ---
-    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
     # --- bn1: batch-norm ---
-    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
 
     # --- relu: relu-projection ---
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
     relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
     del bn1_a, bn1_c, conv1_out
 
     # --- conv2: convolution ---
-    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
     conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
     del relu_out
 
     # --- bn2: batch-norm ---
-    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
 
     # --- shortcut: convolution ---
-    # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
     shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
 
     # --- bn3: batch-norm ---
-    # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    # a^bn3[l] = γ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_a = bn3_gain/torch.sqrt(eps + bn3_var)
-    # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
 
     # --- relu: relu-projection ---
-    # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
-    # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
+    # Ru[l, p, q] = B^bn3[l, p, q]
+    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
+    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None])
     del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
     return relu2_out
@@ -294,178 +294,178 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     bn3_var = p["bn3.var"]
 
     # --- conv1: convolution ---
-    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
     # --- bn1: batch-norm ---
-    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
 
     # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
     relu_out = torch.relu(bn1_out)
 
     # --- conv2: convolution ---
-    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
     conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
 
     # --- bn2: batch-norm ---
-    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
     # --- shortcut: convolution ---
-    # {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} = {b_{\mathrm{shortcut}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{shortcut}}}_{c,r,s,l} {u}_{c,S p + r,S q + s}
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
     shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
 
     # --- bn3: batch-norm ---
-    # {a^{\mathrm{bn3}}}_{l} = \frac{{\gamma_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    # a^bn3[l] = γ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_a = bn3_gain/torch.sqrt(eps + bn3_var)
-    # {c^{\mathrm{bn3}}}_{l} = {\beta_{\mathrm{bn3}}}_{l} - \frac{{\gamma_{\mathrm{bn3}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
-    # {\mathcal{B}^{\mathrm{bn3}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} + {c^{\mathrm{bn3}}}_{l}
+    # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
     bn3_out = bn3_a[None, :, None, None]*shortcut_out + bn3_c[None, :, None, None]
 
     # --- transfer ---
-    # (R u)_{l,p,q} = \mathcal{B}^{\mathrm{bn3}}_{l,p,q}
+    # Ru[l, p, q] = B^bn3[l, p, q]
     transfer = bn3_out
 
     # --- update: explicit Euler step ---
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = torch.relu(u1)
 
     # --- adjoint of update: explicit Euler step ---
-    # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    # λ^{+}[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
     u1_bar = torch.ops.aten.threshold_backward(relu2_out_bar, relu2_out, 0)
 
     # --- adjoint of bn3: batch-norm ---
-    # {\overline{c^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\lambda^{+}}_{l,p,q}
+    # c̅^bn3[l] = Σ_{p,q}(λ^{+}[l, p, q])
     bn3_c_bar = torch.einsum("blpq->bl", u1_bar)
-    # {\overline{\beta_{\mathrm{bn3}}}}_{l} = {\overline{c^{\mathrm{bn3}}}}_{l}
+    # β̅_bn3[l] = c̅^bn3[l]
     bn3_bias_bar = torch.einsum("bl->l", bn3_c_bar)
     t1 = -bn3_a*bn3_c_bar
-    # {\overline{\mu_{\mathrm{bn3}}}}_{l} = - {a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l}
+    # μ̅_bn3[l] = -a^bn3[l]*c̅^bn3[l]
     bn3_mean_bar = torch.einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{bn3}}}}_{l} = \sum_{p} \sum_{q} {\mathcal{K}^{\mathrm{shortcut}}}_{l,p,q} {\lambda^{+}}_{l,p,q}
+    # a̅^bn3[l] = Σ_{p,q}(K^shortcut[l, p, q]*λ^{+}[l, p, q])
     bn3_a_bar = torch.sum(shortcut_out * u1_bar, dim=(2, 3))
     t2 = bn3_a_bar/torch.sqrt(eps + bn3_var)
     bn3_gain_bar_0 = torch.einsum("bl->l", t2)
     t3 = -bn3_c_bar*bn3_mean/torch.sqrt(eps + bn3_var)
     bn3_gain_bar_1 = torch.einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{bn3}}}}_{l} = \frac{{\overline{a^{\mathrm{bn3}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn3}}}_{l}}}
+    # γ̅_bn3[l] = a̅^bn3[l]/sqrt(ε + v_bn3[l]) - c̅^bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_gain_bar = bn3_gain_bar_0 + bn3_gain_bar_1
     t4 = -bn3_a*bn3_a_bar/(2*(eps + bn3_var))
     bn3_var_bar_0 = torch.einsum("bl->l", t4)
     t5 = bn3_a*bn3_c_bar*bn3_mean/(2*(eps + bn3_var))
     bn3_var_bar_1 = torch.einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{bn3}}}}_{l} = - \frac{{a^{\mathrm{bn3}}}_{l} {\overline{a^{\mathrm{bn3}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)} + \frac{{a^{\mathrm{bn3}}}_{l} {\overline{c^{\mathrm{bn3}}}}_{l} {\mu_{\mathrm{bn3}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn3}}}_{l}\right)}
+    # v̅_bn3[l] = -a^bn3[l]*a̅^bn3[l]/(2*(ε + v_bn3[l])) + a^bn3[l]*c̅^bn3[l]*μ_bn3[l]/(2*(ε + v_bn3[l]))
     bn3_var_bar = bn3_var_bar_0 + bn3_var_bar_1
 
     # --- adjoint of shortcut: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} = {a^{\mathrm{bn3}}}_{l} {\lambda^{+}}_{l,p,q}
+    # K̅^shortcut[l, p, q] = a^bn3[l]*λ^{+}[l, p, q]
     shortcut_out_bar = bn3_a[None, :, None, None]*u1_bar
-    # {u}_{c,S p + r,S q + s} at every grid point and kernel offset (a view)
+    # u[c, S*p + r, S*q + s] at every grid point and kernel offset (a view)
     shortcut_W_bar_windows = _windows(u0, (2, 3), 1, stride, 0)
-    # {\overline{W_{\mathrm{shortcut}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q} {u}_{c,S p + r,S q + s}
+    # W̅_shortcut[c, r, s, l] = Σ_{p,q}(shortcut_W_bar_windows[c, p, q, r, s]*K̅^shortcut[l, p, q])
     shortcut_W_bar = torch.einsum("blpq,bcpqrs->crsl", shortcut_out_bar, shortcut_W_bar_windows)
-    # {\overline{b_{\mathrm{shortcut}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
+    # b̅_shortcut[l] = Σ_{p,q}(K̅^shortcut[l, p, q])
     shortcut_b_bar = torch.einsum("blpq->l", shortcut_out_bar)
 
     # --- adjoint of bn2: batch-norm ---
-    # {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} = \Delta t {\lambda^{+}}_{l,p,q}
+    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
-    # {\overline{c^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = torch.einsum("blpq->bl", bn2_out_bar)
-    # {\overline{\beta_{\mathrm{bn2}}}}_{l} = {\overline{c^{\mathrm{bn2}}}}_{l}
+    # β̅_bn2[l] = c̅^bn2[l]
     bn2_bias_bar = torch.einsum("bl->l", bn2_c_bar)
     t6 = -bn2_a*bn2_c_bar
-    # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
+    # μ̅_bn2[l] = -a^bn2[l]*c̅^bn2[l]
     bn2_mean_bar = torch.einsum("bl->l", t6)
-    # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
+    # a̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q]*K^conv2[l, p, q])
     bn2_a_bar = torch.sum(bn2_out_bar * conv2_out, dim=(2, 3))
     t7 = bn2_a_bar/torch.sqrt(eps + bn2_var)
     bn2_gain_bar_0 = torch.einsum("bl->l", t7)
     t8 = -bn2_c_bar*bn2_mean/torch.sqrt(eps + bn2_var)
     bn2_gain_bar_1 = torch.einsum("bl->l", t8)
-    # {\overline{\gamma_{\mathrm{bn2}}}}_{l} = \frac{{\overline{a^{\mathrm{bn2}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # γ̅_bn2[l] = a̅^bn2[l]/sqrt(ε + v_bn2[l]) - c̅^bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_gain_bar = bn2_gain_bar_0 + bn2_gain_bar_1
     t9 = -bn2_a*bn2_a_bar/(2*(eps + bn2_var))
     bn2_var_bar_0 = torch.einsum("bl->l", t9)
     t10 = bn2_a*bn2_c_bar*bn2_mean/(2*(eps + bn2_var))
     bn2_var_bar_1 = torch.einsum("bl->l", t10)
-    # {\overline{v_{\mathrm{bn2}}}}_{l} = - \frac{{a^{\mathrm{bn2}}}_{l} {\overline{a^{\mathrm{bn2}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)} + \frac{{a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)}
+    # v̅_bn2[l] = -a^bn2[l]*a̅^bn2[l]/(2*(ε + v_bn2[l])) + a^bn2[l]*c̅^bn2[l]*μ_bn2[l]/(2*(ε + v_bn2[l]))
     bn2_var_bar = bn2_var_bar_0 + bn2_var_bar_1
 
     # --- adjoint of conv2: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    # Proj_S_2^relu[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
     conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
-    # {\overline{W_{\mathrm{conv2}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
     conv2_W_bar = torch.einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
-    # {\overline{b_{\mathrm{conv2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
     # the value at each coarse node and offset
     relu_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
-    # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv2}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
     relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
 
     # --- adjoint of bn1: batch-norm ---
-    # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
     bn1_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
-    # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    # c̅^bn1[l] = Σ_{p,q}(B̅^bn1[l, p, q])
     bn1_c_bar = torch.einsum("blpq->bl", bn1_out_bar)
-    # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
+    # β̅_bn1[l] = c̅^bn1[l]
     bn1_bias_bar = torch.einsum("bl->l", bn1_c_bar)
     t11 = -bn1_a*bn1_c_bar
-    # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
+    # μ̅_bn1[l] = -a^bn1[l]*c̅^bn1[l]
     bn1_mean_bar = torch.einsum("bl->l", t11)
-    # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
+    # a̅^bn1[l] = Σ_{p,q}(B̅^bn1[l, p, q]*K^conv1[l, p, q])
     bn1_a_bar = torch.sum(bn1_out_bar * conv1_out, dim=(2, 3))
     t12 = bn1_a_bar/torch.sqrt(eps + bn1_var)
     bn1_gain_bar_0 = torch.einsum("bl->l", t12)
     t13 = -bn1_c_bar*bn1_mean/torch.sqrt(eps + bn1_var)
     bn1_gain_bar_1 = torch.einsum("bl->l", t13)
-    # {\overline{\gamma_{\mathrm{bn1}}}}_{l} = \frac{{\overline{a^{\mathrm{bn1}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # γ̅_bn1[l] = a̅^bn1[l]/sqrt(ε + v_bn1[l]) - c̅^bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_gain_bar = bn1_gain_bar_0 + bn1_gain_bar_1
     t14 = -bn1_a*bn1_a_bar/(2*(eps + bn1_var))
     bn1_var_bar_0 = torch.einsum("bl->l", t14)
     t15 = bn1_a*bn1_c_bar*bn1_mean/(2*(eps + bn1_var))
     bn1_var_bar_1 = torch.einsum("bl->l", t15)
-    # {\overline{v_{\mathrm{bn1}}}}_{l} = - \frac{{a^{\mathrm{bn1}}}_{l} {\overline{a^{\mathrm{bn1}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)} + \frac{{a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)}
+    # v̅_bn1[l] = -a^bn1[l]*a̅^bn1[l]/(2*(ε + v_bn1[l])) + a^bn1[l]*c̅^bn1[l]*μ_bn1[l]/(2*(ε + v_bn1[l]))
     bn1_var_bar = bn1_var_bar_0 + bn1_var_bar_1
 
     # --- adjoint of conv1: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
+    # u[c, S*p + r - 1, S*q + s - 1] at every grid point and kernel offset (a view)
     conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
-    # {\overline{W_{\mathrm{conv1}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} {u}_{c,S p + r - 1,S q + s - 1}
+    # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
     conv1_W_bar = torch.einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
-    # {\overline{b_{\mathrm{conv1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = torch.einsum("blpq->l", conv1_out_bar)
     # the value at each coarse node and offset
     u0_bar1_blocks = torch.einsum("blpq,crsl->bcpqrs", shortcut_out_bar, shortcut_W)
-    # {\overline{u}^{[1]}}_{c,S p + r,S q + s} = \sum_{l} {W_{\mathrm{shortcut}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{shortcut}}}}_{l,p,q}
+    # u̅^{[1]}[c, S*p + r, S*q + s] = Σ_l(W_shortcut[c, r, s, l]*K̅^shortcut[l, p, q])
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 1, stride, 0)
     # the value at each coarse node and offset
     u0_bar2_blocks = torch.einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
-    # {\overline{u}^{[2]}}_{c,S p + r - 1,S q + s - 1} = \sum_{l} {W_{\mathrm{conv1}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    # u̅^{[2]}[c, S*p + r - 1, S*q + s - 1] = Σ_l(W_conv1[c, r, s, l]*K̅^conv1[l, p, q])
     u0_bar2 = _fold(u0_bar2_blocks, u0.shape, (2, 3), 3, stride, 1)
-    # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\overline{u}^{[2]}}_{c,p,q}
+    # u̅[c, p, q] = u̅^{[1]}[c, p, q] + u̅^{[2]}[c, p, q]
     u0_bar = u0_bar1 + u0_bar2
     return u0_bar, {
         "conv1.W": conv1_W_bar,
@@ -507,37 +507,37 @@ def _step_identity(u0, p, config, eps):
     bn2_var = p["bn2.var"]
 
     # --- conv1: convolution ---
-    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
     # --- bn1: batch-norm ---
-    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
 
     # --- relu: relu-projection ---
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
     relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
     del bn1_a, bn1_c, conv1_out
 
     # --- conv2: convolution ---
-    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
     conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
     del relu_out
 
     # --- bn2: batch-norm ---
-    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
 
     # --- relu: relu-projection ---
-    # (R u)_{l,p,q} = u_{l,p,q}
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    # Ru[l, p, q] = u[l, p, q]
+    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
+    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
     del bn2_a, bn2_c, conv2_out
     return relu2_out
@@ -560,129 +560,129 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     bn2_var = p["bn2.var"]
 
     # --- conv1: convolution ---
-    # {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} = {b_{\mathrm{conv1}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{conv1}}}_{c,r,s,l} {u}_{c,S p + r - 1,S q + s - 1}
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
 
     # --- bn1: batch-norm ---
-    # {a^{\mathrm{bn1}}}_{l} = \frac{{\gamma_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # {c^{\mathrm{bn1}}}_{l} = {\beta_{\mathrm{bn1}}}_{l} - \frac{{\gamma_{\mathrm{bn1}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-    # {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q} + {c^{\mathrm{bn1}}}_{l}
+    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     bn1_out = bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None]
 
     # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn1}}}_{l,p,q}\right)
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
     relu_out = torch.relu(bn1_out)
 
     # --- conv2: convolution ---
-    # {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} = {b_{\mathrm{conv2}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv2}}}_{k,r,s,l} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
     conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
 
     # --- bn2: batch-norm ---
-    # {a^{\mathrm{bn2}}}_{l} = \frac{{\gamma_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # {c^{\mathrm{bn2}}}_{l} = {\beta_{\mathrm{bn2}}}_{l} - \frac{{\gamma_{\mathrm{bn2}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-    # {\mathcal{B}^{\mathrm{bn2}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q} + {c^{\mathrm{bn2}}}_{l}
+    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     bn2_out = bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None]
 
     # --- transfer ---
-    # (R u)_{l,p,q} = u_{l,p,q}
+    # Ru[l, p, q] = u[l, p, q]
     transfer = u0
 
     # --- update: explicit Euler step ---
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     u1 = bn2_out + transfer
 
     # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {u^{+}}_{l,p,q}\right)
+    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
     relu2_out = torch.relu(u1)
 
     # --- adjoint of update: explicit Euler step ---
-    # {\lambda^{+}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    # λ^{+}[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
     u1_bar = torch.ops.aten.threshold_backward(relu2_out_bar, relu2_out, 0)
 
     # --- adjoint of bn2: batch-norm ---
-    # {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} = \Delta t {\lambda^{+}}_{l,p,q}
+    # B̅^bn2[l, p, q] = Δt*λ^{+}[l, p, q]
     bn2_out_bar = u1_bar
-    # {\overline{c^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    # c̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q])
     bn2_c_bar = torch.einsum("blpq->bl", bn2_out_bar)
-    # {\overline{\beta_{\mathrm{bn2}}}}_{l} = {\overline{c^{\mathrm{bn2}}}}_{l}
+    # β̅_bn2[l] = c̅^bn2[l]
     bn2_bias_bar = torch.einsum("bl->l", bn2_c_bar)
     t1 = -bn2_a*bn2_c_bar
-    # {\overline{\mu_{\mathrm{bn2}}}}_{l} = - {a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l}
+    # μ̅_bn2[l] = -a^bn2[l]*c̅^bn2[l]
     bn2_mean_bar = torch.einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{bn2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv2}}}_{l,p,q}
+    # a̅^bn2[l] = Σ_{p,q}(B̅^bn2[l, p, q]*K^conv2[l, p, q])
     bn2_a_bar = torch.sum(bn2_out_bar * conv2_out, dim=(2, 3))
     t2 = bn2_a_bar/torch.sqrt(eps + bn2_var)
     bn2_gain_bar_0 = torch.einsum("bl->l", t2)
     t3 = -bn2_c_bar*bn2_mean/torch.sqrt(eps + bn2_var)
     bn2_gain_bar_1 = torch.einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{bn2}}}}_{l} = \frac{{\overline{a^{\mathrm{bn2}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn2}}}_{l}}}
+    # γ̅_bn2[l] = a̅^bn2[l]/sqrt(ε + v_bn2[l]) - c̅^bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_gain_bar = bn2_gain_bar_0 + bn2_gain_bar_1
     t4 = -bn2_a*bn2_a_bar/(2*(eps + bn2_var))
     bn2_var_bar_0 = torch.einsum("bl->l", t4)
     t5 = bn2_a*bn2_c_bar*bn2_mean/(2*(eps + bn2_var))
     bn2_var_bar_1 = torch.einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{bn2}}}}_{l} = - \frac{{a^{\mathrm{bn2}}}_{l} {\overline{a^{\mathrm{bn2}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)} + \frac{{a^{\mathrm{bn2}}}_{l} {\overline{c^{\mathrm{bn2}}}}_{l} {\mu_{\mathrm{bn2}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn2}}}_{l}\right)}
+    # v̅_bn2[l] = -a^bn2[l]*a̅^bn2[l]/(2*(ε + v_bn2[l])) + a^bn2[l]*c̅^bn2[l]*μ_bn2[l]/(2*(ε + v_bn2[l]))
     bn2_var_bar = bn2_var_bar_0 + bn2_var_bar_1
 
     # --- adjoint of conv2: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} = {a^{\mathrm{bn2}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn2}}}}_{l,p,q}
+    # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    # Proj_S_2^relu[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
     conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
-    # {\overline{W_{\mathrm{conv2}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p + r - 1,q + s - 1}
+    # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
     conv2_W_bar = torch.einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
-    # {\overline{b_{\mathrm{conv2}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
     # the value at each coarse node and offset
     relu_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
-    # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv2}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv2}}}}_{l,p,q}
+    # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
     relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
 
     # --- adjoint of bn1: batch-norm ---
-    # {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
     bn1_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
-    # {\overline{c^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    # c̅^bn1[l] = Σ_{p,q}(B̅^bn1[l, p, q])
     bn1_c_bar = torch.einsum("blpq->bl", bn1_out_bar)
-    # {\overline{\beta_{\mathrm{bn1}}}}_{l} = {\overline{c^{\mathrm{bn1}}}}_{l}
+    # β̅_bn1[l] = c̅^bn1[l]
     bn1_bias_bar = torch.einsum("bl->l", bn1_c_bar)
     t6 = -bn1_a*bn1_c_bar
-    # {\overline{\mu_{\mathrm{bn1}}}}_{l} = - {a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l}
+    # μ̅_bn1[l] = -a^bn1[l]*c̅^bn1[l]
     bn1_mean_bar = torch.einsum("bl->l", t6)
-    # {\overline{a^{\mathrm{bn1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv1}}}_{l,p,q}
+    # a̅^bn1[l] = Σ_{p,q}(B̅^bn1[l, p, q]*K^conv1[l, p, q])
     bn1_a_bar = torch.sum(bn1_out_bar * conv1_out, dim=(2, 3))
     t7 = bn1_a_bar/torch.sqrt(eps + bn1_var)
     bn1_gain_bar_0 = torch.einsum("bl->l", t7)
     t8 = -bn1_c_bar*bn1_mean/torch.sqrt(eps + bn1_var)
     bn1_gain_bar_1 = torch.einsum("bl->l", t8)
-    # {\overline{\gamma_{\mathrm{bn1}}}}_{l} = \frac{{\overline{a^{\mathrm{bn1}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn1}}}_{l}}}
+    # γ̅_bn1[l] = a̅^bn1[l]/sqrt(ε + v_bn1[l]) - c̅^bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_gain_bar = bn1_gain_bar_0 + bn1_gain_bar_1
     t9 = -bn1_a*bn1_a_bar/(2*(eps + bn1_var))
     bn1_var_bar_0 = torch.einsum("bl->l", t9)
     t10 = bn1_a*bn1_c_bar*bn1_mean/(2*(eps + bn1_var))
     bn1_var_bar_1 = torch.einsum("bl->l", t10)
-    # {\overline{v_{\mathrm{bn1}}}}_{l} = - \frac{{a^{\mathrm{bn1}}}_{l} {\overline{a^{\mathrm{bn1}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)} + \frac{{a^{\mathrm{bn1}}}_{l} {\overline{c^{\mathrm{bn1}}}}_{l} {\mu_{\mathrm{bn1}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn1}}}_{l}\right)}
+    # v̅_bn1[l] = -a^bn1[l]*a̅^bn1[l]/(2*(ε + v_bn1[l])) + a^bn1[l]*c̅^bn1[l]*μ_bn1[l]/(2*(ε + v_bn1[l]))
     bn1_var_bar = bn1_var_bar_0 + bn1_var_bar_1
 
     # --- adjoint of conv1: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} = {a^{\mathrm{bn1}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn1}}}}_{l,p,q}
+    # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # {u}_{c,S p + r - 1,S q + s - 1} at every grid point and kernel offset (a view)
+    # u[c, S*p + r - 1, S*q + s - 1] at every grid point and kernel offset (a view)
     conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
-    # {\overline{W_{\mathrm{conv1}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q} {u}_{c,S p + r - 1,S q + s - 1}
+    # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
     conv1_W_bar = torch.einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
-    # {\overline{b_{\mathrm{conv1}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = torch.einsum("blpq->l", conv1_out_bar)
     # the value at each coarse node and offset
     u0_bar1_blocks = torch.einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
-    # {\overline{u}^{[1]}}_{c,S p + r - 1,S q + s - 1} = \sum_{l} {W_{\mathrm{conv1}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv1}}}}_{l,p,q}
+    # u̅^{[1]}[c, S*p + r - 1, S*q + s - 1] = Σ_l(W_conv1[c, r, s, l]*K̅^conv1[l, p, q])
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, stride, 1)
-    # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
+    # u̅[c, p, q] = u̅^{[1]}[c, p, q] + λ^{+}[c, p, q]
     u0_bar = u0_bar1 + u1_bar
     return u0_bar, {
         "conv1.W": conv1_W_bar,

@@ -197,34 +197,34 @@ def _step_identity(u0, p, config, eps):
     up_b = p["up.b"]
 
     # --- down: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
     down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
     conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
     del down_out
 
     # --- bn: batch-norm ---
-    # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    # a^bn[l] = γ_bn[l]/sqrt(ε + v_bn[l])
     bn_a = bn_gain/torch.sqrt(eps + bn_var)
-    # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    # c^bn[l] = β_bn[l] - γ_bn[l]*μ_bn[l]/sqrt(ε + v_bn[l])
     bn_c = -bn_gain*bn_mean/torch.sqrt(eps + bn_var) + bn_bias
 
     # --- relu: relu-projection ---
-    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
+    # B^bn[l, p, q] = a^bn[l]*K^conv[l, p, q] + c^bn[l]
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn[l, p, q])
     relu_out = torch.relu(bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None])
     del bn_a, bn_c, conv_out
 
     # --- up: transposed-convolution ---
-    # {\mathcal{P}^{\mathrm{up}}}_{c,2 p + r,2 q + s} = {b_{\mathrm{up}}}_{c} + \sum_{k} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {W_{\mathrm{up}}}_{k,r,s,c}
+    # P^up[c, 2*p + r, 2*q + s] = b_up[c] + Σ_k(Proj_S_2^relu[k, p, q]*W_up[k, r, s, c])
     up_out = torch.nn.functional.conv_transpose2d(relu_out, up_W.permute(0, 3, 1, 2), up_b, up_W.shape[1])
     del relu_out
 
     # --- update: explicit Euler step ---
-    # (R u)_{l,p,q} = u_{l,p,q}
-    # {u^{+}}_{l,p,q} = \Delta t {F}_{l,p,q} + {R u}_{l,p,q}
+    # Ru[l, p, q] = u[l, p, q]
+    # u^{+}[l, p, q] = Δt*P^up[l, p, q] + Ru[l, p, q]
     u1 = u0 + up_out
     del up_out
     return u1
@@ -243,98 +243,98 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     up_W = p["up.W"]
 
     # --- down: convolution ---
-    # {\mathcal{K}^{\mathrm{down}}}_{l,p,q} = {b_{\mathrm{down}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{down}}}_{c,r,s,l} {u}_{c,2 p + r - 1,2 q + s - 1}
+    # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
     down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
     # --- conv: convolution ---
-    # {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} = {b_{\mathrm{conv}}}_{l} + \sum_{k} \sum_{r} \sum_{s} {W_{\mathrm{conv}}}_{k,r,s,l} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
     conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
 
     # --- bn: batch-norm ---
-    # {a^{\mathrm{bn}}}_{l} = \frac{{\gamma_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    # a^bn[l] = γ_bn[l]/sqrt(ε + v_bn[l])
     bn_a = bn_gain/torch.sqrt(eps + bn_var)
-    # {c^{\mathrm{bn}}}_{l} = {\beta_{\mathrm{bn}}}_{l} - \frac{{\gamma_{\mathrm{bn}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    # c^bn[l] = β_bn[l] - γ_bn[l]*μ_bn[l]/sqrt(ε + v_bn[l])
     bn_c = -bn_gain*bn_mean/torch.sqrt(eps + bn_var) + bn_bias
-    # {\mathcal{B}^{\mathrm{bn}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q} + {c^{\mathrm{bn}}}_{l}
+    # B^bn[l, p, q] = a^bn[l]*K^conv[l, p, q] + c^bn[l]
     bn_out = bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None]
 
     # --- relu: relu-projection ---
-    # {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q} = \max\left(0, {\mathcal{B}^{\mathrm{bn}}}_{l,p,q}\right)
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn[l, p, q])
     relu_out = torch.relu(bn_out)
 
     # --- adjoint of up: transposed-convolution ---
-    # {\lambda^{+}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    # λ^{+}[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     up_out_bar_windows = _windows(u1_bar, (2, 3), 2, 2, 0)
     # the value at each coarse node and offset
     up_out_bar_blocks = up_out_bar_windows
-    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} = \Delta t {\lambda^{+}}_{c,2 p + r,2 q + s}
+    # P̅^up[c, 2*p + r, 2*q + s] = Δt*up_out_bar_windows[c, p, q, r, s]
     up_out_bar = _interleave(up_out_bar_blocks, (2, 3))
-    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    # P̅^up[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     up_W_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
-    # {\overline{W_{\mathrm{up}}}}_{k,r,s,c} = \sum_{p} \sum_{q} {\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{k,p,q} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    # W̅_up[k, r, s, c] = Σ_{p,q}(Proj_S_2^relu[k, p, q]*up_W_bar_windows[c, p, q, r, s])
     up_W_bar = torch.einsum("bkpq,bcpqrs->krsc", relu_out, up_W_bar_windows)
-    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    # P̅^up[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     up_b_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
-    # {\overline{b_{\mathrm{up}}}}_{c} = \sum_{p} \sum_{r} \sum_{q} \sum_{s} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    # b̅_up[c] = Σ_{p,r,q,s}(up_b_bar_windows[c, p, q, r, s])
     up_b_bar = torch.einsum("bcpqrs->c", up_b_bar_windows)
 
     # --- adjoint of relu: relu-projection ---
-    # {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s} at every grid point and kernel offset (a view)
+    # P̅^up[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     relu_out_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
-    # {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q} = \sum_{c} \sum_{r} \sum_{s} {W_{\mathrm{up}}}_{l,r,s,c} {\overline{\mathcal{P}^{\mathrm{up}}}}_{c,2 p + r,2 q + s}
+    # P̅r̅o̅j̅_S_2^relu[l, p, q] = Σ_{c,r,s}(relu_out_bar_windows[c, p, q, r, s]*W_up[l, r, s, c])
     relu_out_bar = torch.einsum("bcpqrs,lrsc->blpq", relu_out_bar_windows, up_W)
 
     # --- adjoint of bn: batch-norm ---
-    # {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} = \theta\left({\mathrm{Proj}_{S_2}^{\mathrm{relu}}}_{l,p,q}, 0\right) {\overline{\mathrm{Proj}_{S_2}^{\mathrm{relu}}}}_{l,p,q}
+    # B̅^bn[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
     bn_out_bar = torch.ops.aten.threshold_backward(relu_out_bar, relu_out, 0)
-    # {\overline{c^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q}
+    # c̅^bn[l] = Σ_{p,q}(B̅^bn[l, p, q])
     bn_c_bar = torch.einsum("blpq->bl", bn_out_bar)
-    # {\overline{\beta_{\mathrm{bn}}}}_{l} = {\overline{c^{\mathrm{bn}}}}_{l}
+    # β̅_bn[l] = c̅^bn[l]
     bn_bias_bar = torch.einsum("bl->l", bn_c_bar)
     t1 = -bn_a*bn_c_bar
-    # {\overline{\mu_{\mathrm{bn}}}}_{l} = - {a^{\mathrm{bn}}}_{l} {\overline{c^{\mathrm{bn}}}}_{l}
+    # μ̅_bn[l] = -a^bn[l]*c̅^bn[l]
     bn_mean_bar = torch.einsum("bl->l", t1)
-    # {\overline{a^{\mathrm{bn}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q} {\mathcal{K}^{\mathrm{conv}}}_{l,p,q}
+    # a̅^bn[l] = Σ_{p,q}(B̅^bn[l, p, q]*K^conv[l, p, q])
     bn_a_bar = torch.sum(bn_out_bar * conv_out, dim=(2, 3))
     t2 = bn_a_bar/torch.sqrt(eps + bn_var)
     bn_gain_bar_0 = torch.einsum("bl->l", t2)
     t3 = -bn_c_bar*bn_mean/torch.sqrt(eps + bn_var)
     bn_gain_bar_1 = torch.einsum("bl->l", t3)
-    # {\overline{\gamma_{\mathrm{bn}}}}_{l} = \frac{{\overline{a^{\mathrm{bn}}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}} - \frac{{\overline{c^{\mathrm{bn}}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{\sqrt{\varepsilon + {v_{\mathrm{bn}}}_{l}}}
+    # γ̅_bn[l] = a̅^bn[l]/sqrt(ε + v_bn[l]) - c̅^bn[l]*μ_bn[l]/sqrt(ε + v_bn[l])
     bn_gain_bar = bn_gain_bar_0 + bn_gain_bar_1
     t4 = -bn_a*bn_a_bar/(2*(eps + bn_var))
     bn_var_bar_0 = torch.einsum("bl->l", t4)
     t5 = bn_a*bn_c_bar*bn_mean/(2*(eps + bn_var))
     bn_var_bar_1 = torch.einsum("bl->l", t5)
-    # {\overline{v_{\mathrm{bn}}}}_{l} = - \frac{{a^{\mathrm{bn}}}_{l} {\overline{a^{\mathrm{bn}}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn}}}_{l}\right)} + \frac{{a^{\mathrm{bn}}}_{l} {\overline{c^{\mathrm{bn}}}}_{l} {\mu_{\mathrm{bn}}}_{l}}{2 \left(\varepsilon + {v_{\mathrm{bn}}}_{l}\right)}
+    # v̅_bn[l] = -a^bn[l]*a̅^bn[l]/(2*(ε + v_bn[l])) + a^bn[l]*c̅^bn[l]*μ_bn[l]/(2*(ε + v_bn[l]))
     bn_var_bar = bn_var_bar_0 + bn_var_bar_1
 
     # --- adjoint of conv: convolution ---
-    # {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q} = {a^{\mathrm{bn}}}_{l} {\overline{\mathcal{B}^{\mathrm{bn}}}}_{l,p,q}
+    # K̅^conv[l, p, q] = a^bn[l]*B̅^bn[l, p, q]
     conv_out_bar = bn_a[None, :, None, None]*bn_out_bar
-    # {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1} at every grid point and kernel offset (a view)
+    # K^down[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
     conv_W_bar_windows = _windows(down_out, (2, 3), 3, 1, 1)
-    # {\overline{W_{\mathrm{conv}}}}_{k,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q} {\mathcal{K}^{\mathrm{down}}}_{k,p + r - 1,q + s - 1}
+    # W̅_conv[k, r, s, l] = Σ_{p,q}(conv_W_bar_windows[k, p, q, r, s]*K̅^conv[l, p, q])
     conv_W_bar = torch.einsum("blpq,bkpqrs->krsl", conv_out_bar, conv_W_bar_windows)
-    # {\overline{b_{\mathrm{conv}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q}
+    # b̅_conv[l] = Σ_{p,q}(K̅^conv[l, p, q])
     conv_b_bar = torch.einsum("blpq->l", conv_out_bar)
 
     # --- adjoint of down: convolution ---
     # the value at each coarse node and offset
     down_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W)
-    # {\overline{\mathcal{K}^{\mathrm{down}}}}_{k,p + r - 1,q + s - 1} = \sum_{l} {W_{\mathrm{conv}}}_{k,r,s,l} {\overline{\mathcal{K}^{\mathrm{conv}}}}_{l,p,q}
+    # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
     down_out_bar = _fold(down_out_bar_blocks, down_out.shape, (2, 3), 3, 1, 1)
-    # {u}_{c,2 p + r - 1,2 q + s - 1} at every grid point and kernel offset (a view)
+    # u[c, 2*p + r - 1, 2*q + s - 1] at every grid point and kernel offset (a view)
     down_W_bar_windows = _windows(u0, (2, 3), 3, 2, 1)
-    # {\overline{W_{\mathrm{down}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q} {u}_{c,2 p + r - 1,2 q + s - 1}
+    # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
     down_W_bar = torch.einsum("blpq,bcpqrs->crsl", down_out_bar, down_W_bar_windows)
-    # {\overline{b_{\mathrm{down}}}}_{l} = \sum_{p} \sum_{q} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q}
+    # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])
     down_b_bar = torch.einsum("blpq->l", down_out_bar)
     # the value at each coarse node and offset
     u0_bar1_blocks = torch.einsum("blpq,crsl->bcpqrs", down_out_bar, down_W)
-    # {\overline{u}^{[1]}}_{c,2 p + r - 1,2 q + s - 1} = \sum_{l} {W_{\mathrm{down}}}_{c,r,s,l} {\overline{\mathcal{K}^{\mathrm{down}}}}_{l,p,q}
+    # u̅^{[1]}[c, 2*p + r - 1, 2*q + s - 1] = Σ_l(W_down[c, r, s, l]*K̅^down[l, p, q])
     u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, 2, 1)
-    # {\overline{u}}_{c,p,q} = {\overline{u}^{[1]}}_{c,p,q} + {\lambda^{+}}_{c,p,q}
+    # u̅[c, p, q] = u̅^{[1]}[c, p, q] + λ^{+}[c, p, q]
     u0_bar = u0_bar1 + u1_bar
     return u0_bar, {
         "down.W": down_W_bar,

@@ -369,19 +369,19 @@ def _embedding(image, p, config, eps):
     embed_pos = p["embed.pos"]
 
     # --- embed: patch-embedding ---
-    # {f^{\mathrm{embed}}}_{p,q,l} = {b^{E}_{\mathrm{embed}}}_{l} + \sum_{c} \sum_{r} \sum_{s} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {I}_{c,P p + r,P q + s}
+    # f^embed[p, q, l] = b^E_embed[l] + Σ_{c,r,s}(W^E_embed[c, r, s, l]*embed_f_windows[c, p, q, r, s])
     embed_f = torch.nn.functional.conv2d(image, embed_W.permute(3, 0, 1, 2), embed_b, patch_size, 0).permute(0, 2, 3, 1)
 
     # --- initial condition on the token domain ---
-    # {t}_{0,l} = {c^{\mathrm{cls}}_{\mathrm{embed}}}_{l}
+    # embed_tokens_part1[l] = c^cls_embed[l]
     embed_tokens_part1 = embed_cls
-    # {t}_{N_{2} p + q + 1,l} = {f^{\mathrm{embed}}}_{p,q,l}
+    # embed_tokens_part2[p, q, l] = f^embed[p, q, l]
     embed_tokens_part2 = embed_f
     del embed_f
     # the parts one after another along the token axis
     embed_tokens = _join(embed_tokens_part1, embed_tokens_part2)
     del embed_tokens_part1, embed_tokens_part2
-    # {u^{(0)}}_{i,l} = {E_{\mathrm{embed}}}_{i,l} + {t}_{i,l}
+    # u^(0)[i, l] = E_embed[i, l] + t[i, l]
     u0 = embed_pos + embed_tokens
     del embed_tokens
     return u0
@@ -395,10 +395,10 @@ def _readout(u, p, config, eps):
     # --- head: class-token-head ---
     # u at 0, l (a view)
     u_view1 = u[:, 0, :]
-    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    # z^head[l] = u_view1[l]
     head_z = u_view1
     del u_view1
-    # {\ell^{\mathrm{head}}}_{o} = {b^{H}_{\mathrm{head}}}_{o} + \sum_{k} {W^{H}_{\mathrm{head}}}_{k,o} {z^{\mathrm{head}}}_{k}
+    # ℓ^head[o] = b^H_head[o] + Σ_k(W^H_head[k, o]*z^head[k])
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
     return head_logits
@@ -897,27 +897,27 @@ def _embedding_vjp(image, u0_bar, p, config, eps):
     embed_W = p["embed.W"]
 
     # --- adjoint of initial condition on the token domain ---
-    # {\overline{E_{\mathrm{embed}}}}_{i,l} = {\lambda^{(0)}}_{i,l}
+    # E̅_embed[i, l] = λ^(0)[i, l]
     embed_pos_bar = torch.einsum("bil->il", u0_bar)
     # u0_bar at 0, l (a view)
     u0_bar_view1 = u0_bar[:, 0, :]
-    # {\overline{c^{\mathrm{cls}}_{\mathrm{embed}}}}_{l} = {\lambda^{(0)}}_{0,l}
+    # c̅^cls_embed[l] = u0_bar_view1[l]
     embed_cls_bar = torch.einsum("bl->l", u0_bar_view1)
 
     # --- adjoint of embed: patch-embedding ---
     # u0_bar at N_2*p + q + 1, l (a view)
     u0_bar_view2 = _rows(u0_bar, 1, 1, (n_rows, n_cols))
-    # {\overline{f^{\mathrm{embed}}}}_{p,q,l} = {\lambda^{(0)}}_{N_{2} p + q + 1,l}
+    # f̅^embed[p, q, l] = u0_bar_view2[p, q, l]
     embed_f_bar = u0_bar_view2
-    # {I}_{c,P p + r,P q + s} at every grid point and kernel offset (a view)
+    # I[c, P*p + r, P*q + s] at every grid point and kernel offset (a view)
     embed_W_bar_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
-    # {\overline{W^{E}_{\mathrm{embed}}}}_{c,r,s,l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l} {I}_{c,P p + r,P q + s}
+    # W̅^E_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*f̅^embed[p, q, l])
     embed_W_bar = torch.einsum("bpql,bcpqrs->crsl", embed_f_bar, embed_W_bar_windows)
-    # {\overline{b^{E}_{\mathrm{embed}}}}_{l} = \sum_{p} \sum_{q} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    # b̅^E_embed[l] = Σ_{p,q}(f̅^embed[p, q, l])
     embed_b_bar = torch.einsum("bpql->l", embed_f_bar)
     # the value at each coarse node and offset
     image_bar_blocks = torch.einsum("bpql,crsl->bcpqrs", embed_f_bar, embed_W)
-    # {\overline{I}}_{c,P p + r,P q + s} = \sum_{l} {W^{E}_{\mathrm{embed}}}_{c,r,s,l} {\overline{f^{\mathrm{embed}}}}_{p,q,l}
+    # I̅[c, P*p + r, P*q + s] = Σ_l(W^E_embed[c, r, s, l]*f̅^embed[p, q, l])
     image_bar = _fold(image_bar_blocks, image.shape, (2, 3), patch_size, patch_size, 0)
     return image_bar, {
         "embed.W": embed_W_bar,
@@ -935,19 +935,19 @@ def _readout_vjp(u, head_logits_bar, p, config, eps):
     # --- head: class-token-head ---
     # u at 0, l (a view)
     u_view1 = u[:, 0, :]
-    # {z^{\mathrm{head}}}_{l} = {u}_{0,l}
+    # z^head[l] = u_view1[l]
     head_z = u_view1
 
     # --- adjoint of head: class-token-head ---
-    # {\overline{W^{H}_{\mathrm{head}}}}_{k,o} = {\overline{\ell^{\mathrm{head}}}}_{o} {z^{\mathrm{head}}}_{k}
+    # W̅^H_head[k, o] = ℓ̅^head[o]*z^head[k]
     head_W_bar = torch.einsum("bo,bk->ko", head_logits_bar, head_z)
-    # {\overline{b^{H}_{\mathrm{head}}}}_{o} = {\overline{\ell^{\mathrm{head}}}}_{o}
+    # b̅^H_head[o] = ℓ̅^head[o]
     head_b_bar = torch.einsum("bo->o", head_logits_bar)
-    # {\overline{z^{\mathrm{head}}}}_{l} = \sum_{o} {W^{H}_{\mathrm{head}}}_{l,o} {\overline{\ell^{\mathrm{head}}}}_{o}
+    # z̅^head[l] = Σ_o(W^H_head[l, o]*ℓ̅^head[o])
     head_z_bar = torch.einsum("bo,lo->bl", head_logits_bar, head_W)
     # the value at each coarse node and offset
     u_bar_blocks = head_z_bar
-    # {\overline{u}}_{0,l} = {\overline{z^{\mathrm{head}}}}_{l}
+    # u̅[0, l] = z̅^head[l]
     u_bar = u_bar_blocks.new_zeros(u.shape)
     u_bar[:, 0, :] = u_bar_blocks
     return u_bar, {

@@ -31,8 +31,8 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "check_only_attributes",
-           "library_class", "library_name", "runs_one_of", "shown_class", "LIBRARIES", "READ"]
+__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_exact_class", "check_only_parts", "check_only_attributes",
+           "library_class", "library_name", "qualified_name", "runs_one_of", "shown_class", "LIBRARIES", "READ"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -249,9 +249,26 @@ def library_name(part: Any) -> str | None:
 
 def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
     """``part``'s library class is one of ``names``, or a class its library derives from one of them
-    (torch's ``NonDynamicallyQuantizableLinear`` is a ``Linear``); a user class never counts by its own name."""
+    (torch's ``NonDynamicallyQuantizableLinear`` is a ``Linear``); a user class never counts by its own name.
+    A dotted name (``timm.models.vision_transformer.Block``: module and name) is that one class exactly, where a
+    library has several classes of one name (timm's beit, nest, volo and sam have a ``Block`` and an ``Attention``)."""
     klass = library_class(part)
-    return klass is not None and any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
+    if klass is None:
+        return False
+    return qualified_name(klass) in names or any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
+
+
+def check_exact_class(owner: str, part: Any, qualified: str) -> None:
+    """Refuse ``part`` (named ``owner``) unless its library class is exactly ``qualified`` (``runs_one_of``)."""
+    if not runs_one_of(part, (qualified,)):
+        klass = library_class(part)
+        found = qualified_name(klass) if klass is not None else shown_class(part)
+        raise SplitformerError(f"{owner} is {found}, not {qualified}; the adapter reads that class's computation only")
+
+
+def qualified_name(klass: type) -> str:
+    """``klass``'s module and name, ``timm.layers.mlp.Mlp``."""
+    return f"{klass.__module__}.{klass.__qualname__}"
 
 
 def shown_class(part: Any) -> str:

@@ -87,10 +87,10 @@ def test_a_whole_model_reader_inspects_the_library_classes_too(monkeypatch):
 
 
 def test_a_method_added_to_torch_by_another_library_is_its_own():
-    """transformers adds ``smart_apply`` to ``torch.nn.Module``: a library's own function (its code in transformers,
-    its module transformers'), accepted."""
-    from transformers import modeling_utils  # noqa: F401  (what adds it)
-
-    method = vars(torch.nn.Module).get("smart_apply")
-    assert method is None or method.__module__.startswith("transformers")
+    """transformers adds ``smart_apply`` to ``torch.nn.Module`` when it initializes a model: a library's own function
+    (its code in transformers, its module transformers'), accepted on every part."""
+    model = gpt2()
+    method = vars(torch.nn.Module)["smart_apply"]
+    assert method.__module__.startswith("transformers.") and "transformers" in method.__code__.co_filename
     assert from_torch(_encoder()).scheme == "post-ln"
+    assert isinstance(splitformer_nn.from_hf_lm(model), splitformer_nn.LanguageModel)

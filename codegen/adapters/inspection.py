@@ -174,12 +174,19 @@ def _package(function: Any) -> str:
 
 
 def _inside(filename: str, place: str) -> bool:
-    """``filename`` lies in the installed folder of the top-level package ``place`` (imported), or under the
+    """``filename`` lies in the installed folder of the top-level package ``place`` (once imported), or under the
     folder ``place`` (an absolute path)."""
-    root = place if os.path.isabs(place) else getattr(sys.modules.get(place), "__file__", None)
-    folder = place if os.path.isabs(place) else os.path.dirname(root or "")
-    return root is not None and filename.startswith(folder + os.sep)
+    folder = _FOLDERS.get(place)
+    if folder is None:
+        root = place if os.path.isabs(place) else getattr(sys.modules.get(place), "__file__", None)
+        if root is None:
+            return False
+        folder = _FOLDERS[place] = (place if os.path.isabs(place) else os.path.dirname(root)) + os.sep
+    return filename.startswith(folder)
 
+
+#: The folder of each place ``_inside`` has looked up (a package's, once it is imported).
+_FOLDERS: dict[str, str] = {}
 
 #: Where a decorator's wrapper of a library method may be defined: the libraries, the standard library, typing_extensions.
 _PLACES = (*LIBRARIES, sysconfig.get_paths()["stdlib"], "typing_extensions")

@@ -99,11 +99,14 @@ def test_the_default_rotary_embedding_is_accepted_in_float32_and_float64():
 
 
 def test_a_layer_holding_its_own_rotary_embedding_is_checked():
-    """transformers 4 put a rotary embedding in each layer's attention: the layer reader checks it."""
+    """transformers 4 put a rotary embedding in each layer's attention: the layer reader checks it (first); the
+    installed transformers builds none there, so the as-built walk refuses the extra part after it."""
     config = llama_config()
     layer = randomized(LlamaDecoderLayer(config, 0))
+    assert from_hf(layer).options["rope_theta"] == 500.0  # control: as built
     layer.self_attn.rotary_emb = LlamaRotaryEmbedding(config).double()
-    assert from_hf(layer).options["rope_theta"] == 500.0
+    refused(from_hf, layer, r"LlamaDecoderLayer\.self_attn\.rotary_emb \(LlamaRotaryEmbedding\) is a part "
+                            "LlamaDecoderLayer does not build from this configuration")
     with torch.no_grad():
         layer.self_attn.rotary_emb.inv_freq.mul_(0.5)
     refused(from_hf, layer, r"LlamaDecoderLayer\.self_attn\.rotary_emb\.inv_freq differs")

@@ -20,7 +20,7 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .as_built_timm import fresh_block, fresh_vision_transformer
-from .inspection import library_class, library_name
+from .inspection import library_class, library_name, shown_class
 
 __all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
 
@@ -138,12 +138,11 @@ def check_as_built(owner: str, module: Any) -> None:
     if fresh is None:
         return
     state = frozenset(vars(torch.nn.Module()))
-    built = dict(fresh.named_modules())
-    for path, part in module.named_modules():
-        counterpart = built.get(path)
-        klass = library_class(part)
-        if counterpart is None or klass is None or library_class(counterpart) is not klass:
-            continue  # another part than the library's: check_parts refuses it, naming its class
+    built = dict(fresh.named_modules(remove_duplicate=False))
+    parts = dict(module.named_modules(remove_duplicate=False))
+    _check_same_parts(owner, library_name(module), parts, built)
+    for path, part in parts.items():
+        counterpart, klass = built[path], library_class(part)
         reads, immaterial = READS.get(klass.__name__, frozenset()), IMMATERIAL.get(klass.__name__, {})
         expected = vars(counterpart)
         for name, value in vars(part).items():
@@ -159,6 +158,24 @@ def check_as_built(owner: str, module: Any) -> None:
                 raise SplitformerError(f"{where} is {_brief(value)}, but {library_name(part)} is built with "
                                        f"{_brief(expected[name])} from this configuration, which the adapter reads; "
                                        "rebuild the module instead of setting the attribute")
+
+
+def _check_same_parts(owner: str, name: str | None, parts: dict[str, Any], built: dict[str, Any]) -> None:
+    """Refuse a submodule (dotted path) that the fresh module lacks, that it has and ``parts`` lacks (deleted or
+    set to None), or that runs another library class than the fresh one there: every part, inside the blocks or
+    not (an embedding's dropout replaced by ``nn.Tanh()``), is the one the library builds from the configuration."""
+    for path in sorted(parts.keys() | built.keys()):
+        where = f"{owner}.{path}"
+        if path not in built:
+            raise SplitformerError(f"{where} ({type(parts[path]).__name__}) is a part {name} does not build from this "
+                                   "configuration; the adapter reads the library's parts only")
+        expected = library_name(built[path])
+        if path not in parts:
+            raise SplitformerError(f"{where} is missing (deleted or None); {name} builds a {expected} there from this "
+                                   "configuration, which the adapter reads")
+        if library_class(parts[path]) is not library_class(built[path]):
+            raise SplitformerError(f"{where} is {shown_class(parts[path])}, but {name} builds a {expected} there from this "
+                                   "configuration; the adapter reads the library's parts as built")
 
 
 def _brief(value: Any) -> str:

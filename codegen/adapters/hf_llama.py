@@ -22,6 +22,7 @@ from .registry import adapter, writer
 from .adapted import Adapted
 from .common import activation_name, check_attention, state_dict
 from .inspection import check_parts
+from .rope import is_frequencies_of
 
 __all__ = ["llama_layer_params", "llama_layer_config", "check_rotary", "read_llama_layer", "write_llama_layer"]
 
@@ -82,22 +83,19 @@ def llama_layer_config(layer: Any) -> dict[str, Any]:
 
 
 def check_rotary(owner: str, rotary: Any, head_dim: int, theta: float) -> None:
-    """Refuse a rotary embedding whose ``inv_freq`` buffer or ``attention_scaling`` is not the default
-    RoPE of ``theta`` the llama scheme computes: ``θ^(-2k/head_dim)`` (compared in float64 to within
-    a few roundings of the buffer's dtype, at least float32's, in which transformers computes it) and 1."""
-    import torch
-
+    """Refuse a rotary embedding whose ``inv_freq`` buffer is not exactly the default RoPE frequencies of ``theta``
+    (``rope.is_frequencies_of``: transformers' float32 computation, or θ^(-2k/head_dim) in float64) or whose
+    ``attention_scaling`` is not 1, as the llama scheme computes."""
     buffer = rotary.inv_freq
     expected = theta ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     if not buffer.is_floating_point() or tuple(buffer.shape) != expected.shape:
         raise SplitformerError(f"{owner}.inv_freq is {tuple(buffer.shape)} {buffer.dtype}; the llama scheme's rotary "
                                f"embedding has {expected.size} floating frequencies (head_dim / 2)")
-    tolerance = 4 * max(torch.finfo(buffer.dtype).eps, torch.finfo(torch.float32).eps)
-    found = buffer.detach().cpu().to(torch.float64).numpy()
-    if not np.allclose(found, expected, rtol=tolerance, atol=0.0):
-        worst = float(np.max(np.abs(found / expected - 1.0)))
+    if not is_frequencies_of(buffer, theta, head_dim):
+        worst = float(np.max(np.abs(array(buffer) / expected - 1.0)))
         raise SplitformerError(f"{owner}.inv_freq differs from the default RoPE frequencies of rope_theta={theta:g} "
-                               f"(relative {worst:.2g}); the llama scheme computes theta^(-2k/head_dim)")
+                               f"(relative {worst:.2g}), which transformers computes in float32; the llama scheme "
+                               "computes theta^(-2k/head_dim)")
     scaling = float(getattr(rotary, "attention_scaling", 1.0))
     if not math.isclose(scaling, 1.0, rel_tol=1e-12):
         raise SplitformerError(f"{owner}.attention_scaling is {scaling:g}; the llama scheme's rotary embedding scales "

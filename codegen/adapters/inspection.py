@@ -24,20 +24,22 @@ class ``Dropout(nn.Tanh)`` is a ``Tanh``.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
+import sysconfig
 import types
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "library_class",
-           "library_name", "runs_one_of", "LIBRARIES"]
+__all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_exact_class", "check_only_parts",
+           "library_class", "library_name", "qualified_name", "runs_one_of", "shown_class", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
 
 #: Methods a subclass may define without changing what the module computes.
-_HARMLESS = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+_HARMLESS = frozenset({"__init__", "__new__", "__init_subclass__", "extra_repr", "__repr__", "__str__"})
 
 #: What the attention dispatch returns for eager: the model's own function (nothing registered under the name).
 _EAGER = object()
@@ -51,6 +53,7 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
     another class than torch's: what ``module`` computes is then what its classes' methods compute with the
     values its tensors hold (a generated ``Stack`` written from or into, too)."""
     _check_global_hooks()
+    checked: set[type] = set()
     for name, part in module.named_modules():
         where = f"{owner}.{name}" if name else owner
         _check_plain_tensors(where, part)
@@ -65,6 +68,11 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
         if shadowed is not None:
             raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
                                    f"{type(part).__name__}'s own computation")
+        replaced = _foreign_method(type(part), checked)
+        if replaced is not None:
+            raise SplitformerError(f"{where} ({type(part).__name__}) runs {replaced[0].__qualname__}.{replaced[1]}, "
+                                   f"which is not the installed library's own ({replaced[2]}): a library method replaced on "
+                                   "the class; adapters read the library's computation")
 
 
 def check_computation(owner: str, module: Any) -> None:
@@ -108,6 +116,81 @@ def _instance_method(module: Any) -> str | None:
         if isinstance(static, (types.FunctionType, staticmethod, classmethod)):
             return name
     return None
+
+
+def _foreign_method(cls: type, checked: set[type]) -> tuple[type, str, str] | None:
+    """``(library class, method, where it comes from)`` of the first method of a library class in ``cls``'s MRO
+    that is not a library's own function (``_outside``): one replaced on the class
+    (``timm.layers.Mlp.forward = lambda self, x: …``). Classes in ``checked`` are skipped, and added."""
+    for klass in cls.__mro__:
+        if klass in checked or not _is_library(klass):
+            continue
+        checked.add(klass)
+        for name, value in vars(klass).items():
+            if name in _HARMLESS:
+                continue
+            for function in _functions(value):
+                found = _outside(function)
+                if found is not None:
+                    return klass, name, found
+    return None
+
+
+def _functions(value: Any) -> list[Any]:
+    """The functions a class attribute runs when called or read: itself, a static or class method's, a property's."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [accessor for accessor in (value.fget, value.fset, value.fdel) if accessor is not None]
+    return [value] if callable(value) and not isinstance(value, type) else []  # a nested class is not run
+
+
+def _outside(function: Any) -> str | None:
+    """Where ``function`` comes from when it is not a library's own, ``None`` when it is: each layer of it (a
+    ``functools.wraps`` wrapper and what it wraps) has its code in a library's installed folder, the standard
+    library's or typing_extensions' (a decorator's wrapper: ``torch.no_grad``, ``contextlib``), and one layer has
+    its code in the installed folder of the library its ``__module__`` names (transformers adds
+    ``Module.smart_apply`` to torch). Anything callable without Python code (``Mlp.forward = torch.tanh``, a
+    ``partial``: neither binds ``self``) is not a method of a library class."""
+    layers = [function]
+    while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
+        layers.append(layers[-1].__wrapped__)
+    files = []
+    for layer in layers:
+        code = getattr(layer, "__code__", None)
+        if code is None:
+            return f"a {type(layer).__name__} of {getattr(layer, '__module__', None) or 'no module'}, no Python code"
+        files.append(code.co_filename)
+        if not any(_inside(code.co_filename, folder) for folder in _PLACES):
+            return f"defined in {code.co_filename}"
+    if not any(_inside(file, _package(layer)) for layer, file in zip(layers, files)):
+        return f"defined in {files[-1]}"
+    return None
+
+
+def _package(function: Any) -> str:
+    """The library whose function ``function`` says it is (its ``__module__``'s top level), or ``""``."""
+    package = str(getattr(function, "__module__", None) or "").split(".")[0]
+    return package if package in LIBRARIES else ""
+
+
+def _inside(filename: str, place: str) -> bool:
+    """``filename`` lies in the installed folder of the top-level package ``place`` (once imported), or under the
+    folder ``place`` (an absolute path)."""
+    folder = _FOLDERS.get(place)
+    if folder is None:
+        root = place if os.path.isabs(place) else getattr(sys.modules.get(place), "__file__", None)
+        if root is None:
+            return False
+        folder = _FOLDERS[place] = (place if os.path.isabs(place) else os.path.dirname(root)) + os.sep
+    return filename.startswith(folder)
+
+
+#: The folder of each place ``_inside`` has looked up (a package's, once it is imported).
+_FOLDERS: dict[str, str] = {}
+
+#: Where a decorator's wrapper of a library method may be defined: the libraries, the standard library, typing_extensions.
+_PLACES = (*LIBRARIES, sysconfig.get_paths()["stdlib"], "typing_extensions")
 
 
 def _check_plain_tensors(where: str, module: Any) -> None:
@@ -174,12 +257,29 @@ def library_name(part: Any) -> str | None:
 
 def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
     """``part``'s library class is one of ``names``, or a class its library derives from one of them
-    (torch's ``NonDynamicallyQuantizableLinear`` is a ``Linear``); a user class never counts by its own name."""
+    (torch's ``NonDynamicallyQuantizableLinear`` is a ``Linear``); a user class never counts by its own name.
+    A dotted name (``timm.models.vision_transformer.Block``: module and name) is that one class exactly, where a
+    library has several classes of one name (timm's beit, nest, volo and sam have a ``Block`` and an ``Attention``)."""
     klass = library_class(part)
-    return klass is not None and any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
+    if klass is None:
+        return False
+    return qualified_name(klass) in names or any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
 
 
-def _shown(part: Any) -> str:
+def check_exact_class(owner: str, part: Any, qualified: str) -> None:
+    """Refuse ``part`` (named ``owner``) unless its library class is exactly ``qualified`` (``runs_one_of``)."""
+    if not runs_one_of(part, (qualified,)):
+        klass = library_class(part)
+        found = qualified_name(klass) if klass is not None else shown_class(part)
+        raise SplitformerError(f"{owner} is {found}, not {qualified}; the adapter reads that class's computation only")
+
+
+def qualified_name(klass: type) -> str:
+    """``klass``'s module and name, ``timm.layers.mlp.Mlp``."""
+    return f"{klass.__module__}.{klass.__qualname__}"
+
+
+def shown_class(part: Any) -> str:
     """``part``'s class as a message names it: the user class and the library class it runs."""
     if library_class(part) is type(part):
         return type(part).__name__
@@ -221,7 +321,7 @@ def check_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] 
             raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
         names = (expected,) if isinstance(expected, str) else expected or ()
         if names and not runs_one_of(part, names):
-            raise SplitformerError(f"{owner}.{path} is {_shown(part)}, not {' or '.join(names)}; adapters "
+            raise SplitformerError(f"{owner}.{path} is {shown_class(part)}, not {' or '.join(names)}; adapters "
                                    "read the library's layer as built")
 
 

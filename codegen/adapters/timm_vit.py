@@ -22,18 +22,23 @@ from splitformer.symbolic.errors import SplitformerError
 from .registry import adapter, writer
 from .adapted import Adapted
 from .arrays import array, linear_weight
-from .inspection import check_only_parts, library_name, runs_one_of
+from .inspection import check_exact_class, check_only_parts, library_name, runs_one_of
 from .common import (activation_name, check_bias, check_norms, final_norm_params, layer_norm_params,
                      same_configuration, shared_layers, stack_state, state_dict, zero_bias)
 
 __all__ = ["read_vit_block", "read_vision_transformer", "write_vit_block", "write_vision_transformer"]
 
 
+#: The timm classes the adapter reads, exactly (timm's beit, nest, volo, pvt_v2 and sam define other classes of
+#: these names, which compute otherwise).
+TIMM_BLOCK, TIMM_ATTENTION, TIMM_MLP = ("timm.models.vision_transformer.Block", "timm.layers.attention.Attention",
+                                        "timm.layers.mlp.Mlp")
+TIMM_VISION_TRANSFORMER = "timm.models.vision_transformer.VisionTransformer"
 #: The submodules a timm ``Block`` may have and their classes (``mlp.act``: read by ``activation_name``).
-BLOCK_PARTS = {"norm1": "LayerNorm", "attn": "Attention", "attn.qkv": "Linear", "attn.q_norm": "Identity",
+BLOCK_PARTS = {"norm1": "LayerNorm", "attn": TIMM_ATTENTION, "attn.qkv": "Linear", "attn.q_norm": "Identity",
                "attn.k_norm": "Identity", "attn.attn_drop": "Dropout", "attn.norm": "Identity", "attn.proj": "Linear",
                "attn.proj_drop": "Dropout", "ls1": "Identity", "drop_path1": ("Identity", "DropPath"),
-               "norm2": "LayerNorm", "mlp": "Mlp", "mlp.fc1": "Linear", "mlp.act": None, "mlp.drop1": "Dropout",
+               "norm2": "LayerNorm", "mlp": TIMM_MLP, "mlp.fc1": "Linear", "mlp.act": None, "mlp.drop1": "Dropout",
                "mlp.norm": "Identity", "mlp.fc2": "Linear", "mlp.drop2": "Dropout", "ls2": "Identity",
                "drop_path2": ("Identity", "DropPath")}
 #: The parameters a timm ``Block`` may have: those the adapter maps.
@@ -48,10 +53,10 @@ def _identity(owner: str, module: Any, what: str) -> None:
 
 
 def _check_block(block: Any) -> None:
+    check_exact_class("timm Block", block, TIMM_BLOCK)
     attention, mlp = block.attn, block.mlp
-    if library_name(attention) != "Attention" or library_name(mlp) != "Mlp":
-        raise SplitformerError(f"timm Block with {type(attention).__name__}/{type(mlp).__name__}; "
-                               "the pre-ln scheme is standard Attention and Mlp")
+    check_exact_class("timm Block.attn", attention, TIMM_ATTENTION)
+    check_exact_class("timm Block.mlp", mlp, TIMM_MLP)
     for name, what in (("ls1", "LayerScale (init_values)"), ("ls2", "LayerScale (init_values)")):
         _identity("timm Block", getattr(block, name), what)
     for name, what in (("q_norm", "q/k normalization (qk_norm)"), ("k_norm", "q/k normalization (qk_norm)"),
@@ -94,10 +99,9 @@ def read_vit_block(block: Any) -> Adapted:
 def read_vision_transformer(model: Any) -> Adapted:
     """A timm ``VisionTransformer``'s blocks and final ``norm`` (embeddings, pooling, head not mapped)."""
     layers = []
+    check_exact_class("VisionTransformer", model, TIMM_VISION_TRANSFORMER)
     for index, block in enumerate(model.blocks):
-        if library_name(block) != "Block":
-            raise SplitformerError(f"VisionTransformer block {index} is {type(block).__name__}; "
-                                   "the pre-ln scheme is timm's Block")
+        check_exact_class(f"VisionTransformer block {index}", block, TIMM_BLOCK)
         layers.append(read_vit_block(block))
     first = same_configuration("VisionTransformer", layers)
     final = None if runs_one_of(model.norm, ("Identity",)) else final_norm_params("VisionTransformer", model.norm, first)

@@ -21,9 +21,9 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array, linear_weight
 from .common import final_norm_params, same_configuration, zero_bias
 from .hf_vision import AdaptedModel
-from .inspection import library_name
+from .inspection import check_exact_class, library_name
 from .registry import network_adapter
-from .timm_vit import read_vit_block
+from .timm_vit import TIMM_BLOCK, TIMM_VISION_TRANSFORMER, read_vit_block
 
 __all__ = ["read_vit_network"]
 
@@ -38,7 +38,7 @@ def _refuse_if(condition: bool, what: str) -> None:
 def _check_front(model: Any) -> None:
     """The embedding: a plain patch convolution, a class token, learned positions over all tokens."""
     embed = model.patch_embed
-    _refuse_if(library_name(embed) != "PatchEmbed", f"the patch embedding {type(embed).__name__}")
+    check_exact_class(f"{_OWNER}.patch_embed", embed, "timm.layers.patch_embed.PatchEmbed")
     _refuse_if(model.cls_token is None, "no class token (class_token=False)")
     _refuse_if(getattr(model, "reg_token", None) is not None, f"{model.num_reg_tokens} register tokens (reg_tokens)")
     _refuse_if(model.pos_embed is None, "no position embedding (pos_embed='none')")
@@ -59,8 +59,11 @@ def _check_front(model: Any) -> None:
 def _check_back(model: Any) -> None:
     """The readout: the final LayerNorm, the class token's state, a linear head (or none)."""
     _refuse_if(library_name(model.norm) == "Identity", "no final norm (final_norm=False or fc_norm)")
-    _refuse_if(model.global_pool != "token" or getattr(model, "attn_pool", None) is not None,
-               f"pooling global_pool={model.global_pool!r} (the network reads the class token: 'token')")
+    _refuse_if(model.global_pool != "token",
+               f"pooling global_pool={model.global_pool!r} (the network reads the class token: global_pool='token')")
+    attention_pool = getattr(model, "attn_pool", None)
+    _refuse_if(attention_pool is not None, f"attention pooling (attn_pool is {type(attention_pool).__name__}) where "
+               "the network reads the class token")
     _refuse_if(library_name(model.fc_norm) != "Identity", "a norm after pooling (fc_norm)")
     _refuse_if(library_name(model.head) not in ("Linear", "Identity"), f"the head {type(model.head).__name__}")
 
@@ -68,11 +71,12 @@ def _check_back(model: Any) -> None:
 @network_adapter("timm", "vit", "VisionTransformer")
 def read_vit_network(model: Any) -> AdaptedModel:
     """The ``vit`` network's parameters and configuration of a timm ``VisionTransformer``."""
+    check_exact_class(_OWNER, model, TIMM_VISION_TRANSFORMER)
     _check_front(model)
     _check_back(model)
     blocks = []
     for index, block in enumerate(model.blocks):
-        _refuse_if(library_name(block) != "Block", f"block {index} of class {type(block).__name__}")
+        check_exact_class(f"{_OWNER}.blocks.{index}", block, TIMM_BLOCK)
         blocks.append(read_vit_block(block))
     first = same_configuration(_OWNER, blocks)
     _refuse_if(first.activation != "gelu", f"the activation {first.activation} (the vit step's is the exact GELU)")

@@ -58,6 +58,7 @@ from .arrays import array, linear_weight
 from .common import activation_name
 from .inspection import library_class, library_name
 from .probe import check_probe, randomized
+from .rope import read_theta
 
 __all__ = ["read_attention_layers", "read_wrapper", "scheme_text"]
 
@@ -512,8 +513,7 @@ class _Block:
 def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
     """θ of x-transformers' ``RotaryEmbedding`` (θ^(−2r/R) for its ``R = rotary_emb_dim`` features) and ``R``,
     0 where it rotates the whole head; xpos and interpolated positions are refused by name."""
-    frequencies = np.asarray(rotary.inv_freq.detach().cpu().double().numpy())
-    rotated = 2 * len(frequencies)
+    rotated = 2 * len(rotary.inv_freq)
     if rotary.scale is not None:
         raise _refuse(owner, "rotary_xpos", "a position-dependent scale of the rotated pairs is not computed")
     if rotary.interpolation_factor != 1:
@@ -522,13 +522,12 @@ def _rope_theta(owner: str, rotary: Any, dim_head: int) -> tuple[float, int]:
     if dim_head % 2:
         raise _refuse(owner, f"rotary_pos_emb with attn_dim_head={dim_head}", "rotary-attention pairs the features "
                       "of a head: its width is even")
-    if len(frequencies) < 2:
+    if rotated < 4:
         raise _refuse(owner, f"rotary_emb_dim={rotated}", "one rotated pair carries no rotary base")
-    theta = float(frequencies[1] ** (-rotated / 2))
-    theta = float(round(theta)) if abs(theta - round(theta)) <= 1e-9 * theta else theta  # 10000.000000000002 → 10000
-    expected = theta ** (-2 * np.arange(len(frequencies)) / rotated)
-    if not np.allclose(frequencies, expected, rtol=1e-6, atol=0):
-        raise _refuse(owner, "rotary frequencies other than θ^(−2r/rotary_emb_dim)")
+    theta = read_theta(rotary.inv_freq, rotated)
+    if theta is None:
+        raise _refuse(owner, "rotary frequencies other than θ^(−2r/rotary_emb_dim) for any θ (x-transformers computes "
+                      "them in float32: its buffer is exactly that rounding)")
     return theta, 0 if rotated == dim_head else rotated
 
 

@@ -1077,7 +1077,7 @@ def _checked(pixel_values, params, stages, eps):
 def forward(pixel_values, params, *, stages, eps=1e-5):
     """Final hidden states of the last stage (grid layout) and the class node's state."""
     u, links = _checked(pixel_values, params, stages, eps)
-    tokens = _chain(u, links, eps)[-1]
+    tokens = _chain(u, links, eps)
     hidden, *cls = (function(tokens, {}, config, eps) for function, config in _outputs(links[-1][2]))
     return hidden, (cls or [None])[0]
 
@@ -1085,7 +1085,7 @@ def forward(pixel_values, params, *, stages, eps=1e-5):
 def logits(pixel_values, params, *, stages, eps=1e-5):
     """The readout: the class node's final state, projected onto S_1, through the linear head."""
     u, links = _checked(pixel_values, params, stages, eps)
-    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)[-1]
+    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -2184,20 +2184,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -2237,8 +2238,8 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
     if grad_cls is not None:
         seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, config["d"]), u.dtype))
-    states = _chain(u, links, eps)
-    seed = _costate_of_tokens(states[-1], _outputs(config), seeds, eps)
+    states = []
+    seed = _costate_of_tokens(_chain(u, links, eps, states), _outputs(config), seeds, eps)
     grad_image, grads = _reverse(links, states, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}
 
@@ -2251,5 +2252,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
     u, links = _checked(pixel_values, params, stages, eps)
     links += _head(params, links[-1][2], u.dtype)
     seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
-    grad_image, grads = _reverse(links, _chain(u, links, eps), seed, eps)
+    states = []
+    _chain(u, links, eps, states)
+    grad_image, grads = _reverse(links, states, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}

@@ -571,13 +571,13 @@ def _links(top, layers, config):
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The final hidden states: embedding, one step per layer, the final projection."""
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links, eps)[-1]
+    return _chain(image, links, eps)
 
 
 def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The readout of ``forward``: the class node's state through the linear head."""
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)[-1]
+    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -1006,20 +1006,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -1052,7 +1053,9 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     sizes = links[0][2]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
+    states = []
+    _chain(image, links, eps, states)
+    grad_image, grads = _reverse(links, states, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}
 
 
@@ -1065,5 +1068,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     links += _head(params, links[-1][2], image.dtype)
     seed = _costate("grad_logits", grad_logits, (image.shape[0], links[-1][1]["head.W"].shape[-1]), image.dtype)
-    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
+    states = []
+    _chain(image, links, eps, states)
+    grad_image, grads = _reverse(links, states, seed, eps)
     return grad_image, {name: grads[name] for name in params if name in grads}

@@ -966,20 +966,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -1003,23 +1004,26 @@ def _first_order_only():
 
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
-    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
-    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
-    the programs read, ``names`` their canonical names."""
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
+    program's input, the last state and ``params`` (the parameters the programs read, ``names`` their canonical
+    names) as autograd saves tensors: an in-place edit of one before the backward raises. A program's activations
+    are recomputed when its adjoint runs."""
 
     @staticmethod
     def forward(ctx, links, outputs, eps, names, u, *params):
-        states = _chain(u, links, eps)
-        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
-        ctx.last = states[-1] if outputs else None
-        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+        states = []
+        last = _chain(u, links, eps, states)
+        ctx.save_for_backward(last, *states, *params)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names = links, outputs, eps, names
+        return tuple(function(last, {}, config, eps) for function, config in outputs) or last
 
     @staticmethod
     def backward(ctx, *seeds):
         _first_order_only()
+        last, *states = ctx.saved_tensors[:1 + len(ctx.links)]
         seeds = [seed.contiguous() for seed in seeds]
-        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
-        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        seed = _costate_of_tokens(last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, states, seed, ctx.eps)
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
@@ -1090,7 +1094,7 @@ class Model(torch.nn.Module):
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             return _derived(self, links, (), pixel_values, names)
-        return _chain(pixel_values, links, self.eps)[-1]
+        return _chain(pixel_values, links, self.eps)
 
     def logits(self, pixel_values):
         """The readout: the class node's final state through the linear head."""
@@ -1099,4 +1103,4 @@ class Model(torch.nn.Module):
         u, links = self(pixel_values), [(_readout, _table(self, HEAD_PARAMETERS), {}, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _derived(self, links, (), u, list(HEAD_PARAMETERS))
-        return _chain(u, links, self.eps)[-1]
+        return _chain(u, links, self.eps)

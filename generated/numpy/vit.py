@@ -357,28 +357,14 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
-def _input(name, value, params, eps):
-    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
-    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+def _input(name, value):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
     array = np.asarray(value)
     if array.dtype not in (np.float32, np.float64):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     return array
-
-
-def _integer(name, value, least):
-    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return int(value)
 
 
 def _head(params, config, dtype):
@@ -388,16 +374,49 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_readout, table, config, "")]
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _pair(name, value, minimum):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be (height, width), got {value!r}")
+    return tuple(_integer(name, size, minimum) for size in value)
+
+
 
 
 def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
-    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of
-    every axis checked before any work."""
-    image = _input("pixel_values", pixel_values, params, eps)
-    if image_size is not None and tuple(image.shape[2:]) != tuple(image_size):
-        raise ValueError(f"pixel_values has size {image.shape[2:]}, the model {tuple(image_size)} (no interpolation)")
-    patch_size, n_heads = _integer("patch_size", patch_size, 1), _integer("n_heads", n_heads, 1)
-    batch, n_channels, height, width = image.shape
+    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of every
+    axis checked before any work."""
+    pixel_values = _input("pixel_values", pixel_values)
+    params = _mapping("params", params)
+    patch_size = _integer("patch_size", patch_size, 1)
+    n_heads = _integer("n_heads", n_heads, 1)
+    eps = _epsilon(eps)
+    image_size = None if image_size is None else _pair("image_size", image_size, 1)
+    if image_size is not None and pixel_values.shape[2:] != image_size:
+        raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
+    batch, n_channels, height, width = pixel_values.shape
     n_rows, n_cols = height // patch_size, width // patch_size
     if not (n_rows and n_cols):
         raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
@@ -420,9 +439,9 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
              "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
-    top = _table(params, PARAMETERS, sizes, image.dtype)
-    return image, _links(top, [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.")
-                               for n in range(layers)], sizes)
+    top = _table(params, PARAMETERS, sizes, pixel_values.dtype)
+    return pixel_values, _links(top, [_table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"layers.{n}.")
+                                      for n in range(layers)], sizes)
 
 
 def _embedding(image, p, config, eps):

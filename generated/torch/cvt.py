@@ -262,6 +262,30 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -285,28 +309,18 @@ def _mapping(name, value):
     return value
 
 
-def _dropout(x, p: float):
-    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
-    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+def _integers(name, values, minimum):
+    if isinstance(values, Mapping) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list with one int per stage, got {type(values).__name__}")
+    return [_integer(f"{name}[{index}]", value, minimum) for index, value in enumerate(values)]
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def _windows(field, axes, size, stride, padding):
@@ -2132,18 +2146,17 @@ class Model(torch.nn.Module):
     def __init__(self, n_channels, embed_dims, depths, d_ffs, stages, n_classes=0, eps=1e-5, device=None, dtype=None,
                  backward="autograd"):
         super().__init__()
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
-        self.backward = backward
+        n_channels = _integer("n_channels", n_channels, 1)
+        embed_dims = _integers("embed_dims", embed_dims, 1)
+        depths = _integers("depths", depths, 1)
+        d_ffs = _integers("d_ffs", d_ffs, 1)
         stages = _stage_configs(stages)
-        for name, sizes in (("embed_dims", embed_dims), ("depths", depths), ("d_ffs", d_ffs)):
-            if isinstance(sizes, Mapping) or not isinstance(sizes, (list, tuple)):
-                raise TypeError(f"{name} must be a list with one int per stage, got {type(sizes).__name__}")
-            for index, size in enumerate(sizes):
-                _integer(f"{name}[{index}]", size, 1)
+        n_classes = _integer("n_classes", n_classes, 0)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
-        n_channels, n_classes, eps = _integer("n_channels", n_channels, 1), _integer("n_classes", n_classes, 0), _epsilon(eps)
+        self.backward_mode = backward
         factory = {"device": device, "dtype": dtype}
         self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
         modules, channels = [], n_channels
@@ -2168,7 +2181,7 @@ class Model(torch.nn.Module):
         _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
         links = _links(self, pixel_values)
         outputs = _outputs(links[-1][2])
-        if self.backward == "derived" and torch.is_grad_enabled():
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             u, *cls = _derived(self, links, outputs, pixel_values, names)
         else:
@@ -2183,6 +2196,6 @@ class Model(torch.nn.Module):
         if cls is None:
             raise ValueError("logits need a class node in the last stage (cls=True)")
         links = [(_readout, _table(self, HEAD_PARAMETERS), {**self.stages[-1].config, "d": cls.shape[-1]}, "")]
-        if self.backward == "derived" and torch.is_grad_enabled():
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _derived(self, links, (), cls, list(HEAD_PARAMETERS))
         return _chain(cls, links, self.eps)

@@ -72,6 +72,43 @@ TRANSFER_PARAMETERS = {
 }
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
@@ -780,18 +817,13 @@ class Model(torch.nn.Module):
     def __init__(self, n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None,
                  backward="autograd"):
         super().__init__()
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
+        n_channels = _integer("n_channels", n_channels, 1)
+        d = _integer("d", d, 1)
+        stride = _integer("stride", stride, 1)
+        transfer = _flag("transfer", transfer)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
         self.backward_mode = backward
-        for name, size in (("n_channels", n_channels), ("d", d), ("stride", stride)):
-            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(size).__name__}")
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
-        if not isinstance(transfer, bool):
-            raise TypeError(f"transfer must be a bool, got {type(transfer).__name__}")
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
         if transfer and not TRANSFER_PARAMETERS:
             raise ValueError("resnet-block has no transfer operator; R is the identity")
         self.n_channels, self.d, self.stride, self.has_transfer, self.eps = n_channels, d, stride, transfer, eps

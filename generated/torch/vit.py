@@ -261,6 +261,30 @@ def _side_by_side(module, groups) -> None:
                 part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -284,28 +308,18 @@ def _mapping(name, value):
     return value
 
 
-def _dropout(x, p: float):
-    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
-    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+def _pair(name, value, minimum):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be (height, width), got {value!r}")
+    return tuple(_integer(name, size, minimum) for size in value)
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def _windows(field, axes, size, stride, padding):
@@ -1049,22 +1063,25 @@ class _Step(torch.nn.Module):
 class Model(torch.nn.Module):
     """The vit model; parameters carry their canonical names."""
 
-    def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0,
-                 eps=1e-12, device=None, dtype=None, backward="autograd"):
+    def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0, eps=1e-12,
+                 device=None, dtype=None, backward="autograd"):
         super().__init__()
-        n_layers, n_classes = _integer("n_layers", n_layers, 0), _integer("n_classes", n_classes, 0)
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
-        n_channels, patch_size, eps = _integer("n_channels", n_channels, 1), _integer("patch_size", patch_size, 1), _epsilon(eps)
-        if isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__") or len(image_size) != 2:
-            raise TypeError(f"image_size must be (height, width), got {image_size!r}")
-        height, width = (_integer("image_size", size, 1) for size in image_size)
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
-        self.backward_mode = backward
+        n_layers = _integer("n_layers", n_layers, 0)
+        d_model = _integer("d_model", d_model, 1)
+        n_heads = _integer("n_heads", n_heads, 1)
+        d_ff = _integer("d_ff", d_ff, 1)
+        n_channels = _integer("n_channels", n_channels, 1)
+        patch_size = _integer("patch_size", patch_size, 1)
+        image_size = _pair("image_size", image_size, 1)
+        n_classes = _integer("n_classes", n_classes, 0)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
+        height, width = image_size
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if height < patch_size or width < patch_size:
-            raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
+            raise ValueError(f"patch_size = {patch_size} does not fit image_size = {image_size}")
+        self.backward_mode = backward
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
         self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size,
                        "n_heads": n_heads}

@@ -2232,6 +2232,16 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
+def _adjoint(u, links, seeds, params, eps, outputs=()):
+    """The derived adjoint of the chain of ``links`` on ``u`` (then of the programs ``outputs`` on its last state):
+    the costates ``seeds`` of its outputs (``None``: not seeded) → (∂J/∂u, {canonical name: ∂J/∂θ} of ``params``)."""
+    states = []
+    last = _chain(u, links, eps, states)
+    seed = _costate_of_tokens(last, outputs, seeds, eps) if outputs else seeds[0]
+    grad_u, grads = _reverse(links, states, seed, eps)
+    return grad_u, {name: grads[name] for name in params if name in grads}
+
+
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -2249,21 +2259,16 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
     if grad_cls is not None:
         seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, config["d"]), u.dtype))
-    states = []
-    seed = _costate_of_tokens(_chain(u, links, eps, states), _outputs(config), seeds, eps)
-    grad_image, grads = _reverse(links, states, seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(u, links, seeds, params, eps, _outputs(config))
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
     """The derived adjoint of ``logits``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``, the head's included.
 
-    ``grad_logits`` is the costate of the logits (batch, n_classes).
+    ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
+    of a cross-entropy loss.
     """
     u, links = _checked(pixel_values, params, stages, eps)
     links += _head(params, links[-1][2], u.dtype)
     seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
-    states = []
-    _chain(u, links, eps, states)
-    grad_image, grads = _reverse(links, states, seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(u, links, [seed], params, eps)

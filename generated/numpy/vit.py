@@ -1062,6 +1062,16 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
+def _adjoint(u, links, seeds, params, eps, outputs=()):
+    """The derived adjoint of the chain of ``links`` on ``u`` (then of the programs ``outputs`` on its last state):
+    the costates ``seeds`` of its outputs (``None``: not seeded) → (∂J/∂u, {canonical name: ∂J/∂θ} of ``params``)."""
+    states = []
+    last = _chain(u, links, eps, states)
+    seed = _costate_of_tokens(last, outputs, seeds, eps) if outputs else seeds[0]
+    grad_u, grads = _reverse(links, states, seed, eps)
+    return grad_u, {name: grads[name] for name in params if name in grads}
+
+
 def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -1072,10 +1082,7 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     sizes = links[0][2]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    states = []
-    _chain(image, links, eps, states)
-    grad_image, grads = _reverse(links, states, seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(image, links, [seed], params, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1084,10 +1091,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    links += _head(params, links[-1][2], image.dtype)
-    seed = _costate("grad_logits", grad_logits, (image.shape[0], links[-1][1]["head.W"].shape[-1]), image.dtype)
-    states = []
-    _chain(image, links, eps, states)
-    grad_image, grads = _reverse(links, states, seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    u, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    links += _head(params, links[-1][2], u.dtype)
+    seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
+    return _adjoint(u, links, [seed], params, eps)

@@ -125,33 +125,35 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _load_all(module, params):
-    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
-    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
-    own = dict(module.named_parameters())
-    unknown = sorted(set(params) - set(own), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    values = {}
-    for name, target in own.items():
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
-        if value.dtype == torch.bool or value.is_complex():
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-        values[name] = value
-    with torch.no_grad():
-        for name, value in values.items():
-            own[name].copy_(value)
-    return module
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _interleave(blocks, axes):
@@ -811,7 +813,7 @@ def _derived(module, links, outputs, u, names):
     return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
 
-class Model(torch.nn.Module):
+class Model(_Network):
     """One step of resnet-block; parameters carry their canonical names."""
 
     def __init__(self, n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None,
@@ -837,10 +839,6 @@ class Model(torch.nn.Module):
         """Kaiming-uniform kernels, zero biases and means, unit gains and variances."""
         _initialize(self, {"gain": torch.nn.init.ones_, "var": torch.nn.init.ones_,
                            "W": lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))}, torch.nn.init.zeros_)
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
 
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""

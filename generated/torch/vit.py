@@ -338,33 +338,35 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _load_all(module, params):
-    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
-    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
-    own = dict(module.named_parameters())
-    unknown = sorted(set(params) - set(own), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    values = {}
-    for name, target in own.items():
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
-        if value.dtype == torch.bool or value.is_complex():
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-        values[name] = value
-    with torch.no_grad():
-        for name, value in values.items():
-            own[name].copy_(value)
-    return module
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _join(*parts):
@@ -1060,7 +1062,7 @@ class _Step(torch.nn.Module):
         return self
 
 
-class Model(torch.nn.Module):
+class Model(_Network):
     """The vit model; parameters carry their canonical names."""
 
     def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0, eps=1e-12,
@@ -1099,10 +1101,6 @@ class Model(torch.nn.Module):
         """Normal(0, 0.02) kernels and embeddings, zero biases, unit gains."""
         _initialize(self, {"gain": torch.nn.init.ones_, "b": torch.nn.init.zeros_},
                     lambda t: torch.nn.init.normal_(t, std=0.02))
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
 
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""

@@ -11,6 +11,7 @@ from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelP
 
 from .adjoint import lower_adjoint
 from .lowering import lower
+from .network_inputs import NETWORK_INPUTS, signature
 from .render import backward_context, environment, unit_context
 from .stage_render import program_context
 
@@ -37,7 +38,8 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
            if adjoint.final is not None else None}
     template = environment().get_template(f"{backend}/model.py.j2")
     return template.render(
-        model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__,
+        model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__, signature=signature,
+        inputs=NETWORK_INPUTS["model"][backend],
         computes=network_fingerprint(model.spec), embedding=embedding["run"], block=step, final=final,
         readout=readout["run"], vjp=vjp, head={"name": readout["run"]["parameters"][0]["name"], "programs": ["readout"]},
         adjoints={"embedding": "embedding_vjp", "step": "step_adjoint", **({"final_norm": "final_adjoint"} if final else {}),
@@ -78,6 +80,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
         model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
+        inputs=NETWORK_INPUTS["grid_model"][backend], signature=signature,
         field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
         transfer={"parameters": transfer,
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
@@ -93,7 +96,8 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
                 for name, piece in cvt_programs(model).items()}
     template = environment().get_template(f"{backend}/cvt.py.j2")
     return template.render(
-        name=model.name, summary=model.summary, version=__version__,
+        name=model.name, summary=model.summary, version=__version__, inputs=NETWORK_INPUTS["cvt"][backend],
+        signature=signature,
         computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)),
         stage_parameters=programs["embedding"]["run"]["parameters"],
         layer_parameters=programs["step"]["run"]["parameters"],

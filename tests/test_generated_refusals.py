@@ -208,7 +208,10 @@ VIT_PIXELS = np.zeros((1, 3, 4, 4))
     ({"patch_size": 0}, ValueError, "patch_size must be >= 1, got 0"),
     ({"patch_size": 8}, ValueError, "pixel_values of size 4x4 hold no patch of 8x8"),
     ({"n_heads": "2"}, TypeError, "n_heads must be an int, got str"),
-    ({"eps": -1.0}, ValueError, "eps must be a finite real number >= 0"),
+    ({"eps": -1.0}, ValueError, "eps must be finite and >= 0, got -1.0"),
+    ({"eps": "1e-12"}, TypeError, "eps must be a real number, got str"),
+    ({"image_size": 4}, TypeError, r"image_size must be \(height, width\), got 4"),
+    ({"image_size": (4, 4.0)}, TypeError, "image_size must be an int, got float"),
 ])
 def test_vit_arguments_are_named_before_work(options, error, message):
     numpy_module, _ = _modules("vit")
@@ -222,6 +225,8 @@ def test_vit_arguments_are_named_before_work(options, error, message):
     ({"image_size": 4}, TypeError, r"image_size must be \(height, width\)"),
     ({"d_ff": 0}, ValueError, "d_ff must be >= 1"),
     ({"eps": float("nan")}, ValueError, "eps must be finite"),
+    ({"backward": "reverse"}, ValueError, "backward must be 'autograd' or 'derived', got 'reverse'"),
+    ({"backward": 1}, TypeError, "backward must be one of 'autograd', 'derived', got int"),
 ])
 def test_vit_model_arguments_are_named(options, error, message):
     _, torch_module = _modules("vit")
@@ -232,7 +237,8 @@ def test_vit_model_arguments_are_named(options, error, message):
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda m: m.forward(np.zeros((1, 3, 8, 8)), None), TypeError, "params must be a mapping"),
-    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, eps=-1.0), ValueError, "eps must be a finite real number >= 0"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, eps=-1.0), ValueError, "eps must be finite and >= 0"),
+    (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, eps="1e-5"), TypeError, "eps must be a real number, got str"),
     (lambda m: m.forward(np.zeros((1, 3, 8, 8)), {}, stride=True), TypeError, "stride must be an int, got bool"),
 ])
 def test_grid_arguments_are_named_before_work(call, error, message):
@@ -244,7 +250,9 @@ def test_grid_arguments_are_named_before_work(call, error, message):
     (("3", 6), {}, TypeError, "n_channels must be an int, got str"),
     ((3, 0), {}, ValueError, "d must be >= 1, got 0"),
     ((3, 6), {"transfer": "yes"}, TypeError, "transfer must be a bool"),
-    ((3, 6), {"eps": float("nan")}, ValueError, "eps must be a finite real number >= 0"),
+    ((3, 6), {"eps": float("nan")}, ValueError, "eps must be finite and >= 0"),
+    ((3, 6), {"eps": "1e-5"}, TypeError, "eps must be a real number, got str"),
+    ((3, 6), {"backward": None}, TypeError, "backward must be one of 'autograd', 'derived', got NoneType"),
 ])
 def test_grid_model_arguments_are_named(arguments, keywords, error, message):
     with pytest.raises(error, match=message):

@@ -491,28 +491,14 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
-def _input(name, value, params, eps):
-    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
-    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+def _input(name, value):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
     array = np.asarray(value)
     if array.dtype not in (np.float32, np.float64):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     return array
-
-
-def _integer(name, value, least):
-    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return int(value)
 
 
 def _head(params, config, dtype):
@@ -524,6 +510,29 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_node, {}, config, ""), (_readout, table, config, "")]
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
 
 
 def _embedding(u0, p, config, eps):
@@ -1047,10 +1056,12 @@ def _checked(pixel_values, params, stages, eps):
     """The image as an array and the programs the forward chains (``_chain``): each stage's token embedding (the
     class node joining in the last), its steps, its grid (the next stage's input); their parameters, configuration
     and prefix of the parameters' names, all checked before any work."""
-    u = _input("pixel_values", pixel_values, params, eps)
+    pixel_values = _input("pixel_values", pixel_values)
+    params = _mapping("params", params)
     stages = _stage_configs(stages)
-    links, n_channels = [], u.shape[1]
-    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, u.shape[2], u.shape[3]))):
+    eps = _epsilon(eps)
+    links, n_channels = [], pixel_values.shape[1]
+    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
         prefix = f"stages.{index}."
         if prefix + "embed.W" not in params:
             raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
@@ -1063,21 +1074,21 @@ def _checked(pixel_values, params, stages, eps):
             links.append((_grid, {}, links[-1][2], ""))
         config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
         top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
-                     u.dtype, prefix)
+                     pixel_values.dtype, prefix)
         links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
         n = 0
         while f"{prefix}layers.{n}.attn.W_q" in params:
-            p = _table(params, LAYER_PARAMETERS, sizes, u.dtype, f"{prefix}layers.{n}.")
+            p = _table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"{prefix}layers.{n}.")
             links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
             n += 1
         n_channels = d
-    return u, links
+    return pixel_values, links
 
 
 def forward(pixel_values, params, *, stages, eps=1e-5):
     """Final hidden states of the last stage (grid layout) and the class node's state."""
     u, links = _checked(pixel_values, params, stages, eps)
-    tokens = _chain(u, links, eps)[-1]
+    tokens = _chain(u, links, eps)
     hidden, *cls = (function(tokens, {}, config, eps) for function, config in _outputs(links[-1][2]))
     return hidden, (cls or [None])[0]
 
@@ -1085,7 +1096,7 @@ def forward(pixel_values, params, *, stages, eps=1e-5):
 def logits(pixel_values, params, *, stages, eps=1e-5):
     """The readout: the class node's final state, projected onto S_1, through the linear head."""
     u, links = _checked(pixel_values, params, stages, eps)
-    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)[-1]
+    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -2207,20 +2218,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -2243,6 +2255,16 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
+def _adjoint(u, links, seeds, params, eps, outputs=()):
+    """The derived adjoint of the chain of ``links`` on ``u`` (then of the programs ``outputs`` on its last state):
+    the costates ``seeds`` of its outputs (``None``: not seeded) → (∂J/∂u, {canonical name: ∂J/∂θ} of ``params``)."""
+    states = []
+    last = _chain(u, links, eps, states)
+    seed = _costate_of_tokens(last, outputs, seeds, eps) if outputs else seeds[0]
+    grad_u, grads = _reverse(links, states, seed, eps)
+    return grad_u, {name: grads[name] for name in params if name in grads}
+
+
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -2260,19 +2282,16 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
     if grad_cls is not None:
         seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, config["d"]), u.dtype))
-    states = _chain(u, links, eps)
-    seed = _costate_of_tokens(states[-1], _outputs(config), seeds, eps)
-    grad_image, grads = _reverse(links, states, seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(u, links, seeds, params, eps, _outputs(config))
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
     """The derived adjoint of ``logits``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``, the head's included.
 
-    ``grad_logits`` is the costate of the logits (batch, n_classes).
+    ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
+    of a cross-entropy loss.
     """
     u, links = _checked(pixel_values, params, stages, eps)
     links += _head(params, links[-1][2], u.dtype)
     seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
-    grad_image, grads = _reverse(links, _chain(u, links, eps), seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(u, links, [seed], params, eps)

@@ -160,28 +160,37 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
-def _input(name, value, params, eps):
-    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
-    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+def _input(name, value):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
     array = np.asarray(value)
     if array.dtype not in (np.float32, np.float64):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     return array
-
-
-def _integer(name, value, least):
-    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
 
 
 def _grids(n, stride):
@@ -196,9 +205,12 @@ def _grids(n, stride):
 
 
 def _prepare(u, params, stride, eps):
-    """``u``, the options and the parameters checked: (u0, parameters, whether R is the transfer, the output's shape)."""
-    u0, stride = _input("u", u, params, eps), _integer("stride", stride, 1)
-    batch, n_channels, height, width = u0.shape
+    """``u``, the options and the parameters checked: (u, parameters, whether R is the transfer, the output's shape)."""
+    u = _input("u", u)
+    params = _mapping("params", params)
+    stride = _integer("stride", stride, 1)
+    eps = _epsilon(eps)
+    batch, n_channels, height, width = u.shape
     first = "down.W"
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")
@@ -206,16 +218,16 @@ def _prepare(u, params, stride, eps):
     unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    p = _table(params, PARAMETERS, sizes, u0.dtype)
+    p = _table(params, PARAMETERS, sizes, u.dtype)
     has_transfer = False
-    p.update(_table(params, TRANSFER_PARAMETERS, sizes, u0.dtype) if has_transfer else {})
+    p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
     channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else n_channels)
     grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in (height, width)]
     if channels[0] != channels[1] or any(f != r for f, r in grids):
-        raise ValueError(f"u of shape {u0.shape} with stride {stride}: F(u) has {channels[0]} channels on a "
+        raise ValueError(f"u of shape {u.shape} with stride {stride}: F(u) has {channels[0]} channels on a "
                          f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                          "they must agree")
-    return u0, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
+    return u, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
 
 
 def _step_identity(u0, p, config, eps):

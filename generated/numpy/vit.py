@@ -357,28 +357,14 @@ def _table(params, table, sizes, dtype, prefix=""):
     return arrays
 
 
-def _input(name, value, params, eps):
-    """``value`` as a float32 or float64 array (batch, channels, height, width), checked with ``params`` (a
-    mapping) and ``eps`` (a finite real number ≥ 0) before any work."""
+def _input(name, value):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
     array = np.asarray(value)
     if array.dtype not in (np.float32, np.float64):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of canonical names to arrays, got {type(params).__name__}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     return array
-
-
-def _integer(name, value, least):
-    """``value`` when it is an int ≥ ``least``; a TypeError or ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return int(value)
 
 
 def _head(params, config, dtype):
@@ -388,16 +374,49 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_readout, table, config, "")]
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _pair(name, value, minimum):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be (height, width), got {value!r}")
+    return tuple(_integer(name, size, minimum) for size in value)
+
+
 
 
 def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
-    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of
-    every axis checked before any work."""
-    image = _input("pixel_values", pixel_values, params, eps)
-    if image_size is not None and tuple(image.shape[2:]) != tuple(image_size):
-        raise ValueError(f"pixel_values has size {image.shape[2:]}, the model {tuple(image_size)} (no interpolation)")
-    patch_size, n_heads = _integer("patch_size", patch_size, 1), _integer("n_heads", n_heads, 1)
-    batch, n_channels, height, width = image.shape
+    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of every
+    axis checked before any work."""
+    pixel_values = _input("pixel_values", pixel_values)
+    params = _mapping("params", params)
+    patch_size = _integer("patch_size", patch_size, 1)
+    n_heads = _integer("n_heads", n_heads, 1)
+    eps = _epsilon(eps)
+    image_size = None if image_size is None else _pair("image_size", image_size, 1)
+    if image_size is not None and pixel_values.shape[2:] != image_size:
+        raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
+    batch, n_channels, height, width = pixel_values.shape
     n_rows, n_cols = height // patch_size, width // patch_size
     if not (n_rows and n_cols):
         raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
@@ -420,9 +439,9 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
              "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
-    top = _table(params, PARAMETERS, sizes, image.dtype)
-    return image, _links(top, [_table(params, LAYER_PARAMETERS, sizes, image.dtype, f"layers.{n}.")
-                               for n in range(layers)], sizes)
+    top = _table(params, PARAMETERS, sizes, pixel_values.dtype)
+    return pixel_values, _links(top, [_table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"layers.{n}.")
+                                      for n in range(layers)], sizes)
 
 
 def _embedding(image, p, config, eps):
@@ -571,13 +590,13 @@ def _links(top, layers, config):
 def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The final hidden states: embedding, one step per layer, the final projection."""
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links, eps)[-1]
+    return _chain(image, links, eps)
 
 
 def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The readout of ``forward``: the class node's state through the linear head."""
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)[-1]
+    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)
 
 
 def _rows(field, axis, offset, sizes):
@@ -1006,20 +1025,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -1042,6 +1062,16 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
+def _adjoint(u, links, seeds, params, eps, outputs=()):
+    """The derived adjoint of the chain of ``links`` on ``u`` (then of the programs ``outputs`` on its last state):
+    the costates ``seeds`` of its outputs (``None``: not seeded) → (∂J/∂u, {canonical name: ∂J/∂θ} of ``params``)."""
+    states = []
+    last = _chain(u, links, eps, states)
+    seed = _costate_of_tokens(last, outputs, seeds, eps) if outputs else seeds[0]
+    grad_u, grads = _reverse(links, states, seed, eps)
+    return grad_u, {name: grads[name] for name in params if name in grads}
+
+
 def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -1052,8 +1082,7 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     sizes = links[0][2]
     seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    return _adjoint(image, links, [seed], params, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1062,8 +1091,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    links += _head(params, links[-1][2], image.dtype)
-    seed = _costate("grad_logits", grad_logits, (image.shape[0], links[-1][1]["head.W"].shape[-1]), image.dtype)
-    grad_image, grads = _reverse(links, _chain(image, links, eps), seed, eps)
-    return grad_image, {name: grads[name] for name in params if name in grads}
+    u, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    links += _head(params, links[-1][2], u.dtype)
+    seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
+    return _adjoint(u, links, [seed], params, eps)

@@ -262,6 +262,30 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -285,28 +309,18 @@ def _mapping(name, value):
     return value
 
 
-def _dropout(x, p: float):
-    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
-    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+def _integers(name, values, minimum):
+    if isinstance(values, Mapping) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list with one int per stage, got {type(values).__name__}")
+    return [_integer(f"{name}[{index}]", value, minimum) for index, value in enumerate(values)]
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def _windows(field, axes, size, stride, padding):
@@ -365,33 +379,35 @@ def _join(*parts):
                       else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
-def _load_all(module, params):
-    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
-    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
-    own = dict(module.named_parameters())
-    unknown = sorted(set(params) - set(own), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    values = {}
-    for name, target in own.items():
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
-        if value.dtype == torch.bool or value.is_complex():
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-        values[name] = value
-    with torch.no_grad():
-        for name, value in values.items():
-            own[name].copy_(value)
-    return module
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _group(module, table, sizes, factory):
@@ -2063,20 +2079,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -2100,23 +2117,26 @@ def _first_order_only():
 
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
-    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
-    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
-    the programs read, ``names`` their canonical names."""
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
+    program's input, the last state and ``params`` (the parameters the programs read, ``names`` their canonical
+    names) as autograd saves tensors: an in-place edit of one before the backward raises. A program's activations
+    are recomputed when its adjoint runs."""
 
     @staticmethod
     def forward(ctx, links, outputs, eps, names, u, *params):
-        states = _chain(u, links, eps)
-        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
-        ctx.last = states[-1] if outputs else None
-        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+        states = []
+        last = _chain(u, links, eps, states)
+        ctx.save_for_backward(last, *states, *params)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names = links, outputs, eps, names
+        return tuple(function(last, {}, config, eps) for function, config in outputs) or last
 
     @staticmethod
     def backward(ctx, *seeds):
         _first_order_only()
+        last, *states = ctx.saved_tensors[:1 + len(ctx.links)]
         seeds = [seed.contiguous() for seed in seeds]
-        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
-        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        seed = _costate_of_tokens(last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, states, seed, ctx.eps)
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
@@ -2145,24 +2165,23 @@ class _Stage(torch.nn.Module):
         self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(depth))
 
 
-class Model(torch.nn.Module):
+class Model(_Network):
     """The cvt model; parameters carry their canonical names."""
 
     def __init__(self, n_channels, embed_dims, depths, d_ffs, stages, n_classes=0, eps=1e-5, device=None, dtype=None,
                  backward="autograd"):
         super().__init__()
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
-        self.backward = backward
+        n_channels = _integer("n_channels", n_channels, 1)
+        embed_dims = _integers("embed_dims", embed_dims, 1)
+        depths = _integers("depths", depths, 1)
+        d_ffs = _integers("d_ffs", d_ffs, 1)
         stages = _stage_configs(stages)
-        for name, sizes in (("embed_dims", embed_dims), ("depths", depths), ("d_ffs", d_ffs)):
-            if isinstance(sizes, Mapping) or not isinstance(sizes, (list, tuple)):
-                raise TypeError(f"{name} must be a list with one int per stage, got {type(sizes).__name__}")
-            for index, size in enumerate(sizes):
-                _integer(f"{name}[{index}]", size, 1)
+        n_classes = _integer("n_classes", n_classes, 0)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
-        n_channels, n_classes, eps = _integer("n_channels", n_channels, 1), _integer("n_classes", n_classes, 0), _epsilon(eps)
+        self.backward_mode = backward
         factory = {"device": device, "dtype": dtype}
         self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
         modules, channels = [], n_channels
@@ -2179,19 +2198,15 @@ class Model(torch.nn.Module):
         ones, zeros = torch.nn.init.ones_, torch.nn.init.zeros_
         _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
 
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
-
     def forward(self, pixel_values):
         _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
         links = _links(self, pixel_values)
         outputs = _outputs(links[-1][2])
-        if self.backward == "derived" and torch.is_grad_enabled():
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             u, *cls = _derived(self, links, outputs, pixel_values, names)
         else:
-            tokens = _chain(pixel_values, links, self.eps)[-1]
+            tokens = _chain(pixel_values, links, self.eps)
             u, *cls = (function(tokens, {}, config, self.eps) for function, config in outputs)
         return u, (cls or [None])[0]
 
@@ -2202,6 +2217,6 @@ class Model(torch.nn.Module):
         if cls is None:
             raise ValueError("logits need a class node in the last stage (cls=True)")
         links = [(_readout, _table(self, HEAD_PARAMETERS), {**self.stages[-1].config, "d": cls.shape[-1]}, "")]
-        if self.backward == "derived" and torch.is_grad_enabled():
+        if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _derived(self, links, (), cls, list(HEAD_PARAMETERS))
-        return _chain(cls, links, self.eps)[-1]
+        return _chain(cls, links, self.eps)

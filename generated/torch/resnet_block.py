@@ -72,6 +72,43 @@ TRANSFER_PARAMETERS = {
 }
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
@@ -88,33 +125,35 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _load_all(module, params):
-    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
-    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
-    own = dict(module.named_parameters())
-    unknown = sorted(set(params) - set(own), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    values = {}
-    for name, target in own.items():
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
-        if value.dtype == torch.bool or value.is_complex():
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-        values[name] = value
-    with torch.no_grad():
-        for name, value in values.items():
-            own[name].copy_(value)
-    return module
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _interleave(blocks, axes):
@@ -708,20 +747,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -745,23 +785,26 @@ def _first_order_only():
 
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
-    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
-    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
-    the programs read, ``names`` their canonical names."""
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
+    program's input, the last state and ``params`` (the parameters the programs read, ``names`` their canonical
+    names) as autograd saves tensors: an in-place edit of one before the backward raises. A program's activations
+    are recomputed when its adjoint runs."""
 
     @staticmethod
     def forward(ctx, links, outputs, eps, names, u, *params):
-        states = _chain(u, links, eps)
-        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
-        ctx.last = states[-1] if outputs else None
-        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+        states = []
+        last = _chain(u, links, eps, states)
+        ctx.save_for_backward(last, *states, *params)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names = links, outputs, eps, names
+        return tuple(function(last, {}, config, eps) for function, config in outputs) or last
 
     @staticmethod
     def backward(ctx, *seeds):
         _first_order_only()
+        last, *states = ctx.saved_tensors[:1 + len(ctx.links)]
         seeds = [seed.contiguous() for seed in seeds]
-        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
-        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        seed = _costate_of_tokens(last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, states, seed, ctx.eps)
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
@@ -770,24 +813,19 @@ def _derived(module, links, outputs, u, names):
     return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
 
 
-class Model(torch.nn.Module):
+class Model(_Network):
     """One step of resnet-block; parameters carry their canonical names."""
 
     def __init__(self, n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None,
                  backward="autograd"):
         super().__init__()
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
+        n_channels = _integer("n_channels", n_channels, 1)
+        d = _integer("d", d, 1)
+        stride = _integer("stride", stride, 1)
+        transfer = _flag("transfer", transfer)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
         self.backward_mode = backward
-        for name, size in (("n_channels", n_channels), ("d", d), ("stride", stride)):
-            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(size).__name__}")
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
-        if not isinstance(transfer, bool):
-            raise TypeError(f"transfer must be a bool, got {type(transfer).__name__}")
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
         if transfer and not TRANSFER_PARAMETERS:
             raise ValueError("resnet-block has no transfer operator; R is the identity")
         self.n_channels, self.d, self.stride, self.has_transfer, self.eps = n_channels, d, stride, transfer, eps
@@ -801,10 +839,6 @@ class Model(torch.nn.Module):
         """Kaiming-uniform kernels, zero biases and means, unit gains and variances."""
         _initialize(self, {"gain": torch.nn.init.ones_, "var": torch.nn.init.ones_,
                            "W": lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))}, torch.nn.init.zeros_)
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
 
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
@@ -820,4 +854,4 @@ class Model(torch.nn.Module):
         links = [((_step_with if self.has_transfer else _step_identity), p, config, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _derived(self, links, (), u, list(p))
-        return _chain(u, links, eps)[-1]
+        return _chain(u, links, eps)

@@ -261,29 +261,6 @@ def _side_by_side(module, groups) -> None:
                 part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
-
-
-def _mapping(name, value):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
-    return value
-
-
 def _dropout(x, p: float):
     """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
@@ -308,6 +285,43 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _pair(name, value, minimum):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be (height, width), got {value!r}")
+    return tuple(_integer(name, size, minimum) for size in value)
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
@@ -324,33 +338,35 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _load_all(module, params):
-    """Copy a mapping of canonical names to arrays or tensors into ``module``'s parameters.
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
-    Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of parameter names to arrays, got {type(params).__name__}")
-    own = dict(module.named_parameters())
-    unknown = sorted(set(params) - set(own), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    values = {}
-    for name, target in own.items():
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-        try:
-            value = torch.as_tensor(params[name])
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"parameter {name!r} is not a numeric array") from None
-        if value.dtype == torch.bool or value.is_complex():
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-        values[name] = value
-    with torch.no_grad():
-        for name, value in values.items():
-            own[name].copy_(value)
-    return module
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _join(*parts):
@@ -966,20 +982,21 @@ _ADJOINTS = {
 }
 
 
-def _chain(u, links, eps):
+def _chain(u, links, eps, states=None):
     """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
-    → each one's input, then the last one's output."""
-    states = [u]
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
     for function, p, config, _ in links:
-        states.append(function(states[-1], p, config, eps))
-    return states
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
 
 
 def _reverse(links, states, seed, eps):
     """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
     its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
     grads = {}
-    for (function, p, config, prefix), u in zip(reversed(links), reversed(states[:len(links)])):
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
         seed, more = _ADJOINTS[function](u, seed, p, config, eps)
         grads.update({prefix + name: value for name, value in more.items()})
     return seed, grads
@@ -1003,23 +1020,26 @@ def _first_order_only():
 
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
-    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward keeps each
-    program's input: a program's activations are recomputed when its adjoint runs. ``params``: the parameters
-    the programs read, ``names`` their canonical names."""
+    on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
+    program's input, the last state and ``params`` (the parameters the programs read, ``names`` their canonical
+    names) as autograd saves tensors: an in-place edit of one before the backward raises. A program's activations
+    are recomputed when its adjoint runs."""
 
     @staticmethod
     def forward(ctx, links, outputs, eps, names, u, *params):
-        states = _chain(u, links, eps)
-        ctx.links, ctx.outputs, ctx.eps, ctx.names, ctx.states = links, outputs, eps, names, states[:-1]
-        ctx.last = states[-1] if outputs else None
-        return tuple(function(states[-1], {}, config, eps) for function, config in outputs) or states[-1]
+        states = []
+        last = _chain(u, links, eps, states)
+        ctx.save_for_backward(last, *states, *params)
+        ctx.links, ctx.outputs, ctx.eps, ctx.names = links, outputs, eps, names
+        return tuple(function(last, {}, config, eps) for function, config in outputs) or last
 
     @staticmethod
     def backward(ctx, *seeds):
         _first_order_only()
+        last, *states = ctx.saved_tensors[:1 + len(ctx.links)]
         seeds = [seed.contiguous() for seed in seeds]
-        seed = _costate_of_tokens(ctx.last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
-        grad_u, grads = _reverse(ctx.links, ctx.states, seed, ctx.eps)
+        seed = _costate_of_tokens(last, ctx.outputs, seeds, ctx.eps) if ctx.outputs else seeds[0]
+        grad_u, grads = _reverse(ctx.links, states, seed, ctx.eps)
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
@@ -1042,25 +1062,28 @@ class _Step(torch.nn.Module):
         return self
 
 
-class Model(torch.nn.Module):
+class Model(_Network):
     """The vit model; parameters carry their canonical names."""
 
-    def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0,
-                 eps=1e-12, device=None, dtype=None, backward="autograd"):
+    def __init__(self, *, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0, eps=1e-12,
+                 device=None, dtype=None, backward="autograd"):
         super().__init__()
-        n_layers, n_classes = _integer("n_layers", n_layers, 0), _integer("n_classes", n_classes, 0)
-        d_model, n_heads, d_ff = _integer("d_model", d_model, 1), _integer("n_heads", n_heads, 1), _integer("d_ff", d_ff, 1)
-        n_channels, patch_size, eps = _integer("n_channels", n_channels, 1), _integer("patch_size", patch_size, 1), _epsilon(eps)
-        if isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__") or len(image_size) != 2:
-            raise TypeError(f"image_size must be (height, width), got {image_size!r}")
-        height, width = (_integer("image_size", size, 1) for size in image_size)
-        if backward not in ("autograd", "derived"):
-            raise ValueError(f"backward must be 'autograd' or 'derived', got {backward!r}")
-        self.backward_mode = backward
+        n_layers = _integer("n_layers", n_layers, 0)
+        d_model = _integer("d_model", d_model, 1)
+        n_heads = _integer("n_heads", n_heads, 1)
+        d_ff = _integer("d_ff", d_ff, 1)
+        n_channels = _integer("n_channels", n_channels, 1)
+        patch_size = _integer("patch_size", patch_size, 1)
+        image_size = _pair("image_size", image_size, 1)
+        n_classes = _integer("n_classes", n_classes, 0)
+        eps = _epsilon(eps)
+        backward = _choice("backward", backward, ("autograd", "derived"))
+        height, width = image_size
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if height < patch_size or width < patch_size:
-            raise ValueError(f"patch_size = {patch_size} does not fit image_size = {tuple(image_size)}")
+            raise ValueError(f"patch_size = {patch_size} does not fit image_size = {image_size}")
+        self.backward_mode = backward
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
         self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size,
                        "n_heads": n_heads}
@@ -1079,10 +1102,6 @@ class Model(torch.nn.Module):
         _initialize(self, {"gain": torch.nn.init.ones_, "b": torch.nn.init.zeros_},
                     lambda t: torch.nn.init.normal_(t, std=0.02))
 
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
-        return _load_all(self, params)
-
     def forward(self, pixel_values):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
         _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
@@ -1090,7 +1109,7 @@ class Model(torch.nn.Module):
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
             return _derived(self, links, (), pixel_values, names)
-        return _chain(pixel_values, links, self.eps)[-1]
+        return _chain(pixel_values, links, self.eps)
 
     def logits(self, pixel_values):
         """The readout: the class node's final state through the linear head."""
@@ -1099,4 +1118,4 @@ class Model(torch.nn.Module):
         u, links = self(pixel_values), [(_readout, _table(self, HEAD_PARAMETERS), {}, "")]
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             return _derived(self, links, (), u, list(HEAD_PARAMETERS))
-        return _chain(u, links, self.eps)[-1]
+        return _chain(u, links, self.eps)

@@ -1,6 +1,7 @@
 """One benchmark figure in one process: warm up, then back-to-back calls, print JSON.
 
     python bench/figure.py ROW ROLE --inputs DIR [--modules generated] [--seconds S] [--profile]
+    python bench/figure.py ROW candidate --inputs DIR --prepare    # write a NumPy row's inputs first
 
 ``ROW`` names a row of ``bench/rows.py`` (``post-ln/N128/torch``, ``cvt/numpy``, …); ``ROLE`` is
 ``reference`` (the module a user would pick instead) or ``candidate`` (the generated code in
@@ -108,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, help="decoding rows: tokens generated after the prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="add a torch.profiler operator table (torch) or a per-statement table (NumPy)")
+    parser.add_argument("--prepare", action="store_true", help="write the row's NumPy inputs to --inputs and exit")
     arguments = parser.parse_args(argv)
+    if arguments.prepare:
+        arguments.inputs.mkdir(parents=True, exist_ok=True)
+        row(arguments.row).prepare(arguments.inputs)
+        return 0
     print(json.dumps(measure(arguments.row, arguments.role, arguments.modules, arguments.inputs,
                              seconds=arguments.seconds, min_calls=arguments.min_calls, threads=arguments.threads,
                              new_tokens=arguments.new_tokens, with_profile=arguments.profile)))

@@ -127,18 +127,26 @@ def _numpy_forward(name: str) -> Callable[[tuple, Path], Timed]:
 
 # --- one block against its source module ---------------------------------------------------------
 
+def candidate_block(scheme: str, shape: str, modules: Path, backward: str = "autograd"):
+    """The generated ``Block`` holding the source's parameters, and the inputs."""
+    from sources import block_source
+
+    _, adapted, tensors = block_source(scheme, *SHAPES[shape])
+    options = {key: adapted.options[key] for key in ("n_kv_heads", "rope_theta") if key in adapted.options}
+    block = generated(modules, "torch", scheme).Block(adapted.sizes["d_model"], adapted.n_heads, adapted.sizes["d_ff"],
+                                                      eps=adapted.eps, bias=adapted.bias, backward=backward, **options)
+    return adapted.load_into(block), tensors
+
+
 def _block_build(scheme: str, shape: str, figure: str, role: str, modules: Path) -> Timed:
     from sources import block_source, timed_call
 
     training = figure in ("training", "derived")
-    source, adapted, tensors = block_source(scheme, *SHAPES[shape])
     if role == "reference":
+        source, _, tensors = block_source(scheme, *SHAPES[shape])
         return timed_call(source, tensors, training)
-    options = {key: adapted.options[key] for key in ("n_kv_heads", "rope_theta") if key in adapted.options}
-    block = generated(modules, "torch", scheme).Block(
-        adapted.sizes["d_model"], adapted.n_heads, adapted.sizes["d_ff"], eps=adapted.eps, bias=adapted.bias,
-        backward="derived" if figure == "derived" else "autograd", **options)
-    return timed_call(adapted.load_into(block), tensors, training)
+    block, tensors = candidate_block(scheme, shape, modules, "derived" if figure == "derived" else "autograd")
+    return timed_call(block, tensors, training)
 
 
 def _block_inputs(scheme: str, shape: str) -> tuple:

@@ -198,7 +198,7 @@ class ArrayPrinter(StrPrinter):
 class NumpyPrinter(ArrayPrinter):
     library = "np"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
-                 "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
+                 "Abs": "np.abs", "log": "np.log", "floor": "np.floor", "gelu": "_gelu"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         return self._pairwise("np.maximum", "max", expr)
@@ -222,7 +222,8 @@ class NumpyPrinter(ArrayPrinter):
 class TorchPrinter(ArrayPrinter):
     library = "torch"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
-                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
+                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor",
+                 "gelu": "torch.nn.functional.gelu"}
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

@@ -523,7 +523,7 @@ def _step_vjp_forward(u0, p, chi, eps, n_heads):
     # {w^{\mathrm{ffn}}}_{i,z} = {b_{\mathrm{ffn},1}}_{z} + \sum_{k} {W_{\mathrm{ffn},1}}_{k,z} {\mathrm{LN}^{\mathrm{norm2}}}_{i,k}
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
-    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = torch.nn.functional.gelu(ffn_w)
     # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}
     ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
     # {u^{(2)}}_{i,l} = {\mathcal{F}^{\mathrm{ffn}}}_{i,l} + {u^{(1)}}_{i,l}
@@ -998,7 +998,7 @@ class _Step(torch.nn.Module):
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         del norm2_out
         # {s^{\mathrm{ffn}}}_{i,z} = \frac{\left(\operatorname{erf}{\left(\frac{\sqrt{2} {w^{\mathrm{ffn}}}_{i,z}}{2} \right)} + 1\right) {w^{\mathrm{ffn}}}_{i,z}}{2}
-        ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+        ffn_s = torch.nn.functional.gelu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
         del ffn_w
         # {\mathcal{F}^{\mathrm{ffn}}}_{i,l} = {b_{\mathrm{ffn},2}}_{l} + \sum_{z} {W_{\mathrm{ffn},2}}_{z,l} {s^{\mathrm{ffn}}}_{i,z}

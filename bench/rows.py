@@ -24,7 +24,6 @@ import numpy as np
 
 from shapes import SHAPES, flops
 
-ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = {"post-ln": "torch.nn.TransformerEncoderLayer", "llama": "transformers LlamaDecoderLayer",
           "gpt2": "transformers GPT2Block", "decoder": "torch.nn.TransformerDecoderLayer"}
 #: figure: (target ratio generated / reference, GEMM limit compared with).

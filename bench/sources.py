@@ -84,17 +84,18 @@ def block_source(scheme: str, batch: int, tokens: int, d: int, heads: int, d_ff:
     return FirstOutput(layer), from_hf(layer), inputs
 
 
-def kept_bytes(module, inputs) -> int:
-    """Bytes of the activations one forward of ``module`` keeps for the backward pass: the storages
-    autograd's ``saved_tensors_hooks`` sees and the tensors a derived ``autograd.Function`` keeps
-    on its ``ctx`` (parameters and inputs excluded; each storage counted once)."""
-    excluded = {tensor.untyped_storage().data_ptr() for tensor in (*module.parameters(), *inputs)}
+def kept_bytes(forward, excluded) -> tuple[int, torch.Tensor]:
+    """Bytes of the activations ``forward()`` keeps for the backward pass, and its output: the
+    storages autograd's ``saved_tensors_hooks`` sees and the tensors a derived
+    ``autograd.Function`` keeps on its ``ctx`` (the ``excluded`` tensors' storages, parameters
+    and inputs, left out; each storage counted once)."""
+    left_out = {tensor.untyped_storage().data_ptr() for tensor in excluded}
     kept: dict[int, int] = {}
 
     def keep(value):
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage()
-            if storage.data_ptr() not in excluded:
+            if storage.data_ptr() not in left_out:
                 kept[storage.data_ptr()] = storage.nbytes()
         elif isinstance(value, (list, tuple)):
             for item in value:
@@ -105,7 +106,7 @@ def kept_bytes(module, inputs) -> int:
         return value
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        out = module(*inputs)
+        out = forward()
     nodes, seen = [out.grad_fn], set()
     while nodes:  # a derived Function keeps its arrays on its ctx (the node)
         node = nodes.pop()
@@ -114,7 +115,7 @@ def kept_bytes(module, inputs) -> int:
         seen.add(id(node))
         keep(list(getattr(node, "__dict__", {}).values()))
         nodes.extend(following for following, _ in node.next_functions)
-    return sum(kept.values())
+    return sum(kept.values()), out
 
 
 def timed_call(module, inputs, training: bool) -> Timed:
@@ -134,4 +135,4 @@ def timed_call(module, inputs, training: bool) -> Timed:
         optimizer.zero_grad(set_to_none=True)
         module(*inputs).square().mean().backward()
         optimizer.step()
-    return Timed(step, kept=lambda: kept_bytes(module, inputs))
+    return Timed(step, kept=lambda: kept_bytes(lambda: module(*inputs), [*module.parameters(), *inputs])[0])

@@ -5,12 +5,13 @@ import pytest
 import sympy as sp
 import torch
 
-from splitformer.codegen.ir import Elementwise
+from splitformer.codegen.ir import Elementwise, ExactGelu as GELU
 from splitformer.codegen.lowering import lower
 from splitformer.codegen.output import write_files
 from splitformer.codegen.passes import PASSES, gelu
-from splitformer.codegen.passes.gelu import GELU, _argument
+from splitformer.codegen.passes.gelu import _argument
 from splitformer.codegen.pipeline import generate
+from splitformer.codegen.printers import NumpyPrinter
 from splitformer.symbolic import derive, load_scheme
 
 from conftest import GENERATED, import_path
@@ -37,6 +38,11 @@ def test_the_erf_gelu_becomes_one_call_and_only_with_the_pass(post_ln_gelu):
     assert without.expr.has(sp.erf) and not without.expr.has(GELU)  # without the pass: the formula as derived
     assert sp.expand(passed.expr.replace(GELU, lambda v: v * (1 + sp.erf(v / sp.sqrt(2))) / 2) - without.expr) == 0
     assert _activation(gelu(lower(program, WITHOUT_GELU))).expr == GELU(x)
+    module = lower(program)
+    assert NumpyPrinter(module, passed.labels).doprint(passed.expr) == "_gelu(ffn_w)"
+    # a user's function of the same name is no GELU: it has no spelling, as before the pass
+    with pytest.raises(AssertionError, match="no np spelling for ExactGelu"):
+        NumpyPrinter(module, passed.labels).doprint(sp.Function("ExactGelu")(x))
 
 
 def test_other_activations_are_left_as_derived():

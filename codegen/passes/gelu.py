@@ -1,7 +1,7 @@
-"""Recognize the exact GELU, ``x (1 + erf(x/√2))/2``, as one call: ``gelu(x)``.
+"""Recognize the exact GELU, ``x (1 + erf(x/√2))/2``, as one call: ``ExactGelu(x)``.
 
 An elementwise map whose whole expression is the GELU of one array read (after
-``inline-elementwise``) becomes ``gelu(x)``. NumPy spells it ``_gelu``: the same operations in
+``inline-elementwise``) becomes ``ExactGelu(x)``. NumPy spells it ``_gelu``: the same operations in
 the same order, evaluated block by block in place (one output array instead of the five
 temporaries of the expression: ``√2 x``, ``/2``, ``erf``, ``1 +``, ``· x``, ``/2``); torch
 spells it ``torch.nn.functional.gelu`` (one kernel).
@@ -13,12 +13,9 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..ir import Elementwise, Module
+from ..ir import Elementwise, ExactGelu, Module
 
-__all__ = ["GELU", "gelu"]
-
-#: The recognized form, printed ``_gelu`` (NumPy) and ``torch.nn.functional.gelu``.
-GELU = sp.Function("gelu")
+__all__ = ["gelu"]
 
 
 def _argument(expr: sp.Expr) -> sp.Indexed | None:
@@ -36,5 +33,5 @@ def gelu(module: Module) -> Module:
     ops = []
     for op in module.ops:
         x = _argument(op.expr) if isinstance(op, Elementwise) else None
-        ops.append(op if x is None else replace(op, expr=GELU(x)))
+        ops.append(op if x is None else replace(op, expr=ExactGelu(x)))
     return replace(module, ops=ops)

@@ -43,10 +43,12 @@ train-demo: $(STAMP)
 bench-backward: $(STAMP)
 	$(BIN)/python bench/backward.py
 
+# Every row of the performance issue in one table (bench/rows.py); shorten with
+# `make bench BENCH_ARGS="--pairs 2 --seconds 0.5 --rows 'post-ln/*'"`.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(BIN)/python bench/benchmark.py
 	$(BIN)/python bench/decoding.py --check
-	$(BIN)/python bench/decoding.py
+	$(BIN)/python bench/benchmark.py $(BENCH_ARGS)
 
 # Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
 # LaTeX checks run without them).

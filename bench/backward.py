@@ -74,49 +74,33 @@ def worker(mode: str, figure: str, size: tuple[int, ...], calls: int, scheme: st
             _step(block, inputs)
             times.append(time.perf_counter() - start)
         return {"seconds": statistics.median(times)}
-    kept = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
+    from sources import kept_bytes
 
     _step(*_block(mode, (1, 8, *size[2:]), scheme))  # one-time costs (kernels, pools) outside the figure
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _step(block, inputs)
+    activations, out = kept_bytes(lambda: block(*inputs), [*block.parameters(), *inputs])
+    out.backward(out.detach())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    parameters = {p.untyped_storage().data_ptr() for p in [*block.parameters(), *inputs]}
-    activations = sum(nbytes for pointer, nbytes in kept.items() if pointer not in parameters)
     return {"peak_kib": peak, "saved_bytes": activations}
 
 
 def kept_elsewhere(size: tuple[int, ...]) -> dict:
     """Bytes kept for the backward by torch's own layer (autograd) and by the NumPy ``vjp``."""
-    import numpy as np
     import torch
 
     from generated.numpy import post_ln
+    from sources import kept_bytes
 
     batch, tokens, d, heads, d_ff = size
     layer = torch.nn.TransformerEncoderLayer(d, heads, d_ff, dropout=0.0, batch_first=True).eval()
     u = torch.randn(batch, tokens, d, requires_grad=True)
-    kept = {}
-
-    def pack(tensor):
-        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        layer(u).sum().backward()
-    parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {u.untyped_storage().data_ptr()}
+    kept, _ = kept_bytes(lambda: layer(u), [*layer.parameters(), u])
     from splitformer.codegen.adapters import from_torch
 
     params = from_torch(layer)
     _, saved = post_ln._vjp_forward(u.detach().numpy(), params, None, 1e-5, heads)
     buffers = {id(array.base if array.base is not None else array): array.nbytes for array in saved}
-    return {"torch_layer": sum(n for pointer, n in kept.items() if pointer not in parameters),
-            "numpy_vjp": sum(buffers.values())}
+    return {"torch_layer": kept, "numpy_vjp": sum(buffers.values())}
 
 
 def main(argv: list[str] | None = None) -> int:

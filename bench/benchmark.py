@@ -1,17 +1,24 @@
-"""``make bench``: sustained throughput of the generated post-ln block and networks against torch, as ratios.
+"""``make bench``: every row of the performance issue, generated code against the module a user
+would pick instead, in one table.
 
-Each figure runs in its own process (``bench/figure.py``): a warm-up, then back-to-back calls
-for at least ``--seconds``, the median per call. Reference and candidate processes alternate
-for ``--pairs`` pairs; the ratio of each pair (candidate / reference, < 1 is faster) is printed
-with their median and spread. The header records the CPU, the BLAS libraries and the measured
-GEMM rate, the physical limit each figure's GFLOP/s is compared with. ``--interleaved`` is the
-older in-process mode (reference and candidate alternating in one process), labelled as such.
-The network rows (vit, cvt, resnet-block, unet-level) come from ``bench/networks.py``.
+    python bench/benchmark.py [--rows 'post-ln/*,cvt/*'] [--pairs 5] [--seconds 1] [--list]
+
+Every figure runs in its own process (``bench/figure.py``): a warm-up, then back-to-back calls
+for at least ``--seconds`` (and ``--min-calls``), the median per call. Reference and candidate
+processes alternate for ``--pairs`` pairs (the order swapped every other pair); the ratio of
+each pair is the figure, printed as the median with its spread and judged against the row's
+target (a target inside the spread counts as missed). The header records the CPU, the BLAS
+libraries and the measured GEMM rate, the physical limit each row's GFLOP/s is compared with;
+the training rows add the memory one forward keeps for the backward pass. ``--interleaved``
+runs reference and candidate alternating in this process instead, labelled as such;
+``--profile`` prints where the time goes after each row; ``--derive`` adds ``derive`` timings.
+The rows are those of ``bench/rows.py`` (``--list`` prints them).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import resource
@@ -26,18 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-import networks  # noqa: E402
-from networks import NETWORKS  # noqa: E402
-from shapes import SHAPES  # noqa: E402
+import rows  # noqa: E402
+from table import Measured, table  # noqa: E402
 
-#: figure: (label, target ratio).
-TARGETS = {
-    "torch-inference": ("torch inference", 1.00),
-    "torch-training": ("torch training step", 0.90),
-    "numpy-forward": ("numpy forward", 1.20),
-}
-#: The reference of the NumPy figure is torch's fused inference path.
-REFERENCE_FIGURE = {"numpy-forward": "torch-inference"}
 DERIVE_TARGETS = (("derive post-ln --backend all", ["post-ln"], 1.5),
                   ("derive all built-ins", ["--all-builtins"], 4.0))
 
@@ -67,40 +65,42 @@ def header(threads: int) -> tuple[list[str], dict[str, float]]:
     return lines, gemm
 
 
-def measure(figure: str, shape: str, modules: Path, arguments) -> tuple[list[float], dict, dict]:
-    """Per-pair ratios and the last reference and candidate results."""
-    common = [shape, "--modules", str(modules), "--seconds", str(arguments.seconds), "--threads", str(arguments.threads)]
-    ratios, reference, candidate = [], {}, {}
-    for _ in range(arguments.pairs):
-        reference = _run("figure.py", REFERENCE_FIGURE.get(figure, figure), "reference", *common, threads=arguments.threads)
-        candidate = _run("figure.py", figure, "candidate", *common, threads=arguments.threads)
-        ratios.append(candidate["median_s"] / reference["median_s"])
-    return ratios, reference, candidate
+def _figure(name: str, role: str, arguments, *extra: str) -> dict:
+    """One figure of row ``name``: in its own process, or in this one with ``--interleaved``."""
+    if arguments.interleaved:
+        import figure
+
+        return figure.measure(name, role, arguments.modules, arguments.inputs, seconds=arguments.seconds,
+                              min_calls=arguments.min_calls, threads=arguments.threads,
+                              new_tokens=arguments.new_tokens, with_profile="--profile" in extra)
+    return _run("figure.py", name, role, "--inputs", str(arguments.inputs), "--modules", str(arguments.modules),
+                "--seconds", str(arguments.seconds), "--min-calls", str(arguments.min_calls), "--threads",
+                str(arguments.threads), "--new-tokens", str(arguments.new_tokens), *extra, threads=arguments.threads)
 
 
-def figure_line(figure: str, shape: str, ratios: list[float], reference: dict, candidate: dict,
-                gemm: dict[str, float]) -> str:
-    label, target = TARGETS[figure]
-    ratio = statistics.median(ratios)
-    limit = gemm["numpy" if figure == "numpy-forward" else "torch"]
-    verdict = "ok" if ratio <= target else "MISSED"
-    return (f"[{shape}] {label:20} {ratio:5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f} over "
-            f"{len(ratios)} pairs  (target <= {target:.2f}, {verdict})  ref {reference['median_s'] * 1e3:7.2f} ms  "
-            f"gen {candidate['median_s'] * 1e3:7.2f} ms  {candidate['gflops']:5.1f} GFLOP/s "
-            f"= {candidate['gflops'] / limit:4.0%} of the GEMM limit  page faults per call: ref "
-            f"{reference['page_faults_per_call']:.0f}, gen {candidate['page_faults_per_call']:.0f}")
+def measure(name: str, arguments) -> Measured:
+    """``--pairs`` alternating reference/candidate figures of row ``name``."""
+    measured = Measured(rows.row(name, new_tokens=arguments.new_tokens))
+    for pair in range(arguments.pairs):
+        roles = ("reference", "candidate") if pair % 2 == 0 else ("candidate", "reference")
+        for role in roles:
+            getattr(measured, role).append(_figure(name, role, arguments))
+    return measured
 
 
-def _profiled(figure: str, role: str, shape: str, modules: Path, arguments) -> dict:
+def _profiled(name: str, role: str, arguments) -> dict:
     """One short ``--profile`` run of a figure."""
-    return _run("figure.py", figure, role, shape, "--modules", str(modules), "--seconds", "0.2",
-                "--threads", str(arguments.threads), "--profile", threads=arguments.threads)
+    short = argparse.Namespace(**{**vars(arguments), "seconds": 0.2, "min_calls": 1})
+    return _figure(name, role, short, "--profile")
 
 
-def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str]:
+def profile_table(name: str, arguments) -> list[str]:
     """Reference and candidate side by side (ms per call, profiler self time): per kind of work
-    with the difference (the gap, and where it is), then the top operators."""
-    sides = [_profiled(figure, role, shape, modules, arguments) for role in ("reference", "candidate")]
+    with the difference (the gap, and where it is), then the top operators (torch candidates);
+    the time of each statement of a generated NumPy ``forward``."""
+    if not rows.row(name).imports_torch("candidate"):
+        return _profiled(name, "candidate", arguments)["statements"]
+    sides = [_profiled(name, role, arguments) for role in ("reference", "candidate")]
     kinds = [side["kinds"] for side in sides]
     lines = [f"    {'where the time goes':44} {'ref ms':>8} {'gen ms':>8} {'gen - ref':>10}"]
     for label in kinds[0]:
@@ -113,11 +113,6 @@ def profile_table(figure: str, shape: str, modules: Path, arguments) -> list[str
         lines.append(f"    {left['op'][:34]:34} {left['ms_per_call']:7.2f} {left['share']:6.0%}   "
                      f"{right['op'][:34]:34} {right['ms_per_call']:7.2f} {right['share']:6.0%}")
     return lines
-
-
-def statement_table(shape: str, modules: Path, arguments) -> list[str]:
-    """Where a call of the generated NumPy forward spends its time, statement by statement."""
-    return _profiled("numpy-forward", "candidate", shape, modules, arguments)["statements"]
 
 
 def _children_cpu() -> float:
@@ -148,62 +143,53 @@ def derive_lines(rounds: int = 3) -> list[str]:
     return lines
 
 
-def interleaved(figure: str, shape: str, modules: Path, arguments) -> str:
-    """The in-process mode: reference and candidate alternating in this process."""
-    import torch
-
-    from figure import build, sustained
-
-    torch.set_num_threads(arguments.threads)
-    reference = build(REFERENCE_FIGURE.get(figure, figure), "reference", shape, modules)
-    candidate = build(figure, "candidate", shape, modules)
-    ratios = [statistics.median(sustained(candidate, arguments.seconds)) /
-              statistics.median(sustained(reference, arguments.seconds)) for _ in range(arguments.pairs)]
-    label, target = TARGETS[figure]
-    return (f"[{shape}] {label:20} {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f} "
-            f"(IN-PROCESS interleaved, not the sustained figure; target <= {target:.2f})")
+def selected(patterns: str) -> list[str]:
+    """The table's rows matching any of the comma-separated patterns (``fnmatch``, or a row's name)."""
+    chosen = [name for name in rows.NAMES if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns.split(","))]
+    extra = [pattern for pattern in patterns.split(",") if pattern not in rows.NAMES and not any(
+        fnmatch.fnmatchcase(name, pattern) for name in rows.NAMES)]
+    for name in extra:
+        rows.row(name)  # a row outside the table (the tiny shape) or an error naming the rows
+    return chosen + extra
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/benchmark.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=5, help="reference/candidate process pairs per figure")
+    parser.add_argument("--rows", default="*", help="comma-separated row names or patterns (default: all; see --list)")
+    parser.add_argument("--list", action="store_true", help="print the rows and exit")
+    parser.add_argument("--pairs", type=int, default=5, help="reference/candidate process pairs per row")
     parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back time per process")
-    parser.add_argument("--shapes", default="N128,N1024", help=f"comma-separated, of {', '.join(SHAPES)}")
-    parser.add_argument("--figures", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    parser.add_argument("--min-calls", type=int, default=3, help="at least this many timed calls per process")
+    parser.add_argument("--new-tokens", type=int, default=rows.NEW_TOKENS, help="decoding rows: tokens after the prompt")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-profile", action="store_true", help="skip the operator and statement tables")
-    parser.add_argument("--no-derive", action="store_true", help="skip the derive timings")
-    parser.add_argument("--interleaved", action="store_true", help="the older in-process mode (labelled)")
-    parser.add_argument("--networks", default=",".join(NETWORKS),
-                        help=f"comma-separated, of {', '.join(NETWORKS)}; 'none' for no network rows")
+    parser.add_argument("--modules", type=Path, default=ROOT / "generated", help="the generated modules timed")
+    parser.add_argument("--profile", action="store_true", help="where the time goes, after each row")
+    parser.add_argument("--derive", action="store_true", help="add cold and warm derive timings")
+    parser.add_argument("--interleaved", action="store_true", help="reference and candidate in this process (labelled)")
     arguments = parser.parse_args(argv)
+    names = selected(arguments.rows)
+    if arguments.list:
+        print("\n".join(f"{name:24} {rows.row(name).shapes}" for name in names))
+        return 0
     os.environ.update(_environment(arguments.threads))
-    from splitformer.codegen.output import write_files
-    from splitformer.codegen.pipeline import generate
-    from splitformer.symbolic import load_scheme
-
     lines, gemm = header(arguments.threads)
+    mode = ("IN-PROCESS interleaved (not the sustained figures)" if arguments.interleaved
+            else "each figure in its own process")
+    lines.append(f"{arguments.pairs} alternating pairs per row, {mode}, >= {arguments.seconds} s and "
+                 f">= {arguments.min_calls} calls each; load average {os.getloadavg()[0]:.1f} at the start")
     print("\n".join(lines), flush=True)
-    with tempfile.TemporaryDirectory() as modules:
-        write_files(generate(load_scheme("post-ln"), ("numpy", "torch"), Path(modules)))
-        from figure import write_inputs
-
-        for shape in arguments.shapes.split(","):
-            write_inputs(shape, Path(modules))
-        for shape in arguments.shapes.split(","):
-            for figure in arguments.figures.split(","):
-                if arguments.interleaved:
-                    print(interleaved(figure, shape, Path(modules), arguments), flush=True)
-                    continue
-                print(figure_line(figure, shape, *measure(figure, shape, Path(modules), arguments), gemm), flush=True)
-                if not arguments.no_profile:
-                    table = (statement_table(shape, Path(modules), arguments) if figure == "numpy-forward"
-                             else profile_table(figure, shape, Path(modules), arguments))
-                    print("\n".join(table), flush=True)
-    if arguments.networks != "none":
-        networks.main(["--networks", arguments.networks, "--threads", str(arguments.threads),
-                       "--pairs", str(arguments.pairs), "--seconds", str(arguments.seconds)])
-    if not arguments.no_derive:
+    results = []
+    with tempfile.TemporaryDirectory() as inputs:
+        arguments.inputs = Path(inputs)
+        for name in names:
+            rows.row(name, new_tokens=arguments.new_tokens).prepare(arguments.inputs)
+            results.append(measure(name, arguments))
+            print(table(results[-1:], gemm)[-1], flush=True)
+            if arguments.profile:
+                print("\n".join(profile_table(name, arguments)), flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end", flush=True)
+    print("\n".join(["", *lines, "", *table(results, gemm)]), flush=True)
+    if arguments.derive:
         print("\n".join(derive_lines()), flush=True)
     return 0
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -50,20 +48,15 @@ def _timed(function, seconds: float) -> float:
     return statistics.median(times)
 
 
-def _modules(shape: str, folder: Path):
+def _modules(shape: str):
     """The reference layer and the generated ``Block`` on ``cuda``, and the input there."""
-    import torch
+    from rows import generated
+    from sources import block_source
 
-    from figure import _module, _reference_layer, write_inputs
-
-    write_inputs(shape, folder)
     _, _, d, heads, d_ff = SHAPES[shape]
-    with np.load(folder / f"{shape}.npz") as stored:
-        params = {name: stored[name] for name in stored.files if name != "u"}
-        u = stored["u"]
-    reference = _reference_layer(params, d, heads, d_ff).to("cuda")
-    candidate = _module(folder, "torch").Block(d, heads, d_ff, device="cuda").load_params(params)
-    return reference, candidate, torch.from_numpy(u).to("cuda")
+    reference, adapted, inputs = block_source("post-ln", *SHAPES[shape])
+    candidate = generated(ROOT / "generated", "torch", "post-ln").Block(d, heads, d_ff, device="cuda")
+    return reference.to("cuda"), candidate.load_params(adapted.params), inputs[0].to("cuda")
 
 
 def _no_host_sync(candidate, x) -> None:
@@ -90,28 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"no CUDA device is present (torch {torch.__version__}): the GPU table is not measured")
         return 0
-    from figure import timed_call
-    from splitformer.codegen.output import write_files
-    from splitformer.codegen.pipeline import generate
-    from splitformer.symbolic import load_scheme
+    from sources import timed_call
 
     print(f"splitformer GPU benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}, float32")
-    with tempfile.TemporaryDirectory() as modules:
-        write_files(generate(load_scheme("post-ln"), ("torch",), Path(modules)))
-        for shape in arguments.shapes.split(","):
-            reference, candidate, x = _modules(shape, Path(modules))
-            _no_host_sync(candidate, x)
-            for figure in FIGURES:
-                training = figure == "torch-training"
-                functions = [timed_call(module.train(training), x, training) for module in (reference, candidate)]
-                ratios, times = [], []
-                for _ in range(arguments.pairs):
-                    times = [_timed(function, arguments.seconds) for function in functions]
-                    ratios.append(times[1] / times[0])
-                print(f"[{shape}] {figure:16} {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-"
-                      f"{max(ratios):.2f} over {len(ratios)} pairs  ref {times[0]:7.3f} ms  gen {times[1]:7.3f} ms",
-                      flush=True)
+    for shape in arguments.shapes.split(","):
+        reference, candidate, x = _modules(shape)
+        _no_host_sync(candidate, x)
+        for figure in FIGURES:
+            training = figure == "torch-training"
+            functions = [timed_call(module, [x], training).call for module in (reference, candidate)]
+            ratios, times = [], []
+            for _ in range(arguments.pairs):
+                times = [_timed(function, arguments.seconds) for function in functions]
+                ratios.append(times[1] / times[0])
+            print(f"[{shape}] {figure:16} {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-"
+                  f"{max(ratios):.2f} over {len(ratios)} pairs  ref {times[0]:7.3f} ms  gen {times[1]:7.3f} ms",
+                  flush=True)
     return 0
 
 

@@ -1,30 +1,16 @@
-"""The generated networks against the modules a user would pick instead (inference, float32).
+"""The networks of ``make bench`` and the modules a user would pick instead (inference, float32).
 
 vit vs transformers' ``ViTModel`` (16 images 64², patches of 8, d 256, 8 heads, d_ff 1024, 4 layers);
 cvt vs ``CvtModel`` (8 images 64², 3 stages: d 64, 192, 384, depths 1, 2, 3, CvT-13's kernels and
 strides); resnet-block (16 images 32², 64 channels) and unet-level (16 images 32², 3 → 64 channels)
-vs their torch ``Conv2d``/``BatchNorm2d`` compositions. Every figure runs in its own process
-(``--worker``): a warm-up, back-to-back calls for ``--seconds``, the median per call; reference
-and candidate processes alternate for ``--pairs`` pairs and the ratio of each pair
-(candidate / reference) is printed with its median and spread. The NumPy figures are timed
-against the same torch reference.
-
-    python bench/networks.py [--pairs 3] [--seconds 1] [--networks vit,cvt] [--modules generated]
+vs their torch ``Conv2d``/``BatchNorm2d`` compositions. ``bench/benchmark.py`` times them
+(rows ``vit/torch``, ``vit/numpy``, …), the NumPy figures against the same torch reference.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-NETWORKS = ("vit", "cvt", "resnet-block", "unet-level")
 SHAPES = {"vit": "16 images 64², d 256, 4 layers", "cvt": "8 images 64², 3 stages",
           "resnet-block": "16 images 32², 64 channels", "unet-level": "16 images 32², 3 → 64 channels"}
 
@@ -97,99 +83,36 @@ def _grid(name: str):
     return reference, u, params, channels
 
 
-def _callable(name: str, role: str, modules: Path):
-    """A no-argument function running one inference of ``name`` as ``role`` (reference, torch, numpy)."""
-    import importlib.util
-
-    import torch
-
-    def load(backend):
-        path = modules / backend / f"{name.replace('-', '_')}.py"
-        spec = importlib.util.spec_from_file_location(f"bench_{backend}_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+def torch_call(name: str, role: str, modules: Path):
+    """A no-argument function running one inference of ``name`` as ``role`` (``reference``, ``torch``)."""
+    from rows import generated
 
     if name in ("vit", "cvt"):
         model, pixels, adapted = _hf(name)
         if role == "reference":
             return lambda: model(pixel_values=pixels)
-        if role == "numpy":
-            image, numpy = pixels.numpy(), load("numpy")
-            return lambda: numpy.forward(image, adapted.params, **adapted.config)
-        generated = load("torch")
         params = adapted.params
         if name == "vit":
             d, d_ff = params["layers.0.ffn.W_1"].shape
-            net = generated.Model(n_layers=4, d_model=d, d_ff=d_ff, n_channels=3, n_classes=0, **adapted.config)
+            net = generated(modules, "torch", name).Model(n_layers=4, d_model=d, d_ff=d_ff, n_channels=3, n_classes=0,
+                                                          **adapted.config)
         else:
-            net = generated.Model(3, [64, 192, 384], [1, 2, 3], [256, 768, 1536], adapted.config["stages"],
-                                  n_classes=0, eps=adapted.config["eps"])
+            net = generated(modules, "torch", name).Model(3, [64, 192, 384], [1, 2, 3], [256, 768, 1536],
+                                                          adapted.config["stages"], n_classes=0,
+                                                          eps=adapted.config["eps"])
         net = net.load_params(params).eval()
         return lambda: net(pixels)
     reference, u, params, (n_channels, d) = _grid(name)
     if role == "reference":
         return lambda: reference(u)
-    if role == "numpy":
-        x, numpy = u.numpy(), load("numpy")
-        return lambda: numpy.forward(x, params)
-    net = load("torch").Model(n_channels, d).load_params(params).eval()
+    net = generated(modules, "torch", name).Model(n_channels, d).load_params(params).eval()
     return lambda: net(u)
 
 
-def worker(name: str, role: str, modules: Path, seconds: float) -> float:
-    import torch
-
-    function = _callable(name, role, modules)
-    with torch.inference_mode():
-        for _ in range(1):
-            function()
-        times, start = [], time.perf_counter()
-        while time.perf_counter() - start < seconds or len(times) < 3:
-            begin = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
-
-
-def _measure(name: str, role: str, arguments) -> float:
-    environment = dict(os.environ, OMP_NUM_THREADS=str(arguments.threads), MKL_NUM_THREADS=str(arguments.threads),
-                       OPENBLAS_NUM_THREADS=str(arguments.threads))
-    command = [sys.executable, __file__, "--worker", name, role, "--modules", str(arguments.modules),
-               "--seconds", str(arguments.seconds), "--threads", str(arguments.threads)]
-    output = subprocess.run(command, env=environment, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.splitlines()[-1])["seconds"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/networks.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--networks", default=",".join(NETWORKS))
-    parser.add_argument("--backends", default="torch,numpy")
-    parser.add_argument("--modules", type=Path, default=ROOT / "generated", help="the generated/ folder to time")
-    parser.add_argument("--worker", nargs=2, metavar=("NETWORK", "ROLE"), help=argparse.SUPPRESS)
-    arguments = parser.parse_args(argv)
-    if arguments.worker:
-        import torch
-
-        torch.set_num_threads(arguments.threads)
-        sys.path.insert(0, str(ROOT))
-        print(json.dumps({"seconds": worker(*arguments.worker, arguments.modules, arguments.seconds)}))
-        return 0
-    print(f"networks, float32, {arguments.threads} threads, inference; ratio = generated / reference "
-          f"(median of {arguments.pairs} alternating process pairs, spread min-max)", flush=True)
-    for name in arguments.networks.split(","):
-        for backend in arguments.backends.split(","):
-            pairs = [(_measure(name, "reference", arguments), _measure(name, backend, arguments))
-                     for _ in range(arguments.pairs)]
-            ratios = [candidate / reference for reference, candidate in pairs]
-            print(f"{name:13} {backend:6} [{SHAPES[name]}] reference {1e3 * statistics.median(r for r, _ in pairs):7.1f} ms"
-                  f"  generated {1e3 * statistics.median(c for _, c in pairs):7.1f} ms  "
-                  f"ratio {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-{max(ratios):.2f}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def numpy_inputs(name: str) -> tuple:
+    """(args, params, kwargs) of the generated NumPy ``forward`` of ``name``."""
+    if name in ("vit", "cvt"):
+        _, pixels, adapted = _hf(name)
+        return [pixels.numpy()], dict(adapted.params), dict(adapted.config)
+    _, u, params, _ = _grid(name)
+    return [u.numpy()], params, {}

@@ -1,6 +1,6 @@
 """Per-statement time of a generated NumPy forward: where the milliseconds of a call go.
 
-    python bench/numpy_profile.py SHAPE [--modules DIR]   # a table; DIR as for figure.py
+    python bench/figure.py post-ln/N1024/numpy candidate --inputs DIR --profile   # the table
 
 A line tracer (``sys.settrace``) follows the frames of ``forward`` and of the helpers it calls
 (``_attention``, ``_layer_norm``, …); each line's time is the time until the next line event
@@ -11,13 +11,11 @@ table explains the shares of a call, the sustained figure is ``figure.py``'s.
 
 from __future__ import annotations
 
-import argparse
 import linecache
 import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 __all__ = ["line_profile", "profile_lines"]
 
@@ -77,21 +75,3 @@ def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]
                     lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {name}: {inner_text[:96]}")
     lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced (sum of the medians over {calls} calls)")
     return lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from figure import _module, build
-    from shapes import SHAPES
-
-    parser = argparse.ArgumentParser(prog="bench/numpy_profile.py", description=__doc__.splitlines()[0])
-    parser.add_argument("shape", choices=sorted(SHAPES))
-    parser.add_argument("--modules", type=Path, required=True, help="folder with numpy/post_ln.py and SHAPE.npz")
-    arguments = parser.parse_args(argv)
-    function = build("numpy-forward", "candidate", arguments.shape, arguments.modules)
-    print("\n".join(profile_lines(function, _module(arguments.modules, "numpy"))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

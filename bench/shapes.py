@@ -12,10 +12,16 @@ SHAPES = {
 }
 
 
-def flops(shape: str, *, training: bool = False) -> float:
-    """Multiply-adds × 2 of one encoder layer's GEMMs (×3 for forward + backward)."""
+def flops(shape: str, *, training: bool = False, scheme: str = "post-ln") -> float:
+    """Multiply-adds × 2 of one block's GEMMs (×3 for forward + backward).
+
+    ``post-ln`` and ``gpt2``: Q, K, V, O and a two-matrix feed-forward; ``llama``: keys and values
+    on a quarter of the heads and a three-matrix (gated) feed-forward; ``decoder``: a second
+    attention over as many memory tokens. Attention counts every score (causal or not)."""
     batch, tokens, d, _, d_ff = SHAPES[shape]
     rows = batch * tokens
-    projections = 2 * rows * d * (4 * d + 2 * d_ff)
-    attention = 2 * 2 * batch * tokens * tokens * d
-    return float(projections + attention) * (3 if training else 1)
+    widths = {"post-ln": 4 * d + 2 * d_ff, "gpt2": 4 * d + 2 * d_ff, "llama": 2 * d + d // 2 + 3 * d_ff,
+              "decoder": 8 * d + 2 * d_ff}[scheme]
+    attentions = 2 if scheme == "decoder" else 1
+    work = 2 * rows * d * widths + attentions * 2 * 2 * batch * tokens * tokens * d
+    return float(work) * (3 if training else 1)

@@ -51,52 +51,10 @@ def _model(name: str, mode: str):
     return model
 
 
-def _tensors(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
-def _kept_bytes(model, pixels) -> tuple[int, object]:
-    """The bytes of the activations kept for the backward pass, and the logits."""
-    import torch
-
-    excluded = {tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), pixels)}
-    kept: dict[int, int] = {}
-
-    def keep(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            kept[storage.data_ptr()] = storage.nbytes()
-
-    def pack(tensor):
-        keep(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logits = model.logits(pixels)
-    nodes, seen = [logits.grad_fn], set()
-    while nodes:  # a derived Function keeps its arrays on ctx (its node)
-        node = nodes.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        for value in getattr(node, "__dict__", {}).values():
-            for tensor in _tensors(value):
-                keep(tensor)
-        nodes.extend(following for following, _ in node.next_functions)
-    return sum(kept.values()), logits
-
-
 def _worker(name: str, mode: str, calls: int) -> dict:
     import torch
+
+    from sources import kept_bytes
 
     torch.set_num_threads(1)
     model = _model(name, mode)
@@ -106,7 +64,7 @@ def _worker(name: str, mode: str, calls: int) -> dict:
     model.logits(pixels[:1]).sum().backward()  # warm-up on one image
     model.zero_grad(set_to_none=True)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kept, logits = _kept_bytes(model, pixels)
+    kept, logits = kept_bytes(lambda: model.logits(pixels), [*model.parameters(), pixels])
     logits.backward(logits.detach())  # J = ½‖logits‖²
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     times = []

@@ -40,7 +40,7 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
     "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -85,6 +85,12 @@ def _array_names(expr: sp.Expr) -> tuple[str, ...]:
     arrays = expr.atoms(sp.Indexed)
     grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx)
     return tuple(sorted({str(item.base.label) for item in arrays} | ({"u0"} if grids else set())))
+
+
+class ExactGelu(sp.Function):
+    """``x (1 + erf(x/√2))/2`` as one call (the ``gelu`` pass writes it; each backend spells it)."""
+
+    nargs = 1
 
 
 @dataclass(frozen=True)

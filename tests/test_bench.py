@@ -1,70 +1,114 @@
-"""The benchmark harness times what it claims: reference and candidate compute the same block."""
+"""The benchmark harness times what it claims and its one table says what the figures show."""
 
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
-from conftest import ROOT
+from conftest import GENERATED, ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 
+import benchmark  # noqa: E402
 import figure  # noqa: E402
-from splitformer.codegen.output import write_files  # noqa: E402
-from splitformer.codegen.pipeline import generate  # noqa: E402
-from splitformer.symbolic import load_scheme  # noqa: E402
+import rows  # noqa: E402
+import sources  # noqa: E402
+import table  # noqa: E402
+from shapes import SHAPES  # noqa: E402
 
 
-def test_reference_and_candidates_agree_on_the_stored_inputs(tmp_path):
-    write_files(generate(load_scheme("post-ln"), ("numpy", "torch"), tmp_path))
-    figure.write_inputs("tiny", tmp_path)
-    _, _, d, heads, d_ff = figure.SHAPES["tiny"]
-    with np.load(tmp_path / "tiny.npz") as stored:
-        params = {name: stored[name] for name in stored.files if name != "u"}
-        u = stored["u"]
-    reference = figure._reference_layer(params, d, heads, d_ff).eval()
+@pytest.mark.parametrize("scheme", list(rows.BLOCKS))
+def test_reference_and_candidates_compute_the_same_block(scheme, tmp_path):
+    """What the rows time: the source module, the generated Block and the NumPy forward on the
+    stored inputs agree (float32, default initialization)."""
+    source, adapted, inputs = sources.block_source(scheme, *SHAPES["tiny"])
     with torch.inference_mode():
-        expected = reference(torch.from_numpy(u)).numpy()
-    block = figure._module(tmp_path, "torch").Block(d, heads, d_ff).load_params(params).eval()
+        expected = source.eval()(*inputs).numpy()
+    block, tensors = rows.candidate_block(scheme, "tiny", GENERATED)
     with torch.inference_mode():
-        np.testing.assert_allclose(block(torch.from_numpy(u)).numpy(), expected, atol=1e-5)
-    np.testing.assert_allclose(figure._module(tmp_path, "numpy").forward(u, params, n_heads=heads), expected, atol=1e-5)
-    for name in figure.FIGURES:
+        np.testing.assert_allclose(block.eval()(*tensors).numpy(), expected, atol=1e-5)
+    numpy_row = rows.row(f"{scheme}/tiny/numpy")
+    numpy_row.prepare(tmp_path)
+    args, params, kwargs = pickle.loads((tmp_path / f"{scheme}-tiny-numpy.pickle").read_bytes())
+    np.testing.assert_allclose(rows.generated(GENERATED, "numpy", scheme).forward(*args, params, **kwargs), expected,
+                               atol=1e-5)
+    # negative control: another seed's input gives another output
+    assert np.abs(source(torch.randn_like(inputs[0]), *inputs[1:]).detach().numpy() - expected).max() > 1e-2
+
+
+def test_a_training_row_times_a_step_and_counts_what_it_keeps_for_backward(tmp_path):
+    for name in ("post-ln/tiny/training", "post-ln/tiny/derived"):
         for role in figure.ROLES:
-            times = figure.sustained(figure.build(name, role, "tiny", tmp_path), 0.01)
-            assert len(times) >= 5 and min(times) > 0
+            timed = rows.row(name).timed(role, GENERATED, tmp_path)
+            times = figure.sustained(timed, 0.01, min_calls=2)
+            assert len(times) >= 2 and min(times) > 0
+            assert timed.kept() > 0
+    # negative control: an inference call keeps nothing for a backward pass
+    assert rows.row("post-ln/tiny/torch").timed("candidate", GENERATED, tmp_path).kept is None
 
 
-def test_the_statement_profile_times_the_generated_forward_and_its_helpers(tmp_path):
-    import numpy_profile
-
-    write_files(generate(load_scheme("post-ln"), ("numpy",), tmp_path))
-    figure.write_inputs("tiny", tmp_path)
-    module = figure._module(tmp_path, "numpy")
-    function = figure.build("numpy-forward", "candidate", "tiny", tmp_path)
-    spent = numpy_profile.line_profile(function, module, calls=2)
-    assert {"forward", "_attention", "_exponentials", "_layer_norm"} <= {name for name, _ in spent}
-    assert all(seconds >= 0 for seconds in spent.values())
-    lines = numpy_profile.profile_lines(function, module, calls=2)
-    assert any("_attention(" in line for line in lines) and any("_attention: " in line for line in lines)
-    assert "forward, traced (sum of the medians over 2 calls)" in lines[-1]
-    # negative control: a function outside the generated module leaves nothing to attribute
-    assert numpy_profile.line_profile(lambda: np.ones(3).sum(), module, calls=2) == {}
+def test_a_numpy_candidate_process_never_imports_torch(tmp_path):
+    rows.row("post-ln/tiny/numpy").prepare(tmp_path)
+    script = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import figure; "
+              f"figure.main(['post-ln/tiny/numpy', 'candidate', '--inputs', {str(tmp_path)!r}, '--seconds', '0.01', "
+              "'--min-calls', '1']); print('torch' in sys.modules)")
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    result, imported = output.splitlines()
+    assert json.loads(result)["calls"] >= 1 and imported == "False"
 
 
-def test_a_figure_counts_the_page_faults_of_its_calls_and_the_line_prints_them(tmp_path, capsys):
-    import benchmark
+def _row(rate=False, training=False):
+    return rows.Row("x/N128/torch", "B 8", "ref", 1.00, build=None, limit="torch", flops=2e9, rate=rate,
+                    training=training)
 
-    write_files(generate(load_scheme("post-ln"), ("torch",), tmp_path))
-    figure.write_inputs("tiny", tmp_path)
-    figure.main(["torch-inference", "candidate", "tiny", "--modules", str(tmp_path), "--seconds", "0.01",
-                 "--threads", "1"])
-    result = json.loads(capsys.readouterr().out)
-    assert result["page_faults_per_call"] >= 0
-    reference = {"median_s": 2.0, "page_faults_per_call": 0.0}
-    candidate = {"median_s": 1.0, "page_faults_per_call": 4576.0, "gflops": 10.0}
-    line = benchmark.figure_line("torch-inference", "N128", [0.5, 0.5], reference, candidate, {"torch": 20.0})
-    assert "page faults per call: ref 0, gen 4576" in line and "(target <= 1.00, ok)" in line
+
+def _pairs(ratios):
+    return [{"median_s": 1.0, "kept_bytes": 2**20}] * len(ratios), [
+        {"median_s": ratio, "gflops": 2.0 / ratio, "kept_bytes": 2**21} for ratio in ratios]
+
+
+@pytest.mark.parametrize("ratios, expected", [([0.8, 0.9, 0.95], "met"),
+                                              ([0.8, 0.95, 1.1], "missed (target inside the spread)"),
+                                              ([1.05, 1.2, 1.3], "missed")])
+def test_a_target_inside_the_spread_counts_as_missed(ratios, expected):
+    assert table.verdict(ratios, 1.0) == expected
+    measured = table.Measured(_row(), *_pairs(ratios))
+    cells = table.cells(measured, {"torch": 20.0})
+    assert cells[5] == f"{np.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})" and cells[7] == expected
+    assert cells[8] == f"{2.0 / np.median(ratios):.1f} ({2.0 / np.median(ratios) / 20:.0%} of torch)"
+    assert cells[9] == ""  # not a training row
+
+
+def test_a_rate_row_compares_rates_and_a_training_row_prints_what_it_keeps():
+    reference, candidate = _pairs([2.0, 2.0])  # the candidate takes twice as long: half the rate
+    rate = table.Measured(_row(rate=True), reference, candidate)
+    assert rate.ratios == [0.5, 0.5] and table.cells(rate, {})[6:8] == ["≥ 1.00 (rate)", "missed"]
+    assert table.verdict([0.5], 0.4, rate=True) == "met"
+    training = table.Measured(_row(training=True), *_pairs([0.9]))
+    assert table.cells(training, {"torch": 20.0})[9] == "1.0 / 2.0 MiB"
+
+
+def test_make_bench_prints_one_table_of_the_chosen_rows(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "header", lambda threads: (["cpu: test"], {"torch": 50.0, "numpy": 50.0}))
+    benchmark.main(["--rows", "post-ln/tiny/training,post-ln/tiny/torch", "--pairs", "2", "--seconds", "0.01",
+                    "--min-calls", "2", "--interleaved"])
+    printed = capsys.readouterr().out
+    final = printed[printed.rindex("cpu: test"):].splitlines()
+    assert "IN-PROCESS" in final[1] and final[3].startswith("| row | shapes |")
+    lines = [line for line in final if line.startswith("| post-ln/tiny/")]
+    assert [line.split(" | ")[0] for line in lines] == ["| post-ln/tiny/training", "| post-ln/tiny/torch"]
+    assert lines[0].endswith(" MiB |") and "≤ 0.90" in lines[0] and lines[1].endswith(" |  |")
+
+
+def test_rows_are_named_and_a_wrong_name_is_refused():
+    assert benchmark.selected("post-ln/N128/*") == ["post-ln/N128/torch", "post-ln/N128/training",
+                                                    "post-ln/N128/numpy", "post-ln/N128/derived"]
+    assert len(benchmark.selected("*")) == len(rows.NAMES) == 29
+    with pytest.raises(SystemExit, match="no benchmark row 'post-ln/N64/torch'"):
+        benchmark.selected("post-ln/N64/torch")

@@ -6,15 +6,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import GENERATED, ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 
 import figure  # noqa: E402
 import operators  # noqa: E402
-from splitformer.codegen.output import write_files  # noqa: E402
-from splitformer.codegen.pipeline import generate  # noqa: E402
-from splitformer.symbolic import load_scheme  # noqa: E402
+import rows  # noqa: E402
 
 
 def test_operators_fall_into_their_kind_and_the_rest_into_other():
@@ -26,11 +24,27 @@ def test_operators_fall_into_their_kind_and_the_rest_into_other():
     assert list(totals)[-1] == operators.OTHER and sum(totals.values()) == 4.5
 
 
-@pytest.mark.parametrize("name", ["torch-inference", "torch-training"])
+@pytest.mark.parametrize("name", ["post-ln/tiny/torch", "post-ln/tiny/training"])
 def test_profile_kinds_add_up_to_the_profiled_time(tmp_path, name):
-    write_files(generate(load_scheme("post-ln"), ("torch",), tmp_path))
-    figure.write_inputs("tiny", tmp_path)
     for role in figure.ROLES:
-        top, kinds = figure.profile(figure.build(name, role, "tiny", tmp_path))
+        top, kinds = figure.profile(rows.row(name).timed(role, GENERATED, tmp_path).call)
         assert kinds["GEMM (projections, feed-forward)"] > 0 and kinds["LayerNorm"] > 0
         assert sum(kinds.values()) >= sum(row["ms_per_call"] for row in top) * (1 - 1e-9)
+
+
+def test_the_statement_profile_times_the_generated_forward_and_its_helpers(tmp_path):
+    import numpy as np
+    import numpy_profile
+
+    numpy_row = rows.row("post-ln/tiny/numpy")
+    numpy_row.prepare(tmp_path)
+    module = rows.generated(GENERATED, "numpy", "post-ln")
+    function = numpy_row.timed("candidate", GENERATED, tmp_path).call
+    spent = numpy_profile.line_profile(function, module, calls=2)
+    assert {"forward", "_attention", "_exponentials", "_layer_norm"} <= {name for name, _ in spent}
+    assert all(seconds >= 0 for seconds in spent.values())
+    lines = numpy_profile.profile_lines(function, module, calls=2)
+    assert any("_attention(" in line for line in lines) and any("_attention: " in line for line in lines)
+    assert "forward, traced (sum of the medians over 2 calls)" in lines[-1]
+    # negative control: a function outside the generated module leaves nothing to attribute
+    assert numpy_profile.line_profile(lambda: np.ones(3).sum(), module, calls=2) == {}

@@ -110,7 +110,7 @@ def test_sums_inside_an_elementwise_map_become_temporaries():
 #: A built-in each pass was written for: a pattern that stopped matching only costs speed, so
 #: no parity test would notice it.
 _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm": "llama", "unroll-pairs": "llama",
-             "fused-attention": "gpt2",
+             "fused-attention": "gpt2", "gelu": ("post-ln", "gelu"),
              "matmul": "post-ln", "fuse-projections": "llama", "reuse-buffers": "post-ln",
              "local-kernel": str(Path(__file__).parent / "schemes" / "shifted-pre-ln.toml"),
              "one-hot": str(Path(__file__).parent / "schemes" / "t5-pre-ln.toml")}
@@ -118,7 +118,8 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
 
 @pytest.mark.parametrize("name", PASSES)
 def test_every_pass_fires_on_the_builtin_it_was_written_for(name):
-    program = derive(load_scheme(_FIRES_ON[name]))
+    scheme, *activation = (_FIRES_ON[name],) if isinstance(_FIRES_ON[name], str) else _FIRES_ON[name]
+    program = derive(load_scheme(scheme).with_activation(*activation) if activation else load_scheme(scheme))
     assert lower(program, DEFAULT) != lower(program, tuple(p for p in DEFAULT if p is not PASSES[name]))
 
 

@@ -8,6 +8,7 @@ stays correct, only slower or less compact.
 from .convolution import convolution
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
+from .gelu import gelu
 from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
 from .local_kernel import local_kernel
@@ -25,6 +26,7 @@ PASSES = {
     "one-hot": one_hot,
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
+    "gelu": gelu,
     "unroll-pairs": unroll_pairs,
     "fused-attention": fused_attention,
     "matmul": matmul,

@@ -31,7 +31,7 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 __all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_only_parts", "library_class",
-           "library_name", "runs_one_of", "LIBRARIES"]
+           "library_name", "runs_one_of", "shown_class", "LIBRARIES"]
 
 #: Top-level packages whose classes adapters read by name; any other class is the user's.
 LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
@@ -179,7 +179,7 @@ def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
     return klass is not None and any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
 
 
-def _shown(part: Any) -> str:
+def shown_class(part: Any) -> str:
     """``part``'s class as a message names it: the user class and the library class it runs."""
     if library_class(part) is type(part):
         return type(part).__name__
@@ -221,7 +221,7 @@ def check_parts(owner: str, module: Any, parts: dict[str, str | tuple[str, ...] 
             raise SplitformerError(f"{owner} has no {path} (a {expected}); it is not the library's layout") from None
         names = (expected,) if isinstance(expected, str) else expected or ()
         if names and not runs_one_of(part, names):
-            raise SplitformerError(f"{owner}.{path} is {_shown(part)}, not {' or '.join(names)}; adapters "
+            raise SplitformerError(f"{owner}.{path} is {shown_class(part)}, not {' or '.join(names)}; adapters "
                                    "read the library's layer as built")
 
 

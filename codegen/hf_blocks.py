@@ -76,9 +76,20 @@ def _blocks(hf_model: Any) -> torch.nn.ModuleList:
     return getattr(getattr(hf_model, body) if body else hf_model, blocks)
 
 
+def _read_evaluated(block: torch.nn.Module) -> Any:
+    """``from_hf(block)`` of its evaluated computation, each part's mode restored after: replace_blocks carries
+    parameters, and a model being trained has its dropouts in training mode (which ``from_hf`` refuses)."""
+    modes = [(part, part.training) for part in block.modules()]
+    try:
+        return from_hf(block.eval())
+    finally:
+        for part, training in modes:
+            part.training = training
+
+
 def _replacement(old: torch.nn.Module, module, initialize: bool) -> torch.nn.Module:
     """The emitted ``Block`` of ``module`` sized as ``old``, holding the parameters they share."""
-    adapted = from_hf(old)
+    adapted = _read_evaluated(old)
     weight = next(old.parameters())
     accepted = inspect.signature(module.Block.__init__).parameters
     options = {key: value for key, value in adapted.options.items() if key in accepted}
@@ -109,7 +120,7 @@ def replace_blocks(hf_model: Any, scheme, *, activation: str | None = None, init
     ``initialize``: initialize the parameters the old blocks lack instead of refusing.
     """
     blocks = _blocks(hf_model)
-    activation = from_hf(blocks[0]).activation if activation is None else activation
+    activation = _read_evaluated(blocks[0]).activation if activation is None else activation
     module = stack_module(as_scheme(scheme, activation), causal=True)
     replaced = [SchemeBlock(_replacement(old, module, initialize), index) for index, old in enumerate(blocks)]
     for index, block in enumerate(replaced):

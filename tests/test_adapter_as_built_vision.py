@@ -93,7 +93,7 @@ def test_an_attribute_changing_the_computation_is_refused_by_name(make, deviatio
 
 @pytest.mark.parametrize("make, deviation, owner, changes", REFUSED, ids=IDS)
 def test_before_the_check_each_was_read_as_built_and_differed(make, deviation, owner, changes, monkeypatch):
-    monkeypatch.setattr(adapters, "check_as_built", lambda owner, module: None)
+    monkeypatch.setattr(adapters, "check_as_built", lambda *args, **kwargs: None)
     assert deviation(_change(make(), changes)) > 1e-5
 
 

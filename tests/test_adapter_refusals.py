@@ -49,8 +49,12 @@ def test_dropout_is_carried_and_compared():
     assert from_torch(layer).build(POST_LN).dropout == 0.25
     with pytest.raises(SplitformerError, match="the source has dropout=0.25, the Block dropout=0.0"):
         from_torch(layer).load_into(POST_LN.Block(D, HEADS, D_FF, dtype=torch.float64))
-    layer.dropout1.p = 0.5  # differing probabilities: not carried, and said
-    adapted = from_torch(layer)
+    layer.dropout1.p = 0.5  # differing probabilities: not carried, and said (in training mode: random, refused)
+    with pytest.raises(SplitformerError, match=r"^TransformerEncoderLayer\.self_attn \(MultiheadAttention\) is in "
+                                               r"training mode with dropout=0\.25: .*call \.eval\(\)") as error:
+        from_torch(layer)
+    one_line(error)
+    adapted = from_torch(layer.eval())
     assert adapted.dropout is None and any("dropout (p = 0.25, 0.5) is not carried" in note for note in adapted.notes)
     assert from_torch(layer).build(POST_LN).dropout == 0.0
 

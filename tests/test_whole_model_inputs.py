@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from splitformer import SplitformerError
 from splitformer import nn as splitformer_nn
-from splitformer.adapters import from_hf
+from splitformer.adapters import ADAPTERS, from_hf
 
 from llama_reference import llama_config, randomized
 from test_adapters import randomize
@@ -99,14 +99,15 @@ def test_the_default_rotary_embedding_is_accepted_in_float32_and_float64():
 
 
 def test_a_layer_holding_its_own_rotary_embedding_is_checked():
-    """transformers 4 put a rotary embedding in each layer's attention: the layer reader checks it (first); the
-    installed transformers builds none there, so the as-built walk refuses the extra part after it."""
+    """transformers 4 put a rotary embedding in each layer's attention: the layer reader checks it. Attached to
+    a transformers 5 layer (whose forward never calls it) it is a part the layer is not built with: refused."""
     config = llama_config()
     layer = randomized(LlamaDecoderLayer(config, 0))
     assert from_hf(layer).options["rope_theta"] == 500.0  # control: as built
     layer.self_attn.rotary_emb = LlamaRotaryEmbedding(config).double()
-    refused(from_hf, layer, r"LlamaDecoderLayer\.self_attn\.rotary_emb \(LlamaRotaryEmbedding\) is a part "
-                            "LlamaDecoderLayer does not build from this configuration")
+    assert ADAPTERS["hf", "LlamaDecoderLayer"](layer).options["rope_theta"] == 500.0
+    refused(from_hf, layer, r"LlamaDecoderLayer\.self_attn\.rotary_emb \(LlamaRotaryEmbedding\) is a part LlamaDecoderLayer "
+                            "does not build")
     with torch.no_grad():
         layer.self_attn.rotary_emb.inv_freq.mul_(0.5)
     refused(from_hf, layer, r"LlamaDecoderLayer\.self_attn\.rotary_emb\.inv_freq differs")

@@ -65,14 +65,28 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | 
     unknown = sorted(set(expected) - set(_EXPECTABLE))
     if unknown:
         raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype, network)")
-    adapted = reader(module)
-    check_as_built(name, module)  # after the reader: its own refusals name the part more precisely
+    adapted = _read(name, reader, module)
+    check_as_built(name, module, dropout=getattr(adapted, "dropout", None))  # after the reader: its refusals are more precise
     for key, wanted in expected.items():
         if wanted is not None and _expectable(name, adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={_expectable(name, adapted, key)!r}, asked for {key}={wanted!r}")
     adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted),
                       source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
+
+
+def _read(name: str, reader: Any, module: Any) -> Adapted | AdaptedModel:
+    """``reader(module)``; a part it cannot read (``AttributeError`` on a part replaced by another class) is
+    refused as ``check_as_built`` names how the module differs from the library's as built, else in one line."""
+    try:
+        return reader(module)
+    except SplitformerError:
+        raise
+    except Exception as error:
+        check_as_built(name, module)
+        raise SplitformerError(f"{name} cannot be read as the library builds it ({type(error).__name__}: "
+                               f"{str(error).splitlines()[0] if str(error) else ''}); adapters read the library's "
+                               "module as built") from None
 
 
 def _expectable(name: str, adapted: Adapted | AdaptedModel, key: str) -> Any:

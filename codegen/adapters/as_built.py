@@ -4,25 +4,29 @@ attributes (``MultiheadAttention.batch_first``, ``GPT2Attention.scale_attn_weigh
 attribute set after construction could make the source compute otherwise than what the adapter read.
 
 ``check_as_built`` builds a fresh instance of the module's library class from the same configuration (on
-the meta device: no weights) and compares each part with its counterpart there: an attribute the fresh part
-lacks is refused by name, and so is a value that differs, unless ``READS`` names it (the adapter reads that
-attribute from the part itself and checks it) or ``IMMATERIAL`` does (no forward of an evaluated module reads
-it, or it selects another kernel for the same values). Every other attribute a forward reads is thus compared
-with the value the adapter assumes. timm records no constructor arguments: ``as_built_timm`` rebuilds its parts
-from their parameters and the attributes the readers read.
+the meta device: no weights) and compares each part with its counterpart there: a part at a path where the
+fresh module has none, none where it has one, or one of another library class is refused by name, and so is
+a parameter or buffer one of them holds and the other not, and an attribute the fresh part lacks or holds with
+another value, unless ``READS`` names it (the adapter reads that attribute from the part itself and checks it)
+or ``IMMATERIAL`` does (no forward of an evaluated module reads it, or it selects another kernel for the same
+values). Every other attribute a forward reads is thus compared with the value the adapter assumes. Every
+source, with a builder or not, is refused when a part is in a training mode whose forward differs from the
+evaluated one (``check_evaluated``). timm records no constructor arguments: ``as_built_timm`` rebuilds its
+parts from their parameters and the attributes the readers read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
 from .as_built_timm import fresh_block, fresh_vision_transformer
-from .inspection import library_class, library_name, shown_class
+from .inspection import library_class, library_name, runs_one_of, shown_class
 
-__all__ = ["check_as_built", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
+__all__ = ["check_as_built", "check_evaluated", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
 
 
 def _torch_layer(cls: type, layer: Any) -> Any:
@@ -129,53 +133,106 @@ def _fresh(owner: str, module: Any) -> Any:
                                "adapters compare the module with one built as its configuration says") from None
 
 
-def check_as_built(owner: str, module: Any) -> None:
-    """Refuse a plain attribute of a part of ``module`` that the same part of a freshly built ``module`` lacks or
-    holds with another value (``READS`` and ``IMMATERIAL`` excepted); nothing when ``BUILDERS`` has no builder."""
-    import torch
-
+def check_as_built(owner: str, module: Any, *, dropout: float | None = None) -> None:
+    """Refuse ``module`` when it does not compute as its library class builds it from its configuration: a part
+    in training mode whose forward then differs (``check_evaluated``; ``dropout`` is the rate the adapter carries
+    into a generated Block that drops where the source does); and, when ``BUILDERS`` has a builder, a part, a
+    parameter or buffer, or a plain attribute (``READS`` and ``IMMATERIAL`` excepted) that the same part of a
+    freshly built ``module`` lacks or holds with another class or value."""
+    check_evaluated(owner, module, dropout)
     fresh = _fresh(owner, module)
     if fresh is None:
         return
-    state = frozenset(vars(torch.nn.Module()))
-    built = dict(fresh.named_modules(remove_duplicate=False))
-    parts = dict(module.named_modules(remove_duplicate=False))
-    _check_same_parts(owner, library_name(module), parts, built)
+    parts, built = dict(module.named_modules(remove_duplicate=False)), dict(fresh.named_modules(remove_duplicate=False))
+    _check_layout(owner, module, parts, built)
     for path, part in parts.items():
-        counterpart, klass = built[path], library_class(part)
-        reads, immaterial = READS.get(klass.__name__, frozenset()), IMMATERIAL.get(klass.__name__, {})
-        expected = vars(counterpart)
-        for name, value in vars(part).items():
-            if name in state or name in reads or name in immaterial or name in IMMATERIAL["*"]:
-                continue
-            where = f"{owner}.{path + '.' if path else ''}{name}"
-            if name not in expected and name in LOADED:
-                expected = {**expected, name: LOADED[name]}
-            if name not in expected:
-                raise SplitformerError(f"{where} is an attribute {library_name(part)} does not have as built (a "
-                                       f"{type(value).__name__}); its forward may read it, the adapter does not")
-            if not _same(value, expected[name]):
-                raise SplitformerError(f"{where} is {_brief(value)}, but {library_name(part)} is built with "
-                                       f"{_brief(expected[name])} from this configuration, which the adapter reads; "
-                                       "rebuild the module instead of setting the attribute")
+        where = f"{owner}.{path + '.' if path else ''}"
+        _check_tensors(where, part, built[path])
+        _check_attributes(where, part, built[path])
 
 
-def _check_same_parts(owner: str, name: str | None, parts: dict[str, Any], built: dict[str, Any]) -> None:
-    """Refuse a submodule (dotted path) that the fresh module lacks, that it has and ``parts`` lacks (deleted or
-    set to None), or that runs another library class than the fresh one there: every part, inside the blocks or
-    not (an embedding's dropout replaced by ``nn.Tanh()``), is the one the library builds from the configuration."""
-    for path in sorted(parts.keys() | built.keys()):
-        where = f"{owner}.{path}"
+def _check_layout(owner: str, module: Any, parts: dict[str, Any], built: dict[str, Any]) -> None:
+    """Refuse a part the fresh module lacks, one it has that ``module`` lacks, and one of another library class."""
+    builds = f"{library_name(module)} builds"
+    for path, part in parts.items():
         if path not in built:
-            raise SplitformerError(f"{where} ({type(parts[path]).__name__}) is a part {name} does not build from this "
-                                   "configuration; the adapter reads the library's parts only")
-        expected = library_name(built[path])
+            raise SplitformerError(f"{owner}.{path} ({shown_class(part)}) is a part {library_name(module)} does not "
+                                   "build from this configuration; its forward may call it, the adapter does not read it")
+    for path, counterpart in built.items():
         if path not in parts:
-            raise SplitformerError(f"{where} is missing (deleted or None); {name} builds a {expected} there from this "
-                                   "configuration, which the adapter reads")
-        if library_class(parts[path]) is not library_class(built[path]):
-            raise SplitformerError(f"{where} is {shown_class(parts[path])}, but {name} builds a {expected} there from this "
-                                   "configuration; the adapter reads the library's parts as built")
+            raise SplitformerError(f"{owner}.{path} is missing: {builds} a {library_name(counterpart)} there from this "
+                                   "configuration; adapters read the library's module as built")
+        if library_class(parts[path]) is not library_class(counterpart):
+            raise SplitformerError(f"{owner}.{path} is {shown_class(parts[path])}, not the {library_name(counterpart)} "
+                                   f"{builds} there from this configuration; adapters read the library's module as built")
+
+
+def _check_tensors(where: str, part: Any, counterpart: Any) -> None:
+    """Refuse a parameter or buffer that ``part`` holds and its fresh counterpart does not (``None`` there, a
+    ``bias`` on a bias-less convolution), or the reverse."""
+    for kind, noun in (("_parameters", "parameter"), ("_buffers", "buffer")):
+        held = {name for name, tensor in vars(part)[kind].items() if tensor is not None}
+        expected = {name for name, tensor in vars(counterpart)[kind].items() if tensor is not None}
+        differing = sorted(held ^ expected)
+        if differing:
+            name = differing[0]
+            state, other = ("holds a", "none") if name in held else ("has no", "one")
+            raise SplitformerError(f"{where}{name}: {library_name(part)} {state} {noun} {name} here, but is built "
+                                   f"with {other} from this configuration; adapters read the library's module as built")
+
+
+def _check_attributes(where: str, part: Any, counterpart: Any) -> None:
+    """Refuse a plain attribute of ``part`` that ``counterpart`` lacks or holds with another value."""
+    name = library_name(part) or ""
+    reads, immaterial = READS.get(name, frozenset()), IMMATERIAL.get(name, {})
+    expected = vars(counterpart)
+    for attribute, value in vars(part).items():
+        if attribute in _module_state() or attribute in reads or attribute in immaterial or attribute in IMMATERIAL["*"]:
+            continue
+        if attribute not in expected and attribute in LOADED:
+            expected = {**expected, attribute: LOADED[attribute]}
+        if attribute not in expected:
+            raise SplitformerError(f"{where}{attribute} is an attribute {name} does not have as built (a "
+                                   f"{type(value).__name__}); its forward may read it, the adapter does not")
+        if not _same(value, expected[attribute]):
+            raise SplitformerError(f"{where}{attribute} is {_brief(value)}, but {name} is built with "
+                                   f"{_brief(expected[attribute])} from this configuration, which the adapter reads; "
+                                   "rebuild the module instead of setting the attribute")
+
+
+@cache
+def _module_state() -> frozenset[str]:
+    """What every ``torch.nn.Module`` holds (parts, tensors, hooks, ``training``): compared elsewhere, or not an attribute."""
+    import torch
+
+    return frozenset(vars(torch.nn.Module()))
+
+
+def check_evaluated(owner: str, module: Any, dropout: float | None = None) -> None:
+    """Refuse a part in training mode whose forward then computes otherwise than evaluated: a BatchNorm (batch
+    statistics), or a part that drops at random with a rate above 0 (``Dropout.p``, ``DropPath.drop_prob``,
+    ``PatchDropout.prob``, an attention's ``dropout``…) unless the adapter carries that rate as ``dropout``."""
+    for path, part in module.named_modules():
+        if not part.training:
+            continue
+        where = f"{owner}.{path}" if path else owner
+        if runs_one_of(part, ("_BatchNorm",)):
+            raise SplitformerError(f"{where} ({library_name(part)}) is in training mode: it normalizes with the "
+                                   "batch's statistics, the generated code with its running ones; call .eval() on the module")
+        rates = _drop_rates(part)
+        if rates and set(rates.values()) != {dropout}:
+            name, rate = next(iter(rates.items()))
+            raise SplitformerError(f"{where} ({shown_class(part)}) is in training mode with {name}={rate}: its forward "
+                                   "drops at random, which the generated code does not; call .eval() on the module")
+
+
+def _drop_rates(part: Any) -> dict[str, float]:
+    """The positive drop rates among ``part``'s plain attributes: any named ``*drop*``, and ``p``/``prob`` of a
+    library class named ``*Drop*`` (``Dropout``, ``PatchDropout``)."""
+    dropping = "Drop" in (library_name(part) or "")
+    return {name: float(value) for name, value in vars(part).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            and ("drop" in name.lower() or (dropping and name in ("p", "prob")))}
 
 
 def _brief(value: Any) -> str:

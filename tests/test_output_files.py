@@ -19,11 +19,13 @@ def _tree(folder):
 
 @pytest.fixture(scope="module")
 def derived(tmp_path_factory):
-    """A folder holding a previous ``derive post-ln``, each file marked as old."""
+    """A folder holding a previous ``derive post-ln``, each module and report marked as old (a package
+    ``__init__.py`` marked would be a user's, kept)."""
     folder = tmp_path_factory.mktemp("derived")
     assert main(["derive", "post-ln", "--out", str(folder)]) == 0
     for path in folder.rglob("*.*"):
-        path.write_text(path.read_text() + "# old\n")
+        if path.name != "__init__.py":
+            path.write_text(path.read_text() + "# old\n")
     return _tree(folder)
 
 
@@ -64,7 +66,7 @@ def test_a_failure_while_staging_removes_temporaries_and_new_folders(derived, tm
 
     def failing(*arguments, **keywords):
         calls.append(1)
-        if len(calls) == 4:
+        if len(calls) == 3:  # two staged already, in either folder
             raise OSError(28, "No space left on device")
         return real(*arguments, **keywords)
 

@@ -121,6 +121,8 @@ class _Embedded(torch.nn.Module):
         """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack."""
         if self.rotary:
             return u, {"positions": positions}
+        if not _compiling() and int(positions.min()) < 0:
+            raise ValueError(f"positions must be ≥ 0 (learned positions 0 … max_tokens − 1), got {int(positions.min())}")
         if not _compiling() and int(positions.max()) >= self.max_tokens:
             raise ValueError(f"position {int(positions.max())} is past max_tokens = {self.max_tokens}")
         return u + self.positions(positions), {}

@@ -22,6 +22,7 @@ from .adapters import from_hf
 from .adapters.hf_llama import check_rotary
 from .adapters.as_built import check_as_built
 from .adapters.inspection import check_computation, check_parts, library_name
+from .adapters.sharing import check_shared_storage
 from .nn import LanguageModel
 
 __all__ = ["from_hf_lm"]
@@ -88,11 +89,12 @@ def from_hf_lm(model: Any) -> LanguageModel:
     check_computation(name, model)  # hooks, overrides, instance methods on every part, not only the blocks
     _check_causal_masks(name, model, len(parts["blocks"]), parts["runs"])
     check_parts(name, model, parts["layout"] | ({"lm_head": "Linear"} if parts["head"] is not None else {}))
+    head = parts["head"]
+    tied = head is None or head.weight is parts["embed"].weight
+    check_shared_storage(name, model, exempt={"lm_head.weight"} if tied else ())  # across blocks and parts
     layers = [from_hf(block) for block in parts["blocks"]]
     first, norm = layers[0], parts["norm"]
     embedding = parts["embed"].weight
-    head = parts["head"]
-    tied = head is None or head.weight is embedding
     if getattr(head, "bias", None) is not None:
         raise SplitformerError(f"{type(model).__name__}.lm_head has a bias; the LanguageModel head has none")
     options = {key: first.options[key] for key in ("n_kv_heads", "rope_theta") if key in first.options}

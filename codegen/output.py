@@ -3,8 +3,8 @@
 1. Check every target before touching the disk: not a folder, folders creatable, names
    short enough, and an existing file is one splitformer wrote unless ``force``: its header
    line stands where splitformer puts it (the first line, or the first after the first blank
-   line; a mention further down does not count), or an ``__init__.py`` starts with the package
-   file's line. A package ``__init__.py`` that someone else wrote is left as it is, even with
+   line; a mention further down does not count), or an ``__init__.py`` holds exactly the package
+   file's text (one line). A package ``__init__.py`` that someone else wrote is left as it is, even with
    ``force``: the package imports either way.
    With a ``root`` (``--out``, ``write(out)``), every target must lie inside it once symbolic
    links and ``..`` are resolved: output never lands outside the folder it was given.
@@ -111,7 +111,7 @@ _PNG_MARK = (b"\x89PNG\r\n\x1a\n", 37, b"tEXtSoftware\x00" + MARKER.encode())
 
 def _written_by_us(header: bytes, name: str) -> bool:
     """Whether ``header`` starts a file named ``name`` that splitformer writes: its exact header line where
-    splitformer puts it (``_header_lines``), or for an ``__init__.py`` the package file's line; not a
+    splitformer puts it (``_header_lines``), or for an ``__init__.py`` exactly the package file's text; not a
     mention of either further down, nor the package line in a file of another name."""
     signature, offset, chunk = _PNG_MARK
     if header.startswith(signature):
@@ -120,7 +120,7 @@ def _written_by_us(header: bytes, name: str) -> bool:
     json_header = _JSON_HEADER.match(text)
     if json_header is not None:
         return _HEADER_LINE.fullmatch(json_header.group(1)) is not None
-    if name == "__init__.py" and text.startswith(PACKAGE_INIT):
+    if name == "__init__.py" and text == PACKAGE_INIT:  # lines a user added make it theirs: kept, never rewritten
         return True
     return any(_HEADER_LINE.fullmatch(line) for line in _header_lines(text))
 

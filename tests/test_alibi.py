@@ -174,6 +174,28 @@ def test_cached_decoding_keeps_the_key_positions(modules):
     assert np.abs(shifted - full[:, 3:]).max() > 1e-6
 
 
+def test_torch_cached_decoding_copies_the_callers_positions(modules):
+    """attack11 F4: the first call stored ``positions`` (a view of the caller's tensor) in the cache, so a loop
+    refilling one positions buffer in place rewrote the cached key positions (0.0151 off the full pass)."""
+    import torch
+
+    _, numpy_module, torch_module = modules[True]
+    rng = np.random.default_rng(11)
+    params, u = _params(numpy_module, rng), torch.tensor(rng.standard_normal((2, 5, D)))
+    block = torch_module.Block(D, HEADS, D_FF, eps=EPS, dtype=torch.float64).load_params(params)
+    positions = torch.tensor([0.0, 2.0, 3.0, 5.0, 6.0])
+    with torch.no_grad():
+        full = block(u, positions=positions)
+        for reuse in (False, True):  # control: a fresh positions tensor per call
+            cache, parts, buffer = {}, [], torch.empty(1, dtype=torch.float64)
+            for token in range(5):
+                given = buffer if reuse else torch.empty(1, dtype=torch.float64)
+                given.fill_(positions[token])
+                parts.append(block(u[:, token:token + 1], positions=given, cache=cache))
+            assert (torch.cat(parts, dim=1) - full).abs().max() <= 1e-12
+            assert cache["attn.pos_k"].untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+
+
 def test_splitformer_check_passes_on_the_plugin(modules):
     path = modules[True][0]
     result = subprocess.run([sys.executable, "-m", "splitformer", "check", "--load", str(PLUGIN), str(path),

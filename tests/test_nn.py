@@ -133,3 +133,8 @@ def test_bad_schemes_and_arguments():
         model.generate(torch.tensor([[1]]), 7)
     with pytest.raises(ValueError, match="position 6 is past max_tokens"):
         model(torch.ones(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="positions must be ≥ 0 .*, got -1"):  # attack11 F6: was nn.Embedding's IndexError
+        model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[-1, 0, 1]]))
+    with pytest.raises(ValueError, match="positions must be integer positions"):
+        model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[0.0, 1.0, 2.0]]))
+    assert model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[0, 1, 5]])).shape == (1, 3, VOCAB)  # control

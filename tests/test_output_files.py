@@ -19,11 +19,13 @@ def _tree(folder):
 
 @pytest.fixture(scope="module")
 def derived(tmp_path_factory):
-    """A folder holding a previous ``derive post-ln``, each file marked as old."""
+    """A folder holding a previous ``derive post-ln``, each module and report marked as old (a package
+    ``__init__.py`` marked would be a user's, kept)."""
     folder = tmp_path_factory.mktemp("derived")
     assert main(["derive", "post-ln", "--out", str(folder)]) == 0
     for path in folder.rglob("*.*"):
-        path.write_text(path.read_text() + "# old\n")
+        if path.name != "__init__.py":
+            path.write_text(path.read_text() + "# old\n")
     return _tree(folder)
 
 
@@ -64,7 +66,7 @@ def test_a_failure_while_staging_removes_temporaries_and_new_folders(derived, tm
 
     def failing(*arguments, **keywords):
         calls.append(1)
-        if len(calls) == 4:
+        if len(calls) == 3:  # two staged already, in either folder
             raise OSError(28, "No space left on device")
         return real(*arguments, **keywords)
 
@@ -196,7 +198,25 @@ def test_every_file_derive_writes_is_recognized_as_its_own(tmp_path):
     for path in tmp_path.rglob("*.*"):
         path.write_text(path.read_text() + "\n# edited\n")
     assert main(["derive", "post-ln", "--out", str(tmp_path)]) == 0
-    assert not any("# edited" in path.read_text() for path in tmp_path.rglob("*.*"))
+    edited = {path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*.*") if "# edited" in path.read_text()}
+    assert edited == {"__init__.py", "numpy/__init__.py", "torch/__init__.py"}  # a package file edited is the user's
+
+
+def test_lines_a_user_adds_to_a_package_init_are_kept(tmp_path, capsys):
+    """attack11 F5: a later derive rewrote an ``__init__.py`` that started with the package line, dropping the
+    lines the user had added (0 of 1 left). Only the exact package text is splitformer's; anything else is kept."""
+    assert main(["derive", "pre-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    inits = [tmp_path / "__init__.py", tmp_path / "numpy" / "__init__.py"]
+    assert all(path.read_text() == output.PACKAGE_INIT for path in inits)
+    inits[1].write_text(output.PACKAGE_INIT + "from .helpers import my_function  # user line\n")
+    capsys.readouterr()
+    for force in ([], ["--force"]):
+        assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy", *force]) == 0
+        out = capsys.readouterr().out
+        assert inits[1].read_text().endswith("# user line\n") and f"kept {inits[1]} (not written by splitformer" in out
+        assert inits[0].read_text() == output.PACKAGE_INIT and f"kept {inits[0]}" not in out  # control: splitformer's
+    inits[1].write_text(output.PACKAGE_INIT.replace("splitformer", "splitformer (edited)"))
+    assert not output._written_by_us(inits[1].read_bytes(), "__init__.py")
 
 
 def test_a_killed_runs_temporaries_are_removed_by_the_next_write_and_nothing_else(tmp_path):

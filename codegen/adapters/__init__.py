@@ -31,6 +31,7 @@ from .as_built import check_as_built
 from .inspection import check_computation, library_name, runs_one_of
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
+from .sharing import check_shared_storage
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
 from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
 
@@ -62,6 +63,7 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | 
     if dtype is not None:
         floating_dtype(dtype)
     check_computation(name, module)
+    check_shared_storage(name, module)
     unknown = sorted(set(expected) - set(_EXPECTABLE))
     if unknown:
         raise SplitformerError(f"unknown expectation {unknown[0]!r} (known: {', '.join(_EXPECTABLE)}, dtype, network)")

@@ -677,17 +677,19 @@ def _grid(size: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
-    """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back; the first store
+    is a copy, since ``new`` may view the caller's arguments, which the caller may refill in place)."""
     if cache is None:
         return new
-    if key in cache:
-        old = cache[key]
-        if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
-            raise ValueError(f"cache['{key}'] holds {old.dtype} {list(old.shape)}, incompatible with "
-                             f"{new.dtype} {list(new.shape)}")
-        new = torch.cat((old, new), dim=1)
-    cache[key] = new
-    return new
+    if key not in cache:
+        cache[key] = new.clone()
+        return new
+    old = cache[key]
+    if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
+        raise ValueError(f"cache['{key}'] holds {old.dtype} {list(old.shape)}, incompatible with "
+                         f"{new.dtype} {list(new.shape)}")
+    cache[key] = torch.cat((old, new), dim=1)
+    return cache[key]
 
 
 class _Group(torch.nn.Module):

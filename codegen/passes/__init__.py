@@ -37,7 +37,7 @@ DEFAULT = tuple(PASSES.values())
 #: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
 #: recognized; their arrays are kept for the adjoint's recomputation or read by the chaining, so they are
 #: merged and fused, never reused in place.
-NETWORK_STAGE = (convolution, inline_elementwise, layer_norm, fused_attention, matmul)
+NETWORK_STAGE = (convolution, inline_elementwise, layer_norm, gelu, fused_attention, matmul)
 
 
 def run_passes(module, passes: tuple = DEFAULT):

@@ -263,6 +263,24 @@ def _erf_block(x):
     return np.where(np.abs(x) <= 1, inner, outer)
 
 
+def _gelu(x):
+    """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each
+    evaluated in place: the operations of the formula in its order, without its temporaries."""
+    flat = np.ravel(x)
+    out = np.empty_like(flat)
+    single = flat.dtype in (np.float32, np.float16)
+    for start in range(0, flat.size, 1 << 14):
+        block = flat[start:start + (1 << 14)]
+        value = block * math.sqrt(2)
+        value /= 2
+        value = _erf_single(value.astype(np.float64)).astype(flat.dtype) if single else _erf_block(value)
+        value += 1
+        value *= block
+        value /= 2
+        out[start:start + (1 << 14)] = value
+    return out.reshape(np.shape(x))
+
+
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -775,7 +793,7 @@ def _step(u0, p, config, eps):
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = _gelu(ffn_w)
     del ffn_w
     # F^ffn[i, l] = b_2[l] + Σ_z(W_2[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
@@ -967,7 +985,7 @@ def _step_cls(u0, p, config, eps):
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = _gelu(ffn_w)
     del ffn_w
     # F^ffn[i, l] = b_2[l] + Σ_z(W_2[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2

@@ -174,10 +174,35 @@ def _check_source(scheme: Scheme) -> None:
                                    "build the scheme anew (splitformer.scheme(...)) instead of editing a copy")
 
 
+def _configuration(module: torch.nn.Module) -> dict:
+    """A module's plain attributes (``eps``, ``bias``, ``n_heads``, …), not its tensors, submodules or mode."""
+    return {name: value for name, value in vars(module).items() if not name.startswith("_") and name != "training"}
+
+
+def _check_stack_as_built(model: LanguageModel) -> None:
+    """Refuse a model whose Stack was edited after construction: the config stores ``model.arguments``, and
+    ``from_pretrained`` rebuilds the Stack those arguments build (on the meta device: no memory, no values)."""
+    rebuilt = LanguageModel(**model.arguments, device="meta").stack
+    pairs = [("the Stack", model.stack, rebuilt)]
+    if len(model.stack.layers) == len(rebuilt.layers):
+        pairs += [(f"the Stack layers[{index}]", *pair) for index, pair in enumerate(zip(model.stack.layers, rebuilt.layers))]
+    else:
+        raise SplitformerError(f"to_hf: the Stack has {len(model.stack.layers)} layers, its arguments build "
+                               f"{len(rebuilt.layers)}; the config would rebuild the latter")
+    for where, module, built in pairs:
+        have, wanted = _configuration(module), _configuration(built)
+        for name in sorted(have.keys() | wanted.keys()):
+            if have.get(name) != wanted.get(name):
+                raise SplitformerError(f"to_hf: {where} has {name}={have.get(name)!r} but the model's arguments "
+                                       f"(what the config stores) build {name}={wanted.get(name)!r}; build the "
+                                       "LanguageModel with that value instead of editing it afterwards")
+
+
 def to_hf(model: LanguageModel) -> SplitformerForCausalLM:
     """``model`` as a transformers causal LM sharing its parameters (same dtype and device)."""
     if not isinstance(model, LanguageModel):
         raise SplitformerError(f"to_hf takes a splitformer.nn.LanguageModel, got {type(model).__name__}")
+    _check_stack_as_built(model)
     arguments = dict(model.arguments)
     fields = _scheme_fields(arguments.pop("scheme"))
     tied = arguments.pop("tie_weights")

@@ -66,6 +66,21 @@ def stack_module(scheme: Scheme | str | Path | types.ModuleType, *, causal: bool
     return module
 
 
+def _encoder_module(scheme: Scheme | str | Path | types.ModuleType, model: str) -> types.ModuleType:
+    """``stack_module`` of ``scheme`` for a ``model`` that attends both ways: a scheme declaring
+    ``causal = true`` (a decoder-only scheme such as ``gpt2``) is refused by name."""
+    if not isinstance(scheme, types.ModuleType):
+        from .api import as_scheme
+
+        if not (isinstance(scheme, str) and scheme in builtin_names()):
+            scheme = as_scheme(scheme)  # the file read once
+        declared = as_scheme(scheme)
+        if declared.causal:
+            raise SplitformerError(f"{declared.name}: the scheme declares causal = true, but a {model} attends both "
+                                   "ways; build it over a non-causal scheme (a causal one suits LanguageModel)")
+    return stack_module(scheme, causal=False)
+
+
 def _takes_positions(module: types.ModuleType) -> bool:
     """Whether the scheme places tokens itself (rotary attention: its ``Stack`` takes ``positions``)."""
     return "positions" in inspect.signature(module.Stack.forward).parameters
@@ -280,7 +295,7 @@ class Classifier(_Embedded):
                 raise ValueError(f"{name} must be a positive int, got {size!r}")
         if pooling not in ("mean", "class"):
             raise ValueError(f"pooling must be 'mean' or 'class', got {pooling!r}")
-        module = stack_module(scheme, causal=False)
+        module = _encoder_module(scheme, "Classifier")
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.pooling = module.SCHEME, vocab_size, pooling
         self.embed = (torch.nn.Embedding(vocab_size, d_model, **factory) if vocab_size is not None
@@ -350,7 +365,7 @@ class TextEncoder(_Embedded):
         for name, flag in (("embedding_norm", embedding_norm), ("pooler", pooler)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        module = stack_module(scheme, causal=False)
+        module = _encoder_module(scheme, "TextEncoder")
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.n_token_types = module.SCHEME, vocab_size, n_token_types
         self.embed = torch.nn.Embedding(vocab_size, d_model, **factory)

@@ -253,3 +253,23 @@ def test_a_scheme_whose_source_text_says_otherwise_is_refused():
                                                r"text \(what the config stores\) says True") as error:
         to_hf(language_model(edited))
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("edit", ["every layer and the Stack", "one layer"])
+def test_a_stack_edited_after_construction_is_refused(edit, tmp_path):
+    """The config stores the constructor's arguments: an ``eps`` set afterwards would be lost on reload (found by an
+    attacker: the reloaded model's logits off by 0.272, no error). Control: the unedited model round-trips."""
+    model = language_model("pre-ln")
+    tokens = torch.tensor([[5, 9, 2, 7, 30]])
+    to_hf(model).save_pretrained(tmp_path)  # control: unedited, it is written and reads back exactly
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        assert torch.equal(back(tokens).logits, model.eval()(tokens))
+    edited = model.stack.layers if edit == "one layer" else [*model.stack.layers, model.stack]
+    for module in edited[-1:] if edit == "one layer" else edited:
+        module.eps = 0.5
+    where = "the Stack layers\\[1\\]" if edit == "one layer" else "the Stack"
+    with pytest.raises(SplitformerError, match=rf"^to_hf: {where} has eps=0.5 but the model's arguments \(what the "
+                                               r"config stores\) build eps=1e-05") as error:
+        to_hf(model)
+    assert "\n" not in str(error.value)

@@ -1118,6 +1118,12 @@ class Block(_CanonicalModule):
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        if chi is not None and chi.requires_grad:
+            raise ValueError("backward='derived' reads key_padding_mask and src_mask as data, and one requires grad here: "
+                             "it has no derived gradient; use backward='autograd'")
+        if chi_m is not None and chi_m.requires_grad:
+            raise ValueError("backward='derived' reads memory_key_padding_mask as data, "
+                             "and it requires grad here: it has no derived gradient; use backward='autograd'")
         params = [_tensor(self, name) for name in PARAMETERS]
         return _DerivedStep.apply(u0, mem, chi, self.eps, self.n_heads, (chi_m,), *params)
 

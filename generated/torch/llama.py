@@ -878,6 +878,12 @@ class Block(_CanonicalModule):
         """One step whose backward is the derived adjoint (``_DerivedStep``)."""
         if dropout_p > 0.0:
             raise ValueError("backward='derived' has no dropout: use dropout=0 or eval mode")
+        if chi is not None and chi.requires_grad:
+            raise ValueError("backward='derived' reads key_padding_mask and src_mask as data, and one requires grad here: "
+                             "it has no derived gradient; use backward='autograd'")
+        if pos is not None and pos.requires_grad:
+            raise ValueError("backward='derived' reads positions as data, "
+                             "and it requires grad here: it has no derived gradient; use backward='autograd'")
         params = [_tensor(self, name) for name in PARAMETERS]
         return _DerivedStep.apply(u0, chi, self.eps, self.n_heads, (n_kv_heads, pos, rope_theta), *params)
 

@@ -1,0 +1,35 @@
+"""``backward="derived"`` reads masks and positions as data: one that requires grad is refused by name
+(autograd would differentiate it; the derived adjoint has no gradient for it and would leave ``.grad`` None)."""
+
+import pytest
+import torch
+
+from conftest import GENERATED, import_path
+
+
+def _block(name, backward):
+    module = import_path(GENERATED / "torch" / f"{name}.py")
+    torch.manual_seed(0)
+    block = module.Block(16, 4, 32, backward=backward) if name != "llama" else module.Block(16, 4, 32, n_kv_heads=2, backward=backward)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    return block.double()
+
+
+def _inputs():
+    torch.manual_seed(1)
+    return torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("name, argument", [("llama", "positions"), ("post_ln", "src_mask"), ("post_ln", "key_padding_mask")])
+def test_a_data_input_that_requires_grad_is_refused_under_the_derived_backward(name, argument):
+    value = {"positions": torch.arange(5.0).expand(2, 5).clone(), "src_mask": 0.1 * torch.randn(5, 5),
+             "key_padding_mask": 0.1 * torch.randn(2, 5)}[argument].double().requires_grad_()
+    u = _inputs()
+    _block(name, "autograd")(u, **{argument: value}).sum().backward()  # control: autograd differentiates it
+    assert value.grad is not None and value.grad.abs().max() > 1e-6
+    value.grad = None
+    with pytest.raises(ValueError, match=rf"backward='derived' reads .*{argument if argument == 'positions' else 'mask'}.* requires grad"):
+        _block(name, "derived")(_inputs(), **{argument: value})
+    out = _block(name, "derived")(_inputs(), **{argument: value.detach()})  # control: as data, it runs
+    assert torch.isfinite(out).all()

@@ -98,8 +98,17 @@ def read_encoder(encoder: Any) -> Adapted:
         scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
         n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
         tied=shared_layers("TransformerEncoder.layers", list(encoder.layers)),
-        source=("torch", "TransformerEncoder"), notes=first.notes, batch_first=first.batch_first, dropout=first.dropout,
+        source=("torch", "TransformerEncoder"), notes=first.notes + _nested_note(encoder), batch_first=first.batch_first,
+        dropout=first.dropout,
     )
+
+
+def _nested_note(encoder: Any) -> tuple[str, ...]:
+    """With nested tensors on (torch's default), the encoder's eval fast path returns 0 at padded tokens."""
+    if not getattr(encoder, "enable_nested_tensor", False):
+        return ()
+    return ("enable_nested_tensor=True: under a src_key_padding_mask, torch's eval fast path returns 0 at padded "
+            "tokens, which the generated Stack computes like any other; valid tokens agree, padded rows do not",)
 
 
 @writer("torch", "TransformerEncoderLayer")

@@ -1,6 +1,9 @@
-"""Emission of whole models: the lowered stages through a backend's model template."""
+"""Emission of whole networks: one description per network (its derived programs, parameter tables, inputs,
+the public functions it exports) through the one network template, ``templates/network_module.py.j2``."""
 
 from __future__ import annotations
+
+import re
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.cvt import CvtProgram
@@ -15,38 +18,42 @@ from .network_inputs import NETWORK_INPUTS, signature
 from .render import backward_context, environment, unit_context
 from .stage_render import program_context
 
-__all__ = ["render_model", "render_grid_model", "render_cvt"]
+__all__ = ["render_network"]
 
 
-def _uses(programs) -> set[str]:
-    """The names the functions of ``programs`` (program contexts, backward contexts) read besides arrays."""
-    return set().union(*(program[part]["uses"] for program in programs for part in ("run", "forward", "adjoint")
-                         if part in program))
+def _table(name: str, doc: str, parameters: list[dict], prefix: str = "", suffix: str = "") -> dict:
+    """A parameter table of the module (``name = {canonical name: shape}``) and its docstring listing."""
+    return {"name": name, "doc": doc, "parameters": parameters, "prefix": prefix, "suffix": suffix}
 
 
-def render_model(model: ModelProgram, backend: str, passes=None) -> str:
-    """The source of the generated ``backend`` module of ``model``: its embedding (its initial condition
-    on the tokens as layout assignments, ``symbolic.model_adjoint.embedding_program``) and readout as
-    derived programs, its step and final projection as a block's, each with its derived backward."""
+def _head(parameters: list[dict], backend: str) -> dict:
+    return _table("HEAD_PARAMETERS", "The readout's parameters (``logits``).", parameters,
+                  suffix="      (logits only)" if backend == "numpy" else "      (n_classes > 0)")
+
+
+def _token(model: ModelProgram, backend: str, passes) -> dict:
+    """ViT-like networks: the embedding (its initial condition on the tokens as layout assignments,
+    ``symbolic.model_adjoint.embedding_program``) and readout as derived programs, the step and final
+    projection as a block's, each with its derived backward."""
     adjoint = derive_model_adjoint(model)
-    embedding = program_context(embedding_program(model), INPUT, backend, getattr(model.spec.embedding, "sizes", dict)())
-    readout = program_context(readout_program(model), "u", backend)
+    programs = {"embedding": program_context(embedding_program(model), INPUT, backend,
+                                             getattr(model.spec.embedding, "sizes", dict)()),
+                "readout": program_context(readout_program(model), "u", backend)}
+    embedding, readout = programs["embedding"]["run"]["parameters"], programs["readout"]["run"]["parameters"]
     step = unit_context(lower(model.step, passes), backend)
     final = unit_context(lower(model.final, passes), backend) if model.final is not None else None
-    vjp = {"step": backward_context(lower_adjoint(adjoint.step, passes), backend), "embedding": embedding,
-           "readout": readout, "final": backward_context(lower_adjoint(adjoint.final, passes), backend)
-           if adjoint.final is not None else None}
-    template = environment().get_template(f"{backend}/model.py.j2")
-    return template.render(
-        model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__, signature=signature,
-        inputs=NETWORK_INPUTS["model"][backend],
-        computes=network_fingerprint(model.spec), embedding=embedding["run"], block=step, final=final,
-        readout=readout["run"], vjp=vjp, head={"name": readout["run"]["parameters"][0]["name"], "programs": ["readout"]},
-        adjoints={"embedding": "embedding_vjp", "step": "step_adjoint", **({"final_norm": "final_adjoint"} if final else {}),
-                  "readout": "readout_vjp"},
-        uses=_uses([embedding, readout, vjp["step"], *([vjp["final"]] if final else [])])
-        | step["uses"] | (final["uses"] if final else set()),
-    )
+    units = {"step": backward_context(lower_adjoint(adjoint.step, passes), backend),
+             "final": backward_context(lower_adjoint(adjoint.final, passes), backend) if final else None}
+    tables = [_table("PARAMETERS", "Canonical names and shapes of the embedding"
+                     + (" and the final projection." if final else "."), embedding + (final["parameters"] if final else [])),
+              _table("LAYER_PARAMETERS", "The parameters of one step, under ``layers.<n>.`` for layer n = 0, 1, …",
+                     step["parameters"], "layers.<n>."), _head(readout, backend)]
+    return {"kind": "token", "title": model.spec.name, "summary": model.spec.summary, "spec": model.spec,
+            "programs": programs, "tables": tables, "scheme": model.spec.scheme, "block": step, "final": final,
+            "units": units, "head": {"name": readout[0]["name"], "programs": ["readout"]},
+            "adjoints": {"embedding": "embedding_vjp", "step": "step_adjoint",
+                         **({"final_norm": "final_adjoint"} if final else {}), "readout": "readout_vjp"},
+            "uses": step["uses"] | (final["uses"] if final else set()) | _uses(units.values())}
 
 
 def _grid_line(operator) -> str | None:
@@ -59,49 +66,70 @@ def _grid_line(operator) -> str | None:
     return None
 
 
-def _channels(stages, default: str) -> str:
-    """The code name of the channel domain the last channel-changing stage writes."""
+def _channels(stages) -> str:
+    """The code name of the channel domain the last channel-changing stage writes (``n_channels``: none)."""
     for stage in reversed(stages):
         if stage.operator.kind in ("convolution", "transposed-convolution"):
             return "d" if stage.operator.outputs == "y" else "n_channels"
-    return default
+    return "n_channels"
 
 
-def render_grid_model(model: GridModelProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of a grid step (``resnet-block``, ``unet-level``):
-    one derived program per transfer (``with``: the transfer stages, ``identity``: R = 1;
-    ``symbolic.model_adjoint.grid_program``) and the checks of its grids and channels."""
+def _grid(model: GridModelProgram, backend: str, passes) -> dict:
+    """A grid step (``resnet-block``, ``unet-level``): one derived program per transfer (``with``: the
+    transfer stages, ``identity``: R = 1; ``symbolic.model_adjoint.grid_program``) and its grids and channels."""
     sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in model.stages()}
-    vjp = {"with" if transfer else "identity": program_context(grid_program(model, transfer), INPUT_STATE, backend,
-                                                               group_sizes=sizes)
-           for transfer in ((True, False) if model.transfer else (False,))}
-    field = vjp["identity"]["run"]["parameters"]
-    transfer = [p for p in vjp["with"]["run"]["parameters"] if p not in field] if "with" in vjp else []
-    template = environment().get_template(f"{backend}/grid_model.py.j2")
-    return template.render(
-        model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
-        inputs=NETWORK_INPUTS["grid_model"][backend], signature=signature,
-        field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
-        transfer={"parameters": transfer,
-                  "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
-        field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        uses=_uses(vjp.values()), vjp=vjp, head=None, adjoints={f"step_{name}": f"step_{name}_vjp" for name in vjp},
-    )
+    programs = {f"step_{'with' if transfer else 'identity'}": program_context(
+        grid_program(model, transfer), INPUT_STATE, backend, group_sizes=sizes)
+        for transfer in ((True, False) if model.transfer else (False,))}
+    field = programs["step_identity"]["run"]["parameters"]
+    transfer = [p for p in programs["step_with"]["run"]["parameters"] if p not in field] if model.transfer else []
+    return {"kind": "grid", "title": model.spec.name, "summary": model.spec.summary, "spec": model.spec,
+            "programs": programs, "head": None, "adjoints": {name: f"{name}_vjp" for name in programs},
+            "tables": [_table("PARAMETERS", "Canonical names and shapes of F's parameters.", field),
+                       _table("TRANSFER_PARAMETERS", "The transfer R's parameters (absent: R is the identity).",
+                              transfer)],
+            "grids": {part: [line for stage in stages if (line := _grid_line(stage.operator))]
+                      for part, stages in (("field", model.field), ("transfer", model.transfer))},
+            "channels": (_channels(model.field), _channels(model.transfer)), "uses": set()}
 
 
-def render_cvt(model: CvtProgram, backend: str) -> str:
-    """The source of the generated ``backend`` module of CvT: its derived programs
-    (``symbolic.cvt_adjoint``; the forward chains them through the stages) and their adjoints."""
+def _cvt(model: CvtProgram, backend: str, passes) -> dict:
+    """CvT: its derived programs (``symbolic.cvt_adjoint``; the forward chains them through the stages)."""
     programs = {name: program_context(piece.program, piece.input, backend, piece.sizes)
                 for name, piece in cvt_programs(model).items()}
-    template = environment().get_template(f"{backend}/cvt.py.j2")
-    return template.render(
-        name=model.name, summary=model.summary, version=__version__, inputs=NETWORK_INPUTS["cvt"][backend],
-        signature=signature,
-        computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)),
-        stage_parameters=programs["embedding"]["run"]["parameters"],
-        layer_parameters=programs["step"]["run"]["parameters"],
-        head_parameters=programs["readout"]["run"]["parameters"],
-        uses=_uses(programs.values()), vjp=programs, head={"name": "head.W", "programs": ["node", "readout"]},
-        adjoints={name: f"{name}_vjp" for name in programs},
-    )
+    parameters = {name: programs[name]["run"]["parameters"] for name in ("embedding", "step", "readout")}
+    return {"kind": "cvt", "title": model.name, "summary": model.summary,
+            "spec": MultiscaleSpec(model.name, model.summary), "programs": programs,
+            "tables": [_table("STAGE_PARAMETERS", "Canonical names and shapes of a stage's token embedding, under "
+                              "``stages.<s>.``.", parameters["embedding"], "stages.<s>."),
+                       _table("LAYER_PARAMETERS", "The parameters of one step, under ``stages.<s>.layers.<n>.``.",
+                              parameters["step"], "stages.<s>.layers.<n>."), _head(parameters["readout"], backend)],
+            "head": {"name": "head.W", "programs": ["node", "readout"]},
+            "rows": [{"name": "stages.<last>.cls", "shape": ("d",), "suffix": ""}],
+            "adjoints": {name: f"{name}_vjp" for name in programs}, "uses": set()}
+
+
+def _uses(programs) -> set[str]:
+    """The names the functions of ``programs`` (program contexts, backward contexts) read besides arrays."""
+    return set().union(*(program[part]["uses"] for program in programs for part in ("run", "forward", "adjoint")
+                         if part in program))
+
+
+_KINDS = {ModelProgram: ("model", _token), GridModelProgram: ("grid_model", _grid), CvtProgram: ("cvt", _cvt)}
+
+
+def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend: str, passes=None) -> str:
+    """The source of the generated ``backend`` module of the network ``model``."""
+    inputs, describe = _KINDS[type(model)]
+    network = describe(model, backend, passes)
+    network["uses"] |= _uses(network["programs"].values())
+    rows = [{"name": table["prefix"] + p["name"], "shape": p["shape"], "suffix": table["suffix"]}
+            for table in network["tables"] for p in table["parameters"]] + network.get("rows", [])
+    return _tidy(environment().get_template("network_module.py.j2").render(
+        network={**network, "listing": rows}, backend=backend, name=model.name, version=__version__, signature=signature, inputs=NETWORK_INPUTS[inputs][backend], uses=network["uses"],
+        computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2, head=network["head"]))
+
+
+def _tidy(source: str) -> str:
+    """``source`` with at most two blank lines in a row (a piece a network lacks leaves no gap)."""
+    return re.sub(r"\n{4,}", "\n\n\n", source)

@@ -26,7 +26,7 @@ from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 from .adjoint import Backward, lower_adjoint
 from .ir import Module
 from .lowering import lower
-from .model_render import render_cvt, render_grid_model, render_model
+from .model_render import render_network
 from .model_report import network_sections, render_network_report
 from .output import PACKAGE_INIT
 from .render import render_module
@@ -88,12 +88,12 @@ def _network(spec: NetworkSpec, passes=None) -> tuple[Callable[[str], str], obje
     """The derived network of ``spec``: its module's source per backend (rendered once each), its program."""
     if isinstance(spec, MultiscaleSpec):
         program = derive_cvt(spec.name, spec.summary)
-        return cache(partial(render_cvt, program)), program
+        return cache(partial(render_network, program)), program
     if isinstance(spec, GridModelSpec):
         program = derive_grid_model(spec)
-        return cache(partial(render_grid_model, program)), program
+        return cache(partial(render_network, program)), program
     program = derive_model(spec)
-    return cache(partial(render_model, program, passes=passes)), program
+    return cache(partial(render_network, program, passes=passes)), program
 
 
 def generate_model(spec: NetworkSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:

@@ -30,7 +30,7 @@ def test_every_area_is_mutated_and_the_verification_code_never(population):
     assert not [m for m in population if m.path.startswith(mutation.VERIFICATION)]
     paths = {m.path for m in population}
     assert {"codegen/lowering.py", "codegen/stage_render.py", "codegen/nn.py", "codegen/passes/matmul.py",
-            "codegen/adapters/hf_bert.py", "templates/numpy/module.py.j2", "templates/torch/cvt.py.j2"} <= paths
+            "codegen/adapters/hf_bert.py", "templates/numpy/module.py.j2", "templates/networks/cvt.py.j2"} <= paths
 
 
 def test_template_mutants_change_code_never_strings_comments_or_jinja_delimiters():
@@ -67,7 +67,7 @@ def test_samples_draw_every_area_and_depend_on_the_seed(population):
 @pytest.mark.parametrize("path, stages, tests", [
     ("codegen/adapters/hf_bert.py", ["tests"], "test_llm_adapters.py"),
     ("codegen/model_render.py", ["tests", "check networks"], "test_network_semantics.py"),
-    ("templates/torch/cvt.py.j2", ["tests", "check networks"], "test_cvt.py"),
+    ("templates/networks/cvt.py.j2", ["tests", "check networks"], "test_cvt.py"),
     ("templates/numpy/module.py.j2", ["check"], None),
     ("codegen/passes/matmul.py", ["tests", "check"], "test_lowering.py"),
     ("symbolic/tableaux.py", ["tests", "check", "core tests"], "test_tableaux.py"),

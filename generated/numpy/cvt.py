@@ -22,46 +22,46 @@ kernel_qkv, stride_q, padding_q, stride_kv, padding_kv and cls (bool).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b; W of a
 convolution is a Conv2d weight permuted (1, 2, 3, 0), of a depth-wise one (1, 2, 3, 0)[0]):
-    stages.<s>.embed.W               (n_channels, patch_size, patch_size, d)
-    stages.<s>.embed.b               (d)
-    stages.<s>.embed_norm.gain       (d)
-    stages.<s>.embed_norm.bias       (d)
-    stages.<last>.cls                (d)
-    stages.<s>.layers.<n>.norm1.gain (d)
-    stages.<s>.layers.<n>.norm1.bias (d)
-    stages.<s>.layers.<n>.qconv.W    (kernel_qkv, kernel_qkv, d)
-    stages.<s>.layers.<n>.qbn.gain   (d)
-    stages.<s>.layers.<n>.qbn.bias   (d)
-    stages.<s>.layers.<n>.qbn.mean   (d)
-    stages.<s>.layers.<n>.qbn.var    (d)
-    stages.<s>.layers.<n>.kconv.W    (kernel_qkv, kernel_qkv, d)
-    stages.<s>.layers.<n>.kbn.gain   (d)
-    stages.<s>.layers.<n>.kbn.bias   (d)
-    stages.<s>.layers.<n>.kbn.mean   (d)
-    stages.<s>.layers.<n>.kbn.var    (d)
-    stages.<s>.layers.<n>.vconv.W    (kernel_qkv, kernel_qkv, d)
-    stages.<s>.layers.<n>.vbn.gain   (d)
-    stages.<s>.layers.<n>.vbn.bias   (d)
-    stages.<s>.layers.<n>.vbn.mean   (d)
-    stages.<s>.layers.<n>.vbn.var    (d)
-    stages.<s>.layers.<n>.attn.W_q   (d, d)
-    stages.<s>.layers.<n>.attn.b_q   (d)
-    stages.<s>.layers.<n>.attn.W_k   (d, d)
-    stages.<s>.layers.<n>.attn.b_k   (d)
-    stages.<s>.layers.<n>.attn.W_v   (d, d)
-    stages.<s>.layers.<n>.attn.b_v   (d)
-    stages.<s>.layers.<n>.attn.W_o   (d, d)
-    stages.<s>.layers.<n>.attn.b_o   (d)
-    stages.<s>.layers.<n>.norm2.gain (d)
-    stages.<s>.layers.<n>.norm2.bias (d)
-    stages.<s>.layers.<n>.ffn.W_1    (d, d_ff)
-    stages.<s>.layers.<n>.ffn.b_1    (d_ff)
-    stages.<s>.layers.<n>.ffn.W_2    (d_ff, d)
-    stages.<s>.layers.<n>.ffn.b_2    (d)
-    final_norm.gain                  (d)      (logits only)
-    final_norm.bias                  (d)      (logits only)
-    head.W                           (d, n_classes)      (logits only)
-    head.b                           (n_classes)      (logits only)
+    stages.<s>.embed.W                 (n_channels, patch_size, patch_size, d)
+    stages.<s>.embed.b                 (d)
+    stages.<s>.embed_norm.gain         (d)
+    stages.<s>.embed_norm.bias         (d)
+    stages.<s>.layers.<n>.norm1.gain   (d)
+    stages.<s>.layers.<n>.norm1.bias   (d)
+    stages.<s>.layers.<n>.qconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.qbn.gain     (d)
+    stages.<s>.layers.<n>.qbn.bias     (d)
+    stages.<s>.layers.<n>.qbn.mean     (d)
+    stages.<s>.layers.<n>.qbn.var      (d)
+    stages.<s>.layers.<n>.kconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.kbn.gain     (d)
+    stages.<s>.layers.<n>.kbn.bias     (d)
+    stages.<s>.layers.<n>.kbn.mean     (d)
+    stages.<s>.layers.<n>.kbn.var      (d)
+    stages.<s>.layers.<n>.vconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.vbn.gain     (d)
+    stages.<s>.layers.<n>.vbn.bias     (d)
+    stages.<s>.layers.<n>.vbn.mean     (d)
+    stages.<s>.layers.<n>.vbn.var      (d)
+    stages.<s>.layers.<n>.attn.W_q     (d, d)
+    stages.<s>.layers.<n>.attn.b_q     (d)
+    stages.<s>.layers.<n>.attn.W_k     (d, d)
+    stages.<s>.layers.<n>.attn.b_k     (d)
+    stages.<s>.layers.<n>.attn.W_v     (d, d)
+    stages.<s>.layers.<n>.attn.b_v     (d)
+    stages.<s>.layers.<n>.attn.W_o     (d, d)
+    stages.<s>.layers.<n>.attn.b_o     (d)
+    stages.<s>.layers.<n>.norm2.gain   (d)
+    stages.<s>.layers.<n>.norm2.bias   (d)
+    stages.<s>.layers.<n>.ffn.W_1      (d, d_ff)
+    stages.<s>.layers.<n>.ffn.b_1      (d_ff)
+    stages.<s>.layers.<n>.ffn.W_2      (d_ff, d)
+    stages.<s>.layers.<n>.ffn.b_2      (d)
+    final_norm.gain                    (d)      (logits only)
+    final_norm.bias                    (d)      (logits only)
+    head.W                             (d, n_classes)      (logits only)
+    head.b                             (n_classes)      (logits only)
+    stages.<last>.cls                  (d)
 """
 import math
 import numbers
@@ -380,6 +380,29 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     return out
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding:
@@ -528,29 +551,16 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_node, {}, config, ""), (_readout, table, config, "")]
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
-def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
-
-
-def _mapping(name, value):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
-    return value
-
-
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
 
 
 def _embedding(u0, p, config, eps):
@@ -1070,53 +1080,6 @@ def _readout(cls, p, config, eps):
     return head_logits
 
 
-def _checked(pixel_values, params, stages, eps):
-    """The image as an array and the programs the forward chains (``_chain``): each stage's token embedding (the
-    class node joining in the last), its steps, its grid (the next stage's input); their parameters, configuration
-    and prefix of the parameters' names, all checked before any work."""
-    pixel_values = _input("pixel_values", pixel_values)
-    params = _mapping("params", params)
-    stages = _stage_configs(stages)
-    eps = _epsilon(eps)
-    links, n_channels = [], pixel_values.shape[1]
-    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
-        prefix = f"stages.{index}."
-        if prefix + "embed.W" not in params:
-            raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
-        d = np.shape(params[prefix + "embed.W"])[-1]
-        sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
-                 "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
-        if d % config["n_heads"]:
-            raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
-        if index:  # the previous stage's grid
-            links.append((_grid, {}, links[-1][2], ""))
-        config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
-        top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
-                     pixel_values.dtype, prefix)
-        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
-        n = 0
-        while f"{prefix}layers.{n}.attn.W_q" in params:
-            p = _table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"{prefix}layers.{n}.")
-            links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
-            n += 1
-        n_channels = d
-    return pixel_values, links
-
-
-def forward(pixel_values, params, *, stages, eps=1e-5):
-    """Final hidden states of the last stage (grid layout) and the class node's state."""
-    u, links = _checked(pixel_values, params, stages, eps)
-    tokens = _chain(u, links, eps)
-    hidden, *cls = (function(tokens, {}, config, eps) for function, config in _outputs(links[-1][2]))
-    return hidden, (cls or [None])[0]
-
-
-def logits(pixel_values, params, *, stages, eps=1e-5):
-    """The readout: the class node's final state, projected onto S_1, through the linear head."""
-    u, links = _checked(pixel_values, params, stages, eps)
-    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)
-
-
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     """The derived adjoint of the embedding program: the costate of its output → (costate of u0, gradients)."""
     d = config["d"]
@@ -1190,7 +1153,6 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
         "embed_norm.gain": embed_norm_gain_bar,
         "embed_norm.bias": embed_norm_bias_bar,
     }
-
 
 
 def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
@@ -1282,7 +1244,6 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
         "embed_norm.bias": embed_norm_bias_bar,
         "cls": cls_bar,
     }
-
 
 
 def _step_vjp(u0, u2_bar, p, config, eps):
@@ -1687,7 +1648,6 @@ def _step_vjp(u0, u2_bar, p, config, eps):
         "ffn.W_2": ffn_W_2_bar,
         "ffn.b_2": ffn_b_2_bar,
     }
-
 
 
 def _step_cls_vjp(u0, u2_bar, p, config, eps):
@@ -2119,7 +2079,6 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     }
 
 
-
 def _grid_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid program: the costate of its output → (costate of u, gradients)."""
 
@@ -2131,7 +2090,6 @@ def _grid_vjp(u, hidden_bar, p, config, eps):
     return u_bar, {}
 
 
-
 def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid_cls program: the costate of its output → (costate of u, gradients)."""
 
@@ -2141,7 +2099,6 @@ def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     # u̅[N_2*p + q + 1, l] = g̅[l, p, q]
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 1)
     return u_bar, {}
-
 
 
 def _node_vjp(u, node_bar, p, config, eps):
@@ -2156,7 +2113,6 @@ def _node_vjp(u, node_bar, p, config, eps):
     u_bar = np.zeros(u.shape, dtype=u_bar_blocks.dtype)
     u_bar[:, 0, :] = u_bar_blocks
     return u_bar, {}
-
 
 
 def _readout_vjp(cls, head_logits_bar, p, config, eps):
@@ -2222,7 +2178,6 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
     }
 
 
-
 #: Each program's derived adjoint.
 _ADJOINTS = {
     _embedding: _embedding_vjp,
@@ -2263,14 +2218,37 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
+def _checked(pixel_values, params, stages, eps):
+    """The image as an array and the programs the forward chains (``_chain``): each stage's token embedding (the
+    class node joining in the last), its steps, its grid (the next stage's input); their parameters, configuration
+    and prefix of the parameters' names, all checked before any work; the shape of the last stage's grid."""
+    pixel_values = _input("pixel_values", pixel_values)
+    params = _mapping("params", params)
+    stages = _stage_configs(stages)
+    eps = _epsilon(eps)
+    links, n_channels = [], pixel_values.shape[1]
+    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
+        prefix = f"stages.{index}."
+        if prefix + "embed.W" not in params:
+            raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
+        d = np.shape(params[prefix + "embed.W"])[-1]
+        sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
+                 "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
+        if d % config["n_heads"]:
+            raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
+        if index:  # the previous stage's grid
+            links.append((_grid, {}, links[-1][2], ""))
+        config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
+        top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
+                     pixel_values.dtype, prefix)
+        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
+        n = 0
+        while f"{prefix}layers.{n}.attn.W_q" in params:
+            p = _table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"{prefix}layers.{n}.")
+            links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
+            n += 1
+        n_channels = d
+    return pixel_values, links, (pixel_values.shape[0], d, n_rows, n_cols)
 
 
 def _adjoint(u, links, seeds, params, eps, outputs=()):
@@ -2283,6 +2261,20 @@ def _adjoint(u, links, seeds, params, eps, outputs=()):
     return grad_u, {name: grads[name] for name in params if name in grads}
 
 
+def forward(pixel_values, params, *, stages, eps=1e-5):
+    """Final hidden states of the last stage (grid layout) and the class node's state."""
+    u, links, _ = _checked(pixel_values, params, stages, eps)
+    tokens = _chain(u, links, eps)
+    hidden, *cls = (function(tokens, {}, config, eps) for function, config in _outputs(links[-1][2]))
+    return hidden, (cls or [None])[0]
+
+
+def logits(pixel_values, params, *, stages, eps=1e-5):
+    """The readout: the class node's final state, projected onto S_1, through the linear head."""
+    u, links, _ = _checked(pixel_values, params, stages, eps)
+    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)
+
+
 def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -2292,15 +2284,13 @@ def vjp(pixel_values, params, grad_out, *, stages, eps=1e-5, grad_cls=None):
     forward keeps each stage's input, each step's input and each stage's last tokens; a
     program's activations are recomputed when its adjoint runs.
     """
-    u, links = _checked(pixel_values, params, stages, eps)
-    config = links[-1][2]
-    if not config["cls"] and grad_cls is not None:
-        raise ValueError("grad_cls given, but the last stage has no class node")
-    shape = (u.shape[0], config["d"], config["n_rows"], config["n_cols"])
+    u, links, shape = _checked(pixel_values, params, stages, eps)
     seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
+    if not links[-1][2]["cls"] and grad_cls is not None:
+        raise ValueError("grad_cls given, but the last stage has no class node")
     if grad_cls is not None:
-        seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, config["d"]), u.dtype))
-    return _adjoint(u, links, seeds, params, eps, _outputs(config))
+        seeds.append(_costate("grad_cls", grad_cls, (u.shape[0], 1, shape[1]), u.dtype))
+    return _adjoint(u, links, seeds, params, eps, _outputs(links[-1][2]))
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
@@ -2309,7 +2299,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, stages, eps=1e-5):
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    u, links = _checked(pixel_values, params, stages, eps)
+    u, links, _ = _checked(pixel_values, params, stages, eps)
     links += _head(params, links[-1][2], u.dtype)
     seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
     return _adjoint(u, links, [seed], params, eps)

@@ -15,16 +15,16 @@ R is the identity (the skip connection): F(u) must land on the grid and channels
 
 Parameters (canonical names and shapes; W[c_in, k, k, c_out] is a torch Conv2d weight
 permuted (1, 2, 3, 0), a ConvTranspose2d weight permuted (0, 2, 3, 1)):
-    down.W           (n_channels, 3, 3, d)
-    down.b           (d)
-    conv.W           (d, 3, 3, d)
-    conv.b           (d)
-    bn.gain          (d)
-    bn.bias          (d)
-    bn.mean          (d)
-    bn.var           (d)
-    up.W             (d, 2, 2, n_channels)
-    up.b             (n_channels)
+    down.W    (n_channels, 3, 3, d)
+    down.b    (d)
+    conv.W    (d, 3, 3, d)
+    conv.b    (d)
+    bn.gain   (d)
+    bn.bias   (d)
+    bn.mean   (d)
+    bn.var    (d)
+    up.W      (d, 2, 2, n_channels)
+    up.b      (n_channels)
 """
 import math
 import numbers
@@ -54,10 +54,31 @@ PARAMETERS = {
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
 }
-
-
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
 
 
 def _windows(field, axes, size, stride, padding):
@@ -132,16 +153,28 @@ def _conv_transpose2d(field, W, bias=None):
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
-def _interleave(blocks, axes):
-    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
-    n = blocks.ndim - len(axes)
-    order = list(range(n))
-    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
-        order.insert(axis + 1, n + position)
-    shape = list(blocks.shape[:n])
-    for position, axis in enumerate(axes):
-        shape[axis] *= blocks.shape[n + position]
-    return blocks.transpose(order).reshape(shape)
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
 
 
 def _table(params, table, sizes, dtype, prefix=""):
@@ -168,66 +201,28 @@ def _input(name, value):
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
     return array
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
-def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
 
 
-def _mapping(name, value):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
-    return value
-
-
-
-
-def _grids(n, stride):
-    """Grid points along one axis of u after F and after R."""
-    f = r = n
-    n = f
-    n = (n + -1) // 2 + 1
-    n = (n + -1) // 1 + 1
-    n = n * 2
-    f, n = n, r
-    return f, n
-
-
-def _prepare(u, params, stride, eps):
-    """``u``, the options and the parameters checked: (u, parameters, whether R is the transfer, the output's shape)."""
-    u = _input("u", u)
-    params = _mapping("params", params)
-    stride = _integer("stride", stride, 1)
-    eps = _epsilon(eps)
-    batch, n_channels, height, width = u.shape
-    first = "down.W"
-    if first not in params:
-        raise ValueError(f"missing parameter {first!r}")
-    sizes = {"n_channels": n_channels, "d": np.shape(params[first])[-1]}
-    unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    p = _table(params, PARAMETERS, sizes, u.dtype)
-    has_transfer = False
-    p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
-    channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else n_channels)
-    grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in (height, width)]
-    if channels[0] != channels[1] or any(f != r for f, r in grids):
-        raise ValueError(f"u of shape {u.shape} with stride {stride}: F(u) has {channels[0]} channels on a "
-                         f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
-                         "they must agree")
-    return u, p, has_transfer, (batch, channels[0], grids[0][0], grids[1][0])
+def _interleave(blocks, axes):
+    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
+    n = blocks.ndim - len(axes)
+    order = list(range(n))
+    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
+        order.insert(axis + 1, n + position)
+    shape = list(blocks.shape[:n])
+    for position, axis in enumerate(axes):
+        shape[axis] *= blocks.shape[n + position]
+    return blocks.transpose(order).reshape(shape)
 
 
 def _step_identity(u0, p, config, eps):
@@ -277,44 +272,15 @@ def _step_identity(u0, p, config, eps):
     return u1
 
 
-def forward(u, params, *, stride=1, eps=1e-5):
-    """One step: ``u`` of shape (batch, n_channels, height, width)."""
-    u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
-    return _step_identity(u0, p, {"stride": stride}, eps)
-
-
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = np.zeros(padded, dtype=blocks.dtype)
-    for offsets in np.ndindex(*(size,) * len(axes)):
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, offsets):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
+def _grids(n, stride):
+    """Grid points along one axis of u after F and after R."""
+    f = r = n
+    n = f
+    n = (n + -1) // 2 + 1
+    n = (n + -1) // 1 + 1
+    n = n * 2
+    f, n = n, r
+    return f, n
 
 
 def _step_identity_vjp(u0, u1_bar, p, config, eps):
@@ -437,6 +403,80 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     }
 
 
+#: Each program's derived adjoint.
+_ADJOINTS = {
+    _step_identity: _step_identity_vjp,
+}
+
+
+def _chain(u, links, eps, states=None):
+    """The programs of ``links`` (function, parameters, configuration, prefix of the parameters' names) in turn
+    → the last one's output; ``states``, a list when given, receives each one's input (what ``_reverse`` reads)."""
+    for function, p, config, _ in links:
+        if states is not None:
+            states.append(u)
+        u = function(u, p, config, eps)
+    return u
+
+
+def _reverse(links, states, seed, eps):
+    """The costate of the chain's output backwards through its programs (last first), each adjoint recomputing
+    its program's activations from its input (``states``) → (costate of the chain's input, gradients by name)."""
+    grads = {}
+    for (function, p, config, prefix), u in zip(reversed(links), reversed(states)):
+        seed, more = _ADJOINTS[function](u, seed, p, config, eps)
+        grads.update({prefix + name: value for name, value in more.items()})
+    return seed, grads
+
+
+def _costate_of_tokens(tokens, outputs, seeds, eps):
+    """The costate of the chain's output: the adjoints of the programs ``outputs`` (function, configuration) that
+    read it, summed over those seeded (None: not seeded)."""
+    return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
+               for (function, config), seed in zip(outputs, seeds) if seed is not None)
+
+
+def _checked(u, params, stride, eps):
+    """``u``, the options and the parameters checked before any work: (u, the step as the one link of the
+    chain, the output's shape)."""
+    u = _input("u", u)
+    params = _mapping("params", params)
+    stride = _integer("stride", stride, 1)
+    eps = _epsilon(eps)
+    first = "down.W"
+    if first not in params:
+        raise ValueError(f"missing parameter {first!r}")
+    sizes = {"n_channels": u.shape[1], "d": np.shape(params[first])[-1]}
+    unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    p = _table(params, PARAMETERS, sizes, u.dtype)
+    has_transfer = False
+    p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
+    grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+    channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])
+    if channels[0] != channels[1] or any(f != r for f, r in grids):
+        raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
+                         f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
+                         "they must agree")
+    return u, [(_step_identity, p, {"stride": stride}, "")], (u.shape[0], channels[0], grids[0][0], grids[1][0])
+
+
+def _adjoint(u, links, seeds, params, eps, outputs=()):
+    """The derived adjoint of the chain of ``links`` on ``u`` (then of the programs ``outputs`` on its last state):
+    the costates ``seeds`` of its outputs (``None``: not seeded) → (∂J/∂u, {canonical name: ∂J/∂θ} of ``params``)."""
+    states = []
+    last = _chain(u, links, eps, states)
+    seed = _costate_of_tokens(last, outputs, seeds, eps) if outputs else seeds[0]
+    grad_u, grads = _reverse(links, states, seed, eps)
+    return grad_u, {name: grads[name] for name in params if name in grads}
+
+
+def forward(u, params, *, stride=1, eps=1e-5):
+    """One step: ``u`` of shape (batch, n_channels, height, width)."""
+    u, links, _ = _checked(u, params, stride, eps)
+    return _chain(u, links, eps)
+
 
 def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     """The derived adjoint of ``forward``: ``(∂J/∂u, {canonical name: ∂J/∂θ})``.
@@ -445,5 +485,6 @@ def vjp(u, params, grad_out, *, stride=1, eps=1e-5):
     run again, then reverse mode over its derived assignments (report, adjoint section);
     BatchNorm's statistics ``mean``, ``var`` get their gradients too.
     """
-    u0, p, has_transfer, shape = _prepare(u, params, stride, eps)
-    return _step_identity_vjp(u0, _costate("grad_out", grad_out, shape, u0.dtype), p, {"stride": stride}, eps)
+    u, links, shape = _checked(u, params, stride, eps)
+    seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
+    return _adjoint(u, links, seeds, params, eps)

@@ -20,30 +20,30 @@ fixes the number of patches: images of another size are rejected (no interpolati
 ``image_size`` (height, width), when given, must match exactly.
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
-    embed.W                  (n_channels, patch_size, patch_size, d)
-    embed.b                  (d)
-    embed.cls                (d)
-    embed.pos                (n_tokens, d)
-    layers.<n>.norm1.gain    (d)
-    layers.<n>.norm1.bias    (d)
-    layers.<n>.attn.W_q      (d, d)
-    layers.<n>.attn.b_q      (d)
-    layers.<n>.attn.W_k      (d, d)
-    layers.<n>.attn.b_k      (d)
-    layers.<n>.attn.W_v      (d, d)
-    layers.<n>.attn.b_v      (d)
-    layers.<n>.attn.W_o      (d, d)
-    layers.<n>.attn.b_o      (d)
-    layers.<n>.norm2.gain    (d)
-    layers.<n>.norm2.bias    (d)
-    layers.<n>.ffn.W_1       (d, d_ff)
-    layers.<n>.ffn.b_1       (d_ff)
-    layers.<n>.ffn.W_2       (d_ff, d)
-    layers.<n>.ffn.b_2       (d)
-    final_norm.gain          (d)
-    final_norm.bias          (d)
-    head.W                   (d, n_classes)      (logits only)
-    head.b                   (n_classes)      (logits only)
+    embed.W                 (n_channels, patch_size, patch_size, d)
+    embed.b                 (d)
+    embed.cls               (d)
+    embed.pos               (n_tokens, d)
+    final_norm.gain         (d)
+    final_norm.bias         (d)
+    layers.<n>.norm1.gain   (d)
+    layers.<n>.norm1.bias   (d)
+    layers.<n>.attn.W_q     (d, d)
+    layers.<n>.attn.b_q     (d)
+    layers.<n>.attn.W_k     (d, d)
+    layers.<n>.attn.b_k     (d)
+    layers.<n>.attn.W_v     (d, d)
+    layers.<n>.attn.b_v     (d)
+    layers.<n>.attn.W_o     (d, d)
+    layers.<n>.attn.b_o     (d)
+    layers.<n>.norm2.gain   (d)
+    layers.<n>.norm2.bias   (d)
+    layers.<n>.ffn.W_1      (d, d_ff)
+    layers.<n>.ffn.b_1      (d_ff)
+    layers.<n>.ffn.W_2      (d_ff, d)
+    layers.<n>.ffn.b_2      (d)
+    head.W                  (d, n_classes)      (logits only)
+    head.b                  (n_classes)      (logits only)
 """
 import math
 import numbers
@@ -90,8 +90,6 @@ HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
-
-
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
@@ -280,6 +278,35 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     return out
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
+    return value
+
+
+def _pair(name, value, minimum):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be (height, width), got {value!r}")
+    return tuple(_integer(name, size, minimum) for size in value)
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding:
@@ -352,6 +379,30 @@ def _conv_transpose2d(field, W, bias=None):
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
 
 
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
 def _join(*parts):
     """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
     batch = next(part.shape[0] for part in parts if part.ndim > 1)
@@ -392,74 +443,16 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_readout, table, config, "")]
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
-def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
-
-
-def _mapping(name, value):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
-    return value
-
-
-def _pair(name, value, minimum):
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise TypeError(f"{name} must be (height, width), got {value!r}")
-    return tuple(_integer(name, size, minimum) for size in value)
-
-
-
-
-def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
-    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of every
-    axis checked before any work."""
-    pixel_values = _input("pixel_values", pixel_values)
-    params = _mapping("params", params)
-    patch_size = _integer("patch_size", patch_size, 1)
-    n_heads = _integer("n_heads", n_heads, 1)
-    eps = _epsilon(eps)
-    image_size = None if image_size is None else _pair("image_size", image_size, 1)
-    if image_size is not None and pixel_values.shape[2:] != image_size:
-        raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
-    batch, n_channels, height, width = pixel_values.shape
-    n_rows, n_cols = height // patch_size, width // patch_size
-    if not (n_rows and n_cols):
-        raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
-    if "embed.b" not in params:
-        raise ValueError("missing parameter 'embed.b'")
-    d = np.shape(params["embed.b"])[-1]
-    n_tokens = 1 + n_rows * n_cols
-    if "embed.pos" in params and np.shape(params["embed.pos"])[0] != n_tokens:
-        raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "
-                         f"the position term has {np.shape(params['embed.pos'])[0] - 1} (no interpolation)")
-    if d % n_heads:
-        raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
-    layers = 0
-    while f"layers.{layers}.ffn.W_1" in params:
-        layers += 1
-    known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
-    unknown = sorted(set(params) - known, key=str)
-    if unknown:
-        raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
-    sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
-             "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
-    top = _table(params, PARAMETERS, sizes, pixel_values.dtype)
-    return pixel_values, _links(top, [_table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"layers.{n}.")
-                                      for n in range(layers)], sizes)
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
 
 
 def _embedding(image, p, config, eps):
@@ -603,42 +596,6 @@ def _links(top, layers, config):
     the parameters' names: the embedding, one step per layer, the final projection."""
     steps = [(_step, p, config, f"layers.{n}.") for n, p in enumerate(layers)]
     return [(_embedding, top, config, ""), *steps, (_final_norm, top, config, "")]
-
-
-def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
-    """The final hidden states: embedding, one step per layer, the final projection."""
-    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links, eps)
-
-
-def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
-    """The readout of ``forward``: the class node's state through the linear head."""
-    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)
-
-
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = np.zeros(padded, dtype=blocks.dtype)
-    for offsets in np.ndindex(*(size,) * len(axes)):
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, offsets):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _step_vjp_forward(u0, p, chi, eps, n_heads):
@@ -893,7 +850,6 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     }
 
 
-
 def _final_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
     n_heads = 1
@@ -952,7 +908,6 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     }
 
 
-
 def _step_adjoint(u, seed, p, config, eps):
     """The step's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
     _, saved = _step_vjp_forward(u, p, None, eps, config["n_heads"])
@@ -963,7 +918,6 @@ def _final_adjoint(u, seed, p, config, eps):
     """The final's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
     _, saved = _final_vjp_forward(u, p, None, eps, 1)
     return _final_vjp_backward(saved, seed, p, None, eps, 1)
-
 
 
 def _embedding_vjp(image, u0_bar, p, config, eps):
@@ -1004,7 +958,6 @@ def _embedding_vjp(image, u0_bar, p, config, eps):
     }
 
 
-
 def _readout_vjp(u, head_logits_bar, p, config, eps):
     """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
@@ -1031,7 +984,6 @@ def _readout_vjp(u, head_logits_bar, p, config, eps):
         "head.W": head_W_bar,
         "head.b": head_b_bar,
     }
-
 
 
 #: Each program's derived adjoint.
@@ -1070,14 +1022,44 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
+def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
+    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of every
+    axis checked before any work; the shape of the output."""
+    pixel_values = _input("pixel_values", pixel_values)
+    params = _mapping("params", params)
+    patch_size = _integer("patch_size", patch_size, 1)
+    n_heads = _integer("n_heads", n_heads, 1)
+    eps = _epsilon(eps)
+    image_size = None if image_size is None else _pair("image_size", image_size, 1)
+    if image_size is not None and pixel_values.shape[2:] != image_size:
+        raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
+    batch, n_channels, height, width = pixel_values.shape
+    n_rows, n_cols = height // patch_size, width // patch_size
+    if not (n_rows and n_cols):
+        raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
+    if "embed.b" not in params:
+        raise ValueError("missing parameter 'embed.b'")
+    d = np.shape(params["embed.b"])[-1]
+    n_tokens = 1 + n_rows * n_cols
+    if "embed.pos" in params and np.shape(params["embed.pos"])[0] != n_tokens:
+        raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "
+                         f"the position term has {np.shape(params['embed.pos'])[0] - 1} (no interpolation)")
+    if d % n_heads:
+        raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
+    layers = 0
+    while f"layers.{layers}.ffn.W_1" in params:
+        layers += 1
+    known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
+    sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
+             "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
+    top = _table(params, PARAMETERS, sizes, pixel_values.dtype)
+    links = _links(top, [_table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"layers.{n}.") for n in range(layers)],
+                   sizes)
+    return pixel_values, links, (batch, n_tokens, d)
 
 
 def _adjoint(u, links, seeds, params, eps, outputs=()):
@@ -1090,6 +1072,18 @@ def _adjoint(u, links, seeds, params, eps, outputs=()):
     return grad_u, {name: grads[name] for name in params if name in grads}
 
 
+def forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
+    """The final hidden states: embedding, one step per layer, the final projection."""
+    u, links, _ = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    return _chain(u, links, eps)
+
+
+def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None):
+    """The readout: the class node's final state, through the linear head."""
+    u, links, _ = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    return _chain(u, links + _head(params, links[-1][2], u.dtype), eps)
+
+
 def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image_size=None):
     """The derived adjoint of ``forward``: ``(∂J/∂pixel_values, {canonical name: ∂J/∂θ})``.
 
@@ -1097,10 +1091,9 @@ def vjp(pixel_values, params, grad_out, *, patch_size, n_heads, eps=1e-12, image
     the costate runs back through the final projection, the steps (last first) and the
     embedding (report §7). The head's parameters are not read (``vjp_logits`` does).
     """
-    image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
-    sizes = links[0][2]
-    seed = _costate("grad_out", grad_out, (image.shape[0], sizes["n_tokens"], sizes["d"]), image.dtype)
-    return _adjoint(image, links, [seed], params, eps)
+    u, links, shape = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    seeds = [_costate("grad_out", grad_out, shape, u.dtype)]
+    return _adjoint(u, links, seeds, params, eps)
 
 
 def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e-12, image_size=None):
@@ -1109,7 +1102,7 @@ def vjp_logits(pixel_values, params, grad_logits, *, patch_size, n_heads, eps=1e
     ``grad_logits`` is the costate of the logits (batch, n_classes), e.g. softmax − one-hot
     of a cross-entropy loss.
     """
-    u, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
+    u, links, _ = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     links += _head(params, links[-1][2], u.dtype)
     seed = _costate("grad_logits", grad_logits, (u.shape[0], links[-1][1]["head.W"].shape[-1]), u.dtype)
     return _adjoint(u, links, [seed], params, eps)

@@ -14,6 +14,49 @@ The torch twin of numpy/cvt.py (same derivation, same canonical names):
 
 stages: one mapping per stage with patch_size, patch_stride, patch_padding, n_heads,
 kernel_qkv, stride_q, padding_q, stride_kv, padding_kv and cls (bool).
+
+Parameters (canonical names and shapes, row-vector convention u @ W + b; W of a
+convolution is a Conv2d weight permuted (1, 2, 3, 0), of a depth-wise one (1, 2, 3, 0)[0]):
+    stages.<s>.embed.W                 (n_channels, patch_size, patch_size, d)
+    stages.<s>.embed.b                 (d)
+    stages.<s>.embed_norm.gain         (d)
+    stages.<s>.embed_norm.bias         (d)
+    stages.<s>.layers.<n>.norm1.gain   (d)
+    stages.<s>.layers.<n>.norm1.bias   (d)
+    stages.<s>.layers.<n>.qconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.qbn.gain     (d)
+    stages.<s>.layers.<n>.qbn.bias     (d)
+    stages.<s>.layers.<n>.qbn.mean     (d)
+    stages.<s>.layers.<n>.qbn.var      (d)
+    stages.<s>.layers.<n>.kconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.kbn.gain     (d)
+    stages.<s>.layers.<n>.kbn.bias     (d)
+    stages.<s>.layers.<n>.kbn.mean     (d)
+    stages.<s>.layers.<n>.kbn.var      (d)
+    stages.<s>.layers.<n>.vconv.W      (kernel_qkv, kernel_qkv, d)
+    stages.<s>.layers.<n>.vbn.gain     (d)
+    stages.<s>.layers.<n>.vbn.bias     (d)
+    stages.<s>.layers.<n>.vbn.mean     (d)
+    stages.<s>.layers.<n>.vbn.var      (d)
+    stages.<s>.layers.<n>.attn.W_q     (d, d)
+    stages.<s>.layers.<n>.attn.b_q     (d)
+    stages.<s>.layers.<n>.attn.W_k     (d, d)
+    stages.<s>.layers.<n>.attn.b_k     (d)
+    stages.<s>.layers.<n>.attn.W_v     (d, d)
+    stages.<s>.layers.<n>.attn.b_v     (d)
+    stages.<s>.layers.<n>.attn.W_o     (d, d)
+    stages.<s>.layers.<n>.attn.b_o     (d)
+    stages.<s>.layers.<n>.norm2.gain   (d)
+    stages.<s>.layers.<n>.norm2.bias   (d)
+    stages.<s>.layers.<n>.ffn.W_1      (d, d_ff)
+    stages.<s>.layers.<n>.ffn.b_1      (d_ff)
+    stages.<s>.layers.<n>.ffn.W_2      (d_ff, d)
+    stages.<s>.layers.<n>.ffn.b_2      (d)
+    final_norm.gain                    (d)      (n_classes > 0)
+    final_norm.bias                    (d)      (n_classes > 0)
+    head.W                             (d, n_classes)      (n_classes > 0)
+    head.b                             (n_classes)      (n_classes > 0)
+    stages.<last>.cls                  (d)
 """
 import math
 import numbers
@@ -21,7 +64,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Model", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "COMPUTES"]
+__all__ = ["Model", "STAGE_PARAMETERS", "LAYER_PARAMETERS", "HEAD_PARAMETERS", "STAGE_CONFIG", "COMPUTES"]
 
 #: A digest of the network's computation (its operators with their options, its composition, the
 #: steps' scheme and final norm; not its name): a network computing anything else has another digest.
@@ -75,8 +118,6 @@ HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
-
-
 #: The configuration every stage needs.
 STAGE_CONFIG = ("patch_size", "patch_stride", "patch_padding", "n_heads", "kernel_qkv", "stride_q", "padding_q",
                 "stride_kv", "padding_kv", "cls")
@@ -379,37 +420,6 @@ def _join(*parts):
                       else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
-class _Network(torch.nn.Module):
-    """A network whose parameters carry their canonical names."""
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
-
-        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-        _mapping("params", params)
-        own = dict(self.named_parameters())
-        unknown = sorted(set(params) - set(own), key=str)
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r}")
-        values = {}
-        for name, target in own.items():
-            if name not in params:
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            values[name] = value
-        with torch.no_grad():
-            for name, value in values.items():
-                own[name].copy_(value)
-        return self
-
-
 def _group(module, table, sizes, factory):
     """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
@@ -444,6 +454,37 @@ def _initialize(module, init, default):
         for name, tensor in module.named_parameters():
             attribute = name.rsplit(".", 1)[1]
             init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
+
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _embedding(u0, p, config, eps):
@@ -1033,7 +1074,6 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     }
 
 
-
 def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     """The derived adjoint of the embedding_cls program: the costate of its output → (costate of u0, gradients)."""
     d = config["d"]
@@ -1123,7 +1163,6 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
         "embed_norm.bias": embed_norm_bias_bar,
         "cls": cls_bar,
     }
-
 
 
 def _step_vjp(u0, u2_bar, p, config, eps):
@@ -1529,7 +1568,6 @@ def _step_vjp(u0, u2_bar, p, config, eps):
         "ffn.W_2": ffn_W_2_bar,
         "ffn.b_2": ffn_b_2_bar,
     }
-
 
 
 def _step_cls_vjp(u0, u2_bar, p, config, eps):
@@ -1962,7 +2000,6 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     }
 
 
-
 def _grid_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid program: the costate of its output → (costate of u, gradients)."""
 
@@ -1974,7 +2011,6 @@ def _grid_vjp(u, hidden_bar, p, config, eps):
     return u_bar, {}
 
 
-
 def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     """The derived adjoint of the grid_cls program: the costate of its output → (costate of u, gradients)."""
 
@@ -1984,7 +2020,6 @@ def _grid_cls_vjp(u, hidden_bar, p, config, eps):
     # u̅[N_2*p + q + 1, l] = g̅[l, p, q]
     u_bar = _place_rows(u_bar_rows, u.shape, 1, 1)
     return u_bar, {}
-
 
 
 def _node_vjp(u, node_bar, p, config, eps):
@@ -1999,7 +2034,6 @@ def _node_vjp(u, node_bar, p, config, eps):
     u_bar = u_bar_blocks.new_zeros(u.shape)
     u_bar[:, 0, :] = u_bar_blocks
     return u_bar, {}
-
 
 
 def _readout_vjp(cls, head_logits_bar, p, config, eps):
@@ -2063,7 +2097,6 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
         "head.W": head_W_bar,
         "head.b": head_b_bar,
     }
-
 
 
 #: Each program's derived adjoint.
@@ -2140,9 +2173,16 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _derived(module, links, outputs, u, names):
-    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
-    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+def _run(module, links, outputs, u, names=None):
+    """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
+    (``None``: all but the head's)."""
+    if module.backward_mode == "derived" and torch.is_grad_enabled():
+        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
+                                                       if name not in HEAD_PARAMETERS]
+        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+    last = _chain(u, links, module.eps)
+    return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
 
 class _Step(torch.nn.Module):
@@ -2179,9 +2219,9 @@ class Model(_Network):
         n_classes = _integer("n_classes", n_classes, 0)
         eps = _epsilon(eps)
         backward = _choice("backward", backward, ("autograd", "derived"))
+        self.backward_mode = backward
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
-        self.backward_mode = backward
         factory = {"device": device, "dtype": dtype}
         self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
         modules, channels = [], n_channels
@@ -2199,24 +2239,20 @@ class Model(_Network):
         _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def forward(self, pixel_values):
+        """``pixel_values`` (batch, n_channels, height, width) → the last stage's hidden states (batch, d, rows, cols)
+        and its class node's state (batch, 1, d), or None."""
         _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
         links = _links(self, pixel_values)
-        outputs = _outputs(links[-1][2])
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
-            u, *cls = _derived(self, links, outputs, pixel_values, names)
-        else:
-            tokens = _chain(pixel_values, links, self.eps)
-            u, *cls = (function(tokens, {}, config, self.eps) for function, config in outputs)
+        u, *cls = _run(self, links, _outputs(links[-1][2]), pixel_values)
         return u, (cls or [None])[0]
 
     def logits(self, pixel_values):
+        """The readout: the class node's final state, projected onto S_1, through the linear head."""
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
         _, cls = self(pixel_values)
         if cls is None:
             raise ValueError("logits need a class node in the last stage (cls=True)")
         links = [(_readout, _table(self, HEAD_PARAMETERS), {**self.stages[-1].config, "d": cls.shape[-1]}, "")]
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _derived(self, links, (), cls, list(HEAD_PARAMETERS))
-        return _chain(cls, links, self.eps)
+        return _run(self, links, (), cls, HEAD_PARAMETERS)
+

@@ -15,24 +15,24 @@ under the formula it implements (generated/reports/resnet_block.md).
 transfer=True: R = bn3 ∘ shortcut (the projection shortcut); False: R is the identity.
 
 Parameters (canonical names and shapes; W[c_in, k, k, c_out]):
-    conv1.W          (n_channels, 3, 3, d)
-    conv1.b          (d)
-    bn1.gain         (d)
-    bn1.bias         (d)
-    bn1.mean         (d)
-    bn1.var          (d)
-    conv2.W          (d, 3, 3, d)
-    conv2.b          (d)
-    bn2.gain         (d)
-    bn2.bias         (d)
-    bn2.mean         (d)
-    bn2.var          (d)
-    shortcut.W       (n_channels, 1, 1, d)
-    shortcut.b       (d)
-    bn3.gain         (d)
-    bn3.bias         (d)
-    bn3.mean         (d)
-    bn3.var          (d)
+    conv1.W      (n_channels, 3, 3, d)
+    conv1.b      (d)
+    bn1.gain     (d)
+    bn1.bias     (d)
+    bn1.mean     (d)
+    bn1.var      (d)
+    conv2.W      (d, 3, 3, d)
+    conv2.b      (d)
+    bn2.gain     (d)
+    bn2.bias     (d)
+    bn2.mean     (d)
+    bn2.var      (d)
+    shortcut.W   (n_channels, 1, 1, d)
+    shortcut.b   (d)
+    bn3.gain     (d)
+    bn3.bias     (d)
+    bn3.mean     (d)
+    bn3.var      (d)
 """
 import math
 import numbers
@@ -70,6 +70,28 @@ TRANSFER_PARAMETERS = {
     "bn3.mean": ("d",),
     "bn3.var": ("d",),
 }
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -125,47 +147,29 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-class _Network(torch.nn.Module):
-    """A network whose parameters carry their canonical names."""
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
-
-        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-        _mapping("params", params)
-        own = dict(self.named_parameters())
-        unknown = sorted(set(params) - set(own), key=str)
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r}")
-        values = {}
-        for name, target in own.items():
-            if name not in params:
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            values[name] = value
-        with torch.no_grad():
-            for name, value in values.items():
-                own[name].copy_(value)
-        return self
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
 
 
-def _interleave(blocks, axes):
-    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
-    n = blocks.dim() - len(axes)
-    order = list(range(n))
-    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
-        order.insert(axis + 1, n + position)
-    shape = list(blocks.shape[:n])
-    for position, axis in enumerate(axes):
-        shape[axis] *= blocks.shape[n + position]
-    return blocks.permute(order).reshape(shape)
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
 
 
 def _group(module, table, sizes, factory):
@@ -204,40 +208,35 @@ def _initialize(module, init, default):
             init.get(attribute, init.get(attribute[0], default))(tensor)
 
 
-def _grids(n, stride):
-    """Grid points along one axis of u after F and after R."""
-    f = r = n
-    n = f
-    n = (n + -1) // stride + 1
-    n = (n + -1) // 1 + 1
-    f, n = n, r
-    n = (n + -1) // stride + 1
-    return f, n
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
 
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
 
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _step_with(u0, p, config, eps):
@@ -308,6 +307,70 @@ def _step_with(u0, p, config, eps):
     relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None])
     del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
     return relu2_out
+
+
+def _step_identity(u0, p, config, eps):
+    """The step_identity program: its assignments, the chaining between operators included, in order."""
+    stride = config["stride"]
+    conv1_W = p["conv1.W"]
+    conv1_b = p["conv1.b"]
+    bn1_gain = p["bn1.gain"]
+    bn1_bias = p["bn1.bias"]
+    bn1_mean = p["bn1.mean"]
+    bn1_var = p["bn1.var"]
+    conv2_W = p["conv2.W"]
+    conv2_b = p["conv2.b"]
+    bn2_gain = p["bn2.gain"]
+    bn2_bias = p["bn2.bias"]
+    bn2_mean = p["bn2.mean"]
+    bn2_var = p["bn2.var"]
+
+    # --- conv1: convolution ---
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
+
+    # --- bn1: batch-norm ---
+    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
+    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
+    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
+    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
+
+    # --- relu: relu-projection ---
+    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
+    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
+    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
+    del bn1_a, bn1_c, conv1_out
+
+    # --- conv2: convolution ---
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
+    del relu_out
+
+    # --- bn2: batch-norm ---
+    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
+    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
+    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
+    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
+
+    # --- relu: relu-projection ---
+    # Ru[l, p, q] = u[l, p, q]
+    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
+    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
+    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
+    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
+    del bn2_a, bn2_c, conv2_out
+    return relu2_out
+
+
+def _grids(n, stride):
+    """Grid points along one axis of u after F and after R."""
+    f = r = n
+    n = f
+    n = (n + -1) // stride + 1
+    n = (n + -1) // 1 + 1
+    f, n = n, r
+    n = (n + -1) // stride + 1
+    return f, n
 
 
 def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
@@ -528,60 +591,6 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     }
 
 
-
-def _step_identity(u0, p, config, eps):
-    """The step_identity program: its assignments, the chaining between operators included, in order."""
-    stride = config["stride"]
-    conv1_W = p["conv1.W"]
-    conv1_b = p["conv1.b"]
-    bn1_gain = p["bn1.gain"]
-    bn1_bias = p["bn1.bias"]
-    bn1_mean = p["bn1.mean"]
-    bn1_var = p["bn1.var"]
-    conv2_W = p["conv2.W"]
-    conv2_b = p["conv2.b"]
-    bn2_gain = p["bn2.gain"]
-    bn2_bias = p["bn2.bias"]
-    bn2_mean = p["bn2.mean"]
-    bn2_var = p["bn2.var"]
-
-    # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
-    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
-
-    # --- bn1: batch-norm ---
-    # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
-    bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
-    # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
-    bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
-
-    # --- relu: relu-projection ---
-    # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
-    # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
-    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
-    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
-    del relu_out
-
-    # --- bn2: batch-norm ---
-    # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
-    bn2_a = bn2_gain/torch.sqrt(eps + bn2_var)
-    # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
-    bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
-
-    # --- relu: relu-projection ---
-    # Ru[l, p, q] = u[l, p, q]
-    # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
-    # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
-    # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
-    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
-    del bn2_a, bn2_c, conv2_out
-    return relu2_out
-
-
 def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     """The derived adjoint of the step_identity program: the costate of its output → (costate of u0, gradients)."""
     stride = config["stride"]
@@ -739,7 +748,6 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     }
 
 
-
 #: Each program's derived adjoint.
 _ADJOINTS = {
     _step_with: _step_with_vjp,
@@ -808,9 +816,16 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _derived(module, links, outputs, u, names):
-    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
-    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+def _run(module, links, outputs, u, names=None):
+    """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
+    (``None``: all but the head's)."""
+    if module.backward_mode == "derived" and torch.is_grad_enabled():
+        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
+                                                       if name not in ()]
+        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+    last = _chain(u, links, module.eps)
+    return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
 
 class Model(_Network):
@@ -843,15 +858,12 @@ class Model(_Network):
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
         _input("u", u, (self.n_channels, "height", "width"), self.conv1.W.dtype)
-        stride, eps, sizes = self.stride, self.eps, {"n_channels": self.n_channels, "d": self.d}
-        channels = (sizes["d"], sizes["d"] if self.has_transfer else self.n_channels)
-        grids = [_grids(n, stride) if self.has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+        stride, has_transfer, sizes = self.stride, self.has_transfer, {"n_channels": self.n_channels, "d": self.d}
+        grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+        channels = (sizes["d"], sizes["d"] if has_transfer else sizes["n_channels"])
         if channels[0] != channels[1] or any(f != r for f, r in grids):
             raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
                              f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                              "they must agree")
-        p, config = dict(self.named_parameters()), {"stride": stride}
-        links = [((_step_with if self.has_transfer else _step_identity), p, config, "")]
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _derived(self, links, (), u, list(p))
-        return _chain(u, links, eps)
+        return _run(self, [((_step_with if has_transfer else _step_identity), dict(self.named_parameters()), {"stride": stride}, "")], (), u)
+

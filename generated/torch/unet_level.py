@@ -13,16 +13,16 @@ under the formula it implements (generated/reports/unet_level.md).
     Model(u)                      u: (batch, n_channels, height, width)
 
 Parameters (canonical names and shapes; W[c_in, k, k, c_out]):
-    down.W           (n_channels, 3, 3, d)
-    down.b           (d)
-    conv.W           (d, 3, 3, d)
-    conv.b           (d)
-    bn.gain          (d)
-    bn.bias          (d)
-    bn.mean          (d)
-    bn.var           (d)
-    up.W             (d, 2, 2, n_channels)
-    up.b             (n_channels)
+    down.W    (n_channels, 3, 3, d)
+    down.b    (d)
+    conv.W    (d, 3, 3, d)
+    conv.b    (d)
+    bn.gain   (d)
+    bn.bias   (d)
+    bn.mean   (d)
+    bn.var    (d)
+    up.W      (d, 2, 2, n_channels)
+    up.b      (n_channels)
 """
 import math
 import numbers
@@ -52,6 +52,28 @@ PARAMETERS = {
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
 }
+def _dropout(x, p: float):
+    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
+    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
+
+
+def _restrict(support, mask):
+    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
+    if support.dtype == torch.bool:
+        return support & ~mask
+    if mask.dtype == torch.bool:
+        return support.masked_fill(mask, float("-inf"))
+    return support + mask.to(support.dtype)
+
+
+def _check_mask(name: str, mask, shapes: list[list[int]]):
+    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
+    known = False
+    for shape in shapes:
+        known = known or list(mask.shape) == shape
+    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
+        expected = " or ".join([str(shape) for shape in shapes])
+        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -107,6 +129,67 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _group(module, table, sizes, factory):
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
+    for name, axes in table.items():
+        group, attribute = name.split(".")
+        if not hasattr(module, group):
+            module.add_module(group, torch.nn.Module())
+        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
+
+
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 class _Network(torch.nn.Module):
     """A network whose parameters carry their canonical names."""
 
@@ -148,78 +231,6 @@ def _interleave(blocks, axes):
     for position, axis in enumerate(axes):
         shape[axis] *= blocks.shape[n + position]
     return blocks.permute(order).reshape(shape)
-
-
-def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
-    for name, axes in table.items():
-        group, attribute = name.split(".")
-        if not hasattr(module, group):
-            module.add_module(group, torch.nn.Module())
-        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
-
-
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
-
-
-def _input(name, value, shape, dtype):
-    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
-        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
-    if value.dtype != dtype:
-        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
-    return value
-
-
-def _initialize(module, init, default):
-    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
-    ``default``."""
-    with torch.no_grad():
-        for name, tensor in module.named_parameters():
-            attribute = name.rsplit(".", 1)[1]
-            init.get(attribute, init.get(attribute[0], default))(tensor)
-
-
-def _grids(n, stride):
-    """Grid points along one axis of u after F and after R."""
-    f = r = n
-    n = f
-    n = (n + -1) // 2 + 1
-    n = (n + -1) // 1 + 1
-    n = n * 2
-    f, n = n, r
-    return f, n
-
-
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _step_identity(u0, p, config, eps):
@@ -267,6 +278,17 @@ def _step_identity(u0, p, config, eps):
     u1 = u0 + up_out
     del up_out
     return u1
+
+
+def _grids(n, stride):
+    """Grid points along one axis of u after F and after R."""
+    f = r = n
+    n = f
+    n = (n + -1) // 2 + 1
+    n = (n + -1) // 1 + 1
+    n = n * 2
+    f, n = n, r
+    return f, n
 
 
 def _step_identity_vjp(u0, u1_bar, p, config, eps):
@@ -389,7 +411,6 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     }
 
 
-
 #: Each program's derived adjoint.
 _ADJOINTS = {
     _step_identity: _step_identity_vjp,
@@ -457,9 +478,16 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _derived(module, links, outputs, u, names):
-    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
-    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+def _run(module, links, outputs, u, names=None):
+    """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
+    (``None``: all but the head's)."""
+    if module.backward_mode == "derived" and torch.is_grad_enabled():
+        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
+                                                       if name not in ()]
+        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+    last = _chain(u, links, module.eps)
+    return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
 
 class Model(_Network):
@@ -492,15 +520,12 @@ class Model(_Network):
     def forward(self, u):
         """``u`` of shape (batch, n_channels, height, width)."""
         _input("u", u, (self.n_channels, "height", "width"), self.down.W.dtype)
-        stride, eps, sizes = self.stride, self.eps, {"n_channels": self.n_channels, "d": self.d}
-        channels = (sizes["n_channels"], sizes["n_channels"] if self.has_transfer else self.n_channels)
-        grids = [_grids(n, stride) if self.has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+        stride, has_transfer, sizes = self.stride, self.has_transfer, {"n_channels": self.n_channels, "d": self.d}
+        grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+        channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])
         if channels[0] != channels[1] or any(f != r for f, r in grids):
             raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
                              f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
                              "they must agree")
-        p, config = dict(self.named_parameters()), {"stride": stride}
-        links = [(_step_identity, p, config, "")]
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _derived(self, links, (), u, list(p))
-        return _chain(u, links, eps)
+        return _run(self, [(_step_identity, dict(self.named_parameters()), {"stride": stride}, "")], (), u)
+

@@ -18,30 +18,30 @@ statement stands under the formula it implements (generated/reports/vit.md).
 backward="derived" runs the derived adjoint as the backward pass (torch.autograd.Function).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
-    embed.W                  (n_channels, patch_size, patch_size, d)
-    embed.b                  (d)
-    embed.cls                (d)
-    embed.pos                (n_tokens, d)
-    layers.<n>.norm1.gain    (d)
-    layers.<n>.norm1.bias    (d)
-    layers.<n>.attn.W_q      (d, d)
-    layers.<n>.attn.b_q      (d)
-    layers.<n>.attn.W_k      (d, d)
-    layers.<n>.attn.b_k      (d)
-    layers.<n>.attn.W_v      (d, d)
-    layers.<n>.attn.b_v      (d)
-    layers.<n>.attn.W_o      (d, d)
-    layers.<n>.attn.b_o      (d)
-    layers.<n>.norm2.gain    (d)
-    layers.<n>.norm2.bias    (d)
-    layers.<n>.ffn.W_1       (d, d_ff)
-    layers.<n>.ffn.b_1       (d_ff)
-    layers.<n>.ffn.W_2       (d_ff, d)
-    layers.<n>.ffn.b_2       (d)
-    final_norm.gain          (d)
-    final_norm.bias          (d)
-    head.W                   (d, n_classes)      (n_classes > 0)
-    head.b                   (n_classes)      (n_classes > 0)
+    embed.W                 (n_channels, patch_size, patch_size, d)
+    embed.b                 (d)
+    embed.cls               (d)
+    embed.pos               (n_tokens, d)
+    final_norm.gain         (d)
+    final_norm.bias         (d)
+    layers.<n>.norm1.gain   (d)
+    layers.<n>.norm1.bias   (d)
+    layers.<n>.attn.W_q     (d, d)
+    layers.<n>.attn.b_q     (d)
+    layers.<n>.attn.W_k     (d, d)
+    layers.<n>.attn.b_k     (d)
+    layers.<n>.attn.W_v     (d, d)
+    layers.<n>.attn.b_v     (d)
+    layers.<n>.attn.W_o     (d, d)
+    layers.<n>.attn.b_o     (d)
+    layers.<n>.norm2.gain   (d)
+    layers.<n>.norm2.bias   (d)
+    layers.<n>.ffn.W_1      (d, d_ff)
+    layers.<n>.ffn.b_1      (d_ff)
+    layers.<n>.ffn.W_2      (d_ff, d)
+    layers.<n>.ffn.b_2      (d)
+    head.W                  (d, n_classes)      (n_classes > 0)
+    head.b                  (n_classes)      (n_classes > 0)
 """
 import math
 import numbers
@@ -83,19 +83,11 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
-#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
-#: name a view of it), so that the product reads them without a copy (``_cat``).
-_SIDE_BY_SIDE = [
-    (("attn.W_q", "attn.W_k", "attn.W_v",), 1),
-    (("attn.b_q", "attn.b_k", "attn.b_v",), 0),
-]
 #: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
-
-
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
@@ -338,6 +330,74 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+
+
+def _group(module, table, sizes, factory):
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
+    for name, axes in table.items():
+        group, attribute = name.split(".")
+        if not hasattr(module, group):
+            module.add_module(group, torch.nn.Module())
+        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
+
+
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 class _Network(torch.nn.Module):
     """A network whose parameters carry their canonical names."""
 
@@ -367,13 +427,6 @@ class _Network(torch.nn.Module):
             for name, value in values.items():
                 own[name].copy_(value)
         return self
-
-
-def _join(*parts):
-    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
-    batch = next(part.shape[0] for part in parts if part.dim() > 1)
-    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
 def _embedding(image, p, config, eps):
@@ -418,42 +471,6 @@ def _readout(u, p, config, eps):
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
     return head_logits
-
-
-def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
-    for name, axes in table.items():
-        group, attribute = name.split(".")
-        if not hasattr(module, group):
-            module.add_module(group, torch.nn.Module())
-        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
-
-
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
-
-
-def _input(name, value, shape, dtype):
-    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
-        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
-    if value.dtype != dtype:
-        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
-    return value
-
-
-def _initialize(module, init, default):
-    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
-    ``default``."""
-    with torch.no_grad():
-        for name, tensor in module.named_parameters():
-            attribute = name.rsplit(".", 1)[1]
-            init.get(attribute, init.get(attribute[0], default))(tensor)
 
 
 def _step(u0, p, config, eps):
@@ -551,31 +568,6 @@ def _links(top, layers, config):
     the parameters' names: the embedding, one step per layer, the final projection."""
     steps = [(_step, p, config, f"layers.{n}.") for n, p in enumerate(layers)]
     return [(_embedding, top, config, ""), *steps, (_final_norm, top, config, "")]
-
-
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _step_vjp_forward(u0, p, chi, eps, n_heads):
@@ -826,7 +818,6 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     }
 
 
-
 def _final_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
     inference, dropout_p, n_heads = True, 0.0, 1
@@ -891,7 +882,6 @@ def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
     }
 
 
-
 def _step_adjoint(u, seed, p, config, eps):
     """The step's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
     _, saved = _step_vjp_forward(u, p, None, eps, config["n_heads"])
@@ -902,7 +892,6 @@ def _final_adjoint(u, seed, p, config, eps):
     """The final's derived adjoint: its forward run again from ``u``, keeping what the adjoint reads, then the adjoint."""
     _, saved = _final_vjp_forward(u, p, None, eps, 1)
     return _final_vjp_backward(saved, seed, p, None, eps, 1)
-
 
 
 def _embedding_vjp(image, u0_bar, p, config, eps):
@@ -943,7 +932,6 @@ def _embedding_vjp(image, u0_bar, p, config, eps):
     }
 
 
-
 def _readout_vjp(u, head_logits_bar, p, config, eps):
     """The derived adjoint of the readout program: the costate of its output → (costate of u, gradients)."""
     head_W = p["head.W"]
@@ -970,7 +958,6 @@ def _readout_vjp(u, head_logits_bar, p, config, eps):
         "head.W": head_W_bar,
         "head.b": head_b_bar,
     }
-
 
 
 #: Each program's derived adjoint.
@@ -1043,9 +1030,24 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _derived(module, links, outputs, u, names):
-    """``_Derived`` of ``links`` (and ``outputs``) on ``u``, reading the parameters of ``module`` named ``names``."""
-    return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+def _run(module, links, outputs, u, names=None):
+    """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
+    (``None``: all but the head's)."""
+    if module.backward_mode == "derived" and torch.is_grad_enabled():
+        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
+                                                       if name not in HEAD_PARAMETERS]
+        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+    last = _chain(u, links, module.eps)
+    return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
+
+
+#: Parameters a fused product reads, stored side by side in one tensor along an axis (each
+#: name a view of it), so that the product reads them without a copy (``_cat``).
+_SIDE_BY_SIDE = [
+    (("attn.W_q", "attn.W_k", "attn.W_v",), 1),
+    (("attn.b_q", "attn.b_k", "attn.b_v",), 0),
+]
 
 
 class _Step(torch.nn.Module):
@@ -1078,12 +1080,12 @@ class Model(_Network):
         n_classes = _integer("n_classes", n_classes, 0)
         eps = _epsilon(eps)
         backward = _choice("backward", backward, ("autograd", "derived"))
+        self.backward_mode = backward
         height, width = image_size
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {image_size}")
-        self.backward_mode = backward
         self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
         self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size,
                        "n_heads": n_heads}
@@ -1106,16 +1108,11 @@ class Model(_Network):
         """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
         _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
         links = _links(_table(self, PARAMETERS), [_table(layer, LAYER_PARAMETERS) for layer in self.layers], self.config)
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            names = [name for name, _ in self.named_parameters() if name not in HEAD_PARAMETERS]
-            return _derived(self, links, (), pixel_values, names)
-        return _chain(pixel_values, links, self.eps)
+        return _run(self, links, (), pixel_values)
 
     def logits(self, pixel_values):
         """The readout: the class node's final state through the linear head."""
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
-        u, links = self(pixel_values), [(_readout, _table(self, HEAD_PARAMETERS), {}, "")]
-        if self.backward_mode == "derived" and torch.is_grad_enabled():
-            return _derived(self, links, (), u, list(HEAD_PARAMETERS))
-        return _chain(u, links, self.eps)
+        return _run(self, [(_readout, _table(self, HEAD_PARAMETERS), {}, "")], (), self(pixel_values), HEAD_PARAMETERS)
+

@@ -126,7 +126,7 @@ def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend:
     rows = [{"name": table["prefix"] + p["name"], "shape": p["shape"], "suffix": table["suffix"]}
             for table in network["tables"] for p in table["parameters"]] + network.get("rows", [])
     return _tidy(environment().get_template("network_module.py.j2").render(
-        network={**network, "listing": rows}, backend=backend, name=model.name, version=__version__, signature=signature, inputs=NETWORK_INPUTS[inputs][backend], uses=network["uses"],
+        network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[inputs]["numpy"][0].name, name=model.name, version=__version__, signature=signature, inputs=NETWORK_INPUTS[inputs][backend], uses=network["uses"],
         computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2, head=network["head"]))
 
 

@@ -12,10 +12,13 @@ Each stage runs derived programs whose assignments, the chaining between operato
 layouts, the class node, residual sums) included, are in index notation; every statement
 stands under the formula it implements (generated/reports/cvt.md).
 
-    forward(pixel_values, params, *, stages, eps=1e-5) -> (last_hidden_state, cls_token_value)
-        last_hidden_state: (batch, d, n_rows, n_cols) of the last stage; cls_token_value:
-        (batch, 1, d), or None when the last stage has no class node
-    logits(pixel_values, params, *, stages, eps=1e-5) -> (batch, n_classes)
+    forward(pixel_values, params, *, stages, eps=1e-5)
+        -> (last_hidden_state (batch, d, n_rows, n_cols) of the last stage,
+           cls_token_value (batch, 1, d) or None when the last stage has no class node)
+    logits(pixel_values, params, **options) -> (batch, n_classes)
+    vjp(pixel_values, params, grad_out, grad_cls=None, **options) -> (grad_pixel_values, grad_params)
+    vjp_logits(pixel_values, params, grad_logits, **options) -> (grad_pixel_values, grad_params)
+        the derived adjoint (grad_params keyed by the canonical names)
 
 stages: one mapping per stage with patch_size, patch_stride, patch_padding, n_heads,
 kernel_qkv, stride_q, padding_q, stride_kv, padding_kv and cls (bool).

@@ -7,8 +7,10 @@ Regenerate with: splitformer derive unet-level
 One step on the 2-D grid, u⁺ = R u + F(u) (Δt = 1); every statement stands
 under the formula it implements (generated/reports/unet_level.md).
 
-    forward(u, params, *, stride=1, eps=1e-5) -> (batch, channels, height', width')
-    vjp(u, params, grad_out, *, stride=1, eps=1e-5) -> (grad_u, grad_params)   (the derived adjoint)
+    forward(u, params, *, stride=1, eps=1e-5)
+        -> (batch, channels, height', width')
+    vjp(u, params, grad_out, **options) -> (grad_u, grad_params)
+        the derived adjoint (grad_params keyed by the canonical names)
 
 u: (batch, n_channels, height, width), float32 or float64 (channels first, as torch).
 R is the identity (the skip connection): F(u) must land on the grid and channels of u.

@@ -10,9 +10,9 @@ statement stands under the formula it implements (generated/reports/vit.md).
 
     forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None)
         -> final hidden states (batch, 1 + n_rows * n_cols, d); the class node first
-    logits(pixel_values, params, **config) -> (batch, n_classes)
-    vjp(pixel_values, params, grad_out, **config) -> (grad_pixel_values, grad_params)
-    vjp_logits(pixel_values, params, grad_logits, **config) -> (grad_pixel_values, grad_params)
+    logits(pixel_values, params, **options) -> (batch, n_classes)
+    vjp(pixel_values, params, grad_out, **options) -> (grad_pixel_values, grad_params)
+    vjp_logits(pixel_values, params, grad_logits, **options) -> (grad_pixel_values, grad_params)
         the derived adjoint (grad_params keyed by the canonical names)
 
 pixel_values: (batch, n_channels, height, width), float32 or float64. The position term

@@ -7,10 +7,12 @@ Regenerate with: splitformer derive resnet-block
 One step on the 2-D grid, u⁺ = Proj_S₂(R u + F(u)) (Δt = 1); every statement stands
 under the formula it implements (generated/reports/resnet_block.md).
 
-    Model(n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None,
-          backward="autograd")        backward="derived": the derived adjoint is the backward pass
-    Model.load_params(params)     canonical names (as the NumPy module's), arrays or tensors
-    Model(u)                      u: (batch, n_channels, height, width)
+    Model(n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None, backward="autograd")
+    Model.load_params(params)    canonical names (as the NumPy module's), arrays or tensors
+    Model(u)
+        -> (batch, channels, height', width')
+
+backward="derived" runs the derived adjoint as the backward pass (torch.autograd.Function).
 
 transfer=True: R = bn3 ∘ shortcut (the projection shortcut); False: R is the identity.
 

@@ -7,10 +7,14 @@ Regenerate with: splitformer derive unet-level
 One step on the 2-D grid, u⁺ = R u + F(u) (Δt = 1); every statement stands
 under the formula it implements (generated/reports/unet_level.md).
 
-    Model(n_channels, d, *, stride=1, transfer=False (none), eps=1e-5, device=None, dtype=None,
-          backward="autograd")        backward="derived": the derived adjoint is the backward pass
-    Model.load_params(params)     canonical names (as the NumPy module's), arrays or tensors
-    Model(u)                      u: (batch, n_channels, height, width)
+    Model(n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None, backward="autograd")
+    Model.load_params(params)    canonical names (as the NumPy module's), arrays or tensors
+    Model(u)
+        -> (batch, channels, height', width')
+
+backward="derived" runs the derived adjoint as the backward pass (torch.autograd.Function).
+
+R is the identity (the skip connection).
 
 Parameters (canonical names and shapes; W[c_in, k, k, c_out]):
     down.W    (n_channels, 3, 3, d)

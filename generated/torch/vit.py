@@ -8,12 +8,12 @@ The initial condition u(x, y, 0) = f(x, y) (embedding), one step of the block sc
 'pre-ln' (gelu) per layer, the final projection and the readout; every
 statement stands under the formula it implements (generated/reports/vit.md).
 
-    Model(n_layers=, d_model=, n_heads=, d_ff=, n_channels=, patch_size=, image_size=, n_classes=0, eps=1e-12,
-          backward="autograd")
-
-    Model.load_params(params)        canonical names (as the NumPy module's), arrays or tensors
-    Model(pixel_values)              final hidden states (batch, 1 + n_rows * n_cols, d)
-    Model.logits(pixel_values)       (batch, n_classes)
+    Model(*, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0, eps=1e-12, device=None,
+          dtype=None, backward="autograd")
+    Model.load_params(params)    canonical names (as the NumPy module's), arrays or tensors
+    Model(pixel_values)
+        -> final hidden states (batch, 1 + n_rows * n_cols, d); the class node first
+    Model.logits(pixel_values) -> (batch, n_classes)
 
 backward="derived" runs the derived adjoint as the backward pass (torch.autograd.Function).
 

@@ -26,7 +26,7 @@ from splitformer.symbolic.vision_operators import PATCH
 from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
-from .ir import BATCH, ExactGelu, Module, Operand
+from .ir import BATCH, ExactGelu, Module, Operand, TanhGelu
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]
@@ -55,7 +55,7 @@ def printable_class(cls: type) -> bool:
     """``cls`` is the SymPy class of its name, splitformer's ``Number`` or ``sympy.Function(name)``: no
     user class reaches a ``_print_<name>`` method by borrowing a name."""
     name = cls.__name__
-    return (cls is Number or cls is ExactGelu or plain_function_class(cls)
+    return (cls is Number or cls is ExactGelu or cls is TanhGelu or plain_function_class(cls)
             or type(name) is str and any(getattr(namespace, name, None) is cls for namespace in _SYMPY_NAMESPACES))
 
 
@@ -162,6 +162,14 @@ class ArrayPrinter(StrPrinter):
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         return f"{self.use(self.exact_gelu)}({self._print(expr.args[0])})"
 
+    def _print_TanhGelu(self, expr: TanhGelu) -> str:
+        """The ``gelu-tanh`` pass's call (``tanh_gelu``: the library's routine and its extra arguments); a
+        user's function of that name has no spelling."""
+        if type(expr) is not TanhGelu:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        function, options = self.tanh_gelu
+        return f"{self.use(function)}({self._print(expr.args[0])}{options})"
+
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
         argument = expr.args[0]
@@ -205,6 +213,7 @@ class ArrayPrinter(StrPrinter):
 class NumpyPrinter(ArrayPrinter):
     library = "np"
     exact_gelu = "_gelu"
+    tanh_gelu = ("_gelu_tanh", "")
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 
@@ -230,6 +239,7 @@ class NumpyPrinter(ArrayPrinter):
 class TorchPrinter(ArrayPrinter):
     library = "torch"
     exact_gelu = "torch.nn.functional.gelu"
+    tanh_gelu = ("torch.nn.functional.gelu", ', approximate="tanh"')
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 

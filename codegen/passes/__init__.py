@@ -9,6 +9,7 @@ from .convolution import convolution
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .gelu import gelu
+from .gelu_tanh import gelu_tanh
 from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
 from .local_kernel import local_kernel
@@ -27,6 +28,7 @@ PASSES = {
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
     "gelu": gelu,
+    "gelu-tanh": gelu_tanh,
     "unroll-pairs": unroll_pairs,
     "fused-attention": fused_attention,
     "matmul": matmul,

@@ -15,23 +15,38 @@ import sympy as sp
 
 from ..ir import Elementwise, ExactGelu, Module
 
-__all__ = ["gelu"]
+__all__ = ["gelu", "form_argument", "as_calls"]
 
 
-def _argument(expr: sp.Expr) -> sp.Indexed | None:
-    """The array whose exact GELU ``expr`` is, or ``None``."""
-    if not expr.has(sp.erf):
+def form_argument(expr: sp.Expr, form, function: type) -> sp.Indexed | None:
+    """The one array ``x`` that ``expr`` reads when ``expr`` is ``form(x)`` (and has ``function``), or ``None``."""
+    if not expr.has(function):
         return None
     arrays = expr.atoms(sp.Indexed)
     if len(arrays) != 1:
         return None
     x = next(iter(arrays))
-    return x if sp.expand(expr - x * (1 + sp.erf(x / sp.sqrt(2))) / 2) == 0 else None
+    return x if sp.expand(expr - form(x)) == 0 else None
+
+
+def as_calls(module: Module, argument, call: type) -> Module:
+    """``module`` with each elementwise map whose ``argument`` is an array ``x`` written ``call(x)``."""
+    ops = []
+    for op in module.ops:
+        x = argument(op.expr) if isinstance(op, Elementwise) else None
+        ops.append(op if x is None else replace(op, expr=call(x)))
+    return replace(module, ops=ops)
+
+
+def exact_gelu(x: sp.Expr) -> sp.Expr:
+    """The recognized form, of ``x``."""
+    return x * (1 + sp.erf(x / sp.sqrt(2))) / 2
+
+
+def _argument(expr: sp.Expr) -> sp.Indexed | None:
+    """The array whose exact GELU ``expr`` is, or ``None``."""
+    return form_argument(expr, exact_gelu, sp.erf)
 
 
 def gelu(module: Module) -> Module:
-    ops = []
-    for op in module.ops:
-        x = _argument(op.expr) if isinstance(op, Elementwise) else None
-        ops.append(op if x is None else replace(op, expr=ExactGelu(x)))
-    return replace(module, ops=ops)
+    return as_calls(module, _argument, ExactGelu)

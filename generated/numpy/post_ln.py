@@ -98,10 +98,9 @@ def _attention(q, k, v, scale, support):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
     Heads are strided views of the operands, never copied; per batch entry, a group of heads
-    and a block of query rows whose scores (``_SCORES`` entries) stay in cache go through one
-    reused buffer. The scale is applied to a copy of the queries, the normalization to the
-    output rows, which overwrite their (used) scaled queries: the copy is the output, in
-    (batch, tokens, heads, features) order.
+    and a block of query rows (``_blocks``) go through one reused buffer. The scale is applied
+    to a copy of the queries, the normalization to the output rows, which overwrite their (used)
+    scaled queries: the copy is the output, in (batch, tokens, heads, features) order.
     """
     batch, n_queries, n_heads, _ = q.shape
     n_keys = k.shape[1]
@@ -110,8 +109,7 @@ def _attention(q, k, v, scale, support):
     keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     if support is not None:
         support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
-    rows = max(1, min(n_queries, _SCORES // max(1, n_keys)))
-    group = max(1, min(n_heads, _SCORES // (rows * max(1, n_keys))))
+    rows, group = _blocks(n_queries, n_keys, n_heads, max(q.shape[-1], v.shape[-1]))
     buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
     for b in range(batch):
         for first in range(0, n_heads, group):
@@ -126,8 +124,28 @@ def _attention(q, k, v, scale, support):
     return out
 
 
+def _blocks(n_queries, n_keys, n_heads, width):
+    """Query rows and heads per block of ``_attention``: its scores (``_SCORES`` entries) stay in
+    cache; where products of ``_MIN_ROWS`` rows are small enough, fewer rows, so that BLAS computes
+    each product (rows × ``width`` × keys multiply-adds) on one thread (``_ONE_THREAD``)."""
+    n_keys = max(1, n_keys)
+    rows = max(1, min(n_queries, _SCORES // n_keys))
+    one_thread = _ONE_THREAD // (max(1, width) * n_keys)
+    if one_thread >= _MIN_ROWS:
+        rows = min(rows, one_thread)
+    return rows, max(1, min(n_heads, _SCORES // (rows * n_keys)))
+
+
 #: Score entries per block of ``_attention``: 2 MB in float32, which stay in cache.
 _SCORES = 1 << 19
+#: Multiply-adds of a product that OpenBLAS computes on one thread (its threshold, 65536 · 4). A
+#: short sequence's products stay under it: handing each small product to a second thread costs
+#: more than it gains, and on a loaded machine every hand-off waits for a descheduled thread
+#: (B 8, N 128, d 512, 8 heads: 2 BLAS threads, load 13 on 2 cores, 810 → 49 ms per attention).
+_ONE_THREAD = 1 << 18
+#: The fewest query rows per product (fewer run far below the GEMM kernel's speed): a long
+#: sequence keeps its large blocks, whose products threads share well.
+_MIN_ROWS = 16
 
 
 def _row_scale(x):

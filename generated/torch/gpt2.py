@@ -453,7 +453,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = (tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π)) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + torch.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi)))*ffn_w/2
+    ffn_s = torch.nn.functional.gelu(ffn_w, approximate="tanh")
     # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = torch.addmm(ffn_b_2, ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
     # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
@@ -1021,7 +1021,7 @@ class Block(_CanonicalModule):
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         del norm2_out
         # s^ffn[i, z] = (tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π)) + 1)*w^ffn[i, z]/2
-        ffn_s = (1 + torch.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi)))*ffn_w/2
+        ffn_s = torch.nn.functional.gelu(ffn_w, approximate="tanh")
         ffn_s = _dropout(ffn_s, dropout_p)
         del ffn_w
         # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])

@@ -1,0 +1,64 @@
+"""The NumPy ``_attention`` routine's blocks: a short sequence's products small enough for BLAS to compute each
+on one thread (no hand-off per product), a long one's kept large; the result is the attention either way."""
+
+import types
+
+import numpy as np
+import pytest
+
+from conftest import GENERATED, import_path
+
+MODULE = import_path(GENERATED / "numpy" / "decoder.py")
+
+
+def _products(batch, n_queries, n_keys, heads, width):
+    """The (rows, inner, columns) of every matrix product ``_attention`` computes."""
+    shapes = []
+
+    def matmul(a, b, out=None):
+        shapes.extend([(a.shape[-2], a.shape[-1], b.shape[-1])] * int(np.prod(a.shape[:-2])))
+        return np.matmul(a, b, out=out)
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((batch, tokens, heads, width)) for tokens in (n_queries, n_keys, n_keys))
+    original = MODULE.np
+    MODULE.np = types.SimpleNamespace(**{**{name: getattr(np, name) for name in dir(np) if not name.startswith("__")},
+                                         "matmul": matmul})
+    try:
+        MODULE._attention(q, k, v, 0.125, None)
+    finally:
+        MODULE.np = original
+    return shapes
+
+
+def test_a_short_sequences_products_stay_under_blas_one_thread_size():
+    """B 8, N 128, 8 heads of 64 (the decoder/gpt2 benchmark rows): 128-row products (2^20 multiply-adds,
+    which OpenBLAS splits over its threads) before; 32-row ones of 2^18 now."""
+    shapes = _products(2, 128, 128, 8, 64)
+    assert shapes and max(m * k * n for m, k, n in shapes) <= MODULE._ONE_THREAD == 1 << 18
+    assert min(m for m, _, _ in shapes) >= MODULE._MIN_ROWS
+
+
+def test_a_long_sequence_keeps_large_blocks():
+    """Control: at N 1024 a 16-row product is past the one-thread size: the blocks stay as large as the
+    cache allows (512 rows), which threads share well."""
+    assert MODULE._blocks(1024, 1024, 8, 64) == (512, 1)
+    assert MODULE._blocks(128, 128, 8, 64) == (32, 8)
+    assert MODULE._blocks(1, 300, 8, 64) == (1, 8)  # one new token (decoding): one row
+
+
+@pytest.mark.parametrize("n_queries, n_keys", [(100, 128), (37, 256), (5, 0)])
+def test_blocked_attention_is_the_attention(n_queries, n_keys, rng):
+    """Float64 against plain NumPy, with a padding and causal support cut into blocks (partial last
+    block, rows with no key left: output 0)."""
+    batch, heads, width = 2, 3, 64
+    q, k, v = (rng.standard_normal((batch, tokens, heads, width)) for tokens in (n_queries, n_keys, n_keys))
+    support = rng.random((batch, 1, n_queries, n_keys)) < 0.8
+    support[0, 0, 3] = False
+    rows, _ = MODULE._blocks(n_queries, n_keys, heads, width)
+    assert n_keys == 0 or rows < n_queries  # more than one block of rows
+    scores = np.einsum("bime,bjme->bmij", q, k) / 8
+    weights = np.where(support, np.exp(scores - scores.max(-1, keepdims=True, initial=-np.inf)), 0)
+    total = weights.sum(-1, keepdims=True)
+    expected = np.einsum("bmij,bjme->bime", weights / np.where(total == 0, 1, total), v)
+    assert np.abs(MODULE._attention(q, k, v, 0.125, support) - expected).max() <= 1e-12

@@ -238,8 +238,8 @@ def _edited(what: str, built: str) -> SplitformerError:
 def _check_as_built(model: LanguageModel) -> None:
     """Refuse a model edited after construction: the config stores ``model.arguments``, and ``from_pretrained``
     rebuilds the model those arguments build. Compared with that rebuild (on the meta device: no memory, no
-    values), module by module: its class, plain attributes and parameters (name, shape, dtype), and which
-    parameters are one object (a head tied to the embedding)."""
+    values), module by module: its class, plain attributes, forward hooks, parameters and buffers (name, shape,
+    dtype), and which parameters are one object (a head tied to the embedding)."""
     rebuilt = LanguageModel(**model.arguments, device="meta", dtype=next(model.parameters()).dtype)
     have = dict(model.named_modules(remove_duplicate=False))
     built = dict(rebuilt.named_modules(remove_duplicate=False))
@@ -252,8 +252,12 @@ def _check_as_built(model: LanguageModel) -> None:
         for key in sorted(attributes.keys() | expected.keys()):
             if not _same(attributes.get(key), expected.get(key)):
                 raise _edited(f"{where} has {key}={attributes.get(key)!r}", f"{key}={expected.get(key)!r}")
-        parameters = {key: _described(one) for key, one in module.named_parameters(recurse=False)}
-        expected = {key: _described(one) for key, one in wanted.named_parameters(recurse=False)}
+        if module._forward_hooks or module._forward_pre_hooks:
+            raise _edited(f"{where} has a forward hook", "none")
+        parameters = {key: _described(one) for key, one in [*module.named_parameters(recurse=False),
+                                                             *module.named_buffers(recurse=False)]}
+        expected = {key: _described(one) for key, one in [*wanted.named_parameters(recurse=False),
+                                                          *wanted.named_buffers(recurse=False)]}
         for key in [*expected, *(key for key in parameters if key not in expected)]:
             if parameters.get(key) != expected.get(key):
                 raise _edited(f"{where}.{key} is {parameters.get(key, 'absent')}", expected.get(key, "none"))

@@ -303,6 +303,10 @@ LANGUAGE_MODEL_EDITS = {
                            r"model\.positions has max_norm=0\.5 but .* build max_norm=None"),
     "dropout": (lambda model: setattr(model.dropout, "p", 0.25), True, r"model\.dropout has p=0\.25 but .* build p=0\.0"),
     "added layer": (_add_layer, True, r"model\.stack\.layers\.2 is a Block but .* build nothing there"),
+    "forward hook": (lambda model: model.stack.layers[1].register_forward_hook(lambda module, args, out: 2 * out), True,
+                     r"model\.stack\.layers\.1 has a forward hook but .* build none"),
+    "buffer": (lambda model: model.embed.register_buffer("scale", torch.ones(())), True,
+               r"model\.embed\.scale is \[\] torch\.float32 but .* build none"),
 }
 
 

@@ -113,15 +113,19 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 labels: torch.LongTensor | None = None, use_cache: bool | None = None,
                 inputs_embeds: torch.Tensor | None = None, num_items_in_batch: int | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                past_key_values: Cache | None = None, return_dict: bool | None = None,
+                **kwargs) -> CausalLMOutputWithPast | tuple:
         """Logits of the next token; ``loss`` (shifted cross-entropy, -100 ignored) with ``labels``,
         summed over ``num_items_in_batch`` tokens when ``Trainer`` gives it (gradient accumulation).
 
         ``attention_mask`` (batch, cached + new tokens): 1 keeps a token, 0 marks padding.
-        ``cache``: a ``DynamicCache`` (made here when ``use_cache`` and none is given; ``use_cache``
-        defaults to the config's in eval mode, off in training).
-        Other keywords of transformers' interface (``return_dict``, ``output_attentions``) are ignored.
+        ``cache`` (or its older name ``past_key_values``): a ``DynamicCache`` (made here when
+        ``use_cache`` and none is given; ``use_cache`` defaults to the config's in eval mode, off
+        in training). ``return_dict=False``: a tuple. ``output_attentions`` and
+        ``output_hidden_states`` may be False; any other keyword is refused by name.
         """
+        cache = _one_cache(cache, past_key_values)
+        _check_keywords(kwargs)
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("input_ids is required: a splitformer LanguageModel embeds its tokens itself")
         if attention_mask is not None and attention_mask.dim() != 2:
@@ -141,7 +145,33 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
                                                      ignore_index=-100,
                                                      reduction="mean" if num_items_in_batch is None else "sum")
             loss = loss if num_items_in_batch is None else loss / num_items_in_batch
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+        return output if return_dict is None or return_dict else output.to_tuple()
+
+
+def _one_cache(cache, past_key_values) -> Cache | None:
+    """The cache, given under its name or under transformers' older name ``past_key_values``."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("give the cache once: as cache= or as past_key_values= (its older name), not both")
+    cache = past_key_values if cache is None else cache
+    if cache is not None and not isinstance(cache, Cache):
+        raise TypeError(f"cache (past_key_values) must be a transformers Cache such as DynamicCache, got "
+                        f"{type(cache).__name__}")
+    return cache
+
+
+#: Keywords of transformers' interface the forward takes when false: it returns no attentions or hidden states.
+_FALSE_ONLY = ("output_attentions", "output_hidden_states")
+
+
+def _check_keywords(keywords: dict) -> None:
+    """Refuse a keyword the forward does not read (``token_type_ids``, ``cache_position``, ``logits_to_keep``, …):
+    ignored, it would compute something else than asked."""
+    unread = sorted(f"{name}={value!r}" if name in _FALSE_ONLY else name for name, value in keywords.items()
+                    if name not in _FALSE_ONLY or value)
+    if unread:
+        raise TypeError(f"SplitformerForCausalLM.forward does not take {', '.join(unread)} (a splitformer "
+                        "LanguageModel has no such input or output)")
 
 
 def _scheme_fields(scheme) -> dict:
@@ -175,39 +205,84 @@ def _check_source(scheme: Scheme) -> None:
 
 
 def _configuration(module: torch.nn.Module) -> dict:
-    """A module's plain attributes (``eps``, ``bias``, ``n_heads``, …), not its tensors, submodules or mode."""
+    """A module's plain attributes (``eps``, ``bias``, ``max_norm``, …), not its tensors, submodules or mode."""
     return {name: value for name, value in vars(module).items() if not name.startswith("_") and name != "training"}
 
 
-def _check_stack_as_built(model: LanguageModel) -> None:
-    """Refuse a model whose Stack was edited after construction: the config stores ``model.arguments``, and
-    ``from_pretrained`` rebuilds the Stack those arguments build (on the meta device: no memory, no values)."""
-    rebuilt = LanguageModel(**model.arguments, device="meta").stack
-    pairs = [("the Stack", model.stack, rebuilt)]
-    if len(model.stack.layers) == len(rebuilt.layers):
-        pairs += [(f"the Stack layers[{index}]", *pair) for index, pair in enumerate(zip(model.stack.layers, rebuilt.layers))]
-    else:
-        raise SplitformerError(f"to_hf: the Stack has {len(model.stack.layers)} layers, its arguments build "
-                               f"{len(rebuilt.layers)}; the config would rebuild the latter")
-    for where, module, built in pairs:
-        have, wanted = _configuration(module), _configuration(built)
-        for name in sorted(have.keys() | wanted.keys()):
-            if have.get(name) != wanted.get(name):
-                raise SplitformerError(f"to_hf: {where} has {name}={have.get(name)!r} but the model's arguments "
-                                       f"(what the config stores) build {name}={wanted.get(name)!r}; build the "
-                                       "LanguageModel with that value instead of editing it afterwards")
+def _same(value, other) -> bool:
+    try:
+        return bool(value == other)
+    except (RuntimeError, TypeError, ValueError):  # a tensor set as an attribute: not a plain value
+        return False
+
+
+def _kind(module: torch.nn.Module | None) -> str:
+    return "nothing" if module is None else f"a {type(module).__name__}"
+
+
+def _described(parameter: torch.Tensor) -> str:
+    return f"{list(parameter.shape)} {parameter.dtype}"
+
+
+def _sharing(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Each parameter's name and the names of the other parameters that are the same object (a tied head)."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    return {name: [other for other, same in named if same is parameter and other != name] for name, parameter in named}
+
+
+def _edited(what: str, built: str) -> SplitformerError:
+    return SplitformerError(f"to_hf: {what} but the model's arguments (what the config stores) build {built}; build "
+                            "the LanguageModel that way (then load_state_dict) instead of editing it afterwards")
+
+
+def _check_as_built(model: LanguageModel) -> None:
+    """Refuse a model edited after construction: the config stores ``model.arguments``, and ``from_pretrained``
+    rebuilds the model those arguments build. Compared with that rebuild (on the meta device: no memory, no
+    values), module by module: its class, plain attributes, forward hooks, parameters and buffers (name, shape,
+    dtype), and which parameters are one object (a head tied to the embedding)."""
+    rebuilt = LanguageModel(**model.arguments, device="meta", dtype=next(model.parameters()).dtype)
+    have = dict(model.named_modules(remove_duplicate=False))
+    built = dict(rebuilt.named_modules(remove_duplicate=False))
+    for name in [*built, *(name for name in have if name not in built)]:
+        where = f"model.{name}" if name else "the LanguageModel"
+        module, wanted = have.get(name), built.get(name)
+        if type(module).__qualname__ != type(wanted).__qualname__:
+            raise _edited(f"{where} is {_kind(module)}", f"{_kind(wanted)} there")
+        attributes, expected = _configuration(module), _configuration(wanted)
+        for key in sorted(attributes.keys() | expected.keys()):
+            if not _same(attributes.get(key), expected.get(key)):
+                raise _edited(f"{where} has {key}={attributes.get(key)!r}", f"{key}={expected.get(key)!r}")
+        if module._forward_hooks or module._forward_pre_hooks:
+            raise _edited(f"{where} has a forward hook", "none")
+        parameters = {key: _described(one) for key, one in [*module.named_parameters(recurse=False),
+                                                             *module.named_buffers(recurse=False)]}
+        expected = {key: _described(one) for key, one in [*wanted.named_parameters(recurse=False),
+                                                          *wanted.named_buffers(recurse=False)]}
+        for key in [*expected, *(key for key in parameters if key not in expected)]:
+            if parameters.get(key) != expected.get(key):
+                raise _edited(f"{where}.{key} is {parameters.get(key, 'absent')}", expected.get(key, "none"))
+    sharing, expected = _sharing(model), _sharing(rebuilt)
+    for name in expected:
+        for other in expected[name]:
+            if other not in sharing[name]:
+                raise _edited(f"model.{name} is not model.{other}",
+                              f"them as one parameter (tie_weights={model.arguments['tie_weights']})")
+        for other in sharing[name]:
+            if other not in expected[name]:
+                raise _edited(f"model.{name} is model.{other}", "them as separate parameters")
 
 
 def to_hf(model: LanguageModel) -> SplitformerForCausalLM:
-    """``model`` as a transformers causal LM sharing its parameters (same dtype and device)."""
+    """``model`` as a transformers causal LM sharing its parameters (same dtype and device), left as it is;
+    a model whose parts differ from what its constructor's arguments (the config) build is refused by name."""
     if not isinstance(model, LanguageModel):
         raise SplitformerError(f"to_hf takes a splitformer.nn.LanguageModel, got {type(model).__name__}")
-    _check_stack_as_built(model)
+    _check_as_built(model)
     arguments = dict(model.arguments)
     fields = _scheme_fields(arguments.pop("scheme"))
     tied = arguments.pop("tie_weights")
     sizes = {name: arguments.pop(name) for name in _SIZES}
-    dtype = model.embed.weight.dtype
+    dtype = next(model.parameters()).dtype
     config = SplitformerConfig(**fields, **sizes, stack_options=arguments, tie_word_embeddings=tied,
                                dtype=dtype, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return SplitformerForCausalLM(config, model)

@@ -268,8 +268,122 @@ def test_a_stack_edited_after_construction_is_refused(edit, tmp_path):
     edited = model.stack.layers if edit == "one layer" else [*model.stack.layers, model.stack]
     for module in edited[-1:] if edit == "one layer" else edited:
         module.eps = 0.5
-    where = "the Stack layers\\[1\\]" if edit == "one layer" else "the Stack"
+    where = r"model\.stack\.layers\.1" if edit == "one layer" else r"model\.stack"
     with pytest.raises(SplitformerError, match=rf"^to_hf: {where} has eps=0.5 but the model's arguments \(what the "
                                                r"config stores\) build eps=1e-05") as error:
         to_hf(model)
     assert "\n" not in str(error.value)
+
+
+def _untie_head(model):
+    model.head.weight = torch.nn.Parameter(torch.randn_like(model.head.weight))
+
+
+def _tie_head(model):
+    model.head.weight = model.embed.weight
+
+
+def _biased_head(model):
+    model.head = torch.nn.Linear(8, VOCAB, dtype=torch.float64)
+
+
+def _add_layer(model):
+    model.stack.layers.append(copy.deepcopy(model.stack.layers[0]))
+
+
+#: Edits of a LanguageModel's own parts after construction, whether its head is tied, what to_hf names.
+LANGUAGE_MODEL_EDITS = {
+    "untied head": (_untie_head, True, r"model\.embed\.weight is not model\.head\.weight but the model's arguments "
+                                       r"\(what the config stores\) build them as one parameter \(tie_weights=True\)"),
+    "tied head": (_tie_head, False, r"model\.embed\.weight is model\.head\.weight but the model's arguments \(what "
+                                    r"the config stores\) build them as separate parameters"),
+    "biased head": (_biased_head, False, r"model\.head\.bias is \[31\] torch\.float64 but the model's arguments \(what "
+                                         r"the config stores\) build none"),
+    "positions max_norm": (lambda model: setattr(model.positions, "max_norm", 0.5), False,
+                           r"model\.positions has max_norm=0\.5 but .* build max_norm=None"),
+    "dropout": (lambda model: setattr(model.dropout, "p", 0.25), True, r"model\.dropout has p=0\.25 but .* build p=0\.0"),
+    "added layer": (_add_layer, True, r"model\.stack\.layers\.2 is a Block but .* build nothing there"),
+    "forward hook": (lambda model: model.stack.layers[1].register_forward_hook(lambda module, args, out: 2 * out), True,
+                     r"model\.stack\.layers\.1 has a forward hook but .* build none"),
+    "buffer": (lambda model: model.embed.register_buffer("scale", torch.ones(())), True,
+               r"model\.embed\.scale is \[\] torch\.float32 but .* build none"),
+}
+
+
+@pytest.mark.parametrize("edit", LANGUAGE_MODEL_EDITS)
+def test_a_language_model_edited_after_construction_is_refused_and_left_as_it_was(edit):
+    """The config rebuilds what ``model.arguments`` build: a part of the LanguageModel edited afterwards would be lost,
+    and a head untied afterwards was re-tied in the caller's model by ``post_init`` (found by an attacker: the trained
+    head gone, the user's own logits off by 4.21; a biased head's bias dropped on reload, 5.0; ``positions.max_norm``
+    lost on reload, 0.99). Controls: the unedited model converts; the caller's parameters are left untouched."""
+    change, tie, message = LANGUAGE_MODEL_EDITS[edit]
+    model = language_model("pre-ln", tie_weights=tie)
+    assert to_hf(model).model is model  # control: unedited, it converts
+    model = language_model("pre-ln", tie_weights=tie)
+    change(model)
+    _random(model)
+    with torch.no_grad():  # first: an Embedding with max_norm renormalizes its rows in place when it runs
+        before = model(PROMPT)
+    parameters = {name: (parameter, parameter.detach().clone())
+                  for name, parameter in model.named_parameters(remove_duplicate=False)}
+    with pytest.raises(SplitformerError, match=rf"^to_hf: {message}; build the LanguageModel that way") as error:
+        to_hf(model)
+    assert "\n" not in str(error.value)
+    now = dict(model.named_parameters(remove_duplicate=False))
+    assert now.keys() == parameters.keys()
+    assert all(now[name] is parameter and torch.equal(parameter, kept) for name, (parameter, kept) in parameters.items())
+    with torch.no_grad():
+        assert torch.equal(model(PROMPT), before)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_to_hf_leaves_the_callers_model_as_it_was(tie):
+    model = language_model("llama", tie_weights=tie)  # rotary: no learned positions
+    parameters = {name: (parameter, parameter.detach().clone())
+                  for name, parameter in model.named_parameters(remove_duplicate=False)}
+    with torch.no_grad():
+        before = model(PROMPT)
+    hf = to_hf(model)
+    now = dict(model.named_parameters(remove_duplicate=False))
+    assert now.keys() == parameters.keys() and (now["head.weight"] is now["embed.weight"]) == tie
+    assert all(now[name] is parameter and torch.equal(parameter, kept) for name, (parameter, kept) in parameters.items())
+    with torch.no_grad():
+        assert torch.equal(model(PROMPT), before) and torch.equal(hf(PROMPT).logits, before)
+
+
+def test_past_key_values_is_the_cache():
+    """transformers' older name of the cache (its own models still take it) was swallowed by ``**kwargs``: the new
+    tokens ran as a fresh sequence (found by an attacker: 0.476 off, no warning). Control: without the cache they
+    do differ."""
+    hf = to_hf(language_model("pre-ln"))
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full = hf(tokens).logits
+        for name in ("cache", "past_key_values"):
+            first = hf(tokens[:, :5], use_cache=True).cache
+            rest = hf(tokens[:, 5:], **{name: first}).logits
+            assert torch.allclose(rest, full[:, 5:], rtol=0, atol=1e-12)
+            assert first.get_seq_length() == 8
+        assert not torch.allclose(hf(tokens[:, 5:]).logits, full[:, 5:], atol=1e-3)  # control: the cache matters
+        cache = hf(tokens[:, :5], use_cache=True).cache
+        with pytest.raises(ValueError, match=r"^give the cache once: as cache= or as past_key_values="):
+            hf(tokens[:, 5:], cache=cache, past_key_values=cache)
+        with pytest.raises(TypeError, match=r"^cache \(past_key_values\) must be a transformers Cache such as "
+                                            r"DynamicCache, got tuple$"):
+            hf(tokens[:, 5:], past_key_values=((torch.zeros(2, 2, 5, 4),) * 2,) * 2)
+
+
+@pytest.mark.parametrize("keyword, value", [("token_type_ids", torch.zeros(1, 5, dtype=torch.long)),
+                                            ("cache_position", torch.arange(5)), ("logits_to_keep", 1),
+                                            ("output_hidden_states", True), ("output_attentions", True),
+                                            ("atention_mask", torch.ones(1, 5))])
+def test_a_keyword_the_forward_does_not_read_is_refused(keyword, value):
+    """Any keyword left in ``**kwargs`` was ignored; it is refused by name. Controls: what ``generate`` and
+    ``Trainer`` pass (``return_dict``, ``output_attentions=False``) is taken; ``return_dict=False`` gives a tuple."""
+    hf = to_hf(language_model("pre-ln"))
+    with torch.no_grad():
+        logits = hf(PROMPT, return_dict=True, output_attentions=False, output_hidden_states=None).logits
+        assert torch.equal(hf(PROMPT, return_dict=False)[0], logits)
+        shown = f"{keyword}={value!r}" if keyword.startswith("output_") else keyword
+        with pytest.raises(TypeError, match=rf"^SplitformerForCausalLM\.forward does not take {shown} \("):
+            hf(PROMPT, **{keyword: value})

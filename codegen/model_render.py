@@ -13,6 +13,7 @@ from .adjoint import lower_adjoint
 from .lowering import lower
 from .network_inputs import NETWORK_INPUTS, signature
 from .render import backward_context, environment, unit_context
+from .runtime_source import inline_runtime
 from .stage_render import program_context
 
 __all__ = ["render_model", "render_grid_model", "render_cvt"]
@@ -37,7 +38,7 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
            "readout": readout, "final": backward_context(lower_adjoint(adjoint.final, passes), backend)
            if adjoint.final is not None else None}
     template = environment().get_template(f"{backend}/model.py.j2")
-    return template.render(
+    return inline_runtime(template.render(
         model=model.spec, name=model.name, scheme=model.spec.scheme, version=__version__, signature=signature,
         inputs=NETWORK_INPUTS["model"][backend],
         computes=network_fingerprint(model.spec), embedding=embedding["run"], block=step, final=final,
@@ -46,7 +47,7 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
                   "readout": "readout_vjp"},
         uses=_uses([embedding, readout, vjp["step"], *([vjp["final"]] if final else [])])
         | step["uses"] | (final["uses"] if final else set()),
-    )
+    ), backend)
 
 
 def _grid_line(operator) -> str | None:
@@ -78,7 +79,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     field = vjp["identity"]["run"]["parameters"]
     transfer = [p for p in vjp["with"]["run"]["parameters"] if p not in field] if "with" in vjp else []
     template = environment().get_template(f"{backend}/grid_model.py.j2")
-    return template.render(
+    return inline_runtime(template.render(
         model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
         inputs=NETWORK_INPUTS["grid_model"][backend], signature=signature,
         field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
@@ -86,7 +87,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
         uses=_uses(vjp.values()), vjp=vjp, head=None, adjoints={f"step_{name}": f"step_{name}_vjp" for name in vjp},
-    )
+    ), backend)
 
 
 def render_cvt(model: CvtProgram, backend: str) -> str:
@@ -95,7 +96,7 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
     programs = {name: program_context(piece.program, piece.input, backend, piece.sizes)
                 for name, piece in cvt_programs(model).items()}
     template = environment().get_template(f"{backend}/cvt.py.j2")
-    return template.render(
+    return inline_runtime(template.render(
         name=model.name, summary=model.summary, version=__version__, inputs=NETWORK_INPUTS["cvt"][backend],
         signature=signature,
         computes=network_fingerprint(MultiscaleSpec(model.name, model.summary)),
@@ -104,4 +105,4 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         head_parameters=programs["readout"]["run"]["parameters"],
         uses=_uses(programs.values()), vjp=programs, head={"name": "head.W", "programs": ["node", "readout"]},
         adjoints={name: f"{name}_vjp" for name in programs},
-    )
+    ), backend)

@@ -124,28 +124,21 @@ def _conv2d(field, W, stride, padding, bias=None):
     return out.transpose(0, 3, 1, 2)
 
 
-def _depthwise_conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
-    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
-    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
-    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
-    out[...] = 0 if bias is None else bias
-    term = np.empty_like(out)
-    for r in range(W.shape[0]):
-        for s in range(W.shape[1]):
-            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
-    return out.transpose(0, 3, 1, 2)
-
-
-def _conv_transpose2d(field, W, bias=None):
-    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
-    batch, _, rows, cols = field.shape
-    _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
-    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
-    if bias is not None:
-        blocks += bias
-    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
 
 
 def _interleave(blocks, axes):
@@ -184,6 +177,18 @@ def _input(name, value):
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
     return array
+
+
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -205,8 +210,6 @@ def _mapping(name, value):
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
     return value
-
-
 
 
 def _grids(n, stride):
@@ -373,40 +376,6 @@ def forward(u, params, *, stride=1, eps=1e-5):
     """One step: ``u`` of shape (batch, n_channels, height, width)."""
     u0, p, has_transfer, _ = _prepare(u, params, stride, eps)
     return (_step_with if has_transfer else _step_identity)(u0, p, {"stride": stride}, eps)
-
-
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = np.zeros(padded, dtype=blocks.dtype)
-    for offsets in np.ndindex(*(size,) * len(axes)):
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, offsets):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
 
 
 def _step_with_vjp(u0, relu2_out_bar, p, config, eps):

@@ -328,28 +328,28 @@ def _conv2d(field, W, stride, padding, bias=None):
     return out.transpose(0, 3, 1, 2)
 
 
-def _depthwise_conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
-    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
-    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
-    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
-    out[...] = 0 if bias is None else bias
-    term = np.empty_like(out)
-    for r in range(W.shape[0]):
-        for s in range(W.shape[1]):
-            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
-    return out.transpose(0, 3, 1, 2)
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
 
 
-def _conv_transpose2d(field, W, bias=None):
-    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
-    batch, _, rows, cols = field.shape
-    _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
-    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
-    if bias is not None:
-        blocks += bias
-    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
 
 
 def _join(*parts):
@@ -385,6 +385,16 @@ def _input(name, value):
     return array
 
 
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
+
+
 def _head(params, config, dtype):
     """The readout as programs of the chain (readout), its parameters checked."""
     if "head.W" not in params:
@@ -392,6 +402,8 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_readout, table, config, "")]
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -419,8 +431,6 @@ def _pair(name, value, minimum):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
         raise TypeError(f"{name} must be (height, width), got {value!r}")
     return tuple(_integer(name, size, minimum) for size in value)
-
-
 
 
 def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
@@ -615,30 +625,6 @@ def logits(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=N
     """The readout of ``forward``: the class node's state through the linear head."""
     image, links = _checked(pixel_values, params, patch_size, n_heads, eps, image_size)
     return _chain(image, links + _head(params, links[-1][2], image.dtype), eps)
-
-
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = np.zeros(padded, dtype=blocks.dtype)
-    for offsets in np.ndindex(*(size,) * len(axes)):
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, offsets):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _step_vjp_forward(u0, p, chi, eps, n_heads):
@@ -1068,16 +1054,6 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
     read it, summed over those seeded (None: not seeded)."""
     return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
-
-
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
 
 
 def _adjoint(u, links, seeds, params, eps, outputs=()):

@@ -267,23 +267,13 @@ def _dropout(x, p: float):
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -379,37 +369,6 @@ def _join(*parts):
                       else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
-class _Network(torch.nn.Module):
-    """A network whose parameters carry their canonical names."""
-
-    def load_params(self, params):
-        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
-
-        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
-        _mapping("params", params)
-        own = dict(self.named_parameters())
-        unknown = sorted(set(params) - set(own), key=str)
-        if unknown:
-            raise ValueError(f"unexpected parameter {unknown[0]!r}")
-        values = {}
-        for name, target in own.items():
-            if name not in params:
-                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
-            try:
-                value = torch.as_tensor(params[name])
-            except (TypeError, ValueError, RuntimeError):
-                raise ValueError(f"parameter {name!r} is not a numeric array") from None
-            if value.dtype == torch.bool or value.is_complex():
-                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-            if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
-            values[name] = value
-        with torch.no_grad():
-            for name, value in values.items():
-                own[name].copy_(value)
-        return self
-
-
 def _group(module, table, sizes, factory):
     """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
@@ -444,6 +403,37 @@ def _initialize(module, init, default):
         for name, tensor in module.named_parameters():
             attribute = name.rsplit(".", 1)[1]
             init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
+class _Network(torch.nn.Module):
+    """A network whose parameters carry their canonical names."""
+
+    def load_params(self, params):
+        """Copy a mapping of canonical names to arrays or tensors into the parameters; returns ``self``.
+
+        Every name, dtype and shape is checked before the first copy: nothing loads partially."""
+        _mapping("params", params)
+        own = dict(self.named_parameters())
+        unknown = sorted(set(params) - set(own), key=str)
+        if unknown:
+            raise ValueError(f"unexpected parameter {unknown[0]!r}")
+        values = {}
+        for name, target in own.items():
+            if name not in params:
+                raise ValueError(f"missing parameter {name!r} of shape {tuple(target.shape)}")
+            try:
+                value = torch.as_tensor(params[name])
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"parameter {name!r} is not a numeric array") from None
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            values[name] = value
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value)
+        return self
 
 
 def _embedding(u0, p, config, eps):
@@ -2104,15 +2094,6 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
     read it, summed over those seeded (None: not seeded)."""
     return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
-
-
-def _first_order_only():
-    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
-    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
-    products) would be silently wrong."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 class _Derived(torch.autograd.Function):

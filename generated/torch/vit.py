@@ -266,23 +266,13 @@ def _dropout(x, p: float):
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -338,6 +328,74 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
+def _rows(field, axis: int, offset: int, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = blocks.new_zeros(padded)
+    offsets = [()]
+    for _ in axes:
+        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
+    for chosen in offsets:
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, chosen):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.dim() > 1)
+    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
+                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+
+
+def _group(module, table, sizes, factory):
+    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
+    for name, axes in table.items():
+        group, attribute = name.split(".")
+        if not hasattr(module, group):
+            module.add_module(group, torch.nn.Module())
+        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
+
+
+def _table(module, table):
+    """The parameters of ``table`` that ``module`` holds, by canonical name."""
+    return {name: module.get_parameter(name) for name in table}
+
+
+def _input(name, value, shape, dtype):
+    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
+    string of any size."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
+        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    return value
+
+
+def _initialize(module, init, default):
+    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
+    ``default``."""
+    with torch.no_grad():
+        for name, tensor in module.named_parameters():
+            attribute = name.rsplit(".", 1)[1]
+            init.get(attribute, init.get(attribute[0], default))(tensor)
+
+
 class _Network(torch.nn.Module):
     """A network whose parameters carry their canonical names."""
 
@@ -367,13 +425,6 @@ class _Network(torch.nn.Module):
             for name, value in values.items():
                 own[name].copy_(value)
         return self
-
-
-def _join(*parts):
-    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
-    batch = next(part.shape[0] for part in parts if part.dim() > 1)
-    return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
 
 
 def _embedding(image, p, config, eps):
@@ -418,42 +469,6 @@ def _readout(u, p, config, eps):
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
     return head_logits
-
-
-def _group(module, table, sizes, factory):
-    """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
-    for name, axes in table.items():
-        group, attribute = name.split(".")
-        if not hasattr(module, group):
-            module.add_module(group, torch.nn.Module())
-        shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
-        getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
-
-
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
-
-
-def _input(name, value, shape, dtype):
-    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
-        raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
-    if value.dtype != dtype:
-        raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
-    return value
-
-
-def _initialize(module, init, default):
-    """Initialize each parameter by its attribute: ``init`` by name, else by first letter (``b``: the biases), else
-    ``default``."""
-    with torch.no_grad():
-        for name, tensor in module.named_parameters():
-            attribute = name.rsplit(".", 1)[1]
-            init.get(attribute, init.get(attribute[0], default))(tensor)
 
 
 def _step(u0, p, config, eps):
@@ -551,31 +566,6 @@ def _links(top, layers, config):
     the parameters' names: the embedding, one step per layer, the final projection."""
     steps = [(_step, p, config, f"layers.{n}.") for n, p in enumerate(layers)]
     return [(_embedding, top, config, ""), *steps, (_final_norm, top, config, "")]
-
-
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _step_vjp_forward(u0, p, chi, eps, n_heads):
@@ -1007,15 +997,6 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
     read it, summed over those seeded (None: not seeded)."""
     return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
-
-
-def _first_order_only():
-    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
-    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
-    products) would be silently wrong."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 class _Derived(torch.autograd.Function):

@@ -19,12 +19,6 @@ from .stage_render import program_context
 __all__ = ["render_model", "render_grid_model", "render_cvt"]
 
 
-def _uses(programs) -> set[str]:
-    """The names the functions of ``programs`` (program contexts, backward contexts) read besides arrays."""
-    return set().union(*(program[part]["uses"] for program in programs for part in ("run", "forward", "adjoint")
-                         if part in program))
-
-
 def render_model(model: ModelProgram, backend: str, passes=None) -> str:
     """The source of the generated ``backend`` module of ``model``: its embedding (its initial condition
     on the tokens as layout assignments, ``symbolic.model_adjoint.embedding_program``) and readout as
@@ -45,8 +39,6 @@ def render_model(model: ModelProgram, backend: str, passes=None) -> str:
         readout=readout["run"], vjp=vjp, head={"name": readout["run"]["parameters"][0]["name"], "programs": ["readout"]},
         adjoints={"embedding": "embedding_vjp", "step": "step_adjoint", **({"final_norm": "final_adjoint"} if final else {}),
                   "readout": "readout_vjp"},
-        uses=_uses([embedding, readout, vjp["step"], *([vjp["final"]] if final else [])])
-        | step["uses"] | (final["uses"] if final else set()),
     ), backend)
 
 
@@ -86,7 +78,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
         transfer={"parameters": transfer,
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},
         field_channels=_channels(model.field, "n_channels"), transfer_channels=_channels(model.transfer, "n_channels"),
-        uses=_uses(vjp.values()), vjp=vjp, head=None, adjoints={f"step_{name}": f"step_{name}_vjp" for name in vjp},
+        vjp=vjp, head=None, adjoints={f"step_{name}": f"step_{name}_vjp" for name in vjp},
     ), backend)
 
 
@@ -103,6 +95,6 @@ def render_cvt(model: CvtProgram, backend: str) -> str:
         stage_parameters=programs["embedding"]["run"]["parameters"],
         layer_parameters=programs["step"]["run"]["parameters"],
         head_parameters=programs["readout"]["run"]["parameters"],
-        uses=_uses(programs.values()), vjp=programs, head={"name": "head.W", "programs": ["node", "readout"]},
+        vjp=programs, head={"name": "head.W", "programs": ["node", "readout"]},
         adjoints={name: f"{name}_vjp" for name in programs},
     ), backend)

@@ -206,7 +206,6 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     units = {}
     if backward is not None:
         units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
-    functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
     block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
     # the head width the attention operators set (None: d / n_heads), a number of the emitted block
     block_unit["head_width"] = final_unit["head_width"] = scheme.head_width()
@@ -216,7 +215,6 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     return inline_runtime(template.render(
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
-        uses=set().union(*(function["uses"] for function in [block_unit, final_unit, *functions])),
         scheme=scheme,
         module=block,
         version=__version__,

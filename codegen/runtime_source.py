@@ -21,8 +21,8 @@ __all__ = ["RUNTIME_MODULES", "Definition", "definitions", "runtime_mark", "inli
 
 #: The runtime modules a backend's generated code may use (``runtime/<name>.py``).
 RUNTIME_MODULES = {
-    "numpy": ("checks", "numpy_helpers", "numpy_grids", "numpy_parameters"),
-    "torch": ("checks", "torch_helpers", "torch_grids", "torch_parameters"),
+    "numpy": ("checks", "numpy_helpers", "numpy_inputs", "numpy_grids", "numpy_parameters"),
+    "torch": ("checks", "torch_helpers", "torch_inputs", "torch_grids", "torch_parameters"),
 }
 _MARK = re.compile(r"^#@runtime (\w+)\n", re.MULTILINE)
 

@@ -16,8 +16,8 @@ import torch
 
 from conftest import ROOT
 from splitformer.codegen.runtime_source import RUNTIME_MODULES, definitions, inline_runtime, runtime_mark
-from splitformer.runtime import checks, numpy_grids, numpy_helpers, numpy_parameters
-from splitformer.runtime import torch_grids, torch_helpers, torch_parameters
+from splitformer.runtime import checks, numpy_grids, numpy_helpers, numpy_inputs, numpy_parameters
+from splitformer.runtime import torch_grids, torch_helpers, torch_inputs, torch_parameters
 
 TOL = 1e-12
 
@@ -291,6 +291,42 @@ def test_torch_cat_reads_parts_side_by_side_without_a_copy():
     assert separate.untyped_storage().data_ptr() != module.attn.W_q.untyped_storage().data_ptr()  # control
 
 
+# -- block inputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inputs, wrap", [(numpy_inputs, np.asarray), (torch_inputs, torch.from_numpy)])
+def test_block_inputs_memory_positions_grid_and_cache(rng, inputs, wrap):
+    memory, like = rng.normal(size=(2, 4, 3)), wrap(np.zeros(1))
+    third, device = (like, (torch.device("cpu"),)) if inputs is torch_inputs else (np.float64, ())
+    _agree(np.asarray(inputs._memory(wrap(memory), 2, 3, third)), memory, memory + 1)
+    with pytest.raises(ValueError, match="memory must be"):
+        inputs._memory(wrap(memory), 2, 4, third)
+    mask = np.array([[False, True, False, False], [True, False, False, False]])
+    support = np.asarray(inputs._memory_support(wrap(mask), 2, 3, 4, *device))
+    assert support.shape == (2, 3, 4) and (support == ~mask[:, None]).all()
+    assert inputs._memory_support(None, 2, 3, 4, *device) is None
+    _agree(np.asarray(inputs._positions(None, 2, 3, 5, third)), np.broadcast_to(np.arange(5, 8), (2, 3)),
+           np.broadcast_to(np.arange(3), (2, 3)))
+    with pytest.raises(ValueError, match="positions must be finite"):
+        inputs._positions(wrap(np.array([0.0, np.inf, 1.0])), 2, 3, 0, third)
+    _agree(np.asarray(inputs._grid(4, like)), np.arange(4.0), np.arange(1.0, 5.0))
+    cache, first, second = {}, wrap(rng.normal(size=(2, 2, 3))), wrap(rng.normal(size=(2, 1, 3)))
+    inputs._cache(cache, "k", first)
+    joined = np.asarray(inputs._cache(cache, "k", second))
+    _agree(joined, np.concatenate([np.asarray(first), np.asarray(second)], 1), np.asarray(first).repeat(2, 1)[:, :3])
+    with pytest.raises(ValueError, match=r"cache\['k'\] holds"):
+        inputs._cache(cache, "k", wrap(np.zeros((3, 1, 3))))
+    positions = {"k": wrap(np.array([[0.0, 1.0], [0.0, 1.0]]))}
+    inputs._late_reads(positions, "k", wrap(np.array([[5.0], [5.0]])), [(-2.0, 0.0)])  # control: out of reach
+    with pytest.raises(ValueError, match="positions: new token 0 at 1.5 is read by a cached token"):
+        inputs._late_reads(positions, "k", wrap(np.array([[1.5], [5.0]])), [(-2.0, 0.0)])
+
+
+def test_numpy_array_names_what_numpy_cannot_read():
+    assert numpy_inputs._array("u", [1.0, 2.0]).dtype == np.float64
+    with pytest.raises(TypeError, match="u must be an array of numbers"):
+        numpy_inputs._array("u", [object()])
+
+
 # -- the inliner ---------------------------------------------------------------------------------
 
 def _module(body: str, backend: str = "numpy", marks=("numpy_helpers",)) -> str:
@@ -339,7 +375,7 @@ def test_the_inliner_refuses_a_module_without_the_mark_or_the_import_a_helper_ne
 @pytest.mark.parametrize("backend", sorted(RUNTIME_MODULES))
 def test_every_runtime_name_has_one_definition(backend):
     table = definitions(backend)
-    assert {"_integer", "_mapping"} <= set(table) and len({d.module for d in table.values()}) == 4
+    assert {"_integer", "_mapping"} <= set(table) and len({d.module for d in table.values()}) == 5
     assert ("_attention" in table) and (("_Network" in table) == (backend == "torch"))
 
 

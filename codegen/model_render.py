@@ -16,6 +16,7 @@ from .adjoint import lower_adjoint
 from .lowering import lower
 from .network_inputs import NETWORK_INPUTS, signature
 from .render import backward_context, environment, unit_context
+from .runtime_source import inline_runtime
 from .stage_render import program_context
 
 __all__ = ["render_network"]
@@ -52,8 +53,7 @@ def _token(model: ModelProgram, backend: str, passes) -> dict:
             "programs": programs, "tables": tables, "scheme": model.spec.scheme, "block": step, "final": final,
             "units": units, "head": {"name": readout[0]["name"], "programs": ["readout"]},
             "adjoints": {"embedding": "embedding_vjp", "step": "step_adjoint",
-                         **({"final_norm": "final_adjoint"} if final else {}), "readout": "readout_vjp"},
-            "uses": step["uses"] | (final["uses"] if final else set()) | _uses(units.values())}
+                         **({"final_norm": "final_adjoint"} if final else {}), "readout": "readout_vjp"}}
 
 
 def _grid_line(operator) -> str | None:
@@ -90,7 +90,7 @@ def _grid(model: GridModelProgram, backend: str, passes) -> dict:
                               transfer)],
             "grids": {part: [line for stage in stages if (line := _grid_line(stage.operator))]
                       for part, stages in (("field", model.field), ("transfer", model.transfer))},
-            "channels": (_channels(model.field), _channels(model.transfer)), "uses": set()}
+            "channels": (_channels(model.field), _channels(model.transfer))}
 
 
 def _cvt(model: CvtProgram, backend: str, passes) -> dict:
@@ -106,13 +106,7 @@ def _cvt(model: CvtProgram, backend: str, passes) -> dict:
                               parameters["step"], "stages.<s>.layers.<n>."), _head(parameters["readout"], backend)],
             "head": {"name": "head.W", "programs": ["node", "readout"]},
             "rows": [{"name": "stages.<last>.cls", "shape": ("d",), "suffix": ""}],
-            "adjoints": {name: f"{name}_vjp" for name in programs}, "uses": set()}
-
-
-def _uses(programs) -> set[str]:
-    """The names the functions of ``programs`` (program contexts, backward contexts) read besides arrays."""
-    return set().union(*(program[part]["uses"] for program in programs for part in ("run", "forward", "adjoint")
-                         if part in program))
+            "adjoints": {name: f"{name}_vjp" for name in programs}}
 
 
 _KINDS = {ModelProgram: ("model", _token), GridModelProgram: ("grid_model", _grid), CvtProgram: ("cvt", _cvt)}
@@ -122,12 +116,14 @@ def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend:
     """The source of the generated ``backend`` module of the network ``model``."""
     inputs, describe = _KINDS[type(model)]
     network = describe(model, backend, passes)
-    network["uses"] |= _uses(network["programs"].values())
     rows = [{"name": table["prefix"] + p["name"], "shape": p["shape"], "suffix": table["suffix"]}
             for table in network["tables"] for p in table["parameters"]] + network.get("rows", [])
-    return _tidy(environment().get_template("network_module.py.j2").render(
-        network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[inputs]["numpy"][0].name, name=model.name, version=__version__, signature=signature, inputs=NETWORK_INPUTS[inputs][backend], uses=network["uses"],
-        computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2, head=network["head"]))
+    source = environment().get_template("network_module.py.j2").render(
+        network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[inputs]["numpy"][0].name,
+        name=model.name, version=__version__, signature=signature, inputs=NETWORK_INPUTS[inputs][backend],
+        computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2,
+        head=network["head"])
+    return _tidy(inline_runtime(source, backend))
 
 
 def _tidy(source: str) -> str:

@@ -20,6 +20,7 @@ from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
 from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
 from .passes.local_kernel import reads_without_support
+from .runtime_source import inline_runtime, runtime_mark
 
 __all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context", "narrowest_head"]
 
@@ -51,6 +52,8 @@ def environment() -> jinja2.Environment:
     env.filters["union"] = lambda first, second: set(first) | set(second)
     # user text in Markdown: raw HTML is shown, never interpreted
     env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
+    # where the runtime helpers a module uses go (codegen.runtime_source)
+    env.globals["runtime"] = runtime_mark
     return env
 
 
@@ -203,17 +206,15 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     units = {}
     if backward is not None:
         units = {"vjp": backward_context(backward, backend), "final_vjp": backward_context(final_backward, backend)}
-    functions = [unit[part] for unit in units.values() for part in ("forward", "adjoint")]
     block_unit, final_unit = unit_context(block, backend), unit_context(final_norm, backend)
     # the head width the attention operators set (None: d / n_heads), a number of the emitted block
     block_unit["head_width"] = final_unit["head_width"] = scheme.head_width()
     for part in ("forward", "adjoint") if backward is not None else ():
         units["vjp"][part]["head_width"] = block_unit["head_width"]
     parameters = block_unit["parameters"] + final_unit["parameters"]
-    return template.render(
+    return inline_runtime(template.render(
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
-        uses=set().union(*(function["uses"] for function in [block_unit, final_unit, *functions])),
         scheme=scheme,
         module=block,
         version=__version__,
@@ -225,7 +226,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         bucketings=sorted({(operator.max_distance, operator.rel_pos_bias == "bidirectional")
                            for operator in scheme.instantiate().values() if getattr(operator, "rel_pos_bias", "")}),
         head_bound=narrowest_head(scheme),
-    )
+    ), backend)
 
 
 def narrowest_head(scheme: Scheme) -> dict | None:

@@ -1,5 +1,7 @@
 """Layering: no import circles, the symbolic side never imports codegen, emission and reports
-never import the verification, and no module imports another's private names.
+never import the verification, the runtime helpers import nothing of the package but each other,
+and no module imports another's private names (the runtime helpers share theirs: the generated
+code spells them so).
 
 The graph is read from the source (``layering.py``): module-level and deferred imports both
 count. Each rule has a negative control: the same checker on a small synthetic package
@@ -15,7 +17,9 @@ from layering import circles, forbidden_imports, private_imports, read_package
 ROOT = Path(__file__).resolve().parents[1]
 #: The installed names of the repository's folders (pyproject.toml's package-dir).
 FOLDERS = {"splitformer": ROOT / "splitformer", "splitformer.symbolic": ROOT / "symbolic",
-           "splitformer.codegen": ROOT / "codegen", "splitformer.templates": ROOT / "templates"}
+           "splitformer.codegen": ROOT / "codegen", "splitformer.templates": ROOT / "templates",
+           "splitformer.runtime": ROOT / "runtime"}
+RUNTIME = "splitformer.runtime"
 #: Emission and reports: IR → source and Markdown. Orchestrators (pipeline, api, cli) may
 #: call the verification; these modules never do.
 EMISSION = [f"splitformer.codegen.{name}" for name in (
@@ -39,6 +43,7 @@ def test_the_graph_sees_the_project(project):
             "splitformer.codegen.verification.statements.order", "splitformer.codegen.passes.matmul"} <= set(project.modules)
     assert len(project.modules) > 100 and len(project.imports) > 1000
     assert all(name in project.modules for name in EMISSION)
+    assert {f"{RUNTIME}.checks", f"{RUNTIME}.numpy_helpers", f"{RUNTIME}.torch_parameters"} <= set(project.modules)
 
 
 def test_no_import_circles(project):
@@ -55,8 +60,20 @@ def test_emission_and_reports_never_import_the_verification(project):
     assert not found, _lines(found)
 
 
+def test_runtime_imports_nothing_of_the_package_but_itself(project):
+    others = [name for name in FOLDERS if name not in ("splitformer", RUNTIME)]
+    found = forbidden_imports(project, [RUNTIME], others) + [
+        item for item in project.imports if item.source.startswith(RUNTIME + ".") and item.target == "splitformer"]
+    assert not found, _lines(found)
+    assert any(item.source.startswith(RUNTIME) for item in project.imports)  # control: its own imports are seen
+
+
+def _within_runtime(found) -> bool:
+    return found.source.startswith(RUNTIME + ".") and found.target.startswith(RUNTIME + ".")
+
+
 def test_no_private_names_imported_across_modules(project):
-    found = private_imports(project)
+    found = [item for item in private_imports(project) if not _within_runtime(item)]
     assert not found, _lines(found)
 
 

@@ -12,14 +12,14 @@ import pytest
 from splitformer.codegen.ir import Convolution, TransposedConvolution, Window
 from splitformer.codegen.lowering import lower
 from splitformer.codegen.passes.convolution import convolution
+from splitformer.runtime import numpy_grids
 from splitformer.symbolic.cvt import derive_cvt
 from splitformer.symbolic.model import load_model
 from splitformer.symbolic.model_adjoint import stage_program
 from splitformer.symbolic.model_derivation import derive_grid_model
 
-from conftest import GENERATED, import_path
+from conftest import GENERATED
 
-HELPERS = import_path(GENERATED / "numpy" / "unet_level.py")
 
 
 def _ops(stages):
@@ -63,17 +63,17 @@ def test_numpy_convolutions_match_loops(stride, padding, channels):
     rng = np.random.default_rng(stride + padding)
     x, W = rng.standard_normal((2, channels, 9, 8)), rng.standard_normal((channels, 3, 3, 5))
     depthwise, bias, channel_bias = rng.standard_normal((3, 3, channels)), rng.standard_normal(5), rng.standard_normal(channels)
-    assert np.max(np.abs(HELPERS._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
-    with_bias = HELPERS._conv2d(x, W, stride, padding, bias) - bias[:, None, None]
+    assert np.max(np.abs(numpy_grids._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
+    with_bias = numpy_grids._conv2d(x, W, stride, padding, bias) - bias[:, None, None]
     assert np.max(np.abs(with_bias - _reference_conv(x, W, stride, padding))) < 1e-12
     # depth-wise: channel l convolved with W[:, :, l] alone (a full kernel that is zero off the diagonal)
     full = np.einsum("rsl,lk->lrsk", depthwise, np.eye(channels))
     expected = _reference_conv(x, full, stride, padding)
-    assert np.max(np.abs(HELPERS._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
-    with_bias = HELPERS._depthwise_conv2d(x, depthwise, stride, padding, channel_bias) - channel_bias[:, None, None]
+    assert np.max(np.abs(numpy_grids._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
+    with_bias = numpy_grids._depthwise_conv2d(x, depthwise, stride, padding, channel_bias) - channel_bias[:, None, None]
     assert np.max(np.abs(with_bias - expected)) < 1e-12
     # negative control: the kernel flipped (a correlation is not a convolution) is far off
-    assert np.max(np.abs(HELPERS._conv2d(x, W[:, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
+    assert np.max(np.abs(numpy_grids._conv2d(x, W[:, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
 
 
 def test_numpy_transposed_convolution_matches_a_loop():
@@ -85,10 +85,10 @@ def test_numpy_transposed_convolution_matches_a_loop():
             for r in range(2):
                 for s in range(2):
                     out[:, :, 2 * p + r, 2 * q + s] = x[:, :, p, q] @ W[:, r, s, :]
-    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W) - out)) < 1e-12
+    assert np.max(np.abs(numpy_grids._conv_transpose2d(x, W) - out)) < 1e-12
     bias = rng.standard_normal(3)
-    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W, bias) - bias[:, None, None] - out)) < 1e-12
-    assert np.max(np.abs(HELPERS._conv_transpose2d(x, W[:, ::-1]) - out)) > 1e-3  # negative control
+    assert np.max(np.abs(numpy_grids._conv_transpose2d(x, W, bias) - bias[:, None, None] - out)) < 1e-12
+    assert np.max(np.abs(numpy_grids._conv_transpose2d(x, W[:, ::-1]) - out)) > 1e-3  # negative control
 
 
 def _function(source: str, name: str) -> str:

@@ -2,13 +2,13 @@
 
 A small driver (mutmut and cosmic-ray expect one source folder per import name, and this
 repository maps three folders under ``splitformer``). Each worker copies the repository to a
-temporary folder and links the copied ``symbolic/``, ``codegen/``, ``templates/`` into the
+temporary folder and links the copied ``symbolic/``, ``codegen/``, ``templates/``, ``runtime/`` into the
 copied ``splitformer/`` (which the kill command, run from the copy, imports first); for each
 mutant it rewrites one file, runs the kill command and restores the file. The repository
 itself is never modified. Mutants: ``mutants.py``.
 
-Population: every Python module of ``symbolic/`` and ``codegen/`` and every code template
-(``templates/**/*.py.j2``) but the verification code itself (``VERIFICATION``), in the areas of
+Population: every Python module of ``symbolic/``, ``codegen/`` and ``runtime/`` (the helpers inlined into
+the emitted code, in the templates' area) and every code template (``templates/**/*.py.j2``) but the verification code itself (``VERIFICATION``), in the areas of
 ``AREAS``. A sample of ``--sample`` mutants per seed is drawn area by area in turn, so every
 area is measured; several ``--seeds`` share one run (a mutant drawn twice runs once).
 
@@ -66,14 +66,15 @@ AREAS = {
     "network": _NETWORK_CODEGEN,
     "codegen": ("codegen/",),
     "symbolic": ("symbolic/",),
-    "templates": ("templates/",),
+    "templates": ("templates/", "runtime/"),
 }
 _NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("model", "cnn_operators.py", "cvt", "vision_operators.py",
                                                            "image.py"))
 #: Templates of the networks' modules only (their own and what only they include).
 _NETWORK_TEMPLATES = tuple(f"templates/{folder}{name}" for folder in ("", "numpy/", "torch/")
                            for name in ("model", "cvt", "grid", "programs", "adjoint_views", "costate",
-                                        "token_views", "windows", "load_all", "network", "parameters"))
+                                        "token_views", "windows", "load_all", "network", "parameters")) + (
+    "runtime/numpy_grids.py", "runtime/numpy_parameters.py", "runtime/torch_grids.py", "runtime/torch_parameters.py")
 _VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
 _VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")
 #: Fast tests that exercise a file, by path prefix (the first match wins).
@@ -127,7 +128,9 @@ TESTS = {
     "codegen/model_": ("tests/test_network_semantics.py", *_VISION),
     "codegen/": ("tests/test_lowering.py",),
     **{prefix: ("tests/test_network_semantics.py", *_VISION, *_VISION_ADJOINT) for prefix in _NETWORK_TEMPLATES},
-    "templates/numpy/helpers.py.j2": ("tests/test_derive_variants.py",),
+    "runtime/numpy_helpers.py": ("tests/test_runtime.py", "tests/test_derive_variants.py"),
+    "runtime/torch_helpers.py": ("tests/test_runtime.py", "tests/test_parity.py"),
+    "runtime/": ("tests/test_runtime.py",),
     "templates/torch/": ("tests/test_parity.py",),
     "templates/": (),
 }
@@ -159,7 +162,7 @@ def area_of(path: str) -> str:
 def population(root: Path = ROOT) -> list[Mutant]:
     """Every mutant of every area, in path order."""
     paths = [*sorted((root / "symbolic").rglob("*.py")), *sorted((root / "codegen").rglob("*.py")),
-             *sorted((root / "templates").rglob("*.py.j2"))]
+             *sorted((root / "runtime").rglob("*.py")), *sorted((root / "templates").rglob("*.py.j2"))]
     relative = [path.relative_to(root).as_posix() for path in paths]
     return [mutant for path in relative if not path.startswith(VERIFICATION) for mutant in file_mutants(root, path)]
 
@@ -214,7 +217,7 @@ def _workspace(folder: Path) -> Path:
     repo = folder / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache",
                                                               ".cache", "*.egg-info", "site"))
-    for name in ("symbolic", "codegen", "templates"):
+    for name in ("symbolic", "codegen", "templates", "runtime"):
         (repo / "splitformer" / name).symlink_to(repo / name, target_is_directory=True)
     return repo
 

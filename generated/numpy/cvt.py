@@ -485,17 +485,6 @@ def _depthwise_conv2d(field, W, stride, padding, bias=None):
     return out.transpose(0, 3, 1, 2)
 
 
-def _conv_transpose2d(field, W, bias=None):
-    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
-    batch, _, rows, cols = field.shape
-    _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
-    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
-    if bias is not None:
-        blocks += bias
-    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
-
-
 def _rows(field, axis, offset, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     index = [slice(None)] * field.ndim
@@ -563,6 +552,16 @@ def _input(name, value):
     return array
 
 
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)
+
+
 def _head(params, config, dtype):
     """The readout as programs of the chain (node, readout), its parameters checked."""
     if not config["cls"]:
@@ -572,16 +571,6 @@ def _head(params, config, dtype):
     sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_node, {}, config, ""), (_readout, table, config, "")]
-
-
-def _costate(name, value, shape, dtype):
-    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
-    seed = np.asarray(value)
-    if seed.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
-    if seed.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
-    return seed.astype(dtype, copy=False)
 
 
 def _embedding(u0, p, config, eps):

@@ -224,6 +224,18 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     return support
 
 
+def _array(name, value):
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
+                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+    if array.dtype == object:
+        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    return array
+
+
 def _memory(memory, batch, d, dtype):
     """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
     memory = _array("memory", memory)
@@ -261,18 +273,6 @@ def _cache(cache, key, new):
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _array(name, value):
-    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
-                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
-    if array.dtype == object:
-        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
-    return array
-
-
 def _state(u):
     u = _array("u", u)
     if u.dtype not in (np.float32, np.float64):

@@ -198,6 +198,18 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     return support
 
 
+def _array(name, value):
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
+                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+    if array.dtype == object:
+        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    return array
+
+
 def _positions(positions, batch, n_tokens, offset, dtype):
     """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
     if positions is None:
@@ -209,12 +221,6 @@ def _positions(positions, batch, n_tokens, offset, dtype):
     if positions.dtype.kind == "f" and not np.isfinite(positions).all():
         raise ValueError(f"positions must be finite, got {positions[~np.isfinite(positions)][0]}")
     return np.broadcast_to(positions.astype(dtype), (batch, n_tokens))
-
-
-def _head_width(d_head):
-    """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
-    if d_head % 2:
-        raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
 
 
 def _grid(size, like):
@@ -235,19 +241,13 @@ def _cache(cache, key, new):
     return new
 
 
+def _head_width(d_head):
+    """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
+    if d_head % 2:
+        raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _array(name, value):
-    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
-                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
-    if array.dtype == object:
-        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
-    return array
-
-
 def _state(u):
     u = _array("u", u)
     if u.dtype not in (np.float32, np.float64):

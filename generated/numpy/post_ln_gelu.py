@@ -289,7 +289,6 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     return support
 
 
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _array(name, value):
     """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
     try:
@@ -302,6 +301,7 @@ def _array(name, value):
     return array
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _state(u):
     u = _array("u", u)
     if u.dtype not in (np.float32, np.float64):

@@ -131,19 +131,6 @@ def _conv2d(field, W, stride, padding, bias=None):
     return out.transpose(0, 3, 1, 2)
 
 
-def _depthwise_conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
-    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
-    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
-    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
-    out[...] = 0 if bias is None else bias
-    term = np.empty_like(out)
-    for r in range(W.shape[0]):
-        for s in range(W.shape[1]):
-            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
-    return out.transpose(0, 3, 1, 2)
-
-
 def _conv_transpose2d(field, W, bias=None):
     """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
     batch, _, rows, cols = field.shape
@@ -153,13 +140,6 @@ def _conv_transpose2d(field, W, bias=None):
     if bias is not None:
         blocks += bias
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
-
-
-def _rows(field, axis, offset, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    index = [slice(None)] * field.ndim
-    index[axis] = slice(offset, offset + math.prod(sizes))
-    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
 
 
 def _fold(blocks, shape, axes, size, stride, padding):
@@ -177,6 +157,18 @@ def _fold(blocks, shape, axes, size, stride, padding):
     for axis in axes:
         crop[axis] = slice(padding, padding + shape[axis])
     return out[tuple(crop)]
+
+
+def _interleave(blocks, axes):
+    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
+    n = blocks.ndim - len(axes)
+    order = list(range(n))
+    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
+        order.insert(axis + 1, n + position)
+    shape = list(blocks.shape[:n])
+    for position, axis in enumerate(axes):
+        shape[axis] *= blocks.shape[n + position]
+    return blocks.transpose(order).reshape(shape)
 
 
 def _table(params, table, sizes, dtype, prefix=""):
@@ -213,18 +205,6 @@ def _costate(name, value, shape, dtype):
     if seed.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
     return seed.astype(dtype, copy=False)
-
-
-def _interleave(blocks, axes):
-    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
-    n = blocks.ndim - len(axes)
-    order = list(range(n))
-    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
-        order.insert(axis + 1, n + position)
-    shape = list(blocks.shape[:n])
-    for position, axis in enumerate(axes):
-        shape[axis] *= blocks.shape[n + position]
-    return blocks.transpose(order).reshape(shape)
 
 
 def _step_identity(u0, p, config, eps):

@@ -373,30 +373,6 @@ def _conv2d(field, W, stride, padding, bias=None):
     return out.transpose(0, 3, 1, 2)
 
 
-def _depthwise_conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: the field channels last, then
-    one multiply-add per kernel offset. A (b, l, p, q) view of channels-last memory."""
-    nodes, rows, cols = _channels_last(field, W.shape[0], stride, padding, np.result_type(field, W))
-    out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
-    out[...] = 0 if bias is None else bias
-    term = np.empty_like(out)
-    for r in range(W.shape[0]):
-        for s in range(W.shape[1]):
-            out += np.multiply(_offset(nodes, r, s, stride, rows, cols), W[r, s], out=term)
-    return out.transpose(0, 3, 1, 2)
-
-
-def _conv_transpose2d(field, W, bias=None):
-    """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
-    batch, _, rows, cols = field.shape
-    _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
-    blocks = blocks.reshape(batch, rows, cols, size, size, channels)
-    if bias is not None:
-        blocks += bias
-    return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
-
-
 def _rows(field, axis, offset, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     index = [slice(None)] * field.ndim
@@ -454,15 +430,6 @@ def _input(name, value):
     return array
 
 
-def _head(params, config, dtype):
-    """The readout as programs of the chain (readout), its parameters checked."""
-    if "head.W" not in params:
-        raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
-    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
-    return [(_readout, table, config, "")]
-
-
 def _costate(name, value, shape, dtype):
     """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
     seed = np.asarray(value)
@@ -471,6 +438,15 @@ def _costate(name, value, shape, dtype):
     if seed.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
     return seed.astype(dtype, copy=False)
+
+
+def _head(params, config, dtype):
+    """The readout as programs of the chain (readout), its parameters checked."""
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
+    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
+    return [(_readout, table, config, "")]
 
 
 def _embedding(image, p, config, eps):

@@ -259,29 +259,6 @@ def _side_by_side(module, groups) -> None:
                 part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _epsilon(eps):
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
-
-
-def _mapping(name, value):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
-    return value
-
-
 def _dropout(x, p: float):
     """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
@@ -304,6 +281,15 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
     if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
         expected = " or ".join([str(shape) for shape in shapes])
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+
+
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 def _unexpected(params, table):
@@ -329,6 +315,29 @@ def _traced_flag(value: bool) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             return bool(value)
+    return value
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+def _integer(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _epsilon(eps):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
     return value
 
 
@@ -579,15 +588,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
         "ffn.b_2": ffn_b_2_bar,
     }
 
-
-
-def _first_order_only():
-    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
-    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
-    products) would be silently wrong."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 class _DerivedStep(torch.autograd.Function):

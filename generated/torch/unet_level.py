@@ -56,28 +56,13 @@ PARAMETERS = {
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
 }
-def _dropout(x, p: float):
-    """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
-    return torch.nn.functional.dropout(x, p) if p > 0.0 else x
-
-
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -133,11 +118,6 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _rows(field, axis: int, offset: int, sizes):
-    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
-    return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
 def _fold(blocks, shape, axes, size, stride, padding):
     """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
     padded = list(shape)
@@ -158,6 +138,18 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
+def _interleave(blocks, axes):
+    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
+    n = blocks.dim() - len(axes)
+    order = list(range(n))
+    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
+        order.insert(axis + 1, n + position)
+    shape = list(blocks.shape[:n])
+    for position, axis in enumerate(axes):
+        shape[axis] *= blocks.shape[n + position]
+    return blocks.permute(order).reshape(shape)
+
+
 def _group(module, table, sizes, factory):
     """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
@@ -166,11 +158,6 @@ def _group(module, table, sizes, factory):
             module.add_module(group, torch.nn.Module())
         shape = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
-
-
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
 
 
 def _input(name, value, shape, dtype):
@@ -223,18 +210,6 @@ class _Network(torch.nn.Module):
             for name, value in values.items():
                 own[name].copy_(value)
         return self
-
-
-def _interleave(blocks, axes):
-    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
-    n = blocks.dim() - len(axes)
-    order = list(range(n))
-    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
-        order.insert(axis + 1, n + position)
-    shape = list(blocks.shape[:n])
-    for position, axis in enumerate(axes):
-        shape[axis] *= blocks.shape[n + position]
-    return blocks.permute(order).reshape(shape)
 
 
 def _step_identity(u0, p, config, eps):
@@ -446,15 +421,6 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
     read it, summed over those seeded (None: not seeded)."""
     return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
-
-
-def _first_order_only():
-    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
-    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
-    products) would be silently wrong."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 class _Derived(torch.autograd.Function):

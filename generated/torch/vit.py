@@ -258,23 +258,13 @@ def _dropout(x, p: float):
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
 
 
-def _restrict(support, mask):
-    """``support`` narrowed by a torch mask: bool True excludes; a float mask adds to the log-weight."""
-    if support.dtype == torch.bool:
-        return support & ~mask
-    if mask.dtype == torch.bool:
-        return support.masked_fill(mask, float("-inf"))
-    return support + mask.to(support.dtype)
-
-
-def _check_mask(name: str, mask, shapes: list[list[int]]):
-    """A ValueError naming ``name`` unless ``mask`` is bool or float of one of ``shapes``."""
-    known = False
-    for shape in shapes:
-        known = known or list(mask.shape) == shape
-    if not (mask.dtype == torch.bool or mask.is_floating_point()) or not known:
-        expected = " or ".join([str(shape) for shape in shapes])
-        raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
@@ -994,15 +984,6 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
     read it, summed over those seeded (None: not seeded)."""
     return sum(_ADJOINTS[function](tokens, seed, {}, config, eps)[0]
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
-
-
-def _first_order_only():
-    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
-    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
-    products) would be silently wrong."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
 
 
 class _Derived(torch.autograd.Function):

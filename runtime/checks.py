@@ -1,5 +1,12 @@
-{# Argument checks of the generated modules: a ValueError or TypeError naming the argument, before any work;
-   a network module's for the kinds of its declared inputs (codegen.network_inputs). #}
+"""Argument checks of the generated modules, either backend: a ValueError or TypeError naming the
+argument, before any work. Inlined into a generated module where it calls them
+(``codegen.runtime_source``); plain Python, so the module imports only the standard library."""
+
+import math
+import numbers
+from collections.abc import Mapping
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -23,33 +30,24 @@ def _mapping(name, value):
     return value
 
 
-{% if inputs is defined %}
-{% set kinds = inputs | map(attribute="kind") | list %}
-{% if "ints" in kinds %}
 def _integers(name, values, minimum):
     if isinstance(values, Mapping) or not isinstance(values, (list, tuple)):
         raise TypeError(f"{name} must be a list with one int per stage, got {type(values).__name__}")
     return [_integer(f"{name}[{index}]", value, minimum) for index, value in enumerate(values)]
 
 
-{% endif %}
-{% if "pair" in kinds %}
 def _pair(name, value, minimum):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
         raise TypeError(f"{name} must be (height, width), got {value!r}")
     return tuple(_integer(name, size, minimum) for size in value)
 
 
-{% endif %}
-{% if "bool" in kinds %}
 def _flag(name, value):
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
-{% endif %}
-{% if "choice" in kinds %}
 def _choice(name, value, choices):
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
@@ -58,5 +56,13 @@ def _choice(name, value, choices):
     return value
 
 
-{% endif %}
-{% endif %}
+def _buckets(n_buckets, max_distance, bidirectional):
+    """Refuse a table of ``n_buckets`` whose logarithmic buckets T5's formula cannot form: it divides by
+    log(max_distance / e), e = ⌊B/2⌋ exact buckets of the B per direction (n_buckets, halved when bidirectional)."""
+    per_direction = n_buckets // 2 if bidirectional else n_buckets
+    exact = per_direction // 2
+    if exact < 1 or max_distance <= exact:
+        raise ValueError(f"n_buckets = {n_buckets} gives {exact} exact buckets per direction"
+                         f"{' (bidirectional: half of them each way)' if bidirectional else ''}; the scheme's "
+                         f"max_distance = {max_distance} must exceed them, and they must be >= 1 (T5's buckets "
+                         f"divide by log(max_distance / {exact}))")

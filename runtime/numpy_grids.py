@@ -1,3 +1,12 @@
+"""Grid fields and token layouts of the generated NumPy network modules: the windows of a field
+(patch embedding, convolutions), their adjoints, the grid rows of the token domain and token nodes
+joined. Inlined where used (``codegen.runtime_source``)."""
+
+import math
+
+import numpy as np
+
+
 def _windows(field, axes, size, stride, padding):
     """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
     if padding:
@@ -68,3 +77,56 @@ def _conv_transpose2d(field, W, bias=None):
     if bias is not None:
         blocks += bias
     return blocks.transpose(0, 5, 1, 3, 2, 4).reshape(batch, channels, rows * size, cols * size)
+
+
+def _rows(field, axis, offset, sizes):
+    """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
+    index = [slice(None)] * field.ndim
+    index[axis] = slice(offset, offset + math.prod(sizes))
+    return field[tuple(index)].reshape(field.shape[:axis] + tuple(sizes) + field.shape[axis + 1:])
+
+
+def _fold(blocks, shape, axes, size, stride, padding):
+    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
+    padded = list(shape)
+    for axis in axes:
+        padded[axis] += 2 * padding
+    out = np.zeros(padded, dtype=blocks.dtype)
+    for offsets in np.ndindex(*(size,) * len(axes)):
+        index = [slice(None)] * len(shape)
+        for axis, offset in zip(axes, offsets):
+            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
+        out[tuple(index)] += blocks[(Ellipsis, *offsets)]
+    crop = [slice(None)] * len(shape)
+    for axis in axes:
+        crop[axis] = slice(padding, padding + shape[axis])
+    return out[tuple(crop)]
+
+
+def _place_rows(rows, shape, axis, offset):
+    """The adjoint of ``_rows``: the rows written back at ``offset``, … of ``axis``, zero elsewhere."""
+    count = math.prod(rows.shape[axis:axis + rows.ndim - len(shape) + 1])
+    out = np.zeros(shape, dtype=rows.dtype)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(offset, offset + count)
+    out[tuple(index)] = rows.reshape(shape[:axis] + (count,) + shape[axis + 1:])
+    return out
+
+
+def _join(*parts):
+    """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
+    batch = next(part.shape[0] for part in parts if part.ndim > 1)
+    return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
+                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
+
+
+def _interleave(blocks, axes):
+    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
+    n = blocks.ndim - len(axes)
+    order = list(range(n))
+    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
+        order.insert(axis + 1, n + position)
+    shape = list(blocks.shape[:n])
+    for position, axis in enumerate(axes):
+        shape[axis] *= blocks.shape[n + position]
+    return blocks.transpose(order).reshape(shape)

@@ -1,11 +1,19 @@
-{# Numeric helpers of the emitted code, each only where used: `uses` (the names the statements read). #}
-{% if "_einsum" in uses %}
+"""The numeric routines of the generated NumPy modules: einsum, erf and the exact GELU, the masked
+softmax and attention over heads, one-hot reads and writes of a grid (``_gather``, ``_scatter``), a
+local kernel (``_window``), LayerNorm and RMSNorm safe from overflow.
+
+Inlined into each generated module that calls them (``codegen.runtime_source``), which then
+imports only NumPy and the standard library."""
+
+import math
+
+import numpy as np
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
-{% endif %}
-{% if "_erf" in uses or "_gelu" in uses %}
 # Cephes' rational approximations (S. L. Moshier, public domain): erf on |x| <= 1, erfc beyond.
 _ERF_T = (9.60497373987051638749e0, 9.00260197203842689217e1, 2.23200534594684319226e3,
           7.00332514112805075473e3, 5.55923013010394962768e4)
@@ -38,7 +46,6 @@ def _polynomial(x, coefficients):
     return result
 
 
-{% if "_erf" in uses %}
 def _erf(x):
     """The error function, elementwise, to the precision of ``x``'s dtype (NumPy has none).
 
@@ -54,7 +61,6 @@ def _erf(x):
     return out.reshape(np.shape(x))
 
 
-{% endif %}
 def _erf_single(x):
     """erf to single precision of a double ``x`` (clamped in place)."""
     np.clip(x, -4, 4, out=x)
@@ -75,8 +81,6 @@ def _erf_block(x):
     return np.where(np.abs(x) <= 1, inner, outer)
 
 
-{% endif %}
-{% if "_gelu" in uses %}
 def _gelu(x):
     """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each
     evaluated in place: the operations of the formula in its order, without its temporaries."""
@@ -95,8 +99,6 @@ def _gelu(x):
     return out.reshape(np.shape(x))
 
 
-{% endif %}
-{% if "_gelu_tanh" in uses %}
 def _gelu_tanh(x):
     """x (1 + tanh(√(2/π) (x + 0.044715 x³)))/2 elementwise (GELU's tanh approximation), in blocks
     that stay in cache, each evaluated in place: the operations of the formula in its order, without
@@ -118,8 +120,6 @@ def _gelu_tanh(x):
     return out.reshape(np.shape(x))
 
 
-{% endif %}
-{% if "_softmax" in uses or "_attention" in uses %}
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -149,8 +149,6 @@ def _softmax(scores, support):
     return weights
 
 
-{% endif %}
-{% if "_attention" in uses %}
 def _attention(q, k, v, scale, support):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
@@ -205,8 +203,6 @@ _ONE_THREAD = 1 << 18
 _MIN_ROWS = 16
 
 
-{% endif %}
-{% if "_grouped_attention" in uses %}
 def _grouped_attention(q, k, v, scale, support):
     """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
     q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
@@ -225,16 +221,12 @@ def _grouped_attention(q, k, v, scale, support):
     return out.reshape(batch, members, n_queries, groups, -1).transpose(0, 2, 3, 1, 4)
 
 
-{% endif %}
-{% if "_gather" in uses or "_scatter" in uses %}
 def _grid_rows(index, size):
     """``index`` as row numbers; a value that is no grid point 0 … size − 1 (δ(v, index) = 0 for every v) → ``size``."""
     rows = index.astype(np.intp)
     return np.where((rows == index) & (rows >= 0) & (rows < size), rows, size)
 
 
-{% endif %}
-{% if "_gather" in uses %}
 def _gather(table, index):
     """Σ_v table[…, v] δ(v, index): ``table`` (its last axis) read at ``index``, 0 where the index is no grid point;
     the table's other axes first."""
@@ -242,8 +234,6 @@ def _gather(table, index):
     return np.take(padded, _grid_rows(index, table.shape[-1]), axis=-1)
 
 
-{% endif %}
-{% if "_scatter" in uses %}
 def _scatter(values, index, size, kept):
     """out[v, r…] = Σ_s δ(v, index[s…]) values[r…, s…] for v < size (the first ``kept`` axes of ``values`` are r…):
     one weighted bincount, each row r its own ``size + 1`` bins (the last takes the indices that are no row)."""
@@ -255,8 +245,6 @@ def _scatter(values, index, size, kept):
     return out.reshape(len(values), size + 1)[:, :size].T.reshape((size,) + shape).astype(values.dtype, copy=False)
 
 
-{% endif %}
-{% if "_window" in uses %}
 def _window(values, pos_out, pos_in, low, high, support):
     """Σ_c 1[low < p_out[a] − p_in[c] < high] χ[a, c] values[c] for (batch, tokens, d) ``values``: a relative
     kernel of local support. Per sequence, the tokens sorted by position and each window's first one
@@ -280,8 +268,6 @@ def _window(values, pos_out, pos_in, low, high, support):
     return out
 
 
-{% endif %}
-{% if "_layer_norm" in uses or "_rms_norm" in uses %}
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -289,8 +275,6 @@ def _row_scale(x):
     return np.ldexp(np.ones_like(peak), exponent)
 
 
-{% endif %}
-{% if "_layer_norm" in uses %}
 def _layer_norm(x, gain, bias, eps, scaled=False):
     """gain (x − mean)/√(var + eps) + bias over the last axis, with one full-size temporary.
 
@@ -318,8 +302,6 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     return out
 
 
-{% endif %}
-{% if "_rms_norm" in uses %}
 def _rms_norm(x, gain, eps, scaled=False):
     """gain x/√(mean x² + eps) over the last axis; where squares overflow, ``scaled`` takes the
     statistics of x/s (``_row_scale``, as ``_layer_norm``)."""
@@ -336,6 +318,3 @@ def _rms_norm(x, gain, eps, scaled=False):
     out /= root
     out *= gain
     return out
-
-
-{% endif %}

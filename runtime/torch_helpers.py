@@ -1,12 +1,22 @@
-{# Numeric helpers of the emitted code, each only where used: `uses` (names). #}
-{% if "_softmax" in uses or "_attention" in uses %}
+"""The numeric routines of the generated PyTorch modules: the masked softmax and attention
+(``scaled_dot_product_attention``), one-hot reads and writes of a grid, a local kernel, LayerNorm
+and RMSNorm safe from overflow, parameters stored side by side (``_cat``), dropout, the torch masks
+narrowing a support, and the first-order guard of a derived backward.
+
+Inlined into each generated module that calls them (``codegen.runtime_source``), which then
+imports only torch and the standard library. TorchScript compiles some of them: their annotations
+are its types."""
+
+import math
+
+import torch
+
+
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")
 
 
-{% endif %}
-{% if "_softmax" in uses %}
 def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Row softmax over the last axis, weighted by ``support``; dropout on the kernel in training.
 
@@ -22,8 +32,6 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
-{% endif %}
-{% if "_attention" in uses %}
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
@@ -42,16 +50,12 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
-{% endif %}
-{% if "_gather" in uses or "_scatter" in uses %}
 def _grid_rows(index, size: int):
     """``index`` as row numbers; a value that is no grid point 0 … size − 1 (δ(v, index) = 0 for every v) → ``size``."""
     rows = index.long()
     return torch.where((rows == index) & (rows >= 0) & (rows < size), rows, size)
 
 
-{% endif %}
-{% if "_gather" in uses %}
 def _gather(table, index):
     """Σ_v table[…, v] δ(v, index): ``table`` (its last axis) read at ``index``, 0 where the index is no grid point;
     the table's other axes first."""
@@ -59,8 +63,6 @@ def _gather(table, index):
     return padded[..., _grid_rows(index, table.shape[-1])]
 
 
-{% endif %}
-{% if "_scatter" in uses %}
 def _scatter(values, index, size: int, kept: int):
     """out[v, r…] = Σ_s δ(v, index[s…]) values[r…, s…] for v < size (the first ``kept`` axes of ``values`` are r…):
     one ``scatter_add_`` into ``size + 1`` bins per row r (the last takes the indices that are no row)."""
@@ -72,8 +74,6 @@ def _scatter(values, index, size: int, kept: int):
     return out[:, :size].T.reshape((size,) + tuple(shape))
 
 
-{% endif %}
-{% if "_window" in uses %}
 def _window(values, pos_out, pos_in, low: float, high: float, support: torch.Tensor | None):
     """Σ_c 1[low < p_out[a] − p_in[c] < high] χ[a, c] values[c] for (batch, tokens, d) ``values``: a relative
     kernel of local support. The tokens sorted by position and each window's first one found by
@@ -94,8 +94,6 @@ def _window(values, pos_out, pos_in, low: float, high: float, support: torch.Ten
     return out
 
 
-{% endif %}
-{% if "_grouped_attention" in uses %}
 def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
     q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
@@ -114,8 +112,6 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
 
 
-{% endif %}
-{% if "_layer_norm" in uses or "_rms_norm" in uses %}
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -149,8 +145,6 @@ def _root(mean_square, eps: float, scale):
     return torch.where(root == 0, torch.ones_like(root), root)
 
 
-{% endif %}
-{% if "_layer_norm" in uses %}
 def _layer_norm(x, gain, bias, eps: float):
     """gain (x − mean)/√(var + eps) + bias over the last axis.
 
@@ -196,8 +190,6 @@ def _scaled_layer_norm(x, gain, bias, eps: float):
     return centred / _root((centred * centred).mean(dim=-1, keepdim=True), eps, scale) * gain + bias
 
 
-{% endif %}
-{% if "_cat" in uses %}
 def _cat(tensors: list[torch.Tensor], dim: int):
     """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
     storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
@@ -247,8 +239,6 @@ def _side_by_side(module, groups) -> None:
                 part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
 
 
-{% endif %}
-{% if "_rms_norm" in uses %}
 def _rms_norm(x, gain, eps: float):
     """gain x/√(mean x² + eps) over the last axis, with the statistics of x/s (``_row_scale``)."""
     scale = _row_scale(x)
@@ -256,10 +246,6 @@ def _rms_norm(x, gain, eps: float):
     return y / _root((y * y).mean(dim=-1, keepdim=True), eps, scale) * gain
 
 
-{% endif %}
-{% if inputs is not defined %}{# a network module includes checks.py.j2 itself #}
-{% include "checks.py.j2" %}
-{% endif %}
 def _dropout(x, p: float):
     """torch's dropout (kept entries scaled by 1/(1 − p)) when ``p`` > 0, else ``x`` itself."""
     return torch.nn.functional.dropout(x, p) if p > 0.0 else x
@@ -284,3 +270,10 @@ def _check_mask(name: str, mask, shapes: list[list[int]]):
         raise ValueError(f"{name} must be bool or float of shape {expected}, got {mask.dtype} {list(mask.shape)}")
 
 
+def _first_order_only():
+    """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
+    computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector
+    products) would be silently wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
+                           "for create_graph=True (gradient penalties, Hessian-vector products)")

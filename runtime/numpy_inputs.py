@@ -1,0 +1,90 @@
+"""The inputs of a generated NumPy block: any argument read as an array (``_array``), and the inputs it
+declares besides the state: the memory an operator reads and its support, token positions, grid
+coordinates, and the cache of cached decoding (each key-side field of the tokens so far, and the
+refusal of new positions a kernel without χ would read). Inlined where used (``codegen.runtime_source``)."""
+
+import numpy as np
+
+
+def _array(name, value):
+    """``value`` as a NumPy array of numbers; a TypeError for what NumPy cannot read (None, a tensor that requires grad)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} cannot be read as a NumPy array ({type(value).__name__}: {error}); "
+                        "pass NumPy arrays (a torch tensor: t.detach().cpu().numpy())") from None
+    if array.dtype == object:
+        raise TypeError(f"{name} must be an array of numbers, got {type(value).__name__}")
+    return array
+
+
+def _memory(memory, batch, d, dtype):
+    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    memory = _array("memory", memory)
+    if memory.ndim == 2:
+        memory = memory[None]
+    if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \
+            or memory.shape[2] != d:
+        raise ValueError(f"memory must be floating of shape (batch={batch}, memory tokens, d={d}), got "
+                         f"{memory.dtype} {memory.shape}")
+    return memory.astype(dtype, copy=False)
+
+
+def _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory):
+    """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
+    if memory_key_padding_mask is None:
+        return None
+    mask = np.asarray(memory_key_padding_mask)
+    if mask.dtype != np.bool_ or mask.shape != (batch, n_memory):
+        raise ValueError(f"memory_key_padding_mask must be bool of shape {(batch, n_memory)}, got "
+                         f"{mask.dtype} {mask.shape}")
+    return np.broadcast_to(~mask[:, None, :], (batch, n_tokens, n_memory))
+
+
+def _positions(positions, batch, n_tokens, offset, dtype):
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
+    if positions is None:
+        return np.broadcast_to(np.arange(offset, offset + n_tokens, dtype=dtype), (batch, n_tokens))
+    positions = _array("positions", positions)
+    if positions.dtype.kind not in "fiu" or positions.shape not in ((n_tokens,), (batch, n_tokens)):
+        raise ValueError(f"positions must be real numbers of shape {(n_tokens,)} or {(batch, n_tokens)}, got "
+                         f"{positions.dtype} {positions.shape}")
+    if positions.dtype.kind == "f" and not np.isfinite(positions).all():
+        raise ValueError(f"positions must be finite, got {positions[~np.isfinite(positions)][0]}")
+    return np.broadcast_to(positions.astype(dtype), (batch, n_tokens))
+
+
+def _grid(size, like):
+    """The grid coordinates 0, 1, …, size − 1 in the dtype of ``like``."""
+    return np.arange(size, dtype=like.dtype)
+
+
+def _cache(cache, key, new):
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
+    if cache is None:
+        return new
+    if key in cache:
+        old = cache[key]
+        if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
+            raise ValueError(f"cache[{key!r}] holds {old.dtype} {old.shape}, incompatible with {new.dtype} {new.shape}")
+        new = np.concatenate((old, new), axis=1)
+    cache[key] = new
+    return new
+
+
+def _late_reads(cache, key, pos, windows):
+    """Refuse new positions p that a cached token (position q in ``cache[key]``) reads with a kernel window
+    ``low < q − p < high`` carrying no χ: the full pass would have it read this later token, cached decoding cannot."""
+    if cache is None or key not in cache:
+        return
+    cached = np.sort(cache[key], axis=1)
+    for low, high in windows:
+        for b in range(len(pos)):
+            first = np.searchsorted(cached[b], pos[b] + low, side="right")
+            inside = np.searchsorted(cached[b], pos[b] + high) > first
+            if inside.any():
+                token = int(np.argmax(inside))
+                raise ValueError(f"positions: new token {token} at {pos[b, token]} is read by a cached token at "
+                                 f"{cached[b, first[token]]} (q − p in ({low}, {high}), a kernel without χ): the full pass "
+                                 f"has the earlier token read the later one, cached decoding cannot; keep new positions "
+                                 f"at least {-low} above the cached ones, or call without a cache")

@@ -1,0 +1,41 @@
+"""The parameters and inputs of the generated NumPy network modules: each table's arrays checked
+and cast, the image and a costate checked before any work. Inlined where used
+(``codegen.runtime_source``)."""
+
+import numpy as np
+
+
+def _table(params, table, sizes, dtype, prefix=""):
+    """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
+    arrays = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = np.asarray(params[prefix + name])
+        if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
+        if value.shape != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
+        arrays[name] = value.astype(dtype, copy=False)
+    return arrays
+
+
+def _input(name, value):
+    """``value`` as a float32 or float64 array (batch, channels, height, width), checked before any work."""
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
+    if array.ndim != 4:
+        raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    return array
+
+
+def _costate(name, value, shape, dtype):
+    """``value`` as the costate of an output of ``shape``: checked, cast to the model's dtype."""
+    seed = np.asarray(value)
+    if seed.dtype.kind not in "fiu":
+        raise ValueError(f"{name} has dtype {seed.dtype}, expected a real floating type")
+    if seed.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {seed.shape}")
+    return seed.astype(dtype, copy=False)

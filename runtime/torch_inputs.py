@@ -1,0 +1,82 @@
+"""The declared inputs of a generated PyTorch block besides the state: the memory an operator reads and
+its support, token positions, grid coordinates, and the cache of cached decoding (each key-side field of
+the tokens so far, and the refusal of new positions a kernel without χ would read). Inlined where used
+(``codegen.runtime_source``)."""
+
+import torch
+
+
+def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
+    """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
+    memory = memory[None] if memory.dim() == 2 else memory
+    if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
+        raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d}), got "
+                         f"{memory.dtype} {list(memory.shape)}")
+    return memory
+
+
+def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_tokens: int, n_memory: int,
+                    device: torch.device) -> torch.Tensor | None:
+    """The indicator χ_m[b, i, t] of the integral over memory tokens, or None when it is 1 everywhere."""
+    if memory_key_padding_mask is None:
+        return None
+    mask = torch.as_tensor(memory_key_padding_mask, device=device)
+    if mask.dtype != torch.bool or list(mask.shape) != [batch, n_memory]:
+        raise ValueError(f"memory_key_padding_mask must be bool of shape {[batch, n_memory]}, got "
+                         f"{mask.dtype} {list(mask.shape)}")
+    return (~mask[:, None, :]).expand(batch, n_tokens, n_memory)
+
+
+def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
+    if positions is None:
+        return torch.arange(offset, offset + n_tokens, dtype=like.dtype, device=like.device).expand(batch, n_tokens)
+    positions = torch.as_tensor(positions, device=like.device)
+    shape = list(positions.shape)
+    if positions.dtype == torch.bool or positions.is_complex() or (shape != [n_tokens] and shape != [batch, n_tokens]):
+        raise ValueError(f"positions must be real numbers of shape {[n_tokens]} or {[batch, n_tokens]}, got "
+                         f"{positions.dtype} {shape}")
+    if positions.is_floating_point() and not positions.is_meta:  # a meta tensor has no values to check
+        outside = positions[~torch.isfinite(positions)]
+        if outside.numel() > 0:
+            raise ValueError(f"positions must be finite, got {outside[0].item()}")
+    return positions.to(like.dtype).expand(batch, n_tokens)
+
+
+def _grid(size: int, like: torch.Tensor) -> torch.Tensor:
+    """The grid coordinates 0, 1, …, size − 1 in the dtype and device of ``like``."""
+    return torch.arange(size, dtype=like.dtype, device=like.device)
+
+
+def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back; the first store
+    is a copy, since ``new`` may view the caller's arguments, which the caller may refill in place)."""
+    if cache is None:
+        return new
+    if key not in cache:
+        cache[key] = new.clone()
+        return new
+    old = cache[key]
+    if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
+        raise ValueError(f"cache['{key}'] holds {old.dtype} {list(old.shape)}, incompatible with "
+                         f"{new.dtype} {list(new.shape)}")
+    cache[key] = torch.cat((old, new), dim=1)
+    return cache[key]
+
+
+def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tensor, windows: list[tuple[float, float]]):
+    """Refuse new positions p that a cached token (position q in ``cache[key]``) reads with a kernel window
+    ``low < q − p < high`` carrying no χ: the full pass would have it read this later token, cached decoding cannot."""
+    if cache is None or key not in cache:
+        return
+    cached = torch.sort(cache[key], dim=1).values.contiguous()
+    for low, high in windows:
+        first = torch.searchsorted(cached, (pos + low).contiguous(), right=True)
+        inside = torch.searchsorted(cached, (pos + high).contiguous()) > first
+        if bool(inside.any()):
+            b, token = [int(index) for index in inside.nonzero()[0]]
+            raise ValueError(f"positions: new token {token} at {float(pos[b, token])} is read by a cached token at "
+                             f"{float(cached[b, int(first[b, token])])} (q − p in ({low}, {high}), a kernel without χ): the "
+                             f"full pass has the earlier token read the later one, cached decoding cannot; keep new "
+                             f"positions at least {-low} above the cached ones, or call without a cache")

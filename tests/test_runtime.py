@@ -1,0 +1,387 @@
+"""The runtime helpers (``runtime/``), tested as modules against plain NumPy / torch written here in
+float64, each check with a control that fails; and the inliner that copies them into generated code
+(``codegen.runtime_source``): only what a module uses, transitively, in a stable order. The NumPy
+convolutions (``runtime/numpy_grids.py``) are tested against loops in test_network_passes.py."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+from splitformer.codegen.runtime_source import RUNTIME_MODULES, definitions, inline_runtime, runtime_mark
+from splitformer.runtime import checks, numpy_grids, numpy_helpers, numpy_inputs, numpy_parameters
+from splitformer.runtime import torch_grids, torch_helpers, torch_inputs, torch_parameters
+
+TOL = 1e-12
+
+
+def _agree(actual, expected, control) -> None:
+    """``actual`` within TOL of ``expected``; the control (a wrong reference) is not."""
+    actual, expected, control = (np.asarray(x, dtype=np.float64) for x in (actual, expected, control))
+    assert actual.shape == expected.shape
+    assert np.max(np.abs(actual - expected), initial=0.0) <= TOL
+    assert np.max(np.abs(actual - control)) > 1e-6
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+# -- references --------------------------------------------------------------------------------
+
+def _softmax_reference(scores, support):
+    """Row softmax by its definition, row by row; an empty row is 0."""
+    out = np.zeros_like(scores)
+    for index in np.ndindex(scores.shape[:-1]):
+        kept = np.ones(scores.shape[-1], bool) if support is None else support[index]
+        if kept.any():
+            e = np.exp(scores[index][kept] - scores[index][kept].max())
+            out[index][kept] = e / e.sum()
+    return out
+
+
+def _attention_reference(q, k, v, scale, support):
+    """(batch, tokens, heads, features) operands, support (batch, tokens, keys) or None."""
+    scores = np.einsum("bihe,bjhe->bhij", q, k) * scale
+    mask = None if support is None else np.broadcast_to(support[:, None], scores.shape)
+    return np.einsum("bhij,bjhf->bihf", _softmax_reference(scores, mask), v)
+
+
+def _support(rng, batch, n, m):
+    support = rng.random((batch, n, m)) > 0.3
+    support[0, 0] = False  # an empty row: the kernel vanishes
+    return support
+
+
+def _windows_reference(field, size, stride, padding):
+    """(b, c, p, q, r, s) = field[b, c, S p + r − P, S q + s − P], zero outside."""
+    b, c, h, w = field.shape
+    rows, cols = (h + 2 * padding - size) // stride + 1, (w + 2 * padding - size) // stride + 1
+    out = np.zeros((b, c, rows, cols, size, size))
+    for p, q, r, s in itertools.product(range(rows), range(cols), range(size), range(size)):
+        i, j = stride * p + r - padding, stride * q + s - padding
+        if 0 <= i < h and 0 <= j < w:
+            out[:, :, p, q, r, s] = field[:, :, i, j]
+    return out
+
+
+# -- numpy_helpers ----------------------------------------------------------------------------
+
+def test_numpy_erf_and_gelu_are_the_error_function(rng):
+    x = np.concatenate([rng.normal(0, 3, 200), [0.0, 1.0, -1.0, 8.0, -30.0]])
+    erf = np.array([math.erf(value) for value in x])
+    _agree(numpy_helpers._erf(x), erf, np.tanh(x))
+    gelu = x * (1 + np.array([math.erf(value / math.sqrt(2)) for value in x])) / 2
+    _agree(numpy_helpers._gelu(x), gelu, x * (1 + np.tanh(x)) / 2)
+    single = numpy_helpers._erf(x.astype(np.float32))
+    assert single.dtype == np.float32 and np.max(np.abs(single - erf)) < 2e-7
+
+
+def test_numpy_einsum_softmax_and_attention(rng):
+    a, b = rng.normal(size=(3, 4)), rng.normal(size=(4, 5))
+    _agree(numpy_helpers._einsum("ij,jk->ik", a, b), a @ b, a @ b + 1)
+    scores, support = rng.normal(size=(2, 3, 4)), _support(rng, 2, 3, 4)
+    _agree(numpy_helpers._softmax(scores, support), _softmax_reference(scores, support),
+           _softmax_reference(scores, None))
+    q, k, v = rng.normal(size=(2, 3, 2, 4)), rng.normal(size=(2, 5, 2, 4)), rng.normal(size=(2, 5, 2, 4))
+    support = _support(rng, 2, 3, 5)
+    expected = _attention_reference(q, k, v, 0.5, support)
+    _agree(numpy_helpers._attention(q, k, v, 0.5, support[:, None]), expected, _attention_reference(q, k, v, 0.5, None))
+    assert not expected[0, 0].any()  # the empty row: the output bias alone
+
+
+def test_numpy_grouped_attention_reads_its_groups_keys(rng):
+    q = rng.normal(size=(2, 3, 2, 3, 4))  # (batch, tokens, groups, members, features)
+    k, v, support = rng.normal(size=(2, 5, 2, 4)), rng.normal(size=(2, 5, 2, 4)), _support(rng, 2, 3, 5)
+    repeated = np.repeat(k, 3, axis=2), np.repeat(v, 3, axis=2)  # each member its group's keys
+    expected = _attention_reference(q.reshape(2, 3, 6, 4), *repeated, 0.3, support).reshape(2, 3, 2, 3, 4)
+    control = _attention_reference(q.reshape(2, 3, 6, 4), np.tile(k, (1, 1, 3, 1)), np.tile(v, (1, 1, 3, 1)), 0.3,
+                                   support).reshape(2, 3, 2, 3, 4)
+    _agree(numpy_helpers._grouped_attention(q, k, v, 0.3, support), expected, control)
+
+
+def _one_hot_reference(table, index, values, size):
+    gathered = np.zeros(table.shape[:-1] + index.shape)
+    scattered = np.zeros((size,) + values.shape[:1])
+    for position in np.ndindex(index.shape):
+        row = index[position]
+        if row == int(row) and 0 <= row < table.shape[-1]:
+            gathered[(...,) + position] = table[..., int(row)]
+        if row == int(row) and 0 <= row < size:
+            scattered[int(row)] += values[(slice(None),) + position]
+    return gathered, scattered
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_gather_and_scatter_are_one_hot_sums(rng, backend):
+    table, index, values = rng.normal(size=(2, 4)), np.array([[0.0, 3.0, 1.5], [4.0, -1.0, 2.0]]), rng.normal(size=(2, 2, 3))
+    gathered, scattered = _one_hot_reference(table, index, values, 4)
+    helpers, wrap = (numpy_helpers, np.asarray) if backend == "numpy" else (torch_helpers, torch.from_numpy)
+    _agree(np.asarray(helpers._gather(wrap(table), wrap(index))), gathered, np.take(table, np.clip(index, 0, 3).astype(int), axis=-1))
+    _agree(np.asarray(helpers._scatter(wrap(values), wrap(index), 4, 1)), scattered, scattered + (index == 1.5).any())
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_window_is_a_local_kernel(rng, backend):
+    values, pos_out, pos_in = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 4)) * 3, rng.normal(size=(2, 5)) * 3
+    support = rng.random((2, 4, 5)) > 0.3
+    near = (pos_out[:, :, None] - pos_in[:, None, :] > -1) & (pos_out[:, :, None] - pos_in[:, None, :] < 2)
+    expected = np.einsum("bac,bcd->bad", near & support, values)
+    helpers, wrap = (numpy_helpers, np.asarray) if backend == "numpy" else (torch_helpers, torch.from_numpy)
+    actual = helpers._window(*map(wrap, (values, pos_out, pos_in)), -1.0, 2.0, wrap(support))
+    _agree(np.asarray(actual), expected, np.einsum("bac,bcd->bad", near, values))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_norms_by_their_formulas_also_where_squares_overflow(rng, backend):
+    x, gain, bias = rng.normal(size=(3, 6)) + 5, rng.normal(size=6), rng.normal(size=6)
+    centred = x - x.mean(-1, keepdims=True)
+    layer = gain * centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) + bias
+    rms = gain * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5)
+    helpers, wrap = (numpy_helpers, np.asarray) if backend == "numpy" else (torch_helpers, torch.from_numpy)
+    _agree(np.asarray(helpers._layer_norm(*map(wrap, (x, gain, bias)), 1e-5)), layer, rms + bias)
+    _agree(np.asarray(helpers._rms_norm(wrap(x), wrap(gain), 1e-5)), rms, layer - bias)
+    huge = x * 1e300  # squares overflow: the scaled statistics give the same normalized rows
+    _agree(np.asarray(helpers._layer_norm(*map(wrap, (huge, gain, bias)), 0.0)),
+           gain * centred / np.sqrt((centred ** 2).mean(-1, keepdims=True)) + bias, layer + 1)
+
+
+# -- grids ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, stride, padding", [(3, 1, 1), (2, 2, 0), (3, 2, 1)])
+def test_windows_and_their_adjoint_fold(rng, size, stride, padding):
+    field = rng.normal(size=(2, 3, 5, 6))
+    expected = _windows_reference(field, size, stride, padding)
+    windows = numpy_grids._windows(field, (2, 3), size, stride, padding)
+    _agree(windows, expected, _windows_reference(field, size, stride, padding + 1)[:, :, :expected.shape[2],
+                                                                                   :expected.shape[3]])
+    _agree(torch_grids._windows(torch.from_numpy(field), (2, 3), size, stride, padding).numpy(), expected,
+           expected + 1)
+    blocks = rng.normal(size=expected.shape)  # <fold(blocks), field> = <blocks, windows(field)>
+    for grids, wrap in ((numpy_grids, np.asarray), (torch_grids, torch.from_numpy)):
+        folded = np.asarray(grids._fold(wrap(blocks), field.shape, (2, 3), size, stride, padding))
+        _agree(np.sum(folded * field), np.sum(blocks * expected), np.sum(blocks * expected) + 1)
+
+
+@pytest.mark.parametrize("grids, wrap", [(numpy_grids, np.asarray), (torch_grids, torch.from_numpy)])
+def test_rows_place_rows_and_join(rng, grids, wrap):
+    field = rng.normal(size=(2, 7, 3))
+    rows = np.asarray(grids._rows(wrap(field), 1, 1, (2, 3)))
+    _agree(rows, field[:, 1:7].reshape(2, 2, 3, 3), field[:, 0:6].reshape(2, 2, 3, 3))
+    placed = np.asarray(grids._place_rows(wrap(rows.copy()), (2, 7, 3), 1, 1))
+    _agree(placed, np.concatenate([np.zeros((2, 1, 3)), field[:, 1:7]], axis=1), field)
+    node, shared = rng.normal(size=(2, 3)), rng.normal(size=3)
+    joined = np.asarray(grids._join(wrap(node)[:, None] if wrap is np.asarray else wrap(node)[:, None],
+                                    wrap(shared), wrap(rows.copy())))
+    expected = np.concatenate([node[:, None], np.broadcast_to(shared, (2, 1, 3)), rows.reshape(2, 6, 3)], axis=1)
+    _agree(joined, expected, expected[:, ::-1])
+
+
+# -- parameters and checks -------------------------------------------------------------------------
+
+def test_numpy_tables_inputs_and_costates_are_checked_then_cast():
+    table = {"W": ("d", 2)}
+    arrays = numpy_parameters._table({"p.W": np.ones((3, 2), np.int64)}, table, {"d": 3}, np.float64, "p.")
+    assert arrays["W"].dtype == np.float64 and arrays["W"].shape == (3, 2)
+    for params, message in (({}, "missing parameter 'p.W'"), ({"p.W": np.ones((2, 2))}, "has shape (2, 2)"),
+                            ({"p.W": np.ones((3, 2), bool)}, "has dtype bool")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            numpy_parameters._table(params, table, {"d": 3}, np.float64, "p.")
+    with pytest.raises(ValueError, match="pixel_values must be float32 or float64"):
+        numpy_parameters._input("pixel_values", np.ones((1, 1, 2, 2), np.int32))
+    with pytest.raises(ValueError, match="grad_out must have shape"):
+        numpy_parameters._costate("grad_out", np.ones(3), (2,), np.float64)
+    assert numpy_parameters._costate("grad_out", [1, 2], (2,), np.float32).dtype == np.float32
+
+
+def test_argument_checks_name_the_argument():
+    assert checks._integer("n", 3, 1) == 3 and checks._epsilon(1e-5) == 1e-5 and checks._flag("cls", True)
+    assert checks._integers("sizes", [1, 2], 1) == [1, 2] and checks._pair("image_size", (4, 5), 1) == (4, 5)
+    assert checks._choice("mode", "a", ("a", "b")) == "a" and checks._mapping("params", {}) == {}
+    for call, error, message in ((lambda: checks._integer("n", True, 1), TypeError, "n must be an int"),
+                                 (lambda: checks._integer("n", 0, 1), ValueError, "n must be >= 1"),
+                                 (lambda: checks._epsilon(-1.0), ValueError, "eps must be finite"),
+                                 (lambda: checks._integers("sizes", [1, 0], 1), ValueError, r"sizes\[1\] must be >= 1"),
+                                 (lambda: checks._pair("image_size", 4, 1), TypeError, "image_size must be"),
+                                 (lambda: checks._flag("cls", 1), TypeError, "cls must be a bool"),
+                                 (lambda: checks._choice("mode", "c", ("a", "b")), ValueError, "mode must be 'a' or 'b'"),
+                                 (lambda: checks._mapping("params", [1]), TypeError, "params must be a mapping"),
+                                 (lambda: checks._buckets(4, 1, True), ValueError, "n_buckets = 4")):
+        with pytest.raises(error, match=message):
+            call()
+    checks._buckets(32, 128, True)  # T5's default: accepted
+
+
+def test_torch_parameters_register_check_and_load_all_or_nothing():
+    class Net(torch_parameters._Network):
+        def __init__(self):
+            super().__init__()
+            torch_parameters._group(self, {"embed.W": ("d", 2), "embed.b": (2,)}, {"d": 3}, {"dtype": torch.float64})
+            torch_parameters._initialize(self, {"W": torch.nn.init.ones_}, torch.nn.init.zeros_)
+
+    net = Net()
+    assert set(torch_parameters._table(net, {"embed.W": (), "embed.b": ()})) == {"embed.W", "embed.b"}
+    assert net.embed.W.shape == (3, 2) and bool((net.embed.W == 1).all()) and bool((net.embed.b == 0).all())
+    with pytest.raises(ValueError, match="has shape"):  # the second is wrong: the first is not copied
+        net.load_params({"embed.W": np.full((3, 2), 2.0), "embed.b": np.ones(3)})
+    assert bool((net.embed.W == 1).all())
+    net.load_params({"embed.W": np.full((3, 2), 2.0), "embed.b": np.ones(2)})
+    assert bool((net.embed.W == 2).all()) and bool((net.embed.b == 1).all())
+    x = torch.zeros(2, 3, 4, dtype=torch.float64)
+    assert torch_parameters._input("x", x, (3, "n"), torch.float64) is x
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, 4, n\)"):
+        torch_parameters._input("x", x, (4, "n"), torch.float64)
+
+
+# -- torch_helpers -------------------------------------------------------------------------------
+
+def test_torch_softmax_and_attention_with_bool_and_float_supports(rng):
+    q, k, v = (torch.from_numpy(rng.normal(size=shape)) for shape in ((2, 3, 2, 4), (2, 5, 2, 4), (2, 5, 2, 4)))
+    support = _support(rng, 2, 3, 5)
+    expected = _attention_reference(q.numpy(), k.numpy(), v.numpy(), 0.5, support)
+    control = _attention_reference(q.numpy(), k.numpy(), v.numpy(), 0.5, None)
+    boolean = torch.from_numpy(support)[:, None]
+    log_weight = torch.zeros(boolean.shape, dtype=torch.float64).masked_fill(~boolean, float("-inf"))
+    for mask in (boolean, log_weight):
+        _agree(torch_helpers._attention(q, k, v, 0.5, mask).numpy(), expected, control)
+    scores = torch.from_numpy(rng.normal(size=(2, 3, 5)))
+    _agree(torch_helpers._softmax(scores, torch.from_numpy(support)).numpy(),
+           _softmax_reference(scores.numpy(), support), _softmax_reference(scores.numpy(), None))
+    grouped_q = torch.from_numpy(rng.normal(size=(2, 3, 2, 3, 4)))
+    _agree(torch_helpers._grouped_attention(grouped_q, k, v, 0.5, torch.from_numpy(support)).numpy(),
+           numpy_helpers._grouped_attention(grouped_q.numpy(), k.numpy(), v.numpy(), 0.5, support),
+           numpy_helpers._grouped_attention(grouped_q.numpy(), k.numpy(), v.numpy(), 0.5, None))
+
+
+def test_torch_masks_restrict_a_support_and_are_checked():
+    support = torch.ones(1, 2, 2, dtype=torch.bool)
+    mask = torch.tensor([[False, True]])
+    assert torch_helpers._restrict(support, mask).tolist() == [[[True, False], [True, False]]]
+    floating = torch_helpers._restrict(torch.zeros(1, 2, 2, dtype=torch.float64), mask)
+    assert floating[0, :, 1].tolist() == [float("-inf")] * 2 and floating[0, :, 0].tolist() == [0.0, 0.0]
+    torch_helpers._check_mask("src_mask", mask, [[1, 2]])
+    with pytest.raises(ValueError, match="src_mask must be bool or float of shape"):
+        torch_helpers._check_mask("src_mask", mask, [[2, 2]])
+    x = torch.ones(3)
+    assert torch_helpers._dropout(x, 0.0) is x
+    with torch.enable_grad(), pytest.raises(RuntimeError, match="first-order gradients only"):
+        torch_helpers._first_order_only()
+
+
+def test_torch_cat_reads_parts_side_by_side_without_a_copy():
+    module = torch.nn.Module()
+    module.add_module("attn", torch.nn.Module())
+    for name in ("W_q", "W_k"):
+        module.attn.register_parameter(name, torch.nn.Parameter(torch.randn(3, 2, dtype=torch.float64)))
+    expected = torch.cat([module.attn.W_q.detach(), module.attn.W_k.detach()], 1)
+    torch_helpers._side_by_side(module, [(("attn.W_q", "attn.W_k"), 1)])
+    with torch.no_grad():
+        joined = torch_helpers._cat([module.attn.W_q, module.attn.W_k], 1)
+        separate = torch_helpers._cat([module.attn.W_q.clone(), module.attn.W_k.clone()], 1)
+    _agree(joined.numpy(), expected.numpy(), expected.numpy() + 1)
+    assert joined.untyped_storage().data_ptr() == module.attn.W_q.untyped_storage().data_ptr()
+    assert separate.untyped_storage().data_ptr() != module.attn.W_q.untyped_storage().data_ptr()  # control
+
+
+# -- block inputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inputs, wrap", [(numpy_inputs, np.asarray), (torch_inputs, torch.from_numpy)])
+def test_block_inputs_memory_positions_grid_and_cache(rng, inputs, wrap):
+    memory, like = rng.normal(size=(2, 4, 3)), wrap(np.zeros(1))
+    third, device = (like, (torch.device("cpu"),)) if inputs is torch_inputs else (np.float64, ())
+    _agree(np.asarray(inputs._memory(wrap(memory), 2, 3, third)), memory, memory + 1)
+    with pytest.raises(ValueError, match="memory must be"):
+        inputs._memory(wrap(memory), 2, 4, third)
+    mask = np.array([[False, True, False, False], [True, False, False, False]])
+    support = np.asarray(inputs._memory_support(wrap(mask), 2, 3, 4, *device))
+    assert support.shape == (2, 3, 4) and (support == ~mask[:, None]).all()
+    assert inputs._memory_support(None, 2, 3, 4, *device) is None
+    _agree(np.asarray(inputs._positions(None, 2, 3, 5, third)), np.broadcast_to(np.arange(5, 8), (2, 3)),
+           np.broadcast_to(np.arange(3), (2, 3)))
+    with pytest.raises(ValueError, match="positions must be finite"):
+        inputs._positions(wrap(np.array([0.0, np.inf, 1.0])), 2, 3, 0, third)
+    _agree(np.asarray(inputs._grid(4, like)), np.arange(4.0), np.arange(1.0, 5.0))
+    cache, first, second = {}, wrap(rng.normal(size=(2, 2, 3))), wrap(rng.normal(size=(2, 1, 3)))
+    inputs._cache(cache, "k", first)
+    joined = np.asarray(inputs._cache(cache, "k", second))
+    _agree(joined, np.concatenate([np.asarray(first), np.asarray(second)], 1), np.asarray(first).repeat(2, 1)[:, :3])
+    with pytest.raises(ValueError, match=r"cache\['k'\] holds"):
+        inputs._cache(cache, "k", wrap(np.zeros((3, 1, 3))))
+    positions = {"k": wrap(np.array([[0.0, 1.0], [0.0, 1.0]]))}
+    inputs._late_reads(positions, "k", wrap(np.array([[5.0], [5.0]])), [(-2.0, 0.0)])  # control: out of reach
+    with pytest.raises(ValueError, match="positions: new token 0 at 1.5 is read by a cached token"):
+        inputs._late_reads(positions, "k", wrap(np.array([[1.5], [5.0]])), [(-2.0, 0.0)])
+
+
+def test_numpy_array_names_what_numpy_cannot_read():
+    assert numpy_inputs._array("u", [1.0, 2.0]).dtype == np.float64
+    with pytest.raises(TypeError, match="u must be an array of numbers"):
+        numpy_inputs._array("u", [object()])
+
+
+# -- the inliner ---------------------------------------------------------------------------------
+
+def _module(body: str, backend: str = "numpy", marks=("numpy_helpers",)) -> str:
+    imports = "import math\n\nimport numpy as np\n" if backend == "numpy" else "import math\nfrom collections.abc import Mapping\n\nimport torch\n"
+    return imports + "".join(runtime_mark(mark) + "\n" for mark in marks) + body
+
+
+def _defined(source: str) -> list[str]:
+    return [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
+
+
+def test_the_inliner_copies_what_a_module_uses_transitively_in_the_runtime_order():
+    source = inline_runtime(_module("def f(x, g, b):\n    return _layer_norm(_gelu(x), g, b, 1e-5)\n"), "numpy")
+    assert _defined(source) == ["_polynomial", "_erf_single", "_erf_block", "_gelu", "_row_scale", "_layer_norm", "f"]
+    assert "_ERF_SINGLE_P = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
+    assert "#@runtime" not in source and "_attention" not in source and "_erf(" not in source
+    namespace = {}
+    exec(compile(source, "generated", "exec"), namespace)  # runs with NumPy and the standard library alone
+    x = np.linspace(-2, 2, 6)[None]
+    assert np.isfinite(namespace["f"](x, np.ones(6), np.zeros(6))).all()
+    unused = inline_runtime(_module("def f(x):\n    return x\n"), "numpy")
+    assert _defined(unused) == ["f"]  # control: nothing used, nothing copied, the mark vanishes
+
+
+def test_the_inliner_keeps_a_modules_own_definition_and_places_each_runtime_module_at_its_mark():
+    own = inline_runtime(_module("def _einsum(*a):\n    return a\n\n\ndef f():\n    return _einsum(1)\n"), "numpy")
+    assert _defined(own) == ["_einsum", "f"]
+    body = "class Model(_Network):\n    pass\n\n\ndef f(m):\n    return _softmax(m, None)\n"
+    source = inline_runtime(_module(body, "torch", ("torch_helpers", "checks", "torch_parameters")), "torch")
+    assert _defined(source) == ["_allowed", "_softmax", "_dropout", "_mapping", "f"]  # each at its module's mark
+    assert source.index("def _mapping") < source.index("class _Network") < source.index("class Model")
+
+
+def test_the_inliner_refuses_a_module_without_the_mark_or_the_import_a_helper_needs():
+    with pytest.raises(ValueError, match=r"\['_gather'\] of runtime/numpy_helpers.py .* no '#@runtime numpy_helpers'"):
+        inline_runtime("import numpy as np\n\n\ndef f(t, i):\n    return _gather(t, i)\n", "numpy")
+    with pytest.raises(ValueError, match="need import math, which the module lacks"):
+        inline_runtime(runtime_mark("numpy_helpers") + "\nimport numpy as np\n\n\ndef f(v, i):\n"
+                       "    return _scatter(v, i, 3, 1)\n", "numpy")
+    with pytest.raises(ValueError, match="marked twice"):
+        inline_runtime(_module("", marks=("checks", "checks")), "numpy")
+    with pytest.raises(ValueError, match="no runtime module 'helpers'"):
+        runtime_mark("helpers")
+
+
+@pytest.mark.parametrize("backend", sorted(RUNTIME_MODULES))
+def test_every_runtime_name_has_one_definition(backend):
+    table = definitions(backend)
+    assert {"_integer", "_mapping"} <= set(table) and len({d.module for d in table.values()}) == 5
+    assert ("_attention" in table) and (("_Network" in table) == (backend == "torch"))
+
+
+def test_generated_modules_import_only_the_standard_library_and_their_backend():
+    statement = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.MULTILINE)
+    for path in sorted((ROOT / "generated").glob("*/*.py")):
+        imported = set(statement.findall(path.read_text(encoding="utf-8")))
+        assert imported <= {"math", "numbers", "warnings", "collections", path.parent.name}, (path, imported)
+        assert path.name == "__init__.py" or path.parent.name in imported  # control: the backend's import is seen

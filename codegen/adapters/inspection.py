@@ -52,8 +52,11 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
     """Refuse hooks (``module``'s parts' or torch's global ones), methods replaced on an instance and tensors of
     another class than torch's: what ``module`` computes is then what its classes' methods compute with the
     values its tensors hold (a generated ``Stack`` written from or into, too)."""
+    from .calls import check_calls
+
     _check_global_hooks()
     checked: set[type] = set()
+    called: set[Any] = set()
     for name, part in module.named_modules():
         where = f"{owner}.{name}" if name else owner
         _check_plain_tensors(where, part)
@@ -73,6 +76,7 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
             raise SplitformerError(f"{where} ({type(part).__name__}) runs {replaced[0].__qualname__}.{replaced[1]}, "
                                    f"which is not the installed library's own ({replaced[2]}): a library method replaced on "
                                    "the class; adapters read the library's computation")
+        check_calls(f"{where} ({type(part).__name__})", type(part), called)
 
 
 def check_computation(owner: str, module: Any) -> None:
@@ -130,9 +134,32 @@ def _foreign_method(cls: type, checked: set[type]) -> tuple[type, str, str] | No
             if name in _HARMLESS:
                 continue
             for function in _functions(value):
-                found = _outside(function)
+                found = _outside(function) or _borrowed(klass, name, function)
                 if found is not None:
                     return klass, name, found
+    return None
+
+
+def _borrowed(klass: type, name: str, function: Any) -> str | None:
+    """What ``function``, a library's own, is when it is not ``klass``'s ``name``: a method of a class outside
+    ``klass``'s MRO (``LlamaAttention.forward = GPT2Attention.forward``), or a module-level function of another
+    name that the class's module does not assign to ``name`` (torch's ``forward = _forward_unimplemented``;
+    transformers' ``smart_apply`` on ``torch.nn.Module`` keeps its name)."""
+    qualname = getattr(function, "__qualname__", "")
+    if "<locals>" in qualname:
+        return None
+    path, _, own = qualname.rpartition(".")
+    if not path:
+        from .calls import assigns
+
+        if own == name or assigns(sys.modules.get(klass.__module__), name, own):
+            return None
+        return f"{function.__module__}.{qualname}, a function of another name"
+    found: Any = sys.modules.get(function.__module__)
+    for part in path.split("."):
+        found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
+    if isinstance(found, type) and found not in klass.__mro__:
+        return f"{found.__module__}.{qualname}, a method of another class"
     return None
 
 

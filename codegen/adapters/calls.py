@@ -14,7 +14,7 @@ torch.tanh``), changes what the source computes while its parameters stay the sa
   value's ``__module__`` and ``__name__`` must be the module's and ``name``, through ``functools.wraps``
   layers), or, for a name the source imports (``from x import y as name``), is not what that import binds
   (checked the same way there), or, for a name the source assigns (``gelu = _add_docstr(torch._C._nn.gelu, …)``),
-  is a function whose name the assignment does not mention.
+  is a function whose name the assignment does not mention (or a ``functools.partial`` it does not make).
 
 The chains of each code object are read once (``dis``); the values are looked up on every check.
 """
@@ -22,11 +22,11 @@ The chains of each code object are read once (``dis``); the values are looked up
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import re
 import sys
 import types
-from functools import cache
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
@@ -107,13 +107,13 @@ def _layers(functions: list[Any]) -> list[types.FunctionType]:
     return layers
 
 
-@cache
+@functools.cache
 def _names(code: types.CodeType) -> frozenset[str]:
     nested = [_names(const) for const in code.co_consts if isinstance(const, types.CodeType)]
     return frozenset(code.co_names).union(*nested)
 
 
-@cache
+@functools.cache
 def _chains(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
     """The global names ``code`` (and the code nested in it) loads, each with the attributes loaded from it
     (``F.linear`` → ``("F", "linear")``)."""
@@ -189,10 +189,13 @@ def _placed(filename: str, owner: Any) -> bool:
 def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> str | None:
     """How ``value``, a function, differs from what ``module``'s source (a library's) binds to ``name``; ``None``
     when it does not, or the source does not say (module docstring)."""
-    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) or depth > 8:
-        return None
     source = _source(module) if module.__name__.split(".")[0] in LIBRARIES else None
-    if source is None:
+    if source is None or depth > 8:
+        return None
+    if isinstance(value, functools.partial):  # a function bound to other arguments: where the source says so
+        return None if any("partial" in mentioned for mentioned in source.assigned.get(name, ())) else \
+            f"functools.partial({getattr(value.func, '__qualname__', value.func)}, …), not what {module.__name__} binds to {name}"
+    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
         return None
     layers = [value]
     while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
@@ -251,7 +254,7 @@ class _Source:
             self.assigned.setdefault(match.group(1), []).append(frozenset(_WORD.findall(right)))
 
 
-@cache
+@functools.cache
 def _source_of(filename: str) -> _Source | None:
     try:
         with open(filename, encoding="utf-8") as handle:

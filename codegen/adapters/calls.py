@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dis
 import functools
-import inspect
 import re
 import sys
 import types
@@ -46,8 +45,10 @@ _STRING = re.compile(r'"[^"\n]*"|\'[^\'\n]*\'')
 def check_calls(where: str, cls: type, checked: set[Any]) -> None:
     """Refuse (naming ``where``) a function, callable or module that a library class in ``cls``'s MRO calls from
     its forward and that is not its library's own, where the library's source puts it (module docstring).
-    Code objects in ``checked`` are skipped, and added."""
-    stack = [function for klass in cls.__mro__ if _is_library_class(klass) for function in _forward_methods(klass)]
+    Classes and code objects in ``checked`` are skipped, and added."""
+    classes = [klass for klass in cls.__mro__ if klass not in checked and _is_library_class(klass)]
+    checked.update(classes)
+    stack = [function for klass in classes for function in _forward_methods(klass)]
     while stack:
         function = stack.pop()
         code = function.__code__
@@ -88,7 +89,7 @@ def _forward_methods(klass: type) -> list[Any]:
         return []
     found, names, todo = [], {"forward"}, ["forward"]
     while todo:
-        for function in _layers(_functions(inspect.getattr_static(klass, todo.pop(), None))):
+        for function in _layers(_functions(vars(klass).get(todo.pop()))):
             found.append(function)
             for name in _names(function.__code__):
                 if name not in names and isinstance(vars(klass).get(name), (types.FunctionType, staticmethod, property)):
@@ -142,6 +143,12 @@ def _attribute(owner: Any, name: str) -> Any:
 def _check_binding(where: str, owner: Any, name: str, value: Any) -> None:
     """Refuse ``value`` as ``owner.name`` (``owner`` a module or namespace) when it is not the libraries' own
     (``_foreign``) or not what ``owner``'s source binds to ``name`` (``_misplaced``)."""
+    try:
+        key: tuple[Any, str, Any] | None = (owner, name, value)
+        if key in _ACCEPTED:
+            return
+    except TypeError:  # an unhashable value: checked each time
+        key = None
     label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
     foreign = _foreign(owner, value)
     if foreign is not None:
@@ -152,6 +159,12 @@ def _check_binding(where: str, owner: Any, name: str, value: Any) -> None:
         if misplaced is not None:
             raise SplitformerError(f"{where} runs {label}, which is {misplaced}: a library function replaced; "
                                    "adapters read the installed library's computation")
+    if key is not None:
+        _ACCEPTED.add(key)
+
+
+#: Bindings ``(owner, name, value)`` found to be the libraries' own (the values are held: an id is never reused).
+_ACCEPTED: set[tuple[Any, str, Any]] = set()
 
 
 def _foreign(owner: Any, value: Any) -> str | None:
@@ -165,10 +178,7 @@ def _foreign(owner: Any, value: Any) -> str | None:
         return "a namespace, not the module the library imports"
     if not callable(value):
         return None
-    layers = [value]
-    while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
-        layers.append(layers[-1].__wrapped__)
-    for layer in layers:
+    for layer in _wrapping(value):
         for function in (getattr(layer, "func", None), layer):  # a functools.partial's function, or the layer
             code = getattr(function, "__code__", None)
             if isinstance(code, types.CodeType) and not _placed(code.co_filename, owner):
@@ -178,6 +188,14 @@ def _foreign(owner: Any, value: Any) -> str | None:
         if file is not None and not _placed(file, owner):
             return f"a {klass.__name__} defined in {file}"
     return None
+
+
+def _wrapping(value: Any) -> list[Any]:
+    """``value`` and what it wraps (``functools.wraps``), outermost first."""
+    layers = [value]
+    while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
+        layers.append(layers[-1].__wrapped__)
+    return layers
 
 
 def _placed(filename: str, owner: Any) -> bool:
@@ -197,9 +215,7 @@ def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> s
             f"functools.partial({getattr(value.func, '__qualname__', value.func)}, …), not what {module.__name__} binds to {name}"
     if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
         return None
-    layers = [value]
-    while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
-        layers.append(layers[-1].__wrapped__)
+    layers = _wrapping(value)
     shown = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', value)}"
     if name in source.defined:
         if any(getattr(layer, "__module__", None) == module.__name__ and getattr(layer, "__name__", None) == name

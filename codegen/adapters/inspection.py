@@ -14,8 +14,9 @@ table with ``max_norm`` (its forward renormalizes, in place, the rows it looks u
 ``_compiled_call_impl`` is set; (``check_parts``) a submodule replaced by one of another class
 (``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
 the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
-applies). Plain attributes a part's class does not have as built, or holds with another value, are
-``as_built``'s to refuse.
+applies); a library method that is another class's (``LlamaMLP.forward = GPT2MLP.forward``); a function the
+forward calls replaced in its module (``calls.check_calls``). Plain attributes a part's class does not have as
+built, or holds with another value, are ``as_built``'s to refuse.
 
 A part is known by its ``library_class``, the library class it runs, never by its own name: a user
 class ``Dropout(nn.Tanh)`` is a ``Tanh``.

@@ -30,7 +30,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .inspection import LIBRARIES, _PLACES, _functions, _inside
+from .places import LIBRARIES, PLACES, functions_of, inside, is_library
 
 __all__ = ["check_calls", "assigns"]
 
@@ -46,7 +46,7 @@ def check_calls(where: str, cls: type, checked: set[Any]) -> None:
     """Refuse (naming ``where``) a function, callable or module that a library class in ``cls``'s MRO calls from
     its forward and that is not its library's own, where the library's source puts it (module docstring).
     Classes and code objects in ``checked`` are skipped, and added."""
-    classes = [klass for klass in cls.__mro__ if klass not in checked and _is_library_class(klass)]
+    classes = [klass for klass in cls.__mro__ if klass not in checked and is_library(klass)]
     checked.update(classes)
     stack = [function for klass in classes for function in _forward_methods(klass)]
     while stack:
@@ -72,15 +72,9 @@ def check_calls(where: str, cls: type, checked: set[Any]) -> None:
                     break
 
 
-def _is_library_class(klass: type) -> bool:
-    from .inspection import _is_library
-
-    return _is_library(klass)
-
-
 def _is_library_function(function: Any) -> bool:
     code = getattr(function, "__code__", None)
-    return code is not None and any(_inside(code.co_filename, package) for package in LIBRARIES)
+    return code is not None and any(inside(code.co_filename, package) for package in LIBRARIES)
 
 
 def _forward_methods(klass: type) -> list[Any]:
@@ -89,7 +83,7 @@ def _forward_methods(klass: type) -> list[Any]:
         return []
     found, names, todo = [], {"forward"}, ["forward"]
     while todo:
-        for function in _layers(_functions(vars(klass).get(todo.pop()))):
+        for function in _layers(functions_of(vars(klass).get(todo.pop()))):
             found.append(function)
             for name in _names(function.__code__):
                 if name not in names and isinstance(vars(klass).get(name), (types.FunctionType, staticmethod, property)):
@@ -201,7 +195,7 @@ def _wrapping(value: Any) -> list[Any]:
 def _placed(filename: str, owner: Any) -> bool:
     """``filename`` lies in a library, the standard library, typing_extensions or the package of ``owner``."""
     package = str(getattr(owner, "__name__", "")).split(".")[0]
-    return filename.startswith("<frozen ") or any(_inside(filename, place) for place in (*_PLACES, package) if place)
+    return filename.startswith("<frozen ") or any(inside(filename, place) for place in (*PLACES, package) if place)
 
 
 def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> str | None:

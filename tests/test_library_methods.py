@@ -8,19 +8,24 @@ within 1e-10 in float64."""
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
 import torch
+import x_transformers
+import x_transformers.attend
 from transformers.models.gpt2 import modeling_gpt2
+from transformers.models.gptj import modeling_gptj
 from transformers.models.llama import modeling_llama
 
 import splitformer.nn as splitformer_nn
 from splitformer import SplitformerError
-from splitformer.adapters import from_hf, from_timm, from_torch
+from splitformer.adapters import from_hf, from_timm, from_torch, from_xtransformers
 
 from test_adapter_as_built import _encoder, _generated, _llama, _llama_forward, _torch_forward
 from test_adapters import randomize
+from test_gpt2 import gpt2_config, random_block
 from test_whole_model_inputs import TOKENS, gpt2
 from timm_import import import_timm
 
@@ -94,3 +99,77 @@ def test_a_method_added_to_torch_by_another_library_is_its_own():
     assert method.__module__.startswith("transformers.") and "transformers" in method.__code__.co_filename
     assert from_torch(_encoder()).scheme == "post-ln"
     assert isinstance(splitformer_nn.from_hf_lm(model), splitformer_nn.LanguageModel)
+
+
+def _gpt2_block():
+    return random_block(gpt2_config(8, 2, 12, 1e-5))
+
+
+def _user_scaled(function):
+    """``function`` with its first result scaled by 1.01 where it is a floating tensor, defined here (outside the
+    libraries)."""
+    def scale(tensor):
+        return 1.01 * tensor if tensor.is_floating_point() else tensor
+
+    @functools.wraps(function)
+    def scaled(*arguments, **options):
+        result = function(*arguments, **options)
+        return (scale(result[0]), *result[1:]) if isinstance(result, tuple) else scale(result)
+    return scaled
+
+
+def _xtransformers_encoder():
+    torch.manual_seed(0)
+    return x_transformers.Encoder(dim=8, depth=1, heads=2, attn_dim_head=4).double().eval()
+
+
+#: (source, its reader, the module holding the function, the function's name, its replacement, the part named):
+#: functions the library forward calls, replaced in their module after import. Without the check, the generated
+#: NumPy forward of what was read differs from the patched source by the figure in each comment (float64; the
+#: x-transformers probe refused its case, without naming the function).
+CALL_PATCHES = {
+    "llama apply_rotary_pos_emb": (_llama, from_hf, modeling_llama, "apply_rotary_pos_emb", _user_scaled,
+                                   r"LlamaDecoderLayer\.self_attn \(LlamaAttention\)"),  # 0.022
+    "llama rotate_half ← gptj rotate_every_two": (  # a library function of another name, two calls deep: 0.75
+        _llama, from_hf, modeling_llama, "rotate_half", lambda _: modeling_gptj.rotate_every_two,
+        r"LlamaDecoderLayer\.self_attn \(LlamaAttention\)"),
+    "gpt2 eager_attention_forward": (_gpt2_block, from_hf, modeling_gpt2, "eager_attention_forward", _user_scaled,
+                                     r"GPT2Block\.attn \(GPT2Attention\)"),  # 0.036
+    "torch F.linear": (_encoder, from_torch, torch.nn.functional, "linear", _user_scaled,
+                       r"TransformerEncoderLayer\.self_attn \(MultiheadAttention\)"),  # 0 (eval fast path)
+    "gpt2 torch.tanh ← torch.sigmoid": (_gpt2_block, from_hf, torch, "tanh", lambda _: torch.sigmoid,  # gelu_new's
+                                        r"GPT2Block\.mlp\.act \(NewGELUActivation\)"),  # a builtin for a builtin: 1.08
+    "timm F.gelu ← partial(F.gelu, approximate='tanh')": (
+        _timm_block, from_timm, torch.nn.functional, "gelu",
+        lambda gelu: functools.partial(gelu, approximate="tanh"), r"Block\.mlp\.act \(GELU\)"),  # 0: GELU passes approximate
+    "timm F.scaled_dot_product_attention": (_timm_block, from_timm, torch.nn.functional,
+                                            "scaled_dot_product_attention", _user_scaled,
+                                            r"Block\.attn \(Attention\)"),  # 0.043 (fused attention)
+    "x-transformers attend.einsum": (_xtransformers_encoder, from_xtransformers, x_transformers.attend, "einsum",
+                                     _user_scaled, r"Encoder\.layers\.0\.1\.attend \(Attend\)"),  # probe: 0.0295
+}
+
+
+@pytest.mark.parametrize("case", list(CALL_PATCHES))
+def test_a_function_the_forward_calls_replaced_in_its_module_is_refused(case, monkeypatch):
+    """Issue 25: a module-level function a library forward calls (directly, or through another library function),
+    replaced after import by a function defined outside the libraries or by another library function, was not
+    seen; the reader read the weights and its block differed from the source. Refused in one line naming the
+    part and the function; control: the same function set again is accepted."""
+    make, read, module, name, replacement, part = CALL_PATCHES[case]
+    source = make()
+    monkeypatch.setattr(module, name, getattr(module, name))  # control: the library's own function, set again
+    read(source)
+    monkeypatch.setattr(module, name, replacement(getattr(module, name)))
+    with pytest.raises(SplitformerError, match=rf"^{part} runs {re.escape(module.__name__)}\.{name}, which is ") as error:
+        read(source)
+    assert "\n" not in str(error.value)
+
+
+def test_a_library_method_of_another_class_is_refused(monkeypatch):
+    """``LlamaMLP.forward = GPT2MLP.forward``: a library's own function, but another class's method (issue 25)."""
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", modeling_gpt2.GPT2MLP.forward)
+    with pytest.raises(SplitformerError, match=r"^LlamaDecoderLayer\.mlp \(LlamaMLP\) runs LlamaMLP\.forward, which is "
+                                               r"not the installed library's own \(transformers\.models\.gpt2\."
+                                               r"modeling_gpt2\.GPT2MLP\.forward, a method of another class\)"):
+        from_hf(_llama())

@@ -140,6 +140,18 @@ def test_bad_schemes_and_arguments():
     assert model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[0, 1, 5]])).shape == (1, 3, VOCAB)  # control
 
 
+def test_rotary_positions_are_refused_as_learned_ones():
+    """A rotary LanguageModel (llama) refuses negative and non-integer positions as the learned-position one
+    does, naming positions (issue 25: it rotated by the negative angle, a result no source computes for them)."""
+    model = splitformer.nn.LanguageModel("llama", VOCAB, d_model=8, n_heads=2, n_layers=1, max_tokens=6)
+    tokens = torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="positions must be ≥ 0 .*, got -1"):
+        model(tokens, positions=torch.tensor([[-1, 0, 1]]))
+    with pytest.raises(ValueError, match="positions must be integer positions"):
+        model(tokens, positions=torch.tensor([[0.0, 1.0, 2.0]]))
+    assert model(tokens, positions=torch.tensor([[0, 1, 5]])).shape == (1, 3, VOCAB)  # control
+
+
 @pytest.mark.parametrize("model", ["TextEncoder", "Classifier"])
 @pytest.mark.parametrize("scheme", ["gpt2", "llama"])
 def test_an_encoder_over_a_causal_scheme_is_refused(model, scheme):

@@ -14,8 +14,9 @@ table with ``max_norm`` (its forward renormalizes, in place, the rows it looks u
 ``_compiled_call_impl`` is set; (``check_parts``) a submodule replaced by one of another class
 (``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
 the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
-applies). Plain attributes a part's class does not have as built, or holds with another value, are
-``as_built``'s to refuse.
+applies); a library method that is another class's (``LlamaMLP.forward = GPT2MLP.forward``); a function the
+forward calls replaced in its module (``calls.check_calls``). Plain attributes a part's class does not have as
+built, or holds with another value, are ``as_built``'s to refuse.
 
 A part is known by its ``library_class``, the library class it runs, never by its own name: a user
 class ``Dropout(nn.Tanh)`` is a ``Tanh``.
@@ -24,19 +25,17 @@ class ``Dropout(nn.Tanh)`` is a ``Tanh``.
 from __future__ import annotations
 
 import inspect
-import os
 import sys
-import sysconfig
 import types
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .calls import assigns, check_calls
+from .places import LIBRARIES, PLACES, functions_of, inside, is_library
+
 __all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_exact_class", "check_only_parts",
            "library_class", "library_name", "qualified_name", "runs_one_of", "shown_class", "LIBRARIES"]
-
-#: Top-level packages whose classes adapters read by name; any other class is the user's.
-LIBRARIES = ("torch", "transformers", "timm", "x_transformers", "einops", "torch_einops_utils")
 
 #: Methods a subclass may define without changing what the module computes.
 _HARMLESS = frozenset({"__init__", "__new__", "__init_subclass__", "extra_repr", "__repr__", "__str__"})
@@ -54,6 +53,7 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
     values its tensors hold (a generated ``Stack`` written from or into, too)."""
     _check_global_hooks()
     checked: set[type] = set()
+    called: set[Any] = set()
     for name, part in module.named_modules():
         where = f"{owner}.{name}" if name else owner
         _check_plain_tensors(where, part)
@@ -73,6 +73,7 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
             raise SplitformerError(f"{where} ({type(part).__name__}) runs {replaced[0].__qualname__}.{replaced[1]}, "
                                    f"which is not the installed library's own ({replaced[2]}): a library method replaced on "
                                    "the class; adapters read the library's computation")
+        check_calls(f"{where} ({type(part).__name__})", type(part), called)
 
 
 def check_computation(owner: str, module: Any) -> None:
@@ -123,26 +124,38 @@ def _foreign_method(cls: type, checked: set[type]) -> tuple[type, str, str] | No
     that is not a library's own function (``_outside``): one replaced on the class
     (``timm.layers.Mlp.forward = lambda self, x: …``). Classes in ``checked`` are skipped, and added."""
     for klass in cls.__mro__:
-        if klass in checked or not _is_library(klass):
+        if klass in checked or not is_library(klass):
             continue
         checked.add(klass)
         for name, value in vars(klass).items():
             if name in _HARMLESS:
                 continue
-            for function in _functions(value):
-                found = _outside(function)
+            for function in functions_of(value):
+                found = _outside(function) or _borrowed(klass, name, function)
                 if found is not None:
                     return klass, name, found
     return None
 
 
-def _functions(value: Any) -> list[Any]:
-    """The functions a class attribute runs when called or read: itself, a static or class method's, a property's."""
-    if isinstance(value, (staticmethod, classmethod)):
-        value = value.__func__
-    if isinstance(value, property):
-        return [accessor for accessor in (value.fget, value.fset, value.fdel) if accessor is not None]
-    return [value] if callable(value) and not isinstance(value, type) else []  # a nested class is not run
+def _borrowed(klass: type, name: str, function: Any) -> str | None:
+    """What ``function``, a library's own, is when it is not ``klass``'s ``name``: a method of a class outside
+    ``klass``'s MRO (``LlamaAttention.forward = GPT2Attention.forward``), or a module-level function of another
+    name that the class's module does not assign to ``name`` (torch's ``forward = _forward_unimplemented``;
+    transformers' ``smart_apply`` on ``torch.nn.Module`` keeps its name)."""
+    qualname = getattr(function, "__qualname__", "")
+    if "<locals>" in qualname:
+        return None
+    path, _, own = qualname.rpartition(".")
+    if not path:
+        if own == name or assigns(sys.modules.get(klass.__module__), name, own):
+            return None
+        return f"{function.__module__}.{qualname}, a function of another name"
+    found: Any = sys.modules.get(function.__module__)
+    for part in path.split("."):
+        found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
+    if isinstance(found, type) and found not in klass.__mro__:
+        return f"{found.__module__}.{qualname}, a method of another class"
+    return None
 
 
 def _outside(function: Any) -> str | None:
@@ -161,9 +174,9 @@ def _outside(function: Any) -> str | None:
         if code is None:
             return f"a {type(layer).__name__} of {getattr(layer, '__module__', None) or 'no module'}, no Python code"
         files.append(code.co_filename)
-        if not any(_inside(code.co_filename, folder) for folder in _PLACES):
+        if not any(inside(code.co_filename, folder) for folder in PLACES):
             return f"defined in {code.co_filename}"
-    if not any(_inside(file, _package(layer)) for layer, file in zip(layers, files)):
+    if not any(inside(file, _package(layer)) for layer, file in zip(layers, files)):
         return f"defined in {files[-1]}"
     return None
 
@@ -172,25 +185,6 @@ def _package(function: Any) -> str:
     """The library whose function ``function`` says it is (its ``__module__``'s top level), or ``""``."""
     package = str(getattr(function, "__module__", None) or "").split(".")[0]
     return package if package in LIBRARIES else ""
-
-
-def _inside(filename: str, place: str) -> bool:
-    """``filename`` lies in the installed folder of the top-level package ``place`` (once imported), or under the
-    folder ``place`` (an absolute path)."""
-    folder = _FOLDERS.get(place)
-    if folder is None:
-        root = place if os.path.isabs(place) else getattr(sys.modules.get(place), "__file__", None)
-        if root is None:
-            return False
-        folder = _FOLDERS[place] = (place if os.path.isabs(place) else os.path.dirname(root)) + os.sep
-    return filename.startswith(folder)
-
-
-#: The folder of each place ``_inside`` has looked up (a package's, once it is imported).
-_FOLDERS: dict[str, str] = {}
-
-#: Where a decorator's wrapper of a library method may be defined: the libraries, the standard library, typing_extensions.
-_PLACES = (*LIBRARIES, sysconfig.get_paths()["stdlib"], "typing_extensions")
 
 
 def _check_plain_tensors(where: str, module: Any) -> None:
@@ -226,24 +220,12 @@ def _check_attention_dispatch(where: str, module: Any) -> None:
                                "attention only (model.set_attn_implementation('sdpa'))")
 
 
-def _is_library(cls: type) -> bool:
-    """``cls`` is a library's own class: its module is a library's, and that module holds it under its name
-    (a user class that sets ``__module__ = "torch.nn"`` is not found there)."""
-    module = sys.modules.get(cls.__module__)
-    if cls.__module__.split(".")[0] not in LIBRARIES or module is None:
-        return False
-    found: Any = module
-    for name in cls.__qualname__.split("."):
-        found = vars(found).get(name) if isinstance(found, (types.ModuleType, type)) else None
-    return found is cls
-
-
 def library_class(part: Any) -> type | None:
     """The library class whose computation ``part`` runs: its own class, or the library class a user class
     derives from (the first in its MRO, whose own MRO must be the rest of it); ``None`` for anything else.
     Adapters read a part by this class's name, never by the user class's (``class Dropout(nn.Tanh)`` is a Tanh)."""
     mro = type(part).__mro__
-    first = next((index for index, klass in enumerate(mro) if _is_library(klass)), None)
+    first = next((index for index, klass in enumerate(mro) if is_library(klass)), None)
     if first is None or mro[first:] != mro[first].__mro__:
         return None
     return mro[first]
@@ -263,7 +245,7 @@ def runs_one_of(part: Any, names: tuple[str, ...] | frozenset[str]) -> bool:
     klass = library_class(part)
     if klass is None:
         return False
-    return qualified_name(klass) in names or any(base.__name__ in names for base in klass.__mro__ if _is_library(base))
+    return qualified_name(klass) in names or any(base.__name__ in names for base in klass.__mro__ if is_library(base))
 
 
 def check_exact_class(owner: str, part: Any, qualified: str) -> None:
@@ -289,7 +271,7 @@ def shown_class(part: Any) -> str:
 def _overridden_method(cls: type) -> tuple[type, str] | None:
     """``(library class, method)`` of the first library method that a class deriving from it redefines."""
     mro = cls.__mro__
-    first = next((index for index, klass in enumerate(mro) if _is_library(klass)), len(mro))
+    first = next((index for index, klass in enumerate(mro) if is_library(klass)), len(mro))
     library = mro[first:]
     for klass in mro[:first]:  # the user's classes: those the library class is derived into
         for name, value in vars(klass).items():

@@ -1,0 +1,285 @@
+"""Are the functions a library forward calls the libraries' own, each where its source puts it? Adapters read a
+module's parameters and configuration as the library's forward uses them; a module-level function that forward
+calls, replaced after import (``modeling_llama.apply_rotary_pos_emb = my_rope``, ``torch.nn.functional.gelu =
+torch.tanh``), changes what the source computes while its parameters stay the same.
+
+``check_calls`` follows, from a library class's ``forward`` (and the methods of the class it calls through
+``self``), every global name and attribute chain its code loads (``F.linear``, ``torch.nn.functional.gelu``,
+``apply_rotary_pos_emb``), into the library functions those hold, and refuses a binding ``module.name`` whose value
+
+- is a Python function, a callable object or a module defined outside torch, transformers, timm, x-transformers
+  (and their einops helpers), the standard library, typing_extensions and the package of ``module`` itself
+  (``einx.add`` may be einx's); a module must be the one imported under its name;
+- is not the function or class the module's source defines under that name (``def name``/``class name``: the
+  value's ``__module__`` and ``__name__`` must be the module's and ``name``, through ``functools.wraps``
+  layers), or, for a name the source imports (``from x import y as name``), is not what that import binds
+  (checked the same way there), or, for a name the source assigns (``gelu = _add_docstr(torch._C._nn.gelu, …)``),
+  is a function whose name the assignment does not mention (or a ``functools.partial`` it does not make).
+
+The chains of each code object are read once (``dis``); the values are looked up on every check.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import re
+import sys
+import types
+from typing import Any
+
+from splitformer.symbolic.errors import SplitformerError
+
+from .places import LIBRARIES, PLACES, functions_of, inside, is_library
+
+__all__ = ["check_calls", "assigns"]
+
+#: Names of a module's source bound by ``import``: ``(module or None, name imported)`` for each name bound.
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+)?import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_DEFINED = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.M)
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_DOCSTRING = re.compile(r'[rbuf]?(?:"""|\'\'\')')
+_STRING = re.compile(r'"[^"\n]*"|\'[^\'\n]*\'')
+
+
+def check_calls(where: str, cls: type, checked: set[Any]) -> None:
+    """Refuse (naming ``where``) a function, callable or module that a library class in ``cls``'s MRO calls from
+    its forward and that is not its library's own, where the library's source puts it (module docstring).
+    Classes and code objects in ``checked`` are skipped, and added."""
+    classes = [klass for klass in cls.__mro__ if klass not in checked and is_library(klass)]
+    checked.update(classes)
+    stack = [function for klass in classes for function in _forward_methods(klass)]
+    while stack:
+        function = stack.pop()
+        code = function.__code__
+        if code in checked:
+            continue
+        checked.add(code)
+        home = sys.modules.get(function.__globals__.get("__name__", ""))
+        for chain in _chains(code):
+            if chain[0] not in function.__globals__:
+                continue  # a builtin
+            owner, value = home, function.__globals__[chain[0]]
+            for depth, name in enumerate(chain):
+                if depth:
+                    owner, value = value, _attribute(value, name)
+                    if value is _MISSING:
+                        break
+                _check_binding(where, owner, name, value)
+                if isinstance(value, types.FunctionType) and _is_library_function(value):
+                    stack.append(value)
+                if not isinstance(value, (types.ModuleType, types.SimpleNamespace)):
+                    break
+
+
+def _is_library_function(function: Any) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and any(inside(code.co_filename, package) for package in LIBRARIES)
+
+
+def _forward_methods(klass: type) -> list[Any]:
+    """``klass``'s own ``forward`` and the functions of ``klass`` it reaches through names it loads (``self._sa_block``)."""
+    if "forward" not in vars(klass):
+        return []
+    found, names, todo = [], {"forward"}, ["forward"]
+    while todo:
+        for function in _layers(functions_of(vars(klass).get(todo.pop()))):
+            found.append(function)
+            for name in _names(function.__code__):
+                if name not in names and isinstance(vars(klass).get(name), (types.FunctionType, staticmethod, property)):
+                    names.add(name)
+                    todo.append(name)
+    return found
+
+
+def _layers(functions: list[Any]) -> list[types.FunctionType]:
+    """The Python functions among ``functions`` and what each wraps (``functools.wraps``: a decorated forward)."""
+    layers = []
+    for function in functions:
+        while isinstance(function, types.FunctionType) and len(layers) < 64:
+            layers.append(function)
+            function = getattr(function, "__wrapped__", None)
+    return layers
+
+
+@functools.cache
+def _names(code: types.CodeType) -> frozenset[str]:
+    nested = [_names(const) for const in code.co_consts if isinstance(const, types.CodeType)]
+    return frozenset(code.co_names).union(*nested)
+
+
+@functools.cache
+def _chains(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
+    """The global names ``code`` (and the code nested in it) loads, each with the attributes loaded from it
+    (``F.linear`` → ``("F", "linear")``)."""
+    chains: list[list[str]] = []
+    current: list[str] | None = None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "LOAD_GLOBAL":
+            current = [instruction.argval]
+            chains.append(current)
+        elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and current is not None:
+            current.append(instruction.argval)
+        else:
+            current = None
+    nested = [chain for const in code.co_consts if isinstance(const, types.CodeType) for chain in _chains(const)]
+    return tuple(dict.fromkeys([*map(tuple, chains), *nested]))
+
+
+_MISSING = object()
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` without running code (a module's or a namespace's own entry); ``_MISSING`` when absent."""
+    return vars(owner).get(name, _MISSING)
+
+
+def _check_binding(where: str, owner: Any, name: str, value: Any) -> None:
+    """Refuse ``value`` as ``owner.name`` (``owner`` a module or namespace) when it is not the libraries' own
+    (``_foreign``) or not what ``owner``'s source binds to ``name`` (``_misplaced``)."""
+    try:
+        key: tuple[Any, str, Any] | None = (owner, name, value)
+        if key in _ACCEPTED:
+            return
+    except TypeError:  # an unhashable value: checked each time
+        key = None
+    label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+    foreign = _foreign(owner, value)
+    if foreign is not None:
+        raise SplitformerError(f"{where} runs {label}, which is {foreign}: a library function replaced; adapters "
+                               "read the installed library's computation")
+    if isinstance(owner, types.ModuleType):
+        misplaced = _misplaced(owner, name, value, 0)
+        if misplaced is not None:
+            raise SplitformerError(f"{where} runs {label}, which is {misplaced}: a library function replaced; "
+                                   "adapters read the installed library's computation")
+    if key is not None:
+        _ACCEPTED.add(key)
+
+
+#: Bindings ``(owner, name, value)`` found to be the libraries' own (the values are held: an id is never reused).
+_ACCEPTED: set[tuple[Any, str, Any]] = set()
+
+
+def _foreign(owner: Any, value: Any) -> str | None:
+    """What ``value`` is when it is defined outside the places a library's forward may call into, else ``None``."""
+    if isinstance(value, types.ModuleType):
+        if sys.modules.get(value.__name__) is not value:
+            return f"a module not imported as {value.__name__}"
+        file = getattr(value, "__file__", None)
+        return None if file is None or _placed(file, owner) else f"a module in {file}"
+    if isinstance(value, types.SimpleNamespace):
+        return "a namespace, not the module the library imports"
+    if not callable(value):
+        return None
+    for layer in _wrapping(value):
+        for function in (getattr(layer, "func", None), layer):  # a functools.partial's function, or the layer
+            code = getattr(function, "__code__", None)
+            if isinstance(code, types.CodeType) and not _placed(code.co_filename, owner):
+                return f"defined in {code.co_filename}"
+        klass = layer if isinstance(layer, type) else type(layer)
+        file = getattr(sys.modules.get(klass.__module__), "__file__", None)
+        if file is not None and not _placed(file, owner):
+            return f"a {klass.__name__} defined in {file}"
+    return None
+
+
+def _wrapping(value: Any) -> list[Any]:
+    """``value`` and what it wraps (``functools.wraps``), outermost first."""
+    layers = [value]
+    while hasattr(layers[-1], "__wrapped__") and len(layers) < 16:
+        layers.append(layers[-1].__wrapped__)
+    return layers
+
+
+def _placed(filename: str, owner: Any) -> bool:
+    """``filename`` lies in a library, the standard library, typing_extensions or the package of ``owner``."""
+    package = str(getattr(owner, "__name__", "")).split(".")[0]
+    return filename.startswith("<frozen ") or any(inside(filename, place) for place in (*PLACES, package) if place)
+
+
+def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> str | None:
+    """How ``value``, a function, differs from what ``module``'s source (a library's) binds to ``name``; ``None``
+    when it does not, or the source does not say (module docstring)."""
+    source = _source(module) if module.__name__.split(".")[0] in LIBRARIES else None
+    if source is None or depth > 8:
+        return None
+    if isinstance(value, functools.partial):  # a function bound to other arguments: where the source says so
+        return None if any("partial" in mentioned for mentioned in source.assigned.get(name, ())) else \
+            f"functools.partial({getattr(value.func, '__qualname__', value.func)}, …), not what {module.__name__} binds to {name}"
+    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    layers = _wrapping(value)
+    shown = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', value)}"
+    if name in source.defined:
+        if any(getattr(layer, "__module__", None) == module.__name__ and getattr(layer, "__name__", None) == name
+               for layer in layers):
+            return None
+        return f"{shown}, not the {name} {module.__name__} defines"
+    named, imported_otherwise = value.__name__ == name, False
+    for origin, imported in source.imports.get(name, ()):
+        home = sys.modules.get(_absolute(origin, module)) if origin else None
+        if home is None or imported not in vars(home):
+            continue
+        if vars(home)[imported] is value and _misplaced(home, imported, value, depth + 1) is None:
+            return None
+        imported_otherwise = True
+    if named and not imported_otherwise:
+        return None
+    words = {value.__name__, getattr(value, "__qualname__", "").split(".<locals>")[0]}
+    assigned = source.assigned.get(name, ())
+    if not imported_otherwise and (any(words & mentioned for mentioned in assigned)
+                                   or "<lambda>" in words and any("lambda" in mentioned for mentioned in assigned)):
+        return None
+    return f"{shown}, not what {module.__name__} binds to {name}"
+
+
+def _absolute(origin: str, module: types.ModuleType) -> str:
+    """The module an ``import`` in ``module`` names (``..utils`` relative to its package)."""
+    level = len(origin) - len(origin.lstrip("."))
+    if not level:
+        return origin
+    package = (module.__package__ or "").split(".")
+    base = package[:len(package) - level + 1]
+    return ".".join([*base, origin[level:]] if origin[level:] else base)
+
+
+class _Source:
+    """The top-level names a module's source defines (``def``/``class``), imports (``name`` → ``(module, name
+    there)``) and assigns (``name`` → the words of each assignment's first lines, strings left out)."""
+
+    def __init__(self, text: str) -> None:
+        self.defined = frozenset(_DEFINED.findall(text))
+        self.imports: dict[str, list[tuple[str | None, str]]] = {}
+        for origin, names in _IMPORT.findall(text):
+            for item in re.sub(r"#[^\n]*", "", names).strip("()").split(","):
+                words = item.split()
+                if not words:
+                    continue
+                bound = words[-1] if len(words) == 3 and words[1] == "as" else words[0].split(".")[0]
+                self.imports.setdefault(bound, []).append((origin or None, words[0]))
+        self.assigned: dict[str, list[frozenset[str]]] = {}
+        for match in re.finditer(r"^[ \t]*(\w+)[ \t]*(?::[^=\n]*)?=(?!=)([^\n]*(?:\n[ \t]+[^\n]*){0,3})", text, re.M):
+            right = _STRING.sub("", _DOCSTRING.split(match.group(2))[0])
+            self.assigned.setdefault(match.group(1), []).append(frozenset(_WORD.findall(right)))
+
+
+@functools.cache
+def _source_of(filename: str) -> _Source | None:
+    try:
+        with open(filename, encoding="utf-8") as handle:
+            return _Source(handle.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _source(module: types.ModuleType) -> _Source | None:
+    filename = getattr(module, "__file__", None)
+    return _source_of(filename) if isinstance(filename, str) and filename.endswith(".py") else None
+
+
+
+def assigns(module: Any, name: str, word: str) -> bool:
+    """``module``'s source assigns to ``name`` (at any indentation: a class body) a value that mentions ``word``."""
+    source = _source(module) if isinstance(module, types.ModuleType) else None
+    return source is not None and any(word in mentioned for mentioned in source.assigned.get(name, ()))

@@ -11,7 +11,7 @@ from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelP
 
 from .adjoint import lower_adjoint
 from .lowering import lower
-from .network_inputs import NETWORK_INPUTS, signature
+from .network_inputs import NETWORK_INPUTS, grid_model_inputs, signature
 from .render import backward_context, environment, unit_context
 from .stage_render import program_context
 
@@ -80,7 +80,8 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
         model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
-        inputs=NETWORK_INPUTS["grid_model"][backend], signature=signature,
+        inputs=grid_model_inputs(backend, any(getattr(stage.operator, "stride", None) == "stride"
+                                              for stage in model.stages())), signature=signature,
         field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
         transfer={"parameters": transfer,
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},

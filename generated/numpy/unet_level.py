@@ -191,6 +191,13 @@ def _mapping(name, value):
     return value
 
 
+def _unread(name, value, default):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value != default:
+        raise ValueError(f"{name} must be {default}, got {value!r}: no operator of this network reads it (its network "
+                         f"file fixes each one's {name})")
+    return int(value)
+
+
 
 
 def _grids(n, stride):
@@ -208,7 +215,7 @@ def _prepare(u, params, stride, eps):
     """``u``, the options and the parameters checked: (u, parameters, whether R is the transfer, the output's shape)."""
     u = _input("u", u)
     params = _mapping("params", params)
-    stride = _integer("stride", stride, 1)
+    stride = _unread("stride", stride, 1)
     eps = _epsilon(eps)
     batch, n_channels, height, width = u.shape
     first = "down.W"

@@ -80,8 +80,7 @@ def render_grid_model(model: GridModelProgram, backend: str) -> str:
     template = environment().get_template(f"{backend}/grid_model.py.j2")
     return template.render(
         model=model.spec, name=model.name, version=__version__, computes=network_fingerprint(model.spec),
-        inputs=grid_model_inputs(backend, any(getattr(stage.operator, "stride", None) == "stride"
-                                              for stage in model.stages())), signature=signature,
+        inputs=grid_model_inputs(backend, model.spec.reads_stride), signature=signature,
         field={"parameters": field, "grid": [line for stage in model.field if (line := _grid_line(stage.operator))]},
         transfer={"parameters": transfer,
                   "grid": [line for stage in model.transfer if (line := _grid_line(stage.operator))]},

@@ -29,7 +29,9 @@ _SCHEME = "a built-in name (see 'splitformer list') or the path of a scheme file
 _ENVIRONMENT = """\
 environment:
   SPLITFORMER_CACHE   folder of the disk cache of derived projection formulas
-                      (default ~/.cache/splitformer; 'off' disables the cache)"""
+                      (default ~/.cache/splitformer, also for 'on'/'1'/'true'/'yes';
+                      'off'/'0'/'false'/'no' disables the cache; a relative folder is
+                      taken from the current folder)"""
 _EXAMPLES = {
     None: """\
 examples:

@@ -6,6 +6,10 @@
 share by canonical name (read by ``splitformer.adapters.from_hf``). A parameter of the new
 block that the old one lacks is refused by name unless ``initialize=True`` (then it keeps
 the block's own initialization); one of the old block that the new one lacks is dropped.
+The whole model is checked first, as ``from_hf_lm`` checks it (``nn_hf.read_blocks``): the mask
+and the rotary embedding its forward hands the blocks must be what the new blocks compute. The
+old blocks' dropout is not carried (its sites differ from the generated Block's): ``dropout=``
+sets the new blocks' rate, and is required when the old blocks drop.
 Embeddings, positions, final norm and head stay transformers'; ``generate`` keeps working
 with transformers' cache (``splitformer.codegen.hf_cache``).
 """
@@ -13,6 +17,8 @@ with transformers' cache (``splitformer.codegen.hf_cache``).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -20,17 +26,14 @@ from transformers.cache_utils import Cache
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .adapters import from_hf
+from .adapters.adapted import Adapted
+from .adapters.as_built import drop_rates
 from .api import as_scheme
 from .hf_cache import CacheLayout, cache_layout, read_layer, write_layer
+from .nn_hf import read_blocks
 from .nn import stack_module
 
 __all__ = ["SchemeBlock", "replace_blocks"]
-
-#: Where each supported family keeps its blocks: class name → (body attribute or None, blocks attribute).
-_FAMILIES = {"GPT2LMHeadModel": ("transformer", "h"), "GPT2Model": (None, "h"),
-             "LlamaForCausalLM": ("model", "layers"), "LlamaModel": (None, "layers")}
-
 
 class SchemeBlock(torch.nn.Module):
     """An emitted causal ``Block`` (``.block``) called as a transformers decoder layer.
@@ -67,35 +70,43 @@ class SchemeBlock(torch.nn.Module):
         return hidden_states
 
 
-def _blocks(hf_model: Any) -> torch.nn.ModuleList:
-    name = type(hf_model).__name__
-    if name not in _FAMILIES:
-        raise SplitformerError(f"replace_blocks: no block layout known for {name}; "
-                               f"supported: {', '.join(_FAMILIES)}")
-    body, blocks = _FAMILIES[name]
-    return getattr(getattr(hf_model, body) if body else hf_model, blocks)
-
-
-def _read_evaluated(block: torch.nn.Module) -> Any:
-    """``from_hf(block)`` of its evaluated computation, each part's mode restored after: replace_blocks carries
-    parameters, and a model being trained has its dropouts in training mode (which ``from_hf`` refuses)."""
-    modes = [(part, part.training) for part in block.modules()]
+@contextmanager
+def _evaluated(module: torch.nn.Module) -> Iterator[None]:
+    """Every part of ``module`` in eval mode, each part's mode restored after: the readers refuse a part that drops
+    at random, and a model being trained has its dropouts in training mode (replace_blocks carries the rate apart)."""
+    modes = [(part, part.training) for part in module.modules()]
     try:
-        return from_hf(block.eval())
+        module.eval()
+        yield
     finally:
         for part, training in modes:
             part.training = training
 
 
-def _replacement(old: torch.nn.Module, module, initialize: bool) -> torch.nn.Module:
-    """The emitted ``Block`` of ``module`` sized as ``old``, holding the parameters they share."""
-    adapted = _read_evaluated(old)
+def _drop_rate(blocks: torch.nn.ModuleList, dropout: float | None) -> float:
+    """The new blocks' dropout: ``dropout`` when given, else 0 when no old block drops, else refused naming where one
+    drops (the generated Block drops at torch's sites, which are not GPT-2's or Llama's: no rate is carried silently)."""
+    if dropout is not None:
+        return dropout
+    for index, block in enumerate(blocks):
+        for path, part in block.named_modules():
+            for attribute, rate in drop_rates(part).items():
+                where = ".".join(filter(None, (path, attribute)))
+                raise SplitformerError(
+                    f"replace_blocks: {type(block).__name__} {index}'s {where} is {rate:g}: it drops in training, at "
+                    "other sites than the generated "
+                    "Block (torch's: attention kernel, feed-forward activation, each residual branch); pass dropout= "
+                    "(the new blocks' rate, 0 for none)")
+    return 0.0
+
+
+def _replacement(old: torch.nn.Module, adapted: Adapted, module, initialize: bool, dropout: float) -> torch.nn.Module:
+    """The emitted ``Block`` of ``module`` sized as ``old`` (read as ``adapted``), holding the parameters they share."""
     weight = next(old.parameters())
     accepted = inspect.signature(module.Block.__init__).parameters
     options = {key: value for key, value in adapted.options.items() if key in accepted}
     block = module.Block(adapted.sizes["d_model"], adapted.n_heads, adapted.sizes["d_ff"], eps=adapted.eps,
-                         bias=adapted.bias, dropout=adapted.dropout or 0.0, dtype=weight.dtype, device=weight.device,
-                         **options)
+                         bias=adapted.bias, dropout=dropout, dtype=weight.dtype, device=weight.device, **options)
     own = dict(block.named_parameters())
     missing = [name for name in own if name not in adapted.params]
     if missing and not initialize:
@@ -112,17 +123,27 @@ def _replacement(old: torch.nn.Module, module, initialize: bool) -> torch.nn.Mod
     return block
 
 
-def replace_blocks(hf_model: Any, scheme, *, activation: str | None = None, initialize: bool = False) -> Any:
+def replace_blocks(hf_model: Any, scheme, *, activation: str | None = None, initialize: bool = False,
+                   dropout: float | None = None) -> Any:
     """``hf_model`` (changed in place and returned) with each block replaced by ``scheme``'s, made causal.
 
     ``scheme``: a built-in name, a scheme file or a ``Scheme``. ``activation``: the
     feed-forward's (default: the model's own, GPT-2's ``gelu-tanh``, Llama's ``silu``).
     ``initialize``: initialize the parameters the old blocks lack instead of refusing.
+    ``dropout``: the new blocks' rate in training mode, at torch's sites (attention kernel,
+    feed-forward activation, each residual branch); required when the old blocks drop (GPT-2's
+    ``attn_pdrop``/``resid_pdrop``, Llama's ``attention_dropout``), whose sites differ. The whole
+    model is checked as ``from_hf_lm`` checks it (``nn_hf.read_blocks``): what its forward hands
+    the blocks (the causal mask, Llama's rotary embedding) must be what the new blocks compute.
     """
-    blocks = _blocks(hf_model)
-    activation = _read_evaluated(blocks[0]).activation if activation is None else activation
+    with _evaluated(hf_model):
+        parts, layers = read_blocks(hf_model)
+    blocks = parts["blocks"]
+    rate = _drop_rate(blocks, dropout)
+    activation = layers[0].activation if activation is None else activation
     module = stack_module(as_scheme(scheme, activation), causal=True)
-    replaced = [SchemeBlock(_replacement(old, module, initialize), index) for index, old in enumerate(blocks)]
+    replaced = [SchemeBlock(_replacement(old, adapted, module, initialize, rate), index)
+                for index, (old, adapted) in enumerate(zip(blocks, layers))]
     for index, block in enumerate(replaced):
         blocks[index] = block
     return hf_model

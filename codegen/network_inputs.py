@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, replace
 
-__all__ = ["Input", "signature", "NETWORK_INPUTS"]
+__all__ = ["Input", "signature", "NETWORK_INPUTS", "grid_model_inputs"]
 
 #: Each kind's check: an expression giving the argument's checked value (``{name}``, ``{least}``, ``{choices}``).
 _CHECKS = {
@@ -21,13 +21,15 @@ _CHECKS = {
     "mapping": '_mapping("{name}", {name})',
     "image": '_input("{name}", {name})',
     "stages": "_stage_configs({name})",
+    "unread": '_unread("{name}", {name}, {default})',
 }
 
 
 @dataclass(frozen=True)
 class Input:
-    """One argument: its name, kind (a key of ``_CHECKS``; ``None``: passed on unchecked), the least value
-    of a count, its default (as Python source; ``None``: required), whether it is keyword-only."""
+    """One argument: its name, kind (a key of ``_CHECKS``; ``None``: passed on unchecked; ``"unread"``: no
+    operator reads it, only its default is taken), the least value of a count, its default (as Python source;
+    ``None``: required), whether it is keyword-only."""
 
     name: str
     kind: str | None = None
@@ -42,7 +44,7 @@ class Input:
         if self.kind is None:
             return None
         choices = "(" + ", ".join(f'"{choice}"' for choice in self.choices) + ")"
-        check = _CHECKS[self.kind].format(name=self.name, least=self.least, choices=choices)
+        check = _CHECKS[self.kind].format(name=self.name, least=self.least, choices=choices, default=self.default)
         if self.default == "None":
             check = f"None if {self.name} is None else {check}"
         return f"{self.name} = {check}"
@@ -96,3 +98,10 @@ NETWORK_INPUTS = {
                   *_keywords(Input("stages", "stages"), Input("eps", "eps", default="1e-5"))],
     },
 }
+
+
+def grid_model_inputs(backend: str, reads_stride: bool) -> list[Input]:
+    """A grid step's declared inputs: ``stride`` takes its default only when no operator reads it (``unet-level``,
+    whose network file fixes each convolution's stride), so that another value is refused, not ignored."""
+    inputs = NETWORK_INPUTS["grid_model"][backend]
+    return inputs if reads_stride else [replace(item, kind="unread") if item.name == "stride" else item for item in inputs]

@@ -19,13 +19,14 @@ import torch
 from splitformer.symbolic.errors import SplitformerError
 
 from .adapters import from_hf
+from .adapters.adapted import Adapted
 from .adapters.hf_llama import check_rotary
 from .adapters.as_built import check_as_built
 from .adapters.inspection import check_computation, check_parts, library_name
 from .adapters.sharing import check_shared_storage
 from .nn import LanguageModel
 
-__all__ = ["from_hf_lm"]
+__all__ = ["from_hf_lm", "read_blocks"]
 
 
 def _parts(model: Any) -> dict[str, Any]:
@@ -79,11 +80,13 @@ def _check_causal_masks(name: str, model: Any, blocks: int, runs: tuple[str, Any
                                "it holds; set it to the number of blocks")
 
 
-def from_hf_lm(model: Any) -> LanguageModel:
-    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
-    name, when a part computes otherwise than its class says (``inspection.check_computation``,
-    ``check_parts``), when its configuration makes the forward build another mask than the causal one
-    (``_check_causal_masks``), or when Llama's rotary embedding is not what its configuration derives."""
+def read_blocks(model: Any) -> tuple[dict[str, Any], list[Adapted]]:
+    """``model``'s parts by role (``_parts``) and its blocks read by ``from_hf``, once the whole model is checked:
+    refused, by name, when a part computes otherwise than its class says (``inspection.check_computation``,
+    ``check_parts``, ``check_as_built``), when parameters of different parts share memory, when its configuration
+    makes the forward build another mask than the causal one (``_check_causal_masks``), or when Llama's rotary
+    embedding, which the model's forward hands to every block, is not what its configuration derives
+    (``check_rotary``). ``from_hf_lm`` and ``replace_blocks`` read through it."""
     parts = _parts(model)
     name = type(model).__name__
     check_computation(name, model)  # hooks, overrides, instance methods on every part, not only the blocks
@@ -93,15 +96,26 @@ def from_hf_lm(model: Any) -> LanguageModel:
     tied = head is None or head.weight is parts["embed"].weight
     check_shared_storage(name, model, exempt={"lm_head.weight"} if tied else ())  # across blocks and parts
     layers = [from_hf(block) for block in parts["blocks"]]
-    first, norm = layers[0], parts["norm"]
+    first = layers[0]
+    if parts["rotary"] is not None:
+        body = "model." if hasattr(model, "model") else ""
+        check_rotary(f"{name}.{body}rotary_emb", parts["rotary"], first.sizes["d_model"] // first.n_heads,
+                     first.options["rope_theta"])
+    check_as_built(name, model)  # embeddings, final norm, rotary embedding: each attribute as built
+    return parts, layers
+
+
+def from_hf_lm(model: Any) -> LanguageModel:
+    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
+    name, when the whole-model checks of ``read_blocks`` refuse it or the ``LanguageModel`` would compute
+    otherwise (a head with a bias, a final norm's ε other than the blocks')."""
+    parts, layers = read_blocks(model)
+    head, first, norm = parts["head"], layers[0], parts["norm"]
+    tied = head is None or head.weight is parts["embed"].weight
     embedding = parts["embed"].weight
     if getattr(head, "bias", None) is not None:
         raise SplitformerError(f"{type(model).__name__}.lm_head has a bias; the LanguageModel head has none")
     options = {key: first.options[key] for key in ("n_kv_heads", "rope_theta") if key in first.options}
-    if parts["rotary"] is not None:
-        body = "model." if hasattr(model, "model") else ""
-        check_rotary(f"{type(model).__name__}.{body}rotary_emb", parts["rotary"],
-                     first.sizes["d_model"] // first.n_heads, options["rope_theta"])
     result = LanguageModel(parts["scheme"], embedding.shape[0], d_model=first.sizes["d_model"],
                            n_heads=first.n_heads, d_ff=first.sizes["d_ff"], n_layers=len(layers),
                            max_tokens=parts["max_tokens"], tie_weights=tied, final_norm=True, eps=first.eps,
@@ -111,7 +125,6 @@ def from_hf_lm(model: Any) -> LanguageModel:
         raise SplitformerError(f"{type(model).__name__}'s final norm has ε = {eps}, its blocks {first.eps}")
     for adapted, block in zip(layers, result.stack.layers):
         adapted.check_computes(block)
-    check_as_built(name, model)  # embeddings, final norm, rotary embedding: each attribute as built
     final = {"gain": norm.weight} if first.bias is False else {"gain": norm.weight, "bias": norm.bias}
     with torch.no_grad():
         result.stack.load_params([adapted.params for adapted in layers], final)

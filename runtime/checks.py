@@ -48,6 +48,13 @@ def _flag(name, value):
     return value
 
 
+def _unread(name, value, default):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value != default:
+        raise ValueError(f"{name} must be {default}, got {value!r}: no operator of this network reads it (its network "
+                         f"file fixes each one's {name})")
+    return int(value)
+
+
 def _choice(name, value, choices):
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")

@@ -1,7 +1,8 @@
 """A disk cache for pure, slow derivations, that can neither run code nor change a result.
 
-Entries live in ``$SPLITFORMER_CACHE`` (default ``~/.cache/splitformer``; ``off`` disables
-the cache). Each entry is a JSON document (``expression_json`` trees for SymPy values),
+Entries live in ``$SPLITFORMER_CACHE`` (default ``~/.cache/splitformer``, also for ``on``, ``1``,
+``true`` or ``yes``; ``off``, ``0``, ``false`` or ``no`` disables the cache; any other value is a
+folder, a relative one taken from the current folder). Each entry is a JSON document (``expression_json`` trees for SymPy values),
 keyed by the entry format, the generator version, the SymPy version and a hash of the
 sources of the deriving package. Loading an entry runs nothing: JSON is parsed, expressions
 are rebuilt from a fixed table of operations, and the value is handed to the function's
@@ -52,12 +53,18 @@ def _warn_once(message: str) -> None:
         print(f"splitformer: warning: {' '.join(message.split())[:400]}", file=sys.stderr)
 
 
+#: ``SPLITFORMER_CACHE`` spellings (any case) that switch the cache off, and those that ask for the default folder.
+OFF = frozenset({"off", "0", "false", "no"})
+ON = frozenset({"", "on", "1", "true", "yes"})
+
+
 def cache_folder() -> Path | None:
-    """The cache folder, or ``None`` when caching is off; ``CacheUnusable`` without a home folder."""
+    """The cache folder (``$SPLITFORMER_CACHE``: ``OFF``, ``ON`` for the default, else a folder, a relative one
+    from the current folder), or ``None`` when caching is off; ``CacheUnusable`` without a home folder."""
     setting = os.environ.get("SPLITFORMER_CACHE", "")
-    if setting.lower() == "off":
+    if setting.strip().lower() in OFF:
         return None
-    if setting:
+    if setting.strip().lower() not in ON:
         return Path(setting)
     try:
         return Path.home() / ".cache" / "splitformer"

@@ -67,6 +67,12 @@ class GridModelSpec:
     def module_name(self) -> str:
         return self.name.replace("-", "_")
 
+    @property
+    def reads_stride(self) -> bool:
+        """Whether an operator strides by the network's ``stride`` argument (``resnet-block``); otherwise the network
+        file fixes each stride (``unet-level``) and the generated code refuses a ``stride`` other than 1."""
+        return any(getattr(operator, "stride", None) == "stride" for operator in self.operators.values())
+
 
 @dataclass(frozen=True)
 class MultiscaleSpec:

@@ -111,6 +111,25 @@ def test_unet_level_parity(dtype):
         assert np.abs(model(u).numpy() - expected).max() <= tolerance
 
 
+def test_a_stride_the_unet_level_does_not_read_is_refused_by_name():
+    """Its network file fixes each convolution's stride: another ``stride`` is refused, not ignored (found by an
+    attacker: ``stride=7`` computed what ``stride=1`` does, both backends)."""
+    _, params = _unet()
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8))
+    refusal = r"stride must be 1, got 7: no operator of this network reads it"
+    with pytest.raises(ValueError, match=refusal):
+        UNET["torch"].Model(3, 6, stride=7)
+    for function, extra in ((UNET["numpy"].forward, ()), (UNET["numpy"].vjp, (np.ones((2, 3, 8, 8)),))):
+        with pytest.raises(ValueError, match=refusal):
+            function(x, params, *extra, stride=7)
+    with pytest.raises(ValueError, match=r"stride must be 1, got True"):
+        UNET["numpy"].forward(x, params, stride=True)
+    assert np.array_equal(UNET["numpy"].forward(x, params, stride=1), UNET["numpy"].forward(x, params))  # control
+    assert UNET["torch"].Model(3, 6, stride=1).stride == 1
+    _, params = _resnet(3, 5, 2, True)  # control: resnet-block reads its stride
+    assert RESNET["numpy"].forward(np.zeros((1, 3, 4, 4)), params, stride=2).shape == (1, 5, 2, 2)
+
+
 def test_grids_that_do_not_meet_are_rejected_before_work():
     reference, params = _unet()
     odd = np.zeros((1, 3, 7, 8))

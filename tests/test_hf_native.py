@@ -217,11 +217,65 @@ def test_replace_blocks_refuses_what_it_would_leave_uninitialized():
     model = replace_blocks(copy.deepcopy(reference), "macaron", initialize=True)
     block, old = model.transformer.h[1].block, reference.transformer.h[1]
     assert torch.equal(block.attn.b_o, old.attn.c_proj.bias) and torch.equal(block.norm1.gain, old.ln_1.weight)
-    with pytest.raises(SplitformerError, match="no block layout known for Linear"):
+    with pytest.raises(SplitformerError, match="no whole-model reader for Linear"):
         replace_blocks(torch.nn.Linear(2, 2), "pre-ln")
     grouped = llama()  # Llama's keys are (d, d/2): a scheme without grouped heads cannot take them
     with pytest.raises(SplitformerError, match=r"attn\.W_k is \(8, 4\) in LlamaDecoderLayer, \(8, 8\) in pre-ln"):
         replace_blocks(grouped, "pre-ln", initialize=True)
+
+
+def _set_theta(model):
+    model.config.rope_parameters["rope_theta"] = 5e5  # after construction: the rotary buffer keeps 500
+
+
+def _double_frequencies(model):
+    model.model.rotary_emb.inv_freq.mul_(2.0)
+
+
+def _scale_rotary(model):
+    model.model.rotary_emb.attention_scaling = 0.5
+
+
+def _bidirectional(model):
+    model.config.is_causal = False  # transformers then builds a bidirectional mask
+
+
+@pytest.mark.parametrize("edit, refusal", [
+    (_set_theta, r"model\.rotary_emb\.inv_freq differs from the default RoPE frequencies of rope_theta=500000"),
+    (_double_frequencies, r"model\.rotary_emb\.inv_freq differs from the default RoPE frequencies of rope_theta=500 "),
+    (_scale_rotary, r"model\.rotary_emb\.attention_scaling is 0\.5"),
+    (_bidirectional, r"LlamaForCausalLM\.config\.is_causal is False"),
+])
+def test_replace_blocks_checks_what_the_model_hands_its_blocks(edit, refusal):
+    """The rotary embedding and the mask come from outside the blocks: ``replace_blocks`` checks the whole model
+    as ``from_hf_lm`` does (found by an attacker: accepted, logits off by 2e-3 to 0.75)."""
+    model = llama()
+    edit(model)
+    with pytest.raises(SplitformerError, match=refusal):
+        replace_blocks(model, "llama")
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # nothing replaced
+    control = replace_blocks(llama(), "llama")  # unedited: accepted
+    assert type(control.model.layers[0]).__name__ == "SchemeBlock"
+
+
+def test_replace_blocks_takes_the_dropout_rate_it_is_given():
+    """GPT-2 drops at three sites, the generated Block at torch's four: no rate is carried silently (found by an
+    attacker: the new blocks dropped nothing, the trained GPT-2 did)."""
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    reference = gpt2(attn_pdrop=0.1, resid_pdrop=0.1)
+    with pytest.raises(SplitformerError, match=r"GPT2Block 0's attn\.attn_dropout\.p is 0\.1: .*pass dropout="):
+        replace_blocks(copy.deepcopy(reference).train(), "gpt2")
+    replaced = replace_blocks(copy.deepcopy(reference).train(), "gpt2", dropout=0.1)
+    assert [layer.block.dropout for layer in replaced.transformer.h] == [0.1, 0.1]
+    with torch.no_grad():
+        assert not torch.equal(replaced(tokens).logits, replaced(tokens).logits)  # it drops in training
+        assert torch.allclose(replaced.eval()(tokens).logits, reference(tokens).logits, rtol=0, atol=1e-10)
+    assert replace_blocks(copy.deepcopy(reference), "gpt2", dropout=0.0).transformer.h[0].block.dropout == 0.0
+    assert replace_blocks(gpt2(), "gpt2").transformer.h[0].block.dropout == 0.0  # control: no dropout, none asked
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.2)
+    with pytest.raises(SplitformerError, match=r"LlamaDecoderLayer 0's self_attn\.attention_dropout is 0\.2"):
+        replace_blocks(transformers.LlamaForCausalLM(config).eval(), "llama")
 
 
 def test_the_config_holds_the_scheme_the_model_was_built_from_not_the_file_as_it_is_later(tmp_path):

@@ -23,9 +23,9 @@ def _random(model):
 
 def gpt2(**overrides):
     torch.manual_seed(0)
+    settings = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) | overrides
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=2, n_head=2, n_inner=12,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                     eos_token_id=0, pad_token_id=0, **overrides)
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=0, **settings)
     return _random(transformers.GPT2LMHeadModel(config))
 
 

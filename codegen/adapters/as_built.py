@@ -26,7 +26,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .as_built_timm import fresh_block, fresh_vision_transformer
 from .inspection import library_class, library_name, runs_one_of, shown_class
 
-__all__ = ["check_as_built", "check_evaluated", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
+__all__ = ["check_as_built", "check_evaluated", "drop_rates", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
 
 
 def _torch_layer(cls: type, layer: Any) -> Any:
@@ -219,14 +219,14 @@ def check_evaluated(owner: str, module: Any, dropout: float | None = None) -> No
         if runs_one_of(part, ("_BatchNorm",)):
             raise SplitformerError(f"{where} ({library_name(part)}) is in training mode: it normalizes with the "
                                    "batch's statistics, the generated code with its running ones; call .eval() on the module")
-        rates = _drop_rates(part)
+        rates = drop_rates(part)
         if rates and set(rates.values()) != {dropout}:
             name, rate = next(iter(rates.items()))
             raise SplitformerError(f"{where} ({shown_class(part)}) is in training mode with {name}={rate}: its forward "
                                    "drops at random, which the generated code does not; call .eval() on the module")
 
 
-def _drop_rates(part: Any) -> dict[str, float]:
+def drop_rates(part: Any) -> dict[str, float]:
     """The positive drop rates among ``part``'s plain attributes: any named ``*drop*``, and ``p``/``prob`` of a
     library class named ``*Drop*`` (``Dropout``, ``PatchDropout``)."""
     dropping = "Drop" in (library_name(part) or "")

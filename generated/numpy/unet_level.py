@@ -60,15 +60,6 @@ def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
-# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
-def _integer(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
@@ -81,6 +72,13 @@ def _mapping(name, value):
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a mapping of canonical names to arrays, got {type(value).__name__}")
     return value
+
+
+def _unread(name, value, default):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value != default:
+        raise ValueError(f"{name} must be {default}, got {value!r}: no operator of this network reads it (its network "
+                         f"file fixes each one's {name})")
+    return int(value)
 
 
 def _windows(field, axes, size, stride, padding):
@@ -423,7 +421,7 @@ def _checked(u, params, stride, eps):
     chain, the output's shape)."""
     u = _input("u", u)
     params = _mapping("params", params)
-    stride = _integer("stride", stride, 1)
+    stride = _unread("stride", stride, 1)
     eps = _epsilon(eps)
     first = "down.W"
     if first not in params:

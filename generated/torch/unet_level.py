@@ -94,6 +94,13 @@ def _flag(name, value):
     return value
 
 
+def _unread(name, value, default):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value != default:
+        raise ValueError(f"{name} must be {default}, got {value!r}: no operator of this network reads it (its network "
+                         f"file fixes each one's {name})")
+    return int(value)
+
+
 def _choice(name, value, choices):
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {', '.join(map(repr, choices))}, got {type(value).__name__}")
@@ -468,7 +475,7 @@ class Model(_Network):
         super().__init__()
         n_channels = _integer("n_channels", n_channels, 1)
         d = _integer("d", d, 1)
-        stride = _integer("stride", stride, 1)
+        stride = _unread("stride", stride, 1)
         transfer = _flag("transfer", transfer)
         eps = _epsilon(eps)
         backward = _choice("backward", backward, ("autograd", "derived"))

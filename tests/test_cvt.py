@@ -175,3 +175,24 @@ def test_queries_off_the_token_grid_are_refused_as_by_the_reference():
             NUMPY.forward(_pixels().numpy(), adapted.params, stages=wrong)
         with pytest.raises(ValueError, match=r"stages\[0\]: stride_q = .* put the queries on another grid"):
             TORCH.Model(3, [16, 24], [1, 2], [64, 60], wrong, dtype=torch.float64)
+
+
+def test_numpy_cvt_refuses_parameters_and_settings_no_stage_reads():
+    """A layer after a gap, a misspelt parameter and an unknown stage setting are refused before any work
+    (they were ignored: a missing ``stages.1.layers.0`` ran stage 1 with no layers, logits 1.05 off)."""
+    model = _cvt(True, CONFIGS["2-stages"])
+    adapted = from_hf(model)
+    pixels = _pixels()
+    with torch.no_grad():
+        expected = model(pixels).logits.numpy()
+    assert np.abs(NUMPY.logits(pixels.numpy(), adapted.params, **adapted.config) - expected).max() <= 1e-10
+    gap = {name: value for name, value in adapted.params.items() if not name.startswith("stages.1.layers.0.")}
+    misspelt = {**adapted.params, "stages.0.bogus": adapted.params["stages.0.embed.W"]}
+    for params, name in ((gap, "stages.1.layers.1."), (misspelt, "stages.0.bogus")):
+        with pytest.raises(ValueError, match=f"unexpected parameter '{name}"):
+            NUMPY.logits(pixels.numpy(), params, **adapted.config)
+        with pytest.raises(ValueError, match=f"unexpected parameter '{name}"):
+            NUMPY.forward(pixels.numpy(), params, **adapted.config)
+    stages = [dict(adapted.config["stages"][0]), {**adapted.config["stages"][1], "stride_kvv": 2}]
+    with pytest.raises(ValueError, match=r"stages\[1\] has the unknown setting 'stride_kvv'"):
+        NUMPY.logits(pixels.numpy(), adapted.params, **{**adapted.config, "stages": stages})

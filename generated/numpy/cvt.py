@@ -148,6 +148,9 @@ def _stage_configs(stages):
         missing = [name for name in STAGE_CONFIG if name not in config]
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
+        unknown = sorted((name for name in config if name not in STAGE_CONFIG), key=str)
+        if unknown:
+            raise ValueError(f"stages[{index}] has the unknown setting {unknown[0]!r} (settings: {', '.join(STAGE_CONFIG)})")
         for name in _COUNTS + _PADDINGS:
             _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):
@@ -2236,7 +2239,7 @@ def _checked(pixel_values, params, stages, eps):
     params = _mapping("params", params)
     stages = _stage_configs(stages)
     eps = _epsilon(eps)
-    links, n_channels = [], pixel_values.shape[1]
+    links, n_channels, known = [], pixel_values.shape[1], set(HEAD_PARAMETERS)
     for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
         prefix = f"stages.{index}."
         if prefix + "embed.W" not in params:
@@ -2252,12 +2255,17 @@ def _checked(pixel_values, params, stages, eps):
         top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
                      pixel_values.dtype, prefix)
         links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
+        known.update(prefix + name for name in top)
         n = 0
         while f"{prefix}layers.{n}.attn.W_q" in params:
             p = _table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"{prefix}layers.{n}.")
             links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
+            known.update(f"{prefix}layers.{n}.{name}" for name in LAYER_PARAMETERS)
             n += 1
         n_channels = d
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:  # a name no stage reads: a misspelling, a layer after a gap, a stage the configuration lacks
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
     return pixel_values, links, (pixel_values.shape[0], d, n_rows, n_cols)
 
 

@@ -150,6 +150,9 @@ def _stage_configs(stages):
         missing = [name for name in STAGE_CONFIG if name not in config]
         if missing:
             raise ValueError(f"stages[{index}] lacks {missing[0]!r}")
+        unknown = sorted((name for name in config if name not in STAGE_CONFIG), key=str)
+        if unknown:
+            raise ValueError(f"stages[{index}] has the unknown setting {unknown[0]!r} (settings: {', '.join(STAGE_CONFIG)})")
         for name in _COUNTS + _PADDINGS:
             _integer(f"stages[{index}][{name!r}]", config[name], 1 if name in _COUNTS else 0)
         if not isinstance(config["cls"], bool):

@@ -6,6 +6,7 @@ stays correct, only slower or less compact.
 """
 
 from .convolution import convolution
+from .fold_affine import fold_affine
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .gelu import gelu
@@ -35,9 +36,9 @@ PASSES = {
 }
 DEFAULT = tuple(PASSES.values())
 #: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
-#: recognized; their arrays are kept for the adjoint's recomputation or read by the chaining, so they are
-#: merged and fused, never reused in place.
-NETWORK_STAGE = (convolution, inline_elementwise, layer_norm, gelu, fused_attention, matmul)
+#: recognized, an inference BatchNorm after one folded into its kernel and bias, fused; a dead product or
+#: convolution output holds the elementwise map that reads it (torch: without autograd only).
+NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers)
 
 
 def run_passes(module, passes: tuple = DEFAULT):

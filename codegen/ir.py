@@ -40,7 +40,7 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
     "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -89,6 +89,12 @@ def _array_names(expr: sp.Expr) -> tuple[str, ...]:
 
 class ExactGelu(sp.Function):
     """``x (1 + erf(x/√2))/2`` as one call (the ``gelu`` pass writes it; each backend spells it)."""
+
+    nargs = 1
+
+
+class Silu(sp.Function):
+    """``x/(1 + e^{−x})`` as one call (the ``silu`` pass writes it; each backend spells it)."""
 
     nargs = 1
 

@@ -17,6 +17,8 @@ from .matmul import matmul
 from .one_hot import one_hot
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
+from .shared_trig import shared_trig
+from .silu import silu
 from .unroll_pairs import unroll_pairs
 
 __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes"]
@@ -28,7 +30,9 @@ PASSES = {
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
     "gelu": gelu,
+    "silu": silu,
     "unroll-pairs": unroll_pairs,
+    "shared-trig": shared_trig,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,

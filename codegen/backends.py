@@ -232,14 +232,19 @@ class Backend:
         return printer.doprint(argument)
 
     def in_place(self, op: Elementwise, printer: ArrayPrinter, maximum: str, add: str) -> list[str]:
-        """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass)."""
+        """``op`` written into its dead operand ``op.reuse`` (see the ``reuse-buffers`` pass); ``maximum`` and
+        ``add`` spell an in-place update of ``{value}`` (``{buffer}`` itself or an update of it) by ``{other}``."""
         if op.reuse is None:
             return Backend.elementwise(self, op, printer)
         target = next(a for a in op.expr.atoms(sp.Indexed) if str(a.base.label) == op.reuse)
         if isinstance(op.expr, sp.Max):
-            others = ", ".join(self.bound(a, op.reuse, printer) for a in op.expr.args if a != target)
-            return [f"{op.out} = {maximum.format(buffer=op.reuse, other=others)}"]
-        return [f"{op.out} = {add.format(buffer=op.reuse, other=printer.doprint(op.expr - target))}"]
+            (argument,) = (a for a in op.expr.args if not a.is_number)
+            value = op.reuse  # max(buffer, number), or max(buffer + other, number): the sum in place first
+            if argument != target:
+                value = add.format(value=value, buffer=op.reuse, other=printer.doprint(argument - target))
+            others = ", ".join(self.bound(a, op.reuse, printer) for a in op.expr.args if a != argument)
+            return [f"{op.out} = {maximum.format(value=value, buffer=op.reuse, other=others)}"]
+        return [f"{op.out} = {add.format(value=op.reuse, buffer=op.reuse, other=printer.doprint(op.expr - target))}"]
 
 
 class NumpyBackend(Backend):
@@ -287,8 +292,8 @@ class NumpyBackend(Backend):
         return f"np.full({buffer}.shape[-1:], {printer.doprint(argument)}, {buffer}.dtype)"
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
-        return self.in_place(op, printer, "np.maximum({buffer}, {other}, out={buffer})",
-                             "np.add({buffer}, {other}, out={buffer})")
+        return self.in_place(op, printer, "np.maximum({value}, {other}, out={buffer})",
+                             "np.add({value}, {other}, out={buffer})")
 
 
 def _indicator(expr: sp.Expr) -> bool:
@@ -322,7 +327,7 @@ class TorchBackend(Backend):
             return [f"{op.out} = ({printer.doprint(op.expr)}).to(u0.dtype)"]
         if op.reuse is None:
             return super().elementwise(op, printer)
-        (line,) = self.in_place(op, printer, "{buffer}.clamp_min_({other})", "{buffer}.add_({other})")
+        (line,) = self.in_place(op, printer, "{value}.clamp_min_({other})", "{value}.add_({other})")
         return [f"{line} if {printer.use(INFERENCE)} else {printer.doprint(op.expr)}"]
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:

@@ -40,7 +40,7 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
     "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu",
+    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -96,6 +96,12 @@ class ExactGelu(sp.Function):
 class TanhGelu(sp.Function):
     """``x (1 + tanh(√(2/π) (x + 0.044715 x³)))/2``, GELU's tanh approximation, as one call (the
     ``gelu-tanh`` pass writes it; each backend spells it)."""
+
+    nargs = 1
+
+
+class Silu(sp.Function):
+    """``x/(1 + e^{−x})`` as one call (the ``silu`` pass writes it; each backend spells it)."""
 
     nargs = 1
 

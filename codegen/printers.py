@@ -26,7 +26,7 @@ from splitformer.symbolic.vision_operators import PATCH
 from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
-from .ir import BATCH, ExactGelu, Module, Operand, TanhGelu
+from .ir import BATCH, ExactGelu, Module, Operand, Silu, TanhGelu
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]
@@ -55,7 +55,7 @@ def printable_class(cls: type) -> bool:
     """``cls`` is the SymPy class of its name, splitformer's ``Number`` or ``sympy.Function(name)``: no
     user class reaches a ``_print_<name>`` method by borrowing a name."""
     name = cls.__name__
-    return (cls is Number or cls is ExactGelu or cls is TanhGelu or plain_function_class(cls)
+    return (cls is Number or cls is ExactGelu or cls is TanhGelu or cls is Silu or plain_function_class(cls)
             or type(name) is str and any(getattr(namespace, name, None) is cls for namespace in _SYMPY_NAMESPACES))
 
 
@@ -97,6 +97,7 @@ class ArrayPrinter(StrPrinter):
 
     library = ""
     functions: dict[str, str] = {}
+    silu = ""  # the library's SiLU routine, if it has one
     #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
     printmethod = None
 
@@ -170,6 +171,16 @@ class ArrayPrinter(StrPrinter):
         function, options = self.tanh_gelu
         return f"{self.use(function)}({self._print(expr.args[0])}{options})"
 
+    def _print_Silu(self, expr: Silu) -> str:
+        """The ``silu`` pass's call: the library's routine where it has one (``silu``), else the formula in
+        parentheses; a user's function of that name is no SiLU and has no spelling."""
+        if type(expr) is not Silu:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        x = expr.args[0]
+        if self.silu:
+            return f"{self.use(self.silu)}({self._print(x)})"
+        return f"({self._print(x / (1 + sp.exp(-x)))})"
+
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
         argument = expr.args[0]
@@ -240,6 +251,7 @@ class TorchPrinter(ArrayPrinter):
     library = "torch"
     exact_gelu = "torch.nn.functional.gelu"
     tanh_gelu = ("torch.nn.functional.gelu", ', approximate="tanh"')
+    silu = "torch.nn.functional.silu"  # one kernel; torch.exp is MKL's, which threads even a row of 688 (ms under load)
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 

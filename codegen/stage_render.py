@@ -112,6 +112,7 @@ def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
     return {"parameters": parameters,
             "config": [name for name in CONFIG_NAMES if name in names or (head_size and name in ("d", "n_heads"))],
             "batch": "batch" in code_names, "d_head": head_size, "dropout_p": "dropout_p" in code_names,
+            "inference": "inference" in code_names,
             "sizes": sizes}
 
 

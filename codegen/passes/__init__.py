@@ -6,6 +6,7 @@ stays correct, only slower or less compact.
 """
 
 from .convolution import convolution
+from .fold_affine import fold_affine
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .gelu import gelu
@@ -17,6 +18,8 @@ from .matmul import matmul
 from .one_hot import one_hot
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
+from .shared_trig import shared_trig
+from .silu import silu
 from .unroll_pairs import unroll_pairs
 
 __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes"]
@@ -29,7 +32,9 @@ PASSES = {
     "rms-norm": rms_norm,
     "gelu": gelu,
     "gelu-tanh": gelu_tanh,
+    "silu": silu,
     "unroll-pairs": unroll_pairs,
+    "shared-trig": shared_trig,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,
@@ -37,9 +42,9 @@ PASSES = {
 }
 DEFAULT = tuple(PASSES.values())
 #: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
-#: recognized; their arrays are kept for the adjoint's recomputation or read by the chaining, so they are
-#: merged and fused, never reused in place.
-NETWORK_STAGE = (convolution, inline_elementwise, layer_norm, gelu, fused_attention, matmul)
+#: recognized, an inference BatchNorm after one folded into its kernel and bias, fused; a dead product or
+#: convolution output holds the elementwise map that reads it (torch: without autograd only).
+NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers)
 
 
 def run_passes(module, passes: tuple = DEFAULT):

@@ -2,9 +2,10 @@
 
 ``u1 = attn_out + u0`` becomes ``np.add(attn_out, u0, out=attn_out)`` (``attn_out.add_(u0)``
 in PyTorch) when ``attn_out`` is read nowhere later, and ``s = max(w, 0)`` becomes
-``np.maximum(w, 0, out=w)`` (``w.clamp_min_(0)``): no fresh allocation, no page faults.
-Only products of matrix multiplications are reused: their backward needs their inputs,
-never their output, so autograd stays correct.
+``np.maximum(w, 0, out=w)`` (``w.clamp_min_(0)``), ``s = max(K + u0, 0)`` becomes
+``K.add_(u0).clamp_min_(0)``: no fresh allocation, no page faults. Only products of matrix
+multiplications and convolutions are reused: their backward needs their inputs, never their
+output, so autograd stays correct.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..ir import Contraction, Elementwise, MatMul, Module
+from ..ir import Contraction, Convolution, Elementwise, MatMul, Module
 
 __all__ = ["reuse_buffers"]
 
@@ -24,6 +25,8 @@ def _candidate(op: Elementwise, module: Module, produced: set[str]) -> str | Non
         arguments = op.expr.args
     elif isinstance(op.expr, sp.Max) and any(argument.is_number for argument in op.expr.args):
         arguments = [argument for argument in op.expr.args if not argument.is_number]
+        if len(arguments) == 1 and isinstance(arguments[0], sp.Add):  # max(K + u0, 0): the sum in place first
+            arguments = arguments[0].args
     else:
         return None
     for argument in arguments:
@@ -45,6 +48,6 @@ def reuse_buffers(module: Module) -> Module:
             name = _candidate(op, module, produced)
             if name is not None and last_read.get(name, -1) <= position and name != module.output:
                 ops[position] = replace(op, reuse=name)
-        if isinstance(op, (MatMul, Contraction)):
+        if isinstance(op, (MatMul, Contraction, Convolution)):
             produced.update(op.writes())
     return replace(module, ops=ops)

@@ -716,19 +716,20 @@ def _step(u0, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
     del norm1_out_view1
 
-    # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
-    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
-
     # --- qbn: batch-norm ---
     # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
     # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
 
-    # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
-    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
+    # --- qconv: depthwise-convolution ---
+    # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
+    qconv_W_folded = qbn_a*qconv_W
+    del qbn_a
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
+    qconv_out = _depthwise_conv2d(grid, qconv_W_folded, stride_q, padding_q, qbn_c)
+    del qbn_c, qconv_W_folded
 
     # --- kbn: batch-norm ---
     # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
@@ -736,10 +737,14 @@ def _step(u0, p, config, eps):
     # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
 
-    # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
-    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
-    del grid
+    # --- kconv: depthwise-convolution ---
+    # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
+    kconv_W_folded = kbn_a*kconv_W
+    del kbn_a
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
+    kconv_out = _depthwise_conv2d(grid, kconv_W_folded, stride_kv, padding_kv, kbn_c)
+    del kbn_c, kconv_W_folded
 
     # --- vbn: batch-norm ---
     # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
@@ -747,19 +752,28 @@ def _step(u0, p, config, eps):
     # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
 
+    # --- vconv: depthwise-convolution ---
+    # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
+    vconv_W_folded = vbn_a*vconv_W
+    del vbn_a
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
+    vconv_out = _depthwise_conv2d(grid, vconv_W_folded, stride_kv, padding_kv, vbn_c)
+    del grid, vbn_c, vconv_W_folded
+
     # --- queries on the token nodes; keys and values on the key nodes ---
     # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     # q_in_part1[p, q, l] = B^qbn[l, p, q]
-    q_in_part1 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
-    del qbn_a, qbn_c, qconv_out
+    q_in_part1 = np.transpose(qconv_out, (0, 2, 3, 1))
+    del qconv_out
     # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     # k_in_part1[f, h, l] = B^kbn[l, f, h]
-    k_in_part1 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
-    del kbn_a, kbn_c, kconv_out
+    k_in_part1 = np.transpose(kconv_out, (0, 2, 3, 1))
+    del kconv_out
     # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     # v_in_part1[f, h, l] = B^vbn[l, f, h]
-    v_in_part1 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
-    del vbn_a, vbn_c, vconv_out
+    v_in_part1 = np.transpose(vconv_out, (0, 2, 3, 1))
+    del vconv_out
     # the parts one after another along the token axis
     q_in = _join(q_in_part1)
     del q_in_part1
@@ -799,7 +813,7 @@ def _step(u0, p, config, eps):
 
     # --- residual sum ---
     # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
-    u1 = attn_out + u0
+    u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
     # --- norm2: layer-norm ---
@@ -826,7 +840,7 @@ def _step(u0, p, config, eps):
 
     # --- residual sum ---
     # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
-    u2 = ffn_out + u1
+    u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     return u2
 
@@ -892,19 +906,20 @@ def _step_cls(u0, p, config, eps):
     grid = np.transpose(norm1_out_view1, (0, 3, 1, 2))
     del norm1_out_view1
 
-    # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
-    qconv_out = _depthwise_conv2d(grid, qconv_W, stride_q, padding_q)
-
     # --- qbn: batch-norm ---
     # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/np.sqrt(eps + qbn_var)
     # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/np.sqrt(eps + qbn_var) + qbn_bias
 
-    # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
-    kconv_out = _depthwise_conv2d(grid, kconv_W, stride_kv, padding_kv)
+    # --- qconv: depthwise-convolution ---
+    # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
+    qconv_W_folded = qbn_a*qconv_W
+    del qbn_a
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
+    qconv_out = _depthwise_conv2d(grid, qconv_W_folded, stride_q, padding_q, qbn_c)
+    del qbn_c, qconv_W_folded
 
     # --- kbn: batch-norm ---
     # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
@@ -912,16 +927,29 @@ def _step_cls(u0, p, config, eps):
     # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/np.sqrt(eps + kbn_var) + kbn_bias
 
-    # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
-    vconv_out = _depthwise_conv2d(grid, vconv_W, stride_kv, padding_kv)
-    del grid
+    # --- kconv: depthwise-convolution ---
+    # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
+    kconv_W_folded = kbn_a*kconv_W
+    del kbn_a
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
+    kconv_out = _depthwise_conv2d(grid, kconv_W_folded, stride_kv, padding_kv, kbn_c)
+    del kbn_c, kconv_W_folded
 
     # --- vbn: batch-norm ---
     # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/np.sqrt(eps + vbn_var)
     # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/np.sqrt(eps + vbn_var) + vbn_bias
+
+    # --- vconv: depthwise-convolution ---
+    # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
+    vconv_W_folded = vbn_a*vconv_W
+    del vbn_a
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
+    vconv_out = _depthwise_conv2d(grid, vconv_W_folded, stride_kv, padding_kv, vbn_c)
+    del grid, vbn_c, vconv_W_folded
 
     # --- queries on the token nodes; keys and values on the key nodes ---
     # norm1_out at 0, l (a view)
@@ -931,8 +959,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view2
     # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     # q_in_part2[p, q, l] = B^qbn[l, p, q]
-    q_in_part2 = qbn_a*np.transpose(qconv_out, (0, 2, 3, 1)) + qbn_c
-    del qbn_a, qbn_c, qconv_out
+    q_in_part2 = np.transpose(qconv_out, (0, 2, 3, 1))
+    del qconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view3 = norm1_out[:, 0, :]
     # k_in_part1[l] = norm1_out_view3[l]
@@ -940,8 +968,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view3
     # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     # k_in_part2[f, h, l] = B^kbn[l, f, h]
-    k_in_part2 = kbn_a*np.transpose(kconv_out, (0, 2, 3, 1)) + kbn_c
-    del kbn_a, kbn_c, kconv_out
+    k_in_part2 = np.transpose(kconv_out, (0, 2, 3, 1))
+    del kconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view4 = norm1_out[:, 0, :]
     del norm1_out
@@ -950,8 +978,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view4
     # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     # v_in_part2[f, h, l] = B^vbn[l, f, h]
-    v_in_part2 = vbn_a*np.transpose(vconv_out, (0, 2, 3, 1)) + vbn_c
-    del vbn_a, vbn_c, vconv_out
+    v_in_part2 = np.transpose(vconv_out, (0, 2, 3, 1))
+    del vconv_out
     # the parts one after another along the token axis
     q_in = _join(q_in_part1, q_in_part2)
     del q_in_part1, q_in_part2
@@ -991,7 +1019,7 @@ def _step_cls(u0, p, config, eps):
 
     # --- residual sum ---
     # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
-    u1 = attn_out + u0
+    u1 = np.add(attn_out, u0, out=attn_out)
     del attn_out
 
     # --- norm2: layer-norm ---
@@ -1018,7 +1046,7 @@ def _step_cls(u0, p, config, eps):
 
     # --- residual sum ---
     # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
-    u2 = ffn_out + u1
+    u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out, u1
     return u2
 

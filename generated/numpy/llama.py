@@ -474,12 +474,17 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
+    # attn_phi_cos[i, r] = cos(attn_phi[i, r])
+    attn_phi_cos = np.cos(attn_phi)
+    # attn_phi_sin[i, r] = sin(attn_phi[i, r])
+    attn_phi_sin = np.sin(attn_phi)
+    del attn_phi
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
+    attn_qr = np.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), axis=4)
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
-    del attn_k, attn_phi
+    attn_kr = np.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), axis=3)
+    del attn_k, attn_phi_cos, attn_phi_sin
     # the cache: attn_kr of the earlier tokens, then the new ones
     attn_kr = _cache(cache, "attn.kr", attn_kr)
     # the cache: attn_v of the earlier tokens, then the new ones
@@ -508,7 +513,7 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
     del ffn_wgate, norm2_out
     # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
+    ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))
     del ffn_gate, ffn_w
     # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
@@ -594,11 +599,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
+    # attn_phi_cos[i, r] = cos(attn_phi[i, r])
+    attn_phi_cos = np.cos(attn_phi)
+    # attn_phi_sin[i, r] = sin(attn_phi[i, r])
+    attn_phi_sin = np.sin(attn_phi)
+    del attn_phi
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    attn_qr = np.stack((attn_q[..., 0, :]*np.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*np.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*np.cos(attn_phi[:, :, None, None])), axis=4)
+    attn_qr = np.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), axis=4)
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    attn_kr = np.stack((attn_k[..., 0, :]*np.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*np.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*np.cos(attn_phi[:, :, None])), axis=3)
+    attn_kr = np.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), axis=3)
     del attn_k
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
@@ -625,19 +635,19 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     ffn_w, ffn_gate = (part.reshape(batch, n_tokens, d_ff) for part in np.split(ffn_wgate, 2, axis=1))
     del ffn_wgate
     # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_s = ffn_gate*ffn_w/(1 + np.exp(-ffn_w))
+    ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))
     # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -663,7 +673,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̃̅^ffn[i, z] = s̅^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_gate_bar = ffn_s_bar*ffn_w/(1 + np.exp(-ffn_w))
+    ffn_gate_bar = ffn_s_bar*(ffn_w/(1 + np.exp(-ffn_w)))
     # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_3_bar = _einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
     # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]
@@ -735,13 +745,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    attn_k_bar = np.stack((attn_kr_bar[..., 0, :]*np.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*np.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*np.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*np.sin(attn_phi[:, :, None])), axis=3)
+    attn_k_bar = np.stack((attn_kr_bar[..., 0, :]*attn_phi_cos[:, :, None] + attn_kr_bar[..., 1, :]*attn_phi_sin[:, :, None], attn_kr_bar[..., 1, :]*attn_phi_cos[:, :, None] - attn_kr_bar[..., 0, :]*attn_phi_sin[:, :, None]), axis=3)
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = _einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    attn_q_bar = np.stack((attn_qr_bar[..., 0, :]*np.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*np.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*np.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*np.sin(attn_phi[:, :, None, None])), axis=4)
-    del attn_phi, attn_qr_bar
+    attn_q_bar = np.stack((attn_qr_bar[..., 0, :]*attn_phi_cos[:, :, None, None] + attn_qr_bar[..., 1, :]*attn_phi_sin[:, :, None, None], attn_qr_bar[..., 1, :]*attn_phi_cos[:, :, None, None] - attn_qr_bar[..., 0, :]*attn_phi_sin[:, :, None, None]), axis=4)
+    del attn_phi_cos, attn_phi_sin, attn_qr_bar
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = _einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out

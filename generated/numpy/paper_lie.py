@@ -386,7 +386,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
     # P^relu[i, l] = Max(0, u^(3)[i, l])
     # u^(4)[i, l] = P^relu[i, l]
-    u4 = np.maximum(ffn1_out + u2, 0)
+    u4 = np.maximum(np.add(ffn1_out, u2, out=ffn1_out), np.full(ffn1_out.shape[-1:], 0, ffn1_out.dtype), out=ffn1_out)
     del ffn1_out
 
     # --- branch substep 5: ffn2, explicit ---
@@ -508,7 +508,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # --- branch substep 4: relu, projection ---
     # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
     # P^relu[i, l] = Max(0, u^(3)[i, l])
-    relu_p = np.maximum(ffn1_out + u2, 0)
+    relu_p = np.maximum(np.add(ffn1_out, u2, out=ffn1_out), np.full(ffn1_out.shape[-1:], 0, ffn1_out.dtype), out=ffn1_out)
     del ffn1_out
     # u^(4)[i, l] = P^relu[i, l]
     u4 = relu_p

@@ -222,26 +222,28 @@ def _step_with(u0, p, config, eps):
     bn3_mean = p["bn3.mean"]
     bn3_var = p["bn3.var"]
 
-    # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
-    conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
-
     # --- bn1: batch-norm ---
     # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/np.sqrt(eps + bn1_var)
     # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/np.sqrt(eps + bn1_var) + bn1_bias
 
+    # --- conv1: convolution ---
+    # conv1_W_folded[c, r, s, l] = bn1_a[l]*conv1_W[c, r, s, l]
+    conv1_W_folded = bn1_a*conv1_W
+    # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
+    conv1_b_folded = bn1_a*conv1_b + bn1_c
+    del bn1_a, bn1_c
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
+    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded)
+    del conv1_W_folded, conv1_b_folded
+
     # --- relu: relu-projection ---
     # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
-    relu_out = np.maximum(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None], 0)
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
-    conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
-    del relu_out
+    relu_out = np.maximum(conv1_out, np.full(conv1_out.shape[-1:], 0, conv1_out.dtype), out=conv1_out)
+    del conv1_out
 
     # --- bn2: batch-norm ---
     # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
@@ -249,15 +251,35 @@ def _step_with(u0, p, config, eps):
     # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/np.sqrt(eps + bn2_var) + bn2_bias
 
-    # --- shortcut: convolution ---
-    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
-    shortcut_out = _conv2d(u0, shortcut_W, stride, 0, shortcut_b)
+    # --- bn3: batch-norm ---
+    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
+    bn3_c = -bn3_gain*bn3_mean/np.sqrt(eps + bn3_var) + bn3_bias
+
+    # --- conv2: convolution ---
+    # conv2_W_folded[k, r, s, l] = bn2_a[l]*conv2_W[k, r, s, l]
+    conv2_W_folded = bn2_a*conv2_W
+    # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l] + bn3_c[l]
+    conv2_b_folded = bn2_a*conv2_b + bn2_c + bn3_c
+    del bn2_a, bn2_c, bn3_c
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] + bn3_c[l] (folded into the kernel and bias)
+    conv2_out = _conv2d(relu_out, conv2_W_folded, 1, 1, conv2_b_folded)
+    del conv2_W_folded, conv2_b_folded, relu_out
 
     # --- bn3: batch-norm ---
     # a^bn3[l] = γ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_a = bn3_gain/np.sqrt(eps + bn3_var)
-    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
-    bn3_c = -bn3_gain*bn3_mean/np.sqrt(eps + bn3_var) + bn3_bias
+
+    # --- shortcut: convolution ---
+    # shortcut_W_folded[c, r, s, l] = bn3_a[l]*shortcut_W[c, r, s, l]
+    shortcut_W_folded = bn3_a*shortcut_W
+    # shortcut_b_folded[l] = bn3_a[l]*shortcut_b[l]
+    shortcut_b_folded = bn3_a*shortcut_b
+    del bn3_a
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
+    # shortcut_out[l, p, q] ← bn3_a[l]*shortcut_out[l, p, q] (folded into the kernel and bias)
+    shortcut_out = _conv2d(u0, shortcut_W_folded, stride, 0, shortcut_b_folded)
+    del shortcut_W_folded, shortcut_b_folded
 
     # --- relu: relu-projection ---
     # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
@@ -265,8 +287,8 @@ def _step_with(u0, p, config, eps):
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
-    relu2_out = np.maximum(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None], 0)
-    del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
+    relu2_out = np.maximum(np.add(conv2_out, shortcut_out, out=conv2_out), np.full(conv2_out.shape[-1:], 0, conv2_out.dtype), out=conv2_out)
+    del conv2_out, shortcut_out
     return relu2_out
 
 
@@ -286,26 +308,28 @@ def _step_identity(u0, p, config, eps):
     bn2_mean = p["bn2.mean"]
     bn2_var = p["bn2.var"]
 
-    # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
-    conv1_out = _conv2d(u0, conv1_W, stride, 1, conv1_b)
-
     # --- bn1: batch-norm ---
     # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/np.sqrt(eps + bn1_var)
     # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/np.sqrt(eps + bn1_var) + bn1_bias
 
+    # --- conv1: convolution ---
+    # conv1_W_folded[c, r, s, l] = bn1_a[l]*conv1_W[c, r, s, l]
+    conv1_W_folded = bn1_a*conv1_W
+    # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
+    conv1_b_folded = bn1_a*conv1_b + bn1_c
+    del bn1_a, bn1_c
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
+    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded)
+    del conv1_W_folded, conv1_b_folded
+
     # --- relu: relu-projection ---
     # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
-    relu_out = np.maximum(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None], 0)
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
-    conv2_out = _conv2d(relu_out, conv2_W, 1, 1, conv2_b)
-    del relu_out
+    relu_out = np.maximum(conv1_out, np.full(conv1_out.shape[-1:], 0, conv1_out.dtype), out=conv1_out)
+    del conv1_out
 
     # --- bn2: batch-norm ---
     # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
@@ -313,13 +337,24 @@ def _step_identity(u0, p, config, eps):
     # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/np.sqrt(eps + bn2_var) + bn2_bias
 
+    # --- conv2: convolution ---
+    # conv2_W_folded[k, r, s, l] = bn2_a[l]*conv2_W[k, r, s, l]
+    conv2_W_folded = bn2_a*conv2_W
+    # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l]
+    conv2_b_folded = bn2_a*conv2_b + bn2_c
+    del bn2_a, bn2_c
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] (folded into the kernel and bias)
+    conv2_out = _conv2d(relu_out, conv2_W_folded, 1, 1, conv2_b_folded)
+    del conv2_W_folded, conv2_b_folded, relu_out
+
     # --- relu: relu-projection ---
     # Ru[l, p, q] = u[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
-    relu2_out = np.maximum(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0, 0)
-    del bn2_a, bn2_c, conv2_out
+    relu2_out = np.maximum(np.add(conv2_out, u0, out=conv2_out), np.full(conv2_out.shape[-1:], 0, conv2_out.dtype), out=conv2_out)
+    del conv2_out
     return relu2_out
 
 

@@ -583,6 +583,7 @@ def _step(u0, p, config, eps):
     batch = u0.shape[0]
     d_head = d // n_heads
     dropout_p = 0.0
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -631,19 +632,20 @@ def _step(u0, p, config, eps):
     grid = norm1_out_view1.permute(0, 3, 1, 2)
     del norm1_out_view1
 
-    # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
-    qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
-
     # --- qbn: batch-norm ---
     # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/torch.sqrt(eps + qbn_var)
     # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/torch.sqrt(eps + qbn_var) + qbn_bias
 
-    # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
-    kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
+    # --- qconv: depthwise-convolution ---
+    # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
+    qconv_W_folded = qbn_a*qconv_W
+    del qbn_a
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
+    qconv_out = torch.nn.functional.conv2d(grid, qconv_W_folded.permute(2, 0, 1).unsqueeze(1), qbn_c, stride_q, padding_q, groups=grid.shape[1])
+    del qbn_c, qconv_W_folded
 
     # --- kbn: batch-norm ---
     # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
@@ -651,10 +653,14 @@ def _step(u0, p, config, eps):
     # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/torch.sqrt(eps + kbn_var) + kbn_bias
 
-    # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
-    vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
-    del grid
+    # --- kconv: depthwise-convolution ---
+    # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
+    kconv_W_folded = kbn_a*kconv_W
+    del kbn_a
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
+    kconv_out = torch.nn.functional.conv2d(grid, kconv_W_folded.permute(2, 0, 1).unsqueeze(1), kbn_c, stride_kv, padding_kv, groups=grid.shape[1])
+    del kbn_c, kconv_W_folded
 
     # --- vbn: batch-norm ---
     # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
@@ -662,19 +668,28 @@ def _step(u0, p, config, eps):
     # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/torch.sqrt(eps + vbn_var) + vbn_bias
 
+    # --- vconv: depthwise-convolution ---
+    # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
+    vconv_W_folded = vbn_a*vconv_W
+    del vbn_a
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
+    vconv_out = torch.nn.functional.conv2d(grid, vconv_W_folded.permute(2, 0, 1).unsqueeze(1), vbn_c, stride_kv, padding_kv, groups=grid.shape[1])
+    del grid, vbn_c, vconv_W_folded
+
     # --- queries on the token nodes; keys and values on the key nodes ---
     # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     # q_in_part1[p, q, l] = B^qbn[l, p, q]
-    q_in_part1 = qbn_a*qconv_out.permute(0, 2, 3, 1) + qbn_c
-    del qbn_a, qbn_c, qconv_out
+    q_in_part1 = qconv_out.permute(0, 2, 3, 1)
+    del qconv_out
     # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     # k_in_part1[f, h, l] = B^kbn[l, f, h]
-    k_in_part1 = kbn_a*kconv_out.permute(0, 2, 3, 1) + kbn_c
-    del kbn_a, kbn_c, kconv_out
+    k_in_part1 = kconv_out.permute(0, 2, 3, 1)
+    del kconv_out
     # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     # v_in_part1[f, h, l] = B^vbn[l, f, h]
-    v_in_part1 = vbn_a*vconv_out.permute(0, 2, 3, 1) + vbn_c
-    del vbn_a, vbn_c, vconv_out
+    v_in_part1 = vconv_out.permute(0, 2, 3, 1)
+    del vconv_out
     # the parts one after another along the token axis
     q_in = _join(q_in_part1)
     del q_in_part1
@@ -706,7 +721,7 @@ def _step(u0, p, config, eps):
 
     # --- residual sum ---
     # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
-    u1 = attn_out + u0
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
     del attn_out
 
     # --- norm2: layer-norm ---
@@ -729,7 +744,7 @@ def _step(u0, p, config, eps):
 
     # --- residual sum ---
     # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
-    u2 = ffn_out + u1
+    u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out, u1
     return u2
 
@@ -749,6 +764,7 @@ def _step_cls(u0, p, config, eps):
     batch = u0.shape[0]
     d_head = d // n_heads
     dropout_p = 0.0
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -796,19 +812,20 @@ def _step_cls(u0, p, config, eps):
     grid = norm1_out_view1.permute(0, 3, 1, 2)
     del norm1_out_view1
 
-    # --- qconv: depthwise-convolution ---
-    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
-    qconv_out = torch.nn.functional.conv2d(grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_q, padding_q, groups=grid.shape[1])
-
     # --- qbn: batch-norm ---
     # a^qbn[l] = γ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_a = qbn_gain/torch.sqrt(eps + qbn_var)
     # c^qbn[l] = β_qbn[l] - γ_qbn[l]*μ_qbn[l]/sqrt(ε + v_qbn[l])
     qbn_c = -qbn_gain*qbn_mean/torch.sqrt(eps + qbn_var) + qbn_bias
 
-    # --- kconv: depthwise-convolution ---
-    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
-    kconv_out = torch.nn.functional.conv2d(grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
+    # --- qconv: depthwise-convolution ---
+    # qconv_W_folded[r, s, l] = qbn_a[l]*qconv_W[r, s, l]
+    qconv_W_folded = qbn_a*qconv_W
+    del qbn_a
+    # K_dw^qconv[l, p, q] = Σ_{r,s}(W_qconv[r, s, l]*qconv_out_windows[l, p, q, r, s])
+    # qconv_out[l, p, q] ← qbn_a[l]*qconv_out[l, p, q] + qbn_c[l] (folded into the kernel and bias)
+    qconv_out = torch.nn.functional.conv2d(grid, qconv_W_folded.permute(2, 0, 1).unsqueeze(1), qbn_c, stride_q, padding_q, groups=grid.shape[1])
+    del qbn_c, qconv_W_folded
 
     # --- kbn: batch-norm ---
     # a^kbn[l] = γ_kbn[l]/sqrt(ε + v_kbn[l])
@@ -816,16 +833,29 @@ def _step_cls(u0, p, config, eps):
     # c^kbn[l] = β_kbn[l] - γ_kbn[l]*μ_kbn[l]/sqrt(ε + v_kbn[l])
     kbn_c = -kbn_gain*kbn_mean/torch.sqrt(eps + kbn_var) + kbn_bias
 
-    # --- vconv: depthwise-convolution ---
-    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
-    vconv_out = torch.nn.functional.conv2d(grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, stride_kv, padding_kv, groups=grid.shape[1])
-    del grid
+    # --- kconv: depthwise-convolution ---
+    # kconv_W_folded[r, s, l] = kbn_a[l]*kconv_W[r, s, l]
+    kconv_W_folded = kbn_a*kconv_W
+    del kbn_a
+    # K_dw^kconv[l, f, h] = Σ_{r,s}(W_kconv[r, s, l]*kconv_out_windows[l, f, h, r, s])
+    # kconv_out[l, f, h] ← kbn_a[l]*kconv_out[l, f, h] + kbn_c[l] (folded into the kernel and bias)
+    kconv_out = torch.nn.functional.conv2d(grid, kconv_W_folded.permute(2, 0, 1).unsqueeze(1), kbn_c, stride_kv, padding_kv, groups=grid.shape[1])
+    del kbn_c, kconv_W_folded
 
     # --- vbn: batch-norm ---
     # a^vbn[l] = γ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_a = vbn_gain/torch.sqrt(eps + vbn_var)
     # c^vbn[l] = β_vbn[l] - γ_vbn[l]*μ_vbn[l]/sqrt(ε + v_vbn[l])
     vbn_c = -vbn_gain*vbn_mean/torch.sqrt(eps + vbn_var) + vbn_bias
+
+    # --- vconv: depthwise-convolution ---
+    # vconv_W_folded[r, s, l] = vbn_a[l]*vconv_W[r, s, l]
+    vconv_W_folded = vbn_a*vconv_W
+    del vbn_a
+    # K_dw^vconv[l, f, h] = Σ_{r,s}(W_vconv[r, s, l]*vconv_out_windows[l, f, h, r, s])
+    # vconv_out[l, f, h] ← vbn_a[l]*vconv_out[l, f, h] + vbn_c[l] (folded into the kernel and bias)
+    vconv_out = torch.nn.functional.conv2d(grid, vconv_W_folded.permute(2, 0, 1).unsqueeze(1), vbn_c, stride_kv, padding_kv, groups=grid.shape[1])
+    del grid, vbn_c, vconv_W_folded
 
     # --- queries on the token nodes; keys and values on the key nodes ---
     # norm1_out at 0, l (a view)
@@ -835,8 +865,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view2
     # B^qbn[l, p, q] = a^qbn[l]*K_dw^qconv[l, p, q] + c^qbn[l]
     # q_in_part2[p, q, l] = B^qbn[l, p, q]
-    q_in_part2 = qbn_a*qconv_out.permute(0, 2, 3, 1) + qbn_c
-    del qbn_a, qbn_c, qconv_out
+    q_in_part2 = qconv_out.permute(0, 2, 3, 1)
+    del qconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view3 = norm1_out[:, 0, :]
     # k_in_part1[l] = norm1_out_view3[l]
@@ -844,8 +874,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view3
     # B^kbn[l, f, h] = a^kbn[l]*K_dw^kconv[l, f, h] + c^kbn[l]
     # k_in_part2[f, h, l] = B^kbn[l, f, h]
-    k_in_part2 = kbn_a*kconv_out.permute(0, 2, 3, 1) + kbn_c
-    del kbn_a, kbn_c, kconv_out
+    k_in_part2 = kconv_out.permute(0, 2, 3, 1)
+    del kconv_out
     # norm1_out at 0, l (a view)
     norm1_out_view4 = norm1_out[:, 0, :]
     del norm1_out
@@ -854,8 +884,8 @@ def _step_cls(u0, p, config, eps):
     del norm1_out_view4
     # B^vbn[l, f, h] = a^vbn[l]*K_dw^vconv[l, f, h] + c^vbn[l]
     # v_in_part2[f, h, l] = B^vbn[l, f, h]
-    v_in_part2 = vbn_a*vconv_out.permute(0, 2, 3, 1) + vbn_c
-    del vbn_a, vbn_c, vconv_out
+    v_in_part2 = vconv_out.permute(0, 2, 3, 1)
+    del vconv_out
     # the parts one after another along the token axis
     q_in = _join(q_in_part1, q_in_part2)
     del q_in_part1, q_in_part2
@@ -887,7 +917,7 @@ def _step_cls(u0, p, config, eps):
 
     # --- residual sum ---
     # u_1[i, l] = Δt*A^attn[i, l] + u0[i, l]
-    u1 = attn_out + u0
+    u1 = attn_out.add_(u0) if inference else attn_out + u0
     del attn_out
 
     # --- norm2: layer-norm ---
@@ -910,7 +940,7 @@ def _step_cls(u0, p, config, eps):
 
     # --- residual sum ---
     # u_2[i, l] = Δt*F^ffn[i, l] + u_1[i, l]
-    u2 = ffn_out + u1
+    u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out, u1
     return u2
 

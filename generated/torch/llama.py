@@ -397,11 +397,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
+    # attn_phi_cos[i, r] = cos(attn_phi[i, r])
+    attn_phi_cos = torch.cos(attn_phi)
+    # attn_phi_sin[i, r] = sin(attn_phi[i, r])
+    attn_phi_sin = torch.sin(attn_phi)
+    del attn_phi
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
+    attn_qr = torch.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), dim=4)
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
+    attn_kr = torch.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), dim=3)
     del attn_k
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
@@ -428,13 +433,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
     del ffn_wgate
     # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_s = ffn_gate*ffn_w/(1 + torch.exp(-ffn_w))
+    ffn_s = ffn_gate*torch.nn.functional.silu(ffn_w)
     # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta, need_u=True):
@@ -443,7 +448,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -468,7 +473,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̃̅^ffn[i, z] = s̅^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_gate_bar = ffn_s_bar*ffn_w/(1 + torch.exp(-ffn_w))
+    ffn_gate_bar = ffn_s_bar*torch.nn.functional.silu(ffn_w)
     # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_3_bar = torch.einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
     # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]
@@ -537,13 +542,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    attn_k_bar = torch.stack((attn_kr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None]) + attn_kr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_kr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None]) - attn_kr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None])), dim=3)
+    attn_k_bar = torch.stack((attn_kr_bar[..., 0, :]*attn_phi_cos[:, :, None] + attn_kr_bar[..., 1, :]*attn_phi_sin[:, :, None], attn_kr_bar[..., 1, :]*attn_phi_cos[:, :, None] - attn_kr_bar[..., 0, :]*attn_phi_sin[:, :, None]), dim=3)
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    attn_q_bar = torch.stack((attn_qr_bar[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) + attn_qr_bar[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_qr_bar[..., 1, :]*torch.cos(attn_phi[:, :, None, None]) - attn_qr_bar[..., 0, :]*torch.sin(attn_phi[:, :, None, None])), dim=4)
-    del attn_phi, attn_qr_bar
+    attn_q_bar = torch.stack((attn_qr_bar[..., 0, :]*attn_phi_cos[:, :, None, None] + attn_qr_bar[..., 1, :]*attn_phi_sin[:, :, None, None], attn_qr_bar[..., 1, :]*attn_phi_cos[:, :, None, None] - attn_qr_bar[..., 0, :]*attn_phi_sin[:, :, None, None]), dim=4)
+    del attn_phi_cos, attn_phi_sin, attn_qr_bar
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out
@@ -970,12 +975,17 @@ class Block(_CanonicalModule):
         # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
         attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
         del pos
+        # attn_phi_cos[i, r] = cos(attn_phi[i, r])
+        attn_phi_cos = torch.cos(attn_phi)
+        # attn_phi_sin[i, r] = sin(attn_phi[i, r])
+        attn_phi_sin = torch.sin(attn_phi)
+        del attn_phi
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-        attn_qr = torch.stack((attn_q[..., 0, :]*torch.cos(attn_phi[:, :, None, None]) - attn_q[..., 1, :]*torch.sin(attn_phi[:, :, None, None]), attn_q[..., 0, :]*torch.sin(attn_phi[:, :, None, None]) + attn_q[..., 1, :]*torch.cos(attn_phi[:, :, None, None])), dim=4)
+        attn_qr = torch.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), dim=4)
         del attn_q
         # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-        attn_kr = torch.stack((attn_k[..., 0, :]*torch.cos(attn_phi[:, :, None]) - attn_k[..., 1, :]*torch.sin(attn_phi[:, :, None]), attn_k[..., 0, :]*torch.sin(attn_phi[:, :, None]) + attn_k[..., 1, :]*torch.cos(attn_phi[:, :, None])), dim=3)
-        del attn_k, attn_phi
+        attn_kr = torch.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), dim=3)
+        del attn_k, attn_phi_cos, attn_phi_sin
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
         # the cache: attn_v of the earlier tokens, then the new ones
@@ -1005,7 +1015,7 @@ class Block(_CanonicalModule):
         ffn_w, ffn_gate = ffn_w.view(batch, n_tokens, d_ff), ffn_gate.view(batch, n_tokens, d_ff)
         del ffn_wgate, norm2_out
         # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-        ffn_s = ffn_gate*ffn_w/(1 + torch.exp(-ffn_w))
+        ffn_s = ffn_gate*torch.nn.functional.silu(ffn_w)
         del ffn_gate, ffn_w
         # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
         ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)

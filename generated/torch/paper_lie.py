@@ -401,7 +401,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # --- branch substep 4: relu, projection ---
     # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
     # P^relu[i, l] = Max(0, u^(3)[i, l])
-    relu_p = torch.relu(ffn1_out + u2)
+    relu_p = ffn1_out.add_(u2).clamp_min_(0) if inference else torch.relu(ffn1_out + u2)
     del ffn1_out
     # u^(4)[i, l] = P^relu[i, l]
     u4 = relu_p
@@ -970,7 +970,7 @@ class Block(_CanonicalModule):
         # u^(3)[i, l] = L^ffn1[i, l] + u^(2)[i, l]
         # P^relu[i, l] = Max(0, u^(3)[i, l])
         # u^(4)[i, l] = P^relu[i, l]
-        u4 = torch.relu(ffn1_out + u2)
+        u4 = ffn1_out.add_(u2).clamp_min_(0) if inference else torch.relu(ffn1_out + u2)
         del ffn1_out
 
         # --- branch substep 5: ffn2, explicit ---

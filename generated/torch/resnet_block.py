@@ -219,6 +219,7 @@ class _Network(torch.nn.Module):
 def _step_with(u0, p, config, eps):
     """The step_with program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -238,26 +239,28 @@ def _step_with(u0, p, config, eps):
     bn3_mean = p["bn3.mean"]
     bn3_var = p["bn3.var"]
 
-    # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
-    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
-
     # --- bn1: batch-norm ---
     # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
     # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
 
+    # --- conv1: convolution ---
+    # conv1_W_folded[c, r, s, l] = bn1_a[l]*conv1_W[c, r, s, l]
+    conv1_W_folded = bn1_a*conv1_W
+    # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
+    conv1_b_folded = bn1_a*conv1_b + bn1_c
+    del bn1_a, bn1_c
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W_folded.permute(3, 0, 1, 2), conv1_b_folded, stride, 1)
+    del conv1_W_folded, conv1_b_folded
+
     # --- relu: relu-projection ---
     # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
-    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
-    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
-    del relu_out
+    relu_out = conv1_out.clamp_min_(0) if inference else torch.relu(conv1_out)
+    del conv1_out
 
     # --- bn2: batch-norm ---
     # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
@@ -265,15 +268,35 @@ def _step_with(u0, p, config, eps):
     # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
 
-    # --- shortcut: convolution ---
-    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
-    shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W.permute(3, 0, 1, 2), shortcut_b, stride, 0)
+    # --- bn3: batch-norm ---
+    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
+    bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
+
+    # --- conv2: convolution ---
+    # conv2_W_folded[k, r, s, l] = bn2_a[l]*conv2_W[k, r, s, l]
+    conv2_W_folded = bn2_a*conv2_W
+    # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l] + bn3_c[l]
+    conv2_b_folded = bn2_a*conv2_b + bn2_c + bn3_c
+    del bn2_a, bn2_c, bn3_c
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] + bn3_c[l] (folded into the kernel and bias)
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W_folded.permute(3, 0, 1, 2), conv2_b_folded, 1, 1)
+    del conv2_W_folded, conv2_b_folded, relu_out
 
     # --- bn3: batch-norm ---
     # a^bn3[l] = γ_bn3[l]/sqrt(ε + v_bn3[l])
     bn3_a = bn3_gain/torch.sqrt(eps + bn3_var)
-    # c^bn3[l] = β_bn3[l] - γ_bn3[l]*μ_bn3[l]/sqrt(ε + v_bn3[l])
-    bn3_c = -bn3_gain*bn3_mean/torch.sqrt(eps + bn3_var) + bn3_bias
+
+    # --- shortcut: convolution ---
+    # shortcut_W_folded[c, r, s, l] = bn3_a[l]*shortcut_W[c, r, s, l]
+    shortcut_W_folded = bn3_a*shortcut_W
+    # shortcut_b_folded[l] = bn3_a[l]*shortcut_b[l]
+    shortcut_b_folded = bn3_a*shortcut_b
+    del bn3_a
+    # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
+    # shortcut_out[l, p, q] ← bn3_a[l]*shortcut_out[l, p, q] (folded into the kernel and bias)
+    shortcut_out = torch.nn.functional.conv2d(u0, shortcut_W_folded.permute(3, 0, 1, 2), shortcut_b_folded, stride, 0)
+    del shortcut_W_folded, shortcut_b_folded
 
     # --- relu: relu-projection ---
     # B^bn3[l, p, q] = a^bn3[l]*K^shortcut[l, p, q] + c^bn3[l]
@@ -281,14 +304,15 @@ def _step_with(u0, p, config, eps):
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
-    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn3_a[None, :, None, None]*shortcut_out + bn2_c[None, :, None, None] + bn3_c[None, :, None, None])
-    del bn2_a, bn2_c, bn3_a, bn3_c, conv2_out, shortcut_out
+    relu2_out = conv2_out.add_(shortcut_out).clamp_min_(0) if inference else torch.relu(conv2_out + shortcut_out)
+    del conv2_out, shortcut_out
     return relu2_out
 
 
 def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -302,26 +326,28 @@ def _step_identity(u0, p, config, eps):
     bn2_mean = p["bn2.mean"]
     bn2_var = p["bn2.var"]
 
-    # --- conv1: convolution ---
-    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
-    conv1_out = torch.nn.functional.conv2d(u0, conv1_W.permute(3, 0, 1, 2), conv1_b, stride, 1)
-
     # --- bn1: batch-norm ---
     # a^bn1[l] = γ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_a = bn1_gain/torch.sqrt(eps + bn1_var)
     # c^bn1[l] = β_bn1[l] - γ_bn1[l]*μ_bn1[l]/sqrt(ε + v_bn1[l])
     bn1_c = -bn1_gain*bn1_mean/torch.sqrt(eps + bn1_var) + bn1_bias
 
+    # --- conv1: convolution ---
+    # conv1_W_folded[c, r, s, l] = bn1_a[l]*conv1_W[c, r, s, l]
+    conv1_W_folded = bn1_a*conv1_W
+    # conv1_b_folded[l] = bn1_a[l]*conv1_b[l] + bn1_c[l]
+    conv1_b_folded = bn1_a*conv1_b + bn1_c
+    del bn1_a, bn1_c
+    # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
+    # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
+    conv1_out = torch.nn.functional.conv2d(u0, conv1_W_folded.permute(3, 0, 1, 2), conv1_b_folded, stride, 1)
+    del conv1_W_folded, conv1_b_folded
+
     # --- relu: relu-projection ---
     # B^bn1[l, p, q] = a^bn1[l]*K^conv1[l, p, q] + c^bn1[l]
     # Proj_S_2^relu[l, p, q] = Max(0, B^bn1[l, p, q])
-    relu_out = torch.relu(bn1_a[None, :, None, None]*conv1_out + bn1_c[None, :, None, None])
-    del bn1_a, bn1_c, conv1_out
-
-    # --- conv2: convolution ---
-    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
-    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W.permute(3, 0, 1, 2), conv2_b, 1, 1)
-    del relu_out
+    relu_out = conv1_out.clamp_min_(0) if inference else torch.relu(conv1_out)
+    del conv1_out
 
     # --- bn2: batch-norm ---
     # a^bn2[l] = γ_bn2[l]/sqrt(ε + v_bn2[l])
@@ -329,13 +355,24 @@ def _step_identity(u0, p, config, eps):
     # c^bn2[l] = β_bn2[l] - γ_bn2[l]*μ_bn2[l]/sqrt(ε + v_bn2[l])
     bn2_c = -bn2_gain*bn2_mean/torch.sqrt(eps + bn2_var) + bn2_bias
 
+    # --- conv2: convolution ---
+    # conv2_W_folded[k, r, s, l] = bn2_a[l]*conv2_W[k, r, s, l]
+    conv2_W_folded = bn2_a*conv2_W
+    # conv2_b_folded[l] = bn2_a[l]*conv2_b[l] + bn2_c[l]
+    conv2_b_folded = bn2_a*conv2_b + bn2_c
+    del bn2_a, bn2_c
+    # K^conv2[l, p, q] = b_conv2[l] + Σ_{k,r,s}(W_conv2[k, r, s, l]*conv2_out_windows[k, p, q, r, s])
+    # conv2_out[l, p, q] ← bn2_a[l]*conv2_out[l, p, q] + bn2_c[l] (folded into the kernel and bias)
+    conv2_out = torch.nn.functional.conv2d(relu_out, conv2_W_folded.permute(3, 0, 1, 2), conv2_b_folded, 1, 1)
+    del conv2_W_folded, conv2_b_folded, relu_out
+
     # --- relu: relu-projection ---
     # Ru[l, p, q] = u[l, p, q]
     # B^bn2[l, p, q] = a^bn2[l]*K^conv2[l, p, q] + c^bn2[l]
     # u^{+}[l, p, q] = Δt*B^bn2[l, p, q] + Ru[l, p, q]
     # Proj_S_2^relu[l, p, q] = Max(0, u^{+}[l, p, q])
-    relu2_out = torch.relu(bn2_a[None, :, None, None]*conv2_out + bn2_c[None, :, None, None] + u0)
-    del bn2_a, bn2_c, conv2_out
+    relu2_out = conv2_out.add_(u0).clamp_min_(0) if inference else torch.relu(conv2_out + u0)
+    del conv2_out
     return relu2_out
 
 

@@ -221,6 +221,7 @@ class _Network(torch.nn.Module):
 
 def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     down_W = p["down.W"]
     down_b = p["down.b"]
     conv_W = p["conv.W"]
@@ -236,22 +237,28 @@ def _step_identity(u0, p, config, eps):
     # K^down[l, p, q] = b_down[l] + Σ_{c,r,s}(W_down[c, r, s, l]*down_out_windows[c, p, q, r, s])
     down_out = torch.nn.functional.conv2d(u0, down_W.permute(3, 0, 1, 2), down_b, 2, 1)
 
-    # --- conv: convolution ---
-    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
-    conv_out = torch.nn.functional.conv2d(down_out, conv_W.permute(3, 0, 1, 2), conv_b, 1, 1)
-    del down_out
-
     # --- bn: batch-norm ---
     # a^bn[l] = γ_bn[l]/sqrt(ε + v_bn[l])
     bn_a = bn_gain/torch.sqrt(eps + bn_var)
     # c^bn[l] = β_bn[l] - γ_bn[l]*μ_bn[l]/sqrt(ε + v_bn[l])
     bn_c = -bn_gain*bn_mean/torch.sqrt(eps + bn_var) + bn_bias
 
+    # --- conv: convolution ---
+    # conv_W_folded[k, r, s, l] = bn_a[l]*conv_W[k, r, s, l]
+    conv_W_folded = bn_a*conv_W
+    # conv_b_folded[l] = bn_a[l]*conv_b[l] + bn_c[l]
+    conv_b_folded = bn_a*conv_b + bn_c
+    del bn_a, bn_c
+    # K^conv[l, p, q] = b_conv[l] + Σ_{k,r,s}(W_conv[k, r, s, l]*conv_out_windows[k, p, q, r, s])
+    # conv_out[l, p, q] ← bn_a[l]*conv_out[l, p, q] + bn_c[l] (folded into the kernel and bias)
+    conv_out = torch.nn.functional.conv2d(down_out, conv_W_folded.permute(3, 0, 1, 2), conv_b_folded, 1, 1)
+    del conv_W_folded, conv_b_folded, down_out
+
     # --- relu: relu-projection ---
     # B^bn[l, p, q] = a^bn[l]*K^conv[l, p, q] + c^bn[l]
     # Proj_S_2^relu[l, p, q] = Max(0, B^bn[l, p, q])
-    relu_out = torch.relu(bn_a[None, :, None, None]*conv_out + bn_c[None, :, None, None])
-    del bn_a, bn_c, conv_out
+    relu_out = conv_out.clamp_min_(0) if inference else torch.relu(conv_out)
+    del conv_out
 
     # --- up: transposed-convolution ---
     # P^up[c, 2*p + r, 2*q + s] = b_up[c] + Σ_k(Proj_S_2^relu[k, p, q]*W_up[k, r, s, c])

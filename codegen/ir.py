@@ -38,7 +38,8 @@ from splitformer.symbolic.domains import Domain
 from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
+    "Unrolled",
     "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
@@ -205,9 +206,41 @@ class Attention(Op):
     v: Operand | None = None
     scale: sp.Expr = sp.Integer(1)
     support: Operand | None = None
+    #: A second output: the log of each row's normalizer ``Σ_j exp(a) χ`` where the backend's kernel
+    #: gives it (``None`` otherwise), read by an ``AttentionAdjoint``.
+    normalizer: str | None = None
 
     def reads(self) -> list[str]:
         return [self.q.name, self.k.name, self.v.name] + ([self.support.name] if self.support else [])
+
+    def writes(self) -> list[str]:
+        return [self.out] + ([self.normalizer] if self.normalizer else [])
+
+
+@dataclass(frozen=True)
+class AttentionAdjoint(Op):
+    """The adjoint of ``o = Attention(q, k, v)`` for the costate ``o_bar``: with ``γ`` the kernel,
+    ``ā = γ ∘ (ō vᵀ − Σ_e ō o)`` (the softmax adjoint, since ``Σ_j γ_ij (ō vᵀ)_ij = Σ_e ō_ie o_ie``),
+    ``q̄ = scale ā k``, ``k̄ = scale āᵀ q``, ``v̄ = γᵀ ō``: the three costates ``outputs`` (q̄, k̄, v̄) in one
+    operation, reading ``normalizer`` (the forward ``Attention``'s) to recompute ``γ`` without its scores' maxima.
+    """
+
+    q: Operand | None = None
+    k: Operand | None = None
+    v: Operand | None = None
+    o: str = ""
+    o_bar: str = ""
+    normalizer: str = ""
+    scale: sp.Expr = sp.Integer(1)
+    support: Operand | None = None
+    outputs: tuple[str, str, str] = ("", "", "")
+
+    def reads(self) -> list[str]:
+        return ([self.o_bar, self.q.name, self.k.name, self.v.name, self.o, self.normalizer]
+                + ([self.support.name] if self.support else []))
+
+    def writes(self) -> list[str]:
+        return list(self.outputs)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ switched off (``passes=()`` for none, ``splitformer derive --passes``): the emit
 stays correct, only slower or less compact.
 """
 
+from .attention_adjoint import attention_adjoint
 from .convolution import convolution
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
@@ -28,6 +29,7 @@ PASSES = {
     "rms-norm": rms_norm,
     "gelu": gelu,
     "unroll-pairs": unroll_pairs,
+    "attention-adjoint": attention_adjoint,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,

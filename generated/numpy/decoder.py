@@ -150,6 +150,26 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _attention_normalized(q, k, v, scale, support):
+    """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
+    (the adjoint recomputes the kernel)."""
+    return _attention(q, k, v, scale, support), None
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -644,7 +664,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
@@ -680,7 +700,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
     # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
     # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])
-    cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
+    cross_o, cross_gamma_log_total = _attention_normalized(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
     del chi_m
     # C^cross[i, l] = b^O_cross[l] + Σ_{m,e}(W^O_cross[m, e, l]*O^cross[i, m, e])
     cross_out = cross_o.reshape(-1, n_heads * d_head) @ cross_W_o
@@ -729,12 +749,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
     # u^(6)[i, l] = LN^norm3[i, l]
     u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
+    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
-    u0, mem, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
+    u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
@@ -840,7 +860,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     cross_out_bar = u3_bar
     # W̅^O_cross[m, e, l] = Σ_i(O^cross[i, m, e]*C̅^cross[i, l])
     cross_W_o_bar = _einsum("bil,bime->mel", cross_out_bar, cross_o)
-    del cross_o
     # b̅^O_cross[l] = Σ_i(C̅^cross[i, l])
     cross_b_o_bar = _einsum("bil->l", cross_out_bar)
     # O̅^cross[i, m, e] = Σ_l(W^O_cross[m, e, l]*C̅^cross[i, l])
@@ -848,39 +867,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     cross_o_bar = cross_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del cross_out_bar
     # γ̅^cross[m, i, t] = Σ_e(O̅^cross[i, m, e]*V^cross[t, m, e])
-    cross_gamma_bar = _einsum("bime,btme->bmit", cross_o_bar, cross_v)
-    del cross_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
-
-    # --- recomputed from the kept arrays: substep 3: cross, explicit ---
-    # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
-    cross_a = _einsum("bime,btme->bmit", cross_q, cross_k) / math.sqrt(d_head)
-    # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
-    cross_gamma = _softmax(cross_a, None if chi_m is None else chi_m[:, None])
-    del chi_m, cross_a
-
-    # --- adjoint of substep 3: cross, explicit ---
     # t7[m, i] = Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
-    t7 = _einsum("bmio,bmio->bmi", cross_gamma, cross_gamma_bar)
     # a̅^cross[m, i, t] = γ^cross[m, i, t]*γ̅^cross[m, i, t] - γ^cross[m, i, t]*Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
-    cross_a_bar = cross_gamma*cross_gamma_bar - t7[:, :, :, None]*cross_gamma
-    del cross_gamma_bar, t7
     # V̅^cross[t, m, e] = Σ_i(γ^cross[m, i, t]*O̅^cross[i, m, e])
-    cross_v_bar = _einsum("bmit,bime->btme", cross_gamma, cross_o_bar)
-    del cross_gamma, cross_o_bar
+    # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
+    # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
+    cross_q_bar, cross_k_bar, cross_v_bar = _attention_adjoint(cross_o_bar, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
+    del chi_m, cross_gamma_log_total, cross_k, cross_o, cross_o_bar, cross_q, cross_v
     # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*m[t, k])
     cross_W_v_bar = _einsum("btk,btme->kme", mem, cross_v_bar)
     # b̅^V_cross[m, e] = Σ_t(V̅^cross[t, m, e])
     cross_b_v_bar = _einsum("btme->me", cross_v_bar)
-    # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
-    cross_k_bar = _einsum("bmit,bime->btme", cross_a_bar, cross_q) / math.sqrt(d_head)
-    del cross_q
     # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*m[t, k])
     cross_W_k_bar = _einsum("btk,btme->kme", mem, cross_k_bar)
     del mem
@@ -897,9 +894,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     # m̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     mem_bar = np.add(t8, t9, out=t8)
     del t8, t9
-    # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
-    cross_q_bar = _einsum("bmit,btme->bime", cross_a_bar, cross_k) / math.sqrt(d_head)
-    del cross_a_bar, cross_k
     # W̅^Q_cross[k, m, e] = Σ_i(Q̅^cross[i, m, e]*u^(2)[i, k])
     cross_W_q_bar = _einsum("bik,bime->kme", u2, cross_q_bar)
     del u2
@@ -938,7 +932,6 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -946,30 +939,21 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t13[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t13 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t13[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t13
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", u0, attn_v_bar)
     # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", u0, attn_k_bar)
     # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", u0, attn_q_bar)
     del u0

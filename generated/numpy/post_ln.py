@@ -130,6 +130,26 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _attention_normalized(q, k, v, scale, support):
+    """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
+    (the adjoint recomputes the kernel)."""
+    return _attention(q, k, v, scale, support), None
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -453,7 +473,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
@@ -502,12 +522,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     # u^(4)[i, l] = LN^norm2[i, l]
     u4 = norm2_gain*norm2_p + norm2_bias
-    return u4, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
+    return u4, (u0, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
+    u0, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -602,7 +622,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -610,39 +629,21 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
-
-    # --- adjoint of substep 1: attn, explicit ---
     # t7[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t7 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t7[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t7
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", u0, attn_v_bar)
     # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", u0, attn_k_bar)
     # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", u0, attn_q_bar)
     del u0

@@ -130,6 +130,26 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _attention_normalized(q, k, v, scale, support):
+    """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
+    (the adjoint recomputes the kernel)."""
+    return _attention(q, k, v, scale, support), None
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -579,7 +599,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
@@ -625,7 +645,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
     # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
     # O^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, i, j]*V^{attn,2}[j, m, e])
-    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn2_o, attn2_gamma_log_total = _attention_normalized(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = attn2_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn2_out += attn_b_o
@@ -671,7 +691,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,3}[m, i, j] = Σ_e(K^{attn,3}[j, m, e]*Q^{attn,3}[i, m, e])/sqrt(N_e)
     # γ^{attn,3}[m, i, j] = exp(a^{attn,3}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,3}[m, i, n])*χ[i, n])
     # O^{attn,3}[i, m, e] = Σ_j(γ^{attn,3}[m, i, j]*V^{attn,3}[j, m, e])
-    attn3_o = _attention(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn3_o, attn3_gamma_log_total = _attention_normalized(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # A^{attn,3}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,3}[i, m, e]*W^O_attn[m, e, l])
     attn3_out = attn3_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn3_out += attn_b_o
@@ -717,7 +737,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,4}[m, i, j] = Σ_e(K^{attn,4}[j, m, e]*Q^{attn,4}[i, m, e])/sqrt(N_e)
     # γ^{attn,4}[m, i, j] = exp(a^{attn,4}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,4}[m, i, n])*χ[i, n])
     # O^{attn,4}[i, m, e] = Σ_j(γ^{attn,4}[m, i, j]*V^{attn,4}[j, m, e])
-    attn4_o = _attention(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn4_o, attn4_gamma_log_total = _attention_normalized(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
     # A^{attn,4}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,4}[i, m, e]*W^O_attn[m, e, l])
     attn4_out = attn4_o.reshape(-1, n_heads * d_head) @ attn_W_o
@@ -746,12 +766,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(4)[i, l] = A^{attn,2}[i, l]/3 + A^{attn,3}[i, l]/3 + A^{attn,4}[i, l]/6 + A^attn[i, l]/6 + F^{ffn,2}[i, l]/3 + F^{ffn,3}[i, l]/3 + F^{ffn,4}[i, l]/6 + F^ffn[i, l]/6 + u^(0)[i, l]
     u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
     del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
-    return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s,)
+    return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -801,46 +821,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn4_o_bar = attn4_out_bar.reshape(-1, d) @ attn_W_o.T
     attn4_o_bar = attn4_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,4}[m, i, j] = Σ_e(O̅^{attn,4}[i, m, e]*V^{attn,4}[j, m, e])
-    attn4_gamma_bar = _einsum("bime,bjme->bmij", attn4_o_bar, attn4_v)
-    del attn4_v
-
-    # --- recomputed from the kept arrays: substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a
-    # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
-    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
-    del attn2_a
-    # a^{attn,3}[m, i, j] = Σ_e(K^{attn,3}[j, m, e]*Q^{attn,3}[i, m, e])/sqrt(N_e)
-    attn3_a = _einsum("bime,bjme->bmij", attn3_q, attn3_k) / math.sqrt(d_head)
-    # γ^{attn,3}[m, i, j] = exp(a^{attn,3}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,3}[m, i, n])*χ[i, n])
-    attn3_gamma = _softmax(attn3_a, None if chi is None else chi[:, None])
-    del attn3_a
-    # a^{attn,4}[m, i, j] = Σ_e(K^{attn,4}[j, m, e]*Q^{attn,4}[i, m, e])/sqrt(N_e)
-    attn4_a = _einsum("bime,bjme->bmij", attn4_q, attn4_k) / math.sqrt(d_head)
-    # γ^{attn,4}[m, i, j] = exp(a^{attn,4}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,4}[m, i, n])*χ[i, n])
-    attn4_gamma = _softmax(attn4_a, None if chi is None else chi[:, None])
-    del attn4_a, chi
-
-    # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # t4[m, i] = Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
-    t4 = _einsum("bmin,bmin->bmi", attn4_gamma, attn4_gamma_bar)
     # a̅^{attn,4}[m, i, j] = γ^{attn,4}[m, i, j]*γ̅^{attn,4}[m, i, j] - γ^{attn,4}[m, i, j]*Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
-    attn4_a_bar = attn4_gamma*attn4_gamma_bar - t4[:, :, :, None]*attn4_gamma
-    del attn4_gamma_bar, t4
     # V̅^{attn,4}[i, m, e] = Σ_j(γ^{attn,4}[m, j, i]*O̅^{attn,4}[j, m, e])
-    attn4_v_bar = _einsum("bmji,bjme->bime", attn4_gamma, attn4_o_bar)
-    del attn4_gamma, attn4_o_bar
     # K̅^{attn,4}[i, m, e] = Σ_j(a̅^{attn,4}[m, j, i]*Q^{attn,4}[j, m, e])/sqrt(N_e)
-    attn4_k_bar = _einsum("bmji,bjme->bime", attn4_a_bar, attn4_q) / math.sqrt(d_head)
-    del attn4_q
     # Q̅^{attn,4}[i, m, e] = Σ_j(a̅^{attn,4}[m, i, j]*K^{attn,4}[j, m, e])/sqrt(N_e)
-    attn4_q_bar = _einsum("bmij,bjme->bime", attn4_a_bar, attn4_k) / math.sqrt(d_head)
-    del attn4_a_bar, attn4_k
+    attn4_q_bar, attn4_k_bar, attn4_v_bar = _attention_adjoint(attn4_o_bar, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn4_gamma_log_total, attn4_k, attn4_o_bar, attn4_q, attn4_v
     # t5[i, l] = Σ_{m,e}(K̅^{attn,4}[i, m, e]*W^K_attn[l, m, e])
     t5 = attn4_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t5 = t5.reshape(batch, n_tokens, d)
@@ -897,22 +884,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn3_o_bar = attn3_out_bar.reshape(-1, d) @ attn_W_o.T
     attn3_o_bar = attn3_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,3}[m, i, j] = Σ_e(O̅^{attn,3}[i, m, e]*V^{attn,3}[j, m, e])
-    attn3_gamma_bar = _einsum("bime,bjme->bmij", attn3_o_bar, attn3_v)
-    del attn3_v
     # t14[m, i] = Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
-    t14 = _einsum("bmin,bmin->bmi", attn3_gamma, attn3_gamma_bar)
     # a̅^{attn,3}[m, i, j] = γ^{attn,3}[m, i, j]*γ̅^{attn,3}[m, i, j] - γ^{attn,3}[m, i, j]*Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
-    attn3_a_bar = attn3_gamma*attn3_gamma_bar - t14[:, :, :, None]*attn3_gamma
-    del attn3_gamma_bar, t14
     # V̅^{attn,3}[i, m, e] = Σ_j(γ^{attn,3}[m, j, i]*O̅^{attn,3}[j, m, e])
-    attn3_v_bar = _einsum("bmji,bjme->bime", attn3_gamma, attn3_o_bar)
-    del attn3_gamma, attn3_o_bar
     # K̅^{attn,3}[i, m, e] = Σ_j(a̅^{attn,3}[m, j, i]*Q^{attn,3}[j, m, e])/sqrt(N_e)
-    attn3_k_bar = _einsum("bmji,bjme->bime", attn3_a_bar, attn3_q) / math.sqrt(d_head)
-    del attn3_q
     # Q̅^{attn,3}[i, m, e] = Σ_j(a̅^{attn,3}[m, i, j]*K^{attn,3}[j, m, e])/sqrt(N_e)
-    attn3_q_bar = _einsum("bmij,bjme->bime", attn3_a_bar, attn3_k) / math.sqrt(d_head)
-    del attn3_a_bar, attn3_k
+    attn3_q_bar, attn3_k_bar, attn3_v_bar = _attention_adjoint(attn3_o_bar, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn3_gamma_log_total, attn3_k, attn3_o_bar, attn3_q, attn3_v
     # t15[i, l] = Σ_{m,e}(K̅^{attn,3}[i, m, e]*W^K_attn[l, m, e])
     t15 = attn3_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t15 = t15.reshape(batch, n_tokens, d)
@@ -969,22 +947,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn2_o_bar = attn2_out_bar.reshape(-1, d) @ attn_W_o.T
     attn2_o_bar = attn2_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    attn2_gamma_bar = _einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
-    del attn2_v
     # t24[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    t24 = _einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    attn2_a_bar = attn2_gamma*attn2_gamma_bar - t24[:, :, :, None]*attn2_gamma
-    del attn2_gamma_bar, t24
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
-    attn2_v_bar = _einsum("bmji,bjme->bime", attn2_gamma, attn2_o_bar)
-    del attn2_gamma, attn2_o_bar
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_k_bar = _einsum("bmji,bjme->bime", attn2_a_bar, attn2_q) / math.sqrt(d_head)
-    del attn2_q
     # Q̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, i, j]*K^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_q_bar = _einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
-    del attn2_a_bar, attn2_k
+    attn2_q_bar, attn2_k_bar, attn2_v_bar = _attention_adjoint(attn2_o_bar, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_gamma_log_total, attn2_k, attn2_o_bar, attn2_q, attn2_v
     # t25[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e])
     t25 = attn2_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t25 = t25.reshape(batch, n_tokens, d)
@@ -1105,7 +1074,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_W_o_bar_2 = _einsum("bil,bime->mel", attn4_out_bar, attn4_o)
     del attn4_o
     attn_W_o_bar_3 = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^{attn,3}[i, m, e]*A̅^{attn,3}[i, l]) + Σ_i(O^{attn,4}[i, m, e]*A̅^{attn,4}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1 + attn_W_o_bar_2 + attn_W_o_bar_3
     del attn_W_o_bar_0, attn_W_o_bar_1, attn_W_o_bar_2, attn_W_o_bar_3
@@ -1124,16 +1092,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t34[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t34 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t34[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t34
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     attn_W_v_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_v_bar)
     attn_W_v_bar_1 = _einsum("bik,bime->kme", norm13_out, attn3_v_bar)
     attn_W_v_bar_2 = _einsum("bik,bime->kme", norm14_out, attn4_v_bar)
@@ -1151,9 +1116,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # b̅^V_attn[m, e] = Σ_i(V̅^{attn,2}[i, m, e]) + Σ_i(V̅^{attn,3}[i, m, e]) + Σ_i(V̅^{attn,4}[i, m, e]) + Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = attn_b_v_bar_0 + attn_b_v_bar_1 + attn_b_v_bar_2 + attn_b_v_bar_3
     del attn_b_v_bar_0, attn_b_v_bar_1, attn_b_v_bar_2, attn_b_v_bar_3
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     attn_W_k_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_k_bar)
     attn_W_k_bar_1 = _einsum("bik,bime->kme", norm13_out, attn3_k_bar)
     attn_W_k_bar_2 = _einsum("bik,bime->kme", norm14_out, attn4_k_bar)
@@ -1171,9 +1133,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # b̅^K_attn[m, e] = Σ_i(K̅^{attn,2}[i, m, e]) + Σ_i(K̅^{attn,3}[i, m, e]) + Σ_i(K̅^{attn,4}[i, m, e]) + Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = attn_b_k_bar_0 + attn_b_k_bar_1 + attn_b_k_bar_2 + attn_b_k_bar_3
     del attn_b_k_bar_0, attn_b_k_bar_1, attn_b_k_bar_2, attn_b_k_bar_3
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     attn_W_q_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_q_bar)
     del norm12_out
     attn_W_q_bar_1 = _einsum("bik,bime->kme", norm13_out, attn3_q_bar)

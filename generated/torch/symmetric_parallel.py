@@ -132,6 +132,32 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
+    if support is not None or dropout_p or q.device.type != "cpu":
+        return _attention(q, k, v, scale, support, dropout_p), None
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2), log_total
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -375,7 +401,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # u^(1)[i, l] = A^attn[i, l] + u^(0)[i, l]
@@ -441,7 +467,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
     # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
     # O^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, i, j]*V^{attn,2}[j, m, e])
-    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn2_o, attn2_gamma_log_total = _attention_normalized(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
@@ -452,7 +478,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2
     u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
     del attn2_out, ffn_out, u1, u3
-    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o,)
+    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total,)
 
 
 def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
@@ -461,7 +487,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, = saved
+    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, = saved
     batch, n_tokens, d = u5_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -490,38 +516,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
     attn2_o_bar = torch.mm(attn2_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
-    del attn2_v
-
-    # --- recomputed from the kept arrays: branch substep 1: attn, explicit on Proj(norm1) ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
-    del attn_a
-
-    # --- recomputed from the kept arrays: branch substep 4: attn, explicit on Proj(norm1) ---
-    # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
-    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None], dropout_p)
-    del attn2_a, chi
-
-    # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # t1[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    t1 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    attn2_a_bar = attn2_gamma*attn2_gamma_bar - t1[:, :, :, None]*attn2_gamma
-    del attn2_gamma_bar, t1
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
-    attn2_v_bar = torch.einsum("bmji,bjme->bime", attn2_gamma, attn2_o_bar)
-    del attn2_gamma, attn2_o_bar
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_k_bar = torch.einsum("bmji,bjme->bime", attn2_a_bar, attn2_q) / math.sqrt(d_head)
-    del attn2_q
     # Q̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, i, j]*K^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_q_bar = torch.einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
-    del attn2_a_bar, attn2_k
+    attn2_q_bar, attn2_k_bar, attn2_v_bar = _attention_adjoint(attn2_o_bar, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_gamma_log_total, attn2_k, attn2_o_bar, attn2_q, attn2_v
     # t2[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e])
     t2 = torch.mm(attn2_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # t3[i, l] = Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e])
@@ -631,7 +632,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
     del attn2_o
     attn_W_o_bar_1 = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1
     del attn_W_o_bar_0, attn_W_o_bar_1
@@ -645,16 +645,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t14[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t14 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t14[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t14
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     attn_W_v_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_v_bar)
     attn_W_v_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
     # W̅^V_attn[k, m, e] = Σ_i(V̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
@@ -666,9 +663,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^V_attn[m, e] = Σ_i(V̅^{attn,2}[i, m, e]) + Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = attn_b_v_bar_0 + attn_b_v_bar_1
     del attn_b_v_bar_0, attn_b_v_bar_1
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     attn_W_k_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_k_bar)
     attn_W_k_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
     # W̅^K_attn[k, m, e] = Σ_i(K̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
@@ -680,9 +674,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^K_attn[m, e] = Σ_i(K̅^{attn,2}[i, m, e]) + Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = attn_b_k_bar_0 + attn_b_k_bar_1
     del attn_b_k_bar_0, attn_b_k_bar_1
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     attn_W_q_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_q_bar)
     del norm12_out
     attn_W_q_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)

@@ -16,7 +16,7 @@ import sympy as sp
 from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
-                 LocalKernel, MatMul, Module, Normalize, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+                 LocalKernel, MatMul, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  Softmax, TransposedConvolution, Unrolled, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
@@ -158,6 +158,10 @@ class Backend:
         if not op.centred:
             return [f"{op.out} = {printer.use('_rms_norm')}({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
         return [f"{op.out} = {printer.use('_layer_norm')}({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+
+    def normalize_adjoint(self, op: NormalizeAdjoint, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {printer.use('_layer_norm_adjoint')}({op.costate}, {op.p}, {op.variance}, {op.gain}, "
+                f"{printer.doprint(op.eps)})"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]

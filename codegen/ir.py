@@ -40,7 +40,7 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled",
-    "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "Normalize", "NormalizeAdjoint", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
@@ -273,6 +273,22 @@ class Normalize(Op):
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+
+@dataclass(frozen=True)
+class NormalizeAdjoint(Op):
+    """The costate of the input of a derived LayerNorm ``P = (x − mean x)/√(var x + ε)``, ``gain P + bias``, for
+    the costate ``costate`` of its output: ``(P̄ − mean P̄ − P mean(P̄ P))/√(var x + ε)`` with ``P̄ = gain · costate``,
+    read from the kept ``p`` and ``variance`` (``var x``) over the last axis."""
+
+    costate: str = ""
+    p: str = ""
+    variance: str = ""
+    gain: str = ""
+    eps: sp.Expr = sp.Integer(0)
+
+    def reads(self) -> list[str]:
+        return [self.costate, self.p, self.variance, self.gain]
 
 
 @dataclass(frozen=True)

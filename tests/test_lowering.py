@@ -119,7 +119,7 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
 
 
 #: Passes written for a program lowered with its derived adjoint (``lower_adjoint``).
-_FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln"}
+_FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln"}
 
 
 @pytest.mark.parametrize("name", PASSES)

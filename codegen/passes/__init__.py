@@ -12,6 +12,7 @@ from .fused_attention import fused_attention
 from .gelu import gelu
 from .inline_elementwise import inline_elementwise
 from .layer_norm import layer_norm
+from .layer_norm_adjoint import layer_norm_adjoint
 from .local_kernel import local_kernel
 from .matmul import matmul
 from .one_hot import one_hot
@@ -25,6 +26,7 @@ PASSES = {
     "inline-elementwise": inline_elementwise,
     "local-kernel": local_kernel,
     "one-hot": one_hot,
+    "layer-norm-adjoint": layer_norm_adjoint,
     "layer-norm": layer_norm,
     "rms-norm": rms_norm,
     "gelu": gelu,

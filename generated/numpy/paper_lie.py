@@ -130,6 +130,16 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
+    p_bar = gain * costate
+    x_bar = p_bar - p_bar.mean(axis=-1, keepdims=True)
+    x_bar -= p * (np.einsum("...l,...l->...", p_bar, p)[..., None] / p.shape[-1])
+    x_bar /= np.sqrt(eps + variance)[..., None]
+    return x_bar
+
+
 def _attention_normalized(q, k, v, scale, support):
     """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
     (the adjoint recomputes the kernel)."""
@@ -568,24 +578,17 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     norm2_bias_bar = _einsum("bil->l", u7_bar)
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(7)[i, l])
     norm2_gain_bar = _einsum("bil,bil->l", norm2_p, u7_bar)
-    # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]
-    norm2_p_bar = norm2_gain*u7_bar
-    del u7_bar
-    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t1 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    del t1
-    # t2[i] = Σ_k(P^norm2[i, k])
-    t2 = np.sum(norm2_p, axis=2)
-    # t3[i] = Σ_l(P̅^norm2[i, l])
-    t3 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of substep 6: parallel (sequence, identity) ---
+    # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t2[i] = Σ_k(P^norm2[i, k])
+    # t3[i] = Σ_l(P̅^norm2[i, l])
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(6)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u6_bar = (-t3[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3
+    u6_bar = _layer_norm_adjoint(u7_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_p, u7_bar
 
     # --- adjoint of branch substep 5: ffn2, explicit ---
     # λ^(5)[i, l] = λ^(6)[i, l]/2
@@ -629,24 +632,17 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     norm1_bias_bar = _einsum("bil->l", u2_bar)
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     norm1_gain_bar = _einsum("bil,bil->l", norm1_p, u2_bar)
-    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
-    norm1_p_bar = norm1_gain*u2_bar
-    del u2_bar
-    # t5[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-    t5 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
-    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    norm1_beta_bar = -t5/(2*(eps + norm1_beta))
-    del t5
-    # t6[i] = Σ_k(P^norm1[i, k])
-    t6 = np.sum(norm1_p, axis=2)
-    # t7[i] = Σ_l(P̅^norm1[i, l])
-    t7 = np.sum(norm1_p_bar, axis=2)
 
     # --- adjoint of substep 1: attn, explicit ---
+    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
+    # t5[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
+    # t6[i] = Σ_k(P^norm1[i, k])
+    # t7[i] = Σ_l(P̅^norm1[i, l])
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-    u1_bar = (-t7[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t6[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t6, t7
+    u1_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_p, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
@@ -751,21 +747,14 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
     final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    final_norm_p_bar = final_norm_gain*u1_bar
-    del u1_bar
     # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
-    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
-    del t1
     # t2[i] = Σ_k(P^final_norm[i, k])
-    t2 = np.sum(final_norm_p, axis=2)
     # t3[i] = Σ_l(P̅^final_norm[i, l])
-    t3 = np.sum(final_norm_p_bar, axis=2)
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
-    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    u0_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
+    del final_norm_beta, final_norm_p, u1_bar
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

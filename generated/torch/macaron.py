@@ -150,6 +150,16 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
+    ``P`` (mean 0, 1/σ = 1), then scaled."""
+    rows = p.shape[:-1]
+    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
+                                                            gain, None, [True, False, False])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
@@ -524,24 +534,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, need_u=True):
     norm3_bias_bar = torch.einsum("bil->l", u6_bar)
     # g̅_norm3[l] = Σ_i(P^norm3[i, l]*λ^(6)[i, l])
     norm3_gain_bar = torch.sum(norm3_p * u6_bar, dim=(0, 1))
-    # P̅^norm3[i, l] = g_norm3[l]*λ^(6)[i, l]
-    norm3_p_bar = norm3_gain*u6_bar
-    del u6_bar
-    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
-    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
-    # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
-    norm3_beta_bar = -t1/(2*(eps + norm3_beta))
-    del t1
-    # t2[i] = Σ_k(P^norm3[i, k])
-    t2 = torch.sum(norm3_p, dim=2)
-    # t3[i] = Σ_l(P̅^norm3[i, l])
-    t3 = torch.sum(norm3_p_bar, dim=2)
 
     # --- adjoint of substep 5: ffn_post, explicit, fraction 1/2 ---
+    # P̅^norm3[i, l] = g_norm3[l]*λ^(6)[i, l]
+    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
+    # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
+    # t2[i] = Σ_k(P^norm3[i, k])
+    # t3[i] = Σ_l(P̅^norm3[i, l])
     # α̅^norm3[i] = -Σ_l(P̅^norm3[i, l])/sqrt(ε + β^norm3[i]) - 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*Σ_k(P^norm3[i, k])/N_y
     # λ^(5)[i, l] = P̅^norm3[i, l]/sqrt(ε + β^norm3[i]) + 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*P^norm3[i, l]/N_y + α̅^norm3[i]/N_y
-    u5_bar = (-t3[:, :, None]/torch.sqrt(eps + norm3_beta[:, :, None]) - 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/torch.sqrt(eps + norm3_beta[:, :, None]) + 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d
-    del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3
+    u5_bar = _layer_norm_adjoint(u6_bar, norm3_p, norm3_beta, norm3_gain, eps)
+    del norm3_beta, norm3_p, u6_bar
     # F̅^ffn_post[i, l] = λ^(5)[i, l]/2
     ffn_post_out_bar = u5_bar/2
     # W̅_{ffn_post,2}[z, l] = Σ_i(F̅^ffn_post[i, l]*s^ffn_post[i, z])
@@ -568,24 +571,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, need_u=True):
     norm2_bias_bar = torch.einsum("bil->l", u4_bar)
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
-    # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
-    norm2_p_bar = norm2_gain*u4_bar
-    del u4_bar
-    # t4[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t4 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t4/(2*(eps + norm2_beta))
-    del t4
-    # t5[i] = Σ_k(P^norm2[i, k])
-    t5 = torch.sum(norm2_p, dim=2)
-    # t6[i] = Σ_l(P̅^norm2[i, l])
-    t6 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 3: attn, explicit ---
+    # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
+    # t4[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t5[i] = Σ_k(P^norm2[i, k])
+    # t6[i] = Σ_l(P̅^norm2[i, l])
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u3_bar = (-t6[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t5, t6
+    u3_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_p, u4_bar
     # A̅^attn[i, l] = λ^(3)[i, l]
     attn_out_bar = u3_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
@@ -634,24 +630,17 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, need_u=True):
     norm1_bias_bar = torch.einsum("bil->l", u2_bar)
     # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
     norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
-    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
-    norm1_p_bar = norm1_gain*u2_bar
-    del u2_bar
-    # t11[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-    t11 = torch.sum(norm1_p * norm1_p_bar, dim=2)
-    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    norm1_beta_bar = -t11/(2*(eps + norm1_beta))
-    del t11
-    # t12[i] = Σ_k(P^norm1[i, k])
-    t12 = torch.sum(norm1_p, dim=2)
-    # t13[i] = Σ_l(P̅^norm1[i, l])
-    t13 = torch.sum(norm1_p_bar, dim=2)
 
     # --- adjoint of substep 1: ffn_pre, explicit, fraction 1/2 ---
+    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
+    # t11[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
+    # t12[i] = Σ_k(P^norm1[i, k])
+    # t13[i] = Σ_l(P̅^norm1[i, l])
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-    u1_bar = (-t13[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t12, t13
+    u1_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_p, u2_bar
     # F̅^ffn_pre[i, l] = λ^(1)[i, l]/2
     ffn_pre_out_bar = u1_bar/2
     # W̅_{ffn_pre,2}[z, l] = Σ_i(F̅^ffn_pre[i, l]*s^ffn_pre[i, z])

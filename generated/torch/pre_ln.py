@@ -132,6 +132,16 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
+    ``P`` (mean 0, 1/σ = 1), then scaled."""
+    rows = p.shape[:-1]
+    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
+                                                            gain, None, [True, False, False])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
@@ -484,24 +494,19 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
     # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
-    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    norm2_p_bar = norm2_gain*norm2_out_bar
-    del norm2_out_bar
-    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    del t1
-    # t2[i] = Σ_k(P^norm2[i, k])
-    t2 = torch.sum(norm2_p, dim=2)
-    # t3[i] = Σ_l(P̅^norm2[i, l])
-    t3 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t2[i] = Σ_k(P^norm2[i, k])
+    # t3[i] = Σ_l(P̅^norm2[i, l])
+    norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u1_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3, u2_bar
+    u1_bar = norm2_x_bar + u2_bar
+    del norm2_x_bar, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
@@ -552,21 +557,16 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
 
         # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t8 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t8/(2*(eps + norm1_beta))
-        del t8
         # t9[i] = Σ_k(P^norm1[i, k])
-        t9 = torch.sum(norm1_p, dim=2)
         # t10[i] = Σ_l(P̅^norm1[i, l])
-        t10 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-        u0_bar = (-t10[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t10, t9, u1_bar
+        u0_bar = norm1_x_bar + u1_bar
+        del norm1_x_bar, u1_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

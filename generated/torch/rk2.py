@@ -132,6 +132,16 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
+    ``P`` (mean 0, 1/σ = 1), then scaled."""
+    rows = p.shape[:-1]
+    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
+                                                            gain, None, [True, False, False])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
@@ -504,17 +514,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     del ffn2_s_bar
     # L̅N̅^{norm2,2}[i, l] = Σ_z(w̅^{ffn,2}[i, z]*W_{ffn,1}[l, z])
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # t1[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-    t1 = torch.sum(norm22_p * norm22_p_bar, dim=2)
-    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    norm22_beta_bar = -t1/(2*(eps + norm22_beta))
-    del t1
-    # t2[i] = Σ_k(P^{norm2,2}[i, k])
-    t2 = torch.sum(norm22_p, dim=2)
-    # t3[i] = Σ_l(P̅^{norm2,2}[i, l])
-    t3 = torch.sum(norm22_p_bar, dim=2)
     # A̅^{attn,2}[i, l] = λ^(2)[i, l]/2
     attn2_out_bar = u2_bar/2
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
@@ -537,21 +536,24 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     norm12_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
     # t8[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t8 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t8/(2*(eps + norm12_beta))
-    del t8
     # t9[i] = Σ_k(P^{norm1,2}[i, k])
-    t9 = torch.sum(norm12_p, dim=2)
     # t10[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t10 = torch.sum(norm12_p_bar, dim=2)
+    norm12_x_bar = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
+    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+    # t1[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+    # t2[i] = Σ_k(P^{norm2,2}[i, k])
+    # t3[i] = Σ_l(P̅^{norm2,2}[i, l])
+    norm22_x_bar = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(1)[i, l] = P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y + α̅^{norm2,2}[i]/N_y
-    u1_bar = (-t10[:, :, None]/torch.sqrt(eps + norm12_beta[:, :, None]) - 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t9[:, :, None]/d)/d + (-t3[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm12_p_bar/torch.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, norm22_beta, norm22_beta_bar, norm22_p_bar, t10, t2, t3, t9
+    u1_bar = norm12_x_bar + norm22_x_bar
+    del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l] + λ^(2)[i, l]/2
     ffn_out_bar = u2_bar/2 + u1_bar
     ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
@@ -685,35 +687,25 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     if need_u:
 
         # --- adjoint of substep 1: rk2 (Heun) of attn + ffn ---
-        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-        norm2_p_bar = norm2_gain*norm2_out_bar
-        del norm2_out_bar
-        # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-        t11 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-        norm2_beta_bar = -t11/(2*(eps + norm2_beta))
-        del t11
-        # t12[i] = Σ_k(P^norm2[i, k])
-        t12 = torch.sum(norm2_p, dim=2)
-        # t13[i] = Σ_l(P̅^norm2[i, l])
-        t13 = torch.sum(norm2_p_bar, dim=2)
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t18 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t18/(2*(eps + norm1_beta))
-        del t18
         # t19[i] = Σ_k(P^norm1[i, k])
-        t19 = torch.sum(norm1_p, dim=2)
         # t20[i] = Σ_l(P̅^norm1[i, l])
-        t20 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
+        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+        # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+        # t12[i] = Σ_k(P^norm2[i, k])
+        # t13[i] = Σ_l(P̅^norm2[i, l])
+        norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+        del norm2_beta, norm2_out_bar, norm2_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm1[i]/N_y + α̅^norm2[i]/N_y
-        u0_bar = (-t20[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t13[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t12, t13, t19, t20, u1_bar, u2_bar
+        u0_bar = norm1_x_bar + norm2_x_bar + u1_bar + u2_bar
+        del norm1_x_bar, norm2_x_bar, u1_bar, u2_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

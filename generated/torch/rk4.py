@@ -132,6 +132,16 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
+    ``P`` (mean 0, 1/σ = 1), then scaled."""
+    rows = p.shape[:-1]
+    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
+                                                            gain, None, [True, False, False])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
@@ -584,17 +594,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn4_s_bar
     # L̅N̅^{norm2,4}[i, l] = Σ_z(w̅^{ffn,4}[i, z]*W_{ffn,1}[l, z])
     norm24_out_bar = torch.mm(ffn4_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,4}[i, l] = L̅N̅^{norm2,4}[i, l]*g_norm2[l]
-    norm24_p_bar = norm2_gain*norm24_out_bar
-    # t1[i] = Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])
-    t1 = torch.sum(norm24_p * norm24_p_bar, dim=2)
-    # β̅^{norm2,4}[i] = -Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])/(2*(ε + β^{norm2,4}[i]))
-    norm24_beta_bar = -t1/(2*(eps + norm24_beta))
-    del t1
-    # t2[i] = Σ_k(P^{norm2,4}[i, k])
-    t2 = torch.sum(norm24_p, dim=2)
-    # t3[i] = Σ_l(P̅^{norm2,4}[i, l])
-    t3 = torch.sum(norm24_p_bar, dim=2)
     # A̅^{attn,4}[i, l] = λ^(4)[i, l]/6
     attn4_out_bar = u4_bar/6
     # O̅^{attn,4}[i, m, e] = Σ_l(A̅^{attn,4}[i, l]*W^O_attn[m, e, l])
@@ -617,21 +616,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm14_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
     # P̅^{norm1,4}[i, l] = L̅N̅^{norm1,4}[i, l]*g_norm1[l]
-    norm14_p_bar = norm1_gain*norm14_out_bar
     # t8[i] = Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])
-    t8 = torch.sum(norm14_p * norm14_p_bar, dim=2)
     # β̅^{norm1,4}[i] = -Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])/(2*(ε + β^{norm1,4}[i]))
-    norm14_beta_bar = -t8/(2*(eps + norm14_beta))
-    del t8
     # t9[i] = Σ_k(P^{norm1,4}[i, k])
-    t9 = torch.sum(norm14_p, dim=2)
     # t10[i] = Σ_l(P̅^{norm1,4}[i, l])
-    t10 = torch.sum(norm14_p_bar, dim=2)
+    norm14_x_bar = _layer_norm_adjoint(norm14_out_bar, norm14_p, norm14_beta, norm1_gain, eps)
+    del norm14_beta
+    # P̅^{norm2,4}[i, l] = L̅N̅^{norm2,4}[i, l]*g_norm2[l]
+    # t1[i] = Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])
+    # β̅^{norm2,4}[i] = -Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])/(2*(ε + β^{norm2,4}[i]))
+    # t2[i] = Σ_k(P^{norm2,4}[i, k])
+    # t3[i] = Σ_l(P̅^{norm2,4}[i, l])
+    norm24_x_bar = _layer_norm_adjoint(norm24_out_bar, norm24_p, norm24_beta, norm2_gain, eps)
+    del norm24_beta
     # α̅^{norm1,4}[i] = -Σ_l(P̅^{norm1,4}[i, l])/sqrt(ε + β^{norm1,4}[i]) - 2*sqrt(ε + β^{norm1,4}[i])*β̅^{norm1,4}[i]*Σ_k(P^{norm1,4}[i, k])/N_y
     # α̅^{norm2,4}[i] = -Σ_l(P̅^{norm2,4}[i, l])/sqrt(ε + β^{norm2,4}[i]) - 2*sqrt(ε + β^{norm2,4}[i])*β̅^{norm2,4}[i]*Σ_k(P^{norm2,4}[i, k])/N_y
     # λ^(3)[i, l] = P̅^{norm2,4}[i, l]/sqrt(ε + β^{norm2,4}[i]) + P̅^{norm1,4}[i, l]/sqrt(ε + β^{norm1,4}[i]) + 2*sqrt(ε + β^{norm1,4}[i])*β̅^{norm1,4}[i]*P^{norm1,4}[i, l]/N_y + 2*sqrt(ε + β^{norm2,4}[i])*β̅^{norm2,4}[i]*P^{norm2,4}[i, l]/N_y + α̅^{norm1,4}[i]/N_y + α̅^{norm2,4}[i]/N_y
-    u3_bar = (-t10[:, :, None]/torch.sqrt(eps + norm14_beta[:, :, None]) - 2*torch.sqrt(eps + norm14_beta[:, :, None])*norm14_beta_bar[:, :, None]*t9[:, :, None]/d)/d + (-t3[:, :, None]/torch.sqrt(eps + norm24_beta[:, :, None]) - 2*torch.sqrt(eps + norm24_beta[:, :, None])*norm24_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm14_p_bar/torch.sqrt(eps + norm14_beta[:, :, None]) + norm24_p_bar/torch.sqrt(eps + norm24_beta[:, :, None]) + 2*torch.sqrt(eps + norm14_beta[:, :, None])*norm14_beta_bar[:, :, None]*norm14_p/d + 2*torch.sqrt(eps + norm24_beta[:, :, None])*norm24_beta_bar[:, :, None]*norm24_p/d
-    del norm14_beta, norm14_beta_bar, norm14_p_bar, norm24_beta, norm24_beta_bar, norm24_p_bar, t10, t2, t3, t9
+    u3_bar = norm14_x_bar + norm24_x_bar
+    del norm14_x_bar, norm24_x_bar
     # F̅^{ffn,3}[i, l] = λ^(3)[i, l] + λ^(4)[i, l]/3
     ffn3_out_bar = u4_bar/3 + u3_bar
     # s̅^{ffn,3}[i, z] = Σ_l(F̅^{ffn,3}[i, l]*W_{ffn,2}[z, l])
@@ -641,17 +643,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn3_s_bar
     # L̅N̅^{norm2,3}[i, l] = Σ_z(w̅^{ffn,3}[i, z]*W_{ffn,1}[l, z])
     norm23_out_bar = torch.mm(ffn3_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,3}[i, l] = L̅N̅^{norm2,3}[i, l]*g_norm2[l]
-    norm23_p_bar = norm2_gain*norm23_out_bar
-    # t11[i] = Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])
-    t11 = torch.sum(norm23_p * norm23_p_bar, dim=2)
-    # β̅^{norm2,3}[i] = -Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])/(2*(ε + β^{norm2,3}[i]))
-    norm23_beta_bar = -t11/(2*(eps + norm23_beta))
-    del t11
-    # t12[i] = Σ_k(P^{norm2,3}[i, k])
-    t12 = torch.sum(norm23_p, dim=2)
-    # t13[i] = Σ_l(P̅^{norm2,3}[i, l])
-    t13 = torch.sum(norm23_p_bar, dim=2)
     # A̅^{attn,3}[i, l] = λ^(3)[i, l] + λ^(4)[i, l]/3
     attn3_out_bar = u4_bar/3 + u3_bar
     # O̅^{attn,3}[i, m, e] = Σ_l(A̅^{attn,3}[i, l]*W^O_attn[m, e, l])
@@ -674,21 +665,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm13_out_bar = t15.add_(t16 + t17) if inference else t15 + t16 + t17
     del t15, t16, t17
     # P̅^{norm1,3}[i, l] = L̅N̅^{norm1,3}[i, l]*g_norm1[l]
-    norm13_p_bar = norm1_gain*norm13_out_bar
     # t18[i] = Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])
-    t18 = torch.sum(norm13_p * norm13_p_bar, dim=2)
     # β̅^{norm1,3}[i] = -Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])/(2*(ε + β^{norm1,3}[i]))
-    norm13_beta_bar = -t18/(2*(eps + norm13_beta))
-    del t18
     # t19[i] = Σ_k(P^{norm1,3}[i, k])
-    t19 = torch.sum(norm13_p, dim=2)
     # t20[i] = Σ_l(P̅^{norm1,3}[i, l])
-    t20 = torch.sum(norm13_p_bar, dim=2)
+    norm13_x_bar = _layer_norm_adjoint(norm13_out_bar, norm13_p, norm13_beta, norm1_gain, eps)
+    del norm13_beta
+    # P̅^{norm2,3}[i, l] = L̅N̅^{norm2,3}[i, l]*g_norm2[l]
+    # t11[i] = Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])
+    # β̅^{norm2,3}[i] = -Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])/(2*(ε + β^{norm2,3}[i]))
+    # t12[i] = Σ_k(P^{norm2,3}[i, k])
+    # t13[i] = Σ_l(P̅^{norm2,3}[i, l])
+    norm23_x_bar = _layer_norm_adjoint(norm23_out_bar, norm23_p, norm23_beta, norm2_gain, eps)
+    del norm23_beta
     # α̅^{norm1,3}[i] = -Σ_l(P̅^{norm1,3}[i, l])/sqrt(ε + β^{norm1,3}[i]) - 2*sqrt(ε + β^{norm1,3}[i])*β̅^{norm1,3}[i]*Σ_k(P^{norm1,3}[i, k])/N_y
     # α̅^{norm2,3}[i] = -Σ_l(P̅^{norm2,3}[i, l])/sqrt(ε + β^{norm2,3}[i]) - 2*sqrt(ε + β^{norm2,3}[i])*β̅^{norm2,3}[i]*Σ_k(P^{norm2,3}[i, k])/N_y
     # λ^(2)[i, l] = P̅^{norm2,3}[i, l]/sqrt(ε + β^{norm2,3}[i]) + P̅^{norm1,3}[i, l]/sqrt(ε + β^{norm1,3}[i]) + 2*sqrt(ε + β^{norm1,3}[i])*β̅^{norm1,3}[i]*P^{norm1,3}[i, l]/N_y + 2*sqrt(ε + β^{norm2,3}[i])*β̅^{norm2,3}[i]*P^{norm2,3}[i, l]/N_y + α̅^{norm1,3}[i]/N_y + α̅^{norm2,3}[i]/N_y
-    u2_bar = (-t20[:, :, None]/torch.sqrt(eps + norm13_beta[:, :, None]) - 2*torch.sqrt(eps + norm13_beta[:, :, None])*norm13_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t13[:, :, None]/torch.sqrt(eps + norm23_beta[:, :, None]) - 2*torch.sqrt(eps + norm23_beta[:, :, None])*norm23_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm13_p_bar/torch.sqrt(eps + norm13_beta[:, :, None]) + norm23_p_bar/torch.sqrt(eps + norm23_beta[:, :, None]) + 2*torch.sqrt(eps + norm13_beta[:, :, None])*norm13_beta_bar[:, :, None]*norm13_p/d + 2*torch.sqrt(eps + norm23_beta[:, :, None])*norm23_beta_bar[:, :, None]*norm23_p/d
-    del norm13_beta, norm13_beta_bar, norm13_p_bar, norm23_beta, norm23_beta_bar, norm23_p_bar, t12, t13, t19, t20
+    u2_bar = norm13_x_bar + norm23_x_bar
+    del norm13_x_bar, norm23_x_bar
     # F̅^{ffn,2}[i, l] = λ^(2)[i, l]/2 + λ^(4)[i, l]/3
     ffn2_out_bar = u2_bar/2 + u4_bar/3
     # s̅^{ffn,2}[i, z] = Σ_l(F̅^{ffn,2}[i, l]*W_{ffn,2}[z, l])
@@ -698,17 +692,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn2_s_bar
     # L̅N̅^{norm2,2}[i, l] = Σ_z(w̅^{ffn,2}[i, z]*W_{ffn,1}[l, z])
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # t21[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-    t21 = torch.sum(norm22_p * norm22_p_bar, dim=2)
-    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    norm22_beta_bar = -t21/(2*(eps + norm22_beta))
-    del t21
-    # t22[i] = Σ_k(P^{norm2,2}[i, k])
-    t22 = torch.sum(norm22_p, dim=2)
-    # t23[i] = Σ_l(P̅^{norm2,2}[i, l])
-    t23 = torch.sum(norm22_p_bar, dim=2)
     # A̅^{attn,2}[i, l] = λ^(2)[i, l]/2 + λ^(4)[i, l]/3
     attn2_out_bar = u2_bar/2 + u4_bar/3
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
@@ -731,21 +714,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm12_out_bar = t25.add_(t26 + t27) if inference else t25 + t26 + t27
     del t25, t26, t27
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
     # t28[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t28 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t28/(2*(eps + norm12_beta))
-    del t28
     # t29[i] = Σ_k(P^{norm1,2}[i, k])
-    t29 = torch.sum(norm12_p, dim=2)
     # t30[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t30 = torch.sum(norm12_p_bar, dim=2)
+    norm12_x_bar = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
+    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+    # t21[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+    # t22[i] = Σ_k(P^{norm2,2}[i, k])
+    # t23[i] = Σ_l(P̅^{norm2,2}[i, l])
+    norm22_x_bar = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(1)[i, l] = P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y + α̅^{norm2,2}[i]/N_y
-    u1_bar = (-t30[:, :, None]/torch.sqrt(eps + norm12_beta[:, :, None]) - 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t29[:, :, None]/d)/d + (-t23[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t22[:, :, None]/d)/d + norm12_p_bar/torch.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, norm22_beta, norm22_beta_bar, norm22_p_bar, t22, t23, t29, t30
+    u1_bar = norm12_x_bar + norm22_x_bar
+    del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l]/2 + λ^(4)[i, l]/6
     ffn_out_bar = u1_bar/2 + u4_bar/6
     ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
@@ -935,35 +921,25 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     if need_u:
 
         # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
-        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-        norm2_p_bar = norm2_gain*norm2_out_bar
-        del norm2_out_bar
-        # t31[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-        t31 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-        norm2_beta_bar = -t31/(2*(eps + norm2_beta))
-        del t31
-        # t32[i] = Σ_k(P^norm2[i, k])
-        t32 = torch.sum(norm2_p, dim=2)
-        # t33[i] = Σ_l(P̅^norm2[i, l])
-        t33 = torch.sum(norm2_p_bar, dim=2)
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t38[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t38 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t38/(2*(eps + norm1_beta))
-        del t38
         # t39[i] = Σ_k(P^norm1[i, k])
-        t39 = torch.sum(norm1_p, dim=2)
         # t40[i] = Σ_l(P̅^norm1[i, l])
-        t40 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
+        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+        # t31[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+        # t32[i] = Σ_k(P^norm2[i, k])
+        # t33[i] = Σ_l(P̅^norm2[i, l])
+        norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+        del norm2_beta, norm2_out_bar, norm2_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + λ^(2)[i, l] + λ^(3)[i, l] + λ^(4)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm1[i]/N_y + α̅^norm2[i]/N_y
-        u0_bar = (-t40[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t39[:, :, None]/d)/d + (-t33[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t32[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar + u3_bar + u4_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t32, t33, t39, t40, u1_bar, u2_bar, u3_bar, u4_bar
+        u0_bar = norm1_x_bar + norm2_x_bar + u1_bar + u2_bar + u3_bar + u4_bar
+        del norm1_x_bar, norm2_x_bar, u1_bar, u2_bar, u3_bar, u4_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

@@ -132,6 +132,16 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
+    ``P`` (mean 0, 1/σ = 1), then scaled."""
+    rows = p.shape[:-1]
+    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
+                                                            gain, None, [True, False, False])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
@@ -532,23 +542,19 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # L̅N̅^{norm1,2}[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e]) + Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e]) + Σ_{m,e}(V̅^{attn,2}[i, m, e]*W^V_attn[l, m, e])
     norm12_out_bar = t2.add_(t3 + t4) if inference else t2 + t3 + t4
     del t2, t3, t4
-    # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
-    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t5 = torch.sum(norm12_p * norm12_p_bar, dim=2)
-    # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t5/(2*(eps + norm12_beta))
-    del t5
-    # t6[i] = Σ_k(P^{norm1,2}[i, k])
-    t6 = torch.sum(norm12_p, dim=2)
-    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t7 = torch.sum(norm12_p_bar, dim=2)
 
     # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
+    # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
+    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
+    # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
+    # t6[i] = Σ_k(P^{norm1,2}[i, k])
+    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
+    norm12_x_bar = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # λ^(3)[i, l] = λ^(4)[i, l] + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y
-    u3_bar = (-t7[:, :, None]/torch.sqrt(eps + norm12_beta[:, :, None]) - 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t6[:, :, None]/d)/d + norm12_p_bar/torch.sqrt(eps + norm12_beta[:, :, None]) + 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + u4_bar
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, t6, t7, u4_bar
+    u3_bar = norm12_x_bar + u4_bar
+    del norm12_x_bar, u4_bar
     # F̅^{ffn,2}[i, l] = λ^(3)[i, l]
     ffn2_out_bar = u3_bar
     # s̅^{ffn,2}[i, z] = Σ_l(F̅^{ffn,2}[i, l]*W_{ffn,2}[z, l])
@@ -609,24 +615,19 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     # g̅_norm2[l] = Σ_i(L̅N̅^{norm2,2}[i, l]*P^{norm2,2}[i, l]) + Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
-    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    norm2_p_bar = norm2_gain*norm2_out_bar
-    del norm2_out_bar
-    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t11 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t11/(2*(eps + norm2_beta))
-    del t11
-    # t12[i] = Σ_k(P^norm2[i, k])
-    t12 = torch.sum(norm2_p, dim=2)
-    # t13[i] = Σ_l(P̅^norm2[i, l])
-    t13 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t12[i] = Σ_k(P^norm2[i, k])
+    # t13[i] = Σ_l(P̅^norm2[i, l])
+    norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u1_bar = (-t13[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t12, t13, u2_bar
+    u1_bar = norm2_x_bar + u2_bar
+    del norm2_x_bar, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
@@ -712,38 +713,26 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads, need_u=True):
     del norm1_gain_bar_0, norm1_gain_bar_1
     if need_u:
 
-        # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
-        # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-        norm22_p_bar = norm2_gain*norm22_out_bar
-        del norm22_out_bar
-        # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-        t8 = torch.sum(norm22_p * norm22_p_bar, dim=2)
-        # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-        norm22_beta_bar = -t8/(2*(eps + norm22_beta))
-        del t8
-        # t9[i] = Σ_k(P^{norm2,2}[i, k])
-        t9 = torch.sum(norm22_p, dim=2)
-        # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
-        t10 = torch.sum(norm22_p_bar, dim=2)
-
         # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t18 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t18/(2*(eps + norm1_beta))
-        del t18
         # t19[i] = Σ_k(P^norm1[i, k])
-        t19 = torch.sum(norm1_p, dim=2)
         # t20[i] = Σ_l(P̅^norm1[i, l])
-        t20 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
+        # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+        # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+        # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+        # t9[i] = Σ_k(P^{norm2,2}[i, k])
+        # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
+        norm22_x_bar = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+        del norm22_beta, norm22_out_bar, norm22_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + λ^(3)[i, l] + P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^norm1[i]/N_y + α̅^{norm2,2}[i]/N_y
-        u0_bar = (-t20[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t10[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d + u1_bar + u3_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm22_beta, norm22_beta_bar, norm22_p, norm22_p_bar, t10, t19, t20, t9, u1_bar, u3_bar
+        u0_bar = norm1_x_bar + norm22_x_bar + u1_bar + u3_bar
+        del norm1_x_bar, norm22_x_bar, u1_bar, u3_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

@@ -157,7 +157,10 @@ class Backend:
         """Each template defines ``_layer_norm`` and ``_rms_norm`` (statistics that cannot overflow)."""
         if not op.centred:
             return [f"{op.out} = {printer.use('_rms_norm')}({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
-        return [f"{op.out} = {printer.use('_layer_norm')}({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+        arguments = f"{op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)}"
+        if op.kept:
+            return [f"{op.out}, {', '.join(op.kept)} = {printer.use('_kept_layer_norm')}({arguments})"]
+        return [f"{op.out} = {printer.use('_layer_norm')}({arguments})"]
 
     def normalize_adjoint(self, op: NormalizeAdjoint, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_layer_norm_adjoint')}({op.costate}, {op.p}, {op.variance}, {op.gain}, "

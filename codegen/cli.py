@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
                              "one SCHEME only")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
-                             "inline-elementwise, local-kernel, one-hot, layer-norm-adjoint, layer-norm, rms-norm, unroll-pairs, attention-adjoint, fused-attention, "
+                             "inline-elementwise, local-kernel, one-hot, layer-norm-adjoint, layer-norm, kept-layer-norm, rms-norm, unroll-pairs, attention-adjoint, fused-attention, "
                              "matmul, fuse-projections, reuse-buffers")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",

@@ -270,9 +270,14 @@ class Normalize(Op):
     bias: str = ""
     eps: sp.Expr = sp.Integer(0)
     centred: bool = True
+    #: Further outputs a derived adjoint reads: ``(P, var x)``, ``P = (x − mean x)/√(var x + ε)`` (``kept-layer-norm``).
+    kept: tuple[str, str] | None = None
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+    def writes(self) -> list[str]:
+        return [self.out, *(self.kept or ())]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The derived backward with every pass (the committed goldens) against ``--passes none`` in float64 (≤ 1e-12):
-the fused attention adjoint (flash attention's backward without a support, the recomputed kernel with one) and the
-fused LayerNorm adjoint, in torch (``Block(backward="derived")``) and NumPy (``vjp``)."""
+"""The derived backward and its forward with every pass (the committed goldens) against ``--passes none`` in
+float64 (≤ 1e-12): the fused attention adjoint (flash attention's backward without a support, the recomputed kernel
+with one), the fused LayerNorm adjoint and the forward LayerNorm keeping what it reads, in torch
+(``Block(backward="derived")``) and NumPy (``vjp``)."""
 
 import numpy as np
 import pytest
@@ -27,21 +28,22 @@ def _close(got, expected) -> bool:
     return np.abs(got - expected).max() <= 1e-12 * max(1.0, np.abs(expected).max())
 
 
-def _torch_gradients(path, params, u, grad_out, options, d, n_heads, d_ff) -> list:
+def _torch_results(path, params, u, grad_out, options, d, n_heads, d_ff) -> list:
     module = import_path(path)
     block = module.Block(d, n_heads, d_ff, dtype=torch.float64, backward="derived").load_params(params)
     x = torch.tensor(u, requires_grad=True)
-    block(x, **{k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in options.items()}).backward(
-        torch.tensor(grad_out))
-    return [x.grad.numpy(), *(module._tensor(block, name).grad.numpy() for name in module.PARAMETERS)]
+    out = block(x, **{k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in options.items()})
+    out.backward(torch.tensor(grad_out))
+    return [out.detach().numpy(), x.grad.numpy(), *(module._tensor(block, name).grad.numpy() for name in module.PARAMETERS)]
 
 
 @pytest.mark.parametrize("name", ["post_ln", "pre_ln"])
 @pytest.mark.parametrize("mask", ["none", "padding", "causal"])
 def test_parity_with_passes_none_in_float64(unpassed, name, mask, rng):
     source = (GENERATED / "torch" / f"{name}.py").read_text()
-    assert "_attention_adjoint(" in source and "_layer_norm_adjoint(" in source
-    assert "_adjoint(" not in (unpassed / "torch" / f"{name}.py").read_text()
+    assert all(f"{helper}(" in source for helper in ("_attention_adjoint", "_layer_norm_adjoint", "_kept_layer_norm"))
+    unpassed_source = (unpassed / "torch" / f"{name}.py").read_text()
+    assert "_adjoint(" not in unpassed_source and "_kept_layer_norm(" not in unpassed_source
     d, n_heads, d_ff, batch, tokens = 16, 4, 24, 3, 9
     numpy_passed, numpy_plain = (import_path(folder / "numpy" / f"{name}.py") for folder in (GENERATED, unpassed))
     params = reference.random_params(numpy_passed.PARAMETERS, d, d_ff, rng)
@@ -50,7 +52,7 @@ def test_parity_with_passes_none_in_float64(unpassed, name, mask, rng):
     if mask == "padding":
         options["key_padding_mask"] = np.zeros((batch, tokens), dtype=bool)
         options["key_padding_mask"][-1, tokens - 3:] = True
-    passed, plain = (_torch_gradients(folder / "torch" / f"{name}.py", params, u, grad_out, options, d, n_heads, d_ff)
+    passed, plain = (_torch_results(folder / "torch" / f"{name}.py", params, u, grad_out, options, d, n_heads, d_ff)
                      for folder in (GENERATED, unpassed))
     assert all(_close(got, expected) for got, expected in zip(passed, plain))
     grad_u, grads = numpy_passed.vjp(u, params, grad_out, n_heads=n_heads, **options)

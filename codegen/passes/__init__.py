@@ -11,6 +11,7 @@ from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .gelu import gelu
 from .inline_elementwise import inline_elementwise
+from .kept_layer_norm import kept_layer_norm
 from .layer_norm import layer_norm
 from .layer_norm_adjoint import layer_norm_adjoint
 from .local_kernel import local_kernel
@@ -28,6 +29,7 @@ PASSES = {
     "one-hot": one_hot,
     "layer-norm-adjoint": layer_norm_adjoint,
     "layer-norm": layer_norm,
+    "kept-layer-norm": kept_layer_norm,
     "rms-norm": rms_norm,
     "gelu": gelu,
     "unroll-pairs": unroll_pairs,

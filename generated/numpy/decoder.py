@@ -150,6 +150,14 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
@@ -686,15 +694,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 2: norm1, projection ---
     # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
-    norm1_alpha = np.mean(u1, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u1)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u1)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha, u1
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     # u^(2)[i, l] = LN^norm1[i, l]
-    u2 = norm1_gain*norm1_p + norm1_bias
+    u2, norm1_p, norm1_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
+    del u1
 
     # --- substep 3: cross, explicit ---
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*u^(2)[i, k])
@@ -722,15 +727,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 4: norm2, projection ---
     # α^norm2[i] = Σ_k(u^(3)[i, k])/N_y
-    norm2_alpha = np.mean(u3, axis=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(3)[i, k])**2)/N_y
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u3)**2, axis=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(3)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u3)/np.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha, u3
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     # u^(4)[i, l] = LN^norm2[i, l]
-    u4 = norm2_gain*norm2_p + norm2_bias
+    u4, norm2_p, norm2_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
 
     # --- substep 5: ffn, explicit ---
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(4)[i, k])
@@ -750,21 +752,18 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 6: norm3, projection ---
     # α^norm3[i] = Σ_k(u^(5)[i, k])/N_y
-    norm3_alpha = np.mean(u5, axis=2)
     # β^norm3[i] = Σ_k((-α^norm3[i] + u^(5)[i, k])**2)/N_y
-    norm3_beta = np.mean((-norm3_alpha[:, :, None] + u5)**2, axis=2)
     # P^norm3[i, l] = (-α^norm3[i] + u^(5)[i, l])/sqrt(ε + β^norm3[i])
-    norm3_p = (-norm3_alpha[:, :, None] + u5)/np.sqrt(eps + norm3_beta[:, :, None])
-    del norm3_alpha, u5
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
     # u^(6)[i, l] = LN^norm3[i, l]
-    u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
+    u6, norm3_p, norm3_beta = _kept_layer_norm(u5, norm3_gain, norm3_bias, eps)
+    del u5
+    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, u4, norm2_p, norm2_beta, ffn_s, norm3_p, norm3_beta,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m):
     """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
-    u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
+    u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, u4, norm2_p, norm2_beta, ffn_s, norm3_p, norm3_beta, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
@@ -1004,22 +1003,19 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]

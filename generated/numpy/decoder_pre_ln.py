@@ -150,6 +150,14 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
@@ -655,14 +663,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = np.mean(u0, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -685,14 +689,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 2: cross, explicit on Proj(norm2) ---
     # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-    norm2_alpha = np.mean(u1, axis=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*LN^norm2[i, k])
     cross_q = norm2_out.reshape(-1, d) @ cross_W_q
     cross_q += cross_b_q
@@ -718,14 +718,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: ffn, explicit on Proj(norm3) ---
     # α^norm3[i] = Σ_k(u^(2)[i, k])/N_y
-    norm3_alpha = np.mean(u2, axis=2)
     # β^norm3[i] = Σ_k((-α^norm3[i] + u^(2)[i, k])**2)/N_y
-    norm3_beta = np.mean((-norm3_alpha[:, :, None] + u2)**2, axis=2)
     # P^norm3[i, l] = (-α^norm3[i] + u^(2)[i, l])/sqrt(ε + β^norm3[i])
-    norm3_p = (-norm3_alpha[:, :, None] + u2)/np.sqrt(eps + norm3_beta[:, :, None])
-    del norm3_alpha
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
-    norm3_out = norm3_gain*norm3_p + norm3_bias
+    norm3_out, norm3_p, norm3_beta = _kept_layer_norm(u2, norm3_gain, norm3_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm3[i, k])
     ffn_w = norm3_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
@@ -740,12 +736,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # u^(3)[i, l] = F^ffn[i, l] + u^(2)[i, l]
     u3 = np.add(ffn_out, u2, out=ffn_out)
     del ffn_out, u2
-    return u3, (mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_beta, norm3_p, norm3_out, ffn_s,)
+    return u3, (mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s,)
 
 
 def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m):
     """The derived adjoint: the costate of the output → (costate of the input, of mem, gradients of the controls)."""
-    mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_beta, norm3_p, norm3_out, ffn_s, = saved
+    mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s, = saved
     batch, n_tokens, d = u3_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
@@ -983,22 +979,19 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]

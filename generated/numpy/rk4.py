@@ -130,6 +130,14 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
@@ -591,14 +599,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = np.mean(u0, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -615,14 +619,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn_out += attn_b_o
     attn_out = attn_out.reshape(batch, n_tokens, d)
     # α^norm2[i] = Σ_k(u^(0)[i, k])/N_y
-    norm2_alpha = np.mean(u0, axis=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(0)[i, k])**2)/N_y
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(0)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u0)/np.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
@@ -637,14 +637,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l]/2 + F^ffn[i, l]/2 + u^(0)[i, l]
     u1 = attn_out/2 + ffn_out/2 + u0
     # α^{norm1,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm12_alpha = np.mean(u1, axis=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(1)[i, k])**2)/N_y
-    norm12_beta = np.mean((-norm12_alpha[:, :, None] + u1)**2, axis=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u1)/np.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -661,14 +657,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn2_out += attn_b_o
     attn2_out = attn2_out.reshape(batch, n_tokens, d)
     # α^{norm2,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm22_alpha = np.mean(u1, axis=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(1)[i, k])**2)/N_y
-    norm22_beta = np.mean((-norm22_alpha[:, :, None] + u1)**2, axis=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u1)/np.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha, u1
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
+    del u1
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
     ffn2_w += ffn_b_1
@@ -683,14 +676,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(2)[i, l] = A^{attn,2}[i, l]/2 + F^{ffn,2}[i, l]/2 + u^(0)[i, l]
     u2 = attn2_out/2 + ffn2_out/2 + u0
     # α^{norm1,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm13_alpha = np.mean(u2, axis=2)
     # β^{norm1,3}[i] = Σ_k((-α^{norm1,3}[i] + u^(2)[i, k])**2)/N_y
-    norm13_beta = np.mean((-norm13_alpha[:, :, None] + u2)**2, axis=2)
     # P^{norm1,3}[i, l] = (-α^{norm1,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm1,3}[i])
-    norm13_p = (-norm13_alpha[:, :, None] + u2)/np.sqrt(eps + norm13_beta[:, :, None])
-    del norm13_alpha
     # LN^{norm1,3}[i, l] = P^{norm1,3}[i, l]*g_norm1[l] + c_norm1[l]
-    norm13_out = norm1_gain*norm13_p + norm1_bias
+    norm13_out, norm13_p, norm13_beta = _kept_layer_norm(u2, norm1_gain, norm1_bias, eps)
     # Q^{attn,3}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,3}[i, k])
     # K^{attn,3}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,3}[i, k])
     # V^{attn,3}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,3}[i, k])
@@ -707,14 +696,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn3_out += attn_b_o
     attn3_out = attn3_out.reshape(batch, n_tokens, d)
     # α^{norm2,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm23_alpha = np.mean(u2, axis=2)
     # β^{norm2,3}[i] = Σ_k((-α^{norm2,3}[i] + u^(2)[i, k])**2)/N_y
-    norm23_beta = np.mean((-norm23_alpha[:, :, None] + u2)**2, axis=2)
     # P^{norm2,3}[i, l] = (-α^{norm2,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm2,3}[i])
-    norm23_p = (-norm23_alpha[:, :, None] + u2)/np.sqrt(eps + norm23_beta[:, :, None])
-    del norm23_alpha, u2
     # LN^{norm2,3}[i, l] = P^{norm2,3}[i, l]*g_norm2[l] + c_norm2[l]
-    norm23_out = norm2_gain*norm23_p + norm2_bias
+    norm23_out, norm23_p, norm23_beta = _kept_layer_norm(u2, norm2_gain, norm2_bias, eps)
+    del u2
     # w^{ffn,3}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,3}[i, k])
     ffn3_w = norm23_out.reshape(-1, d) @ ffn_W_1
     ffn3_w += ffn_b_1
@@ -729,14 +715,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(3)[i, l] = A^{attn,3}[i, l] + F^{ffn,3}[i, l] + u^(0)[i, l]
     u3 = attn3_out + ffn3_out + u0
     # α^{norm1,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm14_alpha = np.mean(u3, axis=2)
     # β^{norm1,4}[i] = Σ_k((-α^{norm1,4}[i] + u^(3)[i, k])**2)/N_y
-    norm14_beta = np.mean((-norm14_alpha[:, :, None] + u3)**2, axis=2)
     # P^{norm1,4}[i, l] = (-α^{norm1,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm1,4}[i])
-    norm14_p = (-norm14_alpha[:, :, None] + u3)/np.sqrt(eps + norm14_beta[:, :, None])
-    del norm14_alpha
     # LN^{norm1,4}[i, l] = P^{norm1,4}[i, l]*g_norm1[l] + c_norm1[l]
-    norm14_out = norm1_gain*norm14_p + norm1_bias
+    norm14_out, norm14_p, norm14_beta = _kept_layer_norm(u3, norm1_gain, norm1_bias, eps)
     # Q^{attn,4}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,4}[i, k])
     # K^{attn,4}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,4}[i, k])
     # V^{attn,4}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,4}[i, k])
@@ -754,14 +736,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn4_out += attn_b_o
     attn4_out = attn4_out.reshape(batch, n_tokens, d)
     # α^{norm2,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm24_alpha = np.mean(u3, axis=2)
     # β^{norm2,4}[i] = Σ_k((-α^{norm2,4}[i] + u^(3)[i, k])**2)/N_y
-    norm24_beta = np.mean((-norm24_alpha[:, :, None] + u3)**2, axis=2)
     # P^{norm2,4}[i, l] = (-α^{norm2,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm2,4}[i])
-    norm24_p = (-norm24_alpha[:, :, None] + u3)/np.sqrt(eps + norm24_beta[:, :, None])
-    del norm24_alpha, u3
     # LN^{norm2,4}[i, l] = P^{norm2,4}[i, l]*g_norm2[l] + c_norm2[l]
-    norm24_out = norm2_gain*norm24_p + norm2_bias
+    norm24_out, norm24_p, norm24_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
     # w^{ffn,4}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,4}[i, k])
     ffn4_w = norm24_out.reshape(-1, d) @ ffn_W_1
     ffn4_w += ffn_b_1
@@ -776,12 +755,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(4)[i, l] = A^{attn,2}[i, l]/3 + A^{attn,3}[i, l]/3 + A^{attn,4}[i, l]/6 + A^attn[i, l]/6 + F^{ffn,2}[i, l]/3 + F^{ffn,3}[i, l]/3 + F^{ffn,4}[i, l]/6 + F^ffn[i, l]/6 + u^(0)[i, l]
     u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
     del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
-    return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s,)
+    return u4, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -1210,22 +1189,19 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]

@@ -130,6 +130,14 @@ def _attention(q, k, v, scale, support):
 _SCORES = 1 << 19
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
@@ -518,14 +526,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 1: attn, explicit on Proj(norm1) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = np.mean(u0, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -547,14 +551,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 2: ffn, explicit on Proj(norm2) ---
     # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-    norm2_alpha = np.mean(u1, axis=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
@@ -569,14 +569,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 3: ffn, explicit on Proj(norm2) ---
     # α^{norm2,2}[i] = Σ_k(u^(0)[i, k])/N_y
-    norm22_alpha = np.mean(u0, axis=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(0)[i, k])**2)/N_y
-    norm22_beta = np.mean((-norm22_alpha[:, :, None] + u0)**2, axis=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(0)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u0)/np.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
     ffn2_w += ffn_b_1
@@ -594,14 +590,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 4: attn, explicit on Proj(norm1) ---
     # α^{norm1,2}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm12_alpha = np.mean(u3, axis=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(3)[i, k])**2)/N_y
-    norm12_beta = np.mean((-norm12_alpha[:, :, None] + u3)**2, axis=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(3)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u3)/np.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u3, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -625,12 +617,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2
     u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
     del attn2_out, ffn_out, u1, u3
-    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total,)
+    return u5, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm22_out, norm22_p, norm22_beta, ffn2_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total,)
 
 
 def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm22_out, norm22_p, norm22_beta, ffn2_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, = saved
     batch, n_tokens, d = u5_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -906,22 +898,19 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]

@@ -164,6 +164,13 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
@@ -512,15 +519,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 2: norm1, projection ---
     # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
-    norm1_alpha = torch.mean(u1, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u1)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u1)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha, u1
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     # u^(2)[i, l] = LN^norm1[i, l]
-    u2 = norm1_gain*norm1_p + norm1_bias
+    u2, norm1_p, norm1_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
+    del u1
 
     # --- substep 3: cross, explicit ---
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*u^(2)[i, k])
@@ -544,15 +548,12 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 4: norm2, projection ---
     # α^norm2[i] = Σ_k(u^(3)[i, k])/N_y
-    norm2_alpha = torch.mean(u3, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(3)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u3)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(3)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u3)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha, u3
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     # u^(4)[i, l] = LN^norm2[i, l]
-    u4 = norm2_gain*norm2_p + norm2_bias
+    u4, norm2_p, norm2_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
 
     # --- substep 5: ffn, explicit ---
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(4)[i, k])
@@ -568,16 +569,13 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 6: norm3, projection ---
     # α^norm3[i] = Σ_k(u^(5)[i, k])/N_y
-    norm3_alpha = torch.mean(u5, dim=2)
     # β^norm3[i] = Σ_k((-α^norm3[i] + u^(5)[i, k])**2)/N_y
-    norm3_beta = torch.mean((-norm3_alpha[:, :, None] + u5)**2, dim=2)
     # P^norm3[i, l] = (-α^norm3[i] + u^(5)[i, l])/sqrt(ε + β^norm3[i])
-    norm3_p = (-norm3_alpha[:, :, None] + u5)/torch.sqrt(eps + norm3_beta[:, :, None])
-    del norm3_alpha, u5
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
     # u^(6)[i, l] = LN^norm3[i, l]
-    u6 = norm3_gain*norm3_p + norm3_bias
-    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p,)
+    u6, norm3_p, norm3_beta = _kept_layer_norm(u5, norm3_gain, norm3_bias, eps)
+    del u5
+    return u6, (u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, u4, norm2_p, norm2_beta, ffn_s, norm3_p, norm3_beta,)
 
 
 def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
@@ -586,7 +584,7 @@ def _vjp_backward(saved, u6_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm1_beta, norm1_p, u2, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm2_beta, norm2_p, u4, ffn_s, norm3_beta, norm3_p, = saved
+    u0, mem, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, u4, norm2_p, norm2_beta, ffn_s, norm3_p, norm3_beta, = saved
     batch, n_tokens, d = u6_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]

@@ -164,6 +164,13 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
@@ -493,14 +500,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -521,14 +524,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 2: cross, explicit on Proj(norm2) ---
     # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-    norm2_alpha = torch.mean(u1, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*LN^norm2[i, k])
     cross_q = torch.addmm(cross_b_q, norm2_out.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
     # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
@@ -550,14 +549,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: ffn, explicit on Proj(norm3) ---
     # α^norm3[i] = Σ_k(u^(2)[i, k])/N_y
-    norm3_alpha = torch.mean(u2, dim=2)
     # β^norm3[i] = Σ_k((-α^norm3[i] + u^(2)[i, k])**2)/N_y
-    norm3_beta = torch.mean((-norm3_alpha[:, :, None] + u2)**2, dim=2)
     # P^norm3[i, l] = (-α^norm3[i] + u^(2)[i, l])/sqrt(ε + β^norm3[i])
-    norm3_p = (-norm3_alpha[:, :, None] + u2)/torch.sqrt(eps + norm3_beta[:, :, None])
-    del norm3_alpha
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
-    norm3_out = norm3_gain*norm3_p + norm3_bias
+    norm3_out, norm3_p, norm3_beta = _kept_layer_norm(u2, norm3_gain, norm3_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm3[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm3_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = Max(0, w^ffn[i, z])
@@ -568,7 +563,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # u^(3)[i, l] = F^ffn[i, l] + u^(2)[i, l]
     u3 = ffn_out.add_(u2) if inference else ffn_out + u2
     del ffn_out, u2
-    return u3, (mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_beta, norm3_p, norm3_out, ffn_s,)
+    return u3, (mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s,)
 
 
 def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
@@ -577,7 +572,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_beta, norm3_p, norm3_out, ffn_s, = saved
+    mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s, = saved
     batch, n_tokens, d = u3_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]

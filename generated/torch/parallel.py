@@ -126,6 +126,13 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
@@ -385,14 +392,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: parallel (attn ×2, ffn ×2) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -417,7 +420,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l] + F^ffn[i, l] + u^(0)[i, l]
     u1 = attn_out.add_(ffn_out + u0) if inference else attn_out + ffn_out + u0
     del attn_out, ffn_out, u0
-    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s,)
+    return u1, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
@@ -426,7 +429,7 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]

@@ -132,6 +132,13 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
     (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
@@ -393,14 +400,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -415,14 +418,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^norm2[i] = Σ_k(u^(0)[i, k])/N_y
-    norm2_alpha = torch.mean(u0, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(0)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(0)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u0)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = Max(0, w^ffn[i, z])
@@ -433,14 +432,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l]/2 + F^ffn[i, l]/2 + u^(0)[i, l]
     u1 = attn_out/2 + ffn_out/2 + u0
     # α^{norm1,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm12_alpha = torch.mean(u1, dim=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(1)[i, k])**2)/N_y
-    norm12_beta = torch.mean((-norm12_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u1)/torch.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -455,14 +450,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm22_alpha = torch.mean(u1, dim=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(1)[i, k])**2)/N_y
-    norm22_beta = torch.mean((-norm22_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u1)/torch.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha, u1
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
+    del u1
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,2}[i, z] = Max(0, w^{ffn,2}[i, z])
@@ -473,14 +465,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(2)[i, l] = A^{attn,2}[i, l]/2 + F^{ffn,2}[i, l]/2 + u^(0)[i, l]
     u2 = attn2_out/2 + ffn2_out/2 + u0
     # α^{norm1,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm13_alpha = torch.mean(u2, dim=2)
     # β^{norm1,3}[i] = Σ_k((-α^{norm1,3}[i] + u^(2)[i, k])**2)/N_y
-    norm13_beta = torch.mean((-norm13_alpha[:, :, None] + u2)**2, dim=2)
     # P^{norm1,3}[i, l] = (-α^{norm1,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm1,3}[i])
-    norm13_p = (-norm13_alpha[:, :, None] + u2)/torch.sqrt(eps + norm13_beta[:, :, None])
-    del norm13_alpha
     # LN^{norm1,3}[i, l] = P^{norm1,3}[i, l]*g_norm1[l] + c_norm1[l]
-    norm13_out = norm1_gain*norm13_p + norm1_bias
+    norm13_out, norm13_p, norm13_beta = _kept_layer_norm(u2, norm1_gain, norm1_bias, eps)
     # Q^{attn,3}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,3}[i, k])
     # K^{attn,3}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,3}[i, k])
     # V^{attn,3}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,3}[i, k])
@@ -495,14 +483,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # A^{attn,3}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,3}[i, m, e]*W^O_attn[m, e, l])
     attn3_out = torch.addmm(attn_b_o, attn3_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm23_alpha = torch.mean(u2, dim=2)
     # β^{norm2,3}[i] = Σ_k((-α^{norm2,3}[i] + u^(2)[i, k])**2)/N_y
-    norm23_beta = torch.mean((-norm23_alpha[:, :, None] + u2)**2, dim=2)
     # P^{norm2,3}[i, l] = (-α^{norm2,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm2,3}[i])
-    norm23_p = (-norm23_alpha[:, :, None] + u2)/torch.sqrt(eps + norm23_beta[:, :, None])
-    del norm23_alpha, u2
     # LN^{norm2,3}[i, l] = P^{norm2,3}[i, l]*g_norm2[l] + c_norm2[l]
-    norm23_out = norm2_gain*norm23_p + norm2_bias
+    norm23_out, norm23_p, norm23_beta = _kept_layer_norm(u2, norm2_gain, norm2_bias, eps)
+    del u2
     # w^{ffn,3}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,3}[i, k])
     ffn3_w = torch.addmm(ffn_b_1, norm23_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,3}[i, z] = Max(0, w^{ffn,3}[i, z])
@@ -513,14 +498,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(3)[i, l] = A^{attn,3}[i, l] + F^{ffn,3}[i, l] + u^(0)[i, l]
     u3 = attn3_out + ffn3_out + u0
     # α^{norm1,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm14_alpha = torch.mean(u3, dim=2)
     # β^{norm1,4}[i] = Σ_k((-α^{norm1,4}[i] + u^(3)[i, k])**2)/N_y
-    norm14_beta = torch.mean((-norm14_alpha[:, :, None] + u3)**2, dim=2)
     # P^{norm1,4}[i, l] = (-α^{norm1,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm1,4}[i])
-    norm14_p = (-norm14_alpha[:, :, None] + u3)/torch.sqrt(eps + norm14_beta[:, :, None])
-    del norm14_alpha
     # LN^{norm1,4}[i, l] = P^{norm1,4}[i, l]*g_norm1[l] + c_norm1[l]
-    norm14_out = norm1_gain*norm14_p + norm1_bias
+    norm14_out, norm14_p, norm14_beta = _kept_layer_norm(u3, norm1_gain, norm1_bias, eps)
     # Q^{attn,4}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,4}[i, k])
     # K^{attn,4}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,4}[i, k])
     # V^{attn,4}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,4}[i, k])
@@ -536,14 +517,11 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # A^{attn,4}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,4}[i, m, e]*W^O_attn[m, e, l])
     attn4_out = torch.addmm(attn_b_o, attn4_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm24_alpha = torch.mean(u3, dim=2)
     # β^{norm2,4}[i] = Σ_k((-α^{norm2,4}[i] + u^(3)[i, k])**2)/N_y
-    norm24_beta = torch.mean((-norm24_alpha[:, :, None] + u3)**2, dim=2)
     # P^{norm2,4}[i, l] = (-α^{norm2,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm2,4}[i])
-    norm24_p = (-norm24_alpha[:, :, None] + u3)/torch.sqrt(eps + norm24_beta[:, :, None])
-    del norm24_alpha, u3
     # LN^{norm2,4}[i, l] = P^{norm2,4}[i, l]*g_norm2[l] + c_norm2[l]
-    norm24_out = norm2_gain*norm24_p + norm2_bias
+    norm24_out, norm24_p, norm24_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
     # w^{ffn,4}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,4}[i, k])
     ffn4_w = torch.addmm(ffn_b_1, norm24_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,4}[i, z] = Max(0, w^{ffn,4}[i, z])
@@ -554,7 +532,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(4)[i, l] = A^{attn,2}[i, l]/3 + A^{attn,3}[i, l]/3 + A^{attn,4}[i, l]/6 + A^attn[i, l]/6 + F^{ffn,2}[i, l]/3 + F^{ffn,3}[i, l]/3 + F^{ffn,4}[i, l]/6 + F^ffn[i, l]/6 + u^(0)[i, l]
     u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
     del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
-    return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s,)
+    return u4, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
@@ -563,7 +541,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]

@@ -41,7 +41,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled",
     "Normalize", "NormalizeAdjoint", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
+    "TensorInfo", "Module", "readers", "BATCH", "UNBATCHED_ROLES", "ExactGelu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -172,6 +172,15 @@ class Module:
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
         return info is None or info.role not in UNBATCHED_ROLES
+
+
+def readers(ops: list[Op]) -> dict[str, list[Op]]:
+    """Array name → the ops that read it, in order (each op once)."""
+    found: dict[str, list[Op]] = {}
+    for op in ops:
+        for name in dict.fromkeys(op.reads()):
+            found.setdefault(name, []).append(op)
+    return found
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..ir import Attention, AttentionAdjoint, Contraction, Elementwise, Module, Softmax
+from ..ir import Attention, AttentionAdjoint, Contraction, Elementwise, Module, Softmax, readers as reading
 from .fused_attention import _is_mixing, _is_scores
 
 __all__ = ["attention_adjoint"]
@@ -102,10 +102,7 @@ def _fused(module: Module, softmax: Softmax, readers: dict, producers: dict) -> 
 
 
 def attention_adjoint(module: Module) -> Module:
-    readers: dict[str, list] = defaultdict(list)
-    for op in module.ops:
-        for name in dict.fromkeys(op.reads()):
-            readers[name].append(op)
+    readers = defaultdict(list, reading(module.ops))
     producers = {name: op for op in module.ops for name in op.writes()}
     ops = list(module.ops)
     for softmax in [op for op in module.ops if isinstance(op, Softmax)]:

@@ -15,7 +15,7 @@ import sympy as sp
 
 from splitformer.symbolic.operators import EPSILON
 
-from ..ir import Elementwise, Module, Normalize, Operand, Reduction
+from ..ir import Elementwise, Module, Normalize, Operand, Reduction, readers as reading
 from .layer_norm_adjoint import _normalized
 
 __all__ = ["kept_layer_norm"]
@@ -37,10 +37,7 @@ def _affine(op, p_name: str, module: Module) -> tuple[str, str] | None:
 
 
 def kept_layer_norm(module: Module) -> Module:
-    readers: dict[str, list] = defaultdict(list)
-    for op in module.ops:
-        for name in dict.fromkeys(op.reads()):
-            readers[name].append(op)
+    readers = defaultdict(list, reading(module.ops))
     producers = {name: op for op in module.ops for name in op.writes()}
     ops = list(module.ops)
     for p in module.ops:

@@ -20,7 +20,7 @@ import sympy as sp
 
 from splitformer.symbolic.operators import EPSILON
 
-from ..ir import Contraction, Elementwise, Module, NormalizeAdjoint, Reduction
+from ..ir import Contraction, Elementwise, Module, NormalizeAdjoint, Reduction, readers as reading
 
 __all__ = ["layer_norm_adjoint"]
 
@@ -142,10 +142,7 @@ def layer_norm_adjoint(module: Module) -> Module:
 
 def _fuse_one(module: Module) -> list | None:
     """The ops with one LayerNorm adjoint fused, or None when there is none left."""
-    readers: dict[str, list] = defaultdict(list)
-    for op in module.ops:
-        for name in dict.fromkeys(op.reads()):
-            readers[name].append(op)
+    readers = defaultdict(list, reading(module.ops))
     producers = {name: op for op in module.ops for name in op.writes()}
     normalized = {op.out: variance for op in module.ops if (variance := _normalized(op, producers)) is not None}
     for op in module.ops:

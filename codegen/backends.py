@@ -163,8 +163,10 @@ class Backend:
         return [f"{op.out} = {printer.use('_layer_norm')}({arguments})"]
 
     def normalize_adjoint(self, op: NormalizeAdjoint, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = {printer.use('_layer_norm_adjoint')}({op.costate}, {op.p}, {op.variance}, {op.gain}, "
-                f"{printer.doprint(op.eps)})"]
+        call = f"{printer.use('_layer_norm_adjoint')}({op.costate}, {op.p}, {op.variance}, {op.gain}, {printer.doprint(op.eps)})"
+        if op.gradients:
+            return [f"{op.out}, {', '.join(op.gradients)} = {call}"]
+        return [f"{op.out}, _, _ = {call}"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]

@@ -293,16 +293,22 @@ class Normalize(Op):
 class NormalizeAdjoint(Op):
     """The costate of the input of a derived LayerNorm ``P = (x − mean x)/√(var x + ε)``, ``gain P + bias``, for
     the costate ``costate`` of its output: ``(P̄ − mean P̄ − P mean(P̄ P))/√(var x + ε)`` with ``P̄ = gain · costate``,
-    read from the kept ``p`` and ``variance`` (``var x``) over the last axis."""
+    read from the kept ``p`` and ``variance`` (``var x``) over the last axis; with ``gradients``, those of the gain
+    and bias too."""
 
     costate: str = ""
     p: str = ""
     variance: str = ""
     gain: str = ""
     eps: sp.Expr = sp.Integer(0)
+    #: Further outputs: the gradients of gain and bias, ``Σ P λ`` and ``Σ λ`` over all but the last axis.
+    gradients: tuple[str, str] | None = None
 
     def reads(self) -> list[str]:
         return [self.costate, self.p, self.variance, self.gain]
+
+    def writes(self) -> list[str]:
+        return [self.out, *(self.gradients or ())]
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ def _fused(module) -> dict[str, NormalizeAdjoint]:
 def test_each_layer_norm_adjoint_is_one_operation():
     passed, without = lowered_backward("post-ln", DEFAULT), lowered_backward("post-ln", WITHOUT)
     fused = _fused(passed.adjoint)
-    assert {name: (op.costate, op.p, op.variance, op.gain) for name, op in fused.items()} == {
-        "u3_bar": ("u4_bar", "norm2_p", "norm2_beta", "norm2_gain"),
-        "u1_bar": ("u2_bar", "norm1_p", "norm1_beta", "norm1_gain")}
-    assert all(op.comment.count("\n") == 6 for op in fused.values())  # P̄, t₁, β̄, t₂, t₃, ᾱ and x̄, each formula
+    assert {name: (op.costate, op.p, op.variance, op.gain, op.gradients) for name, op in fused.items()} == {
+        "u3_bar": ("u4_bar", "norm2_p", "norm2_beta", "norm2_gain", ("norm2_gain_bar", "norm2_bias_bar")),
+        "u1_bar": ("u2_bar", "norm1_p", "norm1_beta", "norm1_gain", ("norm1_gain_bar", "norm1_bias_bar"))}
+    assert all(op.comment.count("\n") == 8 for op in fused.values())  # ḡ, c̄, P̄, t₁, β̄, t₂, t₃, ᾱ, x̄: each formula
+    assert {"norm2_gain_bar", "norm2_bias_bar"} <= {op.out for op in without.adjoint.ops}
     # the row sums over P and P̄ are gone with the pass, there without it
     sums = [op for op in without.adjoint.ops if isinstance(op, Reduction) and not op.mean]
     assert len(sums) == 4 and not _fused(without.adjoint)
@@ -61,5 +62,7 @@ def test_a_costate_holding_two_layer_norm_adjoints_gets_both():
     """rk2: the second stage's LayerNorms both read u⁽¹⁾, so its costate sums two LayerNorm adjoints."""
     adjoint = lowered_backward("rk2", DEFAULT).adjoint
     assert set(_fused(adjoint)) == {"norm1_x_bar", "norm2_x_bar", "norm12_x_bar", "norm22_x_bar"}
+    # each gain is shared by two LayerNorms: its gradient's terms are summed apart, not written by the fused op
+    assert all(op.gradients is None for op in _fused(adjoint).values())
     (total,) = [op for op in adjoint.ops if op.out == "u1_bar"]
     assert set(total.reads()) == {"norm12_x_bar", "norm22_x_bar"}

@@ -79,6 +79,21 @@ def _row_sum(op, name: str) -> bool:
             and str(op.body.base.label) == name and op.axis == op.body_labels[-1])
 
 
+def _control_gradients(p_name: str, costate: str, readers: dict) -> tuple | None:
+    """The contractions ``ḡ = Σ P λ`` and ``c̄ = Σ λ`` over all but the last axis (the gain's and bias's
+    gradients), when each is written once and read by nothing else; else None (they stay as derived)."""
+    def summed(op, names: set[str]) -> bool:
+        return (isinstance(op, Contraction) and op.bias is None and op.scale == 1 and len(op.labels) == 1
+                and {operand.name for operand in op.operands} == names and len(op.operands) == len(names)
+                and all(operand.labels[-1] == op.labels[0] for operand in op.operands)
+                and len({operand.labels for operand in op.operands}) == 1)
+    gain_bar = [op for op in readers[costate] if summed(op, {p_name, costate})]
+    bias_bar = [op for op in readers[costate] if summed(op, {costate})]
+    if len(gain_bar) != 1 or len(bias_bar) != 1 or readers.get(gain_bar[0].out) or readers.get(bias_bar[0].out):
+        return None  # a term of a shared control's gradient (rk2's stages) is summed earlier than x̄: left apart
+    return gain_bar[0], bias_bar[0]
+
+
 def _fused(costate_op: Elementwise, p_name: str, variance: str, producers: dict, readers: dict, module: Module):
     """(ops removed, replacement ops) when ``costate_op`` holds ``x̄`` of the LayerNorm of ``P = p_name``, else None."""
     arrays = _indexed(costate_op.expr)
@@ -123,8 +138,13 @@ def _group(costate_op: Elementwise, p: sp.Indexed, variance: str, p_bar, written
     rest = sp.Add(*(term for term in terms if term not in wanted))
     out = costate_op.out if rest == 0 else f"{p_name.rsplit('_', 1)[0]}_x_bar"
     comments = [op.comment for op in group] + ([costate_op.comment] if rest == 0 else [])
+    gradients = _control_gradients(p_name, costate, readers)
+    if gradients:
+        group += gradients
+        comments = [op.comment for op in gradients] + comments
     fused = NormalizeAdjoint(out, costate_op.labels, "\n".join(comments), costate_op.section, costate=costate,
-                             p=p_name, variance=variance, gain=gain, eps=EPSILON)
+                             p=p_name, variance=variance, gain=gain, eps=EPSILON,
+                             gradients=tuple(op.out for op in gradients) if gradients else None)
     if rest == 0:
         return group, [fused]
     return group, [fused, Elementwise(costate_op.out, costate_op.labels, costate_op.comment, costate_op.section,

@@ -136,12 +136,14 @@ def _kept_layer_norm(x, gain, bias, eps):
 
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
-    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes."""
     p_bar = gain * costate
     x_bar = p_bar - p_bar.mean(axis=-1, keepdims=True)
     x_bar -= p * (np.einsum("...l,...l->...", p_bar, p)[..., None] / p.shape[-1])
     x_bar /= np.sqrt(eps + variance)[..., None]
-    return x_bar
+    rows = costate.reshape(-1, costate.shape[-1])
+    return x_bar, np.einsum("rl,rl->l", p.reshape(rows.shape), rows), rows.sum(axis=0)
 
 
 def _attention_normalized(q, k, v, scale, support):
@@ -583,16 +585,14 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # L̅N̅^norm1[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z]) + Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = np.add(t2, t3 + t4 + t5, out=t2)
     del t2, t3, t4, t5
-    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
-    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
-    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
     # t6[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
     # t7[i] = Σ_k(P^norm1[i, k])
     # t8[i] = Σ_l(P̅^norm1[i, l])
-    norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_out_bar, norm1_p
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
@@ -646,10 +646,8 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
-    final_norm_bias_bar = _einsum("bil->l", u1_bar)
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
-    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
@@ -657,7 +655,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
-    u0_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
+    u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
     del final_norm_beta, final_norm_p, u1_bar
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,

@@ -140,12 +140,14 @@ def _kept_layer_norm(x, gain, bias, eps):
 
 def _layer_norm_adjoint(costate, p, variance, gain, eps):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
-    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate."""
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes."""
     p_bar = gain * costate
     x_bar = p_bar - p_bar.mean(axis=-1, keepdims=True)
     x_bar -= p * (np.einsum("...l,...l->...", p_bar, p)[..., None] / p.shape[-1])
     x_bar /= np.sqrt(eps + variance)[..., None]
-    return x_bar
+    rows = costate.reshape(-1, costate.shape[-1])
+    return x_bar, np.einsum("rl,rl->l", p.reshape(rows.shape), rows), rows.sum(axis=0)
 
 
 def _attention_normalized(q, k, v, scale, support):
@@ -560,13 +562,9 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
-    # --- adjoint of substep 4: norm2, projection ---
-    # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
-    norm2_bias_bar = _einsum("bil->l", u4_bar)
-    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
-    norm2_gain_bar = _einsum("bil,bil->l", norm2_p, u4_bar)
-
     # --- adjoint of substep 3: parallel (ffn ×2, identity) ---
+    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
+    # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
     # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
@@ -574,7 +572,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # t3[i] = Σ_l(P̅^norm2[i, l])
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u3_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    u3_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_p, u4_bar
     # F̅^ffn[i, l] = λ^(3)[i, l]
     ffn_out_bar = u3_bar
@@ -601,12 +599,10 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     u2_bar += u3_bar.reshape(-1, d)
     u2_bar = u2_bar.reshape(batch, n_tokens, d)
     del ffn_w_bar, u3_bar
-    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
-    norm1_bias_bar = _einsum("bil->l", u2_bar)
-    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
-    norm1_gain_bar = _einsum("bil,bil->l", norm1_p, u2_bar)
 
     # --- adjoint of substep 1: attn, explicit ---
+    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
+    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
     # t4[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
@@ -614,7 +610,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     # t6[i] = Σ_l(P̅^norm1[i, l])
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-    u1_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
     del norm1_beta, norm1_p, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
@@ -712,10 +708,8 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
-    final_norm_bias_bar = _einsum("bil->l", u1_bar)
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
-    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
     # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
@@ -723,7 +717,7 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # t3[i] = Σ_l(P̅^final_norm[i, l])
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
-    u0_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
+    u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
     del final_norm_beta, final_norm_p, u1_bar
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,

@@ -141,12 +141,12 @@ def _kept_layer_norm(x, gain, bias, eps: float):
 
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
-    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
-    ``P`` (mean 0, 1/σ = 1), then scaled."""
-    rows = p.shape[:-1]
-    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
-                                                            gain, None, [True, False, False])
-    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
 
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
@@ -489,18 +489,16 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # L̅N̅^norm2[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     norm2_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar
-    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
-    norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
-    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
-    norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
     # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
     # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
     # t2[i] = Σ_k(P^norm2[i, k])
     # t3[i] = Σ_l(P̅^norm2[i, l])
-    norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    norm2_x_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
     del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
@@ -548,20 +546,18 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # L̅N̅^norm1[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
-    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
-    norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
-    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
+    # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
+    # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
+    # t9[i] = Σ_k(P^norm1[i, k])
+    # t10[i] = Σ_l(P̅^norm1[i, l])
+    norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_out_bar, norm1_p
     if need_u:
 
         # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-        # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        # t8[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        # t9[i] = Σ_k(P^norm1[i, k])
-        # t10[i] = Σ_l(P̅^norm1[i, l])
-        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
-        del norm1_beta, norm1_out_bar, norm1_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
         u0_bar = norm1_x_bar + u1_bar

@@ -141,12 +141,12 @@ def _kept_layer_norm(x, gain, bias, eps: float):
 
 def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
-    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate, torch's fused LayerNorm backward read at
-    ``P`` (mean 0, 1/σ = 1), then scaled."""
-    rows = p.shape[:-1]
-    x_bar, _, _ = torch.ops.aten.native_layer_norm_backward(costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows),
-                                                            gain, None, [True, False, False])
-    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
 
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
@@ -532,14 +532,14 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
     # t9[i] = Σ_k(P^{norm1,2}[i, k])
     # t10[i] = Σ_l(P̅^{norm1,2}[i, l])
-    norm12_x_bar = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
     del norm12_beta
     # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
     # t1[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
     # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
     # t2[i] = Σ_k(P^{norm2,2}[i, k])
     # t3[i] = Σ_l(P̅^{norm2,2}[i, l])
-    norm22_x_bar = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
     del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
@@ -684,14 +684,14 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
         # t19[i] = Σ_k(P^norm1[i, k])
         # t20[i] = Σ_l(P̅^norm1[i, l])
-        norm1_x_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
         del norm1_beta, norm1_out_bar, norm1_p
         # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
         # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
         # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
         # t12[i] = Σ_k(P^norm2[i, k])
         # t13[i] = Σ_l(P̅^norm2[i, l])
-        norm2_x_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+        norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
         del norm2_beta, norm2_out_bar, norm2_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y

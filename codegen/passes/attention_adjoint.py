@@ -21,7 +21,7 @@ from dataclasses import replace
 import sympy as sp
 
 from ..ir import Attention, AttentionAdjoint, Contraction, Elementwise, Module, Softmax, readers as reading
-from .fused_attention import _is_mixing, _is_scores
+from .fused_attention import is_mixing, is_scores
 
 __all__ = ["attention_adjoint"]
 
@@ -56,14 +56,14 @@ def _is_softmax_adjoint(op, kernel: str, kernel_bar: str, row_sum: str) -> bool:
 def _fused(module: Module, softmax: Softmax, readers: dict, producers: dict) -> tuple[list, dict] | None:
     """(the ops removed, {op replaced: its replacement}) for the attention of ``softmax``, else None."""
     scores = producers.get(softmax.scores.name)
-    if not isinstance(scores, Contraction) or readers[scores.out] != [softmax] or not _is_scores(scores, softmax):
+    if not isinstance(scores, Contraction) or readers[scores.out] != [softmax] or not is_scores(scores, softmax):
         return None
     q, k = scores.operands
     if len(q.labels) != 4:  # grouped heads
         return None
     kernel = softmax.out
     mixing = next((op for op in readers[kernel] if isinstance(op, Contraction) and op.operands[0].name == kernel
-                   and _is_mixing(op, softmax, scores)), None)
+                   and is_mixing(op, softmax, scores)), None)
     if mixing is None or len(readers[kernel]) != 4:
         return None
     v = mixing.operands[1]

@@ -16,7 +16,7 @@ import sympy as sp
 from splitformer.symbolic.operators import EPSILON
 
 from ..ir import Elementwise, Module, Normalize, Operand, Reduction, readers as reading
-from .layer_norm_adjoint import _normalized
+from .layer_norm_adjoint import normalized_variance
 
 __all__ = ["kept_layer_norm"]
 
@@ -41,7 +41,7 @@ def kept_layer_norm(module: Module) -> Module:
     producers = {name: op for op in module.ops for name in op.writes()}
     ops = list(module.ops)
     for p in module.ops:
-        variance_name = _normalized(p, producers)
+        variance_name = normalized_variance(p, producers)
         if variance_name is None:
             continue
         variance = producers[variance_name]

@@ -34,7 +34,7 @@ def _equal(expr: sp.Expr, expected: sp.Expr) -> bool:
     return expr == expected or sp.cancel(expr - expected) == 0
 
 
-def _normalized(op, producers: dict) -> str | None:
+def normalized_variance(op, producers: dict) -> str | None:
     """β when ``op`` is ``P = (x − α)/√(ε + β)`` with ``α = mean_k x``, ``β = mean_k (x − α)²``, else None."""
     if not isinstance(op, Elementwise):
         return None
@@ -164,7 +164,7 @@ def _fuse_one(module: Module) -> list | None:
     """The ops with one LayerNorm adjoint fused, or None when there is none left."""
     readers = defaultdict(list, reading(module.ops))
     producers = {name: op for op in module.ops for name in op.writes()}
-    normalized = {op.out: variance for op in module.ops if (variance := _normalized(op, producers)) is not None}
+    normalized = {op.out: variance for op in module.ops if (variance := normalized_variance(op, producers)) is not None}
     for op in module.ops:
         for p_name, variance in normalized.items() if isinstance(op, Elementwise) else ():
             found = _fused(op, p_name, variance, producers, readers, module)

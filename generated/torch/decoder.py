@@ -192,8 +192,8 @@ def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, d
 
 
 def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
-    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
-    heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
     recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
     q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
     if log_total is not None:

@@ -15,8 +15,8 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
-                 LocalKernel, MatMul, Module, Normalize, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
+                 LocalKernel, MatMul, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  Softmax, TransposedConvolution, Unrolled, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
@@ -134,17 +134,39 @@ class Backend:
             printer.use("_attention")  # the grouped helper calls it
             return [f"{op.out} = {printer.use('_grouped_attention')}({op.q.name}, {op.k.name}, {op.v.name}, {scale}, "
                     f"{support}{self.kernel_extra(printer)})"]
+        support = self.support(op.support, printer.at(self.scores(op)))
+        arguments = f"{op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}{self.kernel_extra(printer)}"
+        if op.normalizer:  # the helper calls _attention where the backend's kernel gives no normalizer
+            printer.use("_attention")
+            return [f"{op.out}, {op.normalizer} = {printer.use('_attention_normalized')}({arguments})"]
+        return [f"{op.out} = {printer.use('_attention')}({arguments})"]
+
+    @staticmethod
+    def scores(op: Attention | AttentionAdjoint) -> tuple[str, ...]:
+        """The axes of the scores of (plain-head) attention: batch, head, row, column."""
         _, row, head, _ = op.q.labels
-        scores = (BATCH, head, row, op.k.labels[1])
-        support = self.support(op.support, printer.at(scores))
-        return [f"{op.out} = {printer.use('_attention')}({op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}"
-                f"{self.kernel_extra(printer)})"]
+        return (BATCH, head, row, op.k.labels[1])
+
+    def attention_adjoint(self, op: AttentionAdjoint, printer: ArrayPrinter) -> list[str]:
+        printer.use("_softmax")  # the helper recomputes the kernel where no normalizer was kept
+        support = self.support(op.support, printer.at(self.scores(op)))
+        return [f"{', '.join(op.outputs)} = {printer.use('_attention_adjoint')}({op.o_bar}, {op.q.name}, {op.k.name}, "
+                f"{op.v.name}, {op.o}, {op.normalizer}, {printer.doprint(op.scale)}, {support})"]
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:
         """Each template defines ``_layer_norm`` and ``_rms_norm`` (statistics that cannot overflow)."""
         if not op.centred:
             return [f"{op.out} = {printer.use('_rms_norm')}({op.x.name}, {op.gain}, {printer.doprint(op.eps)})"]
-        return [f"{op.out} = {printer.use('_layer_norm')}({op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)})"]
+        arguments = f"{op.x.name}, {op.gain}, {op.bias}, {printer.doprint(op.eps)}"
+        if op.kept:
+            return [f"{op.out}, {', '.join(op.kept)} = {printer.use('_kept_layer_norm')}({arguments})"]
+        return [f"{op.out} = {printer.use('_layer_norm')}({arguments})"]
+
+    def normalize_adjoint(self, op: NormalizeAdjoint, printer: ArrayPrinter) -> list[str]:
+        call = f"{printer.use('_layer_norm_adjoint')}({op.costate}, {op.p}, {op.variance}, {op.gain}, {printer.doprint(op.eps)})"
+        if op.gradients:
+            return [f"{op.out}, {', '.join(op.gradients)} = {call}"]
+        return [f"{op.out}, _, _ = {call}"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]

@@ -118,8 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                              "one SCHEME only")
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
-                             "inline-elementwise, local-kernel, one-hot, layer-norm, rms-norm, gelu, gelu-tanh, silu, "
-                             "unroll-pairs, shared-trig, fused-attention, matmul, fuse-projections, reuse-buffers")
+                             "inline-elementwise, local-kernel, one-hot, layer-norm-adjoint, layer-norm, kept-layer-norm, "
+                             "rms-norm, gelu, gelu-tanh, silu, unroll-pairs, shared-trig, attention-adjoint, fused-attention, "
+                             "matmul, fuse-projections, reuse-buffers")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
                      "Run every proof check that applies: the derived projections, the subdifferential\n"

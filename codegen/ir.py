@@ -38,9 +38,9 @@ from splitformer.symbolic.domains import Domain
 from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
-    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "Unrolled",
-    "Normalize", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
+    "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
+    "Unrolled", "Normalize", "NormalizeAdjoint", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "TensorInfo", "Module", "readers", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -186,6 +186,15 @@ class Module:
         return info is None or info.role not in UNBATCHED_ROLES
 
 
+def readers(ops: list[Op]) -> dict[str, list[Op]]:
+    """Array name → the ops that read it, in order (each op once)."""
+    found: dict[str, list[Op]] = {}
+    for op in ops:
+        for name in dict.fromkeys(op.reads()):
+            found.setdefault(name, []).append(op)
+    return found
+
+
 @dataclass(frozen=True)
 class MatMul(Op):
     """``out = x @ W (+ bias)`` on contiguous 2-D blocks: rows are ``(b, i)``, ``W`` canonical.
@@ -218,9 +227,41 @@ class Attention(Op):
     v: Operand | None = None
     scale: sp.Expr = sp.Integer(1)
     support: Operand | None = None
+    #: A second output: the log of each row's normalizer ``Σ_j exp(a) χ`` where the backend's kernel
+    #: gives it (``None`` otherwise), read by an ``AttentionAdjoint``.
+    normalizer: str | None = None
 
     def reads(self) -> list[str]:
         return [self.q.name, self.k.name, self.v.name] + ([self.support.name] if self.support else [])
+
+    def writes(self) -> list[str]:
+        return [self.out] + ([self.normalizer] if self.normalizer else [])
+
+
+@dataclass(frozen=True)
+class AttentionAdjoint(Op):
+    """The adjoint of ``o = Attention(q, k, v)`` for the costate ``o_bar``: with ``γ`` the kernel,
+    ``ā = γ ∘ (ō vᵀ − Σ_e ō o)`` (the softmax adjoint, since ``Σ_j γ_ij (ō vᵀ)_ij = Σ_e ō_ie o_ie``),
+    ``q̄ = scale ā k``, ``k̄ = scale āᵀ q``, ``v̄ = γᵀ ō``: the three costates ``outputs`` (q̄, k̄, v̄) in one
+    operation, reading ``normalizer`` (the forward ``Attention``'s) to recompute ``γ`` without its scores' maxima.
+    """
+
+    q: Operand | None = None
+    k: Operand | None = None
+    v: Operand | None = None
+    o: str = ""
+    o_bar: str = ""
+    normalizer: str = ""
+    scale: sp.Expr = sp.Integer(1)
+    support: Operand | None = None
+    outputs: tuple[str, str, str] = ("", "", "")
+
+    def reads(self) -> list[str]:
+        return ([self.o_bar, self.q.name, self.k.name, self.v.name, self.o, self.normalizer]
+                + ([self.support.name] if self.support else []))
+
+    def writes(self) -> list[str]:
+        return list(self.outputs)
 
 
 @dataclass(frozen=True)
@@ -250,9 +291,36 @@ class Normalize(Op):
     bias: str = ""
     eps: sp.Expr = sp.Integer(0)
     centred: bool = True
+    #: Further outputs a derived adjoint reads: ``(P, var x)``, ``P = (x − mean x)/√(var x + ε)`` (``kept-layer-norm``).
+    kept: tuple[str, str] | None = None
 
     def reads(self) -> list[str]:
         return [self.x.name, self.gain] + ([self.bias] if self.bias else [])
+
+    def writes(self) -> list[str]:
+        return [self.out, *(self.kept or ())]
+
+
+@dataclass(frozen=True)
+class NormalizeAdjoint(Op):
+    """The costate of the input of a derived LayerNorm ``P = (x − mean x)/√(var x + ε)``, ``gain P + bias``, for
+    the costate ``costate`` of its output: ``(P̄ − mean P̄ − P mean(P̄ P))/√(var x + ε)`` with ``P̄ = gain · costate``,
+    read from the kept ``p`` and ``variance`` (``var x``) over the last axis; with ``gradients``, those of the gain
+    and bias too."""
+
+    costate: str = ""
+    p: str = ""
+    variance: str = ""
+    gain: str = ""
+    eps: sp.Expr = sp.Integer(0)
+    #: Further outputs: the gradients of gain and bias, ``Σ P λ`` and ``Σ λ`` over all but the last axis.
+    gradients: tuple[str, str] | None = None
+
+    def reads(self) -> list[str]:
+        return [self.costate, self.p, self.variance, self.gain]
+
+    def writes(self) -> list[str]:
+        return [self.out, *(self.gradients or ())]
 
 
 @dataclass(frozen=True)

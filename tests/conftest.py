@@ -49,6 +49,25 @@ def generated_now(network: str):
     return derived_now(network).numpy_module(), derived_now(network).torch_module()
 
 
+def lowered_backward(name: str, passes):
+    """The derived adjoint of the built-in scheme ``name`` lowered with ``passes`` (``codegen.adjoint.Backward``)."""
+    from splitformer.codegen.adjoint import lower_adjoint
+    from splitformer.symbolic import derive, load_scheme
+    from splitformer.symbolic.adjoint import derive_adjoint
+
+    return lower_adjoint(derive_adjoint(derive(load_scheme(name))), passes)
+
+
+def unfused_backward(name: str):
+    """The forward and adjoint of ``name`` lowered without passes as one module (no kernel recomputed): what the
+    passes of ``lower_adjoint`` see."""
+    from dataclasses import replace
+
+    backward = lowered_backward(name, ())
+    adjoint = [op for op in backward.adjoint.ops if not op.section.startswith("recomputed")]
+    return replace(backward.forward, ops=[*backward.forward.ops, *adjoint])
+
+
 def random_encoder_layer(d, n_heads, d_ff, eps, *, norm_first=False, activation="relu", seed=0):
     """A float64 ``TransformerEncoderLayer`` whose every parameter (biases, gains) is random."""
     from demo import random_layer  # tools/demo.py

@@ -89,8 +89,8 @@ def test_the_local_kernel_equals_the_dense_kernel(positions, masks):
                "causal": masks == "causal"}
     local = _run(SCHEME, None, u, params, grad_out, options)
     dense = _run(SCHEME, WITHOUT, u, params, grad_out, options)
-    for got, expected in zip(local, dense):
-        assert np.abs(got - expected).max() <= 1e-12
+    for got, expected in zip(local, dense):  # relative: gradients reach |60| (the fused LayerNorm adjoints round apart)
+        assert np.abs(got - expected).max() <= 1e-12 * max(1.0, np.abs(expected).max())
     moved = _run(SCHEME, (_moved,) + WITHOUT, u, params, grad_out, options)
     assert min(np.abs(got - expected).max() for got, expected in zip(moved, dense)) > 1e-3
 

@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 import sympy as sp
 
+from splitformer.codegen.adjoint import lower_adjoint
 from splitformer.codegen.ir import Attention, Contraction, Elementwise, MatMul, Normalize, Reduction, Softmax
 from splitformer.codegen.lowering import lower
 from splitformer.codegen.passes import DEFAULT, PASSES, fused_attention, inline_elementwise, layer_norm, matmul, select
 from splitformer.codegen.printers import broadcast
 from splitformer.symbolic import SplitformerError, derive, load_scheme
+from splitformer.symbolic.adjoint import derive_adjoint
 
 
 def _ops(passes=(), scheme="post-ln"):
@@ -116,11 +118,21 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
              "one-hot": str(Path(__file__).parent / "schemes" / "t5-pre-ln.toml")}
 
 
+#: Passes written for a program lowered with its derived adjoint (``lower_adjoint``).
+_FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln", "kept-layer-norm": "post-ln"}
+
+
 @pytest.mark.parametrize("name", PASSES)
 def test_every_pass_fires_on_the_builtin_it_was_written_for(name):
+    without = tuple(p for p in DEFAULT if p is not PASSES[name])
+    if name in _FIRES_ON_ADJOINT:
+        adjoint = derive_adjoint(derive(load_scheme(_FIRES_ON_ADJOINT[name])))
+        passed, other = lower_adjoint(adjoint, DEFAULT), lower_adjoint(adjoint, without)
+        assert (passed.forward.ops, passed.adjoint.ops) != (other.forward.ops, other.adjoint.ops)
+        return
     scheme, *activation = (_FIRES_ON[name],) if isinstance(_FIRES_ON[name], str) else _FIRES_ON[name]
     program = derive(load_scheme(scheme).with_activation(*activation) if activation else load_scheme(scheme))
-    assert lower(program, DEFAULT) != lower(program, tuple(p for p in DEFAULT if p is not PASSES[name]))
+    assert lower(program, DEFAULT) != lower(program, without)
 
 
 def test_rms_norm_is_fused_in_llama():

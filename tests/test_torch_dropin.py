@@ -46,6 +46,8 @@ def test_every_dropout_site_is_emitted():
         sites = lower(derive(load_scheme(scheme))).dropout
         source = path.read_text()
         assert sites and all(f"{site} = _dropout({site}, dropout_p)" in source for site in sites), path.name
+        # the derived backward's _attention_adjoint recomputes a kernel with no dropout (it refuses dropout)
+        source = re.sub(r"\ndef _attention_adjoint\(.*?\n\n\n", "\n", source, flags=re.S)
         kernels = len(re.findall(r"= _(?:attention|softmax)\(", source))
         assert kernels and len(re.findall(r"= _(?:attention|softmax)\(.*, dropout_p\)", source)) == kernels
 

@@ -5,6 +5,7 @@ switched off (``passes=()`` for none, ``splitformer derive --passes``): the emit
 stays correct, only slower or less compact.
 """
 
+from .attention_adjoint import attention_adjoint
 from .convolution import convolution
 from .fold_affine import fold_affine
 from .fuse_projections import fuse_projections
@@ -12,7 +13,9 @@ from .fused_attention import fused_attention
 from .gelu import gelu
 from .gelu_tanh import gelu_tanh
 from .inline_elementwise import inline_elementwise
+from .kept_layer_norm import kept_layer_norm
 from .layer_norm import layer_norm
+from .layer_norm_adjoint import layer_norm_adjoint
 from .local_kernel import local_kernel
 from .matmul import matmul
 from .one_hot import one_hot
@@ -28,13 +31,16 @@ PASSES = {
     "inline-elementwise": inline_elementwise,
     "local-kernel": local_kernel,
     "one-hot": one_hot,
+    "layer-norm-adjoint": layer_norm_adjoint,
     "layer-norm": layer_norm,
+    "kept-layer-norm": kept_layer_norm,
     "rms-norm": rms_norm,
     "gelu": gelu,
     "gelu-tanh": gelu_tanh,
     "silu": silu,
     "unroll-pairs": unroll_pairs,
     "shared-trig": shared_trig,
+    "attention-adjoint": attention_adjoint,
     "fused-attention": fused_attention,
     "matmul": matmul,
     "fuse-projections": fuse_projections,

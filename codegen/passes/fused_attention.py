@@ -19,7 +19,7 @@ from ..ir import BATCH, Attention, Contraction, Module, Softmax
 __all__ = ["fused_attention"]
 
 
-def _is_scores(op, softmax: Softmax) -> bool:
+def is_scores(op, softmax: Softmax) -> bool:
     if not isinstance(op, Contraction) or len(op.operands) != 2 or op.bias is not None:
         return False
     q, k = op.operands
@@ -48,7 +48,7 @@ def _grouped_scores(op: Contraction, softmax: Softmax) -> tuple[str, str, str, s
     return row, column, group, member
 
 
-def _is_mixing(op, softmax: Softmax, scores: Contraction) -> bool:
+def is_mixing(op, softmax: Softmax, scores: Contraction) -> bool:
     if not isinstance(op, Contraction) or len(op.operands) != 2 or op.bias is not None or op.scale != 1:
         return False
     kernel, v = op.operands
@@ -74,9 +74,9 @@ def fused_attention(module: Module) -> Module:
         if not isinstance(softmax, Softmax) or reads[softmax.out] != 1:
             continue
         scores = producers.get(softmax.scores.name)
-        if reads.get(scores.out if scores else "", 0) != 1 or not _is_scores(scores, softmax):
+        if reads.get(scores.out if scores else "", 0) != 1 or not is_scores(scores, softmax):
             continue
-        if not _is_mixing(op, softmax, scores):
+        if not is_mixing(op, softmax, scores):
             continue
         q, k = scores.operands
         fused = Attention(op.out, op.labels, "\n".join((scores.comment, softmax.comment, op.comment)), op.section,

@@ -144,6 +144,46 @@ _ONE_THREAD = 1 << 18
 _MIN_ROWS = 16
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes."""
+    p_bar = gain * costate
+    x_bar = p_bar - p_bar.mean(axis=-1, keepdims=True)
+    x_bar -= p * (np.einsum("...l,...l->...", p_bar, p)[..., None] / p.shape[-1])
+    x_bar /= np.sqrt(eps + variance)[..., None]
+    rows = costate.reshape(-1, costate.shape[-1])
+    return x_bar, np.einsum("rl,rl->l", p.reshape(rows.shape), rows), rows.sum(axis=0)
+
+
+def _attention_normalized(q, k, v, scale, support):
+    """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
+    (the adjoint recomputes the kernel)."""
+    return _attention(q, k, v, scale, support), None
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -437,14 +477,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: parallel (attn ×2, ffn ×2) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = np.mean(u0, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -455,7 +491,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
@@ -475,12 +511,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l] + F^ffn[i, l] + u^(0)[i, l]
     u1 = np.add(attn_out, ffn_out + u0, out=attn_out)
     del attn_out, ffn_out, u0
-    return u1, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s,)
+    return u1, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s,)
 
 
 def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, ffn_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, ffn_s, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -521,7 +557,6 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = _einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -529,39 +564,21 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
-
-    # --- recomputed from the kept arrays: substep 1: parallel (attn ×2, ffn ×2) ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a, chi
-
-    # --- adjoint of substep 1: parallel (attn ×2, ffn ×2) ---
     # t1[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t1 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t1[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t1
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bime->kme", norm1_out, attn_v_bar)
     # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = _einsum("bime->me", attn_v_bar)
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_k_bar = _einsum("bik,bime->kme", norm1_out, attn_k_bar)
     # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = _einsum("bime->me", attn_k_bar)
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_q_bar = _einsum("bik,bime->kme", norm1_out, attn_q_bar)
     del norm1_out
@@ -586,26 +603,19 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     # L̅N̅^norm1[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z]) + Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = np.add(t2, t3 + t4 + t5, out=t2)
     del t2, t3, t4, t5
-    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
-    norm1_bias_bar = _einsum("bil->l", norm1_out_bar)
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
-    norm1_gain_bar = _einsum("bil,bil->l", norm1_out_bar, norm1_p)
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    del norm1_out_bar
     # t6[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-    t6 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    norm1_beta_bar = -t6/(2*(eps + norm1_beta))
-    del t6
     # t7[i] = Σ_k(P^norm1[i, k])
-    t7 = np.sum(norm1_p, axis=2)
     # t8[i] = Σ_l(P̅^norm1[i, l])
-    t8 = np.sum(norm1_p_bar, axis=2)
+    norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_out_bar, norm1_p
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-    u0_bar = (-t8[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t7[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t7, t8, u1_bar
+    u0_bar = norm1_x_bar + u1_bar
+    del norm1_x_bar, u1_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
@@ -635,48 +645,36 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
-    final_norm_bias_bar = _einsum("bil->l", u1_bar)
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
-    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    final_norm_p_bar = final_norm_gain*u1_bar
-    del u1_bar
     # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
-    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
-    del t1
     # t2[i] = Σ_k(P^final_norm[i, k])
-    t2 = np.sum(final_norm_p, axis=2)
     # t3[i] = Σ_l(P̅^final_norm[i, l])
-    t3 = np.sum(final_norm_p_bar, axis=2)
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
-    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
+    del final_norm_beta, final_norm_p, u1_bar
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

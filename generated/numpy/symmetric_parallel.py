@@ -148,6 +148,46 @@ _ONE_THREAD = 1 << 18
 _MIN_ROWS = 16
 
 
+def _kept_layer_norm(x, gain, bias, eps):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    p = x - x.mean(axis=-1, keepdims=True)
+    variance = np.einsum("...l,...l->...", p, p) / x.shape[-1]
+    p /= np.sqrt(eps + variance)[..., None]
+    return gain * p + bias, p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes."""
+    p_bar = gain * costate
+    x_bar = p_bar - p_bar.mean(axis=-1, keepdims=True)
+    x_bar -= p * (np.einsum("...l,...l->...", p_bar, p)[..., None] / p.shape[-1])
+    x_bar /= np.sqrt(eps + variance)[..., None]
+    rows = costate.reshape(-1, costate.shape[-1])
+    return x_bar, np.einsum("rl,rl->l", p.reshape(rows.shape), rows), rows.sum(axis=0)
+
+
+def _attention_normalized(q, k, v, scale, support):
+    """``_attention`` and its rows' normalizers for ``_attention_adjoint``: None, as ``_attention`` keeps none
+    (the adjoint recomputes the kernel)."""
+    return _attention(q, k, v, scale, support), None
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _row_scale(x):
     """Per row, a power of two s ≥ max|x| (at least 1): x/s is exact and its squares cannot overflow."""
     peak = np.maximum(np.max(x, axis=-1, keepdims=True), -np.min(x, axis=-1, keepdims=True))
@@ -506,14 +546,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 1: attn, explicit on Proj(norm1) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = np.mean(u0, axis=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = np.mean((-norm1_alpha[:, :, None] + u0)**2, axis=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/np.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -524,7 +560,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = attn_o.reshape(-1, n_heads * d_head) @ attn_W_o
     attn_out += attn_b_o
@@ -535,14 +571,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 2: ffn, explicit on Proj(norm2) ---
     # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-    norm2_alpha = np.mean(u1, axis=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-    norm2_beta = np.mean((-norm2_alpha[:, :, None] + u1)**2, axis=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/np.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = norm2_out.reshape(-1, d) @ ffn_W_1
     ffn_w += ffn_b_1
@@ -557,14 +589,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 3: ffn, explicit on Proj(norm2) ---
     # α^{norm2,2}[i] = Σ_k(u^(0)[i, k])/N_y
-    norm22_alpha = np.mean(u0, axis=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(0)[i, k])**2)/N_y
-    norm22_beta = np.mean((-norm22_alpha[:, :, None] + u0)**2, axis=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(0)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u0)/np.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = norm22_out.reshape(-1, d) @ ffn_W_1
     ffn2_w += ffn_b_1
@@ -582,14 +610,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- branch substep 4: attn, explicit on Proj(norm1) ---
     # α^{norm1,2}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm12_alpha = np.mean(u3, axis=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(3)[i, k])**2)/N_y
-    norm12_beta = np.mean((-norm12_alpha[:, :, None] + u3)**2, axis=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(3)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u3)/np.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u3, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -600,7 +624,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
     # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
     # O^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, i, j]*V^{attn,2}[j, m, e])
-    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    attn2_o, attn2_gamma_log_total = _attention_normalized(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
     del chi
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = attn2_o.reshape(-1, n_heads * d_head) @ attn_W_o
@@ -613,12 +637,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2
     u5 = attn2_out/2 + ffn_out/2 + u1/2 + u3/2
     del attn2_out, ffn_out, u1, u3
-    return u5, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o,)
+    return u5, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm22_out, norm22_p, norm22_beta, ffn2_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total,)
 
 
 def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm22_beta, norm22_p, norm22_out, ffn2_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm22_out, norm22_p, norm22_beta, ffn2_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, = saved
     batch, n_tokens, d = u5_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -648,38 +672,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn2_o_bar = attn2_out_bar.reshape(-1, d) @ attn_W_o.T
     attn2_o_bar = attn2_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    attn2_gamma_bar = _einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
-    del attn2_v
-
-    # --- recomputed from the kept arrays: branch substep 1: attn, explicit on Proj(norm1) ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = _einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None])
-    del attn_a
-
-    # --- recomputed from the kept arrays: branch substep 4: attn, explicit on Proj(norm1) ---
-    # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
-    attn2_a = _einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None])
-    del attn2_a, chi
-
-    # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # t1[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    t1 = _einsum("bmin,bmin->bmi", attn2_gamma, attn2_gamma_bar)
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    attn2_a_bar = attn2_gamma*attn2_gamma_bar - t1[:, :, :, None]*attn2_gamma
-    del attn2_gamma_bar, t1
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
-    attn2_v_bar = _einsum("bmji,bjme->bime", attn2_gamma, attn2_o_bar)
-    del attn2_gamma, attn2_o_bar
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_k_bar = _einsum("bmji,bjme->bime", attn2_a_bar, attn2_q) / math.sqrt(d_head)
-    del attn2_q
     # Q̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, i, j]*K^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_q_bar = _einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
-    del attn2_a_bar, attn2_k
+    attn2_q_bar, attn2_k_bar, attn2_v_bar = _attention_adjoint(attn2_o_bar, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_gamma_log_total, attn2_k, attn2_o_bar, attn2_q, attn2_v
     # t2[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e])
     t2 = attn2_k_bar.reshape(-1, n_heads * d_head) @ attn_W_k.T
     t2 = t2.reshape(batch, n_tokens, d)
@@ -692,23 +691,19 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # L̅N̅^{norm1,2}[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e]) + Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e]) + Σ_{m,e}(V̅^{attn,2}[i, m, e]*W^V_attn[l, m, e])
     norm12_out_bar = np.add(t2, t3 + t4, out=t2)
     del t2, t3, t4
-    # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
-    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t5 = _einsum("bil,bil->bi", norm12_p, norm12_p_bar)
-    # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t5/(2*(eps + norm12_beta))
-    del t5
-    # t6[i] = Σ_k(P^{norm1,2}[i, k])
-    t6 = np.sum(norm12_p, axis=2)
-    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t7 = np.sum(norm12_p_bar, axis=2)
 
     # --- adjoint of branch substep 3: ffn, explicit on Proj(norm2) ---
+    # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
+    # t5[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
+    # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
+    # t6[i] = Σ_k(P^{norm1,2}[i, k])
+    # t7[i] = Σ_l(P̅^{norm1,2}[i, l])
+    norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # λ^(3)[i, l] = λ^(4)[i, l] + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y
-    u3_bar = (-t7[:, :, None]/np.sqrt(eps + norm12_beta[:, :, None]) - 2*np.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t6[:, :, None]/d)/d + norm12_p_bar/np.sqrt(eps + norm12_beta[:, :, None]) + 2*np.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + u4_bar
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, t6, t7, u4_bar
+    u3_bar = norm12_x_bar + u4_bar
+    del norm12_x_bar, u4_bar
     # F̅^{ffn,2}[i, l] = λ^(3)[i, l]
     ffn2_out_bar = u3_bar
     # s̅^{ffn,2}[i, z] = Σ_l(F̅^{ffn,2}[i, l]*W_{ffn,2}[z, l])
@@ -720,17 +715,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # L̅N̅^{norm2,2}[i, l] = Σ_z(w̅^{ffn,2}[i, z]*W_{ffn,1}[l, z])
     norm22_out_bar = ffn2_w_bar.reshape(-1, d_ff) @ ffn_W_1.T
     norm22_out_bar = norm22_out_bar.reshape(batch, n_tokens, d)
-    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-    t8 = _einsum("bil,bil->bi", norm22_p, norm22_p_bar)
-    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    norm22_beta_bar = -t8/(2*(eps + norm22_beta))
-    del t8
-    # t9[i] = Σ_k(P^{norm2,2}[i, k])
-    t9 = np.sum(norm22_p, axis=2)
-    # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
-    t10 = np.sum(norm22_p_bar, axis=2)
 
     # --- adjoint of branch substep 2: ffn, explicit on Proj(norm2) ---
     # λ^(2)[i, l] = λ^(5)[i, l]/2
@@ -780,35 +764,28 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm2_bias_bar = norm2_bias_bar_0 + norm2_bias_bar_1
     del norm2_bias_bar_0, norm2_bias_bar_1
     norm2_gain_bar_0 = _einsum("bil,bil->l", norm22_out_bar, norm22_p)
-    del norm22_out_bar
     norm2_gain_bar_1 = _einsum("bil,bil->l", norm2_out_bar, norm2_p)
     # g̅_norm2[l] = Σ_i(L̅N̅^{norm2,2}[i, l]*P^{norm2,2}[i, l]) + Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
     norm2_gain_bar = norm2_gain_bar_0 + norm2_gain_bar_1
     del norm2_gain_bar_0, norm2_gain_bar_1
-    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    norm2_p_bar = norm2_gain*norm2_out_bar
-    del norm2_out_bar
-    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t11 = _einsum("bil,bil->bi", norm2_p, norm2_p_bar)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t11/(2*(eps + norm2_beta))
-    del t11
-    # t12[i] = Σ_k(P^norm2[i, k])
-    t12 = np.sum(norm2_p, axis=2)
-    # t13[i] = Σ_l(P̅^norm2[i, l])
-    t13 = np.sum(norm2_p_bar, axis=2)
 
     # --- adjoint of branch substep 1: attn, explicit on Proj(norm1) ---
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+    # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t12[i] = Σ_k(P^norm2[i, k])
+    # t13[i] = Σ_l(P̅^norm2[i, l])
+    norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u1_bar = (-t13[:, :, None]/np.sqrt(eps + norm2_beta[:, :, None]) - 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm2_p_bar/np.sqrt(eps + norm2_beta[:, :, None]) + 2*np.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t12, t13, u2_bar
+    u1_bar = norm2_x_bar + u2_bar
+    del norm2_x_bar, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     attn_W_o_bar_0 = _einsum("bil,bime->mel", attn2_out_bar, attn2_o)
     del attn2_o
     attn_W_o_bar_1 = _einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1
     del attn_W_o_bar_0, attn_W_o_bar_1
@@ -823,16 +800,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = _einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t14[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t14 = _einsum("bmin,bmin->bmi", attn_gamma, attn_gamma_bar)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t14[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t14
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = _einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     attn_W_v_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_v_bar)
     attn_W_v_bar_1 = _einsum("bik,bime->kme", norm1_out, attn_v_bar)
     # W̅^V_attn[k, m, e] = Σ_i(V̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
@@ -844,9 +818,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # b̅^V_attn[m, e] = Σ_i(V̅^{attn,2}[i, m, e]) + Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = attn_b_v_bar_0 + attn_b_v_bar_1
     del attn_b_v_bar_0, attn_b_v_bar_1
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = _einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     attn_W_k_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_k_bar)
     attn_W_k_bar_1 = _einsum("bik,bime->kme", norm1_out, attn_k_bar)
     # W̅^K_attn[k, m, e] = Σ_i(K̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
@@ -858,9 +829,6 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     # b̅^K_attn[m, e] = Σ_i(K̅^{attn,2}[i, m, e]) + Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = attn_b_k_bar_0 + attn_b_k_bar_1
     del attn_b_k_bar_0, attn_b_k_bar_1
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = _einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     attn_W_q_bar_0 = _einsum("bik,bime->kme", norm12_out, attn2_q_bar)
     del norm12_out
     attn_W_q_bar_1 = _einsum("bik,bime->kme", norm1_out, attn_q_bar)
@@ -901,22 +869,24 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     norm1_gain_bar = norm1_gain_bar_0 + norm1_gain_bar_1
     del norm1_gain_bar_0, norm1_gain_bar_1
     # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-    norm1_p_bar = norm1_gain*norm1_out_bar
-    del norm1_out_bar
     # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-    t18 = _einsum("bil,bil->bi", norm1_p, norm1_p_bar)
     # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    norm1_beta_bar = -t18/(2*(eps + norm1_beta))
-    del t18
     # t19[i] = Σ_k(P^norm1[i, k])
-    t19 = np.sum(norm1_p, axis=2)
     # t20[i] = Σ_l(P̅^norm1[i, l])
-    t20 = np.sum(norm1_p_bar, axis=2)
+    norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_out_bar, norm1_p
+    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+    # t8[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+    # t9[i] = Σ_k(P^{norm2,2}[i, k])
+    # t10[i] = Σ_l(P̅^{norm2,2}[i, l])
+    norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    del norm22_beta, norm22_out_bar, norm22_p
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(0)[i, l] = λ^(1)[i, l] + λ^(3)[i, l] + P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^norm1[i]/N_y + α̅^{norm2,2}[i]/N_y
-    u0_bar = (-t20[:, :, None]/np.sqrt(eps + norm1_beta[:, :, None]) - 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t10[:, :, None]/np.sqrt(eps + norm22_beta[:, :, None]) - 2*np.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t9[:, :, None]/d)/d + norm1_p_bar/np.sqrt(eps + norm1_beta[:, :, None]) + norm22_p_bar/np.sqrt(eps + norm22_beta[:, :, None]) + 2*np.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*np.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d + u1_bar + u3_bar
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm22_beta, norm22_beta_bar, norm22_p, norm22_p_bar, t10, t19, t20, t9, u1_bar, u3_bar
+    u0_bar = norm1_x_bar + norm22_x_bar + u1_bar + u3_bar
+    del norm1_x_bar, norm22_x_bar, u1_bar, u3_bar
     return u0_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,
@@ -948,48 +918,36 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: final_norm, projection ---
     # α^final_norm[i] = Σ_k(u^(0)[i, k])/N_y
-    final_norm_alpha = np.mean(u0, axis=2)
     # β^final_norm[i] = Σ_k((-α^final_norm[i] + u^(0)[i, k])**2)/N_y
-    final_norm_beta = np.mean((-final_norm_alpha[:, :, None] + u0)**2, axis=2)
     # P^final_norm[i, l] = (-α^final_norm[i] + u^(0)[i, l])/sqrt(ε + β^final_norm[i])
-    final_norm_p = (-final_norm_alpha[:, :, None] + u0)/np.sqrt(eps + final_norm_beta[:, :, None])
-    del final_norm_alpha, u0
     # LN^final_norm[i, l] = c_final_norm[l] + g_final_norm[l]*P^final_norm[i, l]
     # u^(1)[i, l] = LN^final_norm[i, l]
-    u1 = final_norm_gain*final_norm_p + final_norm_bias
-    return u1, (final_norm_beta, final_norm_p,)
+    u1, final_norm_p, final_norm_beta = _kept_layer_norm(u0, final_norm_gain, final_norm_bias, eps)
+    del u0
+    return u1, (final_norm_p, final_norm_beta,)
 
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
     n_heads = 1
-    final_norm_beta, final_norm_p, = saved
+    final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
-    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
-    final_norm_bias_bar = _einsum("bil->l", u1_bar)
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])
-    final_norm_gain_bar = _einsum("bil,bil->l", final_norm_p, u1_bar)
+    # c̅_final_norm[l] = Σ_i(λ^(1)[i, l])
     # P̅^final_norm[i, l] = g_final_norm[l]*λ^(1)[i, l]
-    final_norm_p_bar = final_norm_gain*u1_bar
-    del u1_bar
     # t1[i] = Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])
-    t1 = _einsum("bil,bil->bi", final_norm_p, final_norm_p_bar)
     # β̅^final_norm[i] = -Σ_l(P^final_norm[i, l]*P̅^final_norm[i, l])/(2*(ε + β^final_norm[i]))
-    final_norm_beta_bar = -t1/(2*(eps + final_norm_beta))
-    del t1
     # t2[i] = Σ_k(P^final_norm[i, k])
-    t2 = np.sum(final_norm_p, axis=2)
     # t3[i] = Σ_l(P̅^final_norm[i, l])
-    t3 = np.sum(final_norm_p_bar, axis=2)
     # α̅^final_norm[i] = -Σ_l(P̅^final_norm[i, l])/sqrt(ε + β^final_norm[i]) - 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*Σ_k(P^final_norm[i, k])/N_y
     # λ^(0)[i, l] = P̅^final_norm[i, l]/sqrt(ε + β^final_norm[i]) + 2*sqrt(ε + β^final_norm[i])*β̅^final_norm[i]*P^final_norm[i, l]/N_y + α̅^final_norm[i]/N_y
-    u0_bar = (-t3[:, :, None]/np.sqrt(eps + final_norm_beta[:, :, None]) - 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*t2[:, :, None]/d)/d + final_norm_p_bar/np.sqrt(eps + final_norm_beta[:, :, None]) + 2*np.sqrt(eps + final_norm_beta[:, :, None])*final_norm_beta_bar[:, :, None]*final_norm_p/d
-    del final_norm_beta, final_norm_beta_bar, final_norm_p, final_norm_p_bar, t2, t3
+    u0_bar, final_norm_gain_bar, final_norm_bias_bar = _layer_norm_adjoint(u1_bar, final_norm_p, final_norm_beta, final_norm_gain, eps)
+    del final_norm_beta, final_norm_p, u1_bar
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,

@@ -164,6 +164,49 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
+
+
+def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
+    if support is not None or dropout_p or q.device.type != "cpu":
+        return _attention(q, k, v, scale, support, dropout_p), None
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2), log_total
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -466,14 +509,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 1: attn, explicit on Proj(norm1) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -484,7 +523,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
@@ -494,14 +533,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 2: cross, explicit on Proj(norm2) ---
     # α^norm2[i] = Σ_k(u^(1)[i, k])/N_y
-    norm2_alpha = torch.mean(u1, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(1)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u1)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(1)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u1)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
     # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*LN^norm2[i, k])
     cross_q = torch.addmm(cross_b_q, norm2_out.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
     # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
@@ -513,7 +548,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
     # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
     # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])
-    cross_o = _attention(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None], dropout_p)
+    cross_o, cross_gamma_log_total = _attention_normalized(cross_q, cross_k, cross_v, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None], dropout_p)
     del chi_m
     # C^cross[i, l] = b^O_cross[l] + Σ_{m,e}(W^O_cross[m, e, l]*O^cross[i, m, e])
     cross_out = torch.addmm(cross_b_o, cross_o.reshape(-1, n_heads * d_head), cross_W_o).view(batch, n_tokens, d)
@@ -523,14 +558,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
 
     # --- substep 3: ffn, explicit on Proj(norm3) ---
     # α^norm3[i] = Σ_k(u^(2)[i, k])/N_y
-    norm3_alpha = torch.mean(u2, dim=2)
     # β^norm3[i] = Σ_k((-α^norm3[i] + u^(2)[i, k])**2)/N_y
-    norm3_beta = torch.mean((-norm3_alpha[:, :, None] + u2)**2, dim=2)
     # P^norm3[i, l] = (-α^norm3[i] + u^(2)[i, l])/sqrt(ε + β^norm3[i])
-    norm3_p = (-norm3_alpha[:, :, None] + u2)/torch.sqrt(eps + norm3_beta[:, :, None])
-    del norm3_alpha
     # LN^norm3[i, l] = c_norm3[l] + g_norm3[l]*P^norm3[i, l]
-    norm3_out = norm3_gain*norm3_p + norm3_bias
+    norm3_out, norm3_p, norm3_beta = _kept_layer_norm(u2, norm3_gain, norm3_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm3[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm3_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = Max(0, w^ffn[i, z])
@@ -541,7 +572,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # u^(3)[i, l] = F^ffn[i, l] + u^(2)[i, l]
     u3 = ffn_out.add_(u2) if inference else ffn_out + u2
     del ffn_out, u2
-    return u3, (mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, norm3_beta, norm3_p, norm3_out, ffn_s,)
+    return u3, (mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s,)
 
 
 def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
@@ -550,7 +581,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    mem, norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, cross_q, cross_k, cross_v, cross_o, norm3_beta, norm3_p, norm3_out, ffn_s, = saved
+    mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s, = saved
     batch, n_tokens, d = u3_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
@@ -603,72 +634,42 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # L̅N̅^norm3[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     norm3_out_bar = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar
-    # c̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l])
-    norm3_bias_bar = torch.einsum("bil->l", norm3_out_bar)
-    # g̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l]*P^norm3[i, l])
-    norm3_gain_bar = torch.sum(norm3_out_bar * norm3_p, dim=(0, 1))
-    # P̅^norm3[i, l] = g_norm3[l]*L̅N̅^norm3[i, l]
-    norm3_p_bar = norm3_gain*norm3_out_bar
-    del norm3_out_bar
-    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
-    t1 = torch.sum(norm3_p * norm3_p_bar, dim=2)
-    # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
-    norm3_beta_bar = -t1/(2*(eps + norm3_beta))
-    del t1
-    # t2[i] = Σ_k(P^norm3[i, k])
-    t2 = torch.sum(norm3_p, dim=2)
-    # t3[i] = Σ_l(P̅^norm3[i, l])
-    t3 = torch.sum(norm3_p_bar, dim=2)
 
     # --- adjoint of substep 2: cross, explicit on Proj(norm2) ---
+    # g̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l]*P^norm3[i, l])
+    # c̅_norm3[l] = Σ_i(L̅N̅^norm3[i, l])
+    # P̅^norm3[i, l] = g_norm3[l]*L̅N̅^norm3[i, l]
+    # t1[i] = Σ_l(P^norm3[i, l]*P̅^norm3[i, l])
+    # β̅^norm3[i] = -Σ_l(P^norm3[i, l]*P̅^norm3[i, l])/(2*(ε + β^norm3[i]))
+    # t2[i] = Σ_k(P^norm3[i, k])
+    # t3[i] = Σ_l(P̅^norm3[i, l])
+    norm3_x_bar, norm3_gain_bar, norm3_bias_bar = _layer_norm_adjoint(norm3_out_bar, norm3_p, norm3_beta, norm3_gain, eps)
+    del norm3_beta, norm3_out_bar, norm3_p
     # α̅^norm3[i] = -Σ_l(P̅^norm3[i, l])/sqrt(ε + β^norm3[i]) - 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*Σ_k(P^norm3[i, k])/N_y
     # λ^(2)[i, l] = λ^(3)[i, l] + P̅^norm3[i, l]/sqrt(ε + β^norm3[i]) + 2*sqrt(ε + β^norm3[i])*β̅^norm3[i]*P^norm3[i, l]/N_y + α̅^norm3[i]/N_y
-    u2_bar = (-t3[:, :, None]/torch.sqrt(eps + norm3_beta[:, :, None]) - 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm3_p_bar/torch.sqrt(eps + norm3_beta[:, :, None]) + 2*torch.sqrt(eps + norm3_beta[:, :, None])*norm3_beta_bar[:, :, None]*norm3_p/d + u3_bar
-    del norm3_beta, norm3_beta_bar, norm3_p, norm3_p_bar, t2, t3, u3_bar
+    u2_bar = norm3_x_bar + u3_bar
+    del norm3_x_bar, u3_bar
     # C̅^cross[i, l] = λ^(2)[i, l]
     cross_out_bar = u2_bar
     # W̅^O_cross[m, e, l] = Σ_i(O^cross[i, m, e]*C̅^cross[i, l])
     cross_W_o_bar = torch.einsum("bil,bime->mel", cross_out_bar, cross_o)
-    del cross_o
     # b̅^O_cross[l] = Σ_i(C̅^cross[i, l])
     cross_b_o_bar = torch.einsum("bil->l", cross_out_bar)
     # O̅^cross[i, m, e] = Σ_l(W^O_cross[m, e, l]*C̅^cross[i, l])
     cross_o_bar = torch.mm(cross_out_bar.reshape(-1, d), cross_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del cross_out_bar
     # γ̅^cross[m, i, t] = Σ_e(O̅^cross[i, m, e]*V^cross[t, m, e])
-    cross_gamma_bar = torch.einsum("bime,btme->bmit", cross_o_bar, cross_v)
-    del cross_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
-    del attn_a, chi
-
-    # --- recomputed from the kept arrays: substep 2: cross, explicit on Proj(norm2) ---
-    # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
-    cross_a = torch.einsum("bime,btme->bmit", cross_q, cross_k) / math.sqrt(d_head)
-    # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
-    cross_gamma = _softmax(cross_a, None if chi_m is None else chi_m[:, None], dropout_p)
-    del chi_m, cross_a
-
-    # --- adjoint of substep 2: cross, explicit on Proj(norm2) ---
     # t4[m, i] = Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
-    t4 = torch.sum(cross_gamma * cross_gamma_bar, dim=3)
     # a̅^cross[m, i, t] = γ^cross[m, i, t]*γ̅^cross[m, i, t] - γ^cross[m, i, t]*Σ_o(γ^cross[m, i, o]*γ̅^cross[m, i, o])
-    cross_a_bar = cross_gamma*cross_gamma_bar - t4[:, :, :, None]*cross_gamma
-    del cross_gamma_bar, t4
     # V̅^cross[t, m, e] = Σ_i(γ^cross[m, i, t]*O̅^cross[i, m, e])
-    cross_v_bar = torch.einsum("bmit,bime->btme", cross_gamma, cross_o_bar)
-    del cross_gamma, cross_o_bar
+    # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
+    # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
+    cross_q_bar, cross_k_bar, cross_v_bar = _attention_adjoint(cross_o_bar, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, 1 / math.sqrt(d_head), None if chi_m is None else chi_m[:, None])
+    del chi_m, cross_gamma_log_total, cross_k, cross_o, cross_o_bar, cross_q, cross_v
     # W̅^V_cross[k, m, e] = Σ_t(V̅^cross[t, m, e]*m[t, k])
     cross_W_v_bar = torch.einsum("btk,btme->kme", mem, cross_v_bar)
     # b̅^V_cross[m, e] = Σ_t(V̅^cross[t, m, e])
     cross_b_v_bar = torch.einsum("btme->me", cross_v_bar)
-    # K̅^cross[t, m, e] = Σ_i(a̅^cross[m, i, t]*Q^cross[i, m, e])/sqrt(N_e)
-    cross_k_bar = torch.einsum("bmit,bime->btme", cross_a_bar, cross_q) / math.sqrt(d_head)
-    del cross_q
     # W̅^K_cross[k, m, e] = Σ_t(K̅^cross[t, m, e]*m[t, k])
     cross_W_k_bar = torch.einsum("btk,btme->kme", mem, cross_k_bar)
     del mem
@@ -683,9 +684,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # m̅[t, l] = Σ_{m,e}(W^K_cross[l, m, e]*K̅^cross[t, m, e]) + Σ_{m,e}(W^V_cross[l, m, e]*V̅^cross[t, m, e])
     mem_bar = t5.add_(t6) if inference else t5 + t6
     del t5, t6
-    # Q̅^cross[i, m, e] = Σ_t(a̅^cross[m, i, t]*K^cross[t, m, e])/sqrt(N_e)
-    cross_q_bar = torch.einsum("bmit,btme->bime", cross_a_bar, cross_k) / math.sqrt(d_head)
-    del cross_a_bar, cross_k
     # W̅^Q_cross[k, m, e] = Σ_i(Q̅^cross[i, m, e]*LN^norm2[i, k])
     cross_W_q_bar = torch.einsum("bik,bime->kme", norm2_out, cross_q_bar)
     del norm2_out
@@ -694,63 +692,46 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # L̅N̅^norm2[i, l] = Σ_{m,e}(W^Q_cross[l, m, e]*Q̅^cross[i, m, e])
     norm2_out_bar = torch.mm(cross_q_bar.reshape(-1, n_heads * d_head), cross_W_q.t()).view(batch, n_tokens, d)
     del cross_q_bar
-    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
-    norm2_bias_bar = torch.einsum("bil->l", norm2_out_bar)
-    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
-    norm2_gain_bar = torch.sum(norm2_out_bar * norm2_p, dim=(0, 1))
-    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-    norm2_p_bar = norm2_gain*norm2_out_bar
-    del norm2_out_bar
-    # t7[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t7 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t7/(2*(eps + norm2_beta))
-    del t7
-    # t8[i] = Σ_k(P^norm2[i, k])
-    t8 = torch.sum(norm2_p, dim=2)
-    # t9[i] = Σ_l(P̅^norm2[i, l])
-    t9 = torch.sum(norm2_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
+    # g̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l]*P^norm2[i, l])
+    # c̅_norm2[l] = Σ_i(L̅N̅^norm2[i, l])
+    # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+    # t7[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t8[i] = Σ_k(P^norm2[i, k])
+    # t9[i] = Σ_l(P̅^norm2[i, l])
+    norm2_x_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_out_bar, norm2_p
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(1)[i, l] = λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u1_bar = (-t9[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t8[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u2_bar
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t8, t9, u2_bar
+    u1_bar = norm2_x_bar + u2_bar
+    del norm2_x_bar, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t10[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t10 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t10[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t10
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
     # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
     # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*LN^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
     del norm1_out
@@ -768,29 +749,22 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     # L̅N̅^norm1[i, l] = Σ_{m,e}(W^K_attn[l, m, e]*K̅^attn[i, m, e]) + Σ_{m,e}(W^Q_attn[l, m, e]*Q̅^attn[i, m, e]) + Σ_{m,e}(W^V_attn[l, m, e]*V̅^attn[i, m, e])
     norm1_out_bar = t11.add_(t12 + t13) if inference else t11 + t12 + t13
     del t11, t12, t13
-    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
-    norm1_bias_bar = torch.einsum("bil->l", norm1_out_bar)
     # g̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l]*P^norm1[i, l])
-    norm1_gain_bar = torch.sum(norm1_out_bar * norm1_p, dim=(0, 1))
+    # c̅_norm1[l] = Σ_i(L̅N̅^norm1[i, l])
+    # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
+    # t14[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
+    # t15[i] = Σ_k(P^norm1[i, k])
+    # t16[i] = Σ_l(P̅^norm1[i, l])
+    norm1_x_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_out_bar, norm1_p
     if need_u:
 
         # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
-        # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
-        # t14[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t14 = torch.sum(norm1_p * norm1_p_bar, dim=2)
-        # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t14/(2*(eps + norm1_beta))
-        del t14
-        # t15[i] = Σ_k(P^norm1[i, k])
-        t15 = torch.sum(norm1_p, dim=2)
-        # t16[i] = Σ_l(P̅^norm1[i, l])
-        t16 = torch.sum(norm1_p_bar, dim=2)
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-        u0_bar = (-t16[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t15[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + u1_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t15, t16, u1_bar
+        u0_bar = norm1_x_bar + u1_bar
+        del norm1_x_bar, u1_bar
     return (u0_bar if need_u else None), mem_bar, {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

@@ -132,6 +132,49 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
+
+
+def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
+    if support is not None or dropout_p or q.device.type != "cpu":
+        return _attention(q, k, v, scale, support, dropout_p), None
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2), log_total
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -375,7 +418,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
@@ -385,15 +428,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 2: norm1, projection ---
     # α^norm1[i] = Σ_k(u^(1)[i, k])/N_y
-    norm1_alpha = torch.mean(u1, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(1)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u1)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(1)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u1)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha, u1
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
     # u^(2)[i, l] = LN^norm1[i, l]
-    u2 = norm1_gain*norm1_p + norm1_bias
+    u2, norm1_p, norm1_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
+    del u1
 
     # --- substep 3: parallel (ffn ×2, identity) ---
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(2)[i, k])
@@ -409,16 +449,13 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 4: norm2, projection ---
     # α^norm2[i] = Σ_k(u^(3)[i, k])/N_y
-    norm2_alpha = torch.mean(u3, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(3)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u3)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(3)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u3)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha, u3
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
     # u^(4)[i, l] = LN^norm2[i, l]
-    u4 = norm2_gain*norm2_p + norm2_bias
-    return u4, (u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p,)
+    u4, norm2_p, norm2_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
+    return u4, (u0, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, ffn_s, norm2_p, norm2_beta,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
@@ -427,7 +464,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, attn_q, attn_k, attn_v, attn_o, norm1_beta, norm1_p, u2, ffn_s, norm2_beta, norm2_p, = saved
+    u0, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, ffn_s, norm2_p, norm2_beta, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -448,29 +485,18 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
-    # --- adjoint of substep 4: norm2, projection ---
-    # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
-    norm2_bias_bar = torch.einsum("bil->l", u4_bar)
-    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
-    norm2_gain_bar = torch.sum(norm2_p * u4_bar, dim=(0, 1))
-    # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
-    norm2_p_bar = norm2_gain*u4_bar
-    del u4_bar
-    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-    t1 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-    norm2_beta_bar = -t1/(2*(eps + norm2_beta))
-    del t1
-    # t2[i] = Σ_k(P^norm2[i, k])
-    t2 = torch.sum(norm2_p, dim=2)
-    # t3[i] = Σ_l(P̅^norm2[i, l])
-    t3 = torch.sum(norm2_p_bar, dim=2)
-
     # --- adjoint of substep 3: parallel (ffn ×2, identity) ---
+    # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
+    # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
+    # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
+    # t1[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+    # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+    # t2[i] = Σ_k(P^norm2[i, k])
+    # t3[i] = Σ_l(P̅^norm2[i, l])
     # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
     # λ^(3)[i, l] = P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm2[i]/N_y
-    u3_bar = (-t3[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d
-    del norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t2, t3
+    u3_bar, norm2_gain_bar, norm2_bias_bar = _layer_norm_adjoint(u4_bar, norm2_p, norm2_beta, norm2_gain, eps)
+    del norm2_beta, norm2_p, u4_bar
     # F̅^ffn[i, l] = λ^(3)[i, l]
     ffn_out_bar = u3_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
@@ -493,72 +519,44 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # λ^(2)[i, l] = λ^(3)[i, l] + Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     u2_bar = torch.addmm(u3_bar.reshape(-1, d), ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
     del ffn_w_bar, u3_bar
-    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
-    norm1_bias_bar = torch.einsum("bil->l", u2_bar)
-    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
-    norm1_gain_bar = torch.sum(norm1_p * u2_bar, dim=(0, 1))
-    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
-    norm1_p_bar = norm1_gain*u2_bar
-    del u2_bar
-    # t4[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-    t4 = torch.sum(norm1_p * norm1_p_bar, dim=2)
-    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-    norm1_beta_bar = -t4/(2*(eps + norm1_beta))
-    del t4
-    # t5[i] = Σ_k(P^norm1[i, k])
-    t5 = torch.sum(norm1_p, dim=2)
-    # t6[i] = Σ_l(P̅^norm1[i, l])
-    t6 = torch.sum(norm1_p_bar, dim=2)
 
     # --- adjoint of substep 1: attn, explicit ---
+    # g̅_norm1[l] = Σ_i(P^norm1[i, l]*λ^(2)[i, l])
+    # c̅_norm1[l] = Σ_i(λ^(2)[i, l])
+    # P̅^norm1[i, l] = g_norm1[l]*λ^(2)[i, l]
+    # t4[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
+    # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
+    # t5[i] = Σ_k(P^norm1[i, k])
+    # t6[i] = Σ_l(P̅^norm1[i, l])
     # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
     # λ^(1)[i, l] = P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
-    u1_bar = (-t6[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t5[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d
-    del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, t5, t6
+    u1_bar, norm1_gain_bar, norm1_bias_bar = _layer_norm_adjoint(u2_bar, norm1_p, norm1_beta, norm1_gain, eps)
+    del norm1_beta, norm1_p, u2_bar
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
-    del attn_a, chi
-
-    # --- adjoint of substep 1: attn, explicit ---
     # t7[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t7 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t7[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t7
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     # W̅^V_attn[k, m, e] = Σ_i(V̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_v_bar = torch.einsum("bik,bime->kme", u0, attn_v_bar)
     # b̅^V_attn[m, e] = Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = torch.einsum("bime->me", attn_v_bar)
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     # W̅^K_attn[k, m, e] = Σ_i(K̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_k_bar = torch.einsum("bik,bime->kme", u0, attn_k_bar)
     # b̅^K_attn[m, e] = Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = torch.einsum("bime->me", attn_k_bar)
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     # W̅^Q_attn[k, m, e] = Σ_i(Q̅^attn[i, m, e]*u^(0)[i, k])
     attn_W_q_bar = torch.einsum("bik,bime->kme", u0, attn_q_bar)
     del u0

@@ -132,6 +132,49 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
+
+
+def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
+    if support is not None or dropout_p or q.device.type != "cpu":
+        return _attention(q, k, v, scale, support, dropout_p), None
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2), log_total
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -366,14 +409,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: rk2 (Heun) of attn + ffn ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -384,18 +423,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^norm2[i] = Σ_k(u^(0)[i, k])/N_y
-    norm2_alpha = torch.mean(u0, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(0)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(0)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u0)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = Max(0, w^ffn[i, z])
@@ -406,14 +441,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l] + F^ffn[i, l] + u^(0)[i, l]
     u1 = attn_out + ffn_out + u0
     # α^{norm1,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm12_alpha = torch.mean(u1, dim=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(1)[i, k])**2)/N_y
-    norm12_beta = torch.mean((-norm12_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u1)/torch.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -424,19 +455,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
     # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
     # O^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, i, j]*V^{attn,2}[j, m, e])
-    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn2_o, attn2_gamma_log_total = _attention_normalized(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm22_alpha = torch.mean(u1, dim=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(1)[i, k])**2)/N_y
-    norm22_beta = torch.mean((-norm22_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u1)/torch.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha, u1
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
+    del u1
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,2}[i, z] = Max(0, w^{ffn,2}[i, z])
@@ -447,7 +475,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(2)[i, l] = A^{attn,2}[i, l]/2 + A^attn[i, l]/2 + F^{ffn,2}[i, l]/2 + F^ffn[i, l]/2 + u^(0)[i, l]
     u2 = attn2_out/2 + attn_out/2 + ffn2_out/2 + ffn_out/2 + u0
     del attn2_out, attn_out, ffn2_out, ffn_out, u0
-    return u2, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s,)
+    return u2, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
@@ -456,7 +484,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -487,52 +515,18 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     del ffn2_s_bar
     # L̅N̅^{norm2,2}[i, l] = Σ_z(w̅^{ffn,2}[i, z]*W_{ffn,1}[l, z])
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # t1[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-    t1 = torch.sum(norm22_p * norm22_p_bar, dim=2)
-    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    norm22_beta_bar = -t1/(2*(eps + norm22_beta))
-    del t1
-    # t2[i] = Σ_k(P^{norm2,2}[i, k])
-    t2 = torch.sum(norm22_p, dim=2)
-    # t3[i] = Σ_l(P̅^{norm2,2}[i, l])
-    t3 = torch.sum(norm22_p_bar, dim=2)
     # A̅^{attn,2}[i, l] = λ^(2)[i, l]/2
     attn2_out_bar = u2_bar/2
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
     attn2_o_bar = torch.mm(attn2_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
-    del attn2_v
-
-    # --- recomputed from the kept arrays: substep 1: rk2 (Heun) of attn + ffn ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
-    del attn_a
-    # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
-    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None], dropout_p)
-    del attn2_a, chi
-
-    # --- adjoint of substep 1: rk2 (Heun) of attn + ffn ---
     # t4[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    t4 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    attn2_a_bar = attn2_gamma*attn2_gamma_bar - t4[:, :, :, None]*attn2_gamma
-    del attn2_gamma_bar, t4
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
-    attn2_v_bar = torch.einsum("bmji,bjme->bime", attn2_gamma, attn2_o_bar)
-    del attn2_gamma, attn2_o_bar
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_k_bar = torch.einsum("bmji,bjme->bime", attn2_a_bar, attn2_q) / math.sqrt(d_head)
-    del attn2_q
     # Q̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, i, j]*K^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_q_bar = torch.einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
-    del attn2_a_bar, attn2_k
+    attn2_q_bar, attn2_k_bar, attn2_v_bar = _attention_adjoint(attn2_o_bar, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_gamma_log_total, attn2_k, attn2_o_bar, attn2_q, attn2_v
     # t5[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e])
     t5 = torch.mm(attn2_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # t6[i, l] = Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e])
@@ -543,21 +537,24 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     norm12_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
     # t8[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t8 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t8/(2*(eps + norm12_beta))
-    del t8
     # t9[i] = Σ_k(P^{norm1,2}[i, k])
-    t9 = torch.sum(norm12_p, dim=2)
     # t10[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t10 = torch.sum(norm12_p_bar, dim=2)
+    norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
+    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+    # t1[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+    # t2[i] = Σ_k(P^{norm2,2}[i, k])
+    # t3[i] = Σ_l(P̅^{norm2,2}[i, l])
+    norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(1)[i, l] = P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y + α̅^{norm2,2}[i]/N_y
-    u1_bar = (-t10[:, :, None]/torch.sqrt(eps + norm12_beta[:, :, None]) - 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t9[:, :, None]/d)/d + (-t3[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm12_p_bar/torch.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, norm22_beta, norm22_beta_bar, norm22_p_bar, t10, t2, t3, t9
+    u1_bar = norm12_x_bar + norm22_x_bar
+    del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l] + λ^(2)[i, l]/2
     ffn_out_bar = u2_bar/2 + u1_bar
     ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
@@ -610,7 +607,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
     del attn2_o
     attn_W_o_bar_1 = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1
     del attn_W_o_bar_0, attn_W_o_bar_1
@@ -624,16 +620,13 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t14[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t14 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t14[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t14
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     attn_W_v_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_v_bar)
     attn_W_v_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_v_bar)
     # W̅^V_attn[k, m, e] = Σ_i(V̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(V̅^attn[i, m, e]*LN^norm1[i, k])
@@ -645,9 +638,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^V_attn[m, e] = Σ_i(V̅^{attn,2}[i, m, e]) + Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = attn_b_v_bar_0 + attn_b_v_bar_1
     del attn_b_v_bar_0, attn_b_v_bar_1
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     attn_W_k_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_k_bar)
     attn_W_k_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_k_bar)
     # W̅^K_attn[k, m, e] = Σ_i(K̅^{attn,2}[i, m, e]*LN^{norm1,2}[i, k]) + Σ_i(K̅^attn[i, m, e]*LN^norm1[i, k])
@@ -659,9 +649,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^K_attn[m, e] = Σ_i(K̅^{attn,2}[i, m, e]) + Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = attn_b_k_bar_0 + attn_b_k_bar_1
     del attn_b_k_bar_0, attn_b_k_bar_1
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     attn_W_q_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_q_bar)
     del norm12_out
     attn_W_q_bar_1 = torch.einsum("bik,bime->kme", norm1_out, attn_q_bar)
@@ -701,35 +688,25 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     if need_u:
 
         # --- adjoint of substep 1: rk2 (Heun) of attn + ffn ---
-        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-        norm2_p_bar = norm2_gain*norm2_out_bar
-        del norm2_out_bar
-        # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-        t11 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-        norm2_beta_bar = -t11/(2*(eps + norm2_beta))
-        del t11
-        # t12[i] = Σ_k(P^norm2[i, k])
-        t12 = torch.sum(norm2_p, dim=2)
-        # t13[i] = Σ_l(P̅^norm2[i, l])
-        t13 = torch.sum(norm2_p_bar, dim=2)
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t18[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t18 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t18/(2*(eps + norm1_beta))
-        del t18
         # t19[i] = Σ_k(P^norm1[i, k])
-        t19 = torch.sum(norm1_p, dim=2)
         # t20[i] = Σ_l(P̅^norm1[i, l])
-        t20 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
+        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+        # t11[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+        # t12[i] = Σ_k(P^norm2[i, k])
+        # t13[i] = Σ_l(P̅^norm2[i, l])
+        norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+        del norm2_beta, norm2_out_bar, norm2_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + λ^(2)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm1[i]/N_y + α̅^norm2[i]/N_y
-        u0_bar = (-t20[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t13[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t12, t13, t19, t20, u1_bar, u2_bar
+        u0_bar = norm1_x_bar + norm2_x_bar + u1_bar + u2_bar
+        del norm1_x_bar, norm2_x_bar, u1_bar, u2_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

@@ -132,6 +132,49 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _kept_layer_norm(x, gain, bias, eps: float):
+    """gain P + bias over the last axis, and what its derived adjoint reads: P = (x − mean x)/√(var x + eps), var x."""
+    variance, mean = torch.var_mean(x, dim=-1, correction=0)
+    p = (x - mean.unsqueeze(-1)).mul_(torch.rsqrt(variance + eps).unsqueeze(-1))
+    return torch.addcmul(bias, p, gain), p, variance
+
+
+def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
+    """x̄ of ``gain P + bias``, ``P = (x − mean x)/√(variance + eps)`` over the last axis, for its ``costate``:
+    (P̄ − mean P̄ − P mean(P̄ P))/√(variance + eps) with P̄ = gain · costate; and the gradients of gain and bias,
+    Σ P costate and Σ costate over the other axes. torch's fused LayerNorm backward read at ``P`` (mean 0, 1/σ = 1)."""
+    rows = p.shape[:-1]  # the bias's values are never read: its argument only shapes its gradient (gain's shape)
+    x_bar, gain_bar, bias_bar = torch.ops.aten.native_layer_norm_backward(
+        costate, p, [p.shape[-1]], p.new_zeros(rows), p.new_ones(rows), gain, gain, [True, True, True])
+    return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
+
+
+def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
+    if support is not None or dropout_p or q.device.type != "cpu":
+        return _attention(q, k, v, scale, support, dropout_p), None
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2), log_total
+
+
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
+    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _max_exponent(dtype: torch.dtype) -> int:
     """The largest e with 2^e finite in ``dtype`` (a table: TorchScript has no ``torch.finfo``)."""
     if dtype == torch.float64:
@@ -366,14 +409,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
 
     # --- substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
-    norm1_alpha = torch.mean(u0, dim=2)
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
-    norm1_beta = torch.mean((-norm1_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
-    norm1_p = (-norm1_alpha[:, :, None] + u0)/torch.sqrt(eps + norm1_beta[:, :, None])
-    del norm1_alpha
     # LN^norm1[i, l] = c_norm1[l] + g_norm1[l]*P^norm1[i, l]
-    norm1_out = norm1_gain*norm1_p + norm1_bias
+    norm1_out, norm1_p, norm1_beta = _kept_layer_norm(u0, norm1_gain, norm1_bias, eps)
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
@@ -384,18 +423,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
     # O^attn[i, m, e] = Σ_j(γ^attn[m, i, j]*V^attn[j, m, e])
-    attn_o = _attention(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn_o, attn_gamma_log_total = _attention_normalized(attn_q, attn_k, attn_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     # A^attn[i, l] = b^O_attn[l] + Σ_{m,e}(W^O_attn[m, e, l]*O^attn[i, m, e])
     attn_out = torch.addmm(attn_b_o, attn_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^norm2[i] = Σ_k(u^(0)[i, k])/N_y
-    norm2_alpha = torch.mean(u0, dim=2)
     # β^norm2[i] = Σ_k((-α^norm2[i] + u^(0)[i, k])**2)/N_y
-    norm2_beta = torch.mean((-norm2_alpha[:, :, None] + u0)**2, dim=2)
     # P^norm2[i, l] = (-α^norm2[i] + u^(0)[i, l])/sqrt(ε + β^norm2[i])
-    norm2_p = (-norm2_alpha[:, :, None] + u0)/torch.sqrt(eps + norm2_beta[:, :, None])
-    del norm2_alpha
     # LN^norm2[i, l] = c_norm2[l] + g_norm2[l]*P^norm2[i, l]
-    norm2_out = norm2_gain*norm2_p + norm2_bias
+    norm2_out, norm2_p, norm2_beta = _kept_layer_norm(u0, norm2_gain, norm2_bias, eps)
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^norm2[i, k])
     ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = Max(0, w^ffn[i, z])
@@ -406,14 +441,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(1)[i, l] = A^attn[i, l]/2 + F^ffn[i, l]/2 + u^(0)[i, l]
     u1 = attn_out/2 + ffn_out/2 + u0
     # α^{norm1,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm12_alpha = torch.mean(u1, dim=2)
     # β^{norm1,2}[i] = Σ_k((-α^{norm1,2}[i] + u^(1)[i, k])**2)/N_y
-    norm12_beta = torch.mean((-norm12_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm1,2}[i, l] = (-α^{norm1,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm1,2}[i])
-    norm12_p = (-norm12_alpha[:, :, None] + u1)/torch.sqrt(eps + norm12_beta[:, :, None])
-    del norm12_alpha
     # LN^{norm1,2}[i, l] = P^{norm1,2}[i, l]*g_norm1[l] + c_norm1[l]
-    norm12_out = norm1_gain*norm12_p + norm1_bias
+    norm12_out, norm12_p, norm12_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
     # Q^{attn,2}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,2}[i, k])
     # K^{attn,2}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,2}[i, k])
     # V^{attn,2}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,2}[i, k])
@@ -424,18 +455,15 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
     # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
     # O^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, i, j]*V^{attn,2}[j, m, e])
-    attn2_o = _attention(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn2_o, attn2_gamma_log_total = _attention_normalized(attn2_q, attn2_k, attn2_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,2}[i] = Σ_k(u^(1)[i, k])/N_y
-    norm22_alpha = torch.mean(u1, dim=2)
     # β^{norm2,2}[i] = Σ_k((-α^{norm2,2}[i] + u^(1)[i, k])**2)/N_y
-    norm22_beta = torch.mean((-norm22_alpha[:, :, None] + u1)**2, dim=2)
     # P^{norm2,2}[i, l] = (-α^{norm2,2}[i] + u^(1)[i, l])/sqrt(ε + β^{norm2,2}[i])
-    norm22_p = (-norm22_alpha[:, :, None] + u1)/torch.sqrt(eps + norm22_beta[:, :, None])
-    del norm22_alpha, u1
     # LN^{norm2,2}[i, l] = P^{norm2,2}[i, l]*g_norm2[l] + c_norm2[l]
-    norm22_out = norm2_gain*norm22_p + norm2_bias
+    norm22_out, norm22_p, norm22_beta = _kept_layer_norm(u1, norm2_gain, norm2_bias, eps)
+    del u1
     # w^{ffn,2}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,2}[i, k])
     ffn2_w = torch.addmm(ffn_b_1, norm22_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,2}[i, z] = Max(0, w^{ffn,2}[i, z])
@@ -446,14 +474,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(2)[i, l] = A^{attn,2}[i, l]/2 + F^{ffn,2}[i, l]/2 + u^(0)[i, l]
     u2 = attn2_out/2 + ffn2_out/2 + u0
     # α^{norm1,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm13_alpha = torch.mean(u2, dim=2)
     # β^{norm1,3}[i] = Σ_k((-α^{norm1,3}[i] + u^(2)[i, k])**2)/N_y
-    norm13_beta = torch.mean((-norm13_alpha[:, :, None] + u2)**2, dim=2)
     # P^{norm1,3}[i, l] = (-α^{norm1,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm1,3}[i])
-    norm13_p = (-norm13_alpha[:, :, None] + u2)/torch.sqrt(eps + norm13_beta[:, :, None])
-    del norm13_alpha
     # LN^{norm1,3}[i, l] = P^{norm1,3}[i, l]*g_norm1[l] + c_norm1[l]
-    norm13_out = norm1_gain*norm13_p + norm1_bias
+    norm13_out, norm13_p, norm13_beta = _kept_layer_norm(u2, norm1_gain, norm1_bias, eps)
     # Q^{attn,3}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,3}[i, k])
     # K^{attn,3}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,3}[i, k])
     # V^{attn,3}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,3}[i, k])
@@ -464,18 +488,15 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,3}[m, i, j] = Σ_e(K^{attn,3}[j, m, e]*Q^{attn,3}[i, m, e])/sqrt(N_e)
     # γ^{attn,3}[m, i, j] = exp(a^{attn,3}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,3}[m, i, n])*χ[i, n])
     # O^{attn,3}[i, m, e] = Σ_j(γ^{attn,3}[m, i, j]*V^{attn,3}[j, m, e])
-    attn3_o = _attention(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn3_o, attn3_gamma_log_total = _attention_normalized(attn3_q, attn3_k, attn3_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     # A^{attn,3}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,3}[i, m, e]*W^O_attn[m, e, l])
     attn3_out = torch.addmm(attn_b_o, attn3_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,3}[i] = Σ_k(u^(2)[i, k])/N_y
-    norm23_alpha = torch.mean(u2, dim=2)
     # β^{norm2,3}[i] = Σ_k((-α^{norm2,3}[i] + u^(2)[i, k])**2)/N_y
-    norm23_beta = torch.mean((-norm23_alpha[:, :, None] + u2)**2, dim=2)
     # P^{norm2,3}[i, l] = (-α^{norm2,3}[i] + u^(2)[i, l])/sqrt(ε + β^{norm2,3}[i])
-    norm23_p = (-norm23_alpha[:, :, None] + u2)/torch.sqrt(eps + norm23_beta[:, :, None])
-    del norm23_alpha, u2
     # LN^{norm2,3}[i, l] = P^{norm2,3}[i, l]*g_norm2[l] + c_norm2[l]
-    norm23_out = norm2_gain*norm23_p + norm2_bias
+    norm23_out, norm23_p, norm23_beta = _kept_layer_norm(u2, norm2_gain, norm2_bias, eps)
+    del u2
     # w^{ffn,3}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,3}[i, k])
     ffn3_w = torch.addmm(ffn_b_1, norm23_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,3}[i, z] = Max(0, w^{ffn,3}[i, z])
@@ -486,14 +507,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(3)[i, l] = A^{attn,3}[i, l] + F^{ffn,3}[i, l] + u^(0)[i, l]
     u3 = attn3_out + ffn3_out + u0
     # α^{norm1,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm14_alpha = torch.mean(u3, dim=2)
     # β^{norm1,4}[i] = Σ_k((-α^{norm1,4}[i] + u^(3)[i, k])**2)/N_y
-    norm14_beta = torch.mean((-norm14_alpha[:, :, None] + u3)**2, dim=2)
     # P^{norm1,4}[i, l] = (-α^{norm1,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm1,4}[i])
-    norm14_p = (-norm14_alpha[:, :, None] + u3)/torch.sqrt(eps + norm14_beta[:, :, None])
-    del norm14_alpha
     # LN^{norm1,4}[i, l] = P^{norm1,4}[i, l]*g_norm1[l] + c_norm1[l]
-    norm14_out = norm1_gain*norm14_p + norm1_bias
+    norm14_out, norm14_p, norm14_beta = _kept_layer_norm(u3, norm1_gain, norm1_bias, eps)
     # Q^{attn,4}[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^{norm1,4}[i, k])
     # K^{attn,4}[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^{norm1,4}[i, k])
     # V^{attn,4}[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^{norm1,4}[i, k])
@@ -504,19 +521,16 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # a^{attn,4}[m, i, j] = Σ_e(K^{attn,4}[j, m, e]*Q^{attn,4}[i, m, e])/sqrt(N_e)
     # γ^{attn,4}[m, i, j] = exp(a^{attn,4}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,4}[m, i, n])*χ[i, n])
     # O^{attn,4}[i, m, e] = Σ_j(γ^{attn,4}[m, i, j]*V^{attn,4}[j, m, e])
-    attn4_o = _attention(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
+    attn4_o, attn4_gamma_log_total = _attention_normalized(attn4_q, attn4_k, attn4_v, 1 / math.sqrt(d_head), None if chi is None else chi[:, None], dropout_p)
     del chi
     # A^{attn,4}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,4}[i, m, e]*W^O_attn[m, e, l])
     attn4_out = torch.addmm(attn_b_o, attn4_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
     # α^{norm2,4}[i] = Σ_k(u^(3)[i, k])/N_y
-    norm24_alpha = torch.mean(u3, dim=2)
     # β^{norm2,4}[i] = Σ_k((-α^{norm2,4}[i] + u^(3)[i, k])**2)/N_y
-    norm24_beta = torch.mean((-norm24_alpha[:, :, None] + u3)**2, dim=2)
     # P^{norm2,4}[i, l] = (-α^{norm2,4}[i] + u^(3)[i, l])/sqrt(ε + β^{norm2,4}[i])
-    norm24_p = (-norm24_alpha[:, :, None] + u3)/torch.sqrt(eps + norm24_beta[:, :, None])
-    del norm24_alpha, u3
     # LN^{norm2,4}[i, l] = P^{norm2,4}[i, l]*g_norm2[l] + c_norm2[l]
-    norm24_out = norm2_gain*norm24_p + norm2_bias
+    norm24_out, norm24_p, norm24_beta = _kept_layer_norm(u3, norm2_gain, norm2_bias, eps)
+    del u3
     # w^{ffn,4}[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*LN^{norm2,4}[i, k])
     ffn4_w = torch.addmm(ffn_b_1, norm24_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^{ffn,4}[i, z] = Max(0, w^{ffn,4}[i, z])
@@ -527,7 +541,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # u^(4)[i, l] = A^{attn,2}[i, l]/3 + A^{attn,3}[i, l]/3 + A^{attn,4}[i, l]/6 + A^attn[i, l]/6 + F^{ffn,2}[i, l]/3 + F^{ffn,3}[i, l]/3 + F^{ffn,4}[i, l]/6 + F^ffn[i, l]/6 + u^(0)[i, l]
     u4 = attn2_out/3 + attn3_out/3 + ffn2_out/3 + ffn3_out/3 + attn4_out/6 + attn_out/6 + ffn4_out/6 + ffn_out/6 + u0
     del attn2_out, attn3_out, attn4_out, attn_out, ffn2_out, ffn3_out, ffn4_out, ffn_out, u0
-    return u4, (norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s,)
+    return u4, (norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s,)
 
 
 def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
@@ -536,7 +550,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    norm1_beta, norm1_p, norm1_out, attn_q, attn_k, attn_v, attn_o, norm2_beta, norm2_p, norm2_out, ffn_s, norm12_beta, norm12_p, norm12_out, attn2_q, attn2_k, attn2_v, attn2_o, norm22_beta, norm22_p, norm22_out, ffn2_s, norm13_beta, norm13_p, norm13_out, attn3_q, attn3_k, attn3_v, attn3_o, norm23_beta, norm23_p, norm23_out, ffn3_s, norm14_beta, norm14_p, norm14_out, attn4_q, attn4_k, attn4_v, attn4_o, norm24_beta, norm24_p, norm24_out, ffn4_s, = saved
+    norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, norm12_out, norm12_p, norm12_beta, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, norm22_out, norm22_p, norm22_beta, ffn2_s, norm13_out, norm13_p, norm13_beta, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, norm23_out, norm23_p, norm23_beta, ffn3_s, norm14_out, norm14_p, norm14_beta, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, norm24_out, norm24_p, norm24_beta, ffn4_s, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -567,62 +581,18 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn4_s_bar
     # L̅N̅^{norm2,4}[i, l] = Σ_z(w̅^{ffn,4}[i, z]*W_{ffn,1}[l, z])
     norm24_out_bar = torch.mm(ffn4_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,4}[i, l] = L̅N̅^{norm2,4}[i, l]*g_norm2[l]
-    norm24_p_bar = norm2_gain*norm24_out_bar
-    # t1[i] = Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])
-    t1 = torch.sum(norm24_p * norm24_p_bar, dim=2)
-    # β̅^{norm2,4}[i] = -Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])/(2*(ε + β^{norm2,4}[i]))
-    norm24_beta_bar = -t1/(2*(eps + norm24_beta))
-    del t1
-    # t2[i] = Σ_k(P^{norm2,4}[i, k])
-    t2 = torch.sum(norm24_p, dim=2)
-    # t3[i] = Σ_l(P̅^{norm2,4}[i, l])
-    t3 = torch.sum(norm24_p_bar, dim=2)
     # A̅^{attn,4}[i, l] = λ^(4)[i, l]/6
     attn4_out_bar = u4_bar/6
     # O̅^{attn,4}[i, m, e] = Σ_l(A̅^{attn,4}[i, l]*W^O_attn[m, e, l])
     attn4_o_bar = torch.mm(attn4_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,4}[m, i, j] = Σ_e(O̅^{attn,4}[i, m, e]*V^{attn,4}[j, m, e])
-    attn4_gamma_bar = torch.einsum("bime,bjme->bmij", attn4_o_bar, attn4_v)
-    del attn4_v
-
-    # --- recomputed from the kept arrays: substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
-    # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
-    attn_a = torch.einsum("bime,bjme->bmij", attn_q, attn_k) / math.sqrt(d_head)
-    # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None], dropout_p)
-    del attn_a
-    # a^{attn,2}[m, i, j] = Σ_e(K^{attn,2}[j, m, e]*Q^{attn,2}[i, m, e])/sqrt(N_e)
-    attn2_a = torch.einsum("bime,bjme->bmij", attn2_q, attn2_k) / math.sqrt(d_head)
-    # γ^{attn,2}[m, i, j] = exp(a^{attn,2}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,2}[m, i, n])*χ[i, n])
-    attn2_gamma = _softmax(attn2_a, None if chi is None else chi[:, None], dropout_p)
-    del attn2_a
-    # a^{attn,3}[m, i, j] = Σ_e(K^{attn,3}[j, m, e]*Q^{attn,3}[i, m, e])/sqrt(N_e)
-    attn3_a = torch.einsum("bime,bjme->bmij", attn3_q, attn3_k) / math.sqrt(d_head)
-    # γ^{attn,3}[m, i, j] = exp(a^{attn,3}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,3}[m, i, n])*χ[i, n])
-    attn3_gamma = _softmax(attn3_a, None if chi is None else chi[:, None], dropout_p)
-    del attn3_a
-    # a^{attn,4}[m, i, j] = Σ_e(K^{attn,4}[j, m, e]*Q^{attn,4}[i, m, e])/sqrt(N_e)
-    attn4_a = torch.einsum("bime,bjme->bmij", attn4_q, attn4_k) / math.sqrt(d_head)
-    # γ^{attn,4}[m, i, j] = exp(a^{attn,4}[m, i, j])*χ[i, j]/Σ_n(exp(a^{attn,4}[m, i, n])*χ[i, n])
-    attn4_gamma = _softmax(attn4_a, None if chi is None else chi[:, None], dropout_p)
-    del attn4_a, chi
-
-    # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
     # t4[m, i] = Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
-    t4 = torch.sum(attn4_gamma * attn4_gamma_bar, dim=3)
     # a̅^{attn,4}[m, i, j] = γ^{attn,4}[m, i, j]*γ̅^{attn,4}[m, i, j] - γ^{attn,4}[m, i, j]*Σ_n(γ^{attn,4}[m, i, n]*γ̅^{attn,4}[m, i, n])
-    attn4_a_bar = attn4_gamma*attn4_gamma_bar - t4[:, :, :, None]*attn4_gamma
-    del attn4_gamma_bar, t4
     # V̅^{attn,4}[i, m, e] = Σ_j(γ^{attn,4}[m, j, i]*O̅^{attn,4}[j, m, e])
-    attn4_v_bar = torch.einsum("bmji,bjme->bime", attn4_gamma, attn4_o_bar)
-    del attn4_gamma, attn4_o_bar
     # K̅^{attn,4}[i, m, e] = Σ_j(a̅^{attn,4}[m, j, i]*Q^{attn,4}[j, m, e])/sqrt(N_e)
-    attn4_k_bar = torch.einsum("bmji,bjme->bime", attn4_a_bar, attn4_q) / math.sqrt(d_head)
-    del attn4_q
     # Q̅^{attn,4}[i, m, e] = Σ_j(a̅^{attn,4}[m, i, j]*K^{attn,4}[j, m, e])/sqrt(N_e)
-    attn4_q_bar = torch.einsum("bmij,bjme->bime", attn4_a_bar, attn4_k) / math.sqrt(d_head)
-    del attn4_a_bar, attn4_k
+    attn4_q_bar, attn4_k_bar, attn4_v_bar = _attention_adjoint(attn4_o_bar, attn4_q, attn4_k, attn4_v, attn4_o, attn4_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn4_gamma_log_total, attn4_k, attn4_o_bar, attn4_q, attn4_v
     # t5[i, l] = Σ_{m,e}(K̅^{attn,4}[i, m, e]*W^K_attn[l, m, e])
     t5 = torch.mm(attn4_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # t6[i, l] = Σ_{m,e}(Q̅^{attn,4}[i, m, e]*W^Q_attn[l, m, e])
@@ -633,21 +603,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm14_out_bar = t5.add_(t6 + t7) if inference else t5 + t6 + t7
     del t5, t6, t7
     # P̅^{norm1,4}[i, l] = L̅N̅^{norm1,4}[i, l]*g_norm1[l]
-    norm14_p_bar = norm1_gain*norm14_out_bar
     # t8[i] = Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])
-    t8 = torch.sum(norm14_p * norm14_p_bar, dim=2)
     # β̅^{norm1,4}[i] = -Σ_l(P^{norm1,4}[i, l]*P̅^{norm1,4}[i, l])/(2*(ε + β^{norm1,4}[i]))
-    norm14_beta_bar = -t8/(2*(eps + norm14_beta))
-    del t8
     # t9[i] = Σ_k(P^{norm1,4}[i, k])
-    t9 = torch.sum(norm14_p, dim=2)
     # t10[i] = Σ_l(P̅^{norm1,4}[i, l])
-    t10 = torch.sum(norm14_p_bar, dim=2)
+    norm14_x_bar, _, _ = _layer_norm_adjoint(norm14_out_bar, norm14_p, norm14_beta, norm1_gain, eps)
+    del norm14_beta
+    # P̅^{norm2,4}[i, l] = L̅N̅^{norm2,4}[i, l]*g_norm2[l]
+    # t1[i] = Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])
+    # β̅^{norm2,4}[i] = -Σ_l(P^{norm2,4}[i, l]*P̅^{norm2,4}[i, l])/(2*(ε + β^{norm2,4}[i]))
+    # t2[i] = Σ_k(P^{norm2,4}[i, k])
+    # t3[i] = Σ_l(P̅^{norm2,4}[i, l])
+    norm24_x_bar, _, _ = _layer_norm_adjoint(norm24_out_bar, norm24_p, norm24_beta, norm2_gain, eps)
+    del norm24_beta
     # α̅^{norm1,4}[i] = -Σ_l(P̅^{norm1,4}[i, l])/sqrt(ε + β^{norm1,4}[i]) - 2*sqrt(ε + β^{norm1,4}[i])*β̅^{norm1,4}[i]*Σ_k(P^{norm1,4}[i, k])/N_y
     # α̅^{norm2,4}[i] = -Σ_l(P̅^{norm2,4}[i, l])/sqrt(ε + β^{norm2,4}[i]) - 2*sqrt(ε + β^{norm2,4}[i])*β̅^{norm2,4}[i]*Σ_k(P^{norm2,4}[i, k])/N_y
     # λ^(3)[i, l] = P̅^{norm2,4}[i, l]/sqrt(ε + β^{norm2,4}[i]) + P̅^{norm1,4}[i, l]/sqrt(ε + β^{norm1,4}[i]) + 2*sqrt(ε + β^{norm1,4}[i])*β̅^{norm1,4}[i]*P^{norm1,4}[i, l]/N_y + 2*sqrt(ε + β^{norm2,4}[i])*β̅^{norm2,4}[i]*P^{norm2,4}[i, l]/N_y + α̅^{norm1,4}[i]/N_y + α̅^{norm2,4}[i]/N_y
-    u3_bar = (-t10[:, :, None]/torch.sqrt(eps + norm14_beta[:, :, None]) - 2*torch.sqrt(eps + norm14_beta[:, :, None])*norm14_beta_bar[:, :, None]*t9[:, :, None]/d)/d + (-t3[:, :, None]/torch.sqrt(eps + norm24_beta[:, :, None]) - 2*torch.sqrt(eps + norm24_beta[:, :, None])*norm24_beta_bar[:, :, None]*t2[:, :, None]/d)/d + norm14_p_bar/torch.sqrt(eps + norm14_beta[:, :, None]) + norm24_p_bar/torch.sqrt(eps + norm24_beta[:, :, None]) + 2*torch.sqrt(eps + norm14_beta[:, :, None])*norm14_beta_bar[:, :, None]*norm14_p/d + 2*torch.sqrt(eps + norm24_beta[:, :, None])*norm24_beta_bar[:, :, None]*norm24_p/d
-    del norm14_beta, norm14_beta_bar, norm14_p_bar, norm24_beta, norm24_beta_bar, norm24_p_bar, t10, t2, t3, t9
+    u3_bar = norm14_x_bar + norm24_x_bar
+    del norm14_x_bar, norm24_x_bar
     # F̅^{ffn,3}[i, l] = λ^(3)[i, l] + λ^(4)[i, l]/3
     ffn3_out_bar = u4_bar/3 + u3_bar
     # s̅^{ffn,3}[i, z] = Σ_l(F̅^{ffn,3}[i, l]*W_{ffn,2}[z, l])
@@ -657,38 +630,18 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn3_s_bar
     # L̅N̅^{norm2,3}[i, l] = Σ_z(w̅^{ffn,3}[i, z]*W_{ffn,1}[l, z])
     norm23_out_bar = torch.mm(ffn3_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,3}[i, l] = L̅N̅^{norm2,3}[i, l]*g_norm2[l]
-    norm23_p_bar = norm2_gain*norm23_out_bar
-    # t11[i] = Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])
-    t11 = torch.sum(norm23_p * norm23_p_bar, dim=2)
-    # β̅^{norm2,3}[i] = -Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])/(2*(ε + β^{norm2,3}[i]))
-    norm23_beta_bar = -t11/(2*(eps + norm23_beta))
-    del t11
-    # t12[i] = Σ_k(P^{norm2,3}[i, k])
-    t12 = torch.sum(norm23_p, dim=2)
-    # t13[i] = Σ_l(P̅^{norm2,3}[i, l])
-    t13 = torch.sum(norm23_p_bar, dim=2)
     # A̅^{attn,3}[i, l] = λ^(3)[i, l] + λ^(4)[i, l]/3
     attn3_out_bar = u4_bar/3 + u3_bar
     # O̅^{attn,3}[i, m, e] = Σ_l(A̅^{attn,3}[i, l]*W^O_attn[m, e, l])
     attn3_o_bar = torch.mm(attn3_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,3}[m, i, j] = Σ_e(O̅^{attn,3}[i, m, e]*V^{attn,3}[j, m, e])
-    attn3_gamma_bar = torch.einsum("bime,bjme->bmij", attn3_o_bar, attn3_v)
-    del attn3_v
     # t14[m, i] = Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
-    t14 = torch.sum(attn3_gamma * attn3_gamma_bar, dim=3)
     # a̅^{attn,3}[m, i, j] = γ^{attn,3}[m, i, j]*γ̅^{attn,3}[m, i, j] - γ^{attn,3}[m, i, j]*Σ_n(γ^{attn,3}[m, i, n]*γ̅^{attn,3}[m, i, n])
-    attn3_a_bar = attn3_gamma*attn3_gamma_bar - t14[:, :, :, None]*attn3_gamma
-    del attn3_gamma_bar, t14
     # V̅^{attn,3}[i, m, e] = Σ_j(γ^{attn,3}[m, j, i]*O̅^{attn,3}[j, m, e])
-    attn3_v_bar = torch.einsum("bmji,bjme->bime", attn3_gamma, attn3_o_bar)
-    del attn3_gamma, attn3_o_bar
     # K̅^{attn,3}[i, m, e] = Σ_j(a̅^{attn,3}[m, j, i]*Q^{attn,3}[j, m, e])/sqrt(N_e)
-    attn3_k_bar = torch.einsum("bmji,bjme->bime", attn3_a_bar, attn3_q) / math.sqrt(d_head)
-    del attn3_q
     # Q̅^{attn,3}[i, m, e] = Σ_j(a̅^{attn,3}[m, i, j]*K^{attn,3}[j, m, e])/sqrt(N_e)
-    attn3_q_bar = torch.einsum("bmij,bjme->bime", attn3_a_bar, attn3_k) / math.sqrt(d_head)
-    del attn3_a_bar, attn3_k
+    attn3_q_bar, attn3_k_bar, attn3_v_bar = _attention_adjoint(attn3_o_bar, attn3_q, attn3_k, attn3_v, attn3_o, attn3_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn3_gamma_log_total, attn3_k, attn3_o_bar, attn3_q, attn3_v
     # t15[i, l] = Σ_{m,e}(K̅^{attn,3}[i, m, e]*W^K_attn[l, m, e])
     t15 = torch.mm(attn3_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # t16[i, l] = Σ_{m,e}(Q̅^{attn,3}[i, m, e]*W^Q_attn[l, m, e])
@@ -699,21 +652,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm13_out_bar = t15.add_(t16 + t17) if inference else t15 + t16 + t17
     del t15, t16, t17
     # P̅^{norm1,3}[i, l] = L̅N̅^{norm1,3}[i, l]*g_norm1[l]
-    norm13_p_bar = norm1_gain*norm13_out_bar
     # t18[i] = Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])
-    t18 = torch.sum(norm13_p * norm13_p_bar, dim=2)
     # β̅^{norm1,3}[i] = -Σ_l(P^{norm1,3}[i, l]*P̅^{norm1,3}[i, l])/(2*(ε + β^{norm1,3}[i]))
-    norm13_beta_bar = -t18/(2*(eps + norm13_beta))
-    del t18
     # t19[i] = Σ_k(P^{norm1,3}[i, k])
-    t19 = torch.sum(norm13_p, dim=2)
     # t20[i] = Σ_l(P̅^{norm1,3}[i, l])
-    t20 = torch.sum(norm13_p_bar, dim=2)
+    norm13_x_bar, _, _ = _layer_norm_adjoint(norm13_out_bar, norm13_p, norm13_beta, norm1_gain, eps)
+    del norm13_beta
+    # P̅^{norm2,3}[i, l] = L̅N̅^{norm2,3}[i, l]*g_norm2[l]
+    # t11[i] = Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])
+    # β̅^{norm2,3}[i] = -Σ_l(P^{norm2,3}[i, l]*P̅^{norm2,3}[i, l])/(2*(ε + β^{norm2,3}[i]))
+    # t12[i] = Σ_k(P^{norm2,3}[i, k])
+    # t13[i] = Σ_l(P̅^{norm2,3}[i, l])
+    norm23_x_bar, _, _ = _layer_norm_adjoint(norm23_out_bar, norm23_p, norm23_beta, norm2_gain, eps)
+    del norm23_beta
     # α̅^{norm1,3}[i] = -Σ_l(P̅^{norm1,3}[i, l])/sqrt(ε + β^{norm1,3}[i]) - 2*sqrt(ε + β^{norm1,3}[i])*β̅^{norm1,3}[i]*Σ_k(P^{norm1,3}[i, k])/N_y
     # α̅^{norm2,3}[i] = -Σ_l(P̅^{norm2,3}[i, l])/sqrt(ε + β^{norm2,3}[i]) - 2*sqrt(ε + β^{norm2,3}[i])*β̅^{norm2,3}[i]*Σ_k(P^{norm2,3}[i, k])/N_y
     # λ^(2)[i, l] = P̅^{norm2,3}[i, l]/sqrt(ε + β^{norm2,3}[i]) + P̅^{norm1,3}[i, l]/sqrt(ε + β^{norm1,3}[i]) + 2*sqrt(ε + β^{norm1,3}[i])*β̅^{norm1,3}[i]*P^{norm1,3}[i, l]/N_y + 2*sqrt(ε + β^{norm2,3}[i])*β̅^{norm2,3}[i]*P^{norm2,3}[i, l]/N_y + α̅^{norm1,3}[i]/N_y + α̅^{norm2,3}[i]/N_y
-    u2_bar = (-t20[:, :, None]/torch.sqrt(eps + norm13_beta[:, :, None]) - 2*torch.sqrt(eps + norm13_beta[:, :, None])*norm13_beta_bar[:, :, None]*t19[:, :, None]/d)/d + (-t13[:, :, None]/torch.sqrt(eps + norm23_beta[:, :, None]) - 2*torch.sqrt(eps + norm23_beta[:, :, None])*norm23_beta_bar[:, :, None]*t12[:, :, None]/d)/d + norm13_p_bar/torch.sqrt(eps + norm13_beta[:, :, None]) + norm23_p_bar/torch.sqrt(eps + norm23_beta[:, :, None]) + 2*torch.sqrt(eps + norm13_beta[:, :, None])*norm13_beta_bar[:, :, None]*norm13_p/d + 2*torch.sqrt(eps + norm23_beta[:, :, None])*norm23_beta_bar[:, :, None]*norm23_p/d
-    del norm13_beta, norm13_beta_bar, norm13_p_bar, norm23_beta, norm23_beta_bar, norm23_p_bar, t12, t13, t19, t20
+    u2_bar = norm13_x_bar + norm23_x_bar
+    del norm13_x_bar, norm23_x_bar
     # F̅^{ffn,2}[i, l] = λ^(2)[i, l]/2 + λ^(4)[i, l]/3
     ffn2_out_bar = u2_bar/2 + u4_bar/3
     # s̅^{ffn,2}[i, z] = Σ_l(F̅^{ffn,2}[i, l]*W_{ffn,2}[z, l])
@@ -723,38 +679,18 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del ffn2_s_bar
     # L̅N̅^{norm2,2}[i, l] = Σ_z(w̅^{ffn,2}[i, z]*W_{ffn,1}[l, z])
     norm22_out_bar = torch.mm(ffn2_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
-    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
-    norm22_p_bar = norm2_gain*norm22_out_bar
-    # t21[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
-    t21 = torch.sum(norm22_p * norm22_p_bar, dim=2)
-    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
-    norm22_beta_bar = -t21/(2*(eps + norm22_beta))
-    del t21
-    # t22[i] = Σ_k(P^{norm2,2}[i, k])
-    t22 = torch.sum(norm22_p, dim=2)
-    # t23[i] = Σ_l(P̅^{norm2,2}[i, l])
-    t23 = torch.sum(norm22_p_bar, dim=2)
     # A̅^{attn,2}[i, l] = λ^(2)[i, l]/2 + λ^(4)[i, l]/3
     attn2_out_bar = u2_bar/2 + u4_bar/3
     # O̅^{attn,2}[i, m, e] = Σ_l(A̅^{attn,2}[i, l]*W^O_attn[m, e, l])
     attn2_o_bar = torch.mm(attn2_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     # γ̅^{attn,2}[m, i, j] = Σ_e(O̅^{attn,2}[i, m, e]*V^{attn,2}[j, m, e])
-    attn2_gamma_bar = torch.einsum("bime,bjme->bmij", attn2_o_bar, attn2_v)
-    del attn2_v
     # t24[m, i] = Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    t24 = torch.sum(attn2_gamma * attn2_gamma_bar, dim=3)
     # a̅^{attn,2}[m, i, j] = γ^{attn,2}[m, i, j]*γ̅^{attn,2}[m, i, j] - γ^{attn,2}[m, i, j]*Σ_n(γ^{attn,2}[m, i, n]*γ̅^{attn,2}[m, i, n])
-    attn2_a_bar = attn2_gamma*attn2_gamma_bar - t24[:, :, :, None]*attn2_gamma
-    del attn2_gamma_bar, t24
     # V̅^{attn,2}[i, m, e] = Σ_j(γ^{attn,2}[m, j, i]*O̅^{attn,2}[j, m, e])
-    attn2_v_bar = torch.einsum("bmji,bjme->bime", attn2_gamma, attn2_o_bar)
-    del attn2_gamma, attn2_o_bar
     # K̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, j, i]*Q^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_k_bar = torch.einsum("bmji,bjme->bime", attn2_a_bar, attn2_q) / math.sqrt(d_head)
-    del attn2_q
     # Q̅^{attn,2}[i, m, e] = Σ_j(a̅^{attn,2}[m, i, j]*K^{attn,2}[j, m, e])/sqrt(N_e)
-    attn2_q_bar = torch.einsum("bmij,bjme->bime", attn2_a_bar, attn2_k) / math.sqrt(d_head)
-    del attn2_a_bar, attn2_k
+    attn2_q_bar, attn2_k_bar, attn2_v_bar = _attention_adjoint(attn2_o_bar, attn2_q, attn2_k, attn2_v, attn2_o, attn2_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn2_gamma_log_total, attn2_k, attn2_o_bar, attn2_q, attn2_v
     # t25[i, l] = Σ_{m,e}(K̅^{attn,2}[i, m, e]*W^K_attn[l, m, e])
     t25 = torch.mm(attn2_k_bar.reshape(-1, n_heads * d_head), attn_W_k.t()).view(batch, n_tokens, d)
     # t26[i, l] = Σ_{m,e}(Q̅^{attn,2}[i, m, e]*W^Q_attn[l, m, e])
@@ -765,21 +701,24 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm12_out_bar = t25.add_(t26 + t27) if inference else t25 + t26 + t27
     del t25, t26, t27
     # P̅^{norm1,2}[i, l] = L̅N̅^{norm1,2}[i, l]*g_norm1[l]
-    norm12_p_bar = norm1_gain*norm12_out_bar
     # t28[i] = Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])
-    t28 = torch.sum(norm12_p * norm12_p_bar, dim=2)
     # β̅^{norm1,2}[i] = -Σ_l(P^{norm1,2}[i, l]*P̅^{norm1,2}[i, l])/(2*(ε + β^{norm1,2}[i]))
-    norm12_beta_bar = -t28/(2*(eps + norm12_beta))
-    del t28
     # t29[i] = Σ_k(P^{norm1,2}[i, k])
-    t29 = torch.sum(norm12_p, dim=2)
     # t30[i] = Σ_l(P̅^{norm1,2}[i, l])
-    t30 = torch.sum(norm12_p_bar, dim=2)
+    norm12_x_bar, _, _ = _layer_norm_adjoint(norm12_out_bar, norm12_p, norm12_beta, norm1_gain, eps)
+    del norm12_beta
+    # P̅^{norm2,2}[i, l] = L̅N̅^{norm2,2}[i, l]*g_norm2[l]
+    # t21[i] = Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])
+    # β̅^{norm2,2}[i] = -Σ_l(P^{norm2,2}[i, l]*P̅^{norm2,2}[i, l])/(2*(ε + β^{norm2,2}[i]))
+    # t22[i] = Σ_k(P^{norm2,2}[i, k])
+    # t23[i] = Σ_l(P̅^{norm2,2}[i, l])
+    norm22_x_bar, _, _ = _layer_norm_adjoint(norm22_out_bar, norm22_p, norm22_beta, norm2_gain, eps)
+    del norm22_beta
     # α̅^{norm1,2}[i] = -Σ_l(P̅^{norm1,2}[i, l])/sqrt(ε + β^{norm1,2}[i]) - 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*Σ_k(P^{norm1,2}[i, k])/N_y
     # α̅^{norm2,2}[i] = -Σ_l(P̅^{norm2,2}[i, l])/sqrt(ε + β^{norm2,2}[i]) - 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*Σ_k(P^{norm2,2}[i, k])/N_y
     # λ^(1)[i, l] = P̅^{norm2,2}[i, l]/sqrt(ε + β^{norm2,2}[i]) + P̅^{norm1,2}[i, l]/sqrt(ε + β^{norm1,2}[i]) + 2*sqrt(ε + β^{norm1,2}[i])*β̅^{norm1,2}[i]*P^{norm1,2}[i, l]/N_y + 2*sqrt(ε + β^{norm2,2}[i])*β̅^{norm2,2}[i]*P^{norm2,2}[i, l]/N_y + α̅^{norm1,2}[i]/N_y + α̅^{norm2,2}[i]/N_y
-    u1_bar = (-t30[:, :, None]/torch.sqrt(eps + norm12_beta[:, :, None]) - 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*t29[:, :, None]/d)/d + (-t23[:, :, None]/torch.sqrt(eps + norm22_beta[:, :, None]) - 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*t22[:, :, None]/d)/d + norm12_p_bar/torch.sqrt(eps + norm12_beta[:, :, None]) + norm22_p_bar/torch.sqrt(eps + norm22_beta[:, :, None]) + 2*torch.sqrt(eps + norm12_beta[:, :, None])*norm12_beta_bar[:, :, None]*norm12_p/d + 2*torch.sqrt(eps + norm22_beta[:, :, None])*norm22_beta_bar[:, :, None]*norm22_p/d
-    del norm12_beta, norm12_beta_bar, norm12_p_bar, norm22_beta, norm22_beta_bar, norm22_p_bar, t22, t23, t29, t30
+    u1_bar = norm12_x_bar + norm22_x_bar
+    del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l]/2 + λ^(4)[i, l]/6
     ffn_out_bar = u1_bar/2 + u4_bar/6
     ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
@@ -858,7 +797,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     attn_W_o_bar_2 = torch.einsum("bil,bime->mel", attn4_out_bar, attn4_o)
     del attn4_o
     attn_W_o_bar_3 = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
-    del attn_o
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^{attn,3}[i, m, e]*A̅^{attn,3}[i, l]) + Σ_i(O^{attn,4}[i, m, e]*A̅^{attn,4}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1 + attn_W_o_bar_2 + attn_W_o_bar_3
     del attn_W_o_bar_0, attn_W_o_bar_1, attn_W_o_bar_2, attn_W_o_bar_3
@@ -876,16 +814,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_heads, d_head)
     del attn_out_bar
     # γ̅^attn[m, i, j] = Σ_e(O̅^attn[i, m, e]*V^attn[j, m, e])
-    attn_gamma_bar = torch.einsum("bime,bjme->bmij", attn_o_bar, attn_v)
-    del attn_v
     # t34[m, i] = Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    t34 = torch.sum(attn_gamma * attn_gamma_bar, dim=3)
     # a̅^attn[m, i, j] = γ^attn[m, i, j]*γ̅^attn[m, i, j] - γ^attn[m, i, j]*Σ_n(γ^attn[m, i, n]*γ̅^attn[m, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t34[:, :, :, None]*attn_gamma
-    del attn_gamma_bar, t34
     # V̅^attn[i, m, e] = Σ_j(γ^attn[m, j, i]*O̅^attn[j, m, e])
-    attn_v_bar = torch.einsum("bmji,bjme->bime", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
+    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
+    attn_q_bar, attn_k_bar, attn_v_bar = _attention_adjoint(attn_o_bar, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), None if chi is None else chi[:, None])
+    del attn_gamma_log_total, attn_k, attn_o, attn_o_bar, attn_q, attn_v, chi
     attn_W_v_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_v_bar)
     attn_W_v_bar_1 = torch.einsum("bik,bime->kme", norm13_out, attn3_v_bar)
     attn_W_v_bar_2 = torch.einsum("bik,bime->kme", norm14_out, attn4_v_bar)
@@ -903,9 +838,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^V_attn[m, e] = Σ_i(V̅^{attn,2}[i, m, e]) + Σ_i(V̅^{attn,3}[i, m, e]) + Σ_i(V̅^{attn,4}[i, m, e]) + Σ_i(V̅^attn[i, m, e])
     attn_b_v_bar = attn_b_v_bar_0 + attn_b_v_bar_1 + attn_b_v_bar_2 + attn_b_v_bar_3
     del attn_b_v_bar_0, attn_b_v_bar_1, attn_b_v_bar_2, attn_b_v_bar_3
-    # K̅^attn[i, m, e] = Σ_j(a̅^attn[m, j, i]*Q^attn[j, m, e])/sqrt(N_e)
-    attn_k_bar = torch.einsum("bmji,bjme->bime", attn_a_bar, attn_q) / math.sqrt(d_head)
-    del attn_q
     attn_W_k_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_k_bar)
     attn_W_k_bar_1 = torch.einsum("bik,bime->kme", norm13_out, attn3_k_bar)
     attn_W_k_bar_2 = torch.einsum("bik,bime->kme", norm14_out, attn4_k_bar)
@@ -923,9 +855,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # b̅^K_attn[m, e] = Σ_i(K̅^{attn,2}[i, m, e]) + Σ_i(K̅^{attn,3}[i, m, e]) + Σ_i(K̅^{attn,4}[i, m, e]) + Σ_i(K̅^attn[i, m, e])
     attn_b_k_bar = attn_b_k_bar_0 + attn_b_k_bar_1 + attn_b_k_bar_2 + attn_b_k_bar_3
     del attn_b_k_bar_0, attn_b_k_bar_1, attn_b_k_bar_2, attn_b_k_bar_3
-    # Q̅^attn[i, m, e] = Σ_j(a̅^attn[m, i, j]*K^attn[j, m, e])/sqrt(N_e)
-    attn_q_bar = torch.einsum("bmij,bjme->bime", attn_a_bar, attn_k) / math.sqrt(d_head)
-    del attn_a_bar, attn_k
     attn_W_q_bar_0 = torch.einsum("bik,bime->kme", norm12_out, attn2_q_bar)
     del norm12_out
     attn_W_q_bar_1 = torch.einsum("bik,bime->kme", norm13_out, attn3_q_bar)
@@ -979,35 +908,25 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     if need_u:
 
         # --- adjoint of substep 1: rk4 (classic Runge–Kutta) of attn + ffn ---
-        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
-        norm2_p_bar = norm2_gain*norm2_out_bar
-        del norm2_out_bar
-        # t31[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
-        t31 = torch.sum(norm2_p * norm2_p_bar, dim=2)
-        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
-        norm2_beta_bar = -t31/(2*(eps + norm2_beta))
-        del t31
-        # t32[i] = Σ_k(P^norm2[i, k])
-        t32 = torch.sum(norm2_p, dim=2)
-        # t33[i] = Σ_l(P̅^norm2[i, l])
-        t33 = torch.sum(norm2_p_bar, dim=2)
         # P̅^norm1[i, l] = g_norm1[l]*L̅N̅^norm1[i, l]
-        norm1_p_bar = norm1_gain*norm1_out_bar
-        del norm1_out_bar
         # t38[i] = Σ_l(P^norm1[i, l]*P̅^norm1[i, l])
-        t38 = torch.sum(norm1_p * norm1_p_bar, dim=2)
         # β̅^norm1[i] = -Σ_l(P^norm1[i, l]*P̅^norm1[i, l])/(2*(ε + β^norm1[i]))
-        norm1_beta_bar = -t38/(2*(eps + norm1_beta))
-        del t38
         # t39[i] = Σ_k(P^norm1[i, k])
-        t39 = torch.sum(norm1_p, dim=2)
         # t40[i] = Σ_l(P̅^norm1[i, l])
-        t40 = torch.sum(norm1_p_bar, dim=2)
+        norm1_x_bar, _, _ = _layer_norm_adjoint(norm1_out_bar, norm1_p, norm1_beta, norm1_gain, eps)
+        del norm1_beta, norm1_out_bar, norm1_p
+        # P̅^norm2[i, l] = g_norm2[l]*L̅N̅^norm2[i, l]
+        # t31[i] = Σ_l(P^norm2[i, l]*P̅^norm2[i, l])
+        # β̅^norm2[i] = -Σ_l(P^norm2[i, l]*P̅^norm2[i, l])/(2*(ε + β^norm2[i]))
+        # t32[i] = Σ_k(P^norm2[i, k])
+        # t33[i] = Σ_l(P̅^norm2[i, l])
+        norm2_x_bar, _, _ = _layer_norm_adjoint(norm2_out_bar, norm2_p, norm2_beta, norm2_gain, eps)
+        del norm2_beta, norm2_out_bar, norm2_p
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # α̅^norm2[i] = -Σ_l(P̅^norm2[i, l])/sqrt(ε + β^norm2[i]) - 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*Σ_k(P^norm2[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + λ^(2)[i, l] + λ^(3)[i, l] + λ^(4)[i, l] + P̅^norm2[i, l]/sqrt(ε + β^norm2[i]) + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + 2*sqrt(ε + β^norm2[i])*β̅^norm2[i]*P^norm2[i, l]/N_y + α̅^norm1[i]/N_y + α̅^norm2[i]/N_y
-        u0_bar = (-t40[:, :, None]/torch.sqrt(eps + norm1_beta[:, :, None]) - 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*t39[:, :, None]/d)/d + (-t33[:, :, None]/torch.sqrt(eps + norm2_beta[:, :, None]) - 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*t32[:, :, None]/d)/d + norm1_p_bar/torch.sqrt(eps + norm1_beta[:, :, None]) + norm2_p_bar/torch.sqrt(eps + norm2_beta[:, :, None]) + 2*torch.sqrt(eps + norm1_beta[:, :, None])*norm1_beta_bar[:, :, None]*norm1_p/d + 2*torch.sqrt(eps + norm2_beta[:, :, None])*norm2_beta_bar[:, :, None]*norm2_p/d + u1_bar + u2_bar + u3_bar + u4_bar
-        del norm1_beta, norm1_beta_bar, norm1_p, norm1_p_bar, norm2_beta, norm2_beta_bar, norm2_p, norm2_p_bar, t32, t33, t39, t40, u1_bar, u2_bar, u3_bar, u4_bar
+        u0_bar = norm1_x_bar + norm2_x_bar + u1_bar + u2_bar + u3_bar + u4_bar
+        del norm1_x_bar, norm2_x_bar, u1_bar, u2_bar, u3_bar, u4_bar
     return (u0_bar if need_u else None), {
         "norm1.gain": norm1_gain_bar,
         "norm1.bias": norm1_bias_bar,

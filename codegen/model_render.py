@@ -14,7 +14,7 @@ from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelP
 
 from .adjoint import lower_adjoint
 from .lowering import lower
-from .network_inputs import NETWORK_INPUTS, grid_model_inputs, signature
+from .network_inputs import NETWORK_INPUTS, declared_inputs, signature
 from .render import backward_context, environment, unit_context
 from .runtime_source import inline_runtime
 from .stage_render import program_context
@@ -90,8 +90,7 @@ def _grid(model: GridModelProgram, backend: str, passes) -> dict:
                               transfer)],
             "grids": {part: [line for stage in stages if (line := _grid_line(stage.operator))]
                       for part, stages in (("field", model.field), ("transfer", model.transfer))},
-            "channels": (_channels(model.field), _channels(model.transfer)),
-            "inputs": grid_model_inputs(backend, model.spec.reads_stride)}
+            "channels": (_channels(model.field), _channels(model.transfer))}
 
 
 def _cvt(model: CvtProgram, backend: str, passes) -> dict:
@@ -115,14 +114,15 @@ _KINDS = {ModelProgram: ("model", _token), GridModelProgram: ("grid_model", _gri
 
 def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend: str, passes=None) -> str:
     """The source of the generated ``backend`` module of the network ``model``."""
-    inputs, describe = _KINDS[type(model)]
+    kind, describe = _KINDS[type(model)]
     network = describe(model, backend, passes)
+    reads_stride = getattr(network["spec"], "reads_stride", True)
     rows = [{"name": table["prefix"] + p["name"], "shape": p["shape"], "suffix": table["suffix"]}
             for table in network["tables"] for p in table["parameters"]] + network.get("rows", [])
     source = environment().get_template("network_module.py.j2").render(
-        network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[inputs]["numpy"][0].name,
+        network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[kind]["numpy"][0].name,
         name=model.name, version=__version__, signature=signature,
-        inputs=network.get("inputs", NETWORK_INPUTS[inputs][backend]),
+        inputs=declared_inputs(kind, backend, reads_stride), checked_inputs=declared_inputs(kind, "numpy", reads_stride),
         computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2,
         head=network["head"])
     return _tidy(inline_runtime(source, backend))

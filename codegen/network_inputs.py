@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, replace
 
-__all__ = ["Input", "signature", "NETWORK_INPUTS", "grid_model_inputs"]
+__all__ = ["Input", "signature", "NETWORK_INPUTS", "declared_inputs"]
 
 #: Each kind's check: an expression giving the argument's checked value (``{name}``, ``{least}``, ``{choices}``).
 _CHECKS = {
@@ -100,8 +100,9 @@ NETWORK_INPUTS = {
 }
 
 
-def grid_model_inputs(backend: str, reads_stride: bool) -> list[Input]:
-    """A grid step's declared inputs: ``stride`` takes its default only when no operator reads it (``unet-level``,
-    whose network file fixes each convolution's stride), so that another value is refused, not ignored."""
-    inputs = NETWORK_INPUTS["grid_model"][backend]
+def declared_inputs(kind: str, backend: str, reads_stride: bool = True) -> list[Input]:
+    """The declared inputs of a network kind in ``backend``: a grid step's ``stride`` takes its default only when no
+    operator reads it (``unet-level``, whose network file fixes each convolution's stride), so that another value is
+    refused, not ignored."""
+    inputs = NETWORK_INPUTS[kind][backend]
     return inputs if reads_stride else [replace(item, kind="unread") if item.name == "stride" else item for item in inputs]

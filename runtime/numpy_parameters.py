@@ -5,6 +5,11 @@ and cast, the image and a costate checked before any work. Inlined where used
 import numpy as np
 
 
+def _shape(value):
+    """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
+    return np.shape(value)
+
+
 def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}

@@ -17,9 +17,26 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
+def _shape(value):
+    """The shape of a parameter."""
+    return tuple(value.shape)
+
+
+def _table(params, table, sizes, dtype, prefix=""):
+    """The parameters of ``table`` (under ``prefix``) in ``params``, by canonical name: present, of ``dtype`` and
+    their shape."""
+    tensors = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = params[prefix + name]
+        if value.dtype != dtype:
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {dtype}")
+        if tuple(value.shape) != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {tuple(value.shape)}, expected {expected}")
+        tensors[name] = value
+    return tensors
 
 
 def _input(name, value, shape, dtype):

@@ -228,7 +228,13 @@ def test_torch_parameters_register_check_and_load_all_or_nothing():
             torch_parameters._initialize(self, {"W": torch.nn.init.ones_}, torch.nn.init.zeros_)
 
     net = Net()
-    assert set(torch_parameters._table(net, {"embed.W": (), "embed.b": ()})) == {"embed.W", "embed.b"}
+    params, table = dict(net.named_parameters()), {"W": ("d", 2), "b": (2,)}
+    assert torch_parameters._table(params, table, {"d": 3}, torch.float64, "embed.")["W"] is net.embed.W
+    for sizes, dtype, prefix, message in (({"d": 3}, torch.float64, "head.", "missing parameter 'head.W'"),
+                                          ({"d": 4}, torch.float64, "embed.", r"has shape \(3, 2\), expected \(4, 2\)"),
+                                          ({"d": 3}, torch.float32, "embed.", "has dtype torch.float64")):
+        with pytest.raises(ValueError, match=message):
+            torch_parameters._table(params, table, sizes, dtype, prefix)
     assert net.embed.W.shape == (3, 2) and bool((net.embed.W == 1).all()) and bool((net.embed.b == 0).all())
     with pytest.raises(ValueError, match="has shape"):  # the second is wrong: the first is not copied
         net.load_params({"embed.W": np.full((3, 2), 2.0), "embed.b": np.ones(3)})

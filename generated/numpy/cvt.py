@@ -529,6 +529,11 @@ def _join(*parts):
                            else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
 
 
+def _shape(value):
+    """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
+    return np.shape(value)
+
+
 def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
@@ -571,7 +576,7 @@ def _head(params, config, dtype):
         raise ValueError("logits need a class node in the last stage (cls=True)")
     if "head.W" not in params:
         raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
+    sizes = {"d": config["d"], "n_classes": _shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_node, {}, config, ""), (_readout, table, config, "")]
 
@@ -2272,9 +2277,10 @@ def _checked(pixel_values, params, stages, eps):
         prefix = f"stages.{index}."
         if prefix + "embed.W" not in params:
             raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
-        d = np.shape(params[prefix + "embed.W"])[-1]
+        d = _shape(params[prefix + "embed.W"])[-1]
+        ffn = prefix + "layers.0.ffn.W_1"
         sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
-                 "kernel_qkv": config["kernel_qkv"], "d_ff": np.shape(params.get(prefix + "layers.0.ffn.W_1", (0, 0)))[-1]}
+                 "kernel_qkv": config["kernel_qkv"], "d_ff": _shape(params[ffn])[-1] if ffn in params else 0}
         if d % config["n_heads"]:
             raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
         if index:  # the previous stage's grid

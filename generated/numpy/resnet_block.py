@@ -164,6 +164,11 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
+def _shape(value):
+    """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
+    return np.shape(value)
+
+
 def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
@@ -788,7 +793,7 @@ def _checked(u, params, stride, eps):
     first = "conv1.W"
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")
-    sizes = {"n_channels": u.shape[1], "d": np.shape(params[first])[-1]}
+    sizes = {"n_channels": u.shape[1], "d": _shape(params[first])[-1]}
     unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")

@@ -444,6 +444,11 @@ def _join(*parts):
                            else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
 
 
+def _shape(value):
+    """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
+    return np.shape(value)
+
+
 def _table(params, table, sizes, dtype, prefix=""):
     """Check each parameter of ``table`` (under ``prefix``): present, real, of its shape; cast."""
     arrays = {}
@@ -484,7 +489,7 @@ def _head(params, config, dtype):
     """The readout as programs of the chain (readout), its parameters checked."""
     if "head.W" not in params:
         raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": config["d"], "n_classes": np.shape(params["head.W"])[-1]}
+    sizes = {"d": config["d"], "n_classes": _shape(params["head.W"])[-1]}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_readout, table, config, "")]
 
@@ -1020,11 +1025,11 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
         raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
     if "embed.b" not in params:
         raise ValueError("missing parameter 'embed.b'")
-    d = np.shape(params["embed.b"])[-1]
+    d = _shape(params["embed.b"])[-1]
     n_tokens = 1 + n_rows * n_cols
-    if "embed.pos" in params and np.shape(params["embed.pos"])[0] != n_tokens:
+    if "embed.pos" in params and _shape(params["embed.pos"])[0] != n_tokens:
         raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "
-                         f"the position term has {np.shape(params['embed.pos'])[0] - 1} (no interpolation)")
+                         f"the position term has {_shape(params['embed.pos'])[0] - 1} (no interpolation)")
     if d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     layers = 0
@@ -1034,7 +1039,7 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     unknown = sorted(set(params) - known, key=str)
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")
-    d_ff = np.shape(params["layers.0.ffn.W_1"])[1] if layers else 0
+    d_ff = _shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
              "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
     top = _table(params, PARAMETERS, sizes, pixel_values.dtype)

@@ -433,9 +433,26 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
+def _shape(value):
+    """The shape of a parameter."""
+    return tuple(value.shape)
+
+
+def _table(params, table, sizes, dtype, prefix=""):
+    """The parameters of ``table`` (under ``prefix``) in ``params``, by canonical name: present, of ``dtype`` and
+    their shape."""
+    tensors = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = params[prefix + name]
+        if value.dtype != dtype:
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {dtype}")
+        if tuple(value.shape) != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {tuple(value.shape)}, expected {expected}")
+        tensors[name] = value
+    return tensors
 
 
 def _input(name, value, shape, dtype):
@@ -488,6 +505,17 @@ class _Network(torch.nn.Module):
             for name, value in values.items():
                 own[name].copy_(value)
         return self
+
+
+def _head(params, config, dtype):
+    """The readout as programs of the chain (node, readout), its parameters checked."""
+    if not config["cls"]:
+        raise ValueError("logits need a class node in the last stage (cls=True)")
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": config["d"], "n_classes": _shape(params["head.W"])[-1]}
+    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
+    return [(_node, {}, config, ""), (_readout, table, config, "")]
 
 
 def _embedding(u0, p, config, eps):
@@ -1013,23 +1041,6 @@ def _readout(cls, p, config, eps):
     head_logits = torch.einsum("bk,ko->bo", head_z, head_W) + head_b
     del head_z
     return head_logits
-
-
-def _links(model, u):
-    """The programs the forward chains (``_chain``): each stage's token embedding (the class node joining in the
-    last), its steps, its grid (the next stage's input); their parameters, configuration and prefix of names."""
-    links = []
-    for index, (stage, (n_rows, n_cols)) in enumerate(zip(model.stages, _stage_grids([stage.config for stage in model.stages], *u.shape[2:]))):
-        if index:  # the previous stage's grid
-            links.append((_grid, {}, links[-1][2], ""))
-        top, prefix = _table(stage, STAGE_PARAMETERS), f"stages.{index}."
-        config = _grid_sizes({**stage.config, "d": top["embed.W"].shape[-1]}, n_rows, n_cols)
-        if config["cls"]:
-            top["cls"] = stage.cls
-        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
-        links += [(_step_cls if config["cls"] else _step, _table(step, LAYER_PARAMETERS), config, f"{prefix}layers.{n}.")
-                  for n, step in enumerate(stage.layers)]
-    return links
 
 
 def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
@@ -2172,6 +2183,41 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
+def _checked(pixel_values, params, stages, eps):
+    """The image as an array and the programs the forward chains (``_chain``): each stage's token embedding (the
+    class node joining in the last), its steps, its grid (the next stage's input); their parameters, configuration
+    and prefix of the parameters' names, all checked before any work; the shape of the last stage's grid."""
+    links, n_channels, known = [], pixel_values.shape[1], set(HEAD_PARAMETERS)
+    for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
+        prefix = f"stages.{index}."
+        if prefix + "embed.W" not in params:
+            raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
+        d = _shape(params[prefix + "embed.W"])[-1]
+        ffn = prefix + "layers.0.ffn.W_1"
+        sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
+                 "kernel_qkv": config["kernel_qkv"], "d_ff": _shape(params[ffn])[-1] if ffn in params else 0}
+        if d % config["n_heads"]:
+            raise ValueError(f"stages[{index}]: d = {d} is not divisible by n_heads = {config['n_heads']}")
+        if index:  # the previous stage's grid
+            links.append((_grid, {}, links[-1][2], ""))
+        config = _grid_sizes({**config, "d": d}, n_rows, n_cols)
+        top = _table(params, {**STAGE_PARAMETERS, "cls": ("d",)} if config["cls"] else STAGE_PARAMETERS, sizes,
+                     pixel_values.dtype, prefix)
+        links.append((_embedding_cls if config["cls"] else _embedding, top, config, prefix))
+        known.update(prefix + name for name in top)
+        n = 0
+        while f"{prefix}layers.{n}.attn.W_q" in params:
+            p = _table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"{prefix}layers.{n}.")
+            links.append((_step_cls if config["cls"] else _step, p, config, f"{prefix}layers.{n}."))
+            known.update(f"{prefix}layers.{n}.{name}" for name in LAYER_PARAMETERS)
+            n += 1
+        n_channels = d
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:  # a name no stage reads: a misspelling, a layer after a gap, a stage the configuration lacks
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    return pixel_values, links, (pixel_values.shape[0], d, n_rows, n_cols)
+
+
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
     on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
@@ -2197,14 +2243,12 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _run(module, links, outputs, u, names=None):
+def _run(module, links, outputs, u):
     """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
-    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
-    (``None``: all but the head's)."""
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters the links hold."""
     if module.backward_mode == "derived" and torch.is_grad_enabled():
-        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
-                                                       if name not in HEAD_PARAMETERS]
-        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+        read = {prefix + name: value for _, p, _, prefix in links for name, value in p.items()}
+        return _Derived.apply(links, outputs, module.eps, list(read), u, *read.values())
     last = _chain(u, links, module.eps)
     return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
@@ -2220,11 +2264,10 @@ class _Step(torch.nn.Module):
 class _Stage(torch.nn.Module):
     """The parameters of a stage: its token embedding, its class node (last stage), its steps."""
 
-    def __init__(self, sizes, depth, config, factory):
+    def __init__(self, sizes, depth, cls, factory):
         super().__init__()
-        self.config = dict(config)
         _group(self, STAGE_PARAMETERS, sizes, factory)
-        if config["cls"]:
+        if cls:
             self.register_parameter("cls", torch.nn.Parameter(torch.empty(sizes["d"], **factory)))
         self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(depth))
 
@@ -2247,14 +2290,15 @@ class Model(_Network):
         if not (len(embed_dims) == len(depths) == len(d_ffs) == len(stages)):
             raise ValueError("embed_dims, depths, d_ffs and stages need one entry per stage")
         factory = {"device": device, "dtype": dtype}
-        self.eps, self.n_classes, self.n_channels = eps, n_classes, n_channels
+        self.eps, self.n_classes, self.input_shape = eps, n_classes, (n_channels, "height", "width")
+        self.options = {"stages": [dict(config) for config in stages], "eps": eps}
         modules, channels = [], n_channels
         for d, depth, d_ff, config in zip(embed_dims, depths, d_ffs, stages):
             if d % config["n_heads"]:
                 raise ValueError(f"d = {d} is not divisible by n_heads = {config['n_heads']}")
             sizes = {"n_channels": channels, "d": d, "d_ff": d_ff, "patch_size": config["patch_size"],
                      "kernel_qkv": config["kernel_qkv"], "n_classes": n_classes}
-            modules.append(_Stage(sizes, depth, config, factory))
+            modules.append(_Stage(sizes, depth, config["cls"], factory))
             channels = d
         self.stages = torch.nn.ModuleList(modules)
         if n_classes:
@@ -2263,20 +2307,19 @@ class Model(_Network):
         _initialize(self, {"gain": ones, "var": ones, "mean": zeros, "b": zeros}, lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def forward(self, pixel_values):
-        """``pixel_values`` (batch, n_channels, height, width) → the last stage's hidden states (batch, d, rows, cols)
-        and its class node's state (batch, 1, d), or None."""
-        _input("pixel_values", pixel_values, (self.n_channels, "height", "width"), self.stages[0].embed.W.dtype)
-        links = _links(self, pixel_values)
-        u, *cls = _run(self, links, _outputs(links[-1][2]), pixel_values)
+        """Final hidden states of the last stage (grid layout) and the class node's state."""
+        u, links, _ = self._checked(pixel_values)
+        u, *cls = _run(self, links, _outputs(links[-1][2]), u)
         return u, (cls or [None])[0]
 
     def logits(self, pixel_values):
         """The readout: the class node's final state, projected onto S_1, through the linear head."""
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
-        _, cls = self(pixel_values)
-        if cls is None:
-            raise ValueError("logits need a class node in the last stage (cls=True)")
-        links = [(_readout, _table(self, HEAD_PARAMETERS), {**self.stages[-1].config, "d": cls.shape[-1]}, "")]
-        return _run(self, links, (), cls, HEAD_PARAMETERS)
+        u, links, _ = self._checked(pixel_values)
+        return _run(self, links + _head(dict(self.named_parameters()), links[-1][2], u.dtype), (), u)
 
+    def _checked(self, pixel_values):
+        """``pixel_values`` checked, the programs the forward chains (as the NumPy module's ``_checked`` builds them)."""
+        _input("pixel_values", pixel_values, self.input_shape, next(self.parameters()).dtype)
+        return _checked(pixel_values, dict(self.named_parameters()), **self.options)

@@ -167,6 +167,28 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
+def _shape(value):
+    """The shape of a parameter."""
+    return tuple(value.shape)
+
+
+def _table(params, table, sizes, dtype, prefix=""):
+    """The parameters of ``table`` (under ``prefix``) in ``params``, by canonical name: present, of ``dtype`` and
+    their shape."""
+    tensors = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = params[prefix + name]
+        if value.dtype != dtype:
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {dtype}")
+        if tuple(value.shape) != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {tuple(value.shape)}, expected {expected}")
+        tensors[name] = value
+    return tensors
+
+
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
     string of any size."""
@@ -437,6 +459,28 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
+def _checked(u, params, stride, eps):
+    """``u``, the options and the parameters checked before any work: (u, the step as the one link of the
+    chain, the output's shape)."""
+    first = "down.W"
+    if first not in params:
+        raise ValueError(f"missing parameter {first!r}")
+    sizes = {"n_channels": u.shape[1], "d": _shape(params[first])[-1]}
+    unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    p = _table(params, PARAMETERS, sizes, u.dtype)
+    has_transfer = False
+    p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
+    grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+    channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])
+    if channels[0] != channels[1] or any(f != r for f, r in grids):
+        raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
+                         f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
+                         "they must agree")
+    return u, [(_step_identity, p, {"stride": stride}, "")], (u.shape[0], channels[0], grids[0][0], grids[1][0])
+
+
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
     on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
@@ -462,14 +506,12 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _run(module, links, outputs, u, names=None):
+def _run(module, links, outputs, u):
     """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
-    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
-    (``None``: all but the head's)."""
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters the links hold."""
     if module.backward_mode == "derived" and torch.is_grad_enabled():
-        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
-                                                       if name not in ()]
-        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+        read = {prefix + name: value for _, p, _, prefix in links for name, value in p.items()}
+        return _Derived.apply(links, outputs, module.eps, list(read), u, *read.values())
     last = _chain(u, links, module.eps)
     return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
@@ -489,7 +531,8 @@ class Model(_Network):
         self.backward_mode = backward
         if transfer and not TRANSFER_PARAMETERS:
             raise ValueError("unet-level has no transfer operator; R is the identity")
-        self.n_channels, self.d, self.stride, self.has_transfer, self.eps = n_channels, d, stride, transfer, eps
+        self.stride, self.eps, self.input_shape = stride, eps, (n_channels, "height", "width")
+        self.options = {"stride": stride, "eps": eps}
         sizes, factory = {"n_channels": n_channels, "d": d}, {"device": device, "dtype": dtype}
         _group(self, PARAMETERS, sizes, factory)
         if transfer:
@@ -502,14 +545,11 @@ class Model(_Network):
                            "W": lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))}, torch.nn.init.zeros_)
 
     def forward(self, u):
-        """``u`` of shape (batch, n_channels, height, width)."""
-        _input("u", u, (self.n_channels, "height", "width"), self.down.W.dtype)
-        stride, has_transfer, sizes = self.stride, self.has_transfer, {"n_channels": self.n_channels, "d": self.d}
-        grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
-        channels = (sizes["n_channels"], sizes["n_channels"] if has_transfer else sizes["n_channels"])
-        if channels[0] != channels[1] or any(f != r for f, r in grids):
-            raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "
-                             f"{grids[0][0]}x{grids[1][0]} grid, R u {channels[1]} on {grids[0][1]}x{grids[1][1]}; "
-                             "they must agree")
-        return _run(self, [(_step_identity, dict(self.named_parameters()), {"stride": stride}, "")], (), u)
+        """One step: ``u`` of shape (batch, n_channels, height, width)."""
+        u, links, _ = self._checked(u)
+        return _run(self, links, (), u)
 
+    def _checked(self, u):
+        """``u`` checked, the programs the forward chains (as the NumPy module's ``_checked`` builds them)."""
+        _input("u", u, self.input_shape, next(self.parameters()).dtype)
+        return _checked(u, dict(self.named_parameters()), **self.options)

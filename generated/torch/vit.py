@@ -405,9 +405,26 @@ def _group(module, table, sizes, factory):
         getattr(module, group).register_parameter(attribute, torch.nn.Parameter(torch.empty(shape, **factory)))
 
 
-def _table(module, table):
-    """The parameters of ``table`` that ``module`` holds, by canonical name."""
-    return {name: module.get_parameter(name) for name in table}
+def _shape(value):
+    """The shape of a parameter."""
+    return tuple(value.shape)
+
+
+def _table(params, table, sizes, dtype, prefix=""):
+    """The parameters of ``table`` (under ``prefix``) in ``params``, by canonical name: present, of ``dtype`` and
+    their shape."""
+    tensors = {}
+    for name, axes in table.items():
+        expected = tuple(sizes[axis] if isinstance(axis, str) else axis for axis in axes)
+        if prefix + name not in params:
+            raise ValueError(f"missing parameter {prefix + name!r} of shape {expected}")
+        value = params[prefix + name]
+        if value.dtype != dtype:
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {dtype}")
+        if tuple(value.shape) != expected:
+            raise ValueError(f"parameter {prefix + name!r} has shape {tuple(value.shape)}, expected {expected}")
+        tensors[name] = value
+    return tensors
 
 
 def _input(name, value, shape, dtype):
@@ -460,6 +477,15 @@ class _Network(torch.nn.Module):
             for name, value in values.items():
                 own[name].copy_(value)
         return self
+
+
+def _head(params, config, dtype):
+    """The readout as programs of the chain (readout), its parameters checked."""
+    if "head.W" not in params:
+        raise ValueError("missing parameter 'head.W'")
+    sizes = {"d": config["d"], "n_classes": _shape(params["head.W"])[-1]}
+    table = _table(params, HEAD_PARAMETERS, sizes, dtype)
+    return [(_readout, table, config, "")]
 
 
 def _embedding(image, p, config, eps):
@@ -970,6 +996,40 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
                for (function, config), seed in zip(outputs, seeds) if seed is not None)
 
 
+def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
+    """The image as an array and the programs the forward chains (``_links``), their parameters and the sizes of every
+    axis checked before any work; the shape of the output."""
+    if image_size is not None and pixel_values.shape[2:] != image_size:
+        raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
+    batch, n_channels, height, width = pixel_values.shape
+    n_rows, n_cols = height // patch_size, width // patch_size
+    if not (n_rows and n_cols):
+        raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
+    if "embed.b" not in params:
+        raise ValueError("missing parameter 'embed.b'")
+    d = _shape(params["embed.b"])[-1]
+    n_tokens = 1 + n_rows * n_cols
+    if "embed.pos" in params and _shape(params["embed.pos"])[0] != n_tokens:
+        raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "
+                         f"the position term has {_shape(params['embed.pos'])[0] - 1} (no interpolation)")
+    if d % n_heads:
+        raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
+    layers = 0
+    while f"layers.{layers}.ffn.W_1" in params:
+        layers += 1
+    known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
+    unknown = sorted(set(params) - known, key=str)
+    if unknown:
+        raise ValueError(f"unexpected parameter {unknown[0]!r}")
+    d_ff = _shape(params["layers.0.ffn.W_1"])[1] if layers else 0
+    sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
+             "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
+    top = _table(params, PARAMETERS, sizes, pixel_values.dtype)
+    links = _links(top, [_table(params, LAYER_PARAMETERS, sizes, pixel_values.dtype, f"layers.{n}.") for n in range(layers)],
+                   sizes)
+    return pixel_values, links, (batch, n_tokens, d)
+
+
 class _Derived(torch.autograd.Function):
     """The programs of ``links`` chained (``_chain``), then the programs ``outputs`` (function, configuration)
     on the last state, if any; the backward is the derived adjoint (``_reverse``). The forward saves each
@@ -995,14 +1055,12 @@ class _Derived(torch.autograd.Function):
         return (None, None, None, None, grad_u, *(grads[name] for name in ctx.names))
 
 
-def _run(module, links, outputs, u, names=None):
+def _run(module, links, outputs, u):
     """The programs of ``links`` chained on ``u``, then the programs ``outputs`` on the last state, if any; with
-    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters named ``names``
-    (``None``: all but the head's)."""
+    ``backward="derived"``, while autograd records, through ``_Derived`` reading the parameters the links hold."""
     if module.backward_mode == "derived" and torch.is_grad_enabled():
-        names = list(names) if names is not None else [name for name, _ in module.named_parameters()
-                                                       if name not in HEAD_PARAMETERS]
-        return _Derived.apply(links, outputs, module.eps, names, u, *(module.get_parameter(name) for name in names))
+        read = {prefix + name: value for _, p, _, prefix in links for name, value in p.items()}
+        return _Derived.apply(links, outputs, module.eps, list(read), u, *read.values())
     last = _chain(u, links, module.eps)
     return tuple(function(last, {}, config, module.eps) for function, config in outputs) or last
 
@@ -1051,10 +1109,8 @@ class Model(_Network):
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         if height < patch_size or width < patch_size:
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {image_size}")
-        self.n_heads, self.eps, self.patch_size = n_heads, eps, patch_size
-        self.config = {"patch_size": patch_size, "n_rows": height // patch_size, "n_cols": width // patch_size,
-                       "n_heads": n_heads}
-        self.n_channels, self.image_size, self.n_classes = n_channels, (height, width), n_classes
+        self.eps, self.n_channels, self.n_classes, self.input_shape = eps, n_channels, n_classes, (n_channels, height, width)
+        self.options = {"patch_size": patch_size, "n_heads": n_heads, "eps": eps, "image_size": (height, width)}
         sizes = {"d": d_model, "d_ff": d_ff, "n_channels": n_channels, "patch_size": patch_size,
                  "n_tokens": 1 + (height // patch_size) * (width // patch_size), "n_classes": n_classes}
         factory = {"device": device, "dtype": dtype}
@@ -1070,14 +1126,18 @@ class Model(_Network):
                     lambda t: torch.nn.init.normal_(t, std=0.02))
 
     def forward(self, pixel_values):
-        """``pixel_values`` (batch, n_channels, height, width) → final hidden states (batch, tokens, d)."""
-        _input("pixel_values", pixel_values, (self.n_channels, *self.image_size), self.embed.W.dtype)
-        links = _links(_table(self, PARAMETERS), [_table(layer, LAYER_PARAMETERS) for layer in self.layers], self.config)
-        return _run(self, links, (), pixel_values)
+        """The final hidden states: embedding, one step per layer, the final projection."""
+        u, links, _ = self._checked(pixel_values)
+        return _run(self, links, (), u)
 
     def logits(self, pixel_values):
-        """The readout: the class node's final state through the linear head."""
+        """The readout: the class node's final state, through the linear head."""
         if not self.n_classes:
             raise ValueError("this Model has no head (n_classes = 0)")
-        return _run(self, [(_readout, _table(self, HEAD_PARAMETERS), {}, "")], (), self(pixel_values), HEAD_PARAMETERS)
+        u, links, _ = self._checked(pixel_values)
+        return _run(self, links + _head(dict(self.named_parameters()), links[-1][2], u.dtype), (), u)
 
+    def _checked(self, pixel_values):
+        """``pixel_values`` checked, the programs the forward chains (as the NumPy module's ``_checked`` builds them)."""
+        _input("pixel_values", pixel_values, self.input_shape, next(self.parameters()).dtype)
+        return _checked(pixel_values, dict(self.named_parameters()), **self.options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from splitformer.symbolic import __version__
+from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_programs
 from splitformer.symbolic.model import MultiscaleSpec, network_fingerprint
@@ -32,16 +33,36 @@ def _head(parameters: list[dict], backend: str) -> dict:
                   suffix="      (logits only)" if backend == "numpy" else "      (n_classes > 0)")
 
 
+#: The sizes a token network gives each step (its ``_checked`` and its torch Model), besides the batch and tokens.
+_STEP_SIZES = {"d", "d_ff", "n_heads", "d_head"}
+
+
+def _check_step(model: ModelProgram, step: dict) -> None:
+    """A token network feeds each step all its tokens and nothing else, with the sizes ``_STEP_SIZES``: a step scheme
+    that is causal, reads more (positions, a memory, a cache) or sizes a parameter otherwise is refused in one line."""
+    scheme = model.spec.scheme
+    unset = sorted({axis for p in step["parameters"] for axis in p["shape"] if isinstance(axis, str)} - _STEP_SIZES)
+    reads = [what for what, present in (("token positions", step["positions"] or step["half_width"]),
+                                        ("a memory", step["memory"]), ("a key/value cache", step["cached"]),
+                                        (", ".join(step["keywords"]), step["keywords"])) if present]
+    problem = ("is causal" if scheme.causal else f"reads {reads[0]}" if reads else
+               f"sizes a parameter by {unset[0]}" if unset else "")
+    if problem:
+        raise SplitformerError(f"network {model.spec.name!r}: its steps' scheme {scheme.name!r} {problem}; a token network "
+                               f"feeds each step all its tokens and nothing else, with the sizes {', '.join(sorted(_STEP_SIZES))}")
+
+
 def _token(model: ModelProgram, backend: str, passes) -> dict:
     """ViT-like networks: the embedding (its initial condition on the tokens as layout assignments,
     ``symbolic.model_adjoint.embedding_program``) and readout as derived programs, the step and final
     projection as a block's, each with its derived backward."""
     adjoint = derive_model_adjoint(model)
     programs = {"embedding": program_context(embedding_program(model), INPUT, backend,
-                                             getattr(model.spec.embedding, "sizes", dict)()),
-                "readout": program_context(readout_program(model), "u", backend)}
+                                             getattr(model.spec.embedding, "sizes", dict)(), passes=passes),
+                "readout": program_context(readout_program(model), "u", backend, passes=passes)}
     embedding, readout = programs["embedding"]["run"]["parameters"], programs["readout"]["run"]["parameters"]
     step = unit_context(lower(model.step, passes), backend)
+    _check_step(model, step)
     final = unit_context(lower(model.final, passes), backend) if model.final is not None else None
     units = {"step": backward_context(lower_adjoint(adjoint.step, passes), backend),
              "final": backward_context(lower_adjoint(adjoint.final, passes), backend) if final else None}
@@ -79,7 +100,7 @@ def _grid(model: GridModelProgram, backend: str, passes) -> dict:
     transfer stages, ``identity``: R = 1; ``symbolic.model_adjoint.grid_program``) and its grids and channels."""
     sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in model.stages()}
     programs = {f"step_{'with' if transfer else 'identity'}": program_context(
-        grid_program(model, transfer), INPUT_STATE, backend, group_sizes=sizes)
+        grid_program(model, transfer), INPUT_STATE, backend, group_sizes=sizes, passes=passes)
         for transfer in ((True, False) if model.transfer else (False,))}
     field = programs["step_identity"]["run"]["parameters"]
     transfer = [p for p in programs["step_with"]["run"]["parameters"] if p not in field] if model.transfer else []
@@ -95,7 +116,7 @@ def _grid(model: GridModelProgram, backend: str, passes) -> dict:
 
 def _cvt(model: CvtProgram, backend: str, passes) -> dict:
     """CvT: its derived programs (``symbolic.cvt_adjoint``; the forward chains them through the stages)."""
-    programs = {name: program_context(piece.program, piece.input, backend, piece.sizes)
+    programs = {name: program_context(piece.program, piece.input, backend, piece.sizes, passes=passes)
                 for name, piece in cvt_programs(model).items()}
     parameters = {name: programs[name]["run"]["parameters"] for name in ("embedding", "step", "readout")}
     return {"kind": "cvt", "title": model.name, "summary": model.summary,

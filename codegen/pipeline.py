@@ -88,11 +88,10 @@ def _network(spec: NetworkSpec, passes=None) -> tuple[Callable[[str], str], obje
     """The derived network of ``spec``: its module's source per backend (rendered once each), its program."""
     if isinstance(spec, MultiscaleSpec):
         program = derive_cvt(spec.name, spec.summary)
-        return cache(partial(render_network, program)), program
-    if isinstance(spec, GridModelSpec):
+    elif isinstance(spec, GridModelSpec):
         program = derive_grid_model(spec)
-        return cache(partial(render_network, program)), program
-    program = derive_model(spec)
+    else:
+        program = derive_model(spec)
     return cache(partial(render_network, program, passes=passes)), program
 
 

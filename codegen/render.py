@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields, replace
 from functools import cache
 from importlib import resources
@@ -22,7 +23,7 @@ from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
-__all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context", "narrowest_head"]
+__all__ = ["environment", "python_string", "markdown_text", "render_module", "unit_context", "backward_context", "narrowest_head"]
 
 #: The grid of each axis label of the IR (``"r"`` → the rotation frequencies).
 _LABEL_DOMAINS = {str(variable.index): variable.domain for variable in VARIABLES.values()}
@@ -50,11 +51,16 @@ def environment() -> jinja2.Environment:
         f"{python_string(name) if isinstance(name, str) else int(name)}, " for name in names).rstrip(" ") + ")"
     env.filters["shape"] = lambda names: "(" + ", ".join(names) + ")"
     env.filters["union"] = lambda first, second: set(first) | set(second)
-    # user text in Markdown: raw HTML is shown, never interpreted
-    env.filters["text"] = lambda text: text.replace("&", "&amp;").replace("<", "&lt;")
+    env.filters["text"] = markdown_text
     # where the runtime helpers a module uses go (codegen.runtime_source)
     env.globals["runtime"] = runtime_mark
     return env
+
+
+def markdown_text(text: str) -> str:
+    """User text (a summary, a description) in a Markdown report, shown as text: raw HTML, links, images and math
+    are never interpreted (``&``, ``<`` as entities; backslash, brackets and ``$`` escaped)."""
+    return re.sub(r"([\\\[\]$])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
 
 
 def _one_line(text: str) -> str:

@@ -2,7 +2,7 @@
 
 Input: a network ``Program`` (its operators' assignments and the chaining between them, in
 index notation) and the sizes its network fixes. Output (``program_context``): its forward,
-lowered (``codegen.lowering``) and optimized (``passes.NETWORK_STAGE``), and its
+lowered (``codegen.lowering``) and optimized (``passes.network_passes``), and its
 derived backward, the reverse mode over the same assignments (``codegen.adjoint``): the
 forward statements the adjoint reads, then the adjoint; each function's parameters (shape,
 view, group), statements by section spelled by the backend, and what it binds.
@@ -19,7 +19,7 @@ from .adjoint import lower_stage_adjoint
 from .backends import BACKENDS
 from .ir import Module
 from .lowering import lower
-from .passes import NETWORK_STAGE, run_passes
+from .passes import network_passes, run_passes
 from .passes.convolution import convolution
 from .printers import CODE_NAMES, code
 
@@ -117,17 +117,17 @@ def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
 
 
 def program_context(program: Program, input_name: str, backend: str, sizes: dict | None = None,
-                    group_sizes: dict[str, dict] | None = None) -> dict:
-    """One network program: its forward (``run``, dead arrays freed) and its derived backward (the
-    forward statements the adjoint reads, the adjoint, the seed, the costate of ``input_name``, the
-    gradients in the order of the parameters), each with what it binds (``_binding``)."""
+                    group_sizes: dict[str, dict] | None = None, passes: tuple | None = None) -> dict:
+    """One network program: its forward (``run``, dead arrays freed, optimized by ``network_passes(passes)``) and its
+    derived backward (the forward statements the adjoint reads, the adjoint, the seed, the costate of ``input_name``,
+    the gradients in the order of the parameters), each with what it binds (``_binding``)."""
     forward = lower(program, (convolution,), network=True)
     backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
 
     def context(module: Module, free: bool = False) -> dict:
         return stage_context(module, backend, sizes or {}, free, group_sizes)
 
-    run = context(run_passes(forward, NETWORK_STAGE), free=True)
+    run = context(run_passes(forward, network_passes(passes)), free=True)
     with_views = [parameter for parameter in context(forward)["parameters"] if parameter["view"]]
     functions = [context(backward.forward), context(backward.adjoint)]
     binding = _binding(functions, with_views)

@@ -21,6 +21,7 @@ from typing import ClassVar
 import sympy as sp
 
 from .domains import FEATURES, XI, Y
+from .errors import SplitformerError
 from .image import C, CHANNELS, KERNEL_COLS, KERNEL_ROWS, SIGMA1, SIGMA2, X1, X2
 from .operators import EPSILON, STATE, Definition, Operator, Parameter, apply, register_operator
 from .cvt_operators import config_symbol
@@ -55,6 +56,14 @@ class _GridOperator(Operator):
     inputs: str = "y"
     outputs: str = "y"
 
+    #: Whether the operator sums over its input channels (a convolution): then they need their own index.
+    contracts_channels: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.contracts_channels and self.inputs == self.outputs == "c":  # one index for the input and output channel
+            raise SplitformerError(f'operator {self.key!r}: inputs and outputs are both "c"; a grid operator maps the '
+                                   'input channels c to the features y (inputs = "c"), y to y, or y to c (outputs = "c")')
+
     def field(self, *arguments) -> sp.Expr:
         return sp.Function(STATE)(channel_variable(self.inputs, "in").symbol, *arguments)
 
@@ -65,6 +74,7 @@ class Convolution(_GridOperator):
     """A (strided, padded) convolution: a relative kernel with local support over the grid."""
 
     kernel: int = 3
+    contracts_channels: ClassVar[bool] = True
     stride: object = 1
     padding: int = 0
     kind: ClassVar[str] = "convolution"
@@ -110,6 +120,7 @@ class TransposedConvolution(_GridOperator):
     """Prolongation to a grid ``kernel`` times finer (kernel = stride: no overlaps)."""
 
     kernel: int = 2
+    contracts_channels: ClassVar[bool] = True
     kind: ClassVar[str] = "transposed-convolution"
     discretization: ClassVar[str] = r"""A transposed convolution with kernel = stride $= S$ writes on the grid of
 spacing $h/S$: the fine node $x + \sigma$, $\sigma = (h/S) r$, has index $S p + r$ and exactly one coarse node $x$."""

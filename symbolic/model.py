@@ -166,6 +166,8 @@ def _grid_operator(key: str, table: object, where: str) -> Operator:
         return OPERATOR_KINDS[kind](key, **options)
     except TypeError:
         raise SplitformerError(f"{where}: options {sorted(options)} do not fit kind {kind!r}") from None
+    except SplitformerError as error:
+        raise SplitformerError(f"{where}: {str(error).removeprefix(f'operator {key!r}: ')}") from None
 
 
 def _names(step: dict, key: str, where: str) -> tuple[str, ...]:

@@ -20,8 +20,8 @@ _SCHEME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _OPERATOR = re.compile(r"[a-z][a-z0-9_]*")
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
-#: Attributes of ``torch.nn.Module`` and of the emitted ``Block``/``Stack`` (an operator named
-#: like one would replace it); tests/test_names.py checks this against torch's own list.
+#: Attributes of ``torch.nn.Module`` and of the emitted ``Block``/``Stack``/``Model`` (an operator named
+#: like one would replace it); tests/test_bad_input.py checks this against torch's own list and the emitted classes.
 MODULE_ATTRIBUTES = frozenset({
     "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile", "cpu", "cuda",
     "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state",
@@ -35,6 +35,9 @@ MODULE_ATTRIBUTES = frozenset({
     # the emitted Block and Stack
     "d_model", "n_heads", "d_ff", "eps", "bias", "layers", "final_norm", "has_final_norm", "load_params",
     "reset_parameters", "n_layers", "dropout", "batch_first", "n_kv_heads", "rope_theta", "backward_mode",
+    "n_buckets", "tied",
+    # the emitted network Models (ViT, CvT, grid steps)
+    "input_shape", "options", "n_channels", "n_classes", "stride", "stages", "logits",
     "smart_apply",  # added to torch.nn.Module once transformers is imported
 })
 

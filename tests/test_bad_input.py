@@ -97,6 +97,38 @@ def test_module_attributes_cover_torch_modules():
     assert names - operators <= MODULE_ATTRIBUTES, sorted(names - operators - MODULE_ATTRIBUTES)
 
 
+def test_module_attributes_cover_every_emitted_module_class():
+    """Every attribute an emitted Block, Stack or network Model sets or defines (and its bases) is reserved, so that
+    an operator of a scheme or a network file named like one is refused instead of breaking the constructor."""
+    import ast
+
+    from conftest import GENERATED
+
+    public = {"Block", "Stack", "Model", "_CanonicalModule", "_Network"}
+    found = set()
+    for path in (GENERATED / "torch").glob("*.py"):
+        for cls in ast.parse(path.read_text()).body:
+            if isinstance(cls, ast.ClassDef) and cls.name in public:
+                found |= {item.name for item in cls.body if isinstance(item, ast.FunctionDef)}
+                found |= {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)
+                          and isinstance(node.ctx, ast.Store) and getattr(node.value, "id", "") == "self"}
+    names = {name for name in found if name[0].isalpha()}
+    assert names <= MODULE_ATTRIBUTES, sorted(names - MODULE_ATTRIBUTES)
+
+
+@pytest.mark.parametrize("network, old, new", [
+    ("resnet-block", 'conv1', 'stride'),
+    ("vit", 'operator = "embed"', 'operator = "input_shape"'),
+    ("vit", 'operator = "head"', 'operator = "n_classes"'),
+])
+def test_a_network_operator_named_like_a_model_attribute_is_refused(network, old, new, capsys, tmp_path):
+    source = (ROOT / "symbolic" / "models" / f"{network}.toml").read_text()
+    assert old in source
+    path = tmp_path / "clash.toml"
+    path.write_text(source.replace(old, new).replace(f'name = "{network}"', 'name = "clash"'))
+    _fails(capsys, "show", str(path), message="clashes with the attribute")
+
+
 @pytest.mark.parametrize("steps, message", [
     ("[{ parallel = [[]] }]", "applies no operator"),
     ("[{ parallel = [[], []] }]", "applies no operator"),
@@ -156,6 +188,33 @@ def test_the_report_shows_html_as_text(tmp_path, capsys):
     report = (tmp_path / "out" / "reports" / "post_ln.md").read_text()
     assert "&lt;script>alert(1)&lt;/script> &amp; &lt;b>bold&lt;/b>" in report
     assert "<script>" not in report and "<b>" not in report
+
+
+_LINKS = "[x](javascript:alert(3)) ![t](http://attacker.example/t.png)"
+_ACTIVE = _LINKS + " $\\href{javascript:alert(4)}{c}$ [r][1]\n\n[1]: javascript:x"
+
+
+@pytest.mark.parametrize("field", ["summary", "description", "network summary"])
+def test_the_report_shows_links_images_and_math_as_text(field, tmp_path):
+    """Markdown's active constructs in a scheme's or network's text (a ``javascript:`` link, a remote image, a
+    reference link, ``\\href`` in math) are shown as text: rendered (Python-Markdown, as mkdocs does), the report has
+    no link or image."""
+    import markdown
+
+    text = _ACTIVE.replace("\\", "\\\\")  # a TOML string escapes its backslashes (a summary holds none)
+    source, report = {
+        "summary": (_replace('summary = "', f'summary = "{_LINKS} '), "post_ln"),
+        "description": (_replace('description = """', f'description = """{text}\n'), "post_ln"),
+        "network summary": ((ROOT / "symbolic" / "models" / "resnet-block.toml").read_text().replace(
+            'summary = "', f'summary = "{_LINKS} '), "resnet_block")}[field]
+    path = tmp_path / "links.toml"
+    path.write_text(source)
+    assert main(["derive", str(path), "--out", str(tmp_path / "out"), "--backend", "numpy"]) == 0
+    html = markdown.markdown((tmp_path / "out" / "reports" / f"{report}.md").read_text())
+    assert "javascript:alert(3)" in html and "attacker.example" in html  # the text is there, as text
+    assert "<a " not in html and "<img" not in html and "href=" not in html
+    control = markdown.markdown(_ACTIVE)  # the same text unescaped renders active links and images
+    assert "<a " in control and "<img" in control
 
 
 def test_an_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
@@ -430,3 +489,18 @@ def test_compare_takes_one_name_as_one_scheme_and_checks_sizes():
     for sizes in ({"d": -1}, {"d": 2.5}, {"width": 8}, [("d", 8)]):
         with pytest.raises(SplitformerError, match="sizes"):
             compare("pre-ln", sizes=sizes)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--d-model", "4000000"], "d-model = 4000000 is above 16384"),
+    (["--tokens", "100000000"], "tokens = 100000000 is above 65536"),
+    (["--seeds", "1000000000"], "seeds = 1000000000 is above 1000"),
+    (["--d-model", "8192", "--layers", "64"], "the weights (layers × d-model × max(d-model, d-ff)) would hold"),
+    (["--batch", "4096", "--tokens", "4096"], "one activation (batch × tokens × max(d-model, d-ff)) would hold"),
+])
+def test_a_study_too_large_for_one_machine_is_refused_before_any_work(arguments, message, capsys, tmp_path,
+                                                                      monkeypatch):
+    """Sizes within every other check but beyond memory (a 64 TB weight, 6 GB tokens) or time (10⁹ seeds): one line."""
+    monkeypatch.chdir(tmp_path)
+    _fails(capsys, "study", "post-ln", "--steps", "1", *arguments, message=message)
+    assert list(tmp_path.iterdir()) == []

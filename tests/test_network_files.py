@@ -154,6 +154,8 @@ _VIT = _builtin_text("vit")
     (_UNET.replace("kernel = 3, padding = 1 }", "kernel = 2.5, padding = 1 }"), "kernel: expected an integer"),
     (_UNET.replace("padding = 1, stride = 2", "padding = -1, stride = 2"), "padding: expected an integer from 0"),
     (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = [1] }'), 'outputs: expected "c"'),
+    (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = "c" }'), 'operators.down: inputs and outputs are both "c"'),
+    (_UNET.replace('inputs = "y", outputs = "c"', 'inputs = "c", outputs = "c"'), 'operators.up: inputs and outputs'),
     (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
     (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
     (_UNET.replace("[step]", "step = 5\n[stepx]"), "unknown field"),
@@ -235,3 +237,86 @@ def test_a_network_spec_object_is_checked_as_its_file_is(edit):
         splitformer.derive(_edits()[edit])
     for name in model_names():
         check_network(load_model(name))
+
+
+_ATTENTION_ONLY = """name = "attn-only"
+summary = "attention only, pre-LN"
+final_norm = true
+[operators]
+norm1 = "layer-norm"
+attn = "attention"
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+"""
+_TALKING_HEADS = """name = "scored"
+summary = "pre-LN scored attention with qk-norm and talking heads, a GRU gate, a scalar step"
+final_norm = true
+[operators]
+norm1 = "layer-norm"
+attn = { kind = "scored-attention", qk_norm = true, pre_talking_heads = true, post_talking_heads = true }
+norm2 = "layer-norm"
+ffn = "feed-forward"
+gate = "gru-gate"
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+combine = "gate"
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm2"
+step = "scalar"
+"""
+
+
+@pytest.mark.parametrize("scheme", ["paper-lie", _ATTENTION_ONLY, _TALKING_HEADS], ids=["paper-lie", "attention-only",
+                                                                                        "talking-heads"])
+def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, scheme):
+    """Steps without a hidden layer, with per-head parameters, a gate and a scalar step: the NumPy module passes the
+    semantics check against the evaluator with its scheme, and the torch Model computes what it does (float64)."""
+    import torch
+
+    if "\n" in scheme:
+        (tmp_path / "steps.toml").write_text(scheme)
+        scheme = "steps.toml"
+    spec = load_model(_copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"')))
+    (check,) = network_semantics.network_semantics_checks(spec)
+    assert check.holds, check.detail
+    derivation = splitformer.derive(spec)
+    module = derivation.numpy_module()
+    sizes = {"n_channels": 3, "patch_size": 2, "d": 8, "d_ff": 12, "n_tokens": 5, "n_classes": 4, "n_heads": 2, "d_head": 4}
+    rng = np.random.default_rng(3)
+    params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
+    for layer in range(2):
+        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
+    images = rng.standard_normal((2, 3, 4, 4))
+    expected = module.logits(images, params, patch_size=2, n_heads=2, eps=1e-6)
+    model = derivation.torch_module().Model(n_layers=2, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2,
+                                            image_size=(4, 4), n_classes=4, eps=1e-6, dtype=torch.float64)
+    got = model.load_params(params).logits(torch.from_numpy(images)).detach().numpy()
+    assert np.max(np.abs(got - expected)) <= 1e-12 * max(1.0, np.max(np.abs(expected)))
+
+
+@pytest.mark.parametrize("scheme, message", [
+    ("gpt2", "'gpt2' is causal"),
+    ("llama", "'llama' is causal"),
+    ("decoder", "'decoder' is causal"),
+    (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = "rotary-attention"'), "reads token positions"),
+    (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "attention", d_head = 3 }'),
+     "sizes a parameter by d_inner"),
+    (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "scored-attention", rel_pos_bias = "bidirectional",'
+                                                   ' max_distance = 16 }'), "reads token positions"),
+])
+def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_one_line(tmp_path, capsys, scheme,
+                                                                                         message):
+    if "\n" in scheme:
+        (tmp_path / "steps.toml").write_text(scheme)
+        scheme = "steps.toml"
+    path = _copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"'))
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "a token network feeds each step all its tokens" in err, err
+    assert not (tmp_path / "out").exists()

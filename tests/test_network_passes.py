@@ -107,3 +107,50 @@ def test_emitted_cvt_step_uses_the_fused_layer_norm_and_frees_its_arrays(backend
     assert ("ffn_s = _gelu(ffn_w)" if backend == "numpy" else "ffn_s = torch.nn.functional.gelu(ffn_w)") in code
     # BatchNorm's a = γ/√(v + ε) stays a per-channel statement, not inlined into every entry
     assert any(line.startswith("qbn_a = ") for line in code)
+
+
+_CVT_STAGE = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "n_heads": 2, "kernel_qkv": 3, "stride_q": 1,
+              "padding_q": 1, "stride_kv": 2, "padding_kv": 1}
+#: Each network: its torch Model's arguments and an input's shape.
+_NETWORKS = {
+    "vit": ({"n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 12, "n_channels": 3, "patch_size": 4,
+             "image_size": (8, 8), "n_classes": 5}, (2, 3, 8, 8)),
+    "cvt": ((3, [8, 12], [1, 2], [16, 24], [{**_CVT_STAGE, "cls": False}, {**_CVT_STAGE, "cls": True}]), (2, 3, 16, 16)),
+    "resnet-block": ((4, 6), (2, 4, 8, 8), {"stride": 2, "transfer": True}),
+    "unet-level": ((4, 6), (2, 4, 8, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NETWORKS))
+def test_the_pass_selection_reaches_every_network_program(name):
+    """``passes="none"`` emits each network's programs without the selectable passes (no fused LayerNorm, GELU or
+    attention routine, no GEMM), and the textbook module computes what the optimized one does (float64, random
+    parameters, both backends); the convolution recognition stays (it is not a selectable pass)."""
+    import torch
+
+    import splitformer
+
+    arguments, shape, *keywords = _NETWORKS[name]
+    textbook, optimized = splitformer.derive(name, passes="none"), splitformer.derive(name)
+    for backend in ("numpy", "torch"):
+        assert textbook.source(backend) != optimized.source(backend), backend
+        for helper in ("_layer_norm(", "_gelu(", "_attention(", "scaled_dot_product_attention("):
+            assert helper not in _function(textbook.source(backend), "_step" if name in ("vit", "cvt") else "_step_identity"), helper
+    build = (lambda module: module.Model(**arguments, dtype=torch.float64)) if isinstance(arguments, dict) else (
+        lambda module: module.Model(*arguments, **(keywords[0] if keywords else {}), dtype=torch.float64))
+    models = [build(derivation.torch_module()).eval() for derivation in (textbook, optimized)]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in models[0].parameters():
+            parameter.copy_(torch.rand(parameter.shape, generator=generator, dtype=torch.float64) + 0.5)
+    models[1].load_params(dict(models[0].named_parameters()))
+    pixels = torch.randn(shape, generator=generator, dtype=torch.float64)
+    outputs = [model(pixels) for model in models]
+    params = {key: value.detach().numpy() for key, value in models[0].named_parameters()}
+    options = {key: value for key, value in models[0].options.items() if key != "eps"}
+    arrays = [derivation.numpy_module().forward(pixels.numpy(), params, **options) for derivation in (textbook, optimized)]
+    for first, second in ((outputs[0], outputs[1]), (arrays[0], arrays[1]), (arrays[0], outputs[1])):
+        for a, b in zip(*((x if isinstance(x, tuple) else (x,)) for x in (first, second))):
+            if a is not None:
+                np.testing.assert_allclose(np.asarray(a.detach() if hasattr(a, "detach") else a),
+                                           np.asarray(b.detach() if hasattr(b, "detach") else b), rtol=1e-10, atol=1e-10)

@@ -25,7 +25,7 @@ from .shared_trig import shared_trig
 from .silu import silu
 from .unroll_pairs import unroll_pairs
 
-__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes"]
+__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes", "network_passes"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
@@ -51,6 +51,13 @@ DEFAULT = tuple(PASSES.values())
 #: recognized, an inference BatchNorm after one folded into its kernel and bias, fused; a dead product or
 #: convolution output holds the elementwise map that reads it (torch: without autograd only).
 NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers)
+
+
+def network_passes(selected: tuple | None = None) -> tuple:
+    """The passes a network program's forward runs: ``NETWORK_STAGE``, each of them that is a selectable pass
+    only when ``selected`` (``None``: all) holds it; the recognitions ``convolution`` and ``fold_affine`` always."""
+    chosen = DEFAULT if selected is None else selected
+    return tuple(rewrite for rewrite in NETWORK_STAGE if rewrite in chosen or rewrite not in DEFAULT)
 
 
 def run_passes(module, passes: tuple = DEFAULT):

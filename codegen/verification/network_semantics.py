@@ -68,10 +68,10 @@ def _vit_evaluator(model, params, image, options, transposed=False, class_last=F
     heads, eps, patch = options["n_heads"], mpmath.mpf(options["eps"]), options["patch_size"]
     u = _patch_embedding(image, params, patch, transposed, class_last)
     tokens, d = u.shape
-    sizes = Sizes(tokens, d, heads, params["layers.0.ffn.W_1"].shape[1])
+    sizes = Sizes(tokens, d, heads, params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in params else 0)
     support = np.ones((tokens, tokens), dtype=int)
     layer = 0
-    while f"layers.{layer}.ffn.W_1" in params:
+    while any(name.startswith(f"layers.{layer}.") for name in params):
         prefix = f"layers.{layer}."
         step = {name[len(prefix):]: value for name, value in params.items() if name.startswith(prefix)}
         u = Semantics(model.scheme, step, sizes, MPMATH, support=support, eps=eps).step(u)
@@ -81,7 +81,7 @@ def _vit_evaluator(model, params, image, options, transposed=False, class_last=F
 
 
 def _vit(module, rng, spec):
-    sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 7, "n_classes": 3}
+    sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 7, "n_classes": 3, "n_heads": 2, "d_head": 4}
     params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
     for layer in range(2):
         params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")

@@ -1033,7 +1033,7 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     if d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     layers = 0
-    while f"layers.{layers}.ffn.W_1" in params:
+    while f"layers.{layers}.norm1.gain" in params:
         layers += 1
     known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
     unknown = sorted(set(params) - known, key=str)

@@ -1015,7 +1015,7 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     if d % n_heads:
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     layers = 0
-    while f"layers.{layers}.ffn.W_1" in params:
+    while f"layers.{layers}.norm1.gain" in params:
         layers += 1
     known = {*PARAMETERS, *HEAD_PARAMETERS, *(f"layers.{n}.{name}" for n in range(layers) for name in LAYER_PARAMETERS)}
     unknown = sorted(set(params) - known, key=str)
@@ -1111,8 +1111,9 @@ class Model(_Network):
             raise ValueError(f"patch_size = {patch_size} does not fit image_size = {image_size}")
         self.eps, self.n_channels, self.n_classes, self.input_shape = eps, n_channels, n_classes, (n_channels, height, width)
         self.options = {"patch_size": patch_size, "n_heads": n_heads, "eps": eps, "image_size": (height, width)}
-        sizes = {"d": d_model, "d_ff": d_ff, "n_channels": n_channels, "patch_size": patch_size,
-                 "n_tokens": 1 + (height // patch_size) * (width // patch_size), "n_classes": n_classes}
+        sizes = {"d": d_model, "d_ff": d_ff, "n_heads": n_heads, "d_head": d_model // n_heads, "n_channels": n_channels,
+                 "patch_size": patch_size, "n_tokens": 1 + (height // patch_size) * (width // patch_size),
+                 "n_classes": n_classes}
         factory = {"device": device, "dtype": dtype}
         _group(self, PARAMETERS, sizes, factory)
         self.layers = torch.nn.ModuleList(_Step(sizes, factory) for _ in range(n_layers))

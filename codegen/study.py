@@ -44,6 +44,12 @@ _ASCII = 128  # character vocabulary: ASCII, anything else read as '?'
 _MQAR_KEYS, _MQAR_VALUES, _MQAR_PAIRS, _MQAR_QUERIES = 32, 32, 8, 8
 
 
+def _option(field: str) -> str:
+    """The ``splitformer study`` option that sets ``field`` (``n_layers`` → ``layers``)."""
+    return {"n_layers": "layers", "n_heads": "heads", "d_ff": "d-ff", "eval_batches": "eval-batches"}.get(
+        field, field.replace("_", "-"))
+
+
 #: The largest value of each study option, and of any array a run holds (in numbers): a study runs on one machine.
 _LIMITS = {"steps": 10**7, "seeds": 1000, "d_model": 16384, "n_heads": 1024, "n_layers": 1024, "d_ff": 65536,
            "batch": 65536, "tokens": 65536, "eval_batches": 10**5, "threads": 1024}
@@ -71,12 +77,13 @@ class Budget:
                      "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SplitformerError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise SplitformerError(f"{_option(name)} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads:
-            raise SplitformerError(f"d-model = {self.d_model} is not divisible by n-heads = {self.n_heads}")
+            raise SplitformerError(f"d-model = {self.d_model} is not divisible by the {self.n_heads} heads of a study's "
+                                   "blocks")
         for name, limit in _LIMITS.items():
             if getattr(self, name) > limit:
-                raise SplitformerError(f"{name.replace('_', '-')} = {getattr(self, name)} is above {limit}, the most a "
+                raise SplitformerError(f"{_option(name)} = {getattr(self, name)} is above {limit}, the most a "
                                        "study on one machine takes")
         width = max(self.d_model, self.d_ff)
         for what, count in (("the weights (layers × d-model × max(d-model, d-ff))", self.n_layers * self.d_model * width),

@@ -59,13 +59,13 @@ ON = frozenset({"", "on", "1", "true", "yes"})
 
 
 def cache_folder() -> Path | None:
-    """The cache folder (``$SPLITFORMER_CACHE``: ``OFF``, ``ON`` for the default, else a folder, a relative one
-    from the current folder), or ``None`` when caching is off; ``CacheUnusable`` without a home folder."""
+    """The cache folder (``$SPLITFORMER_CACHE``: ``OFF``, ``ON`` for the default, else a folder, ``~`` the home
+    folder, a relative one from the current folder), or ``None`` when caching is off; ``CacheUnusable`` without a home folder."""
     setting = os.environ.get("SPLITFORMER_CACHE", "")
     if setting.strip().lower() in OFF:
         return None
     if setting.strip().lower() not in ON:
-        return Path(setting)
+        return Path(setting).expanduser()  # '~/cache' quoted past the shell is the home folder's, not a folder '~'
     try:
         return Path.home() / ".cache" / "splitformer"
     except (RuntimeError, KeyError, OSError):

@@ -20,7 +20,7 @@ from .kinds import OPERATOR_KINDS
 from .operators import Operator
 from .scheme import Scheme
 from .names import check_line, check_operator_name, check_scheme_name
-from .scheme_file import load_scheme, parse_scheme, read_source, scheme_path
+from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
 __all__ = ["check_network", "ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
@@ -222,11 +222,6 @@ def _document(text: str, where: str) -> dict:
         raise SplitformerError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
 
 
-#: The top-level keys that make a TOML document a network file rather than a block scheme (whose
-#: keys include ``operators`` and ``steps``, never these).
-_NETWORK_KEYS = {"embedding", "readout", "step", "composition"}
-
-
 def _identity(document: dict, where: str) -> tuple[str, str]:
     """A network file's name and summary, checked as a scheme's are (they become file names and docstrings)."""
     for key in ("name", "summary"):
@@ -354,7 +349,7 @@ def is_network_file(text: str) -> bool:
         document = tomllib.loads(text.removeprefix("\ufeff"))
     except (ValueError, RecursionError):
         return False
-    return bool(_NETWORK_KEYS & set(document))
+    return bool(NETWORK_FIELDS & set(document))
 
 
 def load_scheme_or_network(name_or_path: str | os.PathLike) -> Scheme | NetworkSpec:

@@ -30,7 +30,7 @@ from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, STEP_CONTROLS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
-__all__ = ["load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_source", "scheme_path"]
+__all__ = ["NETWORK_FIELDS", "load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_source", "scheme_path"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
@@ -43,6 +43,10 @@ _PARALLEL_KEYS = {"parallel", "weights"}
 _HEUN_KEYS = {"rk2"}
 _RK_KEYS = {"rk", "fields"}
 _TABLEAU_KEYS = {"a", "b", "label"}
+
+
+#: Top-level fields of a network file (``symbolic.model``), never of a block scheme.
+NETWORK_FIELDS = frozenset({"embedding", "readout", "step", "composition"})
 
 
 class _Reader:
@@ -71,6 +75,10 @@ class _Reader:
 
     def unknown(self, table: dict, allowed: set[str], path: str) -> None:
         extra = sorted(set(table) - allowed)
+        if extra and not path and set(extra) & NETWORK_FIELDS:
+            raise self.fail(sorted(set(extra) & NETWORK_FIELDS)[0], "a network file's field: this is a network file, "
+                            "where a block scheme is expected (derive, show and check take networks; compare and "
+                            "a network's steps.scheme take block schemes)")
         if extra:
             raise self.fail(path or extra[0], f"unknown field {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
 

@@ -504,3 +504,10 @@ def test_a_study_too_large_for_one_machine_is_refused_before_any_work(arguments,
     monkeypatch.chdir(tmp_path)
     _fails(capsys, "study", "post-ln", "--steps", "1", *arguments, message=message)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("network", ["resnet-block", "vit"])
+def test_compare_given_a_network_file_says_it_is_one(network, capsys):
+    """Attack 15: a network file where a block scheme is expected was read as a scheme ("unknown field 'step'")."""
+    _fails(capsys, "compare", str(ROOT / "symbolic" / "models" / f"{network}.toml"),
+           message="a network file's field: this is a network file, where a block scheme is expected")

@@ -289,13 +289,14 @@ def test_a_new_process_warns_about_an_unusable_cache(tmp_path):
 @pytest.mark.parametrize("setting, folder", [
     *((spelling, "default") for spelling in ("", "on", "ON", "1", "true", "Yes", " on ")),
     *((spelling, None) for spelling in ("off", "OFF", "0", "false", "no")),
-    ("cache", "cache"), ("/somewhere/cache", "/somewhere/cache"),
+    ("cache", "cache"), ("/somewhere/cache", "/somewhere/cache"), ("~/mine", "home/mine"),
 ])
 def test_the_cache_setting_names_a_folder_only_when_it_is_not_a_switch(setting, folder, tmp_path, monkeypatch):
     """``on`` (a natural guess next to ``off``) was a folder named ``on`` in the current folder (found by an
     attacker, and the repository held one by accident); the switches mean the default folder or none."""
     monkeypatch.setenv("SPLITFORMER_CACHE", setting)
     monkeypatch.setenv("HOME", str(tmp_path))
-    expected = {"default": tmp_path / ".cache" / "splitformer", None: None}.get(folder, folder)
+    expected = {"default": tmp_path / ".cache" / "splitformer", None: None, "home/mine": tmp_path / "mine"}.get(
+        folder, folder)  # '~' (quoted past the shell) is the home folder: attack 15 found a folder named '~' made
     assert cache.cache_folder() == (expected if expected is None or isinstance(expected, os.PathLike)
                                     else type(tmp_path)(expected))

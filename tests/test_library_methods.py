@@ -173,3 +173,40 @@ def test_a_library_method_of_another_class_is_refused(monkeypatch):
                                                r"not the installed library's own \(transformers\.models\.gpt2\."
                                                r"modeling_gpt2\.GPT2MLP\.forward, a method of another class\)"):
         from_hf(_llama())
+
+
+def _forged(function, module, qualname: str):
+    """``function``'s code re-made as a function of ``module`` named ``qualname``: what a replacement looks like when
+    it was given the name of what it replaces (``__name__``, ``__qualname__``, ``__module__`` all the original's)."""
+    import types
+
+    forged = types.FunctionType(function.__code__, vars(module), qualname.rpartition(".")[2], function.__defaults__,
+                                function.__closure__)
+    forged.__qualname__ = qualname
+    return forged
+
+
+def test_a_function_renamed_as_the_one_it_replaces_is_refused(monkeypatch):
+    """Attack 15: GPT-J's ``rotate_every_two`` re-made as ``modeling_llama.rotate_half`` (its name, qualified name and
+    module the original's) was read, the generated model 2.59 off the patched source. Its code is compared with what
+    the module's source compiles to. Control: the genuine function set again is read."""
+    source = _llama()
+    monkeypatch.setattr(modeling_llama, "rotate_half", modeling_llama.rotate_half)
+    from_hf(source)
+    monkeypatch.setattr(modeling_llama, "rotate_half", _forged(modeling_gptj.rotate_every_two, modeling_llama,
+                                                               "rotate_half"))
+    with pytest.raises(SplitformerError, match=r"^LlamaDecoderLayer\.self_attn \(LlamaAttention\) runs "
+                                               r"transformers\.models\.llama\.modeling_llama\.rotate_half, which is "):
+        from_hf(source)
+
+
+def test_a_method_given_the_qualified_name_of_the_one_it_replaces_is_refused(monkeypatch):
+    """Attack 15: ``nn.Identity.forward`` re-made with ``__qualname__ = "LayerNorm.forward"`` as ``LayerNorm.forward``
+    was read (the source skips its LayerNorms: 1.09 off). Control: the genuine method set again is read."""
+    monkeypatch.setattr(torch.nn.LayerNorm, "forward", torch.nn.LayerNorm.forward)
+    from_torch(_encoder())
+    monkeypatch.setattr(torch.nn.LayerNorm, "forward", _forged(torch.nn.Identity.forward,
+                                                               torch.nn.modules.normalization, "LayerNorm.forward"))
+    with pytest.raises(SplitformerError, match=r"runs LayerNorm\.forward, which is not the installed library's own "
+                                               r"\(torch\.nn\.modules\.normalization\.LayerNorm\.forward in name only"):
+        from_torch(_encoder())

@@ -234,6 +234,20 @@ def test_torchscript_trace(name, rng):
             assert (traced(u) - eager(u)).abs().max() <= 1e-12
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@IGNORE_DEPRECATION
+@IGNORE_TRACER
+def test_a_causal_block_traced_on_one_token_stays_causal_on_more(name, rng):
+    """Attack 15: traced with a one-token example (a decoding step), a causal Block recorded no mask (one token needs
+    none) and let every token of a longer input attend to later ones (0.45 off). The trace keeps the mask."""
+    one, five = torch.tensor(rng.standard_normal((1, 1, D))), torch.tensor(rng.standard_normal((2, 5, D)))
+    eager = torch_module(name).Block(D, 2, 12, dtype=torch.float64).eval()
+    traced = torch.jit.trace(eager, (one,))
+    with torch.no_grad():
+        assert (traced(five) - eager(five)).abs().max() <= 1e-12
+        assert (traced(five) - eager(five, causal=False)).abs().max() > 1e-3  # control: the mask matters here
+
+
 def test_torch_export_with_torch_keywords(rng):
     _, block = pair()
     u = torch.tensor(rng.standard_normal((2, 5, D)))

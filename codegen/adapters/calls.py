@@ -12,7 +12,7 @@ torch.tanh``), changes what the source computes while its parameters stay the sa
   (``einx.add`` may be einx's); a module must be the one imported under its name;
 - is not the function or class the module's source defines under that name (``def name``/``class name``: the
   value's ``__module__`` and ``__name__`` must be the module's and ``name``, through ``functools.wraps``
-  layers), or, for a name the source imports (``from x import y as name``), is not what that import binds
+  layers, and its code what that source compiles to: ``as_in_source``), or, for a name the source imports (``from x import y as name``), is not what that import binds
   (checked the same way there), or, for a name the source assigns (``gelu = _add_docstr(torch._C._nn.gelu, …)``),
   is a function whose name the assignment does not mention (or a ``functools.partial`` it does not make).
 
@@ -32,7 +32,7 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .places import LIBRARIES, PLACES, functions_of, inside, is_library
 
-__all__ = ["check_calls", "assigns"]
+__all__ = ["check_calls", "assigns", "as_in_source"]
 
 #: Names of a module's source bound by ``import``: ``(module or None, name imported)`` for each name bound.
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+)?import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
@@ -213,7 +213,7 @@ def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> s
     shown = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', value)}"
     if name in source.defined:
         if any(getattr(layer, "__module__", None) == module.__name__ and getattr(layer, "__name__", None) == name
-               for layer in layers):
+               and as_in_source(layer) is not False for layer in layers):
             return None
         return f"{shown}, not the {name} {module.__name__} defines"
     named, imported_otherwise = value.__name__ == name, False
@@ -224,7 +224,7 @@ def _misplaced(module: types.ModuleType, name: str, value: Any, depth: int) -> s
         if vars(home)[imported] is value and _misplaced(home, imported, value, depth + 1) is None:
             return None
         imported_otherwise = True
-    if named and not imported_otherwise:
+    if named and not imported_otherwise and as_in_source(value) is not False:
         return None
     words = {value.__name__, getattr(value, "__qualname__", "").split(".<locals>")[0]}
     assigned = source.assigned.get(name, ())
@@ -276,6 +276,65 @@ def _source_of(filename: str) -> _Source | None:
 def _source(module: types.ModuleType) -> _Source | None:
     filename = getattr(module, "__file__", None)
     return _source_of(filename) if isinstance(filename, str) and filename.endswith(".py") else None
+
+
+@functools.cache
+def _compiled(filename: str) -> dict[str, list[types.CodeType]]:
+    """The code of the functions the source file ``filename`` defines, by qualified name (several: overloads, a
+    property's getter and setter), compiled as its import compiled it; empty when the file cannot be read or
+    compiled."""
+    try:
+        with open(filename, encoding="utf-8") as handle:
+            stack = [compile(handle.read(), filename, "exec", dont_inherit=True)]
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return {}
+    codes: dict[str, list[types.CodeType]] = {}
+    while stack:
+        for constant in stack.pop().co_consts:
+            if isinstance(constant, types.CodeType):
+                codes.setdefault(constant.co_qualname, []).append(constant)
+                stack.append(constant)
+    return codes
+
+
+def _defined(code: types.CodeType, filename: str) -> bool | None:
+    """Whether ``filename``'s source defines ``code`` under its qualified name (``None``: nothing under it)."""
+    candidates = _compiled(filename).get(code.co_qualname)
+    return None if candidates is None else any(_same_code(code, candidate) for candidate in candidates)
+
+
+def _same_code(code: types.CodeType, other: types.CodeType) -> bool:
+    """The same instructions on the same names and constants (nested functions' code compared alike)."""
+    if (code.co_code, code.co_names, code.co_varnames, code.co_freevars) != (
+            other.co_code, other.co_names, other.co_varnames, other.co_freevars) or \
+            len(code.co_consts) != len(other.co_consts):
+        return False
+    return all(_same_code(a, b) if isinstance(a, types.CodeType) and isinstance(b, types.CodeType)
+               else type(a) is type(b) and a == b for a, b in zip(code.co_consts, other.co_consts))
+
+
+def as_in_source(function: Any) -> bool | None:
+    """Whether ``function`` is the code its source defines where it says it comes from: each wrapper a decorator
+    put around it (a closure with ``__wrapped__``) is what its own file compiles to, and the function it wraps keeps
+    its code's qualified name and is what the source of its ``__module__`` defines under it. ``False`` for a function
+    re-made under another's name (``types.FunctionType(rotate_every_two.__code__, …, "rotate_half")``, a method
+    given another class's ``__qualname__``); ``None`` when a source cannot be read or defines nothing there."""
+    for _ in range(16):
+        code = getattr(function, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            return None
+        wrapped = getattr(function, "__wrapped__", None)
+        if wrapped is None or not code.co_freevars:
+            break
+        if _defined(code, code.co_filename) is False:
+            return False
+        function = wrapped
+    if getattr(function, "__qualname__", None) != code.co_qualname:
+        return False
+    filename = getattr(sys.modules.get(getattr(function, "__module__", None) or ""), "__file__", None)
+    if not isinstance(filename, str) or not filename.endswith(".py"):
+        return None
+    return _defined(code, filename)
 
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .calls import assigns, check_calls
+from .calls import as_in_source, assigns, check_calls
 from .places import LIBRARIES, PLACES, functions_of, inside, is_library
 
 __all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_exact_class", "check_only_parts",
@@ -155,6 +155,8 @@ def _borrowed(klass: type, name: str, function: Any) -> str | None:
         found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
     if isinstance(found, type) and found not in klass.__mro__:
         return f"{found.__module__}.{qualname}, a method of another class"
+    if as_in_source(function) is False:
+        return f"{function.__module__}.{qualname} in name only: its code is not what its source defines there"
     return None
 
 

@@ -586,7 +586,8 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     keys the ``offset`` cached ones and the new ones.
     """
     n_keys = offset + n_tokens
-    causal = causal and n_tokens > 1  # one new token comes after every key: causality excludes none
+    # one new token comes after every key: causality excludes none (a trace keeps the mask: it runs on any length)
+    causal = causal and (n_tokens > 1 or torch.jit.is_tracing())
     if key_padding_mask is None and attn_mask is None and not causal:
         return None
     floating = False

@@ -16,7 +16,7 @@ import sympy as sp
 from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
-                 LocalKernel, MatMul, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+                 LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  Softmax, TransposedConvolution, Unrolled, Window)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
@@ -75,6 +75,8 @@ class Backend:
     #: it to the system and taking a page fault per 4 KiB page again (about 3800 faults, 12 %
     #: of a post-ln forward at B·N = 1024, d = 512).
     frees_dead_arrays = False
+    #: Also within a branch (a ``Memoized`` op's), its own arrays: TorchScript refuses ``del`` there.
+    frees_in_branches = True
     #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
     input_costate_last = False
 
@@ -83,6 +85,11 @@ class Backend:
         printer = self.printer(module, op.labels)
         lines = self.lines(op, printer)
         return Spelled(lines, frozenset(printer.used))
+
+    def spell_store(self, module: Module, op: Memoized) -> Spelled:
+        """The statement storing what a ``Memoized`` op computed (after its own statements)."""
+        printer = self.printer(module, op.labels)
+        return Spelled(self.memoize(op, printer), frozenset(printer.used))
 
     def statements(self, module: Module, op: Op) -> list[str]:
         """The statements computing ``op``."""
@@ -217,6 +224,28 @@ class Backend:
     def cache(self, op: Cache, printer: ArrayPrinter) -> list[str]:
         return [f'{op.out} = {printer.use("_cache")}(cache, "{op.key}", {op.source.name})']
 
+    def memoized(self, op: Memoized, printer: ArrayPrinter) -> list[str]:
+        """The head of a ``Memoized`` op: its outputs read from the cache when it holds them for an equal memory,
+        else (``else:``, the op's own statements follow) computed."""
+        field = printer.use("_memoized_field")
+        reads = [f'    {operand.name} = {field}(cache, "{key}", {self.sizes(operand.labels, printer)})'
+                 for operand, key in zip(op.outputs, op.keys)]
+        return [f'if {printer.use("_memoized")}(cache, "{op.key}", {op.source}{self.memoized_extra(printer)}):', *reads,
+                "else:"]
+
+    def memoized_extra(self, printer: ArrayPrinter) -> str:
+        """Further arguments of ``_memoized``."""
+        return ""
+
+    def sizes(self, labels: tuple[str, ...], printer: ArrayPrinter) -> str:
+        """The sizes of ``labels`` as a literal (a shape)."""
+        return f"({_shape(labels, printer)})"
+
+    def memoize(self, op: Memoized, printer: ArrayPrinter) -> list[str]:
+        """The last statement of a ``Memoized`` op's own: its outputs stored with a copy of the memory."""
+        fields = ", ".join(f'"{key}": {operand.name}' for operand, key in zip(op.outputs, op.keys))
+        return [f'{printer.use("_memoize")}(cache, "{op.key}", {op.source}, {{{fields}}})']
+
     def window(self, op: Window, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_windows')}({op.source}, {op.axes}, {printer.code(op.size)}, "
                 f"{printer.code(op.stride)}, {printer.code(op.padding)})"]
@@ -334,7 +363,15 @@ class TorchBackend(Backend):
     transposed_support = "transpose(1, 2)"
     kernel_flags = (DROPOUT,)
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)
+    frees_in_branches = False
     input_costate_last = True
+
+    def memoized_extra(self, printer: ArrayPrinter) -> str:
+        """With autograd on, never reused: recomputed, so that gradients reach this call's memory and parameters."""
+        return f", {printer.use(INFERENCE)}"
+
+    def sizes(self, labels: tuple[str, ...], printer: ArrayPrinter) -> str:
+        return f"[{_shape(labels, printer)}]"
 
     def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
         """``op``, then dropout of what it writes where torch has dropout (``Module.dropout``)."""

@@ -39,8 +39,8 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
-    "Unrolled", "Normalize", "NormalizeAdjoint", "Cache", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "readers", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
+    "Unrolled", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
 ]
 
@@ -397,6 +397,42 @@ class Cache(Op):
 
     def reads(self) -> list[str]:
         return [self.source.name]
+
+
+@dataclass(frozen=True)
+class Memoized(Op):
+    """``ops``, which compute ``outputs`` from the memory ``source`` alone (and parameters), run only when the
+    cache holds no results for a memory equal to ``source``; else ``outputs`` are read from the cache.
+
+    Incremental decoding with cross-attention: the keys and values of the memory (``cross.k``, ``cross.v``: the
+    ``keys`` of ``outputs`` in the cache) do not change while the memory does not, so they are computed once per
+    memory, not at every step. ``key`` names the cache's copy of the memory they were computed from
+    (``cross.memory``): a later call reuses them only if its memory equals that copy (the same values), otherwise
+    ``ops`` run again and their results replace the cached ones.
+    """
+
+    source: str = ""
+    key: str = ""
+    ops: tuple[Op, ...] = ()
+    outputs: tuple[Operand, ...] = ()
+    keys: tuple[str, ...] = ()
+
+    def inner(self) -> set[str]:
+        """The arrays ``ops`` write (their fused buffers too)."""
+        return {name for op in self.ops for name in (*op.writes(), op.out)}
+
+    def reads(self) -> list[str]:
+        inner = self.inner()
+        return list(dict.fromkeys([self.source, *(name for op in self.ops for name in op.reads() if name not in inner)]))
+
+    def writes(self) -> list[str]:
+        return [operand.name for operand in self.outputs]
+
+
+def flat(ops) -> list[Op]:
+    """``ops`` with each ``Memoized`` op's own ops after it (what each statement computes, once each)."""
+    return [item for op in ops for item in ([op, *op.ops] if isinstance(op, Memoized) else [op])]
+
 
 @dataclass(frozen=True)
 class _View(Op):

@@ -36,7 +36,7 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Module, Op, Operand,
+from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Memoized, Module, Op, Operand,
                  Point, Reduction, Rows, Softmax, TensorInfo, Window)
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
@@ -370,6 +370,53 @@ def _with_cache(ops: list[Op], cached: dict[str, str]) -> list[Op]:
     return result
 
 
+def _with_memoized(module: Module, memoized: dict[str, str]) -> Module:
+    """Where the step keeps a cache (``Cache`` ops), the ops that compute fields of a memory input alone (and
+    parameters: a decoder's keys and values of the memory, ``Program.memoized``) as one ``Memoized`` op per memory,
+    where the first of them stood: the emitted step computes them once per memory, not at every step.
+
+    Run after the passes, on the ops they left (a fused key–value product); the ops moved forward read only the
+    memory, parameters and each other. A group whose results are not all named in ``memoized`` stays as it was.
+    """
+    if not memoized or not any(isinstance(op, Cache) for op in module.ops):
+        return module
+    ops = list(module.ops)
+    parameters = {name for name, info in module.tensors.items() if info.role == "param"}
+    for source in [field.name for field in module.inputs if field.role == "memory"]:
+        known, inner = {source}, []
+        for position, op in enumerate(ops):
+            reads = set(op.reads())
+            if not isinstance(op, (Cache, Memoized)) and reads & known and reads <= known | parameters:
+                inner.append(position)
+                known |= {*op.writes(), op.out}
+        group = [ops[position] for position in inner]
+        rest = [op for position, op in enumerate(ops) if position not in inner]
+        read_later = {name for op in rest for name in op.reads()} | {module.output}
+        outputs = [(name, op) for op in group for name in op.writes() if name in read_later]
+        if not outputs or any(name not in memoized for name, _ in outputs):
+            continue
+        operands = tuple(Operand(name, _written_labels(op, name)) for name, op in outputs)
+        names = ", ".join(name for name, _ in outputs)
+        owner = memoized[outputs[0][0]].rpartition(".")[0]
+        op = Memoized(operands[0].name, operands[0].labels,
+                      f"the cache: {names} computed once per memory (reused while the memory equals the cached copy)",
+                      group[0].section, source=source, key=f"{owner}.memory", ops=tuple(group), outputs=operands,
+                      keys=tuple(memoized[name] for name, _ in outputs))
+        kept = {operand.name for operand in operands}  # cached arrays: never a later in-place update's buffer
+        rest = [replace(item, reuse=None) if isinstance(item, Elementwise) and item.reuse in kept else item
+                for item in rest]
+        ops = rest[:inner[0]] + [op] + rest[inner[0]:]
+    return replace(module, ops=ops)
+
+
+def _written_labels(op: Op, name: str) -> tuple[str, ...]:
+    """The axes of ``name``, written by ``op`` (one of a fused product's outputs, or its result)."""
+    for output, labels in getattr(op, "outputs", ()):
+        if output == name:
+            return (BATCH, *labels) if labels[:1] != (BATCH,) else labels
+    return op.labels
+
+
 def _with_axis(labels: tuple[str, ...], axis: str, body: sp.Expr) -> tuple[str, ...]:
     """The axes of a reduction's body: ``labels`` with the summed ``axis`` inserted where every
     array of ``body`` reads its axes in order (so that each broadcasts without a transpose);
@@ -419,4 +466,4 @@ def lower(program: Program, passes=None, network: bool = False) -> Module:
                     dropout=() if network else _dropout_sites(program), inputs=program.inputs, constants=program.constants,
                     stream=program.stream)
     module = run_passes(module, DEFAULT if passes is None else passes)
-    return module
+    return _with_memoized(module, program.memoized)

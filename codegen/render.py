@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
 
@@ -19,7 +19,7 @@ from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, Spelled
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, LocalKernel, MatMul, Module, Reduction
+from .ir import Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, flat
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
@@ -118,15 +118,16 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
             "shape": shape, "view": view if view != shape else None, "kind": info.kind,
         })
     domains = {domain for info in module.tensors.values() for domain in (info.view or ()) + (info.shape or ())}
-    domains |= {_LABEL_DOMAINS[label] for op in module.ops for label in op.labels if label in _LABEL_DOMAINS}
+    domains |= {_LABEL_DOMAINS[label] for op in flat(module.ops) for label in op.labels if label in _LABEL_DOMAINS}
     sections: list[dict] = []
-    spelled = [spelling.spell(module, op) for op in module.ops]
-    free = _last_reads(module, keep, spelled) if keep is not None else {}
-    for position, op in enumerate(module.ops):
-        if not sections or sections[-1]["title"] != op.section:
-            sections.append({"title": op.section, "statements": []})
-        sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelled[position].lines,
-                                           "free": free.get(position, [])})
+    statements = _statements(module, spelling)
+    spelled = [statement.spelled for statement in statements]
+    free = _last_reads(module, keep, statements, spelling.frees_in_branches) if keep is not None else {}
+    for position, statement in enumerate(statements):
+        if not sections or sections[-1]["title"] != statement.op.section:
+            sections.append({"title": statement.op.section, "statements": []})
+        sections[-1]["statements"].append({"comment": statement.comment, "code": statement.spelled.lines,
+                                           "free": free.get(position, []), "indent": statement.indent})
     return {
         "parameters": parameters,
         "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
@@ -136,10 +137,10 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "sections": sections,
         "uses_support": "chi" in module.tensors,
         # χ read as a factor of a formula (a token map's kernel), not by a masked softmax: an indicator array
-        "dense_support": any(isinstance(op, (Elementwise, Reduction)) and "chi" in op.reads() for op in module.ops),
+        "dense_support": any(isinstance(op, (Elementwise, Reduction)) and "chi" in op.reads() for op in flat(module.ops)),
         # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
         "factor_support": any(isinstance(op, (Elementwise, Reduction, LocalKernel)) and "chi" in op.reads()
-                              for op in module.ops),
+                              for op in flat(module.ops)),
         # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
         "uses": set().union(*(statement.used for statement in spelled)),
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor
@@ -157,6 +158,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "half_width": FREQUENCIES in domains,
         "per_head": any(HEADS in info.shape for info in module.tensors.values() if info.role == "param"),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
+        # what a cache keeps once per memory: the key of the memory's copy and those of the fields computed from it
+        "memoized": [{"memory": op.key, "fields": list(op.keys)} for op in module.ops if isinstance(op, Memoized)],
         # cached key positions a kernel reads without χ: (cache key, ((low, high), …)), checked against new positions
         "unmasked_reads": _unmasked_reads(module),
     }
@@ -173,7 +176,7 @@ def _unmasked_reads(module: Module) -> list[tuple[str, tuple[tuple[float, float]
 def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:
     """The kernels (axis 1) and biases (axis 0) of each fused product over parameters, once each."""
     groups = []
-    for op in module.ops:
+    for op in flat(module.ops):
         if isinstance(op, MatMul) and len(op.weights) > 1:
             for names, axis in ((op.weights, 1), (op.biases, 0)):
                 infos = [module.tensors.get(name) for name in names]
@@ -182,22 +185,65 @@ def _side_by_side(module: Module) -> list[tuple[tuple[str, ...], int]]:
     return list(dict.fromkeys(groups))
 
 
-def _last_reads(module: Module, keep: set[str], spelled: list[Spelled]) -> dict[int, list[str]]:
+@dataclass(frozen=True)
+class _Statement:
+    """One statement of an emitted function: the op it belongs to, its spelling, the arrays it reads or writes
+    (``names``), its indent, and the ``Memoized`` op whose branch holds it (its position among the statements)."""
+
+    op: Op
+    spelled: Spelled
+    names: tuple[str, ...]
+    comment: list[str]
+    indent: str = ""
+    branch: int | None = None
+
+
+def _statements(module: Module, spelling) -> list[_Statement]:
+    """The statements of ``module``'s ops; a ``Memoized`` op's: its head (outputs read from the cache), its own
+    ops' statements in its ``else`` branch, their results stored there, and an empty statement after the branch
+    (where arrays the branch read from outside are deleted)."""
+    statements = []
+    for op in module.ops:
+        if not isinstance(op, Memoized):
+            statements.append(_Statement(op, spelling.spell(module, op), (*op.reads(), *op.writes(), op.out),
+                                         op.comment.splitlines()))
+            continue
+        head = len(statements)
+        statements.append(_Statement(op, spelling.spell(module, op), (op.source, *op.writes()),
+                                     op.comment.splitlines()))
+        for inner in op.ops:
+            statements.append(_Statement(inner, spelling.spell(module, inner),
+                                         (*inner.reads(), *inner.writes(), inner.out), inner.comment.splitlines(),
+                                         "    ", head))
+        statements.append(_Statement(op, spelling.spell_store(module, op), (op.source, *op.writes()), [], "    ", head))
+        statements.append(_Statement(op, Spelled([], frozenset()), (), []))
+    return statements
+
+
+def _last_reads(module: Module, keep: set[str], statements: list[_Statement],
+                in_branches: bool = True) -> dict[int, list[str]]:
     """Statement position → the local arrays read there for the last time (not kept, not controls).
 
-    ``spelled`` are the statements: a grid coordinate (``_grid(size, u0)``) reads the state
-    ``u0`` for its dtype.
+    A grid coordinate (``_grid(size, u0)``) reads the state ``u0`` for its dtype. An array last read in a
+    ``Memoized`` op's branch that the branch did not write is deleted after the branch; one it wrote, there
+    (``in_branches``) or never.
     """
     last: dict[str, int] = {}
-    for position, op in enumerate(module.ops):
-        grid = ["u0"] if "_grid" in spelled[position].used else []
-        for name in [*op.reads(), *op.writes(), op.out, *grid]:  # out: a fused product's buffer, split into writes()
+    for position, statement in enumerate(statements):
+        grid = ["u0"] if "_grid" in statement.spelled.used else []
+        for name in [*statement.names, *grid]:  # out: a fused product's buffer, split into writes()
             last[name] = position
     free: dict[int, list[str]] = {}
     for name, position in last.items():
         info = module.tensors.get(name)
         if name in keep or (info is not None and info.role == "param"):
             continue
+        branch = statements[position].branch
+        if branch is not None and name in statements[branch].op.inner() and not in_branches:
+            continue
+        if branch is not None and name not in statements[branch].op.inner():
+            position = next(after for after in range(position, len(statements))
+                            if statements[after].branch is None)  # the empty statement after the branch
         free.setdefault(position, []).append(name)
     return {position: sorted(names) for position, names in free.items()}
 

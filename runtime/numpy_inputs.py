@@ -1,7 +1,7 @@
 """The inputs of a generated NumPy block: any argument read as an array (``_array``), and the inputs it
 declares besides the state: the memory an operator reads and its support, token positions, grid
-coordinates, and the cache of cached decoding (each key-side field of the tokens so far, and the
-refusal of new positions a kernel without χ would read). Inlined where used (``codegen.runtime_source``)."""
+coordinates, and the cache of cached decoding (each key-side field of the tokens so far, the fields of the
+memory kept once per memory, and the refusal of new positions a kernel without χ would read). Inlined where used (``codegen.runtime_source``)."""
 
 import numpy as np
 
@@ -70,6 +70,34 @@ def _cache(cache, key, new):
         new = np.concatenate((old, new), axis=1)
     cache[key] = new
     return new
+
+
+def _memoized(cache, key, memory):
+    """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
+    memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
+    of computing them). Any other memory, an array refilled in place included, has them computed again."""
+    if cache is None or key not in cache:
+        return False
+    kept = cache[key]
+    return kept.shape == memory.shape and kept.dtype == memory.dtype and np.array_equal(kept, memory)
+
+
+def _memoized_field(cache, key, shape):
+    """The field ``cache[key]`` computed from the cached memory, which must have ``shape`` (the one computing it
+    here would give: another means another head count or other parameters, refused)."""
+    value = cache[key]
+    if value.shape != shape:
+        raise ValueError(f"cache[{key!r}] holds {value.dtype} {value.shape}, but this call's would be {shape} "
+                         "(another n_heads or other parameters): start a new cache")
+    return value
+
+
+def _memoize(cache, key, memory, fields):
+    """Store ``fields`` computed from ``memory``, and a copy of the memory as ``cache[key]`` (the caller may
+    refill its array in place: the copy keeps the values they were computed from)."""
+    if cache is not None:
+        cache[key] = memory.copy()
+        cache.update(fields)
 
 
 def _late_reads(cache, key, pos, windows):

@@ -1,7 +1,7 @@
 """The declared inputs of a generated PyTorch block besides the state: the memory an operator reads and
 its support, token positions, grid coordinates, and the cache of cached decoding (each key-side field of
-the tokens so far, and the refusal of new positions a kernel without χ would read). Inlined where used
-(``codegen.runtime_source``)."""
+the tokens so far, the fields of the memory kept once per memory, and the refusal of new positions a kernel
+without χ would read). Inlined where used (``codegen.runtime_source``)."""
 
 import torch
 
@@ -63,6 +63,38 @@ def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -
                          f"{new.dtype} {list(new.shape)}")
     cache[key] = torch.cat((old, new), dim=1)
     return cache[key]
+
+
+def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
+    """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
+    memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the
+    O(memory · d²) of computing them). Any other memory, a tensor refilled in place included, has them computed
+    again; so does every call with autograd on (not ``inference``), whose gradients reach this call's memory and
+    parameters."""
+    if cache is None or not inference or key not in cache:
+        return False
+    kept = cache[key]
+    return (kept.shape == memory.shape and kept.dtype == memory.dtype and kept.device == memory.device
+            and torch.equal(kept, memory))
+
+
+def _memoized_field(cache: dict[str, torch.Tensor] | None, key: str, shape: list[int]) -> torch.Tensor:
+    """The field ``cache[key]`` computed from the cached memory, which must have ``shape`` (the one computing it
+    here would give: another means another head count or other parameters, refused)."""
+    assert cache is not None
+    value = cache[key]
+    if list(value.shape) != shape:
+        raise ValueError(f"cache['{key}'] holds {value.dtype} {list(value.shape)}, but this call's would be {shape} "
+                         "(another n_heads or other parameters): start a new cache")
+    return value
+
+
+def _memoize(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, fields: dict[str, torch.Tensor]):
+    """Store ``fields`` computed from ``memory``, and a copy of the memory as ``cache[key]`` (the caller may
+    refill its tensor in place: the copy keeps the values they were computed from)."""
+    if cache is not None:
+        cache[key] = memory.detach().clone()
+        cache.update(fields)
 
 
 def _late_reads(cache: dict[str, torch.Tensor] | None, key: str, pos: torch.Tensor, windows: list[tuple[float, float]]):

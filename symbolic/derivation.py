@@ -52,6 +52,7 @@ class _Deriver:
         self.states = 0
         self.substeps = 0
         self.cached: dict[str, str] = {}
+        self.memoized: dict[str, str] = {}
         #: The increments of the stream substeps, (discrete, continuous), in order.
         self.stream_terms: list[tuple[sp.Expr, sp.Expr]] = []
         #: Every ``p`` such that some array is named ``p_…`` (a later evaluation must not reuse it).
@@ -149,9 +150,12 @@ class _Deriver:
         for assignment in assignments:
             self.declare(Tensor(assignment.target, names[assignment.target], assignment.lhs.indices, "temp"))
         output = str(assignments[-1].lhs.base.label)
+        own = key if count == 1 else f"{key}{count}"
         if keeps_keys:
             for function in _key_side(definitions):
-                self.cached[f"{prefix}_{function}"] = f"{key}.{function}" if count == 1 else f"{key}{count}.{function}"
+                self.cached[f"{prefix}_{function}"] = f"{own}.{function}"
+        for function in _memory_side(operator, definitions):
+            self.memoized[f"{prefix}_{function}"] = f"{own}.{function}"
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
 
     def latex_names(self) -> Mapping[str, str]:
@@ -353,6 +357,19 @@ def _key_side(definitions: tuple[Definition, ...]) -> list[str]:
     return found
 
 
+def _memory_side(operator: Operator, definitions: tuple[Definition, ...]) -> list[str]:
+    """The operator's fields computed from a memory input alone (and its parameters): a decoder's keys and
+    values of the memory, which do not change while the memory does not (a cache keeps them once per memory)."""
+    memory = {field.name for field in operator.input_fields if field.role == "memory"}
+    allowed = memory | {parameter.name for parameter in operator.parameters()}
+    found: list[str] = []
+    for definition in definitions:
+        names = {applied.func.__name__ for applied in definition.rhs.atoms(sp.core.function.AppliedUndef)}
+        if names & (memory | set(found)) and names <= allowed | set(found):
+            found.append(definition.function)
+    return found
+
+
 def _reads(operator: Operator, function: str) -> bool:
     """Whether the continuous definitions of ``operator`` read the input field ``function``."""
     return any(applied.func.__name__ == function for definition in operator.definitions()
@@ -408,4 +425,4 @@ def derive(scheme: Scheme) -> Program:
     ]
     stream = deriver.stream()
     return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached,
-                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()), stream)
+                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()), stream, deriver.memoized)

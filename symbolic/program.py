@@ -154,6 +154,9 @@ class Program:
     constants: tuple[Constant, ...] = ()
     #: The increment of the second state over the step (``Substep.stream``), computed after ``output``; ``None``: one state.
     stream: str | None = None
+    #: Fields computed from a memory input alone, kept once per memory by a cache: array name → cache key
+    #: (``cross_k`` → ``cross.k``).
+    memoized: dict[str, str] = field(default_factory=dict)
 
     @property
     def assignments(self) -> list[Assignment]:

@@ -131,7 +131,7 @@ def test_stack_equals_transformer_decoder(norm_first, rng):
 
 
 def test_decoder_decodes_token_by_token(rng):
-    """The self-attention's keys and values are cached; the memory is read again at each step."""
+    """The self-attention's keys and values are cached, and the memory's keys and values (computed at the first step)."""
     numpy_module, torch_module = _modules(True)
     layer = random_decoder_layer(8, 2, 12, 1e-5, True)
     params = decoder_layer_params(layer)
@@ -145,6 +145,208 @@ def test_decoder_decodes_token_by_token(rng):
     with torch.no_grad():
         steps = [block(torch.tensor(u[:, i:i + 1]), torch.tensor(memory), cache=cache).numpy() for i in range(6)]
     assert np.abs(np.concatenate(steps, axis=1) - expected).max() <= 1e-10
+
+
+# --- the memory's keys and values, computed once per memory (cross.memory, cross.k, cross.v) ---
+
+def _steps(run, u, memories, cache):
+    """One token at a time, token i with ``memories[i]``."""
+    return np.concatenate([np.asarray(run(u[:, i:i + 1], memories[i], cache)) for i in range(u.shape[1])], axis=1)
+
+
+def _numpy_step(numpy_module, params, n_heads):
+    return lambda u, memory, cache: numpy_module.forward(u, memory, params, n_heads=n_heads, cache=cache)
+
+
+def _torch_step(block):
+    def run(u, memory, cache):
+        with torch.no_grad():
+            return block(torch.tensor(u), memory if isinstance(memory, torch.Tensor) else torch.tensor(memory),
+                         cache=cache).numpy()
+    return run
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-ln", "pre-ln"])
+def test_cached_decoding_reuses_the_memory_keys_and_values(norm_first, rng):
+    """Token by token with a cache equals the full forward and torch's layer (float64, random parameters); the
+    memory's keys and values are computed at the first step only: the same cached arrays at every later step,
+    for the caller's memory array and for an equal copy of it alike."""
+    numpy_module, torch_module = _modules(norm_first)
+    layer = random_decoder_layer(12, 3, 20, 1e-5, norm_first, seed=3)
+    params = decoder_layer_params(layer)
+    u, memory = rng.standard_normal((2, 7, 12)), rng.standard_normal((2, 5, 12))
+    expected = _torch_reference(layer, u, memory)
+    full = numpy_module.forward(u, memory, params, n_heads=3)
+    assert np.abs(full - expected).max() <= 1e-12
+    block = torch_module.Block(12, 3, 20, dtype=torch.float64).load_params(params)
+    memories = [memory if i % 2 else memory.copy() for i in range(7)]  # the same array, or an equal one
+    for run in (_numpy_step(numpy_module, params, 3), _torch_step(block)):
+        cache, seen = {}, []
+        for i in range(7):
+            out = run(u[:, i:i + 1], memories[i], cache)
+            assert np.abs(out - expected[:, i:i + 1]).max() <= 1e-12
+            seen.append((cache["cross.k"], cache["cross.v"], cache["cross.memory"]))
+        assert all(k is seen[0][0] and v is seen[0][1] and m is seen[0][2] for k, v, m in seen)
+        assert sorted(cache) == ["attn.k", "attn.v", "cross.k", "cross.memory", "cross.v"]
+        assert cache["cross.memory"] is not memory and np.array_equal(np.asarray(cache["cross.memory"]), memory)
+
+
+def test_the_memory_keys_and_values_product_runs_once_per_memory(rng, monkeypatch):
+    """Counted: the key–value product of the memory (``_memoize`` stores what it computed) runs at the first step
+    and again only where the memory changes; ``_memoized`` compares at every step."""
+    numpy_module, _ = _modules(False)
+    params = decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False))
+    calls = {"stored": 0, "compared": 0}
+    memoize, memoized = numpy_module._memoize, numpy_module._memoized
+
+    def counted_memoize(*arguments):
+        calls["stored"] += 1
+        return memoize(*arguments)
+
+    def counted_memoized(*arguments):
+        calls["compared"] += 1
+        return memoized(*arguments)
+
+    monkeypatch.setattr(numpy_module, "_memoize", counted_memoize)
+    monkeypatch.setattr(numpy_module, "_memoized", counted_memoized)
+    u, first, second = rng.standard_normal((2, 8, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8))
+    _steps(_numpy_step(numpy_module, params, 2), u, [first] * 4 + [second] * 4, {})
+    assert calls == {"stored": 2, "compared": 8}
+    calls.update(stored=0, compared=0)
+    _steps(_numpy_step(numpy_module, params, 2), u, [first] * 8, None)  # without a cache: computed at each step
+    assert calls == {"stored": 8, "compared": 8}
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-ln", "pre-ln"])
+@pytest.mark.parametrize("change", ["new array", "refilled in place", "fewer tokens"])
+def test_a_changed_memory_is_never_served_stale_keys(norm_first, change, rng, monkeypatch):
+    """Negative control: the memory changes after three tokens (another array, the same array refilled in place,
+    a memory of other length). The later tokens equal the uncached forward with the new memory (one layer: the
+    self-attention's cached keys do not read the memory); a step that always reused the cached keys and values
+    differs from it."""
+    numpy_module, torch_module = _modules(norm_first)
+    layer = random_decoder_layer(8, 2, 12, 1e-5, norm_first, seed=5)
+    params = decoder_layer_params(layer)
+    u, old = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 5, 8))
+    new = rng.standard_normal((2, 4 if change == "fewer tokens" else 5, 8))
+    before, after = numpy_module.forward(u, old, params, n_heads=2), numpy_module.forward(u, new, params, n_heads=2)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+
+    def memories(as_tensor):
+        held = torch.tensor(old) if as_tensor else old.copy()
+        if change != "refilled in place":
+            return [held] * 3 + [torch.tensor(new) if as_tensor else new] * 3
+        return [held] * 6  # refilled before the fourth token (_refill)
+
+    for module, run, as_tensor in ((numpy_module, _numpy_step(numpy_module, params, 2), False),
+                                   (torch_module, _torch_step(block), True)):
+        for stale in (False, True):
+            given = memories(as_tensor)
+            if stale:  # a step that reuses whatever the cache holds: the control this test must catch
+                monkeypatch.setattr(module, "_memoized", lambda cache, key, memory, *rest: bool(cache) and key in cache)
+            steps, cache = [], {}
+            for i in range(6):
+                if i == 3 and change == "refilled in place":
+                    given[i][...] = torch.tensor(new) if as_tensor else new
+                if stale and i == 3 and change == "fewer tokens":  # the stale keys fail the shape check
+                    with pytest.raises(ValueError, match=r"cache\['cross.k'\] holds"):
+                        run(u[:, i:i + 1], given[i], cache)
+                    break
+                steps.append(run(u[:, i:i + 1], given[i], cache))
+            monkeypatch.undo()
+            steps = np.concatenate(steps, axis=1)
+            assert np.abs(steps[:, :3] - before[:, :3]).max() <= 1e-12
+            if stale and change != "fewer tokens":
+                assert np.abs(steps[:, 3:] - after[:, 3:]).max() > 1e-2
+            elif not stale:
+                assert np.abs(steps[:, 3:] - after[:, 3:]).max() <= 1e-12
+
+
+def test_torch_with_autograd_recomputes_the_memory_keys(rng):
+    """With autograd on, the memory's keys and values are computed at each step (not read from the cache), so
+    this call's memory and the parameters get their gradients: those of the uncached forward."""
+    _, torch_module = _modules(True)
+    params = decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, True, seed=7))
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    u, memory = torch.tensor(rng.standard_normal((2, 4, 8))), torch.tensor(rng.standard_normal((2, 5, 8)))
+    cache = {}
+    with torch.no_grad():
+        block(u[:, :3], memory, cache=cache)
+    kept = cache["cross.k"]
+    given = memory.clone().requires_grad_()
+    block.zero_grad()
+    block(u[:, 3:], given, cache=cache).sum().backward()
+    cached_grads = given.grad.clone(), block.cross.W_k.grad.clone()
+    assert cache["cross.k"] is not kept and cache["cross.k"].requires_grad
+    given = memory.clone().requires_grad_()
+    block.zero_grad()
+    block(u, given)[:, 3:].sum().backward()
+    assert (cached_grads[0] - given.grad).abs().max() <= 1e-12 and given.grad.abs().max() > 1e-3
+    assert (cached_grads[1] - block.cross.W_k.grad).abs().max() <= 1e-12
+
+
+def test_stack_decodes_with_the_memory_cached_per_layer(rng):
+    """A stack token by token: each layer keeps its own copy of the memory and its own keys and values."""
+    numpy_module, torch_module = _modules(False)
+    layers = [decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False, seed=seed)) for seed in range(3)]
+    u, memory = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 5, 8))
+    full = numpy_module.forward_stack(u, memory, layers, n_heads=2)
+    stack = torch_module.Stack(3, 8, 2, 12, dtype=torch.float64).load_params(layers)
+    runs = (lambda x, cache: numpy_module.forward_stack(x, memory, layers, n_heads=2, cache=cache),
+            lambda x, cache: stack(torch.tensor(x), torch.tensor(memory), cache=cache).numpy())
+    for run in runs:
+        cache = [{} for _ in layers]
+        with torch.no_grad():
+            steps = [run(u[:, :1], cache)]
+            kept = [entry["cross.k"] for entry in cache]
+            steps += [run(u[:, i:i + 1], cache) for i in range(1, 6)]
+        assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12
+        assert all(entry["cross.k"] is first for entry, first in zip(cache, kept))
+        assert len({id(entry["cross.k"]) for entry in cache}) == 3
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_bad_memory_cache_entries_are_named_and_leave_the_cache_as_it_was(backend, rng):
+    numpy_module, torch_module = _modules(False)
+    params = decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False))
+    u, memory = rng.standard_normal((2, 2, 8)), rng.standard_normal((2, 5, 8))
+    array = np.asarray if backend == "numpy" else torch.tensor
+    if backend == "numpy":
+        run = lambda x, cache, n_heads=2: numpy_module.forward(x, memory, params, n_heads=n_heads, cache=cache)
+    else:
+        blocks = {n: torch_module.Block(8, n, 12, dtype=torch.float64).load_params(params) for n in (2, 4)}
+        run = lambda x, cache, n_heads=2: blocks[n_heads](torch.tensor(x), torch.tensor(memory), cache=cache)
+    good = {}
+    with torch.no_grad():
+        run(u, good)
+        cases = [
+            ({**good, "cross.k": 1}, TypeError, r"cache\['cross.k'\] must be a"),
+            ({**good, "cross.memory": array(np.zeros((2, 5)))}, ValueError, r"cache\['cross.memory'\] must be"),
+            ({**good, "cross.v": good["cross.v"][:, :3]}, ValueError, r"cache\['cross.v'\] must be .* memory tokens"),
+            ({**good, "cross.k": good["cross.k"][:1]}, ValueError, r"cache\['cross.k'\] must be"),
+            ({**good, "cross.v": good["cross.v"].astype(np.float32) if backend == "numpy" else good["cross.v"].float()},
+             ValueError, r"cache\['cross.v'\] must be"),
+            ({key: value for key, value in good.items() if key != "cross.memory"}, ValueError,
+             "cache must be empty or hold exactly 'attn.k', 'attn.v', 'cross.k', 'cross.memory', 'cross.v'"),
+        ]
+        for cache, error, message in cases:
+            before = dict(cache)
+            with pytest.raises(error, match=message):
+                run(u[:, :1], cache)
+            assert cache.keys() == before.keys() and all(cache[key] is before[key] for key in cache)
+        other = {}  # another head count with the same memory: the cached keys of the memory have another shape
+        run(u, other, n_heads=4)
+        cache = {**other, "cross.k": good["cross.k"], "cross.v": good["cross.v"]}
+        before = dict(cache)
+        with pytest.raises(ValueError, match=r"cache\['cross.k'\] holds .* start a new cache"):
+            run(u[:, :1], cache, n_heads=4)
+        assert all(cache[key] is before[key] for key in before)
+        with pytest.raises(ValueError, match=r"cache\[1\] is the same dict as cache\[0\]"):
+            if backend == "numpy":
+                numpy_module.forward_stack(u, memory, [params, params], n_heads=2, cache=[good, good])
+            else:
+                torch_module.Stack(2, 8, 2, 12, dtype=torch.float64)(torch.tensor(u), torch.tensor(memory),
+                                                                      cache=[good, good])
 
 
 def test_bad_memory_is_named(rng):
@@ -167,3 +369,30 @@ def test_unsupported_decoder_layers_are_refused():
         decoder_layer_config(layer)
     with pytest.raises(SplitformerError, match="batch_first=False"):
         decoder_layer_config(torch.nn.TransformerDecoderLayer(8, 2, 12))
+
+
+def test_the_memory_keys_are_memoized_without_passes_too(tmp_path, rng):
+    """Lowering groups whatever ops compute the memory's keys and values (a fused product with the passes, two
+    contractions without): ``Memoized`` comes out of the IR for both, and the step emitted without passes decodes
+    with the memory cached as the golden does."""
+    from splitformer.codegen.ir import Contraction, MatMul, Memoized
+    from splitformer.codegen.lowering import lower
+    from splitformer.codegen.output import write_files
+    from splitformer.codegen.pipeline import generate
+    from splitformer.symbolic import derive, load_scheme
+
+    scheme = load_scheme("decoder")
+    program = derive(scheme)
+    for passes, kinds in ((None, [MatMul]), ((), [Contraction, Contraction])):
+        (op,) = [op for op in lower(program, passes).ops if isinstance(op, Memoized)]
+        assert [type(inner) for inner in op.ops] == kinds and op.keys == ("cross.k", "cross.v")
+        assert (op.source, op.key) == ("mem", "cross.memory")
+    assert not any(isinstance(op, Memoized) for op in lower(derive(load_scheme("post-ln"))).ops)
+    write_files(generate(scheme, ("numpy",), tmp_path, passes=(), program=program))
+    plain = import_path(tmp_path / "numpy" / "decoder.py", "_decoder_without_passes")
+    params = decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False))
+    u, memory = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 4, 8))
+    expected = _modules(False)[0].forward(u, memory, params, n_heads=2)
+    cache = {}
+    steps = _steps(_numpy_step(plain, params, 2), u, [memory] * 5, cache)
+    assert np.abs(steps - expected).max() <= 1e-12 and sorted(cache)[2:] == ["cross.k", "cross.memory", "cross.v"]

@@ -312,6 +312,34 @@ def _cache(cache, key, new):
     return new
 
 
+def _memoized(cache, key, memory):
+    """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
+    memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
+    of computing them). Any other memory, an array refilled in place included, has them computed again."""
+    if cache is None or key not in cache:
+        return False
+    kept = cache[key]
+    return kept.shape == memory.shape and kept.dtype == memory.dtype and np.array_equal(kept, memory)
+
+
+def _memoized_field(cache, key, shape):
+    """The field ``cache[key]`` computed from the cached memory, which must have ``shape`` (the one computing it
+    here would give: another means another head count or other parameters, refused)."""
+    value = cache[key]
+    if value.shape != shape:
+        raise ValueError(f"cache[{key!r}] holds {value.dtype} {value.shape}, but this call's would be {shape} "
+                         "(another n_heads or other parameters): start a new cache")
+    return value
+
+
+def _memoize(cache, key, memory, fields):
+    """Store ``fields`` computed from ``memory``, and a copy of the memory as ``cache[key]`` (the caller may
+    refill its array in place: the copy keeps the values they were computed from)."""
+    if cache is not None:
+        cache[key] = memory.copy()
+        cache.update(fields)
+
+
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
 def _state(u):
     u = _array("u", u)
@@ -415,6 +443,9 @@ def _options(d, n_heads, eps, causal):
 
 #: The key-side fields a cache keeps, each (batch, tokens, …).
 _CACHE_KEYS = ("attn.k", "attn.v",)
+#: What a cache keeps once per memory: the key of the memory's copy → the fields computed from it, each
+#: (batch, memory tokens, …).
+_MEMOIZED = {"cross.memory": ("cross.k", "cross.v",)}
 
 
 def _cached_tokens(cache, causal, batch, dtype):
@@ -428,11 +459,14 @@ def _cached_tokens(cache, causal, batch, dtype):
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys = sorted(cache, key=str)
-    if keys and keys != sorted(_CACHE_KEYS):
-        raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, sorted(_CACHE_KEYS)))}, "
+    expected = sorted([*_CACHE_KEYS, *(name for key, fields in _MEMOIZED.items() for name in (key, *fields))])
+    if keys and keys != expected:
+        raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, expected))}, "
                          f"got {', '.join(map(repr, keys))}")
     tokens = -1
     for key in keys:
+        if key not in _CACHE_KEYS:
+            continue
         value = cache[key]
         if not isinstance(value, np.ndarray):
             raise TypeError(f"cache[{key!r}] must be a NumPy array, got {type(value).__name__}")
@@ -442,6 +476,15 @@ def _cached_tokens(cache, causal, batch, dtype):
         if tokens >= 0 and value.shape[1] != tokens:
             raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
         tokens = value.shape[1]
+    for key, fields in _MEMOIZED.items() if keys else ():
+        for name in (key, *fields):
+            value = cache[name]
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"cache[{name!r}] must be a NumPy array, got {type(value).__name__}")
+            if value.ndim < 3 or value.shape[0] != batch or value.dtype != dtype or \
+                    (name != key and value.shape[1] != cache[key].shape[1]):
+                raise ValueError(f"cache[{name!r}] must be {dtype} of shape (batch={batch}, memory tokens, …) "
+                                 f"as cache[{key!r}], got {value.dtype} {value.shape}")
     return max(tokens, 0)
 
 
@@ -479,6 +522,9 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
     seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
     ``causal=True`` only: a non-causal step would need the tokens of later calls).
+    It keeps the keys and values of the memory too, with a copy of the memory: computed once, reused
+    while ``memory`` has the cached copy's shape, dtype and values (compared at each call), computed
+    again for any other memory (an array refilled in place included).
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
@@ -563,12 +609,19 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     cross_q += cross_b_q
     cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
     del norm2_out
-    # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-    # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
-    cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
-    cross_kv += np.concatenate((cross_b_k, cross_b_v))
-    cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
-    del cross_kv, mem
+    # the cache: cross_k, cross_v computed once per memory (reused while the memory equals the cached copy)
+    if _memoized(cache, "cross.memory", mem):
+        cross_k = _memoized_field(cache, "cross.k", (batch, n_memory, n_heads, d_head))
+        cross_v = _memoized_field(cache, "cross.v", (batch, n_memory, n_heads, d_head))
+    else:
+        # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
+        # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+        cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
+        cross_kv += np.concatenate((cross_b_k, cross_b_v))
+        cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
+        del cross_kv
+        _memoize(cache, "cross.memory", mem, {"cross.k": cross_k, "cross.v": cross_v})
+    del mem
     # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
     # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
     # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])

@@ -405,12 +405,14 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
         if not isinstance(cache, dict):
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys = sorted(cache.keys())
-    expected = ["attn.k", "attn.v"]
+    expected = ["attn.k", "attn.v", "cross.k", "cross.memory", "cross.v"]
     if len(keys) > 0 and keys != expected:
         quoted = "', '"
         raise ValueError(f"cache must be empty or hold exactly '{quoted.join(expected)}', got '{quoted.join(keys)}'")
     tokens = -1
     for key in keys:
+        if key not in ["attn.k", "attn.v"]:
+            continue
         value = cache[key]
         if not torch.jit.is_scripting():
             if not isinstance(value, torch.Tensor):
@@ -421,6 +423,16 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
         if tokens >= 0 and value.shape[1] != tokens:
             raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
         tokens = value.shape[1]
+    if len(keys) > 0:
+        for name in ["cross.memory", "cross.k", "cross.v"]:
+            value = cache[name]
+            if not torch.jit.is_scripting():
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"cache['{name}'] must be a torch.Tensor, got {type(value).__name__}")
+            if value.dim() < 3 or value.shape[0] != batch or value.dtype != dtype or \
+                    (name != "cross.memory" and value.shape[1] != cache["cross.memory"].shape[1]):
+                raise ValueError(f"cache['{name}'] must be {dtype} of shape (batch={batch}, memory tokens, …) "
+                                 f"as cache['cross.memory'], got {value.dtype} {list(value.shape)}")
     return max(tokens, 0)
 
 
@@ -894,6 +906,38 @@ def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -
     return cache[key]
 
 
+def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
+    """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
+    memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the
+    O(memory · d²) of computing them). Any other memory, a tensor refilled in place included, has them computed
+    again; so does every call with autograd on (not ``inference``), whose gradients reach this call's memory and
+    parameters."""
+    if cache is None or not inference or key not in cache:
+        return False
+    kept = cache[key]
+    return (kept.shape == memory.shape and kept.dtype == memory.dtype and kept.device == memory.device
+            and torch.equal(kept, memory))
+
+
+def _memoized_field(cache: dict[str, torch.Tensor] | None, key: str, shape: list[int]) -> torch.Tensor:
+    """The field ``cache[key]`` computed from the cached memory, which must have ``shape`` (the one computing it
+    here would give: another means another head count or other parameters, refused)."""
+    assert cache is not None
+    value = cache[key]
+    if list(value.shape) != shape:
+        raise ValueError(f"cache['{key}'] holds {value.dtype} {list(value.shape)}, but this call's would be {shape} "
+                         "(another n_heads or other parameters): start a new cache")
+    return value
+
+
+def _memoize(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, fields: dict[str, torch.Tensor]):
+    """Store ``fields`` computed from ``memory``, and a copy of the memory as ``cache[key]`` (the caller may
+    refill its tensor in place: the copy keeps the values they were computed from)."""
+    if cache is not None:
+        cache[key] = memory.detach().clone()
+        cache.update(fields)
+
+
 class _Group(torch.nn.Module):
     """The parameters of one operator, under their canonical names (``attn.W_q``)."""
 
@@ -1120,6 +1164,10 @@ class Block(_CanonicalModule):
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
         ``causal=True`` only: a non-causal step would need the tokens of later calls).
+        It keeps the keys and values of the memory too, with a copy of the memory: computed once,
+        reused without autograd (``torch.no_grad``, ``torch.inference_mode``) while ``memory`` has
+        the cached copy's shape, dtype, device and values (compared at each call), computed again
+        for any other memory (a tensor refilled in place included) and whenever autograd is on.
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
@@ -1227,12 +1275,18 @@ class Block(_CanonicalModule):
         # Q^cross[i, m, e] = b^Q_cross[m, e] + Σ_k(W^Q_cross[k, m, e]*LN^norm2[i, k])
         cross_q = torch.addmm(cross_b_q, norm2_out.reshape(-1, d), cross_W_q).view(batch, n_tokens, n_heads, d_head)
         del norm2_out
-        # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
-        # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
-        cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
-        cross_k, cross_v = cross_kv.chunk(2, dim=1)
-        cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
-        del cross_kv, mem
+        # the cache: cross_k, cross_v computed once per memory (reused while the memory equals the cached copy)
+        if _memoized(cache, "cross.memory", mem, inference):
+            cross_k = _memoized_field(cache, "cross.k", [batch, n_memory, n_heads, d_head])
+            cross_v = _memoized_field(cache, "cross.v", [batch, n_memory, n_heads, d_head])
+        else:
+            # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
+            # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
+            cross_kv = torch.addmm(_cat([cross_b_k, cross_b_v], 0), mem.reshape(-1, d), _cat([cross_W_k, cross_W_v], 1))
+            cross_k, cross_v = cross_kv.chunk(2, dim=1)
+            cross_k, cross_v = cross_k.view(batch, n_memory, n_heads, d_head), cross_v.view(batch, n_memory, n_heads, d_head)
+            _memoize(cache, "cross.memory", mem, {"cross.k": cross_k, "cross.v": cross_v})
+        del mem
         # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
         # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])
         # O^cross[i, m, e] = Σ_t(γ^cross[m, i, t]*V^cross[t, m, e])

@@ -44,6 +44,7 @@ def _check_step(model: ModelProgram, step: dict) -> None:
     unset = sorted({axis for p in step["parameters"] for axis in p["shape"] if isinstance(axis, str)} - _STEP_SIZES)
     reads = [what for what, present in (("token positions", step["positions"] or step["half_width"]),
                                         ("a memory", step["memory"]), ("a key/value cache", step["cached"]),
+                                        ("a second state across layers (a stream)", step["stream"]),
                                         (", ".join(step["keywords"]), step["keywords"])) if present]
     problem = ("is causal" if scheme.causal else f"reads {reads[0]}" if reads else
                f"sizes a parameter by {unset[0]}" if unset else "")

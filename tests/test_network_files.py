@@ -309,6 +309,7 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
      "sizes a parameter by d_inner"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "scored-attention", rel_pos_bias = "bidirectional",'
                                                    ' max_distance = 16 }'), "reads token positions"),
+    (_ATTENTION_ONLY.replace('on = "norm1"', 'on = "norm1"\nstream = true'), "a second state across layers"),
 ])
 def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_one_line(tmp_path, capsys, scheme,
                                                                                          message):

@@ -303,3 +303,18 @@ def test_relu_squared_is_stated_not_proximal():
     (wrong,) = [check for check in activation_checks(PROXIMAL | {"relu-squared": True})
                 if check.id == "activation/relu-squared"]
     assert not wrong.holds
+
+
+def test_an_encoder_dropping_whole_layers_in_training_mode_is_refused():
+    """Attack 16: ``layer_dropout`` (x-transformers' tuple ``layer_dropouts``) skips whole layers at random in training
+    mode; it was read, the source 0.5–5.5 off per call. Refused naming it; control: after ``.eval()`` it is read and
+    equal."""
+    source = _module(layer_dropout=0.5).train()  # training mode, as constructed
+    with pytest.raises(SplitformerError, match=r"^Encoder \(Encoder\) is in training mode with layer_dropouts=0\.5: "
+                                               r".*call \.eval\(\) on the module"):
+        from_xtransformers(source)
+    adapted = from_xtransformers(source.eval())
+    stack = adapted.build(adapted.derivation().torch_module(), dtype=torch.float64)
+    x = torch.randn(2, 6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert (stack(x) - source(x)).abs().max() <= 1e-10

@@ -227,12 +227,19 @@ def check_evaluated(owner: str, module: Any, dropout: float | None = None) -> No
 
 
 def drop_rates(part: Any) -> dict[str, float]:
-    """The positive drop rates among ``part``'s plain attributes: any named ``*drop*``, and ``p``/``prob`` of a
-    library class named ``*Drop*`` (``Dropout``, ``PatchDropout``)."""
+    """The positive drop rates among ``part``'s plain attributes: any named ``*drop*`` (a number, or the largest
+    of a tuple or list of them: x-transformers' ``layer_dropouts``), and ``p``/``prob`` of a library class named
+    ``*Drop*`` (``Dropout``, ``PatchDropout``)."""
     dropping = "Drop" in (library_name(part) or "")
-    return {name: float(value) for name, value in vars(part).items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-            and ("drop" in name.lower() or (dropping and name in ("p", "prob")))}
+    rates = {}
+    for name, value in vars(part).items():
+        if not ("drop" in name.lower() or (dropping and name in ("p", "prob"))):
+            continue
+        numbers = [item for item in (value if isinstance(value, (tuple, list)) else (value,))
+                   if isinstance(item, (int, float)) and not isinstance(item, bool)]
+        if numbers and max(numbers) > 0:
+            rates[name] = float(max(numbers))
+    return rates
 
 
 def _brief(value: Any) -> str:

@@ -24,6 +24,7 @@ from splitformer.codegen.verification.statements.order import OrderResult, split
 from splitformer.symbolic.derivation import derive as derive_program
 from splitformer.symbolic.equation import Equation, scheme_equation
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.markdown import markdown_text
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
@@ -156,7 +157,7 @@ class Derivation(GeneratedModules):
                   f"order {order.order}" + ("" if order.splitting_order is None
                                             else f", splitting order {order.splitting_order}")
                   + f"; leading local error ${order.leading_error}$")
-        lines = [f"**Derivation of `{self.scheme.name}`** → `{self.name}`: {self.scheme.summary}", "",
+        lines = [f"**Derivation of `{self.scheme.name}`** → `{self.name}`: {markdown_text(self.scheme.summary)}", "",
                  f"$$ {self.equation.latex} $$", "", orders, "", f"{len(self.records)} substeps:", ""]
         lines += [f"{position}. {record.title.split(': ', 1)[-1]}" for position, record in enumerate(self.records, 1)]
         return "\n".join(lines)

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from splitformer.symbolic.builtins import builtin_names
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Scheme
-from splitformer.symbolic.scheme_file import parse_scheme
+from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
 
 from .api import as_scheme
 from .hf_cache import CacheLayout, cache_layout, read_layer, write_layer
@@ -65,8 +65,8 @@ class SplitformerConfig(transformers.PreTrainedConfig):
     def language_model(self) -> LanguageModel:
         """A freshly initialized ``LanguageModel`` of this configuration."""
         scheme = self.scheme
-        if scheme not in builtin_names():
-            scheme = parse_scheme(scheme, "the config's scheme")
+        if scheme not in builtin_names() or self.activation is not None:  # a built-in's name with its activation too
+            scheme = load_scheme(scheme) if scheme in builtin_names() else parse_scheme(scheme, "the config's scheme")
             scheme = scheme if self.activation is None else scheme.with_activation(self.activation)
         return LanguageModel(scheme, **{name: getattr(self, name) for name in _SIZES},
                              tie_weights=self.tie_word_embeddings, **(self.stack_options or {}))

@@ -12,6 +12,7 @@ import jinja2
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import BUCKETS, FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.markdown import markdown_text
 from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
 
@@ -23,7 +24,7 @@ from .ir import Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, R
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
-__all__ = ["environment", "python_string", "markdown_text", "render_module", "unit_context", "backward_context", "narrowest_head"]
+__all__ = ["environment", "python_string", "render_module", "unit_context", "backward_context", "narrowest_head"]
 
 #: The grid of each axis label of the IR (``"r"`` → the rotation frequencies).
 _LABEL_DOMAINS = {str(variable.index): variable.domain for variable in VARIABLES.values()}
@@ -55,12 +56,6 @@ def environment() -> jinja2.Environment:
     # where the runtime helpers a module uses go (codegen.runtime_source)
     env.globals["runtime"] = runtime_mark
     return env
-
-
-def markdown_text(text: str) -> str:
-    """User text (a summary, a description) in a Markdown report, shown as text: raw HTML, links, images and math
-    are never interpreted (``&``, ``<`` as entities; backslash, brackets and ``$`` escaped)."""
-    return re.sub(r"([\\\[\]$])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
 
 
 def _one_line(text: str) -> str:

@@ -201,7 +201,30 @@ def _grid_model(document: dict, where: str) -> GridModelSpec:
         raise SplitformerError(f"{where}: step.field: name at least one operator")
     if len(field_keys) + len(transfer) > MAX_GRID_OPERATORS:
         raise SplitformerError(f"{where}: step: more than {MAX_GRID_OPERATORS} operators")
+    _check_grid_uses(operators, field_keys, transfer, where)
     return GridModelSpec(*_identity(document, where), operators, field_keys, transfer, projection)
+
+
+def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], transfer: tuple[str, ...],
+                     where: str) -> None:
+    """The field has parameters; the transfer ``R`` has parameters of its own (the module tells ``R`` from the
+    identity by them); an operator applied again is named ``<key><n>`` in the code, which no operator may be."""
+    if not any(operators[key].parameters() for key in field):
+        raise SplitformerError(f"{where}: step.field: no operator of the field has parameters (a convolution or a "
+                               "BatchNorm); a grid step learns through them")
+    shared = sorted(set(field) & set(transfer))
+    if shared:
+        raise SplitformerError(f"{where}: step.transfer: {shared[0]!r} is in the field too; the transfer R needs "
+                               "operators (and parameters) of its own")
+    if transfer and not any(operators[key].parameters() for key in transfer):
+        raise SplitformerError(f"{where}: step.transfer: no operator of it has parameters, so R cannot be told "
+                               "from the identity; put a convolution or a BatchNorm in it, or leave it empty")
+    for keys in (field, transfer):
+        for position, key in enumerate(keys):
+            again = f"{key}{keys[:position + 1].count(key)}"
+            if keys[:position].count(key) and again in operators:
+                raise SplitformerError(f"{where}: step: the second use of {key!r} is {again!r} in the code, the name "
+                                       f"of another operator; rename {again!r}")
 
 
 def _operator(table: object, where: str, kinds: tuple[str, ...]) -> Operator:
@@ -233,6 +256,10 @@ def _identity(document: dict, where: str) -> tuple[str, str]:
         raise SplitformerError(f"{where}: {error}") from None
 
 
+#: The fields of a token network's ``[steps]``.
+_STEPS_KEYS = frozenset({"scheme", "activation", "final_norm"})
+
+
 def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpec:
     """A network file's text → its spec; errors name ``where`` and the key; a scheme file it names is
     read from ``folder`` (the network file's own)."""
@@ -248,6 +275,10 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
     steps = document["steps"]
     if not isinstance(steps, dict) or not isinstance(steps.get("scheme"), str):
         raise SplitformerError(f"{where}: steps.scheme: expected the name of a block scheme")
+    unknown = sorted(set(steps) - _STEPS_KEYS, key=str)
+    if unknown:
+        raise SplitformerError(f"{where}: steps: unknown field {str(unknown[0])[:40]!r} (allowed: "
+                               f"{', '.join(sorted(_STEPS_KEYS))})")
     scheme = _one_layer_at_a_time(load_scheme(_beside(steps["scheme"], folder)), where)
     if "activation" in steps:
         scheme = scheme.with_activation(steps["activation"])

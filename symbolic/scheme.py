@@ -14,6 +14,7 @@ from .composition import STEP_CONTROLS, Heun, Parallel, RungeKutta, Sequence, Su
 from .domains import FEATURES, Y
 from .equation import equation_latex
 from .errors import SplitformerError
+from .markdown import code_block, markdown_text
 from .names import check_scheme_name
 from .operator_checks import check_declared, check_output
 from .kinds import OPERATOR_KINDS
@@ -177,11 +178,11 @@ class Scheme:
 
     def _repr_markdown_(self) -> str:
         claims = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in self.claims.items())
-        lines = [f"**`{self.name}`**: {self.summary}", "", f"$$ {equation_latex(self)} $$", "",
+        lines = [f"**`{self.name}`**: {markdown_text(self.summary)}", "", f"$$ {equation_latex(self)} $$", "",
                  f"activation `{self.activation}`" + (", final LayerNorm" if self.final_norm else "")
                  + (f"; claims {claims}" if claims else ""), ""]
         if self.source:
-            lines += ["```toml", self.source.rstrip("\n"), "```"]
+            lines.append(code_block(self.source.rstrip("\n")))
         return "\n".join(lines)
 
     def instantiate(self) -> dict[str, Operator]:

@@ -133,7 +133,7 @@ def test_every_displayed_object_has_a_notebook_repr(post_ln):
         "order": post_ln.order._repr_markdown_(),
         "derivation": post_ln._repr_markdown_(),
     }
-    assert r"\mathcal{A}_{\mathrm{attn}}" in shown["scheme"] and "```toml" in shown["scheme"]
+    assert r"\mathcal{A}_{\mathrm{attn}}" in shown["scheme"] and '\n    name = "post-ln"\n' in shown["scheme"]
     assert shown["equation"].startswith("$$") and r"\partial I" in shown["equation"]
     assert shown["program"].startswith(r"\begin{align*}") and shown["program"].endswith(r"\end{align*}")
     assert r"\text{substep 1: attn, explicit}" in shown["record"]
@@ -242,3 +242,21 @@ def test_a_network_name_given_as_a_scheme_says_what_it_is():
     assert isinstance(splitformer.derive("vit"), splitformer.NetworkDerivation)
     with pytest.raises(SplitformerError, match="networks, for derive and check: .*vit"):
         splitformer.derive("no-such")
+
+
+def test_notebook_views_show_a_scheme_files_text_as_text(tmp_path):
+    """Attack 16: a scheme file's summary and comments reached the notebook views (``_repr_markdown_``) as Markdown,
+    which a notebook renders as trusted HTML (an ``onerror`` handler, a ``javascript:`` link; a comment line of
+    backquotes closed the source's fence). Rendered, the views hold no tag and no link; the text is there."""
+    import markdown
+
+    path = tmp_path / "innocent.toml"
+    path.write_text(load_scheme("pre-ln").source.replace(
+        'summary = "', 'summary = "<img src=x onerror=alert(1)> [docs](javascript:alert(2)) ', 1)
+        .replace("name = ", '# ```\n# <img src=y onerror="alert(3)">\nname = ', 1))
+    scheme = load_scheme(str(path))
+    for view in (scheme._repr_markdown_(), splitformer.derive(scheme)._repr_markdown_()):
+        html = markdown.markdown(view, extensions=["fenced_code"])
+        assert "onerror=alert(1)" in html and "<img" not in html and "<a " not in html, html
+    control = markdown.markdown(f"**x**: {scheme.summary}")
+    assert "<img" in control and "<a " in control

@@ -441,3 +441,16 @@ def test_a_keyword_the_forward_does_not_read_is_refused(keyword, value):
         shown = f"{keyword}={value!r}" if keyword.startswith("output_") else keyword
         with pytest.raises(TypeError, match=rf"^SplitformerForCausalLM\.forward does not take {shown} \("):
             hf(PROMPT, **{keyword: value})
+
+
+def test_a_config_naming_a_builtin_takes_its_activation():
+    """Attack 16: ``SplitformerConfig(scheme="pre-ln", activation="gelu")`` built a ReLU model (the activation was
+    read only with a scheme file's text): GELU-trained weights would load into ReLU blocks."""
+    import sys
+
+    from splitformer.codegen.hf_native import SplitformerConfig
+
+    for activation, expected in (("gelu", "gelu"), (None, "relu")):
+        model = SplitformerConfig(scheme="pre-ln", activation=activation, vocab_size=30, d_model=16,
+                                  n_heads=2).language_model()
+        assert sys.modules[type(model.stack).__module__].ACTIVATION == expected

@@ -155,6 +155,13 @@ _VIT = _builtin_text("vit")
     (_UNET.replace("padding = 1, stride = 2", "padding = -1, stride = 2"), "padding: expected an integer from 0"),
     (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = [1] }'), 'outputs: expected "c"'),
     (_UNET.replace('inputs = "c" }', 'inputs = "c", outputs = "c" }'), 'operators.down: inputs and outputs are both "c"'),
+    (_UNET.replace('"relu", "up"]', '"relu", "up"]\ntransfer = ["rt"]').replace('bn = {', 'rt = { kind = "relu-projection" }\nbn = {'), "step.transfer: no operator of it has "
+     "parameters"),  # attack 16: R was silently the identity (2.4 off)
+    (_UNET.replace('"relu", "up"]', '"relu", "up"]\ntransfer = ["conv"]'), "step.transfer: 'conv' is in the field too"),
+    (_UNET.replace('bn = {', 'bn2 = { kind = "batch-norm" }\nbn = {').replace('"bn", "relu"', '"bn", "bn", "relu"'),
+     "the second use of 'bn' is 'bn2' in the code"),  # attack 16: the step returned 2·bn2(u)
+    (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = ["relu"]'),
+     "step.field: no operator of the field has parameters"),  # a traceback before
     (_UNET.replace('inputs = "y", outputs = "c"', 'inputs = "c", outputs = "c"'), 'operators.up: inputs and outputs'),
     (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
     (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
@@ -321,3 +328,12 @@ def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_o
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "a token network feeds each step all its tokens" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field", ['activaton = "gelu"', "causal = true", "layers = 12"])
+def test_an_unknown_field_of_the_steps_is_refused(tmp_path, capsys, field):
+    """Attack 16: ``[steps]`` ignored what it did not know (a misspelt ``activaton``: GELU silently ReLU)."""
+    path = _copy(tmp_path, "vit", "vit-typo", ('scheme = "pre-ln"', f'scheme = "pre-ln"\n{field}'))
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"steps: unknown field '{field.split(' ')[0]}'" in err and err.count("\n") == 1, err

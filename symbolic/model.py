@@ -208,7 +208,8 @@ def _grid_model(document: dict, where: str) -> GridModelSpec:
 def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], transfer: tuple[str, ...],
                      where: str) -> None:
     """The field has parameters; the transfer ``R`` has parameters of its own (the module tells ``R`` from the
-    identity by them); an operator applied again is named ``<key><n>`` in the code, which no operator may be."""
+    identity by them); each operator reads the channels the one before it wrote (``c`` first: u's); an operator
+    applied again is named ``<key><n>`` in the code, which no operator may be."""
     if not any(operators[key].parameters() for key in field):
         raise SplitformerError(f"{where}: step.field: no operator of the field has parameters (a convolution or a "
                                "BatchNorm); a grid step learns through them")
@@ -219,6 +220,16 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
     if transfer and not any(operators[key].parameters() for key in transfer):
         raise SplitformerError(f"{where}: step.transfer: no operator of it has parameters, so R cannot be told "
                                "from the identity; put a convolution or a BatchNorm in it, or leave it empty")
+    for part, keys in (("field", field), ("transfer", transfer)):
+        channels = "c"  # u holds the input channels; each operator reads where the one before it wrote
+        for key in keys:
+            operator = operators[key]
+            if operator.inputs != channels:
+                raise SplitformerError(
+                    f'{where}: step.{part}: operators.{key} reads channels "{operator.inputs}" where the {part} holds '
+                    f'"{channels}" (u holds the input channels c; an operator writes its outputs): set its inputs '
+                    f'to "{channels}"')
+            channels = operator.outputs
     for keys in (field, transfer):
         for position, key in enumerate(keys):
             again = f"{key}{keys[:position + 1].count(key)}"

@@ -22,7 +22,7 @@ from .latex import equation
 from .model import GridModelSpec, ModelSpec
 from .operators import STATE, Operator
 from .program import TIME_STEP, Assignment, Program, Tensor
-from .stack import final_norm_scheme
+from .stack import final_norm_kind, final_norm_scheme
 from .cnn_operators import SPACING
 from .cvt_operators import KEYS
 from .vision_operators import IMAGE
@@ -117,7 +117,7 @@ def derive_model(spec: ModelSpec) -> ModelProgram:
     image = field_tensor(INPUT, "I", (), "input")
     embedding = discretize_stage(spec.embedding, {IMAGE: image})
     step = derive(spec.scheme)
-    final = derive(final_norm_scheme()) if spec.final_norm else None
+    final = derive(final_norm_scheme(final_norm_kind(spec.scheme))) if spec.final_norm else None  # the scheme's own
     state = field_tensor("u", "u", (X.index, Y.index), "input")
     readout = discretize_stage(spec.readout, {STATE: state})
     return ModelProgram(spec, embedding, step, final, readout)

@@ -15,6 +15,8 @@ from splitformer.codegen.verification import network_semantics
 from splitformer.codegen.verification.network_adjoint_tests import random_table
 from splitformer.symbolic.model import load_model, network_family
 
+from conftest import ROOT
+
 
 def _builtin_text(name: str) -> str:
     return (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8")
@@ -162,6 +164,11 @@ _VIT = _builtin_text("vit")
      "the second use of 'bn' is 'bn2' in the code"),  # attack 16: the step returned 2·bn2(u)
     (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = ["relu"]'),
      "step.field: no operator of the field has parameters"),  # a traceback before
+    (_UNET.replace('conv = { kind = "convolution", kernel = 3, padding = 1 }',
+                   'conv = { kind = "convolution", kernel = 3, padding = 1, inputs = "c" }'),
+     'step.field: operators.conv reads channels "c" where the field holds "y"'),  # attack 16: a raw NumPy error
+    (_UNET.replace('stride = 2, inputs = "c" }', 'stride = 2 }'),
+     'step.field: operators.down reads channels "y" where the field holds "c"'),  # attack 16: a traceback
     (_UNET.replace('inputs = "y", outputs = "c"', 'inputs = "c", outputs = "c"'), 'operators.up: inputs and outputs'),
     (_UNET.replace("conv = {", '"conv(1)" = {').replace('"conv",', '"conv(1)",'), "not an operator name"),
     (_UNET.replace('relu = { kind = "relu-projection" }', 'relu = { kind = "attention" }'), "a grid step composes"),
@@ -279,17 +286,21 @@ step = "scalar"
 """
 
 
-@pytest.mark.parametrize("scheme", ["paper-lie", _ATTENTION_ONLY, _TALKING_HEADS], ids=["paper-lie", "attention-only",
-                                                                                        "talking-heads"])
+@pytest.mark.parametrize("scheme", ["paper-lie", _ATTENTION_ONLY, _TALKING_HEADS, "rms"],
+                         ids=["paper-lie", "attention-only", "talking-heads", "rms-norm"])
 def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, scheme):
     """Steps without a hidden layer, with per-head parameters, a gate and a scalar step: the NumPy module passes the
     semantics check against the evaluator with its scheme, and the torch Model computes what it does (float64)."""
     import torch
 
+    if scheme == "rms":  # attack 16: the network's final projection was a LayerNorm, the scheme's stack's an RMSNorm
+        scheme = (ROOT / "tests" / "schemes" / "pre-rms-glu.toml").read_text()
     if "\n" in scheme:
         (tmp_path / "steps.toml").write_text(scheme)
         scheme = "steps.toml"
     spec = load_model(_copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"')))
+    final = {name for name in splitformer.derive(spec).numpy_module().PARAMETERS if name.startswith("final_norm.")}
+    assert final == ({"final_norm.gain"} if "rms" in spec.scheme.name else {"final_norm.gain", "final_norm.bias"})
     (check,) = network_semantics.network_semantics_checks(spec)
     assert check.holds, check.detail
     derivation = splitformer.derive(spec)
@@ -337,3 +348,22 @@ def test_an_unknown_field_of_the_steps_is_refused(tmp_path, capsys, field):
     assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"steps: unknown field '{field.split(' ')[0]}'" in err and err.count("\n") == 1, err
+
+
+def test_check_on_a_network_file_that_is_no_published_network_skips_the_recovery_and_holds(tmp_path, monkeypatch):
+    """Attack 16: the docs' own ``vit-post.toml`` failed ``check``: the recovery checks compared it with the published
+    pre-LN ViT; a grid step without a convolution failed translation-equivariance with no reason. Both are skipped,
+    saying why; the rest holds."""
+    monkeypatch.chdir(tmp_path)
+    post = _copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"'))
+    bn_only = tmp_path / "bn-only.toml"
+    bn_only.write_text('name = "bn-only"\nsummary = "one BatchNorm"\n[operators]\n'
+                       'bn = { kind = "batch-norm", inputs = "c", outputs = "c" }\n[step]\nfield = ["bn"]\n')
+    for path, skipped in ((post, ("recovery/vit-post/symbolic", "recovery/vit-post/numeric")),
+                          (bn_only, ("bn-only/translation-equivariance",))):
+        report = splitformer.derive(str(path)).check()
+        assert report.holds, [check.detail for check in report.checks if not check.holds]
+        shown = {check.id: check for check in report.checks}
+        assert all(shown[name].method == "skipped" and shown[name].detail.startswith("skipped: ") for name in skipped)
+    builtin = {check.id: check for check in splitformer.derive("vit").check().checks}
+    assert builtin["recovery/vit/numeric"].method == "numeric" and builtin["recovery/vit/numeric"].holds  # control

@@ -29,7 +29,7 @@ import mpmath
 import numpy as np
 
 from splitformer.symbolic.model import NetworkSpec, load_model, network_family
-from splitformer.symbolic.stack import final_norm_scheme
+from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .network_adjoint_tests import network_module, random_table, unwritten_family
 from .semantics import MPMATH, Semantics, Sizes
@@ -76,7 +76,7 @@ def _vit_evaluator(model, params, image, options, transposed=False, class_last=F
         step = {name[len(prefix):]: value for name, value in params.items() if name.startswith(prefix)}
         u = Semantics(model.scheme, step, sizes, MPMATH, support=support, eps=eps).step(u)
         layer += 1
-    u = Semantics(final_norm_scheme(), params, sizes, MPMATH, eps=eps).step(u)
+    u = Semantics(final_norm_scheme(final_norm_kind(model.scheme)), params, sizes, MPMATH, eps=eps).step(u)
     return u, u[0] @ params["head.W"] + params["head.b"]
 
 

@@ -8,7 +8,7 @@ from splitformer.symbolic.cnn_operators import STRIDE
 from splitformer.symbolic.image import X1
 from splitformer.symbolic.model_derivation import GridModelProgram
 from splitformer.symbolic.operators import EPSILON
-from . import Check
+from . import SKIPPED, Check
 from .equivariance import shift_commutes
 
 __all__ = ["grid_checks", "batch_norm_check"]
@@ -24,13 +24,16 @@ def _equivariance(model: GridModelProgram) -> Check:
         assignment = stage.assignments[-1]
         results.append((operator.key, stride, shift_commutes(assignment, X1.index, 1, stride),
                         shift_commutes(assignment, X1.index, 1, stride + 1)))
-    holds = bool(results) and all(right and not wrong for _, _, right, wrong in results)
+    statement = ("Every derived convolution is a translation-equivariant integral operator: shifting its input by "
+                 "its stride along the rows shifts its output by one grid node; a shift by stride + 1 does not "
+                 "(negative control).")
+    if not results:
+        return Check(f"{model.spec.name}/translation-equivariance", model.spec.name, statement, SKIPPED, True,
+                     "skipped: the step has no convolution")
+    holds = all(right and not wrong for _, _, right, wrong in results)
     detail = "; ".join(f"{key}: shift by {stride} {'commutes' if right else 'does NOT commute'}, by {stride + 1} "
                        f"{'commutes (control failed)' if wrong else 'does not'}" for key, stride, right, wrong in results)
-    return Check(f"{model.spec.name}/translation-equivariance", model.spec.name,
-                 "Every derived convolution is a translation-equivariant integral operator: shifting its input by "
-                 "its stride along the rows shifts its output by one grid node; a shift by stride + 1 does not "
-                 "(negative control).", "symbolic", holds, detail)
+    return Check(f"{model.spec.name}/translation-equivariance", model.spec.name, statement, "symbolic", holds, detail)
 
 
 def batch_norm_check(name: str, stages) -> Check:

@@ -14,5 +14,7 @@ def load_source(source: str, backend: str, name: str) -> types.ModuleType:
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"splitformer_generated.{backend}.{name}")
     module.__file__ = filename
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - code generated here
+    # dont_inherit: this module's `from __future__ import annotations` would turn the annotations into strings,
+    # which TorchScript cannot resolve
+    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - code generated here
     return module

@@ -191,7 +191,7 @@ def test_the_report_shows_html_as_text(tmp_path, capsys):
 
 
 _LINKS = "[x](javascript:alert(3)) ![t](http://attacker.example/t.png)"
-_ACTIVE = _LINKS + " $\\href{javascript:alert(4)}{c}$ [r][1]\n\n[1]: javascript:x"
+_ACTIVE = _LINKS + " $\\href{javascript:alert(4)}{c}$ [r][1]\n\n[1]: javascript:x\n```"
 
 
 @pytest.mark.parametrize("field", ["summary", "description", "network summary"])
@@ -213,6 +213,9 @@ def test_the_report_shows_links_images_and_math_as_text(field, tmp_path):
     html = markdown.markdown((tmp_path / "out" / "reports" / f"{report}.md").read_text())
     assert "javascript:alert(3)" in html and "attacker.example" in html  # the text is there, as text
     assert "<a " not in html and "<img" not in html and "href=" not in html
+    fenced = markdown.markdown(report_text := (tmp_path / "out" / "reports" / f"{report}.md").read_text(),
+                               extensions=["fenced_code"])
+    assert "<pre>" not in fenced and fenced.count("<h2>") == report_text.count("\n## ")  # attack 17: a ``` line
     control = markdown.markdown(_ACTIVE)  # the same text unescaped renders active links and images
     assert "<a " in control and "<img" in control
 

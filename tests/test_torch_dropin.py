@@ -265,3 +265,15 @@ def test_row_scale_is_finite_up_to_the_largest_value(dtype):
     scale = module._row_scale(largest)
     assert torch.isfinite(scale).all() and (largest / scale).abs().max() <= 2
     assert module._max_exponent(dtype) == np.frexp(float(torch.finfo(dtype).max))[1] - 1  # log2 rounds up to 1024
+
+
+@IGNORE_DEPRECATION
+def test_a_module_derived_in_memory_scripts_as_its_file_does(rng):
+    """Attack 17: ``derive(...).torch_module()`` compiled its source under splitformer's own ``from __future__ import
+    annotations``, so every annotation was a string TorchScript could not resolve; the written file scripted."""
+    import splitformer
+
+    block = splitformer.derive("post-ln").torch_module().Block(D, HEADS, D_FF, dtype=torch.float64).eval()
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    with torch.no_grad():
+        assert (torch.jit.script(block)(u) - block(u)).abs().max() <= 1e-12

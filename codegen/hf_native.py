@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from splitformer.symbolic.builtins import builtin_names
@@ -90,6 +90,20 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         if isinstance(module, LanguageModel):
             module.reset_parameters()
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``, refusing a checkpoint that lacks a parameter the configuration asks for
+        (a config field overridden: ``n_layers=3``, ``final_norm=True``): transformers would leave it as the
+        uninitialized memory it allocated."""
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            raise ValueError(f"the checkpoint lacks {len(missing)} parameter(s) the configuration asks for "
+                             f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): change the configuration "
+                             "back, or build the model with to_hf and load what you have into it")
+        return (model, info) if wants_info else model
+
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs):
         """transformers' ``save_pretrained``; the default state dict holds each tensor in storage of its
         own (a generated Block keeps ``W_q``, ``W_k``, ``W_v`` as views of one tensor, which safetensors
@@ -154,9 +168,10 @@ def _one_cache(cache, past_key_values) -> Cache | None:
     if cache is not None and past_key_values is not None:
         raise ValueError("give the cache once: as cache= or as past_key_values= (its older name), not both")
     cache = past_key_values if cache is None else cache
-    if cache is not None and not isinstance(cache, Cache):
-        raise TypeError(f"cache (past_key_values) must be a transformers Cache such as DynamicCache, got "
-                        f"{type(cache).__name__}")
+    if cache is not None and not (isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer
+                                                                          for layer in cache.layers)):
+        raise TypeError(f"cache (past_key_values) must be a transformers DynamicCache (every earlier token's keys "
+                        f"and values, in order), got {type(cache).__name__}")
     return cache
 
 

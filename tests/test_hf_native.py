@@ -422,8 +422,8 @@ def test_past_key_values_is_the_cache():
         cache = hf(tokens[:, :5], use_cache=True).cache
         with pytest.raises(ValueError, match=r"^give the cache once: as cache= or as past_key_values="):
             hf(tokens[:, 5:], cache=cache, past_key_values=cache)
-        with pytest.raises(TypeError, match=r"^cache \(past_key_values\) must be a transformers Cache such as "
-                                            r"DynamicCache, got tuple$"):
+        with pytest.raises(TypeError, match=r"^cache \(past_key_values\) must be a transformers DynamicCache "
+                                            r"\(every earlier token's keys and values, in order\), got tuple$"):
             hf(tokens[:, 5:], past_key_values=((torch.zeros(2, 2, 5, 4),) * 2,) * 2)
 
 
@@ -454,3 +454,38 @@ def test_a_config_naming_a_builtin_takes_its_activation():
         model = SplitformerConfig(scheme="pre-ln", activation=activation, vocab_size=30, d_model=16,
                                   n_heads=2).language_model()
         assert sys.modules[type(model.stack).__module__].ACTIVATION == expected
+
+
+def test_a_checkpoint_lacking_what_the_configuration_asks_for_is_refused(tmp_path):
+    """Attack 17: ``from_pretrained(folder, final_norm=True)`` (a config field overridden) left the parameters the
+    checkpoint lacks as uninitialized memory (gains of 4e11, NaN heads), different on every run. Refused, naming them;
+    control: the same folder loads as saved."""
+    from splitformer.codegen.hf_native import SplitformerForCausalLM, to_hf
+    from splitformer.nn import LanguageModel
+
+    lm = LanguageModel(splitformer.load_scheme("post-ln"), 30, d_model=16, n_heads=2).eval()
+    to_hf(lm).save_pretrained(tmp_path)
+    SplitformerForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"the checkpoint lacks 2 parameter\(s\) the configuration asks for "
+                                         r"\(model\.stack\.final_norm\.bias, model\.stack\.final_norm\.gain\)"):
+        SplitformerForCausalLM.from_pretrained(tmp_path, final_norm=True)
+
+
+def test_a_cache_other_than_a_dynamic_cache_is_refused():
+    """Attack 17: a ``StaticCache`` (pre-allocated slots written by position) was read whole: decoding with it was
+    0.13 off the full pass. Refused by name; control: a ``DynamicCache`` decodes as the full pass."""
+    from transformers import DynamicCache, StaticCache
+
+    from splitformer.codegen.hf_native import to_hf
+    from splitformer.nn import LanguageModel
+
+    torch.manual_seed(0)
+    hf = to_hf(LanguageModel(splitformer.load_scheme("pre-ln"), 30, d_model=16, n_heads=2).eval())
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
+    with torch.no_grad():
+        full = hf(ids).logits
+        cache = DynamicCache(config=hf.config)
+        hf(ids[:, :5], past_key_values=cache)
+        assert (hf(ids[:, 5:], past_key_values=cache).logits - full[:, 5:]).abs().max() <= 1e-5
+        with pytest.raises(TypeError, match="must be a transformers DynamicCache .*, got StaticCache"):
+            hf(ids[:, :5], past_key_values=StaticCache(config=hf.config, max_cache_len=16))

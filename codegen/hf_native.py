@@ -68,8 +68,15 @@ class SplitformerConfig(transformers.PreTrainedConfig):
         if scheme not in builtin_names() or self.activation is not None:  # a built-in's name with its activation too
             scheme = load_scheme(scheme) if scheme in builtin_names() else parse_scheme(scheme, "the config's scheme")
             scheme = scheme if self.activation is None else scheme.with_activation(self.activation)
+        options = self.stack_options or {}
+        if not isinstance(options, dict) or not all(isinstance(name, str) for name in options):
+            raise ValueError(f"stack_options must be a mapping of option names, got {type(options).__name__}")
+        taken = sorted(set(options) & {*_SIZES, "tie_weights", "device", "dtype", "batch_first"})
+        if taken:
+            raise ValueError(f"stack_options: {taken[0]!r} is not a Stack option here (the configuration's own "
+                             "field, or the model's)")
         return LanguageModel(scheme, **{name: getattr(self, name) for name in _SIZES},
-                             tie_weights=self.tie_word_embeddings, **(self.stack_options or {}))
+                             tie_weights=self.tie_word_embeddings, **options)
 
 
 class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.GenerationMixin):

@@ -123,6 +123,8 @@ class _Embedded(torch.nn.Module):
             raise ValueError(f"dropout must be a real number in [0, 1], got {dropout!r}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if "batch_first" in stack_options:  # the model lays out its tokens: another layout mixes the batch's rows
+            raise ValueError("batch_first: the model hands its Stack (batch, tokens, d) itself; it takes no layout")
         d_ff = 4 * d_model if d_ff is None else d_ff
         if final_norm is not None:
             stack_options = {**stack_options, "final_norm": final_norm}

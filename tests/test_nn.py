@@ -164,3 +164,30 @@ def test_an_encoder_over_a_causal_scheme_is_refused(model, scheme):
     with pytest.raises(SplitformerError, match=rf"^{scheme}: the scheme declares causal = true, but a {model} "
                                                "attends both ways"):
         build(scheme, *first, **sizes)
+
+
+@pytest.mark.parametrize("make", ["language_model", "classifier", "text_encoder"])
+def test_a_layout_option_for_the_stack_is_refused(make):
+    """Attack 17: ``batch_first=False`` went on to the Stack, which then read the wrapper's (batch, tokens, d) as
+    (tokens, batch, d): rows attended to each other (logits 0.27–1.36 off)."""
+    from splitformer.nn import Classifier, LanguageModel, TextEncoder
+
+    scheme = splitformer.load_scheme("pre-ln")
+    build = {"language_model": lambda **o: LanguageModel(scheme, 30, d_model=16, n_heads=2, **o),
+             "classifier": lambda **o: Classifier(scheme, 3, d_input=4, d_model=16, n_heads=2, **o),
+             "text_encoder": lambda **o: TextEncoder(scheme, 30, d_model=16, n_heads=2, **o)}[make]
+    build()  # control
+    with pytest.raises(ValueError, match="^batch_first: the model hands its Stack"):
+        build(batch_first=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"batch_first": False}, "'batch_first' is not a Stack option here"),
+    ({"dropout": 0.5}, "'dropout' is not a Stack option here"),
+    ({"dtype": "float64"}, "'dtype' is not a Stack option here"),
+])
+def test_a_configs_stack_options_are_checked(options, message):
+    from splitformer.codegen.hf_native import SplitformerConfig
+
+    with pytest.raises(ValueError, match=message):
+        SplitformerConfig(scheme="pre-ln", vocab_size=30, d_model=16, n_heads=2, stack_options=options).language_model()

@@ -67,3 +67,19 @@ def test_xtransformers_weight_tie_layers_builds_a_tied_stack():
     u = torch.randn(2, 5, 16, dtype=torch.float64)
     with torch.no_grad():
         assert (stack(u) - source(u)).abs().max() <= 1e-10
+
+
+def test_a_tied_stack_refuses_a_state_dict_whose_layers_differ(module):
+    """Attack 17: ``load_state_dict`` of an untied Stack's state into a tied one copied layer 0, then layer 1 over the
+    same tensors: every step ran layer 1 (0.98 off), while ``load_params`` refuses differing layers. Refused naming the
+    entry; control: a state whose layers agree loads."""
+    source = module.Stack(2, 8, 2, 16, dtype=torch.float64)
+    tied = module.Stack(2, 8, 2, 16, dtype=torch.float64, tied=True)
+    with pytest.raises(ValueError, match=r"^'layers\.1\.\w+\.\w+' differs from 'layers\.0\.\w+\.\w+', the same tensor "
+                                         r"here \(tied layers\)"):
+        tied.load_state_dict(source.state_dict())
+    other = module.Stack(2, 8, 2, 16, dtype=torch.float64, tied=True)
+    tied.load_state_dict(other.state_dict())
+    u = torch.randn(1, 4, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(tied(u), other(u))

@@ -873,6 +873,13 @@ class _CanonicalModule(torch.nn.Module):
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
                              f"{next(iter(self.state_dict()))!r}); load another module's weights with "
                              "splitformer.adapters: from_torch(layer).load_into(block)")
+        names: dict[int, str] = {}  # a tensor held under several names (tied layers) takes one value
+        for name, tensor in self.state_dict(keep_vars=True).items():
+            first = names.setdefault(id(tensor), name)
+            if first != name and first in state_dict and name in state_dict \
+                    and not torch.equal(torch.as_tensor(state_dict[name]), torch.as_tensor(state_dict[first])):
+                raise ValueError(f"{name!r} differs from {first!r}, the same tensor here (tied layers): loading "
+                                 "would keep the last copy")
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._keep_side_by_side()  # assign=True puts the loaded tensors in place
         return result

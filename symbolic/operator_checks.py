@@ -13,6 +13,7 @@ here in one line naming the kind.
 from __future__ import annotations
 
 import math
+import re
 
 import sympy as sp
 
@@ -46,14 +47,14 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
     for parameter in parameters:
         for field in ("name", "function"):
             check_identifier(getattr(parameter, field), f"{where}: parameter {field}")
-        _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex")
+        _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex", math=True)
         _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
     known = _known_symbols()
     for definition in definitions:
         check_identifier(definition.function, f"{where}: definition function")
         what = f"{where}: definition {definition.function!r}"
-        _text(definition.latex, f"{what} latex")
+        _text(definition.latex, f"{what} latex", math=True)
         _text(definition.meaning, f"{what} meaning")
         _library_objects(definition, what)
         if not isinstance(definition.rhs, sp.Expr):
@@ -112,12 +113,21 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
         for attribute in ("name", "argument"):
             check_identifier(getattr(field, attribute), f"{where}: input field {attribute}")
         _library_objects(field, f"{where}: input field {field.name!r}")
-        _text(field.latex, f"{where}: input field {field.name!r} latex")
+        _text(field.latex, f"{where}: input field {field.name!r} latex", math=True)
         if field.role not in ROLES:
             raise SplitformerError(f"{where}: input field {field.name!r}: role {str(field.role)[:40]!r} is not one "
                                    f"of {', '.join(ROLES)}")
 
 
-def _text(text: object, what: str) -> None:
+#: Markup live in a report's Markdown outside math: raw HTML, a link or an image.
+_MARKUP = re.compile(r"<|\]\(|\]\[|!\[")
+
+
+def _text(text: object, what: str, math: bool = False) -> None:
+    """One printable line holding no markup a report would render: ``math`` text (LaTeX the report puts between
+    ``$``) holds no ``$``; other text keeps its ``$`` in pairs."""
     if type(text) is not str or not text.isprintable():
         raise SplitformerError(f"{what}: must be one printable line of text")
+    if _MARKUP.search(text) or ("$" in text if math else text.count("$") % 2):
+        raise SplitformerError(f"{what}: must hold no markup (no '<', link or image"
+                               + (", no '$')" if math else ", its '$' in pairs)"))

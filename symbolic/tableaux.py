@@ -43,10 +43,10 @@ class Tableau:
         if type(self.name) is not str or len(self.name) > 64 or not _NAME.fullmatch(self.name):
             raise SplitformerError(f"{str(self.name)[:64]!r} is not a tableau name (lower-case words joined by '-', "
                                    "at most 64 characters)")
-        if (type(self.label) is not str or '"""' in self.label or "\\" in self.label
-                or not self.label.isprintable()):
-            raise SplitformerError(f"tableau {self.name!r}: label must be one printable line without backslashes "
-                                   "or triple quotes")
+        if (type(self.label) is not str or '"""' in self.label or not self.label.isprintable()
+                or any(mark in self.label for mark in '\\<[]$`')):
+            raise SplitformerError(f"tableau {self.name!r}: label must be one printable line without backslashes, "
+                                   "triple quotes or markup (<, [, ], $, backquote)")
         self._check_coefficients()
 
     def _check_coefficients(self) -> None:

@@ -116,6 +116,7 @@ fields = [{{ operator = "attn", on = "norm1" }}]
 @pytest.mark.parametrize("label", [
     r'"Heun\n    __import__(\"os\").system(\"echo pwned\")\n    #"',  # would run when forward() is called
     r'"x \"\"\" y"', r'"a\\b"', r'"tab\there"',
+    '"Heun <img src=x onerror=alert(12)>"', '"Heun [click](http://evil.example/)"', '"Heun $x$"',  # attack 18: reports
 ])
 def test_a_tableau_label_cannot_reach_the_generated_code_as_code(label, tmp_path, capsys):
     scheme = tmp_path / "labelled.toml"

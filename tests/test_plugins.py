@@ -163,3 +163,30 @@ def test_the_deriver_refuses_what_it_cannot_decide():
     cubic = ConstraintSet("cubic", "", moments=(Moment(U**3, 1),))
     with pytest.raises(SplitformerError, match="at most quadratic"):
         derive_projection(cubic)
+
+
+_ALIBI = ROOT / "tests" / "plugins" / "alibi.py"
+_MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
+
+
+@pytest.mark.parametrize("meaning, message", [
+    (", plus <img src=x onerror=alert(6)>", "meaning: must hold no markup"),
+    (", plus [click](http://evil.example/)", "meaning: must hold no markup"),
+    (", plus $x", "meaning: must hold no markup (no '<', link or image, its '$' in pairs)"),
+])
+def test_a_plugin_whose_text_holds_markup_is_refused(tmp_path, meaning, message):
+    """Attack 18: a plug-in definition's meaning (one printable line) went into the report as live HTML and links.
+    Refused when the kind is checked, in one line naming it; control: the plug-in as shipped derives."""
+    plugin = tmp_path / "alibi_markup.py"
+    plugin.write_text(_ALIBI.read_text().replace(_MEANING, meaning.replace("\\", "\\\\")))
+    assert _MEANING not in plugin.read_text()
+    scheme = tmp_path / "s.toml"
+    scheme.write_text('name = "s"\nsummary = "ALiBi"\nactivation = "relu"\n[operators]\nnorm1 = "layer-norm"\n'
+                      'attn = "alibi-attention"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
+    run = lambda path: subprocess.run([sys.executable, "-m", "splitformer", "derive", str(scheme), "--load", str(path),
+                                       "--backend", "numpy", "--out", str(tmp_path / "out")], capture_output=True,
+                                      text=True)
+    result = run(plugin)
+    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "out").exists()
+    assert run(_ALIBI).returncode == 0  # control

@@ -71,7 +71,7 @@ class SplitformerConfig(transformers.PreTrainedConfig):
         options = self.stack_options or {}
         if not isinstance(options, dict) or not all(isinstance(name, str) for name in options):
             raise ValueError(f"stack_options must be a mapping of option names, got {type(options).__name__}")
-        taken = sorted(set(options) & {*_SIZES, "tie_weights", "device", "dtype", "batch_first"})
+        taken = sorted(set(options) & {*_SIZES, "tie_weights", "device", "dtype"})
         if taken:
             raise ValueError(f"stack_options: {taken[0]!r} is not a Stack option here (the configuration's own "
                              "field, or the model's)")

@@ -49,8 +49,9 @@ def _check_step(model: ModelProgram, step: dict) -> None:
     problem = ("is causal" if scheme.causal else f"reads {reads[0]}" if reads else
                f"sizes a parameter by {unset[0]}" if unset else "")
     if problem:
-        raise SplitformerError(f"network {model.spec.name!r}: its steps' scheme {scheme.name!r} {problem}; a token network "
-                               f"feeds each step all its tokens and nothing else, with the sizes {', '.join(sorted(_STEP_SIZES))}")
+        raise SplitformerError(f"network {model.spec.name!r}: its steps' scheme {scheme.name!r} {problem}; a token "
+                               "network feeds each step all its tokens and nothing else, with the sizes "
+                               f"{', '.join(sorted(_STEP_SIZES))}")
 
 
 def _token(model: ModelProgram, backend: str, passes) -> dict:
@@ -144,7 +145,8 @@ def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend:
     source = environment().get_template("network_module.py.j2").render(
         network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[kind]["numpy"][0].name,
         name=model.name, version=__version__, signature=signature,
-        inputs=declared_inputs(kind, backend, reads_stride), checked_inputs=declared_inputs(kind, "numpy", reads_stride),
+        inputs=declared_inputs(kind, backend, reads_stride),
+        checked_inputs=declared_inputs(kind, "numpy", reads_stride),
         computes=network_fingerprint(network["spec"]), width=max(len(row["name"]) for row in rows) + 2,
         head=network["head"])
     return _tidy(inline_runtime(source, backend))

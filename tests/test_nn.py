@@ -182,7 +182,7 @@ def test_a_layout_option_for_the_stack_is_refused(make):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"batch_first": False}, "'batch_first' is not a Stack option here"),
+    ({"batch_first": False}, "^batch_first: the model hands its Stack"),  # refused where every wrapper is
     ({"dropout": 0.5}, "'dropout' is not a Stack option here"),
     ({"dtype": "float64"}, "'dtype' is not a Stack option here"),
 ])

@@ -19,12 +19,13 @@ import sympy as sp
 
 from . import domains
 from .errors import SplitformerError
+from .constraints import ConstraintSet
 from .inputs import ROLES, Constant, Input
 from .names import check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
 from .trusted_expressions import check_expression
 
-__all__ = ["check_output", "check_declared"]
+__all__ = ["check_output", "check_declared", "check_constraints"]
 
 
 def _known_symbols() -> set[str]:
@@ -119,8 +120,24 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
                                    f"of {', '.join(ROLES)}")
 
 
+def check_constraints(constraints: object, where: str) -> None:
+    """``SplitformerError`` starting with ``where`` unless a projection's constraint set can be printed in a report:
+    its LaTeX and the names of the symbols its formulas are written in are math text (the report prints a symbol
+    by its name). Its statistics become definitions, checked by ``check_output``."""
+    if not isinstance(constraints, ConstraintSet):
+        raise SplitformerError(f"{where}: constraints must be a ConstraintSet, got {type(constraints).__name__}")
+    _text(constraints.latex, f"{where}: constraint set latex", math=True)
+    formulas = [moment.component + moment.value + moment.ghost for moment in constraints.moments]
+    formulas += [bound.expr for bound in constraints.bounds]
+    formulas += [statistic.symbol + statistic.mean_of for statistic in constraints.statistics]
+    for symbol in sorted(set().union(*(sp.sympify(f).free_symbols for f in formulas)), key=str):
+        _text(symbol.name, f"{where}: constraint set symbol {symbol.name[:40]!r}", math=True)
+
+
 #: Markup live in a report's Markdown outside math: raw HTML, a link or an image.
 _MARKUP = re.compile(r"<|\]\(|\]\[|!\[")
+#: LaTeX that MathJax or KaTeX render as a link, HTML attributes or an image: live markup inside math.
+_MATH_MARKUP = re.compile(r"\\(href|url|html\w*|class|cssId|style|data|includegraphics)(?![a-zA-Z])")
 
 
 def _text(text: object, what: str, math: bool = False) -> None:
@@ -128,6 +145,6 @@ def _text(text: object, what: str, math: bool = False) -> None:
     ``$``) holds no ``$``; other text keeps its ``$`` in pairs."""
     if type(text) is not str or not text.isprintable():
         raise SplitformerError(f"{what}: must be one printable line of text")
-    if _MARKUP.search(text) or ("$" in text if math else text.count("$") % 2):
-        raise SplitformerError(f"{what}: must hold no markup (no '<', link or image"
+    if _MARKUP.search(text) or _MATH_MARKUP.search(text) or ("$" in text if math else text.count("$") % 2):
+        raise SplitformerError(f"{what}: must hold no markup (no '<', link, image or \\href"
                                + (", no '$')" if math else ", its '$' in pairs)"))

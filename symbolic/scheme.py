@@ -16,7 +16,7 @@ from .equation import equation_latex
 from .errors import SplitformerError
 from .markdown import code_block, markdown_text
 from .names import check_scheme_name
-from .operator_checks import check_declared, check_output
+from .operator_checks import check_constraints, check_declared, check_output
 from .kinds import OPERATOR_KINDS
 from .operators import Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
@@ -57,6 +57,8 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     try:
         check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
         check_declared(constants, inputs, where)
+        if operator.is_projection and hasattr(cls, "constraints"):  # a ProjectionOperator: its set is printed too
+            check_constraints(cls.constraints, where)
     except SplitformerError:
         clear_cache()  # a refused symbol (a str-subclass name) equals the library's own: SymPy's cache would hand it out
         raise

@@ -228,6 +228,59 @@ def test_a_projection_whose_constraints_repeat_is_one_line(tmp_path, capsys, mon
     assert error.count("\n") == 1 and "projection onto S_r: bound 2 repeats bound 1" in error, error
 
 
+_MARKED_SET = """
+from dataclasses import dataclass
+from typing import ClassVar
+import sympy as sp
+from splitformer.symbolic.constraints import SYMBOLS, G, U, ConstraintSet, Moment, Statistic
+from splitformer.symbolic.operators import ProjectionOperator, register_operator
+
+RADIUS = sp.Symbol({radius!r}, positive=True)
+SPHERE = ConstraintSet(name="S_sphere", latex={latex!r}, moments=(Moment(U**2, RADIUS**2, G**2),), ghost=True,
+                       statistics=(Statistic("rho", sp.Symbol({rho!r}, positive=True), {rho_latex!r}, SYMBOLS.v**2,
+                                             {meaning!r}),))
+
+@register_operator
+@dataclass(frozen=True)
+class Marked(ProjectionOperator):
+    kind: ClassVar[str] = "qa-marked"
+    symbol: ClassVar[str] = "P"
+    constraint: ClassVar[str] = "S"
+    constraints: ClassVar[ConstraintSet] = SPHERE
+    values: ClassVar[dict] = {{RADIUS: 1}}
+    affine: ClassVar[tuple[str, ...]] = ("gain",)
+"""
+_SOUND_SET = {"radius": r"\sigma", "latex": r"S_{\mathrm{sphere}}(\sigma)", "rho": "rho", "rho_latex": r"\rho",
+              "meaning": "mean square over features"}
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("rho", "rho$$\n\n<img src=x onerror=alert(1)>\n\n$$", "constraint set symbol"),  # attack 18: closed the math
+    ("rho", "rho <img src=x onerror=alert(1)>", "constraint set symbol"),
+    ("radius", r"\href{javascript:alert(1)}{r}", "constraint set symbol"),
+    ("latex", "S$$ <img src=x onerror=alert(8)> $$", "constraint set latex"),
+    ("rho_latex", r"\rho $x$", "definition 'rho' latex"),
+    ("meaning", "mean [click](http://evil.example/)", "definition 'rho' meaning"),
+])
+def test_a_projection_whose_constraint_set_holds_markup_is_one_line(field, text, message, tmp_path, capsys,
+                                                                     monkeypatch):
+    """Attack 18: a plug-in projection's statistic symbol name (printed by name in the report's math) and its set's
+    LaTeX closed the report's display math, and raw HTML and links followed. Control: the sound set derives."""
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    scheme = tmp_path / "marked.toml"
+    scheme.write_text('name = "marked"\nsummary = "s"\n[operators]\nattn = "attention"\np = "qa-marked"\n'
+                      '[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "p"\n')
+    for name, fields, status in (("sound", _SOUND_SET, 0), ("marked", {**_SOUND_SET, field: text}, 2)):
+        plugin = tmp_path / f"{name}.py"
+        plugin.write_text(_MARKED_SET.format(**fields))
+        out = tmp_path / name
+        assert main(["derive", "--load", str(plugin), str(scheme), "--backend", "numpy", "--out", str(out)]) == status
+        error = capsys.readouterr().err
+        OPERATOR_KINDS.pop("qa-marked", None)
+    assert error.count("\n") == 1 and message in error and "must" in error and "qa-marked" in error, error
+    assert not out.exists()
+
+
 def test_a_failed_plugin_keeps_the_kinds_splitformer_registered_while_it_loaded(tmp_path):
     """The vision kinds register when their module is first imported; a plug-in that imports it and
     then fails is rolled back without them disappearing (a fresh process: nothing imported before)."""

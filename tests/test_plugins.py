@@ -172,7 +172,8 @@ _MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
 @pytest.mark.parametrize("meaning, message", [
     (", plus <img src=x onerror=alert(6)>", "meaning: must hold no markup"),
     (", plus [click](http://evil.example/)", "meaning: must hold no markup"),
-    (", plus $x", "meaning: must hold no markup (no '<', link or image, its '$' in pairs)"),
+    (", plus $x", "meaning: must hold no markup (no '<', link, image or \\href, its '$' in pairs)"),
+    (r", plus $\\href{javascript:alert(1)}{x}$", "meaning: must hold no markup"),
 ])
 def test_a_plugin_whose_text_holds_markup_is_refused(tmp_path, meaning, message):
     """Attack 18: a plug-in definition's meaning (one printable line) went into the report as live HTML and links.

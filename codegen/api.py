@@ -24,7 +24,7 @@ from splitformer.codegen.verification.statements.order import OrderResult, split
 from splitformer.symbolic.derivation import derive as derive_program
 from splitformer.symbolic.equation import Equation, scheme_equation
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.markdown import markdown_text
+from splitformer.symbolic.markdown import inert, markdown_text
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
@@ -160,7 +160,7 @@ class Derivation(GeneratedModules):
         lines = [f"**Derivation of `{self.scheme.name}`** → `{self.name}`: {markdown_text(self.scheme.summary)}", "",
                  f"$$ {self.equation.latex} $$", "", orders, "", f"{len(self.records)} substeps:", ""]
         lines += [f"{position}. {record.title.split(': ', 1)[-1]}" for position, record in enumerate(self.records, 1)]
-        return "\n".join(lines)
+        return inert("\n".join(lines), f"the view of {self.scheme.name!r}")
 
 
 def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tuple | None = None, *,

@@ -20,6 +20,7 @@ from splitformer.symbolic.latex import plain_text
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.markdown import inert
 
 from .api import Derivation, as_scheme, derive
 from .convergence import Study, convergence_study, plot_studies
@@ -101,7 +102,7 @@ class Comparison:
         for row in self.rows:
             lines.append(f"| `{row.scheme}` | {_shown(row.order)} | {_shown(row.splitting_order)} | {row.evaluations} | "
                          f"${self._parameters(row, sp.latex)}$ | ${row.leading_error}$ |")
-        return "\n".join(lines)
+        return inert("\n".join(lines), "the comparison")
 
     def as_latex(self) -> str:
         lines = [r"\begin{tabular}{lrrrll}", r"scheme & order & splitting order & evaluations & parameters & "

@@ -16,6 +16,7 @@ from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROW
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
 from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridModelProgram
+from splitformer.symbolic.markdown import inert
 
 from .render import environment
 from .report import domain_rows
@@ -153,8 +154,8 @@ def render_network_report(program, numpy_source: str) -> str:
     stages = [stage for section in network.sections for stage in section.stages if hasattr(stage, "operator")]
     positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
                                                   getattr(s.operator, "positions", dict)().items()) for s in stages}
-    return environment().get_template("report/network.md.j2").render(
+    return inert(environment().get_template("report/network.md.j2").render(
         name=spec.name, module=spec.module_name, summary=spec.summary, version=__version__, sections=network.sections,
         positions=positions, domains=domain_rows(network.domains), checks=network.checks.format(n=spec.name).split(),
         pieces=network.pieces(), note=network.note, batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
-        functions=re.findall(r"^def ([a-z]\w*\(.*\)):$", numpy_source, re.M))
+        functions=re.findall(r"^def ([a-z]\w*\(.*\)):$", numpy_source, re.M)), f"the report of {spec.name!r}")

@@ -14,6 +14,7 @@ from splitformer.symbolic.projections import derive_layer_norm_projection, deriv
 from splitformer.symbolic.references import has_published_reference
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
+from splitformer.symbolic.markdown import inert
 
 from .render import environment
 from .report_adjoint import adjoint_context
@@ -124,7 +125,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
     domains = domain_rows((TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN))
     plot = f"{scheme.module_name}_convergence.png"
     template = environment().get_template("report/report.md.j2")
-    return template.render(
+    return inert(template.render(
         adjoint=adjoint_context(adjoint) if adjoint is not None else None,
         order=order,
         checks=check_ids(scheme, exact=order.order is None),
@@ -138,4 +139,4 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
         projections=projections,
         parallel=_has_parallel(scheme),
         tableaux=_tableaux(scheme.body),
-    )
+    ), f"the report of {scheme.name!r}")

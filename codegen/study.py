@@ -32,6 +32,7 @@ import numpy as np
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.markdown import inert
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
 
@@ -336,7 +337,7 @@ class Study:
                 cells.append("%.3f ± %.3f" % row["valid_accuracy"])
             cells.append("%.1f ± %.1f" % row["step_ms"])
             lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines)
+        return inert("\n".join(lines), "the study table")
 
     def as_json(self) -> dict:
         rows = [{key: (dict(zip(("mean", "std"), value)) if isinstance(value, tuple) else value)

@@ -1,10 +1,13 @@
-"""User text in Markdown (reports, notebook views), shown as text: nothing in it is interpreted."""
+"""User text in Markdown (reports, notebook views), shown as text: nothing in it is interpreted; and the last guard on
+what splitformer renders (``inert``): no raw HTML, link or image outside code, whatever a check upstream missed."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["markdown_text", "code_block"]
+from .errors import SplitformerError
+
+__all__ = ["markdown_text", "code_block", "inert"]
 
 
 def markdown_text(text: str) -> str:
@@ -18,3 +21,32 @@ def code_block(text: str) -> str:
     """``text`` as an indented code block (every line four spaces in): every Markdown renderer shows it as it is,
     whatever it holds (a fence, by contrast, is closed by a line of backquotes, and plain Markdown has none)."""
     return "\n".join("    " + line if line else "" for line in text.splitlines())
+
+
+#: What a renderer shows as it is: fenced code (closed by a run of the same mark at least as long, or never) and code
+#: spans (within a paragraph); backslash escapes are removed first, so an escaped backquote opens no span.
+_FENCE = re.compile(r"^ {0,3}((`|~)\2{2,})[^\n]*\n.*?^ {0,3}\1\2*[ \t]*$", re.S | re.M)
+_ESCAPE = re.compile(r"\\[!-/:-@\[-`{-~]")
+_SPAN = re.compile(r"(`+)(?!`)(?:(?!\n[ \t]*\n).)*?(?<!`)\1(?!`)", re.S)
+#: The one image a report holds: its convergence plot, by a path splitformer makes.
+_PLOT = re.compile(r"^!\[Convergence of [\w-]+: error against Δt\]\(\.\./plots/\w+_convergence\.png\)$", re.M)
+#: Live markup: an HTML tag, comment or autolink; a link, image or link definition; a LaTeX link macro (a bare URL
+#: shows where it leads: it stays).
+_LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]")),
+         ("a link or image", re.compile(r"\][(\[]|!\[|^ {0,3}\[[^\]]*\]:", re.M)),
+         ("a LaTeX link or HTML macro", re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics)"
+                                                   r"(?![a-zA-Z])")))
+
+
+def inert(markdown: str, what: str) -> str:
+    """``markdown`` as it is when nothing in it outside code would render as HTML, a link or an image (the one
+    image a report links, its convergence plot, apart); else one ``SplitformerError`` naming ``what`` and the markup.
+    Text from data is escaped or refused where it is read; this guard holds whatever a check there missed."""
+    shown = _SPAN.sub("", _ESCAPE.sub("", _FENCE.sub("", _PLOT.sub("", markdown))))
+    for name, pattern in _LIVE:
+        found = pattern.search(shown)
+        if found:
+            near = shown[max(0, found.start() - 30):found.end() + 30].replace("\n", " ")
+            raise SplitformerError(f"{what}: would render {name} from text splitformer did not write (near {near!r}); "
+                                   "refused")
+    return markdown

@@ -14,7 +14,7 @@ from .composition import STEP_CONTROLS, Heun, Parallel, RungeKutta, Sequence, Su
 from .domains import FEATURES, Y
 from .equation import equation_latex
 from .errors import SplitformerError
-from .markdown import code_block, markdown_text
+from .markdown import code_block, inert, markdown_text
 from .names import check_scheme_name
 from .operator_checks import check_constraints, check_declared, check_output
 from .kinds import OPERATOR_KINDS
@@ -183,6 +183,7 @@ class Scheme:
         lines = [f"**`{self.name}`**: {markdown_text(self.summary)}", "", f"$$ {equation_latex(self)} $$", "",
                  f"activation `{self.activation}`" + (", final LayerNorm" if self.final_norm else "")
                  + (f"; claims {claims}" if claims else ""), ""]
+        inert("\n".join(lines), f"the view of {self.name!r}")  # the source below is code: shown as it is
         if self.source:
             lines.append(code_block(self.source.rstrip("\n")))
         return "\n".join(lines)

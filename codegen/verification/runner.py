@@ -31,6 +31,7 @@ from splitformer.symbolic.model import NetworkSpec
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import is_builtin
+from splitformer.symbolic.markdown import inert
 
 from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
@@ -117,7 +118,7 @@ class CheckReport:
             for name, order in self.orders.items():
                 lines.append(f"| `{name}` | {_shown(order['order'])} | {_shown(order['splitting_order'])} | "
                              f"${order['leading_error']}$ |")
-        return "\n".join(lines)
+        return inert("\n".join(lines), "the check table")
 
     def __str__(self) -> str:
         return self.as_text()

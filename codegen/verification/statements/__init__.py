@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from splitformer.symbolic.latex import plain_text as plain
+from splitformer.symbolic.markdown import inert
 
 __all__ = ["Check", "plain", "SKIPPED"]
 
@@ -31,4 +32,4 @@ class Check:
 
     def _repr_markdown_(self) -> str:
         mark = "⏭" if self.method == SKIPPED else "✅" if self.holds else "❌"
-        return f"{mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}"
+        return inert(f"{mark} `{self.id}` ({self.method}): {self.statement}\n\n→ {self.detail}", f"check {self.id!r}")

@@ -1,0 +1,85 @@
+"""The last guard on rendered Markdown (``symbolic.markdown.inert``): whatever a check upstream misses, a report, a
+check table or a notebook view that would render raw HTML, a link or an image is refused, never written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.markdown import inert, markdown_text
+
+
+@pytest.mark.parametrize("text", [
+    "x <img src=x onerror=alert(1)>", "<script>alert(1)</script>", "<!-- a comment -->", "<http://evil.example/>",
+    "[click](http://evil.example/)", "![p](http://evil.example/p.png)", "[click][ref]", "[ref]: http://evil.example/",
+    r"$\href{javascript:alert(1)}{x}$", r"$\htmlClass{c}{x}$", "`a` <b>bold</b>",
+    "\\`<b>`",  # an escaped backquote opens no code span: the tag is live
+    "```\ncode\n````\n<i>live</i>\n```",  # a longer run closes the fence: the line after it is text
+    "`x\n\n<b>`",  # a code span ends at its paragraph
+])
+def test_live_markup_is_refused(text):
+    with pytest.raises(SplitformerError, match="would render"):
+        inert(text, "t")
+
+
+@pytest.mark.parametrize("text", [
+    "a < b and c > d", "$a < b$ and [0, 1] (the box)", "`<b>` in code", "```\n<b>\n```", "~~~\n[x](y)\n~~~",
+    "see http://example.org", r"\<b> and \[x\](y)", "![Convergence of post-ln: error against Δt](../plots/post_ln_"
+    "convergence.png)", r"\\href as text",
+])
+def test_inert_text_passes_unchanged(text):
+    assert inert(text, "t") == text
+
+
+@pytest.mark.parametrize("text", ["<img src=x onerror=alert(1)> [click](http://evil.example/) ![i](x.png)",
+                                  r"$\href{javascript:alert(1)}{x}$ ```", "[ref]: http://evil.example/"])
+def test_escaped_user_text_is_inert(text):
+    """Control: what ``markdown_text`` makes of hostile text passes the guard (the guard refuses only what renders)."""
+    assert inert(markdown_text(text), "t")
+
+
+def test_every_committed_report_is_inert():
+    """Positive control: every report splitformer writes passes (else ``derive`` would refuse its own output)."""
+    reports = sorted((ROOT / "generated" / "reports").glob("*.md"))
+    assert len(reports) >= 15
+    for report in reports:
+        inert(report.read_text(), report.name)
+
+
+_BYPASS = """
+import sys
+import splitformer
+from splitformer.symbolic import operator_checks
+from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.plugins import load_plugin
+
+operator_checks._text = lambda *arguments, **options: None  # the check upstream misses the markup
+load_plugin(sys.argv[1])
+try:
+    splitformer.derive(sys.argv[2]).report
+except SplitformerError as error:
+    print(error)
+"""
+
+
+@pytest.mark.parametrize("meaning", ["<img src=x onerror=alert(6)>", "[click](http://evil.example/)"])
+def test_a_report_is_refused_when_a_check_upstream_missed_markup(meaning, tmp_path):
+    """With the plug-in text check switched off, a definition's meaning holding markup reaches the report renderer,
+    which refuses it; control: the same run with the plug-in as shipped derives its report."""
+    alibi = (ROOT / "tests" / "plugins" / "alibi.py").read_text()
+    original = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
+    plugin = tmp_path / "alibi_markup.py"
+    plugin.write_text(alibi.replace(original, ", plus " + meaning))
+    assert plugin.read_text() != alibi
+    scheme = tmp_path / "s.toml"
+    scheme.write_text('name = "s"\nsummary = "ALiBi"\nactivation = "relu"\n[operators]\nnorm1 = "layer-norm"\n'
+                      'attn = "alibi-attention"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
+    run = lambda path: subprocess.run([sys.executable, "-c", _BYPASS, str(path), str(scheme)], capture_output=True,
+                                      text=True, cwd=tmp_path, timeout=600)
+    refused = run(plugin)
+    assert refused.returncode == 0 and "the report of 's': would render" in refused.stdout, refused.stderr
+    shipped = run(ROOT / "tests" / "plugins" / "alibi.py")
+    assert shipped.returncode == 0 and shipped.stdout == "", shipped.stdout + shipped.stderr

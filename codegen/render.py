@@ -284,8 +284,9 @@ def narrowest_head(scheme: Scheme) -> dict | None:
         option = type(operator).head_width_option
         if not option:
             continue
-        if type(option) is not str or option not in {field.name for field in fields(operator)}:
-            raise SplitformerError(f"operator {key!r}: head_width_option {str(option)[:64]!r} is not one of its options")
+        if type(option) is not str or not option.isidentifier() or option not in {field.name for field in fields(operator)}:
+            raise SplitformerError(f"operator {key!r}: head_width_option {str(option)[:64]!r} is not one of its options "
+                                   "(an identifier)")  # ``@dataclass`` takes any text as a field name
         width = getattr(operator, option)
         if type(width) is not int or width < 0:
             raise SplitformerError(f"operator {key!r}: {option} must be an int >= 0 to bound the head width, "

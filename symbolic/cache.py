@@ -64,12 +64,14 @@ def cache_folder() -> Path | None:
     setting = os.environ.get("SPLITFORMER_CACHE", "")
     if setting.strip().lower() in OFF:
         return None
-    if setting.strip().lower() not in ON:
-        return Path(setting).expanduser()  # '~/cache' quoted past the shell is the home folder's, not a folder '~'
     try:
+        if setting.strip().lower() not in ON:
+            return Path(setting).expanduser()  # '~/cache' quoted past the shell is the home folder's, not a folder '~'
         return Path.home() / ".cache" / "splitformer"
-    except (RuntimeError, KeyError, OSError):
-        raise CacheUnusable("no home folder to hold the derivation cache; set SPLITFORMER_CACHE") from None
+    except (RuntimeError, KeyError, OSError, ValueError):  # no such user, no home folder
+        where = ("no home folder to hold the derivation cache" if setting.strip().lower() in ON else
+                 f"SPLITFORMER_CACHE={setting[:80]!r}: its '~' names no home folder")
+        raise CacheUnusable(f"{where}; set SPLITFORMER_CACHE") from None
 
 
 def _sources(function: Callable) -> str:

@@ -13,6 +13,7 @@ __all__ = ["markdown_text", "code_block", "inert"]
 def markdown_text(text: str) -> str:
     """``text`` (a summary, a description) as Markdown that shows it: raw HTML, links, images, math and code fences
     are never interpreted (``&``, ``<`` as entities; backslash, brackets, ``$`` and a fence's first mark escaped)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # CommonMark ends a line at a lone CR too
     escaped = re.sub(r"([\\\[\]$])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
     return re.sub(r"(?m)^( {0,3})([`~]{3})", r"\1\\\2", escaped)  # a fence's first mark: it opens no code block
 

@@ -25,7 +25,7 @@ from .names import check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
 from .trusted_expressions import check_expression
 
-__all__ = ["check_output", "check_declared", "check_constraints"]
+__all__ = ["check_output", "check_declared", "check_constraints", "check_symbols"]
 
 
 def _known_symbols() -> set[str]:
@@ -120,12 +120,21 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
                                    f"of {', '.join(ROLES)}")
 
 
+def check_symbols(kind: type, where: str) -> None:
+    """``SplitformerError`` starting with ``where`` unless the LaTeX a kind is written with in equations (its
+    ``symbol``, a projection's ``constraint``) is math text a report can print."""
+    _text(getattr(kind, "symbol", None), f"{where}: symbol", math=True)
+    if kind.is_projection:
+        _text(getattr(kind, "constraint", None), f"{where}: constraint", math=True)
+
+
 def check_constraints(constraints: object, where: str) -> None:
     """``SplitformerError`` starting with ``where`` unless a projection's constraint set can be printed in a report:
     its LaTeX and the names of the symbols its formulas are written in are math text (the report prints a symbol
     by its name). Its statistics become definitions, checked by ``check_output``."""
     if not isinstance(constraints, ConstraintSet):
         raise SplitformerError(f"{where}: constraints must be a ConstraintSet, got {type(constraints).__name__}")
+    _text(constraints.name, f"{where}: constraint set name", math=True)  # a check's statement prints it
     _text(constraints.latex, f"{where}: constraint set latex", math=True)
     formulas = [moment.component + moment.value + moment.ghost for moment in constraints.moments]
     formulas += [bound.expr for bound in constraints.bounds]

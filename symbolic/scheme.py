@@ -16,7 +16,7 @@ from .equation import equation_latex
 from .errors import SplitformerError
 from .markdown import code_block, inert, markdown_text
 from .names import check_scheme_name
-from .operator_checks import check_constraints, check_declared, check_output
+from .operator_checks import check_constraints, check_declared, check_output, check_symbols
 from .kinds import OPERATOR_KINDS
 from .operators import Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
@@ -57,6 +57,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     try:
         check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
         check_declared(constants, inputs, where)
+        check_symbols(cls, where)
         if operator.is_projection and hasattr(cls, "constraints"):  # a ProjectionOperator: its set is printed too
             check_constraints(cls.constraints, where)
     except SplitformerError:

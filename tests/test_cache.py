@@ -164,6 +164,16 @@ def test_no_home_folder_falls_back_with_one_warning(clean, tmp_path, monkeypatch
                       "deriving instead"]
 
 
+def test_a_tilde_of_no_user_falls_back_with_one_warning(clean, tmp_path, monkeypatch, capsys):
+    """Attack 19: ``~nosuchuser/cache`` raised from ``expanduser`` past the fallback: every derivation failed, the
+    error blamed on the layer-norm operator."""
+    monkeypatch.setenv("SPLITFORMER_CACHE", "~nosuchuser-splitformer/cache")
+    files, errors = _derive(tmp_path / "out", capsys)
+    assert files == clean
+    assert errors == ["splitformer: warning: SPLITFORMER_CACHE='~nosuchuser-splitformer/cache': its '~' names no home "
+                      "folder; set SPLITFORMER_CACHE; deriving instead"]
+
+
 def test_the_key_covers_generator_sympy_and_source(monkeypatch):
     import splitformer.symbolic as symbolic
 

@@ -125,3 +125,24 @@ def test_a_head_width_option_must_be_an_integer_option_of_the_kind(monkeypatch):
     monkeypatch.setattr(RotaryAttention, "head_width_option", "key")  # a field, but text
     with pytest.raises(SplitformerError, match=r"key must be an int >= 0 to bound the head width, got 'attn'"):
         narrowest_head(scheme)
+
+
+def test_a_head_width_option_that_is_not_an_identifier_never_reaches_the_f_string(monkeypatch):
+    """Attack 19: ``@dataclass`` takes any text as a field name, and the option is printed in an f-string of the
+    emitted ``_head_width``: ``w{print(...)}`` ran there. Refused; control: the kind's own option is taken."""
+    from dataclasses import dataclass, field
+
+    from splitformer.codegen.render import narrowest_head
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.kinds import OPERATOR_KINDS
+    from splitformer.symbolic.rotary_attention import RotaryAttention
+
+    name = "w{print('PWNED')}"
+    wide = dataclass(frozen=True, eq=False, repr=False, init=False)(type("Wide", (RotaryAttention,), {
+        "__module__": __name__, "__annotations__": {name: int}, name: field(default=4, init=False),
+        "head_width_option": name}))
+    scheme = parse_scheme(PARTIAL_ROTARY)
+    assert narrowest_head(scheme)["option"] == "attn.rotary_dim = 8"  # control
+    monkeypatch.setitem(OPERATOR_KINDS, "rotary-attention", wide)
+    with pytest.raises(SplitformerError, match=r"head_width_option \"w\{print\('PWNED'\)\}\" is not one of its options"):
+        narrowest_head(scheme)

@@ -236,7 +236,7 @@ from splitformer.symbolic.constraints import SYMBOLS, G, U, ConstraintSet, Momen
 from splitformer.symbolic.operators import ProjectionOperator, register_operator
 
 RADIUS = sp.Symbol({radius!r}, positive=True)
-SPHERE = ConstraintSet(name="S_sphere", latex={latex!r}, moments=(Moment(U**2, RADIUS**2, G**2),), ghost=True,
+SPHERE = ConstraintSet(name={name!r}, latex={latex!r}, moments=(Moment(U**2, RADIUS**2, G**2),), ghost=True,
                        statistics=(Statistic("rho", sp.Symbol({rho!r}, positive=True), {rho_latex!r}, SYMBOLS.v**2,
                                              {meaning!r}),))
 
@@ -244,14 +244,14 @@ SPHERE = ConstraintSet(name="S_sphere", latex={latex!r}, moments=(Moment(U**2, R
 @dataclass(frozen=True)
 class Marked(ProjectionOperator):
     kind: ClassVar[str] = "qa-marked"
-    symbol: ClassVar[str] = "P"
-    constraint: ClassVar[str] = "S"
+    symbol: ClassVar[str] = {symbol!r}
+    constraint: ClassVar[str] = {constraint!r}
     constraints: ClassVar[ConstraintSet] = SPHERE
     values: ClassVar[dict] = {{RADIUS: 1}}
     affine: ClassVar[tuple[str, ...]] = ("gain",)
 """
 _SOUND_SET = {"radius": r"\sigma", "latex": r"S_{\mathrm{sphere}}(\sigma)", "rho": "rho", "rho_latex": r"\rho",
-              "meaning": "mean square over features"}
+              "meaning": "mean square over features", "name": "S_sphere", "symbol": "P", "constraint": "S"}
 
 
 @pytest.mark.parametrize("field, text, message", [
@@ -261,6 +261,11 @@ _SOUND_SET = {"radius": r"\sigma", "latex": r"S_{\mathrm{sphere}}(\sigma)", "rho
     ("latex", "S$$ <img src=x onerror=alert(8)> $$", "constraint set latex"),
     ("rho_latex", r"\rho $x$", "definition 'rho' latex"),
     ("meaning", "mean [click](http://evil.example/)", "definition 'rho' meaning"),
+    # attack 19: the kind's symbol and constraint (its LaTeX in equations), the set's name (in check statements)
+    ("symbol", r"P$$ <img src=x onerror=alert(1)> $$", "symbol: must hold no markup"),
+    ("symbol", r"\href{javascript:alert(3)}{P}", "symbol: must hold no markup"),
+    ("constraint", "S [click](javascript:alert(2))", "constraint: must hold no markup"),
+    ("name", "S_0$$ <img src=x onerror=alert(1)> $$", "constraint set name"),
 ])
 def test_a_projection_whose_constraint_set_holds_markup_is_one_line(field, text, message, tmp_path, capsys,
                                                                      monkeypatch):

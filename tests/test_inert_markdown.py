@@ -83,3 +83,13 @@ def test_a_report_is_refused_when_a_check_upstream_missed_markup(meaning, tmp_pa
     assert refused.returncode == 0 and "the report of 's': would render" in refused.stdout, refused.stderr
     shipped = run(ROOT / "tests" / "plugins" / "alibi.py")
     assert shipped.returncode == 0 and shipped.stdout == "", shipped.stdout + shipped.stderr
+
+
+@pytest.mark.parametrize("end", ["\n", "\r", "\r\n"])
+def test_a_fence_after_any_line_end_is_escaped(end):
+    """Attack 19: CommonMark ends a line at a lone CR too; a description's ``\\r```\\r`` opened a code block that
+    swallowed the rest of the report."""
+    import re
+
+    shown = markdown_text(f"A description.{end}```{end}The rest of the report.")
+    assert not any(line.lstrip(" ").startswith("```") for line in re.split(r"\r\n|\r|\n", shown)), shown

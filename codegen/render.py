@@ -19,6 +19,7 @@ from splitformer.symbolic.scheme import Scheme
 from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, Spelled
+from .constant_names import check_constant_names
 from .initialization import init_bounds
 from .ir import Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, flat
 from .passes.local_kernel import reads_without_support
@@ -259,7 +260,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
     for part in ("forward", "adjoint") if backward is not None else ():
         units["vjp"][part]["head_width"] = block_unit["head_width"]
     parameters = block_unit["parameters"] + final_unit["parameters"]
-    return inline_runtime(template.render(
+    source = inline_runtime(template.render(
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
         scheme=scheme,
@@ -274,6 +275,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
                            for operator in scheme.instantiate().values() if getattr(operator, "rel_pos_bias", "")}),
         head_bound=narrowest_head(scheme),
     ), backend)
+    return check_constant_names(source, block.constants + final_norm.constants, f"scheme {scheme.name!r}")
 
 
 def narrowest_head(scheme: Scheme) -> dict | None:

@@ -41,9 +41,10 @@ def _known_symbols() -> set[str]:
 
 
 def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definition, ...], where: str,
-                 combiner: bool = False) -> None:
+                 combiner: bool = False, constants: tuple = ()) -> None:
     """``SplitformerError`` starting with ``where`` unless every parameter and definition can be emitted
-    (a residual ``combiner`` also reads the branch output ``BRANCH``)."""
+    (a residual ``combiner`` also reads the branch output ``BRANCH``; a definition may read the kind's declared
+    ``constants``, keyword arguments of the emitted code)."""
     functions = {STATE, SUPPORT, "chi_m", "pos", "mem"} | ({BRANCH} if combiner else set())
     for parameter in parameters:
         for field in ("name", "function"):
@@ -51,7 +52,8 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex", math=True)
         _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
-    known = _known_symbols()
+    known = _known_symbols() | {constant.symbol.name for constant in constants if isinstance(constant, Constant)
+                                and type(constant.symbol) is sp.Symbol}
     for definition in definitions:
         check_identifier(definition.function, f"{where}: definition function")
         what = f"{where}: definition {definition.function!r}"
@@ -64,7 +66,8 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
         unknown = sorted(symbol.name for symbol in definition.rhs.atoms(sp.Symbol) if symbol.name not in known)
         if unknown:
             raise SplitformerError(f"{what}: the symbol {unknown[0][:64]!r} is neither a continuous variable nor a "
-                                   "size, eps or rope_theta; the generated code would have no value for it")
+                                   "size, eps, rope_theta or a declared constant; the generated code would have no "
+                                   "value for it")
         applied = sorted(type(call).__name__ for call in definition.rhs.atoms(sp.core.function.AppliedUndef)
                          if type(call).__name__ not in functions)
         if applied:

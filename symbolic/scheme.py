@@ -55,8 +55,9 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     if not definitions:
         raise SplitformerError(f"{where}: definitions() is empty; an operator defines at least its output")
     try:
-        check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True)
         check_declared(constants, inputs, where)
+        check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True,
+                     constants=constants)
         check_symbols(cls, where)
         if operator.is_projection and hasattr(cls, "constraints"):  # a ProjectionOperator: its set is printed too
             check_constraints(cls.constraints, where)

@@ -154,10 +154,20 @@ class Scheme:
             computation += (("stream", tuple(step.stream for step in self.substeps())),)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
+    def reads_activation(self) -> bool:
+        """Whether an operator takes the scheme's activation: an activated kind whose options name none of its own."""
+        return any("activation" in operator_options(OPERATOR_KINDS[kind]) and "activation" not in self.options.get(key, {})
+                   for key, kind in self.operators.items() if kind in OPERATOR_KINDS)
+
     def with_activation(self, name: str) -> "Scheme":
+        """The scheme with ``name`` as the activation of every operator that takes the scheme's; refused when none
+        does (each names its own), since the module would be named for an activation it does not compute."""
         if not isinstance(name, str):
             raise SplitformerError(f"activation: expected a name (str), got {type(name).__name__}")
         lookup_activation(name)
+        if name != self.activation and not self.reads_activation():
+            raise SplitformerError(f"activation {name!r}: no operator of scheme {self.name!r} takes the scheme's "
+                                   "activation (each activated operator names its own in its options)")
         return replace(self, activation=name)
 
     def as_causal(self) -> "Scheme":

@@ -104,3 +104,44 @@ def test_the_emitted_erf_is_the_error_function():
     module = splitformer.derive("pre-ln", activation="gelu").numpy_module()
     x = np.concatenate([np.linspace(-10, 10, 2001), [0.0, 0.4999, 0.5, 3.99, 4.0, 7.99, 8.0, 27.0]])
     assert np.abs(module._erf(x) - np.array([math.erf(value) for value in x])).max() <= 1e-15
+
+
+_OWN_ACTIVATION = """name = "opact"
+summary = "pre-LN whose feed-forward names its own activation"
+[operators]
+norm1 = "layer-norm"
+attn = "attention"
+norm2 = "layer-norm"
+ffn = { kind = "feed-forward", activation = "gelu" }
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm2"
+"""
+
+
+def test_an_activation_no_operator_takes_is_refused(tmp_path, capsys):
+    """Attack 19: ``--activation silu`` on a scheme whose feed-forward names its own GELU gave a module named
+    ``opact_silu`` (``ACTIVATION = "silu"``) that computed GELU. Refused in one line; control: a scheme whose
+    feed-forward takes the scheme's activation is derived with it."""
+    import splitformer
+    from splitformer.codegen.cli import main
+    from splitformer.symbolic.errors import SplitformerError
+    from splitformer.symbolic.scheme_file import parse_scheme
+
+    path = tmp_path / "opact.toml"
+    path.write_text(_OWN_ACTIVATION)
+    assert main(["derive", str(path), "--activation", "silu", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no operator of scheme 'opact' takes the scheme's activation" in error, error
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SplitformerError, match="takes the scheme's activation"):
+        splitformer.derive(str(path), activation="tanh")
+    scheme = parse_scheme(_OWN_ACTIVATION)
+    assert scheme.with_activation(scheme.activation).activation == "relu"  # the activation it has: nothing to refuse
+    shared = parse_scheme(_OWN_ACTIVATION.replace('{ kind = "feed-forward", activation = "gelu" }', '"feed-forward"'))
+    assert shared.with_activation("silu").instantiate()["ffn"].activation == "silu"

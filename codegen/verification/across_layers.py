@@ -21,7 +21,7 @@ import numpy as np
 from splitformer.symbolic.across_layers import AcrossLayers
 from splitformer.symbolic.scheme import Scheme
 
-from .convergence import HORIZON, SIZES, STEPS, Study, reference_flow
+from .convergence import HORIZON, SIZES, STEPS, Study, reference_flow, smooth_variant
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics
 from .statements import Check
@@ -82,7 +82,7 @@ def across_order_check(scheme: Scheme) -> tuple[Check | None, dict]:
 def across_convergence(scheme: Scheme, order: int, seed: int = 0, scale: float | None = None) -> tuple[Check, Study]:
     """The error at ``T = 1`` with ``N_t = 1 … 32`` layers (one control for all: frozen fields) against
     RK4 on ``u' = s G(u)``; ``scale`` replaces ``s`` (a control: the unscaled flow for momentum)."""
-    smooth = scheme.with_activation("tanh")
+    smooth = smooth_variant(scheme)
     params = random_parameters(smooth, SIZES, seed)
     u0 = np.random.default_rng(seed + 1).standard_normal((SIZES.tokens, SIZES.features))
     s = consistent_scale(scheme.across_layers) if scale is None else scale

@@ -23,7 +23,7 @@ from ..output import PLOTS_HINT, check_replaceable, write_files
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
-__all__ = ["Study", "convergence_study", "plot_study", "plot_studies", "reference_flow"]
+__all__ = ["Study", "smooth_variant", "convergence_study", "plot_study", "plot_studies", "reference_flow"]
 
 SIZES = Sizes(tokens=4, features=4, heads=2, hidden=8)
 MEMORY_TOKENS = 3
@@ -86,6 +86,12 @@ def _exact_subflows_step(semantics: Semantics, scheme: Scheme, time_step: float)
     return lambda u: sequence(scheme.body, u)
 
 
+def smooth_variant(scheme: Scheme) -> Scheme:
+    """``scheme`` with tanh as the activation of every operator that takes the scheme's (orders hold for smooth fields;
+    an operator naming its own activation keeps it)."""
+    return scheme.with_activation("tanh") if scheme.reads_activation() else scheme
+
+
 def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, exact_subflows: bool = False) -> Study:
     """Errors of ``scheme`` at ``N_t = 1, 2, 4, …`` steps and the fitted slope.
 
@@ -94,7 +100,7 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     each substep's flow accurately instead of by the scheme's solver (a splitting: no
     Runge–Kutta step): its slope is the splitting order's.
     """
-    smooth = scheme.with_activation("tanh")
+    smooth = smooth_variant(scheme)
     params = random_parameters(smooth, SIZES, seed)
     u0 = np.random.default_rng(seed + 1).standard_normal((SIZES.tokens, SIZES.features))
     fine = order is not None and order >= 3

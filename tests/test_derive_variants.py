@@ -144,4 +144,4 @@ def test_an_activation_no_operator_takes_is_refused(tmp_path, capsys):
     scheme = parse_scheme(_OWN_ACTIVATION)
     assert scheme.with_activation(scheme.activation).activation == "relu"  # the activation it has: nothing to refuse
     shared = parse_scheme(_OWN_ACTIVATION.replace('{ kind = "feed-forward", activation = "gelu" }', '"feed-forward"'))
-    assert shared.with_activation("silu").instantiate()["ffn"].activation == "silu"
+    assert shared.with_activation("silu").instantiate()["ffn"].activation.name == "silu"

@@ -72,6 +72,21 @@ def _cache(cache, key, new):
     return new
 
 
+def _cached_padding(cache, key_padding_mask, batch, n_keys):
+    """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
+    None: none padded). A ValueError when it marks the cached tokens otherwise than the calls that cached them: their
+    keys and values hold that padding, so no full pass would equal the result. A cache without the record (one
+    rebuilt from transformers' ``Cache``) is taken as it is."""
+    if cache is None:
+        return
+    mask = np.zeros((batch, n_keys), dtype=bool) if key_padding_mask is None else np.asarray(key_padding_mask)
+    old = cache.get("key_padding_mask")
+    if old is not None and not np.array_equal(old, mask[:, :old.shape[1]]):
+        raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
+                         "keys and values hold that padding): give them the padding they were cached with")
+    cache["key_padding_mask"] = mask.copy()
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)

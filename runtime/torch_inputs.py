@@ -65,6 +65,33 @@ def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -
     return cache[key]
 
 
+def _log_weights(mask: torch.Tensor | None, batch: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """A key padding mask as log-weights (float64): a bool mask's True is −inf, a float mask is one; None: zeros."""
+    weights = torch.zeros(batch, n_keys, dtype=torch.float64, device=device)
+    if mask is None:
+        return weights
+    return weights.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else mask.to(torch.float64)
+
+
+def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: torch.Tensor | None, batch: int,
+                    n_keys: int, device: torch.device) -> None:
+    """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
+    None: none padded). A ValueError when it marks the cached tokens otherwise than the calls that cached them: their
+    keys and values hold that padding, so no full pass would equal the result. A cache without the record (one
+    rebuilt from transformers' ``Cache``) is taken as it is."""
+    if cache is None:
+        return
+    mask = None if key_padding_mask is None else torch.as_tensor(key_padding_mask, device=device)
+    if "key_padding_mask" in cache:
+        old = cache["key_padding_mask"]
+        cached = old.shape[1]
+        if not torch.equal(_log_weights(old, batch, cached, device), _log_weights(mask, batch, n_keys, device)[:, :cached]):
+            raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
+                             "keys and values hold that padding): give them the padding they were cached with")
+    cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool, device=device) if mask is None
+                                 else mask.detach().clone())
+
+
 def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the

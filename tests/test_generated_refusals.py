@@ -52,6 +52,44 @@ def test_an_aliased_cache_list_is_refused_and_per_layer_dicts_decode(rng):
     assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-10
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_cached_decoding_refuses_a_padding_that_changed_over_cached_tokens(backend, rng):
+    """Attack 19: a later call's key_padding_mask marking a cached token padded was accepted; the result equalled no
+    full pass (0.64 off in NumPy, 0.015 in torch). Refused, the cache untouched; control: batched left padding kept
+    the same over the calls decodes as the full pass with that padding (NumPy and torch, float64)."""
+    numpy_module, torch_module = _modules("gpt2")
+    layers = _layers(numpy_module, 2, rng)
+    u = rng.standard_normal((2, 5, 8))
+    padding = np.zeros((2, 5), dtype=bool)
+    padding[1, :2] = True  # the second sequence is left-padded by two tokens
+    if backend == "numpy":
+        run = lambda x, mask, cache=None: numpy_module.forward_stack(x, layers, n_heads=2, key_padding_mask=mask,
+                                                                     cache=cache)
+    else:
+        stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
+        def run(x, mask, cache=None):
+            with torch.no_grad():
+                return stack(torch.tensor(x), key_padding_mask=None if mask is None else torch.tensor(mask),
+                             cache=cache).numpy()
+    full = run(u, padding)
+    cache = [{}, {}]
+    steps = [run(u[:, :3], padding[:, :3], cache), run(u[:, 3:4], padding[:, :4], cache),
+             run(u[:, 4:], padding, cache)]
+    assert np.abs(np.concatenate(steps, axis=1)[~padding] - full[~padding]).max() <= 1e-12
+    cache = [{}, {}]
+    run(u[:, :3], padding[:, :3], cache)
+    kept = _snapshot(cache)
+    changed = padding[:, :4].copy()
+    changed[0, 0] = True  # a cached token of the first sequence now padded
+    with pytest.raises(ValueError, match="key_padding_mask marks the cached tokens otherwise than the calls that "
+                                         "cached them"):
+        run(u[:, 3:4], changed, cache)
+    assert _same(cache, kept)
+    with pytest.raises(ValueError, match="marks the cached tokens otherwise"):
+        run(u[:, 3:4], None, cache)  # no padding now, but the cached tokens were padded
+    assert _same(cache, kept)
+
+
 def test_a_stack_cache_is_untouched_when_a_later_layer_refuses(rng):
     numpy_module, torch_module = _modules("gpt2")
     layers = _layers(numpy_module, 2, rng)

@@ -312,6 +312,21 @@ def _cache(cache, key, new):
     return new
 
 
+def _cached_padding(cache, key_padding_mask, batch, n_keys):
+    """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
+    None: none padded). A ValueError when it marks the cached tokens otherwise than the calls that cached them: their
+    keys and values hold that padding, so no full pass would equal the result. A cache without the record (one
+    rebuilt from transformers' ``Cache``) is taken as it is."""
+    if cache is None:
+        return
+    mask = np.zeros((batch, n_keys), dtype=bool) if key_padding_mask is None else np.asarray(key_padding_mask)
+    old = cache.get("key_padding_mask")
+    if old is not None and not np.array_equal(old, mask[:, :old.shape[1]]):
+        raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
+                         "keys and values hold that padding): give them the padding they were cached with")
+    cache["key_padding_mask"] = mask.copy()
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
@@ -458,7 +473,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted(cache, key=str)
+    keys = sorted((key for key in cache if key != "key_padding_mask"), key=str)  # the padding record: checked below
     expected = sorted([*_CACHE_KEYS, *(name for key, fields in _MEMOIZED.items() for name in (key, *fields))])
     if keys and keys != expected:
         raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, expected))}, "
@@ -476,6 +491,12 @@ def _cached_tokens(cache, causal, batch, dtype):
         if tokens >= 0 and value.shape[1] != tokens:
             raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
         tokens = value.shape[1]
+    padding = cache.get("key_padding_mask")
+    if padding is not None and (not isinstance(padding, np.ndarray) or padding.dtype != np.bool_
+                                or padding.shape != (batch, max(tokens, 0))):
+        raise ValueError(f"cache['key_padding_mask'] must be bool of shape (batch={batch}, tokens={max(tokens, 0)}), "
+                         f"the padding of the cached tokens, got {type(padding).__name__} "
+                         f"{getattr(padding, 'dtype', '')} {getattr(padding, 'shape', '')}")
     for key, fields in _MEMOIZED.items() if keys else ():
         for name in (key, *fields):
             value = cache[name]
@@ -563,6 +584,7 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     norm3_gain = p["norm3.gain"]
     norm3_bias = p["norm3.bias"]
     chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
+    _cached_padding(cache, key_padding_mask, batch, offset + n_tokens)
     mem = _memory(memory, batch, d, u0.dtype)
     n_memory = mem.shape[1]
     chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory)

@@ -294,7 +294,11 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
     if not torch.jit.is_scripting():
         if not isinstance(cache, dict):
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted(cache.keys())
+    keys: list[str] = []
+    for key in cache.keys():
+        if key != "key_padding_mask":  # the padding record: checked below
+            keys.append(key)
+    keys = sorted(keys)
     expected = ["attn.kr", "attn.v"]
     if len(keys) > 0 and keys != expected:
         quoted = "', '"
@@ -311,6 +315,15 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
         if tokens >= 0 and value.shape[1] != tokens:
             raise ValueError(f"cache entries hold different numbers of tokens: {tokens} and {value.shape[1]}")
         tokens = value.shape[1]
+    if "key_padding_mask" in cache:
+        padding = cache["key_padding_mask"]
+        if not torch.jit.is_scripting():
+            if not isinstance(padding, torch.Tensor):
+                raise TypeError(f"cache['key_padding_mask'] must be a torch.Tensor, got {type(padding).__name__}")
+        if not (padding.dtype == torch.bool or padding.is_floating_point()) or list(padding.shape) != [batch, max(tokens, 0)]:
+            raise ValueError(f"cache['key_padding_mask'] must be a bool or float mask of shape (batch={batch}, "
+                             f"tokens={max(tokens, 0)}), the padding of the cached tokens, "
+                             f"got {padding.dtype} {list(padding.shape)}")
     return max(tokens, 0)
 
 
@@ -698,6 +711,33 @@ def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -
     return cache[key]
 
 
+def _log_weights(mask: torch.Tensor | None, batch: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """A key padding mask as log-weights (float64): a bool mask's True is −inf, a float mask is one; None: zeros."""
+    weights = torch.zeros(batch, n_keys, dtype=torch.float64, device=device)
+    if mask is None:
+        return weights
+    return weights.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else mask.to(torch.float64)
+
+
+def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: torch.Tensor | None, batch: int,
+                    n_keys: int, device: torch.device) -> None:
+    """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
+    None: none padded). A ValueError when it marks the cached tokens otherwise than the calls that cached them: their
+    keys and values hold that padding, so no full pass would equal the result. A cache without the record (one
+    rebuilt from transformers' ``Cache``) is taken as it is."""
+    if cache is None:
+        return
+    mask = None if key_padding_mask is None else torch.as_tensor(key_padding_mask, device=device)
+    if "key_padding_mask" in cache:
+        old = cache["key_padding_mask"]
+        cached = old.shape[1]
+        if not torch.equal(_log_weights(old, batch, cached, device), _log_weights(mask, batch, n_keys, device)[:, :cached]):
+            raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
+                             "keys and values hold that padding): give them the padding they were cached with")
+    cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool, device=device) if mask is None
+                                 else mask.detach().clone())
+
+
 class _Group(torch.nn.Module):
     """The parameters of one operator, under their canonical names (``attn.W_q``)."""
 
@@ -959,6 +999,7 @@ class Block(_CanonicalModule):
         ffn_W_2 = self.ffn.W_2
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
                        offset)
+        _cached_padding(cache, key_padding_mask, batch, offset + n_tokens, u0.device)
         pos = _positions(positions, batch, n_tokens, offset, u0)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             if cache is not None:

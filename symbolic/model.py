@@ -18,7 +18,7 @@ from .builtins import builtin_names, is_model, model_names, model_summary, model
 from .errors import SplitformerError
 from .kinds import OPERATOR_KINDS
 from .operators import Operator
-from .scheme import Scheme
+from .scheme import Scheme, checked_activation
 from .names import check_line, check_operator_name, check_scheme_name
 from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
@@ -291,8 +291,9 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
         raise SplitformerError(f"{where}: steps: unknown field {str(unknown[0])[:40]!r} (allowed: "
                                f"{', '.join(sorted(_STEPS_KEYS))})")
     scheme = _one_layer_at_a_time(load_scheme(_beside(steps["scheme"], folder)), where)
-    if "activation" in steps:
-        scheme = scheme.with_activation(steps["activation"])
+    if "activation" in steps:  # a scheme without activated operators has none to set: the name is checked only
+        activation = checked_activation(steps["activation"])
+        scheme = scheme.with_activation(activation) if scheme.activated() else scheme
     final_norm = steps.get("final_norm", scheme.final_norm)
     if not isinstance(final_norm, bool):
         raise SplitformerError(f"{where}: steps.final_norm: expected true or false")

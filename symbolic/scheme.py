@@ -22,7 +22,7 @@ from .operators import Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS",
-           "STEP_CONTROLS", "operator_options", "step_control"]
+           "STEP_CONTROLS", "operator_options", "step_control", "checked_activation"]
 
 #: How a substep is solved over its share of the step (``explicit`` is the Euler tableau).
 SOLVERS = {
@@ -65,6 +65,14 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
         clear_cache()  # a refused symbol (a str-subclass name) equals the library's own: SymPy's cache would hand it out
         raise
     return operator
+
+
+def checked_activation(name: object) -> str:
+    """``name`` when it names an activation (``SplitformerError`` otherwise)."""
+    if not isinstance(name, str):
+        raise SplitformerError(f"activation: expected a name (str), got {type(name).__name__}")
+    lookup_activation(name)
+    return name
 
 
 def step_control(step: str) -> Parameter:
@@ -154,17 +162,20 @@ class Scheme:
             computation += (("stream", tuple(step.stream for step in self.substeps())),)
         return hashlib.sha256(repr(computation).encode()).hexdigest()[:16]
 
+    def activated(self) -> dict[str, bool]:
+        """The operators of an activated kind, each with whether it takes the scheme's activation (its options name
+        none of its own)."""
+        return {key: "activation" not in self.options.get(key, {}) for key, kind in self.operators.items()
+                if kind in OPERATOR_KINDS and "activation" in operator_options(OPERATOR_KINDS[kind])}
+
     def reads_activation(self) -> bool:
-        """Whether an operator takes the scheme's activation: an activated kind whose options name none of its own."""
-        return any("activation" in operator_options(OPERATOR_KINDS[kind]) and "activation" not in self.options.get(key, {})
-                   for key, kind in self.operators.items() if kind in OPERATOR_KINDS)
+        """Whether an operator takes the scheme's activation."""
+        return any(self.activated().values())
 
     def with_activation(self, name: str) -> "Scheme":
         """The scheme with ``name`` as the activation of every operator that takes the scheme's; refused when none
         does (each names its own), since the module would be named for an activation it does not compute."""
-        if not isinstance(name, str):
-            raise SplitformerError(f"activation: expected a name (str), got {type(name).__name__}")
-        lookup_activation(name)
+        checked_activation(name)
         if name != self.activation and not self.reads_activation():
             raise SplitformerError(f"activation {name!r}: no operator of scheme {self.name!r} takes the scheme's "
                                    "activation (each activated operator names its own in its options)")

@@ -30,7 +30,7 @@ from splitformer.symbolic.domains import MEMORY, TOKENS
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
-from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo
+from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo, ZerosLike
 from .lowering import INDEX_DOMAINS, Lowering, flattened_index, shifted_axes
 
 __all__ = ["Backward", "lower_adjoint", "lower_stage_adjoint", "differentiated_inputs", "AdjointLowering",
@@ -81,6 +81,11 @@ class AdjointLowering(Lowering):
         rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
         comment = self.comment(assignment, rhs)
         labels = self.labels(assignment.lhs)
+        if rhs == 0:  # no assignment reaches the parameter (its operator only in branches of weight 0)
+            like = next(name for name, tensor in self.tensors.items()
+                        if tensor.role == "param" and tensor.parameter == info.parameter)
+            self.ops.append(ZerosLike(assignment.target, labels, like=like).with_comment(comment, section))
+            return
         terms = sp.Add.make_args(rhs)
         parts = [self.batch_sum(assignment.target if len(terms) == 1 else f"{assignment.target}_{n}",
                                 labels, term, info, section) for n, term in enumerate(terms)]

@@ -17,7 +17,7 @@ from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
-                 Softmax, TransposedConvolution, Unrolled, Window)
+                 Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
 
 __all__ = ["Backend", "BACKENDS", "Spelled"]
@@ -124,6 +124,9 @@ class Backend:
     def assigned(op: Contraction, value: str, printer: ArrayPrinter) -> list[str]:
         """``out = value`` with the contraction's bias added."""
         return [f"{op.out} = {value}" + ("" if op.bias is None else f" + {printer.operand(op.bias)}")]
+
+    def zeros_like(self, op: ZerosLike, printer: ArrayPrinter) -> list[str]:
+        return [f"{op.out} = {self.library}.zeros_like({op.like})"]
 
     def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
         body = printer.at(op.body_labels).doprint(op.body)

@@ -41,7 +41,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
-    "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution",
+    "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
 
 BATCH = "b"
@@ -148,6 +148,17 @@ class Elementwise(Op):
 
     def reads(self) -> list[str]:
         return _indexed_names(self.expr)
+
+
+@dataclass(frozen=True)
+class ZerosLike(Op):
+    """``out = 0``, shaped and typed like ``like``: the gradient of a parameter that no assignment reaches (its
+    operator only in branches of weight 0)."""
+
+    like: str = ""
+
+    def reads(self) -> list[str]:
+        return [self.like]
 
 
 @dataclass(frozen=True)

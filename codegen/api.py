@@ -32,7 +32,7 @@ from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec,
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .network_api import GeneratedModules, NetworkDerivation, check_write_options
+from .network_api import GeneratedModules, NetworkDerivation, check_write_options, sealed_fields
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
@@ -82,6 +82,11 @@ class Derivation(GeneratedModules):
             if self.program != derived:
                 raise SplitformerError(f"Derivation: the program differs from what the scheme {self.scheme.name!r} "
                                        "derives (use splitformer.derive)")
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        sealed_fields(self, name, ("scheme", "program", "passes"))
+        super().__setattr__(name, value)
 
     @property
     def name(self) -> str:

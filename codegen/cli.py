@@ -452,9 +452,11 @@ def _run(argv: list[str] | None) -> tuple[str, int]:
 
 
 def _error(message: str) -> None:
-    """One line on stderr, whatever the message holds."""
+    """One line on stderr, whatever the message holds: a character that is not printable (a new line, a terminal's
+    escape sequence from a data file's text) is written as its escape."""
+    line = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in message)
     try:
-        print(f"error: {message}".replace("\n", "\\n").replace("\r", "\\r"), file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
     except OSError:
         pass
 

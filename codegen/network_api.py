@@ -24,7 +24,7 @@ from .in_memory import load_source
 from .output import as_folder, write_files
 from .pipeline import BACKEND_CHOICES, generate_model
 
-__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options"]
+__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options", "sealed_fields"]
 
 
 class GeneratedModules:
@@ -42,6 +42,14 @@ class GeneratedModules:
         if backend not in self._modules:
             self._modules[backend] = load_source(self.source(backend), backend, self.name)
         return self._modules[backend]
+
+
+def sealed_fields(derivation: object, name: str, fields: tuple[str, ...]) -> None:
+    """``SplitformerError`` when ``name`` is one of ``fields`` of a derivation already checked: its code and report
+    come from them, so an edit would reach them unchecked (``dataclasses.replace`` makes a new one, checked)."""
+    if name in fields and getattr(derivation, "_sealed", False):
+        raise SplitformerError(f"{type(derivation).__name__}.{name} cannot be changed once made (the code and report "
+                               "come from it): derive again, or use dataclasses.replace, which checks the new one")
 
 
 def check_write_options(backend: object, force: object) -> None:
@@ -62,6 +70,11 @@ class NetworkDerivation(GeneratedModules):
 
     def __post_init__(self) -> None:
         check_network(self.spec)  # a spec object, however made or edited, is checked as its file is
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        sealed_fields(self, name, ("spec", "passes"))
+        super().__setattr__(name, value)
 
     @property
     def name(self) -> str:

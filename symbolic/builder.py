@@ -21,6 +21,7 @@ from typing import Any
 
 import sympy as sp
 
+from .errors import SplitformerError
 from .scheme import Scheme
 from .scheme_file import parse_scheme
 from .toml_text import toml_key, toml_value
@@ -80,12 +81,23 @@ def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequenc
     return parse_scheme(to_toml(_plain(document)), where)
 
 
+def _exact_rational(value: object) -> bool:
+    """``value`` is a ``Fraction`` or one of SymPy's own rational classes (``Integer``, ``Half``, ``One``…)."""
+    return type(value) is Fraction or (isinstance(value, sp.Rational) and type(value).__module__.startswith("sympy."))
+
+
 def _plain(value: Any) -> Any:
-    """Exact fractions as strings (``"1/2"``), containers as dicts and lists: TOML's values."""
-    if isinstance(value, (Fraction, sp.Rational)) and not isinstance(value, sp.Integer):
-        return str(value)
+    """Exact fractions as strings (``"1/2"``), containers as dicts and lists: TOML's values. A number is converted only
+    when it is ``Fraction`` or one of SymPy's own rationals exactly: a subclass could print another number."""
+    if isinstance(value, (Fraction, sp.Rational)) and not _exact_rational(value):
+        raise SplitformerError(f"a number of type {type(value).__name__} (a subclass of {Fraction.__name__} or of "
+                               "SymPy's Rational) is refused: give a Fraction, a SymPy rational, a string or an int")
     if isinstance(value, sp.Integer):
-        return int(value)
+        return int(value.p)
+    if isinstance(value, sp.Rational):
+        return f"{value.p}/{value.q}"
+    if isinstance(value, Fraction):
+        return f"{value.numerator}/{value.denominator}" if value.denominator != 1 else str(value.numerator)
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

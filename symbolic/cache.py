@@ -50,7 +50,9 @@ def _warn_once(message: str) -> None:
     global _warned
     if not _warned:
         _warned = True
-        print(f"splitformer: warning: {' '.join(message.split())[:400]}", file=sys.stderr)
+        shown = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+                        for char in " ".join(message.split())[:400])
+        print(f"splitformer: warning: {shown}", file=sys.stderr)
 
 
 #: ``SPLITFORMER_CACHE`` spellings (any case) that switch the cache off, and those that ask for the default folder.

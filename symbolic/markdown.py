@@ -12,9 +12,10 @@ __all__ = ["markdown_text", "code_block", "inert"]
 
 def markdown_text(text: str) -> str:
     """``text`` (a summary, a description) as Markdown that shows it: raw HTML, links, images, math and code fences
-    are never interpreted (``&``, ``<`` as entities; backslash, brackets, ``$`` and a fence's first mark escaped)."""
+    are never interpreted (``&``, ``<`` as entities; backslash, brackets, braces (Python-Markdown's ``{: attr=…}``),
+    ``$`` and a fence's first mark escaped)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # CommonMark ends a line at a lone CR too
-    escaped = re.sub(r"([\\\[\]$])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
+    escaped = re.sub(r"([\\\[\]${}])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
     return re.sub(r"(?m)^( {0,3})([`~]{3})", r"\1\\\2", escaped)  # a fence's first mark: it opens no code block
 
 
@@ -31,12 +32,14 @@ _ESCAPE = re.compile(r"\\[!-/:-@\[-`{-~]")
 _SPAN = re.compile(r"(`+)(?!`)(?:(?!\n[ \t]*\n).)*?(?<!`)\1(?!`)", re.S)
 #: The one image a report holds: its convergence plot, by a path splitformer makes.
 _PLOT = re.compile(r"^!\[Convergence of [\w-]+: error against Δt\]\(\.\./plots/\w+_convergence\.png\)$", re.M)
-#: Live markup: an HTML tag, comment or autolink; a link, image or link definition; a LaTeX link macro (a bare URL
+#: Live markup: an HTML tag, comment or autolink; a link, image or link definition (in a list item too); HTML
+#: attributes (Python-Markdown's ``attr_list``, which mkdocs.yml enables); a LaTeX link or attribute macro (a bare URL
 #: shows where it leads: it stays).
 _LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]")),
-         ("a link or image", re.compile(r"\][(\[]|!\[|^ {0,3}\[[^\]]*\]:", re.M)),
-         ("a LaTeX link or HTML macro", re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics)"
-                                                   r"(?![a-zA-Z])")))
+         ("a link, a link definition or an image", re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:[-*+>]|\d+[.)])[ \t]+)*[ \t]*\[[^\]\n]*\]:", re.M)),
+         ("HTML attributes", re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)),
+         ("a LaTeX link or HTML macro", re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics"
+                                                   r"|mmlToken|require|bbox|unicode|texttip|mathtip|toggle)(?![a-zA-Z])")))
 
 
 def inert(markdown: str, what: str) -> str:

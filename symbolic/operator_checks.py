@@ -21,7 +21,7 @@ from . import domains
 from .errors import SplitformerError
 from .constraints import ConstraintSet
 from .inputs import ROLES, Constant, Input
-from .names import check_identifier, check_line
+from .names import MODULE_ATTRIBUTES, check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
 from .trusted_expressions import check_expression
 
@@ -94,6 +94,13 @@ def _library_objects(entry: Parameter | Definition | Input, what: str) -> None:
 _DOMAINS = tuple(value for value in vars(domains).values() if isinstance(value, domains.Domain))
 
 
+def _rope_theta() -> sp.Symbol:
+    """RoPE's θ, the one constant a built-in kind declares (the Block keeps it as ``rope_theta``)."""
+    from .rotary_attention import ROPE_THETA
+
+    return ROPE_THETA
+
+
 def check_declared(constants: object, inputs: object, where: str) -> None:
     """``SplitformerError`` starting with ``where`` unless every declared constant and input field can be
     emitted: a constant is a keyword argument (an identifier) with a finite default > 0 and a docstring
@@ -108,6 +115,9 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
             raise SplitformerError(f"{where}: a constant's symbol must be a SymPy Symbol, "
                                    f"got {type(constant.symbol).__name__}")
         check_identifier(constant.symbol.name, f"{where}: constant")
+        if constant.symbol.name in MODULE_ATTRIBUTES and constant.symbol != _rope_theta():
+            raise SplitformerError(f"{where}: constant {constant.name!r} is the name of an attribute of the emitted "
+                                   "torch Block (or of torch.nn.Module), which would hold it in its place; rename it")
         default = constant.default
         if type(default) not in (int, float) or not math.isfinite(default) or default <= 0:  # printed as its default
             raise SplitformerError(f"{where}: constant {constant.name!r}: the default must be a finite number > 0, "
@@ -146,10 +156,12 @@ def check_constraints(constraints: object, where: str) -> None:
         _text(symbol.name, f"{where}: constraint set symbol {symbol.name[:40]!r}", math=True)
 
 
-#: Markup live in a report's Markdown outside math: raw HTML, a link or an image.
-_MARKUP = re.compile(r"<|\]\(|\]\[|!\[")
+#: Markup live in a report's Markdown outside math: raw HTML, a link, a link definition, an image, attributes
+#: (Python-Markdown's ``attr_list``: ``*x*{: onclick=…}``).
+_MARKUP = re.compile(r"<|\]\(|\]\[|\]:|!\[|\{[^}]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)
 #: LaTeX that MathJax or KaTeX render as a link, HTML attributes or an image: live markup inside math.
-_MATH_MARKUP = re.compile(r"\\(href|url|html\w*|class|cssId|style|data|includegraphics)(?![a-zA-Z])")
+_MATH_MARKUP = re.compile(r"\\(href|url|html\w*|class|cssId|style|data|includegraphics|mmlToken|require|bbox|unicode"
+                          r"|texttip|mathtip|toggle)(?![a-zA-Z])")
 
 
 def _text(text: object, what: str, math: bool = False) -> None:

@@ -82,8 +82,9 @@ def _steps(steps) -> None:
             for step in steps):
         raise ValueError("steps are not pairs of text")
     for description, latex in steps:
-        if any(mark in description + latex for mark in _ACTIVE):
-            raise ValueError(f"step {description[:40]!r} holds markup ({', '.join(repr(m) for m in _ACTIVE)} are refused)")
+        if any(mark in description + latex for mark in _ACTIVE) or any(mark in description for mark in "[]{}"):
+            raise ValueError(f"step {description[:40]!r} holds markup ({', '.join(repr(m) for m in _ACTIVE)} are "
+                             "refused, and brackets or braces in its description: a link definition, attributes)")
         for name, argument in _COMMAND.findall(description + latex):
             command = name + argument if name in ("begin", "end") else name
             if command not in _COMMANDS:

@@ -514,3 +514,15 @@ def test_compare_given_a_network_file_says_it_is_one(network, capsys):
     """Attack 15: a network file where a block scheme is expected was read as a scheme ("unknown field 'step'")."""
     _fails(capsys, "compare", str(ROOT / "symbolic" / "models" / f"{network}.toml"),
            message="a network file's field: this is a network file, where a block scheme is expected")
+
+
+def test_an_error_line_writes_terminal_escapes_as_text(tmp_path, capsys):
+    """Attack 20: a network file's ``steps.scheme`` holding ESC/BEL sequences reached stderr as bytes (on a terminal:
+    a new window title, a cleared screen, colours). Written as escapes; the line stays one line."""
+    network = tmp_path / "esc.toml"
+    network.write_text((ROOT / "symbolic" / "models" / "vit.toml").read_text().replace(
+        'scheme = "pre-ln"', 'scheme = "\\u001b]0;TITLE\\u0007\\u001b[2J\\u001b[31mnosuch.toml"'))
+    assert main(["show", str(network)]) == 2
+    error = capsys.readouterr().err
+    assert "\x1b" not in error and "\x07" not in error and "\\x1b]0;TITLE\\x07\\x1b[2J" in error, error
+    assert error.count("\n") == 1

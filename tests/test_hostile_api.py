@@ -73,6 +73,43 @@ def test_a_derivation_made_by_hand_is_checked_too(post_ln):
         Derivation(post_ln.scheme, "post_ln")
 
 
+def test_a_derivation_cannot_be_edited_after_it_is_checked(post_ln):
+    """Attack 20: ``d.program = <pre-ln's program renamed post_ln>`` after ``derive`` gave a module named, labelled and
+    digested as post-ln that computed pre-ln (3.05 off), which ``build`` accepted. Refused; control: a replaced copy is
+    checked as a new one (refused when it differs, made when it does not)."""
+    pre_ln = splitformer.derive("pre-ln").program
+    derivation = splitformer.derive("post-ln")
+    for name, value in (("program", replace(pre_ln, name="post_ln")), ("scheme", load_scheme("pre-ln")),
+                        ("passes", ())):
+        with pytest.raises(SplitformerError, match=f"Derivation.{name} cannot be changed once made"):
+            setattr(derivation, name, value)
+    assert derivation.program == post_ln.program
+    with pytest.raises(SplitformerError, match="the program differs from what the scheme 'post-ln' derives"):
+        replace(derivation, program=replace(pre_ln, name="post_ln"))
+    assert replace(derivation, passes=()).passes == ()
+    network = splitformer.derive("vit")
+    with pytest.raises(SplitformerError, match="NetworkDerivation.spec cannot be changed once made"):
+        network.spec = network.spec
+
+
+def test_a_number_subclass_is_not_written_as_the_text_it_prints():
+    """Attack 20: ``splitformer.scheme`` wrote a Fraction subclass by its own ``__str__`` (``1/3`` for a 1/2).
+    Refused; control: Fraction and SymPy's rationals are written exactly."""
+    from fractions import Fraction
+
+    class Lying(Fraction):
+        def __str__(self):
+            return "1/3"
+
+    steps = lambda fraction: [{"operator": "attn", "solver": "explicit", "fraction": fraction},
+                              {"operator": "attn", "solver": "explicit", "fraction": fraction}]
+    operators = {"attn": "attention"}
+    with pytest.raises(SplitformerError, match="a number of type Lying"):
+        splitformer.scheme("lying", "s", operators, steps(Lying(1, 2)))
+    for half in (Fraction(1, 2), sp.Rational(1, 2), sp.S.Half):
+        assert 'fraction = "1/2"' in splitformer.scheme("half", "s", operators, steps(half)).source
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", "..", "Post-LN", "x" * 65, "class", 7])
 def test_a_scheme_object_with_a_path_for_a_name_is_refused(name, tmp_path):
     with pytest.raises(SplitformerError, match="scheme name|Python keyword"):

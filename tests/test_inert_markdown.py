@@ -19,6 +19,11 @@ from splitformer.symbolic.markdown import inert, markdown_text
     "\\`<b>`",  # an escaped backquote opens no code span: the tag is live
     "```\ncode\n````\n<i>live</i>\n```",  # a longer run closes the fence: the line after it is text
     "`x\n\n<b>`",  # a code span ends at its paragraph
+    # attack 20: a link definition in a list item (a plug-in meaning, a cache's narrative step), Python-Markdown's
+    # attr_list (mkdocs.yml enables it), MathJax's \mmlToken with href and style attributes
+    "- [x]: javascript:alert(1)\n- click [x] for details", "1. [x]: javascript:alert(1):", "> [x]: http://evil.example/",
+    "*a hover*{: onmouseover=alert(1) }", "{: onclick=alert(document.cookie) }", "x{style=position:fixed}",
+    r"$\mmlToken{mi}[href='javascript:alert(1)']{m}$", r"$\bbox[border:1px]{x}$", r"$\require{html}$",
 ])
 def test_live_markup_is_refused(text):
     with pytest.raises(SplitformerError, match="would render"):
@@ -27,7 +32,8 @@ def test_live_markup_is_refused(text):
 
 @pytest.mark.parametrize("text", [
     "a < b and c > d", "$a < b$ and [0, 1] (the box)", "`<b>` in code", "```\n<b>\n```", "~~~\n[x](y)\n~~~",
-    "see http://example.org", r"\<b> and \[x\](y)", "![Convergence of post-ln: error against Δt](../plots/post_ln_"
+    "see http://example.org", r"\<b> and \[x\](y)", r"$\mathcal{R}[u(T)]: $ and attn[ffn]: 0 ≠ 1/2",
+    r"$\sum_{k=1}^{N} u_k$", "![Convergence of post-ln: error against Δt](../plots/post_ln_"
     "convergence.png)", r"\\href as text",
 ])
 def test_inert_text_passes_unchanged(text):
@@ -35,7 +41,9 @@ def test_inert_text_passes_unchanged(text):
 
 
 @pytest.mark.parametrize("text", ["<img src=x onerror=alert(1)> [click](http://evil.example/) ![i](x.png)",
-                                  r"$\href{javascript:alert(1)}{x}$ ```", "[ref]: http://evil.example/"])
+                                  r"$\href{javascript:alert(1)}{x}$ ```", "[ref]: http://evil.example/",
+                                  "post-LN with *a hover*{: onmouseover=alert(document.domain) } on its summary",
+                                  "- [x]: javascript:alert(1)"])
 def test_escaped_user_text_is_inert(text):
     """Control: what ``markdown_text`` makes of hostile text passes the guard (the guard refuses only what renders)."""
     assert inert(markdown_text(text), "t")
@@ -93,3 +101,15 @@ def test_a_fence_after_any_line_end_is_escaped(end):
 
     shown = markdown_text(f"A description.{end}```{end}The rest of the report.")
     assert not any(line.lstrip(" ").startswith("```") for line in re.split(r"\r\n|\r|\n", shown)), shown
+
+
+def test_braces_in_user_text_set_no_attributes():
+    """Attack 20: a scheme file's summary ``*a hover*{: onmouseover=…}`` became an ``onmouseover`` attribute under
+    Python-Markdown's attr_list (which mkdocs.yml enables). Escaped, it renders as text; control: unescaped, it sets
+    the attribute."""
+    import markdown
+
+    text = "post-LN with *a hover*{: onmouseover=alert(document.domain) } on its summary"
+    shown = markdown.markdown(markdown_text(text), extensions=["attr_list"])
+    assert "onmouseover=alert" in shown and 'onmouseover="' not in shown, shown
+    assert 'onmouseover="alert(document.domain)"' in markdown.markdown(text, extensions=["attr_list"])

@@ -174,6 +174,9 @@ _MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
     (", plus [click](http://evil.example/)", "meaning: must hold no markup"),
     (", plus $x", "meaning: must hold no markup (no '<', link, image or \\href, its '$' in pairs)"),
     (r", plus $\\href{javascript:alert(1)}{x}$", "meaning: must hold no markup"),
+    (r", plus $\\mmlToken{mi}[href='javascript:alert(1)']{m}$", "meaning: must hold no markup"),  # attack 20
+    (", plus [x]: javascript:alert(1)", "meaning: must hold no markup"),
+    (", plus *x*{: onclick=alert(1) }", "meaning: must hold no markup"),
 ])
 def test_a_plugin_whose_text_holds_markup_is_refused(tmp_path, meaning, message):
     """Attack 18: a plug-in definition's meaning (one printable line) went into the report as live HTML and links.

@@ -310,3 +310,27 @@ def test_the_cache_setting_names_a_folder_only_when_it_is_not_a_switch(setting, 
         folder, folder)  # '~' (quoted past the shell) is the home folder: attack 15 found a folder named '~' made
     assert cache.cache_folder() == (expected if expected is None or isinstance(expected, os.PathLike)
                                     else type(tmp_path)(expected))
+
+
+def test_a_stored_piecewise_is_rebuilt_as_stored(monkeypatch):
+    """Attack 20: a 10,931-node tree of nested piecewise nodes (within the node and size bounds) took 68 s to decode,
+    SymPy canonicalizing its conditions at every level, before the verifier saw it. Rebuilt as stored, without
+    SymPy's constructor; control: a stored piecewise decodes equal to the original."""
+    import sympy as sp
+    from sympy.functions.elementary.piecewise import ExprCondPair
+
+    from splitformer.symbolic.expression_json import from_json, to_json
+
+    v = sp.Symbol("v", real=True)
+    original = sp.Piecewise((v + 1, v < 0), (v, True))
+    assert from_json(to_json(original)) == original
+    tree = ["Symbol", "v", {}]
+    for level in range(7):
+        tree = ["Piecewise", ["ExprCondPair", ["Add", tree, ["Rational", str(level), "1"]],
+                              ["StrictLessThan", tree, ["Rational", str(level), "1"]]],
+                ["ExprCondPair", tree, ["S", "BooleanTrue"]]]
+    calls = []
+    for cls in (sp.Piecewise, ExprCondPair, sp.StrictLessThan):
+        monkeypatch.setattr(cls, "__new__", lambda *arguments, **options: calls.append(arguments[0]))
+    decoded = from_json(tree)
+    assert calls == [] and isinstance(decoded, sp.Piecewise)

@@ -279,3 +279,18 @@ def test_cached_decoding_equals_the_full_pass_or_refuses_the_positions(masked, p
     with torch.no_grad():
         torch_second = block(torch.from_numpy(u[:, 4:]), cache=torch_cache, positions=torch.from_numpy(positions[4:]))
     assert np.abs(torch.cat((torch_first, torch_second), dim=1).numpy() - full).max() <= 1e-12
+
+
+@pytest.mark.parametrize("reach", ["0", "33", "100000000", "true", '"2"', "-1"])
+def test_a_reach_beyond_the_bound_is_refused_in_one_line(reach, tmp_path, capsys):
+    """Attack 20: the reach was unbounded; the kernel holds 2 reach + 1 terms, so a 250-byte file ran for minutes
+    (reach 1000) or filled memory (10⁸). Refused; control: the widest reach allowed is taken."""
+    from splitformer.codegen.cli import main
+    from splitformer.symbolic.scheme_file import parse_scheme
+
+    path = tmp_path / "wide.toml"
+    path.write_text(SCHEME.replace("reach = 1 }", f"reach = {reach} }}"))
+    assert main(["show", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and ("reach must be an int from 1 to 32" in error or "expected int" in error), error
+    assert parse_scheme(SCHEME.replace("reach = 1 }", "reach = 32 }")).instantiate()["shift"].reach == 32

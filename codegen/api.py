@@ -15,6 +15,9 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+
 import types
 from dataclasses import InitVar, dataclass, field
 from functools import cached_property
@@ -82,11 +85,28 @@ class Derivation(GeneratedModules):
             if self.program != derived:
                 raise SplitformerError(f"Derivation: the program differs from what the scheme {self.scheme.name!r} "
                                        "derives (use splitformer.derive)")
+        object.__setattr__(self, "_checked_state", self._state())
         object.__setattr__(self, "_sealed", True)
 
     def __setattr__(self, name: str, value: object) -> None:
         sealed_fields(self, name, ("scheme", "program", "passes"))
         super().__setattr__(name, value)
+
+    def _state(self) -> bytes:
+        """A digest of everything the derivation was checked on, nested fields included (pickled: a scheme's operator
+        table or a program's name edited in place changes it; a plug-in object that does not pickle: its repr)."""
+        try:
+            state = pickle.dumps((self.scheme, self.program, self.passes))
+        except Exception:  # noqa: BLE001 - any object a plug-in put there
+            state = repr((self.scheme, self.program, self.passes)).encode()
+        return hashlib.sha256(state).digest()
+
+    def _unchanged(self) -> None:
+        """``SplitformerError`` when the scheme or program was edited in place since the derivation was checked: what
+        is emitted comes from them, and a module labelled (and digested) as one scheme would compute another."""
+        if self._state() != self._checked_state:
+            raise SplitformerError(f"the Derivation of {self.scheme.name!r} was edited in place after it was checked "
+                                   "(its scheme's or program's fields): derive again")
 
     @property
     def name(self) -> str:
@@ -110,22 +130,26 @@ class Derivation(GeneratedModules):
     @cached_property
     def report(self) -> str:
         """The derivation report (Markdown), as ``splitformer derive`` writes it."""
+        self._unchanged()
         return render_report(self.scheme, self.program, adjoint=self.backward[0].symbolic, order=self.order)
 
     @cached_property
     def lowered(self) -> tuple[Module, Module]:
         """The tensor IR of the block and of a stack's final norm."""
+        self._unchanged()
         return lower_scheme(self.scheme, self.program, self.passes)
 
     @cached_property
     def backward(self):
         """The lowered derived adjoints of the block and of a stack's final norm (``vjp``, ``backward="derived"``)."""
+        self._unchanged()
         return lower_backward(self.scheme, self.program, self.passes)
 
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
         if not isinstance(backend, str) or backend not in BACKEND_CHOICES or backend == "all":
             raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
+        self._unchanged()
         with plugin_failures(self.scheme):
             block, final_norm = self.lowered
             return render_module(self.scheme, block, final_norm, backend, *self.backward)
@@ -137,6 +161,7 @@ class Derivation(GeneratedModules):
         derive --force``); a package ``__init__.py`` of your own is always kept.
         """
         check_write_options(backend, force)
+        self._unchanged()
         out = as_folder(out, "out")
         with plugin_failures(self.scheme):
             files = generate(self.scheme, BACKEND_CHOICES[backend], out, self.passes, self.program, self.lowered)
@@ -151,6 +176,7 @@ class Derivation(GeneratedModules):
             plots = as_folder(plots, "plots")
             check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
             check_writable(plots, f"plots={str(plots)!r}")
+        self._unchanged()
         return scheme_checks(self.scheme, self.program, plots)
 
     def __repr__(self) -> str:

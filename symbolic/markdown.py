@@ -25,28 +25,27 @@ def code_block(text: str) -> str:
     return "\n".join("    " + line if line else "" for line in text.splitlines())
 
 
-#: What a renderer shows as it is: fenced code (closed by a run of the same mark at least as long, or never) and code
-#: spans (within a paragraph); backslash escapes are removed first, so an escaped backquote opens no span.
-_FENCE = re.compile(r"^ {0,3}((`|~)\2{2,})[^\n]*\n.*?^ {0,3}\1\2*[ \t]*$", re.S | re.M)
+#: Backslash escapes, removed before the scan (an escaped mark is text; inside code, where a backslash is literal,
+#: everything is text anyway). Code spans and fences are scanned like the rest: where a renderer starts and ends them
+#: is subtle (an indented line, a backquote in an info string), and splitformer's own reports hold no markup in code.
 _ESCAPE = re.compile(r"\\[!-/:-@\[-`{-~]")
-_SPAN = re.compile(r"(`+)(?!`)(?:(?!\n[ \t]*\n).)*?(?<!`)\1(?!`)", re.S)
 #: The one image a report holds: its convergence plot, by a path splitformer makes.
 _PLOT = re.compile(r"^!\[Convergence of [\w-]+: error against Δt\]\(\.\./plots/\w+_convergence\.png\)$", re.M)
 #: Live markup: an HTML tag, comment or autolink; a link, image or link definition (in a list item too); HTML
 #: attributes (Python-Markdown's ``attr_list``, which mkdocs.yml enables); a LaTeX link or attribute macro (a bare URL
 #: shows where it leads: it stays).
 _LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]")),
-         ("a link, a link definition or an image", re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:[-*+>]|\d+[.)])[ \t]+)*[ \t]*\[[^\]\n]*\]:", re.M)),
+         ("a link, a link definition or an image", re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:>|[-*+][ \t]|\d+[.)][ \t]))*[ \t]*\[[^\]]*\]:", re.M)),
          ("HTML attributes", re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)),
          ("a LaTeX link or HTML macro", re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics"
                                                    r"|mmlToken|require|bbox|unicode|texttip|mathtip|toggle)(?![a-zA-Z])")))
 
 
 def inert(markdown: str, what: str) -> str:
-    """``markdown`` as it is when nothing in it outside code would render as HTML, a link or an image (the one
+    """``markdown`` as it is when nothing in it (code included) would render as HTML, a link or an image (the one
     image a report links, its convergence plot, apart); else one ``SplitformerError`` naming ``what`` and the markup.
     Text from data is escaped or refused where it is read; this guard holds whatever a check there missed."""
-    shown = _SPAN.sub("", _ESCAPE.sub("", _FENCE.sub("", _PLOT.sub("", markdown))))
+    shown = _ESCAPE.sub("", _PLOT.sub("", markdown))
     for name, pattern in _LIVE:
         found = pattern.search(shown)
         if found:

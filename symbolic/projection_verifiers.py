@@ -61,7 +61,7 @@ def _only(name: str, expression, allowed: set) -> None:
 
 
 #: What report text must not hold: leaving math mode, Markdown code or links, HTML, a new line.
-_ACTIVE = ("$", "`", "<", "](", "\n", "\r")
+_ACTIVE = ("$", "`", "<", "](", "]:", "][", "{:", "\n", "\r")
 #: The LaTeX commands a derivation's narrative may use: typesetting, Greek letters, relations.
 #: Anything else (``\href``, ``\input``, ``\def``, ``\end{align*}`` …) is refused.
 _COMMANDS = frozenset("""

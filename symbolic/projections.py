@@ -28,6 +28,7 @@ import sympy as sp
 from .cache import disk_cached
 from .constraints import G, S_1, S_2, SYMBOLS, U, ConstraintSet, ProjectionSymbols
 from .errors import SplitformerError
+from .markdown import inert
 from .projection_verifiers import verify_layer_norm_projection, verify_relu_projection
 
 __all__ = [
@@ -52,7 +53,7 @@ class Projection:
     gap: sp.Expr | None = None
 
     def _repr_markdown_(self) -> str:
-        return "\n\n".join(f"{title}: $${latex}$$" for title, latex in self.steps)
+        return inert("\n\n".join(f"{title}: $${latex}$$" for title, latex in self.steps), "the projection's view")
 
 
 def _fail(constraint_set: ConstraintSet, message: str) -> SplitformerError:

@@ -92,6 +92,27 @@ def test_a_derivation_cannot_be_edited_after_it_is_checked(post_ln):
         network.spec = network.spec
 
 
+@pytest.mark.parametrize("edit", ["operators", "options", "program name"])
+def test_a_derivation_edited_in_place_emits_nothing(edit, tmp_path):
+    """Attack 21: ``d.scheme.operators["norm2"] = "rms-norm"`` after ``derive`` gave a hybrid module whose COMPUTES
+    digest was rms-norm's while its steps computed LayerNorm (0.955 off); ``d.program.name = '<text>'`` reached the
+    module's docstring and ran. Every output is refused after an edit in place; control: the unedited derivation
+    emits, and the check does not fire on what derive itself caches."""
+    derivation = splitformer.derive("pre-ln")
+    assert "def forward" in derivation.source("numpy") and derivation.report  # control
+    if edit == "operators":
+        derivation.scheme.operators["norm2"] = "rms-norm"
+    elif edit == "options":
+        derivation.scheme.options["ffn"] = {"bias": False}
+    else:
+        derivation.program.name = 'x"""\nimport os\n"""'
+    for emit in (lambda: derivation.source("numpy"), lambda: derivation.source("torch"),
+                 lambda: derivation.write(tmp_path / "out"), lambda: derivation.check()):
+        with pytest.raises(SplitformerError, match="was edited in place after it was checked"):
+            emit()
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_number_subclass_is_not_written_as_the_text_it_prints():
     """Attack 20: ``splitformer.scheme`` wrote a Fraction subclass by its own ``__str__`` (``1/3`` for a 1/2).
     Refused; control: Fraction and SymPy's rationals are written exactly."""

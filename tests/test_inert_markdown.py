@@ -1,5 +1,6 @@
 """The last guard on rendered Markdown (``symbolic.markdown.inert``): whatever a check upstream misses, a report, a
-check table or a notebook view that would render raw HTML, a link or an image is refused, never written."""
+check table or a notebook view that would render raw HTML, a link or an image is refused, never written. Code is
+scanned like the rest (attack 21: where a renderer starts and ends code is subtle)."""
 
 import subprocess
 import sys
@@ -24,6 +25,10 @@ from splitformer.symbolic.markdown import inert, markdown_text
     "- [x]: javascript:alert(1)\n- click [x] for details", "1. [x]: javascript:alert(1):", "> [x]: http://evil.example/",
     "*a hover*{: onmouseover=alert(1) }", "{: onclick=alert(document.cookie) }", "x{style=position:fixed}",
     r"$\mmlToken{mi}[href='javascript:alert(1)']{m}$", r"$\bbox[border:1px]{x}$", r"$\require{html}$",
+    # attack 21: where a renderer starts and ends code is subtle, so code is scanned too; definitions in any container
+    "`<b>` in code", "```\n<b>\n```", "~~~\n[x](y)\n~~~", ">[x]: https://e.x/\n\n[x]", "  >  >[x]: https://e.x/\n\n[x]",
+    "[x\ny]: https://e.x/\n\n[x y]", "``` a`b\n[x](https://e.x/)\n```", "    ```\n[x](https://e.x/)\n```",
+    "\t```\n[x](https://e.x/)\n```",
 ])
 def test_live_markup_is_refused(text):
     with pytest.raises(SplitformerError, match="would render"):
@@ -31,7 +36,7 @@ def test_live_markup_is_refused(text):
 
 
 @pytest.mark.parametrize("text", [
-    "a < b and c > d", "$a < b$ and [0, 1] (the box)", "`<b>` in code", "```\n<b>\n```", "~~~\n[x](y)\n~~~",
+    "a < b and c > d", "$a < b$ and [0, 1] (the box)",
     "see http://example.org", r"\<b> and \[x\](y)", r"$\mathcal{R}[u(T)]: $ and attn[ffn]: 0 ≠ 1/2",
     r"$\sum_{k=1}^{N} u_k$", "![Convergence of post-ln: error against Δt](../plots/post_ln_"
     "convergence.png)", r"\\href as text",

@@ -1,5 +1,5 @@
 """User text in Markdown (reports, notebook views), shown as text: nothing in it is interpreted; and the last guard on
-what splitformer renders (``inert``): no raw HTML, link or image outside code, whatever a check upstream missed."""
+what splitformer renders (``inert``): no raw HTML, link or image anywhere in it, whatever a check upstream missed."""
 
 from __future__ import annotations
 

@@ -16,10 +16,9 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 from __future__ import annotations
 
 import hashlib
-import pickle
 
 import types
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
@@ -93,18 +92,15 @@ class Derivation(GeneratedModules):
         super().__setattr__(name, value)
 
     def _state(self) -> bytes:
-        """A digest of everything the derivation was checked on, nested fields included (pickled: a scheme's operator
-        table or a program's name edited in place changes it; a plug-in object that does not pickle: its repr)."""
-        try:
-            state = pickle.dumps((self.scheme, self.program, self.passes))
-        except Exception:  # noqa: BLE001 - any object a plug-in put there
-            state = repr((self.scheme, self.program, self.passes)).encode()
-        return hashlib.sha256(state).digest()
+        """A digest of the fields the derivation was checked on, nested ones included (their dataclass reprs: a
+        scheme's operator table or a program's name edited in place changes it; a cached property does not)."""
+        program = {item.name: getattr(self.program, item.name) for item in fields(self.program)}
+        return hashlib.sha256(repr((self.scheme, program, self.passes)).encode()).digest()
 
     def _unchanged(self) -> None:
         """``SplitformerError`` when the scheme or program was edited in place since the derivation was checked: what
         is emitted comes from them, and a module labelled (and digested) as one scheme would compute another."""
-        if self._state() != self._checked_state:
+        if self._state() != getattr(self, "_checked_state", None):
             raise SplitformerError(f"the Derivation of {self.scheme.name!r} was edited in place after it was checked "
                                    "(its scheme's or program's fields): derive again")
 

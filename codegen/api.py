@@ -15,7 +15,6 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 
 from __future__ import annotations
 
-import hashlib
 
 import types
 from dataclasses import InitVar, dataclass, field, fields
@@ -34,7 +33,7 @@ from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec,
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .network_api import GeneratedModules, NetworkDerivation, check_write_options, sealed_fields
+from .network_api import GeneratedModules, NetworkDerivation, check_unchanged, check_write_options, digest, sealed_fields
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
@@ -92,17 +91,12 @@ class Derivation(GeneratedModules):
         super().__setattr__(name, value)
 
     def _state(self) -> bytes:
-        """A digest of the fields the derivation was checked on, nested ones included (their dataclass reprs: a
-        scheme's operator table or a program's name edited in place changes it; a cached property does not)."""
-        program = {item.name: getattr(self.program, item.name) for item in fields(self.program)}
-        return hashlib.sha256(repr((self.scheme, program, self.passes)).encode()).digest()
+        """A digest of the fields the derivation was checked on (the program's own ``repr`` is a summary)."""
+        return digest(self.scheme, {item.name: getattr(self.program, item.name) for item in fields(self.program)},
+                      self.passes)
 
     def _unchanged(self) -> None:
-        """``SplitformerError`` when the scheme or program was edited in place since the derivation was checked: what
-        is emitted comes from them, and a module labelled (and digested) as one scheme would compute another."""
-        if self._state() != getattr(self, "_checked_state", None):
-            raise SplitformerError(f"the Derivation of {self.scheme.name!r} was edited in place after it was checked "
-                                   "(its scheme's or program's fields): derive again")
+        check_unchanged(self, self._state(), self.scheme.name)
 
     @property
     def name(self) -> str:

@@ -12,6 +12,7 @@ runs on a network::
 
 from __future__ import annotations
 
+import hashlib
 import types
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,7 +25,7 @@ from .in_memory import load_source
 from .output import as_folder, write_files
 from .pipeline import BACKEND_CHOICES, generate_model
 
-__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options", "sealed_fields"]
+__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options", "sealed_fields", "digest", "check_unchanged"]
 
 
 class GeneratedModules:
@@ -42,6 +43,21 @@ class GeneratedModules:
         if backend not in self._modules:
             self._modules[backend] = load_source(self.source(backend), backend, self.name)
         return self._modules[backend]
+
+
+def digest(*values: object) -> bytes:
+    """A digest of ``values`` by their reprs: dataclass fields, nested ones included (an operator table edited in place
+    changes it; a cached property does not)."""
+    return hashlib.sha256(repr(values).encode()).digest()
+
+
+def check_unchanged(derivation: object, state: bytes, name: str) -> None:
+    """``SplitformerError`` unless ``state`` is the digest ``derivation`` was checked with: what it emits comes from
+    its fields, and an edit in place would reach the code and report unchecked (a module labelled as one network or
+    scheme computing another, or text as code)."""
+    if state != getattr(derivation, "_checked_state", None):
+        raise SplitformerError(f"the {type(derivation).__name__} of {name!r} was edited in place after it was checked "
+                               "(a field of its scheme, program or spec): derive again")
 
 
 def sealed_fields(derivation: object, name: str, fields: tuple[str, ...]) -> None:
@@ -70,7 +86,11 @@ class NetworkDerivation(GeneratedModules):
 
     def __post_init__(self) -> None:
         check_network(self.spec)  # a spec object, however made or edited, is checked as its file is
+        object.__setattr__(self, "_checked_state", digest(self.spec, self.passes))
         object.__setattr__(self, "_sealed", True)
+
+    def _unchanged(self) -> None:
+        check_unchanged(self, digest(self.spec, self.passes), self.spec.name)
 
     def __setattr__(self, name: str, value: object) -> None:
         sealed_fields(self, name, ("spec", "passes"))
@@ -83,22 +103,26 @@ class NetworkDerivation(GeneratedModules):
 
     @cached_property
     def _files(self) -> dict[Path, str]:
+        self._unchanged()
         return generate_model(self.spec, ("numpy", "torch"), Path("."), self.passes)
 
     @property
     def report(self) -> str:
         """The derivation report (Markdown), as ``splitformer derive`` writes it."""
+        self._unchanged()
         return self._files[Path("reports") / f"{self.name}.md"]
 
     def source(self, backend: str) -> str:
         """The text of the generated ``numpy`` or ``torch`` module."""
         if not isinstance(backend, str) or backend not in ("numpy", "torch"):
             raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
+        self._unchanged()
         return self._files[Path(backend) / f"{self.name}.py"]
 
     def write(self, out: str | Path = "generated", backend: str = "all", force: bool = False) -> list[Path]:
         """Write the modules and the report under ``out`` (all or nothing); returns the paths."""
         check_write_options(backend, force)
+        self._unchanged()
         out = as_folder(out, "out")
         files = generate_model(self.spec, BACKEND_CHOICES[backend], out, self.passes)
         write_files(files, force=force, root=out)
@@ -108,6 +132,7 @@ class NetworkDerivation(GeneratedModules):
         """The network's checks, as ``splitformer check <network>`` runs them, as a ``CheckReport``."""
         from .verification.runner import network_checks
 
+        self._unchanged()
         return network_checks(self.spec)
 
     def __repr__(self) -> str:

@@ -108,7 +108,7 @@ def test_a_derivation_edited_in_place_emits_nothing(edit, tmp_path):
         derivation.program.name = 'x"""\nimport os\n"""'
     for emit in (lambda: derivation.source("numpy"), lambda: derivation.source("torch"),
                  lambda: derivation.write(tmp_path / "out"), lambda: derivation.check()):
-        with pytest.raises(SplitformerError, match="was edited in place after it was checked"):
+        with pytest.raises(SplitformerError, match="Derivation of .* was edited in place after it was checked"):
             emit()
     assert not (tmp_path / "out").exists()
 
@@ -294,3 +294,23 @@ def test_no_file_outside_out_after_a_write(post_ln, tmp_path):
     written = post_ln.write(out)
     real = os.path.realpath(out)
     assert all(os.path.realpath(path).startswith(real + os.sep) for path in written)
+
+
+def test_a_network_derivation_edited_in_place_emits_nothing(tmp_path):
+    """Attack 22: a unet-level's operator table edited in place after ``derive`` (a stride given as text) was written
+    as code and ran; a vit's step scheme edited in place was written under vit's name computing a gated feed-forward.
+    Refused at every output; control: the unedited derivation emits."""
+    from dataclasses import replace as replaced
+
+    network = splitformer.derive("unet-level")
+    fresh = splitformer.derive("vit")
+    assert "def forward" in fresh.source("numpy")  # control
+    network.spec.operators["down"] = replaced(network.spec.operators["down"], padding=7)
+    fresh.spec.scheme.operators["ffn"] = "gated-feed-forward"
+    for derivation in (network, fresh):
+        for emit in (lambda: derivation.write(tmp_path / "out"), lambda: derivation.check()):
+            with pytest.raises(SplitformerError, match="NetworkDerivation of .* was edited in place"):
+                emit()
+    with pytest.raises(SplitformerError, match="was edited in place"):
+        network.source("numpy")
+    assert not (tmp_path / "out").exists()

@@ -305,3 +305,14 @@ def test_grid_model_arguments_are_named(arguments, keywords, error, message):
 def test_vision_models_name_an_input_that_is_not_a_tensor(make):
     with pytest.raises(TypeError, match=r"(u|pixel_values) must be a torch.Tensor, got list"):
         make()([[0.0]])
+
+
+@pytest.mark.parametrize("value", ["false", "no", 1, None])
+def test_a_stack_takes_final_norm_as_a_bool_only(value):
+    """Attack 22: ``Stack(final_norm="false")`` built and applied a final norm (truthiness); so did a configuration's
+    ``"final_norm": "false"`` through ``LanguageModel``. A TypeError naming it; control: the bools."""
+    _, torch_module = _modules("pre_ln")
+    with pytest.raises(TypeError, match="final_norm must be a bool, got"):
+        torch_module.Stack(2, 8, 2, 12, final_norm=value)
+    assert torch_module.Stack(2, 8, 2, 12, final_norm=False).has_final_norm is False
+    assert torch_module.Stack(2, 8, 2, 12, final_norm=True).has_final_norm is True

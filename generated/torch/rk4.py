@@ -1447,8 +1447,9 @@ class Stack(_CanonicalModule):
                  final_norm=True, device=None, dtype=None, backward="autograd", tied=False):
         super().__init__()
         n_layers = _integer("n_layers", n_layers, 1)
-        if not isinstance(tied, bool):
-            raise TypeError(f"tied must be a bool, got {type(tied).__name__}")
+        for name, flag in (("tied", tied), ("final_norm", final_norm)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
         blocks = [
             Block(d_model, n_heads, d_ff, eps=eps, bias=bias, dropout=dropout, batch_first=batch_first,
                   device=device, dtype=dtype, backward=backward)

@@ -232,11 +232,16 @@ def _source_with_activation(scheme) -> str:
 
     from splitformer.symbolic.scheme_file import parse_scheme
 
+    if scheme.activation == scheme.declared_activation:
+        return scheme.source  # the file as it is
     line = f'activation = "{scheme.activation}"'
-    source, count = re.subn(r'(?m)^activation = "[a-z-]+"$', line, scheme.source, count=1)
+    table = re.search(r"(?m)^\s*\[", scheme.source)  # top-level keys come before the first table
+    head, tables = (scheme.source[:table.start()], scheme.source[table.start():]) if table else (scheme.source, "")
+    head, count = re.subn(r'(?m)^activation\s*=\s*"[a-z-]+"[ \t]*(?:#.*)?$', line, head, count=1)
     if not count:
-        source = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", source, count=1)
-    if parse_scheme(source).activation != scheme.activation:
+        head = re.sub(r'(?m)^(name = ".*")$', lambda match: f"{match.group(1)}\n{line}", head, count=1)
+    source = head + tables
+    if parse_scheme(source).fingerprint != scheme.fingerprint:  # the same computation, or refused
         raise SplitformerError(f"cannot write the activation of {scheme.name!r} into its file")
     return source
 

@@ -87,3 +87,43 @@ def test_console_script_is_installed():
     script = shutil.which("splitformer", path=str(ROOT / ".venv" / "bin")) or shutil.which("splitformer")
     assert script, "the splitformer console script is not on PATH"
     assert subprocess.run([script, "list"], capture_output=True, text=True).stdout.startswith("post-ln")
+
+
+_OWN_SECOND = '''name = "two-ffn"
+summary = "pre-LN with a second feed-forward naming its own activation"
+{top}
+[operators]
+norm1 = "layer-norm"
+ffn = "feed-forward"
+
+[operators.ffn2]
+kind = "feed-forward"
+activation = "silu"
+
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm1"
+
+[[steps]]
+operator = "ffn2"
+solver = "explicit"
+on = "norm1"
+'''
+
+
+@pytest.mark.parametrize("top", ["", 'activation = "gelu"  # the default of this file'])
+def test_show_toml_keeps_an_operators_own_activation(top, tmp_path, capsys):
+    """Attack 22: ``show --format toml`` replaced the first ``activation = …`` line anywhere, an operator table's own
+    (SiLU printed as ReLU) when the file had no top-level one. The file is printed as it is; ``--activation``
+    changes only the top-level line, and the printed file computes what was asked."""
+    from splitformer.symbolic.scheme_file import parse_scheme
+
+    path = tmp_path / "two.toml"
+    path.write_text(_OWN_SECOND.format(top=top))
+    assert main(["show", str(path), "--format", "toml"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip("\n") == path.read_text().rstrip("\n")
+    assert main(["show", str(path), "--format", "toml", "--activation", "tanh"]) == 0
+    changed = parse_scheme(capsys.readouterr().out)
+    assert changed.activation == "tanh" and changed.options["ffn2"]["activation"] == "silu"

@@ -33,7 +33,7 @@ from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec,
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .network_api import GeneratedModules, NetworkDerivation, check_unchanged, check_write_options, digest, sealed_fields
+from .network_api import GeneratedModules, NetworkDerivation, check_passes, check_unchanged, check_write_options, digest, sealed_fields
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
@@ -74,6 +74,7 @@ class Derivation(GeneratedModules):
         if not isinstance(self.program, Program):
             raise SplitformerError(f"Derivation: program: expected a Program, got {type(self.program).__name__}")
         self.scheme.check()
+        check_passes(self.passes, "Derivation")
         if self.program.name != self.scheme.module_name:
             raise SplitformerError(f"Derivation: the program {self.program.name[:64]!r} is not derived from the scheme "
                                    f"{self.scheme.name!r} (use splitformer.derive)")

@@ -25,7 +25,7 @@ from .in_memory import load_source
 from .output import as_folder, write_files
 from .pipeline import BACKEND_CHOICES, generate_model
 
-__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options", "sealed_fields", "digest", "check_unchanged"]
+__all__ = ["NetworkDerivation", "GeneratedModules", "check_write_options", "sealed_fields", "digest", "check_unchanged", "check_passes"]
 
 
 class GeneratedModules:
@@ -43,6 +43,17 @@ class GeneratedModules:
         if backend not in self._modules:
             self._modules[backend] = load_source(self.source(backend), backend, self.name)
         return self._modules[backend]
+
+
+def check_passes(passes: object, where: str) -> None:
+    """``SplitformerError`` unless ``passes`` is None (all) or a tuple of the IR passes (``codegen.passes.PASSES``'s
+    values; ``splitformer.derive`` takes their names)."""
+    from .passes import PASSES
+
+    known = list(PASSES.values())
+    if passes is not None and (type(passes) is not tuple or any(not any(p is k for k in known) for p in passes)):
+        raise SplitformerError(f"{where}: passes must be None or a tuple of codegen.passes.PASSES' values "
+                               f"(splitformer.derive takes their names), got {str(passes)[:60]!r}")
 
 
 def digest(*values: object) -> bytes:
@@ -86,6 +97,7 @@ class NetworkDerivation(GeneratedModules):
 
     def __post_init__(self) -> None:
         check_network(self.spec)  # a spec object, however made or edited, is checked as its file is
+        check_passes(self.passes, "NetworkDerivation")
         object.__setattr__(self, "_checked_state", digest(self.spec, self.passes))
         object.__setattr__(self, "_sealed", True)
 

@@ -314,3 +314,12 @@ def test_a_network_derivation_edited_in_place_emits_nothing(tmp_path):
     with pytest.raises(SplitformerError, match="was edited in place"):
         network.source("numpy")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_hand_made_derivation_checks_its_passes(post_ln):
+    """Attack 22: ``Derivation(..., passes=("layer-norm",))`` was accepted and failed later with a raw TypeError.
+    One line naming it; control: the passes ``derive`` selects by name."""
+    chosen = splitformer.derive("post-ln", passes="layer-norm,matmul").passes
+    with pytest.raises(SplitformerError, match="Derivation: passes must be None or a tuple"):
+        Derivation(post_ln.scheme, post_ln.program, passes=("layer-norm",))
+    assert Derivation(post_ln.scheme, post_ln.program, passes=chosen).passes == chosen

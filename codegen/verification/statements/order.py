@@ -26,6 +26,7 @@ from math import factorial
 import sympy as sp
 
 from splitformer.symbolic.latex import plain_text
+from splitformer.symbolic.markdown import inert
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 from .series import Series
 from .trees import MAX_NODES, MAX_WORK, Forest, Program
@@ -82,7 +83,7 @@ class OrderResult:
         text = f"**order {self.order}** (own substep solvers), leading local error $${self.leading_error}$$"
         if self.splitting_order is not None:
             text += f"\n\n**splitting order {self.splitting_order}** (exact sub-flows), leading term $${self.exact_subflows_error}$$"
-        return text
+        return inert(text, "the orders' view")
 
 
 def _colours(scheme: Scheme, names: dict[str, str]) -> dict[tuple, str]:

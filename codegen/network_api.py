@@ -46,14 +46,11 @@ class GeneratedModules:
 
 
 def check_passes(passes: object, where: str) -> None:
-    """``SplitformerError`` unless ``passes`` is None (all) or a tuple of the IR passes (``codegen.passes.PASSES``'s
-    values; ``splitformer.derive`` takes their names)."""
-    from .passes import PASSES
-
-    known = list(PASSES.values())
-    if passes is not None and (type(passes) is not tuple or any(not any(p is k for k in known) for p in passes)):
-        raise SplitformerError(f"{where}: passes must be None or a tuple of codegen.passes.PASSES' values "
-                               f"(splitformer.derive takes their names), got {str(passes)[:60]!r}")
+    """``SplitformerError`` unless ``passes`` is None (all) or a tuple of passes, the rewrites themselves (functions of
+    a ``Module``: ``codegen.passes.PASSES``' values or a user's; ``splitformer.derive`` takes their names)."""
+    if passes is not None and (type(passes) is not tuple or not all(callable(rewrite) for rewrite in passes)):
+        raise SplitformerError(f"{where}: passes must be None or a tuple of passes (the functions; "
+                               f"splitformer.derive takes their names), got {str(passes)[:60]!r}")
 
 
 def digest(*values: object) -> bytes:

@@ -120,8 +120,8 @@ def _written_by_us(header: bytes, name: str) -> bool:
     json_header = _JSON_HEADER.match(text)
     if json_header is not None:
         return _HEADER_LINE.fullmatch(json_header.group(1)) is not None
-    if name == "__init__.py" and text == PACKAGE_INIT:  # lines a user added make it theirs: kept, never rewritten
-        return True
+    if name == "__init__.py":  # exactly the package file's text; lines a user added make it theirs, a header too
+        return text == PACKAGE_INIT
     return any(_HEADER_LINE.fullmatch(line) for line in _header_lines(text))
 
 

@@ -93,7 +93,8 @@ class _Decoder:
 
 
 def _integer(text: Any) -> int:
-    if not isinstance(text, str) or not 0 < len(text.lstrip("-")) <= MAX_DIGITS or not text.lstrip("-").isdigit():
+    digits = text.lstrip("-") if isinstance(text, str) else ""
+    if not 0 < len(digits) <= MAX_DIGITS or not (digits.isascii() and digits.isdigit()):
         raise ValueError(f"not a bounded decimal integer: {str(text)[:60]}")
     return int(text)
 

@@ -31,21 +31,27 @@ def code_block(text: str) -> str:
 _ESCAPE = re.compile(r"\\[!-/:-@\[-`{-~]")
 #: The one image a report holds: its convergence plot, by a path splitformer makes.
 _PLOT = re.compile(r"^!\[Convergence of [\w-]+: error against Δt\]\(\.\./plots/\w+_convergence\.png\)$", re.M)
+#: LaTeX that MathJax renders as a link, HTML attributes or an image (any number of backslashes before it).
+_MACRO = re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics|mmlToken|require|bbox|unicode"
+                    r"|texttip|mathtip|toggle)(?![a-zA-Z])")
 #: Live markup: an HTML tag, comment or autolink; a link, image or link definition (in a list item too); HTML
 #: attributes (Python-Markdown's ``attr_list``, which mkdocs.yml enables); a LaTeX link or attribute macro (a bare URL
 #: shows where it leads: it stays).
-_LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]")),
+_LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]|<[^\s<>]*@[^\s<>]*>")),  # a tag, a comment; an email autolink
          ("a link, a link definition or an image", re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:>|[-*+][ \t]|\d+[.)][ \t]))*[ \t]*\[[^\]]*\]:", re.M)),
          ("HTML attributes", re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)),
-         ("a LaTeX link or HTML macro", re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics"
-                                                   r"|mmlToken|require|bbox|unicode|texttip|mathtip|toggle)(?![a-zA-Z])")))
+         ("a LaTeX link or HTML macro", _MACRO))
 
 
 def inert(markdown: str, what: str) -> str:
     """``markdown`` as it is when nothing in it (code included) would render as HTML, a link or an image (the one
     image a report links, its convergence plot, apart); else one ``SplitformerError`` naming ``what`` and the markup.
     Text from data is escaped or refused where it is read; this guard holds whatever a check there missed."""
-    shown = _ESCAPE.sub("", _PLOT.sub("", markdown))
+    unplotted = _PLOT.sub("", markdown)
+    if _MACRO.search(unplotted):  # before escapes are removed: Markdown shows "\\href" as "\href", which MathJax reads
+        raise SplitformerError(f"{what}: would render a LaTeX link or HTML macro from text splitformer did not write; "
+                               "refused")
+    shown = _ESCAPE.sub("", unplotted)
     for name, pattern in _LIVE:
         found = pattern.search(shown)
         if found:

@@ -201,7 +201,7 @@ def test_the_report_shows_links_images_and_math_as_text(field, tmp_path):
     no link or image."""
     import markdown
 
-    text = _ACTIVE.replace("\\", "\\\\")  # a TOML string escapes its backslashes (a summary holds none)
+    text = _ACTIVE.replace(" $\\href{javascript:alert(4)}{c}$", "")  # a LaTeX link macro: refused, see below
     source, report = {
         "summary": (_replace('summary = "', f'summary = "{_LINKS} '), "post_ln"),
         "description": (_replace('description = """', f'description = """{text}\n'), "post_ln"),
@@ -218,6 +218,17 @@ def test_the_report_shows_links_images_and_math_as_text(field, tmp_path):
     assert "<pre>" not in fenced and fenced.count("<h2>") == report_text.count("\n## ")  # attack 17: a ``` line
     control = markdown.markdown(_ACTIVE)  # the same text unescaped renders active links and images
     assert "<a " in control and "<img" in control
+
+
+def test_a_description_holding_a_latex_link_macro_is_refused(tmp_path, capsys):
+    """Attack 23: Markdown shows a description's ``\\(\\href{javascript:…}{x}\\)`` as ``\\(\\href…\\)``, which
+    MathJax (its ``\\(`` delimiters on) renders as a link. The report is refused, nothing written."""
+    path = tmp_path / "href.toml"
+    path.write_text(_replace('description = """', 'description = """\\\\(\\\\href{javascript:alert(1)}{x}\\\\)\n'))
+    assert main(["derive", str(path), "--out", str(tmp_path / "out"), "--backend", "numpy"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "would render a LaTeX link or HTML macro" in error, error
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_interrupt_is_one_line_and_status_130(monkeypatch, capsys):

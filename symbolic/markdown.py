@@ -38,7 +38,8 @@ _MACRO = re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphi
 #: attributes (Python-Markdown's ``attr_list``, which mkdocs.yml enables); a LaTeX link or attribute macro (a bare URL
 #: shows where it leads: it stays).
 _LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]|<[^\s<>]*@[^\s<>]*>")),  # a tag, a comment; an email autolink
-         ("a link, a link definition or an image", re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:>|[-*+][ \t]|\d+[.)][ \t]))*[ \t]*\[[^\]]*\]:", re.M)),
+         ("a link, a link definition or an image",
+          re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:>|[-*+][ \t]|\d+[.)][ \t]))*[ \t]*\[[^\]]*\]:", re.M)),
          ("HTML attributes", re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)),
          ("a LaTeX link or HTML macro", _MACRO))
 

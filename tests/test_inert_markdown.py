@@ -30,7 +30,7 @@ from splitformer.symbolic.markdown import inert, markdown_text
     "[x\ny]: https://e.x/\n\n[x y]", "``` a`b\n[x](https://e.x/)\n```", "    ```\n[x](https://e.x/)\n```",
     "\t```\n[x](https://e.x/)\n```",
     # attack 23: email autolinks; a description's \href, which Markdown shows as \href for MathJax to read
-    "<1@evil.example>", "<_x@evil.example>", markdown_text(r"\(\href{javascript:alert(1)}{x}\)"),
+    "<1@evil.example>", "<_x@evil.example>", r"\\href as text", markdown_text(r"\(\href{javascript:alert(1)}{x}\)"),
 ])
 def test_live_markup_is_refused(text):
     with pytest.raises(SplitformerError, match="would render"):
@@ -41,7 +41,7 @@ def test_live_markup_is_refused(text):
     "a < b and c > d", "$a < b$ and [0, 1] (the box)",
     "see http://example.org", r"\<b> and \[x\](y)", r"$\mathcal{R}[u(T)]: $ and attn[ffn]: 0 ≠ 1/2",
     r"$\sum_{k=1}^{N} u_k$", "![Convergence of post-ln: error against Δt](../plots/post_ln_"
-    "convergence.png)", r"\\href as text",
+    "convergence.png)",
 ])
 def test_inert_text_passes_unchanged(text):
     assert inert(text, "t") == text

@@ -7,7 +7,7 @@ import re
 
 from .errors import SplitformerError
 
-__all__ = ["markdown_text", "code_block", "inert"]
+__all__ = ["markdown_text", "code_block", "inert", "MACRO", "ATTRIBUTES"]
 
 
 def markdown_text(text: str) -> str:
@@ -31,8 +31,10 @@ def code_block(text: str) -> str:
 _ESCAPE = re.compile(r"\\[!-/:-@\[-`{-~]")
 #: The one image a report holds: its convergence plot, by a path splitformer makes.
 _PLOT = re.compile(r"^!\[Convergence of [\w-]+: error against Δt\]\(\.\./plots/\w+_convergence\.png\)$", re.M)
+#: HTML attributes in Python-Markdown's ``attr_list`` form (``{: onclick=…}``), which mkdocs.yml enables.
+ATTRIBUTES = re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)
 #: LaTeX that MathJax renders as a link, HTML attributes or an image (any number of backslashes before it).
-_MACRO = re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics|mmlToken|require|bbox|unicode"
+MACRO = re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphics|mmlToken|require|bbox|unicode"
                     r"|texttip|mathtip|toggle)(?![a-zA-Z])")
 #: Live markup: an HTML tag, comment or autolink; a link, image or link definition (in a list item too); HTML
 #: attributes (Python-Markdown's ``attr_list``, which mkdocs.yml enables); a LaTeX link or attribute macro (a bare URL
@@ -40,8 +42,8 @@ _MACRO = re.compile(r"\\(?:href|url|html\w*|class|cssId|style|data|includegraphi
 _LIVE = (("raw HTML", re.compile(r"<[A-Za-z/!?]|<[^\s<>]*@[^\s<>]*>")),  # a tag, a comment; an email autolink
          ("a link, a link definition or an image",
           re.compile(r"\][(\[]|!\[|^(?:[ \t]*(?:>|[-*+][ \t]|\d+[.)][ \t]))*[ \t]*\[[^\]]*\]:", re.M)),
-         ("HTML attributes", re.compile(r"\{[^}\n]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)),
-         ("a LaTeX link or HTML macro", _MACRO))
+         ("HTML attributes", ATTRIBUTES),
+         ("a LaTeX link or HTML macro", MACRO))
 
 
 def inert(markdown: str, what: str) -> str:
@@ -49,7 +51,7 @@ def inert(markdown: str, what: str) -> str:
     image a report links, its convergence plot, apart); else one ``SplitformerError`` naming ``what`` and the markup.
     Text from data is escaped or refused where it is read; this guard holds whatever a check there missed."""
     unplotted = _PLOT.sub("", markdown)
-    if _MACRO.search(unplotted):  # before escapes are removed: Markdown shows "\\href" as "\href", which MathJax reads
+    if MACRO.search(unplotted):  # before escapes are removed: Markdown shows "\\href" as "\href", which MathJax reads
         raise SplitformerError(f"{what}: would render a LaTeX link or HTML macro from text splitformer did not write; "
                                "refused")
     shown = _ESCAPE.sub("", unplotted)

@@ -21,6 +21,7 @@ from . import domains
 from .errors import SplitformerError
 from .constraints import ConstraintSet
 from .inputs import ROLES, Constant, Input
+from .markdown import ATTRIBUTES, MACRO
 from .names import MODULE_ATTRIBUTES, check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
 from .trusted_expressions import check_expression
@@ -156,12 +157,9 @@ def check_constraints(constraints: object, where: str) -> None:
         _text(symbol.name, f"{where}: constraint set symbol {symbol.name[:40]!r}", math=True)
 
 
-#: Markup live in a report's Markdown outside math: raw HTML, a link, a link definition, an image, attributes
-#: (Python-Markdown's ``attr_list``: ``*x*{: onclick=…}``).
-_MARKUP = re.compile(r"<|\]\(|\]\[|\]:|!\[|\{[^}]*\b(?:on[a-z]+|style|href|src|srcdoc|action|formaction)\s*=", re.I)
-#: LaTeX that MathJax or KaTeX render as a link, HTML attributes or an image: live markup inside math.
-_MATH_MARKUP = re.compile(r"\\(href|url|html\w*|class|cssId|style|data|includegraphics|mmlToken|require|bbox|unicode"
-                          r"|texttip|mathtip|toggle)(?![a-zA-Z])")
+#: Markup live in a report's Markdown outside math: raw HTML, a link, a link definition, an image (attributes and
+#: LaTeX link macros: the report guard's own patterns, ``markdown.ATTRIBUTES`` and ``markdown.MACRO``).
+_MARKUP = re.compile(r"<|\]\(|\]\[|\]:|!\[")
 
 
 def _text(text: object, what: str, math: bool = False) -> None:
@@ -169,6 +167,7 @@ def _text(text: object, what: str, math: bool = False) -> None:
     ``$``) holds no ``$``; other text keeps its ``$`` in pairs."""
     if type(text) is not str or not text.isprintable():
         raise SplitformerError(f"{what}: must be one printable line of text")
-    if _MARKUP.search(text) or _MATH_MARKUP.search(text) or ("$" in text if math else text.count("$") % 2):
+    markup = any(pattern.search(text) for pattern in (_MARKUP, ATTRIBUTES, MACRO))
+    if markup or ("$" in text if math else text.count("$") % 2):
         raise SplitformerError(f"{what}: must hold no markup (no '<', link, image or \\href"
                                + (", no '$')" if math else ", its '$' in pairs)"))

@@ -87,6 +87,21 @@ def _cached_padding(cache, key_padding_mask, batch, n_keys):
     cache["key_padding_mask"] = mask.copy()
 
 
+def _cached_options(cache, options):
+    """Record in ``cache["options"]`` the options the cached keys and values were computed with (``options``: name →
+    value). A ValueError naming those a later call changes: the cached tokens hold the old ones, so no full pass with
+    either would equal the result."""
+    if cache is None:
+        return
+    old = cache.get("options", options)
+    changed = [f"{name}={value!r} (cached with {old.get(name)!r})" for name, value in options.items()
+               if old.get(name) != value]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: the cached tokens' keys and values were computed with the options of "
+                         "the calls that cached them; give every call of one cache the same options")
+    cache["options"] = dict(options)
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)

@@ -157,7 +157,7 @@ def test_cached_decoding_keeps_the_key_positions(modules):
     for start, stop in ((0, 3), (3, 4), (4, 6)):
         parts.append(numpy_module.forward(u[:, start:stop], params, n_heads=HEADS, eps=EPS,
                                           positions=positions[start:stop], cache=cache))
-    assert sorted(cache) == ["attn.k", "attn.pos_k", "attn.v", "key_padding_mask"]
+    assert sorted(cache) == ["attn.k", "attn.pos_k", "attn.v", "key_padding_mask", "options"]
     assert np.abs(np.concatenate(parts, axis=1) - full).max() <= 1e-12
     block = torch_module.Block(D, HEADS, D_FF, eps=EPS, dtype=torch.float64).load_params(params)
     cache, parts = {}, []

@@ -23,7 +23,7 @@ def _layers(module, n_layers, rng, d=8, d_ff=12):
 
 
 def _snapshot(cache):
-    return [{key: value.copy() if isinstance(value, np.ndarray) else value.clone() for key, value in entry.items()}
+    return [{key: value.clone() if isinstance(value, torch.Tensor) else value.copy() for key, value in entry.items()}
             for entry in cache]
 
 
@@ -90,6 +90,29 @@ def test_cached_decoding_refuses_a_padding_that_changed_over_cached_tokens(backe
     assert _same(cache, kept)
 
 
+@pytest.mark.parametrize("option, value", [("eps", 1e-3), ("rope_theta", 500.0)])
+def test_numpy_cached_decoding_refuses_options_that_changed_over_cached_tokens(option, value, rng):
+    """Attack 24: a later NumPy call's eps or rope_theta other than the cached tokens' was accepted; the result equalled
+    no full pass with either. Refused naming the option, the cache untouched; control: the same options decode as the
+    full pass (the cache records them in ``cache["options"]``)."""
+    numpy_module = import_path(GENERATED / "numpy" / "llama.py")
+    layers = [reference.random_params(numpy_module.PARAMETERS, 8, 12, rng, d_kv=4) for _ in range(2)]
+    u = rng.standard_normal((2, 4, 8))
+    options = {"n_heads": 2, "n_kv_heads": 1, "eps": 1e-5, "rope_theta": 10000.0}
+    full = numpy_module.forward_stack(u, layers, **options)
+    cache = [{}, {}]
+    steps = [numpy_module.forward_stack(u[:, :3], layers, **options, cache=cache),
+             numpy_module.forward_stack(u[:, 3:], layers, **options, cache=cache)]
+    assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12
+    assert cache[0]["options"] == options
+    cache = [{}, {}]
+    numpy_module.forward_stack(u[:, :3], layers, **options, cache=cache)
+    kept = _snapshot(cache)
+    with pytest.raises(ValueError, match=rf"^{option}={value!r} \(cached with {options[option]!r}\)"):
+        numpy_module.forward_stack(u[:, 3:], layers, **{**options, option: value}, cache=cache)
+    assert _same(cache, kept)
+
+
 def test_a_stack_cache_is_untouched_when_a_later_layer_refuses(rng):
     numpy_module, torch_module = _modules("gpt2")
     layers = _layers(numpy_module, 2, rng)
@@ -102,7 +125,7 @@ def test_a_stack_cache_is_untouched_when_a_later_layer_refuses(rng):
         numpy_module.forward_stack(u[:, :1], layers, n_heads=2, cache=cache)
     assert _same(cache, kept)
     stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
-    cache = [{key: torch.tensor(value) for key, value in entry.items()} for entry in cache]
+    cache = [{key: torch.tensor(value) for key, value in entry.items() if key != "options"} for entry in cache]
     kept = _snapshot(cache)
     with pytest.raises(ValueError, match=r"cache\['attn.v'\]"), torch.no_grad():
         stack(torch.tensor(u[:, :1]), cache=cache)
@@ -124,7 +147,7 @@ def test_a_block_cache_is_untouched_when_its_second_entry_refuses(name, rng):
     assert _same([cache], kept)
     block = torch_module.Block(8, 2, 12, dtype=torch.float64, **({"n_kv_heads": 2} if name == "llama" else {}))
     block.load_params(params)
-    cache = {key: torch.tensor(value) for key, value in cache.items()}
+    cache = {key: torch.tensor(value) for key, value in cache.items() if key != "options"}
     kept = _snapshot([cache])
     with pytest.raises(ValueError, match=r"cache\['attn.v'\]"), torch.no_grad():
         block(torch.zeros(1, 1, 8, dtype=torch.float64), cache=cache)

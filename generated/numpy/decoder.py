@@ -327,6 +327,21 @@ def _cached_padding(cache, key_padding_mask, batch, n_keys):
     cache["key_padding_mask"] = mask.copy()
 
 
+def _cached_options(cache, options):
+    """Record in ``cache["options"]`` the options the cached keys and values were computed with (``options``: name →
+    value). A ValueError naming those a later call changes: the cached tokens hold the old ones, so no full pass with
+    either would equal the result."""
+    if cache is None:
+        return
+    old = cache.get("options", options)
+    changed = [f"{name}={value!r} (cached with {old.get(name)!r})" for name, value in options.items()
+               if old.get(name) != value]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: the cached tokens' keys and values were computed with the options of "
+                         "the calls that cached them; give every call of one cache the same options")
+    cache["options"] = dict(options)
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
@@ -473,7 +488,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted((key for key in cache if key != "key_padding_mask"), key=str)  # the padding record: checked below
+    keys = sorted((key for key in cache if key not in ("key_padding_mask", "options")), key=str)  # records: below
     expected = sorted([*_CACHE_KEYS, *(name for key, fields in _MEMOIZED.items() for name in (key, *fields))])
     if keys and keys != expected:
         raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, expected))}, "
@@ -497,6 +512,9 @@ def _cached_tokens(cache, causal, batch, dtype):
         raise ValueError(f"cache['key_padding_mask'] must be bool of shape (batch={batch}, tokens={max(tokens, 0)}), "
                          f"the padding of the cached tokens, got {type(padding).__name__} "
                          f"{getattr(padding, 'dtype', '')} {getattr(padding, 'shape', '')}")
+    if not isinstance(cache.get("options", {}), dict):
+        raise TypeError(f"cache['options'] must be a dict, the options of the cached tokens, "
+                        f"got {type(cache['options']).__name__}")
     for key, fields in _MEMOIZED.items() if keys else ():
         for name in (key, *fields):
             value = cache[name]
@@ -585,6 +603,7 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     norm3_bias = p["norm3.bias"]
     chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
     _cached_padding(cache, key_padding_mask, batch, offset + n_tokens)
+    _cached_options(cache, {"n_heads": n_heads, "eps": eps})
     mem = _memory(memory, batch, d, u0.dtype)
     n_memory = mem.shape[1]
     chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory)

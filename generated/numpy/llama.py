@@ -256,6 +256,21 @@ def _cached_padding(cache, key_padding_mask, batch, n_keys):
     cache["key_padding_mask"] = mask.copy()
 
 
+def _cached_options(cache, options):
+    """Record in ``cache["options"]`` the options the cached keys and values were computed with (``options``: name →
+    value). A ValueError naming those a later call changes: the cached tokens hold the old ones, so no full pass with
+    either would equal the result."""
+    if cache is None:
+        return
+    old = cache.get("options", options)
+    changed = [f"{name}={value!r} (cached with {old.get(name)!r})" for name, value in options.items()
+               if old.get(name) != value]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: the cached tokens' keys and values were computed with the options of "
+                         "the calls that cached them; give every call of one cache the same options")
+    cache["options"] = dict(options)
+
+
 def _head_width(d_head):
     """Refuse a head width the scheme's formulas do not hold for: rotated in pairs, so even."""
     if d_head % 2:
@@ -393,7 +408,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted((key for key in cache if key != "key_padding_mask"), key=str)  # the padding record: checked below
+    keys = sorted((key for key in cache if key not in ("key_padding_mask", "options")), key=str)  # records: below
     if keys and keys != sorted(_CACHE_KEYS):
         raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, sorted(_CACHE_KEYS)))}, "
                          f"got {', '.join(map(repr, keys))}")
@@ -414,6 +429,9 @@ def _cached_tokens(cache, causal, batch, dtype):
         raise ValueError(f"cache['key_padding_mask'] must be bool of shape (batch={batch}, tokens={max(tokens, 0)}), "
                          f"the padding of the cached tokens, got {type(padding).__name__} "
                          f"{getattr(padding, 'dtype', '')} {getattr(padding, 'shape', '')}")
+    if not isinstance(cache.get("options", {}), dict):
+        raise TypeError(f"cache['options'] must be a dict, the options of the cached tokens, "
+                        f"got {type(cache['options']).__name__}")
     return max(tokens, 0)
 
 
@@ -476,6 +494,7 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     ffn_W_2 = p["ffn.W_2"]
     chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
     _cached_padding(cache, key_padding_mask, batch, offset + n_tokens)
+    _cached_options(cache, {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "eps": eps, "rope_theta": rope_theta})
     pos = _positions(positions, batch, n_tokens, offset, u0.dtype)
 
     # --- substep 1: attn, explicit on Proj(norm1) ---

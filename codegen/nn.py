@@ -104,6 +104,13 @@ def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
     return tokens if tokens.dim() == 2 else tokens[None]
 
 
+def _check_flags(**flags: object) -> None:
+    """A TypeError naming the first of ``flags`` that is not a bool (a string "false" would be true)."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+
+
 def _check_padding(padding_mask, shape: tuple[int, int]) -> torch.Tensor | None:
     if padding_mask is None:
         return None
@@ -174,8 +181,7 @@ class LanguageModel(_Embedded):
         super().__init__()
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-        if not isinstance(tie_weights, bool):
-            raise TypeError(f"tie_weights must be a bool, got {type(tie_weights).__name__}")
+        _check_flags(tie_weights=tie_weights)
         if isinstance(scheme, (str, Path)) and str(scheme) not in builtin_names():
             from .api import as_scheme
 
@@ -245,6 +251,7 @@ class LanguageModel(_Embedded):
             raise ValueError(f"temperature must be a real number > 0, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
+        _check_flags(greedy=greedy, use_cache=use_cache)
         padding_mask = _check_padding(padding_mask, tuple(tokens.shape))
         if not self.rotary and tokens.shape[1] + max_new_tokens - 1 > self.max_tokens:
             raise ValueError(f"{tokens.shape[1]} prompt tokens and max_new_tokens = {max_new_tokens} go past "
@@ -365,9 +372,7 @@ class TextEncoder(_Embedded):
         for name, size, least in (("vocab_size", vocab_size, 1), ("n_token_types", n_token_types, 0)):
             if isinstance(size, bool) or not isinstance(size, int) or size < least:
                 raise ValueError(f"{name} must be an int ≥ {least}, got {size!r}")
-        for name, flag in (("embedding_norm", embedding_norm), ("pooler", pooler)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        _check_flags(embedding_norm=embedding_norm, pooler=pooler)
         module = _encoder_module(scheme, "TextEncoder")
         factory = {"device": device, "dtype": dtype}
         self.scheme, self.vocab_size, self.n_token_types = module.SCHEME, vocab_size, n_token_types

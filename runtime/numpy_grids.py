@@ -43,7 +43,7 @@ def _conv2d(field, W, stride, padding, bias=None):
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
         windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
         columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
-        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, W.shape[-1])
         if bias is not None:
             out += bias
     else:
@@ -72,7 +72,7 @@ def _conv_transpose2d(field, W, bias=None):
     """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
     batch, _, rows, cols = field.shape
     _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, W.shape[0]) @ W.reshape(W.shape[0], -1)
     blocks = blocks.reshape(batch, rows, cols, size, size, channels)
     if bias is not None:
         blocks += bias
@@ -117,7 +117,8 @@ def _join(*parts):
     """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
     batch = next(part.shape[0] for part in parts if part.ndim > 1)
     return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
-                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
+                           else part.reshape(batch, int(np.prod(part.shape[1:-1])), part.shape[-1]) for part in parts],
+                          axis=1)
 
 
 def _interleave(blocks, axes):

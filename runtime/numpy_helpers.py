@@ -251,14 +251,15 @@ def _grouped_attention(q, k, v, scale, support):
     repeated); the result is (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[:4]
-    rows = q.reshape(batch, n_queries, groups, members, -1).transpose(0, 3, 1, 2, 4)  # members before tokens
-    rows = rows.reshape(batch, members * n_queries, groups, -1)
-    keys = k.reshape(k.shape[:3] + (-1,))
+    # sizes, not -1: empty inputs have no -1
+    rows = q.reshape(q.shape[:4] + (np.prod(q.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # members first
+    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
     if support is not None:
         support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
-        support = support.reshape(batch, 1, members * n_queries, -1)
+        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
     out = _attention(rows, keys, v, scale, support)
-    return out.reshape(batch, members, n_queries, groups, -1).transpose(0, 2, 3, 1, 4)
+    return out.reshape(batch, members, n_queries, groups, out.shape[-1]).transpose(0, 2, 3, 1, 4)
 
 
 def _grid_rows(index, size):

@@ -33,6 +33,9 @@ def _input(name, value):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    empty = [axis for axis, size in zip(("height", "width"), array.shape[2:]) if size == 0]
+    if empty:
+        raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {array.shape}")
     return array
 
 

@@ -60,7 +60,7 @@ def _join(*parts):
     """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
     batch = next(part.shape[0] for part in parts if part.dim() > 1)
     return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+                      else part.unsqueeze(1) if part.dim() == 2 else part.flatten(1, -2) for part in parts], dim=1)
 
 
 def _interleave(blocks, axes):

@@ -69,8 +69,9 @@ def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
-    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
-    if support is not None or dropout_p or q.device.type != "cpu":
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel). No
+    tokens or no keys take ``_attention`` too: the flash kernel divides by zero there (SIGFPE, the process dies)."""
+    if support is not None or dropout_p or q.device.type != "cpu" or q.numel() == 0 or k.numel() == 0:
         return _attention(q, k, v, scale, support, dropout_p), None
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
@@ -145,14 +146,14 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4)  # members before tokens
-    rows = rows.reshape(batch, members * n_queries, groups, -1)
-    keys = k.reshape(k.shape[0], k.shape[1], groups, -1)
+    rows = q.flatten(4).permute(0, 3, 1, 2, 4)  # members before tokens (sizes, not -1: empty inputs have no -1)
+    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    keys = k.flatten(3)
     if support is not None:
         support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-        support = support.reshape(batch, 1, members * n_queries, -1)
+        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
     out = _attention(rows, keys, v, scale, support, dropout_p)
-    return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
+    return out.reshape(batch, members, n_queries, groups, out.shape[-1]).permute(0, 2, 3, 1, 4)
 
 
 def _max_exponent(dtype: torch.dtype) -> int:

@@ -41,11 +41,14 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size."""
+    string of any size ≥ 1 (a grid of no nodes has no convolution)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
         raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    empty = [axis for axis, size in zip(shape, value.shape[1:]) if isinstance(axis, str) and size == 0]
+    if empty:
+        raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {tuple(value.shape)}")
     if value.dtype != dtype:
         raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
     return value

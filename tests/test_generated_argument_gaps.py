@@ -91,15 +91,16 @@ def test_a_memory_of_zero_tokens_gives_the_output_bias_alone_in_both_backends(na
     assert np.abs(out - reference).max() <= 1e-12 * scale
     # the negative control: a memory that is read changes the result
     assert np.abs(numpy_module.forward(u, rng.standard_normal((2, 1, 8)), params, n_heads=2) - out).max() > 1e-3
-    block = _block(name).load_params(params)
-    u_torch, memory = torch.tensor(u, requires_grad=True), torch.tensor(empty, requires_grad=True)
-    torch_out = block(u_torch, memory)
-    assert np.abs(torch_out.detach().numpy() - out).max() <= 1e-10 * scale
     grad_out = _u(3)
-    torch_out.backward(torch.tensor(grad_out))
     grad_u, grad_memory, _ = numpy_module.vjp(u, empty, params, grad_out, n_heads=2)
-    assert grad_memory.shape == memory.grad.shape == (2, 0, 8)
-    assert np.abs(grad_u - u_torch.grad.numpy()).max() <= 1e-10 * np.abs(grad_u).max()
+    for backward in ("autograd", "derived"):  # attack 24: derived's flash kernel divided by zero (SIGFPE) here
+        block = _block(name, backward=backward).load_params(params)
+        u_torch, memory = torch.tensor(u, requires_grad=True), torch.tensor(empty, requires_grad=True)
+        torch_out = block(u_torch, memory)
+        assert np.abs(torch_out.detach().numpy() - out).max() <= 1e-10 * scale
+        torch_out.backward(torch.tensor(grad_out))
+        assert grad_memory.shape == memory.grad.shape == (2, 0, 8)
+        assert np.abs(grad_u - u_torch.grad.numpy()).max() <= 1e-10 * np.abs(grad_u).max()
     assert numpy_module.forward_stack(u, empty, [params, params], n_heads=2).shape == u.shape
 
 
@@ -179,6 +180,7 @@ def test_n_kv_heads_is_checked_alike_in_both_backends(n_kv_heads, error, message
     (-1.0, ValueError, "rope_theta must be finite and > 0, got -1.0"),
     (float("nan"), ValueError, "rope_theta must be finite and > 0, got nan"),
     (float("inf"), ValueError, "rope_theta must be finite and > 0, got inf"),
+    (10**400, ValueError, f"rope_theta must be finite and > 0, got {10**400}"),  # attack 24: float() overflowed
     (True, TypeError, "rope_theta must be a real number, got bool"),
     ("1e4", TypeError, "rope_theta must be a real number, got str"),
 ])
@@ -327,3 +329,35 @@ def test_unknown_and_partial_transfer_names_are_refused_by_the_numpy_resnet_bloc
     # a transfer (shortcut) given in part was taken for no transfer at all
     assert _message(ValueError, lambda: numpy_module.forward(u, {**params, "shortcut.b": np.zeros(4)})) == \
         "missing parameter 'shortcut.W' of shape (4, 1, 1, 4)"
+
+
+@pytest.mark.parametrize("name", ["resnet_block", "unet_level"])
+def test_grid_networks_give_empty_batches_empty_results_and_refuse_grids_of_no_nodes(name):
+    """Attack 24: NumPy's resnet-block reshaped with -1 on an empty batch, and a 0x0 image met NumPy's and torch's
+    raw convolution errors naming no argument. Empty batches give empty results (and gradients) in both backends;
+    a grid of no nodes is refused naming u."""
+    numpy_module, torch_module = _modules(name)
+    options = {"stride": 2, "transfer": True} if name == "resnet_block" else {}
+    model = torch_module.Model(3, 6, dtype=torch.float64, backward="derived", **options)
+    params = {key: value.detach().numpy() for key, value in model.state_dict().items()}
+    x = torch.zeros(0, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    out = model(x)
+    out.sum().backward()
+    options.pop("transfer", None)
+    assert numpy_module.forward(np.zeros((0, 3, 8, 8)), params, **options).shape == tuple(out.shape) == \
+        ((0, 6, 4, 4) if name == "resnet_block" else (0, 3, 8, 8))
+    assert x.grad.shape == x.shape
+    expected = "u must hold at least one node along height and width, got (2, 3, 0, 0)"
+    assert _message(ValueError, lambda: numpy_module.forward(np.zeros((2, 3, 0, 0)), params, **options)) == expected
+    assert _message(ValueError, lambda: model(torch.zeros(2, 3, 0, 0, dtype=torch.float64))) == expected
+    assert _message(ValueError, lambda: model(torch.zeros(2, 3, 4, 0, dtype=torch.float64))) == expected.replace(
+        "height and width, got (2, 3, 0, 0)", "width, got (2, 3, 4, 0)")
+
+
+def test_the_torch_vit_gives_an_empty_batch_empty_logits():
+    """Attack 24: the torch ViT network reshaped its patch tokens with -1 (no size on 0 elements)."""
+    torch_module = import_path(GENERATED / "torch" / "vit.py")
+    model = torch_module.Model(n_layers=1, d_model=8, n_heads=2, d_ff=12, n_channels=3, patch_size=2,
+                               image_size=(4, 4), n_classes=5, dtype=torch.float64)
+    assert tuple(model.logits(torch.zeros(0, 3, 4, 4, dtype=torch.float64)).shape) == (0, 5)
+    assert tuple(model(torch.zeros(0, 3, 4, 4, dtype=torch.float64)).shape) == (0, 5, 8)

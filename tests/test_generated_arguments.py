@@ -26,9 +26,9 @@ def torch_module():
     return import_path(GENERATED / "torch" / "post_ln.py")
 
 
-def _params(module, d=8, d_ff=12, seed=0):
+def _params(module, d=8, d_ff=12, seed=0, **sizes):
     rng = np.random.default_rng(seed)
-    sizes = {"d": d, "d_ff": d_ff}
+    sizes = {"d": d, "d_ff": d_ff, **sizes}
     return {name: rng.standard_normal(tuple(sizes[a] for a in axes)) for name, axes in module.PARAMETERS.items()}
 
 
@@ -36,13 +36,20 @@ def _u(seed=1, shape=(2, 3, 8)):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
+@pytest.mark.parametrize("name", ["post_ln", "llama"])
+@pytest.mark.parametrize("backward", ["autograd", "derived"])
 @pytest.mark.parametrize("shape", [(2, 0, 8), (0, 3, 8), (0, 8)])
-def test_empty_batches_and_token_sets_give_empty_results(shape, numpy_module, torch_module):
-    params = _params(numpy_module)
+def test_empty_batches_and_token_sets_give_empty_results(name, backward, shape):
+    """Attack 24: llama's grouped heads reshaped with -1 (no size on 0 elements), and the derived backward's flash
+    kernel divided by zero on 0 tokens (SIGFPE: the process died). Empty results and empty gradients now."""
+    numpy_module, torch_module = (import_path(GENERATED / backend / f"{name}.py") for backend in ("numpy", "torch"))
+    params = _params(numpy_module) if name == "post_ln" else _params(numpy_module, d_kv=8)
     out = numpy_module.forward(np.zeros(shape), params, n_heads=2)
-    block = torch_module.Block(8, 2, 12, dtype=torch.float64)
-    block.load_params(params)
-    assert out.shape == shape == tuple(block(torch.zeros(shape, dtype=torch.float64)).shape)
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64, backward=backward).load_params(params)
+    u = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    torch_out = block(u)
+    torch_out.sum().backward()
+    assert out.shape == shape == tuple(torch_out.shape) == tuple(u.grad.shape)
 
 
 @pytest.mark.parametrize("change, error, message", [
@@ -69,6 +76,7 @@ def test_bad_parameters_are_named(change, error, message, numpy_module):
     ({"n_heads": 0}, ValueError, "n_heads must be >= 1, got 0"),
     ({"eps": -1}, ValueError, "eps must be finite and >= 0, got -1"),
     ({"eps": float("nan")}, ValueError, "eps must be finite and >= 0"),
+    ({"eps": 10**400}, ValueError, "eps must be finite and >= 0"),  # attack 24: float() overflowed
     ({"eps": True}, TypeError, "eps must be a real number, got bool"),
     ({"eps": "1e-5"}, TypeError, "eps must be a real number, got str"),
     ({"causal": "yes"}, TypeError, "causal must be a bool, got str"),

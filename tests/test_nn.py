@@ -131,6 +131,11 @@ def test_bad_schemes_and_arguments():
         model.generate(torch.tensor([[1]]), 1, temperature=0)
     with pytest.raises(ValueError, match="max_tokens"):
         model.generate(torch.tensor([[1]]), 7)
+    with pytest.raises(TypeError, match="^greedy must be a bool, got str$"):  # attack 24: "false" decoded greedily
+        model.generate(torch.tensor([[1]]), 1, greedy="false")
+    with pytest.raises(TypeError, match="^use_cache must be a bool, got int$"):
+        model.generate(torch.tensor([[1]]), 1, use_cache=0)
+    assert model.generate(torch.tensor([[1]]), 1, greedy=True, use_cache=False).shape == (1, 2)  # control
     with pytest.raises(ValueError, match="position 6 is past max_tokens"):
         model(torch.ones(1, 7, dtype=torch.long))
     with pytest.raises(ValueError, match="positions must be ≥ 0 .*, got -1"):  # attack11 F6: was nn.Embedding's IndexError

@@ -464,7 +464,7 @@ def _options(d, n_heads, eps, causal):
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -513,7 +513,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          f"the padding of the cached tokens, got {type(padding).__name__} "
                          f"{getattr(padding, 'dtype', '')} {getattr(padding, 'shape', '')}")
     if not isinstance(cache.get("options", {}), dict):
-        raise TypeError(f"cache['options'] must be a dict, the options of the cached tokens, "
+        raise TypeError("cache['options'] must be a dict, the options of the cached tokens, "
                         f"got {type(cache['options']).__name__}")
     for key, fields in _MEMOIZED.items() if keys else ():
         for name in (key, *fields):
@@ -550,6 +550,15 @@ def _store(cache, staged):
     if cache is not None:
         for entry, extended in zip(cache, staged):
             entry.update(extended)
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
 
 
 def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, memory_key_padding_mask=None, causal=True, cache=None):

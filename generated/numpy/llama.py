@@ -141,14 +141,15 @@ def _grouped_attention(q, k, v, scale, support):
     repeated); the result is (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[:4]
-    rows = q.reshape(batch, n_queries, groups, members, -1).transpose(0, 3, 1, 2, 4)  # members before tokens
-    rows = rows.reshape(batch, members * n_queries, groups, -1)
-    keys = k.reshape(k.shape[:3] + (-1,))
+    # sizes, not -1: empty inputs have no -1
+    rows = q.reshape(q.shape[:4] + (np.prod(q.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # members first
+    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
     if support is not None:
         support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
-        support = support.reshape(batch, 1, members * n_queries, -1)
+        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
     out = _attention(rows, keys, v, scale, support)
-    return out.reshape(batch, members, n_queries, groups, -1).transpose(0, 2, 3, 1, 4)
+    return out.reshape(batch, members, n_queries, groups, out.shape[-1]).transpose(0, 2, 3, 1, 4)
 
 
 def _row_scale(x):
@@ -371,7 +372,7 @@ def _options(d, n_heads, eps, causal):
         raise ValueError(f"d = {d} is not divisible by n_heads = {n_heads}")
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -389,7 +390,7 @@ def _rope_theta(rope_theta):
     """θ of the rotary angles p θ^(−2r/d_head): a finite number > 0."""
     if isinstance(rope_theta, (bool, np.bool_)) or not isinstance(rope_theta, numbers.Real):
         raise TypeError(f"rope_theta must be a real number, got {type(rope_theta).__name__}")
-    if not (math.isfinite(rope_theta) and rope_theta > 0):
+    if not (_finite(rope_theta) and rope_theta > 0):
         raise ValueError(f"rope_theta must be finite and > 0, got {rope_theta}")
     return float(rope_theta)
 
@@ -430,7 +431,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          f"the padding of the cached tokens, got {type(padding).__name__} "
                          f"{getattr(padding, 'dtype', '')} {getattr(padding, 'shape', '')}")
     if not isinstance(cache.get("options", {}), dict):
-        raise TypeError(f"cache['options'] must be a dict, the options of the cached tokens, "
+        raise TypeError("cache['options'] must be a dict, the options of the cached tokens, "
                         f"got {type(cache['options']).__name__}")
     return max(tokens, 0)
 
@@ -458,6 +459,15 @@ def _store(cache, staged):
     if cache is not None:
         for entry, extended in zip(cache, staged):
             entry.update(extended)
+
+
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
 
 
 def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask=None, causal=True, positions=None, rope_theta=10000.0, cache=None):

@@ -60,10 +60,19 @@ def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
+# --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
+
+
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 
@@ -117,7 +126,7 @@ def _conv2d(field, W, stride, padding, bias=None):
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
         windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
         columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
-        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, W.shape[-1])
         if bias is not None:
             out += bias
     else:
@@ -133,7 +142,7 @@ def _conv_transpose2d(field, W, bias=None):
     """``Σ_k field[b, k, p, q] W[k, r, s, l] (+ bias[l])`` written at the fine nodes ``(S p + r, S q + s)`` (kernel = stride)."""
     batch, _, rows, cols = field.shape
     _, size, _, channels = W.shape
-    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, -1) @ W.reshape(W.shape[0], -1)
+    blocks = field.transpose(0, 2, 3, 1).reshape(batch * rows * cols, W.shape[0]) @ W.reshape(W.shape[0], -1)
     blocks = blocks.reshape(batch, rows, cols, size, size, channels)
     if bias is not None:
         blocks += bias
@@ -197,6 +206,9 @@ def _input(name, value):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    empty = [axis for axis, size in zip(("height", "width"), array.shape[2:]) if size == 0]
+    if empty:
+        raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {array.shape}")
     return array
 
 

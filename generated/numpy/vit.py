@@ -337,6 +337,9 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -345,10 +348,15 @@ def _integer(name, value, minimum):
     return int(value)
 
 
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
+
+
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 
@@ -401,7 +409,7 @@ def _conv2d(field, W, stride, padding, bias=None):
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
         windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
         columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
-        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, -1)
+        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, W.shape[-1])
         if bias is not None:
             out += bias
     else:
@@ -441,7 +449,8 @@ def _join(*parts):
     """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
     batch = next(part.shape[0] for part in parts if part.ndim > 1)
     return np.concatenate([np.broadcast_to(part, (batch, 1, part.shape[0])) if part.ndim == 1
-                           else part.reshape(batch, -1, part.shape[-1]) for part in parts], axis=1)
+                           else part.reshape(batch, int(np.prod(part.shape[1:-1])), part.shape[-1]) for part in parts],
+                          axis=1)
 
 
 def _shape(value):
@@ -472,6 +481,9 @@ def _input(name, value):
         raise ValueError(f"{name} must be float32 or float64, got {array.dtype}")
     if array.ndim != 4:
         raise ValueError(f"{name} must have shape (batch, channels, height, width), got {array.shape}")
+    empty = [axis for axis, size in zip(("height", "width"), array.shape[2:]) if size == 0]
+    if empty:
+        raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {array.shape}")
     return array
 
 

@@ -116,14 +116,14 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    rows = q.reshape(batch, n_queries, groups, members, -1).permute(0, 3, 1, 2, 4)  # members before tokens
-    rows = rows.reshape(batch, members * n_queries, groups, -1)
-    keys = k.reshape(k.shape[0], k.shape[1], groups, -1)
+    rows = q.flatten(4).permute(0, 3, 1, 2, 4)  # members before tokens (sizes, not -1: empty inputs have no -1)
+    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    keys = k.flatten(3)
     if support is not None:
         support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-        support = support.reshape(batch, 1, members * n_queries, -1)
+        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
     out = _attention(rows, keys, v, scale, support, dropout_p)
-    return out.reshape(batch, members, n_queries, groups, -1).permute(0, 2, 3, 1, 4)
+    return out.reshape(batch, members, n_queries, groups, out.shape[-1]).permute(0, 2, 3, 1, 4)
 
 
 def _max_exponent(dtype: torch.dtype) -> int:
@@ -278,7 +278,7 @@ def _rope_theta(rope_theta):
     """θ of the rotary angles p θ^(−2r/d_head): a finite number > 0."""
     if isinstance(rope_theta, bool) or not isinstance(rope_theta, numbers.Real):
         raise TypeError(f"rope_theta must be a real number, got {type(rope_theta).__name__}")
-    if not (math.isfinite(rope_theta) and rope_theta > 0):
+    if not (_finite(rope_theta) and rope_theta > 0):
         raise ValueError(f"rope_theta must be finite and > 0, got {rope_theta}")
     return float(rope_theta)
 
@@ -354,6 +354,9 @@ def _store(cache: list[dict[str, torch.Tensor]] | None, staged: list[dict[str, t
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -362,10 +365,15 @@ def _integer(name, value, minimum):
     return int(value)
 
 
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
+
+
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 

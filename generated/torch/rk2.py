@@ -151,8 +151,9 @@ def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
-    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
-    if support is not None or dropout_p or q.device.type != "cpu":
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel). No
+    tokens or no keys take ``_attention`` too: the flash kernel divides by zero there (SIGFPE, the process dies)."""
+    if support is not None or dropout_p or q.device.type != "cpu" or q.numel() == 0 or k.numel() == 0:
         return _attention(q, k, v, scale, support, dropout_p), None
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
@@ -362,6 +363,9 @@ def _traced_flag(value: bool) -> bool:
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -370,10 +374,15 @@ def _integer(name, value, minimum):
     return int(value)
 
 
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
+
+
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 

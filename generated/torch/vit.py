@@ -145,8 +145,9 @@ def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
-    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel)."""
-    if support is not None or dropout_p or q.device.type != "cpu":
+    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel). No
+    tokens or no keys take ``_attention`` too: the flash kernel divides by zero there (SIGFPE, the process dies)."""
+    if support is not None or dropout_p or q.device.type != "cpu" or q.numel() == 0 or k.numel() == 0:
         return _attention(q, k, v, scale, support, dropout_p), None
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
@@ -311,6 +312,9 @@ def _first_order_only():
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---
+_LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -319,10 +323,15 @@ def _integer(name, value, minimum):
     return int(value)
 
 
+def _finite(value):
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
+    return abs(value) <= _LARGEST_FLOAT
+
+
 def _epsilon(eps):
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (_finite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
 
@@ -392,7 +401,7 @@ def _join(*parts):
     """Token nodes one after another: a node (batch, d), a node shared by the batch (d,), grid rows (batch, …, d)."""
     batch = next(part.shape[0] for part in parts if part.dim() > 1)
     return torch.cat([part.expand(batch, 1, part.shape[0]) if part.dim() == 1
-                      else part.reshape(batch, -1, part.shape[-1]) for part in parts], dim=1)
+                      else part.unsqueeze(1) if part.dim() == 2 else part.flatten(1, -2) for part in parts], dim=1)
 
 
 def _group(module, table, sizes, factory):
@@ -429,11 +438,14 @@ def _table(params, table, sizes, dtype, prefix=""):
 
 def _input(name, value, shape, dtype):
     """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size."""
+    string of any size ≥ 1 (a grid of no nodes has no convolution)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
         raise ValueError(f"{name} must have shape (batch, {', '.join(map(str, shape))}), got {tuple(value.shape)}")
+    empty = [axis for axis, size in zip(shape, value.shape[1:]) if isinstance(axis, str) and size == 0]
+    if empty:
+        raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {tuple(value.shape)}")
     if value.dtype != dtype:
         raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
     return value

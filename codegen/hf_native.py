@@ -149,6 +149,10 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         _check_keywords(kwargs)
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("input_ids is required: a splitformer LanguageModel embeds its tokens itself")
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, tokens) token ids, got {list(input_ids.shape)}")
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must be (batch, tokens) of 1 and 0, got {list(attention_mask.shape)}")
         use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache

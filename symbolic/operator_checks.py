@@ -12,8 +12,8 @@ here in one line naming the kind.
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 
 import sympy as sp
 
@@ -120,7 +120,7 @@ def check_declared(constants: object, inputs: object, where: str) -> None:
             raise SplitformerError(f"{where}: constant {constant.name!r} is the name of an attribute of the emitted "
                                    "torch Block (or of torch.nn.Module), which would hold it in its place; rename it")
         default = constant.default
-        if type(default) not in (int, float) or not math.isfinite(default) or default <= 0:  # printed as its default
+        if type(default) not in (int, float) or not 0 < default <= sys.float_info.max:  # printed as its default
             raise SplitformerError(f"{where}: constant {constant.name!r}: the default must be a finite number > 0, "
                                    f"got {str(default)[:40]!r}")
         check_line(constant.meaning, f"{where}: constant {constant.name!r} meaning")  # its argument's docstring

@@ -187,13 +187,17 @@ def kernel(name: str, latex: str, arguments: tuple[Variable, ...], shape: tuple[
 _kernel = kernel  # the former private name, for modules written against it
 
 
+#: The widest head a scheme may fix (published models use 64 to 256): ``check`` evaluates blocks of that width.
+WIDEST_HEAD = 4096
+
+
 def check_head_width(key: str, d_head: object) -> None:
-    """``d_head``, an attention kind's head width, is ``None`` (``d / n_heads``) or an int >= 1."""
+    """``d_head``, an attention kind's head width, is ``None`` (``d / n_heads``) or an int in 1 … ``WIDEST_HEAD``."""
     from .errors import SplitformerError
 
-    if d_head is not None and (type(d_head) is not int or d_head < 1):  # exact type: it is printed into code
-        raise SplitformerError(f"{key}: d_head must be an int >= 1 (the features of one head; absent: d / n_heads), "
-                               f"got {d_head!r}")
+    if d_head is not None and (type(d_head) is not int or not 1 <= d_head <= WIDEST_HEAD):  # exact: printed into code
+        raise SplitformerError(f"{key}: d_head must be an int from 1 to {WIDEST_HEAD} (the features of one head; "
+                               f"absent: d / n_heads), got {str(d_head)[:40]}")
 
 
 def heads_domain(d_head: int | None) -> Domain:

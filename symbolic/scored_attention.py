@@ -68,8 +68,10 @@ class ScoredAttention(Attention):
         if self.rel_pos_bias not in ("", "causal", "bidirectional"):
             raise SplitformerError(f"{self.key}: rel_pos_bias must be \"causal\" or \"bidirectional\", "
                                    f"got {self.rel_pos_bias!r}")
-        if isinstance(self.max_distance, bool) or not isinstance(self.max_distance, int) or self.max_distance < 2:
-            raise SplitformerError(f"{self.key}: max_distance must be an int >= 2, got {self.max_distance!r}")
+        if isinstance(self.max_distance, bool) or not isinstance(self.max_distance, int) or \
+                not 2 <= self.max_distance <= 2**31:
+            raise SplitformerError(f"{self.key}: max_distance must be an int from 2 to 2**31, "
+                                   f"got {str(self.max_distance)[:40]}")
 
     def parameters(self) -> tuple[Parameter, ...]:
         extra = []

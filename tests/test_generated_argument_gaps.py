@@ -61,12 +61,17 @@ def test_unknown_parameter_names_are_refused_in_both_backends(extra, named):
     assert _message(ValueError, lambda: _block("post_ln").load_params(params)) == expected
 
 
-def test_an_unknown_final_norm_name_is_refused_in_both_backends():
+def test_an_unknown_final_norm_name_is_refused_in_both_backends(monkeypatch):
     numpy_module, torch_module = _modules("pre_ln")
     params, u = _params(numpy_module), _u()
     final_norm = {"gain": np.ones(8), "bias": np.zeros(8), "scale": np.ones(8)}
     expected = "unexpected parameter 'final_norm.scale' (expected: final_norm.gain, final_norm.bias)"
-    assert _message(ValueError, lambda: numpy_module.forward_stack(u, [params], final_norm=final_norm, n_heads=2)) == expected
+    steps = []
+    with monkeypatch.context() as patch:  # attack 24: refused only after every layer had run
+        patch.setattr(numpy_module, "forward", lambda *args, **kwargs: steps.append(args))
+        assert _message(ValueError, lambda: numpy_module.forward_stack(u, [params], final_norm=final_norm,
+                                                                       n_heads=2)) == expected
+    assert steps == []  # before any work
     assert _message(ValueError, lambda: numpy_module.vjp_stack(u, [params], u, final_norm=final_norm, n_heads=2)) == expected
     stack = torch_module.Stack(1, 8, 2, 12, dtype=torch.float64, final_norm=True)
     assert _message(ValueError, lambda: stack.load_params([params], final_norm)) == expected

@@ -199,14 +199,15 @@ def test_the_cli_check_passes_on_a_scheme_file_with_the_option(tmp_path, capsys)
     assert "0 failed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("value", ["0", "-4", "2.5", "true", '"8"'])
+@pytest.mark.parametrize("value", ["0", "-4", "2.5", "true", '"8"', "4097"])  # 4097: attack 23, check took 12 GiB
 @pytest.mark.parametrize("kind", ["attention", "scored-attention", "rotary-attention", "cross-attention"])
 def test_bad_head_widths_are_refused_in_one_line(kind, value):
     text = f'name = "bad"\nsummary = "s"\n[operators]\nattn = {{ kind = "{kind}", d_head = {value} }}\n' \
            '[[steps]]\noperator = "attn"\nsolver = "explicit"\n'
-    with pytest.raises(SplitformerError, match="d_head") as error:
+    with pytest.raises(SplitformerError, match="d_head must be an int from 1 to 4096") as error:
         parse_scheme(text).instantiate()
     assert "\n" not in str(error.value)
+    parse_scheme(text.replace(f"d_head = {value}", "d_head = 4096")).instantiate()  # control: the widest head
 
 
 def test_odd_rotary_widths_and_differing_widths_are_refused():

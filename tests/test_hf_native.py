@@ -489,3 +489,15 @@ def test_a_cache_other_than_a_dynamic_cache_is_refused():
         assert (hf(ids[:, 5:], past_key_values=cache).logits - full[:, 5:]).abs().max() <= 1e-5
         with pytest.raises(TypeError, match="must be a transformers DynamicCache .*, got StaticCache"):
             hf(ids[:, :5], past_key_values=StaticCache(config=hf.config, max_cache_len=16))
+
+
+def test_input_ids_must_be_a_batch_of_token_rows():
+    """Attack 24: 1-D ``input_ids`` ran the model, then failed in the cache write with an IndexError. Refused by name;
+    control: the same tokens as one row."""
+    hf = to_hf(language_model("pre-ln"))
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^input_ids must be \(batch, tokens\) token ids, got \[5\]$"):
+            hf(PROMPT[0])
+        with pytest.raises(TypeError, match="^input_ids must be a torch.Tensor, got list$"):
+            hf(PROMPT[0].tolist())
+        assert hf(PROMPT[0][None]).logits.shape[:2] == (1, 5)

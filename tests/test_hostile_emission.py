@@ -28,6 +28,7 @@ TEMPLATES = Path(splitformer.__file__).resolve().parent.parent / "templates"
     (Constant(sp.Symbol("tau"), True, "m"), "the default must be a finite number > 0"),
     (Constant(sp.Symbol("tau"), float("nan"), "m"), "the default must be a finite number > 0"),
     (Constant(sp.Symbol("tau"), -1.0, "m"), "the default must be a finite number > 0"),
+    (Constant(sp.Symbol("tau"), 10**400, "m"), "the default must be a finite number > 0"),  # attack 23: OverflowError
     (Constant("tau", 1.0, "m"), "a constant's symbol must be a SymPy Symbol, got str"),
     ("tau", "constants must be a tuple of Constant, got str"),
 ])

@@ -181,3 +181,17 @@ def test_a_stacks_bucket_count_other_than_the_tables_rows_is_refused_on_load_and
         adapted.load_into(stack)
     with pytest.raises(SplitformerError, match=rf"n_buckets={buckets}"):
         to_xtransformers(stack, x_transformers_module)
+
+
+@pytest.mark.parametrize("max_distance, refused", [(10**400, True), (2**31 + 1, True), (1, True), (2**31, False)])
+def test_max_distance_is_an_int_from_2_to_2_to_the_31(max_distance, refused):
+    """Attack 23: a 401-digit max_distance derived, then every call of the emitted module was an OverflowError."""
+    text = ('name = "t5ish"\nsummary = "s"\n[operators]\n'
+            f'attn = {{ kind = "scored-attention", rel_pos_bias = "causal", max_distance = {max_distance} }}\n'
+            '[[steps]]\noperator = "attn"\nsolver = "explicit"\n')
+    if refused:
+        message = r"^<scheme>: attn: max_distance must be an int from 2 to 2\*\*31, got \d{1,40}$"
+        with pytest.raises(SplitformerError, match=message):
+            parse_scheme(text).instantiate()
+    else:
+        parse_scheme(text).instantiate()

@@ -539,9 +539,8 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     return u4[0] if np.ndim(u) == 2 else u4
 
 
-def _final_norm(u0, params, eps):
-    """The final projection of a stack (a LayerNorm), derived like the block's."""
-    p = _parameters(_mapping("final_norm", params), FINAL_NORM_PARAMETERS, {"d": u0.shape[-1]}, u0.dtype)
+def _final_norm(u0, p, eps):
+    """The final projection of a stack (a LayerNorm), derived like the block's; ``p``: its checked parameters."""
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -564,11 +563,14 @@ def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_paddin
         raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
     if not len(layers):
         raise ValueError("layers is empty: a stack needs at least one layer")
+    if final_norm is not None:  # checked before any work
+        final_norm = _parameters({f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()},
+                                 FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
     for index, params in enumerate(layers):
-        state = forward(state, params, n_heads=n_heads, eps=eps, key_padding_mask=key_padding_mask,                        causal=causal)
+        state = forward(state, params, n_heads=n_heads, eps=eps,
+                        key_padding_mask=key_padding_mask, causal=causal)
     if final_norm is not None:
-        final_norm = _mapping("final_norm", final_norm)
-        state = _final_norm(state, {f"final_norm.{name}": value for name, value in final_norm.items()}, eps)
+        state = _final_norm(state, final_norm, eps)
     return state[0] if np.ndim(u) == 2 else state
 
 

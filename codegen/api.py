@@ -16,6 +16,7 @@ displays has a ``_repr_latex_`` or ``_repr_markdown_``::
 from __future__ import annotations
 
 
+import hashlib
 import types
 from dataclasses import InitVar, dataclass, field, fields
 from functools import cached_property
@@ -33,7 +34,8 @@ from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec,
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
-from .network_api import GeneratedModules, NetworkDerivation, check_passes, check_unchanged, check_write_options, digest, sealed_fields
+from .derivations import GeneratedModules, check_passes, check_write_options
+from .network_api import NetworkDerivation
 from .output import PLOTS_HINT, as_folder, check_replaceable, check_writable, write_files
 from .passes import select
 from .pipeline import BACKEND_CHOICES, generate, lower_backward, lower_scheme
@@ -62,6 +64,7 @@ class Derivation(GeneratedModules):
     scheme: Scheme
     program: Program
     passes: tuple | None = None
+    SEALED = ("scheme", "program", "passes")
     #: Set by ``derive``, which made ``program`` from ``scheme`` itself (a hand-made one is derived again).
     _derived: InitVar[bool] = False
     _modules: dict[str, types.ModuleType] = field(default_factory=dict, init=False, repr=False)
@@ -84,20 +87,17 @@ class Derivation(GeneratedModules):
             if self.program != derived:
                 raise SplitformerError(f"Derivation: the program differs from what the scheme {self.scheme.name!r} "
                                        "derives (use splitformer.derive)")
-        object.__setattr__(self, "_checked_state", self._state())
-        object.__setattr__(self, "_sealed", True)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        sealed_fields(self, name, ("scheme", "program", "passes"))
-        super().__setattr__(name, value)
+        self._seal()
 
     def _state(self) -> bytes:
-        """A digest of the fields the derivation was checked on (the program's own ``repr`` is a summary)."""
-        return digest(self.scheme, {item.name: getattr(self.program, item.name) for item in fields(self.program)},
-                      self.passes)
+        """A digest of the fields the derivation was checked on (the program's own ``repr`` is a summary: its fields)."""
+        program = {item.name: getattr(self.program, item.name) for item in fields(self.program)}
+        return hashlib.sha256(repr([self.scheme, program, self.passes]).encode()).digest()
 
-    def _unchanged(self) -> None:
-        check_unchanged(self, self._state(), self.scheme.name)
+    @property
+    def title(self) -> str:
+        """The scheme's name (``pre-ln``)."""
+        return self.scheme.name
 
     @property
     def name(self) -> str:
@@ -136,11 +136,7 @@ class Derivation(GeneratedModules):
         self._unchanged()
         return lower_backward(self.scheme, self.program, self.passes)
 
-    def source(self, backend: str) -> str:
-        """The text of the generated ``numpy`` or ``torch`` module."""
-        if not isinstance(backend, str) or backend not in BACKEND_CHOICES or backend == "all":
-            raise SplitformerError(f"unknown backend {str(backend)[:40]!r} (known: numpy, torch)")
-        self._unchanged()
+    def _source(self, backend: str) -> str:
         with plugin_failures(self.scheme):
             block, final_norm = self.lowered
             return render_module(self.scheme, block, final_norm, backend, *self.backward)

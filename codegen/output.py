@@ -272,11 +272,14 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
     Each path maps to ``"wrote"``, ``"unchanged"`` (it already held its text) or ``"kept"``
     (a package ``__init__.py`` that someone else wrote; left as it is even with ``force``).
     """
+    # a user's package file, told by the name given: a symbolic link's target may be named otherwise
+    kept = {path for path in files if path.name == "__init__.py" and _foreign(path)}
     if root is not None:
-        given = _resolved_targets(files, root)
+        given = _resolved_targets([path for path in files if path not in kept], root)
         outcome = write_files({real: files[path] for real, path in given.items()}, force=force)
-        return {given[real]: action for real, action in outcome.items()}
-    outcome = {path: "kept" for path in files if path.name == "__init__.py" and _foreign(path)}
+        outcome = {**{path: "kept" for path in kept}, **{given[real]: action for real, action in outcome.items()}}
+        return {path: outcome[path] for path in files}
+    outcome = dict.fromkeys(kept, "kept")
     encoded = {path: text.encode("utf-8") if isinstance(text, str) else text for path, text in files.items()}
     targets = {path: data for path, data in encoded.items()
                if path not in outcome and _needs_writing(path, data, force)}

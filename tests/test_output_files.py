@@ -171,15 +171,21 @@ def test_every_file_splitformer_writes_is_recognized_as_its_own(tmp_path):
         assert output._written_by_us(report.encode(), "study.md") is ours, report
 
 
+@pytest.mark.parametrize("linked", [False, True])
 @pytest.mark.parametrize("force", [[], ["--force"]])
-def test_a_users_package_init_is_kept_even_when_forced(force, tmp_path, capsys):
-    mine = tmp_path / "__init__.py"
+def test_a_users_package_init_is_kept_even_when_forced(force, linked, tmp_path, capsys):
+    """Attack 25: an ``__init__.py`` that is a symbolic link to a user's ``myinit.py`` was told by its target's name,
+    so the package rule did not hold: refused without --force, replaced with it. Kept either way, as a plain one."""
+    mine = tmp_path / ("myinit.py" if linked else "__init__.py")
     mine.write_text("from .helpers import *  # my own package\n")
+    package = tmp_path / "__init__.py"
+    if linked:
+        package.symlink_to("myinit.py")
     capsys.readouterr()
     assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy", *force]) == 0
-    assert mine.read_text() == "from .helpers import *  # my own package\n"
+    assert mine.read_text() == "from .helpers import *  # my own package\n" and package.is_symlink() == linked
     out = capsys.readouterr().out
-    assert f"kept {mine} (not written by splitformer" in out and f"wrote {tmp_path / 'numpy' / 'post_ln.py'}" in out
+    assert f"kept {package} (not written by splitformer" in out and f"wrote {tmp_path / 'numpy' / 'post_ln.py'}" in out
 
 
 def test_derive_says_which_files_it_left_unchanged(tmp_path, capsys):

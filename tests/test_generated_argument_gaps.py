@@ -201,6 +201,21 @@ def test_rope_theta_is_a_finite_number_above_zero_in_both_backends(rope_theta, e
     assert np.isfinite(numpy_module.forward(u, params, n_heads=2, n_kv_heads=1, rope_theta=0.5)).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_block_reading_positions_refuses_dtypes_narrower_than_float32(dtype):
+    """Attack 25: a float16 llama Block took position 70000 as inf (a finite, different output where one token's
+    attention cannot depend on its position) and bfloat16 took 257 as 256, default positions in long decoding too.
+    Refused at construction and, after ``.to(dtype)``, at the call; control: float32, and blocks without positions."""
+    _, torch_module = _modules("llama")
+    message = (f"a block that reads token positions runs in float32 or wider, got {dtype}: the positions and the "
+               "angles computed from them would be rounded to it")
+    assert _message(ValueError, lambda: torch_module.Block(8, 2, 12, n_kv_heads=1, dtype=dtype)) == message
+    block = _block("llama").to(dtype)
+    assert _message(ValueError, lambda: block(torch.zeros(1, 2, 8, dtype=dtype))) == message
+    assert _block("llama").float()(torch.zeros(1, 2, 8)).dtype == torch.float32
+    assert _modules("post_ln")[1].Block(8, 2, 12, dtype=dtype)(torch.zeros(1, 2, 8, dtype=dtype)).dtype == dtype
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_positions_must_be_finite_in_both_backends(bad):
     numpy_module, _ = _modules("llama")

@@ -681,9 +681,21 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     return support
 
 
+def _positions_dtype(like: torch.Tensor) -> None:
+    """A ValueError when ``like`` (the state, or an empty tensor of the block's dtype) is narrower than float32 in a
+    block that reads positions: they, and what the block computes from them (rotary angles p θ^(−2r/d)), are in its
+    dtype here, which rounds them (bfloat16 holds the integers exactly up to 256 only, float16 up to 2048 and no
+    position past 65504); transformers computes its rotary angles in float32 instead."""
+    if like.is_floating_point() and like.element_size() < 4:
+        raise ValueError(f"a block that reads token positions runs in float32 or wider, got {like.dtype}: the "
+                         "positions and the angles computed from them would be rounded to it")
+
+
 def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
                like: torch.Tensor) -> torch.Tensor:
-    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens))."""
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens)), in the
+    dtype of ``like`` (float32 or wider: ``_positions_dtype``)."""
+    _positions_dtype(like)
     if positions is None:
         return torch.arange(offset, offset + n_tokens, dtype=like.dtype, device=like.device).expand(batch, n_tokens)
     positions = torch.as_tensor(positions, device=like.device)
@@ -897,6 +909,7 @@ class Block(_CanonicalModule):
         if d_model % n_heads:
             raise ValueError(f"d_model = {d_model} is not divisible by n_heads = {n_heads}")
         eps, dtype = _epsilon(eps), _floating(dtype)
+        _positions_dtype(torch.empty(0, dtype=dtype))
         for name, flag in (("bias", bias), ("batch_first", batch_first)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")

@@ -361,8 +361,9 @@ def _sizes(text: str | None) -> dict[str, int] | None:
     sizes = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if name.strip() not in ("d", "d_ff") or not (value.strip().isascii() and value.strip().isdigit()) or int(value) < 1:
-            raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers, got {item!r}")
+        if name.strip() not in ("d", "d_ff") or not (value.strip().isascii() and value.strip().isdigit()) or \
+                not 1 <= int(value) <= 2**31:
+            raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers up to 2**31, got {item[:40]!r}")
         if name.strip() in sizes:
             raise SplitformerError(f"--sizes: {name.strip()} is given twice")
         sizes[name.strip()] = int(value)

@@ -488,7 +488,8 @@ def test_an_unwritable_destination_is_refused_before_any_work(arguments, work, m
 @pytest.mark.parametrize("arguments, message", [
     (["compare", "post-ln", "--plot", "plot.txt"], "the plot is a PNG image; name it *.png"),
     (["compare", "post-ln", "--sizes", "d=16,d=32"], "--sizes: d is given twice"),
-    (["compare", "post-ln", "--sizes", "d=0"], "with positive integers, got 'd=0'"),
+    (["compare", "post-ln", "--sizes", "d=0"], "with positive integers up to 2**31, got 'd=0'"),
+    (["compare", "post-ln", "--sizes", "d=2147483649"], "up to 2**31, got 'd=2147483649'"),  # attack 25
 ])
 def test_bad_compare_options(arguments, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -27,7 +27,8 @@ def cache_layout(block: torch.nn.Module) -> CacheLayout:
     own: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         block(torch.zeros(1, 1, block.d_model, dtype=weight.dtype, device=weight.device), cache=own)
-    own.pop("key_padding_mask", None)  # the padding the tokens were cached with: transformers keeps its own mask
+    for record in ("key_padding_mask", "options"):  # how the tokens were cached: transformers keeps its own mask
+        own.pop(record, None)
     entries = sorted(own.items(), key=lambda item: (item[0].endswith(".v"), item[0]))
     for name, tensor in entries:
         if tensor.dim() < 4 or name.rpartition(".")[2] not in ("k", "kr", "v"):

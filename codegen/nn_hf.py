@@ -106,7 +106,8 @@ def read_blocks(model: Any) -> tuple[dict[str, Any], list[Adapted]]:
 
 
 def from_hf_lm(model: Any) -> LanguageModel:
-    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype), in eval mode; refused, by
+    """A ``LanguageModel`` holding ``model``'s parameters (in their dtype; a rotary model's narrower than float32 in
+    float32, exactly: its blocks compute positions and angles in their dtype), in eval mode; refused, by
     name, when the whole-model checks of ``read_blocks`` refuse it or the ``LanguageModel`` would compute
     otherwise (a head with a bias, a final norm's ε other than the blocks')."""
     parts, layers = read_blocks(model)
@@ -116,10 +117,11 @@ def from_hf_lm(model: Any) -> LanguageModel:
     if getattr(head, "bias", None) is not None:
         raise SplitformerError(f"{type(model).__name__}.lm_head has a bias; the LanguageModel head has none")
     options = {key: first.options[key] for key in ("n_kv_heads", "rope_theta") if key in first.options}
+    dtype = torch.promote_types(embedding.dtype, torch.float32) if "rope_theta" in options else embedding.dtype
     result = LanguageModel(parts["scheme"], embedding.shape[0], d_model=first.sizes["d_model"],
                            n_heads=first.n_heads, d_ff=first.sizes["d_ff"], n_layers=len(layers),
                            max_tokens=parts["max_tokens"], tie_weights=tied, final_norm=True, eps=first.eps,
-                           bias=first.bias, dtype=embedding.dtype, device=embedding.device, **options)
+                           bias=first.bias, dtype=dtype, device=embedding.device, **options)
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     if eps != first.eps:
         raise SplitformerError(f"{type(model).__name__}'s final norm has ε = {eps}, its blocks {first.eps}")

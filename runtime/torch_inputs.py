@@ -104,6 +104,28 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
                                  else mask.detach().clone())
 
 
+def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float],
+                    device: torch.device) -> None:
+    """Record in ``cache["options"]`` the options the cached keys and values were computed with (``names``:
+    ``values``, float64). A ValueError naming those a later call changes (a Block's ``eps`` or ``rope_theta`` set
+    between two calls): the cached tokens hold the old ones, so no full pass with either would equal the result."""
+    if cache is None:
+        return
+    new = torch.tensor(values, dtype=torch.float64, device=device)
+    if "options" in cache:
+        old = cache["options"]
+        if old.shape != new.shape:
+            raise ValueError(f"cache['options'] holds {old.shape[0]} options, the block's are {', '.join(names)}")
+        changed: list[str] = []
+        for index in range(len(names)):
+            if bool(old[index] != new[index]):
+                changed.append(f"{names[index]}={float(new[index])} (cached with {float(old[index])})")
+        if len(changed) > 0:
+            raise ValueError(", ".join(changed) + ": the cached tokens' keys and values were computed with the "
+                             "options of the calls that cached them; give every call of one cache the same options")
+    cache["options"] = new
+
+
 def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the

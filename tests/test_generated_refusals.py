@@ -90,26 +90,39 @@ def test_cached_decoding_refuses_a_padding_that_changed_over_cached_tokens(backe
     assert _same(cache, kept)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("option, value", [("eps", 1e-3), ("rope_theta", 500.0)])
-def test_numpy_cached_decoding_refuses_options_that_changed_over_cached_tokens(option, value, rng):
-    """Attack 24: a later NumPy call's eps or rope_theta other than the cached tokens' was accepted; the result equalled
-    no full pass with either. Refused naming the option, the cache untouched; control: the same options decode as the
-    full pass (the cache records them in ``cache["options"]``)."""
-    numpy_module = import_path(GENERATED / "numpy" / "llama.py")
+def test_cached_decoding_refuses_options_that_changed_over_cached_tokens(backend, option, value, rng):
+    """Attacks 24 and 26: a later NumPy call's eps or rope_theta, or a torch Block's set between two calls, other
+    than the cached tokens' was accepted; the result equalled no full pass with either. Refused naming the option,
+    the cache untouched; control: the same options decode as the full pass (the cache records them in
+    ``cache["options"]``)."""
+    numpy_module, torch_module = _modules("llama")
     layers = [reference.random_params(numpy_module.PARAMETERS, 8, 12, rng, d_kv=4) for _ in range(2)]
     u = rng.standard_normal((2, 4, 8))
     options = {"n_heads": 2, "n_kv_heads": 1, "eps": 1e-5, "rope_theta": 10000.0}
-    full = numpy_module.forward_stack(u, layers, **options)
+    stack = torch_module.Stack(2, 8, 2, 12, n_kv_heads=1, final_norm=False, dtype=torch.float64).load_params(layers)
+
+    def run(x, cache, **changed):
+        if backend == "numpy":
+            return numpy_module.forward_stack(x, layers, **{**options, **changed}, cache=cache)
+        for block in stack.layers:
+            for name, setting in {**options, **changed}.items():
+                setattr(block, name, setting)
+        with torch.no_grad():
+            return stack(torch.tensor(x), cache=cache).numpy()
+
+    full = run(u, None)
     cache = [{}, {}]
-    steps = [numpy_module.forward_stack(u[:, :3], layers, **options, cache=cache),
-             numpy_module.forward_stack(u[:, 3:], layers, **options, cache=cache)]
+    steps = [run(u[:, :3], cache), run(u[:, 3:], cache)]
     assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12
-    assert cache[0]["options"] == options
+    assert [float(value) for value in (cache[0]["options"].values() if backend == "numpy" else cache[0]["options"])] \
+        == list(options.values())
     cache = [{}, {}]
-    numpy_module.forward_stack(u[:, :3], layers, **options, cache=cache)
+    run(u[:, :3], cache)
     kept = _snapshot(cache)
-    with pytest.raises(ValueError, match=rf"^{option}={value!r} \(cached with {options[option]!r}\)"):
-        numpy_module.forward_stack(u[:, 3:], layers, **{**options, option: value}, cache=cache)
+    with pytest.raises(ValueError, match=rf"^{option}={float(value)!r} \(cached with {options[option]!r}\)"):
+        run(u[:, 3:], cache, **{option: value})
     assert _same(cache, kept)
 
 

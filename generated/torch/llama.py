@@ -296,7 +296,7 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys: list[str] = []
     for key in cache.keys():
-        if key != "key_padding_mask":  # the padding record: checked below
+        if key != "key_padding_mask" and key != "options":  # the records: checked below
             keys.append(key)
     keys = sorted(keys)
     expected = ["attn.kr", "attn.v"]
@@ -324,6 +324,14 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
             raise ValueError(f"cache['key_padding_mask'] must be a bool or float mask of shape (batch={batch}, "
                              f"tokens={max(tokens, 0)}), the padding of the cached tokens, "
                              f"got {padding.dtype} {list(padding.shape)}")
+    if "options" in cache:
+        options = cache["options"]
+        if not torch.jit.is_scripting():
+            if not isinstance(options, torch.Tensor):
+                raise TypeError(f"cache['options'] must be a torch.Tensor, got {type(options).__name__}")
+        if options.dtype != torch.float64 or options.dim() != 1:
+            raise ValueError(f"cache['options'] must be float64 of shape (options,), the options of the cached "
+                             f"tokens, got {options.dtype} {list(options.shape)}")
     return max(tokens, 0)
 
 
@@ -758,6 +766,28 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
                                  else mask.detach().clone())
 
 
+def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float],
+                    device: torch.device) -> None:
+    """Record in ``cache["options"]`` the options the cached keys and values were computed with (``names``:
+    ``values``, float64). A ValueError naming those a later call changes (a Block's ``eps`` or ``rope_theta`` set
+    between two calls): the cached tokens hold the old ones, so no full pass with either would equal the result."""
+    if cache is None:
+        return
+    new = torch.tensor(values, dtype=torch.float64, device=device)
+    if "options" in cache:
+        old = cache["options"]
+        if old.shape != new.shape:
+            raise ValueError(f"cache['options'] holds {old.shape[0]} options, the block's are {', '.join(names)}")
+        changed: list[str] = []
+        for index in range(len(names)):
+            if bool(old[index] != new[index]):
+                changed.append(f"{names[index]}={float(new[index])} (cached with {float(old[index])})")
+        if len(changed) > 0:
+            raise ValueError(", ".join(changed) + ": the cached tokens' keys and values were computed with the "
+                             "options of the calls that cached them; give every call of one cache the same options")
+    cache["options"] = new
+
+
 class _Group(torch.nn.Module):
     """The parameters of one operator, under their canonical names (``attn.W_q``)."""
 
@@ -1021,6 +1051,8 @@ class Block(_CanonicalModule):
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
                        offset)
         _cached_padding(cache, key_padding_mask, batch, offset + n_tokens, u0.device)
+        _cached_options(cache, ["n_heads", "n_kv_heads", "eps", "rope_theta"],
+                        [float(n_heads), float(n_kv_heads), float(eps), float(rope_theta)], u0.device)
         pos = _positions(positions, batch, n_tokens, offset, u0)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             if cache is not None:

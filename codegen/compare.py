@@ -21,6 +21,7 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.markdown import inert
+from splitformer.symbolic.names import check_distinct
 
 from .api import Derivation, as_scheme, derive
 from .convergence import Study, convergence_study, plot_studies
@@ -150,4 +151,5 @@ def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
     derivations = [derive(as_scheme(scheme), activation) for scheme in schemes]
     if not derivations:
         raise SplitformerError("compare: name at least one scheme")
+    check_distinct([derivation.scheme.name for derivation in derivations], "compare")
     return Comparison(derivations, sizes)

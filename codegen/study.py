@@ -33,6 +33,7 @@ import numpy as np
 from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.markdown import inert
+from splitformer.symbolic.names import check_distinct
 
 from .output import JSON_GENERATOR, as_folder, check_replaceable, write_files
 
@@ -427,9 +428,7 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     budget.check()
     data = _task(task, budget)
     modules = [stack_module(scheme, causal=data.causal) for scheme in schemes]
-    names = [module.SCHEME for module in modules]
-    if len(set(names)) != len(names):
-        raise SplitformerError(f"a scheme is given twice: {', '.join(names)}")
+    check_distinct([module.SCHEME for module in modules], "study")
     target = _count(modules[0], data, budget, budget.d_ff)
     widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
     result = Study(task, budget, data.sequence)

@@ -13,7 +13,8 @@ import re
 
 from .errors import SplitformerError
 
-__all__ = ["check_scheme_name", "check_operator_name", "check_identifier", "check_line", "MODULE_ATTRIBUTES", "MAX_NAME", "MAX_LINE"]
+__all__ = ["check_scheme_name", "check_operator_name", "check_identifier", "check_line", "check_distinct", "MODULE_ATTRIBUTES",
+           "MAX_NAME", "MAX_LINE"]
 
 MAX_NAME = 64
 _SCHEME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -101,3 +102,12 @@ def check_line(text: object, what: str) -> str:
         raise SplitformerError(f"{what}: must be one printable line of at most {MAX_LINE} characters, without "
                                "backslashes or triple quotes")
     return text
+
+
+def check_distinct(names: list[str], what: str) -> None:
+    """``SplitformerError`` when two of ``names`` (of schemes or networks given to ``what``) are one: their results are
+    told apart by name (rows and curves, check ids, plot files), so one would silently stand for both."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SplitformerError(f"{what}: a scheme is given twice: {', '.join(twice)} (results are told apart by "
+                               "name; rename one)")

@@ -538,3 +538,19 @@ def test_an_error_line_writes_terminal_escapes_as_text(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "\x1b" not in error and "\x07" not in error and "\\x1b]0;TITLE\\x07\\x1b[2J" in error, error
     assert error.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["compare"], ["check"], ["study", "--task", "copy"]])
+def test_two_schemes_of_one_name_are_refused_where_results_are_told_apart_by_name(command, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """Attack 27: a copy of rk4 still named post-ln (``show post-ln --format toml`` is the documented start of a
+    file) was merged with the built-in: compare plotted one curve of two, check reported post-ln as order 4 and
+    wrote both plots to one file. Refused before any work, as derive and study refuse it; control: another name."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text(load_scheme("rk4").to_toml().replace('name = "rk4"', 'name = "post-ln"', 1))
+    monkeypatch.setattr("splitformer.codegen.verification.runner.scheme_checks", lambda *a, **k: pytest.fail("work"))
+    _fails(capsys, *command[:1], "post-ln", str(mine), *command[1:],
+           message=f"{command[0]}: a scheme is given twice: post-ln (results are told apart by name; rename one)")
+    if command == ["compare"]:
+        mine.write_text(mine.read_text().replace('name = "post-ln"', 'name = "my-rk4"', 1))
+        assert main(["compare", "post-ln", str(mine)]) == 0 and "my-rk4" in capsys.readouterr().out

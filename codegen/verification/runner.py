@@ -32,6 +32,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import is_builtin
 from splitformer.symbolic.markdown import inert
+from splitformer.symbolic.names import check_distinct
 
 from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
@@ -258,6 +259,7 @@ def run_checks(schemes: list[Scheme], plots: Path | None = None,
                progress: Callable[[Check], None] | None = None, networks: list[NetworkSpec] = ()) -> CheckReport:
     """General checks, then every scheme's and every network's; ``plots`` also gets
     ``convergence.png`` with all schemes."""
+    check_distinct([scheme.name for scheme in schemes] + [network.name for network in networks], "check")
     report = CheckReport(progress=progress)
     for group, checks in (("projections", projection_checks), ("rms-norm", rms_norm_scale_check), ("sign", sign_check),
                           ("activations", activation_checks), ("attention", attention_checks),

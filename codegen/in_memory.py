@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import linecache
 import types
 
@@ -9,8 +10,10 @@ __all__ = ["load_source"]
 
 
 def load_source(source: str, backend: str, name: str) -> types.ModuleType:
-    """The module ``splitformer_generated.<backend>.<name>`` whose text is ``source``."""
-    filename = f"<splitformer {backend}/{name}.py>"
+    """The module ``splitformer_generated.<backend>.<name>`` whose text is ``source``, its lines kept under a file name
+    that carries their digest: TorchScript reads a function's source from there, and another scheme of the same name
+    derived later must not replace it (``torch.jit.script`` compiled that one's code, silently)."""
+    filename = f"<splitformer {backend}/{name}.py {hashlib.sha256(source.encode()).hexdigest()[:16]}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"splitformer_generated.{backend}.{name}")
     module.__file__ = filename

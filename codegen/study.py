@@ -428,7 +428,8 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     budget.check()
     data = _task(task, budget)
     modules = [stack_module(scheme, causal=data.causal) for scheme in schemes]
-    check_distinct([module.SCHEME for module in modules], "study")
+    names = [module.SCHEME for module in modules]
+    check_distinct(names, "study")
     target = _count(modules[0], data, budget, budget.d_ff)
     widths = [budget.d_ff] + [_matched_width(module, data, budget, target) for module in modules[1:]]
     result = Study(task, budget, data.sequence)

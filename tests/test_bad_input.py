@@ -540,14 +540,15 @@ def test_an_error_line_writes_terminal_escapes_as_text(tmp_path, capsys):
     assert error.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", [["compare"], ["check"], ["study", "--task", "copy"]])
+@pytest.mark.parametrize("command", [["compare"], ["check"], ["study"]])
 def test_two_schemes_of_one_name_are_refused_where_results_are_told_apart_by_name(command, tmp_path, capsys,
                                                                                   monkeypatch):
     """Attack 27: a copy of rk4 still named post-ln (``show post-ln --format toml`` is the documented start of a
     file) was merged with the built-in: compare plotted one curve of two, check reported post-ln as order 4 and
     wrote both plots to one file. Refused before any work, as derive and study refuse it; control: another name."""
+    assert main(["show", "rk4", "--format", "toml"]) == 0
     mine = tmp_path / "mine.toml"
-    mine.write_text(load_scheme("rk4").to_toml().replace('name = "rk4"', 'name = "post-ln"', 1))
+    mine.write_text(capsys.readouterr().out.replace('name = "rk4"', 'name = "post-ln"', 1))
     monkeypatch.setattr("splitformer.codegen.verification.runner.scheme_checks", lambda *a, **k: pytest.fail("work"))
     _fails(capsys, *command[:1], "post-ln", str(mine), *command[1:],
            message=f"{command[0]}: a scheme is given twice: post-ln (results are told apart by name; rename one)")

@@ -277,3 +277,25 @@ def test_a_module_derived_in_memory_scripts_as_its_file_does(rng):
     u = torch.tensor(rng.standard_normal((2, 5, D)))
     with torch.no_grad():
         assert (torch.jit.script(block)(u) - block(u)).abs().max() <= 1e-12
+
+
+@IGNORE_DEPRECATION
+def test_a_block_scripts_its_own_code_after_another_scheme_of_its_name_is_derived(tmp_path, rng):
+    """Attack 28: in-memory sources were kept for TorchScript under the module name alone, so a scheme file edited
+    (ReLU → GELU) and derived again replaced them: scripting the first Block compiled the second's code, 0.19 off its
+    eager forward, silently. Kept under their digest now; the control is the second Block, scripted as its own."""
+    import splitformer
+    from splitformer.symbolic.scheme_file import builtin_text
+
+    path = tmp_path / "mine.toml"
+    text = builtin_text("pre-ln").replace('name = "pre-ln"', 'name = "mine"')
+    path.write_text(text)
+    first = splitformer.derive(path).torch_module().Block(D, HEADS, D_FF, dtype=torch.float64).eval()
+    path.write_text(text.replace('activation = "relu"', 'activation = "gelu"'))
+    second = splitformer.derive(path).torch_module().Block(D, HEADS, D_FF, dtype=torch.float64).eval()
+    second.load_state_dict(first.state_dict())
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    with torch.no_grad():
+        assert (second(u) - first(u)).abs().max() > 1e-3  # the two schemes differ
+        for block in (first, second):
+            assert (torch.jit.script(block)(u) - block(u)).abs().max() <= 1e-12

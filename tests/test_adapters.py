@@ -92,6 +92,19 @@ def test_encoder_layer_round_trips(norm_first, activation, bias, modules, rng):
     assert_same_state(to_torch(adapted), layer.state_dict())
 
 
+def test_an_activation_torch_runs_without_its_fast_path_is_read(modules, rng):
+    """Attack 28: ``activation=torch.relu`` (not ``F.relu``: torch's fast path is off, activation_relu_or_gelu = 0,
+    and its slow path computes torch.relu) was refused as "replaced after construction". Read as ReLU; control: a
+    fast-path flag that contradicts the activation is still refused."""
+    layer = encoder_layer(activation=torch.relu)
+    assert layer.activation_relu_or_gelu == 0
+    adapted = from_torch(layer)
+    assert adapted.activation == "relu" and parity(modules, adapted, layer, rng.standard_normal((2, 5, D))) <= 1e-10
+    layer.activation_relu_or_gelu = 2
+    with pytest.raises(SplitformerError, match="activation_relu_or_gelu"):
+        from_torch(layer)
+
+
 def test_encoder_stack_round_trips_with_final_norm(modules, rng):
     torch.manual_seed(0)
     encoder = torch.nn.TransformerEncoder(encoder_layer(norm_first=True), 3, enable_nested_tensor=False,

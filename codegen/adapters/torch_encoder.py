@@ -60,8 +60,10 @@ def read_encoder_layer(layer: Any) -> Adapted:
     """A ``TransformerEncoderLayer``: post-ln (``norm_first=False``) or pre-ln, ReLU or GELU."""
     check_parts("TransformerEncoderLayer", layer, ENCODER_PARTS)
     activation = activation_name("TransformerEncoderLayer", layer.activation)
-    fast = getattr(layer, "activation_relu_or_gelu", None)  # the activation torch's fast path computes
-    if fast is not None and fast != {"relu": 1, "gelu": 2}.get(activation, 0):
+    # the activation torch's fast path computes; 0: no fast path (torch.relu, a callable of one's own), the slow
+    # path computes layer.activation, which was read above
+    fast = getattr(layer, "activation_relu_or_gelu", None)
+    if fast and fast != {"relu": 1, "gelu": 2}.get(activation, 0):
         raise SplitformerError(f"TransformerEncoderLayer.activation ({activation}) was replaced after construction; "
                                f"torch's fast path still computes activation_relu_or_gelu={fast}")
     attention, bias_tensors = _attention(layer.self_attn)

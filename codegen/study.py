@@ -374,7 +374,7 @@ class Study:
             return figure
         path = Path(path)
         check_replaceable(path, hint="remove it or choose another file")
-        write_files({path: figure.marked_png()})
+        write_files({path: figure.marked_png()}, root=path.parent)  # through a symbolic link, as derive writes
         return path
 
     def __repr__(self) -> str:

@@ -322,3 +322,15 @@ def test_a_users_package_init_holding_a_header_line_is_kept(text, tmp_path, caps
         assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy", *force]) == 0
         assert mine.read_text() == text and f"kept {mine} (not written by splitformer" in capsys.readouterr().out
     assert output._written_by_us(output.PACKAGE_INIT.encode(), "__init__.py")
+
+
+def test_a_plot_is_written_through_a_symbolic_link_as_derive_writes(tmp_path, capsys):
+    """Attack 28: ``compare --plot link.png`` replaced the user's link with a file (the plot writers wrote without a
+    root, so the link itself was renamed over); now the plot lands in the link's target, the link kept."""
+    real, link = tmp_path / "real.png", tmp_path / "link.png"
+    assert main(["compare", "post-ln", "--plot", str(real)]) == 0
+    first = real.read_bytes()
+    link.symlink_to("real.png")
+    assert main(["compare", "pre-ln", "--plot", str(link)]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and real.read_bytes() != first

@@ -135,7 +135,7 @@ def _save(figure, path: Path) -> Path:
     """Write the PNG at once (all or nothing), marked as ours; never over an image someone else made."""
     image = figure.marked_png()
     check_replaceable(path, hint=PLOTS_HINT)
-    write_files({path: image})
+    write_files({path: image}, root=path.parent)  # through a symbolic link, as derive writes
     return path
 
 

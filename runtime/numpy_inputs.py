@@ -102,6 +102,30 @@ def _cached_options(cache, options):
     cache["options"] = dict(options)
 
 
+def _same_array(old, new):
+    """Whether ``old`` and ``new`` are both None, or arrays of one shape, dtype and values."""
+    return (old is None) == (new is None) and (new is None or (old.shape == new.shape and old.dtype == new.dtype
+                                                               and np.array_equal(old, new)))
+
+
+def _stacked_memory(caches, memory, memory_key_padding_mask):
+    """Record in the first layer's cache the memory and memory padding a stack decodes with (``"memory"``,
+    ``"memory_key_padding_mask"``: copies). A ValueError when a later call gives others: every layer after the first
+    cached its tokens' keys and values from states that read them (one layer recomputes its memory's own keys and
+    values; a stack cannot recompute its cached tokens')."""
+    if caches is None or len(caches) < 2:
+        return
+    memory = np.asarray(memory)
+    mask = None if memory_key_padding_mask is None else np.asarray(memory_key_padding_mask)
+    first = caches[0]
+    if "memory" in first and not (_same_array(first["memory"], memory)
+                                  and _same_array(first.get("memory_key_padding_mask"), mask)):
+        raise ValueError("memory and memory_key_padding_mask must be those the cached tokens were decoded with: a "
+                         "stack's later layers cached their keys and values from states that read them (start a new "
+                         "cache for another memory)")
+    first["memory"], first["memory_key_padding_mask"] = memory.copy(), None if mask is None else mask.copy()
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)

@@ -126,6 +126,31 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
     cache["options"] = new
 
 
+def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether ``old`` and ``new`` have one shape, dtype, device and values."""
+    return old.shape == new.shape and old.dtype == new.dtype and old.device == new.device and torch.equal(old, new)
+
+
+def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.Tensor,
+                    memory_key_padding_mask: torch.Tensor | None) -> None:
+    """Record in the first layer's cache the memory and memory padding a stack decodes with (``"memory"``,
+    ``"memory_key_padding_mask"``: copies; no padding: an empty tensor). A ValueError when a later call gives others:
+    every layer after the first cached its tokens' keys and values from states that read them (one layer recomputes
+    its memory's own keys and values; a stack cannot recompute its cached tokens')."""
+    if caches is None or len(caches) < 2:
+        return
+    mask = torch.zeros(0, dtype=torch.bool, device=memory.device) if memory_key_padding_mask is None else \
+        torch.as_tensor(memory_key_padding_mask, device=memory.device)
+    first = caches[0]
+    if "memory" in first and "memory_key_padding_mask" in first:
+        if not (_same_tensor(first["memory"], memory) and _same_tensor(first["memory_key_padding_mask"], mask)):
+            raise ValueError("memory and memory_key_padding_mask must be those the cached tokens were decoded with: a "
+                             "stack's later layers cached their keys and values from states that read them (start a "
+                             "new cache for another memory)")
+    first["memory"] = memory.detach().clone()
+    first["memory_key_padding_mask"] = mask.detach().clone()
+
+
 def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the

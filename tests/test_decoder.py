@@ -263,6 +263,42 @@ def test_a_changed_memory_is_never_served_stale_keys(norm_first, change, rng, mo
                 assert np.abs(steps[:, 3:] - after[:, 3:]).max() <= 1e-12
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("change", ["memory", "memory padding"])
+def test_a_stack_refuses_another_memory_over_cached_tokens(backend, change, rng):
+    """Attack 29: a two-layer decoder stack decoding with a cache accepted another memory (or memory padding) after
+    three tokens: layer 2's cached keys came from layer-1 states that read the old one, so the result equalled
+    neither full pass (0.36 and 0.085 off in NumPy). Refused, the cache untouched; controls: the same memory decodes as
+    the full pass, and a new cache takes the new memory (one layer alone recomputes it: the test above)."""
+    numpy_module, torch_module = _modules(False)
+    layers = [decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False, seed=seed)) for seed in (1, 2)]
+    u, memory = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 4, 8))
+    padding = np.zeros((2, 4), dtype=bool)
+    stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
+
+    def run(x, given, mask, cache):
+        if backend == "numpy":
+            return numpy_module.forward_stack(x, given, layers, n_heads=2, memory_key_padding_mask=mask, cache=cache)
+        with torch.no_grad():
+            return stack(torch.tensor(x), torch.tensor(given), memory_key_padding_mask=None if mask is None else
+                         torch.tensor(mask), cache=cache).numpy()
+
+    full = run(u, memory, None, None)
+    cache = [{}, {}]
+    steps = [run(u[:, :3], memory, None, cache), run(u[:, 3:], memory.copy(), None, cache)]
+    assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12
+    cache = [{}, {}]
+    run(u[:, :3], memory, None, cache)
+    kept = [{key: value.copy() if isinstance(value, np.ndarray) else value for key, value in entry.items()}
+            for entry in cache]
+    other, mask = (memory + 1, None) if change == "memory" else (memory, padding | np.eye(2, 4, dtype=bool))
+    with pytest.raises(ValueError, match="^memory and memory_key_padding_mask must be those the cached tokens were "
+                                         "decoded with"):
+        run(u[:, 3:], other, mask, cache)
+    assert all(entry.keys() == before.keys() for entry, before in zip(cache, kept))
+    assert run(u[:, 3:], other, mask, [{}, {}]).shape == (2, 2, 8)
+
+
 def test_torch_with_autograd_recomputes_the_memory_keys(rng):
     """With autograd on, the memory's keys and values are computed at each step (not read from the cache), so
     this call's memory and the parameters get their gradients: those of the uncached forward."""

@@ -342,6 +342,30 @@ def _cached_options(cache, options):
     cache["options"] = dict(options)
 
 
+def _same_array(old, new):
+    """Whether ``old`` and ``new`` are both None, or arrays of one shape, dtype and values."""
+    return (old is None) == (new is None) and (new is None or (old.shape == new.shape and old.dtype == new.dtype
+                                                               and np.array_equal(old, new)))
+
+
+def _stacked_memory(caches, memory, memory_key_padding_mask):
+    """Record in the first layer's cache the memory and memory padding a stack decodes with (``"memory"``,
+    ``"memory_key_padding_mask"``: copies). A ValueError when a later call gives others: every layer after the first
+    cached its tokens' keys and values from states that read them (one layer recomputes its memory's own keys and
+    values; a stack cannot recompute its cached tokens')."""
+    if caches is None or len(caches) < 2:
+        return
+    memory = np.asarray(memory)
+    mask = None if memory_key_padding_mask is None else np.asarray(memory_key_padding_mask)
+    first = caches[0]
+    if "memory" in first and not (_same_array(first["memory"], memory)
+                                  and _same_array(first.get("memory_key_padding_mask"), mask)):
+        raise ValueError("memory and memory_key_padding_mask must be those the cached tokens were decoded with: a "
+                         "stack's later layers cached their keys and values from states that read them (start a new "
+                         "cache for another memory)")
+    first["memory"], first["memory_key_padding_mask"] = memory.copy(), None if mask is None else mask.copy()
+
+
 def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
@@ -478,6 +502,11 @@ _CACHE_KEYS = ("attn.k", "attn.v",)
 _MEMOIZED = {"cross.memory": ("cross.k", "cross.v",)}
 
 
+#: What a cache records besides keys and values: how its tokens were computed (the padding, the options; a stack's
+#: memory and memory padding, in its first layer's cache).
+_RECORDS = ("key_padding_mask", "options", "memory", "memory_key_padding_mask")
+
+
 def _cached_tokens(cache, causal, batch, dtype):
     """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
     ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
@@ -488,7 +517,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted((key for key in cache if key not in ("key_padding_mask", "options")), key=str)  # records: below
+    keys = sorted((key for key in cache if key not in _RECORDS), key=str)  # checked below
     expected = sorted([*_CACHE_KEYS, *(name for key, fields in _MEMOIZED.items() for name in (key, *fields))])
     if keys and keys != expected:
         raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, expected))}, "
@@ -753,6 +782,7 @@ def forward_stack(u, memory, layers, *, n_heads=1, eps=1e-5, final_norm=None, ke
         final_norm = _parameters({f"final_norm.{name}": value for name, value in _mapping("final_norm", final_norm).items()},
                                  FINAL_NORM_PARAMETERS, {"d": state.shape[-1]}, state.dtype)
     staged = _staged(cache, len(layers))
+    _stacked_memory(staged, memory, memory_key_padding_mask)
     for index, params in enumerate(layers):
         state = forward(state, memory, params, n_heads=n_heads, eps=eps,
                         key_padding_mask=key_padding_mask, memory_key_padding_mask=memory_key_padding_mask, causal=causal,

@@ -425,6 +425,11 @@ def _options(d, n_heads, eps, causal):
 _CACHE_KEYS = ("attn.k", "attn.v",)
 
 
+#: What a cache records besides keys and values: how its tokens were computed (the padding, the options; a stack's
+#: memory and memory padding, in its first layer's cache).
+_RECORDS = ("key_padding_mask", "options", "memory", "memory_key_padding_mask")
+
+
 def _cached_tokens(cache, causal, batch, dtype):
     """How many tokens ``cache`` holds (0 for None or an empty cache); its entries are checked. A cache needs
     ``causal``: an earlier call's tokens cannot attend to the tokens of later calls."""
@@ -435,7 +440,7 @@ def _cached_tokens(cache, causal, batch, dtype):
                          "which an earlier cached call has not seen (call the whole sequence without a cache)")
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
-    keys = sorted((key for key in cache if key not in ("key_padding_mask", "options")), key=str)  # records: below
+    keys = sorted((key for key in cache if key not in _RECORDS), key=str)  # checked below
     if keys and keys != sorted(_CACHE_KEYS):
         raise ValueError(f"cache must be empty or hold exactly {', '.join(map(repr, sorted(_CACHE_KEYS)))}, "
                          f"got {', '.join(map(repr, keys))}")

@@ -295,8 +295,10 @@ def _cached_tokens(cache: dict[str, torch.Tensor] | None, causal: bool, batch: i
         if not isinstance(cache, dict):
             raise TypeError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
     keys: list[str] = []
+    # besides keys and values, records of how the tokens were computed: their padding and options (checked below), a
+    # stack's memory and memory padding in its first layer's cache (_stacked_memory)
     for key in cache.keys():
-        if key != "key_padding_mask" and key != "options":  # the records: checked below
+        if key not in ["key_padding_mask", "options", "memory", "memory_key_padding_mask"]:
             keys.append(key)
     keys = sorted(keys)
     expected = ["attn.kr", "attn.v"]

@@ -110,18 +110,19 @@ _PNG_MARK = (b"\x89PNG\r\n\x1a\n", 37, b"tEXtSoftware\x00" + MARKER.encode())
 
 
 def _written_by_us(header: bytes, name: str) -> bool:
-    """Whether ``header`` starts a file named ``name`` that splitformer writes: its exact header line where
-    splitformer puts it (``_header_lines``), or for an ``__init__.py`` exactly the package file's text; not a
-    mention of either further down, nor the package line in a file of another name."""
-    signature, offset, chunk = _PNG_MARK
-    if header.startswith(signature):
-        return header[offset:offset + len(chunk)] == chunk
+    """Whether ``header`` starts a file named ``name`` that splitformer writes, in the form splitformer writes a file
+    of that name: an ``__init__.py`` exactly the package file's text; a ``.png`` its mark; a ``.json`` the header
+    line as its first key's value; any other its exact header line where splitformer puts it (``_header_lines``).
+    Not a mention of any of them further down, nor one of them in a file of another kind."""
     text = header.decode("utf-8", "replace")
-    json_header = _JSON_HEADER.match(text)
-    if json_header is not None:
-        return _HEADER_LINE.fullmatch(json_header.group(1)) is not None
     if name == "__init__.py":  # exactly the package file's text; lines a user added make it theirs, a header too
         return text == PACKAGE_INIT
+    if name.endswith(".png"):
+        signature, offset, chunk = _PNG_MARK
+        return header.startswith(signature) and header[offset:offset + len(chunk)] == chunk
+    if name.endswith(".json"):
+        json_header = _JSON_HEADER.match(text)
+        return json_header is not None and _HEADER_LINE.fullmatch(json_header.group(1)) is not None
     return any(_HEADER_LINE.fullmatch(line) for line in _header_lines(text))
 
 

@@ -124,7 +124,7 @@ def _written_by_us(header: bytes, name: str) -> bool:
     text = header.decode("utf-8", "replace")
     if name == "__init__.py":  # exactly the package file's text; lines a user added make it theirs, a header too
         return text == PACKAGE_INIT
-    if name.endswith(".png"):
+    if name.lower().endswith(".png"):  # a plot's name is the user's: compare --plot takes X.PNG too
         signature, offset, chunk = _PNG_MARK
         return header.startswith(signature) and header[offset:offset + len(chunk)] == chunk
     if name.endswith(".json"):

@@ -280,3 +280,28 @@ def test_the_check_leaves_the_source_and_the_random_state_as_they_were():
     config, state = repr(vars(model.config)), torch.get_rng_state()
     adapters.check_as_built("LlamaForCausalLM", model)
     assert repr(vars(model.config)) == config and torch.equal(torch.get_rng_state(), state)
+
+
+def test_activations_the_library_makes_per_module_are_read_as_built():
+    """Attack 32: GPT-2's ``gelu_pytorch_tanh`` (a ``functools.partial`` made per module) and BERT's ``gelu_python``
+    (a method bound to its own module) compared unequal to a fresh module's and were refused as edited. Compared by
+    what they call now; controls: another partial keyword, and a method bound to another module, are refused."""
+    import functools
+
+    import transformers
+
+    config = transformers.GPT2Config(n_embd=8, n_head=2, n_layer=1, vocab_size=16, n_positions=16,
+                                     activation_function="gelu_pytorch_tanh")
+    block = transformers.GPT2Model(config).h[0].eval()
+    assert from_hf(block).activation == "gelu-tanh"
+    block.mlp.act.act = functools.partial(block.mlp.act.act.func, approximate="none")
+    with pytest.raises(SplitformerError, match=r"mlp\.act\.act is a partial"):
+        from_hf(block)
+    bert_config = transformers.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=12,
+                                          num_hidden_layers=1, hidden_act="gelu_python")
+    layer = transformers.BertModel(bert_config).encoder.layer[0].eval()
+    assert from_hf(layer).activation == "gelu"
+    other = transformers.activations.GELUActivation(use_gelu_python=True)
+    layer.intermediate.intermediate_act_fn.act = other._gelu_python
+    with pytest.raises(SplitformerError, match=r"intermediate_act_fn\.act is "):
+        from_hf(layer)

@@ -18,7 +18,8 @@ parts from their parameters and the attributes the readers read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
+from types import MethodType
 from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
@@ -108,9 +109,19 @@ IMMATERIAL: dict[str, dict[str, str]] = {
 LOADED: dict[str, Any] = {"_use_kernels": False}
 
 
-def _same(value: Any, built: Any) -> bool:
+def _same(value: Any, built: Any, owners: tuple[Any, Any] = (None, None)) -> bool:
+    """Whether an attribute's ``value`` equals the one its fresh counterpart is ``built`` with. A ``functools.partial``
+    and a method bound to its own module (``owners``: the part and its counterpart) are made anew for each module,
+    so they compare by what they call (GPT-2's ``gelu_pytorch_tanh``, BERT's ``gelu_python``)."""
     if value is built:
         return True
+    if isinstance(value, partial) and isinstance(built, partial):
+        return (_same(value.func, built.func, owners) and len(value.args) == len(built.args)
+                and all(_same(a, b, owners) for a, b in zip(value.args, built.args))
+                and value.keywords.keys() == built.keywords.keys()
+                and all(_same(value.keywords[key], built.keywords[key], owners) for key in value.keywords))
+    if isinstance(value, MethodType) and isinstance(built, MethodType):
+        return value.__func__ is built.__func__ and (value.__self__, built.__self__) == owners
     try:
         return type(value) is type(built) and bool(value == built)
     except (TypeError, ValueError, RuntimeError):  # a tensor, or something without a plain equality
@@ -194,7 +205,7 @@ def _check_attributes(where: str, part: Any, counterpart: Any) -> None:
         if attribute not in expected:
             raise SplitformerError(f"{where}{attribute} is an attribute {name} does not have as built (a "
                                    f"{type(value).__name__}); its forward may read it, the adapter does not")
-        if not _same(value, expected[attribute]):
+        if not _same(value, expected[attribute], (part, counterpart)):
             raise SplitformerError(f"{where}{attribute} is {_brief(value)}, but {name} is built with "
                                    f"{_brief(expected[attribute])} from this configuration, which the adapter reads; "
                                    "rebuild the module instead of setting the attribute")

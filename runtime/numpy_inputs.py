@@ -130,10 +130,7 @@ def _memoized(cache, key, memory):
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
     memory they were computed from, has its shape, dtype and values (compared: O(memory), not the O(memory · d²)
     of computing them). Any other memory, an array refilled in place included, has them computed again."""
-    if cache is None or key not in cache:
-        return False
-    kept = cache[key]
-    return kept.shape == memory.shape and kept.dtype == memory.dtype and np.array_equal(kept, memory)
+    return cache is not None and key in cache and _same_array(cache[key], memory)
 
 
 def _memoized_field(cache, key, shape):

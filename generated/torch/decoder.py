@@ -1028,11 +1028,7 @@ def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Ten
     O(memory · d²) of computing them). Any other memory, a tensor refilled in place included, has them computed
     again; so does every call with autograd on (not ``inference``), whose gradients reach this call's memory and
     parameters."""
-    if cache is None or not inference or key not in cache:
-        return False
-    kept = cache[key]
-    return (kept.shape == memory.shape and kept.dtype == memory.dtype and kept.device == memory.device
-            and torch.equal(kept, memory))
+    return cache is not None and inference and key in cache and _same_tensor(cache[key], memory)
 
 
 def _memoized_field(cache: dict[str, torch.Tensor] | None, key: str, shape: list[int]) -> torch.Tensor:

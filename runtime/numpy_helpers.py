@@ -30,7 +30,7 @@ _ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180
 _ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
            1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
 # Single precision: the rational approximation Eigen and XLA use for float erf, x·P(x²)/Q(x²) on x
-# clamped to [−4, 4] (where erf rounds to ±1), evaluated in double: within 1.1e-7 of erf.
+# clamped to [−4, 4] (where erf rounds to ±1), evaluated in float32 as they do: within 4.5e-7 of erf.
 _ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
                  -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 _ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
@@ -46,23 +46,26 @@ def _polynomial(x, coefficients):
     return result
 
 
+_BLOCK = 1 << 17  # elements per block of the elementwise passes: its few float32 temporaries stay in cache
+
+
 def _erf(x):
     """The error function, elementwise, to the precision of ``x``'s dtype (NumPy has none).
 
     Works through blocks small enough for the polynomial passes to stay in cache; single (and
-    half) precision through the shorter approximation, which is 3–4× faster.
+    half) precision through the shorter approximation in float32, 6–8× faster than double's.
     """
     flat = np.ravel(x)
     out = np.empty_like(flat)
     single = flat.dtype in (np.float32, np.float16)
-    for start in range(0, flat.size, 1 << 14):
-        block = slice(start, start + (1 << 14))
-        out[block] = _erf_single(flat[block].astype(np.float64)) if single else _erf_block(flat[block])
+    for start in range(0, flat.size, _BLOCK):
+        block = slice(start, start + _BLOCK)
+        out[block] = _erf_single(flat[block].astype(np.float32)) if single else _erf_block(flat[block])
     return out.reshape(np.shape(x))
 
 
 def _erf_single(x):
-    """erf to single precision of a double ``x`` (clamped in place)."""
+    """erf to single precision of a float32 ``x`` (clamped in place)."""
     np.clip(x, -4, 4, out=x)
     z = x * x
     result = _polynomial(z, _ERF_SINGLE_P)
@@ -87,15 +90,18 @@ def _gelu(x):
     flat = np.ravel(x)
     out = np.empty_like(flat)
     single = flat.dtype in (np.float32, np.float16)
-    for start in range(0, flat.size, 1 << 14):
-        block = flat[start:start + (1 << 14)]
+    for start in range(0, flat.size, _BLOCK):
+        block = flat[start:start + _BLOCK]
         value = block * math.sqrt(2)
         value /= 2
-        value = _erf_single(value.astype(np.float64)).astype(flat.dtype) if single else _erf_block(value)
+        if single:
+            value = _erf_single(value.astype(np.float32, copy=False)).astype(flat.dtype, copy=False)
+        else:
+            value = _erf_block(value)
         value += 1
         value *= block
         value /= 2
-        out[start:start + (1 << 14)] = value
+        out[start:start + _BLOCK] = value
     return out.reshape(np.shape(x))
 
 

@@ -98,5 +98,6 @@ def test_numpy_erf_matches_the_standard_library():
     expected = np.array([math.erf(value) for value in x])
     assert np.abs(module._erf(x) - expected).max() <= 4e-16
     single = module._erf(x.astype(np.float32))
-    assert single.dtype == np.float32 and np.abs(single - expected).max() <= 1.5e-7  # float32: 1.04e-7
+    # float32, evaluated in float32 as Eigen does: 4.4e-7, under 4 spacings of float32 at 1 (1.2e-7)
+    assert single.dtype == np.float32 and np.abs(single - expected).max() <= 5e-7
     assert module._erf(np.zeros((2, 3))).shape == (2, 3)

@@ -58,11 +58,19 @@ def _reference_conv(x, W, stride, padding):
 
 
 @pytest.mark.parametrize("channels", [3, 20], ids=["one-GEMM", "GEMM-per-offset"])
-@pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (3, 0)])
-def test_numpy_convolutions_match_loops(stride, padding, channels):
-    rng = np.random.default_rng(stride + padding)
-    x, W = rng.standard_normal((2, channels, 9, 8)), rng.standard_normal((channels, 3, 3, 5))
-    depthwise, bias, channel_bias = rng.standard_normal((3, 3, channels)), rng.standard_normal(5), rng.standard_normal(channels)
+@pytest.mark.parametrize("size, stride, padding, grid", [
+    (3, 1, 1, (9, 8)), (3, 2, 1, (9, 8)), (3, 3, 0, (9, 8)), (1, 2, 0, (9, 8)), (7, 4, 2, (9, 8)), (4, 2, 3, (9, 8)),
+    (2, 3, 0, (9, 8)), (3, 1, 1, (1, 1)), (3, 2, 1, (1, 2))])
+@pytest.mark.parametrize("layout", ["channel-major", "channels-last", "swapped"])
+def test_numpy_convolutions_match_loops(size, stride, padding, grid, channels, layout):
+    """Every stride phase and kernel offset: strides above the kernel, padding beyond it, one-node images;
+    a field channel-major, channels last (a token grid) or with its axes swapped."""
+    rng = np.random.default_rng(size + stride + padding)
+    x, W = rng.standard_normal((2, channels, *grid)), rng.standard_normal((channels, size, size, 5))
+    x = {"channel-major": x, "channels-last": np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2),
+         "swapped": np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)}[layout]
+    depthwise, bias = rng.standard_normal((size, size, channels)), rng.standard_normal(5)
+    channel_bias = rng.standard_normal(channels)
     assert np.max(np.abs(numpy_grids._conv2d(x, W, stride, padding) - _reference_conv(x, W, stride, padding))) < 1e-12
     with_bias = numpy_grids._conv2d(x, W, stride, padding, bias) - bias[:, None, None]
     assert np.max(np.abs(with_bias - _reference_conv(x, W, stride, padding))) < 1e-12
@@ -72,8 +80,9 @@ def test_numpy_convolutions_match_loops(stride, padding, channels):
     assert np.max(np.abs(numpy_grids._depthwise_conv2d(x, depthwise, stride, padding) - expected)) < 1e-12
     with_bias = numpy_grids._depthwise_conv2d(x, depthwise, stride, padding, channel_bias) - channel_bias[:, None, None]
     assert np.max(np.abs(with_bias - expected)) < 1e-12
-    # negative control: the kernel flipped (a correlation is not a convolution) is far off
-    assert np.max(np.abs(numpy_grids._conv2d(x, W[:, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
+    # negative control: the kernel flipped (a correlation is not a convolution; the channels flipped too, since a
+    # 1×1 kernel, or one node under a 3×3, reads its centre alone) is far off
+    assert np.max(np.abs(numpy_grids._conv2d(x, W[::-1, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
 
 
 def test_numpy_transposed_convolution_matches_a_loop():

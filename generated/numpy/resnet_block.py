@@ -121,38 +121,79 @@ def _windows(field, axes, size, stride, padding):
     return view[tuple(index)]
 
 
-def _channels_last(field, size, stride, padding, dtype):
-    """``field`` (b, c, rows, cols) copied once, zero-padded and channels last, with the output grid's size."""
+def _phase(a, stride, padding, size, extent):
+    """Phase ``a`` along one axis of a field of ``size`` nodes zero-padded by ``padding``: the slice of its
+    grid (``extent`` nodes p, the node S p + a − P of the field) the field fills, and the field's slice."""
+    first = max(0, (padding - a + stride - 1) // stride)
+    start = stride * first + a - padding
+    count = max(0, min(extent - first, (size - start + stride - 1) // stride))
+    return slice(first, first + count), slice(start, start + stride * count, stride)
+
+
+def _phases(field, size, stride, padding, dtype):
+    """A strided convolution as stride-1 ones over contiguous memory: the zero-padded field split by stride
+    phase. Phase (a, b) holds the nodes (S p + a, S q + b) on a grid of the output's size plus the kernel's
+    reach e = (size − 1)//S, as (channels, columns): (batch, grid) flattened and followed by e·(grid width + 1)
+    zero columns, so kernel offset (S r + a, S s + b) is the slice of columns starting at r·(grid width) + s.
+    Its memory keeps the field's: channel-major, or channels last (a token grid's).
+    Returns {(a, b): (channels, columns)}, the output's (rows, cols) and the grid's (height, width)."""
     batch, channels, height, width = field.shape
-    nodes = np.zeros((batch, height + 2 * padding, width + 2 * padding, channels), dtype=dtype)
-    nodes[:, padding:padding + height, padding:padding + width] = field.transpose(0, 2, 3, 1)
-    return nodes, (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+    output = ((height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1)
+    reach = (size - 1) // stride
+    grid = (output[0] + reach, output[1] + reach)
+    count = batch * grid[0] * grid[1]
+    order = "F" if field.strides[1] < field.strides[3] else "C"
+    nodes = field.transpose(1, 0, 2, 3)
+    phases = {}
+    for a in range(min(stride, size)):
+        for b in range(min(stride, size)):
+            flat = np.zeros((channels, count + reach * (grid[1] + 1)), dtype=dtype, order=order)
+            (p, i), (q, j) = _phase(a, stride, padding, height, grid[0]), _phase(b, stride, padding, width, grid[1])
+            flat[:, :count].reshape(channels, batch, *grid)[:, :, p, q] = nodes[:, :, i, j]
+            phases[a, b] = flat
+    return phases, output, grid
 
 
-def _offset(nodes, r, s, stride, rows, cols):
-    """The channels-last nodes ``(S p + r, S q + s)`` of every output node ``(p, q)`` (a view)."""
-    return nodes[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+def _offsets(phases, size, stride, width, count):
+    """Each kernel offset (r, s) with its ``count`` columns of its phase (see ``_phases``)."""
+    for (a, b), flat in phases.items():
+        for r in range(a, size, stride):
+            for s in range(b, size, stride):
+                shift = (r // stride) * width + s // stride
+                yield r, s, flat[:, shift:shift + count]
+
+
+def _product(W, columns):
+    """``Wᵀ columns`` (l, n) in the memory order of ``columns`` (channel-major, or channels last)."""
+    return (columns.T @ W).T if columns.strides[0] < columns.strides[1] else W.T @ columns
+
+
+def _on_grid(out, batch, output, grid):
+    """Columns over the phase grid (``_phases``) → the output nodes, a (b, l, p, q) view."""
+    rows, cols = output
+    return out.reshape(len(out), batch, *grid)[:, :, :rows, :cols].transpose(1, 0, 2, 3)
 
 
 def _conv2d(field, W, stride, padding, bias=None):
-    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: the field channels last,
-    then per kernel offset one GEMM of its strided nodes with ``W[:, r, s]``, summed (few channels: one GEMM
-    over the gathered windows, im2col). A (b, l, p, q) view of channels-last memory."""
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel offset one
+    GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:
+    one GEMM over every offset's columns stacked, im2col). A (b, l, p, q) view, in the field's memory order."""
     channels, size = W.shape[:2]
-    nodes, rows, cols = _channels_last(field, size, stride, padding, np.result_type(field, W))
+    phases, output, grid = _phases(field, size, stride, padding, np.result_type(field, W))
+    count = len(field) * grid[0] * grid[1]
+    offsets = list(_offsets(phases, size, stride, grid[1], count))
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
-        windows = np.lib.stride_tricks.sliding_window_view(nodes, (size, size), axis=(1, 2))
-        columns = _offset(windows, 0, 0, stride, rows, cols).transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * channels)
-        out = (columns @ W.transpose(1, 2, 0, 3).reshape(-1, W.shape[-1])).reshape(len(nodes), rows, cols, W.shape[-1])
+        out = _product(np.concatenate([W[:, r, s] for r, s, _ in offsets]),
+                       np.concatenate([columns for _, _, columns in offsets]))
         if bias is not None:
-            out += bias
+            out += bias[:, None]
     else:
-        out = np.empty((len(nodes), rows, cols, W.shape[-1]), dtype=nodes.dtype)
-        out[...] = 0 if bias is None else bias
-        for r in range(size):
-            for s in range(size):
-                out += _offset(nodes, r, s, stride, rows, cols) @ W[:, r, s]
-    return out.transpose(0, 3, 1, 2)
+        out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2])
+        if bias is not None:
+            out += bias[:, None]
+        for r, s, columns in offsets[1:]:
+            out += _product(W[:, r, s], columns)
+    return _on_grid(out, len(field), output, grid)
 
 
 def _fold(blocks, shape, axes, size, stride, padding):

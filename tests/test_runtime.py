@@ -267,6 +267,33 @@ def test_torch_softmax_and_attention_with_bool_and_float_supports(rng):
            numpy_helpers._grouped_attention(grouped_q.numpy(), k.numpy(), v.numpy(), 0.5, None))
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["heads", "grouped-heads"])
+def test_a_causal_support_takes_flash_attentions_is_causal_and_equals_the_masked_kernel(rng, grouped, monkeypatch):
+    """Each query's own and earlier keys: the same values as the masked kernel (NumPy reference) through SDPA's
+    ``is_causal``; a support one key off causal (the control) takes the mask."""
+    n = 6
+    q = torch.from_numpy(rng.normal(size=(2, n, 2, 3, 4) if grouped else (2, n, 2, 4)))
+    k, v = (torch.from_numpy(rng.normal(size=(2, n, 2, 4))) for _ in range(2))
+    causal = np.broadcast_to(np.tril(np.ones((n, n), dtype=bool)), (2, n, n))
+    off = causal.copy()
+    off[1, 4, 2] = False
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or sdpa(*args, **kwargs))
+    for support, flash in ((causal, True), (off, False)):
+        calls.clear()
+        if grouped:
+            actual = torch_helpers._grouped_attention(q, k, v, 0.5, torch.from_numpy(support.copy()))
+            expected = numpy_helpers._grouped_attention(q.numpy(), k.numpy(), v.numpy(), 0.5, support)
+        else:
+            actual = torch_helpers._attention(q, k, v, 0.5, torch.from_numpy(support.copy())[:, None])
+            expected = _attention_reference(q.numpy(), k.numpy(), v.numpy(), 0.5, support)
+        assert calls == [flash]
+        assert np.max(np.abs(actual.numpy() - expected)) <= TOL
+    assert not torch_helpers._causal(torch.from_numpy(causal.copy()).double())  # a float log-weight: the mask
+
+
 def test_torch_masks_restrict_a_support_and_are_checked():
     support = torch.ones(1, 2, 2, dtype=torch.bool)
     mask = torch.tensor([[False, True]])

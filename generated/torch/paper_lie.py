@@ -114,6 +114,30 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
     return _dropout(torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0), dropout_p)
 
 
+def _causal(support: torch.Tensor | None) -> bool:
+    """Whether ``support`` keeps exactly each query's own and earlier keys (over the last two axes): attention
+    then takes flash attention's ``is_causal``, which skips the keys after each query. Checked on the CPU only:
+    on a GPU the check would make the host wait, and the masked kernel runs there. Nor while a trace or export
+    records the call (the check reads data; ONNX has no grouped flash attention)."""
+    if support is None or support.dtype != torch.bool or support.device.type != "cpu" or support.dim() < 2:
+        return False
+    if torch.jit.is_tracing():
+        return False
+    if not torch.jit.is_scripting():
+        if _recorded():
+            return False
+    n = support.shape[-1]
+    if support.shape[-2] != n or n < 2:
+        return False
+    return torch.equal(support, torch.ones(n, n, dtype=torch.bool).tril().expand(support.shape))
+
+
+@torch.jit.unused
+def _recorded() -> bool:
+    """Whether torch.export, torch.compile or an ONNX export is recording the call."""
+    return torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
@@ -122,8 +146,9 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     ``dropout_p`` drops kernel entries in training.
     """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if support is None:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    if support is None or _causal(support):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale,
+                                                               is_causal=support is not None)
     else:
         empty = ~_allowed(support).any(dim=-1, keepdim=True)
         mask = support | empty if support.dtype == torch.bool else support.masked_fill(empty, 0.0)

@@ -792,7 +792,12 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
     if "key_padding_mask" in cache:
         old = cache["key_padding_mask"]
         cached = old.shape[1]
-        if not torch.equal(_log_weights(old, batch, cached, device), _log_weights(mask, batch, n_keys, device)[:, :cached]):
+        if mask is None and old.dtype == torch.bool:  # a decoding step without padding: one read of the record
+            agrees = not bool(old.any())
+        else:
+            agrees = torch.equal(_log_weights(old, batch, cached, device),
+                                 _log_weights(mask, batch, n_keys, device)[:, :cached])
+        if not agrees:
             raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
                              "keys and values hold that padding): give them the padding they were cached with")
     cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool, device=device) if mask is None
@@ -806,19 +811,20 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
     between two calls): the cached tokens hold the old ones, so no full pass with either would equal the result."""
     if cache is None:
         return
-    new = torch.tensor(values, dtype=torch.float64, device=device)
-    if "options" in cache:
-        old = cache["options"]
-        if old.shape != new.shape:
-            raise ValueError(f"cache['options'] holds {old.shape[0]} options, the block's are {', '.join(names)}")
-        changed: list[str] = []
-        for index in range(len(names)):
-            if bool(old[index] != new[index]):
-                changed.append(f"{names[index]}={float(new[index])} (cached with {float(old[index])})")
-        if len(changed) > 0:
-            raise ValueError(", ".join(changed) + ": the cached tokens' keys and values were computed with the "
-                             "options of the calls that cached them; give every call of one cache the same options")
-    cache["options"] = new
+    if "options" not in cache:
+        cache["options"] = torch.tensor(values, dtype=torch.float64, device=device)
+        return
+    old = cache["options"]
+    if old.dim() != 1 or old.shape[0] != len(values):
+        raise ValueError(f"cache['options'] holds {old.shape[0]} options, the block's are {', '.join(names)}")
+    cached: list[float] = old.tolist()  # one read of the record, not one per option (a decoding step's overhead)
+    changed: list[str] = []
+    for index in range(len(names)):
+        if cached[index] != float(values[index]):
+            changed.append(f"{names[index]}={float(values[index])} (cached with {cached[index]})")
+    if len(changed) > 0:
+        raise ValueError(", ".join(changed) + ": the cached tokens' keys and values were computed with the "
+                         "options of the calls that cached them; give every call of one cache the same options")
 
 
 class _Group(torch.nn.Module):

@@ -29,6 +29,20 @@ def test_layer_norm_off_the_cpu_takes_the_scaled_path(monkeypatch):
         POST_LN.Block(8, 2, 12)(torch.randn(2, 5, 8))
 
 
+def _representability_read(rstd):
+    raise AssertionError("a fused norm's statistic was read on the host")
+
+
+@pytest.mark.parametrize("module", [POST_LN, LLAMA_TORCH], ids=["layer-norm", "rms-norm"])
+def test_norms_off_the_cpu_never_read_their_statistic_on_the_host(module, monkeypatch):
+    monkeypatch.setattr(module, "_representable", _representability_read)
+    with torch.inference_mode():
+        out = module.Block(8, 2, 12, device="meta")(torch.empty(2, 5, 8, device="meta"))
+    assert out.device.type == "meta" and list(out.shape) == [2, 5, 8]
+    with pytest.raises(AssertionError, match="read on the host"):  # on the CPU the fused path runs and checks
+        module.Block(8, 2, 12)(torch.randn(2, 5, 8))
+
+
 @pytest.mark.parametrize("support", [LLAMA_TORCH._support, lambda mask, src, causal, batch, n, dtype, device, offset:
                                      LLAMA_NUMPY._support(mask, causal, batch, n, offset)], ids=["torch", "numpy"])
 def test_one_new_token_has_no_causal_support(support):

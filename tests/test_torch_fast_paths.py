@@ -2,8 +2,9 @@
 
 The query, key and value kernels are views of one tensor (``_SIDE_BY_SIDE``), so the fused
 product reads them without a concatenation; nothing is kept, so every way a parameter can
-change (``.data.mul_`` and NumPy views too) reaches the next inference call. ``_layer_norm`` takes torch's fused LayerNorm only where its statistics are
-representable and the overflow-safe ``_scaled_layer_norm`` elsewhere.
+change (``.data.mul_`` and NumPy views too) reaches the next inference call. ``_layer_norm`` and ``_rms_norm``
+take torch's fused kernels only where their statistics are representable and the overflow-safe
+``_scaled_layer_norm``, ``_scaled_rms_norm`` elsewhere.
 """
 
 from __future__ import annotations
@@ -167,6 +168,37 @@ def test_fused_layer_norm_falls_back_where_its_statistics_are_not_representable(
     fused = torch.nn.functional.layer_norm(x, (16,), gain, bias, eps)
     exact = torch.nn.functional.layer_norm(x.double(), (16,), gain.double(), bias.double(), eps)
     assert not torch.allclose(fused.double(), exact, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return import_path(GENERATED / "torch" / "llama.py", "_fast_paths_llama")
+
+
+def test_fused_rms_norm_is_taken_where_representable_and_matches_the_scaled_one(llama, monkeypatch):
+    gain = torch.randn(16, dtype=torch.float64)
+    x = torch.tensor(np.random.default_rng(3).standard_normal((2, 5, 16)) * 10 + 3)
+    scaled = llama._scaled_rms_norm(x, gain, 1e-5)
+    calls = []
+    monkeypatch.setattr(llama, "_scaled_rms_norm", lambda *arguments: calls.append(arguments) or scaled)
+    torch.testing.assert_close(llama._rms_norm(x, gain, 1e-5), scaled, rtol=0, atol=1e-13)
+    assert not calls  # the fused path answered
+    exact = x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + 1e-5) * gain
+    torch.testing.assert_close(scaled, exact, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("scale, eps", [(1e20, 1e-5), (1e-23, 0.0), (float("inf"), 1e-5)],
+                         ids=["mean-square-overflows", "mean-square-below-normal", "infinite"])
+def test_fused_rms_norm_falls_back_where_its_statistic_is_not_representable(llama, monkeypatch, scale, eps):
+    x, gain = _rows(scale), torch.ones(16)
+    calls = []
+    monkeypatch.setattr(llama, "_scaled_rms_norm", lambda *arguments: calls.append(arguments) or x)
+    llama._rms_norm(x, gain, eps)
+    assert len(calls) == 1
+    if scale < float("inf"):  # negative control: on the same rows torch's own fused RMSNorm misses the float64 answer
+        fused = torch.ops.aten._fused_rms_norm(x, [16], gain, eps)[0]
+        exact = torch.ops.aten._fused_rms_norm(x.double(), [16], gain.double(), eps)[0]
+        assert not torch.allclose(fused.double(), exact, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch has no vmap rule for CPU flash attention

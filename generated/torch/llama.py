@@ -190,6 +190,24 @@ def _root(mean_square, eps: float, scale):
     return torch.where(root == 0, torch.ones_like(root), root)
 
 
+@torch.jit.unused
+def _fused_norms(x) -> bool:
+    """Whether a norm of ``x`` may take torch's fused kernel and check its statistic: not while tracing or compiling
+    (one graph for every input), nor off the CPU (reading the check would stall the host until the device finished)."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu")
+
+
+@torch.jit.unused
+def _representable(rstd) -> bool:
+    """Whether every row's 1/√(statistic + eps) is positive with a finite square: then no statistic overflowed (an
+    infinite one gives 0), none is NaN, and none is lost below the dtype's normal range."""
+    with torch.no_grad():
+        try:
+            return bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+        except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+            return False
+
+
 def _cat(tensors: list[torch.Tensor], dim: int):
     """``torch.cat(tensors, dim)``, read without a copy where the parts lie side by side in one
     storage (a block's query, key and value kernels: ``_side_by_side``); every edit of a part
@@ -240,6 +258,27 @@ def _side_by_side(module, groups) -> None:
 
 
 def _rms_norm(x, gain, eps: float):
+    """gain x/√(mean x² + eps) over the last axis.
+
+    torch's fused RMSNorm where its statistic is representable (``_fused_rms_norm``), else, and in
+    TorchScript, ``_scaled_rms_norm``: the same map, overflow-safe.
+    """
+    if torch.jit.is_scripting():
+        return _scaled_rms_norm(x, gain, eps)
+    return _fused_rms_norm(x, gain, eps)
+
+
+@torch.jit.unused
+def _fused_rms_norm(x, gain, eps: float):
+    """torch's one-pass RMSNorm, kept where ``_representable``; otherwise, and where ``_fused_norms`` does not
+    hold, ``_scaled_rms_norm``."""
+    if not _fused_norms(x):
+        return _scaled_rms_norm(x, gain, eps)
+    out, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], gain, eps)
+    return out if _representable(rstd) else _scaled_rms_norm(x, gain, eps)
+
+
+def _scaled_rms_norm(x, gain, eps: float):
     """gain x/√(mean x² + eps) over the last axis, with the statistics of x/s (``_row_scale``)."""
     scale = _row_scale(x)
     y = x / scale

@@ -241,21 +241,30 @@ def _layer_norm(x, gain, bias, eps: float):
 
 @torch.jit.unused
 def _fused_layer_norm(x, gain, bias, eps: float):
-    """torch's one-pass LayerNorm, kept when every row's 1/√(var + eps) is positive with a finite
-    square: then no statistic overflowed (an infinite variance gives 0), none is NaN, and the
-    variance is not lost below the dtype's normal range. Otherwise, while tracing or
-    compiling (one graph for every input), and off the CPU (reading the check would stall the
-    host until the device finished), ``_scaled_layer_norm``.
-    """
-    if torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu":
+    """torch's one-pass LayerNorm, kept where ``_representable``; otherwise, and where ``_fused_norms`` does not
+    hold, ``_scaled_layer_norm``."""
+    if not _fused_norms(x):
         return _scaled_layer_norm(x, gain, bias, eps)
     out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
+    return out if _representable(rstd) else _scaled_layer_norm(x, gain, bias, eps)
+
+
+@torch.jit.unused
+def _fused_norms(x) -> bool:
+    """Whether a norm of ``x`` may take torch's fused kernel and check its statistic: not while tracing or compiling
+    (one graph for every input), nor off the CPU (reading the check would stall the host until the device finished)."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu")
+
+
+@torch.jit.unused
+def _representable(rstd) -> bool:
+    """Whether every row's 1/√(statistic + eps) is positive with a finite square: then no statistic overflowed (an
+    infinite one gives 0), none is NaN, and none is lost below the dtype's normal range."""
     with torch.no_grad():
         try:
-            representable = bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+            return bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
         except RuntimeError:  # under torch.func.vmap a value cannot choose the path
-            representable = False
-    return out if representable else _scaled_layer_norm(x, gain, bias, eps)
+            return False
 
 
 def _scaled_layer_norm(x, gain, bias, eps: float):

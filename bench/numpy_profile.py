@@ -57,7 +57,8 @@ def line_profile(function, module, calls: int = 5, clock=time.perf_counter) -> d
 
 
 def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]:
-    """The table: forward's statements by time, each helper's top lines under it."""
+    """The table: forward's statements by time, each helper's top lines under it, then the functions called further
+    down (a network's programs and their helpers) with theirs."""
     spent = line_profile(function, module, calls)
     total = sum(seconds for (name, _), seconds in spent.items() if name == "forward") or 1.0
     by_function: dict[str, list[tuple[float, int]]] = defaultdict(list)
@@ -73,5 +74,15 @@ def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]
                 if inner / total >= 0.005:
                     inner_text = linecache.getline(module.__file__, inner_line).strip()
                     lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {name}: {inner_text[:96]}")
+    # the functions called further down (a network's programs, which its chain runs through a variable, and their helpers)
+    for name, times in sorted(by_function.items(), key=lambda item: -sum(seconds for seconds, _ in item[1])):
+        own = sum(seconds for seconds, _ in times)
+        if own / total < 0.05:
+            continue
+        lines.append(f"    {own * 1e3:7.2f} {own / total:6.0%}  {name}, called further down (its top lines)")
+        for inner, inner_line in sorted(times, reverse=True)[:8]:
+            if inner / total >= 0.005:
+                inner_text = linecache.getline(module.__file__, inner_line).strip()
+                lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {inner_text[:100]}")
     lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced (sum of the medians over {calls} calls)")
     return lines

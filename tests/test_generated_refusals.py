@@ -352,3 +352,25 @@ def test_a_stack_takes_final_norm_as_a_bool_only(value):
         torch_module.Stack(2, 8, 2, 12, final_norm=value)
     assert torch_module.Stack(2, 8, 2, 12, final_norm=False).has_final_norm is False
     assert torch_module.Stack(2, 8, 2, 12, final_norm=True).has_final_norm is True
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_scripted_block_or_stack_refuses_a_cache(name):
+    """Attack 33 F2: TorchScript hands a scripted call a copy of the caller's dict, so the cache stayed empty and the
+    next step decoded as a new sequence (off by 1.08 for llama). Refused in one line; control: the module unscripted
+    decodes as the full pass, and the scripted one without a cache equals it."""
+    _, module = _modules(name)
+    torch.manual_seed(0)
+    block = module.Block(16, 4, 24, dtype=torch.float64).eval()
+    stack = module.Stack(2, 16, 4, 24, dtype=torch.float64).eval()
+    u = torch.randn(2, 6, 16, dtype=torch.float64)
+    with torch.no_grad():
+        for model, cache in ((block, {}), (stack, [{}, {}])):
+            scripted = torch.jit.script(model)
+            with pytest.raises(torch.jit.Error, match="ValueError: cache: a scripted Block or Stack cannot extend"):
+                scripted(u[:, :3], cache=cache)
+            torch.testing.assert_close(scripted(u), model(u), rtol=0, atol=1e-12)
+            fresh = copy.deepcopy(cache)
+            steps = torch.cat([model(u[:, :3], cache=fresh), model(u[:, 3:], cache=fresh)], dim=1)
+            torch.testing.assert_close(steps, model(u), rtol=0, atol=1e-12)

@@ -214,3 +214,18 @@ def test_an_ensemble_under_vmap_takes_the_plain_paths(module):
         out = vmap(lambda p, b: functional_call(skeleton, (p, b), (u,)))(params, buffers)
         for member, block in zip(out, blocks):
             torch.testing.assert_close(member, block(u), rtol=0, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize("name, causal", [("pre_ln", True), ("post_ln", False), ("llama", True)])
+def test_per_example_masks_under_vmap_equal_the_loop(name, causal):
+    """vmap over examples with their own key padding: no value may choose a path (the causal check steps aside)."""
+    generated = import_path(GENERATED / "torch" / f"{name}.py", f"_vmapped_{name}")
+    torch.manual_seed(0)
+    block = generated.Block(8, 2, 12, dtype=torch.float64)
+    u = torch.randn(3, 2, 6, 8, dtype=torch.float64)
+    masks = torch.zeros(3, 2, 6, dtype=torch.bool)
+    masks[1, 0, 4:] = True
+    loop = torch.stack([block(x, causal=causal, key_padding_mask=m) for x, m in zip(u, masks)])
+    vmapped = torch.func.vmap(lambda x, m: block(x, causal=causal, key_padding_mask=m))(u, masks)
+    torch.testing.assert_close(vmapped, loop, rtol=0, atol=1e-12)

@@ -117,25 +117,30 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
 def _causal(support: torch.Tensor | None) -> bool:
     """Whether ``support`` keeps exactly each query's own and earlier keys (over the last two axes): attention
     then takes flash attention's ``is_causal``, which skips the keys after each query. Checked on the CPU only:
-    on a GPU the check would make the host wait, and the masked kernel runs there. Nor while a trace or export
-    records the call (the check reads data; ONNX has no grouped flash attention)."""
+    on a GPU the check would make the host wait, and the masked kernel runs there. Nor where no value may choose
+    the path (``_equal_where_values_choose``)."""
     if support is None or support.dtype != torch.bool or support.device.type != "cpu" or support.dim() < 2:
         return False
-    if torch.jit.is_tracing():
-        return False
-    if not torch.jit.is_scripting():
-        if _recorded():
-            return False
     n = support.shape[-1]
-    if support.shape[-2] != n or n < 2:
+    if support.shape[-2] != n or n < 2 or torch.jit.is_tracing():
         return False
-    return torch.equal(support, torch.ones(n, n, dtype=torch.bool).tril().expand(support.shape))
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(support.shape)
+    if torch.jit.is_scripting():
+        return torch.equal(support, causal)
+    return _equal_where_values_choose(support, causal)
 
 
 @torch.jit.unused
-def _recorded() -> bool:
-    """Whether torch.export, torch.compile or an ONNX export is recording the call."""
-    return torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+def _equal_where_values_choose(a, b) -> bool:
+    """``torch.equal(a, b)``, or False where no value may choose a path: while torch.export, torch.compile or an
+    ONNX export records the call (one graph for every input; ONNX has no grouped flash attention), and under
+    torch.func.vmap (one call for every member)."""
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    try:
+        return torch.equal(a, b)
+    except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+        return False
 
 
 def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):

@@ -98,6 +98,24 @@ def test_numpy_einsum_softmax_and_attention(rng):
     assert not expected[0, 0].any()  # the empty row: the output bias alone
 
 
+def test_numpy_attention_stops_each_block_at_its_last_kept_key(rng, monkeypatch):
+    """A causal support (with cached keys before the queries): each block of query rows multiplies only the keys up
+    to its last query's, with the values of the full masked kernel; a support keeping no key gives the zero kernel."""
+    n, cached = 9, 3
+    q, k, v = rng.normal(size=(2, n, 2, 4)), rng.normal(size=(2, n + cached, 2, 4)), rng.normal(size=(2, n + cached, 2, 4))
+    causal = np.broadcast_to(np.tril(np.ones((n, n + cached), dtype=bool), cached), (2, n, n + cached)).copy()
+    causal[1, :4] = False  # rows whose support is empty
+    monkeypatch.setattr(numpy_helpers, "_blocks", lambda *arguments: (4, 1))  # blocks of 4 rows, one head
+    widths = []
+    matmul = np.matmul
+    monkeypatch.setattr(numpy_helpers.np, "matmul", lambda a, b, **kw: widths.append(b.shape[-1]) or matmul(a, b, **kw))
+    actual = numpy_helpers._attention(q, k, v, 0.5, causal[:, None])
+    monkeypatch.setattr(numpy_helpers.np, "matmul", matmul)
+    _agree(actual, _attention_reference(q, k, v, 0.5, causal), _attention_reference(q, k, v, 0.5, None))
+    assert widths[::2] == [7, 11, 12] * 2 + [0, 11, 12] * 2  # per block: keys up to its last query's (batch 1: none)
+    assert numpy_helpers._reach(np.zeros((1, 2, 5), dtype=bool)) == 0
+
+
 def test_numpy_grouped_attention_reads_its_groups_keys(rng):
     q = rng.normal(size=(2, 3, 2, 3, 4))  # (batch, tokens, groups, members, features)
     k, v, support = rng.normal(size=(2, 5, 2, 4)), rng.normal(size=(2, 5, 2, 4)), _support(rng, 2, 3, 5)

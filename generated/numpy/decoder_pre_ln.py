@@ -118,7 +118,8 @@ def _attention(q, k, v, scale, support):
     """Σ_j softmax_j(scale Σ_e q k, support) v for (batch, tokens, heads, features) operands.
 
     Heads are strided views of the operands, never copied; per batch entry, a group of heads
-    and a block of query rows (``_blocks``) go through one reused buffer. The scale is applied
+    and a block of query rows (``_blocks``) go through one reused buffer, against the keys up to
+    the last one the block's support keeps (``_reach``). The scale is applied
     to a copy of the queries, the normalization to the output rows, which overwrite their (used)
     scaled queries: the copy is the output, in (batch, tokens, heads, features) order.
     """
@@ -136,12 +137,22 @@ def _attention(q, k, v, scale, support):
             heads = slice(first, first + group)
             for start in range(0, n_queries, rows):
                 block = slice(start, start + rows)
+                kept = None if support is None else support[b, heads, block]
+                reach = n_keys if kept is None else _reach(kept)
                 queries = heads_out[b, heads, block]
-                scores = np.matmul(queries, keys[b, heads], out=buffer[:queries.shape[0], :queries.shape[1]])
-                weights, total = _exponentials(scores, None if support is None else support[b, heads, block])
-                np.matmul(weights, values[b, heads], out=queries)
+                scores = np.matmul(queries, keys[b, heads, :, :reach],
+                                   out=buffer[:queries.shape[0], :queries.shape[1], :reach])
+                weights, total = _exponentials(scores, None if kept is None else kept[..., :reach])
+                np.matmul(weights, values[b, heads, :reach], out=queries)
                 queries /= total
     return out
+
+
+def _reach(kept):
+    """1 + the last key any row of a block of ``_attention`` keeps (0: none): the keys after it have weight 0,
+    so a causal block's products stop at its last query's key."""
+    kept_keys = np.flatnonzero(kept.any(axis=tuple(range(kept.ndim - 1))))
+    return int(kept_keys[-1]) + 1 if kept_keys.size else 0
 
 
 def _blocks(n_queries, n_keys, n_heads, width):

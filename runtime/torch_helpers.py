@@ -99,23 +99,26 @@ def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
 
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
-    reads: flash attention's on CPU without support or dropout, else None (the adjoint recomputes the kernel). No
-    tokens or no keys take ``_attention`` too: the flash kernel divides by zero there (SIGFPE, the process dies)."""
-    if support is not None or dropout_p or q.device.type != "cpu" or q.numel() == 0 or k.numel() == 0:
+    reads: flash attention's on CPU without dropout, with no support or a causal one (``_causal``), else None (the
+    adjoint recomputes the kernel). No tokens or no keys take ``_attention`` too: the flash kernel divides by zero
+    there (SIGFPE, the process dies)."""
+    if ((support is not None and not _causal(support)) or dropout_p or q.device.type != "cpu" or q.numel() == 0
+            or k.numel() == 0):
         return _attention(q, k, v, scale, support, dropout_p), None
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=support is not None, scale=scale)
     return out.transpose(1, 2), log_total
 
 
 def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
     """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
-    tokens, heads, features): flash attention's backward where the forward kept ``log_total``, else with the kernel γ
-    recomputed: ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total`` (causal where a support
+    was given: ``_attention_normalized`` keeps it for a causal one only), else with the kernel γ recomputed:
+    ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
     q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
     if log_total is not None:
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            o_bar, q, k, v, o, log_total, 0.0, False, scale=scale)
+            o_bar, q, k, v, o, log_total, 0.0, support is not None, scale=scale)
     else:
         kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
         scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)

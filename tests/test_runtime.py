@@ -312,6 +312,29 @@ def test_a_causal_support_takes_flash_attentions_is_causal_and_equals_the_masked
     assert not torch_helpers._causal(torch.from_numpy(causal.copy()).double())  # a float log-weight: the mask
 
 
+def test_a_causal_support_keeps_flash_attentions_normalizer_and_its_backward_is_autograds(rng):
+    """The derived path: a causal support keeps the row normalizers (flash attention's forward and backward with
+    ``is_causal``); (q̄, k̄, v̄) equal autograd through the masked kernel. Control: a support one key off causal keeps
+    none (the adjoint recomputes the kernel), with the same equality."""
+    n = 7
+    q, k, v, o_bar = (torch.from_numpy(rng.normal(size=(2, n, 2, 4))) for _ in range(4))
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(2, n, n)
+    off = causal.clone()
+    off[0, 5, 1] = False
+    for support, kept in ((causal, True), (off, False)):
+        o, log_total = torch_helpers._attention_normalized(q, k, v, 0.5, support[:, None])
+        assert (log_total is not None) == kept
+        grads = torch_helpers._attention_adjoint(o_bar, q, k, v, o, log_total, 0.5, support[:, None])
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        scores = torch.einsum("bihe,bjhe->bhij", leaves[0], leaves[1]) * 0.5
+        kernel = torch.softmax(scores.masked_fill(~support[:, None], float("-inf")), dim=-1)
+        expected = torch.einsum("bhij,bjhf->bihf", kernel, leaves[2])
+        torch.testing.assert_close(o, expected.detach(), rtol=0, atol=TOL)
+        expected.backward(o_bar)
+        for grad, leaf in zip(grads, leaves):
+            torch.testing.assert_close(grad, leaf.grad, rtol=0, atol=TOL)
+
+
 def test_torch_masks_restrict_a_support_and_are_checked():
     support = torch.ones(1, 2, 2, dtype=torch.bool)
     mask = torch.tensor([[False, True]])

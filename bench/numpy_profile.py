@@ -56,6 +56,13 @@ def line_profile(function, module, calls: int = 5, clock=time.perf_counter) -> d
     return {key: statistics.median(times.get(key, 0.0) for times in per_call) for key in keys}
 
 
+def _top_lines(times: list[tuple[float, int]], total: float, module, label: str = "") -> list[str]:
+    """A function's top 8 lines by time (at least 0.5 % of ``total``), indented, each after ``label``."""
+    return [f"    {seconds * 1e3:7.2f} {seconds / total:6.0%}      {label}"
+            f"{linecache.getline(module.__file__, line).strip()[:110 - 14 - len(label)]}"
+            for seconds, line in sorted(times, reverse=True)[:8] if seconds / total >= 0.005]
+
+
 def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]:
     """The table: forward's statements by time, each helper's top lines under it, then the functions called further
     down (a network's programs and their helpers) with theirs."""
@@ -68,21 +75,13 @@ def profile_lines(function, module, calls: int = 5, rows: int = 14) -> list[str]
     for seconds, line in sorted(by_function.pop("forward", []), reverse=True)[:rows]:
         text = linecache.getline(module.__file__, line).strip()
         lines.append(f"    {seconds * 1e3:7.2f} {seconds / total:6.0%}  {text[:110]}")
-        called = [name for name in by_function if f"{name}(" in text]
-        for name in called:
-            for inner, inner_line in sorted(by_function.pop(name), reverse=True)[:8]:
-                if inner / total >= 0.005:
-                    inner_text = linecache.getline(module.__file__, inner_line).strip()
-                    lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {name}: {inner_text[:96]}")
+        for name in [name for name in by_function if f"{name}(" in text]:
+            lines += _top_lines(by_function.pop(name), total, module, f"{name}: ")
     # the functions called further down (a network's programs, which its chain runs through a variable, and their helpers)
     for name, times in sorted(by_function.items(), key=lambda item: -sum(seconds for seconds, _ in item[1])):
         own = sum(seconds for seconds, _ in times)
-        if own / total < 0.05:
-            continue
-        lines.append(f"    {own * 1e3:7.2f} {own / total:6.0%}  {name}, called further down (its top lines)")
-        for inner, inner_line in sorted(times, reverse=True)[:8]:
-            if inner / total >= 0.005:
-                inner_text = linecache.getline(module.__file__, inner_line).strip()
-                lines.append(f"    {inner * 1e3:7.2f} {inner / total:6.0%}      {inner_text[:100]}")
+        if own / total >= 0.05:
+            lines.append(f"    {own * 1e3:7.2f} {own / total:6.0%}  {name}, called further down (its top lines)")
+            lines += _top_lines(times, total, module)
     lines.append(f"    {total * 1e3:7.2f} {1:6.0%}  forward, traced (sum of the medians over {calls} calls)")
     return lines

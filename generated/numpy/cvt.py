@@ -530,14 +530,12 @@ def _conv2d(field, W, stride, padding, bias=None):
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
         out = _product(np.concatenate([W[:, r, s] for r, s, _ in offsets]),
                        np.concatenate([columns for _, _, columns in offsets]))
-        if bias is not None:
-            out += bias[:, None]
     else:
         out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2])
-        if bias is not None:
-            out += bias[:, None]
         for r, s, columns in offsets[1:]:
             out += _product(W[:, r, s], columns)
+    if bias is not None:
+        out += bias[:, None]
     return _on_grid(out, len(field), output, grid)
 
 
@@ -548,11 +546,11 @@ def _depthwise_conv2d(field, W, stride, padding, bias=None):
     offsets = _offsets(phases, W.shape[0], stride, grid[1], len(field) * grid[0] * grid[1])
     r, s, columns = next(offsets)
     out = columns * W[r, s][:, None]
-    if bias is not None:
-        out += bias[:, None]
     term = np.empty_like(out)
     for r, s, columns in offsets:
         out += np.multiply(columns, W[r, s][:, None], out=term)
+    if bias is not None:
+        out += bias[:, None]
     return _on_grid(out, len(field), output, grid)
 
 

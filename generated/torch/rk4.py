@@ -116,30 +116,34 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
 
 def _causal(support: torch.Tensor | None) -> bool:
     """Whether ``support`` keeps exactly each query's own and earlier keys (over the last two axes): attention
-    then takes flash attention's ``is_causal``, which skips the keys after each query. Checked on the CPU only:
-    on a GPU the check would make the host wait, and the masked kernel runs there. Nor where no value may choose
-    the path (``_equal_where_values_choose``)."""
-    if support is None or support.dtype != torch.bool or support.device.type != "cpu" or support.dim() < 2:
+    then takes flash attention's ``is_causal``, which skips the keys after each query. Only where a value may
+    choose the path (``_values_choose``; ONNX has no grouped flash attention either): elsewhere the masked kernel."""
+    if support is None or support.dtype != torch.bool or support.dim() < 2:
         return False
     n = support.shape[-1]
-    if support.shape[-2] != n or n < 2 or torch.jit.is_tracing():
+    if support.shape[-2] != n or n < 2:
         return False
-    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(support.shape)
     if torch.jit.is_scripting():
-        return torch.equal(support, causal)
-    return _equal_where_values_choose(support, causal)
+        return support.device.type == "cpu" and bool((support == torch.ones(n, n, dtype=torch.bool).tril()).all())
+    return _values_choose(support) and _holds((support == torch.ones(n, n, dtype=torch.bool).tril()).all())
 
 
 @torch.jit.unused
-def _equal_where_values_choose(a, b) -> bool:
-    """``torch.equal(a, b)``, or False where no value may choose a path: while torch.export, torch.compile or an
-    ONNX export records the call (one graph for every input; ONNX has no grouped flash attention), and under
-    torch.func.vmap (one call for every member)."""
-    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return False
+def _values_choose(x) -> bool:
+    """Whether a value computed from ``x`` may choose the path a call takes: not while a trace, torch.compile,
+    torch.export or an ONNX export records the call (one graph for every input), nor off the CPU (reading the
+    value would make the host wait for the device)."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                or torch.onnx.is_in_onnx_export() or x.device.type != "cpu")
+
+
+@torch.jit.unused
+def _holds(condition: torch.Tensor) -> bool:
+    """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
+    no value may choose its path)."""
     try:
-        return torch.equal(a, b)
-    except RuntimeError:  # under torch.func.vmap a value cannot choose the path
+        return bool(condition)
+    except RuntimeError:
         return False
 
 
@@ -255,19 +259,12 @@ def _layer_norm(x, gain, bias, eps: float):
 
 @torch.jit.unused
 def _fused_layer_norm(x, gain, bias, eps: float):
-    """torch's one-pass LayerNorm, kept where ``_representable``; otherwise, and where ``_fused_norms`` does not
-    hold, ``_scaled_layer_norm``."""
-    if not _fused_norms(x):
+    """torch's one-pass LayerNorm, kept where ``_representable``; otherwise, and where no value may choose the path
+    (``_values_choose``), ``_scaled_layer_norm``."""
+    if not _values_choose(x):
         return _scaled_layer_norm(x, gain, bias, eps)
     out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
     return out if _representable(rstd) else _scaled_layer_norm(x, gain, bias, eps)
-
-
-@torch.jit.unused
-def _fused_norms(x) -> bool:
-    """Whether a norm of ``x`` may take torch's fused kernel and check its statistic: not while tracing or compiling
-    (one graph for every input), nor off the CPU (reading the check would stall the host until the device finished)."""
-    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or x.device.type != "cpu")
 
 
 @torch.jit.unused
@@ -275,10 +272,7 @@ def _representable(rstd) -> bool:
     """Whether every row's 1/√(statistic + eps) is positive with a finite square: then no statistic overflowed (an
     infinite one gives 0), none is NaN, and none is lost below the dtype's normal range."""
     with torch.no_grad():
-        try:
-            return bool(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
-        except RuntimeError:  # under torch.func.vmap a value cannot choose the path
-            return False
+        return _holds(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
 
 
 def _scaled_layer_norm(x, gain, bias, eps: float):

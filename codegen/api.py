@@ -30,7 +30,7 @@ from splitformer.symbolic.markdown import inert, markdown_text
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program, SubstepRecord
 from splitformer.symbolic.scheme import Scheme
-from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_scheme_or_network
+from splitformer.symbolic.network_spec import GridNetworkSpec, TokenNetworkSpec, MultiscaleSpec, load_scheme_or_network
 from splitformer.symbolic.scheme_file import load_scheme
 
 from .ir import Module
@@ -201,7 +201,7 @@ def derive(scheme: Scheme | str, activation: str | None = None, passes: str | tu
                                "name them in a string instead ('matmul,layer-norm')")
     if isinstance(scheme, (str, Path)):
         scheme = load_scheme_or_network(scheme)
-    if isinstance(scheme, (ModelSpec, GridModelSpec, MultiscaleSpec)):
+    if isinstance(scheme, (TokenNetworkSpec, GridNetworkSpec, MultiscaleSpec)):
         given = [option for option, value in (("activation", activation), ("causal", causal or None), ("name", name))
                  if value is not None]
         if given:

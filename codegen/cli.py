@@ -164,7 +164,7 @@ def _load(name: str, activation: str | None):
 def _load_any(name: str, arguments: argparse.Namespace):
     """The scheme or network ``name`` names; the scheme options (``--activation``, and for
     derive ``--causal``, ``--name``) are refused for a network, which names its own."""
-    from splitformer.symbolic.model import load_scheme_or_network
+    from splitformer.symbolic.network_spec import load_scheme_or_network
     from splitformer.symbolic.scheme import Scheme
 
     item = load_scheme_or_network(name)
@@ -192,10 +192,10 @@ def _variant(scheme, causal: bool, name: str | None):
 def _list() -> str:
     from splitformer.symbolic.builtins import builtin_names, builtin_summary
 
-    from splitformer.symbolic.model import model_names, model_summary
+    from splitformer.symbolic.network_spec import network_names, network_summary
 
     rows = [(name, builtin_summary(name)) for name in builtin_names()]
-    rows += [(name, f"(model) {model_summary(name)}") for name in model_names()]
+    rows += [(name, f"(model) {network_summary(name)}") for name in network_names()]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {summary}" for name, summary in rows)
 
@@ -208,9 +208,9 @@ def _show(arguments: argparse.Namespace) -> str:
 
     scheme = _load_any(arguments.scheme, arguments)
     if not isinstance(scheme, Scheme):
-        from .pipeline import show_model
+        from .pipeline import show_network
 
-        return show_model(scheme, arguments.format, arguments.scheme)
+        return show_network(scheme, arguments.format, arguments.scheme)
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")
     program = derive(scheme)
@@ -249,15 +249,15 @@ def _source_with_activation(scheme) -> str:
 def _derive(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.builtins import builtin_names
 
-    from splitformer.symbolic.model import model_names
+    from splitformer.symbolic.network_spec import network_names
     from splitformer.symbolic.scheme import Scheme
 
     from .output import as_folder, check_writable, write_files
     from .parallel import ordered_map
     from .passes import select
-    from .pipeline import BACKEND_CHOICES, generate, generate_model
+    from .pipeline import BACKEND_CHOICES, generate, generate_network
 
-    names = list(arguments.schemes) + (builtin_names() + model_names() if arguments.all_builtins else [])
+    names = list(arguments.schemes) + (builtin_names() + network_names() if arguments.all_builtins else [])
     if not names:
         raise SplitformerError("derive: name at least one SCHEME (or pass --all-builtins)")
     if arguments.name is not None and len(names) > 1:
@@ -283,7 +283,7 @@ def _derive(arguments: argparse.Namespace) -> str:
 
     def generated(item: tuple[str, object, tuple]) -> dict[Path, str]:
         _, scheme, _ = item
-        return (generate if isinstance(scheme, Scheme) else generate_model)(scheme, backends, out, passes)
+        return (generate if isinstance(scheme, Scheme) else generate_network)(scheme, backends, out, passes)
 
     files: dict[Path, str] = {}
     for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
@@ -306,10 +306,10 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
 
     from .verification.runner import run_checks
 
-    from splitformer.symbolic.model import load_scheme_or_network, model_names
+    from splitformer.symbolic.network_spec import load_scheme_or_network, network_names
     from splitformer.symbolic.scheme import Scheme
 
-    names = arguments.schemes or builtin_names() + model_names()
+    names = arguments.schemes or builtin_names() + network_names()
     items = {name: load_scheme_or_network(name) for name in names}
     schemes = [item for item in items.values() if isinstance(item, Scheme)]
     plots = None

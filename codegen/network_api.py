@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from splitformer.symbolic.model import NetworkSpec, check_network
+from splitformer.symbolic.network_spec import NetworkSpec, check_network
 
 from .derivations import GeneratedModules, check_passes, check_write_options
 from .output import as_folder, write_files
-from .pipeline import BACKEND_CHOICES, generate_model
+from .pipeline import BACKEND_CHOICES, generate_network
 
 __all__ = ["NetworkDerivation"]
 
@@ -54,7 +54,7 @@ class NetworkDerivation(GeneratedModules):
     @cached_property
     def _files(self) -> dict[Path, str]:
         self._unchanged()
-        return generate_model(self.spec, ("numpy", "torch"), Path("."), self.passes)
+        return generate_network(self.spec, ("numpy", "torch"), Path("."), self.passes)
 
     @property
     def report(self) -> str:
@@ -70,7 +70,7 @@ class NetworkDerivation(GeneratedModules):
         check_write_options(backend, force)
         self._unchanged()
         out = as_folder(out, "out")
-        files = generate_model(self.spec, BACKEND_CHOICES[backend], out, self.passes)
+        files = generate_network(self.spec, BACKEND_CHOICES[backend], out, self.passes)
         write_files(files, force=force, root=out)
         return list(files)
 

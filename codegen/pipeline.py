@@ -12,11 +12,11 @@ from functools import cache, partial
 from pathlib import Path
 
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
-from splitformer.symbolic.builtins import is_model, model_text
+from splitformer.symbolic.builtins import is_network, network_text
 from splitformer.symbolic.cvt import derive_cvt
 from splitformer.symbolic.derivation import derive
-from splitformer.symbolic.model import GridModelSpec, MultiscaleSpec, NetworkSpec
-from splitformer.symbolic.model_derivation import derive_grid_model, derive_model
+from splitformer.symbolic.network_spec import GridNetworkSpec, MultiscaleSpec, NetworkSpec
+from splitformer.symbolic.network_derivation import derive_grid_network, derive_token_network
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
@@ -26,14 +26,14 @@ from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 from .adjoint import Backward, lower_adjoint
 from .ir import Module
 from .lowering import lower
-from .model_render import render_network
-from .model_report import network_sections, render_network_report
+from .network_render import render_network
+from .network_report import network_sections, render_network_report
 from .output import PACKAGE_INIT
 from .render import render_module
 from .report import render_report
 from .verification.statements.order import splitting_order
 
-__all__ = ["generate", "generate_model", "show_model", "lower_backward", "lower_scheme", "BACKEND_CHOICES",
+__all__ = ["generate", "generate_network", "show_network", "lower_backward", "lower_scheme", "BACKEND_CHOICES",
            "PACKAGE_INIT"]
 
 BACKEND_CHOICES = {"numpy": ("numpy",), "torch": ("torch",), "all": ("numpy", "torch")}
@@ -88,14 +88,14 @@ def _network(spec: NetworkSpec, passes=None) -> tuple[Callable[[str], str], obje
     """The derived network of ``spec``: its module's source per backend (rendered once each), its program."""
     if isinstance(spec, MultiscaleSpec):
         program = derive_cvt(spec.name, spec.summary)
-    elif isinstance(spec, GridModelSpec):
-        program = derive_grid_model(spec)
+    elif isinstance(spec, GridNetworkSpec):
+        program = derive_grid_network(spec)
     else:
-        program = derive_model(spec)
+        program = derive_token_network(spec)
     return cache(partial(render_network, program, passes=passes)), program
 
 
-def generate_model(spec: NetworkSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:
+def generate_network(spec: NetworkSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:
     """The files ``splitformer derive`` writes for the model ``spec`` under ``out``."""
     source, program = _network(spec, passes)
     files = {out / "__init__.py": PACKAGE_INIT}
@@ -106,10 +106,10 @@ def generate_model(spec: NetworkSpec, backends: tuple[str, ...], out: Path, pass
     return files
 
 
-def show_model(spec: NetworkSpec, form: str, name_or_path: str) -> str:
+def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
     """``splitformer show`` of a network (read from ``name_or_path``): its file, its report, or its discrete stages."""
     if form == "toml":
-        text = model_text(name_or_path) if is_model(name_or_path) else read_source(Path(name_or_path), "network file")
+        text = network_text(name_or_path) if is_network(name_or_path) else read_source(Path(name_or_path), "network file")
         return text.removeprefix("\ufeff").rstrip("\n")
     source, program = _network(spec)
     if form == "markdown":

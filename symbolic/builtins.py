@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 
-__all__ = ["builtin_names", "builtin_text", "builtin_summary", "model_names", "is_model", "model_summary", "model_text"]
+__all__ = ["builtin_names", "builtin_text", "builtin_summary", "network_names", "is_network", "network_summary", "network_text"]
 
 #: The order ``splitformer list`` prints them in; any other built-in file follows, by name.
 _ORDER = ["post-ln", "pre-ln", "macaron", "macaron-pre-ln", "parallel", "symmetric-parallel", "rk2", "rk4", "gpt2", "llama",
@@ -28,22 +28,22 @@ def builtin_summary(name: str) -> str:
     return tomllib.loads(builtin_text(name))["summary"]
 
 
-def _models():
-    return resources.files("splitformer.symbolic") / "models"
+def _networks():
+    return resources.files("splitformer.symbolic") / "networks"
 
 
-def model_names() -> list[str]:
-    """Names of the built-in models."""
-    return sorted(entry.name[:-5] for entry in _models().iterdir() if entry.name.endswith(".toml"))
+def network_names() -> list[str]:
+    """Names of the built-in networks."""
+    return sorted(entry.name[:-5] for entry in _networks().iterdir() if entry.name.endswith(".toml"))
 
 
-def is_model(name: str) -> bool:
-    return name in model_names()
+def is_network(name: str) -> bool:
+    return name in network_names()
 
 
-def model_text(name: str) -> str:
-    return (_models() / f"{name}.toml").read_text(encoding="utf-8")
+def network_text(name: str) -> str:
+    return (_networks() / f"{name}.toml").read_text(encoding="utf-8")
 
 
-def model_summary(name: str) -> str:
-    return tomllib.loads(model_text(name))["summary"]
+def network_summary(name: str) -> str:
+    return tomllib.loads(network_text(name))["summary"]

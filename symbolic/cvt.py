@@ -23,7 +23,7 @@ from .cnn_operators import BatchNorm, Convolution
 from .cvt_operators import KEY, ConvolutionalAttention, DepthwiseConvolution
 from .domains import X, Y
 from .image import C, X1, X2
-from .model_derivation import Stage, discretize_stage, field_tensor
+from .network_derivation import Stage, discretize_stage, field_tensor
 from .operators import STATE, FeedForward, LayerNorm
 from .program import TIME_STEP, Assignment
 from .vision_operators import ClassTokenHead

@@ -34,8 +34,8 @@ from .domains import FEATURES, X, Y
 from .cvt_operators import KEY
 from .image import COLS, X1, X2
 from .latex import equation
-from .model_adjoint import stage_record
-from .model_derivation import Stage, field_tensor
+from .network_adjoint import stage_record
+from .network_derivation import Stage, field_tensor
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
 __all__ = ["CvtPiece", "cvt_programs", "KEY_ROWS", "KEY_COLS"]

@@ -20,7 +20,7 @@ import sympy as sp
 
 from .across_layers import across_layers_from_table
 from .activations import ACTIVATIONS
-from .builtins import builtin_names, builtin_text, model_names
+from .builtins import builtin_names, builtin_text, network_names
 from .errors import SplitformerError
 from .exact_numbers import exact_number
 from .file_kinds import open_regular
@@ -45,7 +45,7 @@ _RK_KEYS = {"rk", "fields"}
 _TABLEAU_KEYS = {"a", "b", "label"}
 
 
-#: Top-level fields of a network file (``symbolic.model``), never of a block scheme.
+#: Top-level fields of a network file (``symbolic.network_spec``), never of a block scheme.
 NETWORK_FIELDS = frozenset({"embedding", "readout", "step", "composition"})
 
 
@@ -349,11 +349,11 @@ def scheme_path(name_or_path: str | os.PathLike) -> Path | None:
     except (OSError, ValueError) as error:
         raise SplitformerError(f"cannot read scheme file {name_or_path}: {getattr(error, 'strerror', None) or error}") from None
     if not exists:
-        if name_or_path in model_names():
+        if name_or_path in network_names():
             raise SplitformerError(f"{name_or_path!r} is a built-in network, not a block scheme "
                                    f"(the CLI takes it: `splitformer derive {name_or_path}`, `show`, `check`)")
         raise SplitformerError(f"unknown scheme {name_or_path!r} (built-in: {known}; networks, for derive and "
-                               f"check: {', '.join(model_names())}; or a path to a .toml file)")
+                               f"check: {', '.join(network_names())}; or a path to a .toml file)")
     return path
 
 

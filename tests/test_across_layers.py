@@ -222,13 +222,13 @@ def test_a_step_that_is_not_one_euler_evaluation_is_refused():
 def test_a_network_refuses_a_scheme_combined_across_layers(tmp_path):
     from importlib import resources
 
-    from splitformer.symbolic.model import load_model
+    from splitformer.symbolic.network_spec import load_network
 
     (tmp_path / "block.toml").write_text((SCHEMES / "heavy-ball.toml").read_text(), encoding="utf-8")
-    network = (resources.files("splitformer.symbolic") / "models" / "vit.toml").read_text(encoding="utf-8")
+    network = (resources.files("splitformer.symbolic") / "networks" / "vit.toml").read_text(encoding="utf-8")
     (tmp_path / "net.toml").write_text(network.replace('scheme = "pre-ln"', 'scheme = "block.toml"'), encoding="utf-8")
     with pytest.raises(SplitformerError, match="heavy-ball across layers.*one layer at a time"):
-        load_model(tmp_path / "net.toml")
+        load_network(tmp_path / "net.toml")
 
 
 def test_the_report_states_the_combination_and_its_order(derived):

@@ -122,7 +122,7 @@ def test_module_attributes_cover_every_emitted_module_class():
     ("vit", 'operator = "head"', 'operator = "n_classes"'),
 ])
 def test_a_network_operator_named_like_a_model_attribute_is_refused(network, old, new, capsys, tmp_path):
-    source = (ROOT / "symbolic" / "models" / f"{network}.toml").read_text()
+    source = (ROOT / "symbolic" / "networks" / f"{network}.toml").read_text()
     assert old in source
     path = tmp_path / "clash.toml"
     path.write_text(source.replace(old, new).replace(f'name = "{network}"', 'name = "clash"'))
@@ -205,7 +205,7 @@ def test_the_report_shows_links_images_and_math_as_text(field, tmp_path):
     source, report = {
         "summary": (_replace('summary = "', f'summary = "{_LINKS} '), "post_ln"),
         "description": (_replace('description = """', f'description = """{text}\n'), "post_ln"),
-        "network summary": ((ROOT / "symbolic" / "models" / "resnet-block.toml").read_text().replace(
+        "network summary": ((ROOT / "symbolic" / "networks" / "resnet-block.toml").read_text().replace(
             'summary = "', f'summary = "{_LINKS} '), "resnet_block")}[field]
     path = tmp_path / "links.toml"
     path.write_text(source)
@@ -524,7 +524,7 @@ def test_a_study_too_large_for_one_machine_is_refused_before_any_work(arguments,
 @pytest.mark.parametrize("network", ["resnet-block", "vit"])
 def test_compare_given_a_network_file_says_it_is_one(network, capsys):
     """Attack 15: a network file where a block scheme is expected was read as a scheme ("unknown field 'step'")."""
-    _fails(capsys, "compare", str(ROOT / "symbolic" / "models" / f"{network}.toml"),
+    _fails(capsys, "compare", str(ROOT / "symbolic" / "networks" / f"{network}.toml"),
            message="a network file's field: this is a network file, where a block scheme is expected")
 
 
@@ -532,7 +532,7 @@ def test_an_error_line_writes_terminal_escapes_as_text(tmp_path, capsys):
     """Attack 20: a network file's ``steps.scheme`` holding ESC/BEL sequences reached stderr as bytes (on a terminal:
     a new window title, a cleared screen, colours). Written as escapes; the line stays one line."""
     network = tmp_path / "esc.toml"
-    network.write_text((ROOT / "symbolic" / "models" / "vit.toml").read_text().replace(
+    network.write_text((ROOT / "symbolic" / "networks" / "vit.toml").read_text().replace(
         'scheme = "pre-ln"', 'scheme = "\\u001b]0;TITLE\\u0007\\u001b[2J\\u001b[31mnosuch.toml"'))
     assert main(["show", str(network)]) == 2
     error = capsys.readouterr().err

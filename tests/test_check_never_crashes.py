@@ -108,13 +108,13 @@ def test_a_check_that_raises_is_a_reported_failure():
     def broken():
         raise KeyError("u0")
 
-    [check] = guarded("model/cvt", "cvt", broken)
-    assert (check.id, check.method, check.holds) == ("model/cvt", "crashed", False)
+    [check] = guarded("network/cvt", "cvt", broken)
+    assert (check.id, check.method, check.holds) == ("network/cvt", "crashed", False)
     assert "KeyError: 'u0'" in check.detail and "in broken" in check.detail
     assert guarded("x", None, lambda: None) == []
 
 
-def test_check_reports_a_crashing_model_check_as_a_failure_and_exits_1(monkeypatch, capsys):
+def test_check_reports_a_crashing_network_check_as_a_failure_and_exits_1(monkeypatch, capsys):
     for name in ("projection_checks", "activation_checks", "attention_checks", "llm_checks",
                  "general_adjoint_checks"):
         monkeypatch.setattr(runner, name, lambda: [])  # the general checks are tested elsewhere
@@ -123,10 +123,10 @@ def test_check_reports_a_crashing_model_check_as_a_failure_and_exits_1(monkeypat
     def crashing(spec):
         raise KeyError("u0")
 
-    monkeypatch.setattr(runner, "model_checks", crashing)  # the runner's network checks call it
+    monkeypatch.setattr(runner, "network_statement_checks", crashing)  # the runner's network checks call it
     assert cli.main(["check", "cvt"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  model/cvt  [crashed]" in out and "KeyError: 'u0'" in out and "Traceback" not in out
+    assert "FAIL  network/cvt  [crashed]" in out and "KeyError: 'u0'" in out and "Traceback" not in out
 
 
 @pytest.mark.parametrize("branches, weights", [

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.codegen.pipeline import generate_model
+from splitformer.codegen.pipeline import generate_network
 from splitformer.codegen.output import write_files
-from splitformer.symbolic.model import load_model
+from splitformer.symbolic.network_spec import load_network
 
 from conftest import GENERATED, ROOT, derived_now, generated_now
 
@@ -157,7 +157,7 @@ def test_the_report_derives_the_adjoint_of_each_transfer_the_network_has():
 def test_committed_files_match_the_generator(update_golden):
     files = {}
     for name in ("resnet-block", "unet-level"):
-        files.update(generate_model(load_model(name), ("numpy", "torch"), GENERATED))
+        files.update(generate_network(load_network(name), ("numpy", "torch"), GENERATED))
     if update_golden:
         write_files(files)
     stale = [str(path.relative_to(ROOT)) for path, text in files.items()

@@ -9,10 +9,10 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf  # noqa: E402
-from splitformer.codegen.pipeline import generate_model  # noqa: E402
+from splitformer.codegen.pipeline import generate_network  # noqa: E402
 from splitformer.codegen.output import write_files  # noqa: E402
 from splitformer.symbolic.errors import SplitformerError  # noqa: E402
-from splitformer.symbolic.model import load_model  # noqa: E402
+from splitformer.symbolic.network_spec import load_network  # noqa: E402
 
 from conftest import GENERATED, ROOT, generated_now  # noqa: E402
 
@@ -127,7 +127,7 @@ def test_a_config_edited_after_construction_is_compared_with_the_modules(key, va
 
 
 def test_committed_files_match_the_generator(update_golden):
-    files = generate_model(load_model("cvt"), ("numpy", "torch"), GENERATED)
+    files = generate_network(load_network("cvt"), ("numpy", "torch"), GENERATED)
     if update_golden:
         write_files(files)
     stale = [str(path.relative_to(ROOT)) for path, text in files.items()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from splitformer.codegen.output import write_files
-from splitformer.codegen.pipeline import generate, generate_model
+from splitformer.codegen.pipeline import generate, generate_network
 from splitformer.symbolic import builtin_names, load_scheme
-from splitformer.symbolic.builtins import model_names
-from splitformer.symbolic.model import load_model
+from splitformer.symbolic.builtins import network_names
+from splitformer.symbolic.network_spec import load_network
 
 from conftest import GENERATED, ROOT, import_path
 
@@ -28,8 +28,8 @@ def _expected_files():
     files = {}
     for scheme in COMMITTED:
         files.update(generate(scheme, ("numpy", "torch"), GENERATED))
-    for name in model_names():  # the networks too: their tests generate fresh modules, so only this ties the files
-        files.update(generate_model(load_model(name), ("numpy", "torch"), GENERATED))
+    for name in network_names():  # the networks too: their tests generate fresh modules, so only this ties the files
+        files.update(generate_network(load_network(name), ("numpy", "torch"), GENERATED))
     return files
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.codegen.verification.statements.model_adjoint import grid_adjoint_checks
-from splitformer.symbolic.model import load_model
-from splitformer.symbolic.model_derivation import derive_grid_model
+from splitformer.codegen.verification.statements.network_adjoint import grid_adjoint_checks
+from splitformer.symbolic.network_spec import load_network
+from splitformer.symbolic.network_derivation import derive_grid_network
 
 from conftest import generated_now
 from test_cnn_models import _batch_norm, _conv
@@ -103,6 +103,6 @@ def test_bad_costate_is_refused_before_work():
 
 @pytest.mark.parametrize("name", ["resnet-block", "unet-level"])
 def test_check_holds_and_its_negative_control_fails(name):
-    checks = {check.id: check for check in grid_adjoint_checks(derive_grid_model(load_model(name)))}
+    checks = {check.id: check for check in grid_adjoint_checks(derive_grid_network(load_network(name)))}
     assert checks[f"adjoint/{name}/finite-difference"].holds, checks[f"adjoint/{name}/finite-difference"].detail
     assert checks[f"adjoint/{name}/negative-control"].holds

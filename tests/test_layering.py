@@ -24,8 +24,8 @@ RUNTIME = "splitformer.runtime"
 #: call the verification; these modules never do.
 EMISSION = [f"splitformer.codegen.{name}" for name in (
     "ir", "lowering", "adjoint", "passes",
-    "printers", "backends", "render", "stage_render", "model_render",
-    "report", "report_adjoint", "model_report", "initialization")] + ["splitformer.templates"]
+    "printers", "backends", "render", "stage_render", "network_render",
+    "report", "report_adjoint", "network_report", "initialization")] + ["splitformer.templates"]
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_samples_draw_every_area_and_depend_on_the_seed(population):
 
 @pytest.mark.parametrize("path, stages, tests", [
     ("codegen/adapters/hf_bert.py", ["tests"], "test_llm_adapters.py"),
-    ("codegen/model_render.py", ["tests", "check networks"], "test_network_semantics.py"),
+    ("codegen/network_render.py", ["tests", "check networks"], "test_network_semantics.py"),
     ("templates/networks/cvt.py.j2", ["tests", "check networks"], "test_cvt.py"),
     ("templates/numpy/module.py.j2", ["check"], None),
     ("codegen/passes/matmul.py", ["tests", "check"], "test_lowering.py"),

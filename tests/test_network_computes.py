@@ -15,14 +15,14 @@ import transformers
 import splitformer
 from splitformer import SplitformerError
 from splitformer.adapters import from_hf
-from splitformer.symbolic.model import load_model, model_names, network_fingerprint, parse_model
+from splitformer.symbolic.network_spec import load_network, network_names, network_fingerprint, parse_network
 
 from conftest import GENERATED, import_path
 from test_adapters import randomize
 
 
 def _text(name: str, *replace: tuple[str, str]) -> str:
-    text = (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8")
+    text = (resources.files("splitformer.symbolic") / "networks" / f"{name}.toml").read_text(encoding="utf-8")
     for old, new in replace:
         assert old in text
         text = text.replace(old, new)
@@ -32,11 +32,11 @@ def _text(name: str, *replace: tuple[str, str]) -> str:
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_every_generated_network_module_carries_its_networks_digest(backend):
     digests = {}
-    for name in model_names():
+    for name in network_names():
         module = import_path(GENERATED / backend / f"{name.replace('-', '_')}.py", f"_computes_{backend}_{name}")
         assert "COMPUTES" in module.__all__
         digests[name] = module.COMPUTES
-        assert module.COMPUTES == network_fingerprint(load_model(name))
+        assert module.COMPUTES == network_fingerprint(load_network(name))
     assert len(set(digests.values())) == len(digests) == 4
 
 
@@ -52,8 +52,8 @@ def test_every_generated_network_module_carries_its_networks_digest(backend):
     ("cvt", [('name = "cvt"', 'name = "other"')], True),
 ])
 def test_the_digest_is_the_computation_not_the_name(name, replace, same):
-    edited = parse_model(_text(name, *replace), "edited.toml")
-    assert (network_fingerprint(edited) == network_fingerprint(load_model(name))) is same
+    edited = parse_network(_text(name, *replace), "edited.toml")
+    assert (network_fingerprint(edited) == network_fingerprint(load_network(name))) is same
 
 
 def _vit_source():

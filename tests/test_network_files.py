@@ -13,13 +13,13 @@ import splitformer
 from splitformer.codegen.cli import main
 from splitformer.codegen.verification import network_semantics
 from splitformer.codegen.verification.network_adjoint_tests import random_table
-from splitformer.symbolic.model import load_model, network_family
+from splitformer.symbolic.network_spec import load_network, network_family
 
 from conftest import ROOT
 
 
 def _builtin_text(name: str) -> str:
-    return (resources.files("splitformer.symbolic") / "models" / f"{name}.toml").read_text(encoding="utf-8")
+    return (resources.files("splitformer.symbolic") / "networks" / f"{name}.toml").read_text(encoding="utf-8")
 
 
 def _copy(tmp_path, name: str, new_name: str, *replace: tuple[str, str]):
@@ -76,7 +76,7 @@ def test_the_api_derives_a_network_file_equal_to_the_builtin(tmp_path, backend):
 
 
 def test_a_vit_stepping_post_ln_is_checked_against_the_evaluator_with_its_scheme(tmp_path):
-    spec = load_model(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"')))
+    spec = load_network(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"')))
     assert network_family(spec) == "vit"
     (check,) = network_semantics.network_semantics_checks(spec)
     assert check.id == "semantics/vit-post/emitted" and check.holds, check.detail
@@ -84,7 +84,7 @@ def test_a_vit_stepping_post_ln_is_checked_against_the_evaluator_with_its_scheme
 
 def test_negative_control_the_post_ln_module_is_not_what_the_pre_ln_evaluator_defines(tmp_path, monkeypatch):
     post_ln = network_semantics.network_module(
-        load_model(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"'))))
+        load_network(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"'))))
     monkeypatch.setattr(network_semantics, "network_module", lambda spec: post_ln)
     (check,) = network_semantics.network_semantics_checks("vit")
     assert not check.holds, check.detail
@@ -95,14 +95,14 @@ def test_check_runs_a_network_file_through_the_one_runner(tmp_path, capsys):
     report = splitformer.derive(str(path)).check()
     ids = [check.id for check in report.checks]
     assert "semantics/my-resnet/emitted" in ids and "adjoint-test/my-resnet/dot" in ids
-    assert any(i.startswith("model/my-resnet") or "my-resnet" in i for i in ids)
+    assert any(i.startswith("network/my-resnet") or "my-resnet" in i for i in ids)
     assert report.holds, [check.detail for check in report.checks if not check.holds]
 
 
 def test_a_grid_composition_no_builtin_shares_is_derived_and_its_network_checks_are_skipped(tmp_path):
     path = _copy(tmp_path, "unet-level", "two-convs", ('conv = { kind = "convolution", kernel = 3, padding = 1 }',
                                                                    'conv = { kind = "convolution", kernel = 5, padding = 2 }'))
-    spec = load_model(path)
+    spec = load_network(path)
     assert network_family(spec) is None
     (check,) = network_semantics.network_semantics_checks(spec)
     assert check.method == "skipped" and "no sizes or evaluator" in check.detail
@@ -140,7 +140,7 @@ def test_all_builtins_includes_the_networks(tmp_path, monkeypatch, capsys):
         return {out / f"{item.module_name}.txt": "listed"}
 
     monkeypatch.setattr(pipeline, "generate", listed)
-    monkeypatch.setattr(pipeline, "generate_model", listed)
+    monkeypatch.setattr(pipeline, "generate_network", listed)
     assert main(["derive", "--all-builtins", "--out", str(tmp_path)]) == 0
     written = {path.stem for path in tmp_path.glob("*.txt")}
     assert {"vit", "cvt", "resnet_block", "unet_level", "post_ln", "llama"} <= written
@@ -204,7 +204,7 @@ def test_a_scheme_file_a_network_names_is_read_beside_the_network_file(tmp_path,
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "block.toml").write_text("not a scheme", encoding="utf-8")
     monkeypatch.chdir(tmp_path / "elsewhere")  # a block.toml here must not be the one read
-    assert load_model(path).scheme.name == "my-block"
+    assert load_network(path).scheme.name == "my-block"
 
 
 class _Spoof(str):
@@ -219,7 +219,7 @@ class _Spoof(str):
 def _edits():
     from dataclasses import replace
 
-    vit, grid = load_model("vit"), load_model("resnet-block")
+    vit, grid = load_network("vit"), load_network("resnet-block")
     first = next(iter(grid.operators))
     extra = replace(vit.embedding)
     object.__setattr__(extra, "symbol", "x\nimport os")
@@ -245,12 +245,12 @@ def test_a_network_spec_object_is_checked_as_its_file_is(edit):
     """attack5 12/13: a spec object given to ``splitformer.derive`` goes through the network file's checks
     (identifiers, options, kinds, name, summary) by exact type; the built-ins pass unchanged (control)."""
     from splitformer.symbolic.errors import SplitformerError
-    from splitformer.symbolic.model import check_network, model_names
+    from splitformer.symbolic.network_spec import check_network, network_names
 
     with pytest.raises(SplitformerError, match="^network "):
         splitformer.derive(_edits()[edit])
-    for name in model_names():
-        check_network(load_model(name))
+    for name in network_names():
+        check_network(load_network(name))
 
 
 _ATTENTION_ONLY = """name = "attn-only"
@@ -298,7 +298,7 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
     if "\n" in scheme:
         (tmp_path / "steps.toml").write_text(scheme)
         scheme = "steps.toml"
-    spec = load_model(_copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"')))
+    spec = load_network(_copy(tmp_path, "vit", "vit-other", ('scheme = "pre-ln"', f'scheme = "{scheme}"')))
     final = {name for name in splitformer.derive(spec).numpy_module().PARAMETERS if name.startswith("final_norm.")}
     assert final == ({"final_norm.gain"} if "rms" in spec.scheme.name else {"final_norm.gain", "final_norm.bias"})
     (check,) = network_semantics.network_semantics_checks(spec)

@@ -14,9 +14,9 @@ from splitformer.codegen.lowering import lower
 from splitformer.codegen.passes.convolution import convolution
 from splitformer.runtime import numpy_grids
 from splitformer.symbolic.cvt import derive_cvt
-from splitformer.symbolic.model import load_model
-from splitformer.symbolic.model_adjoint import stage_program
-from splitformer.symbolic.model_derivation import derive_grid_model
+from splitformer.symbolic.network_spec import load_network
+from splitformer.symbolic.network_adjoint import stage_program
+from splitformer.symbolic.network_derivation import derive_grid_network
 
 from conftest import GENERATED
 
@@ -28,7 +28,7 @@ def _ops(stages):
 
 def test_every_forward_convolution_of_the_grid_networks_is_recognized():
     for name, transposed in (("resnet-block", 0), ("unet-level", 1)):
-        ops = _ops(derive_grid_model(load_model(name)).stages())
+        ops = _ops(derive_grid_network(load_network(name)).stages())
         assert not any(isinstance(op, Window) for op in ops), name
         assert sum(isinstance(op, TransposedConvolution) for op in ops) == transposed, name
         assert any(isinstance(op, Convolution) and not op.depthwise for op in ops), name

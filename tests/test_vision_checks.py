@@ -9,16 +9,16 @@ import sympy as sp
 
 from splitformer.codegen.cli import main
 from splitformer.codegen.verification.statements.equivariance import shift_commutes
-from splitformer.codegen.verification.statements.model_recovery import _symbolic_holds, wrong_stride
+from splitformer.codegen.verification.statements.network_recovery import _symbolic_holds, wrong_stride
 from splitformer.symbolic.image import X1
-from splitformer.symbolic.model import load_model
-from splitformer.symbolic.model_derivation import derive_model
+from splitformer.symbolic.network_spec import load_network
+from splitformer.symbolic.network_derivation import derive_token_network
 from splitformer.symbolic.vision_operators import PATCH
 
 
 @pytest.fixture(scope="module")
 def vit():
-    return derive_model(load_model("vit"))
+    return derive_token_network(load_network("vit"))
 
 
 def test_check_vit_passes_from_the_command_line(capsys):

@@ -11,9 +11,9 @@ import torch
 import transformers
 
 from splitformer.adapters import from_hf
-from splitformer.codegen.verification.statements.model_adjoint import model_adjoint_checks
-from splitformer.symbolic.model import load_model
-from splitformer.symbolic.model_derivation import derive_model
+from splitformer.codegen.verification.statements.network_adjoint import network_adjoint_checks
+from splitformer.symbolic.network_spec import load_network
+from splitformer.symbolic.network_derivation import derive_token_network
 
 from conftest import generated_now
 
@@ -133,7 +133,7 @@ def test_bad_costate_and_backward_option():
 
 
 def test_check_holds_and_its_negative_control_fails():
-    checks = {check.id: check for check in model_adjoint_checks(derive_model(load_model("vit")))}
+    checks = {check.id: check for check in network_adjoint_checks(derive_token_network(load_network("vit")))}
     assert checks["adjoint/vit/finite-difference"].holds, checks["adjoint/vit/finite-difference"].detail
     control = checks["adjoint/vit/negative-control"]
     assert control.holds and float(control.detail.rsplit(" ", 1)[1]) > 1e-3

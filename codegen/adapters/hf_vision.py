@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.model import load_model, network_fingerprint
+from splitformer.symbolic.network_spec import load_network, network_fingerprint
 
 from .arrays import array as _array
 from .common import activation_name, check_head_split, check_norms
@@ -49,7 +49,7 @@ class AdaptedModel:
         digest = getattr(module, "COMPUTES", None)
         if digest is None:
             raise SplitformerError(f"{name!r} has no COMPUTES digest (emitted by an older splitformer): derive it again")
-        expected = network_fingerprint(load_model(self.model))
+        expected = network_fingerprint(load_network(self.model))
         if digest != expected:
             raise SplitformerError(f"{name!r} computes another network than {self.source[1]} (the built-in "
                                    f"{self.model!r}: COMPUTES {digest}, the source's {expected}); "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitformer.symbolic.model import GridModelSpec, NetworkSpec, load_model, network_family
+from splitformer.symbolic.network_spec import GridNetworkSpec, NetworkSpec, load_network, network_family
 
 from .adjoint_tests import Point, adjoint_tests
 from .emitted import compiled
@@ -28,11 +28,11 @@ _MODULES: dict[str, object] = {}
 
 def network_module(spec: NetworkSpec | str):
     """The emitted NumPy module of the network ``spec`` (or built-in name), generated in memory (once a process)."""
-    from ..pipeline import generate_model
+    from ..pipeline import generate_network
 
-    spec = load_model(spec) if isinstance(spec, str) else spec
+    spec = load_network(spec) if isinstance(spec, str) else spec
     if repr(spec) not in _MODULES:
-        files = generate_model(spec, ("numpy",), Path("emitted"))
+        files = generate_network(spec, ("numpy",), Path("emitted"))
         _MODULES[repr(spec)] = compiled(files[Path("emitted") / "numpy" / f"{spec.module_name}.py"], "numpy",
                                         spec.module_name)
     return _MODULES[repr(spec)]
@@ -108,14 +108,14 @@ _BUILDERS = {
 def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
     """The dot-product and Taylor tests of the network's emitted ``vjp`` (or ``vjp_logits``), at
     the sizes written for its family (the built-in network whose composition it shares)."""
-    spec = load_model(spec) if isinstance(spec, str) else spec
+    spec = load_network(spec) if isinstance(spec, str) else spec
     family = network_family(spec)
     if family is None:
         return [unwritten_family(f"adjoint-test/{spec.name}", spec, "The emitted vjp passes the dot-product and Taylor tests.")]
     module = network_module(spec)
     rng = np.random.default_rng(71)
     pixels, params, function, adjoint, options, described = _BUILDERS[family](module, rng)
-    if isinstance(spec, GridModelSpec) and not spec.reads_stride:  # unet-level: its file fixes each stride
+    if isinstance(spec, GridNetworkSpec) and not spec.reads_stride:  # unet-level: its file fixes each stride
         options = {key: value for key, value in options.items() if key != "stride"}
     name = spec.name
     x = {"input": pixels, **params}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from splitformer.symbolic.model import NetworkSpec, load_model, network_family
+from splitformer.symbolic.network_spec import NetworkSpec, load_network, network_family
 from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .network_adjoint_tests import network_module, random_table, unwritten_family
@@ -306,7 +306,7 @@ def network_semantics_checks(spec: NetworkSpec | str) -> list[Check]:
     """The emitted network against the evaluator of its family (the built-in network whose
     composition it shares; a vit-like network may step another scheme), and the evaluator's
     wrong variants (controls)."""
-    spec = load_model(spec) if isinstance(spec, str) else spec
+    spec = load_network(spec) if isinstance(spec, str) else spec
     name, family = spec.name, network_family(spec)
     if family is None:
         return [unwritten_family(f"semantics/{name}/emitted", spec, "The emitted NumPy module computes what the "

@@ -18,7 +18,7 @@ from pathlib import Path
 from splitformer.codegen.verification.statements import SKIPPED, Check
 from splitformer.codegen.verification.statements.activations import activation_checks
 from splitformer.codegen.verification.statements.llm import llm_checks
-from splitformer.codegen.verification.statements.model_recovery import model_checks
+from splitformer.codegen.verification.statements.network_recovery import network_statement_checks
 from splitformer.codegen.verification.statements.adjoint import adjoint_checks, general_adjoint_checks
 from splitformer.codegen.verification.statements.order import PROJECTIONS, OrderResult, splitting_order
 from splitformer.codegen.verification.statements.projections import projection_checks
@@ -27,7 +27,7 @@ from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_
 from splitformer.codegen.verification.statements.sign import sign_check
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.derivation import derive
-from splitformer.symbolic.model import NetworkSpec
+from splitformer.symbolic.network_spec import NetworkSpec
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import is_builtin
@@ -249,7 +249,7 @@ def network_checks(spec: NetworkSpec, report: CheckReport | None = None) -> Chec
     NumPy module against the independent evaluator (``semantics/``) and its ``vjp`` (``adjoint-test/``)."""
     report = report or CheckReport()
     name = spec.name
-    report.add(*guarded(f"model/{name}", name, lambda: model_checks(spec)))
+    report.add(*guarded(f"network/{name}", name, lambda: network_statement_checks(spec)))
     report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(spec)))
     report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(spec)))
     return report

@@ -21,8 +21,8 @@ from splitformer.symbolic.cvt_operators import KEYS
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import COLS, IMAGE_VARIABLES, ROWS
-from splitformer.symbolic.model_adjoint import stage_program
-from splitformer.symbolic.model_derivation import Stage
+from splitformer.symbolic.network_adjoint import stage_program
+from splitformer.symbolic.network_derivation import Stage
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.references import feed_forward, layer_norm
 from . import Check

@@ -6,7 +6,7 @@ import sympy as sp
 
 from splitformer.symbolic.cnn_operators import STRIDE
 from splitformer.symbolic.image import X1
-from splitformer.symbolic.model_derivation import GridModelProgram
+from splitformer.symbolic.network_derivation import GridNetworkProgram
 from splitformer.symbolic.operators import EPSILON
 from . import SKIPPED, Check
 from .equivariance import shift_commutes
@@ -14,7 +14,7 @@ from .equivariance import shift_commutes
 __all__ = ["grid_checks", "batch_norm_check"]
 
 
-def _equivariance(model: GridModelProgram) -> Check:
+def _equivariance(model: GridNetworkProgram) -> Check:
     results = []
     for stage in model.field + model.transfer:
         operator = stage.operator
@@ -62,8 +62,8 @@ def batch_norm_check(name: str, stages) -> Check:
                  else f"mismatch: {failures}; control not rejected: {controls}")
 
 
-def grid_checks(model: GridModelProgram) -> list[Check]:
+def grid_checks(model: GridNetworkProgram) -> list[Check]:
     """The checks of a convolutional step."""
-    from .model_adjoint import grid_adjoint_checks
+    from .network_adjoint import grid_adjoint_checks
 
     return [_equivariance(model), batch_norm_check(model.spec.name, model.stages()), *grid_adjoint_checks(model)]

@@ -22,12 +22,12 @@ from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROW
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS, cvt_programs
 from splitformer.symbolic.cvt_operators import KEYS, config_symbol
-from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
+from splitformer.symbolic.network_adjoint import derive_token_network_adjoint, grid_program
 from splitformer.symbolic.vision_operators import PATCH
 from . import Check
 from .adjoint import TOLERANCE, finite_difference_gap, flip_sign
 
-__all__ = ["model_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks", "CVT_CONTROLS"]
+__all__ = ["network_adjoint_checks", "grid_adjoint_checks", "cvt_adjoint_checks", "CVT_CONTROLS"]
 
 #: 2 × 1 patches of 2 × 2 pixels, 2 channels: 3 tokens (the class node first), 2 classes.
 _SIZES = {CHANNELS.size: 2, ROWS.size: 2, COLS.size: 1, PATCH: 2, KERNEL_ROWS.size: 2, CLASSES.size: 2,
@@ -62,9 +62,9 @@ def _checks(name: str, statement: str, adjoints: dict, sizes: tuple[dict, str], 
     ]
 
 
-def model_adjoint_checks(model) -> list[Check]:
+def network_adjoint_checks(model) -> list[Check]:
     """The finite-difference checks of ``model``'s derived adjoint (each piece) and their negative control."""
-    adjoint = derive_model_adjoint(model)
+    adjoint = derive_token_network_adjoint(model)
     pieces = {"embedding": adjoint.embedding, "step": adjoint.step, "final projection": adjoint.final,
               "readout": adjoint.readout}
     return _checks(model.spec.name, f"each piece of {model.spec.name}",

@@ -1,6 +1,6 @@
 """Whole models: an initial-condition operator, N steps of a block scheme, a readout.
 
-A model file (TOML, built-ins in ``symbolic/models/``) names the embedding operator that
+A model file (TOML, built-ins in ``symbolic/networks/``) names the embedding operator that
 gives ``u(x, y, 0) = f(x, y)``, the block scheme whose steps advance ``u`` in depth (with
 its activation and whether the stack ends with a final projection), and the readout
 functional applied to ``u(·, ·, T)``.
@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .builtins import builtin_names, is_model, model_names, model_summary, model_text
+from .builtins import builtin_names, is_network, network_names, network_summary, network_text
 from .errors import SplitformerError
 from .kinds import OPERATOR_KINDS
 from .operators import Operator
@@ -23,8 +23,8 @@ from .names import check_line, check_operator_name, check_scheme_name
 from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source, scheme_path
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
-__all__ = ["check_network", "ModelSpec", "GridModelSpec", "MultiscaleSpec", "NetworkSpec", "load_model", "load_scheme_or_network",
-           "is_network_file", "network_family", "network_fingerprint", "model_names", "model_summary", "is_model"]
+__all__ = ["check_network", "TokenNetworkSpec", "GridNetworkSpec", "MultiscaleSpec", "NetworkSpec", "load_network", "load_scheme_or_network",
+           "is_network_file", "network_family", "network_fingerprint", "network_names", "network_summary", "is_network"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
 _GRID_KEYS = {"name", "summary", "operators", "step"}
@@ -32,7 +32,7 @@ _OPTIONS = {"kernel", "stride", "padding", "inputs", "outputs"}
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class TokenNetworkSpec:
     """A parsed model file."""
 
     name: str
@@ -48,7 +48,7 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class GridModelSpec:
+class GridNetworkSpec:
     """One step on the 2-D grid, ``u⁺ = Proj(R u + Δt F(u))``, of a convolutional network.
 
     ``field`` lists the operators of ``F`` in the order they apply; ``transfer`` those of the
@@ -87,7 +87,7 @@ class MultiscaleSpec:
 
 
 #: Any parsed network file.
-NetworkSpec = ModelSpec | GridModelSpec | MultiscaleSpec
+NetworkSpec = TokenNetworkSpec | GridNetworkSpec | MultiscaleSpec
 
 
 #: What a multiscale model file must name: the operator kinds ``symbolic/cvt.py`` composes.
@@ -177,7 +177,7 @@ def _names(step: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _grid_model(document: dict, where: str) -> GridModelSpec:
+def _grid_model(document: dict, where: str) -> GridNetworkSpec:
     unknown = sorted(set(document) - _GRID_KEYS)
     if unknown:
         raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
@@ -202,7 +202,7 @@ def _grid_model(document: dict, where: str) -> GridModelSpec:
     if len(field_keys) + len(transfer) > MAX_GRID_OPERATORS:
         raise SplitformerError(f"{where}: step: more than {MAX_GRID_OPERATORS} operators")
     _check_grid_uses(operators, field_keys, transfer, where)
-    return GridModelSpec(*_identity(document, where), operators, field_keys, transfer, projection)
+    return GridNetworkSpec(*_identity(document, where), operators, field_keys, transfer, projection)
 
 
 def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], transfer: tuple[str, ...],
@@ -271,7 +271,7 @@ def _identity(document: dict, where: str) -> tuple[str, str]:
 _STEPS_KEYS = frozenset({"scheme", "activation", "final_norm"})
 
 
-def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpec:
+def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkSpec:
     """A network file's text → its spec; errors name ``where`` and the key; a scheme file it names is
     read from ``folder`` (the network file's own)."""
     document = _document(text, where)
@@ -301,7 +301,7 @@ def parse_model(text: str, where: str, folder: Path | None = None) -> NetworkSpe
     readout = _operator(document["readout"], f"{where}: readout", READOUT_KINDS)
     if embedding.key == readout.key:
         raise SplitformerError(f"{where}: the embedding and the readout are both named {embedding.key!r}")
-    return ModelSpec(*_identity(document, where), embedding, scheme, final_norm, readout)
+    return TokenNetworkSpec(*_identity(document, where), embedding, scheme, final_norm, readout)
 
 
 def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
@@ -314,14 +314,14 @@ def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
 def check_network(spec: object) -> NetworkSpec:
     """``spec`` (a network spec object, however made or edited) checked as its file would be: it is
     written back as a network file's tables, read again, and must be what was read, field by field."""
-    if type(spec) not in (ModelSpec, GridModelSpec, MultiscaleSpec):
-        raise SplitformerError(f"expected a network spec (ModelSpec, GridModelSpec, MultiscaleSpec), "
+    if type(spec) not in (TokenNetworkSpec, GridNetworkSpec, MultiscaleSpec):
+        raise SplitformerError(f"expected a network spec (TokenNetworkSpec, GridNetworkSpec, MultiscaleSpec), "
                                f"got {type(spec).__name__}")
     where = "network " + repr(spec.name)[:64]
     identity = {"name": spec.name, "summary": spec.summary}
     if type(spec) is MultiscaleSpec:
         read = MultiscaleSpec(*_identity(identity, where))
-    elif type(spec) is GridModelSpec:
+    elif type(spec) is GridNetworkSpec:
         if type(spec.operators) is not dict or type(spec.projection) not in (str, type(None)):
             raise SplitformerError(f"{where}: operators must be a dict and projection a name or None")
         operators = {key: {"kind": type(operator).kind, **_options(operator, f"{where}: operators")}
@@ -339,7 +339,7 @@ def check_network(spec: object) -> NetworkSpec:
                                                             (spec.readout, "readout", READOUT_KINDS)))
         if embedding.key == readout.key:
             raise SplitformerError(f"{where}: the embedding and the readout are both named {embedding.key!r}")
-        read = ModelSpec(*_identity(identity, where), embedding, _one_layer_at_a_time(spec.scheme, where),
+        read = TokenNetworkSpec(*_identity(identity, where), embedding, _one_layer_at_a_time(spec.scheme, where),
                          spec.final_norm, readout)
     for name in vars(spec):
         if not _same(getattr(read, name), getattr(spec, name)):
@@ -377,12 +377,12 @@ def _beside(scheme: str, folder: Path | None) -> str:
     return str(folder / scheme)
 
 
-def load_model(name_or_path: str | os.PathLike) -> NetworkSpec:
+def load_network(name_or_path: str | os.PathLike) -> NetworkSpec:
     """A built-in network by name, or a network file by path."""
     name_or_path = os.fspath(name_or_path)
-    if is_model(name_or_path):
-        return parse_model(model_text(name_or_path), f"built-in network {name_or_path!r}")
-    return parse_model(read_source(Path(name_or_path), "network file"), name_or_path, Path(name_or_path).parent)
+    if is_network(name_or_path):
+        return parse_network(network_text(name_or_path), f"built-in network {name_or_path!r}")
+    return parse_network(read_source(Path(name_or_path), "network file"), name_or_path, Path(name_or_path).parent)
 
 
 def is_network_file(text: str) -> bool:
@@ -397,18 +397,18 @@ def is_network_file(text: str) -> bool:
 
 def load_scheme_or_network(name_or_path: str | os.PathLike) -> Scheme | NetworkSpec:
     """A built-in scheme or network by name, or a scheme or network file by path (read once)."""
-    if isinstance(name_or_path, (str, os.PathLike)) and is_model(os.fspath(name_or_path)):
-        return load_model(name_or_path)
+    if isinstance(name_or_path, (str, os.PathLike)) and is_network(os.fspath(name_or_path)):
+        return load_network(name_or_path)
     path = scheme_path(name_or_path)
     if path is None:
         return load_scheme(name_or_path)
     text = read_source(path, "scheme file")
-    return parse_model(text, str(path), path.parent) if is_network_file(text) else parse_scheme(text, str(path))
+    return parse_network(text, str(path), path.parent) if is_network_file(text) else parse_scheme(text, str(path))
 
 
 def _composition(spec: NetworkSpec) -> tuple:
     """What a network computes, without its name and summary (a grid network's operators by kind and options)."""
-    if isinstance(spec, GridModelSpec):
+    if isinstance(spec, GridNetworkSpec):
         operators = tuple((key, operator.kind, repr(operator)) for key, operator in spec.operators.items())
         return ("grid", operators, spec.field, spec.transfer, spec.projection)
     if isinstance(spec, MultiscaleSpec):
@@ -420,7 +420,7 @@ def network_fingerprint(spec: NetworkSpec) -> str:
     """A digest of what a network computes: its operators with their names and options, its composition,
     and a token network's steps (the scheme's ``fingerprint``) and final norm; not its name or summary.
     Emitted network modules carry it (``COMPUTES``); adapters compare it."""
-    if isinstance(spec, ModelSpec):
+    if isinstance(spec, TokenNetworkSpec):
         computation = ("tokens", repr(spec.embedding), spec.scheme.fingerprint, spec.final_norm, repr(spec.readout))
     elif isinstance(spec, MultiscaleSpec):
         computation = ("multiscale", sorted((table, sorted(kinds.items())) for table, kinds in MULTISCALE.items()))
@@ -432,4 +432,4 @@ def network_fingerprint(spec: NetworkSpec) -> str:
 def network_family(spec: NetworkSpec) -> str | None:
     """The built-in network whose composition ``spec`` shares (its scheme may differ), or ``None``:
     the evaluators and sizes of the network checks are written per family."""
-    return next((name for name in model_names() if _composition(load_model(name)) == _composition(spec)), None)
+    return next((name for name in network_names() if _composition(load_network(name)) == _composition(spec)), None)

@@ -19,7 +19,7 @@ from .derivation import UNIT_SPACINGS, derive, discretize_definitions, operator_
 from .domains import TOKENS, X, Y
 from .image import C, CHANNELS, CLASSES, IMAGE_VARIABLES, PIXEL, X1, X2, ShiftedGrid
 from .latex import equation
-from .model import GridModelSpec, ModelSpec
+from .network_spec import GridNetworkSpec, TokenNetworkSpec
 from .operators import STATE, Operator
 from .program import TIME_STEP, Assignment, Program, Tensor
 from .stack import final_norm_kind, final_norm_scheme
@@ -27,7 +27,7 @@ from .cnn_operators import SPACING
 from .cvt_operators import KEYS
 from .vision_operators import IMAGE
 
-__all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_grid_model", "discretize_stage",
+__all__ = ["TokenNetworkProgram", "GridNetworkProgram", "Stage", "derive_token_network", "derive_grid_network", "discretize_stage",
            "field_tensor",
            "INPUT_STATE", "TRANSFER", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
 
@@ -35,7 +35,7 @@ __all__ = ["ModelProgram", "GridModelProgram", "Stage", "derive_model", "derive_
 INPUT = "image"
 #: The batched input of a grid step (a feature map, channels first), and ``R u`` (the transfer's value).
 INPUT_STATE, TRANSFER = "u0", "transfer"
-#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (``model_adjoint.initial_condition`` derives it).
+#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (``network_adjoint.initial_condition`` derives it).
 TOKENS_LATEX = (
     r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
     r"f(x, y) + E(x, y) & x \in \Omega_{\mathrm{grid}} \end{cases}"
@@ -62,10 +62,10 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class ModelProgram:
+class TokenNetworkProgram:
     """Everything the model's lowering and report need."""
 
-    spec: ModelSpec
+    spec: TokenNetworkSpec
     embedding: Stage
     step: Program
     final: Program | None
@@ -112,7 +112,7 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
     return Stage(operator, tensors, assignments)
 
 
-def derive_model(spec: ModelSpec) -> ModelProgram:
+def derive_token_network(spec: TokenNetworkSpec) -> TokenNetworkProgram:
     """The discrete stages of ``spec``."""
     image = field_tensor(INPUT, "I", (), "input")
     embedding = discretize_stage(spec.embedding, {IMAGE: image})
@@ -120,14 +120,14 @@ def derive_model(spec: ModelSpec) -> ModelProgram:
     final = derive(final_norm_scheme(final_norm_kind(spec.scheme))) if spec.final_norm else None  # the scheme's own
     state = field_tensor("u", "u", (X.index, Y.index), "input")
     readout = discretize_stage(spec.readout, {STATE: state})
-    return ModelProgram(spec, embedding, step, final, readout)
+    return TokenNetworkProgram(spec, embedding, step, final, readout)
 
 
 @dataclass(frozen=True)
-class GridModelProgram:
+class GridNetworkProgram:
     """The stages of one grid step: the field ``F``, the transfer ``R``, the update, the projection."""
 
-    spec: GridModelSpec
+    spec: GridNetworkSpec
     field: tuple[Stage, ...]
     transfer: tuple[Stage, ...]
     update: Assignment
@@ -145,7 +145,7 @@ class GridModelProgram:
         return self.field + self.transfer + ((self.projection,) if self.projection else ())
 
 
-def _chain(spec: GridModelSpec, keys: tuple[str, ...], start: Tensor, used: set[str]) -> tuple[Stage, ...]:
+def _chain(spec: GridNetworkSpec, keys: tuple[str, ...], start: Tensor, used: set[str]) -> tuple[Stage, ...]:
     stages, state = [], start
     for key in keys:
         prefix = key if key not in used else f"{key}2"
@@ -156,7 +156,7 @@ def _chain(spec: GridModelSpec, keys: tuple[str, ...], start: Tensor, used: set[
     return tuple(stages)
 
 
-def derive_grid_model(spec: GridModelSpec) -> GridModelProgram:
+def derive_grid_network(spec: GridNetworkSpec) -> GridNetworkProgram:
     """The discrete stages of a grid step: ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``."""
     start = field_tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
     used: set[str] = set()
@@ -174,4 +174,4 @@ def derive_grid_model(spec: GridModelSpec) -> GridModelProgram:
     if spec.projection:
         projection = discretize_stage(spec.operators[spec.projection], {STATE: total},
                                       spec.projection if spec.projection not in used else f"{spec.projection}2")
-    return GridModelProgram(spec, field, transfer, update, projection)
+    return GridNetworkProgram(spec, field, transfer, update, projection)

@@ -14,8 +14,8 @@ from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN,
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.latex import to_latex
-from splitformer.symbolic.model_adjoint import derive_model_adjoint, grid_program
-from splitformer.symbolic.model_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridModelProgram
+from splitformer.symbolic.network_adjoint import derive_token_network_adjoint, grid_program
+from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridNetworkProgram
 from splitformer.symbolic.markdown import inert
 
 from .render import environment
@@ -68,7 +68,7 @@ class node enter only through the node set."""),
                 Section("The readout", stages=(model.readout,))]
 
     def pieces():
-        adjoint = derive_model_adjoint(model)
+        adjoint = derive_token_network_adjoint(model)
         return [("The readout", adjoint.readout), *[("The final projection", adjoint.final)][:bool(adjoint.final)],
                 ("One step (each layer)", adjoint.step), ("The initial condition and the embedding", adjoint.embedding)]
     note = r"""The initial condition is written in index notation for this purpose: $t_{0,l} = c^{\mathrm{cls}}_{l}$,
@@ -144,8 +144,8 @@ embedding → the previous stage's grid; the costates of `forward`'s two outputs
 
 
 def network_sections(program) -> NetworkSections:
-    """The sections of a derived network (``ModelProgram``, ``GridModelProgram`` or ``CvtProgram``)."""
-    return (_cvt if isinstance(program, CvtProgram) else _grid if isinstance(program, GridModelProgram) else _model)(program)
+    """The sections of a derived network (``TokenNetworkProgram``, ``GridNetworkProgram`` or ``CvtProgram``)."""
+    return (_cvt if isinstance(program, CvtProgram) else _grid if isinstance(program, GridNetworkProgram) else _model)(program)
 
 
 def render_network_report(program, numpy_source: str) -> str:

@@ -9,9 +9,9 @@ from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_adjoint import cvt_programs
-from splitformer.symbolic.model import MultiscaleSpec, network_fingerprint
-from splitformer.symbolic.model_adjoint import derive_model_adjoint, embedding_program, grid_program, readout_program
-from splitformer.symbolic.model_derivation import INPUT, INPUT_STATE, GridModelProgram, ModelProgram
+from splitformer.symbolic.network_spec import MultiscaleSpec, network_fingerprint
+from splitformer.symbolic.network_adjoint import derive_token_network_adjoint, embedding_program, grid_program, readout_program
+from splitformer.symbolic.network_derivation import INPUT, INPUT_STATE, GridNetworkProgram, TokenNetworkProgram
 
 from .adjoint import lower_adjoint
 from .lowering import lower
@@ -37,7 +37,7 @@ def _head(parameters: list[dict], backend: str) -> dict:
 _STEP_SIZES = {"d", "d_ff", "n_heads", "d_head"}
 
 
-def _check_step(model: ModelProgram, step: dict) -> None:
+def _check_step(model: TokenNetworkProgram, step: dict) -> None:
     """A token network feeds each step all its tokens and nothing else, with the sizes ``_STEP_SIZES``: a step scheme
     that is causal, reads more (positions, a memory, a cache) or sizes a parameter otherwise is refused in one line."""
     scheme = model.spec.scheme
@@ -54,11 +54,11 @@ def _check_step(model: ModelProgram, step: dict) -> None:
                                f"{', '.join(sorted(_STEP_SIZES))}")
 
 
-def _token(model: ModelProgram, backend: str, passes) -> dict:
+def _token(model: TokenNetworkProgram, backend: str, passes) -> dict:
     """ViT-like networks: the embedding (its initial condition on the tokens as layout assignments,
-    ``symbolic.model_adjoint.embedding_program``) and readout as derived programs, the step and final
+    ``symbolic.network_adjoint.embedding_program``) and readout as derived programs, the step and final
     projection as a block's, each with its derived backward."""
-    adjoint = derive_model_adjoint(model)
+    adjoint = derive_token_network_adjoint(model)
     programs = {"embedding": program_context(embedding_program(model), INPUT, backend,
                                              getattr(model.spec.embedding, "sizes", dict)(), passes=passes),
                 "readout": program_context(readout_program(model), "u", backend, passes=passes)}
@@ -97,9 +97,9 @@ def _channels(stages) -> str:
     return "n_channels"
 
 
-def _grid(model: GridModelProgram, backend: str, passes) -> dict:
+def _grid(model: GridNetworkProgram, backend: str, passes) -> dict:
     """A grid step (``resnet-block``, ``unet-level``): one derived program per transfer (``with``: the
-    transfer stages, ``identity``: R = 1; ``symbolic.model_adjoint.grid_program``) and its grids and channels."""
+    transfer stages, ``identity``: R = 1; ``symbolic.network_adjoint.grid_program``) and its grids and channels."""
     sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in model.stages()}
     programs = {f"step_{'with' if transfer else 'identity'}": program_context(
         grid_program(model, transfer), INPUT_STATE, backend, group_sizes=sizes, passes=passes)
@@ -132,10 +132,10 @@ def _cvt(model: CvtProgram, backend: str, passes) -> dict:
             "adjoints": {name: f"{name}_vjp" for name in programs}}
 
 
-_KINDS = {ModelProgram: ("model", _token), GridModelProgram: ("grid_model", _grid), CvtProgram: ("cvt", _cvt)}
+_KINDS = {TokenNetworkProgram: ("model", _token), GridNetworkProgram: ("grid_model", _grid), CvtProgram: ("cvt", _cvt)}
 
 
-def render_network(model: ModelProgram | GridModelProgram | CvtProgram, backend: str, passes=None) -> str:
+def render_network(model: TokenNetworkProgram | GridNetworkProgram | CvtProgram, backend: str, passes=None) -> str:
     """The source of the generated ``backend`` module of the network ``model``."""
     kind, describe = _KINDS[type(model)]
     network = describe(model, backend, passes)

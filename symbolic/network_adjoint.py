@@ -1,7 +1,7 @@
 r"""A whole model's programs (embedding, readout, grid step: what the emitted forward runs) and
 their adjoint: reverse mode over its embedding, steps and readout.
 
-Input: a ``ModelProgram``. Output: a ``ModelAdjoint``: the derived adjoints (``Adjoint``) of
+Input: a ``TokenNetworkProgram``. Output: a ``TokenNetworkAdjoint``: the derived adjoints (``Adjoint``) of
 
 - the embedding program: the embedding stage's assignments followed by the initial condition
   on ``Ω_x = {x_cls} ∪ Ω_grid`` written in index notation (``initial_condition``), whose
@@ -24,11 +24,11 @@ import sympy as sp
 from .adjoint import Adjoint, derive_adjoint
 from .domains import X, Y
 from .image import COLS, X1, X2
-from .model_derivation import INPUT_STATE, TRANSFER, GridModelProgram
+from .network_derivation import INPUT_STATE, TRANSFER, GridNetworkProgram
 from .latex import equation
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
-__all__ = ["ModelAdjoint", "derive_model_adjoint", "initial_condition", "embedding_program", "readout_program",
+__all__ = ["TokenNetworkAdjoint", "derive_token_network_adjoint", "initial_condition", "embedding_program", "readout_program",
            "grid_program", "stage_program", "stage_record", "STATE"]
 
 #: The state entering the first step (the embedding program's output).
@@ -36,7 +36,7 @@ STATE = "u0"
 
 
 @dataclass(frozen=True)
-class ModelAdjoint:
+class TokenNetworkAdjoint:
     """The derived adjoints of a model's pieces (``final`` is ``None`` without a final projection)."""
 
     embedding: Adjoint
@@ -90,9 +90,9 @@ def readout_program(model) -> Program:
     return Program(f"{model.name}_readout", dict(stage.tensors), [stage_record(stage)], stage.output)
 
 
-def derive_model_adjoint(model) -> ModelAdjoint:
+def derive_token_network_adjoint(model) -> TokenNetworkAdjoint:
     """The derived adjoints of ``model``'s embedding, step, final projection and readout."""
-    return ModelAdjoint(
+    return TokenNetworkAdjoint(
         embedding=derive_adjoint(embedding_program(model)),
         step=derive_adjoint(model.step),
         final=derive_adjoint(model.final) if model.final is not None else None,
@@ -100,7 +100,7 @@ def derive_model_adjoint(model) -> ModelAdjoint:
     )
 
 
-def grid_program(model: GridModelProgram, transfer: bool) -> Program:
+def grid_program(model: GridNetworkProgram, transfer: bool) -> Program:
     """One grid step ``u⁺ = Proj(R u + Δt F(u))`` as one program (``transfer``: R the transfer
     stages' map, else the identity), ``R u`` written as an assignment of its own."""
     stages = model.field + (model.transfer if transfer else ())

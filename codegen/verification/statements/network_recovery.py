@@ -18,9 +18,9 @@ from splitformer.symbolic.activations import activation as lookup_activation
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, ROWS, X1
-from splitformer.symbolic.model import GridModelSpec, ModelSpec, MultiscaleSpec, load_model, network_fingerprint
-from splitformer.symbolic.model_adjoint import stage_program
-from splitformer.symbolic.model_derivation import INPUT, ModelProgram, derive_grid_model, derive_model, discretize_stage
+from splitformer.symbolic.network_spec import GridNetworkSpec, TokenNetworkSpec, MultiscaleSpec, load_network, network_fingerprint
+from splitformer.symbolic.network_adjoint import stage_program
+from splitformer.symbolic.network_derivation import INPUT, TokenNetworkProgram, derive_grid_network, derive_token_network, discretize_stage
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.vision_operators import IMAGE, PATCH, PatchEmbedding
 from splitformer.symbolic.references import layer_norm, reference_block
@@ -29,7 +29,7 @@ from . import SKIPPED, Check
 from .equivariance import equivariance_check
 from .recovery import evaluation_inputs, symbolic_parameters, vanishes
 
-__all__ = ["model_checks", "vit_checks", "vit_difference", "wrong_stride", "wrong_scale"]
+__all__ = ["network_statement_checks", "vit_checks", "vit_difference", "wrong_stride", "wrong_scale"]
 
 _DIGITS = 50
 
@@ -38,7 +38,7 @@ def _matrix(table: dict, rows: int, cols: int) -> sp.Matrix:
     return sp.Matrix(rows, cols, lambda i, k: table[(i, k)])
 
 
-def vit_difference(model: ModelProgram, dims: dict, value, eps, fresh=None) -> list[sp.Expr]:
+def vit_difference(model: TokenNetworkProgram, dims: dict, value, eps, fresh=None) -> list[sp.Expr]:
     """Derived − reference, stage by stage, each stage fed the same state on both sides.
 
     Returns every entry of the initial condition, of each step's output, of the final
@@ -108,7 +108,7 @@ NUMERIC = {"patch": 2, "channels": 2, "height": 2, "width": 4, "d": 8, "heads": 
            "classes": 3}
 
 
-def _symbolic_holds(model: ModelProgram) -> tuple[bool, str]:
+def _symbolic_holds(model: TokenNetworkProgram) -> tuple[bool, str]:
     def fresh(stage, matrix):
         return sp.Matrix(*matrix.shape, lambda i, k: sp.Symbol(f"u_{stage}[{i},{k}]", real=True))
 
@@ -118,7 +118,7 @@ def _symbolic_holds(model: ModelProgram) -> tuple[bool, str]:
                          else f"entries {failing} of derived − reference (row-major, logits last) do not vanish")
 
 
-def _numeric_error(model: ModelProgram) -> sp.Float:
+def _numeric_error(model: TokenNetworkProgram) -> sp.Float:
     difference = vit_difference(model, NUMERIC, _numbers(model.name), sp.Float("1e-6", _DIGITS),
                                 lambda stage, matrix: matrix.evalf(_DIGITS))
     return max(abs(sp.N(entry, _DIGITS)) for entry in difference)
@@ -132,12 +132,12 @@ class _StridedPatches(PatchEmbedding):
         return {symbol: position.xreplace({PATCH: PATCH + 1}) for symbol, position in positions.items()}
 
 
-def wrong_stride(model: ModelProgram) -> ModelProgram:
+def wrong_stride(model: TokenNetworkProgram) -> TokenNetworkProgram:
     embedding = _StridedPatches(model.spec.embedding.key)
     return replace(model, embedding=discretize_stage(embedding, {IMAGE: model.embedding.tensors[INPUT]}))
 
 
-def wrong_scale(model: ModelProgram) -> ModelProgram:
+def wrong_scale(model: TokenNetworkProgram) -> TokenNetworkProgram:
     """Attention scores scaled by ``1/N_e`` instead of ``1/√N_e`` (negative control)."""
     wrong = {sp.Pow(HEAD_FEATURES.size, -sp.Rational(1, 2)): 1 / HEAD_FEATURES.size}
     records = [replace(record, evaluations=tuple(
@@ -146,12 +146,12 @@ def wrong_scale(model: ModelProgram) -> ModelProgram:
     return replace(model, step=replace(model.step, records=records))
 
 
-def vit_checks(model: ModelProgram) -> list[Check]:
+def vit_checks(model: TokenNetworkProgram) -> list[Check]:
     """Exact recovery of the vit model, symbolic and numeric, and its negative controls."""
     name = model.spec.name
     statement = (f"The derived {name} model (patch embedding, class node and position term, pre-LN GELU steps, "
                  "final LayerNorm, class-token head) equals the published ViT with every parameter free")
-    published = load_model("vit")
+    published = load_network("vit")
     equivariance = equivariance_check(f"{name}/translation-equivariance", name, model.embedding.assignments[0],
                                       X1.index, 1, PATCH)
     if network_fingerprint(model.spec) != network_fingerprint(published):  # another computation than the ViT's
@@ -181,23 +181,23 @@ def vit_checks(model: ModelProgram) -> list[Check]:
     ]
 
 
-def model_checks(spec: ModelSpec | GridModelSpec | MultiscaleSpec) -> list[Check]:
+def network_statement_checks(spec: TokenNetworkSpec | GridNetworkSpec | MultiscaleSpec) -> list[Check]:
     """The checks of a built-in model (by its embedding and readout kinds)."""
     if isinstance(spec, MultiscaleSpec):
         from splitformer.symbolic.cvt import derive_cvt
         from .cvt_checks import cvt_checks
 
-        from .model_adjoint import cvt_adjoint_checks
+        from .network_adjoint import cvt_adjoint_checks
 
         model = derive_cvt(spec.name, spec.summary)
         return cvt_checks(model) + cvt_adjoint_checks(model)
-    if isinstance(spec, GridModelSpec):
+    if isinstance(spec, GridNetworkSpec):
         from .grid_checks import grid_checks
 
-        return grid_checks(derive_grid_model(spec))
-    model = derive_model(spec)
+        return grid_checks(derive_grid_network(spec))
+    model = derive_token_network(spec)
     if (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
-        from .model_adjoint import model_adjoint_checks
+        from .network_adjoint import network_adjoint_checks
 
-        return vit_checks(model) + model_adjoint_checks(model)
+        return vit_checks(model) + network_adjoint_checks(model)
     return []

@@ -71,10 +71,10 @@ def _keywords(*inputs: Input) -> list[Input]:
 _FACTORY = (Input("device", default="None"), Input("dtype", default="None"),
             Input("backward", "choice", default='"autograd"', choices=("autograd", "derived")))
 
-#: The declared inputs of each network kind: ``torch`` (``Model``'s constructor), ``numpy`` (every function's, a
+#: The declared inputs of each network composition (``NetworkProgram.composition``): ``torch`` (``Model``'s constructor), ``numpy`` (every function's, a
 #: costate apart).
 NETWORK_INPUTS = {
-    "model": {
+    "token": {
         "torch": _keywords(*(Input(name, "int", least) for name, least in (
             ("n_layers", 0), ("d_model", 1), ("n_heads", 1), ("d_ff", 1), ("n_channels", 1), ("patch_size", 1))),
             Input("image_size", "pair"), Input("n_classes", "int", 0, "0"), Input("eps", "eps", default="1e-12"),
@@ -83,7 +83,7 @@ NETWORK_INPUTS = {
                   *_keywords(Input("patch_size", "int"), Input("n_heads", "int"), Input("eps", "eps", default="1e-12"),
                              Input("image_size", "pair", default="None"))],
     },
-    "grid_model": {
+    "grid": {
         "torch": [Input("n_channels", "int"), Input("d", "int"),
                   *_keywords(Input("stride", "int", default="1"), Input("transfer", "bool", default="False"),
                              Input("eps", "eps", default="1e-5"), *_FACTORY)],
@@ -100,9 +100,9 @@ NETWORK_INPUTS = {
 }
 
 
-def declared_inputs(kind: str, backend: str, reads_stride: bool = True) -> list[Input]:
-    """The declared inputs of a network kind in ``backend``: a grid step's ``stride`` takes its default only when no
+def declared_inputs(composition: str, backend: str, reads_stride: bool = True) -> list[Input]:
+    """The declared inputs of a network composition in ``backend``: a grid step's ``stride`` takes its default only when no
     operator reads it (``unet-level``, whose network file fixes each convolution's stride), so that another value is
     refused, not ignored."""
-    inputs = NETWORK_INPUTS[kind][backend]
+    inputs = NETWORK_INPUTS[composition][backend]
     return inputs if reads_stride else [replace(item, kind="unread") if item.name == "stride" else item for item in inputs]

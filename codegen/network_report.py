@@ -8,14 +8,12 @@ from collections import namedtuple
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.adjoint import derive_adjoint
-from splitformer.symbolic.cvt import CvtProgram
-from splitformer.symbolic.cvt_adjoint import cvt_programs
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import equation_latex
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.latex import to_latex
-from splitformer.symbolic.network_adjoint import derive_token_network_adjoint, grid_program
-from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATEX, GridNetworkProgram
+from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATEX
+from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.markdown import inert
 
 from .render import environment
@@ -30,11 +28,11 @@ NetworkSections = namedtuple("NetworkSections", "sections pieces note checks dom
 _VISION = (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)
 
 
-def _model(model) -> NetworkSections:
-    spec, scheme = model.spec, model.spec.scheme
-    steps = "".join(f"\n- {record.title}: $ {record.rule} $" for record in model.step.records)
+def _token(program: NetworkProgram) -> NetworkSections:
+    spec, scheme, blocks = program.spec, program.spec.scheme, program.blocks
+    steps = "".join(f"\n- {record.title}: $ {record.rule} $" for record in blocks["step"].records)
     final = (rf", followed by the projection onto $S_1$ (Theorem 3.1 with LayerNorm's $\varepsilon$), then gain and "
-             rf"bias: $ {model.final.records[0].rule} $" if model.final else "")
+             rf"bias: $ {blocks['final'].records[0].rule} $" if "final" in blocks else "")
     sections = [Section("The continuous model", rf"""An initial-value problem for the master equation, then a readout:
 
 $$
@@ -57,7 +55,7 @@ $$
 
 $$
 {TOKENS_DISCRETE}
-$$""", (model.embedding,)),
+$$""", program.parts["embedding"]),
                 Section(f"The steps: `{scheme.name}` ({scheme.activation})", rf"""Each step is derived in its own
 report (`{scheme.module_name}.md`); its substeps are
 {steps}
@@ -65,21 +63,22 @@ report (`{scheme.module_name}.md`); its substeps are
 one per layer, with its own controls{final}. Attention's score scale is $|\Omega_e|^{{-1/2}} \Delta e = 1/\sqrt{{N_e}}$
 (feature grids of unit spacing), and the token spacing $\Delta x$ cancels in the softmax: the grid of patches and the
 class node enter only through the node set."""),
-                Section("The readout", stages=(model.readout,))]
-
-    def pieces():
-        adjoint = derive_token_network_adjoint(model)
-        return [("The readout", adjoint.readout), *[("The final projection", adjoint.final)][:bool(adjoint.final)],
-                ("One step (each layer)", adjoint.step), ("The initial condition and the embedding", adjoint.embedding)]
+                Section("The readout", stages=program.parts["readout"])]
+    titles = {"readout": "The readout", "final": "The final projection", "step": "One step (each layer)",
+              "embedding": "The initial condition and the embedding"}
+    programs = {"readout": program.pieces["readout"].program, **{name: blocks[name] for name in ("final", "step")
+                                                                 if name in blocks},
+                "embedding": program.pieces["embedding"].program}
     note = r"""The initial condition is written in index notation for this purpose: $t_{0,l} = c^{\mathrm{cls}}_{l}$,
 $t_{1 + N_2 p + q,\, l} = f_{p,q,l}$, $u^{(0)}_{i,l} = t_{i,l} + E_{i,l}$. The costate runs readout → final projection →
 steps (last first) → initial condition → patch embedding."""
-    return NetworkSections(sections, pieces, note, "{n}/translation-equivariance recovery/{n}/symbolic "
+    return NetworkSections(sections, lambda: [(titles[name], derive_adjoint(value)) for name, value in programs.items()],
+                           note, "{n}/translation-equivariance recovery/{n}/symbolic "
                            "recovery/{n}/numeric {n}/negative-controls", _VISION)
 
 
-def _grid(model) -> NetworkSections:
-    spec, circ = model.spec, r" \circ "
+def _grid(program: NetworkProgram) -> NetworkSections:
+    spec, parts, circ = program.spec, program.parts, r" \circ "
     proj = (r"\mathrm{Proj}_{S_2}\big(", r"\big)") if spec.projection else ("", "")
     transfer = rf"{circ.join(reversed(spec.transfer))}\ \text{{or}}\ R = " if spec.transfer else ""
     sections = [Section("One step of the equation on the 2-D grid", rf"""The master equation on a 2-D grid
@@ -94,19 +93,20 @@ $$
 
 $R$ carries the state to the grid of $F(u)$: the identity when the grid and channels stay, otherwise a restriction (a
 strided $1\times 1$ convolution and an affine map: the projection shortcut)."""),
-                Section("The field $F$, operator by operator", stages=model.field),
-                Section("The transfer $R$", "" if model.transfer else "$R$ is the identity (the skip connection).",
-                        model.transfer),
-                Section("The update", stages=(model.update,) + ((model.projection,) if model.projection else ()))]
+                Section("The field $F$, operator by operator", stages=parts["field"]),
+                Section("The transfer $R$", "" if parts["transfer"] else "$R$ is the identity (the skip connection).",
+                        parts["transfer"]),
+                Section("The update", stages=parts["update"])]
     note = r"""The transfer is written as an assignment $(R u)_{l,p,q} = \dots$; ReLU's derivative is $[v > 0]$
 (subgradient $0$ at $0$); BatchNorm's statistics get gradients like any control."""
-    return NetworkSections(sections, lambda: [
-        (f"R = {' ∘ '.join(reversed(spec.transfer))}" if moved else "R = 1", derive_adjoint(grid_program(model, moved)))
-        for moved in (True, False)[not model.transfer:]], note, "{n}/translation-equivariance {n}/batch-norm-affine",
+    titles = {"step_with": f"R = {' ∘ '.join(reversed(spec.transfer))}", "step_identity": "R = 1"}
+    return NetworkSections(sections, lambda: [(titles[name], derive_adjoint(piece.program))
+                                              for name, piece in program.pieces.items()], note, "{n}/translation-equivariance {n}/batch-norm-affine",
         (CHANNELS, FEATURES, ROWS, COLS, KERNEL_ROWS))
 
 
-def _cvt(model: CvtProgram) -> NetworkSections:
+def _cvt(program: NetworkProgram) -> NetworkSections:
+    norm1, *projections, attention, first, norm2, ffn, second = program.parts["step"]
     sections = [Section("One continuous model on successively coarser grids", r"""Stage $s$ has its own token grid
 $\Omega_s$ (coarser than $\Omega_{s-1}$) and feature domain $\Omega_{y,s}$ (wider); its initial condition is the
 previous stage's final state carried over by the **convolutional token embedding**, a strided convolution
@@ -121,16 +121,16 @@ $$
 
 The class node joins the token domain of the last stage only:
 $\Omega_x = \{x_{\mathrm{cls}}\} \cup \Omega_{\mathrm{grid}}$, class node first, then the grid row by row."""),
-                Section("The convolutional token embedding", stages=model.embedding),
+                Section("The convolutional token embedding", stages=program.parts["embedding"]),
                 Section("Attention with convolutional projections over a coarser quadrature grid", r"""Q, K and V are
 read from the projected state on the grid: a depth-wise convolution, BatchNorm, then point-wise affine maps (in the
 attention operator). The class node is not convolved: it joins each of Q, K, V as is.""",
-                        tuple(stage for pair in model.projections for stage in pair) + (model.attention,)),
-                Section("The rest of the step", stages=(model.norm1, model.norm2, model.ffn, *model.updates)),
+                        (*projections, attention)),
+                Section("The rest of the step", stages=(norm1, norm2, ffn, first, second)),
                 Section("The readout", "The projection onto $S_1$ of the class node's final state, then the head.",
-                        model.readout)]
+                        program.parts["readout"])]
     note = r"""Each program is a stage piece with the chaining between its operators written as assignments in index
-notation (`symbolic/cvt_adjoint.py`), the chaining's adjoint derived with the rest: the residual sums pass the costate
+notation (`symbolic/cvt_pieces.py`), the chaining's adjoint derived with the rest: the residual sums pass the costate
 on and add the field's; the projected tokens' grid $g_{l,p,q} = n_{o + N_2 p + q,\,l}$ ($o = 1$ with the class node,
 else $0$) and the token concatenations $q^{\mathrm{in}}_{0,l} = n_{0,l}$,
 $q^{\mathrm{in}}_{o + N_2 p + q,\,l} = \mathcal{B}_{l,p,q}$ (K and V on the key grid $(f, h)$ of $N^k_1 \times N^k_2$
@@ -139,18 +139,22 @@ gradient is node 0's costate summed over the batch. The costate runs readout →
 embedding → the previous stage's grid; the costates of `forward`'s two outputs (grid, class node) add up."""
     return NetworkSections(sections, lambda: [
         (f"`{name}` (its output's costate → that of `{piece.input}`)", derive_adjoint(piece.program))
-        for name, piece in reversed(cvt_programs(model).items())], note, "{n}/translation-equivariance "
+        for name, piece in reversed(program.pieces.items())], note, "{n}/translation-equivariance "
         "{n}/batch-norm-affine {n}/key-spacing {n}/score-scale recovery/{n}/symbolic recovery/{n}/numeric", _VISION)
 
 
-def network_sections(program) -> NetworkSections:
-    """The sections of a derived network (``TokenNetworkProgram``, ``GridNetworkProgram`` or ``CvtProgram``)."""
-    return (_cvt if isinstance(program, CvtProgram) else _grid if isinstance(program, GridNetworkProgram) else _model)(program)
+#: Each composition's report: its prose, its sections and the titles of its adjoint pieces.
+_COMPOSITIONS = {"token": _token, "grid": _grid, "cvt": _cvt}
 
 
-def render_network_report(program, numpy_source: str) -> str:
+def network_sections(program: NetworkProgram) -> NetworkSections:
+    """The sections of a derived network."""
+    return _COMPOSITIONS[program.composition](program)
+
+
+def render_network_report(program: NetworkProgram, numpy_source: str) -> str:
     """The Markdown report of a derived network; ``numpy_source``: its NumPy module, whose functions the report lists."""
-    network, spec = network_sections(program), getattr(program, "spec", program)
+    network, spec = network_sections(program), program.spec
     stages = [stage for section in network.sections for stage in section.stages if hasattr(stage, "operator")]
     positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
                                                   getattr(s.operator, "positions", dict)().items()) for s in stages}

@@ -13,10 +13,9 @@ from pathlib import Path
 
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.builtins import is_network, network_text
-from splitformer.symbolic.cvt import derive_cvt
 from splitformer.symbolic.derivation import derive
-from splitformer.symbolic.network_spec import GridNetworkSpec, MultiscaleSpec, NetworkSpec
-from splitformer.symbolic.network_derivation import derive_grid_network, derive_token_network
+from splitformer.symbolic.network_derivation import derive_network
+from splitformer.symbolic.network_spec import NetworkSpec
 from splitformer.symbolic.plugins import plugin_failures
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
@@ -86,12 +85,7 @@ def _generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes, prog
 
 def _network(spec: NetworkSpec, passes=None) -> tuple[Callable[[str], str], object]:
     """The derived network of ``spec``: its module's source per backend (rendered once each), its program."""
-    if isinstance(spec, MultiscaleSpec):
-        program = derive_cvt(spec.name, spec.summary)
-    elif isinstance(spec, GridNetworkSpec):
-        program = derive_grid_network(spec)
-    else:
-        program = derive_token_network(spec)
+    program = derive_network(spec)
     return cache(partial(render_network, program, passes=passes)), program
 
 

@@ -19,7 +19,7 @@ from splitformer.symbolic.domains import (
 )
 
 from splitformer.symbolic.cnn_operators import STRIDE
-from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS
+from splitformer.symbolic.cvt_pieces import KEY_COLS, KEY_ROWS
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.vision_operators import PATCH
 

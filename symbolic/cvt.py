@@ -14,8 +14,6 @@ the token domain in the last stage only, unconvolved; the readout is the project
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy as sp
 
 from .activations import activation
@@ -23,41 +21,19 @@ from .cnn_operators import BatchNorm, Convolution
 from .cvt_operators import KEY, ConvolutionalAttention, DepthwiseConvolution
 from .domains import X, Y
 from .image import C, X1, X2
-from .network_derivation import Stage, discretize_stage, field_tensor
+from .cvt_pieces import cvt_programs
+from .network_program import NetworkProgram
+from .network_spec import MultiscaleSpec
 from .operators import STATE, FeedForward, LayerNorm
 from .program import TIME_STEP, Assignment
 from .vision_operators import ClassTokenHead
 from .latex import equation
+from .stages import discretize_stage, field_tensor
 
-__all__ = ["CvtProgram", "derive_cvt", "PROJECTIONS"]
+__all__ = ["derive_cvt", "PROJECTIONS"]
 
 #: The three convolutional projections: name, and the configuration names of their stride and padding.
 PROJECTIONS = (("q", "stride_q", "padding_q"), ("k", "stride_kv", "padding_kv"), ("v", "stride_kv", "padding_kv"))
-
-
-@dataclass(frozen=True)
-class CvtProgram:
-    """The derived stages: the token embedding, one step (by parts), the readout."""
-
-    name: str
-    summary: str
-    embedding: tuple[Stage, ...]
-    norm1: Stage
-    projections: tuple[tuple[Stage, Stage], ...]
-    attention: Stage
-    updates: tuple[Assignment, Assignment]
-    norm2: Stage
-    ffn: Stage
-    readout: tuple[Stage, ...]
-
-    @property
-    def module_name(self) -> str:
-        return self.name.replace("-", "_")
-
-    def stages(self) -> tuple[Stage, ...]:
-        """Every discretized operator, in the order a stage applies them."""
-        return (*self.embedding, self.norm1, *(stage for pair in self.projections for stage in pair),
-                self.attention, self.norm2, self.ffn, *self.readout)
 
 
 def _tokens(name: str, node=X) -> object:
@@ -70,8 +46,8 @@ def _update(target: str, state: str, field: str) -> Assignment:
     return Assignment(lhs, rhs, "explicit Euler step (the residual sum)", continuous=equation(lhs, rhs), quadrature=equation(lhs, rhs))
 
 
-def derive_cvt(name: str = "cvt", summary: str = "") -> CvtProgram:
-    """The discrete stages of CvT."""
+def derive_cvt(spec: MultiscaleSpec = MultiscaleSpec("cvt", "")) -> NetworkProgram:
+    """CvT's stages (by part: the token embedding, one step, the readout) and its programs (``cvt_pieces``)."""
     image = field_tensor("u0", "u", (C.index, X1.index, X2.index), "input")
     embed = discretize_stage(Convolution("embed", inputs="c", kernel="patch_size", stride="patch_stride",
                                          padding="patch_padding"), {STATE: image})
@@ -89,6 +65,7 @@ def derive_cvt(name: str = "cvt", summary: str = "") -> CvtProgram:
     ffn = discretize_stage(FeedForward("ffn", activation("gelu")), {STATE: _tokens("norm2_out")})
     final = discretize_stage(LayerNorm("final_norm"), {STATE: _tokens("cls")})
     head = discretize_stage(ClassTokenHead("head"), {STATE: _tokens("final_norm_out")})
-    return CvtProgram(name, summary, (embed, embed_norm), norm1, tuple(projections), attention,
-                      (_update("u1", "u0", attention.output), _update("u2", "u1", ffn.output)), norm2, ffn,
-                      (final, head))
+    step = (norm1, *(stage for pair in projections for stage in pair), attention, _update("u1", "u0", attention.output),
+            norm2, ffn, _update("u2", "u1", ffn.output))
+    parts = {"embedding": (embed, embed_norm), "step": step, "readout": (final, head)}
+    return NetworkProgram(spec, "cvt", parts, cvt_programs(spec.module_name, parts))

@@ -1,41 +1,33 @@
-"""From a model to its discrete stages: embedding, block step, final projection, readout;
-and a convolutional grid step ``u⁺ = Proj(R u + Δt F(u))`` operator by operator.
+"""From a network file to its ``NetworkProgram``: its stages, and the programs its module runs.
 
-The block step and the final projection are the block scheme's own derivation. The
-embedding and the readout are discretized here on the image grids (``image.ShiftedGrid``):
-kernels absorb the spacings they are integrated against, the pixel spacing ``Δ`` cancels
-(a stride and a kernel size are counts of pixels), and feature and channel grids have unit
-spacing. The token domain of the steps is ``Ω_x = {x_cls} ∪ Ω_grid``, enumerated class
-node first, then the grid row by row.
+A token network (``vit``): the embedding and the readout discretized on the image grids
+(``stages.discretize_stage``), the block step and the final projection derived as the block
+scheme's own. Its token domain is ``Ω_x = {x_cls} ∪ Ω_grid``, enumerated class node first, then
+the grid row by row. A grid step (``resnet-block``, ``unet-level``): ``u⁺ = Proj(R u + Δt F(u))``
+operator by operator, one program per transfer (R its operators', R = 1). CvT: ``symbolic.cvt``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy as sp
 
-from .derivation import UNIT_SPACINGS, derive, discretize_definitions, operator_arrays
-from .domains import TOKENS, X, Y
-from .image import C, CHANNELS, CLASSES, IMAGE_VARIABLES, PIXEL, X1, X2, ShiftedGrid
+from .cvt import derive_cvt
+from .derivation import derive
+from .domains import X, Y
+from .image import C, X1, X2
 from .latex import equation
-from .network_spec import GridNetworkSpec, TokenNetworkSpec
-from .operators import STATE, Operator
-from .program import TIME_STEP, Assignment, Program, Tensor
+from .network_pieces import INPUT, INPUT_STATE, TRANSFER, embedding_program, grid_program, readout_program
+from .network_program import NetworkProgram, Piece
+from .network_spec import GridNetworkSpec, MultiscaleSpec, NetworkSpec, TokenNetworkSpec
+from .operators import STATE
+from .program import TIME_STEP, Assignment, Tensor
 from .stack import final_norm_kind, final_norm_scheme
-from .cnn_operators import SPACING
-from .cvt_operators import KEYS
+from .stages import Stage, discretize_stage, field_tensor
 from .vision_operators import IMAGE
 
-__all__ = ["TokenNetworkProgram", "GridNetworkProgram", "Stage", "derive_token_network", "derive_grid_network", "discretize_stage",
-           "field_tensor",
-           "INPUT_STATE", "TRANSFER", "INPUT", "TOKENS_LATEX", "TOKENS_DISCRETE"]
+__all__ = ["derive_network", "derive_token_network", "derive_grid_network", "TOKENS_LATEX", "TOKENS_DISCRETE"]
 
-#: The batched input of a model (``pixel_values``, channels first).
-INPUT = "image"
-#: The batched input of a grid step (a feature map, channels first), and ``R u`` (the transfer's value).
-INPUT_STATE, TRANSFER = "u0", "transfer"
-#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (``network_adjoint.initial_condition`` derives it).
+#: The initial condition on ``Ω_x = {x_cls} ∪ Ω_grid`` (``network_pieces.initial_condition`` derives it).
 TOKENS_LATEX = (
     r"u^{(0)}(x, y) = \begin{cases} c^{\mathrm{cls}}(y) + E(x_{\mathrm{cls}}, y) & x = x_{\mathrm{cls}} \\ "
     r"f(x, y) + E(x, y) & x \in \Omega_{\mathrm{grid}} \end{cases}"
@@ -45,104 +37,19 @@ TOKENS_DISCRETE = (
     r"{u^{(0)}}_{0,l} = {c^{\mathrm{cls}}}_{l} + {E}_{0,l}, \quad "
     r"{u^{(0)}}_{1 + N_2 p + q,l} = {f}_{p,q,l} + {E}_{1 + N_2 p + q,l}"
 )
-_UNIT = {**UNIT_SPACINGS, CHANNELS.spacing: sp.Integer(1), CLASSES.spacing: sp.Integer(1)}
 
 
-@dataclass(frozen=True)
-class Stage:
-    """The discretized definitions of one operator outside the block steps."""
-
-    operator: Operator
-    tensors: dict[str, Tensor]
-    assignments: tuple[Assignment, ...]
-
-    @property
-    def output(self) -> str:
-        return self.assignments[-1].target
-
-
-@dataclass(frozen=True)
-class TokenNetworkProgram:
-    """Everything the model's lowering and report need."""
-
-    spec: TokenNetworkSpec
-    embedding: Stage
-    step: Program
-    final: Program | None
-    readout: Stage
-
-    @property
-    def name(self) -> str:
-        return self.spec.module_name
-
-
-def field_tensor(name: str, latex: str, indices, role: str, parameter=None, shape=None, kind="") -> Tensor:
-    """A discrete array of a stage: a batched field (``input``, ``temp``) or a parameter."""
-    return Tensor(name, latex, tuple(indices), role, parameter, shape, kind)
-
-
-def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str | None = None) -> Stage:
-    """The operator's definitions on the grids; ``inputs`` maps its fields to batched arrays.
-
-    ``prefix`` names the stage's arrays (default: the operator's key; a second application
-    of one operator needs another).
-    """
-    key, prefix = operator.key, prefix or operator.key
-    tensors = {tensor.name: tensor for tensor in inputs.values()}
-    sizes = getattr(operator, "sizes", dict)()
-    for parameter in operator.parameters():
-        latex = parameter.latex if "_" in parameter.latex else f"{parameter.latex}_{{{operator.key_latex()}}}"
-        # the kernel's offsets over the support the operator fixes (its adjoint's gradient has that range)
-        tensors[f"{key}_{parameter.name}"] = field_tensor(
-            f"{key}_{parameter.name}", latex, (v.index.xreplace(sizes) for v in parameter.arguments), "param",
-            f"{key}.{parameter.name}", parameter.shape, parameter.kind)
-    definitions = operator.definitions()
-    arrays, absorbed = operator_arrays(operator, definitions, prefix)
-    arrays.update({function: sp.IndexedBase(tensor.name) for function, tensor in inputs.items()})
-    grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
-                       getattr(operator, "sampled", dict)())
-    names = {tensor.name: tensor.latex for tensor in tensors.values()}
-    names.update({f"{prefix}_{d.function}": rf"{d.latex}^{{{operator.key_latex()}}}" for d in definitions})
-    assignments = discretize_definitions(operator, definitions, grid, names, _UNIT,
-                                         (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing),
-                                         getattr(operator, "targets", dict)(), sizes)
-    for assignment in assignments:
-        tensors[assignment.target] = field_tensor(assignment.target, names[assignment.target],
-                                                  assignment.lhs.indices, "temp")
-    return Stage(operator, tensors, assignments)
-
-
-def derive_token_network(spec: TokenNetworkSpec) -> TokenNetworkProgram:
-    """The discrete stages of ``spec``."""
-    image = field_tensor(INPUT, "I", (), "input")
-    embedding = discretize_stage(spec.embedding, {IMAGE: image})
-    step = derive(spec.scheme)
-    final = derive(final_norm_scheme(final_norm_kind(spec.scheme))) if spec.final_norm else None  # the scheme's own
-    state = field_tensor("u", "u", (X.index, Y.index), "input")
-    readout = discretize_stage(spec.readout, {STATE: state})
-    return TokenNetworkProgram(spec, embedding, step, final, readout)
-
-
-@dataclass(frozen=True)
-class GridNetworkProgram:
-    """The stages of one grid step: the field ``F``, the transfer ``R``, the update, the projection."""
-
-    spec: GridNetworkSpec
-    field: tuple[Stage, ...]
-    transfer: tuple[Stage, ...]
-    update: Assignment
-    projection: Stage | None
-
-    @property
-    def name(self) -> str:
-        return self.spec.module_name
-
-    @property
-    def output(self) -> str:
-        return self.projection.output if self.projection else self.update.target
-
-    def stages(self) -> tuple[Stage, ...]:
-        return self.field + self.transfer + ((self.projection,) if self.projection else ())
+def derive_token_network(spec: TokenNetworkSpec) -> NetworkProgram:
+    """The token network of ``spec``: its embedding and readout programs, its block step and final projection."""
+    embedding = discretize_stage(spec.embedding, {IMAGE: field_tensor(INPUT, "I", (), "input")})
+    readout = discretize_stage(spec.readout, {STATE: field_tensor("u", "u", (X.index, Y.index), "input")})
+    blocks = {"step": derive(spec.scheme)}
+    if spec.final_norm:
+        blocks["final"] = derive(final_norm_scheme(final_norm_kind(spec.scheme)))  # the scheme's own
+    pieces = {"embedding": Piece(embedding_program(spec.module_name, embedding), INPUT,
+                                 getattr(spec.embedding, "sizes", dict)()),
+              "readout": Piece(readout_program(spec.module_name, readout), "u")}
+    return NetworkProgram(spec, "token", {"embedding": (embedding,), "readout": (readout,)}, pieces, blocks)
 
 
 def _chain(spec: GridNetworkSpec, keys: tuple[str, ...], start: Tensor, used: set[str]) -> tuple[Stage, ...]:
@@ -156,8 +63,9 @@ def _chain(spec: GridNetworkSpec, keys: tuple[str, ...], start: Tensor, used: se
     return tuple(stages)
 
 
-def derive_grid_network(spec: GridNetworkSpec) -> GridNetworkProgram:
-    """The discrete stages of a grid step: ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``."""
+def derive_grid_network(spec: GridNetworkSpec) -> NetworkProgram:
+    """One grid step ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``: its field, transfer and update, and its program per
+    transfer (``step_with``: R the transfer's operators, present where the file names some; ``step_identity``: R = 1)."""
     start = field_tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
     used: set[str] = set()
     field = _chain(spec, spec.field, start, used)
@@ -174,4 +82,19 @@ def derive_grid_network(spec: GridNetworkSpec) -> GridNetworkProgram:
     if spec.projection:
         projection = discretize_stage(spec.operators[spec.projection], {STATE: total},
                                       spec.projection if spec.projection not in used else f"{spec.projection}2")
-    return GridNetworkProgram(spec, field, transfer, update, projection)
+    parts = {"field": field, "transfer": transfer, "update": (update,) + ((projection,) if projection else ())}
+    sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in parts["field"] + transfer
+             + parts["update"][1:]}
+    pieces = {f"step_{'with' if moved else 'identity'}": Piece(
+        grid_program(spec.module_name, field, moved, update, projection), INPUT_STATE, group_sizes=sizes)
+        for moved in ((transfer, ()) if transfer else ((),))}
+    return NetworkProgram(spec, "grid", parts, pieces)
+
+
+def derive_network(spec: NetworkSpec) -> NetworkProgram:
+    """The derived network of any network file."""
+    if isinstance(spec, MultiscaleSpec):
+        return derive_cvt(spec)
+    if isinstance(spec, GridNetworkSpec):
+        return derive_grid_network(spec)
+    return derive_token_network(spec)

@@ -17,7 +17,6 @@ from splitformer.codegen.passes import NETWORK_STAGE, run_passes
 from splitformer.codegen.passes.convolution import convolution
 from splitformer.codegen.passes.fold_affine import fold_affine
 from splitformer.symbolic.network_spec import load_network
-from splitformer.symbolic.network_adjoint import grid_program
 from splitformer.symbolic.network_derivation import derive_grid_network
 
 from conftest import GENERATED, import_path
@@ -27,7 +26,8 @@ WITHOUT = tuple(rewrite for rewrite in NETWORK_STAGE if rewrite is not fold_affi
 
 
 def _lowered(transfer: bool, name: str = "resnet-block"):
-    return lower(grid_program(derive_grid_network(load_network(name)), transfer), (convolution,), network=True)
+    piece = derive_grid_network(load_network(name)).pieces["step_with" if transfer else "step_identity"]
+    return lower(piece.program, (convolution,), network=True)
 
 
 def _grid_reads(module, prefix: str) -> list[str]:

@@ -367,3 +367,19 @@ def test_check_on_a_network_file_that_is_no_published_network_skips_the_recovery
         assert all(shown[name].method == "skipped" and shown[name].detail.startswith("skipped: ") for name in skipped)
     builtin = {check.id: check for check in splitformer.derive("vit").check().checks}
     assert builtin["recovery/vit/numeric"].method == "numeric" and builtin["recovery/vit/numeric"].holds  # control
+
+
+@pytest.mark.parametrize("name, replace", [
+    ("vit", ()), ("vit", (("final_norm = true", "final_norm = false"),)), ("cvt", ()), ("resnet-block", ()),
+    ("unet-level", ())], ids=["vit", "vit-without-final-norm", "cvt", "resnet-block", "unet-level"])
+def test_emitted_network_modules_keep_pep8_spacing_whatever_pieces_they_lack(tmp_path, name, replace):
+    """The templates leave no gap where a network lacks a piece (a final projection, a transfer, a head): at most
+    two blank lines in a row, two before each top-level function and class."""
+    derivation = splitformer.derive(str(_copy(tmp_path, name, f"my-{name}", *replace)))
+    for backend in ("numpy", "torch"):
+        source = derivation.source(backend)
+        lines = source.split("\n")
+        gaps = [number for number in range(len(lines) - 3) if not any(lines[number:number + 4])]
+        crowded = [number + 1 for number, line in enumerate(lines) if line.startswith(("def ", "class "))
+                   and lines[number - 2:number] != ["", ""] and not lines[number - 1].startswith("@")]
+        assert not gaps and not crowded, (backend, gaps, crowded)

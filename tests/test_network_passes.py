@@ -15,8 +15,8 @@ from splitformer.codegen.passes.convolution import convolution
 from splitformer.runtime import numpy_grids
 from splitformer.symbolic.cvt import derive_cvt
 from splitformer.symbolic.network_spec import load_network
-from splitformer.symbolic.network_adjoint import stage_program
 from splitformer.symbolic.network_derivation import derive_grid_network
+from splitformer.symbolic.stages import stage_program
 
 from conftest import GENERATED
 
@@ -36,8 +36,9 @@ def test_every_forward_convolution_of_the_grid_networks_is_recognized():
 
 def test_cvt_projections_are_depthwise_and_its_embeddings_full():
     program = derive_cvt()
-    projections = [op for op in _ops([s for pair in program.projections for s in pair]) if isinstance(op, Convolution)]
-    embeddings = [op for op in _ops(program.embedding) if isinstance(op, Convolution)]
+    projections = [op for op in _ops([program.stage(f"{letter}{part}") for letter in "qkv" for part in ("conv", "bn")])
+                   if isinstance(op, Convolution)]
+    embeddings = [op for op in _ops(program.parts["embedding"]) if isinstance(op, Convolution)]
     assert projections and all(op.depthwise for op in projections)
     assert embeddings and not any(op.depthwise for op in embeddings)
 

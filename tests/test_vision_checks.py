@@ -37,7 +37,7 @@ def test_symbolic_recovery_fails_for_a_wrong_stride(vit):
 
 
 def test_translation_equivariance_needs_the_right_shift(vit):
-    embedding = vit.embedding.assignments[0]
+    embedding = vit.parts["embedding"][0].assignments[0]
     assert shift_commutes(embedding, X1.index, 1, PATCH)
     assert not shift_commutes(embedding, X1.index, 1, PATCH + 1)
     assert not shift_commutes(embedding, X1.index, 1, sp.Integer(1))

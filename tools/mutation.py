@@ -58,7 +58,7 @@ EQUIVALENTS = Path(__file__).with_name("mutation_equivalent.toml")
 #: published references) and a module kept only for old imports.
 VERIFICATION = ("codegen/verification/", "symbolic/references.py", "symbolic/vision_references.py",
                 "symbolic/projection_verifiers.py", "symbolic/evaluate.py", "codegen/convergence.py")
-_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("model_", "stage_render.py", "nn", "study.py"))
+_NETWORK_CODEGEN = tuple(f"codegen/{name}" for name in ("network_", "stage_render.py", "nn", "study.py"))
 #: Area → path prefixes (the first area whose prefix matches wins; templates are ``*.py.j2``).
 AREAS = {
     "passes": ("codegen/passes/",),
@@ -68,12 +68,10 @@ AREAS = {
     "symbolic": ("symbolic/",),
     "templates": ("templates/", "runtime/"),
 }
-_NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("model", "cnn_operators.py", "cvt", "vision_operators.py",
-                                                           "image.py"))
+_NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("network", "stages.py", "cnn_operators.py", "cvt",
+                                                           "vision_operators.py", "image.py"))
 #: Templates of the networks' modules only (their own and what only they include).
-_NETWORK_TEMPLATES = tuple(f"templates/{folder}{name}" for folder in ("", "numpy/", "torch/")
-                           for name in ("model", "cvt", "grid", "programs", "adjoint_views", "costate",
-                                        "token_views", "windows", "load_all", "network", "parameters")) + (
+_NETWORK_TEMPLATES = tuple(f"templates/{name}" for name in ("cvt_config", "programs", "network", "torch/derived")) + (
     "runtime/numpy_grids.py", "runtime/numpy_parameters.py", "runtime/torch_grids.py", "runtime/torch_parameters.py")
 _VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
 _VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")
@@ -98,8 +96,8 @@ TESTS = {
     "symbolic/cross_attention.py": ("tests/test_decoder.py", "tests/test_llm_checks.py"),
     "symbolic/gated_feed_forward.py": ("tests/test_llama.py",),
     "symbolic/rms_norm.py": ("tests/test_llm_checks.py",),
-    "symbolic/cvt_adjoint.py": ("tests/test_cvt_adjoint.py",),
-    "symbolic/network_adjoint.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
+    "symbolic/cvt_pieces.py": ("tests/test_cvt_adjoint.py",),
+    "symbolic/network_pieces.py": ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
     **{prefix: _VISION for prefix in _NETWORK_SYMBOLIC},
     "symbolic/": ("tests/test_derivation.py",),
     "codegen/passes/": ("tests/test_lowering.py", "tests/test_numpy_memory.py"),
@@ -125,7 +123,7 @@ TESTS = {
     "codegen/hf_": ("tests/test_hf_native.py",),
     "codegen/study.py": ("tests/test_study.py",),
     "codegen/stage_render.py": ("tests/test_cvt_adjoint.py", "tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py"),
-    "codegen/model_": ("tests/test_network_semantics.py", *_VISION),
+    "codegen/network_": ("tests/test_network_semantics.py", *_VISION),
     "codegen/": ("tests/test_lowering.py",),
     **{prefix: ("tests/test_network_semantics.py", *_VISION, *_VISION_ADJOINT) for prefix in _NETWORK_TEMPLATES},
     "runtime/numpy_helpers.py": ("tests/test_runtime.py", "tests/test_derive_variants.py"),

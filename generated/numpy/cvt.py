@@ -85,6 +85,7 @@ STAGE_PARAMETERS = {
     "embed_norm.gain": ("d",),
     "embed_norm.bias": ("d",),
 }
+
 #: The parameters of one step, under ``stages.<s>.layers.<n>.``.
 LAYER_PARAMETERS = {
     "norm1.gain": ("d",),
@@ -119,6 +120,7 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
+
 #: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "final_norm.gain": ("d",),
@@ -126,6 +128,7 @@ HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
+
 #: The configuration every stage needs.
 STAGE_CONFIG = ("patch_size", "patch_stride", "patch_padding", "n_heads", "kernel_qkv", "stride_q", "padding_q",
                 "stride_kv", "padding_kv", "cls")
@@ -198,6 +201,8 @@ def _grid_sizes(config, n_rows, n_cols):
 def _outputs(config):
     """The programs reading the last stage's tokens (function, configuration): its grid, its class node (if any)."""
     return ((_grid_cls, config), (_node, config)) if config["cls"] else ((_grid, config),)
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 

@@ -63,6 +63,7 @@ PARAMETERS = {
     "bn2.mean": ("d",),
     "bn2.var": ("d",),
 }
+
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
     "shortcut.W": ("n_channels", 1, 1, "d",),
@@ -72,6 +73,8 @@ TRANSFER_PARAMETERS = {
     "bn3.mean": ("d",),
     "bn3.var": ("d",),
 }
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 

@@ -53,9 +53,12 @@ PARAMETERS = {
     "up.W": ("d", 2, 2, "n_channels",),
     "up.b": ("n_channels",),
 }
+
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
 }
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 

@@ -66,6 +66,7 @@ PARAMETERS = {
     "final_norm.gain": ("d",),
     "final_norm.bias": ("d",),
 }
+
 #: The parameters of one step, under ``layers.<n>.`` for layer n = 0, 1, …
 LAYER_PARAMETERS = {
     "norm1.gain": ("d",),
@@ -85,11 +86,14 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
+
 #: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
+
+
 def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 

@@ -53,9 +53,12 @@ PARAMETERS = {
     "up.W": ("d", 2, 2, "n_channels",),
     "up.b": ("n_channels",),
 }
+
 #: The transfer R's parameters (absent: R is the identity).
 TRANSFER_PARAMETERS = {
 }
+
+
 def _first_order_only():
     """Refuse a derived backward asked to build a graph (``create_graph=True``): its gradients are
     computed outside autograd, so their own derivatives (gradient penalties, Hessian-vector

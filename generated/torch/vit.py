@@ -64,6 +64,7 @@ PARAMETERS = {
     "final_norm.gain": ("d",),
     "final_norm.bias": ("d",),
 }
+
 #: The parameters of one step, under ``layers.<n>.`` for layer n = 0, 1, …
 LAYER_PARAMETERS = {
     "norm1.gain": ("d",),
@@ -83,11 +84,14 @@ LAYER_PARAMETERS = {
     "ffn.W_2": ("d_ff", "d",),
     "ffn.b_2": ("d",),
 }
+
 #: The readout's parameters (``logits``).
 HEAD_PARAMETERS = {
     "head.W": ("d", "n_classes",),
     "head.b": ("n_classes",),
 }
+
+
 def _allowed(support):
     """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
     return support if support.dtype == torch.bool else support > float("-inf")

@@ -16,13 +16,12 @@ from dataclasses import replace
 import sympy as sp
 
 from splitformer.symbolic.activations import activation as lookup_activation
-from splitformer.symbolic.cvt import CvtProgram
 from splitformer.symbolic.cvt_operators import KEYS
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import COLS, IMAGE_VARIABLES, ROWS
-from splitformer.symbolic.network_adjoint import stage_program
-from splitformer.symbolic.network_derivation import Stage
+from splitformer.symbolic.network_program import NetworkProgram
+from splitformer.symbolic.stages import Stage, stage_program
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.references import feed_forward, layer_norm
 from . import Check
@@ -86,11 +85,11 @@ def _inputs(stage: Stage, params, head_width: int) -> dict:
     return inputs
 
 
-def _params(model: CvtProgram, dims: dict, value) -> dict:
+def _params(model: NetworkProgram, dims: dict, value) -> dict:
     d, hidden, kernel = dims["d"], dims["hidden"], dims["kernel"]
     shapes = {"W_1": (d, hidden), "b_1": (hidden, 1), "W_2": (hidden, d)}
     params = {}
-    for stage in model.stages()[2:-2]:  # the step's operators
+    for stage in (item for item in model.parts["step"] if isinstance(item, Stage)):  # the step's operators
         for tensor in stage.tensors.values():
             if tensor.role != "param":
                 continue
@@ -104,7 +103,7 @@ def _params(model: CvtProgram, dims: dict, value) -> dict:
     return params
 
 
-def cvt_step_difference(model: CvtProgram, dims: dict, value, eps, fresh) -> list[sp.Expr]:
+def cvt_step_difference(model: NetworkProgram, dims: dict, value, eps, fresh) -> list[sp.Expr]:
     """Derived − reference after the attention half-step and after the whole step."""
     d, heads, rows, cols, kernel = dims["d"], dims["heads"], dims["rows"], dims["cols"], dims["kernel"]
     n = 1 + rows * cols
@@ -120,12 +119,12 @@ def cvt_step_difference(model: CvtProgram, dims: dict, value, eps, fresh) -> lis
                         eps=eps)[stage.output]
 
     # derived half-step: LN, split, convolutional projections, attention, residual
-    normed = run(model.norm1, {"u0": lambda i, k: u[i, k]})
+    normed = run(model.stage("norm1"), {"u0": lambda i, k: u[i, k]})
     grid = {(l, a, b): normed[(1 + a * cols + b, l)] for l in range(d) for a in range(rows) for b in range(cols)}
     tokens = {}
-    for (conv, norm), (letter, stride, padding) in zip(model.projections, (("q", "stride_q", "padding_q"),
-                                                                           ("k", "stride_kv", "padding_kv"),
-                                                                           ("v", "stride_kv", "padding_kv"))):
+    for letter, stride, padding in (("q", "stride_q", "padding_q"), ("k", "stride_kv", "padding_kv"),
+                                    ("v", "stride_kv", "padding_kv")):
+        conv, norm = model.stage(f"{letter}conv"), model.stage(f"{letter}bn")
         out_rows, out_cols = _grid_size(rows, kernel, dims[stride], dims[padding]), _grid_size(cols, kernel, dims[stride], dims[padding])
         grid_sizes = {ROWS.size: out_rows, COLS.size: out_cols}
         convolved = run(conv, {"grid": lambda l, a, b: grid.get((l, a, b), 0)}, grid_sizes)
@@ -133,7 +132,7 @@ def cvt_step_difference(model: CvtProgram, dims: dict, value, eps, fresh) -> lis
         tokens[letter] = sp.Matrix(1 + out_rows * out_cols, d, lambda i, l: normed[(0, l)] if i == 0
                                    else affine[(l, (i - 1) // out_cols, (i - 1) % out_cols)])
     keys = {KEYS.size: tokens["k"].rows}
-    attended = run(model.attention, {"q_in": lambda i, k: tokens["q"][i, k], "k_in": lambda t, k: tokens["k"][t, k],
+    attended = run(model.stage("attn"), {"q_in": lambda i, k: tokens["q"][i, k], "k_in": lambda t, k: tokens["k"][t, k],
                                      "v_in": lambda t, k: tokens["v"][t, k]}, keys)
     derived = u + sp.Matrix(n, d, lambda i, l: attended[(i, l)])
     # reference half-step (CvtLayer with CvtSelfAttention, dw_bn projections)
@@ -151,8 +150,8 @@ def cvt_step_difference(model: CvtProgram, dims: dict, value, eps, fresh) -> lis
     expected = u + _attention(*ref_tokens, params, heads, d)
     differences = list(derived - expected)
     u1 = fresh("half", derived)
-    normed2 = run(model.norm2, {"u1": lambda i, k: u1[i, k]})
-    lifted = run(model.ffn, {"norm2_out": lambda i, k: normed2[(i, k)]})
+    normed2 = run(model.stage("norm2"), {"u1": lambda i, k: u1[i, k]})
+    lifted = run(model.stage("ffn"), {"norm2_out": lambda i, k: normed2[(i, k)]})
     derived = u1 + sp.Matrix(n, d, lambda i, l: lifted[(i, l)])
     expected = u1 + feed_forward(layer_norm(u1, params, "norm2", eps), params, lookup_activation("gelu"))
     return differences + list(derived - expected)
@@ -175,21 +174,21 @@ def _numbers(seed: str):
     return value
 
 
-def _numeric_error(model: CvtProgram) -> sp.Float:
-    difference = cvt_step_difference(model, NUMERIC, _numbers(model.name), sp.Float("1e-5", _DIGITS),
+def _numeric_error(model: NetworkProgram) -> sp.Float:
+    difference = cvt_step_difference(model, NUMERIC, _numbers(model.spec.name), sp.Float("1e-5", _DIGITS),
                                      lambda stage, matrix: matrix.evalf(_DIGITS))
     return max(abs(sp.N(entry, _DIGITS)) for entry in difference)
 
 
-def _head_scale(model: CvtProgram) -> CvtProgram:
+def _head_scale(model: NetworkProgram) -> NetworkProgram:
     """Scores scaled by ViT's ``1/√N_e`` instead of ``1/√N_y`` (negative control)."""
     wrong = {sp.Pow(FEATURES.size, -sp.Rational(1, 2)): sp.Pow(HEAD_FEATURES.size, -sp.Rational(1, 2))}
-    attention = replace(model.attention, assignments=tuple(replace(a, rhs=a.rhs.xreplace(wrong))
-                                                           for a in model.attention.assignments))
-    return replace(model, attention=attention)
+    attention = model.stage("attn")
+    return model.with_stage(replace(attention, assignments=tuple(replace(a, rhs=a.rhs.xreplace(wrong))
+                                                                  for a in attention.assignments)))
 
 
-def cvt_recovery_checks(model: CvtProgram) -> list[Check]:
+def cvt_recovery_checks(model: NetworkProgram) -> list[Check]:
     """Exact recovery of one CvT step, symbolic and numeric, and the wrong-scale control."""
     def fresh(stage, matrix):
         return sp.Matrix(*matrix.shape, lambda i, k: sp.Symbol(f"u_{stage}[{i},{k}]", real=True))
@@ -205,11 +204,11 @@ def cvt_recovery_checks(model: CvtProgram) -> list[Check]:
                  "attention over the coarse key grid, residual, LN, GELU FFN, residual) equals CvtLayer with dw_bn "
                  "projections, every parameter free")
     return [
-        Check(f"recovery/{model.name}/symbolic", model.name,
+        Check(f"recovery/{model.spec.name}/symbolic", model.spec.name,
               statement + ": exactly, half-step by half-step, for a 1×2 grid with a class node, 2 features, 2 heads, "
               "kernel 3, stride_kv 2, symbolic ε.", "symbolic", not failing,
               "every entry of derived − reference expands to 0" if not failing else f"entries {failing} do not vanish"),
-        Check(f"recovery/{model.name}/numeric", model.name,
+        Check(f"recovery/{model.spec.name}/numeric", model.spec.name,
               statement + ": in 50-digit arithmetic, a 2×3 grid with a class node, 4 features, 2 heads, d_ff = 6, "
               "stride_kv 2; scoring with ViT's head scale 1/√N_e instead fails (negative control).", "numeric",
               bool(error < tolerance) and bool(control > tolerance),

@@ -6,7 +6,7 @@ import sympy as sp
 
 from splitformer.symbolic.cnn_operators import STRIDE
 from splitformer.symbolic.image import X1
-from splitformer.symbolic.network_derivation import GridNetworkProgram
+from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.operators import EPSILON
 from . import SKIPPED, Check
 from .equivariance import shift_commutes
@@ -14,9 +14,9 @@ from .equivariance import shift_commutes
 __all__ = ["grid_checks", "batch_norm_check"]
 
 
-def _equivariance(model: GridNetworkProgram) -> Check:
+def _equivariance(program: NetworkProgram) -> Check:
     results = []
-    for stage in model.field + model.transfer:
+    for stage in program.parts["field"] + program.parts["transfer"]:
         operator = stage.operator
         if operator.kind != "convolution":
             continue
@@ -28,12 +28,12 @@ def _equivariance(model: GridNetworkProgram) -> Check:
                  "its stride along the rows shifts its output by one grid node; a shift by stride + 1 does not "
                  "(negative control).")
     if not results:
-        return Check(f"{model.spec.name}/translation-equivariance", model.spec.name, statement, SKIPPED, True,
+        return Check(f"{program.spec.name}/translation-equivariance", program.spec.name, statement, SKIPPED, True,
                      "skipped: the step has no convolution")
     holds = all(right and not wrong for _, _, right, wrong in results)
     detail = "; ".join(f"{key}: shift by {stride} {'commutes' if right else 'does NOT commute'}, by {stride + 1} "
                        f"{'commutes (control failed)' if wrong else 'does not'}" for key, stride, right, wrong in results)
-    return Check(f"{model.spec.name}/translation-equivariance", model.spec.name, statement, "symbolic", holds, detail)
+    return Check(f"{program.spec.name}/translation-equivariance", program.spec.name, statement, "symbolic", holds, detail)
 
 
 def batch_norm_check(name: str, stages) -> Check:
@@ -62,8 +62,8 @@ def batch_norm_check(name: str, stages) -> Check:
                  else f"mismatch: {failures}; control not rejected: {controls}")
 
 
-def grid_checks(model: GridNetworkProgram) -> list[Check]:
+def grid_checks(program: NetworkProgram) -> list[Check]:
     """The checks of a convolutional step."""
     from .network_adjoint import grid_adjoint_checks
 
-    return [_equivariance(model), batch_norm_check(model.spec.name, model.stages()), *grid_adjoint_checks(model)]
+    return [_equivariance(program), batch_norm_check(program.spec.name, program.stages()), *grid_adjoint_checks(program)]

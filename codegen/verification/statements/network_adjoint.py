@@ -1,14 +1,14 @@
-"""Checks of a whole model's derived adjoint against finite differences (not reverse mode).
+"""Checks of a whole network's derived adjoint against finite differences (not reverse mode).
 
-- ``adjoint/<model>/finite-difference``: for each piece of the model (the embedding with
+- ``adjoint/<network>/finite-difference``: for each piece of the network (the embedding with
   the initial condition on the tokens, one step, the final projection, the readout), the
   directional derivative ``⟨λ, dΦ[δ]⟩`` by a central difference in 50-digit arithmetic
   equals ``⟨gradient, δ⟩`` from the derived adjoint, through the input and every control;
-- ``adjoint/<model>/negative-control``: with the sign of one adjoint assignment of the
+- ``adjoint/<network>/negative-control``: with the sign of one adjoint assignment of the
   embedding flipped, the same comparison fails.
 
 Grid steps (``resnet-block``, ``unet-level``) are checked per transfer; ``cvt`` per program
-(``symbolic.cvt_adjoint``: the embedding, a step, the stage's outputs, the readout, each with
+(``symbolic.cvt_pieces``: the embedding, a step, the stage's outputs, the readout, each with
 the chaining between its operators), its negative controls flipping a sign in chaining assignments.
 """
 
@@ -20,9 +20,9 @@ from splitformer.symbolic.cnn_operators import STRIDE
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROWS
 from splitformer.symbolic.adjoint import derive_adjoint
-from splitformer.symbolic.cvt_adjoint import KEY_COLS, KEY_ROWS, cvt_programs
+from splitformer.symbolic.cvt_pieces import KEY_COLS, KEY_ROWS
 from splitformer.symbolic.cvt_operators import KEYS, config_symbol
-from splitformer.symbolic.network_adjoint import derive_token_network_adjoint, grid_program
+from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.vision_operators import PATCH
 from . import Check
 from .adjoint import TOLERANCE, finite_difference_gap, flip_sign
@@ -62,14 +62,14 @@ def _checks(name: str, statement: str, adjoints: dict, sizes: tuple[dict, str], 
     ]
 
 
-def network_adjoint_checks(model) -> list[Check]:
-    """The finite-difference checks of ``model``'s derived adjoint (each piece) and their negative control."""
-    adjoint = derive_token_network_adjoint(model)
-    pieces = {"embedding": adjoint.embedding, "step": adjoint.step, "final projection": adjoint.final,
-              "readout": adjoint.readout}
-    return _checks(model.spec.name, f"each piece of {model.spec.name}",
-                   {piece: value for piece, value in pieces.items() if value is not None}, (_SIZES, _DESCRIPTION),
-                   "embedding")
+def network_adjoint_checks(program: NetworkProgram) -> list[Check]:
+    """The finite-difference checks of a token network's derived adjoint (each piece) and their negative control."""
+    pieces, blocks = program.pieces, program.blocks
+    programs = {"embedding": pieces["embedding"].program, "step": blocks["step"], "final projection": blocks.get("final"),
+                "readout": pieces["readout"].program}
+    return _checks(program.spec.name, f"each piece of {program.spec.name}",
+                   {piece: derive_adjoint(value) for piece, value in programs.items() if value is not None},
+                   (_SIZES, _DESCRIPTION), "embedding")
 
 
 #: A 2 × 2 grid, 2 channels in and out, stride 1: every convolution reads the zero padding.
@@ -78,14 +78,14 @@ _GRID_DESCRIPTION = ("a 2 × 2 grid, 2 channels, stride 1, zero padding (BatchNo
                      "variances and shifts in (1, 3))")
 
 
-def grid_adjoint_checks(model) -> list[Check]:
+def grid_adjoint_checks(program: NetworkProgram) -> list[Check]:
     """The finite-difference checks of a grid step's derived adjoint (each transfer) and their negative control."""
-    variants = {"R = transfer": True, "R = 1": False} if model.transfer else {"R = 1": False}
-    adjoints = {variant: derive_adjoint(grid_program(model, transfer)) for variant, transfer in variants.items()}
+    variants = {"step_with": "R = transfer", "step_identity": "R = 1"}
+    adjoints = {variants[name]: derive_adjoint(piece.program) for name, piece in program.pieces.items()}
     # variances positive; BatchNorm shifts positive too, so that the ReLUs pass most of the field
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith((".var", ".bias")))
-    return _checks(model.spec.name, f"one step of {model.spec.name}", adjoints, (_GRID_SIZES, _GRID_DESCRIPTION),
+    return _checks(program.spec.name, f"one step of {program.spec.name}", adjoints, (_GRID_SIZES, _GRID_DESCRIPTION),
                    "R = 1", positive)
 
 
@@ -108,29 +108,28 @@ _CVT_DESCRIPTION = ("2 channels, a 2 × 2 grid (4 token nodes, 5 with the class 
 CVT_CONTROLS = {"step_cls": ("norm1_out_bar", "u1_bar"), "embedding_cls": ("embed_norm_out_bar",)}
 
 
-def cvt_adjoint_checks(model) -> list[Check]:
+def cvt_adjoint_checks(program: NetworkProgram) -> list[Check]:
     """The finite-difference check of every program of CvT's derived adjoint (the chaining between
     operators included) and its negative controls (a sign flipped in a chaining assignment)."""
-    pieces = cvt_programs(model)
-    adjoints = {name: derive_adjoint(piece.program) for name, piece in pieces.items()}
+    adjoints = {name: derive_adjoint(piece.program) for name, piece in program.pieces.items()}
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith(".var"))
     sizes = {name: _cvt_sizes(name.endswith("_cls") or name == "node") for name in adjoints}
-    gaps = {name: finite_difference_gap(adjoint, f"{model.name}/{name}", sizes[name], positive)
+    gaps = {name: finite_difference_gap(adjoint, f"{program.spec.name}/{name}", sizes[name], positive)
             for name, adjoint in adjoints.items()}
-    controls = {f"{name}: {target}": finite_difference_gap(flip_sign(adjoints[name], target), f"{model.name}/{name}",
+    controls = {f"{name}: {target}": finite_difference_gap(flip_sign(adjoints[name], target), f"{program.spec.name}/{name}",
                                                          sizes[name], positive)
                 for name, targets in CVT_CONTROLS.items() for target in targets}
     return [
-        Check(f"adjoint/{model.name}/finite-difference", model.name,
-              f"The derived adjoint of every program of {model.name} ({', '.join(gaps)}: the chaining between "
+        Check(f"adjoint/{program.spec.name}/finite-difference", program.spec.name,
+              f"The derived adjoint of every program of {program.spec.name} ({', '.join(gaps)}: the chaining between "
               "operators included) gives the directional derivative of ⟨λ, output⟩ along a random direction "
               "through the input and every control: central difference (step 1e-20) in 50-digit arithmetic at "
               f"{_CVT_DESCRIPTION}, ε = 1e-3.",
               "numeric", bool(max(gaps.values()) < TOLERANCE),
               "relative gaps " + ", ".join(f"{name} {sp.N(gap, 3)}" for name, gap in gaps.items())
               + f" (tolerance {sp.N(TOLERANCE, 2)})"),
-        Check(f"adjoint/{model.name}/negative-control", model.name,
+        Check(f"adjoint/{program.spec.name}/negative-control", program.spec.name,
               "With the sign of one chaining assignment flipped (the costate of the projected tokens, which "
               "collects the transposes of the class-node/grid split and of the token concatenations; the "
               "residual sum; the class node's join), the finite-difference comparison fails: the check can fail.",

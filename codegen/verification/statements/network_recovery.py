@@ -18,9 +18,11 @@ from splitformer.symbolic.activations import activation as lookup_activation
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.evaluate import evaluate
 from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, ROWS, X1
-from splitformer.symbolic.network_spec import GridNetworkSpec, TokenNetworkSpec, MultiscaleSpec, load_network, network_fingerprint
-from splitformer.symbolic.network_adjoint import stage_program
-from splitformer.symbolic.network_derivation import INPUT, TokenNetworkProgram, derive_grid_network, derive_token_network, discretize_stage
+from splitformer.symbolic.network_spec import NetworkSpec, load_network, network_fingerprint
+from splitformer.symbolic.network_derivation import derive_network
+from splitformer.symbolic.network_pieces import INPUT
+from splitformer.symbolic.network_program import NetworkProgram
+from splitformer.symbolic.stages import discretize_stage, stage_program
 from splitformer.symbolic.operators import EPSILON
 from splitformer.symbolic.vision_operators import IMAGE, PATCH, PatchEmbedding
 from splitformer.symbolic.references import layer_norm, reference_block
@@ -38,7 +40,7 @@ def _matrix(table: dict, rows: int, cols: int) -> sp.Matrix:
     return sp.Matrix(rows, cols, lambda i, k: table[(i, k)])
 
 
-def vit_difference(model: TokenNetworkProgram, dims: dict, value, eps, fresh=None) -> list[sp.Expr]:
+def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None) -> list[sp.Expr]:
     """Derived − reference, stage by stage, each stage fed the same state on both sides.
 
     Returns every entry of the initial condition, of each step's output, of the final
@@ -54,6 +56,8 @@ def vit_difference(model: TokenNetworkProgram, dims: dict, value, eps, fresh=Non
              FEATURES.size: d, HEADS.size: heads, HEAD_FEATURES.size: d // heads, HIDDEN.size: dims["hidden"],
              CLASSES.size: classes}
     activation = lookup_activation(model.spec.scheme.activation)
+    (embedding,), (head_stage,) = model.parts["embedding"], model.parts["readout"]
+    step, final_norm = model.blocks["step"], model.blocks["final"]
     differences: list[sp.Expr] = []
 
     def image(c, a, b):
@@ -61,26 +65,25 @@ def vit_difference(model: TokenNetworkProgram, dims: dict, value, eps, fresh=Non
 
     embed = {name: (lambda *index, name=name: value(f"embed.{name}", *index)) for name in ("W", "b", "cls", "pos")}
     inputs = {"image": image, **{f"embed_{name}": entry for name, entry in embed.items()}}
-    grid = evaluate(stage_program(model.embedding), sizes, inputs)[model.embedding.output]
+    grid = evaluate(stage_program(embedding), sizes, inputs)[embedding.output]
     u = sp.Matrix(n, d, lambda i, l: embed["pos"](i, l) + (embed["cls"](l) if i == 0
                                                             else grid[((i - 1) // cols, (i - 1) % cols, l)]))
     differences += list(u - patch_embedding(image, embed, channels, height, width, patch, d))
     u = fresh("embed", u)
     for layer in range(dims["layers"]):
-        params = symbolic_parameters(model.step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
-        step = evaluate(model.step, sizes, evaluation_inputs(model.step, params, u, d // heads), eps=eps)[model.step.output]
-        derived = _matrix(step, n, d)
+        params = symbolic_parameters(step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
+        derived = _matrix(evaluate(step, sizes, evaluation_inputs(step, params, u, d // heads), eps=eps)[step.output], n, d)
         differences += list(derived - reference_block("pre-ln", u, params, heads, eps, activation))
         u = fresh(f"layer{layer}", derived)
-    final = symbolic_parameters(model.final, sizes, lambda name, i, j: value(name, i, j))
-    derived = _matrix(evaluate(model.final, sizes, evaluation_inputs(model.final, final, u, 1), eps=eps)[model.final.output], n, d)
+    final = symbolic_parameters(final_norm, sizes, lambda name, i, j: value(name, i, j))
+    derived = _matrix(evaluate(final_norm, sizes, evaluation_inputs(final_norm, final, u, 1), eps=eps)[final_norm.output], n, d)
     differences += list(derived - layer_norm(u, final, "final_norm", eps))
     u = fresh("final", derived)
     head = {name: sp.Matrix(*shape, lambda i, j, name=name: value(name, i, j))
             for name, shape in (("head.W", (d, classes)), ("head.b", (classes, 1)))}
     readout = {"u": lambda i, l: u[i, l], "head_W": lambda k, o: head["head.W"][k, o],
                "head_b": lambda o: head["head.b"][o]}
-    logits = evaluate(stage_program(model.readout), sizes, readout)[model.readout.output]
+    logits = evaluate(stage_program(head_stage), sizes, readout)[head_stage.output]
     expected = class_token_head(u, head)
     return differences + [logits[(o,)] - expected[0, o] for o in range(classes)]
 
@@ -108,7 +111,7 @@ NUMERIC = {"patch": 2, "channels": 2, "height": 2, "width": 4, "d": 8, "heads": 
            "classes": 3}
 
 
-def _symbolic_holds(model: TokenNetworkProgram) -> tuple[bool, str]:
+def _symbolic_holds(model: NetworkProgram) -> tuple[bool, str]:
     def fresh(stage, matrix):
         return sp.Matrix(*matrix.shape, lambda i, k: sp.Symbol(f"u_{stage}[{i},{k}]", real=True))
 
@@ -118,7 +121,7 @@ def _symbolic_holds(model: TokenNetworkProgram) -> tuple[bool, str]:
                          else f"entries {failing} of derived − reference (row-major, logits last) do not vanish")
 
 
-def _numeric_error(model: TokenNetworkProgram) -> sp.Float:
+def _numeric_error(model: NetworkProgram) -> sp.Float:
     difference = vit_difference(model, NUMERIC, _numbers(model.name), sp.Float("1e-6", _DIGITS),
                                 lambda stage, matrix: matrix.evalf(_DIGITS))
     return max(abs(sp.N(entry, _DIGITS)) for entry in difference)
@@ -132,27 +135,27 @@ class _StridedPatches(PatchEmbedding):
         return {symbol: position.xreplace({PATCH: PATCH + 1}) for symbol, position in positions.items()}
 
 
-def wrong_stride(model: TokenNetworkProgram) -> TokenNetworkProgram:
+def wrong_stride(model: NetworkProgram) -> NetworkProgram:
     embedding = _StridedPatches(model.spec.embedding.key)
-    return replace(model, embedding=discretize_stage(embedding, {IMAGE: model.embedding.tensors[INPUT]}))
+    return model.with_stage(discretize_stage(embedding, {IMAGE: model.parts["embedding"][0].tensors[INPUT]}))
 
 
-def wrong_scale(model: TokenNetworkProgram) -> TokenNetworkProgram:
+def wrong_scale(model: NetworkProgram) -> NetworkProgram:
     """Attention scores scaled by ``1/N_e`` instead of ``1/√N_e`` (negative control)."""
     wrong = {sp.Pow(HEAD_FEATURES.size, -sp.Rational(1, 2)): 1 / HEAD_FEATURES.size}
     records = [replace(record, evaluations=tuple(
         replace(evaluation, assignments=tuple(replace(a, rhs=a.rhs.xreplace(wrong)) for a in evaluation.assignments))
-        for evaluation in record.evaluations)) for record in model.step.records]
-    return replace(model, step=replace(model.step, records=records))
+        for evaluation in record.evaluations)) for record in model.blocks["step"].records]
+    return replace(model, blocks={**model.blocks, "step": replace(model.blocks["step"], records=records)})
 
 
-def vit_checks(model: TokenNetworkProgram) -> list[Check]:
+def vit_checks(model: NetworkProgram) -> list[Check]:
     """Exact recovery of the vit model, symbolic and numeric, and its negative controls."""
     name = model.spec.name
     statement = (f"The derived {name} model (patch embedding, class node and position term, pre-LN GELU steps, "
                  "final LayerNorm, class-token head) equals the published ViT with every parameter free")
     published = load_network("vit")
-    equivariance = equivariance_check(f"{name}/translation-equivariance", name, model.embedding.assignments[0],
+    equivariance = equivariance_check(f"{name}/translation-equivariance", name, model.parts["embedding"][0].assignments[0],
                                       X1.index, 1, PATCH)
     if network_fingerprint(model.spec) != network_fingerprint(published):  # another computation than the ViT's
         reason = (f"skipped: {name} steps '{model.spec.scheme.name}' ({model.spec.scheme.activation}), the published "
@@ -181,23 +184,20 @@ def vit_checks(model: TokenNetworkProgram) -> list[Check]:
     ]
 
 
-def network_statement_checks(spec: TokenNetworkSpec | GridNetworkSpec | MultiscaleSpec) -> list[Check]:
-    """The checks of a built-in model (by its embedding and readout kinds)."""
-    if isinstance(spec, MultiscaleSpec):
-        from splitformer.symbolic.cvt import derive_cvt
+def network_statement_checks(spec: NetworkSpec) -> list[Check]:
+    """The checks of a network, by its composition (a token network's: where its embedding and readout are ViT's)."""
+    program = derive_network(spec)
+    if program.composition == "cvt":
         from .cvt_checks import cvt_checks
-
         from .network_adjoint import cvt_adjoint_checks
 
-        model = derive_cvt(spec.name, spec.summary)
-        return cvt_checks(model) + cvt_adjoint_checks(model)
-    if isinstance(spec, GridNetworkSpec):
+        return cvt_checks(program) + cvt_adjoint_checks(program)
+    if program.composition == "grid":
         from .grid_checks import grid_checks
 
-        return grid_checks(derive_grid_network(spec))
-    model = derive_token_network(spec)
+        return grid_checks(program)
     if (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
         from .network_adjoint import network_adjoint_checks
 
-        return vit_checks(model) + network_adjoint_checks(model)
+        return vit_checks(program) + network_adjoint_checks(program)
     return []

@@ -1,4 +1,4 @@
-r"""CvT as discrete programs for reverse mode (``symbolic.adjoint``), the chaining included.
+r"""CvT as the programs its module runs and reverse mode differentiates, the chaining included.
 
 A CvT stage is its token embedding, ``N_s`` steps and, at the end, its outputs; each is one
 program whose every assignment, the chaining between operators included, is in index
@@ -25,34 +25,27 @@ costate on and add the field's. The costate runs readout → node → stages (la
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 
 import sympy as sp
 
-from .cvt import CvtProgram
 from .domains import FEATURES, X, Y
 from .cvt_operators import KEY
 from .image import COLS, X1, X2
 from .latex import equation
-from .network_adjoint import stage_record
-from .network_derivation import Stage, field_tensor
+from .network_program import Piece
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
+from .stages import Stage, field_tensor, stage_record
 
-__all__ = ["CvtPiece", "cvt_programs", "KEY_ROWS", "KEY_COLS"]
+__all__ = ["cvt_programs", "KEY_ROWS", "KEY_COLS"]
 
 #: The key grid of K and V (stride ``stride_kv``): its sizes and indices.
 KEY_ROWS, KEY_COLS = sp.Symbol("N^{k}_1", integer=True, positive=True), sp.Symbol("N^{k}_2", integer=True, positive=True)
 _PK, _QK = sp.Idx("f", KEY_ROWS), sp.Idx("h", KEY_COLS)
 _P, _Q, _L = X1.index, X2.index, Y.index
-
-
-@dataclass(frozen=True)
-class CvtPiece:
-    """One program, the input whose costate its adjoint returns, its operators' fixed sizes (kernels)."""
-
-    program: Program
-    input: str
-    sizes: dict
+#: CvT's stages and residual sums by part (``symbolic.cvt``): the token embedding, one step, the readout.
+Parts = Mapping[str, tuple]
 
 
 def _record(title: str, assignments) -> SubstepRecord:
@@ -95,9 +88,9 @@ class _Builder:
         self.records.append(_record(title, (Assignment(lhs, rhs, meaning, quadrature=equation(lhs, rhs, names))
                                             for lhs, rhs, meaning in rows)))
 
-    def piece(self, output: str, input_name: str) -> CvtPiece:
+    def piece(self, output: str, input_name: str) -> Piece:
         """The program with output ``output``, whose adjoint returns the costate of ``input_name``."""
-        return CvtPiece(Program(self.name, dict(self.tensors), list(self.records), output), input_name, dict(self.sizes))
+        return Piece(Program(self.name, dict(self.tensors), list(self.records), output), input_name, dict(self.sizes))
 
 
 def _grid_nodes(offset: int, rows=_P, cols=_Q, n_cols=COLS.size) -> sp.Expr:
@@ -105,9 +98,9 @@ def _grid_nodes(offset: int, rows=_P, cols=_Q, n_cols=COLS.size) -> sp.Expr:
     return offset + n_cols * rows + cols
 
 
-def _embedding(model: CvtProgram, cls: bool) -> CvtPiece:
-    conv, norm = model.embedding
-    build = _Builder(f"{model.module_name}_embedding{'_cls' if cls else ''}")
+def _embedding(name: str, parts: Parts, cls: bool) -> Piece:
+    conv, norm = parts["embedding"]
+    build = _Builder(f"{name}_embedding{'_cls' if cls else ''}")
     build.stage(conv)
     tokens = build.array("tokens", "t", (X.index, _L))
     build.chain("the grid as tokens", [(tokens[_grid_nodes(0), _L], sp.IndexedBase(conv.output)[_L, _P, _Q],
@@ -125,16 +118,17 @@ def _embedding(model: CvtProgram, cls: bool) -> CvtPiece:
     return build.piece("x0", "u0")
 
 
-def _step(model: CvtProgram, cls: bool) -> CvtPiece:
+def _step(name: str, parts: Parts, cls: bool) -> Piece:
     offset = 1 if cls else 0
-    build = _Builder(f"{model.module_name}_step{'_cls' if cls else ''}")
-    build.stage(model.norm1)
-    normed = sp.IndexedBase(model.norm1.output)
+    norm1, *projections, attention, first, norm2, ffn, second = parts["step"]
+    build = _Builder(f"{name}_step{'_cls' if cls else ''}")
+    build.stage(norm1)
+    normed = sp.IndexedBase(norm1.output)
     grid = build.array("grid", "g", (_L, _P, _Q))
     build.chain("the grid field of the tokens", [(grid[_L, _P, _Q], normed[_grid_nodes(offset), _L],
                                                    f"grid point (p, q) is token node {offset} + N_2 p + q")])
     projected = {}
-    for (conv, norm), letter in zip(model.projections, "qkv"):
+    for conv, norm, letter in zip(projections[0::2], projections[1::2], "qkv"):
         if letter != "q":
             conv, norm = _on_key_grid(conv), _on_key_grid(norm)
         build.stage(conv, ("grid",))
@@ -152,12 +146,11 @@ def _step(model: CvtProgram, cls: bool) -> CvtPiece:
                      f"{'grid' if letter == 'q' else 'key grid'} point after the class node" if cls else
                      f"{'grid' if letter == 'q' else 'key grid'} point, row by row"))
     build.chain("queries on the token nodes; keys and values on the key nodes", rows)
-    build.stage(model.attention, ("q_in", "k_in", "v_in"))
-    first, second = model.updates
+    build.stage(attention, ("q_in", "k_in", "v_in"))
     build.array(first.target, "u_{1}", (X.index, _L))
     build.chain("residual sum", [(first.lhs, first.rhs, first.meaning)])
-    build.stage(model.norm2, (first.target,))
-    build.stage(model.ffn, (model.norm2.output,))
+    build.stage(norm2, (first.target,))
+    build.stage(ffn, (norm2.output,))
     build.array(second.target, "u_{2}", (X.index, _L))
     build.chain("residual sum", [(second.lhs, second.rhs, second.meaning)])
     return build.piece(second.target, "u0")
@@ -167,8 +160,8 @@ def _tokens_input(build: _Builder) -> sp.IndexedBase:
     return build.array("u", "u", (X.index, _L), "input")
 
 
-def _grid(model: CvtProgram, cls: bool) -> CvtPiece:
-    build = _Builder(f"{model.module_name}_grid{'_cls' if cls else ''}")
+def _grid(name: str, cls: bool) -> Piece:
+    build = _Builder(f"{name}_grid{'_cls' if cls else ''}")
     tokens = _tokens_input(build)
     hidden = build.array("hidden", "g", (_L, _P, _Q))
     build.chain("the stage's grid", [(hidden[_L, _P, _Q], tokens[_grid_nodes(1 if cls else 0), _L],
@@ -176,24 +169,24 @@ def _grid(model: CvtProgram, cls: bool) -> CvtPiece:
     return build.piece("hidden", "u")
 
 
-def _node(model: CvtProgram) -> CvtPiece:
-    build = _Builder(f"{model.module_name}_node")
+def _node(name: str) -> Piece:
+    build = _Builder(f"{name}_node")
     tokens = _tokens_input(build)
     node = build.array("node", "c", (X.index, _L))
     build.chain("the class node", [(node[0, _L], tokens[0, _L], "token node 0")])
     return build.piece("node", "u")
 
 
-def _readout(model: CvtProgram) -> CvtPiece:
-    final, head = model.readout
-    build = _Builder(f"{model.module_name}_readout")
+def _readout(name: str, parts: Parts) -> Piece:
+    final, head = parts["readout"]
+    build = _Builder(f"{name}_readout")
     build.stage(final)
     build.stage(head, (final.output,))
     return build.piece(head.output, "cls")
 
 
-def cvt_programs(model: CvtProgram) -> dict[str, CvtPiece]:
+def cvt_programs(name: str, parts: Parts) -> dict[str, Piece]:
     """Every program of CvT's adjoint, in the order the forward runs them."""
-    return {"embedding": _embedding(model, False), "embedding_cls": _embedding(model, True),
-            "step": _step(model, False), "step_cls": _step(model, True), "grid": _grid(model, False),
-            "grid_cls": _grid(model, True), "node": _node(model), "readout": _readout(model)}
+    return {"embedding": _embedding(name, parts, False), "embedding_cls": _embedding(name, parts, True),
+            "step": _step(name, parts, False), "step_cls": _step(name, parts, True), "grid": _grid(name, False),
+            "grid_cls": _grid(name, True), "node": _node(name), "readout": _readout(name, parts)}

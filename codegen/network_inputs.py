@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, replace
 
-__all__ = ["Input", "signature", "NETWORK_INPUTS", "declared_inputs"]
+__all__ = ["Input", "signature", "NETWORK_INPUTS", "COSTATES", "declared_inputs", "numpy_functions"]
 
 #: Each kind's check: an expression giving the argument's checked value (``{name}``, ``{least}``, ``{choices}``).
 _CHECKS = {
@@ -98,6 +98,19 @@ NETWORK_INPUTS = {
                   *_keywords(Input("stages", "stages"), Input("eps", "eps", default="1e-5"))],
     },
 }
+
+
+#: The costates each composition's ``vjp`` takes besides its inputs (CvT: its class node's, optional).
+COSTATES = {"token": ("grad_out",), "grid": ("grad_out",), "cvt": ("grad_out", "grad_cls=None")}
+
+
+def numpy_functions(composition: str, head: bool) -> list[str]:
+    """The public functions of a composition's NumPy module, each as its one-line signature (``head``: it has a
+    readout, so ``logits`` and ``vjp_logits`` too)."""
+    inputs = NETWORK_INPUTS[composition]["numpy"]
+    heads = [("forward", ()), ("logits", ()), ("vjp", COSTATES[composition]), ("vjp_logits", ("grad_logits",))]
+    return [signature(name, inputs, extra=extra, width=1 << 20)[:-1] for name, extra in heads
+            if head or "logits" not in name]
 
 
 def declared_inputs(composition: str, backend: str, reads_stride: bool = True) -> list[Input]:

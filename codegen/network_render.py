@@ -16,7 +16,7 @@ from splitformer.symbolic.network_spec import network_fingerprint
 
 from .adjoint import lower_adjoint
 from .lowering import lower
-from .network_inputs import NETWORK_INPUTS, declared_inputs, signature
+from .network_inputs import COSTATES, NETWORK_INPUTS, declared_inputs, signature
 from .render import backward_context, environment, unit_context
 from .runtime_source import inline_runtime
 from .stage_render import program_context
@@ -136,7 +136,7 @@ def render_network(program: NetworkProgram, backend: str, passes=None) -> str:
             for table in network["tables"] for p in table["parameters"]] + network.get("rows", [])
     source = environment().get_template("network_module.py.j2").render(
         network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[composition]["numpy"][0].name,
-        name=program.name, version=__version__, signature=signature,
+        name=program.name, version=__version__, signature=signature, costates=COSTATES[composition],
         inputs=declared_inputs(composition, backend, reads_stride),
         checked_inputs=declared_inputs(composition, "numpy", reads_stride),
         computes=network_fingerprint(spec), width=max(len(row["name"]) for row in rows) + 2, head=network["head"])

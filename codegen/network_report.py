@@ -3,7 +3,6 @@ checks and derived adjoint piece by piece; an operator kind's ``discretization``
 
 from __future__ import annotations
 
-import re
 from collections import namedtuple
 
 from splitformer.symbolic import __version__
@@ -16,6 +15,7 @@ from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATE
 from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.markdown import inert
 
+from .network_inputs import numpy_functions
 from .render import environment
 from .report import domain_rows
 
@@ -152,8 +152,8 @@ def network_sections(program: NetworkProgram) -> NetworkSections:
     return _COMPOSITIONS[program.composition](program)
 
 
-def render_network_report(program: NetworkProgram, numpy_source: str) -> str:
-    """The Markdown report of a derived network; ``numpy_source``: its NumPy module, whose functions the report lists."""
+def render_network_report(program: NetworkProgram) -> str:
+    """The Markdown report of a derived network."""
     network, spec = network_sections(program), program.spec
     stages = [stage for section in network.sections for stage in section.stages if hasattr(stage, "operator")]
     positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
@@ -162,4 +162,4 @@ def render_network_report(program: NetworkProgram, numpy_source: str) -> str:
         name=spec.name, module=spec.module_name, summary=spec.summary, version=__version__, sections=network.sections,
         positions=positions, domains=domain_rows(network.domains), checks=network.checks.format(n=spec.name).split(),
         pieces=network.pieces(), note=network.note, batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
-        functions=re.findall(r"^def ([a-z]\w*\(.*\)):$", numpy_source, re.M)), f"the report of {spec.name!r}")
+        functions=numpy_functions(program.composition, "readout" in program.parts)), f"the report of {spec.name!r}")

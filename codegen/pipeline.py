@@ -96,7 +96,7 @@ def generate_network(spec: NetworkSpec, backends: tuple[str, ...], out: Path, pa
     for backend in backends:
         files[out / backend / "__init__.py"] = PACKAGE_INIT
         files[out / backend / f"{spec.module_name}.py"] = source(backend)
-    files[out / "reports" / f"{spec.module_name}.md"] = render_network_report(program, source("numpy"))
+    files[out / "reports" / f"{spec.module_name}.md"] = render_network_report(program)
     return files
 
 
@@ -107,7 +107,7 @@ def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
         return text.removeprefix("\ufeff").rstrip("\n")
     source, program = _network(spec)
     if form == "markdown":
-        return render_network_report(program, source("numpy")).rstrip("\n")
+        return render_network_report(program).rstrip("\n")
     lines = [f"{spec.name}: {spec.summary}", ""]
     for section in network_sections(program).sections:
         lines.append(section.title)

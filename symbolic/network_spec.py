@@ -1,6 +1,7 @@
-"""Whole models: an initial-condition operator, N steps of a block scheme, a readout.
+"""Network files: a token network (an initial-condition operator, N steps of a block scheme, a readout), a grid
+step ``u⁺ = Proj(R u + Δt F(u))``, or CvT's multiscale composition.
 
-A model file (TOML, built-ins in ``symbolic/networks/``) names the embedding operator that
+A token network's file (TOML, built-ins in ``symbolic/networks/``) names the embedding operator that
 gives ``u(x, y, 0) = f(x, y)``, the block scheme whose steps advance ``u`` in depth (with
 its activation and whether the stack ends with a final projection), and the readout
 functional applied to ``u(·, ·, T)``.
@@ -33,7 +34,7 @@ _OPTIONS = {"kernel", "stride", "padding", "inputs", "outputs"}
 
 @dataclass(frozen=True)
 class TokenNetworkSpec:
-    """A parsed model file."""
+    """A parsed token network file."""
 
     name: str
     summary: str
@@ -76,7 +77,7 @@ class GridNetworkSpec:
 
 @dataclass(frozen=True)
 class MultiscaleSpec:
-    """A multiscale model (``cvt``): the stage composition of ``symbolic/cvt.py``."""
+    """A multiscale network (``cvt``): the stage composition of ``symbolic/cvt.py``."""
 
     name: str
     summary: str
@@ -90,7 +91,7 @@ class MultiscaleSpec:
 NetworkSpec = TokenNetworkSpec | GridNetworkSpec | MultiscaleSpec
 
 
-#: What a multiscale model file must name: the operator kinds ``symbolic/cvt.py`` composes.
+#: What a multiscale network file must name: the operator kinds ``symbolic/cvt.py`` composes.
 MULTISCALE = {
     "stage": {"embedding": "convolution", "embedding_norm": "layer-norm", "projections": "depthwise-convolution",
               "projection_norm": "batch-norm", "attention": "convolutional-attention", "ffn": "feed-forward",
@@ -105,7 +106,7 @@ def _multiscale(document: dict, where: str) -> MultiscaleSpec:
         raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
     for table, expected in MULTISCALE.items():
         if document.get(table) != expected:
-            raise SplitformerError(f"{where}: {table}: a multiscale model composes exactly {expected}")
+            raise SplitformerError(f"{where}: {table}: a multiscale network composes exactly {expected}")
     return MultiscaleSpec(*_identity(document, where))
 
 
@@ -177,7 +178,7 @@ def _names(step: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _grid_model(document: dict, where: str) -> GridNetworkSpec:
+def _grid_network(document: dict, where: str) -> GridNetworkSpec:
     unknown = sorted(set(document) - _GRID_KEYS)
     if unknown:
         raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
@@ -278,7 +279,7 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     if document.get("composition") == "multiscale":
         return _multiscale(document, where)
     if "operators" in document:
-        return _grid_model(document, where)
+        return _grid_network(document, where)
     unknown = sorted(set(document) - _TOP_KEYS)
     missing = sorted(_TOP_KEYS - set(document))
     if unknown or missing:
@@ -326,7 +327,7 @@ def check_network(spec: object) -> NetworkSpec:
             raise SplitformerError(f"{where}: operators must be a dict and projection a name or None")
         operators = {key: {"kind": type(operator).kind, **_options(operator, f"{where}: operators")}
                      for key, operator in spec.operators.items()}
-        read = _grid_model({**identity, "operators": operators, "step": {
+        read = _grid_network({**identity, "operators": operators, "step": {
             "field": spec.field, "transfer": spec.transfer,
             **({} if spec.projection is None else {"projection": spec.projection})}}, where)
     else:

@@ -12,7 +12,7 @@ from splitformer.symbolic.network_spec import load_network
 from splitformer.symbolic.network_derivation import derive_grid_network
 
 from conftest import generated_now
-from test_cnn_models import _batch_norm, _conv
+from test_grid_networks import _batch_norm, _conv
 
 MODULES = {name.replace("-", "_"): dict(zip(("numpy", "torch"), generated_now(name)))
            for name in ("resnet-block", "unet-level")}

@@ -73,7 +73,7 @@ _NETWORK_SYMBOLIC = tuple(f"symbolic/{name}" for name in ("network", "stages.py"
 #: Templates of the networks' modules only (their own and what only they include).
 _NETWORK_TEMPLATES = tuple(f"templates/{name}" for name in ("cvt_config", "programs", "network", "torch/derived")) + (
     "runtime/numpy_grids.py", "runtime/numpy_parameters.py", "runtime/torch_grids.py", "runtime/torch_parameters.py")
-_VISION = ("tests/test_vit.py", "tests/test_cnn_models.py", "tests/test_cvt.py")
+_VISION = ("tests/test_vit.py", "tests/test_grid_networks.py", "tests/test_cvt.py")
 _VISION_ADJOINT = ("tests/test_vit_adjoint.py", "tests/test_grid_adjoint.py", "tests/test_cvt_adjoint.py")
 #: Fast tests that exercise a file, by path prefix (the first match wins).
 TESTS = {

@@ -1,5 +1,6 @@
-"""Generated modules, the argument gaps a QA pass found: each is refused before any work, with the
-same words in NumPy and torch (NumPy shows shapes as tuples, torch as lists).
+"""Generated modules refuse each bad argument before any work with the same words in NumPy and torch
+(NumPy shows shapes as tuples, torch as lists): parameter names and shapes, widths, head counts, positions,
+caches, dtypes; networks' parameter tables and empty grids.
 
 Also: a memory of 0 tokens gives the empty-support result (the output bias ``b_o`` alone) in both
 backends, and non-finite values in ``u`` propagate as in torch (README, "Guarantees").

@@ -18,7 +18,7 @@ from splitformer.symbolic.domains import VARIABLES
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
-from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter
+from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, plain_name
 
 __all__ = ["Backend", "BACKENDS", "Spelled"]
 
@@ -182,13 +182,27 @@ class Backend:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
 
     def unrolled(self, op: Unrolled, printer: ArrayPrinter) -> list[str]:
-        """``out[.., c, ..] = Σ_c̃ M[c][c̃] x[.., c̃, ..]``: one elementwise row per point ``c``, stacked."""
+        """``out[.., c, ..] = Σ_c̃ M[c][c̃] x[.., c̃, ..]``: one elementwise row per point ``c``, stacked. A point of
+        ``x`` or an array the entries read (broadcast to the rows) that more than one product reads is bound once
+        (``out_<point>``, ``out_<array>``: one view, not one per product) and released after."""
         position = op.x.labels.index(op.summed)
         trailing = ", :" * (len(op.x.labels) - 1 - position)
-        parts = [sp.Symbol(f"{op.x.name}[..., {point}{trailing}]") for point in range(len(op.entries))]
         rows = printer.at(tuple(label for label in op.labels if label != op.axis))
-        terms = ", ".join(rows.doprint(sum(entry * part for entry, part in zip(row, parts))) for row in op.entries)
-        return [f"{op.out} = {self.library}.stack(({terms}), {self.axis}={op.labels.index(op.axis)})"]
+        reads = [part for row in op.entries for part, entry in enumerate(row) if entry != 0]
+        parts = [f"{op.x.name}[..., {point}{trailing}]" for point in range(len(op.entries))]
+        bound = {f"{op.out}_{point}": part for point, part in enumerate(parts) if reads.count(point) > 1}
+        parts = [sp.Symbol(f"{op.out}_{point}" if f"{op.out}_{point}" in bound else part)
+                 for point, part in enumerate(parts)]
+        arrays = [array for row in op.entries for entry in row for array in sorted(entry.atoms(sp.Indexed), key=str)]
+        shared = {array: sp.Symbol(f"{op.out}_{plain_name(array.base.label)}") for array in dict.fromkeys(arrays)
+                  if arrays.count(array) > 1}
+        bound.update({symbol.name: rows.doprint(array) for array, symbol in shared.items()})
+        terms = ", ".join(rows.doprint(sum(entry.xreplace(shared) * part for entry, part in zip(row, parts)))
+                          for row in op.entries)
+        stacked = f"{op.out} = {self.library}.stack(({terms}), {self.axis}={op.labels.index(op.axis)})"
+        if not bound:
+            return [stacked]
+        return [f"{', '.join(bound)} = {', '.join(bound.values())}", stacked, f"del {', '.join(bound)}"]
 
     def local_kernel(self, op: LocalKernel, printer: ArrayPrinter) -> list[str]:
         """Each window's channels times ``_window`` (the sum over the tokens within its distances)."""

@@ -81,7 +81,11 @@ def test_the_emitted_llama_rotates_and_attends_without_the_six_axis_sum():
 
     for backend, library in (("torch", "torch"), ("numpy", "np")):
         source = (GENERATED / backend / "llama.py").read_text(encoding="utf-8")
-        assert f"attn_qr = {library}.stack((attn_q[..., 0, :]*attn_phi_cos[" in source
+        # each half of q and each broadcast of cos φ, sin φ is bound once, then the rotation is one stacked statement
+        assert "attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin = attn_q[..., 0, :], attn_q[..., 1, :]" \
+            in source
+        assert (f"attn_qr = {library}.stack((attn_qr_0*attn_qr_attn_phi_cos - attn_qr_1*attn_qr_attn_phi_sin, "
+                "attn_qr_0*attn_qr_attn_phi_sin + attn_qr_1*attn_qr_attn_phi_cos)") in source
         assert f"attn_phi_cos = {library}.cos(attn_phi)" in source
         assert "attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi" in source
         assert f"{library}.sum(attn_q" not in source and "repeat_interleave" not in source and ".repeat(" not in source

@@ -202,9 +202,15 @@ def _root(mean_square, eps: float, scale):
 @torch.jit.unused
 def _representable(rstd) -> bool:
     """Whether every row's 1/√(statistic + eps) is positive with a finite square: then no statistic overflowed (an
-    infinite one gives 0), none is NaN, and none is lost below the dtype's normal range."""
-    with torch.no_grad():
-        return _holds(((rstd > 0) & torch.isfinite(rstd * rstd)).all())
+    infinite one gives 0), none is NaN, and none is lost below the dtype's normal range. One reduction (the rows'
+    extremes), read on the host: False under torch.func.vmap, as ``_holds``."""
+    if rstd.numel() == 0:
+        return True
+    try:
+        low, high = (bound.item() for bound in torch.aminmax(rstd.detach()))
+    except RuntimeError:
+        return False
+    return low > 0 and high * high <= torch.finfo(rstd.dtype).max
 
 
 def _cat(tensors: list[torch.Tensor], dim: int):
@@ -506,10 +512,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     attn_phi_sin = torch.sin(attn_phi)
     del attn_phi
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    attn_qr = torch.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), dim=4)
+    attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin = attn_q[..., 0, :], attn_q[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
+    attn_qr = torch.stack((attn_qr_0*attn_qr_attn_phi_cos - attn_qr_1*attn_qr_attn_phi_sin, attn_qr_0*attn_qr_attn_phi_sin + attn_qr_1*attn_qr_attn_phi_cos), dim=4)
+    del attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    attn_kr = torch.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), dim=3)
+    attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin = attn_k[..., 0, :], attn_k[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
+    attn_kr = torch.stack((attn_kr_0*attn_kr_attn_phi_cos - attn_kr_1*attn_kr_attn_phi_sin, attn_kr_0*attn_kr_attn_phi_sin + attn_kr_1*attn_kr_attn_phi_cos), dim=3)
+    del attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin
     del attn_k
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
@@ -645,12 +655,16 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    attn_k_bar = torch.stack((attn_kr_bar[..., 0, :]*attn_phi_cos[:, :, None] + attn_kr_bar[..., 1, :]*attn_phi_sin[:, :, None], attn_kr_bar[..., 1, :]*attn_phi_cos[:, :, None] - attn_kr_bar[..., 0, :]*attn_phi_sin[:, :, None]), dim=3)
+    attn_k_bar_0, attn_k_bar_1, attn_k_bar_attn_phi_cos, attn_k_bar_attn_phi_sin = attn_kr_bar[..., 0, :], attn_kr_bar[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
+    attn_k_bar = torch.stack((attn_k_bar_0*attn_k_bar_attn_phi_cos + attn_k_bar_1*attn_k_bar_attn_phi_sin, attn_k_bar_1*attn_k_bar_attn_phi_cos - attn_k_bar_0*attn_k_bar_attn_phi_sin), dim=3)
+    del attn_k_bar_0, attn_k_bar_1, attn_k_bar_attn_phi_cos, attn_k_bar_attn_phi_sin
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    attn_q_bar = torch.stack((attn_qr_bar[..., 0, :]*attn_phi_cos[:, :, None, None] + attn_qr_bar[..., 1, :]*attn_phi_sin[:, :, None, None], attn_qr_bar[..., 1, :]*attn_phi_cos[:, :, None, None] - attn_qr_bar[..., 0, :]*attn_phi_sin[:, :, None, None]), dim=4)
+    attn_q_bar_0, attn_q_bar_1, attn_q_bar_attn_phi_cos, attn_q_bar_attn_phi_sin = attn_qr_bar[..., 0, :], attn_qr_bar[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
+    attn_q_bar = torch.stack((attn_q_bar_0*attn_q_bar_attn_phi_cos + attn_q_bar_1*attn_q_bar_attn_phi_sin, attn_q_bar_1*attn_q_bar_attn_phi_cos - attn_q_bar_0*attn_q_bar_attn_phi_sin), dim=4)
+    del attn_q_bar_0, attn_q_bar_1, attn_q_bar_attn_phi_cos, attn_q_bar_attn_phi_sin
     del attn_phi_cos, attn_phi_sin, attn_qr_bar
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
@@ -1163,10 +1177,14 @@ class Block(_CanonicalModule):
         attn_phi_sin = torch.sin(attn_phi)
         del attn_phi
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-        attn_qr = torch.stack((attn_q[..., 0, :]*attn_phi_cos[:, :, None, None] - attn_q[..., 1, :]*attn_phi_sin[:, :, None, None], attn_q[..., 0, :]*attn_phi_sin[:, :, None, None] + attn_q[..., 1, :]*attn_phi_cos[:, :, None, None]), dim=4)
+        attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin = attn_q[..., 0, :], attn_q[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
+        attn_qr = torch.stack((attn_qr_0*attn_qr_attn_phi_cos - attn_qr_1*attn_qr_attn_phi_sin, attn_qr_0*attn_qr_attn_phi_sin + attn_qr_1*attn_qr_attn_phi_cos), dim=4)
+        del attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin
         del attn_q
         # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-        attn_kr = torch.stack((attn_k[..., 0, :]*attn_phi_cos[:, :, None] - attn_k[..., 1, :]*attn_phi_sin[:, :, None], attn_k[..., 0, :]*attn_phi_sin[:, :, None] + attn_k[..., 1, :]*attn_phi_cos[:, :, None]), dim=3)
+        attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin = attn_k[..., 0, :], attn_k[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
+        attn_kr = torch.stack((attn_kr_0*attn_kr_attn_phi_cos - attn_kr_1*attn_kr_attn_phi_sin, attn_kr_0*attn_kr_attn_phi_sin + attn_kr_1*attn_kr_attn_phi_cos), dim=3)
+        del attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin
         del attn_k, attn_phi_cos, attn_phi_sin
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)

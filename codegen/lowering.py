@@ -311,7 +311,12 @@ class Lowering:
             raise SplitformerError(f"{assignment.target}: kernel size, stride and padding must agree on every axis "
                                    "of a read at windows (and no axis read at a node)")
         (size, stride, padding), = shapes
+        # one view per field an assignment reads at windows (an operator applied twice: its kernel's gradient reads
+        # each application's input), named for the assignment
         name = f"{assignment.target}_windows"
+        taken = {op.out for op in self.ops}
+        name = next(candidate for n in range(1, len(taken) + 2)
+                    if (candidate := name if n == 1 else f"{name}{n}") not in taken)
         labels = (BATCH,) + tuple(str(index) for index in kept + offsets)
         comment = f"{plain_formula(read, self.program.latex_names())} at every grid point and kernel offset (a view)"
         self.ops.append(Window(name, labels, source=str(read.base.label), axes=tuple(axes), size=size,

@@ -163,3 +163,59 @@ def test_committed_files_match_the_generator(update_golden):
     stale = [str(path.relative_to(ROOT)) for path, text in files.items()
              if not path.exists() or path.read_text(encoding="utf-8") != text]
     assert not stale, f"generated/ is out of date: {stale}; run make generate"
+
+
+
+def _reused(folder, field, projection):
+    """A resnet-block file whose step applies its operators ``field`` then ``projection``."""
+    text = (ROOT / "symbolic" / "networks" / "resnet-block.toml").read_text().replace('name = "resnet-block"',
+                                                                                     'name = "reused"')
+    text = text.replace('field = ["conv1", "bn1", "relu", "conv2", "bn2"]', "field = [%s]" % ", ".join(
+        f'"{key}"' for key in field)).replace('projection = "relu"', f'projection = "{projection}"')
+    (folder / "reused.toml").write_text(text)
+    return folder / "reused.toml"
+
+
+def test_the_emitted_vjp_of_a_grid_step_of_another_composition_is_tested(tmp_path):
+    """No built-in shares this composition: the adjoint tests take the first grid sizes it accepts, not a skip."""
+    from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
+    from splitformer.codegen.verification.statements import SKIPPED
+
+    spec = load_network(str(_reused(tmp_path, ["conv1", "bn1", "relu", "conv2", "conv2", "bn2"], "relu")))
+    checks = network_adjoint_tests(spec)
+    assert len(checks) >= 2 and all(check.method != SKIPPED and check.holds for check in checks)
+    assert "stride 2, with its transfer" in checks[0].statement
+
+
+@pytest.mark.parametrize("field, projection", [
+    (["conv1", "bn1", "relu", "conv2", "conv2", "bn2"], "relu"),    # an operator applied twice in a row
+    (["conv1", "bn1", "relu", "conv2", "bn2"], "conv2")],            # and again as the projection
+    ids=["twice-in-the-field", "again-as-the-projection"])
+def test_an_operator_applied_twice_gets_the_sum_of_both_applications_gradients(tmp_path, field, projection):
+    """Each application of a reused kernel reads its own input at windows: its gradient sums both (they once shared
+    one window view, and the gradient read the second input twice). Reference: torch autograd through one shared
+    Conv2d / BatchNorm2d per key, R = 1."""
+    import splitformer
+
+    module = splitformer.derive(str(_reused(tmp_path, field, projection))).numpy_module()
+    torch.manual_seed(3)
+    layers = {"conv1": _conv(4, 4, 3, 1, 1), "bn1": _batch_norm(4), "conv2": _conv(4, 4, 3, 1, 1), "bn2": _batch_norm(4)}
+    apply = {"relu": torch.relu, **layers}
+
+    def step(u):
+        x = u
+        for key in field:
+            x = apply[key](x)
+        return apply[projection](x + u)
+
+    u = torch.randn(2, 4, 5, 5, dtype=torch.float64, requires_grad=True)
+    out = step(u)
+    seed = torch.randn_like(out)
+    out.backward(seed)
+    params = _canonical(**{key: _kernel(layer) if key.startswith("conv") else _norm(layer) for key, layer in layers.items()})
+    np.testing.assert_allclose(module.forward(u.detach().numpy(), params), out.detach().numpy(), atol=1e-12)
+    grad_u, grads = module.vjp(u.detach().numpy(), params, seed.numpy())
+    np.testing.assert_allclose(grad_u, u.grad.numpy(), atol=1e-12)
+    for key in ("conv1", "conv2"):
+        np.testing.assert_allclose(grads[f"{key}.W"], layers[key].weight.grad.numpy().transpose(1, 2, 3, 0), atol=1e-11)
+        np.testing.assert_allclose(grads[f"{key}.b"], layers[key].bias.grad.numpy(), atol=1e-11)

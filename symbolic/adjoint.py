@@ -307,7 +307,7 @@ def _sum(body: sp.Expr, indices: list[sp.Idx]) -> sp.Expr:
 
 def _spare(index: sp.Idx, avoid: set[sp.Idx], pool: list[sp.Idx]) -> sp.Idx:
     for candidate in pool:
-        if candidate.upper == index.upper and candidate not in avoid:
+        if isinstance(candidate, sp.Idx) and candidate.upper == index.upper and candidate not in avoid:
             return candidate
     raise SplitformerError(f"no free index letter over the range of {index} to write an adjoint sum")
 

@@ -18,7 +18,7 @@ from .image import C, X1, X2
 from .latex import equation
 from .network_pieces import INPUT, INPUT_STATE, TRANSFER, embedding_program, grid_program, readout_program
 from .network_program import NetworkProgram, Piece
-from .network_spec import GridNetworkSpec, MultiscaleSpec, NetworkSpec, TokenNetworkSpec
+from .network_spec import GridNetworkSpec, MultiscaleSpec, NetworkSpec, TokenNetworkSpec, application_names
 from .operators import STATE
 from .program import TIME_STEP, Assignment, Tensor
 from .stack import final_norm_kind, final_norm_scheme
@@ -52,12 +52,11 @@ def derive_token_network(spec: TokenNetworkSpec) -> NetworkProgram:
     return NetworkProgram(spec, "token", {"embedding": (embedding,), "readout": (readout,)}, pieces, blocks)
 
 
-def _chain(spec: GridNetworkSpec, keys: tuple[str, ...], start: Tensor, used: set[str]) -> tuple[Stage, ...]:
+def _chain(spec: GridNetworkSpec, keys: tuple[str, ...], names: tuple[str, ...], start: Tensor) -> tuple[Stage, ...]:
+    """The operators ``keys`` applied in turn to ``start``, their arrays named ``names``."""
     stages, state = [], start
-    for key in keys:
-        prefix = key if key not in used else f"{key}2"
-        used.add(key)
-        stage = discretize_stage(spec.operators[key], {STATE: state}, prefix)
+    for key, name in zip(keys, names):
+        stage = discretize_stage(spec.operators[key], {STATE: state}, name)
         stages.append(stage)
         state = stage.tensors[stage.output]
     return tuple(stages)
@@ -67,9 +66,9 @@ def derive_grid_network(spec: GridNetworkSpec) -> NetworkProgram:
     """One grid step ``u⁺ = Proj(R u + Δt F(u))`` with ``Δt = 1``: its field, transfer and update, and its program per
     transfer (``step_with``: R the transfer's operators, present where the file names some; ``step_identity``: R = 1)."""
     start = field_tensor(INPUT_STATE, "u", (C.index, X1.index, X2.index), "input")
-    used: set[str] = set()
-    field = _chain(spec, spec.field, start, used)
-    transfer = _chain(spec, spec.transfer, start, used)
+    names = application_names((*spec.field, *spec.transfer, *((spec.projection,) if spec.projection else ())))
+    field = _chain(spec, spec.field, names[:len(spec.field)], start)
+    transfer = _chain(spec, spec.transfer, names[len(spec.field):len(spec.field) + len(spec.transfer)], start)
     indices = (Y.index, X1.index, X2.index)
     moved = sp.IndexedBase(TRANSFER)[indices]
     total = field_tensor("u1", "u^{+}", indices, "temp")
@@ -80,8 +79,7 @@ def derive_grid_network(spec: GridNetworkSpec) -> NetworkProgram:
                                             sp.IndexedBase("R u")[indices] + TIME_STEP * sp.IndexedBase("F")[indices]))
     projection = None
     if spec.projection:
-        projection = discretize_stage(spec.operators[spec.projection], {STATE: total},
-                                      spec.projection if spec.projection not in used else f"{spec.projection}2")
+        projection = discretize_stage(spec.operators[spec.projection], {STATE: total}, names[-1])
     parts = {"field": field, "transfer": transfer, "update": (update,) + ((projection,) if projection else ())}
     sizes = {stage.operator.key: getattr(stage.operator, "sizes", dict)() for stage in parts["field"] + transfer
              + parts["update"][1:]}

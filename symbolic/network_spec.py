@@ -202,15 +202,23 @@ def _grid_network(document: dict, where: str) -> GridNetworkSpec:
         raise SplitformerError(f"{where}: step.field: name at least one operator")
     if len(field_keys) + len(transfer) > MAX_GRID_OPERATORS:
         raise SplitformerError(f"{where}: step: more than {MAX_GRID_OPERATORS} operators")
-    _check_grid_uses(operators, field_keys, transfer, where)
+    _check_grid_uses(operators, field_keys, transfer, projection, where)
     return GridNetworkSpec(*_identity(document, where), operators, field_keys, transfer, projection)
 
 
+def application_names(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The name of each application of the operators ``keys`` in the code (the field's, the transfer's, then the
+    projection's, in order): an operator's key at its first application, ``<key><n>`` at its n-th."""
+    return tuple(key if n == 1 else f"{key}{n}" for position, key in enumerate(keys)
+                 for n in [keys[:position + 1].count(key)])
+
+
 def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], transfer: tuple[str, ...],
-                     where: str) -> None:
+                     projection: str | None, where: str) -> None:
     """The field has parameters; the transfer ``R`` has parameters of its own (the module tells ``R`` from the
-    identity by them); each operator reads the channels the one before it wrote (``c`` first: u's); an operator
-    applied again is named ``<key><n>`` in the code, which no operator may be."""
+    identity by them); each operator reads the channels the one before it wrote (``c`` first: u's; the projection
+    those of the update, F's); an operator applied again is named ``<key><n>`` in the code
+    (``application_names``), which no other application and no operator may be."""
     if not any(operators[key].parameters() for key in field):
         raise SplitformerError(f"{where}: step.field: no operator of the field has parameters (a convolution or a "
                                "BatchNorm); a grid step learns through them")
@@ -221,22 +229,24 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
     if transfer and not any(operators[key].parameters() for key in transfer):
         raise SplitformerError(f"{where}: step.transfer: no operator of it has parameters, so R cannot be told "
                                "from the identity; put a convolution or a BatchNorm in it, or leave it empty")
-    for part, keys in (("field", field), ("transfer", transfer)):
-        channels = "c"  # u holds the input channels; each operator reads where the one before it wrote
-        for key in keys:
+    updated = "c"
+    for part, keys in (("field", field), ("transfer", transfer), ("projection", (projection,) if projection else ())):
+        channels = updated if part == "projection" else "c"  # u holds the input channels; each operator reads where
+        for key in keys:                                     # the one before it wrote; the projection the update's
             operator = operators[key]
             if operator.inputs != channels:
                 raise SplitformerError(
-                    f'{where}: step.{part}: operators.{key} reads channels "{operator.inputs}" where the {part} holds '
-                    f'"{channels}" (u holds the input channels c; an operator writes its outputs): set its inputs '
-                    f'to "{channels}"')
+                    f'{where}: step.{part}: operators.{key} reads channels "{operator.inputs}" where the {part} '
+                    f'{"reads" if part == "projection" else "holds"} "{channels}" (u holds the input channels c; an '
+                    f'operator writes its outputs; the update R u + F(u) holds F\'s): set its inputs to "{channels}"')
             channels = operator.outputs
-    for keys in (field, transfer):
-        for position, key in enumerate(keys):
-            again = f"{key}{keys[:position + 1].count(key)}"
-            if keys[:position].count(key) and again in operators:
-                raise SplitformerError(f"{where}: step: the second use of {key!r} is {again!r} in the code, the name "
-                                       f"of another operator; rename {again!r}")
+        updated = channels if part == "field" else updated
+    keys = (*field, *transfer, *((projection,) if projection else ()))
+    for position, (key, name) in enumerate(zip(keys, application_names(keys))):
+        if name != key and (name in operators or name in application_names(keys)[:position]):
+            raise SplitformerError(f"{where}: step: application {keys[:position + 1].count(key)} of {key!r} is "
+                                   f"named {name!r} in the code, as another operator or application is; rename "
+                                   f"{name if name in operators else key!r}")
 
 
 def _operator(table: object, where: str, kinds: tuple[str, ...]) -> Operator:

@@ -189,8 +189,9 @@ def test_the_emitted_vjp_of_a_grid_step_of_another_composition_is_tested(tmp_pat
 
 @pytest.mark.parametrize("field, projection", [
     (["conv1", "bn1", "relu", "conv2", "conv2", "bn2"], "relu"),    # an operator applied twice in a row
+    (["conv1", "bn1", "relu", "conv2", "conv2", "conv2", "bn2"], "relu"),  # three times: conv2, conv22, conv23
     (["conv1", "bn1", "relu", "conv2", "bn2"], "conv2")],            # and again as the projection
-    ids=["twice-in-the-field", "again-as-the-projection"])
+    ids=["twice-in-the-field", "thrice-in-the-field", "again-as-the-projection"])
 def test_an_operator_applied_twice_gets_the_sum_of_both_applications_gradients(tmp_path, field, projection):
     """Each application of a reused kernel reads its own input at windows: its gradient sums both (they once shared
     one window view, and the gradient read the second input twice). Reference: torch autograd through one shared
@@ -219,3 +220,46 @@ def test_an_operator_applied_twice_gets_the_sum_of_both_applications_gradients(t
     for key in ("conv1", "conv2"):
         np.testing.assert_allclose(grads[f"{key}.W"], layers[key].weight.grad.numpy().transpose(1, 2, 3, 0), atol=1e-11)
         np.testing.assert_allclose(grads[f"{key}.b"], layers[key].bias.grad.numpy(), atol=1e-11)
+
+
+@pytest.mark.parametrize("operators, step, message", [
+    ('relu2 = { kind = "relu-projection" }', 'field = ["conv1", "bn1", "relu", "conv2", "bn2", "relu2", "relu"]',
+     "application 2 of 'relu' is named 'relu2' in the code, as another operator or application is; rename 'relu2'"),
+    ("", 'field = ["conv1", "bn1", "relu", "conv2", "bn2"]\nprojection = "conv1"',
+     'step.projection: operators.conv1 reads channels "c" where the projection reads "y"')],
+    ids=["application-name-taken", "projection-channels"])
+def test_grid_files_whose_applications_clash_or_misread_channels_are_refused(tmp_path, capsys, operators, step, message):
+    """Refused when read, in one line: an application named as another operator is (its arrays would be shared), a
+    projection reading other channels than the update holds (it used to fail in numpy's matmul)."""
+    from splitformer.codegen.cli import main
+
+    text = (ROOT / "symbolic" / "networks" / "resnet-block.toml").read_text().replace('name = "resnet-block"',
+                                                                                     'name = "clash"')
+    text = text.replace("[step]\n", f"{operators}\n\n[step]\n" if operators else "[step]\n")
+    text = text.replace('projection = "relu"', "").replace('field = ["conv1", "bn1", "relu", "conv2", "bn2"]', step)
+    text = text if "projection" in step else text + 'projection = "relu"\n'
+    (tmp_path / "clash.toml").write_text(text)
+    assert main(["derive", str(tmp_path / "clash.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_transposed_convolution_from_features_to_features_derives_and_matches_torch(tmp_path):
+    """kernel = stride prolongation y → y (the adjoint once ran out of index letters: a traceback)."""
+    import splitformer
+
+    text = (ROOT / "symbolic" / "networks" / "unet-level.toml").read_text().replace('name = "unet-level"', 'name = "up-y"')
+    text = text.replace('inputs = "y", outputs = "c" }', 'inputs = "y", outputs = "y" }')
+    (tmp_path / "up-y.toml").write_text(text)
+    module = splitformer.derive(str(tmp_path / "up-y.toml")).numpy_module()
+    torch.manual_seed(5)
+    down, conv, bn, up = _conv(4, 4, 3, 2, 1), _conv(4, 4, 3, 1, 1), _batch_norm(4), _conv(4, 4, 2, 2, transposed=True)
+    u = torch.randn(2, 4, 6, 6, dtype=torch.float64, requires_grad=True)
+    out = u + up(torch.relu(bn(conv(down(u)))))
+    seed = torch.randn_like(out)
+    out.backward(seed)
+    params = _canonical(down=_kernel(down), conv=_kernel(conv), bn=_norm(bn), up=_kernel(up))
+    np.testing.assert_allclose(module.forward(u.detach().numpy(), params), out.detach().numpy(), atol=1e-12)
+    grad_u, grads = module.vjp(u.detach().numpy(), params, seed.numpy())
+    np.testing.assert_allclose(grad_u, u.grad.numpy(), atol=1e-12)
+    np.testing.assert_allclose(grads["up.W"], up.weight.grad.numpy().transpose(0, 2, 3, 1), atol=1e-11)

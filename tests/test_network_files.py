@@ -161,7 +161,7 @@ _VIT = _builtin_text("vit")
      "parameters"),  # attack 16: R was silently the identity (2.4 off)
     (_UNET.replace('"relu", "up"]', '"relu", "up"]\ntransfer = ["conv"]'), "step.transfer: 'conv' is in the field too"),
     (_UNET.replace('bn = {', 'bn2 = { kind = "batch-norm" }\nbn = {').replace('"bn", "relu"', '"bn", "bn", "relu"'),
-     "the second use of 'bn' is 'bn2' in the code"),  # attack 16: the step returned 2·bn2(u)
+     "application 2 of 'bn' is named 'bn2' in the code"),  # attack 16: the step returned 2·bn2(u)
     (_UNET.replace('field = ["down", "conv", "bn", "relu", "up"]', 'field = ["relu"]'),
      "step.field: no operator of the field has parameters"),  # a traceback before
     (_UNET.replace('conv = { kind = "convolution", kernel = 3, padding = 1 }',

@@ -70,8 +70,8 @@ class node enter only through the node set."""),
                                                                  if name in blocks},
                 "embedding": program.pieces["embedding"].program}
     note = r"""The initial condition is written in index notation for this purpose: $t_{0,l} = c^{\mathrm{cls}}_{l}$,
-$t_{1 + N_2 p + q,\, l} = f_{p,q,l}$, $u^{(0)}_{i,l} = t_{i,l} + E_{i,l}$. The costate runs readout → final projection →
-steps (last first) → initial condition → patch embedding."""
+$t_{1 + N_2 p + q,\, l} = f_{p,q,l}$, $u^{(0)}_{i,l} = t_{i,l} + E_{i,l}$. The costate runs readout →""" + (
+        " final projection →" if "final" in blocks else "") + "\nsteps (last first) → initial condition → patch embedding."
     return NetworkSections(sections, lambda: [(titles[name], derive_adjoint(value)) for name, value in programs.items()],
                            note, "{n}/translation-equivariance recovery/{n}/symbolic "
                            "recovery/{n}/numeric {n}/negative-controls", _VISION)

@@ -107,6 +107,7 @@ def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
         return text.removeprefix("\ufeff").rstrip("\n")
     source, program = _network(spec)
     if form == "markdown":
+        source("numpy")  # a network that cannot be emitted has no report either (render_network refuses it)
         return render_network_report(program).rstrip("\n")
     lines = [f"{spec.name}: {spec.summary}", ""]
     for section in network_sections(program).sections:

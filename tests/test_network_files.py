@@ -82,6 +82,13 @@ def test_a_vit_stepping_post_ln_is_checked_against_the_evaluator_with_its_scheme
     assert check.id == "semantics/vit-post/emitted" and check.holds, check.detail
 
 
+def test_a_vit_without_a_final_norm_is_checked_against_the_evaluator_without_one(tmp_path):
+    """The evaluator applies the final norm where the file asks for one (it once always did: a KeyError)."""
+    spec = load_network(_copy(tmp_path, "vit", "vit-bare", ("final_norm = true", "final_norm = false")))
+    (check,) = network_semantics.network_semantics_checks(spec)
+    assert check.id == "semantics/vit-bare/emitted" and check.holds, check.detail
+
+
 def test_negative_control_the_post_ln_module_is_not_what_the_pre_ln_evaluator_defines(tmp_path, monkeypatch):
     post_ln = network_semantics.network_module(
         load_network(_copy(tmp_path, "vit", "vit-post", ('scheme = "pre-ln"', 'scheme = "post-ln"'))))
@@ -339,6 +346,9 @@ def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_o
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "a token network feeds each step all its tokens" in err, err
     assert not (tmp_path / "out").exists()
+    assert main(["show", str(path), "--format", "markdown"]) == 2  # no report of a module that cannot be emitted
+    shown = capsys.readouterr()
+    assert message in shown.err and not shown.out
 
 
 @pytest.mark.parametrize("field", ['activaton = "gelu"', "causal = true", "layers = 12"])

@@ -76,7 +76,8 @@ def _vit_evaluator(model, params, image, options, transposed=False, class_last=F
         step = {name[len(prefix):]: value for name, value in params.items() if name.startswith(prefix)}
         u = Semantics(model.scheme, step, sizes, MPMATH, support=support, eps=eps).step(u)
         layer += 1
-    u = Semantics(final_norm_scheme(final_norm_kind(model.scheme)), params, sizes, MPMATH, eps=eps).step(u)
+    if model.final_norm:
+        u = Semantics(final_norm_scheme(final_norm_kind(model.scheme)), params, sizes, MPMATH, eps=eps).step(u)
     return u, u[0] @ params["head.W"] + params["head.b"]
 
 

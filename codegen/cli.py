@@ -195,7 +195,7 @@ def _list() -> str:
     from splitformer.symbolic.network_spec import network_names, network_summary
 
     rows = [(name, builtin_summary(name)) for name in builtin_names()]
-    rows += [(name, f"(model) {network_summary(name)}") for name in network_names()]
+    rows += [(name, f"(network) {network_summary(name)}") for name in network_names()]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {summary}" for name, summary in rows)
 

@@ -1,4 +1,4 @@
-"""The built-in scheme and model files shipped with the package (light: no SymPy import)."""
+"""The built-in scheme and network files shipped with the package (light: no SymPy import)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def _stride(value) -> sp.Expr:
 
 @dataclass(frozen=True)
 class _GridOperator(Operator):
-    """Options every grid operator takes from a model file."""
+    """Options every grid operator takes from a network file."""
 
     inputs: str = "y"
     outputs: str = "y"
@@ -82,7 +82,7 @@ class Convolution(_GridOperator):
 writes on the grid of spacing $S h$ and samples its kernel's support at $\sigma = h (r - \text{padding})$: the field
 read at $x + \sigma$ is read at index $(x + \sigma)/h = S p + r - \text{padding}$ (zero outside the grid). Its kernel
 is **relative** ($k(\tilde x - x)$) with **local support**, and absorbs $h$: the spacing cancels."""
-    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
+    model_only: ClassVar[bool] = True  # acts on a network's grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{K}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -124,7 +124,7 @@ class TransposedConvolution(_GridOperator):
     kind: ClassVar[str] = "transposed-convolution"
     discretization: ClassVar[str] = r"""A transposed convolution with kernel = stride $= S$ writes on the grid of
 spacing $h/S$: the fine node $x + \sigma$, $\sigma = (h/S) r$, has index $S p + r$ and exactly one coarse node $x$."""
-    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
+    model_only: ClassVar[bool] = True  # acts on a network's grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{P}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -169,7 +169,7 @@ class BatchNorm(_GridOperator):
     discretization: ClassVar[str] = r"""BatchNorm in inference mode is not a projection: its statistics are frozen,
 and $\gamma (u - \mu)/\sqrt{v + \varepsilon} + \beta$ is, collected in $u$, the per-channel affine map
 $a(y) u + c(y)$."""
-    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
+    model_only: ClassVar[bool] = True  # acts on a network's grids, not in block schemes
     symbol: ClassVar[str] = r"\mathcal{B}"
 
     def parameters(self) -> tuple[Parameter, ...]:
@@ -199,7 +199,7 @@ class ReluProjection(_GridOperator):
     """The projection onto ``S_2 = {u ≥ 0}`` (ReLU), from the KKT conditions."""
 
     kind: ClassVar[str] = "relu-projection"
-    model_only: ClassVar[bool] = True  # acts on a vision model\'s grids, not in block schemes
+    model_only: ClassVar[bool] = True  # acts on a network's grids, not in block schemes
     symbol: ClassVar[str] = r"\mathrm{Proj}_{S_2}"
     is_projection: ClassVar[bool] = True
     constraint: ClassVar[str] = "S_2"

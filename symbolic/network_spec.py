@@ -182,6 +182,9 @@ def _grid_network(document: dict, where: str) -> GridNetworkSpec:
     unknown = sorted(set(document) - _GRID_KEYS)
     if unknown:
         raise SplitformerError(f"{where}: unknown field {unknown[0]!r}")
+    if "operators" not in document:
+        raise SplitformerError(f"{where}: operators: missing (a grid step's file names its operators in [operators], "
+                               "then applies them in [step])")
     if not isinstance(document["operators"], dict) or not isinstance(document.get("step", {}), dict):
         raise SplitformerError(f"{where}: operators and step must be tables")
     if len(document["operators"]) > MAX_GRID_OPERATORS:
@@ -288,7 +291,7 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     document = _document(text, where)
     if document.get("composition") == "multiscale":
         return _multiscale(document, where)
-    if "operators" in document:
+    if "operators" in document or "step" in document:
         return _grid_network(document, where)
     unknown = sorted(set(document) - _TOP_KEYS)
     missing = sorted(_TOP_KEYS - set(document))
@@ -303,7 +306,10 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
                                f"{', '.join(sorted(_STEPS_KEYS))})")
     scheme = _one_layer_at_a_time(load_scheme(_beside(steps["scheme"], folder)), where)
     if "activation" in steps:  # a scheme without activated operators has none to set: the name is checked only
-        activation = checked_activation(steps["activation"])
+        try:
+            activation = checked_activation(steps["activation"])
+        except SplitformerError as error:
+            raise SplitformerError(f"{where}: steps.activation: {error}") from None
         scheme = scheme.with_activation(activation) if scheme.activated() else scheme
     final_norm = steps.get("final_norm", scheme.final_norm)
     if not isinstance(final_norm, bool):
@@ -413,7 +419,7 @@ def load_scheme_or_network(name_or_path: str | os.PathLike) -> Scheme | NetworkS
     path = scheme_path(name_or_path)
     if path is None:
         return load_scheme(name_or_path)
-    text = read_source(path, "scheme file")
+    text = read_source(path, "scheme or network file")
     return parse_network(text, str(path), path.parent) if is_network_file(text) else parse_scheme(text, str(path))
 
 

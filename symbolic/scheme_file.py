@@ -163,7 +163,8 @@ class _Reader:
                 raise self.fail(path, f"expected str or a table with 'kind', got {type(kind).__name__}")
             block_kinds = sorted(name for name, cls in OPERATOR_KINDS.items() if not getattr(cls, "model_only", False))
             if kind not in block_kinds:
-                vision = " (a vision model operator: use it in a model file)" if kind in OPERATOR_KINDS else ""
+                vision = (" (a network's operator: a grid network file names it in [operators] and applies it in "
+                          "[step])" if kind in OPERATOR_KINDS else "")
                 raise self.fail(path, f"unknown operator {kind!r}{vision} (known: {', '.join(block_kinds)})")
             if key in options:
                 self.options(OPERATOR_KINDS[kind], options[key], path)

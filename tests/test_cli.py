@@ -57,7 +57,7 @@ def test_derive_a_scheme_file(tmp_path):
     (["derive", "post-ln", "--backend", "cuda"], "invalid choice: 'cuda'"),
     (["show", "post-ln", "--format", "pdf"], "invalid choice: 'pdf'"),
     (["derive", "post-ln", "--activation", "swish"], "unknown activation 'swish'"),
-    (["derive", "missing.toml"], "cannot read scheme file missing.toml"),
+    (["derive", "missing.toml"], "cannot read scheme or network file missing.toml"),
     (["derive"], "name at least one SCHEME"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["derive", "post-ln", "--passes", "turbo"], "unknown pass 'turbo'"),

@@ -6,18 +6,18 @@ import pytest
 
 from splitformer.codegen.cli import main
 
-MODELS = ("vit", "cvt", "resnet-block", "unet-level")
+NETWORKS = ("vit", "cvt", "resnet-block", "unet-level")
 
 
-def test_list_marks_the_models(capsys):
+def test_list_marks_the_networks(capsys):
     assert main(["list"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert all("(model)" in lines[name] for name in MODELS)
+    assert all("(network)" in lines[name] for name in NETWORKS)
 
 
-def test_derive_writes_both_backends_and_a_report_per_model(tmp_path, capsys):
-    assert main(["derive", *MODELS, "--backend", "all", "--out", str(tmp_path)]) == 0
-    for name in MODELS:
+def test_derive_writes_both_backends_and_a_report_per_network(tmp_path, capsys):
+    assert main(["derive", *NETWORKS, "--backend", "all", "--out", str(tmp_path)]) == 0
+    for name in NETWORKS:
         module = name.replace("-", "_")
         for path in (f"numpy/{module}.py", f"torch/{module}.py", f"reports/{module}.md"):
             assert (tmp_path / path).is_file(), path
@@ -26,7 +26,7 @@ def test_derive_writes_both_backends_and_a_report_per_model(tmp_path, capsys):
 
 @pytest.mark.parametrize("form", ["text", "latex", "markdown", "toml"])
 def test_show_every_form(form, capsys):
-    for name in MODELS:
+    for name in NETWORKS:
         assert main(["show", name, "--format", form]) == 0
         assert capsys.readouterr().out.strip()
 

@@ -63,7 +63,7 @@ class AdaptedModel:
         import torch
 
         if self.model != "vit":
-            raise SplitformerError(f"build() makes vit models; {self.source[1]} is read as {self.model!r} "
+            raise SplitformerError(f"build() makes the vit network's Model; {self.source[1]} is read as {self.model!r} "
                                    "(construct its Model with the per-stage configuration yourself)")
         if set(getattr(torch_module, "PARAMETERS", ())) != {"embed.W", "embed.b", "embed.cls", "embed.pos",
                                                             "final_norm.gain", "final_norm.bias"}:

@@ -14,6 +14,7 @@ from pathlib import Path
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.builtins import is_network, network_text
 from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.latex import align
 from splitformer.symbolic.network_derivation import derive_network
 from splitformer.symbolic.network_spec import NetworkSpec
 from splitformer.symbolic.plugins import plugin_failures
@@ -109,12 +110,18 @@ def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
     if form == "markdown":
         source("numpy")  # a network that cannot be emitted has no report either (render_network refuses it)
         return render_network_report(program).rstrip("\n")
+    if form == "latex":  # one align* environment: each section's title, each operator's, its assignments
+        return align([row for section in network_sections(program).sections
+                      for row in [("text", section.title.replace("$", ""))] + [
+                          row for stage in section.stages
+                          for row in ([("text", f"{stage.operator.key} ({stage.operator.kind})")]
+                                      if hasattr(stage, "operator") else [])
+                          + [("equation", a.quadrature) for a in getattr(stage, "assignments", (stage,))]]])
     lines = [f"{spec.name}: {spec.summary}", ""]
     for section in network_sections(program).sections:
         lines.append(section.title)
         for stage in section.stages:
             if hasattr(stage, "operator"):
                 lines.append(f"  {stage.operator.key} ({stage.operator.kind})")
-            lines.extend(f"    {a.quadrature}" if form == "latex" else f"    {a.lhs} = {a.rhs}"
-                         for a in getattr(stage, "assignments", (stage,)))
+            lines.extend(f"    {a.lhs} = {a.rhs}" for a in getattr(stage, "assignments", (stage,)))
     return "\n".join(lines)

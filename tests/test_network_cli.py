@@ -31,6 +31,17 @@ def test_show_every_form(form, capsys):
         assert capsys.readouterr().out.strip()
 
 
+@pytest.mark.parametrize("name", NETWORKS)
+def test_show_latex_of_a_network_is_one_align_environment(name, capsys):
+    """As --help says: one align* environment (section and operator titles as text rows), each row aligned once."""
+    from latex_sanity import assert_renderable_align
+
+    assert main(["show", name, "--format", "latex"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(r"\begin{align*}") and out.endswith(r"\end{align*}") and out.count(r"\begin{align*}") == 1
+    assert_renderable_align(out)
+
+
 def test_activation_is_refused_for_models_with_one_line(tmp_path, capsys):
     assert main(["derive", "vit", "--activation", "relu", "--out", str(tmp_path)]) == 2
     error = capsys.readouterr().err

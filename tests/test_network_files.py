@@ -387,9 +387,29 @@ def test_emitted_network_modules_keep_pep8_spacing_whatever_pieces_they_lack(tmp
     two blank lines in a row, two before each top-level function and class."""
     derivation = splitformer.derive(str(_copy(tmp_path, name, f"my-{name}", *replace)))
     for backend in ("numpy", "torch"):
-        source = derivation.source(backend)
-        lines = source.split("\n")
-        gaps = [number for number in range(len(lines) - 3) if not any(lines[number:number + 4])]
-        crowded = [number + 1 for number, line in enumerate(lines) if line.startswith(("def ", "class "))
-                   and lines[number - 2:number] != ["", ""] and not lines[number - 1].startswith("@")]
-        assert not gaps and not crowded, (backend, gaps, crowded)
+        assert not pep8_spacing_faults(derivation.source(backend)), backend
+
+
+def pep8_spacing_faults(source: str) -> list[int]:
+    """Lines after a run of three or more blank lines, and top-level defs and classes without two blank lines above
+    (a decorator or comment line may stand between)."""
+    lines = source.split("\n")
+    gaps = [number + 3 for number in range(len(lines) - 2) if not any(lines[number:number + 3])]
+    crowded = []
+    for number, line in enumerate(lines):
+        if line.startswith(("def ", "class ")):
+            above = number - 1
+            while above >= 0 and lines[above].startswith(("@", "#")):
+                above -= 1
+            if lines[max(above - 1, 0):above + 1] != ["", ""] or (above >= 2 and lines[above - 2] == ""):
+                crowded.append(number + 1)
+    return gaps + crowded
+
+
+def test_every_generated_module_keeps_pep8_spacing():
+    """Blocks and networks alike: the templates place their blank lines (nothing squeezes them afterwards)."""
+    faults = {f"{path.parent.name}/{path.name}": pep8_spacing_faults(path.read_text())
+              for path in (ROOT / "generated").glob("*/*.py")
+              if path.name != "__init__.py"}
+    assert len(faults) > 30 and not any(faults.values()), {name: lines for name, lines in faults.items() if lines}
+    assert pep8_spacing_faults("x = 1\n\n\n\ndef f():\n    pass\n") and pep8_spacing_faults("x = 1\n\ndef f():\n")

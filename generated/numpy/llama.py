@@ -876,7 +876,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     }
 
 
-
 def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
     n_heads = 1
@@ -919,7 +918,6 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     return u0_bar, {
         "final_norm.gain": final_norm_gain_bar,
     }
-
 
 
 def _seed(grad_out, u, state):

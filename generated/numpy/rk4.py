@@ -1220,7 +1220,6 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads):
     }
 
 
-
 def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
     n_heads = 1
@@ -1265,7 +1264,6 @@ def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
         "final_norm.gain": final_norm_gain_bar,
         "final_norm.bias": final_norm_bias_bar,
     }
-
 
 
 def _seed(grad_out, u, state):

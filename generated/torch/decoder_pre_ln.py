@@ -884,7 +884,6 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
     }
 
 
-
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments).
 

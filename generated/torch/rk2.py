@@ -778,7 +778,6 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     }
 
 
-
 class _DerivedStep(torch.autograd.Function):
     """One step whose backward is the derived adjoint (reverse mode over the derived assignments)."""
 

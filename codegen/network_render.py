@@ -12,7 +12,7 @@ from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.network_program import NetworkProgram
-from splitformer.symbolic.network_spec import network_fingerprint
+from splitformer.symbolic.network_spec import network_derive_argument, network_fingerprint
 
 from .adjoint import lower_adjoint
 from .lowering import lower
@@ -137,6 +137,7 @@ def render_network(program: NetworkProgram, backend: str, passes=None) -> str:
     source = environment().get_template("network_module.py.j2").render(
         network={**network, "listing": rows}, backend=backend, input=NETWORK_INPUTS[composition]["numpy"][0].name,
         name=program.name, version=__version__, signature=signature, costates=COSTATES[composition],
+        regenerate=network_derive_argument(spec),
         inputs=declared_inputs(composition, backend, reads_stride),
         checked_inputs=declared_inputs(composition, "numpy", reads_stride),
         computes=network_fingerprint(spec), width=max(len(row["name"]) for row in rows) + 2, head=network["head"])

@@ -13,6 +13,7 @@ from splitformer.symbolic.image import CHANNELS, CLASSES, COLS, KERNEL_ROWS, ROW
 from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATEX
 from splitformer.symbolic.network_program import NetworkProgram
+from splitformer.symbolic.network_spec import network_derive_argument
 from splitformer.symbolic.markdown import inert
 
 from .network_inputs import numpy_functions
@@ -159,7 +160,8 @@ def render_network_report(program: NetworkProgram) -> str:
     positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
                                                   getattr(s.operator, "positions", dict)().items()) for s in stages}
     return inert(environment().get_template("report/network.md.j2").render(
-        name=spec.name, module=spec.module_name, summary=spec.summary, version=__version__, sections=network.sections,
+        name=spec.name, regenerate=network_derive_argument(spec), module=spec.module_name, summary=spec.summary,
+        version=__version__, sections=network.sections,
         positions=positions, domains=domain_rows(network.domains), checks=network.checks.format(n=spec.name).split(),
         pieces=network.pieces(), note=network.note, batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
         functions=numpy_functions(program.composition, "readout" in program.parts)), f"the report of {spec.name!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
@@ -15,6 +14,7 @@ from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.markdown import markdown_text
 from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
+from splitformer.symbolic.scheme_file import derive_arguments
 
 from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
@@ -264,6 +264,7 @@ def render_module(scheme: Scheme, block: Module, final_norm: Module, backend: st
         vjp=units.get("vjp"),
         final_vjp=units.get("final_vjp"),
         scheme=scheme,
+        regenerate=derive_arguments(scheme),
         module=block,
         version=__version__,
         block=block_unit,

@@ -14,6 +14,7 @@ from splitformer.symbolic.projections import derive_layer_norm_projection, deriv
 from splitformer.symbolic.references import has_published_reference
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
+from splitformer.symbolic.scheme_file import derive_arguments
 from splitformer.symbolic.markdown import inert
 
 from .render import environment
@@ -131,6 +132,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
         checks=check_ids(scheme, exact=order.order is None),
         plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,
         scheme=scheme,
+        regenerate=derive_arguments(scheme),
         program=program,
         version=__version__,
         master=MASTER_EQUATION,

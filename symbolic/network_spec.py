@@ -25,7 +25,8 @@ from .scheme_file import NETWORK_FIELDS, load_scheme, parse_scheme, read_source,
 from . import cnn_operators, cvt_operators, vision_operators  # noqa: F401 - register the vision operator kinds
 
 __all__ = ["check_network", "TokenNetworkSpec", "GridNetworkSpec", "MultiscaleSpec", "NetworkSpec", "load_network", "load_scheme_or_network",
-           "is_network_file", "network_family", "network_fingerprint", "network_names", "network_summary", "is_network"]
+           "is_network_file", "network_family", "network_fingerprint", "network_names", "network_summary", "is_network",
+           "network_derive_argument", "application_names"]
 
 _TOP_KEYS = {"name", "summary", "embedding", "steps", "readout"}
 _GRID_KEYS = {"name", "summary", "operators", "step"}
@@ -431,6 +432,13 @@ def _composition(spec: NetworkSpec) -> tuple:
     if isinstance(spec, MultiscaleSpec):
         return ("multiscale",)
     return ("tokens", spec.embedding.kind, spec.readout.kind)
+
+
+def network_derive_argument(spec: NetworkSpec) -> str:
+    """What ``splitformer derive`` takes to emit ``spec``'s module: its name where it is the built-in of that name
+    (same computation), else NETWORK_FILE (its file, which the spec does not know)."""
+    builtin = is_network(spec.name) and network_fingerprint(load_network(spec.name)) == network_fingerprint(spec)
+    return spec.name if builtin else "NETWORK_FILE"
 
 
 def network_fingerprint(spec: NetworkSpec) -> str:

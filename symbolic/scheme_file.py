@@ -12,7 +12,6 @@ import os
 import re
 import tomllib
 from dataclasses import MISSING
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ from .scheme_fields import MAX_DEPTH
 from .scheme import SOLVERS, STEP_CONTROLS, Heun, Parallel, RungeKutta, Scheme, Sequence, Substep, operator_options
 from .tableaux import TABLEAUX, Tableau, make_tableau
 
-__all__ = ["NETWORK_FIELDS", "load_scheme", "parse_scheme", "builtin_names", "is_builtin", "read_source", "scheme_path"]
+__all__ = ["NETWORK_FIELDS", "load_scheme", "parse_scheme", "builtin_names", "is_builtin", "derive_arguments",
+           "read_source", "scheme_path"]
 
 #: A scheme file larger than this is not a scheme (``show /dev/zero`` must not read forever).
 MAX_FILE_BYTES = 1 << 20
@@ -364,6 +364,14 @@ def load_scheme(name_or_path: str | os.PathLike) -> Scheme:
     if path is None:
         return parse_scheme(builtin_text(os.fspath(name_or_path)), f"built-in scheme {os.fspath(name_or_path)!r}")
     return parse_scheme(read_source(path, "scheme file"), str(path))
+
+
+def derive_arguments(scheme: Scheme) -> str:
+    """The arguments of ``splitformer derive`` that emit ``scheme``'s module, as its module and report print them:
+    its name where it is the built-in of that name, else SCHEME_FILE (its file, which the scheme does not know);
+    then its options."""
+    name, _, options = scheme.derive_arguments.partition(" ")
+    return " ".join(filter(None, (name if is_builtin(scheme) else "SCHEME_FILE", options)))
 
 
 def is_builtin(scheme: Scheme) -> bool:

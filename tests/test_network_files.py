@@ -46,6 +46,7 @@ def test_a_copy_of_vit_derives_on_the_command_line_and_emits_what_vit_emits(tmp_
     for backend in ("numpy", "torch"):
         mine = (tmp_path / "out" / backend / "my_vit.py").read_text()
         builtin = (tmp_path / "out" / backend / "vit.py").read_text()
+        mine = mine.replace("splitformer derive NETWORK_FILE", "splitformer derive my-vit")  # regenerated from its file
         assert mine.replace("my_vit", "vit").replace("my-vit", "vit") == builtin
     capsys.readouterr()
     assert main(["show", str(path), "--format", "toml"]) == 0
@@ -413,3 +414,17 @@ def test_every_generated_module_keeps_pep8_spacing():
               if path.name != "__init__.py"}
     assert len(faults) > 30 and not any(faults.values()), {name: lines for name, lines in faults.items() if lines}
     assert pep8_spacing_faults("x = 1\n\n\n\ndef f():\n    pass\n") and pep8_spacing_faults("x = 1\n\ndef f():\n")
+
+
+def test_a_module_derived_from_a_file_says_to_regenerate_it_from_that_file(tmp_path):
+    """A built-in's module names the built-in; a file's names its file (a placeholder: the spec has no path), never a
+    name `derive` would refuse or read as another computation; the report path is beside the module's folder."""
+    mine = splitformer.derive(str(_copy(tmp_path, "vit", "my-vit")))
+    assert "Regenerate with: splitformer derive NETWORK_FILE\n" in mine.source("numpy")
+    assert "(`splitformer derive NETWORK_FILE` regenerates it)" in mine.report
+    assert "Regenerate with: splitformer derive vit\n" in splitformer.derive("vit").source("torch")
+    scheme = tmp_path / "my-block.toml"
+    scheme.write_text((ROOT / "symbolic" / "schemes" / "post-ln.toml").read_text().replace('name = "post-ln"',
+                                                                                            'name = "my-block"'))
+    source = splitformer.derive(str(scheme)).source("numpy")
+    assert "Regenerate with: splitformer derive SCHEME_FILE\n" in source and "../reports/my_block.md" in source

@@ -6,7 +6,7 @@ Regenerate with: splitformer derive macaron
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
 assignment in index notation (LaTeX), so the code maps line by line to the report
-generated/reports/macaron.md.
+../reports/macaron.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
     ffn_pre.W_1      (d, d_ff)

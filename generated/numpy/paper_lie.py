@@ -6,7 +6,7 @@ Regenerate with: splitformer derive paper-lie
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
 assignment in index notation (LaTeX), so the code maps line by line to the report
-generated/reports/paper_lie.md.
+../reports/paper_lie.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
     attn.W_q         (d, d)

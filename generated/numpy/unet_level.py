@@ -5,7 +5,7 @@ Regenerate with: splitformer derive unet-level
 
 
 One step on the 2-D grid, u⁺ = R u + F(u) (Δt = 1); every statement stands
-under the formula it implements (generated/reports/unet_level.md).
+under the formula it implements (../reports/unet_level.md).
 
     forward(u, params, *, stride=1, eps=1e-5)
         -> (batch, channels, height', width')

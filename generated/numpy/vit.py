@@ -6,7 +6,7 @@ Regenerate with: splitformer derive vit
 
 The initial condition u(x, y, 0) = f(x, y) (embedding), one step of the block scheme
 'pre-ln' (gelu) per layer, the final projection and the readout; every
-statement stands under the formula it implements (generated/reports/vit.md).
+statement stands under the formula it implements (../reports/vit.md).
 
     forward(pixel_values, params, *, patch_size, n_heads, eps=1e-12, image_size=None)
         -> final hidden states (batch, 1 + n_rows * n_cols, d); the class node first

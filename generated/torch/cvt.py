@@ -10,7 +10,7 @@ depth-wise convolutions (K, V on the coarser key grid of stride stride_kv), Batc
 per-channel affine map and point-wise affine maps; the class node joins in the last stage.
 Each stage runs derived programs whose assignments, the chaining between operators (token
 layouts, the class node, residual sums) included, are in index notation; every statement
-stands under the formula it implements (generated/reports/cvt.md).
+stands under the formula it implements (../reports/cvt.md).
 
     Model(n_channels, embed_dims, depths, d_ffs, stages, n_classes=0, eps=1e-5, device=None, dtype=None,
           backward="autograd")

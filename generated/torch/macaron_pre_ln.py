@@ -6,7 +6,7 @@ Regenerate with: splitformer derive macaron-pre-ln
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
 assignment in index notation (LaTeX), so the code maps line by line to the report
-generated/reports/macaron_pre_ln.md.
+../reports/macaron_pre_ln.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
     norm1.gain       (d)

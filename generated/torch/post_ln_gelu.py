@@ -6,7 +6,7 @@ Regenerate with: splitformer derive post-ln --activation gelu
 
 Every statement is a lowered assignment of the derivation; the comment above it is the
 assignment in index notation (LaTeX), so the code maps line by line to the report
-generated/reports/post_ln_gelu.md.
+../reports/post_ln_gelu.md (beside this module's folder).
 
 Parameters (canonical names and shapes, row-vector convention u @ W + b):
     attn.W_q         (d, d)

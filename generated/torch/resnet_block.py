@@ -5,7 +5,7 @@ Regenerate with: splitformer derive resnet-block
 
 
 One step on the 2-D grid, u⁺ = Proj_S₂(R u + F(u)) (Δt = 1); every statement stands
-under the formula it implements (generated/reports/resnet_block.md).
+under the formula it implements (../reports/resnet_block.md).
 
     Model(n_channels, d, *, stride=1, transfer=False, eps=1e-5, device=None, dtype=None, backward="autograd")
     Model.load_params(params)    canonical names (as the NumPy module's), arrays or tensors

@@ -6,7 +6,7 @@ Regenerate with: splitformer derive vit
 
 The initial condition u(x, y, 0) = f(x, y) (embedding), one step of the block scheme
 'pre-ln' (gelu) per layer, the final projection and the readout; every
-statement stands under the formula it implements (generated/reports/vit.md).
+statement stands under the formula it implements (../reports/vit.md).
 
     Model(*, n_layers, d_model, n_heads, d_ff, n_channels, patch_size, image_size, n_classes=0, eps=1e-12, device=None,
           dtype=None, backward="autograd")

@@ -107,8 +107,8 @@ def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
         text = network_text(name_or_path) if is_network(name_or_path) else read_source(Path(name_or_path), "network file")
         return text.removeprefix("\ufeff").rstrip("\n")
     source, program = _network(spec)
+    source("numpy")  # a network that cannot be emitted is not shown either (render_network refuses it)
     if form == "markdown":
-        source("numpy")  # a network that cannot be emitted has no report either (render_network refuses it)
         return render_network_report(program).rstrip("\n")
     if form == "latex":  # one align* environment: each section's title, each operator's, its assignments
         return align([row for section in network_sections(program).sections

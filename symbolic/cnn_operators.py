@@ -63,6 +63,10 @@ class _GridOperator(Operator):
         if self.contracts_channels and self.inputs == self.outputs == "c":  # one index for the input and output channel
             raise SplitformerError(f'operator {self.key!r}: inputs and outputs are both "c"; a grid operator maps the '
                                    'input channels c to the features y (inputs = "c"), y to y, or y to c (outputs = "c")')
+        if not self.contracts_channels and self.inputs != self.outputs:  # per channel: it writes the channels it reads
+            raise SplitformerError(f'operator {self.key!r}: inputs = "{self.inputs}" and outputs = "{self.outputs}"; '
+                                   f'{self.kind} acts on each channel alone and writes the channels it reads: give '
+                                   "inputs only")
 
     def field(self, *arguments) -> sp.Expr:
         return sp.Function(STATE)(channel_variable(self.inputs, "in").symbol, *arguments)

@@ -164,6 +164,8 @@ def _grid_operator(key: str, table: object, where: str) -> Operator:
     kind = table["kind"]
     if kind not in GRID_KINDS:
         raise SplitformerError(f"{where}.kind: a grid step composes {', '.join(GRID_KINDS)}, not {str(kind)[:40]!r}")
+    if not OPERATOR_KINDS[kind].contracts_channels and "inputs" in options:  # per channel: writes what it reads
+        options.setdefault("outputs", options["inputs"])
     try:
         return OPERATOR_KINDS[kind](key, **options)
     except TypeError:
@@ -210,6 +212,14 @@ def _grid_network(document: dict, where: str) -> GridNetworkSpec:
     return GridNetworkSpec(*_identity(document, where), operators, field_keys, transfer, projection)
 
 
+def _changes_grid(operator: Operator) -> bool:
+    """Whether ``operator`` writes on another grid than it reads (a stride, a padding other than half the kernel, a
+    prolongation)."""
+    if operator.kind == "transposed-convolution":
+        return True
+    return operator.kind == "convolution" and (operator.stride != 1 or 2 * operator.padding != operator.kernel - 1)
+
+
 def application_names(keys: tuple[str, ...]) -> tuple[str, ...]:
     """The name of each application of the operators ``keys`` in the code (the field's, the transfer's, then the
     projection's, in order): an operator's key at its first application, ``<key><n>`` at its n-th."""
@@ -226,9 +236,10 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
     if not any(operators[key].parameters() for key in field):
         raise SplitformerError(f"{where}: step.field: no operator of the field has parameters (a convolution or a "
                                "BatchNorm); a grid step learns through them")
-    shared = sorted(set(field) & set(transfer))
+    shared = sorted(set(field + ((projection,) if projection else ())) & set(transfer))
     if shared:
-        raise SplitformerError(f"{where}: step.transfer: {shared[0]!r} is in the field too; the transfer R needs "
+        raise SplitformerError(f"{where}: step.transfer: {shared[0]!r} is in the "
+                               f"{'field' if shared[0] in field else 'projection'} too; the transfer R needs "
                                "operators (and parameters) of its own")
     if transfer and not any(operators[key].parameters() for key in transfer):
         raise SplitformerError(f"{where}: step.transfer: no operator of it has parameters, so R cannot be told "
@@ -245,6 +256,10 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
                     f'operator writes its outputs; the update R u + F(u) holds F\'s): set its inputs to "{channels}"')
             channels = operator.outputs
         updated = channels if part == "field" else updated
+    if projection and _changes_grid(operators[projection]):
+        raise SplitformerError(f"{where}: step.projection: operators.{projection} changes the grid; the projection "
+                               "acts on the update's grid (a stride of 1, padding (kernel - 1)/2, no transposed "
+                               "convolution)")
     keys = (*field, *transfer, *((projection,) if projection else ()))
     for position, (key, name) in enumerate(zip(keys, application_names(keys))):
         if name != key and (name in operators or name in application_names(keys)[:position]):

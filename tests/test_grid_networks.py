@@ -176,6 +176,18 @@ def _reused(folder, field, projection):
     return folder / "reused.toml"
 
 
+def test_the_emitted_vjp_of_an_identity_step_ending_on_the_features_is_tested(tmp_path):
+    """R = 1 and F ending on the features: the adjoint tests take as many input channels as features."""
+    from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
+    from splitformer.codegen.verification.statements import SKIPPED
+
+    text = (ROOT / "symbolic" / "networks" / "resnet-block.toml").read_text().replace('name = "resnet-block"',
+                                                                                     'name = "plain"')
+    (tmp_path / "plain.toml").write_text(text.replace('transfer = ["shortcut", "bn3"]\n', ""))
+    checks = network_adjoint_tests(load_network(str(tmp_path / "plain.toml")))
+    assert all(check.method != SKIPPED and check.holds for check in checks) and "4 channels" in checks[0].statement
+
+
 def test_the_emitted_vjp_of_a_grid_step_of_another_composition_is_tested(tmp_path):
     """No built-in shares this composition: the adjoint tests take the first grid sizes it accepts, not a skip."""
     from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
@@ -226,8 +238,15 @@ def test_an_operator_applied_twice_gets_the_sum_of_both_applications_gradients(t
     ('relu2 = { kind = "relu-projection" }', 'field = ["conv1", "bn1", "relu", "conv2", "bn2", "relu2", "relu"]',
      "application 2 of 'relu' is named 'relu2' in the code, as another operator or application is; rename 'relu2'"),
     ("", 'field = ["conv1", "bn1", "relu", "conv2", "bn2"]\nprojection = "conv1"',
-     'step.projection: operators.conv1 reads channels "c" where the projection reads "y"')],
-    ids=["application-name-taken", "projection-channels"])
+     'step.projection: operators.conv1 reads channels "c" where the projection reads "y"'),
+    ("", 'field = ["conv1", "bn1", "relu", "conv2", "bn2"]\nprojection = "bn3"',  # R's only BatchNorm as Proj
+     "step.transfer: 'bn3' is in the projection too"),
+    ('down = { kind = "convolution", kernel = 3, padding = 1, stride = 2 }',
+     'field = ["conv1", "bn1", "relu", "conv2", "bn2"]\nprojection = "down"', "operators.down changes the grid"),
+    ('bnx = { kind = "batch-norm", inputs = "c", outputs = "y" }', 'field = ["conv1", "bn1", "relu", "conv2", "bn2"]',
+     'bnx: inputs = "c" and outputs = "y"; batch-norm acts on each channel alone')],
+    ids=["application-name-taken", "projection-channels", "transfer-as-projection", "projection-off-the-grid",
+         "per-channel-relabelling"])
 def test_grid_files_whose_applications_clash_or_misread_channels_are_refused(tmp_path, capsys, operators, step, message):
     """Refused when read, in one line: an application named as another operator is (its arrays would be shared), a
     projection reading other channels than the update holds (it used to fail in numpy's matmul)."""

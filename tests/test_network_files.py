@@ -347,9 +347,10 @@ def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_o
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "a token network feeds each step all its tokens" in err, err
     assert not (tmp_path / "out").exists()
-    assert main(["show", str(path), "--format", "markdown"]) == 2  # no report of a module that cannot be emitted
-    shown = capsys.readouterr()
-    assert message in shown.err and not shown.out
+    for form in ("markdown", "text", "latex"):  # nothing shown of a module that cannot be emitted
+        assert main(["show", str(path), "--format", form]) == 2
+        shown = capsys.readouterr()
+        assert message in shown.err and not shown.out
 
 
 @pytest.mark.parametrize("field", ['activaton = "gelu"', "causal = true", "layers = 12"])

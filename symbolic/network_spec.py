@@ -244,7 +244,7 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
     if transfer and not any(operators[key].parameters() for key in transfer):
         raise SplitformerError(f"{where}: step.transfer: no operator of it has parameters, so R cannot be told "
                                "from the identity; put a convolution or a BatchNorm in it, or leave it empty")
-    updated = "c"
+    updated, applied = "c", (*field, *transfer, *((projection,) if projection else ()))
     for part, keys in (("field", field), ("transfer", transfer), ("projection", (projection,) if projection else ())):
         channels = updated if part == "projection" else "c"  # u holds the input channels; each operator reads where
         for key in keys:                                     # the one before it wrote; the projection the update's
@@ -253,7 +253,9 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
                 raise SplitformerError(
                     f'{where}: step.{part}: operators.{key} reads channels "{operator.inputs}" where the {part} '
                     f'{"reads" if part == "projection" else "holds"} "{channels}" (u holds the input channels c; an '
-                    f'operator writes its outputs; the update R u + F(u) holds F\'s): set its inputs to "{channels}"')
+                    f'operator writes its outputs; the update R u + F(u) holds F\'s): set its inputs to "{channels}"'
+                    + ("; it is applied more than once and an operator reads one kind of channels: give this "
+                       "application an operator of its own" if applied.count(key) > 1 else ""))
             channels = operator.outputs
         updated = channels if part == "field" else updated
     if projection and _changes_grid(operators[projection]):

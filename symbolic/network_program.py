@@ -65,7 +65,3 @@ class NetworkProgram:
         parts = {name: tuple(stage if isinstance(item, Stage) and item.operator.key == stage.operator.key else item
                              for item in part) for name, part in self.parts.items()}
         return replace(self, parts=parts, pieces={})
-
-    def updates(self) -> tuple[Assignment, ...]:
-        """The loose assignments of the parts (the residual sums), in order."""
-        return tuple(item for part in self.parts.values() for item in part if isinstance(item, Assignment))

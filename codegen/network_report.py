@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from splitformer.symbolic import __version__
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import equation_latex
@@ -14,16 +13,12 @@ from splitformer.symbolic.latex import to_latex
 from splitformer.symbolic.network_derivation import TOKENS_DISCRETE, TOKENS_LATEX
 from splitformer.symbolic.network_program import NetworkProgram
 from splitformer.symbolic.network_spec import network_derive_argument
-from splitformer.symbolic.markdown import inert
 
+from .document import Document, Section, domain_rows, render_document
 from .network_inputs import numpy_functions
-from .render import environment
-from .report import domain_rows
 
-__all__ = ["render_network_report", "network_sections", "Section", "NetworkSections"]
+__all__ = ["render_network_report", "network_sections", "NetworkSections"]
 
-#: A section of a report: prose, then the stages it discretizes and loose assignments (updates), in order.
-Section = namedtuple("Section", "title text stages", defaults=("", ()))
 #: A network's sections, adjoint pieces (``(title, Adjoint)``, derived when called), note on them, checks, domains.
 NetworkSections = namedtuple("NetworkSections", "sections pieces note checks domains")
 _VISION = (CHANNELS, KERNEL_ROWS, ROWS, COLS, TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, CLASSES)
@@ -154,14 +149,19 @@ def network_sections(program: NetworkProgram) -> NetworkSections:
 
 
 def render_network_report(program: NetworkProgram) -> str:
-    """The Markdown report of a derived network."""
+    """The Markdown report of a derived network: its composition's sections, then its code, checks and adjoint."""
     network, spec = network_sections(program), program.spec
     stages = [stage for section in network.sections for stage in section.stages if hasattr(stage, "operator")]
     positions = {s.operator.key: r",\quad ".join(f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in
                                                   getattr(s.operator, "positions", dict)().items()) for s in stages}
-    return inert(environment().get_template("report/network.md.j2").render(
-        name=spec.name, regenerate=network_derive_argument(spec), module=spec.module_name, summary=spec.summary,
-        version=__version__, sections=network.sections,
-        positions=positions, domains=domain_rows(network.domains), checks=network.checks.format(n=spec.name).split(),
-        pieces=network.pieces(), note=network.note, batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
-        functions=numpy_functions(program.composition, "readout" in program.parts)), f"the report of {spec.name!r}")
+    first, *rest = network.sections
+    sections = [first._replace(domains=domain_rows(network.domains)), *rest,
+                Section("The code", partial="report/network/code.md.j2"),
+                Section("Checks", partial="report/network/checks.md.j2"),
+                Section("Training as optimal control: the derived adjoint", partial="report/network/adjoint.md.j2")]
+    return render_document(Document(f"`{spec.name}`", "network", spec.name, network_derive_argument(spec),
+                                    spec.summary, sections, context=dict(
+        module=spec.module_name, positions=positions, checks=network.checks.format(n=spec.name).split(),
+        pieces=network.pieces(), note=network.note, adjoint_number=len(sections),
+        batch_norm=any(s.operator.kind == "batch-norm" for s in stages),
+        functions=numpy_functions(program.composition, "readout" in program.parts))))

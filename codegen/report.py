@@ -6,7 +6,6 @@ from pathlib import Path
 
 import sympy as sp
 
-from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
 from splitformer.symbolic.equation import MASTER_EQUATION, equation_latex
 from splitformer.symbolic.program import Program
@@ -15,12 +14,11 @@ from splitformer.symbolic.references import has_published_reference
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 from splitformer.symbolic.scheme_file import derive_arguments
-from splitformer.symbolic.markdown import inert
 
-from .render import environment
+from .document import Document, Section, domain_rows, render_document
 from .report_adjoint import adjoint_context
 
-__all__ = ["render_report", "check_ids", "domain_rows"]
+__all__ = ["render_report", "check_ids"]
 
 
 def _tableaux(sequence: Sequence) -> list[dict]:
@@ -93,11 +91,6 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
-def domain_rows(domains) -> list[tuple[str, str, str, str]]:
-    """The rows of a report's domain table: LaTeX, meaning, grid points, name in code."""
-    return [(domain.latex, domain.description, sp.latex(domain.size), domain.code_name) for domain in domains]
-
-
 def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None, *, order) -> str:
     """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot.
 
@@ -123,22 +116,28 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
             "steps": derive_relu_projection().steps,
             "extra": "The problem separates pointwise, so this scalar derivation is the whole projection.",
         })
-    domains = domain_rows((TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN))
     plot = f"{scheme.module_name}_convergence.png"
-    template = environment().get_template("report/report.md.j2")
-    return inert(template.render(
+    sections = [Section("The continuous equation", partial="report/scheme/continuous.md.j2",
+                        domains=domain_rows((TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN))),
+                Section("Derived projections", partial="report/scheme/projections.md.j2"),
+                Section("One step, substep by substep", partial="report/scheme/substeps.md.j2"),
+                Section("Discretization notes", partial="report/scheme/notes.md.j2"),
+                Section("Splitting order and checks", partial="report/scheme/order.md.j2"),
+                *([Section("Training as optimal control: the derived adjoint", partial="report/scheme/adjoint.md.j2")]
+                  if adjoint is not None else []),
+                Section("Generated code", partial="report/scheme/code.md.j2")]
+    activation = f" with {scheme.activation}" if scheme.activation != "relu" else ""
+    return render_document(Document(f"`{scheme.name}`{activation}", "scheme", scheme.name, derive_arguments(scheme),
+                                    scheme.summary, sections, "report/scheme/intro.md.j2", dict(
         adjoint=adjoint_context(adjoint) if adjoint is not None else None,
         order=order,
         checks=check_ids(scheme, exact=order.order is None),
         plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,
         scheme=scheme,
-        regenerate=derive_arguments(scheme),
         program=program,
-        version=__version__,
         master=MASTER_EQUATION,
         equation=equation_latex(scheme),
-        domains=domains,
         projections=projections,
         parallel=_has_parallel(scheme),
         tableaux=_tableaux(scheme.body),
-    ), f"the report of {scheme.name!r}")
+    )))

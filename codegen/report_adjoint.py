@@ -11,7 +11,7 @@ __all__ = ["adjoint_context"]
 
 
 def adjoint_context(adjoint: Adjoint) -> dict:
-    """Template variables of ``report/adjoint.md.j2``."""
+    """Template variables of ``report/scheme/adjoint.md.j2``."""
     forward = adjoint.forward.tensors
     read = sorted({str(item.base.label) for assignment in adjoint.assignments for item in assignment.rhs.atoms(sp.Indexed)
                    if str(item.base.label) in forward

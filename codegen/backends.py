@@ -79,6 +79,8 @@ class Backend:
     frees_in_branches = True
     #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
     input_costate_last = False
+    #: What a derived backward's functions bind first: the flags its statements read.
+    adjoint_preamble: tuple[str, ...] = ()
 
     def spell(self, module: Module, op: Op) -> Spelled:
         """The statements computing ``op`` and the names they read besides arrays."""
@@ -382,6 +384,7 @@ class TorchBackend(Backend):
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)
     frees_in_branches = False
     input_costate_last = True
+    adjoint_preamble = ("inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout",)
 
     def memoized_extra(self, printer: ArrayPrinter) -> str:
         """With autograd on, never reused: recomputed, so that gradients reach this call's memory and parameters."""

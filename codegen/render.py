@@ -369,6 +369,7 @@ def backward_context(backward: Backward, backend: str) -> dict:
         if input_only else None,
         "saved": [name for name in backward.saved if name != "chi"],
         "seed": backward.seed,
+        "preamble": BACKENDS[backend].adjoint_preamble,
         "output": backward.forward.output,
         # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
         "inputs": [field.name for field in differentiated],

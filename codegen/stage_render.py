@@ -111,9 +111,7 @@ def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
                 sizes.setdefault(size, (parameter["name"], axis))
     return {"parameters": parameters,
             "config": [name for name in CONFIG_NAMES if name in names or (head_size and name in ("d", "n_heads"))],
-            "batch": "batch" in code_names, "d_head": head_size, "dropout_p": "dropout_p" in code_names,
-            "inference": "inference" in code_names,
-            "sizes": sizes}
+            "batch": "batch" in code_names, "d_head": head_size, "uses": code_names, "sizes": sizes}
 
 
 def program_context(program: Program, input_name: str, backend: str, sizes: dict | None = None,

@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.codegen.pipeline import generate_network
-from splitformer.codegen.output import write_files
 from splitformer.symbolic.network_spec import load_network
 
-from conftest import GENERATED, ROOT, derived_now, generated_now
+from conftest import ROOT, derived_now, generated_now
 
 RESNET = dict(zip(("numpy", "torch"), generated_now("resnet-block")))
 UNET = dict(zip(("numpy", "torch"), generated_now("unet-level")))
@@ -152,17 +150,6 @@ def test_the_report_derives_the_adjoint_of_each_transfer_the_network_has():
     assert "#### adjoint of conv1" in identity and "shortcut" not in identity and "bn3" not in identity
     unet = derived_now("unet-level").report.split("the derived adjoint")[1]
     assert [line for line in unet.splitlines() if line.startswith("### R")] == ["### R = 1"]
-
-
-def test_committed_files_match_the_generator(update_golden):
-    files = {}
-    for name in ("resnet-block", "unet-level"):
-        files.update(generate_network(load_network(name), ("numpy", "torch"), GENERATED))
-    if update_golden:
-        write_files(files)
-    stale = [str(path.relative_to(ROOT)) for path, text in files.items()
-             if not path.exists() or path.read_text(encoding="utf-8") != text]
-    assert not stale, f"generated/ is out of date: {stale}; run make generate"
 
 
 

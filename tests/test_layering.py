@@ -8,6 +8,7 @@ count. Each rule has a negative control: the same checker on a small synthetic p
 that breaks it must report the break.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ RUNTIME = "splitformer.runtime"
 EMISSION = [f"splitformer.codegen.{name}" for name in (
     "ir", "lowering", "adjoint", "passes",
     "printers", "backends", "render", "stage_render", "network_render",
-    "report", "report_adjoint", "network_report", "initialization")] + ["splitformer.templates"]
+    "document", "report", "report_adjoint", "network_report", "initialization")] + ["splitformer.templates"]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +102,31 @@ def test_negative_control_a_broken_package_is_reported(tmp_path):
     # the import under TYPE_CHECKING (c → d) is not counted: with it, c and d would be a circle;
     # the dunder d imports from c (``__all__``) is not a private name
     assert graph.edges()["pkg.core.c"] == set() and graph.edges()["pkg.core.d"] == {"pkg.core.c", "pkg.gen.render"}
+
+
+#: A comparison of the backend's name: what only the backend (``codegen/backends.py``) and its own templates
+#: (``templates/numpy/``, ``templates/torch/``) may do.
+_BACKEND_TEST = re.compile(r"""backend\s*(==|!=)|["'](numpy|torch)["']\s*(==|!=)|backend\s+(not\s+)?in\s*[(\[{"']""")
+
+
+def _names_the_backend(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if _BACKEND_TEST.search(line)]
+
+
+def test_emission_asks_the_backend_object_not_its_name():
+    """Render, reports and the shared templates read what differs from ``Backend`` (its methods and attributes) or
+    from the backend's own templates; none compares a backend's name."""
+    sources = [ROOT / "codegen" / f"{name.rsplit('.', 1)[-1]}.py" for name in EMISSION if "templates" not in name]
+    sources = [path for path in sources if path.is_file() and path.name != "backends.py"]
+    sources += [ROOT / "codegen" / "passes" / path.name for path in (ROOT / "codegen" / "passes").glob("*.py")]
+    sources += [path for path in (ROOT / "templates").rglob("*.j2")
+                if path.parent.name not in ("numpy", "torch")]
+    assert len(sources) > 30
+    found = {str(path.relative_to(ROOT)): _names_the_backend(path.read_text(encoding="utf-8")) for path in sources}
+    assert not {path: lines for path, lines in found.items() if lines}
+
+
+@pytest.mark.parametrize("line", ['{% if backend == "numpy" %}', "if backend != 'torch':", '"torch" == backend',
+                                  'x if backend in ("torch",) else y'])
+def test_negative_control_a_backend_comparison_is_found(line):
+    assert _names_the_backend(f"a = 1\n{line}\n") == [line]

@@ -16,7 +16,8 @@ backward="derived" runs the derived adjoint as the backward pass (torch.autograd
 
 transfer=True: R = bn3 ∘ shortcut (the projection shortcut); False: R is the identity.
 
-Parameters (canonical names and shapes; W[c_in, k, k, c_out]):
+Parameters (canonical names and shapes; W[c_in, k, k, c_out] is a torch Conv2d weight
+permuted (1, 2, 3, 0), a ConvTranspose2d weight permuted (0, 2, 3, 1)):
     conv1.W      (n_channels, 3, 3, d)
     conv1.b      (d)
     bn1.gain     (d)

@@ -593,7 +593,8 @@ def _readout(u, p, config, eps):
 def _step(u0, p, config, eps):
     """One step of pre-ln (gelu) on the token domain."""
     n_heads = config["n_heads"]
-    dropout_p, inference = 0.0, not torch.is_grad_enabled()  # no dropout; dead temporaries updated in place without autograd
+    dropout_p = 0.0
+    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -896,7 +897,8 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
 
 def _final_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p, n_heads = True, 0.0, 1
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    n_heads = 1
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
@@ -915,7 +917,8 @@ def _final_vjp_forward(u0, p, chi, eps, n_heads):
 
 def _final_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    inference, dropout_p, n_heads = True, 0.0, 1
+    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    n_heads = 1
     final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
     d_head = d // n_heads

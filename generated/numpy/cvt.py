@@ -529,6 +529,8 @@ def _conv2d(field, W, stride, padding, bias=None):
     GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:
     one GEMM over every offset's columns stacked, im2col). A (b, l, p, q) view, in the field's memory order."""
     channels, size = W.shape[:2]
+    if stride == size and padding == 0:
+        return _patches(field, W, bias)
     phases, output, grid = _phases(field, size, stride, padding, np.result_type(field, W))
     count = len(field) * grid[0] * grid[1]
     offsets = list(_offsets(phases, size, stride, grid[1], count))
@@ -542,6 +544,21 @@ def _conv2d(field, W, stride, padding, bias=None):
     if bias is not None:
         out += bias[:, None]
     return _on_grid(out, len(field), output, grid)
+
+
+def _patches(field, W, bias=None):
+    """``_conv2d`` of windows that tile the field (stride = kernel size, no padding; rows and columns past the last
+    whole window unread): each window's c·k² entries one row, one GEMM with W as (c·k², l). A (b, l, p, q) view of
+    channels-last memory."""
+    batch, channels, height, width = field.shape
+    size = W.shape[1]
+    rows, cols = height // size, width // size
+    windows = field[:, :, :rows * size, :cols * size].reshape(batch, channels, rows, size, cols, size)
+    out = windows.transpose(0, 2, 4, 1, 3, 5).reshape(batch * rows * cols, channels * size * size) @ W.reshape(
+        channels * size * size, -1)
+    if bias is not None:
+        out += bias
+    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
 
 
 def _depthwise_conv2d(field, W, stride, padding, bias=None):

@@ -89,9 +89,10 @@ _ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203
 
 
 def _polynomial(x, coefficients):
-    """Horner's rule, highest degree first."""
-    result = np.full_like(x, coefficients[0])
-    for coefficient in coefficients[1:]:
+    """Horner's rule, highest degree first (its first product, c₀·x, written at once)."""
+    result = x * coefficients[0]
+    result += coefficients[1]
+    for coefficient in coefficients[2:]:
         result *= x
         result += coefficient
     return result
@@ -151,8 +152,7 @@ def _gelu(x):
             value = _erf_block(value)
         value += 1
         value *= block
-        value /= 2
-        out[start:start + _BLOCK] = value
+        np.divide(value, 2, out=out[start:start + _BLOCK])
     return out.reshape(np.shape(x))
 
 

@@ -46,6 +46,11 @@ def _width(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
     return " * ".join(printer.use(SIZES[label]) for label in labels)
 
 
+def _equal_widths(op: MatMul) -> bool:
+    """Whether the outputs of a fused product have one shape (then it splits into equal parts)."""
+    return len({labels for _, labels in op.outputs}) == 1
+
+
 def _addend(op: MatMul, printer: ArrayPrinter) -> str | None:
     """The bias of a one-output product, a batched addend (an adjoint's other terms) as rows."""
     bias = op.biases[0]
@@ -337,8 +342,13 @@ class NumpyBackend(Backend):
         if op.biases[0]:
             lines.append(f"{op.out} += np.concatenate(({', '.join(op.biases)}))")
         names = ", ".join(name for name, _ in op.outputs)
-        shape = _shape(op.outputs[0][1], printer)
-        return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
+        if _equal_widths(op):
+            shape = _shape(op.outputs[0][1], printer)
+            return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
+        ends = ", ".join(" + ".join(_width(labels[2:], printer) for _, labels in op.outputs[:count])
+                         for count in range(1, len(op.outputs)))
+        return lines + [f"{names} = np.split({op.out}, ({ends},), axis=1)"] + [
+            f"{name} = {name}.reshape({_shape(labels, printer)})" for name, labels in op.outputs]
 
     def zeros(self, source: str, like: str) -> str:
         return f"np.zeros({like}.shape, dtype={source}.dtype)"
@@ -433,11 +443,12 @@ class TorchBackend(Backend):
         if len(op.outputs) == 1:
             return [f"{op.out} = {product}.view({_shape(op.labels, printer)})"]
         names = ", ".join(name for name, _ in op.outputs)
-        shape = _shape(op.outputs[0][1], printer)
-        views = ", ".join(f"{name}.view({shape})" for name, _ in op.outputs)
-        return [f"{op.out} = {product}",
-                f"{names} = {op.out}.chunk({len(op.outputs)}, dim=1)",
-                f"{names} = {views}"]
+        if _equal_widths(op):
+            views = ", ".join(f"{name}.view({_shape(labels, printer)})" for name, labels in op.outputs)
+            return [f"{op.out} = {product}", f"{names} = {op.out}.chunk({len(op.outputs)}, dim=1)", f"{names} = {views}"]
+        widths = ", ".join(_width(labels[2:], printer) for _, labels in op.outputs)
+        return [f"{op.out} = {product}", f"{names} = {op.out}.split([{widths}], dim=1)"] + [
+            f"{name} = {name}.view({_shape(labels, printer)})" for name, labels in op.outputs]
 
     def zeros(self, source: str, like: str) -> str:
         return f"{source}.new_zeros({like}.shape)"

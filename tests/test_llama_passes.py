@@ -8,7 +8,7 @@ import pytest
 import sympy as sp
 import torch
 
-from splitformer.codegen.ir import Elementwise, Silu, Unrolled
+from splitformer.codegen.ir import Elementwise, MatMul, Silu, Unrolled
 from splitformer.codegen.lowering import lower
 from splitformer.codegen.output import write_files
 from splitformer.codegen.passes import DEFAULT, PASSES
@@ -50,6 +50,17 @@ def test_products_that_are_no_silu_are_left_alone():
     for product in (y / (1 + sp.exp(-x)), x / (1 + sp.exp(x)), x / (2 + sp.exp(-x)), x * sp.exp(-x)):
         assert _product(product) == product
     assert _product(y * x / (1 + sp.exp(-x))) == y * Silu(x)
+
+
+def test_grouped_queries_keys_and_values_are_one_product_of_unequal_widths(llama):
+    _, program = llama
+    products = {op.out: op for op in lower(program).ops if isinstance(op, MatMul)}
+    fused = products["attn_qkv"]
+    assert fused.weights == ("attn_W_q", "attn_W_k", "attn_W_v") and len({labels for _, labels in fused.outputs}) == 3
+    separate = {op.out for op in lower(program, _without("fuse-projections")).ops if isinstance(op, MatMul)}
+    assert {"attn_q", "attn_k", "attn_v"} <= separate and "attn_qkv" not in separate  # negative control
+    for backend, split in (("numpy", "np.split(attn_qkv, ("), ("torch", "attn_qkv.split([")):
+        assert split in (GENERATED / backend / "llama.py").read_text()
 
 
 def test_each_rotation_angle_has_one_cosine_and_one_sine(llama):

@@ -350,19 +350,25 @@ def test_torch_masks_restrict_a_support_and_are_checked():
         torch_helpers._first_order_only()
 
 
-def test_torch_cat_reads_parts_side_by_side_without_a_copy():
+@pytest.mark.parametrize("widths", [(2, 2, 2), (4, 1, 1)], ids=["equal", "grouped-heads"])
+def test_torch_cat_reads_parts_side_by_side_without_a_copy(widths):
     module = torch.nn.Module()
     module.add_module("attn", torch.nn.Module())
-    for name in ("W_q", "W_k"):
-        module.attn.register_parameter(name, torch.nn.Parameter(torch.randn(3, 2, dtype=torch.float64)))
-    expected = torch.cat([module.attn.W_q.detach(), module.attn.W_k.detach()], 1)
-    torch_helpers._side_by_side(module, [(("attn.W_q", "attn.W_k"), 1)])
+    names = ("W_q", "W_k", "W_v")
+    for name, width in zip(names, widths):
+        module.attn.register_parameter(name, torch.nn.Parameter(torch.randn(3, width, dtype=torch.float64)))
+    parts = lambda: [getattr(module.attn, name) for name in names]  # noqa: E731
+    expected = torch.cat([part.detach() for part in parts()], 1)
+    torch_helpers._side_by_side(module, [(tuple(f"attn.{name}" for name in names), 1)])
     with torch.no_grad():
-        joined = torch_helpers._cat([module.attn.W_q, module.attn.W_k], 1)
-        separate = torch_helpers._cat([module.attn.W_q.clone(), module.attn.W_k.clone()], 1)
+        joined = torch_helpers._cat(parts(), 1)
+        separate = torch_helpers._cat([part.clone() for part in parts()], 1)
+        swapped = torch_helpers._joined_view(parts()[::-1], 1)
     _agree(joined.numpy(), expected.numpy(), expected.numpy() + 1)
+    assert [part.shape[1] for part in parts()] == list(widths)
     assert joined.untyped_storage().data_ptr() == module.attn.W_q.untyped_storage().data_ptr()
     assert separate.untyped_storage().data_ptr() != module.attn.W_q.untyped_storage().data_ptr()  # control
+    assert swapped is None  # control: the parts out of their order are no view of one tensor
 
 
 # -- block inputs ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Matrix products that share their input → one product with concatenated kernels.
 
 The query, key and value projections read the same state: ``[q k v] = x [W_q W_k W_v] +
-[b_q b_k b_v]`` is one GEMM three times as wide, split into views afterwards.
+[b_q b_k b_v]`` is one GEMM as wide as the three, split into views afterwards (parts of unequal
+widths too: grouped heads' keys and values are narrower than the queries).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from ..ir import MatMul, Module
 __all__ = ["fuse_projections"]
 
 
-def _compatible(first: MatMul, second: MatMul, module: Module) -> bool:
-    shape = module.tensors[first.weights[0]].shape
+def _compatible(first: MatMul, second: MatMul) -> bool:
+    """Products of one input over the same axes, on the same rows, both with a bias or neither (their widths may
+    differ: grouped heads' queries and keys)."""
     return (not first.transposed and not second.transposed
             and second.x == first.x and second.contracted == first.contracted
-            and len(second.outputs) == 1 and second.outputs[0][1] == first.outputs[0][1]
-            and module.tensors[second.weights[0]].shape == shape
+            and len(second.outputs) == 1 and second.outputs[0][1][:2] == first.outputs[0][1][:2]
             and (second.biases[0] is None) == (first.biases[0] is None))
 
 
@@ -27,7 +28,7 @@ def fuse_projections(module: Module) -> Module:
     for op in module.ops:
         previous = ops[-1] if ops else None
         if (isinstance(op, MatMul) and isinstance(previous, MatMul) and len(op.outputs) == 1
-                and _compatible(previous, op, module) and not set(previous.writes()) & set(op.reads())):
+                and _compatible(previous, op) and not set(previous.writes()) & set(op.reads())):
             names = [name for name, _ in previous.outputs] + [op.out]
             ops[-1] = replace(
                 previous, out=_joined(names), outputs=previous.outputs + op.outputs,

@@ -529,15 +529,14 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
     norm1_out = _rms_norm(u0, norm1_gain, eps)
     # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
-    attn_q = norm1_out.reshape(-1, d) @ attn_W_q
-    attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
     # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
-    attn_k = norm1_out.reshape(-1, d) @ attn_W_k
-    attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
     # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-    attn_v = norm1_out.reshape(-1, d) @ attn_W_v
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_q, attn_k, attn_v = np.split(attn_qkv, (n_kv_heads * n_rep * 2 * d_half, n_kv_heads * n_rep * 2 * d_half + n_kv_heads * 2 * d_half,), axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+    attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
     attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
-    del norm1_out
+    del attn_qkv, norm1_out
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
@@ -661,14 +660,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p
     # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
-    attn_q = norm1_out.reshape(-1, d) @ attn_W_q
-    attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
     # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
-    attn_k = norm1_out.reshape(-1, d) @ attn_W_k
-    attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
     # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-    attn_v = norm1_out.reshape(-1, d) @ attn_W_v
+    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_q, attn_k, attn_v = np.split(attn_qkv, (n_kv_heads * n_rep * 2 * d_half, n_kv_heads * n_rep * 2 * d_half + n_kv_heads * 2 * d_half,), axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+    attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
     attn_v = attn_v.reshape(batch, n_tokens, n_kv_heads, d_head)
+    del attn_qkv
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos

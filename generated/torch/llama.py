@@ -66,6 +66,7 @@ _KINDS = {
 #: Parameters a fused product reads, stored side by side in one tensor along an axis (each
 #: name a view of it), so that the product reads them without a copy (``_cat``).
 _SIDE_BY_SIDE = [
+    (("attn.W_q", "attn.W_k", "attn.W_v",), 1),
     (("ffn.W_1", "ffn.W_3",), 1),
 ]
 
@@ -228,8 +229,9 @@ def _cat(tensors: list[torch.Tensor], dim: int):
 def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
 
-    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
-    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    Parts of equal strides and equal shapes but along ``dim``, each starting where the one before
+    ends (``shape[dim] · stride[dim]`` further), are the consecutive blocks of one strided tensor:
+    that tensor is their concatenation (Q, K and V kernels of unequal widths under grouped heads too).
     """
     if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
             or torch.compiler.is_compiling()):
@@ -237,16 +239,19 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     first = tensors[0]
     try:
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
-        step = first.shape[dim] * first.stride(dim)
-        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
-                               or t.stride() != first.stride() or t.dtype != first.dtype
-                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+        if storage == 0:
             return None
+        for t in tensors:
+            if (t.untyped_storage().data_ptr() != storage or t.dim() != first.dim() or t.stride() != first.stride()
+                    or t.dtype != first.dtype or t.storage_offset() != offset
+                    or any(size != first.shape[axis] for axis, size in enumerate(t.shape) if axis != dim)):
+                return None
+            offset += t.shape[dim] * t.stride(dim)
     except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
         return None
     shape = list(first.shape)
-    shape[dim] *= len(tensors)
-    return first.detach().as_strided(shape, first.stride(), offset)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return first.detach().as_strided(shape, first.stride(), first.storage_offset())
 
 
 def _side_by_side(module, groups) -> None:
@@ -257,9 +262,9 @@ def _side_by_side(module, groups) -> None:
             parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
             if _joined_view(parts, dim) is not None:
                 continue
-            whole = torch.cat([part.detach() for part in parts], dim)
-            for index, part in enumerate(parts):
-                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
+            whole, start = torch.cat([part.detach() for part in parts], dim), 0
+            for part in parts:
+                part.data, start = whole.narrow(dim, start, part.shape[dim]), start + part.shape[dim]
 
 
 def _rms_norm(x, gain, eps: float):
@@ -498,11 +503,14 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
     norm1_out = norm1_gain*norm1_p
     # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
-    attn_q = torch.mm(norm1_out.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
     # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
-    attn_k = torch.mm(norm1_out.reshape(-1, d), attn_W_k).view(batch, n_tokens, n_kv_heads, 2, d_half)
     # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-    attn_v = torch.mm(norm1_out.reshape(-1, d), attn_W_v).view(batch, n_tokens, n_kv_heads, d_head)
+    attn_qkv = torch.mm(norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
+    attn_q, attn_k, attn_v = attn_qkv.split([n_kv_heads * n_rep * 2 * d_half, n_kv_heads * 2 * d_half, n_kv_heads * d_head], dim=1)
+    attn_q = attn_q.view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+    attn_k = attn_k.view(batch, n_tokens, n_kv_heads, 2, d_half)
+    attn_v = attn_v.view(batch, n_tokens, n_kv_heads, d_head)
+    del attn_qkv
     # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
     attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
     del pos
@@ -1161,12 +1169,14 @@ class Block(_CanonicalModule):
         # RMS^norm1[i, l] = g_norm1[l]*P^norm1[i, l]
         norm1_out = _rms_norm(u0, norm1_gain, eps)
         # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
-        attn_q = torch.mm(norm1_out.reshape(-1, d), attn_W_q).view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
         # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
-        attn_k = torch.mm(norm1_out.reshape(-1, d), attn_W_k).view(batch, n_tokens, n_kv_heads, 2, d_half)
         # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-        attn_v = torch.mm(norm1_out.reshape(-1, d), attn_W_v).view(batch, n_tokens, n_kv_heads, d_head)
-        del norm1_out
+        attn_qkv = torch.mm(norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
+        attn_q, attn_k, attn_v = attn_qkv.split([n_kv_heads * n_rep * 2 * d_half, n_kv_heads * 2 * d_half, n_kv_heads * d_head], dim=1)
+        attn_q = attn_q.view(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
+        attn_k = attn_k.view(batch, n_tokens, n_kv_heads, 2, d_half)
+        attn_v = attn_v.view(batch, n_tokens, n_kv_heads, d_head)
+        del attn_qkv, norm1_out
         # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
         attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
         del pos

@@ -311,8 +311,9 @@ def _cat(tensors: list[torch.Tensor], dim: int):
 def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     """The view of one storage equal to ``torch.cat(tensors, dim)``, or None where there is none.
 
-    Parts of equal shape and strides whose offsets step by ``shape[dim] · stride[dim]`` are the
-    consecutive blocks of one strided tensor: that tensor is their concatenation.
+    Parts of equal strides and equal shapes but along ``dim``, each starting where the one before
+    ends (``shape[dim] · stride[dim]`` further), are the consecutive blocks of one strided tensor:
+    that tensor is their concatenation (Q, K and V kernels of unequal widths under grouped heads too).
     """
     if ((torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or torch.jit.is_tracing()
             or torch.compiler.is_compiling()):
@@ -320,16 +321,19 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     first = tensors[0]
     try:
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
-        step = first.shape[dim] * first.stride(dim)
-        if storage == 0 or any(t.untyped_storage().data_ptr() != storage or t.shape != first.shape
-                               or t.stride() != first.stride() or t.dtype != first.dtype
-                               or t.storage_offset() != offset + index * step for index, t in enumerate(tensors)):
+        if storage == 0:
             return None
+        for t in tensors:
+            if (t.untyped_storage().data_ptr() != storage or t.dim() != first.dim() or t.stride() != first.stride()
+                    or t.dtype != first.dtype or t.storage_offset() != offset
+                    or any(size != first.shape[axis] for axis, size in enumerate(t.shape) if axis != dim)):
+                return None
+            offset += t.shape[dim] * t.stride(dim)
     except (RuntimeError, NotImplementedError):  # no storage (torch.func transforms, meta tensors)
         return None
     shape = list(first.shape)
-    shape[dim] *= len(tensors)
-    return first.detach().as_strided(shape, first.stride(), offset)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return first.detach().as_strided(shape, first.stride(), first.storage_offset())
 
 
 def _side_by_side(module, groups) -> None:
@@ -340,9 +344,9 @@ def _side_by_side(module, groups) -> None:
             parts = [getattr(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
             if _joined_view(parts, dim) is not None:
                 continue
-            whole = torch.cat([part.detach() for part in parts], dim)
-            for index, part in enumerate(parts):
-                part.data = whole.narrow(dim, index * part.shape[dim], part.shape[dim])
+            whole, start = torch.cat([part.detach() for part in parts], dim), 0
+            for part in parts:
+                part.data, start = whole.narrow(dim, start, part.shape[dim]), start + part.shape[dim]
 
 
 def _dropout(x, p: float):

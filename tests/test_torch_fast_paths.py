@@ -229,3 +229,19 @@ def test_per_example_masks_under_vmap_equal_the_loop(name, causal):
     loop = torch.stack([block(x, causal=causal, key_padding_mask=m) for x, m in zip(u, masks)])
     vmapped = torch.func.vmap(lambda x, m: block(x, causal=causal, key_padding_mask=m))(u, masks)
     torch.testing.assert_close(vmapped, loop, rtol=0, atol=1e-12)
+
+
+def test_grouped_heads_fuse_kernels_of_unequal_widths_and_follow_their_edits():
+    """llama's keys and values are narrower than its queries (2 key/value heads under 4): still one tensor."""
+    llama = import_path(GENERATED / "torch" / "llama.py", "_fast_paths_llama")
+    torch.manual_seed(0)
+    block, u = llama.Block(D, 4, D_FF, n_kv_heads=2, dtype=torch.float64), torch.randn(2, 5, D, dtype=torch.float64)
+    kernels = [block.attn.get_parameter(f"W_{c}") for c in "qkv"]
+    assert [kernel.shape[1] for kernel in kernels] == [D, D // 2, D // 2]
+    with torch.no_grad():
+        assert llama._cat(kernels, 1).untyped_storage().data_ptr() == kernels[0].untyped_storage().data_ptr()
+        before = block(u)
+        block.attn.W_k.data.mul_(3.0)  # bypasses the version counter: only a view sees it
+        after = block(u)
+    assert (after - before).abs().max() > 1e-3  # control: the edit matters
+    torch.testing.assert_close(after, _traced(block, u), rtol=0, atol=1e-12)

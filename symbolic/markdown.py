@@ -16,7 +16,9 @@ def markdown_text(text: str) -> str:
     ``$`` and a fence's first mark escaped)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # CommonMark ends a line at a lone CR too
     escaped = re.sub(r"([\\\[\]${}])", r"\\\1", text.replace("&", "&amp;").replace("<", "&lt;"))
-    return re.sub(r"(?m)^( {0,3})([`~]{3})", r"\1\\\2", escaped)  # a fence's first mark: it opens no code block
+    escaped = re.sub(r"(?m)^( {0,3})([`~]{3})", r"\1\\\2", escaped)  # a fence's first mark: it opens no code block
+    # a heading's first mark (ATX ``#``, a setext underline of ``=`` or ``-``): text reads as no section of the report
+    return re.sub(r"(?m)^( {0,3})(#|=+[ \t]*$|-+[ \t]*$)", r"\1\\\2", escaped)
 
 
 def code_block(text: str) -> str:

@@ -271,8 +271,11 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
 
 
 def _operator(table: object, where: str, kinds: tuple[str, ...]) -> Operator:
-    if not isinstance(table, dict) or set(table) != {"operator", "kind"}:
+    if not isinstance(table, dict) or not {"operator", "kind"} <= set(table):
         raise SplitformerError(f"{where}: expected a table with 'operator' and 'kind'")
+    unknown = sorted(set(table) - {"operator", "kind"}, key=str)
+    if unknown:
+        raise SplitformerError(f"{where}: unknown field {str(unknown[0])[:40]!r} (expected 'operator' and 'kind')")
     kind = table["kind"]
     if kind not in kinds:
         raise SplitformerError(f"{where}.kind: expected {' or '.join(kinds)}, got {str(kind)[:40]!r}")

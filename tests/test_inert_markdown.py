@@ -110,6 +110,17 @@ def test_a_fence_after_any_line_end_is_escaped(end):
     assert not any(line.lstrip(" ").startswith("```") for line in re.split(r"\r\n|\r|\n", shown)), shown
 
 
+@pytest.mark.parametrize("heading", ["## 7. Generated code", "# Title", "#### x", "Title\n=====", "Title\n---"])
+def test_a_heading_in_user_text_is_no_heading_of_the_report(heading):
+    """Round 37 F4: a description's ``## 7. …`` line read as a section of the report. Escaped, it renders as a
+    paragraph; control: unescaped, it renders as a heading."""
+    import markdown
+
+    assert "<h" not in markdown.markdown(markdown_text(f"A description.\n\n{heading}\n\nMore."))
+    assert "<h" in markdown.markdown(f"A description.\n\n{heading}\n\nMore.")
+    assert markdown_text("- a list item\n- another") == "- a list item\n- another"  # lists stay lists
+
+
 def test_braces_in_user_text_set_no_attributes():
     """Attack 20: a scheme file's summary ``*a hover*{: onmouseover=…}`` became an ``onmouseover`` attribute under
     Python-Markdown's attr_list (which mkdocs.yml enables). Escaped, it renders as text; control: unescaped, it sets

@@ -362,6 +362,17 @@ def test_an_unknown_field_of_the_steps_is_refused(tmp_path, capsys, field):
     assert f"steps: unknown field '{field.split(' ')[0]}'" in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("table, anchor", [("embedding", 'kind = "patch-embedding"'),
+                                           ("readout", 'kind = "class-token-head"')])
+def test_an_unknown_field_of_the_embedding_or_readout_is_named(tmp_path, capsys, table, anchor):
+    """Round 37 F2: an extra key there was reported as a missing 'operator' or 'kind'."""
+    path = _copy(tmp_path, "vit", "vit-extra", (anchor, f"{anchor}\npatch = 8"))
+    assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{table}: unknown field 'patch' (expected 'operator' and 'kind')" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_check_on_a_network_file_that_is_no_published_network_skips_the_recovery_and_holds(tmp_path, monkeypatch):
     """Attack 16: the docs' own ``vit-post.toml`` failed ``check``: the recovery checks compared it with the published
     pre-LN ViT; a grid step without a convolution failed translation-equivariance with no reason. Both are skipped,

@@ -86,6 +86,12 @@ def test_numpy_convolutions_match_loops(size, stride, padding, grid, channels, l
     assert np.max(np.abs(numpy_grids._conv2d(x, W[::-1, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
 
 
+def test_numpy_convolution_of_tiling_windows_takes_an_empty_batch():
+    W = np.ones((3, 4, 4, 5))
+    for stride, grid in ((4, 2), (2, 3)):  # the tiling path and, as a control, the general one
+        assert numpy_grids._conv2d(np.zeros((0, 3, 8, 8)), W, stride, 0).shape == (0, 5, grid, grid)
+
+
 def test_numpy_transposed_convolution_matches_a_loop():
     rng = np.random.default_rng(7)
     x, W = rng.standard_normal((2, 4, 3, 5)), rng.standard_normal((4, 2, 2, 3))

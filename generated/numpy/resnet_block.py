@@ -211,7 +211,7 @@ def _patches(field, W, bias=None):
         channels * size * size, -1)
     if bias is not None:
         out += bias
-    return out.reshape(batch, rows, cols, -1).transpose(0, 3, 1, 2)
+    return out.reshape(batch, rows, cols, W.shape[-1]).transpose(0, 3, 1, 2)
 
 
 def _fold(blocks, shape, axes, size, stride, padding):

@@ -265,11 +265,14 @@ def test_a_causal_vit_attention_was_silently_different_and_is_refused(monkeypatc
                                  num_hidden_layers=1)),
 ])
 def test_a_model_loaded_with_from_pretrained_is_read(cls, config, tmp_path):
-    """What ``from_pretrained`` adds (``_weight_conversions``, ``_use_kernels=False``, ``name_or_path``) is known."""
+    """What ``from_pretrained`` adds (``_weight_conversions``, ``name_or_path``, from 5.25 the record of the
+    ``kernelize`` it runs by default: tests/test_adapter_hub_kernels.py) is known, with kernels or without;
+    ``_use_kernels=True`` without that record is refused."""
     cls(cls.config_class(**config)).save_pretrained(tmp_path)
     from_hf(cls.from_pretrained(tmp_path, dtype=torch.float64).eval())
-    loaded = cls.from_pretrained(tmp_path, dtype=torch.float64).eval()
-    loaded._use_kernels = True  # hub kernels replace the forwards
+    loaded = cls.from_pretrained(tmp_path, dtype=torch.float64, use_kernels=False).eval()
+    from_hf(loaded)
+    loaded._use_kernels = True  # what kernelize sets, alone
     with pytest.raises(SplitformerError, match=rf"^{cls.__name__}\._use_kernels is True"):
         from_hf(loaded)
 

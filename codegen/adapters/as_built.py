@@ -25,9 +25,10 @@ from typing import Any
 from splitformer.symbolic.errors import SplitformerError
 
 from .as_built_timm import fresh_block, fresh_vision_transformer
+from .hub_kernels import function_module, is_mode
 from .inspection import library_class, library_name, runs_one_of, shown_class
 
-__all__ = ["check_as_built", "check_evaluated", "drop_rates", "BUILDERS", "READS", "IMMATERIAL", "LOADED"]
+__all__ = ["check_as_built", "check_evaluated", "drop_rates", "BUILDERS", "READS", "IMMATERIAL"]
 
 
 def _torch_layer(cls: type, layer: Any) -> Any:
@@ -104,17 +105,31 @@ IMMATERIAL: dict[str, dict[str, str]] = {
     "GPT2Model": {"_attn_implementation": "a copy; the forward reads config._attn_implementation (inspection checks it)"},
 }
 
-#: Attributes ``from_pretrained`` sets that a freshly built model lacks, with the value the adapter assumes
-#: (``_use_kernels=True``: hub kernels replace the layers' forwards).
-LOADED: dict[str, Any] = {"_use_kernels": False}
+
+def _loaded(part: Any) -> dict[str, Any]:
+    """What ``from_pretrained`` sets that a freshly built model lacks, with the value the adapter accepts: the record
+    that kernels' ``kernelize`` ran (transformers 5.25 runs it by default): ``_use_kernels`` True with the ``Mode``
+    it ran in (``_kernels_mode``), else False, and the device it looked for kernels for (``_kernels_device``). What
+    it replaced (a part's forward, on the instance) is ``inspection``'s to refuse."""
+    state = vars(part)
+    mode = state.get("_kernels_mode") if is_mode(state.get("_kernels_mode")) else None
+    device = state.get("_kernels_device") if isinstance(state.get("_kernels_device"), str) else None
+    return {"_use_kernels": mode is not None, "_kernels_mode": mode, "_kernels_device": device}
 
 
 def _same(value: Any, built: Any, owners: tuple[Any, Any] = (None, None)) -> bool:
     """Whether an attribute's ``value`` equals the one its fresh counterpart is ``built`` with. A ``functools.partial``
     and a method bound to its own module (``owners``: the part and its counterpart) are made anew for each module,
-    so they compare by what they call (GPT-2's ``gelu_pytorch_tanh``, BERT's ``gelu_python``)."""
+    so they compare by what they call (GPT-2's ``gelu_pytorch_tanh``, BERT's ``gelu_python``), and so is the copy of
+    a function module kernels makes for each module (``_kernel_funcs``): by its class, which ``inspection`` checks;
+    a dict compares entry by entry."""
     if value is built:
         return True
+    if function_module(value) and function_module(built):
+        return type(value) is type(built)
+    if isinstance(value, dict) and isinstance(built, dict):
+        return (type(value) is type(built) and value.keys() == built.keys()
+                and all(_same(value[key], built[key], owners) for key in value))
     if isinstance(value, partial) and isinstance(built, partial):
         return (_same(value.func, built.func, owners) and len(value.args) == len(built.args)
                 and all(_same(a, b, owners) for a, b in zip(value.args, built.args))
@@ -196,12 +211,10 @@ def _check_attributes(where: str, part: Any, counterpart: Any) -> None:
     """Refuse a plain attribute of ``part`` that ``counterpart`` lacks or holds with another value."""
     name = library_name(part) or ""
     reads, immaterial = READS.get(name, frozenset()), IMMATERIAL.get(name, {})
-    expected = vars(counterpart)
+    expected = {**_loaded(part), **vars(counterpart)}
     for attribute, value in vars(part).items():
         if attribute in _module_state() or attribute in reads or attribute in immaterial or attribute in IMMATERIAL["*"]:
             continue
-        if attribute not in expected and attribute in LOADED:
-            expected = {**expected, attribute: LOADED[attribute]}
         if attribute not in expected:
             raise SplitformerError(f"{where}{attribute} is an attribute {name} does not have as built (a "
                                    f"{type(value).__name__}); its forward may read it, the adapter does not")

@@ -16,6 +16,9 @@ torch.tanh``), changes what the source computes while its parameters stay the sa
   (checked the same way there), or, for a name the source assigns (``gelu = _add_docstr(torch._C._nn.gelu, …)``),
   is a function whose name the assignment does not mention (or a ``functools.partial`` it does not make).
 
+A module kernels made of a function (transformers 5.25's ``apply_rotary_pos_emb``: ``hub_kernels``) stands for the
+function it calls, checked as above and followed; its class must be kernels' own.
+
 The chains of each code object are read once (``dis``); the values are looked up on every check.
 """
 
@@ -30,9 +33,10 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
+from .hub_kernels import function_module, replaced_in_class, wrapped_function
 from .places import LIBRARIES, PLACES, functions_of, inside, is_library
 
-__all__ = ["check_calls", "assigns", "as_in_source"]
+__all__ = ["check_calls", "check_function_module", "assigns", "as_in_source"]
 
 #: Names of a module's source bound by ``import``: ``(module or None, name imported)`` for each name bound.
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+)?import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
@@ -42,13 +46,33 @@ _DOCSTRING = re.compile(r'[rbuf]?(?:"""|\'\'\')')
 _STRING = re.compile(r'"[^"\n]*"|\'[^\'\n]*\'')
 
 
-def check_calls(where: str, cls: type, checked: set[Any]) -> None:
+def check_calls(where: str, cls: type, checked: set[Any]) -> list[tuple[str, Any]]:
     """Refuse (naming ``where``) a function, callable or module that a library class in ``cls``'s MRO calls from
     its forward and that is not its library's own, where the library's source puts it (module docstring).
-    Classes and code objects in ``checked`` are skipped, and added."""
+    Classes, code objects and function modules in ``checked`` are skipped, and added. Returns the modules kernels
+    made of functions that the forward calls (``hub_kernels.function_module``), named: the caller checks their
+    hooks and instance methods as a part's."""
     classes = [klass for klass in cls.__mro__ if klass not in checked and is_library(klass)]
     checked.update(classes)
-    stack = [function for klass in classes for function in _forward_methods(klass)]
+    return _follow(where, [function for klass in classes for function in _forward_methods(klass)], checked)
+
+
+def check_function_module(where: str, module: Any, checked: set[Any]) -> list[tuple[str, Any]]:
+    """Refuse a module kernels made of a function (``module``, named ``where``: a part's private copy) unless its
+    class is kernels' own and the function it calls is a library's, the one its module's source defines under its
+    name; then check what that function calls (``check_calls``, whose result this returns)."""
+    function = _function_of(where, type(module).__name__, module)
+    home = sys.modules.get(function.__module__ or "")
+    if home is None or not _is_library_function(function) or home.__name__.split(".")[0] not in LIBRARIES:
+        raise SplitformerError(f"{where} is a module kernels made of {function.__module__}.{function.__qualname__}, "
+                               "not of a library's function; adapters read the installed library's computation")
+    _check_binding(where, home, function.__name__, function)
+    return _follow(where, [function], checked)
+
+
+def _follow(where: str, stack: list[Any], checked: set[Any]) -> list[tuple[str, Any]]:
+    """``check_calls`` from the functions in ``stack``."""
+    found = []
     while stack:
         function = stack.pop()
         code = function.__code__
@@ -66,10 +90,15 @@ def check_calls(where: str, cls: type, checked: set[Any]) -> None:
                     if value is _MISSING:
                         break
                 _check_binding(where, owner, name, value)
+                if function_module(value) and value not in checked:
+                    checked.add(value)
+                    found.append((f"{getattr(owner, '__name__', type(owner).__name__)}.{name}", value))
+                    value = wrapped_function(value)
                 if isinstance(value, types.FunctionType) and _is_library_function(value):
                     stack.append(value)
                 if not isinstance(value, (types.ModuleType, types.SimpleNamespace)):
                     break
+    return found
 
 
 def _is_library_function(function: Any) -> bool:
@@ -136,14 +165,17 @@ def _attribute(owner: Any, name: str) -> Any:
 
 def _check_binding(where: str, owner: Any, name: str, value: Any) -> None:
     """Refuse ``value`` as ``owner.name`` (``owner`` a module or namespace) when it is not the libraries' own
-    (``_foreign``) or not what ``owner``'s source binds to ``name`` (``_misplaced``)."""
+    (``_foreign``) or not what ``owner``'s source binds to ``name`` (``_misplaced``). A module kernels made of a
+    function must be of a class that is kernels' own, and its function must be so."""
+    label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+    if function_module(value):
+        value = _function_of(where, label, value)
     try:
         key: tuple[Any, str, Any] | None = (owner, name, value)
         if key in _ACCEPTED:
             return
     except TypeError:  # an unhashable value: checked each time
         key = None
-    label = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
     foreign = _foreign(owner, value)
     if foreign is not None:
         raise SplitformerError(f"{where} runs {label}, which is {foreign}: a library function replaced; adapters "
@@ -155,6 +187,18 @@ def _check_binding(where: str, owner: Any, name: str, value: Any) -> None:
                                    "adapters read the installed library's computation")
     if key is not None:
         _ACCEPTED.add(key)
+
+
+def _function_of(where: str, label: str, module: Any) -> types.FunctionType:
+    """The function a module kernels made of it calls (``label`` names the module); refused when the module's class
+    has a method that is not kernels' own, or it calls something other than a Python function."""
+    replaced = replaced_in_class(module)
+    function = wrapped_function(module)
+    if replaced is not None or not isinstance(function, types.FunctionType):
+        what = f"its class's {replaced}" if replaced is not None else f"the {type(function).__name__} it calls"
+        raise SplitformerError(f"{where} runs {label}, a module kernels made of a function, but {what} is not "
+                               "kernels' own; adapters read the installed library's computation")
+    return function
 
 
 #: Bindings ``(owner, name, value)`` found to be the libraries' own (the values are held: an id is never reused).

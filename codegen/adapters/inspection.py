@@ -15,8 +15,9 @@ table with ``max_norm`` (its forward renormalizes, in place, the rows it looks u
 (``layer.linear1 = nn.Identity()``); (``check_only_parts``, an allowlist) a submodule or parameter
 the adapter does not map (timm's ``Attention(gated=True)`` adds a ``gate`` Linear its forward
 applies); a library method that is another class's (``LlamaMLP.forward = GPT2MLP.forward``); a function the
-forward calls replaced in its module (``calls.check_calls``). Plain attributes a part's class does not have as
-built, or holds with another value, are ``as_built``'s to refuse.
+forward calls replaced in its module (``calls.check_calls``); a forward that kernels' ``kernelize`` set on the
+instance (a hub kernel's), and the same checks on the modules kernels makes of functions (``hub_kernels``). Plain
+attributes a part's class does not have as built, or holds with another value, are ``as_built``'s to refuse.
 
 A part is known by its ``library_class``, the library class it runs, never by its own name: a user
 class ``Dropout(nn.Tanh)`` is a ``Tanh``.
@@ -31,7 +32,8 @@ from typing import Any
 
 from splitformer.symbolic.errors import SplitformerError
 
-from .calls import as_in_source, assigns, check_calls
+from .calls import as_in_source, assigns, check_calls, check_function_module
+from .hub_kernels import default_condition, function_module, kernel_repository, unwrapped
 from .places import LIBRARIES, PLACES, functions_of, inside, is_library
 
 __all__ = ["check_computation", "check_runs_its_classes", "check_parts", "check_exact_class", "check_only_parts",
@@ -50,30 +52,61 @@ _HOOKS = (("_forward_hooks", "forward hook"), ("_forward_pre_hooks", "forward pr
 def check_runs_its_classes(owner: str, module: Any) -> None:
     """Refuse hooks (``module``'s parts' or torch's global ones), methods replaced on an instance and tensors of
     another class than torch's: what ``module`` computes is then what its classes' methods compute with the
-    values its tensors hold (a generated ``Stack`` written from or into, too)."""
+    values its tensors hold (a generated ``Stack`` written from or into, too). The modules kernels makes of
+    functions (``hub_kernels``: a part's private copies, those its forward calls) are checked as parts."""
     _check_global_hooks()
     checked: set[type] = set()
     called: set[Any] = set()
-    for name, part in module.named_modules():
-        where = f"{owner}.{name}" if name else owner
-        _check_plain_tensors(where, part)
-        for attribute, kind in _HOOKS:
-            if getattr(part, attribute, None):
-                raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
-                                       "computes: remove it (handle.remove()) before adapting")
-        if vars(part).get("_compiled_call_impl") is not None:
-            raise SplitformerError(f"{where} has _compiled_call_impl set (module.compile() or an assignment): calling "
-                                   "it runs that function, not forward; adapt the uncompiled module")
-        shadowed = _instance_method(part)
-        if shadowed is not None:
-            raise SplitformerError(f"{where} has its {shadowed} replaced on the instance; adapters read "
-                                   f"{type(part).__name__}'s own computation")
-        replaced = _foreign_method(type(part), checked)
-        if replaced is not None:
-            raise SplitformerError(f"{where} ({type(part).__name__}) runs {replaced[0].__qualname__}.{replaced[1]}, "
-                                   f"which is not the installed library's own ({replaced[2]}): a library method replaced on "
-                                   "the class; adapters read the library's computation")
-        check_calls(f"{where} ({type(part).__name__})", type(part), called)
+    parts = [(f"{owner}.{name}" if name else owner, part) for name, part in module.named_modules()]
+    for where, part in parts:  # the list grows by the function modules found on the way
+        _check_part(where, part, checked)
+        parts.extend(_kernel_copies(where, part))
+        if function_module(part):
+            parts.extend(check_function_module(where, part, called))
+        parts.extend(check_calls(f"{where} ({type(part).__name__})", type(part), called))
+
+
+def _check_part(where: str, part: Any, checked: set[type]) -> None:
+    """Refuse ``part``'s tensors of another class, hooks, compiled call, methods replaced on the instance or on a
+    library class of its MRO (classes in ``checked`` are skipped, and added)."""
+    _check_plain_tensors(where, part)
+    for attribute, kind in _HOOKS:
+        if getattr(part, attribute, None):
+            raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
+                                   "computes: remove it (handle.remove()) before adapting")
+    if vars(part).get("_compiled_call_impl") is not None:
+        raise SplitformerError(f"{where} has _compiled_call_impl set (module.compile() or an assignment): calling "
+                               "it runs that function, not forward; adapt the uncompiled module")
+    shadowed = _instance_method(part)
+    if shadowed is not None:
+        raise SplitformerError(f"{where} has its {shadowed} replaced on the instance{_by_kernelize(part)}; adapters "
+                               f"read {type(part).__name__}'s own computation")
+    replaced = _foreign_method(type(part), checked)
+    if replaced is not None:
+        raise SplitformerError(f"{where} ({type(part).__name__}) runs {replaced[0].__qualname__}.{replaced[1]}, "
+                               f"which is not the installed library's own ({replaced[2]}): a library method replaced on "
+                               "the class; adapters read the library's computation")
+
+
+def _kernel_copies(where: str, part: Any) -> list[tuple[str, Any]]:
+    """The copies of function modules kernels' ``use_kernelized_func`` made for ``part`` (``_kernel_funcs``), named;
+    anything else there is ``as_built``'s to refuse."""
+    import torch
+
+    copies = vars(part).get("_kernel_funcs")
+    if not isinstance(copies, dict):
+        return []
+    return [(f"{where}._kernel_funcs[{name!r}]", copy) for name, copy in copies.items()
+            if isinstance(copy, torch.nn.Module)]
+
+
+def _by_kernelize(part: Any) -> str:
+    """How kernels' ``kernelize`` replaced ``part``'s forward, for a message (``""`` when it did not)."""
+    repository = kernel_repository(part)
+    if repository is None:
+        return ""
+    return (f" by kernels' kernelize, with the hub kernel {repository} (transformers' from_pretrained kernelizes by "
+            "default: load with use_kernels=False, or call model.reset_kernels())")
 
 
 def check_computation(owner: str, module: Any) -> None:
@@ -122,15 +155,18 @@ def _instance_method(module: Any) -> str | None:
 def _foreign_method(cls: type, checked: set[type]) -> tuple[type, str, str] | None:
     """``(library class, method, where it comes from)`` of the first method of a library class in ``cls``'s MRO
     that is not a library's own function (``_outside``): one replaced on the class
-    (``timm.layers.Mlp.forward = lambda self, x: …``). Classes in ``checked`` are skipped, and added."""
+    (``timm.layers.Mlp.forward = lambda self, x: …``). What kernels attaches as transformers is built is known by its
+    code (``hub_kernels``): its default ``kernel_condition`` (read by ``kernelize`` only), and its
+    ``use_kernelized_func`` wrapper, whose forward is the one it wraps. Classes in ``checked`` are skipped, and
+    added."""
     for klass in cls.__mro__:
         if klass in checked or not is_library(klass):
             continue
         checked.add(klass)
         for name, value in vars(klass).items():
-            if name in _HARMLESS:
+            if name in _HARMLESS or default_condition(klass, name, value):
                 continue
-            for function in functions_of(value):
+            for function in map(unwrapped, functions_of(value)):
                 found = _outside(function) or _borrowed(klass, name, function)
                 if found is not None:
                     return klass, name, found

@@ -46,9 +46,9 @@ def _width(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
     return " * ".join(printer.use(SIZES[label]) for label in labels)
 
 
-def _equal_widths(op: MatMul) -> bool:
-    """Whether the outputs of a fused product have one shape (then it splits into equal parts)."""
-    return len({labels for _, labels in op.outputs}) == 1
+def _widths(op: MatMul, printer: ArrayPrinter) -> list[sp.Expr]:
+    """The widths of a fused product's outputs (their axes after the rows), as products of size names."""
+    return [sp.Mul(*(sp.Symbol(printer.use(SIZES[label])) for label in labels[2:])) for _, labels in op.outputs]
 
 
 def _addend(op: MatMul, printer: ArrayPrinter) -> str | None:
@@ -342,12 +342,9 @@ class NumpyBackend(Backend):
         if op.biases[0]:
             lines.append(f"{op.out} += np.concatenate(({', '.join(op.biases)}))")
         names = ", ".join(name for name, _ in op.outputs)
-        if _equal_widths(op):
-            shape = _shape(op.outputs[0][1], printer)
-            return lines + [f"{names} = (part.reshape({shape}) for part in np.split({op.out}, {len(op.outputs)}, axis=1))"]
-        ends = ", ".join(" + ".join(_width(labels[2:], printer) for _, labels in op.outputs[:count])
-                         for count in range(1, len(op.outputs)))
-        return lines + [f"{names} = np.split({op.out}, ({ends},), axis=1)"] + [
+        widths = _widths(op, printer)
+        ends = ", ".join(str(sum(widths[:count])) for count in range(1, len(widths)))
+        return lines + [f"{names} = np.split({op.out}, [{ends}], axis=1)"] + [
             f"{name} = {name}.reshape({_shape(labels, printer)})" for name, labels in op.outputs]
 
     def zeros(self, source: str, like: str) -> str:
@@ -443,10 +440,7 @@ class TorchBackend(Backend):
         if len(op.outputs) == 1:
             return [f"{op.out} = {product}.view({_shape(op.labels, printer)})"]
         names = ", ".join(name for name, _ in op.outputs)
-        if _equal_widths(op):
-            views = ", ".join(f"{name}.view({_shape(labels, printer)})" for name, labels in op.outputs)
-            return [f"{op.out} = {product}", f"{names} = {op.out}.chunk({len(op.outputs)}, dim=1)", f"{names} = {views}"]
-        widths = ", ".join(_width(labels[2:], printer) for _, labels in op.outputs)
+        widths = ", ".join(str(width) for width in _widths(op, printer))
         return [f"{op.out} = {product}", f"{names} = {op.out}.split([{widths}], dim=1)"] + [
             f"{name} = {name}.view({_shape(labels, printer)})" for name, labels in op.outputs]
 

@@ -665,7 +665,10 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
-    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
+    attn_v = attn_v.reshape(batch, n_tokens, n_heads, d_head)
     del attn_qkv, norm1_out
     # the cache: attn_k of the earlier tokens, then the new ones
     attn_k = _cache(cache, "attn.k", attn_k)
@@ -705,7 +708,9 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
         # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
         cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
         cross_kv += np.concatenate((cross_b_k, cross_b_v))
-        cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
+        cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
+        cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
+        cross_v = cross_v.reshape(batch, n_memory, n_heads, d_head)
         del cross_kv
         _memoize(cache, "cross.memory", mem, {"cross.k": cross_k, "cross.v": cross_v})
     del mem
@@ -835,7 +840,10 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
-    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
+    attn_v = attn_v.reshape(batch, n_tokens, n_heads, d_head)
     del attn_qkv
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
@@ -864,7 +872,9 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
     cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
     cross_kv += np.concatenate((cross_b_k, cross_b_v))
-    cross_k, cross_v = (part.reshape(batch, n_memory, n_heads, d_head) for part in np.split(cross_kv, 2, axis=1))
+    cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
+    cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
+    cross_v = cross_v.reshape(batch, n_memory, n_heads, d_head)
     del cross_kv
     # a^cross[m, i, t] = Σ_e(K^cross[t, m, e]*Q^cross[i, m, e])/sqrt(N_e)
     # γ^cross[m, i, t] = exp(a^cross[m, i, t])*χ_m[i, t]/Σ_o(exp(a^cross[m, i, o])*χ_m[i, o])

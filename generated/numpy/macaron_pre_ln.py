@@ -458,7 +458,10 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm2[i, k])
     attn_qkv = norm2_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
-    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
+    attn_v = attn_v.reshape(batch, n_tokens, n_heads, d_head)
     del attn_qkv, norm2_out
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
@@ -594,7 +597,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm2[i, k])
     attn_qkv = norm2_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
     attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
-    attn_q, attn_k, attn_v = (part.reshape(batch, n_tokens, n_heads, d_head) for part in np.split(attn_qkv, 3, axis=1))
+    attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
+    attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
+    attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
+    attn_v = attn_v.reshape(batch, n_tokens, n_heads, d_head)
     del attn_qkv
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])

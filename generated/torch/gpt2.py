@@ -555,8 +555,10 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
     attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
-    attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
-    attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+    attn_q, attn_k, attn_v = attn_qkv.split([d_head*n_heads, d_head*n_heads, d_head*n_heads], dim=1)
+    attn_q = attn_q.view(batch, n_tokens, n_heads, d_head)
+    attn_k = attn_k.view(batch, n_tokens, n_heads, d_head)
+    attn_v = attn_v.view(batch, n_tokens, n_heads, d_head)
     del attn_qkv
     # a^attn[m, i, j] = Σ_e(K^attn[j, m, e]*Q^attn[i, m, e])/sqrt(N_e)
     # γ^attn[m, i, j] = exp(a^attn[m, i, j])*χ[i, j]/Σ_n(exp(a^attn[m, i, n])*χ[i, n])
@@ -1139,8 +1141,10 @@ class Block(_CanonicalModule):
         # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
         # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
         attn_qkv = torch.addmm(_cat([attn_b_q, attn_b_k, attn_b_v], 0), norm1_out.reshape(-1, d), _cat([attn_W_q, attn_W_k, attn_W_v], 1))
-        attn_q, attn_k, attn_v = attn_qkv.chunk(3, dim=1)
-        attn_q, attn_k, attn_v = attn_q.view(batch, n_tokens, n_heads, d_head), attn_k.view(batch, n_tokens, n_heads, d_head), attn_v.view(batch, n_tokens, n_heads, d_head)
+        attn_q, attn_k, attn_v = attn_qkv.split([d_head*n_heads, d_head*n_heads, d_head*n_heads], dim=1)
+        attn_q = attn_q.view(batch, n_tokens, n_heads, d_head)
+        attn_k = attn_k.view(batch, n_tokens, n_heads, d_head)
+        attn_v = attn_v.view(batch, n_tokens, n_heads, d_head)
         del attn_qkv, norm1_out
         # the cache: attn_k of the earlier tokens, then the new ones
         attn_k = _cache(cache, "attn.k", attn_k)

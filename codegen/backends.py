@@ -17,8 +17,8 @@ from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
-                 Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
-from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, plain_name
+                 PairTable, Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
+from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, broadcast, plain_name
 
 __all__ = ["Backend", "BACKENDS", "Spelled"]
 
@@ -188,11 +188,29 @@ class Backend:
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.doprint(op.expr)}"]
 
+    def pair_table(self, op: PairTable, printer: ArrayPrinter) -> list[str]:
+        """``out[.., c, ..] = entries[c]``: the entries side by side along ``c``."""
+        rows = printer.at(tuple(label for label in op.labels if label != op.axis))
+        entries = ", ".join(rows.doprint(entry) for entry in op.entries)
+        return [f"{op.out} = {self.library}.stack(({entries}), {self.axis}={op.labels.index(op.axis)})"]
+
+    def paired(self, x: str, diagonal: str, swapped: str, crossed: str) -> str:
+        """``x ∘ diagonal + swapped ∘ crossed``."""
+        return f"{x}*{diagonal} + {swapped}*{crossed}"
+
+    def swapped(self, x: str, axis: int) -> str:
+        """``x`` with its axis ``axis`` (of two points) reversed."""
+        return f"np.flip({x}, {axis})"
+
     def unrolled(self, op: Unrolled, printer: ArrayPrinter) -> list[str]:
-        """``out[.., c, ..] = Σ_c̃ M[c][c̃] x[.., c̃, ..]``: one elementwise row per point ``c``, stacked. A point of
+        """``out[.., c, ..] = Σ_c̃ M[c][c̃] x[.., c̃, ..]``. With the pair's tables (``pair_tables``): ``D[c] x[c] +
+        X[c] x[1 − c]``, the tables broadcast to ``out``. Else one elementwise row per point ``c``, stacked. A point of
         ``x`` or an array the entries read (broadcast to the rows) that more than one product reads is bound once
         (``out_<point>``, ``out_<array>``: one view, not one per product) and released after."""
         position = op.x.labels.index(op.summed)
+        if op.tables is not None:
+            diagonal, crossed = (broadcast(table.name, table.labels, op.labels) for table in op.tables)
+            return [f"{op.out} = {self.paired(op.x.name, diagonal, self.swapped(op.x.name, position), crossed)}"]
         trailing = ", :" * (len(op.x.labels) - 1 - position)
         rows = printer.at(tuple(label for label in op.labels if label != op.axis))
         reads = [part for row in op.entries for part, entry in enumerate(row) if entry != 0]
@@ -392,6 +410,12 @@ class TorchBackend(Backend):
     frees_in_branches = False
     input_costate_last = True
     adjoint_preamble = ("inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout",)
+
+    def paired(self, x: str, diagonal: str, swapped: str, crossed: str) -> str:
+        return f"torch.addcmul({x}*{diagonal}, {swapped}, {crossed})"
+
+    def swapped(self, x: str, axis: int) -> str:
+        return f"{x}.flip({axis})"
 
     def memoized_extra(self, printer: ArrayPrinter) -> str:
         """With autograd on, never reused: recomputed, so that gradients reach this call's memory and parameters."""

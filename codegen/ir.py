@@ -39,7 +39,7 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
-    "Unrolled", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -287,9 +287,26 @@ class Unrolled(Op):
     axis: str = ""
     summed: str = ""
     entries: tuple[tuple[sp.Expr, ...], ...] = ()
+    #: On a two-point axis, the tables (``PairTable``) of the diagonal ``M[c][c]`` and the crossed entries
+    #: ``M[c][1 − c]``: then ``out[c] = D[c] x[c] + X[c] x[1 − c]`` reads them instead of the entries.
+    tables: tuple[Operand, Operand] | None = None
 
     def reads(self) -> list[str]:
+        if self.tables is not None:
+            return [self.x.name, *(table.name for table in self.tables)]
         return [self.x.name, *sorted({name for row in self.entries for entry in row for name in _indexed_names(entry)})]
+
+
+@dataclass(frozen=True)
+class PairTable(Op):
+    """``out[.., c, ..] = entries[c]``: one elementwise expression per point of the two-point axis ``axis``,
+    side by side (the diagonal or the crossed entries of an ``Unrolled`` sum's matrix)."""
+
+    axis: str = ""
+    entries: tuple[sp.Expr, ...] = ()
+
+    def reads(self) -> list[str]:
+        return sorted({name for entry in self.entries for name in _indexed_names(entry)})
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def test_sums_inside_an_elementwise_map_become_temporaries():
 #: A built-in each pass was written for: a pattern that stopped matching only costs speed, so
 #: no parity test would notice it.
 _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm": "llama", "unroll-pairs": "llama",
-             "fused-attention": "gpt2", "gelu": ("post-ln", "gelu"), "gelu-tanh": "gpt2", "silu": "llama", "shared-trig": "llama",
+             "fused-attention": "gpt2", "gelu": ("post-ln", "gelu"), "gelu-tanh": "gpt2", "silu": "llama", "shared-trig": "llama", "pair-tables": "llama",
              "matmul": "post-ln", "fuse-projections": "llama", "reuse-buffers": "post-ln",
              "local-kernel": str(Path(__file__).parent / "schemes" / "shifted-pre-ln.toml"),
              "one-hot": str(Path(__file__).parent / "schemes" / "t5-pre-ln.toml")}

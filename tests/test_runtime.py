@@ -371,6 +371,35 @@ def test_torch_cat_reads_parts_side_by_side_without_a_copy(widths):
     assert swapped is None  # control: the parts out of their order are no view of one tensor
 
 
+def test_torch_cat_reuses_its_view_only_while_the_parts_lie_where_they_lay():
+    """The joined view is built once and read again: edits of a part reach it, a part moved elsewhere
+    (``.data`` replaced) or another inference mode gets a view built anew; the entry goes with its first part."""
+    module = torch.nn.Module()
+    names = ("W_q", "W_k")
+    for name in names:
+        module.register_parameter(name, torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64)))
+    parts = lambda: [getattr(module, name) for name in names]  # noqa: E731
+    torch_helpers._side_by_side(module, [(names, 1)])
+    with torch.no_grad():
+        first = torch_helpers._cat(parts(), 1)
+        assert torch_helpers._cat(parts(), 1) is first
+        module.W_k.mul_(2.0)
+        _agree(first.numpy(), torch.cat([part.detach() for part in parts()], 1).numpy(), first.numpy() * 0)
+        module.W_q.data = module.W_q.detach().clone()  # no longer beside W_k: torch.cat, a copy
+        copied = torch_helpers._cat(parts(), 1)
+        assert copied is not first and copied.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+        torch_helpers._side_by_side(module, [(names, 1)])
+        again = torch_helpers._cat(parts(), 1)
+        assert again.untyped_storage().data_ptr() == module.W_q.untyped_storage().data_ptr()
+    with torch.inference_mode():
+        inference = torch_helpers._cat(parts(), 1)
+    assert inference is not again  # built in inference mode, kept apart from views built outside it
+    key = id(module.W_q)
+    assert key in torch_helpers._JOINED
+    del module, parts
+    assert key not in torch_helpers._JOINED  # control above: the entry existed while its part did
+
+
 # -- block inputs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("inputs, wrap", [(numpy_inputs, np.asarray), (torch_inputs, torch.from_numpy)])
@@ -463,5 +492,5 @@ def test_generated_modules_import_only_the_standard_library_and_their_backend():
     statement = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.MULTILINE)
     for path in sorted((ROOT / "generated").glob("*/*.py")):
         imported = set(statement.findall(path.read_text(encoding="utf-8")))
-        assert imported <= {"math", "numbers", "warnings", "collections", path.parent.name}, (path, imported)
+        assert imported <= {"math", "numbers", "warnings", "weakref", "collections", path.parent.name}, (path, imported)
         assert path.name == "__init__.py" or path.parent.name in imported  # control: the backend's import is seen

@@ -19,6 +19,7 @@ from .layer_norm_adjoint import layer_norm_adjoint
 from .local_kernel import local_kernel
 from .matmul import matmul
 from .one_hot import one_hot
+from .pair_tables import pair_tables
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
 from .shared_trig import shared_trig
@@ -40,6 +41,7 @@ PASSES = {
     "silu": silu,
     "unroll-pairs": unroll_pairs,
     "shared-trig": shared_trig,
+    "pair-tables": pair_tables,
     "attention-adjoint": attention_adjoint,
     "fused-attention": fused_attention,
     "matmul": matmul,

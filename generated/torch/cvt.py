@@ -70,6 +70,7 @@ convolution is a Conv2d weight permuted (1, 2, 3, 0), of a depth-wise one (1, 2,
 """
 import math
 import numbers
+import weakref
 from collections.abc import Mapping
 
 import torch

@@ -22,6 +22,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -238,6 +239,11 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     first = tensors[0]
     try:
+        layout = (torch.is_inference_mode_enabled(),
+                  tuple((t.device, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
+        known = _JOINED.get(id(first))
+        if known is not None and known[0]() is first and known[1] == layout:
+            return known[2]
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
         if storage == 0:
             return None
@@ -251,7 +257,16 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
-    return first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    joined = first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    key = id(first)
+    _JOINED[key] = (weakref.ref(first, lambda _, joined=_JOINED: joined.pop(key, None)), layout, joined)
+    return joined
+
+
+#: The views ``_joined_view`` built, by the id of their first part: (a weak reference to that part, where and how
+#: the parts lay, the view). A call whose parts lie where they lay, in the same inference mode, reads the view
+#: again (its storage is theirs, so it holds every edit); the entry goes with its first part.
+_JOINED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
 def _side_by_side(module, groups) -> None:
@@ -519,16 +534,19 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # attn_phi_sin[i, r] = sin(attn_phi[i, r])
     attn_phi_sin = torch.sin(attn_phi)
     del attn_phi
+    # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+    attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
+    del attn_phi_cos
+    # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+    attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin = attn_q[..., 0, :], attn_q[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
-    attn_qr = torch.stack((attn_qr_0*attn_qr_attn_phi_cos - attn_qr_1*attn_qr_attn_phi_sin, attn_qr_0*attn_qr_attn_phi_sin + attn_qr_1*attn_qr_attn_phi_cos), dim=4)
-    del attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin
+    #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
+    attn_qr = torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), attn_qr_crossed[:, :, None, None])
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin = attn_k[..., 0, :], attn_k[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
-    attn_kr = torch.stack((attn_kr_0*attn_kr_attn_phi_cos - attn_kr_1*attn_kr_attn_phi_sin, attn_kr_0*attn_kr_attn_phi_sin + attn_kr_1*attn_kr_attn_phi_cos), dim=3)
-    del attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin
-    del attn_k
+    #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
+    attn_kr = torch.addcmul(attn_k*attn_qr_diagonal[:, :, None], attn_k.flip(3), attn_qr_crossed[:, :, None])
+    del attn_k, attn_qr_crossed
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
@@ -561,7 +579,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta, need_u=True):
@@ -570,7 +588,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_cos, attn_phi_sin, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -663,18 +681,19 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     del attn_gamma, attn_o_bar
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
+    # attn_k_bar_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]
+    attn_k_bar_crossed = torch.stack((attn_phi_sin, -attn_phi_sin), dim=2)
+    del attn_phi_sin
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    attn_k_bar_0, attn_k_bar_1, attn_k_bar_attn_phi_cos, attn_k_bar_attn_phi_sin = attn_kr_bar[..., 0, :], attn_kr_bar[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
-    attn_k_bar = torch.stack((attn_k_bar_0*attn_k_bar_attn_phi_cos + attn_k_bar_1*attn_k_bar_attn_phi_sin, attn_k_bar_1*attn_k_bar_attn_phi_cos - attn_k_bar_0*attn_k_bar_attn_phi_sin), dim=3)
-    del attn_k_bar_0, attn_k_bar_1, attn_k_bar_attn_phi_cos, attn_k_bar_attn_phi_sin
+    #   = attn_qr_diagonal[c]*attn_kr_bar[c] + attn_k_bar_crossed[c]*attn_kr_bar[1 - c]
+    attn_k_bar = torch.addcmul(attn_kr_bar*attn_qr_diagonal[:, :, None], attn_kr_bar.flip(3), attn_k_bar_crossed[:, :, None])
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    attn_q_bar_0, attn_q_bar_1, attn_q_bar_attn_phi_cos, attn_q_bar_attn_phi_sin = attn_qr_bar[..., 0, :], attn_qr_bar[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
-    attn_q_bar = torch.stack((attn_q_bar_0*attn_q_bar_attn_phi_cos + attn_q_bar_1*attn_q_bar_attn_phi_sin, attn_q_bar_1*attn_q_bar_attn_phi_cos - attn_q_bar_0*attn_q_bar_attn_phi_sin), dim=4)
-    del attn_q_bar_0, attn_q_bar_1, attn_q_bar_attn_phi_cos, attn_q_bar_attn_phi_sin
-    del attn_phi_cos, attn_phi_sin, attn_qr_bar
+    #   = attn_qr_diagonal[c]*attn_qr_bar[c] + attn_k_bar_crossed[c]*attn_qr_bar[1 - c]
+    attn_q_bar = torch.addcmul(attn_qr_bar*attn_qr_diagonal[:, :, None, None], attn_qr_bar.flip(4), attn_k_bar_crossed[:, :, None, None])
+    del attn_k_bar_crossed, attn_qr_bar, attn_qr_diagonal
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out
@@ -1186,16 +1205,20 @@ class Block(_CanonicalModule):
         # attn_phi_sin[i, r] = sin(attn_phi[i, r])
         attn_phi_sin = torch.sin(attn_phi)
         del attn_phi
+        # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+        attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
+        del attn_phi_cos
+        # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+        attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
+        del attn_phi_sin
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-        attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin = attn_q[..., 0, :], attn_q[..., 1, :], attn_phi_cos[:, :, None, None], attn_phi_sin[:, :, None, None]
-        attn_qr = torch.stack((attn_qr_0*attn_qr_attn_phi_cos - attn_qr_1*attn_qr_attn_phi_sin, attn_qr_0*attn_qr_attn_phi_sin + attn_qr_1*attn_qr_attn_phi_cos), dim=4)
-        del attn_qr_0, attn_qr_1, attn_qr_attn_phi_cos, attn_qr_attn_phi_sin
+        #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
+        attn_qr = torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), attn_qr_crossed[:, :, None, None])
         del attn_q
         # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-        attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin = attn_k[..., 0, :], attn_k[..., 1, :], attn_phi_cos[:, :, None], attn_phi_sin[:, :, None]
-        attn_kr = torch.stack((attn_kr_0*attn_kr_attn_phi_cos - attn_kr_1*attn_kr_attn_phi_sin, attn_kr_0*attn_kr_attn_phi_sin + attn_kr_1*attn_kr_attn_phi_cos), dim=3)
-        del attn_kr_0, attn_kr_1, attn_kr_attn_phi_cos, attn_kr_attn_phi_sin
-        del attn_k, attn_phi_cos, attn_phi_sin
+        #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
+        attn_kr = torch.addcmul(attn_k*attn_qr_diagonal[:, :, None], attn_k.flip(3), attn_qr_crossed[:, :, None])
+        del attn_k, attn_qr_crossed, attn_qr_diagonal
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
         # the cache: attn_v of the earlier tokens, then the new ones

@@ -35,6 +35,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -338,6 +339,11 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     first = tensors[0]
     try:
+        layout = (torch.is_inference_mode_enabled(),
+                  tuple((t.device, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
+        known = _JOINED.get(id(first))
+        if known is not None and known[0]() is first and known[1] == layout:
+            return known[2]
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
         if storage == 0:
             return None
@@ -351,7 +357,16 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
-    return first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    joined = first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    key = id(first)
+    _JOINED[key] = (weakref.ref(first, lambda _, joined=_JOINED: joined.pop(key, None)), layout, joined)
+    return joined
+
+
+#: The views ``_joined_view`` built, by the id of their first part: (a weak reference to that part, where and how
+#: the parts lay, the view). A call whose parts lie where they lay, in the same inference mode, reads the view
+#: again (its storage is theirs, so it holds every edit); the entry goes with its first part.
+_JOINED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
 def _side_by_side(module, groups) -> None:

@@ -1,0 +1,60 @@
+"""An unrolled sum over a pair as two products of the whole array, one with the pair swapped.
+
+``unroll_pairs`` writes ``q̂[c] = M[c][0] q[0] + M[c][1] q[1]`` as one row per point ``c``, stacked: four
+products of half arrays, two sums and a copy into the result. The same sum is
+``q̂[c] = D[c] q[c] + X[c] q[1 − c]`` with the diagonal ``D[c] = M[c][c]`` and the crossed entries
+``X[c] = M[c][1 − c]``: two products of the whole array (the second with its pair axis reversed) and one sum.
+``D`` and ``X`` are tables over the entries' own axes and ``c`` (``PairTable``: cos φ, cos φ and −sin φ, sin φ
+for a rotation), built once for every sum with the same entries (the queries' and the keys' rotation by one
+angle) and broadcast to each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import sympy as sp
+
+from ..ir import BATCH, Module, Operand, PairTable, Unrolled
+
+__all__ = ["pair_tables"]
+
+
+def pair_tables(module: Module) -> Module:
+    ops, built, taken = [], {}, {op.out for op in module.ops} | set(module.tensors)
+    for op in module.ops:
+        if not isinstance(op, Unrolled) or op.tables is not None or len(op.entries) != 2:
+            ops.append(op)
+            continue
+        labels = _table_labels(module, op)
+        tables = []
+        for kind, entries in (("diagonal", (op.entries[0][0], op.entries[1][1])),
+                              ("crossed", (op.entries[0][1], op.entries[1][0]))):
+            key = (entries, labels)
+            if key not in built:
+                name = f"{op.out}_{kind}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                built[key] = name
+                ops.append(PairTable(name, labels, _comment(name, labels, op.axis, entries), op.section,
+                                     axis=op.axis, entries=entries))
+            tables.append(Operand(built[key], labels))
+        x, pair = op.x.name, op.axis
+        paired = f"  = {tables[0].name}[{pair}]*{x}[{pair}] + {tables[1].name}[{pair}]*{x}[1 - {pair}]"
+        ops.append(replace(op, tables=tuple(tables), comment=f"{op.comment}\n{paired}" if op.comment else op.comment))
+    return replace(module, ops=ops)
+
+
+def _table_labels(module: Module, op: Unrolled) -> tuple[str, ...]:
+    """The output's axes that the entries vary along, and the pair axis, in the output's order."""
+    arrays = {item for row in op.entries for entry in row for item in entry.atoms(sp.Indexed)}
+    read = {str(index) for item in arrays for index in item.indices} | {op.axis}
+    if any(module.batched(str(item.base.label)) for item in arrays):
+        read.add(BATCH)
+    return tuple(label for label in op.labels if label in read)
+
+
+def _comment(name: str, labels: tuple[str, ...], axis: str, entries: tuple[sp.Expr, ...]) -> str:
+    indices = ", ".join(label for label in labels if label != BATCH)
+    return f"{name}[{indices}] = ({', '.join(str(entry) for entry in entries)})[{axis}]"

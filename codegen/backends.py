@@ -17,10 +17,10 @@ from splitformer.symbolic.domains import VARIABLES
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
-                 PairTable, Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
+                 PairTable, Shared, Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, broadcast, plain_name
 
-__all__ = ["Backend", "BACKENDS", "Spelled"]
+__all__ = ["Backend", "BACKENDS", "Spelled", "INFERENCE", "DROPOUT"]
 
 #: The flag the PyTorch template sets when autograd is off (``torch.is_grad_enabled()``).
 INFERENCE = "inference"
@@ -80,6 +80,9 @@ class Backend:
     #: it to the system and taking a page fault per 4 KiB page again (about 3800 faults, 12 %
     #: of a post-ln forward at B·N = 1024, d = 512).
     frees_dead_arrays = False
+    #: A stack's layers read what its first computed from the positions alone (``Shared``), from the dict it hands
+    #: them; else every layer computes it.
+    shares_across_layers = False
     #: Also within a branch (a ``Memoized`` op's), its own arrays: TorchScript refuses ``del`` there.
     frees_in_branches = True
     #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
@@ -93,10 +96,11 @@ class Backend:
         lines = self.lines(op, printer)
         return Spelled(lines, frozenset(printer.used))
 
-    def spell_store(self, module: Module, op: Memoized) -> Spelled:
-        """The statement storing what a ``Memoized`` op computed (after its own statements)."""
+    def spell_store(self, module: Module, op: Memoized | Shared) -> Spelled:
+        """The statement storing what a branch op computed (after its own statements)."""
         printer = self.printer(module, op.labels)
-        return Spelled(self.memoize(op, printer), frozenset(printer.used))
+        store = self.memoize if isinstance(op, Memoized) else self.share
+        return Spelled(store(op, printer), frozenset(printer.used))
 
     def statements(self, module: Module, op: Op) -> list[str]:
         """The statements computing ``op``."""
@@ -275,6 +279,21 @@ class Backend:
         return [f'if {printer.use("_memoized")}(cache, "{op.key}", {op.source}{self.memoized_extra(printer)}):', *reads,
                 "else:"]
 
+    def shared(self, op: Shared, printer: ArrayPrinter) -> list[str]:
+        """The head of a ``Shared`` op: its outputs read from ``shared`` where an earlier layer of the stack stored
+        them under the same sizes, constants and cached tokens (``op.key``), else (``else:``, the op's own statements
+        follow) computed."""
+        key = " ".join("{%s}" % printer.use(name) for name in op.key)
+        names = ", ".join(operand.name for operand in op.outputs)
+        read = "shared[shared_key]" if len(op.outputs) > 1 else "shared[shared_key][0]"
+        return [f'shared_key = f"{key}"', "if shared is not None and shared_key in shared:", f"    {names} = {read}",
+                "else:"]
+
+    def share(self, op: Shared, printer: ArrayPrinter) -> list[str]:
+        """The last statement of a ``Shared`` op's own: its outputs stored for the stack's later layers."""
+        names = ", ".join(operand.name for operand in op.outputs)
+        return ["if shared is not None:", f"    shared[shared_key] = [{names}]"]
+
     def memoized_extra(self, printer: ArrayPrinter) -> str:
         """Further arguments of ``_memoized``."""
         return ""
@@ -408,6 +427,7 @@ class TorchBackend(Backend):
     kernel_flags = (DROPOUT,)
     frees_dead_arrays = True  # the same page faults with torch's CPU allocator (4576 a call at N = 128)
     frees_in_branches = False
+    shares_across_layers = True
     input_costate_last = True
     adjoint_preamble = ("inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout",)
 

@@ -39,7 +39,7 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
-    "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "Shared", "BRANCHES", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -457,9 +457,39 @@ class Memoized(Op):
         return [operand.name for operand in self.outputs]
 
 
+@dataclass(frozen=True)
+class Shared(Op):
+    """``ops``, which compute ``outputs`` from the token positions alone (with the sizes and constants named in
+    ``key``): every layer of a stack computes them alike, so the stack's first layer computes them and stores them
+    in ``shared`` (a dict the stack hands each layer, under the values of ``key``), and the others read them.
+
+    Rotary embedding: the angles' cosines and sines (their tables) at the new tokens' positions, once per stack
+    call rather than once per layer. A block called alone (``shared`` None) computes them.
+    """
+
+    ops: tuple[Op, ...] = ()
+    outputs: tuple[Operand, ...] = ()
+    key: tuple[str, ...] = ()
+
+    def inner(self) -> set[str]:
+        """The arrays ``ops`` write."""
+        return {name for op in self.ops for name in (*op.writes(), op.out)}
+
+    def reads(self) -> list[str]:
+        inner = self.inner()
+        return list(dict.fromkeys(name for op in self.ops for name in op.reads() if name not in inner))
+
+    def writes(self) -> list[str]:
+        return [operand.name for operand in self.outputs]
+
+
+#: The ops whose own ops run in a branch of the emitted code: computed, or read from where they were kept.
+BRANCHES = (Memoized, Shared)
+
+
 def flat(ops) -> list[Op]:
-    """``ops`` with each ``Memoized`` op's own ops after it (what each statement computes, once each)."""
-    return [item for op in ops for item in ([op, *op.ops] if isinstance(op, Memoized) else [op])]
+    """``ops`` with each branch op's own ops after it (what each statement computes, once each)."""
+    return [item for op in ops for item in ([op, *op.ops] if isinstance(op, BRANCHES) else [op])]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Memoized, Module, Op, Operand,
-                 Point, Reduction, Rows, Softmax, TensorInfo, Window)
+                 PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
 
@@ -414,6 +414,43 @@ def _with_memoized(module: Module, memoized: dict[str, str]) -> Module:
     return replace(module, ops=ops)
 
 
+def _with_shared(module: Module) -> Module:
+    """The elementwise ops that compute from the token positions alone (and each other: rotary's angles, their
+    cosines and sines, their tables) as one ``Shared`` op where the first stood: a stack's layers compute them once.
+
+    Run after the passes, on the ops they left. A grid coordinate read as a value reads the state for its dtype
+    and device only (alike in every layer); no op that reads the state itself, a parameter or the support is moved.
+    The shared arrays are never a later in-place update's buffer: the next layer reads them.
+    """
+    positions = [field.name for field in module.inputs if field.role == "positions"]
+    if not positions:
+        return module
+    known, inner = set(positions), []
+    for position, op in enumerate(module.ops):
+        expressions = [op.expr] if isinstance(op, Elementwise) else list(op.entries) if isinstance(op, PairTable) else None
+        arrays = {str(item.base.label) for expr in expressions or () for item in expr.atoms(sp.Indexed)}
+        if arrays and arrays <= known:
+            inner.append(position)
+            known |= {*op.writes(), op.out}
+        else:  # a name this op binds anew (a cache's keys and values of every token) is read after it as that
+            known -= {*op.writes(), op.out}
+    group = [module.ops[position] for position in inner]
+    if all(isinstance(op, Elementwise) and isinstance(op.expr, sp.Indexed) for op in group):
+        return module  # nothing computed: a copy of the positions (T5's key positions) is as cheap in each layer
+    rest = [op for position, op in enumerate(module.ops) if position not in inner]
+    read_later = {name for op in rest for name in op.reads()}
+    outputs = tuple(Operand(op.out, op.labels) for op in group if op.out in read_later)
+    if not outputs:
+        return module
+    names = ", ".join(operand.name for operand in outputs)
+    op = Shared(outputs[0].name, outputs[0].labels,
+                f"{names}: from the positions alone, alike in every layer of a stack (its first computes them)",
+                group[0].section, ops=tuple(group), outputs=outputs)
+    kept = {operand.name for operand in outputs}
+    rest = [replace(item, reuse=None) if isinstance(item, Elementwise) and item.reuse in kept else item for item in rest]
+    return replace(module, ops=rest[:inner[0]] + [op] + rest[inner[0]:])
+
+
 def _written_labels(op: Op, name: str) -> tuple[str, ...]:
     """The axes of ``name``, written by ``op`` (one of a fused product's outputs, or its result)."""
     for output, labels in getattr(op, "outputs", ()):
@@ -471,4 +508,5 @@ def lower(program: Program, passes=None, network: bool = False) -> Module:
                     dropout=() if network else _dropout_sites(program), inputs=program.inputs, constants=program.constants,
                     stream=program.stream)
     module = run_passes(module, DEFAULT if passes is None else passes)
-    return _with_memoized(module, program.memoized)
+    module = _with_memoized(module, program.memoized)
+    return module if network else _with_shared(module)

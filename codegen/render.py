@@ -18,10 +18,10 @@ from splitformer.symbolic.scheme_file import derive_arguments
 
 from .across_layers import across_context
 from .adjoint import Backward, differentiated_inputs
-from .backends import BACKENDS, Spelled
+from .backends import BACKENDS, DROPOUT, INFERENCE, Spelled
 from .constant_names import check_constant_names
 from .initialization import init_bounds
-from .ir import Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, flat
+from .ir import BRANCHES, Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
@@ -156,6 +156,9 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
         # what a cache keeps once per memory: the key of the memory's copy and those of the fields computed from it
         "memoized": [{"memory": op.key, "fields": list(op.keys)} for op in module.ops if isinstance(op, Memoized)],
+        # what a stack's layers compute once from the positions (``Shared``), where the backend shares it
+        "shared": [operand.name for op in module.ops if isinstance(op, Shared) and spelling.shares_across_layers
+                   for operand in op.outputs],
         # cached key positions a kernel reads without χ: (cache key, ((low, high), …)), checked against new positions
         "unmasked_reads": _unmasked_reads(module),
     }
@@ -195,25 +198,35 @@ class _Statement:
 
 
 def _statements(module: Module, spelling) -> list[_Statement]:
-    """The statements of ``module``'s ops; a ``Memoized`` op's: its head (outputs read from the cache), its own
-    ops' statements in its ``else`` branch, their results stored there, and an empty statement after the branch
-    (where arrays the branch read from outside are deleted)."""
+    """The statements of ``module``'s ops; a branch op's (``Memoized``, ``Shared`` where the backend shares): its
+    head (outputs read from where they were kept), its own ops' statements in its ``else`` branch, their results
+    stored there, and an empty statement after the branch (where arrays the branch read from outside are deleted)."""
     statements = []
     for op in module.ops:
-        if not isinstance(op, Memoized):
-            statements.append(_Statement(op, spelling.spell(module, op), (*op.reads(), *op.writes(), op.out),
-                                         op.comment.splitlines()))
+        if isinstance(op, Shared) and not spelling.shares_across_layers:  # computed in every layer
+            statements += [_statement(module, item, spelling) for item in op.ops]
+            continue
+        if not isinstance(op, BRANCHES):
+            statements.append(_statement(module, op, spelling))
             continue
         head = len(statements)
-        statements.append(_Statement(op, spelling.spell(module, op), (op.source, *op.writes()),
-                                     op.comment.splitlines()))
-        for inner in op.ops:
-            statements.append(_Statement(inner, spelling.spell(module, inner),
-                                         (*inner.reads(), *inner.writes(), inner.out), inner.comment.splitlines(),
-                                         "    ", head))
-        statements.append(_Statement(op, spelling.spell_store(module, op), (op.source, *op.writes()), [], "    ", head))
+        inner = [_statement(module, item, spelling, head) for item in op.ops]
+        if isinstance(op, Shared):  # keyed by the sizes and constants its statements read, and the cached tokens
+            read = set().union(*(statement.spelled.used for statement in inner)) - {INFERENCE, DROPOUT}
+            offset = ("offset",) if any(isinstance(item, Cache) for item in module.ops) else ()
+            op = replace(op, key=offset + tuple(sorted(name for name in read if name.isidentifier() and not name.startswith("_"))))
+        sources = (op.source,) if isinstance(op, Memoized) else ()
+        statements.append(_Statement(op, spelling.spell(module, op), (*sources, *op.writes()), op.comment.splitlines()))
+        statements += inner
+        statements.append(_Statement(op, spelling.spell_store(module, op), (*sources, *op.writes()), [], "    ", head))
         statements.append(_Statement(op, Spelled([], frozenset()), (), []))
     return statements
+
+
+def _statement(module: Module, op: Op, spelling, branch: int | None = None) -> _Statement:
+    """The statement computing ``op`` (in the branch of the statement at ``branch``, if any)."""
+    return _Statement(op, spelling.spell(module, op), (*op.reads(), *op.writes(), op.out), op.comment.splitlines(),
+                      "" if branch is None else "    ", branch)
 
 
 def _last_reads(module: Module, keep: set[str], statements: list[_Statement],

@@ -1115,7 +1115,8 @@ class Block(_CanonicalModule):
     def forward(self, u: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool = True,
                 src_mask: torch.Tensor | None = None, src_key_padding_mask: torch.Tensor | None = None,
                 is_causal: bool = False,
-                positions: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, cache: dict[str, torch.Tensor] | None = None,
+                shared: dict[str, list[torch.Tensor]] | None = None) -> torch.Tensor:
         """``u`` of shape (batch, tokens, d) (or (tokens, d); (tokens, batch, d) when not
         ``batch_first``); the result has the same shape.
 
@@ -1126,6 +1127,11 @@ class Block(_CanonicalModule):
 
         ``positions``: the tokens' positions, (tokens,) or (batch, tokens); default ``0 … N−1``
         (after the cached tokens).
+
+        ``shared``: a dict (empty at the first layer) that the layers of one stack call share: the first stores
+        what it computes from the positions alone (attn_qr_diagonal, attn_qr_crossed), the others read it. One dict
+        per call of the layers, fresh at each: it is keyed by the sizes, options and cached tokens, not by the
+        positions' values.
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
@@ -1197,20 +1203,24 @@ class Block(_CanonicalModule):
         attn_k = attn_k.view(batch, n_tokens, n_kv_heads, 2, d_half)
         attn_v = attn_v.view(batch, n_tokens, n_kv_heads, d_head)
         del attn_qkv, norm1_out
-        # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
-        attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+        # attn_qr_diagonal, attn_qr_crossed: from the positions alone, alike in every layer of a stack (its first computes them)
+        shared_key = f"{offset} {d_half} {d_head} {rope_theta}"
+        if shared is not None and shared_key in shared:
+            attn_qr_diagonal, attn_qr_crossed = shared[shared_key]
+        else:
+            # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
+            attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
+            # attn_phi_cos[i, r] = cos(attn_phi[i, r])
+            attn_phi_cos = torch.cos(attn_phi)
+            # attn_phi_sin[i, r] = sin(attn_phi[i, r])
+            attn_phi_sin = torch.sin(attn_phi)
+            # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+            attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
+            # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+            attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
+            if shared is not None:
+                shared[shared_key] = [attn_qr_diagonal, attn_qr_crossed]
         del pos
-        # attn_phi_cos[i, r] = cos(attn_phi[i, r])
-        attn_phi_cos = torch.cos(attn_phi)
-        # attn_phi_sin[i, r] = sin(attn_phi[i, r])
-        attn_phi_sin = torch.sin(attn_phi)
-        del attn_phi
-        # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
-        attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
-        del attn_phi_cos
-        # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
-        attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
-        del attn_phi_sin
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
         #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
         attn_qr = torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), attn_qr_crossed[:, :, None, None])
@@ -1351,11 +1361,12 @@ class Stack(_CanonicalModule):
                 positions: torch.Tensor | None = None, cache: list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor:
         """``cache``: one dict per layer (``[{} for _ in stack.layers]`` at the first call), see ``Block``."""
         staged = _staged(cache, len(self.layers))
+        shared: dict[str, list[torch.Tensor]] = {}  # what the layers compute alike from the positions, once
         for index, block in enumerate(self.layers):
             u = block(u, key_padding_mask=key_padding_mask, causal=causal, src_mask=src_mask,
                       src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
                       positions=positions,
-                      cache=None if staged is None else staged[index])
+                      cache=None if staged is None else staged[index], shared=shared)
         _store(cache, staged)
         if self.has_final_norm:
             u = self._final_norm(u)

@@ -39,7 +39,7 @@ from splitformer.symbolic.inputs import Constant, Input
 
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
-    "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Memoized", "Shared", "BRANCHES", "TokenWindow", "LocalKernel", "Gather", "Scatter",
+    "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -428,7 +428,31 @@ class Cache(Op):
 
 
 @dataclass(frozen=True)
-class Memoized(Op):
+class Branch(Op):
+    """``ops``, computing ``outputs``, in a branch of the emitted code: computed, or read from where an earlier
+    call or layer kept them (``Memoized``, ``Shared``)."""
+
+    ops: tuple[Op, ...] = ()
+    outputs: tuple[Operand, ...] = ()
+
+    def inner(self) -> set[str]:
+        """The arrays ``ops`` write (their fused buffers too)."""
+        return {name for op in self.ops for name in (*op.writes(), op.out)}
+
+    def reads(self) -> list[str]:
+        inner = self.inner()
+        return list(dict.fromkeys([*self.sources(), *(name for op in self.ops for name in op.reads() if name not in inner)]))
+
+    def sources(self) -> tuple[str, ...]:
+        """What the branch's test reads besides the ops' inputs."""
+        return ()
+
+    def writes(self) -> list[str]:
+        return [operand.name for operand in self.outputs]
+
+
+@dataclass(frozen=True)
+class Memoized(Branch):
     """``ops``, which compute ``outputs`` from the memory ``source`` alone (and parameters), run only when the
     cache holds no results for a memory equal to ``source``; else ``outputs`` are read from the cache.
 
@@ -441,24 +465,14 @@ class Memoized(Op):
 
     source: str = ""
     key: str = ""
-    ops: tuple[Op, ...] = ()
-    outputs: tuple[Operand, ...] = ()
     keys: tuple[str, ...] = ()
 
-    def inner(self) -> set[str]:
-        """The arrays ``ops`` write (their fused buffers too)."""
-        return {name for op in self.ops for name in (*op.writes(), op.out)}
-
-    def reads(self) -> list[str]:
-        inner = self.inner()
-        return list(dict.fromkeys([self.source, *(name for op in self.ops for name in op.reads() if name not in inner)]))
-
-    def writes(self) -> list[str]:
-        return [operand.name for operand in self.outputs]
+    def sources(self) -> tuple[str, ...]:
+        return (self.source,)
 
 
 @dataclass(frozen=True)
-class Shared(Op):
+class Shared(Branch):
     """``ops``, which compute ``outputs`` from the token positions alone (with the sizes and constants named in
     ``key``): every layer of a stack computes them alike, so the stack's first layer computes them and stores them
     in ``shared`` (a dict the stack hands each layer, under the values of ``key``), and the others read them.
@@ -467,29 +481,12 @@ class Shared(Op):
     call rather than once per layer. A block called alone (``shared`` None) computes them.
     """
 
-    ops: tuple[Op, ...] = ()
-    outputs: tuple[Operand, ...] = ()
     key: tuple[str, ...] = ()
-
-    def inner(self) -> set[str]:
-        """The arrays ``ops`` write."""
-        return {name for op in self.ops for name in (*op.writes(), op.out)}
-
-    def reads(self) -> list[str]:
-        inner = self.inner()
-        return list(dict.fromkeys(name for op in self.ops for name in op.reads() if name not in inner))
-
-    def writes(self) -> list[str]:
-        return [operand.name for operand in self.outputs]
-
-
-#: The ops whose own ops run in a branch of the emitted code: computed, or read from where they were kept.
-BRANCHES = (Memoized, Shared)
 
 
 def flat(ops) -> list[Op]:
     """``ops`` with each branch op's own ops after it (what each statement computes, once each)."""
-    return [item for op in ops for item in ([op, *op.ops] if isinstance(op, BRANCHES) else [op])]
+    return [item for op in ops for item in ([op, *op.ops] if isinstance(op, Branch) else [op])]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, DROPOUT, INFERENCE, Spelled
 from .constant_names import check_constant_names
 from .initialization import init_bounds
-from .ir import BRANCHES, Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
+from .ir import Branch, Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
@@ -206,7 +206,7 @@ def _statements(module: Module, spelling) -> list[_Statement]:
         if isinstance(op, Shared) and not spelling.shares_across_layers:  # computed in every layer
             statements += [_statement(module, item, spelling) for item in op.ops]
             continue
-        if not isinstance(op, BRANCHES):
+        if not isinstance(op, Branch):
             statements.append(_statement(module, op, spelling))
             continue
         head = len(statements)
@@ -215,10 +215,11 @@ def _statements(module: Module, spelling) -> list[_Statement]:
             read = set().union(*(statement.spelled.used for statement in inner)) - {INFERENCE, DROPOUT}
             offset = ("offset",) if any(isinstance(item, Cache) for item in module.ops) else ()
             op = replace(op, key=offset + tuple(sorted(name for name in read if name.isidentifier() and not name.startswith("_"))))
-        sources = (op.source,) if isinstance(op, Memoized) else ()
-        statements.append(_Statement(op, spelling.spell(module, op), (*sources, *op.writes()), op.comment.splitlines()))
+        statements.append(_Statement(op, spelling.spell(module, op), (*op.sources(), *op.writes()),
+                                     op.comment.splitlines()))
         statements += inner
-        statements.append(_Statement(op, spelling.spell_store(module, op), (*sources, *op.writes()), [], "    ", head))
+        statements.append(_Statement(op, spelling.spell_store(module, op), (*op.sources(), *op.writes()), [], "    ",
+                                     head))
         statements.append(_Statement(op, Spelled([], frozenset()), (), []))
     return statements
 

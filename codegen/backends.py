@@ -198,9 +198,9 @@ class Backend:
         entries = ", ".join(rows.doprint(entry) for entry in op.entries)
         return [f"{op.out} = {self.library}.stack(({entries}), {self.axis}={op.labels.index(op.axis)})"]
 
-    def paired(self, x: str, diagonal: str, swapped: str, crossed: str) -> str:
-        """``x ∘ diagonal + swapped ∘ crossed``."""
-        return f"{x}*{diagonal} + {swapped}*{crossed}"
+    def paired(self, out: str, x: str, diagonal: str, swapped: str, crossed: str) -> list[str]:
+        """``out = x ∘ diagonal + swapped ∘ crossed``, the sum in place (one array fewer allocated)."""
+        return [f"{out} = {x}*{diagonal}", f"{out} += {swapped}*{crossed}"]
 
     def swapped(self, x: str, axis: int) -> str:
         """``x`` with its axis ``axis`` (of two points) reversed."""
@@ -214,7 +214,7 @@ class Backend:
         position = op.x.labels.index(op.summed)
         if op.tables is not None:
             diagonal, crossed = (broadcast(table.name, table.labels, op.labels) for table in op.tables)
-            return [f"{op.out} = {self.paired(op.x.name, diagonal, self.swapped(op.x.name, position), crossed)}"]
+            return self.paired(op.out, op.x.name, diagonal, self.swapped(op.x.name, position), crossed)
         trailing = ", :" * (len(op.x.labels) - 1 - position)
         rows = printer.at(tuple(label for label in op.labels if label != op.axis))
         reads = [part for row in op.entries for part, entry in enumerate(row) if entry != 0]
@@ -286,13 +286,15 @@ class Backend:
         key = " ".join("{%s}" % printer.use(name) for name in op.key)
         names = ", ".join(operand.name for operand in op.outputs)
         read = "shared[shared_key]" if len(op.outputs) > 1 else "shared[shared_key][0]"
-        return [f'shared_key = f"{key}"', "if shared is not None and shared_key in shared:", f"    {names} = {read}",
-                "else:"]
+        return [f'shared_key = f"{key}"',
+                f"if shared is not None and {printer.use(op.argument)} is None and shared_key in shared:",
+                f"    {names} = {read}", "else:"]
 
     def share(self, op: Shared, printer: ArrayPrinter) -> list[str]:
-        """The last statement of a ``Shared`` op's own: its outputs stored for the stack's later layers."""
+        """The last statement of a ``Shared`` op's own: its outputs stored for the stack's later layers (computed
+        from the default positions: given positions are the caller's, which a layer's hooks may change)."""
         names = ", ".join(operand.name for operand in op.outputs)
-        return ["if shared is not None:", f"    shared[shared_key] = [{names}]"]
+        return [f"if shared is not None and {printer.use(op.argument)} is None:", f"    shared[shared_key] = [{names}]"]
 
     def memoized_extra(self, printer: ArrayPrinter) -> str:
         """Further arguments of ``_memoized``."""
@@ -431,8 +433,9 @@ class TorchBackend(Backend):
     input_costate_last = True
     adjoint_preamble = ("inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout",)
 
-    def paired(self, x: str, diagonal: str, swapped: str, crossed: str) -> str:
-        return f"torch.addcmul({x}*{diagonal}, {swapped}, {crossed})"
+    def paired(self, out: str, x: str, diagonal: str, swapped: str, crossed: str) -> list[str]:
+        """In place on the fresh product (autograd keeps the inputs of a product, not its result)."""
+        return [f"{out} = ({x}*{diagonal}).addcmul_({swapped}, {crossed})"]
 
     def swapped(self, x: str, axis: int) -> str:
         return f"{x}.flip({axis})"

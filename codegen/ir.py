@@ -482,6 +482,8 @@ class Shared(Branch):
     """
 
     key: tuple[str, ...] = ()
+    #: The keyword the positions come from: shared only where it is None (the positions then follow from the key).
+    argument: str = "positions"
 
 
 def flat(ops) -> list[Op]:

@@ -422,10 +422,10 @@ def _with_shared(module: Module) -> Module:
     and device only (alike in every layer); no op that reads the state itself, a parameter or the support is moved.
     The shared arrays are never a later in-place update's buffer: the next layer reads them.
     """
-    positions = [field.name for field in module.inputs if field.role == "positions"]
-    if not positions:
+    fields = [field for field in module.inputs if field.role == "positions"]
+    if not fields:
         return module
-    known, inner = set(positions), []
+    known, inner = {field.name for field in fields}, []
     for position, op in enumerate(module.ops):
         expressions = [op.expr] if isinstance(op, Elementwise) else list(op.entries) if isinstance(op, PairTable) else None
         arrays = {str(item.base.label) for expr in expressions or () for item in expr.atoms(sp.Indexed)}
@@ -443,9 +443,11 @@ def _with_shared(module: Module) -> Module:
     if not outputs:
         return module
     names = ", ".join(operand.name for operand in outputs)
+    section = group[0].section  # one branch under one heading
     op = Shared(outputs[0].name, outputs[0].labels,
-                f"{names}: from the positions alone, alike in every layer of a stack (its first computes them)",
-                group[0].section, ops=tuple(group), outputs=outputs)
+                f"{names}: from the default positions alone, alike in every layer of a stack (its first computes them)",
+                section, ops=tuple(replace(item, section=section) for item in group), outputs=outputs,
+                argument=fields[0].argument)
     kept = {operand.name for operand in outputs}
     rest = [replace(item, reuse=None) if isinstance(item, Elementwise) and item.reuse in kept else item for item in rest]
     return replace(module, ops=rest[:inner[0]] + [op] + rest[inner[0]:])

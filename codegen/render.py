@@ -211,10 +211,11 @@ def _statements(module: Module, spelling) -> list[_Statement]:
             continue
         head = len(statements)
         inner = [_statement(module, item, spelling, head) for item in op.ops]
-        if isinstance(op, Shared):  # keyed by the sizes and constants its statements read, and the cached tokens
+        if isinstance(op, Shared):  # keyed by the default positions' sizes, and the sizes and constants it reads
             read = set().union(*(statement.spelled.used for statement in inner)) - {INFERENCE, DROPOUT}
             offset = ("offset",) if any(isinstance(item, Cache) for item in module.ops) else ()
-            op = replace(op, key=offset + tuple(sorted(name for name in read if name.isidentifier() and not name.startswith("_"))))
+            sizes = sorted(name for name in read - {"batch", "n_tokens"} if name.isidentifier() and not name.startswith("_"))
+            op = replace(op, key=(*offset, "batch", "n_tokens", *sizes))
         statements.append(_Statement(op, spelling.spell(module, op), (*op.sources(), *op.writes()),
                                      op.comment.splitlines()))
         statements += inner

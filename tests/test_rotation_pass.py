@@ -79,15 +79,15 @@ def test_grouped_heads_fuse_into_one_attention_without_repeated_keys(llama_ops):
 def test_the_emitted_llama_rotates_and_attends_without_the_six_axis_sum():
     from conftest import GENERATED
 
-    swapped = {"torch": ("torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), "
-                         "attn_qr_crossed[:, :, None, None])"),
-               "numpy": ("attn_q*attn_qr_diagonal[:, :, None, None] + np.flip(attn_q, 4)*"
-                         "attn_qr_crossed[:, :, None, None]")}
+    swapped = {"torch": ("attn_qr = (attn_q*attn_pair_diagonal[:, :, None, None]).addcmul_(attn_q.flip(4), "
+                         "attn_pair_crossed[:, :, None, None])"),
+               "numpy": ("attn_qr = attn_q*attn_pair_diagonal[:, :, None, None]\n"
+                         "    attn_qr += np.flip(attn_q, 4)*attn_pair_crossed[:, :, None, None]")}
     for backend, library in (("torch", "torch"), ("numpy", "np")):
         source = (GENERATED / backend / "llama.py").read_text(encoding="utf-8")
         # the rotation's tables once (cos φ, cos φ and −sin φ, sin φ), then each pair rotated as a whole
-        assert f"attn_qr_diagonal = {library}.stack((attn_phi_cos, attn_phi_cos), {'dim' if library == 'torch' else 'axis'}=2)" in source
-        assert f"attn_qr = {swapped[backend]}" in source
+        assert f"attn_pair_diagonal = {library}.stack((attn_phi_cos, attn_phi_cos), {'dim' if library == 'torch' else 'axis'}=2)" in source
+        assert swapped[backend] in source
         assert f"attn_phi_cos = {library}.cos(attn_phi)" in source
         assert "attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi" in source
         assert f"{library}.sum(attn_q" not in source and "repeat_interleave" not in source and ".repeat(" not in source
@@ -100,12 +100,12 @@ def test_the_queries_and_keys_rotations_read_one_pair_of_tables():
     module = lower(program)
     tables = {op.out: op for op in flat(module.ops) if isinstance(op, PairTable)}
     rotations = {op.out: op for op in module.ops if isinstance(op, Unrolled)}
-    assert set(tables) == {"attn_qr_diagonal", "attn_qr_crossed"} and set(rotations) == {"attn_qr", "attn_kr"}
+    assert set(tables) == {"attn_pair_diagonal", "attn_pair_crossed"} and set(rotations) == {"attn_qr", "attn_kr"}
     for op in rotations.values():
         (cos, minus_sin), (sin, cos_again) = op.entries
-        assert [table.name for table in op.tables] == ["attn_qr_diagonal", "attn_qr_crossed"]
-        assert tables["attn_qr_diagonal"].entries == (cos, cos_again) and tables["attn_qr_crossed"].entries == (minus_sin, sin)
-        assert op.reads() == [op.x.name, "attn_qr_diagonal", "attn_qr_crossed"]
+        assert [table.name for table in op.tables] == ["attn_pair_diagonal", "attn_pair_crossed"]
+        assert tables["attn_pair_diagonal"].entries == (cos, cos_again) and tables["attn_pair_crossed"].entries == (minus_sin, sin)
+        assert op.reads() == [op.x.name, "attn_pair_diagonal", "attn_pair_crossed"]
     without = lower(program, tuple(rewrite for rewrite in DEFAULT if rewrite is not PASSES["pair-tables"]))
     assert not any(isinstance(op, PairTable) for op in flat(without.ops))  # negative control
     assert all(op.tables is None for op in without.ops if isinstance(op, Unrolled))

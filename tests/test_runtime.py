@@ -394,6 +394,13 @@ def test_torch_cat_reuses_its_view_only_while_the_parts_lie_where_they_lay():
     with torch.inference_mode():
         inference = torch_helpers._cat(parts(), 1)
     assert inference is not again  # built in inference mode, kept apart from views built outside it
+    whole = torch.arange(12.0).reshape(4, 3)
+    upper, lower = whole[:2], whole[2:]  # side by side along axis 0 only
+    assert torch_helpers._cat([upper, lower], 0).untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    torch.testing.assert_close(torch_helpers._cat([upper, lower], 1), torch.cat([upper, lower], 1))  # not the view
+    module.double()  # parts moved (a copy): the view of their old storage is dropped as they are joined again
+    stale = [entry[2] for entry in torch_helpers._JOINED.values() if entry[0]() is module.W_q]
+    assert all(view.untyped_storage().data_ptr() == module.W_q.untyped_storage().data_ptr() for view in stale)
     key = id(module.W_q)
     assert key in torch_helpers._JOINED
     del module, parts

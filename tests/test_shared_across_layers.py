@@ -52,9 +52,9 @@ def _layer_by_layer(stack, u, **kwargs):
 def test_the_lowering_shares_the_angle_tables_and_nothing_that_reads_the_state():
     module = lower(derive(load_scheme("llama")))
     (shared,) = [op for op in module.ops if isinstance(op, Shared)]
-    assert [operand.name for operand in shared.outputs] == ["attn_qr_diagonal", "attn_qr_crossed"]
-    assert {op.out for op in shared.ops} == {"attn_phi", "attn_phi_cos", "attn_phi_sin", "attn_qr_diagonal",
-                                            "attn_qr_crossed"}
+    assert [operand.name for operand in shared.outputs] == ["attn_pair_diagonal", "attn_pair_crossed"]
+    assert {op.out for op in shared.ops} == {"attn_phi", "attn_phi_cos", "attn_phi_sin", "attn_pair_diagonal",
+                                            "attn_pair_crossed"}
     assert set(shared.reads()) == {"pos", "u0"}  # u0: the grid coordinates' dtype and device only
     network = lower(derive(load_scheme("llama")), network=True)
     assert not any(isinstance(op, Shared) for op in network.ops)  # control: a network program shares nothing
@@ -70,7 +70,8 @@ def test_a_stack_computes_the_tables_once_with_the_outputs_of_each_layer_alone(l
             together = stack(u, positions=given)
         with _Cosines() as alone:
             expected = _layer_by_layer(stack, u, positions=given)
-    assert counted.calls == 1 and alone.calls == LAYERS  # control: each block alone computes its own
+    # given positions are the caller's (a layer's hook may change them): each layer computes its own tables
+    assert counted.calls == (LAYERS if positions else 1) and alone.calls == LAYERS  # control: each block alone
     torch.testing.assert_close(together, expected, rtol=0, atol=1e-13)
 
 
@@ -121,3 +122,32 @@ def test_a_scripted_stack_shares_the_tables_too(llama, rng):
     u = torch.from_numpy(rng.normal(size=(2, 5, D)))
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(stack)(u), _layer_by_layer(stack, u), rtol=0, atol=1e-13)
+
+
+def test_a_hook_that_changes_a_layers_positions_is_followed(llama, rng):
+    """A forward pre-hook giving the second layer other positions: that layer reads them, not the first's tables."""
+    stack = _stack(llama)
+    u = torch.from_numpy(rng.normal(size=(1, 5, D)))
+    moved = torch.arange(5, dtype=torch.float64) * 3.0
+    with torch.no_grad():
+        state = stack.layers[0](u)  # the reference: each layer alone, the second at the moved positions
+        state = stack.layers[1](state, positions=moved)
+        state = stack.layers[2](state)
+        expected = stack._final_norm(state)
+        handle = stack.layers[1].register_forward_pre_hook(lambda block, args, kwargs: (args, {**kwargs, "positions": moved}),
+                                                           with_kwargs=True)
+        hooked = stack(u)
+        handle.remove()
+        plain = stack(u)
+    torch.testing.assert_close(hooked, expected, rtol=0, atol=1e-13)
+    assert (hooked - plain).abs().max() > 1e-3  # control: the moved positions change the output
+
+
+def test_one_dict_reused_across_calls_of_other_lengths_is_keyed_by_them(llama, rng):
+    block = _stack(llama).layers[0]
+    shared: dict = {}
+    with torch.no_grad():
+        for tokens in (6, 4, 6):
+            u = torch.from_numpy(rng.normal(size=(2, tokens, D)))
+            torch.testing.assert_close(block(u, shared=shared), block(u), rtol=0, atol=0)
+    assert len(shared) == 2  # one entry per (batch, tokens): the second call of 6 tokens read the first's

@@ -32,7 +32,7 @@ def pair_tables(module: Module) -> Module:
                               ("crossed", (op.entries[0][1], op.entries[1][0]))):
             key = (entries, labels)
             if key not in built:
-                name = f"{op.out}_{kind}"
+                name = f"{op.out.rpartition('_')[0] or op.out}_pair_{kind}"
                 while name in taken:
                     name += "_"
                 taken.add(name)
@@ -41,7 +41,9 @@ def pair_tables(module: Module) -> Module:
                                      axis=op.axis, entries=entries))
             tables.append(Operand(built[key], labels))
         x, pair = op.x.name, op.axis
-        paired = f"  = {tables[0].name}[{pair}]*{x}[{pair}] + {tables[1].name}[{pair}]*{x}[1 - {pair}]"
+        at = lambda labels, point: ", ".join(point if label == pair else label for label in labels if label != BATCH)  # noqa: E731
+        diagonal, crossed = (f"{table.name}[{at(table.labels, pair)}]" for table in tables)
+        paired = (f"  = {diagonal}*{x}[{at(op.labels, pair)}] + {crossed}*{x}[{at(op.labels, f'1 - {pair}')}]")
         ops.append(replace(op, tables=tuple(tables), comment=f"{op.comment}\n{paired}" if op.comment else op.comment))
     return replace(module, ops=ops)
 

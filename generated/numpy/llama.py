@@ -545,20 +545,22 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # attn_phi_sin[i, r] = sin(attn_phi[i, r])
     attn_phi_sin = np.sin(attn_phi)
     del attn_phi
-    # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
-    attn_qr_diagonal = np.stack((attn_phi_cos, attn_phi_cos), axis=2)
+    # attn_pair_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+    attn_pair_diagonal = np.stack((attn_phi_cos, attn_phi_cos), axis=2)
     del attn_phi_cos
-    # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
-    attn_qr_crossed = np.stack((-attn_phi_sin, attn_phi_sin), axis=2)
+    # attn_pair_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+    attn_pair_crossed = np.stack((-attn_phi_sin, attn_phi_sin), axis=2)
     del attn_phi_sin
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
-    attn_qr = attn_q*attn_qr_diagonal[:, :, None, None] + np.flip(attn_q, 4)*attn_qr_crossed[:, :, None, None]
+    #   = attn_pair_diagonal[i, c, r]*attn_q[i, g, s, c, r] + attn_pair_crossed[i, c, r]*attn_q[i, g, s, 1 - c, r]
+    attn_qr = attn_q*attn_pair_diagonal[:, :, None, None]
+    attn_qr += np.flip(attn_q, 4)*attn_pair_crossed[:, :, None, None]
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
-    attn_kr = attn_k*attn_qr_diagonal[:, :, None] + np.flip(attn_k, 3)*attn_qr_crossed[:, :, None]
-    del attn_k, attn_qr_crossed, attn_qr_diagonal
+    #   = attn_pair_diagonal[i, c, r]*attn_k[i, g, c, r] + attn_pair_crossed[i, c, r]*attn_k[i, g, 1 - c, r]
+    attn_kr = attn_k*attn_pair_diagonal[:, :, None]
+    attn_kr += np.flip(attn_k, 3)*attn_pair_crossed[:, :, None]
+    del attn_k, attn_pair_crossed, attn_pair_diagonal
     # the cache: attn_kr of the earlier tokens, then the new ones
     attn_kr = _cache(cache, "attn.kr", attn_kr)
     # the cache: attn_v of the earlier tokens, then the new ones
@@ -682,19 +684,21 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # attn_phi_sin[i, r] = sin(attn_phi[i, r])
     attn_phi_sin = np.sin(attn_phi)
     del attn_phi
-    # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
-    attn_qr_diagonal = np.stack((attn_phi_cos, attn_phi_cos), axis=2)
+    # attn_pair_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+    attn_pair_diagonal = np.stack((attn_phi_cos, attn_phi_cos), axis=2)
     del attn_phi_cos
-    # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
-    attn_qr_crossed = np.stack((-attn_phi_sin, attn_phi_sin), axis=2)
+    # attn_pair_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+    attn_pair_crossed = np.stack((-attn_phi_sin, attn_phi_sin), axis=2)
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
-    attn_qr = attn_q*attn_qr_diagonal[:, :, None, None] + np.flip(attn_q, 4)*attn_qr_crossed[:, :, None, None]
+    #   = attn_pair_diagonal[i, c, r]*attn_q[i, g, s, c, r] + attn_pair_crossed[i, c, r]*attn_q[i, g, s, 1 - c, r]
+    attn_qr = attn_q*attn_pair_diagonal[:, :, None, None]
+    attn_qr += np.flip(attn_q, 4)*attn_pair_crossed[:, :, None, None]
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
-    attn_kr = attn_k*attn_qr_diagonal[:, :, None] + np.flip(attn_k, 3)*attn_qr_crossed[:, :, None]
-    del attn_k, attn_qr_crossed
+    #   = attn_pair_diagonal[i, c, r]*attn_k[i, g, c, r] + attn_pair_crossed[i, c, r]*attn_k[i, g, 1 - c, r]
+    attn_kr = attn_k*attn_pair_diagonal[:, :, None]
+    attn_kr += np.flip(attn_k, 3)*attn_pair_crossed[:, :, None]
+    del attn_k, attn_pair_crossed
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
@@ -729,12 +733,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -831,19 +835,21 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     del attn_gamma, attn_o_bar
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
-    # attn_k_bar_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]
-    attn_k_bar_crossed = np.stack((attn_phi_sin, -attn_phi_sin), axis=2)
+    # attn_k_pair_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]
+    attn_k_pair_crossed = np.stack((attn_phi_sin, -attn_phi_sin), axis=2)
     del attn_phi_sin
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    #   = attn_qr_diagonal[c]*attn_kr_bar[c] + attn_k_bar_crossed[c]*attn_kr_bar[1 - c]
-    attn_k_bar = attn_kr_bar*attn_qr_diagonal[:, :, None] + np.flip(attn_kr_bar, 3)*attn_k_bar_crossed[:, :, None]
+    #   = attn_pair_diagonal[i, c, r]*attn_kr_bar[i, g, c, r] + attn_k_pair_crossed[i, c, r]*attn_kr_bar[i, g, 1 - c, r]
+    attn_k_bar = attn_kr_bar*attn_pair_diagonal[:, :, None]
+    attn_k_bar += np.flip(attn_kr_bar, 3)*attn_k_pair_crossed[:, :, None]
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = _einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    #   = attn_qr_diagonal[c]*attn_qr_bar[c] + attn_k_bar_crossed[c]*attn_qr_bar[1 - c]
-    attn_q_bar = attn_qr_bar*attn_qr_diagonal[:, :, None, None] + np.flip(attn_qr_bar, 4)*attn_k_bar_crossed[:, :, None, None]
-    del attn_k_bar_crossed, attn_qr_bar, attn_qr_diagonal
+    #   = attn_pair_diagonal[i, c, r]*attn_qr_bar[i, g, s, c, r] + attn_k_pair_crossed[i, c, r]*attn_qr_bar[i, g, s, 1 - c, r]
+    attn_q_bar = attn_qr_bar*attn_pair_diagonal[:, :, None, None]
+    attn_q_bar += np.flip(attn_qr_bar, 4)*attn_k_pair_crossed[:, :, None, None]
+    del attn_k_pair_crossed, attn_pair_diagonal, attn_qr_bar
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = _einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out

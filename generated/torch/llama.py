@@ -239,10 +239,11 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     first = tensors[0]
     try:
-        layout = (torch.is_inference_mode_enabled(),
+        layout = (dim, torch.is_inference_mode_enabled(),
                   tuple((t.device, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
-        known = _JOINED.get(id(first))
+        known = _JOINED.pop(id(first), None)  # a view of where the parts no longer lie is not kept
         if known is not None and known[0]() is first and known[1] == layout:
+            _JOINED[id(first)] = known
             return known[2]
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
         if storage == 0:
@@ -263,9 +264,10 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     return joined
 
 
-#: The views ``_joined_view`` built, by the id of their first part: (a weak reference to that part, where and how
-#: the parts lay, the view). A call whose parts lie where they lay, in the same inference mode, reads the view
-#: again (its storage is theirs, so it holds every edit); the entry goes with its first part.
+#: The last view ``_joined_view`` built of each first part, by its id: (a weak reference to that part, the axis, mode
+#: and where and how the parts lay, the view). A call along that axis whose parts lie where they lay, in the same
+#: inference mode, reads the view again (its storage is theirs, so it holds every edit); any other call drops it (no
+#: storage is held after the parts moved: ``.to()``), and the entry goes with its first part.
 _JOINED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 
@@ -534,19 +536,19 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # attn_phi_sin[i, r] = sin(attn_phi[i, r])
     attn_phi_sin = torch.sin(attn_phi)
     del attn_phi
-    # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
-    attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
+    # attn_pair_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+    attn_pair_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
     del attn_phi_cos
-    # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
-    attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
+    # attn_pair_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+    attn_pair_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
     # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-    #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
-    attn_qr = torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), attn_qr_crossed[:, :, None, None])
+    #   = attn_pair_diagonal[i, c, r]*attn_q[i, g, s, c, r] + attn_pair_crossed[i, c, r]*attn_q[i, g, s, 1 - c, r]
+    attn_qr = (attn_q*attn_pair_diagonal[:, :, None, None]).addcmul_(attn_q.flip(4), attn_pair_crossed[:, :, None, None])
     del attn_q
     # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-    #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
-    attn_kr = torch.addcmul(attn_k*attn_qr_diagonal[:, :, None], attn_k.flip(3), attn_qr_crossed[:, :, None])
-    del attn_k, attn_qr_crossed
+    #   = attn_pair_diagonal[i, c, r]*attn_k[i, g, c, r] + attn_pair_crossed[i, c, r]*attn_k[i, g, 1 - c, r]
+    attn_kr = (attn_k*attn_pair_diagonal[:, :, None]).addcmul_(attn_k.flip(3), attn_pair_crossed[:, :, None])
+    del attn_k, attn_pair_crossed
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
@@ -579,7 +581,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta, need_u=True):
@@ -588,7 +590,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_qr_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -681,19 +683,19 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     del attn_gamma, attn_o_bar
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
-    # attn_k_bar_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]
-    attn_k_bar_crossed = torch.stack((attn_phi_sin, -attn_phi_sin), dim=2)
+    # attn_k_pair_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]
+    attn_k_pair_crossed = torch.stack((attn_phi_sin, -attn_phi_sin), dim=2)
     del attn_phi_sin
     # K̅^attn[i, g, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*K̂̅^attn[i, g, p, r])
-    #   = attn_qr_diagonal[c]*attn_kr_bar[c] + attn_k_bar_crossed[c]*attn_kr_bar[1 - c]
-    attn_k_bar = torch.addcmul(attn_kr_bar*attn_qr_diagonal[:, :, None], attn_kr_bar.flip(3), attn_k_bar_crossed[:, :, None])
+    #   = attn_pair_diagonal[i, c, r]*attn_kr_bar[i, g, c, r] + attn_k_pair_crossed[i, c, r]*attn_kr_bar[i, g, 1 - c, r]
+    attn_k_bar = (attn_kr_bar*attn_pair_diagonal[:, :, None]).addcmul_(attn_kr_bar.flip(3), attn_k_pair_crossed[:, :, None])
     del attn_kr_bar
     # W̅^K_attn[k, g, c, r] = Σ_i(K̅^attn[i, g, c, r]*RMS^norm1[i, k])
     attn_W_k_bar = torch.einsum("bik,bigcr->kgcr", norm1_out, attn_k_bar)
     # Q̅^attn[i, g, s, c, r] = Σ_p(cos(π*(-c + p)/2 - φ^attn[i, r])*Q̂̅^attn[i, g, s, p, r])
-    #   = attn_qr_diagonal[c]*attn_qr_bar[c] + attn_k_bar_crossed[c]*attn_qr_bar[1 - c]
-    attn_q_bar = torch.addcmul(attn_qr_bar*attn_qr_diagonal[:, :, None, None], attn_qr_bar.flip(4), attn_k_bar_crossed[:, :, None, None])
-    del attn_k_bar_crossed, attn_qr_bar, attn_qr_diagonal
+    #   = attn_pair_diagonal[i, c, r]*attn_qr_bar[i, g, s, c, r] + attn_k_pair_crossed[i, c, r]*attn_qr_bar[i, g, s, 1 - c, r]
+    attn_q_bar = (attn_qr_bar*attn_pair_diagonal[:, :, None, None]).addcmul_(attn_qr_bar.flip(4), attn_k_pair_crossed[:, :, None, None])
+    del attn_k_pair_crossed, attn_pair_diagonal, attn_qr_bar
     # W̅^Q_attn[k, g, s, c, r] = Σ_i(Q̅^attn[i, g, s, c, r]*RMS^norm1[i, k])
     attn_W_q_bar = torch.einsum("bik,bigscr->kgscr", norm1_out, attn_q_bar)
     del norm1_out
@@ -1128,10 +1130,10 @@ class Block(_CanonicalModule):
         ``positions``: the tokens' positions, (tokens,) or (batch, tokens); default ``0 … N−1``
         (after the cached tokens).
 
-        ``shared``: a dict (empty at the first layer) that the layers of one stack call share: the first stores
-        what it computes from the positions alone (attn_qr_diagonal, attn_qr_crossed), the others read it. One dict
-        per call of the layers, fresh at each: it is keyed by the sizes, options and cached tokens, not by the
-        positions' values.
+        ``shared``: a dict (empty at the first layer) that the layers of one stack call share: with the default
+        positions, the first stores what it computes from them alone (attn_pair_diagonal, attn_pair_crossed), keyed by
+        the batch, tokens, cached tokens, sizes and options, and the others read it (given positions: each layer
+        computes its own).
 
         ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
         seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with
@@ -1203,10 +1205,10 @@ class Block(_CanonicalModule):
         attn_k = attn_k.view(batch, n_tokens, n_kv_heads, 2, d_half)
         attn_v = attn_v.view(batch, n_tokens, n_kv_heads, d_head)
         del attn_qkv, norm1_out
-        # attn_qr_diagonal, attn_qr_crossed: from the positions alone, alike in every layer of a stack (its first computes them)
-        shared_key = f"{offset} {d_half} {d_head} {rope_theta}"
-        if shared is not None and shared_key in shared:
-            attn_qr_diagonal, attn_qr_crossed = shared[shared_key]
+        # attn_pair_diagonal, attn_pair_crossed: from the default positions alone, alike in every layer of a stack (its first computes them)
+        shared_key = f"{offset} {batch} {n_tokens} {d_half} {d_head} {rope_theta}"
+        if shared is not None and positions is None and shared_key in shared:
+            attn_pair_diagonal, attn_pair_crossed = shared[shared_key]
         else:
             # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
             attn_phi = pos[:, :, None]/rope_theta**(2*_grid(d_half, u0)/d_head)
@@ -1214,21 +1216,21 @@ class Block(_CanonicalModule):
             attn_phi_cos = torch.cos(attn_phi)
             # attn_phi_sin[i, r] = sin(attn_phi[i, r])
             attn_phi_sin = torch.sin(attn_phi)
-            # attn_qr_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
-            attn_qr_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
-            # attn_qr_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
-            attn_qr_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
-            if shared is not None:
-                shared[shared_key] = [attn_qr_diagonal, attn_qr_crossed]
+            # attn_pair_diagonal[i, c, r] = (attn_phi_cos[i, r], attn_phi_cos[i, r])[c]
+            attn_pair_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
+            # attn_pair_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
+            attn_pair_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
+            if shared is not None and positions is None:
+                shared[shared_key] = [attn_pair_diagonal, attn_pair_crossed]
         del pos
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])
-        #   = attn_qr_diagonal[c]*attn_q[c] + attn_qr_crossed[c]*attn_q[1 - c]
-        attn_qr = torch.addcmul(attn_q*attn_qr_diagonal[:, :, None, None], attn_q.flip(4), attn_qr_crossed[:, :, None, None])
+        #   = attn_pair_diagonal[i, c, r]*attn_q[i, g, s, c, r] + attn_pair_crossed[i, c, r]*attn_q[i, g, s, 1 - c, r]
+        attn_qr = (attn_q*attn_pair_diagonal[:, :, None, None]).addcmul_(attn_q.flip(4), attn_pair_crossed[:, :, None, None])
         del attn_q
         # K̂^attn[i, g, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*K^attn[i, g, p, r])
-        #   = attn_qr_diagonal[c]*attn_k[c] + attn_qr_crossed[c]*attn_k[1 - c]
-        attn_kr = torch.addcmul(attn_k*attn_qr_diagonal[:, :, None], attn_k.flip(3), attn_qr_crossed[:, :, None])
-        del attn_k, attn_qr_crossed, attn_qr_diagonal
+        #   = attn_pair_diagonal[i, c, r]*attn_k[i, g, c, r] + attn_pair_crossed[i, c, r]*attn_k[i, g, 1 - c, r]
+        attn_kr = (attn_k*attn_pair_diagonal[:, :, None]).addcmul_(attn_k.flip(3), attn_pair_crossed[:, :, None])
+        del attn_k, attn_pair_crossed, attn_pair_diagonal
         # the cache: attn_kr of the earlier tokens, then the new ones
         attn_kr = _cache(cache, "attn.kr", attn_kr)
         # the cache: attn_v of the earlier tokens, then the new ones

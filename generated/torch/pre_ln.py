@@ -321,10 +321,11 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
         return None
     first = tensors[0]
     try:
-        layout = (torch.is_inference_mode_enabled(),
+        layout = (dim, torch.is_inference_mode_enabled(),
                   tuple((t.device, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
-        known = _JOINED.get(id(first))
+        known = _JOINED.pop(id(first), None)  # a view of where the parts no longer lie is not kept
         if known is not None and known[0]() is first and known[1] == layout:
+            _JOINED[id(first)] = known
             return known[2]
         storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
         if storage == 0:
@@ -345,9 +346,10 @@ def _joined_view(tensors: list[torch.Tensor], dim: int) -> torch.Tensor | None:
     return joined
 
 
-#: The views ``_joined_view`` built, by the id of their first part: (a weak reference to that part, where and how
-#: the parts lay, the view). A call whose parts lie where they lay, in the same inference mode, reads the view
-#: again (its storage is theirs, so it holds every edit); the entry goes with its first part.
+#: The last view ``_joined_view`` built of each first part, by its id: (a weak reference to that part, the axis, mode
+#: and where and how the parts lay, the view). A call along that axis whose parts lie where they lay, in the same
+#: inference mode, reads the view again (its storage is theirs, so it holds every edit); any other call drops it (no
+#: storage is held after the parts moved: ``.to()``), and the entry goes with its first part.
 _JOINED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
 
 

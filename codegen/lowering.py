@@ -427,8 +427,8 @@ def _with_shared(module: Module) -> Module:
         return module
     known, inner = {field.name for field in fields}, []
     for position, op in enumerate(module.ops):
-        expressions = [op.expr] if isinstance(op, Elementwise) else list(op.entries) if isinstance(op, PairTable) else None
-        arrays = {str(item.base.label) for expr in expressions or () for item in expr.atoms(sp.Indexed)}
+        expressions = [op.expr] if isinstance(op, Elementwise) else op.entries if isinstance(op, PairTable) else ()
+        arrays = {str(item.base.label) for expr in expressions for item in expr.atoms(sp.Indexed)}
         if arrays and arrays <= known:
             inner.append(position)
             known |= {*op.writes(), op.out}
@@ -449,7 +449,8 @@ def _with_shared(module: Module) -> Module:
                 section, ops=tuple(replace(item, section=section) for item in group), outputs=outputs,
                 argument=fields[0].argument)
     kept = {operand.name for operand in outputs}
-    rest = [replace(item, reuse=None) if isinstance(item, Elementwise) and item.reuse in kept else item for item in rest]
+    rest = [replace(item, reuse=None) if isinstance(item, Elementwise) and item.reuse in kept else item
+            for item in rest]
     return replace(module, ops=rest[:inner[0]] + [op] + rest[inner[0]:])
 
 

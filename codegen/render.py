@@ -214,7 +214,8 @@ def _statements(module: Module, spelling) -> list[_Statement]:
         if isinstance(op, Shared):  # keyed by the default positions' sizes, and the sizes and constants it reads
             read = set().union(*(statement.spelled.used for statement in inner)) - {INFERENCE, DROPOUT}
             offset = ("offset",) if any(isinstance(item, Cache) for item in module.ops) else ()
-            sizes = sorted(name for name in read - {"batch", "n_tokens"} if name.isidentifier() and not name.startswith("_"))
+            sizes = sorted(name for name in read - {"batch", "n_tokens"}
+                           if name.isidentifier() and not name.startswith("_"))  # not helpers, not torch.cos
             op = replace(op, key=(*offset, "batch", "n_tokens", *sizes))
         statements.append(_Statement(op, spelling.spell(module, op), (*op.sources(), *op.writes()),
                                      op.comment.splitlines()))

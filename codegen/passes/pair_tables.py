@@ -40,11 +40,7 @@ def pair_tables(module: Module) -> Module:
                 ops.append(PairTable(name, labels, _comment(name, labels, op.axis, entries), op.section,
                                      axis=op.axis, entries=entries))
             tables.append(Operand(built[key], labels))
-        x, pair = op.x.name, op.axis
-        at = lambda labels, point: ", ".join(point if label == pair else label for label in labels if label != BATCH)  # noqa: E731
-        diagonal, crossed = (f"{table.name}[{at(table.labels, pair)}]" for table in tables)
-        paired = (f"  = {diagonal}*{x}[{at(op.labels, pair)}] + {crossed}*{x}[{at(op.labels, f'1 - {pair}')}]")
-        ops.append(replace(op, tables=tuple(tables), comment=f"{op.comment}\n{paired}" if op.comment else op.comment))
+        ops.append(replace(op, tables=tuple(tables), comment=_paired_comment(op, tables)))
     return replace(module, ops=ops)
 
 
@@ -55,6 +51,21 @@ def _table_labels(module: Module, op: Unrolled) -> tuple[str, ...]:
     if any(module.batched(str(item.base.label)) for item in arrays):
         read.add(BATCH)
     return tuple(label for label in op.labels if label in read)
+
+
+def _paired_comment(op: Unrolled, tables: list[Operand]) -> str:
+    """The sum's formula, then the same sum as the tables' products (``= D[i, c, r]*x[.., c, r] + …``)."""
+    if not op.comment:
+        return op.comment
+    diagonal, crossed = (f"{table.name}[{_at(table.labels, op.axis, op.axis)}]" for table in tables)
+    x = op.x.name
+    return (f"{op.comment}\n  = {diagonal}*{x}[{_at(op.labels, op.axis, op.axis)}] + "
+            f"{crossed}*{x}[{_at(op.labels, op.axis, f'1 - {op.axis}')}]")
+
+
+def _at(labels: tuple[str, ...], axis: str, point: str) -> str:
+    """The indices ``labels`` (batch left out) with ``point`` in place of ``axis``."""
+    return ", ".join(point if label == axis else label for label in labels if label != BATCH)
 
 
 def _comment(name: str, labels: tuple[str, ...], axis: str, entries: tuple[sp.Expr, ...]) -> str:

@@ -15,9 +15,9 @@ import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, Fold, Gather, Interleave, Join,
+from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
-                 PairTable, Shared, Softmax, TransposedConvolution, Unrolled, Window, ZerosLike)
+                 PairTable, Shared, Softmax, TanhGelu, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, broadcast, plain_name
 
 __all__ = ["Backend", "BACKENDS", "Spelled", "INFERENCE", "DROPOUT"]
@@ -377,9 +377,8 @@ class NumpyBackend(Backend):
             if op.biases[0]:
                 lines.append(f"{op.out} += {_addend(op, printer)}")
             return lines + [f"{op.out} = {op.out}.reshape({_shape(op.labels, printer)})"]
-        lines = [f"{op.out} = {rows} @ np.concatenate(({', '.join(op.weights)}), axis=1)"]
-        if op.biases[0]:
-            lines.append(f"{op.out} += np.concatenate(({', '.join(op.biases)}))")
+        biases = f", ({', '.join(op.biases)})" if op.biases[0] else ""
+        lines = [f"{op.out} = {printer.use('_products')}({rows}, ({', '.join(op.weights)}){biases})"]
         names = ", ".join(name for name, _ in op.outputs)
         widths = _widths(op, printer)
         ends = ", ".join(str(sum(widths[:count])) for count in range(1, len(widths)))
@@ -408,6 +407,10 @@ class NumpyBackend(Backend):
         return f"np.full({buffer}.shape[-1:], {printer.doprint(argument)}, {buffer}.dtype)"
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
+        """In place into a dead product (``reuse-buffers``): a sum or ReLU by ``out=``, GELU by its routine's."""
+        if op.reuse is not None and isinstance(op.expr, (ExactGelu, TanhGelu)):
+            routine = printer.exact_gelu if isinstance(op.expr, ExactGelu) else printer.tanh_gelu[0]
+            return [f"{op.out} = {printer.use(routine)}({op.reuse}, out={op.reuse})"]
         return self.in_place(op, printer, "np.maximum({value}, {other}, out={buffer})",
                              "np.add({value}, {other}, out={buffer})")
 
@@ -458,7 +461,7 @@ class TorchBackend(Backend):
         (steps and χ only: a token map's kernel) is a bool tensor in torch, cast to the state's dtype."""
         if _indicator(op.expr):
             return [f"{op.out} = ({printer.doprint(op.expr)}).to(u0.dtype)"]
-        if op.reuse is None:
+        if op.reuse is None or isinstance(op.expr, (ExactGelu, TanhGelu)):  # torch has no GELU in place
             return super().elementwise(op, printer)
         (line,) = self.in_place(op, printer, "{value}.clamp_min_({other})", "{value}.add_({other})")
         return [f"{line} if {printer.use(INFERENCE)} else {printer.doprint(op.expr)}"]

@@ -59,7 +59,8 @@ def test_parity_with_passes_none_and_what_the_golden_emits(post_ln_gelu, tmp_pat
     write_files(generate(scheme, ("numpy", "torch"), tmp_path, passes=(), program=program))
     write_files(generate(scheme, ("numpy",), tmp_path / "without", passes=WITHOUT_GELU, program=program))
     numpy_source = (GENERATED / "numpy" / "post_ln_gelu.py").read_text()
-    assert "    ffn_s = _gelu(ffn_w)\n" in numpy_source
+    assert "    ffn_s = _gelu(ffn_w, out=ffn_w)\n" in numpy_source  # forward: into the dead product (reuse-buffers)
+    assert "    ffn_s = _gelu(ffn_w)\n" in numpy_source  # vjp: its backward reads ffn_w
     assert "torch.nn.functional.gelu(ffn_w)" in (GENERATED / "torch" / "post_ln_gelu.py").read_text()
     assert "_gelu(" not in (tmp_path / "numpy" / "post_ln_gelu.py").read_text()
     numpy_passed = import_path(GENERATED / "numpy" / "post_ln_gelu.py")

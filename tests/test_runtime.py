@@ -85,6 +85,38 @@ def test_numpy_erf_and_gelu_are_the_error_function(rng):
     assert single.dtype == np.float32 and np.max(np.abs(single - erf)) < 2e-7
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("routine", ["_gelu", "_gelu_tanh"])
+def test_numpy_gelu_into_its_argument_gives_the_same_bits(rng, dtype, routine, monkeypatch):
+    function = getattr(numpy_helpers, routine)
+    x = rng.normal(0, 3, (3, numpy_helpers._BLOCK + 77)).astype(dtype)  # several blocks, the last one short
+    expected = function(x)
+    y = x.copy()
+    out = function(y, out=y)
+    assert np.shares_memory(out, y) and out.dtype == dtype and np.array_equal(out, expected)
+    strided = x.copy().T  # not contiguous: written through a copy, the same values
+    assert np.array_equal(function(strided, out=strided), expected.T)
+    # control: without the copy of each block, its result overwrites the x it still reads
+    monkeypatch.setattr(numpy_helpers, "_block_read", lambda flat, start, size, kept: flat[start:start + size])
+    y = x.copy()
+    assert not np.array_equal(function(y, out=y), expected)
+
+
+def test_numpy_half_precision_erf_is_single_precisions_rounded(rng):
+    x = rng.normal(0, 2, 2 * numpy_helpers._BLOCK + 5).astype(np.float16)
+    single = numpy_helpers._erf(x.astype(np.float32))
+    assert numpy_helpers._erf(x).dtype == np.float16 and np.array_equal(numpy_helpers._erf(x), single.astype(np.float16))
+    assert np.max(np.abs(single - np.array([math.erf(value) for value in x.astype(np.float64)]))) < 4.5e-7
+
+
+def test_numpy_products_write_each_kernel_into_its_columns(rng):
+    rows = rng.normal(size=(7, 5))
+    weights, biases = [rng.normal(size=(5, w)) for w in (4, 2, 3)], [rng.normal(size=w) for w in (4, 2, 3)]
+    plain = rows @ np.concatenate(weights, axis=1)
+    _agree(numpy_helpers._products(rows, weights), plain, plain[:, ::-1])
+    _agree(numpy_helpers._products(rows, weights, biases), plain + np.concatenate(biases), plain)
+
+
 def test_numpy_einsum_softmax_and_attention(rng):
     a, b = rng.normal(size=(3, 4)), rng.normal(size=(4, 5))
     _agree(numpy_helpers._einsum("ij,jk->ik", a, b), a @ b, a @ b + 1)
@@ -456,7 +488,7 @@ def _defined(source: str) -> list[str]:
 
 def test_the_inliner_copies_what_a_module_uses_transitively_in_the_runtime_order():
     source = inline_runtime(_module("def f(x, g, b):\n    return _layer_norm(_gelu(x), g, b, 1e-5)\n"), "numpy")
-    assert _defined(source) == ["_polynomial", "_erf_single", "_erf_block", "_gelu", "_row_scale", "_layer_norm", "f"]
+    assert _defined(source) == ["_polynomial", "_single_scratch", "_erf_single", "_erf_block", "_gelu", "_blocks_of", "_block_read", "_row_scale", "_layer_norm", "f"]
     assert "_ERF_SINGLE_P = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
     assert "#@runtime" not in source and "_attention" not in source and "_erf(" not in source
     namespace = {}

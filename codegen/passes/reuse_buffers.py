@@ -3,7 +3,8 @@
 ``u1 = attn_out + u0`` becomes ``np.add(attn_out, u0, out=attn_out)`` (``attn_out.add_(u0)``
 in PyTorch) when ``attn_out`` is read nowhere later, and ``s = max(w, 0)`` becomes
 ``np.maximum(w, 0, out=w)`` (``w.clamp_min_(0)``), ``s = max(K + u0, 0)`` becomes
-``K.add_(u0).clamp_min_(0)``: no fresh allocation, no page faults. Only products of matrix
+``K.add_(u0).clamp_min_(0)``, and the GELU of a dead product ``s = _gelu(w)`` becomes
+``_gelu(w, out=w)`` (NumPy; torch has no GELU in place): no fresh allocation, no page faults. Only products of matrix
 multiplications and convolutions are reused: their backward needs their inputs, never their
 output, so autograd stays correct.
 """
@@ -14,14 +15,14 @@ from dataclasses import replace
 
 import sympy as sp
 
-from ..ir import Contraction, Convolution, Elementwise, MatMul, Module
+from ..ir import Contraction, Convolution, Elementwise, ExactGelu, MatMul, Module, TanhGelu
 
 __all__ = ["reuse_buffers"]
 
 
 def _candidate(op: Elementwise, module: Module, produced: set[str]) -> str | None:
     """A product read by ``op`` that could hold its result (same axes)."""
-    if isinstance(op.expr, sp.Add):
+    if isinstance(op.expr, (sp.Add, ExactGelu, TanhGelu)):
         arguments = op.expr.args
     elif isinstance(op.expr, sp.Max) and any(argument.is_number for argument in op.expr.args):
         arguments = [argument for argument in op.expr.args if not argument.is_number]

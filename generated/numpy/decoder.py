@@ -85,6 +85,20 @@ def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
+def _products(rows, weights, biases=None):
+    """``rows @ [W₁ W₂ …] (+ [b₁ b₂ …])`` (fused projections): each product written into its columns of one
+    output, so no kernel is concatenated at every call (a copy of every kernel, fresh memory each time)."""
+    out = np.empty((rows.shape[0], sum(W.shape[1] for W in weights)), dtype=np.result_type(rows, *weights))
+    start = 0
+    for W, b in zip(weights, biases or (None,) * len(weights)):
+        columns = out[:, start:start + W.shape[1]]
+        np.matmul(rows, W, out=columns)
+        if b is not None:
+            columns += b
+        start += W.shape[1]
+    return out
+
+
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -658,8 +672,7 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
-    attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
-    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_qkv = _products(u0.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v), (attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
@@ -704,8 +717,7 @@ def forward(u, memory, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, me
     else:
         # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
         # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
-        cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
-        cross_kv += np.concatenate((cross_b_k, cross_b_v))
+        cross_kv = _products(mem.reshape(-1, d), (cross_W_k, cross_W_v), (cross_b_k, cross_b_v))
         cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
         cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
         cross_v = cross_v.reshape(batch, n_memory, n_heads, d_head)
@@ -843,8 +855,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*u^(0)[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*u^(0)[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*u^(0)[i, k])
-    attn_qkv = u0.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
-    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_qkv = _products(u0.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v), (attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
@@ -879,8 +890,7 @@ def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     cross_q = cross_q.reshape(batch, n_tokens, n_heads, d_head)
     # K^cross[t, m, e] = b^K_cross[m, e] + Σ_k(W^K_cross[k, m, e]*m[t, k])
     # V^cross[t, m, e] = b^V_cross[m, e] + Σ_k(W^V_cross[k, m, e]*m[t, k])
-    cross_kv = mem.reshape(-1, d) @ np.concatenate((cross_W_k, cross_W_v), axis=1)
-    cross_kv += np.concatenate((cross_b_k, cross_b_v))
+    cross_kv = _products(mem.reshape(-1, d), (cross_W_k, cross_W_v), (cross_b_k, cross_b_v))
     cross_k, cross_v = np.split(cross_kv, [d_head*n_heads], axis=1)
     cross_k = cross_k.reshape(batch, n_memory, n_heads, d_head)
     cross_v = cross_v.reshape(batch, n_memory, n_heads, d_head)

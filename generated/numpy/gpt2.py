@@ -65,16 +65,54 @@ def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
-def _gelu_tanh(x):
+def _products(rows, weights, biases=None):
+    """``rows @ [W₁ W₂ …] (+ [b₁ b₂ …])`` (fused projections): each product written into its columns of one
+    output, so no kernel is concatenated at every call (a copy of every kernel, fresh memory each time)."""
+    out = np.empty((rows.shape[0], sum(W.shape[1] for W in weights)), dtype=np.result_type(rows, *weights))
+    start = 0
+    for W, b in zip(weights, biases or (None,) * len(weights)):
+        columns = out[:, start:start + W.shape[1]]
+        np.matmul(rows, W, out=columns)
+        if b is not None:
+            columns += b
+        start += W.shape[1]
+    return out
+
+
+#: Elements per block of the elementwise passes: their float32 scratch (4 rows, 512 KB) stays in cache, and the
+#: allocator keeps memory this small between calls (1 << 17: 2 MB returned to the system and faulted in again at
+#: every call; CvT's NumPy forward 18 % slower, 1100 page faults a call instead of none).
+_BLOCK = 1 << 15
+
+
+def _blocks_of(x, out):
+    """``x`` flat, the flat array a blockwise routine writes (``out``, or fresh), and where a block of x is
+    copied first when ``out`` is given (it may be x itself: the block's result overwrites it)."""
+    flat = np.ravel(x)
+    if out is None:
+        return flat, np.empty_like(flat), None
+    return flat, np.reshape(out, -1), np.empty(min(_BLOCK, flat.size), dtype=flat.dtype)
+
+
+def _block_read(flat, start, size, kept):
+    """The block of ``flat`` from ``start``: itself, or its copy in ``kept`` (see ``_blocks_of``)."""
+    block = flat[start:start + size]
+    if kept is None:
+        return block
+    copy = kept[:block.size]
+    copy[...] = block
+    return copy
+
+
+def _gelu_tanh(x, out=None):
     """x (1 + tanh(√(2/π) (x + 0.044715 x³)))/2 elementwise (GELU's tanh approximation), in blocks
     that stay in cache, each evaluated in place: the operations of the formula in its order, without
-    its temporaries, x³ as x·x·x (NumPy's power with exponent 3 calls pow per element)."""
-    flat = np.ravel(x)
-    out = np.empty_like(flat)
+    its temporaries, x³ as x·x·x (NumPy's power with exponent 3 calls pow per element). ``out``: as
+    ``_gelu``'s."""
+    flat, result, kept = _blocks_of(x, out)
     for start in range(0, flat.size, 1 << 14):
-        block = flat[start:start + (1 << 14)]
-        value = out[start:start + (1 << 14)]
-        np.multiply(block, block, out=value)
+        block = _block_read(flat, start, 1 << 14, kept)
+        value = np.multiply(block, block, out=result[start:start + (1 << 14)])
         value *= block
         value *= 0.044715
         value += block
@@ -83,7 +121,7 @@ def _gelu_tanh(x):
         value += 1
         value *= block
         value /= 2
-    return out.reshape(np.shape(x))
+    return result.reshape(np.shape(x))
 
 
 def _exponentials(scores, support):
@@ -558,8 +596,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
-    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
-    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_qkv = _products(norm1_out.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v), (attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)
@@ -595,7 +632,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     del norm2_out
     # s^ffn[i, z] = (tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π)) + 1)*w^ffn[i, z]/2
-    ffn_s = _gelu_tanh(ffn_w)
+    ffn_s = _gelu_tanh(ffn_w, out=ffn_w)
     del ffn_w
     # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
@@ -681,8 +718,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # Q^attn[i, m, e] = b^Q_attn[m, e] + Σ_k(W^Q_attn[k, m, e]*LN^norm1[i, k])
     # K^attn[i, m, e] = b^K_attn[m, e] + Σ_k(W^K_attn[k, m, e]*LN^norm1[i, k])
     # V^attn[i, m, e] = b^V_attn[m, e] + Σ_k(W^V_attn[k, m, e]*LN^norm1[i, k])
-    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
-    attn_qkv += np.concatenate((attn_b_q, attn_b_k, attn_b_v))
+    attn_qkv = _products(norm1_out.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v), (attn_b_q, attn_b_k, attn_b_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [d_head*n_heads, 2*d_head*n_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_heads, d_head)
     attn_k = attn_k.reshape(batch, n_tokens, n_heads, d_head)

@@ -50,6 +50,20 @@ def _einsum(spec, *operands):
     return np.einsum(spec, *operands, optimize=True)
 
 
+def _products(rows, weights, biases=None):
+    """``rows @ [W₁ W₂ …] (+ [b₁ b₂ …])`` (fused projections): each product written into its columns of one
+    output, so no kernel is concatenated at every call (a copy of every kernel, fresh memory each time)."""
+    out = np.empty((rows.shape[0], sum(W.shape[1] for W in weights)), dtype=np.result_type(rows, *weights))
+    start = 0
+    for W, b in zip(weights, biases or (None,) * len(weights)):
+        columns = out[:, start:start + W.shape[1]]
+        np.matmul(rows, W, out=columns)
+        if b is not None:
+            columns += b
+        start += W.shape[1]
+    return out
+
+
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -531,7 +545,7 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
     # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
     # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv = _products(norm1_out.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [2*d_half*n_kv_heads*n_rep, 2*d_half*n_kv_heads*n_rep + 2*d_half*n_kv_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
     attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
@@ -585,7 +599,7 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     norm2_out = _rms_norm(u1, norm2_gain, eps)
     # w^ffn[i, z] = Σ_k(W_{ffn,1}[k, z]*RMS^norm2[i, k])
     # w̃^ffn[i, z] = Σ_k(W_{ffn,3}[k, z]*RMS^norm2[i, k])
-    ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
+    ffn_wgate = _products(norm2_out.reshape(-1, d), (ffn_W_1, ffn_W_3))
     ffn_w, ffn_gate = np.split(ffn_wgate, [d_ff], axis=1)
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     ffn_gate = ffn_gate.reshape(batch, n_tokens, d_ff)
@@ -670,7 +684,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # Q^attn[i, g, s, c, r] = Σ_k(W^Q_attn[k, g, s, c, r]*RMS^norm1[i, k])
     # K^attn[i, g, c, r] = Σ_k(W^K_attn[k, g, c, r]*RMS^norm1[i, k])
     # V^attn[i, g, e] = Σ_k(W^V_attn[k, g, e]*RMS^norm1[i, k])
-    attn_qkv = norm1_out.reshape(-1, d) @ np.concatenate((attn_W_q, attn_W_k, attn_W_v), axis=1)
+    attn_qkv = _products(norm1_out.reshape(-1, d), (attn_W_q, attn_W_k, attn_W_v))
     attn_q, attn_k, attn_v = np.split(attn_qkv, [2*d_half*n_kv_heads*n_rep, 2*d_half*n_kv_heads*n_rep + 2*d_half*n_kv_heads], axis=1)
     attn_q = attn_q.reshape(batch, n_tokens, n_kv_heads, n_rep, 2, d_half)
     attn_k = attn_k.reshape(batch, n_tokens, n_kv_heads, 2, d_half)
@@ -720,7 +734,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     norm2_out = norm2_gain*norm2_p
     # w^ffn[i, z] = Σ_k(W_{ffn,1}[k, z]*RMS^norm2[i, k])
     # w̃^ffn[i, z] = Σ_k(W_{ffn,3}[k, z]*RMS^norm2[i, k])
-    ffn_wgate = norm2_out.reshape(-1, d) @ np.concatenate((ffn_W_1, ffn_W_3), axis=1)
+    ffn_wgate = _products(norm2_out.reshape(-1, d), (ffn_W_1, ffn_W_3))
     ffn_w, ffn_gate = np.split(ffn_wgate, [d_ff], axis=1)
     ffn_w = ffn_w.reshape(batch, n_tokens, d_ff)
     ffn_gate = ffn_gate.reshape(batch, n_tokens, d_ff)

@@ -120,7 +120,8 @@ def test_emitted_cvt_step_uses_the_fused_layer_norm_and_frees_its_arrays(backend
     assert not any("_alpha" in line or "mean(" in line for line in code)  # no unfused statistics
     assert any(line.startswith("attn_o = _attention(") for line in code)
     assert "del attn_k, attn_q, attn_v" in code and "del ffn_w" in code
-    assert ("ffn_s = _gelu(ffn_w, out=ffn_w)" if backend == "numpy" else "ffn_s = torch.nn.functional.gelu(ffn_w)") in code
+    assert ("ffn_s = _gelu(ffn_w, out=ffn_w)" if backend == "numpy" else
+            "ffn_s = torch.ops.aten.gelu_(ffn_w) if inference else torch.nn.functional.gelu(ffn_w)") in code
     # BatchNorm's a = γ/√(v + ε) stays a per-channel statement, not inlined into every entry
     assert any(line.startswith("qbn_a = ") for line in code)
 

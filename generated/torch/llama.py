@@ -1261,7 +1261,7 @@ class Block(_CanonicalModule):
         ffn_gate = ffn_gate.view(batch, n_tokens, d_ff)
         del ffn_wgate, norm2_out
         # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-        ffn_s = ffn_gate*torch.nn.functional.silu(ffn_w)
+        ffn_s = torch.nn.functional.silu(ffn_w, inplace=True).mul_(ffn_gate) if inference else ffn_gate*torch.nn.functional.silu(ffn_w)
         del ffn_gate, ffn_w
         # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
         ffn_out = torch.mm(ffn_s.reshape(-1, d_ff), ffn_W_2).view(batch, n_tokens, d)

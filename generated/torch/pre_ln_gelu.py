@@ -1020,7 +1020,7 @@ class Block(_CanonicalModule):
         ffn_w = torch.addmm(ffn_b_1, norm2_out.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         del norm2_out
         # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-        ffn_s = torch.nn.functional.gelu(ffn_w)
+        ffn_s = torch.ops.aten.gelu_(ffn_w) if inference else torch.nn.functional.gelu(ffn_w)
         ffn_s = _dropout(ffn_s, dropout_p)
         del ffn_w
         # F^ffn[i, l] = b_{ffn,2}[l] + Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])

@@ -1,0 +1,79 @@
+"""The ``reuse-buffers`` pass on the feed-forward activations: GELU and SwiGLU's gated SiLU write into their dead
+product (torch only without autograd), with the same bits as the out-of-place statements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+from splitformer.codegen.ir import ExactGelu, Silu, TanhGelu
+from splitformer.codegen.lowering import lower
+from splitformer.codegen.output import write_files
+from splitformer.codegen.passes import PASSES
+from splitformer.codegen.passes.reuse_buffers import called
+from splitformer.codegen.pipeline import generate
+from splitformer.symbolic import derive, load_scheme
+
+from conftest import GENERATED, import_path
+
+D, HEADS, D_FF = 16, 4, 24
+
+
+def test_called_finds_the_routine_and_refuses_a_factor_that_reads_its_argument():
+    w, gate = (sp.IndexedBase(name)[sp.Idx("i")] for name in ("w", "gate"))
+    assert called(ExactGelu(w)) == ExactGelu(w) and called(TanhGelu(w)) == TanhGelu(w)
+    assert called(gate * Silu(w)) == Silu(w)
+    assert called(w * Silu(w)) is None  # in place, the argument would be read after it is overwritten
+    assert called(Silu(w) * ExactGelu(gate)) is None and called(gate * w) is None
+
+
+@pytest.mark.parametrize("scheme", ["gpt2", "llama", "post-ln gelu"])
+def test_the_activation_reuses_its_dead_product_and_only_with_the_pass(scheme):
+    name, *activation = scheme.split()
+    program = derive(load_scheme(name).with_activation(*activation) if activation else load_scheme(name))
+    ops = {op.out: op for op in lower(program).ops}
+    assert ops["ffn_s"].reuse == "ffn_w"
+    without = tuple(function for name, function in PASSES.items() if name != "reuse-buffers")
+    assert {op.out: op for op in lower(program, without).ops}["ffn_s"].reuse is None  # control
+
+
+def _random(block, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in block.parameters():
+            parameter.normal_(0.0, 0.5)
+    return block.eval()
+
+
+@pytest.mark.parametrize("name, kwargs", [("gpt2", {}), ("post_ln_gelu", {}), ("llama", {"n_kv_heads": 2})])
+def test_torch_in_place_activations_give_autograds_bits(name, kwargs):
+    module = import_path(GENERATED / "torch" / f"{name}.py")
+    source = (GENERATED / "torch" / f"{name}.py").read_text()
+    assert ("silu(ffn_w, inplace=True).mul_(ffn_gate)" if name == "llama" else "torch.ops.aten.gelu_(ffn_w") in source
+    block = _random(module.Block(D, HEADS, D_FF, dtype=torch.float64, **kwargs))
+    u = torch.randn(2, 7, D, dtype=torch.float64) * 3
+    with torch.no_grad():
+        in_place = block(u)
+    out_of_place = block(u)  # parameters that require gradients: the statements out of place
+    assert out_of_place.requires_grad and torch.equal(in_place, out_of_place.detach())
+    scripted = torch.jit.script(block)  # TorchScript takes the in-place statements too
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(u), in_place, rtol=0, atol=1e-12)
+
+
+def test_numpy_gelu_into_its_product_gives_the_bits_of_the_statement_without_the_pass(rng, tmp_path):
+    without = tuple(function for name, function in PASSES.items() if name != "reuse-buffers")
+    write_files(generate(load_scheme("gpt2"), ("numpy",), tmp_path, passes=without))
+    passed, plain = import_path(GENERATED / "numpy" / "gpt2.py"), import_path(tmp_path / "numpy" / "gpt2.py")
+    assert "ffn_s = _gelu_tanh(ffn_w, out=ffn_w)" in (GENERATED / "numpy" / "gpt2.py").read_text()
+    assert "out=ffn_w)" not in (tmp_path / "numpy" / "gpt2.py").read_text()  # control
+    assert "ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))" in (GENERATED / "numpy" / "llama.py").read_text()  # SiLU
+    params = {name: rng.standard_normal(tuple({"d_ff": D_FF}.get(axis, D) for axis in axes)) * 0.5
+              for name, axes in passed.PARAMETERS.items()}
+    u = rng.standard_normal((2, 7, D)) * 3
+    for dtype in (np.float32, np.float64):
+        typed = {name: value.astype(dtype) for name, value in params.items()}
+        np.testing.assert_array_equal(passed.forward(u.astype(dtype), typed, n_heads=HEADS),
+                                      plain.forward(u.astype(dtype), typed, n_heads=HEADS))

@@ -77,3 +77,19 @@ def test_numpy_gelu_into_its_product_gives_the_bits_of_the_statement_without_the
         typed = {name: value.astype(dtype) for name, value in params.items()}
         np.testing.assert_array_equal(passed.forward(u.astype(dtype), typed, n_heads=HEADS),
                                       plain.forward(u.astype(dtype), typed, n_heads=HEADS))
+
+
+def test_numpy_writes_only_a_whole_gelu_statement_in_place():
+    """An activation times other factors (``c·gelu(w)``, which no pass emits today) keeps its factors: out of place."""
+    from splitformer.codegen.backends import NumpyBackend
+    from splitformer.codegen.ir import Elementwise, Module
+    from splitformer.codegen.printers import NumpyPrinter
+
+    w, gate = sp.IndexedBase("ffn_w"), sp.IndexedBase("ffn_gate")
+    b, i, z = (sp.Idx(label) for label in ("b", "i", "z"))
+    module = Module("m", {}, [], "ffn_s")
+    for expr, expected in ((ExactGelu(w[b, i, z]), "ffn_s = _gelu(ffn_w, out=ffn_w)"),
+                           (gate[b, i, z] * ExactGelu(w[b, i, z]), "ffn_s = _gelu(ffn_w)*ffn_gate"),
+                           (3 * TanhGelu(w[b, i, z]), "ffn_s = 3*_gelu_tanh(ffn_w)")):
+        op = Elementwise(out="ffn_s", labels=("b", "i", "z"), expr=expr, reuse="ffn_w")
+        assert NumpyBackend().elementwise(op, NumpyPrinter(module, op.labels)) == [expected]

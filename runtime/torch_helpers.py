@@ -57,6 +57,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _exported() -> bool:
+    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
+    takes no in-place update of a dead temporary (as a trace takes none)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""

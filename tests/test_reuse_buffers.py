@@ -93,3 +93,17 @@ def test_numpy_writes_only_a_whole_gelu_statement_in_place():
                            (3 * TanhGelu(w[b, i, z]), "ffn_s = 3*_gelu_tanh(ffn_w)")):
         op = Elementwise(out="ffn_s", labels=("b", "i", "z"), expr=expr, reuse="ffn_w")
         assert NumpyBackend().elementwise(op, NumpyPrinter(module, op.labels)) == [expected]
+
+
+def test_an_export_records_no_in_place_update_so_its_program_runs_with_autograd_too():
+    module = import_path(GENERATED / "torch" / "llama.py")
+    block = _random(module.Block(D, HEADS, D_FF, n_kv_heads=2, dtype=torch.float64))
+    u = torch.randn(2, 7, D, dtype=torch.float64)
+    with torch.no_grad():
+        expected = block(u)
+        program = torch.export.export(block, (u,))
+    updates = [str(node.target) for node in program.graph.nodes
+               if node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "is_mutable", False)]
+    # only the rotation's sum into its fresh product, which autograd allows (silu_ of a split's output it refuses)
+    assert set(updates) == {"aten.addcmul_.default"}
+    torch.testing.assert_close(program.module()(u), expected, rtol=0, atol=1e-12)

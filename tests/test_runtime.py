@@ -94,8 +94,12 @@ def test_numpy_gelu_into_its_argument_gives_the_same_bits(rng, dtype, routine, m
     y = x.copy()
     out = function(y, out=y)
     assert np.shares_memory(out, y) and out.dtype == dtype and np.array_equal(out, expected)
-    strided = x.copy().T  # not contiguous: written through a copy, the same values
-    assert np.array_equal(function(strided, out=strided), expected.T)
+    strided = x.copy().T  # not contiguous: computed in a copy, then written into out
+    assert np.array_equal(function(strided, out=strided), expected.T) and np.array_equal(strided, expected.T)
+    other = np.empty_like(x, order="F")
+    assert function(x, out=other) is other and np.array_equal(other, expected)
+    with pytest.raises(ValueError, match="out must be x itself or an array that does not overlap it"):
+        function(x[:, 1:], out=x[:, :-1])  # overlapping blocks would read results as arguments
     # control: without the copy of each block, its result overwrites the x it still reads
     monkeypatch.setattr(numpy_helpers, "_block_read", lambda flat, start, size, kept: flat[start:start + size])
     y = x.copy()
@@ -488,7 +492,7 @@ def _defined(source: str) -> list[str]:
 
 def test_the_inliner_copies_what_a_module_uses_transitively_in_the_runtime_order():
     source = inline_runtime(_module("def f(x, g, b):\n    return _layer_norm(_gelu(x), g, b, 1e-5)\n"), "numpy")
-    assert _defined(source) == ["_polynomial", "_single_scratch", "_erf_single", "_erf_block", "_gelu", "_blocks_of", "_block_read", "_row_scale", "_layer_norm", "f"]
+    assert _defined(source) == ["_polynomial", "_single_scratch", "_erf_single", "_erf_block", "_gelu", "_blocks_of", "_written", "_block_read", "_row_scale", "_layer_norm", "f"]
     assert "_ERF_SINGLE_P = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
     assert "#@runtime" not in source and "_attention" not in source and "_erf(" not in source
     namespace = {}

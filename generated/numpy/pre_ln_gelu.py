@@ -179,7 +179,7 @@ def _gelu(x, out=None):
     """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each
     evaluated in place in the output: the operations of the formula in its order, without its
     temporaries (single precision's scratch allocated once per call, ``_single_scratch``). ``out``:
-    the array written, ``x`` itself allowed (the ``reuse-buffers`` pass: no fresh output)."""
+    the array written and returned, ``x`` itself allowed (the ``reuse-buffers`` pass: no fresh output)."""
     flat, result, kept = _blocks_of(x, out)
     scratch = _single_scratch(flat)
     for start in range(0, flat.size, _BLOCK):
@@ -193,16 +193,30 @@ def _gelu(x, out=None):
         value += 1
         value *= block
         value /= 2
-    return result.reshape(np.shape(x))
+    return _written(result, x, out)
 
 
 def _blocks_of(x, out):
-    """``x`` flat, the flat array a blockwise routine writes (``out``, or fresh), and where a block of x is
-    copied first when ``out`` is given (it may be x itself: the block's result overwrites it)."""
+    """``x`` flat, the flat array a blockwise routine writes (fresh, or ``out``'s memory where it is contiguous, else a
+    copy that ``_written`` puts into ``out``) and where a block of x is copied first when ``out`` is x itself (the
+    block's result overwrites it). ``out`` must be x itself or not overlap it."""
     flat = np.ravel(x)
     if out is None:
         return flat, np.empty_like(flat), None
-    return flat, np.reshape(out, -1), np.empty(min(_BLOCK, flat.size), dtype=flat.dtype)
+    if out is not x and np.may_share_memory(out, x):
+        raise ValueError("out must be x itself or an array that does not overlap it")
+    kept = np.empty(min(_BLOCK, flat.size), dtype=flat.dtype) if out is x else None
+    return flat, np.reshape(out, -1), kept
+
+
+def _written(result, x, out):
+    """A blockwise routine's ``result`` in ``x``'s shape: ``out`` itself, filled where the result was computed in a
+    copy of it (an ``out`` that is not contiguous)."""
+    result = result.reshape(np.shape(x))
+    if out is None or np.may_share_memory(result, out):
+        return result
+    out[...] = result
+    return out
 
 
 def _block_read(flat, start, size, kept):

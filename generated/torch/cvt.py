@@ -250,6 +250,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _exported() -> bool:
+    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
+    takes no in-place update of a dead temporary (as a trace takes none)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""
@@ -667,7 +674,8 @@ def _step(u0, p, config, eps):
     batch = u0.shape[0]
     d_head = d // n_heads
     dropout_p = 0.0
-    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
+    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]
@@ -848,7 +856,8 @@ def _step_cls(u0, p, config, eps):
     batch = u0.shape[0]
     d_head = d // n_heads
     dropout_p = 0.0
-    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
+    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
     norm1_gain = p["norm1.gain"]
     norm1_bias = p["norm1.bias"]
     qconv_W = p["qconv.W"]

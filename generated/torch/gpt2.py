@@ -139,6 +139,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _exported() -> bool:
+    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
+    takes no in-place update of a dead temporary (as a trace takes none)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""
@@ -1117,8 +1124,9 @@ class Block(_CanonicalModule):
         offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
-        # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
-        inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
+        # dead temporaries may be updated in place without autograd (not while tracing or exporting: one graph for both)
+        inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+                     and (torch.jit.is_scripting() or not _exported()))
         norm1_gain = self.norm1.gain
         norm1_bias = self.norm1.bias
         attn_W_q = self.attn.W_q

@@ -139,6 +139,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _exported() -> bool:
+    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
+    takes no in-place update of a dead temporary (as a trace takes none)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""
@@ -985,8 +992,9 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         dropout_p = self.dropout if self.training else 0.0
-        # dead temporaries may be updated in place without autograd (not while tracing: one graph for both)
-        inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()
+        # dead temporaries may be updated in place without autograd (not while tracing or exporting: one graph for both)
+        inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+                     and (torch.jit.is_scripting() or not _exported()))
         attn_W_q = self.attn.W_q
         attn_b_q = self.attn.b_q
         attn_W_k = self.attn.W_k

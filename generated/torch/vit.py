@@ -137,6 +137,13 @@ def _values_choose(x) -> bool:
 
 
 @torch.jit.unused
+def _exported() -> bool:
+    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
+    takes no in-place update of a dead temporary (as a trace takes none)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+@torch.jit.unused
 def _holds(condition: torch.Tensor) -> bool:
     """A one-element bool tensor's value, read on the host; False under torch.func.vmap (one call for every member:
     no value may choose its path)."""
@@ -615,7 +622,8 @@ def _step(u0, p, config, eps):
     """One step of pre-ln (gelu) on the token domain."""
     n_heads = config["n_heads"]
     dropout_p = 0.0
-    inference = not torch.is_grad_enabled() and not torch.jit.is_tracing()  # dead temporaries updated in place without autograd
+    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]

@@ -134,15 +134,20 @@ def _values_choose(x) -> bool:
     """Whether a value computed from ``x`` may choose the path a call takes: not while a trace, torch.compile,
     torch.export or an ONNX export records the call (one graph for every input), nor off the CPU (reading the
     value would make the host wait for the device)."""
-    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-                or torch.onnx.is_in_onnx_export() or x.device.type != "cpu")
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported() or x.device.type != "cpu")
 
 
 @torch.jit.unused
 def _exported() -> bool:
-    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
-    takes no in-place update of a dead temporary (as a trace takes none)."""
+    """Whether torch.export or an ONNX export records the call."""
     return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+def _in_place() -> bool:
+    """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
+    (the one graph they record runs with and without autograd)."""
+    return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and (torch.jit.is_scripting() or not _exported()))
 
 
 @torch.jit.unused
@@ -970,9 +975,7 @@ class Block(_CanonicalModule):
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
         dropout_p = self.dropout if self.training else 0.0
-        # dead temporaries may be updated in place without autograd (not while tracing or exporting: one graph for both)
-        inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-                     and (torch.jit.is_scripting() or not _exported()))
+        inference = _in_place()  # dead temporaries updated in place: no autograd, no trace or export recording
         attn_W_q = self.attn.W_q
         attn_b_q = self.attn.b_q
         attn_W_k = self.attn.W_k

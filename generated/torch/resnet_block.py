@@ -79,9 +79,15 @@ TRANSFER_PARAMETERS = {
 
 @torch.jit.unused
 def _exported() -> bool:
-    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
-    takes no in-place update of a dead temporary (as a trace takes none)."""
+    """Whether torch.export or an ONNX export records the call."""
     return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+def _in_place() -> bool:
+    """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
+    (the one graph they record runs with and without autograd)."""
+    return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and (torch.jit.is_scripting() or not _exported()))
 
 
 def _first_order_only():
@@ -264,8 +270,7 @@ class _Network(torch.nn.Module):
 def _step_with(u0, p, config, eps):
     """The step_with program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
-    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
+    inference = _in_place()  # dead temporaries updated in place without autograd
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]
@@ -358,8 +363,7 @@ def _step_with(u0, p, config, eps):
 def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
-    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
+    inference = _in_place()  # dead temporaries updated in place without autograd
     conv1_W = p["conv1.W"]
     conv1_b = p["conv1.b"]
     bn1_gain = p["bn1.gain"]

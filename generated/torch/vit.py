@@ -132,15 +132,20 @@ def _values_choose(x) -> bool:
     """Whether a value computed from ``x`` may choose the path a call takes: not while a trace, torch.compile,
     torch.export or an ONNX export records the call (one graph for every input), nor off the CPU (reading the
     value would make the host wait for the device)."""
-    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-                or torch.onnx.is_in_onnx_export() or x.device.type != "cpu")
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported() or x.device.type != "cpu")
 
 
 @torch.jit.unused
 def _exported() -> bool:
-    """Whether torch.export or an ONNX export records the call: its program runs with and without autograd, so it
-    takes no in-place update of a dead temporary (as a trace takes none)."""
+    """Whether torch.export or an ONNX export records the call."""
     return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
+def _in_place() -> bool:
+    """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
+    (the one graph they record runs with and without autograd)."""
+    return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and (torch.jit.is_scripting() or not _exported()))
 
 
 @torch.jit.unused
@@ -622,8 +627,7 @@ def _step(u0, p, config, eps):
     """One step of pre-ln (gelu) on the token domain."""
     n_heads = config["n_heads"]
     dropout_p = 0.0
-    inference = (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-                 and (torch.jit.is_scripting() or not _exported()))  # dead temporaries updated in place without autograd
+    inference = _in_place()  # dead temporaries updated in place without autograd
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]

@@ -171,8 +171,10 @@ def _values_choose(x) -> bool:
 
 @torch.jit.unused
 def _exported() -> bool:
-    """Whether torch.export or an ONNX export records the call."""
-    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+    """Whether torch.export records the call, ONNX's exporter too: it runs torch.export (its TorchScript exporter
+    traces instead, ``torch.jit.is_tracing``). ``torch.onnx.is_in_onnx_export`` would say so at 30 times the cost
+    (two imports a call), a decoding step's 2 %."""
+    return torch.compiler.is_exporting()
 
 
 def _in_place() -> bool:
@@ -1013,8 +1015,8 @@ def _memory_support(memory_key_padding_mask: torch.Tensor | None, batch: int, n_
 
 
 def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -> torch.Tensor:
-    """The key-side field of every token so far: the cached values, then ``new`` (stored back; the first store
-    is a copy, since ``new`` may view the caller's arguments, which the caller may refill in place)."""
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back, ``_extended``; the
+    first store is a copy, since ``new`` may view the caller's arguments, which the caller may refill in place)."""
     if cache is None:
         return new
     if key not in cache:
@@ -1024,8 +1026,42 @@ def _cache(cache: dict[str, torch.Tensor] | None, key: str, new: torch.Tensor) -
     if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
         raise ValueError(f"cache['{key}'] holds {old.dtype} {list(old.shape)}, incompatible with "
                          f"{new.dtype} {list(new.shape)}")
-    cache[key] = torch.cat((old, new), dim=1)
+    cache[key] = _extended(old, new)
     return cache[key]
+
+
+def _extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``old`` then ``new`` along the tokens (axis 1). A call that nothing records (no autograd, trace, export or
+    compilation) writes ``new`` into spare tokens (``_spare_extended``), so a decoding step copies its own keys and
+    values only; ``torch.cat`` copies the whole cache at every step, quadratic in the length of a generation."""
+    if torch.jit.is_scripting() or not _in_place() or torch.compiler.is_compiling():
+        return torch.cat((old, new), dim=1)
+    return _spare_extended(old, new)
+
+
+@torch.jit.unused
+def _spare_extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``old`` then ``new`` along the tokens, a view of a buffer with spare tokens after them: the buffer ``old``
+    begins when this function allocated it and no other cache has written past ``old`` since (the buffer's storage
+    records the tokens written, so caches sharing a prefix, such as copies of one cache, never write over each
+    other); else a new buffer of the tokens and half as many again (at least 16 spare), where both are copied. A
+    buffer allocated under ``torch.inference_mode`` is written under it only (torch refuses the update elsewhere)."""
+    size, tokens = list(old.shape), old.shape[1] + new.shape[1]
+    try:
+        record = getattr(old.untyped_storage(), "splitformer_spare", None)  # (tokens written, capacity, strides)
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (functorch's wrappers, fakes)
+        return torch.cat((old, new), dim=1)
+    if (record is not None and record[0] == old.shape[1] and tokens <= record[1] and record[2] == old.stride()
+            and old.storage_offset() == 0 and (torch.is_inference_mode_enabled() or not old.is_inference())):
+        capacity = record[1]
+        grown = old.as_strided([size[0], tokens] + size[2:], old.stride())
+    else:
+        capacity = tokens + max(16, tokens // 2)
+        grown = old.new_empty([size[0], capacity] + size[2:])[:, :tokens]
+        grown[:, :old.shape[1]].copy_(old)
+    grown[:, old.shape[1]:].copy_(new)
+    grown.untyped_storage().splitformer_spare = (tokens, capacity, grown.stride())
+    return grown
 
 
 def _log_weights(mask: torch.Tensor | None, batch: int, n_keys: int, device: torch.device) -> torch.Tensor:

@@ -36,18 +36,25 @@ def _decoded(stack, u, cache, start, stop, context=torch.no_grad):
     return np.concatenate(steps, axis=1)
 
 
+def _spare_tokens(view):
+    """The buffer a cache entry begins, past its tokens."""
+    record = view.untyped_storage().splitformer_spare
+    return view.as_strided([view.shape[0], record[1]] + list(view.shape[2:]), view.stride())[:, view.shape[1]:]
+
+
 def test_steps_write_into_spare_tokens_of_one_buffer(model, rng):
     full, build = model
     stack, u = build(_torch_module()), rng.standard_normal((2, 40, 8))
     cache = [{} for _ in range(2)]
     with torch.no_grad():
         prompt = stack(torch.tensor(u[:, :4]), cache=cache).numpy()
-    first = _decoded(stack, u, cache, 4, 5)
+    first = _decoded(stack, u, cache, 4, 6)  # the prompt's copy, then its exact extension: no spare tokens yet
     buffer = cache[0]["attn.k"].untyped_storage().data_ptr()
-    rest = _decoded(stack, u, cache, 5, 20)
-    assert cache[0]["attn.k"].untyped_storage().data_ptr() == buffer  # 16 spare tokens after the first step
-    assert cache[0]["attn.k"].shape == (2, 20, 2, 4)
-    rest = np.concatenate([rest, _decoded(stack, u, cache, 20, 40)], axis=1)  # past the spare tokens: a new buffer
+    assert bool((_spare_tokens(cache[0]["attn.k"]) == 0).all())  # zeroed: a saved cache holds no stray memory
+    rest = _decoded(stack, u, cache, 6, 22)
+    assert cache[0]["attn.k"].untyped_storage().data_ptr() == buffer  # 16 spare tokens after the second step
+    assert cache[0]["attn.k"].shape == (2, 22, 2, 4)
+    rest = np.concatenate([rest, _decoded(stack, u, cache, 22, 40)], axis=1)  # past the spare tokens: a new buffer
     assert cache[0]["attn.k"].untyped_storage().data_ptr() != buffer
     assert np.abs(np.concatenate([prompt, first, rest], axis=1) - full(u)).max() <= 1e-10
 
@@ -56,8 +63,8 @@ def _forked(stack, u, v):
     """Two copies of one cache after a prompt and a step, each then fed its own tokens (``u`` and ``v``)."""
     cache = [{} for _ in range(2)]
     with torch.no_grad():
-        stack(torch.tensor(u[:, :3]), cache=cache)
-    _decoded(stack, u, cache, 3, 4)
+        stack(torch.tensor(u[:, :2]), cache=cache)
+    _decoded(stack, u, cache, 2, 4)  # now a buffer with spare tokens
     fork = [dict(entry) for entry in cache]
     ours, theirs = [], []
     for index in range(4, 8):  # alternating: each copy writes where the other would
@@ -141,3 +148,185 @@ def test_a_rolled_back_cache_decodes_its_own_continuation(model, rng):
     v[:, 4:] = rng.standard_normal((1, 5, 8))
     steps = _decoded(stack, v, cache, 4, 9)
     assert np.abs(steps - full(v)[:, 4:]).max() <= 1e-10
+
+
+def _prefix(stack, u, steps=2):
+    """A cache after a prompt and ``steps`` single-token steps (from two on, a buffer with spare tokens)."""
+    cache = [{} for _ in range(2)]
+    with torch.no_grad():
+        stack(torch.tensor(u[:, :2]), cache=cache)
+    _decoded(stack, u, cache, 2, 2 + steps)
+    return cache
+
+
+def test_threads_extending_copies_of_one_cache_keep_their_own_tokens(model, rng):
+    """Each step moves the record past its tokens (under a lock) before writing them: two threads never both write
+    the spare tokens of a shared buffer (before the lock, 39 of 200 such races gave a wrong result)."""
+    import threading
+    full, build = model
+    stack = build(_torch_module())
+    u = rng.standard_normal((2, 5, 8))
+    v = u.copy()
+    v[:, 4:] = rng.standard_normal((2, 1, 8))
+    expected = [full(u)[:, 4:], full(v)[:, 4:]]
+    for _ in range(40):
+        prefix = _prefix(stack, u)
+        results, barrier = [None, None], threading.Barrier(2)
+
+        def work(index, sequence):
+            fork = [dict(entry) for entry in prefix]
+            barrier.wait()
+            results[index] = _decoded(stack, sequence, fork, 4, 5)
+        threads = [threading.Thread(target=work, args=(index, sequence)) for index, sequence in enumerate((u, v))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert max(np.abs(result - want).max() for result, want in zip(results, expected)) <= 1e-10
+
+
+def _version_after_a_step(module, stack, u):
+    """Backward through a graph that saved a cache entry, after a later step wrote into that entry's buffer."""
+    cache = _prefix(stack, u)
+    weight = torch.ones(1, dtype=torch.float64, requires_grad=True)
+    keys = cache[0]["attn.k"]
+    loss = (keys * weight).square().sum()  # saves ``keys`` for its backward
+    _decoded(stack, u, cache, 4, 5)
+    loss.backward()
+    return weight.grad
+
+
+def test_a_step_leaves_the_version_of_views_it_extends(model, rng, tmp_path):
+    _, build = model
+    u = rng.standard_normal((1, 5, 8))
+    assert _version_after_a_step(_torch_module(), build(_torch_module()), u) is not None
+    source = (GENERATED / "torch" / "gpt2.py").read_text(encoding="utf-8")
+    counted = "grown.data[:, old.shape[1]:].copy_(new)"
+    assert counted in source
+    (tmp_path / "counted.py").write_text(source.replace(counted, "grown[:, old.shape[1]:].copy_(new)"), encoding="utf-8")
+    module = import_path(tmp_path / "counted.py", "_spare_tokens_counted")  # negative control: a versioned write
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _version_after_a_step(module, build(module), u)
+
+
+def _vmapped(stack, prefix, candidates):
+    with torch.no_grad():
+        return torch.func.vmap(lambda x: stack(x, cache=[dict(entry) for entry in prefix]))(candidates)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # vmap's fallback for flash attention
+def test_vmap_over_next_tokens_sharing_a_cache_equals_the_loop(model, rng, tmp_path):
+    _, build = model
+    stack = build(_torch_module())
+    u = rng.standard_normal((2, 4, 8))
+    candidates = torch.tensor(rng.standard_normal((3, 2, 1, 8)))
+    prefix = _prefix(stack, u)
+    with torch.no_grad():
+        loop = torch.stack([stack(x, cache=[dict(entry) for entry in prefix]) for x in candidates])
+    assert (_vmapped(stack, prefix, candidates) - loop).abs().max() <= 1e-12
+    source = (GENERATED / "torch" / "gpt2.py").read_text(encoding="utf-8")
+    checked = "storage, _ = old.untyped_storage(), new.untyped_storage()"
+    assert checked in source
+    (tmp_path / "unchecked.py").write_text(source.replace(checked, "storage = old.untyped_storage()"), encoding="utf-8")
+    unchecked = build(import_path(tmp_path / "unchecked.py", "_spare_tokens_unchecked"))
+    with pytest.raises(RuntimeError, match="vmap"):  # negative control: a batched step written into the buffer
+        _vmapped(unchecked, _prefix(unchecked, u), candidates)
+
+
+# --- NumPy: the same growth, its buffers recorded by the module (``_SPARE``) -------------------------------------------
+
+@pytest.fixture
+def numpy_model(rng):
+    module = import_path(GENERATED / "numpy" / "gpt2.py")
+    layers = [reference.random_params(module.PARAMETERS, 8, 12, rng) for _ in range(2)]
+    final_norm = {"gain": rng.standard_normal(8), "bias": rng.standard_normal(8)}
+
+    def run(module, u, cache=None):
+        return module.forward_stack(u, layers, n_heads=2, final_norm=final_norm, cache=cache)
+    return module, run
+
+
+def _numpy_steps(module, run, u, cache, start, stop):
+    return np.concatenate([run(module, u[:, index:index + 1], cache) for index in range(start, stop)], axis=1)
+
+
+def _numpy_forked(module, run, u, v):
+    cache = [{} for _ in range(2)]
+    run(module, u[:, :2], cache)
+    _numpy_steps(module, run, u, cache, 2, 4)  # now a buffer with spare tokens
+    fork = [dict(entry) for entry in cache]
+    ours, theirs = [], []
+    for index in range(4, 8):
+        ours.append(_numpy_steps(module, run, u, cache, index, index + 1))
+        theirs.append(_numpy_steps(module, run, v, fork, index, index + 1))
+    return np.concatenate(ours, axis=1), np.concatenate(theirs, axis=1)
+
+
+def test_numpy_steps_write_into_spare_tokens_and_copies_keep_their_own(numpy_model, rng):
+    module, run = numpy_model
+    u = rng.standard_normal((2, 40, 8))
+    cache = [{} for _ in range(2)]
+    prompt = run(module, u[:, :4], cache)
+    first = _numpy_steps(module, run, u, cache, 4, 6)
+    buffer = cache[0]["attn.k"].base
+    assert (buffer[:, 6:] == 0).all()
+    rest = _numpy_steps(module, run, u, cache, 6, 22)
+    assert cache[0]["attn.k"].base is buffer and cache[0]["attn.k"].shape == (2, 22, 2, 4)
+    rest = np.concatenate([rest, _numpy_steps(module, run, u, cache, 22, 40)], axis=1)
+    assert cache[0]["attn.k"].base is not buffer
+    assert np.abs(np.concatenate([prompt, first, rest], axis=1) - run(module, u)).max() <= 1e-12
+    v = u[:1, :8].copy()
+    v[:, 4:] = rng.standard_normal((1, 4, 8))
+    ours, theirs = _numpy_forked(module, run, u[:1, :8], v)
+    assert np.abs(ours - run(module, u[:1, :8])[:, 4:]).max() <= 1e-12
+    assert np.abs(theirs - run(module, v)[:, 4:]).max() <= 1e-12
+
+
+def test_numpy_without_the_record_of_tokens_written_copies_collide(numpy_model, rng, tmp_path):
+    """Negative control: writing whenever the buffer has room lets one copy overwrite the other's tokens."""
+    _, run = numpy_model
+    source = (GENERATED / "numpy" / "gpt2.py").read_text(encoding="utf-8")
+    assert "entry[1] == old.shape[1] and " in source
+    (tmp_path / "ignoring.py").write_text(source.replace("entry[1] == old.shape[1] and ", ""), encoding="utf-8")
+    ignoring = import_path(tmp_path / "ignoring.py", "_numpy_spare_tokens_ignoring")
+    u = rng.standard_normal((1, 8, 8))
+    v = u.copy()
+    v[:, 4:] = rng.standard_normal((1, 4, 8))
+    ours, _ = _numpy_forked(ignoring, run, u, v)
+    assert np.abs(ours - run(ignoring, u)[:, 4:]).max() > 1e-3
+
+
+def test_numpy_callers_arrays_and_rolled_back_caches_are_never_written(numpy_model, rng):
+    module, run = numpy_model
+    u = rng.standard_normal((1, 9, 8))
+    cache = [{} for _ in range(2)]
+    run(module, u[:, :4], cache)
+    held = []
+    for entry in cache:
+        for key in ("attn.k", "attn.v"):
+            room = np.full((1, 10) + entry[key].shape[2:], 7.0)
+            room[:, :4] = entry[key]
+            held.append(room)
+            entry[key] = room[:, :4]  # a view with room after it, not allocated by the module
+    steps = _numpy_steps(module, run, u, cache, 4, 7)
+    assert all((room[:, 4:] == 7.0).all() for room in held)
+    assert np.abs(steps - run(module, u)[:, 4:7]).max() <= 1e-12
+    for entry in cache:  # cut back to 5 tokens: a view of the buffer whose spare tokens hold the two dropped
+        for key in ("attn.k", "attn.v", "key_padding_mask"):
+            entry[key] = entry[key][:, :5]
+    v = u.copy()
+    v[:, 5:] = rng.standard_normal((1, 4, 8))
+    assert np.abs(_numpy_steps(module, run, v, cache, 5, 9) - run(module, v)[:, 5:]).max() <= 1e-12
+
+
+def test_numpy_forgets_the_buffers_of_a_dropped_cache(numpy_model, rng, tmp_path):
+    _, run = numpy_model
+    (tmp_path / "own.py").write_text((GENERATED / "numpy" / "gpt2.py").read_text(encoding="utf-8"), encoding="utf-8")
+    module = import_path(tmp_path / "own.py", "_numpy_spare_tokens_own")  # its own record
+    u = rng.standard_normal((1, 6, 8))
+    cache = [{} for _ in range(2)]
+    run(module, u[:, :3], cache)
+    _numpy_steps(module, run, u, cache, 3, 6)
+    assert len(module._SPARE) == 4  # keys and values of two layers
+    del cache
+    assert module._SPARE == {}

@@ -21,6 +21,8 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Mapping
 
@@ -255,16 +257,51 @@ def _grid(size, like):
 
 
 def _cache(cache, key, new):
-    """The key-side field of every token so far: the cached values, then ``new`` (stored back)."""
+    """The key-side field of every token so far: the cached values, then ``new`` (stored back, ``_extended``)."""
     if cache is None:
         return new
     if key in cache:
         old = cache[key]
         if old.shape[0] != new.shape[0] or old.shape[2:] != new.shape[2:] or old.dtype != new.dtype:
             raise ValueError(f"cache[{key!r}] holds {old.dtype} {old.shape}, incompatible with {new.dtype} {new.shape}")
-        new = np.concatenate((old, new), axis=1)
+        new = _extended(old, new)
     cache[key] = new
     return new
+
+
+#: The buffers ``_extended`` allocated, by id: (a weak reference to the buffer, the tokens written into it); the lock
+#: guards it: a step moves the record past its tokens before it writes them, so two threads extending copies of one
+#: cache never write the same tokens.
+_SPARE = {}
+_SPARE_LOCK = threading.Lock()
+
+
+def _extended(old, new):
+    """``old`` then ``new`` along the tokens (axis 1), a view of a buffer with zeroed spare tokens after them, so a
+    decoding step copies its own keys and values only (``np.concatenate`` copies the whole cache at every step:
+    quadratic in the length of a generation). Written in place when this function allocated the buffer ``old``
+    begins and no other cache has written past ``old`` since (copies of one cache and a cache cut back to fewer
+    tokens never write over each other); else a new buffer of the tokens and half as many again (at least 16 spare),
+    or of the tokens alone where ``old`` is not such a buffer (a first store; a cache rebuilt at every step gets no
+    slack)."""
+    tokens, buffer = old.shape[1] + new.shape[1], old.base
+    with _SPARE_LOCK:
+        entry = _SPARE.get(id(buffer))
+        ours = entry is not None and entry[0]() is buffer
+        writes = (ours and entry[1] == old.shape[1] and tokens <= buffer.shape[1] and old.strides == buffer.strides
+                  and old.__array_interface__["data"][0] == buffer.__array_interface__["data"][0])
+        if writes:
+            _SPARE[id(buffer)] = (entry[0], tokens)
+    if not writes:
+        capacity = tokens + max(16, tokens // 2) if ours else tokens
+        buffer = np.empty((old.shape[0], capacity) + old.shape[2:], dtype=old.dtype)
+        buffer[:, tokens:] = 0
+        buffer[:, :old.shape[1]] = old
+        forget = weakref.ref(buffer, lambda ref, key=id(buffer): _SPARE.get(key, (None,))[0] is ref and _SPARE.pop(key))
+        with _SPARE_LOCK:
+            _SPARE[id(buffer)] = (forget, tokens)
+    buffer[:, old.shape[1]:tokens] = new
+    return buffer[:, :tokens]
 
 
 def _cached_padding(cache, key_padding_mask, batch, n_keys):

@@ -38,6 +38,7 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
+import threading
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -1039,28 +1040,41 @@ def _extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return _spare_extended(old, new)
 
 
+#: Guards the records of spare tokens (``_spare_extended``): a step moves the record past its tokens before it writes
+#: them, so two threads extending copies of one cache never write the same tokens.
+_SPARE_LOCK = threading.Lock()
+
+
 @torch.jit.unused
 def _spare_extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """``old`` then ``new`` along the tokens, a view of a buffer with spare tokens after them: the buffer ``old``
-    begins when this function allocated it and no other cache has written past ``old`` since (the buffer's storage
-    records the tokens written, so caches sharing a prefix, such as copies of one cache, never write over each
-    other); else a new buffer of the tokens and half as many again (at least 16 spare), where both are copied. A
-    buffer allocated under ``torch.inference_mode`` is written under it only (torch refuses the update elsewhere)."""
+    """``old`` then ``new`` along the tokens, a view of a buffer with zeroed spare tokens after them. Written in place
+    when this function allocated the buffer ``old`` begins and no other cache has written past ``old`` since (its
+    storage records the tokens written: copies of one cache and a cache cut back to fewer tokens never write over
+    each other); else a new buffer of the tokens and half as many again (at least 16 spare), or of the tokens alone
+    where ``old`` is not such a buffer (a first store; a cache rebuilt at every step gets no slack). The writes
+    bypass the version counter of ``old``'s views (``.data``): they reach tokens no view has shown. A buffer
+    allocated under ``torch.inference_mode`` is written under it only (torch refuses the update elsewhere)."""
     size, tokens = list(old.shape), old.shape[1] + new.shape[1]
     try:
-        record = getattr(old.untyped_storage(), "splitformer_spare", None)  # (tokens written, capacity, strides)
-    except (RuntimeError, NotImplementedError):  # a tensor without storage (functorch's wrappers, fakes)
+        storage, _ = old.untyped_storage(), new.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (vmap's batched steps, fakes): concatenated
         return torch.cat((old, new), dim=1)
-    if (record is not None and record[0] == old.shape[1] and tokens <= record[1] and record[2] == old.stride()
-            and old.storage_offset() == 0 and (torch.is_inference_mode_enabled() or not old.is_inference())):
-        capacity = record[1]
+    with _SPARE_LOCK:
+        record = getattr(storage, "splitformer_spare", None)  # (tokens written, capacity, strides)
+        writes = (record is not None and record[0] == old.shape[1] and tokens <= record[1] and record[2] == old.stride()
+                  and old.storage_offset() == 0 and (torch.is_inference_mode_enabled() or not old.is_inference()))
+        if writes:
+            storage.splitformer_spare = (tokens, record[1], record[2])
+    if writes:
         grown = old.as_strided([size[0], tokens] + size[2:], old.stride())
     else:
-        capacity = tokens + max(16, tokens // 2)
-        grown = old.new_empty([size[0], capacity] + size[2:])[:, :tokens]
+        capacity = tokens if record is None else tokens + max(16, tokens // 2)
+        buffer = old.new_empty([size[0], capacity] + size[2:])
+        buffer[:, tokens:].zero_()
+        grown = buffer[:, :tokens]
         grown[:, :old.shape[1]].copy_(old)
-    grown[:, old.shape[1]:].copy_(new)
-    grown.untyped_storage().splitformer_spare = (tokens, capacity, grown.stride())
+        grown.untyped_storage().splitformer_spare = (tokens, capacity, grown.stride())
+    grown.data[:, old.shape[1]:].copy_(new)
     return grown
 
 

@@ -95,6 +95,7 @@ def _extended(old, new):
         entry = _SPARE.get(id(buffer))
         ours = entry is not None and entry[0]() is buffer
         writes = (ours and entry[1] == old.shape[1] and tokens <= buffer.shape[1] and old.strides == buffer.strides
+                  and old.shape[:1] + old.shape[2:] == buffer.shape[:1] + buffer.shape[2:]
                   and old.__array_interface__["data"][0] == buffer.__array_interface__["data"][0])
         if writes:
             _SPARE[id(buffer)] = (entry[0], tokens)

@@ -38,8 +38,8 @@ def _decoded(stack, u, cache, start, stop, context=torch.no_grad):
 
 def _spare_tokens(view):
     """The buffer a cache entry begins, past its tokens."""
-    record = view.untyped_storage().splitformer_spare
-    return view.as_strided([view.shape[0], record[1]] + list(view.shape[2:]), view.stride())[:, view.shape[1]:]
+    capacity = view.untyped_storage().splitformer_spare[2]
+    return view.as_strided([view.shape[0], capacity] + list(view.shape[2:]), view.stride())[:, view.shape[1]:]
 
 
 def test_steps_write_into_spare_tokens_of_one_buffer(model, rng):
@@ -87,8 +87,9 @@ def test_without_the_record_of_tokens_written_copies_collide(model, rng, tmp_pat
     """Negative control: writing whenever the buffer has room lets one copy overwrite the other's tokens."""
     full, build = model
     source = (GENERATED / "torch" / "gpt2.py").read_text(encoding="utf-8")
-    assert "record[0] == old.shape[1] and " in source
-    (tmp_path / "ignoring.py").write_text(source.replace("record[0] == old.shape[1] and ", ""), encoding="utf-8")
+    assert "writes = record[1] == old.shape[1]" in source
+    (tmp_path / "ignoring.py").write_text(source.replace("writes = record[1] == old.shape[1]", "writes = True"),
+                                          encoding="utf-8")
     ignoring = import_path(tmp_path / "ignoring.py", "_spare_tokens_ignoring")
     u = rng.standard_normal((1, 8, 8))
     v = u.copy()
@@ -233,6 +234,36 @@ def test_vmap_over_next_tokens_sharing_a_cache_equals_the_loop(model, rng, tmp_p
         _vmapped(unchecked, _prefix(unchecked, u), candidates)
 
 
+def _tangent_error(stack, rng):
+    """The largest difference of token-by-token forward-mode tangents from the full causal pass's, under no_grad (the
+    math kernel: CPU flash attention has no forward-mode AD)."""
+    import torch.autograd.forward_ad as forward_ad
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    x, tangent = torch.tensor(rng.standard_normal((2, 6, 8))), torch.tensor(rng.standard_normal((2, 6, 8)))
+    with torch.no_grad(), forward_ad.dual_level(), sdpa_kernel(SDPBackend.MATH):
+        full = forward_ad.unpack_dual(stack(forward_ad.make_dual(x, tangent), causal=True)).tangent
+        cache, steps = [{} for _ in range(2)], []
+        for index in range(6):
+            step = forward_ad.make_dual(x[:, index:index + 1], tangent[:, index:index + 1])
+            steps.append(forward_ad.unpack_dual(stack(step, cache=cache)).tangent)
+    return float((torch.cat(steps, dim=1) - full).abs().max())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.nn.attention's import
+def test_forward_mode_tangents_of_cached_steps_are_the_full_passs(model, rng, tmp_path):
+    """Forward-mode AD runs under no_grad, where a step writes into spare tokens through ``.data``, which drops the new
+    tokens' tangents: with a tangent, the step concatenates."""
+    _, build = model
+    assert _tangent_error(build(_torch_module()), rng) <= 1e-12
+    source = (GENERATED / "torch" / "gpt2.py").read_text(encoding="utf-8")
+    checked = ("if torch.autograd.forward_ad.unpack_dual(new).tangent is not None or \\\n"
+               "            torch.autograd.forward_ad.unpack_dual(old).tangent is not None:")
+    assert checked in source
+    (tmp_path / "tangentless.py").write_text(source.replace(checked, "if False:"), encoding="utf-8")
+    tangentless = import_path(tmp_path / "tangentless.py", "_spare_tokens_tangentless")
+    assert _tangent_error(build(tangentless), rng) > 1e-3  # negative control: the tangents dropped
+
+
 # --- NumPy: the same growth, its buffers recorded by the module (``_SPARE``) -------------------------------------------
 
 @pytest.fixture
@@ -317,6 +348,19 @@ def test_numpy_callers_arrays_and_rolled_back_caches_are_never_written(numpy_mod
     v = u.copy()
     v[:, 5:] = rng.standard_normal((1, 4, 8))
     assert np.abs(_numpy_steps(module, run, v, cache, 5, 9) - run(module, v)[:, 5:]).max() <= 1e-12
+
+
+def test_numpy_rows_of_a_cache_take_their_own_buffer(numpy_model, rng):
+    """A cache of some of the batch's sequences (rows of each entry) is not the buffer's batch: a new buffer."""
+    module, run = numpy_model
+    u = rng.standard_normal((3, 7, 8))
+    cache = [{} for _ in range(2)]
+    run(module, u[:, :3], cache)
+    _numpy_steps(module, run, u, cache, 3, 5)  # a buffer with spare tokens
+    rows = [{key: value[:2] if key != "options" else value for key, value in entry.items()} for entry in cache]
+    steps = _numpy_steps(module, run, u[:2], rows, 5, 7)
+    assert np.abs(steps - run(module, u[:2])[:, 5:]).max() <= 1e-12
+    assert rows[0]["attn.k"].shape == (2, 7, 2, 4)
 
 
 def test_numpy_forgets_the_buffers_of_a_dropped_cache(numpy_model, rng, tmp_path):

@@ -846,31 +846,34 @@ def _extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return _spare_extended(old, new)
 
 
-#: Guards the records of spare tokens (``_spare_extended``): a step moves the record past its tokens before it writes
-#: them, so two threads extending copies of one cache never write the same tokens.
-_SPARE_LOCK = threading.Lock()
-
-
 @torch.jit.unused
 def _spare_extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """``old`` then ``new`` along the tokens, a view of a buffer with zeroed spare tokens after them. Written in place
     when this function allocated the buffer ``old`` begins and no other cache has written past ``old`` since (its
     storage records the tokens written: copies of one cache and a cache cut back to fewer tokens never write over
-    each other); else a new buffer of the tokens and half as many again (at least 16 spare), or of the tokens alone
-    where ``old`` is not such a buffer (a first store; a cache rebuilt at every step gets no slack). The writes
-    bypass the version counter of ``old``'s views (``.data``): they reach tokens no view has shown. A buffer
-    allocated under ``torch.inference_mode`` is written under it only (torch refuses the update elsewhere)."""
+    each other; a step moves the record past its tokens, under the record's lock, before it writes them, so threads
+    never write the same tokens); else a new buffer of the tokens and half as many again (at least 16 spare), or of
+    the tokens alone where ``old`` is not such a buffer (a first store; a cache rebuilt at every step gets no slack).
+    The writes bypass the version counter of ``old``'s views (``.data``): they reach tokens no view has shown. Tensors
+    without storage (vmap's batched steps, fakes) and steps with forward-mode tangents (which ``.data`` would drop)
+    are concatenated; a buffer allocated under ``torch.inference_mode`` is written under it only (torch refuses the
+    update elsewhere)."""
     size, tokens = list(old.shape), old.shape[1] + new.shape[1]
     try:
         storage, _ = old.untyped_storage(), new.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (vmap's batched steps, fakes): concatenated
+    except (RuntimeError, NotImplementedError):
         return torch.cat((old, new), dim=1)
-    with _SPARE_LOCK:
-        record = getattr(storage, "splitformer_spare", None)  # (tokens written, capacity, strides)
-        writes = (record is not None and record[0] == old.shape[1] and tokens <= record[1] and record[2] == old.stride()
-                  and old.storage_offset() == 0 and (torch.is_inference_mode_enabled() or not old.is_inference()))
-        if writes:
-            storage.splitformer_spare = (tokens, record[1], record[2])
+    if torch.autograd.forward_ad.unpack_dual(new).tangent is not None or \
+            torch.autograd.forward_ad.unpack_dual(old).tangent is not None:
+        return torch.cat((old, new), dim=1)
+    record = getattr(storage, "splitformer_spare", None)  # [lock, tokens written, capacity, strides]
+    writes = False
+    if record is not None and old.storage_offset() == 0 and record[3] == old.stride() and tokens <= record[2] \
+            and (torch.is_inference_mode_enabled() or not old.is_inference()):
+        with record[0]:
+            writes = record[1] == old.shape[1]
+            if writes:
+                record[1] = tokens
     if writes:
         grown = old.as_strided([size[0], tokens] + size[2:], old.stride())
     else:
@@ -879,7 +882,7 @@ def _spare_extended(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         buffer[:, tokens:].zero_()
         grown = buffer[:, :tokens]
         grown[:, :old.shape[1]].copy_(old)
-        grown.untyped_storage().splitformer_spare = (tokens, capacity, grown.stride())
+        grown.untyped_storage().splitformer_spare = [threading.Lock(), tokens, capacity, grown.stride()]
     grown.data[:, old.shape[1]:].copy_(new)
     return grown
 

@@ -59,18 +59,25 @@ def test_steps_write_into_spare_tokens_of_one_buffer(model, rng):
     assert np.abs(np.concatenate([prompt, first, rest], axis=1) - full(u)).max() <= 1e-10
 
 
-def _forked(stack, u, v):
-    """Two copies of one cache after a prompt and a step, each then fed its own tokens (``u`` and ``v``)."""
+def _forked(call, u, v):
+    """Two copies of one cache after a prompt and two steps, each then fed its own tokens (``u`` and ``v``);
+    ``call(sequence, cache, start, stop)`` feeds ``sequence[:, start:stop]``."""
     cache = [{} for _ in range(2)]
-    with torch.no_grad():
-        stack(torch.tensor(u[:, :2]), cache=cache)
-    _decoded(stack, u, cache, 2, 4)  # now a buffer with spare tokens
+    for start, stop in ((0, 2), (2, 3), (3, 4)):  # now a buffer with spare tokens
+        call(u, cache, start, stop)
     fork = [dict(entry) for entry in cache]
     ours, theirs = [], []
     for index in range(4, 8):  # alternating: each copy writes where the other would
-        ours.append(_decoded(stack, u, cache, index, index + 1))
-        theirs.append(_decoded(stack, v, fork, index, index + 1))
+        ours.append(call(u, cache, index, index + 1))
+        theirs.append(call(v, fork, index, index + 1))
     return np.concatenate(ours, axis=1), np.concatenate(theirs, axis=1)
+
+
+def _torch_call(stack):
+    def call(sequence, cache, start, stop):
+        with torch.no_grad():
+            return stack(torch.tensor(sequence[:, start:stop]), cache=cache).numpy()
+    return call
 
 
 def test_copies_of_a_cache_never_write_over_each_other(model, rng):
@@ -78,7 +85,7 @@ def test_copies_of_a_cache_never_write_over_each_other(model, rng):
     u = rng.standard_normal((1, 8, 8))
     v = u.copy()
     v[:, 4:] = rng.standard_normal((1, 4, 8))
-    ours, theirs = _forked(build(_torch_module()), u, v)
+    ours, theirs = _forked(_torch_call(build(_torch_module())), u, v)
     assert np.abs(ours - full(u)[:, 4:]).max() <= 1e-10
     assert np.abs(theirs - full(v)[:, 4:]).max() <= 1e-10
 
@@ -94,7 +101,7 @@ def test_without_the_record_of_tokens_written_copies_collide(model, rng, tmp_pat
     u = rng.standard_normal((1, 8, 8))
     v = u.copy()
     v[:, 4:] = rng.standard_normal((1, 4, 8))
-    ours, theirs = _forked(build(ignoring), u, v)
+    ours, theirs = _forked(_torch_call(build(ignoring)), u, v)
     assert np.abs(ours - full(u)[:, 4:]).max() > 1e-3
 
 
@@ -281,16 +288,8 @@ def _numpy_steps(module, run, u, cache, start, stop):
     return np.concatenate([run(module, u[:, index:index + 1], cache) for index in range(start, stop)], axis=1)
 
 
-def _numpy_forked(module, run, u, v):
-    cache = [{} for _ in range(2)]
-    run(module, u[:, :2], cache)
-    _numpy_steps(module, run, u, cache, 2, 4)  # now a buffer with spare tokens
-    fork = [dict(entry) for entry in cache]
-    ours, theirs = [], []
-    for index in range(4, 8):
-        ours.append(_numpy_steps(module, run, u, cache, index, index + 1))
-        theirs.append(_numpy_steps(module, run, v, fork, index, index + 1))
-    return np.concatenate(ours, axis=1), np.concatenate(theirs, axis=1)
+def _numpy_call(module, run):
+    return lambda sequence, cache, start, stop: run(module, sequence[:, start:stop], cache)
 
 
 def test_numpy_steps_write_into_spare_tokens_and_copies_keep_their_own(numpy_model, rng):
@@ -308,7 +307,7 @@ def test_numpy_steps_write_into_spare_tokens_and_copies_keep_their_own(numpy_mod
     assert np.abs(np.concatenate([prompt, first, rest], axis=1) - run(module, u)).max() <= 1e-12
     v = u[:1, :8].copy()
     v[:, 4:] = rng.standard_normal((1, 4, 8))
-    ours, theirs = _numpy_forked(module, run, u[:1, :8], v)
+    ours, theirs = _forked(_numpy_call(module, run), u[:1, :8], v)
     assert np.abs(ours - run(module, u[:1, :8])[:, 4:]).max() <= 1e-12
     assert np.abs(theirs - run(module, v)[:, 4:]).max() <= 1e-12
 
@@ -323,7 +322,7 @@ def test_numpy_without_the_record_of_tokens_written_copies_collide(numpy_model, 
     u = rng.standard_normal((1, 8, 8))
     v = u.copy()
     v[:, 4:] = rng.standard_normal((1, 4, 8))
-    ours, _ = _numpy_forked(ignoring, run, u, v)
+    ours, _ = _forked(_numpy_call(ignoring, run), u, v)
     assert np.abs(ours - run(ignoring, u)[:, 4:]).max() > 1e-3
 
 

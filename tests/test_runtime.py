@@ -537,3 +537,52 @@ def test_generated_modules_import_only_the_standard_library_and_their_backend():
         imported = set(statement.findall(path.read_text(encoding="utf-8")))
         assert imported <= {"math", "numbers", "threading", "warnings", "weakref", "collections", path.parent.name}, (path, imported)
         assert path.name == "__init__.py" or path.parent.name in imported  # control: the backend's import is seen
+
+
+def _convolved(rng, channels=16):
+    field = rng.standard_normal((2, channels, 9, 9))
+    W = rng.standard_normal((channels, 3, 3, 8))
+    return field, W, numpy_grids._conv2d(field, W, 1, 1)
+
+
+def _loop_conv2d(field, W, padding=1):
+    padded = np.pad(field, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    size = W.shape[1]
+    rows, cols = padded.shape[2] - size + 1, padded.shape[3] - size + 1
+    return sum(np.einsum("bcpq,cl->blpq", padded[:, :, r:r + rows, s:s + cols], W[:, r, s])
+               for r in range(size) for s in range(size))
+
+
+def test_convolution_scratch_is_kept_per_thread_and_never_in_a_result(rng):
+    """The padded phases and the product being summed live in per-thread memory kept between calls (no fresh pages
+    at each call); a result stays the caller's: the next call leaves it as it was."""
+    import threading
+    field, W, first = _convolved(rng)
+    kept = first.copy()
+    pointer = numpy_grids._SCRATCH.__dict__[("phase", 0, 0)].__array_interface__["data"][0]
+    other_field, other_W, second = _convolved(rng)
+    assert numpy_grids._SCRATCH.__dict__[("phase", 0, 0)].__array_interface__["data"][0] == pointer
+    assert np.array_equal(first, kept)
+    assert np.abs(first - _loop_conv2d(field, W)).max() <= 1e-12
+    assert np.abs(second - _loop_conv2d(other_field, other_W)).max() <= 1e-12
+    seen = []
+    thread = threading.Thread(target=lambda: (_convolved(rng), seen.append(dict(numpy_grids._SCRATCH.__dict__))))
+    thread.start()
+    thread.join()
+    assert seen[0][("phase", 0, 0)].__array_interface__["data"][0] != pointer
+
+
+def test_a_result_in_the_scratch_would_change_with_the_next_call(rng, monkeypatch):
+    """Negative control: a product written into the scratch (as a result must never be) is overwritten by the next
+    call's."""
+    product = numpy_grids._product
+
+    def into_scratch(W, columns, out=None):
+        if out is None:
+            out = numpy_grids._scratch("result", (W.shape[1], columns.shape[1]), columns.dtype, "C")
+        return product(W, columns, out=out)
+    monkeypatch.setattr(numpy_grids, "_product", into_scratch)
+    _, _, first = _convolved(rng)
+    kept = first.copy()
+    _convolved(rng)
+    assert not np.array_equal(first, kept)

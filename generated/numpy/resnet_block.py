@@ -38,6 +38,7 @@ permuted (1, 2, 3, 0), a ConvTranspose2d weight permuted (0, 2, 3, 1)):
 """
 import math
 import numbers
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -150,7 +151,8 @@ def _phases(field, size, stride, padding, dtype):
     phases = {}
     for a in range(min(stride, size)):
         for b in range(min(stride, size)):
-            flat = np.zeros((channels, count + reach * (grid[1] + 1)), dtype=dtype, order=order)
+            flat = _scratch(("phase", a, b), (channels, count + reach * (grid[1] + 1)), dtype, order)
+            flat.fill(0)
             (p, i), (q, j) = _phase(a, stride, padding, height, grid[0]), _phase(b, stride, padding, width, grid[1])
             flat[:, :count].reshape(channels, batch, *grid)[:, :, p, q] = nodes[:, :, i, j]
             phases[a, b] = flat
@@ -166,9 +168,28 @@ def _offsets(phases, size, stride, width, count):
                 yield r, s, flat[:, shift:shift + count]
 
 
-def _product(W, columns):
-    """``Wᵀ columns`` (l, n) in the memory order of ``columns`` (channel-major, or channels last)."""
-    return (columns.T @ W).T if columns.strides[0] < columns.strides[1] else W.T @ columns
+def _product(W, columns, out=None):
+    """``Wᵀ columns`` (l, n) in the memory order of ``columns`` (channel-major, or channels last); into ``out`` if
+    given (of that order)."""
+    if columns.strides[0] < columns.strides[1]:
+        return np.matmul(columns.T, W, out=None if out is None else out.T).T
+    return np.matmul(W.T, columns, out=out)
+
+
+#: Per thread, the scratch arrays of the convolutions (``_scratch``).
+_SCRATCH = threading.local()
+
+
+def _scratch(slot, shape, dtype, order):
+    """An array of ``shape`` for a temporary that no result outlives (a padded phase, a product before it is summed),
+    in memory kept between calls, per thread and ``slot``, as large as the largest asked for: fresh memory of this size
+    is given back to the system after each call and faulted in again at the next (a third of the page faults of the
+    NumPy unet-level forward). Its values are left over from earlier calls."""
+    size, dtype = math.prod(shape), np.dtype(dtype)
+    buffer = _SCRATCH.__dict__.get(slot)
+    if buffer is None or buffer.size < size or buffer.dtype != dtype:
+        buffer = _SCRATCH.__dict__[slot] = np.empty(size, dtype)
+    return buffer[:size].reshape(shape, order=order)
 
 
 def _on_grid(out, batch, output, grid):
@@ -192,8 +213,9 @@ def _conv2d(field, W, stride, padding, bias=None):
                        np.concatenate([columns for _, _, columns in offsets]))
     else:
         out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2])
+        term = _scratch("term", out.shape, out.dtype, "F" if out.strides[0] < out.strides[1] else "C")
         for r, s, columns in offsets[1:]:
-            out += _product(W[:, r, s], columns)
+            out += _product(W[:, r, s], columns, out=term)
     if bias is not None:
         out += bias[:, None]
     return _on_grid(out, len(field), output, grid)

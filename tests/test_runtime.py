@@ -553,23 +553,26 @@ def _loop_conv2d(field, W, padding=1):
                for r in range(size) for s in range(size))
 
 
+def _phase_memory():
+    return numpy_grids._SCRATCH.kept[("phase", 0, 0), "<f8"].__array_interface__["data"][0]
+
+
 def test_convolution_scratch_is_kept_per_thread_and_never_in_a_result(rng):
     """The padded phases and the product being summed live in per-thread memory kept between calls (no fresh pages
     at each call); a result stays the caller's: the next call leaves it as it was."""
     import threading
     field, W, first = _convolved(rng)
-    kept = first.copy()
-    pointer = numpy_grids._SCRATCH.__dict__[("phase", 0, 0)].__array_interface__["data"][0]
+    kept, pointer = first.copy(), _phase_memory()
     other_field, other_W, second = _convolved(rng)
-    assert numpy_grids._SCRATCH.__dict__[("phase", 0, 0)].__array_interface__["data"][0] == pointer
+    assert _phase_memory() == pointer
     assert np.array_equal(first, kept)
     assert np.abs(first - _loop_conv2d(field, W)).max() <= 1e-12
     assert np.abs(second - _loop_conv2d(other_field, other_W)).max() <= 1e-12
     seen = []
-    thread = threading.Thread(target=lambda: (_convolved(rng), seen.append(dict(numpy_grids._SCRATCH.__dict__))))
+    thread = threading.Thread(target=lambda: (_convolved(rng), seen.append(_phase_memory())))
     thread.start()
     thread.join()
-    assert seen[0][("phase", 0, 0)].__array_interface__["data"][0] != pointer
+    assert seen[0] != pointer
 
 
 def test_a_result_in_the_scratch_would_change_with_the_next_call(rng, monkeypatch):
@@ -586,3 +589,36 @@ def test_a_result_in_the_scratch_would_change_with_the_next_call(rng, monkeypatc
     kept = first.copy()
     _convolved(rng)
     assert not np.array_equal(first, kept)
+
+
+def _nested_convolution_error(rng, monkeypatch):
+    """The outer convolution's error when another runs inside it on the same thread, after the phases are filled (as a
+    signal handler or finalizer calling a forward would)."""
+    offsets, entered = numpy_grids._offsets, []
+
+    def interrupted(*args):
+        if not entered:
+            entered.append(True)
+            _convolved(rng)
+        return offsets(*args)
+    monkeypatch.setattr(numpy_grids, "_offsets", interrupted)
+    field, W, out = _convolved(rng)
+    return np.abs(out - _loop_conv2d(field, W)).max()
+
+
+def test_a_convolution_inside_another_takes_its_own_memory(rng, monkeypatch):
+    assert _nested_convolution_error(rng, monkeypatch) <= 1e-12
+
+
+def test_without_the_count_of_holders_a_nested_convolution_overwrites_the_outer(rng, monkeypatch):
+    """Negative control: counting no holder, the inner call reuses (and refills) the outer call's phases."""
+    monkeypatch.setattr(numpy_grids, "_conv2d", numpy_grids._conv2d.__wrapped__)
+    assert _nested_convolution_error(rng, monkeypatch) > 1e-3
+
+
+def test_a_scratch_past_its_limit_is_fresh_memory(monkeypatch, rng):
+    monkeypatch.setattr(numpy_grids, "_SCRATCH_LIMIT", 1024)
+    numpy_grids._SCRATCH.__dict__.pop("kept", None)
+    field, W, out = _convolved(rng)
+    assert not numpy_grids._SCRATCH.__dict__.get("kept")  # every phase and product here is over 1 KB
+    assert np.abs(out - _loop_conv2d(field, W)).max() <= 1e-12

@@ -159,20 +159,40 @@ def _product(W, columns, out=None):
     return np.matmul(W.T, columns, out=out)
 
 
-#: Per thread, the scratch arrays of the convolutions (``_scratch``).
+#: Per thread, the scratch arrays of the convolutions (``_scratch``) and how many convolutions hold it.
 _SCRATCH = threading.local()
+#: The largest scratch array kept between calls, in bytes; a larger one is fresh memory, as any was before.
+_SCRATCH_LIMIT = 1 << 23
 
 
 def _scratch(slot, shape, dtype, order):
     """An array of ``shape`` for a temporary that no result outlives (a padded phase, a product before it is summed),
-    in memory kept between calls, per thread and ``slot``, as large as the largest asked for: fresh memory of this size
-    is given back to the system after each call and faulted in again at the next (a third of the page faults of the
-    NumPy unet-level forward). Its values are left over from earlier calls."""
-    size, dtype = math.prod(shape), np.dtype(dtype)
-    buffer = _SCRATCH.__dict__.get(slot)
-    if buffer is None or buffer.size < size or buffer.dtype != dtype:
-        buffer = _SCRATCH.__dict__[slot] = np.empty(size, dtype)
+    in memory kept between calls, per thread, ``slot`` and dtype, as large as the largest asked for up to
+    ``_SCRATCH_LIMIT``: fresh memory of this size is given back to the system after each call and faulted in again at
+    the next (a third of the page faults of the NumPy unet-level forward). Its values are left over from earlier calls.
+    A convolution that runs inside another of the same thread (a signal handler or finalizer calling a forward) gets
+    fresh memory (``_holding_scratch``)."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    if getattr(_SCRATCH, "depth", 0) > 1 or size * dtype.itemsize > _SCRATCH_LIMIT:
+        return np.empty(shape, dtype, order=order)
+    kept = _SCRATCH.__dict__.setdefault("kept", {})
+    buffer = kept.get((slot, dtype.str))
+    if buffer is None or buffer.size < size:
+        buffer = kept[slot, dtype.str] = np.empty(size, dtype)
     return buffer[:size].reshape(shape, order=order)
+
+
+def _holding_scratch(function):
+    """``function``, a convolution using ``_scratch``, counting itself among those that hold it on this thread."""
+    def holding(*args, **kwargs):
+        _SCRATCH.depth = getattr(_SCRATCH, "depth", 0) + 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _SCRATCH.depth -= 1
+    holding.__doc__, holding.__wrapped__ = function.__doc__, function
+    return holding
 
 
 def _on_grid(out, batch, output, grid):
@@ -181,6 +201,7 @@ def _on_grid(out, batch, output, grid):
     return out.reshape(len(out), batch, *grid)[:, :, :rows, :cols].transpose(1, 0, 2, 3)
 
 
+@_holding_scratch
 def _conv2d(field, W, stride, padding, bias=None):
     """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel offset one
     GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:

@@ -113,7 +113,10 @@ def _reached(reads: set[str], table: dict[str, Definition], own: set[str]) -> li
 
 def inline_runtime(source: str, backend: str) -> str:
     """``source`` (a rendered module with its runtime marks) with, at each mark, the definitions of that
-    runtime module it uses, each followed by two blank lines; a mark of a module it does not use vanishes."""
+    runtime module it uses, each followed by two blank lines; a mark of a module it does not use vanishes.
+    A plain ``import name`` those definitions need (``threading``, ``weakref``) joins the module's first
+    block of plain imports, so a module imports what its helpers use and nothing more; any other import
+    they need (``import numpy as np``) must be the module's own."""
     tree = ast.parse(source)
     own = set().union(*map(_bound, tree.body))
     table = definitions(backend)
@@ -122,16 +125,41 @@ def inline_runtime(source: str, backend: str) -> str:
     marked = set(marks)
     if len(marks) > len(marked):
         raise ValueError(f"a runtime module is marked twice: {sorted(marks)}")
+    added: set[str] = set()
     for definition in reached:
         if definition.module not in marked:
             raise ValueError(f"the module uses {sorted(definition.binds)} of runtime/{definition.module}.py "
                              f"but its template has no {runtime_mark(definition.module)!r} line")
         imports = _module(definition.module)[0]
-        missing = sorted(name for name in definition.reads & imports.keys() - own if name not in table)
+        needed = {name for name in definition.reads & imports.keys() - own if name not in table}
+        added |= {name for name in needed if imports[name] == f"import {name}"}
+        missing = sorted(needed - added)
         if missing:
             raise ValueError(f"{sorted(definition.binds)} of runtime/{definition.module}.py need "
                              f"{', '.join(imports[name] for name in missing)}, which the module lacks")
     text = {module: "".join(definition.text + "\n\n\n" for definition in
                             sorted(reached, key=lambda definition: definition.position) if definition.module == module)
             for module in marked}
-    return _MARK.sub(lambda match: text[match[1]], source)
+    return _MARK.sub(lambda match: text[match[1]], _with_imports(source, tree, added))
+
+
+def _with_imports(source: str, tree: ast.Module, names: set[str]) -> str:
+    """``source`` with ``import name`` for each of ``names`` in its first block of plain imports, sorted (before its
+    first import, as a block of its own, where that is not a plain one)."""
+    if not names:
+        return source
+    lines = source.splitlines(keepends=True)
+    statements = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    block = []
+    for node in statements:
+        plain = isinstance(node, ast.Import) and all(alias.asname is None for alias in node.names)
+        if not plain or (block and node.lineno != block[-1].end_lineno + 1):
+            break
+        block.append(node)
+    if not block:
+        first = statements[0].lineno - 1 if statements else 0
+        return "".join(lines[:first] + [f"import {name}\n" for name in sorted(names)] + ["\n"] + lines[first:])
+    present = {alias.name for node in block for alias in node.names}
+    merged = sorted(present | names)
+    return "".join(lines[:block[0].lineno - 1] + [f"import {name}\n" for name in merged]
+                   + lines[block[-1].end_lineno:])

@@ -512,11 +512,23 @@ def test_the_inliner_keeps_a_modules_own_definition_and_places_each_runtime_modu
     assert source.index("def _mapping") < source.index("class _Network") < source.index("class Model")
 
 
+def test_the_inliner_imports_the_plain_modules_its_helpers_use_and_no_others():
+    uses = inline_runtime(_module("def f(cache, k, v):\n    return _cache(cache, k, v)\n", "numpy",
+                                  ("numpy_inputs",)), "numpy")
+    assert uses.startswith("import math\nimport threading\nimport weakref\n\nimport numpy as np\n")
+    exec(compile(uses, "generated", "exec"), {})
+    unused = inline_runtime(_module("def f(x):\n    return _grid(3, x)\n", "numpy", ("numpy_inputs",)), "numpy")
+    assert "import threading" not in unused and "import weakref" not in unused  # control: nothing needs them
+    first = inline_runtime(runtime_mark("numpy_inputs") + "\nimport numpy as np\n\n\ndef f(c, k, v):\n"
+                           "    return _cache(c, k, v)\n", "numpy")
+    assert "import threading\nimport weakref\n\nimport numpy as np\n" in first  # no plain block: one of its own
+
+
 def test_the_inliner_refuses_a_module_without_the_mark_or_the_import_a_helper_needs():
     with pytest.raises(ValueError, match=r"\['_gather'\] of runtime/numpy_helpers.py .* no '#@runtime numpy_helpers'"):
         inline_runtime("import numpy as np\n\n\ndef f(t, i):\n    return _gather(t, i)\n", "numpy")
-    with pytest.raises(ValueError, match="need import math, which the module lacks"):
-        inline_runtime(runtime_mark("numpy_helpers") + "\nimport numpy as np\n\n\ndef f(v, i):\n"
+    with pytest.raises(ValueError, match="need import numpy as np, which the module lacks"):
+        inline_runtime(runtime_mark("numpy_helpers") + "\nimport math\n\n\ndef f(v, i):\n"
                        "    return _scatter(v, i, 3, 1)\n", "numpy")
     with pytest.raises(ValueError, match="marked twice"):
         inline_runtime(_module("", marks=("checks", "checks")), "numpy")

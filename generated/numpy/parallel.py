@@ -26,8 +26,6 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
-import threading
-import weakref
 from collections import Counter
 from collections.abc import Mapping
 

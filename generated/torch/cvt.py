@@ -70,7 +70,6 @@ convolution is a Conv2d weight permuted (1, 2, 3, 0), of a depth-wise one (1, 2,
 """
 import math
 import numbers
-import weakref
 from collections.abc import Mapping
 
 import torch

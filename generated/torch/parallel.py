@@ -26,7 +26,6 @@ Parameters (canonical names and shapes, row-vector convention u @ W + b):
 """
 import math
 import numbers
-import threading
 import warnings
 import weakref
 from collections.abc import Mapping

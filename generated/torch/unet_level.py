@@ -31,7 +31,6 @@ permuted (1, 2, 3, 0), a ConvTranspose2d weight permuted (0, 2, 3, 1)):
 """
 import math
 import numbers
-import weakref
 from collections.abc import Mapping
 
 import torch

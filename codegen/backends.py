@@ -86,6 +86,9 @@ class Backend:
     shares_across_layers = False
     #: Also within a branch (a ``Memoized`` op's), its own arrays: TorchScript refuses ``del`` there.
     frees_in_branches = True
+    #: Write a convolution output that dies inside its program (``Convolution.scratch``) into memory kept between
+    #: calls: the program holds that memory while it runs (``_holding_scratch``).
+    scratch_outputs = False
     #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
     input_costate_last = False
     #: What a derived backward's functions bind first: the flags its statements read.
@@ -370,6 +373,7 @@ class NumpyBackend(Backend):
     move_axis, permute = "moveaxis", "transpose"
     transposed_support = "transpose(0, 2, 1)"
     frees_dead_arrays = True
+    scratch_outputs = True
 
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"
@@ -392,9 +396,10 @@ class NumpyBackend(Backend):
     def convolution(self, op: Convolution, printer: ArrayPrinter) -> list[str]:
         helper = printer.use("_depthwise_conv2d" if op.depthwise else "_conv2d")
         bias = f", {op.bias}" if op.bias else ""  # the helpers write the bias into their output
+        slot = f', slot="{op.out}"' if op.scratch else ""  # memory the program holds (``_holding_scratch``)
         last = ".transpose(0, 2, 3, 1)" if op.channels_last else ""
-        return [f"{op.out} = {helper}({op.x}, {op.weight}, {printer.code(op.stride)}, {printer.code(op.padding)}{bias})"
-                f"{last}"]
+        return [f"{op.out} = {helper}({op.x}, {op.weight}, {printer.code(op.stride)}, {printer.code(op.padding)}{bias}"
+                f"{slot}){last}"]
 
     def transposed_convolution(self, op: TransposedConvolution, printer: ArrayPrinter) -> list[str]:
         bias = f", {op.bias}" if op.bias else ""

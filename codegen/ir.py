@@ -580,7 +580,8 @@ class Convolution(_Kernel):
     """``out[b, l, p, q] = Σ_{c,r,s} x[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``.
 
     ``depthwise``: ``W[r, s, l]`` and ``c = l`` (each channel convolved with its own kernel);
-    ``channels_last``: ``out[b, p, q, l]`` (the patches of a patch embedding, as tokens).
+    ``channels_last``: ``out[b, p, q, l]`` (the patches of a patch embedding, as tokens);
+    ``scratch``: no result of the program outlives ``out`` (set by the ``scratch-outputs`` pass).
     """
 
     size: sp.Expr = sp.Integer(1)
@@ -588,6 +589,7 @@ class Convolution(_Kernel):
     padding: sp.Expr = sp.Integer(0)
     depthwise: bool = False
     channels_last: bool = False
+    scratch: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from splitformer.symbolic.program import Program
 
 from .adjoint import lower_stage_adjoint
 from .backends import BACKENDS
-from .ir import Module
+from .ir import Convolution, Module
 from .lowering import lower
 from .passes import network_passes, run_passes
 from .passes.convolution import convolution
@@ -86,7 +86,9 @@ def stage_context(module: Module, backend: str, sizes: dict, free: bool = False,
             sections.append({"title": op.section, "statements": []})
         sections[-1]["statements"].append({"comment": op.comment.splitlines(), "code": spelled[position].lines,
                                            "free": frees.get(position, [])})
-    return {"parameters": parameters, "sections": sections, "output": module.output,
+    holds_scratch = BACKENDS[backend].scratch_outputs and any(isinstance(op, Convolution) and op.scratch
+                                                              for op in module.ops)
+    return {"parameters": parameters, "sections": sections, "output": module.output, "holds_scratch": holds_scratch,
             "groups": list(dict.fromkeys(parameter["group"] for parameter in parameters)),
             # the names the statements read besides arrays (helpers, sizes), and the arrays they read
             "uses": set().union(*(statement.used for statement in spelled)),

@@ -566,7 +566,7 @@ def _loop_conv2d(field, W, padding=1):
 
 
 def _phase_memory():
-    return numpy_grids._SCRATCH.kept[("phase", 0, 0), "<f8"].__array_interface__["data"][0]
+    return numpy_grids._SCRATCH.kept[1, ("phase", 0, 0), "<f8"].__array_interface__["data"][0]
 
 
 def test_convolution_scratch_is_kept_per_thread_and_never_in_a_result(rng):
@@ -603,15 +603,15 @@ def test_a_result_in_the_scratch_would_change_with_the_next_call(rng, monkeypatc
     assert not np.array_equal(first, kept)
 
 
-def _nested_convolution_error(rng, monkeypatch):
-    """The outer convolution's error when another runs inside it on the same thread, after the phases are filled (as a
-    signal handler or finalizer calling a forward would)."""
-    offsets, entered = numpy_grids._offsets, []
+def _nested_convolution_error(rng, monkeypatch, inner=None):
+    """The outer convolution's error when another (``inner``: as ``_conv2d`` runs it) runs inside it on the same thread,
+    after the phases are filled (as a signal handler or finalizer calling a forward would)."""
+    offsets, entered, convolution = numpy_grids._offsets, [], numpy_grids._conv2d
 
     def interrupted(*args):
         if not entered:
             entered.append(True)
-            _convolved(rng)
+            (inner or convolution)(rng.standard_normal((2, 16, 9, 9)), rng.standard_normal((16, 3, 3, 8)), 1, 1)
         return offsets(*args)
     monkeypatch.setattr(numpy_grids, "_offsets", interrupted)
     field, W, out = _convolved(rng)
@@ -623,9 +623,9 @@ def test_a_convolution_inside_another_takes_its_own_memory(rng, monkeypatch):
 
 
 def test_without_the_count_of_holders_a_nested_convolution_overwrites_the_outer(rng, monkeypatch):
-    """Negative control: counting no holder, the inner call reuses (and refills) the outer call's phases."""
-    monkeypatch.setattr(numpy_grids, "_conv2d", numpy_grids._conv2d.__wrapped__)
-    assert _nested_convolution_error(rng, monkeypatch) > 1e-3
+    """Negative control: the inner call counting itself as no holder runs at the outer's level and refills its phases."""
+    inner = numpy_grids._conv2d.__wrapped__
+    assert _nested_convolution_error(rng, monkeypatch, inner) > 1e-3
 
 
 def test_a_scratch_past_its_limit_is_fresh_memory(monkeypatch, rng):

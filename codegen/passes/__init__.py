@@ -22,6 +22,7 @@ from .one_hot import one_hot
 from .pair_tables import pair_tables
 from .reuse_buffers import reuse_buffers
 from .rms_norm import rms_norm
+from .scratch_outputs import scratch_outputs
 from .shared_trig import shared_trig
 from .silu import silu
 from .unroll_pairs import unroll_pairs
@@ -47,12 +48,15 @@ PASSES = {
     "matmul": matmul,
     "fuse-projections": fuse_projections,
     "reuse-buffers": reuse_buffers,
+    "scratch-outputs": scratch_outputs,
 }
 DEFAULT = tuple(PASSES.values())
 #: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
 #: recognized, an inference BatchNorm after one folded into its kernel and bias, fused; a dead product or
-#: convolution output holds the elementwise map that reads it (torch: without autograd only).
-NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers)
+#: convolution output holds the elementwise map that reads it (torch: without autograd only); a convolution output
+#: that dies inside the program is marked for memory kept between calls (NumPy).
+NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers,
+                 scratch_outputs)
 
 
 def network_passes(selected: tuple | None = None) -> tuple:

@@ -176,32 +176,42 @@ def _product(W, columns, out=None):
     return np.matmul(W.T, columns, out=out)
 
 
-#: Per thread, the scratch arrays of the convolutions (``_scratch``) and how many convolutions hold it.
+#: Per thread, the scratch arrays kept between calls (``_scratch``) and how many holders hold them.
 _SCRATCH = threading.local()
 #: The largest scratch array kept between calls, in bytes; a larger one is fresh memory, as any was before.
 _SCRATCH_LIMIT = 1 << 23
+#: The holders nested deepest that keep memory: a program, a convolution inside it. Deeper ones (a signal handler or
+#: finalizer running a forward mid-call) get fresh memory.
+_SCRATCH_LEVELS = 2
 
 
-def _scratch(slot, shape, dtype, order):
-    """An array of ``shape`` for a temporary that no result outlives (a padded phase, a product before it is summed),
-    in memory kept between calls, per thread, ``slot`` and dtype, as large as the largest asked for up to
-    ``_SCRATCH_LIMIT``: fresh memory of this size is given back to the system after each call and faulted in again at
-    the next (a third of the page faults of the NumPy unet-level forward). Its values are left over from earlier calls.
-    A convolution that runs inside another of the same thread (a signal handler or finalizer calling a forward) gets
-    fresh memory (``_holding_scratch``)."""
+def _scratch(slot, shape, dtype, order, caller=False):
+    """An array of ``shape`` for a temporary that no result outlives (a padded phase, a product before it is summed, a
+    program's convolution output that it deletes before returning), in memory kept between calls, per thread, level,
+    ``slot`` and dtype, as large as the largest asked for up to ``_SCRATCH_LIMIT``: fresh memory of this size is given
+    back to the system after each call and faulted in again at the next (744 page faults of the NumPy unet-level
+    forward). Its values are left over from earlier calls.
+
+    The memory belongs to the holder (``_holding_scratch``) at the thread's depth, or with ``caller`` to the one that
+    called it (a program receiving a convolution's output). Holders on one thread nest: while one holds a level, no
+    other runs at that depth, so none writes over what it holds. Outside any holder, or nested deeper than
+    ``_SCRATCH_LEVELS``, the array is fresh memory."""
     dtype = np.dtype(dtype)
     size = math.prod(shape)
-    if getattr(_SCRATCH, "depth", 0) > 1 or size * dtype.itemsize > _SCRATCH_LIMIT:
+    level = getattr(_SCRATCH, "depth", 0) - caller
+    if not 1 <= level <= _SCRATCH_LEVELS or size * dtype.itemsize > _SCRATCH_LIMIT:
         return np.empty(shape, dtype, order=order)
     kept = _SCRATCH.__dict__.setdefault("kept", {})
-    buffer = kept.get((slot, dtype.str))
+    key = (level, slot, dtype.str)
+    buffer = kept.get(key)
     if buffer is None or buffer.size < size:
-        buffer = kept[slot, dtype.str] = np.empty(size, dtype)
+        buffer = kept[key] = np.empty(size, dtype)
     return buffer[:size].reshape(shape, order=order)
 
 
 def _holding_scratch(function):
-    """``function``, a convolution using ``_scratch``, counting itself among those that hold it on this thread."""
+    """``function``, a convolution or a program using ``_scratch``, holding the next level of it on this thread while
+    it runs."""
     def holding(*args, **kwargs):
         _SCRATCH.depth = getattr(_SCRATCH, "depth", 0) + 1
         try:
@@ -219,21 +229,26 @@ def _on_grid(out, batch, output, grid):
 
 
 @_holding_scratch
-def _conv2d(field, W, stride, padding, bias=None):
+def _conv2d(field, W, stride, padding, bias=None, slot=None):
     """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel offset one
     GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:
-    one GEMM over every offset's columns stacked, im2col). A (b, l, p, q) view, in the field's memory order."""
+    one GEMM over every offset's columns stacked, im2col). A (b, l, p, q) view, in the field's memory order;
+    with ``slot``, of the caller's scratch (``_scratch``): an output that dies inside the calling program."""
     channels, size = W.shape[:2]
     if stride == size and padding == 0:
-        return _patches(field, W, bias)
-    phases, output, grid = _phases(field, size, stride, padding, np.result_type(field, W))
+        return _patches(field, W, bias, slot)
+    dtype = np.result_type(field, W)
+    phases, output, grid = _phases(field, size, stride, padding, dtype)
     count = len(field) * grid[0] * grid[1]
     offsets = list(_offsets(phases, size, stride, grid[1], count))
+    order = "F" if offsets[0][2].strides[0] < offsets[0][2].strides[1] else "C"
+    out = None if slot is None else _scratch(slot, (W.shape[-1], count), dtype, order, caller=True)
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        stacked = _scratch("stacked", (channels * len(offsets), count), dtype, order)
         out = _product(np.concatenate([W[:, r, s] for r, s, _ in offsets]),
-                       np.concatenate([columns for _, _, columns in offsets]))
+                       np.concatenate([columns for _, _, columns in offsets], out=stacked), out=out)
     else:
-        out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2])
+        out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2], out=out)
         term = _scratch("term", out.shape, out.dtype, "F" if out.strides[0] < out.strides[1] else "C")
         for r, s, columns in offsets[1:]:
             out += _product(W[:, r, s], columns, out=term)
@@ -242,16 +257,18 @@ def _conv2d(field, W, stride, padding, bias=None):
     return _on_grid(out, len(field), output, grid)
 
 
-def _patches(field, W, bias=None):
+def _patches(field, W, bias=None, slot=None):
     """``_conv2d`` of windows that tile the field (stride = kernel size, no padding; rows and columns past the last
     whole window unread): each window's c·k² entries one row, one GEMM with W as (c·k², l). A (b, l, p, q) view of
-    channels-last memory."""
+    channels-last memory (with ``slot``, of ``_conv2d``'s caller's scratch)."""
     batch, channels, height, width = field.shape
     size = W.shape[1]
     rows, cols = height // size, width // size
     windows = field[:, :, :rows * size, :cols * size].reshape(batch, channels, rows, size, cols, size)
-    out = windows.transpose(0, 2, 4, 1, 3, 5).reshape(batch * rows * cols, channels * size * size) @ W.reshape(
-        channels * size * size, -1)
+    shape = (batch * rows * cols, W.shape[-1])
+    out = None if slot is None else _scratch(slot, shape, np.result_type(field, W), "C", caller=True)
+    out = np.matmul(windows.transpose(0, 2, 4, 1, 3, 5).reshape(shape[0], channels * size * size),
+                    W.reshape(channels * size * size, -1), out=out)
     if bias is not None:
         out += bias
     return out.reshape(batch, rows, cols, W.shape[-1]).transpose(0, 3, 1, 2)
@@ -318,6 +335,7 @@ def _costate(name, value, shape, dtype):
     return seed.astype(dtype, copy=False)
 
 
+@_holding_scratch
 def _step_with(u0, p, config, eps):
     """The step_with program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
@@ -354,7 +372,7 @@ def _step_with(u0, p, config, eps):
     del bn1_a, bn1_c
     # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
-    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded)
+    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded, slot="conv1_out")
     del conv1_W_folded, conv1_b_folded
 
     # --- relu: relu-projection ---
@@ -396,7 +414,7 @@ def _step_with(u0, p, config, eps):
     del bn3_a
     # K^shortcut[l, p, q] = b_shortcut[l] + Σ_{c,r,s}(W_shortcut[c, r, s, l]*shortcut_out_windows[c, p, q, r, s])
     # shortcut_out[l, p, q] ← bn3_a[l]*shortcut_out[l, p, q] (folded into the kernel and bias)
-    shortcut_out = _conv2d(u0, shortcut_W_folded, stride, 0, shortcut_b_folded)
+    shortcut_out = _conv2d(u0, shortcut_W_folded, stride, 0, shortcut_b_folded, slot="shortcut_out")
     del shortcut_W_folded, shortcut_b_folded
 
     # --- relu: relu-projection ---
@@ -410,6 +428,7 @@ def _step_with(u0, p, config, eps):
     return relu2_out
 
 
+@_holding_scratch
 def _step_identity(u0, p, config, eps):
     """The step_identity program: its assignments, the chaining between operators included, in order."""
     stride = config["stride"]
@@ -440,7 +459,7 @@ def _step_identity(u0, p, config, eps):
     del bn1_a, bn1_c
     # K^conv1[l, p, q] = b_conv1[l] + Σ_{c,r,s}(W_conv1[c, r, s, l]*conv1_out_windows[c, p, q, r, s])
     # conv1_out[l, p, q] ← bn1_a[l]*conv1_out[l, p, q] + bn1_c[l] (folded into the kernel and bias)
-    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded)
+    conv1_out = _conv2d(u0, conv1_W_folded, stride, 1, conv1_b_folded, slot="conv1_out")
     del conv1_W_folded, conv1_b_folded
 
     # --- relu: relu-projection ---

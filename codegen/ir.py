@@ -40,7 +40,7 @@ from splitformer.symbolic.inputs import Constant, Input
 __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
-    "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu",
+    "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
 
@@ -104,6 +104,13 @@ class Silu(sp.Function):
     """``x/(1 + e^{−x})`` as one call (the ``silu`` pass writes it; each backend spells it)."""
 
     nargs = 1
+
+
+class SiluBackward(sp.Function):
+    """``λ d/dx Silu(x) = λ σ(x) (1 + x (1 − σ(x)))``, ``σ(x) = 1/(1 + e^{−x})``, of a costate ``λ`` and ``x`` as one
+    call (the ``silu-adjoint`` pass writes it; each backend spells it)."""
+
+    nargs = 2
 
 
 @dataclass(frozen=True)

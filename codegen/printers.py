@@ -26,7 +26,7 @@ from splitformer.symbolic.vision_operators import PATCH
 from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
-from .ir import BATCH, ExactGelu, Module, Operand, Silu, TanhGelu
+from .ir import BATCH, ExactGelu, Module, Operand, Silu, SiluBackward, TanhGelu
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]
@@ -55,7 +55,8 @@ def printable_class(cls: type) -> bool:
     """``cls`` is the SymPy class of its name, splitformer's ``Number`` or ``sympy.Function(name)``: no
     user class reaches a ``_print_<name>`` method by borrowing a name."""
     name = cls.__name__
-    return (cls is Number or cls is ExactGelu or cls is TanhGelu or cls is Silu or plain_function_class(cls)
+    return (cls is Number or cls is ExactGelu or cls is TanhGelu or cls is Silu or cls is SiluBackward
+            or plain_function_class(cls)
             or type(name) is str and any(getattr(namespace, name, None) is cls for namespace in _SYMPY_NAMESPACES))
 
 
@@ -98,6 +99,7 @@ class ArrayPrinter(StrPrinter):
     library = ""
     functions: dict[str, str] = {}
     silu = ""  # the library's SiLU routine, if it has one
+    silu_backward = "_silu_backward"  # λ d/dx Silu(x): the library's routine, else the runtime's
     #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
     printmethod = None
 
@@ -181,6 +183,13 @@ class ArrayPrinter(StrPrinter):
             return f"{self.use(self.silu)}({self._print(x)})"
         return f"({self._print(x / (1 + sp.exp(-x)))})"
 
+    def _print_SiluBackward(self, expr: SiluBackward) -> str:
+        """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""
+        if type(expr) is not SiluBackward:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        costate, x = expr.args
+        return f"{self.use(self.silu_backward)}({self._print(costate)}, {self._print(x)})"
+
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
         argument = expr.args[0]
@@ -252,6 +261,7 @@ class TorchPrinter(ArrayPrinter):
     exact_gelu = "torch.nn.functional.gelu"
     tanh_gelu = ("torch.nn.functional.gelu", ', approximate="tanh"')
     silu = "torch.nn.functional.silu"  # one kernel; torch.exp is MKL's, which threads even a row of 688 (ms under load)
+    silu_backward = "torch.ops.aten.silu_backward"  # one kernel, what autograd runs for torch's silu
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 

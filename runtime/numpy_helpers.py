@@ -145,6 +145,13 @@ def _gelu(x, out=None):
     return _written(result, x, out)
 
 
+def _silu_backward(costate, x):
+    """λ d/dx (x σ(x)) = λ σ(x) (1 + x (1 − σ(x))), σ(x) = 1/(1 + e^{−x}) elementwise, of a costate λ (the ``silu-adjoint``
+    pass; torch's ``silu_backward``): e^{−x} once, and σ(x) → 0 where it overflows, never ∞/∞."""
+    sigma = 1 / (1 + np.exp(-x))
+    return costate * sigma * (1 + x * (1 - sigma))
+
+
 def _blocks_of(x, out):
     """``x`` flat, the flat array a blockwise routine writes (fresh, or ``out``'s memory where it is contiguous, else a
     copy that ``_written`` puts into ``out``) and where a block of x is copied first when ``out`` is x itself (the

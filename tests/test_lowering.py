@@ -119,7 +119,8 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
 
 
 #: Passes written for a program lowered with its derived adjoint (``lower_adjoint``).
-_FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln", "kept-layer-norm": "post-ln"}
+_FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln", "kept-layer-norm": "post-ln",
+                     "silu-adjoint": "llama"}
 #: Passes written for a network's programs: the built-in network whose NumPy module changes with them.
 _FIRES_ON_NETWORK = {"scratch-outputs": "unet-level"}
 

@@ -25,6 +25,7 @@ from .rms_norm import rms_norm
 from .scratch_outputs import scratch_outputs
 from .shared_trig import shared_trig
 from .silu import silu
+from .silu_adjoint import silu_adjoint
 from .unroll_pairs import unroll_pairs
 
 __all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes", "network_passes"]
@@ -40,6 +41,7 @@ PASSES = {
     "gelu": gelu,
     "gelu-tanh": gelu_tanh,
     "silu": silu,
+    "silu-adjoint": silu_adjoint,
     "unroll-pairs": unroll_pairs,
     "shared-trig": shared_trig,
     "pair-tables": pair_tables,

@@ -66,6 +66,13 @@ def _products(rows, weights, biases=None):
     return out
 
 
+def _silu_backward(costate, x):
+    """λ d/dx (x σ(x)) = λ σ(x) (1 + x (1 − σ(x))), σ(x) = 1/(1 + e^{−x}) elementwise, of a costate λ (the ``silu-adjoint``
+    pass; torch's ``silu_backward``): e^{−x} once, and σ(x) → 0 where it overflows, never ∞/∞."""
+    sigma = 1 / (1 + np.exp(-x))
+    return costate * sigma * (1 + x * (1 - sigma))
+
+
 def _exponentials(scores, support):
     """``exp(scores − row max)`` in place where ``support`` holds (0 elsewhere), and the row sums.
 
@@ -811,6 +818,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     ffn_out_bar = u2_bar
     # W̅_{ffn,2}[z, l] = Σ_i(G̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = _einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    del ffn_s
     # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*G̅^ffn[i, l])
     ffn_s_bar = ffn_out_bar.reshape(-1, d) @ ffn_W_2.T
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
@@ -820,8 +828,8 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_3_bar = _einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
     # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]
-    ffn_w_bar = (ffn_gate/(1 + np.exp(-ffn_w)) + ffn_s*np.exp(-ffn_w)/(1 + np.exp(-ffn_w)))*ffn_s_bar
-    del ffn_gate, ffn_s, ffn_s_bar, ffn_w
+    ffn_w_bar = _silu_backward(ffn_gate*ffn_s_bar, ffn_w)
+    del ffn_gate, ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     del norm2_out

@@ -153,18 +153,23 @@ class Backend:
                 f"{self.kernel_extra(printer)})"]
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
-        scale = printer.doprint(op.scale)
-        if len(op.q.labels) > 4:  # grouped heads (the fused-attention pass checked the layout)
-            support = self.support(op.support, printer.at(op.support.labels if op.support else ()))
-            printer.use("_attention")  # the grouped helper calls it
-            return [f"{op.out} = {printer.use('_grouped_attention')}({op.q.name}, {op.k.name}, {op.v.name}, {scale}, "
-                    f"{support}{self.kernel_extra(printer)})"]
-        support = self.support(op.support, printer.at(self.scores(op)))
-        arguments = f"{op.q.name}, {op.k.name}, {op.v.name}, {scale}, {support}{self.kernel_extra(printer)}"
-        if op.normalizer:  # the helper calls _attention where the backend's kernel gives no normalizer
-            printer.use("_attention")
-            return [f"{op.out}, {op.normalizer} = {printer.use('_attention_normalized')}({arguments})"]
-        return [f"{op.out} = {printer.use('_attention')}({arguments})"]
+        grouped = self.grouped(op)
+        support = self.support(op.support, printer.at(op.support.labels if grouped and op.support else
+                                                       () if grouped else self.scores(op)))
+        arguments = (f"{op.q.name}, {op.k.name}, {op.v.name}, {printer.doprint(op.scale)}, {support}"
+                     f"{self.kernel_extra(printer)}")
+        helper = "_grouped_attention" if grouped else "_attention"
+        printer.use("_attention")  # the grouped and normalized helpers call it
+        if op.normalizer:  # where the backend's kernel gives no normalizer, None
+            if grouped:
+                printer.use("_grouped_attention")
+            return [f"{op.out}, {op.normalizer} = {printer.use(helper + '_normalized')}({arguments})"]
+        return [f"{op.out} = {printer.use(helper)}({arguments})"]
+
+    @staticmethod
+    def grouped(op: Attention | AttentionAdjoint) -> bool:
+        """Grouped heads: queries (b, i, g, s, features…), keys and values on g (the passes checked the layout)."""
+        return len(op.q.labels) > 4
 
     @staticmethod
     def scores(op: Attention | AttentionAdjoint) -> tuple[str, ...]:
@@ -174,8 +179,13 @@ class Backend:
 
     def attention_adjoint(self, op: AttentionAdjoint, printer: ArrayPrinter) -> list[str]:
         printer.use("_softmax")  # the helper recomputes the kernel where no normalizer was kept
-        support = self.support(op.support, printer.at(self.scores(op)))
-        return [f"{', '.join(op.outputs)} = {printer.use('_attention_adjoint')}({op.o_bar}, {op.q.name}, {op.k.name}, "
+        grouped = self.grouped(op)
+        support = self.support(op.support, printer.at(op.support.labels if grouped and op.support else
+                                                       () if grouped else self.scores(op)))
+        helper = printer.use("_attention_adjoint")
+        if grouped:  # the grouped helper calls the plain one where no normalizer was kept
+            helper = printer.use("_grouped_attention_adjoint")
+        return [f"{', '.join(op.outputs)} = {helper}({op.o_bar}, {op.q.name}, {op.k.name}, "
                 f"{op.v.name}, {op.o}, {op.normalizer}, {printer.doprint(op.scale)}, {support})"]
 
     def normalize(self, op: Normalize, printer: ArrayPrinter) -> list[str]:

@@ -347,15 +347,44 @@ def _grouped_attention(q, k, v, scale, support):
     repeated); the result is (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[:4]
-    # sizes, not -1: empty inputs have no -1
-    rows = q.reshape(q.shape[:4] + (np.prod(q.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # members first
-    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    rows = _member_rows(q, batch, n_queries, groups, members)
     keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
-    if support is not None:
-        support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
-        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
-    out = _attention(rows, keys, v, scale, support)
+    out = _attention(rows, keys, v, scale, _member_support(support, batch, members, n_queries))
     return out.reshape(batch, members, n_queries, groups, out.shape[-1]).transpose(0, 2, 3, 1, 4)
+
+
+def _member_rows(x, batch, n_queries, groups, members):
+    """A grouped query-side array (batch, tokens, groups, members, features…) as ``_attention``'s operand: the members
+    of a group further query rows of its head, (batch, members·tokens, groups, features)."""
+    rows = x.reshape(x.shape[:4] + (np.prod(x.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # sizes, not -1
+    return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+
+
+def _member_support(support, batch, members, n_queries):
+    """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
+    if support is None:
+        return None
+    support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
+    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+
+
+def _grouped_attention_normalized(q, k, v, scale, support):
+    """``_grouped_attention`` and its rows' normalizers for ``_grouped_attention_adjoint``: None, as ``_attention``
+    keeps none (the adjoint recomputes the kernel)."""
+    return _grouped_attention(q, k, v, scale, support), None
+
+
+def _grouped_attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _grouped_attention(q, k, v, scale, support)`` for the costate ``o_bar``, each shaped as its
+    array: ``_attention_adjoint`` of the members as further query rows of their group's head (k̄, v̄ summed over
+    them; ``log_total`` is None)."""
+    batch, n_queries, groups, members = q.shape[:4]
+    rows = [_member_rows(x, batch, n_queries, groups, members) for x in (o_bar, q, o)]
+    keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
+    q_bar, k_bar, v_bar = _attention_adjoint(rows[0], rows[1], keys, v, rows[2], None, scale,
+                                             _member_support(support, batch, members, n_queries))
+    q_bar = q_bar.reshape(batch, members, n_queries, groups, q_bar.shape[-1]).transpose(0, 2, 3, 1, 4)
+    return q_bar.reshape(q.shape), k_bar.reshape(k.shape), v_bar
 
 
 def _grid_rows(index, size):

@@ -204,14 +204,57 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
             heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=True,
             enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1])
-    rows = q.flatten(4).permute(0, 3, 1, 2, 4)  # members before tokens (sizes, not -1: empty inputs have no -1)
-    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
-    keys = k.flatten(3)
-    if support is not None:
-        support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
-    out = _attention(rows, keys, v, scale, support, dropout_p)
+    rows = _member_rows(q, batch, n_queries, groups, members)
+    out = _attention(rows, k.flatten(3), v, scale, _member_support(support, batch, members, n_queries), dropout_p)
     return out.reshape(batch, members, n_queries, groups, out.shape[-1]).permute(0, 2, 3, 1, 4)
+
+
+def _member_rows(x, batch: int, n_queries: int, groups: int, members: int):
+    """A grouped query-side array (batch, tokens, groups, members, features…) as ``_attention``'s operand: the members
+    of a group further query rows of its head, (batch, members·tokens, groups, features)."""
+    rows = x.flatten(4).permute(0, 3, 1, 2, 4)  # sizes, not -1: empty inputs have no -1
+    return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+
+
+def _member_support(support: torch.Tensor | None, batch: int, members: int, n_queries: int):
+    """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
+    if support is None:
+        return None
+    support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
+    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+
+
+def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_grouped_attention`` and the log of each row's normalizer, which ``_grouped_attention_adjoint`` reads: flash
+    attention's over the groups' heads (query head g·members + s reads head g) where ``_attention_normalized`` takes
+    it (CPU, no dropout, no support or a causal one, tokens and keys), else None."""
+    if ((support is not None and not _causal(support)) or dropout_p or q.device.type != "cpu" or q.numel() == 0
+            or k.numel() == 0):
+        return _grouped_attention(q, k, v, scale, support, dropout_p), None
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.flatten(4).flatten(2, 3).transpose(1, 2), k.flatten(3).transpose(1, 2), v.transpose(1, 2),
+        is_causal=support is not None, scale=scale)
+    return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1]), log_total
+
+
+def _grouped_attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of ``o = _grouped_attention(q, k, v, scale, support)`` for the costate ``o_bar``, each shaped as its
+    array: flash attention's backward over the groups' heads where the forward kept ``log_total``, else
+    ``_attention_adjoint`` of the members as further query rows of their group's head (k̄, v̄ summed over them)."""
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    if log_total is not None:
+        heads = [x.flatten(4).flatten(2, 3).transpose(1, 2) for x in (o_bar, q, o)]
+        q_bar, k_bar, v_bar = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            heads[0], heads[1], k.flatten(3).transpose(1, 2), v.transpose(1, 2), heads[2], log_total, 0.0,
+            support is not None, scale=scale)
+        return (q_bar.transpose(1, 2).reshape(q.shape), k_bar.transpose(1, 2).reshape(k.shape),
+                v_bar.transpose(1, 2))
+    rows = [_member_rows(x, batch, n_queries, groups, members) for x in (o_bar, q, o)]
+    q_bar, k_bar, v_bar = _attention_adjoint(rows[0], rows[1], k.flatten(3), v, rows[2], None, scale,
+                                             _member_support(support, batch, members, n_queries))
+    q_bar = q_bar.reshape(batch, members, n_queries, groups, q_bar.shape[-1]).permute(0, 2, 3, 1, 4)
+    return q_bar.reshape(q.shape), k_bar.reshape(k.shape), v_bar
 
 
 def _max_exponent(dtype: torch.dtype) -> int:

@@ -10,7 +10,9 @@ adjoint's
 the forward becomes one ``Attention`` that also keeps the log of each row's normalizer, and the
 adjoint one ``AttentionAdjoint`` (a flash-attention backward): since ``o = Σ_j γ v``,
 ``t = Σ_e ō o``, so no ``N²`` array has to be kept or written more than once. Runs before
-``fused-attention`` (which leaves a kernel the adjoint reads unfused). Grouped heads are left alone.
+``fused-attention`` (which leaves a kernel the adjoint reads unfused). Grouped heads (queries on ``(g, s)``, keys
+and values on ``g``; llama's, with the rotary pair axes as features) are recognized alike: each sum over a key
+head's queries runs over its members ``s`` too (``k̄ = scale Σ_{s,i} ā q``, ``v̄ = Σ_{s,i} γ ō``).
 """
 
 from __future__ import annotations
@@ -53,14 +55,29 @@ def _is_softmax_adjoint(op, kernel: str, kernel_bar: str, row_sum: str) -> bool:
     return sp.expand(op.expr - (gamma * gamma_bar - gamma * total)) == 0
 
 
+def _heads(softmax: Softmax, q, k) -> tuple[str, str, str] | None:
+    """The letters of the query's heads, the key's heads and the query's feature axes in the adjoint's einsum specs:
+    ``m``, ``m``, ``e`` for plain heads (b, i, m, e); ``gs``, ``g``, one letter per feature axis for grouped heads
+    (queries (b, i, g, s, features…), keys (b, j, g, features…)); None for any other layout."""
+    heads = len(softmax.labels) - 3  # the kernel's (b, heads…, i, j)
+    features = len(q.labels) - 2 - heads
+    if heads == 1 and features == 1:
+        return "m", "m", "e"
+    if heads == 2 and 1 <= features <= 4 and k.labels[2:3] == q.labels[2:3] and len(k.labels) == 3 + features:
+        return "gs", "g", "wxyz"[:features]
+    return None
+
+
 def _fused(module: Module, softmax: Softmax, readers: dict, producers: dict) -> tuple[list, dict] | None:
     """(the ops removed, {op replaced: its replacement}) for the attention of ``softmax``, else None."""
     scores = producers.get(softmax.scores.name)
     if not isinstance(scores, Contraction) or readers[scores.out] != [softmax] or not is_scores(scores, softmax):
         return None
     q, k = scores.operands
-    if len(q.labels) != 4:  # grouped heads
+    layout = _heads(softmax, q, k)
+    if layout is None:
         return None
+    hq, hk, f = layout
     kernel = softmax.out
     mixing = next((op for op in readers[kernel] if isinstance(op, Contraction) and op.operands[0].name == kernel
                    and is_mixing(op, softmax, scores)), None)
@@ -76,19 +93,19 @@ def _fused(module: Module, softmax: Softmax, readers: dict, producers: dict) -> 
     if not isinstance(kernel_bar, Contraction) or len(kernel_bar.operands) != 2:
         return None
     o_bar = kernel_bar.operands[0].name
-    if not (_contraction(kernel_bar, "bime,bjme->bmij", (o_bar, v.name))
-            and _contraction(row_sum, "bmij,bmij->bmi", (kernel, kernel_bar.out))):
+    if not (_contraction(kernel_bar, f"bi{hq}e,bj{hk}e->b{hq}ij", (o_bar, v.name))
+            and _contraction(row_sum, f"b{hq}ij,b{hq}ij->b{hq}i", (kernel, kernel_bar.out))):
         return None
     scores_bar = next((op for op in others if _is_softmax_adjoint(op, kernel, kernel_bar.out, row_sum.out)), None)
-    v_bar = next((op for op in others if _contraction(op, "bmji,bjme->bime", (kernel, o_bar))), None)
+    v_bar = next((op for op in others if _contraction(op, f"b{hq}ji,bj{hq}e->bi{hk}e", (kernel, o_bar))), None)
     if scores_bar is None or v_bar is None or {id(op) for op in others} != {id(row_sum), id(scores_bar), id(v_bar)}:
         return None
     if readers[kernel_bar.out] != [row_sum, scores_bar] or readers[row_sum.out] != [scores_bar]:
         return None
     k_bar = next((op for op in readers[scores_bar.out]
-                  if _contraction(op, "bmji,bjme->bime", (scores_bar.out, q.name), scores.scale)), None)
+                  if _contraction(op, f"b{hq}ji,bj{hq}{f}->bi{hk}{f}", (scores_bar.out, q.name), scores.scale)), None)
     q_bar = next((op for op in readers[scores_bar.out]
-                  if _contraction(op, "bmij,bjme->bime", (scores_bar.out, k.name), scores.scale)), None)
+                  if _contraction(op, f"b{hq}ij,bj{hk}{f}->bi{hq}{f}", (scores_bar.out, k.name), scores.scale)), None)
     if k_bar is None or q_bar is None or len(readers[scores_bar.out]) != 2:
         return None
     normalizer = f"{kernel}_log_total"

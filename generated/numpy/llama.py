@@ -167,6 +167,20 @@ _ONE_THREAD = 1 << 18
 _MIN_ROWS = 16
 
 
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch, tokens,
+    heads, features), the kernel γ recomputed (``log_total`` is None): ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k,
+    k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(0, 2, 1, 3) for x in (q, k, v, o, o_bar))
+    kernel = _softmax(np.matmul(q, k.transpose(0, 1, 3, 2)) * scale, support)
+    scores_bar = np.matmul(o_bar, v.transpose(0, 1, 3, 2))
+    scores_bar -= np.einsum("bmie,bmie->bmi", o_bar, o)[..., None]
+    scores_bar *= kernel
+    grads = (np.matmul(scores_bar, k) * scale, np.matmul(scores_bar.transpose(0, 1, 3, 2), q) * scale,
+             np.matmul(kernel.transpose(0, 1, 3, 2), o_bar))
+    return tuple(grad.transpose(0, 2, 1, 3) for grad in grads)
+
+
 def _grouped_attention(q, k, v, scale, support):
     """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
     q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
@@ -175,15 +189,44 @@ def _grouped_attention(q, k, v, scale, support):
     repeated); the result is (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[:4]
-    # sizes, not -1: empty inputs have no -1
-    rows = q.reshape(q.shape[:4] + (np.prod(q.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # members first
-    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+    rows = _member_rows(q, batch, n_queries, groups, members)
     keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
-    if support is not None:
-        support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
-        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
-    out = _attention(rows, keys, v, scale, support)
+    out = _attention(rows, keys, v, scale, _member_support(support, batch, members, n_queries))
     return out.reshape(batch, members, n_queries, groups, out.shape[-1]).transpose(0, 2, 3, 1, 4)
+
+
+def _member_rows(x, batch, n_queries, groups, members):
+    """A grouped query-side array (batch, tokens, groups, members, features…) as ``_attention``'s operand: the members
+    of a group further query rows of its head, (batch, members·tokens, groups, features)."""
+    rows = x.reshape(x.shape[:4] + (np.prod(x.shape[4:], dtype=int),)).transpose(0, 3, 1, 2, 4)  # sizes, not -1
+    return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+
+
+def _member_support(support, batch, members, n_queries):
+    """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
+    if support is None:
+        return None
+    support = np.broadcast_to(support[:, None], (batch, members) + support.shape[1:])
+    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+
+
+def _grouped_attention_normalized(q, k, v, scale, support):
+    """``_grouped_attention`` and its rows' normalizers for ``_grouped_attention_adjoint``: None, as ``_attention``
+    keeps none (the adjoint recomputes the kernel)."""
+    return _grouped_attention(q, k, v, scale, support), None
+
+
+def _grouped_attention_adjoint(o_bar, q, k, v, o, log_total, scale, support):
+    """(q̄, k̄, v̄) of ``o = _grouped_attention(q, k, v, scale, support)`` for the costate ``o_bar``, each shaped as its
+    array: ``_attention_adjoint`` of the members as further query rows of their group's head (k̄, v̄ summed over
+    them; ``log_total`` is None)."""
+    batch, n_queries, groups, members = q.shape[:4]
+    rows = [_member_rows(x, batch, n_queries, groups, members) for x in (o_bar, q, o)]
+    keys = k.reshape(k.shape[:3] + (np.prod(k.shape[3:], dtype=int),))
+    q_bar, k_bar, v_bar = _attention_adjoint(rows[0], rows[1], keys, v, rows[2], None, scale,
+                                             _member_support(support, batch, members, n_queries))
+    q_bar = q_bar.reshape(batch, members, n_queries, groups, q_bar.shape[-1]).transpose(0, 2, 3, 1, 4)
+    return q_bar.reshape(q.shape), k_bar.reshape(k.shape), v_bar
 
 
 def _row_scale(x):
@@ -761,7 +804,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
-    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
+    attn_o, attn_gamma_log_total = _grouped_attention_normalized(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi)
     del chi
     # A^attn[i, l] = Σ_{g,s,e}(W^O_attn[g, s, e, l]*O^attn[i, g, s, e])
     attn_out = attn_o.reshape(-1, n_kv_heads * n_rep * d_head) @ attn_W_o
@@ -792,12 +835,12 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = np.add(ffn_out, u1, out=ffn_out)
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, attn_gamma_log_total, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, attn_gamma_log_total, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -862,37 +905,18 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     attn_out_bar = u1_bar
     # W̅^O_attn[g, s, e, l] = Σ_i(O^attn[i, g, s, e]*A̅^attn[i, l])
     attn_W_o_bar = _einsum("bil,bigse->gsel", attn_out_bar, attn_o)
-    del attn_o
     # O̅^attn[i, g, s, e] = Σ_l(W^O_attn[g, s, e, l]*A̅^attn[i, l])
     attn_o_bar = attn_out_bar.reshape(-1, d) @ attn_W_o.T
     attn_o_bar = attn_o_bar.reshape(batch, n_tokens, n_kv_heads, n_rep, d_head)
     del attn_out_bar
     # γ̅^attn[g, s, i, j] = Σ_e(O̅^attn[i, g, s, e]*V^attn[j, g, e])
-    attn_gamma_bar = _einsum("bigse,bjge->bgsij", attn_o_bar, attn_v)
-    del attn_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
-    attn_a = _einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-    # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None])
-    del attn_a, chi
-
-    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # t4[g, s, i] = Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
-    t4 = _einsum("bgsin,bgsin->bgsi", attn_gamma, attn_gamma_bar)
     # a̅^attn[g, s, i, j] = γ^attn[g, s, i, j]*γ̅^attn[g, s, i, j] - γ^attn[g, s, i, j]*Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
-    del attn_gamma_bar, t4
-    # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)
-    attn_kr_bar = _einsum("bgsji,bjgscr->bigcr", attn_a_bar, attn_qr) / math.sqrt(d_head)
-    del attn_qr
-    # Q̂̅^attn[i, g, s, c, r] = Σ_j(a̅^attn[g, s, i, j]*K̂^attn[j, g, c, r])/sqrt(N_e)
-    attn_qr_bar = _einsum("bgsij,bjgcr->bigscr", attn_a_bar, attn_kr) / math.sqrt(d_head)
-    del attn_a_bar, attn_kr
     # V̅^attn[i, g, e] = Σ_{j,s}(γ^attn[g, s, j, i]*O̅^attn[j, g, s, e])
-    attn_v_bar = _einsum("bgsji,bjgse->bige", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)
+    # Q̂̅^attn[i, g, s, c, r] = Σ_j(a̅^attn[g, s, i, j]*K̂^attn[j, g, c, r])/sqrt(N_e)
+    attn_qr_bar, attn_kr_bar, attn_v_bar = _grouped_attention_adjoint(attn_o_bar, attn_qr, attn_kr, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), chi)
+    del attn_gamma_log_total, attn_kr, attn_o, attn_o_bar, attn_qr, attn_v, chi
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = _einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # attn_k_pair_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]

@@ -159,6 +159,23 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
+    tokens, heads, features): flash attention's backward where the forward kept ``log_total`` (causal where a support
+    was given: ``_attention_normalized`` keeps it for a causal one only), else with the kernel γ recomputed:
+    ā = γ ∘ (ō vᵀ − Σ_e ō o), q̄ = scale ā k, k̄ = scale āᵀ q, v̄ = γᵀ ō."""
+    q, k, v, o, o_bar = (x.transpose(1, 2) for x in (q, k, v, o, o_bar))
+    if log_total is not None:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            o_bar, q, k, v, o, log_total, 0.0, support is not None, scale=scale)
+    else:
+        kernel = _softmax(torch.matmul(q, k.transpose(2, 3)).mul_(scale), support)
+        scores_bar = torch.matmul(o_bar, v.transpose(2, 3)).sub_(torch.sum(o_bar * o, dim=3, keepdim=True)).mul_(kernel)
+        grads = (torch.matmul(scores_bar, k).mul_(scale), torch.matmul(scores_bar.transpose(2, 3), q).mul_(scale),
+                 torch.matmul(kernel.transpose(2, 3), o_bar))
+    return tuple(grad.transpose(1, 2) for grad in grads)
+
+
 def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` of query head (g, s) against the keys and values of head g (grouped heads):
     q (batch, tokens, groups, members, features…), k (batch, keys, groups, features…), v (batch,
@@ -173,14 +190,57 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
             heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=True,
             enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1])
-    rows = q.flatten(4).permute(0, 3, 1, 2, 4)  # members before tokens (sizes, not -1: empty inputs have no -1)
-    rows = rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
-    keys = k.flatten(3)
-    if support is not None:
-        support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-        support = support.reshape(batch, 1, members * n_queries, support.shape[-1])
-    out = _attention(rows, keys, v, scale, support, dropout_p)
+    rows = _member_rows(q, batch, n_queries, groups, members)
+    out = _attention(rows, k.flatten(3), v, scale, _member_support(support, batch, members, n_queries), dropout_p)
     return out.reshape(batch, members, n_queries, groups, out.shape[-1]).permute(0, 2, 3, 1, 4)
+
+
+def _member_rows(x, batch: int, n_queries: int, groups: int, members: int):
+    """A grouped query-side array (batch, tokens, groups, members, features…) as ``_attention``'s operand: the members
+    of a group further query rows of its head, (batch, members·tokens, groups, features)."""
+    rows = x.flatten(4).permute(0, 3, 1, 2, 4)  # sizes, not -1: empty inputs have no -1
+    return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
+
+
+def _member_support(support: torch.Tensor | None, batch: int, members: int, n_queries: int):
+    """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
+    if support is None:
+        return None
+    support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
+    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+
+
+def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
+    """``_grouped_attention`` and the log of each row's normalizer, which ``_grouped_attention_adjoint`` reads: flash
+    attention's over the groups' heads (query head g·members + s reads head g) where ``_attention_normalized`` takes
+    it (CPU, no dropout, no support or a causal one, tokens and keys), else None."""
+    if ((support is not None and not _causal(support)) or dropout_p or q.device.type != "cpu" or q.numel() == 0
+            or k.numel() == 0):
+        return _grouped_attention(q, k, v, scale, support, dropout_p), None
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.flatten(4).flatten(2, 3).transpose(1, 2), k.flatten(3).transpose(1, 2), v.transpose(1, 2),
+        is_causal=support is not None, scale=scale)
+    return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1]), log_total
+
+
+def _grouped_attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
+    """(q̄, k̄, v̄) of ``o = _grouped_attention(q, k, v, scale, support)`` for the costate ``o_bar``, each shaped as its
+    array: flash attention's backward over the groups' heads where the forward kept ``log_total``, else
+    ``_attention_adjoint`` of the members as further query rows of their group's head (k̄, v̄ summed over them)."""
+    batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    if log_total is not None:
+        heads = [x.flatten(4).flatten(2, 3).transpose(1, 2) for x in (o_bar, q, o)]
+        q_bar, k_bar, v_bar = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            heads[0], heads[1], k.flatten(3).transpose(1, 2), v.transpose(1, 2), heads[2], log_total, 0.0,
+            support is not None, scale=scale)
+        return (q_bar.transpose(1, 2).reshape(q.shape), k_bar.transpose(1, 2).reshape(k.shape),
+                v_bar.transpose(1, 2))
+    rows = [_member_rows(x, batch, n_queries, groups, members) for x in (o_bar, q, o)]
+    q_bar, k_bar, v_bar = _attention_adjoint(rows[0], rows[1], k.flatten(3), v, rows[2], None, scale,
+                                             _member_support(support, batch, members, n_queries))
+    q_bar = q_bar.reshape(batch, members, n_queries, groups, q_bar.shape[-1]).permute(0, 2, 3, 1, 4)
+    return q_bar.reshape(q.shape), k_bar.reshape(k.shape), v_bar
 
 
 def _max_exponent(dtype: torch.dtype) -> int:
@@ -567,7 +627,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
     # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
     # O^attn[i, g, s, e] = Σ_j(γ^attn[g, s, i, j]*V^attn[j, g, e])
-    attn_o = _grouped_attention(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
+    attn_o, attn_gamma_log_total = _grouped_attention_normalized(attn_qr, attn_kr, attn_v, 1 / math.sqrt(d_head), chi, dropout_p)
     del chi
     # A^attn[i, l] = Σ_{g,s,e}(W^O_attn[g, s, e, l]*O^attn[i, g, s, e])
     attn_out = torch.mm(attn_o.reshape(-1, n_kv_heads * n_rep * d_head), attn_W_o).view(batch, n_tokens, d)
@@ -596,7 +656,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     # u^(2)[i, l] = G^ffn[i, l] + u^(1)[i, l]
     u2 = ffn_out.add_(u1) if inference else ffn_out + u1
     del ffn_out
-    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
+    return u2, (u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, attn_gamma_log_total, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s,)
 
 
 def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta, need_u=True):
@@ -605,7 +665,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
     inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
-    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
+    u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, attn_gamma_log_total, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -667,36 +727,17 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     attn_out_bar = u1_bar
     # W̅^O_attn[g, s, e, l] = Σ_i(O^attn[i, g, s, e]*A̅^attn[i, l])
     attn_W_o_bar = torch.einsum("bil,bigse->gsel", attn_out_bar, attn_o)
-    del attn_o
     # O̅^attn[i, g, s, e] = Σ_l(W^O_attn[g, s, e, l]*A̅^attn[i, l])
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_kv_heads, n_rep, d_head)
     del attn_out_bar
     # γ̅^attn[g, s, i, j] = Σ_e(O̅^attn[i, g, s, e]*V^attn[j, g, e])
-    attn_gamma_bar = torch.einsum("bigse,bjge->bgsij", attn_o_bar, attn_v)
-    del attn_v
-
-    # --- recomputed from the kept arrays: substep 1: attn, explicit on Proj(norm1) ---
-    # a^attn[g, s, i, j] = Σ_{c,r}(K̂^attn[j, g, c, r]*Q̂^attn[i, g, s, c, r])/sqrt(N_e)
-    attn_a = torch.einsum("bigscr,bjgcr->bgsij", attn_qr, attn_kr) / math.sqrt(d_head)
-    # γ^attn[g, s, i, j] = exp(a^attn[g, s, i, j])*χ[i, j]/Σ_n(exp(a^attn[g, s, i, n])*χ[i, n])
-    attn_gamma = _softmax(attn_a, None if chi is None else chi[:, None, None], dropout_p)
-    del attn_a, chi
-
-    # --- adjoint of substep 1: attn, explicit on Proj(norm1) ---
     # t4[g, s, i] = Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
-    t4 = torch.sum(attn_gamma * attn_gamma_bar, dim=4)
     # a̅^attn[g, s, i, j] = γ^attn[g, s, i, j]*γ̅^attn[g, s, i, j] - γ^attn[g, s, i, j]*Σ_n(γ^attn[g, s, i, n]*γ̅^attn[g, s, i, n])
-    attn_a_bar = attn_gamma*attn_gamma_bar - t4[:, :, :, :, None]*attn_gamma
-    del attn_gamma_bar, t4
-    # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)
-    attn_kr_bar = torch.einsum("bgsji,bjgscr->bigcr", attn_a_bar, attn_qr) / math.sqrt(d_head)
-    del attn_qr
-    # Q̂̅^attn[i, g, s, c, r] = Σ_j(a̅^attn[g, s, i, j]*K̂^attn[j, g, c, r])/sqrt(N_e)
-    attn_qr_bar = torch.einsum("bgsij,bjgcr->bigscr", attn_a_bar, attn_kr) / math.sqrt(d_head)
-    del attn_a_bar, attn_kr
     # V̅^attn[i, g, e] = Σ_{j,s}(γ^attn[g, s, j, i]*O̅^attn[j, g, s, e])
-    attn_v_bar = torch.einsum("bgsji,bjgse->bige", attn_gamma, attn_o_bar)
-    del attn_gamma, attn_o_bar
+    # K̂̅^attn[i, g, c, r] = Σ_{s,j}(a̅^attn[g, s, j, i]*Q̂^attn[j, g, s, c, r])/sqrt(N_e)
+    # Q̂̅^attn[i, g, s, c, r] = Σ_j(a̅^attn[g, s, i, j]*K̂^attn[j, g, c, r])/sqrt(N_e)
+    attn_qr_bar, attn_kr_bar, attn_v_bar = _grouped_attention_adjoint(attn_o_bar, attn_qr, attn_kr, attn_v, attn_o, attn_gamma_log_total, 1 / math.sqrt(d_head), chi)
+    del attn_gamma_log_total, attn_kr, attn_o, attn_o_bar, attn_qr, attn_v, chi
     # W̅^V_attn[k, g, e] = Σ_i(V̅^attn[i, g, e]*RMS^norm1[i, k])
     attn_W_v_bar = torch.einsum("bik,bige->kge", norm1_out, attn_v_bar)
     # attn_k_pair_crossed[i, c, r] = (attn_phi_sin[i, r], -attn_phi_sin[i, r])[c]

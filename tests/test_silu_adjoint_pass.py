@@ -39,9 +39,17 @@ def test_a_statement_that_is_no_silu_adjoint_is_left_alone():
     assert costate_of(lam * x * sigma, x, {}) is None  # the SiLU itself
     assert costate_of(lam * (sigma + x * sp.exp(-x) * sigma**2) + y, x, {}) is None  # plus a term free of the SiLU
     assert costate_of(lam * (sigma + x * sp.exp(-x) * sigma**2), x, {}) == lam
-    # the kept forward value s = y Silu(x) written out, as in llama's adjoint
-    s = sp.IndexedBase("s")[sp.Idx("i")]
-    assert costate_of((y * sigma + sp.exp(-x) * s * sigma) * lam, x, {"s": y * Silu(x)}) == lam * y
+    # the kept forward value s = y Silu(x) written out, as in llama's adjoint, at the indices it is read
+    i, j = sp.Idx("i"), sp.Idx("j")
+    s = sp.IndexedBase("s")
+    formulas = {"s": (("i",), y * Silu(x))}
+    assert costate_of((y * sigma + sp.exp(-x) * s[i] * sigma) * lam, x, formulas) == lam * y
+    at_j = {item: item.base[j] for item in (x, y, lam)}
+    x_j, y_j, lam_j = (at_j[item] for item in (x, y, lam))
+    sigma_j = 1 / (1 + sp.exp(-x_j))
+    assert costate_of((y_j * sigma_j + sp.exp(-x_j) * s[j] * sigma_j) * lam_j, x_j, formulas) == lam_j * y_j
+    # control: s read at other indices than x is not written out (it is another entry of s)
+    assert costate_of((y_j * sigma_j + sp.exp(-x_j) * s[i] * sigma_j) * lam_j, x_j, formulas) is None
 
 
 def test_numpy_silu_backward_is_the_derivative_of_the_silu():

@@ -154,10 +154,8 @@ class Backend:
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
         grouped = self.grouped(op)
-        support = self.support(op.support, printer.at(op.support.labels if grouped and op.support else
-                                                       () if grouped else self.scores(op)))
-        arguments = (f"{op.q.name}, {op.k.name}, {op.v.name}, {printer.doprint(op.scale)}, {support}"
-                     f"{self.kernel_extra(printer)}")
+        arguments = (f"{op.q.name}, {op.k.name}, {op.v.name}, {printer.doprint(op.scale)}, "
+                     f"{self.attention_support(op, printer)}{self.kernel_extra(printer)}")
         helper = "_grouped_attention" if grouped else "_attention"
         printer.use("_attention")  # the grouped and normalized helpers call it
         if op.normalizer:  # where the backend's kernel gives no normalizer, None
@@ -171,6 +169,13 @@ class Backend:
         """Grouped heads: queries (b, i, g, s, features…), keys and values on g (the passes checked the layout)."""
         return len(op.q.labels) > 4
 
+    def attention_support(self, op: Attention | AttentionAdjoint, printer: ArrayPrinter) -> str:
+        """The support of ``op`` as code: at the scores' axes, or at its own for grouped heads (their helpers expand
+        it over the members)."""
+        if self.grouped(op):
+            return self.support(op.support, printer.at(op.support.labels if op.support else ()))
+        return self.support(op.support, printer.at(self.scores(op)))
+
     @staticmethod
     def scores(op: Attention | AttentionAdjoint) -> tuple[str, ...]:
         """The axes of the scores of (plain-head) attention: batch, head, row, column."""
@@ -179,11 +184,9 @@ class Backend:
 
     def attention_adjoint(self, op: AttentionAdjoint, printer: ArrayPrinter) -> list[str]:
         printer.use("_softmax")  # the helper recomputes the kernel where no normalizer was kept
-        grouped = self.grouped(op)
-        support = self.support(op.support, printer.at(op.support.labels if grouped and op.support else
-                                                       () if grouped else self.scores(op)))
+        support = self.attention_support(op, printer)
         helper = printer.use("_attention_adjoint")
-        if grouped:  # the grouped helper calls the plain one where no normalizer was kept
+        if self.grouped(op):  # the grouped helper calls the plain one where no normalizer was kept
             helper = printer.use("_grouped_attention_adjoint")
         return [f"{', '.join(op.outputs)} = {helper}({op.o_bar}, {op.q.name}, {op.k.name}, "
                 f"{op.v.name}, {op.o}, {op.normalizer}, {printer.doprint(op.scale)}, {support})"]

@@ -634,3 +634,23 @@ def test_a_scratch_past_its_limit_is_fresh_memory(monkeypatch, rng):
     field, W, out = _convolved(rng)
     assert not numpy_grids._SCRATCH.__dict__.get("kept")  # every phase and product here is over 1 KB
     assert np.abs(out - _loop_conv2d(field, W)).max() <= 1e-12
+
+
+def _scratch_twice(depth, caller=False):
+    """Two scratch arrays of one slot asked for by a holder ``depth`` deep on this thread (then the depth restored)."""
+    held = getattr(numpy_grids._SCRATCH, "depth", 0)
+    numpy_grids._SCRATCH.depth = depth
+    try:
+        return [numpy_grids._scratch("probe", (4, 8), np.float64, "C", caller) for _ in range(2)]
+    finally:
+        numpy_grids._SCRATCH.depth = held
+
+
+@pytest.mark.parametrize("depth, caller, kept", [(1, False, True), (2, False, True), (2, True, True),
+                                                 (3, False, False), (0, False, False), (1, True, False)])
+def test_scratch_is_kept_at_the_levels_held_and_fresh_past_them(depth, caller, kept):
+    """A program holds level 1, a convolution inside it level 2 (its output slot its caller's, ``caller``); outside
+    any holder (level 0) and deeper than ``_SCRATCH_LEVELS`` (a forward inside a running convolution) the memory is
+    fresh, so no nested holder keeps more than the two levels."""
+    first, second = _scratch_twice(depth, caller)
+    assert np.shares_memory(first, second) == kept

@@ -654,3 +654,25 @@ def test_scratch_is_kept_at_the_levels_held_and_fresh_past_them(depth, caller, k
     fresh, so no nested holder keeps more than the two levels."""
     first, second = _scratch_twice(depth, caller)
     assert np.shares_memory(first, second) == kept
+
+
+@pytest.mark.parametrize("helper, size, stride, padding", [
+    ("_conv2d", 3, 1, 1), ("_conv2d", 3, 2, 1), ("_conv2d", 2, 2, 0), ("_depthwise_conv2d", 3, 2, 1)],
+    ids=["per-offset", "strided", "tiling-windows", "depthwise"])
+def test_a_convolution_output_slot_is_its_callers_scratch(helper, size, stride, padding, rng):
+    """``slot=``: the output in the calling holder's scratch (level 1 for a program), the same values as a fresh
+    output; the control, called outside any holder, gets fresh memory."""
+    convolution = getattr(numpy_grids, helper)
+    field = rng.standard_normal((2, 16, 9, 9))
+    W = rng.standard_normal((size, size, 16) if helper == "_depthwise_conv2d" else (16, size, size, 8))
+    expected = convolution(field, W, stride, padding)
+
+    @numpy_grids._holding_scratch
+    def program():
+        return convolution(field, W, stride, padding, slot="probe_out")
+    out = program()
+    assert np.array_equal(out, expected)
+    assert np.shares_memory(out, numpy_grids._SCRATCH.kept[1, "probe_out", "<f8"])
+    outside = convolution(field, W, stride, padding, slot="probe_out")
+    assert np.array_equal(outside, expected)
+    assert not np.shares_memory(outside, numpy_grids._SCRATCH.kept[1, "probe_out", "<f8"])

@@ -231,13 +231,19 @@ def _layer_norm_adjoint(costate, p, variance, gain, eps: float):
     return x_bar.mul_(torch.rsqrt(variance + eps).unsqueeze(-1)), gain_bar, bias_bar
 
 
+def _flash_normalized(q, k, support: torch.Tensor | None, dropout_p: float) -> bool:
+    """Whether flash attention's CPU kernel gives the rows' log normalizers: on CPU, without dropout, with no support
+    or a causal one, with tokens and keys (it divides by zero on none: SIGFPE, the process dies)."""
+    return ((support is None or _causal(support)) and not dropout_p and q.device.type == "cpu" and q.numel() > 0
+            and k.numel() > 0)
+
+
 def _attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_attention`` and the log of each row's normalizer Σ_j exp(scale Σ_e q k), which ``_attention_adjoint``
     reads: flash attention's on CPU without dropout, with no support or a causal one (``_causal``), else None (the
     adjoint recomputes the kernel). No tokens or no keys take ``_attention`` too: the flash kernel divides by zero
     there (SIGFPE, the process dies)."""
-    if ((support is not None and not _causal(support)) or dropout_p or q.device.type != "cpu" or q.numel() == 0
-            or k.numel() == 0):
+    if not _flash_normalized(q, k, support, dropout_p):
         return _attention(q, k, v, scale, support, dropout_p), None
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=support is not None, scale=scale)

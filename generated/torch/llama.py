@@ -159,6 +159,13 @@ def _attention(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: f
     return out.transpose(1, 2)
 
 
+def _flash_normalized(q, k, support: torch.Tensor | None, dropout_p: float) -> bool:
+    """Whether flash attention's CPU kernel gives the rows' log normalizers: on CPU, without dropout, with no support
+    or a causal one, with tokens and keys (it divides by zero on none: SIGFPE, the process dies)."""
+    return ((support is None or _causal(support)) and not dropout_p and q.device.type == "cpu" and q.numel() > 0
+            and k.numel() > 0)
+
+
 def _attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, support: torch.Tensor | None):
     """(q̄, k̄, v̄) of the output o of ``_attention(q, k, v, scale, support)`` for the costate ``o_bar``, all (batch,
     tokens, heads, features): flash attention's backward where the forward kept ``log_total`` (causal where a support
@@ -185,7 +192,7 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     if _causal(support):  # flash attention over the groups' heads (query head g·members + s reads head g)
-        heads = q.flatten(4).flatten(2, 3).transpose(1, 2)
+        heads = _group_heads(q)
         out = torch.nn.functional.scaled_dot_product_attention(
             heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=True,
             enable_gqa=True)
@@ -193,6 +200,12 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     rows = _member_rows(q, batch, n_queries, groups, members)
     out = _attention(rows, k.flatten(3), v, scale, _member_support(support, batch, members, n_queries), dropout_p)
     return out.reshape(batch, members, n_queries, groups, out.shape[-1]).permute(0, 2, 3, 1, 4)
+
+
+def _group_heads(x):
+    """A grouped query-side array (batch, tokens, groups, members, features…) as flash attention's operand over the
+    groups' heads: (batch, groups·members, tokens, features), query head g·members + s reading key head g."""
+    return x.flatten(4).flatten(2, 3).transpose(1, 2)
 
 
 def _member_rows(x, batch: int, n_queries: int, groups: int, members: int):
@@ -212,15 +225,12 @@ def _member_support(support: torch.Tensor | None, batch: int, members: int, n_qu
 
 def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
     """``_grouped_attention`` and the log of each row's normalizer, which ``_grouped_attention_adjoint`` reads: flash
-    attention's over the groups' heads (query head g·members + s reads head g) where ``_attention_normalized`` takes
-    it (CPU, no dropout, no support or a causal one, tokens and keys), else None."""
-    if ((support is not None and not _causal(support)) or dropout_p or q.device.type != "cpu" or q.numel() == 0
-            or k.numel() == 0):
+    attention's over the groups' heads (``_group_heads``) where its kernel gives them (``_flash_normalized``), else None."""
+    if not _flash_normalized(q, k, support, dropout_p):
         return _grouped_attention(q, k, v, scale, support, dropout_p), None
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     out, log_total = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.flatten(4).flatten(2, 3).transpose(1, 2), k.flatten(3).transpose(1, 2), v.transpose(1, 2),
-        is_causal=support is not None, scale=scale)
+        _group_heads(q), k.flatten(3).transpose(1, 2), v.transpose(1, 2), is_causal=support is not None, scale=scale)
     return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1]), log_total
 
 
@@ -230,7 +240,7 @@ def _grouped_attention_adjoint(o_bar, q, k, v, o, log_total, scale: float, suppo
     ``_attention_adjoint`` of the members as further query rows of their group's head (k̄, v̄ summed over them)."""
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     if log_total is not None:
-        heads = [x.flatten(4).flatten(2, 3).transpose(1, 2) for x in (o_bar, q, o)]
+        heads = [_group_heads(x) for x in (o_bar, q, o)]
         q_bar, k_bar, v_bar = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             heads[0], heads[1], k.flatten(3).transpose(1, 2), v.transpose(1, 2), heads[2], log_total, 0.0,
             support is not None, scale=scale)

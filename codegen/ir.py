@@ -41,6 +41,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
+    "ExactGeluBackward", "TanhGeluBackward", "CALLS",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
 
@@ -111,6 +112,24 @@ class SiluBackward(sp.Function):
     call (the ``silu-adjoint`` pass writes it; each backend spells it)."""
 
     nargs = 2
+
+
+class ExactGeluBackward(sp.Function):
+    """``λ d/dx ExactGelu(x)`` of a costate ``λ`` and ``x`` as one call (the ``gelu-adjoint`` pass writes it; each
+    backend spells it)."""
+
+    nargs = 2
+
+
+class TanhGeluBackward(sp.Function):
+    """``λ d/dx TanhGelu(x)`` of a costate ``λ`` and ``x`` as one call (the ``gelu-adjoint`` pass writes it; each
+    backend spells it)."""
+
+    nargs = 2
+
+
+#: The calls the passes write into elementwise formulas, each printed by the backends' own method.
+CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from splitformer.symbolic.vision_operators import PATCH
 from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
-from .ir import BATCH, ExactGelu, Module, Operand, Silu, SiluBackward, TanhGelu
+from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Module, Operand, Silu, SiluBackward, TanhGelu,
+                 TanhGeluBackward)
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]
@@ -55,8 +56,7 @@ def printable_class(cls: type) -> bool:
     """``cls`` is the SymPy class of its name, splitformer's ``Number`` or ``sympy.Function(name)``: no
     user class reaches a ``_print_<name>`` method by borrowing a name."""
     name = cls.__name__
-    return (cls is Number or cls is ExactGelu or cls is TanhGelu or cls is Silu or cls is SiluBackward
-            or plain_function_class(cls)
+    return (cls is Number or cls in CALLS or plain_function_class(cls)
             or type(name) is str and any(getattr(namespace, name, None) is cls for namespace in _SYMPY_NAMESPACES))
 
 
@@ -100,6 +100,7 @@ class ArrayPrinter(StrPrinter):
     functions: dict[str, str] = {}
     silu = ""  # the library's SiLU routine, if it has one
     silu_backward = "_silu_backward"  # λ d/dx Silu(x): the library's routine, else the runtime's
+    gelu_backward = ""  # λ d/dx of a GELU: the library's routine, if it has one (its approximation as an option)
     #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
     printmethod = None
 
@@ -190,6 +191,28 @@ class ArrayPrinter(StrPrinter):
         costate, x = expr.args
         return f"{self.use(self.silu_backward)}({self._print(costate)}, {self._print(x)})"
 
+    def _print_ExactGeluBackward(self, expr: ExactGeluBackward) -> str:
+        """The ``gelu-adjoint`` pass's call for the exact GELU."""
+        return self._gelu_backward(expr, ExactGeluBackward, "")
+
+    def _print_TanhGeluBackward(self, expr: TanhGeluBackward) -> str:
+        """The ``gelu-adjoint`` pass's call for GELU's tanh approximation."""
+        return self._gelu_backward(expr, TanhGeluBackward, ', approximate="tanh"')
+
+    def _gelu_backward(self, expr: sp.Expr, call: type, option: str) -> str:
+        """``λ`` times the GELU's derivative: the library's routine (``gelu_backward``, with ``option``) where it has
+        one, else the derivative SymPy takes of the GELU's formula, in parentheses; a user's function of that name
+        has no spelling."""
+        if type(expr) is not call:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        costate, x = expr.args
+        if self.gelu_backward:
+            return f"{self.use(self.gelu_backward)}({self._print(costate)}, {self._print(x)}{option})"
+        from .passes.gelu_adjoint import EXACT_GELU, TANH_GELU
+
+        activation = EXACT_GELU if call is ExactGeluBackward else TANH_GELU
+        return f"({self._print(costate * sp.diff(activation.formula(x), x))})"
+
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
         argument = expr.args[0]
@@ -262,6 +285,7 @@ class TorchPrinter(ArrayPrinter):
     tanh_gelu = ("torch.nn.functional.gelu", ', approximate="tanh"')
     silu = "torch.nn.functional.silu"  # one kernel; torch.exp is MKL's, which threads even a row of 688 (ms under load)
     silu_backward = "torch.ops.aten.silu_backward"  # one kernel, what autograd runs for torch's silu
+    gelu_backward = "torch.ops.aten.gelu_backward"  # one kernel, what autograd runs for torch's gelu
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 

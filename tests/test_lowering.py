@@ -120,7 +120,7 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
 
 #: Passes written for a program lowered with its derived adjoint (``lower_adjoint``).
 _FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln", "kept-layer-norm": "post-ln",
-                     "silu-adjoint": "llama"}
+                     "silu-adjoint": "llama", "gelu-adjoint": "gpt2"}
 #: Passes written for a network's programs: the built-in network whose NumPy module changes with them.
 _FIRES_ON_NETWORK = {"scratch-outputs": "unet-level"}
 

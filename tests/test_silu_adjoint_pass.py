@@ -16,7 +16,8 @@ import splitformer
 from splitformer.codegen.adjoint import lower_adjoint
 from splitformer.codegen.ir import Elementwise, Silu, SiluBackward
 from splitformer.codegen.passes import PASSES
-from splitformer.codegen.passes.silu_adjoint import costate_of
+from splitformer.codegen.passes.activation_adjoint import costate_of as recognized_costate
+from splitformer.codegen.passes.silu_adjoint import SILU
 from splitformer.runtime.numpy_helpers import _silu_backward
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.adjoint import derive_adjoint
@@ -30,6 +31,10 @@ def test_llamas_gate_costate_is_one_silu_backward():
     w, gate, bar = (sp.IndexedBase(name)[op.expr.args[1].indices] for name in ("ffn_w", "ffn_gate", "ffn_s_bar"))
     assert op.expr == SiluBackward(gate * bar, w)
     assert not any(isinstance(op, Elementwise) and op.expr.has(sp.exp) for op in backward.adjoint.ops)
+
+
+def costate_of(expr, x, formulas):
+    return recognized_costate(expr, x, formulas, SILU)
 
 
 def test_a_statement_that_is_no_silu_adjoint_is_left_alone():

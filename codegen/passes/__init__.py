@@ -11,6 +11,7 @@ from .fold_affine import fold_affine
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
 from .gelu import gelu
+from .gelu_adjoint import gelu_adjoint
 from .gelu_tanh import gelu_tanh
 from .inline_elementwise import inline_elementwise
 from .kept_layer_norm import kept_layer_norm
@@ -42,6 +43,7 @@ PASSES = {
     "gelu-tanh": gelu_tanh,
     "silu": silu,
     "silu-adjoint": silu_adjoint,
+    "gelu-adjoint": gelu_adjoint,
     "unroll-pairs": unroll_pairs,
     "shared-trig": shared_trig,
     "pair-tables": pair_tables,

@@ -666,7 +666,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̅^ffn[i, z] = (sqrt(2)*(1 - tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))**2)*(26829*w^ffn[i, z]**2/200000 + 1)*w^ffn[i, z]/(2*sqrt(π)) + tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))/2 + 1/2)*s̅^ffn[i, z]
-    ffn_w_bar = (1/2 + torch.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))/2 + math.sqrt(2)*(1 - torch.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))**2)*(1 + 26829*ffn_w**2/200000)*ffn_w/(2*math.sqrt(math.pi)))*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w, approximate="tanh")
     del ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)

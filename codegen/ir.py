@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import sympy as sp
+from sympy.printing.precedence import PRECEDENCE
 
 from splitformer.symbolic.domains import Domain
 from splitformer.symbolic.inputs import Constant, Input
@@ -116,16 +117,18 @@ class SiluBackward(sp.Function):
 
 class ExactGeluBackward(sp.Function):
     """``λ d/dx ExactGelu(x)`` of a costate ``λ`` and ``x`` as one call (the ``gelu-adjoint`` pass writes it; each
-    backend spells it)."""
+    backend spells it: a library's routine, else the product itself, whose precedence it has)."""
 
     nargs = 2
+    precedence = PRECEDENCE["Mul"]
 
 
 class TanhGeluBackward(sp.Function):
     """``λ d/dx TanhGelu(x)`` of a costate ``λ`` and ``x`` as one call (the ``gelu-adjoint`` pass writes it; each
-    backend spells it)."""
+    backend spells it: a library's routine, else the product itself, whose precedence it has)."""
 
     nargs = 2
+    precedence = PRECEDENCE["Mul"]
 
 
 #: The calls the passes write into elementwise formulas, each printed by the backends' own method.

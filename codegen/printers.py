@@ -201,8 +201,8 @@ class ArrayPrinter(StrPrinter):
 
     def _gelu_backward(self, expr: sp.Expr, call: type, option: str) -> str:
         """``λ`` times the GELU's derivative: the library's routine (``gelu_backward``, with ``option``) where it has
-        one, else the derivative SymPy takes of the GELU's formula, in parentheses; a user's function of that name
-        has no spelling."""
+        one, else the product with the derivative SymPy takes of the GELU's formula (the call's precedence is a
+        product's: its operands parenthesize it); a user's function of that name has no spelling."""
         if type(expr) is not call:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         costate, x = expr.args
@@ -211,7 +211,7 @@ class ArrayPrinter(StrPrinter):
         from .passes.gelu_adjoint import EXACT_GELU, TANH_GELU
 
         activation = EXACT_GELU if call is ExactGeluBackward else TANH_GELU
-        return f"({self._print(costate * sp.diff(activation.formula(x), x))})"
+        return self._print(costate * sp.diff(activation.formula(x), x))
 
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""

@@ -19,7 +19,7 @@ from .adjoint import lower_stage_adjoint
 from .backends import BACKENDS
 from .ir import Convolution, Module
 from .lowering import lower
-from .passes import network_passes, run_passes
+from .passes import NETWORK_ADJOINT_STAGE, network_passes, run_passes
 from .passes.convolution import convolution
 from .printers import CODE_NAMES, code
 
@@ -119,8 +119,9 @@ def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
 def program_context(program: Program, input_name: str, backend: str, sizes: dict | None = None,
                     group_sizes: dict[str, dict] | None = None, passes: tuple | None = None) -> dict:
     """One network program: its forward (``run``, dead arrays freed, optimized by ``network_passes(passes)``) and its
-    derived backward (the forward statements the adjoint reads, the adjoint, the seed, the costate of ``input_name``,
-    the gradients in the order of the parameters), each with what it binds (``_binding``)."""
+    derived backward (the forward statements the adjoint reads, the adjoint, each optimized by ``NETWORK_ADJOINT_STAGE``;
+    the seed, the costate of ``input_name``, the gradients in the order of the parameters), each with what it binds
+    (``_binding``)."""
     forward = lower(program, (convolution,), network=True)
     backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
 
@@ -129,7 +130,8 @@ def program_context(program: Program, input_name: str, backend: str, sizes: dict
 
     run = context(run_passes(forward, network_passes(passes)), free=True)
     with_views = [parameter for parameter in context(forward)["parameters"] if parameter["view"]]
-    functions = [context(backward.forward), context(backward.adjoint)]
+    adjoint_passes = network_passes(passes, NETWORK_ADJOINT_STAGE)
+    functions = [context(run_passes(backward.forward, adjoint_passes)), context(run_passes(backward.adjoint, adjoint_passes))]
     binding = _binding(functions, with_views)
     functions[0]["parameters"] = binding["parameters"]
     shapes = {parameter["name"]: parameter["shape"] for parameter in with_views}

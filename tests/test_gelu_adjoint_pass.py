@@ -138,3 +138,13 @@ def test_printers_refuse_a_users_function_of_the_same_name():
     for printer in (NumpyPrinter, TorchPrinter):
         with pytest.raises(AssertionError, match="spelling for TanhGeluBackward"):
             printer(backward.adjoint, op.labels).doprint(sp.Function("TanhGeluBackward")(bar, w))
+
+
+def test_a_networks_derived_backward_recomputes_the_gelu_as_one_call_and_runs_its_backward():
+    """CvT's derived backward (a network program's): the forward statement it recomputes and the costate, in both
+    backends, only with the passes (``NETWORK_ADJOINT_STAGE``); parity is tests/test_cvt_adjoint.py's."""
+    passed = splitformer.derive("cvt")
+    without = splitformer.derive("cvt", passes=",".join(name for name in PASSES if name not in ("gelu", "gelu-adjoint")))
+    assert passed.source("torch").count("ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)") == 2
+    assert passed.source("numpy").count("ffn_s = _gelu(ffn_w)") == 2  # the run program's is in place: _gelu(…, out=…)
+    assert "gelu_backward" not in without.source("torch") and "ffn_s = _gelu(ffn_w)" not in without.source("numpy")

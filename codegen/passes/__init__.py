@@ -29,7 +29,7 @@ from .silu import silu
 from .silu_adjoint import silu_adjoint
 from .unroll_pairs import unroll_pairs
 
-__all__ = ["DEFAULT", "NETWORK_STAGE", "PASSES", "select", "run_passes", "network_passes"]
+__all__ = ["DEFAULT", "NETWORK_STAGE", "NETWORK_ADJOINT_STAGE", "PASSES", "select", "run_passes", "network_passes"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
@@ -61,13 +61,18 @@ DEFAULT = tuple(PASSES.values())
 #: that dies inside the program is marked for memory kept between calls (NumPy).
 NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu, fused_attention, matmul, reuse_buffers,
                  scratch_outputs)
+#: The passes a network program's derived backward runs on the forward statements it recomputes and on its adjoint:
+#: the activations as one call each, their adjoints as the libraries' backward kernels (each rewrites one
+#: elementwise statement's formula, so the arrays the two share keep their names).
+NETWORK_ADJOINT_STAGE = (gelu, gelu_tanh, silu, silu_adjoint, gelu_adjoint)
 
 
-def network_passes(selected: tuple | None = None) -> tuple:
-    """The passes a network program's forward runs: ``NETWORK_STAGE``, each of them that is a selectable pass
-    only when ``selected`` (``None``: all) holds it; the recognitions ``convolution`` and ``fold_affine`` always."""
+def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) -> tuple:
+    """The passes of ``stage`` (a network program's forward: ``NETWORK_STAGE``) that run: each that is a selectable
+    pass only when ``selected`` (``None``: all) holds it; the recognitions ``convolution`` and ``fold_affine``
+    always."""
     chosen = DEFAULT if selected is None else selected
-    return tuple(rewrite for rewrite in NETWORK_STAGE if rewrite in chosen or rewrite not in DEFAULT)
+    return tuple(rewrite for rewrite in stage if rewrite in chosen or rewrite not in DEFAULT)
 
 
 def run_passes(module, passes: tuple = DEFAULT):

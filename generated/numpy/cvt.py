@@ -1653,7 +1653,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = _gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]
@@ -2069,7 +2069,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = _einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + _erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = _gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]

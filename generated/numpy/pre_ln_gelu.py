@@ -767,7 +767,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
-    ffn_w_bar = ((1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar)
+    ffn_w_bar = (1/2 + _erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*np.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
     del ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)

@@ -1424,7 +1424,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = torch.nn.functional.gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]
@@ -1436,7 +1436,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
     ffn_s_bar = torch.einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
-    ffn_w_bar = (1/2 + torch.erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*torch.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     # b̅_1[z] = Σ_i(w̅^ffn[i, z])
@@ -1841,7 +1841,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # w^ffn[i, z] = b_1[z] + Σ_k(W_1[k, z]*LN^norm2[i, k])
     ffn_w = torch.einsum("bik,kz->biz", norm2_out, ffn_W_1) + ffn_b_1
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
-    ffn_s = (1 + torch.erf(math.sqrt(2)*ffn_w/2))*ffn_w/2
+    ffn_s = torch.nn.functional.gelu(ffn_w)
 
     # --- adjoint of ffn: feed-forward ---
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]
@@ -1853,7 +1853,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
     ffn_s_bar = torch.einsum("bil,zl->biz", ffn_out_bar, ffn_W_2)
     # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
-    ffn_w_bar = (1/2 + torch.erf(math.sqrt(2)*ffn_w/2)/2 + math.sqrt(2)*ffn_w*torch.exp(-ffn_w**2/2)/(2*math.sqrt(math.pi)))*ffn_s_bar
+    ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
     # b̅_1[z] = Σ_i(w̅^ffn[i, z])

@@ -208,6 +208,21 @@ def test_norms_by_their_formulas_also_where_squares_overflow(rng, backend):
            gain * centred / np.sqrt((centred ** 2).mean(-1, keepdims=True)) + bias, layer + 1)
 
 
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_kept_layer_norm_gives_the_norm_its_normalized_rows_and_their_variance(rng, backend):
+    """What the derived adjoint reads (``kept-layer-norm``), by its formulas in float64, on rows away from zero."""
+    x, gain, bias = rng.normal(size=(4, 8)) + 100, rng.normal(size=8), rng.normal(size=8)
+    centred = x - x.mean(-1, keepdims=True)
+    variance = (centred ** 2).mean(-1)
+    normalized = centred / np.sqrt(variance + 1e-5)[:, None]
+    helpers, wrap = (numpy_helpers, np.asarray) if backend == "numpy" else (torch_helpers, torch.from_numpy)
+    out, p, kept = (np.asarray(value) for value in helpers._kept_layer_norm(*map(wrap, (x, gain, bias)), 1e-5))
+    _agree(p, normalized, normalized + 1e-6)
+    _agree(out, gain * normalized + bias, gain * normalized)
+    _agree(kept, variance, variance * 1.0001)
+
+
 # -- grids ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("size, stride, padding", [(3, 1, 1), (2, 2, 0), (3, 2, 1)])

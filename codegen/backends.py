@@ -9,13 +9,14 @@ what a template defines and binds comes from that record, never from reading the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
 
-from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
+from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, ConvolutionInputAdjoint,
+                 ConvolutionWeightAdjoint, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
                  LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  PairTable, Shared, Softmax, TanhGelu, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .passes.reuse_buffers import called
@@ -330,6 +331,24 @@ class Backend:
         return [f"{op.out} = {printer.use('_windows')}({op.source}, {op.axes}, {printer.code(op.size)}, "
                 f"{printer.code(op.stride)}, {printer.code(op.padding)})"]
 
+    def convolution_weight_adjoint(self, op: ConvolutionWeightAdjoint, printer: ArrayPrinter) -> list[str]:
+        """The contraction the ``convolution-adjoint`` pass recognized, reading the windows where it read their
+        array: one statement, under the contraction's formula."""
+        (windows,) = self.window(op.window, printer)
+        read = {op.window.out: windows.split(" = ", 1)[1]}
+        operands = tuple(replace(operand, name=read.get(operand.name, operand.name)) for operand in op.product.operands)
+        return self.contraction(replace(op.product, operands=operands), printer)
+
+    def convolution_input_adjoint(self, op: ConvolutionInputAdjoint, printer: ArrayPrinter) -> list[str]:
+        """The blocks and their fold the ``convolution-adjoint`` pass recognized: the fold reading the blocks' value
+        where it read their array, one statement under the fold's formula (two where the blocks take more)."""
+        blocks = self.lines(op.blocks, printer.at(op.blocks.labels))
+        (fold,) = self.fold(op.fold, printer)
+        if len(blocks) != 1:
+            return blocks + [fold]
+        value = blocks[0].split(" = ", 1)[1]
+        return [fold.replace(f"({op.fold.source}, ", f"({value}, ", 1)]
+
     def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]
 
@@ -535,6 +554,32 @@ class TorchBackend(Backend):
         last = ".permute(0, 2, 3, 1)" if op.channels_last else ""
         return [f"{op.out} = torch.nn.functional.conv2d({op.x}, {weight}, {op.bias}, {printer.code(op.stride)}, "
                 f"{printer.code(op.padding)}{groups}){last}"]
+
+    def convolution_weight_adjoint(self, op: ConvolutionWeightAdjoint, printer: ArrayPrinter) -> list[str]:
+        """torch's convolution backward for the kernel alone (the weight it is handed only gives the kernel's shape),
+        its (l, c, r, s) gradient in canonical order."""
+        x, size = op.window.source, printer.code(op.window.size)
+        stride, padding = printer.code(op.window.stride), printer.code(op.window.padding)
+        if op.depthwise:
+            shape, groups, order = f"{x}.shape[1], 1, {size}, {size}", f"{x}.shape[1]", ".squeeze(1).permute(1, 2, 0)"
+        else:
+            shape, groups, order = f"{op.costate}.shape[1], {x}.shape[1], {size}, {size}", "1", ".permute(1, 2, 3, 0)"
+        return [f"{op.out} = torch.ops.aten.convolution_backward({op.costate}, {x}, {x}.new_empty(({shape})), None, "
+                f"[{stride}, {stride}], [{padding}, {padding}], [1, 1], False, [0, 0], {groups}, "
+                f"[False, True, False])[1]{order}"]
+
+    def convolution_input_adjoint(self, op: ConvolutionInputAdjoint, printer: ArrayPrinter) -> list[str]:
+        """torch's convolution backward for the input alone, one per convolution (the input it is handed gives the
+        costate's shape), summed."""
+        x, size = op.fold.like, printer.code(op.fold.size)
+        stride, padding = printer.code(op.fold.stride), printer.code(op.fold.padding)
+        terms = []
+        for costate, weight in op.terms:
+            kernel, groups = ((f"{weight}.permute(2, 0, 1).unsqueeze(1)", f"{x}.shape[1]") if op.depthwise
+                              else (f"{weight}.permute(3, 0, 1, 2)", "1"))
+            terms.append(f"torch.ops.aten.convolution_backward({costate}, {x}, {kernel}, None, [{stride}, {stride}], "
+                         f"[{padding}, {padding}], [1, 1], False, [0, 0], {groups}, [True, False, False])[0]")
+        return [f"{op.out} = {' + '.join(terms)}"]
 
     def transposed_convolution(self, op: TransposedConvolution, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = torch.nn.functional.conv_transpose2d({op.x}, {op.weight}.permute(0, 3, 1, 2), {op.bias}, "

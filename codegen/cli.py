@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument("--passes", default="all", metavar="LIST",
                         help="IR passes to run: all (default), none, or a comma-separated list of "
                              "inline-elementwise, local-kernel, one-hot, layer-norm-adjoint, layer-norm, kept-layer-norm, "
-                             "rms-norm, gelu, gelu-tanh, silu, silu-adjoint, gelu-adjoint, unroll-pairs, shared-trig, pair-tables, attention-adjoint, fused-attention, "
+                             "rms-norm, gelu, gelu-tanh, silu, silu-adjoint, gelu-adjoint, convolution-adjoint, unroll-pairs, shared-trig, pair-tables, attention-adjoint, fused-attention, "
                              "matmul, fuse-projections, reuse-buffers, scratch-outputs")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",

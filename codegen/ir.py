@@ -43,6 +43,7 @@ __all__ = [
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
     "ExactGeluBackward", "TanhGeluBackward", "CALLS",
+    "ConvolutionWeightAdjoint", "ConvolutionInputAdjoint",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
 
@@ -619,6 +620,45 @@ class Convolution(_Kernel):
     depthwise: bool = False
     channels_last: bool = False
     scratch: bool = False
+
+
+@dataclass(frozen=True)
+class ConvolutionWeightAdjoint(Op):
+    """``W̄[c, r, s, l] = Σ_{b,p,q} x[b, c, S p + r − P, S q + s − P] K̄[b, l, p, q]``: the kernel's gradient of a
+    ``Convolution`` of ``x`` from the costate ``K̄`` of its output (``depthwise``: ``W̄[r, s, l]``, c = l). Written by
+    the ``convolution-adjoint`` pass in place of the two statements it recognized, ``window`` (the windows of ``x``)
+    and ``product`` (their contraction with ``K̄``), which a backend without a routine spells as one."""
+
+    window: Window | None = None
+    product: Contraction | None = None
+
+    @property
+    def depthwise(self) -> bool:
+        return len(self.labels) == 3
+
+    @property
+    def costate(self) -> str:
+        return next(operand.name for operand in self.product.operands if operand.name != self.window.out)
+
+    def reads(self) -> list[str]:
+        return [self.window.source, self.costate]
+
+
+@dataclass(frozen=True)
+class ConvolutionInputAdjoint(Op):
+    """``x̄[b, c, S p + r − P, S q + s − P] += Σ_l W[c, r, s, l] K̄[b, l, p, q]`` summed over the ``terms`` (costate
+    ``K̄``, kernel ``W``): the input's costate of convolutions of one input ``like`` (``depthwise``: ``W[r, s, l]``,
+    c = l), a transposed convolution per term. Written by the ``convolution-adjoint`` pass in place of the two
+    statements it recognized, ``blocks`` (each window's values) and ``fold`` (added back at the window's points),
+    which a backend without a routine spells as one."""
+
+    terms: tuple[tuple[str, str], ...] = ()
+    depthwise: bool = False
+    blocks: Op | None = None
+    fold: Fold | None = None
+
+    def reads(self) -> list[str]:
+        return [name for term in self.terms for name in term] + [self.fold.like]
 
 
 @dataclass(frozen=True)

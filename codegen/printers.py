@@ -188,8 +188,11 @@ class ArrayPrinter(StrPrinter):
         """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""
         if type(expr) is not SiluBackward:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
-        costate, x = expr.args
-        return f"{self.use(self.silu_backward)}({self._print(costate)}, {self._print(x)})"
+        return f"{self.use(self.silu_backward)}({self.backward_operands(*expr.args)})"
+
+    def backward_operands(self, costate: sp.Expr, x: sp.Expr) -> str:
+        """The operands of a backward routine, ``costate, x`` (broadcast against each other by the routine)."""
+        return f"{self._print(costate)}, {self._print(x)}"
 
     def _print_ExactGeluBackward(self, expr: ExactGeluBackward) -> str:
         """The ``gelu-adjoint`` pass's call for the exact GELU."""
@@ -207,7 +210,7 @@ class ArrayPrinter(StrPrinter):
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         costate, x = expr.args
         if self.gelu_backward:
-            return f"{self.use(self.gelu_backward)}({self._print(costate)}, {self._print(x)}{option})"
+            return f"{self.use(self.gelu_backward)}({self.backward_operands(costate, x)}{option})"
         from .passes.gelu_adjoint import EXACT_GELU, TANH_GELU
 
         activation = EXACT_GELU if call is ExactGeluBackward else TANH_GELU
@@ -288,6 +291,15 @@ class TorchPrinter(ArrayPrinter):
     gelu_backward = "torch.ops.aten.gelu_backward"  # one kernel, what autograd runs for torch's gelu
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
+
+    def backward_operands(self, costate: sp.Expr, x: sp.Expr) -> str:
+        """``costate, x``; broadcast to one shape first unless both have the statement's: ``x`` read over all its axes
+        and the costate reading an array where ``x`` is. torch's backward kernels take operands of one shape
+        (float32 ``gelu_backward`` fails on others)."""
+        operands = super().backward_operands(costate, x)
+        if self._print(x).isidentifier() and any(item.indices == x.indices for item in costate.atoms(sp.Indexed)):
+            return operands
+        return f"*torch.broadcast_tensors({operands})"
 
     def _print_Max(self, expr: sp.Max) -> str:
         numbers = [arg for arg in expr.args if arg.is_number]

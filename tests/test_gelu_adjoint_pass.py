@@ -73,6 +73,8 @@ def test_only_a_costate_times_the_gelus_derivative_is_recognized(activation):
     assert costate_of(lam * derivative + y, x, {}, activation) is None  # plus a term free of the GELU
     assert costate_of(lam * sp.diff(other.formula(x), x), x, {}, activation) is None  # the other GELU's derivative
     assert costate_of(lam * derivative.subs(x, 2 * x), x, {}, activation) is None  # at another point
+    assert costate_of(2 * derivative, x, {}, activation) is None  # a costate of numbers alone: left as derived
+    assert costate_of(sp.exp(y) * derivative, x, {}, activation) is None  # a costate with a function application
     # a kept forward value s = Gelu(x) read at x's indices is written out
     s = sp.IndexedBase("s")[sp.Idx("i")]
     formulas = {"s": (("i",), activation.call(x))}
@@ -148,3 +150,22 @@ def test_a_networks_derived_backward_recomputes_the_gelu_as_one_call_and_runs_it
     assert passed.source("torch").count("ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)") == 2
     assert passed.source("numpy").count("ffn_s = _gelu(ffn_w)") == 2  # the run program's is in place: _gelu(…, out=…)
     assert "gelu_backward" not in without.source("torch") and "ffn_s = _gelu(ffn_w)" not in without.source("numpy")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_broadcasts_a_costate_of_another_shape(dtype):
+    """A costate read over fewer axes than ``x`` (a bias row): torch's ``gelu_backward`` takes operands of one shape
+    (float32 fails on others), so they are broadcast first; a costate read where ``x`` is needs nothing."""
+    i, z = sp.Idx("i"), sp.Idx("z")
+    w, bar, row = sp.IndexedBase("ffn_w")[i, z], sp.IndexedBase("ffn_s_bar")[i, z], sp.IndexedBase("ffn_b_1")[z]
+    backward, op = _costate_statement(load_scheme("gpt2"))
+    printer = TorchPrinter(backward.adjoint, ("b", "i", "z"))
+    assert printer.doprint(TanhGeluBackward(bar, w)) == 'torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w, approximate="tanh")'
+    code = printer.doprint(TanhGeluBackward(row, w))
+    assert code.startswith("torch.ops.aten.gelu_backward(*torch.broadcast_tensors(ffn_b_1")
+    values = {"ffn_w": torch.randn(2, 3, 4, dtype=dtype), "ffn_b_1": torch.randn(4, dtype=dtype)}
+    value = eval(code, {"torch": torch, **values})
+    expected = torch.ops.aten.gelu_backward(values["ffn_b_1"].expand(2, 3, 4).contiguous(), values["ffn_w"],
+                                            approximate="tanh")
+    assert value.shape == (2, 3, 4)
+    torch.testing.assert_close(value, expected)

@@ -122,7 +122,7 @@ _FIRES_ON = {"inline-elementwise": "post-ln", "layer-norm": "post-ln", "rms-norm
 _FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post-ln", "kept-layer-norm": "post-ln",
                      "silu-adjoint": "llama", "gelu-adjoint": "gpt2"}
 #: Passes written for a network's programs: the built-in network whose NumPy module changes with them.
-_FIRES_ON_NETWORK = {"scratch-outputs": "unet-level"}
+_FIRES_ON_NETWORK = {"scratch-outputs": "unet-level", "convolution-adjoint": "cvt"}
 
 
 @pytest.mark.parametrize("name", PASSES)

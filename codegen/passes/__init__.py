@@ -7,6 +7,7 @@ stays correct, only slower or less compact.
 
 from .attention_adjoint import attention_adjoint
 from .convolution import convolution
+from .convolution_adjoint import convolution_adjoint
 from .fold_affine import fold_affine
 from .fuse_projections import fuse_projections
 from .fused_attention import fused_attention
@@ -44,6 +45,7 @@ PASSES = {
     "silu": silu,
     "silu-adjoint": silu_adjoint,
     "gelu-adjoint": gelu_adjoint,
+    "convolution-adjoint": convolution_adjoint,
     "unroll-pairs": unroll_pairs,
     "shared-trig": shared_trig,
     "pair-tables": pair_tables,
@@ -63,8 +65,9 @@ NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu,
                  scratch_outputs)
 #: The passes a network program's derived backward runs on the forward statements it recomputes and on its adjoint:
 #: the activations as one call each, their adjoints as the libraries' backward kernels (each rewrites one
-#: elementwise statement's formula, so the arrays the two share keep their names).
-NETWORK_ADJOINT_STAGE = (gelu, gelu_tanh, silu, silu_adjoint, gelu_adjoint)
+#: elementwise statement's formula, so the arrays the two share keep their names), a convolution's kernel gradient
+#: as one op.
+NETWORK_ADJOINT_STAGE = (gelu, gelu_tanh, silu, silu_adjoint, gelu_adjoint, convolution_adjoint)
 
 
 def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) -> tuple:

@@ -1399,16 +1399,12 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view4[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view4, (0, 3, 1, 2))
-    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
-    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
-    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, _windows(u0, (2, 3), patch_size, patch_stride, patch_padding))
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
-    # the value at each coarse node and offset
-    u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
     # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
-    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    u0_bar = _fold(_einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W), u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
@@ -1489,16 +1485,12 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view6[p, q, l]
     embed_out_bar = np.transpose(tokens_bar_view6, (0, 3, 1, 2))
-    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
-    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
-    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    embed_W_bar = _einsum("blpq,bcpqrs->crsl", embed_out_bar, _windows(u0, (2, 3), patch_size, patch_stride, patch_padding))
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = _einsum("blpq->l", embed_out_bar)
-    # the value at each coarse node and offset
-    u0_bar_blocks = _einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
     # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
-    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    u0_bar = _fold(_einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W), u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
     return u0_bar, {
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
@@ -1767,10 +1759,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
-    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h, l (a view)
@@ -1802,10 +1792,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
-    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q, l (a view)
@@ -1837,20 +1825,14 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
-    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
-    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q))
 
     # --- adjoint of the grid field of the tokens ---
-    # the value at each coarse node and offset
-    grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
     # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
-    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # the value at each coarse node and offset
-    grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    grid_bar1 = _fold(np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None], grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
-    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    grid_bar2 = _fold(np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None], grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
     # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 
@@ -2183,10 +2165,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
-    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+    vconv_W_bar = _einsum("blfh,blfhrs->rsl", vconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h + 1, l (a view)
@@ -2218,10 +2198,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
-    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+    kconv_W_bar = _einsum("blfh,blfhrs->rsl", kconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv))
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q + 1, l (a view)
@@ -2253,20 +2231,14 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
-    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
-    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+    qconv_W_bar = _einsum("blpq,blpqrs->rsl", qconv_out_bar, _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q))
 
     # --- adjoint of the grid field of the tokens ---
-    # the value at each coarse node and offset
-    grid_bar1_blocks = np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
     # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
-    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # the value at each coarse node and offset
-    grid_bar2_blocks = np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    grid_bar1 = _fold(np.transpose(kconv_W, (2, 0, 1))[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + np.transpose(vconv_W, (2, 0, 1))[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None], grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
-    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    grid_bar2 = _fold(np.transpose(qconv_W, (2, 0, 1))[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None], grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
     # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 

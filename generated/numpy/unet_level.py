@@ -488,10 +488,8 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     # --- adjoint of conv: convolution ---
     # K̅^conv[l, p, q] = a^bn[l]*B̅^bn[l, p, q]
     conv_out_bar = bn_a[None, :, None, None]*bn_out_bar
-    # K^down[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
-    conv_W_bar_windows = _windows(down_out, (2, 3), 3, 1, 1)
     # W̅_conv[k, r, s, l] = Σ_{p,q}(conv_W_bar_windows[k, p, q, r, s]*K̅^conv[l, p, q])
-    conv_W_bar = _einsum("blpq,bkpqrs->krsl", conv_out_bar, conv_W_bar_windows)
+    conv_W_bar = _einsum("blpq,bkpqrs->krsl", conv_out_bar, _windows(down_out, (2, 3), 3, 1, 1))
     # b̅_conv[l] = Σ_{p,q}(K̅^conv[l, p, q])
     conv_b_bar = _einsum("blpq->l", conv_out_bar)
 
@@ -500,16 +498,12 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     down_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W)
     # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
     down_out_bar = _fold(down_out_bar_blocks, down_out.shape, (2, 3), 3, 1, 1)
-    # u[c, 2*p + r - 1, 2*q + s - 1] at every grid point and kernel offset (a view)
-    down_W_bar_windows = _windows(u0, (2, 3), 3, 2, 1)
     # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
-    down_W_bar = _einsum("blpq,bcpqrs->crsl", down_out_bar, down_W_bar_windows)
+    down_W_bar = _einsum("blpq,bcpqrs->crsl", down_out_bar, _windows(u0, (2, 3), 3, 2, 1))
     # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])
     down_b_bar = _einsum("blpq->l", down_out_bar)
-    # the value at each coarse node and offset
-    u0_bar1_blocks = _einsum("blpq,crsl->bcpqrs", down_out_bar, down_W)
     # u̅^{[1]}[c, 2*p + r - 1, 2*q + s - 1] = Σ_l(W_down[c, r, s, l]*K̅^down[l, p, q])
-    u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, 2, 1)
+    u0_bar1 = _fold(_einsum("blpq,crsl->bcpqrs", down_out_bar, down_W), u0.shape, (2, 3), 3, 2, 1)
     # u̅[c, p, q] = u̅^{[1]}[c, p, q] + λ^{+}[c, p, q]
     u0_bar = u0_bar1 + u1_bar
     return u0_bar, {

@@ -433,45 +433,9 @@ def _choice(name, value, choices):
     return value
 
 
-def _windows(field, axes, size, stride, padding):
-    """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
-    if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
-        for axis in axes:
-            edge = torch.zeros_like(field.narrow(axis, 0, 1))
-            field = torch.cat([edge] * padding + [field] + [edge] * padding, dim=axis)
-    elif padding:
-        pad = [0] * (2 * field.dim())
-        for axis in axes:
-            pad[2 * (field.dim() - 1 - axis)] = pad[2 * (field.dim() - 1 - axis) + 1] = padding
-        field = torch.nn.functional.pad(field, pad)
-    for axis in axes:
-        field = field.unfold(axis, size, stride)
-    return field
-
-
 def _rows(field, axis: int, offset: int, sizes):
     """``field`` at the nodes ``offset + N_2 p + q`` of ``axis``, that axis unflattened to ``sizes`` (a view)."""
     return field.narrow(axis, offset, math.prod(sizes)).unflatten(axis, sizes)
-
-
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
 
 
 def _place_rows(rows, shape, axis: int, offset: int):
@@ -1169,16 +1133,12 @@ def _embedding_vjp(u0, embed_norm_out_bar, p, config, eps):
     tokens_bar_view4 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view4[p, q, l]
     embed_out_bar = tokens_bar_view4.permute(0, 3, 1, 2)
-    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
-    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
-    embed_W_bar = torch.einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    embed_W_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, u0.new_empty((embed_out_bar.shape[1], u0.shape[1], patch_size, patch_size)), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = torch.einsum("blpq->l", embed_out_bar)
-    # the value at each coarse node and offset
-    u0_bar_blocks = torch.einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
     # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
-    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    u0_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, embed_W.permute(3, 0, 1, 2), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     return u0_bar, {
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
@@ -1259,16 +1219,12 @@ def _embedding_cls_vjp(u0, x0_bar, p, config, eps):
     tokens_bar_view6 = _rows(tokens_bar, 1, 0, (n_rows, n_cols))
     # K̅^embed[l, p, q] = tokens_bar_view6[p, q, l]
     embed_out_bar = tokens_bar_view6.permute(0, 3, 1, 2)
-    # u[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] at every grid point and kernel offset (a view)
-    embed_W_bar_windows = _windows(u0, (2, 3), patch_size, patch_stride, patch_padding)
     # W̅_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*K̅^embed[l, p, q])
-    embed_W_bar = torch.einsum("blpq,bcpqrs->crsl", embed_out_bar, embed_W_bar_windows)
+    embed_W_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, u0.new_empty((embed_out_bar.shape[1], u0.shape[1], patch_size, patch_size)), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_embed[l] = Σ_{p,q}(K̅^embed[l, p, q])
     embed_b_bar = torch.einsum("blpq->l", embed_out_bar)
-    # the value at each coarse node and offset
-    u0_bar_blocks = torch.einsum("blpq,crsl->bcpqrs", embed_out_bar, embed_W)
     # u̅[c, -patch_padding + patch_stride*p + r, -patch_padding + patch_stride*q + s] = Σ_l(W_embed[c, r, s, l]*K̅^embed[l, p, q])
-    u0_bar = _fold(u0_bar_blocks, u0.shape, (2, 3), patch_size, patch_stride, patch_padding)
+    u0_bar = torch.ops.aten.convolution_backward(embed_out_bar, u0, embed_W.permute(3, 0, 1, 2), None, [patch_stride, patch_stride], [patch_padding, patch_padding], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     return u0_bar, {
         "embed.W": embed_W_bar,
         "embed.b": embed_b_bar,
@@ -1538,10 +1494,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
-    vconv_W_bar = torch.einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+    vconv_W_bar = torch.ops.aten.convolution_backward(vconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h, l (a view)
@@ -1573,10 +1527,8 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
-    kconv_W_bar = torch.einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+    kconv_W_bar = torch.ops.aten.convolution_backward(kconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q, l (a view)
@@ -1608,20 +1560,14 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
-    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
-    qconv_W_bar = torch.einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+    qconv_W_bar = torch.ops.aten.convolution_backward(qconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of the grid field of the tokens ---
-    # the value at each coarse node and offset
-    grid_bar1_blocks = kconv_W.permute(2, 0, 1)[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + vconv_W.permute(2, 0, 1)[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
     # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
-    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # the value at each coarse node and offset
-    grid_bar2_blocks = qconv_W.permute(2, 0, 1)[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    grid_bar1 = torch.ops.aten.convolution_backward(kconv_out_bar, grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0] + torch.ops.aten.convolution_backward(vconv_out_bar, grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0]
     # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
-    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    grid_bar2 = torch.ops.aten.convolution_backward(qconv_out_bar, grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0]
     # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 
@@ -1955,10 +1901,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of vconv: depthwise-convolution ---
     # K̅_dw^vconv[l, f, h] = a^vbn[l]*B̅^vbn[l, f, h]
     vconv_out_bar = vbn_a[None, :, None, None]*vbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    vconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_vconv[r, s, l] = Σ_{f,h}(vconv_W_bar_windows[l, f, h, r, s]*K̅_dw^vconv[l, f, h])
-    vconv_W_bar = torch.einsum("blfh,blfhrs->rsl", vconv_out_bar, vconv_W_bar_windows)
+    vconv_W_bar = torch.ops.aten.convolution_backward(vconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of kbn: batch-norm ---
     # k_in_bar at N^{k}_2*f + h + 1, l (a view)
@@ -1990,10 +1934,8 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of kconv: depthwise-convolution ---
     # K̅_dw^kconv[l, f, h] = a^kbn[l]*B̅^kbn[l, f, h]
     kconv_out_bar = kbn_a[None, :, None, None]*kbn_out_bar
-    # g[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] at every grid point and kernel offset (a view)
-    kconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_kv, padding_kv)
     # W̅_kconv[r, s, l] = Σ_{f,h}(kconv_W_bar_windows[l, f, h, r, s]*K̅_dw^kconv[l, f, h])
-    kconv_W_bar = torch.einsum("blfh,blfhrs->rsl", kconv_out_bar, kconv_W_bar_windows)
+    kconv_W_bar = torch.ops.aten.convolution_backward(kconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of qbn: batch-norm ---
     # q_in_bar at N_2*p + q + 1, l (a view)
@@ -2025,20 +1967,14 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # --- adjoint of qconv: depthwise-convolution ---
     # K̅_dw^qconv[l, p, q] = a^qbn[l]*B̅^qbn[l, p, q]
     qconv_out_bar = qbn_a[None, :, None, None]*qbn_out_bar
-    # g[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] at every grid point and kernel offset (a view)
-    qconv_W_bar_windows = _windows(grid, (2, 3), kernel_qkv, stride_q, padding_q)
     # W̅_qconv[r, s, l] = Σ_{p,q}(qconv_W_bar_windows[l, p, q, r, s]*K̅_dw^qconv[l, p, q])
-    qconv_W_bar = torch.einsum("blpq,blpqrs->rsl", qconv_out_bar, qconv_W_bar_windows)
+    qconv_W_bar = torch.ops.aten.convolution_backward(qconv_out_bar, grid, grid.new_empty((grid.shape[1], 1, kernel_qkv, kernel_qkv)), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [False, True, False])[1].squeeze(1).permute(1, 2, 0)
 
     # --- adjoint of the grid field of the tokens ---
-    # the value at each coarse node and offset
-    grid_bar1_blocks = kconv_W.permute(2, 0, 1)[None, :, None, None]*kconv_out_bar[:, :, :, :, None, None] + vconv_W.permute(2, 0, 1)[None, :, None, None]*vconv_out_bar[:, :, :, :, None, None]
     # g̅^{[1]}[l, -padding_kv + stride_kv*f + r, -padding_kv + stride_kv*h + s] = W_kconv[r, s, l]*K̅_dw^kconv[l, f, h] + W_vconv[r, s, l]*K̅_dw^vconv[l, f, h]
-    grid_bar1 = _fold(grid_bar1_blocks, grid.shape, (2, 3), kernel_qkv, stride_kv, padding_kv)
-    # the value at each coarse node and offset
-    grid_bar2_blocks = qconv_W.permute(2, 0, 1)[None, :, None, None]*qconv_out_bar[:, :, :, :, None, None]
+    grid_bar1 = torch.ops.aten.convolution_backward(kconv_out_bar, grid, kconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0] + torch.ops.aten.convolution_backward(vconv_out_bar, grid, vconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_kv, stride_kv], [padding_kv, padding_kv], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0]
     # g̅^{[2]}[l, -padding_q + stride_q*p + r, -padding_q + stride_q*q + s] = W_qconv[r, s, l]*K̅_dw^qconv[l, p, q]
-    grid_bar2 = _fold(grid_bar2_blocks, grid.shape, (2, 3), kernel_qkv, stride_q, padding_q)
+    grid_bar2 = torch.ops.aten.convolution_backward(qconv_out_bar, grid, qconv_W.permute(2, 0, 1).unsqueeze(1), None, [stride_q, stride_q], [padding_q, padding_q], [1, 1], False, [0, 0], grid.shape[1], [True, False, False])[0]
     # g̅[l, p, q] = g̅^{[1]}[l, p, q] + g̅^{[2]}[l, p, q]
     grid_bar = grid_bar1 + grid_bar2
 

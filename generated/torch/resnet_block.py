@@ -145,22 +145,6 @@ def _choice(name, value, choices):
     return value
 
 
-def _windows(field, axes, size, stride, padding):
-    """``field`` at ``stride·p + r − padding`` along ``axes`` (zero outside): a view (…, p, …, r)."""
-    if padding and torch.onnx.is_in_onnx_export():  # the TorchScript exporter cannot size an Unfold after a Pad
-        for axis in axes:
-            edge = torch.zeros_like(field.narrow(axis, 0, 1))
-            field = torch.cat([edge] * padding + [field] + [edge] * padding, dim=axis)
-    elif padding:
-        pad = [0] * (2 * field.dim())
-        for axis in axes:
-            pad[2 * (field.dim() - 1 - axis)] = pad[2 * (field.dim() - 1 - axis) + 1] = padding
-        field = torch.nn.functional.pad(field, pad)
-    for axis in axes:
-        field = field.unfold(axis, size, stride)
-    return field
-
-
 def _fold(blocks, shape, axes, size, stride, padding):
     """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
     padded = list(shape)
@@ -543,10 +527,8 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of shortcut: convolution ---
     # K̅^shortcut[l, p, q] = a^bn3[l]*λ^{+}[l, p, q]
     shortcut_out_bar = bn3_a[None, :, None, None]*u1_bar
-    # u[c, S*p + r, S*q + s] at every grid point and kernel offset (a view)
-    shortcut_W_bar_windows = _windows(u0, (2, 3), 1, stride, 0)
     # W̅_shortcut[c, r, s, l] = Σ_{p,q}(shortcut_W_bar_windows[c, p, q, r, s]*K̅^shortcut[l, p, q])
-    shortcut_W_bar = torch.einsum("blpq,bcpqrs->crsl", shortcut_out_bar, shortcut_W_bar_windows)
+    shortcut_W_bar = torch.ops.aten.convolution_backward(shortcut_out_bar, u0, u0.new_empty((shortcut_out_bar.shape[1], u0.shape[1], 1, 1)), None, [stride, stride], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_shortcut[l] = Σ_{p,q}(K̅^shortcut[l, p, q])
     shortcut_b_bar = torch.einsum("blpq->l", shortcut_out_bar)
 
@@ -578,10 +560,8 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv2: convolution ---
     # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # Proj_S_2^relu[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
-    conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
-    conv2_W_bar = torch.einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
+    conv2_W_bar = torch.ops.aten.convolution_backward(conv2_out_bar, relu_out, relu_out.new_empty((conv2_out_bar.shape[1], relu_out.shape[1], 3, 3)), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
@@ -619,20 +599,14 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv1: convolution ---
     # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # u[c, S*p + r - 1, S*q + s - 1] at every grid point and kernel offset (a view)
-    conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
     # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
-    conv1_W_bar = torch.einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
+    conv1_W_bar = torch.ops.aten.convolution_backward(conv1_out_bar, u0, u0.new_empty((conv1_out_bar.shape[1], u0.shape[1], 3, 3)), None, [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = torch.einsum("blpq->l", conv1_out_bar)
-    # the value at each coarse node and offset
-    u0_bar1_blocks = torch.einsum("blpq,crsl->bcpqrs", shortcut_out_bar, shortcut_W)
     # u̅^{[1]}[c, S*p + r, S*q + s] = Σ_l(W_shortcut[c, r, s, l]*K̅^shortcut[l, p, q])
-    u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 1, stride, 0)
-    # the value at each coarse node and offset
-    u0_bar2_blocks = torch.einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
+    u0_bar1 = torch.ops.aten.convolution_backward(shortcut_out_bar, u0, shortcut_W.permute(3, 0, 1, 2), None, [stride, stride], [0, 0], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     # u̅^{[2]}[c, S*p + r - 1, S*q + s - 1] = Σ_l(W_conv1[c, r, s, l]*K̅^conv1[l, p, q])
-    u0_bar2 = _fold(u0_bar2_blocks, u0.shape, (2, 3), 3, stride, 1)
+    u0_bar2 = torch.ops.aten.convolution_backward(conv1_out_bar, u0, conv1_W.permute(3, 0, 1, 2), None, [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     # u̅[c, p, q] = u̅^{[1]}[c, p, q] + u̅^{[2]}[c, p, q]
     u0_bar = u0_bar1 + u0_bar2
     return u0_bar, {
@@ -745,10 +719,8 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv2: convolution ---
     # K̅^conv2[l, p, q] = a^bn2[l]*B̅^bn2[l, p, q]
     conv2_out_bar = bn2_a[None, :, None, None]*bn2_out_bar
-    # Proj_S_2^relu[k, p + r - 1, q + s - 1] at every grid point and kernel offset (a view)
-    conv2_W_bar_windows = _windows(relu_out, (2, 3), 3, 1, 1)
     # W̅_conv2[k, r, s, l] = Σ_{p,q}(conv2_W_bar_windows[k, p, q, r, s]*K̅^conv2[l, p, q])
-    conv2_W_bar = torch.einsum("blpq,bkpqrs->krsl", conv2_out_bar, conv2_W_bar_windows)
+    conv2_W_bar = torch.ops.aten.convolution_backward(conv2_out_bar, relu_out, relu_out.new_empty((conv2_out_bar.shape[1], relu_out.shape[1], 3, 3)), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_conv2[l] = Σ_{p,q}(K̅^conv2[l, p, q])
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
@@ -786,16 +758,12 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     # --- adjoint of conv1: convolution ---
     # K̅^conv1[l, p, q] = a^bn1[l]*B̅^bn1[l, p, q]
     conv1_out_bar = bn1_a[None, :, None, None]*bn1_out_bar
-    # u[c, S*p + r - 1, S*q + s - 1] at every grid point and kernel offset (a view)
-    conv1_W_bar_windows = _windows(u0, (2, 3), 3, stride, 1)
     # W̅_conv1[c, r, s, l] = Σ_{p,q}(conv1_W_bar_windows[c, p, q, r, s]*K̅^conv1[l, p, q])
-    conv1_W_bar = torch.einsum("blpq,bcpqrs->crsl", conv1_out_bar, conv1_W_bar_windows)
+    conv1_W_bar = torch.ops.aten.convolution_backward(conv1_out_bar, u0, u0.new_empty((conv1_out_bar.shape[1], u0.shape[1], 3, 3)), None, [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_conv1[l] = Σ_{p,q}(K̅^conv1[l, p, q])
     conv1_b_bar = torch.einsum("blpq->l", conv1_out_bar)
-    # the value at each coarse node and offset
-    u0_bar1_blocks = torch.einsum("blpq,crsl->bcpqrs", conv1_out_bar, conv1_W)
     # u̅^{[1]}[c, S*p + r - 1, S*q + s - 1] = Σ_l(W_conv1[c, r, s, l]*K̅^conv1[l, p, q])
-    u0_bar1 = _fold(u0_bar1_blocks, u0.shape, (2, 3), 3, stride, 1)
+    u0_bar1 = torch.ops.aten.convolution_backward(conv1_out_bar, u0, conv1_W.permute(3, 0, 1, 2), None, [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     # u̅[c, p, q] = u̅^{[1]}[c, p, q] + λ^{+}[c, p, q]
     u0_bar = u0_bar1 + u1_bar
     return u0_bar, {

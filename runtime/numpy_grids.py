@@ -173,9 +173,12 @@ def _patches(field, W, bias=None, slot=None):
 
 @_holding_scratch
 def _depthwise_conv2d(field, W, stride, padding, bias=None, slot=None):
-    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: one multiply-add of contiguous
-    columns of the field's nodes (``_phases``) per kernel offset. A (b, l, p, q) view, in the field's memory order
-    (with ``slot``, of the caller's scratch, as ``_conv2d``'s)."""
+    """``Σ_{r,s} field[b, l, S p + r − P, S q + s − P] W[r, s, l] (+ bias[l])``: one multiply-add per kernel offset. A
+    (b, l, p, q) view, in the field's memory order (with ``slot``, of the caller's scratch, as ``_conv2d``'s). Channels
+    last (a token grid), over the strided nodes of the zero-padded field (``_depthwise_channels_last``); channel-major,
+    over contiguous columns of the field's nodes (``_phases``)."""
+    if field.strides[1] < field.strides[3]:
+        return _depthwise_channels_last(field, W, stride, padding, bias, slot)
     dtype = np.result_type(field, W)
     phases, output, grid = _phases(field, W.shape[0], stride, padding, dtype)
     offsets = _offsets(phases, W.shape[0], stride, grid[1], len(field) * grid[0] * grid[1])
@@ -189,6 +192,33 @@ def _depthwise_conv2d(field, W, stride, padding, bias=None, slot=None):
     if bias is not None:
         out += bias[:, None]
     return _on_grid(out, len(field), output, grid)
+
+
+def _depthwise_channels_last(field, W, stride, padding, bias, slot):
+    """``_depthwise_conv2d`` of a channels-last field: each offset's nodes of the zero-padded field (b, rows, cols, l),
+    a strided view whose rows of channels are contiguous, times ``W[r, s]``; only the output's nodes are computed (the
+    phases' grid adds the kernel's reach: 2.25 times the nodes of a 4 × 4 output, CvT's last stage)."""
+    nodes = field.transpose(0, 2, 3, 1)
+    batch, height, width, channels = nodes.shape
+    size, dtype = W.shape[0], np.result_type(field, W)
+    rows, cols = (height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1
+    padded = _scratch("padded", (batch, height + 2 * padding, width + 2 * padding, channels), dtype, "C")
+    for edge in (np.s_[:, :padding], np.s_[:, height + padding:], np.s_[:, :, :padding], np.s_[:, :, width + padding:]):
+        padded[edge] = 0
+    padded[:, padding:padding + height, padding:padding + width] = nodes
+    shape = (batch, rows, cols, channels)
+    out = np.empty(shape, dtype) if slot is None else _scratch(slot, shape, dtype, "C", caller=True)
+    term = _scratch("term", shape, dtype, "C")
+    for r in range(size):
+        for s in range(size):
+            offset = padded[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
+            if r == s == 0:
+                np.multiply(offset, W[r, s], out=out)
+            else:
+                out += np.multiply(offset, W[r, s], out=term)
+    if bias is not None:
+        out += bias
+    return out.transpose(0, 3, 1, 2)
 
 
 def _conv_transpose2d(field, W, bias=None):

@@ -671,14 +671,16 @@ def test_scratch_is_kept_at_the_levels_held_and_fresh_past_them(depth, caller, k
     assert np.shares_memory(first, second) == kept
 
 
-@pytest.mark.parametrize("helper, size, stride, padding", [
-    ("_conv2d", 3, 1, 1), ("_conv2d", 3, 2, 1), ("_conv2d", 2, 2, 0), ("_depthwise_conv2d", 3, 2, 1)],
-    ids=["per-offset", "strided", "tiling-windows", "depthwise"])
-def test_a_convolution_output_slot_is_its_callers_scratch(helper, size, stride, padding, rng):
+@pytest.mark.parametrize("helper, size, stride, padding, channels_last", [
+    ("_conv2d", 3, 1, 1, False), ("_conv2d", 3, 2, 1, False), ("_conv2d", 2, 2, 0, False),
+    ("_depthwise_conv2d", 3, 2, 1, False), ("_depthwise_conv2d", 3, 2, 1, True)],
+    ids=["per-offset", "strided", "tiling-windows", "depthwise", "depthwise-channels-last"])
+def test_a_convolution_output_slot_is_its_callers_scratch(helper, size, stride, padding, channels_last, rng):
     """``slot=``: the output in the calling holder's scratch (level 1 for a program), the same values as a fresh
     output; the control, called outside any holder, gets fresh memory."""
     convolution = getattr(numpy_grids, helper)
-    field = rng.standard_normal((2, 16, 9, 9))
+    field = rng.standard_normal((2, 9, 9, 16)).transpose(0, 3, 1, 2) if channels_last else rng.standard_normal(
+        (2, 16, 9, 9))
     W = rng.standard_normal((size, size, 16) if helper == "_depthwise_conv2d" else (16, size, size, 8))
     expected = convolution(field, W, stride, padding)
 

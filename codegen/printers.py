@@ -11,6 +11,7 @@ import sympy as sp
 from sympy.core import numbers, relational
 from sympy.functions.elementary import piecewise
 from sympy.logic import boolalg
+from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from splitformer.symbolic.domains import (
@@ -262,6 +263,15 @@ class NumpyPrinter(ArrayPrinter):
     tanh_gelu = ("_gelu_tanh", "")
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
+
+    def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
+        """An array to a small integer power above 2 as a product: NumPy squares an array itself but raises it to the
+        third power through ``pow`` per element (90 ms against 0.34 for x·x·x, 2 M float32 values)."""
+        base, exponent = expr.args
+        if exponent.is_Integer and 3 <= exponent <= 4 and base.has(sp.Indexed):
+            factor = self.parenthesize(base, PRECEDENCE["Mul"])
+            return f"({'*'.join([factor] * int(exponent))})"
+        return super()._print_Pow(expr, rational)
 
     def _print_Max(self, expr: sp.Max) -> str:
         return self._pairwise("np.maximum", "max", expr)

@@ -847,7 +847,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads):
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̅^ffn[i, z] = (sqrt(2)*(1 - tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))**2)*(26829*w^ffn[i, z]**2/200000 + 1)*w^ffn[i, z]/(2*sqrt(π)) + tanh(sqrt(2)*(8943*w^ffn[i, z]**3/200000 + w^ffn[i, z])/sqrt(π))/2 + 1/2)*s̅^ffn[i, z]
-    ffn_w_bar = (1/2 + np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))/2 + math.sqrt(2)*(1 - np.tanh(math.sqrt(2)*(8943*ffn_w**3/200000 + ffn_w)/math.sqrt(math.pi))**2)*(1 + 26829*ffn_w**2/200000)*ffn_w/(2*math.sqrt(math.pi)))*ffn_s_bar
+    ffn_w_bar = (1/2 + np.tanh(math.sqrt(2)*(8943*(ffn_w*ffn_w*ffn_w)/200000 + ffn_w)/math.sqrt(math.pi))/2 + math.sqrt(2)*(1 - np.tanh(math.sqrt(2)*(8943*(ffn_w*ffn_w*ffn_w)/200000 + ffn_w)/math.sqrt(math.pi))**2)*(1 + 26829*ffn_w**2/200000)*ffn_w/(2*math.sqrt(math.pi)))*ffn_s_bar
     del ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = _einsum("biz,bik->kz", ffn_w_bar, norm2_out)

@@ -343,11 +343,9 @@ class Backend:
         """The blocks and their fold the ``convolution-adjoint`` pass recognized: the fold reading the blocks' value
         where it read their array, one statement under the fold's formula (two where the blocks take more)."""
         blocks = self.lines(op.blocks, printer.at(op.blocks.labels))
-        (fold,) = self.fold(op.fold, printer)
         if len(blocks) != 1:
-            return blocks + [fold]
-        value = blocks[0].split(" = ", 1)[1]
-        return [fold.replace(f"({op.fold.source}, ", f"({value}, ", 1)]
+            return blocks + self.fold(op.fold, printer)
+        return self.fold(replace(op.fold, source=blocks[0].split(" = ", 1)[1]), printer)
 
     def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]

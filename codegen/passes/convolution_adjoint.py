@@ -5,7 +5,7 @@ A network's derived adjoint writes the gradient of a ``Convolution``'s kernel as
 ``b, p, q``; einsum copies the view first (nine times the input) and runs small batched products. It writes the
 input's costate as each window's values ``Σ_l W[c, r, s, l] K̄[b, l, p, q]`` (a 6-D array; depth-wise, a sum of such
 products over the convolutions reading ``x``) added back at the window's points (``Fold``: one strided addition per
-kernel offset). CvT's derived training step spent a third of its time in these. When the windows, or the blocks, are
+kernel offset). CvT's derived training step spent a quarter of its time in these. When the windows, or the blocks, are
 read by that one statement alone, the two become ``ConvolutionWeightAdjoint`` or ``ConvolutionInputAdjoint``: torch
 spells them as its convolution backward (``torch.ops.aten.convolution_backward``, what autograd runs for ``conv2d``)
 for the kernel alone, or the input alone per convolution; NumPy as the two statements written as one.

@@ -61,6 +61,15 @@ def _addend(op: MatMul, printer: ArrayPrinter) -> str | None:
     return f"{bias}.reshape(-1, {_width(op.labels[2:], printer)})"
 
 
+def _value(lines: list[str], name: str) -> str:
+    """The value of the one statement ``name = value`` that ``lines`` hold."""
+    (line,) = lines
+    prefix = f"{name} = "
+    if not line.startswith(prefix):
+        raise AssertionError(f"not one assignment to {name}: {line[:80]}")
+    return line[len(prefix):]
+
+
 def _method(op: Op) -> str:
     """The backend method spelling ``op``: its class name in snake case (``PlaceRows`` → ``place_rows``)."""
     name = type(op).__name__
@@ -334,8 +343,7 @@ class Backend:
     def convolution_weight_adjoint(self, op: ConvolutionWeightAdjoint, printer: ArrayPrinter) -> list[str]:
         """The contraction the ``convolution-adjoint`` pass recognized, reading the windows where it read their
         array: one statement, under the contraction's formula."""
-        (windows,) = self.window(op.window, printer)
-        read = {op.window.out: windows.split(" = ", 1)[1]}
+        read = {op.window.out: _value(self.window(op.window, printer), op.window.out)}
         operands = tuple(replace(operand, name=read.get(operand.name, operand.name)) for operand in op.product.operands)
         return self.contraction(replace(op.product, operands=operands), printer)
 
@@ -343,9 +351,9 @@ class Backend:
         """The blocks and their fold the ``convolution-adjoint`` pass recognized: the fold reading the blocks' value
         where it read their array, one statement under the fold's formula (two where the blocks take more)."""
         blocks = self.lines(op.blocks, printer.at(op.blocks.labels))
-        if len(blocks) != 1:
+        if len(blocks) != 1 or not blocks[0].startswith(f"{op.blocks.out} = "):
             return blocks + self.fold(op.fold, printer)
-        return self.fold(replace(op.fold, source=blocks[0].split(" = ", 1)[1]), printer)
+        return self.fold(replace(op.fold, source=_value(blocks, op.blocks.out)), printer)
 
     def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]

@@ -145,7 +145,9 @@ _INPUT_CASES = {  # (network, piece, costate of the input): the sizes its code n
     ("cvt", "step", "grid_bar2"): {"kernel_qkv": 3, "stride_q": 1, "padding_q": 1},
     ("cvt", "embedding", "u0_bar"): {"patch_size": 7, "patch_stride": 4, "patch_padding": 2},
     ("resnet-block", "step_with", "u0_bar2"): {"stride": 2},
+    ("resnet-block", "step_with", "relu_out_bar"): {},  # an input computed in the program: its labels are (b, l, …)
     ("unet-level", "step_identity", "u0_bar1"): {},
+    ("unet-level", "step_identity", "down_out_bar"): {},
 }
 
 

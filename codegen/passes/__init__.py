@@ -66,7 +66,7 @@ NETWORK_STAGE = (convolution, inline_elementwise, fold_affine, layer_norm, gelu,
 #: The passes a network program's derived backward runs on the forward statements it recomputes and on its adjoint:
 #: the activations as one call each, their adjoints as the libraries' backward kernels (each rewrites one
 #: elementwise statement's formula, so the arrays the two share keep their names), a convolution's kernel gradient
-#: as one op.
+#: and its input's costate as one op each.
 NETWORK_ADJOINT_STAGE = (gelu, gelu_tanh, silu, silu_adjoint, gelu_adjoint, convolution_adjoint)
 
 

@@ -2,7 +2,8 @@
 
 A network's derived adjoint writes the gradient of a ``Convolution``'s kernel as the windows of its input ``x``
 (``Window``: a 6-D view ``x[b, c, S p + r − P, S q + s − P]``) contracted with the costate ``K̄[b, l, p, q]`` over
-``b, p, q``; einsum copies the view first (nine times the input) and runs small batched products. It writes the
+``b, p, q``; einsum copies the view first (k² times the input for a k × k kernel of stride 1) and runs small batched
+products. It writes the
 input's costate as each window's values ``Σ_l W[c, r, s, l] K̄[b, l, p, q]`` (a 6-D array; depth-wise, a sum of such
 products over the convolutions reading ``x``) added back at the window's points (``Fold``: one strided addition per
 kernel offset). CvT's derived training step spent a quarter of its time in these. When the windows, or the blocks, are
@@ -64,7 +65,7 @@ def _depthwise_terms(blocks: Elementwise, module: Module) -> tuple[tuple[str, st
 
 def _input_adjoint(fold: Fold, blocks: Op, module: Module) -> ConvolutionInputAdjoint | None:
     """The input's costate ``fold`` adds back from ``blocks``, as one op, when ``blocks`` are convolutions' values."""
-    if fold.axes != (2, 3) or len(blocks.labels) != 6 or blocks.labels[:2] != fold.labels[:2]:
+    if fold.axes != (2, 3) or len(blocks.labels) != 6:
         return None
     depthwise = isinstance(blocks, Elementwise)
     terms = (_depthwise_terms(blocks, module) if depthwise

@@ -649,10 +649,8 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
-    # the value at each coarse node and offset
-    relu_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
     # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
-    relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
+    relu_out_bar = _fold(_einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W), relu_out.shape, (2, 3), 3, 1, 1)
 
     # --- adjoint of bn1: batch-norm ---
     # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
@@ -808,10 +806,8 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     conv2_b_bar = _einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
-    # the value at each coarse node and offset
-    relu_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
     # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
-    relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
+    relu_out_bar = _fold(_einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W), relu_out.shape, (2, 3), 3, 1, 1)
 
     # --- adjoint of bn1: batch-norm ---
     # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]

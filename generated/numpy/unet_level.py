@@ -494,10 +494,8 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     conv_b_bar = _einsum("blpq->l", conv_out_bar)
 
     # --- adjoint of down: convolution ---
-    # the value at each coarse node and offset
-    down_out_bar_blocks = _einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W)
     # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
-    down_out_bar = _fold(down_out_bar_blocks, down_out.shape, (2, 3), 3, 1, 1)
+    down_out_bar = _fold(_einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W), down_out.shape, (2, 3), 3, 1, 1)
     # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
     down_W_bar = _einsum("blpq,bcpqrs->crsl", down_out_bar, _windows(u0, (2, 3), 3, 2, 1))
     # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])

@@ -145,26 +145,6 @@ def _choice(name, value, choices):
     return value
 
 
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
 def _group(module, table, sizes, factory):
     """Register the parameters of ``table`` under their canonical names (``embed.W``)."""
     for name, axes in table.items():
@@ -566,10 +546,8 @@ def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
-    # the value at each coarse node and offset
-    relu_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
     # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
-    relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
+    relu_out_bar = torch.ops.aten.convolution_backward(conv2_out_bar, relu_out, conv2_W.permute(3, 0, 1, 2), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
 
     # --- adjoint of bn1: batch-norm ---
     # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]
@@ -725,10 +703,8 @@ def _step_identity_vjp(u0, relu2_out_bar, p, config, eps):
     conv2_b_bar = torch.einsum("blpq->l", conv2_out_bar)
 
     # --- adjoint of relu: relu-projection ---
-    # the value at each coarse node and offset
-    relu_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv2_out_bar, conv2_W)
     # P̅r̅o̅j̅_S_2^relu[k, p + r - 1, q + s - 1] = Σ_l(W_conv2[k, r, s, l]*K̅^conv2[l, p, q])
-    relu_out_bar = _fold(relu_out_bar_blocks, relu_out.shape, (2, 3), 3, 1, 1)
+    relu_out_bar = torch.ops.aten.convolution_backward(conv2_out_bar, relu_out, conv2_W.permute(3, 0, 1, 2), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
 
     # --- adjoint of bn1: batch-norm ---
     # B̅^bn1[l, p, q] = Heaviside(Proj_S_2^relu[l, p, q], 0)*P̅r̅o̅j̅_S_2^relu[l, p, q]

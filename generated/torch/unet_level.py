@@ -152,26 +152,6 @@ def _windows(field, axes, size, stride, padding):
     return field
 
 
-def _fold(blocks, shape, axes, size, stride, padding):
-    """The adjoint of ``_windows``: each window's values added back at its points, zero elsewhere."""
-    padded = list(shape)
-    for axis in axes:
-        padded[axis] += 2 * padding
-    out = blocks.new_zeros(padded)
-    offsets = [()]
-    for _ in axes:
-        offsets = [chosen + (offset,) for chosen in offsets for offset in range(size)]
-    for chosen in offsets:
-        index = [slice(None)] * len(shape)
-        for axis, offset in zip(axes, chosen):
-            index[axis] = slice(offset, offset + stride * (blocks.shape[axis] - 1) + 1, stride)
-        out[tuple(index)] += blocks[(Ellipsis, *chosen)]
-    crop = [slice(None)] * len(shape)
-    for axis in axes:
-        crop[axis] = slice(padding, padding + shape[axis])
-    return out[tuple(crop)]
-
-
 def _interleave(blocks, axes):
     """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
     n = blocks.dim() - len(axes)
@@ -424,10 +404,8 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     conv_b_bar = torch.einsum("blpq->l", conv_out_bar)
 
     # --- adjoint of down: convolution ---
-    # the value at each coarse node and offset
-    down_out_bar_blocks = torch.einsum("blpq,krsl->bkpqrs", conv_out_bar, conv_W)
     # K̅^down[k, p + r - 1, q + s - 1] = Σ_l(W_conv[k, r, s, l]*K̅^conv[l, p, q])
-    down_out_bar = _fold(down_out_bar_blocks, down_out.shape, (2, 3), 3, 1, 1)
+    down_out_bar = torch.ops.aten.convolution_backward(conv_out_bar, down_out, conv_W.permute(3, 0, 1, 2), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
     # W̅_down[c, r, s, l] = Σ_{p,q}(down_W_bar_windows[c, p, q, r, s]*K̅^down[l, p, q])
     down_W_bar = torch.ops.aten.convolution_backward(down_out_bar, u0, u0.new_empty((down_out_bar.shape[1], u0.shape[1], 3, 3)), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].permute(1, 2, 3, 0)
     # b̅_down[l] = Σ_{p,q}(K̅^down[l, p, q])

@@ -70,6 +70,21 @@ def _value(lines: list[str], name: str) -> str:
     return line[len(prefix):]
 
 
+def _torch_kernel(weight: str, depthwise: bool) -> str:
+    """A canonical kernel (``W[c, r, s, l]``; depth-wise ``W[r, s, l]``) in torch's layout (l, c, r, s)."""
+    return f"{weight}.permute(2, 0, 1).unsqueeze(1)" if depthwise else f"{weight}.permute(3, 0, 1, 2)"
+
+
+def _convolution_backward(costate: str, x: str, kernel: str, geometry: Window | Fold, depthwise: bool, mask: str,
+                          printer: ArrayPrinter) -> str:
+    """torch's convolution backward of the convolution of ``x`` with ``kernel`` (torch's layout) of the stride and
+    padding ``geometry`` holds, for ``costate``: what ``mask`` (input, kernel) asks for."""
+    stride, padding = printer.code(geometry.stride), printer.code(geometry.padding)
+    groups = f"{x}.shape[1]" if depthwise else "1"
+    return (f"torch.ops.aten.convolution_backward({costate}, {x}, {kernel}, None, [{stride}, {stride}], "
+            f"[{padding}, {padding}], [1, 1], False, [0, 0], {groups}, [{mask}, False])")
+
+
 def _method(op: Op) -> str:
     """The backend method spelling ``op``: its class name in snake case (``PlaceRows`` → ``place_rows``)."""
     name = type(op).__name__
@@ -349,11 +364,9 @@ class Backend:
 
     def convolution_input_adjoint(self, op: ConvolutionInputAdjoint, printer: ArrayPrinter) -> list[str]:
         """The blocks and their fold the ``convolution-adjoint`` pass recognized: the fold reading the blocks' value
-        where it read their array, one statement under the fold's formula (two where the blocks take more)."""
-        blocks = self.lines(op.blocks, printer.at(op.blocks.labels))
-        if len(blocks) != 1 or not blocks[0].startswith(f"{op.blocks.out} = "):
-            return blocks + self.fold(op.fold, printer)
-        return self.fold(replace(op.fold, source=_value(blocks, op.blocks.out)), printer)
+        where it read their array, one statement under the fold's formula."""
+        blocks = _value(self.lines(op.blocks, printer.at(op.blocks.labels)), op.blocks.out)
+        return self.fold(replace(op.fold, source=blocks), printer)
 
     def interleave(self, op: Interleave, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_interleave')}({op.source}, {op.axes})"]
@@ -555,7 +568,7 @@ class TorchBackend(Backend):
         return f"{source}.new_zeros({like}.shape)"
 
     def convolution(self, op: Convolution, printer: ArrayPrinter) -> list[str]:
-        weight = f"{op.weight}.permute(2, 0, 1).unsqueeze(1)" if op.depthwise else f"{op.weight}.permute(3, 0, 1, 2)"
+        weight = _torch_kernel(op.weight, op.depthwise)
         groups = f", groups={op.x}.shape[1]" if op.depthwise else ""
         last = ".permute(0, 2, 3, 1)" if op.channels_last else ""
         return [f"{op.out} = torch.nn.functional.conv2d({op.x}, {weight}, {op.bias}, {printer.code(op.stride)}, "
@@ -565,26 +578,18 @@ class TorchBackend(Backend):
         """torch's convolution backward for the kernel alone (the weight it is handed only gives the kernel's shape),
         its (l, c, r, s) gradient in canonical order."""
         x, size = op.window.source, printer.code(op.window.size)
-        stride, padding = printer.code(op.window.stride), printer.code(op.window.padding)
-        if op.depthwise:
-            shape, groups, order = f"{x}.shape[1], 1, {size}, {size}", f"{x}.shape[1]", ".squeeze(1).permute(1, 2, 0)"
-        else:
-            shape, groups, order = f"{op.costate}.shape[1], {x}.shape[1], {size}, {size}", "1", ".permute(1, 2, 3, 0)"
-        return [f"{op.out} = torch.ops.aten.convolution_backward({op.costate}, {x}, {x}.new_empty(({shape})), None, "
-                f"[{stride}, {stride}], [{padding}, {padding}], [1, 1], False, [0, 0], {groups}, "
-                f"[False, True, False])[1]{order}"]
+        shape = (f"{x}.shape[1], 1, {size}, {size}" if op.depthwise
+                 else f"{op.costate}.shape[1], {x}.shape[1], {size}, {size}")
+        order = ".squeeze(1).permute(1, 2, 0)" if op.depthwise else ".permute(1, 2, 3, 0)"
+        call = _convolution_backward(op.costate, x, f"{x}.new_empty(({shape}))", op.window, op.depthwise, "False, True",
+                                     printer)
+        return [f"{op.out} = {call}[1]{order}"]
 
     def convolution_input_adjoint(self, op: ConvolutionInputAdjoint, printer: ArrayPrinter) -> list[str]:
         """torch's convolution backward for the input alone, one per convolution (the input it is handed gives the
         costate's shape), summed."""
-        x, size = op.fold.like, printer.code(op.fold.size)
-        stride, padding = printer.code(op.fold.stride), printer.code(op.fold.padding)
-        terms = []
-        for costate, weight in op.terms:
-            kernel, groups = ((f"{weight}.permute(2, 0, 1).unsqueeze(1)", f"{x}.shape[1]") if op.depthwise
-                              else (f"{weight}.permute(3, 0, 1, 2)", "1"))
-            terms.append(f"torch.ops.aten.convolution_backward({costate}, {x}, {kernel}, None, [{stride}, {stride}], "
-                         f"[{padding}, {padding}], [1, 1], False, [0, 0], {groups}, [True, False, False])[0]")
+        terms = [_convolution_backward(costate, op.fold.like, _torch_kernel(weight, op.depthwise), op.fold, op.depthwise,
+                                       "True, False", printer) + "[0]" for costate, weight in op.terms]
         return [f"{op.out} = {' + '.join(terms)}"]
 
     def transposed_convolution(self, op: TransposedConvolution, printer: ArrayPrinter) -> list[str]:

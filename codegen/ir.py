@@ -91,22 +91,36 @@ def _array_names(expr: sp.Expr) -> tuple[str, ...]:
 
 
 class ExactGelu(sp.Function):
-    """``x (1 + erf(x/√2))/2`` as one call (the ``gelu`` pass writes it; each backend spells it)."""
+    """``x (1 + erf(x/√2))/2`` as one call (the ``gelu`` pass writes it; each backend spells it). ``formula``: the
+    formula the passes recognize, differentiate, and a backend without a routine prints."""
 
     nargs = 1
+
+    @staticmethod
+    def formula(x: sp.Expr) -> sp.Expr:
+        return x * (1 + sp.erf(x / sp.sqrt(2))) / 2
 
 
 class TanhGelu(sp.Function):
-    """``x (1 + tanh(√(2/π) (x + 0.044715 x³)))/2``, GELU's tanh approximation, as one call (the
-    ``gelu-tanh`` pass writes it; each backend spells it)."""
+    """``x (1 + tanh(√(2/π) (x + 0.044715 x³)))/2``, GELU's tanh approximation (Hendrycks and Gimpel's 0.044715), as
+    one call (the ``gelu-tanh`` pass writes it; each backend spells it). ``formula``: as ``ExactGelu``'s."""
 
     nargs = 1
+
+    @staticmethod
+    def formula(x: sp.Expr) -> sp.Expr:
+        return x * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (x + sp.Rational(44715, 10**6) * x**3))) / 2
 
 
 class Silu(sp.Function):
-    """``x/(1 + e^{−x})`` as one call (the ``silu`` pass writes it; each backend spells it)."""
+    """``x/(1 + e^{−x})`` as one call (the ``silu`` pass writes it; each backend spells it). ``formula``: as
+    ``ExactGelu``'s."""
 
     nargs = 1
+
+    @staticmethod
+    def formula(x: sp.Expr) -> sp.Expr:
+        return x / (1 + sp.exp(-x))
 
 
 class SiluBackward(sp.Function):

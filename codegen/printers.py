@@ -183,7 +183,7 @@ class ArrayPrinter(StrPrinter):
         x = expr.args[0]
         if self.silu:
             return f"{self.use(self.silu)}({self._print(x)})"
-        return f"({self._print(x / (1 + sp.exp(-x)))})"
+        return f"({self._print(Silu.formula(x))})"
 
     def _print_SiluBackward(self, expr: SiluBackward) -> str:
         """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""
@@ -212,10 +212,8 @@ class ArrayPrinter(StrPrinter):
         costate, x = expr.args
         if self.gelu_backward:
             return f"{self.use(self.gelu_backward)}({self.backward_operands(costate, x)}{option})"
-        from .passes.gelu_adjoint import EXACT_GELU, TANH_GELU
-
-        activation = EXACT_GELU if call is ExactGeluBackward else TANH_GELU
-        return self._print(costate * sp.diff(activation.formula(x), x))
+        forward = ExactGelu if call is ExactGeluBackward else TanhGelu
+        return self._print(costate * sp.diff(forward.formula(x), x))
 
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""

@@ -66,19 +66,19 @@ def test_without_the_pass_the_costate_is_the_formula_as_derived():
 @pytest.mark.parametrize("activation", [EXACT_GELU, TANH_GELU], ids=["exact", "tanh"])
 def test_only_a_costate_times_the_gelus_derivative_is_recognized(activation):
     x, lam, y = (sp.IndexedBase(name)[sp.Idx("i")] for name in ("x", "lam", "y"))
-    derivative = sp.diff(activation.formula(x), x)
+    derivative = sp.diff(activation.call.formula(x), x)
     other = TANH_GELU if activation is EXACT_GELU else EXACT_GELU
     assert costate_of(lam * y * derivative, x, {}, activation) == lam * y
-    assert costate_of(lam * activation.formula(x), x, {}, activation) is None  # the GELU itself
+    assert costate_of(lam * activation.call.formula(x), x, {}, activation) is None  # the GELU itself
     assert costate_of(lam * derivative + y, x, {}, activation) is None  # plus a term free of the GELU
-    assert costate_of(lam * sp.diff(other.formula(x), x), x, {}, activation) is None  # the other GELU's derivative
+    assert costate_of(lam * sp.diff(other.call.formula(x), x), x, {}, activation) is None  # the other GELU's derivative
     assert costate_of(lam * derivative.subs(x, 2 * x), x, {}, activation) is None  # at another point
     assert costate_of(2 * derivative, x, {}, activation) is None  # a costate of numbers alone: left as derived
     assert costate_of(sp.exp(y) * derivative, x, {}, activation) is None  # a costate with a function application
     # a kept forward value s = Gelu(x) read at x's indices is written out
     s = sp.IndexedBase("s")[sp.Idx("i")]
     formulas = {"s": (("i",), activation.call(x))}
-    assert costate_of(lam * (derivative + s - activation.formula(x)), x, formulas, activation) == lam
+    assert costate_of(lam * (derivative + s - activation.call.formula(x)), x, formulas, activation) == lam
 
 
 def _exact(v):

@@ -15,7 +15,6 @@ runs).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import sympy as sp
@@ -27,12 +26,11 @@ __all__ = ["Activation", "costate_of", "recognize"]
 
 @dataclass(frozen=True)
 class Activation:
-    """An activation whose adjoint statements are recognized: the forward's call (``Silu``), its formula ``f(x)``,
+    """An activation whose adjoint statements are recognized: the forward's call (``Silu``, its ``formula`` ``f(x)``),
     the functions that formula and its derivative are written in (``sp.exp``; the first, its signature, is in every
     statement recognized) and the backward call ``(λ, x)`` it becomes."""
 
     call: type[sp.Function]
-    formula: Callable[[sp.Expr], sp.Expr]
     functions: tuple[type[sp.Function], ...]
     backward: type[sp.Function]
 
@@ -71,8 +69,8 @@ def costate_of(expr: sp.Expr, x: sp.Indexed, formulas: dict[str, tuple[tuple[str
     """``λ`` when ``expr`` is ``λ f'(x)`` (``f``: ``activation``) with ``λ`` a formula of arrays and numbers free of
     ``x``, else None; ``formulas``: each array's formula over its axes (without the batch axis), which this writes out
     where ``expr`` reads the array at ``x``'s indices and the formula holds ``f(x)``."""
-    written = _written_out(expr, x, formulas, activation).xreplace({activation.call(x): activation.formula(x)})
-    derivative = sp.diff(activation.formula(x), x)
+    written = _written_out(expr, x, formulas, activation).xreplace({activation.call(x): activation.call.formula(x)})
+    derivative = sp.diff(activation.call.formula(x), x)
     symbols = {item: sp.Dummy("t") for item in activation.applications(written, x) | activation.applications(derivative)}
     quotient = sp.cancel((written / derivative).xreplace(symbols))
     if quotient.has(x, *symbols.values()) or quotient.atoms(sp.Function) or not quotient.has(sp.Indexed):

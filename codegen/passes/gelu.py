@@ -38,14 +38,9 @@ def as_calls(module: Module, argument, call: type) -> Module:
     return replace(module, ops=ops)
 
 
-def exact_gelu(x: sp.Expr) -> sp.Expr:
-    """The recognized form, of ``x``."""
-    return x * (1 + sp.erf(x / sp.sqrt(2))) / 2
-
-
 def _argument(expr: sp.Expr) -> sp.Indexed | None:
     """The array whose exact GELU ``expr`` is, or ``None``."""
-    return form_argument(expr, exact_gelu, sp.erf)
+    return form_argument(expr, ExactGelu.formula, sp.erf)
 
 
 def gelu(module: Module) -> Module:

@@ -17,15 +17,13 @@ import sympy as sp
 
 from ..ir import ExactGelu, ExactGeluBackward, Module, TanhGelu, TanhGeluBackward
 from .activation_adjoint import Activation, recognize
-from .gelu import exact_gelu
-from .gelu_tanh import tanh_gelu
 
 __all__ = ["gelu_adjoint", "EXACT_GELU", "TANH_GELU"]
 
 #: The exact GELU, ``x (1 + erf(x/√2))/2``, and its backward call.
-EXACT_GELU = Activation(ExactGelu, exact_gelu, (sp.erf, sp.exp), ExactGeluBackward)
+EXACT_GELU = Activation(ExactGelu, (sp.erf, sp.exp), ExactGeluBackward)
 #: GELU's tanh approximation and its backward call.
-TANH_GELU = Activation(TanhGelu, tanh_gelu, (sp.tanh,), TanhGeluBackward)
+TANH_GELU = Activation(TanhGelu, (sp.tanh,), TanhGeluBackward)
 
 
 def gelu_adjoint(module: Module) -> Module:

@@ -17,18 +17,10 @@ from .gelu import as_calls, form_argument
 
 __all__ = ["gelu_tanh"]
 
-#: The coefficient of x³ (Hendrycks and Gimpel's 0.044715).
-CUBIC = sp.Rational(44715, 10**6)
-
-
-def tanh_gelu(x: sp.Expr) -> sp.Expr:
-    """The recognized form, of ``x``."""
-    return x * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (x + CUBIC * x**3))) / 2
-
 
 def _argument(expr: sp.Expr) -> sp.Indexed | None:
     """The array whose tanh-GELU ``expr`` is, or ``None``."""
-    return form_argument(expr, tanh_gelu, sp.tanh)
+    return form_argument(expr, TanhGelu.formula, sp.tanh)
 
 
 def gelu_tanh(module: Module) -> Module:

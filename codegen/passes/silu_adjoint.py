@@ -23,7 +23,7 @@ from .activation_adjoint import Activation, recognize
 __all__ = ["silu_adjoint", "SILU"]
 
 #: The SiLU, ``x/(1 + e^{−x})``, and its backward call.
-SILU = Activation(Silu, lambda x: x / (1 + sp.exp(-x)), (sp.exp,), SiluBackward)
+SILU = Activation(Silu, (sp.exp,), SiluBackward)
 
 
 def silu_adjoint(module: Module) -> Module:

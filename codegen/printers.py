@@ -259,6 +259,7 @@ class NumpyPrinter(ArrayPrinter):
     library = "np"
     exact_gelu = "_gelu"
     tanh_gelu = ("_gelu_tanh", "")
+    silu = "_silu"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 

@@ -145,6 +145,32 @@ def _gelu(x, out=None):
     return _written(result, x, out)
 
 
+def _silu(x, out=None):
+    """x/(1 + e^{−x}) elementwise (the ``silu`` pass's call), in blocks of rows whose e^{−x} stays in cache: the formula's
+    operations in its order, into one scratch block and the output, without a fresh temporary per operation (llama's
+    feed-forward, 1024 × 2048 float32: 7.1 → 3.2 ms). Rows, not flat blocks: a projection's output columns (a strided
+    view) are read, and written, where they lie. ``out``: as ``_gelu``'s, ``x`` itself allowed."""
+    rows = np.reshape(x, (-1, np.shape(x)[-1]) if np.ndim(x) else (1, 1))
+    if out is None:
+        out = np.empty(np.shape(x), rows.dtype if rows.dtype.kind in "fc" else np.float64)  # the formula's type
+    elif out is not x and np.may_share_memory(out, x):
+        raise ValueError("out must be x itself or an array that does not overlap it")
+    written = out.reshape(rows.shape)
+    if not np.may_share_memory(written, out):  # out's rows are no view of it: computed in a copy, then put there
+        written = np.empty_like(written)
+    step = max(1, _BLOCK // max(1, rows.shape[1]))
+    scratch = np.empty((min(step, rows.shape[0]), rows.shape[1]), written.dtype)
+    for start in range(0, rows.shape[0], step):
+        block = rows[start:start + step]
+        value = np.negative(block, out=scratch[:block.shape[0]])
+        np.exp(value, out=value)
+        value += 1
+        np.divide(block, value, out=written[start:start + step])
+    if not np.may_share_memory(written, out):
+        out[...] = written.reshape(out.shape)
+    return out
+
+
 def _silu_backward(costate, x):
     """λ d/dx (x σ(x)) = λ σ(x) (1 + x (1 − σ(x))), σ(x) = 1/(1 + e^{−x}) elementwise, of a costate λ (the ``silu-adjoint``
     pass; torch's ``silu_backward``): e^{−x} once, and σ(x) → 0 where it overflows, never ∞/∞."""

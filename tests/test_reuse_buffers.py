@@ -63,13 +63,18 @@ def test_torch_in_place_activations_give_autograds_bits(name, kwargs):
         torch.testing.assert_close(scripted(u), in_place, rtol=0, atol=1e-12)
 
 
-def test_numpy_gelu_into_its_product_gives_the_bits_of_the_statement_without_the_pass(rng, tmp_path):
+@pytest.mark.parametrize("scheme, in_place", [
+    ("gpt2", "ffn_s = _gelu_tanh(ffn_w, out=ffn_w)\n"),
+    ("llama", "ffn_s = _silu(ffn_w, out=ffn_w)\n    ffn_s *= ffn_gate\n"),  # SwiGLU: SiLU in place, then the gate
+])
+def test_numpy_activation_into_its_product_gives_the_bits_of_the_statement_without_the_pass(rng, tmp_path, scheme,
+                                                                                            in_place):
     without = tuple(function for name, function in PASSES.items() if name != "reuse-buffers")
-    write_files(generate(load_scheme("gpt2"), ("numpy",), tmp_path, passes=without))
-    passed, plain = import_path(GENERATED / "numpy" / "gpt2.py"), import_path(tmp_path / "numpy" / "gpt2.py")
-    assert "ffn_s = _gelu_tanh(ffn_w, out=ffn_w)" in (GENERATED / "numpy" / "gpt2.py").read_text()
-    assert "out=ffn_w)" not in (tmp_path / "numpy" / "gpt2.py").read_text()  # control
-    assert "ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))" in (GENERATED / "numpy" / "llama.py").read_text()  # SiLU
+    write_files(generate(load_scheme(scheme), ("numpy",), tmp_path, passes=without))
+    module = scheme.replace("-", "_")
+    passed, plain = import_path(GENERATED / "numpy" / f"{module}.py"), import_path(tmp_path / "numpy" / f"{module}.py")
+    assert in_place in (GENERATED / "numpy" / f"{module}.py").read_text()
+    assert "out=ffn_w)" not in (tmp_path / "numpy" / f"{module}.py").read_text()  # control
     params = {name: rng.standard_normal(tuple({"d_ff": D_FF}.get(axis, D) for axis in axes)) * 0.5
               for name, axes in passed.PARAMETERS.items()}
     u = rng.standard_normal((2, 7, D)) * 3
@@ -79,20 +84,32 @@ def test_numpy_gelu_into_its_product_gives_the_bits_of_the_statement_without_the
                                       plain.forward(u.astype(dtype), typed, n_heads=HEADS))
 
 
-def test_numpy_writes_only_a_whole_gelu_statement_in_place():
-    """An activation times other factors (``c·gelu(w)``, which no pass emits today) keeps its factors: out of place."""
+def test_numpy_writes_an_activation_in_place_and_then_multiplies_its_other_factors_in(rng):
+    """``c·act(w)`` into a dead ``w``: the routine's ``out=``, then ``*= c`` (SwiGLU's gate); the lines compute the
+    expression's values (evaluated here against the formula written in NumPy)."""
     from splitformer.codegen.backends import NumpyBackend
     from splitformer.codegen.ir import Elementwise, Module
     from splitformer.codegen.printers import NumpyPrinter
+    from splitformer.runtime.numpy_helpers import _gelu, _gelu_tanh, _silu
 
     w, gate = sp.IndexedBase("ffn_w"), sp.IndexedBase("ffn_gate")
     b, i, z = (sp.Idx(label) for label in ("b", "i", "z"))
     module = Module("m", {}, [], "ffn_s")
-    for expr, expected in ((ExactGelu(w[b, i, z]), "ffn_s = _gelu(ffn_w, out=ffn_w)"),
-                           (gate[b, i, z] * ExactGelu(w[b, i, z]), "ffn_s = _gelu(ffn_w)*ffn_gate"),
-                           (3 * TanhGelu(w[b, i, z]), "ffn_s = 3*_gelu_tanh(ffn_w)")):
+    values = {"ffn_gate": rng.standard_normal((2, 3, 5)), "ffn_w": rng.standard_normal((2, 3, 5))}
+    silu = values["ffn_w"] / (1 + np.exp(-values["ffn_w"]))
+    for expr, expected, value in (
+            (ExactGelu(w[b, i, z]), ["ffn_s = _gelu(ffn_w, out=ffn_w)"], _gelu(values["ffn_w"])),
+            (gate[b, i, z] * Silu(w[b, i, z]), ["ffn_s = _silu(ffn_w, out=ffn_w)", "ffn_s *= ffn_gate"],
+             values["ffn_gate"] * silu),
+            (3 * TanhGelu(w[b, i, z]), ["ffn_s = _gelu_tanh(ffn_w, out=ffn_w)", "ffn_s *= 3"],
+             3 * _gelu_tanh(values["ffn_w"]))):
         op = Elementwise(out="ffn_s", labels=("b", "i", "z"), expr=expr, reuse="ffn_w")
-        assert NumpyBackend().elementwise(op, NumpyPrinter(module, op.labels)) == [expected]
+        lines = NumpyBackend().elementwise(op, NumpyPrinter(module, op.labels))
+        assert lines == expected
+        scope = {"np": np, "_gelu": _gelu, "_gelu_tanh": _gelu_tanh, "_silu": _silu,
+                 **{name: array.copy() for name, array in values.items()}}
+        exec("\n".join(lines), scope)
+        np.testing.assert_allclose(scope["ffn_s"], value, rtol=1e-15, atol=0)
 
 
 def test_an_export_records_no_in_place_update_so_its_program_runs_with_autograd_too():

@@ -106,6 +106,32 @@ def test_numpy_gelu_into_its_argument_gives_the_same_bits(rng, dtype, routine, m
     assert not np.array_equal(function(y, out=y), expected)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_numpy_silu_is_its_formula_bit_for_bit_also_into_its_argument(rng, dtype):
+    x = rng.normal(0, 30, (3 * numpy_helpers._BLOCK // 1000 + 5, 2000)).astype(dtype)  # rows in several blocks
+    with np.errstate(all="ignore"):
+        expected = x / (1 + np.exp(-x))
+        checks = [(numpy_helpers._silu, True)]
+
+        def written_first(x, out):  # control: e^{−x} into the output, then x (already overwritten) divided by it
+            value = np.exp(np.negative(x, out=out), out=out)
+            value += 1
+            return np.divide(x, value, out=value)
+
+        checks.append((written_first, False))
+        for function, right in checks:
+            wide = np.concatenate([x, x], axis=1)
+            columns = wide[:, :2000]  # a projection's columns: a strided view, written where it lies
+            out = function(columns, out=columns)
+            assert np.shares_memory(out, wide) and np.array_equal(wide[:, :2000], expected) == right
+        assert numpy_helpers._silu(x).dtype == dtype and np.array_equal(numpy_helpers._silu(x), expected)
+        transposed = x.copy().T
+        assert np.array_equal(numpy_helpers._silu(transposed, out=transposed), expected.T)
+        assert np.array_equal(numpy_helpers._silu(np.arange(4)), np.arange(4) / (1 + np.exp(-np.arange(4))))
+    with pytest.raises(ValueError, match="out must be x itself or an array that does not overlap it"):
+        numpy_helpers._silu(x[:, 1:], out=x[:, :-1])
+
+
 def test_numpy_half_precision_erf_is_single_precisions_rounded(rng):
     x = rng.normal(0, 2, 2 * numpy_helpers._BLOCK + 5).astype(np.float16)
     single = numpy_helpers._erf(x.astype(np.float32))

@@ -4,8 +4,8 @@
 in PyTorch) when ``attn_out`` is read nowhere later, and ``s = max(w, 0)`` becomes
 ``np.maximum(w, 0, out=w)`` (``w.clamp_min_(0)``), ``s = max(K + u0, 0)`` becomes
 ``K.add_(u0).clamp_min_(0)``, the GELU of a dead product ``s = _gelu(w)`` becomes ``_gelu(w, out=w)``
-(``torch.ops.aten.gelu_(w)``) and SwiGLU's ``s = w̃ · silu(w)`` becomes ``silu(w, inplace=True).mul_(w̃)`` (torch;
-NumPy's SiLU formula allocates its temporaries anyway): no fresh allocation, no page faults. Only products of matrix
+(``torch.ops.aten.gelu_(w)``) and SwiGLU's ``s = w̃ · silu(w)`` becomes ``silu(w, inplace=True).mul_(w̃)`` (NumPy
+``_silu(w, out=w)`` then ``s *= w̃``): no fresh allocation, no page faults. Only products of matrix
 multiplications and convolutions are reused: their backward needs their inputs, never their
 output, so autograd stays correct.
 """

@@ -66,6 +66,38 @@ def _products(rows, weights, biases=None):
     return out
 
 
+#: Elements per block of the elementwise passes: their float32 scratch (4 rows, 512 KB) stays in cache, and the
+#: allocator keeps memory this small between calls (1 << 17: 2 MB returned to the system and faulted in again at
+#: every call; CvT's NumPy forward 18 % slower, 1100 page faults a call instead of none).
+_BLOCK = 1 << 15
+
+
+def _silu(x, out=None):
+    """x/(1 + e^{−x}) elementwise (the ``silu`` pass's call), in blocks of rows whose e^{−x} stays in cache: the formula's
+    operations in its order, into one scratch block and the output, without a fresh temporary per operation (llama's
+    feed-forward, 1024 × 2048 float32: 7.1 → 3.2 ms). Rows, not flat blocks: a projection's output columns (a strided
+    view) are read, and written, where they lie. ``out``: as ``_gelu``'s, ``x`` itself allowed."""
+    rows = np.reshape(x, (-1, np.shape(x)[-1]) if np.ndim(x) else (1, 1))
+    if out is None:
+        out = np.empty(np.shape(x), rows.dtype if rows.dtype.kind in "fc" else np.float64)  # the formula's type
+    elif out is not x and np.may_share_memory(out, x):
+        raise ValueError("out must be x itself or an array that does not overlap it")
+    written = out.reshape(rows.shape)
+    if not np.may_share_memory(written, out):  # out's rows are no view of it: computed in a copy, then put there
+        written = np.empty_like(written)
+    step = max(1, _BLOCK // max(1, rows.shape[1]))
+    scratch = np.empty((min(step, rows.shape[0]), rows.shape[1]), written.dtype)
+    for start in range(0, rows.shape[0], step):
+        block = rows[start:start + step]
+        value = np.negative(block, out=scratch[:block.shape[0]])
+        np.exp(value, out=value)
+        value += 1
+        np.divide(block, value, out=written[start:start + step])
+    if not np.may_share_memory(written, out):
+        out[...] = written.reshape(out.shape)
+    return out
+
+
 def _silu_backward(costate, x):
     """λ d/dx (x σ(x)) = λ σ(x) (1 + x (1 − σ(x))), σ(x) = 1/(1 + e^{−x}) elementwise, of a costate λ (the ``silu-adjoint``
     pass; torch's ``silu_backward``): e^{−x} once, and σ(x) → 0 where it overflows, never ∞/∞."""
@@ -693,7 +725,8 @@ def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask
     ffn_gate = ffn_gate.reshape(batch, n_tokens, d_ff)
     del ffn_wgate, norm2_out
     # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))
+    ffn_s = _silu(ffn_w, out=ffn_w)
+    ffn_s *= ffn_gate
     del ffn_gate, ffn_w
     # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
@@ -828,7 +861,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     ffn_gate = ffn_gate.reshape(batch, n_tokens, d_ff)
     del ffn_wgate
     # s^ffn[i, z] = w̃^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_s = ffn_gate*(ffn_w/(1 + np.exp(-ffn_w)))
+    ffn_s = ffn_gate*_silu(ffn_w)
     # G^ffn[i, l] = Σ_z(W_{ffn,2}[z, l]*s^ffn[i, z])
     ffn_out = ffn_s.reshape(-1, d_ff) @ ffn_W_2
     ffn_out = ffn_out.reshape(batch, n_tokens, d)
@@ -867,7 +900,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     ffn_s_bar = ffn_s_bar.reshape(batch, n_tokens, d_ff)
     del ffn_out_bar
     # w̃̅^ffn[i, z] = s̅^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
-    ffn_gate_bar = ffn_s_bar*(ffn_w/(1 + np.exp(-ffn_w)))
+    ffn_gate_bar = ffn_s_bar*_silu(ffn_w)
     # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
     ffn_W_3_bar = _einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
     # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]

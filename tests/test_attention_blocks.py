@@ -45,6 +45,9 @@ def test_a_long_sequence_keeps_large_blocks():
     assert MODULE._blocks(1024, 1024, 8, 64) == (512, 1)
     assert MODULE._blocks(128, 128, 8, 64) == (32, 8)
     assert MODULE._blocks(1, 300, 8, 64) == (1, 8)  # one new token (decoding): one row
+    # under a support, at most 128 rows (a causal block's keys stop close to its rows); short sequences unchanged
+    assert MODULE._blocks(1024, 1024, 8, 64, True) == (128, 4)
+    assert MODULE._blocks(128, 128, 8, 64, True) == (32, 8)
 
 
 @pytest.mark.parametrize("n_queries, n_keys", [(100, 128), (37, 256), (5, 0)])

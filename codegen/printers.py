@@ -99,9 +99,14 @@ class ArrayPrinter(StrPrinter):
 
     library = ""
     functions: dict[str, str] = {}
-    silu = ""  # the library's SiLU routine, if it has one
-    silu_backward = "_silu_backward"  # λ d/dx Silu(x): the library's routine, else the runtime's
-    gelu_backward = ""  # λ d/dx of a GELU: the library's routine, if it has one (its approximation as an option)
+    #: The routines of the recognized activations and their adjoints (each backend's: its library's, else its runtime's):
+    #: ``exact_gelu``; ``tanh_gelu`` with its extra arguments; ``silu``; ``silu_backward`` (λ d/dx Silu(x));
+    #: ``gelu_backward`` (λ d/dx of either GELU, torch's signature: the approximation an option).
+    exact_gelu: str
+    tanh_gelu: tuple[str, str]
+    silu: str
+    silu_backward: str
+    gelu_backward: str
     #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
     printmethod = None
 
@@ -176,14 +181,10 @@ class ArrayPrinter(StrPrinter):
         return f"{self.use(function)}({self._print(expr.args[0])}{options})"
 
     def _print_Silu(self, expr: Silu) -> str:
-        """The ``silu`` pass's call: the library's routine where it has one (``silu``), else the formula in
-        parentheses; a user's function of that name is no SiLU and has no spelling."""
+        """The ``silu`` pass's call (``silu``); a user's function of that name is no SiLU and has no spelling."""
         if type(expr) is not Silu:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
-        x = expr.args[0]
-        if self.silu:
-            return f"{self.use(self.silu)}({self._print(x)})"
-        return f"({self._print(Silu.formula(x))})"
+        return f"{self.use(self.silu)}({self._print(expr.args[0])})"
 
     def _print_SiluBackward(self, expr: SiluBackward) -> str:
         """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""
@@ -204,16 +205,11 @@ class ArrayPrinter(StrPrinter):
         return self._gelu_backward(expr, TanhGeluBackward, ', approximate="tanh"')
 
     def _gelu_backward(self, expr: sp.Expr, call: type, option: str) -> str:
-        """``λ`` times the GELU's derivative: the library's routine (``gelu_backward``, with ``option``) where it has
-        one, else the product with the derivative SymPy takes of the GELU's formula (the call's precedence is a
-        product's: its operands parenthesize it); a user's function of that name has no spelling."""
+        """``λ`` times the GELU's derivative (``gelu_backward``, with ``option``); a user's function of that name has no
+        spelling."""
         if type(expr) is not call:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
-        costate, x = expr.args
-        if self.gelu_backward:
-            return f"{self.use(self.gelu_backward)}({self.backward_operands(costate, x)}{option})"
-        forward = ExactGelu if call is ExactGeluBackward else TanhGelu
-        return self._print(costate * sp.diff(forward.formula(x), x))
+        return f"{self.use(self.gelu_backward)}({self.backward_operands(*expr.args)}{option})"
 
     def _print_Abs(self, expr: sp.Abs) -> str:
         """``|v|``: the library's ``abs`` on arrays, Python's on numbers."""
@@ -260,6 +256,8 @@ class NumpyPrinter(ArrayPrinter):
     exact_gelu = "_gelu"
     tanh_gelu = ("_gelu_tanh", "")
     silu = "_silu"
+    silu_backward = "_silu_backward"
+    gelu_backward = "_gelu_backward"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 

@@ -1,6 +1,6 @@
 """The ``gelu-adjoint`` pass: the derived costate of a GELU's pre-activation, ``λ`` times the GELU's derivative as SymPy
 wrote it (GPT-2's tanh approximation: 28 torch kernels), becomes ``TanhGeluBackward(λ, w)`` or
-``ExactGeluBackward(λ, w)``: torch's ``gelu_backward``, NumPy λ times SymPy's derivative of the GELU's formula.
+``ExactGeluBackward(λ, w)``: torch's ``gelu_backward``, NumPy the runtime's ``_gelu_backward`` (its signature).
 
 The references are transformers' ``GPT2Block`` (its ``gelu_new`` is the formula in torch operations, which autograd
 differentiates operation by operation) and central differences of the GELUs written here; the controls are
@@ -90,19 +90,35 @@ def _tanh(v):
 
 
 @pytest.mark.parametrize("call, gelu", [(ExactGeluBackward, _exact), (TanhGeluBackward, _tanh)], ids=["exact", "tanh"])
-def test_numpy_prints_the_costate_times_the_derivative(call, gelu):
-    """NumPy's spelling (SymPy's derivative of the formula) against central differences of the GELU written here."""
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numpy_spells_the_runtimes_gelu_backward_the_derivative_of_the_gelu(call, gelu, dtype):
+    """NumPy's spelling (the runtime's ``_gelu_backward``, torch's signature) against central differences of the GELU
+    written here (float64) and torch's ``gelu_backward`` (float32); a costate of fewer axes (a bias row) is broadcast.
+    Control: the other GELU's derivative is farther off than the tolerance."""
+    from splitformer.runtime.numpy_helpers import _gelu_backward
+
     backward, op = _costate_statement(load_scheme("gpt2"))
     w, bar = op.expr.args[1], op.expr.args[0]
     code = NumpyPrinter(backward.adjoint, op.labels).doprint(call(bar, w))
-    assert "gelu" not in code
-    from splitformer.runtime.numpy_helpers import _erf
-
-    x = np.linspace(-9, 9, 721)
-    costate = np.cos(3 * x)
-    value = eval(code, {"np": np, "math": math, "_erf": _erf, "ffn_w": x, "ffn_s_bar": costate})
-    step = 1e-6
-    assert np.abs(value - costate * (gelu(x + step) - gelu(x - step)) / (2 * step)).max() <= 1e-8
+    option = ', approximate="tanh"' if call is TanhGeluBackward else ""
+    assert code == f"_gelu_backward(ffn_s_bar, ffn_w{option})"
+    x = np.linspace(-9, 9, 7 * 14045).reshape(-1, 7)  # 3 of the routine's blocks and a short one
+    costate = np.cos(3 * x[0])
+    values = {"ffn_w": x.astype(dtype), "ffn_s_bar": costate.astype(dtype)}
+    value = eval(code, {"_gelu_backward": _gelu_backward, **values})
+    other = eval(code.replace(option, "") if option else code[:-1] + ', approximate="tanh")',
+                 {"_gelu_backward": _gelu_backward, **values})
+    assert value.dtype == dtype and value.shape == x.shape
+    if dtype == np.float64:
+        step = 1e-6
+        expected = costate * (gelu(x + step) - gelu(x - step)) / (2 * step)
+        tolerance = 1e-8
+    else:
+        approximate = "tanh" if option else "none"
+        expected = torch.ops.aten.gelu_backward(torch.from_numpy(values["ffn_s_bar"]).expand(x.shape).contiguous(),
+                                                torch.from_numpy(values["ffn_w"]), approximate=approximate).numpy()
+        tolerance = 2e-6
+    assert np.abs(value - expected).max() <= tolerance < np.abs(other - expected).max()
 
 
 def _gpt2_derived_against_gpt2_block(torch_module):

@@ -58,7 +58,7 @@ def test_a_statement_that_is_no_silu_adjoint_is_left_alone():
 
 
 def test_numpy_silu_backward_is_the_derivative_of_the_silu():
-    x = np.linspace(-30, 30, 601)
+    x = np.linspace(-30, 30, 3 * 2**15 + 601)  # several of the routine's blocks, the last one short
     costate = np.cos(x)
     sigma = 1 / (1 + np.exp(-x))
     expected = costate * (sigma + x * sigma * (1 - sigma))  # d/dx (x σ) = σ + x σ'
@@ -68,6 +68,13 @@ def test_numpy_silu_backward_is_the_derivative_of_the_silu():
     assert np.abs(_silu_backward(costate, x) - costate * (silu(x + step) - silu(x - step)) / (2 * step)).max() <= 1e-7
     with np.errstate(over="ignore"):
         assert np.array_equal(_silu_backward(np.ones(2, np.float32), np.float32([-100, -1e4])), [0, 0])
+    # float32 as torch's silu_backward, a costate row broadcast over x's rows, a Python number taking x's type
+    rows = x[:7 * 2**13].reshape(-1, 7).astype(np.float32)
+    expected = torch.ops.aten.silu_backward(torch.from_numpy(costate[:7].astype(np.float32)).expand(rows.shape).contiguous(),
+                                            torch.from_numpy(rows)).numpy()
+    value = _silu_backward(costate[:7].astype(np.float32), rows)
+    assert value.dtype == np.float32 and np.abs(value - expected).max() <= 1e-6
+    assert _silu_backward(2.0, np.float32([1.5])).dtype == np.float32
 
 
 def _gradients(module, weights_scale: float):

@@ -8,7 +8,8 @@ d_ff = 2048, float32, 2 threads, the statement alone; GPT-2's derived training s
 The statement is recognized as ``activation_adjoint`` describes, ``erf``, ``e^{…}`` and ``tanh`` each a symbol of
 its own, and becomes ``ExactGeluBackward(λ, w)`` or ``TanhGeluBackward(λ, w)``: torch spells them
 ``torch.ops.aten.gelu_backward`` (one kernel, what autograd runs for torch's ``gelu``: 1.2 ms so measured, 0.45 ms
-for the exact GELU's 7.6), NumPy prints ``λ`` times SymPy's derivative of the GELU's formula.
+for the exact GELU's 7.6), NumPy the runtime's ``_gelu_backward`` (its signature; one ``tanh`` or ``erf`` per entry:
+17.1 → 4.4 ms for the tanh form, 20.6 → 8.7 for the exact one, 2 M float32).
 """
 
 from __future__ import annotations

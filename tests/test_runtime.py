@@ -132,6 +132,44 @@ def test_numpy_silu_is_its_formula_bit_for_bit_also_into_its_argument(rng, dtype
         numpy_helpers._silu(x[:, 1:], out=x[:, :-1])
 
 
+def test_numpy_silu_takes_empty_transposed_and_misshaped_arrays():
+    """Found by an adversarial review: an empty last axis, rows whose entries are strided (the formula itself, in the
+    array's own layout) and an ``out`` of another shape (refused)."""
+    for shape in [(0,), (3, 0), (0, 5), (2, 0, 4)]:
+        assert numpy_helpers._silu(np.empty(shape, np.float32)).shape == shape
+    wide = np.random.default_rng(0).normal(0, 3, (64, 96)).astype(np.float32)
+    for x in (np.asfortranarray(wide), wide.T, wide[:, ::2]):
+        expected = x / (1 + np.exp(-x))
+        out = numpy_helpers._silu(x)
+        assert np.array_equal(out, expected) and out.flags.f_contiguous == expected.flags.f_contiguous
+        y = x.copy(order="K")
+        assert numpy_helpers._silu(y, out=y) is y and np.array_equal(y, expected)
+    with pytest.raises(ValueError, match=r"out must have x's shape \[64, 96\], got \[96, 64\]"):
+        numpy_helpers._silu(wide, out=np.empty((96, 64), np.float32))
+
+
+def test_numpy_activation_adjoints_compute_half_precision_in_single_and_follow_torch_where_values_overflow():
+    """Found by an adversarial review: float16 operands computed in float16 (x² overflows at 256: NaN), float32 ones
+    under a float64 costate in float32, the tanh form's NaN past x³'s overflow where torch gives 0 or 1, an unknown
+    ``approximate`` taken for the exact GELU, integers wrapped when negated."""
+    half = np.array([-1000, -256, -0.7515, 0.5, 255, 256, 1000], np.float16)
+    for approximate in ("none", "tanh"):
+        expected = torch.ops.aten.gelu_backward(torch.ones(half.shape), torch.from_numpy(half.astype(np.float32)),
+                                                approximate=approximate).numpy()
+        value = numpy_helpers._gelu_backward(np.float16(1), half, approximate)
+        assert value.dtype == np.float16 and np.abs(value - expected).max() <= 2e-3
+        huge = np.float32([1e13, 1e18, -1e13, -1e18])
+        expected = torch.ops.aten.gelu_backward(torch.ones(4), torch.from_numpy(huge), approximate=approximate).numpy()
+        with np.errstate(over="ignore"):
+            assert np.array_equal(numpy_helpers._gelu_backward(np.float32(1), huge, approximate), expected)
+    x = np.float32([-0.7515, 0.3, 2.5])
+    wide = numpy_helpers._gelu_backward(np.ones(3), x)  # a float64 costate: computed in float64
+    assert wide.dtype == np.float64 and np.abs(wide - numpy_helpers._gelu_backward(1.0, x.astype(np.float64))).max() < 1e-15
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'Tanh'"):
+        numpy_helpers._gelu_backward(1.0, x, "Tanh")
+    assert numpy_helpers._silu_backward(1.0, np.int8([-128])) == numpy_helpers._silu_backward(1.0, np.float64([-128]))
+
+
 def test_numpy_half_precision_erf_is_single_precisions_rounded(rng):
     x = rng.normal(0, 2, 2 * numpy_helpers._BLOCK + 5).astype(np.float16)
     single = numpy_helpers._erf(x.astype(np.float32))
@@ -533,7 +571,7 @@ def _defined(source: str) -> list[str]:
 
 def test_the_inliner_copies_what_a_module_uses_transitively_in_the_runtime_order():
     source = inline_runtime(_module("def f(x, g, b):\n    return _layer_norm(_gelu(x), g, b, 1e-5)\n"), "numpy")
-    assert _defined(source) == ["_polynomial", "_single_scratch", "_erf_single", "_erf_block", "_gelu", "_blocks_of", "_written", "_block_read", "_row_scale", "_layer_norm", "f"]
+    assert _defined(source) == ["_polynomial", "_single_scratch", "_erf_single", "_erf_block", "_gelu", "_checked_out", "_blocks_of", "_written", "_block_read", "_row_scale", "_layer_norm", "f"]
     assert "_ERF_SINGLE_P = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
     assert "#@runtime" not in source and "_attention" not in source and "_erf(" not in source
     namespace = {}

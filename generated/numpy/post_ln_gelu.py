@@ -176,34 +176,47 @@ def _gelu(x, out=None):
     return _written(result, x, out)
 
 
+def _checked_out(out, x):
+    """``out`` for a routine of ``x`` that writes it: of x's shape, and x itself or not overlapping it."""
+    if np.shape(out) != np.shape(x):
+        raise ValueError(f"out must have x's shape {list(np.shape(x))}, got {list(np.shape(out))}")
+    if out is not x and np.may_share_memory(out, x):
+        raise ValueError("out must be x itself or an array that does not overlap it")
+    return out
+
+
 def _gelu_backward(costate, x, approximate="none"):
     """λ d/dx GELU(x) elementwise, of a costate λ (the ``gelu-adjoint`` pass; torch's ``gelu_backward``, its
     ``approximate`` too), by ``_costate_blocks``: the exact GELU's Φ(x) + x φ(x), its tanh approximation's
-    (1 + t)(1/2 + A (1 − t)) = (1 + t)/2 + A (1 − t²) with t = tanh(√(2/π) (x + 0.044715 x³)) and
-    A = x √(2/π) (1 + 3·0.044715 x²)/2: one tanh, where the derivative as SymPy writes it takes two (2 M float32:
-    exact 20.6 → 8.7 ms, tanh 17.1 → 4.4)."""
+    (1 + t)/2 + (1 − t²) x √(2/π) (1 + 3·0.044715 x²)/2 with t = tanh(√(2/π) (x + 0.044715 x³)): one tanh, where the
+    derivative as SymPy writes it takes two (2 M float32: exact 20.6 → 8.7 ms, tanh 17.1 → 4.4)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         return _costate_blocks(costate, x, _tanh_gelu_derivative, 3)
     return _costate_blocks(costate, x, _exact_gelu_derivative, 6)
 
 
 def _tanh_gelu_derivative(x, rows):
-    t, a, out = rows
-    np.multiply(x, x, out=a)
-    np.multiply(a, 0.044715, out=t)
+    """(1 + t)/2 + (1 − t²) x √(2/π)/2 · (1 + 3·0.044715 x²), torch's order: (1 − t²) x first, 0 where t rounds to ±1
+    (x past the cube's overflow) until x² overflows."""
+    t, square, out = rows
+    np.multiply(x, x, out=square)
+    np.multiply(square, 0.044715, out=t)
     t += 1
     t *= x
     t *= math.sqrt(2 / math.pi)
     np.tanh(t, out=t)
-    a *= 3 * 0.044715
-    a += 1
-    a *= x
-    a *= math.sqrt(2 / math.pi) / 2
-    np.subtract(1, t, out=out)
-    out *= a
-    out += 0.5
+    square *= 3 * 0.044715
+    square += 1
+    np.multiply(t, t, out=out)
+    np.subtract(1, out, out=out)
+    out *= x
+    out *= math.sqrt(2 / math.pi) / 2
+    out *= square
     t += 1
-    out *= t
+    t *= 0.5
+    out += t
     return out
 
 
@@ -215,7 +228,7 @@ def _exact_gelu_derivative(x, rows):
     density *= x
     density *= 1 / math.sqrt(2 * math.pi)
     np.multiply(x, 1 / math.sqrt(2), out=out)
-    if out.dtype == np.float64:
+    if out.dtype != np.float32:
         out[...] = _erf_block(out)
     else:
         _erf_single(out, scratch)
@@ -228,17 +241,23 @@ def _exact_gelu_derivative(x, rows):
 def _costate_blocks(costate, x, derivative, rows):
     """``costate · derivative(x)`` elementwise, the operands broadcast: per block of ``_BLOCK`` entries,
     ``derivative(block of x, scratch rows)`` returns one of its ``rows`` scratch rows (which stay in cache) holding the
-    derivative, multiplied by the costate into the output; float32 scratch for single and half precision, the
-    output in the operands' type (an integer one's: float64)."""
+    derivative, multiplied by the costate into the output. The output in the operands' type (an integer one's:
+    float64), computed in it, half precision in single; a block of x of another type is converted first."""
     dtype = np.result_type(costate, x)  # before broadcasting: a Python number takes the array's type
     dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
+    work = np.promote_types(dtype, np.float32)
     costate, x = np.broadcast_arrays(costate, x)
     flat_costate, flat_x = np.ravel(costate), np.ravel(x)
     out = np.empty(flat_x.size, dtype)
-    scratch = np.empty((rows, min(_BLOCK, flat_x.size)), np.float64 if dtype == np.float64 else np.float32)
+    scratch = np.empty((rows + 1, min(_BLOCK, flat_x.size)), work)
     for start in range(0, flat_x.size, _BLOCK):
         block = slice(start, start + _BLOCK)
-        values = derivative(flat_x[block], [row[:out[block].size] for row in scratch])
+        values = flat_x[block]
+        if values.dtype != work:
+            converted = scratch[0, :values.size]
+            converted[...] = values
+            values = converted
+        values = derivative(values, [row[:values.size] for row in scratch[1:]])
         np.multiply(values, flat_costate[block], out=out[block])
     return out.reshape(x.shape)
 
@@ -250,8 +269,7 @@ def _blocks_of(x, out):
     flat = np.ravel(x)
     if out is None:
         return flat, np.empty_like(flat), None
-    if out is not x and np.may_share_memory(out, x):
-        raise ValueError("out must be x itself or an array that does not overlap it")
+    _checked_out(out, x)
     kept = np.empty(min(_BLOCK, flat.size), dtype=flat.dtype) if out is x else None
     return flat, np.reshape(out, -1), kept
 

@@ -213,7 +213,12 @@ def test_numpy_attention_stops_each_block_at_its_last_kept_key(rng, monkeypatch)
     monkeypatch.setattr(numpy_helpers.np, "matmul", matmul)
     _agree(actual, _attention_reference(q, k, v, 0.5, causal), _attention_reference(q, k, v, 0.5, None))
     assert widths[::2] == [7, 11, 12] * 2 + [0, 11, 12] * 2  # per block: keys up to its last query's (batch 1: none)
-    assert numpy_helpers._reach(np.zeros((1, 2, 5), dtype=bool)) == 0
+    assert numpy_helpers._reaches(np.zeros((1, 1, 2, 5), dtype=bool), 2, 1).tolist() == [[[0]]]
+    # per head where the support differs between heads: a group of heads reaches its furthest head's key
+    per_head = np.zeros((1, 3, 4, 6), dtype=bool)
+    per_head[0, 0, 1, 2] = per_head[0, 1, 3, 4] = per_head[0, 2, 0, 5] = True
+    assert numpy_helpers._reaches(per_head, 2, 2).tolist() == [[[3, 5], [6, 0]]]
+    assert numpy_helpers._reaches(np.ones((2, 1, 3, 0), dtype=bool), 2, 4).tolist() == [[[0, 0]], [[0, 0]]]
 
 
 def test_numpy_grouped_attention_reads_its_groups_keys(rng):

@@ -61,8 +61,22 @@ def header(threads: int) -> tuple[list[str], dict[str, float]]:
              f"cpu: {machine['cpu']}",
              *(f"blas: {entry}" for entry in machine["blas"]),
              f"GEMM limit (1024x512 @ 512x2048, float32): numpy {gemm['numpy']:.1f} GFLOP/s, "
-             f"torch {gemm['torch']:.1f} GFLOP/s"]
+             f"torch {gemm['torch']:.1f} GFLOP/s",
+             _elementwise_line(machine, "at the start")]
     return lines, gemm
+
+
+def closing(threads: int) -> str:
+    """The machine's rates again after the rows: a shared machine changes state within a run."""
+    machine = _run("machine.py", "--threads", str(threads), threads=threads)
+    gemm = machine["gemm_gflops"]
+    return (f"{_elementwise_line(machine, 'at the end')}; GEMM numpy {gemm['numpy']:.1f}, "
+            f"torch {gemm['torch']:.1f} GFLOP/s")
+
+
+def _elementwise_line(machine: dict, when: str) -> str:
+    return (f"elementwise rate (numpy, x*2 over 8 MB of float32 into another array) {when}: "
+            f"{machine['elementwise_gbs']:.1f} GB/s")
 
 
 def _figure(name: str, role: str, arguments, *extra: str) -> dict:
@@ -188,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             if arguments.profile:
                 print("\n".join(profile_table(name, arguments)), flush=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end", flush=True)
+    lines.append(closing(arguments.threads))
     print("\n".join(["", *lines, "", *table(results, gemm)]), flush=True)
     if arguments.derive:
         print("\n".join(derive_lines()), flush=True)

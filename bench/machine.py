@@ -4,7 +4,9 @@
 
 Ratios between numpy's OpenBLAS and torch's BLAS differ by CPU vendor, so every run records
 them; the GEMM rate (float32, 1024×512 @ 512×2048, the FFN's shape) is the physical limit that
-the per-figure GFLOP/s are compared with.
+the per-figure GFLOP/s are compared with. The elementwise rate (NumPy, ``x·2`` of 8 MB of float32
+into another array) is what memory-bound NumPy statements move with: a shared machine can halve it
+for minutes while the GEMM rate stays (a 3 × 3 NumPy convolution 9.3 or 19.3 ms in one process).
 """
 
 from __future__ import annotations
@@ -57,6 +59,21 @@ def gemm_rate(multiply, a, b, seconds: float = 0.5) -> float:
     return 2 * m * k * n / statistics.median(times) / 1e9
 
 
+def elementwise_rate(seconds: float = 0.3) -> float:
+    """GB/s read and written by back-to-back ``np.multiply(x, 2, out=y)`` over 8 MB of float32 (median call)."""
+    x = np.random.default_rng(2).standard_normal(1 << 21, dtype=np.float32)
+    y = np.empty_like(x)
+    for _ in range(3):
+        np.multiply(x, 2, out=y)
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        before = time.perf_counter()
+        np.multiply(x, 2, out=y)
+        times.append(time.perf_counter() - before)
+    return 2 * x.nbytes / statistics.median(times) / 1e9
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/machine.py", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -70,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(), "blas": blas(), "numpy": np.__version__, "torch": torch.__version__,
         "gemm_gflops": {"numpy": gemm_rate(np.matmul, a, b),
                         "torch": gemm_rate(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))},
+        "elementwise_gbs": elementwise_rate(),
     }))
     return 0
 

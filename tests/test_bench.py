@@ -96,11 +96,12 @@ def test_a_rate_row_compares_rates_and_a_training_row_prints_what_it_keeps():
 
 def test_make_bench_prints_one_table_of_the_chosen_rows(monkeypatch, capsys):
     monkeypatch.setattr(benchmark, "header", lambda threads: (["cpu: test"], {"torch": 50.0, "numpy": 50.0}))
+    monkeypatch.setattr(benchmark, "closing", lambda threads: "rates at the end: test")
     benchmark.main(["--rows", "post-ln/tiny/training,post-ln/tiny/torch", "--pairs", "2", "--seconds", "0.01",
                     "--min-calls", "2", "--interleaved"])
     printed = capsys.readouterr().out
     final = printed[printed.rindex("cpu: test"):].splitlines()
-    assert "IN-PROCESS" in final[1] and final[3].startswith("| row | shapes |")
+    assert "IN-PROCESS" in final[1] and final[2] == "rates at the end: test" and final[4].startswith("| row | shapes |")
     lines = [line for line in final if line.startswith("| post-ln/tiny/")]
     assert [line.split(" | ")[0] for line in lines] == ["| post-ln/tiny/training", "| post-ln/tiny/torch"]
     assert lines[0].endswith(" MiB |") and "≤ 0.90" in lines[0] and lines[1].endswith(" |  |")
@@ -112,3 +113,14 @@ def test_rows_are_named_and_a_wrong_name_is_refused():
     assert len(benchmark.selected("*")) == len(rows.NAMES) == 29
     with pytest.raises(SystemExit, match="no benchmark row 'post-ln/N64/torch'"):
         benchmark.selected("post-ln/N64/torch")
+
+
+def test_the_header_and_the_closing_line_give_the_machines_rates(monkeypatch):
+    """The GEMM limit and the elementwise rate (what memory-bound NumPy statements move with), at the start and again
+    at the end of a run: from ``bench/machine.py``'s JSON (a stand-in here)."""
+    machine = {"torch": "t", "numpy": "n", "cpu": "c", "blas": ["b"], "gemm_gflops": {"numpy": 100.0, "torch": 90.0},
+               "elementwise_gbs": 12.34}
+    monkeypatch.setattr(benchmark, "_run", lambda *arguments, **options: machine)
+    lines, gemm = benchmark.header(2)
+    assert gemm == {"numpy": 100.0, "torch": 90.0} and lines[-1].endswith("at the start: 12.3 GB/s")
+    assert benchmark.closing(2).endswith("at the end: 12.3 GB/s; GEMM numpy 100.0, torch 90.0 GFLOP/s")

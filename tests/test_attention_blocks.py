@@ -65,3 +65,22 @@ def test_blocked_attention_is_the_attention(n_queries, n_keys, rng):
     total = weights.sum(-1, keepdims=True)
     expected = np.einsum("bmij,bjme->bime", weights / np.where(total == 0, 1, total), v)
     assert np.abs(MODULE._attention(q, k, v, 0.125, support) - expected).max() <= 1e-12
+
+
+@pytest.mark.parametrize("rows, group", [(1, 1), (2, 2), (3, 2), (4, 3)])
+def test_blocks_of_heads_with_their_own_supports_are_the_attention(rows, group, rng, monkeypatch):
+    """A support per head (each block's keys reach its furthest head's last kept key, ``_reaches``), with groups of
+    heads that do not divide the heads and blocks of rows that do not divide the tokens, rows with no key left."""
+    batch, n_queries, n_keys, heads, width = 2, 7, 9, 5, 4
+    q, k, v = (rng.standard_normal((batch, tokens, heads, width)) for tokens in (n_queries, n_keys, n_keys))
+    support = rng.random((batch, heads, n_queries, n_keys)) < 0.4
+    support[1, 2, 3] = False
+    monkeypatch.setattr(MODULE, "_blocks", lambda *arguments: (rows, group))
+    scores = np.einsum("bime,bjme->bmij", q, k) / 8
+    weights = np.where(support, np.exp(scores - scores.max(-1, keepdims=True)), 0)
+    total = weights.sum(-1, keepdims=True)
+    expected = np.einsum("bmij,bjme->bime", weights / np.where(total == 0, 1, total), v)
+    assert np.abs(MODULE._attention(q, k, v, 0.125, support) - expected).max() <= 1e-12
+    # control: every head read with the first head's support
+    control = MODULE._attention(q, k, v, 0.125, np.broadcast_to(support[:, :1], support.shape))
+    assert np.abs(control - expected).max() > 1e-3

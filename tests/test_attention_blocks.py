@@ -84,3 +84,34 @@ def test_blocks_of_heads_with_their_own_supports_are_the_attention(rows, group, 
     # control: every head read with the first head's support
     control = MODULE._attention(q, k, v, 0.125, np.broadcast_to(support[:, :1], support.shape))
     assert np.abs(control - expected).max() > 1e-3
+
+
+def test_scores_bounded_by_their_norms_skip_the_row_max_and_large_ones_keep_it(rng, monkeypatch):
+    """``_bounded``: |q·k| ≤ |q| |k| under half the exponent range less log(keys) lets the softmax skip its row max
+    (the same kernel); scores past it (±2000 here) keep it; NaN, ∞ and empty operands are not bounded. Control: the
+    large scores without the row max overflow."""
+    batch, n_queries, n_keys, heads, width = 2, 6, 9, 3, 4
+    q, k, v = (rng.standard_normal((batch, tokens, heads, width)) for tokens in (n_queries, n_keys, n_keys))
+    support = rng.random((batch, 1, n_queries, n_keys)) < 0.7
+
+    def expected(scale):
+        scores = np.einsum("bime,bjme->bmij", q, k) * scale
+        peak = np.where(support, scores, -np.inf).max(-1, keepdims=True, initial=-np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # the entries outside the support: dropped below
+            weights = np.nan_to_num(np.where(support, np.exp(scores - peak), 0))
+        total = weights.sum(-1, keepdims=True)
+        return np.einsum("bmij,bjme->bime", weights / np.where(total == 0, 1, total), v)
+
+    assert MODULE._bounded(q * 0.5, k).all() and not MODULE._bounded(q * 500, k).any()
+    one = np.float32([[[[1.0]]]])  # float32, one key: the limit is log(max float32)/2 = 44.4
+    assert MODULE._bounded(30 * one, one).all() and not MODULE._bounded(60 * one, one).any()
+    for bad in (np.nan, np.inf):  # only the entry and head that hold it
+        poisoned = q.copy()
+        poisoned[1, 2, 0, 3] = bad
+        assert MODULE._bounded(poisoned, k).tolist() == [[True] * heads, [False] + [True] * (heads - 1)]
+    assert MODULE._bounded(q[:, :0], k).all() and MODULE._bounded(q, k[:, :0]).all()  # no scores to bound
+    for scale in (0.5, 500.0):
+        assert np.abs(MODULE._attention(q, k, v, scale, support) - expected(scale)).max() <= 1e-12
+    monkeypatch.setattr(MODULE, "_bounded", lambda q, k: np.ones((batch, heads), bool))  # control: no row max
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(MODULE._attention(q, k, v, 500.0, support)).all()

@@ -68,7 +68,7 @@ def test_attention_kernel_statements_fail_on_an_unnormalized_kernel(monkeypatch)
     def unnormalized(scheme, program, backends):
         module = real(scheme, program, backends)["numpy"]
         exponentials = module._exponentials
-        module._exponentials = lambda scores, support: (exponentials(scores, support)[0], 1.0)
+        module._exponentials = lambda scores, support, *shift: (exponentials(scores, support, *shift)[0], 1.0)
         return {"numpy": module}
 
     monkeypatch.setattr(attention_kernel, "emitted_modules", unnormalized)

@@ -45,33 +45,30 @@ def blas() -> list[str]:
                    f"{pool['num_threads']} threads)".replace("  ", " ") for pool in threadpool_info()})
 
 
-def gemm_rate(multiply, a, b, seconds: float = 0.5) -> float:
-    """GFLOP/s of back-to-back GEMMs (median call)."""
+def _median_seconds(call, seconds: float) -> float:
+    """The median time of back-to-back calls for ``seconds`` (after three)."""
     for _ in range(3):
-        multiply(a, b)
+        call()
     times = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         before = time.perf_counter()
-        multiply(a, b)
+        call()
         times.append(time.perf_counter() - before)
+    return statistics.median(times)
+
+
+def gemm_rate(multiply, a, b, seconds: float = 0.5) -> float:
+    """GFLOP/s of back-to-back GEMMs (median call)."""
     m, k, n = GEMM
-    return 2 * m * k * n / statistics.median(times) / 1e9
+    return 2 * m * k * n / _median_seconds(lambda: multiply(a, b), seconds) / 1e9
 
 
 def elementwise_rate(seconds: float = 0.3) -> float:
     """GB/s read and written by back-to-back ``np.multiply(x, 2, out=y)`` over 8 MB of float32 (median call)."""
     x = np.random.default_rng(2).standard_normal(1 << 21, dtype=np.float32)
     y = np.empty_like(x)
-    for _ in range(3):
-        np.multiply(x, 2, out=y)
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        before = time.perf_counter()
-        np.multiply(x, 2, out=y)
-        times.append(time.perf_counter() - before)
-    return 2 * x.nbytes / statistics.median(times) / 1e9
+    return 2 * x.nbytes / _median_seconds(lambda: np.multiply(x, 2, out=y), seconds) / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:

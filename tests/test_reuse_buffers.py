@@ -3,6 +3,8 @@ product (torch only without autograd), with the same bits as the out-of-place st
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -96,20 +98,23 @@ def test_numpy_writes_an_activation_in_place_and_then_multiplies_its_other_facto
     b, i, z = (sp.Idx(label) for label in ("b", "i", "z"))
     module = Module("m", {}, [], "ffn_s")
     values = {"ffn_gate": rng.standard_normal((2, 3, 5)), "ffn_w": rng.standard_normal((2, 3, 5))}
-    silu = values["ffn_w"] / (1 + np.exp(-values["ffn_w"]))
+    x = values["ffn_w"]  # the formulas written here, independently of the routines
+    silu = x / (1 + np.exp(-x))
+    exact = x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) / 2
+    tanh = x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))) / 2
     for expr, expected, value in (
-            (ExactGelu(w[b, i, z]), ["ffn_s = _gelu(ffn_w, out=ffn_w)"], _gelu(values["ffn_w"])),
+            (ExactGelu(w[b, i, z]), ["ffn_s = _gelu(ffn_w, out=ffn_w)"], exact),
             (gate[b, i, z] * Silu(w[b, i, z]), ["ffn_s = _silu(ffn_w, out=ffn_w)", "ffn_s *= ffn_gate"],
              values["ffn_gate"] * silu),
-            (3 * TanhGelu(w[b, i, z]), ["ffn_s = _gelu_tanh(ffn_w, out=ffn_w)", "ffn_s *= 3"],
-             3 * _gelu_tanh(values["ffn_w"]))):
+            (3 * TanhGelu(w[b, i, z]), ["ffn_s = _gelu_tanh(ffn_w, out=ffn_w)", "ffn_s *= 3"], 3 * tanh)):
         op = Elementwise(out="ffn_s", labels=("b", "i", "z"), expr=expr, reuse="ffn_w")
         lines = NumpyBackend().elementwise(op, NumpyPrinter(module, op.labels))
         assert lines == expected
         scope = {"np": np, "_gelu": _gelu, "_gelu_tanh": _gelu_tanh, "_silu": _silu,
                  **{name: array.copy() for name, array in values.items()}}
         exec("\n".join(lines), scope)
-        np.testing.assert_allclose(scope["ffn_s"], value, rtol=1e-15, atol=0)
+        np.testing.assert_allclose(scope["ffn_s"], value, rtol=1e-14, atol=1e-15)
+        assert not np.allclose(scope["ffn_s"], values["ffn_gate"] * value)  # control: a factor the lines lack
 
 
 def test_an_export_records_no_in_place_update_so_its_program_runs_with_autograd_too():

@@ -153,11 +153,18 @@ def test_numpy_activation_adjoints_compute_half_precision_in_single_and_follow_t
     under a float64 costate in float32, the tanh form's NaN past x³'s overflow where torch gives 0 or 1, an unknown
     ``approximate`` taken for the exact GELU, integers wrapped when negated."""
     half = np.array([-1000, -256, -0.7515, 0.5, 255, 256, 1000], np.float16)
+    derivatives = {"none": (numpy_helpers._exact_gelu_derivative, 6), "tanh": (numpy_helpers._tanh_gelu_derivative, 3)}
     for approximate in ("none", "tanh"):
         expected = torch.ops.aten.gelu_backward(torch.ones(half.shape), torch.from_numpy(half.astype(np.float32)),
-                                                approximate=approximate).numpy()
+                                                approximate=approximate).numpy().astype(np.float16)
+        ulp = np.spacing(np.abs(expected))  # within one float16 spacing of torch's single precision, rounded
         value = numpy_helpers._gelu_backward(np.float16(1), half, approximate)
-        assert value.dtype == np.float16 and np.abs(value - expected).max() <= 2e-3
+        assert value.dtype == np.float16 and (np.abs(value - expected) <= ulp).all()
+        # control: the float16 block read into the derivative unconverted (float16 loops) misses it
+        with np.errstate(all="ignore"):
+            derivative, rows = derivatives[approximate]
+            unconverted = derivative(half, list(np.empty((rows, half.size), np.float32))).astype(np.float16)
+        assert not (np.abs(unconverted - expected) <= ulp).all()
         huge = np.float32([1e13, 1e18, -1e13, -1e18])
         expected = torch.ops.aten.gelu_backward(torch.ones(4), torch.from_numpy(huge), approximate=approximate).numpy()
         with np.errstate(over="ignore"):

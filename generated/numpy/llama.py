@@ -104,12 +104,12 @@ def _silu(x, out=None):
 
 
 def _checked_out(out, x):
-    """``out`` for a routine of ``x`` that writes it: of x's shape, and x itself or not overlapping it."""
+    """A ValueError unless ``out``, which a routine of ``x`` writes, has x's shape and is x itself or does not overlap
+    it."""
     if np.shape(out) != np.shape(x):
         raise ValueError(f"out must have x's shape {list(np.shape(x))}, got {list(np.shape(out))}")
     if out is not x and np.may_share_memory(out, x):
         raise ValueError("out must be x itself or an array that does not overlap it")
-    return out
 
 
 def _silu_backward(costate, x):

@@ -86,10 +86,32 @@ def test_numpy_convolutions_match_loops(size, stride, padding, grid, channels, l
     assert np.max(np.abs(numpy_grids._conv2d(x, W[::-1, ::-1, ::-1], stride, padding) - _reference_conv(x, W, stride, padding))) > 1e-3
 
 
+@pytest.mark.parametrize("size, stride, padding", [(3, 2, 1), (3, 1, 1), (7, 4, 2)])
+def test_a_channels_last_convolution_past_the_scratch_limit_takes_the_phases(size, stride, padding, monkeypatch):
+    """A token grid's convolution is one GEMM over its output nodes' windows (``_window_rows``) while that matrix is
+    within ``_SCRATCH_LIMIT``; past it, the phases' GEMMs per offset: both equal to the loop. Control: the windows'
+    path is the one taken within the limit (it fills the "windows" scratch), and not past it."""
+    rng = np.random.default_rng(size)
+    x = np.ascontiguousarray(rng.standard_normal((2, 9, 8, 20)).astype(np.float32)).transpose(0, 3, 1, 2)
+    W, bias = rng.standard_normal((20, size, size, 6)), rng.standard_normal(6)
+    expected = _reference_conv(x.astype(np.float64), W, stride, padding) + bias[:, None, None]
+    numpy_grids._SCRATCH.__dict__.pop("kept", None)
+    within = numpy_grids._conv2d(x, W, stride, padding, bias)
+    assert any(key[1] == "windows" for key in numpy_grids._SCRATCH.kept)
+    numpy_grids._SCRATCH.__dict__.pop("kept", None)
+    monkeypatch.setattr(numpy_grids, "_SCRATCH_LIMIT", 1024)
+    past = numpy_grids._conv2d(x, W, stride, padding, bias)
+    assert not any(key[1] == "windows" for key in numpy_grids._SCRATCH.__dict__.get("kept", {}))
+    for out in (within, past):
+        assert out.shape == expected.shape and np.max(np.abs(out - expected)) < 1e-12
+
+
 def test_numpy_convolution_of_tiling_windows_takes_an_empty_batch():
     W = np.ones((3, 4, 4, 5))
     for stride, grid in ((4, 2), (2, 3)):  # the tiling path and, as a control, the general one
         assert numpy_grids._conv2d(np.zeros((0, 3, 8, 8)), W, stride, 0).shape == (0, 5, grid, grid)
+    channels_last = np.zeros((0, 8, 8, 3)).transpose(0, 3, 1, 2)  # a token grid's windows (``_window_rows``)
+    assert numpy_grids._conv2d(channels_last, W, 2, 1).shape == (0, 5, 4, 4)
 
 
 def test_numpy_transposed_convolution_matches_a_loop():

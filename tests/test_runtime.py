@@ -749,8 +749,8 @@ def test_scratch_is_kept_at_the_levels_held_and_fresh_past_them(depth, caller, k
 
 @pytest.mark.parametrize("helper, size, stride, padding, channels_last", [
     ("_conv2d", 3, 1, 1, False), ("_conv2d", 3, 2, 1, False), ("_conv2d", 2, 2, 0, False),
-    ("_depthwise_conv2d", 3, 2, 1, False), ("_depthwise_conv2d", 3, 2, 1, True)],
-    ids=["per-offset", "strided", "tiling-windows", "depthwise", "depthwise-channels-last"])
+    ("_conv2d", 3, 2, 1, True), ("_depthwise_conv2d", 3, 2, 1, False), ("_depthwise_conv2d", 3, 2, 1, True)],
+    ids=["per-offset", "strided", "tiling-windows", "window-rows", "depthwise", "depthwise-channels-last"])
 def test_a_convolution_output_slot_is_its_callers_scratch(helper, size, stride, padding, channels_last, rng):
     """``slot=``: the output in the calling holder's scratch (level 1 for a program), the same values as a fresh
     output; the control, called outside any holder, gets fresh memory."""

@@ -142,7 +142,7 @@ def _phases(field, size, stride, padding, dtype):
     Its memory keeps the field's: channel-major, or channels last (a token grid's).
     Returns {(a, b): (channels, columns)}, the output's (rows, cols) and the grid's (height, width)."""
     batch, channels, height, width = field.shape
-    output = ((height + 2 * padding - size) // stride + 1, (width + 2 * padding - size) // stride + 1)
+    output = _output_size(field, size, stride, padding)
     reach = (size - 1) // stride
     grid = (output[0] + reach, output[1] + reach)
     count = batch * grid[0] * grid[1]
@@ -232,12 +232,15 @@ def _on_grid(out, batch, output, grid):
 def _conv2d(field, W, stride, padding, bias=None, slot=None):
     """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel offset one
     GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:
-    one GEMM over every offset's columns stacked, im2col). A (b, l, p, q) view, in the field's memory order;
+    one GEMM over every offset's columns stacked, im2col); a channels-last field (a token grid), one GEMM over
+    its output nodes' windows (``_window_rows``). A (b, l, p, q) view, in the field's memory order;
     with ``slot``, of the caller's scratch (``_scratch``): an output that dies inside the calling program."""
     channels, size = W.shape[:2]
     if stride == size and padding == 0:
         return _patches(field, W, bias, slot)
     dtype = np.result_type(field, W)
+    if field.strides[1] < field.strides[3] and _window_rows_fit(field, size, stride, padding, dtype):
+        return _window_rows(field, W, stride, padding, bias, slot)
     phases, output, grid = _phases(field, size, stride, padding, dtype)
     count = len(field) * grid[0] * grid[1]
     offsets = list(_offsets(phases, size, stride, grid[1], count))
@@ -265,13 +268,62 @@ def _patches(field, W, bias=None, slot=None):
     size = W.shape[1]
     rows, cols = height // size, width // size
     windows = field[:, :, :rows * size, :cols * size].reshape(batch, channels, rows, size, cols, size)
-    shape = (batch * rows * cols, W.shape[-1])
-    out = None if slot is None else _scratch(slot, shape, np.result_type(field, W), "C", caller=True)
-    out = np.matmul(windows.transpose(0, 2, 4, 1, 3, 5).reshape(shape[0], channels * size * size),
-                    W.reshape(channels * size * size, -1), out=out)
+    windows = windows.transpose(0, 2, 4, 1, 3, 5).reshape(batch * rows * cols, channels * size * size)
+    return _rows_product(windows, W.reshape(channels * size * size, -1), bias, slot, (batch, rows, cols))
+
+
+def _rows_product(windows, kernel, bias, slot, grid):
+    """``windows @ kernel (+ bias)``, one row per output node of ``grid`` (batch, rows, cols): a (b, l, p, q) view of
+    channels-last memory (with ``slot``, of ``_conv2d``'s caller's scratch)."""
+    shape = (len(windows), kernel.shape[-1])
+    out = None if slot is None else _scratch(slot, shape, np.result_type(windows, kernel), "C", caller=True)
+    out = np.matmul(windows, kernel, out=out)
     if bias is not None:
         out += bias
-    return out.reshape(batch, rows, cols, W.shape[-1]).transpose(0, 3, 1, 2)
+    return out.reshape(*grid, shape[1]).transpose(0, 3, 1, 2)
+
+
+def _output_size(field, size, stride, padding):
+    """The (rows, cols) of a convolution of ``field`` (b, c, height, width)."""
+    return tuple((extent + 2 * padding - size) // stride + 1 for extent in field.shape[2:])
+
+
+def _window_rows_fit(field, size, stride, padding, dtype):
+    """Whether ``_window_rows``' matrix (k² times the output's nodes' values) is within ``_SCRATCH_LIMIT``."""
+    rows, cols = _output_size(field, size, stride, padding)
+    return len(field) * rows * cols * size * size * field.shape[1] * np.dtype(dtype).itemsize <= _SCRATCH_LIMIT
+
+
+def _window_rows(field, W, stride, padding, bias, slot):
+    """``_conv2d`` of a channels-last field: each output node's window one row (the k² offsets' channels side by
+    side, ``_padded_nodes``), one GEMM with W as (k²·c, l): neither products at the nodes past the output that the
+    phases' grid adds (CvT's 3 × 3 stride-2 embeddings: a 5 × 5 grid for a 4 × 4 output) nor a sum of products."""
+    channels, size = W.shape[:2]
+    dtype = np.result_type(field, W)
+    padded, (rows, cols) = _padded_nodes(field, size, stride, padding, dtype)
+    windows = _scratch("windows", (len(field), rows, cols, size * size * channels), dtype, "C")
+    for k, (r, s) in enumerate(np.ndindex(size, size)):
+        windows[..., k * channels:(k + 1) * channels] = _offset_nodes(padded, r, s, stride, (rows, cols))
+    kernel = W.transpose(1, 2, 0, 3).reshape(size * size * channels, -1)
+    return _rows_product(windows.reshape(-1, windows.shape[-1]), kernel, bias, slot, (len(field), rows, cols))
+
+
+def _padded_nodes(field, size, stride, padding, dtype):
+    """A channels-last field's nodes zero-padded by ``padding`` (b, height + 2P, width + 2P, c; of the scratch), and
+    the output's (rows, cols)."""
+    nodes = field.transpose(0, 2, 3, 1)
+    batch, height, width, channels = nodes.shape
+    padded = _scratch("padded", (batch, height + 2 * padding, width + 2 * padding, channels), dtype, "C")
+    for edge in (np.s_[:, :padding], np.s_[:, height + padding:], np.s_[:, :, :padding], np.s_[:, :, width + padding:]):
+        padded[edge] = 0
+    padded[:, padding:padding + height, padding:padding + width] = nodes
+    return padded, _output_size(field, size, stride, padding)
+
+
+def _offset_nodes(padded, r, s, stride, output):
+    """Kernel offset (r, s)'s nodes of ``padded`` (``_padded_nodes``) for each output node: a strided view."""
+    rows, cols = output
+    return padded[:, r:r + stride * (rows - 1) + 1:stride, s:s + stride * (cols - 1) + 1:stride]
 
 
 def _fold(blocks, shape, axes, size, stride, padding):

@@ -106,6 +106,18 @@ def test_a_channels_last_convolution_past_the_scratch_limit_takes_the_phases(siz
         assert out.shape == expected.shape and np.max(np.abs(out - expected)) < 1e-12
 
 
+@pytest.mark.parametrize("grid, size, stride", [(5, 7, 2), (2, 3, 2), (4, 7, 3)])
+def test_a_convolution_without_nodes_is_empty_in_either_layout(grid, size, stride):
+    """A kernel that reaches past the field on its first node, with (grid − size)//stride + 1 = 0: no output node, for
+    a channels-last field as for a channel-major one (the windows' slices would count from the end, the windows'
+    view refuse a window larger than the field)."""
+    field = np.ones((2, grid, grid, 3))
+    for helper, W in ((numpy_grids._conv2d, np.ones((3, size, size, 4))), (numpy_grids._depthwise_conv2d, np.ones((size, size, 3)))):
+        channel_major = helper(np.ascontiguousarray(field.transpose(0, 3, 1, 2)), W, stride, 0)
+        channels_last = helper(field.transpose(0, 3, 1, 2), W, stride, 0)
+        assert channel_major.shape == channels_last.shape == (2, W.shape[-1], 0, 0)
+
+
 def test_numpy_convolution_of_tiling_windows_takes_an_empty_batch():
     W = np.ones((3, 4, 4, 5))
     for stride, grid in ((4, 2), (2, 3)):  # the tiling path and, as a control, the general one

@@ -742,7 +742,7 @@ def _conv2d(field, W, stride, padding, bias=None, slot=None):
     if stride == size and padding == 0:
         return _patches(field, W, bias, slot)
     dtype = np.result_type(field, W)
-    if field.strides[1] < field.strides[3] and _window_rows_fit(field, size, stride, padding, dtype):
+    if _channels_last_output(field, size, stride, padding) and _window_rows_fit(field, size, stride, padding, dtype):
         return _window_rows(field, W, stride, padding, bias, slot)
     phases, output, grid = _phases(field, size, stride, padding, dtype)
     count = len(field) * grid[0] * grid[1]
@@ -791,6 +791,12 @@ def _output_size(field, size, stride, padding):
     return tuple((extent + 2 * padding - size) // stride + 1 for extent in field.shape[2:])
 
 
+def _channels_last_output(field, size, stride, padding):
+    """Whether ``field`` is channels last (a token grid) and its convolution has nodes (one that has none is the empty
+    output of the phases, as for a channel-major field)."""
+    return field.strides[1] < field.strides[3] and min(_output_size(field, size, stride, padding)) > 0
+
+
 def _window_rows_fit(field, size, stride, padding, dtype):
     """Whether ``_window_rows``' matrix (k² times the output's nodes' values) is within ``_SCRATCH_LIMIT``."""
     rows, cols = _output_size(field, size, stride, padding)
@@ -835,7 +841,7 @@ def _depthwise_conv2d(field, W, stride, padding, bias=None, slot=None):
     (b, l, p, q) view, in the field's memory order (with ``slot``, of the caller's scratch, as ``_conv2d``'s). Channels
     last (a token grid), over the strided nodes of the zero-padded field (``_depthwise_channels_last``); channel-major,
     over contiguous columns of the field's nodes (``_phases``)."""
-    if field.strides[1] < field.strides[3]:
+    if _channels_last_output(field, W.shape[0], stride, padding):
         return _depthwise_channels_last(field, W, stride, padding, bias, slot)
     dtype = np.result_type(field, W)
     phases, output, grid = _phases(field, W.shape[0], stride, padding, dtype)

@@ -222,7 +222,7 @@ def _conv2d(field, W, stride, padding, bias=None, slot=None):
     if stride == size and padding == 0:
         return _patches(field, W, bias, slot)
     dtype = np.result_type(field, W)
-    if field.strides[1] < field.strides[3] and _window_rows_fit(field, size, stride, padding, dtype):
+    if _channels_last_output(field, size, stride, padding) and _window_rows_fit(field, size, stride, padding, dtype):
         return _window_rows(field, W, stride, padding, bias, slot)
     phases, output, grid = _phases(field, size, stride, padding, dtype)
     count = len(field) * grid[0] * grid[1]
@@ -269,6 +269,12 @@ def _rows_product(windows, kernel, bias, slot, grid):
 def _output_size(field, size, stride, padding):
     """The (rows, cols) of a convolution of ``field`` (b, c, height, width)."""
     return tuple((extent + 2 * padding - size) // stride + 1 for extent in field.shape[2:])
+
+
+def _channels_last_output(field, size, stride, padding):
+    """Whether ``field`` is channels last (a token grid) and its convolution has nodes (one that has none is the empty
+    output of the phases, as for a channel-major field)."""
+    return field.strides[1] < field.strides[3] and min(_output_size(field, size, stride, padding)) > 0
 
 
 def _window_rows_fit(field, size, stride, padding, dtype):

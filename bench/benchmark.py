@@ -62,7 +62,7 @@ def header(threads: int) -> tuple[list[str], dict[str, float]]:
              *(f"blas: {entry}" for entry in machine["blas"]),
              f"GEMM limit (1024x512 @ 512x2048, float32): numpy {gemm['numpy']:.1f} GFLOP/s, "
              f"torch {gemm['torch']:.1f} GFLOP/s",
-             _elementwise_line(machine, "at the start")]
+             _state_line(machine, "at the start")]
     return lines, gemm
 
 
@@ -70,13 +70,15 @@ def closing(threads: int) -> str:
     """The machine's rates again after the rows: a shared machine changes state within a run."""
     machine = _run("machine.py", "--threads", str(threads), threads=threads)
     gemm = machine["gemm_gflops"]
-    return (f"{_elementwise_line(machine, 'at the end')}; GEMM numpy {gemm['numpy']:.1f}, "
+    return (f"{_state_line(machine, 'at the end')}; GEMM numpy {gemm['numpy']:.1f}, "
             f"torch {gemm['torch']:.1f} GFLOP/s")
 
 
-def _elementwise_line(machine: dict, when: str) -> str:
+def _state_line(machine: dict, when: str) -> str:
+    """The rates a shared machine's state moves (``bench/machine.py``): memory-bound NumPy statements, small GEMMs."""
     return (f"elementwise rate (numpy, x*2 over 8 MB of float32 into another array) {when}: "
-            f"{machine['elementwise_gbs']:.1f} GB/s")
+            f"{machine['elementwise_gbs']:.1f} GB/s; a 3x3 convolution as nine K=64 GEMMs summed (numpy, 16 images "
+            f"32x32, 64 channels): {machine['convolution_ms']:.1f} ms")
 
 
 def _figure(name: str, role: str, arguments, *extra: str) -> dict:

@@ -5,8 +5,9 @@
 Ratios between numpy's OpenBLAS and torch's BLAS differ by CPU vendor, so every run records
 them; the GEMM rate (float32, 1024×512 @ 512×2048, the FFN's shape) is the physical limit that
 the per-figure GFLOP/s are compared with. The elementwise rate (NumPy, ``x·2`` of 8 MB of float32
-into another array) is what memory-bound NumPy statements move with: a shared machine can halve it
-for minutes while the GEMM rate stays (a 3 × 3 NumPy convolution 9.3 or 19.3 ms in one process).
+into another array) is what memory-bound NumPy statements move with; the convolution time (NumPy, nine GEMMs
+with K = 64 summed: a 3 × 3 convolution of 16 images 32², 64 channels) what small GEMMs over operands larger
+than the caches move with: a shared machine can double it for minutes while the other two stay.
 """
 
 from __future__ import annotations
@@ -71,6 +72,24 @@ def elementwise_rate(seconds: float = 0.3) -> float:
     return 2 * x.nbytes / _median_seconds(lambda: np.multiply(x, 2, out=y), seconds) / 1e9
 
 
+def convolution_ms(seconds: float = 0.5) -> float:
+    """ms of back-to-back 3 × 3, 64 → 64 convolutions of 16 images 32² (float32), each written in plain NumPy as nine
+    GEMMs with K = 64 over shifted columns of one padded field, summed (median call): what OpenBLAS's small GEMMs and
+    the sums of their products move with. A shared machine can double it while the GEMM limit and the elementwise rate
+    above stay (21 against 10 ms in one process)."""
+    width, count = 34, 16 * 34 * 34
+    field = np.random.default_rng(3).standard_normal((64, count + 2 * width + 2), dtype=np.float32)
+    kernel = np.random.default_rng(4).standard_normal((9, 64, 64), dtype=np.float32)
+    out, term = np.empty((64, count), np.float32), np.empty((64, count), np.float32)
+
+    def convolve():
+        np.matmul(kernel[0], field[:, :count], out=out)
+        for offset in range(1, 9):
+            shift = (offset // 3) * width + offset % 3
+            np.add(out, np.matmul(kernel[offset], field[:, shift:shift + count], out=term), out=out)
+    return _median_seconds(convolve, seconds) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/machine.py", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -85,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm_gflops": {"numpy": gemm_rate(np.matmul, a, b),
                         "torch": gemm_rate(torch.matmul, torch.from_numpy(a), torch.from_numpy(b))},
         "elementwise_gbs": elementwise_rate(),
+        "convolution_ms": convolution_ms(),
     }))
     return 0
 

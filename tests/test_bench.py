@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import benchmark  # noqa: E402
 import figure  # noqa: E402
+import machine  # noqa: E402
 import rows  # noqa: E402
 import sources  # noqa: E402
 import table  # noqa: E402
@@ -115,12 +116,21 @@ def test_rows_are_named_and_a_wrong_name_is_refused():
         benchmark.selected("post-ln/N64/torch")
 
 
+def test_the_machines_probes_run():
+    """The header's elementwise rate and small-GEMM convolution time are measured for real (briefly here): positive
+    figures, the convolution's in milliseconds."""
+    assert machine.elementwise_rate(0.01) > 0
+    assert 0 < machine.convolution_ms(0.01) < 10_000
+
+
 def test_the_header_and_the_closing_line_give_the_machines_rates(monkeypatch):
-    """The GEMM limit and the elementwise rate (what memory-bound NumPy statements move with), at the start and again
-    at the end of a run: from ``bench/machine.py``'s JSON (a stand-in here)."""
+    """The GEMM limit, the elementwise rate (what memory-bound NumPy statements move with) and a small-GEMM convolution's
+    time, at the start and again at the end of a run: from ``bench/machine.py``'s JSON (a stand-in here)."""
     machine = {"torch": "t", "numpy": "n", "cpu": "c", "blas": ["b"], "gemm_gflops": {"numpy": 100.0, "torch": 90.0},
-               "elementwise_gbs": 12.34}
+               "elementwise_gbs": 12.34, "convolution_ms": 9.87}
     monkeypatch.setattr(benchmark, "_run", lambda *arguments, **options: machine)
     lines, gemm = benchmark.header(2)
-    assert gemm == {"numpy": 100.0, "torch": 90.0} and lines[-1].endswith("at the start: 12.3 GB/s")
-    assert benchmark.closing(2).endswith("at the end: 12.3 GB/s; GEMM numpy 100.0, torch 90.0 GFLOP/s")
+    assert gemm == {"numpy": 100.0, "torch": 90.0} and "at the start: 12.3 GB/s;" in lines[-1]
+    assert lines[-1].endswith("64 channels): 9.9 ms")
+    assert benchmark.closing(2).endswith("at the end: 12.3 GB/s; a 3x3 convolution as nine K=64 GEMMs summed (numpy, "
+                                         "16 images 32x32, 64 channels): 9.9 ms; GEMM numpy 100.0, torch 90.0 GFLOP/s")

@@ -43,7 +43,7 @@ _ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180
            6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
 _ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
            1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
-# Single precision: the rational approximation Eigen and XLA use for float erf, x·P(x²)/Q(x²) on x
+# Single precision: the rational approximation Eigen and XLA use for float erf, v·P(v²)/Q(v²) on v
 # clamped to [−4, 4] (where erf rounds to ±1), evaluated in float32 as they do: within 4.5e-7 of erf.
 _ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
                  -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
@@ -59,6 +59,58 @@ def _polynomial(x, coefficients, out=None):
         result *= x
         result += coefficient
     return result
+
+
+def _monic(coefficients, scale):
+    """(a₁, …, a_n) and c with p(scale·z) = c (zⁿ + a₁ zⁿ⁻¹ + … + a_n), of p's ``coefficients`` highest degree first:
+    Horner's rule on a monic polynomial starts with z + a₁, one array pass fewer than c₀·z + c₁."""
+    degree = len(coefficients) - 1
+    factor = coefficients[0] * scale ** degree
+    return tuple(c * scale ** (degree - i) / factor for i, c in enumerate(coefficients) if i), factor
+
+
+def _monic_polynomial(z, coefficients, out):
+    """zⁿ + a₁ zⁿ⁻¹ + … + a_n of ``_monic``'s (a₁, …, a_n), by Horner's rule into ``out``."""
+    result = np.add(z, coefficients[0], out=out)
+    for coefficient in coefficients[1:]:
+        result *= z
+        result += coefficient
+    return result
+
+
+def _odd_ratio(x, rational, rows):
+    """x P̃(x²)/Q̃(x²) of x clamped to ±bound, (bound, P̃, Q̃, κ) = ``rational`` (``_erf_rational``): erf(x√scale)/κ,
+    in float32 ``rows`` (clamped, z, numerator, denominator) of x's size; returns the numerator row."""
+    bound, p, q, _ = rational
+    clamped, z, numerator, denominator = rows
+    np.clip(x, -bound, bound, out=clamped)
+    np.multiply(clamped, clamped, out=z)
+    _monic_polynomial(z, p, numerator)
+    numerator *= clamped
+    _monic_polynomial(z, q, denominator)
+    numerator /= denominator
+    return numerator
+
+
+def _erf_rational(scale):
+    """(bound, P̃, Q̃, κ) with erf(x√scale) = κ x P̃(x²)/Q̃(x²) for |x| ≤ bound, of monic P̃ and Q̃: the single precision
+    approximation (v·P(v²)/Q(v²) on |v| ≤ 4) at v = x√scale, its leading coefficients and √scale one factor κ. The
+    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to 1 exactly (4√2 rounded is one unit
+    past it), so that erf is ±1 beyond it and the GELU's Φ exactly 0 (x Φ(x) of x = −1e13 is not 6e5)."""
+    p, p_factor = _monic(_ERF_SINGLE_P, scale)
+    q, q_factor = _monic(_ERF_SINGLE_Q, scale)
+    root = math.sqrt(scale)
+    kappa = root * p_factor / q_factor
+    bound = np.float32(4 / root)
+    rows = np.empty((4, 1), np.float32)
+    while np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] != 1:
+        bound = np.nextafter(bound, np.float32(0))
+    return float(bound), p, q, kappa
+
+
+#: erf(v) of float32 v, and erf(x/√2) of the exact GELU's x (its 1/√2 folded into the coefficients: x² = 2v²).
+_ERF_SINGLE = _erf_rational(1.0)
+_ERF_HALF_SINGLE = _erf_rational(0.5)
 
 
 #: Elements per block of the elementwise passes: their float32 scratch (4 rows, 512 KB) stays in cache, and the
@@ -98,19 +150,9 @@ def _single_scratch(flat):
 
 def _erf_single(x, scratch):
     """erf to single precision of a float32 or float16 ``x``, in place, evaluated in float32 in ``scratch``
-    (4 rows of at least x's size): ``x·P(x²)/Q(x²)`` on x clamped to [−4, 4]."""
-    n = x.size
-    value, z, numerator, denominator = (row[:n] for row in scratch)
-    if x.dtype != np.float32:
-        value[...] = x
-    else:
-        value = x
-    np.clip(value, -4, 4, out=value)
-    np.multiply(value, value, out=z)
-    _polynomial(z, _ERF_SINGLE_P, out=numerator)
-    numerator *= value
-    _polynomial(z, _ERF_SINGLE_Q, out=denominator)
-    np.divide(numerator, denominator, out=x)
+    (4 rows of at least x's size): κ·``_odd_ratio``."""
+    ratio = _odd_ratio(x, _ERF_SINGLE, scratch[:, :x.size])
+    np.multiply(ratio, _ERF_SINGLE[3], out=x)
     return x
 
 
@@ -125,23 +167,28 @@ def _erf_block(x):
 
 
 def _gelu(x, out=None):
-    """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each
-    evaluated in place in the output: the operations of the formula in its order, without its
-    temporaries (single precision's scratch allocated once per call, ``_single_scratch``). ``out``:
-    the array written and returned, ``x`` itself allowed (the ``reuse-buffers`` pass: no fresh output)."""
-    flat, result, kept = _blocks_of(x, out)
+    """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each read whole before its
+    result is written, so ``out`` may be ``x`` itself (the ``reuse-buffers`` pass: no fresh output). Double precision:
+    the formula's operations in its order; single (and half): ``x (κ/2 x P̃(x²)/Q̃(x²) + 1/2)`` in float32 scratch
+    allocated once per call (``_single_scratch``; ``_erf_rational``: erf(x/√2) with the 1/√2 and the polynomials'
+    leading coefficients folded into constants, 25 array passes a block where the formula's order took 30)."""
+    flat, result = _blocks_of(x, out)
     scratch = _single_scratch(flat)
+    kappa = _ERF_HALF_SINGLE[3]  # erf(x/√2) = κ x P̃(x²)/Q̃(x²)
     for start in range(0, flat.size, _BLOCK):
-        block = _block_read(flat, start, _BLOCK, kept)
-        value = np.multiply(block, math.sqrt(2), out=result[start:start + _BLOCK])
-        value /= 2
+        block, written = flat[start:start + _BLOCK], result[start:start + _BLOCK]
         if scratch is None:
-            value[...] = _erf_block(value)
-        else:
-            _erf_single(value, scratch)
-        value += 1
-        value *= block
-        value /= 2
+            value = np.multiply(block, math.sqrt(2))
+            value /= 2
+            value = _erf_block(value)
+            value += 1
+            value *= block
+            np.divide(value, 2, out=written)
+            continue
+        phi = _odd_ratio(block, _ERF_HALF_SINGLE, scratch[:, :block.size])
+        phi *= kappa / 2  # erf(x/√2)/2, ±1/2 exactly where erf rounds to ±1
+        phi += 0.5
+        np.multiply(phi, block, out=written)
     return _written(result, x, out)
 
 
@@ -247,13 +294,14 @@ def _exact_gelu_derivative(x, rows):
     np.exp(density, out=density)
     density *= x
     density *= 1 / math.sqrt(2 * math.pi)
-    np.multiply(x, 1 / math.sqrt(2), out=out)
     if out.dtype != np.float32:
+        np.multiply(x, 1 / math.sqrt(2), out=out)
         out[...] = _erf_block(out)
-    else:
-        _erf_single(out, scratch)
-    out += 1
-    out *= 0.5
+        out += 1
+        out *= 0.5
+    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2, as in ``_gelu``
+        np.multiply(_odd_ratio(x, _ERF_HALF_SINGLE, scratch), _ERF_HALF_SINGLE[3] / 2, out=out)
+        out += 0.5
     out += density
     return out
 
@@ -283,15 +331,19 @@ def _costate_blocks(costate, x, derivative, rows):
 
 
 def _blocks_of(x, out):
-    """``x`` flat, the flat array a blockwise routine writes (fresh, or ``out``'s memory where it is contiguous, else a
-    copy that ``_written`` puts into ``out``) and where a block of x is copied first when ``out`` is x itself (the
-    block's result overwrites it). ``out`` must be x itself or not overlap it."""
+    """``x`` flat and the flat array a blockwise routine writes: fresh, or ``out``'s memory where it is contiguous, else
+    a copy that ``_written`` puts into ``out``. ``out`` must be x itself or not overlap it."""
     flat = np.ravel(x)
     if out is None:
-        return flat, np.empty_like(flat), None
+        return flat, np.empty_like(flat)
     _checked_out(out, x)
-    kept = np.empty(min(_BLOCK, flat.size), dtype=flat.dtype) if out is x else None
-    return flat, np.reshape(out, -1), kept
+    return flat, np.reshape(out, -1)
+
+
+def _kept_block(flat, x, out):
+    """Where ``_block_read`` copies a block of ``flat`` first when ``out`` is x itself (a routine that writes its result
+    block before it has read it all); None otherwise."""
+    return np.empty(min(_BLOCK, flat.size), dtype=flat.dtype) if out is x else None
 
 
 def _written(result, x, out):
@@ -305,7 +357,7 @@ def _written(result, x, out):
 
 
 def _block_read(flat, start, size, kept):
-    """The block of ``flat`` from ``start``: itself, or its copy in ``kept`` (see ``_blocks_of``)."""
+    """The block of ``flat`` from ``start``: itself, or its copy in ``kept`` (see ``_kept_block``)."""
     block = flat[start:start + size]
     if kept is None:
         return block
@@ -319,7 +371,8 @@ def _gelu_tanh(x, out=None):
     that stay in cache, each evaluated in place: the operations of the formula in its order, without
     its temporaries, x³ as x·x·x (NumPy's power with exponent 3 calls pow per element). ``out``: as
     ``_gelu``'s."""
-    flat, result, kept = _blocks_of(x, out)
+    flat, result = _blocks_of(x, out)
+    kept = _kept_block(flat, x, out)
     for start in range(0, flat.size, 1 << 14):
         block = _block_read(flat, start, 1 << 14, kept)
         value = np.multiply(block, block, out=result[start:start + (1 << 14)])

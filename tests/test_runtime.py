@@ -262,6 +262,23 @@ def test_numpy_attention_stops_each_block_at_its_last_kept_key(rng, monkeypatch)
     assert numpy_helpers._reaches(np.ones((2, 1, 3, 0), dtype=bool), 2, 4).tolist() == [[[0, 0]], [[0, 0]]]
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (1, 1, 64, 16), (2, 4, 9, 3), (1, 2, 1, 4)])
+def test_numpy_any_per_block_is_the_blocks_or(rng, shape):
+    """``_any_per_block`` (``_reaches``' reductions) against a loop over the blocks, the last one shorter, of sizes 1 to
+    past the axis, a broadcast (stride 0) mask too; the control: a block size one off."""
+    def reference(mask, size, axis):
+        blocks = [mask.take(range(start, min(start + size, mask.shape[axis])), axis=axis).any(axis=axis)
+                  for start in range(0, mask.shape[axis], size)]
+        return np.stack(blocks, axis=axis)
+    mask = rng.random(shape) < 0.15
+    broadcast = np.broadcast_to(mask[:1, :1], shape)
+    for axis in (1, 2):
+        for size in (1, 2, 3, 4, 7, 128):
+            for m in (mask, broadcast):
+                assert np.array_equal(numpy_helpers._any_per_block(m, size, axis), reference(m, size, axis))
+    assert not np.array_equal(numpy_helpers._any_per_block(mask, 3, 2), reference(mask, 4, 2)) or shape[2] < 4
+
+
 def test_numpy_grouped_attention_reads_its_groups_keys(rng):
     q = rng.normal(size=(2, 3, 2, 3, 4))  # (batch, tokens, groups, members, features)
     k, v, support = rng.normal(size=(2, 5, 2, 4)), rng.normal(size=(2, 5, 2, 4)), _support(rng, 2, 3, 5)

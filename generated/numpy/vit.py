@@ -443,12 +443,25 @@ def _reaches(support, rows, group):
     batch, n_heads, n_queries, n_keys = support.shape
     if support.strides[1] == 0:
         support = support[:, :1]  # one support for every head
-    kept = np.logical_or.reduceat(support, np.arange(0, n_queries, rows), axis=2) if n_queries else support
+    kept = _any_per_block(support, rows, 2) if n_queries else support
     if kept.shape[1] > 1:
-        kept = np.logical_or.reduceat(kept, np.arange(0, n_heads, group), axis=1)
+        kept = _any_per_block(kept, group, 1)
     reach = n_keys - np.argmax(kept[..., ::-1], axis=-1) if n_keys else np.zeros(kept.shape[:-1], int)
     reach = np.where(kept.any(axis=-1), reach, 0)
     return np.broadcast_to(reach, (batch, -(-n_heads // group), reach.shape[2]))
+
+
+def _any_per_block(mask, size, axis):
+    """Whether any entry holds per block of ``size`` along ``axis`` of a boolean ``mask`` (the last block shorter):
+    the whole blocks as one reduction over a reshaped axis, for ``logical_or.reduceat`` over booleans runs 15 times
+    slower (llama's 4096 member rows × 1024 keys: 2.5 against 0.17 ms)."""
+    whole = mask.shape[axis] // size * size
+    index = (slice(None),) * axis
+    parts = [np.logical_or.reduce(mask[index + (slice(0, whole),)].reshape(
+        mask.shape[:axis] + (whole // size, size) + mask.shape[axis + 1:]), axis=axis + 1)] if whole else []
+    if whole < mask.shape[axis]:
+        parts.append(np.logical_or.reduce(mask[index + (slice(whole, None),)], axis=axis, keepdims=True))
+    return np.concatenate(parts, axis=axis)
 
 
 def _blocks(n_queries, n_keys, n_heads, width, masked=False):

@@ -111,6 +111,10 @@ def test_numpy_single_precision_gelu_and_erf_saturate_exactly_past_their_clamp(m
     _, p, q, kappa = numpy_helpers._ERF_HALF_SINGLE
     monkeypatch.setattr(numpy_helpers, "_ERF_HALF_SINGLE", (float(np.float32(4 * math.sqrt(2))), p, q, kappa))
     assert numpy_helpers._gelu(np.float32([-1e13]))[0] > 1e5
+    # the search for that bound ends: an evaluation that never rounds to 1 stops it after a few units, not at 0
+    monkeypatch.setattr(numpy_helpers, "_odd_ratio", lambda x, rational, rows: np.zeros(1, np.float32))
+    with pytest.raises(AssertionError, match="does not round to 1 below 5.65"):
+        numpy_helpers._erf_rational(0.5)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])

@@ -101,20 +101,42 @@ def test_numpy_single_precision_erf_and_gelu_hold_their_bounds_on_a_dense_grid()
 
 def test_numpy_single_precision_gelu_and_erf_saturate_exactly_past_their_clamp(monkeypatch):
     """Past the clamp erf is ±1 and Φ is 0 or 1 exactly, so x Φ(x) of a huge negative x is 0, not x times a rounding
-    residue; the control: the clamp at 4√2 rounded to float32, one unit past the bound ``_erf_rational`` settles on,
-    where κ/2 · x P̃/Q̃ rounds to 1/2 + 2⁻²⁴ and GELU(−1e13) would be 6e5."""
+    residue; the control: a clamp where the rational function is still below 1 (3√2), where GELU(−1e13) would be −1e8."""
     huge = np.float32([-1e30, -1e13, -100, 100, 1e13, 1e30])
     assert np.array_equal(numpy_helpers._gelu(huge), np.where(huge > 0, huge, 0))
     assert np.array_equal(numpy_helpers._erf(huge), np.sign(huge))
     with np.errstate(over="ignore"):  # x² of the density overflows to ∞: e^{−∞} = 0
         assert np.array_equal(numpy_helpers._gelu_backward(np.float32(1), huge), np.float32(huge > 0))
     _, p, q, kappa = numpy_helpers._ERF_HALF_SINGLE
-    monkeypatch.setattr(numpy_helpers, "_ERF_HALF_SINGLE", (float(np.float32(4 * math.sqrt(2))), p, q, kappa))
-    assert numpy_helpers._gelu(np.float32([-1e13]))[0] > 1e5
-    # the search for that bound ends: an evaluation that never rounds to 1 stops it after a few units, not at 0
+    monkeypatch.setattr(numpy_helpers, "_ERF_HALF_SINGLE", (3 * math.sqrt(2), p, q, kappa))
+    assert numpy_helpers._gelu(np.float32([-1e13]))[0] < -1e7
+    # the search for that bound ends: an evaluation that never reaches 1 stops it after a few units, not at 0
     monkeypatch.setattr(numpy_helpers, "_odd_ratio", lambda x, rational, rows: np.zeros(1, np.float32))
-    with pytest.raises(AssertionError, match="does not round to 1 below 5.65"):
+    with pytest.raises(AssertionError, match="does not reach 1 below 5.65"):
         numpy_helpers._erf_rational(0.5)
+
+
+def test_numpy_single_precision_gelu_keeps_the_sign_of_x_and_never_exceeds_it():
+    """Φ clipped to [0, 1] and erf to [−1, 1]: near the clamp (|x| 5.1 … 5.66 for GELU, 3.6 … 4 for erf) the rational
+    function overshoots 1 by up to 2 units in the last place, which made GELU of a negative x positive (6.7e-7 at
+    x = −5.656626, before this session too) and GELU(x) > x; the control: Φ unclipped leaves [0, 1] on this grid."""
+    x = np.linspace(-5.7, 5.7, 400_001).astype(np.float32)
+    gelu, erf = numpy_helpers._gelu(x), numpy_helpers._erf(x / np.float32(math.sqrt(2)))
+    assert (gelu[x < 0] <= 0).all() and (gelu[x > 0] <= x[x > 0]).all() and (np.abs(erf) <= 1).all()
+    with np.errstate(over="ignore"):
+        derivative = numpy_helpers._gelu_backward(np.float32(1), x) - x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    assert (derivative >= -1e-7).all() and (derivative <= 1 + 1e-7).all()  # Φ within [0, 1] up to the density's rounding
+    ratio = numpy_helpers._odd_ratio(x, numpy_helpers._ERF_HALF_SINGLE, np.empty((4, x.size), np.float32))
+    unclipped = ratio * np.float32(numpy_helpers._ERF_HALF_SINGLE[3] / 2) + np.float32(0.5)
+    assert (unclipped < 0).any() and (unclipped > 1).any()
+
+
+def test_numpy_erf_of_integers_is_computed_in_double_precision():
+    """Found by an adversarial review: ``_erf`` wrote its float results into an array of the input's integer type
+    (erf([−3 … 3]) was all 0, erf of booleans booleans)."""
+    x = np.array([-3, -1, 0, 1, 2, 3])
+    assert numpy_helpers._erf(x).dtype == np.float64 and np.array_equal(numpy_helpers._erf(x), numpy_helpers._erf(x * 1.0))
+    assert np.abs(numpy_helpers._erf(np.array([True, False])) - [math.erf(1), 0.0]).max() <= 2e-16
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])

@@ -149,8 +149,10 @@ def _odd_ratio(x, rational, rows):
 def _erf_rational(scale):
     """(bound, P̃, Q̃, κ) with erf(x√scale) = κ x P̃(x²)/Q̃(x²) for |x| ≤ bound, of monic P̃ and Q̃: the single precision
     approximation (v·P(v²)/Q(v²) on |v| ≤ 4) at v = x√scale, its leading coefficients and √scale one factor κ. The
-    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to 1 exactly (4√2 rounded is one unit
-    past it), so that erf is ±1 beyond it and the GELU's Φ exactly 0 (x Φ(x) of x = −1e13 is not 6e5)."""
+    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to at least 1, so that erf clipped to
+    [−1, 1] is ±1 beyond it and the GELU's Φ clipped to [0, 1] exactly 0 or 1 (x Φ(x) of x = −1e13 is 0, not x times a
+    rounding residue). The evaluation overshoots 1 by up to 2 units in the last place below the bound (|v| in 3.6 … 4):
+    the callers clip."""
     p, p_factor = _monic(_ERF_SINGLE_P, scale)
     q, q_factor = _monic(_ERF_SINGLE_Q, scale)
     root = math.sqrt(scale)
@@ -158,10 +160,10 @@ def _erf_rational(scale):
     bound = np.float32(4 / root)
     rows = np.empty((4, 1), np.float32)
     for _ in range(64):  # one or two units in the last place: the evaluation rounds to 1 within them
-        if np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] == 1:
+        if np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] >= 1:
             return float(bound), p, q, kappa
         bound = np.nextafter(bound, np.float32(0))
-    raise AssertionError(f"erf's rational function does not round to 1 below {4 / root}")
+    raise AssertionError(f"erf's rational function does not reach 1 below {4 / root}")
 
 
 #: erf(v) of float32 v, and erf(x/√2) of the exact GELU's x (its 1/√2 folded into the coefficients: x² = 2v²).
@@ -241,9 +243,10 @@ def _exact_gelu_derivative(x, rows):
         out[...] = _erf_block(out)
         out += 1
         out *= 0.5
-    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2, as in ``_gelu``
+    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2 clipped to [0, 1], as in ``_gelu``
         np.multiply(_odd_ratio(x, _ERF_HALF_SINGLE, scratch), _ERF_HALF_SINGLE[3] / 2, out=out)
         out += 0.5
+        np.clip(out, 0, 1, out=out)
     out += density
     return out
 

@@ -147,8 +147,10 @@ def _odd_ratio(x, rational, rows):
 def _erf_rational(scale):
     """(bound, P̃, Q̃, κ) with erf(x√scale) = κ x P̃(x²)/Q̃(x²) for |x| ≤ bound, of monic P̃ and Q̃: the single precision
     approximation (v·P(v²)/Q(v²) on |v| ≤ 4) at v = x√scale, its leading coefficients and √scale one factor κ. The
-    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to 1 exactly (4√2 rounded is one unit
-    past it), so that erf is ±1 beyond it and the GELU's Φ exactly 0 (x Φ(x) of x = −1e13 is not 6e5)."""
+    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to at least 1, so that erf clipped to
+    [−1, 1] is ±1 beyond it and the GELU's Φ clipped to [0, 1] exactly 0 or 1 (x Φ(x) of x = −1e13 is 0, not x times a
+    rounding residue). The evaluation overshoots 1 by up to 2 units in the last place below the bound (|v| in 3.6 … 4):
+    the callers clip."""
     p, p_factor = _monic(_ERF_SINGLE_P, scale)
     q, q_factor = _monic(_ERF_SINGLE_Q, scale)
     root = math.sqrt(scale)
@@ -156,10 +158,10 @@ def _erf_rational(scale):
     bound = np.float32(4 / root)
     rows = np.empty((4, 1), np.float32)
     for _ in range(64):  # one or two units in the last place: the evaluation rounds to 1 within them
-        if np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] == 1:
+        if np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] >= 1:
             return float(bound), p, q, kappa
         bound = np.nextafter(bound, np.float32(0))
-    raise AssertionError(f"erf's rational function does not round to 1 below {4 / root}")
+    raise AssertionError(f"erf's rational function does not reach 1 below {4 / root}")
 
 
 #: erf(v) of float32 v, and erf(x/√2) of the exact GELU's x (its 1/√2 folded into the coefficients: x² = 2v²).
@@ -195,9 +197,10 @@ def _erf_block(x):
 def _gelu(x, out=None):
     """x (1 + erf(√2 x/2))/2 elementwise (the exact GELU), in blocks that stay in cache, each read whole before its
     result is written, so ``out`` may be ``x`` itself (the ``reuse-buffers`` pass: no fresh output). Double precision:
-    the formula's operations in its order; single (and half): ``x (κ/2 x P̃(x²)/Q̃(x²) + 1/2)`` in float32 scratch
-    allocated once per call (``_single_scratch``; ``_erf_rational``: erf(x/√2) with the 1/√2 and the polynomials'
-    leading coefficients folded into constants, 25 array passes a block where the formula's order took 30)."""
+    the formula's operations in its order; single (and half): x Φ(x), Φ = κ/2 x P̃(x²)/Q̃(x²) + 1/2 clipped to [0, 1]
+    (so GELU keeps x's sign and never exceeds x), in float32 scratch allocated once per call (``_single_scratch``;
+    ``_erf_rational``: erf(x/√2) with the 1/√2 and the polynomials' leading coefficients folded into constants, 26 array
+    passes a block where the formula's order took 30)."""
     flat, result = _blocks_of(x, out)
     scratch = _single_scratch(flat)
     kappa = _ERF_HALF_SINGLE[3]  # erf(x/√2) = κ x P̃(x²)/Q̃(x²)
@@ -212,8 +215,9 @@ def _gelu(x, out=None):
             np.divide(value, 2, out=written)
             continue
         phi = _odd_ratio(block, _ERF_HALF_SINGLE, scratch[:, :block.size])
-        phi *= kappa / 2  # erf(x/√2)/2, ±1/2 exactly where erf rounds to ±1
+        phi *= kappa / 2  # erf(x/√2)/2
         phi += 0.5
+        np.clip(phi, 0, 1, out=phi)
         np.multiply(phi, block, out=written)
     return _written(result, x, out)
 
@@ -274,9 +278,10 @@ def _exact_gelu_derivative(x, rows):
         out[...] = _erf_block(out)
         out += 1
         out *= 0.5
-    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2, as in ``_gelu``
+    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2 clipped to [0, 1], as in ``_gelu``
         np.multiply(_odd_ratio(x, _ERF_HALF_SINGLE, scratch), _ERF_HALF_SINGLE[3] / 2, out=out)
         out += 0.5
+        np.clip(out, 0, 1, out=out)
     out += density
     return out
 

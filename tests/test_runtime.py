@@ -82,11 +82,11 @@ def test_numpy_erf_and_gelu_are_the_error_function(rng):
     gelu = x * (1 + np.array([math.erf(value / math.sqrt(2)) for value in x])) / 2
     _agree(numpy_helpers._gelu(x), gelu, x * (1 + np.tanh(x)) / 2)
     single = numpy_helpers._erf(x.astype(np.float32))
-    assert single.dtype == np.float32 and np.max(np.abs(single - erf)) < 5e-7
+    assert single.dtype == np.float32 and np.max(np.abs(single - erf)) < 4e-7
 
 
 def test_numpy_single_precision_erf_and_gelu_hold_their_bounds_on_a_dense_grid():
-    """erf within 5e-7 (8 units in the last place near ±1) and the exact GELU within 3e-7·max(1, |x|) of float64
+    """erf within 4e-7 (7 units in the last place near ±1; 3.8e-7 measured) and the exact GELU within 3e-7·max(1, |x|) of float64
     references at 240,001 float32 points of [−12, 12], past the clamp at ±4 (±4√2 for GELU's); the tanh
     approximation of GELU, 1.8e-4 from it, is the control."""
     x = np.linspace(-12, 12, 240_001).astype(np.float32)
@@ -94,7 +94,7 @@ def test_numpy_single_precision_erf_and_gelu_hold_their_bounds_on_a_dense_grid()
     erf = np.array([math.erf(value) for value in wide])
     gelu = wide * (1 + np.array([math.erf(value / math.sqrt(2)) for value in wide])) / 2
     scale = np.maximum(1, np.abs(wide))
-    assert numpy_helpers._erf(x).dtype == np.float32 and np.abs(numpy_helpers._erf(x) - erf).max() < 5e-7
+    assert numpy_helpers._erf(x).dtype == np.float32 and np.abs(numpy_helpers._erf(x) - erf).max() < 4e-7
     assert numpy_helpers._gelu(x).dtype == np.float32 and (np.abs(numpy_helpers._gelu(x) - gelu) / scale).max() < 3e-7
     assert (np.abs(numpy_helpers._gelu_tanh(x) - gelu) / scale).max() > 1e-4
 
@@ -241,7 +241,7 @@ def test_numpy_half_precision_erf_is_single_precisions_rounded(rng):
     x = rng.normal(0, 2, 2 * numpy_helpers._BLOCK + 5).astype(np.float16)
     single = numpy_helpers._erf(x.astype(np.float32))
     assert numpy_helpers._erf(x).dtype == np.float16 and np.array_equal(numpy_helpers._erf(x), single.astype(np.float16))
-    assert np.max(np.abs(single - np.array([math.erf(value) for value in x.astype(np.float64)]))) < 5e-7
+    assert np.max(np.abs(single - np.array([math.erf(value) for value in x.astype(np.float64)]))) < 4e-7
 
 
 def test_numpy_products_write_each_kernel_into_its_columns(rng):
@@ -291,7 +291,7 @@ def test_numpy_attention_stops_each_block_at_its_last_kept_key(rng, monkeypatch)
 @pytest.mark.parametrize("shape", [(2, 3, 7, 5), (1, 1, 64, 16), (2, 4, 9, 3), (1, 2, 1, 4)])
 def test_numpy_any_per_block_is_the_blocks_or(rng, shape):
     """``_any_per_block`` (``_reaches``' reductions) against a loop over the blocks, the last one shorter, of sizes 1 to
-    past the axis, a broadcast (stride 0) mask too; the control: a block size one off."""
+    past the axis, a broadcast (stride 0) mask too; the control: every block's AND (the wrong reduction) is told apart."""
     def reference(mask, size, axis):
         blocks = [mask.take(range(start, min(start + size, mask.shape[axis])), axis=axis).any(axis=axis)
                   for start in range(0, mask.shape[axis], size)]
@@ -302,7 +302,9 @@ def test_numpy_any_per_block_is_the_blocks_or(rng, shape):
         for size in (1, 2, 3, 4, 7, 128):
             for m in (mask, broadcast):
                 assert np.array_equal(numpy_helpers._any_per_block(m, size, axis), reference(m, size, axis))
-    assert not np.array_equal(numpy_helpers._any_per_block(mask, 3, 2), reference(mask, 4, 2)) or shape[2] < 4
+    every = np.stack([mask.take(range(start, min(start + 2, shape[3])), axis=3).all(axis=3)
+                      for start in range(0, shape[3], 2)], axis=3)
+    assert not np.array_equal(numpy_helpers._any_per_block(mask, 2, 3), every)
 
 
 def test_numpy_grouped_attention_reads_its_groups_keys(rng):

@@ -103,50 +103,43 @@ def test_numpy_single_precision_erf_and_gelu_hold_their_bounds_on_a_dense_grid()
 def test_numpy_single_precision_gelu_and_erf_saturate_exactly(monkeypatch):
     """Far out erf is ±1 and Φ is 0 or 1 exactly, so x Φ(x) of a huge negative x is 0, not x times a rounding residue,
     of a huge positive one x itself (up to float32's largest: Φ is formed before x multiplies it), without overflow
-    warnings (y² is ∞ past 8.7e19); the controls: erf's clamp where the rational function is still below 1 (3√2), and
-    the GELU's polynomial R with its leading coefficient negated (g → −∞: GELU(1e13) would be 0)."""
+    warnings (y² is ∞ past 8.7e19); the control: R with its leading coefficient negated (g → −∞ far out: erf(1e13)
+    would be −1 and GELU(1e13) 0)."""
     huge = np.float32([-3.4e38, -1e30, -1e13, -100, 100, 1e13, 1e30, 3.4e38])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.array_equal(numpy_helpers._gelu(huge), np.where(huge > 0, huge, 0))
-    assert np.array_equal(numpy_helpers._erf(huge), np.sign(huge))
+        assert np.array_equal(numpy_helpers._erf(huge), np.sign(huge))
     with np.errstate(over="ignore"):  # x² of the density overflows to ∞: e^{−∞} = 0
         assert np.array_equal(numpy_helpers._gelu_backward(np.float32(1), huge), np.float32(huge > 0))
-    _, p, q, kappa = numpy_helpers._ERF_SINGLE
-    monkeypatch.setattr(numpy_helpers, "_ERF_SINGLE", (3, p, q, kappa))
-    assert numpy_helpers._erf(np.float32([1e13]))[0] < 0.99999
-    leading, *rest = numpy_helpers._GELU_SINGLE_R
-    monkeypatch.setattr(numpy_helpers, "_GELU_SINGLE", numpy_helpers._odd_monic((-leading, *rest)))
-    assert numpy_helpers._gelu(np.float32([1e13]))[0] == 0
-    # the search for erf's bound ends: an evaluation that never reaches 1 stops it after a few units, not at 0
-    monkeypatch.setattr(numpy_helpers, "_odd_ratio", lambda x, rational, rows: np.zeros(1, np.float32))
-    with pytest.raises(AssertionError, match="does not reach 1 below 5.65"):
-        numpy_helpers._erf_rational(0.5)
+    leading, *rest = numpy_helpers._ERF_TANH_R
+    monkeypatch.setattr(numpy_helpers, "_ERF_TANH", numpy_helpers._odd_monic((-leading, *rest)))
+    assert numpy_helpers._gelu(np.float32([1e13]))[0] == 0 and numpy_helpers._erf(np.float32([1e13]))[0] == -1
 
 
 def test_numpy_single_precision_gelu_polynomial_is_the_fit_of_its_tool():
-    """``_GELU_SINGLE_R`` is what ``tools/gelu_fit.py`` computes (erf's error 5.8e-8 on its grid); the control: degree
+    """``_ERF_TANH_R`` is what ``tools/gelu_fit.py`` computes (erf's error 5.8e-8 on its grid); the control: degree
     5, whose best fit misses erf by 5e-7."""
     from gelu_fit import fit  # tools/gelu_fit.py
     coefficients, error = fit()
-    assert error < 6e-8 and np.allclose(coefficients, numpy_helpers._GELU_SINGLE_R, rtol=1e-6, atol=0)
+    assert error < 6e-8 and np.allclose(coefficients, numpy_helpers._ERF_TANH_R, rtol=1e-6, atol=0)
     assert fit(degree=5, iterations=100)[1] > 4e-7
 
 
-def test_numpy_single_precision_gelu_keeps_the_sign_of_x_and_never_exceeds_it():
-    """The GELU's Φ = (1 + tanh g)/2 lies in [0, 1], and erf is clipped to [−1, 1]: near its clamp (|v| 3.6 … 4) Eigen's
-    rational function overshoots 1 by up to 2 units in the last place, which made GELU of a negative x positive
-    (6.7e-7 at x = −5.656626, while GELU took it) and GELU(x) > x; the control: that rational Φ unclipped leaves
-    [0, 1] on this grid (the GELU derivative's Φ is clipped too)."""
+def test_numpy_single_precision_gelu_keeps_the_sign_of_x_and_never_exceeds_it(monkeypatch):
+    """Φ = (1 + tanh g)/2 lies in [0, 1] and erf = tanh g(√2 x) in [−1, 1] by construction, so GELU keeps x's sign and
+    never exceeds x, and its derivative's Φ stays in [0, 1] (Eigen's rational erf, used before, overshot 1 by up to 2
+    units in the last place near its clamp: GELU of a negative x came out positive until Φ was clipped); the control:
+    Φ one unit in the last place above its value, GELU(x) > x where Φ is 1."""
     x = np.linspace(-5.7, 5.7, 400_001).astype(np.float32)
     gelu, erf = numpy_helpers._gelu(x), numpy_helpers._erf(x / np.float32(math.sqrt(2)))
     assert (gelu[x < 0] <= 0).all() and (gelu[x > 0] <= x[x > 0]).all() and (np.abs(erf) <= 1).all()
     with np.errstate(over="ignore"):
         derivative = numpy_helpers._gelu_backward(np.float32(1), x) - x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
     assert (derivative >= -1e-7).all() and (derivative <= 1 + 1e-7).all()  # Φ within [0, 1] up to the density's rounding
-    ratio = numpy_helpers._odd_ratio(x, numpy_helpers._ERF_HALF_SINGLE, np.empty((4, x.size), np.float32))
-    unclipped = ratio * np.float32(numpy_helpers._ERF_HALF_SINGLE[3] / 2) + np.float32(0.5)
-    assert (unclipped < 0).any() and (unclipped > 1).any()
+    phi = numpy_helpers._phi_single
+    monkeypatch.setattr(numpy_helpers, "_phi_single", lambda *args: np.nextafter(phi(*args), 2, out=args[1][-1]))
+    assert not (numpy_helpers._gelu(x)[x > 0] <= x[x > 0]).all()
 
 
 def test_numpy_erf_of_integers_is_computed_in_double_precision():
@@ -232,7 +225,7 @@ def test_numpy_activation_adjoints_compute_half_precision_in_single_and_follow_t
     under a float64 costate in float32, the tanh form's NaN past x³'s overflow where torch gives 0 or 1, an unknown
     ``approximate`` taken for the exact GELU, integers wrapped when negated."""
     half = np.array([-1000, -256, -0.7515, 0.5, 255, 256, 1000], np.float16)
-    derivatives = {"none": (numpy_helpers._exact_gelu_derivative, 6), "tanh": (numpy_helpers._tanh_gelu_derivative, 3)}
+    derivatives = {"none": (numpy_helpers._exact_gelu_derivative, 4), "tanh": (numpy_helpers._tanh_gelu_derivative, 3)}
     for approximate in ("none", "tanh"):
         expected = torch.ops.aten.gelu_backward(torch.ones(half.shape), torch.from_numpy(half.astype(np.float32)),
                                                 approximate=approximate).numpy().astype(np.float16)
@@ -681,11 +674,11 @@ def _defined(source: str) -> list[str]:
 
 def test_the_inliner_copies_what_a_module_uses_transitively_in_the_runtime_order():
     source = inline_runtime(_module("def f(x, g, b):\n    return _layer_norm(_gelu(x), g, b, 1e-5)\n"), "numpy")
-    assert _defined(source) == ["_polynomial", "_monic", "_monic_polynomial", "_odd_monic", "_single_scratch",
-                                "_erf_block", "_gelu", "_gelu_single", "_checked_out", "_blocks_of", "_written",
-                                "_row_scale", "_layer_norm", "f"]
-    assert "_ERF_SINGLE_P = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
-    assert "#@runtime" not in source and "_attention" not in source and "_erf(" not in source
+    assert _defined(source) == ["_polynomial", "_monic", "_monic_polynomial", "_odd_monic", "_artanh_erf",
+                                "_phi_single", "_single_scratch", "_erf_block", "_gelu", "_checked_out", "_blocks_of",
+                                "_written", "_row_scale", "_layer_norm", "f"]
+    assert "_ERF_TANH_R = " in source and "_ERF_T = " in source and "# Cephes'" in source  # the constants' paragraph
+    assert "#@runtime" not in source and "_attention" not in source and "def _erf(" not in source
     namespace = {}
     exec(compile(source, "generated", "exec"), namespace)  # runs with NumPy and the standard library alone
     x = np.linspace(-2, 2, 6)[None]

@@ -1,9 +1,10 @@
-"""Fit the single-precision GELU's polynomial (a development tool, not installed): ``python tools/gelu_fit.py``.
+"""Fit the polynomial of single precision's erf and exact GELU (a development tool, not installed):
+``python tools/gelu_fit.py``.
 
 The exact GELU is x Φ(x) with Φ(x) = (1 + erf(x/√2))/2 = (1 + tanh g(x))/2, g(x) = artanh erf(x/√2), an odd
-function growing from √(2/π) x near 0 to x²/4 far out. The runtime (``_GELU_SINGLE_R`` in
+function growing from √(2/π) x near 0 to x²/4 far out; erf(v) = tanh g(√2 v). The NumPy runtime (``_ERF_TANH_R`` in
 ``runtime/numpy_helpers.py``) evaluates g(x) ≈ x R(x²), R a polynomial of degree 6, in float32 and NumPy's
-vectorized ``tanh`` on top: 14 array passes and one tanh where Eigen's rational erf takes 26 (and both clamps).
+vectorized ``tanh`` on top: 14 array passes and one tanh where Eigen's rational erf took 26 (and two clamps).
 
 R minimizes the largest error of erf, |tanh(x R(x²)) − erf(x/√2)|, over 0 < x ≤ 5.6 (where float32 erf has long
 rounded to 1; tanh of x R(x²) rounds to 1 from about x = 5.55 on): Lawson's iteration, weighted least squares whose
@@ -47,7 +48,7 @@ def fit(degree: int = DEGREE, reach: float = REACH, points: int = POINTS,
 def main() -> None:
     coefficients, error = fit()
     print(f"# largest error of erf: {error:.3g}")
-    print("_GELU_SINGLE_R = (" + ", ".join(repr(float(c)) for c in coefficients) + ")")
+    print("_ERF_TANH_R = (" + ", ".join(repr(float(c)) for c in coefficients) + ")")
 
 
 if __name__ == "__main__":

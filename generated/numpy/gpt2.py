@@ -96,13 +96,11 @@ _ERFC_R = (5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180
            6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0)
 _ERFC_S = (1.0, 2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
            1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0)
-# Single precision: the rational approximation Eigen and XLA use for float erf, v·P(v²)/Q(v²) on v
-# clamped to [−4, 4] (where erf rounds to ±1), evaluated in float32 with monic polynomials (``_erf_rational``):
-# within 4e-7 of erf over [−12, 12] (the tests' bound: 5e-7).
-_ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-                 -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-_ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-                 -1.42647390514189e-02)
+# Single precision: erf(v) = tanh g(√2 v) and the exact GELU's Φ(x) = (1 + erf(x/√2))/2 = (1 + tanh g(x))/2, with
+# g(x) = artanh erf(x/√2) ≈ x R(x²): R of degree 6 fitted by ``tools/gelu_fit.py`` (erf's error at most 5.8e-8 on
+# |x| ≤ 5.6, past which tanh g rounds to ±1), highest degree first.
+_ERF_TANH_R = (1.756277325882293e-09, -1.3226627578614752e-07, 3.964773125527013e-06, -5.530631668551487e-05,
+               -3.259474462077177e-05, 0.03633308440866867, 0.7978849414899029)
 
 
 def _polynomial(x, coefficients, out=None):
@@ -132,46 +130,42 @@ def _monic_polynomial(z, coefficients, out):
     return result
 
 
-def _odd_ratio(x, rational, rows):
-    """x P̃(x²)/Q̃(x²) of x clamped to ±bound, (bound, P̃, Q̃, κ) = ``rational`` (``_erf_rational``): erf(x√scale)/κ,
-    in float32 ``rows`` (clamped, z, numerator, denominator) of x's size; returns the numerator row."""
-    bound, p, q, _ = rational
-    clamped, z, numerator, denominator = rows
-    np.clip(x, -bound, bound, out=clamped)
-    np.multiply(clamped, clamped, out=z)
-    _monic_polynomial(z, p, numerator)
-    numerator *= clamped
-    _monic_polynomial(z, q, denominator)
-    numerator /= denominator
-    return numerator
+def _odd_monic(coefficients):
+    """(s, (a₁, …, a_n)) with x R(x²) = y (y²ⁿ + a₁ y²⁽ⁿ⁻¹⁾ + … + a_n) at y = s x, of R's ``coefficients`` highest degree
+    first: R's leading coefficient c taken into y by s = c^{1/(2n+1)} (``_monic``)."""
+    leading, degree = coefficients[0], len(coefficients) - 1
+    scale = math.copysign(abs(leading) ** (1 / (2 * degree + 1)), leading)
+    return scale, _monic(coefficients, scale ** -2)[0]
 
 
-def _erf_rational(scale):
-    """(bound, P̃, Q̃, κ) with erf(x√scale) = κ x P̃(x²)/Q̃(x²) for |x| ≤ bound, of monic P̃ and Q̃: the single precision
-    approximation (v·P(v²)/Q(v²) on |v| ≤ 4) at v = x√scale, its leading coefficients and √scale one factor κ. The
-    bound: the largest float32 up to 4/√scale where κ·``_odd_ratio`` evaluates to at least 1, so that erf clipped to
-    [−1, 1] is ±1 beyond it and the GELU's Φ clipped to [0, 1] exactly 0 or 1 (x Φ(x) of x = −1e13 is 0, not x times a
-    rounding residue). The evaluation overshoots 1 by up to 2 units in the last place below the bound (|v| in 3.6 … 4):
-    the callers clip."""
-    p, p_factor = _monic(_ERF_SINGLE_P, scale)
-    q, q_factor = _monic(_ERF_SINGLE_Q, scale)
-    root = math.sqrt(scale)
-    kappa = root * p_factor / q_factor
-    bound = np.float32(4 / root)
-    rows = np.empty((4, 1), np.float32)
-    for _ in range(64):  # one or two units in the last place: the evaluation rounds to 1 within them
-        if np.float32(kappa) * _odd_ratio(bound, (bound, p, q, kappa), rows)[0] >= 1:
-            return float(bound), p, q, kappa
-        bound = np.nextafter(bound, np.float32(0))
-    raise AssertionError(f"erf's rational function does not reach 1 below {4 / root}")
+#: g(x) = y R̃(y²) at y = s x: (s, R̃'s coefficients).
+_ERF_TANH = _odd_monic(_ERF_TANH_R)
 
 
-#: erf(v) of float32 v, and erf(x/√2) of the exact GELU's x (its 1/√2 folded into the coefficients: x² = 2v²).
-_ERF_SINGLE = _erf_rational(1.0)
-_ERF_HALF_SINGLE = _erf_rational(0.5)
+def _artanh_erf(x, factor, rows):
+    """g(factor·x), g(x) = artanh erf(x/√2) ≈ y R̃(y²) at y = s·factor·x (``_ERF_TANH``), of a float32 or float16 ``x`` in
+    float32 ``rows`` (y, z, g) of its size; returns the g row. Past |factor·x| ≈ 5.55 its tanh rounds to ±1; past 8.7e19
+    y² is ∞, g too (no overflow warning), and tanh g still ±1."""
+    scale, r = _ERF_TANH
+    y, z, g = rows
+    np.multiply(x, np.float32(scale * factor), out=y)  # a float32 scalar: half precision computed in single
+    with np.errstate(over="ignore"):
+        np.multiply(y, y, out=z)
+        _monic_polynomial(z, r, g)
+    g *= y
+    return g
 
 
-#: Elements per block of the elementwise passes: their float32 scratch (4 rows, 512 KB) stays in cache, and the
+def _phi_single(x, rows):
+    """Φ(x) = (1 + erf(x/√2))/2 = (1 + tanh g(x))/2 (``_artanh_erf``), in [0, 1] by construction, in the last of the
+    float32 ``rows`` (y, z, g), which it returns."""
+    phi = np.tanh(_artanh_erf(x, 1.0, rows), out=rows[2])
+    phi += 1
+    phi *= 0.5
+    return phi
+
+
+#: Elements per block of the elementwise passes: their float32 scratch (3 rows, 384 KB) stays in cache, and the
 #: allocator keeps memory this small between calls (1 << 17: 2 MB returned to the system and faulted in again at
 #: every call; CvT's NumPy forward 18 % slower, 1100 page faults a call instead of none).
 _BLOCK = 1 << 15
@@ -205,7 +199,7 @@ def _gelu_backward(costate, x, approximate="none"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         return _costate_blocks(costate, x, _tanh_gelu_derivative, 3)
-    return _costate_blocks(costate, x, _exact_gelu_derivative, 6)
+    return _costate_blocks(costate, x, _exact_gelu_derivative, 4)
 
 
 def _tanh_gelu_derivative(x, rows):
@@ -243,10 +237,8 @@ def _exact_gelu_derivative(x, rows):
         out[...] = _erf_block(out)
         out += 1
         out *= 0.5
-    else:  # Φ(x) = κ/2 x P̃(x²)/Q̃(x²) + 1/2 clipped to [0, 1], as in ``_gelu``
-        np.multiply(_odd_ratio(x, _ERF_HALF_SINGLE, scratch), _ERF_HALF_SINGLE[3] / 2, out=out)
-        out += 0.5
-        np.clip(out, 0, 1, out=out)
+    else:  # Φ(x) in out, as in ``_gelu``
+        _phi_single(x, (*scratch, out))
     out += density
     return out
 

@@ -103,15 +103,17 @@ def test_numpy_single_precision_erf_and_gelu_hold_their_bounds_on_a_dense_grid()
 def test_numpy_single_precision_gelu_and_erf_saturate_exactly(monkeypatch):
     """Far out erf is ±1 and Φ is 0 or 1 exactly, so x Φ(x) of a huge negative x is 0, not x times a rounding residue,
     of a huge positive one x itself (up to float32's largest: Φ is formed before x multiplies it), without overflow
-    warnings (y² is ∞ past 8.7e19); the control: R with its leading coefficient negated (g → −∞ far out: erf(1e13)
+    warnings (R̃(y²) y overflows from |x| ≈ 1e3, y² past 8.7e19); the control: R with its leading coefficient negated (g → −∞ far out: erf(1e13)
     would be −1 and GELU(1e13) 0)."""
-    huge = np.float32([-3.4e38, -1e30, -1e13, -100, 100, 1e13, 1e30, 3.4e38])
+    far = np.concatenate([np.logspace(1, 38.5, 400), [3.4e38]]).astype(np.float32)  # R̃(y²) y overflows from ~1e3
+    huge = np.concatenate([-far[::-1], far])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.array_equal(numpy_helpers._gelu(huge), np.where(huge > 0, huge, 0))
         assert np.array_equal(numpy_helpers._erf(huge), np.sign(huge))
     with np.errstate(over="ignore"):  # x² of the density overflows to ∞: e^{−∞} = 0
-        assert np.array_equal(numpy_helpers._gelu_backward(np.float32(1), huge), np.float32(huge > 0))
+        beyond = huge[np.abs(huge) >= 100]  # where the density underflows to 0
+        assert np.array_equal(numpy_helpers._gelu_backward(np.float32(1), beyond), np.float32(beyond > 0))
     leading, *rest = numpy_helpers._ERF_TANH_R
     monkeypatch.setattr(numpy_helpers, "_ERF_TANH", numpy_helpers._odd_monic((-leading, *rest)))
     assert numpy_helpers._gelu(np.float32([1e13]))[0] == 0 and numpy_helpers._erf(np.float32([1e13]))[0] == -1

@@ -152,7 +152,7 @@ def _artanh_erf(x, factor, rows):
     with np.errstate(over="ignore"):
         np.multiply(y, y, out=z)
         _monic_polynomial(z, r, g)
-    g *= y
+        g *= y
     return g
 
 

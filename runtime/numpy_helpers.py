@@ -92,8 +92,8 @@ _ERF_TANH = _odd_monic(_ERF_TANH_R)
 
 def _artanh_erf(x, factor, rows):
     """g(factor·x), g(x) = artanh erf(x/√2) ≈ y R̃(y²) at y = s·factor·x (``_ERF_TANH``), of a float32 or float16 ``x`` in
-    float32 ``rows`` (y, z, g) of its size; returns the g row. Past |factor·x| ≈ 5.55 its tanh rounds to ±1; past 8.7e19
-    y² is ∞, g too (no overflow warning), and tanh g still ±1."""
+    float32 ``rows`` (y, z, g) of its size; returns the g row. Past |factor·x| ≈ 5.55 its tanh rounds to ±1; from about
+    3000 on g overflows to ±∞ (y² past 8.7e19; no overflow warning), and tanh g is still ±1."""
     scale, r = _ERF_TANH
     y, z, g = rows
     np.multiply(x, np.float32(scale * factor), out=y)  # a float32 scalar: half precision computed in single

@@ -3,8 +3,9 @@
 The fields of the scheme are frozen (random controls), made smooth (tanh activation) and
 integrated over ``[0, T]``, all by the independent evaluator (``semantics``, float64):
 the scheme's steps with ``Δt = T/N_t``, ``N_t = 1, 2, 4, …, 32`` (up to 128 for order 3
-and more), against RK4 with 512 steps (2048 for order 3 and more) for ``u_t = Σ c_k A_k(u)``.
-Projection substeps are held out (the identity), as in the series analysis. The slope of
+and more), against RK4 for ``u_t = Σ c_k A_k(u)`` (``converged_reference``: from 64 steps,
+doubled while its own error, estimated by Richardson, exceeds 10⁻⁴ of the scheme's smallest;
+at most 512 steps, 2048 for order 3 and more). Projection substeps are held out (the identity), as in the series analysis. The slope of
 log error against log Δt over the finest steps is the empirical order. Cross-attention reads
 a random memory held fixed over ``[0, T]``; rotary attention the positions ``0 … N−1``.
 """
@@ -23,15 +24,19 @@ from ..output import PLOTS_HINT, check_replaceable, write_files
 from .parameters import random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
-__all__ = ["Study", "smooth_variant", "convergence_study", "plot_study", "plot_studies", "reference_flow"]
+__all__ = ["Study", "smooth_variant", "convergence_study", "plot_study", "plot_studies", "reference_flow",
+           "converged_reference"]
 
 SIZES = Sizes(tokens=4, features=4, heads=2, hidden=8)
 MEMORY_TOKENS = 3
 HORIZON = 1.0
 STEPS = (1, 2, 4, 8, 16, 32)
-#: Schemes of order 3 and more reach their asymptotic slope only at finer steps, and need a
+#: Schemes of order 3 and more reach their asymptotic slope only at finer steps, and may need a
 #: finer reference to stay far below their error.
 FINE_STEPS, REFERENCE_STEPS, FINE_REFERENCE_STEPS = (64, 128), 512, 2048
+#: The reference's fewest RK4 steps, and its largest error relative to the scheme's smallest (``converged_reference``):
+#: each error the slope is fitted to is off by at most 0.01 %.
+REFERENCE_START, REFERENCE_TOLERANCE = 64, 1e-4
 #: With exact sub-flows: coarser steps (high splitting orders reach the reference's error
 #: sooner), each substep's flow integrated by RK4 in pieces of at most ``SUBFLOW_STEP``.
 SUBFLOW_STEPS, SUBFLOW_STEP = (1, 2, 4, 8, 16), 1 / 256
@@ -55,6 +60,30 @@ def reference_flow(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: i
         return sum(coefficient * semantics.field(step, v) for coefficient, step in terms)
 
     return _rk4(field, u, duration, steps)
+
+
+def converged_reference(semantics: Semantics, scheme: Scheme, u: np.ndarray, solutions: list[np.ndarray],
+                        most: int = REFERENCE_STEPS) -> tuple[np.ndarray, int]:
+    """The reference flow (``reference_flow``) accurate to ``REFERENCE_TOLERANCE`` of the scheme's smallest error
+    (its ``solutions``' distance to the flow), and its RK4 steps, at most ``most``.
+
+    RK4's error at n steps is 1/15 of the gap between its results at n/2 and n (Richardson: a halved step divides it
+    by 16) where the gaps of 16 → 32 → 64 steps shrink by about 16 (the asymptotic regime); the steps are doubled
+    from 64 while that error scaled by (64/n)⁴ exceeds the tolerance. Outside that regime, or where a solution lies
+    within the error's estimate of the 64-step flow (a scheme as accurate as RK4: ``rk4`` itself), ``most``.
+    """
+    counts = (REFERENCE_START // 4, REFERENCE_START // 2, REFERENCE_START)
+    flows = [reference_flow(semantics, scheme, u, count) for count in counts]
+    gaps = [float(np.abs(finer - coarser).max()) for coarser, finer in zip(flows, flows[1:])]
+    error = gaps[1] / 15
+    smallest = min(float(np.abs(solution - flows[-1]).max()) for solution in solutions) - 2 * error
+    asymptotic = gaps == [0.0, 0.0] or (gaps[1] > 0 and 8 <= gaps[0] / gaps[1] <= 32)
+    steps = REFERENCE_START
+    if not asymptotic or smallest <= 0:
+        steps = most
+    while steps < most and error * (REFERENCE_START / steps) ** 4 > REFERENCE_TOLERANCE * smallest:
+        steps *= 2
+    return (flows[-1] if steps == REFERENCE_START else reference_flow(semantics, scheme, u, steps)), steps
 
 
 def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:
@@ -107,8 +136,7 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     steps = SUBFLOW_STEPS if exact_subflows else STEPS + FINE_STEPS if fine and order <= 4 else STEPS
     memory = np.random.default_rng(seed + 2).standard_normal((MEMORY_TOKENS, SIZES.features))
     flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, memory=memory)
-    exact = reference_flow(flow, smooth, u0, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
-    errors = []
+    solutions = []
     for count in steps:
         semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False,
                               memory=memory)
@@ -116,7 +144,9 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
         u = u0
         for _ in range(count):
             u = step(u)
-        errors.append(float(np.abs(u - exact).max()))
+        solutions.append(u)
+    exact, _ = converged_reference(flow, smooth, u0, solutions, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
+    errors = [float(np.abs(u - exact).max()) for u in solutions]
     finest = slice(-2, None) if exact_subflows else slice(-3, None)  # high orders: the last two steps
     x = np.log(HORIZON / np.array(steps, dtype=float))[finest]
     slope = float(np.polyfit(x, np.log(np.array(errors))[finest], 1)[0])

@@ -1,6 +1,7 @@
 """The proof checker: every check holds, and deliberately wrong claims are caught."""
 
 import json
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -193,3 +194,28 @@ def test_a_single_field_is_exact_with_exact_subflows():
                           '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
     result = splitting_order(scheme)
     assert result.order == 1 and result.splitting_order is None and result.exact_subflows_leading == 0
+
+
+class _Twice(sp.Function):
+    """A function mpmath does not know, evaluated by SymPy alone."""
+
+    def _eval_evalf(self, precision):
+        return (2 * self.args[0]).evalf(precision)
+
+
+def test_a_random_point_is_evaluated_as_sympys_substitution_would():
+    from splitformer.codegen.verification.statements.recovery import _at_random_point, vanishes
+    x, y, eps = (sp.Symbol(name, real=True) for name in ("u[0,1]", "W[1,0]", "epsilon"))
+    expr = sp.exp(x - y) * sp.sqrt(x**2 + eps) - sp.Max(y - x, 0) / (1 + sp.exp(-x))
+    point = dict(zip(sorted(expr.free_symbols, key=str), (sp.Float(v, 30) for v in _uniform(3))))
+    assert abs(_at_random_point(expr) - sp.N(expr.xreplace(point), 30)) < 1e-28
+    assert vanishes((x + y) ** 2 - x**2 - 2 * x * y - y**2) and not vanishes(expr)
+    assert not vanishes(sp.Rational(1, 10**18) * x)  # 30 digits see 1e-19
+    twice = _Twice(x) - 2 * x  # through substitution: 0 at the point, but no expansion removes it
+    assert abs(_at_random_point(twice)) < 1e-28 and not vanishes(twice)
+    assert abs(_at_random_point(_Twice(x) - x) - sp.Float(_uniform(1)[0], 30)) < 1e-28  # its one symbol: the first
+
+
+def _uniform(count):
+    generator = random.Random(0)
+    return [generator.uniform(0.1, 1) for _ in range(count)]

@@ -13,6 +13,7 @@ import random
 from dataclasses import replace
 
 import sympy as sp
+from sympy.core.cache import clear_cache
 
 from splitformer.symbolic.activations import activation as lookup_activation
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
@@ -112,6 +113,10 @@ NUMERIC = {"patch": 2, "channels": 2, "height": 2, "width": 4, "d": 8, "heads": 
 
 
 def _symbolic_holds(model: NetworkProgram) -> tuple[bool, str]:
+    # SymPy's cache, full of an earlier check's trees, compares each new tree with its equal-hash entries node by node:
+    # ViT's wrong-stride control took 75 s after `check vit` in the same process, 9 s from an empty cache
+    clear_cache()
+
     def fresh(stage, matrix):
         return sp.Matrix(*matrix.shape, lambda i, k: sp.Symbol(f"u_{stage}[{i},{k}]", real=True))
 

@@ -5,8 +5,9 @@ integrated over ``[0, T]``, all by the independent evaluator (``semantics``, flo
 the scheme's steps with ``Δt = T/N_t``, ``N_t = 1, 2, 4, …, 32`` (up to 128 for order 3
 and more), against RK4 for ``u_t = Σ c_k A_k(u)`` (``converged_reference``: from 64 steps,
 doubled while its own error, estimated by Richardson, exceeds 10⁻⁴ of the scheme's smallest;
-at most 512 steps, 2048 for order 3 and more). Projection substeps are held out (the identity), as in the series analysis. The slope of
-log error against log Δt over the finest steps is the empirical order. Cross-attention reads
+at most 512 steps, 2048 for order 3 and more). Projection substeps are held out (the
+identity), as in the series analysis. The slope of log error against log Δt over the finest
+steps is the empirical order. Cross-attention reads
 a random memory held fixed over ``[0, T]``; rotary attention the positions ``0 … N−1``.
 """
 

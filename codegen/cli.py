@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
@@ -478,15 +479,28 @@ def _silence_stdout() -> None:
         pass
 
 
-def _ignore_interrupts() -> None:
-    """Ignore SIGINT from now on: this process is ending with status 130. A second Ctrl-C (or a
-    SIGINT to the process group) while the message is printed would otherwise escape as a
-    traceback, and one during the interpreter's shutdown, after it restored the default
-    disposition, would end the process by the signal (status -2) instead."""
+def _end_interrupted() -> NoReturn:
+    """End this process, the command, after an interrupt: one line and status 130, never death by SIGINT.
+
+    Further SIGINTs are ignored first: a second Ctrl-C (or a SIGINT to the process group) would
+    otherwise escape from the message as a traceback. The process then ends at once, without the
+    interpreter's shutdown: CPython (3.11) notes a KeyboardInterrupt that left any ``exec`` of a
+    string (a dataclass's generated methods, a lambdified function) as unhandled, even when this
+    function caught it, and ``python -m splitformer`` would end by re-raising SIGINT with the
+    default disposition (status -2). Nothing is left to clean up: the jobs were dropped, the
+    files written whole or not at all, and the streams are flushed here.
+    """
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
         pass
+    _error("interrupted")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or the reader left: nothing more to say
+            pass
+    os._exit(130)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(error))
         return 2
     except KeyboardInterrupt:
-        if argv is None:  # the process is the command (not a caller's in-process run): keep it at 130
-            _ignore_interrupts()
+        if argv is None:  # the process is the command, not a caller's in-process run
+            _end_interrupted()
         _error("interrupted")
         return 130
     return status

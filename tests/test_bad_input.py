@@ -272,6 +272,22 @@ def test_sigint_during_check_in_a_real_process():
     assert process.returncode == 130 and first + err == "error: interrupted\n", first + err
 
 
+def test_an_interrupt_inside_an_exec_still_ends_with_status_130(tmp_path):
+    # CPython 3.11 marks a KeyboardInterrupt that leaves an exec of a string (a dataclass's
+    # generated methods while a module is imported) as unhandled even when main() catches it;
+    # 'python -m' then ended by re-raising SIGINT (status -2) after the message.
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "import splitformer.codegen.cli as cli\n"
+        "def interrupted(argv):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "cli._run = interrupted\n"
+        "sys.exit(cli.main())\n")
+    result = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (130, "error: interrupted\n"), result
+
+
 def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
     class Closed:
         def write(self, text):

@@ -219,3 +219,12 @@ def test_a_random_point_is_evaluated_as_sympys_substitution_would():
 def _uniform(count):
     generator = random.Random(0)
     return [generator.uniform(0.1, 1) for _ in range(count)]
+
+
+def test_the_references_product_is_the_matrix_product():
+    from splitformer.symbolic.references import product
+
+    a = sp.Matrix(2, 3, lambda i, k: 0 if (i, k) == (1, 1) else sp.Symbol(f"a[{i},{k}]", real=True))
+    b = sp.Matrix(3, 2, lambda k, j: sp.exp(sp.Symbol(f"b[{k},{j}]", real=True)) if k != 2 else 0)
+    assert product(a, b) == a * b and product(b, a) == b * a
+    assert product(a, b) != (b.T * a.T)  # control: the transposed order is another matrix

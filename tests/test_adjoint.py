@@ -291,3 +291,16 @@ def test_index_patterns_take_integers_and_index_expressions():
     i, p, r = (sp.Idx(name, 4) for name in "ipr")
     assert _is_pattern((i, sp.Integer(0))) and _is_pattern((2 * p + r, i))
     assert not _is_pattern((p + r, r))
+
+
+def test_the_normalizations_jacobians_hold_and_a_wrong_closed_form_fails(monkeypatch):
+    from splitformer.codegen.verification.statements import adjoint
+
+    assert all(check.holds for check in adjoint._jacobian_checks())
+    # control: the closed form's rank-one term with the other sign is the one compared
+    flipped = tuple((identifier, kind, lambda v, g, sign, jacobian=jacobian: jacobian(v, g, -sign), statement)
+                    for identifier, kind, jacobian, statement in adjoint._JACOBIANS)
+    monkeypatch.setattr(adjoint, "_JACOBIANS", flipped)
+    checks = adjoint._jacobian_checks()
+    assert not any(check.holds for check in checks)
+    assert all("components differ" in check.detail for check in checks)

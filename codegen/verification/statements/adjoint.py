@@ -38,6 +38,7 @@ from splitformer.symbolic.program import Program
 from splitformer.symbolic.projections import SYMBOLS, derive_relu_projection
 from splitformer.symbolic.rotary_attention import POSITIONS, ROPE_THETA
 from . import SKIPPED, Check
+from .recovery import vanishes
 
 __all__ = ["adjoint_checks", "general_adjoint_checks", "finite_difference_gap", "finite_difference_gaps", "flip_sign",
            "TOLERANCE", "MAX_WORK", "forward_work"]
@@ -203,7 +204,8 @@ def adjoint_checks(scheme, program: Program, adjoint: Callable[[], Adjoint] | No
 
 def _norm_jacobian_gap(kind: str, jacobian) -> tuple[list[sp.Expr], bool]:
     """Derived ``ū`` − ``J(v)ᵀλ`` per component for the normalization ``kind`` (N = 3, symbolic v, g, λ, ε),
-    and whether ``jacobian(v, g, −1)`` (the closed form with the sign of its rank-one term flipped) differs."""
+    and whether ``jacobian(v, g, −1)`` (the closed form with the sign of its rank-one term flipped) differs:
+    nonzero at a random point, where ``simplify`` took 0.9 s to say the same."""
     from splitformer.symbolic.derivation import derive
     from splitformer.symbolic.stack import final_norm_scheme
 
@@ -219,9 +221,7 @@ def _norm_jacobian_gap(kind: str, jacobian) -> tuple[list[sp.Expr], bool]:
     derived = [values[adjoint.gradients["u0"]][(0, k)] for k in range(size)]
 
     closed, wrong = (jacobian(v, g, sign).T * sp.Matrix(lam) for sign in (1, -1))
-    differences = [sp.simplify(sp.together(derived[k] - closed[k])) for k in range(size)]
-    control = sp.simplify(sp.together(derived[0] - wrong[0])) != 0
-    return differences, control
+    return [derived[k] - closed[k] for k in range(size)], not vanishes(derived[0] - wrong[0])
 
 
 def _layer_norm_jacobian(v, g, sign):
@@ -259,14 +259,15 @@ def _jacobian_checks() -> list[Check]:
     checks = []
     for identifier, kind, jacobian, statement in _JACOBIANS:
         differences, control = _norm_jacobian_gap(kind, jacobian)
-        holds = all(difference == 0 for difference in differences) and control
+        failing = [difference for difference in differences if not vanishes(difference)]
+        holds = not failing and control
         checks.append(Check(
             identifier, None,
             statement + ": exactly, for N = 3 with symbolic v, g, λ and ε; the same comparison with the sign "
             "of P Pᵀ/N flipped fails (negative control).",
             "symbolic", holds,
-            "derived − closed form simplifies to 0 in every component" if holds
-            else f"components differ: {[sp.sstr(d) for d in differences if d != 0][:1]}",
+            "derived − closed form expands to 0 in every component" if holds
+            else f"components differ: {[sp.sstr(sp.simplify(d)) for d in failing][:1]}",
         ))
     return checks
 

@@ -103,8 +103,9 @@ def _params(model: NetworkProgram, dims: dict, value) -> dict:
     return params
 
 
-def cvt_step_difference(model: NetworkProgram, dims: dict, value, eps, fresh) -> list[sp.Expr]:
-    """Derived − reference after the attention half-step and after the whole step."""
+def cvt_step_difference(model: NetworkProgram, dims: dict, value, eps, fresh, digits: int | None = None) -> list[sp.Expr]:
+    """Derived − reference after the attention half-step and after the whole step; ``digits``: numeric values, the
+    derived side evaluated in that many digits (``evaluate``'s mpmath closures)."""
     d, heads, rows, cols, kernel = dims["d"], dims["heads"], dims["rows"], dims["cols"], dims["kernel"]
     n = 1 + rows * cols
     params = _params(model, dims, value)
@@ -116,7 +117,7 @@ def cvt_step_difference(model: NetworkProgram, dims: dict, value, eps, fresh) ->
 
     def run(stage, inputs, sizes=None):
         return evaluate(stage_program(stage), {**base, **(sizes or {})}, {**inputs, **_inputs(stage, params, d // heads)},
-                        eps=eps)[stage.output]
+                        eps=eps, digits=digits)[stage.output]
 
     # derived half-step: LN, split, convolutional projections, attention, residual
     normed = run(model.stage("norm1"), {"u0": lambda i, k: u[i, k]})
@@ -176,7 +177,7 @@ def _numbers(seed: str):
 
 def _numeric_error(model: NetworkProgram) -> sp.Float:
     difference = cvt_step_difference(model, NUMERIC, _numbers(model.spec.name), sp.Float("1e-5", _DIGITS),
-                                     lambda stage, matrix: matrix.evalf(_DIGITS))
+                                     lambda stage, matrix: matrix.evalf(_DIGITS), _DIGITS)
     return max(abs(sp.N(entry, _DIGITS)) for entry in difference)
 
 

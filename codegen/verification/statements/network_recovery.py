@@ -41,13 +41,15 @@ def _matrix(table: dict, rows: int, cols: int) -> sp.Matrix:
     return sp.Matrix(rows, cols, lambda i, k: table[(i, k)])
 
 
-def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None) -> list[sp.Expr]:
+def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None, digits: int | None = None) -> list[sp.Expr]:
     """Derived − reference, stage by stage, each stage fed the same state on both sides.
 
     Returns every entry of the initial condition, of each step's output, of the final
     projection and of the logits. The next stage starts from ``fresh(stage, derived)``:
     new symbols (symbolic mode: each stage is then compared as a function of its input, so
-    the composition agrees exactly), or the derived state evaluated to a number.
+    the composition agrees exactly), or the derived state evaluated to a number. ``digits``: numeric values,
+    the derived side evaluated in that many digits (``evaluate``'s mpmath closures; SymPy's arithmetic on
+    ``Float`` trees took 4 times as long).
     """
     patch, channels, height, width = dims["patch"], dims["channels"], dims["height"], dims["width"]
     d, heads, classes = dims["d"], dims["heads"], dims["classes"]
@@ -66,25 +68,27 @@ def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None) ->
 
     embed = {name: (lambda *index, name=name: value(f"embed.{name}", *index)) for name in ("W", "b", "cls", "pos")}
     inputs = {"image": image, **{f"embed_{name}": entry for name, entry in embed.items()}}
-    grid = evaluate(stage_program(embedding), sizes, inputs)[embedding.output]
+    grid = evaluate(stage_program(embedding), sizes, inputs, digits=digits)[embedding.output]
     u = sp.Matrix(n, d, lambda i, l: embed["pos"](i, l) + (embed["cls"](l) if i == 0
                                                             else grid[((i - 1) // cols, (i - 1) % cols, l)]))
     differences += list(u - patch_embedding(image, embed, channels, height, width, patch, d))
     u = fresh("embed", u)
     for layer in range(dims["layers"]):
         params = symbolic_parameters(step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
-        derived = _matrix(evaluate(step, sizes, evaluation_inputs(step, params, u, d // heads), eps=eps)[step.output], n, d)
+        derived = _matrix(evaluate(step, sizes, evaluation_inputs(step, params, u, d // heads), eps=eps, digits=digits)[step.output],
+                          n, d)
         differences += list(derived - reference_block("pre-ln", u, params, heads, eps, activation))
         u = fresh(f"layer{layer}", derived)
     final = symbolic_parameters(final_norm, sizes, lambda name, i, j: value(name, i, j))
-    derived = _matrix(evaluate(final_norm, sizes, evaluation_inputs(final_norm, final, u, 1), eps=eps)[final_norm.output], n, d)
+    derived = _matrix(evaluate(final_norm, sizes, evaluation_inputs(final_norm, final, u, 1), eps=eps, digits=digits)
+                      [final_norm.output], n, d)
     differences += list(derived - layer_norm(u, final, "final_norm", eps))
     u = fresh("final", derived)
     head = {name: sp.Matrix(*shape, lambda i, j, name=name: value(name, i, j))
             for name, shape in (("head.W", (d, classes)), ("head.b", (classes, 1)))}
     readout = {"u": lambda i, l: u[i, l], "head_W": lambda k, o: head["head.W"][k, o],
                "head_b": lambda o: head["head.b"][o]}
-    logits = evaluate(stage_program(head_stage), sizes, readout)[head_stage.output]
+    logits = evaluate(stage_program(head_stage), sizes, readout, digits=digits)[head_stage.output]
     expected = class_token_head(u, head)
     return differences + [logits[(o,)] - expected[0, o] for o in range(classes)]
 
@@ -128,7 +132,7 @@ def _symbolic_holds(model: NetworkProgram) -> tuple[bool, str]:
 
 def _numeric_error(model: NetworkProgram) -> sp.Float:
     difference = vit_difference(model, NUMERIC, _numbers(model.name), sp.Float("1e-6", _DIGITS),
-                                lambda stage, matrix: matrix.evalf(_DIGITS))
+                                lambda stage, matrix: matrix.evalf(_DIGITS), _DIGITS)
     return max(abs(sp.N(entry, _DIGITS)) for entry in difference)
 
 

@@ -101,8 +101,10 @@ def symbolic_parameters(program: Program, sizes: dict, value) -> dict[str, sp.Ma
     return params
 
 
-def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, position=sp.Integer) -> sp.Matrix:
-    """Derived − reference; ``position(i)`` is token i's position (a Float keeps numeric evaluation numeric)."""
+def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, position=sp.Integer,
+                digits: int | None = None) -> sp.Matrix:
+    """Derived − reference; ``position(i)`` is token i's position (a Float keeps numeric evaluation numeric);
+    ``digits``: numeric values, the derived program evaluated in that many digits (``evaluate``'s mpmath closures)."""
     n, d, heads = sizes[TOKENS.size], sizes[FEATURES.size], sizes[HEADS.size]
     params = symbolic_parameters(program, sizes, value)
     if POSITIONS in program.tensors:
@@ -111,7 +113,7 @@ def _difference(program: Program, scheme: Scheme, sizes: dict, value, eps, posit
         params["memory"] = sp.Matrix(sizes[MEMORY.size], d, lambda t, k: value("m", t, k))
     u = sp.Matrix(n, d, lambda i, k: value("u", i, k))
     inputs = evaluation_inputs(program, params, u, domain_sizes(sizes), scheme.causal)
-    values = evaluate(program, sizes, inputs, eps=eps)[program.output]
+    values = evaluate(program, sizes, inputs, eps=eps, digits=digits)[program.output]
     activation = lookup_activation(scheme.activation)
     if scheme.activation == "relu":  # SymPy's Max simplifies large arguments very slowly
         activation = lambda x: sp.Max(x, 0, evaluate=x.is_number)  # noqa: E731
@@ -178,7 +180,7 @@ def recovery_checks(scheme: Scheme, program: Program) -> list[Check]:
     # d_head = 4 keeps the score scale 1/√d_head rational, so every entry evaluates to a number
     # (θ = 10⁴ keeps the rotary frequencies θ^(−2r/4) rational too; one key/value head for both query heads)
     numeric = _difference(program, scheme, evaluation_sizes(3, 8, 2, 6), value, sp.Float("1e-5", _DIGITS),
-                          lambda i: sp.Float(i, _DIGITS))
+                          lambda i: sp.Float(i, _DIGITS), _DIGITS)
     error = max(abs(sp.N(entry, _DIGITS)) for entry in numeric)
     checks.append(Check(
         f"recovery/{scheme.name}/numeric", scheme.name,

@@ -41,7 +41,8 @@ def _matrix(table: dict, rows: int, cols: int) -> sp.Matrix:
     return sp.Matrix(rows, cols, lambda i, k: table[(i, k)])
 
 
-def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None, digits: int | None = None) -> list[sp.Expr]:
+def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None,
+                   digits: int | None = None) -> list[sp.Expr]:
     """Derived − reference, stage by stage, each stage fed the same state on both sides.
 
     Returns every entry of the initial condition, of each step's output, of the final
@@ -75,13 +76,13 @@ def vit_difference(model: NetworkProgram, dims: dict, value, eps, fresh=None, di
     u = fresh("embed", u)
     for layer in range(dims["layers"]):
         params = symbolic_parameters(step, sizes, lambda name, i, j, layer=layer: value(f"layers.{layer}.{name}", i, j))
-        derived = _matrix(evaluate(step, sizes, evaluation_inputs(step, params, u, d // heads), eps=eps, digits=digits)[step.output],
-                          n, d)
+        inputs = evaluation_inputs(step, params, u, d // heads)
+        derived = _matrix(evaluate(step, sizes, inputs, eps=eps, digits=digits)[step.output], n, d)
         differences += list(derived - reference_block("pre-ln", u, params, heads, eps, activation))
         u = fresh(f"layer{layer}", derived)
     final = symbolic_parameters(final_norm, sizes, lambda name, i, j: value(name, i, j))
-    derived = _matrix(evaluate(final_norm, sizes, evaluation_inputs(final_norm, final, u, 1), eps=eps, digits=digits)
-                      [final_norm.output], n, d)
+    inputs = evaluation_inputs(final_norm, final, u, 1)
+    derived = _matrix(evaluate(final_norm, sizes, inputs, eps=eps, digits=digits)[final_norm.output], n, d)
     differences += list(derived - layer_norm(u, final, "final_norm", eps))
     u = fresh("final", derived)
     head = {name: sp.Matrix(*shape, lambda i, j, name=name: value(name, i, j))

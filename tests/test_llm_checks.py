@@ -23,7 +23,9 @@ def test_rms_norm_checks_catch_a_wrong_projection():
 
 def test_rope_check_catches_a_kernel_that_is_not_a_rotation():
     """[[cos, sin], [sin, cos]]: its scores depend on p + p̃."""
-    assert not llm.rope_relative_check(lambda angle, c, c_in: sp.cos(angle) if c == c_in else sp.sin(angle)).holds
+    check = llm.rope_relative_check(lambda angle, c, c_in: sp.cos(angle) if c == c_in else sp.sin(angle))
+    assert not check.holds and check.detail.startswith("(∂_p + ∂_p̃) s = ") and "p + p_tilde" in check.detail
+    assert llm.rope_relative_check().detail == "both residuals expand to 0"
 
 
 def test_rope_kernel_is_read_from_the_operator():

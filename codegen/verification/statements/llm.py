@@ -125,14 +125,17 @@ def rope_relative_check(kernel: Callable | None = None) -> Check:
     # in exponentials, cos² + sin² = 1 is exp(ix)·exp(−ix) = 1, which expansion applies (simplify: 5× slower)
     drift = (sp.diff(score, p) + sp.diff(score, p_key)).rewrite(sp.exp)
     relative = (score - score.subs({p: p - p_key, p_key: 0}, simultaneous=True)).rewrite(sp.exp)
-    holds = vanishes(drift) and vanishes(relative)
+    failing = [(name, residual) for name, residual in (("(∂_p + ∂_p̃) s", drift), ("s(p, p̃) − s(p − p̃, 0)", relative))
+               if not vanishes(residual)]
+    holds = not failing
     return Check(
         "rope/relative-kernel", None,
         "With the rotation kernel R(φ; c, c̃) = cos(φ − (c − c̃)π/2) of the rotary-attention operator, the score "
         "Σ_c (R(p ω) q)_c (R(p̃ ω) k)_c of one feature pair depends on the token positions only through p − p̃ "
         "(R(a)ᵀR(b) = R(b − a)): (∂_p + ∂_p̃) s = 0 and s(p, p̃) = s(p − p̃, 0).",
         "symbolic", holds,
-        "both residuals expand to 0" if holds else f"(∂_p + ∂_p̃) s = {plain(sp.simplify(drift.rewrite(sp.cos)))}",
+        "both residuals expand to 0" if holds
+        else f"{failing[0][0]} = {plain(sp.simplify(failing[0][1].rewrite(sp.cos)))}",
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import types
+from collections.abc import Iterable
 from dataclasses import InitVar, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -155,16 +156,21 @@ class Derivation(GeneratedModules):
         write_files(files, force=force, root=out)
         return list(files)
 
-    def check(self, plots: str | Path | None = None):
-        """This scheme's checks (recovery, order, convergence) as a ``CheckReport``."""
+    def check(self, plots: str | Path | None = None, only: str | Iterable[str] | None = None):
+        """This scheme's checks (semantics, recovery, adjoint, order, convergence, …) as a ``CheckReport``;
+        ``only`` names the groups to run (``"order,convergence"``; ``splitformer check --only``)."""
+        from .verification.groups import check_groups
         from .verification.runner import scheme_checks
 
+        only = check_groups(only)
+        if plots is not None and "convergence" not in only:
+            raise SplitformerError("plots: the plots are the convergence study's; add 'convergence' to only")
         if plots is not None:  # refused before the checks run, not after
             plots = as_folder(plots, "plots")
             check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
             check_writable(plots, f"plots={str(plots)!r}")
         self._unchanged()
-        return scheme_checks(self.scheme, self.program, plots)
+        return scheme_checks(self.scheme, self.program, plots, only=only)
 
     def __repr__(self) -> str:
         return f"<Derivation of {self.scheme.name!r} → {self.name}: {len(self.records)} substeps>"

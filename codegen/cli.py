@@ -17,6 +17,8 @@ from typing import NoReturn
 from splitformer.symbolic import __version__
 from splitformer.symbolic.errors import SplitformerError
 
+from .verification.groups import GROUPS
+
 __all__ = ["main"]
 
 
@@ -136,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--plots", default=None, metavar="DIR",
                        help="write DIR/<name>_convergence.png per scheme and DIR/convergence.png with every "
                             "scheme overlaid (needs matplotlib)")
+    check.add_argument("--only", default=None, metavar="GROUP[,GROUP...]",
+                       help="run only these groups of checks: " + ", ".join(GROUPS) + " (default: every group)")
     _load_option(check)
     compare = _command(commands, "compare", "schemes side by side: orders, leading error, cost, parameters",
                        "Derive each SCHEME and print one table: the order with its own substep solvers,\n"
@@ -305,16 +309,20 @@ _OUTCOME_LINES = {
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     from splitformer.symbolic.builtins import builtin_names
 
+    from .verification.groups import check_groups
     from .verification.runner import run_checks
 
     from splitformer.symbolic.network_spec import load_scheme_or_network, network_names
     from splitformer.symbolic.scheme import Scheme
 
+    only = check_groups(arguments.only, "--only")
     names = arguments.schemes or builtin_names() + network_names()
     items = {name: load_scheme_or_network(name) for name in names}
     schemes = [item for item in items.values() if isinstance(item, Scheme)]
     plots = None
     if arguments.plots is not None:
+        if "convergence" not in only:
+            raise SplitformerError("--plots: the plots are the convergence study's; add 'convergence' to --only")
         plots = Path(arguments.plots)
         try:
             existing = next(folder for folder in (plots, *plots.parents) if folder.exists())
@@ -329,7 +337,7 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         check_writable(plots, f"--plots {plots}")
         _require_matplotlib("--plots")
     networks = [item for item in items.values() if not isinstance(item, Scheme)]
-    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks)
+    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks, only)
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

@@ -13,6 +13,7 @@ runs on a network::
 from __future__ import annotations
 
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -74,12 +75,15 @@ class NetworkDerivation(GeneratedModules):
         write_files(files, force=force, root=out)
         return list(files)
 
-    def check(self):
-        """The network's checks, as ``splitformer check <network>`` runs them, as a ``CheckReport``."""
+    def check(self, only: str | Iterable[str] | None = None):
+        """The network's checks, as ``splitformer check <network>`` runs them, as a ``CheckReport``; ``only`` names
+        the groups to run (``splitformer check --only``)."""
+        from .verification.groups import check_groups
         from .verification.runner import network_checks
 
+        only = check_groups(only)
         self._unchanged()
-        return network_checks(self.spec)
+        return network_checks(self.spec, only=only)
 
     def __repr__(self) -> str:
         return f"<NetworkDerivation of {self.spec.name!r} → {self.name}>"

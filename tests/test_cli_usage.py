@@ -94,7 +94,7 @@ class Terminal(io.StringIO):
 def test_check_shows_progress_only_on_a_terminal(terminal, monkeypatch, capsys):
     monkeypatch.setattr("splitformer.symbolic.network_spec.load_scheme_or_network", lambda name: name)
     monkeypatch.setattr("splitformer.codegen.verification.runner.run_checks",
-                        lambda schemes, plots, progress=None, networks=(): fake_report(progress))
+                        lambda schemes, plots, progress=None, networks=(), only=None: fake_report(progress))
     stderr = Terminal() if terminal else io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     assert main(["check", "x", "--format", "json"]) == 1

@@ -38,6 +38,7 @@ from .attention_kernel import attention_kernel_checks
 from .causality import causality_checks
 from .circuits import circuits_check
 from .convergence import Study, convergence_study, plot_studies, plot_study
+from .groups import GROUPS
 from .guard import guarded
 from .network_adjoint_tests import network_adjoint_tests
 from .network_semantics import network_semantics_checks
@@ -53,7 +54,6 @@ __all__ = ["network_checks", "CheckReport", "run_checks", "order_check", "conver
 
 #: How far the empirical order may be from the series order.
 TOLERANCE = 0.3
-
 
 @dataclass
 class CheckReport:
@@ -170,21 +170,31 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
 
 
 def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | None = None,
-                  report: CheckReport | None = None) -> CheckReport:
-    """The checks of one scheme, added to ``report``; a group of checks that raises is reported as failed."""
+                  report: CheckReport | None = None, only: frozenset[str] = frozenset(GROUPS)) -> CheckReport:
+    """The checks of one scheme in the groups ``only``, added to ``report``; a group of checks that raises is
+    reported as failed."""
     report = report or CheckReport()
     program = program or derive(scheme)
     name = scheme.name
-    report.add(*guarded(f"semantics/{name}", name, lambda: semantics_checks(scheme, program)))
-    report.add(*guarded(f"recovery/{name}", name, lambda: recovery_checks(scheme, program)))
-    if scheme.name == "paper-lie" and is_builtin(scheme):
-        report.add(*guarded(f"paper/{name}", name, lambda: paper_checks(scheme)))
+    if "semantics" in only:
+        report.add(*guarded(f"semantics/{name}", name, lambda: semantics_checks(scheme, program)))
+    if "recovery" in only:
+        report.add(*guarded(f"recovery/{name}", name, lambda: recovery_checks(scheme, program)))
+        if scheme.name == "paper-lie" and is_builtin(scheme):
+            report.add(*guarded(f"paper/{name}", name, lambda: paper_checks(scheme)))
     adjoint = functools.cache(lambda: derive_adjoint(program))  # derived once, for both checks that need it
-    report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, program, adjoint)))
-    report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, program, adjoint())))
-    report.add(*guarded(f"order/{name}", name, lambda: _orders(scheme, report)))
+    if "adjoint" in only:
+        report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, program, adjoint)))
+    emitted = only & {"causality", "adjoint-test"}
+    if emitted:
+        report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, program, adjoint(), emitted)))
+    if not only & {"order", "convergence"}:
+        return report
+    claimed = guarded(f"order/{name}", name, lambda: _orders(scheme, report))
+    if "order" in only or any(check.method == "crashed" for check in claimed):  # a crash stops the study too
+        report.add(*claimed)
     order = report.orders.get(name, {}).get("order")
-    if order is None:  # an exact step: there is no error to converge (or the series raised)
+    if order is None or "convergence" not in only:  # an exact step: there is no error to converge
         return report
     reasons = unevaluable(scheme)
     if reasons:
@@ -194,10 +204,12 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     return report
 
 
-def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint) -> list[Check]:
-    """The Lean causality statements and Devito's adjoint tests, on the emitted NumPy module with its ``vjp``."""
+def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint, groups: frozenset[str]) -> list[Check]:
+    """The Lean causality statements and Devito's adjoint tests (those of ``groups``), on the emitted NumPy module
+    with its ``vjp``."""
     emitted = emitted_numpy_with_adjoint(scheme, program, adjoint)
-    return [*causality_checks(scheme, program, emitted), *scheme_adjoint_tests(scheme, emitted)]
+    return [*(causality_checks(scheme, program, emitted) if "causality" in groups else ()),
+            *(scheme_adjoint_tests(scheme, emitted) if "adjoint-test" in groups else ())]
 
 
 def _orders(scheme: Scheme, report: CheckReport) -> Check | None:
@@ -244,32 +256,39 @@ def _convergence_skipped(scheme: Scheme, reasons: dict[str, str]) -> Check:
                  skipped_because(reasons))
 
 
-def network_checks(spec: NetworkSpec, report: CheckReport | None = None) -> CheckReport:
-    """The checks of one network, added to ``report``: its derived programs (``model/``), its emitted
-    NumPy module against the independent evaluator (``semantics/``) and its ``vjp`` (``adjoint-test/``)."""
+def network_checks(spec: NetworkSpec, report: CheckReport | None = None,
+                   only: frozenset[str] = frozenset(GROUPS)) -> CheckReport:
+    """The checks of one network in the groups ``only``, added to ``report``: its derived programs against the
+    published network (``recovery``) and its derived adjoint against differences (``adjoint``), its emitted NumPy
+    module against the independent evaluator (``semantics``) and its ``vjp`` (``adjoint-test``)."""
     report = report or CheckReport()
     name = spec.name
-    report.add(*guarded(f"network/{name}", name, lambda: network_statement_checks(spec)))
-    report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(spec)))
-    report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(spec)))
+    if only & {"recovery", "adjoint"}:
+        report.add(*guarded(f"network/{name}", name, lambda: network_statement_checks(spec, only)))
+    if "semantics" in only:
+        report.add(*guarded(f"semantics/{name}/emitted", name, lambda: network_semantics_checks(spec)))
+    if "adjoint-test" in only:
+        report.add(*guarded(f"adjoint-test/{name}", name, lambda: network_adjoint_tests(spec)))
     return report
 
 
 def run_checks(schemes: list[Scheme], plots: Path | None = None,
-               progress: Callable[[Check], None] | None = None, networks: list[NetworkSpec] = ()) -> CheckReport:
-    """General checks, then every scheme's and every network's; ``plots`` also gets
+               progress: Callable[[Check], None] | None = None, networks: list[NetworkSpec] = (),
+               only: frozenset[str] = frozenset(GROUPS)) -> CheckReport:
+    """The general checks, then every scheme's and every network's, of the groups ``only``; ``plots`` also gets
     ``convergence.png`` with all schemes."""
     check_distinct([scheme.name for scheme in schemes] + [network.name for network in networks], "check")
     report = CheckReport(progress=progress)
-    for group, checks in (("projections", projection_checks), ("rms-norm", rms_norm_scale_check), ("sign", sign_check),
-                          ("activations", activation_checks), ("attention", attention_checks),
-                          ("attention-kernel", attention_kernel_checks), ("circuits", circuits_check),
-                          ("llm", llm_checks), ("adjoint", general_adjoint_checks)):
-        report.add(*guarded(group, None, checks))
+    if "general" in only:
+        for group, checks in (("projections", projection_checks), ("rms-norm", rms_norm_scale_check),
+                              ("sign", sign_check), ("activations", activation_checks),
+                              ("attention", attention_checks), ("attention-kernel", attention_kernel_checks),
+                              ("circuits", circuits_check), ("llm", llm_checks), ("adjoint", general_adjoint_checks)):
+            report.add(*guarded(group, None, checks))
     for scheme in schemes:
-        scheme_checks(scheme, plots=plots, report=report)
+        scheme_checks(scheme, plots=plots, report=report, only=only)
     for network in networks:
-        network_checks(network, report)
+        network_checks(network, report, only)
     if plots is not None and report.studies:
         plot_studies(list(report.studies.values()), plots / "convergence.png")
     return report

@@ -63,7 +63,5 @@ def batch_norm_check(name: str, stages) -> Check:
 
 
 def grid_checks(program: NetworkProgram) -> list[Check]:
-    """The checks of a convolutional step."""
-    from .network_adjoint import grid_adjoint_checks
-
-    return [_equivariance(program), batch_norm_check(program.spec.name, program.stages()), *grid_adjoint_checks(program)]
+    """The statements of a convolutional step (its derived adjoint's are ``grid_adjoint_checks``)."""
+    return [_equivariance(program), batch_norm_check(program.spec.name, program.stages())]

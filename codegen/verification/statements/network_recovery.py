@@ -194,20 +194,24 @@ def vit_checks(model: NetworkProgram) -> list[Check]:
     ]
 
 
-def network_statement_checks(spec: NetworkSpec) -> list[Check]:
-    """The checks of a network, by its composition (a token network's: where its embedding and readout are ViT's)."""
+def network_statement_checks(spec: NetworkSpec, groups: frozenset[str] = frozenset({"recovery", "adjoint"})
+                             ) -> list[Check]:
+    """The checks of a network in ``groups``, by its composition (a token network's: where its embedding and readout
+    are ViT's): ``recovery``, its stages against the published network and its structure's statements; ``adjoint``,
+    its derived adjoint against central differences."""
+    from .network_adjoint import cvt_adjoint_checks, grid_adjoint_checks, network_adjoint_checks
+
     program = derive_network(spec)
     if program.composition == "cvt":
         from .cvt_checks import cvt_checks
-        from .network_adjoint import cvt_adjoint_checks
 
-        return cvt_checks(program) + cvt_adjoint_checks(program)
-    if program.composition == "grid":
+        statements, adjoint = cvt_checks, cvt_adjoint_checks
+    elif program.composition == "grid":
         from .grid_checks import grid_checks
 
-        return grid_checks(program)
-    if (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
-        from .network_adjoint import network_adjoint_checks
-
-        return vit_checks(program) + network_adjoint_checks(program)
-    return []
+        statements, adjoint = grid_checks, grid_adjoint_checks
+    elif (spec.embedding.kind, spec.readout.kind) == ("patch-embedding", "class-token-head"):
+        statements, adjoint = vit_checks, network_adjoint_checks
+    else:
+        return []
+    return [*(statements(program) if "recovery" in groups else ()), *(adjoint(program) if "adjoint" in groups else ())]

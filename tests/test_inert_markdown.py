@@ -80,23 +80,32 @@ except SplitformerError as error:
 """
 
 
-@pytest.mark.parametrize("meaning", ["<img src=x onerror=alert(6)>", "[click](http://evil.example/)"])
-def test_a_report_is_refused_when_a_check_upstream_missed_markup(meaning, tmp_path):
-    """With the plug-in text check switched off, a definition's meaning holding markup reaches the report renderer,
-    which refuses it; control: the same run with the plug-in as shipped derives its report."""
+def _report_bypassing_the_plugin_check(tmp_path, meaning):
+    """The report of one ALiBi step, with the plug-in text check off and its meaning replaced by ``meaning`` (the
+    shipped one: ``None``), as the process's output."""
     alibi = (ROOT / "tests" / "plugins" / "alibi.py").read_text()
     original = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
     plugin = tmp_path / "alibi_markup.py"
-    plugin.write_text(alibi.replace(original, ", plus " + meaning))
-    assert plugin.read_text() != alibi
+    plugin.write_text(alibi if meaning is None else alibi.replace(original, ", plus " + meaning))
+    assert (plugin.read_text() == alibi) == (meaning is None)
     scheme = tmp_path / "s.toml"
     scheme.write_text('name = "s"\nsummary = "ALiBi"\nactivation = "relu"\n[operators]\nnorm1 = "layer-norm"\n'
                       'attn = "alibi-attention"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
-    run = lambda path: subprocess.run([sys.executable, "-c", _BYPASS, str(path), str(scheme)], capture_output=True,
-                                      text=True, cwd=tmp_path, timeout=600)
-    refused = run(plugin)
+    return subprocess.run([sys.executable, "-c", _BYPASS, str(plugin), str(scheme)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)
+
+
+@pytest.mark.parametrize("meaning", ["<img src=x onerror=alert(6)>", "[click](http://evil.example/)"])
+def test_a_report_is_refused_when_a_check_upstream_missed_markup(meaning, tmp_path):
+    """With the plug-in text check switched off, a definition's meaning holding markup reaches the report renderer,
+    which refuses it."""
+    refused = _report_bypassing_the_plugin_check(tmp_path, meaning)
     assert refused.returncode == 0 and "the report of 's': would render" in refused.stdout, refused.stderr
-    shipped = run(ROOT / "tests" / "plugins" / "alibi.py")
+
+
+def test_the_report_of_the_plugin_as_shipped_renders_with_the_check_off(tmp_path):
+    """The control of the test above: the same run with the plug-in as shipped derives its report."""
+    shipped = _report_bypassing_the_plugin_check(tmp_path, None)
     assert shipped.returncode == 0 and shipped.stdout == "", shipped.stdout + shipped.stderr
 
 

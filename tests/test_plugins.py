@@ -169,6 +169,19 @@ _ALIBI = ROOT / "tests" / "plugins" / "alibi.py"
 _MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
 
 
+def _derive_alibi_meaning(tmp_path, meaning):
+    """``derive`` of one ALiBi step with the plug-in's meaning replaced by ``meaning`` (the shipped one: ``None``)."""
+    plugin = tmp_path / "alibi_markup.py"
+    text = _ALIBI.read_text()
+    plugin.write_text(text if meaning is None else text.replace(_MEANING, meaning.replace("\\", "\\\\")))
+    assert (_MEANING in plugin.read_text()) == (meaning is None)
+    scheme = tmp_path / "s.toml"
+    scheme.write_text('name = "s"\nsummary = "ALiBi"\nactivation = "relu"\n[operators]\nnorm1 = "layer-norm"\n'
+                      'attn = "alibi-attention"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
+    return subprocess.run([sys.executable, "-m", "splitformer", "derive", str(scheme), "--load", str(plugin),
+                           "--backend", "numpy", "--out", str(tmp_path / "out")], capture_output=True, text=True)
+
+
 @pytest.mark.parametrize("meaning, message", [
     (", plus <img src=x onerror=alert(6)>", "meaning: must hold no markup"),
     (", plus [click](http://evil.example/)", "meaning: must hold no markup"),
@@ -180,17 +193,13 @@ _MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
 ])
 def test_a_plugin_whose_text_holds_markup_is_refused(tmp_path, meaning, message):
     """Attack 18: a plug-in definition's meaning (one printable line) went into the report as live HTML and links.
-    Refused when the kind is checked, in one line naming it; control: the plug-in as shipped derives."""
-    plugin = tmp_path / "alibi_markup.py"
-    plugin.write_text(_ALIBI.read_text().replace(_MEANING, meaning.replace("\\", "\\\\")))
-    assert _MEANING not in plugin.read_text()
-    scheme = tmp_path / "s.toml"
-    scheme.write_text('name = "s"\nsummary = "ALiBi"\nactivation = "relu"\n[operators]\nnorm1 = "layer-norm"\n'
-                      'attn = "alibi-attention"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
-    run = lambda path: subprocess.run([sys.executable, "-m", "splitformer", "derive", str(scheme), "--load", str(path),
-                                       "--backend", "numpy", "--out", str(tmp_path / "out")], capture_output=True,
-                                      text=True)
-    result = run(plugin)
+    Refused when the kind is checked, in one line naming it."""
+    result = _derive_alibi_meaning(tmp_path, meaning)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "out").exists()
-    assert run(_ALIBI).returncode == 0  # control
+
+
+def test_the_plugin_with_its_own_meaning_derives(tmp_path):
+    """The control of the test above: the same plug-in and scheme with the meaning as shipped."""
+    result = _derive_alibi_meaning(tmp_path, None)
+    assert result.returncode == 0 and (tmp_path / "out" / "numpy" / "s.py").exists(), result.stderr

@@ -4,8 +4,9 @@ An expression is a list ``[head, *arguments]``: ``["Symbol", name, assumptions]`
 ``["Rational", p, q]`` (integers included), ``["S", name]`` for a named constant, or an
 operation from a fixed table (``Add``, ``Mul``, ``Pow``, ``Max``, …) over encoded
 arguments. Decoding looks heads up in that table and never evaluates text (unlike
-``sympify`` or ``srepr``); sizes, depth, digits and numeric powers are bounded so that a
-crafted tree cannot exhaust time or memory. Anything else raises ``ValueError``.
+``sympify`` or ``srepr``); sizes, depth, digits, numeric powers and the numbers that SymPy's
+arithmetic would compute while building a node are bounded, so that a crafted tree cannot exhaust
+time or memory. Anything else raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ MAX_NODES = 20_000
 MAX_DEPTH = 200
 MAX_DIGITS = 100
 MAX_EXPONENT = 64
+#: The most bits a number that SymPy computes while building a sum, product or power may have (about 4900 digits):
+#: a power of a power of a 100-digit integer, each to the 64th, took minutes (attack 24).
+MAX_BITS = 2**14
 
 
 def to_json(expression: sp.Basic) -> list:
@@ -87,6 +91,7 @@ class _Decoder:
         decoded = [self.decode(argument, depth + 1) for argument in arguments]
         if head == "Pow":
             _check_power(decoded)
+        _check_arithmetic(head, decoded)
         if head in _AS_STORED:  # stored canonical; canonicalizing again cost ~14x per nesting level (attack 20)
             return sp.Basic.__new__(OPERATIONS[head], *decoded)
         return OPERATIONS[head](*decoded)
@@ -117,3 +122,26 @@ def _check_power(arguments: list[sp.Basic]) -> None:
     exponent = arguments[1]
     if exponent.is_Number and (not exponent.is_Rational or max(abs(exponent.p), exponent.q) > MAX_EXPONENT):
         raise ValueError(f"power with exponent {exponent} out of range")
+
+
+def _bits(number: int) -> int:
+    return abs(number).bit_length()
+
+
+def _check_arithmetic(head: str, arguments: list[sp.Basic]) -> None:
+    """SymPy folds the numbers of a sum, product or power as it builds the node: bound the size of the result
+    before it does (a product's numerator has at most the sum of its factors' bits; a sum's denominator at most
+    the sum of theirs; a power's at most the base's times the exponent's numerator)."""
+    numbers = [argument for argument in arguments if argument.is_Rational]
+    if head == "Pow" and len(numbers) == 2 and arguments[0].is_Rational:
+        base, exponent = arguments
+        bits = (_bits(base.p) + _bits(base.q)) * abs(exponent.p)
+    elif head == "Mul":
+        bits = sum(_bits(number.p) + _bits(number.q) - 1 for number in numbers)
+    elif head == "Add" and numbers:
+        bits = (max(_bits(number.p) for number in numbers) + sum(_bits(number.q) - 1 for number in numbers)
+                + _bits(len(numbers)))
+    else:
+        return
+    if bits > MAX_BITS:
+        raise ValueError(f"{head} of numbers whose result would exceed {MAX_BITS} bits")

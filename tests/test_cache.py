@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 import sympy as sp
@@ -82,6 +83,10 @@ def _poison(name: str) -> dict:
         formula = layer_norm.formula.xreplace({S.v: cancelling})
         return {ln: _entry(ln, Projection(formula, layer_norm.steps, layer_norm.distance, layer_norm.theorem,
                                           layer_norm.gap))}
+    if name == "power-tower":  # attack 24: five nodes that SymPy computed for minutes before the verifier ran
+        document = json.loads(_entry(ln, layer_norm))
+        document["fields"]["distance"] = {"sympy": _power_tower(4)}
+        return {ln: json.dumps(document)}
     if name == "narrative-href":
         steps = ((relu.steps[0][0], relu.steps[0][1] + r"\href{javascript:alert(1)}{x}"), *relu.steps[1:])
         return {rl: _entry(rl, Projection(relu.formula, steps))}
@@ -89,7 +94,8 @@ def _poison(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["drops-eps", "swapped", "leaky-relu", "forty-two", "wrong-type", "corrupt", "deep",
-                                  "relu-as-abs", "narrative-href", "relu-cancellation", "layer-norm-cancellation"])
+                                  "relu-as-abs", "narrative-href", "relu-cancellation", "layer-norm-cancellation",
+                                  "power-tower"])
 def test_poisoned_entries_never_change_the_emitted_files(name, clean, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "cache"))
     _derive(tmp_path / "warm", capsys)  # writes the genuine entries
@@ -249,6 +255,30 @@ def test_expression_trees_round_trip_and_reject_what_they_do_not_know():
     for tree in bad + [deep]:
         with pytest.raises(ValueError):
             from_json(tree)
+
+
+def _power_tower(height: int) -> list:
+    """(…((10^100 − 1)^64)^64…)^64, ``height`` powers: each node within the bounds on digits and exponents."""
+    tower = ["Rational", "9" * 100, "1"]
+    for _ in range(height):
+        tower = ["Pow", tower, ["Rational", "64", "1"]]
+    return tower
+
+
+def test_numbers_too_large_to_compute_are_refused_before_sympy_computes_them():
+    """Attack 24: SymPy folds the numbers of a sum, product or power while building the node, before any check."""
+    factors = [["Pow", ["Rational", "9" * 30, "1"], ["Rational", "64", "1"]]] * 5000  # 6400 bits each
+    fractions = [["Rational", "1", str(prime)] for prime in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)] * 1000
+    for tree in (_power_tower(1), _power_tower(4), ["Mul", *factors], ["Add", *fractions]):
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match="whose result would exceed 16384 bits"):
+            from_json(tree)
+        assert time.perf_counter() - start < 2
+    # control: the largest results within the bound are built, and equal what SymPy computes
+    big = sp.Integer(int("9" * 38))  # 127 bits: to the 64th, 8128 bits of numerator and 1 of denominator
+    assert from_json(["Pow", to_json(big), ["Rational", "64", "1"]]) == big**64
+    assert from_json(["Mul", *factors[:2]]) == sp.Integer(int("9" * 30)) ** 128
+    assert from_json(["Add", *fractions[:10]]) == sum(sp.Rational(1, p) for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29))
 
 
 def test_trees_of_exactly_the_largest_depth_and_size_are_read_and_one_more_is_not():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
+from splitformer.symbolic.operators import SUPPORT
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, ConvolutionInputAdjoint,
                  ConvolutionWeightAdjoint, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
@@ -156,9 +157,13 @@ class Backend:
         return operand.name if reference == operand.name else f"None if {operand.name} is None else {reference}"
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
-        operands = ", ".join(operand.name for operand in op.operands)
+        operands = ", ".join(self.einsum_operand(operand.name, op) for operand in op.operands)
         return self.assigned(op, self.scaled(f'{printer.use(self.einsum)}("{op.spec}", {operands})', op.scale, printer),
                              printer)
+
+    def einsum_operand(self, name: str, op: Contraction) -> str:
+        """How an operand of ``op`` is handed to einsum."""
+        return name
 
     @staticmethod
     def assigned(op: Contraction, value: str, printer: ArrayPrinter) -> list[str]:
@@ -549,6 +554,12 @@ class TorchBackend(Backend):
         product = " * ".join(operand.name for operand in op.operands)
         dim = summed if len(summed) > 1 else summed[0]
         return self.assigned(op, self.scaled(f"torch.sum({product}, dim={dim})", op.scale, printer), printer)
+
+    def einsum_operand(self, name: str, op: Contraction) -> str:
+        """The bool support χ (a plug-in's formula reading it as a factor) cast to another operand's dtype: torch's
+        einsum has no bool."""
+        other = next((operand.name for operand in op.operands if operand.name != SUPPORT), None)
+        return f"{name}.to({other}.dtype)" if name == SUPPORT and other is not None else name
 
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"

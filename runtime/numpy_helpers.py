@@ -583,6 +583,11 @@ def _member_rows(x, batch, n_queries, groups, members):
     return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
 
 
+def _full_support(u0):
+    """χ ≡ 1 over the tokens of a state (batch, n_tokens, d): the indicator a formula reads as a factor (a view)."""
+    return np.broadcast_to(np.True_, (u0.shape[0], u0.shape[1], u0.shape[1]))
+
+
 def _member_support(support, batch, members, n_queries):
     """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
     if support is None:

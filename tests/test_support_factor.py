@@ -1,0 +1,117 @@
+"""A plug-in kind whose formula reads the support χ as a factor (``tests/plugins/support_mean.py``: the mean over the
+tokens a query sees). Attack 24: it derived, but its torch Block crashed on every call (torch's einsum has no bool)
+and so did both network modules (they handed the step no χ). Now every module computes what plain NumPy does."""
+
+import numpy as np
+import pytest
+import torch
+
+import splitformer
+
+from conftest import ROOT, import_path
+
+PLUGIN = ROOT / "tests" / "plugins" / "support_mean.py"
+SCHEME = '''name = "mean-step"
+summary = "one explicit step of the support mean on a LayerNorm-projected state"
+[operators]
+norm1 = "layer-norm"
+mix = "support-mean"
+[[steps]]
+operator = "mix"
+solver = "explicit"
+on = "norm1"
+'''
+NETWORK = '''name = "vit-mean"
+summary = "a ViT whose steps are the support mean"
+[embedding]
+operator = "embed"
+kind = "patch-embedding"
+[steps]
+scheme = "mean-step.toml"
+final_norm = true
+[readout]
+operator = "head"
+kind = "class-token-head"
+'''
+EPS = 1e-5
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    splitformer.load_plugin(PLUGIN)
+    folder = tmp_path_factory.mktemp("support")
+    (folder / "mean-step.toml").write_text(SCHEME, encoding="utf-8")
+    (folder / "vit-mean.toml").write_text(NETWORK, encoding="utf-8")
+    splitformer.derive(str(folder / "mean-step.toml")).write(folder / "out")
+    splitformer.derive(str(folder / "vit-mean.toml")).write(folder / "out")
+    return {(backend, name): import_path(folder / "out" / backend / f"{name}.py")
+            for backend in ("numpy", "torch") for name in ("mean_step", "vit_mean")}
+
+
+def _reference(u, params, padding):
+    """One step written out: u + (mean over the visible tokens of LN(u)) W + b."""
+    centred = u - u.mean(-1, keepdims=True)
+    normed = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + EPS) * params["norm1.gain"] + params["norm1.bias"]
+    visible = (~padding).astype(float)[:, None, :]  # χ[b, i, j]: every query sees the unpadded keys
+    mean = visible @ normed / visible.sum(-1, keepdims=True)
+    return u + mean @ params["mix.W"] + params["mix.b"]
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    params = {"norm1.gain": rng.uniform(0.5, 1.5, 8), "norm1.bias": rng.standard_normal(8),
+              "mix.W": rng.standard_normal((8, 8)) / 3, "mix.b": rng.standard_normal(8)}
+    padding = np.zeros((2, 5), dtype=bool)
+    padding[0, 3:] = True
+    return rng.standard_normal((2, 5, 8)), params, padding
+
+
+def test_the_numpy_and_torch_blocks_compute_the_mean_over_the_support(modules):
+    u, params, padding = _inputs(0)
+    expected = _reference(u, params, padding)
+    numpy_out = modules["numpy", "mean_step"].forward(u, params, n_heads=2, key_padding_mask=padding)
+    assert np.abs(numpy_out - expected).max() < 1e-12
+    block = modules["torch", "mean_step"].Block(8, 2, 8, dtype=torch.float64).load_params(params)
+    torch_out = block(torch.from_numpy(u), src_key_padding_mask=torch.from_numpy(padding))
+    assert np.abs(torch_out.detach().numpy() - expected).max() < 1e-12
+    assert np.abs(block(torch.from_numpy(u)).detach().numpy() - _reference(u, params, 0 * padding)).max() < 1e-12
+
+
+def test_the_torch_blocks_derived_backward_equals_autograd(modules):
+    u, params, padding = _inputs(1)
+    gradients = {}
+    for mode in ("autograd", "derived"):
+        block = modules["torch", "mean_step"].Block(8, 2, 8, dtype=torch.float64, backward=mode).load_params(params)
+        x = torch.from_numpy(u).requires_grad_()
+        (block(x, src_key_padding_mask=torch.from_numpy(padding)) ** 2).sum().backward()
+        gradients[mode] = [x.grad.numpy(), *(p.grad.numpy() for p in block.parameters())]
+    assert all(np.abs(a - b).max() < 1e-10 for a, b in zip(*gradients.values()))
+
+
+def test_both_network_modules_run_the_step_with_the_whole_support(modules):
+    """A network's tokens are all visible: its NumPy and torch modules agree, and the step is the block's."""
+    numpy_net, torch_net = modules["numpy", "vit_mean"], modules["torch", "vit_mean"]
+    rng = np.random.default_rng(2)
+    shapes = {"n_channels": 3, "patch_size": 2, "d": 8, "n_tokens": 5, "n_classes": 4, "d_ff": 8}
+    params = {name: rng.standard_normal(tuple(shapes[axis] for axis in axes))
+              for name, axes in {**numpy_net.PARAMETERS, **numpy_net.HEAD_PARAMETERS}.items()}
+    params |= {f"layers.0.{name}": rng.standard_normal(tuple(shapes[axis] for axis in axes))
+               for name, axes in numpy_net.LAYER_PARAMETERS.items()}
+    images = rng.standard_normal((2, 3, 4, 4))
+    expected = numpy_net.forward(images, params, patch_size=2, n_heads=2, eps=EPS)
+    assert np.isfinite(expected).all()
+    model = torch_net.Model(n_layers=1, d_model=8, n_heads=2, d_ff=8, n_channels=3, patch_size=2, image_size=(4, 4),
+                            n_classes=4, eps=EPS, dtype=torch.float64).load_params(params)
+    got = model(torch.from_numpy(images)).detach().numpy()
+    assert np.abs(got - expected).max() < 1e-12
+
+
+def test_the_adjoint_tests_say_the_forward_is_not_finite_where_a_query_sees_no_key(modules, tmp_path):
+    """The adjoint tests' masks leave one query no key: the mean there is 0/0. Both tests fail and say why (before:
+    "relative gap nan", and NumPy's warnings on stderr)."""
+    (tmp_path / "mean-step.toml").write_text(SCHEME, encoding="utf-8")
+    checks = splitformer.derive(str(tmp_path / "mean-step.toml")).check(only="adjoint-test").checks
+    assert [check.id for check in checks] == ["adjoint-test/mean-step/dot", "adjoint-test/mean-step/taylor"]
+    for check in checks:
+        assert not check.holds and check.detail.startswith("the emitted forward is not finite at the test's point")
+        assert "query 0 of sequence 1 no key" in check.detail

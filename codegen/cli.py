@@ -446,7 +446,12 @@ def _study(arguments: argparse.Namespace) -> str:
 
 def _run(argv: list[str] | None) -> tuple[str, int]:
     parser = _parser()
-    arguments = parser.parse_args(argv)
+    arguments, extras = parser.parse_known_args(argv)
+    if extras:  # schemes after an option (``derive post-ln --out o pre-ln``), as argparse takes them before one
+        options = [extra for extra in extras if extra.startswith("-")]
+        if options or not isinstance(getattr(arguments, "schemes", None), list):
+            parser.error(f"unrecognized arguments: {' '.join(options or extras)}")
+        arguments.schemes += extras
     if getattr(arguments, "load", None):
         from splitformer.symbolic.plugins import load_plugins
 

@@ -13,7 +13,7 @@ import re
 
 from .errors import SplitformerError
 
-__all__ = ["check_scheme_name", "check_operator_name", "check_identifier", "check_line", "check_distinct", "MODULE_ATTRIBUTES",
+__all__ = ["IMPORTED_MODULES", "check_scheme_name", "check_operator_name", "check_identifier", "check_line", "check_distinct", "MODULE_ATTRIBUTES",
            "MAX_NAME", "MAX_LINE"]
 
 MAX_NAME = 64
@@ -43,6 +43,11 @@ MODULE_ATTRIBUTES = frozenset({
 })
 
 
+#: The modules the emitted code imports: a generated module of one of these names, run from its own folder, would be
+#: imported in its place (``numpy/numpy.py`` importing itself as ``np``).
+IMPORTED_MODULES = frozenset({"collections", "math", "numbers", "numpy", "threading", "torch", "warnings", "weakref"})
+
+
 def check_scheme_name(name: str) -> str:
     """``name`` if it can name a scheme, its files and its module; ``SplitformerError`` otherwise."""
     if type(name) is not str:  # exact: a str subclass can print other text
@@ -53,6 +58,9 @@ def check_scheme_name(name: str) -> str:
     module = name.replace("-", "_")
     if keyword.iskeyword(module):
         raise SplitformerError(f"{name!r} is a Python keyword: its module could not be imported")
+    if module in IMPORTED_MODULES:
+        raise SplitformerError(f"{name!r} is the name of a module the generated code imports ({module}): its module "
+                               "would stand in for it")
     return name
 
 

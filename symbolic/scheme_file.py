@@ -105,7 +105,11 @@ class _Reader:
             raise self.fail("activation", f"unknown activation {activation!r} (known: {', '.join(sorted(ACTIVATIONS))})")
         operators, options = self.operators(self.typed(document, "operators", dict, ""))
         for method, table in self.typed(document, "tableaux", dict, "", {}).items():
-            self.tableaux[method] = self.tableau(method, table, f"tableaux.{method}")
+            self.tableaux[method] = tableau = self.tableau(method, table, f"tableaux.{method}")
+            registered = TABLEAUX.get(method)
+            if registered is not None and (registered.a, registered.b) != (tableau.a, tableau.b):
+                raise self.fail(f"tableaux.{method}", f"{method!r} is a registered method with other coefficients "
+                                "(its name in the report and the code would be wrong): name yours otherwise")
         steps = self.typed(document, "steps", list, "")
         body = self.sequence(steps, "steps", operators, 0)
         if not body.steps:

@@ -63,6 +63,12 @@ def test_derive_a_scheme_file(tmp_path):
     (["derive", "post-ln", "--passes", "turbo"], "unknown pass 'turbo'"),
     (["derive", "post-ln", "--passes", " "], "the pass list ' ' names no pass"),
     (["derive", "post-ln", "--passes", ",,"], "the pass list ',,' names no pass"),
+    (["derive", "post-ln", "--passes", "all,none"], "the pass list 'all,none': 'all' and 'none' stand alone"),
+    (["derive", "post-ln", "--passes", "matmul,all"], "'all' and 'none' stand alone, not in a list of pass names"),
+    (["derive", "post-ln", "--name", "numpy"], "'numpy' is the name of a module the generated code imports"),
+    (["derive", "post-ln", "--name", "weakref"], "--name: 'weakref' is the name of a module the generated code imports"),
+    (["show", "post-ln", "--format", "text", "pre-ln"], "unrecognized arguments: pre-ln"),  # show takes one
+    (["derive", "post-ln", "--backend", "numpy", "pre-ln", "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(arguments, message, tmp_path):
     code, out, err = run(*arguments, "--out", str(tmp_path / "out")) if arguments[0] == "derive" else run(*arguments)
@@ -71,6 +77,31 @@ def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(arguments, messag
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_refused_module_names_are_every_module_the_generated_code_imports():
+    """Attack 24: ``--name numpy`` wrote ``numpy/numpy.py``, which imports itself as ``np`` when run from there."""
+    import ast
+
+    from splitformer.symbolic.names import IMPORTED_MODULES
+
+    imported = set()
+    for path in [*(ROOT / "generated").glob("numpy/*.py"), *(ROOT / "generated").glob("torch/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.partition(".")[0])
+    assert imported - {"__future__"} == IMPORTED_MODULES
+
+
+def test_schemes_may_follow_options(tmp_path):
+    """Attack 24: ``derive post-ln --out DIR pre-ln`` was refused ("unrecognized arguments: pre-ln")."""
+    code, _, err = run("derive", "post-ln", "--out", str(tmp_path / "out"), "pre-ln", "--backend", "numpy")
+    assert code == 0, err
+    assert sorted(path.name for path in (tmp_path / "out" / "numpy").glob("*_ln.py")) == ["post_ln.py", "pre_ln.py"]
+    code, out, _ = run("compare", "post-ln", "--format", "markdown", "rk2")
+    assert code == 0 and "`post-ln`" in out and "`rk2`" in out
 
 
 def test_invalid_scheme_file_writes_nothing_even_after_a_valid_one(tmp_path):

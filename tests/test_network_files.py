@@ -382,14 +382,18 @@ def test_check_on_a_network_file_that_is_no_published_network_skips_the_recovery
     bn_only = tmp_path / "bn-only.toml"
     bn_only.write_text('name = "bn-only"\nsummary = "one BatchNorm"\n[operators]\n'
                        'bn = { kind = "batch-norm", inputs = "c", outputs = "c" }\n[step]\nfield = ["bn"]\n')
+    checks = {}
     for path, skipped in ((post, ("recovery/vit-post/symbolic", "recovery/vit-post/numeric")),
                           (bn_only, ("bn-only/translation-equivariance",))):
         report = splitformer.derive(str(path)).check()
         assert report.holds, [check.detail for check in report.checks if not check.holds]
-        shown = {check.id: check for check in report.checks}
+        shown = checks[path.stem] = {check.id: check for check in report.checks}
         assert all(shown[name].method == "skipped" and shown[name].detail.startswith("skipped: ") for name in skipped)
-    builtin = {check.id: check for check in splitformer.derive("vit").check().checks}
+    # attack 24: the statements named ViT's pre-LN GELU steps whatever the file's were
+    assert "steps of 'post-ln' (gelu)" in checks["vit-post"]["recovery/vit-post/symbolic"].statement
+    builtin = {check.id: check for check in splitformer.derive("vit").check(only="recovery").checks}
     assert builtin["recovery/vit/numeric"].method == "numeric" and builtin["recovery/vit/numeric"].holds  # control
+    assert "steps of 'pre-ln' (gelu)" in builtin["recovery/vit/numeric"].statement
 
 
 @pytest.mark.parametrize("name, replace", [

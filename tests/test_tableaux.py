@@ -1,5 +1,7 @@
 """Solvers as data: Butcher tableaux, their orders, rk4 and a user's SSPRK3 in a scheme file."""
 
+import re
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -79,6 +81,17 @@ def test_inline_tableau_and_unknown_names():
         parse_scheme(SSPRK3.read_text().replace('rk = "ssprk3"', 'rk = "rk9"'))
     with pytest.raises(SplitformerError, match=r"tableaux.ssprk3: tableau 'ssprk3': the weights b sum to"):
         parse_scheme(SSPRK3.read_text().replace('b = ["1/6", "1/6", "2/3"]', 'b = ["1/6", "1/6", "1/3"]'))
+
+
+def test_a_file_tableau_named_like_a_registered_one_must_have_its_coefficients():
+    """Attack 24: ``[tableaux.heun]`` holding the midpoint method was used under Heun's name in the report."""
+    midpoint = SSPRK3.read_text().replace("[tableaux.ssprk3]", "[tableaux.heun]").replace('rk = "ssprk3"', 'rk = "heun"')
+    midpoint = re.sub(r"(?m)^a = .*$", 'a = [[], ["1/2"]]', midpoint)
+    midpoint = re.sub(r"(?m)^b = .*$", 'b = [0, 1]', midpoint)
+    with pytest.raises(SplitformerError, match="tableaux.heun: 'heun' is a registered method with other coefficients"):
+        parse_scheme(midpoint)
+    heun = parse_scheme(midpoint.replace('a = [[], ["1/2"]]', "a = [[], [1]]").replace("b = [0, 1]", 'b = ["1/2", "1/2"]'))
+    assert heun.body.steps[0].tableau.b == TABLEAUX["heun"].b  # the same method under its own name: accepted
 
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402

@@ -96,6 +96,8 @@ def select(names: str) -> tuple:
     chosen = [name.strip() for name in names.split(",") if name.strip()]
     if not chosen:
         raise SplitformerError(f"the pass list {names!r} names no pass (write 'none' for no passes, 'all' for every one)")
+    if {"all", "none"} & set(chosen):
+        raise SplitformerError(f"the pass list {names!r}: 'all' and 'none' stand alone, not in a list of pass names")
     unknown = [name for name in chosen if name not in PASSES]
     if unknown:
         raise SplitformerError(f"unknown pass {unknown[0]!r} (known: {', '.join(PASSES)}, all, none)")

@@ -162,8 +162,10 @@ def wrong_scale(model: NetworkProgram) -> NetworkProgram:
 def vit_checks(model: NetworkProgram) -> list[Check]:
     """Exact recovery of the vit model, symbolic and numeric, and its negative controls."""
     name = model.spec.name
-    statement = (f"The derived {name} model (patch embedding, class node and position term, pre-LN GELU steps, "
-                 "final LayerNorm, class-token head) equals the published ViT with every parameter free")
+    scheme = model.spec.scheme
+    statement = (f"The derived {name} model (patch embedding, class node and position term, steps of "
+                 f"'{scheme.name}' ({scheme.activation}), the final projection, class-token head) equals the published "
+                 "ViT with every parameter free")
     published = load_network("vit")
     equivariance = equivariance_check(f"{name}/translation-equivariance", name, model.parts["embedding"][0].assignments[0],
                                       X1.index, 1, PATCH)

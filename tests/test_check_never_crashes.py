@@ -120,7 +120,7 @@ def test_check_reports_a_crashing_network_check_as_a_failure_and_exits_1(monkeyp
         monkeypatch.setattr(runner, name, lambda: [])  # the general checks are tested elsewhere
     monkeypatch.setattr(runner, "sign_check", lambda: [])
 
-    def crashing(spec):
+    def crashing(spec, groups):
         raise KeyError("u0")
 
     monkeypatch.setattr(runner, "network_statement_checks", crashing)  # the runner's network checks call it

@@ -55,6 +55,7 @@ __all__ = ["network_checks", "CheckReport", "run_checks", "order_check", "conver
 #: How far the empirical order may be from the series order.
 TOLERANCE = 0.3
 
+
 @dataclass
 class CheckReport:
     checks: list[Check] = field(default_factory=list)
@@ -194,7 +195,7 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     if "order" in only or any(check.method == "crashed" for check in claimed):  # a crash stops the study too
         report.add(*claimed)
     order = report.orders.get(name, {}).get("order")
-    if order is None or "convergence" not in only:  # an exact step: there is no error to converge
+    if order is None or "convergence" not in only:  # order None: an exact step, no error to converge
         return report
     reasons = unevaluable(scheme)
     if reasons:

@@ -301,14 +301,20 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
     outcome.update({path: "wrote" if path in targets else "unchanged" for path in files if path not in outcome})
     created: list[Path] = []
     staged: list[tuple[str, Path]] = []
-    target = None
+    current = None  # the path being made, for the message
     try:
         mode = _mode()
         for target, data in targets.items():
-            for folder in reversed(target.parents):
-                if not folder.exists():
-                    folder.mkdir()
-                    created.append(folder)
+            for current in reversed(target.parents):
+                if not current.exists():
+                    try:
+                        current.mkdir()
+                    except FileExistsError:  # made by another process since (a parallel sweep): not ours to remove
+                        if not current.is_dir():
+                            raise
+                        continue
+                    created.append(current)
+            current = target
             digest = hashlib.sha256(data).hexdigest()
             handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".splitformer-{digest}-", suffix=".tmp")
             staged.append((temporary, target))
@@ -316,8 +322,8 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
                 os.fchmod(stream.fileno(), mode)
                 stream.write(data)
         with _interrupts_held():
-            for temporary, target in staged:
-                os.replace(temporary, target)
+            for temporary, current in staged:
+                os.replace(temporary, current)
             staged, created = [], []
         _remove_stale_temporaries({path.parent for path in files})
         return outcome
@@ -333,7 +339,7 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
             except OSError:
                 pass
         if isinstance(error, OSError):
-            raise SplitformerError(f"cannot write {_shown(target)}: {error.strerror or error}") from None
+            raise SplitformerError(f"cannot write {_shown(current)}: {error.strerror or error}") from None
         raise
 
 

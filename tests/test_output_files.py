@@ -348,3 +348,28 @@ def test_a_plot_is_written_through_a_symbolic_link_as_derive_writes(tmp_path, ca
     assert main(["compare", "pre-ln", "--plot", str(link)]) == 0
     capsys.readouterr()
     assert link.is_symlink() and real.read_bytes() != first
+
+
+def test_a_folder_another_process_makes_meanwhile_is_used_not_refused(tmp_path, monkeypatch):
+    """Attack 24: writes of a parallel sweep into one new folder failed at random ("cannot write …/__init__.py:
+    File exists"): another process made a folder between the check that it was missing and the ``mkdir``."""
+    from pathlib import Path
+
+    folder, exists = tmp_path / "a" / "b", Path.exists
+
+    def made_meanwhile(path, *arguments, **options):
+        if path == folder and not exists(path):  # missing when asked, then made by the other process
+            path.mkdir()
+            return False
+        return exists(path, *arguments, **options)
+
+    monkeypatch.setattr(Path, "exists", made_meanwhile)
+    output.write_files({folder / "x.py": "x = 1\n"})
+    assert (folder / "x.py").read_text() == "x = 1\n"
+
+
+def test_a_file_where_a_folder_goes_is_named_in_the_error(tmp_path):
+    (tmp_path / "a").write_text("not a folder")
+    with pytest.raises(output.SplitformerError, match=f"{tmp_path / 'a'} exists and is not a folder"):
+        output.write_files({tmp_path / "a" / "b" / "x.py": "x = 1\n"})
+    assert (tmp_path / "a").read_text() == "not a folder"

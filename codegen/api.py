@@ -159,7 +159,7 @@ class Derivation(GeneratedModules):
     def check(self, plots: str | Path | None = None, only: str | Iterable[str] | None = None):
         """This scheme's checks (semantics, recovery, adjoint, order, convergence, …) as a ``CheckReport``;
         ``only`` names the groups to run (``"order,convergence"``; ``splitformer check --only``)."""
-        from .verification.groups import check_groups
+        from .verification.groups import check_groups, require_checks
         from .verification.runner import scheme_checks
 
         only = check_groups(only)
@@ -170,7 +170,7 @@ class Derivation(GeneratedModules):
             check_replaceable(plots / f"{self.scheme.module_name}_convergence.png", hint=PLOTS_HINT)
             check_writable(plots, f"plots={str(plots)!r}")
         self._unchanged()
-        return scheme_checks(self.scheme, self.program, plots, only=only)
+        return require_checks(scheme_checks(self.scheme, self.program, plots, only=only), only, [self.scheme.name])
 
     def __repr__(self) -> str:
         return f"<Derivation of {self.scheme.name!r} → {self.name}: {len(self.records)} substeps>"

@@ -309,7 +309,7 @@ _OUTCOME_LINES = {
 def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     from splitformer.symbolic.builtins import builtin_names
 
-    from .verification.groups import check_groups
+    from .verification.groups import check_groups, require_checks
     from .verification.runner import run_checks
 
     from splitformer.symbolic.network_spec import load_scheme_or_network, network_names
@@ -337,7 +337,8 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
         check_writable(plots, f"--plots {plots}")
         _require_matplotlib("--plots")
     networks = [item for item in items.values() if not isinstance(item, Scheme)]
-    report = run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks, only)
+    report = require_checks(run_checks(schemes, plots, _progress_printer() if sys.stderr.isatty() else None, networks,
+                                       only), only, names, "--only")
     text = {"text": report.as_text, "json": report.as_json, "markdown": report.as_markdown}[arguments.format]()
     return text, 0 if report.holds else 1
 

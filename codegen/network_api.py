@@ -78,12 +78,12 @@ class NetworkDerivation(GeneratedModules):
     def check(self, only: str | Iterable[str] | None = None):
         """The network's checks, as ``splitformer check <network>`` runs them, as a ``CheckReport``; ``only`` names
         the groups to run (``splitformer check --only``)."""
-        from .verification.groups import check_groups
+        from .verification.groups import check_groups, require_checks
         from .verification.runner import network_checks
 
         only = check_groups(only)
         self._unchanged()
-        return network_checks(self.spec, only=only)
+        return require_checks(network_checks(self.spec, only=only), only, [self.spec.name])
 
     def __repr__(self) -> str:
         return f"<NetworkDerivation of {self.spec.name!r} → {self.name}>"

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["GROUPS", "check_groups"]
+__all__ = ["GROUPS", "check_groups", "require_checks"]
 
 #: The groups of checks ``splitformer check --only`` (``only=`` in Python) selects, and what each holds.
 GROUPS = {
@@ -37,3 +37,12 @@ def check_groups(names: str | Iterable[str] | None, where: str = "only") -> froz
         shown = f"unknown group {unknown[0][:40]!r}" if unknown else "no group given"
         raise SplitformerError(f"{where}: {shown}; the groups: {', '.join(GROUPS)}")
     return frozenset(chosen)
+
+
+def require_checks(report, only: frozenset[str], names: list[str], where: str = "only"):
+    """``report`` when it holds a check; one ``SplitformerError`` otherwise (no check of the groups ``only`` applies to
+    ``names``), since an empty report would read as a success that proved nothing."""
+    if not report.checks:
+        chosen = ",".join(group for group in GROUPS if group in only)
+        raise SplitformerError(f"{where} {chosen}: no check of these groups applies to {', '.join(names)}")
+    return report

@@ -112,11 +112,18 @@ class Derivation(GeneratedModules):
 
     @property
     def equation(self) -> Equation:
+        """The continuous equation of the scheme and its operator splitting."""
+        self._unchanged()
         return scheme_equation(self.scheme)
 
-    @cached_property
+    @property
     def order(self) -> OrderResult:
         """Orders and leading local-error terms of one step (non-commutative series)."""
+        self._unchanged()
+        return self._order
+
+    @cached_property
+    def _order(self) -> OrderResult:
         return splitting_order(self.scheme)
 
     @cached_property

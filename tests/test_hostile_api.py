@@ -100,14 +100,17 @@ def test_a_derivation_edited_in_place_emits_nothing(edit, tmp_path):
     emits, and the check does not fire on what derive itself caches."""
     derivation = splitformer.derive("pre-ln")
     assert "def forward" in derivation.source("numpy") and derivation.report  # control
+    assert derivation.order.order == 1 and derivation.equation.latex  # control: read before the edit, then cached
     if edit == "operators":
         derivation.scheme.operators["norm2"] = "rms-norm"
     elif edit == "options":
         derivation.scheme.options["ffn"] = {"bias": False}
     else:
         derivation.program.name = 'x"""\nimport os\n"""'
+    # attack 24: the views (the equation, the orders, the notebook's) showed the edited scheme
     for emit in (lambda: derivation.source("numpy"), lambda: derivation.source("torch"),
-                 lambda: derivation.write(tmp_path / "out"), lambda: derivation.check()):
+                 lambda: derivation.write(tmp_path / "out"), lambda: derivation.check(), lambda: derivation.equation,
+                 lambda: derivation.order, derivation._repr_markdown_):
         with pytest.raises(SplitformerError, match="Derivation of .* was edited in place after it was checked"):
             emit()
     assert not (tmp_path / "out").exists()

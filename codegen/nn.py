@@ -253,6 +253,9 @@ class LanguageModel(_Embedded):
             raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
         _check_flags(greedy=greedy, use_cache=use_cache)
         padding_mask = _check_padding(padding_mask, tuple(tokens.shape))
+        if padding_mask is not None and bool((padding_mask[:, 1:] & ~padding_mask[:, :-1]).any()):
+            raise ValueError("padding_mask: generate continues each row after its last token, so a prompt's padding "
+                             "is on its left only (True before the row's first token, never after it)")
         if not self.rotary and tokens.shape[1] + max_new_tokens - 1 > self.max_tokens:
             raise ValueError(f"{tokens.shape[1]} prompt tokens and max_new_tokens = {max_new_tokens} go past "
                              f"max_tokens = {self.max_tokens}")
@@ -336,9 +339,13 @@ class Classifier(_Embedded):
         elif not isinstance(inputs, torch.Tensor) or inputs.dim() != 3 or inputs.shape[-1] != self.embed.in_features:
             raise ValueError(f"inputs must be a tensor (batch, tokens, {self.embed.in_features}), got "
                              f"{list(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__}")
+        elif inputs.dtype != self.embed.weight.dtype:
+            raise TypeError(f"inputs must be {self.embed.weight.dtype}, the model's dtype, got {inputs.dtype}")
+        padding_mask = _check_padding(padding_mask, tuple(inputs.shape[:2]))
+        if padding_mask is not None and self.class_token is None and bool(padding_mask.all(dim=1).any()):
+            raise ValueError("padding_mask pads every token of a row: mean pooling has no token to average")
         u = self.embed(inputs)
         batch = u.shape[0]
-        padding_mask = _check_padding(padding_mask, tuple(u.shape[:2]))
         if self.class_token is not None:
             u = torch.cat((self.class_token.expand(batch, 1, -1), u), dim=1)
             if padding_mask is not None:
@@ -351,7 +358,7 @@ class Classifier(_Embedded):
         if padding_mask is None:
             return self.head(u.mean(dim=1))
         kept = (~padding_mask).to(u.dtype)[..., None]
-        return self.head((u * kept).sum(dim=1) / kept.sum(dim=1).clamp_min(1))
+        return self.head((u * kept).sum(dim=1) / kept.sum(dim=1))
 
 
 class TextEncoder(_Embedded):

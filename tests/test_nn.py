@@ -119,6 +119,31 @@ def test_classifier_pooling_ignores_padding():
         assert not torch.allclose(model(changed)[1], model(features)[1], atol=1e-6)  # control: no mask
 
 
+def test_a_row_with_no_token_and_features_of_another_dtype_are_refused():
+    """Attack 24: mean pooling over a row padded throughout returned the head's bias; float32 features into a float64
+    model raised torch's RuntimeError from inside the embedding. Control: class pooling has its class node."""
+    torch.manual_seed(0)
+    features, empty = torch.randn(2, 4, 5, dtype=torch.float64), torch.tensor([[False] * 4, [True] * 4])
+    mean, first = (splitformer.nn.Classifier("post-ln", 3, d_input=5, pooling=pooling, d_model=8, n_heads=2,
+                                             n_layers=1, dtype=torch.float64) for pooling in ("mean", "class"))
+    with pytest.raises(ValueError, match="padding_mask pads every token of a row: mean pooling has no token"):
+        mean(features, padding_mask=empty)
+    assert torch.isfinite(first(features, padding_mask=empty)).all()
+    with pytest.raises(TypeError, match="inputs must be torch.float64, the model's dtype, got torch.float32"):
+        mean(features.float())
+
+
+def test_generate_refuses_a_prompt_padded_on_its_right():
+    """Attack 24: the next token was read after a padded position (logits 0.04 off the unpadded prompt's)."""
+    torch.manual_seed(1)
+    model = splitformer.nn.LanguageModel("llama", VOCAB, d_model=16, n_heads=2, n_layers=1, dtype=torch.float64)
+    prompt = torch.tensor([[5, 6, 3, 1, 4]])
+    with pytest.raises(ValueError, match="a prompt's padding is on its left only"):
+        model.generate(prompt, 2, greedy=True, padding_mask=torch.tensor([[False, False, False, True, True]]))
+    left = model.generate(prompt, 2, greedy=True, padding_mask=torch.tensor([[True, True, False, False, False]]))
+    assert torch.equal(left[:, 2:], model.generate(prompt[:, 2:], 2, greedy=True))  # control: left padding works
+
+
 def test_bad_schemes_and_arguments():
     with pytest.raises(SplitformerError, match="not a block scheme"):
         splitformer.nn.LanguageModel("vit", VOCAB)

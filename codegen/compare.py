@@ -9,6 +9,7 @@ print the table; ``plot(path)`` draws one convergence plot with every scheme ove
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,9 @@ class Comparison:
 
     def plot(self, path: str | Path | None = None):
         """Error against Δt of every scheme with an order, overlaid; saved to ``path`` or returned."""
+        if path is not None and (not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes)):
+            raise SplitformerError(f"plot: path must be a file path (str or pathlib.Path) or None, got "
+                                   f"{type(path).__name__}")
         for derivation in self.derivations:
             if derivation.order.order is not None and derivation.scheme.name not in self.studies:
                 self.studies[derivation.scheme.name] = convergence_study(derivation.scheme, order=derivation.order.order)

@@ -70,6 +70,9 @@ def rk2(*fields: str | Mapping) -> dict:
 def runge_kutta(method: str | Mapping, *fields: str | Mapping) -> dict:
     """One explicit Runge–Kutta step of the summed field: ``method`` is a tableau name
     (``"rk4"``, ``"heun"``, one under ``tableaux=``) or ``{"a": [[...], ...], "b": [...]}``."""
+    if not isinstance(method, (str, Mapping)):
+        raise SplitformerError(f"runge_kutta: method must be a tableau name or a mapping {{'a': …, 'b': …}}, got "
+                               f"{type(method).__name__}")
     return {"rk": method if isinstance(method, str) else dict(method),
             "fields": rk2(*fields)["rk2"]}
 

@@ -26,6 +26,9 @@ def exact_number(value: object) -> sp.Rational:
         value = str(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"expected a number or a fraction string, got {type(value).__name__}")
+    if isinstance(value, int) and abs(value) > MAX_TERM:  # by its size: a long int's digits are no misspelt number
+        shown = value if value.bit_length() <= 128 else f"an int of {value.bit_length()} bits"
+        raise ValueError(f"{shown} is out of range: numerator and denominator at most {MAX_TERM}")
     text = value.strip() if isinstance(value, str) else str(value)
     if not _NUMBER.fullmatch(text):
         raise ValueError(f"not a number: {text[:40]!r} (a rational number: a decimal or p/q)")

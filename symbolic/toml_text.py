@@ -37,6 +37,9 @@ def toml_value(value: Any, where: str) -> str:
     kind = type(value)
     if kind is bool:
         return "true" if value else "false"
+    if kind is int and not -2**63 <= value < 2**63:
+        raise SplitformerError(f"{where}: an int of {value.bit_length()} bits is out of range (a scheme file holds "
+                               "64-bit integers)")
     if kind is int or kind is float:
         return repr(value)  # exact types: their own repr, which TOML reads back (inf and nan too)
     if kind is str:

@@ -7,6 +7,7 @@ was given; every wrong argument is one ``SplitformerError`` (or ``TypeError``) l
 
 import ast
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -326,3 +327,32 @@ def test_a_hand_made_derivation_checks_its_passes(post_ln):
     with pytest.raises(SplitformerError, match="Derivation: passes must be None or a tuple"):
         Derivation(post_ln.scheme, post_ln.program, passes=("layer-norm",))
     assert Derivation(post_ln.scheme, post_ln.program, passes=chosen).passes == chosen
+
+
+@pytest.mark.parametrize("fraction, message", [
+    (10**30, "steps.fraction: an int of 100 bits is out of range (a scheme file holds 64-bit integers)"),
+    (10**5000, "steps.fraction: an int of 16610 bits is out of range (a scheme file holds 64-bit integers)"),
+    (2**62, "steps[0].fraction: 4611686018427387904 is out of range"),
+], ids=["30-digits", "5001-digits", "2**62"])
+def test_a_long_int_is_out_of_range_not_a_misspelt_number(fraction, message):
+    """Attack 24: ``fraction=10**30`` was "not a number"; 10**5000 raised Python's own ValueError on printing it."""
+    with pytest.raises(SplitformerError, match=re.escape(message)):
+        splitformer.scheme("x", "y", operators={"attn": "attention"}, steps=[splitformer.substep("attn", fraction=fraction)])
+
+
+def test_arguments_of_the_wrong_kind_are_named():
+    """Attack 24: Python's own messages ("'int' object is not iterable", "expected str, bytes or os.PathLike object"),
+    and a NumPy module handed to ``build`` gave an AttributeError."""
+    with pytest.raises(SplitformerError, match="runge_kutta: method must be a tableau name or a mapping"):
+        splitformer.runge_kutta(3, "attn")
+    with pytest.raises(SplitformerError, match="plot: path must be a file path"):
+        splitformer.compare(["post-ln"]).plot(3)
+    import transformers
+
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=16, num_attention_heads=4, intermediate_size=40,
+                                                          num_hidden_layers=2)).eval()
+    adapted = splitformer.adapters.from_hf(bert)
+    derivation = splitformer.derive(adapted.scheme, adapted.activation)
+    with pytest.raises(SplitformerError, match="build takes the generated torch module .* which defines no Stack"):
+        adapted.build(derivation.numpy_module())
+    assert adapted.build(derivation.torch_module()).layers  # control

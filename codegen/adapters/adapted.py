@@ -169,6 +169,10 @@ class Adapted(Mapping[str, np.ndarray]):
     # --- into generated torch modules ------------------------------------------------------
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
         """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
+        if not hasattr(torch_module, "Stack" if self.stack else "Block"):
+            raise SplitformerError(f"build takes the generated torch module (derive(...).torch_module()), got "
+                                   f"{getattr(torch_module, '__name__', type(torch_module).__name__)!r}, which defines "
+                                   f"no {'Stack' if self.stack else 'Block'}")
         if getattr(torch_module, "SCHEME", None) is not None:
             _check_scheme(self, vars(torch_module), f"the generated module {torch_module.__name__}")
         factory = {"eps": self.eps, "bias": self.bias, "batch_first": self.batch_first, "device": device,

@@ -115,6 +115,9 @@ def test_hf_vit_takes_network_too_and_builds():
         assert (adapted.build(TORCH_VIT).logits(pixels) - source(pixels).logits).abs().max() <= 1e-10
     with pytest.raises(SplitformerError, match="not the generated vit torch module"):
         adapted.build(import_path(GENERATED / "torch" / "pre_ln.py"))
+    # attack 24: the repr printed every parameter array (45,700 characters for a small ViT)
+    assert repr(adapted) == ("AdaptedModel(hf.ViTForImageClassification → vit, patch_size=4, n_heads=3, "
+                             "image_size=(16, 16), eps=1e-12, 24 parameter arrays, dtype=float64)")
 
 
 # --- BertModel → TextEncoder ------------------------------------------------------------------

@@ -58,6 +58,13 @@ class AdaptedModel:
     def astype(self, dtype: Any) -> "AdaptedModel":
         return replace(self, params={name: value.astype(dtype) for name, value in self.params.items()})
 
+    def __repr__(self) -> str:
+        """One line, as an ``Adapted``'s: the source, the network, its configuration and the parameters' count."""
+        config = ", ".join(f"{key}={value!r}" for key, value in self.config.items())
+        dtype = next((str(value.dtype) for value in self.params.values()), self.source_dtype)
+        return (f"AdaptedModel({self.source[0]}.{self.source[1]} → {self.model}, {config}, "
+                f"{len(self.params)} parameter arrays, dtype={dtype})")
+
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
         """The ``Model`` of the generated ``vit`` torch module holding these parameters (in their dtype)."""
         import torch

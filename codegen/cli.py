@@ -368,12 +368,15 @@ def _progress_printer():
 def _sizes(text: str | None) -> dict[str, int] | None:
     if text is None:
         return None
+    from .compare import SIZE_NAMES
+
     sizes = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if name.strip() not in ("d", "d_ff") or not (value.strip().isascii() and value.strip().isdigit()) or \
+        if name.strip() not in SIZE_NAMES or not (value.strip().isascii() and value.strip().isdigit()) or \
                 not 1 <= int(value) <= 2**31:
-            raise SplitformerError(f"--sizes: expected d=N,d_ff=M with positive integers up to 2**31, got {item[:40]!r}")
+            raise SplitformerError(f"--sizes: expected NAME=N,… (NAME among {', '.join(SIZE_NAMES)}) with positive "
+                                   f"integers up to 2**31, got {item[:40]!r}")
         if name.strip() in sizes:
             raise SplitformerError(f"--sizes: {name.strip()} is given twice")
         sizes[name.strip()] = int(value)

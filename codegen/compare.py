@@ -16,6 +16,7 @@ from pathlib import Path
 
 import sympy as sp
 
+from splitformer.symbolic import domains
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.latex import plain_text
 from splitformer.symbolic.kinds import OPERATOR_KINDS
@@ -27,7 +28,12 @@ from splitformer.symbolic.names import check_distinct
 from .api import Derivation, as_scheme, derive
 from .convergence import Study, convergence_study, plot_studies
 
-__all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count"]
+__all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count", "SIZE_NAMES"]
+
+#: The sizes a parameter count may hold (the code's names of the domains: ``d``, ``d_ff``, grouped heads' ``d_kv``, …).
+SIZE_NAMES = tuple(sorted({value.code_name for value in vars(domains).values()
+                           if isinstance(value, domains.Domain) and value.code_name.isidentifier()},
+                          key=lambda name: (name not in ("d", "d_ff"), name)))
 
 
 def parameter_count(program: Program) -> sp.Expr:
@@ -150,8 +156,9 @@ def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
             raise SplitformerError(f"compare: sizes must be a mapping like {{'d': 512, 'd_ff': 2048}}, "
                                    f"got {type(sizes).__name__}")
         for name, value in sizes.items():
-            if name not in ("d", "d_ff") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SplitformerError(f"compare: sizes[{name!r}] = {value!r}; expected d and d_ff as positive integers")
+            if name not in SIZE_NAMES or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SplitformerError(f"compare: sizes[{name!r}] = {value!r}; expected sizes among "
+                                       f"{', '.join(SIZE_NAMES)} as positive integers")
     derivations = [derive(as_scheme(scheme), activation) for scheme in schemes]
     if not derivations:
         raise SplitformerError("compare: name at least one scheme")

@@ -148,7 +148,7 @@ def test_compare_prints_the_table_and_writes_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["compare", "post-ln", "--sizes", "d=x"], "--sizes: expected d=N,d_ff=M"),
+    (["compare", "post-ln", "--sizes", "d=x"], "--sizes: expected NAME=N,… (NAME among d, d_ff, "),
     (["compare", "post-ln", "--format", "pdf"], "invalid choice: 'pdf'"),
     (["compare"], "required: SCHEME"),
 ])

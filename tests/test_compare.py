@@ -29,6 +29,18 @@ def test_parameter_count_matches_torch():
     assert f" {expected} " in text
 
 
+def test_grouped_heads_count_with_their_width_as_transformers_does():
+    """Attack 24: llama's count kept ``d_kv`` (the keys' and values' width) as a symbol, and ``--sizes`` refused it."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=8,
+                                      num_key_value_heads=2)  # d_kv = 2 heads of 8
+    layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(config, layer_idx=0)
+    expected = sum(parameter.numel() for parameter in layer.parameters())
+    assert f" {expected} " in splitformer.compare(["llama"], sizes={"d": 64, "d_ff": 96, "d_kv": 16}).as_text()
+    assert f" {expected} " not in splitformer.compare(["llama"], sizes={"d": 64, "d_ff": 96, "d_kv": 32}).as_text()
+
+
 def test_formats(table):
     text, markdown, latex = table.as_text(), table.as_markdown(), table.as_latex()
     assert text.splitlines()[0].split()[:4] == ["scheme", "order", "splitting", "evaluations"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
+from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, ConvolutionInputAdjoint,
@@ -483,6 +484,10 @@ class NumpyBackend(Backend):
         return lines
 
 
+#: The bool indicators a formula may read: the tokens' support χ and the memory's χ_m.
+_SUPPORTS = (SUPPORT, MEMORY_SUPPORT.name)
+
+
 def _indicator(expr: sp.Expr) -> bool:
     """``expr`` is built of steps ``θ(v, 0)`` and the support ``χ`` by products and sums: bool-valued."""
     if isinstance(expr, (sp.Mul, sp.Add)):
@@ -556,10 +561,10 @@ class TorchBackend(Backend):
         return self.assigned(op, self.scaled(f"torch.sum({product}, dim={dim})", op.scale, printer), printer)
 
     def einsum_operand(self, name: str, op: Contraction) -> str:
-        """The bool support χ (a plug-in's formula reading it as a factor) cast to another operand's dtype: torch's
-        einsum has no bool."""
-        other = next((operand.name for operand in op.operands if operand.name != SUPPORT), None)
-        return f"{name}.to({other}.dtype)" if name == SUPPORT and other is not None else name
+        """A bool support, χ or the memory's χ_m (a plug-in's formula reading it as a factor), cast to the dtype of an
+        operand that is none: torch's einsum has no bool."""
+        other = next((operand.name for operand in op.operands if operand.name not in _SUPPORTS), None)
+        return f"{name}.to({other}.dtype)" if name in _SUPPORTS and other is not None else name
 
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"

@@ -21,7 +21,7 @@ from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, DROPOUT, INFERENCE, Spelled
 from .constant_names import check_constant_names
 from .initialization import init_bounds
-from .ir import Branch, Cache, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
+from .ir import Branch, Cache, Contraction, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
@@ -132,8 +132,13 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "buckets": buckets,
         "sections": sections,
         "uses_support": "chi" in module.tensors,
-        # χ read as a factor of a formula (a token map's kernel), not by a masked softmax: an indicator array
-        "dense_support": any(isinstance(op, (Elementwise, Reduction)) and "chi" in op.reads() for op in flat(module.ops)),
+        # χ read as a factor of a formula (a token map's kernel, a plug-in's sum over the support), not by a masked
+        # softmax: an indicator array
+        "dense_support": any(isinstance(op, (Elementwise, Reduction, Contraction)) and "chi" in op.reads()
+                             for op in flat(module.ops)),
+        # the memory's support χ_m read so (a plug-in's): an indicator array when no mask is given too
+        "dense_memory_support": any(isinstance(op, (Elementwise, Reduction, Contraction)) and "chi_m" in op.reads()
+                                    for op in flat(module.ops)),
         # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
         "factor_support": any(isinstance(op, (Elementwise, Reduction, LocalKernel)) and "chi" in op.reads()
                               for op in flat(module.ops)),

@@ -89,7 +89,7 @@ def test_the_torch_blocks_derived_backward_equals_autograd(modules):
 
 
 def test_both_network_modules_run_the_step_with_the_whole_support(modules):
-    """A network's tokens are all visible: its NumPy and torch modules agree, and the step is the block's."""
+    """A network's tokens are all visible (χ ≡ 1): its NumPy and torch modules run, finite, and agree."""
     numpy_net, torch_net = modules["numpy", "vit_mean"], modules["torch", "vit_mean"]
     rng = np.random.default_rng(2)
     shapes = {"n_channels": 3, "patch_size": 2, "d": 8, "n_tokens": 5, "n_classes": 4, "d_ff": 8}
@@ -104,6 +104,40 @@ def test_both_network_modules_run_the_step_with_the_whole_support(modules):
                             n_classes=4, eps=EPS, dtype=torch.float64).load_params(params)
     got = model(torch.from_numpy(images)).detach().numpy()
     assert np.abs(got - expected).max() < 1e-12
+
+
+def _derived(tmp_path, kind):
+    (tmp_path / "step.toml").write_text(f'name = "step"\nsummary = "s"\n[operators]\nmix = "{kind}"\n[[steps]]\n'
+                                        'operator = "mix"\nsolver = "explicit"\n', encoding="utf-8")
+    derivation = splitformer.derive(str(tmp_path / "step.toml"))
+    return derivation.numpy_module(), derivation.torch_module()
+
+
+def test_a_support_read_only_inside_a_product_is_whole_without_a_mask(modules, tmp_path):
+    """Review of attack 24's fix: χ read only by a contraction was handed as None when no mask was given."""
+    numpy_module, torch_module = _derived(tmp_path, "support-sum")
+    u = np.random.default_rng(4).standard_normal((2, 5, 4))
+    expected = u + np.ones((5, 5)) @ u / (u**2).sum(1, keepdims=True)
+    assert np.abs(numpy_module.forward(u, {}, n_heads=1) - expected).max() < 1e-12
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64)
+    assert np.abs(block(torch.from_numpy(u)).detach().numpy() - expected).max() < 1e-12
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_memorys_support_read_as_a_factor(modules, tmp_path, masked):
+    """χ_m (``memory_key_padding_mask``) as a factor: torch's einsum took it as bool, and without a mask it was None."""
+    numpy_module, torch_module = _derived(tmp_path, "memory-mean")
+    rng = np.random.default_rng(5)
+    u, memory = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 3, 4))
+    mask = np.array([[False, False, True], [False, False, False]]) if masked else None
+    visible = np.ones((2, 3)) if mask is None else (~mask).astype(float)
+    expected = u + visible[:, None, :] @ memory / visible.sum(1)[:, None, None]
+    got = numpy_module.forward(u, memory, {}, n_heads=1, memory_key_padding_mask=mask)
+    assert np.abs(got - expected).max() < 1e-12
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64)
+    got = block(torch.from_numpy(u), torch.from_numpy(memory),
+                memory_key_padding_mask=None if mask is None else torch.from_numpy(mask))
+    assert np.abs(got.detach().numpy() - expected).max() < 1e-12
 
 
 def test_the_adjoint_tests_say_the_forward_is_not_finite_where_a_query_sees_no_key(modules, tmp_path):

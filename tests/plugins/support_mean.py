@@ -1,11 +1,12 @@
-"""A token mixer that reads the support χ as a factor of its formula (attack 24): the mean of the state over the
-tokens a query may see, then an affine map over the features. Its code multiplies by χ and divides by ∫ χ, where
-the built-in attention reads χ only through its softmax."""
+"""Kinds that read a support as a factor of their formulas (attack 24), where the built-in attentions read it only
+through their softmax: the mean of the state over the tokens a query may see, then an affine map; the state summed
+over them (χ only inside a product); the mean of a fixed memory over the memory tokens a query sees (χ_m)."""
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from splitformer.symbolic.domains import ETA, FEATURES, X_KEY, XI, X, Y
+from splitformer.symbolic.domains import ETA, ETA_MEMORY, FEATURES, X_KEY, X_MEMORY, XI, X, Y
+from splitformer.symbolic.inputs import MEMORY, MEMORY_SUPPORT
 from splitformer.symbolic.operators import STATE, SUPPORT, Definition, Operator, apply, integral, kernel, register_operator
 
 
@@ -29,3 +30,43 @@ class SupportMean(Operator):
 
     def uses_support(self):
         return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class SupportSum(Operator):
+    """``u ↦ ∫ χ(x, x̃) u(x̃, y) dx̃ / ∫ u(η, y)² dη``: χ read only inside one product, no division by its measure."""
+
+    kind: ClassVar[str] = "support-sum"
+    symbol: ClassVar[str] = r"\mathcal{S}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        total = integral(apply(SUPPORT, X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY)
+        energy = integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("out", r"\mathcal{S}", (X, Y), total / energy, "the state summed over the support, over its "
+                           "energy"),)
+
+    def uses_support(self):
+        return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class MemoryMean(Operator):
+    """``u ↦ ∫ χ_m(x, x̂) m(x̂, y) dx̂ / ∫ χ_m(x, η̂) dη̂``: the mean of a fixed memory over the memory tokens a query sees
+    (the memory's support χ_m read as a factor)."""
+
+    kind: ClassVar[str] = "memory-mean"
+    symbol: ClassVar[str] = r"\mathcal{M}_m"
+    input_fields: ClassVar[tuple] = (MEMORY, MEMORY_SUPPORT)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        mean = integral(apply(MEMORY_SUPPORT.name, X, X_MEMORY) * apply(MEMORY.name, X_MEMORY, Y), X_MEMORY) / \
+            integral(apply(MEMORY_SUPPORT.name, X, ETA_MEMORY), ETA_MEMORY)
+        return (Definition("out", r"\mathcal{M}_m", (X, Y), mean, "the mean of the memory over its support"),)

@@ -11,7 +11,7 @@ time or memory. Anything else raises ``ValueError``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import sympy as sp
 from sympy.core.assumptions import _assume_defined
@@ -67,6 +67,10 @@ class _Decoder:
         self.nodes = 0
 
     def decode(self, tree: Any, depth: int) -> sp.Basic:
+        return self.sized(tree, depth)[0]
+
+    def sized(self, tree: Any, depth: int) -> tuple[sp.Basic, _Size]:
+        """The expression of ``tree`` and a bound on the numbers SymPy may fold out of it."""
         self.nodes += 1
         if self.nodes > MAX_NODES or depth > MAX_DEPTH:
             raise ValueError("expression tree too large or too deep")
@@ -74,27 +78,29 @@ class _Decoder:
             raise ValueError(f"not an expression node: {str(tree)[:60]}")
         head, arguments = tree[0], tree[1:]
         if head == "Symbol":
-            return _symbol(arguments)
+            return _symbol(arguments), _Size(0, 0)
         if head == "Rational":
             if len(arguments) != 2:
                 raise ValueError("Rational takes two integers")
             numerator, denominator = (_integer(argument) for argument in arguments)
             if denominator == 0:
                 raise ValueError("zero denominator")
-            return sp.Rational(numerator, denominator)
+            return sp.Rational(numerator, denominator), _Size(_bits(numerator), _bits(denominator) - 1)
         if head == "S":
             if len(arguments) != 1 or arguments[0] not in CONSTANTS:
                 raise ValueError(f"unknown constant {str(arguments)[:60]}")
-            return getattr(sp.S, arguments[0])
+            return getattr(sp.S, arguments[0]), _Size(0, 0)
         if head not in OPERATIONS:
             raise ValueError(f"unknown operation {head[:60]!r}")
-        decoded = [self.decode(argument, depth + 1) for argument in arguments]
+        decoded, sizes = zip(*(self.sized(argument, depth + 1) for argument in arguments)) if arguments else ((), ())
         if head == "Pow":
-            _check_power(decoded)
-        _check_arithmetic(head, decoded)
+            _check_power(list(decoded))
+        size = _folded(head, list(decoded), list(sizes))
+        if max(size) > MAX_BITS:
+            raise ValueError(f"{head} of numbers whose result could exceed {MAX_BITS} bits")
         if head in _AS_STORED:  # stored canonical; canonicalizing again cost ~14x per nesting level (attack 20)
-            return sp.Basic.__new__(OPERATIONS[head], *decoded)
-        return OPERATIONS[head](*decoded)
+            return sp.Basic.__new__(OPERATIONS[head], *decoded), size
+        return OPERATIONS[head](*decoded), size
 
 
 def _integer(text: Any) -> int:
@@ -128,20 +134,27 @@ def _bits(number: int) -> int:
     return abs(number).bit_length()
 
 
-def _check_arithmetic(head: str, arguments: list[sp.Basic]) -> None:
-    """SymPy folds the numbers of a sum, product or power as it builds the node: bound the size of the result
-    before it does (a product's numerator has at most the sum of its factors' bits; a sum's denominator at most
-    the sum of theirs; a power's at most the base's times the exponent's numerator)."""
-    numbers = [argument for argument in arguments if argument.is_Rational]
-    if head == "Pow" and len(numbers) == 2 and arguments[0].is_Rational:
-        base, exponent = arguments
-        bits = (_bits(base.p) + _bits(base.q)) * abs(exponent.p)
-    elif head == "Mul":
-        bits = sum(_bits(number.p) + _bits(number.q) - 1 for number in numbers)
-    elif head == "Add" and numbers:
-        bits = (max(_bits(number.p) for number in numbers) + sum(_bits(number.q) - 1 for number in numbers)
-                + _bits(len(numbers)))
-    else:
-        return
-    if bits > MAX_BITS:
-        raise ValueError(f"{head} of numbers whose result would exceed {MAX_BITS} bits")
+class _Size(NamedTuple):
+    """Bounds on the bits of a numerator and of a denominator SymPy may fold out of a subtree: its numbers, and the
+    powers of its numeric bases (``√B`` to the 63rd is ``B^31 √B``)."""
+
+    numerator: int
+    denominator: int
+
+
+def _folded(head: str, arguments: list[sp.Basic], sizes: list[_Size]) -> _Size:
+    """The bound of a node from its arguments': a product's bits are at most the sum of its factors'; a sum's
+    numerator at most the widest numerator times every other denominator, its denominator at most the product of
+    theirs; a power's at most the base's times the exponent's numerator (its reciprocal for a negative one)."""
+    if not sizes:
+        return _Size(0, 0)
+    if head == "Pow" and arguments[1].is_Rational:
+        (numerator, denominator), power = sizes[0], abs(arguments[1].p)
+        size = _Size(numerator * power, denominator * power)
+        return size if arguments[1].p >= 0 else _Size(size.denominator + 1, size.numerator)
+    denominators = sum(size.denominator for size in sizes)
+    if head == "Mul":
+        return _Size(sum(size.numerator for size in sizes), denominators)
+    if head == "Add":
+        return _Size(max(size.numerator for size in sizes) + denominators + _bits(len(sizes)), denominators)
+    return _Size(max(size.numerator for size in sizes), max(size.denominator for size in sizes))

@@ -448,14 +448,29 @@ def _study(arguments: argparse.Namespace) -> str:
     return result.as_markdown() + "\n\nwrote " + ", ".join(str(path) for path in paths)
 
 
+def _schemes_after_options(extras: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The schemes argparse left after an option (``derive post-ln --out o pre-ln``; after ``--``, anything): each a
+    built-in name or a file, so that an option's second value (``--only order convergence``) is not read as one."""
+    from splitformer.symbolic.builtins import builtin_names
+    from splitformer.symbolic.network_spec import network_names
+
+    split = extras.index("--") if "--" in extras else len(extras)
+    before, after = extras[:split], extras[split + 1:]
+    known = set(builtin_names()) | set(network_names())
+    stray = [extra for extra in before if extra.startswith("-") or not (extra in known or Path(extra).exists())]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)} (after an option, a scheme is a built-in name or "
+                     "a file)")
+    return before + after
+
+
 def _run(argv: list[str] | None) -> tuple[str, int]:
     parser = _parser()
     arguments, extras = parser.parse_known_args(argv)
-    if extras:  # schemes after an option (``derive post-ln --out o pre-ln``), as argparse takes them before one
-        options = [extra for extra in extras if extra.startswith("-")]
-        if options or not isinstance(getattr(arguments, "schemes", None), list):
-            parser.error(f"unrecognized arguments: {' '.join(options or extras)}")
-        arguments.schemes += extras
+    if extras:
+        if not isinstance(getattr(arguments, "schemes", None), list):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        arguments.schemes += _schemes_after_options(extras, parser)
     if getattr(arguments, "load", None):
         from splitformer.symbolic.plugins import load_plugins
 

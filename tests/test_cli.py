@@ -69,6 +69,8 @@ def test_derive_a_scheme_file(tmp_path):
     (["derive", "post-ln", "--name", "weakref"], "--name: 'weakref' is the name of a module the generated code imports"),
     (["show", "post-ln", "--format", "text", "pre-ln"], "unrecognized arguments: pre-ln"),  # show takes one
     (["derive", "post-ln", "--backend", "numpy", "pre-ln", "--bogus"], "unrecognized arguments: --bogus"),
+    (["derive", "post-ln", "--backend", "numpy", "torch"],  # an option's second value is not read as a scheme
+     "unrecognized arguments: torch (after an option, a scheme is a built-in name or a file)"),
 ])
 def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(arguments, message, tmp_path):
     code, out, err = run(*arguments, "--out", str(tmp_path / "out")) if arguments[0] == "derive" else run(*arguments)
@@ -102,6 +104,10 @@ def test_schemes_may_follow_options(tmp_path):
     assert sorted(path.name for path in (tmp_path / "out" / "numpy").glob("*_ln.py")) == ["post_ln.py", "pre_ln.py"]
     code, out, _ = run("compare", "post-ln", "--format", "markdown", "rk2")
     assert code == 0 and "`post-ln`" in out and "`rk2`" in out
+    code, _, err = run("derive", "post-ln", "--out", str(tmp_path / "dashes"), "--", "pre-ln", "--backend", "numpy")
+    assert code == 2 and "unknown scheme '--backend'" in err  # after '--' everything is a scheme
+    code, _, err = run("derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "after"), "--", "pre-ln")
+    assert code == 0 and (tmp_path / "after" / "numpy" / "pre_ln.py").exists(), err
 
 
 def test_invalid_scheme_file_writes_nothing_even_after_a_valid_one(tmp_path):

@@ -170,6 +170,9 @@ class Derivation(GeneratedModules):
         from .verification.runner import scheme_checks
 
         only = check_groups(only)
+        if only == {"general"}:
+            raise SplitformerError("only: the general statements hold for every scheme and run with splitformer check; "
+                                   "a derivation's check runs its scheme's own groups")
         if plots is not None and "convergence" not in only:
             raise SplitformerError("plots: the plots are the convergence study's; add 'convergence' to only")
         if plots is not None:  # refused before the checks run, not after

@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
                               "latex: a tabular environment")
     compare.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     compare.add_argument("--sizes", default=None, metavar="d=N,d_ff=M",
-                         help="count the parameters at these sizes instead of as a polynomial in d and d_ff")
+                         help="count the parameters at these sizes instead of as a polynomial in them (d, d_ff; "
+                              "grouped heads' d_kv, …)")
     compare.add_argument("--plot", default=None, metavar="FILE.png",
                          help="also write one convergence plot with every scheme overlaid (needs matplotlib)")
     _load_option(compare)

@@ -30,7 +30,8 @@ from .convergence import Study, convergence_study, plot_studies
 
 __all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count", "SIZE_NAMES"]
 
-#: The sizes a parameter count may hold (the code's names of the domains: ``d``, ``d_ff``, grouped heads' ``d_kv``, …).
+#: The sizes a parameter count may hold: every domain's name in the code (``d``, ``d_ff``, grouped heads' ``d_kv``,
+#: ``n_heads``, …), ``d`` and ``d_ff`` first.
 SIZE_NAMES = tuple(sorted({value.code_name for value in vars(domains).values()
                            if isinstance(value, domains.Domain) and value.code_name.isidentifier()},
                           key=lambda name: (name not in ("d", "d_ff"), name)))

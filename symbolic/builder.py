@@ -95,6 +95,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (Fraction, sp.Rational)) and not _exact_rational(value):
         raise SplitformerError(f"a number of type {type(value).__name__} (a subclass of {Fraction.__name__} or of "
                                "SymPy's Rational) is refused: give a Fraction, a SymPy rational, a string or an int")
+    if isinstance(value, (Fraction, sp.Rational)):
+        largest = max(abs(int(value.numerator)), int(value.denominator))
+        if largest >= 2**63:  # before printing: str refuses very long ints
+            raise SplitformerError(f"a number of {largest.bit_length()} bits is out of range (a scheme file holds "
+                                   "64-bit integers)")
     if isinstance(value, sp.Integer):
         return int(value.p)
     if isinstance(value, sp.Rational):

@@ -65,7 +65,7 @@ def test_a_selection_that_leaves_no_check_is_an_error_not_a_success(capsys):
     """Attack 24: ``check vit --only order`` printed "0 passed, 0 failed" and exited 0: a success that proved nothing."""
     assert main(["check", "vit", "--only", "order,causality"]) == 2
     assert capsys.readouterr() == ("", "error: --only causality,order: no check of these groups applies to vit\n")
-    with pytest.raises(SplitformerError, match="only general: no check of these groups applies to pre-ln"):
+    with pytest.raises(SplitformerError, match="only: the general statements hold for every scheme and run with"):
         splitformer.derive("pre-ln").check(only="general")
     with pytest.raises(SplitformerError, match="only order: no check of these groups applies to resnet-block"):
         splitformer.derive("resnet-block").check(only="order")

@@ -333,7 +333,9 @@ def test_a_hand_made_derivation_checks_its_passes(post_ln):
     (10**30, "steps.fraction: an int of 100 bits is out of range (a scheme file holds 64-bit integers)"),
     (10**5000, "steps.fraction: an int of 16610 bits is out of range (a scheme file holds 64-bit integers)"),
     (2**62, "steps[0].fraction: 4611686018427387904 is out of range"),
-], ids=["30-digits", "5001-digits", "2**62"])
+    (sp.Integer(10)**5000, "a number of 16610 bits is out of range (a scheme file holds 64-bit integers)"),
+    (sp.Rational(1, 10**5000), "a number of 16610 bits is out of range (a scheme file holds 64-bit integers)"),
+], ids=["30-digits", "5001-digits", "2**62", "sympy-5001-digits", "sympy-fraction-5001-digits"])
 def test_a_long_int_is_out_of_range_not_a_misspelt_number(fraction, message):
     """Attack 24: ``fraction=10**30`` was "not a number"; 10**5000 raised Python's own ValueError on printing it."""
     with pytest.raises(SplitformerError, match=re.escape(message)):

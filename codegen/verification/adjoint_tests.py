@@ -145,5 +145,5 @@ def scheme_adjoint_tests(scheme, module) -> list[Check]:
     described = (f"one step of {scheme.name} (2 sequences of {sizes.tokens} tokens, d = {sizes.features}, "
                  f"{sizes.heads} heads, d_ff = {sizes.hidden}, causal plus padding masks{extra})")
     return adjoint_tests(scheme.name, scheme.name, described, forward, vjp, x, seed,
-                         "; the masks leave query 0 of sequence 1 no key (a formula dividing by ∫ χ, the measure of "
-                         "the support, is 0/0 there)")
+                         "; the masks leave query 0 of sequence 1 no key: a formula dividing by ∫ χ, the measure of "
+                         "the support, is 0/0 there")

@@ -4,8 +4,12 @@ scheme's order runs ``order,convergence`` alone, without the statements that hol
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from splitformer.symbolic.errors import SplitformerError
+
+if TYPE_CHECKING:  # the runner imports the checks: this module stays light for the command line's help
+    from .runner import CheckReport
 
 __all__ = ["GROUPS", "check_groups", "require_checks"]
 
@@ -39,7 +43,7 @@ def check_groups(names: str | Iterable[str] | None, where: str = "only") -> froz
     return frozenset(chosen)
 
 
-def require_checks(report, only: frozenset[str], names: list[str], where: str = "only"):
+def require_checks(report: CheckReport, only: frozenset[str], names: list[str], where: str = "only") -> CheckReport:
     """``report`` when it holds a check; one ``SplitformerError`` otherwise (no check of the groups ``only`` applies to
     ``names``), since an empty report would read as a success that proved nothing."""
     if not report.checks:

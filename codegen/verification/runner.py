@@ -175,20 +175,20 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
     """The checks of one scheme in the groups ``only``, added to ``report``; a group of checks that raises is
     reported as failed."""
     report = report or CheckReport()
-    program = program or derive(scheme)
+    derived = functools.cache(lambda: program or derive(scheme))  # for the groups that read it only
     name = scheme.name
     if "semantics" in only:
-        report.add(*guarded(f"semantics/{name}", name, lambda: semantics_checks(scheme, program)))
+        report.add(*guarded(f"semantics/{name}", name, lambda: semantics_checks(scheme, derived())))
     if "recovery" in only:
-        report.add(*guarded(f"recovery/{name}", name, lambda: recovery_checks(scheme, program)))
+        report.add(*guarded(f"recovery/{name}", name, lambda: recovery_checks(scheme, derived())))
         if scheme.name == "paper-lie" and is_builtin(scheme):
             report.add(*guarded(f"paper/{name}", name, lambda: paper_checks(scheme)))
-    adjoint = functools.cache(lambda: derive_adjoint(program))  # derived once, for both checks that need it
+    adjoint = functools.cache(lambda: derive_adjoint(derived()))  # derived once, for both checks that need it
     if "adjoint" in only:
-        report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, program, adjoint)))
+        report.add(*guarded(f"adjoint/{name}", name, lambda: adjoint_checks(scheme, derived(), adjoint)))
     emitted = only & {"causality", "adjoint-test"}
     if emitted:
-        report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, program, adjoint(), emitted)))
+        report.add(*guarded(f"emitted/{name}", name, lambda: _emitted_checks(scheme, derived(), adjoint(), emitted)))
     if not only & {"order", "convergence"}:
         return report
     claimed = guarded(f"order/{name}", name, lambda: _orders(scheme, report))

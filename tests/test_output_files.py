@@ -373,3 +373,26 @@ def test_a_file_where_a_folder_goes_is_named_in_the_error(tmp_path):
     with pytest.raises(output.SplitformerError, match=f"{tmp_path / 'a'} exists and is not a folder"):
         output.write_files({tmp_path / "a" / "b" / "x.py": "x = 1\n"})
     assert (tmp_path / "a").read_text() == "not a folder"
+
+
+def test_a_failed_write_leaves_a_folder_another_process_made(tmp_path, monkeypatch):
+    """The other side of the race above: a write that fails after it removes only the folders it made itself."""
+    from pathlib import Path
+
+    folder, exists = tmp_path / "a" / "b", Path.exists
+
+    def made_meanwhile(path, *arguments, **options):
+        if path == folder and not exists(path):
+            path.mkdir()
+            (path / "theirs.py").write_text("made by the other process\n")
+            return False
+        return exists(path, *arguments, **options)
+
+    def full(*arguments, **options):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "exists", made_meanwhile)
+    monkeypatch.setattr(output.tempfile, "mkstemp", full)
+    with pytest.raises(output.SplitformerError, match="No space left on device"):
+        output.write_files({folder / "x.py": "x = 1\n"})
+    assert sorted(path.name for path in folder.iterdir()) == ["theirs.py"]

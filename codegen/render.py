@@ -11,6 +11,7 @@ import jinja2
 from splitformer.symbolic import __version__
 from splitformer.symbolic.domains import BUCKETS, FREQUENCIES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS, VARIABLES
 from splitformer.symbolic.errors import SplitformerError
+from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.markdown import markdown_text
 from splitformer.symbolic.names import check_identifier
 from splitformer.symbolic.scheme import Scheme
@@ -137,8 +138,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "dense_support": any(isinstance(op, (Elementwise, Reduction, Contraction)) and "chi" in op.reads()
                              for op in flat(module.ops)),
         # the memory's support χ_m read so (a plug-in's): an indicator array when no mask is given too
-        "dense_memory_support": any(isinstance(op, (Elementwise, Reduction, Contraction)) and "chi_m" in op.reads()
-                                    for op in flat(module.ops)),
+        "dense_memory_support": any(isinstance(op, (Elementwise, Reduction, Contraction))
+                                    and MEMORY_SUPPORT.name in op.reads() for op in flat(module.ops)),
         # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
         "factor_support": any(isinstance(op, (Elementwise, Reduction, LocalKernel)) and "chi" in op.reads()
                               for op in flat(module.ops)),

@@ -451,14 +451,16 @@ def _study(arguments: argparse.Namespace) -> str:
 
 def _schemes_after_options(extras: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """The schemes argparse left after an option (``derive post-ln --out o pre-ln``; after ``--``, anything): each a
-    built-in name or a file, so that an option's second value (``--only order convergence``) is not read as one."""
+    built-in name or a file (``.toml``), so that an option's second value (``--only order convergence``) is not read as
+    one."""
     from splitformer.symbolic.builtins import builtin_names
     from splitformer.symbolic.network_spec import network_names
 
     split = extras.index("--") if "--" in extras else len(extras)
     before, after = extras[:split], extras[split + 1:]
     known = set(builtin_names()) | set(network_names())
-    stray = [extra for extra in before if extra.startswith("-") or not (extra in known or Path(extra).exists())]
+    stray = [extra for extra in before
+             if extra.startswith("-") or not (extra in known or extra.endswith(".toml") or Path(extra).exists())]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)} (after an option, a scheme is a built-in name or "
                      "a file)")

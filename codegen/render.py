@@ -88,6 +88,11 @@ def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
 
+def _read_as_factor(module: Module, name: str, kinds: tuple[type, ...]) -> bool:
+    """An op of one of ``kinds`` reads the array ``name`` (a support) as a factor of what it computes."""
+    return any(isinstance(op, kinds) and name in op.reads() for op in flat(module.ops))
+
+
 def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> dict:
     """One emitted function: its parameters, its statements grouped by substep, its output.
 
@@ -135,14 +140,11 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "uses_support": "chi" in module.tensors,
         # χ read as a factor of a formula (a token map's kernel, a plug-in's sum over the support), not by a masked
         # softmax: an indicator array
-        "dense_support": any(isinstance(op, (Elementwise, Reduction, Contraction)) and "chi" in op.reads()
-                             for op in flat(module.ops)),
+        "dense_support": _read_as_factor(module, "chi", (Elementwise, Reduction, Contraction)),
         # the memory's support χ_m read so (a plug-in's): an indicator array when no mask is given too
-        "dense_memory_support": any(isinstance(op, (Elementwise, Reduction, Contraction))
-                                    and MEMORY_SUPPORT.name in op.reads() for op in flat(module.ops)),
+        "dense_memory_support": _read_as_factor(module, MEMORY_SUPPORT.name, (Elementwise, Reduction, Contraction)),
         # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
-        "factor_support": any(isinstance(op, (Elementwise, Reduction, LocalKernel)) and "chi" in op.reads()
-                              for op in flat(module.ops)),
+        "factor_support": _read_as_factor(module, "chi", (Elementwise, Reduction, LocalKernel)),
         # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
         "uses": set().union(*(statement.used for statement in spelled)),
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor

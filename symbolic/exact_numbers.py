@@ -20,15 +20,11 @@ _MAX_EXPONENT = 40
 _NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
 
 
-def _bits(number: int) -> int:
-    return abs(number).bit_length()
-
-
 def exact_number(value: object) -> sp.Rational:
     """The rational written as ``value``; ``ValueError`` with the reason (one line) otherwise."""
     if isinstance(value, sp.Rational):
         if max(abs(value.p), value.q) > MAX_TERM:  # before printing: a long one has more digits than str allows
-            raise ValueError(f"a number of {max(_bits(value.p), _bits(value.q))} bits is out of range: numerator and "
+            raise ValueError(f"a number of {max(abs(value.p), value.q).bit_length()} bits is out of range: numerator and "
                              f"denominator at most {MAX_TERM}")
         value = str(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):

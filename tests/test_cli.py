@@ -106,6 +106,8 @@ def test_schemes_may_follow_options(tmp_path):
     assert code == 0 and "`post-ln`" in out and "`rk2`" in out
     code, _, err = run("derive", "post-ln", "--out", str(tmp_path / "dashes"), "--", "pre-ln", "--backend", "numpy")
     assert code == 2 and "unknown scheme '--backend'" in err  # after '--' everything is a scheme
+    code, _, err = run("derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "typo"), "no-such.toml")
+    assert code == 2 and "cannot read scheme or network file no-such.toml" in err  # a file's own message
     code, _, err = run("derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "after"), "--", "pre-ln")
     assert code == 0 and (tmp_path / "after" / "numpy" / "pre_ln.py").exists(), err
 

@@ -253,9 +253,12 @@ class Lowering:
         return Contraction(out, labels, operands=(self.operand(sums[0].function),), scale=scale)
 
     def hoist_sums(self, expr: sp.Expr, labels: tuple[str, ...]) -> sp.Expr:
-        """Lower every ``Sum`` inside ``expr`` into a temporary; return the rest."""
+        """Lower every outermost ``Sum`` inside ``expr`` into a temporary (a sum inside it is lowered with it, over its
+        axes and the outer one's: ``Σ_j c[j, i] λ[j, l]/Σ_n c[j, n]`` reads the inner sum at each ``j``); return the rest."""
         replacements = {}
-        for total in sorted(expr.atoms(sp.Sum), key=sp.default_sort_key):
+        sums = expr.atoms(sp.Sum)
+        for total in sorted((total for total in sums if not any(other != total and other.has(total) for other in sums)),
+                            key=sp.default_sort_key):
             free = [index for index in total.free_symbols if isinstance(index, sp.Idx)]
             ordered = tuple(sorted(free, key=lambda index: labels.index(str(index))))
             if not ordered:

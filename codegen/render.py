@@ -88,9 +88,22 @@ def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
 
+#: The ops that read a support as a factor of what they compute (a plug-in's sum over the support, a token map's kernel).
+_FACTOR_READERS = (Elementwise, Reduction, Contraction)
+
+
 def _read_as_factor(module: Module, name: str, kinds: tuple[type, ...]) -> bool:
     """An op of one of ``kinds`` reads the array ``name`` (a support) as a factor of what it computes."""
     return any(isinstance(op, kinds) and name in op.reads() for op in flat(module.ops))
+
+
+def _read_only_as_factor(module: Module, name: str) -> bool:
+    """The support ``name`` is read, and only as a factor (no masked softmax, no local kernel reads it): it is then
+    materialized in the state's dtype, so that a sum of it alone (``Σ_n χ[i, n]``, ``Σ_n χ[i, n] χ[n, j]``) counts
+    in that dtype: NumPy's einsum of bool operands computes in bool (1 + 1 = 1), torch's has no bool, and NumPy's
+    integer count turns a float32 quotient into float64."""
+    readers = [op for op in flat(module.ops) if name in op.reads()]
+    return bool(readers) and all(isinstance(op, _FACTOR_READERS) for op in readers)
 
 
 def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> dict:
@@ -140,11 +153,15 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "uses_support": "chi" in module.tensors,
         # χ read as a factor of a formula (a token map's kernel, a plug-in's sum over the support), not by a masked
         # softmax: an indicator array
-        "dense_support": _read_as_factor(module, "chi", (Elementwise, Reduction, Contraction)),
+        "dense_support": _read_as_factor(module, "chi", _FACTOR_READERS),
         # the memory's support χ_m read so (a plug-in's): an indicator array when no mask is given too
-        "dense_memory_support": _read_as_factor(module, MEMORY_SUPPORT.name, (Elementwise, Reduction, Contraction)),
-        # χ read as a factor by a local kernel (``_window``): bool, but never materialized as ones
-        "factor_support": _read_as_factor(module, "chi", (Elementwise, Reduction, LocalKernel)),
+        "dense_memory_support": _read_as_factor(module, MEMORY_SUPPORT.name, _FACTOR_READERS),
+        # read only so: materialized in the state's dtype (``_read_only_as_factor``)
+        "float_support": _read_only_as_factor(module, "chi"),
+        "float_memory_support": _read_only_as_factor(module, MEMORY_SUPPORT.name),
+        # χ read as a factor (by a local kernel (``_window``) too: bool, but never materialized as ones): a float
+        # mask (additive log-weights) is refused
+        "factor_support": _read_as_factor(module, "chi", (*_FACTOR_READERS, LocalKernel)),
         # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
         "uses": set().union(*(statement.used for statement in spelled)),
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor

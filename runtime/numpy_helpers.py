@@ -583,9 +583,10 @@ def _member_rows(x, batch, n_queries, groups, members):
     return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
 
 
-def _full_support(u0):
-    """χ ≡ 1 over the tokens of a state (batch, n_tokens, d): the indicator a formula reads as a factor (a view)."""
-    return np.broadcast_to(np.True_, (u0.shape[0], u0.shape[1], u0.shape[1]))
+def _full_support(u0, dtype=bool):
+    """χ ≡ 1 over the tokens of a state (batch, n_tokens, d): the indicator a formula reads as a factor (a view), bool or
+    of ``dtype``."""
+    return np.broadcast_to(np.ones((), dtype), (u0.shape[0], u0.shape[1], u0.shape[1]))
 
 
 def _member_support(support, batch, members, n_queries):

@@ -231,9 +231,10 @@ def _member_rows(x, batch: int, n_queries: int, groups: int, members: int):
     return rows.reshape(batch, members * n_queries, groups, rows.shape[-1])
 
 
-def _full_support(u0: torch.Tensor) -> torch.Tensor:
-    """χ ≡ 1 over the tokens of a state (batch, n_tokens, d): the indicator a formula reads as a factor (a view)."""
-    return torch.ones((), dtype=torch.bool, device=u0.device).expand(u0.shape[0], u0.shape[1], u0.shape[1])
+def _full_support(u0: torch.Tensor, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """χ ≡ 1 over the tokens of a state (batch, n_tokens, d): the indicator a formula reads as a factor (a view), bool or
+    of ``dtype``."""
+    return torch.ones((), dtype=dtype, device=u0.device).expand(u0.shape[0], u0.shape[1], u0.shape[1])
 
 
 def _member_support(support: torch.Tensor | None, batch: int, members: int, n_queries: int):

@@ -119,6 +119,8 @@ def test_both_network_modules_run_the_step_with_the_whole_support(modules):
     expected, logits = _vit_reference(images, params, 2)
     assert np.abs(numpy_net.forward(images, params, patch_size=2, n_heads=2, eps=EPS) - expected).max() < 1e-12
     assert np.abs(numpy_net.logits(images, params, patch_size=2, n_heads=2, eps=EPS) - logits).max() < 1e-12
+    single = {name: value.astype(np.float32) for name, value in params.items()}
+    assert numpy_net.forward(images.astype(np.float32), single, patch_size=2, n_heads=2, eps=EPS).dtype == np.float32
     model = torch_net.Model(n_layers=1, d_model=8, n_heads=2, d_ff=8, n_channels=3, patch_size=2, image_size=(4, 4),
                             n_classes=4, eps=EPS, dtype=torch.float64).load_params(params)
     got = model(torch.from_numpy(images)).detach().numpy()
@@ -168,3 +170,59 @@ def test_the_adjoint_tests_say_the_forward_is_not_finite_where_a_query_sees_no_k
     for check in checks:
         assert not check.holds and check.detail.startswith("the emitted forward is not finite at the test's point")
         assert "query 0 of sequence 1 no key" in check.detail
+
+
+def _two_hop_reference(u, padding, causal):
+    """``u + Σ_j c[i, j] u[j]/Σ_j c[i, j]`` with ``c[i, j] = Σ_n χ[i, n] χ[n, j]/Σ_n χ[i, n]``, in float64."""
+    visible = np.broadcast_to(~padding[:, None, :], (len(u), u.shape[1], u.shape[1])).astype(float)
+    if causal:
+        visible = visible * np.tril(np.ones((u.shape[1], u.shape[1])))
+    reach = visible @ visible / visible.sum(-1, keepdims=True)
+    return u + reach @ u / reach.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_contraction_of_supports_alone_counts_in_the_states_dtype(modules, tmp_path, causal):
+    """Σ_n χ[i, n] χ[n, j]: NumPy's einsum of two bool arrays computed in bool (1 + 1 = 1: 0.26 off with causal χ),
+    torch's had no bool ("bmm" not implemented), and NumPy's integer counts made a float32 forward float64. Before
+    that, the derived adjoint (a sum over j holding Σ_n c[j, n]) could not be lowered: the inner sum was taken out
+    at the outer sum's axes, where j is not one."""
+    numpy_module, torch_module = _derived(tmp_path, "two-hop-mean")
+    rng = np.random.default_rng(6)
+    u, padding = rng.standard_normal((2, 5, 4)), np.zeros((2, 5), dtype=bool)
+    padding[0, 3:] = True
+    expected = _two_hop_reference(u, padding, causal)
+    assert np.abs(numpy_module.forward(u, {}, n_heads=1, key_padding_mask=padding, causal=causal) - expected).max() < 1e-12
+    single = numpy_module.forward(u.astype(np.float32), {}, n_heads=1, key_padding_mask=padding, causal=causal)
+    assert single.dtype == np.float32 and np.abs(single - expected).max() < 1e-5
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64)
+    got = block(torch.from_numpy(u), src_key_padding_mask=torch.from_numpy(padding), causal=causal)
+    assert np.abs(got.detach().numpy() - expected).max() < 1e-12
+    gradients = {}
+    for mode in ("autograd", "derived"):
+        x = torch.from_numpy(u).requires_grad_()
+        step = torch_module.Block(4, 1, 4, dtype=torch.float64, backward=mode)
+        (step(x, src_key_padding_mask=torch.from_numpy(padding), causal=causal) ** 2).sum().backward()
+        gradients[mode] = x.grad.numpy()
+    assert np.abs(gradients["derived"] - gradients["autograd"]).max() < 1e-10
+
+
+@pytest.mark.parametrize("kind", ["support-mean", "support-sum", "memory-mean"])
+def test_a_float32_forward_stays_float32(modules, tmp_path, kind):
+    """A count of the support (``Σ_n χ[i, n]``) was NumPy's int64, and a float32 quotient by it float64."""
+    numpy_module, _ = _derived(tmp_path, kind)
+    rng = np.random.default_rng(7)
+    u = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    params = {name: rng.standard_normal(tuple(4 for _ in axes)).astype(np.float32)
+              for name, axes in numpy_module.PARAMETERS.items()}
+    memory = (rng.standard_normal((2, 3, 4)).astype(np.float32),) if kind == "memory-mean" else ()
+    assert numpy_module.forward(u, *memory, params, n_heads=1).dtype == np.float32
+
+
+def test_a_float_mask_is_refused_where_a_contraction_reads_the_support(modules, tmp_path):
+    """A float mask holds log-weights (0, −∞), not an indicator: a formula reading χ as a factor refuses it, a
+    contraction reading it too (before, only an elementwise map or a sum did)."""
+    _, torch_module = _derived(tmp_path, "support-sum")
+    block = torch_module.Block(4, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="must be bool here"):
+        block(torch.zeros(2, 5, 4, dtype=torch.float64), src_mask=torch.zeros(5, 5, dtype=torch.float64))

@@ -1,6 +1,7 @@
 """Kinds that read a support as a factor of their formulas (attack 24), where the built-in attentions read it only
 through their softmax: the mean of the state over the tokens a query may see, then an affine map; the state summed
-over them (χ only inside a product); the mean of a fixed memory over the memory tokens a query sees (χ_m)."""
+over them (χ only inside a product); the mean of a fixed memory over the memory tokens a query sees (χ_m); a mean
+weighted by two-hop reach, whose weights are a product of supports alone (χ·χ)."""
 
 from dataclasses import dataclass
 from typing import ClassVar
@@ -70,3 +71,25 @@ class MemoryMean(Operator):
         mean = integral(apply(MEMORY_SUPPORT.name, X, X_MEMORY) * apply(MEMORY.name, X_MEMORY, Y), X_MEMORY) / \
             integral(apply(MEMORY_SUPPORT.name, X, ETA_MEMORY), ETA_MEMORY)
         return (Definition("out", r"\mathcal{M}_m", (X, Y), mean, "the mean of the memory over its support"),)
+
+
+@register_operator
+@dataclass(frozen=True)
+class TwoHopMean(Operator):
+    """``u ↦ ∫ c(x, x̃) u(x̃, y) dx̃ / ∫ c(x, η) dη`` with ``c(x, x̃) = ∫ χ(x, η) χ(η, x̃) dη / ∫ χ(x, η) dη``: the share of
+    the tokens ``x`` sees that see ``x̃`` (a contraction of supports alone, and an adjoint whose sum holds a sum)."""
+
+    kind: ClassVar[str] = "two-hop-mean"
+    symbol: ClassVar[str] = r"\mathcal{T}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        reach = integral(apply(SUPPORT, X, ETA) * apply(SUPPORT, ETA, X_KEY), ETA) / integral(apply(SUPPORT, X, ETA), ETA)
+        mean = integral(apply("c", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY) / integral(apply("c", X, ETA), ETA)
+        return (Definition("c", "c", (X, X_KEY), reach, "the share of the tokens a query sees that see a key"),
+                Definition("out", r"\mathcal{T}", (X, Y), mean, "the state's mean under those weights"))
+
+    def uses_support(self):
+        return True

@@ -97,19 +97,20 @@ def test_the_refused_module_names_are_every_module_the_generated_code_imports():
     assert imported - {"__future__"} == IMPORTED_MODULES
 
 
-def test_schemes_may_follow_options(tmp_path):
+def test_schemes_may_follow_options(tmp_path, capsys):
     """Attack 24: ``derive post-ln --out DIR pre-ln`` was refused ("unrecognized arguments: pre-ln")."""
-    code, _, err = run("derive", "post-ln", "--out", str(tmp_path / "out"), "pre-ln", "--backend", "numpy")
-    assert code == 0, err
+    assert main(["derive", "post-ln", "--out", str(tmp_path / "out"), "pre-ln", "--backend", "numpy"]) == 0
     assert sorted(path.name for path in (tmp_path / "out" / "numpy").glob("*_ln.py")) == ["post_ln.py", "pre_ln.py"]
-    code, out, _ = run("compare", "post-ln", "--format", "markdown", "rk2")
-    assert code == 0 and "`post-ln`" in out and "`rk2`" in out
-    code, _, err = run("derive", "post-ln", "--out", str(tmp_path / "dashes"), "--", "pre-ln", "--backend", "numpy")
-    assert code == 2 and "unknown scheme '--backend'" in err  # after '--' everything is a scheme
-    code, _, err = run("derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "typo"), "no-such.toml")
-    assert code == 2 and "cannot read scheme or network file no-such.toml" in err  # a file's own message
-    code, _, err = run("derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "after"), "--", "pre-ln")
-    assert code == 0 and (tmp_path / "after" / "numpy" / "pre_ln.py").exists(), err
+    capsys.readouterr()
+    assert main(["compare", "post-ln", "--format", "markdown", "rk2"]) == 0
+    out = capsys.readouterr().out
+    assert "`post-ln`" in out and "`rk2`" in out
+    assert main(["derive", "post-ln", "--out", str(tmp_path / "dashes"), "--", "pre-ln", "--backend", "numpy"]) == 2
+    assert "unknown scheme '--backend'" in capsys.readouterr().err  # after '--' everything is a scheme
+    assert main(["derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "typo"), "no-such.toml"]) == 2
+    assert "cannot read scheme or network file no-such.toml" in capsys.readouterr().err  # a file's own message
+    assert main(["derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "after"), "--", "pre-ln"]) == 0
+    assert (tmp_path / "after" / "numpy" / "pre_ln.py").exists()
 
 
 def test_invalid_scheme_file_writes_nothing_even_after_a_valid_one(tmp_path):

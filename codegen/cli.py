@@ -544,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         text, status = _run(argv)
         try:
             print(text)
-            sys.stdout.flush()
+            if sys.stdout is not None:  # None: started with its stdout closed (>&-); print wrote nothing
+                sys.stdout.flush()
         except BrokenPipeError:  # the reader left (| head -1): stop quietly
             _silence_stdout()
             return 141

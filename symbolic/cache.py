@@ -47,12 +47,17 @@ class CacheUnusable(Exception):
 
 
 def _warn_once(message: str) -> None:
+    """One line on stderr (a character that is not printable written as its escape, as error lines write it); a
+    stderr that cannot take it (full, closed) drops it: a warning never fails the derivation."""
     global _warned
     if not _warned:
         _warned = True
         shown = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
-                        for char in " ".join(message.split())[:400])
-        print(f"splitformer: warning: {shown}", file=sys.stderr)
+                        for char in message[:400])
+        try:
+            print(f"splitformer: warning: {shown}", file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):  # full or closed (ValueError), or None when started closed
+            pass
 
 
 #: ``SPLITFORMER_CACHE`` spellings (any case) that switch the cache off, and those that ask for the default folder.

@@ -301,7 +301,29 @@ def test_cache_warnings_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cache, "_warned", False)
     cache._warn_once("first\nsecond line")
     cache._warn_once("never printed")
-    assert capsys.readouterr().err == "splitformer: warning: first second line\n"
+    assert capsys.readouterr().err == "splitformer: warning: first\\nsecond line\n"  # escaped, as error lines are
+
+
+def test_a_warning_stderr_cannot_take_is_dropped_and_the_derivation_goes_on(clean, tmp_path, monkeypatch, capsys):
+    """Attack 25: with a bad cache and stderr full (2>/dev/full), the failed warning ended the derive: status 2,
+    nothing written, an error line blaming the LayerNorm operator."""
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            raise OSError(28, "No space left on device")
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPLITFORMER_CACHE", str(tmp_path / "file" / "cache"))
+    for function in CACHED:
+        function.cache_clear()
+    monkeypatch.setattr(cache, "_warned", False)
+    monkeypatch.setattr(sys, "stderr", Full())
+    assert main(["derive", "post-ln", "--out", str(tmp_path / "out")]) == 0
+    monkeypatch.undo()
+    out = tmp_path / "out"
+    assert {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()} == clean
 
 
 def test_an_interrupt_while_writing_the_cache_leaves_no_temporary(tmp_path, monkeypatch):

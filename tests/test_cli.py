@@ -1,5 +1,6 @@
 """The command line: output, files written, and bad input (exit 2, one line, nothing written)."""
 
+import os
 import subprocess
 import sys
 
@@ -167,3 +168,16 @@ def test_show_toml_keeps_an_operators_own_activation(top, tmp_path, capsys):
     assert main(["show", str(path), "--format", "toml", "--activation", "tanh"]) == 0
     changed = parse_scheme(capsys.readouterr().out)
     assert changed.activation == "tanh" and changed.options["ffn2"]["activation"] == "silu"
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    """Attack 25: started with its stdout closed (``>&-``), a command ended with a traceback and status 1 after its
+    work was done (``sys.stdout`` is None then)."""
+    def closed_stdout():
+        os.close(1)
+
+    for arguments in (["list"], ["derive", "post-ln", "--backend", "numpy", "--out", str(tmp_path / "out")]):
+        result = subprocess.run([sys.executable, "-m", "splitformer.codegen.cli", *arguments], stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT, preexec_fn=closed_stdout)
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert (tmp_path / "out" / "numpy" / "post_ln.py").is_file()

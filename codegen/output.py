@@ -190,11 +190,15 @@ def as_folder(folder: object, what: str) -> Path:
 def check_replaceable(path: Path, force: bool = False, hint: str = "pass --force to overwrite it") -> None:
     """``SplitformerError`` unless ``path`` can be created, or replaced as a file splitformer wrote."""
     check_target(path)
-    if not (path.exists() or path.is_symlink()):
-        return
-    if path.is_dir():
+    try:  # a folder on the way that may be read or written but not searched (mode 600): EACCES, not "missing"
+        if not (path.exists() or path.is_symlink()):
+            return
+        kind = "folder" if path.is_dir() else "file" if path.is_file() else None
+    except OSError as error:
+        raise SplitformerError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
+    if kind == "folder":
         raise SplitformerError(f"cannot write {_shown(path)}: it is a folder")
-    if not path.is_file():
+    if kind is None:
         raise SplitformerError(f"cannot write {_shown(path)}: it exists and is not a regular file")
     if force:
         return
@@ -206,13 +210,38 @@ def check_replaceable(path: Path, force: bool = False, hint: str = "pass --force
         raise SplitformerError(f"{_shown(path)} exists and was not written by splitformer; {hint}")
 
 
+def _replaceable_here(path: Path) -> None:
+    """``SplitformerError`` if the existing ``path`` cannot be renamed over: another user's file in a folder where
+    only a file's owner (or the folder's) may replace it (the sticky bit of a shared folder, ``/tmp``'s). Checked
+    before anything is written: a rename refused after others succeeded would leave a mix of old and new files."""
+    user = os.geteuid()
+    if user == 0:
+        return
+    folder = path.parent.stat()
+    owner = path.lstat().st_uid
+    if folder.st_mode & stat.S_ISVTX and user not in (owner, folder.st_uid):
+        raise SplitformerError(f"cannot replace {_shown(path)}: it belongs to another user (uid {owner}) in a folder "
+                               "where only a file's owner may replace it (sticky bit); remove it or choose another folder")
+
+
 def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
-    """Check one target; ``False`` when it already holds ``data``."""
+    """Check one target; ``False`` when it already holds ``data``. A file to be replaced that its user made
+    read-only (to keep it) is refused unless ``force``."""
     check_replaceable(path, force)
     try:
-        return not (path.is_file() and _read(path) == data[:_HEADER_BYTES] and _read(path, -1) == data)
+        same = path.is_file() and _read(path) == data[:_HEADER_BYTES] and _read(path, -1) == data
     except (OSError, ValueError):
-        return True
+        same = False
+    if same or not path.is_file():
+        return not same
+    try:
+        _replaceable_here(path)
+    except OSError as error:
+        raise SplitformerError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
+    if not force and not os.access(path, os.W_OK):
+        raise SplitformerError(f"{_shown(path)} is write-protected (someone made it read-only); pass --force to "
+                               "overwrite it")
+    return True
 
 
 @contextmanager
@@ -301,6 +330,7 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
     outcome.update({path: "wrote" if path in targets else "unchanged" for path in files if path not in outcome})
     created: list[Path] = []
     staged: list[tuple[str, Path]] = []
+    replaced: list[Path] = []  # renamed into place: a later rename's failure leaves them (said in the message)
     current = None  # the path being made, for the message
     try:
         mode = _mode()
@@ -324,11 +354,12 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
         with _interrupts_held():
             for temporary, current in staged:
                 os.replace(temporary, current)
+                replaced.append(current)
             staged, created = [], []
         _remove_stale_temporaries({path.parent for path in files})
         return outcome
     except BaseException as error:
-        for temporary, _ in staged:
+        for temporary, _ in staged:  # a renamed one is gone already
             try:
                 os.unlink(temporary)
             except OSError:
@@ -339,7 +370,8 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
             except OSError:
                 pass
         if isinstance(error, OSError):
-            raise SplitformerError(f"cannot write {_shown(current)}: {error.strerror or error}") from None
+            written = f" (already written: {', '.join(_shown(path) for path in replaced)})" if replaced else ""
+            raise SplitformerError(f"cannot write {_shown(current)}: {error.strerror or error}{written}") from None
         raise
 
 

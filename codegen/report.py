@@ -91,6 +91,14 @@ def check_ids(scheme: Scheme, exact: bool = False) -> list[str]:
     return ids if exact else ids + [f"convergence/{scheme.name}"]
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file this process can see (a folder it may not search hides it: no link to it)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def render_report(scheme: Scheme, program: Program, plots: Path | None = None, adjoint=None, *, order) -> str:
     """The Markdown report of ``program``, derived from ``scheme``; ``plots`` may hold its convergence plot.
 
@@ -132,7 +140,7 @@ def render_report(scheme: Scheme, program: Program, plots: Path | None = None, a
         adjoint=adjoint_context(adjoint) if adjoint is not None else None,
         order=order,
         checks=check_ids(scheme, exact=order.order is None),
-        plot=f"../plots/{plot}" if plots is not None and (plots / plot).is_file() else None,
+        plot=f"../plots/{plot}" if plots is not None and _is_file(plots / plot) else None,
         scheme=scheme,
         program=program,
         master=MASTER_EQUATION,

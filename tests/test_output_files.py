@@ -396,3 +396,83 @@ def test_a_failed_write_leaves_a_folder_another_process_made(tmp_path, monkeypat
     with pytest.raises(output.SplitformerError, match="No space left on device"):
         output.write_files({folder / "x.py": "x = 1\n"})
     assert sorted(path.name for path in folder.iterdir()) == ["theirs.py"]
+
+
+# -- attack 25: what a non-root user meets (the suite runs as root, which every permission lets through) --------------
+
+def test_a_folder_that_cannot_be_searched_is_one_line(tmp_path, capsys, monkeypatch):
+    """A folder on the way of mode 600 (readable, not searchable): ``exists()`` raised PermissionError, a traceback
+    and status 1."""
+    target = tmp_path / "out" / "numpy" / "post_ln.py"
+    real = type(target).exists
+
+    def exists(path):
+        if path == target:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(type(target), "exists", exists)
+    err = _fails(capsys, "derive", "post-ln", "--out", str(tmp_path / "out"))
+    assert err == f"error: cannot write {target}: Permission denied\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_another_users_file_in_a_sticky_folder_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """A shared folder (mode 1777) holding a colleague's files: the first renames succeeded, the colleague's file
+    refused its own (EPERM), and the run left one scheme's NumPy and torch modules from two derivations."""
+    assert main(["derive", "post-ln", "pre-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    before = _tree(tmp_path)
+    os.chmod(tmp_path / "numpy", 0o1777)
+    for path in tmp_path.rglob("*"):  # the colleague's (uid 4321) folders and pre-ln module, the user's (1234) files
+        os.chown(path, 4321 if path.name == "pre_ln.py" or path.is_dir() else 1234, 1234)
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)  # neither the file's owner nor the folder's
+    err = _fails(capsys, "derive", "post-ln", "pre-ln", "--out", str(tmp_path), "--backend", "numpy", "--passes", "none")
+    assert "cannot replace" in err and "uid 4321" in err and _tree(tmp_path) == before
+    os.chown(tmp_path / "numpy" / "pre_ln.py", 1234, 1234)  # control: the user's own file is replaced
+    assert main(["derive", "post-ln", "pre-ln", "--out", str(tmp_path), "--backend", "numpy", "--passes", "none"]) == 0
+    assert _tree(tmp_path) != before
+
+
+def test_a_rename_refused_midway_names_what_was_written(derived, tmp_path, capsys, monkeypatch):
+    """What no check foresees (a rename failing after others succeeded) is said: the files already replaced."""
+    _restore(tmp_path, derived)
+    real, calls = os.replace, []
+
+    def replace(source, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        return real(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    err = _fails(capsys, "derive", "post-ln", "--out", str(tmp_path))
+    assert err == f"error: cannot write {calls[1]}: Input/output error (already written: {calls[0]})\n"
+    assert not [path for path in tmp_path.rglob("*.tmp")]
+
+
+def test_a_write_protected_file_is_replaced_only_when_forced(tmp_path, capsys, monkeypatch):
+    """A generated file its user made read-only (0444, to keep it) was replaced, its mode back to 0644."""
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    module = tmp_path / "numpy" / "post_ln.py"
+    before = _tree(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if path == module else real(path, mode))
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0  # unchanged: no write
+    err = _fails(capsys, "derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy", "--passes", "none")
+    assert err.startswith(f"error: {module} is write-protected") and _tree(tmp_path) == before
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy", "--passes", "none", "--force"]) == 0
+    assert _tree(tmp_path) != before
+
+
+def test_a_plot_behind_a_folder_that_cannot_be_searched_is_not_linked(tmp_path, monkeypatch):
+    """The report links a convergence plot it can see; a plots folder of mode 000 raised PermissionError."""
+    from splitformer.codegen import report
+
+    plot = tmp_path / "plots" / "post_ln_convergence.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG")
+    assert report._is_file(plot)
+    real = type(plot).is_file
+    monkeypatch.setattr(type(plot), "is_file", lambda path: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                        if path == plot else real(path))
+    assert not report._is_file(plot)

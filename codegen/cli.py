@@ -438,10 +438,10 @@ def _study(arguments: argparse.Namespace) -> str:
     check_files([out / name for name in FILES], force=arguments.force, root=out)  # before any training
     check_writable(out, "--out")
     _require_matplotlib("study")
-    try:
-        import torch  # noqa: F401 - only whether it is installed
-    except ImportError:
-        raise SplitformerError("study needs PyTorch: pip install 'splitformer[torch]'") from None
+    from .verification.emitted import torch_installed
+
+    if not torch_installed():
+        raise SplitformerError("study needs PyTorch: pip install 'splitformer[torch]'")
     budget = Budget(**{name: getattr(arguments, name)
                        for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
     result = study(arguments.schemes, arguments.task, budget)

@@ -52,3 +52,21 @@ def test_checks_without_torch_run_numpy_and_name_what_they_skipped(tmp_path):
     assert checks["semantics/tiny/emitted-torch"][:2] == ("skipped", True)
     assert "torch is not installed" in checks["semantics/tiny/emitted-torch"][2]
     assert checks["structure/tiny/stack"][1] and checks["semantics/tiny/derived"][1]
+
+
+def test_a_torch_that_is_installed_but_does_not_import_is_said_so(tmp_path):
+    """Attack 25: a torch whose library could not be loaded (unreadable, or too little memory) was "not installed":
+    check skipped its torch module and passed, study said to pip install it. Both now say what failed, in one
+    line, status 2. Control: a torch that is absent still skips (the test above)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        'raise ImportError("libtorch_python.so: cannot open shared object file: Permission denied")\n')
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for arguments in (["check", "post-ln", "--only", "semantics"],
+                      ["study", "post-ln", "--steps", "1", "--seeds", "1", "--out", str(tmp_path / "study")]):
+        result = subprocess.run([sys.executable, "-m", "splitformer", *arguments], capture_output=True, text=True,
+                                cwd=ROOT, env=environment)
+        assert result.returncode == 2 and result.stderr == (
+            "error: torch is installed but cannot be imported: ImportError: libtorch_python.so: cannot open shared "
+            "object file: Permission denied\n"), result.stderr
+    assert not (tmp_path / "study").exists()

@@ -7,6 +7,7 @@ from types import ModuleType
 
 from splitformer.symbolic.adjoint import Adjoint
 from splitformer.symbolic.derivation import derive
+from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.stack import final_norm_scheme
@@ -23,11 +24,18 @@ TORCH_MISSING = "torch is not installed (pip install 'splitformer[torch]')"
 
 @cache
 def torch_installed() -> bool:
-    """Whether ``import torch`` works here (``splitformer check`` runs the NumPy checks either way)."""
+    """Whether torch is installed here (``splitformer check`` runs the NumPy checks either way). An installed torch
+    that does not import (a library it cannot load, too little memory) is ``SplitformerError`` saying why: pip
+    would not mend it."""
     try:
         import torch  # noqa: F401 - only whether it imports
-    except ImportError:
-        return False
+    except ModuleNotFoundError as error:
+        if error.name == "torch":
+            return False
+        raise SplitformerError(f"torch is installed but cannot be imported: {error}") from None
+    except Exception as error:  # noqa: BLE001 - ImportError of its library, OSError, MemoryError: said in one line
+        raise SplitformerError(f"torch is installed but cannot be imported: {type(error).__name__}: "
+                               f"{str(error)[:300]}") from None
     return True
 
 

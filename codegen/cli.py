@@ -555,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     except SplitformerError as error:
         _error(str(error))
         return 2
+    except MemoryError:  # a limit (ulimit -v, a container's) met while deriving: the files are written whole or not at all
+        _error("out of memory (files are written whole or not at all)")
+        return 2
     except KeyboardInterrupt:
         if argv is None:  # the process is the command, not a caller's in-process run
             _end_interrupted()

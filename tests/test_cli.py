@@ -181,3 +181,15 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
                                 text=True, cwd=ROOT, preexec_fn=closed_stdout)
         assert (result.returncode, result.stderr) == (0, ""), result.stderr
     assert (tmp_path / "out" / "numpy" / "post_ln.py").is_file()
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    """Attack 25: under ``ulimit -v`` a derivation ended with a MemoryError traceback."""
+    import splitformer.codegen.cli as cli
+
+    def exhausted(argv):
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "_run", exhausted)
+    assert main(["derive", "post-ln"]) == 2
+    assert capsys.readouterr().err == "error: out of memory (files are written whole or not at all)\n"

@@ -514,6 +514,13 @@ def _silence_stdout() -> None:
         pass
 
 
+def _ignore_interrupts() -> None:
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
+        pass
+
+
 def _end_interrupted() -> NoReturn:
     """End this process, the command, after an interrupt: one line and status 130, never death by SIGINT.
 
@@ -525,10 +532,7 @@ def _end_interrupted() -> NoReturn:
     default disposition (status -2). Nothing is left to clean up: the jobs were dropped, the
     files written whole or not at all, and the streams are flushed here.
     """
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
-        pass
+    _ignore_interrupts()
     _error("interrupted")
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -546,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             if sys.stdout is not None:  # None: started with its stdout closed (>&-); print wrote nothing
                 sys.stdout.flush()
+            if argv is None:  # the command is done and said so: a Ctrl-C now would end it by SIGINT, silently
+                _ignore_interrupts()
         except BrokenPipeError:  # the reader left (| head -1): stop quietly
             _silence_stdout()
             return 141

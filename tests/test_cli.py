@@ -193,3 +193,11 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run", exhausted)
     assert main(["derive", "post-ln"]) == 2
     assert capsys.readouterr().err == "error: out of memory (files are written whole or not at all)\n"
+
+
+def test_a_ctrl_c_after_the_command_is_done_changes_nothing():
+    """Attack 25: a SIGINT after every "wrote" line ended the process by the signal (status −2 / 130), silently."""
+    script = ("import os, signal, sys\nsys.argv = ['splitformer', 'list']\nfrom splitformer.codegen.cli import main\n"
+              "status = main()\nos.kill(os.getpid(), signal.SIGINT)\nsys.exit(status)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert (result.returncode, result.stderr) == (0, "") and result.stdout.startswith("post-ln")

@@ -52,6 +52,7 @@ def load_plugin(path: str | Path) -> ModuleType:
         kind = non_regular_kind(path.stat().st_mode)
         if kind is not None:
             raise SplitformerError(f"--load {path}: it is {kind}, not a regular file")
+        os.close(os.open(path, os.O_RDONLY))  # readable: else its import would fail with the exception's own text
         resolved = path.resolve()
     except OSError as error:
         raise SplitformerError(f"--load {path}: {error.strerror or error}") from None

@@ -3,6 +3,7 @@
 The CLI runs in subprocesses (``--load``); the Python API test loads the file in-process.
 """
 
+import os
 import subprocess
 import sys
 
@@ -203,3 +204,23 @@ def test_the_plugin_with_its_own_meaning_derives(tmp_path):
     """The control of the test above: the same plug-in and scheme with the meaning as shipped."""
     result = _derive_alibi_meaning(tmp_path, None)
     assert result.returncode == 0 and (tmp_path / "out" / "numpy" / "s.py").exists(), result.stderr
+
+
+def test_an_unreadable_plugin_is_the_same_one_line_as_an_unreadable_folder(tmp_path, monkeypatch):
+    """Attack 25: an unreadable file said "PermissionError: [Errno 13] Permission denied: '…'" (its import's text),
+    the same file in an unreadable folder "Permission denied". (The suite runs as root: the refusal is simulated.)"""
+    import splitformer.symbolic.plugins as plugins
+
+    path = tmp_path / "unread.py"
+    path.write_text("raise SystemExit('never run')\n")
+    real = os.open
+
+    def refused(name, flags, *rest):
+        if os.fspath(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(name, flags, *rest)
+
+    monkeypatch.setattr(plugins.os, "open", refused)
+    with pytest.raises(splitformer.SplitformerError) as error:
+        splitformer.load_plugin(path)
+    assert str(error.value) == f"--load {path}: Permission denied"

@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="numpy, torch, or all (default): which modules to write")
     derive.add_argument("--out", default="generated", metavar="DIR", help="output folder (default: generated)")
     derive.add_argument("--force", action="store_true",
-                        help="overwrite files in --out that splitformer did not write")
+                        help="overwrite files in --out that splitformer did not write, or made read-only")
     derive.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     derive.add_argument("--causal", action="store_true",
                         help="causal self-attention, as 'causal = true' in a scheme file gives: a KV cache "
@@ -497,6 +497,8 @@ def _error(message: str) -> None:
     """One line on stderr, whatever the message holds: a character that is not printable (a new line, a terminal's
     escape sequence from a data file's text) is written as its escape."""
     line = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in message)
+    if sys.stderr is None:  # started with it closed (2>&-): print(file=None) would write to stdout
+        return
     try:
         print(f"error: {line}", file=sys.stderr)
     except OSError:

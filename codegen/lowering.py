@@ -108,6 +108,13 @@ def flattened_index(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
     return (int(offset), tuple(ordered)) if offset.is_Integer else None
 
 
+def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
+    """The sums of ``expr`` that lie inside no other sum where they stand (one both inside a sum and outside is one)."""
+    if isinstance(expr, sp.Sum):
+        return {expr}
+    return set().union(*(_outermost_sums(arg) for arg in expr.args))
+
+
 class Lowering:
     """A program's assignments lowered one by one into IR operations (``lower`` runs it).
 
@@ -256,9 +263,7 @@ class Lowering:
         """Lower every outermost ``Sum`` inside ``expr`` into a temporary (a sum inside it is lowered with it, over its
         axes and the outer one's: ``Σ_j c[j, i] λ[j, l]/Σ_n c[j, n]`` reads the inner sum at each ``j``); return the rest."""
         replacements = {}
-        sums = expr.atoms(sp.Sum)
-        for total in sorted((total for total in sums if not any(other != total and other.has(total) for other in sums)),
-                            key=sp.default_sort_key):
+        for total in sorted(_outermost_sums(expr), key=sp.default_sort_key):
             free = [index for index in total.free_symbols if isinstance(index, sp.Idx)]
             ordered = tuple(sorted(free, key=lambda index: labels.index(str(index))))
             if not ordered:

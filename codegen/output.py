@@ -214,7 +214,7 @@ def _replaceable_here(path: Path) -> None:
     """``SplitformerError`` if the existing ``path`` cannot be renamed over: another user's file in a folder where
     only a file's owner (or the folder's) may replace it (the sticky bit of a shared folder, ``/tmp``'s). Checked
     before anything is written: a rename refused after others succeeded would leave a mix of old and new files."""
-    user = os.geteuid()
+    user = os.geteuid() if hasattr(os, "geteuid") else 0  # no owners to tell apart (Windows)
     if user == 0:
         return
     folder = path.parent.stat()
@@ -238,8 +238,8 @@ def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
         _replaceable_here(path)
     except OSError as error:
         raise SplitformerError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
-    if not force and not os.access(path, os.W_OK):
-        raise SplitformerError(f"{_shown(path)} is write-protected (someone made it read-only); pass --force to "
+    if not force and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise SplitformerError(f"{_shown(path)} is write-protected (no one may write it: chmod a-w); pass --force to "
                                "overwrite it")
     return True
 

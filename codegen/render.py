@@ -106,6 +106,21 @@ def _read_only_as_factor(module: Module, name: str) -> bool:
     return bool(readers) and all(isinstance(op, _FACTOR_READERS) for op in readers)
 
 
+def _check_support_products(module: Module) -> None:
+    """``SplitformerError`` for a product of supports alone (``Σ_n χ[i, n] χ[n, j]``) whose support stays bool because
+    a masked softmax (an attention) reads it too: NumPy's einsum of bool operands computes in bool (1 + 1 = 1),
+    torch's has none. (A support read only as a factor is in the state's dtype: such a product counts there.)"""
+    supports = ("chi", MEMORY_SUPPORT.name)
+    for op in flat(module.ops):
+        reads = set(op.reads())
+        if isinstance(op, Contraction) and reads and reads <= set(supports) and \
+                not all(_read_only_as_factor(module, name) for name in reads):
+            shown = " and ".join({"chi": "χ", MEMORY_SUPPORT.name: "χ_m"}[name] for name in sorted(reads))
+            raise SplitformerError(f"scheme {module.name!r}, {op.section}: a product of the support {shown} alone, where a softmax "
+                                   "reads it too, cannot be emitted yet (it would count in bool); compute it in an "
+                                   "operator of its own scheme, or multiply it by a field")
+
+
 def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> dict:
     """One emitted function: its parameters, its statements grouped by substep, its output.
 
@@ -114,6 +129,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
     arrays (``Backend.frees_dead_arrays``) keeps only the output by default.
     """
     spelling = BACKENDS[backend]
+    _check_support_products(module)
     if keep is None and spelling.frees_dead_arrays:
         keep = {module.output} | ({module.stream} if module.stream else set())
     parameters = []

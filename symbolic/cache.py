@@ -54,9 +54,11 @@ def _warn_once(message: str) -> None:
         _warned = True
         shown = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
                         for char in message[:400])
+        if sys.stderr is None:  # started with it closed (2>&-): print(file=None) would write to stdout
+            return
         try:
             print(f"splitformer: warning: {shown}", file=sys.stderr, flush=True)
-        except (OSError, ValueError, AttributeError):  # full or closed (ValueError), or None when started closed
+        except (OSError, ValueError):  # full, or closed since
             pass
 
 

@@ -389,3 +389,14 @@ def test_a_stored_piecewise_is_rebuilt_as_stored(monkeypatch):
         monkeypatch.setattr(cls, "__new__", lambda *arguments, **options: calls.append(arguments[0]))
     decoded = from_json(tree)
     assert calls == [] and isinstance(decoded, sp.Piecewise)
+
+
+def test_with_stderr_closed_a_warning_never_reaches_stdout(tmp_path):
+    """Review 25: started with stderr closed (``2>&-``), ``sys.stderr`` is None and ``print(file=None)`` writes to
+    stdout: the cache warning came out in ``show --format toml``'s text."""
+    (tmp_path / "file").write_text("")
+    environment = {**os.environ, "SPLITFORMER_CACHE": str(tmp_path / "file" / "cache")}
+    command = [sys.executable, "-m", "splitformer", "show", "post-ln", "--format", "toml"]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, preexec_fn=lambda: os.close(2))
+    clean = subprocess.run(command, capture_output=True, text=True, env={**environment, "SPLITFORMER_CACHE": "off"})
+    assert result.returncode == 0 and result.stdout == clean.stdout and "warning" not in result.stdout

@@ -239,3 +239,27 @@ def test_layer_norm_is_recognized_in_any_equal_form_and_only_then():
     bias = next(atom for atom in derived.atoms(sp.Indexed) if str(atom.base) == "norm1_bias")
     wrong = _replaced(module, "u2", expr=derived + bias)
     assert [op.out for op in layer_norm(wrong).ops if isinstance(op, Normalize)] == ["u4"]  # twice the bias: not LN
+
+
+def test_a_sum_both_inside_a_sum_and_outside_it_is_taken_out_where_it_stands_outside():
+    """Review 25: taking out only outermost sums left ``Σ_n c[i, n]`` raw where it also stood outside the outer sum."""
+    from splitformer.codegen.lowering import Lowering
+
+    class Recorder:
+        temporaries, section = 0, ""
+
+        def __init__(self):
+            self.assigned = []
+
+        def assignment(self, assignment, section):
+            self.assigned.append(assignment)
+
+    i, j, n = sp.Idx("i", 5), sp.Idx("j", 5), sp.Idx("n", 5)
+    c, a = sp.IndexedBase("c"), sp.IndexedBase("a")
+    inner = sp.Sum(c[i, n], (n, 0, 4))
+    outer = sp.Sum(a[i, j] / inner, (j, 0, 4))
+    for expr in (outer + inner, outer * inner):
+        recorder = Recorder()
+        rest = Lowering.hoist_sums(recorder, expr, ("b", "i"))
+        assert not rest.has(sp.Sum) and sorted(str(assignment.rhs) for assignment in recorder.assigned) == sorted(
+            [str(outer), str(inner)])

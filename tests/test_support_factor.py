@@ -226,3 +226,29 @@ def test_a_float_mask_is_refused_where_a_contraction_reads_the_support(modules, 
     block = torch_module.Block(4, 1, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="must be bool here"):
         block(torch.zeros(2, 5, 4, dtype=torch.float64), src_mask=torch.zeros(5, 5, dtype=torch.float64))
+
+
+def test_a_product_of_supports_where_a_softmax_reads_them_too_is_refused(modules, tmp_path):
+    """Review 25: beside an attention (whose softmax needs χ as bool), two-hop's Σ_n χ[i, n] χ[n, j] counted in bool
+    in NumPy (0.41 off, causal) and crashed torch: refused in one line. Control: beside an attention, the support
+    mean (χ times a field) is emitted and equals the two substeps run one after the other."""
+    def scheme(*kinds):
+        steps = "".join(f'[[steps]]\noperator = "{kind.split("-")[0]}"\nsolver = "explicit"\n' for kind in kinds)
+        operators = "".join(f'{kind.split("-")[0]} = "{kind}"\n' for kind in kinds)
+        name = "-".join(kind.split("-")[0] for kind in kinds)
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\nsummary = "s"\n[operators]\n{operators}{steps}',
+                                               encoding="utf-8")
+        return splitformer.derive(str(tmp_path / f"{name}.toml")).numpy_module()
+
+    with pytest.raises(splitformer.SplitformerError, match="a product of the support χ alone, where a softmax reads "
+                       "it too, cannot be emitted yet"):
+        scheme("attention", "two-hop-mean")
+    both, attention, mean = scheme("attention", "support-mean"), scheme("attention"), scheme("support-mean")
+    rng = np.random.default_rng(8)
+    u = rng.standard_normal((2, 5, 4))
+    params = {name: rng.standard_normal(tuple(4 for _ in axes)) / 2 for name, axes in both.PARAMETERS.items()}
+    first = attention.forward(u, {name: value for name, value in params.items() if name.startswith("attention.")},
+                              n_heads=1, causal=True)
+    expected = mean.forward(first, {name: value for name, value in params.items() if name.startswith("support.")},
+                            n_heads=1, causal=True)
+    assert np.abs(both.forward(u, params, n_heads=1, causal=True) - expected).max() < 1e-12

@@ -552,8 +552,6 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             if sys.stdout is not None:  # None: started with its stdout closed (>&-); print wrote nothing
                 sys.stdout.flush()
-            if argv is None:  # the command is done and said so: a Ctrl-C now would end it by SIGINT, silently
-                _ignore_interrupts()
         except BrokenPipeError:  # the reader left (| head -1): stop quietly
             _silence_stdout()
             return 141
@@ -574,5 +572,14 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def console() -> NoReturn:
+    """The ``splitformer`` command (its console script, ``python -m splitformer``): ``main`` on this process's
+    arguments, then its status. Once the command has said its result, a Ctrl-C changes nothing (it ended the
+    process by SIGINT, silently, after every "wrote" line); a caller of ``main`` keeps its own Ctrl-C."""
+    status = main()
+    _ignore_interrupts()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -1,8 +1,6 @@
 """``python -m splitformer``: the same command line as the ``splitformer`` script."""
 
-import sys
-
-from splitformer.codegen.cli import main
+from splitformer.codegen.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -197,7 +197,16 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
 
 def test_a_ctrl_c_after_the_command_is_done_changes_nothing():
     """Attack 25: a SIGINT after every "wrote" line ended the process by the signal (status −2 / 130), silently."""
-    script = ("import os, signal, sys\nsys.argv = ['splitformer', 'list']\nfrom splitformer.codegen.cli import main\n"
-              "status = main()\nos.kill(os.getpid(), signal.SIGINT)\nsys.exit(status)\n")
+    script = ("import os, signal, sys\nsys.argv = ['splitformer', 'list']\nimport splitformer.codegen.cli as cli\n"
+              "exit = sys.exit\nsys.exit = lambda status: (os.kill(os.getpid(), signal.SIGINT), exit(status))\n"
+              "cli.console()\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert (result.returncode, result.stderr) == (0, "") and result.stdout.startswith("post-ln")
+
+
+def test_a_caller_of_main_keeps_its_own_ctrl_c(capsys):
+    """Review 25: ``main`` with this process's arguments left SIGINT ignored for the rest of a notebook's process."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    assert main(["list"]) == 0 and signal.getsignal(signal.SIGINT) is handler

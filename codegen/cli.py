@@ -270,7 +270,11 @@ def _derive(arguments: argparse.Namespace) -> str:
         raise SplitformerError(f"--name names one module: give one SCHEME, not {len(names)}")
     passes = select(arguments.passes)
     out = as_folder(arguments.out, "--out")
-    check_writable(out, f"--out {out}")
+    try:
+        check_writable(out, f"--out {out}")
+        unwritable = None
+    except SplitformerError as error:  # refused below unless every module is there to be compared with
+        unwritable = error
     # module name → (argument, scheme or model, identity); the same scheme or model twice is one, in any order
     emitted: dict[str, tuple[str, object, tuple]] = {}
     for name in names:
@@ -286,6 +290,11 @@ def _derive(arguments: argparse.Namespace) -> str:
             raise SplitformerError(f"{first!r} and {name!r} would both be written as {module}.py; "
                                    "derive them into different --out folders")
     backends = BACKEND_CHOICES[arguments.backend]
+    if unwritable is not None and not all((out / backend / f"{module}.py").is_file()
+                                          for module in emitted for backend in backends):
+        raise unwritable  # before any derivation: it could not be written
+    # a read-only --out (a checked-out tree) whose files are all up to date derives to "unchanged"; a file that
+    # changed is refused by write_files in one line
 
     def generated(item: tuple[str, object, tuple]) -> dict[Path, str]:
         _, scheme, _ = item

@@ -476,3 +476,25 @@ def test_a_plot_behind_a_folder_that_cannot_be_searched_is_not_linked(tmp_path, 
     monkeypatch.setattr(type(plot), "is_file", lambda path: (_ for _ in ()).throw(PermissionError(13, "denied"))
                         if path == plot else real(path))
     assert not report._is_file(plot)
+
+
+def test_an_up_to_date_derive_into_a_read_only_folder_changes_nothing_and_succeeds(tmp_path, capsys, monkeypatch):
+    """Attack 25: ``derive`` into a read-only ``--out`` (a regeneration check on a read-only checkout) failed although
+    every file was up to date. It is refused before any derivation only where a module is missing, and a file that
+    changed is refused when it would be written. (Root may write anywhere: the refusal is simulated.)"""
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    before = _tree(tmp_path)
+    real = output.tempfile.TemporaryFile
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, tmp_path):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(output.tempfile, "TemporaryFile", refused)
+    capsys.readouterr()
+    assert main(["derive", "post-ln", "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    assert "unchanged" in capsys.readouterr().out and _tree(tmp_path) == before
+    err = _fails(capsys, "derive", "pre-ln", "--out", str(tmp_path), "--backend", "numpy")  # missing: refused early
+    assert err == f"error: --out {tmp_path}: cannot write in {tmp_path}: Permission denied\n"
+    assert _tree(tmp_path) == before

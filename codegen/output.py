@@ -236,9 +236,10 @@ def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
         return not same
     try:
         _replaceable_here(path)
+        protected = not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     except OSError as error:
         raise SplitformerError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
-    if not force and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+    if protected and not force:
         raise SplitformerError(f"{_shown(path)} is write-protected (no one may write it: chmod a-w); pass --force to "
                                "overwrite it")
     return True

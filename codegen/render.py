@@ -110,15 +110,15 @@ def _check_support_products(module: Module) -> None:
     """``SplitformerError`` for a product of supports alone (``Σ_n χ[i, n] χ[n, j]``) whose support stays bool because
     a masked softmax (an attention) reads it too: NumPy's einsum of bool operands computes in bool (1 + 1 = 1),
     torch's has none. (A support read only as a factor is in the state's dtype: such a product counts there.)"""
-    supports = ("chi", MEMORY_SUPPORT.name)
+    symbols = {"chi": "χ", MEMORY_SUPPORT.name: "χ_m"}
     for op in flat(module.ops):
         reads = set(op.reads())
-        if isinstance(op, Contraction) and reads and reads <= set(supports) and \
+        if isinstance(op, Contraction) and reads and reads <= set(symbols) and \
                 not all(_read_only_as_factor(module, name) for name in reads):
-            shown = " and ".join({"chi": "χ", MEMORY_SUPPORT.name: "χ_m"}[name] for name in sorted(reads))
-            raise SplitformerError(f"scheme {module.name!r}, {op.section}: a product of the support {shown} alone, where a softmax "
-                                   "reads it too, cannot be emitted yet (it would count in bool); compute it in an "
-                                   "operator of its own scheme, or multiply it by a field")
+            shown = " and ".join(symbols[name] for name in sorted(reads))
+            raise SplitformerError(f"scheme {module.name!r}, {op.section}: a product of the support {shown} alone, "
+                                   "where a softmax reads it too, cannot be emitted yet (it would count in bool); "
+                                   "compute it in an operator of its own scheme, or multiply it by a field")
 
 
 def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> dict:

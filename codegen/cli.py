@@ -484,9 +484,12 @@ def _run(argv: list[str] | None) -> tuple[str, int]:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         arguments.schemes += _schemes_after_options(extras, parser)
     if getattr(arguments, "load", None):
-        from splitformer.symbolic.plugins import load_plugins
+        from splitformer.symbolic.plugins import PluginError, load_plugins
 
-        load_plugins(arguments.load)
+        try:
+            load_plugins(arguments.load)
+        except PluginError as error:
+            raise SplitformerError(f"--load {error.path}: {error.reason}") from None
     if arguments.command is None:  # bare `splitformer`: the usage, not an error
         return parser.format_help().rstrip("\n"), 0
     if arguments.command == "list":

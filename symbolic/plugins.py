@@ -26,7 +26,16 @@ from .activations import ACTIVATIONS
 from .kinds import OPERATOR_KINDS
 from .tableaux import TABLEAUX
 
-__all__ = ["load_plugin", "load_plugins", "plugin_failures"]
+__all__ = ["PluginError", "load_plugin", "load_plugins", "plugin_failures"]
+
+
+class PluginError(SplitformerError):
+    """A plug-in file that cannot be loaded: ``path`` and ``reason`` apart, so that the command line names
+    its ``--load`` option and the Python API its own call."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"plug-in {path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 def _module_name(path: Path) -> str:
@@ -45,17 +54,17 @@ def load_plugin(path: str | Path) -> ModuleType:
                                f"got {type(path).__name__}")
     path = Path(path)
     if path.suffix != ".py":
-        raise SplitformerError(f"--load {path}: expected a Python file (.py)")
+        raise PluginError(path, "expected a Python file (.py)")
     try:
         if not path.exists():
-            raise SplitformerError(f"--load {path}: no such file")
+            raise PluginError(path, "no such file")
         kind = non_regular_kind(path.stat().st_mode)
         if kind is not None:
-            raise SplitformerError(f"--load {path}: it is {kind}, not a regular file")
+            raise PluginError(path, f"it is {kind}, not a regular file")
         os.close(os.open(path, os.O_RDONLY))  # readable: else its import would fail with the exception's own text
         resolved = path.resolve()
     except OSError as error:
-        raise SplitformerError(f"--load {path}: {error.strerror or error}") from None
+        raise PluginError(path, error.strerror or str(error)) from None
     name = _module_name(resolved)
     if name in sys.modules:
         return sys.modules[name]
@@ -73,9 +82,9 @@ def load_plugin(path: str | Path) -> ModuleType:
         _restore(TABLEAUX, tableaux)
         _restore(ACTIVATIONS, activations)
         if isinstance(error, SplitformerError):
-            raise SplitformerError(f"--load {path}: {error}") from None
+            raise PluginError(path, str(error)) from None
         if not isinstance(error, KeyboardInterrupt):  # a user's file: any other failure is reported in one line
-            raise SplitformerError(f"--load {path}: {type(error).__name__}: {error}") from None
+            raise PluginError(path, f"{type(error).__name__}: {error}") from None
         raise
     clear_cache()  # a symbol the file made may equal the library's own (a str-subclass name): SymPy must not hand it out
     return module

@@ -295,7 +295,8 @@ def test_a_failed_plugin_keeps_the_kinds_splitformer_registered_while_it_loaded(
             f"from splitformer.symbolic.kinds import OPERATOR_KINDS\n"
             f"import sys\n"
             f"assert 'splitformer.symbolic.vision_operators' not in sys.modules\n"
-            f"try:\n    load_plugin({str(plugin)!r})\nexcept Exception as error:\n    print(type(error).__name__)\n"
+            f"from splitformer import SplitformerError\n"
+            f"try:\n    load_plugin({str(plugin)!r})\nexcept SplitformerError as error:\n    print('SplitformerError')\n"
             f"print('patch-embedding' in OPERATOR_KINDS)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["SplitformerError", "True"], result.stdout + result.stderr

@@ -12,6 +12,7 @@ import pytest
 import sympy as sp
 
 import splitformer
+from splitformer.codegen.cli import main
 from splitformer.codegen.output import write_files
 from splitformer.codegen.pipeline import generate
 from splitformer.symbolic.constraints import Bound, ConstraintSet, U
@@ -223,4 +224,15 @@ def test_an_unreadable_plugin_is_the_same_one_line_as_an_unreadable_folder(tmp_p
     monkeypatch.setattr(plugins.os, "open", refused)
     with pytest.raises(splitformer.SplitformerError) as error:
         splitformer.load_plugin(path)
-    assert str(error.value) == f"--load {path}: Permission denied"
+    assert str(error.value) == f"plug-in {path}: Permission denied"
+
+
+def test_the_python_api_names_no_command_line_option(tmp_path, capsys):
+    """``load_plugin`` names the plug-in; the command line names its ``--load`` option, with the same reason."""
+    missing = tmp_path / "missing.py"
+    with pytest.raises(splitformer.SplitformerError) as error:
+        splitformer.load_plugin(missing)
+    assert str(error.value) == f"plug-in {missing}: no such file"
+    assert (error.value.path, error.value.reason) == (missing, "no such file")
+    assert main(["show", "--load", str(missing), "post-ln"]) == 2
+    assert capsys.readouterr().err == f"error: --load {missing}: no such file\n"

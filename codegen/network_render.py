@@ -1,9 +1,10 @@
 """Emission of whole networks: one description per network (its derived programs, parameter tables, inputs,
 the public functions it exports) through the one network template, ``templates/network_module.py.j2``.
 
-Every program of a ``NetworkProgram`` (its ``pieces``) is emitted the same way (``stage_render.program_context``:
-forward, passes, array freeing, derived adjoint); what a composition adds (its parameter tables, its readout, a
-token network's block step, a grid step's grids) is in ``_COMPOSITIONS``.
+Every program of a ``NetworkProgram`` (its ``pieces``) is emitted the same way (``stage_render.lower_program``, once
+for both backends: forward, passes, derived adjoint; then ``program_context``, spelled by the backend, dead arrays
+freed); what a composition adds (its parameter tables, its readout, a token network's block step, a grid step's grids)
+is in ``_COMPOSITIONS``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from .lowering import lower
 from .network_inputs import COSTATES, NETWORK_INPUTS, declared_inputs, signature
 from .render import backward_context, environment, unit_context
 from .runtime_source import inline_runtime
-from .stage_render import program_context
+from .stage_render import LoweredProgram, lower_program, program_context
 
-__all__ = ["render_network"]
+__all__ = ["lower_network", "render_network"]
 
 
 def _table(name: str, doc: str, parameters: list[dict], prefix: str = "", head: bool = False) -> dict:
@@ -124,9 +125,17 @@ def _cvt(program: NetworkProgram, programs: dict, backend: str, passes) -> dict:
 _COMPOSITIONS = {"token": _token, "grid": _grid, "cvt": _cvt}
 
 
-def render_network(program: NetworkProgram, backend: str, passes=None) -> str:
-    """The source of the generated ``backend`` module of the network ``program``."""
-    programs = {name: program_context(piece.program, piece.input, backend, piece.sizes, piece.group_sizes, passes)
+def lower_network(program: NetworkProgram, passes=None) -> dict[str, LoweredProgram]:
+    """Every program of ``program`` lowered (``lower_program``): what each backend's module spells."""
+    return {name: lower_program(piece.program, piece.input, passes) for name, piece in program.pieces.items()}
+
+
+def render_network(program: NetworkProgram, backend: str, passes=None,
+                   lowered: dict[str, LoweredProgram] | None = None) -> str:
+    """The source of the generated ``backend`` module of the network ``program`` (``lowered``: its programs lowered
+    with ``passes`` by ``lower_network``, once for both backends)."""
+    lowered = lowered or lower_network(program, passes)
+    programs = {name: program_context(lowered[name], backend, piece.sizes, piece.group_sizes)
                 for name, piece in program.pieces.items()}
     spec, composition = program.spec, program.composition
     network = {"kind": composition, "title": spec.name, "summary": spec.summary, "spec": spec, "programs": programs,

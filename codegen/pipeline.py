@@ -26,7 +26,7 @@ from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 from .adjoint import Backward, lower_adjoint
 from .ir import Module
 from .lowering import lower
-from .network_render import render_network
+from .network_render import lower_network, render_network
 from .network_report import network_sections, render_network_report
 from .output import PACKAGE_INIT
 from .render import render_module
@@ -87,7 +87,8 @@ def _generate(scheme: Scheme, backends: tuple[str, ...], out: Path, passes, prog
 def _network(spec: NetworkSpec, passes=None) -> tuple[Callable[[str], str], object]:
     """The derived network of ``spec``: its module's source per backend (rendered once each), its program."""
     program = derive_network(spec)
-    return cache(partial(render_network, program, passes=passes)), program
+    lowered = cache(partial(lower_network, program, passes))
+    return cache(lambda backend: render_network(program, backend, passes, lowered())), program
 
 
 def generate_network(spec: NetworkSpec, backends: tuple[str, ...], out: Path, passes=None) -> dict[Path, str]:

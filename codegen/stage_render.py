@@ -10,12 +10,14 @@ view, group), statements by section spelled by the backend, and what it binds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy as sp
 
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.program import Program
 
-from .adjoint import lower_stage_adjoint
+from .adjoint import Backward, lower_stage_adjoint
 from .backends import BACKENDS
 from .ir import Convolution, Module
 from .lowering import lower
@@ -23,7 +25,7 @@ from .passes import NETWORK_ADJOINT_STAGE, network_passes, run_passes
 from .passes.convolution import convolution
 from .printers import CODE_NAMES, code
 
-__all__ = ["stage_context", "program_context"]
+__all__ = ["LoweredProgram", "lower_program", "stage_context", "program_context"]
 
 #: Configuration values (``config[name]``) and grid sizes the emitted statements may read.
 CONFIG_NAMES = ("d", "n_heads", "stride", "kernel_qkv", "stride_q", "padding_q", "stride_kv", "padding_kv", "patch_size",
@@ -116,26 +118,46 @@ def _binding(functions: list[dict], reshaped: list[dict] = ()) -> dict:
             "batch": "batch" in code_names, "d_head": head_size, "uses": code_names, "sizes": sizes}
 
 
-def program_context(program: Program, input_name: str, backend: str, sizes: dict | None = None,
-                    group_sizes: dict[str, dict] | None = None, passes: tuple | None = None) -> dict:
-    """One network program: its forward (``run``, dead arrays freed, optimized by ``network_passes(passes)``) and its
-    derived backward (the forward statements the adjoint reads, the adjoint, each optimized by ``NETWORK_ADJOINT_STAGE``;
-    the seed, the costate of ``input_name``, the gradients in the order of the parameters), each with what it binds
-    (``_binding``)."""
+@dataclass(frozen=True)
+class LoweredProgram:
+    """One network program lowered for every backend: its forward as lowered (``forward``) and optimized (``run``), its
+    derived backward (``lower_stage_adjoint``) and the backward's two functions optimized."""
+
+    program: Program
+    input: str
+    forward: Module
+    run: Module
+    backward: Backward
+    functions: tuple[Module, Module]
+
+
+def lower_program(program: Program, input_name: str, passes: tuple | None = None) -> LoweredProgram:
+    """``program``'s forward (dead arrays freed, optimized by ``network_passes(passes)``) and its derived backward (the
+    forward statements the adjoint reads, the adjoint, each optimized by ``NETWORK_ADJOINT_STAGE``; the seed, the
+    costate of ``input_name``): what no backend changes, so lowered once for all of them."""
     forward = lower(program, (convolution,), network=True)
     backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
+    adjoint_passes = network_passes(passes, NETWORK_ADJOINT_STAGE)
+    return LoweredProgram(program, input_name, forward, run_passes(forward, network_passes(passes)), backward,
+                          (run_passes(backward.forward, adjoint_passes), run_passes(backward.adjoint, adjoint_passes)))
+
+
+def program_context(lowered: LoweredProgram, backend: str, sizes: dict | None = None,
+                    group_sizes: dict[str, dict] | None = None) -> dict:
+    """One lowered network program spelled by ``backend``: its forward (``run``) and its derived backward (the seed, the
+    costate of its input, the gradients in the order of the parameters), each with what it binds (``_binding``)."""
+    backward, input_name = lowered.backward, lowered.input
 
     def context(module: Module, free: bool = False) -> dict:
         return stage_context(module, backend, sizes or {}, free, group_sizes)
 
-    run = context(run_passes(forward, network_passes(passes)), free=True)
-    with_views = [parameter for parameter in context(forward)["parameters"] if parameter["view"]]
-    adjoint_passes = network_passes(passes, NETWORK_ADJOINT_STAGE)
-    functions = [context(run_passes(backward.forward, adjoint_passes)), context(run_passes(backward.adjoint, adjoint_passes))]
+    run = context(lowered.run, free=True)
+    with_views = [parameter for parameter in context(lowered.forward)["parameters"] if parameter["view"]]
+    functions = [context(function) for function in lowered.functions]
     binding = _binding(functions, with_views)
     functions[0]["parameters"] = binding["parameters"]
     shapes = {parameter["name"]: parameter["shape"] for parameter in with_views}
-    order = [tensor.parameter for tensor in program.tensors.values() if tensor.role == "param"]
+    order = [tensor.parameter for tensor in lowered.program.tensors.values() if tensor.role == "param"]
     gradients = sorted((name for name in backward.gradients if name != input_name), key=order.index)
     return {"forward": functions[0], "adjoint": functions[1], "seed": backward.seed, "input": input_name,
             "gradient_input": backward.gradients[input_name], **binding, "run": {**run, **_binding([run])},

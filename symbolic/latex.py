@@ -151,8 +151,10 @@ class _PlainPrinter(StrPrinter):
 _NEEDLESS_BRACES = re.compile(r"([_^])\{([\w()]+)\}")
 
 
+@lru_cache(maxsize=4096)
 def _plain_name(latex: str) -> str:
-    """A LaTeX symbol name as plain text: ``b^{Q}_{\\mathrm{attn}}`` → ``b^Q_attn``."""
+    """A LaTeX symbol name as plain text: ``b^{Q}_{\\mathrm{attn}}`` → ``b^Q_attn`` (cached: every emitted statement's
+    comment names its symbols again, and ``unicode_text`` runs one substitution per macro)."""
     text = _accented(unicode_text(latex)).replace(r"\,", "").replace(r"\_", "_")
     while True:
         shorter = re.sub(r"^\{([^{}]*)\}(?=[_^]|$)", r"\1", _NEEDLESS_BRACES.sub(r"\1\2", text))

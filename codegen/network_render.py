@@ -127,7 +127,7 @@ _COMPOSITIONS = {"token": _token, "grid": _grid, "cvt": _cvt}
 
 def lower_network(program: NetworkProgram, passes=None) -> dict[str, LoweredProgram]:
     """Every program of ``program`` lowered (``lower_program``): what each backend's module spells."""
-    return {name: lower_program(piece.program, piece.input, passes) for name, piece in program.pieces.items()}
+    return {name: lower_program(piece, passes) for name, piece in program.pieces.items()}
 
 
 def render_network(program: NetworkProgram, backend: str, passes=None,

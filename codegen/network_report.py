@@ -96,7 +96,7 @@ strided $1\times 1$ convolution and an affine map: the projection shortcut).""")
     note = r"""The transfer is written as an assignment $(R u)_{l,p,q} = \dots$; ReLU's derivative is $[v > 0]$
 (subgradient $0$ at $0$); BatchNorm's statistics get gradients like any control."""
     titles = {"step_with": f"R = {' ∘ '.join(reversed(spec.transfer))}", "step_identity": "R = 1"}
-    return NetworkSections(sections, lambda: [(titles[name], derive_adjoint(piece.program))
+    return NetworkSections(sections, lambda: [(titles[name], piece.adjoint)
                                               for name, piece in program.pieces.items()], note, "{n}/translation-equivariance {n}/batch-norm-affine",
         (CHANNELS, FEATURES, ROWS, COLS, KERNEL_ROWS))
 
@@ -134,7 +134,7 @@ points) have their transposes as adjoints (`_place_rows`); the class node joins 
 gradient is node 0's costate summed over the batch. The costate runs readout → class node and grid → stages (last first): steps (last first) → token
 embedding → the previous stage's grid; the costates of `forward`'s two outputs (grid, class node) add up."""
     return NetworkSections(sections, lambda: [
-        (f"`{name}` (its output's costate → that of `{piece.input}`)", derive_adjoint(piece.program))
+        (f"`{name}` (its output's costate → that of `{piece.input}`)", piece.adjoint)
         for name, piece in reversed(program.pieces.items())], note, "{n}/translation-equivariance "
         "{n}/batch-norm-affine {n}/key-spacing {n}/score-scale recovery/{n}/symbolic recovery/{n}/numeric", _VISION)
 

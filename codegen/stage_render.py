@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from splitformer.symbolic.adjoint import derive_adjoint
+from splitformer.symbolic.network_program import Piece
 from splitformer.symbolic.program import Program
 
 from .adjoint import Backward, lower_stage_adjoint
@@ -131,12 +131,13 @@ class LoweredProgram:
     functions: tuple[Module, Module]
 
 
-def lower_program(program: Program, input_name: str, passes: tuple | None = None) -> LoweredProgram:
-    """``program``'s forward (dead arrays freed, optimized by ``network_passes(passes)``) and its derived backward (the
-    forward statements the adjoint reads, the adjoint, each optimized by ``NETWORK_ADJOINT_STAGE``; the seed, the
-    costate of ``input_name``): what no backend changes, so lowered once for all of them."""
+def lower_program(piece: Piece, passes: tuple | None = None) -> LoweredProgram:
+    """``piece``'s program's forward (dead arrays freed, optimized by ``network_passes(passes)``) and its derived backward
+    (the forward statements the adjoint reads, the adjoint, each optimized by ``NETWORK_ADJOINT_STAGE``; the seed, the
+    costate of the piece's input): what no backend changes, so lowered once for all of them."""
+    program, input_name = piece.program, piece.input
     forward = lower(program, (convolution,), network=True)
-    backward = lower_stage_adjoint(derive_adjoint(program), forward, input_name)
+    backward = lower_stage_adjoint(piece.adjoint, forward, input_name)
     adjoint_passes = network_passes(passes, NETWORK_ADJOINT_STAGE)
     return LoweredProgram(program, input_name, forward, run_passes(forward, network_passes(passes)), backward,
                           (run_passes(backward.forward, adjoint_passes), run_passes(backward.adjoint, adjoint_passes)))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
+from .adjoint import Adjoint, derive_adjoint
 from .network_spec import NetworkSpec
 from .program import Assignment, Program
 from .stages import Stage
@@ -30,6 +32,11 @@ class Piece:
     input: str
     sizes: Mapping = field(default_factory=dict)
     group_sizes: Mapping | None = None
+
+    @cached_property
+    def adjoint(self) -> Adjoint:
+        """``derive_adjoint(program)``, derived once: the module, the report and the checks read it."""
+        return derive_adjoint(self.program)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ The costate's other terms (a residual's) stay an elementwise sum. RMSNorm (no me
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import lru_cache
+from types import MappingProxyType
 
 import sympy as sp
 
@@ -25,8 +28,11 @@ from ..ir import Contraction, Elementwise, Module, NormalizeAdjoint, Reduction, 
 __all__ = ["layer_norm_adjoint"]
 
 
-def _indexed(expr: sp.Expr) -> dict[str, sp.Indexed]:
-    return {str(item.base.label): item for item in expr.atoms(sp.Indexed)}
+@lru_cache(maxsize=1024)
+def _indexed(expr: sp.Expr) -> Mapping[str, sp.Indexed]:
+    """The arrays ``expr`` reads, by name (cached: the search asks it of every statement once per LayerNorm fused and
+    per candidate ``P``)."""
+    return MappingProxyType({str(item.base.label): item for item in expr.atoms(sp.Indexed)})
 
 
 def _equal(expr: sp.Expr, expected: sp.Expr) -> bool:

@@ -155,3 +155,47 @@ def test_the_symbolic_comparison_is_bounded_by_the_nesting(monkeypatch):
     assert derived.id == "semantics/extrapolated-euler/derived" and derived.method == checks.SKIPPED
     assert derived.detail.startswith("skipped: one step nests 3 operator applications, more than the 2")
     assert "split the step" in derived.detail
+
+
+def _sub_flows(*steps: str, name: str = "subflows") -> str:
+    """Two feed-forward fields f, g (cheap to integrate), the steps as written (TOML tables)."""
+    return f'name = "{name}"\nsummary = "s"\n[operators]\nf = "feed-forward"\ng = "feed-forward"\n' + "".join(
+        f"[[steps]]\n{step}\n" for step in steps)
+
+
+def _euler(operator: str, fraction: str = "1") -> str:
+    return f'operator = "{operator}"\nsolver = "explicit"\nfraction = "{fraction}"'
+
+
+def _rk(tableau: str, *fields: tuple[str, str]) -> str:
+    return f'rk = "{tableau}"\nfields = [' + ", ".join(
+        f'{{ operator = "{operator}", fraction = "{fraction}" }}' for operator, fraction in fields) + "]"
+
+
+def test_a_runge_kutta_step_of_some_fields_is_a_sub_flow_of_their_sum():
+    """A Runge–Kutta step's exact sub-flow is the flow of its summed field: a step of one field is a sub-flow of a
+    splitting like an Euler substep of it; one coupling every field is no splitting."""
+    lie = splitting_order(parse_scheme(_sub_flows(_euler("f"), _euler("g"))))
+    lie_rk = splitting_order(parse_scheme(_sub_flows(_rk("euler", ("f", "1")), _rk("euler", ("g", "1")))))
+    assert (lie_rk.order, lie_rk.splitting_order) == (lie.order, lie.splitting_order) == (1, 1)
+    strang_heun = splitting_order(parse_scheme(_sub_flows(
+        _rk("heun", ("f", "1/2")), _rk("heun", ("g", "1")), _rk("heun", ("f", "1/2")))))
+    assert (strang_heun.order, strang_heun.splitting_order) == (2, 2)  # Strang, each sub-flow by a second-order step
+    coupled = splitting_order(parse_scheme(_sub_flows(_rk("heun", ("f", "1"), ("g", "1")))))
+    assert (coupled.order, coupled.splitting_order) == (2, None) and "not a splitting" in coupled.exact_subflows_error
+    lie_heun = parse_scheme(_sub_flows(_rk("heun", ("f", "1")), _rk("heun", ("g", "1"))).replace(
+        'summary = "s"', 'summary = "s"\nsplitting_order = 2'))  # negative control: Lie's sub-flows are order 1
+    assert not order_check(lie_heun, splitting_order(lie_heun)).holds
+
+
+def test_the_slope_with_exact_subflows_integrates_a_runge_kutta_step_as_the_flow_of_its_field():
+    """Strang with the middle sub-flow by one Heun step: own solvers order 1 (the Euler halves), exact sub-flows 2 —
+    the slope of the exact sub-flows (the Heun step's integrated over the whole step) confirms 2."""
+    scheme = parse_scheme(_sub_flows(_euler("f", "1/2"), _rk("heun", ("g", "1")), _euler("f", "1/2"), name="mixed"))
+    result = splitting_order(scheme)
+    assert (result.order, result.splitting_order) == (1, 2)
+    study = convergence_study(scheme, order=2, exact_subflows=True)
+    assert convergence_check(scheme, study, 2, exact_subflows=True).holds, study.slope
+    lie = parse_scheme(_sub_flows(_rk("heun", ("f", "1")), _rk("heun", ("g", "1")), name="lie-heun"))
+    study = convergence_study(lie, order=2, exact_subflows=True)  # negative control: Lie's sub-flows give order 1
+    assert not convergence_check(lie, study, 2, exact_subflows=True).holds and abs(study.slope - 1) < 0.3

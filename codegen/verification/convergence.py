@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from splitformer.symbolic.equation import equation_terms
-from splitformer.symbolic.scheme import Parallel, Scheme, Sequence, Substep
+from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 from ..output import PLOTS_HINT, check_replaceable, write_files
 from .parameters import random_parameters
@@ -101,16 +101,21 @@ def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:
 
 def _exact_subflows_step(semantics: Semantics, scheme: Scheme, time_step: float):
     """One step with every substep's own flow integrated accurately (RK4 in pieces of at most
-    ``SUBFLOW_STEP``) instead of by Euler: what the splitting order is about."""
+    ``SUBFLOW_STEP``) instead of by Euler, a Runge–Kutta step's the flow of its summed field over the
+    whole step: what the splitting order is about."""
+
+    def flow(terms: list[tuple[float, Substep]], duration: float, u: np.ndarray) -> np.ndarray:
+        pieces = max(1, int(np.ceil(abs(duration) / SUBFLOW_STEP)))
+        return _rk4(lambda v: sum(weight * semantics.field(step, v) for weight, step in terms), u, duration, pieces)
 
     def sequence(steps: Sequence, u: np.ndarray) -> np.ndarray:
         for step in steps.steps:
             if isinstance(step, Parallel):
                 u = sum(float(weight) * sequence(branch, u) for weight, branch in zip(step.weights, step.branches))
+            elif isinstance(step, RungeKutta):
+                u = flow([(float(field.fraction), field) for field in step.fields], time_step, u)
             elif step.solver != "projection":  # projections are held out, as in the tree analysis
-                duration = float(step.fraction) * time_step
-                pieces = max(1, int(np.ceil(abs(duration) / SUBFLOW_STEP)))
-                u = _rk4(lambda v, step=step: semantics.field(step, v), u, duration, pieces)
+                u = flow([(1.0, step)], float(step.fraction) * time_step, u)
         return u
 
     return lambda u: sequence(scheme.body, u)

@@ -8,8 +8,8 @@ a stated reason (``PROJECTIONS``): they act as the identity here. One step is a 
 over rooted trees coloured by the fields (``trees``); comparing with the exact solution of
 ``u_t = Σ c_k A_k(u)`` tree by tree gives the order ``p`` (every tree of at most ``p``
 nodes agrees): ``order`` with the scheme's own substep solvers (explicit Euler,
-Runge–Kutta tableaux), ``splitting_order`` with exact sub-flows, and
-``tied_splitting_order`` with the instances of one kind merged (what the order would be
+Runge–Kutta tableaux), ``splitting_order`` with exact sub-flows (a Runge–Kutta step's: the
+flow of its fields' sum), and ``tied_splitting_order`` with the instances of one kind merged (what the order would be
 if they shared their parameters). Trees of up to ``MAX_NODES`` nodes are checked, so
 orders up to ``MAX_NODES - 1`` are decided. The conditions checked are reported size by
 size. The leading local error is shown on linear fields (the chains of the failing size:
@@ -52,7 +52,7 @@ def generator(name: str) -> sp.Symbol:
 class OrderResult:
     """``order``/``splitting_order`` are ``None`` when no tree up to ``checked_nodes`` nodes
     fails (an exact step, or one of order ``checked_nodes`` or more); ``splitting_order`` also
-    when the step is not a splitting (a Runge–Kutta stage couples the fields)."""
+    when the step is not a splitting (one Runge–Kutta step of several fields: its stages couple them)."""
 
     order: int | None
     splitting_order: int | None
@@ -105,10 +105,12 @@ def _fraction(value) -> Fraction:
 
 
 class _Builder:
-    """Adds the states of one step to a ``Program``; ``exact`` swaps Euler for exact sub-flows."""
+    """Adds the states of one step to a ``Program``; ``exact`` swaps each substep's solver for its exact sub-flow (a
+    Runge–Kutta step's: the flow of its summed field), and ``flows`` lists the colours of each sub-flow."""
 
     def __init__(self, program: Program, colours: dict, exact: bool):
         self.program, self.colours, self.exact = program, colours, exact
+        self.flows: list[frozenset[str]] = []
 
     def field(self, steps: tuple[Substep, ...]) -> dict[str, Fraction]:
         total: dict[str, Fraction] = {}
@@ -117,24 +119,20 @@ class _Builder:
             total[colour] = total.get(colour, Fraction(0)) + _fraction(step.fraction)
         return total
 
-    def sequence(self, sequence: Sequence, state: int) -> int | None:
+    def sequence(self, sequence: Sequence, state: int) -> int:
         for step in sequence.steps:
             state = self.step(step, state)
-            if state is None:
-                return None
         return state
 
-    def step(self, step, state: int) -> int | None:
+    def step(self, step, state: int) -> int:
         program = self.program
         if isinstance(step, Parallel):
             ends = [self.sequence(branch, state) for branch in step.branches]
-            if None in ends:
-                return None
             return program.combine((_fraction(weight), end) for weight, end in zip(step.weights, ends))
         if isinstance(step, RungeKutta):
-            if self.exact:  # a stage couples the fields: not a splitting
-                return None
             of, tableau, slopes = self.field(step.fields), step.tableau, []
+            if self.exact:
+                return self.flow(state, of)
             for row in tableau.a:
                 stage = program.combine([(Fraction(1), state)] + [(_fraction(a), k) for a, k in zip(row, slopes)])
                 slopes.append(program.field(stage, of))
@@ -143,8 +141,12 @@ class _Builder:
             return state
         of = self.field((step,))
         if self.exact:
-            return program.flow(state, of)
+            return self.flow(state, of)
         return program.combine([(Fraction(1), state), (Fraction(1), program.field(state, of))])
+
+    def flow(self, state: int, of: dict[str, Fraction]) -> int:
+        self.flows.append(frozenset(of))
+        return self.program.flow(state, of)
 
 
 def _text(label) -> str:
@@ -201,9 +203,11 @@ class _Analysis:
         self.modes: dict[str, _Mode] = {}
         if own:
             self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
-        split = _Builder(program, self.colours, True).sequence(scheme.body, 0)
-        self.is_splitting = split is not None
-        if split is not None and len(self.forest.colours) > 1:  # one field's exact sub-flows: no splitting to speak of
+        exact = _Builder(program, self.colours, True)
+        split = exact.sequence(scheme.body, 0)
+        # not a splitting where the step is one sub-flow (a Runge–Kutta step's) of several fields: its exact flow
+        self.is_splitting = not (len(exact.flows) == 1 and len(exact.flows[0]) > 1)
+        if self.is_splitting and len(self.forest.colours) > 1:  # one field's exact sub-flows: no splitting to speak of
             self.modes["splitting"] = _Mode(split)
         self.checked = 0
         self._decide()

@@ -208,7 +208,7 @@ def _list() -> str:
 
 def _show(arguments: argparse.Namespace) -> str:
     from splitformer.symbolic.derivation import derive
-    from splitformer.symbolic.equation import equation_latex
+    from splitformer.symbolic.equation import equation_latex, equation_text
 
     from splitformer.symbolic.scheme import Scheme
 
@@ -227,7 +227,8 @@ def _show(arguments: argparse.Namespace) -> str:
         return render_report(scheme, program, order=splitting_order(scheme)).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
-    return "\n".join([f"{scheme.name}: {scheme.summary}", f"activation: {scheme.activation}",
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}",
+                      f"activation: {scheme.activation}",
                       "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
                       "", program.text()])
 

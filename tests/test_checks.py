@@ -113,6 +113,24 @@ def test_lie_splitting_leading_terms():
     assert (result.order, result.splitting_order) == (1, 1)
 
 
+def test_macarons_exact_sub_flows_leave_the_commutators_its_description_names():
+    """e^{hF_post/2} e^{hA} e^{hF_pre/2} − e^{h(F_pre/2 + A + F_post/2)} = h²(¼[F_post − F_pre, A] + ⅛[F_post, F_pre])
+    + O(h³) (BCH, docs/model.md §9), what macaron's description says (it said ½h²[F_post − F_pre, A])."""
+    from splitformer.symbolic.builtins import builtin_text
+
+    A, pre, post = (sp.Symbol(name, commutative=False) for name in ("attn", "ffn_pre", "ffn_post"))
+    h = sp.Symbol("h", positive=True)
+
+    def bracket(x, y):
+        return x * y - y * x
+
+    for name in ("macaron", "macaron-pre-ln"):
+        result = splitting_order(load_scheme(name))
+        expected = h**2 * (bracket(post - pre, A) / 4 + bracket(post, pre) / 8)
+        assert sp.expand(result.exact_subflows_leading - expected) == 0, name
+        assert "h²(¼[F_post − F_pre, A] + ⅛[F_post, F_pre])" in builtin_text(name).replace("\n", " ")
+
+
 def test_json_has_the_fixed_shape(capsys):
     code = main(["check", "pre-ln", "--format", "json"])
     document = json.loads(capsys.readouterr().out)

@@ -31,6 +31,20 @@ def test_show_formats(fmt, marker, capsys):
     assert marker in capsys.readouterr().out
 
 
+def test_show_names_the_equation_the_fractions_make(tmp_path, capsys):
+    """A fraction changes the continuous equation (its coefficient): ``show``'s text says which equation it is."""
+    from splitformer.symbolic.builtins import builtin_text
+
+    text = builtin_text("macaron")
+    assert main(["show", "macaron"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "equation: u_t = 1/2·ffn_pre(u) − ∂I_S1[norm1](u) + attn(u) − ∂I_S1[norm2](u) + 1/2·ffn_post(u) − ∂I_S1[norm3](u)")
+    tenth = tmp_path / "tenth.toml"
+    tenth.write_text(text.replace('fraction = "1/2"', 'fraction = "1/10"').replace("splitting_order = 1\n", ""))
+    assert main(["show", str(tenth)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("equation: u_t = 1/10·ffn_pre(u) − ∂I_S1[norm1](u)")
+
+
 def test_show_toml_carries_the_chosen_activation(capsys):
     assert main(["show", "pre-ln", "--format", "toml", "--activation", "gelu"]) == 0
     from splitformer.symbolic import parse_scheme

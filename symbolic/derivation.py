@@ -27,7 +27,7 @@ from .domains import (
     PAIR, TOKENS, VARIABLES, X, X_KEY, Y,
 )
 from .errors import SplitformerError
-from .latex import equation, to_latex
+from .latex import equation, to_latex, unicode_text
 from .inputs import Constant, Input
 from .operators import BRANCH, STATE, SUPPORT, Definition, Operator, apply
 from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor, entry
@@ -313,8 +313,13 @@ def discretize_definitions(operator: Operator, definitions, grid: Grid, names: M
             raise AssertionError(f"{definition.function}: stored array is {lhs}")
         quadrature = (grid(definition.rhs) * weight).xreplace(sizes or {})
         discrete = quadrature.xreplace(unit)
-        if any(discrete.has(spacing) or lhs.has(spacing) for spacing in spacings):
-            raise SplitformerError(f"{operator.key}: the grid spacing did not cancel in {definition.function}")
+        left = [spacing for spacing in spacings if discrete.has(spacing) or lhs.has(spacing)]
+        if left:
+            raise SplitformerError(
+                f"{operator.key}: the grid spacing {', '.join(unicode_text(str(spacing)) for spacing in left)} did not cancel in {definition.function}: "
+                f"an integral's rectangle rule brings its variable's spacing, which a stored array must absorb "
+                f"(absorbs=(…,) on the Definition or Parameter, e.g. a kernel normalized by an integral over that "
+                f"variable; docs/guide/plugins.md, 'Quadrature weights')")
         assignments.append(Assignment(lhs, discrete, definition.meaning,
                                       continuous=equation(target, definition.rhs, operator.latex_names()),
                                       quadrature=equation(lhs, quadrature, names)))

@@ -167,6 +167,51 @@ def test_the_deriver_refuses_what_it_cannot_decide():
         derive_projection(cubic)
 
 
+_SIGMOID = """
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import sympy as sp
+
+from splitformer.symbolic.domains import ETA, H, X, X_KEY
+from splitformer.symbolic.operators import SUPPORT, Attention, apply, integral, register_operator
+
+
+@register_operator
+@dataclass(frozen=True)
+class {name}(Attention):
+    kind: ClassVar[str] = "{kind}"
+
+    def definitions(self):
+        definitions = list(super().definitions())
+        at = [definition.function for definition in definitions].index("gamma")
+        gamma = apply(SUPPORT, X, X_KEY) / (1 + sp.exp(-apply("a", H, X, X_KEY)))
+        definitions[at] = replace(definitions[at], rhs=gamma{normalized}, absorbs={absorbs})
+        return tuple(definitions)
+"""
+
+
+@pytest.mark.parametrize("name, normalized, absorbs, refused", [
+    ("RawSigmoid", "", "()", True),  # ∫ γ v dx̃ keeps its Δx̃
+    ("AbsorbedSigmoid", "", "(X_KEY,)", True),  # declared, but nothing in γ brings the spacing to cancel it
+    ("MeanSigmoid", " / integral(apply(SUPPORT, X, ETA), ETA)", "(X_KEY,)", False),  # the count brings it
+])
+def test_a_spacing_left_over_names_itself_and_the_remedy(tmp_path, name, normalized, absorbs, refused):
+    kind = f"qa-{name.lower()}-attention"
+    plugin = tmp_path / f"{name.lower()}.py"
+    plugin.write_text(_SIGMOID.format(name=name, kind=kind, normalized=normalized, absorbs=absorbs))
+    splitformer.load_plugin(plugin)
+    scheme = splitformer.parse_scheme(f'name = "s"\nsummary = "s"\n[operators]\nattn = "{kind}"\n'
+                                      '[[steps]]\noperator = "attn"\nsolver = "explicit"\n')
+    if not refused:
+        assert splitformer.derive(scheme).numpy_module() is not None
+        return
+    with pytest.raises(splitformer.SplitformerError) as error:
+        splitformer.derive(scheme).numpy_module()
+    assert str(error.value).startswith("attn: the grid spacing Δx did not cancel in ")
+    assert "absorbs=(…,)" in str(error.value) and "'Quadrature weights'" in str(error.value)
+
+
 _ALIBI = ROOT / "tests" / "plugins" / "alibi.py"
 _MEANING = r", plus the head's linear bias in $|p(x) - p(\tilde{x})|$"
 

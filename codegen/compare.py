@@ -106,7 +106,7 @@ class Comparison:
         return "\n".join(lines)
 
     def as_markdown(self) -> str:
-        lines = ["| scheme | order | splitting order | evaluations per step | parameters | leading local error |",
+        lines = ["| scheme | order | splitting order | evaluations per step | parameters | leading local error (own solvers) |",
                  "| --- | --- | --- | --- | --- | --- |"]
         for row in self.rows:
             lines.append(f"| `{row.scheme}` | {_shown(row.order)} | {_shown(row.splitting_order)} | {row.evaluations} | "
@@ -115,7 +115,7 @@ class Comparison:
 
     def as_latex(self) -> str:
         lines = [r"\begin{tabular}{lrrrll}", r"scheme & order & splitting order & evaluations & parameters & "
-                 r"leading local error \\", r"\hline"]
+                 r"leading local error (own solvers) \\", r"\hline"]
         for row in self.rows:
             name = row.scheme.replace("_", r"\_")
             lines.append(rf"\texttt{{{name}}} & {_shown(row.order).replace('—', '--')} & "

@@ -48,6 +48,17 @@ def test_formats(table):
     assert markdown.count("\n") == 4 and "| `rk2` | 2 | — | 8 |" in markdown
     assert latex.startswith(r"\begin{tabular}") and r"\texttt{rk2} & 2 & -- & 8" in latex
     assert table._repr_markdown_() == markdown
+    # generators upright (italic letters would typeset attn as a product a·t·t·n), the header as the text's
+    assert r"(\mathrm{attn} + \mathrm{ffn})" in markdown.replace(r"\left(", "(").replace(r"\right)", ")")
+    assert " attn" not in markdown.replace("`", " ") and "leading local error (own solvers) |" in markdown
+    assert r"\mathrm{attn}" in latex and r"leading local error (own solvers) \\" in latex
+
+
+def test_a_generator_is_upright_word_by_word():
+    from splitformer.codegen.verification.statements.order import _roman
+
+    assert _roman("ffn_pre") == r"\mathrm{ffn}_{\mathrm{pre}}" and _roman("a_b_c") == r"\mathrm{a}_{\mathrm{b\_c}}"
+    assert _roman("ffn''(ffn, g)") == r"\mathrm{ffn}''(\mathrm{ffn}, \mathrm{g})"
 
 
 def test_one_plot_with_every_scheme(table, tmp_path):

@@ -19,6 +19,7 @@ elementary differentials of the failing trees (``f''(g, g)``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from math import factorial
@@ -302,6 +303,23 @@ def _as_power(leading: sp.Expr, words: Series | None, field: Series) -> sp.Expr:
                   evaluate=False)
 
 
+def _roman(name: str) -> str:
+    """A generator's name as upright LaTeX, each word of it (``ffn_pre`` → ``\\mathrm{ffn}_{\\mathrm{pre}}``, the
+    elementary differential ``ffn''(ffn, ffn)`` word by word): italic letters would read as a product."""
+    def word(match: re.Match) -> str:
+        base, _, index = match.group().partition("_")
+        escaped = index.replace("_", r"\_")
+        return rf"\mathrm{{{base}}}" + (rf"_{{\mathrm{{{escaped}}}}}" if index else "")
+
+    return re.sub(r"[A-Za-z][A-Za-z0-9_]*", word, name)
+
+
+def latex(expr: sp.Expr) -> str:
+    """``expr`` as LaTeX, its generators (non-commutative symbols) upright."""
+    return sp.latex(expr, symbol_names={symbol: _roman(symbol.name) for symbol in expr.free_symbols
+                                        if not symbol.is_commutative})
+
+
 def _shown(leading: sp.Expr, mode: _Mode | None, analysis: _Analysis, printer) -> str:
     """The leading term as ``printer`` writes it, or why it is not written out."""
     if leading != 0 or mode is None or not mode.order:
@@ -309,7 +327,7 @@ def _shown(leading: sp.Expr, mode: _Mode | None, analysis: _Analysis, printer) -
     words = len(analysis.forest.colours) ** (mode.order + 1)
     text = (f"not expanded: {words} words of length {mode.order + 1} in {len(analysis.forest.colours)} fields "
             f"(at most {MAX_WORDS}, within the work bound); the failing trees are listed with the conditions")
-    return rf"\text{{{text}}}" if printer is sp.latex else text
+    return rf"\text{{{text}}}" if printer is latex else text
 
 
 def splitting_order(scheme: Scheme) -> OrderResult:
@@ -329,8 +347,8 @@ def splitting_order(scheme: Scheme) -> OrderResult:
     return OrderResult(
         order=own.order,
         splitting_order=None if split is None else split.order,
-        leading_error=_shown(shown, own, analysis, sp.latex),
-        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, sp.latex) if analysis.is_splitting
+        leading_error=_shown(shown, own, analysis, latex),
+        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, latex) if analysis.is_splitting
                               else r"\text{not a splitting}"),
         leading_error_text=_shown(shown, own, analysis, plain_text),
         leading=leading,

@@ -409,7 +409,7 @@ def _compare(arguments: argparse.Namespace) -> str:
         _require_matplotlib("--plot")
     table = compare([_load(name, None) for name in arguments.schemes], arguments.activation, sizes)
     if arguments.plot is not None:
-        table.plot(Path(arguments.plot))
+        _stderr_line(f"wrote {table.plot(Path(arguments.plot))}")  # stdout holds the table alone (a LaTeX file)
     return {"text": table.as_text, "markdown": table.as_markdown, "latex": table.as_latex}[arguments.format]()
 
 
@@ -507,13 +507,18 @@ def _run(argv: list[str] | None) -> tuple[str, int]:
 
 
 def _error(message: str) -> None:
+    """``error: message`` on stderr (``_stderr_line``)."""
+    _stderr_line(f"error: {message}")
+
+
+def _stderr_line(message: str) -> None:
     """One line on stderr, whatever the message holds: a character that is not printable (a new line, a terminal's
     escape sequence from a data file's text) is written as its escape."""
     line = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in message)
     if sys.stderr is None:  # started with it closed (2>&-): print(file=None) would write to stdout
         return
     try:
-        print(f"error: {line}", file=sys.stderr)
+        print(line, file=sys.stderr)
     except OSError:
         pass
 

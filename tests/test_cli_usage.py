@@ -141,9 +141,11 @@ def test_report_math_is_renderable():
 def test_compare_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     plot = tmp_path / "all.png"
     assert main(["compare", "post-ln", "rk2", "--sizes", "d=24,d_ff=40", "--plot", str(plot)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
     assert lines[0].split()[:5] == ["scheme", "order", "splitting", "evaluations", "parameters"]
     assert lines[2].split()[:5] == ["rk2", "2", "—", "8", "4480"]  # TransformerEncoderLayer(24, 4, 40)
+    assert len(lines) == 3 and printed.err == f"wrote {plot}\n"  # stdout holds the table alone
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 

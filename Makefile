@@ -11,6 +11,8 @@ STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 # timm's tests run without torchvision (tests/timm_import.py stubs it): timm is installed alone,
 # never with its torchvision requirement, which needs a CUDA torch.
 $(STAMP): pyproject.toml
+	@echo "Installing splitformer with torch $(TORCH_VERSION) (CPU), transformers, timm and the test tools into $(VENV)" \
+		"(about 2 minutes, once; pip is quiet)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"

@@ -814,10 +814,10 @@ def _reset(module, table, bounds):
             tensor, bound = _tensor(module, name), bounds[name]
             if bound is None:
                 tensor.fill_(1.0)
-            elif isinstance(tensor, torch.nn.Parameter) and bound:  # a bias-less module's zero buffers stay zero
-                tensor.uniform_(-bound, bound)
-            elif isinstance(tensor, torch.nn.Parameter):
-                tensor.zero_()  # uniform_(-0.0, 0.0) would draw −0.0
+            elif isinstance(tensor, torch.nn.Parameter):  # a bias-less module's zero buffers stay zero
+                tensor.uniform_(-bound, bound)  # drawn at bound 0 too: a seed gives the weights it always gave
+                if not bound:
+                    tensor.zero_()  # uniform_(-0.0, 0.0) draws −0.0
 
 
 def _checked(module, table, params, bias):

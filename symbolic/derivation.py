@@ -238,22 +238,23 @@ class _Deriver:
             branch = step.branches[position]
             if single[position]:
                 discrete, continuous = self.substep(branch.steps[0], state, evaluations)
-                branches[position] = discrete, continuous, f"{branch.steps[0].operator} ×{branch.steps[0].fraction}"
+                fraction = branch.steps[0].fraction
+                branches[position] = discrete, continuous, f"(u + {'' if fraction == 1 else fraction}Δt·{branch.steps[0].operator})"
             elif not branch.steps:
-                branches[position] = self.state(state), self.symbol(state), "identity"
+                branches[position] = self.state(state), self.symbol(state), "u"
             else:
                 final, continuous = self.sequence(branch, state, "branch ")
-                branches[position] = self.state(final), continuous, "sequence"
+                branches[position] = self.state(final), continuous, "(sequence)"
         discrete_terms, continuous_terms, labels = [], [], []
         for position, weight in enumerate(step.weights):
             discrete, continuous, label = branches[position]
             discrete_terms.append(weight * discrete)
             continuous_terms.append(sp.Mul(weight, continuous, evaluate=False))
-            labels.append(label)
+            labels.append(f"{weight}·{label}")
         combined = sp.expand(sum(discrete_terms))
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))
-        return combined, sp.Eq(unevaluated, simplified, evaluate=False), "parallel (" + ", ".join(labels) + ")"
+        return combined, sp.Eq(unevaluated, simplified, evaluate=False), "parallel: " + " + ".join(labels)
 
     def runge_kutta(self, step: RungeKutta, state: str,
                     evaluations: list[Evaluation]) -> tuple[sp.Expr, str, str]:

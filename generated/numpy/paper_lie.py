@@ -518,7 +518,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     ffn2_out += ffn2_b
     ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
 
-    # --- substep 6: parallel (sequence, identity) ---
+    # --- substep 6: parallel: 1/2·(sequence) + 1/2·u ---
     # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
     # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
     u6 = ffn2_out/2 + u2/2 + u4/2
@@ -643,7 +643,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn2_out += ffn2_b
     ffn2_out = ffn2_out.reshape(batch, n_tokens, d)
 
-    # --- substep 6: parallel (sequence, identity) ---
+    # --- substep 6: parallel: 1/2·(sequence) + 1/2·u ---
     # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
     # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
     u6 = ffn2_out/2 + u2/2 + u4/2
@@ -682,7 +682,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads):
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
-    # --- adjoint of substep 6: parallel (sequence, identity) ---
+    # --- adjoint of substep 6: parallel: 1/2·(sequence) + 1/2·u ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(7)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(7)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]

@@ -565,7 +565,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     attn2_out = attn2_out.reshape(batch, n_tokens, d)
     del attn2_o
 
-    # --- substep 5: parallel (sequence, sequence) ---
+    # --- substep 5: parallel: 1/2·(sequence) + 1/2·(sequence) ---
     # u^(4)[i, l] = A^{attn,2}[i, l] + u^(3)[i, l]
     # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2
@@ -722,7 +722,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     attn2_out += attn_b_o
     attn2_out = attn2_out.reshape(batch, n_tokens, d)
 
-    # --- substep 5: parallel (sequence, sequence) ---
+    # --- substep 5: parallel: 1/2·(sequence) + 1/2·(sequence) ---
     # u^(4)[i, l] = A^{attn,2}[i, l] + u^(3)[i, l]
     # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2

@@ -547,7 +547,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # L^ffn2[i, l] = b_ffn2[l] + Σ_k(W_ffn2[k, l]*u^(4)[i, k])
     ffn2_out = torch.addmm(ffn2_b, u4.reshape(-1, d), ffn2_W).view(batch, n_tokens, d)
 
-    # --- substep 6: parallel (sequence, identity) ---
+    # --- substep 6: parallel: 1/2·(sequence) + 1/2·u ---
     # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
     # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
     u6 = ffn2_out/2 + u2/2 + u4/2
@@ -590,7 +590,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
-    # --- adjoint of substep 6: parallel (sequence, identity) ---
+    # --- adjoint of substep 6: parallel: 1/2·(sequence) + 1/2·u ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(7)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(7)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(7)[i, l]
@@ -1083,7 +1083,7 @@ class Block(_CanonicalModule):
         ffn2_out = torch.addmm(ffn2_b, u4.reshape(-1, d), ffn2_W).view(batch, n_tokens, d)
         ffn2_out = _dropout(ffn2_out, dropout_p)
 
-        # --- substep 6: parallel (sequence, identity) ---
+        # --- substep 6: parallel: 1/2·(sequence) + 1/2·u ---
         # u^(5)[i, l] = L^ffn2[i, l] + u^(4)[i, l]
         # u^(6)[i, l] = u^(2)[i, l]/2 + u^(5)[i, l]/2
         u6 = ffn2_out/2 + u2/2 + u4/2

@@ -581,7 +581,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     # A^{attn,2}[i, l] = b^O_attn[l] + Σ_{m,e}(O^{attn,2}[i, m, e]*W^O_attn[m, e, l])
     attn2_out = torch.addmm(attn_b_o, attn2_o.reshape(-1, n_heads * d_head), attn_W_o).view(batch, n_tokens, d)
 
-    # --- substep 5: parallel (sequence, sequence) ---
+    # --- substep 5: parallel: 1/2·(sequence) + 1/2·(sequence) ---
     # u^(4)[i, l] = A^{attn,2}[i, l] + u^(3)[i, l]
     # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
     # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2
@@ -1262,7 +1262,7 @@ class Block(_CanonicalModule):
         attn2_out = _dropout(attn2_out, dropout_p)
         del attn2_o
 
-        # --- substep 5: parallel (sequence, sequence) ---
+        # --- substep 5: parallel: 1/2·(sequence) + 1/2·(sequence) ---
         # u^(4)[i, l] = A^{attn,2}[i, l] + u^(3)[i, l]
         # u^(2)[i, l] = F^ffn[i, l] + u^(1)[i, l]
         # u^(5)[i, l] = u^(2)[i, l]/2 + u^(4)[i, l]/2

@@ -227,7 +227,11 @@ def _show(arguments: argparse.Namespace) -> str:
         return render_report(scheme, program, order=splitting_order(scheme)).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
-    return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}",
+    across = scheme.across_layers
+    momentum = (f" = G, its steps' field; with {across.method} momentum β = {across.momentum} across layers the stack "
+                f"is consistent with u_t = G/(1 − β) = {1 / (1 - across.momentum)}·G"
+                if across is not None and across.momentum else "")
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}{momentum}",
                       f"activation: {scheme.activation}",
                       "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
                       "", program.text()])

@@ -130,11 +130,9 @@ def lower_network(program: NetworkProgram, passes=None) -> dict[str, LoweredProg
     return {name: lower_program(piece, passes) for name, piece in program.pieces.items()}
 
 
-def render_network(program: NetworkProgram, backend: str, passes=None,
-                   lowered: dict[str, LoweredProgram] | None = None) -> str:
-    """The source of the generated ``backend`` module of the network ``program`` (``lowered``: its programs lowered
-    with ``passes`` by ``lower_network``, once for both backends)."""
-    lowered = lowered or lower_network(program, passes)
+def render_network(program: NetworkProgram, backend: str, passes, lowered: dict[str, LoweredProgram]) -> str:
+    """The source of the generated ``backend`` module of the network ``program``, its programs ``lowered`` with
+    ``passes`` by ``lower_network`` (once for both backends)."""
     programs = {name: program_context(lowered[name], backend, piece.sizes, piece.group_sizes)
                 for name, piece in program.pieces.items()}
     spec, composition = program.spec, program.composition

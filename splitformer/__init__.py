@@ -12,6 +12,7 @@ from .symbolic import __version__
 
 _EXPORTS = {
     "SplitformerError": "splitformer.symbolic.errors",
+    "PluginError": "splitformer.symbolic.plugins",
     "builtin_names": "splitformer.symbolic.builtins",
     "load_scheme": "splitformer.symbolic.scheme_file",
     "parse_scheme": "splitformer.symbolic.scheme_file",

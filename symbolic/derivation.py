@@ -238,23 +238,23 @@ class _Deriver:
             branch = step.branches[position]
             if single[position]:
                 discrete, continuous = self.substep(branch.steps[0], state, evaluations)
-                fraction = branch.steps[0].fraction
-                branches[position] = discrete, continuous, f"(u + {'' if fraction == 1 else fraction}Δt·{branch.steps[0].operator})"
+                branches[position] = discrete, continuous, _branch_title(branch.steps[0])
             elif not branch.steps:
                 branches[position] = self.state(state), self.symbol(state), "u"
             else:
                 final, continuous = self.sequence(branch, state, "branch ")
                 branches[position] = self.state(final), continuous, "(sequence)"
-        discrete_terms, continuous_terms, labels = [], [], []
+        discrete_terms, continuous_terms, title = [], [], ""
         for position, weight in enumerate(step.weights):
             discrete, continuous, label = branches[position]
             discrete_terms.append(weight * discrete)
             continuous_terms.append(sp.Mul(weight, continuous, evaluate=False))
-            labels.append(f"{weight}·{label}")
+            sign = ("−" if weight < 0 else "") if not title else (" − " if weight < 0 else " + ")
+            title += f"{sign}{abs(weight)}·{label}"
         combined = sp.expand(sum(discrete_terms))
         unevaluated = sp.Add(*continuous_terms, evaluate=False)
         simplified = sp.expand(sum(term.doit() for term in continuous_terms))
-        return combined, sp.Eq(unevaluated, simplified, evaluate=False), "parallel: " + " + ".join(labels)
+        return combined, sp.Eq(unevaluated, simplified, evaluate=False), f"parallel: {title}"
 
     def runge_kutta(self, step: RungeKutta, state: str,
                     evaluations: list[Evaluation]) -> tuple[sp.Expr, str, str]:
@@ -316,15 +316,28 @@ def discretize_definitions(operator: Operator, definitions, grid: Grid, names: M
         discrete = quadrature.xreplace(unit)
         left = [spacing for spacing in spacings if discrete.has(spacing) or lhs.has(spacing)]
         if left:
-            raise SplitformerError(
-                f"{operator.key}: the grid spacing {', '.join(unicode_text(str(spacing)) for spacing in left)} did not cancel in {definition.function}: "
-                f"an integral's rectangle rule brings its variable's spacing, which a stored array must absorb "
-                f"(absorbs=(…,) on the Definition or Parameter, e.g. a kernel normalized by an integral over that "
-                f"variable; docs/guide/plugins.md, 'Quadrature weights')")
+            remedy = ("it declares absorbs=…, but nothing in its formula brings that spacing (a normalizing integral "
+                      "over the variable, as the softmax's)" if definition.absorbs else
+                      "an integral's rectangle rule brings its variable's spacing, which a stored array must absorb "
+                      "(absorbs=(…,) on the Definition or Parameter, e.g. a kernel normalized by an integral over "
+                      "that variable)")
+            raise SplitformerError(f"{operator.key}: the grid spacing {', '.join(unicode_text(str(s)) for s in left)} "
+                                   f"did not cancel in {definition.function}: {remedy}; docs/guide/plugins.md, "
+                                   f"'Quadrature weights'")
         assignments.append(Assignment(lhs, discrete, definition.meaning,
                                       continuous=equation(target, definition.rhs, operator.latex_names()),
                                       quadrature=equation(lhs, quadrature, names)))
     return tuple(assignments)
+
+
+def _branch_title(substep: Substep) -> str:
+    """What a one-substep branch of a parallel step computes: ``(u + 2Δt·ffn(Proj[norm2] u))``, ``Proj[norm](u)``."""
+    if substep.solver == "projection":
+        return f"Proj[{substep.operator}](u)"
+    size = abs(substep.fraction)
+    step = "Δt" if size == 1 else f"{size}Δt" if size.is_Integer else f"({size})Δt"
+    state = f"Proj[{substep.on}] u" if substep.on else "u"
+    return f"(u {'−' if substep.fraction < 0 else '+'} {step}·{substep.operator}({state}))"
 
 
 def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:

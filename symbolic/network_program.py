@@ -35,7 +35,7 @@ class Piece:
 
     @cached_property
     def adjoint(self) -> Adjoint:
-        """``derive_adjoint(program)``, derived once: the module, the report and the checks read it."""
+        """``derive_adjoint(program)``, derived once: the module's lowering, the report and the adjoint checks read it."""
         return derive_adjoint(self.program)
 
 

@@ -45,6 +45,28 @@ def test_show_names_the_equation_the_fractions_make(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[1].startswith("equation: u_t = 1/10·ffn_pre(u) − ∂I_S1[norm1](u)")
 
 
+def test_show_names_the_equation_momentum_across_layers_is_consistent_with(capsys):
+    assert main(["show", str(ROOT / "tests" / "schemes" / "heavy-ball.toml")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        "= G, its steps' field; with heavy-ball momentum β = 1/2 across layers the stack is consistent with "
+        "u_t = G/(1 − β) = 2·G")
+
+
+def test_a_parallel_steps_title_says_what_it_computes(tmp_path, capsys):
+    """Each branch as it updates u (its fraction, its field's projected state, a projection as Proj), the weights
+    with their signs: post-LN's relaxation and a step of a projection branch and negative weights."""
+    assert main(["show", "post-ln"]) == 0
+    assert "substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u" in capsys.readouterr().out.splitlines()
+    scheme = tmp_path / "parproj.toml"
+    scheme.write_text('name = "parproj"\nsummary = "s"\n[operators]\nnorm = "layer-norm"\nffn = "feed-forward"\n'
+                      '[[steps]]\nparallel = [[{ operator = "norm", solver = "projection" }], '
+                      '[{ operator = "ffn", solver = "explicit", fraction = "-1/2", on = "norm" }], '
+                      '[{ operator = "ffn", solver = "explicit", fraction = "3" }]]\nweights = ["2", "-1/2", "-1/2"]\n')
+    assert main(["show", str(scheme)]) == 0
+    assert ("substep 1: parallel: 2·Proj[norm](u) − 1/2·(u − (1/2)Δt·ffn(Proj[norm] u)) − 1/2·(u + 3Δt·ffn(u))"
+            in capsys.readouterr().out.splitlines())
+
+
 def test_show_toml_carries_the_chosen_activation(capsys):
     assert main(["show", "pre-ln", "--format", "toml", "--activation", "gelu"]) == 0
     from splitformer.symbolic import parse_scheme

@@ -1,12 +1,15 @@
 """compare(): schemes side by side, and one convergence plot with all of them."""
 
 import io
+import re
 
 import pytest
 import torch
 
 import splitformer
 from splitformer import SplitformerError
+
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +57,17 @@ def test_formats(table):
     assert r"\mathrm{attn}" in latex and r"leading local error (own solvers) \\" in latex
 
 
-def test_a_generator_is_upright_word_by_word():
+def test_a_generator_is_one_upright_group():
+    """Keys, colour suffixes (``&combine``, ``~shift``, ``>then``) and differentials: one ``\\mathrm`` group, every
+    character LaTeX reads escaped (``&`` would end a table cell, ``~`` typeset as a space, ``a_`` print as ``a``)."""
     from splitformer.codegen.verification.statements.order import _roman
 
-    assert _roman("ffn_pre") == r"\mathrm{ffn}_{\mathrm{pre}}" and _roman("a_b_c") == r"\mathrm{a}_{\mathrm{b\_c}}"
-    assert _roman("ffn''(ffn, g)") == r"\mathrm{ffn}''(\mathrm{ffn}, \mathrm{g})"
+    assert _roman("ffn_pre") == r"\mathrm{ffn\_pre}" and _roman("a_") != _roman("a")
+    assert _roman("ffn&g1") == r"\mathrm{ffn\&g1}" and _roman("attn~sh") == r"\mathrm{attn\sim sh}"
+    assert _roman("ffn''(ffn, g)") == r"\mathrm{ffn''(ffn, g)}"
+    row = splitformer.compare([ROOT / "tests" / "schemes" / "gated-shifted.toml"]).as_latex().splitlines()[3]
+    assert len(re.findall(r"(?<!\\)&", row)) == 5 and r"\mathrm{ffn\&g1}" in row  # six cells: no '&' of a name
+    assert r"\mathrm{attn\sim sh}^{2}" in row  # the power binds to the whole name
 
 
 def test_one_plot_with_every_scheme(table, tmp_path):

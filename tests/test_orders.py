@@ -1,5 +1,6 @@
 """Orders on nonlinear fields: order conditions on coloured rooted trees, checked against slopes."""
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -158,8 +159,9 @@ def test_the_symbolic_comparison_is_bounded_by_the_nesting(monkeypatch):
 
 
 def _sub_flows(*steps: str, name: str = "subflows") -> str:
-    """Two feed-forward fields f, g (cheap to integrate), the steps as written (TOML tables)."""
-    return f'name = "{name}"\nsummary = "s"\n[operators]\nf = "feed-forward"\ng = "feed-forward"\n' + "".join(
+    """Feed-forward fields f, g, … (cheap to integrate), those the steps (TOML tables, as written) name."""
+    used = sorted(set(re.findall(r'operator = "(\w+)"', "".join(steps))))
+    return f'name = "{name}"\nsummary = "s"\n[operators]\n' + "".join(f'{key} = "feed-forward"\n' for key in used) + "".join(
         f"[[steps]]\n{step}\n" for step in steps)
 
 
@@ -183,6 +185,12 @@ def test_a_runge_kutta_step_of_some_fields_is_a_sub_flow_of_their_sum():
     assert (strang_heun.order, strang_heun.splitting_order) == (2, 2)  # Strang, each sub-flow by a second-order step
     coupled = splitting_order(parse_scheme(_sub_flows(_rk("heun", ("f", "1"), ("g", "1")))))
     assert (coupled.order, coupled.splitting_order) == (2, None) and "not a splitting" in coupled.exact_subflows_error
+    halves = splitting_order(parse_scheme(_sub_flows(_rk("heun", ("f", "1/2"), ("g", "1/2")),
+                                                     _rk("heun", ("f", "1/2"), ("g", "1/2")))))
+    one_field = splitting_order(parse_scheme(_sub_flows(_rk("heun", ("f", "1/2")), _euler("f", "1/2"))))
+    for result in (coupled, halves, one_field):  # each sub-flow a multiple of the whole field: the equation's flow
+        assert result.splitting_order is None and result.splitting_note.startswith("not a splitting"), result
+    assert strang_heun.splitting_note == ""
     lie_heun = parse_scheme(_sub_flows(_rk("heun", ("f", "1")), _rk("heun", ("g", "1"))).replace(
         'summary = "s"', 'summary = "s"\nsplitting_order = 2'))  # negative control: Lie's sub-flows are order 1
     assert not order_check(lie_heun, splitting_order(lie_heun)).holds
@@ -196,6 +204,10 @@ def test_the_slope_with_exact_subflows_integrates_a_runge_kutta_step_as_the_flow
     assert (result.order, result.splitting_order) == (1, 2)
     study = convergence_study(scheme, order=2, exact_subflows=True)
     assert convergence_check(scheme, study, 2, exact_subflows=True).holds, study.slope
+    three = parse_scheme(_sub_flows(_euler("f", "1/2"), _rk("heun", ("g", "1"), ("f", "1/3")), _euler("f", "1/2"),
+                                    name="three"))  # the Heun step's fields weighted: its flow is g + f/3
+    assert splitting_order(three).splitting_order == 2
+    assert convergence_check(three, convergence_study(three, order=2, exact_subflows=True), 2, exact_subflows=True).holds
     lie = parse_scheme(_sub_flows(_rk("heun", ("f", "1")), _rk("heun", ("g", "1")), name="lie-heun"))
     study = convergence_study(lie, order=2, exact_subflows=True)  # negative control: Lie's sub-flows give order 1
     assert not convergence_check(lie, study, 2, exact_subflows=True).holds and abs(study.slope - 1) < 0.3

@@ -101,8 +101,8 @@ def _rk4(field, u: np.ndarray, duration: float, steps: int) -> np.ndarray:
 
 def _exact_subflows_step(semantics: Semantics, scheme: Scheme, time_step: float):
     """One step with every substep's own flow integrated accurately (RK4 in pieces of at most
-    ``SUBFLOW_STEP``) instead of by Euler, a Runge–Kutta step's the flow of its summed field over the
-    whole step: what the splitting order is about."""
+    ``SUBFLOW_STEP``) instead of by its solver — a Runge–Kutta step by the flow of its summed field over
+    the whole step: what the splitting order is about."""
 
     def flow(terms: list[tuple[float, Substep]], duration: float, u: np.ndarray) -> np.ndarray:
         pieces = max(1, int(np.ceil(abs(duration) / SUBFLOW_STEP)))
@@ -132,8 +132,8 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
 
     ``order`` (the tree order, when known) of 3 or 4 adds the steps ``FINE_STEPS`` (beyond,
     the errors at ``N_t = 32`` are already near the reference's). ``exact_subflows`` integrates
-    each substep's flow accurately instead of by the scheme's solver (a splitting: no
-    Runge–Kutta step): its slope is the splitting order's.
+    each substep's flow accurately instead of by the scheme's solver (a Runge–Kutta step's: the
+    flow of its fields' sum): its slope is the splitting order's.
     """
     smooth = smooth_variant(scheme)
     params = random_parameters(smooth, SIZES, seed)

@@ -147,7 +147,7 @@ def order_check(scheme: Scheme, result: OrderResult) -> Check | None:
         f"({', '.join(result.generators)}), holds, and one of p + 1 nodes fails); " + PROJECTIONS + ".",
         "symbolic", not wrong,
         (f"trees: order {result.order}, splitting order "
-         f"{'— (not a splitting)' if result.splitting_order is None else result.splitting_order}; "
+         f"{_given(result, 'splitting_order', result.splitting_order)}; "
          f"leading error {result.leading_error_text}; conditions (own solvers) {'; '.join(result.conditions)}"
          + (f"; (exact sub-flows) {'; '.join(result.splitting_conditions)}" if result.splitting_conditions else "")
          if not wrong else "; ".join(f"{key}: claimed {c}, the trees give {_given(result, key, s)}"
@@ -159,8 +159,8 @@ def _given(result: OrderResult, key: str, order: int | None) -> str:
     """An order the trees give, ``—`` with its reason."""
     if order is not None:
         return str(order)
-    if key == "splitting_order" and "not a splitting" in result.exact_subflows_error:
-        return "— (not a splitting: the step is one Runge–Kutta step of all its fields)"
+    if key == "splitting_order":
+        return f"— ({result.splitting_note})"
     return f"— (no order condition fails on trees of up to {result.checked_nodes} nodes)"
 
 

@@ -461,7 +461,7 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Fal
     ffn_b_2 = p["ffn.b_2"]
     chi = _support(key_padding_mask, causal, batch, n_tokens)
 
-    # --- substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+    # --- substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
@@ -560,7 +560,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+    # --- substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
@@ -622,7 +622,7 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+    # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
     # F̅^ffn[i, l] = λ^(1)[i, l]
     ffn_out_bar = u1_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])

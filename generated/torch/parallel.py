@@ -494,7 +494,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+    # --- substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
     # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
     # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
     # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])
@@ -554,7 +554,7 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
 
-    # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+    # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
     # F̅^ffn[i, l] = λ^(1)[i, l]
     ffn_out_bar = u1_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
@@ -627,7 +627,7 @@ def _vjp_backward(saved, u1_bar, p, chi, eps, n_heads, need_u=True):
     del norm1_beta, norm1_out_bar, norm1_p
     if need_u:
 
-        # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+        # --- adjoint of substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
         # α̅^norm1[i] = -Σ_l(P̅^norm1[i, l])/sqrt(ε + β^norm1[i]) - 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*Σ_k(P^norm1[i, k])/N_y
         # λ^(0)[i, l] = λ^(1)[i, l] + P̅^norm1[i, l]/sqrt(ε + β^norm1[i]) + 2*sqrt(ε + β^norm1[i])*β̅^norm1[i]*P^norm1[i, l]/N_y + α̅^norm1[i]/N_y
         u0_bar = norm1_x_bar + u1_bar
@@ -964,7 +964,7 @@ class Block(_CanonicalModule):
                 return out[0]
             return out if self.batch_first else out.transpose(0, 1)
 
-        # --- substep 1: parallel: 1/2·(u + 2Δt·attn) + 1/2·(u + 2Δt·ffn) ---
+        # --- substep 1: parallel: 1/2·(u + 2Δt·attn(Proj[norm1] u)) + 1/2·(u + 2Δt·ffn(Proj[norm1] u)) ---
         # α^norm1[i] = Σ_k(u^(0)[i, k])/N_y
         # β^norm1[i] = Σ_k((-α^norm1[i] + u^(0)[i, k])**2)/N_y
         # P^norm1[i, l] = (-α^norm1[i] + u^(0)[i, l])/sqrt(ε + β^norm1[i])

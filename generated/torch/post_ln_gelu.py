@@ -532,7 +532,7 @@ def _vjp_forward(u0, p, chi, eps, n_heads):
     u2, norm1_p, norm1_beta = _kept_layer_norm(u1, norm1_gain, norm1_bias, eps)
     del u1
 
-    # --- substep 3: parallel: 1/2·(u + 2Δt·ffn) + 1/2·u ---
+    # --- substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
     # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(2)[i, k])
     ffn_w = torch.addmm(ffn_b_1, u2.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
     # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2
@@ -581,7 +581,7 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     norm2_gain = p["norm2.gain"]
     norm2_bias = p["norm2.bias"]
 
-    # --- adjoint of substep 3: parallel: 1/2·(u + 2Δt·ffn) + 1/2·u ---
+    # --- adjoint of substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])
     # c̅_norm2[l] = Σ_i(λ^(4)[i, l])
     # P̅^norm2[i, l] = g_norm2[l]*λ^(4)[i, l]
@@ -1044,7 +1044,7 @@ class Block(_CanonicalModule):
         u2 = _layer_norm(u1, norm1_gain, norm1_bias, eps)
         del u1
 
-        # --- substep 3: parallel: 1/2·(u + 2Δt·ffn) + 1/2·u ---
+        # --- substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
         # w^ffn[i, z] = b_{ffn,1}[z] + Σ_k(W_{ffn,1}[k, z]*u^(2)[i, k])
         ffn_w = torch.addmm(ffn_b_1, u2.reshape(-1, d), ffn_W_1).view(batch, n_tokens, d_ff)
         # s^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2) + 1)*w^ffn[i, z]/2

@@ -81,7 +81,7 @@ _GRID_DESCRIPTION = ("a 2 × 2 grid, 2 channels, stride 1, zero padding (BatchNo
 def grid_adjoint_checks(program: NetworkProgram) -> list[Check]:
     """The finite-difference checks of a grid step's derived adjoint (each transfer) and their negative control."""
     variants = {"step_with": "R = transfer", "step_identity": "R = 1"}
-    adjoints = {variants[name]: derive_adjoint(piece.program) for name, piece in program.pieces.items()}
+    adjoints = {variants[name]: piece.adjoint for name, piece in program.pieces.items()}
     # variances positive; BatchNorm shifts positive too, so that the ReLUs pass most of the field
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith((".var", ".bias")))
@@ -111,7 +111,7 @@ CVT_CONTROLS = {"step_cls": ("norm1_out_bar", "u1_bar"), "embedding_cls": ("embe
 def cvt_adjoint_checks(program: NetworkProgram) -> list[Check]:
     """The finite-difference check of every program of CvT's derived adjoint (the chaining between
     operators included) and its negative controls (a sign flipped in a chaining assignment)."""
-    adjoints = {name: derive_adjoint(piece.program) for name, piece in program.pieces.items()}
+    adjoints = {name: piece.adjoint for name, piece in program.pieces.items()}
     positive = frozenset(array for adjoint in adjoints.values() for array, tensor in adjoint.forward.tensors.items()
                          if tensor.role == "param" and tensor.parameter.endswith(".var"))
     sizes = {name: _cvt_sizes(name.endswith("_cls") or name == "node") for name in adjoints}

@@ -19,7 +19,6 @@ elementary differentials of the failing trees (``f''(g, g)``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from fractions import Fraction
 from math import factorial
@@ -52,8 +51,9 @@ def generator(name: str) -> sp.Symbol:
 @dataclass(frozen=True)
 class OrderResult:
     """``order``/``splitting_order`` are ``None`` when no tree up to ``checked_nodes`` nodes
-    fails (an exact step, or one of order ``checked_nodes`` or more); ``splitting_order`` also
-    when the step is not a splitting (one Runge–Kutta step of several fields: its stages couple them)."""
+    fails (an exact step, or one of order ``checked_nodes`` or more) or the work bound left them
+    undecided; ``splitting_order`` also when the step is not a splitting. ``splitting_note`` says
+    which, where ``splitting_order`` is ``None``."""
 
     order: int | None
     splitting_order: int | None
@@ -71,6 +71,8 @@ class OrderResult:
     checked_nodes: int = MAX_NODES
     #: Node × state updates the analysis made (bounded by ``trees.MAX_WORK``).
     work: int = 0
+    #: Why ``splitting_order`` is ``None`` (``""`` where it is a number): not a splitting, exact, or undecided.
+    splitting_note: str = ""
 
     def __str__(self) -> str:
         if self.order is None:
@@ -107,11 +109,11 @@ def _fraction(value) -> Fraction:
 
 class _Builder:
     """Adds the states of one step to a ``Program``; ``exact`` swaps each substep's solver for its exact sub-flow (a
-    Runge–Kutta step's: the flow of its summed field), and ``flows`` lists the colours of each sub-flow."""
+    Runge–Kutta step's: the flow of its summed field), and ``flows`` lists the field of each sub-flow."""
 
     def __init__(self, program: Program, colours: dict, exact: bool):
         self.program, self.colours, self.exact = program, colours, exact
-        self.flows: list[frozenset[str]] = []
+        self.flows: list[dict[str, Fraction]] = []
 
     def field(self, steps: tuple[Substep, ...]) -> dict[str, Fraction]:
         total: dict[str, Fraction] = {}
@@ -146,8 +148,18 @@ class _Builder:
         return program.combine([(Fraction(1), state), (Fraction(1), program.field(state, of))])
 
     def flow(self, state: int, of: dict[str, Fraction]) -> int:
-        self.flows.append(frozenset(of))
+        self.flows.append(of)
         return self.program.flow(state, of)
+
+
+def _proportional(field: dict[str, Fraction], whole: dict[str, Fraction]) -> bool:
+    """``field`` is a multiple of ``whole`` (fields by colour, zero coefficients ignored)."""
+    field = {colour: c for colour, c in field.items() if c}
+    whole = {colour: c for colour, c in whole.items() if c}
+    if field.keys() != whole.keys():
+        return False
+    ratios = {field[colour] / whole[colour] for colour in field}
+    return len(ratios) <= 1
 
 
 def _text(label) -> str:
@@ -206,9 +218,9 @@ class _Analysis:
             self.modes["order"] = _Mode(_Builder(program, self.colours, False).sequence(scheme.body, 0))
         exact = _Builder(program, self.colours, True)
         split = exact.sequence(scheme.body, 0)
-        # not a splitting where the step is one sub-flow (a Runge–Kutta step's) of several fields: its exact flow
-        self.is_splitting = not (len(exact.flows) == 1 and len(exact.flows[0]) > 1)
-        if self.is_splitting and len(self.forest.colours) > 1:  # one field's exact sub-flows: no splitting to speak of
+        # a splitting where some sub-flow's field is not a multiple of the equation's (one field's sub-flows, a
+        # Runge–Kutta step of every field or its half steps are the equation's own flow)
+        if any(not _proportional(flow, exact_field) for flow in exact.flows):
             self.modes["splitting"] = _Mode(split)
         self.checked = 0
         self._decide()
@@ -303,15 +315,15 @@ def _as_power(leading: sp.Expr, words: Series | None, field: Series) -> sp.Expr:
                   evaluate=False)
 
 
-def _roman(name: str) -> str:
-    """A generator's name as upright LaTeX, each word of it (``ffn_pre`` → ``\\mathrm{ffn}_{\\mathrm{pre}}``, the
-    elementary differential ``ffn''(ffn, ffn)`` word by word): italic letters would read as a product."""
-    def word(match: re.Match) -> str:
-        base, _, index = match.group().partition("_")
-        escaped = index.replace("_", r"\_")
-        return rf"\mathrm{{{base}}}" + (rf"_{{\mathrm{{{escaped}}}}}" if index else "")
+#: Characters of a generator's name (a key, its colour's ``@on``, ``>then``, ``&combine``, ``~shift``) that LaTeX reads.
+_LATEX_CHARACTERS = {"_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+                     "~": r"\sim ", ">": r"\triangleright ", "^": r"\hat{}", "\\": r"\backslash "}
 
-    return re.sub(r"[A-Za-z][A-Za-z0-9_]*", word, name)
+
+def _roman(name: str) -> str:
+    """A generator's name as one upright group (``ffn_pre`` → ``\\mathrm{ffn\\_pre}``): italic letters would read as a
+    product, and a power binds to the whole name."""
+    return r"\mathrm{" + "".join(_LATEX_CHARACTERS.get(character, character) for character in name) + "}"
 
 
 def latex(expr: sp.Expr) -> str:
@@ -348,7 +360,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         order=own.order,
         splitting_order=None if split is None else split.order,
         leading_error=_shown(shown, own, analysis, latex),
-        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, latex) if analysis.is_splitting
+        exact_subflows_error=(_shown(sp.factor_terms(split_leading), split, analysis, latex) if split is not None
                               else r"\text{not a splitting}"),
         leading_error_text=_shown(shown, own, analysis, plain_text),
         leading=leading,
@@ -360,4 +372,16 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         splitting_conditions=tuple(split.lines) if split is not None else (),
         checked_nodes=analysis.checked,
         work=work,
+        splitting_note=_splitting_note(analysis, split),
     )
+
+
+def _splitting_note(analysis: _Analysis, split: _Mode | None) -> str:
+    """Why the splitting order is no number (``""`` where it is one)."""
+    if split is None:
+        return "not a splitting: every sub-flow is a multiple of the whole field"
+    if split.order is not None:
+        return ""
+    if split.lines and "not checked" in split.lines[-1]:
+        return f"undecided: the work bound stopped the trees at {analysis.checked} nodes"
+    return f"exact: no order condition fails on trees of up to {analysis.checked} nodes"

@@ -1,5 +1,7 @@
 """Whole transformers causal LMs read into ``splitformer.nn.LanguageModel``: logits and decoding."""
 
+import types
+
 import pytest
 
 import torch  # test dependencies: a broken install fails, never skips
@@ -78,6 +80,25 @@ def test_logits_equal_transformers(make):
     with torch.no_grad():  # negative control: one changed parameter shows
         model.stack.layers[1].ffn.W_2[0, 0] += 1e-3  # (a uniform shift would vanish in the final norm)
     assert not torch.allclose(model(tokens), expected, atol=1e-8)
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_a_model_that_ran_with_output_hidden_states_is_read(make):
+    """transformers installs its output-capture hooks (they record a layer's output, return nothing) on the first call
+    with ``output_hidden_states``: not a hook of the user's, read through; a hook of the user's is still refused."""
+    hf = make()
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hf(tokens, output_hidden_states=True)
+    assert any(module._forward_hooks for module in hf.modules())  # transformers' own
+    model = from_hf_lm(hf)
+    assert torch.allclose(model(tokens), in_float64(hf)(tokens).logits, rtol=0, atol=1e-10)
+    layer = next(module for module in hf.modules() if module._forward_hooks)
+    hook = next(iter(layer._forward_hooks.values()))
+    forged = types.FunctionType(hook.__code__, {}, hook.__name__, None, hook.__closure__)  # its code, other globals
+    layer.register_forward_hook(forged)
+    with pytest.raises(SplitformerError, match="has a forward hook"):
+        from_hf_lm(hf)
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])

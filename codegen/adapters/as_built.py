@@ -86,7 +86,10 @@ IMMATERIAL: dict[str, dict[str, str]] = {
     "*": {"_is_hf_initialized": "weight initialization", "gradient_checkpointing": "training only",
           "_gradient_checkpointing_func": "training only",
           "generation_config": "generate() only", "name_or_path": "where from_pretrained loaded it",
-          "_weight_conversions": "from_pretrained's loading record"},
+          "_weight_conversions": "from_pretrained's loading record",
+          "_output_capturing_hooks_installed": "the record that output_hidden_states installed its capture hooks, "
+                                               "which record a layer's output and return nothing (inspection checks "
+                                               "each hook is that one)"},
     "Dropout": {"inplace": "the identity in eval"},
     "DropPath": {"drop_prob": "the identity in eval", "scale_by_keep": "the identity in eval"},
     "CvtDropPath": {"drop_prob": "the identity in eval"},

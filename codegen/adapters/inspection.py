@@ -66,12 +66,23 @@ def check_runs_its_classes(owner: str, module: Any) -> None:
         parts.extend(check_calls(f"{where} ({type(part).__name__})", type(part), called))
 
 
+def _output_capture(hook: Any) -> bool:
+    """``hook`` is transformers' own output capture, which a model installs on its layers the first time it runs with
+    ``output_hidden_states`` or ``output_attentions``: it records a layer's output and returns nothing. Known by its
+    code object (the one ``install_output_capuring_hook`` makes) and its module's globals, not by a name."""
+    capture = sys.modules.get("transformers.utils.output_capturing")
+    install = getattr(capture, "install_output_capuring_hook", None)
+    code = getattr(hook, "__code__", None)
+    return (install is not None and code is not None and code in install.__code__.co_consts
+            and getattr(hook, "__globals__", None) is vars(capture))
+
+
 def _check_part(where: str, part: Any, checked: set[type]) -> None:
     """Refuse ``part``'s tensors of another class, hooks, compiled call, methods replaced on the instance or on a
     library class of its MRO (classes in ``checked`` are skipped, and added)."""
     _check_plain_tensors(where, part)
     for attribute, kind in _HOOKS:
-        if getattr(part, attribute, None):
+        if any(not _output_capture(hook) for hook in (getattr(part, attribute, None) or {}).values()):
             raise SplitformerError(f"{where} has a {kind}; adapters read parameters, not what a hook "
                                    "computes: remove it (handle.remove()) before adapting")
     if vars(part).get("_compiled_call_impl") is not None:

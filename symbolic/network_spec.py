@@ -325,7 +325,11 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
     if unknown:
         raise SplitformerError(f"{where}: steps: unknown field {str(unknown[0])[:40]!r} (allowed: "
                                f"{', '.join(sorted(_STEPS_KEYS))})")
-    scheme = _one_layer_at_a_time(load_scheme(_beside(steps["scheme"], folder)), where)
+    try:
+        scheme = load_scheme(_beside(steps["scheme"], folder))
+    except SplitformerError as error:
+        raise SplitformerError(f"{where}: steps.scheme: {error}") from None
+    scheme = _one_layer_at_a_time(scheme, where)
     if "activation" in steps:  # a scheme without activated operators has none to set: the name is checked only
         try:
             activation = checked_activation(steps["activation"])
@@ -409,10 +413,12 @@ def _same(read: object, given: object) -> bool:
 
 
 def _beside(scheme: str, folder: Path | None) -> str:
-    """A scheme file named by a network file is read beside it (a built-in's name stays a name)."""
+    """A scheme file named by a network file is read beside it (a name that is no file there, a built-in's or a
+    mistyped one, stays a name: the error names what the file says)."""
     if folder is None or scheme in builtin_names() or Path(scheme).is_absolute():
         return scheme
-    return str(folder / scheme)
+    beside = folder / scheme
+    return str(beside) if beside.exists() or scheme.endswith(".toml") or "/" in scheme else scheme
 
 
 def load_network(name_or_path: str | os.PathLike) -> NetworkSpec:

@@ -186,6 +186,8 @@ _VIT = _builtin_text("vit")
     (_VIT.replace('operator = "head"', 'operator = "embed"'), "both named 'embed'"),
     (_VIT.replace('operator = "head"', 'operator = "layers"'), "clashes with the attribute 'layers'"),
     (_VIT.replace('kind = "class-token-head"', 'kind = "attention"'), "readout.kind: expected class-token-head"),
+    (_VIT.replace('scheme = "pre-ln"', 'scheme = "no-such"'), "bad.toml: steps.scheme: unknown scheme 'no-such'"),
+    (_VIT.replace('scheme = "pre-ln"', 'scheme = "vit"'), "bad.toml: steps.scheme: 'vit' is a built-in network"),
 ])
 def test_a_bad_network_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, text, message):
     path = tmp_path / "bad.toml"

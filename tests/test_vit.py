@@ -112,6 +112,9 @@ def test_sizes_the_reference_rejects_are_rejected_by_name():
         NUMPY.forward(other, adapted.params, **config)
     with pytest.raises(ValueError, match="pixel_values must have shape"):
         _torch_model(adapted, torch.float64)(torch.tensor(other))
+    gray = np.zeros((1, 1, 32, 32))  # the input's channels are wrong, not the weights: said so (it blamed embed.W)
+    with pytest.raises(ValueError, match=r"^pixel_values has 1 channels, the patch embedding 3 \('embed.W' \(3, "):
+        NUMPY.forward(gray, adapted.params, **adapted.config)
 
 
 def test_a_tuple_patch_size_is_read_when_square_and_refused_otherwise():

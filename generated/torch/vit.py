@@ -1117,6 +1117,9 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     if "embed.b" not in params:
         raise ValueError("missing parameter 'embed.b'")
     d = _shape(params["embed.b"])[-1]
+    if "embed.W" in params and len(_shape(params["embed.W"])) == 4 and _shape(params["embed.W"])[0] != n_channels:
+        raise ValueError(f"pixel_values has {n_channels} channels, the patch embedding "
+                         f"{_shape(params['embed.W'])[0]} ('embed.W' {_shape(params['embed.W'])})")
     n_tokens = 1 + n_rows * n_cols
     if "embed.pos" in params and _shape(params["embed.pos"])[0] != n_tokens:
         raise ValueError(f"pixel_values of size {height}x{width} give {n_rows}x{n_cols} patches of {patch_size}, "

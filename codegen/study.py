@@ -292,9 +292,15 @@ def _train(module, task, budget: Budget, d_ff: int, seed: int, progress) -> Run:
 
 # --- the study --------------------------------------------------------------------------------
 
-def _spread(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one seed)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def _spread(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for one seed: not measured, not zero)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _cell(spread: tuple[float, float | None], digits: int) -> str:
+    """``mean ± std``, or the mean alone for one seed."""
+    mean, std = spread
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
 
 @dataclass
@@ -325,18 +331,20 @@ class Study:
         accuracy = self.task != "chars"
         budget = self.budget
         lines = [f"Task `{self.task}`, {budget.steps} steps × batch {budget.batch} × {self.tokens} "
-                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, {budget.seeds} seeds (mean ± standard deviation over seeds; "
-                 f"train loss: mean of the last tenth of the steps; validation: at the last step)",
+                 f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, "
+                 + (f"{budget.seeds} seeds (mean ± standard deviation over seeds; " if budget.seeds > 1 else
+                    "1 seed (no spread measured; ")
+                 + "train loss: mean of the last tenth of the steps; validation: at the last step)",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",
                  "|---|---:|---:|---:|---:|" + ("---:|" if accuracy else "") + "---:|"]
         for row in self.rows():
             cells = [row["scheme"], str(row["parameters"]), str(row["d_ff"]),
-                     "%.3f ± %.3f" % row["train_loss"], "%.3f ± %.3f" % row["valid_loss"]]
+                     _cell(row["train_loss"], 3), _cell(row["valid_loss"], 3)]
             if accuracy:
-                cells.append("%.3f ± %.3f" % row["valid_accuracy"])
-            cells.append("%.1f ± %.1f" % row["step_ms"])
+                cells.append(_cell(row["valid_accuracy"], 3))
+            cells.append(_cell(row["step_ms"], 1))
             lines.append("| " + " | ".join(cells) + " |")
         return inert("\n".join(lines), "the study table")
 
@@ -363,7 +371,9 @@ class Study:
             valid = np.array([run.valid_loss for run in runs])
             axes[1].errorbar(runs[0].valid_steps, valid.mean(axis=0), yerr=valid.std(axis=0, ddof=1) if len(runs) > 1 else None, color=line.get_color(),
                              label=name, capsize=2)
-        for axis, title in zip(axes, ("train loss (mean over seeds)", "validation loss (± std over seeds)")):
+        seeds = self.budget.seeds > 1
+        for axis, title in zip(axes, ("train loss" + (" (mean over seeds)" if seeds else ""),
+                                      "validation loss" + (" (± std over seeds)" if seeds else " (one seed)"))):
             axis.set_xlabel("step")
             axis.set_title(title)
             axis.grid(alpha=0.3)

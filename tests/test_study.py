@@ -82,6 +82,10 @@ def test_digits_trains_a_classifier_over_the_stack():
     result = study(["post-ln"], "digits", Budget(steps=2, seeds=1, d_model=8, n_heads=2, n_layers=1, d_ff=8))
     row = result.rows()[0]
     assert result.tokens == 16 and 0 <= row["valid_accuracy"][0] <= 1 and row["parameters"] > 0
+    # one seed: no spread measured, said so (it printed "1 seeds" and "± 0.000", which reads as no variance)
+    assert row["valid_loss"][1] is None and result.as_json()["rows"][0]["valid_loss"]["std"] is None
+    text = result.as_markdown()
+    assert "1 seed (no spread measured;" in text and "±" not in text.split("\n", 1)[1]
 
 
 def test_digits_without_scikit_learn_is_one_clear_error(monkeypatch):

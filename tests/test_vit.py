@@ -115,6 +115,9 @@ def test_sizes_the_reference_rejects_are_rejected_by_name():
     gray = np.zeros((1, 1, 32, 32))  # the input's channels are wrong, not the weights: said so (it blamed embed.W)
     with pytest.raises(ValueError, match=r"^pixel_values has 1 channels, the patch embedding 3 \('embed.W' \(3, "):
         NUMPY.forward(gray, adapted.params, **adapted.config)
+    transposed = {**adapted.params, "layers.0.ffn.W_1": adapted.params["layers.0.ffn.W_1"].T}  # d_ff is read from it
+    with pytest.raises(ValueError, match=r"'layers.0.ffn.W_1' has shape \(\d+, 48\), expected \(48, d_ff\)$"):
+        NUMPY.forward(np.zeros((1, 3, 32, 32)), transposed, **adapted.config)
 
 
 def test_a_tuple_patch_size_is_read_when_square_and_refused_otherwise():

@@ -313,6 +313,7 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
     assert final == ({"final_norm.gain"} if "rms" in spec.scheme.name else {"final_norm.gain", "final_norm.bias"})
     (check,) = network_semantics.network_semantics_checks(spec)
     assert check.holds, check.detail
+    assert "vit-other (a vit network: vit-other (final hidden" in check.statement  # it said vit-other-other
     derivation = splitformer.derive(spec)
     module = derivation.numpy_module()
     sizes = {"n_channels": 3, "patch_size": 2, "d": 8, "d_ff": 12, "n_tokens": 5, "n_classes": 4, "n_heads": 2, "d_head": 4}

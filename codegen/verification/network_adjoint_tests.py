@@ -133,6 +133,7 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
     if family is not None:
         module = network_module(spec)
         pixels, params, function, adjoint, options, described = _BUILDERS[family](module, rng)
+        described = described.replace(family, spec.name, 1)  # the sizes are the family's, the network this file's
     elif isinstance(spec, GridNetworkSpec):  # any other grid step: the first of the grid sizes its grids accept
         module = network_module(spec)
         pixels, params, function, adjoint, options, described = _any_grid(spec, module, rng) or (None,) * 6

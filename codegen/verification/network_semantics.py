@@ -98,7 +98,7 @@ def _vit(module, rng, spec):
         return np.array([r[0] for r in results]), np.array([r[1] for r in results])
 
     controls = {"patch window transposed": {"transposed": True}, "class node last": {"class_last": True}}
-    described = (f"{spec.name} (final hidden states and logits: 2 images of 2 × 4 × 6 pixels, a 2 × 3 grid of 2 × 2 "
+    described = (f"vit (final hidden states and logits: 2 images of 2 × 4 × 6 pixels, a 2 × 3 grid of 2 × 2 "
                  f"patches and the class node, d = 8, 2 heads, d_ff = 6, 2 steps of '{spec.scheme.name}' "
                  f"({spec.scheme.activation}), ε = 1e-6, 3 classes)")
     return params, emitted, evaluator, controls, described

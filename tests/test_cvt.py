@@ -91,6 +91,10 @@ def test_cvt_classification_parity(config, dtype):
     with torch.no_grad():
         out = _torch_model(adapted, model, dtype).logits(pixels.to(dtype))
     assert np.abs(out.numpy() - expected).max() <= tolerance
+    built = adapted.build(TORCH)  # its sizes read from the parameters, in their dtype (it was refused: "vit only")
+    with torch.no_grad():
+        assert next(built.parameters()).dtype == dtype
+        assert np.abs(built.logits(pixels.to(dtype)).numpy() - expected).max() <= tolerance
 
 
 def test_adapter_refuses_what_the_model_does_not_compute():

@@ -66,25 +66,37 @@ class AdaptedModel:
                 f"{len(self.params)} parameter arrays, dtype={dtype})")
 
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
-        """The ``Model`` of the generated ``vit`` torch module holding these parameters (in their dtype)."""
+        """The ``Model`` of the generated ``vit`` or ``cvt`` torch module holding these parameters (in their dtype), its
+        sizes read from them (layers, widths, classes) and from ``config``."""
         import torch
 
-        if self.model != "vit":
-            raise SplitformerError(f"build() makes the vit network's Model; {self.source[1]} is read as {self.model!r} "
-                                   "(construct its Model with the per-stage configuration yourself)")
-        if set(getattr(torch_module, "PARAMETERS", ())) != {"embed.W", "embed.b", "embed.cls", "embed.pos",
-                                                            "final_norm.gain", "final_norm.bias"}:
-            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated vit "
-                                   "torch module (splitformer derive vit --backend torch)")
+        if not callable(getattr(torch_module, "Model", None)):
+            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not a generated network "
+                                   f"torch module (splitformer derive {self.model} --backend torch)")
         self.check_computes(torch_module)
-        d_model = self.params["embed.W"].shape[-1]
-        d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
-        head = self.params.get("head.W")
-        model = torch_module.Model(
-            n_layers=sum(name.endswith(".attn.W_q") for name in self.params), d_model=d_model, d_ff=d_ff,
-            n_channels=self.params["embed.W"].shape[0], n_classes=0 if head is None else head.shape[1],
-            device=device, dtype=dtype or getattr(torch, str(self.params["embed.W"].dtype)), **self.config)
+        sizes = self._vit_sizes() if self.model == "vit" else self._cvt_sizes()
+        first = next(iter(self.params.values()))
+        model = torch_module.Model(**sizes, device=device, dtype=dtype or getattr(torch, str(first.dtype)))
         return model.load_params(self.params)
+
+    def _head_classes(self) -> int:
+        head = self.params.get("head.W")
+        return 0 if head is None else head.shape[1]
+
+    def _vit_sizes(self) -> dict:
+        d_ff = self.params["layers.0.ffn.W_1"].shape[1] if "layers.0.ffn.W_1" in self.params else 1  # no layers
+        return {"n_layers": sum(name.endswith(".attn.W_q") for name in self.params),
+                "d_model": self.params["embed.W"].shape[-1], "d_ff": d_ff, "n_channels": self.params["embed.W"].shape[0],
+                "n_classes": self._head_classes(), **self.config}
+
+    def _cvt_sizes(self) -> dict:
+        stages = range(len(self.config["stages"]))
+        return {"n_channels": self.params["stages.0.embed.W"].shape[0],
+                "embed_dims": [self.params[f"stages.{s}.embed.W"].shape[-1] for s in stages],
+                "depths": [sum(name.startswith(f"stages.{s}.layers.") and name.endswith(".attn.W_q")
+                               for name in self.params) for s in stages],
+                "d_ffs": [self.params[f"stages.{s}.layers.0.ffn.W_1"].shape[1] for s in stages],
+                "n_classes": self._head_classes(), **self.config}
 
 
 

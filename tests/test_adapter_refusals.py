@@ -36,6 +36,8 @@ def test_batch_first_false_is_carried_into_the_built_block(rng):
                                                        dtype=torch.float64))
     block = from_torch(layer).build(POST_LN)
     assert block.batch_first is False
+    assert repr(from_torch(layer)).endswith(", batch_first=False (the source's (tokens, batch, d); NumPy takes batch "
+                                            "first))")  # the repr alone let a reader feed NumPy the source's layout
     u = torch.tensor(rng.standard_normal((5, 2, D)))  # (tokens, batch, d)
     with torch.no_grad():
         assert (block(u) - layer(u)).abs().max() <= 1e-10

@@ -249,8 +249,9 @@ class Adapted(Mapping[str, np.ndarray]):
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         shape = f"{len(self.layers)} layers{' + final norm' if self.final_norm is not None else ''}" if self.stack else "block"
         extra = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        layout = "" if self.batch_first else ", batch_first=False (the source's (tokens, batch, d); NumPy takes batch first)"
         return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
-                f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype})")
+                f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype}{layout})")
 
 
 @functools.lru_cache(maxsize=32)

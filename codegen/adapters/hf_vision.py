@@ -71,8 +71,8 @@ class AdaptedModel:
         import torch
 
         if not callable(getattr(torch_module, "Model", None)):
-            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not a generated network "
-                                   f"torch module (splitformer derive {self.model} --backend torch)")
+            raise SplitformerError(f"{getattr(torch_module, '__name__', torch_module)!r} is not the generated "
+                                   f"{self.model} torch module (splitformer derive {self.model} --backend torch)")
         self.check_computes(torch_module)
         sizes = self._vit_sizes() if self.model == "vit" else self._cvt_sizes()
         first = next(iter(self.params.values()))

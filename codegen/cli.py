@@ -227,14 +227,22 @@ def _show(arguments: argparse.Namespace) -> str:
         return render_report(scheme, program, order=splitting_order(scheme)).rstrip("\n")
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
-    across = scheme.across_layers
-    momentum = (f" = G, its steps' field; with {across.method} momentum β = {across.momentum} across layers the stack "
-                f"is consistent with u_t = G/(1 − β) = {1 / (1 - across.momentum)}·G"
-                if across is not None and across.momentum else "")
-    return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}{momentum}",
+    return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}{_rescaled(scheme)}",
                       f"activation: {scheme.activation}",
                       "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
                       "", program.text()])
+
+
+def _rescaled(scheme) -> str:
+    """What a method across layers is consistent with, where it rescales the steps' field G (its series in Δt:
+    momentum β sums to G/(1 − β))."""
+    across = scheme.across_layers
+    if across is None:
+        return ""
+    scale = across.order().scale  # a file's method is consistent (its weights sum to 1, 0 < β < 1): never None
+    method = across.method + (f" momentum β = {across.momentum}" if across.momentum else "")
+    return "" if scale == 1 else (f" = G, its steps' field; with {method} across layers the stack is consistent "
+                                  f"with u_t = {scale}·G")
 
 
 def _source_with_activation(scheme) -> str:

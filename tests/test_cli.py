@@ -45,11 +45,16 @@ def test_show_names_the_equation_the_fractions_make(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[1].startswith("equation: u_t = 1/10·ffn_pre(u) − ∂I_S1[norm1](u)")
 
 
-def test_show_names_the_equation_momentum_across_layers_is_consistent_with(capsys):
-    assert main(["show", str(ROOT / "tests" / "schemes" / "heavy-ball.toml")]) == 0
+@pytest.mark.parametrize("name, beta", [("heavy-ball", "1/2"), ("nesterov", "3/10")])
+def test_show_names_the_equation_momentum_across_layers_is_consistent_with(name, beta, capsys):
+    """Momentum β with a fixed β sums the increments to G/(1 − β) (a geometric series): 2·G, 10/7·G (written here)."""
+    assert main(["show", str(ROOT / "tests" / "schemes" / f"{name}.toml")]) == 0
+    scale = {"1/2": "2", "3/10": "10/7"}[beta]
     assert capsys.readouterr().out.splitlines()[1].endswith(
-        "= G, its steps' field; with heavy-ball momentum β = 1/2 across layers the stack is consistent with "
-        "u_t = G/(1 − β) = 2·G")
+        f"= G, its steps' field; with {name} momentum β = {beta} across layers the stack is consistent with "
+        f"u_t = {scale}·G")
+    assert main(["show", str(ROOT / "tests" / "schemes" / "adams-bashforth.toml")]) == 0  # consistent with G itself
+    assert capsys.readouterr().out.splitlines()[1].endswith("ffn(Proj[norm2](u))")
 
 
 def test_a_parallel_steps_title_says_what_it_computes(tmp_path, capsys):

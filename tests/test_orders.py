@@ -112,6 +112,7 @@ def test_the_order_analysis_is_bounded_by_counting_work(monkeypatch):
     bounded = splitting_order(load_scheme(SCHEMES / "palindromic.toml"))
     assert bounded.work <= 20_000 and bounded.splitting_order is None  # undecided, said so, never slow
     assert "not checked" in bounded.splitting_conditions[-1] and "work bound 20000" in bounded.splitting_conditions[-1]
+    assert bounded.is_splitting and bounded.splitting_note.startswith("undecided: the work bound stopped the trees")
 
 
 def test_the_slope_on_nonlinear_fields_confirms_the_order_and_refutes_the_linear_one():

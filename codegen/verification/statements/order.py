@@ -9,8 +9,8 @@ over rooted trees coloured by the fields (``trees``); comparing with the exact s
 ``u_t = Σ c_k A_k(u)`` tree by tree gives the order ``p`` (every tree of at most ``p``
 nodes agrees): ``order`` with the scheme's own substep solvers (explicit Euler,
 Runge–Kutta tableaux), ``splitting_order`` with exact sub-flows (a Runge–Kutta step's: the
-flow of its fields' sum), and ``tied_splitting_order`` with the instances of one kind merged (what the order would be
-if they shared their parameters). Trees of up to ``MAX_NODES`` nodes are checked, so
+flow of its fields' sum), and ``tied_splitting_order`` with the instances of one kind merged
+(what the order would be if they shared their parameters). Trees of up to ``MAX_NODES`` nodes are checked, so
 orders up to ``MAX_NODES - 1`` are decided. The conditions checked are reported size by
 size. The leading local error is shown on linear fields (the chains of the failing size:
 words in non-commuting generators) and, where the step is right on linear fields, by the
@@ -71,6 +71,8 @@ class OrderResult:
     checked_nodes: int = MAX_NODES
     #: Node × state updates the analysis made (bounded by ``trees.MAX_WORK``).
     work: int = 0
+    #: Some sub-flow's field is no multiple of the whole field (else the exact sub-flows are the equation's own flow).
+    is_splitting: bool = True
     #: Why ``splitting_order`` is ``None`` (``""`` where it is a number): not a splitting, exact, or undecided.
     splitting_note: str = ""
 
@@ -194,6 +196,8 @@ class _Mode:
     order: int | None = None
     failing: tuple[int, ...] = ()
     lines: list[str] | None = None
+    #: The work bound stopped the trees before a condition failed.
+    undecided: bool = False
 
     def __post_init__(self) -> None:
         self.lines = []
@@ -237,6 +241,7 @@ class _Analysis:
                 return
             if program.work + program.cost(forest.new_nodes(size), size) > MAX_WORK:
                 for mode in pending:
+                    mode.undecided = True
                     mode.lines.append(f"{size} nodes: not checked ({forest.new_nodes(size)} trees over "
                                       f"{len(forest.colours)} fields × {len(program.operations)} states exceed the "
                                       f"work bound {MAX_WORK}; tie operators or shorten the step to decide it)")
@@ -372,6 +377,7 @@ def splitting_order(scheme: Scheme) -> OrderResult:
         splitting_conditions=tuple(split.lines) if split is not None else (),
         checked_nodes=analysis.checked,
         work=work,
+        is_splitting=split is not None,
         splitting_note=_splitting_note(analysis, split),
     )
 
@@ -382,6 +388,6 @@ def _splitting_note(analysis: _Analysis, split: _Mode | None) -> str:
         return "not a splitting: every sub-flow is a multiple of the whole field"
     if split.order is not None:
         return ""
-    if split.lines and "not checked" in split.lines[-1]:
+    if split.undecided:
         return f"undecided: the work bound stopped the trees at {analysis.checked} nodes"
     return f"exact: no order condition fails on trees of up to {analysis.checked} nodes"

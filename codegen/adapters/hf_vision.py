@@ -99,7 +99,6 @@ class AdaptedModel:
                 "n_classes": self._head_classes(), **self.config}
 
 
-
 def _dense(params: dict, weight_name: str, bias_name: str, linear: Any) -> None:
     """``W = weightᵀ`` (row-vector convention), ``b`` (zeros where the source has none)."""
     params[weight_name] = _array(linear.weight).T.copy()

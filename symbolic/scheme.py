@@ -36,9 +36,32 @@ def operator_options(cls: type[Operator]) -> dict[str, object]:
     return {f.name: f.default for f in fields(cls) if f.name != "key"}
 
 
+#: Operators that passed ``_checked``, by kind class, key and options (``_typed``): operators are frozen, and a
+#: scheme is instantiated again at every stage of a derivation, a check and a rendering (each time building every
+#: definition and checking it). A class loaded again (``--load``) is another key.
+_CHECKED: dict[tuple, Operator] = {}
+
+
+def _typed(value: object) -> object:
+    """``value`` with the type of every part beside it: options 1 and 1.0 (or True), equal in Python, build
+    different operators."""
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_typed(item) for item in value)
+    if isinstance(value, dict):
+        return type(value), tuple(sorted((name, _typed(item)) for name, item in value.items()))
+    return type(value), value
+
+
 def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operator:
     """Build an operator and call its protocol methods once, so a faulty kind (a user's,
     loaded with ``--load``) fails here in one ``SplitformerError`` line, not deep in a derivation."""
+    memo = (cls, key, _typed(options))
+    try:
+        return _CHECKED[memo]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable option: built and checked each time
+        memo = None
     try:
         operator = cls(key, **options)
         parameters, definitions = operator.parameters(), operator.definitions()
@@ -64,6 +87,8 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     except SplitformerError:
         clear_cache()  # a refused symbol (a str-subclass name) equals the library's own: SymPy's cache would hand it out
         raise
+    if memo is not None:
+        _CHECKED[memo] = operator
     return operator
 
 

@@ -25,10 +25,12 @@ demo: $(STAMP)
 	$(BIN)/splitformer derive post-ln --backend all --out generated
 	$(BIN)/python tools/demo.py post-ln --out generated
 
-# The suite runs on every core (pytest-xdist); TEST_JOBS=0 runs it in this process.
+# The suite runs on every core (pytest-xdist); TEST_JOBS=0 runs it in this process. Its Python processes keep
+# their bytecode (__pycache__, ignored by git) even where the environment sets PYTHONDONTWRITEBYTECODE: each
+# command the tests start, and each generated module they import again, would compile its sources anew.
 TEST_JOBS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_JOBS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_JOBS)
 
 generate: $(STAMP)
 	$(BIN)/splitformer check --plots generated/plots > /dev/null

@@ -28,7 +28,7 @@ def _witness(activation: Activation) -> str | None:
     slope = sp.diff(activation.formula, S.v)
     worst, excess = None, sp.Integer(0)
     for v in (sp.Rational(n, 8) for n in range(-48, 49)):
-        value = sp.N(slope.subs(S.v, v), 30)
+        value = slope.evalf(30, subs={S.v: v})  # numerically at v: substituting first rebuilds the tree
         if not value.is_real:
             continue
         outside = max(-value, value - 1)

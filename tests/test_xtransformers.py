@@ -110,6 +110,18 @@ def test_a_wrapper_with_memory_tokens_is_refused_by_name(extra):
         from_xtransformers(wrapper.double())
 
 
+@pytest.mark.parametrize("extra, flag", [({"use_cls_token": True}, "use_cls_token=True"),
+                                         ({"recycling": True}, "recycling=True"), ({"looped": True}, "looped=True")])
+def test_a_wrapper_that_changes_what_its_layers_see_or_how_often_they_run_is_refused_by_name(extra, flag):
+    """Class tokens join the sequence; recycling and looping run attn_layers more than once (a new user measured 2.0
+    between a recycling wrapper and the stack read from it, when it was read)."""
+    torch.manual_seed(0)
+    layers = _module(depth=1, pre_and_post_norm="looped" in extra)  # x-transformers loops only such layers
+    wrapper = x_transformers.TransformerWrapper(num_tokens=11, max_seq_len=8, attn_layers=layers, **extra)
+    with pytest.raises(SplitformerError, match=rf"^TransformerWrapper uses {flag}; [^\n]*$"):
+        from_xtransformers(wrapper.double())
+
+
 def test_unit_offset_and_layout_are_what_make_it_equal():
     """Negative controls: the gains without the unit offset, and the post-norm scheme on pre-norm weights."""
     source = _module(depth=2)

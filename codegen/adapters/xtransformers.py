@@ -754,6 +754,13 @@ def read_wrapper(wrapper: Any, *, probe: bool = True) -> Adapted:
     if type(memory) is not int or memory != 0:  # prepended (or interspersed) to every sequence the layers see
         raise _refuse("TransformerWrapper", f"num_memory_tokens={memory!r}", "its memory tokens join the sequence "
                       "between the embeddings and attn_layers, so every token's attention changes")
+    if getattr(wrapper, "cls_token", None) is not None:
+        raise _refuse("TransformerWrapper", "use_cls_token=True", "its class tokens join the sequence between the "
+                      "embeddings and attn_layers, so every token's attention changes")
+    for flag, why in (("recycling", "attn_layers runs again on its own output, recycled"),
+                      ("looped", "attn_layers runs in a loop until its exit gate stops it")):
+        if getattr(wrapper, flag, False) is not False:
+            raise _refuse("TransformerWrapper", f"{flag}=True", f"{why}: a forward is no one pass of the stack")
     adapted = read_attention_layers(wrapper.attn_layers, probe=probe)
     return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
         "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

@@ -116,6 +116,25 @@ def test_a_final_layer_norm_bias_and_other_flags_are_refused():
         to_xtransformers(stack, torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("target, message", [
+    ({"depth": 3}, "2 parameter mappings for a source of 3 layers"), ({"depth": 1}, "for a source of 1 layers"),
+    ({"ff_mult": 2}, r"layer 0: ffn.W_1 has shape \(16, 64\), expected \(16, 32\)"),
+    ({"heads": 4, "attn_dim_head": DIM // 4}, "read from a module of 2 heads, the module has 4"),
+])
+def test_an_adapted_of_another_depth_width_or_head_count_is_refused_by_name(target, message):
+    """An Adapted's layers were not checked against the module's as a Stack's are (a new user's raw IndexError
+    from deep in the writer); the same depth and widths are the control."""
+    adapted = from_xtransformers(_module(depth=2))
+    assert DIM == 16 and adapted.n_heads == 2
+    flags = {"depth": 2} | target
+    with pytest.raises(SplitformerError, match=f"^[^\\n]*{message}"):
+        to_xtransformers(adapted, x_transformers.Encoder(dim=DIM, heads=flags.pop("heads", 2), attn_flash=True,
+                                                         attn_dim_head=flags.pop("attn_dim_head", DIM // 2), **flags))
+    state = to_xtransformers(adapted, x_transformers.Encoder(dim=DIM, depth=2, heads=2, attn_dim_head=DIM // 2,
+                                                             attn_flash=True))
+    assert len(state) > 0
+
+
 def _edit_layer(stack, edit):
     layer = stack.layers[1]
     if edit == "n_heads":

@@ -190,9 +190,14 @@ def to_xtransformers(params: Any, module: Any, *, dtype: Any = None) -> dict[str
     like = from_xtransformers(module)
     if not isinstance(params, Adapted):
         params = _holding(like, params)
-    elif params.scheme_file != like.scheme_file or params.options != like.options or params.n_heads != like.n_heads:
+    elif params.scheme_file != like.scheme_file or params.options != like.options:
         raise SplitformerError("to_xtransformers: the Adapted was read from a module with other flags "
                                f"(scheme {params.scheme!r}, the module's {like.scheme!r})")
+    elif params.n_heads != like.n_heads:
+        raise SplitformerError(f"to_xtransformers: the Adapted was read from a module of {params.n_heads} heads, "
+                               f"the module has {like.n_heads}")
+    else:  # its layers' count and shapes checked as a Stack's are (another depth or width is refused by name)
+        params = like.with_params(params.layers, params.final_norm)
     unprobed = partial(_reader("xtransformers", type(module).__name__, None), probe=False)  # it reads 0, 1, … on purpose
     return xtransformers_state(params, module, unprobed, dtype)
 

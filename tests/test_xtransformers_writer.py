@@ -135,6 +135,40 @@ def test_an_adapted_of_another_depth_width_or_head_count_is_refused_by_name(targ
     assert len(state) > 0
 
 
+@pytest.mark.parametrize("flag", ["pre-norm", "rotary", "attn_kv_heads"])
+def test_a_trained_stack_is_written_back_where_the_layout_holds_what_training_changed(flag):
+    """``build`` leaves the final LayerNorm's zero bias (x-transformers has none) out of training: three SGD steps
+    on the built Stack write back into a fresh module that then computes what the Stack does. Control: the bias
+    trained too is refused by name; a shared key/value head, which a free step unties, is refused by name."""
+    source, target = _pair(x_transformers.Decoder, **FLAGS[flag])
+    adapted = from_xtransformers(source)
+    assert adapted.frozen == ("final_norm.bias",)
+
+    def trained(everything):
+        stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+        assert [name for name, p in stack.named_parameters() if not p.requires_grad] == ["final_norm.bias"]
+        stack.final_norm.bias.requires_grad_(everything)
+        optimizer = torch.optim.SGD([p for p in stack.parameters() if p.requires_grad], lr=0.1)
+        for step in range(3):
+            optimizer.zero_grad()
+            stack(torch.randn(2, 5, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(step)),
+                  ).pow(2).mean().backward()
+            optimizer.step()
+        return stack
+
+    if flag == "attn_kv_heads":
+        with pytest.raises(SplitformerError, match="^layer 0: attn.W_k.*a shared key/value head"):
+            to_xtransformers(trained(False), target)
+        return
+    stack = trained(False)
+    target.load_state_dict(to_xtransformers(stack, target), strict=True)
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert float((target(u) - stack(u)).abs().max()) < (1e-9 if flag == "rotary" else 1e-12)
+    with pytest.raises(SplitformerError, match="^final_norm: bias.*fixes it at 0 \\(an entry it does not have"):
+        to_xtransformers(trained(True), target)
+
+
 def _edit_layer(stack, edit):
     layer = stack.layers[1]
     if edit == "n_heads":

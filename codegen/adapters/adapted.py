@@ -49,6 +49,9 @@ class Adapted(Mapping[str, np.ndarray]):
       source's dropout does not sit where a generated ``Block`` puts it (not carried).
     - ``scheme_file``: the scheme file (TOML text) that computes the source when ``scheme`` is not
       a built-in (composed by ``from_xtransformers``); ``derivation()`` derives it.
+    - ``frozen``: names of a built module's parameters that the source holds fixed (x-transformers' final
+      LayerNorm has no bias: the Stack's is zero); ``build`` leaves them out of training (``requires_grad``
+      False), so a trained module can be written back.
     """
 
     scheme: str
@@ -69,6 +72,7 @@ class Adapted(Mapping[str, np.ndarray]):
     batch_first: bool = True
     dropout: float | None = None
     scheme_file: str = ""
+    frozen: tuple[str, ...] = ()
 
     # --- the canonical mapping of one block ---------------------------------------------
     @property
@@ -189,7 +193,10 @@ class Adapted(Mapping[str, np.ndarray]):
                                         final_norm=self.final_norm is not None, tied=self.tied, **factory)
         else:
             module = torch_module.Block(self.sizes["d_model"], self.n_heads, self.sizes["d_ff"], **factory)
-        return self.load_into(module)
+        module = self.load_into(module)
+        for name in self.frozen:
+            module.get_parameter(name).requires_grad_(False)
+        return module
 
     def load_into(self, module: Any) -> Any:
         """Copy these parameters into a generated ``Block``/``Stack``, checked to compute the source's forward."""

@@ -698,7 +698,8 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         final_norm = {"gain": gain}
         if kind == "layer-norm":  # the generated final LayerNorm keeps a bias: zero, as x-transformers has none
             final_norm["bias"] = np.zeros_like(gain)
-            notes.append("x-transformers' final LayerNorm has no bias: a generated Stack's final norm holds a zero one")
+            notes.append("x-transformers' final LayerNorm has no bias: a generated Stack's final norm holds a zero one, "
+                         "which build leaves out of training")
     name, summary = _name(layers, structure[0], first)
     activation = activations.pop()
     text = scheme_text(name, summary, first, activation, causal, final_norm is not None)
@@ -709,7 +710,8 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
     options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
     adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                      options=options, notes=tuple(notes), scheme_file=text, tied=tied)
+                      options=options, notes=tuple(notes), scheme_file=text, tied=tied,
+                      frozen=("final_norm.bias",) if final_norm is not None and "bias" in final_norm else ())
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
         copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))

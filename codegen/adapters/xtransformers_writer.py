@@ -77,7 +77,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray) -> tuple[np.ndar
     if fixed.any():
         k = int(np.flatnonzero(fixed)[0])
         raise SplitformerError(f"{names[k]} = {target[k]:.6g} cannot be written: x-transformers' layout fixes it at "
-                               f"{offset[k]:.6g} (a gain it does not have, a buffer)")
+                               f"{offset[k]:.6g} (an entry it does not have, or a buffer)")
     values = np.zeros(count)
     written = np.zeros(count, dtype=bool)
     for k in np.flatnonzero(moving):
@@ -86,7 +86,7 @@ def _solve(probe: _Probe, names: list[str], target: np.ndarray) -> tuple[np.ndar
         if written[j] and abs(values[j] - value) > _READ_BACK * scale:
             raise SplitformerError(f"{names[k]} = {target[k]:.6g} cannot be written: x-transformers holds it in one "
                                    "entry with another canonical entry that differs (a shared key/value head, tied "
-                                   "layers, ScaleNorm's one gain)")
+                                   "layers, the relative-position table all layers share, ScaleNorm's one gain)")
         values[j], written[j] = value, True
     return values, written
 

@@ -12,6 +12,7 @@ of all its blocks (``_check_causal_masks``).
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -47,7 +48,11 @@ def _parts(model: Any) -> dict[str, Any]:
                 "blocks": body.layers, "runs": (f"{prefix}config.num_hidden_layers", body.config.num_hidden_layers),
                 "norm": body.norm, "head": getattr(model, "lm_head", None),
                 "max_tokens": model.config.max_position_embeddings, "rotary": getattr(body, "rotary_emb", None)}
-    raise SplitformerError(f"no whole-model reader for {name}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
+    if isinstance(model, (str, PurePath)):  # a hub name or a folder: the model transformers loads from it is read
+        raise SplitformerError(f"no whole-model reader for the {type(model).__name__} {str(model)[:60]!r}: a model "
+                               "is read once loaded (transformers' AutoModelForCausalLM.from_pretrained(...))")
+    what = name or f"{type(model).__name__} (no library class)"
+    raise SplitformerError(f"no whole-model reader for {what}; read GPT2LMHeadModel, GPT2Model, LlamaForCausalLM "
                            "or LlamaModel (single blocks: splitformer.adapters.from_hf)")
 
 

@@ -1,6 +1,7 @@
 """Whole transformers causal LMs read into ``splitformer.nn.LanguageModel``: logits and decoding."""
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -136,6 +137,12 @@ def test_unsupported_models_are_refused_by_name():
     with pytest.raises(SplitformerError, match="no whole-model reader for BertModel"):
         from_hf_lm(transformers.BertModel(transformers.BertConfig(hidden_size=8, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=8)))
+    with pytest.raises(SplitformerError, match="^no whole-model reader for Linear; read GPT2LMHeadModel"):
+        from_hf_lm(torch.nn.Linear(2, 2))
+    for name in ("gpt2", Path("models/gpt2")):  # a newcomer's hub name or folder (it said "for None")
+        with pytest.raises(SplitformerError, match=rf"^no whole-model reader for the \w+ '{name}': a model is read "
+                                                   r"once loaded \(transformers' AutoModelForCausalLM"):
+            from_hf_lm(name)
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])

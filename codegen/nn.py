@@ -143,12 +143,13 @@ class _Embedded(torch.nn.Module):
 
     def _place(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack; either counts from 0."""
-        if not _compiling() and int(positions.min()) < 0:
+        checked = not _compiling() and positions.numel() > 0  # an empty batch has no position to check
+        if checked and int(positions.min()) < 0:
             counted = "rotary positions count from 0" if self.rotary else "learned positions 0 … max_tokens − 1"
             raise ValueError(f"positions must be ≥ 0 ({counted}), got {int(positions.min())}")
         if self.rotary:
             return u, {"positions": positions}
-        if not _compiling() and int(positions.max()) >= self.max_tokens:
+        if checked and int(positions.max()) >= self.max_tokens:
             raise ValueError(f"position {int(positions.max())} is past max_tokens = {self.max_tokens}")
         return u + self.positions(positions), {}
 

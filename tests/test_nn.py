@@ -182,6 +182,19 @@ def test_rotary_positions_are_refused_as_learned_ones():
     assert model(tokens, positions=torch.tensor([[0, 1, 5]])).shape == (1, 3, VOCAB)  # control
 
 
+@pytest.mark.parametrize("scheme", ["pre-ln", "llama"])
+def test_an_empty_batch_gives_empty_logits_and_tokens(scheme):
+    """Batch 0, as the generated Blocks take it (a new user's torch RuntimeError from checking the positions of no
+    token); positions past max_tokens are still refused in a batch that has tokens (control)."""
+    model = splitformer.nn.LanguageModel(scheme, VOCAB, d_model=8, n_heads=2, n_layers=1, max_tokens=6)
+    empty = torch.zeros(0, 3, dtype=torch.long)
+    assert model(empty).shape == (0, 3, VOCAB)
+    assert model(empty, padding_mask=torch.zeros(0, 3, dtype=torch.bool)).shape == (0, 3, VOCAB)
+    assert model.generate(empty, 2).shape == model.generate(empty, 2, greedy=True, use_cache=False).shape == (0, 5)
+    with pytest.raises(ValueError, match="positions must be ≥ 0 .*, got -1"):
+        model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[-1, 0, 1]]))
+
+
 @pytest.mark.parametrize("model", ["TextEncoder", "Classifier"])
 @pytest.mark.parametrize("scheme", ["gpt2", "llama"])
 def test_an_encoder_over_a_causal_scheme_is_refused(model, scheme):

@@ -122,6 +122,29 @@ def test_a_wrapper_that_changes_what_its_layers_see_or_how_often_they_run_is_ref
         from_xtransformers(wrapper.double())
 
 
+@pytest.mark.parametrize("cls", [x_transformers.Encoder, x_transformers.Decoder])
+def test_one_head_of_the_models_width_has_no_output_projection(cls):
+    """heads = 1 with attn_dim_head = dim: x-transformers' to_out is the identity (it was refused as 'an attention
+    with parameter to_out'): read as W_o = I, left out of training by build; one head narrower than the model is
+    refused by name (x-transformers' own forward cannot add its output to the residual)."""
+    torch.manual_seed(0)
+    source = cls(dim=DIM, depth=2, heads=1, attn_dim_head=DIM, attn_flash=True).double()
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    adapted = from_xtransformers(source.eval())
+    assert adapted.n_heads == 1 and np.array_equal(adapted.layers[1]["attn.W_o"], np.eye(DIM))
+    assert adapted.frozen == ("layers.0.attn.W_o", "layers.1.attn.W_o", "final_norm.bias")
+    stack = adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)
+    assert not stack.layers[1].attn.W_o.requires_grad
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert float((stack(u) - source(u)).abs().max()) < 1e-12
+    assert np.abs(_numpy(adapted, u.numpy(), adapted.layers) - source(u).detach().numpy()).max() < 1e-12
+    with pytest.raises(SplitformerError, match="^Encoder uses an attention without to_out whose 8 value features"):
+        from_xtransformers(x_transformers.Encoder(dim=DIM, depth=1, heads=1, attn_dim_head=DIM // 2, attn_flash=True))
+
+
 def test_unit_offset_and_layout_are_what_make_it_equal():
     """Negative controls: the gains without the unit offset, and the post-norm scheme on pre-norm weights."""
     source = _module(depth=2)

@@ -227,8 +227,11 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
     names = {name for name, _ in attention.named_parameters()}
     extra = sorted(names - {"to_q.weight", "to_k.weight", "to_v.weight", "to_out.weight", "qk_norm_q_scale",
                             "qk_norm_k_scale", *(f"attend.{when}_softmax_talking_heads.weight" for when in ("pre", "post"))})
-    if extra or library_name(attention.to_out) != "Linear":
+    if extra or library_name(attention.to_out) not in ("Linear", "Identity"):
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
+    if library_name(attention.to_out) == "Identity" and attention.to_v.out_features != dim:
+        raise _refuse(owner, f"an attention without to_out whose {attention.to_v.out_features} value features are not "
+                      f"the model's {dim}")
     return width
 
 
@@ -274,7 +277,10 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         raise _refuse(owner, f"Attend.scale={scale!r}", "the score scale is a finite number")
     rescale = scale * np.sqrt(width)
     shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
-    weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v", "out")}
+    weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v")}
+    # one head of the model's width: x-transformers' to_out is the identity (W_o = I, which build keeps fixed)
+    weights["out"] = (np.eye(dim, dtype=weights["q"].dtype) if library_name(attention.to_out) == "Identity"
+                      else linear_weight(attention.to_out.weight))
     weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
     if not attention.qk_norm and not math.isclose(rescale, 1.0, rel_tol=1e-12):
         weights["q"] = weights["q"] * rescale  # a score scale other than d_head^{-1/2}
@@ -708,10 +714,16 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
+    without_output = any(library_name(part) == "Attention" and library_name(part.to_out) == "Identity"
+                         for part in layers.modules())
+    if without_output:
+        notes.append("one head of the model's width: x-transformers' attention has no output projection (to_out is "
+                     "the identity), attn.W_o = I, which build leaves out of training")
     adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
                       options=options, notes=tuple(notes), scheme_file=text, tied=tied,
-                      frozen=("final_norm.bias",) if final_norm is not None and "bias" in final_norm else ())
+                      frozen=tuple(f"layers.{index}.attn.W_o" for index in range(len(blocks)) if without_output)
+                      + (("final_norm.bias",) if final_norm is not None and "bias" in final_norm else ()))
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
         copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))

@@ -145,6 +145,19 @@ def test_one_head_of_the_models_width_has_no_output_projection(cls):
         from_xtransformers(x_transformers.Encoder(dim=DIM, depth=1, heads=1, attn_dim_head=DIM // 2, attn_flash=True))
 
 
+@pytest.mark.parametrize("flags, message", [
+    ({"shift_tokens": (1, 0)}, r"2 layers built for 4 layer types; a per-layer option shorter .*shift_tokens"),
+    ({"depth": 1, "layers_execute_order": (1, 0)}, r"layer types fa in layers_execute_order=\(1, 0\); a stack"),
+])
+def test_layers_built_or_run_otherwise_than_their_types_are_refused_naming_the_flag(flags, message):
+    """A shift_tokens tuple shorter than the layers (x-transformers zips it with the layer types and builds two of
+    four) leaked an IndexError and 'cannot be read as the library builds it'; a reordered run named no flag. One
+    entry per layer is read (the control)."""
+    with pytest.raises(SplitformerError, match=f"^Decoder uses {message}"):
+        from_xtransformers(_module(x_transformers.Decoder, **flags))
+    assert from_xtransformers(_module(x_transformers.Decoder, shift_tokens=(1, 0, 1, 0))).stack
+
+
 def test_unit_offset_and_layout_are_what_make_it_equal():
     """Negative controls: the gains without the unit offset, and the post-norm scheme on pre-norm weights."""
     source = _module(depth=2)

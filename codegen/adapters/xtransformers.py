@@ -427,10 +427,15 @@ def _sublayers(owner: str, layers: Any) -> list[list[tuple[str, Any, tuple[Any, 
     if "c" in layers.layer_types:
         raise _refuse(owner, "cross_attend", "cross-attention to a context is not read (the decoder schemes' "
                       "cross-attention has biases and a LayerNorm of their own)")
+    if len(layers.layers) != len(layers.layer_types):  # x-transformers zips its layer types with per-layer options
+        raise _refuse(owner, f"{len(layers.layers)} layers built for {len(layers.layer_types)} layer types",
+                      "a per-layer option shorter than the layers (a shift_tokens tuple of one entry per layer: "
+                      "x-transformers builds as many layers as it has entries)")
     order = list(layers.layers_execute_order)
     run = [layers.layer_types[index] for index in order]
     if len(run) % len(block) or tuple(run) != block * (len(run) // len(block)):
-        raise _refuse(owner, f"layer types {''.join(run)}", f"a stack repeats one block {''.join(block)}")
+        ordered = f" in layers_execute_order={tuple(order)}" if order != sorted(order) else ""
+        raise _refuse(owner, f"layer types {''.join(run)}{ordered}", f"a stack repeats one block {''.join(block)}")
     tied = order != list(range(len(layers.layer_types)))
     if tied and order != list(range(len(block))) * (len(order) // len(block)):
         raise _refuse(owner, f"layers_execute_order={tuple(order)}", "only weight_tie_layers' order repeats a block")

@@ -103,6 +103,24 @@ def test_a_model_that_ran_with_output_hidden_states_is_read(make):
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_left_padded_logits_equal_transformers_given_positions_from_each_rows_first_token(make):
+    """What llm.md says: a LanguageModel counts a left-padded row's positions from its first token; transformers'
+    forward does with those position_ids (control: without them, GPT-2's learned positions differ)."""
+    hf = make()
+    model = from_hf_lm(hf)
+    hf = in_float64(hf)
+    tokens = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    attention = torch.ones(2, 6, dtype=torch.long)
+    attention[1, :2] = 0
+    ours = model(tokens, padding_mask=attention == 0)
+    theirs = hf(tokens, attention_mask=attention, position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits
+    assert torch.allclose(ours[:, 2:], theirs[:, 2:], rtol=0, atol=1e-10) and torch.allclose(ours[0], theirs[0], rtol=0, atol=1e-10)
+    if make is gpt2:
+        counted_from_the_first_column = hf(tokens, attention_mask=attention).logits
+        assert (ours[1, 2:] - counted_from_the_first_column[1, 2:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
 def test_greedy_decoding_equals_transformers_generate(make):
     hf = make()
     model = from_hf_lm(hf)

@@ -114,7 +114,8 @@ def test_left_padded_logits_equal_transformers_given_positions_from_each_rows_fi
     attention[1, :2] = 0
     ours = model(tokens, padding_mask=attention == 0)
     theirs = hf(tokens, attention_mask=attention, position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits
-    assert torch.allclose(ours[:, 2:], theirs[:, 2:], rtol=0, atol=1e-10) and torch.allclose(ours[0], theirs[0], rtol=0, atol=1e-10)
+    assert torch.allclose(ours[:, 2:], theirs[:, 2:], rtol=0, atol=1e-10)
+    assert torch.allclose(ours[0], theirs[0], rtol=0, atol=1e-10)
     if make is gpt2:
         counted_from_the_first_column = hf(tokens, attention_mask=attention).logits
         assert (ours[1, 2:] - counted_from_the_first_column[1, 2:]).abs().max() > 1e-3

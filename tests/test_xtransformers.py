@@ -362,6 +362,8 @@ def test_an_encoder_dropping_whole_layers_in_training_mode_is_refused():
                                                r".*call \.eval\(\) on the module"):
         from_xtransformers(source)
     adapted = from_xtransformers(source.eval())
+    assert "the source's layer dropout (stochastic depth, p = 0.5) is not carried" in " ".join(adapted.notes)
+    assert not any("layer dropout" in note for note in from_xtransformers(_module()).notes)  # control
     stack = adapted.build(adapted.derivation().torch_module(), dtype=torch.float64)
     x = torch.randn(2, 6, DIM, dtype=torch.float64)
     with torch.no_grad():

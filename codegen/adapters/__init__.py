@@ -103,13 +103,18 @@ def _expectable(name: str, adapted: Adapted | AdaptedModel, key: str) -> Any:
 
 def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
     """What ``build`` does not carry: a source dropout other than one rate where a generated Block drops."""
+    # x-transformers' stochastic depth: a rate per layer (layer_dropouts), no Dropout module
+    depth = sorted({rate for part in module.modules() for rate in getattr(part, "layer_dropouts", None) or ()
+                    if isinstance(rate, (int, float)) and rate > 0})
+    skipped = (f"the source's layer dropout (stochastic depth, p = {', '.join(map(str, depth))}) is not carried: a "
+               "generated Stack runs every layer",) if depth else ()
     if getattr(adapted, "dropout", 0.0) is not None:
-        return ()
+        return skipped
     rates = sorted({part.p for part in module.modules() if runs_one_of(part, ("Dropout",)) and part.p > 0})
     if not rates:
-        return ()
+        return skipped
     return (f"the source's dropout (p = {', '.join(map(str, rates))}) is not carried: build() makes a Block "
-            "without dropout (pass dropout= to the Block yourself to train with one)",)
+            "without dropout (pass dropout= to the Block yourself to train with one)",) + skipped
 
 
 def from_torch(module: Any, **expected: Any) -> Adapted:

@@ -143,7 +143,9 @@ class _Embedded(torch.nn.Module):
 
     def _place(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack; either counts from 0."""
-        checked = not _compiling() and positions.numel() > 0  # an empty batch has no position to check
+        checked = not _compiling() and positions.numel() > 0  # an empty batch has no position to check …
+        if not checked and not self.rotary and positions.shape[-1] > self.max_tokens:  # … but its length
+            raise ValueError(f"{positions.shape[-1]} tokens are past max_tokens = {self.max_tokens}")
         if checked and int(positions.min()) < 0:
             counted = "rotary positions count from 0" if self.rotary else "learned positions 0 … max_tokens − 1"
             raise ValueError(f"positions must be ≥ 0 ({counted}), got {int(positions.min())}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from sympy.core.cache import clear_cache
@@ -40,27 +41,32 @@ def operator_options(cls: type[Operator]) -> dict[str, object]:
 #: scheme is instantiated again at every stage of a derivation, a check and a rendering (each time building every
 #: definition and checking it). A class loaded again (``--load``) is another key.
 _CHECKED: dict[tuple, Operator] = {}
+_CHECKED_AT_MOST = 4096
 
 
 def _typed(value: object) -> object:
     """``value`` with the type of every part beside it: options 1 and 1.0 (or True), equal in Python, build
-    different operators."""
+    different operators, as do 0.0 and -0.0. A set (whose equal members merge) raises TypeError: no memo."""
     if isinstance(value, (tuple, list)):
         return type(value), tuple(_typed(item) for item in value)
     if isinstance(value, dict):
-        return type(value), tuple(sorted((name, _typed(item)) for name, item in value.items()))
+        return type(value), tuple((_typed(name), _typed(item)) for name, item in value.items())
+    if isinstance(value, (set, frozenset)):
+        raise TypeError("a set")
+    if isinstance(value, float):
+        return type(value), value, math.copysign(1.0, value)
     return type(value), value
 
 
 def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operator:
     """Build an operator and call its protocol methods once, so a faulty kind (a user's,
     loaded with ``--load``) fails here in one ``SplitformerError`` line, not deep in a derivation."""
-    memo = (cls, key, _typed(options))
     try:
+        memo = (cls, key, _typed(options))
         return _CHECKED[memo]
     except KeyError:
         pass
-    except TypeError:  # an unhashable option: built and checked each time
+    except TypeError:  # an unhashable option (or a set): built and checked each time
         memo = None
     try:
         operator = cls(key, **options)
@@ -88,6 +94,8 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
         clear_cache()  # a refused symbol (a str-subclass name) equals the library's own: SymPy's cache would hand it out
         raise
     if memo is not None:
+        if len(_CHECKED) >= _CHECKED_AT_MOST:  # plug-ins loaded again and again keep no class alive for ever
+            _CHECKED.clear()
         _CHECKED[memo] = operator
     return operator
 

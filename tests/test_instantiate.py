@@ -4,6 +4,8 @@ what the memo serves must be what a fresh build gives."""
 from dataclasses import dataclass
 from typing import ClassVar
 
+import math
+
 import pytest
 import sympy as sp
 
@@ -22,6 +24,7 @@ def _scaling(name: str, broken: bool = False) -> type[Operator]:
         kind: ClassVar[str] = name
         symbol: ClassVar[str] = r"\mathcal{S}"
         scale: object = 1
+        extra: object = None  # read by nothing: an option beside the scale
 
         def parameters(self):
             return ()
@@ -42,6 +45,22 @@ def test_options_equal_in_python_but_of_other_types_build_other_operators():
     assert type(built["(1.0,)"].scale[0]) is float
     for name in ("1.0", "(1.0,)"):  # not the Integer 1 an entry shared with 1 would give
         assert built[name].definitions()[0].rhs.has(sp.Float(1.0)), name
+
+
+def test_a_negative_zero_and_containers_whose_members_merge_are_told_apart():
+    """0.0 and -0.0 are equal in Python, and a formula may read the sign (copysign); dict keys 1 and 1.0 merge in a
+    dict, members of a set in the set: each its own operator (the review's reproducer: a plug-in derived 0.0 after
+    -0.0 got -0.0's operator)."""
+    cls = _scaling("memo-signs")
+    positive, negative = (_checked(cls, "s", {"scale": value}, "s") for value in (0.0, -0.0))
+    assert positive is not negative and math.copysign(1, negative.scale) == -1
+    zeros = [_checked(cls, "s", {"scale": (value,)}, "s").scale[0] for value in (0.0, -0.0)]
+    assert [math.copysign(1, zero) for zero in zeros] == [1, -1]
+    keyed = [_checked(cls, "s", {"scale": 2, "extra": {key: 1}}, "s") for key in (1, 1.0)]
+    assert keyed[0] is not keyed[1]
+    for members in (frozenset({1}), frozenset({1.0})):  # no memo: built each time
+        first, second = (_checked(cls, "s", {"scale": 2, "extra": members}, "s") for _ in range(2))
+        assert first is not second and type(next(iter(second.extra))) is type(next(iter(members)))
 
 
 def test_the_same_options_are_served_the_operator_checked_before():

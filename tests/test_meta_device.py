@@ -1,9 +1,11 @@
 """Every generated torch block and network runs forward and backward (autograd and derived) on the meta device.
 
-A meta tensor has a shape, a dtype and a device but no values: a module whose tensors did not follow its input's
-device, or that read a value on the host (``.item()``, ``bool(t)``, ``torch.equal``: on a GPU, a synchronization),
-fails there. The CPU's stand-in for the GPU's "device and dtype follow the inputs, no host syncs" while no GPU is
-at hand. The KV cache's consistency checks read their records on the host, by design: the control below."""
+A meta tensor has a shape, a dtype and a device but no values: a module that read a value on the host
+(``.item()``, ``bool(t)``, ``torch.equal``, ``.tolist()``: on a GPU, a synchronization), or computed with a tensor it
+made on the CPU, fails there — except with CPU tensors of zero dimensions and CPU index tensors, which meta takes as
+CUDA does. A partial stand-in, on the CPU, for the GPU target's "device and dtype follow the inputs, no host syncs"
+while no GPU is at hand. The KV cache's consistency checks read their records on the host, by design: the control
+below."""
 
 import functools
 import inspect

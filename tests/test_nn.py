@@ -193,6 +193,9 @@ def test_an_empty_batch_gives_empty_logits_and_tokens(scheme):
     assert model.generate(empty, 2).shape == model.generate(empty, 2, greedy=True, use_cache=False).shape == (0, 5)
     with pytest.raises(ValueError, match="positions must be ≥ 0 .*, got -1"):
         model(torch.ones(1, 3, dtype=torch.long), positions=torch.tensor([[-1, 0, 1]]))
+    if scheme == "pre-ln":  # learned positions: an empty batch longer than them is refused as a full one is
+        with pytest.raises(ValueError, match="^7 tokens are past max_tokens = 6$"):
+            model(torch.zeros(0, 7, dtype=torch.long))
 
 
 @pytest.mark.parametrize("model", ["TextEncoder", "Classifier"])

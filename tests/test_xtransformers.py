@@ -141,8 +141,20 @@ def test_one_head_of_the_models_width_has_no_output_projection(cls):
     with torch.no_grad():
         assert float((stack(u) - source(u)).abs().max()) < 1e-12
     assert np.abs(_numpy(adapted, u.numpy(), adapted.layers) - source(u).detach().numpy()).max() < 1e-12
-    with pytest.raises(SplitformerError, match="^Encoder uses an attention without to_out whose 8 value features"):
+    with pytest.raises(SplitformerError, match="^Encoder uses an attention without to_out whose 8 output features"):
         from_xtransformers(x_transformers.Encoder(dim=DIM, depth=1, heads=1, attn_dim_head=DIM // 2, attn_flash=True))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_heads_joined_without_an_output_projection_are_read(kv_heads):
+    """attn_project_out=False: the heads' outputs, joined, are the output (W_o = I), grouped key/value heads too (the
+    review found these refused, the value projection's width taken for the output's)."""
+    source = _module(depth=1, attn_project_out=False, attn_kv_heads=kv_heads)
+    adapted = from_xtransformers(source)
+    assert adapted.frozen == ("layers.0.attn.W_o", "final_norm.bias")
+    u = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert (adapted.build(_derived(adapted).torch_module(), dtype=torch.float64)(u) - source(u)).abs().max() < 1e-12
 
 
 @pytest.mark.parametrize("flags, message", [

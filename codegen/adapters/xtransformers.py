@@ -229,8 +229,8 @@ def _check_attention(owner: str, attention: Any, dim: int, heads: int) -> int:
                             "qk_norm_k_scale", *(f"attend.{when}_softmax_talking_heads.weight" for when in ("pre", "post"))})
     if extra or library_name(attention.to_out) not in ("Linear", "Identity"):
         raise _refuse(owner, f"an attention with parameter {extra[0] if extra else 'to_out'}")
-    if library_name(attention.to_out) == "Identity" and attention.to_v.out_features != dim:
-        raise _refuse(owner, f"an attention without to_out whose {attention.to_v.out_features} value features are not "
+    if library_name(attention.to_out) == "Identity" and attention.heads * width != dim:  # the heads' outputs, joined
+        raise _refuse(owner, f"an attention without to_out whose {attention.heads * width} output features are not "
                       f"the model's {dim}")
     return width
 
@@ -494,10 +494,14 @@ class _Block:
     eps: set[float] = field(default_factory=set)
     activations: set[str] = field(default_factory=set)
     notes: set[str] = field(default_factory=set)
+    #: Canonical names the source holds fixed (not parameters there): ``build`` leaves them out of training.
+    fixed: set[str] = field(default_factory=set)
 
     def norm(self, owner: str, name: str, norm: Any, dim: int, dtype: np.dtype) -> None:
         kind, eps, gain = _norm(owner, norm, dim, dtype)
         self.notes.add(NORM_NOTES.get(library_name(norm), ""))
+        if library_name(norm) == "SimpleRMSNorm":  # unit gains, no parameter
+            self.fixed.add(f"{name}.gain")
         self.eps.add(eps)
         self.params[f"{name}.gain"] = gain
         self.operators[name] = {"kind": kind, "bias": False} if kind == "layer-norm" else {"kind": kind}
@@ -555,6 +559,8 @@ def _token_shift(owner: str, branch: Any, attention: bool) -> tuple[Any, dict | 
 
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
+    import torch
+
     macaron = len(parts) == 3
     block = _Block()
     for position, (kind, branch, (pre, sandwich, post), residual) in enumerate(parts, start=1):
@@ -577,6 +583,10 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
             step["operator"] = "attn"
             params, options = _attention(owner, branch, dim, heads, rel_pos)
             block.params |= params
+            block.fixed |= {name for name, fixed in (
+                ("attn.W_o", library_name(branch.to_out) == "Identity"), ("attn.slopes", True),  # ALiBi's: a buffer
+                *((f"attn.{part}_gain", not isinstance(getattr(branch, f"qk_norm_{part}_scale"), torch.Tensor))
+                  for part in "qk")) if fixed and name in params}
             if branch.kv_heads != heads:
                 block.notes.add(f"the {branch.kv_heads} key/value heads are read repeated for the {heads} query heads: "
                                 "a generated Stack trains the copies untied")
@@ -719,16 +729,17 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         notes.append("x-transformers' non-flash attention takes its softmax in float32; the generated code keeps "
                      "the input dtype (set attn_flash=True for its scaled_dot_product_attention path)")
     options = ({"causal": True} if causal else {}) | ({} if rope_theta is None else {"rope_theta": rope_theta})
-    without_output = any(library_name(part) == "Attention" and library_name(part.to_out) == "Identity"
-                         for part in layers.modules())
-    if without_output:
-        notes.append("one head of the model's width: x-transformers' attention has no output projection (to_out is "
-                     "the identity), attn.W_o = I, which build leaves out of training")
+    if "attn.W_o" in first.fixed:
+        notes.append("x-transformers' attention has no output projection (to_out is the identity): attn.W_o = I, "
+                     "which build leaves out of training")
+    frozen = tuple(f"layers.{index}.{name}" for index, block in enumerate(blocks) for name in sorted(block.fixed))
+    if final_norm is not None:  # x-transformers' final LayerNorm has no bias; a SimpleRMSNorm has no gain
+        frozen += tuple(f"final_norm.{name}" for name in ("gain", "bias") if name == "bias" and name in final_norm
+                        or name == "gain" and library_name(layers.final_norm) == "SimpleRMSNorm")
     adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
                       options=options, notes=tuple(notes), scheme_file=text, tied=tied,
-                      frozen=tuple(f"layers.{index}.attn.W_o" for index in range(len(blocks)) if without_output)
-                      + (("final_norm.bias",) if final_norm is not None and "bias" in final_norm else ()))
+                      frozen=frozen)
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
         copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))
@@ -778,8 +789,9 @@ def read_wrapper(wrapper: Any, *, probe: bool = True) -> Adapted:
                       "embeddings and attn_layers, so every token's attention changes")
     for flag, why in (("recycling", "attn_layers runs again on its own output, recycled"),
                       ("looped", "attn_layers runs in a loop until its exit gate stops it")):
-        if getattr(wrapper, flag, False) is not False:
-            raise _refuse("TransformerWrapper", f"{flag}=True", f"{why}: a forward is no one pass of the stack")
+        if getattr(wrapper, flag, False):
+            raise _refuse("TransformerWrapper", f"{flag}={getattr(wrapper, flag)!r}",
+                          f"{why}: a forward is no one pass of the stack")
     adapted = read_attention_layers(wrapper.attn_layers, probe=probe)
     return replace(adapted, source=("xtransformers", "TransformerWrapper"), notes=adapted.notes + (
         "read TransformerWrapper.attn_layers only: token and position embeddings, and the logits, stay in torch",))

@@ -257,8 +257,10 @@ def _check_attend_functions(owner: str, attend: Any) -> None:
         raise _refuse(owner, f"Attend.sdp_context_manager={manager!r}", "the SDPA context is torch's kernel selection")
 
 
-def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -> tuple[dict[str, np.ndarray], dict]:
-    """``attn.*`` of an x-transformers ``Attention`` and the attention operator's options; refuses its other flags.
+def _attention(owner: str, attention: Any, dim: int, heads: int,
+               rel_pos: Any) -> tuple[dict[str, np.ndarray], dict, set[str]]:
+    """``attn.*`` of an x-transformers ``Attention``, the attention operator's options and the names among them the
+    source holds fixed (no parameter there: ``W_o = I``, unit qk-norm gains, ALiBi's slopes); refuses its other flags.
 
     ``attn_kv_heads``: key/value head ``h mod n_kv`` serves query head ``h`` (x-transformers' repeat), read as
     multi-head attention with those columns of ``W_k``, ``W_v`` repeated. ``attn_dim_head`` other than ``dim / heads``
@@ -278,9 +280,9 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
     rescale = scale * np.sqrt(width)
     shared = [head % attention.kv_heads for head in range(heads)]  # x-transformers' repeat '(r kvh)'
     weights = {part: linear_weight(getattr(attention, f"to_{part}").weight) for part in ("q", "k", "v")}
-    # one head of the model's width: x-transformers' to_out is the identity (W_o = I, which build keeps fixed)
-    weights["out"] = (np.eye(dim, dtype=weights["q"].dtype) if library_name(attention.to_out) == "Identity"
-                      else linear_weight(attention.to_out.weight))
+    identity = library_name(attention.to_out) == "Identity"  # no output projection: the heads' outputs, joined
+    weights["out"] = np.eye(dim, dtype=weights["q"].dtype) if identity else linear_weight(attention.to_out.weight)
+    fixed = {"attn.W_o"} if identity else set()
     weights |= {part: _heads(weights[part], width, shared) for part in "kv"}
     if not attention.qk_norm and not math.isclose(rescale, 1.0, rel_tol=1e-12):
         weights["q"] = weights["q"] * rescale  # a score scale other than d_head^{-1/2}
@@ -293,6 +295,8 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
         scales = [array(scale).reshape(-1, width) if isinstance(scale, torch.Tensor) else np.ones((count, width))
                   for scale, count in ((attention.qk_norm_q_scale, heads), (attention.qk_norm_k_scale, attention.kv_heads))]
         gains = {"q": rescale * scales[0], "k": scales[1][shared]}
+        fixed |= {f"attn.{part}_gain" for part in "qk" if not isinstance(getattr(attention, f"qk_norm_{part}_scale"),
+                                                                           torch.Tensor)}
         params |= {f"attn.{part}_gain": gain.reshape(-1).astype(params["attn.W_q"].dtype) for part, gain in gains.items()}
         options["qk_norm"] = True
     for when in ("pre", "post"):  # x-transformers: s + W s before, W γ after the softmax
@@ -302,6 +306,7 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
             options[f"{when}_talking_heads"] = True
     if library_name(rel_pos) == "AlibiPositionalBias":
         params["attn.slopes"] = _alibi_slopes(owner, rel_pos, heads)
+        fixed.add("attn.slopes")  # a buffer
         options["alibi"] = True
     if library_name(rel_pos) == "RelativePositionBias":
         _check_defaults(owner, rel_pos, {}, "")
@@ -319,7 +324,7 @@ def _attention(owner: str, attention: Any, dim: int, heads: int, rel_pos: Any) -
                           "per direction: x-transformers' own are then not finite, and indices out of its table")
         params["attn.rel_bias"] = array(rel_pos.relative_attention_bias.weight) * rel_pos.scale
         options |= {"rel_pos_bias": "causal" if rel_pos.causal else "bidirectional", "max_distance": rel_pos.max_distance}
-    return params, options
+    return params, options, fixed
 
 
 def _alibi_slopes(owner: str, alibi: Any, heads: int) -> np.ndarray:
@@ -559,8 +564,6 @@ def _token_shift(owner: str, branch: Any, attention: bool) -> tuple[Any, dict | 
 
 def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_pos: Any) -> _Block:
     """One block: pre-norm fields are substeps ``on`` their norm, post-norms projection substeps after them."""
-    import torch
-
     macaron = len(parts) == 3
     block = _Block()
     for position, (kind, branch, (pre, sandwich, post), residual) in enumerate(parts, start=1):
@@ -581,12 +584,9 @@ def _block(owner: str, parts: list, dim: int, heads: int, dtype: np.dtype, rel_p
             block.operators[step["shift"]] = shift
         if kind == "a":
             step["operator"] = "attn"
-            params, options = _attention(owner, branch, dim, heads, rel_pos)
+            params, options, fixed = _attention(owner, branch, dim, heads, rel_pos)
             block.params |= params
-            block.fixed |= {name for name, fixed in (
-                ("attn.W_o", library_name(branch.to_out) == "Identity"), ("attn.slopes", True),  # ALiBi's: a buffer
-                *((f"attn.{part}_gain", not isinstance(getattr(branch, f"qk_norm_{part}_scale"), torch.Tensor))
-                  for part in "qk")) if fixed and name in params}
+            block.fixed |= fixed
             if branch.kv_heads != heads:
                 block.notes.add(f"the {branch.kv_heads} key/value heads are read repeated for the {heads} query heads: "
                                 "a generated Stack trains the copies untied")
@@ -733,13 +733,13 @@ def read_attention_layers(layers: Any, *, probe: bool = True) -> Adapted:
         notes.append("x-transformers' attention has no output projection (to_out is the identity): attn.W_o = I, "
                      "which build leaves out of training")
     frozen = tuple(f"layers.{index}.{name}" for index, block in enumerate(blocks) for name in sorted(block.fixed))
-    if final_norm is not None:  # x-transformers' final LayerNorm has no bias; a SimpleRMSNorm has no gain
-        frozen += tuple(f"final_norm.{name}" for name in ("gain", "bias") if name == "bias" and name in final_norm
-                        or name == "gain" and library_name(layers.final_norm) == "SimpleRMSNorm")
+    if final_norm is not None and library_name(layers.final_norm) == "SimpleRMSNorm":  # unit gains, no parameter
+        frozen += ("final_norm.gain",)
+    if final_norm is not None and "bias" in final_norm:  # x-transformers' final LayerNorm has no bias
+        frozen += ("final_norm.bias",)
     adapted = Adapted(scheme=name, activation=activation, layers=tuple(block.params for block in blocks), n_heads=heads,
                       eps=eps.pop(), source=("xtransformers", owner), final_norm=final_norm, stack=True,
-                      options=options, notes=tuple(notes), scheme_file=text, tied=tied,
-                      frozen=frozen)
+                      options=options, notes=tuple(notes), scheme_file=text, tied=tied, frozen=frozen)
     if probe:  # what a float64 copy reads (no rounding of a float32 source's γ + 1) against the copy's forward
         copy = randomized(_float64_copy(layers))  # random weights: no branch its own (zero-initialized) ones hide
         check_probe(owner, read_attention_layers(copy, probe=False), partial(_run, copy))

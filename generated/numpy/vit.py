@@ -1465,10 +1465,10 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     d_ff = _shape(params["layers.0.ffn.W_1"])[1] if layers else 0
     if layers:  # d_ff is read from this parameter: its other axes first, so that a wrong one is not taken for d_ff
         shape, axes = _shape(params["layers.0.ffn.W_1"]), LAYER_PARAMETERS["ffn.W_1"]
-        known = {"d": d, "n_heads": n_heads, "d_head": d // n_heads}
-        if len(shape) != len(axes) or any(known.get(axis, size) != size for axis, size in zip(axes, shape)):
+        axis_sizes = {"d": d, "n_heads": n_heads, "d_head": d // n_heads}
+        if len(shape) != len(axes) or any(axis_sizes.get(axis, size) != size for axis, size in zip(axes, shape)):
             raise ValueError(f"parameter 'layers.0.ffn.W_1' has shape {shape}, expected "
-                             f"({', '.join(str(known.get(axis, axis)) for axis in axes)})")
+                             f"({', '.join(str(axis_sizes.get(axis, axis)) for axis in axes)})")
     sizes = {"n_channels": n_channels, "patch_size": patch_size, "n_rows": n_rows, "n_cols": n_cols, "d": d,
              "d_ff": d_ff, "n_tokens": n_tokens, "n_heads": n_heads, "d_head": d // n_heads}
     top = _table(params, PARAMETERS, sizes, pixel_values.dtype)

@@ -4,8 +4,8 @@ A meta tensor has a shape, a dtype and a device but no values: a module that rea
 (``.item()``, ``bool(t)``, ``torch.equal``, ``.tolist()``: on a GPU, a synchronization), or computed with a tensor it
 made on the CPU, fails there — except with CPU tensors of zero dimensions and CPU index tensors, which meta takes as
 CUDA does. A partial stand-in, on the CPU, for the GPU target's "device and dtype follow the inputs, no host syncs"
-while no GPU is at hand. The KV cache's consistency checks read their records on the host, by design: the control
-below."""
+while no GPU is at hand. Cached decoding without padding runs there too; with a padding mask, each step compares it with
+the padding the cached tokens hold, a read of the device by design (the control below)."""
 
 import functools
 import inspect
@@ -74,12 +74,26 @@ def test_a_network_runs_forward_and_backward_on_the_meta_device(name, backward):
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
-def test_control_a_cached_decoding_step_reads_its_padding_record_on_the_host(name):
-    """The prompt's call runs on the meta device; the next token's call checks that no cached token was padded
-    (the cache's consistency check: one read of a bool per layer and token) and so fails there."""
+def test_cached_decoding_without_padding_runs_on_the_meta_device(name):
+    """A prompt and then single tokens through a cached Stack: the records of the cached tokens' padding (none) and
+    options are kept on the host, so no step reads the device."""
     stack = _module(name).Stack(2, 16, 4, 24, device="meta")
     cache = [{}, {}]
     with torch.inference_mode():
-        assert stack(torch.empty(1, 4, 16, device="meta"), cache=cache).is_meta
-        with pytest.raises(RuntimeError, match="meta tensors"):
-            stack(torch.empty(1, 1, 16, device="meta"), cache=cache)
+        outs = [stack(torch.empty(1, n_tokens, 16, device="meta"), cache=cache) for n_tokens in (4, 1, 1)]
+    assert all(out.is_meta for out in outs) and cache[1]["attn.v"].shape[1] == 6
+    assert not cache[0]["key_padding_mask"].is_meta and not cache[0]["options"].is_meta
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_control_a_cached_step_with_padding_reads_its_record_on_the_device(name):
+    """With a padding mask, each step compares the mask of the cached tokens with the padding they were cached with
+    (one read per layer and token, on a GPU a synchronization): on the meta device that read fails."""
+    stack = _module(name).Stack(2, 16, 4, 24, device="meta")
+    cache = [{}, {}]
+    with torch.inference_mode():
+        assert stack(torch.empty(1, 4, 16, device="meta"), key_padding_mask=torch.zeros(1, 4, dtype=torch.bool,
+                                                                                       device="meta"), cache=cache).is_meta
+        with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
+            stack(torch.empty(1, 1, 16, device="meta"), key_padding_mask=torch.zeros(1, 5, dtype=torch.bool,
+                                                                                     device="meta"), cache=cache)

@@ -901,42 +901,44 @@ def _log_weights(mask: torch.Tensor | None, batch: int, n_keys: int, device: tor
     weights = torch.zeros(batch, n_keys, dtype=torch.float64, device=device)
     if mask is None:
         return weights
+    mask = mask.to(device)
     return weights.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else mask.to(torch.float64)
 
 
 def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: torch.Tensor | None, batch: int,
                     n_keys: int, device: torch.device) -> None:
     """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
-    None: none padded). A ValueError when it marks the cached tokens otherwise than the calls that cached them: their
-    keys and values hold that padding, so no full pass would equal the result. A cache without the record (one
-    rebuilt from transformers' ``Cache``) is taken as it is."""
+    None: none padded, a record kept on the host, so that decoding without padding never reads the device). A
+    ValueError when it marks the cached tokens otherwise than the calls that cached them: their keys and values hold
+    that padding, so no full pass would equal the result. A cache without the record (one rebuilt from transformers'
+    ``Cache``) is taken as it is."""
     if cache is None:
         return
     mask = None if key_padding_mask is None else torch.as_tensor(key_padding_mask, device=device)
     if "key_padding_mask" in cache:
         old = cache["key_padding_mask"]
         cached = old.shape[1]
-        if mask is None and old.dtype == torch.bool:  # a decoding step without padding: one read of the record
-            agrees = not bool(old.any())
+        if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record (on the host
+            agrees = not bool(old.any())              # where no call gave a mask)
         else:
             agrees = torch.equal(_log_weights(old, batch, cached, device),
                                  _log_weights(mask, batch, n_keys, device)[:, :cached])
         if not agrees:
             raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
                              "keys and values hold that padding): give them the padding they were cached with")
-    cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool, device=device) if mask is None
+    cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool) if mask is None
                                  else mask.detach().clone())
 
 
-def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float],
-                    device: torch.device) -> None:
+def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float]) -> None:
     """Record in ``cache["options"]`` the options the cached keys and values were computed with (``names``:
-    ``values``, float64). A ValueError naming those a later call changes (a Block's ``eps`` or ``rope_theta`` set
-    between two calls): the cached tokens hold the old ones, so no full pass with either would equal the result."""
+    ``values``, float64, on the host: checking them reads no device). A ValueError naming those a later call changes
+    (a Block's ``eps`` or ``rope_theta`` set between two calls): the cached tokens hold the old ones, so no full pass
+    with either would equal the result."""
     if cache is None:
         return
     if "options" not in cache:
-        cache["options"] = torch.tensor(values, dtype=torch.float64, device=device)
+        cache["options"] = torch.tensor(values, dtype=torch.float64)
         return
     old = cache["options"]
     if old.dim() != 1 or old.shape[0] != len(values):
@@ -1214,7 +1216,7 @@ class Block(_CanonicalModule):
                        offset)
         _cached_padding(cache, key_padding_mask, batch, offset + n_tokens, u0.device)
         _cached_options(cache, ["n_heads", "eps"],
-                        [float(n_heads), float(eps)], u0.device)
+                        [float(n_heads), float(eps)])
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             if cache is not None:
                 raise ValueError("backward='derived' trains without a cache (the cache is for inference)")

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench bench-backward train-demo latex-check mutation clean
+.PHONY: demo test generate bench bench-gpu bench-backward train-demo latex-check mutation clean
 
 # timm's tests run without torchvision (tests/timm_import.py stubs it): timm is installed alone,
 # never with its torchvision requirement, which needs a CUDA torch.
@@ -53,6 +53,11 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(BIN)/python bench/decoding.py --check
 	$(BIN)/python bench/benchmark.py $(BENCH_ARGS)
+
+# The torch rows on a CUDA device (bench/gpu.py; it says so where none is present). The environment's
+# torch is the CPU wheel: install a CUDA build of the same version into .venv first.
+bench-gpu: $(STAMP)
+	$(BIN)/python bench/gpu.py $(BENCH_ARGS)
 
 # Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
 # LaTeX checks run without them).

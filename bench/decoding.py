@@ -25,7 +25,7 @@ SIZES = {"d": 256, "n_heads": 8, "n_kv_heads": 2, "d_ff": 688, "n_layers": 4, "p
 FIGURES = ("reference", "torch", "numpy")
 
 
-def _reference(dtype):
+def reference_model(dtype):
     """A random ``LlamaModel`` in ``dtype`` (SDPA attention), eval mode."""
     import torch
     from transformers import LlamaConfig, LlamaModel
@@ -47,7 +47,7 @@ def _canonical(model):
     from splitformer.adapters import from_hf
 
     adapted = [from_hf(layer) for layer in model.layers]
-    return adapted, {"gain": model.norm.weight.detach().numpy().copy()}
+    return adapted, {"gain": model.norm.weight.detach().cpu().numpy().copy()}
 
 
 def _float64_rope(head_dim: int, theta: float):
@@ -83,7 +83,7 @@ def stack_inputs(dtype_name: str = "float32") -> tuple:
     """((), layers, kwargs) of the generated NumPy ``forward_stack`` holding the reference's weights."""
     import torch
 
-    adapted, final_norm = _canonical(_reference(getattr(torch, dtype_name)))
+    adapted, final_norm = _canonical(reference_model(getattr(torch, dtype_name)))
     options = adapted[0].options
     kwargs = {"n_heads": SIZES["n_heads"], "n_kv_heads": options["n_kv_heads"], "eps": adapted[0].eps,
               "final_norm": final_norm, "rope_theta": options["rope_theta"]}
@@ -102,7 +102,8 @@ def numpy_step(module, layers: list, kwargs: dict):
 
 
 def decoder(figure: str, dtype_name: str, modules: Path = ROOT / "generated"):
-    """``step(u, first)``: feeds ``u`` (batch, tokens, d) to the decoder, ``first`` resetting its cache."""
+    """``step(u, first)``: feeds ``u`` (batch, tokens, d) to the decoder, ``first`` resetting its cache. A torch
+    decoder runs where it was built (under ``torch.device(...)``: the inputs go there, the outputs come back)."""
     import torch
 
     from rows import generated
@@ -110,13 +111,11 @@ def decoder(figure: str, dtype_name: str, modules: Path = ROOT / "generated"):
     dtype = getattr(torch, dtype_name)
     if figure == "numpy":
         return numpy_step(generated(modules, "numpy", "llama"), *stack_inputs(dtype_name)[1:])
-    model = _reference(dtype)
-    adapted, final_norm = _canonical(model)
-    options = adapted[0].options
-    layers = [layer.params for layer in adapted]
+    model = reference_model(dtype)
+    device = model.norm.weight.device
     if figure == "reference":
         if dtype == torch.float64:
-            _float64_exact(model, options["rope_theta"])
+            _float64_exact(model, _canonical(model)[0][0].options["rope_theta"])
         from transformers import DynamicCache
 
         state = {}
@@ -125,21 +124,31 @@ def decoder(figure: str, dtype_name: str, modules: Path = ROOT / "generated"):
             if first:
                 state["cache"] = DynamicCache(config=model.config)
             with torch.inference_mode():
-                out = model(inputs_embeds=torch.from_numpy(u), cache=state["cache"], use_cache=True)
-            return out.last_hidden_state.numpy()
+                out = model(inputs_embeds=torch.from_numpy(u).to(device), cache=state["cache"], use_cache=True)
+            return out.last_hidden_state.cpu().numpy()
         return step
-    module = generated(modules, "torch", "llama")
-    stack = module.Stack(SIZES["n_layers"], SIZES["d"], SIZES["n_heads"], SIZES["d_ff"], n_kv_heads=options["n_kv_heads"],
-                         eps=adapted[0].eps, bias=False, rope_theta=options["rope_theta"], dtype=dtype)
-    stack.load_params(layers, final_norm).eval()
+    stack = generated_stack(model, modules)
     state = {}
 
     def step(u, first):
         if first:
             state["cache"] = [{} for _ in stack.layers]
         with torch.inference_mode():
-            return stack(torch.from_numpy(u), cache=state["cache"]).numpy()
+            return stack(torch.from_numpy(u).to(device), cache=state["cache"]).cpu().numpy()
     return step
+
+
+def generated_stack(model, modules: Path = ROOT / "generated"):
+    """The generated torch ``Stack`` holding the weights of the reference ``model``, in its dtype and on its device."""
+    from rows import generated
+
+    adapted, final_norm = _canonical(model)
+    options = adapted[0].options
+    module = generated(modules, "torch", "llama")
+    stack = module.Stack(SIZES["n_layers"], SIZES["d"], SIZES["n_heads"], SIZES["d_ff"], n_kv_heads=options["n_kv_heads"],
+                         eps=adapted[0].eps, bias=False, rope_theta=options["rope_theta"],
+                         dtype=model.norm.weight.dtype, device=model.norm.weight.device)
+    return stack.load_params([layer.params for layer in adapted], final_norm).eval()
 
 
 def _tokens(batch: int, count: int, dtype) -> np.ndarray:

@@ -1,105 +1,145 @@
-"""The torch table of ``make bench`` on a CUDA device, when one is present (otherwise it says so).
+"""The torch rows of ``make bench`` on a CUDA device, when one is present (otherwise it says so).
 
-    python bench/gpu.py [--shapes N128,N1024] [--pairs 5] [--seconds 1.0]
+    python bench/gpu.py [--rows 'llama/*,decoding/*'] [--pairs 5] [--seconds 1.0] [--device cuda]
 
-For each shape: the generated post-ln ``Block`` against ``torch.nn.TransformerEncoderLayer``
-(the same weights), inference and a training step (forward, backward, SGD update), float32, on
-``cuda``. Each call is timed with CUDA events after a warm-up; reference and candidate alternate
-for ``--pairs`` rounds of back-to-back calls, and the median ratio (candidate / reference, < 1
-is faster) is printed with its spread. Before timing, the generated forward runs once under
-``torch.cuda.set_sync_debug_mode("error")``: a host synchronization in its forward fails the run.
+Every torch row of ``bench/rows.py`` (``--list`` prints them): the blocks' inference, training
+step and derived training step, the networks, and KV-cached decoding, each reference and
+candidate built as the CPU table builds them, on the device (under ``torch.device``: the random
+weights and inputs are drawn there). In one process, reference and candidate alternate for ``--pairs`` pairs (the order
+swapped every other pair), each timed in back-to-back calls for at least ``--seconds`` after a
+warm-up, the device synchronized after each call; decoding gives its own time per token. The
+table is ``make bench``'s (a target inside the spread counts as missed).
+
+Before timing, each inference candidate runs once under ``torch.cuda.set_sync_debug_mode("error")``,
+and so do a prompt and two decoding steps of the generated ``Stack`` with its cache, without
+padding: a host synchronization there fails the run. ``--device cpu`` is a dry run of the same
+rows on the CPU (the harness and every row's build; its figures are not the GPU's).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from shapes import SHAPES  # noqa: E402
+import rows  # noqa: E402
+from table import Measured, table  # noqa: E402
 
-FIGURES = ("torch-inference", "torch-training")
+#: The torch rows of the CPU table (the NumPy ones have no device).
+NAMES = tuple(name for name in rows.NAMES if not name.endswith("/numpy"))
 WARM_UP_SECONDS = 0.3
 
 
-def _timed(function, seconds: float) -> float:
-    """Median milliseconds per call of back-to-back calls (CUDA events), after a warm-up."""
-    import torch
+def selected(patterns: str) -> list[str]:
+    """The torch rows matching any of the comma-separated patterns (``fnmatch``, or a row's name)."""
+    chosen = [name for name in NAMES if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns.split(","))]
+    extra = [pattern for pattern in patterns.split(",") if not any(fnmatch.fnmatchcase(name, pattern) for name in NAMES)]
+    for name in extra:
+        if rows.row(name).numpy_build is not None:  # a row outside the table (the tiny shape) or an error
+            raise SystemExit(f"error: {name} is a NumPy row: it has no device")
+    return chosen + extra
 
+
+def _per_call(timed: rows.Timed, seconds: float, synchronize: Callable[[], None]) -> float:
+    """Median seconds per call of back-to-back calls after a warm-up (or the call's own measure, ``Seconds``)."""
     start = time.perf_counter()
     while time.perf_counter() - start < WARM_UP_SECONDS:
-        function()
-    torch.cuda.synchronize()
-    times = []
+        (timed.warm_up or timed.call)()
+    synchronize()
+    times: list[float] = []
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times) < 5:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        function()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
+    while time.perf_counter() - start < seconds or len(times) < 3:
+        begin = time.perf_counter()
+        result = timed.call()
+        synchronize()
+        times.append(result if isinstance(result, rows.Seconds) else time.perf_counter() - begin)
     return statistics.median(times)
 
 
-def _modules(shape: str):
-    """The reference layer and the generated ``Block`` on ``cuda``, and the input there."""
-    from rows import generated
-    from sources import block_source
-
-    _, _, d, heads, d_ff = SHAPES[shape]
-    reference, adapted, inputs = block_source("post-ln", *SHAPES[shape])
-    candidate = generated(ROOT / "generated", "torch", "post-ln").Block(d, heads, d_ff, device="cuda")
-    return reference.to("cuda"), candidate.load_params(adapted.params), inputs[0].to("cuda")
-
-
-def _no_host_sync(candidate, x) -> None:
-    """The generated forward under CUDA's sync debug mode "error" (a host sync raises)."""
+def _no_host_sync(name: str, candidate: rows.Timed, device: str) -> None:
+    """The candidate's inference call, or a decoding Stack's prompt and two steps, under CUDA's sync debug mode
+    "error" (a host synchronization raises)."""
     import torch
 
+    if name.startswith("decoding/"):
+        import decoding
+
+        with torch.device(device):
+            stack = decoding.generated_stack(decoding.reference_model(torch.float32))
+            tokens = [torch.randn(1, count, decoding.SIZES["d"]) for count in (decoding.SIZES["prompt"], 1, 1)]
+        cache = [{} for _ in stack.layers]
+
+        def call():
+            with torch.inference_mode():
+                for u in tokens:
+                    stack(u, cache=cache)
+    else:
+        call = candidate.call
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.inference_mode():
-            candidate(x)
+        call()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/gpu.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="N128,N1024", help=f"comma-separated, of {', '.join(SHAPES)}")
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back time per round")
-    arguments = parser.parse_args(argv)
+def measure(name: str, device: str, pairs: int, seconds: float) -> Measured:
+    """One row on ``device``: alternating pairs of reference and candidate."""
     import torch
 
-    if not torch.cuda.is_available():
+    row = rows.row(name)
+    with torch.device(device):
+        timed = {role: row.build(role, ROOT / "generated") for role in ("reference", "candidate")}
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not row.training:
+        _no_host_sync(name, timed["candidate"], device)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    measured = Measured(row)
+    for pair in range(pairs):
+        order = ("reference", "candidate") if pair % 2 == 0 else ("candidate", "reference")
+        for role in order:
+            result = {"median_s": _per_call(timed[role], seconds, synchronize)}
+            if timed[role].kept is not None and pair >= pairs - 2:  # the table reads the last pair's
+                result["kept_bytes"] = timed[role].kept()
+            getattr(measured, role).append(result)
+    return measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/gpu.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="*", help="comma-separated row names or patterns (default: all; see --list)")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back time per figure")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run)")
+    parser.add_argument("--list", action="store_true", help="print the rows and exit")
+    arguments = parser.parse_args(argv)
+    if arguments.list:
+        print("\n".join(NAMES))
+        return 0
+    import torch
+
+    if arguments.device != "cpu" and not torch.cuda.is_available():
         print(f"no CUDA device is present (torch {torch.__version__}): the GPU table is not measured")
         return 0
-    from sources import timed_call
-
-    print(f"splitformer GPU benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}, float32")
-    for shape in arguments.shapes.split(","):
-        reference, candidate, x = _modules(shape)
-        _no_host_sync(candidate, x)
-        for figure in FIGURES:
-            training = figure == "torch-training"
-            functions = [timed_call(module, [x], training).call for module in (reference, candidate)]
-            ratios, times = [], []
-            for _ in range(arguments.pairs):
-                times = [_timed(function, arguments.seconds) for function in functions]
-                ratios.append(times[1] / times[0])
-            print(f"[{shape}] {figure:16} {statistics.median(ratios):5.2f}x  spread {min(ratios):.2f}-"
-                  f"{max(ratios):.2f} over {len(ratios)} pairs  ref {times[0]:7.3f} ms  gen {times[1]:7.3f} ms",
-                  flush=True)
+    names = selected(arguments.rows)
+    if arguments.device == "cpu":
+        header = f"DRY RUN on the CPU ({torch.get_num_threads()} threads): the harness and every row's build, not GPU figures"
+    else:
+        header = f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
+    print(f"splitformer GPU benchmark: {header}, torch {torch.__version__}, float32; {arguments.pairs} alternating "
+          f"pairs per row in one process, >= {arguments.seconds} s of back-to-back calls each", flush=True)
+    measured = []
+    for name in names:
+        measured.append(measure(name, arguments.device, arguments.pairs, arguments.seconds))
+        print(table(measured[-1:], {})[-1], flush=True)
+    print("\n" + "\n".join(table(measured, {})))
     return 0
 
 

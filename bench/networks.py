@@ -79,7 +79,7 @@ def _grid(name: str):
         else:
             order = (0, 2, 3, 1) if isinstance(layer, torch.nn.ConvTranspose2d) else (1, 2, 3, 0)
             values = {"W": layer.weight.permute(*order), "b": layer.bias}
-        params.update({f"{group}.{key}": value.detach().numpy().copy() for key, value in values.items()})
+        params.update({f"{group}.{key}": value.detach().cpu().numpy().copy() for key, value in values.items()})
     return reference, u, params, channels
 
 

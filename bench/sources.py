@@ -26,7 +26,7 @@ class Rotary(torch.nn.Module):
         self.layer, self.rotary = layer, rotary
 
     def forward(self, x):
-        positions = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+        positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
         return first(self.layer(x, attention_mask=None, position_embeddings=self.rotary(x, positions)))
 
 

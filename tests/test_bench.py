@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import benchmark  # noqa: E402
 import figure  # noqa: E402
+import gpu  # noqa: E402
 import machine  # noqa: E402
 import rows  # noqa: E402
 import sources  # noqa: E402
@@ -114,6 +115,47 @@ def test_rows_are_named_and_a_wrong_name_is_refused():
     assert len(benchmark.selected("*")) == len(rows.NAMES) == 29
     with pytest.raises(SystemExit, match="no benchmark row 'post-ln/N64/torch'"):
         benchmark.selected("post-ln/N64/torch")
+
+
+def test_the_gpu_table_has_every_torch_row_and_runs_dry_on_the_cpu(capsys):
+    """``bench/gpu.py``: the CPU table's torch rows (no NumPy row), measured in one process; without CUDA it says so
+    and measures nothing; ``--device cpu`` runs the rows' builds and the harness (a training row with its memory)."""
+    assert gpu.NAMES == tuple(name for name in rows.NAMES if "numpy" not in name) and len(gpu.NAMES) == 17
+    assert gpu.selected("decoding/*") == ["decoding/b1/torch", "decoding/b8/torch"]
+    with pytest.raises(SystemExit, match="post-ln/tiny/numpy is a NumPy row"):
+        gpu.selected("post-ln/tiny/numpy")
+    if not torch.cuda.is_available():
+        assert gpu.main(["--rows", "post-ln/N128/torch"]) == 0
+        assert capsys.readouterr().out.startswith("no CUDA device is present")
+    gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,llama/tiny/derived", "--pairs", "2", "--seconds", "0.01"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("splitformer GPU benchmark: DRY RUN on the CPU")
+    lines = printed.splitlines()[-2:]
+    assert lines[0].startswith("| post-ln/tiny/torch | B 2, N 16") and "≤ 1.00" in lines[0]
+    assert lines[1].startswith("| llama/tiny/derived |") and lines[1].endswith(" MiB |") and "– / –" not in lines[1]
+
+
+def test_the_gpu_tables_host_sync_check_runs_the_candidate_and_a_cached_decoding(monkeypatch):
+    """What runs under CUDA's sync debug mode "error" (CUDA's calls stand-ins here): an inference candidate's call, and
+    for a decoding row the generated Stack's prompt and two steps with its cache."""
+    modes, calls = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    gpu._no_host_sync("post-ln/tiny/torch", rows.Timed(lambda: calls.append(modes[-1])), "cpu")
+    assert calls == ["error"] and modes == ["error", "default"]
+    seen = []
+    import decoding
+
+    stack_of = decoding.generated_stack
+
+    def recorded(model, modules=ROOT / "generated"):
+        stack = stack_of(model, modules)
+        original = stack.forward
+        stack.forward = lambda u, cache: seen.append((u.shape[1], modes[-1])) or original(u, cache=cache)
+        return stack
+    monkeypatch.setattr(decoding, "generated_stack", recorded)
+    gpu._no_host_sync("decoding/b1/torch", None, "cpu")
+    assert seen == [(128, "error"), (1, "error"), (1, "error")] and modes[-1] == "default"
 
 
 def test_the_machines_probes_run():

@@ -54,10 +54,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/decoding.py --check
 	$(BIN)/python bench/benchmark.py $(BENCH_ARGS)
 
-# The torch rows on a CUDA device (bench/gpu.py; it says so where none is present). The environment's
-# torch is the CPU wheel: install a CUDA build of the same version into .venv first.
-bench-gpu: $(STAMP)
-	$(BIN)/python bench/gpu.py $(BENCH_ARGS)
+# The torch rows on a CUDA device (bench/gpu.py; it says so where none is present), with a Python whose torch is a
+# CUDA build and splitformer installed in it (docs/reference/performance.md, GPU): `make bench-gpu GPU_PYTHON=python3`.
+GPU_PYTHON ?= $(BIN)/python
+bench-gpu:
+	$(GPU_PYTHON) bench/gpu.py $(GPU_ARGS)
 
 # Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
 # LaTeX checks run without them).

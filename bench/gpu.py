@@ -10,10 +10,13 @@ swapped every other pair), each timed in back-to-back calls for at least ``--sec
 warm-up, the device synchronized after each call; decoding gives its own time per token. The
 table is ``make bench``'s (a target inside the spread counts as missed).
 
-Before timing, each inference candidate runs once under ``torch.cuda.set_sync_debug_mode("error")``,
-and so do a prompt and two decoding steps of the generated ``Stack`` with its cache, without
-padding: a host synchronization there fails the run. ``--device cpu`` is a dry run of the same
-rows on the CPU (the harness and every row's build; its figures are not the GPU's).
+Before timing, a block's candidate and reference must agree on the device (float32, within
+``TOLERANCE``; decoding: four tokens), and each inference candidate runs once under
+``torch.cuda.set_sync_debug_mode("error")``, as do a prompt and two decoding steps of the generated
+``Stack`` with its cache, without padding: a host synchronization there fails the row. A row that
+fails says why in its line and the run goes on (exit status 1). TF32 is off: the figures are
+float32's. ``--device cpu`` is a dry run of the same rows on the CPU (the harness and every row's
+build; its figures are not the GPU's).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import rows  # noqa: E402
+from shapes import SHAPES  # noqa: E402
 from table import Measured, table  # noqa: E402
 
 #: The torch rows of the CPU table (the NumPy ones have no device).
 NAMES = tuple(name for name in rows.NAMES if not name.endswith("/numpy"))
 WARM_UP_SECONDS = 0.3
+#: The largest difference of a candidate's float32 output from its reference's that a row runs with.
+TOLERANCE = 1e-3
 
 
 def selected(patterns: str) -> list[str]:
@@ -82,7 +88,7 @@ def _no_host_sync(name: str, candidate: rows.Timed, device: str) -> None:
                     stack(u, cache=cache)
     else:
         call = candidate.call
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
     torch.cuda.set_sync_debug_mode("error")
     try:
         call()
@@ -90,17 +96,45 @@ def _no_host_sync(name: str, candidate: rows.Timed, device: str) -> None:
         torch.cuda.set_sync_debug_mode("default")
 
 
+def difference(name: str, device: str) -> float | None:
+    """The largest difference of the candidate's output from the reference's on ``device``: a block's forward (float32),
+    or four tokens decoded after the prompt; None for a network (its outputs are compared by the test suite only)."""
+    import numpy as np
+    import torch
+
+    parts = name.split("/")
+    if parts[0] in rows.NETWORKS:
+        return None
+    with torch.device(device):
+        if parts[0] == "decoding":
+            import decoding
+
+            outputs = [decoding.generate(decoding.decoder(figure, "float32"), int(parts[1][1:]), 4, np.float32)[1]
+                       for figure in ("reference", "torch")]
+        else:
+            from sources import block_source, first
+
+            source, _, inputs = block_source(parts[0], *SHAPES[parts[1]])
+            block, tensors = rows.candidate_block(parts[0], parts[1], ROOT / "generated")
+            with torch.inference_mode():
+                outputs = [first(source.eval()(*inputs)).cpu().numpy(), block.eval()(*tensors).cpu().numpy()]
+    return float(np.abs(outputs[0] - outputs[1]).max())
+
+
 def measure(name: str, device: str, pairs: int, seconds: float) -> Measured:
-    """One row on ``device``: alternating pairs of reference and candidate."""
+    """One row on ``device``: its parity and host-sync checks, then alternating pairs of reference and candidate."""
     import torch
 
     row = rows.row(name)
+    found = difference(name, device)
+    if found is not None and not found <= TOLERANCE:
+        raise RuntimeError(f"the candidate's output differs from the reference's by {found:.2e} (> {TOLERANCE})")
     with torch.device(device):
         timed = {role: row.build(role, ROOT / "generated") for role in ("reference", "candidate")}
     cuda = torch.device(device).type == "cuda"
     if cuda and not row.training:
         _no_host_sync(name, timed["candidate"], device)
-    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    synchronize = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     measured = Measured(row)
     for pair in range(pairs):
         order = ("reference", "candidate") if pair % 2 == 0 else ("candidate", "reference")
@@ -132,15 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.device == "cpu":
         header = f"DRY RUN on the CPU ({torch.get_num_threads()} threads): the harness and every row's build, not GPU figures"
     else:
-        header = f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
-    print(f"splitformer GPU benchmark: {header}, torch {torch.__version__}, float32; {arguments.pairs} alternating "
-          f"pairs per row in one process, >= {arguments.seconds} s of back-to-back calls each", flush=True)
-    measured = []
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        header = f"{torch.cuda.get_device_name(arguments.device)}, CUDA {torch.version.cuda}, TF32 off"
+    import transformers
+
+    print(f"splitformer GPU benchmark: {header}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"float32; {arguments.pairs} alternating pairs per row in one process, >= {arguments.seconds} s of "
+          f"back-to-back calls each", flush=True)
+    measured, failed = [], []
     for name in names:
-        measured.append(measure(name, arguments.device, arguments.pairs, arguments.seconds))
+        try:
+            measured.append(measure(name, arguments.device, arguments.pairs, arguments.seconds))
+        except Exception as error:  # one row's failure is that row's line; the others still run
+            failed.append(f"| {name} | failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} |")
+            print(failed[-1], flush=True)
+            continue
         print(table(measured[-1:], {})[-1], flush=True)
-    print("\n" + "\n".join(table(measured, {})))
-    return 0
+    print("\n" + "\n".join(table(measured, {}) + failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,15 @@ def _random(model):
     return model.float().eval()
 
 
+def _drawn(*shape: int):
+    """A standard normal input (seed 1), drawn on the CPU and moved to the default device (``bench/gpu.py`` builds
+    under ``torch.device("cuda")``, where a CPU generator cannot draw)."""
+    import torch
+
+    values = torch.randn(*shape, generator=torch.Generator().manual_seed(1), device="cpu")
+    return values.to(torch.get_default_device())
+
+
 def _hf(name: str):
     """The transformers module, its pixels, and the adapter's (params, config)."""
     import numpy as np
@@ -48,8 +57,7 @@ def _hf(name: str):
                                         depth=[1, 2, 3], mlp_ratio=[4.0] * 3, cls_token=[False, False, True],
                                         drop_path_rate=[0.0] * 3, attention_drop_rate=[0.0] * 3, drop_rate=[0.0] * 3)
         model, batch = _random(transformers.CvtModel(config, add_pooling_layer=False)), 8
-    pixels = torch.randn(batch, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    return model, pixels, from_hf(model).astype(np.float32)
+    return model, _drawn(batch, 3, 64, 64), from_hf(model).astype(np.float32)
 
 
 def _grid(name: str):
@@ -63,14 +71,14 @@ def _grid(name: str):
         layers = torch.nn.ModuleList([conv1, bn1, conv2, bn2])
         reference = lambda x: torch.relu(bn2(conv2(torch.relu(bn1(conv1(x))))) + x)  # noqa: E731
         groups, channels = {"conv1": conv1, "bn1": bn1, "conv2": conv2, "bn2": bn2}, (64, 64)
-        u = torch.randn(16, 64, 32, 32, generator=torch.Generator().manual_seed(1))
+        u = _drawn(16, 64, 32, 32)
     else:
         down, conv = torch.nn.Conv2d(3, 64, 3, stride=2, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1)
         norm, up = torch.nn.BatchNorm2d(64), torch.nn.ConvTranspose2d(64, 3, 2, stride=2)
         layers = torch.nn.ModuleList([down, conv, norm, up])
         reference = lambda x: x + up(torch.relu(norm(conv(down(x)))))  # noqa: E731
         groups, channels = {"down": down, "conv": conv, "bn": norm, "up": up}, (3, 64)
-        u = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+        u = _drawn(16, 3, 32, 32)
     _random(layers)
     params = {}
     for group, layer in groups.items():

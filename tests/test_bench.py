@@ -127,7 +127,8 @@ def test_the_gpu_table_has_every_torch_row_and_runs_dry_on_the_cpu(capsys):
     if not torch.cuda.is_available():
         assert gpu.main(["--rows", "post-ln/N128/torch"]) == 0
         assert capsys.readouterr().out.startswith("no CUDA device is present")
-    gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,llama/tiny/derived", "--pairs", "2", "--seconds", "0.01"])
+    assert gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,llama/tiny/derived", "--pairs", "2",
+                     "--seconds", "0.01"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("splitformer GPU benchmark: DRY RUN on the CPU")
     lines = printed.splitlines()[-2:]
@@ -135,11 +136,24 @@ def test_the_gpu_table_has_every_torch_row_and_runs_dry_on_the_cpu(capsys):
     assert lines[1].startswith("| llama/tiny/derived |") and lines[1].endswith(" MiB |") and "– / –" not in lines[1]
 
 
+def test_a_gpu_row_whose_candidate_computes_otherwise_fails_alone(monkeypatch, capsys):
+    """Each block row compares candidate and reference on the device before timing (here on the CPU: they agree,
+    and decoding's four tokens too); a row that differs, or raises, says so in its line, and the other rows run."""
+    assert gpu.difference("gpt2/tiny/torch", "cpu") <= 1e-5 and gpu.difference("vit/torch", "cpu") is None
+    differences = {"post-ln/tiny/torch": 0.5, "gpt2/tiny/torch": 0.0}
+    monkeypatch.setattr(gpu, "difference", lambda name, device: differences[name])
+    assert gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,gpt2/tiny/torch", "--pairs", "1",
+                     "--seconds", "0.01"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == ("| post-ln/tiny/torch | failed: RuntimeError: the candidate's output differs from the "
+                         "reference's by 5.00e-01 (> 0.001) |") and lines[-2].startswith("| gpt2/tiny/torch | B 2")
+
+
 def test_the_gpu_tables_host_sync_check_runs_the_candidate_and_a_cached_decoding(monkeypatch):
     """What runs under CUDA's sync debug mode "error" (CUDA's calls stand-ins here): an inference candidate's call, and
     for a decoding row the generated Stack's prompt and two steps with its cache."""
     modes, calls = [], []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     gpu._no_host_sync("post-ln/tiny/torch", rows.Timed(lambda: calls.append(modes[-1])), "cpu")
     assert calls == ["error"] and modes == ["error", "default"]

@@ -49,7 +49,7 @@ NOT_RUN = {
     ("docs/guide/networks.md", "splitformer check vit cvt resnet-block unet-level"):
         "the checks of the networks take minutes",
     ("docs/reference/performance.md", "make bench"): "benchmarks run for minutes",
-    ("docs/reference/performance.md", "make bench-gpu"): "a benchmark on a CUDA device",
+    ("docs/reference/performance.md", "make bench-gpu GPU_PYTHON=python3"): "a benchmark on a CUDA device",
     ("docs/reference/performance.md", "python bench/figure.py post-ln/N1024/numpy candidate --inputs .cache/bench --prepare"):
         "a benchmark, from the repository root; about a minute",
     ("docs/guide/adjoint.md", "make train-demo"): "the training demo takes about 20 s",

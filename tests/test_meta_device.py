@@ -3,15 +3,19 @@
 A meta tensor has a shape, a dtype and a device but no values: a module that read a value on the host
 (``.item()``, ``bool(t)``, ``torch.equal``, ``.tolist()``: on a GPU, a synchronization), or computed with a tensor it
 made on the CPU, fails there — except with CPU tensors of zero dimensions and CPU index tensors, which meta takes as
-CUDA does. A partial stand-in, on the CPU, for the GPU target's "device and dtype follow the inputs, no host syncs"
-while no GPU is at hand. Cached decoding without padding runs there too; with a padding mask, each step compares it with
-the padding the cached tokens hold, a read of the device by design (the control below)."""
+CUDA does. What meta takes silently but a GPU would synchronize on, a CPU tensor copied to the device or indexing
+one, ``HostCopies`` records during the forward. A partial stand-in, on the CPU, for the GPU target's "device and dtype
+follow the inputs, no host syncs" while no GPU is at hand. Cached decoding without padding runs there too; with a
+padding mask, each step compares it with the padding the cached tokens hold, a read of the device by design (the
+control below)."""
 
 import functools
 import inspect
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from conftest import GENERATED, import_path
 
@@ -35,6 +39,31 @@ def _module(name):
     return import_path(GENERATED / "torch" / f"{name}.py", f"_meta_{name}")
 
 
+class HostCopies(TorchDispatchMode):
+    """Records what meta takes silently but a GPU would synchronize on: a copy from the CPU into a device tensor
+    (``.to(device)`` of a CPU tensor, ``copy_`` from one; CUDA copies pageable memory blocking) and a CPU index tensor
+    of one or more dimensions indexing a device tensor (CUDA copies it over)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [value for value in tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
+        packet = func._overloadpacket
+        if packet is torch.ops.aten._to_copy and args[0].device.type == "cpu" and kwargs.get("device") is not None \
+                and torch.device(kwargs["device"]).type == "meta":
+            self.found.append(f"{func} of a CPU {list(args[0].shape)}")
+        if packet is torch.ops.aten.copy_ and args[0].is_meta and args[1].device.type == "cpu":
+            self.found.append(f"{func} from a CPU {list(args[1].shape)}")
+        if packet in (torch.ops.aten.index, torch.ops.aten.index_put_, torch.ops.aten.index_put,
+                      torch.ops.aten.index_select) and any(t.is_meta for t in tensors) and \
+                any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
+            self.found.append(f"{func} with a CPU index")
+        return func(*args, **kwargs)
+
+
 def _meta(*shape):
     return torch.empty(*shape, device="meta", requires_grad=True)
 
@@ -55,7 +84,9 @@ def test_a_block_runs_forward_and_backward_on_the_meta_device(name, backward):
     block = _module(name).Block(16, 4, 24, device="meta", backward=backward)
     u = _meta(2, 3, 16)
     extra = {"memory": _meta(2, 5, 16)} if "memory" in inspect.signature(block.forward).parameters else {}
-    out = block(u, **extra)
+    with HostCopies() as copies:
+        out = block(u, **extra)
+    assert copies.found == []
     out.sum().backward()
     meta, count = _all_meta(block, out, u.grad, *(value.grad for value in extra.values()))
     assert meta and count > 0 and out.shape == (2, 3, 16)
@@ -67,7 +98,9 @@ def test_a_network_runs_forward_and_backward_on_the_meta_device(name, backward):
     build, shape = NETWORKS[name]
     model = build(_module(name), backward)
     pixels = _meta(*shape)
-    outs = list(model(pixels)) if name == "cvt" else [model(pixels)]  # CvT: the grid and the class token
+    with HostCopies() as copies:
+        outs = list(model(pixels)) if name == "cvt" else [model(pixels)]  # CvT: the grid and the class token
+    assert copies.found == []
     sum(out.sum() for out in outs).backward()
     meta, count = _all_meta(model, *outs, pixels.grad)
     assert meta and count > 0
@@ -75,14 +108,31 @@ def test_a_network_runs_forward_and_backward_on_the_meta_device(name, backward):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_cached_decoding_without_padding_runs_on_the_meta_device(name):
-    """A prompt and then single tokens through a cached Stack: the records of the cached tokens' padding (none) and
+    """A prompt and then single tokens through a cached Stack, built and called under ``torch.device("meta")`` (the
+    default device too): the records of the cached tokens' padding (none: one False seen as (batch, tokens)) and
     options are kept on the host, so no step reads the device."""
+    with torch.device("meta"), torch.inference_mode():
+        stack = _module(name).Stack(2, 16, 4, 24)
+        cache = [{}, {}]
+        with HostCopies() as copies:
+            outs = [stack(torch.empty(3, n_tokens, 16), cache=cache) for n_tokens in (4, 1, 1)]
+    assert all(out.is_meta for out in outs) and cache[1]["attn.v"].shape[1] == 6 and copies.found == []
+    padding, options = cache[0]["key_padding_mask"], cache[0]["options"]
+    assert padding.device.type == options.device.type == "cpu" and padding.shape == (3, 6)
+    assert padding.untyped_storage().nbytes() == 1 and not padding.any()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_mask_after_steps_without_one_is_compared_on_its_device(name):
+    """A prompt cached without a mask (its record on the host), then a step with a mask on the device: the record
+    goes to the mask's device to be compared (on meta, the comparison itself is the read that fails)."""
     stack = _module(name).Stack(2, 16, 4, 24, device="meta")
     cache = [{}, {}]
     with torch.inference_mode():
-        outs = [stack(torch.empty(1, n_tokens, 16, device="meta"), cache=cache) for n_tokens in (4, 1, 1)]
-    assert all(out.is_meta for out in outs) and cache[1]["attn.v"].shape[1] == 6
-    assert not cache[0]["key_padding_mask"].is_meta and not cache[0]["options"].is_meta
+        stack(torch.empty(1, 4, 16, device="meta"), cache=cache)
+        with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
+            stack(torch.empty(1, 1, 16, device="meta"), key_padding_mask=torch.zeros(1, 5, dtype=torch.bool,
+                                                                                     device="meta"), cache=cache)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
@@ -97,3 +147,15 @@ def test_control_a_cached_step_with_padding_reads_its_record_on_the_device(name)
         with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
             stack(torch.empty(1, 1, 16, device="meta"), key_padding_mask=torch.zeros(1, 5, dtype=torch.bool,
                                                                                      device="meta"), cache=cache)
+
+
+def test_control_host_copies_are_seen():
+    """What ``HostCopies`` records: a CPU tensor moved to the device, copied into a device tensor, or indexing one;
+    a CPU scalar in an operation with a device tensor and a device index are not copies."""
+    device = torch.empty(4, device="meta")
+    with HostCopies() as copies:
+        torch.arange(4).to("meta")
+        device.copy_(torch.ones(4))
+        device[torch.tensor([0, 2])]
+        device * torch.tensor(2.0) + device[torch.tensor([1], device="meta")]
+    assert [entry.split(".")[1] for entry in copies.found] == ["_to_copy", "copy_", "index"]

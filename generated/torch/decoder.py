@@ -1102,26 +1102,28 @@ def _log_weights(mask: torch.Tensor | None, batch: int, n_keys: int, device: tor
 def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: torch.Tensor | None, batch: int,
                     n_keys: int, device: torch.device) -> None:
     """Record in ``cache["key_padding_mask"]`` the key padding of every token so far (``key_padding_mask``, checked;
-    None: none padded, a record kept on the host, so that decoding without padding never reads the device). A
-    ValueError when it marks the cached tokens otherwise than the calls that cached them: their keys and values hold
-    that padding, so no full pass would equal the result. A cache without the record (one rebuilt from transformers'
-    ``Cache``) is taken as it is."""
+    None: none padded, one False on the host seen as (batch, tokens), so that decoding without padding reads neither
+    the device nor a record as long as the tokens). A ValueError when it marks the cached tokens otherwise than the
+    calls that cached them: their keys and values hold that padding, so no full pass would equal the result. A cache
+    without the record (one rebuilt from transformers' ``Cache``) is taken as it is."""
     if cache is None:
         return
     mask = None if key_padding_mask is None else torch.as_tensor(key_padding_mask, device=device)
     if "key_padding_mask" in cache:
         old = cache["key_padding_mask"]
         cached = old.shape[1]
-        if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record (on the host
-            agrees = not bool(old.any())              # where no call gave a mask)
+        if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
+            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
+                old = old.as_strided([1], [1])  # every entry is this one (the record of calls without a mask)
+            agrees = not bool(old.any())
         else:
             agrees = torch.equal(_log_weights(old, batch, cached, device),
                                  _log_weights(mask, batch, n_keys, device)[:, :cached])
         if not agrees:
             raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
                              "keys and values hold that padding): give them the padding they were cached with")
-    cache["key_padding_mask"] = (torch.zeros(batch, n_keys, dtype=torch.bool) if mask is None
-                                 else mask.detach().clone())
+    cache["key_padding_mask"] = (torch.zeros((), dtype=torch.bool, device="cpu").expand(batch, n_keys)
+                                 if mask is None else mask.detach().clone())
 
 
 def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float]) -> None:
@@ -1132,7 +1134,7 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
     if cache is None:
         return
     if "options" not in cache:
-        cache["options"] = torch.tensor(values, dtype=torch.float64)
+        cache["options"] = torch.tensor(values, dtype=torch.float64, device="cpu")
         return
     old = cache["options"]
     if old.dim() != 1 or old.shape[0] != len(values):

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: demo test generate bench bench-gpu bench-backward train-demo latex-check mutation clean
+.PHONY: demo test generate bench bench-gpu gpu-wheels bench-backward train-demo latex-check mutation clean
 
 # timm's tests run without torchvision (tests/timm_import.py stubs it): timm is installed alone,
 # never with its torchvision requirement, which needs a CUDA torch.
@@ -59,6 +59,18 @@ bench: $(STAMP)
 GPU_PYTHON ?= $(BIN)/python
 bench-gpu:
 	$(GPU_PYTHON) bench/gpu.py $(GPU_ARGS)
+
+# What bench-gpu needs on a lent GPU machine without network whose Python (3.12) has torch but another transformers:
+# splitformer's wheel and transformers' (the pinned version, with the packages it needs but numpy) in .whl/.
+GPU_WHEEL_TAGS = --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-wheels: $(STAMP)
+	rm -rf .whl
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w .whl .
+	$(BIN)/python -m pip download --quiet $(GPU_WHEEL_TAGS) -d .whl "transformers==$$($(BIN)/python -c \
+		'import transformers; print(transformers.__version__)')"
+	rm -f .whl/numpy-*.whl
+	du -sh .whl
 
 # Render every emitted LaTeX form with KaTeX (needs node and npm; the suite's structural
 # LaTeX checks run without them).

@@ -159,3 +159,26 @@ def test_control_host_copies_are_seen():
         device[torch.tensor([0, 2])]
         device * torch.tensor(2.0) + device[torch.tensor([1], device="meta")]
     assert [entry.split(".")[1] for entry in copies.found] == ["_to_copy", "copy_", "index"]
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "decoder"])
+def test_a_causal_block_takes_flash_attentions_is_causal_off_the_cpu(name, monkeypatch):
+    """The support ``_support`` builds from causality alone is marked so: on the meta device (as on a GPU, where no
+    value may be read) attention still asks SDPA for ``is_causal`` with no mask; control: with a key padding mask the
+    support is a mask."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *arguments, is_causal=False, **options):
+        calls.append((attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask, *arguments, is_causal=is_causal, **options)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    block = _module(name).Block(16, 4, 24, device="meta")
+    extra = {"memory": torch.empty(2, 5, 16, device="meta")} if name == "decoder" else {}
+    with torch.inference_mode():
+        block(torch.empty(2, 3, 16, device="meta"), causal=True, **extra)
+        assert calls and calls[0] == (True, True)
+        calls.clear()
+        block(torch.empty(2, 3, 16, device="meta"), causal=True,
+              key_padding_mask=torch.zeros(2, 3, dtype=torch.bool, device="meta"), **extra)
+        assert calls and calls[0] == (False, False)

@@ -111,8 +111,9 @@ def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):
 
 def _causal(support: torch.Tensor | None) -> bool:
     """Whether ``support`` keeps exactly each query's own and earlier keys (over the last two axes): attention
-    then takes flash attention's ``is_causal``, which skips the keys after each query. Only where a value may
-    choose the path (``_values_choose``; ONNX has no grouped flash attention either): elsewhere the masked kernel."""
+    then takes flash attention's ``is_causal``, which skips the keys after each query. Known without a read where
+    ``_support`` built it so (``_marked_causal``), on any device; otherwise read where a value may choose the path
+    (``_values_choose``; ONNX has no grouped flash attention either); elsewhere the masked kernel."""
     if support is None or support.dtype != torch.bool or support.dim() < 2:
         return False
     n = support.shape[-1]
@@ -120,7 +121,34 @@ def _causal(support: torch.Tensor | None) -> bool:
         return False
     if torch.jit.is_scripting():
         return support.device.type == "cpu" and bool((support == torch.ones(n, n, dtype=torch.bool).tril()).all())
+    if _marked_causal(support):
+        return True
     return _values_choose(support) and _holds((support == torch.ones(n, n, dtype=torch.bool).tril()).all())
+
+
+@torch.jit.unused
+def _mark_causal(support: torch.Tensor) -> None:
+    """Mark a support (…, n, n), contiguous, that ``_support`` built from causality alone (each query keeps its own
+    and earlier keys): its storage records n."""
+    support.untyped_storage().splitformer_causal = support.shape[-1]
+
+
+@torch.jit.unused
+def _marked_causal(support: torch.Tensor) -> bool:
+    """Whether every (n, n) matrix of ``support`` over its last two axes is one that ``_mark_causal`` marked (a view of
+    the support, ``chi[:, None]``, included): causal without reading a value, so a GPU's attention takes
+    ``is_causal`` with no host synchronization. Not while a trace, torch.compile or an export records the call (a mark
+    is no part of a graph), nor for tensors without storage (vmap's batched ones, fakes)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported():
+        return False
+    try:
+        n = getattr(support.untyped_storage(), "splitformer_causal", 0)
+    except (RuntimeError, NotImplementedError):
+        return False
+    block = n * n
+    return (n > 0 and list(support.shape[-2:]) == [n, n] and list(support.stride()[-2:]) == [n, 1]
+            and support.storage_offset() % block == 0
+            and all(size == 1 or stride % block == 0 for size, stride in zip(support.shape[:-2], support.stride()[:-2])))
 
 
 @torch.jit.unused
@@ -705,6 +733,8 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         support = _restrict(support, attn_mask)
     if causal:
         support = _restrict(support, torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).triu(offset + 1))
+        if key_padding_mask is None and attn_mask is None and offset == 0 and not torch.jit.is_scripting():
+            _mark_causal(support)
     return support
 
 

@@ -182,3 +182,14 @@ def test_a_causal_block_takes_flash_attentions_is_causal_off_the_cpu(name, monke
         block(torch.empty(2, 3, 16, device="meta"), causal=True,
               key_padding_mask=torch.zeros(2, 3, dtype=torch.bool, device="meta"), **extra)
         assert calls and calls[0] == (False, False)
+
+
+def test_only_whole_views_of_a_marked_causal_support_count_as_marked():
+    """``_marked_causal``: a view of the marked support over whole (n, n) matrices is; a principal block, its
+    transpose, a causal mask the caller built and the support of tokens after cached ones are not."""
+    module = _module("gpt2")
+    support = module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"))
+    assert module._marked_causal(support) and module._marked_causal(support[:, None]) and module._marked_causal(support[1])
+    assert not module._marked_causal(support[:, 1:, 1:]) and not module._marked_causal(support.transpose(-1, -2))
+    assert not module._marked_causal(torch.ones(5, 5, dtype=torch.bool, device="meta").tril())
+    assert not module._marked_causal(module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"), 3))

@@ -4,6 +4,7 @@ the tokens so far, the fields of the memory kept once per memory, and the refusa
 without χ would read). Inlined where used (``codegen.runtime_source``)."""
 
 import threading
+import weakref
 
 import torch
 
@@ -191,8 +192,46 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
 
 
 def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
-    """Whether ``old`` and ``new`` have one shape, dtype, device and values."""
-    return old.shape == new.shape and old.dtype == new.dtype and old.device == new.device and torch.equal(old, new)
+    """Whether ``old`` and ``new`` have one shape, dtype, device and values: known without reading a value where both
+    are empty, or ``old`` is ``_kept``'s copy of the very tensor ``new`` and ``new`` has not changed since (its
+    version); compared otherwise."""
+    if not (old.shape == new.shape and old.dtype == new.dtype and old.device == new.device):
+        return False
+    if new.numel() == 0 or (not torch.jit.is_scripting() and _unchanged_source(old, new)):
+        return True
+    return torch.equal(old, new)
+
+
+def _kept(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` for a cache's record of what it was computed from (the caller may refill its tensor in
+    place: the copy keeps the values), remembering outside TorchScript which tensor it copies and that tensor's
+    version (``_unchanged_source``)."""
+    copy = tensor.detach().clone()
+    if not torch.jit.is_scripting():
+        _remember_source(copy, tensor)
+    return copy
+
+
+@torch.jit.unused
+def _remember_source(copy: torch.Tensor, source: torch.Tensor) -> None:
+    """Record on ``copy``'s storage a weak reference to ``source`` and its version. An inference tensor keeps no
+    version (its values are compared instead); nor does a tensor without storage."""
+    try:
+        copy.untyped_storage().splitformer_source = (weakref.ref(source), source._version)
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass
+
+
+@torch.jit.unused
+def _unchanged_source(copy: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether ``copy`` is ``_kept``'s copy of ``tensor`` itself, which no in-place operation has changed since (every
+    one raises its version, under ``torch.no_grad`` too): then they hold the same values, and no value is read (on a
+    GPU, a synchronization)."""
+    try:
+        source = getattr(copy.untyped_storage(), "splitformer_source", None)
+        return source is not None and source[0]() is tensor and tensor._version == source[1]
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.Tensor,
@@ -211,16 +250,17 @@ def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.
             raise ValueError("memory and memory_key_padding_mask must be those the cached tokens were decoded with: a "
                              "stack's later layers cached their keys and values from states that read them (start a "
                              "new cache for another memory)")
-    first["memory"] = memory.detach().clone()
-    first["memory_key_padding_mask"] = mask.detach().clone()
+        return
+    first["memory"] = _kept(memory)
+    first["memory_key_padding_mask"] = _kept(mask)
 
 
 def _memoized(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tensor, inference: bool) -> bool:
     """Whether ``cache`` holds fields computed from a memory equal to ``memory``: ``cache[key]``, the copy of the
-    memory they were computed from, has its shape, dtype, device and values (compared: O(memory), not the
-    O(memory · d²) of computing them). Any other memory, a tensor refilled in place included, has them computed
-    again; so does every call with autograd on (not ``inference``), whose gradients reach this call's memory and
-    parameters."""
+    memory they were computed from, has its shape, dtype, device and values (``_same_tensor``: that very tensor,
+    unchanged, or compared: O(memory), not the O(memory · d²) of computing them). Any other memory, a tensor refilled
+    in place included, has them computed again; so does every call with autograd on (not ``inference``), whose
+    gradients reach this call's memory and parameters."""
     return cache is not None and inference and key in cache and _same_tensor(cache[key], memory)
 
 
@@ -239,7 +279,7 @@ def _memoize(cache: dict[str, torch.Tensor] | None, key: str, memory: torch.Tens
     """Store ``fields`` computed from ``memory``, and a copy of the memory as ``cache[key]`` (the caller may
     refill its tensor in place: the copy keeps the values they were computed from)."""
     if cache is not None:
-        cache[key] = memory.detach().clone()
+        cache[key] = _kept(memory)
         cache.update(fields)
 
 

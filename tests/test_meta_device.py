@@ -193,3 +193,22 @@ def test_only_whole_views_of_a_marked_causal_support_count_as_marked():
     assert not module._marked_causal(support[:, 1:, 1:]) and not module._marked_causal(support.transpose(-1, -2))
     assert not module._marked_causal(torch.ones(5, 5, dtype=torch.bool, device="meta").tril())
     assert not module._marked_causal(module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"), 3))
+
+
+@pytest.mark.parametrize("name", ["decoder", "decoder_pre_ln"])
+def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
+    """A decoder Stack decoding against one memory under ``torch.no_grad`` (as transformers' ``generate`` runs): each
+    step knows the memory unchanged by its identity and version, so no step reads the device (each layer's memory
+    keys and values, and the stack's record of its memory, kept once); control: a memory made under
+    ``torch.inference_mode`` keeps no version, and the next step compares its values."""
+    stack = _module(name).Stack(2, 16, 4, 24, device="meta")
+    cache = [{}, {}]
+    memory = torch.empty(1, 5, 16, device="meta")
+    with torch.no_grad(), HostCopies() as copies:
+        outs = [stack(torch.empty(1, n_tokens, 16, device="meta"), memory, cache=cache) for n_tokens in (4, 1, 1)]
+    assert all(out.is_meta for out in outs) and cache[1]["attn.v"].shape[1] == 6 and copies.found == []
+    with torch.inference_mode():
+        memory, cache = torch.empty(1, 5, 16, device="meta"), [{}, {}]
+        stack(torch.empty(1, 4, 16, device="meta"), memory, cache=cache)
+        with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
+            stack(torch.empty(1, 1, 16, device="meta"), memory, cache=cache)

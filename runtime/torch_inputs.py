@@ -193,11 +193,14 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
 
 def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
     """Whether ``old`` and ``new`` have one shape, dtype, device and values: known without reading a value where both
-    are empty, or ``old`` is ``_kept``'s copy of the very tensor ``new`` and ``new`` has not changed since (its
-    version); compared otherwise."""
+    are empty or, off the CPU, where ``old`` is ``_kept``'s copy of the very tensor ``new`` and ``new`` has not changed
+    since (its version; a read there would be a synchronization); compared otherwise (on the CPU always: writes that
+    bypass the version counter, through ``.numpy()`` or ``.data``, are seen)."""
     if not (old.shape == new.shape and old.dtype == new.dtype and old.device == new.device):
         return False
-    if new.numel() == 0 or (not torch.jit.is_scripting() and _unchanged_source(old, new)):
+    if new.numel() == 0:
+        return True
+    if new.device.type != "cpu" and not torch.jit.is_scripting() and _unchanged_source(old, new):
         return True
     return torch.equal(old, new)
 

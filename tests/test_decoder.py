@@ -263,6 +263,35 @@ def test_a_changed_memory_is_never_served_stale_keys(norm_first, change, rng, mo
                 assert np.abs(steps[:, 3:] - after[:, 3:]).max() <= 1e-12
 
 
+def test_a_torch_memory_refilled_through_numpy_is_seen_on_the_cpu(rng):
+    """A torch memory whose NumPy buffer is refilled between steps (no torch operation: its version stays): on the CPU
+    the memory is compared by value, so a Block recomputes its memory's keys and values (the later tokens equal the
+    uncached pass with the new memory) and a Stack refuses it; off the CPU the version alone decides (the review of
+    session 28; ``tests/test_meta_device.py``)."""
+    numpy_module, torch_module = _modules(False)
+    params = decoder_layer_params(random_decoder_layer(8, 2, 12, 1e-5, False, seed=5))
+    block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
+    u, old, new = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    buffer = old.copy()
+    memory = torch.from_numpy(buffer)
+    cache, steps = {}, []
+    with torch.no_grad():
+        for i in range(6):
+            if i == 3:
+                buffer[...] = new
+            steps.append(block(torch.tensor(u[:, i:i + 1]), memory, cache=cache).numpy())
+    after = numpy_module.forward(u, new, params, n_heads=2)
+    assert memory._version == 0 and np.abs(np.concatenate(steps, axis=1)[:, 3:] - after[:, 3:]).max() <= 1e-12
+    stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params([params, params])
+    buffer[...] = old
+    cache = [{}, {}]
+    with torch.no_grad():
+        stack(torch.tensor(u[:, :3]), memory, cache=cache)
+        buffer[...] = new
+        with pytest.raises(ValueError, match="^memory and memory_key_padding_mask must be those"):
+            stack(torch.tensor(u[:, 3:]), memory, cache=cache)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("change", ["memory", "memory padding"])
 def test_a_stack_refuses_another_memory_over_cached_tokens(backend, change, rng):

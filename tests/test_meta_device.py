@@ -192,7 +192,20 @@ def test_only_whole_views_of_a_marked_causal_support_count_as_marked():
     assert module._marked_causal(support) and module._marked_causal(support[:, None]) and module._marked_causal(support[1])
     assert not module._marked_causal(support[:, 1:, 1:]) and not module._marked_causal(support.transpose(-1, -2))
     assert not module._marked_causal(torch.ones(5, 5, dtype=torch.bool, device="meta").tril())
-    assert not module._marked_causal(module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"), 3))
+    flat = support.view(-1)
+    assert not module._marked_causal(flat[1:26].view(5, 5)) and not module._marked_causal(flat[5:30].view(5, 5))
+    assert not module._marked_causal(support.as_strided((2, 5, 5), (5, 5, 1)))  # matrices overlapping by a row
+    after_cached = module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"), 3)
+    assert not hasattr(after_cached.untyped_storage(), "splitformer_causal")
+
+
+def test_nothing_is_marked_while_torch_compile_records_the_call(monkeypatch):
+    """A mark is no part of a graph: while torch.compile (or a trace, or an export) records the call, ``_support``
+    marks nothing (``torch.compile(fullgraph=True)`` would fail on the attribute)."""
+    module = _module("gpt2")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    support = module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"))
+    assert not hasattr(support.untyped_storage(), "splitformer_causal")
 
 
 @pytest.mark.parametrize("name", ["decoder", "decoder_pre_ln"])
@@ -204,9 +217,13 @@ def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
     stack = _module(name).Stack(2, 16, 4, 24, device="meta")
     cache = [{}, {}]
     memory = torch.empty(1, 5, 16, device="meta")
+    records = []
     with torch.no_grad(), HostCopies() as copies:
-        outs = [stack(torch.empty(1, n_tokens, 16, device="meta"), memory, cache=cache) for n_tokens in (4, 1, 1)]
-    assert all(out.is_meta for out in outs) and cache[1]["attn.v"].shape[1] == 6 and copies.found == []
+        for n_tokens in (4, 1, 1):
+            outs = stack(torch.empty(1, n_tokens, 16, device="meta"), memory, cache=cache)
+            records.append(cache[0]["memory"])
+    assert outs.is_meta and cache[1]["attn.v"].shape[1] == 6 and copies.found == []
+    assert records[0] is records[1] is records[2]  # the stack's record of its memory, copied once
     with torch.inference_mode():
         memory, cache = torch.empty(1, 5, 16, device="meta"), [{}, {}]
         stack(torch.empty(1, 4, 16, device="meta"), memory, cache=cache)

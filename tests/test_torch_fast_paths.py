@@ -231,6 +231,23 @@ def test_per_example_masks_under_vmap_equal_the_loop(name, causal):
     torch.testing.assert_close(vmapped, loop, rtol=0, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_per_example_gradients_of_a_causal_block_under_torch_func_equal_autograd(name):
+    """torch.func's grad and vmap(grad) through a causal block without masks: its support, a wrapped tensor without
+    storage, is not marked causal (``_mark_causal``), and each example's gradient is autograd's (the review of
+    session 28: marking it raised ``NotImplementedError`` there)."""
+    generated = import_path(GENERATED / "torch" / f"{name}.py", f"_func_{name}")
+    torch.manual_seed(0)
+    block = generated.Block(8, 2, 12, dtype=torch.float64)
+    u = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    loss = lambda x: block(x[None], causal=True).square().sum()  # noqa: E731
+    per_example = torch.func.vmap(torch.func.grad(loss))(u.detach())
+    sum(loss(x) for x in u).backward()
+    torch.testing.assert_close(per_example, u.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.func.grad(loss)(u[0].detach()), u.grad[0], rtol=0, atol=1e-12)
+
+
 def test_grouped_heads_fuse_kernels_of_unequal_widths_and_follow_their_edits():
     """llama's keys and values are narrower than its queries (2 key/value heads under 4): still one tensor."""
     llama = import_path(GENERATED / "torch" / "llama.py", "_fast_paths_llama")

@@ -168,9 +168,14 @@ def _causal(support: torch.Tensor | None) -> bool:
 @torch.jit.unused
 def _mark_causal(support: torch.Tensor) -> None:
     """Mark a support (…, n, n), contiguous, that ``_support`` built from causality alone (each query keeps its own
-    and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call."""
-    if not (torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported()):
+    and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call, nor
+    for a tensor without storage (torch.func's wrapped tensors under ``grad`` or ``vmap``, fakes)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported():
+        return
+    try:
         support.untyped_storage().splitformer_causal = support.shape[-1]
+    except (RuntimeError, NotImplementedError):
+        pass
 
 
 @torch.jit.unused
@@ -1182,11 +1187,14 @@ def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], val
 
 def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
     """Whether ``old`` and ``new`` have one shape, dtype, device and values: known without reading a value where both
-    are empty, or ``old`` is ``_kept``'s copy of the very tensor ``new`` and ``new`` has not changed since (its
-    version); compared otherwise."""
+    are empty or, off the CPU, where ``old`` is ``_kept``'s copy of the very tensor ``new`` and ``new`` has not changed
+    since (its version; a read there would be a synchronization); compared otherwise (on the CPU always: writes that
+    bypass the version counter, through ``.numpy()`` or ``.data``, are seen)."""
     if not (old.shape == new.shape and old.dtype == new.dtype and old.device == new.device):
         return False
-    if new.numel() == 0 or (not torch.jit.is_scripting() and _unchanged_source(old, new)):
+    if new.numel() == 0:
+        return True
+    if new.device.type != "cpu" and not torch.jit.is_scripting() and _unchanged_source(old, new):
         return True
     return torch.equal(old, new)
 
@@ -1509,8 +1517,9 @@ class Block(_CanonicalModule):
         ``causal=True`` only: a non-causal step would need the tokens of later calls).
         It keeps the keys and values of the memory too, with a copy of the memory: computed once,
         reused without autograd (``torch.no_grad``, ``torch.inference_mode``) while ``memory`` has
-        the cached copy's shape, dtype, device and values (compared at each call), computed again
-        for any other memory (a tensor refilled in place included) and whenever autograd is on.
+        the cached copy's shape, dtype, device and values (compared at each call; off the CPU, the
+        very tensor copied at an unchanged version is not read), computed again for any other memory
+        (a tensor refilled in place included) and whenever autograd is on.
         """
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")

@@ -135,9 +135,14 @@ def _causal(support: torch.Tensor | None) -> bool:
 @torch.jit.unused
 def _mark_causal(support: torch.Tensor) -> None:
     """Mark a support (…, n, n), contiguous, that ``_support`` built from causality alone (each query keeps its own
-    and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call."""
-    if not (torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported()):
+    and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call, nor
+    for a tensor without storage (torch.func's wrapped tensors under ``grad`` or ``vmap``, fakes)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported():
+        return
+    try:
         support.untyped_storage().splitformer_causal = support.shape[-1]
+    except (RuntimeError, NotImplementedError):
+        pass
 
 
 @torch.jit.unused

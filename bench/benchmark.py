@@ -45,7 +45,8 @@ def _environment(threads: int) -> dict[str, str]:
     return {**os.environ, **{name: str(threads) for name in variables}}
 
 
-def _run(script: str, *arguments: str, threads: int) -> dict:
+def run(script: str, *arguments: str, threads: int) -> dict:
+    """The JSON object ``bench/SCRIPT ARGUMENTS`` prints last, run in its own process with ``threads`` threads."""
     result = subprocess.run([sys.executable, str(BENCH / script), *arguments], capture_output=True,
                             text=True, env=_environment(threads), check=False)
     if result.returncode != 0:
@@ -54,7 +55,7 @@ def _run(script: str, *arguments: str, threads: int) -> dict:
 
 
 def header(threads: int) -> tuple[list[str], dict[str, float]]:
-    machine = _run("machine.py", "--threads", str(threads), threads=threads)
+    machine = run("machine.py", "--threads", str(threads), threads=threads)
     gemm = machine["gemm_gflops"]
     lines = [f"splitformer sustained benchmark: torch {machine['torch']}, numpy {machine['numpy']}, "
              f"{threads} threads, float32",
@@ -68,7 +69,7 @@ def header(threads: int) -> tuple[list[str], dict[str, float]]:
 
 def closing(threads: int) -> str:
     """The machine's rates again after the rows: a shared machine changes state within a run."""
-    machine = _run("machine.py", "--threads", str(threads), threads=threads)
+    machine = run("machine.py", "--threads", str(threads), threads=threads)
     gemm = machine["gemm_gflops"]
     return (f"{_state_line(machine, 'at the end')}; GEMM numpy {gemm['numpy']:.1f}, "
             f"torch {gemm['torch']:.1f} GFLOP/s")
@@ -89,7 +90,7 @@ def _figure(name: str, role: str, arguments, *extra: str) -> dict:
         return figure.measure(name, role, arguments.modules, arguments.inputs, seconds=arguments.seconds,
                               min_calls=arguments.min_calls, threads=arguments.threads,
                               new_tokens=arguments.new_tokens, with_profile="--profile" in extra)
-    return _run("figure.py", name, role, "--inputs", str(arguments.inputs), "--modules", str(arguments.modules),
+    return run("figure.py", name, role, "--inputs", str(arguments.inputs), "--modules", str(arguments.modules),
                 "--seconds", str(arguments.seconds), "--min-calls", str(arguments.min_calls), "--threads",
                 str(arguments.threads), "--new-tokens", str(arguments.new_tokens), *extra, threads=arguments.threads)
 

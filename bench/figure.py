@@ -37,20 +37,22 @@ ROLES = ("reference", "candidate")
 WARM_UP_SECONDS = 0.3
 
 
-def sustained(timed: Timed, seconds: float, min_calls: int = 5) -> list[float]:
+def sustained(timed: Timed, seconds: float, min_calls: int = 5, synchronize=lambda: None) -> list[float]:
     """Per-call times of back-to-back calls for at least ``seconds`` and ``min_calls`` calls (after
-    a warm-up); a call returning ``Seconds`` gives its own time."""
+    a warm-up), ``synchronize()`` (a device's) after each; a call returning ``Seconds`` gives its own time."""
     warm_up = timed.warm_up or timed.call
     start = time.perf_counter()
     while True:
         warm_up()
         if time.perf_counter() - start >= WARM_UP_SECONDS:
             break
+    synchronize()
     times = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds or len(times) < min_calls:
         before = time.perf_counter()
         result = timed.call()
+        synchronize()
         times.append(result if isinstance(result, Seconds) else time.perf_counter() - before)
     return times
 
@@ -72,16 +74,24 @@ def profile(function, rows: int = 8) -> tuple[list[dict], dict[str, float]]:
 
 
 def measure(name: str, role: str, modules: Path, inputs: Path, *, seconds: float = 1.0, min_calls: int = 5,
-            threads: int = 2, new_tokens: int | None = None, with_profile: bool = False) -> dict:
-    """One figure of row ``name`` as ``role``: the JSON object this process prints."""
+            threads: int = 2, new_tokens: int | None = None, with_profile: bool = False, device: str = "cpu") -> dict:
+    """One figure of row ``name`` as ``role``: the JSON object this process prints. A torch row on another
+    ``device`` is built there (``torch.device``) and the device synchronized after each call."""
     the_row = row(name) if new_tokens is None else row(name, new_tokens=new_tokens)
+    synchronize = lambda: None  # noqa: E731
     if the_row.imports_torch(role):
         import torch
 
         torch.set_num_threads(threads)
-    timed = the_row.timed(role, modules, inputs)
+        if torch.device(device).type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32's figures
+            synchronize = lambda: torch.cuda.synchronize(device)  # noqa: E731
+        with torch.device(device):
+            timed = the_row.timed(role, modules, inputs)
+    else:
+        timed = the_row.timed(role, modules, inputs)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    times = sustained(timed, seconds, min_calls)
+    times = sustained(timed, seconds, min_calls, synchronize)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / len(times)  # warm-up calls: a few more
     median = statistics.median(times)
     result = {"row": name, "role": role, "median_s": median, "calls": len(times), "page_faults_per_call": faults}
@@ -108,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-calls", type=int, default=5, help="at least this many timed calls (default 5)")
     parser.add_argument("--new-tokens", type=int, help="decoding rows: tokens generated after the prompt")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="where a torch row is built and run (bench/gpu.py: cuda)")
     parser.add_argument("--profile", action="store_true", help="add a torch.profiler operator table (torch) or a per-statement table (NumPy)")
     parser.add_argument("--prepare", action="store_true", help="write the row's NumPy inputs to --inputs and exit")
     arguments = parser.parse_args(argv)
@@ -117,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(json.dumps(measure(arguments.row, arguments.role, arguments.modules, arguments.inputs,
                              seconds=arguments.seconds, min_calls=arguments.min_calls, threads=arguments.threads,
-                             new_tokens=arguments.new_tokens, with_profile=arguments.profile)))
+                             new_tokens=arguments.new_tokens, with_profile=arguments.profile,
+                             device=arguments.device)))
     return 0
 
 

@@ -5,10 +5,11 @@
 Every torch row of ``bench/rows.py`` (``--list`` prints them): the blocks' inference, training
 step and derived training step, the networks, and KV-cached decoding, each reference and
 candidate built as the CPU table builds them, on the device (under ``torch.device``: the random
-weights and inputs are drawn there). In one process, reference and candidate alternate for ``--pairs`` pairs (the order
-swapped every other pair), each timed in back-to-back calls for at least ``--seconds`` after a
-warm-up, the device synchronized after each call; decoding gives its own time per token. The
-table is ``make bench``'s (a target inside the spread counts as missed).
+weights and inputs are drawn there). As in ``make bench``, each figure runs in its own process
+(``bench/figure.py --device``): back-to-back calls for at least ``--seconds`` after a warm-up,
+the device synchronized after each call (decoding gives its own time per token); reference and
+candidate alternate for ``--pairs`` pairs, the order swapped every other pair. The table is
+``make bench``'s (a target inside the spread counts as missed).
 
 Before timing, a block's candidate and reference must agree on the device (float32, within
 ``TOLERANCE``; decoding: four tokens), and each inference candidate runs once under
@@ -23,22 +24,22 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import statistics
 import sys
-import time
-from collections.abc import Callable
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import rows  # noqa: E402
+from benchmark import run  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 from table import Measured, table  # noqa: E402
 
 #: The torch rows of the CPU table (the NumPy ones have no device).
 NAMES = tuple(name for name in rows.NAMES if not name.endswith("/numpy"))
-WARM_UP_SECONDS = 0.3
+#: CPU threads of each figure's process (the CPU table's).
+THREADS = 2
 #: The largest difference of a candidate's float32 output from its reference's that a row runs with.
 TOLERANCE = 1e-3
 
@@ -51,22 +52,6 @@ def selected(patterns: str) -> list[str]:
         if rows.row(name).numpy_build is not None:  # a row outside the table (the tiny shape) or an error
             raise SystemExit(f"error: {name} is a NumPy row: it has no device")
     return chosen + extra
-
-
-def _per_call(timed: rows.Timed, seconds: float, synchronize: Callable[[], None]) -> float:
-    """Median seconds per call of back-to-back calls after a warm-up (or the call's own measure, ``Seconds``)."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < WARM_UP_SECONDS:
-        (timed.warm_up or timed.call)()
-    synchronize()
-    times: list[float] = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times) < 3:
-        begin = time.perf_counter()
-        result = timed.call()
-        synchronize()
-        times.append(result if isinstance(result, rows.Seconds) else time.perf_counter() - begin)
-    return statistics.median(times)
 
 
 def _no_host_sync(name: str, candidate: rows.Timed, device: str) -> None:
@@ -122,27 +107,24 @@ def difference(name: str, device: str) -> float | None:
 
 
 def measure(name: str, device: str, pairs: int, seconds: float) -> Measured:
-    """One row on ``device``: its parity and host-sync checks, then alternating pairs of reference and candidate."""
+    """One row on ``device``: its parity and host-sync checks here, then alternating pairs of reference and candidate
+    figures, each in its own process (``bench/figure.py --device``)."""
     import torch
 
     row = rows.row(name)
     found = difference(name, device)
     if found is not None and not found <= TOLERANCE:
         raise RuntimeError(f"the candidate's output differs from the reference's by {found:.2e} (> {TOLERANCE})")
-    with torch.device(device):
-        timed = {role: row.build(role, ROOT / "generated") for role in ("reference", "candidate")}
-    cuda = torch.device(device).type == "cuda"
-    if cuda and not row.training:
-        _no_host_sync(name, timed["candidate"], device)
-    synchronize = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    if torch.device(device).type == "cuda" and not row.training:
+        with torch.device(device):
+            candidate = row.build("candidate", ROOT / "generated")
+        _no_host_sync(name, candidate, device)
     measured = Measured(row)
-    for pair in range(pairs):
-        order = ("reference", "candidate") if pair % 2 == 0 else ("candidate", "reference")
-        for role in order:
-            result = {"median_s": _per_call(timed[role], seconds, synchronize)}
-            if timed[role].kept is not None and pair >= pairs - 2:  # the table reads the last pair's
-                result["kept_bytes"] = timed[role].kept()
-            getattr(measured, role).append(result)
+    with tempfile.TemporaryDirectory() as inputs:  # torch rows read no stored inputs
+        for pair in range(pairs):
+            for role in ("reference", "candidate") if pair % 2 == 0 else ("candidate", "reference"):
+                getattr(measured, role).append(run("figure.py", name, role, "--inputs", inputs, "--device", device,
+                                                   "--seconds", str(seconds), threads=THREADS))
     return measured
 
 
@@ -171,13 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     print(f"splitformer GPU benchmark: {header}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"float32; {arguments.pairs} alternating pairs per row in one process, >= {arguments.seconds} s of "
-          f"back-to-back calls each", flush=True)
+          f"float32; {arguments.pairs} alternating pairs per row, each figure in its own process, >= "
+          f"{arguments.seconds} s of back-to-back calls each", flush=True)
     measured, failed = [], []
     for name in names:
         try:
             measured.append(measure(name, arguments.device, arguments.pairs, arguments.seconds))
-        except Exception as error:  # one row's failure is that row's line; the others still run
+        except (Exception, SystemExit) as error:  # one row's failure (a figure's process too) is that row's line
             failed.append(f"| {name} | failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} |")
             print(failed[-1], flush=True)
             continue

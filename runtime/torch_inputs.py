@@ -207,10 +207,10 @@ def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
 
 def _kept(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` for a cache's record of what it was computed from (the caller may refill its tensor in
-    place: the copy keeps the values), remembering outside TorchScript which tensor it copies and that tensor's
-    version (``_unchanged_source``)."""
+    place: the copy keeps the values), remembering off the CPU and outside TorchScript which tensor it copies and that
+    tensor's version (``_unchanged_source``)."""
     copy = tensor.detach().clone()
-    if not torch.jit.is_scripting():
+    if tensor.device.type != "cpu" and not torch.jit.is_scripting():
         _remember_source(copy, tensor)
     return copy
 

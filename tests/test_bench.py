@@ -118,8 +118,9 @@ def test_rows_are_named_and_a_wrong_name_is_refused():
 
 
 def test_the_gpu_table_has_every_torch_row_and_runs_dry_on_the_cpu(capsys):
-    """``bench/gpu.py``: the CPU table's torch rows (no NumPy row), measured in one process; without CUDA it says so
-    and measures nothing; ``--device cpu`` runs the rows' builds and the harness (a training row with its memory)."""
+    """``bench/gpu.py``: the CPU table's torch rows (no NumPy row), each figure in its own process; without CUDA it
+    says so and measures nothing; ``--device cpu`` runs the rows' builds and the harness (a training row with its
+    memory)."""
     assert gpu.NAMES == tuple(name for name in rows.NAMES if "numpy" not in name) and len(gpu.NAMES) == 17
     assert gpu.selected("decoding/*") == ["decoding/b1/torch", "decoding/b8/torch"]
     with pytest.raises(SystemExit, match="post-ln/tiny/numpy is a NumPy row"):
@@ -127,10 +128,10 @@ def test_the_gpu_table_has_every_torch_row_and_runs_dry_on_the_cpu(capsys):
     if not torch.cuda.is_available():
         assert gpu.main(["--rows", "post-ln/N128/torch"]) == 0
         assert capsys.readouterr().out.startswith("no CUDA device is present")
-    assert gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,llama/tiny/derived", "--pairs", "2",
+    assert gpu.main(["--device", "cpu", "--rows", "post-ln/tiny/torch,llama/tiny/derived", "--pairs", "1",
                      "--seconds", "0.01"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("splitformer GPU benchmark: DRY RUN on the CPU")
+    assert printed.startswith("splitformer GPU benchmark: DRY RUN on the CPU") and "each figure in its own process" in printed
     lines = printed.splitlines()[-2:]
     assert lines[0].startswith("| post-ln/tiny/torch | B 2, N 16") and "≤ 1.00" in lines[0]
     assert lines[1].startswith("| llama/tiny/derived |") and lines[1].endswith(" MiB |") and "– / –" not in lines[1]
@@ -184,7 +185,7 @@ def test_the_header_and_the_closing_line_give_the_machines_rates(monkeypatch):
     time, at the start and again at the end of a run: from ``bench/machine.py``'s JSON (a stand-in here)."""
     machine = {"torch": "t", "numpy": "n", "cpu": "c", "blas": ["b"], "gemm_gflops": {"numpy": 100.0, "torch": 90.0},
                "elementwise_gbs": 12.34, "convolution_ms": 9.87}
-    monkeypatch.setattr(benchmark, "_run", lambda *arguments, **options: machine)
+    monkeypatch.setattr(benchmark, "run", lambda *arguments, **options: machine)
     lines, gemm = benchmark.header(2)
     assert gemm == {"numpy": 100.0, "torch": 90.0} and "at the start: 12.3 GB/s;" in lines[-1]
     assert lines[-1].endswith("64 channels): 9.9 ms")

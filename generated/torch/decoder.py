@@ -170,7 +170,7 @@ def _mark_causal(support: torch.Tensor) -> None:
     """Mark a support (…, n, n), contiguous, that ``_support`` built from causality alone (each query keeps its own
     and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call, nor
     for a tensor without storage (torch.func's wrapped tensors under ``grad`` or ``vmap``, fakes)."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported():
+    if _recorded():
         return
     try:
         support.untyped_storage().splitformer_causal = support.shape[-1]
@@ -184,7 +184,7 @@ def _marked_causal(support: torch.Tensor) -> bool:
     the support, ``chi[:, None]``, included): causal without reading a value, so a GPU's attention takes
     ``is_causal`` with no host synchronization. Not while a trace, torch.compile or an export records the call (a mark
     is no part of a graph), nor for tensors without storage (vmap's batched ones, fakes)."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported():
+    if _recorded():
         return False
     try:
         n = getattr(support.untyped_storage(), "splitformer_causal", 0)
@@ -201,7 +201,13 @@ def _values_choose(x) -> bool:
     """Whether a value computed from ``x`` may choose the path a call takes: not while a trace, torch.compile,
     torch.export or an ONNX export records the call (one graph for every input), nor off the CPU (reading the
     value would make the host wait for the device)."""
-    return not (torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported() or x.device.type != "cpu")
+    return not (_recorded() or x.device.type != "cpu")
+
+
+@torch.jit.unused
+def _recorded() -> bool:
+    """Whether a trace, torch.compile or an export records the call (one graph for every input)."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or _exported()
 
 
 @torch.jit.unused
@@ -1201,10 +1207,10 @@ def _same_tensor(old: torch.Tensor, new: torch.Tensor) -> bool:
 
 def _kept(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` for a cache's record of what it was computed from (the caller may refill its tensor in
-    place: the copy keeps the values), remembering outside TorchScript which tensor it copies and that tensor's
-    version (``_unchanged_source``)."""
+    place: the copy keeps the values), remembering off the CPU and outside TorchScript which tensor it copies and that
+    tensor's version (``_unchanged_source``)."""
     copy = tensor.detach().clone()
-    if not torch.jit.is_scripting():
+    if tensor.device.type != "cpu" and not torch.jit.is_scripting():
         _remember_source(copy, tensor)
     return copy
 

@@ -102,7 +102,7 @@ def measure(name: str, role: str, modules: Path, inputs: Path, *, seconds: float
     if with_profile and not the_row.imports_torch(role):
         from numpy_profile import profile_lines
 
-        result["statements"] = profile_lines(timed.call, generated(modules, "numpy", name.split("/")[0]))
+        result["statements"] = profile_lines(timed.call, generated(modules, "numpy", the_row.profiled_module))
     elif with_profile:
         result["profile"], result["kinds"] = profile(timed.call)
     return result

@@ -65,7 +65,8 @@ class Row:
 
     ``build(role, modules)``: what a ``reference`` or torch ``candidate`` process times, the
     generated modules read from ``modules``. A NumPy row has ``numpy_inputs()`` instead, (args,
-    params, kwargs) written by ``prepare`` (it may use torch) and read by ``numpy_build``. ``rate``:
+    params, kwargs) written by ``prepare`` (it may use torch) and read by ``numpy_build``, which runs the generated
+    NumPy module ``numpy_module`` (its statements are what ``--profile`` times; "": the name's first part). ``rate``:
     the ratio is the candidate's rate over the reference's and ``target`` a lower bound (otherwise
     generated time / reference time, ``target`` an upper bound).
     """
@@ -81,6 +82,12 @@ class Row:
     training: bool = False
     numpy_inputs: Callable[[], tuple] | None = None
     numpy_build: Callable[[tuple, Path], Timed] | None = None
+    numpy_module: str = ""
+
+    @property
+    def profiled_module(self) -> str:
+        """The generated NumPy module a NumPy candidate runs."""
+        return self.numpy_module or self.name.split("/")[0]
 
     def imports_torch(self, role: str) -> bool:
         return role == "reference" or self.numpy_inputs is None
@@ -225,7 +232,7 @@ def _decoding_row(batch: int, backend: str, new_tokens: int) -> Row:
                f"batch {batch}, {new_tokens} new tokens after {sizes['prompt']}, {sizes['n_layers']} layers, "
                f"d {sizes['d']}; time per token", "transformers LlamaModel + DynamicCache", DECODING_TARGETS[backend],
                build, rate=True, numpy_inputs=decoding.stack_inputs if numpy else None,
-               numpy_build=numpy_build if numpy else None)
+               numpy_build=numpy_build if numpy else None, numpy_module="llama")
 
 
 def row(name: str, *, new_tokens: int = NEW_TOKENS) -> Row:

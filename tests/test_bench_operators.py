@@ -48,3 +48,14 @@ def test_the_statement_profile_times_the_generated_forward_and_its_helpers(tmp_p
     assert "forward, traced (sum of the medians over 2 calls)" in lines[-1]
     # negative control: a function outside the generated module leaves nothing to attribute
     assert numpy_profile.line_profile(lambda: np.ones(3).sum(), module, calls=2) == {}
+
+
+@pytest.mark.parametrize("name", ["post-ln/tiny/numpy", "unet-level/numpy", "decoding/b1/numpy"])
+def test_every_kind_of_numpy_row_profiles_its_statements(tmp_path, name):
+    """``--profile`` of a block's, a network's and decoding's NumPy candidate traces the module it runs (decoding runs
+    llama's ``forward_stack``; it looked for a module called after the row)."""
+    row = rows.row(name, new_tokens=2) if name.startswith("decoding") else rows.row(name)
+    row.prepare(tmp_path)
+    result = figure.measure(row.name, "candidate", GENERATED, tmp_path, seconds=0.01, min_calls=1,
+                            new_tokens=2 if name.startswith("decoding") else None, with_profile=True)
+    assert "forward, traced" in result["statements"][-1] and len(result["statements"]) > 3

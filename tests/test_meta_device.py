@@ -7,7 +7,7 @@ CUDA does. What meta takes silently but a GPU would synchronize on, a CPU tensor
 one, ``HostCopies`` records during the forward. A partial stand-in, on the CPU, for the GPU target's "device and dtype
 follow the inputs, no host syncs" while no GPU is at hand. Cached decoding without padding runs there too; with a
 padding mask, each step compares it with the padding the cached tokens hold, a read of the device by design (the
-control below), once per step and not once per layer (``DeviceReads`` answers and counts those reads)."""
+control below)."""
 
 import functools
 import inspect
@@ -62,26 +62,6 @@ class HostCopies(TorchDispatchMode):
                 any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
             self.found.append(f"{func} with a CPU index")
         return func(*args, **kwargs)
-
-
-class DeviceReads(TorchDispatchMode):
-    """Answers, and counts, the reads of a value that meta cannot make: ``torch.equal`` of meta tensors (``equal``)
-    and a meta scalar read on the host (``bool(t)``, ``.item()``: ``scalar``)."""
-
-    def __init__(self, equal=True, scalar=False):
-        super().__init__()
-        self.reads, self.equal, self.scalar = [], equal, scalar
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        metas = [value for value in tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor) and value.is_meta]
-        if metas and func is torch.ops.aten.equal.default:
-            self.reads.append("equal")
-            return self.equal
-        if metas and func._overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.is_nonzero,
-                                              torch.ops.aten.item):
-            self.reads.append("scalar")
-            return self.scalar
-        return func(*args, **(kwargs or {}))
 
 
 def _meta(*shape):
@@ -158,7 +138,7 @@ def test_a_mask_after_steps_without_one_is_compared_on_its_device(name):
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_control_a_cached_step_with_padding_reads_its_record_on_the_device(name):
     """With a padding mask, each step compares the mask of the cached tokens with the padding they were cached with
-    (one read per token, on a GPU a synchronization): on the meta device that read fails."""
+    (one read per layer and token, on a GPU a synchronization): on the meta device that read fails."""
     stack = _module(name).Stack(2, 16, 4, 24, device="meta")
     cache = [{}, {}]
     with torch.inference_mode():
@@ -249,64 +229,3 @@ def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
         stack(torch.empty(1, 4, 16, device="meta"), memory, cache=cache)
         with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
             stack(torch.empty(1, 1, 16, device="meta"), memory, cache=cache)
-
-
-def _masks(batch, lengths, grad_mode):
-    """One mask per call, each a new tensor (as transformers' ``generate`` concatenates its attention mask)."""
-    with grad_mode():
-        return [torch.zeros(batch, length, dtype=torch.bool, device="meta") for length in lengths]
-
-
-@pytest.mark.parametrize("name", ["llama", "gpt2", "decoder"])
-def test_a_cached_step_with_padding_reads_the_device_once_and_not_per_layer(name):
-    """A four-layer Stack decoding with a new padding mask at each step under ``torch.no_grad``: the layers keep one
-    record of the mask, the first compares it with the mask of the cached tokens (one read a step), the others know
-    the answer by the record's and the mask's identities and versions; a step without a mask after them the same
-    (its ``.any()``). Controls: under ``torch.inference_mode`` (no versions) every layer reads; a mask that
-    disagrees is refused at the first layer."""
-    stack = _module(name).Stack(4, 16, 4, 24, device="meta")
-    extra = {"memory": torch.empty(2, 3, 16, device="meta")} if name == "decoder" else {}
-    for grad_mode, per_step in ((torch.no_grad, 1), (torch.inference_mode, 4)):
-        cache, masks = [{} for _ in range(4)], _masks(2, (4, 5, 6, 7), grad_mode)
-        with grad_mode(), HostCopies() as copies, DeviceReads() as reads:
-            stack(torch.empty(2, 4, 16, device="meta"), key_padding_mask=masks[0], cache=cache, **extra)
-            assert reads.reads == []
-            for step, mask in enumerate(masks[1:], start=1):
-                stack(torch.empty(2, 1, 16, device="meta"), key_padding_mask=mask, cache=cache, **extra)
-                assert reads.reads == ["equal"] * per_step * step
-            records = {id(layer["key_padding_mask"]) for layer in cache}
-            stack(torch.empty(2, 1, 16, device="meta"), cache=cache, **extra)
-            assert reads.reads[per_step * 3:] == ["scalar"] * per_step
-        assert copies.found == [] and cache[3]["attn.v"].shape[1] == 8
-        assert len(records) == (1 if grad_mode is torch.no_grad else 4)  # the layers' records of the last mask
-    cache, masks = [{} for _ in range(4)], _masks(2, (4, 5), torch.no_grad)
-    with torch.no_grad(), DeviceReads(equal=False) as reads:
-        stack(torch.empty(2, 4, 16, device="meta"), key_padding_mask=masks[0], cache=cache, **extra)
-        with pytest.raises(ValueError, match="marks the cached tokens otherwise"):
-            stack(torch.empty(2, 1, 16, device="meta"), key_padding_mask=masks[1], cache=cache, **extra)
-    assert reads.reads == ["equal"]
-
-
-def test_a_mask_changed_in_place_between_layers_is_compared_again():
-    """Two llama Blocks given one mask, which changes in place between them (its version rises): the second compares
-    it again and refuses it; so does a record changed in place."""
-    module = _module("llama")
-    blocks = [module.Block(16, 4, 24, device="meta") for _ in range(2)]
-    caches = [{}, {}]
-    with torch.no_grad(), DeviceReads() as reads:
-        first = torch.zeros(1, 3, dtype=torch.bool, device="meta")
-        for block, cache in zip(blocks, caches):
-            block(torch.empty(1, 3, 16, device="meta"), key_padding_mask=first, cache=cache)
-        mask = torch.zeros(1, 4, dtype=torch.bool, device="meta")
-        blocks[0](torch.empty(1, 1, 16, device="meta"), key_padding_mask=mask, cache=caches[0])
-        mask[0, 0] = True
-        reads.equal = False
-        with pytest.raises(ValueError, match="marks the cached tokens otherwise"):
-            blocks[1](torch.empty(1, 1, 16, device="meta"), key_padding_mask=mask, cache=caches[1])
-    assert reads.reads == ["equal", "equal"]
-    record, mask = caches[1]["key_padding_mask"], torch.zeros(1, 4, dtype=torch.bool, device="meta")
-    with torch.no_grad(), DeviceReads() as reads:
-        module._remember_agreement(record, mask)
-        assert module._agreed(record, mask)
-        record[0, 0] = True
-        assert not module._agreed(record, mask) and reads.reads == []

@@ -1147,82 +1147,25 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
     None: none padded, one False on the host seen as (batch, tokens), so that decoding without padding reads neither
     the device nor a record as long as the tokens). A ValueError when it marks the cached tokens otherwise than the
     calls that cached them: their keys and values hold that padding, so no full pass would equal the result. A cache
-    without the record (one rebuilt from transformers' ``Cache``) is taken as it is. Off the CPU, the layers given one
-    mask share one record, so that the first compares it (a read of the device: a synchronization) and the others
-    know the answer (``_agreed``)."""
+    without the record (one rebuilt from transformers' ``Cache``) is taken as it is."""
     if cache is None:
         return
     mask = None if key_padding_mask is None else torch.as_tensor(key_padding_mask, device=device)
-    shared = device.type != "cpu" and not torch.jit.is_scripting()
     if "key_padding_mask" in cache:
         old = cache["key_padding_mask"]
-        if not (shared and _agreed(old, mask)):
-            _check_padding(old, mask, batch, n_keys, device)
-            if shared:
-                _remember_agreement(old, mask)
-    if mask is None:
-        cache["key_padding_mask"] = torch.zeros((), dtype=torch.bool, device="cpu").expand(batch, n_keys)
-    else:
-        cache["key_padding_mask"] = _one_copy(mask) if shared else mask.detach().clone()
-
-
-def _check_padding(old: torch.Tensor, mask: torch.Tensor | None, batch: int, n_keys: int,
-                   device: torch.device) -> None:
-    """A ValueError unless ``mask`` (None: none padded) marks the cached tokens as the record ``old`` does."""
-    cached = old.shape[1]
-    if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
-        if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
-            old = old.as_strided([1], [1])  # every entry is this one (the record of calls without a mask)
-        agrees = not bool(old.any())
-    else:
-        agrees = torch.equal(_log_weights(old, batch, cached, device),
-                             _log_weights(mask, batch, n_keys, device)[:, :cached])
-    if not agrees:
-        raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
-                         "keys and values hold that padding): give them the padding they were cached with")
-
-
-@torch.jit.unused
-def _one_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor.detach().clone()``, one for each tensor at each version (recorded on its storage): the layers given
-    one mask keep one record of it. A tensor without a version (made under ``torch.inference_mode``) or without
-    storage is copied at each call."""
-    try:
-        storage, version = tensor.untyped_storage(), tensor._version
-        kept = getattr(storage, "splitformer_copy", None)
-    except (RuntimeError, NotImplementedError):
-        return tensor.detach().clone()
-    if kept is not None and kept[0]() is tensor and kept[1] == version:
-        return kept[2]
-    copy = tensor.detach().clone()
-    storage.splitformer_copy = (weakref.ref(tensor), version, copy)
-    return copy
-
-
-@torch.jit.unused
-def _remember_agreement(record: torch.Tensor, mask: torch.Tensor | None) -> None:
-    """Record on ``record``'s storage that ``mask`` (None: none padded), at its version, marks the cached tokens as
-    ``record`` does, itself at its version. Nothing is recorded for tensors without a version or storage."""
-    try:
-        record.untyped_storage().splitformer_agrees = (
-            None if mask is None else weakref.ref(mask), 0 if mask is None else mask._version, record._version)
-    except (RuntimeError, NotImplementedError):
-        pass
-
-
-@torch.jit.unused
-def _agreed(record: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether ``_remember_agreement`` recorded that this very ``mask`` agrees with ``record``, neither changed since
-    (every in-place operation raises a version, under ``torch.no_grad`` too): no value is read."""
-    try:
-        seen = getattr(record.untyped_storage(), "splitformer_agrees", None)
-        if seen is None or seen[2] != record._version:
-            return False
-        if mask is None:
-            return seen[0] is None
-        return seen[0] is not None and seen[0]() is mask and seen[1] == mask._version
-    except (RuntimeError, NotImplementedError):
-        return False
+        cached = old.shape[1]
+        if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
+            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
+                old = old.as_strided([1], [1])  # every entry is this one (the record of calls without a mask)
+            agrees = not bool(old.any())
+        else:
+            agrees = torch.equal(_log_weights(old, batch, cached, device),
+                                 _log_weights(mask, batch, n_keys, device)[:, :cached])
+        if not agrees:
+            raise ValueError("key_padding_mask marks the cached tokens otherwise than the calls that cached them (their "
+                             "keys and values hold that padding): give them the padding they were cached with")
+    cache["key_padding_mask"] = (torch.zeros((), dtype=torch.bool, device="cpu").expand(batch, n_keys)
+                                 if mask is None else mask.detach().clone())
 
 
 def _cached_options(cache: dict[str, torch.Tensor] | None, names: list[str], values: list[float]) -> None:

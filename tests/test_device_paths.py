@@ -1,5 +1,6 @@
 """What the generated modules do per step on a device and in one-token decoding: no host
-synchronization in the LayerNorm off the CPU, no causal support for one new token."""
+synchronization in the LayerNorm off the CPU (the fused kernel on prescaled rows), no causal support for one new
+token."""
 
 import subprocess
 import sys
@@ -15,18 +16,21 @@ LLAMA_TORCH = import_path(GENERATED / "torch" / "llama.py")
 LLAMA_NUMPY = import_path(GENERATED / "numpy" / "llama.py")
 
 
-def _fused_layer_norm_refused(*arguments, **keywords):
-    raise AssertionError("torch.native_layer_norm ran: its representability check reads a value on the host")
+def _scaled_path_refused(*arguments, **keywords):
+    raise AssertionError("the scaled LayerNorm ran")
 
 
-def test_layer_norm_off_the_cpu_takes_the_scaled_path(monkeypatch):
+def test_layer_norm_off_the_cpu_runs_the_fused_kernel_on_prescaled_rows(monkeypatch):
+    """Off the CPU (meta) the fused kernel runs on ``_prescaled`` rows, not the scaled path's twenty operations;
+    control: while torch.compile records the call, the scaled path runs."""
     block = POST_LN.Block(8, 2, 12, device="meta")
-    monkeypatch.setattr(torch, "native_layer_norm", _fused_layer_norm_refused)
+    monkeypatch.setattr(POST_LN, "_scaled_layer_norm", _scaled_path_refused)
     with torch.inference_mode():
         out = block(torch.empty(2, 5, 8, device="meta"))
     assert out.device.type == "meta" and list(out.shape) == [2, 5, 8]
-    with pytest.raises(AssertionError, match="native_layer_norm"):  # on the CPU the fused path runs
-        POST_LN.Block(8, 2, 12)(torch.randn(2, 5, 8))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(AssertionError, match="scaled LayerNorm"), torch.inference_mode():
+        block(torch.empty(2, 5, 8, device="meta"))
 
 
 def _representability_read(rstd):

@@ -185,16 +185,22 @@ def test_a_causal_block_takes_flash_attentions_is_causal_off_the_cpu(name, monke
 
 
 def test_only_whole_views_of_a_marked_causal_support_count_as_marked():
-    """``_marked_causal``: a view of the marked support over whole (n, n) matrices is; a principal block, its
-    transpose, a causal mask the caller built and the support of tokens after cached ones are not."""
+    """``_marked_causal``: a view of the marked support over whole (n, n) matrices is (the support itself is one
+    (n, n) matrix seen per batch entry); a principal block, its transpose, a causal mask the caller built and the
+    support of tokens after cached ones are not, nor views of a marked storage of several matrices that straddle
+    them."""
     module = _module("gpt2")
     support = module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"))
+    assert support.stride() == (0, 5, 1) and support.untyped_storage().nbytes() == 25
     assert module._marked_causal(support) and module._marked_causal(support[:, None]) and module._marked_causal(support[1])
     assert not module._marked_causal(support[:, 1:, 1:]) and not module._marked_causal(support.transpose(-1, -2))
     assert not module._marked_causal(torch.ones(5, 5, dtype=torch.bool, device="meta").tril())
-    flat = support.view(-1)
+    stacked = torch.ones(2, 5, 5, dtype=torch.bool, device="meta").tril()
+    module._mark_causal(stacked)
+    flat = stacked.view(-1)
+    assert module._marked_causal(stacked) and module._marked_causal(flat[25:50].view(5, 5))
     assert not module._marked_causal(flat[1:26].view(5, 5)) and not module._marked_causal(flat[5:30].view(5, 5))
-    assert not module._marked_causal(support.as_strided((2, 5, 5), (5, 5, 1)))  # matrices overlapping by a row
+    assert not module._marked_causal(stacked.as_strided((2, 5, 5), (5, 5, 1)))  # matrices overlapping by a row
     after_cached = module._support(None, None, True, 2, 5, torch.float32, torch.device("meta"), 3)
     assert not hasattr(after_cached.untyped_storage(), "splitformer_causal")
 

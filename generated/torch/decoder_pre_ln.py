@@ -167,8 +167,8 @@ def _causal(support: torch.Tensor | None) -> bool:
 
 @torch.jit.unused
 def _mark_causal(support: torch.Tensor) -> None:
-    """Mark a support (…, n, n), contiguous, that ``_support`` built from causality alone (each query keeps its own
-    and earlier keys): its storage records n. Not while a trace, torch.compile or an export records the call, nor
+    """Mark a support (…, n, n) that ``_support`` built from causality alone (each query keeps its own and earlier
+    keys; one (n, n) matrix seen per batch entry): its storage records n. Not while a trace, torch.compile or an export records the call, nor
     for a tensor without storage (torch.func's wrapped tensors under ``grad`` or ``vmap``, fakes)."""
     if _recorded():
         return
@@ -356,12 +356,53 @@ def _layer_norm(x, gain, bias, eps: float):
 
 @torch.jit.unused
 def _fused_layer_norm(x, gain, bias, eps: float):
-    """torch's one-pass LayerNorm, kept where ``_representable``; otherwise, and where no value may choose the path
-    (``_values_choose``), ``_scaled_layer_norm``."""
+    """torch's one-pass LayerNorm, kept where ``_representable``; otherwise ``_scaled_layer_norm``. Where no value may
+    choose the path (``_values_choose``): off the CPU, the fused LayerNorm of ``_prescaled`` rows; while a trace,
+    torch.compile or an export records the call, and where no prescaling keeps every row's result,
+    ``_scaled_layer_norm``."""
     if not _values_choose(x):
-        return _scaled_layer_norm(x, gain, bias, eps)
+        y = None if _recorded() else _prescaled(x, eps)
+        if y is None:
+            return _scaled_layer_norm(x, gain, bias, eps)
+        return torch.native_layer_norm(y, [x.shape[-1]], gain, bias, eps)[0]
     out, _, rstd = torch.native_layer_norm(x, [x.shape[-1]], gain, bias, eps)
     return out if _representable(rstd) else _scaled_layer_norm(x, gain, bias, eps)
+
+
+#: Per dtype of ``_prescaled``: the integer type of its width, its significand's stored bits, its exponent's bias.
+_FLOAT_BITS = {torch.float64: (torch.int64, 52, 1023), torch.float32: (torch.int32, 23, 127),
+               torch.bfloat16: (torch.int16, 7, 127), torch.float16: (torch.int16, 10, 15)}
+
+
+@torch.jit.unused
+def _prescaled(x, eps: float) -> torch.Tensor | None:
+    """The rows of ``x`` divided by powers of two s that torch's fused LayerNorm and RMSNorm take without overflow and
+    then give every row's result to the kernel's rounding, read from no value: the fused norms' path where none may
+    choose it, off the CPU (an overflow check would make the host wait for the device); None where there are none.
+
+    s is 1 for every row below 2^E, E the largest exponent with no sum of N squares past the accumulation type's range
+    (float32 below float64: 2E + 3 + log₂ N ≤ 128), so those rows get the kernel's result bit for bit; a larger row is
+    brought into [2^(E−1), 2^E) exactly (s built from its bits), which stands eps·s² for eps: a row that is not constant
+    then has variance at least 2^(2E−3−2p)/N (its values differ by one unit in the p-bit significand of 2^(E−1) or
+    more), so eps's share of it, and of its mean square, is below 2^(−p−1) as long as 2E ≥ 3p + 3 + log₂(eps·N). Where
+    that fails, or eps is 0 (a constant row's 0/0) or below the accumulation type's normal range, None: the caller takes
+    the scaled path. A reduction, four small operations over the rows and one over x, where the scaled path takes
+    some twenty; but without the scaled path's first-value shift, a row far from zero whose values differ in their last bits
+    gets what the kernel gives it (its float mean does not resolve them), as on the CPU."""
+    if x.dtype not in _FLOAT_BITS:
+        return None
+    integer, stored, bias = _FLOAT_BITS[x.dtype]
+    accumulated = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    count = max(1, x.shape[-1])
+    exponent = int((math.log2(accumulated.max) - 3 - math.log2(count)) // 2)
+    if not (eps >= accumulated.tiny and 2 * exponent >= 3 * (stored + 1) + 3 + math.log2(eps * count)):
+        return None
+    with torch.no_grad():
+        peak = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True)
+        # 2^−k, k = max(0, e − E) with 2^(e−1) ≤ peak < 2^e, from its biased exponent's bits (out of place: vmap)
+        biased = torch.clamp((bias + exponent) - torch.frexp(peak).exponent, 1, bias).to(integer)
+        factor = torch.bitwise_left_shift(biased, stored).view(x.dtype)
+    return x * factor
 
 
 @torch.jit.unused
@@ -1011,6 +1052,11 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     causal = causal and (n_tokens > 1 or torch.jit.is_tracing())
     if key_padding_mask is None and attn_mask is None and not causal:
         return None
+    if key_padding_mask is None and attn_mask is None:  # causality alone: one (tokens, keys) matrix seen per batch entry
+        support = torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset).expand(batch, n_tokens, n_keys)
+        if offset == 0 and not torch.jit.is_scripting():
+            _mark_causal(support)
+        return support
     floating = False
     if key_padding_mask is not None:
         key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
@@ -1030,8 +1076,6 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         support = _restrict(support, attn_mask)
     if causal:
         support = _restrict(support, torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).triu(offset + 1))
-        if key_padding_mask is None and attn_mask is None and offset == 0 and not torch.jit.is_scripting():
-            _mark_causal(support)
     return support
 
 

@@ -112,7 +112,7 @@ def test_the_prescaling_is_refused_where_eps_would_show(monkeypatch):
     exact = torch.tensor([_exact(x[0].tolist(), 1e30)], dtype=torch.float64)
     _off_the_cpu(monkeypatch, MODULE)
     assert (MODULE._layer_norm(x, ones, zeros, 1e30).double() - exact).abs().max() < 1e-6
-    forced = x * 2.0 ** -(math.frexp(1e20)[1] - 57)
+    forced = x * 2.0 ** -(math.frexp(1e20)[1] - 57)  # prescaled into [2^56, 2^57)
     assert (torch.native_layer_norm(forced, [16], ones, zeros, 1e30)[0].double() - exact).abs().max() > 1e-5  # 1000 times float32 rounding
     constant = torch.full((1, 16), 7.0)
     assert torch.equal(MODULE._layer_norm(constant, ones, zeros, 0.0), torch.zeros(1, 16))  # not NaN
@@ -131,17 +131,39 @@ def test_half_precision_keeps_its_dtype(monkeypatch, dtype):
     assert (got.double() - exact).abs().max() <= 8 * torch.finfo(dtype).eps * 4
 
 
-def test_gradients_through_prescaled_rows_are_the_norms(monkeypatch):
-    """Autograd through the prescaled path (the scale carries no gradient) equals autograd through the scaled one on
-    rows past float64's squares, to rounding (relative to each row's scale)."""
-    x = _rows(torch.float64, [1.0, 1e200, 1e300]).requires_grad_()
-    gain, bias = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
-    weights = torch.randn(x.shape, dtype=torch.float64)
-    expected, = torch.autograd.grad((MODULE._scaled_layer_norm(x, gain, bias, 1e-5) * weights).sum(), x)
-    _off_the_cpu(monkeypatch, MODULE)
-    got, = torch.autograd.grad((MODULE._layer_norm(x, gain, bias, 1e-5) * weights).sum(), x)
-    scale = expected.abs().amax(dim=-1, keepdim=True)
-    assert ((got - expected).abs() / scale).max() <= 1e-12 and (scale > 0).all()
+@pytest.mark.parametrize("dtype, peaks", [(torch.float32, [1.0, 1e20, 1e30, 3e38]),
+                                          (torch.float64, [1.0, 1e200, 1e300])])
+def test_derivatives_through_prescaled_rows_are_the_norms(monkeypatch, dtype, peaks):
+    """Reverse mode (autograd; the scale carries no derivative) through the prescaled path, and forward mode
+    (``torch.func.jvp``), which takes the scaled path, equal the scaled path's derivatives on rows past the squares'
+    range, to rounding relative to each row's scale, for both norms. Controls: the rows prescaled to 2^57 (float64:
+    2^505) instead, the largest exponent the kernels' sums allow, where 1/√(statistic)³, which the kernels' derivatives take, underflows,
+    are off by far more in forward mode, and in reverse mode for RMSNorm (on the CPU)."""
+    x = torch.stack([_rows(dtype, peaks, width=512, seed=seed)[index] for seed in range(2) for index in range(len(peaks))])
+    gain, bias = torch.randn(512, dtype=dtype), torch.randn(512, dtype=dtype)
+    weights, tangent = torch.randn(x.shape, dtype=dtype), torch.randn(x.shape, dtype=dtype)
+    tolerance = 64 * torch.finfo(dtype).eps
+    norms = ((MODULE, lambda rows: MODULE._layer_norm(rows, gain, bias, 1e-5),
+              lambda rows: MODULE._scaled_layer_norm(rows, gain, bias, 1e-5),
+              lambda rows: torch.native_layer_norm(rows, [512], gain, bias, 1e-5)[0]),
+             (LLAMA, lambda rows: LLAMA._rms_norm(rows, gain, 1e-5), lambda rows: LLAMA._scaled_rms_norm(rows, gain, 1e-5),
+              lambda rows: torch.ops.aten._fused_rms_norm(rows, [512], gain, 1e-5)[0]))
+    top = 57 if dtype == torch.float32 else 505  # (log₂ of the largest accumulated value − 3 − log₂ 512)/2, less 1
+    factor = 2.0 ** (top - torch.frexp(x.abs().amax(dim=-1, keepdim=True)).exponent.clamp_min(top).to(dtype))
+
+    def error(value, reference):
+        return ((value - reference).abs() / reference.abs().amax(dim=-1, keepdim=True)).max()
+
+    for index, (module, norm, scaled, kernel) in enumerate(norms):
+        expected = (torch.func.vjp(scaled, x)[1](weights)[0], torch.func.jvp(scaled, (x,), (tangent,))[1])
+        _off_the_cpu(monkeypatch, module)
+        rows = x.clone().requires_grad_()
+        reverse, = torch.autograd.grad((norm(rows) * weights).sum(), rows)
+        assert error(reverse, expected[0]) <= tolerance
+        assert error(torch.func.jvp(norm, (x,), (tangent,))[1], expected[1]) <= tolerance
+        assert error(torch.func.jvp(lambda rows: kernel(rows * factor), (x,), (tangent,))[1], expected[1]) > 1e-3
+        if index == 1:
+            assert error(torch.func.vjp(lambda rows: kernel(rows * factor), x)[1](weights)[0], expected[0]) > 1e-4
 
 
 def test_the_prescaled_path_runs_under_vmap_without_a_fallback(monkeypatch):
@@ -157,6 +179,14 @@ def test_the_prescaled_path_runs_under_vmap_without_a_fallback(monkeypatch):
         batched_rms = torch.func.vmap(lambda rows: LLAMA._rms_norm(rows, gain, 1e-5))(x)
     assert torch.equal(batched, MODULE._layer_norm(x, gain, bias, 1e-5))
     assert torch.equal(batched_rms, LLAMA._rms_norm(x, gain, 1e-5))
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 16), (2, 0, 16), (2, 5, 0)])
+def test_empty_tensors_pass_through(monkeypatch, shape):
+    """No rows, or rows of no features (whose largest value does not exist): the fused kernel's empty result."""
+    _off_the_cpu(monkeypatch, MODULE)
+    x, gain, bias = torch.randn(shape), torch.ones(shape[-1]), torch.zeros(shape[-1])
+    assert MODULE._layer_norm(x, gain, bias, 1e-5).shape == shape
 
 
 class Kernels(TorchDispatchMode):

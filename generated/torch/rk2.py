@@ -343,26 +343,36 @@ _FLOAT_BITS = {torch.float64: (torch.int64, 52, 1023), torch.float32: (torch.int
 
 @torch.jit.unused
 def _prescaled(x, eps: float) -> torch.Tensor | None:
-    """The rows of ``x`` divided by powers of two s that torch's fused LayerNorm and RMSNorm take without overflow and
-    then give every row's result to the kernel's rounding, read from no value: the fused norms' path where none may
-    choose it, off the CPU (an overflow check would make the host wait for the device); None where there are none.
+    """The rows of ``x`` divided by powers of two s that torch's fused LayerNorm and RMSNorm, and their derivatives, take
+    without overflow or underflow and that change no row's result past rounding, read from no value: the fused norms'
+    path where none may choose it, off the CPU (an overflow check would make the host wait for the device); None where
+    there are none.
 
-    s is 1 for every row below 2^E, E the largest exponent with no sum of N squares past the accumulation type's range
-    (float32 below float64: 2E + 3 + log₂ N ≤ 128), so those rows get the kernel's result bit for bit; a larger row is
-    brought into [2^(E−1), 2^E) exactly (s built from its bits), which stands eps·s² for eps: a row that is not constant
-    then has variance at least 2^(2E−3−2p)/N (its values differ by one unit in the p-bit significand of 2^(E−1) or
-    more), so eps's share of it, and of its mean square, is below 2^(−p−1) as long as 2E ≥ 3p + 3 + log₂(eps·N). Where
-    that fails, or eps is 0 (a constant row's 0/0) or below the accumulation type's normal range, None: the caller takes
-    the scaled path. A reduction, four small operations over the rows and one over x, where the scaled path takes
-    some twenty; but without the scaled path's first-value shift, a row far from zero whose values differ in their last bits
-    gets what the kernel gives it (its float mean does not resolve them), as on the CPU."""
-    if x.dtype not in _FLOAT_BITS:
+    s is 1 for every row below 2^E and brings a larger row exactly into [2^(E−1), 2^E) (s built from its bits), which
+    stands eps·s² for eps. A row that is not constant then has variance at least 2^(2E−3−2p)/N (its values differ by one
+    unit in the p-bit significand of 2^(E−1) or more), so eps's share of it, and of its mean square, is at most 2^−p,
+    and the norm's change from it at most 2^(−p−1), when 2E ≥ 3p + 3 + log₂(eps·N): E is the least such exponent (at
+    least 1). It must also keep the statistic's sum of N squares below the accumulation type's largest value
+    (2E + 3 + log₂ N ≤ 128 for float32, bfloat16 and float16, 1024 for float64) and 1/√(statistic + eps) cubed, which the
+    kernels' derivatives take, above its smallest normal one (3E ≤ 125, 1021): else, or where eps is 0 (a constant
+    row's 0/0) or below that normal range, None, and the caller takes the scaled path; so it does under forward-mode
+    derivatives (``torch.func.jvp``, ``forward_ad``), whose kernel formulas multiply the tangent, scaled by 2^−k too,
+    by that cube (an underflow past 1e30 in float32). float32 at 512 features and eps 1e-5: E = 34. A reduction, four small operations over the rows and one over x, where the scaled path takes some
+    twenty; but without the scaled path's first-value shift, a row far from zero whose values differ in their last bits
+    gets what the kernel gives it (its float mean does not resolve them), as the CPU path does below the kernel's
+    overflow."""
+    if x.dtype not in _FLOAT_BITS or torch.autograd.forward_ad.unpack_dual(x).tangent is not None:
         return None
+    if x.numel() == 0:  # no row to scale (and no largest value of an empty one)
+        return x
     integer, stored, bias = _FLOAT_BITS[x.dtype]
     accumulated = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32)
     count = max(1, x.shape[-1])
-    exponent = int((math.log2(accumulated.max) - 3 - math.log2(count)) // 2)
-    if not (eps >= accumulated.tiny and 2 * exponent >= 3 * (stored + 1) + 3 + math.log2(eps * count)):
+    if not eps >= accumulated.tiny:
+        return None
+    exponent = max(1, math.ceil((3 * (stored + 1) + 3 + math.log2(eps * count)) / 2))
+    largest, smallest = math.log2(accumulated.max), -math.log2(accumulated.tiny)
+    if 2 * exponent + 3 + math.log2(count) > largest or 3 * exponent > smallest - 1:
         return None
     with torch.no_grad():
         peak = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True)

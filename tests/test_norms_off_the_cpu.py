@@ -109,6 +109,8 @@ def test_the_prescaling_is_refused_where_eps_would_show(monkeypatch):
     ones, zeros = torch.ones(16), torch.zeros(16)
     assert MODULE._prescaled(x, 1e30) is None and MODULE._prescaled(x, 0.0) is None
     assert MODULE._prescaled(x, 1e-5) is not None
+    wide = torch.ones(1, 512)  # eps 1 at 512 features needs E = 42, whose cube 2^-126 the derivatives would not keep
+    assert MODULE._prescaled(wide, 1.0) is None and MODULE._prescaled(wide, 0.25) is not None
     exact = torch.tensor([_exact(x[0].tolist(), 1e30)], dtype=torch.float64)
     _off_the_cpu(monkeypatch, MODULE)
     assert (MODULE._layer_norm(x, ones, zeros, 1e30).double() - exact).abs().max() < 1e-6

@@ -168,8 +168,9 @@ def _causal(support: torch.Tensor | None) -> bool:
 @torch.jit.unused
 def _mark_causal(support: torch.Tensor) -> None:
     """Mark a support (…, n, n) that ``_support`` built from causality alone (each query keeps its own and earlier
-    keys; one (n, n) matrix seen per batch entry): its storage records n. Not while a trace, torch.compile or an export records the call, nor
-    for a tensor without storage (torch.func's wrapped tensors under ``grad`` or ``vmap``, fakes)."""
+    keys; one (n, n) matrix seen per batch entry): its storage records n. Not while a trace, torch.compile or an
+    export records the call, nor for a tensor without storage (torch.func's wrapped tensors under ``grad`` or
+    ``vmap``, fakes)."""
     if _recorded():
         return
     try:
@@ -390,10 +391,10 @@ def _prescaled(x, eps: float) -> torch.Tensor | None:
     kernels' derivatives take, above its smallest normal one (3E ≤ 125, 1021): else, or where eps is 0 (a constant
     row's 0/0) or below that normal range, None, and the caller takes the scaled path; so it does under forward-mode
     derivatives (``torch.func.jvp``, ``forward_ad``), whose kernel formulas multiply the tangent, scaled by 2^−k too,
-    by that cube (an underflow past 1e30 in float32). float32 at 512 features and eps 1e-5: E = 34. A reduction, four small operations over the rows and one over x, where the scaled path takes some
-    twenty; but without the scaled path's first-value shift, a row far from zero whose values differ in their last bits
-    gets what the kernel gives it (its float mean does not resolve them), as the CPU path does below the kernel's
-    overflow."""
+    by that cube (an underflow past 1e30 in float32). float32 at 512 features and eps 1e-5: E = 34. A reduction, four
+    small operations over the rows and one over x, where the scaled path takes some twenty; but without the scaled
+    path's first-value shift, a row far from zero whose values differ in their last bits gets what the kernel gives it
+    (its float mean does not resolve them), as the CPU path does below the kernel's overflow."""
     if x.dtype not in _FLOAT_BITS or torch.autograd.forward_ad.unpack_dual(x).tangent is not None:
         return None
     if x.numel() == 0:  # no row to scale (and no largest value of an empty one)
@@ -1062,8 +1063,9 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     causal = causal and (n_tokens > 1 or torch.jit.is_tracing())
     if key_padding_mask is None and attn_mask is None and not causal:
         return None
-    if key_padding_mask is None and attn_mask is None:  # causality alone: one (tokens, keys) matrix seen per batch entry
-        support = torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset).expand(batch, n_tokens, n_keys)
+    if key_padding_mask is None and attn_mask is None:  # causality alone: one (tokens, keys) matrix per batch entry
+        support = torch.ones(n_tokens, n_keys, dtype=torch.bool, device=device).tril(offset)
+        support = support.expand(batch, n_tokens, n_keys)
         if offset == 0 and not torch.jit.is_scripting():
             _mark_causal(support)
         return support

@@ -342,10 +342,10 @@ def _prescaled(x, eps: float) -> torch.Tensor | None:
     kernels' derivatives take, above its smallest normal one (3E ≤ 125, 1021): else, or where eps is 0 (a constant
     row's 0/0) or below that normal range, None, and the caller takes the scaled path; so it does under forward-mode
     derivatives (``torch.func.jvp``, ``forward_ad``), whose kernel formulas multiply the tangent, scaled by 2^−k too,
-    by that cube (an underflow past 1e30 in float32). float32 at 512 features and eps 1e-5: E = 34. A reduction, four small operations over the rows and one over x, where the scaled path takes some
-    twenty; but without the scaled path's first-value shift, a row far from zero whose values differ in their last bits
-    gets what the kernel gives it (its float mean does not resolve them), as the CPU path does below the kernel's
-    overflow."""
+    by that cube (an underflow past 1e30 in float32). float32 at 512 features and eps 1e-5: E = 34. A reduction, four
+    small operations over the rows and one over x, where the scaled path takes some twenty; but without the scaled
+    path's first-value shift, a row far from zero whose values differ in their last bits gets what the kernel gives it
+    (its float mean does not resolve them), as the CPU path does below the kernel's overflow."""
     if x.dtype not in _FLOAT_BITS or torch.autograd.forward_ad.unpack_dual(x).tangent is not None:
         return None
     if x.numel() == 0:  # no row to scale (and no largest value of an empty one)

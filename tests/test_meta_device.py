@@ -218,8 +218,9 @@ def test_nothing_is_marked_while_torch_compile_records_the_call(monkeypatch):
 def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
     """A decoder Stack decoding against one memory under ``torch.no_grad`` (as transformers' ``generate`` runs): each
     step knows the memory unchanged by its identity and version, so no step reads the device (each layer's memory
-    keys and values, and the stack's record of its memory, kept once); control: a memory made under
-    ``torch.inference_mode`` keeps no version, and the next step compares its values."""
+    keys and values, and the stack's record of its memory, kept once); controls: a layer's copy of the memory changed
+    in place is compared again, and a memory made under ``torch.inference_mode`` keeps no version, so the next step
+    compares its values."""
     stack = _module(name).Stack(2, 16, 4, 24, device="meta")
     cache = [{}, {}]
     memory = torch.empty(1, 5, 16, device="meta")
@@ -230,6 +231,10 @@ def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
             records.append(cache[0]["memory"])
     assert outs.is_meta and cache[1]["attn.v"].shape[1] == 6 and copies.found == []
     assert records[0] is records[1] is records[2]  # the stack's record of its memory, copied once
+    with torch.no_grad():  # control: a layer's copy of the memory reordered in place, as beam search may, is compared
+        cache[1]["cross.memory"].copy_(cache[1]["cross.memory"][[0]])
+        with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
+            stack(torch.empty(1, 1, 16, device="meta"), memory, cache=cache)
     with torch.inference_mode():
         memory, cache = torch.empty(1, 5, 16, device="meta"), [{}, {}]
         stack(torch.empty(1, 4, 16, device="meta"), memory, cache=cache)

@@ -1263,22 +1263,25 @@ def _kept(tensor: torch.Tensor) -> torch.Tensor:
 
 @torch.jit.unused
 def _remember_source(copy: torch.Tensor, source: torch.Tensor) -> None:
-    """Record on ``copy``'s storage a weak reference to ``source`` and its version. An inference tensor keeps no
-    version (its values are compared instead); nor does a tensor without storage."""
+    """Record on ``copy``'s storage weak references to ``copy`` itself (its storage's other views are not it) and to
+    ``source``, with both versions. An inference tensor keeps no version (its values are compared instead); nor does a
+    tensor without storage."""
     try:
-        copy.untyped_storage().splitformer_source = (weakref.ref(source), source._version)
+        copy.untyped_storage().splitformer_source = (weakref.ref(source), source._version, weakref.ref(copy),
+                                                     copy._version)
     except (RuntimeError, NotImplementedError, TypeError):
         pass
 
 
 @torch.jit.unused
 def _unchanged_source(copy: torch.Tensor, tensor: torch.Tensor) -> bool:
-    """Whether ``copy`` is ``_kept``'s copy of ``tensor`` itself, which no in-place operation has changed since (every
-    one raises its version, under ``torch.no_grad`` too): then they hold the same values, and no value is read (on a
-    GPU, a synchronization)."""
+    """Whether ``copy`` is ``_kept``'s copy of ``tensor`` itself, neither changed by an in-place operation since (every
+    one raises a version, under ``torch.no_grad`` too; a cache reordered in place, as beam search may, changes the
+    copy): then they hold the same values, and no value is read (on a GPU, a synchronization)."""
     try:
         source = getattr(copy.untyped_storage(), "splitformer_source", None)
-        return source is not None and source[0]() is tensor and tensor._version == source[1]
+        return (source is not None and source[0]() is tensor and tensor._version == source[1]
+                and source[2]() is copy and copy._version == source[3])
     except (RuntimeError, NotImplementedError):
         return False
 

@@ -391,20 +391,29 @@ def _parameters(params, table, sizes, dtype):
                          f"(expected: {', '.join(table)})")
     arrays = {}
     for name, axes in table.items():
-        expected = tuple(sizes[axis] for axis in axes)
-        shown = "(" + ", ".join(str(axis if size is None else size) for axis, size in zip(axes, expected)) + \
-            ("," if len(axes) == 1 else "") + ")"
-        if name not in params:
-            raise ValueError(f"missing parameter {name!r} of shape {shown}")
-        value = _array(f"parameter {name!r}", params[name])
-        if value.dtype.kind not in "fiu":
-            raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
-        if value.dtype.kind == "f" and value.dtype != dtype:
-            raise ValueError(f"u has dtype {dtype}, parameter {name!r} {value.dtype}")
-        if value.shape != expected:
-            raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {shown}")
-        arrays[name] = value.astype(dtype, copy=False)
+        expected = tuple([sizes[axis] for axis in axes])
+        value = params.get(name)
+        if type(value) is not np.ndarray or value.dtype != dtype or value.shape != expected:  # else as it is
+            value = _parameter(params, name, axes, expected, dtype)
+        arrays[name] = value
     return arrays
+
+
+def _parameter(params, name, axes, expected, dtype):
+    """``params[name]`` as an array of ``dtype`` and the ``expected`` shape (the sizes of ``axes``, None where
+    unknown), or the error naming it."""
+    shown = "(" + ", ".join(str(axis if size is None else size) for axis, size in zip(axes, expected)) + \
+        ("," if len(axes) == 1 else "") + ")"
+    if name not in params:
+        raise ValueError(f"missing parameter {name!r} of shape {shown}")
+    value = _array(f"parameter {name!r}", params[name])
+    if value.dtype.kind not in "fiu":
+        raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
+    if value.dtype.kind == "f" and value.dtype != dtype:
+        raise ValueError(f"u has dtype {dtype}, parameter {name!r} {value.dtype}")
+    if value.shape != expected:
+        raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {shown}")
+    return value.astype(dtype, copy=False)
 
 
 def _integer(name, value, minimum):

@@ -334,15 +334,15 @@ class Backend:
         key = " ".join("{%s}" % printer.use(name) for name in op.key)
         names = ", ".join(operand.name for operand in op.outputs)
         read = "shared[shared_key]" if len(op.outputs) > 1 else "shared[shared_key][0]"
-        return [f'shared_key = f"{key}"',
-                f"if shared is not None and {printer.use(op.argument)} is None and shared_key in shared:",
-                f"    {names} = {read}", "else:"]
+        shares = f'{printer.use("_shares")}({printer.use(op.argument)})'
+        return [f'shared_key = f"{key}" if shared is not None and {shares} else ""',
+                "if shared is not None and shared_key in shared:", f"    {names} = {read}", "else:"]
 
     def share(self, op: Shared, printer: ArrayPrinter) -> list[str]:
         """The last statement of a ``Shared`` op's own: its outputs stored for the stack's later layers (computed
         from the default positions: given positions are the caller's, which a layer's hooks may change)."""
         names = ", ".join(operand.name for operand in op.outputs)
-        return [f"if shared is not None and {printer.use(op.argument)} is None:", f"    shared[shared_key] = [{names}]"]
+        return ["if shared is not None and shared_key:", f"    shared[shared_key] = [{names}]"]
 
     def memoized_extra(self, printer: ArrayPrinter) -> str:
         """Further arguments of ``_memoized``."""

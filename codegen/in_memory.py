@@ -3,21 +3,39 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import linecache
+import sys
 import types
 
 __all__ = ["load_source"]
 
+#: Numbers that tell apart modules loaded from the same text.
+_COPIES = itertools.count(2)
+
 
 def load_source(source: str, backend: str, name: str) -> types.ModuleType:
-    """The module ``splitformer_generated.<backend>.<name>`` whose text is ``source``, its lines kept under a file name
-    that carries their digest: TorchScript reads a function's source from there, and another scheme of the same name
-    derived later must not replace it (``torch.jit.script`` compiled that one's code, silently)."""
-    filename = f"<splitformer {backend}/{name}.py {hashlib.sha256(source.encode()).hexdigest()[:16]}>"
+    """The module ``splitformer_generated.<backend>.<name>_<digest>`` whose text is ``source``, its lines kept under a
+    file name that carries their digest: TorchScript reads a function's source from there, and another scheme of the
+    same name derived later must not replace it (``torch.jit.script`` compiled that one's code, silently).
+
+    The module is in ``sys.modules`` under its name, which no other module has (a second load of the same text gets a
+    number after the digest): torch.export and torch.compile read the globals of a function they inline by importing
+    its module's name. So it lives as long as the process, as an imported module does."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    filename = f"<splitformer {backend}/{name}.py {digest}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module = types.ModuleType(f"splitformer_generated.{backend}.{name}")
+    module_name = f"splitformer_generated.{backend}.{name}_{digest}"
+    if module_name in sys.modules:
+        module_name = f"{module_name}_{next(_COPIES)}"
+    module = types.ModuleType(module_name)
     module.__file__ = filename
+    sys.modules[module_name] = module
     # dont_inherit: this module's `from __future__ import annotations` would turn the annotations into strings,
     # which TorchScript cannot resolve
-    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - code generated here
+    try:
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - code generated here
+    except BaseException:
+        del sys.modules[module_name]
+        raise
     return module

@@ -104,6 +104,19 @@ def _exported() -> bool:
     return torch.compiler.is_exporting()
 
 
+def _shares(argument: torch.Tensor | None) -> bool:
+    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while
+    torch.compile or torch.export records the call, whose sizes may be symbolic (the shared key's text would fix
+    them to the example's)."""
+    return argument is None and (torch.jit.is_scripting() or not _compiling())
+
+
+@torch.jit.unused
+def _compiling() -> bool:
+    """Whether torch.compile or torch.export records the call."""
+    return torch.compiler.is_compiling()
+
+
 def _in_place() -> bool:
     """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
     (the one graph they record runs with and without autograd)."""
@@ -282,8 +295,9 @@ def _member_support(support: torch.Tensor | None, batch: int, members: int, n_qu
     """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
     if support is None:
         return None
-    support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+    if members == 1:
+        return support[:, None]
+    return support.repeat(1, members, 1)[:, None]  # (torch.export cannot prove the guards of reshaping the expanded view)
 
 
 def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):

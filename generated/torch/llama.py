@@ -164,6 +164,19 @@ def _exported() -> bool:
     return torch.compiler.is_exporting()
 
 
+def _shares(argument: torch.Tensor | None) -> bool:
+    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while
+    torch.compile or torch.export records the call, whose sizes may be symbolic (the shared key's text would fix
+    them to the example's)."""
+    return argument is None and (torch.jit.is_scripting() or not _compiling())
+
+
+@torch.jit.unused
+def _compiling() -> bool:
+    """Whether torch.compile or torch.export records the call."""
+    return torch.compiler.is_compiling()
+
+
 def _in_place() -> bool:
     """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
     (the one graph they record runs with and without autograd)."""
@@ -260,8 +273,9 @@ def _member_support(support: torch.Tensor | None, batch: int, members: int, n_qu
     """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
     if support is None:
         return None
-    support = support[:, None].expand(batch, members, n_queries, support.shape[-1])
-    return support.reshape(batch, 1, members * n_queries, support.shape[-1])
+    if members == 1:
+        return support[:, None]
+    return support.repeat(1, members, 1)[:, None]  # (torch.export cannot prove the guards of reshaping the expanded view)
 
 
 def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):
@@ -1425,8 +1439,8 @@ class Block(_CanonicalModule):
         attn_v = attn_v.view(batch, n_tokens, n_kv_heads, d_head)
         del attn_qkv, norm1_out
         # attn_pair_diagonal, attn_pair_crossed: from the default positions alone, alike in every layer of a stack (its first computes them)
-        shared_key = f"{offset} {batch} {n_tokens} {d_half} {d_head} {rope_theta}"
-        if shared is not None and positions is None and shared_key in shared:
+        shared_key = f"{offset} {batch} {n_tokens} {d_half} {d_head} {rope_theta}" if shared is not None and _shares(positions) else ""
+        if shared is not None and shared_key in shared:
             attn_pair_diagonal, attn_pair_crossed = shared[shared_key]
         else:
             # φ^attn[i, r] = p[i]/rope_theta**(2*r/N_e)
@@ -1439,7 +1453,7 @@ class Block(_CanonicalModule):
             attn_pair_diagonal = torch.stack((attn_phi_cos, attn_phi_cos), dim=2)
             # attn_pair_crossed[i, c, r] = (-attn_phi_sin[i, r], attn_phi_sin[i, r])[c]
             attn_pair_crossed = torch.stack((-attn_phi_sin, attn_phi_sin), dim=2)
-            if shared is not None and positions is None:
+            if shared is not None and shared_key:
                 shared[shared_key] = [attn_pair_diagonal, attn_pair_crossed]
         del pos
         # Q̂^attn[i, g, s, c, r] = Σ_p(cos(π*(c - p)/2 - φ^attn[i, r])*Q^attn[i, g, s, p, r])

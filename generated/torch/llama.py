@@ -273,9 +273,8 @@ def _member_support(support: torch.Tensor | None, batch: int, members: int, n_qu
     """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
     if support is None:
         return None
-    if members == 1:
-        return support[:, None]
-    return support.repeat(1, members, 1)[:, None]  # (torch.export cannot prove the guards of reshaping the expanded view)
+    # the members' copies side by side (torch.export cannot prove the guards of reshaping an expanded view)
+    return torch.cat([support] * members, dim=1)[:, None] if members > 1 else support[:, None]
 
 
 def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):

@@ -172,3 +172,36 @@ def test_a_module_derived_in_memory_exports_strictly():
     exec(compile(inspect.getsource(module), module.__file__, "exec", dont_inherit=True), unregistered.__dict__)
     with pytest.raises(ModuleNotFoundError):
         _assert_exports(_randomized(unregistered.Block(D, HEADS, D_FF, dtype=torch.float64)), strict=True)
+
+
+def _export_with_positions(module: types.ModuleType) -> None:
+    """A llama block exported with given float positions (half steps) as an input of symbolic length, run at another
+    length with other positions against the eager block."""
+    block = _block(module, "Block")
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.export.Dim("tokens", min=2, max=512)
+    u = torch.randn(2, 16, D, generator=generator, dtype=torch.float64)
+    program = torch.export.export(block, (u,), {"positions": torch.arange(16, dtype=torch.float64) / 2},
+                                  dynamic_shapes={"u": {1: tokens}, "positions": {0: tokens}}).module()
+    other, positions = (torch.randn(2, 40, D, generator=generator, dtype=torch.float64),
+                        torch.rand(40, generator=generator, dtype=torch.float64) * 100)
+    with torch.no_grad():
+        eager = block(other, positions=positions)
+        assert (program(other, positions=positions) - eager).abs().max() <= 1e-12
+        assert (eager - block(other)).abs().max() > 1e-3  # the positions matter
+
+
+def test_given_float_positions_export():
+    """Their finiteness is checked in eager calls only (a value check would make the recorded graph's length
+    data-dependent; eagerly, NaN is still refused)."""
+    module = _module("llama")
+    _export_with_positions(module)
+    with pytest.raises(ValueError, match="positions must be finite"):
+        _block(module, "Block")(torch.zeros(1, 2, D, dtype=torch.float64), positions=torch.tensor([0.0, float("nan")]))
+
+
+def test_control_positions_checked_while_recorded_do_not_export(monkeypatch):
+    module = _module("llama")
+    monkeypatch.setattr(module, "_recorded", lambda: False)
+    with pytest.raises(Exception, match="data-dependent"):
+        _export_with_positions(module)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import linecache
 import sys
+import threading
 import types
 
 __all__ = ["load_source"]
+
+#: Held while a module loads: one load at a time.
+_LOADING = threading.Lock()
 
 
 def load_source(source: str, backend: str, name: str) -> types.ModuleType:
@@ -22,17 +26,14 @@ def load_source(source: str, backend: str, name: str) -> types.ModuleType:
     filename = f"<splitformer {backend}/{name}.py {digest}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module_name = f"splitformer_generated.{backend}.{name}_{digest}"
-    loaded = sys.modules.get(module_name)
-    if loaded is not None:
-        return loaded
-    module = types.ModuleType(module_name)
-    module.__file__ = filename
-    sys.modules[module_name] = module
-    # dont_inherit: this module's `from __future__ import annotations` would turn the annotations into strings,
-    # which TorchScript cannot resolve
-    try:
+    with _LOADING:  # a second caller of the same text waits for the first one's module, never sees it half run
+        loaded = sys.modules.get(module_name)
+        if loaded is not None:
+            return loaded
+        module = types.ModuleType(module_name)
+        module.__file__ = filename
+        # dont_inherit: this module's `from __future__ import annotations` would turn the annotations into strings,
+        # which TorchScript cannot resolve
         exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - code generated here
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
+        sys.modules[module_name] = module  # once it has run: a load that raises leaves nothing
+        return module

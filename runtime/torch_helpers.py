@@ -295,8 +295,12 @@ def _member_support(support: torch.Tensor | None, batch: int, members: int, n_qu
     """A support (batch, tokens, keys) for ``_member_rows``: (batch, 1, members·tokens, keys), or None."""
     if support is None:
         return None
+    if members == 1:
+        return support[:, None]
+    if (torch.jit.is_scripting() or not _recorded()) and n_queries == 1:  # a decoding step: its row for each member
+        return support.expand(batch, members, support.shape[-1])[:, None]
     # the members' copies side by side (torch.export cannot prove the guards of reshaping an expanded view)
-    return torch.cat([support] * members, dim=1)[:, None] if members > 1 else support[:, None]
+    return torch.cat([support] * members, dim=1)[:, None]
 
 
 def _grouped_attention_normalized(q, k, v, scale: float, support: torch.Tensor | None, dropout_p: float = 0.0):

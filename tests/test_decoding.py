@@ -81,6 +81,32 @@ def test_rotary_attention_decodes_with_position_offsets(rotary, n_kv_heads, rng)
     assert cache["attn.kr"].shape == (2, 6, n_kv_heads, 2, 2)
 
 
+def test_grouped_heads_decode_with_a_padding_mask(rng):
+    """Grouped llama, prefill then token by token, the prompt's first tokens of one sequence padded (left padding, as
+    batched generation pads): each step's one query row, seen by each member of its group, keeps the keys the mask
+    keeps, as in the full causal forward with the same mask (both backends)."""
+    numpy_module, torch_module = _modules("llama")
+    params = reference.random_params(numpy_module.PARAMETERS, 16, 12, rng, d_kv=8)
+    u = rng.standard_normal((2, 7, 16))
+    mask = np.zeros((2, 7), dtype=bool)
+    mask[1, :2] = True
+    options = {"n_heads": 4, "n_kv_heads": 2}
+    full = numpy_module.forward(u, params, key_padding_mask=mask, **options)
+    assert np.abs(full - numpy_module.forward(u, params, **options))[1, 2:].max() > 1e-3  # the mask matters
+    cache = {}
+    steps = [numpy_module.forward(u[:, :3], params, key_padding_mask=mask[:, :3], cache=cache, **options)]
+    steps += [numpy_module.forward(u[:, i:i + 1], params, key_padding_mask=mask[:, :i + 1], cache=cache, **options)
+              for i in range(3, 7)]
+    assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-10
+    block = torch_module.Block(16, 4, 12, n_kv_heads=2, dtype=torch.float64).load_params(params)
+    cache, padding = {}, torch.tensor(mask)
+    with torch.no_grad():
+        steps = [block(torch.tensor(u[:, :3]), key_padding_mask=padding[:, :3], cache=cache).numpy()]
+        steps += [block(torch.tensor(u[:, i:i + 1]), key_padding_mask=padding[:, :i + 1], cache=cache).numpy()
+                  for i in range(3, 7)]
+    assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-10
+
+
 def test_cache_mismatch_is_named(rng):
     numpy_module, _ = _modules("gpt2")
     params = _stack_params(numpy_module, 1, rng)[0]

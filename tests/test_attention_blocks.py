@@ -115,3 +115,40 @@ def test_scores_bounded_by_their_norms_skip_the_row_max_and_large_ones_keep_it(r
     monkeypatch.setattr(MODULE, "_bounded", lambda q, k: np.ones((batch, heads), bool))  # control: no row max
     with np.errstate(over="ignore", invalid="ignore"):
         assert not np.isfinite(MODULE._attention(q, k, v, 500.0, support)).all()
+
+
+def _attention_calls(q, k, v, support):
+    """``_attention``'s result and how many matrix products it called."""
+    calls = []
+
+    def matmul(a, b, out=None):
+        calls.append(a.shape)
+        return np.matmul(a, b, out=out)
+
+    original = MODULE.np
+    MODULE.np = types.SimpleNamespace(**{**{name: getattr(np, name) for name in dir(np) if not name.startswith("__")},
+                                         "matmul": matmul})
+    try:
+        return MODULE._attention(q, k, v, 0.125, support), len(calls)
+    finally:
+        MODULE.np = original
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no support", "padding"])
+def test_a_decoding_steps_attention_is_one_block_for_every_entry(masked, rng, monkeypatch):
+    """A decoding step's shapes (4 query rows, a group's members, against 300 cached keys; 2 heads of 64): twice the
+    rows are fewer than a key's features, so no score is bounded (the row max is subtracted) and every entry's
+    scores are one block: two products for all 8 entries, not two per entry. The attention (plain NumPy), and bit for
+    bit the blockwise loop's (control: 16 products, the whole block over every entry no longer fitting)."""
+    batch, n_queries, n_keys, heads, width = 8, 4, 300, 2, 64
+    q, k, v = (rng.standard_normal((batch, tokens, heads, width)) for tokens in (n_queries, n_keys, n_keys))
+    support = (rng.random((batch, 1, n_queries, n_keys)) < 0.8) if masked else None
+    scores = np.einsum("bime,bjme->bmij", q, k) / 8
+    kept = np.ones(scores.shape, bool) if support is None else support
+    weights = np.where(kept, np.exp(scores - scores.max(-1, keepdims=True)), 0)
+    expected = np.einsum("bmij,bjme->bime", weights / weights.sum(-1, keepdims=True), v)
+    one_block, products = _attention_calls(q, k, v, support)
+    assert products == 2 and np.abs(one_block - expected).max() <= 1e-12
+    monkeypatch.setattr(MODULE, "_SCORES", heads * n_queries * n_keys)  # one entry's block fits, not all entries'
+    blockwise, products = _attention_calls(q, k, v, support)
+    assert products == 2 * batch and np.array_equal(blockwise, one_block)

@@ -111,7 +111,9 @@ def _attention(q, k, v, scale, support):
 
     Heads are strided views of the operands, never copied; per batch entry, a group of heads
     and a block of query rows (``_blocks``) go through one reused buffer, against the keys up to
-    the last one the block's support keeps (``_reaches``). The scale is applied
+    the last one the block's support keeps (``_reaches``). Where one entry's scores are one block, every entry's
+    fit one (``_SCORES``) and none is bounded (a decoding step), one product over all entries instead: the same
+    operations per row, without a loop's Python calls per entry. The scale is applied
     to a copy of the queries, the normalization to the output rows, which overwrite their (used)
     scaled queries: the copy is the output, in (batch, tokens, heads, features) order.
     """
@@ -125,6 +127,12 @@ def _attention(q, k, v, scale, support):
     if support is not None:
         support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
     rows, group = _blocks(n_queries, n_keys, n_heads, max(q.shape[-1], v.shape[-1]), support is not None)
+    if (rows, group) == (n_queries, n_heads) and batch * n_heads * n_queries * n_keys <= _SCORES \
+            and not bounded.any():
+        weights, total = _exponentials(np.matmul(heads_out, keys), support)
+        np.matmul(weights, values, out=heads_out)
+        heads_out /= total
+        return out
     reaches = None if support is None else _reaches(support, rows, group)
     buffer = np.empty((group, rows, n_keys), dtype=out.dtype)
     for b in range(batch):

@@ -127,8 +127,8 @@ def _attention(q, k, v, scale, support):
 
     Heads are strided views of the operands, never copied; per batch entry, a group of heads
     and a block of query rows (``_blocks``) go through one reused buffer, against the keys up to
-    the last one the block's support keeps (``_reaches``). Where one entry's scores are one block, every entry's
-    fit one (``_SCORES``) and none is bounded (a decoding step), one product over all entries instead: the same
+    the last one the block's support keeps (``_reaches``). A decoding step's few rows, where one entry's scores are
+    one block and every entry's fit one (``_SCORES``), go through one product over all entries instead: the same
     operations per row, without a loop's Python calls per entry. The scale is applied
     to a copy of the queries, the normalization to the output rows, which overwrite their (used)
     scaled queries: the copy is the output, in (batch, tokens, heads, features) order.
@@ -137,14 +137,14 @@ def _attention(q, k, v, scale, support):
     n_keys = k.shape[1]
     out = q * scale
     # the keys' norms cost more than the row max where a key has more features than twice the queries (a decoding step)
-    bounded = _bounded(out, k) if 2 * n_queries >= k.shape[-1] else np.zeros((batch, n_heads), dtype=bool)
+    few_rows = 2 * n_queries < k.shape[-1]
+    bounded = np.zeros((batch, n_heads), dtype=bool) if few_rows else _bounded(out, k)
     heads_out = out.transpose(0, 2, 1, 3)
     keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     if support is not None:
         support = np.broadcast_to(support, (batch, n_heads, n_queries, n_keys))
     rows, group = _blocks(n_queries, n_keys, n_heads, max(q.shape[-1], v.shape[-1]), support is not None)
-    if (rows, group) == (n_queries, n_heads) and batch * n_heads * n_queries * n_keys <= _SCORES \
-            and not bounded.any():
+    if few_rows and (rows, group) == (n_queries, n_heads) and batch * n_heads * n_queries * n_keys <= _SCORES:
         weights, total = _exponentials(np.matmul(heads_out, keys), support)
         np.matmul(weights, values, out=heads_out)
         heads_out /= total

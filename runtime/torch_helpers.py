@@ -105,16 +105,10 @@ def _exported() -> bool:
 
 
 def _shares(argument: torch.Tensor | None) -> bool:
-    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while
-    torch.compile or torch.export records the call, whose sizes may be symbolic (the shared key's text would fix
+    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while a
+    trace, torch.compile or an export records the call, whose sizes may be symbolic (the shared key's text would fix
     them to the example's)."""
-    return argument is None and (torch.jit.is_scripting() or not _compiling())
-
-
-@torch.jit.unused
-def _compiling() -> bool:
-    """Whether torch.compile or torch.export records the call."""
-    return torch.compiler.is_compiling()
+    return argument is None and (torch.jit.is_scripting() or not _recorded())
 
 
 def _in_place() -> bool:

@@ -44,8 +44,8 @@ def _positions_dtype(like: torch.Tensor) -> None:
 
 def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
                like: torch.Tensor) -> torch.Tensor:
-    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens); finite,
-    but while a trace, torch.compile or an export records the call), in the dtype of ``like`` (float32 or wider:
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens); checked
+    finite unless a trace, torch.compile or an export records the call), in the dtype of ``like`` (float32 or wider:
     ``_positions_dtype``)."""
     _positions_dtype(like)
     if positions is None:

@@ -159,6 +159,12 @@ def test_networks_export_with_symbolic_batch_and_image_size(name):
     exported, eager = (out[0] if isinstance(out, tuple) else out for out in (exported, eager))
     assert exported.shape == eager.shape and eager.abs().max() > 0.1
     assert (exported - eager).abs().max() <= 1e-12
+    changed = copy.deepcopy(network)  # control: a copy with other parameters is far from the program
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.mul_(1.5)
+        out = changed(other)
+    assert ((out[0] if isinstance(out, tuple) else out) - exported).abs().max() > 1e-3
 
 
 def test_a_module_derived_in_memory_exports_strictly():

@@ -10,7 +10,6 @@ import types
 import pytest
 
 import splitformer
-from splitformer.codegen import in_memory
 from splitformer.codegen.in_memory import load_source
 
 
@@ -73,6 +72,5 @@ def test_control_a_module_registered_before_it_runs_is_seen_half_run(source, mon
         exec(compile(text, module_name, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
         return module
 
-    monkeypatch.setattr(in_memory, "load_source", early)
     monkeypatch.setattr(sys.modules[__name__], "load_source", early)
     assert _race(source, trials=20) > 0

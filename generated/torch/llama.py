@@ -165,16 +165,10 @@ def _exported() -> bool:
 
 
 def _shares(argument: torch.Tensor | None) -> bool:
-    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while
-    torch.compile or torch.export records the call, whose sizes may be symbolic (the shared key's text would fix
+    """Whether a stack's layers share what they compute from the default positions (``argument`` None): not while a
+    trace, torch.compile or an export records the call, whose sizes may be symbolic (the shared key's text would fix
     them to the example's)."""
-    return argument is None and (torch.jit.is_scripting() or not _compiling())
-
-
-@torch.jit.unused
-def _compiling() -> bool:
-    """Whether torch.compile or torch.export records the call."""
-    return torch.compiler.is_compiling()
+    return argument is None and (torch.jit.is_scripting() or not _recorded())
 
 
 def _in_place() -> bool:
@@ -999,8 +993,8 @@ def _positions_dtype(like: torch.Tensor) -> None:
 
 def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset: int,
                like: torch.Tensor) -> torch.Tensor:
-    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens); finite,
-    but while a trace, torch.compile or an export records the call), in the dtype of ``like`` (float32 or wider:
+    """Token positions p[b, i]: ``offset … offset + n_tokens − 1`` unless given ((tokens,) or (batch, tokens); checked
+    finite unless a trace, torch.compile or an export records the call), in the dtype of ``like`` (float32 or wider:
     ``_positions_dtype``)."""
     _positions_dtype(like)
     if positions is None:

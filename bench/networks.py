@@ -41,7 +41,6 @@ def _drawn(*shape: int):
 def _hf(name: str):
     """The transformers module, its pixels, and the adapter's (params, config)."""
     import numpy as np
-    import torch
     import transformers
 
     from splitformer.adapters import from_hf

@@ -124,11 +124,11 @@ def _partials(rhs: sp.Expr) -> tuple[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ..
     def walk(expr: sp.Expr, seed: sp.Expr, bound: tuple[sp.Idx, ...]) -> None:
         sums = {total: sp.Dummy("S") for total in _outer_sums(expr)}
         flat = expr.xreplace(sums)
-        entries = {entry: sp.Dummy("x") for entry in sorted(flat.atoms(sp.Indexed), key=sp.default_sort_key)}
+        entries = {read_entry: sp.Dummy("x") for read_entry in sorted(flat.atoms(sp.Indexed), key=sp.default_sort_key)}
         flat = flat.xreplace(entries)
         back = {symbol: original for original, symbol in (*sums.items(), *entries.items())}
-        for entry, symbol in entries.items():
-            found.append((entry, seed * sp.diff(flat, symbol).xreplace(back), bound))
+        for read_entry, symbol in entries.items():
+            found.append((read_entry, seed * sp.diff(flat, symbol).xreplace(back), bound))
         for total, symbol in sums.items():
             limits = tuple(limit[0] for limit in total.limits)
             walk(total.function, seed * sp.diff(flat, symbol).xreplace(back), bound + limits)
@@ -445,16 +445,16 @@ class _Reverse:
         if not is_plain(own):  # written at a pattern: its costate is read there
             costate = costate.base[own]
             own = tuple(_index_atoms(own))
-        for entry, partial, bound in _partials(assignment.rhs):
-            name = str(entry.base.label)
+        for read_entry, partial, bound in _partials(assignment.rhs):
+            name = str(read_entry.base.label)
             tensor = self.program.tensors[name]
             if name not in self.active:
                 continue
-            read = entry.indices
+            read = read_entry.indices
             plain = is_plain(read)
             if not plain and not _is_pattern(read):
-                raise SplitformerError(
-                    f"cannot differentiate {assignment.lhs} = {assignment.rhs}: {entry} is not read with distinct indices")
+                raise SplitformerError(f"cannot differentiate {assignment.lhs} = {assignment.rhs}: "
+                                       f"{read_entry} is not read with distinct indices")
             partial = self.step_of_output(self.recognize(_with_relu_convention(partial)))
             if partial == 0:
                 continue

@@ -147,7 +147,7 @@ def test_the_hidden_width_is_shown_by_name_when_no_parameter_gives_it():
 def test_u_of_another_width_than_the_parameters_names_u_in_both_backends(width):
     numpy_module, _ = _modules("post_ln")
     params, u = _params(numpy_module), _u(shape=(2, 5, width))
-    message = f"u must have shape (batch, tokens, 8) or (tokens, 8), got "
+    message = "u must have shape (batch, tokens, 8) or (tokens, 8), got "
     assert _message(ValueError, lambda: numpy_module.forward(u, params, n_heads=2)) == message + f"(2, 5, {width})"
     assert _message(ValueError, lambda: numpy_module.vjp(u, params, u, n_heads=2)) == message + f"(2, 5, {width})"
     block = _block("post_ln").load_params(params)

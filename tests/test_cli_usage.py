@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from splitformer.codegen import cli
 from splitformer.codegen.verification.runner import CheckReport
 from splitformer.codegen.cli import main
 from splitformer.codegen.passes import PASSES

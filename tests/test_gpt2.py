@@ -9,7 +9,6 @@ from splitformer.symbolic.errors import SplitformerError
 
 from conftest import GENERATED, import_path
 
-import transformers
 from transformers import GPT2Config  # noqa: E402
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block  # noqa: E402
 

@@ -4,7 +4,6 @@ scanned like the rest (attack 21: where a renderer starts and ends code is subtl
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

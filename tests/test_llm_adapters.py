@@ -14,7 +14,7 @@ import transformers  # noqa: F401 - a test dependency: a broken install fails, n
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer  # noqa: E402
 
-from llama_reference import causal_mask, llama_config, randomized, rope  # noqa: E402
+from llama_reference import llama_config, randomized  # noqa: E402
 from test_decoder import _torch_reference, random_decoder_layer  # noqa: E402
 from test_gpt2 import gpt2_config, hf_mask, random_block  # noqa: E402
 from test_llama import float64_norms, hf_forward  # noqa: E402

@@ -118,8 +118,8 @@ class Backend:
     scratch_outputs = False
     #: The adjoint computes the input's costate last, apart (autograd asks for it only where the input needs it).
     input_costate_last = False
-    #: What a derived backward's functions bind first: the flags its statements read.
-    adjoint_preamble: tuple[str, ...] = ()
+    #: The flags a derived backward's functions bind where their statements read them: name → value (and comment).
+    adjoint_flags: dict[str, str] = {}
 
     def spell(self, module: Module, op: Op) -> Spelled:
         """The statements computing ``op`` and the names they read besides arrays."""
@@ -507,7 +507,7 @@ class TorchBackend(Backend):
     frees_in_branches = False
     shares_across_layers = True
     input_costate_last = True
-    adjoint_preamble = ("inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout",)
+    adjoint_flags = {"inference": "True  # no autograd inside: in-place updates are safe", "dropout_p": "0.0  # no dropout"}
 
     def paired(self, out: str, x: str, diagonal: str, swapped: str, crossed: str) -> list[str]:
         """In place on the fresh product (autograd keeps the inputs of a product, not its result)."""

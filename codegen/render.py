@@ -57,7 +57,14 @@ def environment() -> jinja2.Environment:
     env.filters["text"] = markdown_text
     # where the runtime helpers a module uses go (codegen.runtime_source)
     env.globals["runtime"] = runtime_mark
+    env.globals["binds_head"] = _binds_head
     return env
+
+
+def _binds_head(unit: dict) -> bool:
+    """Whether a derived step's function (templates/backward.py.j2) binds ``d_head``: its statements read it, or a
+    size it binds from it does (grouped heads' ``d_kv``, rotary pairs' ``d_half``, a set head width's ``d_inner``)."""
+    return "d_head" in unit["uses"] or unit["grouped"] or unit["half_width"] or bool(unit.get("head_width"))
 
 
 def _one_line(text: str) -> str:
@@ -180,6 +187,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "factor_support": _read_as_factor(module, "chi", (*_FACTOR_READERS, LocalKernel)),
         # the names the statements read besides arrays (runtime helpers, sizes, flags), as the backend spelled them
         "uses": set().union(*(statement.used for statement in spelled)),
+        # the arrays the statements read or write (the parameters a function binds are those)
+        "arrays": {name for statement in statements for name in statement.names},
         # parameters a fused product reads side by side (names, axis): stored as views of one tensor
         "side_by_side": _side_by_side(module),
         "output": module.output,
@@ -426,7 +435,7 @@ def backward_context(backward: Backward, backend: str) -> dict:
         if input_only else None,
         "saved": [name for name in backward.saved if name != "chi"],
         "seed": backward.seed,
-        "preamble": BACKENDS[backend].adjoint_preamble,
+        "flags": BACKENDS[backend].adjoint_flags,
         "output": backward.forward.output,
         # the step's inputs besides the state (a decoder's memory): kept, and their gradients returned
         "inputs": [field.name for field in differentiated],

@@ -1128,9 +1128,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
 
 def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    n_heads = 1
     batch, n_tokens, d = u0.shape
-    d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
 
     # --- substep 1: final_norm, projection ---
@@ -1146,10 +1144,8 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    n_heads = 1
     u0, final_norm_rho, final_norm_p, = saved
     batch, n_tokens, d = u1_bar.shape
-    d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
 
     # --- adjoint of substep 1: final_norm, projection ---

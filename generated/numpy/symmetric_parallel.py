@@ -756,21 +756,13 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
     attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
     attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
     attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
     attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
     ffn_W_1 = p["ffn.W_1"]
-    ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
 
     # --- adjoint of branch substep 4: attn, explicit on Proj(norm1) ---
     # λ^(4)[i, l] = λ^(5)[i, l]/2
@@ -1018,9 +1010,7 @@ def _vjp_backward(saved, u5_bar, p, chi, eps, n_heads):
 
 def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    n_heads = 1
     batch, n_tokens, d = u0.shape
-    d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
     final_norm_bias = p["final_norm.bias"]
 
@@ -1037,12 +1027,9 @@ def _final_norm_vjp_forward(u0, p, chi, eps, n_heads):
 
 def _final_norm_vjp_backward(saved, u1_bar, p, chi, eps, n_heads):
     """The derived adjoint: the costate of the output → (costate of the input, gradients of the controls)."""
-    n_heads = 1
     final_norm_p, final_norm_beta, = saved
     batch, n_tokens, d = u1_bar.shape
-    d_head = d // n_heads
     final_norm_gain = p["final_norm.gain"]
-    final_norm_bias = p["final_norm.bias"]
 
     # --- adjoint of substep 1: final_norm, projection ---
     # g̅_final_norm[l] = Σ_i(P^final_norm[i, l]*λ^(1)[i, l])

@@ -701,7 +701,8 @@ def _mapping(name, value):
 
 def _vjp_forward(u0, mem, p, chi, eps, n_heads, chi_m):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
+    dropout_p = 0.0  # no dropout
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
@@ -809,38 +810,25 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, chi_m, need_u=True):
 
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
     mem, norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, cross_q, cross_k, cross_v, cross_o, cross_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_s, = saved
     batch, n_tokens, d = u3_bar.shape
     d_head = d // n_heads
     n_memory = mem.shape[1]
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
     attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
     attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
     attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
     attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
     cross_W_q = p["cross.W_q"]
-    cross_b_q = p["cross.b_q"]
     cross_W_k = p["cross.W_k"]
-    cross_b_k = p["cross.b_k"]
     cross_W_v = p["cross.W_v"]
-    cross_b_v = p["cross.b_v"]
     cross_W_o = p["cross.W_o"]
-    cross_b_o = p["cross.b_o"]
     norm3_gain = p["norm3.gain"]
-    norm3_bias = p["norm3.bias"]
     ffn_W_1 = p["ffn.W_1"]
-    ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
 
     # --- adjoint of substep 3: ffn, explicit on Proj(norm3) ---
     # F̅^ffn[i, l] = λ^(3)[i, l]

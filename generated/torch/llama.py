@@ -683,7 +683,8 @@ def _mapping(name, value):
 
 def _vjp_forward(u0, p, chi, eps, n_heads, n_kv_heads, pos, rope_theta):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
+    dropout_p = 0.0  # no dropout
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     n_rep, d_kv = n_heads // n_kv_heads, n_kv_heads * d_head
@@ -776,7 +777,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
 
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
     u0, norm1_rho, norm1_p, norm1_out, attn_v, attn_phi_sin, attn_pair_diagonal, attn_qr, attn_kr, attn_o, attn_gamma_log_total, u1, norm2_rho, norm2_p, norm2_out, ffn_w, ffn_gate, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads

@@ -591,7 +591,8 @@ def _mapping(name, value):
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
+    dropout_p = 0.0  # no dropout
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn_pre.W_1"].shape[1]
@@ -685,33 +686,22 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
 
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
     norm1_out, norm1_p, norm1_beta, ffn_pre_s, norm2_out, norm2_p, norm2_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm3_out, norm3_p, norm3_beta, ffn_post_s, = saved
     batch, n_tokens, d = u3_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn_pre.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
     ffn_pre_W_1 = p["ffn_pre.W_1"]
-    ffn_pre_b_1 = p["ffn_pre.b_1"]
     ffn_pre_W_2 = p["ffn_pre.W_2"]
-    ffn_pre_b_2 = p["ffn_pre.b_2"]
     norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
     attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
     attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
     attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
     attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
     norm3_gain = p["norm3.gain"]
-    norm3_bias = p["norm3.bias"]
     ffn_post_W_1 = p["ffn_post.W_1"]
-    ffn_post_b_1 = p["ffn_post.b_1"]
     ffn_post_W_2 = p["ffn_post.W_2"]
-    ffn_post_b_2 = p["ffn_post.b_2"]
 
     # --- adjoint of substep 3: ffn_post, explicit on Proj(norm3), fraction 1/2 ---
     # F̅^ffn_post[i, l] = λ^(3)[i, l]/2

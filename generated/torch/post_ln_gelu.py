@@ -573,7 +573,8 @@ def _mapping(name, value):
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
+    dropout_p = 0.0  # no dropout
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -651,27 +652,19 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
 
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
     u0, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, u2, norm1_p, norm1_beta, ffn_w, ffn_s, norm2_p, norm2_beta, = saved
     batch, n_tokens, d = u4_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
     attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
     attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
     attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
     attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
     norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
     ffn_W_1 = p["ffn.W_1"]
-    ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
     norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
 
     # --- adjoint of substep 3: parallel: 1/2·(u + 2Δt·ffn(u)) + 1/2·u ---
     # g̅_norm2[l] = Σ_i(P^norm2[i, l]*λ^(4)[i, l])

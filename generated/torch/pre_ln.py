@@ -573,7 +573,8 @@ def _mapping(name, value):
 
 def _vjp_forward(u0, p, chi, eps, n_heads):
     """The forward step, returning its output and the arrays its adjoint reads."""
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
+    dropout_p = 0.0  # no dropout
     batch, n_tokens, d = u0.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
@@ -644,27 +645,19 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
 
     Without ``need_u`` the costate of the input is None, and the statements only it reads are skipped.
     """
-    inference, dropout_p = True, 0.0  # no autograd inside (in-place updates are safe), no dropout
+    inference = True  # no autograd inside: in-place updates are safe
     norm1_out, norm1_p, norm1_beta, attn_q, attn_k, attn_v, attn_o, attn_gamma_log_total, norm2_out, norm2_p, norm2_beta, ffn_s, = saved
     batch, n_tokens, d = u2_bar.shape
     d_head = d // n_heads
     d_ff = p["ffn.W_1"].shape[1]
     norm1_gain = p["norm1.gain"]
-    norm1_bias = p["norm1.bias"]
     attn_W_q = p["attn.W_q"]
-    attn_b_q = p["attn.b_q"]
     attn_W_k = p["attn.W_k"]
-    attn_b_k = p["attn.b_k"]
     attn_W_v = p["attn.W_v"]
-    attn_b_v = p["attn.b_v"]
     attn_W_o = p["attn.W_o"]
-    attn_b_o = p["attn.b_o"]
     norm2_gain = p["norm2.gain"]
-    norm2_bias = p["norm2.bias"]
     ffn_W_1 = p["ffn.W_1"]
-    ffn_b_1 = p["ffn.b_1"]
     ffn_W_2 = p["ffn.W_2"]
-    ffn_b_2 = p["ffn.b_2"]
 
     # --- adjoint of substep 2: ffn, explicit on Proj(norm2) ---
     # F̅^ffn[i, l] = λ^(2)[i, l]

@@ -119,7 +119,7 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
 def scheme_adjoint_tests(scheme, module) -> list[Check]:
     """The dot-product and Taylor tests of a scheme's emitted ``vjp`` (one step, masks and every input)."""
     batch, seed = 2, 61
-    inputs = EmittedInputs.of(module.forward, batch, seed)
+    inputs = EmittedInputs.of(module.forward, batch, seed, scheme)
     sizes = replace(inputs.sizes, hidden=4)  # few ReLU units: a kink is seldom within reach
     leading, options = inputs.numpy(masked=True)
     padding = np.zeros((batch, sizes.tokens), dtype=bool)

@@ -27,7 +27,7 @@ import numpy as np
 from splitformer.symbolic.program import Program
 from splitformer.symbolic.scheme import Scheme
 
-from .parameters import random_parameters
+from .parameters import emitted_sizes, random_parameters
 from .semantics import Sizes
 from .statements import SKIPPED, Check
 
@@ -66,14 +66,15 @@ def causality_checks(scheme: Scheme, program: Program, module) -> list[Check]:
                       f"The {kind} of {scheme.name} with the causal mask is prefix dependent.", SKIPPED, True,
                       "skipped: no operator of the scheme integrates over the tokens (it reads no support χ), so "
                       "every output is token-wise") for kind in kinds]
+    sizes = emitted_sizes(_SIZES, scheme)
     rng = np.random.default_rng(41)
-    layers = [random_parameters(scheme, _SIZES, 42 + n) for n in range(3)]
-    final_norm = {name.removeprefix("final_norm."): 1.0 + 0.5 * rng.standard_normal(_SIZES.features)
+    layers = [random_parameters(scheme, sizes, 42 + n) for n in range(3)]
+    final_norm = {name.removeprefix("final_norm."): 1.0 + 0.5 * rng.standard_normal(sizes.features)
                   for name in module.FINAL_NORM_PARAMETERS}
-    memory = ((rng.standard_normal((2, 4, _SIZES.features)),)
+    memory = ((rng.standard_normal((2, 4, sizes.features)),)
               if "memory" in signature(module.forward).parameters else ())
-    options = {"n_heads": _SIZES.heads, "eps": 1e-5}
-    u = rng.standard_normal((2, _SIZES.tokens, _SIZES.features))
+    options = {"n_heads": sizes.heads, "eps": 1e-5}
+    u = rng.standard_normal((2, sizes.tokens, sizes.features))
     later = u.copy()
     later[:, _PREFIX:] += rng.standard_normal(later[:, _PREFIX:].shape)
 
@@ -83,23 +84,23 @@ def causality_checks(scheme: Scheme, program: Program, module) -> list[Check]:
     def stack(v, causal):
         return module.forward_stack(v, *memory, layers, final_norm=final_norm, causal=causal, **options)
 
-    table = 0.5 * rng.standard_normal((_VOCABULARY, _SIZES.features))  # logits of order 1: no saturated softmax
-    positions = 0.5 * rng.standard_normal((_SIZES.tokens, _SIZES.features))
+    table = 0.5 * rng.standard_normal((_VOCABULARY, sizes.features))  # logits of order 1: no saturated softmax
+    positions = 0.5 * rng.standard_normal((sizes.tokens, sizes.features))
 
     def next_token(tokens, causal):
         return _log_softmax(stack(table[tokens] + positions, causal) @ table.T)
 
-    tokens = rng.integers(0, _VOCABULARY, (2, _SIZES.tokens))
+    tokens = rng.integers(0, _VOCABULARY, (2, sizes.tokens))
     other = tokens.copy()
-    other[:, _PREFIX:] = (tokens[:, _PREFIX:] + 1 + rng.integers(0, _VOCABULARY - 1, (2, _SIZES.tokens - _PREFIX))) \
+    other[:, _PREFIX:] = (tokens[:, _PREFIX:] + 1 + rng.integers(0, _VOCABULARY - 1, (2, sizes.tokens - _PREFIX))) \
         % _VOCABULARY  # every later token id changed
     memory_text = " (the memory held fixed)" if memory else ""
     statements = {
         "block": (block, u, later,
                   f"One step of {scheme.name} (emitted forward, causal=True, padding none) is prefix dependent: "
                   f"changing the tokens at positions ≥ {_PREFIX} leaves the outputs at positions < {_PREFIX} "
-                  f"unchanged{memory_text}; 2 sequences of {_SIZES.tokens} tokens, d = {_SIZES.features}, "
-                  f"{_SIZES.heads} heads, random parameters."),
+                  f"unchanged{memory_text}; 2 sequences of {sizes.tokens} tokens, d = {sizes.features}, "
+                  f"{sizes.heads} heads, random parameters."),
         "stack": (stack, u, later,
                   f"A stack of 3 steps of {scheme.name} with its final projection (emitted forward_stack, "
                   f"causal=True) is prefix dependent: changing the tokens at positions ≥ {_PREFIX} leaves the "

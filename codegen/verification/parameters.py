@@ -6,14 +6,28 @@ statement), gains around 1; the extents of its axes come from the check's ``Size
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from splitformer.symbolic.operators import Parameter
 from splitformer.symbolic.scheme import Scheme
 
+from ..render import narrowest_head
 from .semantics import Sizes
 
-__all__ = ["random_parameters", "axis_extents", "scheme_parameters"]
+__all__ = ["random_parameters", "axis_extents", "scheme_parameters", "emitted_sizes"]
+
+
+def emitted_sizes(sizes: Sizes, scheme: Scheme) -> Sizes:
+    """``sizes`` for ``scheme``'s emitted code: its head width (``Sizes.of``), and heads at least as wide as its
+    operators ask (``narrowest_head``: ``attn.rotary_dim = 8``, which the emitted code refuses narrower heads than),
+    by more features per head, the heads as many."""
+    sizes = sizes.of(scheme)
+    bound = narrowest_head(scheme)
+    if bound is None or sizes.head_width is not None or sizes.head_features >= bound["width"]:
+        return sizes
+    return replace(sizes, features=sizes.heads * bound["width"])
 
 
 def axis_extents(sizes: Sizes) -> dict[str, int]:

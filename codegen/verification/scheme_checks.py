@@ -37,7 +37,7 @@ from splitformer.symbolic.rotary_attention import POSITIONS
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence
 
 from .emitted import TORCH_MISSING, emitted_modules
-from .parameters import axis_extents, random_parameters, scheme_parameters
+from .parameters import axis_extents, emitted_sizes, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 from .structure import across_stack_check, stack_check, stream_stack_check
 
@@ -95,9 +95,9 @@ class EmittedInputs:
     options: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, forward, batch: int, seed: int) -> "EmittedInputs":
+    def of(cls, forward, batch: int, seed: int, scheme: Scheme) -> "EmittedInputs":
         names = signature(forward).parameters
-        sizes = _EMITTED_GROUPED if "n_kv_heads" in names else _EMITTED
+        sizes = emitted_sizes(_EMITTED_GROUPED if "n_kv_heads" in names else _EMITTED, scheme)
         memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
                   if "memory" in names else None)
         mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
@@ -145,8 +145,8 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
     seed = zlib.crc32(f"{scheme.name}/{scheme.activation}".encode())
     modules = modules or emitted_modules(scheme, program)
     numpy_module, torch_module = modules["numpy"], modules.get("torch")
-    inputs = EmittedInputs.of(numpy_module.forward, batch, seed)
-    sizes = inputs.sizes.of(scheme)
+    inputs = EmittedInputs.of(numpy_module.forward, batch, seed, scheme)
+    sizes = inputs.sizes
     params = random_parameters(scheme, sizes, seed)
     u = np.random.default_rng(seed + 1).standard_normal((batch, sizes.tokens, sizes.features))
     padding = np.zeros((batch, sizes.tokens), dtype=bool)
@@ -397,7 +397,7 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     reasons = unevaluable(scheme)
     if reasons:
         return [*_skipped(scheme, reasons), _stack_check(scheme, modules["numpy"])]
-    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0).sizes.of(scheme))
+    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0, scheme).sizes)
     if work > MAX_EMITTED_WORK:
         return [*_skipped(scheme, {}, f"not checked: budget: the evaluator's step makes {work} operations, more "
                                       f"than the {MAX_EMITTED_WORK} the semantics checks take on (it grows with the "

@@ -25,7 +25,7 @@ from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
 from .across_layers import run_layers
 from .emitted import emitted_modules
-from .parameters import random_parameters
+from .parameters import emitted_sizes, random_parameters
 from .semantics import FLOAT, Semantics, Sizes
 
 __all__ = ["attention_checks", "stack_check", "across_stack_check", "stream_stack_check"]
@@ -157,16 +157,17 @@ def _memory_checks(u: np.ndarray, rng: np.random.Generator) -> list[Check]:
 
 def stack_check(scheme: Scheme, module) -> Check:
     """``forward_stack`` of N layers equals N steps of ``forward``; reversed layers do not."""
-    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
+    sizes = emitted_sizes(_SIZES, scheme)
+    layers = [random_parameters(scheme, sizes, 31 + n) for n in range(3)]
     rng = np.random.default_rng(34)
-    u = rng.standard_normal((2, _SIZES.tokens, _SIZES.features))
+    u = rng.standard_normal((2, sizes.tokens, sizes.features))
     # cross-attention: a memory, the same for every step
-    memory = (rng.standard_normal((2, 3, _SIZES.features)),) if "memory" in signature(module.forward).parameters else ()
+    memory = (rng.standard_normal((2, 3, sizes.features)),) if "memory" in signature(module.forward).parameters else ()
     stepped = u
     for layer in layers:
-        stepped = module.forward(stepped, *memory, layer, n_heads=_SIZES.heads, eps=1e-5)
-    stack = module.forward_stack(u, *memory, layers, n_heads=_SIZES.heads, eps=1e-5)
-    control = module.forward_stack(u, *memory, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
+        stepped = module.forward(stepped, *memory, layer, n_heads=sizes.heads, eps=1e-5)
+    stack = module.forward_stack(u, *memory, layers, n_heads=sizes.heads, eps=1e-5)
+    control = module.forward_stack(u, *memory, layers[::-1], n_heads=sizes.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
@@ -177,10 +178,11 @@ def stack_check(scheme: Scheme, module) -> Check:
 def stream_stack_check(scheme: Scheme, module) -> Check:
     """``forward_stack`` of a scheme with a second state against the evaluator's two states: ``d⁰ = u⁰``,
     ``d ← d + Δd`` per layer, read out as ``u + P(d)`` (``P`` the final projection)."""
-    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
+    sizes = emitted_sizes(_SIZES, scheme)
+    layers = [random_parameters(scheme, sizes, 31 + n) for n in range(3)]
     rng = np.random.default_rng(34)
-    u = rng.standard_normal((2, _SIZES.tokens, _SIZES.features))
-    final = {"gain": 1 + 0.5 * rng.standard_normal(_SIZES.features), "bias": 0.5 * rng.standard_normal(_SIZES.features)}
+    u = rng.standard_normal((2, sizes.tokens, sizes.features))
+    final = {"gain": 1 + 0.5 * rng.standard_normal(sizes.features), "bias": 0.5 * rng.standard_normal(sizes.features)}
     projection = final_norm_scheme(final_norm_kind(scheme))
 
     def evaluated(first_second_state) -> np.ndarray:
@@ -188,13 +190,13 @@ def stream_stack_check(scheme: Scheme, module) -> Check:
         for sequence in u:
             state, second = sequence, first_second_state(sequence)
             for params in layers:
-                state, increment = Semantics(scheme, params, _SIZES, FLOAT, eps=1e-5).streams(state)
+                state, increment = Semantics(scheme, params, sizes, FLOAT, eps=1e-5).streams(state)
                 second = second + increment
             named = {f"final_norm.{name}": value for name, value in final.items()}
-            results.append(state + Semantics(projection, named, _SIZES, FLOAT, eps=1e-5).step(second))
+            results.append(state + Semantics(projection, named, sizes, FLOAT, eps=1e-5).step(second))
         return np.stack(results)
 
-    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5, final_norm=final)
+    stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5, final_norm=final)
     holds, detail = _verdict(float(np.abs(stack - evaluated(lambda start: start)).max()),
                              float(np.abs(stack - evaluated(np.zeros_like)).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
@@ -206,15 +208,16 @@ def stream_stack_check(scheme: Scheme, module) -> Check:
 
 def across_stack_check(scheme: Scheme, module) -> Check:
     """``forward_stack`` of N layers against the method driven by the emitted ``forward``."""
-    layers = [random_parameters(scheme, _SIZES, 31 + n) for n in range(3)]
-    u = np.random.default_rng(34).standard_normal((2, _SIZES.tokens, _SIZES.features))
+    sizes = emitted_sizes(_SIZES, scheme)
+    layers = [random_parameters(scheme, sizes, 31 + n) for n in range(3)]
+    u = np.random.default_rng(34).standard_normal((2, sizes.tokens, sizes.features))
 
     def steps(order):
-        return [lambda w, params=params: module.forward(w, params, n_heads=_SIZES.heads, eps=1e-5) for params in order]
+        return [lambda w, params=params: module.forward(w, params, n_heads=sizes.heads, eps=1e-5) for params in order]
 
     stepped = run_layers(scheme.across_layers, steps(layers), u)
-    stack = module.forward_stack(u, layers, n_heads=_SIZES.heads, eps=1e-5)
-    control = module.forward_stack(u, layers[::-1], n_heads=_SIZES.heads, eps=1e-5)
+    stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5)
+    control = module.forward_stack(u, layers[::-1], n_heads=sizes.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "

@@ -1,0 +1,61 @@
+"""``splitformer check`` runs a scheme whose operators ask for wider heads than the checks' default sizes give.
+
+A rotary dimension of 8 asks each head for at least 8 features, and the emitted code refuses narrower heads; the
+checks that run the emitted code (semantics, causality, the adjoint tests) used to build 2 heads of 4 features and
+report that refusal as a crash of a valid scheme. ``emitted_sizes`` widens the features per head instead."""
+
+from __future__ import annotations
+
+import pytest
+
+import splitformer
+from splitformer.codegen.verification import causality, scheme_checks, structure
+
+SCHEME = """\
+name = "rotary-eight"
+summary = "pre-norm causal block, rotary positions on 8 features of each head"
+causal = true
+final_norm = true
+
+[operators]
+norm1 = "layer-norm"
+attn = { kind = "rotary-attention", rotary_dim = 8 }
+norm2 = "layer-norm"
+ffn = "feed-forward"
+
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm2"
+"""
+GROUPS = ("semantics", "causality", "adjoint-test")
+
+
+@pytest.fixture(scope="module")
+def derivation(tmp_path_factory):
+    path = tmp_path_factory.mktemp("scheme") / "rotary-eight.toml"
+    path.write_text(SCHEME, encoding="utf-8")
+    return splitformer.derive(str(path))
+
+
+def test_the_checks_that_run_the_emitted_code_hold_for_heads_wider_than_their_default(derivation):
+    report = derivation.check(only=GROUPS)
+    assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+    names = {check.id for check in report.checks}
+    assert {"semantics/rotary-eight/emitted", "causality/rotary-eight/block", "structure/rotary-eight/stack"} <= names
+    emitted = next(check for check in report.checks if check.id == "semantics/rotary-eight/emitted")
+    assert emitted.method != "skipped" and emitted.holds
+
+
+def test_control_the_default_sizes_crash_on_the_emitted_codes_refusal(derivation, monkeypatch):
+    """Without the widening, the emitted code refuses the heads of 4 features and the groups crash."""
+    for module in (scheme_checks, causality, structure):
+        monkeypatch.setattr(module, "emitted_sizes", lambda sizes, scheme: sizes.of(scheme))
+    report = derivation.check(only=GROUPS)
+    crashed = [check for check in report.checks if check.method == "crashed"]
+    assert crashed and all("needs heads at least 8 features wide" in check.detail for check in crashed)

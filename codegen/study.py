@@ -209,7 +209,11 @@ def _task(name: str, budget: Budget) -> _Task:
 # --- matched parameter counts -----------------------------------------------------------------
 
 def _count(module, task: _Task, budget: Budget, d_ff: int) -> int:
-    model = task.model(module, budget, d_ff, device="meta")
+    try:
+        model = task.model(module, budget, d_ff, device="meta")
+    except ValueError as error:  # sizes the scheme's Stack refuses (its heads too narrow for its rotary pairs)
+        raise SplitformerError(f"{module.SCHEME}: {error} (d-model {budget.d_model} over {budget.n_heads} heads)") \
+            from None
     return sum(parameter.numel() for parameter in model.parameters())
 
 

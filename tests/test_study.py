@@ -104,6 +104,9 @@ def test_digits_without_scikit_learn_is_one_clear_error(monkeypatch):
     (["decoder"], "attends to a memory"),
     (["pre-ln", "--steps", "0"], "steps must be a positive integer"),
     (["pre-ln", "pre-ln"], "given twice"),
+    # sizes the scheme's Stack refuses: heads of 3 features hold no rotary pairs
+    (["llama", "--d-model", "12"], "llama: rotary position embedding needs an even head width, got d_head = 3 "
+                                   "(d-model 12 over 4 heads)"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, arguments, message):
     assert main(["study", *arguments, "--out", str(tmp_path / "out")]) == 2

@@ -1479,10 +1479,12 @@ class _CanonicalModule(torch.nn.Module):
 class Block(_CanonicalModule):
     """One step of decoder-pre-ln; parameters carry their canonical names.
 
-    A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
-    puts it (attention kernel, feed-forward activation, each residual branch; training mode
-    only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
-    initialization. ``backward="derived"`` runs the derived adjoint as the backward pass (an
+    Built as the matching ``torch.nn.TransformerDecoderLayer`` (``from_torch`` maps one onto it): ``dropout`` where
+    torch puts it (attention kernels, feed-forward activation, each residual branch; training mode only),
+    ``batch_first=False`` for (tokens, batch, d) input, torch's initialization; its masks are its own keywords
+    (``key_padding_mask``, ``memory_key_padding_mask``, ``causal``: True by default), not torch's
+    ``tgt_mask`` or ``memory_mask``.
+    ``backward="derived"`` runs the derived adjoint as the backward pass (an
     ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
     the forward.
     """

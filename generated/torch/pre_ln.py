@@ -983,10 +983,12 @@ class _CanonicalModule(torch.nn.Module):
 class Block(_CanonicalModule):
     """One step of pre-ln; parameters carry their canonical names.
 
-    A drop-in for the matching ``torch.nn.TransformerEncoderLayer``: ``dropout`` where torch
+    A drop-in for the matching ``torch.nn.TransformerEncoderLayer`` with masks given by keyword (the second
+    positional argument is ``key_padding_mask``, torch's is ``src_mask``): ``dropout`` where torch
     puts it (attention kernel, feed-forward activation, each residual branch; training mode
     only), ``batch_first=False`` for (tokens, batch, d) input, torch's mask keywords, torch's
-    initialization. ``backward="derived"`` runs the derived adjoint as the backward pass (an
+    initialization.
+    ``backward="derived"`` runs the derived adjoint as the backward pass (an
     ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
     the forward.
     """

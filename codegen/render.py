@@ -61,10 +61,14 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def _binds_head(unit: dict) -> bool:
-    """Whether a derived step's function (templates/backward.py.j2) binds ``d_head``: its statements read it, or a
-    size it binds from it does (grouped heads' ``d_kv``, rotary pairs' ``d_half``, a set head width's ``d_inner``)."""
-    return "d_head" in unit["uses"] or unit["grouped"] or unit["half_width"] or bool(unit.get("head_width"))
+def _binds_head(unit: dict, gradients: list[dict] = ()) -> bool:
+    """Whether a derived step's function (templates/backward.py.j2) binds ``d_head``: its statements read it, a size
+    it binds from it does (grouped heads' ``d_kv``, rotary pairs' ``d_half``, a set head width's ``d_inner``), or a
+    per-head view of a parameter it binds or of a gradient it returns (``reshape(d, n_heads, d_head)``)."""
+    views = [parameter["view"] for parameter in unit["parameters"] if parameter["variable"] in unit["arrays"]]
+    views += [gradient["reshape"] for gradient in gradients]
+    return ("d_head" in unit["uses"] or unit["grouped"] or unit["half_width"] or bool(unit.get("head_width"))
+            or any("d_head" in view for view in views if view))
 
 
 def _one_line(text: str) -> str:
@@ -362,6 +366,10 @@ def narrowest_head(scheme: Scheme) -> dict | None:
                                    f"got {str(width)[:64]!r}")
         if width and (widest is None or width > widest["width"]):
             widest = {"width": width, "option": f"{key}.{option} = {width}"}
+    fixed = scheme.head_width()
+    if widest is not None and fixed is not None and fixed < widest["width"]:
+        raise SplitformerError(f"scheme {scheme.name!r}: d_head = {fixed}, but {widest['option']} needs heads at least "
+                               f"{widest['width']} features wide (the emitted code would refuse every size)")
     return widest
 
 

@@ -83,3 +83,39 @@ def test_a_network_vjp_missing_a_transposed_convolution_gradient_fails(monkeypat
 
     monkeypatch.setattr(network_adjoint_tests_module, "network_module", wrong)
     assert not any(check.holds for check in network_adjoint_tests("unet-level"))
+
+
+def _affine(x):
+    return 3.0 * x["a"] - 2.0 * x["b"] + 0.5
+
+
+def test_an_affine_map_has_no_h_squared_and_its_right_gradient_holds():
+    """Φ linear in every input: r(h) is rounding at every h, no slope 2 to fit (a step that reads its memory only
+    linearly, tests/plugins/support_mean.py's memory-mean, was refused so); the control still has slope 1."""
+    dot, taylor = adjoint_tests("affine", None, "3a − 2b + 1/2", _affine,
+                                lambda x, w: {"a": 3.0 * w, "b": -2.0 * w}, _point(), 1)
+    assert dot.holds and taylor.holds, (dot.detail, taylor.detail)
+    assert "affine along v" in taylor.detail and abs(_slopes(taylor.detail)[-1] - 1) < 0.05
+
+
+@pytest.mark.parametrize("factor", [1.001, 1.0 + 1e-5])
+def test_control_an_affine_maps_wrong_gradient_fails_the_taylor_test(factor):
+    """A gradient off by 1e-3 or 1e-5 of an affine map: r(h) = h |δ·v| is no rounding, the slope fit says 1."""
+    _, taylor = adjoint_tests("affine", None, "3a − 2b + 1/2", _affine,
+                              lambda x, w: {"a": 3.0 * factor * w, "b": -2.0 * w}, _point(), 1)
+    assert not taylor.holds and "affine" not in taylor.detail
+
+
+def test_a_memory_read_only_linearly_has_its_adjoint_and_its_tests(tmp_path):
+    """The memory-mean kind keeps no copy of the memory for its adjoint: the derived backward binds the memory's
+    length only where a statement reads it (``mem`` is no argument of the backward), and its step is affine."""
+    import splitformer
+
+    splitformer.load_plugin(str(__import__("conftest").ROOT / "tests" / "plugins" / "support_mean.py"))
+    path = tmp_path / "memory-only.toml"
+    path.write_text('name = "memory-only"\nsummary = "the memory\'s mean added"\n[operators]\nnorm = "layer-norm"\n'
+                    'mix = "memory-mean"\n[[steps]]\noperator = "mix"\nsolver = "explicit"\non = "norm"\n',
+                    encoding="utf-8")
+    report = splitformer.derive(str(path)).check(only=("adjoint-test",))
+    assert [check.id for check in report.checks] == ["adjoint-test/memory-only/dot", "adjoint-test/memory-only/taylor"]
+    assert report.holds, [(check.id, check.detail) for check in report.checks]

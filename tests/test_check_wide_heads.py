@@ -59,3 +59,16 @@ def test_control_the_default_sizes_crash_on_the_emitted_codes_refusal(derivation
     report = derivation.check(only=GROUPS)
     crashed = [check for check in report.checks if check.method == "crashed"]
     assert crashed and all("needs heads at least 8 features wide" in check.detail for check in crashed)
+
+
+def test_heads_too_wide_for_the_budget_skip_the_numbers_only(tmp_path):
+    """A rotary dimension of 128 widens the emitted check's heads past its budget: that check is skipped with the
+    reason, and the symbolic check of the derived program, at its own tiny sizes, still runs."""
+    path = tmp_path / "rotary-wide.toml"
+    path.write_text(SCHEME.replace("rotary-eight", "rotary-wide").replace("rotary_dim = 8", "rotary_dim = 128"),
+                    encoding="utf-8")
+    report = splitformer.derive(str(path)).check(only=("semantics",))
+    checks = {check.id: check for check in report.checks}
+    emitted, derived = checks["semantics/rotary-wide/emitted"], checks["semantics/rotary-wide/derived"]
+    assert emitted.method == "skipped" and "with heads of 128 features" in emitted.detail
+    assert derived.method == "symbolic" and derived.holds

@@ -146,3 +146,18 @@ def test_a_head_width_option_that_is_not_an_identifier_never_reaches_the_f_strin
     monkeypatch.setitem(OPERATOR_KINDS, "rotary-attention", wide)
     with pytest.raises(SplitformerError, match=r"head_width_option \"w\{print\('PWNED'\)\}\" is not one of its options"):
         narrowest_head(scheme)
+
+
+@pytest.mark.parametrize("d_head, refused", [(4, True), (6, True), (8, False), (12, False)])
+def test_a_set_head_width_narrower_than_the_rotary_dimension_is_refused_when_derived(d_head, refused):
+    """``d_head = 4`` with ``rotary_dim = 8``: the emitted code would refuse every size, so the scheme is refused
+    (``check`` crashed on it before); heads as wide or wider are the control."""
+    from splitformer.codegen.render import narrowest_head
+    from splitformer.symbolic.errors import SplitformerError
+
+    scheme = parse_scheme(PARTIAL_ROTARY.replace("rotary_dim = 8", f"rotary_dim = 8, d_head = {d_head}"))
+    if refused:
+        with pytest.raises(SplitformerError, match=rf"d_head = {d_head}, but attn.rotary_dim = 8 needs heads at least 8"):
+            narrowest_head(scheme)
+    else:
+        assert narrowest_head(scheme) == {"width": 8, "option": "attn.rotary_dim = 8"}

@@ -94,10 +94,15 @@ class EmittedInputs:
     #: The keyword options of the emitted ``forward`` (``n_kv_heads``, ``rope_theta`` where declared).
     options: frozenset[str] = frozenset()
 
+    @staticmethod
+    def default_sizes(forward) -> Sizes:
+        """The check's sizes for an emitted ``forward``, before any scheme widens its heads (``emitted_sizes``)."""
+        return _EMITTED_GROUPED if "n_kv_heads" in signature(forward).parameters else _EMITTED
+
     @classmethod
     def of(cls, forward, batch: int, seed: int, scheme: Scheme) -> "EmittedInputs":
         names = signature(forward).parameters
-        sizes = emitted_sizes(_EMITTED_GROUPED if "n_kv_heads" in names else _EMITTED, scheme)
+        sizes = emitted_sizes(cls.default_sizes(forward), scheme)
         memory = (np.random.default_rng(seed + 2).standard_normal((batch, _MEMORY_TOKENS, sizes.features))
                   if "memory" in names else None)
         mask = np.zeros((batch, _MEMORY_TOKENS), dtype=bool)
@@ -397,13 +402,21 @@ def scheme_checks(scheme: Scheme, program: Program) -> list[Check]:
     reasons = unevaluable(scheme)
     if reasons:
         return [*_skipped(scheme, reasons), _stack_check(scheme, modules["numpy"])]
-    work = emitted_work(program, EmittedInputs.of(modules["numpy"].forward, 2, 0, scheme).sizes)
+    default = EmittedInputs.default_sizes(modules["numpy"].forward)
+    work = emitted_work(program, default.of(scheme))
     if work > MAX_EMITTED_WORK:
         return [*_skipped(scheme, {}, f"not checked: budget: the evaluator's step makes {work} operations, more "
                                       f"than the {MAX_EMITTED_WORK} the semantics checks take on (it grows with the "
                                       "operator evaluations per step); use fewer stages, fields or substeps to have "
                                       "them"), _stack_check(scheme, modules["numpy"])]
-    emitted = emitted_check(scheme, program, modules)
+    widened = emitted_sizes(default, scheme)
+    work = emitted_work(program, widened)
+    if work > MAX_EMITTED_WORK:  # heads widened for the operators (a wide rotary dimension): the numbers only
+        emitted = _skipped(scheme, {}, f"not checked: budget: with heads of {widened.head_features} features (as "
+                                       f"the scheme's operators ask) the evaluator's step makes {work} operations, "
+                                       f"more than the {MAX_EMITTED_WORK} the semantics checks take on")[1]
+    else:
+        emitted = emitted_check(scheme, program, modules)
     depth = nesting(scheme)
     if depth > MAX_SYMBOLIC_NESTING:
         derived = Check(f"semantics/{scheme.name}/derived", scheme.name,

@@ -1489,11 +1489,11 @@ class _CanonicalModule(torch.nn.Module):
 class Block(_CanonicalModule):
     """One step of decoder; parameters carry their canonical names.
 
-    Built as the matching ``torch.nn.TransformerDecoderLayer`` (``from_torch`` maps one onto it): ``dropout`` where
-    torch puts it (attention kernels, feed-forward activation, each residual branch; training mode only),
-    ``batch_first=False`` for (tokens, batch, d) input, torch's initialization; its masks are its own keywords
-    (``key_padding_mask``, ``memory_key_padding_mask``, ``causal``: True by default), not torch's
-    ``tgt_mask`` or ``memory_mask``.
+    Torch's conventions (``from_torch`` maps ``torch.nn.TransformerDecoderLayer`` onto the built-in decoders):
+    ``dropout`` where torch puts it (attention kernels, feed-forward activation, each residual branch; training mode
+    only), ``batch_first=False`` for (tokens, batch, d) input, torch's initialization. Masks by keyword:
+    ``key_padding_mask`` (or ``src_key_padding_mask``), ``src_mask``, ``causal`` (or ``is_causal``; True
+    by default) and ``memory_key_padding_mask``; the decoder layer's ``tgt_mask`` and ``memory_mask`` are not taken.
     ``backward="derived"`` runs the derived adjoint as the backward pass (an
     ``autograd.Function``; without dropout); ``"autograd"`` (the default) lets autograd trace
     the forward.

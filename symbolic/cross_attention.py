@@ -41,7 +41,7 @@ class CrossAttention(Attention):
 
         def projection(name: str, source: sp.Expr, token, meaning: str) -> Definition:
             lower = name.lower()
-            return Definition(lower, name, (token, H, E), integral(p[f"W_{lower}"] * source, XI) + p[f"b_{lower}"],
+            return Definition(lower, name, (token, H, E), integral(p[f"W_{lower}"] * source, XI) + p.get(f"b_{lower}", 0),
                               meaning)
 
         u, m = apply(STATE, X, XI), apply(MEMORY_FIELD, X_MEMORY, XI)
@@ -49,7 +49,7 @@ class CrossAttention(Attention):
         weight = apply(MEMORY_SUPPORT, X, X_MEMORY) * sp.exp(apply("a", H, X, X_MEMORY))
         normalizer = integral(apply(MEMORY_SUPPORT, X, ETA_MEMORY) * sp.exp(apply("a", H, X, ETA_MEMORY)), ETA_MEMORY)
         mixed = integral(apply("gamma", H, X, X_MEMORY) * apply("v", X_MEMORY, H, E), X_MEMORY)
-        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p["b_o"]
+        output = integral(integral(p["W_o"] * apply("o", X, H, E), E), H) + p.get("b_o", 0)
         return (
             projection("Q", u, X, "queries of the state"),
             projection("K", m, X_MEMORY, r"keys of the memory $m(\hat{x}, \xi)$, held fixed over the step"),

@@ -119,3 +119,22 @@ def test_a_memory_read_only_linearly_has_its_adjoint_and_its_tests(tmp_path):
     report = splitformer.derive(str(path)).check(only=("adjoint-test",))
     assert [check.id for check in report.checks] == ["adjoint-test/memory-only/dot", "adjoint-test/memory-only/taylor"]
     assert report.holds, [(check.id, check.detail) for check in report.checks]
+
+
+def test_a_network_stepping_talking_heads_has_its_adjoint_tests(tmp_path):
+    """Talking heads hold a control per head (shape (n_heads, n_heads)): the network's adjoint tests draw it at their
+    2 heads (they raised ``KeyError: 'n_heads'``)."""
+    import splitformer
+
+    (tmp_path / "talk.toml").write_text(
+        'name = "talk"\nsummary = "pre-ln with talking heads"\n[operators]\nnorm1 = "layer-norm"\n'
+        'attn = { kind = "scored-attention", pre_talking_heads = true }\nnorm2 = "layer-norm"\nffn = "feed-forward"\n'
+        '[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n'
+        '[[steps]]\noperator = "ffn"\nsolver = "explicit"\non = "norm2"\n', encoding="utf-8")
+    (tmp_path / "vit-talk.toml").write_text(
+        'name = "vit-talk"\nsummary = "ViT with talking-heads steps"\n[embedding]\noperator = "embed"\n'
+        'kind = "patch-embedding"\n[steps]\nscheme = "talk.toml"\nactivation = "gelu"\nfinal_norm = true\n'
+        '[readout]\noperator = "head"\nkind = "class-token-head"\n', encoding="utf-8")
+    report = splitformer.derive(str(tmp_path / "vit-talk.toml")).check(only=("adjoint-test",))
+    assert {check.id for check in report.checks} == {"adjoint-test/vit-talk/dot", "adjoint-test/vit-talk/taylor"}
+    assert report.holds, [(check.id, check.detail) for check in report.checks]

@@ -60,7 +60,8 @@ def random_table(table: dict, sizes: dict, rng: np.random.Generator, prefix: str
 
 
 def _vit(module, rng):
-    sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 5, "n_classes": 3}
+    # n_heads: a step's control per head (talking heads mix the head axis)
+    sizes = {"n_channels": 2, "patch_size": 2, "d": 8, "d_ff": 6, "n_tokens": 5, "n_classes": 3, "n_heads": 2}
     params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
     for layer in range(2):
         params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")

@@ -11,28 +11,10 @@ import pytest
 import splitformer
 from splitformer.codegen.verification import causality, scheme_checks, structure
 
-SCHEME = """\
-name = "rotary-eight"
-summary = "pre-norm causal block, rotary positions on 8 features of each head"
-causal = true
-final_norm = true
+from test_head_width_and_cache_refusals import NARROW, PARTIAL_ROTARY
 
-[operators]
-norm1 = "layer-norm"
-attn = { kind = "rotary-attention", rotary_dim = 8 }
-norm2 = "layer-norm"
-ffn = "feed-forward"
-
-[[steps]]
-operator = "attn"
-solver = "explicit"
-on = "norm1"
-
-[[steps]]
-operator = "ffn"
-solver = "explicit"
-on = "norm2"
-"""
+#: The partial rotary scheme (rotary_dim = 8) of the refusal tests, named for these checks.
+SCHEME = PARTIAL_ROTARY.replace('name = "partial-rotary"', 'name = "rotary-eight"')
 GROUPS = ("semantics", "causality", "adjoint-test")
 
 
@@ -58,7 +40,7 @@ def test_control_the_default_sizes_crash_on_the_emitted_codes_refusal(derivation
         monkeypatch.setattr(module, "emitted_sizes", lambda sizes, scheme: sizes.of(scheme))
     report = derivation.check(only=GROUPS)
     crashed = [check for check in report.checks if check.method == "crashed"]
-    assert crashed and all("needs heads at least 8 features wide" in check.detail for check in crashed)
+    assert crashed and all(NARROW in check.detail for check in crashed)
 
 
 def test_heads_too_wide_for_the_budget_skip_the_numbers_only(tmp_path):

@@ -138,3 +138,13 @@ def test_a_network_stepping_talking_heads_has_its_adjoint_tests(tmp_path):
     report = splitformer.derive(str(tmp_path / "vit-talk.toml")).check(only=("adjoint-test",))
     assert {check.id for check in report.checks} == {"adjoint-test/vit-talk/dot", "adjoint-test/vit-talk/taylor"}
     assert report.holds, [(check.id, check.detail) for check in report.checks]
+
+
+@pytest.mark.parametrize("error", [1e-4, 1e-5, 1e-6])
+def test_control_a_curvature_under_a_large_constant_is_not_taken_for_an_affine_map(error):
+    """Φ = 1000 + sin a (the review's case): at h ≤ 1e-4 the curvature and a wrong gradient hide under the rounding
+    of the constant part; at h = 1 they do not, so the Taylor test never calls Φ affine (the dot test fails them)."""
+    x = {"a": np.random.default_rng(0).standard_normal(50)}
+    dot, taylor = adjoint_tests("offset-sine", None, "1000 + sin a", lambda x: 1000.0 + np.sin(x["a"]),
+                                lambda x, w: {"a": w * np.cos(x["a"]) * (1 + error)}, x, 3)
+    assert "affine" not in taylor.detail and not dot.holds

@@ -13,6 +13,8 @@ from splitformer.codegen.verification.emitted import emitted_numpy_with_adjoint
 from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
 from splitformer.symbolic import derive, load_scheme
 
+from conftest import ROOT
+
 
 def _cube(x):
     return {"y": x["a"] ** 3 * np.sin(x["b"])}["y"]
@@ -111,7 +113,7 @@ def test_a_memory_read_only_linearly_has_its_adjoint_and_its_tests(tmp_path):
     length only where a statement reads it (``mem`` is no argument of the backward), and its step is affine."""
     import splitformer
 
-    splitformer.load_plugin(str(__import__("conftest").ROOT / "tests" / "plugins" / "support_mean.py"))
+    splitformer.load_plugin(str(ROOT / "tests" / "plugins" / "support_mean.py"))
     path = tmp_path / "memory-only.toml"
     path.write_text('name = "memory-only"\nsummary = "the memory\'s mean added"\n[operators]\nnorm = "layer-norm"\n'
                     'mix = "memory-mean"\n[[steps]]\noperator = "mix"\nsolver = "explicit"\non = "norm"\n',

@@ -217,6 +217,9 @@ def _show(arguments: argparse.Namespace) -> str:
         from .pipeline import show_network
 
         return show_network(scheme, arguments.format, arguments.scheme)
+    from .render import narrowest_head
+
+    narrowest_head(scheme)  # refuses a d_head narrower than an option asks, as `derive` and `check` do
     if arguments.format == "toml":
         return _source_with_activation(scheme).rstrip("\n")
     program = derive(scheme)

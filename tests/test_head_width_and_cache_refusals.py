@@ -161,3 +161,24 @@ def test_a_set_head_width_narrower_than_the_rotary_dimension_is_refused_when_der
             narrowest_head(scheme)
     else:
         assert narrowest_head(scheme) == {"width": 8, "option": "attn.rotary_dim = 8"}
+
+
+@pytest.mark.parametrize("command", [("show",), ("show", "--format", "latex"), ("derive", "--out", "out"), ("check",)])
+def test_every_command_refuses_a_set_head_width_narrower_than_the_rotary_dimension(command, tmp_path):
+    """``show`` printed the derivation of a scheme that ``derive`` and ``check`` refuse: now each command gives the
+    one line and exit 2, and writes nothing; ``d_head = 8`` is the control."""
+    import subprocess
+    import sys
+
+    for d_head, code in ((4, 2), (8, 0)):
+        path = tmp_path / f"narrow{d_head}.toml"
+        path.write_text(PARTIAL_ROTARY.replace("rotary_dim = 8", f"rotary_dim = 8, d_head = {d_head}"))
+        if command[0] == "check" and code == 0:
+            continue  # the control of `check` is its own tests' (test_check_wide_heads)
+        result = subprocess.run([sys.executable, "-m", "splitformer", command[0], str(path), *command[1:]],
+                                capture_output=True, text=True, cwd=tmp_path)
+        assert result.returncode == code, result.stderr
+        if code == 2:
+            assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+            assert f"d_head = {d_head}, but attn.rotary_dim = 8 needs heads at least 8" in result.stderr
+            assert not (tmp_path / "out").exists()

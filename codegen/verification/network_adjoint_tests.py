@@ -71,18 +71,24 @@ def _vit(module, rng):
             "2 heads, d_ff = 6, 2 steps, 3 classes)")
 
 
-def _cvt(module, rng):
-    stage = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "kernel_qkv": 3, "stride_q": 1, "padding_q": 1,
-             "stride_kv": 2, "padding_kv": 1}
-    stages = [{**stage, "n_heads": 1, "cls": False}, {**stage, "n_heads": 2, "cls": True}]
+def cvt_parameters(module, rng: np.random.Generator) -> dict:
+    """Random parameters of a cvt module at the checks' sizes: 2 input channels, 2 stages of d = 4 then 6 (d_ff = d + 2,
+    one step each, kernels of 3), the class node in the last stage, 3 classes."""
     params, channels = {}, 2
     for index, d in enumerate((4, 6)):
         sizes = {"n_channels": channels, "patch_size": 3, "d": d, "kernel_qkv": 3, "d_ff": d + 2}
         params |= random_table(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
         params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
         channels = d
-    params[f"stages.{len(stages) - 1}.cls"] = rng.standard_normal(channels)
-    params |= random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+    params["stages.1.cls"] = rng.standard_normal(channels)
+    return params | random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+
+
+def _cvt(module, rng):
+    stage = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "kernel_qkv": 3, "stride_q": 1, "padding_q": 1,
+             "stride_kv": 2, "padding_kv": 1}
+    stages = [{**stage, "n_heads": 1, "cls": False}, {**stage, "n_heads": 2, "cls": True}]
+    params = cvt_parameters(module, rng)
     return (rng.standard_normal((2, 2, 6, 6)), params, module.logits, module.vjp_logits, {"stages": stages, "eps": 1e-5},
             "the logits of cvt (2 images of 2 × 6 × 6 pixels; 2 stages, d = 4 then 6, each with a convolutional "
             "embedding of kernel 3, stride 2, padding 1 and one step whose Q/K/V convolutions have kernel 3, padding "

@@ -31,7 +31,7 @@ import numpy as np
 from splitformer.symbolic.network_spec import NetworkSpec, load_network, network_family
 from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
-from .network_adjoint_tests import network_module, random_table, unwritten_family
+from .network_adjoint_tests import cvt_parameters, network_module, random_table, unwritten_family
 from .semantics import MPMATH, Semantics, Sizes
 from .statements import Check
 
@@ -260,14 +260,7 @@ def _cvt(module, rng, spec):
     stage = {"patch_size": 3, "patch_stride": 2, "patch_padding": 1, "kernel_qkv": 3, "stride_q": 1, "padding_q": 1}
     stages = [{**stage, "n_heads": 1, "stride_kv": 2, "padding_kv": 0, "cls": False},
               {**stage, "n_heads": 2, "stride_kv": 1, "padding_kv": 2, "cls": True}]
-    params, channels = {}, 2
-    for index, d in enumerate((4, 6)):
-        sizes = {"n_channels": channels, "patch_size": 3, "d": d, "kernel_qkv": 3, "d_ff": d + 2}
-        params |= random_table(module.STAGE_PARAMETERS, sizes, rng, f"stages.{index}.")
-        params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"stages.{index}.layers.0.")
-        channels = d
-    params["stages.1.cls"] = rng.standard_normal(channels)
-    params |= random_table(module.HEAD_PARAMETERS, {"d": channels, "n_classes": 3}, rng)
+    params = cvt_parameters(module, rng)
     images = rng.standard_normal((2, 2, 8, 6))
     eps = 1e-5
 

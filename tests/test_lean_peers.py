@@ -16,6 +16,8 @@ from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
+from conftest import ROOT, import_path
+
 
 def _emitted(name_or_scheme):
     scheme = load_scheme(name_or_scheme) if isinstance(name_or_scheme, str) else name_or_scheme
@@ -35,23 +37,64 @@ def _ignoring_the_mask(module):
                            FINAL_NORM_PARAMETERS=module.FINAL_NORM_PARAMETERS)
 
 
+def _leaking_late(module):
+    """The module with a leak that a causal call adds at positions ≥ 3 only: the last token's state, a tenth of it
+    (a cut at 3 that changes positions ≥ 3 and watches < 3 does not see it; the cut at 3 or 4 does)."""
+    def leak(out, u, causal):
+        if causal:
+            out = out.copy()
+            out[:, 3:] += u[:, -1:] / 10
+        return out
+
+    def forward(u, *args, causal=False, **options):
+        return leak(module.forward(u, *args, causal=causal, **options), u, causal)
+
+    def forward_stack(u, *args, causal=False, **options):
+        return leak(module.forward_stack(u, *args, causal=causal, **options), u, causal)
+
+    return SimpleNamespace(forward=forward, forward_stack=forward_stack,
+                           FINAL_NORM_PARAMETERS=module.FINAL_NORM_PARAMETERS)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama", "decoder"])
 def test_block_stack_and_next_token_are_causal(name):
-    checks = causality_checks(*_emitted(name))
+    scheme, _, module = _emitted(name)
+    checks = causality_checks(scheme, module)
     assert [check.id for check in checks] == [f"causality/{name}/{kind}" for kind in ("block", "stack", "next-token")]
     assert all(check.holds and check.method == "numeric" for check in checks), [c.detail for c in checks]
 
 
 def test_causality_fails_when_the_mask_is_ignored():
-    scheme, program, module = _emitted("gpt2")
-    assert not any(check.holds for check in causality_checks(scheme, program, _ignoring_the_mask(module)))
+    scheme, _, module = _emitted("gpt2")
+    assert not any(check.holds for check in causality_checks(scheme, _ignoring_the_mask(module)))
 
 
-def test_a_token_wise_scheme_is_skipped_with_the_reason():
+def test_causality_fails_on_a_leak_that_starts_after_the_first_cuts():
+    """Review s32, F6: the check changed the tokens at positions ≥ 3 and watched < 3 only, so a leak into positions
+    ≥ 3 passed; every cut is checked now (the last token's state added to positions ≥ 3 under the causal mask)."""
+    scheme, _, module = _emitted("gpt2")
+    checks = causality_checks(scheme, _leaking_late(module))
+    assert not any(check.holds for check in checks), [check.detail for check in checks]
+
+
+def test_causality_fails_on_a_token_integral_that_reads_no_support():
+    """Review s32, F1: a plug-in pooling over every token without χ (tests/plugins/token_pool.py) was skipped as
+    token-wise because its program reads no χ, and ``check`` exited 0 while the causal module leaked."""
+    import_path(ROOT / "tests" / "plugins" / "token_pool.py", "_token_pool_plugin")
+    scheme = Scheme("causal-pool", "a pool over every token", {"norm": "layer-norm", "pool": "token-pool"},
+                    Sequence((Substep("pool", "explicit", on="norm"),)), causal=True)
+    checks = causality_checks(*_emitted(scheme)[::2])
+    assert not any(check.holds for check in checks), [check.detail for check in checks]
+    assert all("negative control (causal=False)" in check.detail for check in checks)
+
+
+def test_a_token_wise_scheme_holds_as_such():
+    """No output reads another position's token, with or without the mask: the statement holds, saying why (its
+    negative control cannot differ)."""
     scheme = Scheme("ffn-only", "one feed-forward substep", {"ffn": "feed-forward"},
                     Sequence((Substep("ffn", "explicit"),)))
-    checks = causality_checks(*_emitted(scheme))
-    assert all(check.method == "skipped" and "reads no support" in check.detail for check in checks)
+    checks = causality_checks(*_emitted(scheme)[::2])
+    assert all(check.holds and check.method == "numeric" and "token-wise" in check.detail for check in checks)
 
 
 def test_attention_kernel_statements_hold():
@@ -67,8 +110,9 @@ def test_attention_kernel_statements_fail_on_an_unnormalized_kernel(monkeypatch)
 
     def unnormalized(scheme, program, backends):
         module = real(scheme, program, backends)["numpy"]
-        exponentials = module._exponentials
-        module._exponentials = lambda scores, support, *shift: (exponentials(scores, support, *shift)[0], 1.0)
+        exponentials = module._exponentials  # the module is cached: monkeypatch puts it back for the other tests
+        monkeypatch.setattr(module, "_exponentials",
+                            lambda scores, support, *shift: (exponentials(scores, support, *shift)[0], 1.0))
         return {"numpy": module}
 
     monkeypatch.setattr(attention_kernel, "emitted_modules", unnormalized)

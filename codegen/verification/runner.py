@@ -219,7 +219,7 @@ def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint, groups: 
     """The Lean causality statements and Devito's adjoint tests (those of ``groups``), on the emitted NumPy module
     with its ``vjp``."""
     emitted = emitted_numpy_with_adjoint(scheme, program, adjoint)
-    return [*(causality_checks(scheme, program, emitted) if "causality" in groups else ()),
+    return [*(causality_checks(scheme, emitted) if "causality" in groups else ()),
             *(scheme_adjoint_tests(scheme, emitted) if "adjoint-test" in groups else ())]
 
 

@@ -1,0 +1,28 @@
+"""A token integral that does not read the support χ (review s32, F1): ``m(x, y) = u(x, y) ∫ u(x̃, y) dx̃ /
+∫ u(η, y)² dη``, then a linear map. It mixes every token whatever the mask, so a causal step of it leaks the future:
+the causality checks must say so, not skip it as token-wise because it reads no χ."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from splitformer.symbolic.domains import ETA, FEATURES, X_KEY, XI, X, Y
+from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, kernel, register_operator
+
+
+@register_operator
+@dataclass(frozen=True)
+class TokenPool(Operator):
+    """``u ↦ ∫ W(ξ, y) m(x, ξ) dξ`` with ``m`` the state scaled by its pool over every token."""
+
+    kind: ClassVar[str] = "token-pool"
+    symbol: ClassVar[str] = r"\mathcal{P}"
+
+    def parameters(self):
+        return (kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)),)
+
+    def definitions(self):
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        pooled = apply(STATE, X, Y) * integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("m", "m", (X, Y), pooled, "the state scaled by its pool over every token (no χ)"),
+                Definition("out", r"\mathcal{P}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
+                           "a linear map of the pool"))

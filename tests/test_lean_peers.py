@@ -5,6 +5,7 @@ emitted code and fails on a module that breaks it."""
 from types import SimpleNamespace
 
 import numpy as np
+import sympy as sp
 import pytest
 
 from splitformer.codegen.verification import attention_kernel
@@ -159,3 +160,22 @@ def test_circuits_check_fails_when_the_keys_projection_is_ignored(monkeypatch):
 
     monkeypatch.setattr(circuits, "attention_only", lambda: (scheme, SimpleNamespace(forward=without_key_kernel)))
     assert not circuits_check().holds
+
+
+def test_the_stack_check_of_layers_without_parameters_has_a_control_that_differs():
+    """Review s32, F4: reversed layers without parameters are the same layers, so the stack check failed on every
+    parameter-free scheme (deviation 0, control 0); its control is then the stack of one layer fewer. Control: a
+    stack that runs one layer fewer fails it."""
+    from splitformer.codegen.verification.structure import stack_check
+
+    import_path(ROOT / "tests" / "plugins" / "support_mean.py", "_support_mean_plugin")
+    scheme = Scheme("sum-only", "the state summed over the support", {"sum": "support-sum"},
+                    Sequence((Substep("sum", "explicit", fraction=sp.Rational(1, 4)),)))
+    scheme, _, module = _emitted(scheme)
+    check = stack_check(scheme, module)
+    assert check.holds and "one layer fewer" in check.statement, check.detail
+
+    def short(u, *args, **options):
+        layers = args[-1]
+        return module.forward_stack(u, *args[:-1], layers[:-1], **options)
+    assert not stack_check(scheme, SimpleNamespace(forward=module.forward, forward_stack=short)).holds

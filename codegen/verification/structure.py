@@ -166,11 +166,14 @@ def stack_check(scheme: Scheme, module) -> Check:
     for layer in layers:
         stepped = module.forward(stepped, *memory, layer, n_heads=sizes.heads, eps=1e-5)
     stack = module.forward_stack(u, *memory, layers, n_heads=sizes.heads, eps=1e-5)
-    control = module.forward_stack(u, *memory, layers[::-1], n_heads=sizes.heads, eps=1e-5)
+    # layers without parameters are the same reversed: their control is the stack of one layer fewer
+    control_layers, control_text = ((layers[::-1], "the layers reversed") if any(layers) else
+                                    (layers[:-1], "one layer fewer (the layers hold no parameters)"))
+    control = module.forward_stack(u, *memory, control_layers, n_heads=sizes.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
-                 "(forward_stack, no final projection). Control: the stack with the layers reversed.",
+                 f"(forward_stack, no final projection). Control: the stack with {control_text}.",
                  "numeric", holds, detail)
 
 

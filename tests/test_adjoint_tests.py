@@ -150,3 +150,38 @@ def test_control_a_curvature_under_a_large_constant_is_not_taken_for_an_affine_m
     dot, taylor = adjoint_tests("offset-sine", None, "1000 + sin a", lambda x: 1000.0 + np.sin(x["a"]),
                                 lambda x, w: {"a": w * np.cos(x["a"]) * (1 + error)}, x, 3)
     assert "affine" not in taylor.detail and not dot.holds
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e5, 1e6])
+def test_the_taylor_test_of_a_map_near_the_identity_lengthens_its_steps(scale, monkeypatch):
+    """Φ = a + sin(a)/scale (review s32, F2: fields taking 1/1000 of a step failed with a right gradient, slope
+    1.899): at h ≤ 1e-4 the curvature sits under the rounding of f, so the steps grow tenfold until the slope holds or
+    r(h) stands clear of rounding. Controls: the old steps alone fail it, and a gradient without the small part fails
+    both tests at the longer steps."""
+    from splitformer.codegen.verification import adjoint_tests as module
+
+    x = {"a": np.random.default_rng(0).standard_normal(50)}
+
+    def forward(x):
+        return x["a"] + np.sin(x["a"]) / scale
+
+    dot, taylor = adjoint_tests("near", None, "a + sin(a)/scale", forward,
+                                lambda x, w: {"a": w * (1 + np.cos(x["a"]) / scale)}, x, 3)
+    assert dot.holds and taylor.holds and "h₀ = 0.001" in taylor.detail, taylor.detail
+    dot, taylor = adjoint_tests("near", None, "a + sin(a)/scale", forward, lambda x, w: {"a": w}, x, 3)
+    assert not dot.holds and not taylor.holds and abs(_slopes(taylor.detail)[0] - 1) < 0.1, taylor.detail
+    monkeypatch.setattr(module, "_STEP_SCALES", (1.0,))
+    assert not adjoint_tests("near", None, "a + sin(a)/scale", forward,
+                             lambda x, w: {"a": w * (1 + np.cos(x["a"]) / scale)}, x, 3)[1].holds
+
+
+def test_the_adjoint_tests_hold_on_a_block_whose_fields_take_a_thousandth_of_the_step():
+    """The review's scheme (F2): pre-LN attention and feed-forward, each with fraction 1/1000; the Taylor test gave
+    slope 1.899 with the dot test at 3e-12."""
+    from splitformer.symbolic import parse_scheme
+
+    text = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text(encoding="utf-8")
+    scheme = parse_scheme(text.replace('solver = "explicit"', 'solver = "explicit"\nfraction = "1/1000"'))
+    assert scheme.source.count('fraction = "1/1000"') == 2
+    checks = scheme_adjoint_tests(scheme, emitted_numpy_with_adjoint(scheme, derive(scheme)))
+    assert all(check.holds for check in checks), [check.detail for check in checks]

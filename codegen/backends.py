@@ -46,6 +46,12 @@ def _shape(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
     return ", ".join(printer.use(SIZES[label]) for label in labels)
 
 
+def _read_labels(expr: sp.Expr, printer: ArrayPrinter) -> set[str]:
+    """The axes along which ``expr``'s arrays (and grid indices used as values) vary, outside its sums."""
+    batched = any(printer.module.batched(plain_name(entry.base.label)) for entry in expr.atoms(sp.Indexed))
+    return {plain_name(index) for index in expr.free_symbols if isinstance(index, sp.Idx)} | ({BATCH} if batched else set())
+
+
 def _width(labels: tuple[str, ...], printer: ArrayPrinter) -> str:
     return " * ".join(printer.use(SIZES[label]) for label in labels)
 
@@ -238,7 +244,18 @@ class Backend:
         return [f"{op.out}, _, _ = {call}"]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
-        return [f"{op.out} = {printer.doprint(op.expr)}"]
+        """``out = expr``; where ``expr`` reads arrays but none along one of ``out``'s axes (a plug-in's
+        ``y[i, l] = Σ_j u[j, l]``: the same at every ``i``), the value is made whole along it, as every later
+        statement (a product's rows) takes ``out`` to be."""
+        value = printer.doprint(op.expr)
+        read = _read_labels(op.expr, printer)
+        if read and not set(op.labels) <= read:
+            value = self.whole(value, self.sizes(op.labels, printer))
+        return [f"{op.out} = {value}"]
+
+    def whole(self, value: str, shape: str) -> str:
+        """``value`` broadcast to ``shape`` as an array of its own."""
+        raise NotImplementedError
 
     def pair_table(self, op: PairTable, printer: ArrayPrinter) -> list[str]:
         """``out[.., c, ..] = entries[c]``: the entries side by side along ``c``."""
@@ -432,6 +449,9 @@ class NumpyBackend(Backend):
     frees_dead_arrays = True
     scratch_outputs = True
 
+    def whole(self, value: str, shape: str) -> str:
+        return f"np.broadcast_to({value}, {shape}).copy()"
+
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"
         if len(op.outputs) == 1:
@@ -508,6 +528,9 @@ class TorchBackend(Backend):
     shares_across_layers = True
     input_costate_last = True
     adjoint_flags = {"inference": "True  # no autograd inside: in-place updates are safe", "dropout_p": "0.0  # no dropout"}
+
+    def whole(self, value: str, shape: str) -> str:
+        return f"({value}).expand({shape}).contiguous()"
 
     def paired(self, out: str, x: str, diagonal: str, swapped: str, crossed: str) -> list[str]:
         """In place on the fresh product (autograd keeps the inputs of a product, not its result)."""

@@ -214,6 +214,8 @@ class _Recognizer:
             coefficient, powers = _powers(rhs)
             self.rules.append((assignment.lhs, coefficient, powers, _arrays(b for b, e in powers.items() if e > 0)))
         self.rules.sort(key=lambda rule: -len(rule[2]))
+        #: per rule, the indices its factors read
+        self.read_indices = [frozenset().union(*(base.atoms(sp.Idx) for base in rule[2])) for rule in self.rules]
         #: (rule number, index mapping) → the rule's factors renamed (the same few are asked for often)
         self.renamed: dict[tuple, dict[sp.Expr, sp.Expr]] = {}
 
@@ -238,11 +240,12 @@ class _Recognizer:
             changed = False
             coefficient, powers = _powers(expr)
             indices = sorted(expr.atoms(sp.Idx), key=str)
+            free = sorted((symbol for symbol in expr.free_symbols if isinstance(symbol, sp.Idx)), key=str)
             present = _arrays([expr])
             for number, (lhs, rule_coefficient, rule, needed) in enumerate(self.rules):
                 if not needed <= present:  # a factor of its numerator reads an array the product does not
                     continue
-                for mapping in self.mappings(lhs, indices):
+                for mapping in self.mappings(lhs, indices, free, self.read_indices[number]):
                     renamed = self.rename(number, mapping)
                     if not self.applies(renamed, powers):
                         continue
@@ -275,8 +278,12 @@ class _Recognizer:
         return compound and not any(base.has(sp.Sum) for base in missing)
 
     @staticmethod
-    def mappings(lhs: sp.Indexed, indices: list[sp.Idx]):
-        choices = [[index for index in indices if index.upper == own.upper] or [own] for own in lhs.indices]
+    def mappings(lhs: sp.Indexed, indices: list[sp.Idx], free: list[sp.Idx], read: frozenset[sp.Idx]):
+        """The renamings of ``lhs``'s indices onto the product's: an index the rule's right-hand side reads goes to
+        any of the product's (its factors must then be the product's), one it does not (the array is constant
+        along it: ``y[i] = Σ_j u[j]``) to a free index of the product only, never to one a sum binds."""
+        choices = [[index for index in (indices if own in read else free) if index.upper == own.upper]
+                   or ([own] if own in read else []) for own in lhs.indices]
         for targets in itertools.product(*choices):
             if len(set(targets)) == len(targets):
                 yield dict(zip(lhs.indices, targets))

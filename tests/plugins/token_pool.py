@@ -1,6 +1,7 @@
-"""A token integral that does not read the support χ (review s32, F1): ``m(x, y) = u(x, y) ∫ u(x̃, y) dx̃ /
-∫ u(η, y)² dη``, then a linear map. It mixes every token whatever the mask, so a causal step of it leaks the future:
-the causality checks must say so, not skip it as token-wise because it reads no χ."""
+"""Token integrals that do not read the support χ (review s32): ``token-pool``, ``m(x, y) = u(x, y) ∫ u(x̃, y) dx̃ /
+∫ u(η, y)² dη`` then a linear map, mixes every token whatever the mask, so a causal step of it leaks the future and
+the causality checks must say so (F1: they skipped it as token-wise because it reads no χ); ``token-ratio``, the same
+pool without the factor ``u(x, y)``, is free of the query token (F5: it failed to derive)."""
 
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,4 +26,24 @@ class TokenPool(Operator):
         pooled = apply(STATE, X, Y) * integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
         return (Definition("m", "m", (X, Y), pooled, "the state scaled by its pool over every token (no χ)"),
                 Definition("out", r"\mathcal{P}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
+                           "a linear map of the pool"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class TokenRatio(Operator):
+    """``u ↦ ∫ W(ξ, y) m(ξ) dξ`` with ``m(y) = ∫ u(x̃, y) dx̃ / ∫ u(η, y)² dη``, the same at every query token (review
+    s32, F5: declared on (x, y) but free of x, it failed to derive, ``tuple.index(x)``)."""
+
+    kind: ClassVar[str] = "token-ratio"
+    symbol: ClassVar[str] = r"\mathcal{R}"
+
+    def parameters(self):
+        return (kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)),)
+
+    def definitions(self):
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        ratio = integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("m", "m", (X, Y), ratio, "the pool over every token, the same at every query"),
+                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
                            "a linear map of the pool"))

@@ -185,3 +185,26 @@ def test_the_adjoint_tests_hold_on_a_block_whose_fields_take_a_thousandth_of_the
     assert scheme.source.count('fraction = "1/1000"') == 2
     checks = scheme_adjoint_tests(scheme, emitted_numpy_with_adjoint(scheme, derive(scheme)))
     assert all(check.holds for check in checks), [check.detail for check in checks]
+
+
+def test_both_tests_and_their_controls_hold_where_the_gradient_is_orthogonal_to_the_direction():
+    """Φ = a² at a point where ⟨∇f, v⟩ = 0 (f = ⟨w, Φ⟩; v and w drawn as the tests draw them). There the dot test's
+    sides are both the difference's rounding (their ratio 1: a false failure), so its gap is taken against 1e-3 |∇f|;
+    and the old control, the gradient scaled by 1.01, moves nothing along v (its slope stays 2: a false failure, as on
+    the review's pool step, control slope 1.141), where the gradient plus 1 % of its norm along v has slope 1.
+    Controls: a gradient off by 1e-6 there fails the dot test; scaling the gradient is not seen."""
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal(40)
+    v /= np.linalg.norm(v)
+    w = rng.standard_normal(40)
+    a = np.random.default_rng(6).standard_normal(40)
+    a -= (a @ (w * v)) / ((w * v) @ (w * v)) * (w * v)  # ⟨∇f, v⟩ = 2 Σ w a v = 0
+
+    def tests(factor):
+        return adjoint_tests("square", None, "a²", lambda x: x["a"] ** 2, lambda x, w: {"a": 2 * w * x["a"] * factor},
+                             {"a": a}, 5)
+
+    dot, taylor = tests(1.0)
+    assert dot.holds and taylor.holds and abs(_slopes(taylor.detail)[1] - 1) < 0.1, (dot.detail, taylor.detail)
+    assert not tests(1 + 1e-6 * np.sign(v))[0].holds
+    assert abs(_slopes(tests(1.01)[1].detail)[0] - 2) < 0.1

@@ -217,10 +217,22 @@ def _count(module, task: _Task, budget: Budget, d_ff: int) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
+def _reads_width(module, task, budget: Budget) -> bool:
+    """Whether the scheme's parameter count depends on the feed-forward width (a scheme without one: not)."""
+    return _count(module, task, budget, 1) != _count(module, task, budget, 2)
+
+
 def _matched_width(module, task, budget: Budget, target: int) -> int:
-    """The feed-forward width whose parameter count is nearest ``target`` (counts are affine in it)."""
+    """The feed-forward width whose parameter count is nearest ``target`` (counts are affine in it); a scheme
+    without a feed-forward is run as it is where its count is within 3 % of ``target``, and refused otherwise."""
     low, high = _count(module, task, budget, 1), _count(module, task, budget, 2)
-    width = round(1 + (target - low) / (high - low)) if high > low else budget.d_ff
+    if high == low:
+        if abs(low - target) > 0.03 * target:
+            raise SplitformerError(f"{module.SCHEME}: {low} parameters whatever the feed-forward width (it has none), "
+                                   f"against the {target} of the first scheme: not within 3 %, so the counts cannot "
+                                   "be matched")
+        return budget.d_ff
+    width = round(1 + (target - low) / (high - low))
     if width < 1:
         raise SplitformerError(f"{module.SCHEME}: {low} parameters already at feed-forward width 1, more than the "
                                f"{target} of the first scheme; put the larger scheme first")
@@ -344,7 +356,7 @@ class Study:
                  + " ms/step |",
                  "|---|---:|---:|---:|---:|" + ("---:|" if accuracy else "") + "---:|"]
         for row in self.rows():
-            cells = [row["scheme"], str(row["parameters"]), str(row["d_ff"]),
+            cells = [row["scheme"], str(row["parameters"]), "—" if row["d_ff"] is None else str(row["d_ff"]),
                      _cell(row["train_loss"], 3), _cell(row["valid_loss"], 3)]
             if accuracy:
                 cells.append(_cell(row["valid_accuracy"], 3))
@@ -456,7 +468,8 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
                 runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
-            result.variants[name] = {"parameters": _count(module, data, budget, width), "d_ff": width, "runs": runs}
+            result.variants[name] = {"parameters": _count(module, data, budget, width), "runs": runs,
+                                     "d_ff": width if _reads_width(module, data, budget) else None}
     finally:
         torch.set_num_threads(threads)
     return result

@@ -162,3 +162,32 @@ def test_a_second_study_replaces_what_the_first_wrote_and_force_replaces_a_users
     capsys.readouterr()
     assert json.loads((tmp_path / "study.json").read_text())["budget"]["steps"] == 1
     assert [path.read_bytes() != data for path, data in zip(paths, first)] == [True, True, True]
+
+
+ATTENTION_ONLY = """\
+name = "{name}"
+summary = "pre-norm attention alone, no feed-forward"
+[operators]
+norm = "layer-norm"
+attn = "attention"
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm"
+"""
+
+
+def test_a_scheme_without_a_feed_forward_is_matched_or_refused(tmp_path, capsys):
+    """Review s32: ``study pre-ln attn-only.toml`` trained 42 % fewer parameters than pre-ln without a word, its table
+    showing a d_ff it does not have. Now refused (no width to grow), and shown as "—" where run; control: two such
+    schemes, whose counts match, run."""
+    for name in ("attn-only", "attn-again"):
+        (tmp_path / f"{name}.toml").write_text(ATTENTION_ONLY.format(name=name), encoding="utf-8")
+    assert main(["study", "pre-ln", str(tmp_path / "attn-only.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "attn-only: " in err and "whatever the feed-forward width (it has none)" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    result = study([str(tmp_path / "attn-only.toml"), str(tmp_path / "attn-again.toml")], "chars", TINY)
+    rows = result.rows()
+    assert [row["d_ff"] for row in rows] == [None, None] and rows[0]["parameters"] == rows[1]["parameters"]
+    assert all(line.split(" | ")[2] == "—" for line in result.as_markdown().splitlines() if "| attn-" in line)

@@ -4,6 +4,7 @@ The stacks (NumPy ``forward_stack``/``vjp_stack``, torch ``Stack``) against plai
 here on the reference field of ``tests/reference.py``; the orders by series and their negative controls.
 """
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -271,3 +272,16 @@ def test_derive_causal_is_refused_on_the_command_line_and_writes_nothing(tmp_pat
     code = main(["derive", str(SCHEMES / "adams-bashforth.toml"), "--causal", "--out", str(tmp_path / "out")])
     assert code == 2 and not (tmp_path / "out").exists()
     assert "not supported with causal = true" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["heavy-ball", "nesterov"])
+def test_momentum_at_nine_tenths_converges_with_order_one(name):
+    """The docs' β = 9/10 (new user, s32): 1 … 32 layers over [0, 1] integrate the flow of G over [0, 10] with a
+    velocity that builds up over 10 layers, and the fitted order read 0.59; now 16 … 512 layers against the flow of G
+    over [0, 1]. Control: the unscaled flow fails."""
+    text = re.sub(r'momentum = "[0-9/]+"', 'momentum = "9/10"', (SCHEMES / f"{name}.toml").read_text())
+    scheme = parse_scheme(text)
+    assert float(scheme.across_layers.momentum) == 0.9
+    check, study = across_convergence(scheme, 1)
+    assert check.holds and study.steps == (16, 32, 64, 128, 256, 512) and abs(study.slope - 1) < 0.1, check.detail
+    assert not across_convergence(scheme, 1, scale=1.0)[0].holds

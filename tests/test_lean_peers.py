@@ -5,9 +5,10 @@ emitted code and fails on a module that breaks it."""
 from types import SimpleNamespace
 
 import numpy as np
-import sympy as sp
 import pytest
+import sympy as sp
 
+import splitformer
 from splitformer.codegen.verification import attention_kernel
 from splitformer.codegen.verification.attention_kernel import attention_kernel_checks
 from splitformer.codegen.verification.causality import causality_checks
@@ -17,7 +18,7 @@ from splitformer.codegen.verification.statements.rms_norm_scale import rms_norm_
 from splitformer.symbolic import derive, load_scheme
 from splitformer.symbolic.scheme import Scheme, Sequence, Substep
 
-from conftest import ROOT, import_path
+from conftest import ROOT
 
 
 def _emitted(name_or_scheme):
@@ -81,7 +82,7 @@ def test_causality_fails_on_a_leak_that_starts_after_the_first_cuts():
 def test_causality_fails_on_a_token_integral_that_reads_no_support():
     """Review s32, F1: a plug-in pooling over every token without χ (tests/plugins/token_pool.py) was skipped as
     token-wise because its program reads no χ, and ``check`` exited 0 while the causal module leaked."""
-    import_path(ROOT / "tests" / "plugins" / "token_pool.py", "_token_pool_plugin")
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "token_pool.py")
     scheme = Scheme("causal-pool", "a pool over every token", {"norm": "layer-norm", "pool": "token-pool"},
                     Sequence((Substep("pool", "explicit", on="norm"),)), causal=True)
     checks = causality_checks(*_emitted(scheme)[::2])
@@ -168,7 +169,7 @@ def test_the_stack_check_of_layers_without_parameters_has_a_control_that_differs
     stack that runs one layer fewer fails it."""
     from splitformer.codegen.verification.structure import stack_check
 
-    import_path(ROOT / "tests" / "plugins" / "support_mean.py", "_support_mean_plugin")
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "support_mean.py")
     scheme = Scheme("sum-only", "the state summed over the support", {"sum": "support-sum"},
                     Sequence((Substep("sum", "explicit", fraction=sp.Rational(1, 4)),)))
     scheme, _, module = _emitted(scheme)

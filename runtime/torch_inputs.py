@@ -17,6 +17,8 @@ def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> tor
     if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[2] != d or memory.dtype != like.dtype:
         raise ValueError(f"memory must be {like.dtype} of shape (batch={batch}, memory tokens, d={d}), got "
                          f"{memory.dtype} {list(memory.shape)}")
+    if memory.device != like.device:
+        raise ValueError(f"memory is on {memory.device}, u on {like.device}")
     return memory
 
 

@@ -204,3 +204,33 @@ def test_splitformer_check_passes_on_the_plugin(modules):
                              "--format", "json", "--only", own], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert '"semantics/alibi-causal/emitted"' in result.stdout
+
+
+def test_the_symbolic_semantics_check_of_two_plugin_attentions_a_step_is_compared(modules):
+    """New user, s32: a Strang step of the plug-in (attention, feed-forward, attention) did not finish its symbolic
+    comparison in minutes: the evaluator of continuous definitions asked ``free_symbols`` of expressions that share
+    their subexpressions, a walk of the whole tree (exponential in the nesting). Now it holds in about a second."""
+    from splitformer.codegen.verification.scheme_checks import derived_check
+    from splitformer.symbolic import derive, parse_scheme
+
+    steps = SCHEME.split("[[steps]]")
+    text = steps[0].replace('order = 1\nsplitting_order = 1', 'order = 1\nsplitting_order = 2') + "[[steps]]".join(
+        ["", steps[1].rstrip() + '\nfraction = "1/2"\n\n', steps[2], steps[1].rstrip() + '\nfraction = "1/2"\n'])
+    scheme = parse_scheme(text.format(name="alibi-strang", causal="false", attention='"alibi-attention"'))
+    assert [substep.operator for substep in scheme.body.steps] == ["attn", "ffn", "attn"]
+    check = derived_check(scheme, derive(scheme))
+    assert check.holds and "0 after canonicalization" in check.detail, check.detail
+
+
+def test_the_evaluator_asks_whether_a_symbol_occurs_once_per_shared_subexpression():
+    """The walk of ``_mentions`` visits each distinct subexpression once: 60 levels of e ← e·e + e share everything,
+    a tree of 2⁶⁰ leaves (``free_symbols`` would not return)."""
+    import sympy as sp
+
+    from splitformer.codegen.verification.definitions import _mentions
+
+    x, y = sp.symbols("x y")
+    e = x
+    for _ in range(60):
+        e = e * e + e
+    assert not _mentions(e, y) and _mentions(e + y, y) and _mentions(e, x) and not _mentions(2.0, x)

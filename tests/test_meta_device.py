@@ -240,3 +240,30 @@ def test_a_decoder_stack_decodes_with_its_memory_unread_under_no_grad(name):
         stack(torch.empty(1, 4, 16, device="meta"), memory, cache=cache)
         with pytest.raises(RuntimeError, match="aten::equal.*Meta tensors"):
             stack(torch.empty(1, 1, 16, device="meta"), memory, cache=cache)
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_an_input_on_another_device_than_the_parameters_is_refused_by_name(name):
+    """New user, s32: a Block on the CPU given a tensor on another device (meta here, CUDA on a GPU machine) raised
+    torch's RuntimeError from inside its first LayerNorm; now a ValueError naming ``u``, before any work (the Stack
+    and the derived backward alike); control: the same call on the parameters' device runs."""
+    module = _module(name)
+    extra = {"memory": torch.empty(2, 3, 16)} if "memory" in inspect.signature(module.Block.forward).parameters else {}
+    for make in (lambda: module.Block(16, 4, 24), lambda: module.Block(16, 4, 24, backward="derived"),
+                 lambda: module.Stack(2, 16, 4, 24)):
+        block = make()
+        with pytest.raises(ValueError, match="^u is on meta, the block's parameters on cpu$"):
+            block(torch.empty(2, 5, 16, device="meta"), **extra)
+        assert block(torch.randn(2, 5, 16), **extra).shape == (2, 5, 16)
+    if extra:
+        with pytest.raises(ValueError, match="^memory is on meta, u on cpu$"):
+            module.Block(16, 4, 24)(torch.randn(2, 5, 16), memory=torch.empty(2, 3, 16, device="meta"))
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_a_network_input_on_another_device_is_refused_by_name(name):
+    make, shape = NETWORKS[name]
+    model = make(_module(name), "autograd").to_empty(device="cpu")
+    argument = next(iter(inspect.signature(model.forward).parameters))
+    with pytest.raises(ValueError, match=f"^{argument} is on meta, the model's parameters on cpu$"):
+        model(torch.empty(*shape, device="meta"))

@@ -563,9 +563,9 @@ def _table(params, table, sizes, dtype, prefix=""):
     return tensors
 
 
-def _input(name, value, shape, dtype):
-    """``value`` checked before any work: a tensor of ``dtype`` and shape (batch, *shape), an axis named by a
-    string of any size ≥ 1 (a grid of no nodes has no convolution)."""
+def _input(name, value, shape, dtype, device):
+    """``value`` checked before any work: a tensor of ``dtype`` on ``device`` and shape (batch, *shape), an axis
+    named by a string of any size ≥ 1 (a grid of no nodes has no convolution)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != 1 + len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, value.shape[1:])):
@@ -575,6 +575,8 @@ def _input(name, value, shape, dtype):
         raise ValueError(f"{name} must hold at least one node along {' and '.join(empty)}, got {tuple(value.shape)}")
     if value.dtype != dtype:
         raise ValueError(f"{name} has dtype {value.dtype}, the model's parameters {dtype}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, the model's parameters on {device}")
     return value
 
 
@@ -2404,5 +2406,6 @@ class Model(_Network):
 
     def _checked(self, pixel_values):
         """``pixel_values`` checked, the programs the forward chains (as the NumPy module's ``_checked`` builds them)."""
-        _input("pixel_values", pixel_values, self.input_shape, next(self.parameters()).dtype)
+        first = next(self.parameters())
+        _input("pixel_values", pixel_values, self.input_shape, first.dtype, first.device)
         return _checked(pixel_values, dict(self.named_parameters()), **self.options)

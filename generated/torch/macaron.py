@@ -1165,9 +1165,11 @@ class Block(_CanonicalModule):
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             layout = "batch, tokens" if self.batch_first else "tokens, batch"
             raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
-        dtype = self.ffn_pre.W_1.dtype
+        dtype, device = self.ffn_pre.W_1.dtype, self.ffn_pre.W_1.device
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
+        if u.device != device:
+            raise ValueError(f"u is on {u.device}, the block's parameters on {device}")
         if src_key_padding_mask is not None:
             if key_padding_mask is not None:
                 raise ValueError("give key_padding_mask or src_key_padding_mask, not both")

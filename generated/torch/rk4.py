@@ -1426,9 +1426,11 @@ class Block(_CanonicalModule):
         if u.dim() not in (2, 3) or u.shape[-1] != self.d_model:
             layout = "batch, tokens" if self.batch_first else "tokens, batch"
             raise ValueError(f"u must have shape ({layout}, {self.d_model}) or (tokens, {self.d_model}), got {list(u.shape)}")
-        dtype = self.norm1.gain.dtype
+        dtype, device = self.norm1.gain.dtype, self.norm1.gain.device
         if u.dtype != dtype:
             raise ValueError(f"u has dtype {u.dtype}, the block's parameters {dtype}")
+        if u.device != device:
+            raise ValueError(f"u is on {u.device}, the block's parameters on {device}")
         if src_key_padding_mask is not None:
             if key_padding_mask is not None:
                 raise ValueError("give key_padding_mask or src_key_padding_mask, not both")

@@ -197,8 +197,9 @@ def across_layers_from_table(table: dict, fail) -> AcrossLayers:
     weights = table.get("weights", [])
     if not isinstance(weights, list):
         raise fail("across_layers.weights", f"expected a list, got {type(weights).__name__}")
-    try:
-        return AcrossLayers(method, number(table.get("momentum", 0), "across_layers.momentum"),
-                            tuple(number(weight, f"across_layers.weights[{n}]") for n, weight in enumerate(weights)))
+    momentum = number(table.get("momentum", 0), "across_layers.momentum")
+    numbers = tuple(number(weight, f"across_layers.weights[{n}]") for n, weight in enumerate(weights))
+    try:  # the method's own refusals, said once with the file's place
+        return AcrossLayers(method, momentum, numbers)
     except SplitformerError as error:
         raise fail("across_layers", str(error).removeprefix("across_layers: ")) from None

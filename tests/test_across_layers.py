@@ -180,6 +180,17 @@ def test_bad_across_layers_tables_are_refused(table, message):
         parse_scheme(text, "f.toml")
 
 
+@pytest.mark.parametrize("momentum, message", [("true", "across_layers.momentum: expected a number, got bool"),
+                                               ('"abc"', "across_layers.momentum: not a number: 'abc'")])
+def test_a_bad_number_is_placed_once(momentum, message):
+    """New user, s32: "f.toml: across_layers: f.toml: across_layers.momentum: …", the place said twice."""
+    text = (SCHEMES / "adams-bashforth.toml").read_text().replace(
+        'method = "adams-bashforth"', f'method = "heavy-ball"\nmomentum = {momentum}')
+    with pytest.raises(SplitformerError) as error:
+        parse_scheme(text, "f.toml")
+    assert str(error.value).startswith(f"f.toml: {message}") and str(error.value).count("f.toml") == 1
+
+
 class _Spoof(str):
     """Equal to and hashed as "heavy-ball", but printing other text (attack5 01)."""
 

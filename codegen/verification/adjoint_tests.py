@@ -133,7 +133,8 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
         steps = scale * _STEPS
         values = np.array([float(np.vdot(w, along(h))) for h in steps])
         residuals = np.abs(values - base - steps * _inner(gradient, v))
-        remainder = float(residuals.max()) if scale == 1.0 else remainder
+        if scale == 1.0:  # the shortest steps: where an affine step's r(h) is read
+            remainder = float(residuals.max())
         second = slope(gradient)
         if abs(second - 2) <= _SLOPE_TOLERANCE or residuals[-1] >= _RESOLVED * terms:
             break  # the slope holds, or r(h) stands clear of rounding: what it measures is not rounding's

@@ -90,3 +90,27 @@ def test_bad_mask_is_rejected(rng):
     params = reference.random_params(numpy_module.PARAMETERS, D, FF, rng)
     with pytest.raises(ValueError, match=r"key_padding_mask must be bool of shape \(2, 4\)"):
         numpy_module.forward(np.zeros((2, 4, D)), params, n_heads=HEADS, key_padding_mask=np.zeros((2, 4)))
+
+
+@pytest.mark.parametrize("name, norm_first", [("post_ln", False), ("pre_ln", True)])
+def test_one_unbatched_sequence_takes_a_tokens_mask_as_torch_does(name, norm_first, rng):
+    """New user, s32: ``nn.TransformerEncoder`` takes a (tokens,) padding mask with a (tokens, d) input; the generated
+    code asked for (1, tokens). Both backends take it now, against the encoder; a (tokens,) mask for a batch of 3 is
+    still refused (control)."""
+    numpy_module = import_path(GENERATED / "numpy" / f"{name}.py")
+    torch_module = import_path(GENERATED / "torch" / f"{name}.py")
+    encoder, layers, final_norm = _encoder(norm_first)
+    u, padding = rng.standard_normal((6, D)), np.array([False] * 4 + [True] * 2)
+    with torch.no_grad():
+        expected = encoder(torch.tensor(u), src_key_padding_mask=torch.tensor(padding)).numpy()[:4]
+    out = numpy_module.forward_stack(u, layers, n_heads=HEADS, eps=EPS, final_norm=final_norm, key_padding_mask=padding)
+    assert out.shape == (6, D) and np.abs(out[:4] - expected).max() <= 1e-10
+    stack = torch_module.Stack(LAYERS, D, HEADS, FF, eps=EPS, final_norm=norm_first, dtype=torch.float64)
+    stack.load_params(layers, final_norm)
+    with torch.no_grad():
+        result = stack(torch.tensor(u), src_key_padding_mask=torch.tensor(padding)).numpy()
+    assert np.abs(result[:4] - expected).max() <= 1e-10
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool of shape \(3, 6\)"):
+        numpy_module.forward_stack(np.stack([u] * 3), layers, n_heads=HEADS, key_padding_mask=padding)
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool or float of shape \[3, 6\]"):
+        stack(torch.tensor(np.stack([u] * 3)), key_padding_mask=torch.tensor(padding))

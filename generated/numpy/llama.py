@@ -403,6 +403,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
         mask = np.asarray(key_padding_mask)
+        mask = mask[None] if batch == 1 and mask.ndim == 1 else mask  # one sequence's (keys,) mask
         if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
                 f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"
@@ -737,7 +738,8 @@ def _finite(value):
 
 
 def forward(u, params, *, n_heads=1, n_kv_heads=None, eps=1e-5, key_padding_mask=None, causal=True, positions=None, rope_theta=10000.0, cache=None):
-    """One step of llama: ``u`` of shape (batch, tokens, d) or (tokens, d).
+    """One step of llama: ``u`` of shape (batch, tokens, d) or (tokens, d); ``key_padding_mask``:
+    bool (batch, tokens), or (tokens,) for one sequence, True = padded.
 
     ``cache``: a dict (empty at the first call) that keeps the keys and values of the tokens
     seen so far; then ``u`` holds only the new tokens, which attend to the cached ones (with

@@ -313,6 +313,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
         mask = np.asarray(key_padding_mask)
+        mask = mask[None] if batch == 1 and mask.ndim == 1 else mask  # one sequence's (keys,) mask
         if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
                 f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"
@@ -457,7 +458,8 @@ def _finite(value):
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
-    """One step of pre-ln: ``u`` of shape (batch, tokens, d) or (tokens, d).
+    """One step of pre-ln: ``u`` of shape (batch, tokens, d) or (tokens, d); ``key_padding_mask``:
+    bool (batch, tokens), or (tokens,) for one sequence, True = padded.
     """
     u0 = _state(u)
     batch, n_tokens, d = u0.shape

@@ -800,7 +800,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
 
     Bool (True = inside) when every mask is bool; with a float mask, the log-weight log χ
     that the scores are added to (−inf = outside; a float mask m is a kernel weight e^m).
-    Masks follow torch: ``key_padding_mask`` (batch, keys), ``attn_mask`` (tokens, keys)
+    Masks follow torch: ``key_padding_mask`` (batch, keys) (one sequence's: (keys,) too), ``attn_mask`` (tokens, keys)
     or (batch, tokens, keys); True excludes a key. Queries are the ``n_tokens`` new tokens,
     keys the ``offset`` cached ones and the new ones.
     """
@@ -818,6 +818,8 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
     floating = False
     if key_padding_mask is not None:
         key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
+        if batch == 1 and key_padding_mask.dim() == 1:  # one sequence's (keys,) mask, as torch's layers take it
+            key_padding_mask = key_padding_mask[None]
         _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:

@@ -495,9 +495,12 @@ def test_torch_parameters_register_check_and_load_all_or_nothing():
     net.load_params({"embed.W": np.full((3, 2), 2.0), "embed.b": np.ones(2)})
     assert bool((net.embed.W == 2).all()) and bool((net.embed.b == 1).all())
     x = torch.zeros(2, 3, 4, dtype=torch.float64)
-    assert torch_parameters._input("x", x, (3, "n"), torch.float64) is x
+    cpu = torch.device("cpu")
+    assert torch_parameters._input("x", x, (3, "n"), torch.float64, cpu) is x
     with pytest.raises(ValueError, match=r"x must have shape \(batch, 4, n\)"):
-        torch_parameters._input("x", x, (4, "n"), torch.float64)
+        torch_parameters._input("x", x, (4, "n"), torch.float64, cpu)
+    with pytest.raises(ValueError, match=r"^x is on cpu, the model's parameters on meta$"):
+        torch_parameters._input("x", x, (3, "n"), torch.float64, torch.device("meta"))
 
 
 # -- torch_helpers -------------------------------------------------------------------------------

@@ -70,7 +70,8 @@ class _Reader:
         else:
             ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
-            raise self.fail(f"{path}.{key}" if path else key, f"expected {kind.__name__}, got {type(value).__name__}")
+            expected = "a number or a fraction string" if kind is float else kind.__name__  # as exact_number says
+            raise self.fail(f"{path}.{key}" if path else key, f"expected {expected}, got {type(value).__name__}")
         return value
 
     def unknown(self, table: dict, allowed: set[str], path: str) -> None:

@@ -49,6 +49,9 @@ def _replace(old, new):
     (_replace('solver = "explicit"', 'solver = "implicit"'), "unknown solver 'implicit'"),
     (_replace("fraction = 2", "fraction = 0"), "steps[2].parallel[0][0].fraction: must not be 0"),
     (_replace("fraction = 2", 'fraction = "-0/3"'), "must not be 0"),
+    # new user, s32: "expected float", though fractions are written "1/2"
+    (_replace("fraction = 2", "fraction = true"),
+     "steps[2].parallel[0][0].fraction: expected a number or a fraction string, got bool"),
     (_replace('weights = ["1/2", "1/2"]', 'weights = ["1/2", "1/3"]'), "weights must sum to 1, they sum to 5/6"),
     (_replace('weights = ["1/2", "1/2"]', 'weights = [1]'), "1 weights for 2 branches"),
     (_replace('weights = ["1/2", "1/2"]', 'weights = ["half", "1/2"]'), "steps[2].weights[0]: not a number"),

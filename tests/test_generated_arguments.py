@@ -247,6 +247,18 @@ def test_parameters_of_another_floating_dtype_than_u_are_refused_in_both_backend
     assert numpy_module.forward(u, integers, n_heads=2).dtype == np.float32
 
 
+@pytest.mark.parametrize("wrong", ["ffn.W_1", "ffn.b_1", "ffn.W_2"])
+def test_the_one_parameter_whose_hidden_width_disagrees_is_named(numpy_module, wrong):
+    """New user, s32: d_ff was read from the first parameter that has it, so a wrong ``ffn.W_1`` was reported as a
+    wrong ``ffn.b_1``; the width most parameters agree on is taken now (the wrong one named whichever it is)."""
+    params = _params(numpy_module)
+    axes = list(numpy_module.PARAMETERS[wrong])
+    shape = [12 + 1 if axis == "d_ff" else size for axis, size in zip(axes, params[wrong].shape)]
+    params[wrong] = np.ones(shape)
+    with pytest.raises(ValueError, match=rf"^parameter '{wrong}' has shape \({shape[0]},"):
+        numpy_module.forward(_u(), params, n_heads=2)
+
+
 def test_a_hidden_width_of_zero_is_named_in_both_backends(numpy_module, torch_module):
     with pytest.raises(ValueError, match=r"d_ff must be >= 1, got 0 \(the d_ff axis of parameter"):
         numpy_module.forward(_u(), _params(numpy_module, d_ff=0), n_heads=2)

@@ -379,17 +379,21 @@ def _width(u, params, table):
 
 
 def _hidden_width(params, table, sizes, size="d_ff"):
-    """d_ff (or another ``size``, >= 1), read from the first parameter whose other axes have their sizes;
-    None when none has."""
+    """d_ff (or another ``size``, >= 1): the width most of the parameters whose other axes have their sizes agree
+    on (the first one's at a tie), so that ``_parameters`` names the one that disagrees; None when none has."""
+    widths = {}
     for name, axes in table.items():
         shape = _shape(params, name)
         if size in axes and len(shape) == len(axes) and \
                 all(axis == size or length == sizes.get(axis) for axis, length in zip(axes, shape)):
-            width = shape[axes.index(size)]
-            if width < 1:
-                raise ValueError(f"{size} must be >= 1, got {width} (the {size} axis of parameter {name!r})")
-            return width
-    return None
+            widths[name] = shape[axes.index(size)]
+    if not widths:
+        return None
+    width = Counter(widths.values()).most_common(1)[0][0]
+    if width < 1:
+        name = next(name for name, value in widths.items() if value == width)
+        raise ValueError(f"{size} must be >= 1, got {width} (the {size} axis of parameter {name!r})")
+    return width
 
 
 def _parameters(params, table, sizes, dtype):

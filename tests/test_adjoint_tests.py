@@ -208,3 +208,23 @@ def test_both_tests_and_their_controls_hold_where_the_gradient_is_orthogonal_to_
     assert dot.holds and taylor.holds and abs(_slopes(taylor.detail)[1] - 1) < 0.1, (dot.detail, taylor.detail)
     assert not tests(1 + 1e-6 * np.sign(v))[0].holds
     assert abs(_slopes(tests(1.01)[1].detail)[0] - 2) < 0.1
+
+
+@pytest.mark.parametrize("fraction", ["1/10000", "1/1000000"])
+def test_the_longer_taylor_steps_do_not_hide_a_gradient_error_the_short_ones_show(fraction):
+    """Review s32 (H1): at these fractions a gradient of ffn.W_1 off by 0.1 % leaves r(h) under the rounding bound at
+    the short steps, an a·h (slope 0.9 and 0.5); the steps grew until the curvature hid it and the Taylor test passed it
+    (at 1/1000000 the dot test too). The short steps' linear term now keeps them; the right gradient still passes."""
+    from splitformer.symbolic import parse_scheme
+
+    text = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text(encoding="utf-8")
+    scheme = parse_scheme(text.replace('solver = "explicit"', f'solver = "explicit"\nfraction = "{fraction}"'))
+    module = emitted_numpy_with_adjoint(scheme, derive(scheme))
+
+    def wrong_vjp(*args, **options):
+        *gradients, params = module.vjp(*args, **options)
+        return (*gradients, {**params, "ffn.W_1": 1.001 * params["ffn.W_1"]})
+
+    assert all(check.holds for check in scheme_adjoint_tests(scheme, module))
+    taylor = scheme_adjoint_tests(scheme, SimpleNamespace(forward=module.forward, vjp=wrong_vjp))[1]
+    assert not taylor.holds and _slopes(taylor.detail)[0] < 1.1 and "h₀" not in taylor.detail, taylor.detail

@@ -13,8 +13,10 @@ For a map ``Φ`` of a point ``x`` (the input and every parameter array), a rando
   slope of ``log r`` against ``log h`` is 2 (within 0.1). Control: the same residual with the
   gradient so moved has slope 1 (within 0.1); both slopes are reported. ``h₀`` is 10⁻⁴; where the slope
   misses 2 while ``r`` at the shortest step is below 1e-13 of ``max(1, Σ|w Φ|)`` (within a few hundred roundings of
-  ``f``, which bend the fit), ``h₀`` grows tenfold, up to 0.1: a map near the identity (fields taking 1/1000 of the
-  step) has its curvature under the rounding at the short steps.
+  ``f``, which bend the fit) and the signed remainders there hold no term ``a·h`` beyond 5 standard errors of their
+  scatter about ``a·h + c·h²`` (a gradient error, which the longer steps would hide under the curvature), ``h₀``
+  grows tenfold, up to 0.1: a map near the identity (fields taking 1/1000 of the step) has its curvature under the
+  rounding at the short steps.
   A step affine along ``v`` leaves ``r(h)`` at rounding (at most 1e-13 of ``max(1, Σ|w Φ|)``) at the shortest
   steps and at ``h`` = 1/4, 1/2, 1, no slope to fit: that holds too, the control still.
 
@@ -87,6 +89,18 @@ def _affine_far(along: Callable[[float], np.ndarray], w: np.ndarray, base: float
     return True
 
 
+def _linear_term(steps: np.ndarray, signed: np.ndarray) -> bool:
+    """Whether the signed remainders f(x + h v) − f(x) − h ⟨∇f, v⟩ at ``steps`` hold a term a·h, a gradient off by a
+    along v, clear of their scatter about the least-squares fit a·h + c·h² (its estimate beyond 5 standard errors:
+    rounding scatters, an error's a·h halves with h). A right gradient whose r(h) is rounding has none; one off by
+    0.1 % on a block whose fields take 1/10000 of the step has, under the same rounding bound (review s32)."""
+    basis = np.stack([steps / steps[0], (steps / steps[0]) ** 2], axis=1)
+    coefficients, *_ = np.linalg.lstsq(basis, signed, rcond=None)
+    scatter = np.sum((signed - basis @ coefficients) ** 2) / (len(steps) - 2)
+    error = np.sqrt(scatter * np.linalg.inv(basis.T @ basis)[0, 0])
+    return bool(abs(coefficients[0]) > 5 * error)
+
+
 def _slope(steps: np.ndarray, residuals: np.ndarray) -> float:
     return float(np.polyfit(np.log(steps), np.log(residuals), 1)[0])
 
@@ -132,12 +146,13 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
     for scale in _STEP_SCALES:
         steps = scale * _STEPS
         values = np.array([float(np.vdot(w, along(h))) for h in steps])
-        residuals = np.abs(values - base - steps * _inner(gradient, v))
-        if scale == 1.0:  # the shortest steps: where an affine step's r(h) is read
-            remainder = float(residuals.max())
+        signed = values - base - steps * _inner(gradient, v)
+        residuals = np.abs(signed)
         second = slope(gradient)
-        if abs(second - 2) <= _SLOPE_TOLERANCE or residuals[-1] >= _RESOLVED * terms:
-            break  # the slope holds, or r(h) stands clear of rounding: what it measures is not rounding's
+        if scale == 1.0:  # the shortest steps: where an affine step's r(h) is read, and a gradient error is seen
+            remainder, erring = float(residuals.max()), _linear_term(steps, signed)
+        if abs(second - 2) <= _SLOPE_TOLERANCE or residuals[-1] >= _RESOLVED * terms or erring:
+            break  # the slope holds, or r(h) stands clear of rounding or holds a gradient error's h: not rounding's
     gap, control_gap = dot_gap(gradient), dot_gap(perturbed)
     first = slope(perturbed)
     affine = remainder <= _AFFINE * terms and _affine_far(along, w, base, _inner(gradient, v))

@@ -307,6 +307,13 @@ def discretize_definitions(operator: Operator, definitions, grid: Grid, names: M
     A spacing of ``spacings`` left over is an error: it must cancel."""
     assignments = []
     for definition in definitions:
+        own = {variable.symbol for variable in definition.arguments}
+        shadowed = sorted({str(limit[0]) for integral in definition.rhs.atoms(sp.Integral) for limit in integral.limits
+                           if limit[0] in own})
+        if shadowed:  # ∫ u(x, y) dx on (x, y): the discrete sum would reuse the free index (a wrong adjoint)
+            raise SplitformerError(f"{operator.key}: {definition.function} integrates over {shadowed[0]}, one of the "
+                                   "variables it is defined on; integrate over another variable of the same domain "
+                                   "(x̃ or η for the tokens, ξ for the features)")
         target = (targets or {}).get(definition.function, definition.applied())
         weight = grid.absorption(definition.function, target.args)
         lhs = (grid(target) * weight).xreplace(sizes or {})

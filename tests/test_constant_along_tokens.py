@@ -71,3 +71,19 @@ def test_a_field_constant_along_the_tokens_derives_and_matches_torch(derivation,
 def test_its_checks_hold(derivation):
     report = derivation.check(only=("semantics", "adjoint", "adjoint-test"))
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+
+
+def test_an_integral_over_a_definitions_own_variable_is_refused(tmp_path, capsys):
+    """Review s32 (M1): ``∫ u(x, y) dx`` in a definition on (x, y) derived, and its adjoint took the summed index for
+    the free one (grad u off by 1.39 of 3.76); refused in one line now. Control: token-ratio (∫ … dx̃) derives."""
+    from splitformer.codegen.cli import main
+
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "token_pool.py")
+    for kind, code in (("token-ratio-own-variable", 2), ("token-ratio", 0)):
+        path = tmp_path / f"{kind}.toml"
+        path.write_text(SCHEME.replace('"token-ratio"', f'"{kind}"'), encoding="utf-8")
+        assert main(["derive", str(path), "--out", str(tmp_path / kind)]) == code
+        err = capsys.readouterr().err
+        if code:
+            assert err.count("\n") == 1 and "m integrates over x, one of the variables it is defined on" in err, err
+            assert not (tmp_path / kind).exists()

@@ -47,3 +47,19 @@ class TokenRatio(Operator):
         return (Definition("m", "m", (X, Y), ratio, "the pool over every token, the same at every query"),
                 Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
                            "a linear map of the pool"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class TokenRatioOwnVariable(TokenRatio):
+    """``token-ratio`` with its pool written ``∫ u(x, y) dx`` on its own variable ``x`` (review s32, M1): the sum would
+    reuse the query's index, and its derived adjoint was wrong; refused when derived."""
+
+    kind: ClassVar[str] = "token-ratio-own-variable"
+
+    def definitions(self):
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        ratio = integral(apply(STATE, X, Y), X) / integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("m", "m", (X, Y), ratio, "the pool, written over the query's own variable"),
+                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
+                           "a linear map of the pool"))

@@ -164,9 +164,16 @@ class Backend:
         return operand.name if reference == operand.name else f"None if {operand.name} is None else {reference}"
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
+        """einsum; an output axis no operand has (a plug-in's ``y[i, l] = Σ_k W[k, l] r[k]``, the same at every ``i``):
+        einsum without it, then made whole along it, as ``elementwise`` does."""
         operands = ", ".join(self.einsum_operand(operand.name, op) for operand in op.operands)
-        return self.assigned(op, self.scaled(f'{printer.use(self.einsum)}("{op.spec}", {operands})', op.scale, printer),
-                             printer)
+        inputs, output = op.spec.split("->")
+        kept = "".join(letter for letter in output if letter in inputs)
+        value = self.scaled(f'{printer.use(self.einsum)}("{inputs}->{kept}", {operands})', op.scale, printer)
+        if kept != output:
+            axes = ", ".join(":" if letter in kept else "None" for letter in output)
+            value = self.whole(f"({value})[{axes}]", self.sizes(op.labels, printer))
+        return self.assigned(op, value, printer)
 
     def einsum_operand(self, name: str, op: Contraction) -> str:
         """How an operand of ``op`` is handed to einsum."""

@@ -27,11 +27,13 @@ on = "norm"
 D, TOKENS = 6, 5
 
 
-@pytest.fixture(scope="module")
-def derivation(tmp_path_factory):
+@pytest.fixture(scope="module", params=["token-ratio", "feature-pool"])
+def derivation(request, tmp_path_factory):
+    """The pool declared on (x, y), free of x (elementwise statements made whole), or on y alone (the product made
+    whole: review s32, M2)."""
     splitformer.load_plugin(ROOT / "tests" / "plugins" / "token_pool.py")
     path = tmp_path_factory.mktemp("ratio") / "ratio-pool.toml"
-    path.write_text(SCHEME, encoding="utf-8")
+    path.write_text(SCHEME.replace('"token-ratio"', f'"{request.param}"'), encoding="utf-8")
     return splitformer.derive(str(path))
 
 
@@ -68,9 +70,13 @@ def test_a_field_constant_along_the_tokens_derives_and_matches_torch(derivation,
         np.testing.assert_allclose(block.pool.W.grad.numpy(), tensors["pool.W"].grad.numpy(), rtol=1e-10, atol=1e-10)
 
 
-def test_its_checks_hold(derivation):
+def test_its_semantics_and_adjoint_checks_hold_and_causality_fails(derivation):
+    """The pool reads every token whatever the mask (no χ), so a causal call leaks: the causality checks fail, as
+    docs/guide/plugins.md says; the others hold."""
     report = derivation.check(only=("semantics", "adjoint", "adjoint-test"))
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+    causality = derivation.check(only=("causality",)).checks
+    assert causality and not any(check.holds for check in causality)
 
 
 def test_an_integral_over_a_definitions_own_variable_is_refused(tmp_path, capsys):

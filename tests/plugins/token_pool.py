@@ -63,3 +63,19 @@ class TokenRatioOwnVariable(TokenRatio):
         return (Definition("m", "m", (X, Y), ratio, "the pool, written over the query's own variable"),
                 Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
                            "a linear map of the pool"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class FeaturePool(TokenRatio):
+    """``token-ratio`` with the pool declared on the features alone, ``r(y)``, then ``∫ W(ξ, y) r(ξ) dξ`` on (x, y)
+    (review s32, M2: the product's einsum named an output axis no operand has, and the forward raised)."""
+
+    kind: ClassVar[str] = "feature-pool"
+
+    def definitions(self):
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        ratio = integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("r", "r", (Y,), ratio, "the pool over every token, on the features alone"),
+                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("r", XI), XI),
+                           "a linear map of the pool, the same at every token"))

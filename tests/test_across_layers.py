@@ -15,7 +15,8 @@ import torch
 
 import reference
 from splitformer.codegen.api import derive
-from splitformer.codegen.verification.across_layers import across_convergence, across_order_check
+from splitformer.codegen.verification.across_layers import (across_convergence, across_order_check, convergence_budget,
+                                                          layer_counts)
 from splitformer.symbolic.across_layers import AcrossLayers, adams_bashforth_weights
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
@@ -296,3 +297,17 @@ def test_momentum_at_nine_tenths_converges_with_order_one(name):
     check, study = across_convergence(scheme, 1)
     assert check.holds and study.steps == (16, 32, 64, 128, 256, 512) and abs(study.slope - 1) < 0.1, check.detail
     assert not across_convergence(scheme, 1, scale=1.0)[0].holds
+
+
+def test_momentum_too_near_one_is_skipped_on_its_budget():
+    """Review s32: the layers grow as 1/(1 − β), and β = 99999/100000 ran 4 million of them (killed at 150 s); past
+    4096 layers the convergence check is skipped, saying why. Control: β = 99/100 runs (4096 layers)."""
+    text = (SCHEMES / "heavy-ball.toml").read_text()
+    for beta, skipped in (("999/1000", True), ("99/100", False)):
+        scheme = parse_scheme(text.replace('momentum = "1/2"', f'momentum = "{beta}"'))
+        check = convergence_budget(scheme)
+        assert (check is not None) == skipped
+        if skipped:
+            assert check.holds and check.method == "skipped" and "32768 layers, more than the 4096" in check.detail
+        else:
+            assert layer_counts(scheme.across_layers)[-1] == 4096

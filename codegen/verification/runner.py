@@ -44,7 +44,7 @@ from .network_adjoint_tests import network_adjoint_tests
 from .network_semantics import network_semantics_checks
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
-from .across_layers import across_convergence, across_order_check
+from .across_layers import across_convergence, across_order_check, convergence_budget
 from .emitted import emitted_numpy_with_adjoint
 from .scheme_checks import scheme_checks as semantics_checks, skipped_because
 from .semantics import unevaluable
@@ -245,6 +245,9 @@ def _orders(scheme: Scheme, report: CheckReport) -> Check | None:
 def _convergence(scheme: Scheme, order: int, plots: Path | None, report: CheckReport) -> list[Check]:
     """The convergence study at the series order; a splitting order above it by a study of exact sub-flows."""
     if scheme.across_layers is not None:
+        skipped = convergence_budget(scheme)
+        if skipped is not None:
+            return [skipped]
         check, report.studies[scheme.name] = across_convergence(scheme, order)
         if plots is not None:
             report.plots[scheme.name] = plot_study(report.studies[scheme.name], order,

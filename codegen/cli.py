@@ -217,11 +217,11 @@ def _show(arguments: argparse.Namespace) -> str:
         from .pipeline import show_network
 
         return show_network(scheme, arguments.format, arguments.scheme)
+    if arguments.format == "toml":  # the file's own text: nothing derived
+        return _source_with_activation(scheme).rstrip("\n")
     from .render import narrowest_head
 
     narrowest_head(scheme)  # refuses a d_head narrower than an option asks, as `derive` and `check` do
-    if arguments.format == "toml":
-        return _source_with_activation(scheme).rstrip("\n")
     program = derive(scheme)
     if arguments.format == "markdown":
         from .report import render_report

@@ -182,3 +182,7 @@ def test_every_command_refuses_a_set_head_width_narrower_than_the_rotary_dimensi
             assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
             assert f"d_head = {d_head}, but attn.rotary_dim = 8 needs heads at least 8" in result.stderr
             assert not (tmp_path / "out").exists()
+    if command == ("show",):  # the file's own text shows, derivation or not
+        result = subprocess.run([sys.executable, "-m", "splitformer", "show", str(tmp_path / "narrow4.toml"), "--format",
+                                 "toml"], capture_output=True, text=True, cwd=tmp_path)
+        assert result.returncode == 0 and "d_head = 4" in result.stdout, result.stderr

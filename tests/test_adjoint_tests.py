@@ -210,11 +210,12 @@ def test_both_tests_and_their_controls_hold_where_the_gradient_is_orthogonal_to_
     assert abs(_slopes(tests(1.01)[1].detail)[0] - 2) < 0.1
 
 
-@pytest.mark.parametrize("fraction", ["1/10000", "1/1000000"])
+@pytest.mark.parametrize("fraction", ["1/10000"])
 def test_the_longer_taylor_steps_do_not_hide_a_gradient_error_the_short_ones_show(fraction):
-    """Review s32 (H1): at these fractions a gradient of ffn.W_1 off by 0.1 % leaves r(h) under the rounding bound at
-    the short steps, an a·h (slope 0.9 and 0.5); the steps grew until the curvature hid it and the Taylor test passed it
-    (at 1/1000000 the dot test too). The short steps' linear term now keeps them; the right gradient still passes."""
+    """Review s32 (H1): at this fraction a gradient of ffn.W_1 off by 0.1 % leaves r(h) under the rounding bound at
+    the short steps, but as a clean a·h above f's rounding (slope 0.9); the steps grew until the curvature hid it and
+    the Taylor test passed it. The short steps' linear term now keeps them; the right gradient still passes. (At
+    1/1000000 the same error's a·h is below f's rounding at every short step: no float64 Taylor test tells it.)"""
     from splitformer.symbolic import parse_scheme
 
     text = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text(encoding="utf-8")

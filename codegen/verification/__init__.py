@@ -50,7 +50,7 @@ check ids                               what is checked                         
 ``adjoint-test/<name>/dot``,            the emitted ``vjp`` (NumPy, float64) of     Devito's tests: ⟨J v, w⟩ = ⟨v, Jᵀ w⟩, J v by    ``adjoint_tests.py``
 ``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    differences of the emitted ``forward``;
                                         for vit and cvt)                            Taylor residual slope 2; control: the
-                                                                                    gradient scaled by 1.01 (slope 1)
+                                                                                    gradient + 1 % of its norm along v (slope 1)
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
 ``activation/*``, ``rope/*``, ``gqa/*``

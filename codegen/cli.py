@@ -231,7 +231,8 @@ def _show(arguments: argparse.Namespace) -> str:
     if arguments.format == "latex":
         return program.latex(equation_latex(scheme))
     return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}{_rescaled(scheme)}",
-                      f"activation: {scheme.activation}",
+                      f"activation: {scheme.activation}" if scheme.reads_activation() else
+                      "activation: none taken (each activated operator names its own, or none has one)",
                       "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",
                       "", program.text()])
 

@@ -146,3 +146,16 @@ def test_an_activation_no_operator_takes_is_refused(tmp_path, capsys):
     assert scheme.with_activation(scheme.activation).activation == "relu"  # the activation it has: nothing to refuse
     shared = parse_scheme(_OWN_ACTIVATION.replace('{ kind = "feed-forward", activation = "gelu" }', '"feed-forward"'))
     assert shared.with_activation("silu").instantiate()["ffn"].activation.name == "silu"
+
+
+def test_a_scheme_whose_operators_take_no_activation_does_not_show_one(capsys):
+    """New user, s32: ``show`` and the torch Block's repr said ``activation: relu`` for a scheme none of whose
+    operators takes the scheme's activation (paper-lie: its ReLU is a projection substep). Control: post-ln's
+    feed-forward takes it, and shows it."""
+    for name, shown in (("paper-lie", False), ("post-ln", True)):
+        assert main(["show", name]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert ("activation: relu" in lines) == shown
+        assert ("activation: none taken (each activated operator names its own, or none has one)" in lines) != shown
+        block = import_path(GENERATED / "torch" / f"{name.replace('-', '_')}.py").Block(8, 2, 12)
+        assert ("activation=relu" in repr(block)) == shown

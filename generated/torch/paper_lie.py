@@ -1052,7 +1052,7 @@ class Block(_CanonicalModule):
         _reset(self, PARAMETERS, _init_bounds(self.d_model, self.d_ff))
 
     def extra_repr(self):
-        return (f"{SCHEME}, activation={ACTIVATION}, d_model={self.d_model}, n_heads={self.n_heads}, "
+        return (f"{SCHEME}, d_model={self.d_model}, n_heads={self.n_heads}, "
                 f"d_ff={self.d_ff}, eps={self.eps}, bias={self.bias}, dropout={self.dropout}, "
                 f"batch_first={self.batch_first}")
 

@@ -114,3 +114,26 @@ def test_one_unbatched_sequence_takes_a_tokens_mask_as_torch_does(name, norm_fir
         numpy_module.forward_stack(np.stack([u] * 3), layers, n_heads=HEADS, key_padding_mask=padding)
     with pytest.raises(ValueError, match=r"key_padding_mask must be bool or float of shape \[3, 6\]"):
         stack(torch.tensor(np.stack([u] * 3)), key_padding_mask=torch.tensor(padding))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_one_sequences_mask_is_cached_as_its_batch_of_one(backend, rng):
+    """Review of s32: the first cached step took a (tokens,) mask and stored it as given, and the next step refused
+    the cache's record ((5,) where (1, 5) is kept). Cached decoding with (tokens,) masks equals the full pass."""
+    from splitformer.adapters import canonical
+
+    torch_module = import_path(GENERATED / "torch" / "llama.py")
+    block = torch_module.Block(16, 4, 24, dtype=torch.float64)
+    u, mask = rng.standard_normal((6, 16)), np.array([True] + [False] * 5)
+    if backend == "numpy":
+        module, params = import_path(GENERATED / "numpy" / "llama.py"), canonical(block)[0][0]
+
+        def run(v, m, **cache):
+            return module.forward(v, params, n_heads=4, n_kv_heads=4, key_padding_mask=m, **cache)
+    else:
+        def run(v, m, **cache):
+            with torch.no_grad():
+                return block(torch.tensor(v), key_padding_mask=torch.tensor(m), **cache).numpy()
+    full, cache = run(u, mask), {}
+    run(u[:5], mask[:5], cache=cache)
+    assert np.abs(run(u[5:], mask, cache=cache) - full[5:]).max() <= 1e-12

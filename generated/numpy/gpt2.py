@@ -548,6 +548,12 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     return out
 
 
+def _one_sequence(key_padding_mask, batch):
+    """The padding mask as an array, one sequence's (keys,) mask as (1, keys), as torch's layers take it."""
+    mask = np.asarray(key_padding_mask)
+    return mask[None] if batch == 1 and mask.ndim == 1 else mask
+
+
 def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
@@ -559,8 +565,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
         return None
     support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
-        mask = np.asarray(key_padding_mask)
-        mask = mask[None] if batch == 1 and mask.ndim == 1 else mask  # one sequence's (keys,) mask
+        mask = _one_sequence(key_padding_mask, batch)
         if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
                 f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"
@@ -893,7 +898,8 @@ def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=Tru
     ffn_W_2 = p["ffn.W_2"]
     ffn_b_2 = p["ffn.b_2"]
     chi = _support(key_padding_mask, causal, batch, n_tokens, offset)
-    _cached_padding(cache, key_padding_mask, batch, offset + n_tokens)
+    _cached_padding(cache, None if key_padding_mask is None else _one_sequence(key_padding_mask, batch), batch,
+                    offset + n_tokens)
     _cached_options(cache, {"n_heads": n_heads, "eps": eps})
 
     # --- substep 1: attn, explicit on Proj(norm1) ---

@@ -540,6 +540,12 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
     return out
 
 
+def _one_sequence(key_padding_mask, batch):
+    """The padding mask as an array, one sequence's (keys,) mask as (1, keys), as torch's layers take it."""
+    mask = np.asarray(key_padding_mask)
+    return mask[None] if batch == 1 and mask.ndim == 1 else mask
+
+
 def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
     """The indicator χ[b, i, j] of the token integral, or None when it is 1 everywhere.
 
@@ -551,8 +557,7 @@ def _support(key_padding_mask, causal, batch, n_tokens, offset=0):
         return None
     support = np.ones((batch, n_tokens, n_keys), dtype=bool)
     if key_padding_mask is not None:
-        mask = np.asarray(key_padding_mask)
-        mask = mask[None] if batch == 1 and mask.ndim == 1 else mask  # one sequence's (keys,) mask
+        mask = _one_sequence(key_padding_mask, batch)
         if mask.dtype != np.bool_ or mask.shape != (batch, n_keys):
             raise ValueError(
                 f"key_padding_mask must be bool of shape {(batch, n_keys)}, got {mask.dtype} {mask.shape}"

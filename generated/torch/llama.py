@@ -939,6 +939,13 @@ def _head_width(d_head):
         raise ValueError(f"rotary position embedding needs an even head width, got d_head = {d_head}")
 
 
+def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.Tensor:
+    """The padding mask as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers take
+    it."""
+    mask = torch.as_tensor(key_padding_mask, device=device)
+    return mask[None] if batch == 1 and mask.dim() == 1 else mask
+
+
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
@@ -962,9 +969,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         return support
     floating = False
     if key_padding_mask is not None:
-        key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
-        if batch == 1 and key_padding_mask.dim() == 1:  # one sequence's (keys,) mask, as torch's layers take it
-            key_padding_mask = key_padding_mask[None]
+        key_padding_mask = _one_sequence(key_padding_mask, batch, device)
         _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:
@@ -1418,7 +1423,8 @@ class Block(_CanonicalModule):
         ffn_W_2 = self.ffn.W_2
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device,
                        offset)
-        _cached_padding(cache, key_padding_mask, batch, offset + n_tokens, u0.device)
+        _cached_padding(cache, None if key_padding_mask is None else _one_sequence(key_padding_mask, batch, u0.device),
+                        batch, offset + n_tokens, u0.device)
         _cached_options(cache, ["n_heads", "n_kv_heads", "eps", "rope_theta"],
                         [float(n_heads), float(n_kv_heads), float(eps), float(rope_theta)])
         pos = _positions(positions, batch, n_tokens, offset, u0)

@@ -822,6 +822,13 @@ class _DerivedStep(torch.autograd.Function):
         return (grad_u, None, None, None, None, *(grads[name] for name in PARAMETERS))
 
 
+def _one_sequence(key_padding_mask, batch: int, device: torch.device) -> torch.Tensor:
+    """The padding mask as a tensor on ``device``, one sequence's (keys,) mask as (1, keys), as torch's layers take
+    it."""
+    mask = torch.as_tensor(key_padding_mask, device=device)
+    return mask[None] if batch == 1 and mask.dim() == 1 else mask
+
+
 def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None, causal: bool,
              batch: int, n_tokens: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor | None:
     """The support χ[b, i, j] of the token integral, or None when it is 1 everywhere.
@@ -845,9 +852,7 @@ def _support(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | No
         return support
     floating = False
     if key_padding_mask is not None:
-        key_padding_mask = torch.as_tensor(key_padding_mask, device=device)
-        if batch == 1 and key_padding_mask.dim() == 1:  # one sequence's (keys,) mask, as torch's layers take it
-            key_padding_mask = key_padding_mask[None]
+        key_padding_mask = _one_sequence(key_padding_mask, batch, device)
         _check_mask("key_padding_mask", key_padding_mask, [[batch, n_keys]])
         floating = key_padding_mask.is_floating_point()
     if attn_mask is not None:

@@ -180,3 +180,13 @@ def test_the_stack_check_of_layers_without_parameters_has_a_control_that_differs
         layers = args[-1]
         return module.forward_stack(u, *args[:-1], layers[:-1], **options)
     assert not stack_check(scheme, SimpleNamespace(forward=module.forward, forward_stack=short)).holds
+    # the same across layers (heavy-ball), whose stack check had the same control
+    from dataclasses import replace
+
+    from splitformer.codegen.verification.structure import across_stack_check
+    from splitformer.symbolic.across_layers import AcrossLayers
+
+    momentum = replace(scheme, name="sum-momentum", across_layers=AcrossLayers("heavy-ball", momentum="1/2"))
+    momentum, _, module = _emitted(momentum)
+    check = across_stack_check(momentum, module)
+    assert check.holds and "one layer fewer" in check.statement, check.detail

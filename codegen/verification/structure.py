@@ -154,6 +154,14 @@ def _memory_checks(u: np.ndarray, rng: np.random.Generator) -> list[Check]:
     return checks
 
 
+def _control_layers(layers: list[dict]) -> tuple[list[dict], str]:
+    """The layers of a stack check's control, and what they are: reversed; one fewer where the layers hold no
+    parameters (reversed, they are the same layers)."""
+    if any(layers):
+        return layers[::-1], "the layers reversed"
+    return layers[:-1], "one layer fewer (the layers hold no parameters)"
+
+
 def stack_check(scheme: Scheme, module) -> Check:
     """``forward_stack`` of N layers equals N steps of ``forward``; reversed layers do not."""
     sizes = emitted_sizes(_SIZES, scheme)
@@ -166,9 +174,7 @@ def stack_check(scheme: Scheme, module) -> Check:
     for layer in layers:
         stepped = module.forward(stepped, *memory, layer, n_heads=sizes.heads, eps=1e-5)
     stack = module.forward_stack(u, *memory, layers, n_heads=sizes.heads, eps=1e-5)
-    # layers without parameters are the same reversed: their control is the stack of one layer fewer
-    control_layers, control_text = ((layers[::-1], "the layers reversed") if any(layers) else
-                                    (layers[:-1], "one layer fewer (the layers hold no parameters)"))
+    control_layers, control_text = _control_layers(layers)
     control = module.forward_stack(u, *memory, control_layers, n_heads=sizes.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
@@ -219,9 +225,10 @@ def across_stack_check(scheme: Scheme, module) -> Check:
 
     stepped = run_layers(scheme.across_layers, steps(layers), u)
     stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5)
-    control = module.forward_stack(u, layers[::-1], n_heads=sizes.heads, eps=1e-5)
+    control_layers, control_text = _control_layers(layers)
+    control = module.forward_stack(u, control_layers, n_heads=sizes.heads, eps=1e-5)
     holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "
                  f"{scheme.across_layers.method} across layers equal the emitted stack (forward_stack, no final "
-                 "projection). Control: the stack with the layers reversed.", "numeric", holds, detail)
+                 f"projection). Control: the stack with {control_text}.", "numeric", holds, detail)

@@ -176,7 +176,8 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
         Check(f"adjoint-test/{name}/taylor", owner,
               f"Taylor test of the emitted vjp of {described}: r(h) = |f(x + h v) − f(x) − h ⟨∇f, v⟩| with "
               f"f = ⟨w, Φ⟩ and ∇f from vjp decays as h² over h = h₀ · 2^-k, k = 0 … 4, h₀ = {_STEPS[0]:g} (or up to "
-              f"{_STEP_SCALES[-1]:g} times that where the slope misses while r is near f's rounding) (fitted slope 2 ± "
+              f"{_STEP_SCALES[-1]:g} times that where the slope misses while r is near f's rounding and shows no "
+              "gradient error a·h there) (fitted slope 2 ± "
               f"{_SLOPE_TOLERANCE:g}). Control: the gradient plus {_PERTURBATION:g} of its norm along v gives "
               f"slope 1 ± {_SLOPE_TOLERANCE:g}.",
               "numeric", bool((affine or abs(second - 2) <= _SLOPE_TOLERANCE) and abs(first - 1) <= _SLOPE_TOLERANCE),

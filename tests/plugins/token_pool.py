@@ -37,15 +37,19 @@ class TokenRatio(Operator):
 
     kind: ClassVar[str] = "token-ratio"
     symbol: ClassVar[str] = r"\mathcal{R}"
+    #: the variable the pool's numerator integrates over, and whether the pool is declared on the tokens too
+    pooled_over: ClassVar = X_KEY
+    on_tokens: ClassVar[bool] = True
 
     def parameters(self):
         return (kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)),)
 
     def definitions(self):
         p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        ratio = integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
-        return (Definition("m", "m", (X, Y), ratio, "the pool over every token, the same at every query"),
-                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
+        tokens = (X,) if self.on_tokens else ()
+        ratio = integral(apply(STATE, self.pooled_over, Y), self.pooled_over) / integral(apply(STATE, ETA, Y) ** 2, ETA)
+        return (Definition("m", "m", (*tokens, Y), ratio, "the pool over every token, the same at every query"),
+                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", *tokens, XI), XI),
                            "a linear map of the pool"))
 
 
@@ -56,26 +60,14 @@ class TokenRatioOwnVariable(TokenRatio):
     reuse the query's index, and its derived adjoint was wrong; refused when derived."""
 
     kind: ClassVar[str] = "token-ratio-own-variable"
-
-    def definitions(self):
-        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        ratio = integral(apply(STATE, X, Y), X) / integral(apply(STATE, ETA, Y) ** 2, ETA)
-        return (Definition("m", "m", (X, Y), ratio, "the pool, written over the query's own variable"),
-                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
-                           "a linear map of the pool"))
+    pooled_over: ClassVar = X
 
 
 @register_operator
 @dataclass(frozen=True)
 class FeaturePool(TokenRatio):
-    """``token-ratio`` with the pool declared on the features alone, ``r(y)``, then ``∫ W(ξ, y) r(ξ) dξ`` on (x, y)
+    """``token-ratio`` with the pool declared on the features alone, ``m(y)``, then ``∫ W(ξ, y) m(ξ) dξ`` on (x, y)
     (review s32, M2: the product's einsum named an output axis no operand has, and the forward raised)."""
 
     kind: ClassVar[str] = "feature-pool"
-
-    def definitions(self):
-        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
-        ratio = integral(apply(STATE, X_KEY, Y), X_KEY) / integral(apply(STATE, ETA, Y) ** 2, ETA)
-        return (Definition("r", "r", (Y,), ratio, "the pool over every token, on the features alone"),
-                Definition("out", r"\mathcal{R}", (X, Y), integral(p["W"] * apply("r", XI), XI),
-                           "a linear map of the pool, the same at every token"))
+    on_tokens: ClassVar[bool] = False

@@ -15,7 +15,7 @@ __all__ = [
     "Domain", "Variable", "TOKENS", "FEATURES", "HEADS", "HEAD_FEATURES", "HIDDEN",
     "X", "X_KEY", "ETA", "Y", "XI", "H", "E", "ZETA", "VARIABLES",
     "KV_HEADS", "GROUP", "PAIR", "FREQUENCIES", "KV_FEATURES", "ATTENTION_FEATURES", "MEMORY",
-    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX", "BUCKETS", "B",
+    "G", "S", "C", "C_IN", "R", "X_MEMORY", "ETA_MEMORY", "H_MIX", "BUCKETS", "B", "SPLITS", "stores",
 ]
 
 
@@ -111,3 +111,35 @@ H_MIX = _variable(r"\tilde{h}", HEADS, "f")
 B = _variable("b", BUCKETS, "v")
 VARIABLES = {variable.symbol: variable for variable in (X, X_KEY, ETA, Y, XI, H, E, ZETA, G, S, C, C_IN, R,
                                                        X_MEMORY, ETA_MEMORY, H_MIX, B)}
+
+
+#: The stored axes that split into several continuous ones, and what they split into, in order: all heads'
+#: features are heads × a head's features (the query heads of grouped attention are key/value heads × group
+#: members), a head's features are rotary pairs × frequencies. Any other axis stores its own domain only.
+SPLITS: dict[Domain, tuple[tuple[Domain, ...], ...]] = {
+    FEATURES: ((HEADS, HEAD_FEATURES),),
+    ATTENTION_FEATURES: ((HEADS, HEAD_FEATURES),),
+    KV_FEATURES: ((KV_HEADS, HEAD_FEATURES),),
+    HEADS: ((KV_HEADS, GROUP),),
+    HEAD_FEATURES: ((PAIR, FREQUENCIES),),
+}
+
+
+def stores(shape: tuple[Domain, ...], domains: tuple[Domain, ...]) -> bool:
+    """Whether an array stored with axes ``shape`` holds a function of variables on ``domains``: each stored
+    axis is the next domain itself, or the next several as a product ``SPLITS`` names (recursively)."""
+    if not shape:
+        return not domains
+    return any(domains[:len(run)] == run and stores(shape[1:], domains[len(run):]) for run in _runs(shape[0]))
+
+
+def _runs(axis: Domain) -> list[tuple[Domain, ...]]:
+    """Every sequence of continuous domains one stored axis may hold."""
+    return [(axis,)] + [run for factors in SPLITS.get(axis, ()) for run in _products(factors)]
+
+
+def _products(axes: tuple[Domain, ...]) -> list[tuple[Domain, ...]]:
+    """Every sequence of continuous domains the consecutive stored axes ``axes`` may hold."""
+    if not axes:
+        return [()]
+    return [left + right for left in _runs(axes[0]) for right in _products(axes[1:])]

@@ -29,7 +29,7 @@ import sympy as sp
 
 from .activations import Activation
 from .domains import (
-    ATTENTION_FEATURES, ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable,
+    ATTENTION_FEATURES, ETA, FEATURES, H, HEAD_FEATURES, HIDDEN, X, X_KEY, XI, Y, ZETA, E, Domain, Variable, stores,
 )
 from .constraints import S_1, ConstraintSet
 from .inputs import Constant, Input
@@ -69,6 +69,20 @@ class Parameter:
     arguments: tuple[Variable, ...]
     shape: tuple[Domain, ...]
     absorbs: tuple[Variable, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .errors import SplitformerError
+
+        domains = tuple(variable.domain for variable in self.arguments)
+        if not stores(self.shape, domains):
+            def sizes(axes: tuple[Domain, ...]) -> str:
+                return f"({', '.join(domain.code_name for domain in axes)})"
+            raise SplitformerError(
+                f"parameter {self.name}: stored as {sizes(self.shape)}, but its arguments run over {sizes(domains)}: "
+                f"each stored axis is the next argument's domain, or the next several as one axis that holds them "
+                f"(d holds n_heads × d_head)")
+        if not set(self.absorbs) <= set(self.arguments):
+            raise SplitformerError(f"parameter {self.name}: absorbs a variable that is not one of its arguments")
 
     @property
     def kind(self) -> str:

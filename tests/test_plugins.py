@@ -282,3 +282,70 @@ def test_the_python_api_names_no_command_line_option(tmp_path, capsys):
     assert (error.value.path, error.value.reason) == (missing, "no such file")
     assert main(["show", "--load", str(missing), "post-ln"]) == 2
     assert capsys.readouterr().err == f"error: --load {missing}: no such file\n"
+
+
+_LINEAR = """
+from dataclasses import dataclass
+from typing import ClassVar
+
+from splitformer.symbolic.domains import {domains}, XI, X, Y
+from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, kernel, register_operator
+
+
+@register_operator
+@dataclass(frozen=True)
+class {name}(Operator):
+    kind: ClassVar[str] = "{kind}"
+    symbol: ClassVar[str] = "L"
+
+    def parameters(self):
+        return (kernel("W", "W", (XI, Y), ({shape}), absorbs=(XI,)),)
+
+    def definitions(self):
+        w = self.parameters()[0].applied()
+        return (Definition("out", "L", (X, Y), integral(w * apply(STATE, X, XI), XI), "a linear map"),)
+"""
+
+
+@pytest.mark.parametrize("shape, refused", [("HIDDEN, FEATURES", True), ("FEATURES, FEATURES", False)])
+def test_a_kernel_stored_unlike_its_arguments_is_refused(tmp_path, shape, refused):
+    """New user L2 (session 32): ``kernel("W", …, (ξ, y), (d_ff, d))`` derived, and its module then listed a ``(d_ff,
+    d)`` parameter that failed inside NumPy's matmul. Refused at derive, exit 2, one line; the control stores (d, d)."""
+    name = "Hidden" if refused else "Square"
+    plugin = tmp_path / f"{name.lower()}.py"
+    plugin.write_text(_LINEAR.format(domains="FEATURES, HIDDEN", name=f"{name}Linear", kind=f"qa-{name.lower()}-linear",
+                                     shape=shape))
+    scheme = tmp_path / "s.toml"
+    scheme.write_text(f'name = "s"\nsummary = "s"\n[operators]\nf = "qa-{name.lower()}-linear"\n'
+                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    result = subprocess.run([sys.executable, "-m", "splitformer", "derive", str(scheme), "--load", str(plugin),
+                             "--backend", "numpy", "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    if not refused:
+        assert result.returncode == 0 and (tmp_path / "out" / "numpy" / "s.py").exists(), result.stderr
+        return
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "parameter W: stored as (d_ff, d), but its arguments run over (d, d)" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_a_stored_axis_may_hold():
+    """The layouts of the built-in kinds hold (d as heads × head features, grouped and rotary heads); a wrong axis,
+    a wrong order, a missing or a left-over argument do not."""
+    from splitformer.symbolic.domains import (
+        FEATURES as D, FREQUENCIES as R, GROUP as S, HEAD_FEATURES as E, HEADS as H, HIDDEN as Z, KV_FEATURES as KV,
+        KV_HEADS as G, PAIR as C, stores,
+    )
+
+    assert stores((D, D), (D, H, E)) and stores((D, D), (G, S, E, D)) and stores((D, D), (D, G, S, C, R))
+    assert stores((D, KV), (D, G, C, R)) and stores((D, KV), (D, G, E)) and stores((), ())
+    assert not stores((Z, D), (D, D)) and not stores((D, D), (D, E, H)) and not stores((D, KV), (D, H, E))
+    assert not stores((D,), (D, D)) and not stores((D, D), (D,)) and not stores((D,), ())
+
+
+def test_a_kernel_absorbing_a_variable_it_does_not_read_is_refused():
+    from splitformer.symbolic.domains import FEATURES, HIDDEN, X_KEY, XI, ZETA
+    from splitformer.symbolic.operators import kernel
+
+    assert kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(XI,)).absorbs == (XI,)
+    with pytest.raises(splitformer.SplitformerError, match="parameter W: absorbs a variable that is not one of its"):
+        kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(X_KEY,))

@@ -41,15 +41,15 @@ _STEP_SIZES = {"d", "d_ff", "n_heads", "d_head"}
 
 def _check_step(program: NetworkProgram, step: dict) -> None:
     """A token network feeds each step all its tokens and nothing else, with the sizes ``_STEP_SIZES``: a step scheme
-    that is causal, reads more (positions, a memory, a cache) or sizes a parameter otherwise is refused in one line."""
+    that reads more (positions, a memory, a cache) or sizes a parameter otherwise is refused in one line (a causal
+    one is refused as its file is read)."""
     scheme = program.spec.scheme
     unset = sorted({axis for p in step["parameters"] for axis in p["shape"] if isinstance(axis, str)} - _STEP_SIZES)
     reads = [what for what, present in (("token positions", step["positions"] or step["half_width"]),
                                         ("a memory", step["memory"]), ("a key/value cache", step["cached"]),
                                         ("a second state across layers (a stream)", step["stream"]),
                                         (", ".join(step["keywords"]), step["keywords"])) if present]
-    problem = ("is causal" if scheme.causal else f"reads {reads[0]}" if reads else
-               f"sizes a parameter by {unset[0]}" if unset else "")
+    problem = f"reads {reads[0]}" if reads else f"sizes a parameter by {unset[0]}" if unset else ""
     if problem:
         raise SplitformerError(f"network {program.spec.name!r}: its steps' scheme {scheme.name!r} {problem}; a token "
                                "network feeds each step all its tokens and nothing else, with the sizes "

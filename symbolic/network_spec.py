@@ -347,6 +347,9 @@ def parse_network(text: str, where: str, folder: Path | None = None) -> NetworkS
 
 
 def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
+    if scheme.causal:  # what else a step may not read shows once it is lowered (network_render._check_step)
+        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} is causal; a token network feeds each step "
+                               "all its tokens, unmasked")
     if scheme.across_layers is not None:
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
                                f"({scheme.across_layers.method} across layers); a network steps one layer at a time")

@@ -330,9 +330,9 @@ def test_a_vit_stepping_another_encoder_scheme_runs_and_is_checked(tmp_path, sch
 
 
 @pytest.mark.parametrize("scheme, message", [
-    ("gpt2", "'gpt2' is causal"),
-    ("llama", "'llama' is causal"),
-    ("decoder", "'decoder' is causal"),
+    ("gpt2", "steps.scheme: 'gpt2' is causal"),
+    ("llama", "steps.scheme: 'llama' is causal"),
+    ("decoder", "steps.scheme: 'decoder' is causal"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = "rotary-attention"'), "reads token positions"),
     (_ATTENTION_ONLY.replace('attn = "attention"', 'attn = { kind = "attention", d_head = 3 }'),
      "sizes a parameter by d_inner"),
@@ -349,6 +349,7 @@ def test_a_vit_stepping_a_scheme_that_reads_more_than_its_tokens_is_refused_in_o
     assert main(["derive", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "a token network feeds each step all its tokens" in err, err
+    assert "is causal" not in message or err.startswith(f"error: {path}: "), err  # new user L4: the file is named
     assert not (tmp_path / "out").exists()
     for form in ("markdown", "text", "latex"):  # nothing shown of a module that cannot be emitted
         assert main(["show", str(path), "--format", form]) == 2

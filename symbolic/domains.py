@@ -7,6 +7,7 @@ A domain ``Ω`` has a continuous coordinate, a number of grid points ``N`` and a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sympy as sp
@@ -133,6 +134,7 @@ def stores(shape: tuple[Domain, ...], domains: tuple[Domain, ...]) -> bool:
     return any(domains[:len(run)] == run and stores(shape[1:], domains[len(run):]) for run in _runs(shape[0]))
 
 
+@functools.cache
 def _runs(axis: Domain) -> list[tuple[Domain, ...]]:
     """Every sequence of continuous domains one stored axis may hold."""
     return [(axis,)] + [run for factors in SPLITS.get(axis, ()) for run in _products(factors)]

@@ -22,8 +22,6 @@ from splitformer.symbolic.domains import BUCKETS, FEATURES, HEAD_FEATURES, HEADS
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.operators import EPSILON, STATE, SUPPORT
 
-from .semantics import FLOAT
-
 __all__ = ["evaluate_definitions", "unsupported"]
 
 #: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
@@ -258,25 +256,30 @@ def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width:
 
 
 def evaluate_definitions(sem, key: str, u: np.ndarray) -> np.ndarray:
-    """The operator ``key`` applied to ``u``, from its continuous definitions."""
+    """The operator ``key`` applied to ``u``, from its continuous definitions: at every grid point at once in float64,
+    point by point in the exact arithmetics."""
     operator = sem.operator(key)
     parameters, stages = _stages(sem, key)
     tables: dict[str, np.ndarray] = {}
-    if sem.arithmetic is FLOAT:
+    if sem.arithmetic.name == "float":
         grid = _Grid(sem, operator, parameters, u, tables)
         with np.errstate(all="ignore"):  # as the point evaluator's float64 numbers: inf and NaN where they arise
             for definition in stages:
                 tables[definition.function] = grid.table(definition)
-        return tables[stages[-1].function]
-    point = _Point(sem, operator, parameters, u, tables)
+    else:
+        by_points(_Point(sem, operator, parameters, u, tables), stages, u.dtype)
+    return tables[stages[-1].function]
+
+
+def by_points(point: _Point, stages: tuple, dtype) -> None:
+    """Each definition's value at one point of its variables at a time, into ``point``'s tables."""
     for definition in stages:
         shape = tuple(point.counts[variable.domain] for variable in definition.arguments)
-        table = np.empty(shape, dtype=u.dtype)
+        table = np.empty(shape, dtype=dtype)
         symbols = [variable.symbol for variable in definition.arguments]
         for index in itertools.product(*(range(count) for count in shape)):
             table[index] = point.value(definition.rhs, dict(zip(symbols, index)))
-        tables[definition.function] = table
-    return tables[stages[-1].function]
+        point.tables[definition.function] = table
 
 
 def _stages(sem, key: str) -> tuple[tuple, tuple]:

@@ -175,6 +175,19 @@ def test_bias_less_block_goes_back_to_torch(modules):
     assert_same_state(to_torch(block, like=adapted), layer.state_dict())
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_stack_with_a_final_norm_goes_back_to_torch(modules, bias):
+    """Attack s33 H1: a bias-free encoder with a final norm built into a Stack went back as ``KeyError: 'bias'`` (the
+    Stack's final norm has no bias to read); with biases, the control."""
+    encoder = torch.nn.TransformerEncoder(encoder_layer(norm_first=True, bias=bias), 2, enable_nested_tensor=False,
+                                          norm=torch.nn.LayerNorm(D, bias=bias, dtype=torch.float64))
+    randomize(encoder, seed=5)
+    adapted = from_torch(encoder)
+    stack = adapted.build(modules("pre-ln", "relu")[1])
+    assert ("bias" in dict(stack.final_norm.named_parameters())) == bias
+    assert_same_state(to_torch(stack, like=adapted), encoder.state_dict())
+
+
 # --- transformers BERT ------------------------------------------------------------------------------------------
 
 

@@ -159,8 +159,9 @@ def stack_state(adapted: Adapted, layer_state: Callable[[Mapping[str, np.ndarray
     """A stack's state dict: ``{layers}.{i}.*`` from ``layer_state``, then ``{norm}.weight``/``bias``."""
     arrays = {f"{layers}.{index}.{key}": value
               for index, params in enumerate(adapted.layers) for key, value in layer_state(params).items()}
-    if adapted.final_norm is not None:
-        arrays |= {f"{norm}.weight": adapted.final_norm["gain"], f"{norm}.bias": adapted.final_norm["bias"]}
+    if adapted.final_norm is not None:  # a bias-free Stack's final norm has no bias: nothing to leave out
+        arrays |= {f"{norm}.{name}": adapted.final_norm[key] for key, name in (("gain", "weight"), ("bias", "bias"))
+                   if key in adapted.final_norm}
     return state_dict(arrays, adapted.bias)
 
 

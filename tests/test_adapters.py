@@ -188,6 +188,43 @@ def test_a_stack_with_a_final_norm_goes_back_to_torch(modules, bias):
     assert_same_state(to_torch(stack, like=adapted), encoder.state_dict())
 
 
+def test_what_an_adapter_read_is_checked_where_it_is_loaded_or_run(modules, rng):
+    """Attack s33 M1: ``Block(...).load_params(adapted)`` and the NumPy ``forward(u, adapted)`` ignored the heads, ε
+    and scheme the reading records, and computed something else without a word (2.08 with 2 heads for 4). Now they
+    refuse what ``load_into`` refuses, naming ``params``; the right Block and call, and a plain dict, still run."""
+    layer = encoder_layer()
+    adapted = from_torch(layer)
+    u = rng.standard_normal((2, 5, D))
+    with torch.no_grad():
+        reference = layer(torch.tensor(u)).numpy()
+    post_numpy, post_torch = modules("post-ln", "relu")
+    pre_numpy, pre_torch = modules("pre-ln", "relu")
+    refused = {
+        "the source has n_heads=2, the Block n_heads=1": lambda: post_torch.Block(D, 1, D_FF, dtype=torch.float64),
+        "the source has eps=1e-05, the Block eps=0.001": lambda: post_torch.Block(D, HEADS, D_FF, eps=1e-3,
+                                                                                  dtype=torch.float64),
+        "the source computes post-ln with relu; the Block computes pre-ln": lambda: pre_torch.Block(
+            D, HEADS, D_FF, dtype=torch.float64),
+    }
+    for message, block in refused.items():
+        with pytest.raises(ValueError, match=f"^params: {message}"):
+            block().load_params(adapted)
+    right = post_torch.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(adapted)
+    with torch.no_grad():
+        assert np.abs(right(torch.tensor(u)).numpy() - reference).max() <= 1e-12
+    for call, message in (
+            (lambda: post_numpy.forward(u, adapted), "the source was read with n_heads=2, the call has n_heads=1"),
+            (lambda: post_numpy.forward(u, adapted, n_heads=HEADS, eps=1e-3), "read with eps=1e-05, the call has"),
+            (lambda: post_numpy.forward(u, adapted, n_heads=HEADS, causal=True), "read with causal=False"),
+            (lambda: post_numpy.vjp(u, adapted, u), "the call has n_heads=1"),
+            (lambda: pre_numpy.forward(u, adapted, **adapted.forward_kwargs), "the source computes post-ln with relu")):
+        with pytest.raises(ValueError, match=f"^params: .*{message}"):
+            call()
+    assert np.abs(post_numpy.forward(u, adapted, **adapted.forward_kwargs) - reference).max() <= 1e-12
+    assert np.abs(post_numpy.forward(u, adapted, n_heads=HEADS, eps=np.float32(1e-5)) - reference).max() <= 1e-10
+    assert np.abs(pre_numpy.forward(u, dict(adapted), n_heads=HEADS) - reference).max() > 1e-3  # a dict: not checked
+
+
 # --- transformers BERT ------------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ per block and ``final_norm`` the stack's last LayerNorm.
 from __future__ import annotations
 
 import functools
+import numbers
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -212,6 +213,27 @@ class Adapted(Mapping[str, np.ndarray]):
             return module.load_params(list(self.layers), self.final_norm)
         return module.load_params(self.params)
 
+    def unlike(self, target: Any, arguments: Mapping[str, Any] | None = None) -> str | None:
+        """Why a generated module would not compute the source with these parameters, or ``None``: ``target`` a
+        generated ``Block`` (``check_computes``), or a NumPy module's globals with the ``arguments`` of its call
+        (its scheme, and the keyword arguments read: ``forward_kwargs``). The generated code asks it of ``params``
+        that carry it, so ``Block.load_params(adapted)`` and ``forward(u, adapted)`` refuse what ``load_into`` does."""
+        try:
+            if arguments is None:
+                self.check_computes(target)
+                return None
+            _check_scheme(self, target, f"the module {target.get('__name__', '')}".rstrip())
+        except SplitformerError as error:
+            return str(error)
+        if self.stack:
+            return (f"the source is a stack of {len(self.layers)} layers: give forward_stack its .layers, "
+                    "with **forward_kwargs")
+        for name, value in {"causal": False, **self.forward_kwargs}.items():  # a causal call of a non-causal source
+            if name in arguments and not _same_argument(arguments[name], value):
+                return (f"the source was read with {name}={value!r}, the call has {name}={arguments[name]!r}: "
+                        "pass **adapted.forward_kwargs")
+        return None
+
     def check_computes(self, module: Any) -> None:
         """Refuse a generated ``Block``/``Stack`` whose scheme or configuration differs from the source's.
 
@@ -287,6 +309,16 @@ def _same(value: Any, wanted: Any) -> bool:
     numbers = (int, float)
     plain = type(value) is type(wanted) or (type(value) in numbers and type(wanted) in numbers)
     return plain and value == wanted
+
+
+def _same_argument(value: Any, wanted: Any) -> bool:
+    """Whether a call's keyword argument is the value read: numbers by value (``np.float32(1e-5)`` is ``1e-5`` read
+    in float32), flags by truth, anything else only as the same plain value."""
+    if isinstance(value, (bool, np.bool_)) or isinstance(wanted, bool):
+        return isinstance(value, (bool, np.bool_)) and bool(value) == wanted
+    if isinstance(value, numbers.Real) and isinstance(wanted, numbers.Real):
+        return value == wanted or float(value) == float(np.asarray(wanted, dtype=np.asarray(value).dtype))
+    return _same(value, wanted)
 
 
 def _check_own_classes(module: Any, namespace: Mapping[str, Any]) -> None:

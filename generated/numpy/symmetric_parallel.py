@@ -33,7 +33,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS"]
+__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
+
+#: The scheme and the feed-forward activation this module computes.
+SCHEME = "symmetric-parallel"
+ACTIVATION = "relu"
+#: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
+#: file reusing a built-in's name, or one made causal, computes another digest.
+COMPUTES = "e0bfe0f892ec9f13"
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {
@@ -461,15 +468,26 @@ def _options(d, n_heads, eps, causal):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _finite(value):
-    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
-    return abs(value) <= _LARGEST_FLOAT
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
+    A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
+    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
 
 
 def forward(u, params, *, n_heads=1, eps=1e-5, key_padding_mask=None, causal=False):
     """One step of symmetric-parallel: ``u`` of shape (batch, tokens, d) or (tokens, d); ``key_padding_mask``:
     bool (batch, tokens), or (tokens,) for one sequence, True = padded.
     """
+    _as_read(params, globals(), locals())  # an adapter's reading: its scheme and the keyword arguments it was read with
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
     params = _mapping("params", params)
@@ -1078,6 +1096,7 @@ def vjp(u, params, grad_out, *, n_heads=1, eps=1e-5, key_padding_mask=None, caus
     run again, keeping only the arrays its adjoint reads; the adjoint is reverse mode over the
     derived assignments (report §6).
     """
+    _as_read(params, globals(), locals())  # an adapter's reading: its scheme and the keyword arguments it was read with
     u0 = _state(u)
     batch, n_tokens, d = u0.shape
     params = _mapping("params", params)

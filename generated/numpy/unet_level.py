@@ -69,8 +69,9 @@ _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
 def _finite(value):
-    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
-    return abs(value) <= _LARGEST_FLOAT
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
+    A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
+    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
 
 
 def _epsilon(eps):

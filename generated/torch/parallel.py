@@ -538,6 +538,15 @@ def _traced_flag(value: bool) -> bool:
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -547,8 +556,9 @@ def _integer(name, value, minimum):
 
 
 def _finite(value):
-    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows)."""
-    return abs(value) <= _LARGEST_FLOAT
+    """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
+    A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
+    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
 
 
 def _epsilon(eps):
@@ -996,6 +1006,7 @@ class Block(_CanonicalModule):
 
     def load_params(self, params):
         """Copy a mapping of canonical names to arrays or tensors (all checked first); returns ``self``."""
+        _as_read(params, self)  # an adapter's reading: refused where this Block would not compute its source
         _copy(self, _checked(self, PARAMETERS, params, self.bias))
         return self
 

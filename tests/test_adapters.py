@@ -215,7 +215,6 @@ def test_what_an_adapter_read_is_checked_where_it_is_loaded_or_run(modules, rng)
     for call, message in (
             (lambda: post_numpy.forward(u, adapted), "the source was read with n_heads=2, the call has n_heads=1"),
             (lambda: post_numpy.forward(u, adapted, n_heads=HEADS, eps=1e-3), "read with eps=1e-05, the call has"),
-            (lambda: post_numpy.forward(u, adapted, n_heads=HEADS, causal=True), "read with causal=False"),
             (lambda: post_numpy.vjp(u, adapted, u), "the call has n_heads=1"),
             (lambda: pre_numpy.forward(u, adapted, **adapted.forward_kwargs), "the source computes post-ln with relu")):
         with pytest.raises(ValueError, match=f"^params: .*{message}"):

@@ -235,6 +235,10 @@ def canonical(params: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] |
     if isinstance(params, (list, tuple)):
         return list(params), None
     if hasattr(params, "state_dict"):
+        meta = next((key for key, value in params.state_dict().items() if value.is_meta), None)
+        if meta is not None:  # what the readers refuse, and torch cannot copy out
+            raise SplitformerError(f"{type(params).__name__}.{meta} is on the meta device (no values to read); "
+                                   "materialize and load the weights first (module.to_empty(device='cpu'), load_params)")
         state = {key: array(value) if value.is_floating_point() else value.detach().cpu().numpy()
                  for key, value in params.state_dict().items()}  # bfloat16/float16 widened as the readers do
         if not hasattr(params, "layers"):

@@ -228,7 +228,7 @@ class Adapted(Mapping[str, np.ndarray]):
         if self.stack:
             return (f"the source is a stack of {len(self.layers)} layers: give forward_stack its .layers, "
                     "with **forward_kwargs")
-        for name, value in {"causal": False, **self.forward_kwargs}.items():  # a causal call of a non-causal source
+        for name, value in self.forward_kwargs.items():  # masks a source takes at call time (causal) are the call's
             if name in arguments and not _same_argument(arguments[name], value):
                 return (f"the source was read with {name}={value!r}, the call has {name}={arguments[name]!r}: "
                         "pass **adapted.forward_kwargs")

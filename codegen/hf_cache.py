@@ -10,12 +10,14 @@ scheme's cache is exactly transformers' (rotated keys in its ``rotate_half`` lay
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers.cache_utils import Cache
 
 from splitformer.symbolic.errors import SplitformerError
 
-__all__ = ["CacheLayout", "cache_layout", "read_layer", "write_layer"]
+__all__ = ["CacheLayout", "cache_layout", "check_layers", "read_layer", "write_layer"]
 
 #: One block's cache entries, keys first: (name, shape after the batch and token axes).
 CacheLayout = tuple[tuple[str, tuple[int, ...]], ...]
@@ -37,11 +39,26 @@ def cache_layout(block: torch.nn.Module) -> CacheLayout:
     return tuple((name, tuple(tensor.shape[2:])) for name, tensor in entries)
 
 
+def check_layers(cache: Cache, layers: int) -> None:
+    """Refuse a cache whose layers do not hold the same tokens for each of the model's ``layers`` and none past them
+    (another model's: more or fewer layers), before any layer is read or written."""
+    held = [cache.get_seq_length(index) for index in range(max(layers, len(cache.layers)))]
+    if len(set(held[:layers])) > 1 or any(held[layers:]):
+        raise ValueError(f"cache holds {held} tokens in its layers; this model has {layers} layers, each holding the "
+                         "same tokens: another model's cache")
+
+
 def read_layer(cache: Cache, index: int, layout: CacheLayout) -> dict[str, torch.Tensor]:
     """Block ``index``'s own cache holding what ``cache`` holds for it (empty before the first tokens)."""
     if cache.get_seq_length(index) == 0:
         return {}
     layer = cache.layers[index]
+    for part, tensor in (("keys", layer.keys), ("values", layer.values)):
+        shapes = [shape for name, shape in layout if name.endswith(".v") == (part == "values")]
+        kept = (sum(shape[0] for shape in shapes), math.prod(shapes[0][1:]))
+        if tensor.dim() != 4 or (tensor.shape[1], tensor.shape[3]) != kept:
+            raise ValueError(f"cache layer {index} holds {part} of shape {tuple(tensor.shape)} (batch, heads, tokens, "
+                             f"width); this model keeps {kept[0]} heads of width {kept[1]}: another model's cache")
     packed = torch.cat((layer.keys, layer.values), dim=1)  # (batch, heads of every entry, tokens, width)
     own, start = {}, 0
     for name, shape in layout:

@@ -31,7 +31,7 @@ from splitformer.symbolic.scheme import Scheme
 from splitformer.symbolic.scheme_file import load_scheme, parse_scheme
 
 from .api import as_scheme
-from .hf_cache import CacheLayout, cache_layout, read_layer, write_layer
+from .hf_cache import CacheLayout, cache_layout, check_layers, read_layer, write_layer
 from .nn import LanguageModel
 
 __all__ = ["SplitformerConfig", "SplitformerForCausalLM", "to_hf"]
@@ -158,6 +158,8 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
         use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
+        if cache is not None:
+            check_layers(cache, len(self.model.stack.layers))
         layers = None if cache is None else [read_layer(cache, index, self._cache_layout)
                                              for index in range(len(self.model.stack.layers))]
         padding = None if attention_mask is None else attention_mask == 0

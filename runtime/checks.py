@@ -19,6 +19,16 @@ def _as_read(params, *target):
         raise ValueError(f"params: {problem}")
 
 
+def _size(axis, params, table, shape):
+    """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
+    the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
+    mismatch names (``head.W`` (5, 12) is expected (12, 5), not (12, 12))."""
+    for name, axes in sorted(table.items(), key=lambda item: len(item[1])):
+        if axis in axes and name in params and len(shape(params[name])) == len(axes):
+            return shape(params[name])[axes.index(axis)]
+    return None
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -24,7 +24,7 @@ import sympy as sp
 
 from .domains import (
     ATTENTION_FEATURES, BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS,
-    PAIR, TOKENS, VARIABLES, X, X_KEY, Y,
+    PAIR, TOKENS, VARIABLES, X, X_KEY, Y, stores,
 )
 from .errors import SplitformerError
 from .latex import equation, to_latex, unicode_text
@@ -59,6 +59,7 @@ class _Deriver:
         self.prefixes: set[str] = set()
         for operator in self.operators.values():
             for parameter in operator.parameters():
+                _check_layout(f"{operator.key}.{parameter.name}", parameter, scheme.head_width())
                 name = f"{operator.key}_{parameter.name}"
                 latex = _keyed(parameter.latex, operator.key_latex())
                 indices = tuple(variable.index for variable in parameter.arguments)
@@ -433,6 +434,24 @@ def _applies_an_operator(deriver: _Deriver, output: str) -> bool:
                 return True
             pending.append(read)
     return False
+
+
+#: The axes a block's parameters may be stored on: those its emitted code sizes (from ``u``, ``n_heads`` and the
+#: parameters' own shapes); a token or head-feature axis it does not.
+_SIZED = (FEATURES, HIDDEN, HEADS, KV_FEATURES, ATTENTION_FEATURES, BUCKETS)
+
+
+def _check_layout(name: str, parameter, head_width: int | None) -> None:
+    """A parameter's stored axes are ones a block's code sizes; where an attention sets its head width, ``d`` is no
+    longer heads × head features (``heads_domain(d_head)`` is)."""
+    unsized = [domain.code_name for domain in parameter.shape if domain not in _SIZED]
+    if unsized:
+        raise SplitformerError(f"{name}: stored on {unsized[0]}, which a block's code does not size; store it on "
+                               f"{', '.join(domain.code_name for domain in _SIZED)} (d holds n_heads × d_head)")
+    domains = tuple(variable.domain for variable in parameter.arguments)
+    if head_width is not None and not stores(parameter.shape, domains, frozenset({FEATURES})):
+        raise SplitformerError(f"{name}: stores heads × head features on d, but the scheme sets d_head = {head_width}: "
+                               "store them on d_inner (heads_domain(d_head))")
 
 
 def derive(scheme: Scheme) -> Program:

@@ -126,12 +126,14 @@ SPLITS: dict[Domain, tuple[tuple[Domain, ...], ...]] = {
 }
 
 
-def stores(shape: tuple[Domain, ...], domains: tuple[Domain, ...]) -> bool:
+def stores(shape: tuple[Domain, ...], domains: tuple[Domain, ...], whole: frozenset[Domain] = frozenset()) -> bool:
     """Whether an array stored with axes ``shape`` holds a function of variables on ``domains``: each stored
-    axis is the next domain itself, or the next several as a product ``SPLITS`` names (recursively)."""
+    axis is the next domain itself, or the next several as a product ``SPLITS`` names (recursively). The axes
+    ``whole`` hold their own domain only (d, where an attention sets a head width of its own)."""
     if not shape:
         return not domains
-    return any(domains[:len(run)] == run and stores(shape[1:], domains[len(run):]) for run in _runs(shape[0]))
+    runs = [(shape[0],)] if shape[0] in whole else _runs(shape[0])
+    return any(domains[:len(run)] == run and stores(shape[1:], domains[len(run):], whole) for run in runs)
 
 
 @functools.cache

@@ -81,8 +81,8 @@ class Parameter:
                 f"parameter {self.name}: stored as {sizes(self.shape)}, but its arguments run over {sizes(domains)}: "
                 f"each stored axis is the next argument's domain, or the next several as one axis that holds them "
                 f"(d holds n_heads × d_head)")
-        if not set(self.absorbs) <= set(self.arguments):
-            raise SplitformerError(f"parameter {self.name}: absorbs a variable that is not one of its arguments")
+        if not {variable.domain for variable in self.absorbs} <= set(domains):  # read at another variable of a domain
+            raise SplitformerError(f"parameter {self.name}: absorbs the spacing of a domain none of its arguments is on")
 
     @property
     def kind(self) -> str:

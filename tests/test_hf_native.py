@@ -3,6 +3,7 @@ and ``replace_blocks`` (GPT-2's blocks swapped for a derived variant's). Float64
 parameter random, tiny sizes."""
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -88,6 +89,36 @@ def test_the_cache_is_transformers_and_each_step_equals_the_full_pass():
         cache.layers[0].keys[0, 1, 2, 0] += 1.0
     changed = hf(tokens[:, 6:], cache=cache, use_cache=True).logits
     assert not torch.allclose(changed[0, 0], full[0, 6], atol=1e-8)
+
+
+def _lm(**options):
+    torch.manual_seed(0)
+    base = {"d_model": 16, "n_heads": 4, "n_layers": 2, "dtype": torch.float64}
+    return to_hf(_random(LanguageModel("llama", VOCAB, **(base | options))))
+
+
+@pytest.mark.parametrize("writer, message", [
+    ({"d_model": 32}, "cache layer 0 holds keys of shape (2, 2, 3, 8)"),
+    ({"n_kv_heads": 4}, "cache layer 0 holds keys of shape (2, 4, 3, 4) (batch, heads, tokens, width); this model "
+                        "keeps 2 heads of width 4"),
+    ({"n_layers": 3}, "cache holds [3, 3, 3] tokens in its layers; this model has 2 layers"),
+    ({"n_layers": 1}, "cache holds [3, 0] tokens"),
+    ({}, None),  # the control: the model's own cache
+])
+def test_a_cache_another_model_wrote_is_refused_before_it_is_read(writer, message):
+    """Attack s33 M2: another model's DynamicCache failed inside torch or transformers (RuntimeError, IndexError), and
+    one with more layers was read as if it were this model's. One ValueError, the cache unchanged."""
+    model = _lm(n_kv_heads=2)
+    prompt, step = PADDED[:, :3], PADDED[:, 3:4]
+    cache = _lm(**({"n_kv_heads": 2} | writer))(prompt, use_cache=True).cache
+    held = [cache.get_seq_length(index) for index in range(len(cache.layers))]
+    if message is None:
+        full = model(PADDED[:, :4], use_cache=False).logits[:, -1]
+        assert torch.allclose(model(step, cache=cache, use_cache=True).logits[:, 0], full, rtol=0, atol=1e-12)
+        return
+    with pytest.raises(ValueError, match="^" + re.escape(message) + ".*another model's cache$"):
+        model(step, cache=cache, use_cache=True)
+    assert [cache.get_seq_length(index) for index in range(len(cache.layers))] == held
 
 
 def test_position_ids_place_the_tokens():

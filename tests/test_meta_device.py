@@ -267,3 +267,22 @@ def test_a_network_input_on_another_device_is_refused_by_name(name):
     argument = next(iter(inspect.signature(model.forward).parameters))
     with pytest.raises(ValueError, match=f"^{argument} is on meta, the model's parameters on cpu$"):
         model(torch.empty(*shape, device="meta"))
+
+
+def test_meta_values_are_refused_where_they_would_be_read():
+    """Attack s33 M3: ``Block.load_params`` given a meta tensor, and ``to_torch`` of a Block built on meta, ended in
+    torch's NotImplementedError ("Cannot copy out of meta tensor"); now one named error each. Controls: the same
+    values on the CPU load and go back, and a meta Block takes meta values (nothing to copy)."""
+    from splitformer import SplitformerError
+    from splitformer.adapters import from_torch, to_torch
+
+    module = _module("post_ln")
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, batch_first=True).eval()
+    adapted = from_torch(layer)
+    params = {name: torch.as_tensor(value) for name, value in adapted.items()}
+    with pytest.raises(ValueError, match="^parameter 'attn.W_q' is on the meta device: it holds no values to load$"):
+        module.Block(16, 4, 24).load_params({**params, "attn.W_q": torch.empty(16, 16, device="meta")})
+    module.Block(16, 4, 24, device="meta").load_params({**params, "attn.W_q": torch.empty(16, 16, device="meta")})
+    with pytest.raises(SplitformerError, match=r"^Block\.attn\.W_q is on the meta device \(no values to read\)"):
+        to_torch(module.Block(16, 4, 24, device="meta"), like=adapted)
+    layer.load_state_dict(to_torch(module.Block(16, 4, 24).load_params(params), like=adapted))

@@ -349,3 +349,32 @@ def test_a_kernel_absorbing_a_variable_it_does_not_read_is_refused():
     assert kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(XI,)).absorbs == (XI,)
     with pytest.raises(splitformer.SplitformerError, match="parameter W: absorbs a variable that is not one of its"):
         kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(X_KEY,))
+
+
+@pytest.mark.parametrize("plugin, kind, option, message", [
+    ("layouts", "head-table", "", "f.c: stored on d_head, which a block's code does not size"),
+    ("layouts", "head-out-3d", "", "f.W_o: stored on d_head"),
+    ("layouts", "token-param", "", "f.pe: stored on n_tokens"),
+    ("layouts", "head-table-flat", "", None),
+    ("layouts", "head-mix-absorb", "", None),
+    ("head_gain", "gain-attention", ", d_head = 8", "f.v_gain: stores heads × head features on d, but the scheme sets "
+                                                     "d_head = 8: store them on d_inner"),
+    ("head_gain", "gain-attention-control", ", d_head = 8", None),
+    ("head_gain", "gain-attention", "", None),
+])
+def test_a_block_parameter_is_stored_on_axes_its_code_sizes(tmp_path, plugin, kind, option, message):
+    """Review s33: parameters stored on (n_heads, d_head), (n_tokens, d), or on d as heads × head features where
+    d_head sets the heads apart, derived and then failed in the forward (KeyError 'd_head', a reshape) and crashed
+    check. Refused at derive in one line; each has a control that derives and runs."""
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / f"{plugin}.py")
+    scheme = splitformer.parse_scheme(f'name = "s"\nsummary = "s"\n[operators]\nf = {{ kind = "{kind}"{option} }}\n'
+                                      '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    if message is not None:
+        with pytest.raises(splitformer.SplitformerError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+            splitformer.derive(scheme).numpy_module()
+        return
+    module = splitformer.derive(scheme).numpy_module()
+    rng = np.random.default_rng(0)
+    sizes = {"d": 8, "d_inner": 16, "n_heads": 2}
+    params = {name: rng.standard_normal(tuple(sizes[axis] for axis in axes)) for name, axes in module.PARAMETERS.items()}
+    assert np.isfinite(module.forward(rng.standard_normal((2, 3, 8)), params, n_heads=2)).all()

@@ -184,6 +184,19 @@ def test_generated_numpy_rejects_bad_arguments_before_work():
         NUMPY.forward(pixels, adapted.params, **{**adapted.config, "n_heads": 5})
 
 
+def test_a_transposed_head_is_named_with_its_shape():
+    """Attack s33 L7: the NumPy module read n_classes off head.W's last axis, so a (classes, d) head.W (torch's Linear
+    layout) was "expected (d, d)"; it reads it off head.b first, as the torch Model knows it."""
+    adapted = from_hf(_vit(True))
+    pixels = np.zeros((1, 3, 32, 32))
+    d, classes = adapted.params["head.W"].shape
+    assert d != classes
+    transposed = {**adapted.params, "head.W": adapted.params["head.W"].T}
+    with pytest.raises(ValueError, match=rf"^parameter 'head.W' has shape \({classes}, {d}\), expected \({d}, {classes}\)$"):
+        NUMPY.logits(pixels, transposed, **adapted.config)
+    assert NUMPY.logits(pixels, adapted.params, **adapted.config).shape == (1, classes)
+
+
 def test_committed_files_match_the_generator(update_golden):
     files = generate_network(load_network("vit"), ("numpy", "torch"), GENERATED)
     if update_golden:

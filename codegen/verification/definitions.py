@@ -138,8 +138,8 @@ class _Point:
         if name in self.tables:
             return self.tables[name][index]
         if name in self.positions:  # the token positions, 0 … N−1 unless the evaluator is given others
-            given = self.sem.positions
-            return given[index[0]] if given is not None else self.number_at(index[0])
+            given = self.sem.positions  # an array or a list: the grid reads it at an array of indices
+            return np.asarray(given)[index[0]] if given is not None else self.number_at(index[0])
         parameter = self.parameters[name]
         stored = _canonical(self.sem.parameter(self.operator.key, parameter.name), parameter, index,
                             self.sem.sizes.head_features)

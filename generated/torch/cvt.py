@@ -470,6 +470,16 @@ def _first_order_only():
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _size(axis, params, table, shape):
+    """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
+    the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
+    mismatch names (``head.W`` (5, 12) is expected (12, 5), not (12, 12))."""
+    for name, axes in sorted(table.items(), key=lambda item: len(item[1])):
+        if axis in axes and name in params and len(shape(params[name])) == len(axes):
+            return shape(params[name])[axes.index(axis)]
+    return None
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -627,7 +637,7 @@ def _head(params, config, dtype):
         raise ValueError("logits need a class node in the last stage (cls=True)")
     if "head.W" not in params:
         raise ValueError("missing parameter 'head.W'")
-    sizes = {"d": config["d"], "n_classes": _shape(params["head.W"])[-1]}
+    sizes = {"d": config["d"], "n_classes": _size("n_classes", params, HEAD_PARAMETERS, _shape)}
     table = _table(params, HEAD_PARAMETERS, sizes, dtype)
     return [(_node, {}, config, ""), (_readout, table, config, "")]
 

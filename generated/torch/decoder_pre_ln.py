@@ -1442,6 +1442,8 @@ def _checked(module, table, params, bias):
             raise ValueError(f"parameter {name!r} has dtype {value.dtype}, expected a real floating type")
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"parameter {name!r} has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+        if value.is_meta and not target.is_meta:
+            raise ValueError(f"parameter {name!r} is on the meta device: it holds no values to load")
         if _KINDS[name] == "bias" and not bias and bool((value != 0).any()):
             raise ValueError(f"parameter {name!r} is nonzero but the module was built with bias=False")
         values[name] = value

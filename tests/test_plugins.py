@@ -342,12 +342,16 @@ def test_what_a_stored_axis_may_hold():
     assert not stores((D,), (D, D)) and not stores((D, D), (D,)) and not stores((D,), ())
 
 
-def test_a_kernel_absorbing_a_variable_it_does_not_read_is_refused():
-    from splitformer.symbolic.domains import FEATURES, HIDDEN, X_KEY, XI, ZETA
+def test_a_kernel_absorbing_the_spacing_of_a_domain_it_is_not_on_is_refused():
+    """A kernel absorbs the spacing of a domain one of its arguments is on, whichever variable it is read at there
+    (review s33, F3: a control on (h,) read at h̃ absorbs h̃); the tokens' spacing, for a kernel on the features, not."""
+    from splitformer.symbolic.domains import FEATURES, H, H_MIX, HEADS, HIDDEN, X_KEY, XI, Y, ZETA
     from splitformer.symbolic.operators import kernel
 
     assert kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(XI,)).absorbs == (XI,)
-    with pytest.raises(splitformer.SplitformerError, match="parameter W: absorbs a variable that is not one of its"):
+    assert kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(Y,)).absorbs == (Y,)
+    assert kernel("m", "m", (H,), (HEADS,), absorbs=(H_MIX,)).absorbs == (H_MIX,)
+    with pytest.raises(splitformer.SplitformerError, match="parameter W: absorbs the spacing of a domain none of its"):
         kernel("W", "W", (XI, ZETA), (FEATURES, HIDDEN), absorbs=(X_KEY,))
 
 

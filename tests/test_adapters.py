@@ -407,3 +407,38 @@ def test_any_encoder_layer_round_trips(heads, head_size, d_ff, eps, norm_first, 
         reference = layer(torch.tensor(u)).numpy()
     assert np.abs(numpy_module.forward(u, adapted, **adapted.forward_kwargs) - reference).max() <= 1e-10
     assert_same_state(to_torch(adapted), layer.state_dict())
+
+
+def test_trained_layers_and_their_final_norm_go_back_to_torch():
+    """Attack s33 L2: a list of trained mappings of a source with a final norm was refused ("final_norm must be
+    given"), and to_torch took no final norm. L1: a whole network's AdaptedModel got messages pointing elsewhere."""
+    encoder = torch.nn.TransformerEncoder(encoder_layer(norm_first=True), 2, enable_nested_tensor=False,
+                                          norm=torch.nn.LayerNorm(D, dtype=torch.float64))
+    randomize(encoder, seed=6)
+    adapted = from_torch(encoder)
+    layers = [dict(layer) for layer in adapted.layers]
+    assert_same_state(to_torch(layers, like=adapted, final_norm=adapted.final_norm), encoder.state_dict())
+    with pytest.raises(SplitformerError, match=r"^the source ends with a final norm: pass its parameters"):
+        to_torch(layers, like=adapted)
+    plain = from_torch(torch.nn.TransformerEncoder(encoder_layer(), 2, enable_nested_tensor=False))
+    with pytest.raises(SplitformerError, match="^the source has no final norm: final_norm must be None$"):
+        to_torch([dict(layer) for layer in plain.layers], like=plain, final_norm=adapted.final_norm)
+    with pytest.raises(SplitformerError, match="^final_norm goes with plain parameters"):
+        to_torch(adapted, final_norm=adapted.final_norm)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("linear1.weight", float("nan"), "TransformerEncoderLayer.linear1.weight holds NaN or infinite values"),
+    ("self_attn.in_proj_bias", float("inf"), "TransformerEncoderLayer.self_attn.in_proj_bias holds NaN or infinite"),
+    ("norm1.weight", 2.0, None),  # the control: a finite value reads
+])
+def test_weights_that_are_not_finite_are_refused_by_name(where, value, message):
+    """Attack s33 L9: NaN or infinite weights were read, and every output was NaN."""
+    layer = encoder_layer()
+    with torch.no_grad():
+        layer.get_parameter(where).view(-1)[3] = value
+    if message is None:
+        assert from_torch(layer).params["norm1.gain"][3] == 2.0
+        return
+    with pytest.raises(SplitformerError, match="^" + message):
+        from_torch(layer)

@@ -188,3 +188,14 @@ def test_numpy_cvt_refuses_parameters_and_settings_no_stage_reads():
     stages = [dict(adapted.config["stages"][0]), {**adapted.config["stages"][1], "stride_kvv": 2}]
     with pytest.raises(ValueError, match=r"stages\[1\] has the unknown setting 'stride_kvv'"):
         NUMPY.logits(pixels.numpy(), adapted.params, **{**adapted.config, "stages": stages})
+
+
+def test_a_negative_running_variance_is_refused_by_name():
+    """Attack s33 L9: a batch norm's negative running variance was read, and every output was NaN; the control reads."""
+    model = _cvt(False, next(iter(CONFIGS.values())))
+    norm = next(module for module in model.modules() if isinstance(module, torch.nn.BatchNorm2d))
+    assert from_hf(model) is not None
+    with torch.no_grad():
+        norm.running_var[1] = -0.5
+    with pytest.raises(SplitformerError, match=r"running_var holds a negative variance"):
+        from_hf(model)

@@ -129,3 +129,19 @@ def test_unsupported_gpt2_configurations_are_refused(overrides, message):
     with pytest.raises(SplitformerError, match=message):
         gpt2_block_config(GPT2Block(config, layer_idx=0))
 
+
+
+@pytest.mark.parametrize("activation, noted", [("gelu_fast", True), ("gelu_new", False)])
+def test_gelu_fast_is_read_with_a_note_on_its_rounded_constant(activation, noted, rng):
+    """Attack s33 L5: ``gelu_fast`` writes √(2/π) as 0.7978845608 (2.9e-12 low) and was read as gelu-tanh without a
+    word: float64 parity about 1e-12 where ``gelu_new``'s is about 1e-15. Now the reading says so."""
+    from splitformer.adapters import from_hf
+
+    block = random_block(gpt2_config(activation_function=activation))
+    adapted = from_hf(block)
+    assert any("gelu_fast writes sqrt(2/pi) as 0.7978845608" in note for note in adapted.notes) == noted
+    u = rng.standard_normal((2, 5, 8)) * 3
+    with torch.no_grad():
+        expected = block(torch.tensor(u), attention_mask=hf_mask(2, 5)).numpy()
+    difference = np.abs(NUMPY.forward(u, adapted, **adapted.forward_kwargs) - expected).max()
+    assert difference <= (1e-10 if noted else 1e-13)

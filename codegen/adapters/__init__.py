@@ -31,6 +31,7 @@ from .as_built import check_as_built
 from .inspection import check_computation, library_name, runs_one_of
 from .hf_vision import AdaptedModel
 from .xtransformers_writer import xtransformers_state
+from .hf_gpt2 import rounded_gelu_notes
 from .sharing import check_shared_storage
 from .registry import ADAPTERS, NETWORK_ADAPTERS, WRITERS, adapter, network_adapter, writer
 from . import hf_bert, hf_gpt2, hf_llama, hf_vision, timm_vit, timm_vit_network, torch_decoder, torch_encoder, xtransformers  # noqa: F401  (each registers its readers and writers)
@@ -72,7 +73,8 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | 
     for key, wanted in expected.items():
         if wanted is not None and _expectable(name, adapted, key) != wanted:
             raise SplitformerError(f"{name} has {key}={_expectable(name, adapted, key)!r}, asked for {key}={wanted!r}")
-    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted),
+    adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted)
+                      + rounded_gelu_notes(module),
                       source_dtype=source_dtype(module))
     return adapted if dtype is None else adapted.astype(dtype)
 
@@ -153,19 +155,25 @@ def from_xtransformers(module: Any, **expected: Any) -> Adapted:
     return _dispatch("xtransformers", module, expected)
 
 
-def to_torch(params: Any, like: Adapted | None = None, *, dtype: Any = None) -> dict[str, Any]:
+def to_torch(params: Any, like: Adapted | None = None, *, final_norm: Any = None, dtype: Any = None) -> dict[str, Any]:
     """The source module's state dict holding ``params`` (load it with ``strict=True``).
 
     ``params``: an ``Adapted``; or canonical parameters of the same source, ``like`` being
-    its ``Adapted``: one mapping, a list of mappings, or a generated ``Block``/``Stack``
-    (trained here). ``dtype``: the tensors' torch dtype (default: the source module's, so a
-    bfloat16 source gets bfloat16 tensors back).
+    its ``Adapted``: one mapping, a list of mappings (with ``final_norm``, a mapping with ``gain`` and ``bias``,
+    where the source ends with a final norm), or a generated ``Block``/``Stack`` (trained here). ``dtype``: the
+    tensors' torch dtype (default: the source module's, so a bfloat16 source gets bfloat16 tensors back).
+    Whole networks (``AdaptedModel``: ViT, CvT) have no writer.
     """
     dtype = torch_floating_dtype(dtype)
+    if isinstance(params, AdaptedModel) or isinstance(like, AdaptedModel):
+        raise SplitformerError("to_torch writes blocks and stacks; a whole network (AdaptedModel: ViT, CvT) has no "
+                               "writer: write its blocks' parameters into the source yourself")
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")
-        params = _holding(like, params)
+        params = _holding(like, params, final_norm)
+    elif final_norm is not None:
+        raise SplitformerError("final_norm goes with plain parameters (a list of mappings); an Adapted holds its own")
     function = WRITERS.get(params.source)
     if function is None and params.source[0] == "xtransformers":
         raise SplitformerError("x-transformers modules are written with to_xtransformers(params, module): "
@@ -220,11 +228,20 @@ def _check_tied_copies(adapted: Adapted) -> None:
                                    "one shared layer module (tied): copies of tied layers that differ cannot be written")
 
 
-def _holding(like: Adapted, params: Any) -> Adapted:
-    """``like`` holding ``params`` (mappings, or a generated Block/Stack whose computation must be ``like``'s)."""
+def _holding(like: Adapted, params: Any, final_norm: Any = None) -> Adapted:
+    """``like`` holding ``params`` (mappings with ``final_norm``, or a generated Block/Stack whose computation must be
+    ``like``'s, its own final norm included)."""
     if hasattr(params, "state_dict"):
+        if final_norm is not None:
+            raise SplitformerError("final_norm goes with plain parameters; a generated Stack holds its own")
         like.check_computes(params)  # a generated Block/Stack: the round trip keeps the computation
-    layers, final_norm = canonical(params)
+    layers, found = canonical(params)
+    if final_norm is not None and like.final_norm is None:
+        raise SplitformerError("the source has no final norm: final_norm must be None")
+    final_norm = found if final_norm is None else final_norm
+    if like.final_norm is not None and final_norm is None:
+        raise SplitformerError("the source ends with a final norm: pass its parameters, to_torch(layers, like=adapted, "
+                               "final_norm={'gain': …, 'bias': …})")
     return like.with_params(layers, final_norm if like.final_norm is not None else None)
 
 

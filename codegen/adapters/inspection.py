@@ -140,6 +140,24 @@ def check_computation(owner: str, module: Any) -> None:
     for name, parameter in module.named_parameters():
         if not parameter.is_floating_point():
             raise SplitformerError(f"{owner}.{name} has dtype {parameter.dtype}; adapters read floating-point parameters")
+    _check_finite(owner, module)
+
+
+def _check_finite(owner: str, module: Any) -> None:
+    """Refuse weights holding NaN or ±inf, and a batch norm's running variance below 0: read as they are, every
+    output would be NaN (a diverged run, a corrupt checkpoint)."""
+    import torch
+
+    statistics = [(name, buffer) for name, buffer in module.named_buffers() if name.rpartition(".")[2] in _STATISTICS]
+    for name, tensor in [*module.named_parameters(), *statistics]:
+        if not bool(torch.isfinite(tensor.detach()).all()):
+            raise SplitformerError(f"{owner}.{name} holds NaN or infinite values; adapters read finite weights")
+        if name.endswith("running_var") and bool((tensor.detach() < 0).any()):
+            raise SplitformerError(f"{owner}.{name} holds a negative variance; a batch norm's running variance is >= 0")
+
+
+#: A batch norm's running statistics: buffers the adapters read as parameters (``bn.mean``, ``bn.var``).
+_STATISTICS = ("running_mean", "running_var")
 
 
 #: torch's embedding tables, whose ``max_norm`` changes what their forward returns.

@@ -70,3 +70,19 @@ def test_a_network_model_that_refuses_a_load_keeps_every_parameter():
         assert _unchanged(model, before), how
     model.load_params(_fresh(model))
     assert not _unchanged(model, before)
+
+
+@pytest.mark.parametrize("name, make", [("post_ln", lambda module: module.Block(8, 2, 12)),
+                                        ("pre_ln", lambda module: module.Stack(2, 8, 2, 12, final_norm=True))])
+def test_a_state_dict_with_an_entry_of_another_shape_loads_nothing(name, make):
+    """Attack s33 L8: torch's ``load_state_dict`` copied 15 of 16 entries before it reported the one of another shape
+    (adapters.md: "nothing loads partially"); the Block and Stack check shapes first. Control: the sound dict loads."""
+    module = make(_module(name))
+    before = _snapshot(module)
+    state = {key: torch.full_like(value, 7.0) for key, value in module.state_dict().items()}
+    last = list(state)[-1]
+    with pytest.raises(ValueError, match=rf"^'{last}' has shape \(3,\), expected .*; nothing was loaded$"):
+        module.load_state_dict({**state, last: torch.zeros(3)})
+    assert _unchanged(module, before)
+    module.load_state_dict(state)
+    assert all(torch.equal(value, state[key]) for key, value in module.state_dict().items())

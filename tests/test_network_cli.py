@@ -47,3 +47,22 @@ def test_activation_is_refused_for_models_with_one_line(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("error: --activation applies to schemes") and error.count("\n") == 1
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kernel, padding, holds", [(2, 1, False), (3, 1, True)])
+def test_check_fails_a_grid_step_no_image_can_run(tmp_path, capsys, kernel, padding, holds):
+    """Attack s33 L6: a field of one kernel-2, padding-1 convolution grows every grid by a node, so its F(u) never
+    meets u and the module refuses every image; ``check`` skipped its adjoint test ("no grid size tried") and passed.
+    It now tries sides 1 to 64 and fails where none runs; the kernel-3 control runs on 4 × 4 and passes."""
+    import json
+
+    path = tmp_path / "grows.toml"
+    path.write_text(f'name = "grows"\nsummary = "one convolution"\n[operators]\nconv = {{ kind = "convolution", '
+                    f'kernel = {kernel}, padding = {padding}, inputs = "c" }}\n[step]\nfield = ["conv"]\n')
+    assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == (0 if holds else 1)
+    checks = {check["id"]: check for check in json.loads(capsys.readouterr().out)["checks"]}
+    if holds:
+        assert checks["adjoint-test/grows/dot"]["holds"] and checks["adjoint-test/grows/taylor"]["holds"]
+        return
+    assert not checks["adjoint-test/grows"]["holds"]
+    assert checks["adjoint-test/grows"]["detail"].startswith("no image runs the step: on 1 × 1 to 64 × 64 pixels")

@@ -998,6 +998,7 @@ def _final_norm(u0, p, eps):
 
 def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=True, cache=None):
     """``len(layers)`` steps of gpt2, then ``final_norm`` (mapping with ``gain``, ``bias``).
+    The scheme's stacks end with that norm: with ``final_norm=None`` none is applied (the torch ``Stack`` takes one).
 
     ``cache``: one dict per layer (``[{} for _ in layers]`` at the first call), see ``forward``.
     """

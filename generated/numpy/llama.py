@@ -902,6 +902,7 @@ def _final_norm(u0, p, eps):
 
 def forward_stack(u, layers, *, n_heads=1, n_kv_heads=None, eps=1e-5, final_norm=None, key_padding_mask=None, causal=True, positions=None, rope_theta=10000.0, cache=None):
     """``len(layers)`` steps of llama, then ``final_norm`` (mapping with ``gain``).
+    The scheme's stacks end with that norm: with ``final_norm=None`` none is applied (the torch ``Stack`` takes one).
 
     ``cache``: one dict per layer (``[{} for _ in layers]`` at the first call), see ``forward``.
     """

@@ -627,6 +627,7 @@ def _final_norm(u0, p, eps):
 
 def forward_stack(u, layers, *, n_heads=1, eps=1e-5, final_norm=None, key_padding_mask=None, causal=False):
     """``len(layers)`` steps of macaron-pre-ln, then ``final_norm`` (mapping with ``gain``, ``bias``).
+    The scheme's stacks end with that norm: with ``final_norm=None`` none is applied (the torch ``Stack`` takes one).
     """
     state = _state(u)
     if isinstance(layers, Mapping) or not hasattr(layers, "__len__"):

@@ -1145,12 +1145,18 @@ class _CanonicalModule(torch.nn.Module):
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's ``load_state_dict``, except that a key this module lacks is an error even with
         ``strict=False``: a source module's state dict (``self_attn.in_proj_weight``, …) must not
-        load partially by matching names; it loads through ``splitformer.adapters``."""
-        foreign = sorted(set(state_dict) - set(self.state_dict()))
+        load partially by matching names; it loads through ``splitformer.adapters``. Shapes are
+        checked before anything is copied."""
+        own = self.state_dict()
+        foreign = sorted(set(state_dict) - set(own))
         if foreign:
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
-                             f"{next(iter(self.state_dict()))!r}); load another module's weights with "
+                             f"{next(iter(own))!r}); load another module's weights with "
                              "splitformer.adapters: from_torch(layer).load_into(block)")
+        for name, value in state_dict.items():  # torch copies every other entry before it reports one of another shape
+            if tuple(getattr(value, "shape", ())) != tuple(own[name].shape):
+                raise ValueError(f"{name!r} has shape {tuple(getattr(value, 'shape', ()))}, expected "
+                                 f"{tuple(own[name].shape)}; nothing was loaded")
         names: dict[int, str] = {}  # a tensor held under several names (tied layers) takes one value
         for name, tensor in self.state_dict(keep_vars=True).items():
             first = names.setdefault(id(tensor), name)

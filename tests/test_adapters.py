@@ -224,6 +224,38 @@ def test_what_an_adapter_read_is_checked_where_it_is_loaded_or_run(modules, rng)
     assert np.abs(pre_numpy.forward(u, dict(adapted), n_heads=HEADS) - reference).max() > 1e-3  # a dict: not checked
 
 
+def test_the_reading_check_compares_what_the_parameters_compute(modules, rng, monkeypatch):
+    """Review s33 of the check above: an int eps matched any eps read (0 == int(0.5)); a Stack's load_params did not
+    check its layers; torch's default layer (batch_first=False, dropout 0.1) was refused by a default Block, though
+    neither changes what the parameters compute (adapters.md: the call keeps working); and every NumPy call parsed
+    the scheme again (a GPT-2 decoding step 0.77 -> 4.18 ms)."""
+    from splitformer.codegen.adapters import adapted as adapted_module
+
+    layer = encoder_layer()
+    adapted = from_torch(layer)
+    u = rng.standard_normal((2, 5, D))
+    post_numpy, post_torch = modules("post-ln", "relu")
+    with pytest.raises(ValueError, match="^params: the source was read with eps=1e-05, the call has eps=0:"):
+        post_numpy.forward(u, adapted, n_heads=HEADS, eps=0)
+    layers = [from_torch(encoder_layer(seed=seed)) for seed in (1, 2)]  # each layer's reading, as a list
+    with pytest.raises(ValueError, match="^params: the source has n_heads=2, the Block n_heads=1$"):
+        post_torch.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(layers)
+    post_torch.Stack(2, D, HEADS, D_FF, dtype=torch.float64).load_params(layers)
+    default = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dtype=torch.float64).eval()
+    assert not default.self_attn.batch_first and default.dropout.p == 0.1
+    block = post_torch.Block(D, HEADS, D_FF, dtype=torch.float64).load_params(from_torch(default)).eval()
+    with torch.no_grad():
+        source = default(torch.tensor(u).transpose(0, 1)).transpose(0, 1)
+        assert (block(torch.tensor(u)) - source).abs().max() <= 1e-12
+    parsed = []
+    original = adapted_module._computed_scheme.__wrapped__
+    monkeypatch.setattr(adapted_module, "_computed_scheme", lambda *key: parsed.append(key) or original(*key))
+    adapted_module._fingerprint.cache_clear()
+    for _ in range(3):
+        post_numpy.forward(u, adapted, **adapted.forward_kwargs)
+    assert len(parsed) == 1  # once per process, not per call
+
+
 # --- transformers BERT ------------------------------------------------------------------------------------------
 
 
@@ -442,3 +474,33 @@ def test_weights_that_are_not_finite_are_refused_by_name(where, value, message):
         return
     with pytest.raises(SplitformerError, match="^" + message):
         from_torch(layer)
+
+
+def test_a_decoder_reading_is_run_with_or_without_its_causal_mask(modules, rng):
+    """Review s33: a torch decoder layer takes its causal mask at call time, as the encoder does; the reading check
+    refused ``forward(u, memory, adapted, causal=False)``, which computes ``layer(tgt, memory)``."""
+    torch.manual_seed(0)
+    layer = randomize(torch.nn.TransformerDecoderLayer(D, HEADS, D_FF, dropout=0.0, batch_first=True,
+                                                       dtype=torch.float64))
+    adapted = from_torch(layer)
+    numpy_module, _ = modules(adapted.scheme, adapted.activation)
+    u, memory = rng.standard_normal((2, 5, D)), rng.standard_normal((2, 4, D))
+    with torch.no_grad():
+        unmasked = layer(torch.tensor(u), torch.tensor(memory)).numpy()
+    out = numpy_module.forward(u, memory, adapted, **{**adapted.forward_kwargs, "causal": False})
+    assert np.abs(out - unmasked).max() <= 1e-12
+
+
+def test_a_final_norm_given_to_to_torch_is_checked():
+    """Review s33: ``to_torch(layers, like=, final_norm=)`` wrote what it was given: a gain alone, torch's names, a
+    gain of another length; the state dict then failed ``load_state_dict(strict=True)``."""
+    encoder = torch.nn.TransformerEncoder(encoder_layer(norm_first=True), 2, enable_nested_tensor=False,
+                                          norm=torch.nn.LayerNorm(D, dtype=torch.float64))
+    adapted = from_torch(randomize(encoder, seed=7))
+    layers, norm = [dict(layer) for layer in adapted.layers], adapted.final_norm
+    for final_norm, message in (({"gain": norm["gain"]}, "final_norm: 'bias' is missing"),
+                                ({"weight": norm["gain"], "bias": norm["bias"]}, "final_norm: 'gain' is missing"),
+                                ({"gain": norm["gain"][:3], "bias": norm["bias"]}, r"final_norm: gain has shape \(3,\)")):
+        with pytest.raises(SplitformerError, match="^" + message):
+            to_torch(layers, like=adapted, final_norm=final_norm)
+    encoder.load_state_dict(to_torch(layers, like=adapted, final_norm=dict(norm)), strict=True)

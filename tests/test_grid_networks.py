@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from splitformer.runtime import numpy_grids
 from splitformer.symbolic.network_spec import load_network
 
 from conftest import ROOT, derived_now, generated_now
@@ -140,6 +141,20 @@ def test_grids_that_do_not_meet_are_rejected_before_work():
     _, params = _resnet(3, 5, 2, False)
     with pytest.raises(ValueError, match="5 channels on a 2x2 grid, R u 3 on 4x4"):
         RESNET["numpy"].forward(np.zeros((1, 3, 4, 4)), params, stride=2)
+
+
+def test_an_image_smaller_than_a_kernel_is_refused_by_name():
+    """Review s33: a NumPy convolution over fewer nodes than its kernel spans returned an empty grid, or one of
+    garbage (negative slice bounds), and check's search for a size that runs took it for one. The control: the
+    smallest image the kernel spans runs."""
+    _, params = _resnet(4, 4, 1, False)
+    with pytest.raises(ValueError, match=r"^a 3 × 3 convolution with padding 1 needs a grid of at least 1 × 1 nodes"):
+        numpy_grids._conv2d(np.zeros((1, 4, 0, 3)), np.zeros((4, 3, 3, 4)), 1, 1)
+    with pytest.raises(ValueError, match=r"^a 5 × 5 convolution with padding 0 needs a grid of at least 5 × 5 nodes, "
+                                         r"got 4 × 4$"):
+        numpy_grids._conv2d(np.zeros((1, 4, 4, 4)), np.zeros((4, 5, 5, 4)), 1, 0)
+    assert numpy_grids._conv2d(np.ones((1, 4, 5, 5)), np.ones((4, 5, 5, 4)), 1, 0).shape == (1, 4, 1, 1)
+    assert RESNET["numpy"].forward(np.zeros((1, 4, 1, 1)), params).shape == (1, 4, 1, 1)
 
 
 def test_the_report_derives_the_adjoint_of_each_transfer_the_network_has():

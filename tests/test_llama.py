@@ -138,3 +138,16 @@ def test_unsupported_llama_configurations_are_refused(overrides, message):
         setattr(config, key, value)
     with pytest.raises(SplitformerError, match=message):
         llama_layer_config(LlamaDecoderLayer(config, layer_idx=0))
+
+
+def test_a_reading_with_as_many_key_value_heads_as_heads_runs_with_the_default_n_kv_heads():
+    """Review s33: the reading check compared the call's ``n_kv_heads=None`` (the forward's default: as many as the
+    query heads) with the 4 read, and refused identical numbers; another count is still refused."""
+    from splitformer.adapters import from_hf
+
+    adapted = from_hf(random_layer(llama_config(n_heads=4, n_kv_heads=4)))
+    u = np.random.default_rng(0).standard_normal((2, 5, 16))
+    kwargs = {key: value for key, value in adapted.forward_kwargs.items() if key != "n_kv_heads"}
+    assert np.array_equal(NUMPY.forward(u, adapted, **kwargs), NUMPY.forward(u, adapted, **adapted.forward_kwargs))
+    with pytest.raises(ValueError, match="^params: the source was read with n_kv_heads=4, the call has n_kv_heads=2"):
+        NUMPY.forward(u, adapted, **{**kwargs, "n_kv_heads": 2})

@@ -65,4 +65,4 @@ def test_check_fails_a_grid_step_no_image_can_run(tmp_path, capsys, kernel, padd
         assert checks["adjoint-test/grows/dot"]["holds"] and checks["adjoint-test/grows/taylor"]["holds"]
         return
     assert not checks["adjoint-test/grows"]["holds"]
-    assert checks["adjoint-test/grows"]["detail"].startswith("no image runs the step: on 1 × 1 to 64 × 64 pixels")
+    assert checks["adjoint-test/grows"]["detail"].startswith("no image runs the step: on 1 × 1 to 128 × 128 pixels")

@@ -456,12 +456,20 @@ def test_numpy_tables_inputs_and_costates_are_checked_then_cast():
 
 
 def test_argument_checks_name_the_argument():
+    """Review s33: ``_finite`` widened a Fraction past float's range with float() and raised OverflowError; and a
+    NumPy float32 eps is compared widened (its old comparison with the largest float64 overflowed float32)."""
+    from fractions import Fraction
+
     assert checks._integer("n", 3, 1) == 3 and checks._epsilon(1e-5) == 1e-5 and checks._flag("cls", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert checks._epsilon(np.float32(1e-5)) == float(np.float32(1e-5))
     assert checks._integers("sizes", [1, 2], 1) == [1, 2] and checks._pair("image_size", (4, 5), 1) == (4, 5)
     assert checks._choice("mode", "a", ("a", "b")) == "a" and checks._mapping("params", {}) == {}
     for call, error, message in ((lambda: checks._integer("n", True, 1), TypeError, "n must be an int"),
                                  (lambda: checks._integer("n", 0, 1), ValueError, "n must be >= 1"),
                                  (lambda: checks._epsilon(-1.0), ValueError, "eps must be finite"),
+                                 (lambda: checks._epsilon(Fraction(10 ** 400)), ValueError, "eps must be finite"),
                                  (lambda: checks._integers("sizes", [1, 0], 1), ValueError, r"sizes\[1\] must be >= 1"),
                                  (lambda: checks._pair("image_size", 4, 1), TypeError, "image_size must be"),
                                  (lambda: checks._flag("cls", 1), TypeError, "cls must be a bool"),

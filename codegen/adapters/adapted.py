@@ -114,12 +114,9 @@ class Adapted(Mapping[str, np.ndarray]):
         return derive_adapted(self.scheme_file, self.scheme, self.activation, bool(self.options.get("causal", False)))
 
     def computed_scheme(self) -> Any:
-        """The ``Scheme`` whose generated forward computes the source (causal where the source is)."""
-        from splitformer.codegen.api import as_scheme
-        from splitformer.symbolic.scheme_file import parse_scheme
-
-        scheme = as_scheme(parse_scheme(self.scheme_file) if self.scheme_file else self.scheme, self.activation)
-        return scheme.as_causal() if self.options.get("causal") else scheme
+        """The ``Scheme`` whose generated forward computes the source (causal where the source is); read once per
+        process (a NumPy forward given an ``Adapted`` asks for it at every call)."""
+        return _computed_scheme(self.scheme_file, self.scheme, self.activation, bool(self.options.get("causal")))
 
     @property
     def forward_kwargs(self) -> dict[str, Any]:
@@ -168,7 +165,17 @@ class Adapted(Mapping[str, np.ndarray]):
         if (final_norm is None) != (self.final_norm is None):
             raise SplitformerError("final_norm must be given exactly when the source has a final norm")
         if final_norm is not None:
-            final_norm = {k: np.asarray(v) for k, v in final_norm.items()}
+            old = self.final_norm
+            final_norm = {k: old[k] for k in old if not self.bias and _is_bias(k)} | {
+                k: np.asarray(v) for k, v in final_norm.items()}
+            mismatched = sorted(set(final_norm) ^ set(old))
+            if mismatched:
+                name = mismatched[0]
+                raise SplitformerError(f"final_norm: {name!r} is {'unexpected' if name in final_norm else 'missing'} "
+                                       f"(expected {', '.join(old)})")
+            for name, value in final_norm.items():
+                if value.shape != old[name].shape:
+                    raise SplitformerError(f"final_norm: {name} has shape {value.shape}, expected {old[name].shape}")
         return replace(self, layers=layers, final_norm=final_norm)
 
     # --- into generated torch modules ------------------------------------------------------
@@ -220,7 +227,7 @@ class Adapted(Mapping[str, np.ndarray]):
         that carry it, so ``Block.load_params(adapted)`` and ``forward(u, adapted)`` refuse what ``load_into`` does."""
         try:
             if arguments is None:
-                self.check_computes(target)
+                self.check_computes(target, layout=False)
                 return None
             _check_scheme(self, target, f"the module {target.get('__name__', '')}".rstrip())
         except SplitformerError as error:
@@ -228,19 +235,22 @@ class Adapted(Mapping[str, np.ndarray]):
         if self.stack:
             return (f"the source is a stack of {len(self.layers)} layers: give forward_stack its .layers, "
                     "with **forward_kwargs")
-        for name, value in self.forward_kwargs.items():  # masks a source takes at call time (causal) are the call's
-            if name in arguments and not _same_argument(arguments[name], value):
+        if arguments.get("n_kv_heads", 0) is None:  # the forward's default: as many as the query heads
+            arguments = {**arguments, "n_kv_heads": arguments.get("n_heads")}
+        for name, value in self.forward_kwargs.items():
+            if name != "causal" and name in arguments and not _same_argument(arguments[name], value):  # causal: a mask
                 return (f"the source was read with {name}={value!r}, the call has {name}={arguments[name]!r}: "
                         "pass **adapted.forward_kwargs")
         return None
 
-    def check_computes(self, module: Any) -> None:
+    def check_computes(self, module: Any, layout: bool = True) -> None:
         """Refuse a generated ``Block``/``Stack`` whose scheme or configuration differs from the source's.
 
         Compared: what the module's scheme computes (its ``COMPUTES`` digest: operators, steps,
         activation, final norm, causality; not its name), a Stack's ``has_final_norm``, ``n_heads``, ``eps``, ``bias``,
-        ``batch_first``, the
-        grouped and rotary options (``n_kv_heads``, ``rope_theta``), a T5 table's rows (``n_buckets``) and a carried ``dropout``.
+        the grouped and rotary options (``n_kv_heads``, ``rope_theta``), a T5 table's rows (``n_buckets``), and with
+        ``layout`` ``batch_first`` and a carried ``dropout`` (how the module takes its input and trains, not what its
+        parameters compute: ``Block.load_params`` does not compare them).
         """
         namespace = getattr(type(module).forward, "__globals__", {})
         if namespace.get("SCHEME") is None:
@@ -248,12 +258,14 @@ class Adapted(Mapping[str, np.ndarray]):
         _check_scheme(self, namespace, f"the {type(module).__name__}")
         _check_own_classes(module, namespace)
         check_runs_its_classes(f"the {type(module).__name__}", module)
-        wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias, "batch_first": self.batch_first}
+        wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias}
+        if layout:
+            wanted["batch_first"] = self.batch_first
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
         tables = {table.shape[0] for key, table in self.layers[0].items() if key.endswith(".rel_bias")}
         if tables:  # a T5 table's rows: a generated Block buckets by its own n_buckets
             wanted["n_buckets"] = tables.pop()
-        if self.dropout is not None:
+        if self.dropout is not None and layout:
             wanted["dropout"] = self.dropout
         if self.stack and hasattr(module, "has_final_norm") and module.has_final_norm != (self.final_norm is not None):
             raise SplitformerError(f"the source {'has' if self.final_norm is not None else 'has no'} final norm, "
@@ -281,6 +293,22 @@ class Adapted(Mapping[str, np.ndarray]):
         layout = "" if self.batch_first else ", batch_first=False (the source's (tokens, batch, d); NumPy takes batch first)"
         return (f"Adapted({self.source[0]}.{self.source[1]} → {self.scheme} [{self.activation}], {shape}, {sizes}, "
                 f"n_heads={self.n_heads}, eps={self.eps}, bias={self.bias}{extra}, dtype={self.dtype}{layout})")
+
+
+@functools.lru_cache(maxsize=32)
+def _computed_scheme(scheme_file: str, scheme: str, activation: str, causal: bool) -> Any:
+    """The ``Scheme`` of ``Adapted.computed_scheme``."""
+    from splitformer.codegen.api import as_scheme
+    from splitformer.symbolic.scheme_file import parse_scheme
+
+    computed = as_scheme(parse_scheme(scheme_file) if scheme_file else scheme, activation)
+    return computed.as_causal() if causal else computed
+
+
+@functools.lru_cache(maxsize=32)
+def _fingerprint(scheme_file: str, scheme: str, activation: str, causal: bool) -> str:
+    """The ``COMPUTES`` digest of ``_computed_scheme``."""
+    return _computed_scheme(scheme_file, scheme, activation, causal).fingerprint
 
 
 @functools.lru_cache(maxsize=32)
@@ -317,7 +345,9 @@ def _same_argument(value: Any, wanted: Any) -> bool:
     if isinstance(value, (bool, np.bool_)) or isinstance(wanted, bool):
         return isinstance(value, (bool, np.bool_)) and bool(value) == wanted
     if isinstance(value, numbers.Real) and isinstance(wanted, numbers.Real):
-        return value == wanted or float(value) == float(np.asarray(wanted, dtype=np.asarray(value).dtype))
+        if isinstance(value, np.floating):  # the value read, rounded as the call's float type holds it
+            return bool(value == np.asarray(wanted, dtype=value.dtype))
+        return value == wanted
     return _same(value, wanted)
 
 
@@ -345,9 +375,9 @@ def _check_scheme(adapted: Adapted, namespace: Mapping[str, Any], module: str) -
     digest = namespace.get("COMPUTES")
     if digest is None:
         raise SplitformerError(f"{module} has no COMPUTES digest (emitted by an older splitformer): derive it again")
+    if digest == _fingerprint(adapted.scheme_file, adapted.scheme, adapted.activation, bool(adapted.options.get("causal"))):
+        return  # a NumPy forward given an Adapted asks at every call: the digest is computed once
     scheme = adapted.computed_scheme()
-    if digest == scheme.fingerprint:
-        return
     if not scheme.causal and digest == scheme.as_causal().fingerprint:
         raise SplitformerError(f"{module} computes causal {computed[0]} (derived with causal=True); "
                                f"the source computes non-causal {adapted.scheme}")

@@ -474,10 +474,12 @@ def _size(axis, params, table, shape):
     """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
     the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
     mismatch names (``head.W`` (5, 12) is expected (12, 5), not (12, 12))."""
-    for name, axes in sorted(table.items(), key=lambda item: len(item[1])):
-        if axis in axes and name in params and len(shape(params[name])) == len(axes):
+    named = [(name, axes) for name, axes in sorted(table.items(), key=lambda item: len(item[1]))
+             if axis in axes and name in params]
+    for name, axes in named:
+        if len(shape(params[name])) == len(axes):
             return shape(params[name])[axes.index(axis)]
-    return None
+    return next((shape(params[name])[-1] for name, _ in reversed(named) if shape(params[name])), 0)  # a rank off
 
 
 def _integer(name, value, minimum):
@@ -491,7 +493,10 @@ def _integer(name, value, minimum):
 def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
-    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    try:
+        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    except OverflowError:  # a Fraction past float's range
+        return False
 
 
 def _epsilon(eps):

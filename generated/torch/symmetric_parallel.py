@@ -564,7 +564,10 @@ def _integer(name, value, minimum):
 def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
-    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    try:
+        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    except OverflowError:  # a Fraction past float's range
+        return False
 
 
 def _epsilon(eps):
@@ -1442,6 +1445,8 @@ class Stack(_CanonicalModule):
             raise TypeError(f"layers must be a sequence of parameter mappings, got {type(layers).__name__}")
         if len(layers) != len(self.layers) and not (self.tied and len(layers) == 1):
             raise ValueError(f"{len(layers)} parameter mappings for {len(self.layers)} layers")
+        for params, block in zip(layers, self.layers):
+            _as_read(params, block)  # an adapter's reading of a layer: refused where this layer would not compute it
         if self.tied:
             first = _mapping("layers[0]", layers[0])
             for index, params in enumerate(layers[1:], start=1):

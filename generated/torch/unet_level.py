@@ -99,7 +99,10 @@ def _integer(name, value, minimum):
 def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
-    return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    try:
+        return abs(value if isinstance(value, numbers.Integral) else float(value)) <= _LARGEST_FLOAT
+    except OverflowError:  # a Fraction past float's range
+        return False
 
 
 def _epsilon(eps):

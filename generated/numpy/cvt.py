@@ -801,9 +801,6 @@ def _conv2d(field, W, stride, padding, bias=None, slot=None):
     its output nodes' windows (``_window_rows``). A (b, l, p, q) view, in the field's memory order;
     with ``slot``, of the caller's scratch (``_scratch``): an output that dies inside the calling program."""
     channels, size = W.shape[:2]
-    if min(_output_size(field, size, stride, padding)) < 1:  # NumPy's slices would give an empty or a wrong grid
-        raise ValueError(f"a {size} × {size} convolution with padding {padding} needs a grid of at least "
-                         f"{size - 2 * padding} × {size - 2 * padding} nodes, got {field.shape[2]} × {field.shape[3]}")
     if stride == size and padding == 0:
         return _patches(field, W, bias, slot)
     dtype = np.result_type(field, W)
@@ -852,8 +849,9 @@ def _rows_product(windows, kernel, bias, slot, grid):
 
 
 def _output_size(field, size, stride, padding):
-    """The (rows, cols) of a convolution of ``field`` (b, c, height, width)."""
-    return tuple((extent + 2 * padding - size) // stride + 1 for extent in field.shape[2:])
+    """The (rows, cols) of a convolution of ``field`` (b, c, height, width): none where the kernel reaches past the
+    field (not a negative count, whose slices would read the field from its end: a grid of garbage)."""
+    return tuple(max(0, (extent + 2 * padding - size) // stride + 1) for extent in field.shape[2:])
 
 
 def _channels_last_output(field, size, stride, padding):

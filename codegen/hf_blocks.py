@@ -136,6 +136,9 @@ def replace_blocks(hf_model: Any, scheme, *, activation: str | None = None, init
     model is checked as ``from_hf_lm`` checks it (``nn_hf.read_blocks``): what its forward hands
     the blocks (the causal mask, Llama's rotary embedding) must be what the new blocks compute.
     """
+    if isinstance(hf_model, torch.nn.Module) and any(isinstance(part, SchemeBlock) for part in hf_model.modules()):
+        raise SplitformerError(f"{type(hf_model).__name__}'s blocks were already replaced by replace_blocks; replace "
+                               "the blocks of a fresh model (from_pretrained), or load the scheme's own model")
     with _evaluated(hf_model):
         parts, layers = read_blocks(hf_model)
     blocks = parts["blocks"]

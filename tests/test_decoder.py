@@ -429,6 +429,13 @@ def test_bad_memory_is_named(rng):
     block = torch_module.Block(8, 2, 12, dtype=torch.float64).load_params(params)
     with pytest.raises(ValueError, match="memory must be"):
         block(torch.tensor(u), torch.zeros(2, 4, 8, dtype=torch.float32))
+    # attack s33 L4, L11a: the NumPy decoder took a float32 memory with a float64 state, which the torch Block refuses,
+    # and named a (tokens, d) memory by its shape after promotion
+    with pytest.raises(ValueError, match="^memory has dtype float32, u float64$"):
+        numpy_module.forward(u, np.zeros((2, 4, 8), np.float32), params, n_heads=2)
+    with pytest.raises(ValueError, match=r"got float64 \(5, 6\)$"):
+        numpy_module.forward(u, rng.standard_normal((5, 6)), params, n_heads=2)
+    assert numpy_module.forward(u, rng.standard_normal((2, 4, 8)), params, n_heads=2).shape == u.shape
 
 
 def test_unsupported_decoder_layers_are_refused():

@@ -532,3 +532,13 @@ def test_input_ids_must_be_a_batch_of_token_rows():
         with pytest.raises(TypeError, match="^input_ids must be a torch.Tensor, got list$"):
             hf(PROMPT[0].tolist())
         assert hf(PROMPT[0][None]).logits.shape[:2] == (1, 5)
+
+
+def test_replacing_the_blocks_twice_says_so():
+    """Attack s33 L11b: a second replace_blocks on the same model said "SchemeBlock overrides forward of Module;
+    adapters read the library class's computation only"; now it says the blocks were already replaced. Control: the
+    first replacement runs."""
+    model = replace_blocks(gpt2(), "gpt2")
+    assert model(PROMPT).logits.shape == (1, 5, VOCAB)
+    with pytest.raises(SplitformerError, match="^GPT2LMHeadModel's blocks were already replaced by replace_blocks"):
+        replace_blocks(model, "pre-ln")

@@ -374,14 +374,15 @@ def _array(name, value):
 
 def _memory(memory, batch, d, dtype):
     """The memory m[b, t, k] an operator reads (its declared input), held fixed over the step."""
-    memory = _array("memory", memory)
-    if memory.ndim == 2:
-        memory = memory[None]
+    given = _array("memory", memory)
+    memory = given[None] if given.ndim == 2 else given
     if not np.issubdtype(memory.dtype, np.floating) or memory.ndim != 3 or memory.shape[0] != batch \
             or memory.shape[2] != d:
         raise ValueError(f"memory must be floating of shape (batch={batch}, memory tokens, d={d}), got "
-                         f"{memory.dtype} {memory.shape}")
-    return memory.astype(dtype, copy=False)
+                         f"{given.dtype} {given.shape}")
+    if memory.dtype != dtype:  # as the parameters: a state of one precision, as the torch Block asks
+        raise ValueError(f"memory has dtype {memory.dtype}, u {np.dtype(dtype)}")
+    return memory
 
 
 def _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory):

@@ -121,6 +121,20 @@ def test_torch_keywords_and_masks(rng):
     assert (block(u, src_mask=per_batch) - expected).abs().max() <= 1e-10
 
 
+def test_a_nan_in_a_float_mask_reaches_the_output_as_in_torch(rng):
+    """Attack s33 L3: a float mask's NaN was read as outside the support (``> −inf``), so an all-NaN mask ran as if
+    every key were excluded and gave finite numbers, where torch's layer gives NaN. Now the NaN rows are NaN in both;
+    the control: −inf in the same places gives the finite empty-support rows of before."""
+    layer, block = pair()
+    u = torch.tensor(rng.standard_normal((2, 5, D)))
+    column = torch.zeros(5, 5, dtype=torch.float64)
+    column[:, 1] = float("nan")
+    for mask in (torch.full((5, 5), float("nan"), dtype=torch.float64), column):
+        ours, theirs = block(u, src_mask=mask), layer(u, src_mask=mask)  # autograd on: torch's layer, not its fast path
+        assert torch.equal(ours.isnan(), theirs.isnan()) and ours.isnan().all()
+    assert torch.isfinite(block(u, src_mask=torch.full((5, 5), float("-inf"), dtype=torch.float64))).all()
+
+
 def test_batch_first_false_takes_tokens_first(rng):
     layer = torch.nn.TransformerEncoderLayer(D, HEADS, D_FF, dropout=0.0, batch_first=False, dtype=torch.float64)
     layer = layer.eval()

@@ -96,8 +96,10 @@ _SIDE_BY_SIDE = [
 
 
 def _allowed(support):
-    """Where a support (bool, or a float log-weight with −inf outside) is nonzero."""
-    return support if support.dtype == torch.bool else support > float("-inf")
+    """Where a support (bool, or a float log-weight with −inf outside) is nonzero; a NaN weight is inside, so that
+    its NaN reaches the output as in torch's attention (``> −inf`` read it as outside: an all-NaN mask ran as if
+    every key were excluded)."""
+    return support if support.dtype == torch.bool else support != float("-inf")
 
 
 def _softmax(scores, support: torch.Tensor | None, dropout_p: float = 0.0):

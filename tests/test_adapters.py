@@ -237,6 +237,9 @@ def test_the_reading_check_compares_what_the_parameters_compute(modules, rng, mo
     post_numpy, post_torch = modules("post-ln", "relu")
     with pytest.raises(ValueError, match="^params: the source was read with eps=1e-05, the call has eps=0:"):
         post_numpy.forward(u, adapted, n_heads=HEADS, eps=0)
+    from fractions import Fraction  # the eps argument takes a Fraction: 1/100000 is the 1e-5 read
+
+    assert post_numpy.forward(u, adapted, n_heads=HEADS, eps=Fraction(1, 100000)).shape == u.shape
     layers = [from_torch(encoder_layer(seed=seed)) for seed in (1, 2)]  # each layer's reading, as a list
     with pytest.raises(ValueError, match="^params: the source has n_heads=2, the Block n_heads=1$"):
         post_torch.Stack(2, D, 1, D_FF, dtype=torch.float64).load_params(layers)

@@ -145,3 +145,15 @@ def test_gelu_fast_is_read_with_a_note_on_its_rounded_constant(activation, noted
         expected = block(torch.tensor(u), attention_mask=hf_mask(2, 5)).numpy()
     difference = np.abs(NUMPY.forward(u, adapted, **adapted.forward_kwargs) - expected).max()
     assert difference <= (1e-10 if noted else 1e-13)
+
+
+def test_a_gpt2_reading_is_refused_without_its_causal_mask(rng):
+    """Review s33: the reading check skipped ``causal`` for every source, right for torch's layers (a mask given per
+    call) but not for GPT-2, causal by construction: ``causal=False`` ran 7e-3 off the source without a word."""
+    from splitformer.adapters import from_hf
+
+    adapted = from_hf(random_block(gpt2_config()))
+    u = rng.standard_normal((2, 5, 8))
+    with pytest.raises(ValueError, match="^params: the source was read with causal=True, the call has causal=False"):
+        NUMPY.forward(u, adapted, **{**adapted.forward_kwargs, "causal": False})
+    assert NUMPY.forward(u, adapted, **adapted.forward_kwargs).shape == u.shape

@@ -66,3 +66,24 @@ def test_check_fails_a_grid_step_no_image_can_run(tmp_path, capsys, kernel, padd
         return
     assert not checks["adjoint-test/grows"]["holds"]
     assert checks["adjoint-test/grows"]["detail"].startswith("no image runs the step: on 1 × 1 to 128 × 128 pixels")
+
+
+def test_check_skips_a_grid_step_whose_images_up_to_128_are_too_small(tmp_path, capsys):
+    """Review s33: seven stride-2 convolutions each way run on 255 × 255 only; every smaller image gives an empty
+    grid. ``check`` said "no image runs the step" and failed it; it skips it, saying the images tried were too small
+    (the kernel-2 field above, which its module refuses at every side, still fails)."""
+    import json
+
+    def halving(prefix):
+        return "".join(f'{prefix}{i} = {{ kind = "convolution", kernel = 3, padding = 0, stride = 2'
+                       + (', inputs = "c"' if i == 1 else "") + " }\n" for i in range(1, 8))
+
+    def names(prefix):
+        return "[" + ", ".join(f'"{prefix}{i}"' for i in range(1, 8)) + "]"
+
+    path = tmp_path / "halves.toml"
+    path.write_text('name = "halves"\nsummary = "seven strided convolutions each way"\n[operators]\n' + halving("a")
+                    + halving("t") + f"[step]\nfield = {names('a')}\ntransfer = {names('t')}\n")
+    assert main(["check", str(path), "--only", "adjoint-test", "--format", "json"]) == 0
+    check = json.loads(capsys.readouterr().out)["checks"][0]
+    assert check["method"] == "skipped" and check["detail"].startswith("every image up to 128 × 128 pixels is too small")

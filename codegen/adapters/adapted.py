@@ -237,8 +237,9 @@ class Adapted(Mapping[str, np.ndarray]):
                     "with **forward_kwargs")
         if arguments.get("n_kv_heads", 0) is None:  # the forward's default: as many as the query heads
             arguments = {**arguments, "n_kv_heads": arguments.get("n_heads")}
+        call_time = ("causal",) if self.source[0] == "torch" else ()  # torch's layers take their causal mask per call
         for name, value in self.forward_kwargs.items():
-            if name != "causal" and name in arguments and not _same_argument(arguments[name], value):  # causal: a mask
+            if name not in call_time and name in arguments and not _same_argument(arguments[name], value):
                 return (f"the source was read with {name}={value!r}, the call has {name}={arguments[name]!r}: "
                         "pass **adapted.forward_kwargs")
         return None
@@ -347,7 +348,7 @@ def _same_argument(value: Any, wanted: Any) -> bool:
     if isinstance(value, numbers.Real) and isinstance(wanted, numbers.Real):
         if isinstance(value, np.floating):  # the value read, rounded as the call's float type holds it
             return bool(value == np.asarray(wanted, dtype=value.dtype))
-        return value == wanted
+        return value == wanted or (not isinstance(value, numbers.Integral) and float(value) == wanted)  # a Fraction
     return _same(value, wanted)
 
 

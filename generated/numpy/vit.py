@@ -898,8 +898,9 @@ def _table(params, table, sizes, dtype, prefix=""):
         value = np.asarray(params[prefix + name])
         if value.dtype.kind not in "fiu":  # floating or integer (np.issubdtype's answer, 10× faster)
             raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, expected a real floating type")
-        if value.dtype.kind == "f" and value.dtype != dtype:  # as a block's: the input's precision, not a rounding
-            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {np.dtype(dtype)}")
+        if value.dtype.kind == "f" and not np.can_cast(value.dtype, dtype, "safe"):  # widened, never rounded
+            raise ValueError(f"parameter {prefix + name!r} has dtype {value.dtype}, the input {np.dtype(dtype)}: "
+                             "a parameter is not rounded to the input's precision")
         if value.shape != expected:
             raise ValueError(f"parameter {prefix + name!r} has shape {value.shape}, expected {expected}")
         arrays[name] = value.astype(dtype, copy=False)

@@ -501,8 +501,8 @@ def test_a_final_norm_given_to_to_torch_is_checked():
                                           norm=torch.nn.LayerNorm(D, dtype=torch.float64))
     adapted = from_torch(randomize(encoder, seed=7))
     layers, norm = [dict(layer) for layer in adapted.layers], adapted.final_norm
-    for final_norm, message in (({"gain": norm["gain"]}, "final_norm: 'bias' is missing"),
-                                ({"weight": norm["gain"], "bias": norm["bias"]}, "final_norm: 'gain' is missing"),
+    for final_norm, message in (({"gain": norm["gain"]}, "final_norm: parameter 'bias' is missing"),
+                                ({"weight": norm["gain"], "bias": norm["bias"]}, "final_norm: parameter 'gain' is missing"),
                                 ({"gain": norm["gain"][:3], "bias": norm["bias"]}, r"final_norm: gain has shape \(3,\)")):
         with pytest.raises(SplitformerError, match="^" + message):
             to_torch(layers, like=adapted, final_norm=final_norm)

@@ -151,32 +151,27 @@ class Adapted(Mapping[str, np.ndarray]):
             layers = [layers]
         if len(layers) != len(self.layers):
             raise SplitformerError(f"{len(layers)} parameter mappings for a source of {len(self.layers)} layers")
-        # a bias-less source's Block holds no biases: the canonical zeros stand in for them
-        layers = tuple({k: old[k] for k in old if not self.bias and _is_bias(k)}
-                       | {k: np.asarray(v) for k, v in params.items()} for params, old in zip(layers, self.layers))
-        for index, (new, old) in enumerate(zip(layers, self.layers)):
-            mismatched = sorted(set(new) ^ set(old))
-            if mismatched:
-                name = mismatched[0]
-                raise SplitformerError(f"layer {index}: parameter {name!r} is {'unexpected' if name in new else 'missing'}")
-            for name, value in new.items():
-                if value.shape != old[name].shape:
-                    raise SplitformerError(f"layer {index}: {name} has shape {value.shape}, expected {old[name].shape}")
+        layers = tuple(self._like(new, old, f"layer {index}")
+                       for index, (new, old) in enumerate(zip(layers, self.layers)))
         if (final_norm is None) != (self.final_norm is None):
             raise SplitformerError("final_norm must be given exactly when the source has a final norm")
         if final_norm is not None:
-            old = self.final_norm
-            final_norm = {k: old[k] for k in old if not self.bias and _is_bias(k)} | {
-                k: np.asarray(v) for k, v in final_norm.items()}
-            mismatched = sorted(set(final_norm) ^ set(old))
-            if mismatched:
-                name = mismatched[0]
-                raise SplitformerError(f"final_norm: {name!r} is {'unexpected' if name in final_norm else 'missing'} "
-                                       f"(expected {', '.join(old)})")
-            for name, value in final_norm.items():
-                if value.shape != old[name].shape:
-                    raise SplitformerError(f"final_norm: {name} has shape {value.shape}, expected {old[name].shape}")
+            final_norm = self._like(final_norm, self.final_norm, "final_norm")
         return replace(self, layers=layers, final_norm=final_norm)
+
+    def _like(self, new: Params, old: Params, where: str) -> Params:
+        """``new`` as arrays, checked to hold ``old``'s names and shapes; a bias-less source's Block holds no biases,
+        so the canonical zeros of ``old`` stand in for them."""
+        new = {k: old[k] for k in old if not self.bias and _is_bias(k)} | {k: np.asarray(v) for k, v in new.items()}
+        mismatched = sorted(set(new) ^ set(old))
+        if mismatched:
+            name = mismatched[0]
+            raise SplitformerError(f"{where}: parameter {name!r} is {'unexpected' if name in new else 'missing'} "
+                                   f"(expected {', '.join(old)})")
+        for name, value in new.items():
+            if value.shape != old[name].shape:
+                raise SplitformerError(f"{where}: {name} has shape {value.shape}, expected {old[name].shape}")
+        return new
 
     # --- into generated torch modules ------------------------------------------------------
     def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:

@@ -205,9 +205,9 @@ class _Grid(_Point):
         shape = [1] * len(_AXES)
         for symbol in symbols:
             shape[_AXES[symbol]] = self.counts[VARIABLES[symbol].domain]
-        values = np.broadcast_to(values, shape).reshape([shape[axis] for axis in sorted(map(_AXES.get, symbols))])
-        ranks = sorted(map(_AXES.get, symbols))
-        return np.array(values.transpose([ranks.index(_AXES[symbol]) for symbol in symbols]), dtype=float)
+        axes = sorted(_AXES[symbol] for symbol in symbols)  # the variables' axes in the grid's order
+        values = np.broadcast_to(values, shape).reshape([shape[axis] for axis in axes])
+        return np.array(values.transpose([axes.index(_AXES[symbol]) for symbol in symbols]), dtype=float)
 
 
 def _mentions(expr, symbol: sp.Symbol) -> bool:

@@ -312,9 +312,8 @@ def derive_adapted(scheme_file: str, scheme: str, activation: str, causal: bool)
     """``splitformer.derive`` of an adapted scheme: its ``scheme_file`` when composed, else the built-in ``scheme``;
     derived once per process (the adapters' probe and ``Adapted.derivation`` share it)."""
     from splitformer.codegen.api import derive
-    from splitformer.symbolic.scheme_file import parse_scheme
 
-    return derive(parse_scheme(scheme_file) if scheme_file else scheme, activation=activation, causal=causal)
+    return derive(_computed_scheme(scheme_file, scheme, activation, causal))
 
 
 def _is_bias(name: str) -> bool:

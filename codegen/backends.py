@@ -14,12 +14,10 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from splitformer.symbolic.domains import VARIABLES
-from splitformer.symbolic.inputs import MEMORY_SUPPORT
-from splitformer.symbolic.operators import SUPPORT
-
+from .bool_values import SUPPORTS
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, ConvolutionInputAdjoint,
                  ConvolutionWeightAdjoint, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
-                 LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+                 LocalKernel, Masked, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  PairTable, Shared, Silu, Softmax, TanhGelu, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .passes.reuse_buffers import called
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, broadcast, plain_name
@@ -456,6 +454,15 @@ class NumpyBackend(Backend):
     frees_dead_arrays = True
     scratch_outputs = True
 
+    def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
+        """``op``; one whose formula masks a quotient (``Masked``) under ``np.errstate``: the quotient's 1/0 outside
+        the mask is computed, then discarded, and warns of nothing."""
+        lines = super().lines(op, printer)
+        formula = getattr(op, "expr", getattr(op, "body", None))
+        if not (isinstance(formula, sp.Basic) and formula.has(Masked)):
+            return lines
+        return ['with np.errstate(divide="ignore", invalid="ignore"):', *(f"    {line}" for line in lines)]
+
     def whole(self, value: str, shape: str) -> str:
         return f"np.broadcast_to({value}, {shape}).copy()"
 
@@ -511,17 +518,6 @@ class NumpyBackend(Backend):
         return lines
 
 
-#: The bool indicators a formula may read: the tokens' support χ and the memory's χ_m.
-_SUPPORTS = (SUPPORT, MEMORY_SUPPORT.name)
-
-
-def _indicator(expr: sp.Expr) -> bool:
-    """``expr`` is built of steps ``θ(v, 0)`` and the support ``χ`` by products and sums: bool-valued."""
-    if isinstance(expr, (sp.Mul, sp.Add)):
-        return all(_indicator(argument) for argument in expr.args)
-    return isinstance(expr, sp.Heaviside) or (isinstance(expr, sp.Indexed) and str(expr.base.label) == "chi")
-
-
 class TorchBackend(Backend):
     name = "torch"
     printer = TorchPrinter
@@ -560,10 +556,7 @@ class TorchBackend(Backend):
                                              for name in dropped]
 
     def elementwise(self, op: Elementwise, printer: ArrayPrinter) -> list[str]:
-        """In place only without autograd: an in-place update of a view costs more in backward. An indicator
-        (steps and χ only: a token map's kernel) is a bool tensor in torch, cast to the state's dtype."""
-        if _indicator(op.expr):
-            return [f"{op.out} = ({printer.doprint(op.expr)}).to(u0.dtype)"]
+        """In place only without autograd: an in-place update of a view costs more in backward."""
         if op.reuse is None:
             return super().elementwise(op, printer)
         call = called(op.expr)
@@ -593,8 +586,8 @@ class TorchBackend(Backend):
     def einsum_operand(self, name: str, op: Contraction) -> str:
         """A bool support, χ or the memory's χ_m (a plug-in's formula reading it as a factor), cast to the dtype of an
         operand that is none: torch's einsum has no bool."""
-        other = next((operand.name for operand in op.operands if operand.name not in _SUPPORTS), None)
-        return f"{name}.to({other}.dtype)" if name in _SUPPORTS and other is not None else name
+        other = next((operand.name for operand in op.operands if operand.name not in SUPPORTS), None)
+        return f"{name}.to({other}.dtype)" if name in SUPPORTS and other is not None else name
 
     def mat_mul(self, op: MatMul, printer: ArrayPrinter) -> list[str]:
         rows = f"{op.x.name}.reshape(-1, {_width(op.contracted, printer)})"

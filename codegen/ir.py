@@ -42,7 +42,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
-    "ExactGeluBackward", "TanhGeluBackward", "CALLS",
+    "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Masked", "CALLS",
     "ConvolutionWeightAdjoint", "ConvolutionInputAdjoint",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -84,10 +84,25 @@ def _indexed_names(expr: sp.Expr) -> list[str]:
 @lru_cache(maxsize=8192)
 def _array_names(expr: sp.Expr) -> tuple[str, ...]:
     """The arrays ``expr`` reads, sorted (remembered: the passes ask for an op's reads often); a grid index used
-    as a value reads the state ``u0`` too (printed ``_grid(size, u0)``: the coordinates in u0's dtype and device)."""
+    as a value reads the state ``u0`` too (printed ``_grid(size, u0)``: the coordinates in u0's dtype and device), and
+    so does a bool value cast to numbers (``Numbers``)."""
     arrays = expr.atoms(sp.Indexed)
-    grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx)
+    grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx) or expr.has(Numbers)
     return tuple(sorted({str(item.base.label) for item in arrays} | ({"u0"} if grids else set())))
+
+
+class Masked(sp.Function):
+    """``Masked(m, v)``: ``v`` where ``m`` is not 0, exactly 0 elsewhere (where ``v`` may divide by 0;
+    ``codegen.bool_values`` writes it)."""
+
+    nargs = 2
+
+
+class Numbers(sp.Function):
+    """A bool array (a step, δ or support, or their product) as numbers in the state ``u0``'s dtype
+    (``codegen.bool_values`` writes it where arithmetic other than a floating product reads the bools)."""
+
+    nargs = 1
 
 
 class ExactGelu(sp.Function):
@@ -146,8 +161,9 @@ class TanhGeluBackward(sp.Function):
     precedence = PRECEDENCE["Mul"]
 
 
-#: The calls the passes write into elementwise formulas, each printed by the backends' own method.
-CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward)
+#: The calls the passes (and ``codegen.bool_values``) write into elementwise formulas, each printed by the backends' own
+#: method.
+CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Masked)
 
 
 @dataclass(frozen=True)

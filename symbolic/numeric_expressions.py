@@ -66,7 +66,9 @@ def compile_numeric(expr: sp.Expr, lookup: Callable[[str, tuple[int, ...]], obje
         if isinstance(node, sp.Add):
             return lambda env: sum(argument(env) for argument in arguments)
         if isinstance(node, sp.Mul):
-            return lambda env: _product(arguments, env)
+            reciprocal = [isinstance(factor, sp.Pow) and factor.exp.is_negative is True for factor in node.args]
+            factors = [argument for _, argument in sorted(zip(reciprocal, arguments), key=lambda pair: pair[0])]
+            return lambda env: _product(factors, env)
         if isinstance(node, sp.Pow):
             base, exponent = arguments
             if node.exp == sp.Rational(1, 2):
@@ -133,8 +135,13 @@ def _sum(body: Closure, limits: list[tuple[sp.Symbol, int, int]]) -> Closure:
 
 
 def _product(factors: list[Closure], env: dict):
+    """The factors' product, reciprocals last: one exactly 0 makes it 0 before any reciprocal is taken (a step or mask
+    outside its support times ``1/∫`` of that support, empty there), as the semantic evaluators' products and the
+    emitted code's ``Masked`` are."""
     result = 1
     for factor in factors:
+        if result == 0:
+            return result
         result = result * factor(env)
     return result
 

@@ -16,7 +16,7 @@ from splitformer.symbolic.builtins import builtin_names
 from conftest import ROOT
 
 SIZES = Sizes(tokens=5, features=6, heads=2, hidden=4)
-PLUGINS = ("alibi", "support_mean", "token_pool", "my_kinds", "head_linear")
+PLUGINS = ("alibi", "support_mean", "token_pool", "my_kinds", "head_linear", "running_means")
 for _name in PLUGINS:
     splitformer.load_plugin(ROOT / "tests" / "plugins" / f"{_name}.py")
 
@@ -47,7 +47,8 @@ def _one_step(kind: str, options: str = "") -> object:
 _PLUGIN_KINDS = [("alibi-attention", ""), ("alibi-attention", ", symmetric = false"), ("support-mean", ""),
                  ("support-sum", ""), ("two-hop-mean", ""), ("token-pool", ""), ("token-ratio", ""),
                  ("token-ratio-own-variable", ""), ("feature-pool", ""), ("affine-field", ""),
-                 ("scaled-field", ", scale = 2"), ("head-linear", "")]
+                 ("scaled-field", ", scale = 2"), ("head-linear", ""), ("strict-running-mean", ""),
+                 ("half-running-mean", ""), ("inclusive-running-mean", ""), ("step-count", ""), ("third-count", "")]
 
 
 @pytest.mark.parametrize("kind, options", _PLUGIN_KINDS)

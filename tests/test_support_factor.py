@@ -2,6 +2,8 @@
 tokens a query sees). Attack 24: it derived, but its torch Block crashed on every call (torch's einsum has no bool)
 and so did both network modules (they handed the step no χ). Now every module computes what plain NumPy does."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -161,15 +163,30 @@ def test_the_memorys_support_read_as_a_factor(modules, tmp_path, masked):
     assert np.abs(got.detach().numpy() - expected).max() < 1e-12
 
 
-def test_the_adjoint_tests_say_the_forward_is_not_finite_where_a_query_sees_no_key(modules, tmp_path):
-    """The adjoint tests' masks leave one query no key: the mean there is 0/0. Both tests fail and say why (before:
-    "relative gap nan", and NumPy's warnings on stderr)."""
+def test_a_mean_over_no_key_is_zero_and_the_adjoint_tests_hold(modules, tmp_path):
+    """Padding key 0 under a causal mask leaves query 0 no key: ``∫ χ u / ∫ χ`` is 0/0 there. The mean is 0 there,
+    as the evaluators' product rule and the softmax's empty row say (``codegen.bool_values``; before: NaN, the
+    adjoint tests failed, and the semantics check passed by comparing NaN with Python's ``max``)."""
+    u, params, padding = _inputs(2)
+    padding[:] = False
+    padding[1, 0] = True
+    visible = (~padding)[:, None, :] & np.tril(np.ones((5, 5), dtype=bool))
+    counts = visible.sum(-1, keepdims=True)
+    centred = u - u.mean(-1, keepdims=True)
+    normed = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + EPS) * params["norm1.gain"] + params["norm1.bias"]
+    mean = np.divide(visible @ normed, counts, out=np.zeros_like(u), where=counts > 0)
+    expected = u + mean @ params["mix.W"] + params["mix.b"]
+    assert counts[1, 0, 0] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = modules["numpy", "mean_step"].forward(u, params, n_heads=2, key_padding_mask=padding, causal=True)
+    assert np.abs(got - expected).max() < 1e-12
+    block = modules["torch", "mean_step"].Block(8, 2, 8, dtype=torch.float64).load_params(params)
+    got = block(torch.from_numpy(u), src_key_padding_mask=torch.from_numpy(padding), causal=True)
+    assert np.abs(got.detach().numpy() - expected).max() < 1e-12
     (tmp_path / "mean-step.toml").write_text(SCHEME, encoding="utf-8")
-    checks = splitformer.derive(str(tmp_path / "mean-step.toml")).check(only="adjoint-test").checks
-    assert [check.id for check in checks] == ["adjoint-test/mean-step/dot", "adjoint-test/mean-step/taylor"]
-    for check in checks:
-        assert not check.holds and check.detail.startswith("the emitted forward is not finite at the test's point")
-        assert "query 0 of sequence 1 no key" in check.detail
+    checks = splitformer.derive(str(tmp_path / "mean-step.toml")).check(only="adjoint-test,semantics").checks
+    assert len(checks) == 5 and all(check.holds for check in checks), [c.detail for c in checks if not c.holds]
 
 
 def _two_hop_reference(u, padding, causal):
@@ -252,3 +269,19 @@ def test_a_product_of_supports_where_a_softmax_reads_them_too_is_refused(modules
     expected = mean.forward(first, {name: value for name, value in params.items() if name.startswith("support.")},
                             n_heads=1, causal=True)
     assert np.abs(both.forward(u, params, n_heads=1, causal=True) - expected).max() < 1e-12
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")
+def test_control_a_mean_of_nan_fails_the_semantics_check(modules, monkeypatch, tmp_path):
+    """Negative control: without ``as_numbers`` the emitted mean is NaN (0/0) where query 0 sees no key, where the
+    evaluator's is finite. The semantics check fails and names the entries; it passed before, since Python's ``max``
+    of the error per case skipped a NaN after a finite one."""
+    import splitformer.codegen.bool_values as bool_values
+
+    monkeypatch.setattr(bool_values, "as_numbers", lambda module: module)
+    (tmp_path / "mean-step.toml").write_text(SCHEME, encoding="utf-8")
+    checks = {check.id: check for check in splitformer.derive(str(tmp_path / "mean-step.toml")).check(
+        only="semantics").checks}
+    emitted = checks["semantics/mean-step/emitted"]
+    assert not emitted.holds and "the emitted output is not finite at 8 entries where the evaluator's is" in \
+        emitted.detail

@@ -79,10 +79,13 @@ def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) 
 
 
 def run_passes(module, passes: tuple = DEFAULT):
-    """``module`` rewritten by each of ``passes`` in turn."""
+    """``module`` rewritten by each of ``passes`` in turn, then its bool values cast where arithmetic needs numbers
+    (``codegen.bool_values``: no pass, never switched off)."""
+    from ..bool_values import as_numbers
+
     for rewrite in passes:
         module = rewrite(module)
-    return module
+    return as_numbers(module)
 
 
 def select(names: str) -> tuple:

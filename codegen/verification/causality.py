@@ -31,6 +31,7 @@ from splitformer.symbolic.scheme import Scheme
 from .parameters import emitted_sizes, random_parameters
 from .semantics import Sizes
 from .statements import Check
+from .undefined import gap
 
 __all__ = ["causality_checks", "changed_after", "prefix_change"]
 
@@ -55,7 +56,7 @@ def prefix_change(evaluate, first, later) -> tuple[float, float]:
     """max over the cuts i of |F(first) − F(later(i))| at positions ≤ i, with ``causal=True`` and ``causal=False``:
     ``later(i)`` is ``first`` with the tokens after position ``i`` changed."""
     tokens = first.shape[1]
-    return tuple(max(float(np.abs(evaluate(later(cut), causal)[:, :cut + 1] - base[:, :cut + 1]).max())
+    return tuple(max(gap(evaluate(later(cut), causal)[:, :cut + 1], base[:, :cut + 1])
                      for cut in range(tokens - 1))
                  for causal, base in ((causal, evaluate(first, causal)) for causal in (True, False)))
 

@@ -195,7 +195,8 @@ class _Grid(_Point):
         if isinstance(expr, sp.Max):
             return np.maximum.reduce(np.broadcast_arrays(*arguments))
         if isinstance(expr, sp.Heaviside):
-            return (np.asarray(arguments[0]) > 0).astype(float)
+            value, at_zero = np.asarray(arguments[0]), arguments[1]
+            return np.where(value == 0, float(at_zero), (value > 0).astype(float))
         return (np.asarray(arguments[0]) == np.asarray(arguments[1])).astype(float)
 
     def table(self, definition) -> np.ndarray:
@@ -228,7 +229,7 @@ def _mentions(expr, symbol: sp.Symbol) -> bool:
 
 
 def _piecewise(expr, arguments, number):
-    """``min``, ``max``, the step ``H(v)`` (``H(0) = 0``) and ``δ(i, j)`` of numbers; of symbols, SymPy's own."""
+    """``min``, ``max``, the step ``H(v, c)`` (``c`` at 0) and ``δ(i, j)`` of numbers; of symbols, SymPy's own."""
     if any(isinstance(argument, sp.Basic) and not argument.is_number for argument in arguments):
         return expr.func(*arguments)
     if isinstance(expr, sp.Min):
@@ -236,7 +237,8 @@ def _piecewise(expr, arguments, number):
     if isinstance(expr, sp.Max):
         return max(arguments)
     if isinstance(expr, sp.Heaviside):
-        return number(int(bool(arguments[0] > 0)))
+        value, at_zero = arguments
+        return at_zero if value == 0 else number(int(bool(value > 0)))
     return number(int(bool(arguments[0] == arguments[1])))
 
 

@@ -1,5 +1,8 @@
 """A check that raises is a failed check: its exception becomes a ``fail`` with the reason.
 
+A division by an exact 0 in the exact evaluators is the scheme's own (its formula is undefined at the check's
+point) and is said so; any other exception is a crash.
+
 A valid scheme never makes ``splitformer check`` end in a traceback: an exception other than
 ``SplitformerError`` (bad input, reported as ``error: …``) inside a group of checks is a bug in
 the code checked or in the check itself, and is reported as that group's failure, naming the
@@ -16,7 +19,13 @@ from splitformer.symbolic.errors import SplitformerError
 
 from .statements import Check
 
-__all__ = ["guarded"]
+__all__ = ["guarded", "DIVIDES_BY_ZERO"]
+
+#: Why a check in exact arithmetic has no value where a formula of the scheme divides by an exact 0 (a property of
+#: the scheme, not a crash: a plug-in's ``u / ∫ H(p(x) − p(η)) dη`` at the first token).
+DIVIDES_BY_ZERO = ("a formula of the scheme divides by zero at the check's point, in exact arithmetic: it is undefined "
+                   "there (a quotient by a sum or integral that is 0, such as a mean over no key, not stopped by a "
+                   "factor exactly 0)")
 
 
 def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Check] | Check | None]) -> list[Check]:
@@ -25,6 +34,9 @@ def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Che
         result = checks()
     except SplitformerError:
         raise
+    except ZeroDivisionError as error:
+        return [Check(check_id, scheme, f"The checks {check_id} evaluate the scheme at their points.", "numeric", False,
+                      f"{DIVIDES_BY_ZERO}; raised at {_place(error)}")]
     except Exception as error:  # noqa: BLE001 - every failure inside a check is reported, never a traceback
         return [Check(check_id, scheme, f"The checks {check_id} run to completion.", "crashed", False,
                       f"raised {type(error).__name__}: {error} at {_place(error)}")]

@@ -40,6 +40,7 @@ from .emitted import TORCH_MISSING, emitted_modules
 from .parameters import axis_extents, emitted_sizes, random_parameters, scheme_parameters
 from .semantics import MPMATH, SYMPY, OpaqueExp, OpaqueRelu, Semantics, Sizes, unevaluable
 from .structure import across_stack_check, stack_check, stream_stack_check
+from .undefined import gap, undefined_note
 
 __all__ = ["scheme_checks", "skipped_because", "emitted_check", "derived_check", "EmittedInputs", "nesting", "DIGITS",
            "TOLERANCE", "SKIPPED", "MAX_SYMBOLIC_NESTING", "MAX_EMITTED_WORK", "emitted_work"]
@@ -164,7 +165,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
         block = torch_module.Block(sizes.features, sizes.heads, sizes.hidden, eps=eps, dtype=torch.float64,
                                    **inputs.torch_block(), **buckets)
         block.load_params(params)
-    errors, unchecked, scale = {}, set(), 1.0
+    errors, unchecked, scale, undefined = {}, set(), 1.0, ""
     with mpmath.workdps(DIGITS):
         exact = {name: _exact(value) for name, value in params.items()}
         for label, mask, causal in (("no mask", None, False), ("padding + causal", padding, True)):
@@ -178,18 +179,19 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
                 expected.append(np.array(semantics.step(_exact(u[b])).tolist(), dtype=float))
                 unchecked |= semantics.unchecked
             expected = np.array(expected)
-            scale = max(scale, float(np.abs(expected).max()))
+            scale = max(scale, float(np.abs(expected).max(where=np.isfinite(expected), initial=0.0)))
             leading, options = inputs.numpy(masked)
             got_numpy = numpy_module.forward(u, *leading, params, n_heads=sizes.heads, eps=eps, key_padding_mask=mask,
                                              causal=causal, **options)
-            errors[f"numpy, {label}"] = float(np.abs(got_numpy - expected).max())
+            errors[f"numpy, {label}"] = gap(got_numpy, expected)
+            undefined = undefined or undefined_note(got_numpy, expected)
             if block is not None:
                 leading, options = inputs.torch(masked)
                 options = {name: value for name, value in options.items() if name in signature(block.forward).parameters}
                 with torch.no_grad():
                     got_torch = block(torch.tensor(u), *leading, causal=causal, **options,
                                       key_padding_mask=None if mask is None else torch.tensor(mask)).numpy()
-                errors[f"torch, {label}"] = float(np.abs(got_torch - expected).max())
+                errors[f"torch, {label}"] = gap(got_torch, expected)
     worst = max(errors.values())
     extra = ((f", {sizes.key_value_heads} key/value heads" if "n_kv_heads" in inputs.options else "")
              + (f", θ = {_THETA:g}" if "rope_theta" in inputs.options else "")
@@ -205,7 +207,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
         "random parameters, without masks and with padding plus causal masks (one query with empty support).",
         "numeric", worst <= TOLERANCE * scale,
         "max |emitted − evaluator|: " + ", ".join(f"{key} {value:.1e}" for key, value in errors.items())
-        + f" (tolerance {TOLERANCE:g} × {scale:.2g}){_unchecked(unchecked)}"
+        + f" (tolerance {TOLERANCE:g} × {scale:.2g}){undefined}{_unchecked(unchecked)}"
         + ("" if block is not None else f"; the PyTorch module was not run: {TORCH_MISSING}"),
     )
 

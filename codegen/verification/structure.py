@@ -28,6 +28,7 @@ from .causality import changed_after, prefix_change
 from .emitted import emitted_modules
 from .parameters import emitted_sizes, random_parameters
 from .semantics import FLOAT, Semantics, Sizes
+from .undefined import gap
 
 __all__ = ["attention_checks", "stack_check", "across_stack_check", "stream_stack_check"]
 
@@ -176,7 +177,7 @@ def stack_check(scheme: Scheme, module) -> Check:
     stack = module.forward_stack(u, *memory, layers, n_heads=sizes.heads, eps=1e-5)
     control_layers, control_text = _control_layers(layers)
     control = module.forward_stack(u, *memory, control_layers, n_heads=sizes.heads, eps=1e-5)
-    holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
+    holds, detail = _verdict(gap(stack, stepped), gap(control, stepped))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
                  f"(forward_stack, no final projection). Control: the stack with {control_text}.",
@@ -205,8 +206,7 @@ def stream_stack_check(scheme: Scheme, module) -> Check:
         return np.stack(results)
 
     stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5, final_norm=final)
-    holds, detail = _verdict(float(np.abs(stack - evaluated(lambda start: start)).max()),
-                             float(np.abs(stack - evaluated(np.zeros_like)).max()))
+    holds, detail = _verdict(gap(stack, evaluated(lambda start: start)), gap(stack, evaluated(np.zeros_like)))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 layers of {scheme.name} with its second state d (d⁰ = u⁰, each layer adding its stream "
                  "substeps' increments; read out as u + P(d), P the final projection), run by the independent "
@@ -227,7 +227,7 @@ def across_stack_check(scheme: Scheme, module) -> Check:
     stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5)
     control_layers, control_text = _control_layers(layers)
     control = module.forward_stack(u, control_layers, n_heads=sizes.heads, eps=1e-5)
-    holds, detail = _verdict(float(np.abs(stack - stepped).max()), float(np.abs(control - stepped).max()))
+    holds, detail = _verdict(gap(stack, stepped), gap(control, stepped))
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "
                  f"{scheme.across_layers.method} across layers equal the emitted stack (forward_stack, no final "

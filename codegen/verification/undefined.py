@@ -1,0 +1,42 @@
+"""Comparing outputs that a scheme leaves undefined at some entries.
+
+A plug-in's formula may be undefined at some points: a mean over no key (a strictly causal running mean at the
+first token) is 0/0. The emitted code computes NaN there, as the evaluator does. Two outputs then agree where
+they are both undefined at the same entries and close at every other. A NaN difference would fail every check
+with "nan" and no reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["gap", "undefined_note"]
+
+
+def gap(got, expected) -> float:
+    """``max |got − expected|`` over the entries where ``expected`` is finite; ``inf`` where the two are not finite
+    at the same entries, or differ there (NaN against ±∞, +∞ against −∞), or where no entry is finite."""
+    got, expected = np.asarray(got, dtype=float), np.asarray(expected, dtype=float)
+    finite = np.isfinite(expected)
+    if not finite.any() or not np.array_equal(np.isfinite(got), finite) or \
+            not np.array_equal(got[~finite], expected[~finite], equal_nan=True):
+        return float("inf")
+    return float(np.abs(got[finite] - expected[finite]).max(initial=0.0))
+
+
+def undefined_note(got, expected) -> str:
+    """``""``, or a clause for a check's detail on the entries where ``got`` (emitted) or ``expected`` (the evaluator's)
+    is not finite."""
+    got, expected = np.asarray(got, dtype=float), np.asarray(expected, dtype=float)
+    both = int((~np.isfinite(got) & ~np.isfinite(expected)).sum())
+    emitted_only = int((~np.isfinite(got) & np.isfinite(expected)).sum())
+    clauses = []
+    if both:
+        clauses.append(f"{both} of {got.size} entries are not finite on both sides (the formulas are undefined there, "
+                       "as a mean over no key is 0/0): compared as equal where they are the same")
+    if emitted_only:
+        clauses.append(f"the emitted output is not finite at {emitted_only} entries where the evaluator's is finite: "
+                       "the evaluator takes a product with a factor exactly 0 as 0 before any reciprocal, and the "
+                       "emitted code does so only for a step or mask factor of the quotient's own formula (an integral "
+                       "over an empty support divided by another is 0/0 there)")
+    return "".join(f"; {clause}" for clause in clauses)

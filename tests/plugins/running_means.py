@@ -1,0 +1,110 @@
+"""Kinds whose formulas compute with steps of the token positions alone: running means over the earlier tokens (the
+query's own weighted 0, ½ or 1: ``H(0)``), and a count of overlapping steps. Their bool values are numbers in the
+state's dtype (``codegen.bool_values``): a sum of steps counts, a count divides in the state's dtype, and the strict
+mean's first token, which sees no earlier one, is 0."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import sympy as sp
+
+from splitformer.symbolic.domains import ETA, X, X_KEY, Y
+from splitformer.symbolic.inputs import POSITIONS
+from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, register_operator
+
+
+def _step(query, key, shift=0, at_zero=0):
+    """``H(p(query) − p(key) − shift)`` with the value ``at_zero`` at 0."""
+    return sp.Heaviside(apply(POSITIONS.name, query) - apply(POSITIONS.name, key) - shift, at_zero)
+
+
+@register_operator
+@dataclass(frozen=True)
+class StrictRunningMean(Operator):
+    """``u ↦ ∫ w(x, x̃) u(x̃, y) dx̃``, ``w = H(p(x) − p(x̃)) / ∫ H(p(x) − p(η)) dη`` with ``H(0) = 0``: the mean of
+    the earlier tokens (none at the first)."""
+
+    kind: ClassVar[str] = "strict-running-mean"
+    symbol: ClassVar[str] = r"\mathcal{R}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+    at_zero: ClassVar = sp.Integer(0)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        weight = _step(X, X_KEY, at_zero=self.at_zero) / integral(_step(X, ETA, at_zero=self.at_zero), ETA)
+        return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
+                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
+                           "the running mean"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class HalfRunningMean(StrictRunningMean):
+    """The same with ``H(0) = ½`` (SymPy's default): the query's own token weighs half."""
+
+    kind: ClassVar[str] = "half-running-mean"
+    at_zero: ClassVar = sp.Rational(1, 2)
+
+
+@register_operator
+@dataclass(frozen=True)
+class InclusiveRunningMean(StrictRunningMean):
+    """The same with ``H(0) = 1``: the query's own token included."""
+
+    kind: ClassVar[str] = "inclusive-running-mean"
+    at_zero: ClassVar = sp.Integer(1)
+
+
+@register_operator
+@dataclass(frozen=True)
+class StepCount(Operator):
+    """``u ↦ ∫ c(x, x̃) u(x̃, y) dx̃ / |Ω_x|``, ``c = H(δ) + H(δ − 1)``, ``δ = p(x) − p(x̃)``, ``H(0) = 1``: weight 2 on
+    the earlier tokens, 1 on the query's own (two bool steps add as "or")."""
+
+    kind: ClassVar[str] = "step-count"
+    symbol: ClassVar[str] = r"\mathcal{C}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def count(self):
+        return _step(X, X_KEY, at_zero=1) + _step(X, X_KEY, shift=1, at_zero=1)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        return (Definition("out", self.symbol, (X, Y),
+                           integral(self.count() * apply(STATE, X_KEY, Y), X_KEY) / X.domain.measure,
+                           "the stepped sum over the tokens' measure"),)
+
+
+@register_operator
+@dataclass(frozen=True)
+class ThirdCount(StepCount):
+    """The same with ``c = H(δ) + H(δ − 1)/3``: a third of a bool step (a torch bool array times 1/3 is float32, a
+    float64 state's third rounded)."""
+
+    kind: ClassVar[str] = "third-count"
+
+    def count(self):
+        return _step(X, X_KEY, at_zero=1) + _step(X, X_KEY, shift=1, at_zero=1) / 3
+
+
+@register_operator
+@dataclass(frozen=True)
+class InverseCount(Operator):
+    """``u ↦ u(x, y) |Ω_x| / ∫ H(p(x) − p(η)) dη`` with ``H(0) = 0``: the state over the share of the earlier tokens,
+    infinite at the first token (no earlier one), where no exact 0 stops the quotient."""
+
+    kind: ClassVar[str] = "inverse-count"
+    symbol: ClassVar[str] = r"\mathcal{I}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        return (Definition("out", self.symbol, (X, Y),
+                           apply(STATE, X, Y) * X.domain.measure / integral(_step(X, ETA), ETA),
+                           "the state over the share of earlier tokens"),)

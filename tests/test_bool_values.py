@@ -1,0 +1,127 @@
+"""Steps of the token positions computed with as numbers (``codegen.bool_values``; ``tests/plugins/running_means.py``).
+
+Before, a strictly causal running mean's torch module failed in float64 (a count of bools divided in float32, then
+an einsum of float32 and float64), its NumPy module turned a float32 state into float64, a step with ``H(0) = ½``
+crashed ``check`` in the printer, two steps added as "or", and the first token, which sees no earlier one, was NaN
+(0/0) where the evaluators' product rule gives 0. Every module now equals plain NumPy written here."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import splitformer
+import splitformer.codegen.bool_values as bool_values
+
+from conftest import ROOT, import_path
+
+PLUGIN = ROOT / "tests" / "plugins" / "running_means.py"
+#: A running mean's weight of the query's own token; a count's weight of the tokens before the last one.
+KINDS = {"strict-running-mean": 0.0, "half-running-mean": 0.5, "inclusive-running-mean": 1.0, "step-count": 1.0,
+         "third-count": 1 / 3}
+
+
+def _scheme(kind: str) -> str:
+    return f'name = "{kind}-step"\nsummary = "one explicit step"\n[operators]\nf = "{kind}"\n' \
+           '[[steps]]\noperator = "f"\nsolver = "explicit"\n'
+
+
+def _derived(folder, kind: str) -> dict:
+    path = folder / f"{kind}.toml"
+    path.write_text(_scheme(kind), encoding="utf-8")
+    splitformer.derive(str(path)).write(folder / "out")
+    name = f"{kind}-step".replace("-", "_")
+    return {backend: import_path(folder / "out" / backend / f"{name}.py") for backend in ("numpy", "torch")}
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    splitformer.load_plugin(PLUGIN)
+    folder = tmp_path_factory.mktemp("bool-values")
+    return {kind: _derived(folder, kind) for kind in KINDS}
+
+
+def _weights(kind: str, n: int) -> np.ndarray:
+    """The operator's matrix over the tokens (positions 0, 1, …): a running mean's rows normalized, a row of no
+    weight 0; a count's entries over n."""
+    distance = np.arange(n)[:, None] - np.arange(n)[None, :]
+    if kind.endswith("count"):
+        return ((distance >= 0) + KINDS[kind] * (distance >= 1)) / n
+    weights = (distance > 0) + KINDS[kind] * (distance == 0)
+    total = weights.sum(1, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+def _forward(modules, kind: str, backend: str, u: np.ndarray) -> np.ndarray:
+    module = modules[kind][backend]
+    if backend == "numpy":
+        return module.forward(u, {})
+    block = module.Block(u.shape[-1], 1, 4, dtype=getattr(torch, str(u.dtype)))
+    with torch.no_grad():
+        out = block(torch.from_numpy(u))
+    assert out.dtype == getattr(torch, str(u.dtype))
+    return out.numpy()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float64", 1e-13), ("float32", 2e-6)])
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_module_equals_plain_numpy_in_the_states_dtype(modules, kind, backend, dtype, tolerance):
+    u = np.random.default_rng(0).standard_normal((2, 6, 4)).astype(dtype)
+    expected = u.astype(float) + _weights(kind, 6) @ u.astype(float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the strict mean's 1/0 outside its mask is discarded without a warning
+        got = _forward(modules, kind, backend, u)
+    assert got.dtype == np.dtype(dtype)
+    assert np.abs(got - expected).max() < tolerance
+
+
+def test_the_vjp_of_the_strict_mean_is_finite_and_equals_plain_numpy(modules):
+    """The first token's weights are 0, so its costate reaches no token; every other row as the mean's transpose."""
+    rng = np.random.default_rng(1)
+    u, bar = rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 4))
+    u_bar, _ = modules["strict-running-mean"]["numpy"].vjp(u, {}, bar)
+    assert np.abs(u_bar - (bar + _weights("strict-running-mean", 6).T @ bar)).max() < 1e-13
+
+
+@pytest.mark.parametrize("kind", ["strict-running-mean", "half-running-mean", "step-count", "third-count"])
+def test_check_holds_for_the_kinds_semantics_and_adjoint(kind, tmp_path):
+    """The evaluators read ``H(0)`` from the step (they took 0 for every step) and make a product with a factor exactly
+    0 zero before its reciprocal, as the emitted ``Masked`` does."""
+    splitformer.load_plugin(PLUGIN)
+    (tmp_path / "s.toml").write_text(_scheme(kind), encoding="utf-8")
+    checks = splitformer.derive(str(tmp_path / "s.toml")).check(only="semantics,adjoint").checks
+    assert checks and all(check.holds for check in checks), [(c.id, c.detail) for c in checks if not c.holds]
+
+
+def test_control_without_the_numbers_the_modules_go_wrong(monkeypatch, tmp_path):
+    """Negative control: with ``as_numbers`` the identity, the step count adds its steps as "or", torch's third of a
+    step rounds to float32, torch's strict mean fails in float64 and NumPy's turns a float32 state into float64."""
+    splitformer.load_plugin(PLUGIN)
+    monkeypatch.setattr(bool_values, "as_numbers", lambda module: module)
+    derived = {kind: _derived(tmp_path, kind) for kind in ("step-count", "third-count", "strict-running-mean")}
+    u = np.random.default_rng(0).standard_normal((2, 6, 4))
+    for kind, backend in (("step-count", "numpy"), ("third-count", "torch")):
+        expected = u + _weights(kind, 6) @ u
+        assert np.abs(_forward(derived, kind, backend, u) - expected).max() > 1e-9
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        _forward(derived, "strict-running-mean", "torch", u)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert derived["strict-running-mean"]["numpy"].forward(u.astype("float32"), {}).dtype == np.float64
+
+
+def test_check_of_a_formula_infinite_at_the_first_token_fails_and_says_why(tmp_path):
+    """``u |Ω| / ∫ H`` is u/0 at the first token: the exact evaluators raised ZeroDivisionError, reported as a crash
+    of the semantics and adjoint checks; both now fail saying that the scheme divides by zero there."""
+    splitformer.load_plugin(PLUGIN)
+    (tmp_path / "s.toml").write_text(_scheme("inverse-count"), encoding="utf-8")
+    checks = {check.id: check for check in
+              splitformer.derive(str(tmp_path / "s.toml")).check(only="semantics,adjoint").checks}
+    assert set(checks) == {"semantics/inverse-count-step", "adjoint/inverse-count-step/finite-difference",
+                           "adjoint/inverse-count-step/negative-control"}
+    for name in ("semantics/inverse-count-step", "adjoint/inverse-count-step/finite-difference"):
+        assert checks[name].method == "numeric" and not checks[name].holds
+        assert checks[name].detail.startswith("a formula of the scheme divides by zero at the check's point")
+    assert checks["adjoint/inverse-count-step/negative-control"].method == "skipped"

@@ -31,6 +31,7 @@ from .emitted import emitted_modules
 from .parameters import random_parameters
 from .semantics import Sizes
 from .statements import Check
+from .undefined import worst
 
 __all__ = ["attention_kernel_checks", "attention_only"]
 
@@ -65,8 +66,8 @@ def _kernel_rows(module, rng: np.random.Generator) -> Check:
     kernel = _field(module, params, 1)(u, key_padding_mask=padding, causal=True)[:, :, _TOKENS:]
     nonempty = support.any(axis=2)
     sums = kernel.sum(axis=2)
-    deviation = max(float(np.abs(sums[nonempty] - 1).max()), float(np.abs(kernel[~support]).max()),
-                    float(-kernel.min()))
+    deviation = worst((float(np.abs(sums[nonempty] - 1).max()), float(np.abs(kernel[~support]).max()),
+                       float(-kernel.min())))
     control = float(np.abs(sums[~nonempty] - 1).min())
     return Check(
         "attention/kernel-rows", None,
@@ -89,12 +90,11 @@ def _convex_hull(module, rng: np.random.Generator) -> Check:
     field = _field(module, params, heads)
 
     def excess(output: np.ndarray) -> float:
-        worst = 0.0
+        gaps = [0.0]
         for b, i in zip(*np.nonzero(support.any(axis=2))):
             seen = values[b, support[b, i]]
-            worst = max(worst, float(np.max(output[b, i] - seen.max(axis=0))),
-                        float(np.max(seen.min(axis=0) - output[b, i])))
-        return worst
+            gaps += [float(np.max(output[b, i] - seen.max(axis=0))), float(np.max(seen.min(axis=0) - output[b, i]))]
+        return worst(gaps)
 
     holds = excess(field(u, key_padding_mask=padding, causal=True))
     control = excess(field(u, key_padding_mask=padding))

@@ -34,6 +34,7 @@ from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 from .network_adjoint_tests import cvt_parameters, network_module, random_table, unwritten_family
 from .semantics import MPMATH, Semantics, Sizes
 from .statements import Check
+from .undefined import worst
 
 __all__ = ["network_semantics_checks"]
 
@@ -293,8 +294,8 @@ _BUILDERS = {
 
 def _worst(got: tuple, expected: tuple) -> float:
     """max |got − expected| over the images ``expected`` has (the first ones of ``got``)."""
-    return max(float(np.max(np.abs(np.asarray(g[:len(e)], dtype=float) - np.asarray(e, dtype=float))))
-               for g, e in zip(got, expected))
+    return worst(float(np.max(np.abs(np.asarray(g[:len(e)], dtype=float) - np.asarray(e, dtype=float))))
+                 for g, e in zip(got, expected))
 
 
 def network_semantics_checks(spec: NetworkSpec | str) -> list[Check]:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["gap", "undefined_note"]
+__all__ = ["gap", "undefined_note", "worst"]
+
+
+def worst(values) -> float:
+    """The largest of ``values``, NaN where one is: Python's ``max`` skips a NaN that follows a number (``max(1e-16,
+    nan)`` is 1e-16), which would let a check pass on an output it could not compare."""
+    return float(np.max(np.asarray(list(values), dtype=float)))
 
 
 def gap(got, expected) -> float:
@@ -35,8 +41,12 @@ def undefined_note(got, expected) -> str:
         clauses.append(f"{both} of {got.size} entries are not finite on both sides (the formulas are undefined there, "
                        "as a mean over no key is 0/0): compared as equal where they are the same")
     if emitted_only:
-        clauses.append(f"the emitted output is not finite at {emitted_only} entries where the evaluator's is finite: "
+        clauses.append(f"the emitted output is not finite at {_entries(emitted_only)} where the evaluator's is finite: "
                        "the evaluator takes a product with a factor exactly 0 as 0 before any reciprocal, and the "
                        "emitted code does so only for a step or mask factor of the quotient's own formula (an integral "
                        "over an empty support divided by another is 0/0 there)")
     return "".join(f"; {clause}" for clause in clauses)
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"

@@ -33,7 +33,7 @@ import sympy as sp
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import Elementwise, Masked, Module, Numbers, Reduction
+from .ir import Contraction, Elementwise, Masked, Module, Numbers, Reduction
 
 __all__ = ["as_numbers", "is_bool", "SUPPORTS"]
 
@@ -55,6 +55,8 @@ def as_numbers(module: Module) -> Module:
             rewrite.note(op.out, op.body)
             body = rewrite(op.body)
             op = op if body == op.body else replace(op, body=body)
+        elif isinstance(op, Contraction) and all(name in SUPPORTS or name in rewrite.counts for name in op.reads()):
+            rewrite.counts.add(op.out)  # a product of supports summed: two-hop reach
         ops.append(op)
     return replace(module, ops=ops)
 
@@ -130,11 +132,11 @@ class _Rewrite:
         masked by its bools, or one dividing by a count masked where its other factors are 0."""
         bools = [factor for factor in expr.args if is_bool(factor)]
         others = [self.numbers(factor) for factor in expr.args if not is_bool(factor)]
+        if bools and _reciprocal(sp.Mul(*others)):
+            return Masked(sp.Mul(*bools), sp.Mul(*others))
         exact = all(factor.is_Integer or not factor.is_number for factor in others)
         if bools and not (exact and any(_floating(factor) for factor in others)):
             bools = [Numbers(sp.Mul(*bools))]
-        elif bools and _reciprocal(sp.Mul(*others)):
-            return Masked(sp.Mul(*bools), sp.Mul(*others))
         numerator = [factor for factor in others if not self.count_reciprocal(factor)]
         if not bools and len(numerator) < len(others) and _floating(sp.Mul(*numerator)):
             return Masked(sp.Mul(*numerator), sp.Mul(*others))

@@ -30,6 +30,7 @@ from splitformer.symbolic.domains import MEMORY, TOKENS
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.program import TIME_STEP, Assignment
 
+from .bool_values import with_dtype_of
 from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo, ZerosLike
 from .lowering import INDEX_DOMAINS, Lowering, flattened_index, shifted_axes
 
@@ -227,7 +228,7 @@ def lower_adjoint(adjoint: Adjoint, passes=None) -> Backward:
     # a saved forward array is never updated in place by the adjoint (it may be needed again)
     adjoint_ops = [replace(op, reuse=None) if isinstance(op, Elementwise) and op.reuse in written else op
                    for op in adjoint_ops]
-    adjoint_ops = _recompute_token_kernels(forward_ops, adjoint_ops)
+    adjoint_ops = [with_dtype_of(op, adjoint.seed) for op in _recompute_token_kernels(forward_ops, adjoint_ops)]
     read, produced = set(), set()  # what the adjoint reads before producing it itself
     for op in adjoint_ops:
         read |= set(op.reads()) - produced

@@ -17,7 +17,7 @@ from splitformer.symbolic.domains import VARIABLES
 from .bool_values import SUPPORTS
 from .ir import (BATCH, Attention, AttentionAdjoint, Cache, Contraction, Convolution, ConvolutionInputAdjoint,
                  ConvolutionWeightAdjoint, Elementwise, ExactGelu, Fold, Gather, Interleave, Join,
-                 LocalKernel, Masked, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
+                 LocalKernel, MatMul, Memoized, Module, Normalize, NormalizeAdjoint, Op, Operand, Place, PlaceRows, Point, Reduction, Rows, Scatter,
                  PairTable, Shared, Silu, Softmax, TanhGelu, TransposedConvolution, Unrolled, Window, ZerosLike)
 from .passes.reuse_buffers import called
 from .printers import ArrayPrinter, NumpyPrinter, TorchPrinter, broadcast, plain_name
@@ -453,15 +453,6 @@ class NumpyBackend(Backend):
     transposed_support = "transpose(0, 2, 1)"
     frees_dead_arrays = True
     scratch_outputs = True
-
-    def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
-        """``op``; one whose formula masks a quotient (``Masked``) under ``np.errstate``: the quotient's 1/0 outside
-        the mask is computed, then discarded, and warns of nothing."""
-        lines = super().lines(op, printer)
-        formula = getattr(op, "expr", getattr(op, "body", None))
-        if not (isinstance(formula, sp.Basic) and formula.has(Masked)):
-            return lines
-        return ['with np.errstate(divide="ignore", invalid="ignore"):', *(f"    {line}" for line in lines)]
 
     def whole(self, value: str, shape: str) -> str:
         return f"np.broadcast_to({value}, {shape}).copy()"

@@ -1,4 +1,4 @@
-"""Bool values as numbers where the arithmetic needs numbers.
+"""Bool values as numbers where the arithmetic needs numbers, and quotients that are 0 where a support is empty.
 
 A step ``θ(v, 0)``, a δ and the support χ print as comparisons and masks: bool arrays. A bool array is a number
 only as a factor of a product with a floating array (ReLU's adjoint ``θ(s, 0) λ``). Anywhere else it is not:
@@ -7,18 +7,22 @@ only as a factor of a product with a floating array (ReLU's adjoint ``θ(s, 0) �
 - a sum of bools counts in int64, and torch divides two integer or bool arrays in its default dtype (float32)
   whatever the state's; torch's einsum takes no bool;
 - a Python number times a torch bool array is float32 (a third rounded, read with a float64 state), and NumPy's
-  float64 (a float32 state's result widened).
+  float64 (a float32 state's result widened); ``-`` of a bool array is an error in both.
 
-``as_numbers`` rewrites every formula of a module so that such a bool value is ``Numbers(value)``: the value cast
-to the state's dtype (it reads the state ``u0`` for its dtype, as a grid coordinate does). A step whose value at 0
-is neither 0 nor 1 becomes ``θ(v, 0) + c δ(v, 0)``.
+``as_numbers`` rewrites every formula of a module so that such a bool value is ``Numbers(value, like)``: the value
+cast to the dtype of the array ``like`` (the state ``u0``; in a derived adjoint, the output's costate, so that the
+backward keeps no input for its dtype). A step whose value at 0 is neither 0 nor 1 becomes ``θ(v, 0) + c δ(v, 0)``.
 
 The evaluators' product rule (a factor exactly 0 makes the product 0 before any reciprocal is taken) holds in the
-emitted code where a formula may divide by 0 because a support is empty: ``Masked(m, v)`` is ``v`` where ``m`` is not
-0, exactly 0 elsewhere. A bool factor of a product that divides by an array masks it (a strictly causal running
-mean's weight ``θ(p(x) − p(x̃), 0) / ∫ θ(p(x) − p(η), 0) dη`` is 0 at the first token, which sees no earlier one);
-so does the rest of a product that divides by a count of bools (``∫ χ u dx̃ / ∫ χ dη``, 0 where that sum over an
-empty support is). A mean over no key is then 0, as the softmax's row of an empty support is, not ``0/0``.
+emitted code where a formula divides by 0 because a support is empty: ``Where(m, v, 0)``, ``v`` where ``m`` is not 0
+and exactly 0 elsewhere, with each denominator of ``v`` read as ``Where(m, d, 1)`` there, so that neither the value
+nor torch's autograd through it divides by 0. ``m`` is
+- the bool factors of a product that divides by an array: a strictly causal running mean's weight
+  ``θ(p(x) − p(x̃), 0) / ∫ θ(p(x) − p(η), 0) dη`` is 0 at the first token, which sees no earlier one;
+- the counts (arrays of bools alone: ``∫ χ dη``) a product divides by, where another factor is a sum over a support
+  (``∫ χ u dx̃``, 0 where the support is empty): the support mean ``∫ χ u dx̃ / ∫ χ dη``.
+A mean over no key is then 0, as the softmax's row of an empty support is, not ``0/0``; a quotient whose numerator
+is no sum over the support (``u / ∫ χ``) is left as the formula says (∞ where the count is 0).
 
 It runs after the passes (which match the steps as they stand) on every module, and is no pass: it is never switched
 off.
@@ -33,18 +37,20 @@ import sympy as sp
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import Contraction, Elementwise, Masked, Module, Numbers, Reduction
+from .ir import Contraction, Elementwise, Module, Numbers, Op, Reduction, Where
 
-__all__ = ["as_numbers", "is_bool", "SUPPORTS"]
+__all__ = ["as_numbers", "with_dtype_of", "is_bool", "SUPPORTS"]
 
 #: The masks a formula may read: the tokens' support χ and the memory's χ_m (bool, or 0 and 1 in the state's dtype
 #: where a module casts it once to read it as a factor).
 SUPPORTS = (SUPPORT, MEMORY_SUPPORT.name)
+#: The array whose dtype a bool value takes (``with_dtype_of`` names another).
+_STATE = sp.Symbol("u0")
 
 
 def as_numbers(module: Module) -> Module:
     """``module`` with each formula's bool values cast where they are not a floating product's factor, and its
-    quotients by counts of a support masked where their numerator is 0."""
+    quotients that divide by 0 on an empty support made 0 there."""
     rewrite, ops = _Rewrite(), []
     for op in module.ops:
         if isinstance(op, Elementwise):
@@ -52,13 +58,25 @@ def as_numbers(module: Module) -> Module:
             expr = rewrite(op.expr)
             op = op if expr == op.expr else replace(op, expr=expr, reuse=None)
         elif isinstance(op, Reduction):
-            rewrite.note(op.out, op.body)
+            rewrite.note(op.out, op.body, summed=True)
             body = rewrite(op.body)
             op = op if body == op.body else replace(op, body=body)
-        elif isinstance(op, Contraction) and all(name in SUPPORTS or name in rewrite.counts for name in op.reads()):
-            rewrite.counts.add(op.out)  # a product of supports summed: two-hop reach
+        elif isinstance(op, Contraction):
+            rewrite.note_contraction(op)
         ops.append(op)
     return replace(module, ops=ops)
+
+
+def with_dtype_of(op: Op, name: str) -> Op:
+    """``op`` with its bool values cast to the dtype of the array ``name`` instead of the state's."""
+    like = sp.Symbol(name)
+    cast = {"expr": Elementwise, "body": Reduction}
+    for field, kind in cast.items():
+        if isinstance(op, kind):
+            formula = getattr(op, field)
+            changed = formula.replace(lambda e: isinstance(e, Numbers), lambda e: Numbers(e.args[0], like))
+            return op if changed == formula else replace(op, **{field: changed})
+    return op
 
 
 def _steps(expr: sp.Expr) -> sp.Expr:
@@ -74,7 +92,8 @@ def _steps(expr: sp.Expr) -> sp.Expr:
 
 
 def is_bool(expr: sp.Expr) -> bool:
-    """``expr`` prints as a bool array: a step, a δ or a support read, or a product of such."""
+    """``expr`` is 0 or 1 by what it is: a step, a δ or a support read, or a product of such (a bool array; a support
+    read as a factor is 0 and 1 in the state's dtype)."""
     if isinstance(expr, sp.Mul):
         return all(is_bool(factor) for factor in expr.args)
     return (isinstance(expr, (sp.Heaviside, sp.KroneckerDelta)) and expr.has(sp.Indexed, sp.Idx)) or (
@@ -83,29 +102,48 @@ def is_bool(expr: sp.Expr) -> bool:
 
 def _floating(expr: sp.Expr) -> bool:
     """``expr`` reads a floating array (a state, a parameter, the positions, a grid coordinate) outside any bool."""
-    if is_bool(expr) or isinstance(expr, Numbers):
-        return isinstance(expr, Numbers)
+    if is_bool(expr) or isinstance(expr, (Numbers, Where)):
+        return isinstance(expr, (Numbers, Where))
     if isinstance(expr, (sp.Indexed, sp.Idx)):
         return True
     return any(_floating(argument) for argument in expr.args if isinstance(argument, sp.Expr))
 
 
-def _reciprocal(expr: sp.Expr) -> bool:
-    """``expr`` divides by an array (which may be 0 where a bool factor of its product is)."""
-    return any(power.exp.is_negative and power.base.has(sp.Indexed, sp.Idx) for power in expr.atoms(sp.Pow))
+def _denominator(factor: sp.Expr) -> bool:
+    """``factor`` divides by an array."""
+    return isinstance(factor, sp.Pow) and factor.exp.is_negative is True and factor.base.has(sp.Indexed, sp.Idx)
+
+
+def _where(mask: sp.Expr, value: sp.Expr) -> sp.Expr:
+    """``value`` where ``mask`` is not 0, else 0, each denominator of ``value`` read as 1 there."""
+    safe = value.replace(_denominator, lambda power: sp.Pow(Where(mask, power.base, 1), power.exp))
+    return Where(mask, safe, 0)
 
 
 class _Rewrite:
     """The rewrite of one module's formulas, in order; ``counts``: the arrays computed from bools alone (a count of
-    a support, 0 where it is empty)."""
+    a support, 0 where it is empty); ``sums``: those summed over a support (0 where it is empty)."""
 
     def __init__(self):
         self.counts: set[str] = set()
+        self.sums: set[str] = set()
 
-    def note(self, name: str, formula: sp.Expr) -> None:
-        """``name`` is a count where ``formula`` reads bools and counts alone."""
+    def note(self, name: str, formula: sp.Expr, summed: bool = False) -> None:
+        """``name`` is a count where ``formula`` reads bools and counts alone; a sum over a support where it sums a
+        product with such a factor."""
         if formula.has(sp.Indexed) and self.counted(formula):
             self.counts.add(name)
+        if summed and any(self.counted(factor) for factor in sp.Mul.make_args(formula)):
+            self.sums.add(name)
+
+    def note_contraction(self, op: Contraction) -> None:
+        """A contraction with a support or a count as an operand is a sum over that support; of such alone, a count
+        (two-hop reach ``Σ_n χ[i, n] χ[n, j]``)."""
+        bounded = [operand.name in SUPPORTS or operand.name in self.counts for operand in op.operands]
+        if all(bounded):
+            self.counts.add(op.out)
+        if any(bounded):
+            self.sums.add(op.out)
 
     def counted(self, expr: sp.Expr) -> bool:
         """``expr`` is a number of bools and counts alone."""
@@ -117,34 +155,36 @@ class _Rewrite:
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         expr = _steps(expr)
-        return Numbers(expr) if is_bool(expr) else self.numbers(expr)
+        return Numbers(expr, _STATE) if is_bool(expr) else self.numbers(expr)
 
     def numbers(self, expr: sp.Expr) -> sp.Expr:
         if is_bool(expr) or not isinstance(expr, sp.Expr) or not expr.args or isinstance(expr, (sp.Indexed, Numbers)):
             return expr
         if isinstance(expr, sp.Mul):
             return self.product(expr)
-        arguments = [Numbers(argument) if is_bool(argument) else self.numbers(argument) for argument in expr.args]
+        arguments = [Numbers(argument, _STATE) if is_bool(argument) else self.numbers(argument)
+                     for argument in expr.args]
         return expr if arguments == list(expr.args) else expr.func(*arguments)
 
     def product(self, expr: sp.Mul) -> sp.Expr:
-        """Bool factors kept bare only beside a floating array and no fraction; a product dividing by an array
-        masked by its bools, or one dividing by a count masked where its other factors are 0."""
+        """A product that divides by an array: 0 where its bool factors are, or where the counts it divides by are
+        and a sum over their support is a factor. Otherwise bool factors stay bare only beside a floating array,
+        with no number but a positive integer."""
         bools = [factor for factor in expr.args if is_bool(factor)]
         others = [self.numbers(factor) for factor in expr.args if not is_bool(factor)]
-        if bools and _reciprocal(sp.Mul(*others)):
-            return Masked(sp.Mul(*bools), sp.Mul(*others))
-        exact = all(factor.is_Integer or not factor.is_number for factor in others)
+        if bools and any(_denominator(factor) for factor in sp.Mul.make_args(sp.Mul(*others))):
+            return _where(sp.Mul(*bools), sp.Mul(*others))
+        counts = [factor.base for factor in others if _denominator(factor) and self.counted(factor.base)]
+        if counts and any(self.summed(factor) for factor in others):
+            return _where(sp.Mul(*counts), sp.Mul(*others))
+        exact = all((factor.is_Integer and factor > 0) or not factor.is_number for factor in others)
         if bools and not (exact and any(_floating(factor) for factor in others)):
-            bools = [Numbers(sp.Mul(*bools))]
-        numerator = [factor for factor in others if not self.count_reciprocal(factor)]
-        if not bools and len(numerator) < len(others) and _floating(sp.Mul(*numerator)):
-            return Masked(sp.Mul(*numerator), sp.Mul(*others))
+            bools = [Numbers(sp.Mul(*bools), _STATE)]
         arguments = [*bools, *others]
         return expr if sorted(arguments, key=sp.default_sort_key) == sorted(expr.args, key=sp.default_sort_key) \
             else sp.Mul(*arguments)
 
-    def count_reciprocal(self, factor: sp.Expr) -> bool:
-        """``factor`` divides by a count of a support (a mean's ``1/∫ χ``)."""
-        return isinstance(factor, sp.Pow) and factor.exp.is_negative is True and factor.base.has(sp.Indexed) \
-            and self.counted(factor.base)
+    def summed(self, factor: sp.Expr) -> bool:
+        """``factor`` is a sum over a support (or a positive power of one): 0 where that support is empty."""
+        base = factor.base if isinstance(factor, sp.Pow) and factor.exp.is_positive is True else factor
+        return isinstance(base, sp.Indexed) and str(base.base.label) in self.sums

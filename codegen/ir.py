@@ -42,7 +42,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
-    "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Masked", "CALLS",
+    "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Where", "CALLS",
     "ConvolutionWeightAdjoint", "ConvolutionInputAdjoint",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -85,24 +85,28 @@ def _indexed_names(expr: sp.Expr) -> list[str]:
 def _array_names(expr: sp.Expr) -> tuple[str, ...]:
     """The arrays ``expr`` reads, sorted (remembered: the passes ask for an op's reads often); a grid index used
     as a value reads the state ``u0`` too (printed ``_grid(size, u0)``: the coordinates in u0's dtype and device), and
-    so does a bool value cast to numbers (``Numbers``)."""
+    a bool value cast to numbers (``Numbers``) reads the array whose dtype it takes."""
     arrays = expr.atoms(sp.Indexed)
-    grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx) or expr.has(Numbers)
-    return tuple(sorted({str(item.base.label) for item in arrays} | ({"u0"} if grids else set())))
+    grids = expr.xreplace({item: sp.Integer(1) for item in arrays}).atoms(sp.Idx)
+    likes = {str(cast.args[1]) for cast in expr.atoms(Numbers)}
+    return tuple(sorted({str(item.base.label) for item in arrays} | ({"u0"} if grids else set()) | likes))
 
 
-class Masked(sp.Function):
-    """``Masked(m, v)``: ``v`` where ``m`` is not 0, exactly 0 elsewhere (where ``v`` may divide by 0;
-    ``codegen.bool_values`` writes it)."""
+class Where(sp.Function):
+    """``Where(m, a, b)``: ``a`` where ``m`` is not 0, else ``b`` (``codegen.bool_values`` writes it: a quotient that
+    is 0 where a support is empty, and its denominators read as 1 there)."""
 
-    nargs = 2
+    nargs = 3
+    is_real = True
 
 
 class Numbers(sp.Function):
-    """A bool array (a step, δ or support, or their product) as numbers in the state ``u0``'s dtype
-    (``codegen.bool_values`` writes it where arithmetic other than a floating product reads the bools)."""
+    """``Numbers(x, like)``: a bool array (a step, δ or support, or their product) as numbers in the dtype of the array
+    named ``like`` (the state ``u0``; ``codegen.bool_values`` writes it where arithmetic other than a floating
+    product reads the bools)."""
 
-    nargs = 1
+    nargs = 2
+    is_real = True
 
 
 class ExactGelu(sp.Function):
@@ -163,7 +167,7 @@ class TanhGeluBackward(sp.Function):
 
 #: The calls the passes (and ``codegen.bool_values``) write into elementwise formulas, each printed by the backends' own
 #: method.
-CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Masked)
+CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Where)
 
 
 @dataclass(frozen=True)

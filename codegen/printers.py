@@ -28,8 +28,8 @@ from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
 from .bool_values import SUPPORTS, is_bool
-from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Masked, Module, Numbers, Operand, Silu, SiluBackward, TanhGelu,
-                 TanhGeluBackward)
+from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Module, Numbers, Operand, Silu, SiluBackward, TanhGelu,
+                 TanhGeluBackward, Where)
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]
@@ -108,7 +108,8 @@ class ArrayPrinter(StrPrinter):
     silu: str
     silu_backward: str
     gelu_backward: str
-    #: The array method call that casts to the state's dtype (no copy where it is that dtype: a support χ is).
+    #: The array method call that casts to the dtype of the array ``like`` (no copy where it has that dtype: a support
+    #: read as a factor has).
     cast: str
     #: No object prints itself: SymPy would call any expression's method of this name (a user's class too).
     printmethod = None
@@ -242,23 +243,24 @@ class ArrayPrinter(StrPrinter):
             raise AssertionError(f"no spelling for {expr}: the step function's value at 0 must be 0 or 1")
         return f"({self._print(argument)} {'>' if at_zero == [0] else '>='} 0)"
 
-    def _print_Masked(self, expr: Masked) -> str:
-        """``v`` where ``m`` is not 0, else 0; a user's function of that name has no spelling. A step or δ is its own
-        condition; a number, or a support read as a factor (in the state's dtype: the module casts χ once), is compared
-        with 0."""
-        if type(expr) is not Masked:
+    def _print_Where(self, expr: Where) -> str:
+        """``a`` where ``m`` is not 0, else ``b``; a user's function of that name has no spelling. A step or δ is its
+        own condition; anything else (a count, a support read as a factor: in the state's dtype) is compared with 0."""
+        if type(expr) is not Where:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
-        mask, value = expr.args
+        mask, value, otherwise = expr.args
         condition = self._print(mask)
         if not is_bool(mask) or any(str(item.base.label) in SUPPORTS for item in mask.atoms(sp.Indexed)):
             condition = f"{self.parenthesize(mask, PRECEDENCE['Func'], strict=True)} != 0"
-        return f"{self.library}.where({condition}, {self._print(value)}, 0)"
+        return f"{self.library}.where({condition}, {self._print(value)}, {self._print(otherwise)})"
 
     def _print_Numbers(self, expr: Numbers) -> str:
-        """A bool array as numbers in the state's dtype; a user's function of that name has no spelling."""
+        """A bool array as numbers in the dtype of the array ``like``; a user's function of that name has no
+        spelling."""
         if type(expr) is not Numbers:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
-        return f"{self.parenthesize(expr.args[0], PRECEDENCE['Func'], strict=True)}.{self.cast}"
+        value, like = expr.args
+        return f"{self.parenthesize(value, PRECEDENCE['Func'], strict=True)}.{self.cast.format(like=like)}"
 
     def _print_KroneckerDelta(self, expr: sp.KroneckerDelta) -> str:
         """``δ(i, j)``: 1 where the two are equal, else 0 (a boolean array, or a Python bool, multiplies as 1/0)."""
@@ -280,7 +282,7 @@ class NumpyPrinter(ArrayPrinter):
     silu = "_silu"
     silu_backward = "_silu_backward"
     gelu_backward = "_gelu_backward"
-    cast = "astype(u0.dtype, copy=False)"
+    cast = "astype({like}.dtype, copy=False)"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
                  "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
 
@@ -319,7 +321,7 @@ class TorchPrinter(ArrayPrinter):
     silu = "torch.nn.functional.silu"  # one kernel; torch.exp is MKL's, which threads even a row of 688 (ms under load)
     silu_backward = "torch.ops.aten.silu_backward"  # one kernel, what autograd runs for torch's silu
     gelu_backward = "torch.ops.aten.gelu_backward"  # one kernel, what autograd runs for torch's gelu
-    cast = "to(u0.dtype)"
+    cast = "to({like}.dtype)"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
                  "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
 

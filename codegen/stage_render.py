@@ -10,7 +10,7 @@ view, group), statements by section spelled by the backend, and what it binds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
@@ -19,6 +19,7 @@ from splitformer.symbolic.program import Program
 
 from .adjoint import Backward, lower_stage_adjoint
 from .backends import BACKENDS
+from .bool_values import with_dtype_of
 from .ir import Convolution, Module
 from .lowering import lower
 from .passes import NETWORK_ADJOINT_STAGE, network_passes, run_passes
@@ -139,8 +140,10 @@ def lower_program(piece: Piece, passes: tuple | None = None) -> LoweredProgram:
     forward = lower(program, (convolution,), network=True)
     backward = lower_stage_adjoint(piece.adjoint, forward, input_name)
     adjoint_passes = network_passes(passes, NETWORK_ADJOINT_STAGE)
+    adjoint = run_passes(backward.adjoint, adjoint_passes)
+    adjoint = replace(adjoint, ops=[with_dtype_of(op, backward.seed) for op in adjoint.ops])
     return LoweredProgram(program, input_name, forward, run_passes(forward, network_passes(passes)), backward,
-                          (run_passes(backward.forward, adjoint_passes), run_passes(backward.adjoint, adjoint_passes)))
+                          (run_passes(backward.forward, adjoint_passes), adjoint))
 
 
 def program_context(lowered: LoweredProgram, backend: str, sizes: dict | None = None,

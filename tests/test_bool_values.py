@@ -19,7 +19,7 @@ from conftest import ROOT, import_path
 PLUGIN = ROOT / "tests" / "plugins" / "running_means.py"
 #: A running mean's weight of the query's own token; a count's weight of the tokens before the last one.
 KINDS = {"strict-running-mean": 0.0, "half-running-mean": 0.5, "inclusive-running-mean": 1.0, "step-count": 1.0,
-         "third-count": 1 / 3}
+         "third-count": 1 / 3, "strict-running-third": 0.0, "negative-count": None, "max-count": None}
 
 
 def _scheme(kind: str) -> str:
@@ -46,10 +46,14 @@ def _weights(kind: str, n: int) -> np.ndarray:
     """The operator's matrix over the tokens (positions 0, 1, …): a running mean's rows normalized, a row of no
     weight 0; a count's entries over n."""
     distance = np.arange(n)[:, None] - np.arange(n)[None, :]
+    if kind == "negative-count":
+        return -1.0 * (distance >= 0) / n
+    if kind == "max-count":
+        return ((distance >= 1) + 0.5 * (distance == 0)) / n
     if kind.endswith("count"):
         return ((distance >= 0) + KINDS[kind] * (distance >= 1)) / n
     weights = (distance > 0) + KINDS[kind] * (distance == 0)
-    total = weights.sum(1, keepdims=True)
+    total = weights.sum(1, keepdims=True) * (3 if kind.endswith("third") else 1)
     return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
 
 
@@ -77,15 +81,26 @@ def test_each_module_equals_plain_numpy_in_the_states_dtype(modules, kind, backe
     assert np.abs(got - expected).max() < tolerance
 
 
-def test_the_vjp_of_the_strict_mean_is_finite_and_equals_plain_numpy(modules):
-    """The first token's weights are 0, so its costate reaches no token; every other row as the mean's transpose."""
+@pytest.mark.parametrize("kind", ["strict-running-mean", "strict-running-third", "negative-count", "max-count"])
+def test_the_backwards_are_finite_and_equal_plain_numpys(modules, kind):
+    """The first token's weights are 0, so its costate reaches no token; every other row as the weights' transpose:
+    NumPy's ``vjp``, and torch's autograd and derived backward (autograd through ``torch.where`` of a quotient was
+    NaN where the quotient divided by 0, though not selected)."""
     rng = np.random.default_rng(1)
     u, bar = rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 4))
-    u_bar, _ = modules["strict-running-mean"]["numpy"].vjp(u, {}, bar)
-    assert np.abs(u_bar - (bar + _weights("strict-running-mean", 6).T @ bar)).max() < 1e-13
+    expected = bar + _weights(kind, 6).T @ bar
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        u_bar, _ = modules[kind]["numpy"].vjp(u, {}, bar)
+        assert np.abs(u_bar - expected).max() < 1e-13
+        for mode in ("autograd", "derived"):
+            x = torch.from_numpy(u).requires_grad_()
+            modules[kind]["torch"].Block(4, 1, 4, dtype=torch.float64, backward=mode)(x).backward(torch.from_numpy(bar))
+            assert np.abs(x.grad.numpy() - expected).max() < 1e-13
 
 
-@pytest.mark.parametrize("kind", ["strict-running-mean", "half-running-mean", "step-count", "third-count"])
+@pytest.mark.parametrize("kind", ["strict-running-mean", "half-running-mean", "step-count", "third-count",
+                                  "strict-running-third", "negative-count", "max-count"])
 def test_check_holds_for_the_kinds_semantics_and_adjoint(kind, tmp_path):
     """The evaluators read ``H(0)`` from the step (they took 0 for every step) and make a product with a factor exactly
     0 zero before its reciprocal, as the emitted ``Masked`` does."""

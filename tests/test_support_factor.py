@@ -189,6 +189,39 @@ def test_a_mean_over_no_key_is_zero_and_the_adjoint_tests_hold(modules, tmp_path
     assert len(checks) == 5 and all(check.holds for check in checks), [c.detail for c in checks if not c.holds]
 
 
+def _torch_reference(u, params, visible):
+    """One step in plain torch, the mean 0 over an empty support (its count read as 1 there, so that autograd never
+    divides by 0)."""
+    centred = u - u.mean(-1, keepdim=True)
+    normed = centred / torch.sqrt((centred**2).mean(-1, keepdim=True) + EPS) * params["norm1.gain"] + params["norm1.bias"]
+    counts = visible.sum(-1, keepdim=True)
+    mean = torch.where(counts > 0, visible @ normed / torch.where(counts > 0, counts, torch.ones_like(counts)), 0)
+    return u + mean @ params["mix.W"] + params["mix.b"]
+
+
+def test_the_gradients_at_a_query_with_no_key_are_finite_and_exact(modules):
+    """torch's autograd through the emitted block was NaN in every parameter (the quotient's 0/0, though not selected
+    by ``torch.where``), and a feature of the mean exactly 0 on every token had its gradient dropped (the mask was
+    the numerator ≠ 0): autograd, the derived backward and plain torch now agree, in every parameter."""
+    u, params, padding = _inputs(3)
+    padding[:] = False
+    padding[1, 0] = True
+    params["norm1.gain"][0] = params["norm1.bias"][0] = 0.0  # feature 0 of the mean is 0 at every token
+    visible = torch.from_numpy(((~padding)[:, None, :] & np.tril(np.ones((5, 5), dtype=bool))).astype(float))
+    bar = torch.from_numpy(np.random.default_rng(4).standard_normal(u.shape))
+    leaves = {name: torch.from_numpy(value.copy()).requires_grad_() for name, value in params.items()}
+    x = torch.from_numpy(u).requires_grad_()
+    _torch_reference(x, leaves, visible).backward(bar)
+    expected = {"u": x.grad, **{name: leaf.grad for name, leaf in leaves.items()}}
+    for mode in ("autograd", "derived"):
+        block = modules["torch", "mean_step"].Block(8, 2, 8, dtype=torch.float64, backward=mode).load_params(params)
+        x = torch.from_numpy(u).requires_grad_()
+        block(x, src_key_padding_mask=torch.from_numpy(padding), causal=True).backward(bar)
+        got = {"u": x.grad, **{name: parameter.grad for name, parameter in block.named_parameters()}}
+        for name, gradient in expected.items():
+            assert torch.isfinite(got[name]).all() and (got[name] - gradient).abs().max() < 1e-12, (mode, name)
+
+
 def _two_hop_reference(u, padding, causal):
     """``u + Σ_j c[i, j] u[j]/Σ_j c[i, j]`` with ``c[i, j] = Σ_n χ[i, n] χ[n, j]/Σ_n χ[i, n]``, in float64."""
     visible = np.broadcast_to(~padding[:, None, :], (len(u), u.shape[1], u.shape[1])).astype(float)

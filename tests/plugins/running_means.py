@@ -28,12 +28,15 @@ class StrictRunningMean(Operator):
     symbol: ClassVar[str] = r"\mathcal{R}"
     input_fields: ClassVar[tuple] = (POSITIONS,)
     at_zero: ClassVar = sp.Integer(0)
+    #: The weights' scale (a fraction makes the steps numbers before they mask the quotient).
+    scale: ClassVar = sp.Integer(1)
 
     def parameters(self):
         return ()
 
     def definitions(self):
-        weight = _step(X, X_KEY, at_zero=self.at_zero) / integral(_step(X, ETA, at_zero=self.at_zero), ETA)
+        total = integral(_step(X, ETA, at_zero=self.at_zero), ETA)
+        weight = self.scale * _step(X, X_KEY, at_zero=self.at_zero) / total
         return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
                 Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
                            "the running mean"))
@@ -55,6 +58,15 @@ class InclusiveRunningMean(StrictRunningMean):
 
     kind: ClassVar[str] = "inclusive-running-mean"
     at_zero: ClassVar = sp.Integer(1)
+
+
+@register_operator
+@dataclass(frozen=True)
+class StrictRunningThird(StrictRunningMean):
+    """A third of the strict running mean: ``w = H(p(x) − p(x̃)) / (3 ∫ H(p(x) − p(η)) dη)``."""
+
+    kind: ClassVar[str] = "strict-running-third"
+    scale: ClassVar = sp.Rational(1, 3)
 
 
 @register_operator
@@ -108,3 +120,25 @@ class InverseCount(Operator):
         return (Definition("out", self.symbol, (X, Y),
                            apply(STATE, X, Y) * X.domain.measure / integral(_step(X, ETA), ETA),
                            "the state over the share of earlier tokens"),)
+
+
+@register_operator
+@dataclass(frozen=True)
+class NegativeCount(StepCount):
+    """``c = −H(δ)``: minus a bool step (``-`` of a bool array is an error in NumPy and torch)."""
+
+    kind: ClassVar[str] = "negative-count"
+
+    def count(self):
+        return -_step(X, X_KEY, at_zero=1)
+
+
+@register_operator
+@dataclass(frozen=True)
+class MaxCount(StepCount):
+    """``c = max(H(δ − 1), H(δ)/2)``: 1 on the earlier tokens, ½ on the query's own (a maximum of steps)."""
+
+    kind: ClassVar[str] = "max-count"
+
+    def count(self):
+        return sp.Max(_step(X, X_KEY, shift=1, at_zero=1), _step(X, X_KEY, at_zero=1) / 2)

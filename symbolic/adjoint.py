@@ -154,11 +154,13 @@ def _is_pattern(indices) -> bool:
         sp.sympify(index).is_Integer or sp.sympify(index).atoms(sp.Idx) for index in indices)
 
 
-def _with_relu_convention(expr: sp.Expr, written: sp.Expr) -> sp.Expr:
+def _with_step_conventions(expr: sp.Expr, written: sp.Expr) -> sp.Expr:
     """Each ``Heaviside(v)`` that differentiation made (``max(0, v)``'s derivative, ½ at 0 in SymPy) →
     ``Heaviside(v, 0)``: torch's subgradient at 0. A step the formula ``written`` holds itself keeps its value at 0
-    (a plug-in's ``H(p(x) − p(x̃), 1)`` counts the query's own token)."""
+    (a plug-in's ``H(p(x) − p(x̃), 1)`` counts the query's own token). A step's own derivative, ``DiracDelta(v)``, is
+    0 wherever it is defined, as torch's autograd of a comparison is."""
     own = written.atoms(sp.Heaviside)
+    expr = expr.replace(lambda e: isinstance(e, sp.DiracDelta), lambda e: sp.Integer(0))
     return expr.replace(lambda e: isinstance(e, sp.Heaviside) and e not in own,
                         lambda e: sp.Heaviside(e.args[0], RELU_SUBGRADIENT_AT_ZERO))
 
@@ -465,7 +467,7 @@ class _Reverse:
             if not plain and not _is_pattern(read):
                 raise SplitformerError(f"cannot differentiate {assignment.lhs} = {assignment.rhs}: "
                                        f"{read_entry} is not read with distinct indices")
-            partial = self.step_of_output(self.recognize(_with_relu_convention(partial, assignment.rhs)))
+            partial = self.step_of_output(self.recognize(_with_step_conventions(partial, assignment.rhs)))
             if partial == 0:
                 continue
             atoms = read if plain else tuple(_index_atoms(read))

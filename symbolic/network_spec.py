@@ -353,6 +353,11 @@ def _one_layer_at_a_time(scheme: Scheme, where: str) -> Scheme:
     if scheme.across_layers is not None:
         raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} combines its layers "
                                f"({scheme.across_layers.method} across layers); a network steps one layer at a time")
+    operators = scheme.instantiate()
+    if not scheme.step_controls() and not any(operator.parameters() for operator in operators.values()):
+        raise SplitformerError(f"{where}: steps.scheme: {scheme.name!r} has no parameter; a token network counts its "
+                               "layers by their parameters (layers.N.…), so its step needs one (a projection "
+                               "'on = \"layer-norm\"', a learned step, an operator with weights)")
     return scheme
 
 

@@ -140,3 +140,24 @@ def test_check_of_a_formula_infinite_at_the_first_token_fails_and_says_why(tmp_p
         assert checks[name].method == "numeric" and not checks[name].holds
         assert checks[name].detail.startswith("a formula of the scheme divides by zero at the check's point")
     assert checks["adjoint/inverse-count-step/negative-control"].method == "skipped"
+
+
+def test_a_step_of_the_state_derives_and_its_derivative_is_the_steps(tmp_path):
+    """``−H(u) u/2 + H(u, 1)/3``: its adjoint held ``DiracDelta(u)`` (no spelling: derive failed); a step's derivative
+    is 0 wherever it is defined, so the step's gradient is ``1 − H(u)/2``."""
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "state_steps.py")
+    modules = _derived(tmp_path, "state-steps")
+    rng = np.random.default_rng(5)
+    u, bar = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 4))
+    u[0, 0, :2] = 0.0  # the steps' value at 0: H(0, 0) = 0, H(0, 1) = 1
+    expected = u - np.maximum(u, 0) / 2 + (u >= 0) / 3
+    assert np.abs(modules["numpy"].forward(u, {}) - expected).max() < 1e-15
+    u_bar, _ = modules["numpy"].vjp(u, {}, bar)
+    assert np.abs(u_bar - bar * (1 - (u > 0) / 2)).max() < 1e-15
+    for mode in ("autograd", "derived"):
+        x = torch.from_numpy(u).requires_grad_()
+        modules["torch"].Block(4, 1, 4, dtype=torch.float64, backward=mode)(x).backward(torch.from_numpy(bar))
+        assert np.abs(x.grad.numpy() - bar * (1 - (u > 0) / 2)).max() < 1e-15
+    (tmp_path / "s.toml").write_text(_scheme("state-steps"), encoding="utf-8")
+    checks = splitformer.derive(str(tmp_path / "s.toml")).check(only="semantics,adjoint").checks
+    assert checks and all(check.holds for check in checks), [(c.id, c.detail) for c in checks if not c.holds]

@@ -448,3 +448,20 @@ def test_a_module_derived_from_a_file_says_to_regenerate_it_from_that_file(tmp_p
                                                                                             'name = "my-block"'))
     source = splitformer.derive(str(scheme)).source("numpy")
     assert "Regenerate with: splitformer derive SCHEME_FILE\n" in source and "../reports/my_block.md" in source
+
+
+def test_a_vit_stepping_a_scheme_without_parameters_is_refused_in_one_line(tmp_path, capsys):
+    """A token network counts its layers by their parameters (``layers.N.…``): a step without one (a plug-in's
+    sum over the support) ended in a jinja traceback. Control: the same step on a LayerNorm-projected state derives."""
+    plugin = str(ROOT / "tests" / "plugins" / "support_mean.py")
+    step = ('name = "mean-step"\nsummary = "s"\n[operators]\nf = "support-sum"\n'
+            '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    (tmp_path / "steps.toml").write_text(step)
+    path = _copy(tmp_path, "vit", "vit-mean", ('scheme = "pre-ln"', 'scheme = "steps.toml"'))
+    assert main(["derive", "--load", plugin, str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "steps.scheme: 'mean-step' has no parameter" in err, err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "steps.toml").write_text(step.replace('[operators]\n', '[operators]\nnorm1 = "layer-norm"\n')
+                                         + 'on = "norm1"\n')
+    assert main(["derive", "--load", plugin, str(path), "--out", str(tmp_path / "out")]) == 0

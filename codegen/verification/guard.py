@@ -1,19 +1,23 @@
 """A check that raises is a failed check: its exception becomes a ``fail`` with the reason.
 
-A division by an exact 0 in the exact evaluators is the scheme's own (its formula is undefined at the check's
-point) and is said so; any other exception is a crash.
-
 A valid scheme never makes ``splitformer check`` end in a traceback: an exception other than
 ``SplitformerError`` (bad input, reported as ``error: …``) inside a group of checks is a bug in
 the code checked or in the check itself, and is reported as that group's failure, naming the
 exception and where it was raised.
+
+A division by an exact 0 in the exact evaluators is the scheme's own (its formula is undefined at the check's
+point) and is said so; any other exception is a crash. NumPy's warnings of non-finite values are silenced: the checks
+say in their details where an output is not finite.
 """
 
 from __future__ import annotations
 
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
 
@@ -31,7 +35,9 @@ DIVIDES_BY_ZERO = ("a formula of the scheme divides by zero at the check's point
 def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Check] | Check | None]) -> list[Check]:
     """The checks ``checks()`` returns, or one failed check ``check_id`` when it raises."""
     try:
-        result = checks()
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a check reports what is not finite, in its own words
+            result = checks()
     except SplitformerError:
         raise
     except ZeroDivisionError as error:

@@ -98,7 +98,8 @@ def _sizes_text(program: Program) -> str:
 
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None,
                           positive: frozenset[str] = frozenset()) -> sp.Float:
-    """``|FD − ⟨gradient, δ⟩| / |⟨gradient, δ⟩|`` for a random point, direction and costate.
+    """``|FD − ⟨gradient, δ⟩| / max(|FD|, |⟨gradient, δ⟩|)`` (0 where both are 0) for a random point, direction and
+    costate.
 
     ``sizes`` adds to (or overrides) the tiny default sizes; the arrays named in ``positive``
     (a variance) take values in (1, 3) instead of (−1, 1).
@@ -150,7 +151,8 @@ def finite_difference_gaps(adjoints: list[Adjoint], seed: str = "adjoint", sizes
         derived = sum(direction(name, *index) * value
                       for name, gradient in adjoint.gradients.items()
                       for index, value in values[gradient].items() if inside(name, index))
-        return abs(sp.N(numeric - derived, _DIGITS)) / abs(sp.N(derived, _DIGITS))
+        scale = max(abs(sp.N(derived, _DIGITS)), abs(sp.N(numeric, _DIGITS)))  # 0 only where both are
+        return abs(sp.N(numeric - derived, _DIGITS)) / scale if scale else sp.Float(0)
 
     return [gap(adjoint) for adjoint in adjoints]
 

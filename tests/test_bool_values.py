@@ -161,3 +161,13 @@ def test_a_step_of_the_state_derives_and_its_derivative_is_the_steps(tmp_path):
     (tmp_path / "s.toml").write_text(_scheme("state-steps"), encoding="utf-8")
     checks = splitformer.derive(str(tmp_path / "s.toml")).check(only="semantics,adjoint").checks
     assert checks and all(check.holds for check in checks), [(c.id, c.detail) for c in checks if not c.holds]
+
+
+def test_the_adjoint_check_of_a_derivative_exactly_zero_has_a_verdict(tmp_path):
+    """``2u + |H(u, 0) − H(u, 1)|``: the adjoint with a sign flipped (the check's negative control) has the directional
+    derivative exactly 0; the relative gap divided by it (SymPy's ``zoo``, then a crash comparing it)."""
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "state_steps.py")
+    (tmp_path / "s.toml").write_text(_scheme("step-gap"), encoding="utf-8")
+    checks = splitformer.derive(str(tmp_path / "s.toml")).check(only="adjoint").checks
+    assert [check.method for check in checks] == ["numeric", "numeric"], [(c.id, c.detail) for c in checks]
+    assert checks[0].holds, checks[0].detail

@@ -24,3 +24,21 @@ class StateSteps(Operator):
         u = apply(STATE, X, Y)
         return (Definition("out", self.symbol, (X, Y), -sp.Heaviside(u, 0) * u / 2 + sp.Heaviside(u, 1) / 3,
                            "minus half the ReLU, and a third where the state is ≥ 0"),)
+
+
+@register_operator
+@dataclass(frozen=True)
+class StepGap(Operator):
+    """``u ↦ |H(u, 0) − H(u, 1)| + u``: the state, and 1 where it is 0; its steps' derivatives are 0 wherever they are
+    defined, and the adjoint with its first costate's sign flipped has the directional derivative 0."""
+
+    kind: ClassVar[str] = "step-gap"
+    symbol: ClassVar[str] = r"\mathcal{G}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        u = apply(STATE, X, Y)
+        return (Definition("out", self.symbol, (X, Y), sp.Abs(sp.Heaviside(u, 0) - sp.Heaviside(u, 1)) + u,
+                           "the state, and 1 where it is 0"),)

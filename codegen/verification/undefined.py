@@ -43,8 +43,8 @@ def undefined_note(got, expected) -> str:
     if emitted_only:
         clauses.append(f"the emitted output is not finite at {_entries(emitted_only)} where the evaluator's is finite: "
                        "the evaluator takes a product with a factor exactly 0 as 0 before any reciprocal, and the "
-                       "emitted code does so only for a step or mask factor of the quotient's own formula (an integral "
-                       "over an empty support divided by another is 0/0 there)")
+                       "emitted code does so only where a step or a support is a factor of the quotient, or the "
+                       "quotient divides by a count of a support and sums over it")
     return "".join(f"; {clause}" for clause in clauses)
 
 

@@ -24,7 +24,7 @@ import sympy as sp
 
 from .domains import (
     ATTENTION_FEATURES, BUCKETS, FEATURES, FREQUENCIES, GROUP, HEAD_FEATURES, HEADS, HIDDEN, KV_FEATURES, KV_HEADS,
-    PAIR, TOKENS, VARIABLES, X, X_KEY, Y, stores,
+    ETA, PAIR, TOKENS, VARIABLES, X, X_KEY, Y, stores,
 )
 from .errors import SplitformerError
 from .latex import equation, to_latex, unicode_text
@@ -348,22 +348,28 @@ def _branch_title(substep: Substep) -> str:
     return f"(u {'−' if substep.fraction < 0 else '+'} {step}·{substep.operator}({state}))"
 
 
+#: The token variables of keys: a field read at one of them is read of every earlier token in a cached step.
+_KEYS = (X_KEY.symbol, ETA.symbol)
+
+
 def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:
-    """The definitions, where a declared input of a token read at the key position ``x̃`` (the
-    key positions of a score bias) is read through a copy of its own (``pos`` → ``pos_k``):
-    that copy is a key-side field, so the cache keeps it for later tokens."""
+    """The definitions, where the state or a declared input of a token read at a key's position ``x̃`` or ``η`` (the
+    key positions of a score bias, a normalizer's, a mean of the earlier tokens' states) is read through a copy of its
+    own (``pos`` → ``pos_k``, ``u`` → ``u_k``): that copy is a key-side field, so the cache keeps it for later tokens.
+    (Read at ``η`` through the query's own array, a cached step summed the new tokens' values over every key.)"""
     definitions = operator.definitions()
     copies = []
-    for field in operator.input_fields:
-        if X not in field.arguments:
+    fields = [(field.name, field.arguments, field.latex, f"the {field.role} of the keys, kept by the cache")
+              for field in operator.input_fields]
+    for name, arguments, latex, meaning in [*fields, (STATE, (X, Y), "u", "the state of the keys, kept by the cache")]:
+        if X not in arguments:
             continue
-        at = field.arguments.index(X)
+        at = arguments.index(X)
         keyed = {applied for definition in definitions for applied in definition.rhs.atoms(sp.core.function.AppliedUndef)
-                 if applied.func.__name__ == field.name and applied.args[at] == X_KEY.symbol}
+                 if applied.func.__name__ == name and applied.args[at] in _KEYS}
         if not keyed:
             continue
-        copy = Definition(f"{field.name}_k", rf"\tilde{{{field.latex}}}", field.arguments,
-                          apply(field.name, *field.arguments), f"the {field.role} of the keys, kept by the cache")
+        copy = Definition(f"{name}_k", rf"\tilde{{{latex}}}", arguments, apply(name, *arguments), meaning)
         copies.append(copy)
         renamed = {applied: sp.Function(copy.function)(*applied.args) for applied in keyed}
         definitions = tuple(replace(definition, rhs=definition.rhs.xreplace(renamed)) for definition in definitions)
@@ -371,15 +377,14 @@ def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:
 
 
 def _key_side(definitions: tuple[Definition, ...]) -> list[str]:
-    """The operator's own fields of a token ``x`` read at the key position ``x̃`` (keys and
-    values): what a causal token integral at a new token needs of every earlier token."""
+    """The operator's own fields of a token ``x`` read at a key's position ``x̃`` or ``η`` (keys and values, their
+    normalizer's): what a causal token integral at a new token needs of every earlier token."""
     own = {definition.function: definition.arguments for definition in definitions}
     found = []
     for definition in definitions:
         for applied in sorted(definition.rhs.atoms(sp.core.function.AppliedUndef), key=sp.default_sort_key):
             name = applied.func.__name__
-            if name in own and X in own[name] and applied.args[own[name].index(X)] == X_KEY.symbol \
-                    and name not in found:
+            if name in own and X in own[name] and applied.args[own[name].index(X)] in _KEYS and name not in found:
                 found.append(name)
     return found
 

@@ -11,7 +11,11 @@ statement for every scheme (a plug-in's token integral need not read the support
 - ``causality/<scheme>/stack``: three steps of ``forward_stack`` with the final projection;
 - ``causality/<scheme>/next-token``: token ids through an embedding (a table ``E`` plus
   positions), the stack, the final projection and the tied read-out ``logits = h Eᵀ``, the
-  softmax over the vocabulary (embedding, read-out and softmax written here, not emitted).
+  softmax over the vocabulary (embedding, read-out and softmax written here, not emitted);
+- ``causality/<scheme>/cache``, where the emitted stack keeps a cache: decoding with it (three
+  tokens, then one a call) equals the full causal pass; control: a cache filled from other first
+  tokens moves the later outputs (a plug-in that read its keys' positions at ``η`` from the new
+  tokens decoded wrong tokens, and every other check held).
 
 In each, at every cut ``i`` of the 6 tokens, the tokens after position ``i`` are changed (new
 values; new token ids) and the outputs at positions ``≤ i`` must not move: a leak that starts
@@ -38,6 +42,8 @@ __all__ = ["causality_checks", "changed_after", "prefix_change"]
 _SIZES = Sizes(tokens=6, features=8, heads=2, hidden=8)
 _VOCABULARY = 11
 _TIGHT, _SEPARATED = 1e-12, 1e-3
+#: The tokens a cached decoding check gives its first call.
+_PROMPT = 3
 
 
 def _verdict(moved: float, control: float) -> tuple[bool, str]:
@@ -118,4 +124,30 @@ def causality_checks(scheme: Scheme, module) -> list[Check]:
         checks.append(Check(f"causality/{scheme.name}/{kind}", scheme.name,
                             statement + " Control: the same change without the causal mask.", "numeric", holds,
                             detail))
+    if "cache" in signature(module.forward_stack).parameters:
+        checks.append(_cached_decoding(scheme, lambda v, cache: module.forward_stack(
+            v, *memory, layers, final_norm=final_norm, causal=True, cache=cache, **options), u, later(-1)))
     return checks
+
+
+def _cached_decoding(scheme: Scheme, stack, u: np.ndarray, other: np.ndarray) -> Check:
+    """Decoding with the cache (the first ``_PROMPT`` tokens in one call, then one token a call) equals the full
+    causal pass; control: a cache filled from other first tokens moves the later outputs."""
+    def decoded(prompt: np.ndarray) -> np.ndarray:
+        cache = [{} for _ in range(3)]
+        outputs = [stack(prompt[:, :_PROMPT], cache)]
+        outputs += [stack(u[:, position:position + 1], cache) for position in range(_PROMPT, u.shape[1])]
+        return np.concatenate(outputs, axis=1)
+
+    full = stack(u, None)
+    moved = gap(decoded(u), full)
+    control = gap(decoded(np.concatenate([other[:, :_PROMPT], u[:, _PROMPT:]], axis=1))[:, _PROMPT:], full[:, _PROMPT:])
+    where = f"max |cached − full| {moved:.1e}"
+    if moved < _TIGHT and control < _TIGHT:
+        holds, detail = True, f"{where}; with other first tokens {control:.1e} too: no output reads an earlier token"
+    else:
+        holds, detail = bool(moved < _TIGHT and control > _SEPARATED), f"{where}; control {control:.2e}"
+    return Check(f"causality/{scheme.name}/cache", scheme.name,
+                 f"Decoding a stack of 3 steps of {scheme.name} with its cache (emitted forward_stack, cache=…: the "
+                 f"first {_PROMPT} tokens in one call, then one token a call) gives the full causal pass's outputs. "
+                 "Control: a cache filled from other first tokens moves the later outputs.", "numeric", holds, detail)

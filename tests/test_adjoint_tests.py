@@ -9,7 +9,7 @@ import pytest
 
 from splitformer.codegen.verification import network_adjoint_tests as network_adjoint_tests_module
 from splitformer.codegen.verification.adjoint_tests import adjoint_tests, scheme_adjoint_tests
-from splitformer.codegen.verification.emitted import emitted_numpy_with_adjoint
+from splitformer.codegen.verification.emitted import emitted_with_adjoint
 from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
 from splitformer.symbolic import derive, load_scheme
 
@@ -49,7 +49,7 @@ def test_a_wrong_gradient_fails_both_tests():
 
 def test_emitted_vjp_of_a_scheme_passes_and_a_flipped_parameter_gradient_fails():
     scheme = load_scheme("pre-ln")
-    module = emitted_numpy_with_adjoint(scheme, derive(scheme))
+    module = emitted_with_adjoint(scheme, derive(scheme))
     checks = scheme_adjoint_tests(scheme, module)
     assert [check.id for check in checks] == ["adjoint-test/pre-ln/dot", "adjoint-test/pre-ln/taylor"]
     assert all(check.holds for check in checks), [check.detail for check in checks]
@@ -183,7 +183,7 @@ def test_the_adjoint_tests_hold_on_a_block_whose_fields_take_a_thousandth_of_the
     text = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text(encoding="utf-8")
     scheme = parse_scheme(text.replace('solver = "explicit"', 'solver = "explicit"\nfraction = "1/1000"'))
     assert scheme.source.count('fraction = "1/1000"') == 2
-    checks = scheme_adjoint_tests(scheme, emitted_numpy_with_adjoint(scheme, derive(scheme)))
+    checks = scheme_adjoint_tests(scheme, emitted_with_adjoint(scheme, derive(scheme)))
     assert all(check.holds for check in checks), [check.detail for check in checks]
 
 
@@ -220,7 +220,7 @@ def test_the_longer_taylor_steps_do_not_hide_a_gradient_error_the_short_ones_sho
 
     text = (ROOT / "symbolic" / "schemes" / "pre-ln.toml").read_text(encoding="utf-8")
     scheme = parse_scheme(text.replace('solver = "explicit"', f'solver = "explicit"\nfraction = "{fraction}"'))
-    module = emitted_numpy_with_adjoint(scheme, derive(scheme))
+    module = emitted_with_adjoint(scheme, derive(scheme))
 
     def wrong_vjp(*args, **options):
         *gradients, params = module.vjp(*args, **options)

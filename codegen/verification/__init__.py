@@ -30,6 +30,8 @@ check ids                               what is checked                         
 ``…/stack``, ``…/next-token``           and a decoder's next-token distribution     changed, outputs ≤ i unchanged; control:
                                         (table, positions, tied read-out written    ``causal=False``
                                         in the check)
+``causality/<scheme>/cache``            ``forward_stack`` with its cache            decoding = the full causal pass; control: a     ``causality.py``
+                                                                                    cache filled from other first tokens
 ``attention/kernel-rows``,              the emitted attention kernel (read off      the Markov-kernel properties: rows ≥ 0          ``attention_kernel.py``
 ``attention/convex-hull``,              with one-hot values) and mixing             summing to 1 on the support, outputs within
 ``attention/constant-rows``                                                         the values' range, constant values fixed;
@@ -51,6 +53,8 @@ check ids                               what is checked                         
 ``adjoint-test/<name>/taylor``          every scheme and network (``vjp_logits``    differences of the emitted ``forward``;
                                         for vit and cvt)                            Taylor residual slope 2; control: the
                                                                                     gradient + 1 % of its norm along v (slope 1)
+``adjoint-test/<scheme>/torch``         the emitted torch ``Block``'s gradients     autograd and the derived backward = the NumPy   ``torch_gradients.py``
+                                        (autograd and ``backward="derived"``)       ``vjp``; control: the ``vjp`` of 2w
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
 ``activation/*``, ``rope/*``, ``gqa/*``

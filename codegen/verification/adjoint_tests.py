@@ -30,7 +30,7 @@ two are separate emitted code paths, the adjoint derived by reverse mode over th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from .parameters import random_parameters
 from .scheme_checks import EmittedInputs
 from .statements import Check
 
-__all__ = ["adjoint_tests", "scheme_adjoint_tests", "Point"]
+__all__ = ["adjoint_tests", "scheme_adjoint_tests", "Point", "SchemePoint"]
 
 #: Named arrays: the point ``x`` of ``Φ`` (the input, a memory, every parameter).
 Point = dict[str, np.ndarray]
@@ -185,34 +185,63 @@ def adjoint_tests(name: str, owner: str | None, described: str, forward: Callabl
     ]
 
 
+@dataclass(frozen=True)
+class SchemePoint:
+    """The point of a scheme's adjoint tests: the input (and a memory) and every parameter (``x``), the NumPy
+    ``forward``'s options (causal plus padding masks: query 0 of sequence 1 sees no key), the inputs and sizes."""
+
+    x: Point
+    options: dict
+    inputs: EmittedInputs
+    sizes: object
+    padding: np.ndarray
+    seed: int
+
+    @classmethod
+    def of(cls, scheme, module) -> "SchemePoint":
+        batch, seed = 2, 61
+        inputs = EmittedInputs.of(module.forward, batch, seed, scheme)
+        sizes = replace(inputs.sizes, hidden=4)  # few ReLU units: a kink is seldom within reach
+        leading, options = inputs.numpy(masked=True)
+        padding = np.zeros((batch, sizes.tokens), dtype=bool)
+        padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
+        options.update(n_heads=sizes.heads, eps=1e-5, key_padding_mask=padding, causal=True)
+        x = {"u": np.random.default_rng(seed).standard_normal((batch, sizes.tokens, sizes.features)),
+             **({"memory": leading[0]} if leading else {}), **random_parameters(scheme, sizes, seed)}
+        return cls(x, options, inputs, sizes, padding, seed)
+
+    @property
+    def front(self) -> list[str]:
+        """The arrays given before the parameters: the input, and a memory."""
+        return [key for key in ("u", "memory") if key in self.x]
+
+    def split(self, point: Point) -> tuple[list, dict]:
+        return [point[key] for key in self.front], {key: value for key, value in point.items() if key not in self.front}
+
+    def described(self, scheme) -> str:
+        """What the tests' map is, and at which sizes (a sentence fragment)."""
+        extra = " and a memory" if "memory" in self.x else ""
+        return (f"one step of {scheme.name} (2 sequences of {self.sizes.tokens} tokens, d = {self.sizes.features}, "
+                f"{self.sizes.heads} heads, d_ff = {self.sizes.hidden}, causal plus padding masks{extra})")
+
+    def vjp(self, module, point: Point, costate: np.ndarray) -> Point:
+        """The NumPy ``vjp``'s gradients at ``point``, by name."""
+        arrays, params = self.split(point)
+        *gradients, parameter_gradients = module.vjp(*arrays, params, costate, **self.options)
+        return {**dict(zip(self.front, gradients)), **parameter_gradients}
+
+
 def scheme_adjoint_tests(scheme, module) -> list[Check]:
     """The dot-product and Taylor tests of a scheme's emitted ``vjp`` (one step, masks and every input)."""
-    batch, seed = 2, 61
-    inputs = EmittedInputs.of(module.forward, batch, seed, scheme)
-    sizes = replace(inputs.sizes, hidden=4)  # few ReLU units: a kink is seldom within reach
-    leading, options = inputs.numpy(masked=True)
-    padding = np.zeros((batch, sizes.tokens), dtype=bool)
-    padding[1, [0, 3]] = True  # with the causal mask, query 0 of sequence 1 has empty support
-    options.update(n_heads=sizes.heads, eps=1e-5, key_padding_mask=padding, causal=True)
-    x = {"u": np.random.default_rng(seed).standard_normal((batch, sizes.tokens, sizes.features)),
-         **({"memory": leading[0]} if leading else {}), **random_parameters(scheme, sizes, seed)}
-    front = [key for key in ("u", "memory") if key in x]
-
-    def split(point: Point) -> tuple[list, dict]:
-        return [point[key] for key in front], {key: value for key, value in point.items() if key not in front}
+    at = SchemePoint.of(scheme, module)
 
     def forward(point: Point) -> np.ndarray:
-        arrays, params = split(point)
-        return module.forward(*arrays, params, **options)
+        arrays, params = at.split(point)
+        return module.forward(*arrays, params, **at.options)
 
     def vjp(point: Point, costate: np.ndarray) -> Point:
-        arrays, params = split(point)
-        *gradients, parameter_gradients = module.vjp(*arrays, params, costate, **options)
-        return {**dict(zip(front, gradients)), **parameter_gradients}
+        return at.vjp(module, point, costate)
 
-    extra = " and a memory" if leading else ""
-    described = (f"one step of {scheme.name} (2 sequences of {sizes.tokens} tokens, d = {sizes.features}, "
-                 f"{sizes.heads} heads, d_ff = {sizes.hidden}, causal plus padding masks{extra})")
-    return adjoint_tests(scheme.name, scheme.name, described, forward, vjp, x, seed,
+    return adjoint_tests(scheme.name, scheme.name, at.described(scheme), forward, vjp, at.x, at.seed,
                          "; the masks leave query 0 of sequence 1 no key: a formula dividing by ∫ χ, the measure of "
                          "the support, is 0/0 there")

@@ -16,7 +16,7 @@ from ..in_memory import load_source
 from ..lowering import lower
 from ..render import render_module
 
-__all__ = ["emitted_modules", "emitted_numpy_with_adjoint", "compiled", "torch_installed", "TORCH_MISSING"]
+__all__ = ["emitted_modules", "emitted_with_adjoint", "compiled", "torch_installed", "TORCH_MISSING"]
 
 #: Why a check left the PyTorch module out.
 TORCH_MISSING = "torch is not installed (pip install 'splitformer[torch]')"
@@ -49,14 +49,15 @@ def emitted_modules(scheme: Scheme, program: Program, backends: tuple[str, ...] 
             for backend in backends}
 
 
-def emitted_numpy_with_adjoint(scheme: Scheme, program: Program, adjoint: Adjoint | None = None) -> ModuleType:
-    """The generated NumPy module of ``program`` as ``splitformer derive`` writes it: with ``vjp`` (from
-    ``adjoint``, the program's derived adjoint, when given)."""
+def emitted_with_adjoint(scheme: Scheme, program: Program, adjoint: Adjoint | None = None,
+                         backend: str = "numpy") -> ModuleType:
+    """The generated module of ``program`` (NumPy's by default) as ``splitformer derive`` writes it: with its derived
+    adjoint (``vjp``; torch's ``Block(backward="derived")``) from ``adjoint``, the program's, when given."""
     from ..pipeline import lower_backward, lower_scheme
 
     block, final_norm = lower_scheme(scheme, program)
-    source = render_module(scheme, block, final_norm, "numpy", *lower_backward(scheme, program, adjoint=adjoint))
-    return compiled(source, "numpy", program.name)
+    source = render_module(scheme, block, final_norm, backend, *lower_backward(scheme, program, adjoint=adjoint))
+    return compiled(source, backend, program.name)
 
 
 def compiled(source: str, backend: str, name: str) -> ModuleType:

@@ -20,8 +20,8 @@ GROUPS = {
     "semantics": "the derived and emitted programs against the independent evaluator",
     "recovery": "exact recovery of the published blocks and networks (and the paper's own equations)",
     "adjoint": "the derived adjoint against central differences",
-    "causality": "prefix dependence of the emitted block, stack and next-token distribution",
-    "adjoint-test": "the dot-product and Taylor tests of the emitted vjp",
+    "causality": "prefix dependence of the emitted block, stack and next-token distribution; cached decoding",
+    "adjoint-test": "the dot-product and Taylor tests of the emitted vjp; torch's gradients against it",
     "order": "the orders a scheme file claims against the order conditions on trees",
     "convergence": "the numeric convergence study at the series order",
 }

@@ -45,7 +45,8 @@ from .network_semantics import network_semantics_checks
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
 from .across_layers import across_convergence, across_order_check, convergence_budget
-from .emitted import emitted_numpy_with_adjoint
+from .emitted import emitted_with_adjoint, torch_installed
+from .torch_gradients import torch_gradient_check
 from .scheme_checks import scheme_checks as semantics_checks, skipped_because
 from .semantics import unevaluable
 from .structure import attention_checks
@@ -217,10 +218,13 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
 
 def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint, groups: frozenset[str]) -> list[Check]:
     """The Lean causality statements and Devito's adjoint tests (those of ``groups``), on the emitted NumPy module
-    with its ``vjp``."""
-    emitted = emitted_numpy_with_adjoint(scheme, program, adjoint)
-    return [*(causality_checks(scheme, emitted) if "causality" in groups else ()),
-            *(scheme_adjoint_tests(scheme, emitted) if "adjoint-test" in groups else ())]
+    with its ``vjp``; and torch's gradients through the emitted Block against that ``vjp`` where torch is installed."""
+    emitted = emitted_with_adjoint(scheme, program, adjoint)
+    checks = [*(causality_checks(scheme, emitted) if "causality" in groups else ()),
+              *(scheme_adjoint_tests(scheme, emitted) if "adjoint-test" in groups else ())]
+    if "adjoint-test" in groups and torch_installed():
+        checks.append(torch_gradient_check(scheme, emitted, emitted_with_adjoint(scheme, program, adjoint, "torch")))
+    return checks
 
 
 def _orders(scheme: Scheme, report: CheckReport) -> Check | None:

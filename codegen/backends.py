@@ -186,9 +186,16 @@ class Backend:
         return [f"{op.out} = {self.library}.zeros_like({op.like})"]
 
     def reduction(self, op: Reduction, printer: ArrayPrinter) -> list[str]:
+        """``out = mean`` (or ``sum``) of the body along the summed axis; made whole along an axis of ``out`` the body
+        does not read (a plug-in's mean over every token, ``m[i, l] = Σ_j u[j, l] / N``: the same at every ``i``), as
+        ``elementwise`` does."""
         body = printer.at(op.body_labels).doprint(op.body)
         reduce = f"{self.library}.{'mean' if op.mean else 'sum'}"
-        return [f"{op.out} = {reduce}({body}, {self.axis}={op.body_labels.index(op.axis)})"]
+        value = f"{reduce}({body}, {self.axis}={op.body_labels.index(op.axis)})"
+        read = _read_labels(op.body, printer) - {op.axis}
+        if read and not set(op.labels) <= read:
+            value = self.whole(value, self.sizes(op.labels, printer))
+        return [f"{op.out} = {value}"]
 
     def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_softmax')}({printer.operand(op.scores)}, {self.support(op.support, printer)}"

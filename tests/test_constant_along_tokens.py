@@ -93,3 +93,33 @@ def test_an_integral_over_a_definitions_own_variable_is_refused(tmp_path, capsys
         if code:
             assert err.count("\n") == 1 and "m integrates over x, one of the variables it is defined on" in err, err
             assert not (tmp_path / kind).exists()
+
+
+def test_a_mean_over_every_token_is_made_whole_along_them(tmp_path, rng):
+    """``m(x, y) = ∫ u(x̃, y) dx̃ / |Ω_x|``: one reduction free of x; its (batch, 1, d) result was reshaped into
+    (batch · tokens, d) and both backends raised. Against plain torch, forward and both backwards."""
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "token_pool.py")
+    path = tmp_path / "mean-pool.toml"
+    path.write_text(SCHEME.replace('"token-ratio"', '"token-mean"'), encoding="utf-8")
+    derivation = splitformer.derive(str(path))
+    params = {"norm.gain": 1 + rng.standard_normal(D) / 4, "norm.bias": rng.standard_normal(D) / 2,
+              "pool.W": rng.standard_normal((D, D)) / 4}
+    u, seed = rng.standard_normal((2, TOKENS, D)), rng.standard_normal((2, TOKENS, D))
+    x = torch.tensor(u, requires_grad=True)
+    mean = x.mean(-1, keepdim=True)
+    v = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * torch.tensor(params["norm.gain"]) \
+        + torch.tensor(params["norm.bias"])
+    expected = x + (v.mean(-2, keepdim=True) @ torch.tensor(params["pool.W"])).expand_as(x)
+    expected.backward(torch.tensor(seed))
+    numpy_module = derivation.numpy_module()
+    np.testing.assert_allclose(numpy_module.forward(u, params, n_heads=1), expected.detach().numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(numpy_module.vjp(u, params, seed, n_heads=1)[0], x.grad.numpy(), rtol=1e-10, atol=1e-10)
+    for backward in ("autograd", "derived"):
+        block = derivation.torch_module().Block(D, 1, 4, dtype=torch.float64, backward=backward).load_params(params)
+        y = torch.tensor(u, requires_grad=True)
+        out = block(y)
+        out.backward(torch.tensor(seed))
+        np.testing.assert_allclose(out.detach().numpy(), expected.detach().numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(y.grad.numpy(), x.grad.numpy(), rtol=1e-10, atol=1e-10)
+    report = derivation.check(only=("semantics", "adjoint", "adjoint-test"))
+    assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]

@@ -48,7 +48,8 @@ _PLUGIN_KINDS = [("alibi-attention", ""), ("alibi-attention", ", symmetric = fal
                  ("support-sum", ""), ("two-hop-mean", ""), ("token-pool", ""), ("token-ratio", ""),
                  ("token-ratio-own-variable", ""), ("feature-pool", ""), ("affine-field", ""),
                  ("scaled-field", ", scale = 2"), ("head-linear", ""), ("strict-running-mean", ""),
-                 ("half-running-mean", ""), ("inclusive-running-mean", ""), ("step-count", ""), ("third-count", "")]
+                 ("half-running-mean", ""), ("inclusive-running-mean", ""), ("step-count", ""), ("third-count", ""),
+                 ("token-mean", "")]
 
 
 @pytest.mark.parametrize("kind, options", _PLUGIN_KINDS)

@@ -71,3 +71,19 @@ class FeaturePool(TokenRatio):
 
     kind: ClassVar[str] = "feature-pool"
     on_tokens: ClassVar[bool] = False
+
+
+@register_operator
+@dataclass(frozen=True)
+class TokenMean(TokenRatio):
+    """``u ↦ ∫ W(ξ, y) m(x, ξ) dξ`` with ``m(x, y) = ∫ u(x̃, y) dx̃ / |Ω_x|``, the mean over every token: one reduction,
+    the same at every query (a researcher's global mean: derived, then the forward reshaped a (batch, 1, d) mean)."""
+
+    kind: ClassVar[str] = "token-mean"
+
+    def definitions(self):
+        p = {parameter.name: parameter.applied() for parameter in self.parameters()}
+        mean = integral(apply(STATE, X_KEY, Y), X_KEY) / X.domain.measure
+        return (Definition("m", "m", (X, Y), mean, "the mean over every token, the same at every query"),
+                Definition("out", r"\mathcal{M}", (X, Y), integral(p["W"] * apply("m", X, XI), XI),
+                           "a linear map of the mean"))

@@ -17,8 +17,9 @@ The evaluators' product rule (a factor exactly 0 makes the product 0 before any 
 emitted code where a formula divides by 0 because a support is empty: ``Where(m, v, 0)``, ``v`` where ``m`` is not 0
 and exactly 0 elsewhere, with each denominator of ``v`` read as ``Where(m, d, 1)`` there, so that neither the value
 nor torch's autograd through it divides by 0. ``m`` is
-- the bool factors of a product that divides by an array: a strictly causal running mean's weight
-  ``θ(p(x) − p(x̃), 0) / ∫ θ(p(x) − p(η), 0) dη`` is 0 at the first token, which sees no earlier one;
+- the factors of bools and counts of a product that divides by an array (a step, χ, a window's
+  ``θ(v, 0) + δ(v, 0)/2``): a strictly causal running mean's weight ``θ(p(x) − p(x̃), 0) / ∫ θ(p(x) − p(η), 0) dη``
+  is 0 at the first token, which sees no earlier one;
 - the counts (arrays of bools alone: ``∫ χ dη``) a product divides by, where another factor is a sum over a support
   (``∫ χ u dx̃``, 0 where the support is empty): the support mean ``∫ χ u dx̃ / ∫ χ dη``.
 A mean over no key is then 0, as the softmax's row of an empty support is, not ``0/0``; a quotient whose numerator
@@ -167,13 +168,19 @@ class _Rewrite:
         return expr if arguments == list(expr.args) else expr.func(*arguments)
 
     def product(self, expr: sp.Mul) -> sp.Expr:
-        """A product that divides by an array: 0 where its bool factors are, or where the counts it divides by are
-        and a sum over their support is a factor. Otherwise bool factors stay bare only beside a floating array,
-        with no number but a positive integer."""
+        """A product that divides by an array: 0 where its factors of bools and counts are (a step, ``H(v, 0) + δ(v, 0)/2``,
+        a count), or where the counts it divides by are and a sum over their support is a factor. Otherwise bool
+        factors stay bare only beside a floating array, with no number but a positive integer."""
+        masks = [factor for factor in expr.args if not _denominator(factor)
+                 and (is_bool(factor) or (not factor.is_number and self.counted(factor)))]
+        if masks and any(_denominator(factor) for factor in expr.args):
+            others = [self.numbers(factor) for factor in expr.args if factor not in masks]
+            if all(is_bool(factor) for factor in masks):
+                return _where(sp.Mul(*masks), sp.Mul(*others))
+            weight = self.numbers(sp.Mul(*masks))  # a step's ½ at 0, a count: a value besides a mask
+            return _where(weight, sp.Mul(weight, *others))
         bools = [factor for factor in expr.args if is_bool(factor)]
         others = [self.numbers(factor) for factor in expr.args if not is_bool(factor)]
-        if bools and any(_denominator(factor) for factor in sp.Mul.make_args(sp.Mul(*others))):
-            return _where(sp.Mul(*bools), sp.Mul(*others))
         counts = [factor.base for factor in others if _denominator(factor) and self.counted(factor.base)]
         if counts and any(self.summed(factor) for factor in others):
             return _where(sp.Mul(*counts), sp.Mul(*others))

@@ -55,3 +55,27 @@ def test_control_without_the_key_copies_at_eta_the_cache_check_fails(tmp_path, m
     checks = _derived(tmp_path, "window-attention").check(only="causality").checks
     cached = next(check for check in checks if check.id.endswith("/cache"))
     assert not cached.holds and "max |cached − full|" in cached.detail
+
+
+@pytest.mark.parametrize("kind", ["window-attention", "half-edge-window-attention"])
+def test_a_window_of_padded_keys_alone_is_zero_and_its_checks_hold(tmp_path, kind):
+    """Not causal, padding the last three tokens: the first query's window (keys 0–2 at distance 2) keeps keys, the
+    last query's (keys 3–5) none. Its softmax is 0 there, finite in both backends and both backwards; the weight
+    ``H(v, 0) + δ(v, 0)/2`` of the half edge masks the quotient as the step ``H(v, 1)`` does (it was NaN)."""
+    splitformer.load_plugin(PLUGIN)
+    (tmp_path / "s.toml").write_text(_scheme(kind).replace("causal = true\n", ""), encoding="utf-8")
+    derived = splitformer.derive(str(tmp_path / "s.toml"))
+    rng = np.random.default_rng(1)
+    params = {name: rng.standard_normal([{"d": 8, "d_ff": 12}[axis] for axis in axes])
+              for name, axes in derived.numpy_module().PARAMETERS.items()}
+    u, padding = rng.standard_normal((2, 6, 8)), np.zeros((2, 6), dtype=bool)
+    padding[:, 3:] = True
+    for mode in ("autograd", "derived"):
+        x = torch.from_numpy(u).requires_grad_()
+        block = derived.torch_module().Block(8, 2, 12, dtype=torch.float64, backward=mode).load_params(params)
+        out = block(x, src_key_padding_mask=torch.from_numpy(padding))
+        out.sum().backward()
+        assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+        assert all(torch.isfinite(parameter.grad).all() for parameter in block.parameters())
+    checks = derived.check(only="semantics,adjoint-test").checks
+    assert all(check.holds for check in checks), [(check.id, check.detail) for check in checks if not check.holds]

@@ -186,7 +186,9 @@ def test_a_mean_over_no_key_is_zero_and_the_adjoint_tests_hold(modules, tmp_path
     assert np.abs(got.detach().numpy() - expected).max() < 1e-12
     (tmp_path / "mean-step.toml").write_text(SCHEME, encoding="utf-8")
     checks = splitformer.derive(str(tmp_path / "mean-step.toml")).check(only="adjoint-test,semantics").checks
-    assert len(checks) == 5 and all(check.holds for check in checks), [c.detail for c in checks if not c.holds]
+    assert {"semantics/mean-step/emitted", "adjoint-test/mean-step/dot", "adjoint-test/mean-step/torch"} <= \
+        {check.id for check in checks}
+    assert all(check.holds for check in checks), [c.detail for c in checks if not c.holds]
 
 
 def _torch_reference(u, params, visible):

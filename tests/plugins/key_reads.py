@@ -14,9 +14,9 @@ from splitformer.symbolic.operators import STATE, SUPPORT, Attention, Definition
     register_operator
 
 
-def _inside(query, key, window: int) -> sp.Expr:
-    """1 where the two tokens are at most ``window`` apart (a step of their positions, 1 at the edge)."""
-    return sp.Heaviside(window - sp.Abs(apply(POSITIONS.name, query) - apply(POSITIONS.name, key)), 1)
+def _inside(query, key, window: int, edge) -> sp.Expr:
+    """1 where the two tokens are less than ``window`` apart, ``edge`` where exactly (a step of their positions)."""
+    return sp.Heaviside(window - sp.Abs(apply(POSITIONS.name, query) - apply(POSITIONS.name, key)), edge)
 
 
 @register_operator
@@ -26,15 +26,28 @@ class WindowAttention(Attention):
 
     kind: ClassVar[str] = "window-attention"
     input_fields: ClassVar[tuple] = (POSITIONS,)
+    #: The step's value at the window's edge.
+    edge: ClassVar = sp.Integer(1)
     window: int = 2
 
     def definitions(self):
         definitions = list(super().definitions())
-        weight = apply(SUPPORT, X, X_KEY) * _inside(X, X_KEY, self.window) * sp.exp(apply("a", H, X, X_KEY))
-        total = integral(apply(SUPPORT, X, ETA) * _inside(X, ETA, self.window) * sp.exp(apply("a", H, X, ETA)), ETA)
+        inside = [_inside(X, key, self.window, self.edge) for key in (X_KEY, ETA)]
+        weight = apply(SUPPORT, X, X_KEY) * inside[0] * sp.exp(apply("a", H, X, X_KEY))
+        total = integral(apply(SUPPORT, X, ETA) * inside[1] * sp.exp(apply("a", H, X, ETA)), ETA)
         at = [definition.function for definition in definitions].index("gamma")
         definitions[at] = replace(definitions[at], rhs=weight / total, meaning="the softmax over the window")
         return tuple(definitions)
+
+
+@register_operator
+@dataclass(frozen=True)
+class HalfEdgeWindowAttention(WindowAttention):
+    """The window's edge weighed ½ (SymPy's default step): its mask ``H(v, 0) + δ(v, 0)/2`` is no bool, and a window
+    of padded keys alone divided 0 by 0."""
+
+    kind: ClassVar[str] = "half-edge-window-attention"
+    edge: ClassVar = sp.Rational(1, 2)
 
 
 @register_operator

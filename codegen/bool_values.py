@@ -38,7 +38,7 @@ import sympy as sp
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import Contraction, Elementwise, Module, Numbers, Op, Reduction, Where
+from .ir import BATCH, Contraction, Elementwise, Module, Numbers, Op, Reduction, Where
 
 __all__ = ["as_numbers", "with_dtype_of", "is_bool", "SUPPORTS"]
 
@@ -59,7 +59,7 @@ def as_numbers(module: Module) -> Module:
             expr = rewrite(op.expr)
             op = op if expr == op.expr else replace(op, expr=expr, reuse=None)
         elif isinstance(op, Reduction):
-            rewrite.note(op.out, op.body, summed=True)
+            rewrite.note(op.out, op.body, op.axis)
             body = rewrite(op.body)
             op = op if body == op.body else replace(op, body=body)
         elif isinstance(op, Contraction):
@@ -122,29 +122,36 @@ def _where(mask: sp.Expr, value: sp.Expr) -> sp.Expr:
 
 
 class _Rewrite:
-    """The rewrite of one module's formulas, in order; ``counts``: the arrays computed from bools alone (a count of
-    a support, 0 where it is empty); ``sums``: those summed over a support (0 where it is empty)."""
+    """The rewrite of one module's formulas, in order. ``counts``: the arrays computed from bools alone (a count of a
+    support, 0 where it is empty); ``supports``: the sums over a support and the counts of one, each by its support
+    (``chi[i, _]``, the summed axis ``_``): a quotient is 0 where its numerator sums over the support its denominator
+    counts and that support is empty, not where another one is."""
 
     def __init__(self):
         self.counts: set[str] = set()
-        self.sums: set[str] = set()
+        self.supports: dict[str, str] = {}
 
-    def note(self, name: str, formula: sp.Expr, summed: bool = False) -> None:
-        """``name`` is a count where ``formula`` reads bools and counts alone; a sum over a support where it sums a
-        product with such a factor."""
+    def note(self, name: str, formula: sp.Expr, axis: str | None = None) -> None:
+        """``name`` is a count where ``formula`` reads bools and counts alone; summed along ``axis``, a sum over the
+        support its factors of bools and counts make."""
         if formula.has(sp.Indexed) and self.counted(formula):
             self.counts.add(name)
-        if summed and any(self.counted(factor) for factor in sp.Mul.make_args(formula)):
-            self.sums.add(name)
+        support = [factor for factor in sp.Mul.make_args(formula) if not factor.is_number and self.counted(factor)]
+        if axis is not None and support:
+            self.supports[name] = " ".join(sorted(_read(factor, axis) for factor in support))
 
     def note_contraction(self, op: Contraction) -> None:
-        """A contraction with a support or a count as an operand is a sum over that support; of such alone, a count
+        """A contraction along one axis with supports or counts as operands is a sum over them; of such alone, a count
         (two-hop reach ``Σ_n χ[i, n] χ[n, j]``)."""
-        bounded = [operand.name in SUPPORTS or operand.name in self.counts for operand in op.operands]
-        if all(bounded):
+        bounded = [operand for operand in op.operands if operand.name in SUPPORTS or operand.name in self.counts]
+        if bounded and len(bounded) == len(op.operands):
             self.counts.add(op.out)
-        if any(bounded):
-            self.sums.add(op.out)
+        summed = {label for operand in op.operands for label in operand.labels} - set(op.labels)
+        if bounded and len(summed) == 1:
+            (axis,) = summed
+            self.supports[op.out] = " ".join(sorted(
+                f"{operand.name}[{', '.join('_' if label == axis else label for label in operand.labels if label != BATCH)}]"
+                for operand in bounded))
 
     def counted(self, expr: sp.Expr) -> bool:
         """``expr`` is a number of bools and counts alone."""
@@ -170,7 +177,8 @@ class _Rewrite:
     def product(self, expr: sp.Mul) -> sp.Expr:
         """A product that divides by an array: 0 where its factors of bools and counts are (a step, ``H(v, 0) + δ(v, 0)/2``,
         a count), or where the counts it divides by are and a sum over their support is a factor. Otherwise bool
-        factors stay bare only beside a floating array, with no number but a positive integer."""
+        factors stay bare only beside a floating array and no number (NumPy's ``2 * bool`` is int64, which makes a
+        float32 product float64)."""
         masks = [factor for factor in expr.args if not _denominator(factor)
                  and (is_bool(factor) or (not factor.is_number and self.counted(factor)))]
         if masks and any(_denominator(factor) for factor in expr.args):
@@ -181,17 +189,23 @@ class _Rewrite:
             return _where(weight, sp.Mul(weight, *others))
         bools = [factor for factor in expr.args if is_bool(factor)]
         others = [self.numbers(factor) for factor in expr.args if not is_bool(factor)]
-        counts = [factor.base for factor in others if _denominator(factor) and self.counted(factor.base)]
-        if counts and any(self.summed(factor) for factor in others):
-            return _where(sp.Mul(*counts), sp.Mul(*others))
-        exact = all((factor.is_Integer and factor > 0) or not factor.is_number for factor in others)
-        if bools and not (exact and any(_floating(factor) for factor in others)):
+        counts = {self.support(factor.base): factor.base for factor in others if _denominator(factor)}
+        counts.pop(None, None)
+        summed = {self.support(factor) for factor in others} & set(counts)
+        if summed:
+            return _where(sp.Mul(*(counts[support] for support in summed)), sp.Mul(*others))
+        if bools and not (all(not factor.is_number for factor in others) and any(map(_floating, others))):
             bools = [Numbers(sp.Mul(*bools), _STATE)]
         arguments = [*bools, *others]
         return expr if sorted(arguments, key=sp.default_sort_key) == sorted(expr.args, key=sp.default_sort_key) \
             else sp.Mul(*arguments)
 
-    def summed(self, factor: sp.Expr) -> bool:
-        """``factor`` is a sum over a support (or a positive power of one): 0 where that support is empty."""
-        base = factor.base if isinstance(factor, sp.Pow) and factor.exp.is_positive is True else factor
-        return isinstance(base, sp.Indexed) and str(base.base.label) in self.sums
+    def support(self, factor: sp.Expr) -> str | None:
+        """The support of ``factor`` where it is a sum over one, or a count of one (``supports``)."""
+        return self.supports.get(str(factor.base.label)) if isinstance(factor, sp.Indexed) else None
+
+
+def _read(factor: sp.Expr, axis: str) -> str:
+    """``factor`` (a read of a support or a count, a step) as text, with the index ``axis`` written ``_``."""
+    names = {index: sp.Symbol("_" if str(index.label) == axis else str(index.label)) for index in factor.atoms(sp.Idx)}
+    return str(factor.xreplace(names))

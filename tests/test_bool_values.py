@@ -19,7 +19,8 @@ from conftest import ROOT, import_path
 PLUGIN = ROOT / "tests" / "plugins" / "running_means.py"
 #: A running mean's weight of the query's own token; a count's weight of the tokens before the last one.
 KINDS = {"strict-running-mean": 0.0, "half-running-mean": 0.5, "inclusive-running-mean": 1.0, "step-count": 1.0,
-         "third-count": 1 / 3, "strict-running-third": 0.0, "negative-count": None, "max-count": None}
+         "third-count": 1 / 3, "strict-running-third": 0.0, "negative-count": None, "max-count": None,
+         "shifted-running-mean": None}
 
 
 def _scheme(kind: str) -> str:
@@ -50,6 +51,10 @@ def _weights(kind: str, n: int) -> np.ndarray:
         return -1.0 * (distance >= 0) / n
     if kind == "max-count":
         return ((distance >= 1) + 0.5 * (distance == 0)) / n
+    if kind == "shifted-running-mean":
+        weights = (distance > 1) + 0.5 * (distance == 1)
+        total = weights.sum(1, keepdims=True)
+        return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
     if kind.endswith("count"):
         return ((distance >= 0) + KINDS[kind] * (distance >= 1)) / n
     weights = (distance > 0) + KINDS[kind] * (distance == 0)
@@ -81,7 +86,8 @@ def test_each_module_equals_plain_numpy_in_the_states_dtype(modules, kind, backe
     assert np.abs(got - expected).max() < tolerance
 
 
-@pytest.mark.parametrize("kind", ["strict-running-mean", "strict-running-third", "negative-count", "max-count"])
+@pytest.mark.parametrize("kind", ["strict-running-mean", "strict-running-third", "negative-count", "max-count",
+                                  "shifted-running-mean"])
 def test_the_backwards_are_finite_and_equal_plain_numpys(modules, kind):
     """The first token's weights are 0, so its costate reaches no token; every other row as the weights' transpose:
     NumPy's ``vjp``, and torch's autograd and derived backward (autograd through ``torch.where`` of a quotient was
@@ -100,7 +106,7 @@ def test_the_backwards_are_finite_and_equal_plain_numpys(modules, kind):
 
 
 @pytest.mark.parametrize("kind", ["strict-running-mean", "half-running-mean", "step-count", "third-count",
-                                  "strict-running-third", "negative-count", "max-count"])
+                                  "strict-running-third", "negative-count", "max-count", "shifted-running-mean"])
 def test_check_holds_for_the_kinds_semantics_and_adjoint(kind, tmp_path):
     """The evaluators read ``H(0)`` from the step (they took 0 for every step) and make a product with a factor exactly
     0 zero before its reciprocal, as the emitted ``Masked`` does."""
@@ -170,4 +176,30 @@ def test_the_adjoint_check_of_a_derivative_exactly_zero_has_a_verdict(tmp_path):
     (tmp_path / "s.toml").write_text(_scheme("step-gap"), encoding="utf-8")
     checks = splitformer.derive(str(tmp_path / "s.toml")).check(only="adjoint").checks
     assert [check.method for check in checks] == ["numeric", "numeric"], [(c.id, c.detail) for c in checks]
-    assert checks[0].holds, checks[0].detail
+    assert checks[0].holds and checks[1].holds, [check.detail for check in checks]  # the control fails as it should
+
+
+def test_a_sum_over_other_tokens_than_those_counted_keeps_its_infinity(tmp_path):
+    """``∫ H(δ, 1) u / ∫ H(δ, 0)``: at the first token the count is 0 and the sum is its own state, so the formula is
+    ∞; it was masked by the count (0), silently, where only a sum over the counted tokens is 0. Elsewhere plain NumPy."""
+    splitformer.load_plugin(PLUGIN)
+    modules = {"mismatched-mean": _derived(tmp_path, "mismatched-mean")}
+    u = np.random.default_rng(6).standard_normal((2, 5, 4))
+    distance = np.arange(5)[:, None] - np.arange(5)[None, :]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = u + ((distance >= 0) @ u) / (distance > 0).sum(1)[:, None]
+        for backend in ("numpy", "torch"):
+            got = _forward(modules, "mismatched-mean", backend, u)
+            assert np.isinf(got[:, 0]).all() and np.abs(got[:, 1:] - expected[:, 1:]).max() < 1e-13
+
+
+def test_a_step_times_an_integer_keeps_a_float32_state_float32(tmp_path):
+    """``2 H(u) u``: the step was left a bool beside the integer, and NumPy's int64 product made the result float64."""
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "state_steps.py")
+    modules = _derived(tmp_path, "twice-relu")
+    u = np.random.default_rng(7).standard_normal((2, 5, 4)).astype(np.float32)
+    got = modules["numpy"].forward(u, {})
+    assert got.dtype == np.float32 and np.abs(got - (u + 2 * np.maximum(u, 0))).max() < 1e-6
+    u_bar, _ = modules["numpy"].vjp(u, {}, np.ones_like(u))
+    assert u_bar.dtype == np.float32 and np.abs(u_bar - (1 + 2 * (u > 0))).max() < 1e-6

@@ -32,3 +32,16 @@ def test_the_note_names_what_is_undefined_on_each_side():
     assert "1 of 2 entries are not finite on both sides" in both and "emitted output" not in both
     emitted = undefined_note(np.array([np.nan, 1.0]), np.array([0.0, 1.0]))
     assert "the emitted output is not finite at 1 entry where the evaluator's is finite" in emitted
+
+
+def test_a_division_by_zero_is_the_schemes_only_in_the_exact_evaluators():
+    """mpmath's ``1/0`` (an exact evaluator at a point where a formula is undefined) fails a group, saying the scheme
+    divides by zero there; Python's own ``1/0`` in a check is a crash of the check, said as such."""
+    import mpmath
+
+    from splitformer.codegen.verification.guard import guarded
+
+    exact = guarded("semantics/s", "s", lambda: mpmath.mpf(1) / 0)[0]
+    assert exact.method == "numeric" and not exact.holds and "divides by zero" in exact.detail
+    own = guarded("semantics/s", "s", lambda: 1 / 0)[0]
+    assert own.method == "crashed" and "ZeroDivisionError" in own.detail

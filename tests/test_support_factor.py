@@ -320,3 +320,25 @@ def test_control_a_mean_of_nan_fails_the_semantics_check(modules, monkeypatch, t
     emitted = checks["semantics/mean-step/emitted"]
     assert not emitted.holds and "the emitted output is not finite at 8 entries where the evaluator's is" in \
         emitted.detail
+
+
+def test_the_two_hop_mean_over_no_key_is_zero_and_its_gradients_agree(modules, tmp_path):
+    """Padding key 0 under a causal mask: query 0 of sequence 1 reaches no token. The forward is 0 there and every
+    backward finite and equal (the NumPy vjp and torch's derived backward were NaN in every gradient: the adjoint's
+    weights are a count, which masked nothing)."""
+    numpy_module, torch_module = _derived(tmp_path, "two-hop-mean")
+    rng = np.random.default_rng(8)
+    u, bar, padding = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 4)), np.zeros((2, 5), dtype=bool)
+    padding[1, 0] = True
+    visible = ((~padding)[:, None, :] & np.tril(np.ones((5, 5), dtype=bool))).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reach = np.nan_to_num(visible @ visible / visible.sum(-1, keepdims=True))
+        expected = u + np.nan_to_num(reach @ u / reach.sum(-1, keepdims=True))
+    assert np.abs(numpy_module.forward(u, {}, n_heads=1, key_padding_mask=padding, causal=True) - expected).max() < 1e-12
+    u_bar, _ = numpy_module.vjp(u, {}, bar, n_heads=1, key_padding_mask=padding, causal=True)
+    assert np.isfinite(u_bar).all()
+    for mode in ("autograd", "derived"):
+        x = torch.from_numpy(u).requires_grad_()
+        step = torch_module.Block(4, 1, 4, dtype=torch.float64, backward=mode)
+        step(x, src_key_padding_mask=torch.from_numpy(padding), causal=True).backward(torch.from_numpy(bar))
+        assert np.abs(x.grad.numpy() - u_bar).max() < 1e-12, mode

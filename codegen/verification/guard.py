@@ -5,8 +5,8 @@ A valid scheme never makes ``splitformer check`` end in a traceback: an exceptio
 the code checked or in the check itself, and is reported as that group's failure, naming the
 exception and where it was raised.
 
-A division by an exact 0 in the exact evaluators is the scheme's own (its formula is undefined at the check's
-point) and is said so; any other exception is a crash. NumPy's warnings of non-finite values are silenced: the checks
+A division by an exact 0 in the exact evaluators (mpmath's, SymPy's, or the evaluators' own arithmetic) is the
+scheme's own (its formula is undefined at the check's point) and is said so; any other exception is a crash. NumPy's warnings of non-finite values are silenced: the checks
 say in their details where an output is not finite.
 """
 
@@ -28,8 +28,10 @@ __all__ = ["guarded", "DIVIDES_BY_ZERO"]
 #: Why a check in exact arithmetic has no value where a formula of the scheme divides by an exact 0 (a property of
 #: the scheme, not a crash: a plug-in's ``u / ∫ H(p(x) − p(η)) dη`` at the first token).
 DIVIDES_BY_ZERO = ("a formula of the scheme divides by zero at the check's point, in exact arithmetic: it is undefined "
-                   "there (a quotient by a sum or integral that is 0, such as a mean over no key, not stopped by a "
-                   "factor exactly 0)")
+                   "there (a quotient by a sum or integral that is 0, not stopped by a factor exactly 0, as a mean "
+                   "over no key is)")
+#: Where an exact evaluator divides: mpmath's and SymPy's numbers, the evaluators' own arithmetic.
+_EXACT = ("mpmath", "sympy", "numeric_expressions.py", "evaluate.py", "definitions.py", "semantics.py")
 
 
 def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Check] | Check | None]) -> list[Check]:
@@ -41,14 +43,21 @@ def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Che
     except SplitformerError:
         raise
     except ZeroDivisionError as error:
+        if not any(part in frame.filename for frame in traceback.extract_tb(error.__traceback__)[-2:]
+                   for part in _EXACT):
+            return _crashed(check_id, scheme, error)
         return [Check(check_id, scheme, f"The checks {check_id} evaluate the scheme at their points.", "numeric", False,
                       f"{DIVIDES_BY_ZERO}; raised at {_place(error)}")]
     except Exception as error:  # noqa: BLE001 - every failure inside a check is reported, never a traceback
-        return [Check(check_id, scheme, f"The checks {check_id} run to completion.", "crashed", False,
-                      f"raised {type(error).__name__}: {error} at {_place(error)}")]
+        return _crashed(check_id, scheme, error)
     if result is None:
         return []
     return [result] if isinstance(result, Check) else list(result)
+
+
+def _crashed(check_id: str, scheme: str | None, error: BaseException) -> list[Check]:
+    return [Check(check_id, scheme, f"The checks {check_id} run to completion.", "crashed", False,
+                  f"raised {type(error).__name__}: {error} at {_place(error)}")]
 
 
 def _place(error: BaseException) -> str:

@@ -1,9 +1,9 @@
 """Comparing outputs that a scheme leaves undefined at some entries.
 
-A plug-in's formula may be undefined at some points: a mean over no key (a strictly causal running mean at the
-first token) is 0/0. The emitted code computes NaN there, as the evaluator does. Two outputs then agree where
-they are both undefined at the same entries and close at every other. A NaN difference would fail every check
-with "nan" and no reason.
+A plug-in's formula may be undefined at some points: ``u / ∫ H(p(x) − p(η)) dη`` is ∞ at the first token, which
+has no earlier one (a mean over no key is 0 instead, in the evaluators and in the emitted code: ``bool_values``). The
+emitted code computes ∞ or NaN there, as the evaluator does. Two outputs then agree where they are both undefined at
+the same entries and close at every other. A NaN difference would fail every check with "nan" and no reason.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from splitformer.symbolic.operators import STATE, Definition, Operator, apply, i
 
 
 def _step(query, key, shift=0, at_zero=0):
-    """``H(p(query) − p(key) − shift)`` with the value ``at_zero`` at 0."""
-    return sp.Heaviside(apply(POSITIONS.name, query) - apply(POSITIONS.name, key) - shift, at_zero)
+    """``H(p(query) − p(key) − shift)`` with the value ``at_zero`` at 0 (``None``: SymPy's default, ½)."""
+    difference = apply(POSITIONS.name, query) - apply(POSITIONS.name, key) - shift
+    return sp.Heaviside(difference) if at_zero is None else sp.Heaviside(difference, at_zero)
 
 
 @register_operator
@@ -67,6 +68,45 @@ class StrictRunningThird(StrictRunningMean):
 
     kind: ClassVar[str] = "strict-running-third"
     scale: ClassVar = sp.Rational(1, 3)
+
+
+@register_operator
+@dataclass(frozen=True)
+class ShiftedRunningMean(Operator):
+    """``w = H(p(x) − p(x̃) − 1) / ∫ H(p(x) − p(η) − 1) dη`` with SymPy's ``H(0) = ½``: the tokens before the previous
+    one, the previous one weighed ½; none at the first token (its step ``H(v, 0) + δ(v, 0)/2`` is no bool, and lost
+    its mask)."""
+
+    kind: ClassVar[str] = "shifted-running-mean"
+    symbol: ClassVar[str] = r"\mathcal{R}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        weight = _step(X, X_KEY, 1, None) / integral(_step(X, ETA, 1, None), ETA)
+        return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
+                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
+                           "the running mean"))
+
+
+@register_operator
+@dataclass(frozen=True)
+class MismatchedMean(Operator):
+    """``∫ H(p(x) − p(x̃), 1) u(x̃, y) dx̃ / ∫ H(p(x) − p(η), 0) dη``: a sum over the tokens up to the query over the
+    count of those before it; ∞ at the first token, as the formula is (its sum is no sum over the counted tokens)."""
+
+    kind: ClassVar[str] = "mismatched-mean"
+    symbol: ClassVar[str] = r"\mathcal{Q}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        total = integral(_step(X, X_KEY, at_zero=1) * apply(STATE, X_KEY, Y), X_KEY)
+        return (Definition("out", self.symbol, (X, Y), total / integral(_step(X, ETA), ETA), "the quotient"),)
 
 
 @register_operator

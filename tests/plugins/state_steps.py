@@ -42,3 +42,20 @@ class StepGap(Operator):
         u = apply(STATE, X, Y)
         return (Definition("out", self.symbol, (X, Y), sp.Abs(sp.Heaviside(u, 0) - sp.Heaviside(u, 1)) + u,
                            "the state, and 1 where it is 0"),)
+
+
+@register_operator
+@dataclass(frozen=True)
+class TwiceRelu(Operator):
+    """``u ↦ 2 H(u, 0) u``: a step times a positive integer and the state (NumPy's ``2 * bool`` is int64, which made a
+    float32 product float64)."""
+
+    kind: ClassVar[str] = "twice-relu"
+    symbol: ClassVar[str] = r"\mathcal{T}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        u = apply(STATE, X, Y)
+        return (Definition("out", self.symbol, (X, Y), 2 * sp.Heaviside(u, 0) * u, "twice the ReLU"),)

@@ -119,7 +119,8 @@ def test_a_memory_read_only_linearly_has_its_adjoint_and_its_tests(tmp_path):
                     'mix = "memory-mean"\n[[steps]]\noperator = "mix"\nsolver = "explicit"\non = "norm"\n',
                     encoding="utf-8")
     report = splitformer.derive(str(path)).check(only=("adjoint-test",))
-    assert [check.id for check in report.checks] == ["adjoint-test/memory-only/dot", "adjoint-test/memory-only/taylor"]
+    assert [check.id for check in report.checks] == ["adjoint-test/memory-only/dot", "adjoint-test/memory-only/taylor",
+                                                     "adjoint-test/memory-only/torch"]
     assert report.holds, [(check.id, check.detail) for check in report.checks]
 
 

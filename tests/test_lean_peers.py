@@ -59,10 +59,11 @@ def _leaking_late(module):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "decoder"])
-def test_block_stack_and_next_token_are_causal(name):
+def test_block_stack_and_next_token_are_causal_and_the_cache_decodes_the_full_pass(name):
     scheme, _, module = _emitted(name)
     checks = causality_checks(scheme, module)
-    assert [check.id for check in checks] == [f"causality/{name}/{kind}" for kind in ("block", "stack", "next-token")]
+    assert [check.id for check in checks] == [f"causality/{name}/{kind}"
+                                              for kind in ("block", "stack", "next-token", "cache")]
     assert all(check.holds and check.method == "numeric" for check in checks), [c.detail for c in checks]
 
 

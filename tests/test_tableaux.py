@@ -70,8 +70,9 @@ def test_user_tableau_in_a_scheme_file_derives_and_reports_order_3():
                                                      "semantics/ssprk3/emitted", "structure/ssprk3/stack",
                                                      "adjoint/ssprk3/finite-difference",
                                                      "adjoint/ssprk3/negative-control", "adjoint-test/ssprk3/dot",
-                                                     "adjoint-test/ssprk3/taylor", "causality/ssprk3/block",
-                                                     "causality/ssprk3/stack", "causality/ssprk3/next-token"}
+                                                     "adjoint-test/ssprk3/taylor", "adjoint-test/ssprk3/torch",
+                                                     "causality/ssprk3/block", "causality/ssprk3/stack",
+                                                     "causality/ssprk3/next-token"}
 
 
 def test_inline_tableau_and_unknown_names():

@@ -70,13 +70,13 @@ def as_numbers(module: Module) -> Module:
 
 def with_dtype_of(op: Op, name: str) -> Op:
     """``op`` with its bool values cast to the dtype of the array ``name`` instead of the state's."""
-    like = sp.Symbol(name)
-    cast = {"expr": Elementwise, "body": Reduction}
-    for field, kind in cast.items():
-        if isinstance(op, kind):
-            formula = getattr(op, field)
-            changed = formula.replace(lambda e: isinstance(e, Numbers), lambda e: Numbers(e.args[0], like))
-            return op if changed == formula else replace(op, **{field: changed})
+    def cast(formula: sp.Expr) -> sp.Expr:
+        return formula.replace(lambda e: isinstance(e, Numbers), lambda e: Numbers(e.args[0], sp.Symbol(name)))
+
+    if isinstance(op, Elementwise) and op.expr.has(Numbers):
+        return replace(op, expr=cast(op.expr))
+    if isinstance(op, Reduction) and op.body.has(Numbers):
+        return replace(op, body=cast(op.body))
     return op
 
 

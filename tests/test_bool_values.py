@@ -203,3 +203,19 @@ def test_a_step_times_an_integer_keeps_a_float32_state_float32(tmp_path):
     assert got.dtype == np.float32 and np.abs(got - (u + 2 * np.maximum(u, 0))).max() < 1e-6
     u_bar, _ = modules["numpy"].vjp(u, {}, np.ones_like(u))
     assert u_bar.dtype == np.float32 and np.abs(u_bar - (1 + 2 * (u > 0))).max() < 1e-6
+
+
+def test_a_language_model_of_a_kind_causal_by_its_steps_says_why_it_has_no_cache(tmp_path):
+    """A running mean reads no χ, so its causal Stack keeps no cache: the message said "derive it with causal=True",
+    which the scheme already was (a researcher's study --task chars). Control: a module derived without causal."""
+    from splitformer.codegen.nn import stack_module
+    from splitformer.symbolic.errors import SplitformerError
+
+    splitformer.load_plugin(PLUGIN)
+    scheme = tmp_path / "s.toml"
+    scheme.write_text(_scheme("strict-running-mean").replace('summary = "one explicit step"\n',
+                                                           'summary = "one explicit step"\ncausal = true\n'))
+    with pytest.raises(SplitformerError, match="keeps no cache of earlier tokens.*read none"):
+        stack_module(str(scheme), causal=True)
+    with pytest.raises(SplitformerError, match="derive it with causal=True"):
+        stack_module(splitformer.derive("pre-ln").torch_module(), causal=True)

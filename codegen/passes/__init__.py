@@ -5,6 +5,7 @@ switched off (``passes=()`` for none, ``splitformer derive --passes``): the emit
 stays correct, only slower or less compact.
 """
 
+from .. import bool_values
 from .attention_adjoint import attention_adjoint
 from .convolution import convolution
 from .convolution_adjoint import convolution_adjoint
@@ -81,11 +82,9 @@ def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) 
 def run_passes(module, passes: tuple = DEFAULT):
     """``module`` rewritten by each of ``passes`` in turn, then its bool values cast where arithmetic needs numbers
     (``codegen.bool_values``: no pass, never switched off)."""
-    from ..bool_values import as_numbers
-
     for rewrite in passes:
         module = rewrite(module)
-    return as_numbers(module)
+    return bool_values.as_numbers(module)
 
 
 def select(names: str) -> tuple:

@@ -29,6 +29,8 @@ OPERATIONS = frozenset({sp.Add, sp.Mul, sp.Pow, sp.Integral, sp.Tuple})
 #: The functions every backend spells (``codegen.printers``; tests/test_trusted_expressions.py checks it).
 FUNCTIONS = frozenset({sp.exp, sp.log, sp.erf, sp.tanh, sp.cos, sp.sin, sp.Abs, sp.floor, sp.Max, sp.Min,
                        sp.Heaviside, sp.KroneckerDelta})
+#: SymPy's values of an undefined formula.
+_UNDEFINED = frozenset({numbers.NaN, numbers.ComplexInfinity, numbers.Infinity, numbers.NegativeInfinity})
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: What ``sympy.Function(name)`` puts into the class it makes; anything more (``_sympystr``) is refused.
 _UNDEFINED_ATTRIBUTES = frozenset(vars(sp.Function("f")))
@@ -54,8 +56,16 @@ def untrusted_node(expr: object, functions: frozenset = FUNCTIONS) -> str | None
         elif isinstance(node, AppliedUndef):
             if not plain_function_class(cls):
                 return f"{_class(node)}, not a function made by sympy.Function(<identifier>)"
+        elif cls in _UNDEFINED:
+            return (f"the value {node}: the formula is undefined here (SymPy decided a 0/0 or a division by 0, "
+                    "for these options)")
         elif cls not in NUMBERS and cls not in OPERATIONS and cls not in functions:
-            return f"{_class(node)}, not a SymPy class the printers know"
+            if cls.__module__.startswith("sympy.") and getattr(sp, cls.__name__, None) is cls:
+                spelled = ", ".join(sorted(function.__name__ for function in functions))
+                return (f"{_class(node)}: no printer spells it; a formula may use numbers, arithmetic and powers, "
+                        f"integrals, {spelled}, and fields made by sympy.Function(<identifier>)")
+            return f"{_class(node)}, not a SymPy class the printers know; only SymPy's own classes (exact, no " \
+                   "subclass) may be printed into emitted code"
     return None
 
 
@@ -78,5 +88,4 @@ def check_expression(expr: object, what: str, functions: frozenset = FUNCTIONS) 
 
     wrong = untrusted_node(expr, functions)
     if wrong is not None:
-        raise SplitformerError(f"{what}: {wrong}; only SymPy's own classes (exact, no subclass) may be printed "
-                               "into emitted code")
+        raise SplitformerError(f"{what}: {wrong}")

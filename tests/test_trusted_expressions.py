@@ -253,3 +253,16 @@ def test_a_scheme_objects_numbers_are_exact_types():
     with pytest.raises(SplitformerError, match=r"options.ffn.bias: expected a number, string or boolean, got _Int"):
         splitformer.derive(dataclasses.replace(scheme, options={"ffn": {"bias": _Int(1)}}))
     splitformer.derive(dataclasses.replace(scheme, options={"ffn": {"bias": False}}))  # control
+
+
+def test_a_sympy_function_no_printer_spells_and_an_undefined_value_are_named_for_what_they_are():
+    """A researcher's ``Piecewise`` was "not a SymPy class the printers know … only SymPy's own classes", though it is
+    SymPy's own; a window of −1 made the weight SymPy's ``nan``, "a node of class NaN". Each now says what it is."""
+    from splitformer.symbolic.trusted_expressions import untrusted_node
+
+    x = sp.Symbol("x")
+    piecewise = untrusted_node(sp.Piecewise((x, x > 0), (0, True)))
+    assert "no printer spells it" in piecewise and "Heaviside" in piecewise and "Max" in piecewise
+    assert "the formula is undefined here" in untrusted_node(x + sp.nan)
+    assert "the formula is undefined here" in untrusted_node(x * sp.zoo)
+    assert untrusted_node(sp.exp(x) + sp.Heaviside(x, 0)) is None  # control

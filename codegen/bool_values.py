@@ -115,6 +115,11 @@ def _denominator(factor: sp.Expr) -> bool:
     return isinstance(factor, sp.Pow) and factor.exp.is_negative is True and factor.base.has(sp.Indexed, sp.Idx)
 
 
+def _safe(power: sp.Pow) -> sp.Pow:
+    """``1/d`` as ``1/Where(d, d, 1)``: 1 for the denominator where it is 0."""
+    return sp.Pow(Where(power.base, power.base, 1), power.exp)
+
+
 def _where(mask: sp.Expr, value: sp.Expr) -> sp.Expr:
     """``value`` where ``mask`` is not 0, else 0, each denominator of ``value`` read as 1 there."""
     safe = value.replace(_denominator, lambda power: sp.Pow(Where(mask, power.base, 1), power.exp))
@@ -184,6 +189,9 @@ class _Rewrite:
         if masks and any(_denominator(factor) for factor in expr.args):
             others = [self.numbers(factor) for factor in expr.args if factor not in masks]
             if all(is_bool(factor) for factor in masks):
+                if self.counts_of(sp.Mul(*masks), others):  # the mask ≠ 0 makes every count ≥ 1: only 0 to mask
+                    safe = [_safe(factor) if _denominator(factor) else factor for factor in others]
+                    return sp.Mul(*masks, *safe)
                 return _where(sp.Mul(*masks), sp.Mul(*others))
             weight = self.numbers(sp.Mul(*masks))  # a step's ½ at 0, a count: a value besides a mask
             return _where(weight, sp.Mul(weight, *others))
@@ -199,6 +207,15 @@ class _Rewrite:
         arguments = [*bools, *others]
         return expr if sorted(arguments, key=sp.default_sort_key) == sorted(expr.args, key=sp.default_sort_key) \
             else sp.Mul(*arguments)
+
+    def counts_of(self, mask: sp.Expr, factors: list[sp.Expr]) -> bool:
+        """Every denominator of ``factors`` counts the bools of ``mask`` along one of its axes (the strict running
+        mean's ``θ(p(i) − p(j)) / Σ_n θ(p(i) − p(n))``), so that the mask ≠ 0 makes it at least 1."""
+        counted = {_read(mask, str(index.label)) for index in mask.atoms(sp.Idx)}
+        denominators = [factor.base for factor in factors if _denominator(factor)]
+        return bool(denominators) and all(
+            isinstance(base, sp.Indexed) and str(base.base.label) in self.counts and self.support(base) in counted
+            for base in denominators)
 
     def support(self, factor: sp.Expr) -> str | None:
         """The support of ``factor`` where it is a sum over one, or a count of one (``supports``)."""

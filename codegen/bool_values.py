@@ -189,9 +189,9 @@ class _Rewrite:
         if masks and any(_denominator(factor) for factor in expr.args):
             others = [self.numbers(factor) for factor in expr.args if factor not in masks]
             if all(is_bool(factor) for factor in masks):
-                if self.counts_of(sp.Mul(*masks), others):  # the mask ≠ 0 makes every count ≥ 1: only 0 to mask
+                if self.counts_of(sp.Mul(*masks), others):  # the mask ≠ 0 makes every count ≥ 1
                     safe = [_safe(factor) if _denominator(factor) else factor for factor in others]
-                    return sp.Mul(*masks, *safe)
+                    return Where(sp.Mul(*masks), sp.Mul(*safe), 0)  # each count made safe at its own shape
                 return _where(sp.Mul(*masks), sp.Mul(*others))
             weight = self.numbers(sp.Mul(*masks))  # a step's ½ at 0, a count: a value besides a mask
             return _where(weight, sp.Mul(weight, *others))

@@ -30,8 +30,9 @@ __all__ = ["guarded", "DIVIDES_BY_ZERO"]
 DIVIDES_BY_ZERO = ("a formula of the scheme divides by zero at the check's point, in exact arithmetic: it is undefined "
                    "there (a quotient by a sum or integral that is 0, not stopped by a factor exactly 0, as a mean "
                    "over no key is)")
-#: Where an exact evaluator divides: mpmath's and SymPy's numbers, the evaluators' own arithmetic.
-_EXACT = ("mpmath", "sympy", "numeric_expressions.py", "evaluate.py", "definitions.py", "semantics.py")
+#: Where an exact evaluator divides: mpmath's and SymPy's numbers (their packages), the evaluators' own arithmetic.
+_EXACT_PACKAGES = ("mpmath", "sympy")
+_EXACT_FILES = frozenset({"numeric_expressions.py", "evaluate.py", "definitions.py", "semantics.py"})
 
 
 def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Check] | Check | None]) -> list[Check]:
@@ -43,8 +44,7 @@ def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Che
     except SplitformerError:
         raise
     except ZeroDivisionError as error:
-        if not any(part in frame.filename for frame in traceback.extract_tb(error.__traceback__)[-2:]
-                   for part in _EXACT):
+        if not any(_exact(frame.filename) for frame in traceback.extract_tb(error.__traceback__)[-2:]):
             return _crashed(check_id, scheme, error)
         return [Check(check_id, scheme, f"The checks {check_id} evaluate the scheme at their points.", "numeric", False,
                       f"{DIVIDES_BY_ZERO}; raised at {_place(error)}")]
@@ -53,6 +53,12 @@ def guarded(check_id: str, scheme: str | None, checks: Callable[[], Iterable[Che
     if result is None:
         return []
     return [result] if isinstance(result, Check) else list(result)
+
+
+def _exact(filename: str) -> bool:
+    """``filename`` is a file of an exact evaluator: in mpmath's or SymPy's package, or one of splitformer's own."""
+    path = Path(filename)
+    return path.name in _EXACT_FILES or any(package in path.parts for package in _EXACT_PACKAGES)
 
 
 def _crashed(check_id: str, scheme: str | None, error: BaseException) -> list[Check]:

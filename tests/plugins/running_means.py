@@ -72,6 +72,47 @@ class StrictRunningThird(StrictRunningMean):
 
 @register_operator
 @dataclass(frozen=True)
+class NegatedRunningMean(StrictRunningMean):
+    """Minus the strict running mean: ``w = −H(p(x) − p(x̃)) / ∫ H(p(x) − p(η)) dη`` (``-`` of a bool array is an
+    error in NumPy and torch)."""
+
+    kind: ClassVar[str] = "negated-running-mean"
+    scale: ClassVar = sp.Integer(-1)
+
+
+@register_operator
+@dataclass(frozen=True)
+class TwoThirdsRunningMean(StrictRunningMean):
+    """Two thirds of the strict running mean (NumPy's ``2 * bool`` is int64: a float32 state's weights float64)."""
+
+    kind: ClassVar[str] = "two-thirds-running-mean"
+    scale: ClassVar = sp.Rational(2, 3)
+
+
+@register_operator
+@dataclass(frozen=True)
+class DecayedRunningMean(Operator):
+    """``w = H(p(x) − p(x̃)) e^{p(x̃) − p(x)} / ∫ H(p(x) − p(η)) dη``: the earlier tokens decayed by their distance.
+    Outside the step the factor ``e^{p(x̃) − p(x)}`` overflows at long sequences (800 tokens), so the product must be
+    0 there by its mask, not ``0 · ∞``."""
+
+    kind: ClassVar[str] = "decayed-running-mean"
+    symbol: ClassVar[str] = r"\mathcal{R}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        decay = sp.exp(apply(POSITIONS.name, X_KEY) - apply(POSITIONS.name, X))
+        weight = _step(X, X_KEY) * decay / integral(_step(X, ETA), ETA)
+        return (Definition("w", "w", (X, X_KEY), weight, "the decayed running weights", absorbs=(X_KEY,)),
+                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
+                           "the decayed running mean"))
+
+
+@register_operator
+@dataclass(frozen=True)
 class ShiftedRunningMean(Operator):
     """``w = H(p(x) − p(x̃) − 1) / ∫ H(p(x) − p(η) − 1) dη`` with SymPy's ``H(0) = ½``: the tokens before the previous
     one, the previous one weighed ½; none at the first token (its step ``H(v, 0) + δ(v, 0)/2`` is no bool, and lost

@@ -224,12 +224,46 @@ class Lowering:
                 scale *= factor
         if total is None or scale.has(sp.Indexed):
             return None
-        factors = sp.Mul.make_args(total.function)
-        if len(factors) < 2 or not all(isinstance(factor, sp.Indexed) for factor in factors):
+        factors = self.hoist_maps(sp.Mul.make_args(total.function))
+        if factors is None:
+            return None
+        scale *= sp.Mul(*(factor for factor in factors if not isinstance(factor, sp.Indexed)))
+        factors = [factor for factor in factors if isinstance(factor, sp.Indexed)]
+        if len(factors) < 2:
             return None
         operands = sorted((self.operand(factor) for factor in factors), key=lambda operand: _reading_order(operand, labels))
         bias = self.operand(rest[0]) if rest else None
         return Contraction(out, labels, operands=tuple(operands), scale=scale, bias=bias)
+
+    def hoist_maps(self, factors: tuple[sp.Expr, ...]) -> list[sp.Expr] | None:
+        """The factors of a sum's product with each map of one array (a plug-in's ``φ(q) = e^q`` in ``Σ_e φ(q) φ(k)``)
+        lowered into a temporary over that array's axes, so that the sum is a contraction (an einsum, a GEMM) rather
+        than a product broadcast over every axis, then summed; ``None`` where a factor is anything else (a step, a
+        power, a read at a pattern, a map of several arrays, a grid coordinate) or fewer than two factors read arrays.
+        Numbers stay as they are (the contraction's scale)."""
+        maps = [factor for factor in factors if not isinstance(factor, sp.Indexed)
+                and (factor.atoms(sp.Indexed) or factor.atoms(sp.Idx))]
+        if any(not self.hoistable(factor) for factor in maps) or sum(1 for factor in factors
+                                                                     if factor.atoms(sp.Indexed)) < 2:
+            return None
+        hoisted = []
+        for factor in factors:
+            if factor in maps:
+                self.temporaries += 1
+                target = sp.IndexedBase(f"t{self.temporaries}")[next(iter(factor.atoms(sp.Indexed))).indices]
+                self.assignment(Assignment(target, factor, "temporary"), self.section)
+                factor = target
+            hoisted.append(factor)
+        return hoisted
+
+    @staticmethod
+    def hoistable(factor: sp.Expr) -> bool:
+        """``factor`` is a function of one array read at plain indices, and of nothing else that varies (no step)."""
+        reads = factor.atoms(sp.Indexed)
+        if len(reads) != 1 or not isinstance(factor, sp.Function) or factor.has(sp.Heaviside, sp.KroneckerDelta):
+            return False
+        (read,) = reads
+        return is_plain(read.indices) and not factor.xreplace({read: sp.Integer(1)}).atoms(sp.Idx)
 
     def reduction(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
         scale, total = sp.Integer(1), None

@@ -16,7 +16,8 @@ from ..in_memory import load_source
 from ..lowering import lower
 from ..render import render_module
 
-__all__ = ["emitted_modules", "emitted_with_adjoint", "compiled", "torch_installed", "TORCH_MISSING"]
+__all__ = ["emitted_modules", "emitted_with_adjoint", "emitted_with_adjoints", "compiled", "torch_installed",
+           "TORCH_MISSING"]
 
 #: Why a check left the PyTorch module out.
 TORCH_MISSING = "torch is not installed (pip install 'splitformer[torch]')"
@@ -53,11 +54,18 @@ def emitted_with_adjoint(scheme: Scheme, program: Program, adjoint: Adjoint | No
                          backend: str = "numpy") -> ModuleType:
     """The generated module of ``program`` (NumPy's by default) as ``splitformer derive`` writes it: with its derived
     adjoint (``vjp``; torch's ``Block(backward="derived")``) from ``adjoint``, the program's, when given."""
+    return emitted_with_adjoints(scheme, program, adjoint, (backend,))[backend]
+
+
+def emitted_with_adjoints(scheme: Scheme, program: Program, adjoint: Adjoint | None,
+                          backends: tuple[str, ...]) -> dict[str, ModuleType]:
+    """``emitted_with_adjoint`` for each of ``backends``, the program and its adjoint lowered once for all."""
     from ..pipeline import lower_backward, lower_scheme
 
     block, final_norm = lower_scheme(scheme, program)
-    source = render_module(scheme, block, final_norm, backend, *lower_backward(scheme, program, adjoint=adjoint))
-    return compiled(source, backend, program.name)
+    backward = lower_backward(scheme, program, adjoint=adjoint)
+    return {backend: compiled(render_module(scheme, block, final_norm, backend, *backward), backend, program.name)
+            for backend in backends}
 
 
 def compiled(source: str, backend: str, name: str) -> ModuleType:

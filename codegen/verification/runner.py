@@ -45,7 +45,7 @@ from .network_semantics import network_semantics_checks
 from .paper import paper_checks
 from .adjoint_tests import scheme_adjoint_tests
 from .across_layers import across_convergence, across_order_check, convergence_budget
-from .emitted import emitted_with_adjoint, torch_installed
+from .emitted import emitted_with_adjoints, torch_installed
 from .torch_gradients import torch_gradient_check
 from .scheme_checks import scheme_checks as semantics_checks, skipped_because
 from .semantics import unevaluable
@@ -219,11 +219,13 @@ def scheme_checks(scheme: Scheme, program: Program | None = None, plots: Path | 
 def _emitted_checks(scheme: Scheme, program: Program, adjoint: Adjoint, groups: frozenset[str]) -> list[Check]:
     """The Lean causality statements and Devito's adjoint tests (those of ``groups``), on the emitted NumPy module
     with its ``vjp``; and torch's gradients through the emitted Block against that ``vjp`` where torch is installed."""
-    emitted = emitted_with_adjoint(scheme, program, adjoint)
+    with_torch = "adjoint-test" in groups and torch_installed()
+    modules = emitted_with_adjoints(scheme, program, adjoint, ("numpy", "torch") if with_torch else ("numpy",))
+    emitted = modules["numpy"]
     checks = [*(causality_checks(scheme, emitted) if "causality" in groups else ()),
               *(scheme_adjoint_tests(scheme, emitted) if "adjoint-test" in groups else ())]
-    if "adjoint-test" in groups and torch_installed():
-        checks.append(torch_gradient_check(scheme, emitted, emitted_with_adjoint(scheme, program, adjoint, "torch")))
+    if with_torch:
+        checks.append(torch_gradient_check(scheme, emitted, modules["torch"]))
     return checks
 
 

@@ -60,14 +60,23 @@ def test_a_field_constant_along_the_tokens_derives_and_matches_torch(derivation,
     np.testing.assert_allclose(grad_u, x.grad.numpy(), rtol=1e-10, atol=1e-10)
     for name, tensor in tensors.items():
         np.testing.assert_allclose(grads[name], tensor.grad.numpy(), rtol=1e-10, atol=1e-10)
+    for block in _torch_blocks_match(derivation, params, u, seed, expected, x.grad):
+        np.testing.assert_allclose(block.pool.W.grad.numpy(), tensors["pool.W"].grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def _torch_blocks_match(derivation, params, u, seed, expected, grad) -> list:
+    """The torch Block, with autograd and with its derived backward: its output is ``expected`` and its input's
+    gradient along ``seed`` is ``grad``; the blocks, for their parameters' gradients."""
+    blocks = []
     for backward in ("autograd", "derived"):
         block = derivation.torch_module().Block(D, 1, 4, dtype=torch.float64, backward=backward).load_params(params)
         y = torch.tensor(u, requires_grad=True)
         out = block(y)
         out.backward(torch.tensor(seed))
         np.testing.assert_allclose(out.detach().numpy(), expected.detach().numpy(), rtol=0, atol=1e-12)
-        np.testing.assert_allclose(y.grad.numpy(), x.grad.numpy(), rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(block.pool.W.grad.numpy(), tensors["pool.W"].grad.numpy(), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(y.grad.numpy(), grad.numpy(), rtol=1e-10, atol=1e-10)
+        blocks.append(block)
+    return blocks
 
 
 def test_its_semantics_and_adjoint_checks_hold_and_causality_fails(derivation):
@@ -114,12 +123,6 @@ def test_a_mean_over_every_token_is_made_whole_along_them(tmp_path, rng):
     numpy_module = derivation.numpy_module()
     np.testing.assert_allclose(numpy_module.forward(u, params, n_heads=1), expected.detach().numpy(), rtol=0, atol=1e-12)
     np.testing.assert_allclose(numpy_module.vjp(u, params, seed, n_heads=1)[0], x.grad.numpy(), rtol=1e-10, atol=1e-10)
-    for backward in ("autograd", "derived"):
-        block = derivation.torch_module().Block(D, 1, 4, dtype=torch.float64, backward=backward).load_params(params)
-        y = torch.tensor(u, requires_grad=True)
-        out = block(y)
-        out.backward(torch.tensor(seed))
-        np.testing.assert_allclose(out.detach().numpy(), expected.detach().numpy(), rtol=0, atol=1e-12)
-        np.testing.assert_allclose(y.grad.numpy(), x.grad.numpy(), rtol=1e-10, atol=1e-10)
+    _torch_blocks_match(derivation, params, u, seed, expected, x.grad)
     report = derivation.check(only=("semantics", "adjoint", "adjoint-test"))
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]

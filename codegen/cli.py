@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--activation", default=None, metavar="NAME", help=f"activation of the feed-forward: {_ACTIVATIONS}")
     compare.add_argument("--sizes", default=None, metavar="d=N,d_ff=M",
                          help="count the parameters at these sizes instead of as a polynomial in them (d, d_ff; "
-                              "grouped heads' d_kv, …)")
+                              "grouped heads' d_kv, n_heads for per-head controls, …): every size a count holds")
     compare.add_argument("--plot", default=None, metavar="FILE.png",
                          help="also write one convergence plot with every scheme overlaid (needs matplotlib)")
     _load_option(compare)

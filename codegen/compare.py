@@ -164,4 +164,12 @@ def compare(schemes: Iterable[Scheme | str], activation: str | None = None,
     if not derivations:
         raise SplitformerError("compare: name at least one scheme")
     check_distinct([derivation.scheme.name for derivation in derivations], "compare")
+    for derivation in derivations if sizes is not None else ():
+        missing = sorted(symbol.name for symbol in parameter_count(derivation.program).free_symbols
+                         if symbol.name not in sizes)
+        if missing:  # a count half numbers, half symbols ("n_heads + 2224") reads as a number it is not
+            given = ",".join(f"{name}={value}" for name, value in sizes.items())
+            raise SplitformerError(f"compare: the parameters of {derivation.scheme.name!r} also depend on "
+                                   f"{', '.join(missing)}: give {'it' if len(missing) == 1 else 'them'} too "
+                                   f"(--sizes {given},{missing[0]}=…)")
     return Comparison(derivations, sizes)

@@ -97,3 +97,16 @@ def test_the_plot_shows_itself_in_a_notebook(table):
 def test_compare_needs_a_scheme():
     with pytest.raises(SplitformerError, match="at least one scheme"):
         splitformer.compare([])
+
+
+def test_sizes_that_leave_a_count_half_symbolic_are_refused_by_name(tmp_path):
+    """A per-head control counts ``n_heads``: with ``d`` and ``d_ff`` alone the count read "n_heads + 2224" beside
+    numbers (a researcher's report). Refused, naming the size to give; control: given, it is a number."""
+    step = ('name = "headed"\nsummary = "pre-LN with a per-head learned step"\n[operators]\nnorm1 = "layer-norm"\n'
+            'attn = { kind = "scored-attention", alibi = true }\n[[steps]]\noperator = "attn"\nsolver = "explicit"\n'
+            'on = "norm1"\n')
+    (tmp_path / "headed.toml").write_text(step)
+    with pytest.raises(SplitformerError, match="also depend on n_heads: give it too"):
+        splitformer.compare([str(tmp_path / "headed.toml")], sizes={"d": 16, "d_ff": 32})
+    text = splitformer.compare([str(tmp_path / "headed.toml")], sizes={"d": 16, "d_ff": 32, "n_heads": 2}).as_text()
+    assert "n_heads" not in text

@@ -54,8 +54,8 @@ check ids                               what is checked                         
                                         for vit and cvt)                            Taylor residual slope 2; control: the
                                                                                     gradient + 1 % of its norm along v (slope 1)
 ``adjoint-test/<scheme>/torch``         the emitted torch ``Block``'s gradients     autograd and the derived backward = the NumPy   ``torch_gradients.py``
-                                        (autograd and ``backward="derived"``)       ``vjp``; control: its largest parameter's
-                                                                                    gradient set to 0
+                                        (autograd and ``backward="derived"``)       ``vjp``; control: its largest gradient set
+                                                                                    to 0
 ``theorem-3.1/*``, ``layer-norm/*``,    closed forms of the projections,            the Lagrange/KKT system solved by SymPy;        ``statements.projections``,
 ``projection/*``, ``relu/kkt``,         activations, sign conventions, RoPE, GQA    exact identities                                ``activations``, ``sign``, ``llm``
 ``activation/*``, ``rope/*``, ``gqa/*``

@@ -243,5 +243,5 @@ def scheme_adjoint_tests(scheme, module) -> list[Check]:
         return at.vjp(module, point, costate)
 
     return adjoint_tests(scheme.name, scheme.name, at.described(scheme), forward, vjp, at.x, at.seed,
-                         "; the masks leave query 0 of sequence 1 no key: a formula dividing by ∫ χ, the measure of "
-                         "the support, is 0/0 there")
+                         "; the masks leave query 0 of sequence 1 no key: a formula dividing by a sum over its "
+                         "support that is no mean of that support (a mean over no key is 0) is ∞ or 0/0 there")

@@ -57,7 +57,14 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without torch.distributed")
 def test_ddp_two_processes_equal_single_process(tmp_path):
-    torch.multiprocessing.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    try:
+        torch.multiprocessing.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    except torch.multiprocessing.ProcessExitedException:
+        # gloo may abort a worker as it exits, after its results are written ("terminate called without an active
+        # exception": once in a session's fresh-clone runs); the results are compared all the same, and a worker that
+        # did not write them fails the test
+        if not all((tmp_path / f"{rank}.pt").exists() for rank in range(WORLD)):
+            raise
     grads, params = _train(_stack(), *_batch())
     for rank in range(WORLD):
         rank_grads, rank_params = torch.load(tmp_path / f"{rank}.pt")

@@ -124,19 +124,28 @@ def causality_checks(scheme: Scheme, module) -> list[Check]:
         checks.append(Check(f"causality/{scheme.name}/{kind}", scheme.name,
                             statement + " Control: the same change without the causal mask.", "numeric", holds,
                             detail))
-    if "cache" in signature(module.forward_stack).parameters:
-        checks.append(_cached_decoding(scheme, lambda v, cache: module.forward_stack(
-            v, *memory, layers, final_norm=final_norm, causal=True, cache=cache, **options), u, later(-1)))
+    accepted = signature(module.forward_stack).parameters
+    if "cache" in accepted:
+        # positions 1, 3, 5, …, where the stack takes them: not what a cache would count from its length alone
+        positions = 2.0 * np.arange(sizes.tokens) + 1 if "positions" in accepted else None
+
+        def cached(v, cache, start: int = 0):
+            given = {} if positions is None else {"positions": positions[start:start + v.shape[1]]}
+            return module.forward_stack(v, *memory, layers, final_norm=final_norm, causal=True, cache=cache,
+                                        **given, **options)
+
+        checks.append(_cached_decoding(scheme, cached, u, later(-1), positions is not None))
     return checks
 
 
-def _cached_decoding(scheme: Scheme, stack, u: np.ndarray, other: np.ndarray) -> Check:
+def _cached_decoding(scheme: Scheme, stack, u: np.ndarray, other: np.ndarray, positioned: bool) -> Check:
     """Decoding with the cache (the first ``_PROMPT`` tokens in one call, then one token a call) equals the full
-    causal pass; control: a cache filled from other first tokens moves the later outputs."""
+    causal pass; control: a cache filled from other first tokens moves the later outputs. ``stack(v, cache, start)``
+    runs the stack on the tokens from ``start`` (``positioned``: at positions it gives them)."""
     def decoded(prompt: np.ndarray) -> np.ndarray:
         cache = [{} for _ in range(3)]
         outputs = [stack(prompt[:, :_PROMPT], cache)]
-        outputs += [stack(u[:, position:position + 1], cache) for position in range(_PROMPT, u.shape[1])]
+        outputs += [stack(u[:, position:position + 1], cache, position) for position in range(_PROMPT, u.shape[1])]
         return np.concatenate(outputs, axis=1)
 
     full = stack(u, None)
@@ -149,5 +158,6 @@ def _cached_decoding(scheme: Scheme, stack, u: np.ndarray, other: np.ndarray) ->
         holds, detail = bool(moved < _TIGHT and control > _SEPARATED), f"{where}; control {control:.2e}"
     return Check(f"causality/{scheme.name}/cache", scheme.name,
                  f"Decoding a stack of 3 steps of {scheme.name} with its cache (emitted forward_stack, cache=…: the "
-                 f"first {_PROMPT} tokens in one call, then one token a call) gives the full causal pass's outputs. "
+                 f"first {_PROMPT} tokens in one call, then one token a call"
+                 f"{', at positions 1, 3, 5, …' if positioned else ''}) gives the full causal pass's outputs. "
                  "Control: a cache filled from other first tokens moves the later outputs.", "numeric", holds, detail)

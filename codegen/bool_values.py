@@ -211,7 +211,8 @@ class _Rewrite:
     def counts_of(self, mask: sp.Expr, factors: list[sp.Expr]) -> bool:
         """Every denominator of ``factors`` counts the bools of ``mask`` along one of its axes (the strict running
         mean's ``θ(p(i) − p(j)) / Σ_n θ(p(i) − p(n))``), so that the mask ≠ 0 makes it at least 1."""
-        counted = {_read(mask, str(index.label)) for index in mask.atoms(sp.Idx)}
+        counted = {" ".join(sorted(_read(factor, str(index.label)) for factor in sp.Mul.make_args(mask)))
+                   for index in mask.atoms(sp.Idx)}  # written as note() writes a count's support
         denominators = [factor.base for factor in factors if _denominator(factor)]
         return bool(denominators) and all(
             isinstance(base, sp.Indexed) and str(base.base.label) in self.counts and self.support(base) in counted

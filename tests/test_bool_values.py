@@ -20,7 +20,8 @@ PLUGIN = ROOT / "tests" / "plugins" / "running_means.py"
 #: A running mean's weight of the query's own token; a count's weight of the tokens before the last one.
 KINDS = {"strict-running-mean": 0.0, "half-running-mean": 0.5, "inclusive-running-mean": 1.0, "step-count": 1.0,
          "third-count": 1 / 3, "strict-running-third": 0.0, "negative-count": None, "max-count": None,
-         "shifted-running-mean": None, "negated-running-mean": 0.0, "two-thirds-running-mean": 0.0}
+         "shifted-running-mean": None, "negated-running-mean": 0.0, "two-thirds-running-mean": 0.0,
+         "supported-running-mean": 0.0}
 #: The strict running means' scales.
 SCALES = {"strict-running-third": 1 / 3, "negated-running-mean": -1.0, "two-thirds-running-mean": 2 / 3}
 
@@ -252,6 +253,7 @@ def test_a_mask_that_its_denominator_counts_is_computed_once(modules):
         source = inspect.getsource(modules[kind]["numpy"].forward)
         return next(line for line in source.splitlines() if line.strip().startswith("f_w = "))
 
-    strict = weights_line("strict-running-mean")
-    assert strict.count("> 0)") == 1 and "np.where(t1" in strict, strict
+    for kind in ("strict-running-mean", "supported-running-mean"):  # a mask of one factor, of two (χ H)
+        line = weights_line(kind)
+        assert line.count("> 0)") == 1 and "np.where(t1" in line, line
     assert weights_line("shifted-running-mean").count("> 0)") > 1

@@ -8,17 +8,7 @@ import splitformer.codegen.bool_values as bool_values
 from splitformer.codegen.ir import Where
 
 from conftest import ROOT
-
-SCHEME = '''name = "mean-step"
-summary = "one explicit step of the support mean on a LayerNorm-projected state"
-[operators]
-norm1 = "layer-norm"
-mix = "support-mean"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-on = "norm1"
-'''
+from test_support_factor import SCHEME
 
 
 def _torch_check(tmp_path):

@@ -10,7 +10,7 @@ import sympy as sp
 
 from splitformer.symbolic.domains import ETA, X, X_KEY, Y
 from splitformer.symbolic.inputs import POSITIONS
-from splitformer.symbolic.operators import STATE, Definition, Operator, apply, integral, register_operator
+from splitformer.symbolic.operators import STATE, SUPPORT, Definition, Operator, apply, integral, register_operator
 
 
 def _step(query, key, shift=0, at_zero=0):
@@ -29,15 +29,21 @@ class StrictRunningMean(Operator):
     symbol: ClassVar[str] = r"\mathcal{R}"
     input_fields: ClassVar[tuple] = (POSITIONS,)
     at_zero: ClassVar = sp.Integer(0)
+    #: The steps' shift: ``H(p(x) − p(x̃) − shift)``.
+    shift: ClassVar = sp.Integer(0)
     #: The weights' scale (a fraction makes the steps numbers before they mask the quotient).
     scale: ClassVar = sp.Integer(1)
 
     def parameters(self):
         return ()
 
+    def factor(self) -> sp.Expr:
+        """What the weights hold besides the step and the scale."""
+        return sp.Integer(1)
+
     def definitions(self):
-        total = integral(_step(X, ETA, at_zero=self.at_zero), ETA)
-        weight = self.scale * _step(X, X_KEY, at_zero=self.at_zero) / total
+        total = integral(_step(X, ETA, self.shift, self.at_zero), ETA)
+        weight = self.scale * _step(X, X_KEY, self.shift, self.at_zero) * self.factor() / total
         return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
                 Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
                            "the running mean"))
@@ -91,45 +97,48 @@ class TwoThirdsRunningMean(StrictRunningMean):
 
 @register_operator
 @dataclass(frozen=True)
-class DecayedRunningMean(Operator):
+class DecayedRunningMean(StrictRunningMean):
     """``w = H(p(x) − p(x̃)) e^{p(x̃) − p(x)} / ∫ H(p(x) − p(η)) dη``: the earlier tokens decayed by their distance.
     Outside the step the factor ``e^{p(x̃) − p(x)}`` overflows at long sequences (800 tokens), so the product must be
     0 there by its mask, not ``0 · ∞``."""
 
     kind: ClassVar[str] = "decayed-running-mean"
-    symbol: ClassVar[str] = r"\mathcal{R}"
-    input_fields: ClassVar[tuple] = (POSITIONS,)
 
-    def parameters(self):
-        return ()
-
-    def definitions(self):
-        decay = sp.exp(apply(POSITIONS.name, X_KEY) - apply(POSITIONS.name, X))
-        weight = _step(X, X_KEY) * decay / integral(_step(X, ETA), ETA)
-        return (Definition("w", "w", (X, X_KEY), weight, "the decayed running weights", absorbs=(X_KEY,)),
-                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
-                           "the decayed running mean"))
+    def factor(self) -> sp.Expr:
+        return sp.exp(apply(POSITIONS.name, X_KEY) - apply(POSITIONS.name, X))
 
 
 @register_operator
 @dataclass(frozen=True)
-class ShiftedRunningMean(Operator):
+class SupportedRunningMean(StrictRunningMean):
+    """The strict running mean over the tokens the masks leave: ``w = χ H / ∫ χ H dη`` (a mask of two factors)."""
+
+    kind: ClassVar[str] = "supported-running-mean"
+
+    def factor(self) -> sp.Expr:
+        return apply(SUPPORT, X, X_KEY)
+
+    def definitions(self):
+        total = integral(apply(SUPPORT, X, ETA) * _step(X, ETA), ETA)
+        weight = self.factor() * _step(X, X_KEY) / total
+        return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
+                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
+                           "the running mean"))
+
+    def uses_support(self):
+        return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class ShiftedRunningMean(StrictRunningMean):
     """``w = H(p(x) − p(x̃) − 1) / ∫ H(p(x) − p(η) − 1) dη`` with SymPy's ``H(0) = ½``: the tokens before the previous
     one, the previous one weighed ½; none at the first token (its step ``H(v, 0) + δ(v, 0)/2`` is no bool, and lost
     its mask)."""
 
     kind: ClassVar[str] = "shifted-running-mean"
-    symbol: ClassVar[str] = r"\mathcal{R}"
-    input_fields: ClassVar[tuple] = (POSITIONS,)
-
-    def parameters(self):
-        return ()
-
-    def definitions(self):
-        weight = _step(X, X_KEY, 1, None) / integral(_step(X, ETA, 1, None), ETA)
-        return (Definition("w", "w", (X, X_KEY), weight, "the running weights", absorbs=(X_KEY,)),
-                Definition("out", self.symbol, (X, Y), integral(apply("w", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY),
-                           "the running mean"))
+    shift: ClassVar = sp.Integer(1)
+    at_zero: ClassVar = None
 
 
 @register_operator

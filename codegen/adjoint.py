@@ -33,6 +33,7 @@ from splitformer.symbolic.program import TIME_STEP, Assignment
 from .bool_values import with_dtype_of
 from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo, ZerosLike
 from .lowering import INDEX_DOMAINS, Lowering, flattened_index, shifted_axes
+from .nested_sums import nested_sums
 
 __all__ = ["Backward", "lower_adjoint", "lower_stage_adjoint", "differentiated_inputs", "AdjointLowering",
            "ADJOINT_SECTION"]
@@ -100,7 +101,7 @@ class AdjointLowering(Lowering):
         if out != info.name:
             self.tensors[out] = replace(info, name=out)
         scale, total = sp.Integer(1), None
-        for factor in sp.Mul.make_args(term):
+        for factor in sp.Mul.make_args(nested_sums(term)):
             if isinstance(factor, sp.Sum) and total is None:
                 total = factor
             else:

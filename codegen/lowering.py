@@ -38,6 +38,7 @@ from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
 from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Memoized, Module, Op, Operand,
                  PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
+from .nested_sums import nested_sums
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
 
@@ -181,7 +182,7 @@ class Lowering:
             labels = tuple(str(index) for index in assignment.lhs.indices)
             self.tensors[assignment.target] = TensorInfo(assignment.target, "param", labels)
         self.section = section
-        rhs = assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)})
+        rhs = nested_sums(assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)}))
         out = assignment.target
         labels = self.labels(assignment.lhs)
         op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or \

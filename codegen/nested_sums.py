@@ -1,0 +1,77 @@
+"""Sums over several indices nested so that each factor is summed only over the indices it reads.
+
+``Σ_{i,j,n} (p_i − p_n) w_{ijl} w_{inl} w̄_{ijl}`` (the adjoint of a normalized kernel with respect to a parameter
+inside it) is ``Σ_i (Σ_n (p_i − p_n) w_{inl}) (Σ_j w_{ijl} w̄_{ijl})``: the product over ``(i, j, n, l)`` that the
+first form materializes is cubic in the tokens, each inner sum of the second quadratic. This is variable elimination:
+an index is summed first over the factors that read it, where that leaves some factor out, the index whose sum
+spans the fewest axes first. The lowering takes the nested form only where it spans fewer axes than the flat one.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+__all__ = ["nested_sums", "widest"]
+
+
+def nested_sums(expr: sp.Expr) -> sp.Expr:
+    """``expr`` with every sum nested (``_nested``) where that shrinks the widest product it sums, else as it is."""
+    return expr.replace(lambda node: isinstance(node, sp.Sum), _nested_if_narrower)
+
+
+def widest(expr: sp.Expr) -> int:
+    """The most axes (indices) any summand of ``expr`` spans: the size, in axes, of its largest product."""
+    return max((len(_axes(total.function)) for total in expr.atoms(sp.Sum)), default=0)
+
+
+def _nested_if_narrower(total: sp.Sum) -> sp.Expr:
+    flat = _flattened(total)
+    nested = _nested(sp.Mul.make_args(flat.function), list(flat.limits))
+    return nested if widest(nested) < widest(flat) else total
+
+
+def _flattened(total: sp.Sum) -> sp.Sum:
+    """``Σ_a Σ_b f`` as ``Σ_{a,b} f``."""
+    limits = list(total.limits)
+    body = total.function
+    while isinstance(body, sp.Sum):
+        limits += body.limits
+        body = body.function
+    return sp.Sum(body, *limits)
+
+
+def _nested(factors: tuple[sp.Expr, ...], limits: list[tuple]) -> sp.Expr:
+    """``Σ_limits Π factors`` by variable elimination; a limit whose bounds read another summed index stays outside."""
+    summed = {limit[0] for limit in limits}
+    if any(summed & (sp.Tuple(*limit[1:]).free_symbols) for limit in limits):
+        return sp.Sum(sp.Mul(*factors), *limits)
+    factors = list(factors)
+    while limits:
+        candidates = [_elimination(limit, factors, limits) for limit in limits]
+        candidates = [candidate for candidate in candidates if candidate is not None]
+        if not candidates:
+            break
+        _, reading, inner = min(candidates, key=lambda candidate: candidate[0])
+        factors = [factor for factor in factors if not any(factor is r for r in reading)]
+        factors.append(_nested(tuple(reading), inner) if len(inner) > 1 else sp.Sum(sp.Mul(*reading), *inner))
+        limits = [limit for limit in limits if limit not in inner]
+    return sp.Mul(*factors) if not limits else sp.Sum(sp.Mul(*factors), *limits)
+
+
+def _elimination(limit: tuple, factors: list[sp.Expr], limits: list[tuple]):
+    """Summing ``limit``'s index first: (the axes its sum spans, the factors it reads, the limits summed with it:
+    those no other factor reads), or None where every factor reads it, or where the sum would keep no axis (a
+    batched factor's sum is per batch entry, an axis no index names)."""
+    reading = [factor for factor in factors if limit[0] in factor.free_symbols]
+    if len(reading) == len(factors):
+        return None
+    span = set().union(*(_axes(factor) for factor in reading))
+    others = set().union(*(_axes(factor) for factor in factors if not any(factor is r for r in reading)))
+    inner = [other for other in limits if other[0] in span and other[0] not in others]
+    if not span - {other[0] for other in inner}:
+        return None
+    return len(span), reading, inner
+
+
+def _axes(expr: sp.Expr) -> set[sp.Idx]:
+    return {symbol for symbol in expr.free_symbols if isinstance(symbol, sp.Idx)}

@@ -156,10 +156,13 @@ class Backend:
         return value
 
     def support(self, operand: Operand | None, printer: ArrayPrinter) -> str:
+        """A softmax's support as code: a mask given to the call (None where none is) or one the statements computed."""
         if operand is None:
             return "None"
         reference = printer.operand(operand)
-        return operand.name if reference == operand.name else f"None if {operand.name} is None else {reference}"
+        if reference == operand.name or operand.name not in SUPPORTS:
+            return reference
+        return f"None if {operand.name} is None else {reference}"
 
     def contraction(self, op: Contraction, printer: ArrayPrinter) -> list[str]:
         """einsum; an output axis no operand has (a plug-in's ``y[i, l] = Σ_k W[k, l] r[k]``, the same at every ``i``):

@@ -38,7 +38,7 @@ import sympy as sp
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import BATCH, Contraction, Elementwise, Module, Numbers, Op, Reduction, Where
+from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
 
 __all__ = ["as_numbers", "with_dtype_of", "is_bool", "SUPPORTS"]
 
@@ -167,6 +167,8 @@ class _Rewrite:
         return not isinstance(expr, sp.Idx) and bool(expr.args) and all(self.counted(argument) for argument in expr.args)
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
+        if isinstance(expr, Mask):  # bools by construction (a softmax's support)
+            return expr
         expr = _steps(expr)
         return Numbers(expr, _STATE) if is_bool(expr) else self.numbers(expr)
 

@@ -100,6 +100,13 @@ class Where(sp.Function):
     is_real = True
 
 
+class Mask(sp.Function):
+    """``Mask(m)``: where ``m`` is not 0, as a bool array (the lowering writes it: what a softmax a plug-in writes
+    itself keeps, its steps times the support)."""
+
+    nargs = 1
+
+
 class Numbers(sp.Function):
     """``Numbers(x, like)``: a bool array (a step, δ or support, or their product) as numbers in the dtype of the array
     named ``like`` (the state ``u0``; ``codegen.bool_values`` writes it where arithmetic other than a floating
@@ -167,7 +174,7 @@ class TanhGeluBackward(sp.Function):
 
 #: The calls the passes (and ``codegen.bool_values``) write into elementwise formulas, each printed by the backends' own
 #: method.
-CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Where)
+CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Where, Mask)
 
 
 @dataclass(frozen=True)

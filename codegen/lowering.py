@@ -36,8 +36,9 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Memoized, Module, Op, Operand,
-                 PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
+from .bool_values import SUPPORTS
+from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Mask, Memoized, Module, Op,
+                 Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
@@ -107,6 +108,14 @@ def flattened_index(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
         stride *= match[0].upper - match[0].lower + 1
     offset = expanded.xreplace({atom: 0 for atom in ordered})
     return (int(offset), tuple(ordered)) if offset.is_Integer else None
+
+
+def _keeps(factor: sp.Expr) -> bool:
+    """``factor`` is 0 or 1 by what it is, and says which keys a softmax keeps: a read of a support, or a step whose
+    value at 0 is 0 or 1 (one of ½ is a weight there, not a mask)."""
+    if isinstance(factor, sp.Indexed):
+        return str(factor.base.label) in SUPPORTS
+    return isinstance(factor, sp.Heaviside) and len(factor.args) == 2 and factor.args[1] in (0, 1)
 
 
 def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
@@ -193,24 +202,42 @@ class Lowering:
 
     # -- patterns ----------------------------------------------------------------------
     def softmax(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
+        """``m e^{s} / Σ_n m e^{s}`` normalized over the last axis → ``Softmax`` of the scores ``s`` (a temporary unless
+        an array) on the support ``m``: an array (χ), or steps and supports (a plug-in's window), then a ``Mask``."""
         numerator, denominator = sp.fraction(rhs)
         if not isinstance(denominator, sp.Sum) or len(denominator.limits) != 1:
             return None
         dummy = denominator.limits[0][0]
-        exponentials = [factor for factor in sp.Mul.make_args(numerator) if isinstance(factor, sp.exp)]
-        if len(exponentials) != 1 or not isinstance(exponentials[0].args[0], sp.Indexed):
+        factors = sp.Mul.make_args(numerator)
+        exponentials = [factor for factor in factors if isinstance(factor, sp.exp)]
+        others = [factor for factor in factors if not isinstance(factor, sp.exp)]
+        key = next((index for index in numerator.atoms(sp.Idx) if str(index) == labels[-1]), None)
+        if not exponentials or key is None or sp.expand(denominator.function.xreplace({dummy: key}) - numerator) != 0:
+            return None  # normalized over the last axis only
+        scores = sp.Add(*(factor.args[0] for factor in exponentials))
+        if isinstance(scores, sp.Indexed) and len(others) <= 1 and all(isinstance(f, sp.Indexed) for f in others):
+            support = self.operand(others[0]) if others else None
+            return Softmax(out, labels, scores=self.operand(scores), support=support)
+        if not others or not all(_keeps(factor) for factor in others):
             return None
-        scores = exponentials[0].args[0]
-        key = scores.indices[-1]
-        if sp.expand(denominator.function.xreplace({dummy: key}) - numerator) != 0:
-            return None
-        if str(key) != labels[-1]:  # the kernel is normalized over the last axis
-            return None
-        others = [factor for factor in sp.Mul.make_args(numerator) if factor is not exponentials[0]]
-        if len(others) > 1 or (others and not isinstance(others[0], sp.Indexed)):
-            return None
-        support = self.operand(others[0]) if others else None
-        return Softmax(out, labels, scores=self.operand(scores), support=support)
+        mask = sp.Mul(*others)
+        return Softmax(out, labels, scores=self.temporary(scores, labels, f"the scores {self.plain(scores)}"),
+                       support=self.temporary(Mask(mask), labels, f"the keys where {self.plain(mask)} ≠ 0"))
+
+    def plain(self, formula: sp.Expr) -> str:
+        return plain_formula(formula, self.program.latex_names())
+
+    def temporary(self, value: sp.Expr, labels: tuple[str, ...], comment: str) -> Operand:
+        """``value`` (an array read as it is, else computed into a temporary over those of ``labels`` it reads)."""
+        if isinstance(value, sp.Indexed) and is_plain(value.indices):
+            return self.operand(value)
+        read = {str(index) for index in value.atoms(sp.Idx)}
+        batched = any(self.labels(item)[0] == BATCH for item in value.atoms(sp.Indexed))
+        axes = tuple(label for label in labels if label in read or (label == BATCH and batched))
+        self.temporaries += 1
+        name = f"t{self.temporaries}"
+        self.ops.append(Elementwise(name, axes, expr=value).with_comment(comment, self.section))
+        return Operand(name, axes)
 
     def contraction(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
         sums = [term for term in sp.Add.make_args(rhs) if term.has(sp.Sum)]

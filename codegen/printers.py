@@ -28,7 +28,7 @@ from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
 from .bool_values import SUPPORTS, is_bool
-from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Module, Numbers, Operand, Silu, SiluBackward, TanhGelu,
+from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Mask, Module, Numbers, Operand, Silu, SiluBackward, TanhGelu,
                  TanhGeluBackward, Where)
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
@@ -244,15 +244,24 @@ class ArrayPrinter(StrPrinter):
         return f"({self._print(argument)} {'>' if at_zero == [0] else '>='} 0)"
 
     def _print_Where(self, expr: Where) -> str:
-        """``a`` where ``m`` is not 0, else ``b``; a user's function of that name has no spelling. A step or δ is its
-        own condition; anything else (a count, a support read as a factor: in the state's dtype) is compared with 0."""
+        """``a`` where ``m`` is not 0 (``condition``), else ``b``; a user's function of that name has no spelling."""
         if type(expr) is not Where:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         mask, value, otherwise = expr.args
-        condition = self._print(mask)
+        return f"{self.library}.where({self.condition(mask)}, {self._print(value)}, {self._print(otherwise)})"
+
+    def _print_Mask(self, expr: Mask) -> str:
+        """Where ``m`` is not 0, as bools; a user's function of that name has no spelling."""
+        if type(expr) is not Mask:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        return self.condition(expr.args[0])
+
+    def condition(self, mask: sp.Expr) -> str:
+        """Where ``mask`` is not 0, as bools: a step or δ is its own condition; anything else (a count, a support read
+        as a factor: in the state's dtype) is compared with 0."""
         if not is_bool(mask) or any(str(item.base.label) in SUPPORTS for item in mask.atoms(sp.Indexed)):
-            condition = f"{self.parenthesize(mask, PRECEDENCE['Func'], strict=True)} != 0"
-        return f"{self.library}.where({condition}, {self._print(value)}, {self._print(otherwise)})"
+            return f"{self.parenthesize(mask, PRECEDENCE['Func'], strict=True)} != 0"
+        return self._print(mask)
 
     def _print_Numbers(self, expr: Numbers) -> str:
         """A bool array as numbers in the dtype of the array ``like``; a user's function of that name has no

@@ -40,7 +40,7 @@ from splitformer.symbolic.operators import SUPPORT
 
 from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
 
-__all__ = ["as_numbers", "with_dtype_of", "is_bool", "SUPPORTS"]
+__all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "SUPPORTS"]
 
 #: The masks a formula may read: the tokens' support χ and the memory's χ_m (bool, or 0 and 1 in the state's dtype
 #: where a module casts it once to read it as a factor).
@@ -110,7 +110,7 @@ def _floating(expr: sp.Expr) -> bool:
     return any(_floating(argument) for argument in expr.args if isinstance(argument, sp.Expr))
 
 
-def _denominator(factor: sp.Expr) -> bool:
+def is_denominator(factor: sp.Expr) -> bool:
     """``factor`` divides by an array."""
     return isinstance(factor, sp.Pow) and factor.exp.is_negative is True and factor.base.has(sp.Indexed, sp.Idx)
 
@@ -122,7 +122,7 @@ def _safe(power: sp.Pow) -> sp.Pow:
 
 def _where(mask: sp.Expr, value: sp.Expr) -> sp.Expr:
     """``value`` where ``mask`` is not 0, else 0, each denominator of ``value`` read as 1 there."""
-    safe = value.replace(_denominator, lambda power: sp.Pow(Where(mask, power.base, 1), power.exp))
+    safe = value.replace(is_denominator, lambda power: sp.Pow(Where(mask, power.base, 1), power.exp))
     return Where(mask, safe, 0)
 
 
@@ -186,20 +186,20 @@ class _Rewrite:
         a count), or where the counts it divides by are and a sum over their support is a factor. Otherwise bool
         factors stay bare only beside a floating array and no number (NumPy's ``2 * bool`` is int64, which makes a
         float32 product float64)."""
-        masks = [factor for factor in expr.args if not _denominator(factor)
+        masks = [factor for factor in expr.args if not is_denominator(factor)
                  and (is_bool(factor) or (not factor.is_number and self.counted(factor)))]
-        if masks and any(_denominator(factor) for factor in expr.args):
+        if masks and any(is_denominator(factor) for factor in expr.args):
             others = [self.numbers(factor) for factor in expr.args if factor not in masks]
             if all(is_bool(factor) for factor in masks):
                 if self.counts_of(sp.Mul(*masks), others):  # the mask ≠ 0 makes every count ≥ 1
-                    safe = [_safe(factor) if _denominator(factor) else factor for factor in others]
+                    safe = [_safe(factor) if is_denominator(factor) else factor for factor in others]
                     return Where(sp.Mul(*masks), sp.Mul(*safe), 0)  # each count made safe at its own shape
                 return _where(sp.Mul(*masks), sp.Mul(*others))
             weight = self.numbers(sp.Mul(*masks))  # a step's ½ at 0, a count: a value besides a mask
             return _where(weight, sp.Mul(weight, *others))
         bools = [factor for factor in expr.args if is_bool(factor)]
         others = [self.numbers(factor) for factor in expr.args if not is_bool(factor)]
-        counts = {self.support(factor.base): factor.base for factor in others if _denominator(factor)}
+        counts = {self.support(factor.base): factor.base for factor in others if is_denominator(factor)}
         counts.pop(None, None)
         summed = {self.support(factor) for factor in others} & set(counts)
         if summed:
@@ -215,7 +215,7 @@ class _Rewrite:
         mean's ``θ(p(i) − p(j)) / Σ_n θ(p(i) − p(n))``), so that the mask ≠ 0 makes it at least 1."""
         counted = {" ".join(sorted(_read(factor, str(index.label)) for factor in sp.Mul.make_args(mask)))
                    for index in mask.atoms(sp.Idx)}  # written as note() writes a count's support
-        denominators = [factor.base for factor in factors if _denominator(factor)]
+        denominators = [factor.base for factor in factors if is_denominator(factor)]
         return bool(denominators) and all(
             isinstance(base, sp.Indexed) and str(base.base.label) in self.counts and self.support(base) in counted
             for base in denominators)

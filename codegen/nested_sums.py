@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from .bool_values import is_bool, is_denominator
+
 __all__ = ["nested_sums", "widest"]
 
 
@@ -26,8 +28,19 @@ def widest(expr: sp.Expr) -> int:
 
 def _nested_if_narrower(total: sp.Sum) -> sp.Expr:
     flat = _flattened(total)
-    nested = _nested(sp.Mul.make_args(flat.function), list(flat.limits))
+    nested = _nested(_glued(sp.Mul.make_args(flat.function)), list(flat.limits))
     return nested if widest(nested) < widest(flat) else total
+
+
+def _glued(factors: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
+    """``factors`` with its bools (steps, δs, supports) and its denominators as one factor, where it has both: a
+    quotient is 0 where its bools are (``codegen.bool_values``), the evaluators' rule for a normalizer that an empty
+    support makes 0, only while the bools and the denominator stand in one product (apart, an empty row's inner sum
+    over the bools is 0 and the normalizer outside it 0: 0/0)."""
+    glued = [factor for factor in factors if is_bool(factor) or is_denominator(factor)]
+    if not any(map(is_bool, glued)) or all(map(is_bool, glued)):
+        return factors
+    return (sp.Mul(*glued, evaluate=False), *(factor for factor in factors if factor not in glued))
 
 
 def _flattened(total: sp.Sum) -> sp.Sum:

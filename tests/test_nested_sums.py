@@ -10,6 +10,7 @@ import sympy as sp
 
 import splitformer
 from splitformer.codegen import adjoint, lowering
+from splitformer.codegen import nested_sums as nested_sums_module
 from splitformer.codegen.nested_sums import nested_sums, widest
 
 from conftest import ROOT
@@ -64,7 +65,7 @@ SCHEME = '''name = "decay-pre-ln"
 summary = "pre-LN with a learned-decay mixer"
 [operators]
 norm1 = "layer-norm"
-mix = "decay-mixer"
+mix = "KIND"
 [[steps]]
 operator = "mix"
 solver = "explicit"
@@ -78,32 +79,24 @@ def _widest_statement(source: str) -> int:
     return max(len(label) for spec in specs for label in spec.split(","))
 
 
-@pytest.fixture(scope="module")
-def derived(tmp_path_factory):
+def _derive(folder, kind="decay-mixer"):
     splitformer.load_plugin(ROOT / "tests" / "plugins" / "decay_mixer.py")
-    path = tmp_path_factory.mktemp("decay") / "s.toml"
-    path.write_text(SCHEME, encoding="utf-8")
+    path = folder / "s.toml"
+    path.write_text(SCHEME.replace("KIND", kind), encoding="utf-8")
     return splitformer.derive(str(path))
 
 
+@pytest.fixture(scope="module")
+def derived(tmp_path_factory):
+    return _derive(tmp_path_factory.mktemp("decay"))
+
+
 def test_the_decay_rate_adjoint_is_quadratic_and_agrees_with_autograd(derived):
-    torch = pytest.importorskip("torch")
     source = inspect.getsource(derived.numpy_module())
     assert _widest_statement(source) == 4  # batch, feature and two token axes; before: a (b, l, i, j, n) product
-    rng = np.random.default_rng(3)
-    sizes = {"d": 6, "d_ff": 8}
-    params = {name: rng.standard_normal([sizes[axis] for axis in axes]) * 0.5
-              for name, axes in derived.numpy_module().PARAMETERS.items()}
-    u = torch.tensor(rng.standard_normal((2, 7, 6)), requires_grad=True)
-    gradients = {}
-    for backward in ("autograd", "derived"):
-        block = derived.torch_module().Block(6, 2, 8, backward=backward).double().load_params(params)
-        x = u.detach().clone().requires_grad_()
-        weight = torch.tensor(np.random.default_rng(4).standard_normal((2, 7, 6)))
-        (block(x, causal=True) * weight).sum().backward()
-        gradients[backward] = [x.grad] + [p.grad for p in block.parameters()]
+    gradients = _gradients(derived, np.zeros((2, 7), bool), True)
     for auto, derived_gradient in zip(gradients["autograd"], gradients["derived"]):
-        assert torch.allclose(auto, derived_gradient, rtol=1e-10, atol=1e-12)
+        assert np.allclose(auto.numpy(), derived_gradient.numpy(), 1e-10, 1e-12)
     assert gradients["derived"][0].abs().max() > 0
 
 
@@ -112,6 +105,43 @@ def test_without_nesting_the_adjoint_is_cubic(derived, monkeypatch, tmp_path):
     monkeypatch.setattr(lowering, "nested_sums", lambda expr: expr)
     monkeypatch.setattr(adjoint, "nested_sums", lambda expr: expr)
     monkeypatch.setenv("SPLITFORMER_CACHE", "off")
-    path = tmp_path / "s.toml"
-    path.write_text(SCHEME, encoding="utf-8")
-    assert _widest_statement(splitformer.derive(str(path)).source("numpy")) == 5
+    assert _widest_statement(_derive(tmp_path).source("numpy")) == 5
+
+
+def _gradients(derived, padded, causal):
+    """The input's and parameters' gradients of ⟨w, Block(u)⟩, float64, by autograd and by the derived backward."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    params = {name: rng.standard_normal([{"d": 6, "d_ff": 8}[axis] for axis in axes]) * 0.5
+              for name, axes in derived.numpy_module().PARAMETERS.items()}
+    u, weight = (torch.tensor(rng.standard_normal((2, 7, 6))) for _ in range(2))
+    gradients = {}
+    for backward in ("autograd", "derived"):
+        block = derived.torch_module().Block(6, 2, 8, backward=backward).double().load_params(params)
+        x = u.clone().requires_grad_()
+        (block(x, key_padding_mask=torch.from_numpy(padded), causal=causal) * weight).sum().backward()
+        gradients[backward] = [x.grad] + [p.grad for p in block.parameters()]
+    return gradients
+
+
+EMPTY_QUERIES = {"left padding, causal": (np.array([[False] * 7, [True, True] + [False] * 5]), True),
+                 "a sequence all padding": (np.array([[False] * 7, [True] * 7]), False)}
+
+
+@pytest.mark.parametrize("case", EMPTY_QUERIES)
+def test_a_query_that_sees_no_key_has_finite_gradients_equal_to_autograd(tmp_path, case):
+    gradients = _gradients(_derive(tmp_path, "uniform-plus-decay-mixer"), *EMPTY_QUERIES[case])
+    for auto, derived_gradient in zip(gradients["autograd"], gradients["derived"]):
+        assert _finite(derived_gradient) and np.allclose(auto.numpy(), derived_gradient.numpy(), 1e-10, 1e-12)
+
+
+def test_control_the_step_nested_apart_from_its_normalizer_divides_zero_by_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(nested_sums_module, "_glued", lambda factors: factors)
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    gradients = _gradients(_derive(tmp_path, "uniform-plus-decay-mixer"), *EMPTY_QUERIES["a sequence all padding"])
+    assert not all(_finite(gradient) for gradient in gradients["derived"])
+
+
+def _finite(tensor) -> bool:
+    """Every entry of ``tensor`` is finite."""
+    return bool(np.isfinite(tensor.numpy()).all())

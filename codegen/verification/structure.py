@@ -155,16 +155,23 @@ def _memory_checks(u: np.ndarray, rng: np.random.Generator) -> list[Check]:
     return checks
 
 
-def _control_layers(layers: list[dict]) -> tuple[list[dict], str]:
-    """The layers of a stack check's control, and what they are: reversed; one fewer where the layers hold no
-    parameters (reversed, they are the same layers)."""
+def _control(module, u, memory, layers: list[dict], stepped: np.ndarray, sizes) -> tuple[float, str]:
+    """The stack check's negative control, its distance from the stepped layers and what it is: the layers reversed;
+    one fewer where reversed they give the same (layers that hold no parameters, or layers that commute: a
+    per-feature scale of a mean over the tokens)."""
+    def distance(control_layers):
+        return gap(module.forward_stack(u, *memory, control_layers, n_heads=sizes.heads, eps=1e-5), stepped)
+
     if any(layers):
-        return layers[::-1], "the layers reversed"
-    return layers[:-1], "one layer fewer (the layers hold no parameters)"
+        reversed_distance = distance(layers[::-1])
+        if reversed_distance > _SEPARATED:
+            return reversed_distance, "the layers reversed"
+        return distance(layers[:-1]), "one layer fewer (reversed, the layers give the same stack: they commute)"
+    return distance(layers[:-1]), "one layer fewer (the layers hold no parameters)"
 
 
 def stack_check(scheme: Scheme, module) -> Check:
-    """``forward_stack`` of N layers equals N steps of ``forward``; reversed layers do not."""
+    """``forward_stack`` of N layers equals N steps of ``forward``; the control (``_control``) does not."""
     sizes = emitted_sizes(_SIZES, scheme)
     layers = [random_parameters(scheme, sizes, 31 + n) for n in range(3)]
     rng = np.random.default_rng(34)
@@ -175,9 +182,8 @@ def stack_check(scheme: Scheme, module) -> Check:
     for layer in layers:
         stepped = module.forward(stepped, *memory, layer, n_heads=sizes.heads, eps=1e-5)
     stack = module.forward_stack(u, *memory, layers, n_heads=sizes.heads, eps=1e-5)
-    control_layers, control_text = _control_layers(layers)
-    control = module.forward_stack(u, *memory, control_layers, n_heads=sizes.heads, eps=1e-5)
-    holds, detail = _verdict(gap(stack, stepped), gap(control, stepped))
+    control, control_text = _control(module, u, memory, layers, stepped, sizes)
+    holds, detail = _verdict(gap(stack, stepped), control)
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 steps of {scheme.name} (forward, each with its own controls θⁿ) equal the emitted stack "
                  f"(forward_stack, no final projection). Control: the stack with {control_text}.",
@@ -225,9 +231,8 @@ def across_stack_check(scheme: Scheme, module) -> Check:
 
     stepped = run_layers(scheme.across_layers, steps(layers), u)
     stack = module.forward_stack(u, layers, n_heads=sizes.heads, eps=1e-5)
-    control_layers, control_text = _control_layers(layers)
-    control = module.forward_stack(u, control_layers, n_heads=sizes.heads, eps=1e-5)
-    holds, detail = _verdict(gap(stack, stepped), gap(control, stepped))
+    control, control_text = _control(module, u, (), layers, stepped, sizes)
+    holds, detail = _verdict(gap(stack, stepped), control)
     return Check(f"structure/{scheme.name}/stack", scheme.name,
                  f"N = 3 layers of {scheme.name} (forward, each with its own controls θⁿ) combined by "
                  f"{scheme.across_layers.method} across layers equal the emitted stack (forward_stack, no final "

@@ -24,19 +24,32 @@ class DecayMixer(Operator):
         return (kernel("lam", r"\lambda", (Y,), (FEATURES,)),
                 kernel("W", "W", (XI, Y), (FEATURES, FEATURES), (XI,)), kernel("b", "b", (Y,), (FEATURES,)))
 
+    def weight(self, key) -> sp.Expr:
+        """The weight of the key ``key`` before the normalization."""
+        distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, key)
+        return apply(SUPPORT, X, key) * sp.Heaviside(distance, 1) * sp.exp(-apply("lam", Y) ** 2 * distance)
+
     def definitions(self):
-        rate, offset = apply("lam", Y), apply("b", Y)
-
-        def weight(key):
-            distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, key)
-            return apply(SUPPORT, X, key) * sp.Heaviside(distance, 1) * sp.exp(-rate ** 2 * distance)
-
         mixed = integral(apply("w", X, X_KEY, Y) * apply(STATE, X_KEY, Y), X_KEY)
-        return (Definition("w", "w", (X, X_KEY, Y), weight(X_KEY) / integral(weight(ETA), ETA), "the decay weights",
-                           absorbs=(X_KEY,)),
+        weights = self.weight(X_KEY) / integral(self.weight(ETA), ETA)
+        return (Definition("w", "w", (X, X_KEY, Y), weights, "the decay weights", absorbs=(X_KEY,)),
                 Definition("m", "m", (X, Y), mixed, "the mix"),
-                Definition("out", self.symbol, (X, Y), integral(apply("W", XI, Y) * apply("m", X, XI), XI) + offset,
+                Definition("out", self.symbol, (X, Y), integral(apply("W", XI, Y) * apply("m", X, XI), XI) + apply("b", Y),
                            "the affine map"))
 
     def uses_support(self):
         return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class UniformPlusDecayMixer(DecayMixer):
+    """``w ∝ χ (1 + H(p(x) − p(x̃), 1) e^{−λ(y)² (p(x) − p(x̃))})``: a uniform mean plus a causal decay (a tester's
+    kind). The rate's adjoint sums the step over the keys and divides by the normalizer; nested apart, a query that sees
+    no key divided the empty sum 0 by its normalizer 0. The step and the normalizer stay in one product."""
+
+    kind: ClassVar[str] = "uniform-plus-decay-mixer"
+
+    def weight(self, key) -> sp.Expr:
+        distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, key)
+        return apply(SUPPORT, X, key) * (1 + sp.Heaviside(distance, 1) * sp.exp(-apply("lam", Y) ** 2 * distance))

@@ -144,8 +144,9 @@ class Backend:
     def lines(self, op: Op, printer: ArrayPrinter) -> list[str]:
         return getattr(self, _method(op))(op, printer)
 
-    def kernel_extra(self, printer: ArrayPrinter) -> str:
-        return "".join(f", {printer.use(flag)}" for flag in self.kernel_flags)
+    def kernel_extra(self, printer: ArrayPrinter, op: Softmax | Attention) -> str:
+        """The further arguments of a kernel helper: none where the kernel takes no dropout."""
+        return "".join(f", {printer.use(flag)}" for flag in self.kernel_flags) if op.dropout else ""
 
     def scaled(self, value: str, scale: sp.Expr, printer: ArrayPrinter) -> str:
         numerator, denominator = sp.fraction(scale)
@@ -202,12 +203,12 @@ class Backend:
 
     def softmax(self, op: Softmax, printer: ArrayPrinter) -> list[str]:
         return [f"{op.out} = {printer.use('_softmax')}({printer.operand(op.scores)}, {self.support(op.support, printer)}"
-                f"{self.kernel_extra(printer)})"]
+                f"{self.kernel_extra(printer, op)})"]
 
     def attention(self, op: Attention, printer: ArrayPrinter) -> list[str]:
         grouped = self.grouped(op)
         arguments = (f"{op.q.name}, {op.k.name}, {op.v.name}, {printer.doprint(op.scale)}, "
-                     f"{self.attention_support(op, printer)}{self.kernel_extra(printer)}")
+                     f"{self.attention_support(op, printer)}{self.kernel_extra(printer, op)}")
         helper = "_grouped_attention" if grouped else "_attention"
         printer.use("_attention")  # the grouped and normalized helpers call it
         if op.normalizer:  # where the backend's kernel gives no normalizer, None

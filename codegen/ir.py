@@ -195,6 +195,8 @@ class Contraction(Op):
 class Softmax(Op):
     scores: Operand | None = None
     support: Operand | None = None
+    #: Whether torch drops kernel entries in training: an attention's kernel γ, not another kind's weights.
+    dropout: bool = True
 
     def reads(self) -> list[str]:
         return [self.scores.name] + ([self.support.name] if self.support else [])
@@ -312,6 +314,8 @@ class Attention(Op):
     #: A second output: the log of each row's normalizer ``Σ_j exp(a) χ`` where the backend's kernel
     #: gives it (``None`` otherwise), read by an ``AttentionAdjoint``.
     normalizer: str | None = None
+    #: As ``Softmax.dropout``.
+    dropout: bool = True
 
     def reads(self) -> list[str]:
         return [self.q.name, self.k.name, self.v.name] + ([self.support.name] if self.support else [])

@@ -43,6 +43,8 @@ from .nested_sums import nested_sums
 
 __all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
 
+#: The definition an attention kind's kernel is (every built-in's ``γ``), where torch drops entries in training.
+KERNEL = "gamma"
 INDEX_DOMAINS = {variable.index: variable.domain for variable in VARIABLES.values()}
 #: The labels of a convolution's kernel offsets (its kernel rows and columns).
 KERNEL_OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values()
@@ -202,38 +204,57 @@ class Lowering:
 
     # -- patterns ----------------------------------------------------------------------
     def softmax(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
-        """``m e^{s} / Σ_n m e^{s}`` normalized over the last axis → ``Softmax`` of the scores ``s`` (a temporary unless
-        an array) on the support ``m``: an array (χ), or steps and supports (a plug-in's window), then a ``Mask``."""
-        numerator, denominator = sp.fraction(rhs)
-        if not isinstance(denominator, sp.Sum) or len(denominator.limits) != 1:
+        """``m e^{s} / Σ_n m e^{s}`` → ``Softmax`` of the scores ``s`` (a temporary unless an array) on the support
+        ``m``: an array (χ), or steps and supports (a plug-in's window), then a ``Mask``. Normalized over another
+        axis than the last (a plug-in's weights per feature, ``w(x, x̃, y)``): over the last of a temporary with that
+        axis last, then viewed in ``out``'s order."""
+        normalizers = [factor for factor in sp.Mul.make_args(rhs) if isinstance(factor, sp.Pow)
+                       and factor.exp == -1 and isinstance(factor.base, sp.Sum)]  # not sp.fraction: e^{−x} stays
+        if len(normalizers) != 1 or len(normalizers[0].base.limits) != 1:
             return None
+        denominator = normalizers[0].base
+        numerator = rhs * denominator
         dummy = denominator.limits[0][0]
         factors = sp.Mul.make_args(numerator)
         exponentials = [factor for factor in factors if isinstance(factor, sp.exp)]
         others = [factor for factor in factors if not isinstance(factor, sp.exp)]
-        key = next((index for index in numerator.atoms(sp.Idx) if str(index) == labels[-1]), None)
-        if not exponentials or key is None or sp.expand(denominator.function.xreplace({dummy: key}) - numerator) != 0:
-            return None  # normalized over the last axis only
-        scores = sp.Add(*(factor.args[0] for factor in exponentials))
-        if isinstance(scores, sp.Indexed) and len(others) <= 1 and all(isinstance(f, sp.Indexed) for f in others):
-            support = self.operand(others[0]) if others else None
-            return Softmax(out, labels, scores=self.operand(scores), support=support)
-        if not others or not all(_keeps(factor) for factor in others):
+        key = next((index for index in sorted(numerator.atoms(sp.Idx), key=str) if str(index) in labels
+                    and sp.expand(denominator.function.xreplace({dummy: index}) - numerator) == 0), None)
+        if not exponentials or key is None:
             return None
+        scores = sp.Add(*(factor.args[0] for factor in exponentials))
+        dropout = out.rsplit("_", 1)[-1] == KERNEL  # torch's attention dropout: on a kernel γ, not other weights
+        if str(key) == labels[-1] and isinstance(scores, sp.Indexed) and len(others) <= 1 and \
+                all(isinstance(factor, sp.Indexed) for factor in others):
+            support = self.operand(others[0]) if others else None
+            return Softmax(out, labels, scores=self.operand(scores), support=support, dropout=dropout)
+        if not all(_keeps(factor) for factor in others) or (str(key) != labels[-1] and labels[0] != BATCH):
+            return None
+        rows = tuple(label for label in labels if label != str(key)) + (str(key),)
         mask = sp.Mul(*others)
-        return Softmax(out, labels, scores=self.temporary(scores, labels, f"the scores {self.plain(scores)}"),
-                       support=self.temporary(Mask(mask), labels, f"the keys where {self.plain(mask)} ≠ 0"))
+        support = self.temporary(Mask(mask), rows, f"the keys where {self.plain(mask)} ≠ 0") if others else None
+        scores = self.temporary(scores, rows, f"the scores {self.plain(scores)}", every_axis=True)
+        if rows == labels:
+            return Softmax(out, labels, scores=scores, support=support, dropout=dropout)
+        self.temporaries += 1
+        kernel = f"t{self.temporaries}"
+        self.ops.append(Softmax(kernel, rows, scores=scores, support=support, dropout=dropout)
+                        .with_comment(f"normalized along {key} (last here)", self.section))
+        indices = {str(index): index for index in numerator.atoms(sp.Idx)}
+        return Elementwise(out, labels, expr=sp.IndexedBase(kernel)[tuple(indices[label] for label in rows[1:])])
 
     def plain(self, formula: sp.Expr) -> str:
         return plain_formula(formula, self.program.latex_names())
 
-    def temporary(self, value: sp.Expr, labels: tuple[str, ...], comment: str) -> Operand:
-        """``value`` (an array read as it is, else computed into a temporary over those of ``labels`` it reads)."""
-        if isinstance(value, sp.Indexed) and is_plain(value.indices):
+    def temporary(self, value: sp.Expr, labels: tuple[str, ...], comment: str, every_axis: bool = False) -> Operand:
+        """``value`` (an array read in ``labels``' order as it is, else computed into a temporary over those of
+        ``labels`` it reads, or over every one of them)."""
+        if isinstance(value, sp.Indexed) and is_plain(value.indices) and self.labels(value) == labels:
             return self.operand(value)
         read = {str(index) for index in value.atoms(sp.Idx)}
         batched = any(self.labels(item)[0] == BATCH for item in value.atoms(sp.Indexed))
-        axes = tuple(label for label in labels if label in read or (label == BATCH and batched))
+        axes = labels if every_axis else tuple(label for label in labels
+                                               if label in read or (label == BATCH and batched))
         self.temporaries += 1
         name = f"t{self.temporaries}"
         self.ops.append(Elementwise(name, axes, expr=value).with_comment(comment, self.section))

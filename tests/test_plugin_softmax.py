@@ -105,3 +105,66 @@ def test_float32_scores_past_the_exponential_range_stay_finite(tmp_path, monkeyp
 def test_every_check_holds(tmp_path):
     report = _derived(tmp_path).check(only=("semantics", "adjoint-test", "causality"))
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+
+
+DECAY = '''name = "decay-pre-ln"
+summary = "pre-LN with a learned-decay mixer"
+[operators]
+norm1 = "layer-norm"
+mix = "decay-mixer"
+[[steps]]
+operator = "mix"
+solver = "explicit"
+on = "norm1"
+'''
+
+
+def _decay(tmp_path):
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / "decay_mixer.py")
+    (tmp_path / "decay.toml").write_text(DECAY, encoding="utf-8")
+    return splitformer.derive(str(tmp_path / "decay.toml"))
+
+
+def _decay_reference(u, p):
+    """``u + W·m + b``, ``m(x, y) = Σ_x̃ w u`` over the earlier keys, ``w ∝ e^{−λ(y)² (p(x) − p(x̃))}`` normalized over
+    them (no padding), in float64."""
+    mean = u.mean(-1, keepdims=True)
+    normed = (u - mean) / np.sqrt(((u - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * p["norm1.gain"] + p["norm1.bias"]
+    position = np.arange(u.shape[1], dtype=float)
+    distance = position[:, None] - position[None, :]
+    exponent = np.where(distance[..., None] >= 0, -p["mix.lam"] ** 2 * distance[..., None], -np.inf)  # (i, j, l)
+    weights = np.exp(exponent - exponent.max(1, keepdims=True))
+    weights /= weights.sum(1, keepdims=True)
+    return u + np.einsum("ijl,bjl->bil", weights, normed) @ p["mix.W"] + p["mix.b"]
+
+
+def test_weights_normalized_per_feature_are_a_softmax_along_the_keys(tmp_path, monkeypatch):
+    """``w(x, x̃, y)`` normalized along ``x̃``, not its last axis: a softmax over a copy with ``x̃`` last, viewed back.
+    Written out, ``e^{λ² |p(x) − p(x̃)|}`` of the later keys overflowed in float32 past 88 and the sum was 0·∞."""
+    rng = np.random.default_rng(1)
+    params = {name: rng.standard_normal([D] * len(axes)) * 0.5 for name, axes in
+              (("norm1.gain", "d"), ("norm1.bias", "d"), ("mix.W", "dd"), ("mix.b", "d"))}
+    params["mix.lam"] = 1 + rng.random(D)  # λ² (p(x) − p(x̃)) up to 4 · 159
+    u = rng.standard_normal((2, 160, D))
+    expected = _decay_reference(u, params)
+    module = _decay(tmp_path).numpy_module()
+    assert "_softmax(" in inspect.getsource(module.forward)
+    assert np.abs(module.forward(u, params) - expected).max() < 1e-12
+    got = module.forward(u.astype(np.float32), {k: v.astype(np.float32) for k, v in params.items()})
+    assert got.dtype == np.float32 and np.abs(got - expected).max() < 1e-4
+    monkeypatch.setattr(lowering, "_keeps", lambda factor: False)  # control: the weights as written
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    with np.errstate(all="ignore"):
+        written = _decay(tmp_path).numpy_module().forward(u.astype(np.float32),
+                                                          {k: v.astype(np.float32) for k, v in params.items()})
+    assert not np.isfinite(written).all()
+
+
+def test_torch_drops_entries_of_an_attention_kernel_only(tmp_path):
+    """Dropout in training: on the window attention's kernel γ (as on every built-in attention's), not on the decay
+    mixer's weights ``w`` (that kind's outputs only)."""
+    window = inspect.getsource(_derived(tmp_path).torch_module())
+    decay = inspect.getsource(_decay(tmp_path).torch_module())
+    assert any("_attention(attn_q" in line and line.rstrip().endswith("dropout_p)") for line in window.splitlines())
+    kernel = [line for line in decay.splitlines() if "= _softmax(" in line]
+    assert kernel and not any("dropout_p" in line for line in kernel)

@@ -80,6 +80,7 @@ def fused_attention(module: Module) -> Module:
             continue
         q, k = scores.operands
         fused = Attention(op.out, op.labels, "\n".join((scores.comment, softmax.comment, op.comment)), op.section,
-                          q=q, k=k, v=op.operands[1], scale=scores.scale, support=softmax.support)
+                          q=q, k=k, v=op.operands[1], scale=scores.scale, support=softmax.support,
+                          dropout=softmax.dropout)
         ops = [fused if item is op else item for item in ops if item is not scores and item is not softmax]
     return replace(module, ops=ops)

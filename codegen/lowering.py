@@ -113,11 +113,12 @@ def flattened_index(index: sp.Expr) -> tuple[int, tuple[sp.Idx, ...]] | None:
 
 
 def _keeps(factor: sp.Expr) -> bool:
-    """``factor`` is 0 or 1 by what it is, and says which keys a softmax keeps: a read of a support, or a step whose
-    value at 0 is 0 or 1 (one of ½ is a weight there, not a mask)."""
+    """``factor`` is 0 or 1 by what it is, and says which keys a softmax keeps: a read of a support, a δ, or a step
+    whose value at 0 is 0 or 1 (one of ½ is a weight there, not a mask)."""
     if isinstance(factor, sp.Indexed):
         return str(factor.base.label) in SUPPORTS
-    return isinstance(factor, sp.Heaviside) and len(factor.args) == 2 and factor.args[1] in (0, 1)
+    steps = isinstance(factor, sp.Heaviside) and len(factor.args) == 2 and factor.args[1] in (0, 1)
+    return steps or isinstance(factor, sp.KroneckerDelta)
 
 
 def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
@@ -224,12 +225,12 @@ class Lowering:
             return None
         scores = sp.Add(*(factor.args[0] for factor in exponentials))
         dropout = out.rsplit("_", 1)[-1] == KERNEL  # torch's attention dropout: on a kernel γ, not other weights
-        if str(key) == labels[-1] and isinstance(scores, sp.Indexed) and len(others) <= 1 and \
-                all(isinstance(factor, sp.Indexed) for factor in others):
+        if not all(_keeps(factor) for factor in others) or (str(key) != labels[-1] and labels[0] != BATCH):
+            return None  # a weight besides the masks: the formula as written
+        if str(key) == labels[-1] and isinstance(scores, sp.Indexed) and self.labels(scores) == labels and \
+                len(others) <= 1 and all(isinstance(factor, sp.Indexed) for factor in others):
             support = self.operand(others[0]) if others else None
             return Softmax(out, labels, scores=self.operand(scores), support=support, dropout=dropout)
-        if not all(_keeps(factor) for factor in others) or (str(key) != labels[-1] and labels[0] != BATCH):
-            return None
         rows = tuple(label for label in labels if label != str(key)) + (str(key),)
         mask = sp.Mul(*others)
         support = self.temporary(Mask(mask), rows, f"the keys where {self.plain(mask)} ≠ 0") if others else None
@@ -257,7 +258,7 @@ class Lowering:
                                                if label in read or (label == BATCH and batched))
         self.temporaries += 1
         name = f"t{self.temporaries}"
-        self.ops.append(Elementwise(name, axes, expr=value).with_comment(comment, self.section))
+        self.ops.append(Elementwise(name, axes, expr=self.hoist_sums(value, axes)).with_comment(comment, self.section))
         return Operand(name, axes)
 
     def contraction(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:

@@ -29,11 +29,14 @@ def integral(body: sp.Expr, variable: Variable) -> sp.Integral:
 
 
 def _sum(body: sp.Expr, variable: Variable) -> sp.Expr:
-    """``Σ_k body`` with the factors that do not depend on ``k`` taken out (linearity)."""
+    """``Σ_k body`` with the factors that do not depend on ``k`` taken out (linearity), but for steps and δs: a mask
+    that reads the query alone (``H(p(x) − 3)``) stays in a normalizer's sum, where it makes the support empty, not
+    a factor outside that cancels against the numerator's (a full softmax where the weights are 0)."""
     index = variable.index
     constant, dependent = [], []
     for factor in sp.Mul.make_args(body):
-        (dependent if factor.has(index) else constant).append(factor)
+        masks = isinstance(factor, (sp.Heaviside, sp.KroneckerDelta)) and factor.has(sp.Indexed, sp.Idx)
+        (dependent if factor.has(index) or masks else constant).append(factor)
     return sp.Mul(*constant) * sp.Sum(sp.Mul(*dependent), (index, 0, variable.domain.size - 1))
 
 

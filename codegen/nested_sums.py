@@ -18,6 +18,8 @@ __all__ = ["nested_sums", "widest"]
 
 def nested_sums(expr: sp.Expr) -> sp.Expr:
     """``expr`` with every sum nested (``_nested``) where that shrinks the widest product it sums, else as it is."""
+    if not expr.has(sp.Sum):
+        return expr
     return expr.replace(lambda node: isinstance(node, sp.Sum), _nested_if_narrower)
 
 
@@ -27,6 +29,9 @@ def widest(expr: sp.Expr) -> int:
 
 
 def _nested_if_narrower(total: sp.Sum) -> sp.Expr:
+    if len(total.limits) == 1 and not isinstance(total.function, sp.Sum) and all(
+            total.limits[0][0] in factor.free_symbols for factor in sp.Mul.make_args(total.function)):
+        return total  # one index every factor reads: nothing to take out
     flat = _flattened(total)
     nested = _nested(_glued(sp.Mul.make_args(flat.function)), list(flat.limits))
     return nested if widest(nested) < widest(flat) else total

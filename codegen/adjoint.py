@@ -28,7 +28,7 @@ import sympy as sp
 from splitformer.symbolic.adjoint import Adjoint, is_plain
 from splitformer.symbolic.domains import MEMORY, TOKENS
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.program import TIME_STEP, Assignment
+from splitformer.symbolic.program import TIME_STEP, Assignment, entry
 
 from .bool_values import with_dtype_of
 from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo, ZerosLike
@@ -92,7 +92,7 @@ class AdjointLowering(Lowering):
         parts = [self.batch_sum(assignment.target if len(terms) == 1 else f"{assignment.target}_{n}",
                                 labels, term, info, section) for n, term in enumerate(terms)]
         if len(terms) > 1:
-            total = sp.Add(*(sp.IndexedBase(name)[assignment.lhs.indices] for name in parts))
+            total = sp.Add(*(entry(name, assignment.lhs.indices) for name in parts))  # a 0-d gradient too
             self.ops.append(Elementwise(assignment.target, labels, expr=total))
         self.ops[-1] = self.ops[-1].with_comment(comment, section)
 

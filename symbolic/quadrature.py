@@ -19,6 +19,7 @@ import sympy as sp
 from sympy.core.function import AppliedUndef
 
 from .domains import Variable
+from .program import Number
 
 __all__ = ["Grid", "integral"]
 
@@ -95,4 +96,6 @@ class Grid:
             if argument not in self.variables:
                 raise ValueError(f"{name} is not sampled at grid variables: {expr}")
             indices.append(self.variables[argument].index)
-        return self.arrays[name][tuple(indices)] / self.absorption(name, expr.args)
+        array = self.arrays[name]
+        value = array[tuple(indices)] if indices else Number(array)  # a control with no axis: its one number
+        return value / self.absorption(name, expr.args)

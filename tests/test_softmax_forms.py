@@ -16,7 +16,8 @@ KINDS = ["r-talk", "r-transposed", "r-weight", "r-qstep", "r-alibi-two", "r-alib
 
 def _derived(tmp_path, kind):
     splitformer.load_plugin(ROOT / "tests" / "plugins" / "softmax_forms.py")
-    body = f'[operators]\nnorm1 = "layer-norm"\nattn = "{kind}"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n'
+    body = (f'[operators]\nnorm1 = "layer-norm"\nattn = "{kind}"\n'
+            '[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
     if kind == "r-feature":
         body = '[operators]\nop = "r-feature"\n[[steps]]\noperator = "op"\nsolver = "explicit"\n'
     (tmp_path / "s.toml").write_text(f'name = "s-{kind}"\nsummary = "a softmax form"\n{body}', encoding="utf-8")

@@ -254,7 +254,7 @@ def _canonical(array: np.ndarray, parameter, index: tuple[int, ...], head_width:
         else:
             canonical.append(index[position])
             position += 1
-    return array[tuple(canonical)]
+    return array[tuple(canonical)] if canonical else array  # a control with no axis: its number (exact: no array)
 
 
 def evaluate_definitions(sem, key: str, u: np.ndarray) -> np.ndarray:

@@ -44,6 +44,27 @@ def derived_now(name: str):
     return splitformer.derive(name)
 
 
+def derived_plugin(folder: Path, plugin: str, scheme: str):
+    """The scheme whose TOML text is ``scheme`` (written into ``folder``), derived with the test plug-in
+    ``tests/plugins/<plugin>`` loaded."""
+    import splitformer
+
+    splitformer.load_plugin(ROOT / "tests" / "plugins" / plugin)
+    path = folder / f"{plugin.removesuffix('.py')}.toml"
+    path.write_text(scheme, encoding="utf-8")
+    return splitformer.derive(str(path))
+
+
+def plugin_scheme(name: str, **operators: str) -> str:
+    """A scheme's TOML: ``operators`` (name → kind) and one explicit step of the last, on the one before it where it
+    has two (a normalization)."""
+    *before, last = operators
+    kinds = [f'{key} = "{kind}"' for key, kind in operators.items()]
+    on = [f'on = "{before[-1]}"'] if before else []
+    return "\n".join([f'name = "{name}"', f'summary = "{name}"', "[operators]", *kinds,
+                      "[[steps]]", f'operator = "{last}"', 'solver = "explicit"', *on, ""])
+
+
 def generated_now(network: str):
     """(NumPy, PyTorch) modules of the built-in ``network`` generated now (``derived_now``)."""
     return derived_now(network).numpy_module(), derived_now(network).torch_module()

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import sympy as sp
 
-import splitformer
 from splitformer.codegen import adjoint, lowering
 from splitformer.codegen import nested_sums as nested_sums_module
 from splitformer.codegen.nested_sums import nested_sums, widest
 
-from conftest import ROOT
+from conftest import derived_plugin, plugin_scheme
 
 I, J, N = (sp.Idx(name, (0, 3)) for name in "ijn")
 L = sp.Idx("l", (0, 2))
@@ -61,18 +60,6 @@ def test_a_factor_free_of_the_summed_index_leaves_a_sum_it_widens():
     assert nested_sums(flat) == RATE[L] * sp.Sum(W[I, J, 0], (J, 0, 3))
 
 
-SCHEME = '''name = "decay-pre-ln"
-summary = "pre-LN with a learned-decay mixer"
-[operators]
-norm1 = "layer-norm"
-mix = "KIND"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-on = "norm1"
-'''
-
-
 def _widest_statement(source: str) -> int:
     """The most axes any einsum of ``source`` reads (its longest operand label), or any array a NumPy sum reduces."""
     specs = re.findall(r'_einsum\("([a-z,]+)->', source)
@@ -80,10 +67,7 @@ def _widest_statement(source: str) -> int:
 
 
 def _derive(folder, kind="decay-mixer"):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "decay_mixer.py")
-    path = folder / "s.toml"
-    path.write_text(SCHEME.replace("KIND", kind), encoding="utf-8")
-    return splitformer.derive(str(path))
+    return derived_plugin(folder, "decay_mixer.py", plugin_scheme("decay-pre-ln", norm1="layer-norm", mix=kind))
 
 
 @pytest.fixture(scope="module")

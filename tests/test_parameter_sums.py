@@ -4,24 +4,11 @@ a reference written here; its layers commute, and the stack check takes a contro
 import numpy as np
 import torch
 
-import splitformer
-
-from conftest import ROOT
-
-SCHEME = '''name = "scaled-mean"
-summary = "a per-feature scale of the support mean"
-[operators]
-mix = "scaled-support-mean"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-'''
+from conftest import derived_plugin, plugin_scheme
 
 
 def _derived(tmp_path):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "parameter_sums.py")
-    (tmp_path / "s.toml").write_text(SCHEME, encoding="utf-8")
-    return splitformer.derive(str(tmp_path / "s.toml"))
+    return derived_plugin(tmp_path, "parameter_sums.py", plugin_scheme("scaled-mean", mix="scaled-support-mean"))
 
 
 def test_the_scale_of_parameters_alone_is_emitted_and_equals_the_reference(tmp_path):

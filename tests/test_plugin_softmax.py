@@ -6,31 +6,18 @@ subtracted, one attention call. Its values are a reference's written here from t
 import inspect
 
 import numpy as np
-import pytest
 import torch
 
-import splitformer
 from splitformer.codegen import lowering
 
-from conftest import ROOT
+from conftest import derived_plugin, plugin_scheme
 
-SCHEME = '''name = "window-pre-ln"
-summary = "pre-LN with attention over a window of keys"
-[operators]
-norm1 = "layer-norm"
-attn = "window-attention"
-[[steps]]
-operator = "attn"
-solver = "explicit"
-on = "norm1"
-'''
 D, HEADS, WINDOW = 8, 2, 2
 
 
 def _derived(tmp_path):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "key_reads.py")
-    (tmp_path / "s.toml").write_text(SCHEME, encoding="utf-8")
-    return splitformer.derive(str(tmp_path / "s.toml"))
+    return derived_plugin(tmp_path, "key_reads.py", plugin_scheme("window-pre-ln", norm1="layer-norm",
+                                                                  attn="window-attention"))
 
 
 def _reference(u, p, padded, causal):
@@ -107,22 +94,9 @@ def test_every_check_holds(tmp_path):
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
 
 
-DECAY = '''name = "decay-pre-ln"
-summary = "pre-LN with a learned-decay mixer"
-[operators]
-norm1 = "layer-norm"
-mix = "decay-mixer"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-on = "norm1"
-'''
-
-
 def _decay(tmp_path):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "decay_mixer.py")
-    (tmp_path / "decay.toml").write_text(DECAY, encoding="utf-8")
-    return splitformer.derive(str(tmp_path / "decay.toml"))
+    return derived_plugin(tmp_path, "decay_mixer.py", plugin_scheme("decay-pre-ln", norm1="layer-norm",
+                                                                    mix="decay-mixer"))
 
 
 def _decay_reference(u, p):

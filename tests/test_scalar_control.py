@@ -4,24 +4,11 @@ reference written here (the temperature's gradient a 0-d array), and every check
 import numpy as np
 import torch
 
-import splitformer
-
-from conftest import ROOT
-
-SCHEME = '''name = "gaussian"
-summary = "a Gaussian mixer with one temperature"
-[operators]
-mix = "gaussian-mixer"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-'''
+from conftest import derived_plugin, plugin_scheme
 
 
 def _derived(tmp_path):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "scalar_control.py")
-    (tmp_path / "s.toml").write_text(SCHEME, encoding="utf-8")
-    return splitformer.derive(str(tmp_path / "s.toml"))
+    return derived_plugin(tmp_path, "scalar_control.py", plugin_scheme("gaussian", mix="gaussian-mixer"))
 
 
 def _reference(u, tau, padded):

@@ -6,22 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-import splitformer
 
-from conftest import ROOT
+from conftest import derived_plugin, plugin_scheme
 
 B, N, D, HEADS = 3, 9, 8, 2
 KINDS = ["r-talk", "r-transposed", "r-weight", "r-qstep", "r-alibi-two", "r-alibi-nomask", "r-chunk"]
 
 
 def _derived(tmp_path, kind):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "softmax_forms.py")
-    body = (f'[operators]\nnorm1 = "layer-norm"\nattn = "{kind}"\n'
-            '[[steps]]\noperator = "attn"\nsolver = "explicit"\non = "norm1"\n')
-    if kind == "r-feature":
-        body = '[operators]\nop = "r-feature"\n[[steps]]\noperator = "op"\nsolver = "explicit"\n'
-    (tmp_path / "s.toml").write_text(f'name = "s-{kind}"\nsummary = "a softmax form"\n{body}', encoding="utf-8")
-    return splitformer.derive(str(tmp_path / "s.toml"))
+    operators = {"op": kind} if kind == "r-feature" else {"norm1": "layer-norm", "attn": kind}
+    return derived_plugin(tmp_path, "softmax_forms.py", plugin_scheme(f"s-{kind}", **operators))
 
 
 def _params(module, scale=1.0):

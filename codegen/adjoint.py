@@ -101,7 +101,7 @@ class AdjointLowering(Lowering):
         if out != info.name:
             self.tensors[out] = replace(info, name=out)
         scale, total = sp.Integer(1), None
-        for factor in sp.Mul.make_args(nested_sums(term)):
+        for factor in sp.Mul.make_args(nested_sums(term, frozenset(self.masks))):
             if isinstance(factor, sp.Sum) and total is None:
                 total = factor
             else:

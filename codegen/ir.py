@@ -265,6 +265,10 @@ class Module:
     #: The increment of the second state (``Program.stream``), a second result; ``None``: one state.
     stream: str | None = None
 
+    def parameters(self) -> list[TensorInfo]:
+        """The parameters the module reads (not the values it computes from parameters alone, unbatched like them)."""
+        return [info for info in self.tensors.values() if info.role == "param" and info.parameter is not None]
+
     def batched(self, name: str) -> bool:
         info = self.tensors.get(name)
         return info is None or info.role not in UNBATCHED_ROLES

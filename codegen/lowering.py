@@ -36,7 +36,7 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .bool_values import SUPPORTS
+from .bool_values import SUPPORTS, is_bool
 from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Mask, Memoized, Module, Op,
                  Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
@@ -146,6 +146,8 @@ class Lowering:
         #: token array → its parts so far: (first token node, part array); the section that wrote them
         self.parts: dict[str, list[tuple[int, str]]] = {}
         self.sections: dict[str, str] = {}
+        #: the arrays computed from bools alone (steps, δs, supports, their products and sums): masks and counts
+        self.masks: set[str] = set()
         for name, tensor in program.tensors.items():
             if tensor.role == "temp" or tensor.role == "state":
                 continue
@@ -194,7 +196,9 @@ class Lowering:
             labels = tuple(str(index) for index in assignment.lhs.indices)
             self.tensors[assignment.target] = TensorInfo(assignment.target, "param", labels)
         self.section = section
-        rhs = nested_sums(assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)}))
+        rhs = nested_sums(assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)}), frozenset(self.masks))
+        if self.counted(rhs):
+            self.masks.add(assignment.target)
         out = assignment.target
         labels = self.labels(assignment.lhs)
         op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or \
@@ -225,8 +229,11 @@ class Lowering:
             return None
         scores = sp.Add(*(factor.args[0] for factor in exponentials))
         dropout = out.rsplit("_", 1)[-1] == KERNEL  # torch's attention dropout: on a kernel γ, not other weights
-        if not all(_keeps(factor) for factor in others) or (str(key) != labels[-1] and labels[0] != BATCH):
+        indices = {str(index): index for index in numerator.atoms(sp.Idx)}
+        if not all(_keeps(factor) for factor in others):
             return None  # a weight besides the masks: the formula as written
+        if str(key) != labels[-1] and (labels[0] != BATCH or not set(labels[1:]) <= set(indices)):
+            return None  # the view back names each axis of ``out`` by an index the weights read
         if str(key) == labels[-1] and isinstance(scores, sp.Indexed) and self.labels(scores) == labels and \
                 len(others) <= 1 and all(isinstance(factor, sp.Indexed) for factor in others):
             support = self.operand(others[0]) if others else None
@@ -241,8 +248,17 @@ class Lowering:
         kernel = f"t{self.temporaries}"
         self.ops.append(Softmax(kernel, rows, scores=scores, support=support, dropout=dropout)
                         .with_comment(f"normalized along {key} (last here)", self.section))
-        indices = {str(index): index for index in numerator.atoms(sp.Idx)}
         return Elementwise(out, labels, expr=sp.IndexedBase(kernel)[tuple(indices[label] for label in rows[1:])])
+
+    def counted(self, expr: sp.Expr) -> bool:
+        """``expr`` is computed from bools alone (``masks``)."""
+        if is_bool(expr) or expr.is_number:
+            return True
+        if isinstance(expr, sp.Indexed):
+            return str(expr.base.label) in self.masks
+        if isinstance(expr, sp.Sum):
+            return self.counted(expr.function)
+        return isinstance(expr, (sp.Add, sp.Mul)) and all(self.counted(argument) for argument in expr.args)
 
     def plain(self, formula: sp.Expr) -> str:
         return plain_formula(formula, self.program.latex_names())

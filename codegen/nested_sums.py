@@ -16,11 +16,12 @@ from .bool_values import is_bool, is_denominator
 __all__ = ["nested_sums", "widest"]
 
 
-def nested_sums(expr: sp.Expr) -> sp.Expr:
-    """``expr`` with every sum nested (``_nested``) where that shrinks the widest product it sums, else as it is."""
+def nested_sums(expr: sp.Expr, masks: frozenset[str] = frozenset()) -> sp.Expr:
+    """``expr`` with every sum nested (``_nested``) where that shrinks the widest product it sums, else as it is;
+    ``masks``: the arrays computed from bools alone (a step written as a definition), masks as steps are."""
     if not expr.has(sp.Sum):
         return expr
-    return expr.replace(lambda node: isinstance(node, sp.Sum), _nested_if_narrower)
+    return expr.replace(lambda node: isinstance(node, sp.Sum), lambda total: _nested_if_narrower(total, masks))
 
 
 def widest(expr: sp.Expr) -> int:
@@ -28,22 +29,25 @@ def widest(expr: sp.Expr) -> int:
     return max((len(_axes(total.function)) for total in expr.atoms(sp.Sum)), default=0)
 
 
-def _nested_if_narrower(total: sp.Sum) -> sp.Expr:
+def _nested_if_narrower(total: sp.Sum, masks: frozenset[str]) -> sp.Expr:
     if len(total.limits) == 1 and not isinstance(total.function, sp.Sum) and all(
             total.limits[0][0] in factor.free_symbols for factor in sp.Mul.make_args(total.function)):
         return total  # one index every factor reads: nothing to take out
     flat = _flattened(total)
-    nested = _nested(_glued(sp.Mul.make_args(flat.function)), list(flat.limits))
+    nested = _nested(_glued(sp.Mul.make_args(flat.function), masks), list(flat.limits))
     return nested if widest(nested) < widest(flat) else total
 
 
-def _glued(factors: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
-    """``factors`` with its bools (steps, δs, supports) and its denominators as one factor, where it has both: a
-    quotient is 0 where its bools are (``codegen.bool_values``), the evaluators' rule for a normalizer that an empty
-    support makes 0, only while the bools and the denominator stand in one product (apart, an empty row's inner sum
-    over the bools is 0 and the normalizer outside it 0: 0/0)."""
-    glued = [factor for factor in factors if is_bool(factor) or is_denominator(factor)]
-    if not any(map(is_bool, glued)) or all(map(is_bool, glued)):
+def _glued(factors: tuple[sp.Expr, ...], masks: frozenset[str]) -> tuple[sp.Expr, ...]:
+    """``factors`` with its masks (steps, δs, supports, arrays of ``masks``) and its denominators as one factor, where
+    it has both: a quotient is 0 where its masks are (``codegen.bool_values``), the evaluators' rule for a normalizer
+    that an empty support makes 0, only while the masks and the denominator stand in one product (apart, an empty
+    row's inner sum over the masks is 0 and the normalizer outside it 0: 0/0)."""
+    def mask(factor: sp.Expr) -> bool:
+        return is_bool(factor) or (isinstance(factor, sp.Indexed) and str(factor.base.label) in masks)
+
+    glued = [factor for factor in factors if mask(factor) or is_denominator(factor)]
+    if not any(map(mask, glued)) or all(map(mask, glued)):
         return factors
     return (sp.Mul(*glued, evaluate=False), *(factor for factor in factors if factor not in glued))
 

@@ -22,8 +22,7 @@ from .adjoint import Backward, differentiated_inputs
 from .backends import BACKENDS, DROPOUT, INFERENCE, Spelled
 from .constant_names import check_constant_names
 from .initialization import init_bounds
-from .ir import (Branch, Cache, Contraction, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared,
-                 TensorInfo, flat)
+from .ir import Branch, Cache, Contraction, Elementwise, LocalKernel, MatMul, Memoized, Module, Op, Reduction, Shared, flat
 from .passes.local_kernel import reads_without_support
 from .runtime_source import inline_runtime, runtime_mark
 
@@ -96,11 +95,6 @@ def _parameter_path(parameter: object) -> tuple[str, str]:
     return check_identifier(parts[0], "parameter group"), check_identifier(parts[1], "parameter attribute")
 
 
-def _parameters(module: Module) -> list[TensorInfo]:
-    """The parameters ``module`` reads (not the values it computes from parameters alone, unbatched like them)."""
-    return [info for info in module.tensors.values() if info.role == "param" and info.parameter is not None]
-
-
 def _code_shape(domains) -> tuple[str, ...]:
     return tuple(domain.code_name for domain in domains)
 
@@ -151,7 +145,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         keep = {module.output} | ({module.stream} if module.stream else set())
     parameters = []
     hidden = buckets = None
-    for info in _parameters(module):
+    for info in module.parameters():
         group, attribute = _parameter_path(info.parameter)
         shape = _code_shape(info.shape)
         view = _code_shape(info.view) if info.view is not None else shape
@@ -210,7 +204,7 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "keywords": [field.argument for field in module.inputs if field.role != "memory"],
         "grouped": bool({KV_HEADS, KV_FEATURES} & domains),
         "half_width": FREQUENCIES in domains,
-        "per_head": any(HEADS in info.shape for info in _parameters(module)),
+        "per_head": any(HEADS in info.shape for info in module.parameters()),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
         # what a cache keeps once per memory: the key of the memory's copy and those of the fields computed from it
         "memoized": [{"memory": op.key, "fields": list(op.keys)} for op in module.ops if isinstance(op, Memoized)],
@@ -432,7 +426,7 @@ def backward_context(backward: Backward, backend: str) -> dict:
         shape = tuple(domain.code_name for domain in info.shape)
         view = tuple(domain.code_name for domain in info.view) if info.view is not None else shape
         gradients.append({"name": name, "variable": variable, "reshape": shape if view != shape else None})
-    order = [info.parameter for info in _parameters(backward.forward)]
+    order = [info.parameter for info in backward.forward.parameters()]
     gradients.sort(key=lambda gradient: order.index(gradient["name"]))
     forward = unit_context(backward.forward, backend, keep={*backward.saved, backward.forward.output})
     adjoint, input_only = backward.adjoint, 0

@@ -70,9 +70,7 @@ def stage_context(module: Module, backend: str, sizes: dict, free: bool = False,
     (operators of one program fixing different kernel sizes).
     """
     parameters = []
-    for info in module.tensors.values():
-        if info.role != "param" or info.parameter is None:
-            continue
+    for info in module.parameters():
         group, _, attribute = info.parameter.partition(".")
         own = (group_sizes or {}).get(group, sizes)
         shape = tuple(_size(domain, own) for domain in info.shape)

@@ -86,8 +86,8 @@ def test_the_decay_rate_adjoint_is_quadratic_and_agrees_with_autograd(derived):
 
 def test_without_nesting_the_adjoint_is_cubic(derived, monkeypatch, tmp_path):
     """Control: the same scheme lowered with nesting switched off keeps the five-axis product."""
-    monkeypatch.setattr(lowering, "nested_sums", lambda expr: expr)
-    monkeypatch.setattr(adjoint, "nested_sums", lambda expr: expr)
+    monkeypatch.setattr(lowering, "nested_sums", lambda expr, masks: expr)
+    monkeypatch.setattr(adjoint, "nested_sums", lambda expr, masks: expr)
     monkeypatch.setenv("SPLITFORMER_CACHE", "off")
     assert _widest_statement(_derive(tmp_path).source("numpy")) == 5
 
@@ -112,17 +112,19 @@ EMPTY_QUERIES = {"left padding, causal": (np.array([[False] * 7, [True, True] + 
                  "a sequence all padding": (np.array([[False] * 7, [True] * 7]), False)}
 
 
+@pytest.mark.parametrize("kind", ["uniform-plus-decay-mixer", "counted-decay-mixer"])  # the step inline, a definition
 @pytest.mark.parametrize("case", EMPTY_QUERIES)
-def test_a_query_that_sees_no_key_has_finite_gradients_equal_to_autograd(tmp_path, case):
-    gradients = _gradients(_derive(tmp_path, "uniform-plus-decay-mixer"), *EMPTY_QUERIES[case])
+def test_a_query_that_sees_no_key_has_finite_gradients_equal_to_autograd(tmp_path, case, kind):
+    gradients = _gradients(_derive(tmp_path, kind), *EMPTY_QUERIES[case])
     for auto, derived_gradient in zip(gradients["autograd"], gradients["derived"]):
         assert _finite(derived_gradient) and np.allclose(auto.numpy(), derived_gradient.numpy(), 1e-10, 1e-12)
 
 
-def test_control_the_step_nested_apart_from_its_normalizer_divides_zero_by_zero(tmp_path, monkeypatch):
-    monkeypatch.setattr(nested_sums_module, "_glued", lambda factors: factors)
+@pytest.mark.parametrize("kind", ["uniform-plus-decay-mixer", "counted-decay-mixer"])
+def test_control_the_step_nested_apart_from_its_normalizer_divides_zero_by_zero(tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(nested_sums_module, "_glued", lambda factors, masks: factors)
     monkeypatch.setenv("SPLITFORMER_CACHE", "off")
-    gradients = _gradients(_derive(tmp_path, "uniform-plus-decay-mixer"), *EMPTY_QUERIES["a sequence all padding"])
+    gradients = _gradients(_derive(tmp_path, kind), *EMPTY_QUERIES["a sequence all padding"])
     assert not all(_finite(gradient) for gradient in gradients["derived"])
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 
+from splitformer.codegen import lowering
+
 from conftest import derived_plugin, plugin_scheme
 
 B, N, D, HEADS = 3, 9, 8, 2
@@ -93,15 +95,23 @@ def test_the_softmax_form_equals_its_reference(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "r-weight"])  # a weight: as written
-def test_float32_scores_past_88_stay_finite(tmp_path, kind):
+def test_float32_scores_past_88_stay_finite(tmp_path, monkeypatch, kind):
+    """Finite, and 1e-4 of the largest output from float64; control: the softmax as written overflows."""
     numpy_module = _derived(tmp_path, kind).numpy_module()
     u, padded = _inputs()
-    params = _params(numpy_module, scale=12.0)
+    params = _params(numpy_module, scale=20.0)
     expected = _reference(kind, u, params, padded)
     got = numpy_module.forward(u.astype(np.float32), {k: v.astype(np.float32) for k, v in params.items()},
                                n_heads=HEADS, key_padding_mask=padded)
     assert got.dtype == np.float32 and np.isfinite(got).all()
     assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+    monkeypatch.setattr(lowering.Lowering, "softmax", lambda self, out, labels, rhs: None)  # control: as written
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    with np.errstate(all="ignore"):
+        written = _derived(tmp_path, kind).numpy_module().forward(
+            u.astype(np.float32), {k: v.astype(np.float32) for k, v in params.items()}, n_heads=HEADS,
+            key_padding_mask=padded)
+    assert not np.isfinite(written).all()
 
 
 def test_a_softmax_per_feature_with_its_key_between_equals_its_reference(tmp_path):

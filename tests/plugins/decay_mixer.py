@@ -53,3 +53,27 @@ class UniformPlusDecayMixer(DecayMixer):
     def weight(self, key) -> sp.Expr:
         distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, key)
         return apply(SUPPORT, X, key) * (1 + sp.Heaviside(distance, 1) * sp.exp(-apply("lam", Y) ** 2 * distance))
+
+
+@register_operator
+@dataclass(frozen=True)
+class CountedDecayMixer(DecayMixer):
+    """``w ∝ c (1 + c₂ e^{−λ(y)² (p(x) − p(x̃))})`` with the steps definitions, ``c(x, x̃) = H(p(x) − p(x̃), 0)``,
+    ``c₂(x, x̃) = H(p(x) − p(x̃) − 1, 1)``, and no support (a reviewer's kind): the first token sees no key. An array
+    computed from bools alone is a mask as a step is, glued to the normalizer it guards (apart: 0/0 in the rate's
+    gradient)."""
+
+    kind: ClassVar[str] = "counted-decay-mixer"
+
+    def weight(self, key) -> sp.Expr:
+        distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, key)
+        return apply("c", X, key) * (1 + apply("c2", X, key) * sp.exp(-apply("lam", Y) ** 2 * distance))
+
+    def definitions(self):
+        distance = apply(POSITIONS.name, X) - apply(POSITIONS.name, X_KEY)
+        return (Definition("c", "c", (X, X_KEY), sp.Heaviside(distance, 0), "the step"),
+                Definition("c2", "c_2", (X, X_KEY), sp.Heaviside(distance - 1, 1), "the step past the previous key"),
+                *super().definitions())
+
+    def uses_support(self):
+        return False

@@ -16,7 +16,7 @@ KINDS = ["r-talk", "r-transposed", "r-weight", "r-qstep", "r-alibi-two", "r-alib
 
 
 def _derived(tmp_path, kind):
-    operators = {"op": kind} if kind == "r-feature" else {"norm1": "layer-norm", "attn": kind}
+    operators = {"op": kind} if kind in ("r-feature", "r-flat") else {"norm1": "layer-norm", "attn": kind}
     return derived_plugin(tmp_path, "softmax_forms.py", plugin_scheme(f"s-{kind}", **operators))
 
 
@@ -123,3 +123,15 @@ def test_a_softmax_per_feature_with_its_key_between_equals_its_reference(tmp_pat
     got = _derived(tmp_path, "r-feature").numpy_module().forward(u, {}, key_padding_mask=padded)
     assert np.abs(got - expected).max() < 1e-12
     assert np.abs(got - (u + np.einsum("bilj,bjl->bil", _softmax(keep, -scores), u))).max() > 1e-3  # control
+
+
+def test_weights_per_feature_that_read_no_feature_equal_their_reference(tmp_path):
+    """``g(x, x̃, y) ∝ χ e^{−|p(x) − p(x̃)|}``: normalized along its middle axis, it reads no feature index to be viewed
+    back by (it crashed), and stays as written."""
+    u, padded = _inputs()
+    position = np.arange(N, dtype=float)
+    keep = np.broadcast_to(~padded[:, None, :], (B, N, N))
+    weights = _softmax(keep, np.broadcast_to(-np.abs(position[:, None] - position[None]), (B, N, N)))
+    got = _derived(tmp_path, "r-flat").numpy_module().forward(u, {}, key_padding_mask=padded)
+    assert np.abs(got - (u + weights @ u)).max() < 1e-12
+    assert np.abs(got - (u + _softmax(keep, np.zeros((B, N, N))) @ u)).max() > 1e-3  # control: uniform weights

@@ -147,3 +147,25 @@ class QueryStep(Attention):
     def definitions(self):
         return _softmax(super().definitions(), lambda k: apply(SUPPORT, X, k)
                         * sp.Heaviside(apply(POSITIONS.name, X) - 3, 1) * sp.exp(apply("a", H, X, k)))
+
+
+@register_operator
+@dataclass(frozen=True)
+class FlatFeatureSoftmax(Operator):
+    """Weights declared per feature, ``g(x, x̃, y) = χ e^{−|p(x) − p(x̃)|} / ∫ χ e^{−|p(x) − p(η)|} dη``, that read no
+    feature: normalized along their middle axis, and there is no feature index to view them back by."""
+    kind: ClassVar[str] = "r-flat"
+    symbol: ClassVar[str] = r"\mathcal{F}"
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        w = lambda k: apply(SUPPORT, X, k) * sp.exp(-_dist(k))
+        return (Definition("g", "g", (X, X_KEY, Y), w(X_KEY) / integral(w(ETA), ETA), "weights", absorbs=(X_KEY,)),
+                Definition("out", self.symbol, (X, Y), integral(apply("g", X, X_KEY, Y) * apply(STATE, X_KEY, Y), X_KEY),
+                           "mean"))
+
+    def uses_support(self):
+        return True

@@ -35,7 +35,19 @@ def _nested_if_narrower(total: sp.Sum, masks: frozenset[str]) -> sp.Expr:
         return total  # one index every factor reads: nothing to take out
     flat = _flattened(total)
     nested = _nested(_glued(sp.Mul.make_args(flat.function), masks), list(flat.limits))
-    return nested if widest(nested) < widest(flat) else total
+    narrower = widest(nested) < widest(flat)
+    return nested if narrower or (widest(nested) == widest(flat) and _contraction_freed(flat, nested)) else total
+
+
+def _contraction_freed(flat: sp.Sum, nested: sp.Expr) -> bool:
+    """``nested`` takes steps or δs out of ``flat`` (which sums them with arrays) and leaves a sum of a product of array
+    reads alone, a contraction (a GEMM: a step of the query inside a linear map, ``∫ H(p(x) − 3) W(ξ, y) u(x, ξ) dξ``).
+    A normalizer's sum, ``Σ_n H χ e^a``, keeps its steps: outside, they cancel against the numerator's."""
+    outside = [factor for factor in sp.Mul.make_args(nested) if not factor.has(sp.Sum)]
+    sums = nested.atoms(sp.Sum)
+    return bool(outside) and all(is_bool(factor) or factor.is_number for factor in outside) and len(sums) == 1 and \
+        all(isinstance(factor, sp.Indexed) for factor in sp.Mul.make_args(next(iter(sums)).function)) and \
+        not isinstance(flat.function, sp.Indexed)
 
 
 def _glued(factors: tuple[sp.Expr, ...], masks: frozenset[str]) -> tuple[sp.Expr, ...]:

@@ -31,8 +31,9 @@ def integral(body: sp.Expr, variable: Variable) -> sp.Integral:
 
 def _sum(body: sp.Expr, variable: Variable) -> sp.Expr:
     """``Σ_k body`` with the factors that do not depend on ``k`` taken out (linearity), but for steps and δs: a mask
-    that reads the query alone (``H(p(x) − 3)``) stays in a normalizer's sum, where it makes the support empty, not
-    a factor outside that cancels against the numerator's (a full softmax where the weights are 0)."""
+    that reads the query alone (``H(p(x) − 3)``) stays in the sum, so that in a normalizer it makes the support empty,
+    not a factor outside that cancels against the numerator's (a full softmax where the weights are 0). The lowering
+    takes it out where what remains is a contraction (``codegen.nested_sums``)."""
     index = variable.index
     constant, dependent = [], []
     for factor in sp.Mul.make_args(body):

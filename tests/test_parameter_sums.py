@@ -1,8 +1,13 @@
 """A kind whose formula sums parameters alone (``tests/plugins/parameter_sums.py``): its emitted code runs and equals
-a reference written here; its layers commute, and the stack check takes a control that moves (one layer fewer)."""
+a reference written here; its layers commute, and the stack check takes a control that moves (one layer fewer). A
+step of the query inside a linear map (``tests/plugins/gated_map.py``) leaves a matmul."""
+
+import inspect
 
 import numpy as np
 import torch
+
+from splitformer.codegen import nested_sums
 
 from conftest import derived_plugin, plugin_scheme
 
@@ -34,3 +39,19 @@ def test_the_stack_check_of_layers_that_commute_holds_with_a_control_that_moves(
     stack = next(check for check in report.checks if check.id == "structure/scaled-mean/stack")
     assert stack.holds and "they commute" in stack.statement, stack.detail
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+
+
+def test_a_step_of_the_query_inside_a_linear_map_leaves_a_matmul(tmp_path, monkeypatch):
+    """``∫ H(p(x) − 3, 1) W(ξ, y) u(x, ξ) dξ``: a GEMM times the step, equal to the reference; control: with the step
+    left in the sum, a broadcast product summed."""
+    derived = derived_plugin(tmp_path, "gated_map.py", plugin_scheme("gated", mix="gated-map"))
+    rng = np.random.default_rng(2)
+    params, u = {"mix.W": rng.standard_normal((6, 6))}, rng.standard_normal((2, 5, 6))
+    expected = u + (np.arange(5) >= 3)[None, :, None] * (u @ params["mix.W"])
+    module = derived.numpy_module()
+    assert np.abs(module.forward(u, params) - expected).max() < 1e-12
+    assert "@ mix_W" in inspect.getsource(module.forward)
+    monkeypatch.setattr(nested_sums, "_contraction_freed", lambda flat, nested: False)
+    monkeypatch.setenv("SPLITFORMER_CACHE", "off")
+    kept = derived_plugin(tmp_path, "gated_map.py", plugin_scheme("gated", mix="gated-map")).source("numpy")
+    assert "@ mix_W" not in kept

@@ -40,7 +40,7 @@ from splitformer.symbolic.operators import SUPPORT
 
 from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
 
-__all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "SUPPORTS"]
+__all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
 
 #: The masks a formula may read: the tokens' support χ and the memory's χ_m (bool, or 0 and 1 in the state's dtype
 #: where a module casts it once to read it as a factor).
@@ -101,6 +101,17 @@ def is_bool(expr: sp.Expr) -> bool:
         isinstance(expr, sp.Indexed) and str(expr.base.label) in SUPPORTS)
 
 
+def counted(expr: sp.Expr, counts: set[str] | frozenset[str]) -> bool:
+    """``expr`` is a number of bools and of the arrays ``counts`` (computed from bools alone) alone, or a sum of one."""
+    if is_bool(expr) or expr.is_number:
+        return True
+    if isinstance(expr, sp.Indexed):
+        return str(expr.base.label) in counts
+    if isinstance(expr, sp.Sum):
+        return counted(expr.function, counts)
+    return not isinstance(expr, sp.Idx) and bool(expr.args) and all(counted(argument, counts) for argument in expr.args)
+
+
 def _floating(expr: sp.Expr) -> bool:
     """``expr`` reads a floating array (a state, a parameter, the positions, a grid coordinate) outside any bool."""
     if is_bool(expr) or isinstance(expr, (Numbers, Where)):
@@ -139,9 +150,9 @@ class _Rewrite:
     def note(self, name: str, formula: sp.Expr, axis: str | None = None) -> None:
         """``name`` is a count where ``formula`` reads bools and counts alone; summed along ``axis``, a sum over the
         support its factors of bools and counts make."""
-        if formula.has(sp.Indexed) and self.counted(formula):
+        if formula.has(sp.Indexed) and counted(formula, self.counts):
             self.counts.add(name)
-        support = [factor for factor in sp.Mul.make_args(formula) if not factor.is_number and self.counted(factor)]
+        support = [factor for factor in sp.Mul.make_args(formula) if not factor.is_number and counted(factor, self.counts)]
         if axis is not None and support:
             self.supports[name] = " ".join(sorted(_read(factor, axis) for factor in support))
 
@@ -157,14 +168,6 @@ class _Rewrite:
             self.supports[op.out] = " ".join(sorted(
                 f"{operand.name}[{', '.join('_' if label == axis else label for label in operand.labels if label != BATCH)}]"
                 for operand in bounded))
-
-    def counted(self, expr: sp.Expr) -> bool:
-        """``expr`` is a number of bools and counts alone."""
-        if is_bool(expr) or expr.is_number:
-            return True
-        if isinstance(expr, sp.Indexed):
-            return str(expr.base.label) in self.counts
-        return not isinstance(expr, sp.Idx) and bool(expr.args) and all(self.counted(argument) for argument in expr.args)
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         if isinstance(expr, Mask):  # bools by construction (a softmax's support)
@@ -187,7 +190,7 @@ class _Rewrite:
         factors stay bare only beside a floating array and no number (NumPy's ``2 * bool`` is int64, which makes a
         float32 product float64)."""
         masks = [factor for factor in expr.args if not is_denominator(factor)
-                 and (is_bool(factor) or (not factor.is_number and self.counted(factor)))]
+                 and (is_bool(factor) or (not factor.is_number and counted(factor, self.counts)))]
         if masks and any(is_denominator(factor) for factor in expr.args):
             others = [self.numbers(factor) for factor in expr.args if factor not in masks]
             if all(is_bool(factor) for factor in masks):

@@ -36,7 +36,7 @@ from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
 
-from .bool_values import SUPPORTS, is_bool
+from .bool_values import SUPPORTS, counted
 from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interleave, Join, Mask, Memoized, Module, Op,
                  Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
@@ -197,7 +197,7 @@ class Lowering:
             self.tensors[assignment.target] = TensorInfo(assignment.target, "param", labels)
         self.section = section
         rhs = nested_sums(assignment.rhs.xreplace({TIME_STEP: sp.Integer(1)}), frozenset(self.masks))
-        if self.counted(rhs):
+        if rhs.has(sp.Indexed) and counted(rhs, self.masks):  # as ``bool_values`` notes its counts
             self.masks.add(assignment.target)
         out = assignment.target
         labels = self.labels(assignment.lhs)
@@ -249,16 +249,6 @@ class Lowering:
         self.ops.append(Softmax(kernel, rows, scores=scores, support=support, dropout=dropout)
                         .with_comment(f"normalized along {key} (last here)", self.section))
         return Elementwise(out, labels, expr=sp.IndexedBase(kernel)[tuple(indices[label] for label in rows[1:])])
-
-    def counted(self, expr: sp.Expr) -> bool:
-        """``expr`` is computed from bools alone (``masks``)."""
-        if is_bool(expr) or expr.is_number:
-            return True
-        if isinstance(expr, sp.Indexed):
-            return str(expr.base.label) in self.masks
-        if isinstance(expr, sp.Sum):
-            return self.counted(expr.function)
-        return isinstance(expr, (sp.Add, sp.Mul)) and all(self.counted(argument) for argument in expr.args)
 
     def plain(self, formula: sp.Expr) -> str:
         return plain_formula(formula, self.program.latex_names())

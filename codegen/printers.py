@@ -28,8 +28,8 @@ from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
 from .bool_values import SUPPORTS, is_bool
-from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Mask, Module, Numbers, Operand, Silu, SiluBackward, TanhGelu,
-                 TanhGeluBackward, Where)
+from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Mask, Module, Numbers, Operand, Silu, SiluBackward,
+                 TanhGelu, TanhGeluBackward, Where)
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
            "printable_class", "plain_name"]

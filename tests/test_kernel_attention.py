@@ -3,26 +3,12 @@
 
 import inspect
 
-import splitformer
-
-from conftest import ROOT
-
-SCHEME = '''name = "exp-kernel-pre-ln"
-summary = "pre-LN with linear attention, φ = exp"
-[operators]
-norm1 = "layer-norm"
-attn = "exp-kernel-attention"
-[[steps]]
-operator = "attn"
-solver = "explicit"
-on = "norm1"
-'''
+from conftest import derived_plugin, plugin_scheme
 
 
 def test_the_scores_are_one_contraction_of_the_maps_and_every_check_holds(tmp_path):
-    splitformer.load_plugin(ROOT / "tests" / "plugins" / "kernel_attention.py")
-    (tmp_path / "s.toml").write_text(SCHEME, encoding="utf-8")
-    derived = splitformer.derive(str(tmp_path / "s.toml"))
+    derived = derived_plugin(tmp_path, "kernel_attention.py", plugin_scheme("exp-kernel-pre-ln", norm1="layer-norm",
+                                                                            attn="exp-kernel-attention"))
     for backend in ("numpy", "torch"):
         module = derived.numpy_module() if backend == "numpy" else derived.torch_module()
         source = inspect.getsource(module)

@@ -10,19 +10,10 @@ import torch
 
 import splitformer
 
-from conftest import ROOT, import_path
+from conftest import ROOT, import_path, plugin_scheme
 
 PLUGIN = ROOT / "tests" / "plugins" / "support_mean.py"
-SCHEME = '''name = "mean-step"
-summary = "one explicit step of the support mean on a LayerNorm-projected state"
-[operators]
-norm1 = "layer-norm"
-mix = "support-mean"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-on = "norm1"
-'''
+SCHEME = plugin_scheme("mean-step", norm1="layer-norm", mix="support-mean")
 NETWORK = '''name = "vit-mean"
 summary = "a ViT whose steps are the support mean"
 [embedding]

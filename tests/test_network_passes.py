@@ -58,7 +58,7 @@ def _reference_conv(x, W, stride, padding):
     return out
 
 
-@pytest.mark.parametrize("channels", [3, 20], ids=["one-GEMM", "GEMM-per-offset"])
+@pytest.mark.parametrize("channels", [3, 20], ids=["one-GEMM", "GEMM-per-kernel-row"])
 @pytest.mark.parametrize("size, stride, padding, grid", [
     (3, 1, 1, (9, 8)), (3, 2, 1, (9, 8)), (3, 3, 0, (9, 8)), (1, 2, 0, (9, 8)), (7, 4, 2, (9, 8)), (4, 2, 3, (9, 8)),
     (2, 3, 0, (9, 8)), (3, 1, 1, (1, 1)), (3, 2, 1, (1, 2)), (2, 2, 0, (9, 8)), (4, 4, 0, (8, 8)), (1, 1, 0, (3, 2))])

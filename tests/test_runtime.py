@@ -818,14 +818,14 @@ def test_a_result_in_the_scratch_would_change_with_the_next_call(rng, monkeypatc
 def _nested_convolution_error(rng, monkeypatch, inner=None):
     """The outer convolution's error when another (``inner``: as ``_conv2d`` runs it) runs inside it on the same thread,
     after the phases are filled (as a signal handler or finalizer calling a forward would)."""
-    offsets, entered, convolution = numpy_grids._offsets, [], numpy_grids._conv2d
+    stacks, entered, convolution = numpy_grids._row_stacks, [], numpy_grids._conv2d
 
     def interrupted(*args):
         if not entered:
             entered.append(True)
             (inner or convolution)(rng.standard_normal((2, 16, 9, 9)), rng.standard_normal((16, 3, 3, 8)), 1, 1)
-        return offsets(*args)
-    monkeypatch.setattr(numpy_grids, "_offsets", interrupted)
+        return stacks(*args)
+    monkeypatch.setattr(numpy_grids, "_row_stacks", interrupted)
     field, W, out = _convolved(rng)
     return np.abs(out - _loop_conv2d(field, W)).max()
 

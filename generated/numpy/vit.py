@@ -684,6 +684,29 @@ def _offsets(phases, size, stride, width, count):
                 yield r, s, flat[:, shift:shift + count]
 
 
+def _row_stacks(phases, size, stride, width, count):
+    """Per phase and kernel row r, the ``count`` columns of the offsets (r, s) of that phase stacked (the columns of
+    offset s in rows k·c … (k + 1)·c, k counting that phase's s): the offsets of one row as one GEMM with K = c times
+    their number, where one per offset has K = c (OpenBLAS's GEMMs with K = 64, resnet-block's, run at about half
+    their rate with K = 192). Each phase's s-shifted copies are made once for all its rows (the stack is the
+    phase's memory shifted by s, and row r's columns a window of it), in scratch that the next phase reuses.
+    Yields (r, the s's as a slice of ``W``'s axis, columns); a phase with one s yields its own columns."""
+    reach = (size - 1) // stride
+    for (a, b), flat in phases.items():
+        shifts = range(b, size, stride)
+        if len(shifts) == 1:
+            stack, span = flat[:, b // stride:], 0
+        else:
+            channels, span = len(flat), count + reach * width
+            stack = _scratch("stack", (channels * len(shifts), span), flat.dtype,
+                             "F" if flat.strides[0] < flat.strides[1] else "C")
+            for k, s in enumerate(shifts):
+                stack[k * channels:(k + 1) * channels] = flat[:, s // stride:s // stride + span]
+        for r in range(a, size, stride):
+            start = (r // stride) * width
+            yield r, slice(b, size, stride), stack[:, start:start + count]
+
+
 def _product(W, columns, out=None):
     """``Wᵀ columns`` (l, n) in the memory order of ``columns`` (channel-major, or channels last); into ``out`` if
     given (of that order)."""
@@ -746,9 +769,9 @@ def _on_grid(out, batch, output, grid):
 
 @_holding_scratch
 def _conv2d(field, W, stride, padding, bias=None, slot=None):
-    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel offset one
-    GEMM of ``W[:, r, s]ᵀ`` with contiguous columns of the field's nodes (``_phases``), summed (few channels:
-    one GEMM over every offset's columns stacked, im2col); a channels-last field (a token grid), one GEMM over
+    """``Σ_{c,r,s} field[b, c, S p + r − P, S q + s − P] W[c, r, s, l] (+ bias[l])``: per kernel row r one
+    GEMM of ``W[:, r, s…]ᵀ`` with the contiguous columns of the field's nodes (``_phases``) at the row's offsets
+    stacked (``_row_stacks``), summed (few channels: one GEMM over every offset's columns stacked, im2col); a channels-last field (a token grid), one GEMM over
     its output nodes' windows (``_window_rows``). A (b, l, p, q) view, in the field's memory order;
     with ``slot``, of the caller's scratch (``_scratch``): an output that dies inside the calling program."""
     channels, size = W.shape[:2]
@@ -759,18 +782,22 @@ def _conv2d(field, W, stride, padding, bias=None, slot=None):
         return _window_rows(field, W, stride, padding, bias, slot)
     phases, output, grid = _phases(field, size, stride, padding, dtype)
     count = len(field) * grid[0] * grid[1]
-    offsets = list(_offsets(phases, size, stride, grid[1], count))
-    order = "F" if offsets[0][2].strides[0] < offsets[0][2].strides[1] else "C"
+    order = "F" if phases[0, 0].strides[0] < phases[0, 0].strides[1] else "C"
     out = None if slot is None else _scratch(slot, (W.shape[-1], count), dtype, order, caller=True)
     if channels < 16:  # K = c·k² of one GEMM keeps BLAS busy; per offset, K = c would not
+        offsets = list(_offsets(phases, size, stride, grid[1], count))
         stacked = _scratch("stacked", (channels * len(offsets), count), dtype, order)
         out = _product(np.concatenate([W[:, r, s] for r, s, _ in offsets]),
                        np.concatenate([columns for _, _, columns in offsets], out=stacked), out=out)
     else:
-        out = _product(W[:, offsets[0][0], offsets[0][1]], offsets[0][2], out=out)
-        term = _scratch("term", out.shape, out.dtype, "F" if out.strides[0] < out.strides[1] else "C")
-        for r, s, columns in offsets[1:]:
-            out += _product(W[:, r, s], columns, out=term)
+        term = None
+        for r, shifts, columns in _row_stacks(phases, size, stride, grid[1], count):
+            kernel = W[:, r, shifts].transpose(1, 0, 2).reshape(-1, W.shape[-1])  # rows in the stack's order
+            if term is None:
+                out = _product(kernel, columns, out=out)
+                term = _scratch("term", out.shape, out.dtype, "F" if out.strides[0] < out.strides[1] else "C")
+            else:
+                out += _product(kernel, columns, out=term)
     if bias is not None:
         out += bias[:, None]
     return _on_grid(out, len(field), output, grid)

@@ -687,15 +687,15 @@ def _offsets(phases, size, stride, width, count):
 def _row_stacks(phases, size, stride, width, count):
     """Per phase and kernel row r, the ``count`` columns of the offsets (r, s) of that phase stacked (the columns of
     offset s in rows k·c … (k + 1)·c, k counting that phase's s): the offsets of one row as one GEMM with K = c times
-    their number, where one per offset has K = c (OpenBLAS's GEMMs with K = 64, resnet-block's, run at about half
-    their rate with K = 192). Each phase's s-shifted copies are made once for all its rows (the stack is the
+    their number, where one per offset has K = c (resnet-block's nine products with K = 64 take 9.8 ms in OpenBLAS,
+    its three with K = 192 6.0 ms). Each phase's s-shifted copies are made once for all its rows (the stack is the
     phase's memory shifted by s, and row r's columns a window of it), in scratch that the next phase reuses.
     Yields (r, the s's as a slice of ``W``'s axis, columns); a phase with one s yields its own columns."""
     reach = (size - 1) // stride
     for (a, b), flat in phases.items():
         shifts = range(b, size, stride)
         if len(shifts) == 1:
-            stack, span = flat[:, b // stride:], 0
+            stack = flat
         else:
             channels, span = len(flat), count + reach * width
             stack = _scratch("stack", (channels * len(shifts), span), flat.dtype,

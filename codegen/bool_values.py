@@ -35,10 +35,11 @@ from dataclasses import replace
 
 import sympy as sp
 
+from splitformer.symbolic.adjoint import is_plain
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
+from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Operand, Reduction, Where
 
 __all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
 
@@ -61,11 +62,73 @@ def as_numbers(module: Module) -> Module:
         elif isinstance(op, Reduction):
             rewrite.note(op.out, op.body, op.axis)
             body = rewrite(op.body)
+            split = _masked_contraction(op, body, module)
+            if split:
+                ops.extend(split)
+                continue
             op = op if body == op.body else replace(op, body=body)
         elif isinstance(op, Contraction):
             rewrite.note_contraction(op)
         ops.append(op)
     return replace(module, ops=ops)
+
+
+def _masked_contraction(op: Reduction, body: sp.Expr, module: Module) -> list[Op] | None:
+    """``Σ_k Where(m, v, 0)`` of the count rule (``_Rewrite.product``: ``v``'s counts read as 1 where they are 0, and
+    ``m`` ≠ 0 makes each count at least 1) as the contraction ``Σ_k m v``, ``v`` into a temporary over its own axes:
+    where a mask and a value each read an axis the other does not, one einsum (a batched GEMM) instead of their
+    product broadcast over every axis, then summed. support-mean's adjoint ``Σ_j χ[j, i] m̄[j, l] / Σ_n χ[j, n]``:
+    (b, j, i, l) → ``einsum("bji,bjl->bil")``. Equal where ``v`` is finite, which its form makes it for finite arrays
+    (products of array reads and safe counts, no map that overflows); ``None`` where the form or the axes differ."""
+    if op.mean or not isinstance(body, Where) or body.args[2] != 0 or not is_bool(body.args[0]):
+        return None
+    mask, value = body.args[0], body.args[1]
+    if not all(_finite_factor(factor) for factor in sp.Mul.make_args(value)):
+        return None
+    mask_axes, value_axes = _axes(mask, module), _axes(value, module)
+    if (mask_axes <= value_axes or value_axes <= mask_axes or op.axis not in mask_axes & value_axes
+            or set(op.labels) != (mask_axes | value_axes) - {op.axis}):
+        return None
+    ops: list[Op] = []
+
+    def operand(expr: sp.Expr, axes: set[str], role: str, comment: str) -> Operand:
+        labels = tuple(label for label in op.body_labels if label in axes)
+        if isinstance(expr, sp.Indexed) and is_plain(expr.indices) and (
+                (BATCH in labels) == module.batched(str(expr.base.label))):
+            return Operand(str(expr.base.label), (BATCH,) * (BATCH in labels) + tuple(str(i) for i in expr.indices))
+        name = f"{op.out}_{role}"
+        ops.append(Elementwise(name, labels, expr=expr).with_comment(comment, op.section))
+        return Operand(name, labels)
+
+    operands = (operand(mask if _support(mask) else Numbers(mask, _STATE), mask_axes, "mask",
+                        f"the mask of {op.out}'s sum, as numbers"),
+                operand(value, value_axes, "value", f"what {op.out} sums under its mask, over its own axes (each count "
+                                                    "read as 1 where it is 0: the mask is 0 there)"))
+    return ops + [Contraction(op.out, op.labels, op.comment, op.section, operands=operands)]
+
+
+def _support(mask: sp.Expr) -> bool:
+    """``mask`` is one read of a support (the einsum takes it as an operand, cast by the printer)."""
+    return isinstance(mask, sp.Indexed) and str(mask.base.label) in SUPPORTS
+
+
+def _finite_factor(factor: sp.Expr) -> bool:
+    """``factor`` is finite wherever the arrays it reads are: a number, an array read, bools as numbers, or an integer
+    power of a read or of a safe count (``Where(d, d, 1)``)."""
+    if factor.is_number or isinstance(factor, (sp.Indexed, Numbers)):
+        return True
+    if isinstance(factor, sp.Pow) and factor.exp.is_integer:
+        base = factor.base
+        if factor.exp.is_nonnegative:
+            return _finite_factor(base)
+        return isinstance(base, Where) and base.args[0] == base.args[1] and base.args[2] == 1
+    return False
+
+
+def _axes(expr: sp.Expr, module: Module) -> set[str]:
+    """The axes ``expr`` varies along: its indices, and the batch where it reads a batched array."""
+    batched = any(module.batched(str(read.base.label)) for read in expr.atoms(sp.Indexed))
+    return {str(index.label) for index in expr.atoms(sp.Idx)} | ({BATCH} if batched else set())
 
 
 def with_dtype_of(op: Op, name: str) -> Op:

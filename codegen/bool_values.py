@@ -39,7 +39,8 @@ from splitformer.symbolic.adjoint import is_plain
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Operand, Reduction, Where
+from .ir import (BATCH, Attention, AttentionAdjoint, Contraction, Elementwise, ExactGelu, Mask, MatMul, Module,
+                 Normalize, NormalizeAdjoint, Numbers, Op, Operand, Reduction, Silu, Softmax, TanhGelu, Where, ZerosLike)
 
 __all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
 
@@ -54,36 +55,81 @@ def as_numbers(module: Module) -> Module:
     """``module`` with each formula's bool values cast where they are not a floating product's factor, and its
     quotients that divide by 0 on an empty support made 0 there."""
     rewrite, ops = _Rewrite(), []
+    finite = {name for name, info in module.tensors.items() if info.role in _GIVEN}
     for op in module.ops:
+        written = [op]
         if isinstance(op, Elementwise):
-            rewrite.note(op.out, op.expr)
+            rewrite.note(op.out, op.expr, labels=op.labels)
             expr = rewrite(op.expr)
-            op = op if expr == op.expr else replace(op, expr=expr, reuse=None)
+            written = [op if expr == op.expr else replace(op, expr=expr, reuse=None)]
         elif isinstance(op, Reduction):
-            rewrite.note(op.out, op.body, op.axis)
+            rewrite.note(op.out, op.body, op.axis, op.labels)
             body = rewrite(op.body)
-            split = _masked_contraction(op, body, module)
-            if split:
-                ops.extend(split)
-                continue
-            op = op if body == op.body else replace(op, body=body)
+            written = _masked_contraction(op, body, module, finite) or [
+                op if body == op.body else replace(op, body=body)]
         elif isinstance(op, Contraction):
             rewrite.note_contraction(op)
-        ops.append(op)
+        for each in written:
+            if _stays_finite(each, finite):
+                finite.update(each.writes())
+        ops.extend(written)
     return replace(module, ops=ops)
 
 
-def _masked_contraction(op: Reduction, body: sp.Expr, module: Module) -> list[Op] | None:
+#: The roles of the arrays a module is given (finite where a caller's values are).
+_GIVEN = ("input", "param", "support", "memory", "positions")
+#: Operations whose results are finite where the arrays they read are: sums of products, a softmax (of the scores
+#: less their row maximum), attention, a normalization and their adjoints.
+_LINEAR = (Contraction, MatMul, Softmax, Attention, AttentionAdjoint, Normalize, NormalizeAdjoint, ZerosLike)
+#: Maps that are finite where their arguments are.
+_BOUNDED = (sp.tanh, sp.erf, sp.sin, sp.cos, sp.Heaviside, sp.KroneckerDelta, sp.sign, sp.Abs, sp.Max, sp.Min,
+            sp.floor, ExactGelu, TanhGelu, Silu)
+
+
+def _stays_finite(op: Op, finite: set[str]) -> bool:
+    """``op``'s results are finite where the arrays it reads are, which ``finite`` holds."""
+    if isinstance(op, Elementwise):
+        return _finite(op.expr, finite)
+    if isinstance(op, Reduction):
+        return _finite(op.body, finite)
+    return isinstance(op, _LINEAR) and set(op.reads()) <= finite
+
+
+def _finite(expr: sp.Expr, finite: set[str]) -> bool:
+    """``expr`` is finite wherever the arrays ``finite`` are: numbers, reads of those arrays, bools as numbers, sums,
+    products and maps of such that cannot overflow, non-negative integer powers, and reciprocals of counts made safe
+    (``Where(d, d, 1)``: a count of bools, at least 1 where it is not 0). An exponential is not (``e^x`` overflows at
+    x ≈ 88 in float32), nor a reciprocal of anything else."""
+    if expr.is_number:
+        return bool(expr.is_finite)
+    if isinstance(expr, sp.Indexed):
+        return str(expr.base.label) in finite
+    if isinstance(expr, (sp.Idx, Numbers)):
+        return True
+    if isinstance(expr, Where):
+        return _finite(expr.args[1], finite) and _finite(expr.args[2], finite)
+    if isinstance(expr, sp.Pow) and expr.exp.is_integer:
+        if expr.exp.is_nonnegative:
+            return _finite(expr.base, finite)
+        safe = expr.base
+        return isinstance(safe, Where) and safe.args[0] == safe.args[1] and safe.args[2] == 1
+    if isinstance(expr, (sp.Add, sp.Mul, *_BOUNDED)):
+        return all(_finite(argument, finite) for argument in expr.args)
+    return False
+
+
+def _masked_contraction(op: Reduction, body: sp.Expr, module: Module, finite: set[str]) -> list[Op] | None:
     """``Σ_k Where(m, v, 0)`` of the count rule (``_Rewrite.product``: ``v``'s counts read as 1 where they are 0, and
     ``m`` ≠ 0 makes each count at least 1) as the contraction ``Σ_k m v``, ``v`` into a temporary over its own axes:
     where a mask and a value each read an axis the other does not, one einsum (a batched GEMM) instead of their
     product broadcast over every axis, then summed. support-mean's adjoint ``Σ_j χ[j, i] m̄[j, l] / Σ_n χ[j, n]``:
-    (b, j, i, l) → ``einsum("bji,bjl->bil")``. Equal where ``v`` is finite, which its form makes it for finite arrays
-    (products of array reads and safe counts, no map that overflows); ``None`` where the form or the axes differ."""
+    (b, j, i, l) → ``einsum("bji,bjl->bil")``. Equal where ``v`` is finite (else ``0 · ∞`` where the mask is 0), so
+    only a ``v`` finite wherever the module's given arrays are (``_finite``: no exponential, not even in an array it
+    reads); ``None`` where the form or the axes differ."""
     if op.mean or not isinstance(body, Where) or body.args[2] != 0 or not is_bool(body.args[0]):
         return None
     mask, value = body.args[0], body.args[1]
-    if not all(_finite_factor(factor) for factor in sp.Mul.make_args(value)):
+    if not _finite(value, finite):
         return None
     mask_axes, value_axes = _axes(mask, module), _axes(value, module)
     if (mask_axes <= value_axes or value_axes <= mask_axes or op.axis not in mask_axes & value_axes
@@ -110,19 +156,6 @@ def _masked_contraction(op: Reduction, body: sp.Expr, module: Module) -> list[Op
 def _support(mask: sp.Expr) -> bool:
     """``mask`` is one read of a support (the einsum takes it as an operand, cast by the printer)."""
     return isinstance(mask, sp.Indexed) and str(mask.base.label) in SUPPORTS
-
-
-def _finite_factor(factor: sp.Expr) -> bool:
-    """``factor`` is finite wherever the arrays it reads are: a number, an array read, bools as numbers, or an integer
-    power of a read or of a safe count (``Where(d, d, 1)``)."""
-    if factor.is_number or isinstance(factor, (sp.Indexed, Numbers)):
-        return True
-    if isinstance(factor, sp.Pow) and factor.exp.is_integer:
-        base = factor.base
-        if factor.exp.is_nonnegative:
-            return _finite_factor(base)
-        return isinstance(base, Where) and base.args[0] == base.args[1] and base.args[2] == 1
-    return False
 
 
 def _axes(expr: sp.Expr, module: Module) -> set[str]:
@@ -208,16 +241,18 @@ class _Rewrite:
 
     def __init__(self):
         self.counts: set[str] = set()
-        self.supports: dict[str, str] = {}
+        #: Per array, its support's factors (each index a symbol of its name, the summed one ``_``) and the array's
+        #: own axes, by which a read of it renames them (``support``).
+        self.supports: dict[str, tuple[tuple[sp.Expr, ...], tuple[str, ...]]] = {}
 
-    def note(self, name: str, formula: sp.Expr, axis: str | None = None) -> None:
-        """``name`` is a count where ``formula`` reads bools and counts alone; summed along ``axis``, a sum over the
-        support its factors of bools and counts make."""
+    def note(self, name: str, formula: sp.Expr, axis: str | None = None, labels: tuple[str, ...] = ()) -> None:
+        """``name`` (over ``labels``) is a count where ``formula`` reads bools and counts alone; summed along ``axis``, a
+        sum over the support its factors of bools and counts make."""
         if formula.has(sp.Indexed) and counted(formula, self.counts):
             self.counts.add(name)
         support = [factor for factor in sp.Mul.make_args(formula) if not factor.is_number and counted(factor, self.counts)]
         if axis is not None and support:
-            self.supports[name] = " ".join(sorted(_read(factor, axis) for factor in support))
+            self.supports[name] = (tuple(_named(factor, axis) for factor in support), _axes_of(labels))
 
     def note_contraction(self, op: Contraction) -> None:
         """A contraction along one axis with supports or counts as operands is a sum over them; of such alone, a count
@@ -228,9 +263,10 @@ class _Rewrite:
         summed = {label for operand in op.operands for label in operand.labels} - set(op.labels)
         if bounded and len(summed) == 1:
             (axis,) = summed
-            self.supports[op.out] = " ".join(sorted(
-                f"{operand.name}[{', '.join('_' if label == axis else label for label in operand.labels if label != BATCH)}]"
-                for operand in bounded))
+            self.supports[op.out] = (tuple(
+                sp.IndexedBase(operand.name)[tuple(sp.Symbol("_" if label == axis else label)
+                                                   for label in _axes_of(operand.labels))]
+                for operand in bounded), _axes_of(op.labels))
 
     def __call__(self, expr: sp.Expr) -> sp.Expr:
         if isinstance(expr, Mask):  # bools by construction (a softmax's support)
@@ -287,11 +323,29 @@ class _Rewrite:
             for base in denominators)
 
     def support(self, factor: sp.Expr) -> str | None:
-        """The support of ``factor`` where it is a sum over one, or a count of one (``supports``)."""
-        return self.supports.get(str(factor.base.label)) if isinstance(factor, sp.Indexed) else None
+        """The support of ``factor`` where it is a sum over one, or a count of one (``supports``), written with the
+        indices ``factor`` reads it at: ``t[j]`` of ``t[i] = Σ_n χ[i, n]`` is ``chi[j, _]``, no count of ``χ[i, j]``
+        along ``j`` (a key's count read as the query's made its quotient 1 where it divides by 0)."""
+        if not isinstance(factor, sp.Indexed) or str(factor.base.label) not in self.supports:
+            return None
+        factors, axes = self.supports[str(factor.base.label)]
+        if len(axes) != len(factor.indices) or not is_plain(factor.indices):
+            return None
+        renamed = {sp.Symbol(axis): sp.Symbol(str(index.label)) for axis, index in zip(axes, factor.indices)}
+        return " ".join(sorted(str(each.xreplace(renamed)) for each in factors))
+
+
+def _named(factor: sp.Expr, axis: str) -> sp.Expr:
+    """``factor`` (a read of a support or a count, a step) with each index a symbol of its name, ``axis`` ``_``."""
+    return factor.xreplace({index: sp.Symbol("_" if str(index.label) == axis else str(index.label))
+                            for index in factor.atoms(sp.Idx)})
 
 
 def _read(factor: sp.Expr, axis: str) -> str:
     """``factor`` (a read of a support or a count, a step) as text, with the index ``axis`` written ``_``."""
-    names = {index: sp.Symbol("_" if str(index.label) == axis else str(index.label)) for index in factor.atoms(sp.Idx)}
-    return str(factor.xreplace(names))
+    return str(_named(factor, axis))
+
+
+def _axes_of(labels: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes of an array's reads (its labels without the batch)."""
+    return tuple(label for label in labels if label != BATCH)

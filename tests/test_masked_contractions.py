@@ -52,7 +52,7 @@ def test_the_adjoint_of_a_support_mean_is_an_einsum(tmp_path, monkeypatch):
     modules = _modules(tmp_path, "support-mean")
     assert not MASKED_SUM.search(_sources(modules))
     assert 'einsum("bji,bjl->bil", chi' in _sources(modules)
-    monkeypatch.setattr(bool_values, "_masked_contraction", lambda op, body, module: None)
+    monkeypatch.setattr(bool_values, "_masked_contraction", lambda *arguments: None)
     (tmp_path / "plain").mkdir()
     plain = _modules(tmp_path / "plain", "support-mean")
     assert len(MASKED_SUM.findall(_sources(plain))) >= 2
@@ -126,3 +126,57 @@ def test_a_sum_whose_value_reads_its_mask_stays_masked(tmp_path, kind, plugin):
     the mask's axes), a count as the mask (a number besides the bools): the masked sum as it was (their values:
     ``test_bool_values``, ``test_support_factor``)."""
     assert MASKED_SUM.search(_sources(_modules(tmp_path, kind, plugin)))
+
+
+def _gate_reference(u: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """One explicit step of key-gate-mean, ``u + ∫ χ(x̃, x) e^{u(x̃)} / ∫ χ(x̃, η) dη dx̃``: a query x̃ that sees no key
+    adds nothing (its gate is not even computed here)."""
+    counts = support.sum(-1).to(u.dtype)
+    seen = counts[..., None] > 0
+    gates = torch.where(seen, torch.exp(torch.where(seen, u, 0)) / torch.where(counts > 0, counts, 1)[..., None], 0)
+    return u + torch.einsum("bji,bjl->bil", support.to(u.dtype), gates)
+
+
+@pytest.mark.parametrize("einsum_anyway", [False, True], ids=["as-derived", "control"])
+def test_a_value_read_through_an_exponential_keeps_the_masked_sum(tmp_path, monkeypatch, einsum_anyway):
+    """The second review's high finding: ``e = exp(u)`` a definition, spread over the keys a query sees. A sequence of
+    padding alone whose states are 90 (float32: ``e^{90} = ∞``) sees no key, so it adds nothing; taken as an
+    einsum, ``0 · ∞`` was NaN in every output of that sequence (NumPy and torch). Control: with every array taken as
+    finite, the einsum and its NaN come back."""
+    if einsum_anyway:
+        monkeypatch.setattr(bool_values, "_finite", lambda expr, finite: True)
+    numpy_module, torch_module = _modules(tmp_path, "key-gate-mean")
+    u = torch.randn(2, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1] = True
+    u[1] = 90.0
+    expected = _gate_reference(u, ~padding[:, None, :].expand(-1, 5, -1))
+    assert torch.isfinite(expected).all()
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = numpy_module.forward(u.float().numpy(), {}, key_padding_mask=padding.numpy())
+    with torch.no_grad():
+        block = torch_module.Block(3, 1, 4, dtype=torch.float32)(u.float(), key_padding_mask=padding)
+    for out in (torch.from_numpy(got), block):
+        error = torch.abs(out.double() - expected).max() / expected.abs().max()
+        assert bool(error < 1e-6) != einsum_anyway
+
+
+@pytest.mark.parametrize("mode", ["derived", "autograd"])
+def test_a_keys_count_read_by_a_query_divides_by_zero_as_the_formula_says(tmp_path, mode):
+    """The second review's medium finding (there before): ``c(x̃)``, a count of the tokens key x̃ sees, read by a query
+    that sees x̃, was taken for a count of the query's own support, so where x̃ sees no key (a ``src_mask`` row
+    blocked, its column not) the quotient read its count as 1: finite values where the formula is ∞. The support of
+    a count is now read at the indices the quotient reads it at."""
+    _, torch_module = _modules(tmp_path, "key-share-mean")
+    u = torch.arange(1.0, 9.0, dtype=torch.float64).view(1, 4, 2)
+    blocked = torch.zeros(4, 4, dtype=torch.bool)
+    blocked[2] = True  # query 2 sees no key; key 2 is seen by queries 0, 1 and 3
+    support = (~blocked).double()
+    shares = support.sum(-1) / 4
+    terms = torch.where(support[None, :, :, None] > 0, u[:, None] / shares[None, None, :, None], 0)  # 0 off χ
+    expected = u + terms.sum(2) / 4
+    with torch.no_grad():
+        out = torch_module.Block(2, 1, 4, dtype=torch.float64, backward=mode)(u, src_mask=blocked)
+    assert torch.isinf(expected[0, [0, 1, 3]]).all() and torch.isfinite(expected[0, 2]).all()
+    assert torch.equal(torch.isinf(out), torch.isinf(expected))
+    assert torch.abs(out[0, 2] - expected[0, 2]).max() < 1e-12

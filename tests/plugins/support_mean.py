@@ -6,6 +6,8 @@ weighted by two-hop reach, whose weights are a product of supports alone (χ·χ
 from dataclasses import dataclass
 from typing import ClassVar
 
+import sympy as sp
+
 from splitformer.symbolic.domains import ETA, ETA_MEMORY, FEATURES, X_KEY, X_MEMORY, XI, X, Y
 from splitformer.symbolic.inputs import MEMORY, MEMORY_SUPPORT
 from splitformer.symbolic.operators import STATE, SUPPORT, Definition, Operator, apply, integral, kernel, register_operator
@@ -90,6 +92,51 @@ class TwoHopMean(Operator):
         mean = integral(apply("c", X, X_KEY) * apply(STATE, X_KEY, Y), X_KEY) / integral(apply("c", X, ETA), ETA)
         return (Definition("c", "c", (X, X_KEY), reach, "the share of the tokens a query sees that see a key"),
                 Definition("out", r"\mathcal{T}", (X, Y), mean, "the state's mean under those weights"))
+
+    def uses_support(self):
+        return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class KeyGateMean(Operator):
+    """``u ↦ ∫ χ(x̃, x) e(x̃, y) / ∫ χ(x̃, η) dη dx̃`` with ``e = exp(u)`` a definition of its own: each query's gate
+    spread over the keys it sees (the second review's kind; a query that sees no key adds nothing, whatever its
+    ``e``, even ``e^{90} = ∞`` in float32)."""
+
+    kind: ClassVar[str] = "key-gate-mean"
+    symbol: ClassVar[str] = r"\mathcal{G}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        count = integral(apply(SUPPORT, X_KEY, ETA), ETA)
+        return (Definition("e", "e", (X, Y), sp.exp(apply(STATE, X, Y)), "the gate"),
+                Definition("out", self.symbol, (X, Y), integral(apply(SUPPORT, X_KEY, X) * apply("e", X_KEY, Y) / count,
+                                                                X_KEY), "the gates spread over the keys"))
+
+    def uses_support(self):
+        return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class KeyShareMean(Operator):
+    """``u ↦ ∫ χ(x, x̃) u(x̃, y) / c(x̃) dx̃ / |Ω|`` with ``c(x) = ∫ χ(x, η) dη / |Ω|`` a definition of its own: each key
+    weighed by the share of the tokens it sees itself (the second review's kind; a key that sees none but that a query
+    sees divides by 0 there: ∞, as the formula says)."""
+
+    kind: ClassVar[str] = "key-share-mean"
+    symbol: ClassVar[str] = r"\mathcal{S}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        share = Definition("c", "c", (X,), integral(apply(SUPPORT, X, ETA), ETA) / X.domain.measure, "the share seen")
+        mean = integral(apply(SUPPORT, X, X_KEY) * apply(STATE, X_KEY, Y) / apply("c", X_KEY), X_KEY) / X.domain.measure
+        return (share, Definition("out", self.symbol, (X, Y), mean, "the keys weighed by their shares"))
 
     def uses_support(self):
         return True

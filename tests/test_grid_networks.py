@@ -143,6 +143,21 @@ def test_grids_that_do_not_meet_are_rejected_before_work():
         RESNET["numpy"].forward(np.zeros((1, 3, 4, 4)), params, stride=2)
 
 
+def test_an_input_of_other_channels_than_the_parameters_is_named_as_the_wrong_argument():
+    """A tester's finding: a (2, 2, 8, 8) input to a 3-channel block's NumPy ``forward``/``vjp`` blamed ``conv1.W``
+    (its channels were read off ``u``); now ``u`` is named, as the torch ``Model`` names it."""
+    _, params = _resnet(3, 5, 2, True)
+    wrong = np.zeros((2, 2, 8, 8))
+    message = r"u must have shape \(batch, 3, height, width\) \(its parameters' n_channels\), got \(2, 2, 8, 8\)"
+    for function, extra in ((RESNET["numpy"].forward, ()), (RESNET["numpy"].vjp, (np.ones((2, 5, 4, 4)),))):
+        with pytest.raises(ValueError, match=message):
+            function(wrong, params, *extra, stride=2)
+    _, params = _unet()
+    with pytest.raises(ValueError, match=message.replace("got \\(2, 2", "got \\(1, 2")):
+        UNET["numpy"].forward(np.zeros((1, 2, 8, 8)), params)
+    assert RESNET["numpy"].forward(np.zeros((2, 3, 8, 8)), _resnet(3, 5, 2, True)[1], stride=2).shape == (2, 5, 4, 4)
+
+
 def test_a_kernel_wider_than_its_field_has_no_nodes_at_any_width():
     """Review s33: a NumPy convolution whose kernel reaches past the field by more than a stride gave a negative node
     count, whose slices read the field from its end: two 40-wide kernels on 60 × 60 returned a 3 × 3 grid of garbage

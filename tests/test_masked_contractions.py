@@ -139,7 +139,7 @@ def _gate_reference(u: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("einsum_anyway", [False, True], ids=["as-derived", "control"])
 def test_a_value_read_through_an_exponential_keeps_the_masked_sum(tmp_path, monkeypatch, einsum_anyway):
-    """The second review's high finding: ``e = exp(u)`` a definition, spread over the keys a query sees. A sequence of
+    """A tester's high finding: ``e = exp(u)`` a definition, spread over the keys a query sees. A sequence of
     padding alone whose states are 90 (float32: ``e^{90} = ∞``) sees no key, so it adds nothing; taken as an
     einsum, ``0 · ∞`` was NaN in every output of that sequence (NumPy and torch). Control: with every array taken as
     finite, the einsum and its NaN come back."""
@@ -163,7 +163,7 @@ def test_a_value_read_through_an_exponential_keeps_the_masked_sum(tmp_path, monk
 
 @pytest.mark.parametrize("mode", ["derived", "autograd"])
 def test_a_keys_count_read_by_a_query_divides_by_zero_as_the_formula_says(tmp_path, mode):
-    """The second review's medium finding (there before): ``c(x̃)``, a count of the tokens key x̃ sees, read by a query
+    """A tester's medium finding (there before): ``c(x̃)``, a count of the tokens key x̃ sees, read by a query
     that sees x̃, was taken for a count of the query's own support, so where x̃ sees no key (a ``src_mask`` row
     blocked, its column not) the quotient read its count as 1: finite values where the formula is ∞. The support of
     a count is now read at the indices the quotient reads it at."""

@@ -101,7 +101,7 @@ class TwoHopMean(Operator):
 @dataclass(frozen=True)
 class KeyGateMean(Operator):
     """``u ↦ ∫ χ(x̃, x) e(x̃, y) / ∫ χ(x̃, η) dη dx̃`` with ``e = exp(u)`` a definition of its own: each query's gate
-    spread over the keys it sees (the second review's kind; a query that sees no key adds nothing, whatever its
+    spread over the keys it sees (a tester's kind; a query that sees no key adds nothing, whatever its
     ``e``, even ``e^{90} = ∞`` in float32)."""
 
     kind: ClassVar[str] = "key-gate-mean"
@@ -124,7 +124,7 @@ class KeyGateMean(Operator):
 @dataclass(frozen=True)
 class KeyShareMean(Operator):
     """``u ↦ ∫ χ(x, x̃) u(x̃, y) / c(x̃) dx̃ / |Ω|`` with ``c(x) = ∫ χ(x, η) dη / |Ω|`` a definition of its own: each key
-    weighed by the share of the tokens it sees itself (the second review's kind; a key that sees none but that a query
+    weighed by the share of the tokens it sees itself (a tester's kind; a key that sees none but that a query
     sees divides by 0 there: ∞, as the formula says)."""
 
     kind: ClassVar[str] = "key-share-mean"

@@ -212,6 +212,30 @@ def test_the_emitted_vjp_of_a_grid_step_of_another_composition_is_tested(tmp_pat
     assert "stride 2, with its transfer" in checks[0].statement
 
 
+def test_a_transfer_that_no_image_runs_fails_the_adjoint_tests_saying_so(tmp_path):
+    """A tester's finding: a first convolution padded 9 with a 5 × 5 kernel beside a 3 × 3 shortcut padded 1 never
+    lands on the shortcut's grid, so the file's transfer can never run; the adjoint tests ran the step without it and
+    every check held. Now a check of the transfer fails, saying why. Control: where the transfer runs (the same file
+    padded 2), the tests run it and no such check is added."""
+    from splitformer.codegen.verification.network_adjoint_tests import network_adjoint_tests
+
+    text = (ROOT / "symbolic" / "networks" / "resnet-block.toml").read_text().replace('name = "resnet-block"',
+                                                                                     'name = "padded"')
+    assert 'conv1 = { kind = "convolution", kernel = 3, padding = 1,' in text
+    for padding, runs in ((9, False), (2, True)):
+        (tmp_path / "padded.toml").write_text(text.replace(
+            'conv1 = { kind = "convolution", kernel = 3, padding = 1,',
+            f'conv1 = {{ kind = "convolution", kernel = 5, padding = {padding},'))
+        checks = network_adjoint_tests(load_network(str(tmp_path / "padded.toml")))
+        transfer = [check for check in checks if check.id == "adjoint-test/padded/transfer"]
+        assert all(check.holds for check in checks if check not in transfer)
+        if runs:
+            assert not transfer and "with its transfer" in checks[0].statement
+        else:
+            (check,) = transfer
+            assert not check.holds and "can never run" in check.detail
+
+
 @pytest.mark.parametrize("field, projection", [
     (["conv1", "bn1", "relu", "conv2", "conv2", "bn2"], "relu"),    # an operator applied twice in a row
     (["conv1", "bn1", "relu", "conv2", "conv2", "conv2", "bn2"], "relu"),  # three times: conv2, conv22, conv23

@@ -110,13 +110,14 @@ _SIDES = (4, *range(1, 4), *range(5, 129))
 _SEARCH_SECONDS = 20.0
 
 
-def _any_grid(spec: GridNetworkSpec, module, rng) -> tuple | str | None:
+def _any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None) -> tuple | str | None:
     """The sizes of ``_grid`` for a grid step of another composition: with its transfer (if any) at stride 2, then at
-    stride 1, then without it, with 3 input channels, then with as many as features (R = 1 and F ending on the
-    features need them), on 4 × 4 pixels, then on the other ``_SIDES``; the first whose F(u) and R u land on one grid
-    and channels. Else why not: ``None`` (its module refused every one), ``"small"`` (some outputs were empty), or
-    ``"budget"`` (``_SEARCH_SECONDS`` ran out)."""
-    transfers = (True, False) if module.TRANSFER_PARAMETERS else (False,)
+    stride 1, then without it (``transfers``: those tried, by default both), with 3 input channels, then with as many
+    as features (R = 1 and F ending on the features need them), on 4 × 4 pixels, then on the other ``_SIDES``; the
+    first whose F(u) and R u land on one grid and channels. Else why not: ``None`` (its module refused every one),
+    ``"small"`` (some outputs were empty), or ``"budget"`` (``_SEARCH_SECONDS`` ran out)."""
+    if transfers is None:
+        transfers = (True, False) if module.TRANSFER_PARAMETERS else (False,)
     start, small = time.perf_counter(), False
     for side, channels, transfer, stride in ((side, channels, transfer, stride) for side in _SIDES
                                              for channels in (3, 4) for transfer in transfers for stride in (2, 1)):
@@ -135,6 +136,30 @@ def _any_grid(spec: GridNetworkSpec, module, rng) -> tuple | str | None:
                 f"one step of {spec.name} (2 images of {channels} channels on {side} × {side}, d = 4"
                 + (f", stride {stride}" if spec.reads_stride else "") + (", with its transfer)" if transfer else ")"))
     return "small" if small else None
+
+
+def _transfer_unrun(spec: GridNetworkSpec, module, rng, described: str) -> list[Check]:
+    """Where the adjoint tests run a grid step without its transfer (no image tried ran it with), a check saying
+    whether any image runs the transfer at all: a shortcut whose R u never lands on F(u)'s grid fails (the file's
+    transfer can never run; its adjoint is untested), one not found within the search's limits is skipped saying so.
+    None where the tests ran the transfer, or the step has none."""
+    if not module.TRANSFER_PARAMETERS or described.endswith("with its transfer)"):
+        return []
+    found = _any_grid(spec, module, rng, (True,))
+    statement = "The step runs with its transfer on some image, and its emitted vjp is tested there."
+    check_id = f"adjoint-test/{spec.name}/transfer"
+    if isinstance(found, tuple):
+        pixels, params, function, adjoint, options, described = found
+        return _adjoint_check(spec, pixels, params, function, adjoint, options, described, f"{spec.name}/transfer")
+    if found in ("small", "budget"):
+        return [Check(check_id, spec.name, statement, SKIPPED, True,
+                      "no image tried runs the step with its transfer (" + (
+                          "the images were too small for its kernels)" if found == "small"
+                          else f"the search's {_SEARCH_SECONDS:g} s ran out)"))]
+    return [Check(check_id, spec.name, statement, "numeric", False,
+                  f"no image runs the step with its transfer: on 1 × 1 to {_SIDES[-1]} × {_SIDES[-1]} pixels (3 or 4 "
+                  "input channels, d = 4, stride 2 or 1) its R u never lands on F(u)'s grid and channels, so the "
+                  "file's transfer can never run; the tests ran without it")]
 
 
 _BUILDERS = {
@@ -175,7 +200,15 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
                       "R u landing on different grids or channels")]
     if isinstance(spec, GridNetworkSpec) and not spec.reads_stride:  # unet-level: its file fixes each stride
         options = {key: value for key, value in options.items() if key != "stride"}
-    name = spec.name
+    checks = _adjoint_check(spec, pixels, params, function, adjoint, options, described)
+    if family is None and isinstance(spec, GridNetworkSpec):
+        checks += _transfer_unrun(spec, module, rng, described)
+    return checks
+
+
+def _adjoint_check(spec, pixels, params, function, adjoint, options, described, name=None) -> list[Check]:
+    """The dot-product and Taylor tests of ``adjoint`` (a ``vjp``) against ``function`` at ``pixels``, ``params``."""
+    name = name or spec.name
     x = {"input": pixels, **params}
 
     def forward(point: Point) -> np.ndarray:
@@ -186,4 +219,4 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
         grad_input, grads = adjoint(point["input"], {key: point[key] for key in params}, costate, **options)
         return {"input": grad_input, **{key: grads.get(key, np.zeros_like(point[key])) for key in params}}
 
-    return adjoint_tests(name, name, described, forward, vjp, x, 72)
+    return adjoint_tests(name, spec.name, described, forward, vjp, x, 72)

@@ -39,8 +39,7 @@ from splitformer.symbolic.adjoint import is_plain
 from splitformer.symbolic.inputs import MEMORY_SUPPORT
 from splitformer.symbolic.operators import SUPPORT
 
-from .ir import (BATCH, Attention, AttentionAdjoint, Contraction, Elementwise, ExactGelu, Mask, MatMul, Module,
-                 Normalize, NormalizeAdjoint, Numbers, Op, Operand, Reduction, Silu, Softmax, TanhGelu, Where, ZerosLike)
+from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
 
 __all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
 
@@ -55,113 +54,19 @@ def as_numbers(module: Module) -> Module:
     """``module`` with each formula's bool values cast where they are not a floating product's factor, and its
     quotients that divide by 0 on an empty support made 0 there."""
     rewrite, ops = _Rewrite(), []
-    finite = {name for name, info in module.tensors.items() if info.role in _GIVEN}
     for op in module.ops:
-        written = [op]
         if isinstance(op, Elementwise):
-            rewrite.note(op.out, op.expr, labels=op.labels)
+            rewrite.note(op.out, op.expr)
             expr = rewrite(op.expr)
-            written = [op if expr == op.expr else replace(op, expr=expr, reuse=None)]
+            op = op if expr == op.expr else replace(op, expr=expr, reuse=None)
         elif isinstance(op, Reduction):
             rewrite.note(op.out, op.body, op.axis, op.labels)
             body = rewrite(op.body)
-            written = _masked_contraction(op, body, module, finite) or [
-                op if body == op.body else replace(op, body=body)]
+            op = op if body == op.body else replace(op, body=body)
         elif isinstance(op, Contraction):
             rewrite.note_contraction(op)
-        for each in written:
-            if _stays_finite(each, finite):
-                finite.update(each.writes())
-        ops.extend(written)
+        ops.append(op)
     return replace(module, ops=ops)
-
-
-#: The roles of the arrays a module is given (finite where a caller's values are).
-_GIVEN = ("input", "param", "support", "memory", "positions")
-#: Operations whose results are finite where the arrays they read are: sums of products, a softmax (of the scores
-#: less their row maximum), attention, a normalization and their adjoints.
-_LINEAR = (Contraction, MatMul, Softmax, Attention, AttentionAdjoint, Normalize, NormalizeAdjoint, ZerosLike)
-#: Maps that are finite where their arguments are.
-_BOUNDED = (sp.tanh, sp.erf, sp.sin, sp.cos, sp.Heaviside, sp.KroneckerDelta, sp.sign, sp.Abs, sp.Max, sp.Min,
-            sp.floor, ExactGelu, TanhGelu, Silu)
-
-
-def _stays_finite(op: Op, finite: set[str]) -> bool:
-    """``op``'s results are finite where the arrays it reads are, which ``finite`` holds."""
-    if isinstance(op, Elementwise):
-        return _finite(op.expr, finite)
-    if isinstance(op, Reduction):
-        return _finite(op.body, finite)
-    return isinstance(op, _LINEAR) and set(op.reads()) <= finite
-
-
-def _finite(expr: sp.Expr, finite: set[str]) -> bool:
-    """``expr`` is finite wherever the arrays ``finite`` are: numbers, reads of those arrays, bools as numbers, sums,
-    products and maps of such that cannot overflow, non-negative integer powers, and reciprocals of counts made safe
-    (``Where(d, d, 1)``: a count of bools, at least 1 where it is not 0). An exponential is not (``e^x`` overflows at
-    x ≈ 88 in float32), nor a reciprocal of anything else."""
-    if expr.is_number:
-        return bool(expr.is_finite)
-    if isinstance(expr, sp.Indexed):
-        return str(expr.base.label) in finite
-    if isinstance(expr, (sp.Idx, Numbers)):
-        return True
-    if isinstance(expr, Where):
-        return _finite(expr.args[1], finite) and _finite(expr.args[2], finite)
-    if isinstance(expr, sp.Pow) and expr.exp.is_integer:
-        if expr.exp.is_nonnegative:
-            return _finite(expr.base, finite)
-        safe = expr.base
-        return isinstance(safe, Where) and safe.args[0] == safe.args[1] and safe.args[2] == 1
-    if isinstance(expr, (sp.Add, sp.Mul, *_BOUNDED)):
-        return all(_finite(argument, finite) for argument in expr.args)
-    return False
-
-
-def _masked_contraction(op: Reduction, body: sp.Expr, module: Module, finite: set[str]) -> list[Op] | None:
-    """``Σ_k Where(m, v, 0)`` of the count rule (``_Rewrite.product``: ``v``'s counts read as 1 where they are 0, and
-    ``m`` ≠ 0 makes each count at least 1) as the contraction ``Σ_k m v``, ``v`` into a temporary over its own axes:
-    where a mask and a value each read an axis the other does not, one einsum (a batched GEMM) instead of their
-    product broadcast over every axis, then summed. support-mean's adjoint ``Σ_j χ[j, i] m̄[j, l] / Σ_n χ[j, n]``:
-    (b, j, i, l) → ``einsum("bji,bjl->bil")``. Equal where ``v`` is finite (else ``0 · ∞`` where the mask is 0), so
-    only a ``v`` finite wherever the module's given arrays are (``_finite``: no exponential, not even in an array it
-    reads); ``None`` where the form or the axes differ."""
-    if op.mean or not isinstance(body, Where) or body.args[2] != 0 or not is_bool(body.args[0]):
-        return None
-    mask, value = body.args[0], body.args[1]
-    if not _finite(value, finite):
-        return None
-    mask_axes, value_axes = _axes(mask, module), _axes(value, module)
-    if (mask_axes <= value_axes or value_axes <= mask_axes or op.axis not in mask_axes & value_axes
-            or set(op.labels) != (mask_axes | value_axes) - {op.axis}):
-        return None
-    ops: list[Op] = []
-
-    def operand(expr: sp.Expr, axes: set[str], role: str, comment: str) -> Operand:
-        labels = tuple(label for label in op.body_labels if label in axes)
-        if isinstance(expr, sp.Indexed) and is_plain(expr.indices) and (
-                (BATCH in labels) == module.batched(str(expr.base.label))):
-            return Operand(str(expr.base.label), (BATCH,) * (BATCH in labels) + tuple(str(i) for i in expr.indices))
-        name = f"{op.out}_{role}"
-        ops.append(Elementwise(name, labels, expr=expr).with_comment(comment, op.section))
-        return Operand(name, labels)
-
-    operands = (operand(mask if _support(mask) else Numbers(mask, _STATE), mask_axes, "mask",
-                        f"the mask of {op.out}'s sum, as numbers"),
-                operand(value, value_axes, "value", f"what {op.out} sums under its mask, over its own axes (each count "
-                                                    "read as 1 where it is 0: the mask is 0 there)"))
-    return ops + [Contraction(op.out, op.labels, op.comment, op.section, operands=operands)]
-
-
-def _support(mask: sp.Expr) -> bool:
-    """``mask`` is one read of a support (the einsum takes it as an operand, cast by the printer)."""
-    return isinstance(mask, sp.Indexed) and str(mask.base.label) in SUPPORTS
-
-
-def _axes(expr: sp.Expr, module: Module) -> set[str]:
-    """The axes ``expr`` varies along: its indices, and the batch where it reads a batched array."""
-    batched = any(module.batched(str(read.base.label)) for read in expr.atoms(sp.Indexed))
-    return {str(index.label) for index in expr.atoms(sp.Idx)} | ({BATCH} if batched else set())
 
 
 def with_dtype_of(op: Op, name: str) -> Op:

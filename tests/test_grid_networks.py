@@ -156,6 +156,9 @@ def test_an_input_of_other_channels_than_the_parameters_is_named_as_the_wrong_ar
     with pytest.raises(ValueError, match=message.replace("got \\(2, 2", "got \\(1, 2")):
         UNET["numpy"].forward(np.zeros((1, 2, 8, 8)), params)
     assert RESNET["numpy"].forward(np.zeros((2, 3, 8, 8)), _resnet(3, 5, 2, True)[1], stride=2).shape == (2, 5, 4, 4)
+    params = {**params, "down.W": np.zeros((2, *params["down.W"].shape[1:]))}  # a reviewer's case: the parameters
+    with pytest.raises(ValueError, match=r"parameter 'down.W' has shape \(2, "):  # disagree, u agrees with up.W
+        UNET["numpy"].forward(np.zeros((1, 3, 8, 8)), params)
 
 
 def test_a_kernel_wider_than_its_field_has_no_nodes_at_any_width():

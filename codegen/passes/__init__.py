@@ -20,6 +20,7 @@ from .kept_layer_norm import kept_layer_norm
 from .layer_norm import layer_norm
 from .layer_norm_adjoint import layer_norm_adjoint
 from .local_kernel import local_kernel
+from .masked_sums import masked_sums
 from .matmul import matmul
 from .one_hot import one_hot
 from .pair_tables import pair_tables
@@ -31,7 +32,7 @@ from .silu import silu
 from .silu_adjoint import silu_adjoint
 from .unroll_pairs import unroll_pairs
 
-__all__ = ["DEFAULT", "NETWORK_STAGE", "NETWORK_ADJOINT_STAGE", "PASSES", "select", "run_passes", "network_passes"]
+__all__ = ["DEFAULT", "AFTER_NUMBERS", "NETWORK_STAGE", "NETWORK_ADJOINT_STAGE", "PASSES", "select", "run_passes", "network_passes"]
 
 PASSES = {
     "inline-elementwise": inline_elementwise,
@@ -56,8 +57,11 @@ PASSES = {
     "fuse-projections": fuse_projections,
     "reuse-buffers": reuse_buffers,
     "scratch-outputs": scratch_outputs,
+    "masked-sums": masked_sums,
 }
 DEFAULT = tuple(PASSES.values())
+#: The passes that read ``bool_values.as_numbers``' form, so run after it.
+AFTER_NUMBERS = (masked_sums,)
 #: The passes the networks' derived programs run for its forward (``codegen.stage_render``): their convolutions
 #: recognized, an inference BatchNorm after one folded into its kernel and bias, fused; a dead product or
 #: convolution output holds the elementwise map that reads it (torch: without autograd only); a convolution output
@@ -81,10 +85,16 @@ def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) 
 
 def run_passes(module, passes: tuple = DEFAULT):
     """``module`` rewritten by each of ``passes`` in turn, then its bool values cast where arithmetic needs numbers
-    (``codegen.bool_values``: no pass, never switched off)."""
+    (``codegen.bool_values``: no pass, never switched off), then by those of ``passes`` that read that form
+    (``AFTER_NUMBERS``)."""
     for rewrite in passes:
-        module = rewrite(module)
-    return bool_values.as_numbers(module)
+        if rewrite not in AFTER_NUMBERS:
+            module = rewrite(module)
+    module = bool_values.as_numbers(module)
+    for rewrite in passes:
+        if rewrite in AFTER_NUMBERS:
+            module = rewrite(module)
+    return module
 
 
 def select(names: str) -> tuple:

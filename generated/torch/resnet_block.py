@@ -804,12 +804,12 @@ def _checked(u, params, stride, eps):
     first = "conv1.W"
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")
-    channels = next((_shape(params[name])[axes.index("n_channels")] for name, axes in PARAMETERS.items()
-                     if name in params and "n_channels" in axes and len(_shape(params[name])) == len(axes)), u.shape[1])
-    if u.shape[1] != channels:  # named here: the parameters' table would blame the parameter
-        raise ValueError(f"u must have shape (batch, {channels}, height, width) (its parameters' n_channels), "
+    channels = {_shape(params[name])[axes.index("n_channels")] for name, axes in PARAMETERS.items()
+                if name in params and "n_channels" in axes and len(_shape(params[name])) == len(axes)}
+    if len(channels) == 1 and u.shape[1] not in channels:  # the parameters agree: u is wrong (the table would blame them)
+        raise ValueError(f"u must have shape (batch, {min(channels)}, height, width) (its parameters' n_channels), "
                          f"got {tuple(u.shape)}")
-    sizes = {"n_channels": channels, "d": _shape(params[first])[-1]}
+    sizes = {"n_channels": u.shape[1], "d": _shape(params[first])[-1]}
     unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")

@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="IR passes to run: all (default), none, or a comma-separated list of "
                              "inline-elementwise, local-kernel, one-hot, layer-norm-adjoint, layer-norm, kept-layer-norm, "
                              "rms-norm, gelu, gelu-tanh, silu, silu-adjoint, gelu-adjoint, convolution-adjoint, unroll-pairs, shared-trig, pair-tables, attention-adjoint, fused-attention, "
-                             "matmul, fuse-projections, reuse-buffers, scratch-outputs")
+                             "matmul, fuse-projections, reuse-buffers, scratch-outputs, masked-sums")
     _load_option(derive)
     check = _command(commands, "check", "proof checks; exit 0 when all hold, 1 when one fails",
                      "Run every proof check that applies: the derived projections, the subdifferential\n"

@@ -124,11 +124,23 @@ _FIRES_ON_ADJOINT = {"attention-adjoint": "post-ln", "layer-norm-adjoint": "post
                      "silu-adjoint": "llama", "gelu-adjoint": "gpt2"}
 #: Passes written for a network's programs: the built-in network whose NumPy module changes with them.
 _FIRES_ON_NETWORK = {"scratch-outputs": "unet-level", "convolution-adjoint": "cvt"}
+#: Passes written for what no built-in has: the test plug-in and its kind whose NumPy module changes with them.
+_FIRES_ON_PLUGIN = {"masked-sums": ("support_mean.py", "support-mean")}
 
 
 @pytest.mark.parametrize("name", PASSES)
-def test_every_pass_fires_on_the_builtin_it_was_written_for(name):
+def test_every_pass_fires_on_the_builtin_it_was_written_for(name, tmp_path):
     without = tuple(p for p in DEFAULT if p is not PASSES[name])
+    if name in _FIRES_ON_PLUGIN:
+        from conftest import derived_plugin, plugin_scheme
+
+        plugin, kind = _FIRES_ON_PLUGIN[name]
+        import splitformer
+
+        derivation = derived_plugin(tmp_path, plugin, plugin_scheme(f"s-{kind}", mix=kind))
+        unpassed = splitformer.derive(str(tmp_path / plugin.replace(".py", ".toml")), passes=without)
+        assert derivation.source("numpy") != unpassed.source("numpy")
+        return
     if name in _FIRES_ON_NETWORK:
         import splitformer
 

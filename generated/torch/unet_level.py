@@ -475,7 +475,7 @@ def _checked(u, params, stride, eps):
         raise ValueError(f"missing parameter {first!r}")
     channels = {_shape(params[name])[axes.index("n_channels")] for name, axes in PARAMETERS.items()
                 if name in params and "n_channels" in axes and len(_shape(params[name])) == len(axes)}
-    if len(channels) == 1 and u.shape[1] not in channels:  # the parameters agree: u is wrong (the table would blame them)
+    if len(channels) == 1 and u.shape[1] != min(channels):  # the parameters agree: u is wrong (the table would blame them)
         raise ValueError(f"u must have shape (batch, {min(channels)}, height, width) (its parameters' n_channels), "
                          f"got {tuple(u.shape)}")
     sizes = {"n_channels": u.shape[1], "d": _shape(params[first])[-1]}

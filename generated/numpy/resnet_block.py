@@ -223,14 +223,14 @@ def _row_stacks(phases, size, stride, width, count):
     Yields (r, the s's as a slice of ``W``'s axis, columns); a phase with one s yields its own columns."""
     reach = (size - 1) // stride
     for (a, b), flat in phases.items():
-        shifts = range(b, size, stride)
-        if len(shifts) == 1:
+        kernel_columns = range(b, size, stride)
+        if len(kernel_columns) == 1:
             stack = flat
         else:
             channels, span = len(flat), count + reach * width
-            stack = _scratch("stack", (channels * len(shifts), span), flat.dtype,
+            stack = _scratch("stack", (channels * len(kernel_columns), span), flat.dtype,
                              "F" if flat.strides[0] < flat.strides[1] else "C")
-            for k, s in enumerate(shifts):
+            for k, s in enumerate(kernel_columns):
                 stack[k * channels:(k + 1) * channels] = flat[:, s // stride:s // stride + span]
         for r in range(a, size, stride):
             start = (r // stride) * width
@@ -321,8 +321,8 @@ def _conv2d(field, W, stride, padding, bias=None, slot=None):
                        np.concatenate([columns for _, _, columns in offsets], out=stacked), out=out)
     else:
         term = None
-        for r, shifts, columns in _row_stacks(phases, size, stride, grid[1], count):
-            kernel = W[:, r, shifts].transpose(1, 0, 2).reshape(-1, W.shape[-1])  # rows in the stack's order
+        for r, kernel_columns, columns in _row_stacks(phases, size, stride, grid[1], count):
+            kernel = W[:, r, kernel_columns].transpose(1, 0, 2).reshape(-1, W.shape[-1])  # rows in the stack's order
             if term is None:
                 out = _product(kernel, columns, out=out)
                 term = _scratch("term", out.shape, out.dtype, "F" if out.strides[0] < out.strides[1] else "C")

@@ -41,7 +41,7 @@ from splitformer.symbolic.operators import SUPPORT
 
 from .ir import BATCH, Contraction, Elementwise, Mask, Module, Numbers, Op, Reduction, Where
 
-__all__ = ["as_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
+__all__ = ["as_numbers", "state_numbers", "with_dtype_of", "is_bool", "is_denominator", "counted", "SUPPORTS"]
 
 #: The masks a formula may read: the tokens' support χ and the memory's χ_m (bool, or 0 and 1 in the state's dtype
 #: where a module casts it once to read it as a factor).
@@ -67,6 +67,11 @@ def as_numbers(module: Module) -> Module:
             rewrite.note_contraction(op)
         ops.append(op)
     return replace(module, ops=ops)
+
+
+def state_numbers(bools: sp.Expr) -> Numbers:
+    """``bools`` as numbers in the state's dtype (``with_dtype_of`` names another array)."""
+    return Numbers(bools, _STATE)
 
 
 def with_dtype_of(op: Op, name: str) -> Op:

@@ -25,7 +25,7 @@ import sympy as sp
 
 from splitformer.symbolic.adjoint import is_plain
 
-from ..bool_values import SUPPORTS, is_bool
+from ..bool_values import SUPPORTS, is_bool, state_numbers
 from ..ir import (BATCH, Attention, AttentionAdjoint, Contraction, Elementwise, ExactGelu, MatMul, Module, Normalize,
                   NormalizeAdjoint, Numbers, Op, Operand, Reduction, Silu, Softmax, TanhGelu, Where, ZerosLike)
 
@@ -123,7 +123,7 @@ def _contraction(op: Reduction, module: Module, finite: set[str], taken: set[str
         return Operand(name, labels)
 
     is_support = isinstance(mask, sp.Indexed) and str(mask.base.label) in SUPPORTS  # an einsum operand as it is
-    operands = (operand(mask if is_support else Numbers(mask, sp.Symbol("u0")), mask_axes, "mask"),
+    operands = (operand(mask if is_support else state_numbers(mask), mask_axes, "mask"),
                 operand(value, value_axes, "value"))
     return ops + [Contraction(op.out, op.labels, op.comment, op.section, operands=operands)]
 

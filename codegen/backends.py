@@ -520,6 +520,18 @@ class NumpyBackend(Backend):
         return lines
 
 
+def _laid_out(op: Contraction) -> Contraction:
+    """``op`` with its two operands in the order their own axes take in the output. torch's einsum lays a product of
+    two out as (the axes both keep, the first operand's own, the second's) and permutes that to the output's order: a
+    weight's gradient ``W̄[k, z] = Σ_i w̄[i, z] x[i, k]`` came out transposed, and autograd copied it into the
+    parameter's layout (1.3 ms for each feed-forward kernel at B·N = 1024, float32)."""
+    if len(op.operands) != 2:
+        return op
+    first, second = (set(operand.labels) for operand in op.operands)
+    own = [label for label in op.labels if (label in first) != (label in second)]
+    return replace(op, operands=op.operands[::-1]) if own and own[0] in second else op
+
+
 class TorchBackend(Backend):
     name = "torch"
     printer = TorchPrinter
@@ -580,7 +592,7 @@ class TorchBackend(Backend):
         summed = tuple(position for position, label in enumerate(labels) if label not in op.labels)
         if (len(op.operands) < 2 or any(operand.labels != labels for operand in op.operands[1:]) or not summed
                 or tuple(label for label in labels if label in op.labels) != op.labels):
-            return super().contraction(op, printer)
+            return super().contraction(_laid_out(op), printer)
         product = " * ".join(operand.name for operand in op.operands)
         dim = summed if len(summed) > 1 else summed[0]
         return self.assigned(op, self.scaled(f"torch.sum({product}, dim={dim})", op.scale, printer), printer)

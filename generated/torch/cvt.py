@@ -1484,7 +1484,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
-    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     # b̅_2[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
     # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
@@ -1492,7 +1492,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
     ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
-    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     # b̅_1[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
 
@@ -1524,7 +1524,7 @@ def _step_vjp(u0, u2_bar, p, config, eps):
     # A̅^attn[i, l] = Δt*u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -1891,7 +1891,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # F̅^ffn[i, l] = Δt*u̅_2[i, l]
     ffn_out_bar = u2_bar
     # W̅_2[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
-    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     # b̅_2[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
     # s̅^ffn[i, z] = Σ_l(W_2[z, l]*F̅^ffn[i, l])
@@ -1899,7 +1899,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # w̅^ffn[i, z] = (erf(sqrt(2)*w^ffn[i, z]/2)/2 + 1/2 + sqrt(2)*exp(-w^ffn[i, z]**2/2)*w^ffn[i, z]/(2*sqrt(π)))*s̅^ffn[i, z]
     ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     # W̅_1[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
-    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     # b̅_1[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
 
@@ -1931,7 +1931,7 @@ def _step_cls_vjp(u0, u2_bar, p, config, eps):
     # A̅^attn[i, l] = Δt*u̅_1[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -2208,7 +2208,7 @@ def _readout_vjp(cls, head_logits_bar, p, config, eps):
 
     # --- adjoint of head: class-token-head ---
     # W̅^H_head[k, o] = ℓ̅^head[o]*z^head[k]
-    head_W_bar = torch.einsum("bo,bk->ko", head_logits_bar, head_z)
+    head_W_bar = torch.einsum("bk,bo->ko", head_z, head_logits_bar)
     # b̅^H_head[o] = ℓ̅^head[o]
     head_b_bar = torch.einsum("bo->o", head_logits_bar)
     # z̅^head[l] = Σ_o(W^H_head[l, o]*ℓ̅^head[o])

@@ -813,7 +813,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # G̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
     # W̅_{ffn,2}[z, l] = Σ_i(G̅^ffn[i, l]*s^ffn[i, z])
-    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     del ffn_s
     # s̅^ffn[i, z] = Σ_l(W_{ffn,2}[z, l]*G̅^ffn[i, l])
     ffn_s_bar = torch.mm(ffn_out_bar.reshape(-1, d), ffn_W_2.t()).view(batch, n_tokens, d_ff)
@@ -821,12 +821,12 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # w̃̅^ffn[i, z] = s̅^ffn[i, z]*w^ffn[i, z]/(1 + exp(-w^ffn[i, z]))
     ffn_gate_bar = ffn_s_bar*torch.nn.functional.silu(ffn_w)
     # W̅_{ffn,3}[k, z] = Σ_i(w̃̅^ffn[i, z]*RMS^norm2[i, k])
-    ffn_W_3_bar = torch.einsum("biz,bik->kz", ffn_gate_bar, norm2_out)
+    ffn_W_3_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_gate_bar)
     # w̅^ffn[i, z] = (w̃^ffn[i, z]/(1 + exp(-w^ffn[i, z])) + exp(-w^ffn[i, z])*s^ffn[i, z]/(1 + exp(-w^ffn[i, z])))*s̅^ffn[i, z]
     ffn_w_bar = torch.ops.aten.silu_backward(ffn_gate*ffn_s_bar, ffn_w)
     del ffn_gate, ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*RMS^norm2[i, k])
-    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     del norm2_out
     # t1[i, l] = Σ_z(W_{ffn,1}[l, z]*w̅^ffn[i, z])
     t1 = torch.mm(ffn_w_bar.reshape(-1, d_ff), ffn_W_1.t()).view(batch, n_tokens, d)
@@ -854,7 +854,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, n_kv_heads, pos, rope_the
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[g, s, e, l] = Σ_i(O^attn[i, g, s, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bigse->gsel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bigse,bil->gsel", attn_o, attn_out_bar)
     # O̅^attn[i, g, s, e] = Σ_l(W^O_attn[g, s, e, l]*A̅^attn[i, l])
     attn_o_bar = torch.mm(attn_out_bar.reshape(-1, d), attn_W_o.t()).view(batch, n_tokens, n_kv_heads, n_rep, d_head)
     del attn_out_bar

@@ -722,7 +722,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
     # F̅^ffn_post[i, l] = λ^(3)[i, l]/2
     ffn_post_out_bar = u3_bar/2
     # W̅_{ffn_post,2}[z, l] = Σ_i(F̅^ffn_post[i, l]*s^ffn_post[i, z])
-    ffn_post_W_2_bar = torch.einsum("bil,biz->zl", ffn_post_out_bar, ffn_post_s)
+    ffn_post_W_2_bar = torch.einsum("biz,bil->zl", ffn_post_s, ffn_post_out_bar)
     # b̅_{ffn_post,2}[l] = Σ_i(F̅^ffn_post[i, l])
     ffn_post_b_2_bar = torch.einsum("bil->l", ffn_post_out_bar)
     # s̅^ffn_post[i, z] = Σ_l(W_{ffn_post,2}[z, l]*F̅^ffn_post[i, l])
@@ -732,7 +732,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
     ffn_post_w_bar = torch.ops.aten.threshold_backward(ffn_post_s_bar, ffn_post_s, 0)
     del ffn_post_s, ffn_post_s_bar
     # W̅_{ffn_post,1}[k, z] = Σ_i(w̅^ffn_post[i, z]*LN^norm3[i, k])
-    ffn_post_W_1_bar = torch.einsum("biz,bik->kz", ffn_post_w_bar, norm3_out)
+    ffn_post_W_1_bar = torch.einsum("bik,biz->kz", norm3_out, ffn_post_w_bar)
     del norm3_out
     # b̅_{ffn_post,1}[z] = Σ_i(w̅^ffn_post[i, z])
     ffn_post_b_1_bar = torch.einsum("biz->z", ffn_post_w_bar)
@@ -757,7 +757,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
     # A̅^attn[i, l] = λ^(2)[i, l]
     attn_out_bar = u2_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -814,7 +814,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
     # F̅^ffn_pre[i, l] = λ^(1)[i, l]/2
     ffn_pre_out_bar = u1_bar/2
     # W̅_{ffn_pre,2}[z, l] = Σ_i(F̅^ffn_pre[i, l]*s^ffn_pre[i, z])
-    ffn_pre_W_2_bar = torch.einsum("bil,biz->zl", ffn_pre_out_bar, ffn_pre_s)
+    ffn_pre_W_2_bar = torch.einsum("biz,bil->zl", ffn_pre_s, ffn_pre_out_bar)
     # b̅_{ffn_pre,2}[l] = Σ_i(F̅^ffn_pre[i, l])
     ffn_pre_b_2_bar = torch.einsum("bil->l", ffn_pre_out_bar)
     # s̅^ffn_pre[i, z] = Σ_l(W_{ffn_pre,2}[z, l]*F̅^ffn_pre[i, l])
@@ -824,7 +824,7 @@ def _vjp_backward(saved, u3_bar, p, chi, eps, n_heads, need_u=True):
     ffn_pre_w_bar = torch.ops.aten.threshold_backward(ffn_pre_s_bar, ffn_pre_s, 0)
     del ffn_pre_s, ffn_pre_s_bar
     # W̅_{ffn_pre,1}[k, z] = Σ_i(w̅^ffn_pre[i, z]*LN^norm1[i, k])
-    ffn_pre_W_1_bar = torch.einsum("biz,bik->kz", ffn_pre_w_bar, norm1_out)
+    ffn_pre_W_1_bar = torch.einsum("bik,biz->kz", norm1_out, ffn_pre_w_bar)
     del norm1_out
     # b̅_{ffn_pre,1}[z] = Σ_i(w̅^ffn_pre[i, z])
     ffn_pre_b_1_bar = torch.einsum("biz->z", ffn_pre_w_bar)

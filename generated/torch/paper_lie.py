@@ -709,7 +709,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     # L̅^ffn2[i, l] = λ^(5)[i, l]
     ffn2_out_bar = u5_bar
     # W̅_ffn2[k, l] = Σ_i(L̅^ffn2[i, l]*u^(4)[i, k])
-    ffn2_W_bar = torch.einsum("bil,bik->kl", ffn2_out_bar, u4)
+    ffn2_W_bar = torch.einsum("bik,bil->kl", u4, ffn2_out_bar)
     del u4
     # b̅_ffn2[l] = Σ_i(L̅^ffn2[i, l])
     ffn2_b_bar = torch.einsum("bil->l", ffn2_out_bar)
@@ -726,7 +726,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     # L̅^ffn1[i, l] = λ^(3)[i, l]
     ffn1_out_bar = u3_bar
     # W̅_ffn1[k, l] = Σ_i(L̅^ffn1[i, l]*u^(2)[i, k])
-    ffn1_W_bar = torch.einsum("bil,bik->kl", ffn1_out_bar, u2)
+    ffn1_W_bar = torch.einsum("bik,bil->kl", u2, ffn1_out_bar)
     del u2
     # b̅_ffn1[l] = Σ_i(L̅^ffn1[i, l])
     ffn1_b_bar = torch.einsum("bil->l", ffn1_out_bar)
@@ -754,7 +754,7 @@ def _vjp_backward(saved, u7_bar, p, chi, eps, n_heads, need_u=True):
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])

@@ -677,7 +677,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # F̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
-    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     del ffn_s
     # b̅_{ffn,2}[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
@@ -688,7 +688,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     del ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
-    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     del norm2_out
     # b̅_{ffn,1}[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
@@ -713,7 +713,7 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])

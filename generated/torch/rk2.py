@@ -756,9 +756,9 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l] + λ^(2)[i, l]/2
     ffn_out_bar = u2_bar/2 + u1_bar
-    ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
+    ffn_W_2_bar_0 = torch.einsum("biz,bil->zl", ffn2_s, ffn2_out_bar)
     del ffn2_s
-    ffn_W_2_bar_1 = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar_1 = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^{ffn,2}[i, l]*s^{ffn,2}[i, z]) + Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = ffn_W_2_bar_0 + ffn_W_2_bar_1
     del ffn_W_2_bar_0, ffn_W_2_bar_1
@@ -774,9 +774,9 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # w̅^ffn[i, z] = Heaviside(s^ffn[i, z], 0)*s̅^ffn[i, z]
     ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
-    ffn_W_1_bar_0 = torch.einsum("biz,bik->kz", ffn2_w_bar, norm22_out)
+    ffn_W_1_bar_0 = torch.einsum("bik,biz->kz", norm22_out, ffn2_w_bar)
     del norm22_out
-    ffn_W_1_bar_1 = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar_1 = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     del norm2_out
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^{ffn,2}[i, z]*LN^{norm2,2}[i, k]) + Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = ffn_W_1_bar_0 + ffn_W_1_bar_1
@@ -803,9 +803,9 @@ def _vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     del norm2_gain_bar_0, norm2_gain_bar_1
     # A̅^attn[i, l] = λ^(1)[i, l] + λ^(2)[i, l]/2
     attn_out_bar = u2_bar/2 + u1_bar
-    attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
+    attn_W_o_bar_0 = torch.einsum("bime,bil->mel", attn2_o, attn2_out_bar)
     del attn2_o
-    attn_W_o_bar_1 = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar_1 = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1
     del attn_W_o_bar_0, attn_W_o_bar_1

@@ -924,13 +924,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del norm12_x_bar, norm22_x_bar
     # F̅^ffn[i, l] = λ^(1)[i, l]/2 + λ^(4)[i, l]/6
     ffn_out_bar = u1_bar/2 + u4_bar/6
-    ffn_W_2_bar_0 = torch.einsum("bil,biz->zl", ffn2_out_bar, ffn2_s)
+    ffn_W_2_bar_0 = torch.einsum("biz,bil->zl", ffn2_s, ffn2_out_bar)
     del ffn2_s
-    ffn_W_2_bar_1 = torch.einsum("bil,biz->zl", ffn3_out_bar, ffn3_s)
+    ffn_W_2_bar_1 = torch.einsum("biz,bil->zl", ffn3_s, ffn3_out_bar)
     del ffn3_s
-    ffn_W_2_bar_2 = torch.einsum("bil,biz->zl", ffn4_out_bar, ffn4_s)
+    ffn_W_2_bar_2 = torch.einsum("biz,bil->zl", ffn4_s, ffn4_out_bar)
     del ffn4_s
-    ffn_W_2_bar_3 = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar_3 = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^{ffn,2}[i, l]*s^{ffn,2}[i, z]) + Σ_i(F̅^{ffn,3}[i, l]*s^{ffn,3}[i, z]) + Σ_i(F̅^{ffn,4}[i, l]*s^{ffn,4}[i, z]) + Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
     ffn_W_2_bar = ffn_W_2_bar_0 + ffn_W_2_bar_1 + ffn_W_2_bar_2 + ffn_W_2_bar_3
     del ffn_W_2_bar_0, ffn_W_2_bar_1, ffn_W_2_bar_2, ffn_W_2_bar_3
@@ -950,13 +950,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     # w̅^ffn[i, z] = Heaviside(s^ffn[i, z], 0)*s̅^ffn[i, z]
     ffn_w_bar = torch.ops.aten.threshold_backward(ffn_s_bar, ffn_s, 0)
     del ffn_s, ffn_s_bar
-    ffn_W_1_bar_0 = torch.einsum("biz,bik->kz", ffn2_w_bar, norm22_out)
+    ffn_W_1_bar_0 = torch.einsum("bik,biz->kz", norm22_out, ffn2_w_bar)
     del norm22_out
-    ffn_W_1_bar_1 = torch.einsum("biz,bik->kz", ffn3_w_bar, norm23_out)
+    ffn_W_1_bar_1 = torch.einsum("bik,biz->kz", norm23_out, ffn3_w_bar)
     del norm23_out
-    ffn_W_1_bar_2 = torch.einsum("biz,bik->kz", ffn4_w_bar, norm24_out)
+    ffn_W_1_bar_2 = torch.einsum("bik,biz->kz", norm24_out, ffn4_w_bar)
     del norm24_out
-    ffn_W_1_bar_3 = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar_3 = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     del norm2_out
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^{ffn,2}[i, z]*LN^{norm2,2}[i, k]) + Σ_i(w̅^{ffn,3}[i, z]*LN^{norm2,3}[i, k]) + Σ_i(w̅^{ffn,4}[i, z]*LN^{norm2,4}[i, k]) + Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
     ffn_W_1_bar = ffn_W_1_bar_0 + ffn_W_1_bar_1 + ffn_W_1_bar_2 + ffn_W_1_bar_3
@@ -993,13 +993,13 @@ def _vjp_backward(saved, u4_bar, p, chi, eps, n_heads, need_u=True):
     del norm2_gain_bar_0, norm2_gain_bar_1, norm2_gain_bar_2, norm2_gain_bar_3
     # A̅^attn[i, l] = λ^(1)[i, l]/2 + λ^(4)[i, l]/6
     attn_out_bar = u1_bar/2 + u4_bar/6
-    attn_W_o_bar_0 = torch.einsum("bil,bime->mel", attn2_out_bar, attn2_o)
+    attn_W_o_bar_0 = torch.einsum("bime,bil->mel", attn2_o, attn2_out_bar)
     del attn2_o
-    attn_W_o_bar_1 = torch.einsum("bil,bime->mel", attn3_out_bar, attn3_o)
+    attn_W_o_bar_1 = torch.einsum("bime,bil->mel", attn3_o, attn3_out_bar)
     del attn3_o
-    attn_W_o_bar_2 = torch.einsum("bil,bime->mel", attn4_out_bar, attn4_o)
+    attn_W_o_bar_2 = torch.einsum("bime,bil->mel", attn4_o, attn4_out_bar)
     del attn4_o
-    attn_W_o_bar_3 = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar_3 = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # W̅^O_attn[m, e, l] = Σ_i(O^{attn,2}[i, m, e]*A̅^{attn,2}[i, l]) + Σ_i(O^{attn,3}[i, m, e]*A̅^{attn,3}[i, l]) + Σ_i(O^{attn,4}[i, m, e]*A̅^{attn,4}[i, l]) + Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
     attn_W_o_bar = attn_W_o_bar_0 + attn_W_o_bar_1 + attn_W_o_bar_2 + attn_W_o_bar_3
     del attn_W_o_bar_0, attn_W_o_bar_1, attn_W_o_bar_2, attn_W_o_bar_3

@@ -923,7 +923,7 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # F̅^ffn[i, l] = λ^(2)[i, l]
     ffn_out_bar = u2_bar
     # W̅_{ffn,2}[z, l] = Σ_i(F̅^ffn[i, l]*s^ffn[i, z])
-    ffn_W_2_bar = torch.einsum("bil,biz->zl", ffn_out_bar, ffn_s)
+    ffn_W_2_bar = torch.einsum("biz,bil->zl", ffn_s, ffn_out_bar)
     del ffn_s
     # b̅_{ffn,2}[l] = Σ_i(F̅^ffn[i, l])
     ffn_b_2_bar = torch.einsum("bil->l", ffn_out_bar)
@@ -934,7 +934,7 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     ffn_w_bar = torch.ops.aten.gelu_backward(ffn_s_bar, ffn_w)
     del ffn_s_bar, ffn_w
     # W̅_{ffn,1}[k, z] = Σ_i(w̅^ffn[i, z]*LN^norm2[i, k])
-    ffn_W_1_bar = torch.einsum("biz,bik->kz", ffn_w_bar, norm2_out)
+    ffn_W_1_bar = torch.einsum("bik,biz->kz", norm2_out, ffn_w_bar)
     del norm2_out
     # b̅_{ffn,1}[z] = Σ_i(w̅^ffn[i, z])
     ffn_b_1_bar = torch.einsum("biz->z", ffn_w_bar)
@@ -959,7 +959,7 @@ def _step_vjp_backward(saved, u2_bar, p, chi, eps, n_heads, need_u=True):
     # A̅^attn[i, l] = λ^(1)[i, l]
     attn_out_bar = u1_bar
     # W̅^O_attn[m, e, l] = Σ_i(O^attn[i, m, e]*A̅^attn[i, l])
-    attn_W_o_bar = torch.einsum("bil,bime->mel", attn_out_bar, attn_o)
+    attn_W_o_bar = torch.einsum("bime,bil->mel", attn_o, attn_out_bar)
     # b̅^O_attn[l] = Σ_i(A̅^attn[i, l])
     attn_b_o_bar = torch.einsum("bil->l", attn_out_bar)
     # O̅^attn[i, m, e] = Σ_l(W^O_attn[m, e, l]*A̅^attn[i, l])
@@ -1110,7 +1110,7 @@ def _embedding_vjp(image, u0_bar, p, config, eps):
     # I[c, P*p + r, P*q + s] at every grid point and kernel offset (a view)
     embed_W_bar_windows = _windows(image, (2, 3), patch_size, patch_size, 0)
     # W̅^E_embed[c, r, s, l] = Σ_{p,q}(embed_W_bar_windows[c, p, q, r, s]*f̅^embed[p, q, l])
-    embed_W_bar = torch.einsum("bpql,bcpqrs->crsl", embed_f_bar, embed_W_bar_windows)
+    embed_W_bar = torch.einsum("bcpqrs,bpql->crsl", embed_W_bar_windows, embed_f_bar)
     # b̅^E_embed[l] = Σ_{p,q}(f̅^embed[p, q, l])
     embed_b_bar = torch.einsum("bpql->l", embed_f_bar)
     # the value at each coarse node and offset
@@ -1137,7 +1137,7 @@ def _readout_vjp(u, head_logits_bar, p, config, eps):
 
     # --- adjoint of head: class-token-head ---
     # W̅^H_head[k, o] = ℓ̅^head[o]*z^head[k]
-    head_W_bar = torch.einsum("bo,bk->ko", head_logits_bar, head_z)
+    head_W_bar = torch.einsum("bk,bo->ko", head_z, head_logits_bar)
     # b̅^H_head[o] = ℓ̅^head[o]
     head_b_bar = torch.einsum("bo->o", head_logits_bar)
     # z̅^head[l] = Σ_o(W^H_head[l, o]*ℓ̅^head[o])

@@ -96,3 +96,19 @@ def test_a_constant_named_like_another_binding_is_refused(tmp_path, name, clash)
     assert f"the constant {name!r} is also {clash}" in result.stderr or \
         f"constant {name!r} is {clash}" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_check_binds_a_declared_constant_to_its_default(tmp_path):
+    """The 50-digit finite-difference check of the adjoint evaluates the step with the constant at its default (a
+    tester's kind crashed it: ``KeyError: decay``, as the evaluation had no value for the symbol); the check's own
+    negative control (one adjoint assignment's sign flipped) fails, as it must."""
+    plugin, scheme = tmp_path / "scaled_field.py", tmp_path / "scaled.toml"
+    plugin.write_text(_PLUGIN.format(name="tau"))
+    scheme.write_text(_SCHEME)
+    result = subprocess.run([sys.executable, "-m", "splitformer", "check", "--load", str(plugin), str(scheme),
+                             "--only", "adjoint", "--format", "json"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = {check["id"]: check for check in __import__("json").loads(result.stdout)["checks"]}
+    assert {name: check["holds"] for name, check in checks.items() if name.startswith("adjoint/")} == {
+        "adjoint/scaled/finite-difference": True, "adjoint/scaled/negative-control": True}
+    assert "tau = 2" in checks["adjoint/scaled/finite-difference"]["statement"]

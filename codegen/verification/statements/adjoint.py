@@ -80,7 +80,10 @@ def _grouped(program: Program) -> bool:
 
 
 def _sizes(program: Program) -> dict:
-    return _GROUPED_SIZES if _grouped(program) else _SIZES
+    """The tiny sizes, and each constant an operator declares at its default (a plug-in's decay rate: unbound, the
+    evaluation had no value for its symbol); θ stays 10⁴."""
+    constants = {constant.symbol: sp.Rational(str(constant.default)) for constant in program.constants}
+    return constants | (_GROUPED_SIZES if _grouped(program) else _SIZES)
 
 
 def forward_work(program: Program) -> int:
@@ -93,7 +96,8 @@ def _sizes_text(program: Program) -> str:
     heads = "8 features, 2 query heads sharing 1 key/value head" if _grouped(program) else "4 features, 1 head"
     extra = [text for name, text in ((MEMORY_SUPPORT, "2 memory tokens (one padded for the first query)"),
                                      (POSITIONS, "positions 1, 4, 7, θ = 10⁴")) if name in program.tensors]
-    return ", ".join(["3 tokens", heads, "d_ff = 3", *extra, "causal support", "ε = 1e-3"])
+    declared = [f"{constant.name} = {constant.default:g}" for constant in program.constants if constant.symbol != ROPE_THETA]
+    return ", ".join(["3 tokens", heads, "d_ff = 3", *extra, *declared, "causal support", "ε = 1e-3"])
 
 
 def finite_difference_gap(adjoint: Adjoint, seed: str = "adjoint", sizes: dict | None = None,

@@ -553,12 +553,31 @@ def _silence_stdout() -> None:
 def _ignore_interrupts() -> None:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ValueError:  # not the main thread: the interpreter delivers no KeyboardInterrupt here
         pass
 
 
-def _end_interrupted() -> NoReturn:
-    """End this process, the command, after an interrupt: one line and status 130, never death by SIGINT.
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``kill``) while the command runs, unwound as an interrupt is: the files being staged are
+    removed (by default SIGTERM ended the process at once, leaving ``.splitformer-*.tmp`` files and new folders)."""
+
+
+def _terminate(number: int, frame) -> NoReturn:
+    raise _Terminated
+
+
+def _catch_termination() -> None:
+    """Unwind SIGTERM as ``_Terminated`` (main thread only: elsewhere no handler can be set)."""
+    try:
+        signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:
+        pass
+
+
+def _end_interrupted(terminated: bool = False) -> NoReturn:
+    """End this process, the command, after an interrupt: one line and status 130 (after SIGTERM: 143), never death
+    by the signal.
 
     Further SIGINTs are ignored first: a second Ctrl-C (or a SIGINT to the process group) would
     otherwise escape from the message as a traceback. The process then ends at once, without the
@@ -569,17 +588,19 @@ def _end_interrupted() -> NoReturn:
     files written whole or not at all, and the streams are flushed here.
     """
     _ignore_interrupts()
-    _error("interrupted")
+    _error("terminated" if terminated else "interrupted")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed, or the reader left: nothing more to say
             pass
-    os._exit(130)
+    os._exit(143 if terminated else 130)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line (``argv`` None: this process's own, it ends with the command); returns the exit status."""
+    if argv is None:
+        _catch_termination()
     try:
         text, status = _run(argv)
         try:
@@ -598,11 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:  # a limit (ulimit -v, a container's) met while deriving: the files are written whole or not at all
         _error("out of memory (files are written whole or not at all)")
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, _Terminated)
         if argv is None:  # the process is the command, not a caller's in-process run
-            _end_interrupted()
-        _error("interrupted")
-        return 130
+            _end_interrupted(terminated)
+        _error("terminated" if terminated else "interrupted")
+        return 143 if terminated else 130
     return status
 
 

@@ -42,7 +42,7 @@ __all__ = [
     "Operand", "Op", "Contraction", "Softmax", "Reduction", "Elementwise", "MatMul", "Attention", "AttentionAdjoint",
     "Unrolled", "PairTable", "Normalize", "NormalizeAdjoint", "Cache", "Branch", "Memoized", "Shared", "TokenWindow", "LocalKernel", "Gather", "Scatter",
     "TensorInfo", "Module", "readers", "flat", "BATCH", "UNBATCHED_ROLES", "ExactGelu", "TanhGelu", "Silu", "SiluBackward",
-    "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Where", "CALLS",
+    "ExactGeluBackward", "TanhGeluBackward", "Numbers", "Where", "CALLS", "Sigmoid",
     "ConvolutionWeightAdjoint", "ConvolutionInputAdjoint",
     "Window", "Interleave", "Point", "Rows", "Fold", "Place", "PlaceRows", "Join", "Convolution", "TransposedConvolution", "ZerosLike",
 ]
@@ -149,6 +149,17 @@ class Silu(sp.Function):
         return x / (1 + sp.exp(-x))
 
 
+class Sigmoid(sp.Function):
+    """``1/(1 + e^{−x})``, written so by ``codegen.logistic`` wherever a formula divides by ``1 + e^{±x}`` (each
+    backend spells it): a value in [0, 1] that no exponential's overflow makes NaN. ``formula``: as ``ExactGelu``'s."""
+
+    nargs = 1
+
+    @staticmethod
+    def formula(x: sp.Expr) -> sp.Expr:
+        return 1 / (1 + sp.exp(-x))
+
+
 class SiluBackward(sp.Function):
     """``λ d/dx Silu(x) = λ σ(x) (1 + x (1 − σ(x)))``, ``σ(x) = 1/(1 + e^{−x})``, of a costate ``λ`` and ``x`` as one
     call (the ``silu-adjoint`` pass writes it; each backend spells it)."""
@@ -174,7 +185,7 @@ class TanhGeluBackward(sp.Function):
 
 #: The calls the passes (and ``codegen.bool_values``) write into elementwise formulas, each printed by the backends' own
 #: method.
-CALLS = (ExactGelu, TanhGelu, Silu, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Where, Mask)
+CALLS = (ExactGelu, TanhGelu, Silu, Sigmoid, SiluBackward, ExactGeluBackward, TanhGeluBackward, Numbers, Where, Mask)
 
 
 @dataclass(frozen=True)
@@ -264,6 +275,8 @@ class Module:
     constants: tuple[Constant, ...] = ()
     #: The increment of the second state (``Program.stream``), a second result; ``None``: one state.
     stream: str | None = None
+    #: The kinds that read the support with a key in the query's place (``Program.uncached``): no cache.
+    uncached: tuple[str, ...] = ()
 
     def parameters(self) -> list[TensorInfo]:
         """The parameters the module reads (not the values it computes from parameters alone, unbatched like them)."""

@@ -201,13 +201,20 @@ class Lowering:
             self.masks.add(assignment.target)
         out = assignment.target
         labels = self.labels(assignment.lhs)
-        op = self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or \
-            self.reduction(out, labels, rhs) or self.summed_array(out, labels, rhs)
+        op = self.pattern(out, labels, rhs)
+        if op is None and isinstance(rhs, sp.Sum) and len(rhs.limits) > 1:  # hoisted, it would be itself again
+            rhs = self.one_axis_sums(rhs, labels)
+            op = self.pattern(out, labels, rhs)
         if op is None:
             op = Elementwise(out, labels, expr=self.hoist_sums(rhs, labels))
         self.ops.append(op.with_comment(self.comment(assignment, rhs), section))
 
     # -- patterns ----------------------------------------------------------------------
+    def pattern(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
+        """The operation of the first pattern ``rhs`` takes: a softmax, a contraction, a reduction, a summed array."""
+        return self.softmax(out, labels, rhs) or self.contraction(out, labels, rhs) or \
+            self.reduction(out, labels, rhs) or self.summed_array(out, labels, rhs)
+
     def softmax(self, out: str, labels: tuple[str, ...], rhs: sp.Expr) -> Op | None:
         """``m e^{s} / Σ_n m e^{s}`` → ``Softmax`` of the scores ``s`` (a temporary unless an array) on the support
         ``m``: an array (χ), or steps and supports (a plug-in's window), then a ``Mask``. Normalized over another
@@ -348,6 +355,20 @@ class Lowering:
         if scale.has(sp.Indexed):
             return None
         return Contraction(out, labels, operands=(self.operand(sums[0].function),), scale=scale)
+
+    def one_axis_sums(self, total: sp.Sum, labels: tuple[str, ...]) -> sp.Sum:
+        """A sum over several indices ``Σ_{m,e} f`` that no pattern takes as ``Σ_e t``, ``t = Σ_m f`` a temporary over
+        ``e`` and the axes ``f`` reads besides: a reduction takes a sum over one index of any body, so such a sum is one
+        reduction per index (hoisted whole, it was a temporary defined as itself, lowered without end: a plug-in's gate
+        ``σ(∫ W_g u dξ + b_g)`` over the heads' features, whose adjoint sums over both). SymPy joins ``Σ_e Σ_m f`` back
+        into one sum: hence the temporary."""
+        inner, last = sp.Sum(total.function, *total.limits[:-1]), total.limits[-1]
+        axes = _with_axis(labels, str(last[0]), total.function)
+        free = [index for index in inner.free_symbols if isinstance(index, sp.Idx)]
+        self.temporaries += 1
+        target = sp.IndexedBase(f"t{self.temporaries}")[tuple(sorted(free, key=lambda index: axes.index(str(index))))]
+        self.assignment(Assignment(target, inner, "temporary"), self.section)
+        return sp.Sum(target, last)
 
     def hoist_sums(self, expr: sp.Expr, labels: tuple[str, ...]) -> sp.Expr:
         """Lower every outermost ``Sum`` inside ``expr`` into a temporary (a sum inside it is lowered with it, over its
@@ -607,7 +628,7 @@ def lower(program: Program, passes=None, network: bool = False) -> Module:
         lowering.record(record.assignments, record.title)
     module = Module(program.name, lowering.tensors, _with_cache(lowering.ops, program.cached), program.output,
                     dropout=() if network else _dropout_sites(program), inputs=program.inputs, constants=program.constants,
-                    stream=program.stream)
+                    stream=program.stream, uncached=program.uncached)
     module = run_passes(module, DEFAULT if passes is None else passes)
     module = _with_memoized(module, program.memoized)
     return module if network else _with_shared(module)

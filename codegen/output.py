@@ -339,16 +339,17 @@ def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Pa
             for current in reversed(target.parents):
                 if not current.exists():
                     try:
-                        current.mkdir()
+                        with _interrupts_held():  # an interrupt between making and noting would leave it behind
+                            current.mkdir()
+                            created.append(current)
                     except FileExistsError:  # made by another process since (a parallel sweep): not ours to remove
                         if not current.is_dir():
                             raise
-                        continue
-                    created.append(current)
             current = target
             digest = hashlib.sha256(data).hexdigest()
-            handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".splitformer-{digest}-", suffix=".tmp")
-            staged.append((temporary, target))
+            with _interrupts_held():  # as the folders: SIGTERM between the two ended with the temporary left
+                handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".splitformer-{digest}-", suffix=".tmp")
+                staged.append((temporary, target))
             with os.fdopen(handle, "wb") as stream:
                 os.fchmod(stream.fileno(), mode)
                 stream.write(data)

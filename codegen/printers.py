@@ -28,7 +28,7 @@ from splitformer.symbolic.program import Number
 from splitformer.symbolic.trusted_expressions import plain_function_class
 
 from .bool_values import SUPPORTS, is_bool
-from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Mask, Module, Numbers, Operand, Silu, SiluBackward,
+from .ir import (BATCH, CALLS, ExactGelu, ExactGeluBackward, Mask, Module, Numbers, Operand, Sigmoid, Silu, SiluBackward,
                  TanhGelu, TanhGeluBackward, Where)
 
 __all__ = ["ArrayPrinter", "NumpyPrinter", "TorchPrinter", "broadcast", "SIZE_NAMES", "CODE_NAMES", "code",
@@ -106,6 +106,8 @@ class ArrayPrinter(StrPrinter):
     exact_gelu: str
     tanh_gelu: tuple[str, str]
     silu: str
+    #: σ(x) = 1/(1 + e^{−x}): the library's routine, or "" for the formula itself.
+    sigmoid: str
     silu_backward: str
     gelu_backward: str
     #: The array method call that casts to the dtype of the array ``like`` (no copy where it has that dtype: a support
@@ -189,6 +191,15 @@ class ArrayPrinter(StrPrinter):
         if type(expr) is not Silu:
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         return f"{self.use(self.silu)}({self._print(expr.args[0])})"
+
+    def _print_Sigmoid(self, expr: Sigmoid) -> str:
+        """``codegen.logistic``'s σ (``sigmoid``: the library's routine, else its formula); a user's function of that
+        name has no spelling."""
+        if type(expr) is not Sigmoid:
+            raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
+        if self.sigmoid:
+            return f"{self.use(self.sigmoid)}({self._print(expr.args[0])})"
+        return f"(1/(1 + {self.functions['exp']}({self._print(-expr.args[0])})))"
 
     def _print_SiluBackward(self, expr: SiluBackward) -> str:
         """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""
@@ -289,6 +300,7 @@ class NumpyPrinter(ArrayPrinter):
     exact_gelu = "_gelu"
     tanh_gelu = ("_gelu_tanh", "")
     silu = "_silu"
+    sigmoid = ""  # the formula: 1/(1 + e^{−x}) is 0 where e^{−x} overflows, never NaN
     silu_backward = "_silu_backward"
     gelu_backward = "_gelu_backward"
     cast = "astype({like}.dtype, copy=False)"
@@ -328,6 +340,7 @@ class TorchPrinter(ArrayPrinter):
     exact_gelu = "torch.nn.functional.gelu"
     tanh_gelu = ("torch.nn.functional.gelu", ', approximate="tanh"')
     silu = "torch.nn.functional.silu"  # one kernel; torch.exp is MKL's, which threads even a row of 688 (ms under load)
+    sigmoid = "torch.sigmoid"  # its autograd is σ(1 − σ): the formula's, (e^{−x})′/(1 + e^{−x})², is ∞/∞ past 88 in float32
     silu_backward = "torch.ops.aten.silu_backward"  # one kernel, what autograd runs for torch's silu
     gelu_backward = "torch.ops.aten.gelu_backward"  # one kernel, what autograd runs for torch's gelu
     cast = "to({like}.dtype)"

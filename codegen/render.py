@@ -206,6 +206,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "half_width": FREQUENCIES in domains,
         "per_head": any(HEADS in info.shape for info in module.parameters()),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
+        # the kinds that read χ(x̃, x), whose cached step would need the earlier tokens as queries: a cache is refused
+        "uncached": list(module.uncached),
         # what a cache keeps once per memory: the key of the memory's copy and those of the fields computed from it
         "memoized": [{"memory": op.key, "fields": list(op.keys)} for op in module.ops if isinstance(op, Memoized)],
         # what a stack's layers compute once from the positions (``Shared``), where the backend shares it

@@ -52,6 +52,7 @@ class _Deriver:
         self.states = 0
         self.substeps = 0
         self.cached: dict[str, str] = {}
+        self.uncached: list[str] = []
         self.memoized: dict[str, str] = {}
         #: The increments of the stream substeps, (discrete, continuous), in order.
         self.stream_terms: list[tuple[sp.Expr, sp.Expr]] = []
@@ -155,6 +156,8 @@ class _Deriver:
         if keeps_keys:
             for function in _key_side(definitions):
                 self.cached[f"{prefix}_{function}"] = f"{own}.{function}"
+            if _support_of_keys(definitions) and operator.kind not in self.uncached:
+                self.uncached.append(operator.kind)
         for function in _memory_side(operator, definitions):
             self.memoized[f"{prefix}_{function}"] = f"{own}.{function}"
         return Evaluation(key, operator.kind, argument, tuple(assignments)), output
@@ -376,6 +379,12 @@ def _with_key_inputs(operator: Operator) -> tuple[Definition, ...]:
     return (*copies, *definitions)
 
 
+def _support_of_keys(definitions: tuple[Definition, ...]) -> bool:
+    """Whether a definition reads the support with a key in the query's place, ``χ(x̃, x)`` or ``χ(η, x)``."""
+    return any(applied.func.__name__ == SUPPORT and applied.args[0] in _KEYS
+               for definition in definitions for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
+
+
 def _key_side(definitions: tuple[Definition, ...]) -> list[str]:
     """The operator's own fields of a token ``x`` read at a key's position ``x̃`` or ``η`` (keys and values, their
     normalizer's): what a causal token integral at a new token needs of every earlier token."""
@@ -475,4 +484,5 @@ def derive(scheme: Scheme) -> Program:
     ]
     stream = deriver.stream()
     return Program(scheme.module_name, deriver.tensors, deriver.records, output, notes, deriver.cached,
-                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()), stream, deriver.memoized)
+                   tuple(deriver.inputs.values()), tuple(deriver.constants.values()), stream, deriver.memoized,
+                   tuple(deriver.uncached))

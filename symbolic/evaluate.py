@@ -35,10 +35,25 @@ def _substitute(expr: sp.Expr, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Exp
         return entry(expr)
     if not expr.args:
         return expr
+    if isinstance(expr, sp.Mul):
+        return _product(expr, entry)
     arguments = [_substitute(argument, entry) for argument in expr.args]
     if isinstance(expr, sp.Max):
         return sp.Max(*arguments, evaluate=all(argument.is_number for argument in arguments))
     return expr.func(*arguments)
+
+
+def _product(expr: sp.Mul, entry: Callable[[sp.Indexed], sp.Expr]) -> sp.Expr:
+    """The factors' product, reciprocals last: a factor exactly 0 makes it 0 before any reciprocal is taken (a step or
+    mask outside its support times ``1/∫`` of that support, empty there: SymPy's ``0 · zoo`` is NaN), as
+    ``numeric_expressions`` computes it and the emitted code's masked quotients are."""
+    values = []
+    for factor in sorted(expr.args, key=lambda factor: isinstance(factor, sp.Pow) and factor.exp.is_negative is True):
+        value = _substitute(factor, entry)
+        if value == 0:  # structurally: SymPy's is_zero would query assumptions of large expressions
+            return sp.Integer(0)
+        values.append(value)
+    return sp.Mul(*values)
 
 
 def evaluate(

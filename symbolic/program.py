@@ -157,6 +157,9 @@ class Program:
     #: Fields computed from a memory input alone, kept once per memory by a cache: array name → cache key
     #: (``cross_k`` → ``cross.k``).
     memoized: dict[str, str] = field(default_factory=dict)
+    #: The kinds that read the support with a key in the query's place (``χ(x̃, x)``): a cached step has no such
+    #: entries (the earlier tokens as queries of the new ones), so the emitted code refuses a cache.
+    uncached: tuple[str, ...] = ()
 
     @property
     def assignments(self) -> list[Assignment]:

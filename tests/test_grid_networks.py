@@ -336,3 +336,36 @@ def test_a_network_refuses_parameters_of_another_precision_than_its_input():
     assert RESNET["numpy"].forward(image, single).dtype == np.float32
     # review s33: float32 parameters widen exactly to a float64 image (the networks guide's CvT example runs so)
     assert RESNET["numpy"].forward(image.astype(np.float64), single).dtype == np.float64
+
+
+def test_an_input_too_small_for_a_grid_is_refused_by_name(tmp_path):
+    """A tester's unpadded 3 × 3 convolution (and shortcut) on a 2 × 2 image: the NumPy ``forward`` returned a
+    (2, 3, 0, 0) array, its ``vjp`` failed inside NumPy naming nothing, the torch ``Model`` inside ``conv2d``. Now a
+    ValueError naming ``u`` in each, before any work; the control: 3 × 3, the smallest image the kernel spans."""
+    import splitformer
+
+    (tmp_path / "nopad.toml").write_text(
+        'name = "nopad"\nsummary = "a valid convolution and a valid shortcut"\n[operators]\n'
+        'c1 = { kind = "convolution", kernel = 3, padding = 0, stride = 1, inputs = "c" }\n'
+        'c2 = { kind = "convolution", kernel = 1, padding = 0, stride = 1 }\n'
+        'sc = { kind = "convolution", kernel = 3, padding = 0, inputs = "c" }\nbn = { kind = "batch-norm" }\n'
+        '[step]\nfield = ["c1", "c2"]\ntransfer = ["sc", "bn"]\n')
+    derivation = splitformer.derive(str(tmp_path / "nopad.toml"))
+    numpy_module, torch_module = derivation.numpy_module(), derivation.torch_module()
+    rng = np.random.default_rng(0)
+    sizes = {"n_channels": 2, "d": 3}
+    params = {name: np.abs(rng.standard_normal(tuple(sizes.get(axis, axis) for axis in axes))) + 0.5
+              for name, axes in {**numpy_module.PARAMETERS, **numpy_module.TRANSFER_PARAMETERS}.items()}
+    model = torch_module.Model(2, 3, transfer=True, dtype=torch.float64).load_params(params)
+    message = r"u of shape \(2, 2, 2, 2\) is too small for stride 1: a grid of F or R would have no points"
+    small = rng.standard_normal((2, 2, 2, 2))
+    with pytest.raises(ValueError, match=message):
+        numpy_module.forward(small, params)
+    with pytest.raises(ValueError, match=message):
+        numpy_module.vjp(small, params, np.zeros((2, 3, 0, 0)))
+    with pytest.raises(ValueError, match=message):
+        model(torch.tensor(small))
+    spanned = rng.standard_normal((2, 2, 3, 3))
+    np.testing.assert_allclose(numpy_module.forward(spanned, params), model(torch.tensor(spanned)).detach().numpy(),
+                               rtol=0, atol=1e-12)
+    assert numpy_module.forward(spanned, params).shape == (2, 3, 1, 1)

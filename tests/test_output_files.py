@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -498,3 +500,26 @@ def test_an_up_to_date_derive_into_a_read_only_folder_changes_nothing_and_succee
     err = _fails(capsys, "derive", "pre-ln", "--out", str(tmp_path), "--backend", "numpy")  # missing: refused early
     assert err == f"error: --out {tmp_path}: cannot write in {tmp_path}: Permission denied\n"
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("signal_name, status, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_a_signal_while_staging_leaves_nothing(tmp_path, signal_name, status, said):
+    """A tester's SIGTERM (``timeout``'s default signal) the moment the first temporary was made: the process died
+    leaving ``.splitformer-*.tmp`` and the folders made for it. Now it is unwound as an interrupt is: one line, status
+    143, nothing left (SIGINT alike, 130)."""
+    out = tmp_path / "out"
+    child = (
+        "import os, signal, sys, tempfile\n"
+        "made = tempfile.mkstemp\n"
+        "def mkstemp(*arguments, **keywords):\n"
+        "    result = made(*arguments, **keywords)\n"
+        "    if '.splitformer-' in keywords.get('prefix', ''):\n"
+        f"        os.kill(os.getpid(), signal.{signal_name})\n"
+        "    return result\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "from splitformer.codegen.cli import main\n"
+        f"sys.argv = ['splitformer', 'derive', 'post-ln', '--backend', 'all', '--out', {str(out)!r}]\n"
+        "sys.exit(main())\n")
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    assert (result.returncode, result.stderr) == (status, f"error: {said}\n"), result
+    assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))

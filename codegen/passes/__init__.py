@@ -5,7 +5,7 @@ switched off (``passes=()`` for none, ``splitformer derive --passes``): the emit
 stays correct, only slower or less compact.
 """
 
-from .. import bool_values
+from .. import bool_values, logistic
 from .attention_adjoint import attention_adjoint
 from .convolution import convolution
 from .convolution_adjoint import convolution_adjoint
@@ -85,12 +85,12 @@ def network_passes(selected: tuple | None = None, stage: tuple = NETWORK_STAGE) 
 
 def run_passes(module, passes: tuple = DEFAULT):
     """``module`` rewritten by each of ``passes`` in turn, then its bool values cast where arithmetic needs numbers
-    (``codegen.bool_values``: no pass, never switched off), then by those of ``passes`` that read that form
-    (``AFTER_NUMBERS``)."""
+    (``codegen.bool_values``) and its quotients by ``1 + e^{s}`` written as logistic functions (``codegen.logistic``),
+    neither a pass nor ever switched off, then by those of ``passes`` that read that form (``AFTER_NUMBERS``)."""
     for rewrite in passes:
         if rewrite not in AFTER_NUMBERS:
             module = rewrite(module)
-    module = bool_values.as_numbers(module)
+    module = logistic.sigmoids(bool_values.as_numbers(module))
     for rewrite in passes:
         if rewrite in AFTER_NUMBERS:
             module = rewrite(module)

@@ -34,7 +34,7 @@ from splitformer.symbolic.scheme import Scheme
 
 from .parameters import emitted_sizes, random_parameters
 from .semantics import Sizes
-from .statements import Check
+from .statements import SKIPPED, Check
 from .undefined import gap
 
 __all__ = ["causality_checks", "changed_after", "prefix_change"]
@@ -73,7 +73,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def causality_checks(scheme: Scheme, module) -> list[Check]:
+def causality_checks(scheme: Scheme, module, uncached: tuple[str, ...] = ()) -> list[Check]:
     """Block, stack and next-token causality of ``scheme``'s emitted NumPy ``module``, with controls."""
     sizes = emitted_sizes(_SIZES, scheme)
     rng = np.random.default_rng(41)
@@ -125,7 +125,13 @@ def causality_checks(scheme: Scheme, module) -> list[Check]:
                             statement + " Control: the same change without the causal mask.", "numeric", holds,
                             detail))
     accepted = signature(module.forward_stack).parameters
-    if "cache" in accepted:
+    if "cache" in accepted and uncached:
+        checks.append(Check(f"causality/{scheme.name}/cache", scheme.name,
+                            f"Decoding a stack of 3 steps of {scheme.name} with its cache gives the full causal pass's "
+                            "outputs.", SKIPPED, True,
+                            f"not checked: the emitted code refuses a cache ({', '.join(uncached)} read the support "
+                            "with a key in the query's place, χ(x̃, x), which a cached step does not hold)"))
+    elif "cache" in accepted:
         # positions 1, 3, 5, …, where the stack takes them: not what a cache would count from its length alone
         positions = 2.0 * np.arange(sizes.tokens) + 1 if "positions" in accepted else None
 

@@ -49,6 +49,8 @@ class Study:
     steps: tuple[int, ...]
     errors: tuple[float, ...]
     slope: float
+    #: Whether the reference (the flow at T = 1) is finite: a field growing faster than the state can blow up before.
+    finite_reference: bool = True
 
 
 def reference_flow(semantics: Semantics, scheme: Scheme, u: np.ndarray, steps: int = REFERENCE_STEPS,
@@ -156,7 +158,7 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     finest = slice(-2, None) if exact_subflows else slice(-3, None)  # high orders: the last two steps
     x = np.log(HORIZON / np.array(steps, dtype=float))[finest]
     slope = float(np.polyfit(x, np.log(np.array(errors))[finest], 1)[0])
-    return Study(scheme.name, steps, tuple(errors), slope)
+    return Study(scheme.name, steps, tuple(errors), slope, bool(np.isfinite(exact).all()))
 
 
 def _figure(width: float, height: float):

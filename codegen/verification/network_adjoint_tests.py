@@ -127,9 +127,10 @@ def _any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | 
         options = {**options, "stride": stride} if spec.reads_stride else {"eps": options["eps"]}
         try:
             output = function(pixels, params, **options)
-        except ValueError:
+        except ValueError as error:  # refused; "u … is too small": a grid of no nodes, the image too small for its kernels
+            small = small or " is too small for stride " in str(error)
             continue
-        if np.size(output) == 0:  # a grid of no nodes: the image is too small for its kernels
+        if np.size(output) == 0:  # an empty output all the same (a module that does not refuse it)
             small = True
             continue
         return (pixels, params, function, adjoint, options,

@@ -246,7 +246,7 @@ def _symbolic_inputs(program: Program, inputs: dict, params, counts: dict) -> di
 
 
 def _vanishes(expr: sp.Expr) -> str | None:
-    """How ``expr ≡ 0`` was established, or ``None`` when a random point refutes it.
+    """How ``expr ≡ 0`` was established, or ``None`` when a random point refutes it (or gives NaN).
 
     Both sides are built from the same symbols, so an identity usually shows as structural
     zero after SymPy's automatic canonicalization; otherwise three random points at 30 digits
@@ -261,8 +261,8 @@ def _vanishes(expr: sp.Expr) -> str | None:
     generator = random.Random(0)
     with mpmath.workdps(30):
         for _ in range(3):
-            if abs(function(*(mpmath.mpf(generator.uniform(0.1, 1)) for _ in symbols))) > 1e-20:
-                return None
+            if not abs(function(*(mpmath.mpf(generator.uniform(0.1, 1)) for _ in symbols))) <= 1e-20:
+                return None  # NaN too: NaN − NaN is no agreement
     return "random points"
 
 

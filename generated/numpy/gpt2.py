@@ -893,7 +893,19 @@ def _staged(cache, n_layers):
             if cache[earlier] is entry:
                 raise ValueError(f"cache[{index}] is the same dict as cache[{earlier}]: give each layer its own "
                                  "([{} for _ in layers])")
+    _same_tokens(cache)
     return [dict(entry) for entry in cache]
+
+
+def _same_tokens(cache):
+    """A ValueError where the layers' caches hold different numbers of tokens (one cut back alone): each layer would
+    place the new tokens at its own position and attend to its own history."""
+    counts = [max([np.shape(entry[key])[1] for key in _CACHE_KEYS if key in entry and np.ndim(entry[key]) >= 2] + [0])
+              for entry in cache]
+    for index, count in enumerate(counts):
+        if count != counts[0]:
+            raise ValueError(f"cache[{index}] holds {count} tokens, cache[0] {counts[0]}: every layer of a stack caches "
+                             "the same tokens (cut each layer's entry back alike)")
 
 
 def _store(cache, staged):

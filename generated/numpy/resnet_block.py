@@ -633,14 +633,17 @@ def _step_identity(u0, p, config, eps):
 
 
 def _grids(n, stride):
-    """Grid points along one axis of u after F and after R."""
-    f = r = n
+    """Grid points along one axis of u after F and after R, and the fewest after any operator of F and of R."""
+    f = r = fewest_f = fewest_r = n
     n = f
     n = (n + -1) // stride + 1
+    fewest_f = min(fewest_f, n)
     n = (n + -1) // 1 + 1
+    fewest_f = min(fewest_f, n)
     f, n = n, r
     n = (n + -1) // stride + 1
-    return f, n
+    fewest_r = min(fewest_r, n)
+    return f, n, fewest_f, fewest_r
 
 
 def _step_with_vjp(u0, relu2_out_bar, p, config, eps):
@@ -1054,7 +1057,11 @@ def _checked(u, params, stride, eps):
     p = _table(params, PARAMETERS, sizes, u.dtype)
     has_transfer = any(name in params for name in TRANSFER_PARAMETERS)
     p.update(_table(params, TRANSFER_PARAMETERS, sizes, u.dtype) if has_transfer else {})
-    grids = [_grids(n, stride) if has_transfer else (_grids(n, stride)[0], n) for n in u.shape[2:]]
+    axes = [_grids(n, stride) for n in u.shape[2:]]
+    if any(fewest < 1 for *_, fewest_f, fewest_r in axes for fewest in ((fewest_f, fewest_r) if has_transfer else (fewest_f,))):
+        raise ValueError(f"u of shape {tuple(u.shape)} is too small for stride {stride}: a grid of F"
+                         f"{' or R' if has_transfer else ''} would have no points")
+    grids = [(f, r if has_transfer else n) for (f, r, *_), n in zip(axes, u.shape[2:])]
     channels = (sizes["d"], sizes["d"] if has_transfer else sizes["n_channels"])
     if channels[0] != channels[1] or any(f != r for f, r in grids):
         raise ValueError(f"u of shape {tuple(u.shape)} with stride {stride}: F(u) has {channels[0]} channels on a "

@@ -640,9 +640,22 @@ def _staged(cache: list[dict[str, torch.Tensor]] | None, n_layers: int) -> list[
                 if cache[earlier] is cache[index]:
                     raise ValueError(f"cache[{index}] is the same dict as cache[{earlier}]: give each layer its own "
                                      "([{} for _ in stack.layers])")
+        _same_tokens(cache)
     if len(cache) != n_layers:
         raise ValueError(f"cache holds {len(cache)} layers, the stack {n_layers}")
     return [entry.copy() for entry in cache]
+
+
+@torch.jit.unused
+def _same_tokens(cache) -> None:
+    """A ValueError where the layers' caches hold different numbers of tokens (one cut back alone): each layer would
+    place the new tokens at its own position and attend to its own history."""
+    counts = [max([entry[key].shape[1] for key in ("attn.kr", "attn.v",) if isinstance(entry.get(key), torch.Tensor)
+                   and entry[key].dim() >= 2] + [0]) for entry in cache]
+    for index, count in enumerate(counts):
+        if count != counts[0]:
+            raise ValueError(f"cache[{index}] holds {count} tokens, cache[0] {counts[0]}: every layer of a stack caches "
+                             "the same tokens (cut each layer's entry back alike)")
 
 
 def _store(cache: list[dict[str, torch.Tensor]] | None, staged: list[dict[str, torch.Tensor]] | None):

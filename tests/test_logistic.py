@@ -1,0 +1,86 @@
+"""Quotients by ``1 + e^{s}`` are emitted as logistic functions (``codegen.logistic``): a plug-in's sigmoid gate
+``σ(z) = 1/(1 + e^{−z})`` has the derivative ``e^{−z}/(1 + e^{−z})²`` as SymPy writes it, ``∞/∞`` (NaN) where ``e^{−z}``
+overflows (z below −709 in float64) though the derivative is 0 there; autograd through the formula as written was NaN
+too. A tester's sigmoid attention at scores of −1135 had NaN gradients in ``vjp``, ``backward="derived"`` and
+``backward="autograd"``."""
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+
+from splitformer.codegen.ir import Sigmoid
+from splitformer.codegen.logistic import with_sigmoids
+
+from conftest import derived_plugin
+from test_multi_axis_sums import _SCHEME, D, HEADS, _autograd
+
+S = sp.Symbol("s", real=True)
+
+
+def _as_formulas(expr):
+    return expr.replace(lambda node: isinstance(node, Sigmoid), lambda node: Sigmoid.formula(node.args[0]))
+
+
+@pytest.mark.parametrize("p, q", [(0, 1), (0, 3), (1, 1), (1, 2), (2, 3), (sp.Rational(1, 2), 1)])
+def test_the_rewrite_is_an_identity(p, q):
+    written = sp.exp(p * S) / (1 + sp.exp(S)) ** q
+    rewritten = with_sigmoids(written)
+    outside = rewritten.replace(lambda node: isinstance(node, Sigmoid), lambda node: sp.Integer(1))
+    assert rewritten.has(Sigmoid) and not sp.sympify(outside).has(sp.exp)
+    assert sp.simplify(_as_formulas(rewritten) - written) == 0
+
+
+def test_the_sigmoids_derivative_stays_finite():
+    z = sp.Symbol("z", real=True)
+    derivative = sp.diff(1 / (1 + sp.exp(-z)), z)
+    value = -800.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        as_written = sp.lambdify(z, derivative, "numpy")(np.float64(value))
+    assert np.isnan(as_written)  # the control: the formula as SymPy writes it
+    rewritten = with_sigmoids(derivative)
+    stable = sp.lambdify(z, _as_formulas(rewritten).replace(sp.exp, lambda x: sp.Function("E")(x)),
+                         [{"E": lambda x: np.exp(x)}, "numpy"])
+    with np.errstate(over="ignore"):
+        assert stable(np.float64(value)) == 0.0
+        assert stable(np.float64(0.5)) == pytest.approx(float(derivative.subs(z, 0.5)), rel=1e-15)
+
+
+@pytest.fixture(scope="module")
+def derivation(tmp_path_factory):
+    return derived_plugin(tmp_path_factory.mktemp("gated"), "sum_gate.py", _SCHEME)
+
+
+def _saturated(seed):
+    """The gate's inputs with pre-activations of −1000 and beyond (b_g) beside ordinary ones."""
+    rng = np.random.default_rng(seed)
+    params = {"norm.gain": 1 + 0.3 * rng.standard_normal(D), "norm.bias": rng.standard_normal(D),
+              "g.W_g": rng.standard_normal((D, D)), "g.b_g": np.where(np.arange(D) % 2, -1000.0, 0.5),
+              "g.W_o": rng.standard_normal((D, D))}
+    return rng.standard_normal((2, 5, D)), params, rng.standard_normal((2, 5, D))
+
+
+def test_numpy_vjp_of_a_saturated_gate(derivation):
+    module = derivation.numpy_module()
+    u, params, grad = _saturated(0)
+    out, grad_u, grads = _autograd(u, params, grad)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(module.forward(u, params, n_heads=HEADS), out, rtol=0, atol=1e-12)
+        got_u, got = module.vjp(u, params, grad, n_heads=HEADS)
+    np.testing.assert_allclose(got_u, grad_u, rtol=0, atol=1e-11)
+    for name in params:
+        np.testing.assert_allclose(got[name], grads[name], rtol=0, atol=1e-11, err_msg=name)
+
+
+@pytest.mark.parametrize("backward", ["derived", "autograd"])
+def test_torch_gradients_of_a_saturated_gate(derivation, backward):
+    module = derivation.torch_module()
+    u, params, grad = _saturated(1)
+    _, grad_u, grads = _autograd(u, params, grad)
+    block = module.Block(D, HEADS, D, backward=backward, dtype=torch.float64).load_params(params)
+    u_t = torch.tensor(u, requires_grad=True)
+    block(u_t).backward(torch.tensor(grad))
+    np.testing.assert_allclose(u_t.grad.numpy(), grad_u, rtol=0, atol=1e-11)
+    named = dict(block.named_parameters())
+    for name in params:
+        np.testing.assert_allclose(named[name].grad.numpy(), grads[name], rtol=0, atol=1e-11, err_msg=name)

@@ -321,9 +321,13 @@ class Lowering:
 
     @staticmethod
     def hoistable(factor: sp.Expr) -> bool:
-        """``factor`` is a function of one array read at plain indices, and of nothing else that varies (no step)."""
+        """``factor`` is a function of one array read at plain indices (a call, a sum of calls: a plug-in's elu + 1,
+        ``Max(z, 0) + e^{Min(z, 0)}``; a power), and of nothing else that varies (no step), with no reciprocal in it:
+        a count's ``1/c`` stays in the product, where the empty-support rule (``bool_values``) reads it."""
         reads = factor.atoms(sp.Indexed)
-        if len(reads) != 1 or not isinstance(factor, sp.Function) or factor.has(sp.Heaviside, sp.KroneckerDelta):
+        if (len(reads) != 1 or not isinstance(factor, (sp.Function, sp.Add, sp.Pow))
+                or factor.has(sp.Heaviside, sp.KroneckerDelta)
+                or any(power.exp.is_negative is not False for power in factor.atoms(sp.Pow))):
             return False
         (read,) = reads
         return is_plain(read.indices) and not factor.xreplace({read: sp.Integer(1)}).atoms(sp.Idx)

@@ -27,3 +27,23 @@ class ExpKernelAttention(Attention):
         definitions[names.index("gamma")] = replace(definitions[names.index("gamma")], rhs=weight / total,
                                                     meaning="the kernel normalized by its row sum")
         return tuple(definitions)
+
+
+@register_operator
+@dataclass(frozen=True)
+class EluKernelAttention(Attention):
+    """The same with ``φ(z) = elu(z) + 1 = Max(z, 0) + e^{Min(z, 0)}`` (a sum of calls of one array: hoisted as well)."""
+
+    kind: ClassVar[str] = "elu-kernel-attention"
+
+    def definitions(self):
+        definitions = list(super().definitions())
+        names = [definition.function for definition in definitions]
+        phi = lambda z: sp.Max(z, 0) + sp.exp(sp.Min(z, 0))  # noqa: E731
+        scores = integral(phi(apply("q", X, H, E)) * phi(apply("k", X_KEY, H, E)), E)
+        definitions[names.index("a")] = replace(definitions[names.index("a")], rhs=scores, meaning="φ(q)·φ(k), φ = elu + 1")
+        weight = apply(SUPPORT, X, X_KEY) * apply("a", H, X, X_KEY)
+        total = integral(apply(SUPPORT, X, ETA) * apply("a", H, X, ETA), ETA)
+        definitions[names.index("gamma")] = replace(definitions[names.index("gamma")], rhs=weight / total,
+                                                    meaning="the kernel normalized by its row sum")
+        return tuple(definitions)

@@ -208,8 +208,25 @@ def plain_text(expr: sp.Basic) -> str:
 
 
 def text_latex(text: str) -> str:
-    r"""A plain title as LaTeX (math mode): ``\text{…}`` pieces, symbols such as ``×`` as macros."""
+    r"""A plain title as LaTeX (math mode): ``\text{…}`` pieces, symbols such as ``×`` as macros, a Markdown code span
+    (a scheme's name in backticks) as ``\texttt{…}`` (LaTeX set its backticks as opening quotation marks)."""
     pieces, current = [], ""
+    for number, part in enumerate(text.split("`")):
+        if number % 2:  # inside a code span (an unmatched backtick: the rest)
+            if current:
+                pieces.append(r"\text{" + current + "}")
+                current = ""
+            pieces.append(r"\texttt{" + "".join(_TEXT_ESCAPES.get(character, character) for character in part) + "}")
+        else:
+            current = _text_pieces(part, pieces, current)
+    if current:
+        pieces.append(r"\text{" + current + "}")
+    return "".join(pieces).strip()
+
+
+def _text_pieces(text: str, pieces: list[str], current: str) -> str:
+    r"""Append ``text``'s math symbols to ``pieces`` as macros, closing the ``\text{…}`` before each; return the text
+    after the last."""
     for character in text:
         if character in _MATH_CHARACTERS:
             if current:
@@ -218,9 +235,7 @@ def text_latex(text: str) -> str:
             pieces.append(_MATH_CHARACTERS[character] + " ")
         else:
             current += _TEXT_ESCAPES.get(character, character)
-    if current:
-        pieces.append(r"\text{" + current + "}")
-    return "".join(pieces).strip()
+    return current
 
 
 def align(rows: list[tuple[str, str]]) -> str:

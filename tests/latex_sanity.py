@@ -21,6 +21,7 @@ KNOWN_MACROS = {
     "xrightarrow", "tilde", "operatorname", "begin", "end", "displaystyle", "hline", "mathcal", "qquad",
     "textbackslash", "mathbf", "circ", "odot", "pm", "ldots", "cdots", "infty", "ne", "neq", "exp", "log",
     "tanh", "cos", "sin", "hat",  # gelu-tanh, the rotary kernel, the memory coordinate x̂
+    "texttt",  # a scheme's name in a title of show --format latex
     "ell", "big", "top", "overline", "cup", "dots",  # costates x̄; a network's logits ℓ, its sized parentheses, the transpose in the stationarity conditions
     *"alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi rho "
      "varrho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split(),

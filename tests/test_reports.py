@@ -63,3 +63,19 @@ def test_a_report_without_its_adjoint_numbers_on_and_a_gap_would_fail(capsys):
     assert "Training as optimal control" not in shown and _numbers(shown) == [1, 2, 3, 4, 5, 6]
     gapped = shown.replace("## 6. Generated code", "## 7. Generated code")  # what the block template wrote before
     assert _numbers(gapped) != list(range(1, 7))
+
+
+def test_a_code_span_in_a_latex_title_is_typewriter_text():
+    """A tester's cosmetic finding: ``show vit --format latex`` wrote ``\\text{The steps: `pre-ln` (gelu)}``, whose
+    backticks LaTeX and KaTeX set as opening quotation marks."""
+    import subprocess
+    import sys
+
+    from splitformer.symbolic.latex import text_latex
+
+    assert text_latex("The steps: `pre-ln` (gelu)") == r"\text{The steps: }\texttt{pre-ln}\text{ (gelu)}"
+    assert text_latex("a `b_c` × `d") == r"\text{a }\texttt{b\_c}\text{ }\times \text{ }\texttt{d}"
+    shown = subprocess.run([sys.executable, "-m", "splitformer", "show", "vit", "--format", "latex"],
+                           capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0 and "`" not in shown.stdout and r"\texttt{pre-ln}" in shown.stdout
+    assert_renderable_math([shown.stdout])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import sympy as sp
+from sympy.printing.precedence import PRECEDENCE
 
 from splitformer.symbolic.domains import VARIABLES
 from .bool_values import SUPPORTS
@@ -149,11 +150,13 @@ class Backend:
         return "".join(f", {printer.use(flag)}" for flag in self.kernel_flags) if op.dropout else ""
 
     def scaled(self, value: str, scale: sp.Expr, printer: ArrayPrinter) -> str:
+        """``value`` times ``scale``'s numerator, over its denominator, each parenthesized where its operators bind less
+        (a plug-in's scale ``1/(1 + e^{−τ})`` was printed ``value / 1 + math.exp(-tau)``)."""
         numerator, denominator = sp.fraction(scale)
         if numerator != 1:
-            value = f"{printer.doprint(numerator)} * {value}"
+            value = f"{printer.parenthesize(numerator, PRECEDENCE['Mul'], strict=True)} * {value}"
         if denominator != 1:
-            value = f"{value} / {printer.doprint(denominator)}"
+            value = f"{value} / {printer.parenthesize(denominator, PRECEDENCE['Mul'])}"
         return value
 
     def support(self, operand: Operand | None, printer: ArrayPrinter) -> str:

@@ -60,6 +60,13 @@ def _logistic(factor: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
     return (exponential.args[0], -factor.exp) if isinstance(exponential, sp.exp) else None
 
 
+def _multiple(t: sp.Expr, s: sp.Expr) -> sp.Expr | None:
+    """The number ``p`` with ``t = p s``, or None: ``e^{2(a + b)}`` is written ``e^{2a + 2b}``, which SymPy's ``t/s``
+    leaves unreduced where ``s`` is a sum (a summed temporary plus a bias, as lowered formulas nearly always are)."""
+    p = sp.cancel(sp.expand(t) / sp.expand(s))
+    return p if p.is_number else None
+
+
 def _product(product: sp.Mul) -> sp.Expr:
     factors = list(product.args)
     result = []
@@ -69,7 +76,7 @@ def _product(product: sp.Mul) -> sp.Expr:
             continue
         s, q = logistic
         power = next(((index, p) for index, other in enumerate(factors) if isinstance(other, sp.exp)
-                      for p in [other.args[0] / s] if p.is_number and 0 < p <= q), None)
+                      for p in [_multiple(other.args[0], s)] if p is not None and 0 < p <= q), None)
         factors[position] = sp.Integer(1)
         if power is not None:
             factors[power[0]] = sp.Integer(1)

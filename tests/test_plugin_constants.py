@@ -112,3 +112,27 @@ def test_check_binds_a_declared_constant_to_its_default(tmp_path):
     assert {name: check["holds"] for name, check in checks.items() if name.startswith("adjoint/")} == {
         "adjoint/scaled/finite-difference": True, "adjoint/scaled/negative-control": True}
     assert "tau = 2" in checks["adjoint/scaled/finite-difference"]["statement"]
+
+
+def test_a_scale_that_is_a_sum_is_parenthesized(tmp_path):
+    """A reviewer's finding (there before): a contraction scaled by ``1/(1 + e^{−τ})`` was printed
+    ``einsum(…) / 1 + math.exp(-tau)``, wrong in every backend (1.64 off). The scale's numerator and denominator are
+    parenthesized where their operators bind less than the product's."""
+    plugin, scheme = tmp_path / "scaled_field.py", tmp_path / "scaled.toml"
+    plugin.write_text(_PLUGIN.format(name="tau").replace(
+        "rhs = SCALE * integral(self.parameters()[0].applied() * apply(STATE, X, XI), XI)",
+        "rhs = integral(self.parameters()[0].applied() * apply(STATE, X, XI), XI) * (2 + SCALE) / (1 + sp.exp(-SCALE))"))
+    scheme.write_text(_SCHEME)
+    result = subprocess.run([sys.executable, "-m", "splitformer", "derive", "--load", str(plugin), str(scheme),
+                             "--backend", "all", "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    numpy_module = _module(tmp_path / "out" / "numpy" / "scaled.py", "scaled_sum_numpy")
+    torch_module = _module(tmp_path / "out" / "torch" / "scaled.py", "scaled_sum_torch")
+    rng = np.random.default_rng(1)
+    u, w = rng.standard_normal((2, 3, 5)), rng.standard_normal((5, 5))
+    for tau in (2.0, 0.5):
+        expected = u + (2 + tau) / (1 + np.exp(-tau)) * u @ w
+        assert np.abs(numpy_module.forward(u, {"field.W": w}, tau=tau) - expected).max() < 1e-12
+        block = torch_module.Block(5, 1, 5, tau=tau, dtype=torch.float64).load_params({"field.W": w})
+        assert np.abs(block(torch.from_numpy(u)).detach().numpy() - expected).max() < 1e-12

@@ -180,7 +180,7 @@ def convergence_check(scheme: Scheme, study: Study, order: int, exact_subflows: 
         return Check(name, scheme.name, statement, SKIPPED, True,
                      "not checked: the flow itself is not finite at T = 1 from the study's random state and "
                      "parameters (a field growing faster than the state, on a state no projection bounds, blows up "
-                     "before T = 1), so there is no error to measure")
+                     "before T = 1, or the evaluator has no finite value there), so there is no error to measure")
     finite = all(math.isfinite(error) for error in study.errors)
     return Check(
         name, scheme.name, statement, "numeric", finite and abs(study.slope - order) <= TOLERANCE,

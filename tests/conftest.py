@@ -65,6 +65,14 @@ def plugin_scheme(name: str, **operators: str) -> str:
                       "[[steps]]", f'operator = "{last}"', 'solver = "explicit"', *on, ""])
 
 
+def post_ln_scheme(name: str, kind: str, activation: str = "relu") -> str:
+    """A post-LN scheme's TOML with the token mixer ``kind``: its explicit step, LayerNorm, the feed-forward, LayerNorm."""
+    steps = "".join(f'[[steps]]\noperator = "{key}"\nsolver = "{solver}"\n' for key, solver in (
+        ("mix", "explicit"), ("norm1", "projection"), ("ffn", "explicit"), ("norm2", "projection")))
+    return (f'name = "{name}"\nsummary = "post-LN with {kind}"\nactivation = "{activation}"\n[operators]\n'
+            f'mix = "{kind}"\nnorm1 = "layer-norm"\nffn = "feed-forward"\nnorm2 = "layer-norm"\n' + steps)
+
+
 def generated_now(network: str):
     """(NumPy, PyTorch) modules of the built-in ``network`` generated now (``derived_now``)."""
     return derived_now(network).numpy_module(), derived_now(network).torch_module()

@@ -13,6 +13,8 @@ import sympy as sp
 from splitformer.codegen.verification.scheme_checks import _vanishes
 from splitformer.symbolic.evaluate import _substitute
 
+from conftest import post_ln_scheme
+
 _PLUGIN = '''
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -41,27 +43,7 @@ class StrictlyEarlierAttention(Attention):
         definitions[at] = replace(definitions[at], rhs=weight / total, meaning="softmax over strictly earlier keys")
         return tuple(definitions)
 '''
-_SCHEME = '''name = "strict-post"
-summary = "post-LN, attention over strictly earlier keys"
-activation = "{activation}"
-[operators]
-attn = "qa-strictly-earlier-attention"
-norm1 = "layer-norm"
-ffn = "feed-forward"
-norm2 = "layer-norm"
-[[steps]]
-operator = "attn"
-solver = "explicit"
-[[steps]]
-operator = "norm1"
-solver = "projection"
-[[steps]]
-operator = "ffn"
-solver = "explicit"
-[[steps]]
-operator = "norm2"
-solver = "projection"
-'''
+
 
 
 def test_the_exact_evaluator_takes_a_product_with_a_zero_factor_as_zero():
@@ -83,7 +65,7 @@ def test_nan_is_no_agreement():
 def test_the_semantics_of_a_row_without_keys_is_checked(tmp_path, activation):
     plugin, scheme = tmp_path / "strictly_earlier.py", tmp_path / "strict-post.toml"
     plugin.write_text(_PLUGIN)
-    scheme.write_text(_SCHEME.format(activation=activation))
+    scheme.write_text(post_ln_scheme("strict-post", "qa-strictly-earlier-attention", activation))
     result = subprocess.run([sys.executable, "-m", "splitformer", "check", "--load", str(plugin), str(scheme),
                              "--only", "semantics", "--format", "json"], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr

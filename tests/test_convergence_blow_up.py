@@ -12,6 +12,8 @@ from splitformer.codegen.verification.convergence import Study
 from splitformer.codegen.verification.runner import convergence_check
 from splitformer.symbolic import load_scheme
 
+from conftest import post_ln_scheme
+
 _PLUGIN = '''
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,31 +41,12 @@ class Spread(Operator):
     def uses_support(self):
         return True
 '''
-_SCHEME = '''name = "spread"
-summary = "post-LN with a quadratic token-mixing field"
-[operators]
-mix = "qa-spread"
-norm1 = "layer-norm"
-ffn = "feed-forward"
-norm2 = "layer-norm"
-[[steps]]
-operator = "mix"
-solver = "explicit"
-[[steps]]
-operator = "norm1"
-solver = "projection"
-[[steps]]
-operator = "ffn"
-solver = "explicit"
-[[steps]]
-operator = "norm2"
-solver = "projection"
-'''
+
 
 
 def test_a_flow_that_blows_up_is_not_measured(tmp_path):
     (tmp_path / "spread.py").write_text(_PLUGIN)
-    (tmp_path / "spread.toml").write_text(_SCHEME)
+    (tmp_path / "spread.toml").write_text(post_ln_scheme("spread", "qa-spread"))
     result = subprocess.run([sys.executable, "-m", "splitformer", "check", "--load", str(tmp_path / "spread.py"),
                              str(tmp_path / "spread.toml"), "--only", "convergence", "--format", "json"],
                             capture_output=True, text=True, timeout=900)

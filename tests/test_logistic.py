@@ -7,13 +7,12 @@ too. A tester's sigmoid attention at scores of −1135 had NaN gradients in ``vj
 import numpy as np
 import pytest
 import sympy as sp
-import torch
 
 from splitformer.codegen.ir import Sigmoid
 from splitformer.codegen.logistic import with_sigmoids
 
 from conftest import derived_plugin
-from test_multi_axis_sums import _SCHEME, D, HEADS, _autograd
+from test_multi_axis_sums import _SCHEME, D, _inputs, assert_numpy_matches, assert_torch_matches
 
 S = sp.Symbol("s", real=True)
 
@@ -56,34 +55,13 @@ def derivation(tmp_path_factory):
 
 def _saturated(seed):
     """The gate's inputs with pre-activations of −1000 and beyond (b_g) beside ordinary ones."""
-    rng = np.random.default_rng(seed)
-    params = {"norm.gain": 1 + 0.3 * rng.standard_normal(D), "norm.bias": rng.standard_normal(D),
-              "g.W_g": rng.standard_normal((D, D)), "g.b_g": np.where(np.arange(D) % 2, -1000.0, 0.5),
-              "g.W_o": rng.standard_normal((D, D))}
-    return rng.standard_normal((2, 5, D)), params, rng.standard_normal((2, 5, D))
+    return _inputs(seed, gate_bias=np.where(np.arange(D) % 2, -1000.0, 0.5))
 
 
 def test_numpy_vjp_of_a_saturated_gate(derivation):
-    module = derivation.numpy_module()
-    u, params, grad = _saturated(0)
-    out, grad_u, grads = _autograd(u, params, grad)
-    with np.errstate(over="ignore"):
-        np.testing.assert_allclose(module.forward(u, params, n_heads=HEADS), out, rtol=0, atol=1e-12)
-        got_u, got = module.vjp(u, params, grad, n_heads=HEADS)
-    np.testing.assert_allclose(got_u, grad_u, rtol=0, atol=1e-11)
-    for name in params:
-        np.testing.assert_allclose(got[name], grads[name], rtol=0, atol=1e-11, err_msg=name)
+    assert_numpy_matches(derivation.numpy_module(), *_saturated(0))
 
 
 @pytest.mark.parametrize("backward", ["derived", "autograd"])
 def test_torch_gradients_of_a_saturated_gate(derivation, backward):
-    module = derivation.torch_module()
-    u, params, grad = _saturated(1)
-    _, grad_u, grads = _autograd(u, params, grad)
-    block = module.Block(D, HEADS, D, backward=backward, dtype=torch.float64).load_params(params)
-    u_t = torch.tensor(u, requires_grad=True)
-    block(u_t).backward(torch.tensor(grad))
-    np.testing.assert_allclose(u_t.grad.numpy(), grad_u, rtol=0, atol=1e-11)
-    named = dict(block.named_parameters())
-    for name in params:
-        np.testing.assert_allclose(named[name].grad.numpy(), grads[name], rtol=0, atol=1e-11, err_msg=name)
+    assert_torch_matches(derivation.torch_module(), backward, *_saturated(1))

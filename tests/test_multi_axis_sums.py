@@ -34,10 +34,12 @@ def derivation(tmp_path_factory):
     return derived_plugin(tmp_path_factory.mktemp("gated"), "sum_gate.py", _SCHEME)
 
 
-def _inputs(seed):
+def _inputs(seed, gate_bias=None):
+    """u, random parameters (``gate_bias``: b_g given) and a costate."""
     rng = np.random.default_rng(seed)
     params = {"norm.gain": 1 + 0.3 * rng.standard_normal(D), "norm.bias": rng.standard_normal(D),
-              "g.W_g": rng.standard_normal((D, D)), "g.b_g": rng.standard_normal(D), "g.W_o": rng.standard_normal((D, D))}
+              "g.W_g": rng.standard_normal((D, D)), "g.b_g": rng.standard_normal(D) if gate_bias is None else gate_bias,
+              "g.W_o": rng.standard_normal((D, D))}
     return rng.standard_normal((2, 5, D)), params, rng.standard_normal((2, 5, D))
 
 
@@ -49,25 +51,32 @@ def _autograd(u, params, grad):
     return out.detach().numpy(), u_t.grad.numpy(), {name: tensor.grad.numpy() for name, tensor in tensors.items()}
 
 
-def test_numpy_forward_and_vjp(derivation):
-    module = derivation.numpy_module()
-    u, params, grad = _inputs(0)
+def assert_numpy_matches(module, u, params, grad):
+    """The NumPy ``forward`` and ``vjp`` against torch's autograd of ``_reference``."""
     out, grad_u, grads = _autograd(u, params, grad)
-    np.testing.assert_allclose(module.forward(u, params, n_heads=HEADS), out, rtol=0, atol=1e-12)
-    got_u, got = module.vjp(u, params, grad, n_heads=HEADS)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(module.forward(u, params, n_heads=HEADS), out, rtol=0, atol=1e-12)
+        got_u, got = module.vjp(u, params, grad, n_heads=HEADS)
     np.testing.assert_allclose(got_u, grad_u, rtol=0, atol=1e-11)
     for name in params:
         np.testing.assert_allclose(got[name], grads[name], rtol=0, atol=1e-11, err_msg=name)
 
 
-def test_torch_derived_backward(derivation):
-    module = derivation.torch_module()
-    u, params, grad = _inputs(1)
+def assert_torch_matches(module, backward, u, params, grad):
+    """The torch Block's gradients (``backward``) against torch's autograd of ``_reference``."""
     _, grad_u, grads = _autograd(u, params, grad)
-    block = module.Block(D, HEADS, D, backward="derived", dtype=torch.float64).load_params(params)
+    block = module.Block(D, HEADS, D, backward=backward, dtype=torch.float64).load_params(params)
     u_t = torch.tensor(u, requires_grad=True)
     block(u_t).backward(torch.tensor(grad))
     np.testing.assert_allclose(u_t.grad.numpy(), grad_u, rtol=0, atol=1e-11)
     named = dict(block.named_parameters())
     for name in params:
         np.testing.assert_allclose(named[name].grad.numpy(), grads[name], rtol=0, atol=1e-11, err_msg=name)
+
+
+def test_numpy_forward_and_vjp(derivation):
+    assert_numpy_matches(derivation.numpy_module(), *_inputs(0))
+
+
+def test_torch_derived_backward(derivation):
+    assert_torch_matches(derivation.torch_module(), "derived", *_inputs(1))

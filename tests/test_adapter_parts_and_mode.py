@@ -186,3 +186,25 @@ def test_a_whole_models_part_outside_the_blocks_is_compared_too():
         setattr(model.get_submodule(parent), name, torch.nn.Tanh())
         with pytest.raises(SplitformerError, match=rf"^{type(model).__name__}\.{re.escape(part)} is Tanh, not the Dropout"):
             read(model)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_build_returns_its_module_in_the_sources_mode(training):
+    """A tester's finding: ``adapted.build()`` of an eval-mode ``TransformerEncoderLayer`` (torch's default dropout 0.1)
+    returned a training-mode Block dropping out (0.48 off the source). Now the source's mode: in eval, the source's
+    output (float64, random parameters); in training, training (the control: dropout carried, as before)."""
+    import splitformer
+
+    torch.manual_seed(0)
+    source = torch.nn.TransformerEncoderLayer(12, 3, 20, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.3)
+    source.train(training)
+    adapted = from_torch(source)
+    block = adapted.build(splitformer.derive("post-ln").torch_module())
+    assert block.training is training and block.dropout == pytest.approx(0.1)
+    if not training:
+        u = torch.randn(2, 5, 12, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(block(u), source(u), rtol=1e-12, atol=1e-12)

@@ -76,6 +76,8 @@ def _dispatch(library: str, module: Any, expected: dict[str, Any]) -> Adapted | 
     adapted = replace(adapted, notes=adapted.notes + dtype_notes(module) + _dropout_notes(module, adapted)
                       + rounded_gelu_notes(module),
                       source_dtype=source_dtype(module))
+    if isinstance(adapted, Adapted) and isinstance(getattr(module, "training", None), bool):
+        adapted = replace(adapted, training=module.training)  # build() returns its module in the source's mode
     return adapted if dtype is None else adapted.astype(dtype)
 
 

@@ -199,7 +199,7 @@ class ArrayPrinter(StrPrinter):
             raise AssertionError(f"no {self.library} spelling for {type(expr).__name__}")
         if self.sigmoid:
             return f"{self.use(self.sigmoid)}({self._print(expr.args[0])})"
-        return f"(1/(1 + {self.functions['exp']}({self._print(-expr.args[0])})))"
+        return f"({self._print(Sigmoid.formula(expr.args[0]))})"
 
     def _print_SiluBackward(self, expr: SiluBackward) -> str:
         """The ``silu-adjoint`` pass's call; a user's function of that name has no spelling."""

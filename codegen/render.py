@@ -206,8 +206,8 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         "half_width": FREQUENCIES in domains,
         "per_head": any(HEADS in info.shape for info in module.parameters()),
         "cached": [op.key for op in module.ops if isinstance(op, Cache)],
-        # the kinds that read χ(x̃, x), whose cached step would need the earlier tokens as queries: a cache is refused
-        "uncached": list(module.uncached),
+        # where kinds read χ(x̃, x), whose cached step would need the earlier tokens as queries: why a cache is refused
+        "uncached": _cache_refusal(module.uncached),
         # what a cache keeps once per memory: the key of the memory's copy and those of the fields computed from it
         "memoized": [{"memory": op.key, "fields": list(op.keys)} for op in module.ops if isinstance(op, Memoized)],
         # what a stack's layers compute once from the positions (``Shared``), where the backend shares it
@@ -216,6 +216,15 @@ def unit_context(module: Module, backend: str, keep: set[str] | None = None) -> 
         # cached key positions a kernel reads without χ: (cache key, ((low, high), …)), checked against new positions
         "unmasked_reads": _unmasked_reads(module),
     }
+
+
+def _cache_refusal(kinds: tuple[str, ...]) -> str:
+    """The message refusing a cache for ``kinds`` that read the support with a key in the query's place; "" for none."""
+    if not kinds:
+        return ""
+    return (f"cache: {', '.join(kinds)} {'reads' if len(kinds) == 1 else 'read'} the support with a key in the query's "
+            "place, χ(x̃, x): a cached step would need the earlier tokens as queries of the new ones, which no cache "
+            "holds; call the whole sequence without a cache")
 
 
 def _unmasked_reads(module: Module) -> list[tuple[str, tuple[tuple[float, float], ...]]]:

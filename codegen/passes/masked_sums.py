@@ -14,7 +14,8 @@ module's results that are such, and reciprocals of counts; no exponential, not e
 where the arrays near the dtype's limit (``u³`` past 10¹² in float32): there a masked entry of a row that is not
 empty is NaN where the sum as written is 0.
 
-It reads ``bool_values.as_numbers``' form, so ``run_passes`` runs it after that (``AFTER_NUMBERS``).
+It reads ``bool_values.as_numbers``' form (and ``codegen.logistic``'s σ, finite where its argument is), so
+``run_passes`` runs it after those (``AFTER_NUMBERS``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from splitformer.symbolic.adjoint import is_plain
 
 from ..bool_values import SUPPORTS, is_bool, state_numbers
 from ..ir import (BATCH, Attention, AttentionAdjoint, Contraction, Elementwise, ExactGelu, MatMul, Module, Normalize,
-                  NormalizeAdjoint, Numbers, Op, Operand, Reduction, Silu, Softmax, TanhGelu, Where, ZerosLike)
+                  NormalizeAdjoint, Numbers, Op, Operand, Reduction, Sigmoid, Silu, Softmax, TanhGelu, Where, ZerosLike)
 
 __all__ = ["masked_sums"]
 
@@ -39,10 +40,11 @@ _GIVEN = ("input", "param", "support", "memory", "positions")
 _FINITE_OF_READS = (Contraction, MatMul, Softmax, Attention, AttentionAdjoint, Normalize, NormalizeAdjoint, ZerosLike)
 #: Maps whose value is finite where their arguments are.
 _FINITE_MAPS = (sp.tanh, sp.erf, sp.sin, sp.cos, sp.Heaviside, sp.KroneckerDelta, sp.sign, sp.Abs, sp.Max, sp.Min,
-                sp.floor, ExactGelu, TanhGelu, Silu)
+                sp.floor, ExactGelu, TanhGelu, Silu, Sigmoid)
 
 
 def masked_sums(module: Module) -> Module:
+    """``module`` with each masked sum of the count rule over a finite value as one contraction (the module's doc)."""
     written = {name for op in module.ops for name in op.writes()}
     finite = {name for name, info in module.tensors.items() if info.role in _GIVEN and name not in written}
     taken = set(module.tensors) | written

@@ -58,17 +58,23 @@ def environment() -> jinja2.Environment:
     # where the runtime helpers a module uses go (codegen.runtime_source)
     env.globals["runtime"] = runtime_mark
     env.globals["binds_head"] = _binds_head
+    env.globals["reads_size"] = _reads_size
     return env
 
 
-def _binds_head(unit: dict, gradients: list[dict] = ()) -> bool:
-    """Whether a derived step's function (templates/backward.py.j2) binds ``d_head``: its statements read it, a size
-    it binds from it does (grouped heads' ``d_kv``, rotary pairs' ``d_half``, a set head width's ``d_inner``), or a
-    per-head view of a parameter it binds or of a gradient it returns (``reshape(d, n_heads, d_head)``)."""
+def _reads_size(unit: dict, size: str, gradients: list[dict] = ()) -> bool:
+    """Whether a derived step's function (templates/backward.py.j2) reads the size ``size``: its statements do, or a
+    view of a parameter it binds or of a gradient it returns (``reshape(d, n_heads, d_head, d_ff)``)."""
     views = [parameter["view"] for parameter in unit["parameters"] if parameter["variable"] in unit["arrays"]]
     views += [gradient["reshape"] for gradient in gradients]
-    return ("d_head" in unit["uses"] or unit["grouped"] or unit["half_width"] or bool(unit.get("head_width"))
-            or any("d_head" in view for view in views if view))
+    return size in unit["uses"] or any(size in view for view in views if view)
+
+
+def _binds_head(unit: dict, gradients: list[dict] = ()) -> bool:
+    """Whether a derived step's function binds ``d_head``: it reads it (``_reads_size``), or a size it binds from it
+    does (grouped heads' ``d_kv``, rotary pairs' ``d_half``, a set head width's ``d_inner``)."""
+    return (_reads_size(unit, "d_head", gradients) or unit["grouped"] or unit["half_width"]
+            or bool(unit.get("head_width")))
 
 
 def _one_line(text: str) -> str:

@@ -4,7 +4,7 @@ canonical names, checked before any work, loaded all or nothing (``_Network``). 
 
 import torch
 
-from .checks import _mapping
+from .checks import _as_read, _mapping
 
 
 def _group(module, table, sizes, factory):
@@ -73,6 +73,7 @@ class _Network(torch.nn.Module):
 
         Every name, dtype and shape is checked before the first copy: nothing loads partially."""
         _mapping("params", params)
+        _as_read(params, self)  # an adapter's reading: refused where this Model would not compute its source
         own = dict(self.named_parameters())
         unknown = sorted(set(params) - set(own), key=str)
         if unknown:

@@ -50,7 +50,7 @@ def test_the_sigmoids_derivative_stays_finite():
 
 @pytest.fixture(scope="module")
 def derivation(tmp_path_factory):
-    return derived_plugin(tmp_path_factory.mktemp("gated"), "sum_gate.py", _SCHEME)
+    return derived_plugin(tmp_path_factory.mktemp("gated"), "sum_gate.py", _SCHEME.format(kind="head-gate"))
 
 
 def _saturated(seed):

@@ -181,6 +181,8 @@ def test_generated_numpy_rejects_bad_arguments_before_work():
         params = {k: v for k, v in adapted.params.items() if k != "layers.1.norm2.gain"}
         NUMPY.forward(pixels, params, **adapted.config)
     with pytest.raises(ValueError, match="not divisible by n_heads = 5"):
+        NUMPY.forward(pixels, dict(adapted.params), **{**adapted.config, "n_heads": 5})
+    with pytest.raises(ValueError, match="^params: the source was read with n_heads=3, the call has n_heads=5"):
         NUMPY.forward(pixels, adapted.params, **{**adapted.config, "n_heads": 5})
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.network_spec import load_network, network_fingerprint
 
 from .arrays import array as _array
 from .common import activation_name, check_head_split, check_norms
 from .inspection import check_parts, library_name
+from .network_params import NetworkParams, _computes
 from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
@@ -38,6 +38,10 @@ class AdaptedModel:
     #: The source parameters' dtype name (set by the dispatch in ``splitformer.adapters``).
     source_dtype: str = "float32"
 
+    def __post_init__(self) -> None:
+        """``params`` as ``NetworkParams``: the generated modules refuse them with a configuration not ``config``."""
+        object.__setattr__(self, "params", NetworkParams(self.params, self.model, self.config))
+
     @property
     def module_name(self) -> str:
         return self.model.replace("-", "_")
@@ -49,7 +53,7 @@ class AdaptedModel:
         digest = getattr(module, "COMPUTES", None)
         if digest is None:
             raise SplitformerError(f"{name!r} has no COMPUTES digest (emitted by an older splitformer): derive it again")
-        expected = network_fingerprint(load_network(self.model))
+        expected = _computes(self.model)
         if digest != expected:
             raise SplitformerError(f"{name!r} computes another network than {self.source[1]} (the built-in "
                                    f"{self.model!r}: COMPUTES {digest}, the source's {expected}); "

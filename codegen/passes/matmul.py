@@ -16,11 +16,21 @@ from ..ir import BATCH, Contraction, MatMul, Module
 __all__ = ["matmul"]
 
 
+def _stored(module: Module, name: str) -> int | None:
+    """The number of axes the parameter ``name`` is stored with (its canonical layout), or None (not a parameter)."""
+    info = module.tensors.get(name)
+    return None if info is None or info.shape is None else len(info.shape)
+
+
 def _candidate(op, module: Module) -> MatMul | None:
     if not isinstance(op, Contraction) or op.scale != 1 or len(op.operands) != 2:
         return None
     x, weight = op.operands
     if not module.batched(x.name) or module.batched(weight.name):
+        return None
+    # bound in its canonical layout, the kernel must be stored as the matrix (contracted axes, free axes) and its
+    # bias as a vector: a plug-in's kernel stored (d, d, d_ff) over (k; heads, features, hidden) is not
+    if _stored(module, weight.name) != 2 or (op.bias is not None and _stored(module, op.bias.name) not in (None, 1)):
         return None
     rows = op.labels[:2]
     if x.labels[:2] != rows or rows[0] != BATCH:

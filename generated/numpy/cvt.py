@@ -675,6 +675,15 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _size(axis, params, table, shape):
     """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
     the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
@@ -2770,6 +2779,7 @@ def _checked(pixel_values, params, stages, eps):
     params = _mapping("params", params)
     stages = _stage_configs(stages)
     eps = _epsilon(eps)
+    _as_read(params, globals(), locals())  # an adapter's reading: its network and the configuration it was read with
     links, n_channels, known = [], pixel_values.shape[1], set(HEAD_PARAMETERS)
     for index, (config, (n_rows, n_cols)) in enumerate(zip(stages, _stage_grids(stages, pixel_values.shape[2], pixel_values.shape[3]))):
         prefix = f"stages.{index}."

@@ -126,6 +126,15 @@ def _batched_product(spec, x, y):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _integer(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -1042,6 +1051,7 @@ def _checked(u, params, stride, eps):
     params = _mapping("params", params)
     stride = _integer("stride", stride, 1)
     eps = _epsilon(eps)
+    _as_read(params, globals(), locals())  # an adapter's reading: its network and the configuration it was read with
     first = "conv1.W"
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")

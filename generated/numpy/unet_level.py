@@ -110,6 +110,15 @@ def _batched_product(spec, x, y):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _finite(value):
     """Whether the real ``value`` is a finite float: NaN is not, nor an int past float's range (float() overflows).
     A NumPy float32 is widened first: compared with the largest float64 as it is, that bound overflows float32."""
@@ -698,6 +707,7 @@ def _checked(u, params, stride, eps):
     params = _mapping("params", params)
     stride = _unread("stride", stride, 1)
     eps = _epsilon(eps)
+    _as_read(params, globals(), locals())  # an adapter's reading: its network and the configuration it was read with
     first = "down.W"
     if first not in params:
         raise ValueError(f"missing parameter {first!r}")

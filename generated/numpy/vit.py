@@ -620,6 +620,15 @@ def _layer_norm(x, gain, bias, eps, scaled=False):
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _size(axis, params, table, shape):
     """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
     the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
@@ -1522,6 +1531,7 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     n_heads = _integer("n_heads", n_heads, 1)
     eps = _epsilon(eps)
     image_size = None if image_size is None else _pair("image_size", image_size, 1)
+    _as_read(params, globals(), locals())  # an adapter's reading: its network and the configuration it was read with
     if image_size is not None and pixel_values.shape[2:] != image_size:
         raise ValueError(f"pixel_values has size {pixel_values.shape[2:]}, the model {image_size} (no interpolation)")
     batch, n_channels, height, width = pixel_values.shape

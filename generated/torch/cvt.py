@@ -472,6 +472,15 @@ def _first_order_only():
 _LARGEST_FLOAT = 1.7976931348623157e308  # sys.float_info.max
 
 
+def _as_read(params, *target):
+    """``params`` that can say why they would not compute their source here (``splitformer.adapters.Adapted``: its
+    ``unlike`` method, given this module's globals and the call's arguments, or a Block) are refused when they do."""
+    unlike = getattr(type(params), "unlike", None)
+    problem = unlike(params, *target) if callable(unlike) else None
+    if problem:
+        raise ValueError(f"params: {problem}")
+
+
 def _size(axis, params, table, shape):
     """The size of ``axis`` as the parameters of ``table`` present give it (``shape`` reads one's shape), taken from
     the one with the fewest axes that names it: a bias before its kernel, so that a transposed kernel is what a
@@ -615,6 +624,7 @@ class _Network(torch.nn.Module):
 
         Every name, dtype and shape is checked before the first copy: nothing loads partially."""
         _mapping("params", params)
+        _as_read(params, self)  # an adapter's reading: refused where this Model would not compute its source
         own = dict(self.named_parameters())
         unknown = sorted(set(params) - set(own), key=str)
         if unknown:

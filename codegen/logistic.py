@@ -2,7 +2,8 @@
 
 A plug-in's sigmoid ``1/(1 + e^{−a})`` has the derivative ``e^{−a}/(1 + e^{−a})²``, as SymPy writes it: where ``e^{−a}``
 overflows (``a`` below −709 in float64, −88 in float32) that is ``∞/∞``, NaN, where the derivative is 0. Each factor
-``(1 + e^{s})^{−q}`` of a product, with a factor ``e^{p s}`` for some ``0 < p ≤ q`` or none (``p = 0``), is written
+``(1 + e^{s})^{−q}`` of a product, with a factor ``e^{p s}`` for some ``0 < p ≤ q`` (or ``e^{p s + r}``, whose ``e^{r}``
+stays) or none (``p = 0``), is written
 
     e^{p s}/(1 + e^{s})^q = σ(s)^p σ(−s)^{q−p},   σ(x) = 1/(1 + e^{−x}),
 
@@ -60,11 +61,20 @@ def _logistic(factor: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
     return (exponential.args[0], -factor.exp) if isinstance(exponential, sp.exp) else None
 
 
-def _multiple(t: sp.Expr, s: sp.Expr) -> sp.Expr | None:
-    """The number ``p`` with ``t = p s``, or None: ``e^{2(a + b)}`` is written ``e^{2a + 2b}``, which SymPy's ``t/s``
-    leaves unreduced where ``s`` is a sum (a summed temporary plus a bias, as lowered formulas nearly always are)."""
-    p = sp.cancel(sp.expand(t) / sp.expand(s))
-    return p if p.is_number else None
+def _multiple(t: sp.Expr, s: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
+    """``(p, r)`` with ``t = p s + r``, ``p`` a number and ``r`` holding none of ``s``'s terms, or None. Both sides
+    expanded: ``e^{2(a + b)}`` is written ``e^{2a + 2b}``, and SymPy merges ``e^{2s} e^{c}`` into ``e^{2s + c}``."""
+    t_terms = dict(reversed(term.as_coeff_Mul()) for term in sp.Add.make_args(sp.expand(t)))
+    ratios = set()
+    for term in sp.Add.make_args(sp.expand(s)):
+        coefficient, monomial = term.as_coeff_Mul()
+        if monomial not in t_terms:
+            return None
+        ratios.add(t_terms[monomial] / coefficient)
+    if len(ratios) != 1:
+        return None
+    p = ratios.pop()
+    return p, sp.expand(t - p * s)
 
 
 def _product(product: sp.Mul) -> sp.Expr:
@@ -75,12 +85,13 @@ def _product(product: sp.Mul) -> sp.Expr:
         if logistic is None:
             continue
         s, q = logistic
-        power = next(((index, p) for index, other in enumerate(factors) if isinstance(other, sp.exp)
-                      for p in [_multiple(other.args[0], s)] if p is not None and 0 < p <= q), None)
+        power = next(((index, *split) for index, other in enumerate(factors) if isinstance(other, sp.exp)
+                      for split in [_multiple(other.args[0], s)] if split is not None and 0 < split[0] <= q), None)
         factors[position] = sp.Integer(1)
-        if power is not None:
-            factors[power[0]] = sp.Integer(1)
-            result.append(Sigmoid(with_sigmoids(s)) ** power[1])
+        if power is not None:  # e^{p s + r} (1 + e^s)^{-q} = σ(s)^p σ(−s)^{q−p} e^r
+            index, p, rest = power
+            factors[index] = sp.exp(rest)
+            result.append(Sigmoid(with_sigmoids(s)) ** p)
         p = power[1] if power is not None else 0
         if q - p:
             result.append(Sigmoid(-with_sigmoids(s)) ** (q - p))

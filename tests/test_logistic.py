@@ -65,3 +65,15 @@ def test_numpy_vjp_of_a_saturated_gate(derivation):
 @pytest.mark.parametrize("backward", ["derived", "autograd"])
 def test_torch_gradients_of_a_saturated_gate(derivation, backward):
     assert_torch_matches(derivation.torch_module(), backward, *_saturated(1))
+
+
+def test_a_merged_exponential_is_paired_and_its_rest_kept():
+    """SymPy merges ``e^{2s} e^{c}`` into ``e^{2s + c}``: the rewrite takes ``e^{2s}`` from it, keeps ``e^{c}`` (a
+    reviewer's finding: left unpaired, ``e^{2s + c} σ(−s)³`` is ∞ · 0 at large s)."""
+    a, b, c = sp.symbols("a b c", real=True)
+    s = a + 2 * b
+    written = sp.exp(2 * s + c) / (1 + sp.exp(s)) ** 3
+    rewritten = with_sigmoids(written)
+    assert rewritten == Sigmoid(s) ** 2 * Sigmoid(-s) * sp.exp(c)
+    assert sp.simplify(_as_formulas(rewritten) - written) == 0
+    assert with_sigmoids(sp.exp(2 * a + c) / (1 + sp.exp(s)) ** 3).has(sp.exp(2 * a + c))  # no multiple of s: kept

@@ -27,6 +27,7 @@ from splitformer.symbolic.names import check_distinct
 
 from .api import Derivation, as_scheme, derive
 from .convergence import Study, convergence_study, plot_studies
+from .verification.across_layers import across_convergence
 
 __all__ = ["Comparison", "Row", "compare", "parameter_count", "evaluation_count", "SIZE_NAMES"]
 
@@ -69,6 +70,22 @@ def _shown(order: int | None) -> str:
     return "—" if order is None else str(order)
 
 
+def _orders(derivation: Derivation) -> tuple[int | None, int | None, str, str]:
+    """Order, splitting order and leading local error (LaTeX, text) of one step; of a scheme combined across layers
+    (``[across_layers]``), the stack's (the series of ``symbolic.across_layers``, on ``u' = s G(u)``), not one block's
+    Euler step: it is no splitting, and its error is written in ``G`` and its derivatives."""
+    across = derivation.scheme.across_layers
+    if across is None:
+        order = derivation.order
+        return order.order, order.splitting_order, order.leading_error, order.leading_error_text
+    series = across.order()
+    field = sp.Function("f")(sp.Symbol("x"))
+    leading = series.leading.replace(
+        lambda node: isinstance(node, sp.Derivative) and node.expr == field,
+        lambda node: sp.Symbol("G" + "'" * node.derivative_count)).subs(field, sp.Symbol("G"))
+    return series.order, None, sp.latex(leading), str(leading)
+
+
 @dataclass
 class Comparison:
     """A table of schemes; ``plot`` adds their convergence studies on one set of axes."""
@@ -81,10 +98,9 @@ class Comparison:
     def rows(self) -> list[Row]:
         rows = []
         for derivation in self.derivations:
-            order = derivation.order
-            rows.append(Row(derivation.scheme.name, order.order, order.splitting_order, order.leading_error,
-                            order.leading_error_text, evaluation_count(derivation.program),
-                            parameter_count(derivation.program)))
+            order, splitting, leading, leading_text = _orders(derivation)
+            rows.append(Row(derivation.scheme.name, order, splitting, leading, leading_text,
+                            evaluation_count(derivation.program), parameter_count(derivation.program)))
         return rows
 
     def _parameters(self, row: Row, printer) -> str:
@@ -138,9 +154,12 @@ class Comparison:
         if path is not None and (not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes)):
             raise SplitformerError(f"plot: path must be a file path (str or pathlib.Path) or None, got "
                                    f"{type(path).__name__}")
-        for derivation in self.derivations:
-            if derivation.order.order is not None and derivation.scheme.name not in self.studies:
-                self.studies[derivation.scheme.name] = convergence_study(derivation.scheme, order=derivation.order.order)
+        for derivation, row in zip(self.derivations, self.rows):
+            if row.order is None or row.scheme in self.studies:
+                continue
+            scheme = derivation.scheme
+            self.studies[row.scheme] = (convergence_study(scheme, order=row.order) if scheme.across_layers is None
+                                        else across_convergence(scheme, row.order)[1])
         return plot_studies(list(self.studies.values()), None if path is None else Path(path))
 
 

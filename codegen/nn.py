@@ -87,8 +87,13 @@ def _encoder_module(scheme: Scheme | str | Path | types.ModuleType, model: str) 
 
 
 def _takes_positions(module: types.ModuleType) -> bool:
-    """Whether the scheme places tokens itself (rotary attention: its ``Stack`` takes ``positions``)."""
-    return "positions" in inspect.signature(module.Stack.forward).parameters
+    """Whether the scheme places tokens itself (``PLACES_TOKENS``: rotary attention, ALiBi, relative buckets), so that
+    the model hands its ``Stack`` the ``positions`` and adds no learned ones. A token shift's ``Stack`` takes
+    ``positions`` too, but only to find the token before: a model around it learns positions."""
+    places = getattr(module, "PLACES_TOKENS", None)
+    if places is None:
+        raise SplitformerError(f"{module.__name__} has no PLACES_TOKENS (emitted by an older splitformer): derive it again")
+    return places
 
 
 def _compiling() -> bool:

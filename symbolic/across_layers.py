@@ -162,7 +162,7 @@ def _series_order(method: AcrossLayers) -> AcrossLayerOrder:
         history = exact(0) - exact(-1)
     state = {u: exact(0), v: history}
     at = point.subs(state)
-    error = sp.expand(exact(1) - new_u.subs(state).subs(D, field(at)))
+    error = sp.expand(new_u.subs(state).subs(D, field(at)) - exact(1))  # scheme − exact, as a block's leading error
     error = sum(error.coeff(h, m) * h ** m for m in range(_SERIES + 1))
     first = sp.factor(error.coeff(h, 1))
     scales = sp.solve(first, s)

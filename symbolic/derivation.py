@@ -77,7 +77,7 @@ class _Deriver:
         self.inputs: dict[str, Input] = {}
         self.constants: dict[str, Constant] = {}
         for operator in self.operators.values():
-            self.inputs.update({field.name: field for field in operator.input_fields if _reads(operator, field.name)})
+            self.inputs.update({field.name: field for field in operator.input_fields if operator.reads_input(field.name)})
             self.constants.update({constant.name: constant for constant in operator.constants})
         for field in self.inputs.values():
             self.tensors[field.name] = Tensor(field.name, field.latex, field.indices, field.role)
@@ -409,12 +409,6 @@ def _memory_side(operator: Operator, definitions: tuple[Definition, ...]) -> lis
         if names & (memory | set(found)) and names <= allowed | set(found):
             found.append(definition.function)
     return found
-
-
-def _reads(operator: Operator, function: str) -> bool:
-    """Whether the continuous definitions of ``operator`` read the input field ``function``."""
-    return any(applied.func.__name__ == function for definition in operator.definitions()
-               for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
 
 
 def _solver_label(step: Substep) -> str:

@@ -171,6 +171,17 @@ class Operator:
     def uses_support(self) -> bool:
         return False
 
+    def reads_input(self, name: str) -> bool:
+        """Whether the continuous definitions read the input field ``name`` (one of ``input_fields``)."""
+        return any(applied.func.__name__ == name for definition in self.definitions()
+                   for applied in definition.rhs.atoms(sp.core.function.AppliedUndef))
+
+    def places_tokens(self) -> bool:
+        """Whether the tokens' positions reach what the operator computes (rotary attention, ALiBi, relative buckets,
+        a plug-in's positional kernel): a token map (token shift) reads them only to find its neighbours."""
+        return not self.is_token_map and any(field.role == "positions" and self.reads_input(field.name)
+                                             for field in self.input_fields)
+
     def latex_names(self) -> dict[str, str]:
         """LaTeX names of the functions in the continuous definitions."""
         names = {parameter.function: parameter.latex for parameter in self.parameters()}

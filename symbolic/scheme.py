@@ -266,6 +266,11 @@ class Scheme:
             result[key] = _checked(cls, key, options, f"scheme {self.name!r}: operator {key!r} ({kind})")
         return result
 
+    def places_tokens(self) -> bool:
+        """Whether the tokens' positions reach what a step computes (``Operator.places_tokens``): a language model
+        around it adds no learned positions (``splitformer.nn``; emitted as ``PLACES_TOKENS``)."""
+        return any(operator.places_tokens() for operator in self.instantiate().values())
+
     def substeps(self) -> list[Substep]:
         """All substeps, depth first."""
         found: list[Substep] = []

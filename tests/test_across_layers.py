@@ -4,6 +4,7 @@ The stacks (NumPy ``forward_stack``/``vjp_stack``, torch ``Stack``) against plai
 here on the reference field of ``tests/reference.py``; the orders by series and their negative controls.
 """
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -130,13 +131,19 @@ def test_series_orders(method, scale, order):
 
 
 def test_heavy_ball_leading_error_is_the_closed_form():
-    """By hand: h² s²(1 + β)/2 f′f for heavy-ball with s = 1/(1 − β)."""
+    """By hand: the scheme's step minus the exact flow's, −h² s²(1 + β)/2 f′f for heavy-ball with s = 1/(1 − β) (the
+    sign of a block's leading error; a tester's finding: the series gave exact − scheme)."""
     beta = sp.Rational(1, 3)
     result = AcrossLayers("heavy-ball", beta).order()
     h, x = sp.symbols("h x")
     f = sp.Function("f")
     s = 1 / (1 - beta)
-    assert sp.simplify(result.leading - h ** 2 * s ** 2 * (1 + beta) / 2 * f(x) * sp.diff(f(x), x)) == 0
+    assert sp.simplify(result.leading + h ** 2 * s ** 2 * (1 + beta) / 2 * f(x) * sp.diff(f(x), x)) == 0
+    # numerically, on u' = s u from u = 1 with exact history v = 1 − e^{−s h}: (scheme − exact)/h² → the coefficient
+    step, scale = 1e-4, float(s)
+    scheme = 1 + float(beta) * (1 - math.exp(-scale * step)) + step
+    coefficient = float((result.leading / h ** 2).subs(f(x), x).doit().subs(x, 1))
+    assert (scheme - math.exp(scale * step)) / step ** 2 == pytest.approx(coefficient, rel=1e-3)
 
 
 def _two_step(weights: str, order: int):

@@ -110,3 +110,19 @@ def test_sizes_that_leave_a_count_half_symbolic_are_refused_by_name(tmp_path):
         splitformer.compare([str(tmp_path / "headed.toml")], sizes={"d": 16, "d_ff": 32})
     text = splitformer.compare([str(tmp_path / "headed.toml")], sizes={"d": 16, "d_ff": 32, "n_heads": 2}).as_text()
     assert "n_heads" not in text
+
+
+def test_schemes_across_layers_are_compared_by_their_stack():
+    """A tester's finding: ``compare`` gave a scheme combined across layers its one block's Euler order and error
+    (Adams–Bashforth: order 1, −(h(attn + ffn))²/2), where the stack has order 2. Errors are scheme − exact, as a block's;
+    on u' = u (G = u, G' = 1, G'' = 0) the leading term of Adams–Bashforth is −5/12 h³ (by hand: the two-step method's
+    local error constant), of heavy-ball with β = 1/2 (u' = 2G) −3 h²."""
+    schemes = ROOT / "tests" / "schemes"
+    rows = {row.scheme: row for row in splitformer.compare([schemes / "adams-bashforth.toml", schemes / "heavy-ball.toml",
+                                                            "post-ln"]).rows}
+    by_name = {name: row for name, row in rows.items() if name != "post-ln"}
+    adams, heavy = (next(row for name, row in by_name.items() if key in name) for key in ("adams", "heavy"))
+    assert (adams.order, adams.splitting_order) == (2, None)
+    assert adams.leading_error_text == "-5*G*h**3*(G*G'' + G'**2)/12"
+    assert heavy.order == 1 and rows["post-ln"].order == 1  # the control: a block scheme keeps its own analysis
+    assert heavy.leading_error_text == "-3*G*G'*h**2"

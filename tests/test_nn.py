@@ -237,3 +237,53 @@ def test_a_configs_stack_options_are_checked(options, message):
 
     with pytest.raises(ValueError, match=message):
         SplitformerConfig(scheme="pre-ln", vocab_size=30, d_model=16, n_heads=2, stack_options=options).language_model()
+
+
+_TOKEN_SHIFT = '''name = "shifted-pre-ln"
+summary = "pre-LN; the feed-forward reads a causal token shift"
+[operators]
+norm1 = "layer-norm"
+shift = { kind = "token-shift", reach = 1, causal = true }
+attn = "attention"
+norm2 = "layer-norm"
+ffn = "feed-forward"
+[[steps]]
+operator = "attn"
+solver = "explicit"
+on = "norm1"
+[[steps]]
+operator = "ffn"
+solver = "explicit"
+on = "norm2"
+shift = "shift"
+'''
+
+
+def test_a_token_shift_model_learns_positions_and_decodes_as_alone(tmp_path):
+    """A tester's finding: a token shift's Stack takes ``positions`` (to find the token before), which the model took
+    for rotary attention, so it learned no positions (and a study matched its parameters against models that do).
+    ``PLACES_TOKENS`` says whether positions reach what a block computes: rotary, ALiBi, relative buckets."""
+    path = tmp_path / "shifted.toml"
+    path.write_text(_TOKEN_SHIFT, encoding="utf-8")
+    model = _model(splitformer.load_scheme(str(path)))
+    assert isinstance(model.positions, torch.nn.Embedding)
+    assert _model("llama").positions is None  # the control: rotary attention places its tokens
+    prompt = torch.randint(0, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(2))
+    padding = torch.zeros(2, PROMPT, dtype=torch.bool)
+    padding[1, :2] = True
+    tokens = model.generate(prompt, NEW, greedy=True, padding_mask=padding)
+    assert torch.equal(tokens[1, 2:], model.generate(prompt[1:, 2:], NEW, greedy=True)[0])
+    mask = torch.cat((padding, torch.zeros(2, NEW, dtype=torch.bool)), dim=1)
+    full = model(tokens, padding_mask=mask)
+    assert torch.allclose(_cached_logits(model, tokens, mask)[1, 2:], full[1, 2:], rtol=0, atol=1e-10)
+    with torch.no_grad():  # the learned positions are read
+        model.positions.weight.normal_()
+    assert (model(tokens, padding_mask=mask) - full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("options, places", [({"alibi": True}, True), ({"rel_pos_bias": "causal"}, True),
+                                             ({"qk_norm": True}, False)])
+def test_relative_position_attention_places_tokens(options, places):
+    from splitformer.symbolic.kinds import OPERATOR_KINDS
+
+    assert OPERATOR_KINDS["scored-attention"](key="attn", **options).places_tokens() is places

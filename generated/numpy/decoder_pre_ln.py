@@ -45,7 +45,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
+__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "decoder-pre-ln"
@@ -53,6 +53,9 @@ ACTIVATION = "relu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
 #: file reusing a built-in's name, or one made causal, computes another digest.
 COMPUTES = "b40cb29936bcb398"
+#: Whether the tokens' positions reach what the block computes (rotary attention, ALiBi, relative buckets): a model
+#: around it adds no learned positions. A token shift reads them only to find the token before.
+PLACES_TOKENS = False
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

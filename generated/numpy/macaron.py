@@ -39,7 +39,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
+__all__ = ["forward", "forward_stack", "vjp", "vjp_stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "macaron"
@@ -47,6 +47,9 @@ ACTIVATION = "relu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
 #: file reusing a built-in's name, or one made causal, computes another digest.
 COMPUTES = "2cc7d4915b57eae8"
+#: Whether the tokens' positions reach what the block computes (rotary attention, ALiBi, relative buckets): a model
+#: around it adds no learned positions. A token shift reads them only to find the token before.
+PLACES_TOKENS = False
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

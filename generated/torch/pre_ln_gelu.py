@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "pre-ln"
@@ -42,6 +42,9 @@ ACTIVATION = "gelu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
 #: file reusing a built-in's name, or one made causal, computes another digest.
 COMPUTES = "1c27ccb892680c2f"
+#: Whether the tokens' positions reach what the block computes (rotary attention, ALiBi, relative buckets): a model
+#: around it adds no learned positions. A token shift reads them only to find the token before.
+PLACES_TOKENS = False
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES"]
+__all__ = ["Block", "Stack", "PARAMETERS", "SCHEME", "ACTIVATION", "COMPUTES", "PLACES_TOKENS"]
 
 #: The scheme and the feed-forward activation this module computes.
 SCHEME = "rk2"
@@ -42,6 +42,9 @@ ACTIVATION = "relu"
 #: A digest of the computation (operators, steps, activation, final norm, causality): a scheme
 #: file reusing a built-in's name, or one made causal, computes another digest.
 COMPUTES = "baef475593d40f9e"
+#: Whether the tokens' positions reach what the block computes (rotary attention, ALiBi, relative buckets): a model
+#: around it adds no learned positions. A token shift reads them only to find the token before.
+PLACES_TOKENS = False
 
 #: Canonical parameter names and shapes (row-vector convention ``u @ W + b``).
 PARAMETERS = {

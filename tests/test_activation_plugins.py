@@ -85,3 +85,30 @@ def test_a_failed_plugin_registers_no_activation(tmp_path):
     with pytest.raises(SplitformerError, match="RuntimeError: late"):
         splitformer.load_plugin(path)
     assert "half-relu" not in ACTIVATIONS
+
+
+#: Maps of the line a tester registered as proximal (ReLU turning down past 7; a notch of slope 2.5 narrower than the
+#: samples' spacing) and two that are: clipping to [0, 1], and a smooth map whose σ'' = 0 SymPy cannot solve.
+_CLAIMED = {
+    "bent-relu": (sp.Max(V, 0) - 2 * sp.Max(V - 7, 0), False, "symbolic",
+                  "σ' on (7, oo) = -1.00000 < 0: not monotone"),
+    "notched-relu": (sp.Max(V, 0) - sp.Rational(3, 2) * sp.Max(sp.Rational(1, 100) - sp.Abs(V - sp.Rational(1, 16)), 0),
+                     False, "symbolic", "σ' on (1/16, 29/400) = 2.50000 > 1: expansive"),
+    "unit-clip": (sp.Max(V, 0) - sp.Max(V - 1, 0), True, "symbolic", "0 ≤ σ' ≤ 1.00000 at its extremes"),
+    "soft-half": (V / 2 + sp.erf(V) / 8 + sp.tanh(V) / 8, True, "numeric", "not proved"),
+}
+
+
+@pytest.mark.parametrize("name", _CLAIMED)
+def test_a_proximal_claim_is_proved_refuted_or_said_to_be_sampled(name):
+    """A tester's finding: the slope condition was sampled at 97 points of [−6, 6] and called symbolic, so a map
+    decreasing past 7, or expansive between two samples, passed as proximal. Now σ' is taken at its extremes on each
+    smooth piece (critical points, the pieces' ends); where SymPy cannot solve σ'' = 0 the check says it sampled."""
+    from splitformer.codegen.verification.statements.activations import _witness
+
+    formula, proximal, method, detail = _CLAIMED[name]
+    if name not in ACTIVATIONS:
+        register_activation(name, formula, "a test's map", proximal=True)
+    [check] = activation_checks(names=(name,))
+    assert (check.holds, check.method) == (proximal, method) and detail in check.detail, check.detail
+    assert _witness(ACTIVATIONS[name]()) is None  # the control: the samples alone find no witness

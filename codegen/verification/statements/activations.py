@@ -16,6 +16,8 @@ __all__ = ["activation_checks", "PROXIMAL"]
 
 #: The claim the reports make for each activation (docs/model.md §6).
 PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh": False, "relu-squared": False}
+#: Where ``_witness`` looks for a slope outside [0, 1]: 97 points of [−6, 6].
+SAMPLES = tuple(sp.Rational(n, 8) for n in range(-48, 49))
 #: The penalties, stated as claims; the check verifies prox_φ = σ for each.
 PENALTIES = {
     "relu": "the indicator of [0, ∞)",
@@ -24,10 +26,10 @@ PENALTIES = {
 
 
 def _witness(activation: Activation) -> str | None:
-    """The grid point where σ' leaves [0, 1] the most, if any."""
+    """The grid point where σ' leaves [0, 1] the most, if any: a witness refutes the claim; none proves nothing."""
     slope = sp.diff(activation.formula, S.v)
     worst, excess = None, sp.Integer(0)
-    for v in (sp.Rational(n, 8) for n in range(-48, 49)):
+    for v in SAMPLES:
         value = slope.evalf(30, subs={S.v: v})  # numerically at v: substituting first rebuilds the tree
         if not value.is_real:
             continue
@@ -37,7 +39,49 @@ def _witness(activation: Activation) -> str | None:
     if worst is None:
         return None
     v, value = worst
-    return f"σ'({v}) = {sp.N(value, 6)} {'< 0: not monotone' if value < 0 else '> 1: expansive'}"
+    return f"σ'({v}) = {sp.N(value, 6)} {_verdict(value)}"
+
+
+def _verdict(value: sp.Expr) -> str:
+    return "< 0: not monotone" if value < 0 else "> 1: expansive"
+
+
+def _pieces(formula: sp.Expr) -> list[tuple[sp.Expr, sp.Set]]:
+    """``formula`` as smooth pieces and the sets of the line where each holds (``Max``, ``Min``, ``Abs``, steps written
+    as a ``Piecewise``): one piece, the whole line, for a smooth formula."""
+    folded = sp.piecewise_fold(formula.rewrite(sp.Piecewise))
+    if not isinstance(folded, sp.Piecewise):
+        return [(folded, sp.S.Reals)]
+    pieces, covered = [], sp.S.EmptySet
+    for expr, condition in folded.args:
+        region = (sp.S.Reals if condition is sp.true else condition.as_set()) - covered
+        covered = covered | region
+        pieces.append((expr, region))
+    return pieces
+
+
+def _slope_extremes(activation: Activation) -> list[tuple[str, sp.Expr]] | None:
+    """``σ'`` where it takes its extremes: on each open interval where σ is one smooth piece, at the critical points
+    (``σ'' = 0``, solved by SymPy) and as the ends are approached; ``None`` where SymPy cannot solve ``σ'' = 0`` on a
+    piece (a transcendental equation: SiLU's) or a piece's slope is not continuous on its interval."""
+    extremes = []
+    for expr, region in _pieces(activation.formula):
+        slope = sp.diff(expr, S.v)
+        for interval in region.args if isinstance(region, sp.Union) else (region,):
+            if not isinstance(interval, sp.Interval) or interval.measure == 0:
+                continue  # single points: no slope of their own
+            if sp.calculus.util.continuous_domain(slope, S.v, interval) != interval:
+                return None
+            critical = sp.S.EmptySet if slope.is_number else sp.solveset(sp.diff(slope, S.v), S.v, interval)
+            if not isinstance(critical, sp.FiniteSet) and critical is not sp.S.EmptySet:
+                return None
+            if slope.is_number:
+                extremes.append((f"σ' on ({interval.inf}, {interval.sup})", slope))
+                continue
+            extremes += [(f"σ'({point})", slope.subs(S.v, point)) for point in critical]
+            extremes += [(f"lim σ' as v → {end}", sp.limit(slope, S.v, end, side))
+                         for end, side in ((interval.inf, "+"), (interval.sup, "-"))]
+    return extremes
 
 
 def _penalty_matches(name: str, activation: Activation) -> tuple[bool, str]:
@@ -63,22 +107,36 @@ def activation_checks(claims: dict[str, bool] | None = None, names: tuple[str, .
     checks = []
     for name in ACTIVATIONS if names is None else names:
         activation = ACTIVATIONS[name]()
-        witness = _witness(activation)
-        proximal = witness is None
-        if proximal and name in PENALTIES:
-            penalty_ok, how = _penalty_matches(name, activation)
-            detail = f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"
-            proximal = penalty_ok
-        elif proximal:  # a registered activation: no penalty stated, the slope condition decides
-            detail = ("0 ≤ σ' ≤ 1 at 97 points of [−6, 6]: monotone and 1-Lipschitz, the proximal map of the convex "
-                      "penalty with φ'(u) = σ⁻¹(u) − u")
-        else:
-            detail = f"not a proximal map of a convex penalty: {witness}"
+        proximal, method, detail = _decided(name, activation)
         claim = claims[name] if name in claims else activation.proximal
         checks.append(Check(
             f"activation/{name}", None,
             f"{name} {'is' if claim else 'is not'} the proximal map of a convex penalty "
             "(for a map of the line: iff it is monotone and 1-Lipschitz).",
-            "symbolic", proximal == claim, detail,
+            method, proximal == claim, detail,
         ))
     return checks
+
+
+def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
+    """Whether ``activation`` is a proximal map, how that was decided (``symbolic``: a witness, or σ' within [0, 1] at
+    its extremes; ``numeric``: no witness at the samples, not proved), and the detail."""
+    witness = _witness(activation)
+    if witness is None:
+        extremes = _slope_extremes(activation)
+        if extremes is None:
+            return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6], not proved: SymPy solves no "
+                                     "σ'' = 0 in closed form on some piece; sampled evidence only")
+        outside = [(where, value) for where, value in extremes if not 0 <= value <= 1]
+        if outside:
+            where, value = max(outside, key=lambda item: max(-item[1], item[1] - 1))
+            witness = f"{where} = {sp.N(value, 6)} {_verdict(value)}"
+    if witness is not None:
+        return False, "symbolic", f"not a proximal map of a convex penalty: {witness}"
+    if name in PENALTIES:
+        penalty_ok, how = _penalty_matches(name, activation)
+        return penalty_ok, "symbolic", f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"
+    low, high = min(value for _, value in extremes), max(value for _, value in extremes)
+    return True, "symbolic", (f"{sp.N(low, 6)} ≤ σ' ≤ {sp.N(high, 6)} at its extremes (critical points and the ends "
+                              "of its smooth pieces): monotone and 1-Lipschitz, the proximal map of the convex penalty "
+                              "with φ'(u) = σ⁻¹(u) − u")

@@ -27,7 +27,7 @@ from .domains import (
     ETA, PAIR, TOKENS, VARIABLES, X, X_KEY, Y, stores,
 )
 from .errors import SplitformerError
-from .latex import equation, to_latex, unicode_text
+from .latex import equation, superscripted, to_latex, unicode_text
 from .inputs import Constant, Input
 from .operators import BRANCH, STATE, SUPPORT, Definition, Operator, apply
 from .program import TIME_STEP, LatexNames, Assignment, Evaluation, Program, SubstepRecord, Tensor, entry
@@ -146,7 +146,7 @@ class _Deriver:
         names = ChainMap({}, self.latex_names())
         for definition in definitions:
             suffix = "" if count == 1 else f",{count}"
-            names[f"{prefix}_{definition.function}"] = rf"{definition.latex}^{{{operator.key_latex()}{suffix}}}"
+            names[f"{prefix}_{definition.function}"] = superscripted(definition.latex, operator.key_latex() + suffix)
         assignments = discretize_definitions(operator, definitions, Grid(VARIABLES, arrays, absorbed), names,
                                              UNIT_SPACINGS, (TOKENS.spacing,))
         for assignment in assignments:

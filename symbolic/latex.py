@@ -17,7 +17,7 @@ from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
-__all__ = ["to_latex", "equation", "plain_equation", "plain_formula", "align", "text_latex", "plain_text", "unicode_text"]
+__all__ = ["to_latex", "superscripted", "equation", "plain_equation", "plain_formula", "align", "text_latex", "plain_text", "unicode_text"]
 
 
 class _MathPrinter(LatexPrinter):
@@ -63,6 +63,11 @@ class _MathPrinter(LatexPrinter):
 
 #: Names every formula uses: LayerNorm's ε is ``eps`` in code.
 _DEFAULT_NAMES = {"eps": r"\varepsilon"}
+
+
+def superscripted(latex: str, label: str) -> str:
+    """``r`` → ``r^{label}``; ``r^{i}`` → ``r^{label,i}`` (never a double superscript, which TeX rejects)."""
+    return latex.replace("^{", f"^{{{label},", 1) if "^{" in latex else f"{latex}^{{{label}}}"
 
 
 def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:

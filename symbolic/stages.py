@@ -18,6 +18,7 @@ from .cvt_operators import KEYS
 from .derivation import UNIT_SPACINGS, discretize_definitions, operator_arrays
 from .domains import TOKENS
 from .image import CHANNELS, CLASSES, IMAGE_VARIABLES, PIXEL, ShiftedGrid
+from .latex import superscripted
 from .operators import Operator
 from .program import Assignment, Evaluation, Program, SubstepRecord, Tensor
 
@@ -65,7 +66,7 @@ def discretize_stage(operator: Operator, inputs: dict[str, Tensor], prefix: str 
     grid = ShiftedGrid(IMAGE_VARIABLES, arrays, absorbed, getattr(operator, "positions", dict)(),
                        getattr(operator, "sampled", dict)())
     names = {tensor.name: tensor.latex for tensor in tensors.values()}
-    names.update({f"{prefix}_{d.function}": rf"{d.latex}^{{{operator.key_latex()}}}" for d in definitions})
+    names.update({f"{prefix}_{d.function}": superscripted(d.latex, operator.key_latex()) for d in definitions})
     assignments = discretize_definitions(operator, definitions, grid, names, _UNIT,
                                          (PIXEL, SPACING, TOKENS.spacing, KEYS.spacing),
                                          getattr(operator, "targets", dict)(), sizes)

@@ -22,6 +22,7 @@ KNOWN_MACROS = {
     "textbackslash", "mathbf", "circ", "odot", "pm", "ldots", "cdots", "infty", "ne", "neq", "exp", "log",
     "tanh", "cos", "sin", "hat",  # gelu-tanh, the rotary kernel, the memory coordinate x̂
     "texttt",  # a scheme's name in a title of show --format latex
+    "lfloor", "rfloor",  # a token shift's offsets
     "ell", "big", "top", "overline", "cup", "dots",  # costates x̄; a network's logits ℓ, its sized parentheses, the transpose in the stationarity conditions
     *"alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi pi rho "
      "varrho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split(),
@@ -43,6 +44,16 @@ def assert_balanced(text: str) -> None:
         else:
             assert stack and stack.pop() == name, f"\\end{{{name}}} does not close what is open"
     assert not stack, f"unclosed environments {stack}"
+
+
+#: A script group (``{…}`` with one level of nesting, or one character) followed by another script of the same kind:
+#: ``r^{i}^{gate}``, which TeX, MathJax and KaTeX reject ("double superscript").
+_DOUBLE_SCRIPT = re.compile(r"([\^_])(?:\{(?:[^{}]|\{[^{}]*\})*\}|\w)\s*\1")
+
+
+def assert_single_scripts(text: str) -> None:
+    double = _DOUBLE_SCRIPT.search(text)
+    assert double is None, f"a double script at {text[max(double.start() - 30, 0):double.end() + 10]!r}"
 
 
 def assert_known_macros(text: str) -> None:
@@ -67,6 +78,7 @@ def katex_errors(blocks: list[str]) -> list[str] | None:
 
 def assert_renderable_align(text: str) -> None:
     assert_balanced(text)
+    assert_single_scripts(text)
     assert_known_macros(text)
     body = text.removeprefix(r"\begin{align*}").removesuffix(r"\end{align*}")
     for row in body.split(r"\\"):
@@ -79,6 +91,7 @@ def assert_renderable_align(text: str) -> None:
 def assert_renderable_math(blocks: list[str]) -> None:
     for block in blocks:
         assert_balanced(block)
+        assert_single_scripts(block)
         assert_known_macros(block)
     errors = katex_errors(blocks)
     assert not errors, errors

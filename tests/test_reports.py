@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import GENERATED, derived_now
+from conftest import GENERATED, ROOT, derived_now
 from latex_sanity import assert_renderable_math
 
 NETWORKS = ("vit", "cvt", "resnet-block", "unet-level")
@@ -79,3 +79,22 @@ def test_a_code_span_in_a_latex_title_is_typewriter_text():
                            capture_output=True, text=True, timeout=600)
     assert shown.returncode == 0 and "`" not in shown.stdout and r"\texttt{pre-ln}" in shown.stdout
     assert_renderable_math([shown.stdout])
+
+
+def test_a_definition_with_a_superscript_is_keyed_in_one_superscript():
+    """A tester's finding: ``show`` of a ``gru-gate`` combiner wrote ``r^{i}^{\\mathrm{gate}}`` (a double superscript,
+    which TeX and KaTeX reject) for its gates' stages ``r^{i}``; now ``r^{\\mathrm{gate},i}``."""
+    import subprocess
+    import sys
+
+    from latex_sanity import assert_single_scripts
+    from splitformer.symbolic.latex import superscripted
+
+    assert superscripted("r^{i}", r"\mathrm{gate}") == r"r^{\mathrm{gate},i}"
+    assert superscripted("r", r"\mathrm{gate}") == r"r^{\mathrm{gate}}"
+    shown = subprocess.run([sys.executable, "-m", "splitformer", "show", str(ROOT / "tests" / "schemes" / "gated-shifted.toml"),
+                            "--format", "latex"], capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0 and r"r^{\mathrm{g1},i}" in shown.stdout, shown.stderr
+    assert_renderable_math([shown.stdout])
+    with pytest.raises(AssertionError, match="double script"):  # the control: what was written before
+        assert_single_scripts(shown.stdout.replace(r"r^{\mathrm{g1},i}", r"r^{i}^{\mathrm{g1}}"))

@@ -461,7 +461,7 @@ def _study(arguments: argparse.Namespace) -> str:
     from .study import FILES, Budget, study
 
     out = as_folder(arguments.out, "--out")
-    check_files([out / name for name in FILES], force=arguments.force, root=out)  # before any training
+    check_files([out / name for name in FILES], force=arguments.force, root=out, changing=True)  # before training
     check_writable(out, "--out")
     _require_matplotlib("study")
     from .verification.emitted import torch_installed

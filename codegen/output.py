@@ -234,6 +234,13 @@ def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
         same = False
     if same or not path.is_file():
         return not same
+    _check_unprotected(path, force)
+    return True
+
+
+def _check_unprotected(path: Path, force: bool) -> None:
+    """Refuse replacing the existing file ``path`` where a rename cannot (``_replaceable_here``) or its user made it
+    read-only to keep it (unless ``force``)."""
     try:
         _replaceable_here(path)
         protected = not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
@@ -242,7 +249,6 @@ def _needs_writing(path: Path, data: bytes, force: bool) -> bool:
     if protected and not force:
         raise SplitformerError(f"{_shown(path)} is write-protected (no one may write it: chmod a-w); pass --force to "
                                "overwrite it")
-    return True
 
 
 @contextmanager
@@ -301,10 +307,14 @@ def _resolved_targets(paths, root: Path) -> dict[Path, Path]:
     return given
 
 
-def check_files(paths, *, force: bool = False, root: Path) -> None:
-    """Refuse, before any slow work, what ``write_files(..., force=force, root=root)`` would refuse on ``paths``."""
+def check_files(paths, *, force: bool = False, root: Path, changing: bool = False) -> None:
+    """Refuse, before any slow work, what ``write_files(..., force=force, root=root)`` would refuse on ``paths``;
+    ``changing``: their text is known only after the slow work (a study's results), so a write-protected one is
+    refused now, as it would be if its text changed (``write_files`` leaves one that already holds its text)."""
     for real in _resolved_targets(paths, root):
         check_replaceable(real, force)
+        if changing and real.is_file():
+            _check_unprotected(real, force)
 
 
 def write_files(files: dict[Path, str | bytes], *, force: bool = False, root: Path | None = None) -> dict[Path, str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import statistics
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from splitformer.symbolic import __version__
+from splitformer.symbolic.builtins import builtin_names
 from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.markdown import inert
 from splitformer.symbolic.names import check_distinct
@@ -80,6 +82,8 @@ class Budget:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SplitformerError(f"{_option(name)} must be a positive integer, got {value!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not 0 < self.lr <= 1:
+            raise SplitformerError(f"lr must be a real number in (0, 1], got {self.lr!r}")
         if self.d_model % self.n_heads:
             raise SplitformerError(f"d-model = {self.d_model} is not divisible by the {self.n_heads} heads of a study's "
                                    "blocks")
@@ -334,7 +338,7 @@ class Study:
         rows = []
         for name, variant in self.variants.items():
             runs = variant["runs"]
-            row = {"scheme": name, "parameters": variant["parameters"], "d_ff": variant["d_ff"],
+            row = {"scheme": name, "source": variant["source"], "parameters": variant["parameters"], "d_ff": variant["d_ff"],
                    "train_loss": _spread([statistics.fmean(run.train_loss[-window:]) for run in runs]),
                    "valid_loss": _spread([run.valid_loss[-1] for run in runs]),
                    "step_ms": _spread([1000 * run.step_time for run in runs])}
@@ -350,7 +354,9 @@ class Study:
                  f"tokens, d_model {budget.d_model}, {budget.n_layers} layers, "
                  + (f"{budget.seeds} seeds (mean ± standard deviation over seeds; " if budget.seeds > 1 else
                     "1 seed (no spread measured; ")
-                 + "train loss: mean of the last tenth of the steps; validation: at the last step)",
+                 + "train loss: mean of the last tenth of the steps; validation: at the last step); "
+                 f"{budget.n_heads} heads; AdamW (lr {budget.lr:g}, weight decay 0.01), 20 warm-up steps, then a "
+                 "cosine decay to 0",
                  "",
                  "| scheme | parameters | d_ff | train loss | validation loss |" + (" validation accuracy |" if accuracy else "")
                  + " ms/step |",
@@ -362,6 +368,9 @@ class Study:
                 cells.append(_cell(row["valid_accuracy"], 3))
             cells.append(_cell(row["step_ms"], 1))
             lines.append("| " + " | ".join(cells) + " |")
+        files = [(name, variant["source"]) for name, variant in self.variants.items() if variant["source"]]
+        if files:
+            lines += ["", "Read from files: " + "; ".join(f"`{name}` from `{source}`" for name, source in files) + "."]
         return inert("\n".join(lines), "the study table")
 
     def as_json(self) -> dict:
@@ -441,6 +450,13 @@ def _reporter(label: str, steps: int):
     return progress
 
 
+def _file_of(scheme) -> str | None:
+    """The scheme file a study's variant was read from, as given; ``None`` for a built-in or a ``Scheme``."""
+    if isinstance(scheme, os.PathLike) or (isinstance(scheme, str) and scheme not in builtin_names()):
+        return os.fspath(scheme)
+    return None
+
+
 def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Study:
     """Train every scheme (a built-in name, scheme file or ``Scheme``) at the parameter count of the first."""
     import torch
@@ -463,13 +479,14 @@ def study(schemes: list, task: str = "chars", budget: Budget = Budget()) -> Stud
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)
     try:
-        for index, (name, module, width) in enumerate(zip(names, modules, widths)):
+        for index, (name, scheme, module, width) in enumerate(zip(names, schemes, modules, widths)):
             runs = []
             for seed in range(budget.seeds):
                 label = f"[{index * budget.seeds + seed + 1}/{total}] {name} seed {seed}"
                 runs.append(_train(module, data, budget, width, seed, _reporter(label, budget.steps)))
             result.variants[name] = {"parameters": _count(module, data, budget, width), "runs": runs,
-                                     "d_ff": width if _reads_width(module, data, budget) else None}
+                                     "d_ff": width if _reads_width(module, data, budget) else None,
+                                     "source": _file_of(scheme)}
     finally:
         torch.set_num_threads(threads)
     return result

@@ -64,7 +64,7 @@ class SchemeBlock(torch.nn.Module):
             return self.block(hidden_states, **options)
         if self.layout is None:
             self.layout = cache_layout(self.block)
-        own = read_layer(cache, self.index, self.layout)
+        own = read_layer(cache, self.index, self.layout, next(self.block.parameters()).dtype)
         hidden_states = self.block(hidden_states, cache=own, **options)
         write_layer(cache, self.index, own, self.layout, hidden_states.shape[1])
         return hidden_states

@@ -48,12 +48,16 @@ def check_layers(cache: Cache, layers: int) -> None:
                          "same tokens: another model's cache")
 
 
-def read_layer(cache: Cache, index: int, layout: CacheLayout) -> dict[str, torch.Tensor]:
-    """Block ``index``'s own cache holding what ``cache`` holds for it (empty before the first tokens)."""
+def read_layer(cache: Cache, index: int, layout: CacheLayout, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Block ``index``'s own cache holding what ``cache`` holds for it (empty before the first tokens); ``dtype``: the
+    block's."""
     if cache.get_seq_length(index) == 0:
         return {}
     layer = cache.layers[index]
     for part, tensor in (("keys", layer.keys), ("values", layer.values)):
+        if tensor.dtype != dtype:
+            raise ValueError(f"cache layer {index} holds {part} in {tensor.dtype}; this model computes in {dtype}: "
+                             "another model's cache")
         shapes = [shape for name, shape in layout if name.endswith(".v") == (part == "values")]
         kept = (sum(shape[0] for shape in shapes), math.prod(shapes[0][1:]))
         if tensor.dim() != 4 or (tensor.shape[1], tensor.shape[3]) != kept:

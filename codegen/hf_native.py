@@ -160,7 +160,8 @@ class SplitformerForCausalLM(transformers.PreTrainedModel, transformers.Generati
             cache = DynamicCache(config=self.config)
         if cache is not None:
             check_layers(cache, len(self.model.stack.layers))
-        layers = None if cache is None else [read_layer(cache, index, self._cache_layout)
+        dtype = next(self.model.stack.parameters()).dtype
+        layers = None if cache is None else [read_layer(cache, index, self._cache_layout, dtype)
                                              for index in range(len(self.model.stack.layers))]
         padding = None if attention_mask is None else attention_mask == 0
         logits = self.model(input_ids, padding_mask=padding, cache=layers, positions=position_ids)

@@ -160,7 +160,9 @@ def _stacked_memory(caches, memory, memory_key_padding_mask):
     first = caches[0]
     if "memory" in first and not (_same_array(first["memory"], memory)
                                   and _same_array(first.get("memory_key_padding_mask"), mask)):
-        raise ValueError("memory and memory_key_padding_mask must be those the cached tokens were decoded with: a "
+        cached = np.shape(first["memory"])
+        shapes = "" if cached == memory.shape else f" (this memory's shape {memory.shape}, theirs {cached})"
+        raise ValueError(f"memory and memory_key_padding_mask must be those the cached tokens were decoded with{shapes}: a "
                          "stack's later layers cached their keys and values from states that read them (start a new "
                          "cache for another memory)")
     first["memory"], first["memory_key_padding_mask"] = memory.copy(), None if mask is None else mask.copy()

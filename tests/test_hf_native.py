@@ -103,6 +103,7 @@ def _lm(**options):
                         "keeps 2 heads of width 4"),
     ({"n_layers": 3}, "cache holds [3, 3, 3] tokens in its layers; this model has 2 layers"),
     ({"n_layers": 1}, "cache holds [3, 0] tokens"),
+    ({"dtype": torch.float32}, "cache layer 0 holds keys in torch.float32; this model computes in torch.float64"),
     ({}, None),  # the control: the model's own cache
 ])
 def test_a_cache_another_model_wrote_is_refused_before_it_is_read(writer, message):

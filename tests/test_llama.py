@@ -151,3 +151,21 @@ def test_a_reading_with_as_many_key_value_heads_as_heads_runs_with_the_default_n
     assert np.array_equal(NUMPY.forward(u, adapted, **kwargs), NUMPY.forward(u, adapted, **adapted.forward_kwargs))
     with pytest.raises(ValueError, match="^params: the source was read with n_kv_heads=4, the call has n_kv_heads=2"):
         NUMPY.forward(u, adapted, **{**kwargs, "n_kv_heads": 2})
+
+
+def test_a_block_built_with_its_defaults_loads_a_layers_reading():
+    """A tester's finding: ``Block(d, h, d_ff, n_kv_heads=2)`` (``bias=True`` by default, as every Block) refused a
+    Llama layer's reading, "the source has bias=False", though the llama scheme has no bias to read the flag; a
+    configuration it does read (n_kv_heads) is still refused."""
+    from splitformer.adapters import from_hf
+
+    layer = random_layer(llama_config(n_heads=4, n_kv_heads=2))
+    adapted = from_hf(layer)
+    u = np.random.default_rng(1).standard_normal((2, 5, 16))
+    block = TORCH.Block(16, 4, adapted.sizes["d_ff"], n_kv_heads=2, rope_theta=adapted.options["rope_theta"],
+                        eps=adapted.eps, dtype=torch.float64).load_params(adapted)
+    with torch.no_grad():
+        assert np.abs(block(torch.tensor(u)).numpy() - NUMPY.forward(u, adapted, **adapted.forward_kwargs)).max() <= 1e-12
+    with pytest.raises(ValueError, match="the source has n_kv_heads=2, the Block n_kv_heads=4"):
+        TORCH.Block(16, 4, adapted.sizes["d_ff"], n_kv_heads=4, rope_theta=adapted.options["rope_theta"],
+                    eps=adapted.eps, dtype=torch.float64).load_params(adapted)

@@ -258,6 +258,8 @@ class Adapted(Mapping[str, np.ndarray]):
         _check_own_classes(module, namespace)
         check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias}
+        if not any(_is_bias(name) for name in namespace.get("PARAMETERS", {})):
+            del wanted["bias"]  # a scheme without biases (llama): its Blocks' bias flag reads nothing
         if layout:
             wanted["batch_first"] = self.batch_first
         wanted |= {key: self.options[key] for key in ("n_kv_heads", "rope_theta") if key in self.options}
@@ -276,7 +278,7 @@ class Adapted(Mapping[str, np.ndarray]):
                 if not _same(getattr(block, name, None), value):
                     raise SplitformerError(f"the source has {name}={value!r}, {where} {name}={getattr(block, name, None)!r}")
         if blocks[0] is not module:  # a Stack's own attributes: its final norm's eps and bias, how its layers are tied
-            for name in ("eps", "bias"):
+            for name in ("eps", "bias") if "bias" in wanted else ("eps",):
                 if not _same(getattr(module, name, None), wanted[name]):
                     raise SplitformerError(f"the source has {name}={wanted[name]!r}, the Stack {name}="
                                            f"{getattr(module, name, None)!r} (its final norm reads it)")

@@ -228,9 +228,11 @@ def _show(arguments: argparse.Namespace) -> str:
         from .verification.statements.order import splitting_order
 
         return render_report(scheme, program, order=splitting_order(scheme)).rstrip("\n")
+    across = scheme.across_layers
     if arguments.format == "latex":
-        return program.latex(equation_latex(scheme))
+        return program.latex(equation_latex(scheme), after=across.rows() if across else ())
     return "\n".join([f"{scheme.name}: {scheme.summary}", f"equation: {equation_text(scheme)}{_rescaled(scheme)}",
+                      *([across.text()] if across else []),
                       f"activation: {scheme.activation}" if scheme.reads_activation() else
                       "activation: none taken (each activated operator names its own, or none has one)",
                       "as emitted: feature spacings Δe = Δh = 1 (--format latex keeps the rectangle rule's spacings)",

@@ -127,6 +127,17 @@ class AcrossLayers:
         return [rf"w^{{n}} = {sp.latex(point.subs(names))}", rf"u^{{n+1}} = {sp.latex(new_u.subs(names))}",
                 rf"v^{{n+1}} = {sp.latex(new_v.subs(names))}"]
 
+    def rows(self) -> list[tuple[str, str]]:
+        """A title and ``latex()``'s lines, as rows of ``latex.align`` (``show --format latex``)."""
+        return [("text", f"Across layers ({self.method}), each layer after the first; the first: {self.start_note}"),
+                *(("equation", line) for line in self.latex())]
+
+    def text(self) -> str:
+        """The update of a layer after the first in plain text (``D = Δt G(w)``, the block's increment at ``w``)."""
+        point, new_u, new_v = self.equations
+        return (f"across layers ({self.method}), each layer after the first, D = Δt G(w) the block's increment at w: "
+                f"w = {point}; u⁺ = {new_u}; v⁺ = {new_v} (the first layer: {self.start_note})")
+
     def order(self) -> "AcrossLayerOrder":
         return _series_order(self)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import sympy as sp
@@ -180,10 +180,10 @@ class Program:
     def parameters(self) -> list[Tensor]:
         return [tensor for tensor in self.tensors.values() if tensor.role == "param"]
 
-    def latex(self, equation: str | None = None) -> str:
-        """One ``align*`` environment: the equation (when given), then every substep."""
+    def latex(self, equation: str | None = None, after: Sequence[tuple[str, str]] = ()) -> str:
+        """One ``align*`` environment: the equation (when given), then every substep, then the rows ``after``."""
         rows = [("equation", equation)] if equation else []
-        return align(rows + [row for record in self.records for row in record.rows()])
+        return align(rows + [row for record in self.records for row in record.rows()] + list(after))
 
     def text(self) -> str:
         return "\n".join(record.text() for record in self.records)

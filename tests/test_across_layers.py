@@ -318,3 +318,26 @@ def test_momentum_too_near_one_is_skipped_on_its_budget():
             assert check.holds and check.method == "skipped" and "32768 layers, more than the 4096" in check.detail
         else:
             assert layer_counts(scheme.across_layers)[-1] == 4096
+
+
+def test_show_writes_the_update_across_layers_in_latex_and_text():
+    """A tester's finding: ``show --format latex`` of a scheme combined across layers wrote one block's Euler step
+    only: no second state v, no β, no u⁺ = u + v⁺ (the Markdown report had them)."""
+    import subprocess
+    import sys
+
+    from latex_sanity import assert_renderable_align
+
+    def show(*options):
+        shown = subprocess.run([sys.executable, "-m", "splitformer", "show", str(SCHEMES / "heavy-ball.toml"), *options],
+                               capture_output=True, text=True, timeout=600)
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout
+
+    latex = show("--format", "latex")
+    assert r"u^{n+1} &= \Delta t\,G^{n}(w^{n}) + u^{n} + \frac{v^{n}}{2}" in latex
+    assert r"v^{n+1} &= \Delta t\,G^{n}(w^{n}) + \frac{v^{n}}{2}" in latex
+    assert_renderable_align(latex.strip())
+    assert "w = u; u⁺ = D + u + v/2; v⁺ = D + v/2" in show()
+    assert "v^{n+1}" not in subprocess.run([sys.executable, "-m", "splitformer", "show", "parallel", "--format", "latex"],
+                                           capture_output=True, text=True, timeout=600).stdout  # the control

@@ -1,7 +1,8 @@
 """Schemes side by side: orders, leading error, cost per step, parameters, convergence.
 
 ``compare(["post-ln", "macaron", "rk2"])`` derives each scheme and tabulates its order
-(own substep solvers), splitting order (exact sub-flows), leading local-error term, the
+(own substep solvers), splitting order (exact sub-flows), leading local-error term (scheme − exact: on linear
+fields, and the failing trees of nonlinear ones only where the linear term vanishes), the
 operator evaluations one step makes and the learned parameters of one block (in terms of
 the width ``d`` and the hidden width ``d_ff``). ``as_text``/``as_markdown``/``as_latex``
 print the table; ``plot(path)`` draws one convergence plot with every scheme overlaid.

@@ -257,8 +257,8 @@ def _stacked_memory(caches: list[dict[str, torch.Tensor]] | None, memory: torch.
     first = caches[0]
     if "memory" in first and "memory_key_padding_mask" in first:
         if not (_same_tensor(first["memory"], memory) and _same_tensor(first["memory_key_padding_mask"], mask)):
-            cached = tuple(first["memory"].shape)
-            shapes = "" if cached == tuple(memory.shape) else f" (this memory's shape {tuple(memory.shape)}, theirs {cached})"
+            cached, given = list(first["memory"].shape), list(memory.shape)
+            shapes = "" if cached == given else f" (this memory's shape {given}, theirs {cached})"
             raise ValueError(f"memory and memory_key_padding_mask must be those the cached tokens were decoded with{shapes}: "
                              "a stack's later layers cached their keys and values from states that read them (start a "
                              "new cache for another memory)")

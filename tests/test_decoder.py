@@ -321,7 +321,7 @@ def test_a_stack_refuses_another_memory_over_cached_tokens(backend, change, rng)
     kept = [{key: np.array(value, copy=True) for key, value in entry.items() if value is not None} for entry in cache]
     other, mask = {"memory": (memory + 1, None), "memory padding": (memory, padding | np.eye(2, 4, dtype=bool)),
                    "memory batch": (memory[:1], None)}[change]
-    shapes = r" \(this memory's shape \(1, 4, 8\), theirs \(2, 4, 8\)\)" if change == "memory batch" else ":"
+    shapes = r" \(this memory's shape [\[(]1, 4, 8[\])], theirs [\[(]2, 4, 8[\])]\)" if change == "memory batch" else ":"
     with pytest.raises(ValueError, match="^memory and memory_key_padding_mask must be those the cached tokens were "
                                          "decoded with" + shapes):
         run(u[:, 3:], other, mask, cache)

@@ -24,7 +24,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import floating_dtype
 from .inspection import check_runs_its_classes
 
-__all__ = ["Adapted", "derive_adapted"]
+__all__ = ["Adapted", "derive_adapted", "same_argument"]
 
 Params = Mapping[str, np.ndarray]
 
@@ -237,7 +237,7 @@ class Adapted(Mapping[str, np.ndarray]):
             arguments = {**arguments, "n_kv_heads": arguments.get("n_heads")}
         call_time = ("causal",) if self.source[0] == "torch" else ()  # torch's layers take their causal mask per call
         for name, value in self.forward_kwargs.items():
-            if name not in call_time and name in arguments and not _same_argument(arguments[name], value):
+            if name not in call_time and name in arguments and not same_argument(arguments[name], value):
                 return (f"the source was read with {name}={value!r}, the call has {name}={arguments[name]!r}: "
                         "pass **adapted.forward_kwargs")
         return None
@@ -339,7 +339,7 @@ def _same(value: Any, wanted: Any) -> bool:
     return plain and value == wanted
 
 
-def _same_argument(value: Any, wanted: Any) -> bool:
+def same_argument(value: Any, wanted: Any) -> bool:
     """Whether a call's keyword argument is the value read: numbers by value (``np.float32(1e-5)`` is ``1e-5`` read
     in float32), flags by truth, anything else only as the same plain value."""
     if isinstance(value, (bool, np.bool_)) or isinstance(wanted, bool):

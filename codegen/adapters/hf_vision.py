@@ -20,7 +20,7 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array as _array
 from .common import activation_name, check_head_split, check_norms
 from .inspection import check_parts, library_name
-from .network_params import NetworkParams, _computes
+from .network_params import NetworkParams, builtin_computes
 from .registry import adapter, network_adapter
 
 __all__ = ["AdaptedModel", "from_hf_vit", "from_hf_cvt"]
@@ -53,7 +53,7 @@ class AdaptedModel:
         digest = getattr(module, "COMPUTES", None)
         if digest is None:
             raise SplitformerError(f"{name!r} has no COMPUTES digest (emitted by an older splitformer): derive it again")
-        expected = _computes(self.model)
+        expected = builtin_computes(self.model)
         if digest != expected:
             raise SplitformerError(f"{name!r} computes another network than {self.source[1]} (the built-in "
                                    f"{self.model!r}: COMPUTES {digest}, the source's {expected}); "

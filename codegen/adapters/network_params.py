@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .adapted import _same_argument
+from .adapted import same_argument
 
-__all__ = ["NetworkParams"]
+__all__ = ["NetworkParams", "builtin_computes"]
 
 
 @functools.lru_cache(maxsize=8)
-def _computes(model: str) -> str:
+def builtin_computes(model: str) -> str:
     """The ``COMPUTES`` digest of the built-in network ``model``."""
     from splitformer.symbolic.network_spec import load_network, network_fingerprint
 
@@ -29,7 +29,7 @@ def _computes(model: str) -> str:
 
 
 def _agrees(value: Any, wanted: Any) -> bool:
-    """A call's configuration value against the one read: numbers as ``_same_argument`` takes them, sequences
+    """A call's configuration value against the one read: numbers as ``same_argument`` takes them, sequences
     (``image_size``, ``stages``) and mappings (a stage's configuration) item by item."""
     if isinstance(wanted, Mapping):
         return isinstance(value, Mapping) and set(value) == set(wanted) and all(
@@ -37,7 +37,7 @@ def _agrees(value: Any, wanted: Any) -> bool:
     if isinstance(wanted, (tuple, list)):
         return (isinstance(value, (tuple, list)) and len(value) == len(wanted)
                 and all(_agrees(item, expected) for item, expected in zip(value, wanted)))
-    return _same_argument(value, wanted)
+    return same_argument(value, wanted)
 
 
 class NetworkParams(Mapping[str, np.ndarray]):
@@ -71,7 +71,7 @@ class NetworkParams(Mapping[str, np.ndarray]):
         else:
             namespace = target
         digest = namespace.get("COMPUTES")
-        if digest != _computes(self.model):
+        if digest != builtin_computes(self.model):
             return (f"these are the {self.model} network's parameters; {namespace.get('__name__', 'the module')} "
                     f"computes another network (COMPUTES {digest}): derive {self.model} for them")
         for name, value in self.config.items():

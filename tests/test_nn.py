@@ -239,32 +239,15 @@ def test_a_configs_stack_options_are_checked(options, message):
         SplitformerConfig(scheme="pre-ln", vocab_size=30, d_model=16, n_heads=2, stack_options=options).language_model()
 
 
-_TOKEN_SHIFT = '''name = "shifted-pre-ln"
-summary = "pre-LN; the feed-forward reads a causal token shift"
-[operators]
-norm1 = "layer-norm"
-shift = { kind = "token-shift", reach = 1, causal = true }
-attn = "attention"
-norm2 = "layer-norm"
-ffn = "feed-forward"
-[[steps]]
-operator = "attn"
-solver = "explicit"
-on = "norm1"
-[[steps]]
-operator = "ffn"
-solver = "explicit"
-on = "norm2"
-shift = "shift"
-'''
-
-
 def test_a_token_shift_model_learns_positions_and_decodes_as_alone(tmp_path):
     """A tester's finding: a token shift's Stack takes ``positions`` (to find the token before), which the model took
     for rotary attention, so it learned no positions (and a study matched its parameters against models that do).
     ``PLACES_TOKENS`` says whether positions reach what a block computes: rotary, ALiBi, relative buckets."""
+    from conftest import ROOT
+
+    text = (ROOT / "tests" / "schemes" / "shifted-pre-ln.toml").read_text(encoding="utf-8")
     path = tmp_path / "shifted.toml"
-    path.write_text(_TOKEN_SHIFT, encoding="utf-8")
+    path.write_text(text.replace("reach = 1 }", "reach = 1, causal = true }"), encoding="utf-8")
     model = _model(splitformer.load_scheme(str(path)))
     assert isinstance(model.positions, torch.nn.Embedding)
     assert _model("llama").positions is None  # the control: rotary attention places its tokens

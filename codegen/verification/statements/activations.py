@@ -18,6 +18,8 @@ __all__ = ["activation_checks", "PROXIMAL"]
 PROXIMAL = {"relu": True, "tanh": True, "gelu": False, "silu": False, "gelu-tanh": False, "relu-squared": False}
 #: Where ``_witness`` looks for a slope outside [0, 1]: 97 points of [−6, 6].
 SAMPLES = tuple(sp.Rational(n, 8) for n in range(-48, 49))
+#: Further out, where no proof is found: about ±2^(k/4) from ±6.7 to ±1024 (eighths).
+FAR_SAMPLES = tuple(sign * sp.Rational(round(8 * 2 ** (k / 4)), 8) for k in range(11, 41) for sign in (-1, 1))
 #: The penalties, stated as claims; the check verifies prox_φ = σ for each.
 PENALTIES = {
     "relu": "the indicator of [0, ∞)",
@@ -25,11 +27,12 @@ PENALTIES = {
 }
 
 
-def _witness(activation: Activation) -> str | None:
-    """The grid point where σ' leaves [0, 1] the most, if any: a witness refutes the claim; none proves nothing."""
+def _witness(activation: Activation, samples: tuple[sp.Rational, ...] = ()) -> str | None:
+    """The point of ``SAMPLES`` (and ``samples``) where σ' leaves [0, 1] the most, if any: a witness refutes the
+    claim; none proves nothing."""
     slope = sp.diff(activation.formula, S.v)
     worst, excess = None, sp.Integer(0)
-    for v in SAMPLES:
+    for v in SAMPLES + samples:
         value = slope.evalf(30, subs={S.v: v})  # numerically at v: substituting first rebuilds the tree
         if not value.is_real:
             continue
@@ -46,9 +49,18 @@ def _verdict(value: sp.Expr) -> str:
     return "< 0: not monotone" if value < 0 else "> 1: expansive"
 
 
-def _pieces(formula: sp.Expr) -> list[tuple[sp.Expr, sp.Set]]:
+#: Functions whose arguments split the line into pieces.
+_KINKS = (sp.Max, sp.Min, sp.Abs, sp.Heaviside, sp.sign)
+
+
+def _pieces(formula: sp.Expr) -> list[tuple[sp.Expr, sp.Set]] | None:
     """``formula`` as smooth pieces and the sets of the line where each holds (``Max``, ``Min``, ``Abs``, steps written
-    as a ``Piecewise``): one piece, the whole line, for a smooth formula."""
+    as a ``Piecewise``): one piece, the whole line, for a smooth formula. ``None`` where a kink's argument is no
+    polynomial in ``V`` (``Max(erf(v) − 1/2, 0)``): SymPy may not solve where it changes sign, or take minutes to."""
+    kinks = formula.atoms(*_KINKS)
+    if any(not argument.xreplace({kink: sp.Dummy() for kink in kinks}).is_polynomial(S.v)
+           for kink in kinks for argument in kink.args):  # a kink's argument: a polynomial of V and kinks
+        return None
     folded = sp.piecewise_fold(formula.rewrite(sp.Piecewise))
     if not isinstance(folded, sp.Piecewise):
         return [(folded, sp.S.Reals)]
@@ -63,9 +75,13 @@ def _pieces(formula: sp.Expr) -> list[tuple[sp.Expr, sp.Set]]:
 def _slope_extremes(activation: Activation) -> list[tuple[str, sp.Expr]] | None:
     """``σ'`` where it takes its extremes: on each open interval where σ is one smooth piece, at the critical points
     (``σ'' = 0``, solved by SymPy) and as the ends are approached; ``None`` where SymPy cannot solve ``σ'' = 0`` on a
-    piece (a transcendental equation: SiLU's) or a piece's slope is not continuous on its interval."""
+    piece (a transcendental equation: SiLU's), a piece's slope is not continuous on its interval, or the pieces are
+    not found (``_pieces``)."""
+    pieces = _pieces(activation.formula)
+    if pieces is None:
+        return None
     extremes = []
-    for expr, region in _pieces(activation.formula):
+    for expr, region in pieces:
         slope = sp.diff(expr, S.v)
         for interval in region.args if isinstance(region, sp.Union) else (region,):
             if not isinstance(interval, sp.Interval) or interval.measure == 0:
@@ -121,18 +137,22 @@ def activation_checks(claims: dict[str, bool] | None = None, names: tuple[str, .
 def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
     """Whether ``activation`` is a proximal map, how that was decided (``symbolic``: a witness, or σ' within [0, 1] at
     its extremes; ``numeric``: no witness at the samples, not proved), and the detail."""
-    witness = _witness(activation)
+    witness, extremes = _witness(activation), None
     if witness is None:
         extremes = _slope_extremes(activation)
         if extremes is None:
-            return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6], not proved: SymPy solves no "
-                                     "σ'' = 0 in closed form on some piece; sampled evidence only")
-        outside = [(where, value) for where, value in extremes if not 0 <= value <= 1]
-        if outside:
-            where, value = max(outside, key=lambda item: max(-item[1], item[1] - 1))
-            witness = f"{where} = {sp.N(value, 6)} {_verdict(value)}"
+            witness = _witness(activation, FAR_SAMPLES)
+        else:
+            outside = [(where, value) for where, value in extremes if not 0 <= value <= 1]
+            if outside:
+                where, value = max(outside, key=lambda item: max(-item[1], item[1] - 1))
+                witness = f"{where} = {sp.N(value, 6)} {_verdict(value)}"
     if witness is not None:
         return False, "symbolic", f"not a proximal map of a convex penalty: {witness}"
+    if extremes is None:
+        return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6] and {len(FAR_SAMPLES)} out to ±1024, "
+                                 "not proved: no closed form for the zeros of σ'' or where its pieces meet; sampled "
+                                 "evidence only")
     if name in PENALTIES:
         penalty_ok, how = _penalty_matches(name, activation)
         return penalty_ok, "symbolic", f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"

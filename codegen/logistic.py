@@ -63,7 +63,9 @@ def _logistic(factor: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
 
 def _multiple(t: sp.Expr, s: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
     """``(p, r)`` with ``t = p s + r``, ``p`` a number and ``r`` holding none of ``s``'s terms, or None. Both sides
-    expanded: ``e^{2(a + b)}`` is written ``e^{2a + 2b}``, and SymPy merges ``e^{2s} e^{c}`` into ``e^{2s + c}``."""
+    expanded: ``e^{2(a + b)}`` is written ``e^{2a + 2b}``, and SymPy merges ``e^{2s} e^{c}`` into ``e^{2s + c}``.
+    Each of ``s``'s terms must appear in ``t`` with the same ratio, so a split that reads a term as a multiple of
+    another (``3a + 10`` as ``3(a + 1) + 7``) is not found: that factor is left as it is (finite or not, as before)."""
     t_terms = dict(reversed(term.as_coeff_Mul()) for term in sp.Add.make_args(sp.expand(t)))
     ratios = set()
     for term in sp.Add.make_args(sp.expand(s)):

@@ -2,8 +2,8 @@
 
 ``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
-embedding, learned positions (unless the scheme's attention is rotary: its ``Stack`` takes
-``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
+embedding, learned positions (unless the scheme places its tokens itself, ``PLACES_TOKENS``: rotary
+attention, ALiBi, relative buckets; its ``Stack`` then takes the ``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
 stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
 (mean over the unpadded tokens, or a learned class token) into a linear head.
 ``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
@@ -146,20 +146,21 @@ class _Embedded(torch.nn.Module):
         if final_norm is not None:
             stack_options = {**stack_options, "final_norm": final_norm}
         self.stack = module.Stack(n_layers, d_model, n_heads, d_ff, dropout=dropout, **stack_options, **factory)
-        self.rotary = _takes_positions(module)
+        self.places_tokens = _takes_positions(module)
         self.max_tokens, self.d_model = max_tokens, d_model
-        self.positions = None if self.rotary else torch.nn.Embedding(max_tokens, d_model, **factory)
+        self.positions = None if self.places_tokens else torch.nn.Embedding(max_tokens, d_model, **factory)
         self.dropout = torch.nn.Dropout(dropout)
 
     def _place(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """``u`` plus learned positions, or the ``positions`` keyword of a rotary stack; either counts from 0."""
+        """``u`` plus learned positions, or the ``positions`` keyword of a stack that places its tokens; either counts
+        from 0."""
         checked = not _compiling() and positions.numel() > 0  # an empty batch has no position to check …
-        if not checked and not self.rotary and positions.shape[-1] > self.max_tokens:  # … but its length
+        if not checked and not self.places_tokens and positions.shape[-1] > self.max_tokens:  # … but its length
             raise ValueError(f"{positions.shape[-1]} tokens are past max_tokens = {self.max_tokens}")
         if checked and int(positions.min()) < 0:
-            counted = "rotary positions count from 0" if self.rotary else "learned positions 0 … max_tokens − 1"
+            counted = "positions the scheme places count from 0" if self.places_tokens else "learned positions 0 … max_tokens − 1"
             raise ValueError(f"positions must be ≥ 0 ({counted}), got {int(positions.min())}")
-        if self.rotary:
+        if self.places_tokens:
             return u, {"positions": positions}
         if checked and int(positions.max()) >= self.max_tokens:
             raise ValueError(f"position {int(positions.max())} is past max_tokens = {self.max_tokens}")
@@ -269,7 +270,7 @@ class LanguageModel(_Embedded):
         if padding_mask is not None and bool((padding_mask[:, 1:] & ~padding_mask[:, :-1]).any()):
             raise ValueError("padding_mask: generate continues each row after its last token, so a prompt's padding "
                              "is on its left only (True before the row's first token, never after it)")
-        if not self.rotary and tokens.shape[1] + max_new_tokens - 1 > self.max_tokens:
+        if not self.places_tokens and tokens.shape[1] + max_new_tokens - 1 > self.max_tokens:
             raise ValueError(f"{tokens.shape[1]} prompt tokens and max_new_tokens = {max_new_tokens} go past "
                              f"max_tokens = {self.max_tokens}")
         was_training = self.training
@@ -376,7 +377,7 @@ class Classifier(_Embedded):
 
 class TextEncoder(_Embedded):
     """A BERT-style encoder over the (non-causal) ``Stack`` of ``scheme``: the sum of token,
-    learned position (counted from 0 in every row; none for rotary schemes) and token-type
+    learned position (counted from 0 in every row; none for schemes that place their tokens) and token-type
     embeddings, a LayerNorm (``embedding_norm``), dropout, the stack; ``pool`` is BERT's pooler
     (the first token's final state through a dense layer and tanh).
 

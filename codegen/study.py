@@ -76,6 +76,10 @@ class Budget:
     eval_batches: int = 4
     threads: int = 1  # torch's CPU threads while training: one is steady on a shared machine and reproducible
 
+    def __post_init__(self) -> None:
+        if isinstance(self.lr, numbers.Real) and not isinstance(self.lr, bool):  # a Fraction, NumPy's float32: as float
+            object.__setattr__(self, "lr", float(self.lr))
+
     def check(self) -> None:
         for name in ("steps", "seeds", "d_model", "n_heads", "n_layers", "d_ff", "batch", "tokens", "eval_batches",
                      "threads"):

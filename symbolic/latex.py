@@ -66,8 +66,18 @@ _DEFAULT_NAMES = {"eps": r"\varepsilon"}
 
 
 def superscripted(latex: str, label: str) -> str:
-    """``r`` → ``r^{label}``; ``r^{i}`` → ``r^{label,i}`` (never a double superscript, which TeX rejects)."""
-    return latex.replace("^{", f"^{{{label},", 1) if "^{" in latex else f"{latex}^{{{label}}}"
+    """``r`` → ``r^{label}``; ``r^{i}`` and ``r^i`` → ``r^{label,i}`` (never a double superscript, which TeX rejects);
+    a superscript inside braces (``x_{a^{2}}``) is not the name's own."""
+    depth = 0
+    for position, character in enumerate(latex):
+        depth += {"{": 1, "}": -1}.get(character, 0)
+        if character == "^" and depth == 0:
+            rest = latex[position + 1:]
+            if rest.startswith("{"):
+                return f"{latex[:position]}^{{{label},{rest[1:]}"
+            single = re.match(r"\\[A-Za-z]+|.", rest)  # one token: a character or a macro
+            return f"{latex[:position]}^{{{label},{single.group()}}}{rest[single.end():]}"
+    return f"{latex}^{{{label}}}"
 
 
 def to_latex(expr: sp.Basic, names: Mapping[str, str] | None = None) -> str:

@@ -100,6 +100,10 @@ _CLAIMED = {
     "erf-kink": (sp.Max(sp.erf(V) - sp.Rational(1, 2), 0) / 4 + V / 2, True, "numeric", "not proved"),
     # expansive only past v = 9 (slope 5/2), kinked where v = 8 + erf(v): found by the samples further out
     "late-kink": (sp.Max(V - 8 - sp.erf(V), 0) * 2 + V / 2, False, "symbolic", "> 1: expansive"),
+    # a reviewer's: slopes 0 and 1/2 on every piece, but a unit step hidden in Max(v, 0)/v, and a pole between samples
+    "unit-step": (sp.Max(V, 0) / V, False, "symbolic", "σ is not continuous at v = 0"),
+    "near-pole": (V / 2 - sp.Rational(1, 10**6) / (V - sp.Rational(1, 16)), False, "symbolic",
+                  "σ is not continuous at v = 1/16"),
 }
 
 

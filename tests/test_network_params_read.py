@@ -90,13 +90,32 @@ def test_cvt_refuses_a_stage_configuration_other_than_the_one_read():
     assert np.abs(NUMPY_CVT.logits(pixels.numpy(), adapted.params, **adapted.config) - expected).max() <= 1e-10
     stages = [dict(stage) for stage in adapted.config["stages"]]
     stages[1]["n_heads"] = 1
-    with pytest.raises(ValueError, match="^params: the source was read with stages="):
+    with pytest.raises(ValueError, match=r"^params: the source was read with stages\[1\]\['n_heads'\]=3, the call has "
+                                         r"stages\[1\]\['n_heads'\]=1: pass"):
         NUMPY_CVT.logits(pixels.numpy(), adapted.params, stages=stages, eps=adapted.config["eps"])
     with torch.no_grad():
         assert np.abs(_torch_model(adapted, model, torch.float64).logits(pixels).numpy() - expected).max() <= 1e-10
-    with pytest.raises(ValueError, match="^params: the source was read with stages="):
+    with pytest.raises(ValueError, match=r"^params: the source was read with stages\[1\]\['n_heads'\]=3"):
         TORCH_CVT.Model(3, [16, 24], [1, 2], [64, 60], stages, n_classes=4, eps=adapted.config["eps"],
                         dtype=torch.float64).load_params(adapted.params)
     # control: a plain dict with the changed stages runs, and differs from the source
     wrong = NUMPY_CVT.logits(pixels.numpy(), dict(adapted.params), stages=stages, eps=adapted.config["eps"])
     assert np.abs(wrong - expected).max() > 1e-2
+
+
+def test_a_float32_reading_takes_its_eps_in_float32_and_a_subclass_is_named(vit):
+    """A reviewer's findings: the NumPy network converted ``eps`` to a Python float before comparing it with the
+    reading, so ``eps=np.float32(1e-12)`` (the value read, as float32 holds it) was refused; and a subclass of the
+    torch Model overriding ``forward`` was said to compute another network."""
+    adapted, pixels, expected = vit
+    single = adapted.astype(np.float32)
+    config = {**single.config, "eps": np.float32(single.config["eps"])}
+    assert np.abs(NUMPY_VIT.logits(pixels.numpy().astype(np.float32), single.params, **config) - expected).max() < 1e-3
+
+    class Mine(TORCH_VIT.Model):
+        def forward(self, pixel_values):
+            return super().forward(pixel_values)
+
+    sizes = dict(n_layers=2, d_model=12, d_ff=20, n_channels=3, n_classes=5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="^params: Mine is not a generated network module's"):
+        Mine(**sizes, **adapted.config).load_params(adapted.params)

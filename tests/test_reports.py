@@ -92,6 +92,8 @@ def test_a_definition_with_a_superscript_is_keyed_in_one_superscript():
 
     assert superscripted("r^{i}", r"\mathrm{gate}") == r"r^{\mathrm{gate},i}"
     assert superscripted("r", r"\mathrm{gate}") == r"r^{\mathrm{gate}}"
+    assert superscripted("r^i", "g") == "r^{g,i}" and superscripted(r"x^\prime", "g") == r"x^{g,\prime}"
+    assert superscripted("x_{a^{2}}", "g") == "x_{a^{2}}^{g}"  # a superscript inside braces is not the name's
     shown = subprocess.run([sys.executable, "-m", "splitformer", "show", str(ROOT / "tests" / "schemes" / "gated-shifted.toml"),
                             "--format", "latex"], capture_output=True, text=True, timeout=600)
     assert shown.returncode == 0 and r"r^{\mathrm{g1},i}" in shown.stdout, shown.stderr

@@ -206,6 +206,17 @@ def test_a_learning_rate_that_cannot_train_is_refused_by_name(lr):
     replace(TINY, lr=1e-3).check()  # the control
 
 
+def test_a_learning_rate_of_another_real_type_is_kept_as_a_float():
+    """A reviewer's finding: ``Fraction(1, 1000)`` and ``np.float32(1e-3)`` passed the check, then study.md's
+    ``{lr:g}`` and study.json failed after training."""
+    from fractions import Fraction
+
+    for lr in (Fraction(1, 1000), np.float32(1e-3)):
+        budget = Budget(lr=lr)
+        budget.check()
+        assert type(budget.lr) is float and json.dumps(budget.__dict__)
+
+
 def test_the_table_says_how_it_trained_and_which_file_each_row_read(tmp_path):
     """A tester's finding: study.md named neither the optimizer nor its learning rate, nor the file of a row."""
     from conftest import ROOT

@@ -258,7 +258,7 @@ class Adapted(Mapping[str, np.ndarray]):
         _check_own_classes(module, namespace)
         check_runs_its_classes(f"the {type(module).__name__}", module)
         wanted = {"n_heads": self.n_heads, "eps": self.eps, "bias": self.bias}
-        if not any(_is_bias(name) for name in namespace.get("PARAMETERS", {})):
+        if not any(_is_bias(name) for table in ("PARAMETERS", "FINAL_NORM_PARAMETERS") for name in namespace.get(table, {})):
             del wanted["bias"]  # a scheme without biases (llama): its Blocks' bias flag reads nothing
         if layout:
             wanted["batch_first"] = self.batch_first

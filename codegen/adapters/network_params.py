@@ -28,16 +28,21 @@ def builtin_computes(model: str) -> str:
     return network_fingerprint(load_network(model))
 
 
-def _agrees(value: Any, wanted: Any) -> bool:
-    """A call's configuration value against the one read: numbers as ``same_argument`` takes them, sequences
-    (``image_size``, ``stages``) and mappings (a stage's configuration) item by item."""
-    if isinstance(wanted, Mapping):
-        return isinstance(value, Mapping) and set(value) == set(wanted) and all(
-            _agrees(value[key], wanted[key]) for key in wanted)
-    if isinstance(wanted, (tuple, list)):
-        return (isinstance(value, (tuple, list)) and len(value) == len(wanted)
-                and all(_agrees(item, expected) for item, expected in zip(value, wanted)))
-    return same_argument(value, wanted)
+def _difference(name: str, value: Any, wanted: Any, single: bool) -> tuple[str, Any, Any] | None:
+    """Where a call's configuration value ``value`` of ``name`` differs from the one read, ``wanted``: the place
+    (``stages[1]['n_heads']``) and the two values there, or None: numbers as ``same_argument`` takes them, or (``single``: a float32
+    reading) as float32 holds the value read, since the generated code takes ``eps`` as a Python float; sequences
+    (``stages``) and mappings (a stage's configuration) item by item."""
+    if isinstance(wanted, Mapping) and isinstance(value, Mapping) and set(value) == set(wanted):
+        parts = ((f"{name}[{key!r}]", value[key], wanted[key]) for key in wanted)
+    elif (isinstance(wanted, (tuple, list)) and isinstance(value, (tuple, list)) and len(value) == len(wanted)
+          and any(isinstance(item, (Mapping, tuple, list)) for item in wanted)):  # a pair of numbers is named whole
+        parts = ((f"{name}[{index}]", item, expected) for index, (item, expected) in enumerate(zip(value, wanted)))
+    else:
+        read_as = float(np.float32(wanted)) if single and isinstance(wanted, float) else wanted
+        same = same_argument(value, wanted) or (single and same_argument(value, read_as))
+        return None if same else (name, value, wanted)
+    return next((found for found in (_difference(*part, single) for part in parts) if found), None)
 
 
 class NetworkParams(Mapping[str, np.ndarray]):
@@ -65,18 +70,24 @@ class NetworkParams(Mapping[str, np.ndarray]):
     def unlike(self, target: Any, arguments: Mapping[str, Any] | None = None) -> str | None:
         """Why the generated module ``target`` would not compute the source with these parameters, or ``None``:
         ``target`` a torch ``Model`` (its ``options``), or a NumPy module's globals with the call's ``arguments``."""
-        if arguments is None:
+        model = arguments is None
+        if model:
             namespace = getattr(type(target).forward, "__globals__", {})
             arguments = getattr(target, "options", {})
         else:
             namespace = target
         digest = namespace.get("COMPUTES")
+        if digest is None:
+            return (f"{type(target).__name__ if model else 'the module'} is not a generated network module's (its "
+                    "forward's module has no COMPUTES): load them into the generated Model itself")
         if digest != builtin_computes(self.model):
             return (f"these are the {self.model} network's parameters; {namespace.get('__name__', 'the module')} "
                     f"computes another network (COMPUTES {digest}): derive {self.model} for them")
+        single = any(getattr(array, "dtype", None) == np.float32 for array in self._arrays.values())
         for name, value in self.config.items():
             given = arguments.get(name, value)
-            if given is not None and not _agrees(given, value):  # None: a size the call reads from its inputs
-                return (f"the source was read with {name}={value!r}, the call has {name}={given!r}: "
-                        "pass **adapted.config")
+            difference = None if given is None else _difference(name, given, value, single)  # None: read from inputs
+            if difference:
+                place, called, read = difference
+                return f"the source was read with {place}={read!r}, the call has {place}={called!r}: pass **adapted.config"
         return None

@@ -72,31 +72,72 @@ def _pieces(formula: sp.Expr) -> list[tuple[sp.Expr, sp.Set]] | None:
     return pieces
 
 
-def _slope_extremes(activation: Activation) -> list[tuple[str, sp.Expr]] | None:
+def _intervals(pieces: list[tuple[sp.Expr, sp.Set]]) -> list[tuple[sp.Expr, sp.Interval]] | None:
+    """Each piece with each interval (of positive length) of its region; ``None`` where a region is no union of
+    intervals and points (a ``ConditionSet``: SymPy did not solve where the piece holds)."""
+    intervals = []
+    for expr, region in pieces:
+        for part in region.args if isinstance(region, sp.Union) else (region,):
+            if isinstance(part, sp.Interval) and part.measure > 0:
+                intervals.append((expr, part))
+            elif not isinstance(part, (sp.Interval, sp.FiniteSet)) and part is not sp.S.EmptySet:
+                return None
+    return intervals
+
+
+def _singularities(expr: sp.Expr, interval: sp.Interval) -> list[sp.Expr]:
+    """The points of ``interval`` where ``expr`` is not continuous, where SymPy finds them as points (else none:
+    ``_slope_extremes`` then finds no proof)."""
+    try:
+        gap = interval - sp.calculus.util.continuous_domain(expr, S.v, interval)
+    except NotImplementedError:
+        return []
+    return sorted(gap, key=float) if isinstance(gap, sp.FiniteSet) else []
+
+
+def _jump(formula: sp.Expr, intervals: list[tuple[sp.Expr, sp.Interval]]) -> str | None:
+    """Where σ is not continuous: a singularity inside a piece, or a point where its pieces meet (undefined there, or
+    their limits differ): no 1-Lipschitz map, so no proximal one (``Max(v, 0)/v``, a unit step, is a jump the pieces
+    themselves hide)."""
+    ends = {}  # a point → the limits there of the pieces ending and starting at it
+    for expr, interval in intervals:
+        for point in _singularities(expr, interval):
+            left, right = (sp.limit(expr, S.v, point, side) for side in ("-", "+"))
+            if not (left.is_finite and right.is_finite and sp.N(left - right, 30) == 0):  # removable: no jump
+                return f"σ is not continuous at v = {point} (a singularity of {expr}, its limits {left} and {right})"
+        for end, side in ((interval.sup, "-"), (interval.inf, "+")):
+            if end.is_finite:
+                ends.setdefault(end, []).append(sp.limit(expr, S.v, end, side))
+    for point in sorted(ends, key=float):
+        value = formula.subs(S.v, point)
+        if not all(item.is_finite for item in (value, *ends[point])) or any(
+                sp.N(limit - value, 30) != 0 for limit in ends[point]):
+            limits = " and ".join(map(str, ends[point]))
+            return f"σ is not continuous at v = {point} (σ({point}) = {value}, its pieces' limits {limits})"
+    return None
+
+
+def _slope_extremes(intervals: list[tuple[sp.Expr, sp.Interval]]) -> list[tuple[str, sp.Expr]] | None:
     """``σ'`` where it takes its extremes: on each open interval where σ is one smooth piece, at the critical points
     (``σ'' = 0``, solved by SymPy) and as the ends are approached; ``None`` where SymPy cannot solve ``σ'' = 0`` on a
-    piece (a transcendental equation: SiLU's), a piece's slope is not continuous on its interval, or the pieces are
-    not found (``_pieces``)."""
-    pieces = _pieces(activation.formula)
-    if pieces is None:
-        return None
+    piece (a transcendental equation: SiLU's) or a piece's slope is not continuous on its interval."""
     extremes = []
-    for expr, region in pieces:
+    for expr, interval in intervals:
         slope = sp.diff(expr, S.v)
-        for interval in region.args if isinstance(region, sp.Union) else (region,):
-            if not isinstance(interval, sp.Interval) or interval.measure == 0:
-                continue  # single points: no slope of their own
+        try:
             if sp.calculus.util.continuous_domain(slope, S.v, interval) != interval:
                 return None
-            critical = sp.S.EmptySet if slope.is_number else sp.solveset(sp.diff(slope, S.v), S.v, interval)
-            if not isinstance(critical, sp.FiniteSet) and critical is not sp.S.EmptySet:
-                return None
-            if slope.is_number:
-                extremes.append((f"σ' on ({interval.inf}, {interval.sup})", slope))
-                continue
-            extremes += [(f"σ'({point})", slope.subs(S.v, point)) for point in critical]
-            extremes += [(f"lim σ' as v → {end}", sp.limit(slope, S.v, end, side))
-                         for end, side in ((interval.inf, "+"), (interval.sup, "-"))]
+        except NotImplementedError:  # a function SymPy cannot tell the continuity of
+            return None
+        if slope.is_number:
+            extremes.append((f"σ' on ({interval.inf}, {interval.sup})", slope))
+            continue
+        critical = sp.solveset(sp.diff(slope, S.v), S.v, interval)
+        if not isinstance(critical, sp.FiniteSet) and critical is not sp.S.EmptySet:
+            return None
+        extremes += [(f"σ'({point})", slope.subs(S.v, point)) for point in critical]
+        extremes += [(f"lim σ' as v → {end}", sp.limit(slope, S.v, end, side))
+                     for end, side in ((interval.inf, "+"), (interval.sup, "-"))]
     return extremes
 
 
@@ -135,21 +176,25 @@ def activation_checks(claims: dict[str, bool] | None = None, names: tuple[str, .
 
 
 def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
-    """Whether ``activation`` is a proximal map, how that was decided (``symbolic``: a witness, or σ' within [0, 1] at
-    its extremes; ``numeric``: no witness at the samples, not proved), and the detail."""
+    """Whether ``activation`` is a proximal map, how that was decided (``symbolic``: a witness, or σ continuous with
+    σ' within [0, 1] at its extremes; ``numeric``: no witness at the samples, not proved), and the detail."""
     witness, extremes = _witness(activation), None
     if witness is None:
-        extremes = _slope_extremes(activation)
-        if extremes is None:
+        pieces = _pieces(activation.formula)
+        intervals = None if pieces is None else _intervals(pieces)
+        if intervals is not None:
+            witness = _jump(activation.formula, intervals)
+            extremes = None if witness is not None else _slope_extremes(intervals)
+        if witness is None and extremes is None:
             witness = _witness(activation, FAR_SAMPLES)
-        else:
+        elif extremes is not None:
             outside = [(where, value) for where, value in extremes if not 0 <= value <= 1]
             if outside:
                 where, value = max(outside, key=lambda item: max(-item[1], item[1] - 1))
                 witness = f"{where} = {sp.N(value, 6)} {_verdict(value)}"
     if witness is not None:
         return False, "symbolic", f"not a proximal map of a convex penalty: {witness}"
-    if extremes is None:
+    if not extremes:
         return True, "numeric", (f"0 ≤ σ' ≤ 1 at {len(SAMPLES)} points of [−6, 6] and {len(FAR_SAMPLES)} out to ±1024, "
                                  "not proved: no closed form for the zeros of σ'' or where its pieces meet; sampled "
                                  "evidence only")
@@ -157,6 +202,6 @@ def _decided(name: str, activation: Activation) -> tuple[bool, str, str]:
         penalty_ok, how = _penalty_matches(name, activation)
         return penalty_ok, "symbolic", f"monotone and 1-Lipschitz; penalty {PENALTIES[name]}; {how}"
     low, high = min(value for _, value in extremes), max(value for _, value in extremes)
-    return True, "symbolic", (f"{sp.N(low, 6)} ≤ σ' ≤ {sp.N(high, 6)} at its extremes (critical points and the ends "
-                              "of its smooth pieces): monotone and 1-Lipschitz, the proximal map of the convex penalty "
-                              "with φ'(u) = σ⁻¹(u) − u")
+    return True, "symbolic", (f"σ is continuous and {sp.N(low, 6)} ≤ σ' ≤ {sp.N(high, 6)} at its extremes (critical "
+                              "points and the ends of its smooth pieces): monotone and 1-Lipschitz, the proximal map of "
+                              "the convex penalty with φ'(u) = σ⁻¹(u) − u")

@@ -257,10 +257,11 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    if _causal(support):  # flash attention over the groups' heads (query head g·members + s reads head g)
+    causal = _causal(support)
+    if causal or support is None:  # flash attention over the groups' heads (query head g·members + s reads head g)
         heads = _group_heads(q)
         out = torch.nn.functional.scaled_dot_product_attention(
-            heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=True,
+            heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=causal,
             enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1])
     rows = _member_rows(q, batch, n_queries, groups, members)
@@ -441,8 +442,9 @@ def _representable(rstd) -> bool:
     extremes), read on the host: False under torch.func.vmap, as ``_holds``."""
     if rstd.numel() == 0:
         return True
-    try:
-        low, high = (bound.item() for bound in torch.aminmax(rstd.detach()))
+    try:  # one row (a decoding step's): its value, one read and no reduction
+        low, high = ((rstd.item(),) * 2 if rstd.numel() == 1 else
+                     (bound.item() for bound in torch.aminmax(rstd.detach())))
     except RuntimeError:
         return False
     return low > 0 and high * high <= torch.finfo(rstd.dtype).max

@@ -159,9 +159,10 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
         old = cache["key_padding_mask"]
         cached = old.shape[1]
         if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
-            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
-                old = old.as_strided([1], [1])  # every entry is this one (the record of calls without a mask)
-            agrees = not bool(old.any())
+            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:  # every entry is this one (the
+                agrees = not bool(old.as_strided([], []).item())  # record of calls without a mask): no reduction
+            else:
+                agrees = not bool(old.any())
         else:
             agrees = torch.equal(_log_weights(old, batch, cached, device),
                                  _log_weights(mask, batch, n_keys, device)[:, :cached])

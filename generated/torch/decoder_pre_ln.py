@@ -428,8 +428,9 @@ def _representable(rstd) -> bool:
     extremes), read on the host: False under torch.func.vmap, as ``_holds``."""
     if rstd.numel() == 0:
         return True
-    try:
-        low, high = (bound.item() for bound in torch.aminmax(rstd.detach()))
+    try:  # one row (a decoding step's): its value, one read and no reduction
+        low, high = ((rstd.item(),) * 2 if rstd.numel() == 1 else
+                     (bound.item() for bound in torch.aminmax(rstd.detach())))
     except RuntimeError:
         return False
     return low > 0 and high * high <= torch.finfo(rstd.dtype).max
@@ -1229,9 +1230,10 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
         old = cache["key_padding_mask"]
         cached = old.shape[1]
         if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
-            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
-                old = old.as_strided([1], [1])  # every entry is this one (the record of calls without a mask)
-            agrees = not bool(old.any())
+            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:  # every entry is this one (the
+                agrees = not bool(old.as_strided([], []).item())  # record of calls without a mask): no reduction
+            else:
+                agrees = not bool(old.any())
         else:
             agrees = torch.equal(_log_weights(old, batch, cached, device),
                                  _log_weights(mask, batch, n_keys, device)[:, :cached])

@@ -395,8 +395,9 @@ def _representable(rstd) -> bool:
     extremes), read on the host: False under torch.func.vmap, as ``_holds``."""
     if rstd.numel() == 0:
         return True
-    try:
-        low, high = (bound.item() for bound in torch.aminmax(rstd.detach()))
+    try:  # one row (a decoding step's): its value, one read and no reduction
+        low, high = ((rstd.item(),) * 2 if rstd.numel() == 1 else
+                     (bound.item() for bound in torch.aminmax(rstd.detach())))
     except RuntimeError:
         return False
     return low > 0 and high * high <= torch.finfo(rstd.dtype).max

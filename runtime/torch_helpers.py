@@ -257,11 +257,10 @@ def _grouped_attention(q, k, v, scale: float, support: torch.Tensor | None, drop
     (batch, tokens, groups, members, value features).
     """
     batch, n_queries, groups, members = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    causal = _causal(support)
-    if causal or support is None:  # flash attention over the groups' heads (query head g·members + s reads head g)
+    if _causal(support):  # flash attention over the groups' heads (query head g·members + s reads head g)
         heads = _group_heads(q)
         out = torch.nn.functional.scaled_dot_product_attention(
-            heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=causal,
+            heads, k.flatten(3).transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, scale=scale, is_causal=True,
             enable_gqa=True)
         return out.transpose(1, 2).reshape(batch, n_queries, groups, members, out.shape[-1])
     rows = _member_rows(q, batch, n_queries, groups, members)

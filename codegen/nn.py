@@ -2,9 +2,9 @@
 
 ``LanguageModel(scheme, vocab_size)`` derives ``scheme`` causal in memory
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
-embedding, learned positions (unless the scheme places its tokens itself, ``PLACES_TOKENS``: rotary
-attention, ALiBi, relative buckets; its ``Stack`` then takes the ``positions``), and a head tied to the embedding or separate; ``generate`` decodes with the
-stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
+embedding, learned positions (unless the scheme places its tokens itself, ``PLACES_TOKENS``:
+rotary attention, ALiBi, relative buckets; its ``Stack`` then takes the ``positions``), and a
+head tied to the embedding or separate; ``generate`` decodes with the stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
 (mean over the unpadded tokens, or a learned class token) into a linear head.
 ``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
 token-type embeddings, a LayerNorm, the stack, and BERT's pooler. For example::

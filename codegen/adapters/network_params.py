@@ -30,9 +30,9 @@ def builtin_computes(model: str) -> str:
 
 def _difference(name: str, value: Any, wanted: Any, single: bool) -> tuple[str, Any, Any] | None:
     """Where a call's configuration value ``value`` of ``name`` differs from the one read, ``wanted``: the place
-    (``stages[1]['n_heads']``) and the two values there, or None: numbers as ``same_argument`` takes them, or (``single``: a float32
-    reading) as float32 holds the value read, since the generated code takes ``eps`` as a Python float; sequences
-    (``stages``) and mappings (a stage's configuration) item by item."""
+    (``stages[1]['n_heads']``) and the two values there, or None. Numbers as ``same_argument`` takes them, or
+    (``single``: a float32 reading) as float32 holds the value read, since the generated code takes ``eps`` as a
+    Python float; sequences of settings (``stages``) and mappings (a stage's) item by item."""
     if isinstance(wanted, Mapping) and isinstance(value, Mapping) and set(value) == set(wanted):
         parts = ((f"{name}[{key!r}]", value[key], wanted[key]) for key in wanted)
     elif (isinstance(wanted, (tuple, list)) and isinstance(value, (tuple, list)) and len(value) == len(wanted)

@@ -128,6 +128,24 @@ def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
     return set().union(*(_outermost_sums(arg) for arg in expr.args))
 
 
+
+def _flattened(total: sp.Sum) -> sp.Sum:
+    """``Σ_a (g Σ_b f)`` as one sum over both, ``Σ_{b,a} g f`` (SymPy's limits innermost first), where the inner
+    limits do not read the outer index: a plug-in's low-rank map ``Σ_ξ u(x, ξ) Σ_ζ A(ξ, ζ) B(ζ, y)`` is then one
+    contraction of its three factors, not a temporary broadcast against the state and summed."""
+    while True:
+        factors = sp.Mul.make_args(total.function)
+        inner = [factor for factor in factors if isinstance(factor, sp.Sum)]
+        if len(inner) != 1:
+            return total
+        (inner,) = inner
+        outer = {limit[0] for limit in total.limits}
+        if any(bound.has(*outer) for limit in inner.limits for bound in limit[1:]):
+            return total
+        rest = sp.Mul(*(factor for factor in factors if factor is not inner))
+        total = sp.Sum(rest * inner.function, *inner.limits, *total.limits)
+
+
 class Lowering:
     """A program's assignments lowered one by one into IR operations (``lower`` runs it).
 
@@ -287,6 +305,7 @@ class Lowering:
                 scale *= factor
         if total is None or scale.has(sp.Indexed):
             return None
+        total = _flattened(total)
         factors = self.hoist_maps(sp.Mul.make_args(total.function))
         if factors is None:
             return None

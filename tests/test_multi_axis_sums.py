@@ -91,3 +91,42 @@ def test_numpy_forward_and_vjp(derivation):
 def test_torch_derived_backward(derivation):
     kind, derived = derivation
     assert_torch_matches(derived.torch_module(), "derived", *_inputs(1, kind=kind))
+
+
+_LOW_RANK = '''name = "low-rank"
+summary = "u + L(u): a low-rank linear map"
+[operators]
+g = "low-rank-map"
+[[steps]]
+operator = "g"
+solver = "explicit"
+'''
+
+
+def test_a_sum_times_a_sum_is_one_contraction(tmp_path, monkeypatch):
+    """``Σ_ξ u(x, ξ) Σ_ζ A(ξ, ζ) B(ζ, y)`` (``tests/plugins/low_rank.py``) was a temporary ``Σ_ζ A B`` broadcast against
+    the state over (batch, tokens, d, d) and summed; now one einsum of the three factors (``Lowering``'s
+    ``_flattened``). Values and gradients against torch's autograd of ``u + u A B``."""
+    import splitformer.codegen.lowering as lowering
+
+    derived = derived_plugin(tmp_path, "low_rank.py", _LOW_RANK)
+    source = derived.source("numpy")
+    forward = source[source.index("def forward("):source.index("def forward_stack(")]
+    assert '_einsum("bik,zl,kz->bil", u0, g_B, g_A)' in forward and "np.sum(" not in forward
+    rng = np.random.default_rng(5)
+    params = {"g.A": rng.standard_normal((D, HIDDEN)), "g.B": rng.standard_normal((HIDDEN, D))}
+    u, grad = rng.standard_normal((2, 5, D)), rng.standard_normal((2, 5, D))
+    tensors = {name: torch.tensor(value, requires_grad=True) for name, value in params.items()}
+    u_t = torch.tensor(u, requires_grad=True)
+    (u_t + u_t @ tensors["g.A"] @ tensors["g.B"]).backward(torch.tensor(grad))
+    module = derived.numpy_module()
+    got_u, got = module.vjp(u, params, grad)
+    np.testing.assert_allclose(module.forward(u, params), (u + u @ params["g.A"] @ params["g.B"]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got_u, u_t.grad.numpy(), rtol=0, atol=1e-12)
+    for name in params:
+        np.testing.assert_allclose(got[name], tensors[name].grad.numpy(), rtol=0, atol=1e-12, err_msg=name)
+    monkeypatch.setattr(lowering, "_flattened", lambda total: total)  # the control: the sums as they were
+    (tmp_path / "control").mkdir()
+    again = derived_plugin(tmp_path / "control", "low_rank.py", _LOW_RANK.replace("low-rank", "low-rank-control", 1))
+    control = again.source("numpy")
+    assert "np.sum(t1*u0[:, :, None], axis=3)" in control[control.index("def forward("):]

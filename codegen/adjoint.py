@@ -32,7 +32,7 @@ from splitformer.symbolic.program import TIME_STEP, Assignment, entry
 
 from .bool_values import with_dtype_of
 from .ir import BATCH, Contraction, Elementwise, Fold, Module, Operand, Place, PlaceRows, TensorInfo, ZerosLike
-from .lowering import INDEX_DOMAINS, Lowering, flattened_index, shifted_axes
+from .lowering import INDEX_DOMAINS, Lowering, flattened_index, flattened_sums, shifted_axes
 from .nested_sums import nested_sums
 
 __all__ = ["Backward", "lower_adjoint", "lower_stage_adjoint", "differentiated_inputs", "AdjointLowering",
@@ -103,7 +103,7 @@ class AdjointLowering(Lowering):
         scale, total = sp.Integer(1), None
         for factor in sp.Mul.make_args(nested_sums(term, frozenset(self.masks))):
             if isinstance(factor, sp.Sum) and total is None:
-                total = factor
+                total = flattened_sums(factor)  # a sum times a sum: one contraction (a low-rank map's gradients)
             else:
                 scale *= factor
         body, summed = (total.function, tuple(limit[0] for limit in total.limits)) if total is not None else (term, ())

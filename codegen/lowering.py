@@ -41,7 +41,7 @@ from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interl
                  Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
 
-__all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index"]
+__all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index", "flattened_sums"]
 
 #: The definition an attention kind's kernel is (every built-in's ``γ``), where torch drops entries in training.
 KERNEL = "gamma"
@@ -129,7 +129,7 @@ def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
 
 
 
-def _flattened(total: sp.Sum) -> sp.Sum:
+def flattened_sums(total: sp.Sum) -> sp.Sum:
     """``Σ_a (g Σ_b f)`` as one sum over both, ``Σ_{b,a} g f`` (SymPy's limits innermost first), where the inner
     limits do not read the outer index: a plug-in's low-rank map ``Σ_ξ u(x, ξ) Σ_ζ A(ξ, ζ) B(ζ, y)`` is then one
     contraction of its three factors, not a temporary broadcast against the state and summed."""
@@ -305,7 +305,7 @@ class Lowering:
                 scale *= factor
         if total is None or scale.has(sp.Indexed):
             return None
-        total = _flattened(total)
+        total = flattened_sums(total)
         factors = self.hoist_maps(sp.Mul.make_args(total.function))
         if factors is None:
             return None

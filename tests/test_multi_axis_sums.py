@@ -105,14 +105,16 @@ solver = "explicit"
 
 def test_a_sum_times_a_sum_is_one_contraction(tmp_path, monkeypatch):
     """``Σ_ξ u(x, ξ) Σ_ζ A(ξ, ζ) B(ζ, y)`` (``tests/plugins/low_rank.py``) was a temporary ``Σ_ζ A B`` broadcast against
-    the state over (batch, tokens, d, d) and summed; now one einsum of the three factors (``Lowering``'s
-    ``_flattened``). Values and gradients against torch's autograd of ``u + u A B``."""
+    the state over (batch, tokens, d, d) and summed; now one einsum of the three factors (``flattened_sums``), and so
+    are A's and B's gradients. Values and gradients against torch's autograd of ``u + u A B``."""
     import splitformer.codegen.lowering as lowering
 
     derived = derived_plugin(tmp_path, "low_rank.py", _LOW_RANK)
     source = derived.source("numpy")
     forward = source[source.index("def forward("):source.index("def forward_stack(")]
     assert '_einsum("bik,zl,kz->bil", u0, g_B, g_A)' in forward and "np.sum(" not in forward
+    backward = source[source.index("def _vjp_backward("):]
+    assert '_einsum("zl,bil,bik->kz", g_B, g_out_bar, u0)' in backward  # the gradients too (the adjoint's lowering)
     rng = np.random.default_rng(5)
     params = {"g.A": rng.standard_normal((D, HIDDEN)), "g.B": rng.standard_normal((HIDDEN, D))}
     u, grad = rng.standard_normal((2, 5, D)), rng.standard_normal((2, 5, D))
@@ -125,7 +127,7 @@ def test_a_sum_times_a_sum_is_one_contraction(tmp_path, monkeypatch):
     np.testing.assert_allclose(got_u, u_t.grad.numpy(), rtol=0, atol=1e-12)
     for name in params:
         np.testing.assert_allclose(got[name], tensors[name].grad.numpy(), rtol=0, atol=1e-12, err_msg=name)
-    monkeypatch.setattr(lowering, "_flattened", lambda total: total)  # the control: the sums as they were
+    monkeypatch.setattr(lowering, "flattened_sums", lambda total: total)  # the control: the sums as they were
     (tmp_path / "control").mkdir()
     again = derived_plugin(tmp_path / "control", "low_rank.py", _LOW_RANK.replace("low-rank", "low-rank-control", 1))
     control = again.source("numpy")

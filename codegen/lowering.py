@@ -128,7 +128,6 @@ def _outermost_sums(expr: sp.Expr) -> set[sp.Sum]:
     return set().union(*(_outermost_sums(arg) for arg in expr.args))
 
 
-
 def flattened_sums(total: sp.Sum) -> sp.Sum:
     """``Σ_a (g Σ_b f)`` as one sum over both, ``Σ_{b,a} g f`` (SymPy's limits innermost first), where the inner
     limits do not read the outer index: a plug-in's low-rank map ``Σ_ξ u(x, ξ) Σ_ζ A(ξ, ζ) B(ζ, y)`` is then one

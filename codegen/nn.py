@@ -4,8 +4,9 @@
 (``derive(scheme, causal=True).torch_module()``) and puts around its ``Stack`` a token
 embedding, learned positions (unless the scheme places its tokens itself, ``PLACES_TOKENS``:
 rotary attention, ALiBi, relative buckets; its ``Stack`` then takes the ``positions``), and a
-head tied to the embedding or separate; ``generate`` decodes with the stack's KV cache. ``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output
-(mean over the unpadded tokens, or a learned class token) into a linear head.
+head tied to the embedding or separate; ``generate`` decodes with the stack's KV cache.
+``Classifier(scheme, n_classes, ...)`` pools a non-causal stack's output (mean over the
+unpadded tokens, or a learned class token) into a linear head.
 ``TextEncoder(scheme, vocab_size, ...)`` is a BERT-style encoder: token, position and
 token-type embeddings, a LayerNorm, the stack, and BERT's pooler. For example::
 
@@ -158,7 +159,8 @@ class _Embedded(torch.nn.Module):
         if not checked and not self.places_tokens and positions.shape[-1] > self.max_tokens:  # … but its length
             raise ValueError(f"{positions.shape[-1]} tokens are past max_tokens = {self.max_tokens}")
         if checked and int(positions.min()) < 0:
-            counted = "positions the scheme places count from 0" if self.places_tokens else "learned positions 0 … max_tokens − 1"
+            counted = ("positions the scheme places count from 0" if self.places_tokens
+                       else "learned positions 0 … max_tokens − 1")
             raise ValueError(f"positions must be ≥ 0 ({counted}), got {int(positions.min())}")
         if self.places_tokens:
             return u, {"positions": positions}

@@ -342,7 +342,8 @@ class Study:
         rows = []
         for name, variant in self.variants.items():
             runs = variant["runs"]
-            row = {"scheme": name, "source": variant["source"], "parameters": variant["parameters"], "d_ff": variant["d_ff"],
+            row = {"scheme": name, "source": variant["source"], "parameters": variant["parameters"],
+                   "d_ff": variant["d_ff"],
                    "train_loss": _spread([statistics.fmean(run.train_loss[-window:]) for run in runs]),
                    "valid_loss": _spread([run.valid_loss[-1] for run in runs]),
                    "step_ms": _spread([1000 * run.step_time for run in runs])}

@@ -17,7 +17,8 @@ from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
-__all__ = ["to_latex", "superscripted", "equation", "plain_equation", "plain_formula", "align", "text_latex", "plain_text", "unicode_text"]
+__all__ = ["to_latex", "superscripted", "equation", "plain_equation", "plain_formula", "align", "text_latex", "plain_text",
+           "unicode_text"]
 
 
 class _MathPrinter(LatexPrinter):

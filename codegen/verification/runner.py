@@ -9,8 +9,8 @@ series against the orders the scheme file claims, and the numeric convergence st
 from __future__ import annotations
 
 import functools
-import math
 import json
+import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field

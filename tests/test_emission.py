@@ -2,6 +2,7 @@
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitformer.codegen.output import write_files
+from splitformer.codegen.output import check_replaceable, write_files
 from splitformer.codegen.pipeline import generate, generate_network
 from splitformer.symbolic import builtin_names, load_scheme
 from splitformer.symbolic.builtins import network_names
@@ -41,6 +42,18 @@ def test_generated_folder_matches_the_generator(update_golden):
     stale = [str(path.relative_to(ROOT)) for path, text in expected.items()
              if not path.exists() or path.read_text(encoding="utf-8") != text]
     assert not stale, f"generated/ is out of date: {stale}; run make generate"
+
+
+def test_committed_plots_are_ones_make_generate_may_replace():
+    """``make generate`` (``check --plots generated/plots``) refuses to overwrite a plot without splitformer's mark:
+    plots committed before the mark made it fail on a fresh clone. Every plot a committed report shows is there."""
+    plots = sorted((GENERATED / "plots").glob("*_convergence.png"))
+    assert len(plots) >= len(builtin_names())
+    for plot in plots:
+        check_replaceable(plot)
+    for report in (GENERATED / "reports").glob("*.md"):
+        for link in re.findall(r"\]\((\.\./plots/[^)]+)\)", report.read_text(encoding="utf-8")):
+            assert (report.parent / link).is_file(), (report.name, link)
 
 
 def test_output_is_byte_identical_across_hash_seeds(tmp_path):

@@ -130,6 +130,55 @@ def test_stack_equals_transformer_decoder(norm_first, rng):
     assert np.abs(result - expected)[keep].max() <= 1e-10
 
 
+@pytest.mark.parametrize("norm_first, bias", [(False, True), (True, True), (True, False)],
+                         ids=["post-ln", "pre-ln", "pre-ln-bias-free"])
+def test_from_torch_reads_a_transformer_decoder_as_a_stack(norm_first, bias, rng):
+    """``from_torch(nn.TransformerDecoder)``: its layers and final norm as one adapted Stack, built and run against
+    the decoder itself (padding on both sides), decoded token by token, and written back to its state dict."""
+    from splitformer.adapters import from_torch, to_torch
+
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerDecoderLayer(8, 2, 12, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                             bias=bias, dtype=torch.float64)
+    final = torch.nn.LayerNorm(8, bias=bias, dtype=torch.float64) if norm_first else None
+    decoder = torch.nn.TransformerDecoder(layer, 3, norm=final).eval()
+    with torch.no_grad():
+        for parameter in decoder.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.5)
+    adapted = from_torch(decoder)
+    assert adapted.stack and len(adapted.layers) == 3 and (adapted.final_norm is not None) == norm_first
+    u, memory = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 5, 8))
+    padding, memory_padding = _masks(2, 6, 5)
+    with torch.no_grad():
+        expected = decoder(torch.tensor(u), torch.tensor(memory), tgt_mask=torch.ones(6, 6, dtype=torch.bool).triu(1),
+                           tgt_is_causal=True, tgt_key_padding_mask=torch.tensor(padding),
+                           memory_key_padding_mask=torch.tensor(memory_padding)).numpy()
+    stack = adapted.build(_modules(norm_first)[1])
+    with torch.no_grad():
+        result = stack(torch.tensor(u), torch.tensor(memory), key_padding_mask=torch.tensor(padding),
+                       memory_key_padding_mask=torch.tensor(memory_padding)).numpy()
+        cache = [{} for _ in stack.layers]
+        steps = np.concatenate([stack(torch.tensor(u[:, i:i + 1]), torch.tensor(memory), cache=cache).numpy()
+                                for i in range(6)], axis=1)
+        whole = decoder(torch.tensor(u), torch.tensor(memory), tgt_mask=torch.ones(6, 6, dtype=torch.bool).triu(1),
+                        tgt_is_causal=True).numpy()
+    keep = ~padding
+    assert np.abs(result - expected)[keep].max() <= 1e-10 and np.abs(steps - whole).max() <= 1e-10
+    state = to_torch(adapted)
+    assert list(state) == list(decoder.state_dict())
+    assert all(torch.equal(state[key], value) for key, value in decoder.state_dict().items())
+
+
+def test_from_torch_refuses_a_decoder_whose_layers_differ():
+    layers = [torch.nn.TransformerDecoderLayer(8, heads, 12, dropout=0.0, batch_first=True) for heads in (2, 4)]
+    decoder = torch.nn.TransformerDecoder(layers[0], 2).eval()
+    decoder.layers[1] = layers[1]
+    from splitformer.adapters import from_torch
+
+    with pytest.raises(SplitformerError, match="TransformerDecoder layer 1 has n_heads=4"):
+        from_torch(decoder)
+
+
 def test_decoder_decodes_token_by_token(rng):
     """The self-attention's keys and values are cached, and the memory's keys and values (computed at the first step)."""
     numpy_module, torch_module = _modules(True)

@@ -122,7 +122,7 @@ def _dropout_notes(module: Any, adapted: Any) -> tuple[str, ...]:
 
 
 def from_torch(module: Any, **expected: Any) -> Adapted:
-    """``Adapted`` of a torch module (``nn.TransformerEncoderLayer``, ``nn.TransformerEncoder``).
+    """``Adapted`` of a torch module (``nn.TransformerEncoderLayer``, ``nn.TransformerEncoder``, the decoder's two).
 
     ``expected``: ``scheme``, ``activation``, ``n_heads``, ``eps``, ``bias`` the source must
     have (a ``SplitformerError`` names a mismatch); ``dtype`` converts the parameters.

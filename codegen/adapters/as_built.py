@@ -39,21 +39,25 @@ def _torch_layer(cls: type, layer: Any) -> Any:
                bias=layer.linear1.bias is not None)
 
 
-def _torch_encoder(cls: type, encoder: Any) -> Any:
+def _torch_stack(cls: type, stack: Any) -> Any:
+    """A fresh ``TransformerEncoder``/``TransformerDecoder`` with ``stack``'s configuration (its first layer's, its
+    final norm's, the encoder's nested-tensor switches)."""
     import torch
 
-    first = encoder.layers[0]
-    norm = None if encoder.norm is None else torch.nn.LayerNorm(
-        encoder.norm.weight.shape[0], encoder.norm.eps, bias=encoder.norm.bias is not None)
-    return cls(_torch_layer(library_class(first), first), len(encoder.layers), norm,
-               enable_nested_tensor=encoder.enable_nested_tensor, mask_check=encoder.mask_check)
+    first = stack.layers[0]
+    norm = None if stack.norm is None else torch.nn.LayerNorm(
+        stack.norm.weight.shape[0], stack.norm.eps, bias=stack.norm.bias is not None)
+    switches = ({"enable_nested_tensor": stack.enable_nested_tensor, "mask_check": stack.mask_check}
+                if hasattr(stack, "enable_nested_tensor") else {})
+    return cls(_torch_layer(library_class(first), first), len(stack.layers), norm, **switches)
 
 
 #: library class name → a fresh instance of that class built from a part's configuration.
 BUILDERS: dict[str, Callable[[type, Any], Any]] = {
     "TransformerEncoderLayer": _torch_layer,
     "TransformerDecoderLayer": _torch_layer,
-    "TransformerEncoder": _torch_encoder,
+    "TransformerEncoder": _torch_stack,
+    "TransformerDecoder": _torch_stack,
     "BertLayer": lambda cls, layer: cls(layer.attention.self.config, layer_idx=layer.attention.self.layer_idx),
     "BertEncoder": lambda cls, encoder: cls(encoder.config),
     "BertModel": lambda cls, model: cls(model.config, add_pooling_layer=model.pooler is not None),

@@ -1,4 +1,5 @@
-"""``torch.nn.TransformerDecoderLayer`` → canonical parameters of ``decoder`` / ``decoder-pre-ln``.
+"""``torch.nn.TransformerDecoderLayer`` and ``nn.TransformerDecoder`` ↔ canonical parameters of ``decoder`` /
+``decoder-pre-ln``.
 
 ``self_attn`` is the self-attention ``attn``, ``multihead_attn`` the cross-attention ``cross``,
 ``linear1``/``linear2`` the feed-forward ``ffn``, ``norm1``–``norm3`` the three projections.
@@ -17,11 +18,12 @@ from splitformer.symbolic.errors import SplitformerError
 from .arrays import array as _array
 from .registry import adapter, writer
 from .adapted import Adapted
-from .common import check_bias, state_dict, torch_dropout
+from .common import (check_bias, final_norm_params, same_configuration, shared_layers, stack_state, state_dict,
+                     torch_dropout)
 from .inspection import check_parts, library_name
 
-__all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "write_decoder_layer"]
-
+__all__ = ["decoder_layer_params", "decoder_layer_config", "read_decoder_layer", "read_decoder", "write_decoder_layer",
+           "write_decoder"]
 
 
 def _attention(prefix: str, attention: Any) -> dict[str, np.ndarray]:
@@ -104,17 +106,39 @@ def read_decoder_layer(layer: Any) -> Adapted:
                    dropout=torch_dropout(layer, [layer.self_attn, layer.multihead_attn]))
 
 
-@writer("torch", "TransformerDecoderLayer")
-def write_decoder_layer(adapted: Adapted) -> dict[str, Any]:
-    """The state dict of a ``TransformerDecoderLayer`` (``batch_first=True``)."""
-    p = adapted.params
+@adapter("torch", "TransformerDecoder")
+def read_decoder(decoder: Any) -> Adapted:
+    """An ``nn.TransformerDecoder``: its layers and its final ``norm`` (if any), a causal ``Stack``."""
+    layers = [read_decoder_layer(layer) for layer in decoder.layers]
+    first = same_configuration("TransformerDecoder", layers)
+    final = final_norm_params("TransformerDecoder", decoder.norm, first) if decoder.norm is not None else None
+    return Adapted(scheme=first.scheme, activation=first.activation, layers=tuple(a.params for a in layers),
+                   n_heads=first.n_heads, eps=first.eps, bias=first.bias, final_norm=final, stack=True,
+                   tied=shared_layers("TransformerDecoder.layers", list(decoder.layers)),
+                   source=("torch", "TransformerDecoder"), options={"causal": True}, dropout=first.dropout)
+
+
+def _layer_state(p: Any) -> dict[str, np.ndarray]:
+    """A ``TransformerDecoderLayer``'s arrays under its state dict's names, in its order."""
     arrays = {}
     for prefix, key in (("attn", "self_attn"), ("cross", "multihead_attn")):
         arrays[f"{key}.in_proj_weight"] = np.concatenate([p[f"{prefix}.W_{c}"].T for c in "qkv"], axis=0)
         arrays[f"{key}.in_proj_bias"] = np.concatenate([p[f"{prefix}.b_{c}"] for c in "qkv"])
         arrays[f"{key}.out_proj.weight"], arrays[f"{key}.out_proj.bias"] = p[f"{prefix}.W_o"].T, p[f"{prefix}.b_o"]
-    for index in (1, 2, 3):
-        arrays[f"norm{index}.weight"], arrays[f"norm{index}.bias"] = p[f"norm{index}.gain"], p[f"norm{index}.bias"]
     arrays["linear1.weight"], arrays["linear1.bias"] = p["ffn.W_1"].T, p["ffn.b_1"]
     arrays["linear2.weight"], arrays["linear2.bias"] = p["ffn.W_2"].T, p["ffn.b_2"]
-    return state_dict(arrays, adapted.bias)
+    for index in (1, 2, 3):
+        arrays[f"norm{index}.weight"], arrays[f"norm{index}.bias"] = p[f"norm{index}.gain"], p[f"norm{index}.bias"]
+    return arrays
+
+
+@writer("torch", "TransformerDecoderLayer")
+def write_decoder_layer(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of a ``TransformerDecoderLayer`` (``batch_first=True``)."""
+    return state_dict(_layer_state(adapted.params), adapted.bias)
+
+
+@writer("torch", "TransformerDecoder")
+def write_decoder(adapted: Adapted) -> dict[str, Any]:
+    """The state dict of an ``nn.TransformerDecoder`` (layers, then ``norm``)."""
+    return stack_state(adapted, _layer_state, "layers")

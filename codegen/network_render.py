@@ -106,7 +106,18 @@ def _grid(program: NetworkProgram, programs: dict, backend: str, passes) -> dict
                               transfer)],
             "grids": {part: [line for stage in parts[part] if (line := _grid_line(stage.operator))]
                       for part in ("field", "transfer")},
-            "channels": (_channels(parts["field"]), _channels(parts["transfer"]))}
+            "channels": (_channels(parts["field"]), _channels(parts["transfer"])),
+            "width": _width_source(field + transfer)}
+
+
+def _width_source(parameters: list[dict]) -> dict | None:
+    """The first parameter with an axis over the output's channels ``d`` and that axis (``_checked`` reads ``d`` there:
+    a field that begins on the input's channels, a pre-activation block's BatchNorm, holds ``n_channels`` first), or
+    None where no parameter has one (no operator writes ``d``)."""
+    for parameter in parameters:
+        if "d" in parameter["shape"]:
+            return {"name": parameter["name"], "axis": parameter["shape"].index("d")}
+    return None
 
 
 def _cvt(program: NetworkProgram, programs: dict, backend: str, passes) -> dict:

@@ -4,6 +4,7 @@ checks and derived adjoint piece by piece; an operator kind's ``discretization``
 from __future__ import annotations
 
 from collections import namedtuple
+from dataclasses import replace
 
 from splitformer.symbolic.adjoint import derive_adjoint
 from splitformer.symbolic.domains import FEATURES, HEAD_FEATURES, HEADS, HIDDEN, TOKENS
@@ -75,8 +76,16 @@ $t_{1 + N_2 p + q,\, l} = f_{p,q,l}$, $u^{(0)}_{i,l} = t_{i,l} + E_{i,l}$. The c
 
 def _grid(program: NetworkProgram) -> NetworkSections:
     spec, parts, circ = program.spec, program.parts, r" \circ "
-    proj = (r"\mathrm{Proj}_{S_2}\big(", r"\big)") if spec.projection else ("", "")
+    projected = spec.projection and spec.operators[spec.projection].kind == "relu-projection"
+    named = (spec.projection or "").replace("_", r"\_")
+    outer = (r"\mathrm{Proj}_{S_2}" if projected else rf"\mathrm{{{named}}}") if spec.projection else ""
+    proj = (rf"{outer}\big(", r"\big)") if spec.projection else ("", "")
     transfer = rf"{circ.join(reversed(spec.transfer))}\ \text{{or}}\ R = " if spec.transfer else ""
+    after = ("" if not spec.projection else " The update is projected onto $S_2$ ($u \\ge 0$)." if projected else
+             rf" The operator ${outer}$ acts on the update (the step's projection slot; it is no projection).")
+    carries = (r"otherwise $R$ is the composition of the transfer's operators, below (a strided $1\times 1$ "
+               r"convolution and a BatchNorm in ResNet's projection shortcut); the module runs $R = \mathrm{Id}$ "
+               r"when its parameters are absent" if spec.transfer else r"this network has no other")
     sections = [Section("One step of the equation on the 2-D grid", rf"""The master equation on a 2-D grid
 $\Omega_x = \Omega_{{x_1}} \times \Omega_{{x_2}}$, the channels as the feature domain, no attention: the field composes
 integral operators with relative kernels of local support, per-channel affine maps and the projection onto $S_2$. One
@@ -87,8 +96,7 @@ u^{{+}} = {proj[0]}R\,u + \Delta t\, F(u){proj[1]}, \qquad F = {circ.join(revers
 R = {transfer}\mathrm{{Id}}
 $$
 
-$R$ carries the state to the grid of $F(u)$: the identity when the grid and channels stay, otherwise a restriction (a
-strided $1\times 1$ convolution and an affine map: the projection shortcut)."""),
+$R$ carries the state to the grid and channels of $F(u)$: the identity when they stay; {carries}.{after}"""),
                 Section("The field $F$, operator by operator", stages=parts["field"]),
                 Section("The transfer $R$", "" if parts["transfer"] else "$R$ is the identity (the skip connection).",
                         parts["transfer"]),
@@ -98,7 +106,9 @@ strided $1\times 1$ convolution and an affine map: the projection shortcut).""")
     titles = {"step_with": f"R = {' ∘ '.join(reversed(spec.transfer))}", "step_identity": "R = 1"}
     return NetworkSections(sections, lambda: [(titles[name], piece.adjoint)
                                               for name, piece in program.pieces.items()], note, "{n}/translation-equivariance {n}/batch-norm-affine",
-        (CHANNELS, FEATURES, ROWS, COLS, KERNEL_ROWS))
+        (CHANNELS, replace(FEATURES, description="channels F writes (the output's)"),
+         replace(ROWS, description="rows of the field's grid"), replace(COLS, description="columns of the field's grid"),
+         KERNEL_ROWS))
 
 
 def _cvt(program: NetworkProgram) -> NetworkSections:

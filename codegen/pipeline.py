@@ -14,7 +14,7 @@ from pathlib import Path
 from splitformer.symbolic.adjoint import Adjoint, derive_adjoint
 from splitformer.symbolic.builtins import is_network, network_text
 from splitformer.symbolic.derivation import derive
-from splitformer.symbolic.latex import align
+from splitformer.symbolic.latex import align, plain_text, unicode_text
 from splitformer.symbolic.network_derivation import derive_network
 from splitformer.symbolic.network_spec import NetworkSpec
 from splitformer.symbolic.plugins import plugin_failures
@@ -119,10 +119,12 @@ def show_network(spec: NetworkSpec, form: str, name_or_path: str) -> str:
                                       if hasattr(stage, "operator") else [])
                           + [("equation", a.quadrature) for a in getattr(stage, "assignments", (stage,))]]])
     lines = [f"{spec.name}: {spec.summary}", ""]
-    for section in network_sections(program).sections:
-        lines.append(section.title)
+    for section in network_sections(program).sections:  # plain text: no $…$, Δt for \Delta t
+        lines.append(unicode_text(section.title.replace("$", "")))
+        if not section.stages and section.text and "\n" not in section.text:  # a section that is one remark
+            lines.append("  " + unicode_text(section.text.replace("$", "")))
         for stage in section.stages:
             if hasattr(stage, "operator"):
                 lines.append(f"  {stage.operator.key} ({stage.operator.kind})")
-            lines.extend(f"    {a.lhs} = {a.rhs}" for a in getattr(stage, "assignments", (stage,)))
+            lines.extend(f"    {a.lhs} = {plain_text(a.rhs)}" for a in getattr(stage, "assignments", (stage,)))
     return "\n".join(lines)

@@ -258,6 +258,11 @@ def _check_grid_uses(operators: dict[str, Operator], field: tuple[str, ...], tra
                        "application an operator of its own" if applied.count(key) > 1 else ""))
             channels = operator.outputs
         updated = channels if part == "field" else updated
+    if projection and operators[projection].outputs != operators[projection].inputs:
+        raise SplitformerError(f'{where}: step.projection: operators.{projection} writes channels '
+                               f'"{operators[projection].outputs}" from "{operators[projection].inputs}"; the projection '
+                               "keeps the update's channels (the step's output is the update's shape): set its outputs "
+                               f'to "{operators[projection].inputs}"')
     if projection and _changes_grid(operators[projection]):
         raise SplitformerError(f"{where}: step.projection: operators.{projection} changes the grid; the projection "
                                "acts on the update's grid (a stride of 1, padding (kernel - 1)/2, no transposed "

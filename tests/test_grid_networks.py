@@ -369,3 +369,73 @@ def test_an_input_too_small_for_a_grid_is_refused_by_name(tmp_path):
     np.testing.assert_allclose(numpy_module.forward(spanned, params), model(torch.tensor(spanned)).detach().numpy(),
                                rtol=0, atol=1e-12)
     assert numpy_module.forward(spanned, params).shape == (2, 3, 1, 1)
+
+
+PREACT = '''name = "preact"
+summary = "pre-activation ResNet block: BN, ReLU, conv, BN, ReLU, conv; 1x1 strided shortcut"
+
+[operators]
+bn1 = { kind = "batch-norm", inputs = "c" }
+relu1 = { kind = "relu-projection", inputs = "c" }
+conv1 = { kind = "convolution", kernel = 3, padding = 1, stride = "stride", inputs = "c" }
+bn2 = { kind = "batch-norm" }
+relu2 = { kind = "relu-projection" }
+conv2 = { kind = "convolution", kernel = 3, padding = 1 }
+shortcut = { kind = "convolution", kernel = 1, stride = "stride", inputs = "c" }
+
+[step]
+field = ["bn1", "relu1", "conv1", "bn2", "relu2", "conv2"]
+transfer = ["shortcut"]
+'''
+
+
+def test_a_field_beginning_on_the_input_channels_reads_its_width_where_d_is(tmp_path):
+    """Tester s39 M1: a pre-activation block (BatchNorm on the 3 input channels first) took d from its first parameter,
+    bn1.gain, so every parameter set with d ≠ n_channels was refused (numpy and torch Model alike). Reference: the block
+    composed of torch Conv2d / BatchNorm2d (eval) / ReLU, every parameter random, float64, 3 → 5 channels, stride 2."""
+    import splitformer
+
+    (tmp_path / "preact.toml").write_text(PREACT)
+    derivation = splitformer.derive(str(tmp_path / "preact.toml"))
+    numpy_module, torch_module = derivation.numpy_module(), derivation.torch_module()
+    torch.manual_seed(7)
+    bn1, conv1, bn2, conv2 = _batch_norm(3), _conv(3, 5, 3, 2, 1), _batch_norm(5), _conv(5, 5, 3, 1, 1)
+    shortcut = _conv(3, 5, 1, 2)
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected = (conv2(torch.relu(bn2(conv1(torch.relu(bn1(x)))))) + shortcut(x)).numpy()
+    params = _canonical(bn1=_norm(bn1), conv1=_kernel(conv1), bn2=_norm(bn2), conv2=_kernel(conv2),
+                        shortcut=_kernel(shortcut))
+    out = numpy_module.forward(x.numpy(), params, stride=2)
+    assert out.shape == (2, 5, 5, 4) and np.abs(out - expected).max() <= 1e-12
+    model = torch_module.Model(3, 5, stride=2, transfer=True, dtype=torch.float64)
+    model.load_params(params)
+    with torch.no_grad():
+        assert np.abs(model(x).numpy() - expected).max() <= 1e-12
+
+
+def test_a_projection_that_changes_the_channels_is_refused_and_another_operator_is_not_called_one(tmp_path, capsys):
+    """Tester s39 M2: a convolution writing other channels than the update's in the projection slot made vjp ask for
+    the update's shape and crash, and check crash; it is refused when read. A convolution keeping them is run, and
+    the report names it instead of writing Proj_{S_2}; the plain-text show holds no LaTeX."""
+    from splitformer.codegen.cli import main
+
+    head = 'name = "slot"\nsummary = "x"\n\n[operators]\n'
+    (tmp_path / "changes.toml").write_text(head + 'c1 = { kind = "convolution", kernel = 3, padding = 1, inputs = "c" }\n'
+                                           'c2 = { kind = "convolution", kernel = 3, padding = 1, outputs = "c" }\n\n'
+                                           '[step]\nfield = ["c1", "c2"]\nprojection = "c1"\n')
+    assert main(["derive", str(tmp_path / "changes.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert 'step.projection: operators.c1 writes channels "y" from "c"; the projection keeps' in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+    (tmp_path / "keeps.toml").write_text(head + 'c1 = { kind = "convolution", kernel = 3, padding = 1, inputs = "c" }\n'
+                                         'c2 = { kind = "convolution", kernel = 3, padding = 1 }\n\n'
+                                         '[step]\nfield = ["c1"]\nprojection = "c2"\n')
+    assert main(["derive", str(tmp_path / "keeps.toml"), "--out", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "reports" / "slot.md").read_text()
+    assert r"u^{+} = \mathrm{c2}\big(R\,u" in report and "Proj}_{S_2}" not in report.split("## 2.")[0]
+    capsys.readouterr()
+    for name in ("keeps.toml", "unet-level", "resnet-block"):
+        assert main(["show", str(tmp_path / name) if name.endswith(".toml") else name]) == 0
+        shown = capsys.readouterr().out
+        assert "$" not in shown and "\\" not in shown and "Δt" in shown, name

@@ -814,15 +814,13 @@ def _costate_of_tokens(tokens, outputs, seeds, eps):
 def _checked(u, params, stride, eps):
     """``u``, the options and the parameters checked before any work: (u, the step as the one link of the
     chain, the output's shape)."""
-    first = "conv1.W"
-    if first not in params:
-        raise ValueError(f"missing parameter {first!r}")
     channels = {_shape(params[name])[axes.index("n_channels")] for name, axes in PARAMETERS.items()
                 if name in params and "n_channels" in axes and len(_shape(params[name])) == len(axes)}
     if len(channels) == 1 and u.shape[1] != min(channels):  # the parameters agree: u is wrong (the table would blame them)
         raise ValueError(f"u must have shape (batch, {min(channels)}, height, width) (its parameters' n_channels), "
                          f"got {tuple(u.shape)}")
-    sizes = {"n_channels": u.shape[1], "d": _shape(params[first])[-1]}
+    width = "conv1.W"  # the first parameter over the output's channels d (absent: _table names it)
+    sizes = {"n_channels": u.shape[1], "d": _shape(params[width])[3] if width in params else u.shape[1]}
     unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
     if unknown:
         raise ValueError(f"unexpected parameter {unknown[0]!r}")

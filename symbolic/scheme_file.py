@@ -77,9 +77,10 @@ class _Reader:
     def unknown(self, table: dict, allowed: set[str], path: str) -> None:
         extra = sorted(set(table) - allowed)
         if extra and not path and set(extra) & NETWORK_FIELDS:
-            raise self.fail(sorted(set(extra) & NETWORK_FIELDS)[0], "a network file's field: this is a network file, "
-                            "where a block scheme is expected (derive, show and check take networks; compare and "
-                            "a network's steps.scheme take block schemes)")
+            raise SplitformerError(f"{self.where}: this is a network file (its field "
+                                   f"{sorted(set(extra) & NETWORK_FIELDS)[0]!r}), where a block scheme is expected "
+                                   "(derive, show and check take networks; compare, study and a network's steps.scheme "
+                                   "take block schemes)")
         if extra:
             raise self.fail(path or extra[0], f"unknown field {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
 

@@ -537,11 +537,17 @@ def test_a_study_too_large_for_one_machine_is_refused_before_any_work(arguments,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["compare", "study"])
 @pytest.mark.parametrize("network", ["resnet-block", "vit"])
-def test_compare_given_a_network_file_says_it_is_one(network, capsys):
-    """Attack 15: a network file where a block scheme is expected was read as a scheme ("unknown field 'step'")."""
-    _fails(capsys, "compare", str(ROOT / "symbolic" / "networks" / f"{network}.toml"),
-           message="a network file's field: this is a network file, where a block scheme is expected")
+def test_compare_given_a_network_file_says_it_is_one(network, command, capsys, tmp_path, monkeypatch):
+    """Attack 15: a network file where a block scheme is expected was read as a scheme ("unknown field 'step'"); the
+    message names the commands that take it (tester s39: study was missing, and a 'step: …' prefix read as garbled)."""
+    monkeypatch.chdir(tmp_path)
+    field = "step" if network == "resnet-block" else "embedding"
+    _fails(capsys, command, str(ROOT / "symbolic" / "networks" / f"{network}.toml"),
+           message=f"{network}.toml: this is a network file (its field '{field}'), where a block scheme is expected "
+                   "(derive, show and check take networks; compare, study and")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_error_line_writes_terminal_escapes_as_text(tmp_path, capsys):

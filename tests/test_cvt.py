@@ -188,6 +188,10 @@ def test_numpy_cvt_refuses_parameters_and_settings_no_stage_reads():
     stages = [dict(adapted.config["stages"][0]), {**adapted.config["stages"][1], "stride_kvv": 2}]
     with pytest.raises(ValueError, match=r"stages\[1\] has the unknown setting 'stride_kvv'"):
         NUMPY.logits(pixels.numpy(), adapted.params, **{**adapted.config, "stages": stages})
+    two_channels = pixels.numpy()[:, :2]  # tester s39 L3: the kernel was blamed ('stages.0.embed.W' has shape …)
+    for function in (NUMPY.logits, NUMPY.forward):
+        with pytest.raises(ValueError, match=r"^pixel_values has 2 channels, the first stage's embedding 3 "):
+            function(two_channels, adapted.params, **adapted.config)
 
 
 def test_a_negative_running_variance_is_refused_by_name():

@@ -69,5 +69,6 @@ def test_attention_pooling_is_named_by_the_vit_network():
     assert model.global_pool == "token"
     _refused(model, re.escape("VisionTransformer has attention pooling (attn_pool is Identity) where the network "
                               "reads the class token; the vit network does not compute it"), network="vit")
-    _refused(timm_vit(global_pool="avg", fc_norm=False), re.escape("pooling global_pool='avg' (the network reads the "
-                                                                   "class token: global_pool='token')"), network="vit")
+    for fc_norm in (False, None):  # None: timm puts the final norm after the pooling (tester s39 L8: "no final norm")
+        _refused(timm_vit(global_pool="avg", fc_norm=fc_norm), re.escape(
+            "pooling global_pool='avg' (the network reads the class token: global_pool='token')"), network="vit")

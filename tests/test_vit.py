@@ -110,6 +110,11 @@ def test_sizes_the_reference_rejects_are_rejected_by_name():
     config = {**adapted.config, "image_size": None}
     with pytest.raises(ValueError, match="give 5x5 patches of 8, the position term has 16"):
         NUMPY.forward(other, adapted.params, **config)
+    for height, width in ((16, 64), (64, 16), (8, 128)):  # 16 patches, as the term's, laid out otherwise (tester s39 L4)
+        with pytest.raises(ValueError, match=f"give a {height // 8}x{width // 8} patch grid: pass image_size"):
+            NUMPY.forward(np.zeros((1, 3, height, width)), adapted.params, **config)
+    square = NUMPY.forward(np.ones((1, 3, 32, 32)), adapted.params, **config)  # a square grid: the term's own layout
+    assert np.array_equal(square, NUMPY.forward(np.ones((1, 3, 32, 32)), adapted.params, **adapted.config))
     with pytest.raises(ValueError, match="pixel_values must have shape"):
         _torch_model(adapted, torch.float64)(torch.tensor(other))
     gray = np.zeros((1, 1, 32, 32))  # the input's channels are wrong, not the weights: said so (it blamed embed.W)

@@ -58,9 +58,9 @@ def _check_front(model: Any) -> None:
 
 def _check_back(model: Any) -> None:
     """The readout: the final LayerNorm, the class token's state, a linear head (or none)."""
-    _refuse_if(library_name(model.norm) == "Identity", "no final norm (final_norm=False or fc_norm)")
-    _refuse_if(model.global_pool != "token",
+    _refuse_if(model.global_pool != "token",  # first: 'avg' also moves the final norm after the pooling (fc_norm)
                f"pooling global_pool={model.global_pool!r} (the network reads the class token: global_pool='token')")
+    _refuse_if(library_name(model.norm) == "Identity", "no final norm (final_norm=False or fc_norm)")
     attention_pool = getattr(model, "attn_pool", None)
     _refuse_if(attention_pool is not None, f"attention pooling (attn_pool is {type(attention_pool).__name__}) where "
                "the network reads the class token")

@@ -2307,6 +2307,9 @@ def _checked(pixel_values, params, stages, eps):
         if prefix + "embed.W" not in params:
             raise ValueError(f"missing parameter {prefix + 'embed.W'!r}")
         d = _shape(params[prefix + "embed.W"])[-1]
+        if index == 0 and len(_shape(params[prefix + "embed.W"])) == 4 and _shape(params[prefix + "embed.W"])[0] != n_channels:
+            raise ValueError(f"pixel_values has {n_channels} channels, the first stage's embedding "
+                             f"{_shape(params[prefix + 'embed.W'])[0]} (stages.0.embed.W)")
         ffn = prefix + "layers.0.ffn.W_1"
         sizes = {"n_channels": n_channels, "patch_size": config["patch_size"], "d": d,
                  "kernel_qkv": config["kernel_qkv"], "d_ff": _shape(params[ffn])[-1] if ffn in params else 0}

@@ -1209,6 +1209,9 @@ def _checked(pixel_values, params, patch_size, n_heads, eps, image_size):
     n_rows, n_cols = height // patch_size, width // patch_size
     if not (n_rows and n_cols):
         raise ValueError(f"pixel_values of size {height}x{width} hold no patch of {patch_size}x{patch_size}")
+    if image_size is None and n_rows != n_cols:  # the position term's rows give the patches' count, not their layout
+        raise ValueError(f"pixel_values of size {height}x{width} give a {n_rows}x{n_cols} patch grid: pass image_size, "
+                         "the size the position term was made for (its rows do not tell a non-square grid's layout)")
     if "embed.b" not in params:
         raise ValueError("missing parameter 'embed.b'")
     d = _shape(params["embed.b"])[-1]

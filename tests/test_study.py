@@ -242,3 +242,21 @@ def test_a_write_protected_table_is_refused_before_any_training(tmp_path, monkey
     monkeypatch.setattr(study_module, "_train", lambda *arguments: pytest.fail("trained before refusing"))
     assert main(["study", "pre-ln", "--steps", "2", "--seeds", "1", "--out", str(out)]) == 2
     assert "study.md is write-protected" in capsys.readouterr().err
+
+
+def test_a_diverged_seed_is_written_as_nan_in_the_table_and_null_in_the_json(tmp_path, capsys):
+    """Attacker s39 M1: a loss that is not finite in one of two seeds made statistics.stdev raise after all the training
+    (a traceback, nothing written); with one seed, study.json held bare NaN, which strict JSON parsers refuse."""
+    blow = tmp_path / "blow.toml"
+    blow.write_text('name = "blow"\nsummary = "no norms, huge steps"\n[operators]\nattn = "attention"\n'
+                    'ffn = "feed-forward"\n[[steps]]\noperator = "attn"\nsolver = "explicit"\nfraction = 1000000000\n'
+                    '[[steps]]\noperator = "ffn"\nsolver = "explicit"\nfraction = 1000000000\n')
+    out = tmp_path / "out"
+    assert main(["study", str(blow), "pre-ln", "--steps", "2", "--seeds", "2", "--d-model", "8", "--out", str(out)]) == 0
+    table = (out / "study.md").read_text()
+    assert "| blow |" in table and "nan ± nan" in table and "the run diverged" in table
+    numbers = json.loads((out / "study.json").read_text(), parse_constant=lambda constant: pytest.fail(constant))
+    blown, kept = numbers["rows"]
+    assert blown["train_loss"] == {"mean": None, "std": None} and None in numbers["curves"]["blow"][0]["train_loss"]
+    assert all(value is not None for value in kept["train_loss"].values())
+    assert "diverged" not in (study(["pre-ln"], budget=TINY).as_markdown())  # the control: finite losses, no note

@@ -323,7 +323,7 @@ def _derive(arguments: argparse.Namespace) -> str:
     for part in ordered_map(generated, list(emitted.values())):  # in order, whichever worker derived it
         files.update(part)
     outcome = write_files(files, force=arguments.force, root=out)
-    return "\n".join(_OUTCOME_LINES[action].format(path=path) for path, action in outcome.items()
+    return "\n".join(_OUTCOME_LINES[action].format(path=_printable(str(path))) for path, action in outcome.items()
                      if path.name != "__init__.py" or action == "kept")
 
 
@@ -474,7 +474,7 @@ def _study(arguments: argparse.Namespace) -> str:
                        for name in ("steps", "seeds", "d_model", "n_layers", "batch", "tokens", "threads")})
     result = study(arguments.schemes, arguments.task, budget)
     paths = result.write(out, force=arguments.force)
-    return result.as_markdown() + "\n\nwrote " + ", ".join(str(path) for path in paths)
+    return result.as_markdown() + "\n\nwrote " + ", ".join(_printable(str(path)) for path in paths)
 
 
 def _schemes_after_options(extras: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -529,10 +529,15 @@ def _error(message: str) -> None:
     _stderr_line(f"error: {message}")
 
 
+def _printable(text: str) -> str:
+    """``text`` with each character that is not printable (a new line, a terminal's escape sequence from a data file's
+    text or a folder's name) written as its escape: one line, whatever it holds."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
 def _stderr_line(message: str) -> None:
-    """One line on stderr, whatever the message holds: a character that is not printable (a new line, a terminal's
-    escape sequence from a data file's text) is written as its escape."""
-    line = "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in message)
+    """One line on stderr, whatever the message holds (``_printable``)."""
+    line = _printable(message)
     if sys.stderr is None:  # started with it closed (2>&-): print(file=None) would write to stdout
         return
     try:

@@ -23,6 +23,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .scheme import Scheme
+from .scheme_fields import MAX_DEPTH
 from .scheme_file import parse_scheme
 from .toml_text import toml_key, toml_value
 
@@ -81,7 +82,7 @@ def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequenc
     """A ``Scheme`` from the fields of a scheme file (``activation``, ``final_norm``, ``order``, …)."""
     document = {"name": name, "summary": summary, **fields, "operators": operators, "steps": steps}
     where = f"Python scheme {name!r}" if isinstance(name, str) else "Python scheme"
-    return parse_scheme(to_toml(_plain(document)), where)
+    return parse_scheme(to_toml(_plain(document, where)), where)
 
 
 def _exact_rational(value: object) -> bool:
@@ -89,17 +90,27 @@ def _exact_rational(value: object) -> bool:
     return type(value) is Fraction or (isinstance(value, sp.Rational) and type(value).__module__.startswith("sympy."))
 
 
-def _plain(value: Any) -> Any:
+#: The deepest containers a Python scheme may nest: a parallel step is a table of lists of steps, three containers
+#: a level, and ``MAX_DEPTH`` levels are allowed (deeper ones are refused by the scheme's own reading, with its message).
+_MAX_CONTAINERS = 3 * MAX_DEPTH + 8
+
+
+def _plain(value: Any, where: str, path: str = "", depth: int = 0) -> Any:
     """Exact fractions as strings (``"1/2"``), containers as dicts and lists: TOML's values. A number is converted only
-    when it is ``Fraction`` or one of SymPy's own rationals exactly: a subclass could print another number."""
+    when it is ``Fraction`` or one of SymPy's own rationals exactly: a subclass could print another number. Errors name
+    ``where`` and the value's ``path``; containers nested past ``_MAX_CONTAINERS`` (one holding itself) are refused."""
+    at = f"{where}: {path}" if path else where
+    if depth > _MAX_CONTAINERS:  # its path, as long as the nesting, cut short
+        raise SplitformerError(f"{where}: {path[:48]}…: nested deeper than {_MAX_CONTAINERS} containers (parallel steps nest at most "
+                               f"{MAX_DEPTH} levels; a list or dict that holds itself never ends)")
     if isinstance(value, (Fraction, sp.Rational)) and not _exact_rational(value):
-        raise SplitformerError(f"a number of type {type(value).__name__} (a subclass of {Fraction.__name__} or of "
+        raise SplitformerError(f"{at}: a number of type {type(value).__name__} (a subclass of {Fraction.__name__} or of "
                                "SymPy's Rational) is refused: give a Fraction, a SymPy rational, a string or an int")
     if isinstance(value, (Fraction, sp.Rational)):
         largest = max(abs(int(value.numerator)), int(value.denominator))
         if largest >= 2**63:  # before printing: str refuses very long ints
-            raise SplitformerError(f"a number of {largest.bit_length()} bits is out of range (a scheme file holds "
-                                   "64-bit integers)")
+            raise SplitformerError(f"{at}: a number of {largest.bit_length()} bits is out of range (a scheme file "
+                                   "holds 64-bit integers)")
     if isinstance(value, sp.Integer):
         return int(value.p)
     if isinstance(value, sp.Rational):
@@ -107,9 +118,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Fraction):
         return f"{value.numerator}/{value.denominator}" if value.denominator != 1 else str(value.numerator)
     if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: _plain(item, where, f"{path}.{key}" if path else str(key), depth + 1) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
+        return [_plain(item, where, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
     return value
 
 

@@ -43,6 +43,11 @@ def check_fields(scheme: "Scheme") -> None:
             raise SplitformerError(f"{where}: {field}: expected str, got {type(getattr(scheme, field)).__name__}")
     if len(scheme.description) > MAX_DESCRIPTION:
         raise SplitformerError(f"{where}: description: longer than {MAX_DESCRIPTION} characters")
+    unprintable = next((character for character in scheme.description
+                        if not character.isprintable() and character not in "\n\t"), None)
+    if unprintable is not None:  # it reaches reports and `show`: a terminal would obey an escape sequence
+        raise SplitformerError(f"{where}: description: holds the control character {unprintable!r} (printable text, "
+                               "new lines and tabs only)")
     for field in ("activation", "declared_activation"):
         value = getattr(scheme, field)
         if type(value) is not str or value not in ACTIVATIONS:

@@ -358,3 +358,44 @@ def test_arguments_of_the_wrong_kind_are_named():
     with pytest.raises(SplitformerError, match="build takes the generated torch module .* which defines no Stack"):
         adapted.build(derivation.numpy_module())
     assert adapted.build(derivation.torch_module()).layers  # control
+
+def test_python_schemes_nested_without_end_or_holding_huge_numbers_are_one_error_naming_the_place():
+    """Attacker s39 L2, L6: parallel steps nested 200 deep, or a list or dict holding itself, raised a bare
+    RecursionError; a Fraction past 64 bits named neither the scheme nor the field. Control: 33 levels, the scheme's
+    own refusal."""
+    from fractions import Fraction
+
+    from splitformer import substep
+
+    operators = {"attn": "attention", "norm": "layer-norm", "ffn": "feed-forward"}
+
+    def nested(depth):
+        step = substep("attn", on="norm")
+        for _ in range(depth):
+            step = {"parallel": [[step], [substep("ffn", on="norm")]], "weights": ["1/2", "1/2"]}
+        return step
+
+    looped_list, looped_dict = [], {}
+    looped_list.append(looped_list)
+    looped_dict["x"] = looped_dict
+    for steps, message in (([nested(33)], "parallel steps nest deeper than 32 levels"),
+                           ([nested(200)], r"^Python scheme 'a': steps\[0\]\.parallel.{30,60}…: nested deeper than"),
+                           ([looped_list], r"^Python scheme 'a': steps\[0\]\[0\]\[0\].*nested deeper than"),
+                           ([looped_dict], r"^Python scheme 'a': steps\[0\]\.x\.x.*a list or dict that holds itself"),
+                           ([substep("attn", on="norm", fraction=Fraction(10**20, 3)), substep("ffn", on="norm")],
+                            r"^Python scheme 'a': steps\[0\]\.fraction: a number of 67 bits is out of range")):
+        with pytest.raises(SplitformerError, match=message):
+            splitformer.scheme("a", "s", operators=operators, steps=steps)
+
+
+@pytest.mark.parametrize("character", ["\x1b", "\x07", "\x9b", "\u202e"])
+def test_a_description_holding_control_characters_is_refused(character):
+    """Attacker s39 L3: ESC and BEL in a description reached reports and `show --format markdown` raw (a terminal obeys
+    them), where a summary refuses them. New lines and tabs are a description's own; the control reads them."""
+    from splitformer import substep
+
+    operators = {"attn": "attention", "norm": "layer-norm", "ffn": "feed-forward"}
+    steps = [substep("attn", on="norm"), substep("ffn", on="norm")]
+    assert "\tb" in splitformer.scheme("a", "s", operators=operators, steps=steps, description="a\n\tb").description
+    with pytest.raises(SplitformerError, match=r"^Python scheme 'a': scheme 'a': description: holds the control"):
+        splitformer.scheme("a", "s", operators=operators, steps=steps, description=f"x {character}[2J y")

@@ -523,3 +523,15 @@ def test_a_signal_while_staging_leaves_nothing(tmp_path, signal_name, status, sa
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
     assert (result.returncode, result.stderr) == (status, f"error: {said}\n"), result
     assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
+
+
+def test_the_lines_derive_prints_hold_a_folder_name_escaped(tmp_path, capsys):
+    """Attacker s39 L4: a new line or a terminal escape in --out reached stdout raw (a path split over two lines, an
+    escape the terminal obeys), where error lines escape them."""
+    from splitformer.codegen.cli import main
+
+    out = tmp_path / "new\nline\x1b[31m"
+    assert main(["derive", "post-ln", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("wrote ") and "\x1b" not in line for line in lines)
+    assert all("new\\nline\\x1b[31m/" in line for line in lines) and (out / "numpy" / "post_ln.py").is_file()

@@ -18,6 +18,8 @@ __all__ = ["exact_number", "MAX_TERM"]
 MAX_TERM = 10**9
 _MAX_EXPONENT = 40
 _NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,9})?|[+-]?\d{1,30}/\d{1,30}")
+#: A number written with more digits than ``_NUMBER`` reads: out of range, not "not a number".
+_LONG_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?\d+/\d+")
 
 
 def exact_number(value: object) -> sp.Rational:
@@ -33,15 +35,19 @@ def exact_number(value: object) -> sp.Rational:
         shown = value if value.bit_length() <= 128 else f"an int of {value.bit_length()} bits"
         raise ValueError(f"{shown} is out of range: numerator and denominator at most {MAX_TERM}")
     text = value.strip() if isinstance(value, str) else str(value)
+    shown = text if len(text) <= 40 else text[:40] + "…"
     if not _NUMBER.fullmatch(text):
-        raise ValueError(f"not a number: {text[:40]!r} (a rational number: a decimal or p/q)")
-    out_of_range = f"{text[:40]} is out of range: numerator and denominator at most {MAX_TERM}"
+        if _LONG_NUMBER.fullmatch(text):
+            raise ValueError(f"{shown} has more digits than a number is read with (30 in a part, 9 in the exponent; "
+                             f"numerator and denominator at most {MAX_TERM})")
+        raise ValueError(f"not a number: {shown!r} (a rational number: a decimal or p/q)")
+    out_of_range = f"{shown} is out of range: numerator and denominator at most {MAX_TERM}"
     if abs(int(re.split("[eE]", text + "e0")[1])) > _MAX_EXPONENT:
         raise ValueError(out_of_range)
     try:
         fraction = Fraction(text)
     except ZeroDivisionError:
-        raise ValueError(f"not a number: {text[:40]!r} (zero denominator)") from None
+        raise ValueError(f"not a number: {shown!r} (zero denominator)") from None
     if abs(fraction.numerator) > MAX_TERM or fraction.denominator > MAX_TERM:
         raise ValueError(out_of_range)
     return sp.Rational(fraction.numerator, fraction.denominator)

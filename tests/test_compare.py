@@ -126,3 +126,23 @@ def test_schemes_across_layers_are_compared_by_their_stack():
     assert adams.leading_error_text == "-5*G*h**3*(G*G'' + G'**2)/12"
     assert heavy.order == 1 and rows["post-ln"].order == 1  # the control: a block scheme keeps its own analysis
     assert heavy.leading_error_text == "-3*G*G'*h**2"
+
+
+def test_a_plot_without_a_finite_error_is_refused_and_another_schemes_plot_names_it(tmp_path, capsys):
+    """Attacker s39 L7: a scheme whose flow blows up before T = 1 got an empty plot, 'slope nan', and two NumPy
+    RuntimeWarnings on stderr; `check` skips the same study saying why. Now: refused, nothing written, no warnings;
+    beside a scheme with errors, it is named in the legend without points."""
+    from splitformer.codegen.cli import main
+
+    text = splitformer.load_scheme("post-ln").source.replace("fraction = 2", "fraction = 1000000000")
+    assert "fraction = 1000000000" in text
+    (tmp_path / "big.toml").write_text(text.replace('name = "post-ln"', 'name = "big"'))
+    plot = tmp_path / "big.png"
+    assert main(["compare", str(tmp_path / "big.toml"), "--plot", str(plot)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: plot: no error to plot for big:") and err.count("\n") == 1 and not plot.exists()
+    assert main(["compare", str(tmp_path / "big.toml"), "post-ln", "--plot", str(plot)]) == 0
+    assert "Warning" not in capsys.readouterr().err and plot.is_file()
+    legend = [text.get_text() for text in splitformer.compare([str(tmp_path / "big.toml"), "post-ln"]).plot()
+              .axes[0].get_legend().get_texts()]
+    assert legend[0] == "big (not finite at T = 1: no error)" and legend[1] == "post-ln (slope 0.99)"

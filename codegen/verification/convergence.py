@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from splitformer.symbolic.equation import equation_terms
+from splitformer.symbolic.errors import SplitformerError
 from splitformer.symbolic.scheme import Parallel, RungeKutta, Scheme, Sequence, Substep
 
 from ..output import PLOTS_HINT, check_replaceable, write_files
@@ -145,19 +146,20 @@ def convergence_study(scheme: Scheme, seed: int = 0, order: int | None = None, e
     memory = np.random.default_rng(seed + 2).standard_normal((MEMORY_TOKENS, SIZES.features))
     flow = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, projections=False, memory=memory)
     solutions = []
-    for count in steps:
-        semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count, projections=False,
-                              memory=memory)
-        step = _exact_subflows_step(flow, smooth, HORIZON / count) if exact_subflows else semantics.step
-        u = u0
-        for _ in range(count):
-            u = step(u)
-        solutions.append(u)
-    exact, _ = converged_reference(flow, smooth, u0, solutions, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
-    errors = [float(np.abs(u - exact).max()) for u in solutions]
-    finest = slice(-2, None) if exact_subflows else slice(-3, None)  # high orders: the last two steps
-    x = np.log(HORIZON / np.array(steps, dtype=float))[finest]
-    slope = float(np.polyfit(x, np.log(np.array(errors))[finest], 1)[0])
+    with np.errstate(all="ignore"):  # a flow that blows up is reported (finite_reference, the errors), not warned about
+        for count in steps:
+            semantics = Semantics(smooth, params, SIZES, FLOAT, eps=1e-5, time_step=HORIZON / count,
+                                  projections=False, memory=memory)
+            step = _exact_subflows_step(flow, smooth, HORIZON / count) if exact_subflows else semantics.step
+            u = u0
+            for _ in range(count):
+                u = step(u)
+            solutions.append(u)
+        exact, _ = converged_reference(flow, smooth, u0, solutions, FINE_REFERENCE_STEPS if fine else REFERENCE_STEPS)
+        errors = [float(np.abs(u - exact).max()) for u in solutions]
+        finest = slice(-2, None) if exact_subflows else slice(-3, None)  # high orders: the last two steps
+        x = np.log(HORIZON / np.array(steps, dtype=float))[finest]
+        slope = float(np.polyfit(x, np.log(np.array(errors))[finest], 1)[0])
     return Study(scheme.name, steps, tuple(errors), slope, bool(np.isfinite(exact).all()))
 
 
@@ -194,9 +196,17 @@ def plot_study(study: Study, order: int, path: Path) -> Path:
 
 def plot_studies(studies: list[Study], path: Path | None = None):
     """Every study on one set of log–log axes; saved to ``path``, or the figure when ``None``."""
+    measured = [study for study in studies if study.finite_reference and all(map(np.isfinite, study.errors))]
+    if path is not None and not measured:  # an empty figure "slope nan": said instead
+        raise SplitformerError(f"plot: no error to plot for {', '.join(study.scheme for study in studies)}: the flow "
+                               "or the scheme's steps are not finite at T = 1 from the study's random state "
+                               "(`check --only convergence` says which); nothing written")
     figure, axes = _figure(5.6, 4.2)
     for study in studies:
         steps = [HORIZON / count for count in study.steps]
+        if study not in measured:  # named in the legend, no points
+            axes.plot([], [], "o-", markersize=3, label=f"{study.scheme} (not finite at T = 1: no error)")
+            continue
         axes.loglog(steps, study.errors, "o-", markersize=3, label=f"{study.scheme} (slope {study.slope:.2f})")
     axes.set_xlabel("Δt")
     axes.set_ylabel("max error at T = 1")

@@ -419,6 +419,8 @@ def _compare(arguments: argparse.Namespace) -> str:
     if arguments.plot is not None:
         from .output import check_replaceable, check_writable
 
+        if not arguments.plot:  # Path("") is "."
+            raise SplitformerError("--plot: empty file name (the plot is a PNG image; name it *.png)")
         plot = Path(arguments.plot)
         if plot.suffix.lower() != ".png":
             raise SplitformerError(f"--plot {plot}: the plot is a PNG image; name it *.png")

@@ -137,14 +137,17 @@ def _state_text(scheme: "Scheme") -> str:
             constraint = unicode_text(operators[term.operator].constraint).replace("_", "")
             parts.append(f"− ∂I_{constraint}[{term.operator}]({argument})")
         else:
-            coefficient = "" if term.coefficient == 1 else f"{term.coefficient}·"
+            sign = "−" if term.coefficient < 0 else "+"  # "− 1/2·ffn(u)", not "+ -1/2·ffn(u)"
+            magnitude = abs(term.coefficient)
+            coefficient = "" if magnitude == 1 else f"{magnitude}·"
             field = f"{term.operator}({argument})"
             field = field if term.then is None else f"Proj[{term.then}]({field})"
             product = " ⊙ " if term.step == "per-channel" else "·"
             field = field if term.step == "fixed" else f"λ[{term.operator}]{product}{field}"
             field = field if term.combine is None else f"{term.combine}(u, {field})"
-            parts.append(f"+ {coefficient}{field}")
-    return "u_t = " + " ".join(parts).removeprefix("+ ")
+            parts.append(f"{sign} {coefficient}{field}")
+    text = " ".join(parts)
+    return "u_t = " + (text.removeprefix("+ ") if text.startswith("+ ") else "−" + text.removeprefix("− "))
 
 
 def scheme_equation(scheme: "Scheme") -> Equation:

@@ -52,6 +52,8 @@ def load_plugin(path: str | Path) -> ModuleType:
     if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
         raise SplitformerError(f"load_plugin: expected the path of a .py file (str or pathlib.Path), "
                                f"got {type(path).__name__}")
+    if not os.fspath(path):  # Path("") is ".": the message would name the current folder
+        raise SplitformerError("plug-in file: empty name (expected a Python file, .py)")
     path = Path(path)
     if path.suffix != ".py":
         raise PluginError(path, "expected a Python file (.py)")

@@ -51,7 +51,7 @@ def _fails(capsys, *arguments: str, message: str = "") -> str:
     (_replace("fraction = 2", "fraction = 1e309"), "not a number"),
     (_replace("fraction = 2", 'fraction = "1e99999999"'), "out of range"),
     (_replace("fraction = 2", 'fraction = "1e-300"'), "out of range"),
-    (_replace("fraction = 2", 'fraction = "1e999999999999"'), "not a number"),
+    (_replace("fraction = 2", 'fraction = "1e999999999999"'), "has more digits than a number is read with"),
     (_replace("fraction = 2", "fraction = " + "1" * 5000), "invalid TOML"),
     (_replace('name = "post-ln"', "name = " + "[" * 3000), "invalid TOML"),
     (_replace('name = "post-ln"', 'name = "' + "a" * 5000 + '"'), "is not a scheme name"),
@@ -577,3 +577,13 @@ def test_two_schemes_of_one_name_are_refused_where_results_are_told_apart_by_nam
     if command == ["compare"]:
         mine.write_text(mine.read_text().replace('name = "post-ln"', 'name = "my-rk4"', 1))
         assert main(["compare", "post-ln", str(mine)]) == 0 and "my-rk4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["derive", "post-ln", "--load", ""], "error: plug-in file: empty name (expected a Python file, .py)"),
+    (["compare", "post-ln", "--plot", ""], "error: --plot: empty file name (the plot is a PNG image; name it *.png)")])
+def test_an_empty_file_name_is_said_to_be_empty(arguments, message, capsys, tmp_path, monkeypatch):
+    """Attacker s39 L9: '' was reported as '.' (Path('') is the current folder)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(arguments) == 2
+    assert capsys.readouterr().err == message + "\n" and list(tmp_path.iterdir()) == []

@@ -244,3 +244,12 @@ def test_the_evaluation_limit_admits_exactly_64():
     assert parse_scheme(_feed_forward_steps(MAX_EVALUATIONS)).evaluations() == MAX_EVALUATIONS
     with pytest.raises(SplitformerError, match=f"evaluates {MAX_EVALUATIONS + 1} operators per step"):
         parse_scheme(_feed_forward_steps(MAX_EVALUATIONS + 1))
+
+
+def test_a_negative_fraction_is_written_with_its_sign_in_the_equation():
+    """Attacker s39 L9: a negative fraction showed as '+ -1/2·ffn(u)'."""
+    from splitformer.symbolic.equation import equation_text
+
+    negative = parse_scheme(VALID.replace("fraction = 2", "fraction = -1"))
+    assert "∂I_S1[norm1](u) − 1/2·ffn(u) −" in equation_text(negative) and "+ -" not in equation_text(negative)
+    assert "∂I_S1[norm1](u) + ffn(u) −" in equation_text(load_scheme("post-ln"))  # the control

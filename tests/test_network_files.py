@@ -107,14 +107,59 @@ def test_check_runs_a_network_file_through_the_one_runner(tmp_path, capsys):
     assert report.holds, [check.detail for check in report.checks if not check.holds]
 
 
-def test_a_grid_composition_no_builtin_shares_is_derived_and_its_network_checks_are_skipped(tmp_path):
-    path = _copy(tmp_path, "unet-level", "two-convs", ('conv = { kind = "convolution", kernel = 3, padding = 1 }',
-                                                                   'conv = { kind = "convolution", kernel = 5, padding = 2 }'))
+PREACT_STRIDE_3 = """name = "preact-odd"
+summary = "BN and ReLU on the input channels, a 2 x 2 convolution of stride 3, a 3 x 3 one, a x3 transposed ascent"
+
+[operators]
+bn0 = { kind = "batch-norm", inputs = "c" }
+relu0 = { kind = "relu-projection", inputs = "c" }
+down = { kind = "convolution", kernel = 2, stride = 3, inputs = "c" }
+conv = { kind = "convolution", kernel = 3, padding = 1 }
+bn = { kind = "batch-norm" }
+relu = { kind = "relu-projection" }
+up = { kind = "transposed-convolution", kernel = 3, outputs = "c" }
+shortcut = { kind = "batch-norm", inputs = "c", outputs = "c" }
+
+[step]
+field = ["bn0", "relu0", "down", "conv", "bn", "relu", "up"]
+transfer = ["shortcut"]
+projection = "relu0"
+"""
+
+
+@pytest.mark.parametrize("name", ["two-convs", "preact-odd"])
+def test_a_grid_composition_no_builtin_shares_is_checked_against_its_file_read_by_the_evaluator(tmp_path, name,
+                                                                                                  monkeypatch):
+    """Tester s39 L7: every grid network of its own composition (even unet-level with a 5 × 5 kernel) had its evaluator
+    check skipped, so `check` never tested its forward's values. The evaluator now reads the file's operators in order
+    (convolutions over their windows, transposed ones spreading each node, BatchNorm, ReLU, the transfer and the
+    projection slot). Control: an emitted module off by 1e-6 in one output fails."""
+    if name == "two-convs":
+        path = _copy(tmp_path, "unet-level", name, ('conv = { kind = "convolution", kernel = 3, padding = 1 }',
+                                                    'conv = { kind = "convolution", kernel = 5, padding = 2 }'))
+    else:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(PREACT_STRIDE_3)
     spec = load_network(path)
     assert network_family(spec) is None
     (check,) = network_semantics.network_semantics_checks(spec)
-    assert check.method == "skipped" and "no sizes or evaluator" in check.detail
-    assert "two_convs" in splitformer.derive(str(path)).source("numpy")
+    assert check.holds and check.method == "numeric", check.detail
+    assert "kernel flipped" in check.detail and "windows shifted by one node" in check.detail
+    module = network_semantics.network_module(spec)
+
+    class Off:  # the module with one output entry moved by 1e-6
+        def __getattr__(self, attribute):
+            return getattr(module, attribute)
+
+        @staticmethod
+        def forward(*args, **kwargs):
+            out = module.forward(*args, **kwargs).copy()
+            out.flat[5] += 1e-6
+            return out
+
+    monkeypatch.setattr(network_semantics, "network_module", lambda spec: Off())
+    (control,) = network_semantics.network_semantics_checks(spec)
+    assert not control.holds and "max |emitted − evaluator| 1.0e-06" in control.detail
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -14,7 +14,7 @@ from splitformer.codegen.output import write_files  # noqa: E402
 from splitformer.symbolic.errors import SplitformerError  # noqa: E402
 from splitformer.symbolic.network_spec import load_network  # noqa: E402
 
-from conftest import GENERATED, ROOT, generated_now  # noqa: E402
+from conftest import GENERATED, ROOT, generated_now, import_path  # noqa: E402
 
 NUMPY, TORCH = generated_now("vit")
 
@@ -210,3 +210,24 @@ def test_committed_files_match_the_generator(update_golden):
         write_files(files)
     stale = [str(path.relative_to(ROOT)) for path, text in files.items() if path.read_text(encoding="utf-8") != text]
     assert not stale, f"generated/ is out of date: {stale}; run make generate"
+
+
+def test_an_adapted_network_and_block_build_with_the_derived_backward():
+    """Tester s39 L7: ``build`` took no ``backward=``; the derived backward needed a Model built by hand. Its gradients
+    equal autograd's (the control: the default build runs autograd)."""
+    from splitformer.adapters import from_torch
+
+    model = _vit(True)
+    adapted = from_hf(model)
+    pixels = _pixels(model)
+    grads = {}
+    for backward in ("autograd", "derived"):
+        built = adapted.build(TORCH, backward=backward)
+        assert built.backward_mode == backward
+        built.logits(pixels).square().sum().backward()
+        grads[backward] = {name: parameter.grad for name, parameter in built.named_parameters()}
+    assert all(torch.allclose(grads["derived"][name], grads["autograd"][name], atol=1e-12) for name in grads["autograd"])
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 12, dropout=0.0, batch_first=True, dtype=torch.float64).eval()
+    post_ln = import_path(GENERATED / "torch" / "post_ln.py")
+    assert from_torch(layer).build(post_ln, backward="derived").backward_mode == "derived"
+    assert from_torch(layer).build(post_ln).backward_mode == "autograd"

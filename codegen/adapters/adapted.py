@@ -177,8 +177,9 @@ class Adapted(Mapping[str, np.ndarray]):
         return new
 
     # --- into generated torch modules ------------------------------------------------------
-    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
-        """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters."""
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None, backward: str = "autograd") -> Any:
+        """A generated ``Block`` (``Stack`` for a stack) of ``torch_module`` holding these parameters; ``backward`` as
+        the Block's (``"derived"``: the derived adjoint)."""
         if not hasattr(torch_module, "Stack" if self.stack else "Block"):
             raise SplitformerError(f"build takes the generated torch module (derive(...).torch_module()), got "
                                    f"{getattr(torch_module, '__name__', type(torch_module).__name__)!r}, which defines "
@@ -186,7 +187,7 @@ class Adapted(Mapping[str, np.ndarray]):
         if getattr(torch_module, "SCHEME", None) is not None:
             _check_scheme(self, vars(torch_module), f"the generated module {torch_module.__name__}")
         factory = {"eps": self.eps, "bias": self.bias, "batch_first": self.batch_first, "device": device,
-                   "dtype": dtype or _torch_dtype(self.dtype)}
+                   "dtype": dtype or _torch_dtype(self.dtype), "backward": backward}
         if self.dropout is not None:
             factory["dropout"] = self.dropout
         # constructor options of grouped and rotary blocks (llama)

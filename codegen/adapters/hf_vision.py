@@ -69,9 +69,9 @@ class AdaptedModel:
         return (f"AdaptedModel({self.source[0]}.{self.source[1]} → {self.model}, {config}, "
                 f"{len(self.params)} parameter arrays, dtype={dtype})")
 
-    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None) -> Any:
+    def build(self, torch_module: Any, *, device: Any = None, dtype: Any = None, backward: str = "autograd") -> Any:
         """The ``Model`` of the generated ``vit`` or ``cvt`` torch module holding these parameters (in their dtype), its
-        sizes read from them (layers, widths, classes) and from ``config``."""
+        sizes read from them (layers, widths, classes) and from ``config``; ``backward`` as the Model's."""
         import torch
 
         if not callable(getattr(torch_module, "Model", None)):
@@ -80,7 +80,8 @@ class AdaptedModel:
         self.check_computes(torch_module)
         sizes = self._vit_sizes() if self.model == "vit" else self._cvt_sizes()
         first = next(iter(self.params.values()))
-        model = torch_module.Model(**sizes, device=device, dtype=dtype or getattr(torch, str(first.dtype)))
+        model = torch_module.Model(**sizes, device=device, dtype=dtype or getattr(torch, str(first.dtype)),
+                                   backward=backward)
         return model.load_params(self.params)
 
     def _head_classes(self) -> int:

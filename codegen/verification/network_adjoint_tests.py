@@ -20,7 +20,7 @@ from .adjoint_tests import Point, adjoint_tests
 from .emitted import compiled
 from .statements import SKIPPED, Check
 
-__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family"]
+__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family", "any_grid"]
 
 
 #: Emitted modules by what their network computes and is named (``repr`` of the spec).
@@ -103,14 +103,14 @@ def _grid(module, rng, transfer: bool, described: str, channels: int = 3, side: 
             {"stride": 2, "eps": 1e-5}, described)
 
 
-#: The image sides ``_any_grid`` tries, 4 × 4 first, and the seconds it may take: a step its module refuses at
+#: The image sides ``any_grid`` tries, 4 × 4 first, and the seconds it may take: a step its module refuses at
 #: every side (its F(u) and R u never meet) fails; one whose outputs are empty up to the last side, or whose search
 #: ran out of time (wide kernels), is skipped saying so.
 _SIDES = (4, *range(1, 4), *range(5, 129))
 _SEARCH_SECONDS = 20.0
 
 
-def _any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None) -> tuple | str | None:
+def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None) -> tuple | str | None:
     """The sizes of ``_grid`` for a grid step of another composition: with its transfer (if any) at stride 2, then at
     stride 1, then without it (``transfers``: those tried, by default both), with 3 input channels, then with as many
     as features (R = 1 and F ending on the features need them), on 4 × 4 pixels, then on the other ``_SIDES``; the
@@ -146,7 +146,7 @@ def _transfer_unrun(spec: GridNetworkSpec, module, rng, described: str) -> list[
     None where the tests ran the transfer, or the step has none."""
     if not module.TRANSFER_PARAMETERS or described.endswith("with its transfer)"):
         return []
-    found = _any_grid(spec, module, rng, (True,))
+    found = any_grid(spec, module, rng, (True,))
     statement = "The step runs with its transfer on some image, and its emitted vjp is tested there."
     check_id = f"adjoint-test/{spec.name}/transfer"
     if isinstance(found, tuple):
@@ -185,7 +185,7 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
         described = described.replace(family, spec.name, 1)  # the sizes are the family's, the network this file's
     elif isinstance(spec, GridNetworkSpec):  # any other grid step: the first of the grid sizes its grids accept
         module = network_module(spec)
-        found = _any_grid(spec, module, rng)
+        found = any_grid(spec, module, rng)
         pixels, params, function, adjoint, options, described = found if isinstance(found, tuple) else (None,) * 6
     statement = "The emitted vjp passes the dot-product and Taylor tests."
     if family is None and not isinstance(spec, GridNetworkSpec):

@@ -17,6 +17,9 @@ shares no formula code with the derivation or the emitted code:
   grid of stride ``stride_kv`` with padding ``padding_kv``), the class node joining unconvolved
   in the last stage, scores scaled by ``d^{-1/2}`` (CvT's whole width), the exact GELU.
 
+- a grid network of no built-in's composition: its file's operators in order, as above, the transfer (or the
+  identity) added, then the operator of its projection slot.
+
 Negative controls: the same comparison with the evaluator reading the patch (or kernel)
 window transposed, the class node last, the kernel flipped (convolution instead of
 cross-correlation), the 3 × 3 windows read without their padding, CvT's keys padded as its
@@ -28,12 +31,12 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from splitformer.symbolic.network_spec import NetworkSpec, load_network, network_family
+from splitformer.symbolic.network_spec import GridNetworkSpec, NetworkSpec, load_network, network_family
 from splitformer.symbolic.stack import final_norm_kind, final_norm_scheme
 
-from .network_adjoint_tests import cvt_parameters, network_module, random_table, unwritten_family
+from .network_adjoint_tests import any_grid, cvt_parameters, network_module, random_table, unwritten_family
 from .semantics import MPMATH, Semantics, Sizes
-from .statements import Check
+from .statements import SKIPPED, Check
 from .undefined import worst
 
 __all__ = ["network_semantics_checks"]
@@ -87,7 +90,7 @@ def _vit(module, rng, spec):
     params = random_table({**module.PARAMETERS, **module.HEAD_PARAMETERS}, sizes, rng)
     for layer in range(2):
         params |= random_table(module.LAYER_PARAMETERS, sizes, rng, f"layers.{layer}.")
-    options = {"patch_size": 2, "n_heads": 2, "eps": 1e-6}
+    options = {"patch_size": 2, "n_heads": 2, "eps": 1e-6, "image_size": (4, 6)}  # a 2 × 3 grid: its layout given
     images = rng.standard_normal((2, 2, 4, 6))
     model = spec
 
@@ -163,6 +166,58 @@ def _unet_evaluator(p, u, stride: int, eps, flipped=False, shift=0) -> np.ndarra
     coarse = _convolution(u, p["down.W"], p["down.b"], stride, 1, flipped, shift)
     coarse = _relu(_batch_norm(_convolution(coarse, p["conv.W"], p["conv.b"], 1, 1, flipped, shift), p, "bn", eps))
     return u + _transposed_convolution(coarse, p["up.W"], p["up.b"], stride, flipped)
+
+
+def _applied(spec: GridNetworkSpec, keys: tuple[str, ...], p, x, stride: int, eps, flipped=False, shift=0):
+    """The operators ``keys`` of the file ``spec`` applied to ``x`` in order, each as its definition above reads it
+    (an operator applied twice reads its one set of parameters twice)."""
+    for key in keys:
+        operator = spec.operators[key]
+        if operator.kind == "convolution":
+            x = _convolution(x, p[f"{key}.W"], p[f"{key}.b"], stride if operator.stride == "stride" else operator.stride,
+                             operator.padding, flipped, shift)
+        elif operator.kind == "transposed-convolution":
+            x = _transposed_convolution(x, p[f"{key}.W"], p[f"{key}.b"], operator.kernel, flipped)
+        elif operator.kind == "batch-norm":
+            x = _batch_norm(x, p, key, eps)
+        else:  # relu-projection, the only other grid kind
+            x = _relu(x)
+    return x
+
+
+def _file_evaluator(spec: GridNetworkSpec, p, u, stride: int, eps, transfer: bool, flipped=False, shift=0,
+                    without_field=False) -> np.ndarray:
+    """One step of the grid network ``spec`` read from its file: ``P(R u + F(u))`` with ``F`` its field's operators in
+    order, ``R`` its transfer's (or the identity), ``P`` the operator of its projection slot (or none)."""
+    field = 0 if without_field else _applied(spec, spec.field, p, u, stride, eps, flipped, shift)
+    update = (_applied(spec, spec.transfer, p, u, stride, eps) if transfer else u) + field
+    return _applied(spec, (spec.projection,), p, update, stride, eps) if spec.projection else update
+
+
+def _any_grid_network(module, rng, spec):
+    """A grid network of no built-in's composition, evaluated from its file (``_file_evaluator``) at the first sizes
+    its module runs (``network_adjoint_tests``' search: with its transfer first); None where none runs."""
+    found = any_grid(spec, module, rng)
+    if not isinstance(found, tuple):
+        return None
+    pixels, params, _, _, options, described = found
+    transfer = any(name in params for name in module.TRANSFER_PARAMETERS)
+    kernels = [spec.operators[key] for key in (*spec.field, *spec.transfer, *((spec.projection,) if spec.projection else ()))]
+
+    def emitted():
+        return (module.forward(pixels, params, **options),)
+
+    def evaluator(exact, count, **wrong):
+        eps = mpmath.mpf(options["eps"])
+        return (np.array([_file_evaluator(spec, exact, _exact(image), options.get("stride", 1), eps, transfer, **wrong)
+                          for image in pixels[:count]]),)
+
+    controls = {"the field F left out": {"without_field": True}}
+    if any(getattr(operator, "kernel", 1) > 1 for operator in kernels):
+        controls["kernel flipped"] = {"flipped": True}
+    if any(operator.kind == "convolution" for operator in kernels):
+        controls["windows shifted by one node"] = {"shift": 1}
+    return params, emitted, evaluator, controls, described.replace("one step of ", "", 1)
 
 
 def _grid(evaluate, transfer: bool, described: str):
@@ -304,13 +359,20 @@ def network_semantics_checks(spec: NetworkSpec | str) -> list[Check]:
     wrong variants (controls)."""
     spec = load_network(spec) if isinstance(spec, str) else spec
     name, family = spec.name, network_family(spec)
-    if family is None:
-        return [unwritten_family(f"semantics/{name}/emitted", spec, "The emitted NumPy module computes what the "
-                                 "independent evaluator defines from the continuous operators.")]
+    statement = "The emitted NumPy module computes what the independent evaluator defines from the continuous operators."
+    if family is None and not isinstance(spec, GridNetworkSpec):
+        return [unwritten_family(f"semantics/{name}/emitted", spec, statement)]
     module = network_module(spec)
     rng = np.random.default_rng(81)
-    params, emitted, evaluator, controls, described = _BUILDERS[family](module, rng, spec)
-    described = described if family == name else f"{name} (a {family} network: {described.replace(family, name, 1)})"
+    if family is None:  # a grid network of its own composition: evaluated from its file
+        built = _any_grid_network(module, rng, spec)
+        if built is None:
+            return [Check(f"semantics/{name}/emitted", name, statement, SKIPPED, True,
+                          "no image size tried runs the step (see its adjoint tests), so there is nothing to compare")]
+        params, emitted, evaluator, controls, described = built
+    else:
+        params, emitted, evaluator, controls, described = _BUILDERS[family](module, rng, spec)
+        described = described if family == name else f"{name} (a {family} network: {described.replace(family, name, 1)})"
     got = emitted()
     with mpmath.workdps(_DIGITS):
         exact = {key: _exact(value) for key, value in params.items()}

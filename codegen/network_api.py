@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from splitformer.symbolic.markdown import inert, markdown_text
 from splitformer.symbolic.network_spec import NetworkSpec, check_network
 
 from .derivations import GeneratedModules, check_passes, check_write_options
@@ -87,3 +88,12 @@ class NetworkDerivation(GeneratedModules):
 
     def __repr__(self) -> str:
         return f"<NetworkDerivation of {self.spec.name!r} → {self.name}>"
+
+    def _repr_markdown_(self) -> str:
+        """A notebook's view: the network, its summary and the sections of its report (as a ``Derivation`` shows its
+        substeps)."""
+        sections = [line.removeprefix("## ") for line in self.report.splitlines() if line.startswith("## ")]
+        lines = [f"**Network `{self.spec.name}`** → `{self.name}`: {markdown_text(self.spec.summary)}", "",
+                 f"{len(sections)} sections of its report (`.report`; `.check()` runs its checks):", ""]
+        lines += sections  # "1. One step …": an ordered list as they are
+        return inert("\n".join(lines), f"the view of {self.spec.name!r}")

@@ -142,6 +142,14 @@ def test_every_displayed_object_has_a_notebook_repr(post_ln):
     assert_renderable_math([math for text in shown.values() for math in math_of(text)])
 
 
+def test_a_derived_network_has_a_notebook_view():
+    """Tester s39 L7: a NetworkDerivation had no Markdown view where a block's Derivation has one."""
+    shown = splitformer.derive("resnet-block")._repr_markdown_()
+    assert shown.startswith("**Network `resnet-block`** → `resnet_block`: ResNet basic block")
+    assert "\n1. One step of the equation on the 2-D grid\n2. The field $F$, operator by operator\n" in shown
+    assert_renderable_math(math_of(shown))
+
+
 def math_of(text):
     """The math of a notebook view: an environment, ``$$…$$`` and ``$…$`` pieces."""
     if text.startswith(r"\begin{"):

@@ -75,7 +75,7 @@ def test_timm_negative_control_positions_read_in_another_order_differ():
     ({"pos_embed": "none"}, "no position embedding"),
     ({"dynamic_img_size": True}, "dynamic_img_size"),
     ({"pre_norm": True}, "pre_norm"),
-    ({"global_pool": "avg"}, "no final norm"),
+    ({"global_pool": "avg"}, "pooling global_pool='avg'"),  # named first: it moves the final norm (fc_norm)
     ({"global_pool": "avg", "fc_norm": False}, "pooling global_pool='avg'"),
     ({"final_norm": False}, "no final norm"),
     ({"qk_norm": True}, "q/k normalization"),

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from .torch_helpers import _in_place, _recorded
+from .torch_helpers import _in_place, _recorded, _shares
 
 
 def _memory(memory: torch.Tensor, batch: int, d: int, like: torch.Tensor) -> torch.Tensor:
@@ -63,6 +63,19 @@ def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset
         if outside.numel() > 0:
             raise ValueError(f"positions must be finite, got {outside[0].item()}")
     return positions.to(like.dtype).expand(batch, n_tokens)
+
+
+def _shared_positions(shared: dict[str, list[torch.Tensor]] | None, positions: torch.Tensor | None, batch: int,
+                      n_tokens: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """``_positions``; the default ones computed once per stack call and read from ``shared`` by its later layers
+    (every layer of one call steps the same tokens in one dtype: a decoding step's four layers make one arange, not
+    four, each about 2.5 % of a llama step's 0.3 ms at d 256)."""
+    if shared is None or not _shares(positions):
+        return _positions(positions, batch, n_tokens, offset, like)
+    key = f"positions {offset} {batch} {n_tokens} {like.dtype} {like.device}"  # a dict reused by other calls too
+    if key not in shared:
+        shared[key] = [_positions(positions, batch, n_tokens, offset, like)]
+    return shared[key][0]
 
 
 def _grid(size: int, like: torch.Tensor) -> torch.Tensor:

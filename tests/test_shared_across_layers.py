@@ -150,4 +150,5 @@ def test_one_dict_reused_across_calls_of_other_lengths_is_keyed_by_them(llama, r
         for tokens in (6, 4, 6):
             u = torch.from_numpy(rng.normal(size=(2, tokens, D)))
             torch.testing.assert_close(block(u, shared=shared), block(u), rtol=0, atol=0)
-    assert len(shared) == 2  # one entry per (batch, tokens): the second call of 6 tokens read the first's
+    # one entry of tables and one of positions per (batch, tokens): the second call of 6 tokens read the first's
+    assert len(shared) == 4 and sum(key.startswith("positions ") for key in shared) == 2

@@ -1052,6 +1052,19 @@ def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset
     return positions.to(like.dtype).expand(batch, n_tokens)
 
 
+def _shared_positions(shared: dict[str, list[torch.Tensor]] | None, positions: torch.Tensor | None, batch: int,
+                      n_tokens: int, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """``_positions``; the default ones computed once per stack call and read from ``shared`` by its later layers
+    (every layer of one call steps the same tokens in one dtype: a decoding step's four layers make one arange, not
+    four, each about 2.5 % of a llama step's 0.3 ms at d 256)."""
+    if shared is None or not _shares(positions):
+        return _positions(positions, batch, n_tokens, offset, like)
+    key = f"positions {offset} {batch} {n_tokens} {like.dtype} {like.device}"  # a dict reused by other calls too
+    if key not in shared:
+        shared[key] = [_positions(positions, batch, n_tokens, offset, like)]
+    return shared[key][0]
+
+
 def _grid(size: int, like: torch.Tensor) -> torch.Tensor:
     """The grid coordinates 0, 1, …, size − 1 in the dtype and device of ``like``."""
     return torch.arange(size, dtype=like.dtype, device=like.device)
@@ -1469,7 +1482,7 @@ class Block(_CanonicalModule):
                         batch, offset + n_tokens, u0.device)
         _cached_options(cache, ["n_heads", "n_kv_heads", "eps", "rope_theta"],
                         [float(n_heads), float(n_kv_heads), float(eps), float(rope_theta)])
-        pos = _positions(positions, batch, n_tokens, offset, u0)
+        pos = _shared_positions(shared, positions, batch, n_tokens, offset, u0)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
             if cache is not None:
                 raise ValueError("backward='derived' trains without a cache (the cache is for inference)")

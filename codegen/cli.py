@@ -352,6 +352,8 @@ def _check(arguments: argparse.Namespace) -> tuple[str, int]:
     if arguments.plots is not None:
         if "convergence" not in only:
             raise SplitformerError("--plots: the plots are the convergence study's; add 'convergence' to --only")
+        if not arguments.plots:  # Path("") is ".": plots would land in the current folder unasked
+            raise SplitformerError("--plots: empty folder name (use '.' for the current folder)")
         plots = Path(arguments.plots)
         try:
             existing = next(folder for folder in (plots, *plots.parents) if folder.exists())

@@ -10,6 +10,7 @@ numbers are exact rationals; the composition is bounded in depth.
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import TYPE_CHECKING
 
 from .activations import ACTIVATIONS
@@ -43,8 +44,7 @@ def check_fields(scheme: "Scheme") -> None:
             raise SplitformerError(f"{where}: {field}: expected str, got {type(getattr(scheme, field)).__name__}")
     if len(scheme.description) > MAX_DESCRIPTION:
         raise SplitformerError(f"{where}: description: longer than {MAX_DESCRIPTION} characters")
-    unprintable = next((character for character in scheme.description
-                        if not character.isprintable() and character not in "\n\t"), None)
+    unprintable = next((character for character in scheme.description if _controls(character)), None)
     if unprintable is not None:  # it reaches reports and `show`: a terminal would obey an escape sequence
         raise SplitformerError(f"{where}: description: holds the control character {unprintable!r} (printable text, "
                                "new lines and tabs only)")
@@ -132,6 +132,16 @@ def _check_across_layers(across: object, where: str) -> None:
         AcrossLayers(across.method, across.momentum, across.weights)
     except SplitformerError as error:
         raise SplitformerError(f"{where}: {str(error).removeprefix('across_layers: ')}") from None
+
+
+#: Characters that reorder the text around them (bidirectional embeddings, overrides and isolates).
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _controls(character: str) -> bool:
+    """Whether ``character`` is a control character a terminal obeys (C0, DEL, C1 but new lines, carriage returns
+    and tabs) or one that reorders the text around it; spaces of other widths, soft hyphens and marks are text."""
+    return (unicodedata.category(character) == "Cc" and character not in "\n\r\t") or character in _BIDI
 
 
 def _check_sequence(sequence: object, where: str, depth: int) -> None:

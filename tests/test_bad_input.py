@@ -581,7 +581,8 @@ def test_two_schemes_of_one_name_are_refused_where_results_are_told_apart_by_nam
 
 @pytest.mark.parametrize("arguments, message", [
     (["derive", "post-ln", "--load", ""], "error: plug-in file: empty name (expected a Python file, .py)"),
-    (["compare", "post-ln", "--plot", ""], "error: --plot: empty file name (the plot is a PNG image; name it *.png)")])
+    (["compare", "post-ln", "--plot", ""], "error: --plot: empty file name (the plot is a PNG image; name it *.png)"),
+    (["check", "post-ln", "--plots", ""], "error: --plots: empty folder name (use '.' for the current folder)")])
 def test_an_empty_file_name_is_said_to_be_empty(arguments, message, capsys, tmp_path, monkeypatch):
     """Attacker s39 L9: '' was reported as '.' (Path('') is the current folder)."""
     monkeypatch.chdir(tmp_path)

@@ -408,6 +408,8 @@ def test_a_field_beginning_on_the_input_channels_reads_its_width_where_d_is(tmp_
                         shortcut=_kernel(shortcut))
     out = numpy_module.forward(x.numpy(), params, stride=2)
     assert out.shape == (2, 5, 5, 4) and np.abs(out - expected).max() <= 1e-12
+    with pytest.raises(ValueError, match=r"^missing parameter 'conv1.W'$"):  # named, not a shape read with d = 3
+        numpy_module.forward(x.numpy(), {name: value for name, value in params.items() if name != "conv1.W"}, stride=2)
     model = torch_module.Model(3, 5, stride=2, transfer=True, dtype=torch.float64)
     model.load_params(params)
     with torch.no_grad():

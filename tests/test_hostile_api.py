@@ -396,6 +396,7 @@ def test_a_description_holding_control_characters_is_refused(character):
 
     operators = {"attn": "attention", "norm": "layer-norm", "ffn": "feed-forward"}
     steps = [substep("attn", on="norm"), substep("ffn", on="norm")]
-    assert "\tb" in splitformer.scheme("a", "s", operators=operators, steps=steps, description="a\n\tb").description
+    for text in ("a\n\tb", "a\u00a0b\u2009c\u00add", "a\r\nb"):  # no-break and thin spaces, a soft hyphen: text
+        assert splitformer.scheme("a", "s", operators=operators, steps=steps, description=text).description == text
     with pytest.raises(SplitformerError, match=r"^Python scheme 'a': scheme 'a': description: holds the control"):
         splitformer.scheme("a", "s", operators=operators, steps=steps, description=f"x {character}[2J y")

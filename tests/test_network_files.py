@@ -8,6 +8,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+import torch
 
 import splitformer
 from splitformer.codegen.cli import main
@@ -144,7 +145,7 @@ def test_a_grid_composition_no_builtin_shares_is_checked_against_its_file_read_b
     assert network_family(spec) is None
     (check,) = network_semantics.network_semantics_checks(spec)
     assert check.holds and check.method == "numeric", check.detail
-    assert "kernel flipped" in check.detail and "windows shifted by one node" in check.detail
+    assert "kernels flipped" in check.detail and "windows shifted by one node" in check.detail
     module = network_semantics.network_module(spec)
 
     class Off:  # the module with one output entry moved by 1e-6
@@ -510,3 +511,57 @@ def test_a_vit_stepping_a_scheme_without_parameters_is_refused_in_one_line(tmp_p
     (tmp_path / "steps.toml").write_text(step.replace('[operators]\n', '[operators]\nnorm1 = "layer-norm"\n')
                                          + 'on = "norm1"\n')
     assert main(["derive", "--load", plugin, str(path), "--out", str(tmp_path / "out")]) == 0
+
+
+GRID_FILES = {
+    "xfer3": ('conv1 = { kind = "convolution", kernel = 1, inputs = "c" }\n'
+              't = { kind = "convolution", kernel = 3, padding = 1, inputs = "c" }\ntb = { kind = "batch-norm" }\n',
+              'field = ["conv1"]\ntransfer = ["t", "tb"]\n'),
+    "tconv3": ('down = { kind = "convolution", kernel = 3, stride = 3, inputs = "c" }\n'
+               'relu = { kind = "relu-projection" }\n'
+               'up = { kind = "transposed-convolution", kernel = 3, inputs = "y", outputs = "c" }\n',
+               'field = ["down", "relu", "up"]\n'),
+    "side1": ('conv1 = { kind = "convolution", kernel = 3, padding = 1, stride = 2, inputs = "c" }\n'
+              'back = { kind = "convolution", kernel = 1, outputs = "c" }\n', 'field = ["conv1", "back"]\n')}
+
+
+def _grid_file(tmp_path, name):
+    operators, step = GRID_FILES[name]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nsummary = "x"\n[operators]\n{operators}[step]\n{step}')
+    return load_network(path)
+
+
+def test_the_file_evaluator_sizes_and_controls_show_what_they_claim(tmp_path, monkeypatch):
+    """Reviewer s39: the controls changed the field alone, so a file whose only 3 × 3 kernel is in its transfer failed a
+    correct module (M1); the first size that ran could leave one coarse node, where a module reading the coarse grid in
+    reverse before a transposed convolution held (H1). Now the controls reach every operator, one that changes nothing
+    at the sizes (a flipped kernel read at its centre alone, on 1 × 1 images) is left out saying so, and the sizes
+    give each grid at least 3 nodes per axis where the file allows; the reversed module fails."""
+    (holds,) = network_semantics.network_semantics_checks(_grid_file(tmp_path, "xfer3"))
+    assert holds.holds and "kernels flipped" in holds.detail and "no change" not in holds.detail, holds.detail
+    (degenerate,) = network_semantics.network_semantics_checks(_grid_file(tmp_path, "side1"))
+    assert degenerate.holds and "on 1 × 1" in degenerate.statement
+    assert "(kernels flipped: no change at these sizes, left out)" in degenerate.detail
+    spec = _grid_file(tmp_path, "tconv3")
+    (right,) = network_semantics.network_semantics_checks(spec)
+    assert right.holds and "on 9 × 9" in right.statement  # three coarse nodes per axis
+    module = network_semantics.network_module(spec)
+
+    class Reversed:  # the coarse grid read in reverse before the ascent
+        def __getattr__(self, attribute):
+            return getattr(module, attribute)
+
+        @staticmethod
+        def forward(u, params, eps=1e-5):
+            x = torch.tensor(u)
+            p = {key: torch.tensor(value) for key, value in params.items()}
+            z = torch.relu(torch.nn.functional.conv2d(x, p["down.W"].permute(3, 0, 1, 2), p["down.b"], stride=3))
+            if min(z.shape[-2:]) < 1 or 3 * z.shape[-1] != x.shape[-1] or 3 * z.shape[-2] != x.shape[-2]:
+                raise ValueError("u is too small for stride 1")
+            up = torch.nn.functional.conv_transpose2d(z.flip(-1, -2), p["up.W"].permute(0, 3, 1, 2), p["up.b"], stride=3)
+            return (x + up).numpy()
+
+    monkeypatch.setattr(network_semantics, "network_module", lambda spec: Reversed())
+    (wrong,) = network_semantics.network_semantics_checks(spec)
+    assert not wrong.holds, wrong.detail

@@ -20,7 +20,7 @@ from .adjoint_tests import Point, adjoint_tests
 from .emitted import compiled
 from .statements import SKIPPED, Check
 
-__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family", "any_grid"]
+__all__ = ["network_adjoint_tests", "network_module", "random_table", "unwritten_family", "any_grid", "SIDES"]
 
 
 #: Emitted modules by what their network computes and is named (``repr`` of the spec).
@@ -106,20 +106,21 @@ def _grid(module, rng, transfer: bool, described: str, channels: int = 3, side: 
 #: The image sides ``any_grid`` tries, 4 × 4 first, and the seconds it may take: a step its module refuses at
 #: every side (its F(u) and R u never meet) fails; one whose outputs are empty up to the last side, or whose search
 #: ran out of time (wide kernels), is skipped saying so.
-_SIDES = (4, *range(1, 4), *range(5, 129))
+SIDES = (4, *range(1, 4), *range(5, 129))
 _SEARCH_SECONDS = 20.0
 
 
-def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None) -> tuple | str | None:
+def any_grid(spec: GridNetworkSpec, module, rng, transfers: tuple[bool, ...] | None = None,
+             sides: tuple[int, ...] = SIDES) -> tuple | str | None:
     """The sizes of ``_grid`` for a grid step of another composition: with its transfer (if any) at stride 2, then at
     stride 1, then without it (``transfers``: those tried, by default both), with 3 input channels, then with as many
-    as features (R = 1 and F ending on the features need them), on 4 × 4 pixels, then on the other ``_SIDES``; the
-    first whose F(u) and R u land on one grid and channels. Else why not: ``None`` (its module refused every one),
-    ``"small"`` (some outputs were empty), or ``"budget"`` (``_SEARCH_SECONDS`` ran out)."""
+    as features (R = 1 and F ending on the features need them), on each of ``sides`` in turn (4 × 4 pixels first);
+    the first whose F(u) and R u land on one grid and channels. Else why not: ``None`` (its module refused every
+    one), ``"small"`` (some outputs were empty), or ``"budget"`` (``_SEARCH_SECONDS`` ran out)."""
     if transfers is None:
         transfers = (True, False) if module.TRANSFER_PARAMETERS else (False,)
     start, small = time.perf_counter(), False
-    for side, channels, transfer, stride in ((side, channels, transfer, stride) for side in _SIDES
+    for side, channels, transfer, stride in ((side, channels, transfer, stride) for side in sides
                                              for channels in (3, 4) for transfer in transfers for stride in (2, 1)):
         if time.perf_counter() - start > _SEARCH_SECONDS:
             return "budget"
@@ -158,7 +159,7 @@ def _transfer_unrun(spec: GridNetworkSpec, module, rng, described: str) -> list[
                           "the images were too small for its kernels)" if found == "small"
                           else f"the search's {_SEARCH_SECONDS:g} s ran out)"))]
     return [Check(check_id, spec.name, statement, "numeric", False,
-                  f"no image runs the step with its transfer: on 1 × 1 to {_SIDES[-1]} × {_SIDES[-1]} pixels (3 or 4 "
+                  f"no image runs the step with its transfer: on 1 × 1 to {SIDES[-1]} × {SIDES[-1]} pixels (3 or 4 "
                   "input channels, d = 4, stride 2 or 1) its R u never lands on F(u)'s grid and channels, so the "
                   "file's transfer can never run; the tests ran without it")]
 
@@ -191,12 +192,12 @@ def network_adjoint_tests(spec: NetworkSpec | str) -> list[Check]:
     if family is None and not isinstance(spec, GridNetworkSpec):
         return [unwritten_family(f"adjoint-test/{spec.name}", spec, statement)]
     if family is None and pixels is None and found in ("small", "budget"):
-        why = (f"every image up to {_SIDES[-1]} × {_SIDES[-1]} pixels is too small for its kernels (an empty output)"
+        why = (f"every image up to {SIDES[-1]} × {SIDES[-1]} pixels is too small for its kernels (an empty output)"
                if found == "small" else f"no image tried in {_SEARCH_SECONDS:g} s runs the step (wide kernels)")
         return [Check(f"adjoint-test/{spec.name}", spec.name, statement, SKIPPED, True, why)]
     if family is None and pixels is None:  # its F(u) and R u never meet: the step cannot run on any image
         return [Check(f"adjoint-test/{spec.name}", spec.name, statement, "numeric", False,
-                      f"no image runs the step: on 1 × 1 to {_SIDES[-1]} × {_SIDES[-1]} pixels (3 or 4 input channels, "
+                      f"no image runs the step: on 1 × 1 to {SIDES[-1]} × {SIDES[-1]} pixels (3 or 4 input channels, "
                       "d = 4, stride 2 or 1, with and without its transfer) its module refuses every one, its F(u) and "
                       "R u landing on different grids or channels")]
     if isinstance(spec, GridNetworkSpec) and not spec.reads_stride:  # unet-level: its file fixes each stride

@@ -819,7 +819,9 @@ def _checked(u, params, stride, eps):
     if len(channels) == 1 and u.shape[1] != min(channels):  # the parameters agree: u is wrong (the table would blame them)
         raise ValueError(f"u must have shape (batch, {min(channels)}, height, width) (its parameters' n_channels), "
                          f"got {tuple(u.shape)}")
-    width = "conv1.W"  # the first parameter over the output's channels d (absent: _table names it)
+    width = "conv1.W"  # the first parameter over the output's channels d
+    if width not in params and width in PARAMETERS:  # F's: required (R's may be absent: R = Id, d = n_channels)
+        raise ValueError(f"missing parameter {width!r}")
     sizes = {"n_channels": u.shape[1], "d": _shape(params[width])[3] if width in params else u.shape[1]}
     unknown = sorted(set(params) - set(PARAMETERS) - set(TRANSFER_PARAMETERS), key=str)
     if unknown:

@@ -1055,8 +1055,8 @@ def _positions(positions: torch.Tensor | None, batch: int, n_tokens: int, offset
 def _shared_positions(shared: dict[str, list[torch.Tensor]] | None, positions: torch.Tensor | None, batch: int,
                       n_tokens: int, offset: int, like: torch.Tensor) -> torch.Tensor:
     """``_positions``; the default ones computed once per stack call and read from ``shared`` by its later layers
-    (every layer of one call steps the same tokens in one dtype: a decoding step's four layers make one arange, not
-    four, each about 2.5 % of a llama step's 0.3 ms at d 256)."""
+    (every layer of one call steps the same tokens: a decoding step's four layers make one arange and expand, not
+    four; torch's profiler put an arange at about 9 µs on a loaded two-core machine)."""
     if shared is None or not _shares(positions):
         return _positions(positions, batch, n_tokens, offset, like)
     key = f"positions {offset} {batch} {n_tokens} {like.dtype} {like.device}"  # a dict reused by other calls too

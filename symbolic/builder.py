@@ -82,7 +82,7 @@ def scheme(name: str, summary: str, operators: Mapping[str, str], steps: Sequenc
     """A ``Scheme`` from the fields of a scheme file (``activation``, ``final_norm``, ``order``, …)."""
     document = {"name": name, "summary": summary, **fields, "operators": operators, "steps": steps}
     where = f"Python scheme {name!r}" if isinstance(name, str) else "Python scheme"
-    return parse_scheme(to_toml(_plain(document, where)), where)
+    return parse_scheme(to_toml(document, where), where)
 
 
 def _exact_rational(value: object) -> bool:
@@ -124,8 +124,10 @@ def _plain(value: Any, where: str, path: str = "", depth: int = 0) -> Any:
     return value
 
 
-def to_toml(document: Mapping[str, Any]) -> str:
-    """A scheme document as the text of a scheme file: scalars, then tables, then ``[[steps]]``."""
+def to_toml(document: Mapping[str, Any], where: str = "to_toml") -> str:
+    """A scheme document as the text of a scheme file: scalars, then tables, then ``[[steps]]`` (its values made TOML's
+    first, ``_plain``: errors name ``where``)."""
+    document = _plain(document, where)
     lines, tables = [], []
     for key, value in document.items():
         name = toml_key(key, "scheme")

@@ -386,6 +386,10 @@ def test_python_schemes_nested_without_end_or_holding_huge_numbers_are_one_error
                             r"^Python scheme 'a': steps\[0\]\.fraction: a number of 67 bits is out of range")):
         with pytest.raises(SplitformerError, match=message):
             splitformer.scheme("a", "s", operators=operators, steps=steps)
+    from splitformer.symbolic.builder import to_toml  # the helper alone too (reviewer s39: a RecursionError)
+
+    with pytest.raises(SplitformerError, match=r"^to_toml: steps\[0\]\[0\].*a list or dict that holds itself"):
+        to_toml({"name": "a", "steps": [looped_list]})
 
 
 @pytest.mark.parametrize("character", ["\x1b", "\x07", "\x9b", "\u202e"])

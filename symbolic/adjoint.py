@@ -45,6 +45,7 @@ import sympy as sp
 
 from .errors import SplitformerError
 from .latex import equation
+from .image import IMAGE_VARIABLES, KERNEL_COLS, KERNEL_ROWS
 from .program import Assignment, Program, Tensor, entry
 
 __all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO",
@@ -58,6 +59,11 @@ RELU_SUBGRADIENT_AT_ZERO = sp.Integer(0)
 #: the step reads from outside (masks χ, token positions) is data: no adjoint flows into it,
 #: nor into an array computed from data alone (the rotary angles φ).
 DIFFERENTIABLE_ROLES = ("input", "memory", "param")
+
+
+#: The index letters of a convolution's kernel offsets (its kernel rows and columns).
+_KERNEL_OFFSETS = frozenset(str(variable.index) for variable in IMAGE_VARIABLES.values()
+                            if variable.domain in (KERNEL_ROWS, KERNEL_COLS))
 
 
 def adjoint_name(name: str) -> str:
@@ -145,6 +151,24 @@ def _index_atoms(indices) -> list[sp.Idx]:
 def is_plain(indices) -> bool:
     """Whether ``indices`` are distinct indices (not a pattern such as ``P p + r`` or ``0``)."""
     return all(isinstance(index, sp.Idx) for index in indices) and len(set(indices)) == len(indices)
+
+
+def own_indices(indices) -> tuple:
+    """The plain indices of an array on its own grid: ``indices`` where plain; an axis written at a pattern
+    ``S p + r`` (a transposed convolution's fine points) by its point index ``p``, the one that is no kernel offset.
+    A costate lives on the array's grid, plain: a reader that reads the array plainly is renamed onto these, and the
+    writer reads the costate at its pattern (renaming onto the pattern itself captured the reader's own kernel offsets:
+    ``2 (2 p + r) + r``, two transposed convolutions in a row)."""
+    own = []
+    for index in indices:
+        if isinstance(index, sp.Idx):
+            own.append(index)
+            continue
+        points = [atom for atom in sorted(sp.sympify(index).atoms(sp.Idx), key=str) if str(atom) not in _KERNEL_OFFSETS]
+        if len(points) != 1:
+            raise SplitformerError(f"an array written at {index} has no point index of its own")
+        own.append(points[0])
+    return tuple(own)
 
 
 def _is_pattern(indices) -> bool:
@@ -368,7 +392,7 @@ class _Reverse:
             self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices, "gradient",
                                        tensor.parameter, tensor.shape, tensor.kind)
         else:
-            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), tensor.indices,
+            self.tensors[bar] = Tensor(bar, _overline(tensor.latex), own_indices(tensor.indices),
                                        "input" if role == "seed" else "temp")
         return bar
 
@@ -380,17 +404,18 @@ class _Reverse:
         if name in self.scattered:
             bar = self.declare(name, "temp")
             self.emit_scattered(name, bar, f"adjoint of {name}")
-            self.alias[name] = entry(bar, tensor.indices)
+            self.alias[name] = entry(bar, own_indices(tensor.indices))
             return self.alias[name]
         terms = self.pending.pop(name, [])
         if not terms:
             return None
         total = sp.Add(*terms)
-        if isinstance(total, sp.Indexed) and total.indices == tensor.indices:
+        own = own_indices(tensor.indices)
+        if isinstance(total, sp.Indexed) and total.indices == own:
             self.alias[name] = total
             return total
         bar = self.declare(name, "temp")
-        lhs = entry(bar, tensor.indices)
+        lhs = entry(bar, own)
         self.emitted.append(Assignment(lhs, total, f"adjoint of {name}",
                                        quadrature=equation(lhs, total, self.latex_names())))
         self.alias[name] = lhs
@@ -413,10 +438,11 @@ class _Reverse:
         parts = []
         for number, (pattern, terms) in enumerate(patterns.items(), 1):
             part = f"{bar}{number}"
-            self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", tensor.indices, "temp")
+            own = own_indices(tensor.indices)
+            self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", own, "temp")
             self.emit(part, pattern, terms, f"{meaning}: the part read at {', '.join(map(str, pattern))}", name)
-            parts.append(entry(part, tensor.indices))
-        lhs = entry(bar, tensor.indices)
+            parts.append(entry(part, own))
+        lhs = entry(bar, own_indices(tensor.indices))
         total = sp.Add(*parts, *plain)
         self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
 
@@ -475,9 +501,10 @@ class _Reverse:
             body = costate * partial
             # plain: rename the entry's indices to the array's own; a pattern keeps them.
             # The summed indices move out of the way.
-            mapping = dict(zip(read, tensor.indices)) if plain else {}
+            own_grid = own_indices(tensor.indices)
+            mapping = dict(zip(read, own_grid)) if plain else {}
             kept = body.atoms(sp.Idx) - set(atoms) - set(summed)
-            avoid = (set(tensor.indices) if plain else set(atoms)) | kept
+            avoid = (set(own_grid) if plain else set(atoms)) | kept
             for index in summed:
                 target = index if index not in avoid else _spare(index, avoid, self.pool)
                 mapping[index] = target

@@ -441,3 +441,44 @@ def test_a_projection_that_changes_the_channels_is_refused_and_another_operator_
         assert main(["show", str(tmp_path / name) if name.endswith(".toml") else name]) == 0
         shown = capsys.readouterr().out
         assert "$" not in shown and "\\" not in shown and "Δt" in shown, name
+
+
+TWO_ASCENTS = '''name = "two-ascents"
+summary = "two stride-2 descents, two transposed ascents"
+
+[operators]
+d1 = { kind = "convolution", kernel = 2, stride = 2, inputs = "c" }
+d2 = { kind = "convolution", kernel = 2, stride = 2 }
+u2 = { kind = "transposed-convolution", kernel = 2 }
+u1 = { kind = "transposed-convolution", kernel = 2, outputs = "c" }
+
+[step]
+field = ["d1", "d2", "u2", "u1"]
+'''
+
+
+def test_two_transposed_convolutions_in_a_row_have_their_adjoint(tmp_path):
+    """Found in s39: the costate of an array a transposed convolution writes (at S p + r) was indexed by that pattern,
+    and the next transposed convolution's reader renamed onto it captured its own kernel offset (2 (2 p + r) + r):
+    derive failed with an AssertionError. Costates now live on the array's own grid. Reference: torch autograd through
+    Conv2d, Conv2d, ConvTranspose2d, ConvTranspose2d, every parameter random, float64."""
+    import splitformer
+
+    (tmp_path / "two-ascents.toml").write_text(TWO_ASCENTS)
+    module = splitformer.derive(str(tmp_path / "two-ascents.toml")).numpy_module()
+    torch.manual_seed(11)
+    d1, d2 = _conv(3, 4, 2, 2), _conv(4, 4, 2, 2)
+    u2, u1 = _conv(4, 4, 2, 2, transposed=True), _conv(4, 3, 2, 2, transposed=True)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    out = x + u1(u2(d2(d1(x))))
+    seed = torch.randn_like(out)
+    out.backward(seed)
+    params = _canonical(d1=_kernel(d1), d2=_kernel(d2), u2=_kernel(u2), u1=_kernel(u1))
+    assert np.abs(module.forward(x.detach().numpy(), params) - out.detach().numpy()).max() <= 1e-12
+    grad_u, grads = module.vjp(x.detach().numpy(), params, seed.numpy())
+    assert np.abs(grad_u - x.grad.numpy()).max() <= 1e-12
+    for key, layer in (("d1", d1), ("d2", d2), ("u2", u2), ("u1", u1)):
+        expected = layer.weight.grad.numpy()
+        expected = expected.transpose(0, 2, 3, 1) if key.startswith("u") else expected.transpose(1, 2, 3, 0)
+        assert np.abs(grads[f"{key}.W"] - expected).max() <= 1e-11, key
+        assert np.abs(grads[f"{key}.b"] - layer.bias.grad.numpy()).max() <= 1e-11, key

@@ -428,18 +428,6 @@ def _fold(blocks, shape, axes, size, stride, padding):
     return out[tuple(crop)]
 
 
-def _interleave(blocks, axes):
-    """``blocks[…, p, …, q, …, r, s]`` written at the fine nodes ``(S p + r, S q + s)``."""
-    n = blocks.ndim - len(axes)
-    order = list(range(n))
-    for position, axis in sorted(enumerate(axes), key=lambda pair: -pair[1]):
-        order.insert(axis + 1, n + position)
-    shape = list(blocks.shape[:n])
-    for position, axis in enumerate(axes):
-        shape[axis] *= blocks.shape[n + position]
-    return blocks.transpose(order).reshape(shape)
-
-
 def _shape(value):
     """The shape of a parameter (an array or anything ``np.asarray`` takes)."""
     return np.shape(value)
@@ -588,12 +576,8 @@ def _step_identity_vjp(u0, u1_bar, p, config, eps):
     relu_out = np.maximum(bn_out, 0)
 
     # --- adjoint of up: transposed-convolution ---
-    # λ^{+}[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
-    up_out_bar_windows = _windows(u1_bar, (2, 3), 2, 2, 0)
-    # the value at each coarse node and offset
-    up_out_bar_blocks = up_out_bar_windows
-    # P̅^up[c, 2*p + r, 2*q + s] = Δt*up_out_bar_windows[c, p, q, r, s]
-    up_out_bar = _interleave(up_out_bar_blocks, (2, 3))
+    # P̅^up[c, p, q] = Δt*λ^{+}[c, p, q]
+    up_out_bar = u1_bar
     # P̅^up[c, 2*p + r, 2*q + s] at every grid point and kernel offset (a view)
     up_W_bar_windows = _windows(up_out_bar, (2, 3), 2, 2, 0)
     # W̅_up[k, r, s, c] = Σ_{p,q}(Proj_S_2^relu[k, p, q]*up_W_bar_windows[c, p, q, r, s])

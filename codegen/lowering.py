@@ -31,7 +31,7 @@ import sympy as sp
 from splitformer.symbolic.adjoint import is_plain
 from splitformer.symbolic.domains import VARIABLES, Domain
 from splitformer.symbolic.errors import SplitformerError
-from splitformer.symbolic.image import IMAGE_VARIABLES, KERNEL_COLS, KERNEL_ROWS
+from splitformer.symbolic.image import IMAGE_VARIABLES, KERNEL_OFFSETS
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.latex import plain_equation, plain_formula
 from splitformer.symbolic.program import TIME_STEP, Assignment, Program
@@ -41,14 +41,11 @@ from .ir import (BATCH, UNBATCHED_ROLES, Cache, Contraction, Elementwise, Interl
                  Operand, PairTable, Point, Reduction, Rows, Shared, Softmax, TensorInfo, Window)
 from .nested_sums import nested_sums
 
-__all__ = ["lower", "Lowering", "INDEX_DOMAINS", "KERNEL_OFFSETS", "shifted_axes", "flattened_index", "flattened_sums"]
+__all__ = ["lower", "Lowering", "INDEX_DOMAINS", "shifted_axes", "flattened_index", "flattened_sums"]
 
 #: The definition an attention kind's kernel is (every built-in's ``γ``), where torch drops entries in training.
 KERNEL = "gamma"
 INDEX_DOMAINS = {variable.index: variable.domain for variable in VARIABLES.values()}
-#: The labels of a convolution's kernel offsets (its kernel rows and columns).
-KERNEL_OFFSETS = {str(variable.index) for variable in IMAGE_VARIABLES.values()
-                  if variable.domain in (KERNEL_ROWS, KERNEL_COLS)}
 
 
 def _domain(index: sp.Idx) -> Domain:

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from .errors import SplitformerError
+from .image import KERNEL_OFFSETS
 from .latex import equation
-from .image import IMAGE_VARIABLES, KERNEL_COLS, KERNEL_ROWS
 from .program import Assignment, Program, Tensor, entry
 
 __all__ = ["Adjoint", "AdjointRecord", "derive_adjoint", "adjoint_name", "is_plain", "RELU_SUBGRADIENT_AT_ZERO",
@@ -59,11 +59,6 @@ RELU_SUBGRADIENT_AT_ZERO = sp.Integer(0)
 #: the step reads from outside (masks χ, token positions) is data: no adjoint flows into it,
 #: nor into an array computed from data alone (the rotary angles φ).
 DIFFERENTIABLE_ROLES = ("input", "memory", "param")
-
-
-#: The index letters of a convolution's kernel offsets (its kernel rows and columns).
-_KERNEL_OFFSETS = frozenset(str(variable.index) for variable in IMAGE_VARIABLES.values()
-                            if variable.domain in (KERNEL_ROWS, KERNEL_COLS))
 
 
 def adjoint_name(name: str) -> str:
@@ -164,7 +159,7 @@ def own_indices(indices) -> tuple:
         if isinstance(index, sp.Idx):
             own.append(index)
             continue
-        points = [atom for atom in sorted(sp.sympify(index).atoms(sp.Idx), key=str) if str(atom) not in _KERNEL_OFFSETS]
+        points = [atom for atom in sorted(sp.sympify(index).atoms(sp.Idx), key=str) if str(atom) not in KERNEL_OFFSETS]
         if len(points) != 1:
             raise SplitformerError(f"an array written at {index} has no point index of its own")
         own.append(points[0])
@@ -435,14 +430,13 @@ class _Reverse:
             (pattern, terms), = patterns.items()
             self.emit(bar, pattern, terms, meaning, name)
             return
-        parts = []
+        parts, own = [], own_indices(tensor.indices)
         for number, (pattern, terms) in enumerate(patterns.items(), 1):
             part = f"{bar}{number}"
-            own = own_indices(tensor.indices)
             self.tensors[part] = Tensor(part, rf"{self.tensors[bar].latex}^{{[{number}]}}", own, "temp")
             self.emit(part, pattern, terms, f"{meaning}: the part read at {', '.join(map(str, pattern))}", name)
             parts.append(entry(part, own))
-        lhs = entry(bar, own_indices(tensor.indices))
+        lhs = entry(bar, own)
         total = sp.Add(*parts, *plain)
         self.emitted.append(Assignment(lhs, total, meaning, quadrature=equation(lhs, total, self.latex_names())))
 

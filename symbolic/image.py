@@ -20,7 +20,8 @@ from .quadrature import Grid
 
 __all__ = [
     "PIXEL", "CHANNELS", "ROWS", "COLS", "KERNEL_ROWS", "KERNEL_COLS", "CLASSES",
-    "X1", "X2", "SIGMA1", "SIGMA2", "C", "O", "IMAGE_VARIABLES", "ShiftedGrid", "image_domain", "register_variable",
+    "X1", "X2", "SIGMA1", "SIGMA2", "C", "O", "IMAGE_VARIABLES", "KERNEL_OFFSETS", "ShiftedGrid", "image_domain",
+    "register_variable",
 ]
 
 #: The pixel spacing ``Δ`` of the image plane.
@@ -54,6 +55,11 @@ O = Variable(sp.Symbol("o", real=True), CLASSES, sp.Idx("o", CLASSES.size))
 IMAGE_VARIABLES: dict[sp.Symbol, Variable] = {
     **VARIABLES, **{variable.symbol: variable for variable in (X1, X2, SIGMA1, SIGMA2, C, O)},
 }
+
+
+#: The index letters of a convolution's kernel offsets (its kernel rows and columns): ``r`` in a read ``S p + r``.
+KERNEL_OFFSETS = frozenset(str(variable.index) for variable in IMAGE_VARIABLES.values()
+                           if variable.domain in (KERNEL_ROWS, KERNEL_COLS))
 
 
 def register_variable(variable: Variable) -> Variable:

@@ -417,23 +417,28 @@ class TextEncoder(_Embedded):
         self.stack.reset_parameters()
 
     def forward(self, tokens: torch.Tensor, *, token_types: torch.Tensor | None = None,
-                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                padding_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states (batch, tokens, d) of ``tokens`` (batch, tokens).
 
-        ``token_types`` (batch, tokens): segment ids (default 0). ``padding_mask`` (batch,
-        tokens), True = padded: no token attends to a padded one.
+        ``token_types`` (batch, tokens): segment ids (default 0); ``token_type_ids``, BERT's name, is taken too.
+        ``padding_mask`` (batch, tokens), True = padded: no token attends to a padded one.
         """
+        types_name = "token_types"
+        if token_type_ids is not None:
+            if token_types is not None:
+                raise ValueError("give token_types or token_type_ids (BERT's name for it), not both")
+            token_types, types_name = token_type_ids, "token_type_ids"
         tokens = _check_tokens("tokens", tokens, self.vocab_size)
         batch, n_tokens = tokens.shape
         padding_mask = _check_padding(padding_mask, (batch, n_tokens))
         u = self.embed(tokens)
         if token_types is not None or self.token_types is not None:
             if self.token_types is None:
-                raise ValueError("token_types given, but this TextEncoder has n_token_types = 0")
+                raise ValueError(f"{types_name} given, but this TextEncoder has n_token_types = 0")
             types = tokens.new_zeros(tokens.shape) if token_types is None else \
-                _check_tokens("token_types", token_types, self.n_token_types)
+                _check_tokens(types_name, token_types, self.n_token_types)
             if tuple(types.shape) != (batch, n_tokens):
-                raise ValueError(f"token_types must have shape {[batch, n_tokens]}, got {list(types.shape)}")
+                raise ValueError(f"{types_name} must have shape {[batch, n_tokens]}, got {list(types.shape)}")
             u = u + self.token_types(types)
         u, placed = self._place(u, _positions(None, batch, 0, n_tokens, u.device))
         if self.embedding_norm is not None:

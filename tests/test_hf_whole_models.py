@@ -154,6 +154,7 @@ def test_bert_model_equals_the_text_encoder(pooler):
         hidden = encoder(tokens, token_types=token_types, padding_mask=attention_mask == 0)
         assert hidden.dtype == torch.float64
         assert (hidden - expected.last_hidden_state).abs().max() <= 1e-10  # padded rows too
+        assert torch.equal(encoder(tokens, token_type_ids=token_types, padding_mask=attention_mask == 0), hidden)
         if pooler:
             assert (encoder.pool(hidden) - expected.pooler_output).abs().max() <= 1e-10
         # negative controls: without the padding mask, or without the token types, the result differs
@@ -197,6 +198,10 @@ def test_text_encoder_checks_its_arguments_before_work():
         typed(tokens, token_types=tokens + 2)
     with pytest.raises(ValueError, match="token_types must have shape"):
         typed(tokens, token_types=tokens[:, :3])
+    with pytest.raises(ValueError, match=r"token_type_ids must lie in \[0, 2\)"):  # BERT's name, named back
+        typed(tokens, token_type_ids=tokens + 2)
+    with pytest.raises(ValueError, match="give token_types or token_type_ids"):
+        typed(tokens, token_types=tokens, token_type_ids=tokens)
     with pytest.raises(ValueError, match="n_token_types must be an int ≥ 0"):
         splitformer_nn.TextEncoder(POST_LN_GELU, 20, n_token_types=-1)
 

@@ -618,7 +618,7 @@ class TorchBackend(Backend):
             return [f"{op.out} = {product}.view({_shape(op.labels, printer)})"]
         names = ", ".join(name for name, _ in op.outputs)
         widths = ", ".join(str(width) for width in _widths(op, printer))
-        return [f"{op.out} = {product}", f"{names} = {op.out}.split([{widths}], dim=1)"] + [
+        return [f"{op.out} = {product}", f"{names} = {op.out}.split_with_sizes([{widths}], dim=1)"] + [
             f"{name} = {name}.view({_shape(labels, printer)})" for name, labels in op.outputs]
 
     def zeros(self, source: str, like: str) -> str:

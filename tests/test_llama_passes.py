@@ -61,7 +61,7 @@ def test_grouped_queries_keys_and_values_are_one_product_of_unequal_widths(llama
     assert fused.weights == ("attn_W_q", "attn_W_k", "attn_W_v") and len({labels for _, labels in fused.outputs}) == 3
     separate = {op.out for op in lower(program, _without("fuse-projections")).ops if isinstance(op, MatMul)}
     assert {"attn_q", "attn_k", "attn_v"} <= separate and "attn_qkv" not in separate  # negative control
-    for backend, split in (("numpy", "np.split(attn_qkv, ["), ("torch", "attn_qkv.split([")):
+    for backend, split in (("numpy", "np.split(attn_qkv, ["), ("torch", "attn_qkv.split_with_sizes([")):
         assert split in (GENERATED / backend / "llama.py").read_text()
 
 

@@ -172,8 +172,14 @@ def _cached_padding(cache: dict[str, torch.Tensor] | None, key_padding_mask: tor
         old = cache["key_padding_mask"]
         cached = old.shape[1]
         if mask is None and old.dtype == torch.bool:  # a step without padding: one read of the record
-            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:  # every entry is this one (the
-                agrees = not bool(old.as_strided([], []).item())  # record of calls without a mask): no reduction
+            if old.numel() > 0 and old.stride(0) == 0 and old.stride(1) == 0:
+                # every entry is one (the record of calls without a mask): read it, no reduction; the new record
+                # is that entry seen as every key (a new tensor per layer cost a decoding step more than the read)
+                entry = old.as_strided([], [])
+                agrees = not bool(entry.item())
+                if agrees:
+                    cache["key_padding_mask"] = entry.expand(batch, n_keys)
+                    return
             else:
                 agrees = not bool(old.any())
         else:

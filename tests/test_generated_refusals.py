@@ -90,6 +90,33 @@ def test_cached_decoding_refuses_a_padding_that_changed_over_cached_tokens(backe
     assert _same(cache, kept)
 
 
+def test_decoding_without_padding_keeps_one_record_and_reads_it(rng):
+    """A torch stack decoding without a mask records "no key padded" as one False seen as every cached key, and each
+    step makes its record from that entry (no new tensor per layer and step); the record then reads as none padded
+    at the stack's size, the result equals the full pass, and a record marked padded in place is refused at the next
+    step as a mask would be (control)."""
+    numpy_module, torch_module = _modules("gpt2")
+    layers = _layers(numpy_module, 2, rng)
+    u = torch.tensor(rng.standard_normal((2, 5, 8)))
+    stack = torch_module.Stack(2, 8, 2, 12, final_norm=False, dtype=torch.float64).load_params(layers)
+    cache = [{}, {}]
+    with torch.no_grad():
+        full = stack(u)
+        steps = [stack(u[:, :3], cache=cache)]
+        first = [entry["key_padding_mask"].untyped_storage().data_ptr() for entry in cache]
+        steps += [stack(u[:, 3:4], cache=cache), stack(u[:, 4:], cache=cache)]
+        assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-12
+        for entry, storage in zip(cache, first):
+            record = entry["key_padding_mask"]
+            assert record.shape == (2, 5) and record.dtype == torch.bool and not record.any()
+            assert record.untyped_storage().data_ptr() == storage
+        cache[1]["key_padding_mask"].as_strided([], []).fill_(True)  # every cached key of layer 1 marked padded
+        kept = _snapshot(cache)
+        with pytest.raises(ValueError, match="marks the cached tokens otherwise"):
+            stack(u[:, 4:], cache=cache)
+        assert _same(cache, kept)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("option, value", [("eps", 1e-3), ("rope_theta", 500.0)])
 def test_cached_decoding_refuses_options_that_changed_over_cached_tokens(backend, option, value, rng):

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import sympy as sp
 
-from .ir import Elementwise, Module, Reduction, Sigmoid
+from .ir import Elementwise, Module, Reduction, Sigmoid, Where
 
 __all__ = ["sigmoids", "with_sigmoids"]
 
@@ -51,10 +51,16 @@ def with_sigmoids(expr: sp.Expr) -> sp.Expr:
 
 
 def _logistic(factor: sp.Expr) -> tuple[sp.Expr, sp.Expr] | None:
-    """``(s, q)`` of a factor ``(1 + e^{s})^{−q}`` with ``q`` a positive number; else None."""
+    """``(s, q)`` of a factor ``(1 + e^{s})^{−q}`` with ``q`` a positive number; else None. A denominator that
+    ``bool_values`` reads as 1 where a support is empty, ``Where(m, 1 + e^{s}, 1)``, is one too: ``1 + e^{s}`` is never
+    0, and σ never NaN, so the guard has nothing to guard (a sigmoid kernel averaged over the keys, ``χ σ(a)/∫ χ dη``:
+    left unpaired, torch's autograd of ``1/(1 + e^{−a})`` was NaN below a = −88 in float32)."""
     if not (isinstance(factor, sp.Pow) and factor.exp.is_number and factor.exp.is_negative):
         return None
-    terms = sp.Add.make_args(factor.base)
+    base = factor.base
+    if isinstance(base, Where) and base.args[2] == 1:
+        base = base.args[1]
+    terms = sp.Add.make_args(base)
     if len(terms) != 2 or sp.Integer(1) not in terms:
         return None
     exponential = terms[1 - terms.index(sp.Integer(1))]

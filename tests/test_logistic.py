@@ -77,3 +77,49 @@ def test_a_merged_exponential_is_paired_and_its_rest_kept():
     assert rewritten == Sigmoid(s) ** 2 * Sigmoid(-s) * sp.exp(c)
     assert sp.simplify(_as_formulas(rewritten) - written) == 0
     assert with_sigmoids(sp.exp(2 * a + c) / (1 + sp.exp(s)) ** 3).has(sp.exp(2 * a + c))  # no multiple of s: kept
+
+
+def test_the_guides_sigmoid_attention_has_finite_autograd_gradients_at_saturated_scores(tmp_path):
+    """A tester's finding: the guide's sigmoid attention, ``χ σ(a) / ∫ χ dη``, kept ``1/(1 + e^{−a})`` (its denominator
+    read as ``Where(χ, 1 + e^{−a}, 1)`` for the empty support, which hid it from the rewrite), so torch's autograd (the
+    Block's default) was NaN for scores below −88 in float32 and −709 in float64; ``backward="derived"`` was finite.
+    The plug-in is the guide's own block, derived by the CLI; control: the emitted kernel is the sigmoid's."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import ROOT, import_path
+    from test_docs import blocks
+
+    source, = [block.text for block in blocks(ROOT / "docs" / "guide" / "plugins.md")
+               if block.title == "sigmoid_attention.py"]
+    (tmp_path / "sigmoid_attention.py").write_text(source, encoding="utf-8")
+    shown = subprocess.run([sys.executable, "-m", "splitformer", "show", "pre-ln", "--format", "toml"],
+                           capture_output=True, text=True, check=True).stdout
+    (tmp_path / "sigmoid-pre-ln.toml").write_text(
+        shown.replace('"attention"', '"sigmoid-attention"').replace('name = "pre-ln"', 'name = "sigmoid-pre-ln"'),
+        encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "splitformer", "derive", "--load", "sigmoid_attention.py",
+                    "sigmoid-pre-ln.toml", "--out", "build", "--backend", "torch"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    path = tmp_path / "build" / "torch" / "sigmoid_pre_ln.py"
+    assert "torch.sigmoid(attn_a)" in path.read_text(encoding="utf-8")
+    module = import_path(path)
+    rng = np.random.default_rng(5)
+    for dtype, scale in ((torch.float32, 40.0), (torch.float64, 200.0)):
+        params = {name: rng.standard_normal([{"d": 8, "d_ff": 16}[axis] for axis in shape])
+                  for name, shape in module.PARAMETERS.items()}
+        params["attn.W_q"] *= scale
+        params["attn.W_k"] *= scale
+        u = torch.tensor(rng.standard_normal((2, 6, 8)), dtype=dtype)
+        gradients = {}
+        for backward in ("autograd", "derived"):
+            block = module.Block(8, 2, 16, dtype=dtype, backward=backward).load_params(params)
+            x = u.clone().requires_grad_()
+            block(x).sum().backward()
+            gradients[backward] = [x.grad, *(p.grad for p in block.parameters())]
+            assert all(torch.isfinite(grad).all() for grad in gradients[backward]), (dtype, backward)
+        tolerance = 1e-3 if dtype == torch.float32 else 1e-10
+        for got, expected in zip(gradients["autograd"], gradients["derived"]):
+            assert (got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max())

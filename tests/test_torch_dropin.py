@@ -313,3 +313,23 @@ def test_a_block_scripts_its_own_code_after_another_scheme_of_its_name_is_derive
         assert (second(u) - first(u)).abs().max() > 1e-3  # the two schemes differ
         for block in (first, second):
             assert (torch.jit.script(block)(u) - block(u)).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("scheme", ["llama", "post_ln", "gpt2"])
+def test_autocast_gives_one_result_with_and_without_autograd(scheme):
+    """A tester's finding: under ``torch.autocast`` the inference path added the float32 residual into the product's
+    bfloat16 output in place, so a Block returned bfloat16 without autograd and float32 with it (1.6e-2 apart), and a
+    stack's next layer refused its input. No dead temporary is updated in place under autocast; the stack runs, and
+    its result equals the one with autograd (control: the same stack outside autocast is float32 and differs)."""
+    module = import_path(GENERATED / "torch" / f"{scheme}.py")
+    torch.manual_seed(0)
+    block, stack, u = module.Block(32, 4, 48), module.Stack(2, 32, 4, 48), torch.randn(2, 5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for model in (block, stack):
+            traced = model(u)
+            with torch.no_grad():
+                inferred = model(u)
+            assert inferred.dtype == traced.dtype == torch.float32
+            assert torch.equal(inferred, traced.detach())
+    with torch.no_grad():
+        assert (stack(u) - inferred).abs().max() > 1e-4

@@ -225,10 +225,18 @@ def _exported() -> bool:
 
 
 def _in_place() -> bool:
-    """Whether a call may update its dead temporaries in place: no autograd, and no trace or export recording it
-    (the one graph they record runs with and without autograd)."""
+    """Whether a call may update its dead temporaries in place: no autograd, no trace or export recording it (the one
+    graph they record runs with and without autograd), no autocast (a product's bfloat16 plus the float32 residual is
+    float32 out of place, as autograd's path computes it; in place it stayed bfloat16, and a stack's next layer
+    refused it)."""
     return (not torch.is_grad_enabled() and not torch.jit.is_tracing()
-            and (torch.jit.is_scripting() or not _exported()))
+            and (torch.jit.is_scripting() or not (_exported() or _autocast())))
+
+
+@torch.jit.unused
+def _autocast() -> bool:
+    """Whether autocast is on for the CPU or CUDA."""
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
 @torch.jit.unused

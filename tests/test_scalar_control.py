@@ -45,3 +45,14 @@ def test_a_control_with_no_axis_is_emitted_with_the_reference_values_and_gradien
 def test_every_check_holds(tmp_path):
     report = _derived(tmp_path).check(only=("semantics", "adjoint", "adjoint-test", "causality"))
     assert report.holds, [(check.id, check.detail) for check in report.checks if not check.holds]
+
+
+def test_a_control_with_no_axis_in_a_pointwise_definition_derives_with_the_passes(tmp_path):
+    """``u + α tanh(u)``: with every pass (the elementwise temporaries inlined), NumPy and torch equal the formula."""
+    derived = derived_plugin(tmp_path, "scalar_control.py", plugin_scheme("scaled", op="scaled-tanh"))
+    u = np.random.default_rng(1).standard_normal((2, 5, 3))
+    expected = u + 0.3 * np.tanh(u)
+    assert np.abs(derived.numpy_module().forward(u, {"op.alpha": np.array(0.3)}) - expected).max() < 1e-14
+    block = derived.torch_module().Block(3, 1, 3, dtype=torch.float64).load_params({"op.alpha": np.array(0.3)})
+    with torch.no_grad():
+        assert np.abs(block(torch.tensor(u)).numpy() - expected).max() < 1e-14

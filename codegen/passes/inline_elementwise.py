@@ -63,8 +63,9 @@ def _consumer(ops: list, reads: list[set[str]], counts: Counter, position: int, 
 
 
 def _relabel(expr: sp.Expr, mapping: dict) -> sp.Expr:
-    """Rename the index labels of every array in ``expr``."""
+    """Rename the index labels of every array in ``expr`` (a one-number control, read without indices, has none)."""
     replacements = {}
     for item in expr.atoms(sp.Indexed):
-        replacements[item] = item.base[tuple(mapping.get(sp.Idx(str(index)), index) for index in item.indices)]
+        if item.indices:
+            replacements[item] = item.base[tuple(mapping.get(sp.Idx(str(index)), index) for index in item.indices)]
     return expr.xreplace(replacements)

@@ -34,3 +34,20 @@ class GaussianMixer(Operator):
 
     def uses_support(self):
         return True
+
+
+@register_operator
+@dataclass(frozen=True)
+class ScaledTanh(Operator):
+    """``α tanh(u)``, α one learned number in a pointwise definition (a tester's kind: the pass inlining elementwise
+    temporaries renamed its indices and crashed on the control's none)."""
+
+    kind: ClassVar[str] = "scaled-tanh"
+    symbol: ClassVar[str] = r"\mathcal{S}"
+
+    def parameters(self):
+        return (kernel("alpha", r"\alpha", (), ()),)
+
+    def definitions(self):
+        return (Definition("t", "t", (X, Y), sp.tanh(apply(STATE, X, Y)), "tanh"),
+                Definition("out", self.symbol, (X, Y), apply("alpha") * apply("t", X, Y), "scaled"))

@@ -169,7 +169,9 @@ class Operator:
         return rf"+ {self.labelled()}({argument})"
 
     def uses_support(self) -> bool:
-        return False
+        """Whether the masks reach the operator: its definitions read the support χ (a kind may say so itself; one
+        that read χ and said False was emitted with χ never computed, and failed at every call)."""
+        return self.reads_input(SUPPORT)
 
     def reads_input(self, name: str) -> bool:
         """Whether the continuous definitions read the input field ``name`` (one of ``input_fields``)."""

@@ -84,7 +84,7 @@ def check_identifier(name: object, what: str) -> str:
     if type(name) is not str:  # exact: a str subclass can print other text
         raise SplitformerError(f"{what}: a name is a str, got {type(name).__name__}")
     if not _IDENTIFIER.fullmatch(name) or keyword.iskeyword(name):
-        raise SplitformerError(f"{what} {name[:MAX_NAME]!r} is not an identifier (letters, digits, '_', "
+        raise SplitformerError(f"{what} {name[:MAX_NAME]!r} is not an identifier (ASCII letters, digits, '_', "
                                f"at most {MAX_NAME}, no keyword)")
     return name
 

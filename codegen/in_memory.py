@@ -35,5 +35,18 @@ def load_source(source: str, backend: str, name: str) -> types.ModuleType:
         # dont_inherit: this module's `from __future__ import annotations` would turn the annotations into strings,
         # which TorchScript cannot resolve
         exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - code generated here
+        _packages(module_name)
         sys.modules[module_name] = module  # once it has run: a load that raises leaves nothing
         return module
+
+
+def _packages(module_name: str) -> None:
+    """The packages above ``module_name`` in ``sys.modules`` (empty ones): ``pickle`` imports a class's module by its
+    dotted name, which needs each parent there (``pickle.dumps`` and ``torch.save`` of a module's object failed)."""
+    parts = module_name.split(".")
+    for depth in range(1, len(parts)):
+        name = ".".join(parts[:depth])
+        if name not in sys.modules:
+            package = types.ModuleType(name, "modules splitformer derived in this process (not on disk)")
+            package.__path__ = []
+            sys.modules[name] = package

@@ -74,3 +74,25 @@ def test_control_a_module_registered_before_it_runs_is_seen_half_run(source, mon
 
     monkeypatch.setattr(sys.modules[__name__], "load_source", early)
     assert _race(source, trials=20) > 0
+
+
+def test_objects_of_a_module_derived_in_memory_pickle_in_its_process():
+    """A tester's finding: ``pickle.dumps`` and ``torch.save`` of a ``LanguageModel`` (its stack derived in memory) or a
+    ``derive(...).torch_module()`` Block failed: pickle imports the class's module by its dotted name, and the packages
+    above it were in no ``sys.modules``. The loaded copy computes what the original does."""
+    import io
+    import pickle
+
+    import torch
+
+    model = splitformer.nn.LanguageModel("llama", vocab_size=30, d_model=32, n_heads=4, n_layers=2)
+    tokens = torch.tensor([[1, 2, 3]])
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        assert torch.equal(torch.load(buffer, weights_only=False)(tokens), model(tokens))
+        assert torch.equal(pickle.loads(pickle.dumps(model))(tokens), model(tokens))
+    block = splitformer.derive("pre-ln").torch_module().Block(16, 4, 32)
+    assert type(pickle.loads(pickle.dumps(block))) is type(block)
+    assert sys.modules[type(block).__module__.rpartition(".")[0]].__path__ == []  # the package above it, empty

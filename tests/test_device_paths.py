@@ -33,6 +33,23 @@ def test_layer_norm_off_the_cpu_runs_the_fused_kernel_on_prescaled_rows(monkeypa
         block(torch.empty(2, 5, 8, device="meta"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_while_torch_compile_records_the_row_scale_is_read_without_frexp(dtype, monkeypatch):
+    """A tester's finding: torch.compile (inductor, under autograd) failed to build the C++ kernel of the scaled
+    norms' float64 exponent (``frexp(peak).exponent.clamp(...)``); while it records a call, the exponent comes from
+    ``⌊log₂ peak⌋ + 1``, as ONNX's. Both give every row the same power of two here (powers of two, their neighbours,
+    0, a subnormal, the largest values), and the compiled Block equals the eager one (checked by hand: 24 s, too slow
+    for the suite); control: frexp is not called on that path."""
+    info = torch.finfo(dtype)
+    peaks = [0.0, info.tiny / 4, info.tiny, 0.5, 1.0, 1.5, 2.0, 3.0, 1023.0, 1024.0, 1025.0, info.max / 2, info.max]
+    x = torch.tensor([[peak, -peak / 3] for peak in peaks], dtype=dtype)
+    eager = POST_LN._row_scale(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch, "frexp", lambda *arguments: (_ for _ in ()).throw(AssertionError("frexp called")))
+    recorded = POST_LN._row_scale(x)
+    assert torch.equal(recorded, eager), torch.cat([x[:, :1], eager, recorded], dim=1)
+
+
 def _representability_read(rstd):
     raise AssertionError("a fused norm's statistic was read on the host")
 

@@ -306,8 +306,10 @@ def _row_scale(x):
     with torch.no_grad():
         peak = x.abs().amax(dim=-1, keepdim=True)
         if not torch.jit.is_scripting():
-            if _onnx_exporting():  # ONNX has no frexp: its exponent is ⌊log₂ peak⌋ + 1 (where log₂
-                # rounds across a power of two, s is the neighbouring power: x/s is as exact)
+            # ONNX has no frexp, and torch.compile's C++ kernels of its clamped float64 exponent fail to build (torch
+            # 2.13's inductor, under autograd): the exponent is ⌊log₂ peak⌋ + 1 (where log₂ rounds across a power of
+            # two, s is the neighbouring power: x/s is as exact)
+            if _onnx_exporting() or torch.compiler.is_compiling():
                 return torch.pow(2.0, (torch.floor(torch.log2(peak)) + 1).clamp(0, _max_exponent(x.dtype)))
         exponent = torch.frexp(peak).exponent.clamp(0, _max_exponent(x.dtype))
         return torch.ldexp(torch.ones_like(peak), exponent)

@@ -90,3 +90,19 @@ def test_a_llama_attention_scale_other_than_one_over_root_head_dim_is_refused():
     layer.self_attn.scaling = 0.1
     with pytest.raises(SplitformerError, match=r"scales attention scores by 0\.1 \(self_attn\.scaling\)"):
         from_hf(layer)
+
+
+def test_to_torch_names_like_when_it_is_no_adapted():
+    """A tester's finding: ``like=`` a whole language model's reading (a ``LanguageModel``) was an AttributeError; it
+    is named, with how its layers are written back (which works: control)."""
+    source = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2)).eval()
+    model = from_hf(source.model)
+    with pytest.raises(SplitformerError, match=r"like must be the Adapted of the source module .* got LanguageModel; "
+                                               r".*to_torch\(lm\.stack\.layers\[i\]"):
+        to_torch(model.stack, like=model)
+    with pytest.raises(SplitformerError, match="got dict"):
+        to_torch({}, like={})
+    layer = source.model.layers[1]
+    layer.load_state_dict(to_torch(model.stack.layers[1], like=from_hf(layer)), strict=True)

@@ -170,6 +170,12 @@ def to_torch(params: Any, like: Adapted | None = None, *, final_norm: Any = None
     if isinstance(params, AdaptedModel) or isinstance(like, AdaptedModel):
         raise SplitformerError("to_torch writes blocks and stacks; a whole network (AdaptedModel: ViT, CvT) has no "
                                "writer: write its blocks' parameters into the source yourself")
+    if like is not None and not isinstance(like, Adapted):
+        raise SplitformerError(
+            f"to_torch's like must be the Adapted of the source module (from_hf, from_torch of its layer or stack), got "
+            f"{type(like).__name__}" + ("; from_hf of a whole language model gives a LanguageModel: write each layer "
+                                        "back, to_torch(lm.stack.layers[i], like=from_hf(hf_layers[i]))"
+                                        if type(like).__name__ == "LanguageModel" else ""))
     if not isinstance(params, Adapted):
         if like is None:
             raise SplitformerError("to_torch needs like=Adapted of the source module for plain parameters")

@@ -114,6 +114,38 @@ def test_check_binds_a_declared_constant_to_its_default(tmp_path):
     assert "tau = 2" in checks["adjoint/scaled/finite-difference"]["statement"]
 
 
+_SABOTAGE = '''
+from splitformer.codegen.printers import ArrayPrinter
+_printed = ArrayPrinter._print_Symbol
+def _plus_one(self, expr):
+    text = _printed(self, expr)
+    return f"({text} + 1)" if str(expr) == "tau" else text
+ArrayPrinter._print_Symbol = _plus_one
+'''
+
+
+@pytest.mark.parametrize("sabotaged", [False, True], ids=["as-derived", "control-printed-wrong"])
+def test_check_compares_a_kind_with_a_constant_with_the_evaluator(tmp_path, sabotaged):
+    """A tester's finding: a kind declaring a constant had its semantics checks (and convergence) skipped, "the
+    independent evaluator has no semantics for … free symbols tau", so ``check`` held for emitted code printed wrong
+    on purpose. The evaluator takes the constant at its default (a symbol in the symbolic comparison, as the derived
+    program keeps it): the checks run and hold; control: the constant printed as τ + 1 fails the emitted check."""
+    import json
+
+    plugin, scheme, sabotage = tmp_path / "scaled_field.py", tmp_path / "scaled.toml", tmp_path / "sabotage.py"
+    plugin.write_text(_PLUGIN.format(name="tau"))
+    scheme.write_text(_SCHEME)
+    sabotage.write_text(_SABOTAGE)
+    loads = ["--load", str(plugin)] + (["--load", str(sabotage)] if sabotaged else [])
+    result = subprocess.run([sys.executable, "-m", "splitformer", "check", *loads, str(scheme), "--only", "semantics",
+                             "--format", "json"], capture_output=True, text=True, timeout=600,
+                            env={**__import__("os").environ, "SPLITFORMER_CACHE": "off"})
+    checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}
+    emitted = checks["semantics/scaled/emitted"]
+    assert emitted["method"] != "skip", emitted
+    assert emitted["holds"] is not sabotaged and result.returncode == (1 if sabotaged else 0), result.stdout
+
+
 def test_a_scale_that_is_a_sum_is_parenthesized(tmp_path):
     """A reviewer's finding (there before): a contraction scaled by ``1/(1 + e^{−τ})`` was printed
     ``einsum(…) / 1 + math.exp(-tau)``, wrong in every backend (1.64 off). The scale's numerator and denominator are

@@ -93,6 +93,9 @@ class _Point:
     def symbol(self, symbol):
         if symbol == EPSILON:
             return self.sem.epsilon(self.operator.key)
+        for constant in self.operator.constants:  # a kind's constant: a symbol where the comparison is symbolic (the
+            if symbol == constant.symbol:  # derived program keeps it one), else its default, as the emitted code's
+                return symbol if self.sem.arithmetic.name == "sympy" else self.sem.number(Fraction(constant.default))
         for domain, count in self.counts.items():
             if symbol == domain.measure:
                 return count * self.spacings[domain]
@@ -314,8 +317,9 @@ def unsupported(operator) -> str | None:
             if applied.func.__name__ not in known:
                 inputs.add(applied.func.__name__)
         measures = {variable.domain.measure for variable in VARIABLES.values()}
+        constants = {constant.symbol for constant in operator.constants}  # at their defaults
         symbols |= {str(symbol) for symbol in definition.rhs.free_symbols
-                    if symbol not in VARIABLES and symbol != EPSILON and symbol not in measures}
+                    if symbol not in VARIABLES and symbol != EPSILON and symbol not in measures | constants}
         functions |= {type(node).__name__ for node in sp.preorder_traversal(definition.rhs)
                       if isinstance(node, sp.Function) and not isinstance(node, AppliedUndef)
                       and not isinstance(node, _FUNCTIONS)}

@@ -24,7 +24,7 @@ from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import rotary_attention
 from splitformer.symbolic.cross_attention import MEMORY_SUPPORT, CrossAttention
 from splitformer.symbolic.kinds import OPERATOR_KINDS
-from splitformer.symbolic.operators import register_operator
+from splitformer.symbolic.operators import Operator, register_operator
 from splitformer.symbolic.rotary_attention import ROPE_THETA, RotaryAttention
 from splitformer.symbolic.stack import final_norm_scheme
 
@@ -192,3 +192,34 @@ def test_a_user_kind_reading_inputs_the_evaluator_lacks_is_skipped_with_the_reas
         check = checks[f"semantics/own/{what}"]
         assert check.method == SKIPPED and "functions cos" in check.detail
     assert checks["structure/own/stack"].holds
+
+
+@dataclass(frozen=True)
+class _Waves(Operator):
+    """``u ↦ sin(u) + cos(u)/2`` pointwise: functions the guide allows."""
+
+    kind: ClassVar[str] = "test-waves"
+    symbol: ClassVar[str] = r"\mathcal{W}"
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        from splitformer.symbolic.domains import X, Y
+        from splitformer.symbolic.operators import STATE, Definition, apply
+
+        state = apply(STATE, X, Y)
+        return (Definition("out", self.symbol, (X, Y), sp.sin(state) + sp.cos(state) / 2, "waves"),)
+
+
+def test_sin_and_cos_of_a_user_kind_are_evaluated():
+    """A tester's finding: ``sin`` and ``cos``, allowed in a kind's formulas, left the evaluator without a rule, so its
+    semantics checks and convergence study were skipped; both are evaluated now and the checks hold."""
+    if _Waves.kind not in OPERATOR_KINDS:
+        register_operator(_Waves)
+    scheme = parse_scheme('name = "waves"\nsummary = "s"\n[operators]\nf = "test-waves"\n'
+                          '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    assert unevaluable(scheme) == {}
+    checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
+    assert all(checks[f"semantics/waves/{what}"].holds and checks[f"semantics/waves/{what}"].method != SKIPPED
+               for what in ("derived", "emitted"))

@@ -27,7 +27,8 @@ __all__ = ["evaluate_definitions", "unsupported"]
 #: The grid domains the evaluator discretizes; other domains (grouped heads, rotated pairs,
 #: a memory) and inputs other than the state need semantics it does not have.
 _DOMAINS = (TOKENS, FEATURES, HEADS, HEAD_FEATURES, HIDDEN, BUCKETS)
-_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.Max, sp.Min, sp.Abs, sp.log, sp.floor, sp.Heaviside, sp.KroneckerDelta)
+_FUNCTIONS = (sp.exp, sp.erf, sp.tanh, sp.sin, sp.cos, sp.Max, sp.Min, sp.Abs, sp.log, sp.floor, sp.Heaviside,
+              sp.KroneckerDelta)
 
 
 class _Point:
@@ -112,7 +113,8 @@ class _Point:
             if expr.exp == -sp.Rational(1, 2):
                 return 1 / ar.sqrt(base)
             return base ** int(expr.exp) if expr.exp.is_Integer else base ** exponent
-        simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh, sp.log: ar.log, sp.floor: ar.floor}
+        simple = {sp.exp: ar.exp, sp.erf: ar.erf, sp.tanh: ar.tanh, sp.log: ar.log, sp.floor: ar.floor, sp.sin: ar.sin,
+                  sp.cos: ar.cos}
         if expr.func in simple:
             return simple[expr.func](arguments[0])
         if isinstance(expr, sp.Abs):

@@ -184,13 +184,12 @@ def test_a_user_kind_reading_inputs_the_evaluator_lacks_is_skipped_with_the_reas
     scheme = parse_scheme('name = "own"\nsummary = "s"\ncausal = true\n[operators]\nattn = "test-own-rotary"\n'
                           '[[steps]]\noperator = "attn"\nsolver = "explicit"\n')
     # token positions are a declared input the evaluator reads, θ a constant it takes at its default; the rotated
-    # pairs' grids and the cosine it lacks
-    assert "domains Ω_c" in unevaluable(scheme)["attn"] and "functions cos" in unevaluable(scheme)["attn"]
-    assert "rope_theta" not in unevaluable(scheme)["attn"]
+    # pairs' grids it lacks
+    assert "reads domains Ω_c" in unevaluable(scheme)["attn"] and "rope_theta" not in unevaluable(scheme)["attn"]
     checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
     for what in ("derived", "emitted"):
         check = checks[f"semantics/own/{what}"]
-        assert check.method == SKIPPED and "functions cos" in check.detail
+        assert check.method == SKIPPED and "domains Ω_c" in check.detail
     assert checks["structure/own/stack"].holds
 
 

@@ -16,11 +16,12 @@ import re
 import sys
 
 import sympy as sp
+from sympy.core.function import AppliedUndef
 
 from . import domains
 from .errors import SplitformerError
 from .constraints import ConstraintSet
-from .inputs import ROLES, Constant, Input
+from .inputs import MEMORY, MEMORY_SUPPORT, POSITIONS, ROLES, Constant, Input
 from .markdown import ATTRIBUTES, MACRO
 from .names import MODULE_ATTRIBUTES, check_identifier, check_line
 from .operators import BRANCH, EPSILON, STATE, SUPPORT, Definition, Parameter
@@ -42,17 +43,19 @@ def _known_symbols() -> set[str]:
 
 
 def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definition, ...], where: str,
-                 combiner: bool = False, constants: tuple = ()) -> None:
+                 combiner: bool = False, constants: tuple = (), inputs: tuple = ()) -> None:
     """``SplitformerError`` starting with ``where`` unless every parameter and definition can be emitted
     (a residual ``combiner`` also reads the branch output ``BRANCH``; a definition may read the kind's declared
-    ``constants``, keyword arguments of the emitted code)."""
-    functions = {STATE, SUPPORT, "chi_m", "pos", "mem"} | ({BRANCH} if combiner else set())
+    ``constants``, keyword arguments of the emitted code, and its declared ``inputs``, fields it reads)."""
+    functions = {STATE, SUPPORT} | {field.name for field in inputs} | ({BRANCH} if combiner else set())
+    arities = {field.name: len(field.arguments) for field in inputs}  # how many arguments each function takes
     for parameter in parameters:
         for field in ("name", "function"):
             check_identifier(getattr(parameter, field), f"{where}: parameter {field}")
         _text(parameter.latex, f"{where}: parameter {parameter.name!r} latex", math=True)
         _library_objects(parameter, f"{where}: parameter {parameter.name!r}")
         functions.add(parameter.function)
+        arities[parameter.function] = len(parameter.arguments)
     known = _known_symbols() | {constant.symbol.name for constant in constants if isinstance(constant, Constant)
                                 and type(constant.symbol) is sp.Symbol}
     for definition in definitions:
@@ -69,12 +72,28 @@ def check_output(parameters: tuple[Parameter, ...], definitions: tuple[Definitio
             raise SplitformerError(f"{what}: the symbol {unknown[0][:64]!r} is neither a continuous variable nor a "
                                    "size, eps, rope_theta or a declared constant; the generated code would have no "
                                    "value for it")
-        applied = sorted(type(call).__name__ for call in definition.rhs.atoms(sp.core.function.AppliedUndef)
+        applied = sorted(type(call).__name__ for call in definition.rhs.atoms(AppliedUndef)
                          if type(call).__name__ not in functions)
+        undeclared = [name for name, field in _INPUT_FIELDS.items() if field.name in applied]
+        if undeclared:
+            field = _INPUT_FIELDS[undeclared[0]]
+            raise SplitformerError(f"{what}: reads the input field {field.name!r} ({field.role}) without declaring "
+                                   f"it: input_fields = ({undeclared[0]},) from splitformer.symbolic.inputs")
         if applied:
             raise SplitformerError(f"{what}: applies {applied[0][:64]!r}, which is neither a parameter nor a "
                                    "function defined before it")
+        wrong = sorted((type(call).__name__, len(call.args)) for call in definition.rhs.atoms(AppliedUndef)
+                       if arities.get(type(call).__name__, len(call.args)) != len(call.args))
+        if wrong:
+            name, count = wrong[0]
+            raise SplitformerError(f"{what}: applies {name!r} to {count} argument{'s' * (count != 1)}; it takes "
+                                   f"{arities[name]}")
         functions.add(definition.function)
+        arities[definition.function] = len(definition.arguments)
+
+
+#: The input fields a kind may declare, by the names it imports them as.
+_INPUT_FIELDS = {"POSITIONS": POSITIONS, "MEMORY": MEMORY, "MEMORY_SUPPORT": MEMORY_SUPPORT}
 
 
 def _library_objects(entry: Parameter | Definition | Input, what: str) -> None:

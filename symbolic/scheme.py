@@ -86,7 +86,7 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
     try:
         check_declared(constants, inputs, where)
         check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True,
-                     constants=constants)
+                     constants=constants, inputs=inputs)
         check_symbols(cls, where)
         if operator.is_projection and hasattr(cls, "constraints"):  # a ProjectionOperator: its set is printed too
             check_constraints(cls.constraints, where)

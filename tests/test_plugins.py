@@ -382,3 +382,44 @@ def test_a_block_parameter_is_stored_on_axes_its_code_sizes(tmp_path, plugin, ki
     sizes = {"d": 8, "d_inner": 16, "n_heads": 2}
     params = {name: rng.standard_normal(tuple(sizes[axis] for axis in axes)) for name, axes in module.PARAMETERS.items()}
     assert np.isfinite(module.forward(rng.standard_normal((2, 3, 8)), params, n_heads=2)).all()
+
+
+def _reading_kind(kind, output):
+    """A kind of one parameter ``g(y)`` whose output is ``output(u(x, y), apply, x, y)`` (a SymPy expression)."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from splitformer.symbolic.domains import FEATURES, X, Y
+    from splitformer.symbolic.operators import STATE, Definition, Operator, apply, kernel, register_operator
+
+    @dataclass(frozen=True)
+    class Reading(Operator):
+        symbol: ClassVar[str] = r"\mathcal{R}"
+
+        def parameters(self):
+            return (kernel("g", "g", (Y,), (FEATURES,)),)
+
+        def definitions(self):
+            return (Definition("out", self.symbol, (X, Y), output(apply(STATE, X, Y), apply, X, Y), "a reading"),)
+
+    Reading.kind = kind
+    if kind not in splitformer.symbolic.kinds.OPERATOR_KINDS:
+        register_operator(Reading)
+
+
+@pytest.mark.parametrize("kind, output, message", [
+    ("qa-undeclared-positions", lambda u, apply, x, y: u * sp.tanh(apply("pos", x)),
+     r"definition 'out': reads the input field 'pos' \(positions\) without declaring it: input_fields = \(POSITIONS,\)"),
+    ("qa-parameter-arity", lambda u, apply, x, y: u * apply("g", y, x),
+     r"definition 'out': applies 'g' to 2 arguments; it takes 1"),
+], ids=["positions-undeclared", "parameter-read-with-two"])
+def test_a_kind_reading_a_function_it_cannot_is_refused_naming_it(kind, output, message):
+    """Testers' findings: an undeclared input field read (``pos``) was a bare ``KeyError: 'pos'`` at derive time, and a
+    function read with the wrong number of arguments was shown as a malformed program (``g[l, i]`` of a (d,) array)
+    and failed at derive naming no kind; both are refused when the scheme is read, naming the definition."""
+    import splitformer.symbolic.kinds  # noqa: F401
+
+    _reading_kind(kind, output)
+    with pytest.raises(splitformer.SplitformerError, match=message):
+        splitformer.parse_scheme(f'name = "s"\nsummary = "s"\n[operators]\nf = "{kind}"\n[[steps]]\noperator = "f"\n'
+                                 'solver = "explicit"\n')

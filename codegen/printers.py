@@ -305,7 +305,7 @@ class NumpyPrinter(ArrayPrinter):
     gelu_backward = "_gelu_backward"
     cast = "astype({like}.dtype, copy=False)"
     functions = {"exp": "np.exp", "sqrt": "np.sqrt", "erf": "_erf", "tanh": "np.tanh", "cos": "np.cos", "sin": "np.sin",
-                 "Abs": "np.abs", "log": "np.log", "floor": "np.floor"}
+                 "Abs": "np.abs", "log": "np.log", "floor": "np.floor", "sign": "np.sign"}
 
     def _print_Pow(self, expr: sp.Pow, rational: bool = False) -> str:
         """An array to a small integer power above 2 as a product: NumPy squares an array itself but raises it to the
@@ -345,7 +345,8 @@ class TorchPrinter(ArrayPrinter):
     gelu_backward = "torch.ops.aten.gelu_backward"  # one kernel, what autograd runs for torch's gelu
     cast = "to({like}.dtype)"
     functions = {"exp": "torch.exp", "sqrt": "torch.sqrt", "erf": "torch.erf", "tanh": "torch.tanh",
-                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor"}
+                 "cos": "torch.cos", "sin": "torch.sin", "Abs": "torch.abs", "log": "torch.log", "floor": "torch.floor",
+                 "sign": "torch.sign"}
 
     def backward_operands(self, costate: sp.Expr, x: sp.Expr) -> str:
         """``costate, x``; broadcast to one shape first unless both have the statement's: ``x`` read over all its axes

@@ -123,19 +123,28 @@ def _partials(rhs: sp.Expr) -> tuple[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ..
     found: list[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ...]]] = []
 
     def walk(expr: sp.Expr, seed: sp.Expr, bound: tuple[sp.Idx, ...]) -> None:
-        sums = {total: sp.Dummy("S") for total in _outer_sums(expr)}
+        sums = {total: sp.Dummy("S", real=True) for total in _outer_sums(expr)}  # real: |x|' = sign(x)
         flat = expr.xreplace(sums)
-        entries = {read_entry: sp.Dummy("x") for read_entry in sorted(flat.atoms(sp.Indexed), key=sp.default_sort_key)}
+        entries = {read_entry: sp.Dummy("x", real=True)
+                   for read_entry in sorted(flat.atoms(sp.Indexed), key=sp.default_sort_key)}
         flat = flat.xreplace(entries)
         back = {symbol: original for original, symbol in (*sums.items(), *entries.items())}
         for read_entry, symbol in entries.items():
-            found.append((read_entry, seed * sp.diff(flat, symbol).xreplace(back), bound))
+            found.append((read_entry, seed * _derivative(flat, symbol).xreplace(back), bound))
         for total, symbol in sums.items():
             limits = tuple(limit[0] for limit in total.limits)
-            walk(total.function, seed * sp.diff(flat, symbol).xreplace(back), bound + limits)
+            walk(total.function, seed * _derivative(flat, symbol).xreplace(back), bound + limits)
 
     walk(rhs, sp.Integer(1), ())
     return tuple(found)
+
+
+def _derivative(expr: sp.Expr, symbol: sp.Symbol) -> sp.Expr:
+    """``∂expr/∂symbol``; a step function's (``floor``'s) derivative is 0 wherever it is defined, as torch's autograd
+    takes it."""
+    derivative = sp.diff(expr, symbol)
+    return derivative.replace(lambda e: isinstance(e, sp.Derivative) and isinstance(e.expr, sp.floor),
+                              lambda e: sp.Integer(0))
 
 
 def _index_atoms(indices) -> list[sp.Idx]:

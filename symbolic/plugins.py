@@ -135,5 +135,8 @@ def plugin_failures(scheme) -> Iterator[None]:
                         if not getattr(OPERATOR_KINDS.get(kind), "__module__", "splitformer.").startswith("splitformer.")})
         if not kinds:
             raise
-        raise SplitformerError(f"scheme {scheme.name!r}: the plug-in kind {', '.join(map(repr, kinds))} cannot be "
-                               f"derived: {type(error).__name__}: {str(error)[:120]}") from None
+        which = f"the plug-in kind {kinds[0]!r}" if len(kinds) == 1 else \
+            f"one of the plug-in kinds {', '.join(map(repr, kinds))}"  # the error does not say which
+        text = " ".join(str(error).split())  # SymPy's messages begin with a new line
+        raise SplitformerError(f"scheme {scheme.name!r}: {which} cannot be derived: {type(error).__name__}: "
+                               f"{text[:120]}") from None

@@ -423,3 +423,26 @@ def test_a_kind_reading_a_function_it_cannot_is_refused_naming_it(kind, output, 
     with pytest.raises(splitformer.SplitformerError, match=message):
         splitformer.parse_scheme(f'name = "s"\nsummary = "s"\n[operators]\nf = "{kind}"\n[[steps]]\noperator = "f"\n'
                                  'solver = "explicit"\n')
+
+
+def test_abs_and_floor_of_the_state_derive_with_their_almost_everywhere_derivatives(tmp_path):
+    """A tester's finding: ``Abs`` or ``floor`` of the state (functions the guide allows) could not be derived ("Can't
+    calculate derivative wrt 1": the adjoint differentiated with respect to symbols that were not real, so |x|'
+    was written with re and im). The adjoint now reads sign(x) and 0; the vjp equals those by hand."""
+    import splitformer.symbolic.kinds  # noqa: F401
+
+    rng = np.random.default_rng(3)
+    u, weight = rng.standard_normal((2, 4, 3)) * 3, rng.standard_normal((2, 4, 3))
+    g = {"f.g": rng.standard_normal(3)}
+    for kind, output, forward, derivative in (
+            ("qa-abs-state", lambda u, apply, x, y: sp.Abs(u) * apply("g", y), np.abs, np.sign),
+            ("qa-floor-state", lambda u, apply, x, y: sp.floor(u) * apply("g", y) / 5, lambda v: np.floor(v) / 5,
+             np.zeros_like)):
+        _reading_kind(kind, output)
+        scheme = splitformer.parse_scheme(f'name = "{kind}"\nsummary = "s"\n[operators]\nf = "{kind}"\n'
+                                          '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+        module = splitformer.derive(scheme).numpy_module()
+        assert np.abs(module.forward(u, g) - (u + forward(u) * g["f.g"])).max() < 1e-14
+        grad_u, grads = module.vjp(u, g, weight)
+        assert np.abs(grad_u - weight * (1 + derivative(u) * g["f.g"])).max() < 1e-14
+        assert np.abs(grads["f.g"] - (weight * forward(u)).sum(axis=(0, 1))).max() < 1e-12

@@ -142,10 +142,10 @@ def test_check_compares_a_kind_with_a_constant_with_the_evaluator(tmp_path, sabo
                             env={**__import__("os").environ, "SPLITFORMER_CACHE": "off"})
     checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}
     emitted = checks["semantics/scaled/emitted"]
-    assert emitted["method"] != "skip", emitted
+    assert emitted["method"] != "skipped", emitted
     assert emitted["holds"] is not sabotaged and result.returncode == (1 if sabotaged else 0), result.stdout
     derived = checks["semantics/scaled/derived"]  # not compared once the emitted module disagrees: skipped, saying why
-    assert (derived["method"] == "skip" and "already disagrees" in derived["detail"]) if sabotaged else derived["holds"]
+    assert (derived["method"] == "skipped" and "already disagrees" in derived["detail"]) if sabotaged else derived["holds"]
 
 
 def test_a_scale_that_is_a_sum_is_parenthesized(tmp_path):

@@ -1700,6 +1700,9 @@ class Block(_CanonicalModule):
         n_memory = mem.shape[1]
         chi_m = _memory_support(memory_key_padding_mask, batch, n_tokens, n_memory, u0.device)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if torch.jit.is_scripting():
+                raise ValueError("backward='derived' runs in Python (a torch.autograd.Function): script or trace a "
+                                 "module built with backward='autograd', or call it without autograd")
             if cache is not None:
                 raise ValueError("backward='derived' trains without a cache (the cache is for inference)")
             out = self._derived(u0, mem, chi, dropout_p, chi_m)

@@ -1381,6 +1381,9 @@ class Block(_CanonicalModule):
         _cached_options(cache, ["n_heads", "eps"],
                         [float(n_heads), float(eps)])
         if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if torch.jit.is_scripting():
+                raise ValueError("backward='derived' runs in Python (a torch.autograd.Function): script or trace a "
+                                 "module built with backward='autograd', or call it without autograd")
             if cache is not None:
                 raise ValueError("backward='derived' trains without a cache (the cache is for inference)")
             out = self._derived(u0, chi, dropout_p)

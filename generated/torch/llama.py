@@ -1500,6 +1500,9 @@ class Block(_CanonicalModule):
                         [float(n_heads), float(n_kv_heads), float(eps), float(rope_theta)])
         pos = _shared_positions(shared, positions, batch, n_tokens, offset, u0)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if torch.jit.is_scripting():
+                raise ValueError("backward='derived' runs in Python (a torch.autograd.Function): script or trace a "
+                                 "module built with backward='autograd', or call it without autograd")
             if cache is not None:
                 raise ValueError("backward='derived' trains without a cache (the cache is for inference)")
             out = self._derived(u0, chi, dropout_p, n_kv_heads, pos, float(rope_theta))

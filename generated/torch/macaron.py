@@ -1248,6 +1248,9 @@ class Block(_CanonicalModule):
         norm3_bias = self.norm3.bias
         chi = _support(key_padding_mask, src_mask, causal or is_causal, batch, n_tokens, u0.dtype, u0.device)
         if self.backward_mode == "derived" and torch.is_grad_enabled():
+            if torch.jit.is_scripting():
+                raise ValueError("backward='derived' runs in Python (a torch.autograd.Function): script or trace a "
+                                 "module built with backward='autograd', or call it without autograd")
             out = self._derived(u0, chi, dropout_p)
             if u.dim() == 2:
                 return out[0]

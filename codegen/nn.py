@@ -110,9 +110,18 @@ def _check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
                         f"{tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
     if tokens.dim() not in (1, 2) or tokens.shape[-1] == 0:
         raise ValueError(f"{name} must have shape (batch, tokens) or (tokens,) with tokens ≥ 1, got {list(tokens.shape)}")
-    if not _compiling() and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+    if not _compiling() and not tokens.is_meta and tokens.numel() and (int(tokens.min()) < 0 or
+                                                                      int(tokens.max()) >= vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got values in [{int(tokens.min())}, {int(tokens.max())}]")
+    if tokens.dtype not in (torch.int64, torch.int32):  # the embeddings read these two (uint8 failed inside torch)
+        tokens = tokens.long()
     return tokens if tokens.dim() == 2 else tokens[None]
+
+
+def _check_dtype(dtype: object) -> None:
+    """A TypeError unless ``dtype`` is None or a floating torch dtype (an integer one failed inside torch's layers)."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch dtype (torch.float32, torch.float64, …), got {dtype!r}")
 
 
 def _check_flags(**flags: object) -> None:
@@ -155,7 +164,8 @@ class _Embedded(torch.nn.Module):
     def _place(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """``u`` plus learned positions, or the ``positions`` keyword of a stack that places its tokens; either counts
         from 0."""
-        checked = not _compiling() and positions.numel() > 0  # an empty batch has no position to check …
+        checked = not _compiling() and not positions.is_meta and positions.numel() > 0  # an empty batch (or meta
+        # tensors) has no position to check …
         if not checked and not self.places_tokens and positions.shape[-1] > self.max_tokens:  # … but its length
             raise ValueError(f"{positions.shape[-1]} tokens are past max_tokens = {self.max_tokens}")
         if checked and int(positions.min()) < 0:
@@ -195,6 +205,7 @@ class LanguageModel(_Embedded):
                  n_layers: int = 2, max_tokens: int = 512, tie_weights: bool = True, dropout: float = 0.0,
                  final_norm: bool | None = None, device=None, dtype=None, **stack_options):
         super().__init__()
+        _check_dtype(dtype)
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         _check_flags(tie_weights=tie_weights)
@@ -295,7 +306,9 @@ class LanguageModel(_Embedded):
     def _choose(logits, temperature, top_k, greedy, generator) -> torch.Tensor:
         if greedy:
             return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
+        # the same softmax from logits less their largest, each ≤ 0: a small temperature sends the others to −∞, not
+        # the largest to ∞ (inf − inf was NaN for temperature 1e-40)
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
         if top_k is not None and top_k < logits.shape[-1]:
             kth = logits.topk(top_k, dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -315,6 +328,7 @@ class Classifier(_Embedded):
                  n_layers: int = 2, max_tokens: int = 512, dropout: float = 0.0, final_norm: bool | None = None,
                  device=None, dtype=None, **stack_options):
         super().__init__()
+        _check_dtype(dtype)
         if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
             raise ValueError(f"n_classes must be a positive int, got {n_classes!r}")
         if (vocab_size is None) == (d_input is None):
@@ -392,6 +406,7 @@ class TextEncoder(_Embedded):
                  pooler: bool = True, eps: float = 1e-5, dropout: float = 0.0, final_norm: bool | None = None,
                  device=None, dtype=None, **stack_options):
         super().__init__()
+        _check_dtype(dtype)
         for name, size, least in (("vocab_size", vocab_size, 1), ("n_token_types", n_token_types, 0)):
             if isinstance(size, bool) or not isinstance(size, int) or size < least:
                 raise ValueError(f"{name} must be an int ≥ {least}, got {size!r}")

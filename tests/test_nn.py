@@ -270,3 +270,22 @@ def test_relative_position_attention_places_tokens(options, places):
     from splitformer.symbolic.kinds import OPERATOR_KINDS
 
     assert OPERATOR_KINDS["scored-attention"](key="attn", **options).places_tokens() is places
+
+
+def test_dtypes_tokens_temperatures_and_the_meta_device_a_tester_tried():
+    """A tester's findings: an integer ``dtype`` failed inside torch ("Only Tensors of floating point … can require
+    gradients"); uint8 tokens passed the check and failed in the embedding; a temperature of 1e-40 passed ``> 0`` and
+    made the sampling probabilities NaN (logits / t overflowed); a model on the meta device built but its token and
+    position checks read values. Now: a TypeError naming dtype; uint8 tokens read as int64 (the same logits); a tiny
+    temperature samples the most likely token (control: greedy); meta tensors run through."""
+    with pytest.raises(TypeError, match="dtype must be a floating torch dtype"):
+        splitformer.nn.LanguageModel("gpt2", vocab_size=30, dtype=torch.int32)
+    torch.manual_seed(0)
+    model = splitformer.nn.LanguageModel("llama", vocab_size=30, d_model=32, n_heads=4, n_layers=2)
+    with torch.no_grad():
+        assert torch.equal(model(torch.tensor([[1, 2]], dtype=torch.uint8)), model(torch.tensor([[1, 2]])))
+    prompt = torch.tensor([[1, 2], [3, 4]])
+    sampled = model.generate(prompt, 4, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, model.generate(prompt, 4, greedy=True))
+    meta = splitformer.nn.LanguageModel("gpt2", vocab_size=30, d_model=32, n_heads=4, n_layers=2, device="meta")
+    assert meta(torch.tensor([[1, 2, 3]], device="meta")).shape == (1, 3, 30)

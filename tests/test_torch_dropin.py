@@ -152,7 +152,7 @@ def test_batch_first_false_takes_tokens_first(rng):
 
 def test_a_source_state_dict_never_loads_partially():
     layer, block = pair()
-    with pytest.raises(ValueError, match="unexpected key 'linear1.bias'.*splitformer.adapters"):
+    with pytest.raises(ValueError, match=r"unexpected key 'linear1.bias'.*splitformer.adapters: from_torch\(layer\) or from_hf"):
         block.load_state_dict(layer.state_dict(), strict=False)  # norm1.bias would match by name
     other = torch_module("post_ln").Block(D, HEADS, D_FF, dtype=torch.float64)
     other.load_state_dict(block.state_dict())

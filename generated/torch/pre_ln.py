@@ -527,7 +527,8 @@ def _first_order_only():
     products) would be silently wrong."""
     if torch.is_grad_enabled():
         raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+                           "for create_graph=True (gradient penalties; second derivatives through attention need a "
+                           "device whose attention kernel has one: torch's CPU flash attention has none)")
 
 
 def _unexpected(params, table):
@@ -1007,7 +1008,7 @@ class _CanonicalModule(torch.nn.Module):
         if foreign:
             raise ValueError(f"unexpected key {foreign[0]!r} (expected canonical names such as "
                              f"{next(iter(own))!r}); load another module's weights with "
-                             "splitformer.adapters: from_torch(layer).load_into(block)")
+                             "splitformer.adapters: from_torch(layer) or from_hf(layer), then .load_into(block)")
         for name, value in state_dict.items():  # torch copies every other entry before it reports one of another shape
             if tuple(getattr(value, "shape", ())) != tuple(own[name].shape):
                 raise ValueError(f"{name!r} has shape {tuple(getattr(value, 'shape', ()))}, expected "

@@ -489,7 +489,8 @@ def _first_order_only():
     products) would be silently wrong."""
     if torch.is_grad_enabled():
         raise RuntimeError("backward='derived' computes first-order gradients only; use backward='autograd' "
-                           "for create_graph=True (gradient penalties, Hessian-vector products)")
+                           "for create_graph=True (gradient penalties; second derivatives through attention need a "
+                           "device whose attention kernel has one: torch's CPU flash attention has none)")
 
 
 # --- argument checks: a ValueError or TypeError naming the argument, before any work ---

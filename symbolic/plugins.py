@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,9 +70,14 @@ def load_plugin(path: str | Path) -> ModuleType:
         raise PluginError(path, error.strerror or str(error)) from None
     name = _module_name(resolved)
     if name in sys.modules:
-        return sys.modules[name]
+        loaded = sys.modules[name]
+        if getattr(loaded, "__splitformer_digest__", None) not in (None, _digest(resolved)):
+            warnings.warn(f"{path}: changed since this process loaded it; the kinds it registered then stay (a process "
+                          "loads a plug-in once: load the edit in a new process or kernel)", stacklevel=2)
+        return loaded
     spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
+    module.__splitformer_digest__ = _digest(resolved)
     kinds, tableaux, activations = dict(OPERATOR_KINDS), dict(TABLEAUX), dict(ACTIVATIONS)
     sys.modules[name] = module
     try:
@@ -90,6 +96,14 @@ def load_plugin(path: str | Path) -> ModuleType:
         raise
     clear_cache()  # a symbol the file made may equal the library's own (a str-subclass name): SymPy must not hand it out
     return module
+
+
+def _digest(path: Path) -> str | None:
+    """The SHA-256 of the file's bytes, or None where it cannot be read now."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _check_streams() -> None:

@@ -446,3 +446,20 @@ def test_abs_and_floor_of_the_state_derive_with_their_almost_everywhere_derivati
         grad_u, grads = module.vjp(u, g, weight)
         assert np.abs(grad_u - weight * (1 + derivative(u) * g["f.g"])).max() < 1e-14
         assert np.abs(grads["f.g"] - (weight * forward(u)).sum(axis=(0, 1))).max() < 1e-12
+
+
+def test_a_plugin_edited_after_it_was_loaded_warns_when_loaded_again(tmp_path):
+    """A tester's finding: ``load_plugin`` of a file edited since this process loaded it returned the first version
+    without a word (a notebook's edit ignored). It still does (its kinds stay registered) and says so; loading the
+    unchanged file again says nothing (control)."""
+    import warnings
+
+    path = tmp_path / "edited_kinds.py"
+    path.write_text("VALUE = 1\n", encoding="utf-8")
+    first = splitformer.load_plugin(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert splitformer.load_plugin(path) is first
+    path.write_text("VALUE = 2\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="changed since this process loaded it"):
+        assert splitformer.load_plugin(path) is first and first.VALUE == 1

@@ -31,8 +31,8 @@ class _MathPrinter(LatexPrinter):
         if not isinstance(expr, AppliedUndef):
             return super()._print_Function(expr, exp)
         name = self._settings["symbol_names"].get(sp.Symbol(expr.func.__name__), expr.func.__name__)
-        text = name + "(" + ", ".join(self._print(argument) for argument in expr.args) + ")"
-        return f"{text}^{{{exp}}}" if exp else text
+        text = name + ("(" + ", ".join(self._print(argument) for argument in expr.args) + ")" if expr.args else "")
+        return f"{text}^{{{exp}}}" if exp else text  # a one-number control, read without arguments: its name
 
     def _print_Idx(self, expr: sp.Idx) -> str:
         return self._print(expr.label)
@@ -147,7 +147,7 @@ class _PlainPrinter(StrPrinter):
         if not isinstance(expr, AppliedUndef):
             return super()._print_Function(expr)
         name = self.symbol_names.get(expr.func.__name__, expr.func.__name__)
-        return name + "(" + ", ".join(self._print(argument) for argument in expr.args) + ")"
+        return name + ("(" + ", ".join(self._print(argument) for argument in expr.args) + ")" if expr.args else "")
 
     def _print_Indexed(self, expr: sp.Indexed) -> str:
         return self._print(expr.base.label) + "[" + ",".join(self._print(index) for index in expr.indices) + "]"

@@ -50,6 +50,7 @@ def test_every_check_holds(tmp_path):
 def test_a_control_with_no_axis_in_a_pointwise_definition_derives_with_the_passes(tmp_path):
     """``u + α tanh(u)``: with every pass (the elementwise temporaries inlined), NumPy and torch equal the formula."""
     derived = derived_plugin(tmp_path, "scalar_control.py", plugin_scheme("scaled", op="scaled-tanh"))
+    assert r"\alpha t(x, y)" in derived.report and r"\alpha()" not in derived.report  # a number, not a call
     u = np.random.default_rng(1).standard_normal((2, 5, 3))
     expected = u + 0.3 * np.tanh(u)
     assert np.abs(derived.numpy_module().forward(u, {"op.alpha": np.array(0.3)}) - expected).max() < 1e-14

@@ -143,6 +143,7 @@ def test_check_compares_a_kind_with_a_constant_with_the_evaluator(tmp_path, sabo
     checks = {check["id"]: check for check in json.loads(result.stdout)["checks"]}
     emitted = checks["semantics/scaled/emitted"]
     assert emitted["method"] != "skipped", emitted
+    assert "relu" not in emitted["statement"] + checks["semantics/scaled/derived"]["statement"]  # no activation read
     assert emitted["holds"] is not sabotaged and result.returncode == (1 if sabotaged else 0), result.stdout
     derived = checks["semantics/scaled/derived"]  # not compared once the emitted module disagrees: skipped, saying why
     assert (derived["method"] == "skipped" and "already disagrees" in derived["detail"]) if sabotaged else derived["holds"]

@@ -200,7 +200,7 @@ def emitted_check(scheme: Scheme, program: Program, modules: dict | None = None)
                 if inputs.memory is not None else ""))
     return Check(
         f"semantics/{scheme.name}/emitted", scheme.name,
-        f"The emitted NumPy and PyTorch modules of {scheme.name} ({scheme.activation}, float64) compute one step of "
+        f"The emitted NumPy and PyTorch modules of {scheme.name} ({_activation(scheme)}float64) compute one step of "
         "the scheme as the independent evaluator defines it (the continuous operators by the rectangle rule, "
         "composed by the scheme's steps, fractions, weights and stages; 50-digit arithmetic): 2 sequences of "
         f"{sizes.tokens} tokens, d = {sizes.features}, {sizes.heads} heads, d_ff = {sizes.hidden}{extra}, ε = 1e-5, "
@@ -341,13 +341,21 @@ def derived_check(scheme: Scheme, program: Program) -> Check:
               else f"entries {numeric} of derived − evaluator vanish at 3 random points to 30 digits, the others are 0")
     return Check(
         f"semantics/{scheme.name}/derived", scheme.name,
-        f"The derived program of {scheme.name} ({scheme.activation}) equals one step of the scheme as the independent "
+        f"The derived program of {scheme.name}{_activation(scheme, alone=True)} equals one step of the scheme as the independent "
         "evaluator defines it, exactly: every parameter and input a symbol, 2 tokens, 2 features, 1 head, d_ff = 2, "
         "symbolic ε and token spacing Δx, causal support; symbolic positions and θ (rotary attention; positions 0 "
         "and 3 for a table over buckets of distances), a symbolic "
         f"memory of {memory_tokens} tokens with the last one padded and its spacing Δx̂ symbolic (cross-attention).",
         "symbolic", not nonzero, detail + _unchecked(semantics.unchecked),
     )
+
+
+def _activation(scheme: Scheme, alone: bool = False) -> str:
+    """The scheme's activation as a check names it, where its operators take one: ``"relu, "`` (or ``" (relu)"``
+    ``alone``); else nothing (a label for an activation no operator reads misled a tester)."""
+    if not scheme.reads_activation():
+        return ""
+    return f" ({scheme.activation})" if alone else f"{scheme.activation}, "
 
 
 def skipped_because(reasons: dict[str, str]) -> str:

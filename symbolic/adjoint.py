@@ -142,9 +142,9 @@ def _partials(rhs: sp.Expr) -> tuple[tuple[sp.Indexed, sp.Expr, tuple[sp.Idx, ..
 def _derivative(expr: sp.Expr, symbol: sp.Symbol) -> sp.Expr:
     """``∂expr/∂symbol``; a step function's (``floor``'s) derivative is 0 wherever it is defined, as torch's autograd
     takes it."""
-    derivative = sp.diff(expr, symbol)
-    return derivative.replace(lambda e: isinstance(e, sp.Derivative) and isinstance(e.expr, sp.floor),
-                              lambda e: sp.Integer(0))
+    derivative = sp.diff(expr, symbol).replace(lambda e: isinstance(e, sp.Derivative) and isinstance(e.expr, sp.floor),
+                                               lambda e: sp.Integer(0))
+    return derivative.replace(lambda e: isinstance(e, sp.Subs), lambda e: e.doit())  # floor(2x)'s chain rule: Subs(0, …)
 
 
 def _index_atoms(indices) -> list[sp.Idx]:

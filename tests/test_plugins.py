@@ -437,7 +437,9 @@ def test_abs_and_floor_of_the_state_derive_with_their_almost_everywhere_derivati
     for kind, output, forward, derivative in (
             ("qa-abs-state", lambda u, apply, x, y: sp.Abs(u) * apply("g", y), np.abs, np.sign),
             ("qa-floor-state", lambda u, apply, x, y: sp.floor(u) * apply("g", y) / 5, lambda v: np.floor(v) / 5,
-             np.zeros_like)):
+             np.zeros_like),
+            ("qa-floor-twice", lambda u, apply, x, y: sp.floor(2 * u) * apply("g", y) / 2, lambda v: np.floor(2 * v) / 2,
+             np.zeros_like)):  # the chain rule's Subs(0, …) (a reviewer's finding: NameError 'Subs' in vjp)
         _reading_kind(kind, output)
         scheme = splitformer.parse_scheme(f'name = "{kind}"\nsummary = "s"\n[operators]\nf = "{kind}"\n'
                                           '[[steps]]\noperator = "f"\nsolver = "explicit"\n')

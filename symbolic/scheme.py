@@ -19,7 +19,7 @@ from .markdown import code_block, inert, markdown_text
 from .names import check_scheme_name
 from .operator_checks import check_constraints, check_declared, check_output, check_symbols
 from .kinds import OPERATOR_KINDS
-from .operators import Definition, Operator, Parameter, kernel
+from .operators import SUPPORT, Definition, Operator, Parameter, kernel
 from .scheme_fields import check_fields
 
 __all__ = ["Substep", "Parallel", "RungeKutta", "Heun", "Sequence", "Scheme", "SOLVERS", "MAX_EVALUATIONS",
@@ -87,6 +87,9 @@ def _checked(cls: type[Operator], key: str, options: dict, where: str) -> Operat
         check_declared(constants, inputs, where)
         check_output(tuple(parameters), tuple(definitions), where, combiner=operator.is_combiner is True,
                      constants=constants, inputs=inputs)
+        if operator.reads_input(SUPPORT) and not operator.uses_support():
+            raise SplitformerError(f"{where}: its definitions read the support χ, but its uses_support() says False "
+                                   "(leave it out: it is read from the definitions)")
         check_symbols(cls, where)
         if operator.is_projection and hasattr(cls, "constraints"):  # a ProjectionOperator: its set is printed too
             check_constraints(cls.constraints, where)

@@ -37,9 +37,10 @@ def test_layer_norm_off_the_cpu_runs_the_fused_kernel_on_prescaled_rows(monkeypa
 def test_while_torch_compile_records_the_row_scale_is_read_without_frexp(dtype, monkeypatch):
     """A tester's finding: torch.compile (inductor, under autograd) failed to build the C++ kernel of the scaled
     norms' float64 exponent (``frexp(peak).exponent.clamp(...)``); while it records a call, the exponent comes from
-    ``⌊log₂ peak⌋ + 1``, as ONNX's. Both give every row the same power of two here (powers of two, their neighbours,
-    0, a subnormal, the largest values), and the compiled Block equals the eager one (checked by hand: 24 s, too slow
-    for the suite); control: frexp is not called on that path."""
+    ``⌊log₂ peak⌋ + 1``, as ONNX's. At these rows (powers of two, their neighbours, 0, a subnormal, the largest values)
+    both give the same power of two (elsewhere log₂ may round across a power, and s is the neighbouring one: x/s is
+    as exact); the compiled Block equals the eager one to 1e-15 (checked by hand: 24 s, too slow for the suite);
+    control: frexp is not called on that path."""
     info = torch.finfo(dtype)
     peaks = [0.0, info.tiny / 4, info.tiny, 0.5, 1.0, 1.5, 2.0, 3.0, 1023.0, 1024.0, 1025.0, info.max / 2, info.max]
     x = torch.tensor([[peak, -peak / 3] for peak in peaks], dtype=dtype)

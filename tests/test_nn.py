@@ -283,7 +283,8 @@ def test_dtypes_tokens_temperatures_and_the_meta_device_a_tester_tried():
     torch.manual_seed(0)
     model = splitformer.nn.LanguageModel("llama", vocab_size=30, d_model=32, n_heads=4, n_layers=2)
     with torch.no_grad():
-        assert torch.equal(model(torch.tensor([[1, 2]], dtype=torch.uint8)), model(torch.tensor([[1, 2]])))
+        for dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int16):
+            assert torch.equal(model(torch.tensor([[1, 2]], dtype=dtype)), model(torch.tensor([[1, 2]])))
     prompt = torch.tensor([[1, 2], [3, 4]])
     sampled = model.generate(prompt, 4, temperature=1e-40, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sampled, model.generate(prompt, 4, greedy=True))

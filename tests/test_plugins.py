@@ -407,6 +407,38 @@ def _reading_kind(kind, output):
         register_operator(Reading)
 
 
+def test_a_kind_that_reads_the_support_and_says_it_does_not_is_refused():
+    """A reviewer's finding: a kind reading χ whose ``uses_support()`` returns False failed at derive with a bare
+    ``KeyError: 'chi'``; it is refused when the scheme is read (the default reads it from the definitions)."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from splitformer.symbolic.domains import ETA, X, X_KEY, Y
+    from splitformer.symbolic.operators import STATE, SUPPORT, Definition, Operator, apply, integral, register_operator
+
+    @dataclass(frozen=True)
+    class Denied(Operator):
+        kind: ClassVar[str] = "qa-support-denied"
+        symbol: ClassVar[str] = r"\mathcal{D}"
+
+        def parameters(self):
+            return ()
+
+        def definitions(self):
+            weight = apply(SUPPORT, X, X_KEY) / integral(apply(SUPPORT, X, ETA), ETA)
+            return (Definition("out", self.symbol, (X, Y), integral(weight * apply(STATE, X_KEY, Y), X_KEY), "a mean",
+                               absorbs=(X_KEY,)),)
+
+        def uses_support(self):
+            return False
+
+    if Denied.kind not in splitformer.symbolic.kinds.OPERATOR_KINDS:
+        register_operator(Denied)
+    with pytest.raises(splitformer.SplitformerError, match=r"read the support χ, but its uses_support\(\) says False"):
+        splitformer.parse_scheme('name = "s"\nsummary = "s"\n[operators]\nf = "qa-support-denied"\n[[steps]]\n'
+                                 'operator = "f"\nsolver = "explicit"\n')
+
+
 @pytest.mark.parametrize("kind, output, message", [
     ("qa-undeclared-positions", lambda u, apply, x, y: u * sp.tanh(apply("pos", x)),
      r"definition 'out': reads the input field 'pos' \(positions\) without declaring it: input_fields = \(POSITIONS,\)"),

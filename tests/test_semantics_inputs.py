@@ -23,6 +23,7 @@ from splitformer.codegen.verification.semantics import FLOAT, Semantics, Sizes, 
 from splitformer.symbolic import derive, load_scheme, parse_scheme
 from splitformer.symbolic import rotary_attention
 from splitformer.symbolic.cross_attention import MEMORY_SUPPORT, CrossAttention
+from splitformer.symbolic.inputs import POSITIONS, Constant
 from splitformer.symbolic.kinds import OPERATOR_KINDS
 from splitformer.symbolic.operators import Operator, register_operator
 from splitformer.symbolic.rotary_attention import ROPE_THETA, RotaryAttention
@@ -222,3 +223,36 @@ def test_sin_and_cos_of_a_user_kind_are_evaluated():
     checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
     assert all(checks[f"semantics/waves/{what}"].holds and checks[f"semantics/waves/{what}"].method != SKIPPED
                for what in ("derived", "emitted"))
+
+
+@dataclass(frozen=True)
+class _PositionalWave(Operator):
+    """``u(x, y) cos(p(x)/θ)``: a user kind declaring the library's own θ (``ROPE_THETA``) as its constant."""
+
+    kind: ClassVar[str] = "test-positional-wave"
+    symbol: ClassVar[str] = r"\mathcal{P}"
+    constants: ClassVar[tuple] = (Constant(ROPE_THETA, 10000.0, "the wave's period"),)
+    input_fields: ClassVar[tuple] = (POSITIONS,)
+
+    def parameters(self):
+        return ()
+
+    def definitions(self):
+        from splitformer.symbolic.domains import X, Y
+        from splitformer.symbolic.operators import STATE, Definition, apply
+
+        return (Definition("out", self.symbol, (X, Y), sp.cos(apply("pos", X) / ROPE_THETA) * apply(STATE, X, Y),
+                           "a positional gain"),)
+
+
+def test_a_user_kinds_rope_theta_is_the_checks_theta():
+    """A reviewer's finding: with constants evaluated at their defaults, a kind declaring ``ROPE_THETA`` was evaluated
+    at 10000 while the emitted check ran its module with the check's θ (100): a false failure. The evaluator takes the
+    check's θ, as the built-in rotary evaluator does."""
+    if _PositionalWave.kind not in OPERATOR_KINDS:
+        register_operator(_PositionalWave)
+    scheme = parse_scheme('name = "wave"\nsummary = "s"\ncausal = true\n[operators]\nf = "test-positional-wave"\n'
+                          '[[steps]]\noperator = "f"\nsolver = "explicit"\n')
+    checks = {check.id: check for check in scheme_checks(scheme, derive(scheme))}
+    emitted = checks["semantics/wave/emitted"]
+    assert emitted.holds and emitted.method != SKIPPED and "θ = 100" in emitted.statement, emitted.detail

@@ -8,6 +8,8 @@ import sys
 import threading
 import types
 
+from splitformer import _generated
+
 __all__ = ["load_source"]
 
 #: Held while a module loads: one load at a time.
@@ -15,7 +17,7 @@ _LOADING = threading.Lock()
 
 
 def load_source(source: str, backend: str, name: str) -> types.ModuleType:
-    """The module ``splitformer_generated.<backend>.<name>_<digest>`` whose text is ``source``, its lines kept under a
+    """The module ``splitformer._generated.<backend>.<name>_<digest>`` whose text is ``source``, its lines kept under a
     file name that carries their digest: TorchScript reads a function's source from there, and another scheme of the
     same name derived later must not replace it (``torch.jit.script`` compiled that one's code, silently).
 
@@ -25,7 +27,7 @@ def load_source(source: str, backend: str, name: str) -> types.ModuleType:
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     filename = f"<splitformer {backend}/{name}.py {digest}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module_name = f"splitformer_generated.{backend}.{name}_{digest}"
+    module_name = f"{_generated.__name__}.{backend}.{name}_{digest}"
     with _LOADING:  # a second caller of the same text waits for the first one's module, never sees it half run
         loaded = sys.modules.get(module_name)
         if loaded is not None:
@@ -41,8 +43,9 @@ def load_source(source: str, backend: str, name: str) -> types.ModuleType:
 
 
 def _packages(module_name: str) -> None:
-    """The packages above ``module_name`` in ``sys.modules`` (empty ones): ``pickle`` imports a class's module by its
-    dotted name, which needs each parent there (``pickle.dumps`` and ``torch.save`` of a module's object failed)."""
+    """The packages above ``module_name`` in ``sys.modules`` (empty ones below ``splitformer._generated``): ``pickle``
+    imports a class's module by its dotted name, which needs each parent there (``pickle.dumps`` and ``torch.save`` of
+    a module's object failed); another process finds none (``splitformer._generated`` says so)."""
     parts = module_name.split(".")
     for depth in range(1, len(parts)):
         name = ".".join(parts[:depth])

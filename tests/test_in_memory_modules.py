@@ -45,7 +45,7 @@ def _race(text: str, trials: int = 10) -> int:
 def test_the_same_text_loads_once_and_is_importable_by_name(source):
     module = load_source(source, "numpy", "pre_ln")
     assert load_source(source, "numpy", "pre_ln") is module
-    assert sys.modules[module.__name__] is module and module.__name__.startswith("splitformer_generated.numpy.pre_ln_")
+    assert sys.modules[module.__name__] is module and module.__name__.startswith("splitformer._generated.numpy.pre_ln_")
     other = load_source(source + "\n# another text\n", "numpy", "pre_ln")
     assert other is not module and other.__name__ != module.__name__
 
@@ -54,7 +54,7 @@ def test_a_load_that_raises_leaves_nothing_registered():
     text = "x = 1\nraise RuntimeError('generated code that fails')\n"
     with pytest.raises(RuntimeError, match="generated code that fails"):
         load_source(text, "numpy", "failing")
-    assert not any(name.startswith("splitformer_generated.numpy.failing_") for name in sys.modules)
+    assert not any(name.startswith("splitformer._generated.numpy.failing_") for name in sys.modules)
 
 
 def test_two_threads_loading_one_text_both_get_the_whole_module(source):
@@ -96,3 +96,22 @@ def test_objects_of_a_module_derived_in_memory_pickle_in_its_process():
     block = splitformer.derive("pre-ln").torch_module().Block(16, 4, 32)
     assert type(pickle.loads(pickle.dumps(block))) is type(block)
     assert sys.modules[type(block).__module__.rpartition(".")[0]].__path__ == []  # the package above it, empty
+
+
+def test_another_process_loading_such_an_object_is_told_how_to_keep_a_model(tmp_path):
+    """A reviewer's finding: ``torch.save`` of a model derived in memory now succeeds, and loading the file in another
+    process ended in "No module named 'splitformer_generated'"; the package of such modules is splitformer's, and
+    says what to save instead."""
+    import subprocess
+
+    import torch
+
+    path = tmp_path / "model.pt"
+    torch.save(splitformer.nn.LanguageModel("gpt2", vocab_size=20, d_model=16, n_heads=2, n_layers=1), path)
+    result = subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(path)!r}, weights_only=False)"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.rstrip().splitlines()[-1].startswith(
+        "ModuleNotFoundError: No module named 'splitformer._generated.torch': modules splitformer derives in memory "
+        "live in the process that derived them"), result.stderr
+    assert "save the model's state_dict" in result.stderr

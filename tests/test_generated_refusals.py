@@ -401,3 +401,23 @@ def test_a_scripted_block_or_stack_refuses_a_cache(name):
             fresh = copy.deepcopy(cache)
             steps = torch.cat([model(u[:, :3], cache=fresh), model(u[:, 3:], cache=fresh)], dim=1)
             torch.testing.assert_close(steps, model(u), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [-5.0, float("nan"), float("inf")])
+def test_an_eps_set_after_construction_is_checked_when_called(eps):
+    """A tester's finding: the constructor refuses a negative eps, but one set afterwards (``block.eps = -5``) was used
+    silently (NaN out); a Block and a Stack's final norm check it when called. Control: a valid one set afterwards runs
+    and changes the result."""
+    _, torch_module = _modules("llama")
+    torch.manual_seed(0)
+    block, stack, u = torch_module.Block(32, 4, 48), torch_module.Stack(1, 32, 4, 48), torch.randn(1, 5, 32)
+    with torch.no_grad():
+        before = block(u)
+        block.eps = 0.5
+        assert torch.isfinite(block(u)).all() and (block(u) - before).abs().max() > 1e-4
+        block.eps = eps
+        with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+            block(u)
+        stack.eps = eps
+        with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+            stack(u)

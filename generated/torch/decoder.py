@@ -1671,6 +1671,8 @@ class Block(_CanonicalModule):
         u0 = u[None] if u.dim() == 2 else u if self.batch_first else u.transpose(0, 1)
         batch, n_tokens, d = u0.shape[0], u0.shape[1], u0.shape[2]
         n_heads, d_head, d_ff, eps = self.n_heads, d // self.n_heads, self.d_ff, self.eps
+        if not 0.0 <= eps < float("inf"):  # checked when built; a value set since (a tester's −5 gave NaN) here
+            raise ValueError(f"eps must be finite and >= 0, got {eps}")
         offset = _cached_tokens(cache, causal or is_causal, u0.shape[0], u0.dtype)
         live, cache = cache, None if cache is None else cache.copy()  # extended here, stored back once the step succeeded
         dropout_p = self.dropout if self.training else 0.0
@@ -1896,6 +1898,8 @@ class Stack(_CanonicalModule):
 
     def _final_norm(self, u0: torch.Tensor) -> torch.Tensor:
         eps = self.eps
+        if not 0.0 <= eps < float("inf"):  # checked when built; a value set since here
+            raise ValueError(f"eps must be finite and >= 0, got {eps}")
         final_norm_gain = self.final_norm.gain
         final_norm_bias = self.final_norm.bias
 
